@@ -1,0 +1,74 @@
+// Torch-free scalar helpers shared by the CPU kernels (and usable from host code of CUDA files).
+// fp16 / bf16 are carried as raw 16-bit patterns so these headers need neither ATen nor CUDA.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace triforce {
+
+struct f16 { uint16_t bits; };
+struct bf16 { uint16_t bits; };
+
+inline float to_float(float x) { return x; }
+inline float to_float(double x) { return static_cast<float>(x); }
+
+inline float to_float(bf16 x) {
+  uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float to_float(f16 x) {
+  // IEEE binary16 -> binary32, exact (subnormals, inf and NaN included).
+  uint32_t h = x.bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { ++e; man <<= 1; } while ((man & 0x400u) == 0);
+      u = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | man << 13;
+  } else {
+    u = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// float -> 16-bit with round-to-nearest-even, matching torch's .to(dtype).
+template <typename T> inline T from_float(float f);
+template <> inline float from_float<float>(float f) { return f; }
+
+template <> inline bf16 from_float<bf16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{static_cast<uint16_t>(u >> 16)};
+}
+
+template <> inline f16 from_float<f16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (a >= 0x477ff000u) return f16{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> inf
+  if (a < 0x38800000u) {  // result is subnormal or zero: add 0.5 (as float) and take the low bits
+    float g;
+    std::memcpy(&g, &a, 4);
+    g += 0.5f;
+    uint32_t r;
+    std::memcpy(&r, &g, 4);
+    return f16{static_cast<uint16_t>(sign | (r - 0x3f000000u))};
+  }
+  uint32_t odd = (a >> 13) & 1u;
+  a += 0xc8000fffu + odd;  // rebias exponent (-112 << 23) and round to nearest even
+  return f16{static_cast<uint16_t>(sign | (a >> 13))};
+}
+
+}  // namespace triforce

@@ -1,0 +1,12 @@
+// Declarations of the launchers registered in torch_bindings.cpp. One section per op family; the
+// same name serves CPU (csrc/cpu) and CUDA (csrc/cuda) through the dispatcher, so CUDA launchers are
+// declared as <name>_cuda.
+#pragma once
+#include <ATen/ATen.h>
+
+// ---- retrieval cache (DESIGN 3.1) -------------------------------------------------------------
+at::Tensor chunk_mean_keys(const at::Tensor& k, int64_t chunk_size);
+
+// ---- verification attention (DESIGN 3.2) -------------------------------------------------------
+
+// ---- accept / reject sampling (DESIGN 3.3) -----------------------------------------------------

