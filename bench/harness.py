@@ -1,0 +1,149 @@
+"""Benchmark harness (DESIGN.md 6): medians with spread, bytes and GB/s, fraction of the measured
+copy bandwidth, baseline side by side; rows appended to a CSV with device, versions, date, commit.
+
+    from bench.harness import measure, copy_bandwidth, record
+    bw = copy_bandwidth(device)                       # bytes/s, measured in this run
+    t = measure(lambda: op(x))                        # {"median_s", "p10_s", "p90_s", "reps"}
+    base = measure(lambda: reference(x))
+    record(family="retrieval", op="build_retrieval_cache", backend="cpu", shape="B=1,N=131072",
+           dtype="bfloat16", bytes_moved=nbytes, timing=t, bandwidth=bw,
+           baseline="reference", baseline_timing=base)
+
+CSV path: $TRIFORCE_BENCH_CSV or bench/results.csv.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Callable
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIELDS = ["date", "commit", "device", "torch", "triton", "family", "op", "backend", "shape", "dtype",
+          "median_us", "p10_us", "p90_us", "bytes", "gbps", "copy_gbps", "roofline_frac",
+          "baseline", "baseline_us", "speedup", "extra"]
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"CPU {cpu} x{torch.get_num_threads()} threads"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", warmup: int = 3,
+            reps: int = 20, min_time_s: float = 0.2, max_reps: int = 1000, flush_l2: bool = True) -> dict:
+    """Median and 10/90th percentiles of ``fn()``'s wall time. On CUDA: CUDA events per call and the
+    L2 cache flushed (a 256 MB write) before each call, so every call reads its inputs from HBM."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    if device.type == "cuda":
+        flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device) if flush_l2 else None
+        start_total = time.perf_counter()
+        while len(times) < reps or (time.perf_counter() - start_total < min_time_s and len(times) < max_reps):
+            if flush is not None:
+                flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e-3)
+    else:
+        start_total = time.perf_counter()
+        while len(times) < reps or (time.perf_counter() - start_total < min_time_s and len(times) < max_reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    q = lambda p: times[min(len(times) - 1, int(p * len(times)))]
+    return {"median_s": statistics.median(times), "p10_s": q(0.1), "p90_s": q(0.9), "reps": len(times)}
+
+
+_BW: dict[str, float] = {}
+
+
+def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 512 * 2**20) -> float:
+    """Measured copy bandwidth in bytes/s (read + write bytes of a large ``copy_``), once per run."""
+    device = torch.device(device)
+    key = str(device)
+    if key not in _BW:
+        if device.type == "cpu":
+            nbytes = min(nbytes, 256 * 2**20)
+        src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+        dst = torch.empty_like(src)
+        t = measure(lambda: dst.copy_(src), device=device, warmup=3, reps=10, flush_l2=False)
+        _BW[key] = 2 * nbytes / t["median_s"]
+    return _BW[key]
+
+
+def _versions() -> tuple[str, str]:
+    try:
+        import triton
+
+        tv = triton.__version__
+    except ImportError:
+        tv = ""
+    return torch.__version__, tv
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def record(*, family: str, op: str, backend: str, shape: str, dtype: str, timing: dict,
+           bytes_moved: int | None = None, bandwidth: float | None = None, device: torch.device | str = "cpu",
+           baseline: str = "", baseline_timing: dict | None = None, extra: str = "",
+           csv_path: str | None = None) -> dict:
+    """Append one result row to the CSV and print it. ``bandwidth`` is copy_bandwidth(device)."""
+    tv, trv = _versions()
+    med = timing["median_s"]
+    gbps = bytes_moved / med / 1e9 if bytes_moved else None
+    row = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit(),
+        "device": device_name(device), "torch": tv, "triton": trv, "family": family, "op": op,
+        "backend": backend, "shape": shape, "dtype": dtype,
+        "median_us": f"{med * 1e6:.2f}", "p10_us": f"{timing['p10_s'] * 1e6:.2f}",
+        "p90_us": f"{timing['p90_s'] * 1e6:.2f}", "bytes": bytes_moved or "",
+        "gbps": f"{gbps:.2f}" if gbps else "", "copy_gbps": f"{bandwidth / 1e9:.2f}" if bandwidth else "",
+        "roofline_frac": f"{gbps * 1e9 / bandwidth:.3f}" if gbps and bandwidth else "",
+        "baseline": baseline,
+        "baseline_us": f"{baseline_timing['median_s'] * 1e6:.2f}" if baseline_timing else "",
+        "speedup": f"{baseline_timing['median_s'] / med:.2f}" if baseline_timing else "",
+        "extra": extra,
+    }
+    path = csv_path or os.environ.get("TRIFORCE_BENCH_CSV") or os.path.join(ROOT, "bench", "results.csv")
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            w.writeheader()
+        w.writerow(row)
+    print(f"{op:<24} {backend:<9} {shape:<40} {dtype:<9} {row['median_us']:>10} us  "
+          f"{row['gbps'] or '-':>8} GB/s  roof {row['roofline_frac'] or '-':>6}  "
+          f"vs {baseline or '-'} x{row['speedup'] or '-'}", flush=True)
+    return row
