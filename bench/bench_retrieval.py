@@ -63,7 +63,10 @@ def bench_shape(device, B, N, Hq, Hkv, D, budget, chunk_size, dtype, backends):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small shape only")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (torch and the OpenMP kernels); 0 = default")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # Triton on CPU is the interpreter (never benchmarked); on a GPU: triton and cuda where built.
     backends = [b for b in available_backends("build_retrieval_cache", device) if b != "reference"]
