@@ -14,7 +14,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -48,6 +48,26 @@ inline float exp_nonpos(float x) {
   std::memcpy(&scale, &bits, 4);
   return x < -87.0f ? 0.0f : y * scale;
 }
+
+#if defined(__AVX512F__)
+// The same exp on 16 lanes; 2^n by scalef. NaN propagates (max keeps x's NaN).
+inline __m512 exp_nonpos(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(y, n));
+}
+#endif
 
 template <typename T>
 inline void load_row(const T* src, float* dst, int64_t D) {
@@ -85,6 +105,13 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
   float row[512];
   for (int64_t p0 = start; p0 < end; p0 += KT) {
     const int64_t n = std::min(KT, end - p0);
+    // Prefetch the next tile's K/V rows (inside [start, end): never beyond L) while this one computes.
+    const int64_t n_next = std::min(KT, end - p0 - n);
+    for (int64_t j = 0; j < n_next; ++j)
+      for (int64_t off = 0; off < D * static_cast<int64_t>(sizeof(T)); off += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(k + (p0 + KT + j) * skn) + off);
+        __builtin_prefetch(reinterpret_cast<const char*>(v + (p0 + KT + j) * svn) + off);
+      }
     if (R <= kSmallR) {
       // Few rows (T * g <= 8, e.g. plain decoding): memory-bound. Keep K rows as they are and take R
       // dot products per key; a transposed tile would cost D scattered stores per key for <= 8 uses.
@@ -113,6 +140,25 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
         for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = 0.f;
       // S = Q K^T for RB rows at a time, vectorized over the KT keys of the tile.
       int64_t r0 = 0;
+#if defined(__AVX512F__)
+      // 8 rows x 32 keys = 16 zmm accumulators: 2 K loads + 8 broadcasts feed 16 FMAs per dim.
+      for (; r0 + 8 <= R; r0 += 8) {
+        __m512 a0[8], a1[8];
+        for (int i = 0; i < 8; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; ++d) {
+          const __m512 k0 = _mm512_loadu_ps(kt + d * KT), k1 = _mm512_loadu_ps(kt + d * KT + 16);
+          for (int i = 0; i < 8; ++i) {
+            const __m512 qb = _mm512_set1_ps(q[(r0 + i) * D + d]);
+            a0[i] = _mm512_fmadd_ps(qb, k0, a0[i]);
+            a1[i] = _mm512_fmadd_ps(qb, k1, a1[i]);
+          }
+        }
+        for (int i = 0; i < 8; ++i) {
+          _mm512_storeu_ps(s + (r0 + i) * KT, a0[i]);
+          _mm512_storeu_ps(s + (r0 + i) * KT + 16, a1[i]);
+        }
+      }
+#endif
       for (; r0 + RB <= R; r0 += RB) {
         float acc_s[RB][KT] = {};
         for (int64_t d = 0; d < D; ++d) {
@@ -144,12 +190,28 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
           if (!vis) sr[j] = kNegInf;
         }
       }
+#if defined(__AVX512F__)
+      static_assert(KT == 32, "two zmm per score row");
+      const __m512 s0 = _mm512_loadu_ps(sr), s1 = _mm512_loadu_ps(sr + 16);
+      const float mx = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+#else
       float mx = kNegInf;
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < KT; ++j) mx = std::max(mx, sr[j]);
+#endif
       const float m_new = std::max(m[r], mx);
-      if (m_new == kNegInf) continue;  // nothing visible yet for this row
+      if (m_new == kNegInf) {  // nothing visible yet for this row: it adds nothing
+        for (int64_t j = 0; j < KT; ++j) sr[j] = 0.f;
+        continue;
+      }
       const float alpha = exp_nonpos(m[r] - m_new);
+#if defined(__AVX512F__)
+      const __m512 mb = _mm512_set1_ps(m_new);
+      const __m512 p0 = exp_nonpos(_mm512_sub_ps(s0, mb)), p1 = exp_nonpos(_mm512_sub_ps(s1, mb));
+      _mm512_storeu_ps(sr, p0);
+      _mm512_storeu_ps(sr + 16, p1);
+      const float sum = _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+#else
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < KT; ++j) {
@@ -157,13 +219,46 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
         sr[j] = p;
         sum += p;
       }
+#endif
       l[r] = l[r] * alpha + sum;
       m[r] = m_new;
-      float* ar = acc + r * D;
-      if (alpha != 1.f)
+      if (alpha != 1.f) {
+        float* ar = acc + r * D;
         for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
-      // acc += P V in register-resident blocks of 64 dims (4 zmm) across the tile's keys: one
-      // load+store of acc per tile instead of one per key.
+      }
+    }
+    // acc += P V. Accumulators stay in registers across the tile's keys: one load+store of acc per
+    // tile instead of one per key.
+    int64_t r0 = 0;
+#if defined(__AVX512F__)
+    // 4 rows x 64 dims = 16 zmm accumulators: 4 V loads + 4 broadcasts feed 16 FMAs per key.
+    if (D % 64 == 0) {
+      for (; r0 + 4 <= R; r0 += 4) {
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+          __m512 a[4][4];
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 4; ++c) a[i][c] = _mm512_loadu_ps(acc + (r0 + i) * D + d0 + 16 * c);
+          for (int64_t j = 0; j < n; ++j) {
+            const float* vj = vt + j * D + d0;
+            const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+            const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+            for (int i = 0; i < 4; ++i) {
+              const __m512 pb = _mm512_set1_ps(s[(r0 + i) * KT + j]);
+              a[i][0] = _mm512_fmadd_ps(pb, v0, a[i][0]);
+              a[i][1] = _mm512_fmadd_ps(pb, v1, a[i][1]);
+              a[i][2] = _mm512_fmadd_ps(pb, v2, a[i][2]);
+              a[i][3] = _mm512_fmadd_ps(pb, v3, a[i][3]);
+            }
+          }
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (r0 + i) * D + d0 + 16 * c, a[i][c]);
+        }
+      }
+    }
+#endif
+    for (; r0 < R; ++r0) {
+      const float* sr = s + r0 * KT;
+      float* ar = acc + r0 * D;
       int64_t d0 = 0;
       for (; d0 + 64 <= D; d0 += 64) {
         float a[64];
