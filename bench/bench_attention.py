@@ -71,7 +71,7 @@ def run(device: str, full: bool, backends: list[str]) -> None:
                 for be in backends:
                     for kind, mask in (("causal", None), ("tree", tree)):
                         t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be), device=dev, **reps)
-                        record(family="attention", op="verify_attention", backend=be, shape=shape, dtype="bfloat16",
+                        record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype="bfloat16",
                                bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=base_name,
                                baseline_timing=base, extra=kind)
                 del q, k, v, vis

@@ -59,10 +59,12 @@ def check_against_reference(out, lse, q, k, v, lengths, mask, scale=None):
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
 @settings(max_examples=10)
-@given(B=st.integers(1, 3), T=st.integers(1, 9), Hkv=st.sampled_from([1, 2]), g=st.sampled_from([1, 2, 3, 4, 8]),
+@given(B=st.integers(1, 3), Hkv=st.sampled_from([1, 2]), g=st.sampled_from([1, 2, 3, 4, 8]),
        D=st.sampled_from([16, 64, 128]), data=st.data(), slack=st.integers(0, 5), dtype=st.sampled_from(DTYPES),
        mask_kind=st.sampled_from(["causal", "tree", "random"]), seed=st.integers(0, 2**31 - 1))
-def test_matches_reference(backend, B, T, Hkv, g, D, data, slack, dtype, mask_kind, seed):
+def test_matches_reference(backend, B, Hkv, g, D, data, slack, dtype, mask_kind, seed):
+    interpreted = backend == "triton" and not torch.cuda.is_available()
+    T = data.draw(st.integers(1, 20 if interpreted else 64), label="T")
     prefixes = data.draw(st.lists(st.sampled_from(PREFIXES + [40, 70]), min_size=B, max_size=B), label="prefixes")
     dev = backend_device(backend)
     q, k, v, L, mask = make_inputs(B, T, g * Hkv, Hkv, D, prefixes, slack, dtype, seed, dev, mask_kind)
