@@ -7,6 +7,7 @@ the tail [L-T, L), the only place the causal / tree mask is applied. Each progra
 up to 64 query rows (t, j) of one GQA group from every K/V tile it loads, so for T * g <= 64 each
 key is read from memory once for all T queries and all g query heads.
 """
+import functools
 import os
 
 import torch
@@ -126,9 +127,14 @@ def _verify_attention_merge_kernel(
     tl.store(lse_ptr + (b * Hq + hq) * T + t, lse)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _num_splits(B, Hkv, row_blocks, N, device):
     if device.type == "cuda":  # ~2 waves of programs over the SMs, each split >= 512 keys
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
         want = triton.cdiv(2 * sms, B * Hkv * row_blocks)
         return max(1, min(want, N // 512, 64))
     return max(1, min(3, N // 128))  # interpreter: exercise the merge, keep it small
