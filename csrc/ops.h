@@ -17,5 +17,10 @@ at::Tensor build_retrieval_cache(const at::Tensor& q, const at::Tensor& k, const
                                  int64_t recent_chunks);
 
 // ---- verification attention (DESIGN 3.2) -------------------------------------------------------
+// (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).
+std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                    const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                    const std::optional<at::Tensor>& tree_mask, double softmax_scale,
+                                                    int64_t num_splits);
 
 // ---- accept / reject sampling (DESIGN 3.3) -----------------------------------------------------

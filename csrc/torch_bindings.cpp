@@ -14,6 +14,8 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("build_retrieval_cache(Tensor q, Tensor k, Tensor v, Tensor chunk_keys, Tensor num_chunks, int chunk_size, "
         "int budget_chunks, Tensor(a!) out_k, Tensor(b!) out_v, int sink_chunks, int recent_chunks) -> Tensor");
   // ---- verification attention (DESIGN 3.2)
+  m.def("verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? tree_mask, "
+        "float softmax_scale, int num_splits) -> (Tensor, Tensor)");
   // ---- accept / reject sampling (DESIGN 3.3)
 }
 
@@ -25,6 +27,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("gather_chunks", &gather_chunks);
   m.impl("build_retrieval_cache", &build_retrieval_cache);
   // ---- verification attention
+  m.impl("verify_attention", &verify_attention);
   // ---- accept / reject sampling
 }
 
