@@ -25,5 +25,8 @@ from .chunk_mean_keys import chunk_mean_keys  # noqa: F401
 # ---- verification attention (DESIGN 3.2)
 
 # ---- accept / reject sampling (DESIGN 3.3)
+from .logits_to_probs import logits_to_probs  # noqa: F401
+from .chain_sample import chain_greedy_verify, chain_speculative_sample  # noqa: F401
+from .tree_sample import tree_greedy_verify, tree_speculative_sample  # noqa: F401
 
 # ----
