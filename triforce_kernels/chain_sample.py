@@ -15,14 +15,14 @@ for _op in ("chain_speculative_sample", "chain_greedy_verify"):
     register_lazy(_op, "triton", "triforce_kernels.triton.sampling")
 
 
-# NATIVE @register("chain_speculative_sample", "cpu")
-# NATIVE @register("chain_speculative_sample", "cuda")
+@register("chain_speculative_sample", "cpu")
+@register("chain_speculative_sample", "cuda")
 def _native_sample(draft_tokens, draft_probs, target_probs, uniforms):
     return torch.ops.triforce_C.chain_speculative_sample(draft_tokens, draft_probs, target_probs, uniforms)
 
 
-# NATIVE @register("chain_greedy_verify", "cpu")
-# NATIVE @register("chain_greedy_verify", "cuda")
+@register("chain_greedy_verify", "cpu")
+@register("chain_greedy_verify", "cuda")
 def _native_greedy(draft_tokens, target_logits):
     return torch.ops.triforce_C.chain_greedy_verify(draft_tokens, target_logits)
 

@@ -14,14 +14,14 @@ for _op in ("tree_speculative_sample", "tree_greedy_verify"):
     register_lazy(_op, "triton", "triforce_kernels.triton.sampling")
 
 
-# NATIVE @register("tree_speculative_sample", "cpu")
-# NATIVE @register("tree_speculative_sample", "cuda")
+@register("tree_speculative_sample", "cpu")
+@register("tree_speculative_sample", "cuda")
 def _native_sample(tree_tokens, parents, draft_probs, target_probs, uniforms):
     return torch.ops.triforce_C.tree_speculative_sample(tree_tokens, parents, draft_probs, target_probs, uniforms)
 
 
-# NATIVE @register("tree_greedy_verify", "cpu")
-# NATIVE @register("tree_greedy_verify", "cuda")
+@register("tree_greedy_verify", "cpu")
+@register("tree_greedy_verify", "cuda")
 def _native_greedy(tree_tokens, parents, target_logits):
     return torch.ops.triforce_C.tree_greedy_verify(tree_tokens, parents, target_logits)
 
