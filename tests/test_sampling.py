@@ -82,7 +82,9 @@ def test_chain_matches_reference(backend, B, n, V, deterministic, temperature, s
         u[-1, -1] = torch.tensor([1.0, 5.0])
         u[0, -1, 0] = -0.5
     elif corrupt == "copy_draft" and q is not None:
-        p[:, :n] = q  # identical draft and target: always accepted
+        p[:, :n] = q  # identical draft and target: always accepted ...
+        if n:  # ... provided each draft token was drawn from q (sparse q: randint may pick q(x) = 0)
+            d = torch.multinomial(q.reshape(B * n, V), 1, generator=g).reshape(B, n)
     want = ref.chain_speculative_sample(d, q, p, u)
     got = _chain(backend, d, q, p, u)
     _check_chain_structure(*got, V)
