@@ -31,5 +31,8 @@ from .tree import tree_attention_mask, tree_depths  # noqa: F401
 from .verify_attention import verify_attention  # noqa: F401
 
 # ---- accept / reject sampling (DESIGN 3.3)
+from .logits_to_probs import logits_to_probs  # noqa: F401
+from .chain_sample import chain_greedy_verify, chain_speculative_sample  # noqa: F401
+from .tree_sample import tree_greedy_verify, tree_speculative_sample  # noqa: F401
 
 # ----
