@@ -189,8 +189,12 @@ class Llama(nn.Module):
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
         ids, lens = self._pad_prompts(prompts)
         self._check_cache(cache, ids.shape[0])
-        cap = getattr(cache, "max_len", None)
+        # A FullCache's max_len is at most the model's context; a StreamingCache takes any length (its RoPE
+        # positions are cache slots).
+        cap, ctx = getattr(cache, "max_len", None), self.config.max_position_embeddings
         longest = int(lens.max())
+        if cap is not None and longest > ctx:
+            raise ValueError(f"a prompt has {longest} tokens, more than the model's context ({ctx})")
         if cap is not None and longest > cap:
             raise ValueError(f"a prompt has {longest} tokens, more than the cache's max_len ({cap})")
         if isinstance(cache, RetrievalCache):
@@ -234,7 +238,7 @@ class Llama(nn.Module):
             raise ValueError("cache was built for a different model config (layers / KV heads / head_dim)")
 
     def _pad_prompts(self, prompts):
-        V, ctx = self.config.vocab_size, self.config.max_position_embeddings
+        V = self.config.vocab_size
         if isinstance(prompts, torch.Tensor):
             if prompts.dim() != 2:
                 raise ValueError(f"prompts must be [B, P] or a list of 1-D sequences, got shape {list(prompts.shape)}")
@@ -252,8 +256,6 @@ class Llama(nn.Module):
                 raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
             if r.dtype not in (torch.int64, torch.int32):
                 raise TypeError(f"prompts[{i}] must hold integer token ids, got {r.dtype}")
-            if r.numel() > ctx:
-                raise ValueError(f"prompts[{i}] has {r.numel()} tokens, more than the model's context ({ctx})")
         lens = torch.tensor([r.numel() for r in rows], dtype=torch.int64)
         ids = torch.zeros(len(rows), int(lens.max()), dtype=torch.int64)
         for i, r in enumerate(rows):
