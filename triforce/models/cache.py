@@ -454,12 +454,11 @@ class RetrievalCache(_KVCache):
                 sink_chunks=self.sink_chunks, recent_chunks=self.recent_chunks)
         self.base_pos.copy_(num_chunks.long() * self.chunk_size)
         self.synced.copy_(self.base_pos)
-        self.lengths.fill_(self.budget)
-        self._bound = self.budget
         self._rebuild_at = hi
         self._acceptance.clear()
         self.num_rebuilds += 1
         self._copy_tail(hi - lo * self.chunk_size)
+        self._bound = self.budget + hi - lo * self.chunk_size  # >= every row's budget + tail length
 
     def _copy_tail(self, n: int) -> None:
         """Copy the full cache's tokens ``[synced, full.lengths)`` into slots ``budget + (p - base_pos)``;
