@@ -8,5 +8,10 @@
 at::Tensor chunk_mean_keys(const at::Tensor& k, int64_t chunk_size);
 
 // ---- verification attention (DESIGN 3.2) -------------------------------------------------------
+// (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).
+std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                    const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                    const std::optional<at::Tensor>& tree_mask, double softmax_scale,
+                                                    int64_t num_splits);
 
 // ---- accept / reject sampling (DESIGN 3.3) -----------------------------------------------------

@@ -9,6 +9,8 @@ TORCH_LIBRARY(triforce_C, m) {
   // ---- retrieval cache (DESIGN 3.1)
   m.def("chunk_mean_keys(Tensor k, int chunk_size) -> Tensor");
   // ---- verification attention (DESIGN 3.2)
+  m.def("verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? tree_mask, "
+        "float softmax_scale, int num_splits) -> (Tensor, Tensor)");
   // ---- accept / reject sampling (DESIGN 3.3)
 }
 
@@ -16,6 +18,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   // ---- retrieval cache
   m.impl("chunk_mean_keys", &chunk_mean_keys);
   // ---- verification attention
+  m.impl("verify_attention", &verify_attention);
   // ---- accept / reject sampling
 }
 

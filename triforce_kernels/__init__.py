@@ -23,6 +23,8 @@ from ._backend import (  # noqa: F401
 from .chunk_mean_keys import chunk_mean_keys  # noqa: F401
 
 # ---- verification attention (DESIGN 3.2)
+from .tree import tree_attention_mask, tree_depths  # noqa: F401
+from .verify_attention import verify_attention  # noqa: F401
 
 # ---- accept / reject sampling (DESIGN 3.3)
 
