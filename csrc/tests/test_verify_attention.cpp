@@ -6,15 +6,11 @@
 #include <limits>
 #include <vector>
 
+#include "check.h"
 #include "triforce/verify_attention.h"
 
 using namespace triforce;
 
-static int failures = 0;
-#define EXPECT(cond)                                                                        \
-  do {                                                                                      \
-    if (!(cond)) { std::printf("FAIL %s:%d %s\n", __FILE__, __LINE__, #cond); ++failures; } \
-  } while (0)
 
 int main() {
   for (float x : {0.f, -1e-3f, -0.5f, -1.f, -10.f, -50.f, -86.f})

@@ -28,26 +28,9 @@ constexpr int64_t RB = 4;   // query rows per register block in the QK^T loop (4
 constexpr int64_t kSmallR = 8;  // up to this many query rows: dot-product path, no transposed K tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp(x) for x <= 0 (scores minus a running max), branch-free so the loops over keys vectorize:
-// Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial (~2 ulp); exactly 0 below -87
-// (and for -inf), where expf is subnormal or 0 and the row weight is negligible anyway.
-inline float exp_nonpos(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x < -87.0f ? 0.0f : y * scale;
-}
+// exp(x) for x <= 0 (scores minus a running max): the shared vectorisable exp of common.h
+// (exactly 0 below -87.3 and for -inf).
+inline float exp_nonpos(float x) { return exp_f32(x); }
 
 #if defined(__AVX512F__)
 // The same exp on 16 lanes; 2^n by scalef. NaN propagates (max keeps x's NaN).
