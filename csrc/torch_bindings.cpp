@@ -10,6 +10,12 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("chunk_mean_keys(Tensor k, int chunk_size) -> Tensor");
   // ---- verification attention (DESIGN 3.2)
   // ---- accept / reject sampling (DESIGN 3.3)
+  m.def("chain_speculative_sample(Tensor draft_tokens, Tensor? draft_probs, Tensor target_probs, Tensor uniforms)"
+        " -> (Tensor, Tensor)");
+  m.def("chain_greedy_verify(Tensor draft_tokens, Tensor target_logits) -> (Tensor, Tensor)");
+  m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
+        " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
+  m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
@@ -17,6 +23,10 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("chunk_mean_keys", &chunk_mean_keys);
   // ---- verification attention
   // ---- accept / reject sampling
+  m.impl("chain_speculative_sample", &chain_speculative_sample);
+  m.impl("chain_greedy_verify", &chain_greedy_verify);
+  m.impl("tree_speculative_sample", &tree_speculative_sample);
+  m.impl("tree_greedy_verify", &tree_greedy_verify);
 }
 
 #ifdef TRIFORCE_WITH_CUDA
@@ -24,6 +34,10 @@ TORCH_LIBRARY_IMPL(triforce_C, CUDA, m) {
   // ---- retrieval cache
   // ---- verification attention
   // ---- accept / reject sampling
+  m.impl("chain_speculative_sample", &chain_speculative_sample_cuda);
+  m.impl("chain_greedy_verify", &chain_greedy_verify_cuda);
+  m.impl("tree_speculative_sample", &tree_speculative_sample_cuda);
+  m.impl("tree_greedy_verify", &tree_greedy_verify_cuda);
 }
 #endif
 

@@ -1,0 +1,229 @@
+"""tk.verify_attention: every backend against the float64 reference, the tree oracle, masking edge
+cases, NaN-poisoned cache tails, clamping of bad lengths, and bad inputs."""
+import math
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import triforce_kernels as tk
+from triforce_kernels._backend import implementation
+from triforce_kernels.reference.attention import _verify_attention as reference
+
+from .helpers import DTYPES, assert_close_measured, backend_device, backends
+from .test_tree_mask import random_parents
+
+PREFIXES = [0, 1, 15, 16, 17]
+
+
+def make_inputs(B, T, Hq, Hkv, D, prefixes, slack, dtype, seed, device, mask_kind="causal"):
+    """Caches of ``N = max(prefix) + T + slack`` positions; everything at positions >= L is NaN."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([p + T for p in prefixes], dtype=torch.int32)
+    N = int(lengths.max()) + slack
+    q = torch.randn(B, T, Hq, D, generator=g).to(dtype)
+    k = torch.randn(B, N, Hkv, D, generator=g).to(dtype)
+    v = torch.randn(B, N, Hkv, D, generator=g).to(dtype)
+    beyond = torch.arange(N)[None, :] >= lengths[:, None].long()
+    k[beyond] = float("nan")
+    v[beyond] = float("nan")
+    if mask_kind == "causal":
+        mask = None
+    elif mask_kind == "tree":
+        mask = tk.tree_attention_mask(random_parents(B, T, seed))
+    else:  # arbitrary bits: rows may see nothing of the new tokens
+        mask = torch.rand(B, T, T, generator=g) < 0.4
+    to = lambda x: None if x is None else x.to(device)
+    return to(q), to(k), to(v), to(lengths), to(mask)
+
+
+def check_against_reference(out, lse, q, k, v, lengths, mask, scale=None):
+    """out: flash-attn rule (<= 2x the error of PyTorch in q's precision, vs float64); lse: the same
+    rule against PyTorch in float32 (every backend accumulates in float32); -inf exactly where the
+    float64 reference has -inf."""
+    cpu = lambda x: None if x is None else x.cpu()
+    q, k, v, lengths, mask, out, lse = map(cpu, (q, k, v, lengths, mask, out, lse))
+    assert not torch.isnan(out).any(), "NaN in output (a position >= L leaked, or an unwritten element)"
+    exact, exact_lse = reference(q.double(), k.double(), v.double(), lengths, mask, scale)
+    same, _ = reference(q, k, v, lengths, mask, scale, compute_dtype=q.dtype)
+    _, lse32 = reference(q, k, v, lengths, mask, scale, compute_dtype=torch.float32)
+    floor = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}[q.dtype]  # ~1 ulp of |out| <= 4
+    assert_close_measured(out, exact, same, factor=2.0, floor=floor)
+    dead = torch.isinf(exact_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), dead), "lse must be -inf exactly for rows that see nothing"
+    assert torch.all(out.permute(0, 2, 1, 3)[dead] == 0), "rows that see nothing must be 0"
+    live = ~dead
+    assert_close_measured(lse[live], exact_lse[live], lse32[live], factor=2.0, floor=1e-5, name="lse")
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
+@settings(max_examples=10)
+@given(B=st.integers(1, 3), T=st.integers(1, 9), Hkv=st.sampled_from([1, 2]), g=st.sampled_from([1, 2, 3, 4, 8]),
+       D=st.sampled_from([16, 64, 128]), data=st.data(), slack=st.integers(0, 5), dtype=st.sampled_from(DTYPES),
+       mask_kind=st.sampled_from(["causal", "tree", "random"]), seed=st.integers(0, 2**31 - 1))
+def test_matches_reference(backend, B, T, Hkv, g, D, data, slack, dtype, mask_kind, seed):
+    prefixes = data.draw(st.lists(st.sampled_from(PREFIXES + [40, 70]), min_size=B, max_size=B), label="prefixes")
+    dev = backend_device(backend)
+    q, k, v, L, mask = make_inputs(B, T, g * Hkv, Hkv, D, prefixes, slack, dtype, seed, dev, mask_kind)
+    out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend=backend)
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (B, g * Hkv, T) and lse.dtype == torch.float32
+    check_against_reference(out, lse, q, k, v, L, mask)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
+@pytest.mark.parametrize("T, prefixes, mask_kind", [
+    (1, [0, 1, 15, 16, 17], "causal"), (16, [17, 0], "tree"), (64, [1], "causal"), (64, [15], "tree"),
+    (33, [16, 5], "random"),
+])
+def test_prefix_lengths_and_wide_trees(backend, T, prefixes, mask_kind):
+    dev = backend_device(backend)
+    q, k, v, L, mask = make_inputs(len(prefixes), T, 4, 2, 64, prefixes, 3, torch.bfloat16, T, dev, mask_kind)
+    out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend=backend)
+    check_against_reference(out, lse, q, k, v, L, mask)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_prefix_ragged(backend, dtype):
+    """Long prefixes (several splits / tiles), ragged lengths, GQA 4, non-default scale."""
+    long = 700 if backend != "triton" or torch.cuda.is_available() else 333
+    dev = backend_device(backend)
+    q, k, v, L, mask = make_inputs(2, 7, 8, 2, 128, [long, long // 3 + 1], 9, dtype, 11, dev, "tree")
+    out, lse = tk.verify_attention(q, k, v, L, mask, softmax_scale=0.3, return_lse=True, backend=backend)
+    check_against_reference(out, lse, q, k, v, L, mask, scale=0.3)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
+def test_tree_oracle(backend):
+    """Each tree node's output equals plain causal attention over the prefix plus its root-to-node path."""
+    dev = backend_device(backend)
+    B, T, Hq, Hkv, D, prefix = 2, 12, 4, 2, 32, 19
+    parents = random_parents(B, T, 5)
+    mask = tk.tree_attention_mask(parents).to(dev)
+    q, k, v, L, _ = make_inputs(B, T, Hq, Hkv, D, [prefix] * B, 0, torch.float32, 5, dev)
+    out = tk.verify_attention(q, k, v, L, mask, backend=backend).cpu()
+    q, k, v = q.cpu().double(), k.cpu().double(), v.cpu().double()
+    for b in range(B):
+        for t in range(T):
+            path = [s for s in range(T) if mask[b, t, s]]  # ancestors-or-self in topological order
+            keep = list(range(prefix)) + [prefix + s for s in path]
+            oracle = tk.verify_attention(q[b:b + 1, path], k[b:b + 1, keep], v[b:b + 1, keep],
+                                         torch.tensor([len(keep)], dtype=torch.int32), backend="reference")
+            torch.testing.assert_close(out[b, t].double(), oracle[0, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
+def test_causal_tree_equals_causal(backend):
+    dev = backend_device(backend)
+    T = 9
+    q, k, v, L, _ = make_inputs(3, T, 6, 3, 64, [0, 16, 17], 2, torch.float16, 2, dev)
+    chain = tk.tree_attention_mask(torch.arange(-1, T - 1).view(1, T).expand(3, T)).to(dev)
+    a, la = tk.verify_attention(q, k, v, L, return_lse=True, backend=backend)
+    b, lb = tk.verify_attention(q, k, v, L, chain, return_lse=True, backend=backend)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(la, lb, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
+def test_fully_masked_rows(backend):
+    dev = backend_device(backend)
+    q, k, v, L, _ = make_inputs(2, 4, 2, 1, 16, [0, 3], 0, torch.float32, 3, dev)
+    mask = torch.ones(2, 4, 4, dtype=torch.bool)
+    mask[:, 2] = False  # row 2 sees no new token: nothing at all in batch 0, the prefix in batch 1
+    mask = mask.to(dev)
+    out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend=backend)
+    out, lse = out.cpu(), lse.cpu()
+    assert torch.all(out[0, 2] == 0) and torch.all(lse[0, :, 2] == -math.inf)
+    assert torch.isfinite(lse[1, :, 2]).all() and torch.isfinite(out).all()
+    check_against_reference(out, lse, q, k, v, L, mask)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
+def test_strided_cache_views(backend):
+    """A batch slice and a length slice of larger caches: memory beyond each view is NaN, and must not
+    be read."""
+    dev = backend_device(backend)
+    q, k, v, L, mask = make_inputs(4, 5, 4, 2, 64, [20, 3, 9, 30], 0, torch.bfloat16, 8, dev, "tree")
+    N = k.shape[1]
+    big_k = torch.full((8, N + 13, 2, 64), float("nan"), dtype=k.dtype, device=dev)
+    big_v = big_k.clone()
+    big_k[::2, :N], big_v[::2, :N] = k, v
+    kv, vv = big_k[::2, :N], big_v[::2, :N]
+    assert not kv.is_contiguous()
+    out, lse = tk.verify_attention(q[:, :, :], kv, vv, L, mask, return_lse=True, backend=backend)
+    check_against_reference(out, lse, q, k, v, L, mask)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # non-contiguous q
+    torch.testing.assert_close(tk.verify_attention(qt, kv, vv, L, mask, backend=backend), out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
+def test_out_of_range_lengths_are_clamped(backend):
+    """What GPU callers get for bad lengths (not checked there, to avoid a sync): only positions in
+    [0, min(L, N)) are read, as the reference's visibility defines. Called below the public op, whose
+    CPU check would raise first."""
+    dev = backend_device(backend)
+    B, T, N = 4, 3, 10
+    g = torch.Generator().manual_seed(0)
+    big_k = torch.full((B, N + 8, 1, 16), float("nan"))
+    big_v = big_k.clone()
+    big_k[:, :N] = torch.randn(B, N, 1, 16, generator=g)
+    big_v[:, :N] = torch.randn(B, N, 1, 16, generator=g)
+    k, v = big_k.to(dev)[:, :N], big_v.to(dev)[:, :N]
+    q = torch.randn(B, T, 2, 16, generator=g).to(dev)
+    L = torch.tensor([-5, 1, 15, 2**31 - 1], dtype=torch.int32, device=dev)
+    impl = implementation("verify_attention", backend)
+    out, lse = impl(q, k, v, L, None, 0.25)
+    exact, exact_lse = reference(q.double().cpu(), k.double().cpu(), v.double().cpu(), L.cpu(), None, 0.25)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.cpu().double(), exact, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.cpu().double(), exact_lse, rtol=1e-5, atol=1e-5)
+    assert torch.all(out[0] == 0) and torch.all(lse[0] == -math.inf)
+
+
+def test_default_backend_and_return_lse_flag():
+    q, k, v, L, _ = make_inputs(1, 2, 2, 1, 16, [5], 0, torch.float32, 0, "cpu")
+    out = tk.verify_attention(q, k, v, L)
+    assert isinstance(out, torch.Tensor)
+    out2, lse = tk.verify_attention(q, k, v, L, return_lse=True)
+    torch.testing.assert_close(out, out2, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
+def test_opcheck(backend):
+    from triforce_kernels.verify_attention import _verify_attention_op
+
+    dev = backend_device(backend)
+    q, k, v, L, mask = make_inputs(2, 3, 4, 2, 16, [5, 0], 1, torch.float32, 0, dev, "tree")
+    k, v = k.nan_to_num(), v.nan_to_num()  # opcheck compares outputs with NaN-unaware checks
+    torch.library.opcheck(_verify_attention_op, (q, k, v, L, mask, 0.25, backend),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def _good(**kw):
+    q, k, v, L, _ = make_inputs(2, 3, 4, 2, 16, [5, 0], 1, torch.float32, 0, "cpu")
+    return dict(q=q, k_cache=k, v_cache=v, cache_seqlens=L) | kw
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    (dict(tree_mask=torch.ones(2, 3, 4, dtype=torch.bool)), ValueError, "tree_mask must have shape \\[2, 3, 3\\]"),
+    (dict(tree_mask=torch.ones(2, 3, 3)), TypeError, "tree_mask must have dtype bool"),
+    (dict(cache_seqlens=torch.tensor([5, 2], dtype=torch.int32)), ValueError, "cache_seqlens must be in \\[T, N\\]"),
+    (dict(cache_seqlens=torch.tensor([5, 10], dtype=torch.int32)), ValueError, "cache_seqlens must be in \\[T, N\\]"),
+    (dict(cache_seqlens=torch.tensor([5, 3])), TypeError, "cache_seqlens must have dtype int32"),
+    (dict(cache_seqlens=torch.tensor([5], dtype=torch.int32)), ValueError, "cache_seqlens must have shape \\[2\\]"),
+    (dict(q=torch.randn(2, 3, 3, 16)), ValueError, "must be a multiple of the number of KV heads"),
+    (dict(q=torch.randn(2, 3, 4, 8)), ValueError, "k_cache must have shape \\[2, \\*, \\*, 8\\]"),
+    (dict(q=torch.randn(2, 0, 4, 16)), ValueError, "at least one query token"),
+    (dict(q=torch.randn(2, 3, 4, 16, dtype=torch.float16)), TypeError, "k_cache must have dtype float16"),
+    (dict(q=torch.randint(0, 2, (2, 3, 4, 16))), TypeError, "q must have dtype"),
+    (dict(v_cache=torch.randn(2, 7, 2, 16)), ValueError, "v_cache must have shape"),
+    (dict(k_cache=torch.randn(2, 9, 16)), ValueError, "k_cache must have 4 dimensions"),
+    (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be a float"),
+    (dict(softmax_scale=math.inf), ValueError, "softmax_scale must be finite"),
+    (dict(return_lse=1), TypeError, "return_lse must be a bool"),
+    (dict(q=None), TypeError, "q must be a torch.Tensor"),
+])
+def test_bad_inputs(bad, err, match):
+    with pytest.raises(err, match=match):
+        tk.verify_attention(**_good(**bad))

@@ -1,0 +1,81 @@
+"""Naive PyTorch oracles for verification attention and the tree helpers (DESIGN.md 3.2)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def visibility(cache_seqlens: torch.Tensor, T: int, N: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+    """bool ``[B, T, N]``: may query ``t`` of row ``b`` attend to cache position ``n``?
+
+    With ``L = cache_seqlens[b]``: ``n < L`` and (``n < L - T`` (prefix) or ``tree_mask[b, t, n - (L - T)]``;
+    causal ``n - (L - T) <= t`` when ``tree_mask`` is None). Positions outside ``[0, min(L, N))`` are never
+    visible, which also defines the result for out-of-range lengths (the GPU kernels clamp)."""
+    B = cache_seqlens.shape[0]
+    dev = cache_seqlens.device
+    L = cache_seqlens.long().view(B, 1, 1)
+    pos = torch.arange(N, device=dev).view(1, 1, N)
+    rel = pos - (L - T)  # index into the T new tokens (negative: prefix)
+    if tree_mask is None:
+        new_ok = rel <= torch.arange(T, device=dev).view(1, T, 1)
+    else:
+        new_ok = tree_mask.to(dev).gather(2, rel.clamp(0, max(T - 1, 0)).expand(B, T, N))
+    return (pos < L) & ((rel < 0) | new_ok)
+
+
+def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None,
+                      compute_dtype=None):
+    """``(out, lse)`` computed in ``compute_dtype`` (default: float64 for float64 inputs, else float32).
+
+    The same computation in a low precision (``compute_dtype=torch.bfloat16``) is the "PyTorch in the
+    kernel's precision" baseline of the tests' tolerance rule."""
+    B, T, Hq, D = q.shape
+    N, Hkv = k_cache.shape[1], k_cache.shape[2]
+    g = Hq // Hkv
+    if compute_dtype is None:
+        compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+    vis = visibility(cache_seqlens.to(q.device), T, N, tree_mask)  # [B, T, N]
+    in_range = vis.any(dim=1)  # [B, N]: positions some query reads (all < L)
+    qc = q.to(compute_dtype).reshape(B, T, Hkv, g, D)
+    kc = k_cache.to(compute_dtype).masked_fill(~in_range[:, :, None, None], 0)  # NaN beyond L never leaks
+    vc = v_cache.to(compute_dtype).masked_fill(~in_range[:, :, None, None], 0)
+    scores = torch.einsum("btkgd,bnkd->bkgtn", qc, kc) * scale
+    scores = scores.masked_fill(~vis[:, None, None], float("-inf"))
+    lse = torch.logsumexp(scores.to(torch.float32 if compute_dtype != torch.float64 else compute_dtype), dim=-1)
+    finite = torch.isfinite(lse)[..., None]
+    if compute_dtype in (torch.float16, torch.bfloat16):
+        p = torch.softmax(scores, dim=-1)  # in that precision, like flash-attn's attention_ref(upcast=False)
+    else:
+        p = torch.exp(scores - lse[..., None].to(compute_dtype))
+    p = torch.where(finite & vis[:, None, None], p, torch.zeros((), dtype=p.dtype))
+    out = torch.einsum("bkgtn,bnkd->btkgd", p, vc).reshape(B, T, Hq, D)
+    lse = lse.reshape(B, Hq, T).to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    return out.to(q.dtype), lse
+
+
+def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None, return_lse=False):
+    """Reference ``tk.verify_attention``: dense masked attention over the whole cache, float32
+    (float64 for float64 inputs)."""
+    out, lse = _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale)
+    return (out, lse) if return_lse else out
+
+
+def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
+    """Reference: ``mask[b, t, s]`` is True iff node ``s`` is ``t`` or an ancestor of ``t`` (walks parents)."""
+    B, T = parents.shape
+    p = parents.cpu().tolist()
+    mask = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            s = t
+            while s >= 0:
+                mask[b, t, s] = True
+                s = p[b][s]
+    return mask.to(parents.device)
+
+
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """Reference: number of edges from the root (node 0) to each node, int32 ``[B, T]``."""
+    return (tree_attention_mask(parents).sum(-1) - 1).to(torch.int32)

@@ -1,0 +1,80 @@
+"""``tk.tree_attention_mask`` and ``tk.tree_depths``: token-tree metadata for tree verification
+(DESIGN.md 3.2). Built once per verification step and shared by every layer."""
+from __future__ import annotations
+
+import torch
+
+from ._validate import check_tensor
+
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_parents(parents) -> torch.Tensor:
+    """Shape/dtype checks, then the tree invariant. The invariant needs the values, so this is one
+    host synchronisation (a single ``.item()``) on GPU tensors: call the helpers once per step."""
+    check_tensor("parents", parents, ndim=2, dtypes=_INT_DTYPES)
+    B, T = parents.shape
+    if T < 1:
+        raise ValueError(f"parents must have at least one node (the root) per row, got shape {list(parents.shape)}")
+    t = torch.arange(T, device=parents.device)
+    ok = (parents[:, 0] == -1).all() & ((parents[:, 1:] >= 0) & (parents[:, 1:] < t[1:])).all()
+    if not bool(ok.item()):
+        raise ValueError("parents must describe a tree in topological order: parents[b, 0] == -1 (the root) "
+                         "and 0 <= parents[b, t] < t for t > 0")
+    return parents
+
+
+def _ancestor_or_self(parents: torch.Tensor) -> torch.Tensor:
+    # Reachability by repeated squaring: M = I + A (A[t, parent(t)] = 1); after k squarings M holds
+    # every ancestor up to 2^k edges away, and no path is longer than T - 1 edges: ceil(log2 T) steps
+    # of a [T, T] batched matmul instead of a T-step sequential walk.
+    B, T = parents.shape
+    eye = torch.eye(T, device=parents.device, dtype=torch.float32).expand(B, T, T)
+    m = eye.clone()
+    idx = parents[:, 1:].long().clamp_min(0)
+    m[:, 1:].scatter_(2, idx[..., None], 1.0)
+    steps = 0
+    while (1 << steps) < T:
+        m = (torch.bmm(m, m) > 0).to(torch.float32)
+        steps += 1
+    return m > 0
+
+
+def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
+    """Ancestor-or-self mask of a token tree, the ``tree_mask`` argument of ``tk.verify_attention``.
+
+    ``mask[b, t, s]`` is True iff node ``s`` is node ``t`` or one of its ancestors. Node 0 is the root.
+    Example (root 0 with children 1 and 2; 3 is a child of 1)::
+
+        parents = [[-1, 0, 0, 1]]        mask[0] = 1 . . .
+                                                   1 1 . .
+                                                   1 . 1 .
+                                                   1 1 . 1
+
+    Args:
+        parents: int32/int64 ``[B, T]``, ``T >= 1``: ``parents[b, 0] == -1`` and
+            ``0 <= parents[b, t] < t`` for ``t > 0`` (topological order). Checking this reads the
+            values: one host synchronisation on GPU tensors; violations raise ``ValueError``.
+
+    Returns:
+        bool ``[B, T, T]`` on ``parents``' device.
+
+    Example:
+        >>> mask = tk.tree_attention_mask(torch.tensor([[-1, 0, 0, 1]]))
+    """
+    return _ancestor_or_self(_check_parents(parents))
+
+
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of every tree node (root 0): its RoPE position is ``base + depth``.
+
+    Args:
+        parents: as for :func:`tree_attention_mask` (validated the same way; one host sync on GPU).
+
+    Returns:
+        int32 ``[B, T]``.
+
+    Example:
+        >>> tk.tree_depths(torch.tensor([[-1, 0, 0, 1]]))   # tensor([[0, 1, 1, 2]], dtype=torch.int32)
+    """
+    return (_ancestor_or_self(_check_parents(parents)).sum(-1) - 1).to(torch.int32)

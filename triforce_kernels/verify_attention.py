@@ -1,0 +1,102 @@
+"""``tk.verify_attention``: attention of T new (draft) tokens over a long KV cache with a causal or
+tree mask on the new tokens (DESIGN.md 3.2)."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ._backend import implementation, register, resolve
+from ._validate import check_float_tensor, check_tensor
+from .reference.attention import _verify_attention as _reference
+
+register("verify_attention", "reference")(_reference)
+# triton and cpu backends: added in the next commits
+
+
+@torch.library.custom_op("triforce::verify_attention", mutates_args=())
+def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         cache_seqlens: torch.Tensor, tree_mask: Optional[torch.Tensor], softmax_scale: float,
+                         backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale)
+
+
+@_verify_attention_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend):
+    B, T, Hq, D = q.shape
+    return q.new_empty((B, T, Hq, D)), q.new_empty((B, Hq, T), dtype=torch.float32)
+
+
+def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                     tree_mask: torch.Tensor | None = None, softmax_scale: float | None = None,
+                     return_lse: bool = False, *, backend: str | None = None):
+    """Attention of ``T`` new tokens over a KV cache that already holds them at its end.
+
+    With ``L = cache_seqlens[b]`` the new tokens' keys/values sit at positions ``L-T .. L-1``. Query
+    ``t`` attends to every prefix position ``< L-T`` and to new position ``L-T+s`` iff
+    ``tree_mask[b, t, s]`` (``tree_mask=None``: iff ``s <= t``, causal, bottom-right aligned as in
+    ``flash_attn_with_kvcache``). Positions ``>= L`` are never read. For ``T = 4``, ``L = 7``::
+
+        position   0 1 2 | 3 4 5 6 | 7 ...        causal           tree (parents -1 0 0 1)
+        query 0    x x x | x . . . | never read   x . . .          x . . .
+        query 1    x x x | x x . . |              x x . .          x x . .
+        query 2    x x x | x x x . |              x x x .          x . x .
+        query 3    x x x | x x x x |              x x x x          x x . x
+
+    A query that sees no position (a tree row of all False with an empty prefix) yields output 0 and
+    ``lse = -inf``. Scores and the softmax are accumulated in float32 whatever the input dtype.
+
+    Args:
+        q: ``[B, T, Hq, D]`` float32/float16/bfloat16 (after RoPE), any strides.
+        k_cache, v_cache: ``[B, N, Hkv, D]`` ("NHD"), same dtype as ``q``; any strides over B, N and
+            H (e.g. a slice of a larger batch), rows of D ideally contiguous. ``Hq`` must be a multiple
+            of ``Hkv`` (GQA: query head ``j`` reads KV head ``j // (Hq // Hkv)``).
+        cache_seqlens: int32 ``[B]``, ``T <= cache_seqlens[b] <= N`` (valid lengths including the T new
+            tokens; ragged across the batch). Checked (raising ``ValueError``) only when it is a CPU
+            tensor, where that costs nothing; a GPU check would be a host synchronisation, so there the
+            kernels clamp instead: only positions in ``[0, min(L, N))`` are ever read.
+        tree_mask: bool ``[B, T, T]`` or None (causal). ``tk.tree_attention_mask(parents)`` builds it.
+        softmax_scale: score scale, default ``1 / sqrt(D)``.
+        return_lse: also return the natural-log log-sum-exp of the scaled scores.
+        backend: ``"reference" | "triton" | "cpu" | None`` (automatic; see ``triforce_kernels._backend``).
+
+    Returns:
+        ``out`` ``[B, T, Hq, D]`` in ``q``'s dtype, and with ``return_lse`` also ``lse`` float32
+        ``[B, Hq, T]``.
+
+    Example:
+        >>> k_cache[b, L:L + T], v_cache[b, L:L + T] = k_new, v_new      # append first
+        >>> out = tk.verify_attention(q, k_cache, v_cache, lengths + T,
+        ...                           tree_mask=tk.tree_attention_mask(parents))
+    """
+    check_float_tensor("q", q, ndim=4)
+    dev = q.device
+    B, T, Hq, D = q.shape
+    if T < 1:
+        raise ValueError(f"q must hold at least one query token (T >= 1), got shape {list(q.shape)}")
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev, shape=(B, None, None, D))
+    N, Hkv = k_cache.shape[1], k_cache.shape[2]
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev, shape=(B, N, Hkv, D))
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"the number of query heads (q.shape[2] = {Hq}) must be a multiple of the number of "
+                         f"KV heads (k_cache.shape[2] = {Hkv})")
+    check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
+    if tree_mask is not None:
+        check_tensor("tree_mask", tree_mask, ndim=3, dtypes=(torch.bool,), device=dev, shape=(B, T, T))
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    elif not math.isfinite(softmax_scale):
+        raise ValueError("softmax_scale must be finite")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if cache_seqlens.device.type == "cpu" and B > 0:  # free on CPU; GPU kernels clamp instead of syncing
+        lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if lo < T or hi > N:
+            raise ValueError(f"cache_seqlens must be in [T, N] = [{T}, {N}] (lengths include the T new tokens), "
+                             f"got values in [{lo}, {hi}]")
+    out, lse = _verify_attention_op(q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
+                                    resolve("verify_attention", backend, dev))
+    return (out, lse) if return_lse else out
