@@ -23,7 +23,7 @@ def run(d: Decode, draft=None, gamma: int = 4, sink: int = 16, window: int = 240
     d.require_prompt_len(HIST, "magicdec")
     if draft_cache == "streaming":
         cache = d.full_cache(target)
-        dcache = StreamingCache(drafter.config, d.batch, sink, window, max_step=gamma + HIST,
+        dcache = StreamingCache(drafter.config, d.batch, sink, window, max_step=HIST,
                                 device=d.device, dtype=model_dtype(drafter))
         with d.timed_prefill():
             hist = d.start(target.prefill(d.prompts, cache), HIST)
@@ -34,14 +34,20 @@ def run(d: Decode, draft=None, gamma: int = 4, sink: int = 16, window: int = 240
         cache = d.full_cache(target, chunk_size=chunk_size)
         with d.timed_prefill():
             hist = d.start(target.prefill(d.prompts, cache), 1)  # follows the full cache: width 1
-            dcache = RetrievalCache(target.config, cache, retrieval_budget(budget, sink + window, d),
-                                    chunk_size, max_step=gamma + 1)
-            dcache.rebuild()
+            dcache = RetrievalCache(target.config, cache, retrieval_budget(budget, sink + window, chunk_size, d),
+                                    chunk_size, max_step=gamma + 1)  # tokens appended between syncs
     else:
         raise ValueError(f"draft_cache: expected 'streaming' or 'retrieval', got {draft_cache!r}")
     return d.loop(lambda h, active: chain_step(d, drafter, dcache, cache, h, active, gamma, "self->full"), hist)
 
 
-def retrieval_budget(budget: int | None, default: int, d: Decode) -> int:
-    return min(budget or default, d.max_prompt)
+def retrieval_budget(budget: int | None, default: int, chunk_size: int, d: Decode) -> int:
+    """The retrieval budget capped by the shortest prompt's complete chunks (a multiple of
+    ``chunk_size``; it needs more than the sink and recent chunk)."""
+    shortest = min(len(p) for p in d.prompts)
+    b = (min(budget or default, shortest) // chunk_size) * chunk_size
+    if b < 3 * chunk_size:
+        raise ValueError(f"budget: a retrieval cache needs at least 3 chunks of chunk_size={chunk_size} tokens; "
+                         f"the shortest prompt has {shortest} tokens (lower chunk_size or use longer prompts)")
+    return b
 

@@ -28,21 +28,22 @@ def chain_step(d: Decode, drafter, dcache, cache, hist, active, gamma: int, leve
         tokens, num, _ = sampling.verify_chain(x, q, logits)
         adv = active_advance(num, active)
         cache.rollback(base + adv)
-    follow(dcache, base, adv, hist.shape[1])
+    follow(dcache, hist.shape[1] + gamma - 1, adv)
     d.out.append(tokens, adv)
     stats.accept(level, num, gamma, active)
     stats.verified(adv, active)
     return advance(hist, tokens, adv, hist.shape[1])
 
 
-def follow(dcache, base, adv, width: int) -> None:
-    """Bring a drafter cache to ``committed - width`` tokens after a verification. A retrieval cache
-    (``width == 1``) drops its speculative tail and copies the verified tokens from the full cache."""
-    if width == 1:
-        dcache.rollback(base)
+def follow(dcache, appended: int, adv) -> None:
+    """After a verification, keep ``adv`` of the ``appended`` tokens the drafter's forwards appended
+    this step (relative to its current length: a StreamingLLM cache may have compacted mid-step).
+    A retrieval-cache drafter instead drops its speculative tail and copies the verified tokens from
+    the full cache (it then holds exactly the committed tokens: a window of width 1)."""
+    if hasattr(dcache, "sync"):
         dcache.sync()
     else:
-        dcache.rollback(base + 1 + adv - width)
+        dcache.rollback(dcache.lengths - appended + adv)
 
 
 def run(d: Decode, draft=None, gamma: int = 4, draft_layers: int | None = None) -> tuple:

@@ -37,14 +37,13 @@ def draft_tree(drafter, dcache, hist, shape, parents_row, sampling, vocab: int):
     tokens[:, 0] = hist[:, -1]
     probs = None if sampling.greedy else torch.zeros(B, T, vocab, device=dev)
     logits = drafter(hist, cache=dcache)[:, -1:]
-    dcache.rollback(dcache.lengths - 1)
-    base = dcache.lengths.clone()
+    dcache.rollback(dcache.lengths - 1)  # keep the catch-up tokens, drop the root
     parents = torch.tensor(parents_row, device=dev).expand(B, T)
     level, n = [0], 1  # nodes of the current depth, nodes drafted so far
     for depth, k in enumerate(shape):
         if depth > 0:
             logits = drafter(tokens[:, :n], cache=dcache, tree_parents=parents[:, :n])[:, level]
-            dcache.rollback(base)
+            dcache.rollback(dcache.lengths - n)  # relative: the forward may have compacted a window
         for j, node in enumerate(level):
             child, p = sampling.sample(logits[:, j], k)
             tokens[:, n + j * k: n + (j + 1) * k] = child
@@ -67,7 +66,7 @@ def tree_step(d: Decode, drafter, dcache, cache, hist, active, shape, parents_ro
         adv = active_advance(num, active)
         cache.commit_path(base, path, num)
         cache.rollback(base + adv)  # finished rows keep nothing
-    dcache.rollback(base + 1 + adv - hist.shape[1])
+    dcache.rollback(dcache.lengths + 1 + adv - hist.shape[1])  # from committed - 1 to committed' - H
     d.out.append(tokens, adv)
     stats.accept("tree->full", num, len(shape), active)
     stats.verified(adv, active)
@@ -86,7 +85,7 @@ def run(d: Decode, draft=None, tree=(2, 2, 1, 1), sink: int = 16, window: int = 
     d.require_prompt_len(hist_width, "tree")
     drafter = draft if draft is not None else d.target
     cache = d.full_cache(d.target)
-    dcache = StreamingCache(drafter.config, d.batch, sink, window, max_step=hist_width + len(parents_row),
+    dcache = StreamingCache(drafter.config, d.batch, sink, window, max_step=max(hist_width, len(parents_row)),
                             device=d.device, dtype=model_dtype(drafter))
     with d.timed_prefill():
         hist = d.start(d.target.prefill(d.prompts, cache), hist_width)

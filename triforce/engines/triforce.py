@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import Decode, model_dtype
+from .magicdec import retrieval_budget
 from .speculative import default_draft
 from .steps import TokenBuffer, active_advance, advance, draft_chain
 
@@ -45,7 +46,7 @@ def triforce_step(d: Decode, draft, dcache, rcache, cache, xs: TokenBuffer, hist
             tokens, num, mprobs = _verify_middle(sampling, x, q, logits)
             adv = active_advance(num, mactive)
             rcache.rollback(mbase + adv)
-        dcache.rollback(mbase + 1 + adv - HIST_MID)
+        dcache.rollback(dcache.lengths - (mhist.shape[1] + g1 - 1) + adv + mhist.shape[1] - HIST_MID)
         xs.append(tokens, adv, mprobs)  # each emitted token with the M-probs it was sampled from
         stats.accept("draft->retrieval", num, g1, mactive)
         mhist = advance(mhist, tokens, adv, HIST_MID)
@@ -58,9 +59,9 @@ def triforce_step(d: Decode, draft, dcache, rcache, cache, xs: TokenBuffer, hist
         adv = active_advance(num, active)
         cache.rollback(base + adv)
     with stats.time("retrieval"):
-        rcache.rollback(base)
-        rcache.sync()
-    dcache.rollback(base + 1 + adv - HIST)
+        rcache.record_acceptance(num.sum() / xs.count.clamp(min=1).sum())
+        rcache.sync()  # drop the middle's own tokens, copy the verified ones from the full cache
+    dcache.rollback(dcache.lengths + adv - xs.count - 1)  # from committed_mid - 2 to committed - 3
     d.out.append(tokens, adv)
     stats.accept("retrieval->full", num, xs.count, active)
     stats.verified(adv, active)
@@ -77,14 +78,14 @@ def run(d: Decode, draft=None, gamma1: int = 2, gamma2: int = 6, budget: int = 4
     d.require_prompt_len(HIST, "triforce")
     cap = g2_cap(gamma1, gamma2)
     cache = d.full_cache(target, chunk_size=chunk_size)
-    dcache = StreamingCache(draft.config, d.batch, sink, window, max_step=gamma1 + HIST,
+    dcache = StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
                             device=d.device, dtype=model_dtype(draft))
     xs = TokenBuffer(d.batch, cap, d.device, None if d.sampling.greedy else target.config.vocab_size)
     with d.timed_prefill():
         hist = d.start(target.prefill(d.prompts, cache), HIST)
         draft.prefill(d.truncated(HIST), dcache)
-        rcache = RetrievalCache(target.config, cache, min(budget, d.max_prompt), chunk_size, max_step=cap + 1)
-        rcache.rebuild()
+        rcache = RetrievalCache(target.config, cache, retrieval_budget(budget, budget, chunk_size, d), chunk_size,
+                                max_step=cap + 1)
     return d.loop(lambda h, active: triforce_step(d, draft, dcache, rcache, cache, xs, h, active,
                                                   gamma1, gamma2), hist)
 
