@@ -53,6 +53,14 @@ class Decode:
             raise ValueError(f"prompt_ids: method {method!r} with these options needs prompts of at least "
                              f"{n} tokens")
 
+    @staticmethod
+    def require_window(window: int, span: int, method: str) -> None:
+        """A StreamingLLM drafter rolls back up to ``span`` tokens appended over several forwards
+        (each of which may evict old tokens first), so its window must hold them all."""
+        if window < span:
+            raise ValueError(f"window: {method!r} with these options needs a StreamingLLM window of at least "
+                             f"{span} tokens, got {window}")
+
     def truncated(self, hist_width: int) -> list[torch.Tensor]:
         """Prompts without their last ``hist_width - 1`` tokens: what a drafter cache holds at the
         start (it then catches up from ``hist``)."""

@@ -22,6 +22,7 @@ def run(d: Decode, draft=None, gamma: int = 4, sink: int = 16, window: int = 240
     drafter = draft if draft is not None else target
     d.require_prompt_len(HIST, "magicdec")
     if draft_cache == "streaming":
+        d.require_window(window, gamma + HIST, "magicdec")
         cache = d.full_cache(target)
         dcache = StreamingCache(drafter.config, d.batch, sink, window, max_step=HIST,
                                 device=d.device, dtype=model_dtype(drafter))

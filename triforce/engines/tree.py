@@ -83,6 +83,7 @@ def run(d: Decode, draft=None, tree=(2, 2, 1, 1), sink: int = 16, window: int = 
     hist_width = len(shape) + 2  # the drafter sits at the root after drafting; a step advances <= depth + 1
     d.setup(width=len(parents_row))
     d.require_prompt_len(hist_width, "tree")
+    d.require_window(window, hist_width + len(parents_row), "tree")
     drafter = draft if draft is not None else d.target
     cache = d.full_cache(d.target)
     dcache = StreamingCache(drafter.config, d.batch, sink, window, max_step=max(hist_width, len(parents_row)),

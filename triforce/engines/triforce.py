@@ -77,6 +77,7 @@ def run(d: Decode, draft=None, gamma1: int = 2, gamma2: int = 6, budget: int = 4
     draft = draft if draft is not None else default_draft(target, draft_layers)
     d.require_prompt_len(HIST, "triforce")
     cap = g2_cap(gamma1, gamma2)
+    d.require_window(window, cap + HIST, "triforce")
     cache = d.full_cache(target, chunk_size=chunk_size)
     dcache = StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
                             device=d.device, dtype=model_dtype(draft))
