@@ -39,8 +39,9 @@ class Decode:
 
     @property
     def cache_len(self) -> int:
-        """Full-cache capacity: prompt + new tokens + one step of overshoot."""
-        return self.max_prompt + self.max_new + self.width + 1
+        """Full-cache capacity: prompt + new tokens + one step of overshoot (a row may finish up to
+        ``width - 1`` tokens past ``max_new``) + the next step's tokens, appended to finished rows too."""
+        return self.max_prompt + self.max_new + 2 * self.width + 1
 
     def full_cache(self, model, chunk_size: int | None = None):
         from triforce.models.cache import FullCache
