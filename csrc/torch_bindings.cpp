@@ -8,7 +8,14 @@
 TORCH_LIBRARY(triforce_C, m) {
   // ---- retrieval cache (DESIGN 3.1)
   m.def("chunk_mean_keys(Tensor k, int chunk_size) -> Tensor");
+  m.def("score_chunks(Tensor q, Tensor chunk_keys, Tensor num_chunks) -> Tensor");
+  m.def("select_chunks(Tensor scores, Tensor num_chunks, int budget_chunks, int sink_chunks, int recent_chunks) -> Tensor");
+  m.def("gather_chunks(Tensor k, Tensor v, Tensor chunk_idx, int chunk_size, Tensor(a!) out_k, Tensor(b!) out_v) -> ()");
+  m.def("build_retrieval_cache(Tensor q, Tensor k, Tensor v, Tensor chunk_keys, Tensor num_chunks, int chunk_size, "
+        "int budget_chunks, Tensor(a!) out_k, Tensor(b!) out_v, int sink_chunks, int recent_chunks) -> Tensor");
   // ---- verification attention (DESIGN 3.2)
+  m.def("verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? tree_mask, "
+        "float softmax_scale, int num_splits) -> (Tensor, Tensor)");
   // ---- accept / reject sampling (DESIGN 3.3)
   m.def("chain_speculative_sample(Tensor draft_tokens, Tensor? draft_probs, Tensor target_probs, Tensor uniforms)"
         " -> (Tensor, Tensor)");
@@ -21,7 +28,12 @@ TORCH_LIBRARY(triforce_C, m) {
 TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   // ---- retrieval cache
   m.impl("chunk_mean_keys", &chunk_mean_keys);
+  m.impl("score_chunks", &score_chunks);
+  m.impl("select_chunks", &select_chunks);
+  m.impl("gather_chunks", &gather_chunks);
+  m.impl("build_retrieval_cache", &build_retrieval_cache);
   // ---- verification attention
+  m.impl("verify_attention", &verify_attention);
   // ---- accept / reject sampling
   m.impl("chain_speculative_sample", &chain_speculative_sample);
   m.impl("chain_greedy_verify", &chain_greedy_verify);

@@ -9,7 +9,13 @@ from .score_chunks import check_score_inputs
 from .select_chunks import check_budget
 
 register("build_retrieval_cache", "reference")(_reference)
+register_lazy("build_retrieval_cache", "triton", "triforce_kernels.triton.retrieval")
 
+
+@register("build_retrieval_cache", "cpu")
+def _cpu(q, k, v, chunk_keys, num_chunks, chunk_size, budget_chunks, out_k, out_v, sink_chunks, recent_chunks):
+    return torch.ops.triforce_C.build_retrieval_cache(q, k, v, chunk_keys, num_chunks, chunk_size, budget_chunks,
+                                                      out_k, out_v, sink_chunks, recent_chunks)
 
 
 @torch.library.custom_op("triforce::build_retrieval_cache", mutates_args=("out_k", "out_v"))

@@ -6,7 +6,12 @@ from ._validate import check_float_tensor, check_int, check_tensor
 from .reference.retrieval import gather_chunks as _reference
 
 register("gather_chunks", "reference")(_reference)
+register_lazy("gather_chunks", "triton", "triforce_kernels.triton.retrieval")
 
+
+@register("gather_chunks", "cpu")
+def _cpu(k, v, chunk_idx, chunk_size, out_k, out_v):
+    torch.ops.triforce_C.gather_chunks(k, v, chunk_idx, chunk_size, out_k, out_v)
 
 
 @torch.library.custom_op("triforce::gather_chunks", mutates_args=("out_k", "out_v"))

@@ -6,7 +6,12 @@ from ._validate import check_float_tensor, check_tensor
 from .reference.retrieval import score_chunks as _reference
 
 register("score_chunks", "reference")(_reference)
+register_lazy("score_chunks", "triton", "triforce_kernels.triton.retrieval")
 
+
+@register("score_chunks", "cpu")
+def _cpu(q, chunk_keys, num_chunks):
+    return torch.ops.triforce_C.score_chunks(q, chunk_keys, num_chunks)
 
 
 @torch.library.custom_op("triforce::score_chunks", mutates_args=())

@@ -6,7 +6,12 @@ from ._validate import check_int, check_tensor
 from .reference.retrieval import select_chunks as _reference
 
 register("select_chunks", "reference")(_reference)
+register_lazy("select_chunks", "triton", "triforce_kernels.triton.retrieval")
 
+
+@register("select_chunks", "cpu")
+def _cpu(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks):
+    return torch.ops.triforce_C.select_chunks(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks)
 
 
 @torch.library.custom_op("triforce::select_chunks", mutates_args=())

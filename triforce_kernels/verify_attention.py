@@ -7,12 +7,23 @@ from typing import Optional
 
 import torch
 
-from ._backend import implementation, register, resolve
+from ._backend import implementation, register, register_lazy, resolve
 from ._validate import check_float_tensor, check_tensor
 from .reference.attention import _verify_attention as _reference
 
 register("verify_attention", "reference")(_reference)
-# triton and cpu backends: added in the next commits
+register_lazy("verify_attention", "triton", "triforce_kernels.triton.verify_attention")
+
+
+@register("verify_attention", "cpu")
+def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0):
+    # The kernel reads rows of D contiguous elements; any B/N/H strides are passed through.
+    if k_cache.stride(-1) != 1:
+        k_cache = k_cache.contiguous()
+    if v_cache.stride(-1) != 1:
+        v_cache = v_cache.contiguous()
+    return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
+                                                 softmax_scale, num_splits)
 
 
 @torch.library.custom_op("triforce::verify_attention", mutates_args=())

@@ -1,0 +1,91 @@
+"""Benchmark tk.verify_attention (DESIGN.md 6): time, GB/s (bytes = K/V up to L read once + q + out),
+fraction of measured copy bandwidth, and the baselines side by side: the PyTorch reference and
+PyTorch SDPA with an explicit boolean mask (and flash-attn's flash_attn_with_kvcache when installed,
+causal only).
+
+    TRIFORCE_BENCH_CSV=/tmp/bench.csv python -m bench.bench_attention            # CPU: B=1, N=32K subset
+    python -m bench.bench_attention --device cuda --full                          # the issue's shapes
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import triforce_kernels as tk
+from bench.harness import copy_bandwidth, measure, record
+from triforce_kernels.reference.attention import visibility
+
+
+def _inputs(B, N, Hq, Hkv, D, T, dtype, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, T, Hq, D, generator=g).to(dtype).to(device)
+    k = torch.randn(B, N, Hkv, D, generator=g).to(dtype).to(device)
+    v = torch.randn(B, N, Hkv, D, generator=g).to(dtype).to(device)
+    lens = torch.full((B,), N, dtype=torch.int32, device=device)
+    parents = torch.tensor([-1] + [(t - 1) // 2 for t in range(1, T)]).expand(B, T)  # binary tree
+    return q, k, v, lens, tk.tree_attention_mask(parents).to(device)
+
+
+def _sdpa(q, k, v, vis):
+    # Explicit mask [B, 1, T, N]; GQA through enable_gqa (no K/V copy). The mask is built once per step.
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          attn_mask=vis[:, None], enable_gqa=True).transpose(1, 2)
+
+
+def run(device: str, full: bool, backends: list[str]) -> None:
+    dev = torch.device(device)
+    bw = copy_bandwidth(dev)
+    cpu = dev.type == "cpu"
+    reps = dict(warmup=1, reps=3, min_time_s=0.0) if cpu else {}
+    Bs, Ns = ((1, 8), (32768, 131072)) if full else ((1,), (32768,))
+    Hq, Hkv, D, dtype = 32, 8, 128, torch.bfloat16
+    try:
+        from flash_attn import flash_attn_with_kvcache  # optional, GPU only
+    except ImportError:
+        flash_attn_with_kvcache = None
+    for B in Bs:
+        for N in Ns:
+            for T in (1, 7, 16, 64):
+                q, k, v, lens, tree = _inputs(B, N, Hq, Hkv, D, T, dtype, dev)
+                nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
+                shape = f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}"
+                vis = visibility(lens, T, N, None)
+                sdpa_t = measure(lambda: _sdpa(q, k, v, vis), device=dev, **reps)
+                record(family="attention", op="verify_attention", backend="sdpa", shape=shape, dtype="bfloat16",
+                       bytes_moved=nbytes, timing=sdpa_t, bandwidth=bw, device=dev, extra="explicit mask, causal")
+                base, base_name = sdpa_t, "sdpa"
+                if flash_attn_with_kvcache is not None and not cpu:
+                    fa = measure(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True), device=dev)
+                    record(family="attention", op="verify_attention", backend="flash_attn", shape=shape,
+                           dtype="bfloat16", bytes_moved=nbytes, timing=fa, bandwidth=bw, device=dev, extra="causal")
+                    if fa["median_s"] < base["median_s"]:
+                        base, base_name = fa, "flash_attn"
+                if cpu and B * N <= 32768:
+                    ref = measure(lambda: tk.verify_attention(q, k, v, lens, backend="reference"), device=dev, **reps)
+                    record(family="attention", op="verify_attention", backend="reference", shape=shape,
+                           dtype="bfloat16", bytes_moved=nbytes, timing=ref, bandwidth=bw, device=dev, extra="causal")
+                    if ref["median_s"] < base["median_s"]:
+                        base, base_name = ref, "reference"
+                for be in backends:
+                    for kind, mask in (("causal", None), ("tree", tree)):
+                        t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be), device=dev, **reps)
+                        record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype="bfloat16",
+                               bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=base_name,
+                               baseline_timing=base, extra=kind)
+                del q, k, v, vis
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--full", action="store_true", help="all issue shapes (B=1/8, N=32K/128K); default B=1, N=32K")
+    ap.add_argument("--backends", default=None, help="comma list; default: cpu on CPU, triton on CUDA")
+    a = ap.parse_args()
+    backends = a.backends.split(",") if a.backends else (["cpu"] if a.device == "cpu" else ["triton"])
+    run(a.device, a.full, backends)
+
+
+if __name__ == "__main__":
+    main()

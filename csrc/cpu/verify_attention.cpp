@@ -1,0 +1,56 @@
+#include "triforce/verify_attention.h"
+
+#include <omp.h>
+
+#include "dispatch.h"
+#include "../ops.h"
+
+std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                    const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                    const std::optional<at::Tensor>& tree_mask, double softmax_scale,
+                                                    int64_t num_splits) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
+                  cache_seqlens.device().is_cpu(),
+              "verify_attention: all tensors must be on the CPU");
+  TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4,
+              "verify_attention: q must be [B, T, Hq, D] and the caches [B, N, Hkv, D]");
+  const int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), D = q.size(3);
+  const int64_t N = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D && v_cache.sizes() == k_cache.sizes(),
+              "verify_attention: k_cache and v_cache must be [B, N, Hkv, D] matching q");
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "verify_attention: Hq must be a multiple of Hkv");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "verify_attention: q, k_cache and v_cache must have the same dtype");
+  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "verify_attention: cache rows must be contiguous");
+  TORCH_CHECK(cache_seqlens.scalar_type() == at::kInt && cache_seqlens.dim() == 1 && cache_seqlens.size(0) == B,
+              "verify_attention: cache_seqlens must be int32 [B]");
+  TORCH_CHECK(num_splits >= 0 && num_splits <= 64, "verify_attention: num_splits must be in [0, 64]");
+  at::Tensor mask;
+  if (tree_mask.has_value()) {
+    TORCH_CHECK(tree_mask->scalar_type() == at::kBool && tree_mask->dim() == 3 && tree_mask->size(0) == B &&
+                    tree_mask->size(1) == T && tree_mask->size(2) == T,
+                "verify_attention: tree_mask must be bool [B, T, T]");
+    TORCH_CHECK(tree_mask->device().is_cpu(), "verify_attention: tree_mask must be on the CPU");
+    mask = tree_mask->contiguous();
+  }
+  const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
+  const at::Tensor lens = cache_seqlens.contiguous();
+  auto out = at::empty({B, T, Hq, D}, q.options());
+  auto lse = at::empty({B, Hq, T}, q.options().dtype(at::kFloat));
+  if (out.numel() == 0) return {out, lse};
+  if (num_splits == 0) {
+    const int32_t* L = lens.const_data_ptr<int32_t>();
+    int64_t max_prefix = 0;
+    for (int64_t b = 0; b < B; ++b) max_prefix = std::max<int64_t>(max_prefix, std::min<int64_t>(L[b], N) - T);
+    num_splits = triforce::verify_attention_num_splits(B, Hkv, max_prefix, omp_get_max_threads());
+  }
+  TRIFORCE_DISPATCH_FLOAT(q.scalar_type(), "verify_attention", [&] {
+    triforce::verify_attention_cpu(tf_ptr<scalar_t>(qc), qc.stride(0), qc.stride(1), qc.stride(2),
+                                   tf_ptr<scalar_t>(k_cache), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                   tf_ptr<scalar_t>(v_cache), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                                   lens.const_data_ptr<int32_t>(), mask.defined() ? mask.const_data_ptr<bool>() : nullptr,
+                                   static_cast<float>(softmax_scale), B, T, Hq, Hkv, D, N, num_splits,
+                                   tf_mut_ptr<scalar_t>(out), lse.data_ptr<float>());
+  });
+  return {out, lse};
+}

@@ -1,0 +1,382 @@
+// Verification attention on the CPU (DESIGN.md 3.2): T new queries over a long KV cache, causal or
+// tree mask on the last T keys. Torch-free; the CPU engines' hot loop.
+//
+// Work item = (batch b, KV head h, split s). Splits 0..S-1 cover the unmasked prefix [0, L-T) in equal
+// parts; split S is the masked tail [L-T, L). Each item reads its K/V rows once, converts them to fp32
+// tiles of KT keys, and serves all R = T * g query rows of the GQA group from them (flash-decoding:
+// T=1, g=4 reads each key once for 4 rows instead of 4 times). Online softmax in fp32 per item, then a
+// log-sum-exp merge of the S+1 partials. Only positions in [0, min(L, N)) are ever read, whatever L.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "triforce/common.h"
+
+namespace triforce {
+namespace va {
+
+constexpr int64_t KT = 32;  // keys per tile: a [D, 32] fp32 K tile is 16 KB at D = 128 (L1-resident)
+constexpr int64_t RB = 4;   // query rows per register block in the QK^T loop (4 rows share each K load)
+constexpr int64_t kSmallR = 8;  // up to this many query rows: dot-product path, no transposed K tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) for x <= 0 (scores minus a running max), branch-free so the loops over keys vectorize:
+// Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial (~2 ulp); exactly 0 below -87
+// (and for -inf), where expf is subnormal or 0 and the row weight is negligible anyway.
+inline float exp_nonpos(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;
+  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x < -87.0f ? 0.0f : y * scale;
+}
+
+#if defined(__AVX512F__)
+// The same exp on 16 lanes; 2^n by scalef. NaN propagates (max keeps x's NaN).
+inline __m512 exp_nonpos(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(y, n));
+}
+#endif
+
+template <typename T>
+inline void load_row(const T* src, float* dst, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]);
+}
+inline void load_row(const bf16* src, float* dst, int64_t D) {  // bf16 -> fp32 is a 16-bit shift
+  for (int64_t d = 0; d < D; ++d) {
+    const uint32_t u = static_cast<uint32_t>(src[d].bits) << 16;
+    std::memcpy(dst + d, &u, 4);
+  }
+}
+#if defined(__F16C__)
+inline void load_row(const f16* src, float* dst, int64_t D) {  // hardware conversion, 8 at a time
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
+  for (; d < D; ++d) dst[d] = to_float(src[d]);
+}
+#endif
+
+struct Scratch {
+  std::vector<float> kt, vt, s, q;  // K tile [D][KT] (transposed), V tile [KT][D], scores [R][KT], q [R][D]
+  Scratch(int64_t R, int64_t D) : kt(D * KT), vt(KT * D), s(R * KT), q(R * D) {}
+};
+
+// Online softmax over positions [start, end) for all R rows; updates m, l (per row) and acc [R][D].
+// tail: positions are new tokens, position p is index p - new0 of tree_mask row t = r / g.
+template <typename T>
+void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, const T* k, int64_t skn,
+                  const T* v, int64_t svn, int64_t start, int64_t end, bool tail, int64_t new0,
+                  const bool* mask /* [T][T] or null */, float* m, float* l, float* acc, Scratch& sc) {
+  float* kt = sc.kt.data();
+  float* vt = sc.vt.data();
+  float* s = sc.s.data();
+  float row[512];
+  for (int64_t p0 = start; p0 < end; p0 += KT) {
+    const int64_t n = std::min(KT, end - p0);
+    // Prefetch the next tile's K/V rows (inside [start, end): never beyond L) while this one computes.
+    const int64_t n_next = std::min(KT, end - p0 - n);
+    for (int64_t j = 0; j < n_next; ++j)
+      for (int64_t off = 0; off < D * static_cast<int64_t>(sizeof(T)); off += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(k + (p0 + KT + j) * skn) + off);
+        __builtin_prefetch(reinterpret_cast<const char*>(v + (p0 + KT + j) * svn) + off);
+      }
+    if (R <= kSmallR) {
+      // Few rows (T * g <= 8, e.g. plain decoding): memory-bound. Keep K rows as they are and take R
+      // dot products per key; a transposed tile would cost D scattered stores per key for <= 8 uses.
+      for (int64_t j = 0; j < n; ++j) {
+        load_row(k + (p0 + j) * skn, kt + j * D, D);
+        load_row(v + (p0 + j) * svn, vt + j * D, D);
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const float* qr = q + r * D;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = kt + j * D;
+          float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
+          s[r * KT + j] = dot;
+        }
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        float* tmp = D <= 512 ? row : vt + j * D;  // (D > 512: convert in place through the V tile row)
+        load_row(k + (p0 + j) * skn, tmp, D);
+        for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = tmp[d];
+        load_row(v + (p0 + j) * svn, vt + j * D, D);
+      }
+      for (int64_t j = n; j < KT; ++j)
+        for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = 0.f;
+      // S = Q K^T for RB rows at a time, vectorized over the KT keys of the tile.
+      int64_t r0 = 0;
+#if defined(__AVX512F__)
+      // 8 rows x 32 keys = 16 zmm accumulators: 2 K loads + 8 broadcasts feed 16 FMAs per dim.
+      for (; r0 + 8 <= R; r0 += 8) {
+        __m512 a0[8], a1[8];
+        for (int i = 0; i < 8; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; ++d) {
+          const __m512 k0 = _mm512_loadu_ps(kt + d * KT), k1 = _mm512_loadu_ps(kt + d * KT + 16);
+          for (int i = 0; i < 8; ++i) {
+            const __m512 qb = _mm512_set1_ps(q[(r0 + i) * D + d]);
+            a0[i] = _mm512_fmadd_ps(qb, k0, a0[i]);
+            a1[i] = _mm512_fmadd_ps(qb, k1, a1[i]);
+          }
+        }
+        for (int i = 0; i < 8; ++i) {
+          _mm512_storeu_ps(s + (r0 + i) * KT, a0[i]);
+          _mm512_storeu_ps(s + (r0 + i) * KT + 16, a1[i]);
+        }
+      }
+#endif
+      for (; r0 + RB <= R; r0 += RB) {
+        float acc_s[RB][KT] = {};
+        for (int64_t d = 0; d < D; ++d) {
+          const float* kd = kt + d * KT;
+          for (int64_t i = 0; i < RB; ++i) {
+            const float qv = q[(r0 + i) * D + d];
+            for (int64_t j = 0; j < KT; ++j) acc_s[i][j] += qv * kd[j];
+          }
+        }
+        for (int64_t i = 0; i < RB; ++i) std::memcpy(s + (r0 + i) * KT, acc_s[i], sizeof(acc_s[i]));
+      }
+      for (; r0 < R; ++r0) {
+        float acc_s[KT] = {};
+        for (int64_t d = 0; d < D; ++d) {
+          const float qv = q[r0 * D + d];
+          for (int64_t j = 0; j < KT; ++j) acc_s[j] += qv * kt[d * KT + j];
+        }
+        std::memcpy(s + r0 * KT, acc_s, sizeof(acc_s));
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      float* sr = s + r * KT;
+      for (int64_t j = n; j < KT; ++j) sr[j] = kNegInf;
+      if (tail) {
+        const int64_t t = r / g;
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t si = p0 + j - new0;  // in [0, T) by construction of the tail range
+          const bool vis = mask ? mask[t * Tq + si] : si <= t;
+          if (!vis) sr[j] = kNegInf;
+        }
+      }
+#if defined(__AVX512F__)
+      static_assert(KT == 32, "two zmm per score row");
+      const __m512 s0 = _mm512_loadu_ps(sr), s1 = _mm512_loadu_ps(sr + 16);
+      const float mx = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+#else
+      float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < KT; ++j) mx = std::max(mx, sr[j]);
+#endif
+      const float m_new = std::max(m[r], mx);
+      if (m_new == kNegInf) {  // nothing visible yet for this row: it adds nothing
+        for (int64_t j = 0; j < KT; ++j) sr[j] = 0.f;
+        continue;
+      }
+      const float alpha = exp_nonpos(m[r] - m_new);
+#if defined(__AVX512F__)
+      const __m512 mb = _mm512_set1_ps(m_new);
+      const __m512 p0 = exp_nonpos(_mm512_sub_ps(s0, mb)), p1 = exp_nonpos(_mm512_sub_ps(s1, mb));
+      _mm512_storeu_ps(sr, p0);
+      _mm512_storeu_ps(sr + 16, p1);
+      const float sum = _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+#else
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < KT; ++j) {
+        const float p = exp_nonpos(sr[j] - m_new);
+        sr[j] = p;
+        sum += p;
+      }
+#endif
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+      if (alpha != 1.f) {
+        float* ar = acc + r * D;
+        for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+      }
+    }
+    // acc += P V. Accumulators stay in registers across the tile's keys: one load+store of acc per
+    // tile instead of one per key.
+    int64_t r0 = 0;
+#if defined(__AVX512F__)
+    // 4 rows x 64 dims = 16 zmm accumulators: 4 V loads + 4 broadcasts feed 16 FMAs per key.
+    if (D % 64 == 0) {
+      for (; r0 + 4 <= R; r0 += 4) {
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+          __m512 a[4][4];
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 4; ++c) a[i][c] = _mm512_loadu_ps(acc + (r0 + i) * D + d0 + 16 * c);
+          for (int64_t j = 0; j < n; ++j) {
+            const float* vj = vt + j * D + d0;
+            const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+            const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+            for (int i = 0; i < 4; ++i) {
+              const __m512 pb = _mm512_set1_ps(s[(r0 + i) * KT + j]);
+              a[i][0] = _mm512_fmadd_ps(pb, v0, a[i][0]);
+              a[i][1] = _mm512_fmadd_ps(pb, v1, a[i][1]);
+              a[i][2] = _mm512_fmadd_ps(pb, v2, a[i][2]);
+              a[i][3] = _mm512_fmadd_ps(pb, v3, a[i][3]);
+            }
+          }
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (r0 + i) * D + d0 + 16 * c, a[i][c]);
+        }
+      }
+    }
+#endif
+    for (; r0 < R; ++r0) {
+      const float* sr = s + r0 * KT;
+      float* ar = acc + r0 * D;
+      int64_t d0 = 0;
+      for (; d0 + 64 <= D; d0 += 64) {
+        float a[64];
+        std::memcpy(a, ar + d0, sizeof(a));
+        for (int64_t j = 0; j < n; ++j) {
+          const float p = sr[j];
+          const float* vj = vt + j * D + d0;
+          for (int64_t d = 0; d < 64; ++d) a[d] += p * vj[d];
+        }
+        std::memcpy(ar + d0, a, sizeof(a));
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float p = sr[j];
+        const float* vj = vt + j * D;
+        for (int64_t d = d0; d < D; ++d) ar[d] += p * vj[d];
+      }
+    }
+  }
+}
+
+}  // namespace va
+
+// Number of prefix splits when the caller passes 0: enough items for 2 per thread, each split at
+// least 512 keys (below that the merge costs more than the parallelism gains).
+inline int64_t verify_attention_num_splits(int64_t B, int64_t Hkv, int64_t max_prefix, int64_t threads) {
+  const int64_t want = (2 * threads + B * Hkv - 1) / (B * Hkv);
+  const int64_t most = std::max<int64_t>(1, max_prefix / 512);
+  return std::max<int64_t>(1, std::min<int64_t>({want, most, 64}));
+}
+
+// q: [B, T, Hq, D] with strides (sqb, sqt, sqh, 1); k/v: [B, N, Hkv, D] with strides (s*b, s*n, s*h, 1);
+// cache_seqlens int32 [B]; tree_mask bool [B, T, T] contiguous or null (causal); out contiguous
+// [B, T, Hq, D]; lse contiguous float [B, Hq, T]. num_splits >= 1.
+template <typename T>
+void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, const T* k, int64_t skb,
+                          int64_t skn, int64_t skh, const T* v, int64_t svb, int64_t svn, int64_t svh,
+                          const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
+                          int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
+                          T* out, float* lse) {
+  const int64_t g = Hq / Hkv, R = Tq * g, S = num_splits, parts = S + 1;
+  // Partials per (b, h, part): running max m, sum l, unnormalised acc [R][D], all fp32.
+  std::vector<float> pm(B * Hkv * parts * R, va::kNegInf), pl(B * Hkv * parts * R, 0.f);
+  std::vector<float> pacc(B * Hkv * parts * R * D, 0.f);
+  const int64_t items = B * Hkv * parts;
+#pragma omp parallel
+  {
+    va::Scratch sc(R, D);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t b = it / (Hkv * parts), h = (it / parts) % Hkv, part = it % parts;
+      // Clamp so that nothing outside [0, min(L, N)) is read even for out-of-range lengths.
+      const int64_t L = cache_seqlens[b];
+      const int64_t Lc = std::min<int64_t>(std::max<int64_t>(L, 0), N);
+      const int64_t new0 = L - Tq;  // logical position of new token 0 (may be < 0 for bad L)
+      const int64_t prefix = std::min<int64_t>(std::max<int64_t>(new0, 0), Lc);
+      int64_t start, end;
+      if (part < S) {
+        const int64_t chunk = (prefix + S - 1) / S;
+        start = std::min(prefix, part * chunk);
+        end = std::min(prefix, start + chunk);
+      } else {
+        start = prefix;
+        end = Lc;
+      }
+      if (start >= end) continue;
+      float* q32 = sc.q.data();
+      for (int64_t t = 0; t < Tq; ++t)
+        for (int64_t j = 0; j < g; ++j) {
+          float* dst = q32 + (t * g + j) * D;
+          va::load_row(q + b * sqb + t * sqt + (h * g + j) * sqh, dst, D);
+          for (int64_t d = 0; d < D; ++d) dst[d] *= scale;
+        }
+      const int64_t base = (b * Hkv + h) * parts + part;
+      va::attend_range(q32, R, g, D, Tq, k + b * skb + h * skh, skn, v + b * svb + h * svh, svn, start, end,
+                       part == S, new0, tree_mask ? tree_mask + b * Tq * Tq : nullptr, pm.data() + base * R,
+                       pl.data() + base * R, pacc.data() + base * R * D, sc);
+    }
+  }
+  // Log-sum-exp merge of the parts: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hkv; ++h) {
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = r / g, hq = h * g + r % g;
+        const int64_t base = (b * Hkv + h) * parts;
+        float M = va::kNegInf;
+        for (int64_t s = 0; s < parts; ++s) M = std::max(M, pm[(base + s) * R + r]);
+        T* o = out + ((b * Tq + t) * Hq + hq) * D;
+        float* ls = lse + (b * Hq + hq) * Tq + t;
+        if (M == va::kNegInf) {  // the row sees nothing
+          for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(0.f);
+          *ls = va::kNegInf;
+          continue;
+        }
+        float w[65];  // parts <= 65
+        float lsum = 0.f;
+        for (int64_t s = 0; s < parts; ++s) {
+          const float ms = pm[(base + s) * R + r];
+          w[s] = ms == va::kNegInf ? 0.f : std::exp(ms - M);
+          lsum += w[s] * pl[(base + s) * R + r];
+        }
+        const float inv = 1.f / lsum;
+        float row[1024];
+        const int64_t Dc = std::min<int64_t>(D, 1024);
+        for (int64_t d0 = 0; d0 < D; d0 += Dc) {
+          const int64_t dn = std::min(Dc, D - d0);
+          for (int64_t d = 0; d < dn; ++d) row[d] = 0.f;
+          for (int64_t s = 0; s < parts; ++s) {
+            if (w[s] == 0.f) continue;
+            const float* a = pacc.data() + ((base + s) * R + r) * D + d0;
+            for (int64_t d = 0; d < dn; ++d) row[d] += w[s] * a[d];
+          }
+          for (int64_t d = 0; d < dn; ++d) o[d0 + d] = from_float<T>(row[d] * inv);
+        }
+        *ls = M + std::log(lsum);
+      }
+    }
+  }
+}
+
+}  // namespace triforce

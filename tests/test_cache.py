@@ -1,0 +1,329 @@
+"""Caches vs recomputation from scratch: full-cache rollback / commit_path / incremental chunk means,
+StreamingLLM == attention over sink + window, retrieval cache == attention over the selected tokens of
+the full cache, constant memory over a long decode."""
+import math
+
+import pytest
+import torch
+
+import triforce_kernels as tk
+from triforce.models import FullCache, Llama, LlamaConfig, RetrievalCache, StreamingCache
+from triforce.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+TOL = 1e-5  # fp32 reordering only (measured <= ~5e-7 on these sizes)
+
+
+def tiny(seed=0, **kw):
+    base = dict(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+                num_key_value_heads=2, max_position_embeddings=512)
+    base.update(kw)
+    torch.manual_seed(seed)
+    return Llama(LlamaConfig(**base)).eval()
+
+
+def check_chunk_means(cache):
+    cs = cache.chunk_size
+    for layer in range(cache.num_layers):
+        for b, L in enumerate(cache.lengths.tolist()):
+            n = L // cs
+            ref = tk.chunk_mean_keys(cache.k[layer][b:b + 1, :L], cs, backend="reference")[0]
+            assert torch.allclose(cache.chunk_keys[layer][b, :n], ref, atol=1e-6), (layer, b)
+
+
+# ---------------------------------------------------------------- full cache
+def test_rollback_then_new_tokens_equals_fresh_run():
+    model = tiny()
+    prompts = [torch.randint(0, 97, (n,)) for n in (11, 6)]
+    cache = FullCache(model.config, 2, 64, chunk_size=4)
+    model.prefill(prompts, cache)
+    rejected = torch.randint(0, 97, (2, 5))
+    model(rejected, cache=cache)
+    keep = torch.tensor([2, 0], dtype=torch.int32)
+    cache.rollback(cache.lengths - 5 + keep)
+    assert cache.lengths.tolist() == [13, 6]
+    check_chunk_means(cache)
+    new = torch.randint(0, 97, (2, 3))
+    out = model(new, cache=cache)
+    check_chunk_means(cache)
+    for b in range(2):
+        seq = torch.cat([prompts[b], rejected[b, :keep[b]], new[b]])[None]
+        assert (out[b] - model(seq)[0, -3:]).abs().max() <= TOL
+
+
+def test_rollback_never_grows_and_validates():
+    model = tiny()
+    cache = FullCache(model.config, 2, 16)
+    model.prefill(torch.zeros(2, 5, dtype=torch.long), cache)
+    cache.rollback(torch.tensor([9, 3]))
+    assert cache.lengths.tolist() == [5, 3]
+    with pytest.raises(ValueError, match="new_lengths"):
+        cache.rollback(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="new_lengths"):
+        cache.rollback(torch.tensor([1.0, 2.0]))
+
+
+def test_commit_path_equals_sequential_run():
+    model = tiny()
+    prompt = torch.randint(0, 97, (2, 10))
+    cache = FullCache(model.config, 2, 48, chunk_size=4)
+    model.prefill(prompt, cache)
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 5], [-1, 0, 1, 2, 0, 4, 4]])
+    toks = torch.randint(0, 97, (2, 7))
+    base = cache.lengths.clone()
+    model(toks, cache=cache, tree_parents=parents)
+    path = torch.tensor([[0, 2, 5, 6], [0, 4, 6, -1]])
+    acc = torch.tensor([3, 2], dtype=torch.int32)
+    cache.commit_path(base, path, acc)
+    assert cache.lengths.tolist() == [14, 13]
+    check_chunk_means(cache)
+    nxt = torch.randint(0, 97, (2, 1))
+    out = model(nxt, cache=cache)
+    for b in range(2):
+        seq = torch.cat([prompt[b], toks[b, path[b, :acc[b] + 1]], nxt[b]])[None]
+        assert (out[b, 0] - model(seq)[0, -1]).abs().max() <= TOL
+
+
+def test_chunk_means_incremental_and_last_query():
+    model = tiny()
+    prompts = [torch.randint(0, 97, (n,)) for n in (13, 30, 4)]
+    cache = FullCache(model.config, 3, 64, chunk_size=4)
+    model.prefill(prompts, cache, chunk_size=7)
+    check_chunk_means(cache)
+    # last_query after a ragged prefill == query of each prompt's last token (== that token's forward alone)
+    for b, p in enumerate(prompts):
+        one = FullCache(model.config, 1, 64, chunk_size=4)
+        if len(p) > 1:
+            model.prefill(p[None, :-1], one)
+            model(p[None, -1:], cache=one)
+        else:
+            model.prefill(p[None], one)
+        for layer in range(2):
+            assert (cache.last_query[layer][b] - one.last_query[layer][0]).abs().max() <= TOL
+    g = torch.Generator().manual_seed(1)
+    for _ in range(12):
+        T = int(torch.randint(1, 7, (), generator=g))
+        model(torch.randint(0, 97, (3, T), generator=g), cache=cache)
+        check_chunk_means(cache)
+        cache.rollback(cache.lengths - torch.randint(0, T, (3,), generator=g).int())
+        check_chunk_means(cache)
+
+
+# ---------------------------------------------------------------- streaming cache
+def _stream_reference(tokens, sink, window, q, k_new_raw, v_new, inv_freq):
+    """Naive StreamingLLM: ``tokens`` = list of (k_raw, v) held before the step (eviction already
+    applied); attention of the new queries over them (keys rotated at slots 0..n-1) + causal new."""
+    n, T = len(tokens), q.shape[0]
+    kr = torch.stack([t[0] for t in tokens] + list(k_new_raw)).double()
+    vv = torch.stack([t[1] for t in tokens] + list(v_new)).double()
+    pos = torch.arange(n + T)[None]
+    cos, sin = rope_cos_sin(inv_freq.double(), pos, torch.float64)
+    k = apply_rope(kr[None], cos, sin)[0]  # [n+T, Hkv, D]
+    cq, sq = rope_cos_sin(inv_freq.double(), torch.arange(n, n + T)[None], torch.float64)
+    qq = apply_rope(q.double()[None], cq, sq)[0]  # [T, Hq, D]
+    g = q.shape[1] // k.shape[1]
+    k, vv = k.repeat_interleave(g, 1), vv.repeat_interleave(g, 1)
+    s = torch.einsum("thd,nhd->htn", qq, k) / math.sqrt(q.shape[-1])
+    mask = torch.arange(n + T)[None, :] <= (n + torch.arange(T))[:, None]
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.einsum("htn,nhd->thd", s.softmax(-1), vv)
+
+
+@pytest.mark.parametrize("sink,window,max_step", [(2, 5, 3), (0, 4, 2), (4, 16, 4)])
+def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step):
+    cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    B, Hq, Hkv, D = 2, 4, 2, 6
+    cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step)
+    inv_freq = rope_inv_freq(cfg)
+    held = [[], []]  # reference: per row list of (k_raw, v)
+    g = torch.Generator().manual_seed(0)
+    steps = [9, 1, 2, 3, 1, 1, 2, 25, 3, 1, 3, 1, 2]  # 9 and 25 exceed max_step: the prefill path
+    for i, T in enumerate(steps):
+        counts = torch.tensor([T, max(1, T - 1)], dtype=torch.int32)  # row 1 is ragged (shorter)
+        step = cache.begin(T, counts=counts)
+        for b in range(B):  # eviction at the start of the step
+            if len(held[b]) > sink + window:
+                held[b] = held[b][:sink] + held[b][len(held[b]) - window:]
+        assert cache.lengths.tolist() == [len(h) for h in held]
+        q = torch.randn(B, T, Hq, D, generator=g)
+        kr = torch.randn(B, T, Hkv, D, generator=g)
+        v = torch.randn(B, T, Hkv, D, generator=g)
+        cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+        out = cache.attend(0, apply_rope(q, cos, sin), apply_rope(kr, cos, sin), v, step, k_raw=kr)
+        cache.end(step)
+        for b in range(B):
+            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq)
+            c = int(counts[b])
+            assert (out[b, :c].double() - ref[:c]).abs().max() <= TOL, (i, b)
+            held[b] += list(zip(kr[b, :c], v[b, :c]))
+            if T > max_step and len(held[b]) > sink + window:  # big step evicts at its end
+                held[b] = held[b][:sink] + held[b][len(held[b]) - window:]
+        if T <= max_step and i % 3 == 2:  # reject the step's last token(s): rollback
+            drop = torch.tensor([1, 0])
+            cache.rollback(cache.lengths - drop)
+            held[0] = held[0][:-1]
+    assert cache.memory_bytes() == StreamingCache(cfg, B, sink, window, max_step).memory_bytes()
+
+
+def test_streaming_without_eviction_equals_full_cache():
+    model = tiny()
+    ids = torch.randint(0, 97, (2, 20))
+    s = StreamingCache(model.config, 2, sink=2, window=30, max_step=4)
+    f = FullCache(model.config, 2, 40)
+    assert (model.prefill(ids[:, :12], s, chunk_size=5) - model.prefill(ids[:, :12], f)).abs().max() <= TOL
+    for t in range(12, 20, 2):
+        assert (model(ids[:, t:t + 2], cache=s) - model(ids[:, t:t + 2], cache=f)).abs().max() <= TOL
+
+
+def test_streaming_model_positions_stay_in_cache():
+    model = tiny(max_position_embeddings=64)
+    s = StreamingCache(model.config, 1, sink=4, window=16, max_step=4)
+    model.prefill(torch.randint(0, 97, (1, 200)), s, chunk_size=32)  # a prompt longer than the context
+    assert s.lengths.tolist() == [20]
+    for _ in range(30):
+        out = model(torch.randint(0, 97, (1, 3)), cache=s)
+        assert torch.isfinite(out).all()
+    assert s.lengths.tolist() == [23]
+
+
+# ---------------------------------------------------------------- retrieval cache
+def _prefilled(model, lens, max_len=96, cs=4):
+    prompts = [torch.randint(0, 97, (n,)) for n in lens]
+    full = FullCache(model.config, len(lens), max_len, chunk_size=cs)
+    model.prefill(prompts, full, chunk_size=16)
+    return prompts, full
+
+
+def test_retrieval_selection_and_gather():
+    model = tiny()
+    _, full = _prefilled(model, (45, 62))
+    cs, budget = 4, 24
+    rc = RetrievalCache(model.config, full, budget=budget, chunk_size=cs, max_step=4, sink_chunks=1, recent_chunks=1)
+    for layer in range(2):
+        idx = rc.chunk_idx[layer]  # [B, Hkv, budget // cs]
+        for b, L in enumerate(full.lengths.tolist()):
+            nc = L // cs
+            # scores recomputed from scratch (chunk means of the whole cache, the last prompt token's query)
+            means = tk.chunk_mean_keys(full.k[layer][b:b + 1, :L], cs, backend="reference")[0]  # [nc, Hkv, D]
+            q = full.last_query[layer][b].float().view(2, 3, -1)
+            p = torch.einsum("hgd,chd->hgc", q, means).div(math.sqrt(q.shape[-1])).softmax(-1).sum(1)
+            for h in range(2):
+                sel = idx[b, h].tolist()
+                assert sel == sorted(sel) and 0 in sel and nc - 1 in sel
+                rest = [c for c in range(1, nc - 1)]
+                top = sorted(rest, key=lambda c: (-p[h, c].item(), c))[: len(sel) - 2]
+                assert sorted(top + [0, nc - 1]) == sel
+                for i, c in enumerate(sel):
+                    assert torch.equal(rc.k[layer][b, i * cs:(i + 1) * cs, h], full.k[layer][b, c * cs:(c + 1) * cs, h])
+                    assert torch.equal(rc.v[layer][b, i * cs:(i + 1) * cs, h], full.v[layer][b, c * cs:(c + 1) * cs, h])
+            tail = L - nc * cs
+            assert torch.equal(rc.k[layer][b, budget:budget + tail], full.k[layer][b, nc * cs:L])
+    assert rc.lengths.tolist() == [budget + 45 % 4, budget + 62 % 4]
+
+
+def test_retrieval_attention_equals_attention_over_selected_tokens():
+    model = tiny()
+    _, full = _prefilled(model, (45, 62))
+    cs, budget, T = 4, 24, 3
+    rc = RetrievalCache(model.config, full, budget=budget, chunk_size=cs, max_step=4)
+    B, Hq, Hkv, D = 2, 6, 2, 8
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, D, generator=g) for H in (Hq, Hkv, Hkv))
+    step = rc.begin(T)
+    out = rc.attend(0, q, k, v, step)
+    for b, L in enumerate(full.lengths.tolist()):
+        nc = L // cs
+        assert step.positions[b].tolist() == list(range(L, L + T))  # true absolute positions
+        for h in range(Hkv):
+            toks = [c * cs + t for c in rc.chunk_idx[0][b, h].tolist() for t in range(cs)] + list(range(nc * cs, L))
+            kk = torch.cat([full.k[0][b, toks, h], k[b, :, h]]).double()
+            vv = torch.cat([full.v[0][b, toks, h], v[b, :, h]]).double()
+            n = len(toks)
+            for j in range(h * 3, h * 3 + 3):
+                s = q[b, :, j].double() @ kk.T / math.sqrt(D)
+                s = s.masked_fill(torch.arange(n + T)[None] > (n + torch.arange(T))[:, None], float("-inf"))
+                ref = s.softmax(-1) @ vv
+                assert (out[b, :, j].double() - ref).abs().max() <= TOL
+
+
+def test_retrieval_with_whole_context_budget_equals_full_cache():
+    """Budget = every complete chunk: the retrieval cache holds every token (per-head order differs), so the
+    model's logits through it equal the full cache's, across speculative steps, syncs and rebuilds."""
+    model = tiny()
+    prompt = torch.randint(0, 97, (2, 40))
+    full = FullCache(model.config, 2, 120, chunk_size=4)
+    ref = FullCache(model.config, 2, 120)
+    model.prefill(prompt, full)
+    model.prefill(prompt, ref)
+    rc = RetrievalCache(model.config, full, budget=40, chunk_size=4, max_step=6, rebuild_stride=100,
+                        recent_chunks=0, min_acceptance=0.0)
+    g = torch.Generator().manual_seed(0)
+    for it in range(10):
+        draft = torch.randint(0, 97, (2, 3), generator=g)
+        a = model(draft, cache=rc)  # middle level: speculative tokens on the retrieval cache
+        b = model(draft, cache=ref)
+        assert (a - b).abs().max() <= TOL, it
+        model(draft, cache=full)
+        # keep the full length below 44 so that 10 chunks stay the whole context
+        new = (full.lengths - 3 + torch.randint(0, 3, (2,), generator=g).int()).clamp(max=43)
+        full.rollback(new)
+        ref.rollback(new)
+        assert rc.sync() is False
+        assert torch.equal(rc.lengths.long(), 40 + full.lengths.long() - rc.base_pos)
+        if it % 3 == 1:
+            rc.rebuild()
+    assert rc.num_rebuilds == 4
+
+
+def test_retrieval_rebuild_triggers_and_errors():
+    model = tiny()
+    _, full = _prefilled(model, (45, 62))
+    with pytest.raises(ValueError, match="exceeds a sequence's complete chunks"):
+        RetrievalCache(model.config, full, budget=48, chunk_size=4, max_step=4)
+    with pytest.raises(ValueError, match="chunk_size"):
+        RetrievalCache(model.config, full, budget=16, chunk_size=8, max_step=4)
+    with pytest.raises(ValueError, match="multiple"):
+        RetrievalCache(model.config, full, budget=18, chunk_size=4, max_step=4)
+    with pytest.raises(ValueError, match="must exceed"):
+        RetrievalCache(model.config, full, budget=8, chunk_size=4, max_step=4, sink_chunks=1, recent_chunks=1)
+    with pytest.raises(ValueError, match="chunk_size"):
+        RetrievalCache(model.config, FullCache(model.config, 2, 64), budget=16, chunk_size=4, max_step=4)
+    rc = RetrievalCache(model.config, full, budget=16, chunk_size=4, max_step=4, rebuild_stride=100,
+                        min_acceptance=0.6, acceptance_window=3)
+    assert rc.num_rebuilds == 1
+    model(torch.zeros(2, 2, dtype=torch.long), cache=full)
+    assert rc.sync() is False
+    for r in (0.9, 0.2, 0.3):
+        rc.record_acceptance(r)
+    assert rc.sync() is True and rc.num_rebuilds == 2  # rolling acceptance 0.47 < 0.6
+    with pytest.raises(ValueError, match="full"):
+        model(torch.zeros(2, rc.capacity - 16, dtype=torch.long), cache=rc)  # more than the free slots
+
+
+# ---------------------------------------------------------------- memory
+def test_constant_memory_over_long_decode():
+    model = tiny()
+    prompt = torch.randint(0, 97, (2, 48))
+    full = FullCache(model.config, 2, 512, chunk_size=4)
+    stream = StreamingCache(model.config, 2, sink=4, window=24, max_step=4)
+    model.prefill(prompt, full)
+    model.prefill(prompt, stream)
+    rc = RetrievalCache(model.config, full, budget=32, chunk_size=4, max_step=4, rebuild_stride=16)
+    caches = (full, stream, rc)
+
+    def snapshot():
+        return [(c.memory_bytes(), [t.data_ptr() for t in c._tensors()]) for c in caches]
+
+    before = snapshot()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        toks = torch.randint(0, 97, (2, 4), generator=g)
+        model(toks[:, :3], cache=stream)
+        stream.rollback(stream.lengths - 1)
+        model(toks, cache=rc)
+        model(toks, cache=full)
+        full.rollback(full.lengths - torch.randint(0, 4, (2,), generator=g).int())
+        rc.sync()
+    assert snapshot() == before
+    assert stream.lengths.max() <= 4 + 24 + 4 and rc.num_rebuilds > 5
+    assert int(full.lengths.min()) > 48 + 100

@@ -1,0 +1,209 @@
+"""Tiny random Llamas: parity with transformers' LlamaForCausalLM, cache paths == plain forward,
+ragged batches, trees, layer skipping, loading round trips and bad input."""
+import json
+
+import pytest
+import torch
+
+from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
+
+transformers = pytest.importorskip("transformers")
+
+# fp32 reordering bound for these tiny models (hidden 64, 2 layers, logits ~1): measured max |diff|
+# between our forward and transformers' is ~1e-7..5e-7 (different matmul/attention orderings);
+# 1e-5 leaves 20x margin and still catches any real bug (a wrong RoPE or mask moves logits by >1e-2).
+TOL = 1e-5
+
+
+def tiny_config(**kw):
+    base = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5)
+    base.update(kw)
+    return LlamaConfig(**base)
+
+
+def tiny_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return Llama(tiny_config(**kw)).eval()
+
+
+def hf_twin(model):
+    cfg = {k: v for k, v in model.config.to_dict().items() if k not in ("extra", "architectures", "model_type")}
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="eager")).eval()
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return hf
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"tie_word_embeddings": True},
+    {"num_key_value_heads": 4},
+    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64}, "rope_theta": 500000.0},
+    {"rope_scaling": {"type": "linear", "factor": 2.0}},
+])
+def test_forward_matches_transformers(kw):
+    model = tiny_model(**kw)
+    hf = hf_twin(model)
+    ids = torch.randint(0, 101, (2, 300))
+    with torch.no_grad():
+        ours, theirs = model(ids), hf(ids).logits
+    assert ours.dtype == torch.float32 and ours.shape == (2, 300, 101)
+    assert (ours - theirs).abs().max().item() <= TOL
+
+
+def test_random_init_is_seeded():
+    a, b, c = tiny_model(seed=1), tiny_model(seed=1), tiny_model(seed=2)
+    for (n, p), q, r in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
+        assert torch.equal(p, q), n
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+
+
+@pytest.mark.parametrize("P,chunk", [(1, 4), (7, 3), (33, 8), (40, 256)])
+def test_prefill_and_decode_equal_plain_forward(P, chunk):
+    model = tiny_model()
+    ids = torch.randint(0, 101, (2, P + 6))
+    ref = model(ids)
+    cache = FullCache(model.config, 2, 64, chunk_size=4)
+    last = model.prefill(ids[:, :P], cache, chunk_size=chunk)
+    assert (last - ref[:, P - 1]).abs().max() <= TOL
+    assert cache.lengths.tolist() == [P, P]
+    out = model(ids[:, P:P + 3], cache=cache)  # a 3-token verify step
+    assert (out - ref[:, P:P + 3]).abs().max() <= TOL
+    for t in range(P + 3, P + 6):  # token-by-token decode
+        out = model(ids[:, t:t + 1], cache=cache)
+        assert (out[:, 0] - ref[:, t]).abs().max() <= TOL
+    assert cache.lengths.tolist() == [P + 6] * 2
+
+
+def test_ragged_batch_equals_per_sequence_runs():
+    model = tiny_model()
+    lens = [5, 17, 1, 12]
+    prompts = [torch.randint(0, 101, (n,)) for n in lens]
+    cache = FullCache(model.config, 4, 40)
+    last = model.prefill(prompts, cache, chunk_size=6)
+    assert cache.lengths.tolist() == lens
+    nxt = torch.randint(0, 101, (4, 3))
+    step = model(nxt, cache=cache)  # rows append after different lengths
+    for b, p in enumerate(prompts):
+        c1 = FullCache(model.config, 1, 40)
+        l1 = model.prefill(p[None], c1, chunk_size=6)
+        s1 = model(nxt[b:b + 1], cache=c1)
+        assert (last[b] - l1[0]).abs().max() <= TOL
+        assert (step[b] - s1[0]).abs().max() <= TOL
+        assert (step[b] - model(torch.cat([p, nxt[b]])[None])[0, -3:]).abs().max() <= TOL
+
+
+def test_tree_forward_equals_each_branch():
+    model = tiny_model()
+    prompt = torch.randint(0, 101, (1, 9))
+    #        0
+    #      /   \
+    #     1     2
+    #    / \     \
+    #   3   4     5
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2]])
+    toks = torch.randint(0, 101, (1, 6))
+    cache = FullCache(model.config, 1, 32)
+    model.prefill(prompt, cache)
+    out = model(toks, cache=cache, tree_parents=parents)
+    assert cache.lengths.tolist() == [15]
+    for leaf, path in ((3, [0, 1, 3]), (4, [0, 1, 4]), (5, [0, 2, 5])):
+        seq = torch.cat([prompt[0], toks[0, path]])[None]
+        ref = model(seq)[0, -3:]
+        assert (out[0, path] - ref).abs().max() <= TOL, leaf
+
+
+def test_layer_skip_shares_weights():
+    model = tiny_model(num_hidden_layers=3)
+    draft = model.layer_skip(1)
+    assert draft.config.num_hidden_layers == 1 and len(draft.model.layers) == 1
+    assert draft.model.layers[0] is model.model.layers[0] and draft.lm_head.weight is model.lm_head.weight
+    ids = torch.randint(0, 101, (1, 10))
+    with torch.no_grad():
+        h = model.model.embed_tokens(ids)
+        ref = model.model.layers[0].mlp  # sanity: shared module
+        assert ref is draft.model.layers[0].mlp
+    cache = FullCache(draft.config, 1, 16)
+    last = draft.prefill(ids, cache)
+    assert (last - draft(ids)[:, -1]).abs().max() <= TOL
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(2)  # a change in the target shows in the draft
+    assert (draft(ids) - draft.layer_skip(1)(ids)).abs().max() == 0
+    with pytest.raises(ValueError, match="k must be"):
+        model.layer_skip(4)
+    del h
+
+
+def test_hf_directory_round_trip(tmp_path):
+    for tied in (False, True):
+        model = tiny_model(tie_word_embeddings=tied)
+        model.save_pretrained(tmp_path / str(tied))
+        cfg = json.loads((tmp_path / str(tied) / "config.json").read_text())
+        assert cfg["num_key_value_heads"] == 2 and cfg["tie_word_embeddings"] is tied
+        loaded = Llama.from_pretrained(tmp_path / str(tied))
+        ids = torch.randint(0, 101, (1, 12))
+        assert torch.equal(loaded(ids), model(ids))
+        assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) is tied
+
+
+def test_loading_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no model"):
+        Llama.from_pretrained(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        Llama.from_pretrained(tmp_path)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 40)
+    with pytest.raises(ValueError, match="corrupt|cannot read"):
+        Llama.from_pretrained(bad, cache_dir=False)
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage garbage garbage")
+    with pytest.raises(ValueError, match="corrupt"):
+        Llama.from_pretrained(tmp_path / "m")
+    other = tiny_model(hidden_size=32)
+    other.save_pretrained(tmp_path / "o")
+    (tmp_path / "o" / "config.json").write_text(json.dumps(model.config.to_dict()))
+    with pytest.raises(ValueError, match="shape"):
+        Llama.from_pretrained(tmp_path / "o")
+
+
+def test_bad_input():
+    model = tiny_model(max_position_embeddings=64)
+    cache = FullCache(model.config, 2, 32)
+    with pytest.raises(ValueError, match="empty"):
+        model.prefill([torch.tensor([1, 2]), torch.tensor([], dtype=torch.long)], cache)
+    with pytest.raises(ValueError, match="no sequences"):
+        model.prefill([], cache)
+    with pytest.raises(ValueError, match="context"):
+        model.prefill(torch.zeros(2, 65, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="max_len"):
+        model.prefill(torch.zeros(2, 33, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="max_len .* exceeds"):
+        FullCache(model.config, 1, 65)
+    with pytest.raises(ValueError, match="vocab_size"):
+        model.prefill(torch.full((2, 3), 101), cache)
+    with pytest.raises(ValueError, match="1-D"):
+        model.prefill([torch.zeros(2, 2, dtype=torch.long)] * 2, cache)
+    with pytest.raises(ValueError, match="batch_size"):
+        model.prefill(torch.zeros(3, 4, dtype=torch.long), cache)
+    with pytest.raises(TypeError, match="int64"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="shape"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="context"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="dtype|float32"):
+        model(torch.zeros(2, 1, dtype=torch.long), cache=FullCache(model.config, 2, 8, dtype=torch.float16))
+    model.prefill(torch.zeros(2, 30, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="full"):
+        model(torch.zeros(2, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="tree_parents"):
+        model(torch.zeros(2, 2, dtype=torch.long), cache=cache, tree_parents=torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        LlamaConfig(num_attention_heads=6, num_key_value_heads=4)
+    with pytest.raises(ValueError, match="rope_scaling"):
+        LlamaConfig(rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="sink"):
+        StreamingCache(model.config, 1, sink=-1, window=4, max_step=2)

@@ -1,0 +1,8 @@
+"""Model layer: a compact Llama, weight loading, the embedded SmolLM2-135M default, and KV caches."""
+from .cache import FullCache, RetrievalCache, StreamingCache
+from .config import LlamaConfig
+from .llama import Llama
+from .smollm2 import smollm2_135m
+from .tokenizer import Tokenizer
+
+__all__ = ["Llama", "LlamaConfig", "smollm2_135m", "Tokenizer", "FullCache", "StreamingCache", "RetrievalCache"]

@@ -1,0 +1,503 @@
+"""KV caches for the model layer: full, StreamingLLM (sink + window) and retrieval (fixed budget).
+
+All three are fixed-size after construction: every buffer is allocated in ``__init__`` and only
+written in place afterwards, so memory does not grow during decoding (and the buffers can be captured
+in a CUDA graph). Per-sequence lengths live on the device; ``rollback`` and ``commit_path`` never
+synchronise with the host.
+
+The seam with :class:`triforce.models.Llama` (docs/model_interface.md): a forward of ``T`` tokens calls
+``step = cache.begin(T, ...)`` once (slots, RoPE positions, lengths, tree mask: built once and reused by
+every layer), then ``cache.attend(layer, q, k, v, step, k_raw)`` per layer (writes the new keys/values
+at ``lengths .. lengths+T-1`` and runs ``tk.verify_attention`` with ``cache_seqlens = lengths + T``),
+then ``cache.end(step)``.
+
+Each cache keeps ``_bound``, a host-side upper bound of ``max(lengths)``, so capacity checks need no
+device read in the common case; only when the bound says a forward might overflow do we read the true
+lengths once (and raise if it really does).
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import torch
+
+from . import _kernels as K
+from .config import LlamaConfig
+from .rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+__all__ = ["FullCache", "StreamingCache", "RetrievalCache"]
+
+
+@dataclass
+class Step:
+    """Metadata of one forward, built once by ``cache.begin`` and reused by every layer."""
+    T: int
+    batch_index: torch.Tensor      # int64 [B, 1]
+    slots: torch.Tensor            # int64 [B, T]: cache slots the new tokens are written to
+    positions: torch.Tensor        # int64 [B, T]: RoPE positions of the new tokens
+    seqlens: torch.Tensor          # int32 [B]: lengths + T (tk.verify_attention's cache_seqlens)
+    counts: torch.Tensor           # int32 [B]: real tokens appended per row (< T for padded prefill rows)
+    tree_mask: torch.Tensor | None  # bool [B, T, T]
+    query_index: torch.Tensor | None = None  # int64 [B]: token whose query is kept as last_query
+    query_valid: torch.Tensor | None = None  # bool [B]
+
+
+def _check_lengths(name: str, t, batch_size: int, device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape [{batch_size}], got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (batch_size,):
+        raise ValueError(f"{name} must be an int32/int64 tensor of shape [{batch_size}], "
+                         f"got {t.dtype} {list(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the cache is on {device}")
+    return t
+
+
+class _KVCache:
+    """Shared machinery: per-layer k/v ``[B, capacity, Hkv, D]``, lengths, rollback, commit_path."""
+
+    def __init__(self, config: LlamaConfig, batch_size: int, capacity: int, device=None, dtype=None):
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
+        for name, v in (("batch_size", batch_size), ("capacity", capacity)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        dtype = dtype or torch.get_default_dtype()
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"dtype must be float32/float16/bfloat16, got {dtype}")
+        self.config = config
+        self.batch_size = batch_size
+        self.capacity = capacity
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.dtype = dtype
+        self.num_layers = config.num_hidden_layers
+        shape = (batch_size, capacity, config.num_key_value_heads, config.head_dim)
+        self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(self.num_layers)]
+        self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(self.num_layers)]
+        self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
+        self._batch_index = torch.arange(batch_size, device=self.device)[:, None]
+        self._bound = 0  # host-side upper bound of max(lengths)
+
+    # ---- buffers that move with token slots (k, v, and k_raw for the streaming cache)
+    def _slot_buffers(self, layer: int):
+        return (self.k[layer], self.v[layer])
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the cache's tensors (constant after construction)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def _tensors(self):
+        yield self.lengths
+        for layer in range(self.num_layers):
+            yield from self._slot_buffers(layer)
+
+    def reset(self) -> None:
+        """Forget every token (lengths = 0); buffers are kept."""
+        self.lengths.zero_()
+        self._bound = 0
+
+    # ---- capacity
+    def _room(self) -> int:
+        return self.capacity
+
+    def _ensure_room(self, T: int) -> None:
+        room = self._room()
+        if self._bound + T > room:
+            self._bound = int(self.lengths.max())  # one device read, only near the limit
+            if self._bound + T > room:
+                raise ValueError(f"{type(self).__name__} is full: a sequence holds {self._bound} tokens and "
+                                 f"{T} more do not fit in {room} slots (allocate a larger cache)")
+
+    def _position_offset(self):
+        return None
+
+    # ---- one forward
+    def begin(self, T: int, tree_parents=None, counts=None, query_index=None, query_valid=None) -> Step:
+        self._ensure_room(T)
+        ar = torch.arange(T, device=self.device)
+        slots = self.lengths.long()[:, None] + ar
+        tree_mask = None
+        if tree_parents is None:
+            positions = slots
+        else:
+            tree_mask = K.tree_attention_mask(tree_parents)
+            positions = self.lengths.long()[:, None] + K.tree_depths(tree_parents).long()
+        off = self._position_offset()
+        if off is not None:
+            positions = positions + off[:, None]
+        if counts is None:
+            counts = torch.full((self.batch_size,), T, dtype=torch.int32, device=self.device)
+        return Step(T, self._batch_index, slots, positions, self.lengths + T, counts, tree_mask,
+                    query_index, query_valid)
+
+    def _write(self, layer: int, k, v, step: Step) -> None:
+        self.k[layer][step.batch_index, step.slots] = k
+        self.v[layer][step.batch_index, step.slots] = v
+
+    def attend(self, layer: int, q, k, v, step: Step, k_raw=None) -> torch.Tensor:
+        """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache."""
+        self._write(layer, k, v, step)
+        return K.verify_attention(q, self.k[layer], self.v[layer], step.seqlens, tree_mask=step.tree_mask)
+
+    def end(self, step: Step) -> None:
+        self.lengths.add_(step.counts)
+        self._bound += step.T
+
+    # ---- speculative bookkeeping
+    def rollback(self, new_lengths: torch.Tensor) -> None:
+        """Drop each sequence's tail: ``lengths = min(lengths, new_lengths)``. No host sync."""
+        _check_lengths("new_lengths", new_lengths, self.batch_size, self.device)
+        torch.minimum(self.lengths, new_lengths.to(torch.int32), out=self.lengths)
+
+    def commit_path(self, base_lengths: torch.Tensor, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """After a tree forward appended T nodes at ``base_lengths``: keep nodes
+        ``path[b, :num_accepted[b]+1]`` compacted to slots ``base .. base+num_accepted`` and set
+        ``lengths = base + num_accepted + 1``. No host sync."""
+        _check_lengths("base_lengths", base_lengths, self.batch_size, self.device)
+        _check_lengths("num_accepted", num_accepted, self.batch_size, self.device)
+        if not isinstance(path, torch.Tensor) or path.dim() != 2 or path.shape[0] != self.batch_size \
+                or path.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"path must be an int32/int64 tensor [{self.batch_size}, depth+1]")
+        P = path.shape[1]
+        base = base_lengths.long()[:, None]
+        j = torch.arange(P, device=self.device)
+        keep = (j[None] <= num_accepted.long()[:, None]) & (path >= 0)
+        src = (base + path.long().clamp(min=0)).clamp(max=self.capacity - 1)
+        dst = (base + j).clamp(max=self.capacity - 1)
+        for layer in range(self.num_layers):
+            for buf in self._slot_buffers(layer):
+                moved = buf[self._batch_index, src]  # gather first: src and dst ranges overlap
+                cur = buf[self._batch_index, dst]
+                buf[self._batch_index, dst] = torch.where(keep[..., None, None], moved, cur)
+        new_len = (base_lengths.long() + num_accepted.long() + 1).to(torch.int32)
+        self._after_commit(base_lengths, new_len, P)
+        self.lengths.copy_(new_len)
+
+    def _after_commit(self, base_lengths, new_lengths, max_new: int) -> None:
+        pass
+
+
+class FullCache(_KVCache):
+    """Full KV cache: per layer ``k``, ``v`` ``[B, max_len, Hkv, D]`` and per-sequence ``lengths``.
+
+    With ``chunk_size``, also keeps (for building a :class:`RetrievalCache`):
+
+    - ``chunk_keys[layer]``: float32 ``[B, max_len // chunk_size, Hkv, D]``, the mean key of every
+      complete chunk, maintained incrementally: after each forward, ``tk.chunk_mean_keys`` runs on the
+      newly completed chunks only (valid for chunks ``< lengths // chunk_size``; a rollback below a chunk
+      boundary makes that chunk be recomputed when it completes again);
+    - ``last_query[layer]``: ``[B, Hq, D]``, the (RoPE'd) query of token 0 of the latest forward (after
+      a prefill: of each prompt's last token).
+
+    Args:
+        config: the model's :class:`LlamaConfig`.
+        batch_size: sequences.
+        max_len: slots per sequence (prompt + generated + one speculative step), at most
+            ``config.max_position_embeddings``.
+        device, dtype: of the buffers (dtype must equal the model's).
+        chunk_size: enables chunk-mean keys, see above.
+    """
+
+    def __init__(self, config: LlamaConfig, batch_size: int, max_len: int, device=None, dtype=None,
+                 chunk_size: int | None = None):
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+        if max_len > config.max_position_embeddings:
+            raise ValueError(f"max_len {max_len} exceeds the model's context "
+                             f"(max_position_embeddings = {config.max_position_embeddings})")
+        super().__init__(config, batch_size, max_len, device, dtype)
+        self.max_len = max_len
+        self.chunk_size = chunk_size
+        self.chunk_keys = self.last_query = None
+        if chunk_size is not None:
+            if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= max_len:
+                raise ValueError(f"chunk_size must be an int in [1, max_len={max_len}], got {chunk_size!r}")
+            C = max_len // chunk_size
+            kv = (batch_size, C + 1, config.num_key_value_heads, config.head_dim)  # +1: write-off slot
+            self._chunk_store = [torch.zeros(kv, device=self.device, dtype=torch.float32)
+                                 for _ in range(self.num_layers)]
+            self.chunk_keys = [t[:, :C] for t in self._chunk_store]
+            self.last_query = [torch.zeros(batch_size, config.num_attention_heads, config.head_dim,
+                                           device=self.device, dtype=dtype) for _ in range(self.num_layers)]
+
+    @property
+    def num_chunks(self) -> torch.Tensor:
+        """int32 ``[B]``: complete chunks per sequence (``lengths // chunk_size``)."""
+        return torch.div(self.lengths, self.chunk_size, rounding_mode="floor")
+
+    def _tensors(self):
+        yield from super()._tensors()
+        if self.chunk_size is not None:
+            yield from self._chunk_store
+            yield from self.last_query
+
+    def attend(self, layer, q, k, v, step, k_raw=None):
+        if self.chunk_size is not None:
+            lq = self.last_query[layer]
+            if step.query_index is None:
+                lq.copy_(q[:, 0])
+            else:
+                picked = q[self._batch_index[:, 0], step.query_index]
+                lq.copy_(torch.where(step.query_valid[:, None, None], picked, lq))
+        return super().attend(layer, q, k, v, step)
+
+    def end(self, step):
+        if self.chunk_size is not None:
+            self._update_chunk_means(self.lengths, self.lengths + step.counts, step.T)
+        super().end(step)
+
+    def _after_commit(self, base_lengths, new_lengths, max_new):
+        if self.chunk_size is not None:
+            self._update_chunk_means(base_lengths, new_lengths, max_new)
+
+    def _update_chunk_means(self, start, end, max_new: int) -> None:
+        """Recompute the means of the chunks completed by tokens ``[start, end)`` (``end - start <=
+        max_new``): chunks ``start // cs .. end // cs - 1``, at most ``max_new // cs + 1`` per row."""
+        cs = self.chunk_size
+        C = self.max_len // cs
+        n = max_new // cs + 1
+        first = torch.div(start.long(), cs, rounding_mode="floor")
+        cidx = first[:, None] + torch.arange(n, device=self.device)  # [B, n]
+        valid = cidx < torch.div(end.long(), cs, rounding_mode="floor")[:, None]
+        dst = torch.where(valid, cidx, C)  # invalid -> write-off slot C
+        pos = (first[:, None] * cs + torch.arange(n * cs, device=self.device)).clamp(max=self.capacity - 1)
+        for layer in range(self.num_layers):
+            gathered = self.k[layer][self._batch_index, pos]  # [B, n*cs, Hkv, D]: the new chunks only
+            self._chunk_store[layer][self._batch_index, dst] = K.chunk_mean_keys(gathered, cs)
+
+
+class StreamingCache(_KVCache):
+    """StreamingLLM cache: the first ``sink`` tokens and the most recent ``window``.
+
+    Slots ``[0, sink + window + max_step)`` per layer. RoPE positions are cache slots (a token's key
+    is rotated with its slot, and re-rotated from its stored un-rotated key when an eviction moves it),
+    so the relative positions the model sees stay within ``sink + window + max_step``, whatever the
+    length of the sequence.
+
+    Eviction happens at the start of a forward, never of the tokens the current forward appends: a
+    sequence holding ``L > sink + window`` tokens first drops its oldest non-sink tokens down to
+    ``sink + window``; then the ``T`` new tokens are appended and attend to the sinks, the window and
+    (causally) each other. So ``rollback`` of up to ``max_step`` tokens is always possible. A forward
+    of more than ``max_step`` tokens (a chunk of prefill) runs in a temporary buffer and evicts at its
+    end instead (it cannot be rolled back).
+
+    Args:
+        config, batch_size, device, dtype: as :class:`FullCache`.
+        sink: attention-sink tokens kept forever (>= 0).
+        window: recent tokens kept (>= 1).
+        max_step: most tokens appended by one rollback-able forward (e.g. gamma + 1).
+    """
+
+    def __init__(self, config: LlamaConfig, batch_size: int, sink: int, window: int, max_step: int,
+                 device=None, dtype=None):
+        for name, v, lo in (("sink", sink, 0), ("window", window, 1), ("max_step", max_step, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if sink + window + max_step > config.max_position_embeddings:
+            raise ValueError(f"sink + window + max_step = {sink + window + max_step} exceeds the model's context "
+                             f"(max_position_embeddings = {config.max_position_embeddings})")
+        super().__init__(config, batch_size, sink + window + max_step, device, dtype)
+        self.sink, self.window, self.max_step = sink, window, max_step
+        self.keep = sink + window
+        shape = self.k[0].shape
+        self.k_raw = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
+        inv_freq = rope_inv_freq(config, self.device)
+        slots = torch.arange(self.keep, device=self.device)[None]
+        self._cos, self._sin = rope_cos_sin(inv_freq, slots, self.dtype)  # [1, keep, 1, D]
+
+    def _slot_buffers(self, layer):
+        return (self.k[layer], self.v[layer], self.k_raw[layer])
+
+    def _room(self):
+        return self.capacity
+
+    def begin(self, T, tree_parents=None, counts=None, query_index=None, query_valid=None):
+        if self._bound > self.keep:
+            for layer in range(self.num_layers):
+                self._compact(layer, self.k_raw[layer], self.v[layer], self.lengths)
+            torch.clamp(self.lengths, max=self.keep, out=self.lengths)
+            self._bound = self.keep
+        if T <= self.max_step:
+            return super().begin(T, tree_parents, counts, query_index, query_valid)
+        # Large forward (prefill chunk): the cache holds <= keep tokens now; work in a temporary buffer.
+        return self._big_begin(T, tree_parents, counts, query_index, query_valid)
+
+    def _big_begin(self, T, tree_parents, counts, query_index, query_valid):
+        bound, self._bound = self._bound, 0  # skip the capacity check: the temporary buffer has room
+        cap, self.capacity = self.capacity, self.keep + T
+        try:
+            step = super().begin(T, tree_parents, counts, query_index, query_valid)
+        finally:
+            self._bound, self.capacity = bound, cap
+        return step
+
+    def _compact(self, layer, src_raw, src_v, total) -> None:
+        """Keep slots ``[0, sink)`` and the last ``window`` of ``total`` tokens of ``src_*`` in slots
+        ``[0, keep)``; re-rotate the keys for their new slots (from the un-rotated keys: no drift)."""
+        shift = (total.long() - self.keep).clamp(min=0)  # [B]
+        j = torch.arange(self.keep, device=self.device)[None]
+        idx = torch.where(j < self.sink, j, j + shift[:, None]).clamp(max=src_raw.shape[1] - 1)
+        raw = src_raw[self._batch_index, idx]  # gathers copy, so src may be the cache itself
+        val = src_v[self._batch_index, idx]
+        self.k_raw[layer][:, : self.keep] = raw
+        self.v[layer][:, : self.keep] = val
+        self.k[layer][:, : self.keep] = apply_rope(raw, self._cos, self._sin)
+
+    def attend(self, layer, q, k, v, step, k_raw=None):
+        if k_raw is None:
+            raise ValueError("StreamingCache.attend needs the un-rotated keys (k_raw)")
+        if step.T <= self.max_step:
+            self.k_raw[layer][step.batch_index, step.slots] = k_raw
+            return super().attend(layer, q, k, v, step)
+        # temporary buffer: the kept tokens + the T new ones; evict into the cache right after.
+        B, T = q.shape[0], step.T
+        tmp_k = torch.cat([self.k[layer][:, : self.keep], k.new_zeros((B, T) + k.shape[2:])], dim=1)
+        tmp_v = torch.cat([self.v[layer][:, : self.keep], v.new_zeros((B, T) + v.shape[2:])], dim=1)
+        tmp_raw = torch.cat([self.k_raw[layer][:, : self.keep], k.new_zeros((B, T) + k.shape[2:])], dim=1)
+        tmp_k[step.batch_index, step.slots] = k
+        tmp_v[step.batch_index, step.slots] = v
+        tmp_raw[step.batch_index, step.slots] = k_raw
+        out = K.verify_attention(q, tmp_k, tmp_v, step.seqlens, tree_mask=step.tree_mask)
+        self._compact(layer, tmp_raw, tmp_v, self.lengths + step.counts)
+        return out
+
+    def end(self, step):
+        if step.T <= self.max_step:
+            return super().end(step)
+        self.lengths.add_(step.counts).clamp_(max=self.keep)
+        self._bound = self.keep
+
+
+class RetrievalCache(_KVCache):
+    """TriForce's retrieval cache: a fixed budget of KV chunks picked from a :class:`FullCache`.
+
+    Per layer ``k``, ``v`` ``[B, budget + tail, Hkv, D]``: slots ``[0, budget)`` hold
+    ``budget // chunk_size`` chunks per KV head chosen by ``tk.build_retrieval_cache`` (chunk-mean key
+    scores against the full cache's ``last_query``; sink and recent chunks always kept); slots from
+    ``budget`` on hold the sequence's tokens from ``base_pos`` (the end of the last complete chunk at
+    the last rebuild) up to the full cache's length, copied from the full cache by ``sync()``, followed
+    by the tokens appended by this cache's own (speculative) forwards. RoPE positions are the true
+    absolute positions (``base_pos + slot - budget``), so keys copied from the full cache stay valid.
+
+    ``lengths`` counts slots (budget + tail tokens). ``tail = rebuild_stride + chunk_size + max_step``.
+
+    Args:
+        config: the model's config.
+        full_cache: a prefilled :class:`FullCache` built with ``chunk_size``.
+        budget: retrieval tokens (a multiple of ``chunk_size``; at most every sequence's complete chunks).
+        chunk_size: must equal ``full_cache.chunk_size``.
+        max_step: most tokens appended by this cache's forwards between two ``sync()`` calls.
+        sink_chunks: leading chunks always kept (default 1).
+        recent_chunks: trailing complete chunks always kept (default: 1 when the budget allows, else 0).
+        rebuild_stride: rebuild after the full cache grew by this many tokens since the last rebuild.
+        min_acceptance: rebuild when the mean of the last ``acceptance_window`` rates given to
+            ``record_acceptance`` drops below this (0 disables).
+        acceptance_window: how many recorded rates the rolling mean covers.
+    """
+
+    def __init__(self, config: LlamaConfig, full_cache: FullCache, budget: int, chunk_size: int, max_step: int,
+                 sink_chunks: int = 1, recent_chunks: int | None = None, rebuild_stride: int = 256,
+                 min_acceptance: float = 0.5, acceptance_window: int = 8):
+        if not isinstance(full_cache, FullCache):
+            raise TypeError(f"full_cache must be a FullCache, got {type(full_cache).__name__}")
+        if full_cache.chunk_size is None or full_cache.chunk_size != chunk_size:
+            raise ValueError(f"full_cache must be built with chunk_size={chunk_size} (it has "
+                             f"{full_cache.chunk_size}) so that it keeps chunk-mean keys")
+        if full_cache.config.num_hidden_layers != config.num_hidden_layers or \
+                full_cache.config.num_key_value_heads != config.num_key_value_heads:
+            raise ValueError("full_cache was built for a different model config")
+        for name, v, lo in (("budget", budget, 1), ("max_step", max_step, 1), ("sink_chunks", sink_chunks, 0),
+                            ("rebuild_stride", rebuild_stride, 1), ("acceptance_window", acceptance_window, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if budget % chunk_size:
+            raise ValueError(f"budget ({budget}) must be a multiple of chunk_size ({chunk_size})")
+        budget_chunks = budget // chunk_size
+        if recent_chunks is None:
+            recent_chunks = 1 if budget_chunks > sink_chunks + 1 else 0
+        if isinstance(recent_chunks, bool) or not isinstance(recent_chunks, int) or recent_chunks < 0:
+            raise ValueError(f"recent_chunks must be an int >= 0, got {recent_chunks!r}")
+        if budget_chunks <= sink_chunks + recent_chunks:
+            raise ValueError(f"budget // chunk_size = {budget_chunks} chunks must exceed sink_chunks + recent_chunks "
+                             f"= {sink_chunks + recent_chunks}")
+        self.tail = rebuild_stride + chunk_size + max_step
+        super().__init__(config, full_cache.batch_size, budget + self.tail, full_cache.device, full_cache.dtype)
+        self.full = full_cache
+        self.budget, self.chunk_size, self.max_step = budget, chunk_size, max_step
+        self.budget_chunks, self.sink_chunks, self.recent_chunks = budget_chunks, sink_chunks, recent_chunks
+        self.rebuild_stride, self.min_acceptance = rebuild_stride, float(min_acceptance)
+        self.base_pos = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)
+        self.synced = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)
+        self.chunk_idx = [None] * self.num_layers
+        self._acceptance = collections.deque(maxlen=acceptance_window)
+        self._rebuild_at = 0  # host: max full length at the last rebuild
+        self.num_rebuilds = 0
+        self.rebuild()
+
+    def _position_offset(self):
+        return self.base_pos - self.budget
+
+    def rebuild(self) -> None:
+        """Re-select the chunks from the full cache (``tk.build_retrieval_cache``, per layer) and refill the
+        tail with the tokens after the last complete chunk. One device read (to validate the budget)."""
+        full = self.full
+        num_chunks = full.num_chunks
+        lo, hi = (int(x) for x in torch.stack([num_chunks.min(), full.lengths.max()]).tolist())
+        if lo < self.budget_chunks:
+            raise ValueError(f"budget {self.budget} exceeds a sequence's complete chunks ({lo} x {self.chunk_size} "
+                             f"tokens): lower the budget to at most the shortest prompt")
+        for layer in range(self.num_layers):
+            self.chunk_idx[layer] = K.build_retrieval_cache(
+                full.last_query[layer], full.k[layer], full.v[layer], full.chunk_keys[layer], num_chunks,
+                self.chunk_size, self.budget_chunks, self.k[layer][:, : self.budget], self.v[layer][:, : self.budget],
+                sink_chunks=self.sink_chunks, recent_chunks=self.recent_chunks)
+        self.base_pos.copy_(num_chunks.long() * self.chunk_size)
+        self.synced.copy_(self.base_pos)
+        self._rebuild_at = hi
+        self._acceptance.clear()
+        self.num_rebuilds += 1
+        self._copy_tail(hi - lo * self.chunk_size)
+        self._bound = self.budget + hi - lo * self.chunk_size  # >= every row's budget + tail length
+
+    def _copy_tail(self, n: int) -> None:
+        """Copy the full cache's tokens ``[synced, full.lengths)`` into slots ``budget + (p - base_pos)``;
+        ``n`` (host) bounds ``full.lengths - synced`` over the rows."""
+        full = self.full
+        lo = self.synced - self.base_pos  # [B] first tail index to (re)write
+        j = torch.arange(max(n, 0), device=self.device)
+        p = self.synced[:, None] + j  # absolute positions
+        ok = p < full.lengths.long()[:, None]
+        src = p.clamp(max=full.capacity - 1)
+        dst = (self.budget + lo[:, None] + j).clamp(max=self.capacity - 1)
+        for layer in range(self.num_layers):
+            for mine, theirs in ((self.k[layer], full.k[layer]), (self.v[layer], full.v[layer])):
+                cur = mine[self._batch_index, dst]
+                mine[self._batch_index, dst] = torch.where(ok[..., None, None], theirs[self._batch_index, src], cur)
+        self.synced.copy_(full.lengths.long())
+        self.lengths.copy_((self.budget + self.synced - self.base_pos).to(torch.int32))
+
+    def sync(self) -> bool:
+        """After a full-level verification: copy the tokens the full cache gained since the last sync into
+        the tail (dropping this cache's own speculative tokens), rebuilding instead when the tail would
+        overflow, the full cache grew by ``rebuild_stride`` since the last rebuild, or the rolling
+        acceptance fell below ``min_acceptance``. One device read. Returns whether it rebuilt."""
+        full = self.full
+        stats = torch.stack([full.lengths.long().max(), (full.lengths.long() - self.base_pos).max(),
+                             self.synced.min()]).tolist()
+        full_max, tail_need, synced_min = (int(x) for x in stats)
+        low_acc = (self.min_acceptance > 0 and len(self._acceptance) == self._acceptance.maxlen
+                   and sum(self._acceptance) / len(self._acceptance) < self.min_acceptance)
+        if tail_need > self.tail - self.max_step or full_max - self._rebuild_at >= self.rebuild_stride or low_acc:
+            self.rebuild()
+            return True
+        self._copy_tail(full_max - synced_min)
+        self._bound = self.budget + tail_need
+        return False
+
+    def record_acceptance(self, rate) -> None:
+        """Record a middle-level acceptance rate (float or 0-d tensor; a tensor costs a device read)."""
+        self._acceptance.append(float(rate))
+
+    def _room(self):
+        return self.capacity

@@ -1,0 +1,297 @@
+"""``triforce.models.Llama``: a compact Llama (GQA, RoPE incl. Llama-3 scaling, RMSNorm, SwiGLU, tied or
+untied head) whose attention over a KV cache goes through ``tk.verify_attention``.
+
+Module and parameter names mirror Hugging Face's ``LlamaForCausalLM`` (``model.layers.0.self_attn.q_proj
+.weight``, ``lm_head.weight``), so HF state dicts load as they are.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import RetrievalCache, Step, _KVCache
+from .config import LlamaConfig
+from .rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+__all__ = ["Llama"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        # fp32 statistics whatever the model dtype (as HF), weight applied in the model dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k_raw = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k_raw, cos, sin)
+        if cache is None:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=True, enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
+        else:
+            out = cache.attend(self.layer, q, k, v, step, k_raw=k_raw)
+        return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, cos, sin, cache, step):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Llama(nn.Module):
+    """Llama decoder with a language-model head.
+
+    ``Llama(config)`` initialises weights randomly from torch's RNG (normal, std
+    ``config.initializer_range``; norms 1). Use :meth:`from_pretrained` for real weights.
+
+    Calls (see docs/model_interface.md):
+
+    - ``model(input_ids)``: ``[B, T]`` int64 -> float32 logits ``[B, T, V]``, plain causal forward.
+    - ``model.prefill(prompts, cache)``: ``[B, P]`` tensor or list of 1-D tensors (ragged), processed in
+      chunks; float32 logits ``[B, V]`` at each prompt's last token; ``cache.lengths[b] = len(prompts[b])``.
+    - ``model(input_ids, cache=cache)``: appends row b's T tokens after ``cache.lengths[b]``, causal among
+      them -> ``[B, T, V]``; ``cache.lengths += T``.
+    - ``model(input_ids, cache=cache, tree_parents=parents)``: token tree (``parents[:, 0] = -1``); token t
+      sees the prefix and its ancestors-or-self; RoPE position = cache position of token 0 + depth.
+    - ``model.layer_skip(k)``: a draft made of the first k layers (weights shared).
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        if not self.inv_freq.is_meta:
+            self._init_weights()
+
+    def _init_weights(self):
+        std = self.config.initializer_range
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=std)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    # ---- forward
+    def _hidden(self, input_ids, cache=None, tree_parents=None, counts=None, query_index=None, query_valid=None):
+        B, T = input_ids.shape
+        step = None
+        if cache is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            step = cache.begin(T, tree_parents, counts, query_index, query_valid)
+            positions = step.positions
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, cache, step)
+        if cache is not None:
+            cache.end(step)
+        return h
+
+    def _logits(self, h):
+        return self.lm_head(self.model.norm(h)).float()
+
+    def forward(self, input_ids: torch.Tensor, cache: _KVCache | None = None,
+                tree_parents: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` (see the class docstring)."""
+        self._check_ids("input_ids", input_ids)
+        if cache is not None:
+            self._check_cache(cache, input_ids.shape[0])
+        if tree_parents is not None:
+            if cache is None:
+                raise ValueError("tree_parents needs a cache (the tree is appended after the cached prefix)")
+            if not isinstance(tree_parents, torch.Tensor) or tree_parents.shape != input_ids.shape \
+                    or tree_parents.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"tree_parents must be an int tensor of shape {list(input_ids.shape)} (like input_ids)")
+        elif cache is None and input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, more than the model's context "
+                             f"({self.config.max_position_embeddings})")
+        if cache is None:
+            return self._logits(self._hidden(input_ids))
+        with torch.no_grad():  # cache writes must never join an autograd graph (memory would grow)
+            return self._logits(self._hidden(input_ids, cache, tree_parents))
+
+    @torch.no_grad()
+    def prefill(self, prompts, cache: _KVCache, chunk_size: int = 256) -> torch.Tensor:
+        """Run the prompts into an empty ``cache`` in chunks of ``chunk_size`` tokens (so attention scratch
+        stays ``O(chunk_size x context)``) and return float32 logits ``[B, V]`` at each prompt's last token.
+
+        ``prompts``: ``[B, P]`` int tensor, or a list of B non-empty 1-D int tensors / lists of different
+        lengths (rows are padded internally; padding is never attended to and not counted in
+        ``cache.lengths``). The cache is reset first.
+        """
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        ids, lens = self._pad_prompts(prompts)
+        self._check_cache(cache, ids.shape[0])
+        # A FullCache's max_len is at most the model's context; a StreamingCache takes any length (its RoPE
+        # positions are cache slots).
+        cap, ctx = getattr(cache, "max_len", None), self.config.max_position_embeddings
+        longest = int(lens.max())
+        if cap is not None and longest > ctx:
+            raise ValueError(f"a prompt has {longest} tokens, more than the model's context ({ctx})")
+        if cap is not None and longest > cap:
+            raise ValueError(f"a prompt has {longest} tokens, more than the cache's max_len ({cap})")
+        if isinstance(cache, RetrievalCache):
+            raise TypeError("a RetrievalCache is built from a prefilled FullCache, not prefilled itself")
+        cache.reset()
+        B, P = ids.shape
+        lens_dev = lens.to(self.device)
+        last = torch.zeros(B, self.config.hidden_size, device=self.device, dtype=self.dtype)
+        for s in range(0, P, chunk_size):
+            chunk = ids[:, s: s + chunk_size]
+            T = chunk.shape[1]
+            qi = lens_dev - 1 - s
+            valid = (qi >= 0) & (qi < T)
+            qi = qi.clamp(0, T - 1)
+            counts = (lens_dev - s).clamp(0, T).to(torch.int32)
+            h = self._hidden(chunk, cache, counts=counts, query_index=qi, query_valid=valid)
+            last = torch.where(valid[:, None], h[torch.arange(B, device=self.device), qi], last)
+        return self._logits(last)
+
+    # ---- validation
+    def _check_ids(self, name, ids):
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be int64 (or int32), got {ids.dtype}")
+        if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
+            raise ValueError(f"{name} must have shape [B, T] with B, T >= 1, got {list(ids.shape)}")
+        if ids.device != self.device:
+            raise ValueError(f"{name} is on {ids.device} but the model is on {self.device}")
+
+    def _check_cache(self, cache, B):
+        if not isinstance(cache, _KVCache):
+            raise TypeError(f"cache must be a FullCache, StreamingCache or RetrievalCache, got {type(cache).__name__}")
+        if cache.batch_size != B:
+            raise ValueError(f"batch of {B} sequences but the cache was built for batch_size={cache.batch_size}")
+        if cache.dtype != self.dtype or cache.device != self.device:
+            raise ValueError(f"cache is {cache.dtype} on {cache.device}, the model {self.dtype} on {self.device}")
+        c = cache.config
+        if (c.num_hidden_layers, c.num_key_value_heads, c.head_dim) != (
+                self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim):
+            raise ValueError("cache was built for a different model config (layers / KV heads / head_dim)")
+
+    def _pad_prompts(self, prompts):
+        V = self.config.vocab_size
+        if isinstance(prompts, torch.Tensor):
+            if prompts.dim() != 2:
+                raise ValueError(f"prompts must be [B, P] or a list of 1-D sequences, got shape {list(prompts.shape)}")
+            rows = list(prompts)
+        elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
+            rows = [torch.as_tensor(p) for p in prompts]
+        else:
+            raise TypeError(f"prompts must be a [B, P] tensor or a list of 1-D sequences, got {type(prompts).__name__}")
+        if not rows:
+            raise ValueError("prompts is empty (no sequences)")
+        for i, r in enumerate(rows):
+            if r.dim() != 1:
+                raise ValueError(f"prompts[{i}] must be 1-D, got shape {list(r.shape)}")
+            if r.numel() == 0:
+                raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+            if r.dtype not in (torch.int64, torch.int32):
+                raise TypeError(f"prompts[{i}] must hold integer token ids, got {r.dtype}")
+        lens = torch.tensor([r.numel() for r in rows], dtype=torch.int64)
+        ids = torch.zeros(len(rows), int(lens.max()), dtype=torch.int64)
+        for i, r in enumerate(rows):
+            ids[i, : r.numel()] = r.cpu()
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= V:
+            raise ValueError(f"prompts hold token ids outside [0, vocab_size={V})")
+        return ids.to(self.device), lens
+
+    # ---- drafts, loading
+    def layer_skip(self, k: int) -> "Llama":
+        """A draft that runs the first ``k`` layers, then the final norm and head; weights are shared."""
+        n = self.config.num_hidden_layers
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+            raise ValueError(f"k must be an int in [1, {n}], got {k!r}")
+        draft = Llama.__new__(Llama)
+        nn.Module.__init__(draft)
+        draft.config = self.config.replace(num_hidden_layers=k)
+        draft.model = LlamaModel.__new__(LlamaModel)
+        nn.Module.__init__(draft.model)
+        draft.model.embed_tokens = self.model.embed_tokens
+        draft.model.layers = nn.ModuleList(self.model.layers[:k])
+        draft.model.norm = self.model.norm
+        draft.lm_head = self.lm_head
+        draft.register_buffer("inv_freq", self.inv_freq, persistent=False)
+        return draft
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device=None, dtype=None, cache_dir=None) -> "Llama":
+        """Load a Hugging Face directory (``config.json`` + ``*.safetensors``) or a GGUF file (dequantised
+        with the ``gguf`` package; the converted weights are cached under ``cache_dir``, default
+        ``~/.cache/triforce``, so the next load is fast; ``cache_dir=False`` disables caching)."""
+        from .loading import load_pretrained
+        return load_pretrained(path, device=device, dtype=dtype, cache_dir=cache_dir)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (Hugging Face layout)."""
+        from .loading import save_pretrained
+        save_pretrained(self, directory)

@@ -1,0 +1,98 @@
+"""A byte-level BPE tokenizer rebuilt from a GGUF file's embedded vocabulary and merges (no network).
+
+``tokenizer.ggml.model == "gpt2"``: GPT-2 style byte-level BPE. SmolLM2's pre-tokenizer (llama.cpp's
+``smollm``, and the ``tokenizer.json`` of the original checkpoint) splits every digit on its own, then
+applies the GPT-2 split regex; control tokens (``<|im_start|>`` ...) are matched whole.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer as _HFTokenizer, decoders, models, pre_tokenizers
+
+_DIGIT_SPLIT_PRE = ("smollm",)
+
+
+class Tokenizer:
+    """Minimal tokenizer: ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``apply_chat_template``.
+
+    ``backend`` is the underlying ``tokenizers.Tokenizer``.
+    """
+
+    def __init__(self, backend: _HFTokenizer, bos_token_id=None, eos_token_id=None, chat_template=None):
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.chat_template = chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.bos_token_id is not None:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` (``{"role", "content"}`` dicts) with the model's Jinja chat template."""
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat template")
+        import jinja2.sandbox
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(self.chat_template).render(messages=messages,
+                                                          add_generation_prompt=add_generation_prompt)
+
+    # ---- persistence (a converted tokenizer is cached beside the converted weights)
+    def save(self, directory) -> None:
+        directory = Path(directory)
+        self.backend.save(str(directory / "tokenizer.json"))
+        (directory / "tokenizer_meta.json").write_text(json.dumps(
+            {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+             "chat_template": self.chat_template}))
+
+    @classmethod
+    def load(cls, directory) -> "Tokenizer":
+        directory = Path(directory)
+        meta = json.loads((directory / "tokenizer_meta.json").read_text())
+        return cls(_HFTokenizer.from_file(str(directory / "tokenizer.json")), **meta)
+
+    @classmethod
+    def from_gguf(cls, path) -> "Tokenizer":
+        from .loading import gguf_field, open_gguf
+
+        reader = open_gguf(Path(path))
+        kind = gguf_field(reader, "tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+        tokens = gguf_field(reader, "tokenizer.ggml.tokens")
+        merges = gguf_field(reader, "tokenizer.ggml.merges")
+        if not tokens or merges is None:
+            raise ValueError(f"GGUF file {str(path)!r} has no embedded vocabulary/merges")
+        types = gguf_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        vocab = {t: i for i, t in enumerate(tokens)}
+        bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False)
+        backend = _HFTokenizer(bpe)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if gguf_field(reader, "tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE:
+            backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        else:
+            backend.pre_tokenizer = byte_level
+        backend.decoder = decoders.ByteLevel()
+        # 3 = CONTROL (special, matched whole, skipped by decode(skip_special_tokens=True)); 4 = USER_DEFINED.
+        backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                    for t, ty in zip(tokens, types) if ty == 3])
+        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types) if ty == 4])
+        return cls(backend, bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+                   eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+                   chat_template=gguf_field(reader, "tokenizer.chat_template"))

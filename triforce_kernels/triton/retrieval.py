@@ -1,0 +1,233 @@
+"""Triton kernels of the retrieval-cache ops (DESIGN.md 3.1): score, select, gather, and the build that
+chains them on the device (no host synchronisation, fixed shapes: capturable in a CUDA graph).
+
+Bytes (bench shape N = 128K, chunk 8, Hkv = 8, D = 128, Hq = 32): the chunk keys are read once
+(C * Hkv * D * 4 = 64 MiB); the logits round-trip (Hq * C * 4 = 2 MiB) is the price of a split
+softmax that spreads a row over many programs; the gather moves budget * Hkv * D * 2 bytes per K/V.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import register
+
+_INT32_MAX = 2147483647
+
+
+@triton.jit
+def _score_logits_kernel(
+    q_ptr, ck_ptr, n_ptr, logit_ptr, stat_m_ptr, stat_s_ptr,
+    Hkv, G, C, D, NSPLIT, sqrt_d,
+    stride_qb, stride_qh, stride_qd, stride_cb, stride_cc, stride_ch, stride_cd,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # Program (b*Hkv + h, split): logits of the G query heads of KV head h against BLOCK_C chunk keys
+    # (each key read once, for all G heads), plus this split's max and sum of exp per query head.
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid // Hkv
+    h = pid % Hkv
+    n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 0), C)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_c = split * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, BLOCK_D)
+    j = h * G + offs_g  # query heads of the group
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + j[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=(offs_g[:, None] < G) & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+    c_ok = offs_c < n
+    keys = tl.load(ck_ptr + b.to(tl.int64) * stride_cb + offs_c[None, :].to(tl.int64) * stride_cc + h * stride_ch
+                   + offs_d[:, None] * stride_cd, mask=c_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+    logits = tl.dot(q, keys, input_precision="ieee") / sqrt_d  # [BLOCK_G, BLOCK_C], fp32 (no tf32)
+    logits = tl.where(c_ok[None, :], logits, float("-inf"))
+    m = tl.max(logits, axis=1)
+    s = tl.sum(tl.where(c_ok[None, :], tl.exp(logits - m[:, None]), 0.0), axis=1)
+    row = b.to(tl.int64) * Hkv * G + j  # [BLOCK_G] rows of [B, Hq, ...]
+    g_ok = offs_g < G
+    tl.store(logit_ptr + row[:, None] * C + offs_c[None, :], logits, mask=g_ok[:, None] & (offs_c[None, :] < C))
+    tl.store(stat_m_ptr + row * NSPLIT + split, m, mask=g_ok)
+    tl.store(stat_s_ptr + row * NSPLIT + split, s, mask=g_ok)
+
+
+@triton.jit
+def _score_combine_kernel(
+    logit_ptr, stat_m_ptr, stat_s_ptr, n_ptr, out_ptr, Hkv, G, C, NSPLIT,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    # Program (b*Hkv + h, split): combine the per-split softmax statistics of the G heads, then
+    # out[c] = sum_j exp(logit_jc - max_j) / sum_j for this split's chunks (-inf beyond n).
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid // Hkv
+    h = pid % Hkv
+    n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 0), C)
+    offs_g = tl.arange(0, BLOCK_G)
+    g_ok = offs_g < G
+    row = b.to(tl.int64) * Hkv * G + h * G + offs_g
+    m_all = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    for s0 in range(0, NSPLIT, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        ms = tl.load(stat_m_ptr + row[:, None] * NSPLIT + offs_s[None, :],
+                     mask=g_ok[:, None] & (offs_s[None, :] < NSPLIT), other=float("-inf"))
+        m_all = tl.maximum(m_all, tl.max(ms, axis=1))
+    s_all = tl.zeros((BLOCK_G,), tl.float32)
+    for s0 in range(0, NSPLIT, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        ok = g_ok[:, None] & (offs_s[None, :] < NSPLIT)
+        ms = tl.load(stat_m_ptr + row[:, None] * NSPLIT + offs_s[None, :], mask=ok, other=float("-inf"))
+        ss = tl.load(stat_s_ptr + row[:, None] * NSPLIT + offs_s[None, :], mask=ok, other=0.0)
+        s_all += tl.sum(tl.where(ms > float("-inf"), ss * tl.exp(ms - m_all[:, None]), 0.0), axis=1)
+    offs_c = split * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < n
+    logits = tl.load(logit_ptr + row[:, None] * C + offs_c[None, :], mask=g_ok[:, None] & c_ok[None, :],
+                     other=float("-inf"))
+    p = tl.where(g_ok[:, None] & c_ok[None, :], tl.exp(logits - m_all[:, None]) / s_all[:, None], 0.0)
+    score = tl.where(c_ok, tl.sum(p, axis=0), float("-inf"))
+    tl.store(out_ptr + (b.to(tl.int64) * Hkv + h) * C + offs_c, score, mask=offs_c < C)
+
+
+@triton.jit
+def _chunk_order_key(s_ptr, offs, n, sink, recent):
+    # Monotone int64 key in [0, 2^32) of each score: NaN ranks as -inf, -0.0 equals +0.0, forced
+    # chunks (sinks, recent) get the top key 2^32 - 1, which no score reaches once NaN is gone.
+    x = tl.load(s_ptr + offs, mask=offs < n, other=0.0)
+    x = tl.where(x != x, float("-inf"), x)
+    x = tl.where(x == 0.0, 0.0, x)
+    i = x.to(tl.int32, bitcast=True)
+    key = tl.where(i >= 0, i, ~(i & 0x7FFFFFFF)).to(tl.int64) + 2147483648
+    forced = (offs < sink) | (offs >= n - recent)
+    return tl.where(forced, 4294967295, key)
+
+
+@triton.jit
+def _select_kernel(s_ptr, n_ptr, out_ptr, H, C, budget, sink, recent, BLOCK_C: tl.constexpr):
+    # Program per (b, h) row. k = min(budget, n) chunks are kept: the k largest keys (ties: lower
+    # index). A 32-step bitwise search finds the k-th largest key T (each step counts keys >= a
+    # candidate over the row, which stays in L1/L2); then one ascending pass emits keys > T and the
+    # first (k - #{key > T}) keys == T, at positions given by a running prefix sum: sorted output.
+    pid = tl.program_id(0)
+    b = pid // H
+    n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 0), C)
+    k = tl.minimum(budget, n)
+    row = s_ptr + pid.to(tl.int64) * C
+    thresh = tl.zeros((), tl.int64)
+    step = tl.full((), 2147483648, tl.int64)
+    for _ in range(32):
+        cand = thresh + step
+        cnt = tl.zeros((), tl.int32)
+        for c0 in range(0, n, BLOCK_C):
+            offs = c0 + tl.arange(0, BLOCK_C)
+            key = _chunk_order_key(row, offs, n, sink, recent)
+            cnt += tl.sum(((key >= cand) & (offs < n)).to(tl.int32), axis=0)
+        thresh = tl.where(cnt >= k, cand, thresh)
+        step = step // 2
+    above = tl.zeros((), tl.int32)
+    for c0 in range(0, n, BLOCK_C):
+        offs = c0 + tl.arange(0, BLOCK_C)
+        key = _chunk_order_key(row, offs, n, sink, recent)
+        above += tl.sum(((key > thresh) & (offs < n)).to(tl.int32), axis=0)
+    ties_left = k - above
+    written = tl.zeros((), tl.int32)
+    ties_seen = tl.zeros((), tl.int32)
+    out_row = out_ptr + pid.to(tl.int64) * budget
+    for c0 in range(0, n, BLOCK_C):
+        offs = c0 + tl.arange(0, BLOCK_C)
+        key = _chunk_order_key(row, offs, n, sink, recent)
+        valid = offs < n
+        tie = valid & (key == thresh)
+        tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+        sel = valid & ((key > thresh) | (tie & (tie_rank < ties_left)))
+        pos = written + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        tl.store(out_row + pos, offs, mask=sel)
+        written += tl.sum(sel.to(tl.int32), axis=0)
+        ties_seen += tl.sum(tie.to(tl.int32), axis=0)
+    for p0 in range(0, budget, BLOCK_C):
+        offs = p0 + tl.arange(0, BLOCK_C)
+        tl.store(out_row + offs, tl.full((BLOCK_C,), -1, tl.int32), mask=(offs >= k) & (offs < budget))
+
+
+@triton.jit
+def _gather_kernel(
+    k_ptr, v_ptr, idx_ptr, out_k_ptr, out_v_ptr, H, S, M, D, chunk_size, num_complete,
+    stride_kb, stride_kn, stride_kh, stride_kd, stride_vb, stride_vn, stride_vh, stride_vd,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # Program (b*H + h, slot i): copy chunk_size x D keys and values of one chunk (bit-exact). An index
+    # outside [0, N // chunk_size) -- -1 padding or garbage -- copies nothing: no out-of-bounds access.
+    pid = tl.program_id(0)
+    i = tl.program_id(1)
+    b = pid // H
+    h = pid % H
+    offs_t = tl.arange(0, BLOCK_T)[:, None]
+    offs_d = tl.arange(0, BLOCK_D)[None, :]
+    # the index broadcast to the tile (the interpreter rejects scalar-bool & tensor-bool masks)
+    c = tl.load(idx_ptr + pid.to(tl.int64) * S + i).to(tl.int64) + tl.zeros((BLOCK_T, 1), tl.int64)
+    ok = (c >= 0) & (c < num_complete)
+    c = tl.where(ok, c, 0)
+    mask = ok & (offs_t < chunk_size) & (offs_d < D)
+    pos = c * chunk_size + offs_t
+    dst = ((b.to(tl.int64) * M + i * chunk_size + offs_t) * H + h) * D + offs_d
+    kv = tl.load(k_ptr + b.to(tl.int64) * stride_kb + pos * stride_kn + h * stride_kh + offs_d * stride_kd, mask=mask)
+    tl.store(out_k_ptr + dst, kv, mask=mask)
+    vv = tl.load(v_ptr + b.to(tl.int64) * stride_vb + pos * stride_vn + h * stride_vh + offs_d * stride_vd, mask=mask)
+    tl.store(out_v_ptr + dst, vv, mask=mask)
+
+
+@register("score_chunks", "triton")
+def score_chunks(q, chunk_keys, num_chunks):
+    B, Hq, D = q.shape
+    C, Hkv = chunk_keys.shape[1], chunk_keys.shape[2]
+    G = Hq // Hkv
+    out = torch.empty((B, Hkv, C), device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    BLOCK_C = 64
+    nsplit = triton.cdiv(C, BLOCK_C)
+    logits = torch.empty((B, Hq, C), device=q.device, dtype=torch.float32)
+    stat_m = torch.empty((B, Hq, nsplit), device=q.device, dtype=torch.float32)
+    stat_s = torch.empty_like(stat_m)
+    BLOCK_G = max(16, triton.next_power_of_2(G))  # tl.dot needs M >= 16
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    grid = (B * Hkv, nsplit)
+    _score_logits_kernel[grid](
+        q, chunk_keys, num_chunks, logits, stat_m, stat_s, Hkv, G, C, D, nsplit, float(D) ** 0.5,
+        *q.stride(), *chunk_keys.stride(), BLOCK_G=BLOCK_G, BLOCK_C=BLOCK_C, BLOCK_D=BLOCK_D,
+    )
+    _score_combine_kernel[grid](
+        logits, stat_m, stat_s, num_chunks, out, Hkv, G, C, nsplit,
+        BLOCK_G=triton.next_power_of_2(G), BLOCK_C=BLOCK_C, BLOCK_S=64,
+    )
+    return out
+
+
+@register("select_chunks", "triton")
+def select_chunks(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks):
+    B, H, C = scores.shape
+    out = torch.empty((B, H, budget_chunks), device=scores.device, dtype=torch.int32)
+    if out.numel() == 0:
+        return out
+    scores = scores.contiguous()
+    _select_kernel[(B * H,)](scores, num_chunks, out, H, C, budget_chunks, sink_chunks, recent_chunks, BLOCK_C=256)
+    return out
+
+
+@register("gather_chunks", "triton")
+def gather_chunks(k, v, chunk_idx, chunk_size, out_k, out_v):
+    B, N, H, D = k.shape
+    S = chunk_idx.shape[2]
+    if B * H * S * D == 0 or N // chunk_size == 0:
+        return
+    chunk_idx = chunk_idx.contiguous()
+    _gather_kernel[(B * H, S)](
+        k, v, chunk_idx, out_k, out_v, H, S, out_k.shape[1], D, chunk_size, N // chunk_size,
+        *k.stride(), *v.stride(), BLOCK_T=triton.next_power_of_2(chunk_size), BLOCK_D=triton.next_power_of_2(D),
+    )
+
+
+@register("build_retrieval_cache", "triton")
+def build_retrieval_cache(q, k, v, chunk_keys, num_chunks, chunk_size, budget_chunks, out_k, out_v,
+                          sink_chunks, recent_chunks):
+    # Three launches, all on the device: nothing waits on the host, every shape is fixed.
+    scores = score_chunks(q, chunk_keys, num_chunks)
+    chunk_idx = select_chunks(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks)
+    gather_chunks(k, v, chunk_idx, chunk_size, out_k, out_v)
+    return chunk_idx

@@ -1,0 +1,178 @@
+"""Triton backend of ``tk.verify_attention``: flash-decoding split-K over the prefix + masked tail,
+then a log-sum-exp merge.
+
+Grid of the split kernel: (part, b * Hkv + h, row block). Parts 0..S-1 split the unmasked prefix
+[0, L-T) of row b evenly (ragged lengths need no host sync: each program reads L itself); part S is
+the tail [L-T, L), the only place the causal / tree mask is applied. Each program serves a block of
+up to 64 query rows (t, j) of one GQA group from every K/V tile it loads, so for T * g <= 64 each
+key is read from memory once for all T queries and all g query heads.
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import register
+
+
+@triton.jit
+def _verify_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, seqlens_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
+    scale, T, G, R, Hkv, N, S, D,
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    HAS_MASK: tl.constexpr, LOWP_DOT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    part = tl.program_id(0)
+    bh = tl.program_id(1)
+    rb = tl.program_id(2)
+    b = bh // Hkv
+    h = bh % Hkv
+    # Clamp so that nothing outside [0, min(L, N)) is read, whatever cache_seqlens holds (no host check).
+    L = tl.load(seqlens_ptr + b)
+    Lc = tl.minimum(tl.maximum(L, 0), N)
+    new0 = L - T
+    prefix = tl.minimum(tl.maximum(new0, 0), Lc)
+    chunk = tl.cdiv(prefix, S)
+    is_tail = part == S
+    start = tl.where(is_tail, prefix, tl.minimum(prefix, part * chunk))
+    end = tl.where(is_tail, Lc, tl.minimum(prefix, part * chunk + chunk))
+
+    rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    t = rows // G
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + t[:, None] * stride_qt + (h * G + rows % G)[:, None] * stride_qh
+                + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if not LOWP_DOT:
+        q = q.to(tl.float32)
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+
+    m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        pos_ok = pos < end
+        kv_mask = pos_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        if LOWP_DOT:  # fp16/bf16 operands, fp32 accumulation (products of 16-bit floats are exact)
+            s = tl.dot(q, tl.trans(k)) * scale
+        else:  # fp32 inputs, and everything under the interpreter (its bf16 dot is wrong)
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+        vis = row_ok[:, None] & pos_ok[None, :]
+        # Tail only: new token si = pos - new0 is visible to query t iff tree_mask[b, t, si] (si <= t).
+        si = pos - new0
+        if HAS_MASK:
+            bit = tl.load(mask_ptr + b.to(tl.int64) * T * T + t[:, None] * T + si[None, :],
+                          mask=vis & (si[None, :] * 0 + part == S), other=0)
+            tail_ok = bit != 0
+        else:
+            tail_ok = si[None, :] <= t[:, None]
+        vis = vis & (tail_ok | (si[None, :] * 0 + part != S))
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if LOWP_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        m_i = m_new
+
+    idx = (bh * (S + 1) + part) * R + rows
+    tl.store(m_ptr + idx, m_i, mask=row_ok)
+    tl.store(l_ptr + idx, l_i, mask=row_ok)
+    tl.store(acc_ptr + idx.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _verify_attention_merge_kernel(
+    m_ptr, l_ptr, acc_ptr, out_ptr, lse_ptr, T, G, R, Hkv, S, D,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program per (b, h, row): combine the S + 1 partials by log-sum-exp.
+    pid = tl.program_id(0)
+    bh = pid // R
+    r = pid % R
+    b = bh // Hkv
+    hq = (bh % Hkv) * G + r % G
+    t = r // G
+    Hq = Hkv * G
+    parts = tl.arange(0, BLOCK_P)
+    p_ok = parts < S + 1
+    idx = (bh * (S + 1) + parts) * R + r
+    m = tl.load(m_ptr + idx, mask=p_ok, other=float("-inf"))
+    l = tl.load(l_ptr + idx, mask=p_ok, other=0.0)
+    M = tl.max(m, 0)
+    M_safe = tl.where(M == float("-inf"), 0.0, M)
+    w = tl.exp(m - M_safe)  # 0 for empty parts
+    total = tl.sum(w * l, 0)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.load(acc_ptr + idx.to(tl.int64)[:, None] * D + offs_d[None, :], mask=p_ok[:, None] & (offs_d < D)[None, :],
+                  other=0.0)
+    o = tl.sum(acc * w[:, None], 0)
+    dead = M == float("-inf")
+    o = tl.where(dead, 0.0, o / tl.where(dead, 1.0, total))
+    lse = tl.where(dead, float("-inf"), M_safe + tl.log(tl.where(dead, 1.0, total)))
+    tl.store(out_ptr + ((b.to(tl.int64) * T + t) * Hq + hq) * D + offs_d, o.to(out_ptr.dtype.element_ty),
+             mask=offs_d < D)
+    tl.store(lse_ptr + (b * Hq + hq) * T + t, lse)
+
+
+def _num_splits(B, Hkv, row_blocks, N, device):
+    if device.type == "cuda":  # ~2 waves of programs over the SMs, each split >= 512 keys
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        want = triton.cdiv(2 * sms, B * Hkv * row_blocks)
+        return max(1, min(want, N // 512, 64))
+    return max(1, min(3, N // 128))  # interpreter: exercise the merge, keep it small
+
+
+@register("verify_attention", "triton")
+def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=None):
+    B, T, Hq, D = q.shape
+    N, Hkv = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    R = T * G
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k_cache.stride(-1) != 1:
+        k_cache = k_cache.contiguous()
+    if v_cache.stride(-1) != 1:
+        v_cache = v_cache.contiguous()
+    out = torch.empty((B, T, Hq, D), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, Hq, T), device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    BLOCK_R = min(64, max(16, triton.next_power_of_2(R)))
+    BLOCK_N = 32 if interpret else (64 if D <= 128 else 32)
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    row_blocks = triton.cdiv(R, BLOCK_R)
+    S = num_splits or _num_splits(B, Hkv, row_blocks, N, q.device)
+    parts = S + 1
+    m = torch.empty((B * Hkv * parts * R,), device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty((B * Hkv * parts * R, D), device=q.device, dtype=torch.float32)
+    # bool loads as uint8 (the interpreter rejects bool pointers); causal: any pointer, never read
+    mask = tree_mask.contiguous().view(torch.uint8) if tree_mask is not None else cache_seqlens
+    lowp = q.dtype in (torch.float16, torch.bfloat16) and not interpret
+    _verify_attention_split_kernel[(parts, B * Hkv, row_blocks)](
+        q, k_cache, v_cache, cache_seqlens, mask, m, l, acc,
+        softmax_scale, T, G, R, Hkv, N, S, D,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HAS_MASK=tree_mask is not None, LOWP_DOT=lowp, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        num_warps=4,
+    )
+    _verify_attention_merge_kernel[(B * Hkv * R,)](
+        m, l, acc, out, lse, T, G, R, Hkv, S, D,
+        BLOCK_P=max(2, triton.next_power_of_2(parts)), BLOCK_D=BLOCK_D,
+    )
+    return out, lse
