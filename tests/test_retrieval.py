@@ -86,6 +86,18 @@ def test_select_matches_reference(backend, B, H, C, budget, sink, recent, levels
     assert torch.equal(out.cpu(), ref.select_chunks(scores, num_chunks, budget, sink, recent))
 
 
+@pytest.mark.parametrize("backend", backends("select_chunks"))
+@pytest.mark.parametrize("levels", [3, 50, 10**6])
+def test_select_long_rows(backend, levels):
+    """Rows longer than the kernels' blocks (Triton: 4096 keys per step), ties spread over blocks."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(levels)
+    scores = _random_scores(g, 2, 2, 9000, levels)
+    num_chunks = torch.tensor([9000, 8191], dtype=torch.int32)
+    out = tk.select_chunks(scores.to(dev), num_chunks.to(dev), 700, 4, 16, backend=backend)
+    assert torch.equal(out.cpu(), ref.select_chunks(scores, num_chunks, 700, 4, 16))
+
+
 # ----------------------------------------------------------------------------------------- score
 
 
@@ -126,6 +138,18 @@ def test_score_strided_chunk_keys_and_sums(backend):
     out = tk.score_chunks(q.to(dev), buf.to(dev), num_chunks.to(dev), backend=backend).cpu()
     _assert_scores_close(out, q, buf, num_chunks)
     torch.testing.assert_close(out.nan_to_num(neginf=0).sum(-1), torch.full((2, 3), 3.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backends("score_chunks"))
+def test_score_long_rows(backend):
+    """More chunks than one split of the Triton softmax (64) times its statistics block (64)."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 64, generator=g).to(torch.bfloat16)
+    chunk_keys = torch.randn(2, 5000, 2, 64, generator=g)
+    num_chunks = torch.tensor([5000, 4097], dtype=torch.int32)
+    out = tk.score_chunks(q.to(dev), chunk_keys.to(dev), num_chunks.to(dev), backend=backend)
+    _assert_scores_close(out.cpu(), q, chunk_keys, num_chunks)
 
 
 # ---------------------------------------------------------------------------------------- gather
@@ -375,3 +399,19 @@ def test_build_device_mismatch():
         tk.build_retrieval_cache(**(a | dict(q=a["q"].to("meta"))))
     with pytest.raises(ValueError, match="out_v is on meta but the other inputs are on cpu"):
         tk.build_retrieval_cache(**(a | dict(out_v=a["out_v"].to("meta"))))
+
+
+@pytest.mark.parametrize("backend", backends("build_retrieval_cache", include_reference=True))
+def test_custom_ops_opcheck(backend):
+    """Schemas, mutation annotations and fake implementations (torch.compile / CUDA graphs)."""
+    dev = backend_device(backend)
+    a = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t) for n, t in _good().items()}
+    scores = tk.score_chunks(a["q"], a["chunk_keys"], a["num_chunks"], backend=backend)
+    idx = tk.select_chunks(scores, a["num_chunks"], 4, 1, 0, backend=backend)
+    ops = torch.ops.triforce
+    torch.library.opcheck(ops.score_chunks.default, (a["q"], a["chunk_keys"], a["num_chunks"], backend))
+    torch.library.opcheck(ops.select_chunks.default, (scores, a["num_chunks"], 4, 1, 0, backend))
+    torch.library.opcheck(ops.gather_chunks.default, (a["k"], a["v"], idx, 4, a["out_k"], a["out_v"], backend))
+    torch.library.opcheck(ops.build_retrieval_cache.default,
+                          (a["q"], a["k"], a["v"], a["chunk_keys"], a["num_chunks"], 4, 4, a["out_k"], a["out_v"], 1, 0,
+                           backend))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _kernels as K
+import triforce_kernels as tk
 from .config import LlamaConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -121,8 +121,8 @@ class _KVCache:
         if tree_parents is None:
             positions = slots
         else:
-            tree_mask = K.tree_attention_mask(tree_parents)
-            positions = self.lengths.long()[:, None] + K.tree_depths(tree_parents).long()
+            tree_mask = tk.tree_attention_mask(tree_parents)
+            positions = self.lengths.long()[:, None] + tk.tree_depths(tree_parents).long()
         off = self._position_offset()
         if off is not None:
             positions = positions + off[:, None]
@@ -138,7 +138,7 @@ class _KVCache:
     def attend(self, layer: int, q, k, v, step: Step, k_raw=None) -> torch.Tensor:
         """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache."""
         self._write(layer, k, v, step)
-        return K.verify_attention(q, self.k[layer], self.v[layer], step.seqlens, tree_mask=step.tree_mask)
+        return tk.verify_attention(q, self.k[layer], self.v[layer], step.seqlens, tree_mask=step.tree_mask)
 
     def end(self, step: Step) -> None:
         self.lengths.add_(step.counts)
@@ -264,7 +264,7 @@ class FullCache(_KVCache):
         pos = (first[:, None] * cs + torch.arange(n * cs, device=self.device)).clamp(max=self.capacity - 1)
         for layer in range(self.num_layers):
             gathered = self.k[layer][self._batch_index, pos]  # [B, n*cs, Hkv, D]: the new chunks only
-            self._chunk_store[layer][self._batch_index, dst] = K.chunk_mean_keys(gathered, cs)
+            self._chunk_store[layer][self._batch_index, dst] = tk.chunk_mean_keys(gathered, cs)
 
 
 class StreamingCache(_KVCache):
@@ -358,7 +358,7 @@ class StreamingCache(_KVCache):
         tmp_k[step.batch_index, step.slots] = k
         tmp_v[step.batch_index, step.slots] = v
         tmp_raw[step.batch_index, step.slots] = k_raw
-        out = K.verify_attention(q, tmp_k, tmp_v, step.seqlens, tree_mask=step.tree_mask)
+        out = tk.verify_attention(q, tmp_k, tmp_v, step.seqlens, tree_mask=step.tree_mask)
         self._compact(layer, tmp_raw, tmp_v, self.lengths + step.counts)
         return out
 
@@ -448,9 +448,9 @@ class RetrievalCache(_KVCache):
             raise ValueError(f"budget {self.budget} exceeds a sequence's complete chunks ({lo} x {self.chunk_size} "
                              f"tokens): lower the budget to at most the shortest prompt")
         for layer in range(self.num_layers):
-            self.chunk_idx[layer] = K.build_retrieval_cache(
+            self.chunk_idx[layer] = tk.build_retrieval_cache(
                 full.last_query[layer], full.k[layer], full.v[layer], full.chunk_keys[layer], num_chunks,
-                self.chunk_size, self.budget_chunks, self.k[layer][:, : self.budget], self.v[layer][:, : self.budget],
+                self.chunk_size, self.budget_chunks, self.k[layer], self.v[layer],  # writes slots [0, budget)
                 sink_chunks=self.sink_chunks, recent_chunks=self.recent_chunks)
         self.base_pos.copy_(num_chunks.long() * self.chunk_size)
         self.synced.copy_(self.base_pos)

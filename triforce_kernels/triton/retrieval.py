@@ -40,7 +40,8 @@ def _score_logits_kernel(
     logits = tl.dot(q, keys, input_precision="ieee") / sqrt_d  # [BLOCK_G, BLOCK_C], fp32 (no tf32)
     logits = tl.where(c_ok[None, :], logits, float("-inf"))
     m = tl.max(logits, axis=1)
-    s = tl.sum(tl.where(c_ok[None, :], tl.exp(logits - m[:, None]), 0.0), axis=1)
+    m_safe = tl.where(m > float("-inf"), m, 0.0)  # an all-invalid split: no (-inf) - (-inf) = NaN
+    s = tl.sum(tl.where(c_ok[None, :], tl.exp(logits - m_safe[:, None]), 0.0), axis=1)
     row = b.to(tl.int64) * Hkv * G + j  # [BLOCK_G] rows of [B, Hq, ...]
     g_ok = offs_g < G
     tl.store(logit_ptr + row[:, None] * C + offs_c[None, :], logits, mask=g_ok[:, None] & (offs_c[None, :] < C))
@@ -69,17 +70,19 @@ def _score_combine_kernel(
         ms = tl.load(stat_m_ptr + row[:, None] * NSPLIT + offs_s[None, :],
                      mask=g_ok[:, None] & (offs_s[None, :] < NSPLIT), other=float("-inf"))
         m_all = tl.maximum(m_all, tl.max(ms, axis=1))
+    m_all = tl.where(m_all > float("-inf"), m_all, 0.0)  # n = 0: nothing valid, avoid NaN below
     s_all = tl.zeros((BLOCK_G,), tl.float32)
     for s0 in range(0, NSPLIT, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         ok = g_ok[:, None] & (offs_s[None, :] < NSPLIT)
         ms = tl.load(stat_m_ptr + row[:, None] * NSPLIT + offs_s[None, :], mask=ok, other=float("-inf"))
         ss = tl.load(stat_s_ptr + row[:, None] * NSPLIT + offs_s[None, :], mask=ok, other=0.0)
-        s_all += tl.sum(tl.where(ms > float("-inf"), ss * tl.exp(ms - m_all[:, None]), 0.0), axis=1)
+        s_all += tl.sum(ss * tl.exp(ms - m_all[:, None]), axis=1)  # exp(-inf) = 0 for empty splits
     offs_c = split * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < n
     logits = tl.load(logit_ptr + row[:, None] * C + offs_c[None, :], mask=g_ok[:, None] & c_ok[None, :],
                      other=float("-inf"))
+    s_all = tl.where(s_all > 0.0, s_all, 1.0)  # padding heads / n = 0: masked below, avoid 0 / 0
     p = tl.where(g_ok[:, None] & c_ok[None, :], tl.exp(logits - m_all[:, None]) / s_all[:, None], 0.0)
     score = tl.where(c_ok, tl.sum(p, axis=0), float("-inf"))
     tl.store(out_ptr + (b.to(tl.int64) * Hkv + h) * C + offs_c, score, mask=offs_c < C)
@@ -101,31 +104,34 @@ def _chunk_order_key(s_ptr, offs, n, sink, recent):
 @triton.jit
 def _select_kernel(s_ptr, n_ptr, out_ptr, H, C, budget, sink, recent, BLOCK_C: tl.constexpr):
     # Program per (b, h) row. k = min(budget, n) chunks are kept: the k largest keys (ties: lower
-    # index). A 32-step bitwise search finds the k-th largest key T (each step counts keys >= a
-    # candidate over the row, which stays in L1/L2); then one ascending pass emits keys > T and the
-    # first (k - #{key > T}) keys == T, at positions given by a running prefix sum: sorted output.
+    # index). A radix select finds the k-th largest key T one byte at a time, most significant first:
+    # 4 histogram passes over the row (which stays in L1/L2) instead of a 32-step bitwise search; then
+    # one ascending pass emits keys > T and the first `need` keys == T at positions given by a running
+    # prefix sum, so the output is sorted without a sort.
     pid = tl.program_id(0)
     b = pid // H
     n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 0), C)
     k = tl.minimum(budget, n)
     row = s_ptr + pid.to(tl.int64) * C
-    thresh = tl.zeros((), tl.int64)
-    step = tl.full((), 2147483648, tl.int64)
-    for _ in range(32):
-        cand = thresh + step
-        cnt = tl.zeros((), tl.int32)
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros((), tl.int64)  # the bytes of T found so far
+    need = k  # keys still to take among those matching the prefix (invariant: 1 <= need <= #matching, or k = 0)
+    all_ones = tl.full((), 4294967295, tl.int64)
+    for p in range(4):
+        shift = 24 - 8 * p
+        high = (all_ones >> (shift + 8)) << (shift + 8)  # mask of the bytes already decided
+        hist = tl.zeros((256,), tl.int32)
         for c0 in range(0, n, BLOCK_C):
             offs = c0 + tl.arange(0, BLOCK_C)
             key = _chunk_order_key(row, offs, n, sink, recent)
-            cnt += tl.sum(((key >= cand) & (offs < n)).to(tl.int32), axis=0)
-        thresh = tl.where(cnt >= k, cand, thresh)
-        step = step // 2
-    above = tl.zeros((), tl.int32)
-    for c0 in range(0, n, BLOCK_C):
-        offs = c0 + tl.arange(0, BLOCK_C)
-        key = _chunk_order_key(row, offs, n, sink, recent)
-        above += tl.sum(((key > thresh) & (offs < n)).to(tl.int32), axis=0)
-    ties_left = k - above
+            match = (offs < n) & ((key & high) == prefix)
+            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+        at_or_above = tl.cumsum(hist, axis=0, reverse=True)  # [d] = #matching keys with this byte >= d
+        digit = tl.max(tl.where(at_or_above >= need, bins, 0), axis=0)
+        need -= tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+        prefix = prefix | (digit.to(tl.int64) << shift)
+    thresh = prefix
+    ties_left = need
     written = tl.zeros((), tl.int32)
     ties_seen = tl.zeros((), tl.int32)
     out_row = out_ptr + pid.to(tl.int64) * budget
@@ -206,7 +212,11 @@ def select_chunks(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks)
     if out.numel() == 0:
         return out
     scores = scores.contiguous()
-    _select_kernel[(B * H,)](scores, num_chunks, out, H, C, budget_chunks, sink_chunks, recent_chunks, BLOCK_C=256)
+    # Large blocks: each loop step is one L2 round trip, so 4096 keys per step keeps a 16K-chunk row
+    # at 4 steps per pass.
+    BLOCK_C = max(256, min(4096, triton.next_power_of_2(C)))
+    _select_kernel[(B * H,)](scores, num_chunks, out, H, C, budget_chunks, sink_chunks, recent_chunks,
+                             BLOCK_C=BLOCK_C, num_warps=8)
     return out
 
 

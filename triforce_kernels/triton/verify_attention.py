@@ -7,6 +7,7 @@ the tail [L-T, L), the only place the causal / tree mask is applied. Each progra
 up to 64 query rows (t, j) of one GQA group from every K/V tile it loads, so for T * g <= 64 each
 key is read from memory once for all T queries and all g query heads.
 """
+import functools
 import os
 
 import torch
@@ -62,7 +63,7 @@ def _verify_attention_split_kernel(
         v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         if LOWP_DOT:  # fp16/bf16 operands, fp32 accumulation (products of 16-bit floats are exact)
             s = tl.dot(q, tl.trans(k)) * scale
-        else:  # fp32 inputs, and everything under the interpreter (its bf16 dot is wrong)
+        else:  # fp32 inputs, and bf16 under the interpreter (its bf16 dot is wrong)
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
         vis = row_ok[:, None] & pos_ok[None, :]
         # Tail only: new token si = pos - new0 is visible to query t iff tree_mask[b, t, si] (si <= t).
@@ -126,9 +127,14 @@ def _verify_attention_merge_kernel(
     tl.store(lse_ptr + (b * Hq + hq) * T + t, lse)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _num_splits(B, Hkv, row_blocks, N, device):
     if device.type == "cuda":  # ~2 waves of programs over the SMs, each split >= 512 keys
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
         want = triton.cdiv(2 * sms, B * Hkv * row_blocks)
         return max(1, min(want, N // 512, 64))
     return max(1, min(3, N // 128))  # interpreter: exercise the merge, keep it small
@@ -162,7 +168,9 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     acc = torch.empty((B * Hkv * parts * R, D), device=q.device, dtype=torch.float32)
     # bool loads as uint8 (the interpreter rejects bool pointers); causal: any pointer, never read
     mask = tree_mask.contiguous().view(torch.uint8) if tree_mask is not None else cache_seqlens
-    lowp = q.dtype in (torch.float16, torch.bfloat16) and not interpret
+    # 16-bit operands straight into tl.dot (P cast to V's dtype, as flash-attn does). The interpreter's
+    # bf16 dot is wrong, so there bf16 runs the fp32 path; fp16 takes the GPU path, which tests it.
+    lowp = q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not interpret)
     _verify_attention_split_kernel[(parts, B * Hkv, row_blocks)](
         q, k_cache, v_cache, cache_seqlens, mask, m, l, acc,
         softmax_scale, T, G, R, Hkv, N, S, D,
