@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 class Progress:
     """A one-line progress bar on stderr."""
 
-    def __init__(self, total: int, label: str, stream=sys.stderr, enabled: bool = True):
-        self.total, self.label, self.stream, self.enabled = total, label, stream, enabled
+    def __init__(self, total: int, label: str, stream=None, enabled: bool = True):
+        self.total, self.label, self.stream, self.enabled = total, label, stream or sys.stderr, enabled
 
     def __call__(self, done: int) -> None:
         if not self.enabled:

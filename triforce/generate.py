@@ -39,8 +39,10 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         max_new_tokens: tokens to generate per sequence (>= 1).
         temperature, top_k, top_p: 0 = greedy; otherwise every level samples from
             ``tk.logits_to_probs(logits, temperature, top_k, top_p)``.
-        draft: draft model (same vocabulary). Defaults: ``speculative``/``triforce``: the target's
-            first half of layers + head (``target.layer_skip``); ``magicdec``/``tree``: the target.
+        draft: draft model (same vocabulary). Defaults: ``speculative``: the target's first half of
+            layers + head (``target.layer_skip``; ``draft_layers`` picks k); ``triforce``: the target
+            itself on the StreamingLLM window (or ``layer_skip(draft_layers)``); ``magicdec``/``tree``:
+            the target. Any draft keeps the output lossless; only speed depends on it.
         seed: seeds the sampling generator (``None``: torch's default RNG).
         progress: optional callable receiving the number of tokens every sequence has, per step.
         method_options: ``gamma`` (speculative, magicdec; default 4), ``gamma1``/``gamma2``

@@ -15,7 +15,6 @@ import torch
 
 from . import Decode, model_dtype
 from .magicdec import retrieval_budget
-from .speculative import default_draft
 from .steps import TokenBuffer, active_advance, advance, draft_chain
 
 OPTIONS = {"gamma1": 2, "gamma2": 6, "budget": 4096, "chunk_size": 8, "sink": 16, "window": 240,
@@ -74,7 +73,8 @@ def run(d: Decode, draft=None, gamma1: int = 2, gamma2: int = 6, budget: int = 4
 
     d.setup(width=1 + gamma1 + gamma2)
     target = d.target
-    draft = draft if draft is not None else default_draft(target, draft_layers)
+    # default bottom level: the target itself on the StreamingLLM window (or its first draft_layers)
+    draft = draft if draft is not None else (target.layer_skip(draft_layers) if draft_layers else target)
     d.require_prompt_len(HIST, "triforce")
     cap = g2_cap(gamma1, gamma2)
     d.require_window(window, cap + HIST, "triforce")
