@@ -10,7 +10,10 @@ Bookkeeping shared by all engines (no host sync inside a step):
   however many tokens the last verification accepted (one fixed width for every row, so rows of a
   ragged batch never need different shapes).
 * A verification that accepts ``n`` drafts advances a row by ``adv = n + 1`` (``0`` for rows that are
-  finished or paused): verifier ``rollback(base + adv)``, drafter ``rollback(base + 1 + adv - H')``.
+  finished or paused, whose state then stays as it was): verifier ``rollback(base + adv)``; the
+  drafter keeps ``adv + H - H'`` of the tokens it appended this step, counted back from its current
+  length (a StreamingLLM cache may compact between forwards, so absolute lengths are not comparable;
+  a retrieval cache instead re-syncs from the full cache).
 """
 from __future__ import annotations
 
