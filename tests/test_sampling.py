@@ -82,7 +82,9 @@ def test_chain_matches_reference(backend, B, n, V, deterministic, temperature, s
         u[-1, -1] = torch.tensor([1.0, 5.0])
         u[0, -1, 0] = -0.5
     elif corrupt == "copy_draft" and q is not None:
-        p[:, :n] = q  # identical draft and target: always accepted
+        p[:, :n] = q  # identical draft and target: always accepted ...
+        if n:  # ... provided each draft token was drawn from q (sparse q: randint may pick q(x) = 0)
+            d = torch.multinomial(q.reshape(B * n, V), 1, generator=g).reshape(B, n)
     want = ref.chain_speculative_sample(d, q, p, u)
     got = _chain(backend, d, q, p, u)
     _check_chain_structure(*got, V)
@@ -390,3 +392,49 @@ def test_custom_ops_opcheck():
     torch.library.opcheck(_chain_sample_op, (d, q, p, u, "cpu"))
     torch.library.opcheck(_tree_sample_op, (torch.cat([d[:, :1], d], 1), torch.tensor([[-1, 0, 0, 1]] * 2), None,
                                             p, u, "cpu"))
+
+
+# ------------------------------------------------------------------ logits_to_probs
+
+def _naive_probs(row, temperature, top_k, top_p):
+    """Per-token definition in float64: top-k keeps logits >= the k-th largest; top-p keeps x iff the
+    mass of strictly more probable tokens is < top_p."""
+    x = row.double() / temperature
+    if top_k is not None:
+        kth = sorted(x.tolist(), reverse=True)[min(top_k, len(x)) - 1]
+        x = torch.where(x >= kth, x, torch.tensor(float("-inf"), dtype=x.dtype))
+    p = torch.softmax(x, -1)
+    if top_p is not None:
+        keep = torch.tensor([p[p > p[i]].sum() < top_p for i in range(len(p))])
+        p = torch.where(keep, p, torch.zeros_like(p))
+        p = p / p.sum()
+    return p
+
+
+@given(V=st.integers(1, 40), temperature=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+       top_k=st.sampled_from([None, 1, 3, 50]), top_p=st.sampled_from([None, 0.3, 0.9, 1.0]),
+       dtype=st.sampled_from(DTYPES), ties=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_logits_to_probs(V, temperature, top_k, top_p, dtype, ties, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, V, generator=g) * 3
+    if ties:
+        logits = logits.round()
+    logits = logits.to(dtype)
+    out = tk.logits_to_probs(logits, temperature, top_k, top_p)
+    assert out.dtype == torch.float32 and out.shape == logits.shape
+    for r in range(3):
+        if temperature == 0:
+            want = torch.nn.functional.one_hot(ref.argmax_lowest(logits[r]), V).double()
+        else:
+            want = _naive_probs(logits[r].float(), temperature, top_k, top_p)
+        torch.testing.assert_close(out[r].double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_logits_to_probs_bad_inputs():
+    x = torch.randn(2, 5)
+    for kw, err in ((dict(temperature=-1.0), ValueError), (dict(top_k=0), ValueError), (dict(top_p=0.0), ValueError),
+                    (dict(top_p=1.5), ValueError), (dict(top_k=2.0), TypeError), (dict(temperature="1"), TypeError)):
+        with pytest.raises(err):
+            tk.logits_to_probs(x, **kw)
+    with pytest.raises(TypeError, match="logits must have dtype"):
+        tk.logits_to_probs(torch.zeros(2, 5, dtype=torch.long))

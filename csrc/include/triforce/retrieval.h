@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -178,14 +179,14 @@ void score_chunks_cpu(const T* q, int64_t stride_qb, int64_t stride_qh, int64_t 
                       int64_t D, Cache4<const float> ck, int64_t C, const int32_t* num_chunks, float* out) {
   const int64_t G = Hq / Hkv;
   const std::vector<float> qf = queries_f32(q, stride_qb, stride_qh, B, Hq, D);
-  std::vector<float> logits(B * Hq * C);
+  std::unique_ptr<float[]> logits(new float[B * Hq * C]);  // uninitialised: only c < n is written and read
 #pragma omp parallel
   {
-    logits_all(qf.data(), B, Hq, G, D, ck.ptr, ck.stride_b, ck.stride_n, ck.stride_h, C, num_chunks, logits.data());
+    logits_all(qf.data(), B, Hq, G, D, ck.ptr, ck.stride_b, ck.stride_n, ck.stride_h, C, num_chunks, logits.get());
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < Hkv; ++h)
-        softmax_sum_row(logits.data() + (b * Hq + h * G) * C, G, clamp_chunks(num_chunks[b], C), C,
+        softmax_sum_row(logits.get() + (b * Hq + h * G) * C, G, clamp_chunks(num_chunks[b], C), C,
                         out + (b * Hkv + h) * C);
   }
 }
@@ -233,17 +234,17 @@ void build_retrieval_cache_cpu(const Q* q, int64_t stride_qb, int64_t stride_qh,
                                int32_t* chunk_idx) {
   const int64_t G = Hq / Hkv, Nc = N / chunk_size;
   const std::vector<float> qf = queries_f32(q, stride_qb, stride_qh, B, Hq, D);
-  std::vector<float> logits(B * Hq * C);
+  std::unique_ptr<float[]> logits(new float[B * Hq * C]);  // uninitialised: only c < n is written and read
 #pragma omp parallel
   {
-    logits_all(qf.data(), B, Hq, G, D, ck.ptr, ck.stride_b, ck.stride_n, ck.stride_h, C, num_chunks, logits.data());
+    logits_all(qf.data(), B, Hq, G, D, ck.ptr, ck.stride_b, ck.stride_n, ck.stride_h, C, num_chunks, logits.get());
     std::vector<float> scores(C);
     std::vector<std::pair<float, int32_t>> cand;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < Hkv; ++h) {
         const int64_t n = clamp_chunks(num_chunks[b], C);
-        softmax_sum_row(logits.data() + (b * Hq + h * G) * C, G, n, C, scores.data());
+        softmax_sum_row(logits.get() + (b * Hq + h * G) * C, G, n, C, scores.data());
         int32_t* idx = chunk_idx + (b * Hkv + h) * budget;
         select_row(scores.data(), n, budget, sink, recent, idx, cand);
         const int64_t dst = (b * M * Hkv + h) * D;

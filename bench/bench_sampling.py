@@ -1,0 +1,50 @@
+"""Benchmark of the chain speculative sampler (DESIGN.md 6): B x n x V grid, backend vs the
+reference, bytes = reading target_probs [B, n+1, V] and draft_probs [B, n, V] once (float32); the
+roofline fraction says how close one call comes to that one read at copy bandwidth.
+
+    TRIFORCE_BENCH_CSV=/tmp/bench.csv python -m bench.bench_sampling [--quick]
+"""
+import argparse
+
+import torch
+
+import triforce_kernels as tk
+from bench.harness import copy_bandwidth, measure, record
+from triforce_kernels._backend import available_backends
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small grid (CI smoke run)")
+    args = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    Bs, ns, Vs = ((1, 8), (4,), (32000,)) if args.quick else ((1, 8, 64), (4, 8), (32000, 128256))
+    # the Triton interpreter (CPU) is a correctness tool, not a contender: benchmark triton on GPUs only
+    backends = [b for b in available_backends("chain_speculative_sample", dev)
+                if b != "reference" and not (b == "triton" and dev.type == "cpu")]
+    bw = copy_bandwidth(dev)
+    g = torch.Generator(dev).manual_seed(0)
+    for V in Vs:
+        for n in ns:
+            for B in Bs:
+                p = torch.softmax(torch.randn(B, n + 1, V, device=dev, generator=g), -1)
+                q = torch.softmax(torch.randn(B, n, V, device=dev, generator=g), -1)
+                d = torch.multinomial(q.view(-1, V), 1, generator=g).view(B, n)
+                u = torch.rand(B, n + 1, 2, device=dev, generator=g)
+                nbytes = (p.numel() + q.numel()) * 4
+                base = measure(lambda: tk.chain_speculative_sample(d, q, p, u, backend="reference"), device=dev,
+                               reps=5, min_time_s=0.05)
+                shape = f"B={B},n={n},V={V}"
+                record(family="sampling", op="chain_speculative_sample", backend="reference", shape=shape,
+                       dtype="float32", bytes_moved=nbytes, timing=base, bandwidth=bw, device=dev)
+                for b in backends:
+                    t = measure(lambda: tk.chain_speculative_sample(d, q, p, u, backend=b), device=dev,
+                                reps=10, min_time_s=0.05)
+                    acc = tk.chain_speculative_sample(d, q, p, u, backend=b)[1].float().mean().item()
+                    record(family="sampling", op="chain_speculative_sample", backend=b, shape=shape, dtype="float32",
+                           bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline="reference",
+                           baseline_timing=base, extra=f"mean_accepted={acc:.2f}")
+
+
+if __name__ == "__main__":
+    main()
