@@ -5,3 +5,4 @@
 __version__ = "0.1.0"
 
 from . import models  # noqa: F401
+from .generate import GenerationOutput, generate  # noqa: F401,E402

@@ -1,0 +1,98 @@
+"""End-to-end generation benchmark: tokens/s of every method against autoregressive, in one run, for
+batch 1 and batch 8 at several thousand tokens of context (embedded SmolLM2-135M, natural text).
+
+    TRIFORCE_BENCH_CSV=/tmp/bench.csv python bench/bench_e2e.py                    # batch 1 and 8, 3000 tokens
+    python bench/bench_e2e.py --context 4096 --batch 8 --max-new-tokens 64
+    python bench/bench_e2e.py --table1                                             # acceptance experiment
+
+Rows go to the CSV (family ``e2e``, op ``generate:<method>``): median_us = decode seconds per new
+token of the batch, baseline = autoregressive, speedup = tokens/s over autoregressive, extra = the
+acceptance per level, mean accepted tokens and time split (JSON).
+
+``--table1`` reproduces the shape of the TriForce paper's Table 1: the acceptance rate of the target
+drafting with a StreamingLLM cache vs a retrieval cache of the same budget (vs the full cache, 1.0 by
+construction), verified by the target on its full cache, on natural text and on a needle prompt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from bench.harness import record  # noqa: E402
+from triforce.demo import bench_rows, load_model, natural_prompt, passkey_prompt  # noqa: E402
+from triforce.engines import METHODS  # noqa: E402
+from triforce.generate import generate  # noqa: E402
+
+
+def e2e(args) -> None:
+    base = {}
+    for row in bench_rows("smollm2", args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
+                          args.temperature, log=lambda m: print(m, file=sys.stderr, flush=True)):
+        per_token = 1.0 / row["tokens_per_s"]
+        timing = {"median_s": per_token, "p10_s": per_token, "p90_s": per_token}
+        if row["method"] == "autoregressive":
+            base[row["batch"]] = timing
+        extra = {k: row[k] for k in ("acceptance", "mean_accepted", "target_passes", "time_s", "prefill_s",
+                                     "identical")}
+        extra["tokens_per_s"] = row["tokens_per_s"]
+        record(family="e2e", op=f"generate:{row['method']}", backend="auto",
+               shape=f"B={row['batch']},ctx={row['context']},new={args.max_new_tokens}",
+               dtype=args.dtype or "float32", timing=timing, baseline="autoregressive",
+               baseline_timing=base.get(row["batch"]), extra=json.dumps(extra, default=str))
+
+
+def table1(args) -> None:
+    model, tok = load_model("smollm2", args.dtype)
+    ctx, budget, B = args.context, args.budget, args.table1_batch
+    sink = 16
+    kinds = {
+        "natural text": [torch.tensor(natural_prompt(tok, ctx - 5 * b, offset=37000 * b)) for b in range(B)],
+        "needle (pass key)": [torch.tensor(passkey_prompt(tok, ctx - 5 * b, depth=0.2 + 0.2 * b, offset=5000 * b)[0])
+                              for b in range(B)],
+    }
+    caches = {
+        f"StreamingLLM ({sink} sink + {budget - sink} recent)": {"sink": sink, "window": budget - sink},
+        f"retrieval ({budget} tokens, chunks of 8)": {"draft_cache": "retrieval", "budget": budget, "chunk_size": 8},
+        "full cache": {"sink": sink, "window": ctx + args.max_new_tokens + 8},
+    }
+    print(f"\nacceptance of the target drafting with a partial cache, verified by the target on its full cache "
+          f"(gamma=1, temperature {args.temperature} top-p 0.9, {B} prompts of ~{ctx} tokens, "
+          f"{args.max_new_tokens} new tokens each)\n")
+    print(f"| cache | {' | '.join(kinds)} |\n|---|" + "---|" * len(kinds))
+    for name, opts in caches.items():
+        cells = []
+        for prompts in kinds.values():
+            out = generate(model, prompts, method="magicdec", max_new_tokens=args.max_new_tokens, gamma=1,
+                           temperature=args.temperature, top_p=0.9, seed=0, **opts)
+            cells.append(f"{out.stats['acceptance']['self->full']:.3f}")
+        print(f"| {name} | {' | '.join(cells)} |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=3000)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    ap.add_argument("--temperature", type=float, default=None)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    ap.add_argument("--table1", action="store_true", help="run the acceptance experiment instead")
+    ap.add_argument("--budget", type=int, default=256, help="--table1: cache budget (tokens)")
+    ap.add_argument("--table1-batch", type=int, default=4)
+    args = ap.parse_args()
+    if args.table1:
+        args.temperature = 0.6 if args.temperature is None else args.temperature
+        table1(args)
+    else:
+        args.temperature = 0.0 if args.temperature is None else args.temperature
+        e2e(args)
+
+
+if __name__ == "__main__":
+    main()

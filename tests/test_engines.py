@@ -1,0 +1,198 @@
+"""Engines: greedy output of every method == autoregressive greedy output, token for token (tiny
+random models with ragged batches, and the embedded SmolLM2-135M), statistics, memory that does not
+grow during decoding, input validation. Sampling distributions: tests/test_engines_sampling.py."""
+import functools
+import gc
+
+import pytest
+import torch
+
+import triforce
+from triforce.engines.tree import tree_parents
+from triforce.models import Llama, LlamaConfig
+
+METHODS = ("speculative", "magicdec", "triforce", "tree")
+
+
+def tiny(seed, vocab=64, layers=2):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      initializer_range=0.3)
+    return Llama(cfg).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def load_smollm2():
+    """The embedded model, loaded once per test session (shared with tests/test_cli.py)."""
+    return triforce.models.smollm2_135m()
+
+
+# Small windows / budgets so every draft really differs from the target.
+TINY_CASES = [
+    ("speculative", {"gamma": 3}),
+    ("speculative", {"gamma": 1}),
+    ("magicdec", {"gamma": 4, "sink": 1, "window": 8}),
+    ("magicdec", {"gamma": 2, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4}),
+    ("triforce", {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4, "sink": 1, "window": 12}),
+    ("triforce", {"gamma1": 1, "gamma2": 2, "budget": 8, "chunk_size": 2, "sink": 0, "window": 8}),
+    ("tree", {"tree": (2, 2, 1), "sink": 1, "window": 16}),
+    ("tree", {"tree": (3,), "sink": 2, "window": 8}),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    return tiny(0), tiny(1)
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive_tiny_ragged(tiny_models, method, opts):
+    target, draft = tiny_models
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23, 41)]
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=37)
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=37,
+                            draft=draft if method in ("speculative", "triforce") else None, **opts)
+    for b in range(len(prompts)):
+        assert out.tokens[b].shape == (37,) and out.tokens[b].dtype == torch.int64
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+
+
+SMOL_CASES = [
+    ("speculative", {"gamma": 3, "draft_layers": 20}),
+    ("magicdec", {"gamma": 3, "sink": 4, "window": 24}),
+    ("magicdec", {"gamma": 3, "draft_cache": "retrieval", "budget": 32, "chunk_size": 8}),
+    ("triforce", {"gamma1": 2, "gamma2": 4, "budget": 32, "chunk_size": 8, "sink": 4, "window": 24,
+                  "draft_layers": 20}),
+    ("tree", {"tree": (2, 2, 1), "sink": 4, "window": 24}),
+]
+
+
+@pytest.fixture(scope="module")
+def smol_reference():
+    model, tok = load_smollm2()
+    from triforce.demo import natural_prompt
+
+    prompts = [torch.tensor(natural_prompt(tok, n, offset=o)) for n, o in ((41, 0), (67, 9000), (52, 31000))]
+    ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=20)
+    return model, prompts, ref
+
+
+@pytest.mark.parametrize("method,opts", SMOL_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(SMOL_CASES)])
+def test_greedy_equals_autoregressive_smollm2(smol_reference, method, opts):
+    model, prompts, ref = smol_reference
+    out = triforce.generate(model, prompts, method=method, max_new_tokens=20, **opts)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (method, b, out.tokens[b], ref.tokens[b])
+    for level, rate in out.stats["acceptance"].items():
+        assert 0.0 <= rate <= 1.0, level
+    assert out.stats["mean_accepted"] >= 1.0
+
+
+def test_single_prompt_tensor_equals_batch_row(tiny_models):
+    target, _ = tiny_models
+    p = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(5))
+    both = triforce.generate(target, p, method="magicdec", max_new_tokens=12, sink=1, window=8)
+    one = triforce.generate(target, p[1:], method="magicdec", max_new_tokens=12, sink=1, window=8)
+    assert torch.equal(both.tokens[1], one.tokens[0])
+
+
+def test_sampling_is_reproducible_with_seed(tiny_models):
+    target, draft = tiny_models
+    p = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(6))
+    kw = dict(method="triforce", max_new_tokens=15, temperature=0.8, top_p=0.9, draft=draft, budget=12,
+              chunk_size=4, window=12, seed=11)
+    a, b = triforce.generate(target, p, **kw), triforce.generate(target, p, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a.tokens, b.tokens))
+
+
+def test_stats(tiny_models):
+    target, draft = tiny_models
+    p = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(7))
+    ar = triforce.generate(target, p, method="autoregressive", max_new_tokens=9).stats
+    assert ar["target_passes"] == 8 and ar["mean_accepted"] == 1.0 and ar["acceptance"] == {}
+    assert ar["tokens_per_s"] == pytest.approx(3 * 9 / ar["decode_s"])
+    tf = triforce.generate(target, p, method="triforce", max_new_tokens=25, draft=draft, budget=12, chunk_size=4,
+                           window=12).stats
+    for key in ("prefill_s", "decode_s", "tokens_per_s", "acceptance", "mean_accepted", "target_passes",
+                "time_s", "accepted_hist"):
+        assert key in tf
+    assert set(tf["acceptance"]) == {"draft->retrieval", "retrieval->full"}
+    assert set(tf["time_s"]) == {"draft", "retrieval", "full"}
+    hist = tf["accepted_hist"]
+    # every verification of every active row advanced it by 1 .. gamma1 + gamma2 + 1 tokens
+    assert hist[0] == 0 and sum(hist) >= tf["target_passes"]
+    assert tf["mean_accepted"] == pytest.approx(sum(i * c for i, c in enumerate(hist)) / sum(hist))
+    assert tf["new_tokens"] == 75
+
+
+def _live_tensor_bytes() -> int:
+    gc.collect()
+    seen, total = set(), 0
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor or type(o) is torch.nn.Parameter:
+            s = o.untyped_storage()
+            if s.data_ptr() not in seen:
+                seen.add(s.data_ptr())
+                total += s.nbytes()
+    return total
+
+
+@pytest.mark.parametrize("method,opts", [
+    ("autoregressive", {}),
+    ("triforce", {"budget": 16, "chunk_size": 4, "window": 16}),
+    ("magicdec", {"draft_cache": "retrieval", "budget": 16, "chunk_size": 4}),
+    ("tree", {"window": 24}),
+])
+def test_memory_constant_during_long_generation(tiny_models, method, opts):
+    """Live tensor bytes after 40 tokens == at the end of 300 tokens (all buffers allocated up front)."""
+    target, draft = tiny_models
+    p = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(8))
+    seen = {}
+
+    def progress(done):
+        if done >= 40 and "early" not in seen:
+            seen["early"] = _live_tensor_bytes()
+        if done >= 300:
+            seen["late"] = _live_tensor_bytes()
+
+    triforce.generate(target, p, method=method, max_new_tokens=300, draft=draft if method == "triforce" else None,
+                      temperature=1.0, seed=0, progress=progress, **opts)
+    assert seen["late"] == seen["early"], seen
+
+
+def test_tree_parents_static_shape():
+    assert tree_parents((2, 1)) == [-1, 0, 0, 1, 2]
+    assert tree_parents((1, 1, 1)) == [-1, 0, 1, 2]
+    assert len(tree_parents((2, 2, 1, 1))) == 1 + 2 + 4 + 4 + 4
+
+
+def test_bad_inputs(tiny_models):
+    target, _ = tiny_models
+    p = torch.randint(0, 64, (1, 20))
+    with pytest.raises(ValueError, match="method"):
+        triforce.generate(target, p, method="beam", max_new_tokens=4)
+    with pytest.raises(TypeError, match="method_options"):
+        triforce.generate(target, p, method="magicdec", max_new_tokens=4, gamma1=3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        triforce.generate(target, p, method="autoregressive", max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        triforce.generate(target, p, method="autoregressive", max_new_tokens=3, temperature=-1.0)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        triforce.generate(target, torch.tensor([[1, 64]]), method="autoregressive", max_new_tokens=3)
+    with pytest.raises(TypeError, match="prompt_ids"):
+        triforce.generate(target, torch.zeros(1, 5), method="autoregressive", max_new_tokens=3)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        triforce.generate(target, [torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)],
+                          method="autoregressive", max_new_tokens=3)
+    with pytest.raises(ValueError, match="prompt_ids"):  # too short for the drafter's catch-up window
+        triforce.generate(target, torch.tensor([[3]]), method="tree", max_new_tokens=3)
+    with pytest.raises(ValueError, match="window"):
+        triforce.generate(target, p, method="triforce", max_new_tokens=3, budget=12, chunk_size=4, window=4)
+    with pytest.raises(ValueError, match="budget"):
+        triforce.generate(target, torch.randint(0, 64, (1, 9)), method="triforce", max_new_tokens=3, chunk_size=4)
+    with pytest.raises(ValueError, match="draft"):
+        triforce.generate(target, p, method="speculative", max_new_tokens=3, draft=tiny(2, vocab=32))
+    with pytest.raises(ValueError, match="tree"):
+        triforce.generate(target, p, method="tree", max_new_tokens=3, tree=(2, 0))

@@ -1,0 +1,180 @@
+"""Shared pieces of every decoding engine: the sampling transform, drafting, verification, the
+committed-token window each drafter restarts from, the output buffer and the statistics.
+
+Bookkeeping shared by all engines (no host sync inside a step):
+
+* The verifier's cache holds the committed sequence ``s[0 .. L-1]``; the *pending* token ``s[L]``
+  (sampled by the last verification, not yet in any cache) is ``hist[:, -1]``.
+* ``hist`` ``[B, H]`` holds the last ``H`` committed tokens (pending included). A drafter's cache
+  holds ``L + 1 - H`` tokens, so its first forward of a step feeds all of ``hist`` and catches up by
+  however many tokens the last verification accepted (one fixed width for every row, so rows of a
+  ragged batch never need different shapes).
+* A verification that accepts ``n`` drafts advances a row by ``adv = n + 1`` (``0`` for rows that are
+  finished or paused, whose state then stays as it was): verifier ``rollback(base + adv)``; the
+  drafter keeps ``adv + H - H'`` of the tokens it appended this step, counted back from its current
+  length (a StreamingLLM cache may compact between forwards, so absolute lengths are not comparable;
+  a retrieval cache instead re-syncs from the full cache).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+import triforce_kernels as tk
+
+
+class Sampling:
+    """The one token transform every level of the hierarchy applies: greedy when temperature == 0,
+    else ``tk.logits_to_probs(logits, temperature, top_k, top_p)``."""
+
+    def __init__(self, temperature: float, top_k: int | None, top_p: float | None,
+                 generator: torch.Generator | None):
+        self.greedy = temperature == 0
+        self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return tk.logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def sample(self, logits: torch.Tensor, num: int = 1, distinct: bool = False):
+        """``num`` tokens per row of ``logits [B, V]`` -> (tokens int64 [B, num], probs [B, V] or None).
+        Greedy: the top-``num`` ids (argmax first, lowest index on ties). Sampling: ``num`` i.i.d.
+        draws (with replacement, as the tree sampler assumes)."""
+        if self.greedy:
+            if num == 1:
+                return logits.argmax(-1, keepdim=True), None
+            return logits.topk(num, dim=-1).indices, None
+        probs = self.probs(logits)
+        return torch.multinomial(probs, num, replacement=True, generator=self.generator), probs
+
+    def verify_chain(self, draft_tokens, draft_probs, target_logits):
+        """-> (tokens [B, n+1], num_accepted int32 [B], target probs [B, n+1, V] or None)."""
+        if self.greedy:
+            tokens, num = tk.chain_greedy_verify(draft_tokens, target_logits)
+            return tokens, num, None
+        probs = self.probs(target_logits)
+        tokens, num = tk.chain_speculative_sample(draft_tokens, draft_probs, probs, generator=self.generator)
+        return tokens, num, probs
+
+    def verify_tree(self, tree_tokens, parents, draft_probs, target_logits):
+        """-> (path int32 [B, D+1], tokens int64 [B, D+1], num_accepted int32 [B])."""
+        if self.greedy:
+            return tk.tree_greedy_verify(tree_tokens, parents, target_logits)
+        probs = self.probs(target_logits)
+        return tk.tree_speculative_sample(tree_tokens, parents, draft_probs, probs, generator=self.generator)
+
+
+def draft_chain(model, cache, hist: torch.Tensor, gamma: int, sampling: Sampling):
+    """Draft ``gamma`` tokens autoregressively: the first forward feeds all of ``hist`` (catch-up),
+    then one token per forward. -> (tokens int64 [B, gamma], probs float32 [B, gamma, V] or None)."""
+    tokens, probs = [], []
+    logits = model(hist, cache=cache)[:, -1]
+    for i in range(gamma):
+        tok, p = sampling.sample(logits)
+        tokens.append(tok)
+        probs.append(p)
+        if i + 1 < gamma:
+            logits = model(tok, cache=cache)[:, -1]
+    return torch.cat(tokens, 1), None if sampling.greedy else torch.stack(probs, 1)
+
+
+def advance(hist: torch.Tensor, emitted: torch.Tensor, adv: torch.Tensor, width: int) -> torch.Tensor:
+    """New window of the last ``width`` committed tokens after appending ``emitted[b, :adv[b]]``."""
+    ext = torch.cat([hist, emitted.clamp(min=0)], 1)
+    idx = (hist.shape[1] + adv - width).long()[:, None] + torch.arange(width, device=hist.device)
+    return ext.gather(1, idx)
+
+
+def active_advance(num_accepted: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    return torch.where(active, num_accepted.to(torch.int32) + 1, 0)
+
+
+class TokenBuffer:
+    """Fixed-size per-row token buffer (optionally with one probability row per token), appended to
+    at each row's own count with one scatter; writes past the end go to a dump column."""
+
+    def __init__(self, batch: int, capacity: int, device, vocab: int | None = None):
+        self.tokens = torch.full((batch, capacity + 1), -1, dtype=torch.int64, device=device)
+        self.probs = None if vocab is None else torch.zeros(batch, capacity + 1, vocab, device=device)
+        self.count = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.capacity = capacity
+
+    def append(self, tokens: torch.Tensor, num: torch.Tensor, probs: torch.Tensor | None = None) -> None:
+        w = tokens.shape[1]
+        ar = torch.arange(w, device=tokens.device)
+        idx = torch.where(ar < num[:, None], self.count[:, None] + ar, self.capacity).clamp(max=self.capacity).long()
+        self.tokens.scatter_(1, idx, tokens)
+        if self.probs is not None and probs is not None:
+            self.probs.scatter_(1, idx[:, :, None].expand(-1, -1, probs.shape[-1]), probs[:, :w])
+        self.count += num.to(torch.int32)
+
+    def reset(self) -> None:
+        self.tokens.fill_(-1)
+        self.count.zero_()
+        if self.probs is not None:
+            self.probs.zero_()
+
+
+class Stats:
+    """Per-level wall time (CUDA events on GPU: no host sync until ``finish``), acceptance counters
+    kept on the device, target passes and the accepted-length histogram."""
+
+    def __init__(self, device, max_accept: int):
+        self.device = torch.device(device)
+        self.times: dict[str, float] = {}
+        self._events: dict[str, list] = {}
+        self.accepted: dict[str, torch.Tensor] = {}
+        self.offered: dict[str, torch.Tensor] = {}
+        self.emitted = torch.zeros((), dtype=torch.int64, device=device)
+        self.verified_rows = torch.zeros((), dtype=torch.int64, device=device)
+        self.hist = torch.zeros(max_accept + 2, dtype=torch.int64, device=device)
+        self.target_passes = 0
+
+    @contextmanager
+    def time(self, level: str):
+        if self.device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            yield
+            b.record()
+            self._events.setdefault(level, []).append((a, b))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.times[level] = self.times.get(level, 0.0) + time.perf_counter() - t0
+
+    def accept(self, level: str, num_accepted, offered, active) -> None:
+        """``num_accepted`` of ``offered`` drafts (int or per-row tensor) accepted by ``level``."""
+        act = active.to(torch.int64)
+        if level not in self.accepted:
+            self.accepted[level] = torch.zeros((), dtype=torch.int64, device=self.device)
+            self.offered[level] = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.accepted[level] += (num_accepted.to(torch.int64) * act).sum()
+        self.offered[level] += (torch.as_tensor(offered, device=self.device).to(torch.int64) * act).sum()
+
+    def verified(self, adv, active) -> None:
+        """One verification by the full-cache target: rows advanced by ``adv``."""
+        self.target_passes += 1
+        self.emitted += adv.sum()
+        self.verified_rows += active.sum()
+        self.hist.index_add_(0, adv.long().clamp(max=self.hist.numel() - 1),
+                             active.to(torch.int64))
+
+    def finish(self, prefill_s: float, decode_s: float, new_tokens: int) -> dict:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            for level, evs in self._events.items():
+                self.times[level] = sum(a.elapsed_time(b) for a, b in evs) * 1e-3
+        acc = {k: (self.accepted[k].item() / max(self.offered[k].item(), 1)) for k in self.accepted}
+        rows = self.verified_rows.item()
+        return {
+            "prefill_s": prefill_s, "decode_s": decode_s,
+            "tokens_per_s": new_tokens / decode_s if decode_s > 0 else float("inf"),
+            "new_tokens": new_tokens,
+            "acceptance": acc,
+            "mean_accepted": self.emitted.item() / rows if rows else 1.0,
+            "target_passes": self.target_passes,
+            "time_s": dict(self.times),
+            "accepted_hist": self.hist.tolist(),
+        }
