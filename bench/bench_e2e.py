@@ -83,9 +83,12 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     ap.add_argument("--table1", action="store_true", help="run the acceptance experiment instead")
+    ap.add_argument("--quick", action="store_true", help="smoke run: batch 1, 1024 tokens of context, 16 new tokens")
     ap.add_argument("--budget", type=int, default=256, help="--table1: cache budget (tokens)")
     ap.add_argument("--table1-batch", type=int, default=4)
     args = ap.parse_args()
+    if args.quick:
+        args.context, args.batch, args.max_new_tokens = 1024, [1], 16
     if args.table1:
         args.temperature = 0.6 if args.temperature is None else args.temperature
         table1(args)
