@@ -4,6 +4,8 @@ batch 1 and batch 8 at several thousand tokens of context (embedded SmolLM2-135M
     TRIFORCE_BENCH_CSV=/tmp/bench.csv python bench/bench_e2e.py                    # batch 1 and 8, 3000 tokens
     python bench/bench_e2e.py --context 4096 --batch 8 --max-new-tokens 64
     python bench/bench_e2e.py --table1                                             # acceptance experiment
+    python bench/bench_e2e.py --context 6000 --batch 8 --max-new-tokens 128 --methods autoregressive magicdec \
+        --options '{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}'   # the CPU win
 
 Rows go to the CSV (family ``e2e``, op ``generate:<method>``): median_us = decode seconds per new
 token of the batch, baseline = autoregressive, speedup = tokens/s over autoregressive, extra = the
@@ -33,7 +35,7 @@ from triforce.generate import generate  # noqa: E402
 def e2e(args) -> None:
     base = {}
     for row in bench_rows("smollm2", args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
-                          args.temperature, log=lambda m: print(m, file=sys.stderr, flush=True)):
+                          args.temperature, options=json.loads(args.options) if args.options else None, log=lambda m: print(m, file=sys.stderr, flush=True)):
         per_token = 1.0 / row["tokens_per_s"]
         timing = {"median_s": per_token, "p10_s": per_token, "p90_s": per_token}
         if row["method"] == "autoregressive":
@@ -42,7 +44,8 @@ def e2e(args) -> None:
                                      "identical")}
         extra["tokens_per_s"] = row["tokens_per_s"]
         record(family="e2e", op=f"generate:{row['method']}", backend="auto",
-               shape=f"B={row['batch']},ctx={row['context']},new={args.max_new_tokens}",
+               shape=f"B={row['batch']},ctx={row['context']},new={args.max_new_tokens}"
+                     + (f",options={args.options}" if args.options else ""),
                dtype=args.dtype or "float32", timing=timing, baseline="autoregressive",
                baseline_timing=base.get(row["batch"]), extra=json.dumps(extra, default=str))
 
@@ -83,6 +86,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     ap.add_argument("--table1", action="store_true", help="run the acceptance experiment instead")
+    ap.add_argument("--options", default=None,
+                    help='per-method options as JSON, e.g. \'{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}\'')
     ap.add_argument("--quick", action="store_true", help="smoke run: batch 1, 1024 tokens of context, 16 new tokens")
     ap.add_argument("--budget", type=int, default=256, help="--table1: cache budget (tokens)")
     ap.add_argument("--table1-batch", type=int, default=4)
