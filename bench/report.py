@@ -32,8 +32,9 @@ def tables(rows: list[dict]) -> str:
         out.append(f"### {device}\n")
         dev_rows = [r for r in rows if r["device"] == device]
         meta = dev_rows[-1]
-        out.append(f"torch {meta['torch']}, triton {meta['triton'] or '-'}, commit {meta['commit']}, "
-                   f"{meta['date'][:10]}; copy bandwidth {meta['copy_gbps'] or '-'} GB/s\n")
+        bws = sorted({r["copy_gbps"] for r in dev_rows if r["copy_gbps"]}, key=float)
+        out.append(f"torch {meta['torch']}, triton {meta['triton'] or '-'}, latest commit {meta['commit']}, "
+                   f"{meta['date'][:10]}; copy bandwidth measured per run: {', '.join(bws) or '-'} GB/s\n")
         for op in OrderedDict.fromkeys(r["op"] for r in dev_rows):
             out.append(f"\n**{op}**\n")
             out.append("| backend | shape | dtype | median µs (p10–p90) | GB/s | of copy BW | baseline | baseline µs | speed-up |")
