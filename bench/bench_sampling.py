@@ -1,6 +1,7 @@
-"""Benchmark of the chain speculative sampler (DESIGN.md 6): B x n x V grid, backend vs the
-reference, bytes = reading target_probs [B, n+1, V] and draft_probs [B, n, V] once (float32); the
-roofline fraction says how close one call comes to that one read at copy bandwidth.
+"""Benchmark of the chain and tree speculative samplers (DESIGN.md 6): B x n x V grid, backend vs the
+reference, bytes = reading target_probs [B, n+1, V] and draft_probs [B, n, V] once (float32; tree:
+[B, T, V] each, T = 15-node binary tree); the roofline fraction says how close one call comes to
+that one read at copy bandwidth (above 1 when rows after a rejection are never read).
 
     TRIFORCE_BENCH_CSV=/tmp/bench.csv python -m bench.bench_sampling [--quick]
 """
@@ -44,6 +45,33 @@ def main():
                     record(family="sampling", op="chain_speculative_sample", backend=b, shape=shape, dtype="float32",
                            bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline="reference",
                            baseline_timing=base, extra=f"mean_accepted={acc:.2f}")
+    tree_sample(dev, Bs, Vs, backends, bw, g)
+
+
+def tree_sample(dev, Bs, Vs, backends, bw, g, T=15):
+    """Complete binary tree of T nodes; each node's children drawn i.i.d. from its draft distribution."""
+    parents = torch.tensor([-1] + [(t - 1) // 2 for t in range(1, T)], device=dev)
+    for V in Vs:
+        for B in Bs:
+            p = torch.softmax(torch.randn(B, T, V, device=dev, generator=g), -1)
+            q = torch.softmax(torch.randn(B, T, V, device=dev, generator=g), -1)
+            par = parents.expand(B, T).contiguous()
+            drawn = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, T)
+            tt = torch.where(par >= 0, drawn.gather(1, par.clamp(min=0)), drawn)  # child ~ q[parent]
+            u = torch.rand(B, T, 2, device=dev, generator=g)
+            nbytes = (p.numel() + q.numel()) * 4
+            shape = f"B={B},T={T},V={V}"
+            base = measure(lambda: tk.tree_speculative_sample(tt, par, q, p, u, backend="reference"), device=dev,
+                           reps=5, min_time_s=0.05)
+            record(family="sampling", op="tree_speculative_sample", backend="reference", shape=shape,
+                   dtype="float32", bytes_moved=nbytes, timing=base, bandwidth=bw, device=dev)
+            for b in backends:
+                t = measure(lambda: tk.tree_speculative_sample(tt, par, q, p, u, backend=b), device=dev,
+                            reps=10, min_time_s=0.05)
+                acc = tk.tree_speculative_sample(tt, par, q, p, u, backend=b)[2].float().mean().item()
+                record(family="sampling", op="tree_speculative_sample", backend=b, shape=shape, dtype="float32",
+                       bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline="reference",
+                       baseline_timing=base, extra=f"mean_accepted={acc:.2f}")
 
 
 if __name__ == "__main__":
