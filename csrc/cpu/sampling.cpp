@@ -4,9 +4,11 @@
 
 #include "dispatch.h"
 #include "../ops.h"
+#include "../sampling_checks.h"
 
 namespace {
 using namespace triforce::sampling;
+using namespace triforce_launch;
 
 void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "triforce sampling: ", name, " must be a CPU tensor");
@@ -36,21 +38,12 @@ std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& dr
   check_cpu(draft_tokens, "draft_tokens");
   check_cpu(target_probs, "target_probs");
   check_cpu(uniforms, "uniforms");
-  TORCH_CHECK(draft_tokens.dim() == 2, "chain_speculative_sample: draft_tokens must be [B, n]");
-  const int64_t B = draft_tokens.size(0), n = draft_tokens.size(1);
-  TORCH_CHECK(target_probs.dim() == 3 && target_probs.size(0) == B && target_probs.size(1) == n + 1 &&
-                  target_probs.size(2) >= 1 && target_probs.scalar_type() == at::kFloat,
-              "chain_speculative_sample: target_probs must be float32 [B, n+1, V]");
-  const int64_t V = target_probs.size(2);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == n + 1 && uniforms.size(2) == 2 &&
-                  uniforms.scalar_type() == at::kFloat,
-              "chain_speculative_sample: uniforms must be float32 [B, n+1, 2]");
+  const SamplerDims dm = check_chain("chain_speculative_sample", draft_tokens, target_probs, true);
+  check_draft_and_uniforms("chain_speculative_sample", draft_probs, uniforms, dm, dm.R, dm.R + 1);
+  const int64_t B = dm.B, n = dm.R, V = dm.V;
   at::Tensor q;
   if (draft_probs.has_value()) {
     check_cpu(*draft_probs, "draft_probs");
-    TORCH_CHECK(draft_probs->dim() == 3 && draft_probs->size(0) == B && draft_probs->size(1) == n &&
-                    draft_probs->size(2) == V && draft_probs->scalar_type() == at::kFloat,
-                "chain_speculative_sample: draft_probs must be float32 [B, n, V]");
     q = draft_probs->contiguous();
   }
   auto d = draft_tokens.to(at::kLong).contiguous();
@@ -74,11 +67,8 @@ std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& dr
 std::tuple<at::Tensor, at::Tensor> chain_greedy_verify(const at::Tensor& draft_tokens, const at::Tensor& target_logits) {
   check_cpu(draft_tokens, "draft_tokens");
   check_cpu(target_logits, "target_logits");
-  TORCH_CHECK(draft_tokens.dim() == 2, "chain_greedy_verify: draft_tokens must be [B, n]");
-  const int64_t B = draft_tokens.size(0), n = draft_tokens.size(1);
-  TORCH_CHECK(target_logits.dim() == 3 && target_logits.size(0) == B && target_logits.size(1) == n + 1 &&
-                  target_logits.size(2) >= 1,
-              "chain_greedy_verify: target_logits must be [B, n+1, V]");
+  const SamplerDims dm = check_chain("chain_greedy_verify", draft_tokens, target_logits, false);
+  const int64_t B = dm.B, n = dm.R;
   auto d = draft_tokens.to(at::kLong).contiguous();
   auto g = argmax_rows(target_logits);
   auto tokens = at::empty({B, n + 1}, d.options());
@@ -90,36 +80,21 @@ std::tuple<at::Tensor, at::Tensor> chain_greedy_verify(const at::Tensor& draft_t
   return {tokens, num};
 }
 
-namespace {
-void check_tree(const at::Tensor& tree_tokens, const at::Tensor& parents, const char* op) {
-  check_cpu(tree_tokens, "tree_tokens");
-  check_cpu(parents, "parents");
-  TORCH_CHECK(tree_tokens.dim() == 2 && tree_tokens.size(1) >= 1, op, ": tree_tokens must be [B, T], T >= 1");
-  TORCH_CHECK(parents.sizes() == tree_tokens.sizes(), op, ": parents must be [B, T] like tree_tokens");
-}
-}  // namespace
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_speculative_sample(const at::Tensor& tree_tokens,
                                                                        const at::Tensor& parents,
                                                                        const std::optional<at::Tensor>& draft_probs,
                                                                        const at::Tensor& target_probs,
                                                                        const at::Tensor& uniforms) {
-  check_tree(tree_tokens, parents, "tree_speculative_sample");
+  check_cpu(tree_tokens, "tree_tokens");
+  check_cpu(parents, "parents");
   check_cpu(target_probs, "target_probs");
   check_cpu(uniforms, "uniforms");
-  const int64_t B = tree_tokens.size(0), T = tree_tokens.size(1);
-  TORCH_CHECK(target_probs.dim() == 3 && target_probs.size(0) == B && target_probs.size(1) == T &&
-                  target_probs.size(2) >= 1 && target_probs.scalar_type() == at::kFloat,
-              "tree_speculative_sample: target_probs must be float32 [B, T, V]");
-  const int64_t V = target_probs.size(2);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2 &&
-                  uniforms.scalar_type() == at::kFloat,
-              "tree_speculative_sample: uniforms must be float32 [B, T, 2]");
+  const SamplerDims dm = check_tree("tree_speculative_sample", tree_tokens, parents, target_probs, true);
+  check_draft_and_uniforms("tree_speculative_sample", draft_probs, uniforms, dm, dm.R, dm.R);
+  const int64_t B = dm.B, T = dm.R, V = dm.V;
   at::Tensor q;
   if (draft_probs.has_value()) {
     check_cpu(*draft_probs, "draft_probs");
-    TORCH_CHECK(draft_probs->sizes() == target_probs.sizes() && draft_probs->scalar_type() == at::kFloat,
-                "tree_speculative_sample: draft_probs must be float32 [B, T, V]");
     q = draft_probs->contiguous();
   }
   auto tt = tree_tokens.to(at::kLong).contiguous();
@@ -146,12 +121,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_speculative_sample(const at:
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_greedy_verify(const at::Tensor& tree_tokens, const at::Tensor& parents,
                                                                   const at::Tensor& target_logits) {
-  check_tree(tree_tokens, parents, "tree_greedy_verify");
+  check_cpu(tree_tokens, "tree_tokens");
+  check_cpu(parents, "parents");
   check_cpu(target_logits, "target_logits");
-  const int64_t B = tree_tokens.size(0), T = tree_tokens.size(1);
-  TORCH_CHECK(target_logits.dim() == 3 && target_logits.size(0) == B && target_logits.size(1) == T &&
-                  target_logits.size(2) >= 1,
-              "tree_greedy_verify: target_logits must be [B, T, V]");
+  const SamplerDims dm = check_tree("tree_greedy_verify", tree_tokens, parents, target_logits, false);
+  const int64_t B = dm.B, T = dm.R;
   auto tt = tree_tokens.to(at::kLong).contiguous();
   auto pa = parents.to(at::kLong).contiguous();
   auto g = argmax_rows(target_logits);

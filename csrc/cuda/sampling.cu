@@ -22,9 +22,11 @@
 #include "triforce/sampling.cuh"
 
 #include "../ops.h"
+#include "../sampling_checks.h"
 
 namespace {
 using namespace triforce::sampling;
+using namespace triforce_launch;
 constexpr int kBlock = 256;
 
 void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& like) {
@@ -50,31 +52,21 @@ void dispatch_logits(at::ScalarType t, F&& fn) {
   }
 }
 
-void check_probs(const at::Tensor& t, const char* name, int64_t B, int64_t R, int64_t V) {
-  TORCH_CHECK(t.dim() == 3 && t.size(0) == B && t.size(1) == R && (V < 0 || t.size(2) == V) && t.size(2) >= 1 &&
-                  t.scalar_type() == at::kFloat,
-              "triforce sampling: ", name, " must be float32 [B, ", R, ", V]");
-}
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample_cuda(const at::Tensor& draft_tokens,
                                                                  const std::optional<at::Tensor>& draft_probs,
                                                                  const at::Tensor& target_probs, const at::Tensor& uniforms) {
-  TORCH_CHECK(draft_tokens.dim() == 2, "chain_speculative_sample: draft_tokens must be [B, n]");
   check_cuda(draft_tokens, "draft_tokens", target_probs);
   check_cuda(target_probs, "target_probs", target_probs);
   check_cuda(uniforms, "uniforms", target_probs);
   TF_DEVICE_GUARD(target_probs);
-  const int64_t B = draft_tokens.size(0), n = draft_tokens.size(1);
-  check_probs(target_probs, "target_probs", B, n + 1, -1);
-  const int64_t V = target_probs.size(2);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == n + 1 && uniforms.size(2) == 2 &&
-                  uniforms.scalar_type() == at::kFloat,
-              "chain_speculative_sample: uniforms must be float32 [B, n+1, 2]");
+  const SamplerDims dm = check_chain("chain_speculative_sample", draft_tokens, target_probs, true);
+  check_draft_and_uniforms("chain_speculative_sample", draft_probs, uniforms, dm, dm.R, dm.R + 1);
+  const int64_t B = dm.B, n = dm.R, V = dm.V;
   at::Tensor q;
   if (draft_probs.has_value()) {
     check_cuda(*draft_probs, "draft_probs", target_probs);
-    check_probs(*draft_probs, "draft_probs", B, n, V);
     q = draft_probs->contiguous();
   }
   auto d = draft_tokens.contiguous();
@@ -95,15 +87,11 @@ std::tuple<at::Tensor, at::Tensor> chain_speculative_sample_cuda(const at::Tenso
 }
 
 std::tuple<at::Tensor, at::Tensor> chain_greedy_verify_cuda(const at::Tensor& draft_tokens, const at::Tensor& target_logits) {
-  TORCH_CHECK(draft_tokens.dim() == 2, "chain_greedy_verify: draft_tokens must be [B, n]");
   check_cuda(draft_tokens, "draft_tokens", target_logits);
   check_cuda(target_logits, "target_logits", target_logits);
   TF_DEVICE_GUARD(target_logits);
-  const int64_t B = draft_tokens.size(0), n = draft_tokens.size(1);
-  TORCH_CHECK(target_logits.dim() == 3 && target_logits.size(0) == B && target_logits.size(1) == n + 1 &&
-                  target_logits.size(2) >= 1,
-              "chain_greedy_verify: target_logits must be [B, n+1, V]");
-  const int64_t V = target_logits.size(2);
+  const SamplerDims dm = check_chain("chain_greedy_verify", draft_tokens, target_logits, false);
+  const int64_t B = dm.B, n = dm.R, V = dm.V;
   auto d = draft_tokens.contiguous();
   auto x = target_logits.contiguous();
   auto tokens = at::empty({B, n + 1}, d.options().dtype(at::kLong));
@@ -128,24 +116,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_speculative_sample_cuda(cons
                                                                             const std::optional<at::Tensor>& draft_probs,
                                                                             const at::Tensor& target_probs,
                                                                             const at::Tensor& uniforms) {
-  TORCH_CHECK(tree_tokens.dim() == 2 && tree_tokens.size(1) >= 1, "tree_speculative_sample: tree_tokens must be [B, T]");
-  TORCH_CHECK(parents.sizes() == tree_tokens.sizes(), "tree_speculative_sample: parents must be [B, T]");
   check_cuda(tree_tokens, "tree_tokens", target_probs);
   check_cuda(parents, "parents", target_probs);
   check_cuda(target_probs, "target_probs", target_probs);
   check_cuda(uniforms, "uniforms", target_probs);
   TF_DEVICE_GUARD(target_probs);
-  const int64_t B = tree_tokens.size(0), T = tree_tokens.size(1);
-  check_probs(target_probs, "target_probs", B, T, -1);
-  const int64_t V = target_probs.size(2);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2 &&
-                  uniforms.scalar_type() == at::kFloat,
-              "tree_speculative_sample: uniforms must be float32 [B, T, 2]");
+  const SamplerDims dm = check_tree("tree_speculative_sample", tree_tokens, parents, target_probs, true);
+  check_draft_and_uniforms("tree_speculative_sample", draft_probs, uniforms, dm, dm.R, dm.R);
+  const int64_t B = dm.B, T = dm.R, V = dm.V;
   TORCH_CHECK(T * 8 <= 48 * 1024, "tree_speculative_sample: at most 6144 tree nodes");
   at::Tensor q;
   if (draft_probs.has_value()) {
     check_cuda(*draft_probs, "draft_probs", target_probs);
-    check_probs(*draft_probs, "draft_probs", B, T, V);
     q = draft_probs->contiguous();
   }
   auto tt = tree_tokens.contiguous();
@@ -174,17 +156,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_speculative_sample_cuda(cons
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_greedy_verify_cuda(const at::Tensor& tree_tokens,
                                                                        const at::Tensor& parents,
                                                                        const at::Tensor& target_logits) {
-  TORCH_CHECK(tree_tokens.dim() == 2 && tree_tokens.size(1) >= 1, "tree_greedy_verify: tree_tokens must be [B, T]");
-  TORCH_CHECK(parents.sizes() == tree_tokens.sizes(), "tree_greedy_verify: parents must be [B, T]");
   check_cuda(tree_tokens, "tree_tokens", target_logits);
   check_cuda(parents, "parents", target_logits);
   check_cuda(target_logits, "target_logits", target_logits);
   TF_DEVICE_GUARD(target_logits);
-  const int64_t B = tree_tokens.size(0), T = tree_tokens.size(1);
-  TORCH_CHECK(target_logits.dim() == 3 && target_logits.size(0) == B && target_logits.size(1) == T &&
-                  target_logits.size(2) >= 1,
-              "tree_greedy_verify: target_logits must be [B, T, V]");
-  const int64_t V = target_logits.size(2);
+  const SamplerDims dm = check_tree("tree_greedy_verify", tree_tokens, parents, target_logits, false);
+  const int64_t B = dm.B, T = dm.R, V = dm.V;
   auto tt = tree_tokens.contiguous();
   auto pa = parents.contiguous();
   auto x = target_logits.contiguous();
