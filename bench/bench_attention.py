@@ -1,10 +1,10 @@
-"""Benchmark tk.verify_attention (DESIGN.md 6): time, GB/s (bytes = K/V up to L read once + q + out),
+"""Benchmark tk.verify_attention (docs/design.md 6): time, GB/s (bytes = K/V up to L read once + q + out),
 fraction of measured copy bandwidth, and the baselines side by side: the PyTorch reference and
 PyTorch SDPA with an explicit boolean mask (and flash-attn's flash_attn_with_kvcache when installed,
 causal only).
 
     TRIFORCE_BENCH_CSV=/tmp/bench.csv python -m bench.bench_attention            # CPU: B=1, N=32K subset
-    python -m bench.bench_attention --device cuda                                 # the issue's shapes (all on GPU)
+    python -m bench.bench_attention --device cuda                                 # the full shape grid (all on GPU)
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False) -> No
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--full", action="store_true", help="all issue shapes (B=1/8, N=32K/128K); default B=1, N=32K")
+    ap.add_argument("--full", action="store_true", help="the full shape grid (B=1/8, N=32K/128K); default B=1, N=32K")
     ap.add_argument("--backends", default=None, help="comma list; default: cpu on CPU, triton on CUDA")
     ap.add_argument("--quick", action="store_true", help="T in {1, 16} only")
     a = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Retrieval-cache benchmark (issue 3): build_retrieval_cache (and its parts) per backend vs the PyTorch
+"""Retrieval-cache benchmark (docs/design.md 6): build_retrieval_cache (and its parts) per backend vs the PyTorch
 reference, with bytes, GB/s and the fraction of measured copy bandwidth.
 
 Bytes of build_retrieval_cache = chunk keys read once (C * Hkv * D * 4, fp32) + the gathered K and V
@@ -77,7 +77,7 @@ def main():
         backends = [b for b in backends if b != "triton"]
     shapes = [dict(B=1, N=16384, Hq=32, Hkv=8, D=128, budget=1024, chunk_size=8)]
     if not a.quick:
-        # the issue's shape: Llama-3-8B-like heads, 128K context, 4096-token budget, chunk 8
+        # the large shape: Llama-3-8B-like heads, 128K context, 4096-token budget, chunk 8
         shapes.append(dict(B=1, N=131072, Hq=32, Hkv=8, D=128, budget=4096, chunk_size=8))
     for s in shapes:
         bench_shape(device, dtype=torch.bfloat16, backends=backends, **s)

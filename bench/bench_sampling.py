@@ -1,4 +1,4 @@
-"""Benchmark of the chain and tree speculative samplers (DESIGN.md 6): B x n x V grid, backend vs the
+"""Benchmark of the chain and tree speculative samplers (docs/design.md 6): B x n x V grid, backend vs the
 reference, bytes = reading target_probs [B, n+1, V] and draft_probs [B, n, V] once (float32; tree:
 [B, T, V] each, T = 15-node binary tree); the roofline fraction says how close one call comes to
 that one read at copy bandwidth (above 1 when rows after a rejection are never read).

@@ -1,4 +1,4 @@
-"""Benchmark harness (DESIGN.md 6): medians with spread, bytes and GB/s, fraction of the measured
+"""Benchmark harness (docs/design.md 6): medians with spread, bytes and GB/s, fraction of the measured
 copy bandwidth, baseline side by side; rows appended to a CSV with device, versions, date, commit.
 
     from bench.harness import measure, copy_bandwidth, record

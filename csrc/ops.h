@@ -4,7 +4,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
-// ---- retrieval cache (DESIGN 3.1) -------------------------------------------------------------
+// ---- retrieval cache (docs/design.md 3.1) --------------------------------------------------------
 at::Tensor chunk_mean_keys(const at::Tensor& k, int64_t chunk_size);
 at::Tensor score_chunks(const at::Tensor& q, const at::Tensor& chunk_keys, const at::Tensor& num_chunks);
 at::Tensor select_chunks(const at::Tensor& scores, const at::Tensor& num_chunks, int64_t budget_chunks,
@@ -16,14 +16,14 @@ at::Tensor build_retrieval_cache(const at::Tensor& q, const at::Tensor& k, const
                                  int64_t budget_chunks, at::Tensor& out_k, at::Tensor& out_v, int64_t sink_chunks,
                                  int64_t recent_chunks);
 
-// ---- verification attention (DESIGN 3.2) -------------------------------------------------------
+// ---- verification attention (docs/design.md 3.2) --------------------------------------------------
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
                                                     int64_t num_splits);
 
-// ---- accept / reject sampling (DESIGN 3.3) -----------------------------------------------------
+// ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,
                                                             const std::optional<at::Tensor>& draft_probs,
                                                             const at::Tensor& target_probs, const at::Tensor& uniforms);

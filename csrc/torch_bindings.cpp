@@ -6,17 +6,17 @@
 #include "ops.h"
 
 TORCH_LIBRARY(triforce_C, m) {
-  // ---- retrieval cache (DESIGN 3.1)
+  // ---- retrieval cache (docs/design.md 3.1)
   m.def("chunk_mean_keys(Tensor k, int chunk_size) -> Tensor");
   m.def("score_chunks(Tensor q, Tensor chunk_keys, Tensor num_chunks) -> Tensor");
   m.def("select_chunks(Tensor scores, Tensor num_chunks, int budget_chunks, int sink_chunks, int recent_chunks) -> Tensor");
   m.def("gather_chunks(Tensor k, Tensor v, Tensor chunk_idx, int chunk_size, Tensor(a!) out_k, Tensor(b!) out_v) -> ()");
   m.def("build_retrieval_cache(Tensor q, Tensor k, Tensor v, Tensor chunk_keys, Tensor num_chunks, int chunk_size, "
         "int budget_chunks, Tensor(a!) out_k, Tensor(b!) out_v, int sink_chunks, int recent_chunks) -> Tensor");
-  // ---- verification attention (DESIGN 3.2)
+  // ---- verification attention (docs/design.md 3.2)
   m.def("verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? tree_mask, "
         "float softmax_scale, int num_splits) -> (Tensor, Tensor)");
-  // ---- accept / reject sampling (DESIGN 3.3)
+  // ---- accept / reject sampling (docs/design.md 3.3)
   m.def("chain_speculative_sample(Tensor draft_tokens, Tensor? draft_probs, Tensor target_probs, Tensor uniforms)"
         " -> (Tensor, Tensor)");
   m.def("chain_greedy_verify(Tensor draft_tokens, Tensor target_logits) -> (Tensor, Tensor)");

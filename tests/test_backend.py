@@ -1,4 +1,4 @@
-"""The backend registry (DESIGN.md 3.4) and the custom-op registration."""
+"""The backend registry (docs/design.md 3.4) and the custom-op registration."""
 import os
 import subprocess
 import sys

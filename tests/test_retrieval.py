@@ -1,4 +1,4 @@
-"""Retrieval-cache ops (DESIGN.md 3.1): score_chunks, select_chunks, gather_chunks, build_retrieval_cache.
+"""Retrieval-cache ops (docs/design.md 3.1): score_chunks, select_chunks, gather_chunks, build_retrieval_cache.
 
 Every backend against the reference; the reference's selection against a brute-force Python oracle.
 """
@@ -24,7 +24,7 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def _oracle_select(scores, num_chunks, budget, sink, recent):
-    """Brute force, one row at a time in plain Python: the selection rule as written in DESIGN.md."""
+    """Brute force, one row at a time in plain Python: the selection rule as written in docs/design.md 3.1."""
     B, H, C = scores.shape
     out = torch.full((B, H, budget), -1, dtype=torch.int32)
     for b in range(B):

@@ -1,4 +1,4 @@
-"""Accept / reject samplers (DESIGN.md 3.3): every backend == the reference for the same uniforms,
+"""Accept / reject samplers (docs/design.md 3.3): every backend == the reference for the same uniforms,
 exact degenerate cases, robustness (NaN / zero rows, bad ids, bad uniforms), greedy verification,
 determinism and row independence. Distributional tests are in test_sampling_stats.py."""
 import pytest

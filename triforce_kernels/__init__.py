@@ -19,18 +19,18 @@ from ._backend import (  # noqa: F401
     op_backends,
 )
 
-# ---- retrieval cache (DESIGN 3.1)
+# ---- retrieval cache (docs/design.md 3.1)
 from .chunk_mean_keys import chunk_mean_keys  # noqa: F401
 from .score_chunks import score_chunks  # noqa: F401
 from .select_chunks import select_chunks  # noqa: F401
 from .gather_chunks import gather_chunks  # noqa: F401
 from .build_retrieval_cache import build_retrieval_cache  # noqa: F401
 
-# ---- verification attention (DESIGN 3.2)
+# ---- verification attention (docs/design.md 3.2)
 from .tree import tree_attention_mask, tree_depths  # noqa: F401
 from .verify_attention import verify_attention  # noqa: F401
 
-# ---- accept / reject sampling (DESIGN 3.3)
+# ---- accept / reject sampling (docs/design.md 3.3)
 from .logits_to_probs import logits_to_probs  # noqa: F401
 from .chain_sample import chain_greedy_verify, chain_speculative_sample  # noqa: F401
 from .tree_sample import tree_greedy_verify, tree_speculative_sample  # noqa: F401

@@ -1,4 +1,4 @@
-"""Backend registry (DESIGN.md 3.4).
+"""Backend registry (docs/design.md 3.4).
 
 Every op has up to four backends:
 

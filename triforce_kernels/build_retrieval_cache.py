@@ -1,4 +1,4 @@
-"""``tk.build_retrieval_cache``: score -> select -> gather with no host synchronisation (DESIGN.md 3.1)."""
+"""``tk.build_retrieval_cache``: score -> select -> gather with no host synchronisation (docs/design.md 3.1)."""
 import torch
 
 from ._backend import implementation, register, register_lazy, resolve

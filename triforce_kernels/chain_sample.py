@@ -1,4 +1,4 @@
-"""Chain speculative verification (DESIGN.md 3.3): ``tk.chain_speculative_sample`` (lossless
+"""Chain speculative verification (docs/design.md 3.3): ``tk.chain_speculative_sample`` (lossless
 accept / reject with residual resampling) and ``tk.chain_greedy_verify``."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``tk.chunk_mean_keys``: fp32 mean of each complete chunk of the key cache (DESIGN.md 3.1)."""
+"""``tk.chunk_mean_keys``: fp32 mean of each complete chunk of the key cache (docs/design.md 3.1)."""
 import torch
 
 from ._backend import implementation, register, register_lazy, resolve

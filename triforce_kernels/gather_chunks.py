@@ -1,4 +1,4 @@
-"""``tk.gather_chunks``: copy the selected KV chunks into the fixed-size retrieval cache (DESIGN.md 3.1)."""
+"""``tk.gather_chunks``: copy the selected KV chunks into the fixed-size retrieval cache (docs/design.md 3.1)."""
 import torch
 
 from ._backend import implementation, register, register_lazy, resolve

@@ -1,5 +1,5 @@
 """``tk.logits_to_probs``: the one logits -> probabilities transform every model level applies
-(DESIGN.md 3.3).
+(docs/design.md 3.3).
 
 Backends: ``reference`` only, by design. The op is a temperature scale, an optional top-k (one
 ``topk``), an optional top-p (one ``sort`` + ``cumsum``) and a softmax: 3-4 passes over ``[B, V]``

@@ -1,4 +1,4 @@
-"""``tk.score_chunks``: per-KV-head chunk scores from the chunk-mean keys (DESIGN.md 3.1)."""
+"""``tk.score_chunks``: per-KV-head chunk scores from the chunk-mean keys (docs/design.md 3.1)."""
 import torch
 
 from ._backend import implementation, register, register_lazy, resolve

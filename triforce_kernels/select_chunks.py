@@ -1,4 +1,4 @@
-"""``tk.select_chunks``: top-k chunks per KV head with sink and recent chunks kept (DESIGN.md 3.1)."""
+"""``tk.select_chunks``: top-k chunks per KV head with sink and recent chunks kept (docs/design.md 3.1)."""
 import torch
 
 from ._backend import implementation, register, register_lazy, resolve

@@ -1,5 +1,5 @@
 """``tk.tree_attention_mask`` and ``tk.tree_depths``: token-tree metadata for tree verification
-(DESIGN.md 3.2). Built once per verification step and shared by every layer."""
+(docs/design.md 3.2). Built once per verification step and shared by every layer."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Tree speculative verification (DESIGN.md 3.3): ``tk.tree_speculative_sample`` (SpecInfer
+"""Tree speculative verification (docs/design.md 3.3): ``tk.tree_speculative_sample`` (SpecInfer
 multi-draft recursive rejection sampling) and ``tk.tree_greedy_verify``."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``tk.verify_attention``: attention of T new (draft) tokens over a long KV cache with a causal or
-tree mask on the new tokens (DESIGN.md 3.2)."""
+tree mask on the new tokens (docs/design.md 3.2)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-// Torch-free unit test of the per-row sampling walks (ctest): exact cases of DESIGN.md 3.3.
+// Torch-free unit test of the per-row sampling walks (ctest): exact cases of docs/design.md 3.3.
 #include <cmath>
 #include <cstdio>
 #include <vector>

@@ -1,4 +1,4 @@
-"""Naive PyTorch oracles for verification attention and the tree helpers (DESIGN.md 3.2)."""
+"""Naive PyTorch oracles for verification attention and the tree helpers (docs/design.md 3.2)."""
 from __future__ import annotations
 
 import math

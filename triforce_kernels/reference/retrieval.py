@@ -1,4 +1,4 @@
-"""Naive PyTorch oracles of the retrieval-cache ops (DESIGN.md 3.1): score, select, gather, build.
+"""Naive PyTorch oracles of the retrieval-cache ops (docs/design.md 3.1): score, select, gather, build.
 
 Same signatures as the public ops (minus ``backend``). Scores are computed in float32, or in float64
 when an input is float64 (tests use that as the exact result). ``num_chunks`` is clamped to

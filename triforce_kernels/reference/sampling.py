@@ -1,4 +1,4 @@
-"""Reference accept / reject samplers (DESIGN.md 3.3): the executable spec every backend must equal.
+"""Reference accept / reject samplers (docs/design.md 3.3): the executable spec every backend must equal.
 
 Numerics (shared by every backend, so that the same uniforms give the same tokens):
 

@@ -1,4 +1,4 @@
-"""Triton kernels of the retrieval-cache ops (DESIGN.md 3.1): score, select, gather, and the build that
+"""Triton kernels of the retrieval-cache ops (docs/design.md 3.1): score, select, gather, and the build that
 chains them on the device (no host synchronisation, fixed shapes: capturable in a CUDA graph).
 
 Bytes (bench shape N = 128K, chunk 8, Hkv = 8, D = 128, Hq = 32): the chunk keys are read once

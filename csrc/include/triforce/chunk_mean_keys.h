@@ -1,4 +1,4 @@
-// Chunk-mean keys (DESIGN.md 3.1): out[b, c, h, :] = mean_t k[b, c*cs + t, h, :], fp32 accumulation.
+// Chunk-mean keys (docs/design.md 3.1): out[b, c, h, :] = mean_t k[b, c*cs + t, h, :], fp32 accumulation.
 // Torch-free; strides are in elements so any view of the key cache (e.g. one newly completed chunk)
 // can be passed without a copy.
 #pragma once

@@ -1,4 +1,4 @@
-// Retrieval-cache kernels (DESIGN.md 3.1): chunk scores, top-k chunk selection, chunk gather, and the
+// Retrieval-cache kernels (docs/design.md 3.1): chunk scores, top-k chunk selection, chunk gather, and the
 // fused build. Torch-free CPU code; every op is an OpenMP loop over the (b, h) rows of row functions,
 // and the fused build runs score -> select -> gather per row while the row's data is in cache.
 //
@@ -70,7 +70,7 @@ inline void softmax_sum_row(float* logits, int64_t G, int64_t n, int64_t C, floa
   }
 }
 
-// One (b, h) row of the selection (see select_chunks in DESIGN.md): out[0, budget).
+// One (b, h) row of the selection (see select_chunks in docs/design.md 3.1): out[0, budget).
 // Requires budget > sink + recent. work: reused buffer of (score, index) pairs.
 inline void select_row(const float* s, int64_t n, int64_t budget, int64_t sink, int64_t recent, int32_t* out,
                        std::vector<std::pair<float, int32_t>>& work) {

@@ -1,4 +1,4 @@
-// Accept / reject sampling kernels for CUDA (DESIGN.md 3.3), torch-free. One thread block per
+// Accept / reject sampling kernels for CUDA (docs/design.md 3.3), torch-free. One thread block per
 // batch row walks the chain / tree exactly like the CPU walk in sampling.h (the scalar rules --
 // cleaning, accept test, fallbacks -- are the shared TF_HD functions there); every pass over the
 // vocabulary is a block-wide reduction or scan, so one launch per call and no host synchronisation.

@@ -1,4 +1,4 @@
-// Accept / reject sampling (DESIGN.md 3.3), torch-free. The scalar rules (cleaning, the accept test,
+// Accept / reject sampling (docs/design.md 3.3), torch-free. The scalar rules (cleaning, the accept test,
 // the fallbacks) are TF_HD so the CUDA kernels in sampling.cuh use the very same code; the per-row
 // walks below are the CPU versions (sequential over V; rows in parallel with OpenMP).
 //

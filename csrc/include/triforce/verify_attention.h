@@ -1,4 +1,4 @@
-// Verification attention on the CPU (DESIGN.md 3.2): T new queries over a long KV cache, causal or
+// Verification attention on the CPU (docs/design.md 3.2): T new queries over a long KV cache, causal or
 // tree mask on the last T keys. Torch-free; the CPU engines' hot loop.
 //
 // Work item = (batch b, KV head h, split s). Splits 0..S-1 cover the unmasked prefix [0, L-T) in equal
