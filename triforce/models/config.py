@@ -1,4 +1,12 @@
-"""``LlamaConfig``: the architecture hyper-parameters, with Hugging Face's LlamaConfig field names."""
+"""``LlamaConfig``: the architecture hyper-parameters, with Hugging Face's LlamaConfig field names.
+
+Reading a ``config.json`` is strict: every key is either implemented (a field of ``LlamaConfig``, or
+the RoPE settings in either transformers spelling), known not to change the logits (``_METADATA_KEYS``),
+or supported only at one harmless value (``_HARMLESS_ONLY_AT``, checked by value). Anything else
+raises ``ValueError`` naming the key: a key we do not understand may change the math, and loading it
+anyway would give silently wrong logits. A new family switch (e.g. q/k/v biases) becomes a field,
+implemented in ``llama.py``, and leaves ``_HARMLESS_ONLY_AT``.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +14,75 @@ import json
 import os
 from dataclasses import dataclass, field
 
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# rope_type -> the keys it needs (rope.py implements each). transformers' yarn / dynamic / longrope raise.
+_ROPE_TYPES = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+_SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
+
+# model_type -> transformers' defaults for math-changing keys a config.json may leave out where ours
+# differ (MistralConfig: sliding_window 4096 over a 131072-token context). Other types raise.
+_MODEL_TYPE_DEFAULTS = {
+    None: {},
+    "llama": {},
+    "mistral": {"sliding_window": 4096, "max_position_embeddings": 131072},
+}
+
+# Keys that never change the logits of a forward: provenance, special token ids (the forward never
+# reads them), transformers runtime switches, and the generation defaults transformers 4.x wrote into
+# config.json (read by generate(), not by the model). Kept in ``LlamaConfig.extra`` for round trips.
+_METADATA_KEYS = frozenset({
+    "architectures", "transformers_version", "_name_or_path", "name_or_path", "_commit_hash",
+    "torch_dtype", "dtype", "tokenizer_class", "is_llama_config", "transformers.js_config", "finetuning_task",
+    "id2label", "label2id", "num_labels", "problem_type", "prefix", "task_specific_params",
+    "sep_token_id", "unk_token_id", "decoder_start_token_id",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_bfloat16",
+    "tf_legacy_loss", "chunk_size_feed_forward", "attn_implementation", "_attn_implementation",
+    "_attn_implementation_autoset", "is_decoder", "tie_encoder_decoder", "cross_attention_hidden_size",
+    # transformers 4.x split the matmuls into this many slices (same math); transformers 5 ignores it
+    "pretraining_tp",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+})
+
+
+# key -> (harmless(value, config), the value we implement). Any other value raises.
+_HARMLESS_ONLY_AT = {
+    "model_type": (lambda v, c: v in _MODEL_TYPE_DEFAULTS, "'llama' or 'mistral'"),
+    "hidden_act": (lambda v, c: v == "silu", "'silu' (SwiGLU)"),
+    "attention_bias": (lambda v, c: v in (False, None), "false (no q/k/v/o projection biases)"),
+    "mlp_bias": (lambda v, c: v in (False, None), "false (no MLP biases)"),
+    # the model has no dropout; transformers applies this one in training mode
+    "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
+    "partial_rotary_factor": (lambda v, c: v in (1, None), "1.0 (RoPE on the whole head)"),
+    # a window at least the context long never masks anything at the lengths the model accepts
+    "sliding_window": (lambda v, c: v is None or (_is_int(v) and v >= c.max_position_embeddings),
+                       "null or >= max_position_embeddings (no sliding-window attention)"),
+    "rope_interleaved": (lambda v, c: v in (False, None), "false (half-split RoPE pairs, as transformers)"),
+    "pruned_heads": (lambda v, c: not v, "{} (no pruned heads)"),
+    "is_encoder_decoder": (lambda v, c: not v, "false"),
+    "add_cross_attention": (lambda v, c: not v, "false"),
+    "quantization_config": (lambda v, c: v is None, "null (float weights; quantised HF checkpoints are not "
+                                                    "read, GGUF files are)"),
+    "auto_map": (lambda v, c: not v, "absent (the checkpoint ships its own modeling code)"),
+    # transformers reads it for llama3 RoPE only (from_dict moves it into rope_scaling then)
+    "original_max_position_embeddings": (
+        lambda v, c: c.rope_type != "llama3" or v == c.rope_scaling["original_max_position_embeddings"],
+        "the rope_scaling value (llama3 RoPE)"),
+}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass
@@ -16,7 +92,10 @@ class LlamaConfig:
     ``num_key_value_heads`` defaults to ``num_attention_heads`` (MHA) and ``head_dim`` to
     ``hidden_size // num_attention_heads``. ``rope_scaling`` is ``None`` or a dict with ``rope_type``
     (or ``type``) ``"default"``, ``"linear"`` (``factor``) or ``"llama3"`` (``factor``,
-    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``); it may also hold
+    ``rope_theta`` (equal to the field) and ``partial_rotary_factor`` 1.0, as transformers 5's
+    ``rope_parameters`` do. Any other key in it raises. ``extra`` holds the other ``config.json`` keys,
+    each either metadata or at its one supported value (see the module docstring); others raise.
     """
 
     vocab_size: int = 32000
@@ -35,7 +114,7 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
     pad_token_id: int | None = None
-    extra: dict = field(default_factory=dict, repr=False)  # unknown HF fields, kept for round trips
+    extra: dict = field(default_factory=dict, repr=False)  # other config.json keys, kept for round trips
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
@@ -43,7 +122,7 @@ class LlamaConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not _is_int(v) or v < 1:
                 raise ValueError(f"LlamaConfig.{name} must be a positive int, got {v!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"LlamaConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple "
@@ -53,25 +132,74 @@ class LlamaConfig:
                 raise ValueError("LlamaConfig.hidden_size must be a multiple of num_attention_heads "
                                  "(or give head_dim)")
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.head_dim < 2 or self.head_dim % 2:
-            raise ValueError(f"LlamaConfig.head_dim must be even and >= 2 (RoPE rotates pairs), got {self.head_dim}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"LlamaConfig.rope_theta must be > 0, got {self.rope_theta}")
-        if not self.rms_norm_eps > 0:
-            raise ValueError(f"LlamaConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.rope_scaling is not None:
-            rs = dict(self.rope_scaling)
-            kind = rs.get("rope_type", rs.get("type", "default"))
-            if kind not in _SUPPORTED_ROPE_TYPES:
-                raise ValueError(f"LlamaConfig.rope_scaling type {kind!r} is not supported "
-                                 f"(supported: {', '.join(_SUPPORTED_ROPE_TYPES)})")
-            need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                                                      "original_max_position_embeddings")}.get(kind, ())
-            missing = [k for k in need if k not in rs]
-            if missing:
-                raise ValueError(f"LlamaConfig.rope_scaling of type {kind!r} needs {', '.join(missing)}")
-            rs["rope_type"] = kind
-            self.rope_scaling = rs
+        if not _is_int(self.head_dim) or self.head_dim < 2 or self.head_dim % 2:
+            raise ValueError(f"LlamaConfig.head_dim must be an even int >= 2 (RoPE rotates pairs), "
+                             f"got {self.head_dim!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, name)
+            if not _is_number(v) or not v > 0:
+                raise ValueError(f"LlamaConfig.{name} must be a number > 0, got {v!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"LlamaConfig.tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
+        self.rope_scaling = self._checked_rope_scaling()
+        for key, value in self.extra.items():
+            self._check_extra_key(key, value)
+
+    def _checked_rope_scaling(self) -> dict | None:
+        """``rope_scaling`` with ``rope_type`` set and ``type`` / ``rope_theta`` / ``partial_rotary_factor``
+        dropped (after checking them), or ``None`` for plain RoPE; raises on anything rope.py does not do."""
+        if self.rope_scaling is None:
+            return None
+        if not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"LlamaConfig.rope_scaling must be null or a dict, got {self.rope_scaling!r}")
+        rs = dict(self.rope_scaling)
+        kind = rs.pop("rope_type", None)
+        old = rs.pop("type", None)  # the transformers 4.x spelling
+        if kind is not None and old is not None and kind != old:
+            raise ValueError(f"rope_scaling has rope_type {kind!r} and type {old!r}; they must agree (keep rope_type)")
+        kind = kind if kind is not None else old if old is not None else "default"
+        if kind not in _ROPE_TYPES:
+            raise ValueError(f"rope_type {kind!r} (rope_scaling / rope_parameters) is not supported: "
+                             f"LlamaConfig.rope_scaling implements {', '.join(_SUPPORTED_ROPE_TYPES)}; "
+                             "use a checkpoint with one of those RoPE types")
+        if "rope_theta" in rs:
+            theta = rs.pop("rope_theta")
+            if theta != self.rope_theta:
+                raise ValueError(f"rope_scaling['rope_theta'] = {theta!r} differs from LlamaConfig.rope_theta = "
+                                 f"{self.rope_theta!r}; pass it as rope_theta only")
+        if rs.get("partial_rotary_factor", 1) not in (1, None):
+            raise ValueError(f"rope partial_rotary_factor = {rs['partial_rotary_factor']!r} is not supported "
+                             "(RoPE on a part of the head); only 1.0 is")
+        rs.pop("partial_rotary_factor", None)
+        need = _ROPE_TYPES[kind]
+        missing = [k for k in need if k not in rs]
+        if missing:
+            raise ValueError(f"rope_scaling of rope_type {kind!r} needs {', '.join(missing)}")
+        unknown = sorted(set(rs) - set(need))
+        if unknown:
+            raise ValueError(f"rope_scaling key {unknown[0]!r} is not understood for rope_type {kind!r} "
+                             f"(which reads {', '.join(need) or 'nothing else'}) and could change the RoPE "
+                             "frequencies; remove it if you know it does not")
+        for k in need:
+            if not _is_number(rs[k]) or not rs[k] > 0:
+                raise ValueError(f"rope_scaling[{k!r}] must be a number > 0, got {rs[k]!r}")
+        if kind == "llama3" and rs["low_freq_factor"] == rs["high_freq_factor"]:
+            raise ValueError("rope_scaling low_freq_factor must differ from high_freq_factor (llama3 blends between)")
+        return None if kind == "default" else {"rope_type": kind, **rs}
+
+    def _check_extra_key(self, key, value):
+        if key in _METADATA_KEYS:
+            return
+        if key in _HARMLESS_ONLY_AT:
+            harmless, supported = _HARMLESS_ONLY_AT[key]
+            if not harmless(value, self):
+                raise ValueError(f"config key {key!r} = {value!r} is not supported: triforce.models.Llama "
+                                 f"implements only {key} = {supported}, and would compute different logits; "
+                                 "use a checkpoint without this feature")
+            return
+        raise ValueError(f"config key {key!r} is not understood by triforce.models.Llama and could change the "
+                         "model's math (silently wrong logits if ignored); if you know it only labels the "
+                         "checkpoint, delete it from config.json")
 
     @property
     def rope_type(self) -> str:
@@ -80,16 +208,19 @@ class LlamaConfig:
     # ---- Hugging Face config.json round trip
     @classmethod
     def from_dict(cls, d: dict) -> "LlamaConfig":
-        """From a Hugging Face ``config.json`` dict. Llama features we do not implement raise."""
+        """From a Hugging Face ``config.json`` dict, as transformers 4.x (top-level ``rope_theta`` and
+        ``rope_scaling``) or 5.x (``rope_parameters`` holding ``rope_theta``, ``rope_type`` and the
+        scaling keys) write it. Keys we neither implement nor know to be harmless raise ``ValueError``."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
         d = dict(d)
-        arch = d.get("model_type")
-        if arch not in (None, "llama", "mistral"):
-            raise ValueError(f"config model_type {arch!r} is not a Llama architecture")
-        for flag in ("attention_bias", "mlp_bias"):
-            if d.get(flag):
-                raise ValueError(f"config {flag}=True is not supported by triforce.models.Llama")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config hidden_act {d['hidden_act']!r} is not supported (SwiGLU uses silu)")
+        model_type = d.get("model_type")
+        if model_type not in _MODEL_TYPE_DEFAULTS:
+            raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
+                             "'llama' and 'mistral' configs")
+        for k, v in _MODEL_TYPE_DEFAULTS[model_type].items():
+            d.setdefault(k, v)
+        d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         extra = {k: v for k, v in d.items() if k not in names}
@@ -101,6 +232,8 @@ class LlamaConfig:
             return cls.from_dict(json.load(f))
 
     def to_dict(self) -> dict:
+        """``config.json`` dict in the transformers 4.x spelling (top-level ``rope_theta`` and
+        ``rope_scaling``), which transformers 5 reads too."""
         d = {**self.extra, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}}
         d["model_type"] = "llama"
         d.setdefault("architectures", ["LlamaForCausalLM"])
@@ -109,3 +242,38 @@ class LlamaConfig:
 
     def replace(self, **changes) -> "LlamaConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _read_rope(d: dict) -> dict:
+    """Pop the RoPE keys of a config.json dict ``d`` (both spellings) and return ``rope_theta`` /
+    ``rope_scaling`` for ``LlamaConfig``. As in transformers, a ``rope_theta`` inside ``rope_parameters``
+    / ``rope_scaling`` wins over the top-level one and a top-level ``original_max_position_embeddings``
+    over the one inside for llama3; here a disagreement raises instead of picking one."""
+    params, scaling = d.pop("rope_parameters", None), d.pop("rope_scaling", None)
+    for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if v is not None and not isinstance(v, dict):
+            raise ValueError(f"config {key} must be null or a dict, got {v!r}")
+    if params and scaling and params != scaling:
+        raise ValueError(f"config has both rope_parameters (transformers 5) {params!r} and rope_scaling "
+                         f"(transformers 4) {scaling!r}, and they differ; keep one")
+    rope = dict(scaling or params or {})
+    out = {}
+    if "rope_theta" in d:
+        out["rope_theta"] = d.pop("rope_theta")
+    if "rope_theta" in rope:
+        inner = rope.pop("rope_theta")
+        if "rope_theta" in out and out["rope_theta"] != inner:
+            raise ValueError(f"config rope_theta = {out['rope_theta']!r} differs from the rope_theta = {inner!r} "
+                             "inside rope_parameters / rope_scaling; keep one")
+        out["rope_theta"] = inner
+    if "partial_rotary_factor" in d:  # transformers moves the top-level one into the rope dict too
+        rope.setdefault("partial_rotary_factor", d.pop("partial_rotary_factor"))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "llama3" and "original_max_position_embeddings" in d:
+        top = d.pop("original_max_position_embeddings")
+        if rope.setdefault("original_max_position_embeddings", top) != top:
+            raise ValueError(f"config original_max_position_embeddings = {top!r} differs from the "
+                             f"{rope['original_max_position_embeddings']!r} inside rope_parameters / "
+                             "rope_scaling; keep one")
+    out["rope_scaling"] = rope or None
+    return out

@@ -62,9 +62,15 @@ def load_pretrained(path, device=None, dtype=None, cache_dir=None):
     raise ValueError(f"{str(path)!r} is neither a directory nor a GGUF file")
 
 
+# Part of the cache key: bump it when read_gguf's output changes, so that no conversion by an older reader
+# is reused (2: metadata that read_gguf used to ignore, e.g. a yarn rope.scaling.type, now raises).
+_GGUF_CACHE_VERSION = 2
+
+
 def gguf_cache_path(path: Path, cache_dir=None) -> Path:
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{_GGUF_CACHE_VERSION}"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return Path(cache_dir or default_cache_dir()) / f"{path.stem}-{key}"
 
 
@@ -167,6 +173,69 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+# llama.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
+# one value only (key -> (harmless(value, config), the value we implement)). Any other llama.* key raises.
+_GGUF_READ = frozenset({
+    "vocab_size", "context_length", "embedding_length", "block_count", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.layer_norm_rms_epsilon",
+    "rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
+})
+_GGUF_METADATA = frozenset({
+    "tensor_data_layout",  # how the converter read the checkpoint; the stored q/k layout is the same
+    "rope.scaling.finetuned", "rope.scaling.original_context_length",  # read by yarn only, which raises
+})
+_GGUF_HARMLESS_ONLY_AT = {
+    "attention.value_length": (lambda v, c: v == c.head_dim, "attention.key_length (one head_dim)"),
+    "rope.dimension_count": (lambda v, c: v == c.head_dim, "head_dim (RoPE on the whole head)"),
+    "rope.scaling.attn_factor": (lambda v, c: v == 1, "1.0"),
+    "attention.causal": (lambda v, c: v is True, "true"),
+    "attention.sliding_window": (lambda v, c: v == 0 or v >= c.max_position_embeddings,
+                                 "0 or >= context_length (no sliding-window attention)"),
+    "use_parallel_residual": (lambda v, c: v is False, "false"),
+    "expert_count": (lambda v, c: v == 0, "0 (dense MLP)"),
+    "expert_used_count": (lambda v, c: v == 0, "0 (dense MLP)"),
+    "logit_scale": (lambda v, c: v == 1, "1.0"),
+    "embedding_scale": (lambda v, c: v == 1, "1.0"),
+    "residual_scale": (lambda v, c: v == 1, "1.0"),
+}
+
+
+def _gguf_rope_scaling(reader, path: Path):
+    """``rope_scaling`` as llama.cpp reads it: a missing ``rope.scaling.type`` means linear, the factor is
+    ``rope.scaling.factor`` (or the older ``rope.scale_linear``; 0 or missing: none); ``none`` turns it
+    off; yarn / longrope raise."""
+    kind = gguf_field(reader, "llama.rope.scaling.type")
+    factor = gguf_field(reader, "llama.rope.scaling.factor", gguf_field(reader, "llama.rope.scale_linear"))
+    factor = float(factor) if factor is not None else 0.0
+    if kind not in (None, "linear", "none"):
+        raise ValueError(f"GGUF file {str(path)!r} has llama.rope.scaling.type = {kind!r}; only linear RoPE "
+                         "scaling is supported (use a model without yarn / longrope scaling)")
+    if kind == "none":
+        if factor not in (0.0, 1.0):
+            raise ValueError(f"GGUF file {str(path)!r} has llama.rope.scaling.type = 'none' but "
+                             f"llama.rope.scaling.factor = {factor}; the two contradict each other")
+        return None
+    return None if factor in (0.0, 1.0) else {"rope_type": "linear", "factor": factor}
+
+
+def _check_gguf_keys(reader, config: LlamaConfig, path: Path) -> None:
+    for full in reader.fields:
+        if not full.startswith("llama."):
+            continue  # general.* (provenance), tokenizer.* (the tokenizer), GGUF.* (the container)
+        key = full[len("llama."):]
+        if key in _GGUF_READ or key in _GGUF_METADATA:
+            continue
+        value = gguf_field(reader, full)
+        if key in _GGUF_HARMLESS_ONLY_AT:
+            harmless, supported = _GGUF_HARMLESS_ONLY_AT[key]
+            if not harmless(value, config):
+                raise ValueError(f"GGUF file {str(path)!r} has {full} = {value!r}; triforce.models.Llama "
+                                 f"implements only {supported} and would compute different logits")
+            continue
+        raise ValueError(f"GGUF file {str(path)!r} has metadata {full}, which triforce.models.Llama does not "
+                         "understand and which could change the model's math; use a plain Llama GGUF")
+
+
 def read_gguf(path: Path):
     """(LlamaConfig, float32 HF-named state dict) from a llama-architecture GGUF file."""
     import gguf
@@ -193,18 +262,17 @@ def read_gguf(path: Path):
         raise ValueError(f"GGUF file {str(path)!r} has no token_embd.weight")
     vocab = int(gguf_field(reader, "llama.vocab_size", 0)) or int(tensors["token_embd.weight"].shape[1])
     head_dim = int(gguf_field(reader, "llama.attention.key_length", 0)) or hidden // n_head
-    scaling = None
-    if gguf_field(reader, "llama.rope.scaling.type") == "linear":
-        scaling = {"rope_type": "linear", "factor": float(gguf_field(reader, "llama.rope.scaling.factor"))}
     tok = lambda k: gguf_field(reader, f"tokenizer.ggml.{k}")  # noqa: E731
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
-        head_dim=head_dim, max_position_embeddings=int(gguf_field(reader, "llama.context_length", 2048)),
-        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)), rope_scaling=scaling,
-        rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        head_dim=head_dim, max_position_embeddings=int(need("context_length")),
+        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),  # llama.cpp's default too
+        rope_scaling=_gguf_rope_scaling(reader, path),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"))
+    _check_gguf_keys(reader, config, path)
 
     sd = {}
     for name, t in tensors.items():
@@ -219,9 +287,10 @@ def read_gguf(path: Path):
         elif name == "output.weight":
             key = "lm_head.weight"
         elif name.startswith("blk."):
-            _, i, kind, _ = name.split(".", 3)
-            if kind not in _GGUF_NAMES:
-                raise ValueError(f"unexpected GGUF tensor {name}")
+            _, i, kind, suffix = name.split(".", 3)
+            if kind not in _GGUF_NAMES or suffix != "weight":  # e.g. attn_q.bias: biases are not implemented
+                raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has "
+                                 f"no such parameter)")
             key = f"model.layers.{int(i)}.{_GGUF_NAMES[kind]}.weight"
             if kind == "attn_q":
                 w = _unpermute(w, n_head)

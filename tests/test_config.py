@@ -1,0 +1,249 @@
+"""Reading config.json and GGUF metadata: both transformers spellings of RoPE (4.x top-level
+``rope_theta`` / ``rope_scaling``, 5.x ``rope_parameters``), parity with transformers on checkpoints it
+saved itself, and a ValueError naming every key that would change the math but is not implemented."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from triforce.models import Llama, LlamaConfig
+
+from .test_model import TOL, tiny_model
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def hf_checkpoint(directory, config_cls, model_cls, **kw):
+    """A random tiny transformers model, saved by transformers itself (its own config.json spelling)."""
+    torch.manual_seed(0)
+    hf = model_cls(config_cls(**TINY, **kw, attn_implementation="eager")).eval()
+    hf.save_pretrained(directory)
+    return hf
+
+
+def v4_spelling(cfg: dict) -> dict:
+    """The same config as transformers 4.x wrote it: top-level rope_theta and rope_scaling."""
+    cfg = dict(cfg)
+    rope = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
+    return cfg
+
+
+@pytest.mark.parametrize("family,kw,theta,scaling", [
+    ("llama", {"rope_parameters": LLAMA3}, 500000.0,
+     {"rope_type": "llama3", **{k: v for k, v in LLAMA3.items() if k not in ("rope_type", "rope_theta")}}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, 10000.0,
+     {"rope_type": "linear", "factor": 2.0}),
+    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1234.5}}, 1234.5, None),
+    ("mistral", {"sliding_window": None, "rope_parameters": {"rope_type": "default", "rope_theta": 40000.0}},
+     40000.0, None),
+    ("mistral", {"sliding_window": 512}, 10000.0, None),  # a window as long as the context masks nothing
+])
+def test_transformers_checkpoint_matches_transformers(tmp_path, family, kw, theta, scaling):
+    if family == "llama":
+        hf = hf_checkpoint(tmp_path / "v5", transformers.LlamaConfig, transformers.LlamaForCausalLM, **kw)
+    else:
+        hf = hf_checkpoint(tmp_path / "v5", transformers.MistralConfig, transformers.MistralForCausalLM, **kw)
+    saved = json.loads((tmp_path / "v5" / "config.json").read_text())
+    assert "rope_parameters" in saved and "rope_theta" not in saved  # transformers 5 spelling on disk
+    ours = Llama.from_pretrained(tmp_path / "v5")
+    assert ours.config.rope_theta == theta and ours.config.rope_scaling == scaling
+    ids = torch.randint(0, 101, (2, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, ref = ours(ids), hf(ids).logits
+    assert (got - ref).abs().max().item() <= TOL
+
+    # the same checkpoint in the transformers 4.x spelling: transformers reads the same RoPE, and so do we
+    (tmp_path / "v4").mkdir()
+    shutil.copy(tmp_path / "v5" / "model.safetensors", tmp_path / "v4")
+    (tmp_path / "v4" / "config.json").write_text(json.dumps(v4_spelling(saved)))
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "v4").rope_parameters == hf.config.rope_parameters
+    old = Llama.from_pretrained(tmp_path / "v4")
+    assert old.config == ours.config
+    assert torch.equal(old(ids), got)
+
+
+@pytest.fixture(scope="module")
+def saved_config(tmp_path_factory):
+    """config.json as transformers 5 writes it for a tiny Llama-3-style model (llama3 RoPE)."""
+    d = tmp_path_factory.mktemp("cfg")
+    transformers.LlamaConfig(**TINY, rope_parameters=dict(LLAMA3)).save_pretrained(d)
+    cfg = json.loads((d / "config.json").read_text())
+    assert LlamaConfig.from_dict(cfg).rope_scaling["factor"] == 8.0  # the unmodified config loads
+    return cfg
+
+
+def without(d, *keys):
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+def rope(cfg, **changes):
+    return {**cfg, "rope_parameters": {**cfg["rope_parameters"], **changes}}
+
+
+@pytest.mark.parametrize("mutate,key", [
+    (lambda c: rope(c, rope_type="yarn"), "rope_type 'yarn'"),
+    (lambda c: {**c, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+    (lambda c: {**without(v4_spelling(c), "rope_scaling"), "rope_scaling": {"type": "yarn", "factor": 4.0}},
+     "rope_type 'yarn'"),
+    (lambda c: {**c, "logits_scaling": 2.0}, "'logits_scaling'"),
+    (lambda c: {**c, "attention_bias": True}, "'attention_bias'"),
+    (lambda c: {**c, "mlp_bias": True}, "'mlp_bias'"),
+    (lambda c: {**c, "attention_dropout": 0.1}, "'attention_dropout'"),
+    (lambda c: {**c, "hidden_act": "gelu"}, "'hidden_act'"),
+    (lambda c: {**c, "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    (lambda c: rope(c, attention_factor=2.0), "'attention_factor'"),
+    (lambda c: {**c, "rope_parameters": without(c["rope_parameters"], "low_freq_factor")}, "low_freq_factor"),
+    (lambda c: {**c, "rope_theta": 10000.0}, "rope_theta"),  # disagrees with rope_parameters' 500000
+    (lambda c: {**c, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_parameters"),
+    (lambda c: {**c, "original_max_position_embeddings": 128}, "original_max_position_embeddings"),
+    (lambda c: {**c, "model_type": "mistral", "sliding_window": 128}, "'sliding_window'"),
+    # MistralConfig's default window (4096) applies when the key is missing
+    (lambda c: {**c, "model_type": "mistral", "max_position_embeddings": 8192}, "'sliding_window'"),
+    (lambda c: {**c, "quantization_config": {"quant_method": "bitsandbytes"}}, "'quantization_config'"),
+    (lambda c: {**c, "model_type": "qwen2"}, "model_type 'qwen2'"),
+    (lambda c: {**c, "rope_theta": None, "rope_parameters": None}, "rope_theta"),
+])
+def test_unsupported_config_keys_raise_naming_the_key(tmp_path, saved_config, mutate, key):
+    (tmp_path / "config.json").write_text(json.dumps(mutate(saved_config)))
+    with pytest.raises(ValueError, match=key):
+        Llama.from_pretrained(tmp_path)
+
+
+def test_transformers_saved_yarn_raises(tmp_path):
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    transformers.LlamaConfig(**TINY, rope_parameters=yarn).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="rope_type 'yarn'"):
+        Llama.from_pretrained(tmp_path)
+
+
+def test_metadata_and_harmless_values_load(saved_config):
+    # a transformers 4.x-era Llama config (generation defaults, torch_dtype, pretraining_tp) and
+    # SmolLM2's extras: all leave the logits unchanged
+    cfg = {**v4_spelling(saved_config), "torch_dtype": "bfloat16", "pretraining_tp": 1, "max_length": 20,
+           "temperature": 0.7, "rope_interleaved": False, "is_llama_config": True,
+           "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16"}}, "sliding_window": None,
+           "original_max_position_embeddings": 64, "architectures": ["LlamaForCausalLM"]}
+    config = LlamaConfig.from_dict(cfg)
+    assert config.rope_theta == 500000.0 and config.rope_type == "llama3" and config.extra["torch_dtype"] == "bfloat16"
+    assert LlamaConfig.from_dict(config.to_dict()) == config  # round trip
+    mistral = LlamaConfig.from_dict({**cfg, "model_type": "mistral", "sliding_window": 512})
+    assert mistral.extra["sliding_window"] == 512
+    # every key of transformers' full (non-diff) to_dict(), as some tools write it
+    full = LlamaConfig.from_dict(transformers.LlamaConfig(**TINY, rope_theta=3e4).to_dict())
+    assert full.rope_theta == 3e4 and full.num_key_value_heads == 2
+    full = LlamaConfig.from_dict(transformers.MistralConfig(**TINY, sliding_window=None).to_dict())
+    assert full.max_position_embeddings == 512
+    with pytest.raises(ValueError, match="'sliding_window' = 4096"):  # MistralConfig's default window
+        LlamaConfig.from_dict(transformers.MistralConfig().to_dict())
+
+
+def test_llama_config_checks_rope_scaling_and_extra():
+    base = dict(TINY, rope_theta=500000.0)
+    with_theta = LlamaConfig(**base, rope_scaling=dict(LLAMA3))  # transformers 5's rope_parameters as is
+    assert with_theta.rope_scaling == {k: v for k, v in LLAMA3.items() if k != "rope_theta"}
+    assert LlamaConfig(**base, rope_scaling={"rope_type": "default"}).rope_scaling is None
+    with pytest.raises(ValueError, match="rope_theta"):
+        LlamaConfig(**dict(TINY), rope_scaling=dict(LLAMA3))  # 500000 inside, 10000 outside
+    with pytest.raises(ValueError, match="rope_type 'linear' and type 'llama3'"):
+        LlamaConfig(**base, rope_scaling={**LLAMA3, "rope_type": "linear", "type": "llama3"})
+    with pytest.raises(ValueError, match="'beta_fast'"):
+        LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 2.0, "beta_fast": 32})
+    with pytest.raises(ValueError, match="factor"):
+        LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 0})
+    with pytest.raises(ValueError, match="'attention_bias'"):
+        LlamaConfig(**base, extra={"attention_bias": True})
+    with pytest.raises(ValueError, match="'foo'"):
+        LlamaConfig(**base, extra={"foo": 1})
+
+
+# ---- GGUF metadata
+def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's converter: half-split RoPE pairs -> interleaved pairs (what _unpermute inverts)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, model, meta=None, drop=(), tensors=None):
+    """A float32 llama GGUF of ``model``; ``meta`` adds/overrides llama.* keys, ``drop`` removes some."""
+    import gguf
+
+    c = model.config
+    kv = {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings,
+          "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
+          "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
+          "rope.freq_base": float(c.rope_theta), "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+          "vocab_size": c.vocab_size, "rope.dimension_count": c.head_dim, **(meta or {})}
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in kv.items():
+        if k in drop:
+            continue
+        add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}[type(v)]
+        add(f"llama.{k}", v)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    inv = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+           "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, t in model.state_dict().items():
+        t = t.detach().float()
+        if name in names:
+            out = names[name]
+        else:
+            _, _, i, module = name.rsplit(".", 1)[0].split(".", 3)
+            out = f"blk.{i}.{inv[module]}.weight"
+            if module == "self_attn.q_proj":
+                t = llama_cpp_permute(t, c.num_attention_heads)
+            elif module == "self_attn.k_proj":
+                t = llama_cpp_permute(t, c.num_key_value_heads)
+        w.add_tensor(out, t.numpy())
+    for name, t in (tensors or {}).items():
+        w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_round_trip_and_rope_scaling(tmp_path):
+    model = tiny_model(rope_theta=20000.0)
+    ids = torch.randint(0, 101, (1, 40))
+    loaded = Llama.from_pretrained(write_gguf(tmp_path / "m.gguf", model), cache_dir=False)
+    assert loaded.config.rope_theta == 20000.0 and loaded.config.rope_scaling is None
+    assert torch.equal(loaded(ids), model(ids))
+    # llama.cpp: a factor without a scaling type is linear scaling; "none" switches it off
+    scaled = Llama.from_pretrained(write_gguf(tmp_path / "s.gguf", model, {"rope.scaling.factor": 4.0}),
+                                   cache_dir=False)
+    assert scaled.config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    ref = Llama(scaled.config).eval()
+    ref.load_state_dict(model.state_dict())
+    assert torch.equal(scaled(ids), ref(ids))
+    assert (scaled(ids) - model(ids)).abs().max() > 1e-3  # the factor reached the RoPE
+    plain = write_gguf(tmp_path / "n.gguf", model, {"rope.scaling.type": "none", "rope.scaling.finetuned": False})
+    assert Llama.from_pretrained(plain, cache_dir=False).config.rope_scaling is None
+
+
+@pytest.mark.parametrize("meta,drop,tensors,key", [
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, (), None, "llama.rope.scaling.type"),
+    ({"rope.scaling.type": "none", "rope.scaling.factor": 4.0}, (), None, "llama.rope.scaling.factor"),
+    ({"attention.clamp_kqv": 8.0}, (), None, "llama.attention.clamp_kqv"),
+    ({"rope.dimension_count": 8}, (), None, "llama.rope.dimension_count"),
+    ({"rope.scaling.attn_factor": 2.0}, (), None, "llama.rope.scaling.attn_factor"),
+    ({"attention.sliding_window": 64}, (), None, "llama.attention.sliding_window"),
+    ({"expert_count": 4}, (), None, "llama.expert_count"),
+    ({}, ("context_length",), None, "llama.context_length"),
+    ({}, ("attention.layer_norm_rms_epsilon",), None, "llama.attention.layer_norm_rms_epsilon"),
+    ({}, (), {"blk.0.attn_q.bias": np.zeros(64, np.float32)}, "blk.0.attn_q.bias"),
+])
+def test_gguf_unsupported_metadata_raises_naming_the_key(tmp_path, meta, drop, tensors, key):
+    path = write_gguf(tmp_path / "m.gguf", tiny_model(), meta, drop, tensors)
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        Llama.from_pretrained(path, cache_dir=False)
