@@ -112,7 +112,7 @@ def test_stats(tiny_models):
     p = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(7))
     ar = triforce.generate(target, p, method="autoregressive", max_new_tokens=9).stats
     assert ar["target_passes"] == 8 and ar["mean_accepted"] == 1.0 and ar["acceptance"] == {}
-    assert ar["tokens_per_s"] == pytest.approx(3 * 9 / ar["decode_s"])
+    assert ar["tokens_per_s"] == pytest.approx(3 * 8 / ar["decode_s"])  # the first token comes from prefill
     tf = triforce.generate(target, p, method="triforce", max_new_tokens=25, draft=draft, budget=12, chunk_size=4,
                            window=12).stats
     for key in ("prefill_s", "decode_s", "tokens_per_s", "acceptance", "mean_accepted", "target_passes",

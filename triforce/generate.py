@@ -1,13 +1,13 @@
-"""``triforce.generate``: one entry point for every decoding method (DESIGN.md section 4)."""
+"""``triforce.generate``: one entry point for every decoding method (docs/design.md section 4)."""
 from __future__ import annotations
 
 import importlib
-import inspect
 from dataclasses import dataclass, field
 
 import torch
 
-from .engines import METHODS, Decode
+from .engines.decode import Decode
+from .engines.methods import resolve
 from .engines.steps import Sampling
 
 
@@ -19,15 +19,25 @@ class GenerationOutput:
     drafts), ``mean_accepted`` (tokens emitted per full-cache target verification and sequence),
     ``target_passes`` (full-cache target forwards after prefill), ``time_s`` (wall seconds per level:
     ``draft``, ``retrieval``, ``full``) and ``accepted_hist`` (count of verifications that advanced a
-    sequence by i tokens)."""
+    sequence by i tokens), ``lengths`` (real new tokens per sequence: ``max_new_tokens``, or up to and
+    including its first EOS id).
+
+    ``tokens_per_s`` counts the tokens produced after prefill (the first new token of each sequence
+    comes from the prefill's logits and is timed in ``prefill_s``)."""
 
     tokens: list[torch.Tensor]
     stats: dict = field(default_factory=dict)
 
+    @property
+    def lengths(self) -> list[int]:
+        """Real new tokens per sequence (``tokens[b][:lengths[b]]``; the rest is padding after EOS)."""
+        return self.stats["lengths"]
+
 
 def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, draft=None, seed: int | None = None,
-             progress=None, **method_options) -> GenerationOutput:
+             eos_token_id=None, pad_token_id: int | None = None, progress=None,
+             **method_options) -> GenerationOutput:
     """Generate ``max_new_tokens`` tokens after each prompt with ``method``; lossless: greedy output is
     token-for-token the autoregressive output, sampled output has the target's distribution.
 
@@ -44,12 +54,16 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
             itself on the StreamingLLM window (or ``layer_skip(draft_layers)``); ``magicdec``/``tree``:
             the target. Any draft keeps the output lossless; only speed depends on it.
         seed: seeds the sampling generator (``None``: torch's default RNG).
+        eos_token_id: an id or a list of ids (``None``: none). A sequence that emits one stops: it
+            drafts no more, its remaining tokens are ``pad_token_id`` (default: the first EOS id) and
+            ``stats`` count only its real tokens (``stats["lengths"]``).
+        pad_token_id: the id written after a sequence's EOS.
         progress: optional callable receiving the number of tokens every sequence has, per step.
-        method_options: ``gamma`` (speculative, magicdec; default 4), ``gamma1``/``gamma2``
-            (triforce; 2/6), ``budget`` (retrieval-cache tokens, 4096, capped by the prompt),
-            ``chunk_size`` (8), ``sink``/``window`` (StreamingLLM caches; 16/240), ``tree`` (branching
-            factors per depth; (2, 2, 1, 1)), ``draft_layers`` (layers of the default layer-skip draft),
-            ``draft_cache`` (magicdec: ``"streaming"`` or ``"retrieval"``).
+        method_options: the method's options; every option, its default and its meaning are in the
+            table :data:`triforce.engines.methods.OPTIONS` (``gamma``, ``gamma1``/``gamma2``, ``budget``,
+            ``chunk_size``, ``rebuild_stride``, ``sink``/``window``, ``tree``, ``draft_layers``,
+            ``draft_cache``); :data:`~triforce.engines.methods.METHODS` says which method takes which.
+            ``None`` means the default. A bad value raises ``ValueError`` naming the option.
 
     Returns:
         :class:`GenerationOutput`.
@@ -61,29 +75,45 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         out = triforce.generate(model, ids, method="magicdec", max_new_tokens=32)
         print(tok.decode(out.tokens[0].tolist()), out.stats["tokens_per_s"])
     """
-    if method not in METHODS:
-        raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
-    engine = importlib.import_module(f"triforce.engines.{method}")
-    allowed = set(inspect.signature(engine.run).parameters) - {"d", "draft"}
-    unknown = sorted(set(method_options) - allowed)
-    if unknown:
-        raise TypeError(f"method_options: {method!r} takes {sorted(allowed) or 'no options'}, got {unknown}")
+    spec, options = resolve(method, method_options)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     if not (isinstance(temperature, (int, float)) and temperature >= 0):
         raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
     prompts = _prompts(prompt_ids, _device(target), target.config.vocab_size)
+    longest, context = max(len(p) for p in prompts), target.config.max_position_embeddings
+    if longest + max_new_tokens > context:
+        raise ValueError(f"max_new_tokens: a prompt of {longest} tokens + {max_new_tokens} new tokens exceed the "
+                         f"model's context of {context} tokens; ask for at most {max(context - longest, 0)} new "
+                         f"tokens (or shorten the prompt)")
     if draft is not None and draft.config.vocab_size != target.config.vocab_size:
         raise ValueError("draft: its vocab_size must equal the target's")
     generator = None
     if seed is not None:
         generator = torch.Generator(prompts[0].device).manual_seed(int(seed))
     sampling = Sampling(float(temperature), top_k, top_p, generator)
+    eos = _token_ids("eos_token_id", eos_token_id, target.config.vocab_size)
+    if pad_token_id is not None:
+        _token_ids("pad_token_id", pad_token_id, target.config.vocab_size)
+    engine = importlib.import_module(f"triforce.engines.{spec.module}")
     with torch.inference_mode():
-        tokens, stats = engine.run(Decode(target, prompts, max_new_tokens, sampling, progress),
-                                   draft=draft, **method_options)
+        decode = Decode(target, prompts, max_new_tokens, sampling, progress, eos, pad_token_id)
+        tokens, stats = engine.run(decode, draft, **options)
     stats["method"] = method
     return GenerationOutput(tokens=tokens, stats=stats)
+
+
+def _token_ids(name: str, ids, vocab: int) -> list[int]:
+    """``None`` / an id / a list of ids -> list of ids in ``[0, vocab)``."""
+    if ids is None:
+        return []
+    items = [ids] if isinstance(ids, int) or (isinstance(ids, torch.Tensor) and ids.dim() == 0) else list(ids)
+    out = []
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, (int, torch.Tensor)) or not 0 <= int(i) < vocab:
+            raise ValueError(f"{name}: expected token ids in [0, {vocab}), got {ids!r}")
+        out.append(int(i))
+    return out
 
 
 def _device(model) -> torch.device:

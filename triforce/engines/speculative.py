@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from . import Decode
+from .decode import Decode
 from .steps import Sampling, active_advance, advance, draft_chain
 
-OPTIONS = {"gamma": 4, "draft_layers": None}
 HIST = 2  # drafter catch-up window: a step advances by at most gamma + 1 = (gamma - 1) + HIST tokens
 
 
@@ -28,34 +27,31 @@ def chain_step(d: Decode, drafter, dcache, cache, hist, active, gamma: int, leve
         tokens, num, _ = sampling.verify_chain(x, q, logits)
         adv = active_advance(num, active)
         cache.rollback(base + adv)
-    follow(dcache, hist.shape[1] + gamma - 1, adv)
-    d.out.append(tokens, adv)
+    follow(dcache, hist.shape[1] + gamma - 1, adv, (num * active).sum() / (gamma * active.sum()).clamp(min=1))
     stats.accept(level, num, gamma, active)
-    stats.verified(adv, active)
+    d.emit(tokens, adv, active)
     return advance(hist, tokens, adv, hist.shape[1])
 
 
-def follow(dcache, appended: int, adv) -> None:
+def follow(dcache, appended: int, adv, acceptance) -> None:
     """After a verification, keep ``adv`` of the ``appended`` tokens the drafter's forwards appended
     this step (relative to its current length: a StreamingLLM cache may have compacted mid-step).
     A retrieval-cache drafter instead drops its speculative tail and copies the verified tokens from
-    the full cache (it then holds exactly the committed tokens: a window of width 1)."""
+    the full cache (it then holds exactly the committed tokens: a window of width 1), after recording
+    this step's ``acceptance`` (0-d tensor) for its rebuild-on-low-acceptance policy."""
     if hasattr(dcache, "sync"):
+        dcache.record_acceptance(acceptance)
         dcache.sync()
     else:
         dcache.rollback(dcache.lengths - appended + adv)
 
 
-def run(d: Decode, draft=None, gamma: int = 4, draft_layers: int | None = None) -> tuple:
-    from triforce.models.cache import FullCache
-
-    from . import model_dtype
-
+def run(d: Decode, draft, *, gamma: int, draft_layers: int | None) -> tuple:
     d.setup(width=gamma + 1)
     draft = draft if draft is not None else default_draft(d.target, draft_layers)
     d.require_prompt_len(HIST, "speculative")
     cache = d.full_cache(d.target)
-    dcache = FullCache(draft.config, d.batch, d.cache_len, device=d.device, dtype=model_dtype(draft))
+    dcache = d.full_cache(draft)
     with d.timed_prefill():
         hist = d.start(d.target.prefill(d.prompts, cache), HIST)
         draft.prefill(d.truncated(HIST), dcache)

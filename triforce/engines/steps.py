@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 
 import triforce_kernels as tk
+from triforce_kernels.reference.sampling import argmax_lowest
 
 
 class Sampling:
@@ -41,12 +42,12 @@ class Sampling:
         """``num`` tokens per row of ``logits [B, V]`` -> (tokens int64 [B, num], probs [B, V] or None).
         Greedy: the top-``num`` ids (argmax first, lowest index on ties). Sampling: ``num`` i.i.d.
         draws (with replacement, as the tree sampler assumes)."""
-        if self.greedy:
+        if self.greedy:  # the verifiers' rule: lowest index on ties, NaN counts as -inf
             if num == 1:
-                return logits.argmax(-1, keepdim=True), None
-            return logits.topk(num, dim=-1).indices, None
+                return argmax_lowest(logits)[:, None], None
+            return logits.nan_to_num(float("-inf")).topk(num, dim=-1).indices, None
         probs = self.probs(logits)
-        return torch.multinomial(probs, num, replacement=True, generator=self.generator), probs
+        return torch.multinomial(_drawable(probs), num, replacement=True, generator=self.generator), probs
 
     def verify_chain(self, draft_tokens, draft_probs, target_logits):
         """-> (tokens [B, n+1], num_accepted int32 [B], target probs [B, n+1, V] or None)."""
@@ -63,6 +64,13 @@ class Sampling:
             return tk.tree_greedy_verify(tree_tokens, parents, target_logits)
         probs = self.probs(target_logits)
         return tk.tree_speculative_sample(tree_tokens, parents, draft_probs, probs, generator=self.generator)
+
+
+def _drawable(probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` cleaned as the samplers clean them (NaN / negative weigh 0), a row with no weight
+    left replaced by a uniform one, so that ``torch.multinomial`` accepts any input."""
+    w = torch.where(probs > 0, probs, 0.0)
+    return torch.where(w.sum(-1, keepdim=True) > 0, w, 1.0)
 
 
 def draft_chain(model, cache, hist: torch.Tensor, gamma: int, sampling: Sampling):
@@ -161,7 +169,9 @@ class Stats:
         self.hist.index_add_(0, adv.long().clamp(max=self.hist.numel() - 1),
                              active.to(torch.int64))
 
-    def finish(self, prefill_s: float, decode_s: float, new_tokens: int) -> dict:
+    def finish(self, prefill_s: float, decode_s: float, new_tokens: int, decode_tokens: int) -> dict:
+        """``new_tokens``: real new tokens of the whole batch; ``decode_tokens``: those produced after
+        prefill (``tokens_per_s = decode_tokens / decode_s``)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             for level, evs in self._events.items():
@@ -170,7 +180,7 @@ class Stats:
         rows = self.verified_rows.item()
         return {
             "prefill_s": prefill_s, "decode_s": decode_s,
-            "tokens_per_s": new_tokens / decode_s if decode_s > 0 else float("inf"),
+            "tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
             "new_tokens": new_tokens,
             "acceptance": acc,
             "mean_accepted": self.emitted.item() / rows if rows else 1.0,
@@ -178,3 +188,15 @@ class Stats:
             "time_s": dict(self.times),
             "accepted_hist": self.hist.tolist(),
         }
+
+
+def retrieval_budget(budget: int, chunk_size: int, prompts: list[torch.Tensor]) -> int:
+    """The retrieval budget in tokens, rounded down to whole chunks and capped by the shortest prompt's
+    complete chunks (a retrieval cache needs more than its sink and recent chunk: >= 3 chunks)."""
+    shortest = min(len(p) for p in prompts)
+    b = (min(budget, shortest) // chunk_size) * chunk_size
+    if b < 3 * chunk_size:
+        raise ValueError(f"budget: a retrieval cache needs at least 3 chunks of chunk_size={chunk_size} tokens; "
+                         f"got budget={budget} and the shortest prompt has {shortest} tokens (raise the budget, "
+                         f"lower chunk_size or use longer prompts)")
+    return b

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from . import Decode, model_dtype
+from .decode import Decode, model_dtype
 from .steps import active_advance, advance
 
-OPTIONS = {"tree": (2, 2, 1, 1), "sink": 16, "window": 240}
 
 
 def tree_parents(shape) -> list[int]:
@@ -67,18 +66,15 @@ def tree_step(d: Decode, drafter, dcache, cache, hist, active, shape, parents_ro
         cache.commit_path(base, path, num)
         cache.rollback(base + adv)  # finished rows keep nothing
     dcache.rollback(dcache.lengths + 1 + adv - hist.shape[1])  # from committed - 1 to committed' - H
-    d.out.append(tokens, adv)
     stats.accept("tree->full", num, len(shape), active)
-    stats.verified(adv, active)
+    d.emit(tokens, adv, active)
     return advance(hist, tokens, adv, hist.shape[1])
 
 
-def run(d: Decode, draft=None, tree=(2, 2, 1, 1), sink: int = 16, window: int = 240) -> tuple:
+def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int) -> tuple:
     from triforce.models.cache import StreamingCache
 
-    shape = tuple(int(k) for k in tree)
-    if not shape or min(shape) < 1:
-        raise ValueError(f"tree: expected a non-empty tuple of branching factors >= 1, got {tree!r}")
+    shape = tree
     parents_row = tree_parents(shape)
     hist_width = len(shape) + 2  # the drafter sits at the root after drafting; a step advances <= depth + 1
     d.setup(width=len(parents_row))

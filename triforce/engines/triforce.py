@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from . import Decode, model_dtype
-from .magicdec import retrieval_budget
-from .steps import TokenBuffer, active_advance, advance, draft_chain
+from .decode import Decode, model_dtype
+from .steps import TokenBuffer, active_advance, advance, draft_chain, retrieval_budget
 
-OPTIONS = {"gamma1": 2, "gamma2": 6, "budget": 4096, "chunk_size": 8, "sink": 16, "window": 240,
-           "draft_layers": None}
 HIST_MID = 2  # drafter window inside the middle loop (advance <= gamma1 + 1)
 HIST = 3      # at full-level boundaries: the middle's pending token is in neither cache
 
@@ -58,17 +55,16 @@ def triforce_step(d: Decode, draft, dcache, rcache, cache, xs: TokenBuffer, hist
         adv = active_advance(num, active)
         cache.rollback(base + adv)
     with stats.time("retrieval"):
-        rcache.record_acceptance(num.sum() / xs.count.clamp(min=1).sum())
+        rcache.record_acceptance((num * active).sum() / (xs.count * active).sum().clamp(min=1))
         rcache.sync()  # drop the middle's own tokens, copy the verified ones from the full cache
     dcache.rollback(dcache.lengths + adv - xs.count - 1)  # from committed_mid - 2 to committed - 3
-    d.out.append(tokens, adv)
     stats.accept("retrieval->full", num, xs.count, active)
-    stats.verified(adv, active)
+    d.emit(tokens, adv, active)
     return advance(hist, tokens, adv, HIST)
 
 
-def run(d: Decode, draft=None, gamma1: int = 2, gamma2: int = 6, budget: int = 4096, chunk_size: int = 8,
-        sink: int = 16, window: int = 240, draft_layers: int | None = None) -> tuple:
+def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
+        sink: int, window: int, draft_layers: int | None) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     d.setup(width=1 + gamma1 + gamma2)
@@ -76,7 +72,7 @@ def run(d: Decode, draft=None, gamma1: int = 2, gamma2: int = 6, budget: int = 4
     # default bottom level: the target itself on the StreamingLLM window (or its first draft_layers)
     draft = draft if draft is not None else (target.layer_skip(draft_layers) if draft_layers else target)
     d.require_prompt_len(HIST, "triforce")
-    cap = g2_cap(gamma1, gamma2)
+    cap = gamma2 + gamma1  # most tokens the middle level collects: a row at gamma2 - 1 may gain gamma1 + 1
     d.require_window(window, cap + HIST, "triforce")
     cache = d.full_cache(target, chunk_size=chunk_size)
     dcache = StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
@@ -85,12 +81,9 @@ def run(d: Decode, draft=None, gamma1: int = 2, gamma2: int = 6, budget: int = 4
     with d.timed_prefill():
         hist = d.start(target.prefill(d.prompts, cache), HIST)
         draft.prefill(d.truncated(HIST), dcache)
-        rcache = RetrievalCache(target.config, cache, retrieval_budget(budget, budget, chunk_size, d), chunk_size,
-                                max_step=cap + 1)
+        # Between two syncs a row holds up to `cap` middle tokens, and a middle pass still writes
+        # gamma1 + 1 more to it while other rows continue (they are rolled back after the pass).
+        rcache = RetrievalCache(target.config, cache, retrieval_budget(budget, chunk_size, d.prompts), chunk_size,
+                                max_step=cap + gamma1 + 1, rebuild_stride=rebuild_stride)
     return d.loop(lambda h, active: triforce_step(d, draft, dcache, rcache, cache, xs, h, active,
                                                   gamma1, gamma2), hist)
-
-
-def g2_cap(gamma1: int, gamma2: int) -> int:
-    """Most tokens the middle level can collect: a row at gamma2 - 1 may still gain gamma1 + 1."""
-    return gamma2 + gamma1

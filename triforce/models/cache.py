@@ -17,7 +17,6 @@ lengths once (and raise if it really does).
 """
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 
 import torch
@@ -194,16 +193,20 @@ class FullCache(_KVCache):
         config: the model's :class:`LlamaConfig`.
         batch_size: sequences.
         max_len: slots per sequence (prompt + generated + one speculative step), at most
-            ``config.max_position_embeddings``.
+            ``config.max_position_embeddings + speculative_slack``.
         device, dtype: of the buffers (dtype must equal the model's).
         chunk_size: enables chunk-mean keys, see above.
+        speculative_slack: slots allowed past the model's context, for the speculative tail of a
+            sequence that ends at the context limit: those tokens are verified but never emitted (a
+            causal forward's earlier logits do not depend on them), so positions past the context
+            never reach the output.
     """
 
     def __init__(self, config: LlamaConfig, batch_size: int, max_len: int, device=None, dtype=None,
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, speculative_slack: int = 0):
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"max_len must be a positive int, got {max_len!r}")
-        if max_len > config.max_position_embeddings:
+        if max_len > config.max_position_embeddings + speculative_slack:
             raise ValueError(f"max_len {max_len} exceeds the model's context "
                              f"(max_position_embeddings = {config.max_position_embeddings})")
         super().__init__(config, batch_size, max_len, device, dtype)
@@ -390,7 +393,7 @@ class RetrievalCache(_KVCache):
         max_step: most tokens appended by this cache's forwards between two ``sync()`` calls.
         sink_chunks: leading chunks always kept (default 1).
         recent_chunks: trailing complete chunks always kept (default: 1 when the budget allows, else 0).
-        rebuild_stride: rebuild after the full cache grew by this many tokens since the last rebuild.
+        rebuild_stride: rebuild once a sequence grew by this many tokens since the last rebuild.
         min_acceptance: rebuild when the mean of the last ``acceptance_window`` rates given to
             ``record_acceptance`` drops below this (0 disables).
         acceptance_window: how many recorded rates the rolling mean covers.
@@ -430,8 +433,10 @@ class RetrievalCache(_KVCache):
         self.base_pos = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)
         self.synced = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)
         self.chunk_idx = [None] * self.num_layers
-        self._acceptance = collections.deque(maxlen=acceptance_window)
-        self._rebuild_at = 0  # host: max full length at the last rebuild
+        # rolling window of recorded rates: a fixed device ring (memory stays constant), host count
+        self._acc = torch.zeros(acceptance_window, dtype=torch.float64, device=self.device)
+        self._acc_count = 0
+        self._rebuild_at = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)  # lengths then
         self.num_rebuilds = 0
         self.rebuild()
 
@@ -454,8 +459,8 @@ class RetrievalCache(_KVCache):
                 sink_chunks=self.sink_chunks, recent_chunks=self.recent_chunks)
         self.base_pos.copy_(num_chunks.long() * self.chunk_size)
         self.synced.copy_(self.base_pos)
-        self._rebuild_at = hi
-        self._acceptance.clear()
+        self._rebuild_at.copy_(full.lengths.long())
+        self._acc_count = 0
         self.num_rebuilds += 1
         self._copy_tail(hi - lo * self.chunk_size)
         self._bound = self.budget + hi - lo * self.chunk_size  # >= every row's budget + tail length
@@ -480,15 +485,17 @@ class RetrievalCache(_KVCache):
     def sync(self) -> bool:
         """After a full-level verification: copy the tokens the full cache gained since the last sync into
         the tail (dropping this cache's own speculative tokens), rebuilding instead when the tail would
-        overflow, the full cache grew by ``rebuild_stride`` since the last rebuild, or the rolling
+        overflow, a sequence grew by ``rebuild_stride`` tokens since the last rebuild, or the rolling
         acceptance fell below ``min_acceptance``. One device read. Returns whether it rebuilt."""
         full = self.full
-        stats = torch.stack([full.lengths.long().max(), (full.lengths.long() - self.base_pos).max(),
-                             self.synced.min()]).tolist()
-        full_max, tail_need, synced_min = (int(x) for x in stats)
-        low_acc = (self.min_acceptance > 0 and len(self._acceptance) == self._acceptance.maxlen
-                   and sum(self._acceptance) / len(self._acceptance) < self.min_acceptance)
-        if tail_need > self.tail - self.max_step or full_max - self._rebuild_at >= self.rebuild_stride or low_acc:
+        lengths = full.lengths.long()
+        reads = [lengths.max(), (lengths - self.base_pos).max(), self.synced.min(), (lengths - self._rebuild_at).max()]
+        if self.min_acceptance > 0 and self._acc_count >= self._acc.numel():  # rides in the same read
+            reads.append(self._acc.mean())
+        stats = torch.stack([r.to(torch.float64) for r in reads]).tolist()
+        full_max, tail_need, synced_min, grown = (int(x) for x in stats[:4])
+        low_acc = len(stats) > 4 and stats[4] < self.min_acceptance
+        if tail_need > self.tail - self.max_step or grown >= self.rebuild_stride or low_acc:
             self.rebuild()
             return True
         self._copy_tail(full_max - synced_min)
@@ -496,8 +503,10 @@ class RetrievalCache(_KVCache):
         return False
 
     def record_acceptance(self, rate) -> None:
-        """Record a middle-level acceptance rate (float or 0-d tensor; a tensor costs a device read)."""
-        self._acceptance.append(float(rate))
+        """Record a draft-level acceptance rate (float or 0-d tensor; a tensor is read at the next
+        ``sync``, in the read it does anyway)."""
+        self._acc[self._acc_count % self._acc.numel()] = rate  # a device copy, no sync
+        self._acc_count += 1
 
     def _room(self):
         return self.capacity

@@ -1,0 +1,255 @@
+"""Robustness of the engines: every method over random batches (ragged and identical prompts), random
+option values, greedy and sampled, with and without EOS, on tiny random models: no exception, and
+greedy output equal to autoregressive token for token. Plus end of sequence, option validation at
+the boundary, the NaN argmax rule, the context limit and the retrieval cache's capacity invariant."""
+import functools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import triforce
+from triforce.engines.tree import tree_parents
+from triforce.models import Llama, LlamaConfig
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(seed: int, vocab: int, layers: int = 2, ctx: int = 1024) -> Llama:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ctx,
+                      initializer_range=0.3)
+    return Llama(cfg).eval()
+
+
+@st.composite
+def cases(draw):
+    """(method, options, use a separate draft model) valid by construction for prompts >= min_len."""
+    method = draw(st.sampled_from(["speculative", "magicdec", "triforce", "tree"]))
+    chunk = draw(st.integers(1, 6))
+    retrieval = {"chunk_size": chunk, "budget": draw(st.integers(3 * chunk, 8 * chunk)),
+                 "rebuild_stride": draw(st.integers(1, 40))}
+    sink = draw(st.integers(0, 4))
+    separate = draw(st.booleans())
+    if method == "speculative":
+        opts, min_len = {"gamma": draw(st.integers(1, 6))}, 2
+        if not separate:
+            opts["draft_layers"] = 1
+    elif method == "magicdec":
+        gamma = draw(st.integers(1, 5))
+        if draw(st.booleans()):
+            opts, min_len = {"gamma": gamma, "draft_cache": "retrieval", **retrieval}, retrieval["budget"]
+            separate = False
+        else:
+            opts = {"gamma": gamma, "sink": sink, "window": gamma + 2 + draw(st.integers(0, 10))}
+            min_len = 2
+    elif method == "triforce":
+        g1, g2 = draw(st.integers(1, 4)), draw(st.integers(1, 8))
+        opts = {"gamma1": g1, "gamma2": g2, "sink": sink, "window": g1 + g2 + 3 + draw(st.integers(0, 10)),
+                **retrieval}
+        min_len = max(3, retrieval["budget"])
+    else:
+        shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+        nodes = len(tree_parents(shape))
+        opts = {"tree": shape, "sink": sink, "window": len(shape) + 2 + nodes + draw(st.integers(0, 8))}
+        min_len, separate = len(shape) + 2, separate
+    return method, opts, separate, min_len
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=cases(), data=st.data())
+def test_every_method_random_batches_and_options(case, data):
+    method, opts, separate, min_len = case
+    vocab = data.draw(st.sampled_from([16, 64]), label="vocab")
+    target = tiny(0, vocab)
+    draft = tiny(1, vocab, layers=1) if separate else None
+    B = data.draw(st.integers(1, 5), label="batch")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    if data.draw(st.booleans(), label="identical"):
+        n = data.draw(st.integers(min_len, min_len + 30), label="len")
+        prompts = [torch.randint(0, vocab, (n,), generator=g)] * B
+    else:
+        lens = data.draw(st.lists(st.integers(min_len, min_len + 30), min_size=B, max_size=B), label="lens")
+        prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
+    max_new = data.draw(st.integers(1, 40), label="max_new")
+    temperature = data.draw(st.sampled_from([0.0, 0.0, 1.0, 0.7]), label="temperature")
+    top_p = data.draw(st.sampled_from([None, 0.9]), label="top_p") if temperature else None
+    eos = data.draw(st.sampled_from([None, 3, [5, 7]]), label="eos")
+    kw = dict(max_new_tokens=max_new, temperature=temperature, top_p=top_p, seed=5, eos_token_id=eos)
+    out = triforce.generate(target, prompts, method=method, draft=draft, **opts, **kw)
+    assert len(out.tokens) == B
+    for b in range(B):
+        t = out.tokens[b]
+        assert t.shape == (max_new,) and t.dtype == torch.int64
+        assert 1 <= out.lengths[b] <= max_new
+        assert bool(((t >= 0) & (t < vocab)).all())
+    if temperature == 0:
+        ref = triforce.generate(target, prompts, method="autoregressive", **kw)
+        assert out.lengths == ref.lengths
+        for b in range(B):
+            assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+
+
+def test_triforce_retrieval_cache_capacity_many_identical_rows(monkeypatch):
+    """A row that already holds gamma2 middle tokens still gets gamma1 + 1 written at every further
+    middle pass while other rows continue: the tokens appended to the retrieval cache between two syncs
+    must never exceed the ``max_step`` it was sized for (it did, and the cache overflowed)."""
+    from triforce.models import cache as cache_mod
+
+    peak = {"appended": 0, "max_step": None}
+    orig_end, orig_copy = cache_mod.RetrievalCache.end, cache_mod.RetrievalCache._copy_tail
+
+    def end(self, step):
+        orig_end(self, step)
+        appended = self.lengths.long() - (self.budget + self.synced - self.base_pos)
+        peak["appended"] = max(peak["appended"], int(appended.max()))
+        peak["max_step"] = self.max_step
+
+    monkeypatch.setattr(cache_mod.RetrievalCache, "end", end)
+    target, draft = tiny(0, 16), tiny(1, 16)
+    p = torch.randint(0, 16, (40,), generator=torch.Generator().manual_seed(2))
+    out = triforce.generate(target, p.expand(300, 40).clone(), method="triforce", max_new_tokens=64,
+                            temperature=1.0, draft=draft, gamma1=2, gamma2=3, budget=12, chunk_size=4, sink=1,
+                            window=12, rebuild_stride=4, seed=0)
+    assert all(int(n) == 64 for n in out.lengths)
+    # finished rows rode along in further middle passes: gamma2 + 2 * gamma1 + 1 = 8 > gamma1 + gamma2 + 1
+    assert peak["appended"] == 8 and peak["appended"] <= peak["max_step"], peak
+
+
+# ---- end of sequence
+@pytest.mark.parametrize("method,opts", [
+    ("autoregressive", {}),
+    ("speculative", {"gamma": 3}),
+    ("magicdec", {"gamma": 3, "sink": 1, "window": 8}),
+    ("magicdec", {"gamma": 2, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4}),
+    ("triforce", {"gamma1": 2, "gamma2": 4, "budget": 12, "chunk_size": 4, "sink": 1, "window": 12}),
+    ("tree", {"tree": (2, 1), "sink": 1, "window": 12}),
+])
+def test_eos_stops_each_row_and_pads(method, opts):
+    target = tiny(0, 16)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 16, (n,), generator=g) for n in (17, 30, 23, 41)]
+    free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
+    # the EOS id: a token that some rows emit early and others late (ragged finishing steps)
+    first_seen = {}
+    for b, t in enumerate(free.tokens):
+        for i, x in enumerate(t.tolist()):
+            first_seen.setdefault(x, {}).setdefault(b, i)
+    eos = max(first_seen, key=lambda x: (len(first_seen[x]), -sum(first_seen[x].values())))
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=30, eos_token_id=eos, pad_token_id=0,
+                            draft=tiny(1, 16, layers=1) if method == "speculative" else None, **opts)
+    real = 0
+    for b, t in enumerate(free.tokens):
+        n = first_seen[eos].get(b, 29) + 1
+        assert out.lengths[b] == n
+        assert torch.equal(out.tokens[b][:n], t[:n])
+        assert bool((out.tokens[b][n:] == 0).all())
+        real += n
+    assert out.stats["new_tokens"] == real
+    assert out.stats["tokens_per_s"] == pytest.approx((real - len(prompts)) / out.stats["decode_s"])
+
+
+def test_eos_on_the_first_token_stops_without_decoding():
+    target = tiny(0, 16)
+    p = torch.randint(0, 16, (1, 12), generator=torch.Generator().manual_seed(1))
+    first = int(triforce.generate(target, p, method="autoregressive", max_new_tokens=1).tokens[0][0])
+    out = triforce.generate(target, p, method="magicdec", max_new_tokens=20, eos_token_id=first, sink=1, window=8)
+    assert out.lengths == [1] and out.stats["target_passes"] == 0
+    assert out.tokens[0].tolist() == [first] * 20  # padded with the EOS id by default
+
+
+# ---- options and inputs at the boundary
+@pytest.mark.parametrize("method,opts,name", [
+    ("speculative", {"gamma": 0}, "gamma"),
+    ("speculative", {"gamma": 2.5}, "gamma"),
+    ("speculative", {"gamma": True}, "gamma"),
+    ("speculative", {"draft_layers": 0}, "draft_layers"),
+    ("triforce", {"gamma1": 0}, "gamma1"),
+    ("triforce", {"gamma2": 0}, "gamma2"),
+    ("triforce", {"budget": 0}, "budget"),
+    ("triforce", {"budget": -8}, "budget"),
+    ("triforce", {"chunk_size": 0}, "chunk_size"),
+    ("triforce", {"rebuild_stride": 0}, "rebuild_stride"),
+    ("magicdec", {"sink": -1}, "sink"),
+    ("magicdec", {"window": 0}, "window"),
+    ("magicdec", {"draft_cache": "paged"}, "draft_cache"),
+    ("tree", {"tree": ()}, "tree"),
+    ("tree", {"tree": (2, 0)}, "tree"),
+    ("tree", {"tree": (2.0, 1)}, "tree"),
+])
+def test_bad_option_values_name_the_option(method, opts, name):
+    target = tiny(0, 64)
+    p = torch.randint(0, 64, (1, 40))
+    with pytest.raises(ValueError, match=rf"^{name}: "):
+        triforce.generate(target, p, method=method, max_new_tokens=4, **opts)
+
+
+def test_budget_too_small_blames_the_budget_not_the_prompt():
+    target = tiny(0, 64)
+    with pytest.raises(ValueError, match=r"^budget: .*got budget=8"):
+        triforce.generate(target, torch.randint(0, 64, (1, 60)), method="triforce", max_new_tokens=4, budget=8,
+                          chunk_size=4)
+
+
+def test_bad_eos_and_pad_ids():
+    target = tiny(0, 64)
+    p = torch.randint(0, 64, (1, 10))
+    for kw in ({"eos_token_id": 64}, {"eos_token_id": [1, -1]}, {"eos_token_id": "a"}, {"pad_token_id": 99}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            triforce.generate(target, p, method="autoregressive", max_new_tokens=2, **kw)
+
+
+def test_context_limit_is_a_clear_error_and_the_last_token_fits():
+    target = tiny(0, 16, ctx=64)
+    p = torch.randint(0, 16, (1, 40), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"max_new_tokens: .* at most 24"):
+        triforce.generate(target, p, method="autoregressive", max_new_tokens=25)
+    ref = triforce.generate(target, p, method="autoregressive", max_new_tokens=24)
+    for method, opts in (("magicdec", {"gamma": 5, "sink": 1, "window": 8}),
+                         ("triforce", {"budget": 12, "chunk_size": 4, "sink": 1, "window": 12}),
+                         ("tree", {"tree": (2, 2), "sink": 1, "window": 12})):
+        out = triforce.generate(target, p, method=method, max_new_tokens=24, **opts)
+        assert torch.equal(out.tokens[0], ref.tokens[0]), method
+
+
+# ---- one greedy rule everywhere
+def test_greedy_sampling_rule_matches_the_verifiers_on_nan_and_ties():
+    import triforce_kernels as tk
+    from triforce.engines.steps import Sampling
+
+    s = Sampling(0.0, None, None, None)
+    logits = torch.tensor([[0.0, float("nan"), 1.0, 1.0], [float("nan")] * 4, [2.0, 2.0, -1.0, 0.0]])
+    tok, _ = s.sample(logits)
+    draft = torch.zeros(3, 0, dtype=torch.int64)
+    emitted, _ = tk.chain_greedy_verify(draft, logits[:, None])
+    assert tok[:, 0].tolist() == emitted[:, 0].tolist() == [2, 0, 0]
+
+
+def test_sampled_draws_never_fail_on_nan_logits():
+    from triforce.engines.steps import Sampling
+
+    s = Sampling(1.0, None, None, torch.Generator().manual_seed(0))
+    logits = torch.tensor([[0.0, float("nan"), 1.0], [float("nan")] * 3])
+    tok, _ = s.sample(logits, 4)
+    assert tok.shape == (2, 4) and bool(((tok >= 0) & (tok < 3)).all())
+
+
+def test_magicdec_retrieval_records_acceptance_and_rebuilds_when_it_drops(monkeypatch):
+    from triforce.models import cache as cache_mod
+
+    seen = []
+    orig = cache_mod.RetrievalCache.rebuild
+
+    def spy(self):
+        seen.append(self._acc_count)
+        return orig(self)
+
+    monkeypatch.setattr(cache_mod.RetrievalCache, "rebuild", spy)
+    target = tiny(0, 64)
+    p = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(3))
+    triforce.generate(target, p, method="magicdec", max_new_tokens=60, draft_cache="retrieval", budget=12,
+                      chunk_size=4, gamma=4, rebuild_stride=10_000)
+    # rebuilds beyond the first are triggered by the recorded acceptance window (8 rates) alone
+    assert len(seen) >= 2 and all(n >= 8 for n in seen[1:]), seen

@@ -1,0 +1,150 @@
+"""Per-call state shared by every engine: prompts, sampling, caches' sizes, the output buffer, end of
+sequence and the statistics (:class:`Decode`)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .steps import Sampling, Stats, TokenBuffer
+
+
+class Decode:
+    """Per-call state shared by the engines: prompts, sampling, output buffer, EOS, statistics.
+
+    A row is *active* while it has fewer than ``max_new`` tokens and has not emitted an EOS id; an
+    inactive row keeps riding in the batch (its forwards are padding) but never advances again."""
+
+    def __init__(self, target, prompts: list[torch.Tensor], max_new_tokens: int, sampling: Sampling,
+                 progress=None, eos_token_ids: list[int] | None = None, pad_token_id: int | None = None):
+        self.target, self.prompts, self.max_new, self.sampling = target, prompts, max_new_tokens, sampling
+        self.device = prompts[0].device
+        self.batch = len(prompts)
+        self.prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=self.device)
+        self.max_prompt = max(len(p) for p in prompts)
+        self.progress = progress
+        self.prefill_s = 0.0
+        self.eos = None if not eos_token_ids else torch.tensor(eos_token_ids, dtype=torch.int64, device=self.device)
+        self.pad = pad_token_id if pad_token_id is not None else (eos_token_ids[0] if eos_token_ids else -1)
+        self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+
+    def setup(self, width: int) -> None:
+        """``width``: the most tokens one step appends to the full cache (sizes every buffer)."""
+        self.width = width
+        self.out = TokenBuffer(self.batch, self.max_new + width + 1, self.device)
+        self.stats = Stats(self.device, width)
+
+    @property
+    def cache_len(self) -> int:
+        """Full-cache capacity: prompt + new tokens + one step of overshoot (a row may finish up to
+        ``width - 1`` tokens past ``max_new``) + the next step's tokens, appended to finished rows too."""
+        return self.max_prompt + self.max_new + 2 * self.width + 1
+
+    def full_cache(self, model, chunk_size: int | None = None):
+        from triforce.models.cache import FullCache
+
+        # prompt + max_new fits the context (checked by generate); only never-emitted drafts go past it
+        slack = max(0, self.cache_len - model.config.max_position_embeddings)
+        return FullCache(model.config, self.batch, self.cache_len, device=self.device,
+                         dtype=model_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
+
+    def require_prompt_len(self, n: int, method: str) -> None:
+        if min(len(p) for p in self.prompts) < n:
+            raise ValueError(f"prompt_ids: method {method!r} with these options needs prompts of at least "
+                             f"{n} tokens")
+
+    @staticmethod
+    def require_window(window: int, span: int, method: str) -> None:
+        """A StreamingLLM drafter rolls back up to ``span`` tokens appended over several forwards
+        (each of which may evict old tokens first), so its window must hold them all."""
+        if window < span:
+            raise ValueError(f"window: {method!r} with these options needs a StreamingLLM window of at least "
+                             f"{span} tokens, got {window}")
+
+    def truncated(self, hist_width: int) -> list[torch.Tensor]:
+        """Prompts without their last ``hist_width - 1`` tokens: what a drafter cache holds at the
+        start (it then catches up from ``hist``)."""
+        return [p[: len(p) + 1 - hist_width] for p in self.prompts]
+
+    def start(self, logits: torch.Tensor, hist_width: int) -> torch.Tensor:
+        """Sample the first new token from the prefill logits ``[B, V]``; -> ``hist [B, hist_width]``."""
+        first, _ = self.sampling.sample(logits)
+        self._append(first, torch.ones(self.batch, dtype=torch.int32, device=self.device))
+        if hist_width == 1:
+            return first
+        tails = torch.stack([p[len(p) - hist_width + 1:] for p in self.prompts])
+        return torch.cat([tails, first], 1)
+
+    def _append(self, tokens: torch.Tensor, num: torch.Tensor) -> None:
+        """Append ``tokens[b, :num[b]]`` to row b's output; a row that emits an EOS id finishes."""
+        if self.eos is not None:
+            new = torch.arange(tokens.shape[1], device=self.device) < num[:, None]
+            self.finished |= (torch.isin(tokens, self.eos) & new).any(1)
+        self.out.append(tokens, num)
+
+    def emit(self, tokens: torch.Tensor, adv: torch.Tensor, active: torch.Tensor) -> None:
+        """One full-cache verification advanced each row by ``adv`` (0 for inactive rows): record the
+        emitted ``tokens[b, :adv[b]]`` and count the pass."""
+        self._append(tokens, adv)
+        self.stats.verified(adv, active)
+
+    def timed_prefill(self):
+        return _Timer(self, "prefill_s")
+
+    def active(self) -> torch.Tensor:
+        return (self.out.count < self.max_new) & ~self.finished
+
+    def loop(self, step, state):
+        """Run ``state = step(state, active)`` until every row has ``max_new`` tokens or has finished
+        (one host sync per step, to decide termination), then finish the statistics."""
+        t0 = time.perf_counter()
+        while True:
+            active = self.active()
+            running, done = torch.stack([active.any().long(), self.out.count.min().long()]).tolist()
+            if self.progress is not None:
+                self.progress(min(done, self.max_new))
+            if not running:
+                break
+            state = step(state, active)
+        if self.progress is not None and done < self.max_new:
+            self.progress(self.max_new)  # every row stopped at EOS
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.finish(time.perf_counter() - t0)
+
+    def lengths(self) -> torch.Tensor:
+        """Real new tokens per row: up to ``max_new``, cut after the first EOS id."""
+        n = torch.full((self.batch,), self.max_new, dtype=torch.int64, device=self.device)
+        if self.eos is None:
+            return n
+        hit = torch.isin(self.out.tokens[:, : self.max_new], self.eos)
+        first = torch.where(hit.any(1), hit.int().argmax(1) + 1, self.max_new)
+        return torch.minimum(n, first)
+
+    def finish(self, decode_s: float):
+        lengths = self.lengths()
+        cols = torch.arange(self.max_new, device=self.device)
+        padded = torch.where(cols < lengths[:, None], self.out.tokens[:, : self.max_new], self.pad)
+        tokens = [padded[b].clone() for b in range(self.batch)]
+        # the first token of every row is sampled from the prefill's logits: not a decode token
+        new_tokens = int(lengths.sum())
+        stats = self.stats.finish(self.prefill_s, decode_s, new_tokens, new_tokens - self.batch)
+        stats["lengths"] = lengths.tolist()
+        return tokens, stats
+
+
+def model_dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+class _Timer:
+    def __init__(self, decode: Decode, attr: str):
+        self.decode, self.attr = decode, attr
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if self.decode.device.type == "cuda":
+            torch.cuda.synchronize(self.decode.device)
+        setattr(self.decode, self.attr, getattr(self.decode, self.attr) + time.perf_counter() - self.t0)
