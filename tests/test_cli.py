@@ -1,21 +1,82 @@
-"""CLI: argument parsing, ``triforce demo --quick`` and ``triforce generate`` end to end on the embedded
-model (loaded once, shared with tests/test_engines.py), ``python -m triforce``."""
+"""CLI: argument parsing and its one-line errors (exit 2), runtime errors (exit 1, ``--debug`` for the
+traceback), progress on stderr, ``triforce generate`` on the embedded model and on a tiny random
+Hugging Face directory with a ``tokenizer.json``, ``triforce bench --json``, ``triforce demo --quick``,
+``python -m triforce``."""
+import argparse
+import importlib.metadata
 import io
 import json
+import re
+import shutil
 import subprocess
 import sys
+import types
 
 import pytest
+import torch
+from tokenizers import Tokenizer as HFTokenizer, models as tok_models, pre_tokenizers, processors
 
+import triforce
 from triforce import cli, demo
+from triforce.models import Llama, LlamaConfig, Tokenizer, hub
 from tests.test_engines import load_smollm2
+
+WORDS = ("the a of and to in is it that was he for on are as with his they at be this from have or by one had "
+         "not but what all were when we there can an your which their said if do will each about how up out them "
+         "then she many some so these would other into").split()
+VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
 
 
 @pytest.fixture
 def smol(monkeypatch):
-    monkeypatch.setattr(demo, "load_model", lambda name="smollm2", dtype=None: load_smollm2())
+    load = lambda name="smollm2", dtype=None: load_smollm2()  # noqa: E731
+    monkeypatch.setattr(demo, "load_model", load)
+    monkeypatch.setattr(hub, "load_model", load)
 
 
+def _word_tokenizer(post_bos: bool = False) -> HFTokenizer:
+    t = HFTokenizer(tok_models.WordLevel(VOCAB, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.add_special_tokens(["<unk>", "<s>", "</s>"])
+    if post_bos:
+        t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return t
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A tiny random Llama saved as a Hugging Face directory, with a word-level tokenizer.json."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048))
+    with torch.no_grad():  # larger logits than the default init: a varied greedy continuation
+        model.lm_head.weight.normal_(0, 1)
+    model.save_pretrained(d)
+    _word_tokenizer().save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                         "add_bos_token": True}))
+    return d
+
+
+def run(argv, capsys):
+    """-> (exit code, stdout, stderr) of ``triforce argv`` in this process."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], (w, err)
+
+
+# ---- parsing
 def test_parser_options():
     args = cli.build_parser().parse_args(["generate", "--method", "tree", "--tree", "2,1", "--window", "64",
                                           "--max-new-tokens", "5"])
@@ -32,23 +93,244 @@ def test_parser_rejects(argv, capsys):
         cli.build_parser().parse_args(argv)
 
 
+def test_every_option_has_help():
+    parsers = [cli.build_parser()]
+    for p in list(parsers):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                parsers += a.choices.values()
+    assert len(parsers) == 4
+    for p in parsers:
+        for a in p._actions:
+            assert a.help, f"{p.prog} {a.option_strings or a.dest} has no help"
+
+
+def test_version(capsys):
+    rc, out, _ = run(["--version"], capsys)
+    assert rc == 0 and out.strip() == f"triforce {importlib.metadata.version('triforce')}"
+
+
+# ---- usage errors: one line naming the option, exit code 2, before any model is loaded
+@pytest.mark.parametrize("argv,named", [
+    (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["generate", "--prompt", "hi", "--gamma", "0"], "--gamma"),
+    (["generate", "--prompt", "hi", "--budget", "-8"], "--budget"),
+    (["generate", "--prompt", "hi", "--temperature", "-1"], "--temperature"),
+    (["generate", "--prompt", "hi", "--temperature", "nan"], "--temperature"),
+    (["generate", "--prompt", "hi", "--top-p", "1.5"], "--top-p"),
+    (["generate", "--prompt", "hi", "--tree", "2,x"], "--tree"),
+    (["generate", "--prompt", "hi", "--draft-cache", "disk"], "--draft-cache"),
+    (["generate", "--prompt", "hi", "--model", "/no/such/model"], "--model"),
+    (["generate", "--prompt-file", "/no/such/prompt.txt"], "--prompt-file"),
+    (["generate", "--prompt", "hi", "--draft", "medusa"], "--draft"),
+    (["generate", "--prompt", "hi", "--prompt-file", "-"], "--prompt-file"),
+    (["generate", "--prompt", "hi", "--method", "magicdec", "--tree", "2,2"], "--tree"),
+    (["generate", "--prompt", "hi", "--draft", "smollm2"], "--draft"),
+    (["generate", "--prompt", "   \n"], "empty"),
+    (["bench", "--batch", "1", "0"], "--batch"),
+    (["demo", "--context", "-1"], "--context"),
+    ([], "COMMAND"),
+])
+def test_usage_errors(argv, named, capsys):
+    rc, out, err = run(argv, capsys)
+    assert rc == 2 and out == ""
+    assert_one_line_error(err, named)
+
+
+def test_no_prompt_on_a_terminal_is_a_usage_error(monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal("never read"))
+    rc, _, err = run(["generate"], capsys)
+    assert rc == 2
+    assert_one_line_error(err, "no prompt", "--prompt")
+    assert sys.stdin.tell() == 0  # it did not wait on the terminal
+
+
+def test_empty_prompt_file(tmp_path, capsys):
+    (tmp_path / "p.txt").write_text("")
+    rc, _, err = run(["generate", "--prompt-file", str(tmp_path / "p.txt")], capsys)
+    assert rc == 2
+    assert_one_line_error(err, "empty")
+
+
+# ---- runtime errors: exit code 1, one line, --debug raises
+def test_runtime_errors(hf_dir, tmp_path, capsys):
+    no_tok = tmp_path / "no-tokenizer"
+    shutil.copytree(hf_dir, no_tok)
+    (no_tok / "tokenizer.json").unlink()
+    rc, out, err = run(["generate", "--model", str(no_tok), "--prompt", "the"], capsys)
+    assert rc == 1 and out == ""
+    assert_one_line_error(err, "triforce: error:", "tokenizer.json")
+
+    (tmp_path / "empty").mkdir()
+    rc, _, err = run(["generate", "--model", str(tmp_path / "empty"), "--prompt", "the"], capsys)
+    assert rc == 1
+    assert_one_line_error(err, "config.json")
+
+    rc, _, err = run(["generate", "--model", str(hf_dir), "--prompt", "the", "--method", "magicdec",
+                      "--gamma", "8", "--window", "2"], capsys)
+    assert rc == 1
+    assert_one_line_error(err, "window")
+
+    with pytest.raises(ValueError, match="no tokenizer"):
+        cli.main(["--debug", "generate", "--model", str(no_tok), "--prompt", "the"])
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    argv = [sys.executable, "-m", "triforce", "generate", "--model", str(tmp_path), "--prompt", "the"]
+    r = subprocess.run(argv + ["--debug"], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback (most recent call last)" in r.stderr and "config.json" in r.stderr
+
+
+# ---- progress
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_on_a_terminal(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(cli, "time", types.SimpleNamespace(perf_counter=clock))
+    stream = _Terminal()
+    progress = cli.Progress(stream)
+    assert progress.enabled
+    with progress.step("loading model"):
+        clock.t = 9.8
+    bar = progress.decode("tree", 10, batch=2, prefill_label="prefill (7 tokens)")
+    clock.t = 10.3
+    bar(1)  # right after the prefill
+    clock.t = 11.3
+    bar(5)  # 4 tokens per row in 1 s
+    clock.t = 12.3
+    bar(10)
+    text = stream.getvalue()
+    assert text.startswith("loading model ... 9.8 s\nprefill (7 tokens) ... 0.5 s\n\r")
+    assert "5/10 tokens  8.0 tok/s  ETA 1.2 s" in text  # 2 rows x 4 tokens/s; 5 tokens left at 4/s
+    assert text.endswith("\n") and text.rstrip().endswith("10/10 tokens  9.0 tok/s  2.0 s")
+
+
+def test_progress_off_in_pipes_unless_forced():
+    pipe = io.StringIO()
+    bar = cli.Progress(pipe).decode("magicdec", 4)
+    for done in (1, 2, 4):
+        bar(done)
+    bar.close()
+    assert pipe.getvalue() == ""
+    forced = cli.Progress(pipe, enabled=True).decode("magicdec", 4)
+    for done in (1, 3):  # stops early (end of sequence): close() writes the last line
+        forced(done)
+    forced.close()
+    lines = pipe.getvalue().splitlines()
+    assert "\r" not in pipe.getvalue() and lines[0].startswith("prefill ... ") and "3/4 tokens" in lines[-1]
+
+
+# ---- generate
+def test_generate_from_stdin(smol, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The Python language reference describes"))
+    assert cli.main(["generate", "--method", "magicdec", "--max-new-tokens", "6", "--window", "32", "--stats",
+                     "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip()
+    stats = json.loads(captured.err.strip().splitlines()[-1])
+    assert stats["method"] == "magicdec" and stats["new_tokens"] == 6
+    assert "6/6 tokens" in captured.err and "loading model ... " in captured.err  # progress, forced
+
+
+def test_gguf_tokenizer(smol):
+    model, tok = load_smollm2()
+    from triforce.models.smollm2 import smollm2_gguf_path
+
+    gguf_tok = hub.load_tokenizer(smollm2_gguf_path())
+    text = "Lossless speculative decoding, 2024: <|im_start|>user"
+    assert gguf_tok.encode(text) == tok.encode(text) and gguf_tok.eos_token_id == 2
+    assert hub.eos_token_ids(model, gguf_tok)[0] == 2
+
+
+def test_tokenizer_json_directory(tmp_path):
+    _word_tokenizer(post_bos=True).save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 5]}))
+    tok = Tokenizer.from_pretrained(tmp_path)  # no tokenizer_config.json: BOS from the post-processor
+    assert tok.add_bos_token and tok.bos_token_id == 1 and tok.eos_token_id == [2, 5]
+    assert tok.encode("the cat", add_special_tokens=True) == [1, VOCAB["the"], 0]
+    assert tok.decode([VOCAB["the"], VOCAB["of"]]) == "the of"
+    _word_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    assert not Tokenizer.from_pretrained(tmp_path).add_bos_token
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        Tokenizer.from_pretrained(tmp_path)
+
+
+def _greedy(directory, prompt: str, n: int) -> list[int]:
+    model, tok = hub.load_model(str(directory))
+    ids = hub.encode(tok, prompt, add_special_tokens=True)
+    assert ids[0] == 1  # add_bos_token from tokenizer_config.json
+    return triforce.generate(model, torch.tensor([ids]), method="autoregressive", max_new_tokens=n).tokens[0].tolist()
+
+
+def test_generate_hf_directory(hf_dir, capsys):
+    ref = _greedy(hf_dir, "the cat sat on a mat", 12)
+    expected = hub.decode(Tokenizer.from_pretrained(hf_dir), ref[:ref.index(2)] if 2 in ref else ref)
+    rc, out, err = run(["generate", "--model", str(hf_dir), "--prompt", "the cat sat on a mat",
+                        "--max-new-tokens", "12"], capsys)
+    assert rc == 0 and err == ""  # no progress in a pipe
+    assert out == expected + "\n" and out.split()
+    assert set(out.split()) <= set(VOCAB)
+    # speculative with this directory as its draft: the same (lossless) text
+    rc, out2, _ = run(["generate", "--model", str(hf_dir), "--prompt", "the cat sat on a mat", "--max-new-tokens",
+                       "12", "--method", "speculative", "--draft", str(hf_dir), "--gamma", "3"], capsys)
+    assert rc == 0 and out2 == out
+
+
+def test_generate_stops_at_eos(hf_dir, tmp_path, capsys):
+    ref = _greedy(hf_dir, "he said", 12)
+    k = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i] and 2 not in ref[:i])
+    eos_dir = tmp_path / "eos"
+    shutil.copytree(hf_dir, eos_dir)
+    cfg = json.loads((eos_dir / "config.json").read_text())
+    (eos_dir / "config.json").write_text(json.dumps({**cfg, "eos_token_id": ref[k]}))
+    tok = Tokenizer.from_pretrained(hf_dir)
+    argv = ["generate", "--model", str(eos_dir), "--prompt", "he said", "--max-new-tokens", "12"]
+    rc, out, _ = run(argv, capsys)
+    assert rc == 0 and out == hub.decode(tok, ref[:k]) + "\n"
+    rc, out, _ = run(argv + ["--ignore-eos"], capsys)
+    assert rc == 0 and out == hub.decode(tok, ref) + "\n"
+
+
+# ---- bench, demo, python -m
+def test_bench_json(hf_dir, capsys):
+    rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "200", "--batch", "1", "2",
+                        "--max-new-tokens", "4", "--methods", "autoregressive", "magicdec", "--json"], capsys)
+    assert rc == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["batch"], r["method"]) for r in rows] == [(1, "autoregressive"), (1, "magicdec"),
+                                                        (2, "autoregressive"), (2, "magicdec")]
+    assert all(r["new_tokens"] == 4 * r["batch"] and r["identical"] for r in rows)
+    assert "speed-up" in err and "running magicdec" in err  # the table and the log, on stderr
+    rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "200", "--batch", "1", "--max-new-tokens", "4",
+                        "--methods", "autoregressive", "magicdec", "--json", "--progress"], capsys)
+    assert rc == 0 and len([json.loads(line) for line in out.splitlines()]) == 2
+    assert re.search(r"^loading model and prompts \.\.\. \d+\.\d s\n(.*\n)*running magicdec \.\.\. \d+\.\d s\n"
+                     r"\nbatch 1, ", err, re.M), err  # timed steps, each ended before the table
+
+
 def test_demo_quick(smol, capsys):
-    assert cli.main(["demo", "--quick", "--context", "120", "--max-new-tokens", "8"]) == 0
+    assert cli.main(["demo", "--quick", "--context", "120", "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "pass key" in out and "speed-up" in out
     for method in ("autoregressive", "speculative", "triforce", "magicdec", "tree"):
         assert method in out
     assert "greedy outputs identical to autoregressive: yes" in out
-
-
-def test_generate_from_stdin(smol, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("The Python language reference describes"))
-    assert cli.main(["generate", "--method", "magicdec", "--max-new-tokens", "6", "--window", "32", "--stats"]) == 0
-    captured = capsys.readouterr()
-    assert captured.out.strip()
-    stats = json.loads(captured.err.strip().splitlines()[-1])
-    assert stats["method"] == "magicdec" and stats["new_tokens"] == 6
-    assert "6/6 tokens" in captured.err  # the progress bar
 
 
 def test_python_m_triforce_help():

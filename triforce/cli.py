@@ -1,143 +1,454 @@
-"""Command line: ``triforce generate | bench | demo`` (also ``python -m triforce``).
+"""Command line: ``triforce generate | bench | demo`` (also ``python -m triforce``). See docs/cli.md.
 
     triforce demo                        # long needle-in-a-haystack prompt, every method, table
     triforce demo --quick                # short prompt, seconds
-    echo "Once upon a time" | triforce generate --method magicdec --max-new-tokens 64
+    triforce generate --prompt "Once upon a time" --method magicdec --max-new-tokens 64
+    echo "Once upon a time" | triforce generate --model path/to/hf-dir
     triforce generate --prompt-file doc.txt --method triforce --budget 512 --temperature 0.7 --top-p 0.9
-    triforce bench --context 4096 --batch 1 8
+    triforce bench --context 4096 --batch 1 8 --json > rows.jsonl
+
+Exit codes: 0 success; 1 the run failed (bad model files, options the method rejects ...: one line
+``triforce: error: ...``; ``--debug`` shows the traceback instead); 2 usage error (bad option value,
+no prompt: one line naming the option); 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
+import math
+import os
+import shutil
 import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
 
 from .engines import METHODS
+from .models.hub import DTYPES
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for, found after parsing (exit code 2)."""
+
+
+# ---- argument types: each rejects a bad value with one line that says what is expected
+def _int(lo: int):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            v = None
+        if v is None or v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}")
+        return v
+    return parse
+
+
+def _float(lo: float, hi: float = math.inf, lo_open: bool = False):
+    what = f"in ({lo:g}, {hi:g}]" if lo_open else f">= {lo:g}"
+
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi):
+            raise argparse.ArgumentTypeError(f"expected a number {what}, got {s!r}")
+        return v
+    return parse
 
 
 def _tree(s: str) -> tuple[int, ...]:
     try:
         t = tuple(int(x) for x in s.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--tree: expected comma-separated branching factors like 2,2,1, got {s!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated branching factors like 2,2,1, got {s!r}")
     if not t or min(t) < 1:
-        raise argparse.ArgumentTypeError(f"--tree: branching factors must be >= 1, got {s!r}")
+        raise argparse.ArgumentTypeError(f"branching factors must be >= 1 (like 2,2,1), got {s!r}")
     return t
 
 
+def _model(s: str) -> str:
+    if s == "smollm2" or Path(s).expanduser().exists():
+        return s
+    raise argparse.ArgumentTypeError(f"no model at {s!r}: give a Hugging Face model directory, a .gguf file, "
+                                     "or 'smollm2' (the embedded model)")
+
+
+def _draft(s: str) -> str:
+    if s == "smollm2" or Path(s).expanduser().exists():
+        return s
+    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2' nor an existing Hugging Face model directory "
+                                     "or .gguf file (trained draft heads are not supported by the CLI)")
+
+
+def _prompt_file(s: str) -> str:
+    if s == "-" or Path(s).expanduser().is_file():
+        return s
+    raise argparse.ArgumentTypeError(f"no such file {s!r}: give an existing text file, '-' for stdin, "
+                                     "or the text itself with --prompt")
+
+
 OPTION_FLAGS = {  # flag -> (type, help); passed as method options when given
-    "gamma": (int, "draft tokens per verification (speculative, magicdec)"),
-    "gamma1": (int, "triforce: draft tokens per retrieval-level verification"),
-    "gamma2": (int, "triforce: tokens per full-level verification"),
-    "budget": (int, "retrieval-cache tokens (triforce; magicdec --draft-cache retrieval)"),
-    "chunk_size": (int, "retrieval chunk size"),
-    "sink": (int, "StreamingLLM sink tokens"),
-    "window": (int, "StreamingLLM window tokens"),
+    "gamma": (_int(1), "draft tokens per verification (speculative, magicdec)"),
+    "gamma1": (_int(1), "triforce: draft tokens per retrieval-level verification"),
+    "gamma2": (_int(1), "triforce: tokens per full-level verification"),
+    "budget": (_int(1), "retrieval-cache tokens (triforce; magicdec --draft-cache retrieval)"),
+    "chunk_size": (_int(1), "retrieval chunk size in tokens (triforce; magicdec --draft-cache retrieval)"),
+    "rebuild_stride": (_int(1), "re-select the retrieval chunks after a sequence grew by this many tokens "
+                                "(triforce; magicdec --draft-cache retrieval)"),
+    "sink": (_int(0), "StreamingLLM sink tokens (magicdec, triforce, tree)"),
+    "window": (_int(1), "StreamingLLM window tokens (magicdec, triforce, tree)"),
     "tree": (_tree, "tree: branching factors per depth, e.g. 2,2,1,1"),
-    "draft_layers": (int, "layers of the default layer-skip draft (speculative, triforce)"),
-    "draft_cache": (str, "magicdec: streaming or retrieval"),
+    "draft_layers": (_int(1), "layers of the default layer-skip draft (speculative, triforce)"),
+    "draft_cache": (str, "magicdec: the drafter's cache, streaming or retrieval"),
 }
+_CHOICES = {"draft_cache": ("streaming", "retrieval")}
+_METAVARS = {"tree": "SHAPE", "draft_cache": "{streaming,retrieval}"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (argparse prints the whole usage first), exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _add_common(p):
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="on an error, show the full traceback instead of one line")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress and timings on stderr (default: only when stderr is a terminal)")
 
 
 def _add_model_args(p):
-    p.add_argument("--model", default="smollm2",
-                   help="'smollm2' (embedded SmolLM2-135M-Instruct) or a Hugging Face directory / GGUF file")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    p.add_argument("--model", metavar="MODEL", type=_model, default="smollm2",
+                   help="'smollm2' (embedded SmolLM2-135M-Instruct, the default), a Hugging Face directory "
+                        "(config.json, *.safetensors, tokenizer.json) or a GGUF file")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
 
 
 def _add_options(p):
     for name, (typ, help_) in OPTION_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None,
+                       choices=_CHOICES.get(name), metavar=_METAVARS.get(name, "N"), help=help_)
 
 
 def _options(args) -> dict:
     return {k: getattr(args, k) for k in OPTION_FLAGS if getattr(args, k, None) is not None}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="triforce", description="Lossless long-context speculative decoding.")
-    sub = ap.add_subparsers(dest="command", required=True)
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    g = sub.add_parser("generate", help="generate text from a prompt (file or stdin)")
-    g.add_argument("--prompt-file", default="-", help="prompt text file ('-': stdin)")
-    g.add_argument("--method", choices=METHODS, default="autoregressive")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None)
+    try:
+        return version("triforce")
+    except PackageNotFoundError:
+        from . import __version__
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="triforce", description="Lossless long-context speculative decoding.",
+                 epilog="exit codes: 0 ok, 1 the run failed, 2 usage error, 130 interrupted")
+    ap.add_argument("--version", action="version", version=f"triforce {_version()}",
+                    help="print the version and exit")
+    ap.add_argument("--debug", action="store_true", help="on an error, show the full traceback instead of one line")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                            help="generate, bench or demo ('triforce COMMAND --help' for its options)")
+
+    g = sub.add_parser("generate", help="generate text from a prompt (--prompt, --prompt-file or piped stdin)",
+                       description="Generate a continuation of one prompt and print it on stdout.")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", metavar="TEXT", default=None, help="the prompt text")
+    src.add_argument("--prompt-file", metavar="FILE", type=_prompt_file, default=None,
+                     help="read the prompt from this UTF-8 file ('-': stdin); without --prompt or --prompt-file "
+                          "the prompt is read from stdin when it is piped")
+    g.add_argument("--method", choices=METHODS, default="autoregressive", help="decoding method (all lossless)")
+    g.add_argument("--max-new-tokens", metavar="N", type=_int(1), default=64, help="tokens to generate (default: 64)")
+    g.add_argument("--temperature", metavar="T", type=_float(0), default=0.0,
+                   help="0 = greedy (default), else sampling")
+    g.add_argument("--top-k", metavar="K", type=_int(1), default=None, help="sample among the k most probable tokens")
+    g.add_argument("--top-p", metavar="P", type=_float(0, 1, lo_open=True), default=None,
+                   help="sample among the most probable tokens holding this probability mass, in (0, 1]")
+    g.add_argument("--seed", metavar="N", type=int, default=None, help="seed of the sampling generator")
+    g.add_argument("--draft", metavar="MODEL", type=_draft, default=None,
+                   help="draft model (speculative, triforce, magicdec, tree): 'smollm2' or a Hugging Face "
+                        "directory / GGUF file with the target's vocabulary (default: the method's own draft)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")
-    g.add_argument("--no-progress", action="store_true")
     _add_model_args(g)
     _add_options(g)
+    _add_common(g)
 
-    b = sub.add_parser("bench", help="tokens/s of every method vs autoregressive on natural text")
-    b.add_argument("--context", type=int, default=4096)
-    b.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    b.add_argument("--max-new-tokens", type=int, default=32)
-    b.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--json", action="store_true", help="also print the rows as JSON lines")
+    b = sub.add_parser("bench", help="tokens/s of every method vs autoregressive on natural text",
+                       description="Every method on natural-text prompts; one table per batch size.")
+    b.add_argument("--context", metavar="N", type=_int(1), default=4096, help="prompt tokens (default: 4096)")
+    b.add_argument("--batch", metavar="B", type=_int(1), nargs="+", default=[1, 8], help="batch sizes (default: 1 8)")
+    b.add_argument("--max-new-tokens", metavar="N", type=_int(1), default=32, help="tokens to generate (default: 32)")
+    b.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
+    b.add_argument("--temperature", metavar="T", type=_float(0), default=0.0,
+                   help="0 = greedy (default), else sampling")
+    b.add_argument("--json", action="store_true",
+                   help="print one JSON object per row on stdout (tables and logs go to stderr)")
     _add_model_args(b)
+    _add_common(b)
 
-    d = sub.add_parser("demo", help="long-context demo on the embedded model: same output, speed-up table")
+    d = sub.add_parser("demo", help="long-context demo on the embedded model: same output, speed-up table",
+                       description="A needle-in-a-haystack prompt on the embedded SmolLM2-135M, every method.")
     d.add_argument("--quick", action="store_true", help="short prompt (seconds, not minutes)")
-    d.add_argument("--context", type=int, default=None, help="prompt tokens (default 3000; --quick: 160)")
-    d.add_argument("--max-new-tokens", type=int, default=None)
-    d.add_argument("--batch", type=int, default=1)
-    d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    d.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    d.add_argument("--context", metavar="N", type=_int(1), default=None,
+                   help="prompt tokens (default 3000; --quick: 160)")
+    d.add_argument("--max-new-tokens", metavar="N", type=_int(1), default=None,
+                   help="tokens to generate (default 48; --quick: 16)")
+    d.add_argument("--batch", metavar="B", type=_int(1), default=1, help="prompts decoded together (default: 1)")
+    d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
+    d.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
+    _add_common(d)
     return ap
 
 
-class Progress:
-    """A one-line progress bar on stderr."""
+# ---- progress on stderr
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
-    def __init__(self, total: int, label: str, stream=None, enabled: bool = True):
-        self.total, self.label, self.stream, self.enabled = total, label, stream or sys.stderr, enabled
+
+class Progress:
+    """Progress on ``stream`` (stderr): a labelled elapsed-time line per long single call
+    (:meth:`step`) and a bar with tokens/s and ETA for decoding (:meth:`decode`).
+
+    Off unless ``enabled`` (default: ``stream`` is a terminal). On a terminal the bar is redrawn in
+    place; elsewhere (forced into a file or pipe) only whole lines are written, at most one a second.
+    """
+
+    def __init__(self, stream=None, enabled: bool | None = None):
+        self.stream = stream or sys.stderr
+        self.tty = _isatty(self.stream)
+        self.enabled = self.tty if enabled is None else bool(enabled)
+        self._open = None  # (label, t0) of a step begun with begin()
+        self._midline = False  # the terminal's cursor is after a partial line of ours
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.end()
+        else:  # drop the open step; an error message then starts on its own line
+            self._open = None
+            if self._midline:
+                self.write("\n")
+
+    def write(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write(text)
+            self.stream.flush()
+            self._midline = not text.endswith("\n")
+
+    def begin(self, label: str) -> None:
+        """Start a step; it ends at the next begin() or end()."""
+        self.end()
+        self._open = (label, time.perf_counter())
+        if self.tty:
+            self.write(f"{label} ...")
+
+    def end(self) -> None:
+        if self._open is None:
+            return
+        label, t0 = self._open
+        self._open = None
+        dt = time.perf_counter() - t0
+        self.write(f" {dt:.1f} s\n" if self.tty else f"{label} ... {dt:.1f} s\n")
+
+    @contextmanager
+    def step(self, label: str):
+        """``with progress.step("loading model"): ...`` -> ``loading model ... 9.8 s`` (on an error the
+        step is dropped by ``__exit__``)."""
+        self.begin(label)
+        yield
+        self.end()
+
+    def decode(self, label: str, total: int, batch: int = 1, prefill_label: str = "prefill") -> "DecodeBar":
+        return DecodeBar(self, label, total, batch, prefill_label)
+
+
+class DecodeBar:
+    """The ``progress`` callback of :func:`triforce.generate`: called with the tokens every row has, once
+    per step; the first call comes right after the prefill, which it reports as a step."""
+
+    def __init__(self, progress: Progress, label: str, total: int, batch: int, prefill_label: str):
+        self.p, self.label, self.total, self.batch = progress, label, total, batch
+        progress.begin(prefill_label)  # generate() prefills first; the first callback ends it
+        self.t0 = self.done0 = None
+        self.last_draw = -math.inf
+        self.width = 0
+        self.done = 0
 
     def __call__(self, done: int) -> None:
-        if not self.enabled:
+        now = time.perf_counter()
+        if self.t0 is None:
+            self.p.end()
+            self.t0, self.done0 = now, done
+        self.done = done
+        finished = done >= self.total
+        if finished or now - self.last_draw >= (0.1 if self.p.tty else 1.0):
+            self.last_draw = now
+            self._draw(now, finished)
+
+    def close(self) -> None:
+        """End the bar's line (generation may stop early, at an end-of-sequence token)."""
+        if self.t0 is None:
+            self.p.end()
+        elif self.done < self.total:
+            self._draw(time.perf_counter(), True)
+
+    def _draw(self, now: float, final: bool) -> None:
+        elapsed, new = now - self.t0, self.done - self.done0
+        rate = new / elapsed if elapsed > 0 else 0.0  # tokens per row per second
+        n = 20 * self.done // max(1, self.total)
+        text = (f"{self.label} [{'#' * n}{'.' * (20 - n)}] {self.done}/{self.total} tokens"
+                f"  {rate * self.batch:.1f} tok/s")
+        if final:
+            text += f"  {elapsed:.1f} s"
+        else:
+            text += f"  ETA {(self.total - self.done) / rate:.1f} s" if rate > 0 else "  ETA ?"
+        if not self.p.tty:
+            if new or final:  # a file gets no "0.0 tok/s, ETA ?" line
+                self.p.write(text + "\n")
             return
-        n = 30 * done // max(1, self.total)
-        self.stream.write(f"\r{self.label} [{'#' * n}{'.' * (30 - n)}] {done}/{self.total} tokens")
-        if done >= self.total:
-            self.stream.write("\n")
+        text = text[: max(20, shutil.get_terminal_size().columns - 1)]
+        self.p.write("\r" + text.ljust(self.width) + ("\n" if final else ""))
+        self.width = 0 if final else len(text)
+
+
+class _StepOut:
+    """A stream for the demo's / benchmark's output that first ends the open progress step, so a table
+    never lands in the middle of a ``running <method> ...`` line."""
+
+    def __init__(self, stream, progress: Progress):
+        self.stream, self.progress = stream, progress
+
+    def write(self, text: str) -> int:
+        self.progress.end()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
         self.stream.flush()
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+def _log_to(progress: Progress):
+    """The ``log`` callback of the demo / benchmark: ``running <method> ...`` messages become timed
+    steps when progress is on, plain lines on stderr otherwise."""
+    def log(msg: str) -> None:
+        if progress.enabled:
+            progress.begin(msg.rstrip(". "))
+        else:
+            print(msg, file=sys.stderr, flush=True)
+    return log
+
+
+# ---- commands
+def _read_prompt(args) -> str:
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.prompt_file not in (None, "-"):
+        try:
+            text = Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"--prompt-file {args.prompt_file!r} is not UTF-8 text") from None
+    elif args.prompt_file == "-" or not _isatty(sys.stdin):
+        if sys.stdin is None:
+            raise UsageError("no stdin to read the prompt from: give --prompt TEXT or --prompt-file FILE")
+        if _isatty(sys.stdin):
+            print("reading the prompt from stdin (end it with Ctrl-D)", file=sys.stderr, flush=True)
+        text = sys.stdin.read()
+    else:
+        raise UsageError("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe the text on stdin")
+    if not text.strip():
+        raise UsageError("the prompt is empty: give some text with --prompt, --prompt-file or stdin")
+    return text
+
+
+def _check_method(args) -> None:
+    """Options the method does not take, as a usage error naming the flags it does take."""
+    allowed = set(inspect.signature(importlib.import_module(f"triforce.engines.{args.method}").run).parameters)
+    given = _options(args)
+    unknown = [k for k in given if k not in allowed]
+    flags = ["--" + k.replace("_", "-") for k in OPTION_FLAGS if k in allowed]
+    if unknown:
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in unknown)}: not an option of --method "
+                         f"{args.method} (it takes {', '.join(flags) or 'no options'})")
+    if args.draft is not None and args.method == "autoregressive":
+        raise UsageError("--draft: --method autoregressive uses no draft; pick --method speculative, triforce, "
+                         "magicdec or tree")
 
 
 def cmd_generate(args) -> int:
     import torch
 
-    from .demo import decode, encode, load_model
     from .generate import generate
+    from .models import hub
 
-    text = sys.stdin.read() if args.prompt_file == "-" else open(args.prompt_file, encoding="utf-8").read()
-    model, tok = load_model(args.model, args.dtype)
-    if tok is None:
-        raise SystemExit("triforce generate: this model has no tokenizer here; use --model smollm2")
-    ids = torch.tensor([encode(tok, text)])
-    out = generate(model, ids, method=args.method, max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                   progress=Progress(args.max_new_tokens, args.method, enabled=not args.no_progress),
-                   **_options(args))
-    sys.stdout.write(decode(tok, out.tokens[0].tolist()) + "\n")
+    text = _read_prompt(args)
+    _check_method(args)
+    with Progress(enabled=args.progress) as progress:
+        with progress.step("loading model"):
+            model, tok = hub.load_model(args.model, args.dtype)
+        if tok is None:
+            raise ValueError(f"model {args.model!r} has no tokenizer: put the checkpoint's tokenizer.json beside "
+                             "its config.json (or use a GGUF file that embeds one, or --model smollm2)")
+        draft = None
+        if args.draft is not None:
+            with progress.step("loading draft"):
+                draft = hub.load_draft(args.draft, args.dtype)
+        ids = hub.encode(tok, text, add_special_tokens=getattr(tok, "add_bos_token", False))
+        if not ids:
+            raise UsageError("the prompt encodes to no tokens: give some text")
+        eos = [] if args.ignore_eos else hub.eos_token_ids(model, tok)
+        extra = {}
+        if eos and "eos_token_id" in inspect.signature(generate).parameters:
+            extra["eos_token_id"] = eos  # stop early; without the keyword the output is cut below
+        bar = progress.decode(args.method, args.max_new_tokens, prefill_label=f"prefill ({len(ids)} tokens)")
+        out = generate(model, torch.tensor([ids]), method=args.method, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                       draft=draft, progress=bar, **extra, **_options(args))
+        bar.close()
+    new = [t for t in out.tokens[0].tolist() if t >= 0]
+    cut = next((i for i, t in enumerate(new) if t in eos), len(new))
+    sys.stdout.write(hub.decode(tok, new[:cut]) + "\n")
+    sys.stdout.flush()
     if args.stats:
-        print(json.dumps(out.stats), file=sys.stderr)
+        print(json.dumps(_finite(out.stats)), file=sys.stderr)
     return 0
+
+
+def _finite(x):
+    """JSON has no inf / nan: those become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def cmd_bench(args) -> int:
     from .demo import bench_rows
 
-    for row in bench_rows(args.model, args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
-                          args.temperature, log=_log):
-        if args.json:
-            print(json.dumps(row))
+    with Progress(enabled=args.progress) as progress:
+        out = _StepOut(sys.stderr if args.json else sys.stdout, progress)
+        progress.begin("loading model and prompts")
+        for row in bench_rows(args.model, args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
+                              args.temperature, out=out, log=_log_to(progress)):
+            if args.json:
+                print(json.dumps(_finite(row), allow_nan=False), flush=True)
     return 0
 
 
@@ -146,13 +457,44 @@ def cmd_demo(args) -> int:
 
     context = args.context or (160 if args.quick else 3000)
     max_new = args.max_new_tokens or (16 if args.quick else 48)
-    ok = run_demo(context, max_new, args.batch, args.methods, args.dtype, log=_log)
+    with Progress(enabled=args.progress) as progress:
+        progress.begin("loading model and prompts")
+        ok = run_demo(context, max_new, args.batch, args.methods, args.dtype, out=_StepOut(sys.stdout, progress),
+                      log=_log_to(progress))
     return 0 if ok else 1
 
 
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo}
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    return {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo}[args.command](args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"triforce {args.command}: error: {e} (see 'triforce {args.command} --help')", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("triforce: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `triforce generate ... | head -1`: the reader left; nothing more to say
+        try:  # and no second error when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+    except (ValueError, TypeError, OSError, ImportError) as e:
+        if args.debug:
+            raise
+        print(f"triforce: error: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 import torch
 
 from .engines import METHODS
+from .models.hub import decode, encode, load_model  # noqa: F401  (re-exported)
 
 # Per-method options used by the demo and the benchmark (small CPU-friendly budgets).
 DEMO_OPTIONS = {
@@ -38,15 +39,6 @@ def haystack_text() -> str:
 
         _HAYSTACK = "\n\n".join(topics[k].strip() for k in sorted(topics))
     return _HAYSTACK
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    ids = tokenizer.encode(text)
-    return list(getattr(ids, "ids", ids))
-
-
-def decode(tokenizer, ids) -> str:
-    return tokenizer.decode([int(i) for i in ids])
 
 
 def _haystack_ids(tokenizer, n: int, offset: int) -> list[int]:
@@ -134,16 +126,6 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['method']:<15} {s['tokens_per_s']:>8.1f} {sp:>8} {s['mean_accepted']:>8.2f} "
                      f"{s['target_passes']:>6} {s['prefill_s']:>9.1f} {same:>5}  {acc}; {tim}")
     return "\n".join(lines)
-
-
-def load_model(name: str = "smollm2", dtype: str | None = None):
-    """-> (model, tokenizer or None): ``smollm2`` (embedded) or a path for ``Llama.from_pretrained``."""
-    from .models import Llama, smollm2_135m
-
-    dt = getattr(torch, dtype) if dtype else None
-    if name == "smollm2":
-        return smollm2_135m(dtype=dt)
-    return Llama.from_pretrained(name, dtype=dt), None
 
 
 def run_demo(context: int = 3000, max_new_tokens: int = 48, batch: int = 1, methods=METHODS,

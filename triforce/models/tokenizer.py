@@ -1,6 +1,7 @@
-"""A byte-level BPE tokenizer rebuilt from a GGUF file's embedded vocabulary and merges (no network).
+"""The tokenizer of a model: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package), or a
+byte-level BPE tokenizer rebuilt from a GGUF file's embedded vocabulary and merges (no network).
 
-``tokenizer.ggml.model == "gpt2"``: GPT-2 style byte-level BPE. SmolLM2's pre-tokenizer (llama.cpp's
+GGUF: ``tokenizer.ggml.model == "gpt2"``: GPT-2 style byte-level BPE. SmolLM2's pre-tokenizer (llama.cpp's
 ``smollm``, and the ``tokenizer.json`` of the original checkpoint) splits every digit on its own, then
 applies the GPT-2 split regex; control tokens (``<|im_start|>`` ...) are matched whole.
 """
@@ -17,14 +18,18 @@ _DIGIT_SPLIT_PRE = ("smollm",)
 class Tokenizer:
     """Minimal tokenizer: ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``apply_chat_template``.
 
-    ``backend`` is the underlying ``tokenizers.Tokenizer``.
+    ``backend`` is the underlying ``tokenizers.Tokenizer``. ``eos_token_id``: an id, a list of ids (a
+    ``generation_config.json`` may list several) or ``None``. ``add_bos_token``: whether the model
+    expects ``bos_token_id`` in front of a prompt (``encode(text, add_special_tokens=True)`` adds it).
     """
 
-    def __init__(self, backend: _HFTokenizer, bos_token_id=None, eos_token_id=None, chat_template=None):
+    def __init__(self, backend: _HFTokenizer, bos_token_id=None, eos_token_id=None, chat_template=None,
+                 add_bos_token: bool = False):
         self.backend = backend
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.chat_template = chat_template
+        self.add_bos_token = bool(add_bos_token)
 
     @property
     def vocab_size(self) -> int:
@@ -59,7 +64,7 @@ class Tokenizer:
         self.backend.save(str(directory / "tokenizer.json"))
         (directory / "tokenizer_meta.json").write_text(json.dumps(
             {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
-             "chat_template": self.chat_template}))
+             "chat_template": self.chat_template, "add_bos_token": self.add_bos_token}))
 
     @classmethod
     def load(cls, directory) -> "Tokenizer":
@@ -68,11 +73,65 @@ class Tokenizer:
         return cls(_HFTokenizer.from_file(str(directory / "tokenizer.json")), **meta)
 
     @classmethod
-    def from_gguf(cls, path) -> "Tokenizer":
+    def from_pretrained(cls, path) -> "Tokenizer":
+        """The tokenizer of a Hugging Face model directory or of a GGUF file.
+
+        A directory needs ``tokenizer.json``; ``tokenizer_config.json`` (``bos_token``, ``eos_token``,
+        ``add_bos_token``, ``chat_template``), ``chat_template.jinja``, ``generation_config.json`` and
+        ``config.json`` (``bos_token_id`` / ``eos_token_id``) are read when present. A directory written
+        by :meth:`save` (``tokenizer_meta.json``) loads as saved.
+
+        Raises:
+            FileNotFoundError: no tokenizer there (a directory without ``tokenizer.json``, a GGUF file
+                without ``tokenizer.ggml.*`` metadata).
+            ValueError: a tokenizer file that cannot be read.
+        """
+        path = Path(path).expanduser()
+        if not path.is_dir():
+            return cls.from_gguf(path)
+        file = path / "tokenizer.json"
+        if not file.exists():
+            raise FileNotFoundError(f"{str(path)!r} has no tokenizer.json: copy the tokenizer.json of the "
+                                    "original checkpoint into it")
+        if (path / "tokenizer_meta.json").exists():
+            return cls.load(path)
+        try:
+            backend = _HFTokenizer.from_file(str(file))
+        except Exception as e:  # the tokenizers package raises a bare Exception for malformed files
+            raise ValueError(f"cannot read {str(file)!r} with the tokenizers package: {e}") from None
+        tok_cfg, gen_cfg, model_cfg = (_read_json(path / n) for n in
+                                       ("tokenizer_config.json", "generation_config.json", "config.json"))
+
+        def token_id(entry):  # "</s>" or {"content": "</s>", ...} -> id
+            content = entry.get("content") if isinstance(entry, dict) else entry
+            return backend.token_to_id(content) if isinstance(content, str) else None
+
+        bos = token_id(tok_cfg.get("bos_token"))
+        bos = bos if bos is not None else gen_cfg.get("bos_token_id", model_cfg.get("bos_token_id"))
+        eos = token_id(tok_cfg.get("eos_token"))
+        eos = eos if eos is not None else gen_cfg.get("eos_token_id", model_cfg.get("eos_token_id"))
+        add_bos = tok_cfg.get("add_bos_token")
+        if add_bos is None:  # no flag: the post-processor of tokenizer.json decides (Llama 3 adds BOS there)
+            with_special = backend.encode("a", add_special_tokens=True).ids
+            plain = backend.encode("a", add_special_tokens=False).ids
+            add_bos = bos is not None and len(with_special) > len(plain) and with_special[0] == bos
+        template = tok_cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default", next(iter(named.values()), None))
+        if template is None and (path / "chat_template.jinja").exists():
+            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        return cls(backend, bos_token_id=bos, eos_token_id=eos, chat_template=template, add_bos_token=add_bos)
+
+    @classmethod
+    def from_gguf(cls, path, reader=None) -> "Tokenizer":
+        """Rebuild the tokenizer embedded in a GGUF file (``reader``: an already open ``gguf`` reader)."""
         from .loading import gguf_field, open_gguf
 
-        reader = open_gguf(Path(path))
+        reader = reader if reader is not None else open_gguf(Path(path))
         kind = gguf_field(reader, "tokenizer.ggml.model")
+        if kind is None:
+            raise FileNotFoundError(f"GGUF file {str(path)!r} has no tokenizer in its metadata")
         if kind != "gpt2":
             raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
         tokens = gguf_field(reader, "tokenizer.ggml.tokens")
@@ -95,4 +154,15 @@ class Tokenizer:
         backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types) if ty == 4])
         return cls(backend, bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
                    eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
-                   chat_template=gguf_field(reader, "tokenizer.chat_template"))
+                   chat_template=gguf_field(reader, "tokenizer.chat_template"),
+                   add_bos_token=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {e}") from None
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,92 @@
+"""A model and its tokenizer by name, for the CLI, the demo and the benchmarks.
+
+``name`` is ``"smollm2"`` (the embedded SmolLM2-135M-Instruct), a Hugging Face directory
+(``config.json`` + ``*.safetensors``, tokenizer from ``tokenizer.json``) or a GGUF file (weights, and
+the tokenizer when its metadata carries one). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .tokenizer import Tokenizer
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtype(dtype: str | None):
+    if dtype is None:
+        return None
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def load_model(name: str = "smollm2", dtype: str | None = None):
+    """-> ``(model, tokenizer or None)``; ``None`` when the directory / GGUF file has no tokenizer.
+    ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``."""
+    from .llama import Llama
+    from .smollm2 import smollm2_135m
+
+    dt = _dtype(dtype)
+    if name == "smollm2":
+        return smollm2_135m(dtype=dt)
+    model = Llama.from_pretrained(name, dtype=dt)
+    return model, load_tokenizer(name)
+
+
+def load_draft(name: str, dtype: str | None = None):
+    """A draft model (no tokenizer: a draft shares the target's vocabulary): ``"smollm2"`` or a path."""
+    from .llama import Llama
+    from .smollm2 import smollm2_135m
+
+    if name == "smollm2":
+        return smollm2_135m(dtype=_dtype(dtype))[0]
+    return Llama.from_pretrained(name, dtype=_dtype(dtype))
+
+
+def load_tokenizer(path) -> Tokenizer | None:
+    """The tokenizer of a Hugging Face directory or GGUF file, or ``None`` when it has none. A GGUF
+    tokenizer is rebuilt once and cached beside the converted weights (as the embedded model's is)."""
+    from .loading import _is_gguf, gguf_cache_path, gguf_field, open_gguf
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return Tokenizer.from_pretrained(path) if (path / "tokenizer.json").exists() else None
+    if not _is_gguf(path):
+        return None
+    cached = gguf_cache_path(path)
+    if (cached / "tokenizer.json").exists() and (cached / "tokenizer_meta.json").exists():
+        return Tokenizer.load(cached)
+    reader = open_gguf(path)
+    if gguf_field(reader, "tokenizer.ggml.model") is None:
+        return None
+    tokenizer = Tokenizer.from_gguf(path, reader)
+    try:
+        cached.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(cached)
+    except OSError:  # a read-only cache only costs the rebuild next time
+        pass
+    return tokenizer
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The ids that end a generation: the tokenizer's EOS and ``model.config.eos_token_id`` (each an
+    int, a list of ints or ``None``), deduplicated, in that order."""
+    ids: list[int] = []
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
+        for i in source if isinstance(source, (list, tuple)) else [source]:
+            if isinstance(i, int) and not isinstance(i, bool) and i >= 0 and i not in ids:
+                ids.append(i)
+    return ids
+
+
+def encode(tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Token ids of ``text`` (a :class:`Tokenizer` or a bare ``tokenizers.Tokenizer``)."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return list(getattr(ids, "ids", ids))
+
+
+def decode(tokenizer, ids) -> str:
+    return tokenizer.decode([int(i) for i in ids])
