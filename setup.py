@@ -2,7 +2,10 @@
 
 CPU sources (csrc/torch_bindings.cpp, csrc/cpu/*.cpp) are always built (C++17, OpenMP, -O3); the
 CUDA launchers (csrc/cuda/*.cu) are added when the installed torch has CUDA and nvcc is found.
-Environment: TRIFORCE_NO_CUDA=1 skips CUDA; TRIFORCE_PORTABLE=1 drops -march=native.
+Environment: TRIFORCE_NO_CUDA=1 skips CUDA; TRIFORCE_PORTABLE=1 drops -march=native;
+TRIFORCE_SANITIZE=1 builds the CPU sources with AddressSanitizer + UndefinedBehaviorSanitizer
+(-O1 -g, no CUDA; for scripts/sanitize.sh, which builds into a separate directory and loads that
+build with TRIFORCE_EXT_PATH -- never install a sanitized build into the environment).
 
     pip install --no-build-isolation -e .
 """
@@ -17,16 +20,26 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 here = os.path.dirname(os.path.abspath(__file__))
 rel = lambda pattern: sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, pattern)))
 
+sanitize = os.environ.get("TRIFORCE_SANITIZE", "0") == "1"
 with_cuda = (
-    torch.version.cuda is not None
+    not sanitize
+    and torch.version.cuda is not None
     and CUDA_HOME is not None
     and os.environ.get("TRIFORCE_NO_CUDA", "0") != "1"
 )
 # The torch-free kernels are C++17 (CMake builds them so); torch >= 2.10 headers need C++20, which
 # cpp_extension passes itself, so no -std here.
 cxx_flags = ["-O3", "-fopenmp"]
+link_flags = ["-fopenmp"]
 if os.environ.get("TRIFORCE_PORTABLE", "0") != "1":
     cxx_flags.append("-march=native")
+if sanitize:
+    # Same code paths as the release build (-march=native keeps the AVX-512 / F16C branches), less
+    # optimisation for exact reports. float-cast-overflow is not part of gcc's "undefined" group;
+    # -fno-wrapv undoes Python's -fwrapv, which would hide signed overflow from the sanitizer.
+    san = ["-fsanitize=address,undefined,float-cast-overflow"]
+    cxx_flags = [f for f in cxx_flags if f != "-O3"] + ["-O1", "-g", "-fno-omit-frame-pointer", "-fno-wrapv"] + san
+    link_flags += san
 sources = ["csrc/torch_bindings.cpp"] + rel("csrc/cpu/*.cpp")
 include_dirs = [os.path.join(here, "csrc", "include"), os.path.join(here, "csrc")]
 
@@ -37,7 +50,7 @@ if with_cuda:
         include_dirs=include_dirs,
         define_macros=[("TRIFORCE_WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo"]},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=link_flags,
     )
 else:
     ext = CppExtension(
@@ -45,7 +58,7 @@ else:
         sources,
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=link_flags,
     )
 
 setup(

@@ -1,7 +1,8 @@
 """Test set-up: Triton in the interpreter when there is no GPU, hypothesis profiles.
 
 Profiles (HYPOTHESIS_PROFILE env var): ``ci`` (default; derandomized, bounded examples, no deadline)
-and ``fuzz`` (random, many examples: ``HYPOTHESIS_PROFILE=fuzz pytest tests``).
+and ``fuzz`` (random, many examples: ``HYPOTHESIS_PROFILE=fuzz pytest tests``; ``TRIFORCE_FUZZ_EXAMPLES``
+examples per test, default 2000).
 """
 import os
 
@@ -23,7 +24,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "fuzz",
-    max_examples=2000,
+    max_examples=int(os.environ.get("TRIFORCE_FUZZ_EXAMPLES", "2000")),
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],

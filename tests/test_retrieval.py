@@ -152,6 +152,27 @@ def test_score_long_rows(backend):
     _assert_scores_close(out.cpu(), q, chunk_keys, num_chunks)
 
 
+@pytest.mark.parametrize("backend", [p for p in backends("score_chunks") if p.id in ("cpu", "cuda")])
+def test_score_non_finite_inputs(backend):
+    """NaN / inf in queries or chunk keys give NaN exactly where the reference has it, and nothing else
+    changes. (The exponential's range clamp once converted NaN to int: undefined behaviour that
+    scripts/sanitize.sh reports.)"""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 16, generator=g)
+    chunk_keys = torch.randn(3, 6, 2, 16, generator=g)
+    q[0, 1, 3] = float("nan")  # one query head of KV group 0 in batch 0
+    chunk_keys[1, 2, 0, 5] = float("nan")  # one chunk of KV head 0 in batch 1
+    q[2, 0, 0] = float("inf")
+    q[2, 2] = float("-inf")
+    num_chunks = torch.tensor([6, 5, 6], dtype=torch.int32)
+    out = tk.score_chunks(q.to(dev), chunk_keys.to(dev), num_chunks.to(dev), backend=backend).cpu()
+    want = ref.score_chunks(q.double(), chunk_keys.double(), num_chunks)
+    assert out[0, 0].isnan().all() and out[1, 0, :5].isnan().all() and out[2].isnan().all()
+    assert torch.isfinite(out[0, 1]).all() and torch.isfinite(out[1, 1, :5]).all()
+    torch.testing.assert_close(out.double(), want, equal_nan=True)
+
+
 # ---------------------------------------------------------------------------------------- gather
 
 

@@ -84,12 +84,32 @@ def implementation(op: str, backend: str) -> Callable:
 # ----------------------------------------------------------------------------- environment
 
 
+def _load_extension_file(path: str):
+    """Load ``path`` as ``triforce_kernels._C`` (a build outside the package, e.g. the sanitized one
+    of scripts/sanitize.sh)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("triforce_kernels._C", path)
+    if spec is None or not os.path.isfile(path):
+        raise ImportError(f"TRIFORCE_EXT_PATH={path!r} is not an extension module file")
+    mod = importlib.util.module_from_spec(spec)  # dlopen + module init: registers torch.ops.triforce_C.*
+    sys.modules["triforce_kernels._C"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @functools.lru_cache(maxsize=None)
 def _extension():
-    """The compiled extension module, or the reason it cannot be loaded."""
+    """The compiled extension module, or the reason it cannot be loaded. ``TRIFORCE_EXT_PATH`` names
+    a build to load instead of the package's own ``_C``."""
+    path = os.environ.get("TRIFORCE_EXT_PATH", "")
     try:
+        if path:
+            return _load_extension_file(path), ""
         from triforce_kernels import _C  # noqa: F401  (registers torch.ops.triforce_C.*)
     except ImportError as e:  # not built, or built against another torch
+        if path:
+            return None, f"C++ extension at TRIFORCE_EXT_PATH not loadable ({e})"
         return None, f"C++ extension not built or not loadable ({e}); run `pip install --no-build-isolation -e .`"
     return _C, ""
 

@@ -75,7 +75,7 @@ template <> inline f16 from_float<f16>(float f) {
 // exp(x) in float, vectorisable (std::exp is a scalar libm call: ~20% of the scoring time at
 // C = 16K, Hq = 32 before this). Cephes' expf: x = k ln2 + r with a two-constant Cody-Waite split,
 // |r| <= ln2 / 2, degree-6 minimax polynomial; ~1 ulp, like the Sleef exp PyTorch uses. x < -87.3
-// (including -inf) gives 0; NaN propagates through r.
+// (including -inf) gives 0; NaN propagates through r and p.
 inline float exp_f32(float x) {
   // round to nearest by the 1.5 * 2^23 trick (std::floor does not vectorise here); x < -87.3
   // and NaN are handled below, so |x * log2e| < 2^22 wherever the result is used.
@@ -88,7 +88,10 @@ inline float exp_f32(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t ki = static_cast<int32_t>(std::min(std::max(k, -127.f), 127.f));
+  // Clamp written so that NaN lands on -127 (std::min / std::max pass NaN through, and converting NaN
+  // to int is undefined); the result is still NaN, through p.
+  const float kc = k > -127.f ? (k < 127.f ? k : 127.f) : -127.f;
+  const int32_t ki = static_cast<int32_t>(kc);
   const uint32_t bits = static_cast<uint32_t>(ki + 127) << 23;
   const float scale = __builtin_bit_cast(float, bits);  // (memcpy here blocks vectorisation)
   return x < -87.33654475f ? 0.f : p * scale;
