@@ -32,7 +32,7 @@ class Decode:
         """``width``: the most tokens one step appends to the full cache (sizes every buffer)."""
         self.width = width
         self.out = TokenBuffer(self.batch, self.max_new + width + 1, self.device)
-        self.stats = Stats(self.device, width)
+        self.stats = Stats(self.device, width, position=self.out.count, max_new=self.max_new)
 
     @property
     def cache_len(self) -> int:

@@ -128,8 +128,15 @@ class Stats:
     """Per-level wall time (CUDA events on GPU: no host sync until ``finish``), acceptance counters
     kept on the device, target passes and the accepted-length histogram."""
 
-    def __init__(self, device, max_accept: int):
+    WINDOW = 512  # tokens of output per bucket of ``acceptance_by_window``
+
+    def __init__(self, device, max_accept: int, position: torch.Tensor | None = None, max_new: int = 0):
+        """``position``: int32 ``[B]`` tokens each row has emitted so far (the output buffer's live
+        count): acceptance is also binned by it into windows of ``WINDOW`` tokens."""
         self.device = torch.device(device)
+        self.position, self.buckets = position, max(1, -(-max_new // self.WINDOW))
+        self.accepted_w: dict[str, torch.Tensor] = {}
+        self.offered_w: dict[str, torch.Tensor] = {}
         self.times: dict[str, float] = {}
         self._events: dict[str, list] = {}
         self.accepted: dict[str, torch.Tensor] = {}
@@ -158,8 +165,16 @@ class Stats:
         if level not in self.accepted:
             self.accepted[level] = torch.zeros((), dtype=torch.int64, device=self.device)
             self.offered[level] = torch.zeros((), dtype=torch.int64, device=self.device)
-        self.accepted[level] += (num_accepted.to(torch.int64) * act).sum()
-        self.offered[level] += (torch.as_tensor(offered, device=self.device).to(torch.int64) * act).sum()
+            self.accepted_w[level] = torch.zeros(self.buckets, dtype=torch.int64, device=self.device)
+            self.offered_w[level] = torch.zeros(self.buckets, dtype=torch.int64, device=self.device)
+        acc = num_accepted.to(torch.int64) * act
+        off = torch.as_tensor(offered, device=self.device).to(torch.int64).expand_as(act) * act
+        self.accepted[level] += acc.sum()
+        self.offered[level] += off.sum()
+        if self.position is not None:
+            bucket = torch.div(self.position.long(), self.WINDOW, rounding_mode="floor").clamp(max=self.buckets - 1)
+            self.accepted_w[level].index_add_(0, bucket, acc)
+            self.offered_w[level].index_add_(0, bucket, off)
 
     def verified(self, adv, active) -> None:
         """One verification by the full-cache target: rows advanced by ``adv``."""
@@ -177,6 +192,8 @@ class Stats:
             for level, evs in self._events.items():
                 self.times[level] = sum(a.elapsed_time(b) for a, b in evs) * 1e-3
         acc = {k: (self.accepted[k].item() / max(self.offered[k].item(), 1)) for k in self.accepted}
+        by_window = {k: [a / o if o else None for a, o in zip(self.accepted_w[k].tolist(), self.offered_w[k].tolist())]
+                     for k in self.accepted_w} if self.position is not None else {}
         rows = self.verified_rows.item()
         return {
             "prefill_s": prefill_s, "decode_s": decode_s,
@@ -187,6 +204,7 @@ class Stats:
             "target_passes": self.target_passes,
             "time_s": dict(self.times),
             "accepted_hist": self.hist.tolist(),
+            "acceptance_by_window": by_window,  # per level: rate in output tokens [512 i, 512 (i + 1))
         }
 
 
