@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="pass --quick to each benchmark (smaller shapes)")
-    p.add_argument("--only", default="", help="comma-separated benchmark names, e.g. retrieval,attention")
+    p.add_argument("--only", default="", help="comma-separated benchmark names, e.g. retrieval,verify_attention")
     a = p.parse_args()
     names = sorted(os.path.basename(f)[len("bench_"):-3] for f in glob.glob(os.path.join(ROOT, "bench", "bench_*.py")))
     if a.only:

@@ -5,8 +5,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import triforce_kernels as tk
-from triforce_kernels.reference.attention import tree_attention_mask as ref_mask
-from triforce_kernels.reference.attention import tree_depths as ref_depths
+from triforce_kernels.reference.tree_mask import tree_attention_mask as ref_mask
+from triforce_kernels.reference.tree_mask import tree_depths as ref_depths
 
 
 def random_parents(B, T, seed, dtype=torch.int64):

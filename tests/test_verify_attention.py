@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import triforce_kernels as tk
 from triforce_kernels._backend import implementation
-from triforce_kernels.reference.attention import _verify_attention as reference
+from triforce_kernels.reference.verify_attention import _verify_attention as reference
 
 from .helpers import DTYPES, assert_close_measured, backend_device, backends
 from .test_tree_mask import random_parents

@@ -27,7 +27,7 @@ from .gather_chunks import gather_chunks  # noqa: F401
 from .build_retrieval_cache import build_retrieval_cache  # noqa: F401
 
 # ---- verification attention (docs/design.md 3.2)
-from .tree import tree_attention_mask, tree_depths  # noqa: F401
+from .tree_mask import tree_attention_mask, tree_depths  # noqa: F401
 from .verify_attention import verify_attention  # noqa: F401
 
 # ---- accept / reject sampling (docs/design.md 3.3)

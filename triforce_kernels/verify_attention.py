@@ -1,5 +1,13 @@
 """``tk.verify_attention``: attention of T new (draft) tokens over a long KV cache with a causal or
-tree mask on the new tokens (docs/design.md 3.2)."""
+tree mask on the new tokens (docs/design.md 3.2).
+
+Files:
+    reference  triforce_kernels/reference/verify_attention.py
+    triton     triforce_kernels/triton/verify_attention.py
+    cpu        csrc/include/triforce/verify_attention.h (kernel), csrc/cpu/verify_attention.cpp (launcher)
+    tests      tests/test_verify_attention.py, csrc/tests/test_verify_attention.cpp
+    benchmark  bench/bench_verify_attention.py
+"""
 from __future__ import annotations
 
 import math
@@ -9,7 +17,7 @@ import torch
 
 from ._backend import implementation, register, register_lazy, resolve
 from ._validate import check_float_tensor, check_tensor
-from .reference.attention import _verify_attention as _reference
+from .reference.verify_attention import _verify_attention as _reference
 
 register("verify_attention", "reference")(_reference)
 register_lazy("verify_attention", "triton", "triforce_kernels.triton.verify_attention")

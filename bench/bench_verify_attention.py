@@ -3,8 +3,8 @@ fraction of measured copy bandwidth, and the baselines side by side: the PyTorch
 PyTorch SDPA with an explicit boolean mask (and flash-attn's flash_attn_with_kvcache when installed,
 causal only).
 
-    TRIFORCE_BENCH_CSV=/tmp/bench.csv python -m bench.bench_attention            # CPU: B=1, N=32K subset
-    python -m bench.bench_attention --device cuda                                 # the full shape grid (all on GPU)
+    TRIFORCE_BENCH_CSV=/tmp/bench.csv python -m bench.bench_verify_attention            # CPU: B=1, N=32K subset
+    python -m bench.bench_verify_attention --device cuda                                 # the full shape grid (all on GPU)
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import triforce_kernels as tk
 from bench.harness import copy_bandwidth, measure, record
-from triforce_kernels.reference.attention import visibility
+from triforce_kernels.reference.verify_attention import visibility
 
 
 def _inputs(B, N, Hq, Hkv, D, T, dtype, device, seed=0):

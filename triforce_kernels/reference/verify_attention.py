@@ -1,4 +1,4 @@
-"""Naive PyTorch oracles for verification attention and the tree helpers (docs/design.md 3.2)."""
+"""Naive PyTorch oracle of ``tk.verify_attention`` (docs/design.md 3.2)."""
 from __future__ import annotations
 
 import math
@@ -60,22 +60,3 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax
     (float64 for float64 inputs)."""
     out, lse = _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale)
     return (out, lse) if return_lse else out
-
-
-def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
-    """Reference: ``mask[b, t, s]`` is True iff node ``s`` is ``t`` or an ancestor of ``t`` (walks parents)."""
-    B, T = parents.shape
-    p = parents.cpu().tolist()
-    mask = torch.zeros(B, T, T, dtype=torch.bool)
-    for b in range(B):
-        for t in range(T):
-            s = t
-            while s >= 0:
-                mask[b, t, s] = True
-                s = p[b][s]
-    return mask.to(parents.device)
-
-
-def tree_depths(parents: torch.Tensor) -> torch.Tensor:
-    """Reference: number of edges from the root (node 0) to each node, int32 ``[B, T]``."""
-    return (tree_attention_mask(parents).sum(-1) - 1).to(torch.int32)

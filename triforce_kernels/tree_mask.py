@@ -1,5 +1,10 @@
 """``tk.tree_attention_mask`` and ``tk.tree_depths``: token-tree metadata for tree verification
-(docs/design.md 3.2). Built once per verification step and shared by every layer."""
+(docs/design.md 3.2). Built once per verification step and shared by every layer.
+
+Files (no backends: the vectorised PyTorch here runs on any device):
+    reference  triforce_kernels/reference/tree_mask.py
+    tests      tests/test_tree_mask.py
+"""
 from __future__ import annotations
 
 import torch
