@@ -40,10 +40,7 @@ def bench_shape(device, B, N, Hq, Hkv, D, budget, chunk_size, dtype, backends):
 
     scores = tk.score_chunks(q, chunk_keys, num_chunks, backend="reference")
     idx = tk.select_chunks(scores, num_chunks, budget_chunks, backend="reference")
-    ops = {
-        # whole-cache recompute (the model layer only ever computes newly completed chunks)
-        "chunk_mean_keys": (lambda b: lambda: tk.chunk_mean_keys(k, chunk_size, backend=b),
-                            B * C * chunk_size * Hkv * D * isz + B * C * Hkv * D * 4),
+    ops = {  # chunk_mean_keys, which makes chunk_keys, has its own benchmark: bench_chunk_mean_keys.py
         "build_retrieval_cache": (build, B * C * Hkv * D * 4 + 4 * B * budget * Hkv * D * isz),
         "score_chunks": (lambda b: lambda: tk.score_chunks(q, chunk_keys, num_chunks, backend=b),
                          B * C * Hkv * D * 4 + B * Hkv * C * 4),
