@@ -1,5 +1,16 @@
 """Chain speculative verification (docs/design.md 3.3): ``tk.chain_speculative_sample`` (lossless
-accept / reject with residual resampling) and ``tk.chain_greedy_verify``."""
+accept / reject with residual resampling) and ``tk.chain_greedy_verify``.
+
+Files:
+    reference  triforce_kernels/reference/sampling.py
+    triton     triforce_kernels/triton/sampling.py
+    cpu        csrc/include/triforce/sampling.h (kernels), csrc/cpu/sampling.cpp (launchers)
+    cuda       csrc/include/triforce/sampling.cuh (kernels), csrc/cuda/sampling.cu (launchers);
+               csrc/sampling_checks.h (checks shared by both launchers)
+    tests      tests/test_sampling.py, tests/test_sampling_stats.py, csrc/tests/test_sampling.cpp,
+               csrc/tests/sampling_check.cu (CUDA compile check)
+    benchmark  bench/bench_sampling.py
+"""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,12 @@
-"""``tk.chunk_mean_keys``: fp32 mean of each complete chunk of the key cache (docs/design.md 3.1)."""
+"""``tk.chunk_mean_keys``: fp32 mean of each complete chunk of the key cache (docs/design.md 3.1).
+
+Files:
+    reference  triforce_kernels/reference/chunk_mean_keys.py
+    triton     triforce_kernels/triton/chunk_mean_keys.py
+    cpu        csrc/include/triforce/chunk_mean_keys.h (kernel), csrc/cpu/chunk_mean_keys.cpp (launcher)
+    tests      tests/test_chunk_mean_keys.py, csrc/tests/test_chunk_mean_keys.cpp
+    benchmark  bench/bench_chunk_mean_keys.py
+"""
 import torch
 
 from ._backend import implementation, register, register_lazy, resolve

@@ -1,4 +1,12 @@
-"""``tk.gather_chunks``: copy the selected KV chunks into the fixed-size retrieval cache (docs/design.md 3.1)."""
+"""``tk.gather_chunks``: copy the selected KV chunks into the fixed-size retrieval cache (docs/design.md 3.1).
+
+Files:
+    reference  triforce_kernels/reference/retrieval.py
+    triton     triforce_kernels/triton/retrieval.py
+    cpu        csrc/include/triforce/retrieval.h (kernels), csrc/cpu/retrieval.cpp (launchers)
+    tests      tests/test_retrieval.py, csrc/tests/test_retrieval.cpp
+    benchmark  bench/bench_retrieval.py
+"""
 import torch
 
 from ._backend import implementation, register, register_lazy, resolve

@@ -6,6 +6,10 @@ Backends: ``reference`` only, by design. The op is a temperature scale, an optio
 that PyTorch already runs at memory bandwidth on both CPU and GPU, with no host synchronisation, so a
 fused kernel would save a few microseconds per step next to a model forward that reads the whole
 weight set. The reference is therefore the production implementation (vectorised, any device).
+
+Files (no triton / C++ backend, see above):
+    reference  triforce_kernels/reference/sampling.py (logits_to_probs)
+    tests      tests/test_sampling.py (the logits_to_probs section)
 """
 import torch
 

@@ -1,5 +1,16 @@
 """Tree speculative verification (docs/design.md 3.3): ``tk.tree_speculative_sample`` (SpecInfer
-multi-draft recursive rejection sampling) and ``tk.tree_greedy_verify``."""
+multi-draft recursive rejection sampling) and ``tk.tree_greedy_verify``.
+
+Files:
+    reference  triforce_kernels/reference/sampling.py
+    triton     triforce_kernels/triton/sampling.py
+    cpu        csrc/include/triforce/sampling.h (kernels), csrc/cpu/sampling.cpp (launchers)
+    cuda       csrc/include/triforce/sampling.cuh (kernels), csrc/cuda/sampling.cu (launchers);
+               csrc/sampling_checks.h (checks shared by both launchers)
+    tests      tests/test_sampling.py, tests/test_sampling_stats.py, csrc/tests/test_sampling.cpp,
+               csrc/tests/sampling_check.cu (CUDA compile check)
+    benchmark  bench/bench_sampling.py
+"""
 from __future__ import annotations
 
 import torch
