@@ -106,7 +106,7 @@ def _extension():
     try:
         if path:
             return _load_extension_file(path), ""
-        from triforce_kernels import _C  # noqa: F401  (registers torch.ops.triforce_C.*)
+        from triforce_kernels import _C  # (importing registers torch.ops.triforce_C.*)
     except ImportError as e:  # not built, or built against another torch
         if path:
             return None, f"C++ extension at TRIFORCE_EXT_PATH not loadable ({e})"

@@ -62,9 +62,10 @@ def _(draft_tokens, target_logits, backend):
     return (draft_tokens.new_empty((B, n + 1), dtype=torch.int64), draft_tokens.new_empty((B,), dtype=torch.int32))
 
 
-def check_sampler_inputs(tok_name, tokens, draft_probs, target_probs, uniforms, generator, rows):
-    """Shared validation of the chain / tree samplers. ``rows(T)`` = rows of target/uniforms."""
-    check_tensor(tok_name, tokens, ndim=2, dtypes=INDEX_DTYPES)
+def check_sampler_inputs(tokens, draft_probs, target_probs, uniforms, generator, rows):
+    """Shared validation of the chain / tree samplers, after the caller has checked ``tokens`` ([B, T]
+    int). ``rows``: rows of ``target_probs`` and ``uniforms`` (chain: T + 1; tree: T). Returns the
+    uniforms, drawn from ``generator`` when None."""
     B, T = tokens.shape
     dev = tokens.device
     check_tensor("target_probs", target_probs, ndim=3, dtypes=(torch.float32,), device=dev)
@@ -125,8 +126,7 @@ def chain_speculative_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tens
     """
     check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INDEX_DTYPES)
     n = draft_tokens.shape[1]
-    uniforms = check_sampler_inputs("draft_tokens", draft_tokens, draft_probs, target_probs, uniforms,
-                                    generator, n + 1)
+    uniforms = check_sampler_inputs(draft_tokens, draft_probs, target_probs, uniforms, generator, n + 1)
     return _chain_sample_op(draft_tokens, draft_probs, target_probs, uniforms,
                             resolve("chain_speculative_sample", backend, target_probs.device))
 

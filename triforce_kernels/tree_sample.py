@@ -125,7 +125,7 @@ def tree_speculative_sample(tree_tokens: torch.Tensor, parents: torch.Tensor, dr
     """
     _check_tree(tree_tokens, parents)
     T = tree_tokens.shape[1]
-    uniforms = check_sampler_inputs("tree_tokens", tree_tokens, draft_probs, target_probs, uniforms, generator, T)
+    uniforms = check_sampler_inputs(tree_tokens, draft_probs, target_probs, uniforms, generator, T)
     return _tree_sample_op(tree_tokens, parents, draft_probs, target_probs, uniforms,
                            resolve("tree_speculative_sample", backend, target_probs.device))
 

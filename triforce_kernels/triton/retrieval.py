@@ -11,8 +11,6 @@ import triton.language as tl
 
 from .._backend import register
 
-_INT32_MAX = 2147483647
-
 
 @triton.jit
 def _score_logits_kernel(

@@ -9,7 +9,6 @@ import triton.language as tl
 
 from .._backend import register
 
-MAX_UNIFORM = 1.0 - 2.0**-24
 BIG = 2**62
 
 
@@ -102,7 +101,7 @@ def _sample(p_row, q_row, V, c, u, tok_b, par_b, cur, limit,
 
 @triton.jit
 def _clean_u(u):
-    return tl.where(u >= 0, tl.minimum(u, 0.99999994), 0.0)
+    return tl.where(u >= 0, tl.minimum(u, 0.99999994), 0.0)  # 1 - 2^-24: the largest float below 1
 
 
 @triton.jit
