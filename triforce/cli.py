@@ -14,8 +14,6 @@ no prompt: one line naming the option); 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import json
 import math
 import os
@@ -25,7 +23,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .engines import METHODS
+from .engines.methods import METHODS, OPTIONS
 from .models.hub import DTYPES
 
 
@@ -91,20 +89,18 @@ def _prompt_file(s: str) -> str:
                                      "or the text itself with --prompt")
 
 
-OPTION_FLAGS = {  # flag -> (type, help); passed as method options when given
-    "gamma": (_int(1), "draft tokens per verification (speculative, magicdec)"),
-    "gamma1": (_int(1), "triforce: draft tokens per retrieval-level verification"),
-    "gamma2": (_int(1), "triforce: tokens per full-level verification"),
-    "budget": (_int(1), "retrieval-cache tokens (triforce; magicdec --draft-cache retrieval)"),
-    "chunk_size": (_int(1), "retrieval chunk size in tokens (triforce; magicdec --draft-cache retrieval)"),
-    "rebuild_stride": (_int(1), "re-select the retrieval chunks after a sequence grew by this many tokens "
-                                "(triforce; magicdec --draft-cache retrieval)"),
-    "sink": (_int(0), "StreamingLLM sink tokens (magicdec, triforce, tree)"),
-    "window": (_int(1), "StreamingLLM window tokens (magicdec, triforce, tree)"),
-    "tree": (_tree, "tree: branching factors per depth, e.g. 2,2,1,1"),
-    "draft_layers": (_int(1), "layers of the default layer-skip draft (speculative, triforce)"),
-    "draft_cache": (str, "magicdec: the drafter's cache, streaming or retrieval"),
-}
+def _option_help(name: str) -> str:
+    """The option's help and per-method defaults, from the one table of methods."""
+    by_default: dict = {}
+    for m in METHODS.values():
+        if name in m.options:
+            by_default.setdefault(repr(m.defaults()[name]), []).append(m.name)
+    defaults = "; ".join(f"{', '.join(ms)}: {d}" for d, ms in by_default.items())
+    return f"{OPTIONS[name].help} (default {defaults})".replace("%", "%%")
+
+
+_TYPES = {"sink": _int(0), "tree": _tree, "draft_cache": str}
+OPTION_FLAGS = {name: (_TYPES.get(name, _int(1)), _option_help(name)) for name in OPTIONS}  # flag -> (type, help)
 _CHOICES = {"draft_cache": ("streaming", "retrieval")}
 _METAVARS = {"tree": "SHAPE", "draft_cache": "{streaming,retrieval}"}
 
@@ -377,7 +373,7 @@ def _read_prompt(args) -> str:
 
 def _check_method(args) -> None:
     """Options the method does not take, as a usage error naming the flags it does take."""
-    allowed = set(inspect.signature(importlib.import_module(f"triforce.engines.{args.method}").run).parameters)
+    allowed = set(METHODS[args.method].options)
     given = _options(args)
     unknown = [k for k in given if k not in allowed]
     flags = ["--" + k.replace("_", "-") for k in OPTION_FLAGS if k in allowed]
@@ -411,9 +407,7 @@ def cmd_generate(args) -> int:
         if not ids:
             raise UsageError("the prompt encodes to no tokens: give some text")
         eos = [] if args.ignore_eos else hub.eos_token_ids(model, tok)
-        extra = {}
-        if eos and "eos_token_id" in inspect.signature(generate).parameters:
-            extra["eos_token_id"] = eos  # stop early; without the keyword the output is cut below
+        extra = {"eos_token_id": eos} if eos else {}
         bar = progress.decode(args.method, args.max_new_tokens, prefill_label=f"prefill ({len(ids)} tokens)")
         out = generate(model, torch.tensor([ids]), method=args.method, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -1,7 +1,6 @@
 """``triforce.generate``: one entry point for every decoding method (docs/design.md section 4)."""
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 import torch
@@ -95,10 +94,9 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
     eos = _token_ids("eos_token_id", eos_token_id, target.config.vocab_size)
     if pad_token_id is not None:
         _token_ids("pad_token_id", pad_token_id, target.config.vocab_size)
-    engine = importlib.import_module(f"triforce.engines.{spec.module}")
     with torch.inference_mode():
         decode = Decode(target, prompts, max_new_tokens, sampling, progress, eos, pad_token_id)
-        tokens, stats = engine.run(decode, draft, **options)
+        tokens, stats = spec.run(decode, draft, **options)
     stats["method"] = method
     return GenerationOutput(tokens=tokens, stats=stats)
 

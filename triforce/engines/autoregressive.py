@@ -11,13 +11,11 @@ def run(d: Decode, draft) -> tuple:
     target, sampling, stats = d.target, d.sampling, d.stats
     cache = d.full_cache(target)
     with d.timed_prefill():
-        tok = d.start(target.prefill(d.prompts, cache), 1)
+        last = [d.start(target.prefill(d.prompts, cache), 1)]
 
-    def step(tok, active):
+    def step(active):
         with stats.time("full"):
-            tok, _ = sampling.sample(target(tok, cache=cache)[:, -1])
-        d.emit(tok, active.to(torch.int32), active)
-        return tok
+            last[0], _ = sampling.sample(target(last[0], cache=cache)[:, -1])
+        d.emit(last[0], active.to(torch.int32), active)
 
-    return d.loop(step, tok)
-
+    return d.loop(step)

@@ -94,9 +94,9 @@ class Decode:
     def active(self) -> torch.Tensor:
         return (self.out.count < self.max_new) & ~self.finished
 
-    def loop(self, step, state):
-        """Run ``state = step(state, active)`` until every row has ``max_new`` tokens or has finished
-        (one host sync per step, to decide termination), then finish the statistics."""
+    def loop(self, step):
+        """Run ``step(active)`` until every row has ``max_new`` tokens or has finished (one host sync
+        per step, to decide termination), then finish the statistics."""
         t0 = time.perf_counter()
         while True:
             active = self.active()
@@ -105,7 +105,7 @@ class Decode:
                 self.progress(min(done, self.max_new))
             if not running:
                 break
-            state = step(state, active)
+            step(active)
         if self.progress is not None and done < self.max_new:
             self.progress(self.max_new)  # every row stopped at EOS
         if self.device.type == "cuda":

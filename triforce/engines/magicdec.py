@@ -5,37 +5,36 @@ bytes dominate weight bytes. ``draft_cache="retrieval"`` drafts from a retrieval
 budget instead (the TriForce middle level used as a two-level method)."""
 from __future__ import annotations
 
-from .decode import Decode
-from .speculative import HIST, chain_step
-from .steps import retrieval_budget
+from .decode import Decode, model_dtype
+from .drafters import Drafter, RetrievalDrafter
+from .steps import CHAIN_HIST, chain_step, retrieval_budget
 
 
 def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: str, budget: int | None,
         chunk_size: int, rebuild_stride: int) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
-    from .decode import model_dtype
-
     d.setup(width=gamma + 1)
     target = d.target
-    drafter = draft if draft is not None else target
-    d.require_prompt_len(HIST, "magicdec")
+    d.require_prompt_len(CHAIN_HIST, "magicdec")
     if draft_cache == "streaming":
-        d.require_window(window, gamma + HIST, "magicdec")
+        model = draft if draft is not None else target
+        d.require_window(window, gamma + CHAIN_HIST, "magicdec")
         cache = d.full_cache(target)
-        dcache = StreamingCache(drafter.config, d.batch, sink, window, max_step=HIST,
-                                device=d.device, dtype=model_dtype(drafter))
+        drafter = Drafter(model, StreamingCache(model.config, d.batch, sink, window, max_step=CHAIN_HIST,
+                                                device=d.device, dtype=model_dtype(model)), d.sampling, CHAIN_HIST)
         with d.timed_prefill():
-            hist = d.start(target.prefill(d.prompts, cache), HIST)
-            drafter.prefill(d.truncated(HIST), dcache)
-    elif draft_cache == "retrieval":
+            drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
+    else:
         if draft is not None:
             raise ValueError("draft: draft_cache='retrieval' drafts with the target itself; pass draft=None")
         cache = d.full_cache(target, chunk_size=chunk_size)
         with d.timed_prefill():
-            hist = d.start(target.prefill(d.prompts, cache), 1)  # follows the full cache: width 1
-            dcache = RetrievalCache(target.config, cache, retrieval_budget(budget or sink + window, chunk_size,
+            first = d.start(target.prefill(d.prompts, cache), 1)
+            rcache = RetrievalCache(target.config, cache, retrieval_budget(budget or sink + window, chunk_size,
                                                                            d.prompts),
                                     chunk_size, max_step=gamma + 1,  # tokens appended between syncs
                                     rebuild_stride=rebuild_stride)
-    return d.loop(lambda h, active: chain_step(d, drafter, dcache, cache, h, active, gamma, "self->full"), hist)
+            drafter = RetrievalDrafter(target, rcache, d.sampling)
+            drafter.prefill(d.prompts, first)
+    return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, "self->full"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import autoregressive, magicdec, speculative, tree, triforce
+
 
 def _int_at_least(lo: int) -> Callable[[Any], str | None]:
     def check(v):
@@ -68,7 +70,7 @@ OPTIONS: dict[str, Option] = {
 @dataclass(frozen=True)
 class Method:
     name: str
-    module: str            # triforce.engines.<module>.run(decode, draft, **options)
+    run: Callable          # run(decode, draft, **options) -> (tokens, stats)
     options: tuple[str, ...]
     summary: str
     overrides: tuple[tuple[str, Any], ...] = ()  # this method's own defaults, where they differ
@@ -78,17 +80,17 @@ class Method:
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("autoregressive", "autoregressive", (), "one target forward per token (the baseline)"),
-    Method("speculative", "speculative", ("gamma", "draft_layers"),
+    Method("autoregressive", autoregressive.run, (), "one target forward per token (the baseline)"),
+    Method("speculative", speculative.run, ("gamma", "draft_layers"),
            "a draft model on its own full cache proposes gamma tokens, the target verifies them"),
-    Method("magicdec", "magicdec", ("gamma", "sink", "window", "draft_cache", "budget", "chunk_size",
+    Method("magicdec", magicdec.run, ("gamma", "sink", "window", "draft_cache", "budget", "chunk_size",
                                     "rebuild_stride"),
            "the target on a StreamingLLM (or retrieval) cache drafts for the full-cache target",
            overrides=(("budget", None),)),
-    Method("triforce", "triforce", ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
+    Method("triforce", triforce.run, ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
                                     "window", "draft_layers"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
-    Method("tree", "tree", ("tree", "sink", "window"),
+    Method("tree", tree.run, ("tree", "sink", "window"),
            "a static token tree drafted by the self-draft, verified in one tree-masked pass"),
 )}
 

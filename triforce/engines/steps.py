@@ -73,18 +73,38 @@ def _drawable(probs: torch.Tensor) -> torch.Tensor:
     return torch.where(w.sum(-1, keepdim=True) > 0, w, 1.0)
 
 
-def draft_chain(model, cache, hist: torch.Tensor, gamma: int, sampling: Sampling):
-    """Draft ``gamma`` tokens autoregressively: the first forward feeds all of ``hist`` (catch-up),
-    then one token per forward. -> (tokens int64 [B, gamma], probs float32 [B, gamma, V] or None)."""
-    tokens, probs = [], []
-    logits = model(hist, cache=cache)[:, -1]
-    for i in range(gamma):
-        tok, p = sampling.sample(logits)
-        tokens.append(tok)
-        probs.append(p)
-        if i + 1 < gamma:
-            logits = model(tok, cache=cache)[:, -1]
-    return torch.cat(tokens, 1), None if sampling.greedy else torch.stack(probs, 1)
+def verify_chain(model, cache, pending: torch.Tensor, draft_tokens: torch.Tensor, draft_probs, active,
+                 sampling: Sampling, accept_reject=None):
+    """One verification pass of ``model`` on ``cache`` over ``[pending, draft_tokens]``; the cache keeps the
+    pending token and the accepted drafts of each active row. ``accept_reject(sampling, x, q, logits)``
+    replaces ``sampling.verify_chain`` (a test seam). Draft ids of -1 (a ragged chain's padding) are
+    fed as 0 and rejected unread.
+    -> (tokens ``[B, n+1]``, num_accepted int32 ``[B]``, adv int32 ``[B]``, target probs or None)."""
+    base = cache.lengths.clone()
+    logits = model(torch.cat([pending, draft_tokens.clamp(min=0)], 1), cache=cache)
+    if accept_reject is None:
+        tokens, num, probs = sampling.verify_chain(draft_tokens, draft_probs, logits)
+    else:
+        tokens, num, probs = accept_reject(sampling, draft_tokens, draft_probs, logits)
+    adv = active_advance(num, active)
+    cache.rollback(base + adv)
+    return tokens, num, adv, probs
+
+
+CHAIN_HIST = 2  # a chain drafter's catch-up window: a step advances by <= gamma + 1 = (gamma - 1) + 2 tokens
+
+
+def chain_step(d, drafter, cache, active, gamma: int, level: str) -> None:
+    """One step: the drafter proposes ``gamma`` tokens, the target on the full ``cache`` verifies
+    them, the drafter commits what was emitted."""
+    stats = d.stats
+    with stats.time("draft"):
+        x, q = drafter.propose(gamma)
+    with stats.time("full"):
+        tokens, num, adv, _ = verify_chain(d.target, cache, drafter.pending, x, q, active, d.sampling)
+    drafter.commit(tokens, adv, acceptance=(num * active).sum() / (gamma * active.sum()).clamp(min=1))
+    stats.accept(level, num, gamma, active)
+    d.emit(tokens, adv, active)
 
 
 def advance(hist: torch.Tensor, emitted: torch.Tensor, adv: torch.Tensor, width: int) -> torch.Tensor:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from .decode import Decode, model_dtype
-from .steps import TokenBuffer, active_advance, advance, draft_chain, retrieval_budget
+from .drafters import Drafter
+from .steps import TokenBuffer, advance, retrieval_budget, verify_chain
 
-HIST_MID = 2  # drafter window inside the middle loop (advance <= gamma1 + 1)
+HIST_MID = 2  # bottom drafter's window inside the middle loop (a middle pass advances <= gamma1 + 1)
 HIST = 3      # at full-level boundaries: the middle's pending token is in neither cache
 
 
@@ -25,42 +26,61 @@ def _verify_middle(sampling, draft_tokens, draft_probs, logits):
     return sampling.verify_chain(draft_tokens, draft_probs, logits)
 
 
-def triforce_step(d: Decode, draft, dcache, rcache, cache, xs: TokenBuffer, hist, active, g1: int, g2: int):
-    target, sampling, stats = d.target, d.sampling, d.stats
-    base = cache.lengths.clone()
-    xs.reset()
-    mhist = hist
-    while True:  # middle level: one host sync per gamma1-block to decide when every row has gamma2
-        mactive = active & (xs.count < g2)
-        if not bool(mactive.any()):
-            break
-        with stats.time("draft"):
-            x, q = draft_chain(draft, dcache, mhist, g1, sampling)
-        with stats.time("retrieval"):
-            mbase = rcache.lengths.clone()
-            logits = target(torch.cat([mhist[:, -1:], x], 1), cache=rcache)
-            tokens, num, mprobs = _verify_middle(sampling, x, q, logits)
-            adv = active_advance(num, mactive)
-            rcache.rollback(mbase + adv)
-        dcache.rollback(dcache.lengths - (mhist.shape[1] + g1 - 1) + adv + mhist.shape[1] - HIST_MID)
-        xs.append(tokens, adv, mprobs)  # each emitted token with the M-probs it was sampled from
-        stats.accept("draft->retrieval", num, g1, mactive)
-        mhist = advance(mhist, tokens, adv, HIST_MID)
-    m = int(xs.count.max())
-    x = xs.tokens[:, :m]  # -1 past a row's count: rejected unread, then the bonus comes from p
-    q = None if sampling.greedy else xs.probs[:, :m]
-    with stats.time("full"):
-        logits = target(torch.cat([hist[:, -1:], x.clamp(min=0)], 1), cache=cache)
-        tokens, num, _ = sampling.verify_chain(x, q, logits)
-        adv = active_advance(num, active)
-        cache.rollback(base + adv)
-    with stats.time("retrieval"):
-        rcache.record_acceptance((num * active).sum() / (xs.count * active).sum().clamp(min=1))
-        rcache.sync()  # drop the middle's own tokens, copy the verified ones from the full cache
-    dcache.rollback(dcache.lengths + adv - xs.count - 1)  # from committed_mid - 2 to committed - 3
-    stats.accept("retrieval->full", num, xs.count, active)
+class RetrievalLevel:
+    """The middle level, a drafter for the full level: the target on the retrieval cache verifies the
+    bottom drafter's ``gamma1``-token chains until every active row holds ``gamma2`` tokens, each kept
+    with the retrieval-level probabilities it was sampled from (the full level's ``q``)."""
+
+    kind = "hierarchy"
+
+    def __init__(self, d: Decode, bottom: Drafter, rcache, gamma1: int):
+        self.d, self.bottom, self.rcache, self.gamma1 = d, bottom, rcache, gamma1
+        vocab = None if d.sampling.greedy else d.target.config.vocab_size
+        # a row at gamma2 - 1 tokens may still gain gamma1 + 1
+        self.xs = TokenBuffer(d.batch, d.width - 1, d.device, vocab)
+        self.hist = None  # the full level's history at the start of the step (width HIST)
+
+    @property
+    def pending(self) -> torch.Tensor:
+        return self.hist[:, -1:]
+
+    def propose(self, gamma2: int, active: torch.Tensor):
+        d, bottom, xs, stats = self.d, self.bottom, self.xs, self.d.stats
+        self.hist = bottom.hist
+        xs.reset()
+        while True:  # one host sync per gamma1-block to decide when every row has gamma2
+            mactive = active & (xs.count < gamma2)
+            if not bool(mactive.any()):
+                break
+            with stats.time("draft"):
+                x, q = bottom.propose(self.gamma1)
+            with stats.time("retrieval"):
+                tokens, num, adv, mprobs = verify_chain(d.target, self.rcache, bottom.pending, x, q, mactive,
+                                                        d.sampling, accept_reject=_verify_middle)
+            bottom.commit(tokens, adv, width=HIST_MID)
+            xs.append(tokens, adv, mprobs)  # each emitted token with the M-probs it was sampled from
+            stats.accept("draft->retrieval", num, self.gamma1, mactive)
+        m = int(xs.count.max())
+        # -1 past a row's count: rejected unread, then the bonus comes from p
+        return xs.tokens[:, :m], None if d.sampling.greedy else xs.probs[:, :m]
+
+    def commit(self, tokens, adv, num, active) -> None:
+        xs = self.xs
+        with self.d.stats.time("retrieval"):
+            self.rcache.record_acceptance((num * active).sum() / (xs.count * active).sum().clamp(min=1))
+            self.rcache.sync()  # drop the middle's own tokens, copy the verified ones from the full cache
+        # the bottom drafter followed the middle's sequence (xs.count tokens past the full level's);
+        # the full level kept adv of them (its last one its own): rebase onto that, window HIST again
+        self.bottom.rebase(advance(self.hist, tokens, adv, HIST), adv - xs.count)
+
+
+def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int) -> None:
+    x, q = middle.propose(gamma2, active)
+    with d.stats.time("full"):
+        tokens, num, adv, _ = verify_chain(d.target, cache, middle.pending, x, q, active, d.sampling)
+    middle.commit(tokens, adv, num, active)
+    d.stats.accept("retrieval->full", num, middle.xs.count, active)
     d.emit(tokens, adv, active)
-    return advance(hist, tokens, adv, HIST)
 
 
 def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
@@ -70,20 +90,18 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
     d.setup(width=1 + gamma1 + gamma2)
     target = d.target
     # default bottom level: the target itself on the StreamingLLM window (or its first draft_layers)
-    draft = draft if draft is not None else (target.layer_skip(draft_layers) if draft_layers else target)
+    model = draft if draft is not None else (target.layer_skip(draft_layers) if draft_layers else target)
     d.require_prompt_len(HIST, "triforce")
-    cap = gamma2 + gamma1  # most tokens the middle level collects: a row at gamma2 - 1 may gain gamma1 + 1
+    cap = gamma2 + gamma1  # most tokens the middle level collects
     d.require_window(window, cap + HIST, "triforce")
     cache = d.full_cache(target, chunk_size=chunk_size)
-    dcache = StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
-                            device=d.device, dtype=model_dtype(draft))
-    xs = TokenBuffer(d.batch, cap, d.device, None if d.sampling.greedy else target.config.vocab_size)
+    bottom = Drafter(model, StreamingCache(model.config, d.batch, sink, window, max_step=HIST,
+                                           device=d.device, dtype=model_dtype(model)), d.sampling, HIST)
     with d.timed_prefill():
-        hist = d.start(target.prefill(d.prompts, cache), HIST)
-        draft.prefill(d.truncated(HIST), dcache)
+        bottom.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), HIST))
         # Between two syncs a row holds up to `cap` middle tokens, and a middle pass still writes
         # gamma1 + 1 more to it while other rows continue (they are rolled back after the pass).
         rcache = RetrievalCache(target.config, cache, retrieval_budget(budget, chunk_size, d.prompts), chunk_size,
                                 max_step=cap + gamma1 + 1, rebuild_stride=rebuild_stride)
-    return d.loop(lambda h, active: triforce_step(d, draft, dcache, rcache, cache, xs, h, active,
-                                                  gamma1, gamma2), hist)
+    middle = RetrievalLevel(d, bottom, rcache, gamma1)
+    return d.loop(lambda active: triforce_step(d, middle, cache, active, gamma2))
