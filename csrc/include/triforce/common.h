@@ -5,13 +5,16 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace triforce {
 
 struct f16 { uint16_t bits; };
 struct bf16 { uint16_t bits; };
 
 inline float to_float(float x) { return x; }
-inline float to_float(double x) { return static_cast<float>(x); }
 
 inline float to_float(bf16 x) {
   uint32_t u = static_cast<uint32_t>(x.bits) << 16;
@@ -75,26 +78,48 @@ template <> inline f16 from_float<f16>(float f) {
 // exp(x) in float, vectorisable (std::exp is a scalar libm call: ~20% of the scoring time at
 // C = 16K, Hq = 32 before this). Cephes' expf: x = k ln2 + r with a two-constant Cody-Waite split,
 // |r| <= ln2 / 2, degree-6 minimax polynomial; ~1 ulp, like the Sleef exp PyTorch uses. x < -87.3
-// (including -inf) gives 0; NaN propagates through r and p.
-inline float exp_f32(float x) {
-  // round to nearest by the 1.5 * 2^23 trick (std::floor does not vectorise here); x < -87.3
-  // and NaN are handled below, so |x * log2e| < 2^22 wherever the result is used.
-  const float k = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
+// (including -inf) gives 0; NaN propagates through r and p. One definition of the reduction and the
+// polynomial (exp_reduced) serves the scalar exp_f32 and its AVX-512 form below.
+constexpr float kExpLog2e = 1.44269504088896341f;
+constexpr float kExpMin = -87.33654475f;  // below this, e^x is under float's smallest normal: 0
+
+// e^(x - k ln2) for k = round(x / ln2), on a float or on a GCC/Clang vector of floats (arithmetic with
+// a scalar operand broadcasts it).
+template <typename V>
+inline V exp_reduced(V x, V k) {
+  const V r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+inline float exp_f32(float x) {
+  // round to nearest by the 1.5 * 2^23 trick (std::floor does not vectorise here); x < -87.3
+  // and NaN are handled below, so |x * log2e| < 2^22 wherever the result is used.
+  const float k = (x * kExpLog2e + 12582912.f) - 12582912.f;
+  const float p = exp_reduced(x, k);
   // Clamp written so that NaN lands on -127 (std::min / std::max pass NaN through, and converting NaN
   // to int is undefined); the result is still NaN, through p.
   const float kc = k > -127.f ? (k < 127.f ? k : 127.f) : -127.f;
   const int32_t ki = static_cast<int32_t>(kc);
   const uint32_t bits = static_cast<uint32_t>(ki + 127) << 23;
   const float scale = __builtin_bit_cast(float, bits);  // (memcpy here blocks vectorisation)
-  return x < -87.33654475f ? 0.f : p * scale;
+  return x < kExpMin ? 0.f : p * scale;
 }
+
+#if defined(__AVX512F__)
+// exp_f32 on 16 lanes: k by roundscale, 2^k by scalef. NaN propagates (max returns its second operand,
+// x, when either is NaN; NaN is not < kExpMin).
+inline __m512 exp_f32(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(kExpMin);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  const __m512 xc = _mm512_max_ps(lo, x);
+  const __m512 k = _mm512_roundscale_ps(xc * kExpLog2e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(exp_reduced(xc, k), k));
+}
+#endif
 
 }  // namespace triforce

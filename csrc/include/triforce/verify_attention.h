@@ -6,6 +6,10 @@
 // tiles of KT keys, and serves all R = T * g query rows of the GQA group from them (flash-decoding:
 // T=1, g=4 reads each key once for 4 rows instead of 4 times). Online softmax in fp32 per item, then a
 // log-sum-exp merge of the S+1 partials. Only positions in [0, min(L, N)) are ever read, whatever L.
+//
+// One tile (attend_range): load K/V (load_tile_rows | load_tile_transposed) -> scores (scores_dot |
+// scores_tile) -> mask_scores -> softmax_update_row -> pv_tile. Each step is a small function; where an
+// AVX-512 version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -28,28 +32,11 @@ constexpr int64_t RB = 4;   // query rows per register block in the QK^T loop (4
 constexpr int64_t kSmallR = 8;  // up to this many query rows: dot-product path, no transposed K tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp(x) for x <= 0 (scores minus a running max): the shared vectorisable exp of common.h
+// exp(x) for x <= 0 (scores minus a running max): common.h's exp_f32, on one float or on 16 lanes
 // (exactly 0 below -87.3 and for -inf).
 inline float exp_nonpos(float x) { return exp_f32(x); }
-
 #if defined(__AVX512F__)
-// The same exp on 16 lanes; 2^n by scalef. NaN propagates (max keeps x's NaN).
-inline __m512 exp_nonpos(__m512 x) {
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(y, n));
-}
+inline __m512 exp_nonpos(__m512 x) { return exp_f32(x); }
 #endif
 
 template <typename T>
@@ -72,9 +59,228 @@ inline void load_row(const f16* src, float* dst, int64_t D) {  // hardware conve
 #endif
 
 struct Scratch {
-  std::vector<float> kt, vt, s, q;  // K tile [D][KT] (transposed), V tile [KT][D], scores [R][KT], q [R][D]
-  Scratch(int64_t R, int64_t D) : kt(D * KT), vt(KT * D), s(R * KT), q(R * D) {}
+  // K tile [D][KT] (transposed) or [KT][D], V tile [KT][D], scores [R][KT], q [R][D], one K row [D].
+  std::vector<float> kt, vt, s, q, row;
+  Scratch(int64_t R, int64_t D) : kt(D * KT), vt(KT * D), s(R * KT), q(R * D), row(D) {}
 };
+
+// ---- one tile of n <= KT keys: load K/V, scores, mask, online-softmax update, P V ---------------------
+
+// Prefetch the K/V rows [p, p + n) (the next tile, inside [start, end): never beyond L).
+template <typename T>
+inline void prefetch_rows(const T* k, int64_t skn, const T* v, int64_t svn, int64_t p, int64_t n, int64_t D) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t off = 0; off < D * static_cast<int64_t>(sizeof(T)); off += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(k + (p + j) * skn) + off);
+      __builtin_prefetch(reinterpret_cast<const char*>(v + (p + j) * svn) + off);
+    }
+}
+
+// K and V rows [p0, p0 + n) in fp32, both row-major: kt [n][D], vt [n][D].
+template <typename T>
+inline void load_tile_rows(const T* k, int64_t skn, const T* v, int64_t svn, int64_t p0, int64_t n, int64_t D,
+                           float* kt, float* vt) {
+  for (int64_t j = 0; j < n; ++j) {
+    load_row(k + (p0 + j) * skn, kt + j * D, D);
+    load_row(v + (p0 + j) * svn, vt + j * D, D);
+  }
+}
+
+// K transposed, kt [D][KT] with columns n..KT-1 zero (so the QK^T blocks always run over KT keys), and
+// V row-major, vt [n][D]. row: D floats of scratch for one converted K row.
+template <typename T>
+inline void load_tile_transposed(const T* k, int64_t skn, const T* v, int64_t svn, int64_t p0, int64_t n,
+                                 int64_t D, float* kt, float* vt, float* row) {
+  for (int64_t j = 0; j < n; ++j) {
+    load_row(k + (p0 + j) * skn, row, D);
+    for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = row[d];
+    load_row(v + (p0 + j) * svn, vt + j * D, D);
+  }
+  for (int64_t j = n; j < KT; ++j)
+    for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = 0.f;
+}
+
+// Few rows (R = T * g <= kSmallR, e.g. plain decoding): memory-bound. K stays row-major and each
+// (row, key) is one dot product; a transposed tile would cost D scattered stores per key for <= 8
+// uses. s[r][j] = q_r . k_j for j < n.
+inline void scores_dot(const float* q, int64_t R, int64_t D, const float* kt, int64_t n, float* s) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = q + r * D;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kj = kt + j * D;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
+      s[r * KT + j] = dot;
+    }
+  }
+}
+
+// s[i][j] = q_i . K[:, j] for ROWS query rows and all KT keys of the transposed tile, vectorised over
+// the keys.
+template <int64_t ROWS>
+inline void scores_rows(const float* q, int64_t D, const float* kt, float* s) {
+  float acc[ROWS][KT] = {};  // ROWS x KT fixed by the template: 512 bytes for ROWS = RB = 4
+  for (int64_t d = 0; d < D; ++d) {
+    const float* kd = kt + d * KT;
+    for (int64_t i = 0; i < ROWS; ++i) {
+      const float qv = q[i * D + d];
+      for (int64_t j = 0; j < KT; ++j) acc[i][j] += qv * kd[j];
+    }
+  }
+  std::memcpy(s, acc, sizeof(acc));  // the ROWS score rows are contiguous, KT apart
+}
+
+#if defined(__AVX512F__)
+// The same for 8 rows: 8 rows x 32 keys = 16 zmm accumulators; 2 K loads + 8 broadcasts feed 16 FMAs
+// per dim.
+inline void scores_8rows_avx512(const float* q, int64_t D, const float* kt, float* s) {
+  static_assert(KT == 32, "two zmm per score row");
+  __m512 a0[8], a1[8];
+  for (int i = 0; i < 8; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const __m512 k0 = _mm512_loadu_ps(kt + d * KT), k1 = _mm512_loadu_ps(kt + d * KT + 16);
+    for (int i = 0; i < 8; ++i) {
+      const __m512 qb = _mm512_set1_ps(q[i * D + d]);
+      a0[i] = _mm512_fmadd_ps(qb, k0, a0[i]);
+      a1[i] = _mm512_fmadd_ps(qb, k1, a1[i]);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    _mm512_storeu_ps(s + i * KT, a0[i]);
+    _mm512_storeu_ps(s + i * KT + 16, a1[i]);
+  }
+}
+#endif
+
+// S = Q K^T for all R rows over the transposed tile: blocks of 8 rows (AVX-512), then RB, then 1.
+inline void scores_tile(const float* q, int64_t R, int64_t D, const float* kt, float* s) {
+  int64_t r0 = 0;
+#if defined(__AVX512F__)
+  for (; r0 + 8 <= R; r0 += 8) scores_8rows_avx512(q + r0 * D, D, kt, s + r0 * KT);
+#endif
+  for (; r0 + RB <= R; r0 += RB) scores_rows<RB>(q + r0 * D, D, kt, s + r0 * KT);
+  for (; r0 < R; ++r0) scores_rows<1>(q + r0 * D, D, kt, s + r0 * KT);
+}
+
+// -inf for the scores of one row that are not keys (j >= n) or, in the masked tail, that query token t
+// may not see: key j is new token rel0 + j, visible iff vis_row[rel0 + j] (tree_mask[b, t]), or
+// rel0 + j <= t when vis_row is null (causal).
+inline void mask_scores(float* sr, int64_t n, bool tail, int64_t t, int64_t rel0, const bool* vis_row) {
+  for (int64_t j = n; j < KT; ++j) sr[j] = kNegInf;
+  if (!tail) return;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t si = rel0 + j;  // in [0, T) by construction of the tail range
+    const bool vis = vis_row ? vis_row[si] : si <= t;
+    if (!vis) sr[j] = kNegInf;
+  }
+}
+
+// Largest of a row's KT scores.
+inline float row_max(const float* sr) {
+#if defined(__AVX512F__)
+  static_assert(KT == 32, "two zmm per score row");
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_loadu_ps(sr), _mm512_loadu_ps(sr + 16)));
+#else
+  float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < KT; ++j) mx = std::max(mx, sr[j]);
+  return mx;
+#endif
+}
+
+// sr[j] = e^(sr[j] - m) for a row's KT scores (0 where masked); returns their sum.
+inline float exp_row(float* sr, float m) {
+#if defined(__AVX512F__)
+  const __m512 mb = _mm512_set1_ps(m);
+  const __m512 p0 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(sr), mb));
+  const __m512 p1 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(sr + 16), mb));
+  _mm512_storeu_ps(sr, p0);
+  _mm512_storeu_ps(sr + 16, p1);
+  return _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+#else
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < KT; ++j) {
+    const float p = exp_nonpos(sr[j] - m);
+    sr[j] = p;
+    sum += p;
+  }
+  return sum;
+#endif
+}
+
+// Online-softmax update of one query row by its tile of masked scores sr: running max m and sum l,
+// the accumulator acc [D] rescaled by e^(m_old - m_new); sr becomes the weights e^(s - m_new).
+inline void softmax_update_row(float* sr, float& m, float& l, float* acc, int64_t D) {
+  const float m_new = std::max(m, row_max(sr));
+  if (m_new == kNegInf) {  // nothing visible yet for this row: it adds nothing
+    for (int64_t j = 0; j < KT; ++j) sr[j] = 0.f;
+    return;
+  }
+  const float alpha = exp_nonpos(m - m_new);
+  l = l * alpha + exp_row(sr, m_new);
+  m = m_new;
+  if (alpha != 1.f)
+    for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+}
+
+// acc [D] += sum_j p[j] V[j] over the tile's n keys for one row, in 64-dim blocks that stay in
+// registers across the keys: one load + store of acc per tile instead of one per key.
+inline void pv_row(const float* p, int64_t n, int64_t D, const float* vt, float* acc) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    float a[64];  // one 64-dim block (the loop bound): 256 bytes
+    std::memcpy(a, acc + d0, sizeof(a));
+    for (int64_t j = 0; j < n; ++j) {
+      const float pj = p[j];
+      const float* vj = vt + j * D + d0;
+      for (int64_t d = 0; d < 64; ++d) a[d] += pj * vj[d];
+    }
+    std::memcpy(acc + d0, a, sizeof(a));
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vj = vt + j * D;
+    for (int64_t d = d0; d < D; ++d) acc[d] += pj * vj[d];
+  }
+}
+
+#if defined(__AVX512F__)
+// The same for 4 rows (D % 64 == 0): 4 rows x 64 dims = 16 zmm accumulators; 4 V loads + 4 broadcasts
+// feed 16 FMAs per key.
+inline void pv_4rows_avx512(const float* s, int64_t n, int64_t D, const float* vt, float* acc) {
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m512 a[4][4];
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < 4; ++c) a[i][c] = _mm512_loadu_ps(acc + i * D + d0 + 16 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vj = vt + j * D + d0;
+      const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+      const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+      for (int i = 0; i < 4; ++i) {
+        const __m512 pb = _mm512_set1_ps(s[i * KT + j]);
+        a[i][0] = _mm512_fmadd_ps(pb, v0, a[i][0]);
+        a[i][1] = _mm512_fmadd_ps(pb, v1, a[i][1]);
+        a[i][2] = _mm512_fmadd_ps(pb, v2, a[i][2]);
+        a[i][3] = _mm512_fmadd_ps(pb, v3, a[i][3]);
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + i * D + d0 + 16 * c, a[i][c]);
+  }
+}
+#endif
+
+// acc [R][D] += P [R][n] V [n][D]: blocks of 4 rows (AVX-512, D % 64 == 0), then row by row.
+inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const float* vt, float* acc) {
+  int64_t r0 = 0;
+#if defined(__AVX512F__)
+  if (D % 64 == 0)
+    for (; r0 + 4 <= R; r0 += 4) pv_4rows_avx512(s + r0 * KT, n, D, vt, acc + r0 * D);
+#endif
+  for (; r0 < R; ++r0) pv_row(s + r0 * KT, n, D, vt, acc + r0 * D);
+}
 
 // Online softmax over positions [start, end) for all R rows; updates m, l (per row) and acc [R][D].
 // tail: positions are new tokens, position p is index p - new0 of tree_mask row t = r / g.
@@ -85,203 +291,50 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
   float* kt = sc.kt.data();
   float* vt = sc.vt.data();
   float* s = sc.s.data();
-  float row[512];
   for (int64_t p0 = start; p0 < end; p0 += KT) {
     const int64_t n = std::min(KT, end - p0);
-    // Prefetch the next tile's K/V rows (inside [start, end): never beyond L) while this one computes.
-    const int64_t n_next = std::min(KT, end - p0 - n);
-    for (int64_t j = 0; j < n_next; ++j)
-      for (int64_t off = 0; off < D * static_cast<int64_t>(sizeof(T)); off += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(k + (p0 + KT + j) * skn) + off);
-        __builtin_prefetch(reinterpret_cast<const char*>(v + (p0 + KT + j) * svn) + off);
-      }
+    prefetch_rows(k, skn, v, svn, p0 + n, std::min(KT, end - p0 - n), D);  // the next tile, while this one runs
     if (R <= kSmallR) {
-      // Few rows (T * g <= 8, e.g. plain decoding): memory-bound. Keep K rows as they are and take R
-      // dot products per key; a transposed tile would cost D scattered stores per key for <= 8 uses.
-      for (int64_t j = 0; j < n; ++j) {
-        load_row(k + (p0 + j) * skn, kt + j * D, D);
-        load_row(v + (p0 + j) * svn, vt + j * D, D);
-      }
-      for (int64_t r = 0; r < R; ++r) {
-        const float* qr = q + r * D;
-        for (int64_t j = 0; j < n; ++j) {
-          const float* kj = kt + j * D;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
-          s[r * KT + j] = dot;
-        }
-      }
+      load_tile_rows(k, skn, v, svn, p0, n, D, kt, vt);
+      scores_dot(q, R, D, kt, n, s);
     } else {
-      for (int64_t j = 0; j < n; ++j) {
-        float* tmp = D <= 512 ? row : vt + j * D;  // (D > 512: convert in place through the V tile row)
-        load_row(k + (p0 + j) * skn, tmp, D);
-        for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = tmp[d];
-        load_row(v + (p0 + j) * svn, vt + j * D, D);
-      }
-      for (int64_t j = n; j < KT; ++j)
-        for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = 0.f;
-      // S = Q K^T for RB rows at a time, vectorized over the KT keys of the tile.
-      int64_t r0 = 0;
-#if defined(__AVX512F__)
-      // 8 rows x 32 keys = 16 zmm accumulators: 2 K loads + 8 broadcasts feed 16 FMAs per dim.
-      for (; r0 + 8 <= R; r0 += 8) {
-        __m512 a0[8], a1[8];
-        for (int i = 0; i < 8; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; ++d) {
-          const __m512 k0 = _mm512_loadu_ps(kt + d * KT), k1 = _mm512_loadu_ps(kt + d * KT + 16);
-          for (int i = 0; i < 8; ++i) {
-            const __m512 qb = _mm512_set1_ps(q[(r0 + i) * D + d]);
-            a0[i] = _mm512_fmadd_ps(qb, k0, a0[i]);
-            a1[i] = _mm512_fmadd_ps(qb, k1, a1[i]);
-          }
-        }
-        for (int i = 0; i < 8; ++i) {
-          _mm512_storeu_ps(s + (r0 + i) * KT, a0[i]);
-          _mm512_storeu_ps(s + (r0 + i) * KT + 16, a1[i]);
-        }
-      }
-#endif
-      for (; r0 + RB <= R; r0 += RB) {
-        float acc_s[RB][KT] = {};
-        for (int64_t d = 0; d < D; ++d) {
-          const float* kd = kt + d * KT;
-          for (int64_t i = 0; i < RB; ++i) {
-            const float qv = q[(r0 + i) * D + d];
-            for (int64_t j = 0; j < KT; ++j) acc_s[i][j] += qv * kd[j];
-          }
-        }
-        for (int64_t i = 0; i < RB; ++i) std::memcpy(s + (r0 + i) * KT, acc_s[i], sizeof(acc_s[i]));
-      }
-      for (; r0 < R; ++r0) {
-        float acc_s[KT] = {};
-        for (int64_t d = 0; d < D; ++d) {
-          const float qv = q[r0 * D + d];
-          for (int64_t j = 0; j < KT; ++j) acc_s[j] += qv * kt[d * KT + j];
-        }
-        std::memcpy(s + r0 * KT, acc_s, sizeof(acc_s));
-      }
+      load_tile_transposed(k, skn, v, svn, p0, n, D, kt, vt, sc.row.data());
+      scores_tile(q, R, D, kt, s);
     }
     for (int64_t r = 0; r < R; ++r) {
-      float* sr = s + r * KT;
-      for (int64_t j = n; j < KT; ++j) sr[j] = kNegInf;
-      if (tail) {
-        const int64_t t = r / g;
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t si = p0 + j - new0;  // in [0, T) by construction of the tail range
-          const bool vis = mask ? mask[t * Tq + si] : si <= t;
-          if (!vis) sr[j] = kNegInf;
-        }
-      }
-#if defined(__AVX512F__)
-      static_assert(KT == 32, "two zmm per score row");
-      const __m512 s0 = _mm512_loadu_ps(sr), s1 = _mm512_loadu_ps(sr + 16);
-      const float mx = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
-#else
-      float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < KT; ++j) mx = std::max(mx, sr[j]);
-#endif
-      const float m_new = std::max(m[r], mx);
-      if (m_new == kNegInf) {  // nothing visible yet for this row: it adds nothing
-        for (int64_t j = 0; j < KT; ++j) sr[j] = 0.f;
-        continue;
-      }
-      const float alpha = exp_nonpos(m[r] - m_new);
-#if defined(__AVX512F__)
-      const __m512 mb = _mm512_set1_ps(m_new);
-      const __m512 p0 = exp_nonpos(_mm512_sub_ps(s0, mb)), p1 = exp_nonpos(_mm512_sub_ps(s1, mb));
-      _mm512_storeu_ps(sr, p0);
-      _mm512_storeu_ps(sr + 16, p1);
-      const float sum = _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-#else
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < KT; ++j) {
-        const float p = exp_nonpos(sr[j] - m_new);
-        sr[j] = p;
-        sum += p;
-      }
-#endif
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-      if (alpha != 1.f) {
-        float* ar = acc + r * D;
-        for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
-      }
+      const int64_t t = r / g;
+      mask_scores(s + r * KT, n, tail, t, p0 - new0, mask ? mask + t * Tq : nullptr);
+      softmax_update_row(s + r * KT, m[r], l[r], acc + r * D, D);
     }
-    // acc += P V. Accumulators stay in registers across the tile's keys: one load+store of acc per
-    // tile instead of one per key.
-    int64_t r0 = 0;
-#if defined(__AVX512F__)
-    // 4 rows x 64 dims = 16 zmm accumulators: 4 V loads + 4 broadcasts feed 16 FMAs per key.
-    if (D % 64 == 0) {
-      for (; r0 + 4 <= R; r0 += 4) {
-        for (int64_t d0 = 0; d0 < D; d0 += 64) {
-          __m512 a[4][4];
-          for (int i = 0; i < 4; ++i)
-            for (int c = 0; c < 4; ++c) a[i][c] = _mm512_loadu_ps(acc + (r0 + i) * D + d0 + 16 * c);
-          for (int64_t j = 0; j < n; ++j) {
-            const float* vj = vt + j * D + d0;
-            const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
-            const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
-            for (int i = 0; i < 4; ++i) {
-              const __m512 pb = _mm512_set1_ps(s[(r0 + i) * KT + j]);
-              a[i][0] = _mm512_fmadd_ps(pb, v0, a[i][0]);
-              a[i][1] = _mm512_fmadd_ps(pb, v1, a[i][1]);
-              a[i][2] = _mm512_fmadd_ps(pb, v2, a[i][2]);
-              a[i][3] = _mm512_fmadd_ps(pb, v3, a[i][3]);
-            }
-          }
-          for (int i = 0; i < 4; ++i)
-            for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (r0 + i) * D + d0 + 16 * c, a[i][c]);
-        }
-      }
-    }
-#endif
-    for (; r0 < R; ++r0) {
-      const float* sr = s + r0 * KT;
-      float* ar = acc + r0 * D;
-      int64_t d0 = 0;
-      for (; d0 + 64 <= D; d0 += 64) {
-        float a[64];
-        std::memcpy(a, ar + d0, sizeof(a));
-        for (int64_t j = 0; j < n; ++j) {
-          const float p = sr[j];
-          const float* vj = vt + j * D + d0;
-          for (int64_t d = 0; d < 64; ++d) a[d] += p * vj[d];
-        }
-        std::memcpy(ar + d0, a, sizeof(a));
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = sr[j];
-        const float* vj = vt + j * D;
-        for (int64_t d = d0; d < D; ++d) ar[d] += p * vj[d];
-      }
-    }
+    pv_tile(s, R, n, D, vt, acc);
   }
 }
 
 }  // namespace va
+
+// Most prefix splits per (b, h), the launcher's limit too: bounds the merge's per-part weights on the
+// stack (kMaxSplits + 1 floats). The automatic count (2 items per thread) stays below it on a CPU.
+constexpr int64_t kMaxSplits = 64;
 
 // Number of prefix splits when the caller passes 0: enough items for 2 per thread, each split at
 // least 512 keys (below that the merge costs more than the parallelism gains).
 inline int64_t verify_attention_num_splits(int64_t B, int64_t Hkv, int64_t max_prefix, int64_t threads) {
   const int64_t want = (2 * threads + B * Hkv - 1) / (B * Hkv);
   const int64_t most = std::max<int64_t>(1, max_prefix / 512);
-  return std::max<int64_t>(1, std::min<int64_t>({want, most, 64}));
+  return std::max<int64_t>(1, std::min<int64_t>({want, most, kMaxSplits}));
 }
 
 // q: [B, T, Hq, D] with strides (sqb, sqt, sqh, 1); k/v: [B, N, Hkv, D] with strides (s*b, s*n, s*h, 1);
 // cache_seqlens int32 [B]; tree_mask bool [B, T, T] contiguous or null (causal); out contiguous
-// [B, T, Hq, D]; lse contiguous float [B, Hq, T]. num_splits >= 1.
+// [B, T, Hq, D]; lse contiguous float [B, Hq, T]. num_splits in [1, kMaxSplits] (clamped into it).
 template <typename T>
 void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, const T* k, int64_t skb,
                           int64_t skn, int64_t skh, const T* v, int64_t svb, int64_t svn, int64_t svh,
                           const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
                           int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
                           T* out, float* lse) {
-  const int64_t g = Hq / Hkv, R = Tq * g, S = num_splits, parts = S + 1;
+  const int64_t S = std::min(std::max<int64_t>(num_splits, 1), kMaxSplits);  // bounds the merge's w[] below
+  const int64_t g = Hq / Hkv, R = Tq * g, parts = S + 1;
   // Partials per (b, h, part): running max m, sum l, unnormalised acc [R][D], all fp32.
   std::vector<float> pm(B * Hkv * parts * R, va::kNegInf), pl(B * Hkv * parts * R, 0.f);
   std::vector<float> pacc(B * Hkv * parts * R * D, 0.f);
@@ -336,7 +389,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
           *ls = va::kNegInf;
           continue;
         }
-        float w[65];  // parts <= 65
+        float w[kMaxSplits + 1];  // one weight per part: parts = S + 1 <= kMaxSplits + 1 (S clamped above)
         float lsum = 0.f;
         for (int64_t s = 0; s < parts; ++s) {
           const float ms = pm[(base + s) * R + r];
@@ -344,7 +397,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
           lsum += w[s] * pl[(base + s) * R + r];
         }
         const float inv = 1.f / lsum;
-        float row[1024];
+        float row[1024];  // one block of the output row: D is walked in blocks of at most 1024 (4 KB)
         const int64_t Dc = std::min<int64_t>(D, 1024);
         for (int64_t d0 = 0; d0 < D; d0 += Dc) {
           const int64_t dn = std::min(Dc, D - d0);
