@@ -268,3 +268,23 @@ def _good(**kw):
 def test_bad_inputs(bad, err, match):
     with pytest.raises(err, match=match):
         tk.verify_attention(**_good(**bad))
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
+@pytest.mark.parametrize("name", ["k_cache", "v_cache"])
+def test_strided_last_dim_raises(backend, name):
+    """A cache is read in place, never copied (a whole-cache copy per call would cost more than the
+    attention): a strided last dim raises on every backend, in the public op and in the launchers."""
+    dev = backend_device(backend)
+    good = {key: val.to(dev) for key, val in _good().items()}
+    cache = good[name]
+    wide = torch.zeros(cache.shape[:-1] + (2 * cache.shape[-1],), dtype=cache.dtype, device=dev)
+    wide[..., ::2] = cache
+    good[name] = wide[..., ::2]
+    assert good[name].stride(-1) == 2
+    with pytest.raises(ValueError, match=f"{name} must have a contiguous last dimension"):
+        tk.verify_attention(**good, backend=backend)
+    if backend in ("cpu", "triton"):  # below the public op: the launchers check too instead of copying
+        impl = implementation("verify_attention", backend)
+        with pytest.raises((ValueError, RuntimeError), match="contiguous last dimension"):
+            impl(good["q"], good["k_cache"], good["v_cache"], good["cache_seqlens"], None, 0.25)

@@ -25,13 +25,18 @@ register_lazy("verify_attention", "triton", "triforce_kernels.triton.verify_atte
 
 @register("verify_attention", "cpu")
 def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0):
-    # The kernel reads rows of D contiguous elements; any B/N/H strides are passed through.
-    if k_cache.stride(-1) != 1:
-        k_cache = k_cache.contiguous()
-    if v_cache.stride(-1) != 1:
-        v_cache = v_cache.contiguous()
     return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
                                                  softmax_scale, num_splits)
+
+
+def check_cache_rows(name: str, cache: torch.Tensor) -> None:
+    """Every backend reads a cache in place, in rows of D contiguous elements (any B/N/H strides). It is
+    never copied: a copy of a long cache on every call (every layer, every step) would cost more than
+    the attention itself, so a strided last dim raises instead."""
+    if cache.shape[-1] > 1 and cache.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1, got {cache.stride(-1)}): "
+                         "it is read in place, never copied; allocate the cache with contiguous rows of D "
+                         "elements (strides over B, N and H may be anything)")
 
 
 @torch.library.custom_op("triforce::verify_attention", mutates_args=())
@@ -69,8 +74,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Args:
         q: ``[B, T, Hq, D]`` float32/float16/bfloat16 (after RoPE), any strides.
         k_cache, v_cache: ``[B, N, Hkv, D]`` ("NHD"), same dtype as ``q``; any strides over B, N and
-            H (e.g. a slice of a larger batch), rows of D ideally contiguous. ``Hq`` must be a multiple
-            of ``Hkv`` (GQA: query head ``j`` reads KV head ``j // (Hq // Hkv)``).
+            H (e.g. a slice of a larger batch), but a contiguous last dim (``stride(-1) == 1``): the
+            caches are read in place and never copied, so a strided last dim raises ``ValueError``.
+            ``Hq`` must be a multiple of ``Hkv`` (GQA: query head ``j`` reads KV head ``j // (Hq // Hkv)``).
         cache_seqlens: int32 ``[B]``, ``T <= cache_seqlens[b] <= N`` (valid lengths including the T new
             tokens; ragged across the batch). Checked (raising ``ValueError``) only when it is a CPU
             tensor, where that costs nothing; a GPU check would be a host synchronisation, so there the
@@ -97,6 +103,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev, shape=(B, None, None, D))
     N, Hkv = k_cache.shape[1], k_cache.shape[2]
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev, shape=(B, N, Hkv, D))
+    check_cache_rows("k_cache", k_cache)
+    check_cache_rows("v_cache", v_cache)
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"the number of query heads (q.shape[2] = {Hq}) must be a multiple of the number of "
                          f"KV heads (k_cache.shape[2] = {Hkv})")

@@ -21,10 +21,12 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "verify_attention: Hq must be a multiple of Hkv");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "verify_attention: q, k_cache and v_cache must have the same dtype");
-  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "verify_attention: cache rows must be contiguous");
+  TORCH_CHECK((D == 1 || k_cache.stride(3) == 1) && (D == 1 || v_cache.stride(3) == 1),
+              "verify_attention: k_cache and v_cache must have a contiguous last dimension (read in place, never copied)");
   TORCH_CHECK(cache_seqlens.scalar_type() == at::kInt && cache_seqlens.dim() == 1 && cache_seqlens.size(0) == B,
               "verify_attention: cache_seqlens must be int32 [B]");
-  TORCH_CHECK(num_splits >= 0 && num_splits <= 64, "verify_attention: num_splits must be in [0, 64]");
+  TORCH_CHECK(num_splits >= 0 && num_splits <= triforce::kMaxSplits, "verify_attention: num_splits must be in [0, ",
+              triforce::kMaxSplits, "]");
   at::Tensor mask;
   if (tree_mask.has_value()) {
     TORCH_CHECK(tree_mask->scalar_type() == at::kBool && tree_mask->dim() == 3 && tree_mask->size(0) == B &&

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .._backend import register
+from ..verify_attention import check_cache_rows
 
 
 @triton.jit
@@ -148,10 +149,8 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     R = T * G
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if k_cache.stride(-1) != 1:
-        k_cache = k_cache.contiguous()
-    if v_cache.stride(-1) != 1:
-        v_cache = v_cache.contiguous()
+    check_cache_rows("k_cache", k_cache)  # read in place (the kernel assumes unit stride over D): never copied
+    check_cache_rows("v_cache", v_cache)
     out = torch.empty((B, T, Hq, D), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, T), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
