@@ -253,3 +253,38 @@ def test_magicdec_retrieval_records_acceptance_and_rebuilds_when_it_drops(monkey
                       chunk_size=4, gamma=4, rebuild_stride=10_000)
     # rebuilds beyond the first are triggered by the recorded acceptance window (8 rates) alone
     assert len(seen) >= 2 and all(n >= 8 for n in seen[1:]), seen
+
+
+# ---- short prompts with every method's defaults
+@pytest.mark.parametrize("n", [1, 2, 6])
+def test_short_prompts_work_with_every_default(n):
+    """The README's 'The capital of France is' is 6 tokens: every method runs on its defaults (a
+    drafter's history is padded; no retrieval cache can exist, so triforce and magicdec-retrieval fall
+    back to drafting straight for the full level and say so) and equals autoregressive."""
+    target = tiny(0, 64)
+    p = torch.randint(0, 64, (2, n), generator=torch.Generator().manual_seed(n))
+    ref = triforce.generate(target, p, method="autoregressive", max_new_tokens=12)
+    for method, opts in (("speculative", {}), ("magicdec", {}), ("magicdec", {"draft_cache": "retrieval"}),
+                         ("triforce", {}), ("tree", {})):
+        out = triforce.generate(target, p, method=method, max_new_tokens=12, **opts)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), (method, opts)
+        falls_back = method == "triforce" or opts.get("draft_cache") == "retrieval"
+        assert bool(out.stats["notes"]) == falls_back, (method, out.stats["notes"])
+        if falls_back:
+            assert "too short for a retrieval cache" in out.stats["notes"][0]
+
+
+def test_default_speculative_draft_is_a_half_precision_copy_that_accepts():
+    from triforce.engines.drafters import half_precision_copy
+
+    target = tiny(0, 64)
+    draft = half_precision_copy(target)
+    assert next(draft.parameters()).dtype == torch.bfloat16 and half_precision_copy(target) is draft
+    p = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(9))
+    out = triforce.generate(target, p, method="speculative", max_new_tokens=20)
+    assert out.stats["acceptance"]["draft->full"] > 0.5
+    bf = tiny.__wrapped__(0, 64).to(torch.bfloat16)  # a fresh model: the cached one stays float32
+    assert half_precision_copy(bf) is None  # a bfloat16 target drafts for itself on a StreamingLLM window
+    ref = triforce.generate(bf, p, method="autoregressive", max_new_tokens=10)
+    out = triforce.generate(bf, p, method="speculative", max_new_tokens=10)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))

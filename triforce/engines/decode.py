@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .steps import Sampling, Stats, TokenBuffer
+from .steps import Sampling, Stats, TokenBuffer, pad_prompts
 
 
 class Decode:
@@ -27,6 +27,7 @@ class Decode:
         self.eos = None if not eos_token_ids else torch.tensor(eos_token_ids, dtype=torch.int64, device=self.device)
         self.pad = pad_token_id if pad_token_id is not None else (eos_token_ids[0] if eos_token_ids else -1)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+        self.notes: list[str] = []  # how the run deviated from the requested configuration, if it did
 
     def setup(self, width: int) -> None:
         """``width``: the most tokens one step appends to the full cache (sizes every buffer)."""
@@ -48,11 +49,6 @@ class Decode:
         return FullCache(model.config, self.batch, self.cache_len, device=self.device,
                          dtype=model_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
 
-    def require_prompt_len(self, n: int, method: str) -> None:
-        if min(len(p) for p in self.prompts) < n:
-            raise ValueError(f"prompt_ids: method {method!r} with these options needs prompts of at least "
-                             f"{n} tokens")
-
     @staticmethod
     def require_window(window: int, span: int, method: str) -> None:
         """A StreamingLLM drafter rolls back up to ``span`` tokens appended over several forwards
@@ -61,18 +57,14 @@ class Decode:
             raise ValueError(f"window: {method!r} with these options needs a StreamingLLM window of at least "
                              f"{span} tokens, got {window}")
 
-    def truncated(self, hist_width: int) -> list[torch.Tensor]:
-        """Prompts without their last ``hist_width - 1`` tokens: what a drafter cache holds at the
-        start (it then catches up from ``hist``)."""
-        return [p[: len(p) + 1 - hist_width] for p in self.prompts]
-
     def start(self, logits: torch.Tensor, hist_width: int) -> torch.Tensor:
-        """Sample the first new token from the prefill logits ``[B, V]``; -> ``hist [B, hist_width]``."""
+        """Sample the first new token from the prefill logits ``[B, V]``; -> ``hist [B, hist_width]``:
+        the last ``hist_width - 1`` tokens of each (padded) prompt, then the new token."""
         first, _ = self.sampling.sample(logits)
         self._append(first, torch.ones(self.batch, dtype=torch.int32, device=self.device))
         if hist_width == 1:
             return first
-        tails = torch.stack([p[len(p) - hist_width + 1:] for p in self.prompts])
+        tails = torch.stack([p[len(p) - hist_width + 1:] for p in pad_prompts(self.prompts, hist_width)])
         return torch.cat([tails, first], 1)
 
     def _append(self, tokens: torch.Tensor, num: torch.Tensor) -> None:
@@ -130,6 +122,7 @@ class Decode:
         new_tokens = int(lengths.sum())
         stats = self.stats.finish(self.prefill_s, decode_s, new_tokens, new_tokens - self.batch)
         stats["lengths"] = lengths.tolist()
+        stats["notes"] = list(self.notes)
         return tokens, stats
 
 

@@ -18,9 +18,12 @@ Bookkeeping (one rule for every drafter, no host sync):
 """
 from __future__ import annotations
 
+import copy
+import weakref
+
 import torch
 
-from .steps import Sampling, advance
+from .steps import Sampling, advance, pad_prompts
 
 
 class Drafter:
@@ -40,8 +43,9 @@ class Drafter:
 
     def prefill(self, prompts: list[torch.Tensor], hist: torch.Tensor) -> None:
         """Fill the cache with each prompt but its last ``width - 1`` tokens; ``hist`` ``[B, width]``
-        holds those and the first sampled token."""
-        self.model.prefill([p[: len(p) + 1 - self.width] for p in prompts], self.cache)
+        holds those and the first sampled token (a prompt shorter than ``width`` is padded:
+        :func:`~triforce.engines.steps.pad_prompts`)."""
+        self.model.prefill([p[: len(p) + 1 - self.width] for p in pad_prompts(prompts, self.width)], self.cache)
         self.hist, self.appended = hist, 0
 
     def propose(self, gamma: int):
@@ -121,3 +125,18 @@ class RetrievalDrafter(Drafter):
             self.cache.record_acceptance(acceptance)
         self.cache.sync()
         self.hist, self.appended = advance(self.hist, tokens, adv, 1), 0
+
+
+_HALF_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def half_precision_copy(target):
+    """The default draft model of ``speculative`` and ``triforce`` for a float32/float16 target: a
+    bfloat16 copy of it (half the weight bytes per draft token; on SmolLM2-135M ~0.86 greedy
+    acceptance, where a layer-skipped half of the model gets ~0.04). Made once per target and kept
+    while the target lives. ``None`` for a bfloat16 target (no cheaper copy exists)."""
+    if next(target.parameters()).dtype == torch.bfloat16:
+        return None
+    if target not in _HALF_COPIES:
+        _HALF_COPIES[target] = copy.deepcopy(target).to(torch.bfloat16)
+    return _HALF_COPIES[target]

@@ -2,7 +2,9 @@
 tokens) drafts ``gamma`` tokens for the target on the full cache. Drafting reads the weights plus a
 small fixed KV window instead of the whole context, so it pays off when batch x context makes KV
 bytes dominate weight bytes. ``draft_cache="retrieval"`` drafts from a retrieval cache of the same
-budget instead (the TriForce middle level used as a two-level method)."""
+budget instead (the TriForce middle level used as a two-level method); with a prompt too short for
+a retrieval cache (fewer than 3 complete chunks) it drafts from the StreamingLLM window, and says so
+in ``stats["notes"]``."""
 from __future__ import annotations
 
 from .decode import Decode, model_dtype
@@ -16,7 +18,14 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
 
     d.setup(width=gamma + 1)
     target = d.target
-    d.require_prompt_len(CHAIN_HIST, "magicdec")
+    if draft_cache == "retrieval":
+        if draft is not None:
+            raise ValueError("draft: draft_cache='retrieval' drafts with the target itself; pass draft=None")
+        budget = retrieval_budget(budget or sink + window, chunk_size, d.prompts)
+        if budget is None:
+            d.notes.append(f"magicdec: the shortest prompt has fewer than 3 chunks of {chunk_size} tokens, too "
+                           f"short for a retrieval cache: drafted from the StreamingLLM window instead")
+            draft_cache = "streaming"
     if draft_cache == "streaming":
         model = draft if draft is not None else target
         d.require_window(window, gamma + CHAIN_HIST, "magicdec")
@@ -26,14 +35,11 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
         with d.timed_prefill():
             drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
     else:
-        if draft is not None:
-            raise ValueError("draft: draft_cache='retrieval' drafts with the target itself; pass draft=None")
         cache = d.full_cache(target, chunk_size=chunk_size)
         with d.timed_prefill():
             first = d.start(target.prefill(d.prompts, cache), 1)
-            rcache = RetrievalCache(target.config, cache, retrieval_budget(budget or sink + window, chunk_size,
-                                                                           d.prompts),
-                                    chunk_size, max_step=gamma + 1,  # tokens appended between syncs
+            rcache = RetrievalCache(target.config, cache, budget, chunk_size,
+                                    max_step=gamma + 1,  # tokens appended between syncs
                                     rebuild_stride=rebuild_stride)
             drafter = RetrievalDrafter(target, rcache, d.sampling)
             drafter.prefill(d.prompts, first)

@@ -1,24 +1,35 @@
-"""Speculative decoding (Leviathan et al. / Chen et al.): a draft model on its own full cache
-proposes ``gamma`` tokens, the target on the full cache verifies them in one pass."""
+"""Speculative decoding (Leviathan et al. / Chen et al.): a draft model proposes ``gamma`` tokens, the
+target on the full cache verifies them in one pass.
+
+Default draft: a bfloat16 copy of a float32/float16 target on its own full cache; for a bfloat16
+target (no cheaper copy exists) the target itself on a StreamingLLM window (sink 16 + 240 recent
+tokens), as MagicDec drafts. ``draft_layers=k`` picks the target's first k layers instead
+(``target.layer_skip(k)``: weights shared, but without early-exit training a poor draft)."""
 from __future__ import annotations
 
-from .decode import Decode
-from .drafters import Drafter
+from .decode import Decode, model_dtype
+from .drafters import Drafter, half_precision_copy
 from .steps import CHAIN_HIST, chain_step
 
-
-def default_draft(target, draft_layers: int | None):
-    """The embedded default draft: the target's first half of layers + its head (weights shared)."""
-    n = target.config.num_hidden_layers
-    return target.layer_skip(draft_layers or max(1, n // 2))
+SELF_DRAFT_WINDOW = (16, 240)  # sink, window of the bfloat16 target's self-draft
 
 
 def run(d: Decode, draft, *, gamma: int, draft_layers: int | None) -> tuple:
+    from triforce.models.cache import StreamingCache
+
     d.setup(width=gamma + 1)
-    draft = draft if draft is not None else default_draft(d.target, draft_layers)
-    d.require_prompt_len(CHAIN_HIST, "speculative")
-    cache = d.full_cache(d.target)
-    drafter = Drafter(draft, d.full_cache(draft), d.sampling, CHAIN_HIST)
+    target = d.target
+    if draft is None and draft_layers:
+        draft = target.layer_skip(draft_layers)
+    draft = draft if draft is not None else half_precision_copy(target)
+    cache = d.full_cache(target)
+    if draft is not None:
+        dcache = d.full_cache(draft)
+    else:
+        draft, (sink, window) = target, SELF_DRAFT_WINDOW
+        dcache = StreamingCache(target.config, d.batch, sink, max(window, gamma + CHAIN_HIST), max_step=CHAIN_HIST,
+                                device=d.device, dtype=model_dtype(target))
+    drafter = Drafter(draft, dcache, d.sampling, CHAIN_HIST)
     with d.timed_prefill():
-        drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), CHAIN_HIST))
+        drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
     return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, "draft->full"))

@@ -228,13 +228,21 @@ class Stats:
         }
 
 
-def retrieval_budget(budget: int, chunk_size: int, prompts: list[torch.Tensor]) -> int:
+def pad_prompts(prompts: list[torch.Tensor], width: int) -> list[torch.Tensor]:
+    """Each prompt left-padded with its first token to at least ``width`` tokens: what a drafter with a
+    ``width``-token history starts from. A drafter's context only sets how well it guesses, never what
+    is emitted, so a prompt shorter than the history still decodes exactly."""
+    return [torch.cat([p[:1].expand(width - len(p)), p]) if len(p) < width else p for p in prompts]
+
+
+def retrieval_budget(budget: int, chunk_size: int, prompts: list[torch.Tensor]) -> int | None:
     """The retrieval budget in tokens, rounded down to whole chunks and capped by the shortest prompt's
-    complete chunks (a retrieval cache needs more than its sink and recent chunk: >= 3 chunks)."""
+    complete chunks; a retrieval cache needs more than its sink and recent chunk: >= 3 chunks. A
+    budget below that raises; ``None`` when the budget is fine but the shortest prompt is too short
+    for any retrieval cache (the engines then fall back, saying so in ``stats["notes"]``)."""
+    if budget < 3 * chunk_size:
+        raise ValueError(f"budget: a retrieval cache needs at least 3 chunks of chunk_size={chunk_size} tokens, "
+                         f"got budget={budget} (raise the budget or lower chunk_size)")
     shortest = min(len(p) for p in prompts)
     b = (min(budget, shortest) // chunk_size) * chunk_size
-    if b < 3 * chunk_size:
-        raise ValueError(f"budget: a retrieval cache needs at least 3 chunks of chunk_size={chunk_size} tokens; "
-                         f"got budget={budget} and the shortest prompt has {shortest} tokens (raise the budget, "
-                         f"lower chunk_size or use longer prompts)")
-    return b
+    return b if b >= 3 * chunk_size else None

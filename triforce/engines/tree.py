@@ -51,7 +51,6 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int) -> t
     parents_row = tree_parents(shape)
     hist_width = len(shape) + 2  # the drafter sits at the root after drafting; a step advances <= depth + 1
     d.setup(width=len(parents_row))
-    d.require_prompt_len(hist_width, "tree")
     d.require_window(window, hist_width + len(parents_row), "tree")
     model = draft if draft is not None else d.target
     cache = d.full_cache(d.target)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from .decode import Decode, model_dtype
-from .drafters import Drafter
-from .steps import TokenBuffer, advance, retrieval_budget, verify_chain
+from .drafters import Drafter, half_precision_copy
+from .steps import TokenBuffer, advance, chain_step, retrieval_budget, verify_chain
 
 HIST_MID = 2  # bottom drafter's window inside the middle loop (a middle pass advances <= gamma1 + 1)
 HIST = 3      # at full-level boundaries: the middle's pending token is in neither cache
@@ -89,19 +89,26 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
 
     d.setup(width=1 + gamma1 + gamma2)
     target = d.target
-    # default bottom level: the target itself on the StreamingLLM window (or its first draft_layers)
-    model = draft if draft is not None else (target.layer_skip(draft_layers) if draft_layers else target)
-    d.require_prompt_len(HIST, "triforce")
+    # bottom level: a bfloat16 copy of the target (the target itself if it is bfloat16), or its first
+    # draft_layers layers, on a StreamingLLM window
+    if draft is None:
+        draft = target.layer_skip(draft_layers) if draft_layers else (half_precision_copy(target) or target)
     cap = gamma2 + gamma1  # most tokens the middle level collects
     d.require_window(window, cap + HIST, "triforce")
+    budget = retrieval_budget(budget, chunk_size, d.prompts)
     cache = d.full_cache(target, chunk_size=chunk_size)
-    bottom = Drafter(model, StreamingCache(model.config, d.batch, sink, window, max_step=HIST,
-                                           device=d.device, dtype=model_dtype(model)), d.sampling, HIST)
+    bottom = Drafter(draft, StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
+                                           device=d.device, dtype=model_dtype(draft)), d.sampling, HIST)
     with d.timed_prefill():
         bottom.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), HIST))
-        # Between two syncs a row holds up to `cap` middle tokens, and a middle pass still writes
-        # gamma1 + 1 more to it while other rows continue (they are rolled back after the pass).
-        rcache = RetrievalCache(target.config, cache, retrieval_budget(budget, chunk_size, d.prompts), chunk_size,
-                                max_step=cap + gamma1 + 1, rebuild_stride=rebuild_stride)
+        if budget is not None:
+            # Between two syncs a row holds up to `cap` middle tokens, and a middle pass still writes
+            # gamma1 + 1 more to it while other rows continue (they are rolled back after the pass).
+            rcache = RetrievalCache(target.config, cache, budget, chunk_size, max_step=cap + gamma1 + 1,
+                                    rebuild_stride=rebuild_stride)
+    if budget is None:  # no retrieval cache can exist: the bottom level drafts straight for the full level
+        d.notes.append(f"triforce: the shortest prompt has fewer than 3 chunks of {chunk_size} tokens, too short "
+                       f"for a retrieval cache: the draft proposed {gamma1} tokens straight to the full level")
+        return d.loop(lambda active: chain_step(d, bottom, cache, active, gamma1, "draft->full"))
     middle = RetrievalLevel(d, bottom, rcache, gamma1)
     return d.loop(lambda active: triforce_step(d, middle, cache, active, gamma2))
