@@ -77,14 +77,11 @@ def passkey_prompt(tokenizer, context_tokens: int, key: int | None = None, depth
 
 
 def half_precision_draft(model):
-    """A bfloat16 copy of ``model``: half the weight bytes per draft token, and (on SmolLM2) ~0.85
-    greedy acceptance, where a layer-skipped half of the model gets < 0.1. Used by the demo and the
-    benchmark as the draft of ``speculative`` and ``triforce``."""
-    import copy
+    """The bfloat16 copy of ``model`` that ``speculative`` and ``triforce`` draft with by default
+    (:func:`triforce.engines.drafters.half_precision_copy`; ``None`` for a bfloat16 model)."""
+    from .engines.drafters import half_precision_copy
 
-    if next(model.parameters()).dtype == torch.bfloat16:
-        return None
-    return copy.deepcopy(model).to(torch.bfloat16)
+    return half_precision_copy(model)
 
 
 def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, temperature: float = 0.0,
@@ -114,8 +111,8 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'method':<15} {'tok/s':>8} {'speed-up':>8} {'mean acc':>8} {'passes':>6} {'prefill s':>9} "
-            f"{'same':>5}  acceptance per level; time per level (s)")
+    head = (f"{'method':<15} {'tok/s':>8} {'speed-up':>8} {'tok/pass':>8} {'passes':>6} {'prefill s':>9} "
+            f"{'same output':>11}  acceptance per level; time per level (s)")
     lines = [head, "-" * len(head)]
     for r in rows:
         s = r["stats"]
@@ -124,33 +121,161 @@ def format_table(rows: list[dict]) -> str:
         same = {None: "-", True: "yes", False: "NO"}[r["identical"]]
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
         lines.append(f"{r['method']:<15} {s['tokens_per_s']:>8.1f} {sp:>8} {s['mean_accepted']:>8.2f} "
-                     f"{s['target_passes']:>6} {s['prefill_s']:>9.1f} {same:>5}  {acc}; {tim}")
+                     f"{s['target_passes']:>6} {s['prefill_s']:>9.1f} {same:>11}  {acc}; {tim}")
     return "\n".join(lines)
 
 
-def run_demo(context: int = 3000, max_new_tokens: int = 48, batch: int = 1, methods=METHODS,
-             dtype: str | None = None, out=None, log=None) -> bool:
-    """The README demo: a needle-in-a-haystack prompt on the embedded SmolLM2-135M, every method,
-    greedy; prints the continuation and the comparison table. -> True when every method's tokens
-    equal the autoregressive ones."""
+class SharedPrefill:
+    """Within ``with SharedPrefill(model):``, the target's full-cache prefill of a given prompt list runs
+    once and is copied into every later full cache of the same prompts (the demo compares methods on
+    the same prompts; each would otherwise spend minutes re-reading the same long context). The copy
+    is exact: the same keys, values, lengths, chunk-mean keys and last queries."""
+
+    def __init__(self, model):
+        self.model, self.saved = model, {}
+
+    def __enter__(self):
+        from .engines.drafters import half_precision_copy
+        from .models.cache import FullCache
+
+        half_precision_copy(self.model)  # any copy of the model must be made before the patch below
+        real = self.model.prefill
+
+        def prefill(prompts, cache, chunk_size: int = 256):
+            key = tuple((p.data_ptr(), len(p)) for p in prompts) if isinstance(cache, FullCache) else None
+            snap = self.saved.get(key)
+            if key is None or snap is None or (cache.chunk_size is not None and snap["cache"].chunk_size is None):
+                logits = real(prompts, cache, chunk_size)
+                if key is not None and (snap is None or cache.chunk_size is not None):
+                    self.saved[key] = {"cache": cache, "logits": logits.clone(),
+                                       "state": _cache_state(cache)}
+                return logits
+            _restore(cache, snap["state"])
+            return snap["logits"].clone()
+
+        self.model.prefill = prefill
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.prefill  # back to the class's method
+        self.saved.clear()
+
+
+def _cache_state(cache) -> dict:
+    n = int(cache.lengths.max())
+    state = {"n": n, "lengths": cache.lengths.clone(), "k": [t[:, :n].clone() for t in cache.k],
+             "v": [t[:, :n].clone() for t in cache.v], "chunk_size": cache.chunk_size}
+    if cache.chunk_size is not None:
+        c = n // cache.chunk_size
+        state["chunks"] = [t[:, :c].clone() for t in cache.chunk_keys]
+        state["last_query"] = [t.clone() for t in cache.last_query]
+    return state
+
+
+def _restore(cache, state: dict) -> None:
+    cache.reset()
+    n = state["n"]
+    for dst, src in zip(cache.k + cache.v, state["k"] + state["v"]):
+        dst[:, :n] = src
+    if cache.chunk_size is not None:
+        for dst, src in zip(cache.chunk_keys, state["chunks"]):
+            dst[:, : src.shape[1]] = src
+        for dst, src in zip(cache.last_query, state["last_query"]):
+            dst.copy_(src)
+    cache.lengths.copy_(state["lengths"])
+    cache._bound = n
+
+
+def _bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _kv_bytes(model, prompts) -> int:
+    c = model.config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * next(model.parameters()).element_size()
+    return per_token * sum(len(p) for p in prompts)
+
+
+def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int) -> str:
+    """One line, from the run's own numbers, on why a method is slower than autoregressive here."""
+    s = row["stats"]
+    passes = max(1, s["target_passes"])
+    full_ms = 1e3 * s["time_s"].get("full", 0.0) / passes
+    side = {k: v for k, v in s["time_s"].items() if k != "full"}
+    side_ms = 1e3 * sum(side.values()) / passes
+    regime = ("the weights dominate what a target pass reads" if weight_bytes > kv_bytes
+              else "the KV cache dominates what a target pass reads")
+    return (f"{row['method']} loses here: per target pass the drafting costs {side_ms:.0f} ms against "
+            f"{full_ms:.0f} ms for the pass itself, and {s['mean_accepted']:.2f} tokens per pass do not pay for it "
+            f"({regime}: weights {weight_bytes / 1e6:.0f} MB, KV {kv_bytes / 1e6:.0f} MB)")
+
+
+def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch: int | None = None,
+                max_new_tokens: int | None = None) -> list[dict]:
+    """The regimes where each method pays, on this hardware. CPU: batch 1 (the weights dominate: a
+    cheap draft model or a token tree), and batch x context large enough that the KV cache dominates
+    (self-drafting from a small cache: MagicDec, TriForce). GPU: the large-batch regime."""
+    if device_type == "cuda":
+        long = {"batch": batch or 32, "context": context or 4000, "new": max_new_tokens or 64}
+    elif quick:
+        long = {"batch": batch or 2, "context": context or 600, "new": max_new_tokens or 8}
+    else:
+        long = {"batch": batch or 4, "context": context or 3000, "new": max_new_tokens or 32}
+    short = {"batch": 1, "context": 200 if quick else 1000, "new": max_new_tokens or (8 if quick else 48)}
+    budget = max(64, min(256, long["context"] // 4) // 8 * 8)
+    return [
+        {"title": "batch 1: the weights dominate each step (a cheaper draft or a token tree pays)",
+         **short, "methods": ["autoregressive", "speculative", "tree"],
+         "options": {"speculative": {"gamma": 4}, "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240}}},
+        {"title": f"batch {long['batch']} x {long['context']} tokens: the KV cache dominates "
+                  f"(drafting from a small cache pays)",
+         **long, "methods": ["autoregressive", "magicdec", "triforce"],
+         "options": {"magicdec": {"draft_cache": "retrieval", "budget": budget, "gamma": 2},
+                     "triforce": {"gamma1": 2, "gamma2": 6, "budget": budget, "chunk_size": 8, "sink": 16,
+                                  "window": 240}}},
+    ]
+
+
+def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: int | None = None,
+             batch: int | None = None, methods=METHODS, dtype: str | None = None, out=None, log=None) -> bool:
+    """The README demo on the embedded SmolLM2-135M: pass-key prompts, greedy, every method in the
+    regime where it pays on this hardware (:func:`demo_scenes`); per method tokens/s, speed-up, mean
+    accepted tokens per target pass, acceptance per level and "same output"; one line on why a method
+    that loses here loses. -> True when every method's tokens equal the autoregressive ones."""
     out = out or sys.stdout
     t0 = time.perf_counter()
     model, tok = load_model("smollm2", dtype)
-    prompts, keys = [], []
-    for b in range(batch):
-        ids, key = passkey_prompt(tok, context - 7 * b, depth=0.3 + 0.4 * b / max(1, batch - 1), offset=4000 * b)
-        prompts.append(torch.tensor(ids))
-        keys.append(key)
-    print(f"SmolLM2-135M ({next(model.parameters()).dtype}), {batch} pass-key prompt(s) of ~{context} tokens, "
-          f"{max_new_tokens} new tokens each, greedy. Model load {time.perf_counter() - t0:.1f} s.", file=out)
-    rows = compare_methods(model, prompts, methods, max_new_tokens, options=_cap_budget(context), log=log)
-    base = rows[0]
-    for b in range(batch):
-        text = decode(tok, base["tokens"][b].tolist()).replace("\n", " ")
-        print(f"[{b}] pass key {keys[b]} -> {text[:100]!r}", file=out)
-    print(format_table(rows), file=out)
-    ok = all(r["identical"] is not False for r in rows)
-    print("greedy outputs identical to autoregressive: " + ("yes" if ok else "NO"), file=out)
+    device = next(model.parameters()).device
+    print(f"SmolLM2-135M ({next(model.parameters()).dtype}, {device.type}, {torch.get_num_threads()} threads), "
+          f"greedy; model load {time.perf_counter() - t0:.1f} s. Prefill is shared by the methods of a scene "
+          f"and not counted in tokens/s.", file=out)
+    ok = True
+    for scene in demo_scenes(quick, device.type, context, batch, max_new_tokens):
+        wanted = [m for m in scene["methods"] if m in methods]
+        if len(wanted) < 2 and "autoregressive" in wanted:
+            continue
+        prompts, keys = [], []
+        for b in range(scene["batch"]):
+            ids, key = passkey_prompt(tok, scene["context"] - 7 * b, depth=0.25 + 0.5 * b / max(1, scene["batch"] - 1),
+                                      offset=4000 * b)
+            prompts.append(torch.tensor(ids, device=device))
+            keys.append(key)
+        print(f"\n== {scene['title']}: {scene['batch']} pass-key prompt(s) of ~{scene['context']} tokens, "
+              f"{scene['new']} new tokens each", file=out)
+        with SharedPrefill(model):
+            rows = compare_methods(model, prompts, wanted, scene["new"], options=scene["options"], log=log)
+        base = rows[0]
+        text = decode(tok, base["tokens"][0].tolist()).replace("\n", " ")
+        print(f"[0] pass key {keys[0]} -> {text[:80]!r}", file=out)
+        print(format_table(rows), file=out)
+        weights, kv = _bytes(model), _kv_bytes(model, prompts)
+        for r in rows:
+            if r["speedup"] is not None and r["speedup"] < 1 and r["method"] != "autoregressive":
+                print("  " + why_it_loses(r, weights, kv), file=out)
+            for note in r["stats"].get("notes", []):
+                print(f"  note: {note}", file=out)
+        ok &= all(r["identical"] is not False for r in rows)
+    print("\ngreedy outputs identical to autoregressive: " + ("yes" if ok else "NO"), file=out)
     return ok
 
 
