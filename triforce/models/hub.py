@@ -46,28 +46,30 @@ def load_draft(name: str, dtype: str | None = None):
     return Llama.from_pretrained(name, dtype=_dtype(dtype))
 
 
-def load_tokenizer(path) -> Tokenizer | None:
+def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:
     """The tokenizer of a Hugging Face directory or GGUF file, or ``None`` when it has none. A GGUF
-    tokenizer is rebuilt once and cached beside the converted weights (as the embedded model's is)."""
-    from .loading import _is_gguf, gguf_cache_path, gguf_field, open_gguf
+    tokenizer is rebuilt once and cached in the GGUF's cache entry, beside the converted weights, whichever
+    of the two is written first (``cache_dir``: as in :meth:`Llama.from_pretrained`; ``False``: no cache)."""
+    from .loading import _is_gguf, gguf_cache_path, gguf_field, open_gguf, publish, touch_cache_entry
 
     path = Path(path).expanduser()
     if path.is_dir():
         return Tokenizer.from_pretrained(path) if (path / "tokenizer.json").exists() else None
     if not _is_gguf(path):
         return None
-    cached = gguf_cache_path(path)
-    if (cached / "tokenizer.json").exists() and (cached / "tokenizer_meta.json").exists():
+    cached = gguf_cache_path(path, cache_dir) if cache_dir is not False else None
+    if cached is not None and (cached / "tokenizer.json").exists() and (cached / "tokenizer_meta.json").exists():
+        touch_cache_entry(cached)
         return Tokenizer.load(cached)
     reader = open_gguf(path)
     if gguf_field(reader, "tokenizer.ggml.model") is None:
         return None
     tokenizer = Tokenizer.from_gguf(path, reader)
-    try:
-        cached.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(cached)
-    except OSError:  # a read-only cache only costs the rebuild next time
-        pass
+    if cached is not None:
+        try:
+            publish(cached, tokenizer.save, last="tokenizer_meta.json")
+        except OSError:  # a read-only cache only costs the rebuild next time
+            pass
     return tokenizer
 
 

@@ -6,6 +6,7 @@ Module and parameter names mirror Hugging Face's ``LlamaForCausalLM`` (``model.l
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Sequence
 
@@ -84,9 +85,11 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, init: bool = True):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # init=False: nn.Embedding is given its (empty) weight instead of drawing one (see Llama's _empty).
+        weight = None if init else torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -109,17 +112,24 @@ class Llama(nn.Module):
     - ``model.layer_skip(k)``: a draft made of the first k layers (weights shared).
     """
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, *, _empty: bool = False):
         super().__init__()
         if not isinstance(config, LlamaConfig):
             raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
         self.config = config
-        self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # _empty=True (for loaders, which assign every weight with load_state_dict(sd, assign=True) and then
+        # set inv_freq = rope_inv_freq(config, device)): parameters and inv_freq are meta tensors and nothing
+        # is drawn. Not `with torch.device("meta"): Llama(config)`: there nn.Embedding's normal_ and RoPE's
+        # division run through torch._refs, whose first call imports torch._dynamo (~2 s on 2 busy
+        # cores, up to ~11 s on busier ones) to compute nothing; nn.Linear's init has a native meta kernel.
+        with torch.device("meta") if _empty else contextlib.nullcontext():
+            self.model = LlamaModel(config, init=not _empty)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
-        if not self.inv_freq.is_meta:
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        if not self.inv_freq.is_meta:  # also `with torch.device("meta"): Llama(config)`
             self._init_weights()
 
     def _init_weights(self):

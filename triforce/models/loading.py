@@ -3,17 +3,29 @@
 GGUF tensors are dequantised to float32 with the ``gguf`` package. llama.cpp's converter permutes the
 rows of ``attn_q`` / ``attn_k`` so that RoPE rotates interleaved pairs (x0, x1), (x2, x3), ...; our
 RoPE (like HF's) rotates the half-split pairs (x_i, x_{i + D/2}), so we apply the inverse permutation,
-exactly as ``transformers``' GGUF loader does. Converted GGUF models are cached as a Hugging Face
-directory under ``~/.cache/triforce`` (or ``$TRIFORCE_CACHE_DIR``), keyed by the file's path, size and
-modification time, so the second load skips the dequantisation.
+exactly as ``transformers``' GGUF loader does.
+
+The conversion cache: a converted GGUF is a Hugging Face directory ``gguf-<sha256>-v<reader version>``
+under ``~/.cache/triforce`` (``$XDG_CACHE_HOME/triforce``, ``$TRIFORCE_CACHE_DIR`` or ``cache_dir``), so
+the second load skips the dequantisation. The key is the file's content (sha256 of all its bytes,
+computed once per file and remembered under ``sha256/`` keyed by path, size, mtime, ctime and inode, so
+later loads only ``stat`` it) plus the reader version: copies of the same GGUF in several virtualenvs
+share one entry. The cache is bounded: after each write the least recently used entries are removed
+until the total is under ``$TRIFORCE_CACHE_MAX_GB`` (default 4; the entry in use is always kept).
+Files are written into a temporary directory and moved in one by one (``os.replace``), the file that
+marks an entry complete last, so readers never see a partial file and the weights and the tokenizer
+(:func:`triforce.models.hub.load_tokenizer`) can be written into the same entry in either order.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -55,9 +67,16 @@ def load_pretrained(path, device=None, dtype=None, cache_dir=None):
             config, sd = read_gguf(path)
             return _build(config, sd, device, dtype)
         cached = gguf_cache_path(path, cache_dir)
-        if not (cached / "model.safetensors").exists():
+        if (cached / "model.safetensors").exists():
+            touch_cache_entry(cached)
+        else:
             config, sd = read_gguf(path)
-            _write_hf_dir(cached, config, sd)
+            try:
+                _write_hf_dir(cached, config, sd)
+            except OSError as e:  # a read-only or full cache only costs the conversion next time
+                warnings.warn(f"cannot cache the converted {path.name} in {str(cached.parent)!r}: {e}")
+                return _build(config, sd, device, dtype)
+            evict_cache(cached)
         return _load_hf_dir(cached, device, dtype)
     raise ValueError(f"{str(path)!r} is neither a directory nor a GGUF file")
 
@@ -65,13 +84,131 @@ def load_pretrained(path, device=None, dtype=None, cache_dir=None):
 # Part of the cache key: bump it when read_gguf's output changes, so that no conversion by an older reader
 # is reused (2: metadata that read_gguf used to ignore, e.g. a yarn rope.scaling.type, now raises).
 _GGUF_CACHE_VERSION = 2
+_ENTRY = re.compile(r"gguf-[0-9a-f]{32}-v\d+")
+# Entries of the earlier path+mtime key (<stem>-<16 hex>), still evicted like the others.
+_OLD_ENTRY = re.compile(r".+-[0-9a-f]{16}")
+_ENTRY_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_meta.json"}
+_MAX_HASH_MEMOS = 256
+_STALE_TMP_S = 3600  # a temporary directory this old belongs to a killed writer (a write takes seconds)
+
+
+def cache_root(cache_dir=None) -> Path:
+    return Path(cache_dir or default_cache_dir())
 
 
 def gguf_cache_path(path: Path, cache_dir=None) -> Path:
+    """The cache entry (a directory, maybe not written yet) for the GGUF file ``path``."""
+    root = cache_root(cache_dir)
+    return root / f"gguf-{file_sha256(Path(path), root)[:32]}-v{_GGUF_CACHE_VERSION}"
+
+
+def file_sha256(path: Path, root: Path) -> str:
+    """sha256 of the file's bytes, hashed once (~1 GB/s: 0.1 s for SmolLM2's 98 MB, seconds for a 7B
+    GGUF) and remembered in ``root/sha256/`` under the path, size, mtime, ctime and inode: any write to
+    the file changes its ctime, so a changed file is hashed again."""
     st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{_GGUF_CACHE_VERSION}"
-    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    return Path(cache_dir or default_cache_dir()) / f"{path.stem}-{key}"
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}|{st.st_dev}"
+    memo = root / "sha256" / hashlib.sha256(ident.encode()).hexdigest()[:32]
+    try:
+        digest = memo.read_text().strip()
+        if re.fullmatch(r"[0-9a-f]{64}", digest):
+            return digest
+    except OSError:
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    digest = h.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f"{memo.name}.tmp{os.getpid()}")
+        tmp.write_text(digest)
+        os.replace(tmp, memo)
+        memos = sorted(memo.parent.iterdir(), key=_mtime)
+        for old in memos[: max(0, len(memos) - _MAX_HASH_MEMOS)]:
+            old.unlink(missing_ok=True)
+    except OSError:  # a read-only cache only costs the hashing next time
+        pass
+    return digest
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def touch_cache_entry(entry: Path) -> None:
+    """Mark ``entry`` used now (its mtime orders the least-recently-used eviction)."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass
+
+
+def max_cache_bytes() -> int:
+    raw = os.environ.get("TRIFORCE_CACHE_MAX_GB", "4")
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = -1.0
+    if not gb >= 0:
+        raise ValueError(f"TRIFORCE_CACHE_MAX_GB must be a number of GB >= 0, got {raw!r}")
+    return int(gb * 1e9)
+
+
+def evict_cache(keep: Path) -> None:
+    """Remove the least recently used entries beside ``keep`` until all entries together take at most
+    ``$TRIFORCE_CACHE_MAX_GB``; ``keep`` (the entry just written or used) stays whatever its size, and
+    so does anything in the cache folder that is not an entry. Temporary directories of killed writers
+    (older than an hour) go too."""
+    limit, root = max_cache_bytes(), keep.parent
+    entries, total = [], 0
+    try:
+        children = list(root.iterdir())
+    except OSError:
+        return
+    for d in children:
+        base, tmp, _ = d.name.partition(".tmp")
+        if d.is_symlink() or not d.is_dir() or not (_ENTRY.fullmatch(base) or _OLD_ENTRY.fullmatch(base)):
+            continue  # not ours
+        try:
+            files = {f.name: f.stat().st_size for f in d.iterdir()}
+        except OSError:
+            continue
+        if not _ENTRY.fullmatch(base) and not files.keys() <= _ENTRY_FILES:
+            continue  # <something>-<16 hex> that the older cache did not write
+        if tmp:
+            if time.time() - _mtime(d) > _STALE_TMP_S:
+                shutil.rmtree(d, ignore_errors=True)
+            continue
+        size = sum(files.values())
+        total += size
+        if d != keep:
+            entries.append((_mtime(d), size, d))
+    for _, size, d in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        shutil.rmtree(d, ignore_errors=True)
+        total -= size
+
+
+def publish(directory: Path, write, last: str) -> None:
+    """``write(tmp)`` fills a temporary sibling directory; its files are then moved into ``directory``
+    (created if needed) one by one with ``os.replace``, ``last`` last. Each file appears whole, files
+    already in ``directory`` that ``write`` did not write stay, and ``last`` can mark the set complete."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp", dir=directory.parent))
+    try:
+        write(tmp)
+        directory.mkdir(exist_ok=True)
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == last):
+            os.replace(f, directory / f.name)
+        touch_cache_entry(directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---- Hugging Face layout
@@ -101,8 +238,7 @@ def _load_hf_dir(directory: Path, device, dtype):
 def _build(config: LlamaConfig, sd: dict, device, dtype):
     from .llama import Llama
 
-    with torch.device("meta"):
-        model = Llama(config)
+    model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
     sd = dict(sd)
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
@@ -131,22 +267,17 @@ def save_pretrained(model, directory) -> None:
 
 
 def _write_hf_dir(directory: Path, config: LlamaConfig, sd: dict) -> None:
-    """Write atomically (temporary directory + rename), so an interrupted write never leaves a cache hit."""
+    """config.json + model.safetensors (last: a cache entry with it is complete), see :func:`publish`;
+    other files in ``directory`` (a tokenizer) stay."""
     from safetensors.torch import save_file
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp", dir=directory.parent))
-    try:
+    def write(tmp: Path):
         tensors = {k: v.detach().contiguous().cpu() for k, v in sd.items()
                    if not (config.tie_word_embeddings and k == "lm_head.weight")}
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    publish(directory, write, last="model.safetensors")
 
 
 # ---- GGUF

