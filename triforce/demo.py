@@ -76,14 +76,6 @@ def passkey_prompt(tokenizer, context_tokens: int, key: int | None = None, depth
     return intro + hay[:at] + needle + hay[at:] + question, key
 
 
-def half_precision_draft(model):
-    """The bfloat16 copy of ``model`` that ``speculative`` and ``triforce`` draft with by default
-    (:func:`triforce.engines.drafters.half_precision_copy`; ``None`` for a bfloat16 model)."""
-    from .engines.drafters import half_precision_copy
-
-    return half_precision_copy(model)
-
-
 def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, temperature: float = 0.0,
                     options: dict | None = None, draft="bf16", seed: int | None = 0, log=None) -> list[dict]:
     """Run ``methods`` on the same prompts; -> one row per method: ``method``, ``stats``, ``tokens``,
@@ -93,7 +85,9 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
 
     options = {**DEMO_OPTIONS, **(options or {})}
     if draft == "bf16":
-        draft = half_precision_draft(model)
+        from .engines.drafters import half_precision_copy
+
+        draft = half_precision_copy(model)
     rows = []
     for method in methods:
         if log:

@@ -20,7 +20,6 @@ class Decode:
         self.target, self.prompts, self.max_new, self.sampling = target, prompts, max_new_tokens, sampling
         self.device = prompts[0].device
         self.batch = len(prompts)
-        self.prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=self.device)
         self.max_prompt = max(len(p) for p in prompts)
         self.progress = progress
         self.prefill_s = 0.0

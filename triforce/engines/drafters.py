@@ -29,8 +29,6 @@ from .steps import Sampling, advance, pad_prompts
 class Drafter:
     """A draft model on its own cache (full, StreamingLLM or retrieval) proposing for one verifier."""
 
-    kind = "model"
-
     def __init__(self, model, cache, sampling: Sampling, width: int):
         self.model, self.cache, self.sampling, self.width = model, cache, sampling, width
         self.hist: torch.Tensor | None = None
@@ -111,8 +109,6 @@ class RetrievalDrafter(Drafter):
     cache): it follows the full cache instead of keeping tokens, so ``commit`` records the acceptance
     (for the rebuild-on-low-acceptance policy), drops its speculative tail and copies the verified
     tokens from the full cache; ``hist`` is just the pending token (width 1)."""
-
-    kind = "retrieval"
 
     def __init__(self, model, cache, sampling: Sampling):
         super().__init__(model, cache, sampling, width=1)

@@ -31,8 +31,6 @@ class RetrievalLevel:
     bottom drafter's ``gamma1``-token chains until every active row holds ``gamma2`` tokens, each kept
     with the retrieval-level probabilities it was sampled from (the full level's ``q``)."""
 
-    kind = "hierarchy"
-
     def __init__(self, d: Decode, bottom: Drafter, rcache, gamma1: int):
         self.d, self.bottom, self.rcache, self.gamma1 = d, bottom, rcache, gamma1
         vocab = None if d.sampling.greedy else d.target.config.vocab_size
