@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .engines.methods import METHODS, OPTIONS
+from .heads.modules import KINDS as HEAD_KINDS
 from .models.hub import DTYPES
 
 
@@ -76,10 +77,14 @@ def _model(s: str) -> str:
 
 
 def _draft(s: str) -> str:
-    if s == "smollm2" or Path(s).expanduser().exists():
+    if s == "smollm2" or s in HEAD_KINDS or Path(s).expanduser().exists():
         return s
-    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2' nor an existing Hugging Face model directory "
-                                     "or .gguf file (trained draft heads are not supported by the CLI)")
+    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', a head kind ({', '.join(HEAD_KINDS)}) nor an "
+                                     "existing Hugging Face model directory, .gguf file or head set (.safetensors)")
+
+
+def _is_heads(draft: str) -> bool:
+    return draft in HEAD_KINDS or (draft.endswith(".safetensors") and Path(draft).expanduser().is_file())
 
 
 def _prompt_file(s: str) -> str:
@@ -153,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the version and exit")
     ap.add_argument("--debug", action="store_true", help="on an error, show the full traceback instead of one line")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                            help="generate, bench or demo ('triforce COMMAND --help' for its options)")
+                            help="generate, bench, demo or train-heads ('triforce COMMAND --help' for its options)")
 
     g = sub.add_parser("generate", help="generate text from a prompt (--prompt, --prompt-file or piped stdin)",
                        description="Generate a continuation of one prompt and print it on stdout.")
@@ -172,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", metavar="N", type=int, default=None, help="seed of the sampling generator")
     g.add_argument("--draft", metavar="MODEL", type=_draft, default=None,
                    help="draft model (speculative, triforce, magicdec, tree): 'smollm2' or a Hugging Face "
-                        "directory / GGUF file with the target's vocabulary (default: the method's own draft)")
+                        "directory / GGUF file with the target's vocabulary (default: the method's own draft); "
+                        "for tree also trained heads: medusa, mlp, hidden_transfer, early_exit (the shipped "
+                        "set) or a head set's .safetensors")
     g.add_argument("--ignore-eos", action="store_true",
                    help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")
@@ -208,6 +215,33 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
     d.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
     _add_common(d)
+
+    t = sub.add_parser("train-heads", help="train draft heads (medusa, mlp, hidden_transfer, early_exit) on this CPU",
+                       description="Train draft heads on the target's own hidden states, offline: phase 1 on "
+                                   "Python's documentation (pydoc_data), phase 2 on the target's own generations. "
+                                   "Writes KIND.safetensors, KIND.ckpt, KIND-loss.png, KIND-eval.json under --out "
+                                   "(docs/heads.md).")
+    t.add_argument("--kind", nargs="+", choices=list(HEAD_KINDS) + ["all"], default=["medusa"],
+                   help="head kinds to train, one after the other (default: medusa)")
+    t.add_argument("--out", metavar="DIR", default="heads-out", help="output directory (default: heads-out)")
+    t.add_argument("--resume", action="store_true", help="continue from DIR/KIND.ckpt (same settings required)")
+    t.add_argument("--depth", metavar="K", type=_int(1), default=4, help="tokens drafted past the pending one (4)")
+    t.add_argument("--layer", metavar="L", type=_int(1), default=None,
+                   help="tapped layer of hidden_transfer / early_exit (default: 2/3 of the layers)")
+    t.add_argument("--steps", metavar="N", type=_int(1), default=250, help="phase-1 steps on text (250)")
+    t.add_argument("--distill-steps", metavar="N", type=_int(0), default=100,
+                   help="phase-2 steps on the target's generations (100)")
+    t.add_argument("--sequences", metavar="N", type=_int(1), default=192, help="phase-1 sequences (192)")
+    t.add_argument("--generated", metavar="N", type=_int(0), default=48, help="phase-2 sequences generated (48)")
+    t.add_argument("--seq-len", metavar="S", type=_int(8), default=256, help="tokens per sequence (256)")
+    t.add_argument("--batch", metavar="B", type=_int(1), default=4, help="sequences per step (4)")
+    t.add_argument("--positions", metavar="P", type=_int(1), default=64,
+                   help="positions per sequence per step (64; hidden_transfer runs the upper layers per position)")
+    t.add_argument("--lr", metavar="LR", type=_float(0, lo_open=True), default=1e-3, help="peak learning rate (1e-3)")
+    t.add_argument("--seed", metavar="N", type=int, default=0, help="seed of data, generation and batches (0)")
+    t.add_argument("--checkpoint-every", metavar="N", type=_int(1), default=50, help="steps between checkpoints (50)")
+    _add_model_args(t)
+    _add_common(t)
     return ap
 
 
@@ -404,7 +438,11 @@ def cmd_generate(args) -> int:
             raise ValueError(f"model {args.model!r} has no tokenizer: put the checkpoint's tokenizer.json beside "
                              "its config.json (or use a GGUF file that embeds one, or --model smollm2)")
         draft = None
-        if args.draft is not None:
+        if args.draft is not None and _is_heads(args.draft):
+            if args.method != "tree":
+                raise UsageError(f"--draft {args.draft}: trained heads draft for --method tree only")
+            draft = os.path.expanduser(args.draft) if args.draft not in HEAD_KINDS else args.draft
+        elif args.draft is not None:
             with progress.step("loading draft"):
                 draft = hub.load_draft(args.draft, args.dtype)
         ids = hub.encode(tok, text, add_special_tokens=getattr(tok, "add_bos_token", False))
@@ -460,7 +498,28 @@ def cmd_demo(args) -> int:
     return 0 if ok else 1
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo}
+def cmd_train_heads(args) -> int:
+    from .heads.train import TrainConfig, train
+    from .models import hub
+
+    kinds = list(HEAD_KINDS) if "all" in args.kind else list(dict.fromkeys(args.kind))
+    with Progress(enabled=args.progress) as progress:
+        with progress.step("loading model"):
+            model, tok = hub.load_model(args.model, args.dtype)
+        if tok is None:
+            raise ValueError(f"model {args.model!r} has no tokenizer (train-heads tokenizes its training text)")
+    for kind in kinds:
+        cfg = TrainConfig(kind=kind, depth=args.depth, layer=args.layer, steps=args.steps,
+                          distill_steps=args.distill_steps, seq_len=args.seq_len, sequences=args.sequences,
+                          generated=args.generated, batch=args.batch, positions=args.positions, lr=args.lr,
+                          seed=args.seed)
+        train(model, tok, cfg, args.out, resume=args.resume, checkpoint_every=args.checkpoint_every,
+              progress=args.progress is not False, log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(os.path.join(args.out, f"{kind}.safetensors"))
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "train-heads": cmd_train_heads}
 
 
 def _one_line(e: BaseException) -> str:

@@ -48,7 +48,10 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         max_new_tokens: tokens to generate per sequence (>= 1).
         temperature, top_k, top_p: 0 = greedy; otherwise every level samples from
             ``tk.logits_to_probs(logits, temperature, top_k, top_p)``.
-        draft: draft model (same vocabulary). Defaults: ``speculative``: the target's first half of
+        draft: draft model (same vocabulary), or for ``method="tree"`` trained heads on the target's
+            hidden states: a :class:`triforce.heads.DraftHeads`, a kind (``"medusa"``, ``"mlp"``,
+            ``"hidden_transfer"``, ``"early_exit"``: the set shipped for the target) or a saved set's
+            path (docs/heads.md). Defaults: ``speculative``: the target's first half of
             layers + head (``target.layer_skip``; ``draft_layers`` picks k); ``triforce``: the target
             itself on the StreamingLLM window (or ``layer_skip(draft_layers)``); ``magicdec``/``tree``:
             the target. Any draft keeps the output lossless; only speed depends on it.
@@ -85,7 +88,12 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         raise ValueError(f"max_new_tokens: a prompt of {longest} tokens + {max_new_tokens} new tokens exceed the "
                          f"model's context of {context} tokens; ask for at most {max(context - longest, 0)} new "
                          f"tokens (or shorten the prompt)")
-    if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+    from .engines.tree import is_heads_source
+
+    if is_heads_source(draft):
+        if method != "tree":
+            raise ValueError(f"draft: trained heads ({draft!r}) draft for method='tree' only, not {method!r}")
+    elif draft is not None and draft.config.vocab_size != target.config.vocab_size:
         raise ValueError("draft: its vocab_size must equal the target's")
     generator = None
     if seed is not None:

@@ -89,9 +89,10 @@ class Drafter:
         return tokens, probs, parents
 
     def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None,
-               acceptance: torch.Tensor | None = None) -> None:
+               acceptance: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:
         """The verifier emitted ``tokens[b, :adv[b]]``; ``width``: a new history width from now on.
-        ``acceptance`` (0-d tensor) is this step's acceptance rate, for drafters that adapt to it."""
+        ``acceptance`` (0-d tensor) is this step's acceptance rate, for drafters that adapt to it;
+        ``path``: a tree verification's accepted nodes (read by drafters that keep per-node state)."""
         self._move(adv, advance(self.hist, tokens, adv, width or self.width))
 
     def rebase(self, hist: torch.Tensor, delta: torch.Tensor) -> None:

@@ -4,12 +4,16 @@ verified in one target pass with the tree attention mask and the tree accept/rej
 
 The tree shape is a tuple of branching factors per depth: ``(2, 2, 1)`` = a root with 2 children,
 each with 2 children, each with 1: 1 + 2 + 4 + 4 = 11 nodes, depth 3. The default drafter is the
-target itself on a StreamingLLM window (MagicDec-style self-speculation)."""
+target itself on a StreamingLLM window (MagicDec-style self-speculation); trained heads on the
+target's hidden states draft without a second model (``draft="medusa"`` etc., engines/heads.py)."""
 from __future__ import annotations
 
 
+import os
+
 from .decode import Decode, model_dtype
 from .drafters import Drafter
+from .heads import HeadDrafter, heads_for
 from .steps import active_advance
 
 
@@ -26,7 +30,7 @@ def tree_parents(shape) -> list[int]:
     return parents
 
 
-def tree_step(d: Decode, drafter: Drafter, cache, active, shape, parents_row) -> None:
+def tree_step(d: Decode, drafter, cache, active, shape, parents_row) -> None:
     """One step: the drafter proposes a token tree, the target verifies it in one tree-masked pass
     (the accepted path is compacted in the cache), the drafter commits what was emitted."""
     target, sampling, stats = d.target, d.sampling, d.stats
@@ -34,13 +38,18 @@ def tree_step(d: Decode, drafter: Drafter, cache, active, shape, parents_row) ->
         tree, q, parents = drafter.propose_tree(shape, parents_row, target.config.vocab_size)
     with stats.time("full"):
         base = cache.lengths.clone()
-        logits = target(tree, cache=cache, tree_parents=parents)
+        if isinstance(drafter, HeadDrafter):
+            logits = drafter.tree_pass(tree, cache, parents)
+        else:
+            logits = target(tree, cache=cache, tree_parents=parents)
         path, tokens, num = sampling.verify_tree(tree, parents, q, logits)
         adv = active_advance(num, active)
         cache.commit_path(base, path, num)
         cache.rollback(base + adv)  # finished rows keep nothing
-    drafter.commit(tokens, adv)
-    stats.accept("tree->full", num, len(shape), active)
+    with stats.time("draft"):
+        drafter.commit(tokens, adv, path=path)
+    if tree.shape[1] > 1:  # the heads' first step verifies the root alone (no drafts yet)
+        stats.accept("tree->full", num, len(shape), active)
     d.emit(tokens, adv, active)
 
 
@@ -49,6 +58,8 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int) -> t
 
     shape = tree
     parents_row = tree_parents(shape)
+    if is_heads_source(draft):
+        return run_heads(d, draft, shape, parents_row)
     hist_width = len(shape) + 2  # the drafter sits at the root after drafting; a step advances <= depth + 1
     d.setup(width=len(parents_row))
     d.require_window(window, hist_width + len(parents_row), "tree")
@@ -59,4 +70,24 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int) -> t
     drafter = Drafter(model, dcache, d.sampling, hist_width)
     with d.timed_prefill():
         drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), hist_width))
+    return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row))
+
+
+def is_heads_source(draft) -> bool:
+    """A trained-heads draft: a DraftHeads, a kind name or a path to a saved set (not a model)."""
+    from triforce.heads import DraftHeads
+
+    return isinstance(draft, (DraftHeads, str, os.PathLike))
+
+
+def run_heads(d: Decode, draft, shape, parents_row) -> tuple:
+    heads = heads_for(d.target, draft)
+    if len(shape) > heads.depth:
+        raise ValueError(f"tree: {len(shape)} levels need heads of depth >= {len(shape)}; these {heads.kind} "
+                         f"heads draft {heads.depth} tokens (use a shallower tree)")
+    drafter = HeadDrafter(d.target, heads, d.sampling, len(shape))
+    d.setup(width=len(parents_row) * (1 + drafter.extra_width))
+    cache = d.full_cache(d.target)
+    with d.timed_prefill():
+        drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), 1))
     return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row))

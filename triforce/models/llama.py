@@ -147,7 +147,8 @@ class Llama(nn.Module):
         return self.model.embed_tokens.weight.dtype
 
     # ---- forward
-    def _hidden(self, input_ids, cache=None, tree_parents=None, counts=None, query_index=None, query_valid=None):
+    def _hidden(self, input_ids, cache=None, tree_parents=None, counts=None, query_index=None, query_valid=None,
+                tap=None):
         B, T = input_ids.shape
         step = None
         if cache is None:
@@ -157,7 +158,14 @@ class Llama(nn.Module):
             positions = step.positions
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         h = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
+        for i, layer in enumerate(self.model.layers):
+            if tap is not None and i == tap.layer:
+                extra = tap(h, tree_parents)
+                if extra is not None:  # extra tokens join the tree here: a wider step from this layer on
+                    extra_h, parents = extra
+                    h = torch.cat([h, extra_h.to(h.dtype)], 1)
+                    step = cache.begin(h.shape[1], parents)
+                    cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.dtype)
             h = layer(h, cos, sin, cache, step)
         if cache is not None:
             cache.end(step)
@@ -169,6 +177,45 @@ class Llama(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: _KVCache | None = None,
                 tree_parents: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` (see the class docstring)."""
+        self._check_forward(input_ids, cache, tree_parents)
+        if cache is None:
+            return self._logits(self._hidden(input_ids))
+        with torch.no_grad():  # cache writes must never join an autograd graph (memory would grow)
+            return self._logits(self._hidden(input_ids, cache, tree_parents))
+
+    @torch.no_grad()
+    def forward_hidden(self, input_ids: torch.Tensor, cache: _KVCache, tree_parents: torch.Tensor | None = None,
+                       tap=None) -> torch.Tensor:
+        """Like ``model(input_ids, cache=cache, tree_parents=...)`` but returns the LM head's input: the
+        final-normed hidden states ``[B, T', H]`` in the model's dtype (``model.head(z)`` gives the
+        logits). Draft heads read them (docs/heads.md).
+
+        ``tap``: an object with ``tap.layer`` (``1 <= layer < num_hidden_layers``) called as
+        ``tap(h, tree_parents)`` with ``h`` ``[B, T, H]``, the residual stream entering decoder layer
+        ``layer``. It returns ``None`` (it only reads ``h``) or ``(extra_h [B, E, H], parents [B, T+E])``:
+        ``E`` extra tokens that enter the stream at that layer (their keys and values exist only in the
+        layers from ``layer`` on), attached to the tree ``parents`` (nodes ``< T`` unchanged; ``T' = T+E``).
+        The cache grows by ``T'``; the caller rolls the extra tokens back (``commit_path`` / ``rollback``).
+        A :class:`~triforce.models.cache.StreamingCache` takes no tap (it may compact between layers'
+        steps)."""
+        from .cache import StreamingCache
+
+        self._check_forward(input_ids, cache, tree_parents)
+        if cache is None:
+            raise ValueError("forward_hidden needs a cache")
+        if tap is not None:
+            n = self.config.num_hidden_layers
+            if isinstance(cache, StreamingCache):
+                raise TypeError("forward_hidden: a tap needs a FullCache or RetrievalCache, not a StreamingCache")
+            if isinstance(tap.layer, bool) or not isinstance(tap.layer, int) or not 1 <= tap.layer < n:
+                raise ValueError(f"tap.layer must be an int in [1, {n - 1}], got {tap.layer!r}")
+        return self.model.norm(self._hidden(input_ids, cache, tree_parents, tap=tap))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`)."""
+        return self.lm_head(z).float()
+
+    def _check_forward(self, input_ids, cache, tree_parents) -> None:
         self._check_ids("input_ids", input_ids)
         if cache is not None:
             self._check_cache(cache, input_ids.shape[0])
@@ -181,10 +228,6 @@ class Llama(nn.Module):
         elif cache is None and input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, more than the model's context "
                              f"({self.config.max_position_embeddings})")
-        if cache is None:
-            return self._logits(self._hidden(input_ids))
-        with torch.no_grad():  # cache writes must never join an autograd graph (memory would grow)
-            return self._logits(self._hidden(input_ids, cache, tree_parents))
 
     @torch.no_grad()
     def prefill(self, prompts, cache: _KVCache, chunk_size: int = 256) -> torch.Tensor:

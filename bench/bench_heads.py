@@ -1,0 +1,134 @@
+"""Trained draft heads on the embedded SmolLM2-135M (docs/heads.md):
+
+1. accuracy: per depth, how often each kind's top-1 / top-5 holds the target's greedy token, on
+   held-out text (Python documentation topics never trained on);
+2. decoding: ``method="tree"`` with each kind against autoregressive on held-out prompts, at batch 1
+   and 8 and context ~500 and ~6000, greedy and sampled: tokens/s, speed-up, mean tokens per target
+   pass, acceptance, and (greedy) identical output;
+3. ``--long``: acceptance against context length (500 -> 7000) per kind.
+
+    python bench/bench_heads.py                      # shipped sets, every table
+    python bench/bench_heads.py --heads DIR --kinds medusa --batch 1 --context 500
+
+Rows go to bench/results.csv (family ``heads``); every result to bench/heads_results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from bench.harness import ROOT, record  # noqa: E402
+from triforce.generate import generate  # noqa: E402
+from triforce.heads import KINDS, load_heads, shipped_heads_path  # noqa: E402
+from triforce.heads.train import accuracy, features, python_docs, token_sequences  # noqa: E402
+
+TREES = {  # per kind: the static tree used for decoding (branching factors per depth)
+    "medusa": (3, 2, 1, 1),
+    "early_exit": (3, 2, 1, 1),
+    "mlp": (3, 2, 1, 1),
+    "hidden_transfer": (3, 2, 1, 1),
+}
+
+
+def heldout_prompts(tok, n_tokens: int, batch: int) -> list[torch.Tensor]:
+    """``batch`` prompts of ``n_tokens`` held-out tokens (different offsets into the held-out topics,
+    which repeat when they are shorter than needed)."""
+    _, held = python_docs()
+    ids = tok.encode("\n\n".join(held))
+    while len(ids) < n_tokens + 997 * batch:
+        ids = ids + ids
+    return [torch.tensor(ids[997 * b: 997 * b + n_tokens]) for b in range(batch)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", default=None, help="directory of KIND.safetensors (default: the shipped sets)")
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--context", type=int, nargs="+", default=[500, 6000])
+    ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.8])
+    ap.add_argument("--new", type=int, default=64, help="new tokens per prompt")
+    ap.add_argument("--tree", default=None, help="tree shape for every kind, e.g. 3,2,1,1")
+    ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--long", action="store_true", help="acceptance against context length (500 -> 7000)")
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "heads_results.json"))
+    args = ap.parse_args()
+
+    from triforce.demo import SharedPrefill, load_model
+
+    model, tok = load_model("smollm2", None)
+    sets = {k: load_heads(os.path.join(args.heads, f"{k}.safetensors") if args.heads
+                          else shipped_heads_path(model, k), model) for k in args.kinds}
+    results = json.load(open(args.json)) if os.path.exists(args.json) else {}
+
+    if not args.skip_accuracy:
+        _, held = python_docs()
+        seqs = token_sequences(tok, held, 256, 32)
+        acc = {}
+        for kind, h in sets.items():
+            f = features(model, seqs, h.layer, kind == "hidden_transfer")
+            acc[kind] = accuracy(model, h, f, rows=2048)
+            print(f"{kind:16s} top-1 " + " ".join(f"{a:.3f}" for a in acc[kind]["top1"])
+                  + "   top-5 " + " ".join(f"{a:.3f}" for a in acc[kind]["top5"]), flush=True)
+        results["accuracy"] = acc
+
+    if not args.skip_decode:
+        rows = results.setdefault("decode", {})
+        for B in args.batch:
+            for ctx in args.context:
+                prompts = heldout_prompts(tok, ctx, B)
+                with SharedPrefill(model):
+                    for temp in args.temperature:
+                        base = None
+                        for kind in ["autoregressive"] + list(sets):
+                            opts = {} if kind == "autoregressive" else {
+                                "draft": sets[kind], "tree": tuple(map(int, args.tree.split(","))) if args.tree
+                                else TREES[kind]}
+                            t0 = time.perf_counter()
+                            out = generate(model, prompts, method="autoregressive" if kind == "autoregressive"
+                                           else "tree", max_new_tokens=args.new, temperature=temp, seed=0, **opts)
+                            wall = time.perf_counter() - t0
+                            s = out.stats
+                            if base is None:
+                                base = out
+                            same = all(torch.equal(a, b) for a, b in zip(out.tokens, base.tokens)) if temp == 0 else None
+                            speed = s["tokens_per_s"] / base.stats["tokens_per_s"]
+                            key = f"B={B},ctx={ctx},T={temp},{kind}"
+                            rows[key] = {"tokens_per_s": s["tokens_per_s"], "speedup": speed,
+                                         "mean_accepted": s["mean_accepted"], "acceptance": s["acceptance"],
+                                         "identical": same, "tree": opts.get("tree"), "wall_s": wall}
+                            print(f"B={B} ctx={ctx} T={temp} {kind:16s} {s['tokens_per_s']:7.2f} tok/s  x{speed:.2f}  "
+                                  f"tokens/pass {s['mean_accepted']:.2f}  same: {same}", flush=True)
+                            per = 1 / s["tokens_per_s"]
+                            record(family="heads", op=f"generate:tree:{kind}" if kind != "autoregressive"
+                                   else "generate:autoregressive", backend="auto",
+                                   shape=f"B={B},ctx={ctx},new={args.new},T={temp}", dtype="float32",
+                                   timing={"median_s": per, "p10_s": per, "p90_s": per},
+                                   baseline="autoregressive",
+                                   baseline_timing={"median_s": 1 / base.stats["tokens_per_s"]},
+                                   extra=json.dumps({k: rows[key][k] for k in ("mean_accepted", "identical", "tree")}))
+
+    if args.long:
+        lng = results.setdefault("long", {})
+        for ctx in (500, 1000, 2000, 4000, 7000):
+            prompts = heldout_prompts(tok, ctx, 1)
+            with SharedPrefill(model):
+                for kind, h in sets.items():
+                    out = generate(model, prompts, method="tree", draft=h, tree=TREES[kind], max_new_tokens=args.new)
+                    lng[f"ctx={ctx},{kind}"] = {"mean_accepted": out.stats["mean_accepted"],
+                                                "acceptance": out.stats["acceptance"]}
+                    print(f"long ctx={ctx} {kind:16s} tokens/pass {out.stats['mean_accepted']:.2f}", flush=True)
+    with open(args.json, "w") as fh:
+        json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

