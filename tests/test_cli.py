@@ -99,7 +99,7 @@ def test_every_option_has_help():
         for a in p._actions:
             if isinstance(a, argparse._SubParsersAction):
                 parsers += a.choices.values()
-    assert len(parsers) == 4
+    assert len(parsers) == 5  # root, generate, bench, demo, train-heads
     for p in parsers:
         for a in p._actions:
             assert a.help, f"{p.prog} {a.option_strings or a.dest} has no help"

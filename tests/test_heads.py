@@ -82,16 +82,18 @@ def exact34():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_sampled_distribution_with_random_heads(exact34, kind):
+@pytest.mark.parametrize("build", ["static", "probability"])
+def test_sampled_distribution_with_random_heads(exact34, kind, build):
     from tests.test_engines_sampling import chi2_pvalue
 
     m, prompt, p34 = exact34
+    shape = {"tree": (2, 2, 1)} if build == "static" else {"tree_nodes": (2, 2, 2)}
     out = triforce.generate(m, prompt.expand(N, P), method="tree", draft=random_heads(m, kind, std=0.5),
-                            tree=(2, 2, 1), max_new_tokens=4, temperature=1.0, seed=7)
+                            max_new_tokens=4, temperature=1.0, seed=7, **shape)
     t = torch.stack(out.tokens).numpy()
     c34 = np.zeros((V, V))
     np.add.at(c34, (t[:, 2], t[:, 3]), 1)
-    assert out.stats["acceptance"]["tree->full"] > 0.05  # the heads' drafts were really used
+    assert out.stats["acceptance"]["tree->full"] > 0.02  # the heads' drafts were really used
     assert chi2_pvalue(c34, p34) > 1e-3
 
 
@@ -214,7 +216,7 @@ def test_heads_errors(tmp_path):
         load_heads(tmp_path / "missing.safetensors")
     with pytest.raises(ValueError, match="depth >= 4"):
         triforce.generate(m, torch.tensor([[1, 2, 3]]), method="tree", draft=h, tree=(1, 1, 1, 1), max_new_tokens=2)
-    with pytest.raises(ValueError, match="method='tree' only"):
+    with pytest.raises(ValueError, match="method=.tree. or .triforce."):
         triforce.generate(m, torch.tensor([[1, 2, 3]]), method="speculative", draft="medusa", max_new_tokens=2)
     with pytest.raises(FileNotFoundError, match="no trained 'mlp' heads ship for this model"):
         shipped_heads_path(m, "mlp")
@@ -222,3 +224,51 @@ def test_heads_errors(tmp_path):
         make_heads("hidden_transfer", m.config, 2, layer=4)
     with pytest.raises(ValueError, match="take no layer"):
         make_heads("medusa", m.config, 2, layer=2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tree_by_cumulative_probability(kind, temperature):
+    """tree_nodes: per-row trees chosen by path probability; greedy equality, sampled runs."""
+    m = tiny()
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 17, 5)]
+    h = random_heads(m, kind)
+    out = triforce.generate(m, prompts, method="tree", draft=h, tree_nodes=(3, 3, 2), max_new_tokens=20,
+                            temperature=temperature, seed=0)
+    if temperature == 0:
+        ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=20)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    assert out.stats["lengths"] == [20, 20, 20]
+
+
+def test_tree_nodes_needs_heads():
+    m = tiny()
+    with pytest.raises(ValueError, match="tree_nodes: a tree by cumulative probability"):
+        triforce.generate(m, torch.tensor([[1, 2, 3]]), method="tree", tree_nodes=(2, 2), max_new_tokens=2)
+
+
+# ---- heads as TriForce's bottom level
+@pytest.mark.parametrize("kind", KINDS)
+def test_triforce_with_heads_greedy_equals_autoregressive(kind):
+    m = tiny()
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (40, 57, 33)]
+    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=30)
+    for opts in ({"gamma1": 2, "gamma2": 3, "budget": 16, "chunk_size": 4, "rebuild_stride": 8},
+                 {"gamma1": 3, "gamma2": 6, "budget": 1000, "chunk_size": 64}):  # no retrieval cache: chain
+        out = triforce.generate(m, prompts, method="triforce", draft=random_heads(m, kind), max_new_tokens=30,
+                                **opts)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), opts
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_triforce_with_heads_sampled_distribution(exact34, kind):
+    from tests.test_engines_sampling import chi2_pvalue
+
+    m, prompt, p34 = exact34
+    out = triforce.generate(m, prompt.expand(N, P), method="triforce", draft=random_heads(m, kind, std=0.5),
+                            max_new_tokens=4, temperature=1.0, seed=11, gamma1=2, gamma2=3, budget=12, chunk_size=4)
+    t = torch.stack(out.tokens).numpy()
+    c34 = np.zeros((V, V))
+    np.add.at(c34, (t[:, 2], t[:, 3]), 1)
+    assert out.stats["acceptance"]["draft->retrieval"] > 0.02
+    assert chi2_pvalue(c34, p34) > 1e-3

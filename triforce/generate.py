@@ -88,11 +88,12 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         raise ValueError(f"max_new_tokens: a prompt of {longest} tokens + {max_new_tokens} new tokens exceed the "
                          f"model's context of {context} tokens; ask for at most {max(context - longest, 0)} new "
                          f"tokens (or shorten the prompt)")
-    from .engines.tree import is_heads_source
+    from .engines.heads import is_heads_source
 
     if is_heads_source(draft):
-        if method != "tree":
-            raise ValueError(f"draft: trained heads ({draft!r}) draft for method='tree' only, not {method!r}")
+        if method not in ("tree", "triforce"):
+            raise ValueError(f"draft: trained heads ({draft!r}) draft for method='tree' or 'triforce' (its bottom "
+                             f"level) only, not {method!r}")
     elif draft is not None and draft.config.vocab_size != target.config.vocab_size:
         raise ValueError("draft: its vocab_size must equal the target's")
     generator = None

@@ -95,7 +95,7 @@ class Drafter:
         ``path``: a tree verification's accepted nodes (read by drafters that keep per-node state)."""
         self._move(adv, advance(self.hist, tokens, adv, width or self.width))
 
-    def rebase(self, hist: torch.Tensor, delta: torch.Tensor) -> None:
+    def rebase(self, hist: torch.Tensor, delta: torch.Tensor, adv: torch.Tensor | None = None) -> None:
         """The verifier's sequence changed by ``delta`` tokens per row and now ends with ``hist``."""
         self._move(delta, hist)
 

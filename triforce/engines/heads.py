@@ -52,12 +52,12 @@ class HeadDrafter:
     def __init__(self, target, heads, sampling: Sampling, depth: int):
         self.target, self.heads, self.sampling, self.depth = target, heads, sampling, depth
         self.state: torch.Tensor | None = None  # per row: depth logits [B, k, V], or mlp's root state [B, H]
-        self.hist: torch.Tensor | None = None   # [B, 1]: the pending token
+        self.hist: torch.Tensor | None = None   # [B, H]: the last committed tokens, the pending one last
         self._tap = _Tap(heads, depth) if heads.reads_layer else None
 
     @property
     def pending(self) -> torch.Tensor:
-        return self.hist
+        return self.hist[:, -1:]
 
     @property
     def extra_width(self) -> int:
@@ -65,7 +65,7 @@ class HeadDrafter:
         return self.depth if self.heads.kind == "hidden_transfer" else 0
 
     def prefill(self, prompts, hist: torch.Tensor) -> None:
-        self.hist, self.state = hist[:, -1:], None
+        self.hist, self.state = hist, None
 
     def propose_tree(self, shape: tuple[int, ...], parents_row: list[int], vocab: int):
         """-> (tokens ``[B, T]``, draft probs ``[B, T, V]`` or None, parents ``[B, T]``): the static tree
@@ -75,7 +75,7 @@ class HeadDrafter:
             shape, parents_row = (), [-1]
         T = len(parents_row)
         tokens = torch.zeros(B, T, dtype=torch.int64, device=dev)
-        tokens[:, 0] = self.hist[:, 0]
+        tokens[:, 0] = self.hist[:, -1]
         probs = None if sampling.greedy else torch.zeros(B, T, vocab, device=dev)
         parents = torch.tensor(parents_row, device=dev).expand(B, T)
         level, n = [0], 1
@@ -96,6 +96,79 @@ class HeadDrafter:
             n += len(level)
         return tokens, probs, parents
 
+    def propose_by_probability(self, widths: tuple[int, ...], vocab: int):
+        """A tree of ``widths[d]`` nodes at depth ``d + 1`` chosen per row by cumulative probability:
+        the children of depth ``d``'s nodes are their top-``widths[d]`` tokens, and the ``widths[d]``
+        candidates with the highest path probability (product of the heads' probabilities along it)
+        are kept. Children are deterministic (``draft probs = None``): the tree sampler's rule for
+        deterministic children keeps sampled output exact. -> (tokens, None, parents), per-row parents."""
+        B, dev = self.hist.shape[0], self.hist.device
+        if self.state is None:
+            return self.pending.clone(), None, torch.full((B, 1), -1, dtype=torch.int64, device=dev)
+        tokens, parents = [self.pending], [torch.full((B, 1), -1, dtype=torch.int64, device=dev)]
+        level = torch.zeros(B, 1, dtype=torch.int64, device=dev)       # tree indices of the current level
+        cum = torch.zeros(B, 1, device=dev)                             # log path probabilities
+        level_tokens, n = self.pending, 1
+        states = self.state[:, None] if self.heads.kind == "mlp" else None
+        for depth, w in enumerate(widths):
+            if states is not None:
+                states = self.heads.stage(self.target, depth, states, level_tokens)
+                logits = self.heads.stage_logits(self.target, depth, states)
+            else:
+                logits = self.state[:, depth: depth + 1]                # the same for every node of the level
+            logp = torch.log_softmax(logits.float() / max(self.sampling.temperature, 1e-6) if not self.sampling.greedy
+                                     else logits.float(), -1)
+            top, tok = logp.nan_to_num(float("-inf")).topk(w, -1)       # [B, L or 1, w]
+            top, tok = top.expand(B, level.shape[1], w), tok.expand(B, level.shape[1], w)
+            best, pick = (cum[:, :, None] + top).flatten(1).topk(w, -1)  # [B, w]
+            level_tokens = tok.flatten(1).gather(1, pick)
+            parent_slot = torch.div(pick, w, rounding_mode="floor")
+            parents.append(level.gather(1, parent_slot))
+            tokens.append(level_tokens)
+            if states is not None:
+                states = states.gather(1, parent_slot[:, :, None].expand(-1, -1, states.shape[-1]))
+            cum, level = best, n + torch.arange(w, device=dev).expand(B, w)
+            n += w
+        return torch.cat(tokens, 1), None, torch.cat(parents, 1)
+
+    # ---- as a chain drafter (TriForce's bottom level): propose / chain_pass / commit / rebase
+    def propose(self, gamma: int):
+        """A chain of ``gamma`` drafts past the pending token -> (tokens ``[B, gamma]``, probs ``[B, gamma,
+        V]`` or None): greedy the top-1 of each depth, sampling one draw per depth (``mlp``: each stage
+        fed the token drafted before it). Before any state: the pending token repeated, with point-mass
+        probabilities (valid drafts that the first pass rejects; it produces the state)."""
+        sampling, B = self.sampling, self.hist.shape[0]
+        V = self.target.config.vocab_size
+        if self.state is None:
+            x = self.pending.expand(B, gamma).clone()
+            q = None if sampling.greedy else torch.nn.functional.one_hot(x, V).float()
+            return x, q
+        tokens, probs, tok, s = [], [], self.hist[:, -1], None
+        if self.heads.kind == "mlp":
+            s = self.state
+        for i in range(gamma):
+            if s is not None:
+                s = self.heads.stage(self.target, i, s, tok)
+                logits = self.heads.stage_logits(self.target, i, s)
+            else:
+                logits = self.state[:, i]
+            t, p = sampling.sample(logits)
+            tok = t[:, 0]
+            tokens.append(t)
+            probs.append(p)
+        return torch.cat(tokens, 1), None if sampling.greedy else torch.stack(probs, 1)
+
+    def chain_pass(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """A chain verification's forward (``verify_chain``'s ``forward``): logits ``[B, T, V]``; keeps
+        the states of every position (the pseudo chains too) for ``commit`` / ``rebase``."""
+        return self.tree_pass(ids, cache, None)
+
+    def rebase(self, hist: torch.Tensor, delta: torch.Tensor, adv: torch.Tensor | None = None) -> None:
+        """The full level verified (its pass was :meth:`chain_pass`) and advanced rows by ``adv``: the
+        pending token is now ``hist[:, -1]`` and the state comes from that pass."""
+        self._take_state(adv, None)
+        self.hist = hist
+
     def tree_pass(self, tree: torch.Tensor, cache, parents: torch.Tensor) -> torch.Tensor:
         """The target's verification forward -> float32 logits ``[B, T, V]`` of the tree's nodes; keeps
         the hidden states the next drafts are read from."""
@@ -107,11 +180,19 @@ class HeadDrafter:
         self._T = T
         return self.target.head(self._z[:, :T])
 
-    def commit(self, tokens: torch.Tensor, adv: torch.Tensor, path: torch.Tensor | None = None, **_) -> None:
-        """The verifier emitted ``tokens[b, :adv[b]]`` along ``path``; rows with ``adv = 0`` keep their state."""
+    def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None, acceptance=None,
+               path: torch.Tensor | None = None) -> None:
+        """The verifier emitted ``tokens[b, :adv[b]]`` along ``path`` (a chain: positions ``0 .. adv-1``);
+        rows with ``adv = 0`` keep their state. ``width``: the history's width from now on (TriForce's
+        middle level reads it); ``acceptance``: unused."""
+        self._take_state(adv, path)
+        self.hist = advance(self.hist, tokens, adv, width or self.hist.shape[1])
+
+    def _take_state(self, adv: torch.Tensor, path: torch.Tensor | None) -> None:
         B, dev = adv.shape[0], adv.device
         rows = torch.arange(B, device=dev)
-        node = path.long()[rows, (adv.long() - 1).clamp(min=0)]  # the last accepted node
+        last = (adv.long() - 1).clamp(min=0)
+        node = last if path is None else path.long()[rows, last]  # the last accepted node
         kind = self.heads.kind
         if kind == "mlp":
             new = self._z[rows, node]
@@ -128,10 +209,16 @@ class HeadDrafter:
             self.state = new
         else:
             self.state = torch.where(moved.view(B, *([1] * (new.dim() - 1))), new, self.state)
-        self.hist = advance(self.hist, tokens, adv, 1)
         self._z = None
         if self._tap is not None:
             self._tap.h = None
+
+
+def is_heads_source(draft) -> bool:
+    """A trained-heads draft: a DraftHeads, a kind name or a path to a saved set (not a model)."""
+    from triforce.heads import DraftHeads
+
+    return isinstance(draft, (DraftHeads, str, os.PathLike))
 
 
 _LOADED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {(source, dtype, device): heads}

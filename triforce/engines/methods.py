@@ -59,6 +59,9 @@ OPTIONS: dict[str, Option] = {
     "sink": Option(16, _NONNEG, "StreamingLLM attention-sink tokens"),
     "window": Option(240, _POS, "StreamingLLM recent-window tokens"),
     "tree": Option((2, 2, 1, 1), _tree_shape, "tree: branching factors per depth, e.g. (2, 2, 1, 1)"),
+    "tree_nodes": Option(None, _optional(_tree_shape), "tree with trained heads: nodes per depth chosen by "
+                                                       "cumulative probability, e.g. (4, 4, 2, 2), instead of "
+                                                       "the static shape"),
     "draft_layers": Option(None, _optional(_POS), "layers of the layer-skip draft (speculative: default half "
                                                   "the target's layers; triforce: default none, the whole "
                                                   "target on its StreamingLLM window)"),
@@ -90,7 +93,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("triforce", triforce.run, ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
                                     "window", "draft_layers"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
-    Method("tree", tree.run, ("tree", "sink", "window"),
+    Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes"),
            "a static token tree drafted by the self-draft, verified in one tree-masked pass"),
 )}
 
@@ -110,5 +113,5 @@ def resolve(method: str, options: dict) -> tuple[Method, dict]:
         problem = OPTIONS[k].check(v)
         if problem:
             raise ValueError(f"{k}: {problem}")
-        out[k] = tuple(v) if k == "tree" else v
+        out[k] = tuple(v) if k in ("tree", "tree_nodes") else v
     return m, out

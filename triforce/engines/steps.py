@@ -74,14 +74,16 @@ def _drawable(probs: torch.Tensor) -> torch.Tensor:
 
 
 def verify_chain(model, cache, pending: torch.Tensor, draft_tokens: torch.Tensor, draft_probs, active,
-                 sampling: Sampling, accept_reject=None):
+                 sampling: Sampling, accept_reject=None, forward=None):
     """One verification pass of ``model`` on ``cache`` over ``[pending, draft_tokens]``; the cache keeps the
     pending token and the accepted drafts of each active row. ``accept_reject(sampling, x, q, logits)``
-    replaces ``sampling.verify_chain`` (a test seam). Draft ids of -1 (a ragged chain's padding) are
-    fed as 0 and rejected unread.
+    replaces ``sampling.verify_chain`` (a test seam); ``forward(ids, cache)`` replaces ``model(ids,
+    cache=cache)`` (trained heads keep the pass's hidden states). Draft ids of -1 (a ragged chain's
+    padding) are fed as 0 and rejected unread.
     -> (tokens ``[B, n+1]``, num_accepted int32 ``[B]``, adv int32 ``[B]``, target probs or None)."""
     base = cache.lengths.clone()
-    logits = model(torch.cat([pending, draft_tokens.clamp(min=0)], 1), cache=cache)
+    ids = torch.cat([pending, draft_tokens.clamp(min=0)], 1)
+    logits = model(ids, cache=cache) if forward is None else forward(ids, cache)
     if accept_reject is None:
         tokens, num, probs = sampling.verify_chain(draft_tokens, draft_probs, logits)
     else:
@@ -101,7 +103,8 @@ def chain_step(d, drafter, cache, active, gamma: int, level: str) -> None:
     with stats.time("draft"):
         x, q = drafter.propose(gamma)
     with stats.time("full"):
-        tokens, num, adv, _ = verify_chain(d.target, cache, drafter.pending, x, q, active, d.sampling)
+        tokens, num, adv, _ = verify_chain(d.target, cache, drafter.pending, x, q, active, d.sampling,
+                                           forward=getattr(drafter, "chain_pass", None))
     drafter.commit(tokens, adv, acceptance=(num * active).sum() / (gamma * active.sum()).clamp(min=1))
     stats.accept(level, num, gamma, active)
     d.emit(tokens, adv, active)

@@ -9,11 +9,9 @@ target's hidden states draft without a second model (``draft="medusa"`` etc., en
 from __future__ import annotations
 
 
-import os
-
 from .decode import Decode, model_dtype
 from .drafters import Drafter
-from .heads import HeadDrafter, heads_for
+from .heads import HeadDrafter, heads_for, is_heads_source  # noqa: F401 (generate imports it here)
 from .steps import active_advance
 
 
@@ -30,12 +28,16 @@ def tree_parents(shape) -> list[int]:
     return parents
 
 
-def tree_step(d: Decode, drafter, cache, active, shape, parents_row) -> None:
-    """One step: the drafter proposes a token tree, the target verifies it in one tree-masked pass
-    (the accepted path is compacted in the cache), the drafter commits what was emitted."""
+def tree_step(d: Decode, drafter, cache, active, shape, parents_row, widths=None) -> None:
+    """One step: the drafter proposes a token tree (a static ``shape``, or ``widths`` nodes per depth by
+    cumulative probability), the target verifies it in one tree-masked pass (the accepted path is
+    compacted in the cache), the drafter commits what was emitted."""
     target, sampling, stats = d.target, d.sampling, d.stats
     with stats.time("draft"):
-        tree, q, parents = drafter.propose_tree(shape, parents_row, target.config.vocab_size)
+        if widths is not None:
+            tree, q, parents = drafter.propose_by_probability(widths, target.config.vocab_size)
+        else:
+            tree, q, parents = drafter.propose_tree(shape, parents_row, target.config.vocab_size)
     with stats.time("full"):
         base = cache.lengths.clone()
         if isinstance(drafter, HeadDrafter):
@@ -49,17 +51,20 @@ def tree_step(d: Decode, drafter, cache, active, shape, parents_row) -> None:
     with stats.time("draft"):
         drafter.commit(tokens, adv, path=path)
     if tree.shape[1] > 1:  # the heads' first step verifies the root alone (no drafts yet)
-        stats.accept("tree->full", num, len(shape), active)
+        stats.accept("tree->full", num, len(widths or shape), active)
     d.emit(tokens, adv, active)
 
 
-def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int) -> tuple:
+def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree_nodes=None) -> tuple:
     from triforce.models.cache import StreamingCache
 
     shape = tree
     parents_row = tree_parents(shape)
     if is_heads_source(draft):
-        return run_heads(d, draft, shape, parents_row)
+        return run_heads(d, draft, shape, parents_row, tree_nodes)
+    if tree_nodes is not None:
+        raise ValueError("tree_nodes: a tree by cumulative probability is built from trained heads "
+                         "(draft='medusa', 'mlp', 'hidden_transfer', 'early_exit' or a DraftHeads)")
     hist_width = len(shape) + 2  # the drafter sits at the root after drafting; a step advances <= depth + 1
     d.setup(width=len(parents_row))
     d.require_window(window, hist_width + len(parents_row), "tree")
@@ -73,21 +78,16 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int) -> t
     return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row))
 
 
-def is_heads_source(draft) -> bool:
-    """A trained-heads draft: a DraftHeads, a kind name or a path to a saved set (not a model)."""
-    from triforce.heads import DraftHeads
-
-    return isinstance(draft, (DraftHeads, str, os.PathLike))
-
-
-def run_heads(d: Decode, draft, shape, parents_row) -> tuple:
+def run_heads(d: Decode, draft, shape, parents_row, widths) -> tuple:
     heads = heads_for(d.target, draft)
-    if len(shape) > heads.depth:
-        raise ValueError(f"tree: {len(shape)} levels need heads of depth >= {len(shape)}; these {heads.kind} "
+    levels, name = (len(widths), "tree_nodes") if widths is not None else (len(shape), "tree")
+    if levels > heads.depth:
+        raise ValueError(f"{name}: {levels} levels need heads of depth >= {levels}; these {heads.kind} "
                          f"heads draft {heads.depth} tokens (use a shallower tree)")
-    drafter = HeadDrafter(d.target, heads, d.sampling, len(shape))
-    d.setup(width=len(parents_row) * (1 + drafter.extra_width))
+    drafter = HeadDrafter(d.target, heads, d.sampling, levels)
+    nodes = 1 + sum(widths) if widths is not None else len(parents_row)
+    d.setup(width=nodes * (1 + drafter.extra_width))
     cache = d.full_cache(d.target)
     with d.timed_prefill():
         drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), 1))
-    return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row))
+    return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row, widths))

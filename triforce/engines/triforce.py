@@ -15,6 +15,7 @@ import torch
 
 from .decode import Decode, model_dtype
 from .drafters import Drafter, half_precision_copy
+from .heads import HeadDrafter, heads_for, is_heads_source
 from .steps import TokenBuffer, advance, chain_step, retrieval_budget, verify_chain
 
 HIST_MID = 2  # bottom drafter's window inside the middle loop (a middle pass advances <= gamma1 + 1)
@@ -54,7 +55,8 @@ class RetrievalLevel:
                 x, q = bottom.propose(self.gamma1)
             with stats.time("retrieval"):
                 tokens, num, adv, mprobs = verify_chain(d.target, self.rcache, bottom.pending, x, q, mactive,
-                                                        d.sampling, accept_reject=_verify_middle)
+                                                        d.sampling, accept_reject=_verify_middle,
+                                                        forward=getattr(bottom, "chain_pass", None))
             bottom.commit(tokens, adv, width=HIST_MID)
             xs.append(tokens, adv, mprobs)  # each emitted token with the M-probs it was sampled from
             stats.accept("draft->retrieval", num, self.gamma1, mactive)
@@ -69,13 +71,14 @@ class RetrievalLevel:
             self.rcache.sync()  # drop the middle's own tokens, copy the verified ones from the full cache
         # the bottom drafter followed the middle's sequence (xs.count tokens past the full level's);
         # the full level kept adv of them (its last one its own): rebase onto that, window HIST again
-        self.bottom.rebase(advance(self.hist, tokens, adv, HIST), adv - xs.count)
+        self.bottom.rebase(advance(self.hist, tokens, adv, HIST), adv - xs.count, adv=adv)
 
 
 def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int) -> None:
     x, q = middle.propose(gamma2, active)
     with d.stats.time("full"):
-        tokens, num, adv, _ = verify_chain(d.target, cache, middle.pending, x, q, active, d.sampling)
+        tokens, num, adv, _ = verify_chain(d.target, cache, middle.pending, x, q, active, d.sampling,
+                                           forward=getattr(middle.bottom, "chain_pass", None))
     middle.commit(tokens, adv, num, active)
     d.stats.accept("retrieval->full", num, middle.xs.count, active)
     d.emit(tokens, adv, active)
@@ -85,25 +88,36 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
         sink: int, window: int, draft_layers: int | None) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
-    d.setup(width=1 + gamma1 + gamma2)
     target = d.target
-    # bottom level: a bfloat16 copy of the target (the target itself if it is bfloat16), or its first
-    # draft_layers layers, on a StreamingLLM window
-    if draft is None:
-        draft = target.layer_skip(draft_layers) if draft_layers else (half_precision_copy(target) or target)
     cap = gamma2 + gamma1  # most tokens the middle level collects
-    d.require_window(window, cap + HIST, "triforce")
+    extra = 0  # hidden_transfer heads: pseudo tokens per position riding in each verification pass
+    if is_heads_source(draft):  # trained heads on the target's hidden states draft the bottom level
+        heads = heads_for(target, draft)
+        if gamma1 > heads.depth:
+            raise ValueError(f"gamma1: {gamma1} drafts need heads of depth >= {gamma1}; these {heads.kind} heads "
+                             f"draft {heads.depth} tokens")
+        bottom = HeadDrafter(target, heads, d.sampling, gamma1)
+        extra = bottom.extra_width
+        d.setup(width=(1 + cap) * (1 + extra))
+    else:
+        d.setup(width=1 + gamma1 + gamma2)
+        # bottom level: a bfloat16 copy of the target (the target itself if it is bfloat16), or its first
+        # draft_layers layers, on a StreamingLLM window
+        if draft is None:
+            draft = target.layer_skip(draft_layers) if draft_layers else (half_precision_copy(target) or target)
+        d.require_window(window, cap + HIST, "triforce")
+        bottom = Drafter(draft, StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
+                                               device=d.device, dtype=model_dtype(draft)), d.sampling, HIST)
     budget = retrieval_budget(budget, chunk_size, d.prompts)
     cache = d.full_cache(target, chunk_size=chunk_size)
-    bottom = Drafter(draft, StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
-                                           device=d.device, dtype=model_dtype(draft)), d.sampling, HIST)
     with d.timed_prefill():
         bottom.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), HIST))
         if budget is not None:
             # Between two syncs a row holds up to `cap` middle tokens, and a middle pass still writes
-            # gamma1 + 1 more to it while other rows continue (they are rolled back after the pass).
-            rcache = RetrievalCache(target.config, cache, budget, chunk_size, max_step=cap + gamma1 + 1,
-                                    rebuild_stride=rebuild_stride)
+            # gamma1 + 1 more to it (and their pseudo tokens) while other rows continue (they are rolled
+            # back after the pass).
+            rcache = RetrievalCache(target.config, cache, budget, chunk_size,
+                                    max_step=cap + (gamma1 + 1) * (1 + extra), rebuild_stride=rebuild_stride)
     if budget is None:  # no retrieval cache can exist: the bottom level drafts straight for the full level
         d.notes.append(f"triforce: the shortest prompt has fewer than 3 chunks of {chunk_size} tokens, too short "
                        f"for a retrieval cache: the draft proposed {gamma1} tokens straight to the full level")

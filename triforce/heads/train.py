@@ -221,6 +221,39 @@ def accuracy(model, heads: DraftHeads, f: Features, rows: int = 1024, seed: int 
 
 
 # ---- the loop
+_MEMO: dict = {}  # one process training several kinds computes the data and the states once
+
+
+def _memo(key, make, *refs):
+    """``make()`` once per key; the objects whose ``id`` is in the key are kept alive with the entry,
+    so an id cannot be reused by another object while the entry exists."""
+    if key not in _MEMO:
+        if len(_MEMO) > 8:
+            _MEMO.clear()
+        _MEMO[key] = (make(), refs)
+    return _MEMO[key][0]
+
+
+def training_data(model, tok, cfg: TrainConfig, progress: bool = True, log=print):
+    """-> (phase-1 text ``[N, S]``, phase-2 generated ``[M, S]`` or None), made once per process."""
+    def text():
+        train_text, _ = python_docs()
+        return token_sequences(tok, train_text, cfg.seq_len, cfg.sequences)
+
+    ids = _memo(("text", id(model), id(tok), cfg.seq_len, cfg.sequences), text, model, tok)
+    log(f"{cfg.kind}: {ids.shape[0]} text sequences of {cfg.seq_len} tokens")
+    if not cfg.distill_steps:
+        return ids, None
+
+    def generated():
+        g = torch.Generator().manual_seed(cfg.seed)
+        pick = torch.randperm(ids.shape[0], generator=g)[: cfg.generated]
+        return generated_sequences(model, ids[pick, : min(32, cfg.seq_len // 4)], cfg.seq_len, cfg.seed,
+                                   progress=_Bar(cfg.generated, "generating distillation text", progress))
+
+    return ids, _memo(("generated", id(model), id(ids), cfg.generated, cfg.seed), generated, model, ids)
+
+
 class _Bar:
     """A one-line progress bar on stderr (redrawn in place on a terminal, a line per 5% elsewhere)."""
 
@@ -282,17 +315,13 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
         history, start = ckpt["history"], ckpt["step"]
         log(f"resumed {cfg.kind} at step {start} from {ckpt_path}")
 
-    layer = heads.layer
-    train_text, _ = python_docs()
-    text = token_sequences(tok, train_text, cfg.seq_len, cfg.sequences)
-    log(f"{cfg.kind}: {text.shape[0]} text sequences of {cfg.seq_len} tokens; computing the target's states")
-    phases = [features(model, text, layer, isinstance(heads, HiddenTransfer))]
+    layer, kv = heads.layer, isinstance(heads, HiddenTransfer)
+    text, gen = training_data(model, tok, cfg, progress, log)
+    phases = [_memo(("features", id(model), id(text), layer, kv), lambda: features(model, text, layer, kv),
+                    model, text)]
     if cfg.distill_steps:
-        g = torch.Generator().manual_seed(cfg.seed)
-        pick = torch.randperm(text.shape[0], generator=g)[: cfg.generated]
-        gen = generated_sequences(model, text[pick, : min(32, cfg.seq_len // 4)], cfg.seq_len, cfg.seed,
-                                  progress=_Bar(cfg.generated, "generating distillation text", progress))
-        phases.append(features(model, gen, layer, isinstance(heads, HiddenTransfer)))
+        phases.append(_memo(("features", id(model), id(gen), layer, kv), lambda: features(model, gen, layer, kv),
+                                    model, gen))
 
     total = cfg.steps + cfg.distill_steps
     bar = _Bar(total, f"training {cfg.kind}", progress)
