@@ -16,6 +16,9 @@ at::Tensor build_retrieval_cache(const at::Tensor& q, const at::Tensor& k, const
                                  int64_t budget_chunks, at::Tensor& out_k, at::Tensor& out_v, int64_t sink_chunks,
                                  int64_t recent_chunks);
 
+// ---- model layer: x @ w^T for few rows, bitwise row-independent (csrc/cpu/linear.cpp) -------------
+at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w);
+
 // ---- verification attention (docs/design.md 3.2) --------------------------------------------------
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,

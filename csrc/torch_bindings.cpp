@@ -20,6 +20,7 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("chain_speculative_sample(Tensor draft_tokens, Tensor? draft_probs, Tensor target_probs, Tensor uniforms)"
         " -> (Tensor, Tensor)");
   m.def("chain_greedy_verify(Tensor draft_tokens, Tensor target_logits) -> (Tensor, Tensor)");
+  m.def("rowwise_linear(Tensor x, Tensor w) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");
@@ -37,6 +38,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   // ---- accept / reject sampling
   m.impl("chain_speculative_sample", &chain_speculative_sample);
   m.impl("chain_greedy_verify", &chain_greedy_verify);
+  m.impl("rowwise_linear", &rowwise_linear);
   m.impl("tree_speculative_sample", &tree_speculative_sample);
   m.impl("tree_greedy_verify", &tree_greedy_verify);
 }

@@ -89,13 +89,14 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
 
         draft = half_precision_copy(model)
     rows = []
-    for method in methods:
+    for label in methods:  # "tree:mlp": method tree with the shipped mlp heads as its draft
+        method, _, heads = label.partition(":")
         if log:
-            log(f"running {method} ...")
+            log(f"running {label} ...")
         out = generate(model, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                       draft=draft if method in ("speculative", "triforce") else None, seed=seed,
-                       **options.get(method, {}))
-        rows.append({"method": method, "stats": out.stats, "tokens": out.tokens})
+                       draft=heads or (draft if method in ("speculative", "triforce") else None), seed=seed,
+                       **options.get(label, options.get(method, {})))
+        rows.append({"method": label, "stats": out.stats, "tokens": out.tokens})
     base = next((r for r in rows if r["method"] == "autoregressive"), None)
     for r in rows:
         r["speedup"] = r["stats"]["tokens_per_s"] / base["stats"]["tokens_per_s"] if base else None
@@ -204,6 +205,9 @@ def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int) -> str:
             f"({regime}: weights {weight_bytes / 1e6:.0f} MB, KV {kv_bytes / 1e6:.0f} MB)")
 
 
+DEMO_HEADS = ("mlp", (2, 1, 1))  # the shipped head set and tree of the batch-1 scene (docs/heads.md)
+
+
 def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch: int | None = None,
                 max_new_tokens: int | None = None) -> list[dict]:
     """The regimes where each method pays, on this hardware. CPU: batch 1 (the weights dominate: a
@@ -219,8 +223,9 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
     budget = max(64, min(256, long["context"] // 4) // 8 * 8)
     return [
         {"title": "batch 1: the weights dominate each step (a cheaper draft or a token tree pays)",
-         **short, "methods": ["autoregressive", "speculative", "tree"],
-         "options": {"speculative": {"gamma": 4}, "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240}}},
+         **short, "methods": ["autoregressive", "speculative", "tree", f"tree:{DEMO_HEADS[0]}"],
+         "options": {"speculative": {"gamma": 4}, "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
+                     f"tree:{DEMO_HEADS[0]}": {"tree": DEMO_HEADS[1]}}},
         {"title": f"batch {long['batch']} x {long['context']} tokens: the KV cache dominates "
                   f"(drafting from a small cache pays)",
          **long, "methods": ["autoregressive", "magicdec", "triforce"],
@@ -245,7 +250,7 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
           f"and not counted in tokens/s.", file=out)
     ok = True
     for scene in demo_scenes(quick, device.type, context, batch, max_new_tokens):
-        wanted = [m for m in scene["methods"] if m in methods]
+        wanted = [m for m in scene["methods"] if m.partition(":")[0] in methods]
         if len(wanted) < 2 and "autoregressive" in wanted:
             continue
         prompts, keys = [], []

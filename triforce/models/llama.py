@@ -21,6 +21,46 @@ from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 __all__ = ["Llama"]
 
 
+ROWWISE_MAX_ROWS = 32  # up to this many rows, CPU float32 linears use the streaming kernel
+
+
+def _rowwise_available() -> bool:
+    """The extension has the kernel and ``TRIFORCE_ROWWISE_LINEAR`` is not ``0`` (an A/B switch)."""
+    global _ROWWISE
+    if _ROWWISE is None:
+        if os.environ.get("TRIFORCE_ROWWISE_LINEAR", "1") == "0":
+            _ROWWISE = False
+            return _ROWWISE
+        try:
+            from triforce_kernels._backend import _extension
+
+            _extension()
+            _ROWWISE = hasattr(torch.ops.triforce_C, "rowwise_linear")
+        except Exception:  # no extension built: torch's linear everywhere
+            _ROWWISE = False
+    return _ROWWISE
+
+
+_ROWWISE = None
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state-dict keys) whose CPU float32 forward on at most
+    ``ROWWISE_MAX_ROWS`` rows, without autograd, runs ``triforce_C::rowwise_linear`` (csrc/cpu/linear.cpp):
+    the weights are streamed once whatever the row count, so verifying a few tokens costs about what
+    one token costs, and each row's result is bitwise the 1-row result (a verification pass computes
+    the same projections as an autoregressive step). Everything else goes to ``F.linear``."""
+
+    def forward(self, x):
+        w = self.weight
+        if (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
+                and self.bias is None and x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] and x.numel() > 0
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+                and _rowwise_available()):
+            return torch.ops.triforce_C.rowwise_linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
+        return F.linear(x, w, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -40,10 +80,10 @@ class Attention(nn.Module):
         self.layer = layer
         self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         h = config.hidden_size
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=False)
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
@@ -63,9 +103,9 @@ class MLP(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_proj = Linear(h, i, bias=False)
+        self.up_proj = Linear(h, i, bias=False)
+        self.down_proj = Linear(i, h, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -124,7 +164,7 @@ class Llama(nn.Module):
         # cores, up to ~11 s on busier ones) to compute nothing; nn.Linear's init has a native meta kernel.
         with torch.device("meta") if _empty else contextlib.nullcontext():
             self.model = LlamaModel(config, init=not _empty)
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
             inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

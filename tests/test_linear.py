@@ -1,0 +1,102 @@
+"""triforce_C::rowwise_linear (csrc/cpu/linear.cpp) and the model's Linear that uses it: against
+F.linear in float64 (flash-attn's measured-error rule), bitwise row independence (row m of a
+many-row product equals the 1-row product of x[m]: a verification pass computes an autoregressive
+step's projections exactly), the fallbacks, and the model's logits."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from triforce.models import Llama, LlamaConfig
+from triforce.models.llama import ROWWISE_MAX_ROWS, Linear, _rowwise_available
+
+from .helpers import assert_close_measured
+
+pytestmark = pytest.mark.skipif(not _rowwise_available(), reason="the C++ extension is not built")
+
+
+def rowwise(x, w):
+    return torch.ops.triforce_C.rowwise_linear(x, w)
+
+
+@given(M=st.integers(0, 40), K=st.integers(0, 300), N=st.integers(0, 70), seed=st.integers(0, 2**31 - 1))
+@example(M=1, K=576, N=1536, seed=0)   # SmolLM2's MLP
+@example(M=22, K=576, N=49152, seed=1)  # a 22-node tree through the LM head
+@example(M=3, K=7, N=5, seed=2)        # N % 4 != 0: the partial block
+@example(M=2, K=0, N=3, seed=3)        # empty reduction
+def test_matches_float64(M, K, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    out = rowwise(x, w)
+    assert out.shape == (M, N) and out.dtype == torch.float32
+    assert_close_measured(out, F.linear(x.double(), w.double()), F.linear(x, w), factor=2.0, floor=1e-5)
+
+
+@given(M=st.integers(2, 40), K=st.integers(1, 200), N=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+def test_rows_are_bitwise_independent(M, K, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    out = rowwise(x, w)
+    for m in range(M):
+        assert torch.equal(out[m], rowwise(x[m: m + 1], w)[0])
+
+
+def test_same_result_with_any_thread_count():
+    x, w = torch.randn(5, 130), torch.randn(333, 130)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = rowwise(x, w)
+        torch.set_num_threads(max(2, n))
+        assert torch.equal(one, rowwise(x, w))
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_non_contiguous_inputs_and_errors():
+    x, w = torch.randn(8, 6)[::2], torch.randn(6, 10).t()
+    torch.testing.assert_close(rowwise(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        rowwise(x.double(), w.double())
+    with pytest.raises(RuntimeError, match="columns"):
+        rowwise(torch.randn(2, 3), torch.randn(4, 5))
+    with pytest.raises(RuntimeError, match="2-D"):
+        rowwise(torch.randn(2, 3, 4), torch.randn(4, 4))
+
+
+def test_linear_module_paths(monkeypatch):
+    lin = Linear(16, 12, bias=False)
+    calls = []
+    real = torch.ops.triforce_C.rowwise_linear
+
+    class Spy:
+        def __call__(self, *a):
+            calls.append(a[0].shape)
+            return real(*a)
+
+    monkeypatch.setattr(torch.ops.triforce_C, "rowwise_linear", Spy(), raising=False)
+    with torch.no_grad():
+        x = torch.randn(2, 3, 16)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+        assert calls == [(6, 16)]
+        lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # many rows: torch's GEMM
+        lin.to(torch.bfloat16)(torch.randn(2, 16, dtype=torch.bfloat16))  # not float32
+    assert len(calls) == 1
+    lin.float()
+    y = lin(torch.randn(2, 16, requires_grad=True))  # autograd: torch's linear, gradients flow
+    y.sum().backward()
+    assert len(calls) == 1 and lin.weight.grad is not None
+
+
+def test_model_logits_match_torch_linear(monkeypatch):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    m = Llama(cfg).eval()
+    ids = torch.randint(0, 100, (2, 5))
+    with torch.no_grad():
+        fast = m(ids)
+        monkeypatch.setattr("triforce.models.llama.ROWWISE_MAX_ROWS", 0)
+        slow = m(ids)
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
