@@ -196,10 +196,10 @@ class HeadDrafter:
         kind = self.heads.kind
         if kind == "mlp":
             new = self._z[rows, node]
-        elif kind == "medusa":
-            new = self.heads.depth_logits(self.target, self._z[rows, node])
+        elif kind == "medusa":  # only the depths this drafter uses: each costs a row through the LM head
+            new = self.heads.depth_logits(self.target, self._z[rows, node], self.depth)
         elif kind == "early_exit":
-            new = self.heads.depth_logits(self.target, self._tap.h[rows, node])
+            new = self.heads.depth_logits(self.target, self._tap.h[rows, node], self.depth)
         else:  # hidden_transfer: the pseudo chain of the accepted node
             k = self.extra_width
             idx = self._T + node[:, None] * k + torch.arange(k, device=dev)

@@ -124,9 +124,9 @@ class DraftHeads(nn.Module):
         os.replace(tmp, path)
 
     # ---- drafting (overridden)
-    def depth_logits(self, model, x: torch.Tensor) -> torch.Tensor:
-        """``[..., depth, V]`` float32 logits for tokens ``t+2 .. t+1+depth`` from the features of
-        position ``t`` (not for ``mlp``, whose stages need the drafted tokens)."""
+    def depth_logits(self, model, x: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """``[..., n, V]`` float32 logits for tokens ``t+2 .. t+1+n`` (``n <= depth``, default depth) from
+        the features of position ``t`` (not for ``mlp``, whose stages need the drafted tokens)."""
         raise NotImplementedError
 
 
@@ -141,14 +141,15 @@ class MedusaHeads(DraftHeads):
         self.blocks = nn.ModuleList(_zero_linear(h) for _ in range(depth))
         self.norm = _Norm(h, config.rms_norm_eps) if self.reads_layer else None
 
-    def states(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., H]`` -> ``[..., depth, H]``: the LM head's input for each future token."""
+    def states(self, x: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """``[..., H]`` -> ``[..., n, H]`` (``n <= depth``, default depth): the LM head's input for each
+        of the next ``n`` future tokens."""
         if self.norm is not None:
             x = self.norm(x)
-        return torch.stack([x + F.silu(b(x)) for b in self.blocks], -2)
+        return torch.stack([x + F.silu(b(x)) for b in self.blocks[: n or self.depth]], -2)
 
-    def depth_logits(self, model, x):
-        return model.head(self.states(x))
+    def depth_logits(self, model, x, n: int | None = None):
+        return model.head(self.states(x, n))
 
 
 class EarlyExitHeads(MedusaHeads):
@@ -157,10 +158,12 @@ class EarlyExitHeads(MedusaHeads):
 
 
 class MLPSpeculator(DraftHeads):
-    """Stage ``i``: ``s_{i+1} = gelu(LN_i(a * P_i s_i + b * rms(E[x_i])))``, logits ``head(N_i(s_{i+1}))``
-    for token ``t+2+i``; ``s_0 = z_t``, ``x_0`` = the pending token, ``x_i`` = stage ``i-1``'s token.
-    ``a = 0.5 ** (0.5 / depth)`` and ``b = sqrt(1 - a^2)`` weigh the state against the token (as IBM's
-    speculator's state/embedding weights)."""
+    """Stage ``i``: ``s_{i+1} = gelu(LN_i(a * P_i s_i + b * rms(E[x_i])))``, logits
+    ``head(N_i(O_i s_{i+1}))`` for token ``t+2+i``; ``s_0 = z_t``, ``x_0`` = the pending token, ``x_i`` =
+    stage ``i-1``'s token. ``a = 0.5 ** (0.5 / depth)`` and ``b = sqrt(1 - a^2)`` weigh the state
+    against the token (as IBM's speculator's state/embedding weights). IBM's speculator has a trained
+    head per stage; ours shares the target's frozen LM head, which reads signed final-normed states, so
+    a linear map ``O_i`` takes the (GELU, nearly non-negative) state back to that space."""
 
     kind = "mlp"
 
@@ -171,6 +174,9 @@ class MLPSpeculator(DraftHeads):
         for p in self.proj:
             nn.init.eye_(p.weight)
         self.ln = nn.ModuleList(nn.LayerNorm(h) for _ in range(depth))
+        self.out = nn.ModuleList(nn.Linear(h, h, bias=False) for _ in range(depth))
+        for o in self.out:
+            nn.init.eye_(o.weight)
         self.out_norm = nn.ModuleList(_Norm(h, config.rms_norm_eps) for _ in range(depth))
         self.a = 0.5 ** (0.5 / depth)
         self.b = math.sqrt(1 - self.a ** 2)
@@ -181,7 +187,7 @@ class MLPSpeculator(DraftHeads):
         return F.gelu(self.ln[i](self.a * self.proj[i](state) + self.b * emb))
 
     def stage_logits(self, model, i: int, state: torch.Tensor) -> torch.Tensor:
-        return model.head(self.out_norm[i](state))
+        return model.head(self.out_norm[i](self.out[i](state)))
 
     def teacher_forced(self, model, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Training: ``z [N, H]`` at positions ``t``, ``tokens [N, depth]`` = ``x_{t+1} .. x_{t+depth}``
@@ -189,7 +195,7 @@ class MLPSpeculator(DraftHeads):
         out, s = [], z
         for i in range(self.depth):
             s = self.stage(model, i, s, tokens[:, i])
-            out.append(self.out_norm[i](s))
+            out.append(self.out_norm[i](self.out[i](s)))
         return torch.stack(out, 1)
 
 
