@@ -29,12 +29,14 @@ from triforce.generate import generate  # noqa: E402
 from triforce.heads import KINDS, load_heads, shipped_heads_path  # noqa: E402
 from triforce.heads.train import accuracy, features, python_docs, token_sequences  # noqa: E402
 
-TREES = {  # per kind: the static tree used for decoding (branching factors per depth)
-    "medusa": (3, 2, 1, 1),
-    "early_exit": (3, 2, 1, 1),
-    "mlp": (3, 2, 1, 1),
-    "hidden_transfer": (3, 2, 1, 1),
-}
+# The static tree per batch size (branching factors per depth): at batch 1 a CPU pass of ~20 tokens
+# costs little more than one of 1 token (the weights are read once); at batch 8 every node is 8 more
+# tokens of compute, so the tree is small.
+TREES = {1: (3, 2, 1, 1), 8: (2, 1, 1)}
+
+
+def tree_for(batch: int) -> tuple:
+    return TREES[1] if batch == 1 else TREES[8]
 
 
 def heldout_prompts(tok, n_tokens: int, batch: int) -> list[torch.Tensor]:
@@ -45,6 +47,39 @@ def heldout_prompts(tok, n_tokens: int, batch: int) -> list[torch.Tensor]:
     while len(ids) < n_tokens + 997 * batch:
         ids = ids + ids
     return [torch.tensor(ids[997 * b: 997 * b + n_tokens]) for b in range(batch)]
+
+
+def markdown(results: dict) -> str:
+    """The tables of docs/heads.md, from bench/heads_results.json."""
+    out = []
+    acc = results.get("accuracy", {})
+    if acc:
+        k = max(len(a["top1"]) for a in acc.values())
+        out += ["Held-out accuracy (Python documentation topics never trained on; 2048 positions): how often "
+                "the target's greedy token at depth i is the heads' top-1 / in their top-5.", "",
+                "| kind | " + " | ".join(f"depth {i + 1} top-1 / top-5" for i in range(k)) + " |",
+                "|---|" + "---|" * k]
+        for kind, a in acc.items():
+            out.append(f"| {kind} | " + " | ".join(f"{t1:.3f} / {t5:.3f}" for t1, t5 in zip(a["top1"], a["top5"])) + " |")
+        out.append("")
+    dec = results.get("decode", {})
+    if dec:
+        out += ["| batch | context | temperature | draft | tree | tok/s | speed-up | tokens / target pass | same output |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for key, r in dec.items():
+            b, c, t, kind = key.split(",")
+            same = {None: "-", True: "yes", False: "NO"}[r["identical"]]
+            out.append(f"| {b[2:]} | {c[4:]} | {t[2:]} | {kind} | {r['tree'] or '-'} | {r['tokens_per_s']:.2f} | "
+                       f"{r['speedup']:.2f}x | {r['mean_accepted']:.2f} | {same} |")
+        out.append("")
+    lng = results.get("long", {})
+    if lng:
+        out += ["| context | method | draft | tokens / target pass | acceptance | tok/s |", "|---|---|---|---|---|---|"]
+        for key, r in lng.items():
+            c, method, kind = key.split(",")
+            accs = ", ".join(f"{k} {v:.2f}" for k, v in r["acceptance"].items())
+            out.append(f"| {c[4:]} | {method} | {kind} | {r['mean_accepted']:.2f} | {accs} | {r['tokens_per_s']:.2f} |")
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -59,8 +94,15 @@ def main() -> None:
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--long", action="store_true", help="acceptance against context length (500 -> 7000)")
+    ap.add_argument("--long-context", type=int, nargs="+", default=[500, 1000, 2000, 4000, 7000])
+    ap.add_argument("--triforce-kinds", nargs="+", choices=KINDS, default=["mlp", "hidden_transfer"],
+                    help="kinds run as TriForce's bottom level in --long")
+    ap.add_argument("--markdown", action="store_true", help="print the tables of docs/heads.md from --json and exit")
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "heads_results.json"))
     args = ap.parse_args()
+    if args.markdown:
+        print(markdown(json.load(open(args.json))))
+        return
 
     from triforce.demo import SharedPrefill, load_model
 
@@ -91,7 +133,7 @@ def main() -> None:
                         for kind in ["autoregressive"] + list(sets):
                             opts = {} if kind == "autoregressive" else {
                                 "draft": sets[kind], "tree": tuple(map(int, args.tree.split(","))) if args.tree
-                                else TREES[kind]}
+                                else tree_for(B)}
                             t0 = time.perf_counter()
                             out = generate(model, prompts, method="autoregressive" if kind == "autoregressive"
                                            else "tree", max_new_tokens=args.new, temperature=temp, seed=0, **opts)
@@ -116,16 +158,23 @@ def main() -> None:
                                    baseline_timing={"median_s": 1 / base.stats["tokens_per_s"]},
                                    extra=json.dumps({k: rows[key][k] for k in ("mean_accepted", "identical", "tree")}))
 
-    if args.long:
+    if args.long:  # acceptance against context; heads vs the StreamingLLM self-draft as TriForce's bottom level
         lng = results.setdefault("long", {})
-        for ctx in (500, 1000, 2000, 4000, 7000):
+        for ctx in args.long_context:
             prompts = heldout_prompts(tok, ctx, 1)
             with SharedPrefill(model):
-                for kind, h in sets.items():
-                    out = generate(model, prompts, method="tree", draft=h, tree=TREES[kind], max_new_tokens=args.new)
-                    lng[f"ctx={ctx},{kind}"] = {"mean_accepted": out.stats["mean_accepted"],
-                                                "acceptance": out.stats["acceptance"]}
-                    print(f"long ctx={ctx} {kind:16s} tokens/pass {out.stats['mean_accepted']:.2f}", flush=True)
+                runs = [(kind, "tree", {"draft": h, "tree": tree_for(1)}) for kind, h in sets.items()]
+                runs += [("streaming self-draft", "triforce", {})]
+                runs += [(kind, "triforce", {"draft": h}) for kind, h in sets.items() if kind in args.triforce_kinds]
+                for kind, method, opts in runs:
+                    out = generate(model, prompts, method=method, max_new_tokens=args.new, **opts)
+                    s = out.stats
+                    lng[f"ctx={ctx},{method},{kind}"] = {"mean_accepted": s["mean_accepted"],
+                                                         "acceptance": s["acceptance"],
+                                                         "tokens_per_s": s["tokens_per_s"]}
+                    print(f"long ctx={ctx} {method:8s} {kind:20s} tokens/pass {s['mean_accepted']:.2f} "
+                          f"acceptance {json.dumps({k: round(v, 3) for k, v in s['acceptance'].items()})} "
+                          f"{s['tokens_per_s']:.2f} tok/s", flush=True)
     with open(args.json, "w") as fh:
         json.dump(results, fh, indent=1)
 
