@@ -66,6 +66,7 @@ setup(
     version="0.1.0",
     description="Lossless long-context speculative decoding: TriForce, MagicDec and tree verification kernels",
     packages=find_packages(include=["triforce", "triforce.*", "triforce_kernels", "triforce_kernels.*"]),
+    package_data={"triforce.heads": ["trained/*.safetensors"]},  # the shipped draft-head sets
     python_requires=">=3.10",
     # torch is deliberately not pinned to a build: install the one you want first (CPU or CUDA).
     install_requires=["torch>=2.4", "numpy"],
