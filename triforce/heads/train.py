@@ -293,6 +293,7 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
     ``stop_after``: stop (after checkpointing) at that step, as an interrupted run would.
     -> (heads, {"history": ..., "eval": ...})."""
     cfg.check()
+    _matplotlib()  # before any work: the loss curves are written at the end
     os.makedirs(out_dir, exist_ok=True)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -361,12 +362,17 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
     return heads, {"history": history, "eval": ev}
 
 
-def plot_losses(histories: dict, path: str, phase1_steps: int | None = None) -> None:
-    """Cross-entropy per depth against step, one panel per kind; the phase boundary dashed."""
+def _matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("writing the loss curves needs matplotlib (pip install matplotlib)") from None
+        raise ImportError("train-heads writes its loss curves with matplotlib: pip install matplotlib") from None
+    return matplotlib
+
+
+def plot_losses(histories: dict, path: str, phase1_steps: int | None = None) -> None:
+    """Cross-entropy per depth against step, one panel per kind; the phase boundary dashed."""
+    matplotlib = _matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
