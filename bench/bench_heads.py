@@ -143,7 +143,8 @@ def main() -> None:
                                 base = out
                             same = all(torch.equal(a, b) for a, b in zip(out.tokens, base.tokens)) if temp == 0 else None
                             speed = s["tokens_per_s"] / base.stats["tokens_per_s"]
-                            key = f"B={B},ctx={ctx},T={temp},{kind}"
+                            label = kind if kind == "autoregressive" else f"{kind}@{'-'.join(map(str, opts['tree']))}"
+                            key = f"B={B},ctx={ctx},T={temp},{label}"
                             rows[key] = {"tokens_per_s": s["tokens_per_s"], "speedup": speed,
                                          "mean_accepted": s["mean_accepted"], "acceptance": s["acceptance"],
                                          "identical": same, "tree": opts.get("tree"), "wall_s": wall}
@@ -152,7 +153,9 @@ def main() -> None:
                             per = 1 / s["tokens_per_s"]
                             record(family="heads", op=f"generate:tree:{kind}" if kind != "autoregressive"
                                    else "generate:autoregressive", backend="auto",
-                                   shape=f"B={B},ctx={ctx},new={args.new},T={temp}", dtype="float32",
+                                   shape=f"B={B},ctx={ctx},new={args.new},T={temp}" + (
+                                       "" if kind == "autoregressive" else f",tree={'-'.join(map(str, opts['tree']))}"),
+                                   dtype="float32",
                                    timing={"median_s": per, "p10_s": per, "p90_s": per},
                                    baseline="autoregressive",
                                    baseline_timing={"median_s": 1 / base.stats["tokens_per_s"]},
