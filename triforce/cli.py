@@ -178,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", metavar="MODEL", type=_draft, default=None,
                    help="draft model (speculative, triforce, magicdec, tree): 'smollm2' or a Hugging Face "
                         "directory / GGUF file with the target's vocabulary (default: the method's own draft); "
-                        "for tree also trained heads: medusa, mlp, hidden_transfer, early_exit (the shipped "
-                        "set) or a head set's .safetensors")
+                        "for tree and triforce also trained heads: medusa, mlp, hidden_transfer, early_exit "
+                        "(the shipped set) or a head set's .safetensors")
     g.add_argument("--ignore-eos", action="store_true",
                    help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")
@@ -439,8 +439,8 @@ def cmd_generate(args) -> int:
                              "its config.json (or use a GGUF file that embeds one, or --model smollm2)")
         draft = None
         if args.draft is not None and _is_heads(args.draft):
-            if args.method != "tree":
-                raise UsageError(f"--draft {args.draft}: trained heads draft for --method tree only")
+            if args.method not in ("tree", "triforce"):
+                raise UsageError(f"--draft {args.draft}: trained heads draft for --method tree or triforce only")
             draft = os.path.expanduser(args.draft) if args.draft not in HEAD_KINDS else args.draft
         elif args.draft is not None:
             with progress.step("loading draft"):
