@@ -106,7 +106,8 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'method':<15} {'tok/s':>8} {'speed-up':>8} {'tok/pass':>8} {'passes':>6} {'prefill s':>9} "
+    w = max([15] + [len(r["method"]) for r in rows])
+    head = (f"{'method':<{w}} {'tok/s':>8} {'speed-up':>8} {'tok/pass':>8} {'passes':>6} {'prefill s':>9} "
             f"{'same output':>11}  acceptance per level; time per level (s)")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -115,7 +116,7 @@ def format_table(rows: list[dict]) -> str:
         tim = ", ".join(f"{k} {v:.2f}" for k, v in s["time_s"].items())
         same = {None: "-", True: "yes", False: "NO"}[r["identical"]]
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
-        lines.append(f"{r['method']:<15} {s['tokens_per_s']:>8.1f} {sp:>8} {s['mean_accepted']:>8.2f} "
+        lines.append(f"{r['method']:<{w}} {s['tokens_per_s']:>8.1f} {sp:>8} {s['mean_accepted']:>8.2f} "
                      f"{s['target_passes']:>6} {s['prefill_s']:>9.1f} {same:>11}  {acc}; {tim}")
     return "\n".join(lines)
 
