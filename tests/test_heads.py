@@ -220,6 +220,8 @@ def test_heads_errors(tmp_path):
         load_heads(tmp_path / "missing.safetensors")
     with pytest.raises(ValueError, match="depth >= 4"):
         triforce.generate(m, torch.tensor([[1, 2, 3]]), method="tree", draft=h, tree=(1, 1, 1, 1), max_new_tokens=2)
+    with pytest.raises(ValueError, match="tree_nodes: at most vocab_size=64"):
+        triforce.generate(m, torch.tensor([[1, 2, 3]]), method="tree", draft=h, tree_nodes=(65,), max_new_tokens=2)
     with pytest.raises(ValueError, match="method=.tree. or .triforce."):
         triforce.generate(m, torch.tensor([[1, 2, 3]]), method="speculative", draft="medusa", max_new_tokens=2)
     with pytest.raises(FileNotFoundError, match="no trained 'mlp' heads ship for this model"):

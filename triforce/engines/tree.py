@@ -84,6 +84,9 @@ def run_heads(d: Decode, draft, shape, parents_row, widths) -> tuple:
     if levels > heads.depth:
         raise ValueError(f"{name}: {levels} levels need heads of depth >= {levels}; these {heads.kind} "
                          f"heads draft {heads.depth} tokens (use a shallower tree)")
+    vocab = d.target.config.vocab_size
+    if max(widths or shape) > vocab:
+        raise ValueError(f"{name}: at most vocab_size={vocab} candidates per node, got {widths or shape}")
     drafter = HeadDrafter(d.target, heads, d.sampling, levels)
     nodes = 1 + sum(widths) if widths is not None else len(parents_row)
     d.setup(width=nodes * (1 + drafter.extra_width))
