@@ -29,7 +29,7 @@ def cases(draw):
     method = draw(st.sampled_from(["speculative", "magicdec", "triforce", "tree"]))
     chunk = draw(st.integers(1, 6))
     retrieval = {"chunk_size": chunk, "budget": draw(st.integers(3 * chunk, 8 * chunk)),
-                 "rebuild_stride": draw(st.integers(1, 40))}
+                 "rebuild_stride": draw(st.integers(1, 40)), "recent": draw(st.integers(0, 40))}
     sink = draw(st.integers(0, 4))
     separate = draw(st.booleans())
     if method == "speculative":
@@ -172,6 +172,8 @@ def test_eos_on_the_first_token_stops_without_decoding():
     ("triforce", {"budget": -8}, "budget"),
     ("triforce", {"chunk_size": 0}, "chunk_size"),
     ("triforce", {"rebuild_stride": 0}, "rebuild_stride"),
+    ("triforce", {"recent": -1}, "recent"),
+    ("magicdec", {"recent": 2.5}, "recent"),
     ("magicdec", {"sink": -1}, "sink"),
     ("magicdec", {"window": 0}, "window"),
     ("magicdec", {"draft_cache": "paged"}, "draft_cache"),
@@ -288,3 +290,30 @@ def test_default_speculative_draft_is_a_half_precision_copy_that_accepts():
     ref = triforce.generate(bf, p, method="autoregressive", max_new_tokens=10)
     out = triforce.generate(bf, p, method="speculative", max_new_tokens=10)
     assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+
+
+def test_retrieval_cache_keeps_the_recent_window():
+    """`recent` tokens of recent context stay in the retrieval cache through every rebuild (the chunks
+    before the tail): the engines pass recent // chunk_size trailing chunks, capped at half the budget."""
+    from triforce.engines.steps import recent_chunks
+    from triforce.models import cache as C
+
+    assert recent_chunks(256, 512, 8) == 32 and recent_chunks(256, 96, 8) == 6
+    assert recent_chunks(0, 512, 8) == 0 and recent_chunks(5, 12, 4) == 1
+    seen = []
+    orig = C.RetrievalCache.__init__
+
+    def spy(self, *a, **k):
+        seen.append(k.get("recent_chunks"))
+        orig(self, *a, **k)
+
+    target = tiny(0, 64)
+    p = torch.randint(0, 64, (1, 200), generator=torch.Generator().manual_seed(0))
+    ref = triforce.generate(target, p, method="autoregressive", max_new_tokens=30)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(C.RetrievalCache, "__init__", spy)
+        for method, opts in (("triforce", {}), ("magicdec", {"draft_cache": "retrieval"})):
+            out = triforce.generate(target, p, method=method, max_new_tokens=30, budget=64, chunk_size=8,
+                                    recent=32, rebuild_stride=8, **opts)
+            assert torch.equal(out.tokens[0], ref.tokens[0])
+    assert seen == [4, 4]

@@ -104,7 +104,7 @@ def _option_help(name: str) -> str:
     return f"{OPTIONS[name].help} (default {defaults})".replace("%", "%%")
 
 
-_TYPES = {"sink": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str}
+_TYPES = {"sink": _int(0), "recent": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str}
 OPTION_FLAGS = {name: (_TYPES.get(name, _int(1)), _option_help(name)) for name in OPTIONS}  # flag -> (type, help)
 _CHOICES = {"draft_cache": ("streaming", "retrieval")}
 _METAVARS = {"tree": "SHAPE", "tree_nodes": "WIDTHS", "draft_cache": "{streaming,retrieval}"}

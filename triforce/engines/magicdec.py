@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from .decode import Decode, model_dtype
 from .drafters import Drafter, RetrievalDrafter
-from .steps import CHAIN_HIST, chain_step, retrieval_budget
+from .steps import CHAIN_HIST, chain_step, recent_chunks, retrieval_budget
 
 
 def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: str, budget: int | None,
-        chunk_size: int, rebuild_stride: int) -> tuple:
+        chunk_size: int, rebuild_stride: int, recent: int) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     d.setup(width=gamma + 1)
@@ -40,7 +40,8 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
             first = d.start(target.prefill(d.prompts, cache), 1)
             rcache = RetrievalCache(target.config, cache, budget, chunk_size,
                                     max_step=gamma + 1,  # tokens appended between syncs
-                                    rebuild_stride=rebuild_stride)
+                                    rebuild_stride=rebuild_stride,
+                                    recent_chunks=recent_chunks(recent, budget, chunk_size))
             drafter = RetrievalDrafter(target, rcache, d.sampling)
             drafter.prefill(d.prompts, first)
     return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, "self->full"))

@@ -56,6 +56,9 @@ OPTIONS: dict[str, Option] = {
     "chunk_size": Option(8, _POS, "tokens per retrieval chunk"),
     "rebuild_stride": Option(256, _POS, "re-select the retrieval chunks after a sequence grew by this many "
                                         "tokens"),
+    "recent": Option(256, _NONNEG, "retrieval cache: the most recent tokens it always keeps besides the chunks "
+                                   "chosen by score (whole chunks, at most half the budget; triforce, magicdec "
+                                   "with draft_cache='retrieval')"),
     "sink": Option(16, _NONNEG, "StreamingLLM attention-sink tokens"),
     "window": Option(240, _POS, "StreamingLLM recent-window tokens"),
     "tree": Option((2, 2, 1, 1), _tree_shape, "tree: branching factors per depth, e.g. (2, 2, 1, 1)"),
@@ -87,11 +90,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("speculative", speculative.run, ("gamma", "draft_layers"),
            "a draft model on its own full cache proposes gamma tokens, the target verifies them"),
     Method("magicdec", magicdec.run, ("gamma", "sink", "window", "draft_cache", "budget", "chunk_size",
-                                    "rebuild_stride"),
+                                    "rebuild_stride", "recent"),
            "the target on a StreamingLLM (or retrieval) cache drafts for the full-cache target",
            overrides=(("budget", None),)),
     Method("triforce", triforce.run, ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
-                                    "window", "draft_layers"),
+                                    "window", "draft_layers", "recent"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
     Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes"),
            "a static token tree drafted by the self-draft, verified in one tree-masked pass"),

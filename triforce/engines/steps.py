@@ -238,6 +238,13 @@ def pad_prompts(prompts: list[torch.Tensor], width: int) -> list[torch.Tensor]:
     return [torch.cat([p[:1].expand(width - len(p)), p]) if len(p) < width else p for p in prompts]
 
 
+def recent_chunks(recent: int, budget: int, chunk_size: int) -> int:
+    """The retrieval cache's always-kept trailing chunks for ``recent`` tokens of recent context: whole
+    chunks, at most half the budget's chunks (the rest is chosen by score, the sink chunk kept)."""
+    budget_chunks = budget // chunk_size
+    return max(0, min(recent // chunk_size, budget_chunks // 2, budget_chunks - 2))
+
+
 def retrieval_budget(budget: int, chunk_size: int, prompts: list[torch.Tensor]) -> int | None:
     """The retrieval budget in tokens, rounded down to whole chunks and capped by the shortest prompt's
     complete chunks; a retrieval cache needs more than its sink and recent chunk: >= 3 chunks. A

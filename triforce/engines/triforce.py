@@ -16,7 +16,7 @@ import torch
 from .decode import Decode, model_dtype
 from .drafters import Drafter, half_precision_copy
 from .heads import HeadDrafter, heads_for, is_heads_source
-from .steps import TokenBuffer, advance, chain_step, retrieval_budget, verify_chain
+from .steps import TokenBuffer, advance, chain_step, recent_chunks, retrieval_budget, verify_chain
 
 HIST_MID = 2  # bottom drafter's window inside the middle loop (a middle pass advances <= gamma1 + 1)
 HIST = 3      # at full-level boundaries: the middle's pending token is in neither cache
@@ -85,7 +85,7 @@ def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int)
 
 
 def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
-        sink: int, window: int, draft_layers: int | None) -> tuple:
+        sink: int, window: int, draft_layers: int | None, recent: int) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     target = d.target
@@ -117,7 +117,8 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
             # gamma1 + 1 more to it (and their pseudo tokens) while other rows continue (they are rolled
             # back after the pass).
             rcache = RetrievalCache(target.config, cache, budget, chunk_size,
-                                    max_step=cap + (gamma1 + 1) * (1 + extra), rebuild_stride=rebuild_stride)
+                                    max_step=cap + (gamma1 + 1) * (1 + extra), rebuild_stride=rebuild_stride,
+                                    recent_chunks=recent_chunks(recent, budget, chunk_size))
     if budget is None:  # no retrieval cache can exist: the bottom level drafts straight for the full level
         d.notes.append(f"triforce: the shortest prompt has fewer than 3 chunks of {chunk_size} tokens, too short "
                        f"for a retrieval cache: the draft proposed {gamma1} tokens straight to the full level")
