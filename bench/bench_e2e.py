@@ -61,7 +61,10 @@ def table1(args) -> None:
     }
     caches = {
         f"StreamingLLM ({sink} sink + {budget - sink} recent)": {"sink": sink, "window": budget - sink},
-        f"retrieval ({budget} tokens, chunks of 8)": {"draft_cache": "retrieval", "budget": budget, "chunk_size": 8},
+        f"retrieval ({budget} tokens, chunks of 8, recent=0: chunks by score only)": {
+            "draft_cache": "retrieval", "budget": budget, "chunk_size": 8, "recent": 0},
+        f"retrieval ({budget} tokens, chunks of 8, default recent: {min(256, budget // 2)} recent tokens)": {
+            "draft_cache": "retrieval", "budget": budget, "chunk_size": 8},
         "full cache": {"sink": sink, "window": ctx + args.max_new_tokens + 8},
     }
     print(f"\nacceptance of the target drafting with a partial cache, verified by the target on its full cache "
