@@ -99,7 +99,15 @@ def main() -> None:
                     help="kinds run as TriForce's bottom level in --long")
     ap.add_argument("--markdown", action="store_true", help="print the tables of docs/heads.md from --json and exit")
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "heads_results.json"))
+    ap.add_argument("--quick", action="store_true",
+                    help="batch 1, context 500, greedy, 16 new tokens, no accuracy table, JSON to /tmp "
+                         "(bench/run_all.py --quick)")
     args = ap.parse_args()
+    if args.quick:
+        import tempfile
+
+        args.batch, args.context, args.temperature, args.new, args.skip_accuracy = [1], [500], [0.0], 16, True
+        args.json = os.path.join(tempfile.gettempdir(), "triforce_heads_quick.json")
     if args.markdown:
         print(markdown(json.load(open(args.json))))
         return

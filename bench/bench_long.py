@@ -49,7 +49,15 @@ def main() -> None:
     ap.add_argument("--options", default=None, help="per-method options as JSON (default: the demo's)")
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "long_results.json"))
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "long_acceptance.png"))
+    ap.add_argument("--quick", action="store_true",
+                    help="a 512-token prompt + 512 new tokens, results to /tmp (bench/run_all.py --quick)")
     args = ap.parse_args()
+    if args.quick:
+        import tempfile
+
+        args.prompt, args.new = 512, 512
+        args.json = os.path.join(tempfile.gettempdir(), "triforce_long_quick.json")
+        args.plot = os.path.join(tempfile.gettempdir(), "triforce_long_quick.png")
     model, tok = load_model("smollm2", None)
     ctx = model.config.max_position_embeddings
     new = args.new or ctx - args.prompt

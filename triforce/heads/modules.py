@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from triforce.models.llama import RMSNorm
+
 KINDS = ("medusa", "mlp", "hidden_transfer", "early_exit")
 FORMAT = 1
 
@@ -48,18 +50,6 @@ def target_identity(config) -> dict:
 def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-class _Norm(nn.Module):
-    """RMSNorm (statistics in float32, as the model's)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return self.weight * _rms(x, self.eps)
 
 
 def _zero_linear(h: int, bias: bool = True) -> nn.Linear:
@@ -110,7 +100,7 @@ class DraftHeads(nn.Module):
         self.check_target(model)
         with torch.no_grad():
             for m in self.modules():
-                if isinstance(m, _Norm):
+                if isinstance(m, RMSNorm):
                     m.weight.copy_(model.model.norm.weight.float())
         return self
 
@@ -139,7 +129,7 @@ class MedusaHeads(DraftHeads):
         super().__init__(config, depth, layer)
         h = config.hidden_size
         self.blocks = nn.ModuleList(_zero_linear(h) for _ in range(depth))
-        self.norm = _Norm(h, config.rms_norm_eps) if self.reads_layer else None
+        self.norm = RMSNorm(h, config.rms_norm_eps) if self.reads_layer else None
 
     def states(self, x: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """``[..., H]`` -> ``[..., n, H]`` (``n <= depth``, default depth): the LM head's input for each
@@ -177,7 +167,7 @@ class MLPSpeculator(DraftHeads):
         self.out = nn.ModuleList(nn.Linear(h, h, bias=False) for _ in range(depth))
         for o in self.out:
             nn.init.eye_(o.weight)
-        self.out_norm = nn.ModuleList(_Norm(h, config.rms_norm_eps) for _ in range(depth))
+        self.out_norm = nn.ModuleList(RMSNorm(h, config.rms_norm_eps) for _ in range(depth))
         self.a = 0.5 ** (0.5 / depth)
         self.b = math.sqrt(1 - self.a ** 2)
 
