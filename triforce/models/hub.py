@@ -1,8 +1,10 @@
 """A model and its tokenizer by name, for the CLI, the demo and the benchmarks.
 
 ``name`` is ``"smollm2"`` (the embedded SmolLM2-135M-Instruct), a Hugging Face directory
-(``config.json`` + ``*.safetensors``, tokenizer from ``tokenizer.json``) or a GGUF file (weights, and
-the tokenizer when its metadata carries one). Nothing is downloaded.
+(``config.json`` + ``*.safetensors``, tokenizer from ``tokenizer.json``), a GGUF file (weights, and
+the tokenizer when its metadata carries one), or one of the opt-in pair's names
+``"qwen2.5-coder-0.5b"`` / ``"qwen2.5-coder-1.5b"`` (:mod:`triforce.models.pair`: downloaded and
+checked on first use, then cached). Nothing else is downloaded.
 """
 from __future__ import annotations
 
@@ -13,6 +15,16 @@ import torch
 from .tokenizer import Tokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")
+PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair
+
+
+def model_path(name: str) -> str:
+    """``name`` itself, or for a name of :data:`PAIR_NAMES` the path of its GGUF (fetched if not cached)."""
+    if name in PAIR_NAMES:
+        from .pair import fetch
+
+        return str(fetch(PAIR_NAMES[name]))
+    return name
 
 
 def _dtype(dtype: str | None):
@@ -32,18 +44,19 @@ def load_model(name: str = "smollm2", dtype: str | None = None):
     dt = _dtype(dtype)
     if name == "smollm2":
         return smollm2_135m(dtype=dt)
+    name = model_path(name)
     model = Llama.from_pretrained(name, dtype=dt)
     return model, load_tokenizer(name)
 
 
 def load_draft(name: str, dtype: str | None = None):
-    """A draft model (no tokenizer: a draft shares the target's vocabulary): ``"smollm2"`` or a path."""
+    """A draft model (no tokenizer: a draft shares the target's vocabulary): ``"smollm2"``, a pair name or a path."""
     from .llama import Llama
     from .smollm2 import smollm2_135m
 
     if name == "smollm2":
         return smollm2_135m(dtype=_dtype(dtype))[0]
-    return Llama.from_pretrained(name, dtype=_dtype(dtype))
+    return Llama.from_pretrained(model_path(name), dtype=_dtype(dtype))
 
 
 def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:

@@ -1,8 +1,11 @@
 """``triforce.models.Llama``: a compact Llama (GQA, RoPE incl. Llama-3 scaling, RMSNorm, SwiGLU, tied or
-untied head) whose attention over a KV cache goes through ``tk.verify_attention``.
+untied head) whose attention over a KV cache goes through ``tk.verify_attention``. Its relatives run on
+the same code through the config's switches (``LlamaConfig.model_type``): Mistral, Qwen2/2.5 (q/k/v
+biases), Qwen3 (q/k RMSNorm), and biases where Llama's config asks for them.
 
 Module and parameter names mirror Hugging Face's ``LlamaForCausalLM`` (``model.layers.0.self_attn.q_proj
-.weight``, ``lm_head.weight``), so HF state dicts load as they are.
+.weight``, ``...q_proj.bias``, ``...self_attn.q_norm.weight``, ``lm_head.weight``), so HF state dicts of
+every family load as they are.
 """
 from __future__ import annotations
 
@@ -52,13 +55,15 @@ class Linear(nn.Linear):
     the same projections as an autoregressive step). Everything else goes to ``F.linear``."""
 
     def forward(self, x):
-        w = self.weight
+        w, b = self.weight, self.bias
         if (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
-                and self.bias is None and x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] and x.numel() > 0
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+                and x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] and x.numel() > 0
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                                      or (b is not None and b.requires_grad)))
                 and _rowwise_available()):
-            return torch.ops.triforce_C.rowwise_linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
-        return F.linear(x, w, self.bias)
+            y = torch.ops.triforce_C.rowwise_linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
+            return y if b is None else y.add_(b)
+        return F.linear(x, w, b)
 
 
 class RMSNorm(nn.Module):
@@ -79,16 +84,23 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        h = config.hidden_size
-        self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=False)
+        h, qkv_bias = config.hidden_size, config.qkv_bias
+        self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
+        self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=config.attention_bias)
+        if config.qk_norm:  # Qwen3: per-head RMSNorm of queries and keys, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k_raw = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k_raw = self.q_norm(q), self.k_norm(k_raw)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k_raw, cos, sin)
         if cache is None:
@@ -102,10 +114,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = Linear(h, i, bias=False)
-        self.up_proj = Linear(h, i, bias=False)
-        self.down_proj = Linear(i, h, bias=False)
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = Linear(h, i, bias=bias)
+        self.up_proj = Linear(h, i, bias=bias)
+        self.down_proj = Linear(i, h, bias=bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -177,6 +189,8 @@ class Llama(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, mean=0.0, std=std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     @property
     def device(self) -> torch.device:

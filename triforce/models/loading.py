@@ -304,8 +304,13 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-# llama.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
-# one value only (key -> (harmless(value, config), the value we implement)). Any other llama.* key raises.
+# GGUF architecture -> (model_type, whether llama.cpp's converter permuted attn_q / attn_k). llama.cpp
+# runs llama-arch RoPE on interleaved pairs (hence the permutation; Mistral converts as llama), qwen2 /
+# qwen3 on half-split pairs (NEOX), stored as in the Hugging Face checkpoint.
+GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+
+# <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
+# one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
 _GGUF_READ = frozenset({
     "vocab_size", "context_length", "embedding_length", "block_count", "feed_forward_length",
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.layer_norm_rms_epsilon",
@@ -331,29 +336,57 @@ _GGUF_HARMLESS_ONLY_AT = {
 }
 
 
-def _gguf_rope_scaling(reader, path: Path):
+def _gguf_rope_scaling(reader, arch: str, path: Path):
     """``rope_scaling`` as llama.cpp reads it: a missing ``rope.scaling.type`` means linear, the factor is
     ``rope.scaling.factor`` (or the older ``rope.scale_linear``; 0 or missing: none); ``none`` turns it
     off; yarn / longrope raise."""
-    kind = gguf_field(reader, "llama.rope.scaling.type")
-    factor = gguf_field(reader, "llama.rope.scaling.factor", gguf_field(reader, "llama.rope.scale_linear"))
+    kind = gguf_field(reader, f"{arch}.rope.scaling.type")
+    factor = gguf_field(reader, f"{arch}.rope.scaling.factor", gguf_field(reader, f"{arch}.rope.scale_linear"))
     factor = float(factor) if factor is not None else 0.0
     if kind not in (None, "linear", "none"):
-        raise ValueError(f"GGUF file {str(path)!r} has llama.rope.scaling.type = {kind!r}; only linear RoPE "
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = {kind!r}; only linear RoPE "
                          "scaling is supported (use a model without yarn / longrope scaling)")
     if kind == "none":
         if factor not in (0.0, 1.0):
-            raise ValueError(f"GGUF file {str(path)!r} has llama.rope.scaling.type = 'none' but "
-                             f"llama.rope.scaling.factor = {factor}; the two contradict each other")
+            raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = 'none' but "
+                             f"{arch}.rope.scaling.factor = {factor}; the two contradict each other")
         return None
     return None if factor in (0.0, 1.0) else {"rope_type": "linear", "factor": factor}
 
 
-def _check_gguf_keys(reader, config: LlamaConfig, path: Path) -> None:
+# llama3 RoPE settings tried against a GGUF's rope_freqs tensor (llama.cpp's converter bakes Llama 3.1 /
+# 3.2's rope_scaling into it and keeps no other trace): (low_freq_factor, high_freq_factor,
+# original_max_position_embeddings); the factor is the tensor's largest entry.
+_LLAMA3_CANDIDATES = [(lo, hi, ctx) for ctx in (8192, 4096, 2048, 16384, 32768, 131072)
+                      for lo, hi in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0))]
+
+
+def _rope_from_freq_factors(config: LlamaConfig, factors: torch.Tensor, path: Path) -> dict:
+    """The ``llama3`` ``rope_scaling`` whose frequencies equal ``inv_freq / factors`` (the rope_freqs
+    tensor, as llama.cpp applies it), or ValueError when no llama3 setting reproduces them."""
+    from .rope import rope_inv_freq
+
+    factors = factors.double().flatten()
+    if factors.numel() != config.head_dim // 2 or not bool((factors >= 1).all()):
+        raise ValueError(f"GGUF file {str(path)!r}: rope_freqs has {factors.numel()} entries (expected "
+                         f"{config.head_dim // 2}, each >= 1); it is not Llama-3.1-style frequency scaling")
+    want = rope_inv_freq(config.replace(rope_scaling=None)).double() / factors
+    factor = float(factors.max())
+    for lo, hi, ctx in _LLAMA3_CANDIDATES:
+        rs = {"rope_type": "llama3", "factor": factor, "low_freq_factor": lo, "high_freq_factor": hi,
+              "original_max_position_embeddings": ctx}
+        got = rope_inv_freq(config.replace(rope_scaling=rs)).double()
+        if torch.allclose(got, want, rtol=1e-5, atol=0):
+            return rs
+    raise ValueError(f"GGUF file {str(path)!r} has rope_freqs (frequency factors up to {factor}) that no llama3 "
+                     "RoPE setting reproduces; load the Hugging Face checkpoint instead")
+
+
+def _check_gguf_keys(reader, config: LlamaConfig, arch: str, path: Path) -> None:
     for full in reader.fields:
-        if not full.startswith("llama."):
+        if not full.startswith(f"{arch}."):
             continue  # general.* (provenance), tokenizer.* (the tokenizer), GGUF.* (the container)
-        key = full[len("llama."):]
+        key = full[len(arch) + 1:]
         if key in _GGUF_READ or key in _GGUF_METADATA:
             continue
         value = gguf_field(reader, full)
@@ -364,46 +397,54 @@ def _check_gguf_keys(reader, config: LlamaConfig, path: Path) -> None:
                                  f"implements only {supported} and would compute different logits")
             continue
         raise ValueError(f"GGUF file {str(path)!r} has metadata {full}, which triforce.models.Llama does not "
-                         "understand and which could change the model's math; use a plain Llama GGUF")
+                         f"understand and which could change the model's math; use a plain {arch} GGUF")
+
+
+_GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.items()},
+                       **{f"{k}.bias": f"{_GGUF_NAMES[k]}.bias" for k in ("attn_q", "attn_k", "attn_v", "attn_output")},
+                       "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 
 
 def read_gguf(path: Path):
-    """(LlamaConfig, float32 HF-named state dict) from a llama-architecture GGUF file."""
+    """(LlamaConfig, float32 HF-named state dict) from a GGUF file of an architecture in
+    :data:`GGUF_ARCHITECTURES`. Tensors of any type the ``gguf`` package dequantises (F32/F16/BF16,
+    Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the K-quants Q2_K..Q6_K, ...) load through ``gguf.quants.dequantize``."""
     import gguf
 
     reader = open_gguf(path)
     arch = gguf_field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"GGUF file {str(path)!r} has architecture {arch!r}; only 'llama' is supported")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF file {str(path)!r} has architecture {arch!r}; supported: "
+                         f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)}")
+    model_type, permuted = GGUF_ARCHITECTURES[arch]
 
     def need(key):
-        v = gguf_field(reader, f"llama.{key}")
+        v = gguf_field(reader, f"{arch}.{key}")
         if v is None:
-            raise ValueError(f"GGUF file {str(path)!r} lacks metadata llama.{key}")
+            raise ValueError(f"GGUF file {str(path)!r} lacks metadata {arch}.{key}")
         return v
 
     tensors = {t.name: t for t in reader.tensors}
-    if "rope_freqs.weight" in tensors:
-        raise ValueError("GGUF files with rope_freqs (Llama-3.1 frequency factors) are not supported; "
-                         "load the Hugging Face checkpoint instead")
-    n_head, n_kv = int(need("attention.head_count")), int(gguf_field(reader, "llama.attention.head_count_kv",
+    n_head, n_kv = int(need("attention.head_count")), int(gguf_field(reader, f"{arch}.attention.head_count_kv",
                                                                   need("attention.head_count")))
     hidden = int(need("embedding_length"))
     if "token_embd.weight" not in tensors:
         raise ValueError(f"GGUF file {str(path)!r} has no token_embd.weight")
-    vocab = int(gguf_field(reader, "llama.vocab_size", 0)) or int(tensors["token_embd.weight"].shape[1])
-    head_dim = int(gguf_field(reader, "llama.attention.key_length", 0)) or hidden // n_head
+    vocab = int(gguf_field(reader, f"{arch}.vocab_size", 0)) or int(tensors["token_embd.weight"].shape[1])
+    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", 0)) or hidden // n_head
     tok = lambda k: gguf_field(reader, f"tokenizer.ggml.{k}")  # noqa: E731
+    # Qwen2: q/k/v biases always; llama / qwen3: biases on q/k/v/o if the file has them (attention_bias)
+    attention_bias = model_type != "qwen2" and "blk.0.attn_q.bias" in tensors
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
+        model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
-        rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),  # llama.cpp's default too
-        rope_scaling=_gguf_rope_scaling(reader, path),
+        rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
+        rope_scaling=_gguf_rope_scaling(reader, arch, path),
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        tie_word_embeddings="output.weight" not in tensors,
+        tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"))
-    _check_gguf_keys(reader, config, path)
+    _check_gguf_keys(reader, config, arch, path)
 
     sd = {}
     for name, t in tensors.items():
@@ -411,6 +452,11 @@ def read_gguf(path: Path):
             w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).float()
         except Exception as e:
             raise ValueError(f"cannot dequantise tensor {name} ({t.tensor_type.name}) of {str(path)!r}: {e}") from None
+        if name == "rope_freqs.weight":
+            if config.rope_scaling is not None:
+                raise ValueError(f"GGUF file {str(path)!r} has both rope_freqs and {arch}.rope.scaling metadata")
+            config = config.replace(rope_scaling=_rope_from_freq_factors(config, w, path))
+            continue
         if name == "token_embd.weight":
             key = "model.embed_tokens.weight"
         elif name == "output_norm.weight":
@@ -418,14 +464,14 @@ def read_gguf(path: Path):
         elif name == "output.weight":
             key = "lm_head.weight"
         elif name.startswith("blk."):
-            _, i, kind, suffix = name.split(".", 3)
-            if kind not in _GGUF_NAMES or suffix != "weight":  # e.g. attn_q.bias: biases are not implemented
-                raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has "
-                                 f"no such parameter)")
-            key = f"model.layers.{int(i)}.{_GGUF_NAMES[kind]}.weight"
-            if kind == "attn_q":
+            _, i, kind = name.split(".", 2)
+            if kind not in _GGUF_LAYER_TENSORS:
+                raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
+                                 f"such parameter for architecture {arch!r})")
+            key = f"model.layers.{int(i)}.{_GGUF_LAYER_TENSORS[kind]}"
+            if permuted and kind.startswith("attn_q."):
                 w = _unpermute(w, n_head)
-            elif kind == "attn_k":
+            elif permuted and kind.startswith("attn_k."):
                 w = _unpermute(w, n_kv)
         else:
             raise ValueError(f"unexpected GGUF tensor {name}")

@@ -1,18 +1,48 @@
 """The tokenizer of a model: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package), or a
 byte-level BPE tokenizer rebuilt from a GGUF file's embedded vocabulary and merges (no network).
 
-GGUF: ``tokenizer.ggml.model == "gpt2"``: GPT-2 style byte-level BPE. SmolLM2's pre-tokenizer (llama.cpp's
-``smollm``, and the ``tokenizer.json`` of the original checkpoint) splits every digit on its own, then
-applies the GPT-2 split regex; control tokens (``<|im_start|>`` ...) are matched whole.
+GGUF: ``tokenizer.ggml.model == "gpt2"``: byte-level BPE, split first by the pre-tokenizer that
+``tokenizer.ggml.pre`` names (llama.cpp's names, as the original checkpoints' ``tokenizer.json`` define them):
+
+* none, ``default``, ``gpt-2``: the GPT-2 split regex;
+* ``smollm`` (SmolLM2): every digit on its own, then the GPT-2 regex;
+* ``qwen2`` (Qwen2/2.5/3): NFC normalisation, then Qwen2's regex (case-insensitive contractions, a
+  letter run with one leading non-letter, single digits, newlines kept with punctuation);
+* ``llama-bpe`` / ``llama3`` (Llama 3): the same regex with digit runs of up to three.
+
+Any other pre-tokenizer raises (its splits would differ, so the token ids would be wrong). Control tokens
+(``<|im_start|>`` ...) are matched whole.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer as _HFTokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer as _HFTokenizer, decoders, models, normalizers, pre_tokenizers
 
-_DIGIT_SPLIT_PRE = ("smollm",)
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)
+
+
+def _gguf_pre_tokenizer(pre):
+    """(normalizer or None, pre-tokenizer) for llama.cpp's ``tokenizer.ggml.pre`` name (module docstring)."""
+    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+    def split(regex):
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+    if pre in (None, "default", "gpt-2"):
+        return None, gpt2
+    if pre == "smollm":
+        return None, pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2])
+    if pre == "qwen2":
+        return normalizers.NFC(), split(_QWEN2_SPLIT)
+    if pre in ("llama-bpe", "llama3"):
+        return None, split(_LLAMA3_SPLIT)
+    raise ValueError(f"GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} is not supported (known: default, gpt-2, "
+                     "smollm, qwen2, llama-bpe); its text splits would differ, so the token ids would be wrong")
 
 
 class Tokenizer:
@@ -134,6 +164,7 @@ class Tokenizer:
             raise FileNotFoundError(f"GGUF file {str(path)!r} has no tokenizer in its metadata")
         if kind != "gpt2":
             raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+        normalizer, pre_tokenizer = _gguf_pre_tokenizer(gguf_field(reader, "tokenizer.ggml.pre"))
         tokens = gguf_field(reader, "tokenizer.ggml.tokens")
         merges = gguf_field(reader, "tokenizer.ggml.merges")
         if not tokens or merges is None:
@@ -142,11 +173,9 @@ class Tokenizer:
         vocab = {t: i for i, t in enumerate(tokens)}
         bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False)
         backend = _HFTokenizer(bpe)
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        if gguf_field(reader, "tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE:
-            backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-        else:
-            backend.pre_tokenizer = byte_level
+        if normalizer is not None:
+            backend.normalizer = normalizer
+        backend.pre_tokenizer = pre_tokenizer
         backend.decoder = decoders.ByteLevel()
         # 3 = CONTROL (special, matched whole, skipped by decode(skip_special_tokens=True)); 4 = USER_DEFINED.
         backend.add_special_tokens([AddedToken(t, normalized=False, special=True)

@@ -1,0 +1,269 @@
+"""Model families on one model: Llama-3 (llama3 RoPE, untied head, biases), Qwen2/2.5 (q/k/v biases),
+Qwen3 (q/k RMSNorm, explicit head_dim) and Mistral, from Hugging Face directories saved by transformers
+itself and from GGUF files (K-quants, llama.cpp's q/k layout per architecture, Llama-3.1 rope_freqs),
+with logits equal to transformers' on the same weights; the qwen2 and llama-bpe GGUF pre-tokenizers
+equal transformers' conversion of the same file."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from triforce.models import FullCache, Llama, LlamaConfig
+
+from .test_config import write_gguf
+from .test_model import TOL
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+FAMILIES = {  # name -> (transformers config class, model class, config kwargs)
+    "llama3-untied-biases": ("LlamaConfig", "LlamaForCausalLM",
+                             dict(rope_parameters=LLAMA3, attention_bias=True, mlp_bias=True)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen2-untied": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_parameters={"rope_type": "default",
+                                                                              "rope_theta": 1e6})),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
+    "qwen3-bias": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8, attention_bias=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+}
+
+
+def randomize_(model, seed=0):
+    """Give every bias and norm weight random values (transformers initialises them to 0 and 1, which
+    would let a missing bias or a skipped norm go unnoticed)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif "norm" in name:
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+def hf_model(family, **extra):
+    config_cls, model_cls, kw = FAMILIES[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**{**TINY, **kw, **extra}, attn_implementation="eager")
+    return randomize_(getattr(transformers, model_cls)(config).eval())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_hf_directory_matches_transformers(tmp_path, family):
+    hf = hf_model(family)
+    hf.save_pretrained(tmp_path)
+    ours = Llama.from_pretrained(tmp_path)
+    c = ours.config
+    assert c.model_type == hf.config.model_type
+    assert c.tie_word_embeddings == hf.config.tie_word_embeddings
+    assert (c.qkv_bias, c.qk_norm) == {"qwen2": (True, False), "qwen3": (c.attention_bias, True)}.get(
+        c.model_type, (c.attention_bias, False))
+    assert c.head_dim == (getattr(hf.config, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    ids = torch.randint(0, 101, (2, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, ref = ours(ids), hf(ids).logits
+    assert (got - ref).abs().max().item() <= TOL
+    # our own save round-trips, and transformers reads it back as the same family
+    ours.save_pretrained(tmp_path / "again")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "again", attn_implementation="eager").eval()
+    assert type(back).__name__ == FAMILIES[family][1]
+    with torch.no_grad():
+        assert (back(ids).logits - ref).abs().max().item() <= TOL
+    assert Llama.from_pretrained(tmp_path / "again").config == c
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3-bias", "llama3-untied-biases"])
+def test_cache_paths_equal_plain_forward(family):
+    """Prefill in chunks, a verify step, decode, and a tree over the cached prefix: the biases and the q/k
+    norms take the same path in every forward."""
+    config_cls, _, kw = FAMILIES[family]
+    hf = hf_model(family)
+    model = Llama(LlamaConfig.from_dict(hf.config.to_dict()), _empty=True)
+    from triforce.models.loading import _build
+
+    model = _build(model.config, hf.state_dict(), None, None)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
+    ref = model(ids)
+    cache = FullCache(model.config, 2, 64, chunk_size=4)
+    last = model.prefill(ids[:, :20], cache, chunk_size=7)
+    assert (last - ref[:, 19]).abs().max() <= TOL
+    assert (model(ids[:, 20:24], cache=cache) - ref[:, 20:24]).abs().max() <= TOL
+    assert (model(ids[:, 24:25], cache=cache)[:, 0] - ref[:, 24]).abs().max() <= TOL
+    parents = torch.tensor([[-1, 0, 0, 1]] * 2)
+    toks = ids[:, 25:29]
+    out = model(toks, cache=cache, tree_parents=parents)
+    for path in ([0, 1, 3], [0, 2]):
+        seq = torch.cat([ids[:, :25], toks[:, path]], 1)
+        assert (out[:, path] - model(seq)[:, -len(path):]).abs().max() <= TOL
+
+
+# ---- GGUF: K-quants through the gguf package, compared with transformers' GGUF loader
+QT = gguf.GGMLQuantizationType
+# byte offsets of the float16 scale fields in one block of each type (ggml's block layouts), and the
+# range of scales that gives weights of ~0.01..0.1
+_F16_FIELDS = {QT.Q4_K: ((0, 2), 1e-4), QT.Q5_K: ((0, 2), 1e-4), QT.Q6_K: ((208,), 2e-5), QT.Q5_0: ((0,), 5e-3)}
+
+
+def random_blocks(rows: int, cols: int, qtype, rng) -> np.ndarray:
+    """Random quantised data of ``qtype`` for a ``[rows, cols]`` tensor, with sane float16 scales."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    offsets, scale = _F16_FIELDS[qtype]
+    for o in offsets:
+        d = (rng.uniform(0.2, 1.0, (rows, cols // block)) * scale).astype(np.float16)
+        data[:, :, o:o + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
+    return data.reshape(rows, -1)
+
+
+def quantizer(rng, types=(QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q5_0)):
+    """Store each 2-D tensor in the next type of ``types`` (norms and biases stay float32, as llama.cpp
+    keeps them); Q8_0 goes through gguf's own quantiser, the others are random blocks."""
+    counter = iter(range(10 ** 6))
+
+    def quant(name, t):
+        if t.ndim != 2:
+            return t, None
+        qtype = types[next(counter) % len(types)]
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
+        if t.shape[1] % block:
+            return t, None
+        if qtype == QT.Q8_0:
+            return gguf.quants.quantize(t, qtype), qtype
+        return random_blocks(*t.shape, qtype, rng), qtype
+
+    return quant
+
+
+def gguf_tokenizer(pre: str, vocab_size: int) -> dict:
+    """tokenizer.ggml.* keys of a small byte-level BPE trained here, padded with control tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    import pydoc_data.topics as topics
+
+    text = list(topics.topics.values())[:20]
+    n_special = 3
+    tok.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=vocab_size - n_special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    state = tok.model.__getstate__()
+    import json
+
+    model = json.loads(state)
+    tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens += specials
+    assert len(tokens) == vocab_size
+    return {"model": "gpt2", "pre": pre, "tokens": tokens, "merges": merges,
+            "token_type": [1] * (vocab_size - n_special) + [3] * n_special,
+            "bos_token_id": vocab_size - 3, "eos_token_id": vocab_size - 1}
+
+
+GGUF_CASES = {  # family -> (our config kwargs, tokenizer pre)
+    "qwen2": (dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=1e6), "qwen2"),
+    "qwen3": (dict(model_type="qwen3", head_dim=128, num_attention_heads=2, num_key_value_heads=1), "qwen2"),
+    "llama": (dict(model_type="llama"), "llama-bpe"),
+}
+
+
+@pytest.mark.parametrize("family", list(GGUF_CASES))
+def test_gguf_k_quants_match_transformers(tmp_path, family):
+    kw, pre = GGUF_CASES[family]
+    # K-quant blocks hold 256 weights: rows of 256 / 512
+    config = LlamaConfig(**{**TINY, "vocab_size": 400, "hidden_size": 256, "intermediate_size": 512, **kw})
+    torch.manual_seed(0)
+    model = randomize_(Llama(config).eval())
+    rng = np.random.default_rng(0)
+    tokenizer = gguf_tokenizer(pre, config.vocab_size)
+    path = write_gguf(tmp_path / "m.gguf", model, quant=quantizer(rng), tokenizer=tokenizer)
+    types = {t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
+    assert {QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0} <= types
+
+    ours = Llama.from_pretrained(path, cache_dir=False)
+    assert ours.config.model_type == family and ours.config.tie_word_embeddings == config.tie_word_embeddings
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf",
+                                                          attn_implementation="eager").eval()
+    ids = torch.randint(0, 400, (2, 50), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, ref = ours(ids), hf(ids).logits
+    scale = ref.abs().max().item()
+    assert scale > 0.1 and (got - ref).abs().max().item() <= TOL * max(1.0, scale)
+    # the quantisation reached the weights: they are not the float ones written
+    assert not torch.allclose(ours.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+
+    # the tokenizer rebuilt from the GGUF metadata splits text as transformers' conversion of the file does
+    from triforce.models.hub import load_tokenizer
+
+    tok = load_tokenizer(path, cache_dir=False)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
+    texts = ["def f(x):\n    return x ** 2  # 12345 it's\r\n\r\n", "I'LL  DON'T  café naïve 日本 😀 ２３",
+             "   trailing spaces   \n\n\tindent", "a1b22c333d4444 3.14159 -7e10", "<|im_start|>user\nhi<|im_end|>"]
+    for text in texts:
+        assert tok.encode(text) == theirs.encode(text, add_special_tokens=False), text
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_gguf_unknown_pre_tokenizer_raises(tmp_path):
+    config = LlamaConfig(**TINY)
+    path = write_gguf(tmp_path / "m.gguf", Llama(config), tokenizer={**gguf_tokenizer("qwen2", 300), "pre": "deepseek-llm"})
+    from triforce.models.hub import load_tokenizer
+
+    with pytest.raises(ValueError, match="tokenizer.ggml.pre = 'deepseek-llm'"):
+        load_tokenizer(path, cache_dir=False)
+
+
+def llama_cpp_rope_freqs(theta, head_dim, factor, lo, hi, ctx) -> np.ndarray:
+    """llama.cpp's converter's rope_freqs tensor for Llama 3.1 RoPE scaling (1 / the frequency factor)."""
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < ctx / hi:
+            out.append(1.0)
+        elif wavelen > ctx / lo:
+            out.append(factor)
+        else:
+            smooth = (ctx / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_gguf_rope_freqs_read_as_llama3_rope(tmp_path):
+    rs = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+    config = LlamaConfig(**{**TINY, "head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "max_position_embeddings": 16384, "rope_theta": 500000.0, "rope_scaling": rs})
+    torch.manual_seed(0)
+    model = Llama(config).eval()
+    freqs = llama_cpp_rope_freqs(500000.0, 128, 8.0, 1.0, 4.0, 8192)
+    assert ((freqs > 1) & (freqs < 8)).any() and (freqs == 1).any() and (freqs == 8).any()  # all three regions
+    path = write_gguf(tmp_path / "m.gguf", model, tensors={"rope_freqs.weight": freqs})
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    assert loaded.config.rope_scaling == rs
+    ids = torch.randint(0, 101, (1, 40))
+    assert torch.equal(loaded(ids), model(ids))
+    # factors no llama3 setting gives
+    bad = freqs.copy()
+    bad[10] = 3.0
+    with pytest.raises(ValueError, match="rope_freqs"):
+        Llama.from_pretrained(write_gguf(tmp_path / "b.gguf", model, tensors={"rope_freqs.weight": bad}),
+                              cache_dir=False)
+
+
+def test_gguf_unsupported_architecture_names_it(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "gemma2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="architecture 'gemma2'; supported: 'llama', 'qwen2', 'qwen3'"):
+        Llama.from_pretrained(tmp_path / "m.gguf", cache_dir=False)
