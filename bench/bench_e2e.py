@@ -50,6 +50,19 @@ def e2e(args) -> None:
                baseline_timing=base.get(row["batch"]), extra=json.dumps(extra, default=str))
 
 
+def table1_caches(ctx: int, budget: int, new_tokens: int, sink: int = 16) -> dict:
+    """Table 1's rows: name -> ``magicdec`` options of a draft cache of ``budget`` tokens (StreamingLLM,
+    retrieval by score only, retrieval with the default recent window) and the full cache."""
+    return {
+        f"StreamingLLM ({sink} sink + {budget - sink} recent)": {"sink": sink, "window": budget - sink},
+        f"retrieval ({budget} tokens, chunks of 8, recent=0: chunks by score only)": {
+            "draft_cache": "retrieval", "budget": budget, "chunk_size": 8, "recent": 0},
+        f"retrieval ({budget} tokens, chunks of 8, default recent: {min(256, budget // 2)} recent tokens)": {
+            "draft_cache": "retrieval", "budget": budget, "chunk_size": 8},
+        "full cache": {"sink": sink, "window": ctx + new_tokens + 8},
+    }
+
+
 def table1(args) -> None:
     model, tok = load_model("smollm2", args.dtype)
     ctx, budget, B = args.context, args.budget, args.table1_batch
@@ -59,14 +72,7 @@ def table1(args) -> None:
         "needle (pass key)": [torch.tensor(passkey_prompt(tok, ctx - 5 * b, depth=0.2 + 0.2 * b, offset=5000 * b)[0])
                               for b in range(B)],
     }
-    caches = {
-        f"StreamingLLM ({sink} sink + {budget - sink} recent)": {"sink": sink, "window": budget - sink},
-        f"retrieval ({budget} tokens, chunks of 8, recent=0: chunks by score only)": {
-            "draft_cache": "retrieval", "budget": budget, "chunk_size": 8, "recent": 0},
-        f"retrieval ({budget} tokens, chunks of 8, default recent: {min(256, budget // 2)} recent tokens)": {
-            "draft_cache": "retrieval", "budget": budget, "chunk_size": 8},
-        "full cache": {"sink": sink, "window": ctx + args.max_new_tokens + 8},
-    }
+    caches = table1_caches(ctx, budget, args.max_new_tokens, sink)
     print(f"\nacceptance of the target drafting with a partial cache, verified by the target on its full cache "
           f"(gamma=1, temperature {args.temperature} top-p 0.9, {B} prompts of ~{ctx} tokens, "
           f"{args.max_new_tokens} new tokens each)\n")

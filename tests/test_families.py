@@ -214,7 +214,8 @@ def test_gguf_k_quants_match_transformers(tmp_path, family):
 
 def test_gguf_unknown_pre_tokenizer_raises(tmp_path):
     config = LlamaConfig(**TINY)
-    path = write_gguf(tmp_path / "m.gguf", Llama(config), tokenizer={**gguf_tokenizer("qwen2", 300), "pre": "deepseek-llm"})
+    tokenizer = {**gguf_tokenizer("qwen2", 300), "pre": "deepseek-llm"}
+    path = write_gguf(tmp_path / "m.gguf", Llama(config), tokenizer=tokenizer)
     from triforce.models.hub import load_tokenizer
 
     with pytest.raises(ValueError, match="tokenizer.ggml.pre = 'deepseek-llm'"):

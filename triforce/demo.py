@@ -127,14 +127,15 @@ class SharedPrefill:
     the same prompts; each would otherwise spend minutes re-reading the same long context). The copy
     is exact: the same keys, values, lengths, chunk-mean keys and last queries."""
 
-    def __init__(self, model):
-        self.model, self.saved = model, {}
+    def __init__(self, model, half_copy: bool = True):
+        self.model, self.saved, self.half_copy = model, {}, half_copy
 
     def __enter__(self):
         from .engines.drafters import half_precision_copy
         from .models.cache import FullCache
 
-        half_precision_copy(self.model)  # any copy of the model must be made before the patch below
+        if self.half_copy:  # (False: no run will use the default bfloat16 draft)
+            half_precision_copy(self.model)  # any copy of the model must be made before the patch below
         real = self.model.prefill
 
         def prefill(prompts, cache, chunk_size: int = 256):
