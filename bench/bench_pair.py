@@ -115,7 +115,9 @@ def part_table1(target, tok, args, out: dict) -> None:
     for kind in ("natural", "pass key"):
         prompts = prompts_for(tok, "natural" if kind == "natural" else "passkey", ctx, args.batch)
         with SharedPrefill(target, half_copy=False):
-            for name, opts in caches.items():
+            # retrieval rows first: their full-cache prefill keeps chunk-mean keys, which every later
+            # run can reuse (the other way round, the first retrieval run would prefill again)
+            for name, opts in sorted(caches.items(), key=lambda kv: kv[1].get("draft_cache") != "retrieval"):
                 log(f"table1: {kind}, {name}")
                 res = generate(target, prompts, method="magicdec", max_new_tokens=args.new, gamma=1, seed=0,
                                **SAMPLING, **opts)
@@ -123,13 +125,14 @@ def part_table1(target, tok, args, out: dict) -> None:
                 table.setdefault(name, {})[kind] = acc
                 row_record("table1", "magicdec", f"B={args.batch},ctx={ctx},new={args.new},cache={name}", res.stats,
                            None, {"kind": kind, "acceptance": acc, "sampling": SAMPLING})
+    table = {name: table[name] for name in caches}
     out["table1"] = {"context": ctx, "batch": args.batch, "budget": budget, "new_tokens": args.new,
                      "sampling": SAMPLING, "acceptance": table}
     print(f"\nTable 1 shape, Qwen2.5-Coder-1.5B drafting for itself (gamma 1), verified on its full cache; "
           f"{args.batch} prompts of {ctx} tokens, {args.new} new tokens, temperature 0.6, top-p 0.9\n")
     print("| cache | natural text | pass key |\n|---|---|---|")
-    for name, cells in table.items():
-        print(f"| {name} | {cells['natural']:.3f} | {cells['pass key']:.3f} |", flush=True)
+    for name in caches:
+        print(f"| {name} | {table[name]['natural']:.3f} | {table[name]['pass key']:.3f} |", flush=True)
 
 
 def part_hierarchy(target, draft, tok, args, out: dict) -> None:

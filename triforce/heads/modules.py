@@ -42,7 +42,7 @@ def default_layer(num_hidden_layers: int) -> int:
 
 def target_identity(config) -> dict:
     """What a head set must agree on with the target it drafts for."""
-    return {"architecture": "llama", "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
+    return {"architecture": config.model_type, "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
             "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
             "num_key_value_heads": config.num_key_value_heads, "head_dim": config.head_dim}
 
