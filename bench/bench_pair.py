@@ -19,10 +19,18 @@ Parts (``--parts``):
   pass-key prompt, sampled (temperature 0.6, top-p 0.9).
 * ``hierarchy``: ``triforce`` with the pair, sampled as in ``table1``: the two levels' acceptances
   (``draft->retrieval``, ``retrieval->full``) and tokens/s next to ``autoregressive``.
+* ``costs``: why the speed-ups are what they are. The latency of one forward pass of each level at
+  the sizes the engines use (``--context``, ``--batch``; caches filled with random keys/values, since
+  a pass's time does not depend on them), the bytes it must read (weights + KV cache) against this
+  machine's copy bandwidth, and the speed-up the standard cost model predicts from these latencies
+  and an acceptance rate; plus the context at which the target's KV cache outweighs its weights.
+* ``agreement``: teacher-forced top-1 agreement of the 0.5B with the 1.5B on natural text and on
+  Python source (one forward pass of each over the same tokens), and the greedy chain acceptance
+  ``(a + a^2 + ... + a^g) / g`` it implies (tokens independent), to check the engines' measured rate.
 
 The target's full-cache prefill of each prompt list runs once and is copied into every later run
 (:class:`triforce.demo.SharedPrefill`). Rows go to ``bench/results.csv`` (family ``pair``), the whole
-result to ``bench/pair_results.json`` (``--json``).
+result to ``bench/pair_results.json`` (``--json``; the parts a run does not redo are kept from the file).
 """
 from __future__ import annotations
 
@@ -37,10 +45,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.bench_e2e import table1_caches  # noqa: E402
-from bench.harness import record  # noqa: E402
+from bench.harness import copy_bandwidth, measure, record  # noqa: E402
 from triforce.demo import SharedPrefill, compare_methods, natural_prompt, passkey_prompt  # noqa: E402
 from triforce.generate import generate  # noqa: E402
 from triforce.models import hub  # noqa: E402
+from triforce.models.cache import FullCache  # noqa: E402
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 SAMPLING = {"temperature": 0.6, "top_p": 0.9}
@@ -126,8 +135,9 @@ def part_table1(target, tok, args, out: dict) -> None:
                 row_record("table1", "magicdec", f"B={args.batch},ctx={ctx},new={args.new},cache={name}", res.stats,
                            None, {"kind": kind, "acceptance": acc, "sampling": SAMPLING})
     table = {name: table[name] for name in caches}
-    out["table1"] = {"context": ctx, "batch": args.batch, "budget": budget, "new_tokens": args.new,
-                     "sampling": SAMPLING, "acceptance": table}
+    runs = out.setdefault("table1", {})  # one entry per context length
+    runs[str(ctx)] = {"context": ctx, "batch": args.batch, "budget": budget, "new_tokens": args.new,
+                      "sampling": SAMPLING, "acceptance": table}
     print(f"\nTable 1 shape, Qwen2.5-Coder-1.5B drafting for itself (gamma 1), verified on its full cache; "
           f"{args.batch} prompts of {ctx} tokens, {args.new} new tokens, temperature 0.6, top-p 0.9\n")
     print("| cache | natural text | pass key |\n|---|---|---|")
@@ -163,10 +173,126 @@ def part_hierarchy(target, draft, tok, args, out: dict) -> None:
               f"{item['mean_accepted'] or 1:.2f} | {times} |", flush=True)
 
 
+def weight_bytes(model) -> int:
+    """Bytes of parameters one forward pass reads (a tied LM head counted once more: it is read twice)."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        n += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    return n
+
+
+def kv_bytes_per_token(model) -> int:
+    c = model.config
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * torch.finfo(model.dtype).bits // 8
+
+
+def pass_time(model, batch: int, length: int, T: int) -> dict:
+    """One forward of ``T`` tokens per row over a cache holding ``length`` tokens, then rolled back."""
+    cache = FullCache(model.config, batch, length + T, dtype=model.dtype)
+    for layer in range(cache.num_layers):
+        cache.k[layer].normal_()
+        cache.v[layer].normal_()
+    base = torch.full((batch,), length, dtype=torch.int32)
+    cache.lengths.copy_(base)
+    ids = torch.randint(0, model.config.vocab_size, (batch, T))
+
+    def step():
+        model(ids, cache=cache)
+        cache.rollback(base)
+        cache._bound = length
+    t = measure(step, warmup=1, reps=5, min_time_s=0.0, max_reps=5)
+    del cache
+    return t
+
+
+def part_costs(target, draft, args, out: dict) -> None:
+    """Per-pass latencies of every level; the cost model's speed-ups from them."""
+    B, N = args.batch, args.context
+    bw = copy_bandwidth("cpu")
+    wt, wd = weight_bytes(target), weight_bytes(draft)
+    kt, kd = kv_bytes_per_token(target), kv_bytes_per_token(draft)
+    sink_window = 16 + args.window
+    rows = [  # (name, model, cache tokens, tokens per row)
+        ("target, full cache, 1 token (autoregressive step)", target, wt, kt, N, 1),
+        (f"target, full cache, {args.gamma + 1} tokens (speculative verify)", target, wt, kt, N, args.gamma + 1),
+        (f"target, full cache, {args.gamma2 + 1} tokens (triforce verify)", target, wt, kt, N, args.gamma2 + 1),
+        (f"target, {args.budget}-token cache, {args.gamma1 + 1} tokens (triforce middle verify)", target, wt, kt,
+         args.budget, args.gamma1 + 1),
+        ("draft, full cache, 1 token (speculative draft step)", draft, wd, kd, N, 1),
+        (f"draft, {sink_window}-token StreamingLLM cache, 1 token (triforce draft step)", draft, wd, kd,
+         sink_window, 1),
+    ]
+    res = []
+    for name, model, w, kv, length, T in rows:
+        log(f"costs: {name}")
+        t = pass_time(model, B, length, T)
+        nbytes = w + B * length * kv
+        res.append({"pass": name, "batch": B, "cache_tokens": length, "tokens": T, "ms": t["median_s"] * 1e3,
+                    "p10_ms": t["p10_s"] * 1e3, "p90_ms": t["p90_s"] * 1e3, "bytes": nbytes,
+                    "floor_ms": nbytes / bw * 1e3})
+        record(family="pair", op="costs:forward", backend="auto",
+               shape=f"B={B},cache={length},T={T},model={'target' if model is target else 'draft'}",
+               dtype="float32", timing=t, bytes_moved=nbytes, bandwidth=bw, extra=json.dumps({"pass": name}))
+    ar, ver, ver2, mid, dstep, dstream = (r["ms"] for r in res)
+
+    def spec(a: float, g: int) -> float:  # tokens per verify / time per verify, over the AR step
+        return (1 - a ** (g + 1)) / (1 - a) / (g * dstep + ver) * ar
+    acc = (out.get("equality", {}).get("rows") or [{}, {}])[1].get("acceptance", {}).get("draft->full")
+    out["costs"] = {"batch": B, "context": N, "copy_gbps": bw / 1e9, "weights_bytes": {"target": wt, "draft": wd},
+                    "kv_bytes_per_token": {"target": kt, "draft": kd},
+                    "kv_equals_weights_at_tokens_per_row": wt // kt, "rows": res,
+                    "draft_over_target_step": dstep / ar, "verify_over_step": ver / ar}
+    print(f"\nOne forward pass per level, batch {B}, context {N}, float32, {torch.get_num_threads()} threads; "
+          f"copy bandwidth {bw / 1e9:.1f} GB/s. Weights: target {wt / 1e9:.2f} GB, draft {wd / 1e9:.2f} GB; "
+          f"KV cache: target {kt} B/token, draft {kd} B/token (the target's KV cache outweighs its weights "
+          f"from {wt // kt:,} tokens per row / batch).\n")
+    print("| pass | ms | bytes read (GB) | bytes / copy bandwidth (ms) | fraction |\n|---|---|---|---|---|")
+    for r in res:
+        print(f"| {r['pass']} | {r['ms']:.1f} | {r['bytes'] / 1e9:.2f} | {r['floor_ms']:.1f} | "
+              f"{r['floor_ms'] / r['ms']:.2f} |")
+    print(f"\ndraft step / target step = {dstep / ar:.2f}; verifying {args.gamma + 1} tokens = {ver / ar:.2f} steps; "
+          f"the middle level's verify = {mid / ar:.2f} steps.")
+    for a in ([acc] if acc else []) + [0.6, 0.8, 0.9]:
+        g_best = max(range(1, 9), key=lambda g: spec(a, g))
+        print(f"speculative, per-token acceptance {a:.2f}: predicted {spec(a, args.gamma):.2f}x at gamma "
+              f"{args.gamma}, best {spec(a, g_best):.2f}x at gamma {g_best}")
+
+
+def code_text(n_chars: int) -> str:
+    """Python source from the standard library (the same text on every machine with this Python)."""
+    import inspect
+    return (inspect.getsource(argparse) + inspect.getsource(json.decoder))[:n_chars]
+
+
+def part_agreement(target, draft, tok, args, out: dict) -> None:
+    """Teacher-forced top-1 agreement of the draft with the target."""
+    from triforce.demo import encode
+    n = min(args.context, 2048)
+    texts = {"natural text": natural_prompt(tok, n), "Python source": encode(tok, code_text(8 * n))[:n]}
+    res = {}
+    for kind, ids in texts.items():
+        log(f"agreement: {kind}, {len(ids)} tokens")
+        x = torch.tensor([ids])
+        top = []
+        for model in (target, draft):
+            cache = FullCache(model.config, 1, len(ids), dtype=model.dtype)
+            logits = torch.cat([model(x[:, i:i + 256], cache=cache) for i in range(0, x.shape[1], 256)], 1)
+            top.append(logits.argmax(-1)[0])
+        a = (top[0] == top[1]).double().mean().item()
+        res[kind] = {"tokens": len(ids), "top1_agreement": a,
+                     "implied_chain_acceptance": {g: sum(a ** i for i in range(1, g + 1)) / g for g in (1, 3, 4, 8)}}
+    out["agreement"] = res
+    print("\n| text | tokens | top-1 agreement 0.5B vs 1.5B | implied greedy acceptance, gamma 3 / 4 / 8 |")
+    print("|---|---|---|---|")
+    for kind, r in res.items():
+        imp = r["implied_chain_acceptance"]
+        print(f"| {kind} | {r['tokens']} | {r['top1_agreement']:.3f} | {imp[3]:.3f} / {imp[4]:.3f} / {imp[8]:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", choices=("equality", "table1", "hierarchy"),
-                    default=["equality", "table1", "hierarchy"])
+    ap.add_argument("--parts", nargs="+", choices=("equality", "table1", "hierarchy", "costs", "agreement"),
+                    default=["equality", "table1", "hierarchy", "costs", "agreement"])
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     ap.add_argument("--batch", type=int, default=2, help="prompts per kind in table1 / hierarchy (default 2)")
     ap.add_argument("--new", type=int, default=32, help="new tokens per sequence (default 32)")
@@ -186,7 +312,15 @@ def main() -> None:
     target, tok = hub.load_model(TARGET)
     draft = hub.load_draft(DRAFT)
     log(f"loaded in {time.time() - t0:.0f} s; torch threads {torch.get_num_threads()}")
-    out = {"target": TARGET, "draft": DRAFT, "threads": torch.get_num_threads()}
+    path = args.json or (None if args.quick else os.path.join(os.path.dirname(__file__), "pair_results.json"))
+    out = {}
+    if path and os.path.exists(path):  # keep the parts this run does not redo
+        with open(path) as f:
+            out = {k: v for k, v in json.load(f).items() if k in ("equality", "table1", "hierarchy", "costs",
+                                                                  "agreement")}
+        if "context" in out.get("table1", {}):  # the file's first layout: a single context
+            out["table1"] = {str(out["table1"]["context"]): out["table1"]}
+    out.update({"target": TARGET, "draft": DRAFT, "threads": torch.get_num_threads()})
     with torch.inference_mode():
         if "equality" in args.parts:
             part_equality(target, draft, tok, args, out)
@@ -194,8 +328,11 @@ def main() -> None:
             part_table1(target, tok, args, out)
         if "hierarchy" in args.parts:
             part_hierarchy(target, draft, tok, args, out)
+        if "costs" in args.parts:
+            part_costs(target, draft, args, out)
+        if "agreement" in args.parts:
+            part_agreement(target, draft, tok, args, out)
     out["wall_s"] = time.time() - t0
-    path = args.json or (None if args.quick else os.path.join(os.path.dirname(__file__), "pair_results.json"))
     if path:
         with open(path, "w") as f:
             json.dump(out, f, indent=1, default=str)

@@ -205,6 +205,22 @@ def test_training_errors(tmp_path):
         TrainConfig(distill_steps=3, generated=0).check()
 
 
+def test_heads_name_the_target_family(tmp_path):
+    """A head set records the target's model_type: heads for a Llama do not load on a Qwen2 of the same
+    shapes (its q/k/v biases give other hidden states), and the saved family survives a reload."""
+    m = tiny()
+    torch.manual_seed(0)
+    qwen = Llama(LlamaConfig(**{**m.config.__dict__, "model_type": "qwen2"})).eval()
+    h = random_heads(m, "mlp")
+    h.save(tmp_path / "m.safetensors")
+    assert load_heads(tmp_path / "m.safetensors", m).target["architecture"] == "llama"
+    with pytest.raises(ValueError, match="trained for another model.*architecture: heads 'llama', model 'qwen2'"):
+        load_heads(tmp_path / "m.safetensors", qwen)
+    hq = random_heads(qwen, "medusa")
+    hq.save(tmp_path / "q.safetensors")
+    assert load_heads(tmp_path / "q.safetensors", qwen).target["architecture"] == "qwen2"
+
+
 def test_heads_errors(tmp_path):
     m, other = tiny(), tiny(layers=2)
     h = random_heads(m, "medusa")

@@ -266,6 +266,7 @@ def load_heads(path: str | os.PathLike, model=None) -> DraftHeads:
     t = meta["target"]
 
     class _Cfg:  # the config fields the constructors read
+        model_type = t.get("architecture", "llama")
         hidden_size, vocab_size = t["hidden_size"], t["vocab_size"]
         num_hidden_layers, num_attention_heads = t["num_hidden_layers"], t["num_attention_heads"]
         num_key_value_heads, head_dim, rms_norm_eps = t["num_key_value_heads"], t["head_dim"], meta.get("eps", 1e-5)
