@@ -1,6 +1,7 @@
 """Engines: greedy output of every method == autoregressive greedy output, token for token (tiny
 random models with ragged batches, and the embedded SmolLM2-135M), statistics, memory that does not
 grow during decoding, input validation. Sampling distributions: tests/test_engines_sampling.py."""
+import copy
 import functools
 import gc
 
@@ -10,6 +11,7 @@ import torch
 import triforce
 from triforce.engines.tree import tree_parents
 from triforce.models import Llama, LlamaConfig
+from triforce.models.cache import FullCache
 
 METHODS = ("speculative", "magicdec", "triforce", "tree")
 
@@ -125,6 +127,52 @@ def test_stats(tiny_models):
     assert hist[0] == 0 and sum(hist) >= tf["target_passes"]
     assert tf["mean_accepted"] == pytest.approx(sum(i * c for i, c in enumerate(hist)) / sum(hist))
     assert tf["new_tokens"] == 75
+
+
+def _perturbed(model, rel_std: float, seed: int):
+    """A copy of ``model`` with Gaussian noise of ``rel_std`` x each tensor's std on every weight."""
+    d = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * rel_std * p.std())
+    return d
+
+
+@pytest.mark.parametrize("rel_std", [0.02, 0.1])
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_speculative_accepts_exactly_the_drafts_agreement(tiny_models, rel_std, gamma):
+    """Greedy speculative decoding is lossless whatever the draft proposes; this checks it is not wasteful.
+    The draft on its full cache sees the true prefix for as long as its proposals are accepted, so each
+    round accepts the run of positions, at most gamma, at which the draft's argmax on the final sequence
+    (one teacher-forced pass) equals the target's token; the first new token comes from prefill. A draft
+    fed a wrong position, token or cache slot would accept less than this prediction."""
+    target = tiny_models[0]
+    draft = _perturbed(target, rel_std, seed=1)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23, 41)]
+    new = 37
+    out = triforce.generate(target, prompts, method="speculative", draft=draft, max_new_tokens=new, gamma=gamma)
+    # the last round may accept drafts past max_new_tokens: the sequence must run on for gamma more tokens
+    ext = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=new + gamma)
+    accepted, hist = 0, [0] * (gamma + 3)
+    for p, got, seq in zip(prompts, out.tokens, ext.tokens):
+        assert torch.equal(got, seq[:new])
+        ids = torch.cat([p, seq])[None]
+        pred = draft(ids, cache=FullCache(draft.config, 1, ids.shape[1]))[0].argmax(-1)[len(p) - 1:-1]
+        match = (pred == seq).tolist()  # match[j]: the draft would propose new token j given its prefix
+        pos = 1
+        while pos < new:
+            run = 0
+            while run < gamma and match[pos + run]:
+                run += 1
+            accepted, pos = accepted + run, pos + run + 1
+            hist[run + 1] += 1
+    rounds = sum(hist)
+    assert out.stats["accepted_hist"] == hist
+    assert out.stats["acceptance"]["draft->full"] == pytest.approx(accepted / (rounds * gamma), abs=1e-12)
+    if rel_std == 0.02:  # the test means something: some rounds accept everything, some reject at once
+        assert hist[1] > 0 and hist[gamma + 1] > 0, hist
 
 
 def _live_tensor_bytes() -> int:
