@@ -5,6 +5,7 @@ causal only).
 
     TRIFORCE_BENCH_CSV=/tmp/bench.csv python -m bench.bench_verify_attention            # CPU: B=1, N=32K subset
     python -m bench.bench_verify_attention --device cuda                                 # the full shape grid (all on GPU)
+    python -m bench.bench_verify_attention --model-shapes                                # the CPU engines' fp32 shapes
 """
 from __future__ import annotations
 
@@ -34,47 +35,56 @@ def _sdpa(q, k, v, vis):
                                           attn_mask=vis[:, None], enable_gqa=True).transpose(1, 2)
 
 
-def run(device: str, full: bool, backends: list[str], quick: bool = False) -> None:
+# The CPU engines' own shapes (float32 caches): SmolLM2-135M (9 query / 3 KV heads of 64) at the demo's
+# batch x context, Qwen2.5-Coder-1.5B (12 / 2 heads of 128) at bench/bench_pair.py's; T = 1 (a decode
+# step), 5 and 9 (verifying gamma 4 / 8 drafts).
+MODEL_SHAPES = [(8, 6144, 9, 3, 64), (2, 4096, 12, 2, 128), (1, 16384, 12, 2, 128)]
+
+
+def run(device: str, full: bool, backends: list[str], quick: bool = False, model_shapes: bool = False) -> None:
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
     cpu = dev.type == "cpu"
-    reps = dict(warmup=1, reps=3, min_time_s=0.0) if cpu else {}
-    Bs, Ns = ((1, 8), (32768, 131072)) if full else ((1,), (32768,))
-    Hq, Hkv, D, dtype = 32, 8, 128, torch.bfloat16
+    reps = dict(warmup=1, reps=10 if model_shapes else 3, min_time_s=0.0) if cpu else {}
+    if model_shapes:
+        grid = [(B, N, Hq, Hkv, D, torch.float32, T) for B, N, Hq, Hkv, D in MODEL_SHAPES for T in (1, 5, 9)]
+    else:
+        Bs, Ns = ((1, 8), (32768, 131072)) if full else ((1,), (32768,))
+        grid = [(B, N, 32, 8, 128, torch.bfloat16, T) for B in Bs for N in Ns
+                for T in ((1, 16) if quick else (1, 7, 16, 64))]
     try:
         from flash_attn import flash_attn_with_kvcache  # optional, GPU only
     except ImportError:
         flash_attn_with_kvcache = None
-    for B in Bs:
-        for N in Ns:
-            for T in ((1, 16) if quick else (1, 7, 16, 64)):
-                q, k, v, lens, tree = _inputs(B, N, Hq, Hkv, D, T, dtype, dev)
-                nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
-                shape = f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}"
-                vis = visibility(lens, T, N, None)
-                sdpa_t = measure(lambda: _sdpa(q, k, v, vis), device=dev, **reps)
-                record(family="attention", op="verify_attention", backend="sdpa", shape=shape, dtype="bfloat16",
-                       bytes_moved=nbytes, timing=sdpa_t, bandwidth=bw, device=dev, extra="explicit mask, causal")
-                base, base_name = sdpa_t, "sdpa"
-                if flash_attn_with_kvcache is not None and not cpu:
-                    fa = measure(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True), device=dev)
-                    record(family="attention", op="verify_attention", backend="flash_attn", shape=shape,
-                           dtype="bfloat16", bytes_moved=nbytes, timing=fa, bandwidth=bw, device=dev, extra="causal")
-                    if fa["median_s"] < base["median_s"]:
-                        base, base_name = fa, "flash_attn"
-                if cpu and B * N <= 32768:
-                    ref = measure(lambda: tk.verify_attention(q, k, v, lens, backend="reference"), device=dev, **reps)
-                    record(family="attention", op="verify_attention", backend="reference", shape=shape,
-                           dtype="bfloat16", bytes_moved=nbytes, timing=ref, bandwidth=bw, device=dev, extra="causal")
-                    if ref["median_s"] < base["median_s"]:
-                        base, base_name = ref, "reference"
-                for be in backends:
-                    for kind, mask in (("causal", None), ("tree", tree)):
-                        t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be), device=dev, **reps)
-                        record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype="bfloat16",
-                               bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=base_name,
-                               baseline_timing=base, extra=kind)
-                del q, k, v, vis
+    for B, N, Hq, Hkv, D, dtype, T in grid:
+        dname = str(dtype).replace("torch.", "")
+        q, k, v, lens, tree = _inputs(B, N, Hq, Hkv, D, T, dtype, dev)
+        nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
+        shape = f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}"
+        vis = visibility(lens, T, N, None)
+        sdpa_t = measure(lambda: _sdpa(q, k, v, vis), device=dev, **reps)
+        record(family="attention", op="verify_attention", backend="sdpa", shape=shape, dtype=dname,
+               bytes_moved=nbytes, timing=sdpa_t, bandwidth=bw, device=dev, extra="explicit mask, causal")
+        base, base_name = sdpa_t, "sdpa"
+        if flash_attn_with_kvcache is not None and not cpu:
+            fa = measure(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True), device=dev)
+            record(family="attention", op="verify_attention", backend="flash_attn", shape=shape,
+                   dtype=dname, bytes_moved=nbytes, timing=fa, bandwidth=bw, device=dev, extra="causal")
+            if fa["median_s"] < base["median_s"]:
+                base, base_name = fa, "flash_attn"
+        if cpu and B * N <= 32768:
+            ref = measure(lambda: tk.verify_attention(q, k, v, lens, backend="reference"), device=dev, **reps)
+            record(family="attention", op="verify_attention", backend="reference", shape=shape,
+                   dtype=dname, bytes_moved=nbytes, timing=ref, bandwidth=bw, device=dev, extra="causal")
+            if ref["median_s"] < base["median_s"]:
+                base, base_name = ref, "reference"
+        for be in backends:
+            for kind, mask in (("causal", None), ("tree", tree)):
+                t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be), device=dev, **reps)
+                record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype=dname,
+                       bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=base_name,
+                       baseline_timing=base, extra=kind)
+        del q, k, v, vis
 
 
 def main() -> None:
@@ -83,9 +93,11 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="the full shape grid (B=1/8, N=32K/128K); default B=1, N=32K")
     ap.add_argument("--backends", default=None, help="comma list; default: cpu on CPU, triton on CUDA")
     ap.add_argument("--quick", action="store_true", help="T in {1, 16} only")
+    ap.add_argument("--model-shapes", action="store_true",
+                    help="the CPU engines' float32 shapes (SmolLM2-135M, Qwen2.5-Coder-1.5B) instead of the grid")
     a = ap.parse_args()
     backends = a.backends.split(",") if a.backends else (["cpu"] if a.device == "cpu" else ["triton"])
-    run(a.device, a.full or a.device == "cuda", backends, a.quick)
+    run(a.device, a.full or a.device == "cuda", backends, a.quick, a.model_shapes)
 
 
 if __name__ == "__main__":

@@ -2,20 +2,22 @@
 // tree mask on the last T keys. Torch-free; the CPU engines' hot loop.
 //
 // Work item = (batch b, KV head h, split s). Splits 0..S-1 cover the unmasked prefix [0, L-T) in equal
-// parts; split S is the masked tail [L-T, L). Each item reads its K/V rows once, converts them to fp32
-// tiles of KT keys, and serves all R = T * g query rows of the GQA group from them (flash-decoding:
-// T=1, g=4 reads each key once for 4 rows instead of 4 times). Online softmax in fp32 per item, then a
-// log-sum-exp merge of the S+1 partials. Only positions in [0, min(L, N)) are ever read, whatever L.
+// parts; split S is the masked tail [L-T, L). Each item reads its K/V rows once, in tiles of KT keys,
+// and serves all R = T * g query rows of the GQA group from them (flash-decoding: T=1, g=4 reads each
+// key once for 4 rows instead of 4 times). Online softmax in fp32 per item, then a log-sum-exp merge of
+// the S+1 partials. Only positions in [0, min(L, N)) are ever read, whatever L.
 //
-// One tile (attend_range): load K/V (load_tile_rows | load_tile_transposed) -> scores (scores_dot |
-// scores_tile) -> mask_scores -> softmax_update_row -> pv_tile. Each step is a small function; where an
-// AVX-512 version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
+// One tile (attend_range): K/V rows (few rows, R <= 8: fp32 caches read in place, bf16/fp16 converted
+// by load_tile_rows; more rows: load_tile_transposed) -> scores (scores_dot | scores_tile) ->
+// mask_scores -> softmax_update_row -> pv_tile. Each step is a small function; where an AVX-512
+// version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__F16C__) || defined(__AVX512F__)
@@ -87,34 +89,92 @@ inline void load_tile_rows(const T* k, int64_t skn, const T* v, int64_t svn, int
 }
 
 // K transposed, kt [D][KT] with columns n..KT-1 zero (so the QK^T blocks always run over KT keys), and
-// V row-major, vt [n][D]. row: D floats of scratch for one converted K row.
+// V row-major, vt [n][D]. row: D floats of scratch for one converted K row (fp32 K rows are read in
+// place).
 template <typename T>
 inline void load_tile_transposed(const T* k, int64_t skn, const T* v, int64_t svn, int64_t p0, int64_t n,
                                  int64_t D, float* kt, float* vt, float* row) {
   for (int64_t j = 0; j < n; ++j) {
-    load_row(k + (p0 + j) * skn, row, D);
-    for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = row[d];
+    const float* kr = row;
+    if constexpr (std::is_same_v<T, float>)
+      kr = k + (p0 + j) * skn;
+    else
+      load_row(k + (p0 + j) * skn, row, D);
+    for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = kr[d];
     load_row(v + (p0 + j) * svn, vt + j * D, D);
   }
   for (int64_t j = n; j < KT; ++j)
     for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = 0.f;
 }
 
-// Few rows (R = T * g <= kSmallR, e.g. plain decoding): memory-bound. K stays row-major and each
-// (row, key) is one dot product; a transposed tile would cost D scattered stores per key for <= 8
-// uses. s[r][j] = q_r . k_j for j < n.
-inline void scores_dot(const float* q, int64_t R, int64_t D, const float* kt, int64_t n, float* s) {
+// Few rows (R = T * g <= kSmallR, e.g. plain decoding): memory-bound. K stays row-major (key j at
+// kt + j * ks: the fp32 cache read in place, or a converted tile) and each (row, key) is one dot
+// product; a transposed tile would cost D scattered stores per key for <= 8 uses. s[r][j] = q_r . k_j
+// for j < n.
+template <typename E>
+inline void scores_dot(const float* q, int64_t R, int64_t D, const E* kt, int64_t ks, int64_t n, float* s) {
   for (int64_t r = 0; r < R; ++r) {
     const float* qr = q + r * D;
     for (int64_t j = 0; j < n; ++j) {
-      const float* kj = kt + j * D;
+      const E* kj = kt + j * ks;
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += qr[d] * kj[d];
+      for (int64_t d = 0; d < D; ++d) dot += qr[d] * to_float(kj[d]);
       s[r * KT + j] = dot;
     }
   }
 }
+
+#if defined(__AVX512F__)
+// 16 consecutive elements in fp32: a load, bf16 -> fp32 by a 16-bit shift, fp16 -> fp32 in hardware.
+// The AVX-512 dot and P V paths read bf16/fp16 caches in place through these (no converted tile).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const f16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Lane j of the result = the sum of v[j]'s 16 lanes, for 16 vectors at once: a transpose-and-add tree
+// (8 + 4 + 2 + 1 adds and two shuffles per add) instead of 16 separate horizontal reductions, each a
+// chain of dependent adds.
+inline __m512 hsum16_avx512(const __m512* v) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] for (x, y) = v[2i], v[2i+1]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sums of v[4i], ..., v[4i + 3]
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // across the four 128-bit lanes: pairs of lanes, then the pairs' sums; lane block i = v[4i .. 4i + 3]
+  const __m512 c01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+  const __m512 c23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c01, c23, 0x88), _mm512_shuffle_f32x4(c01, c23, 0xDD));
+}
+
+// scores_dot for D % 16 == 0: per row and 16 keys, 16 independent accumulators over D (one q load feeds
+// 16 FMAs), then one hsum16. In a partial group, keys n..15 repeat key n - 1 (never a row past the
+// tile, which may lie past L); mask_scores overwrites their scores with -inf.
+template <typename E>
+inline void scores_dot_avx512(const float* q, int64_t R, int64_t D, const E* kt, int64_t ks, int64_t n, float* s) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const E* kj[16];
+    for (int j = 0; j < 16; ++j) kj[j] = kt + std::min<int64_t>(j0 + j, n - 1) * ks;
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = q + r * D;
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(qr + d);
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, load16(kj[j] + d), acc[j]);
+      }
+      _mm512_storeu_ps(s + r * KT + j0, hsum16_avx512(acc));
+    }
+  }
+}
+#endif
 
 // s[i][j] = q_i . K[:, j] for ROWS query rows and all KT keys of the transposed tile, vectorised over
 // the keys.
@@ -227,38 +287,39 @@ inline void softmax_update_row(float* sr, float& m, float& l, float* acc, int64_
 
 // acc [D] += sum_j p[j] V[j] over the tile's n keys for one row, in 64-dim blocks that stay in
 // registers across the keys: one load + store of acc per tile instead of one per key.
-inline void pv_row(const float* p, int64_t n, int64_t D, const float* vt, float* acc) {
+inline void pv_row(const float* p, int64_t n, int64_t D, const float* vt, int64_t vs, float* acc) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
     float a[64];  // one 64-dim block (the loop bound): 256 bytes
     std::memcpy(a, acc + d0, sizeof(a));
     for (int64_t j = 0; j < n; ++j) {
       const float pj = p[j];
-      const float* vj = vt + j * D + d0;
+      const float* vj = vt + j * vs + d0;
       for (int64_t d = 0; d < 64; ++d) a[d] += pj * vj[d];
     }
     std::memcpy(acc + d0, a, sizeof(a));
   }
   for (int64_t j = 0; j < n; ++j) {
     const float pj = p[j];
-    const float* vj = vt + j * D;
+    const float* vj = vt + j * vs;
     for (int64_t d = d0; d < D; ++d) acc[d] += pj * vj[d];
   }
 }
 
 #if defined(__AVX512F__)
-// The same for 4 rows (D % 64 == 0): 4 rows x 64 dims = 16 zmm accumulators; 4 V loads + 4 broadcasts
-// feed 16 FMAs per key.
-inline void pv_4rows_avx512(const float* s, int64_t n, int64_t D, const float* vt, float* acc) {
+// The same for ROWS <= 4 rows (D % 64 == 0): ROWS x 64 dims in up to 16 zmm accumulators; 4 V loads +
+// ROWS broadcasts feed 4 * ROWS FMAs per key.
+template <int ROWS, typename E>
+inline void pv_rows_avx512(const float* s, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc) {
+  static_assert(ROWS >= 1 && ROWS <= 4, "16 accumulators at most");
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    __m512 a[4][4];
-    for (int i = 0; i < 4; ++i)
+    __m512 a[ROWS][4];
+    for (int i = 0; i < ROWS; ++i)
       for (int c = 0; c < 4; ++c) a[i][c] = _mm512_loadu_ps(acc + i * D + d0 + 16 * c);
     for (int64_t j = 0; j < n; ++j) {
-      const float* vj = vt + j * D + d0;
-      const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
-      const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
-      for (int i = 0; i < 4; ++i) {
+      const E* vj = vt + j * vs + d0;
+      const __m512 v0 = load16(vj), v1 = load16(vj + 16), v2 = load16(vj + 32), v3 = load16(vj + 48);
+      for (int i = 0; i < ROWS; ++i) {
         const __m512 pb = _mm512_set1_ps(s[i * KT + j]);
         a[i][0] = _mm512_fmadd_ps(pb, v0, a[i][0]);
         a[i][1] = _mm512_fmadd_ps(pb, v1, a[i][1]);
@@ -266,20 +327,37 @@ inline void pv_4rows_avx512(const float* s, int64_t n, int64_t D, const float* v
         a[i][3] = _mm512_fmadd_ps(pb, v3, a[i][3]);
       }
     }
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < ROWS; ++i)
       for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + i * D + d0 + 16 * c, a[i][c]);
   }
 }
 #endif
 
-// acc [R][D] += P [R][n] V [n][D]: blocks of 4 rows (AVX-512, D % 64 == 0), then row by row.
-inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const float* vt, float* acc) {
+// acc [R][D] += P [R][n] V [n][D] (value j at vt + j * vs, fp32 or, on the AVX-512 path, the cache's
+// bf16/fp16): blocks of 4 rows, then the last 1-3 rows together (AVX-512, D % 64 == 0); otherwise row
+// by row (fp32 only: attend_range converts other types into a tile first).
+template <typename E>
+inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc) {
   int64_t r0 = 0;
 #if defined(__AVX512F__)
-  if (D % 64 == 0)
-    for (; r0 + 4 <= R; r0 += 4) pv_4rows_avx512(s + r0 * KT, n, D, vt, acc + r0 * D);
+  if (D % 64 == 0) {
+    for (; r0 + 4 <= R; r0 += 4) pv_rows_avx512<4, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D);
+    switch (R - r0) {
+      case 3: pv_rows_avx512<3, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
+      case 2: pv_rows_avx512<2, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
+      case 1: pv_rows_avx512<1, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
+      default: break;
+    }
+    return;
+  }
 #endif
-  for (; r0 < R; ++r0) pv_row(s + r0 * KT, n, D, vt, acc + r0 * D);
+  if constexpr (std::is_same_v<E, float>) {
+    for (; r0 < R; ++r0) pv_row(s + r0 * KT, n, D, vt, vs, acc + r0 * D);
+  } else {  // not reached (see above); correct all the same
+    for (; r0 < R; ++r0)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t d = 0; d < D; ++d) acc[r0 * D + d] += s[r0 * KT + j] * to_float(vt[j * vs + d]);
+  }
 }
 
 // Online softmax over positions [start, end) for all R rows; updates m, l (per row) and acc [R][D].
@@ -294,19 +372,42 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
   for (int64_t p0 = start; p0 < end; p0 += KT) {
     const int64_t n = std::min(KT, end - p0);
     prefetch_rows(k, skn, v, svn, p0 + n, std::min(KT, end - p0 - n), D);  // the next tile, while this one runs
+    // Masks, online softmax, then P V from the value rows vr (vs apart).
+    auto softmax_pv = [&](const auto* vr, int64_t vs) {
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = r / g;
+        mask_scores(s + r * KT, n, tail, t, p0 - new0, mask ? mask + t * Tq : nullptr);
+        softmax_update_row(s + r * KT, m[r], l[r], acc + r * D, D);
+      }
+      pv_tile(s, R, n, D, vr, vs, acc);
+    };
     if (R <= kSmallR) {
-      load_tile_rows(k, skn, v, svn, p0, n, D, kt, vt);
-      scores_dot(q, R, D, kt, n, s);
+      // Few rows: K/V rows read in place (fp32 always; bf16/fp16 on the AVX-512 path, converted 16 at a
+      // time in registers), otherwise converted into the tile buffers first.
+#if defined(__AVX512F__)
+      constexpr bool wide = true;
+#else
+      constexpr bool wide = false;
+#endif
+      if (std::is_same_v<T, float> || (wide && D % 64 == 0)) {
+#if defined(__AVX512F__)
+        if (D % 16 == 0)
+          scores_dot_avx512(q, R, D, k + p0 * skn, skn, n, s);
+        else
+#endif
+          scores_dot(q, R, D, k + p0 * skn, skn, n, s);
+        softmax_pv(v + p0 * svn, svn);
+      } else {
+        load_tile_rows(k, skn, v, svn, p0, n, D, kt, vt);
+        scores_dot(q, R, D, kt, D, n, s);
+        softmax_pv(vt, D);
+      }
     } else {
+      // V still goes to the contiguous tile: the P V blocks read it once per 4 rows, R / 4 times
       load_tile_transposed(k, skn, v, svn, p0, n, D, kt, vt, sc.row.data());
       scores_tile(q, R, D, kt, s);
+      softmax_pv(vt, D);
     }
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t t = r / g;
-      mask_scores(s + r * KT, n, tail, t, p0 - new0, mask ? mask + t * Tq : nullptr);
-      softmax_update_row(s + r * KT, m[r], l[r], acc + r * D, D);
-    }
-    pv_tile(s, R, n, D, vt, acc);
   }
 }
 
