@@ -120,8 +120,13 @@ def part_equality(target, draft, tok, args, out: dict) -> None:
 def part_table1(target, tok, args, out: dict) -> None:
     ctx, budget = args.context, args.budget
     caches = table1_caches(ctx, budget, args.new)
-    table = {}
-    for kind in ("natural", "pass key"):
+    if args.table1_no_full:  # 1.0 by construction; at long contexts its own prefill costs the most
+        caches.pop("full cache")
+    runs = out.setdefault("table1", {})  # one entry per context length; cells of other runs are kept
+    earlier = runs.get(str(ctx), {})
+    same = all(earlier.get(k) == v for k, v in (("batch", args.batch), ("budget", budget), ("new_tokens", args.new)))
+    table = {name: dict(cells) for name, cells in earlier.get("acceptance", {}).items()} if same else {}
+    for kind in args.table1_kinds:
         prompts = prompts_for(tok, "natural" if kind == "natural" else "passkey", ctx, args.batch)
         with SharedPrefill(target, half_copy=False):
             # retrieval rows first: their full-cache prefill keeps chunk-mean keys, which every later
@@ -134,15 +139,14 @@ def part_table1(target, tok, args, out: dict) -> None:
                 table.setdefault(name, {})[kind] = acc
                 row_record("table1", "magicdec", f"B={args.batch},ctx={ctx},new={args.new},cache={name}", res.stats,
                            None, {"kind": kind, "acceptance": acc, "sampling": SAMPLING})
-    table = {name: table[name] for name in caches}
-    runs = out.setdefault("table1", {})  # one entry per context length
     runs[str(ctx)] = {"context": ctx, "batch": args.batch, "budget": budget, "new_tokens": args.new,
                       "sampling": SAMPLING, "acceptance": table}
     print(f"\nTable 1 shape, Qwen2.5-Coder-1.5B drafting for itself (gamma 1), verified on its full cache; "
           f"{args.batch} prompts of {ctx} tokens, {args.new} new tokens, temperature 0.6, top-p 0.9\n")
     print("| cache | natural text | pass key |\n|---|---|---|")
-    for name in caches:
-        print(f"| {name} | {table[name]['natural']:.3f} | {table[name]['pass key']:.3f} |", flush=True)
+    cell = lambda x: "-" if x is None else f"{x:.3f}"
+    for name, cells in table.items():
+        print(f"| {name} | {cell(cells.get('natural'))} | {cell(cells.get('pass key'))} |", flush=True)
 
 
 def part_hierarchy(target, draft, tok, args, out: dict) -> None:
@@ -174,11 +178,11 @@ def part_hierarchy(target, draft, tok, args, out: dict) -> None:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of parameters one forward pass reads (a tied LM head counted once more: it is read twice)."""
+    """Bytes of parameters one forward pass reads: all but the embedding table, of which a pass reads only
+    its tokens' rows (a tied table is read whole, as the LM head)."""
+    emb = model.model.embed_tokens.weight
     n = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.lm_head.weight is model.model.embed_tokens.weight:
-        n += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
-    return n
+    return n if model.lm_head.weight is emb else n - emb.numel() * emb.element_size()
 
 
 def kv_bytes_per_token(model) -> int:
@@ -212,50 +216,55 @@ def part_costs(target, draft, args, out: dict) -> None:
     wt, wd = weight_bytes(target), weight_bytes(draft)
     kt, kd = kv_bytes_per_token(target), kv_bytes_per_token(draft)
     sink_window = 16 + args.window
-    rows = [  # (name, model, cache tokens, tokens per row)
-        ("target, full cache, 1 token (autoregressive step)", target, wt, kt, N, 1),
-        (f"target, full cache, {args.gamma + 1} tokens (speculative verify)", target, wt, kt, N, args.gamma + 1),
-        (f"target, full cache, {args.gamma2 + 1} tokens (triforce verify)", target, wt, kt, N, args.gamma2 + 1),
-        (f"target, {args.budget}-token cache, {args.gamma1 + 1} tokens (triforce middle verify)", target, wt, kt,
-         args.budget, args.gamma1 + 1),
-        ("draft, full cache, 1 token (speculative draft step)", draft, wd, kd, N, 1),
-        (f"draft, {sink_window}-token StreamingLLM cache, 1 token (triforce draft step)", draft, wd, kd,
-         sink_window, 1),
-    ]
+    gmax = max(args.gamma, args.gamma2, 8) + 1
+    rows = [(f"target, full cache, {T} token{'s' if T > 1 else ''}", "target", N, T) for T in range(1, gmax + 1)]
+    rows += [(f"target, {args.budget}-token cache, {args.gamma1 + 1} tokens (triforce middle level)", "target",
+              args.budget, args.gamma1 + 1),
+             ("draft, full cache, 1 token (speculative draft step)", "draft", N, 1),
+             (f"draft, {sink_window}-token StreamingLLM cache, 1 token (triforce draft step)", "draft", sink_window, 1)]
     res = []
-    for name, model, w, kv, length, T in rows:
+    for name, which, length, T in rows:
         log(f"costs: {name}")
+        model, w, kv = (target, wt, kt) if which == "target" else (draft, wd, kd)
         t = pass_time(model, B, length, T)
         nbytes = w + B * length * kv
-        res.append({"pass": name, "batch": B, "cache_tokens": length, "tokens": T, "ms": t["median_s"] * 1e3,
-                    "p10_ms": t["p10_s"] * 1e3, "p90_ms": t["p90_s"] * 1e3, "bytes": nbytes,
-                    "floor_ms": nbytes / bw * 1e3})
-        record(family="pair", op="costs:forward", backend="auto",
-               shape=f"B={B},cache={length},T={T},model={'target' if model is target else 'draft'}",
+        res.append({"pass": name, "model": which, "batch": B, "cache_tokens": length, "tokens": T,
+                    "ms": t["median_s"] * 1e3, "p10_ms": t["p10_s"] * 1e3, "p90_ms": t["p90_s"] * 1e3,
+                    "bytes": nbytes, "floor_ms": nbytes / bw * 1e3})
+        record(family="pair", op="costs:forward", backend="auto", shape=f"B={B},cache={length},T={T},model={which}",
                dtype="float32", timing=t, bytes_moved=nbytes, bandwidth=bw, extra=json.dumps({"pass": name}))
-    ar, ver, ver2, mid, dstep, dstream = (r["ms"] for r in res)
-
-    def spec(a: float, g: int) -> float:  # tokens per verify / time per verify, over the AR step
-        return (1 - a ** (g + 1)) / (1 - a) / (g * dstep + ver) * ar
-    acc = (out.get("equality", {}).get("rows") or [{}, {}])[1].get("acceptance", {}).get("draft->full")
-    out["costs"] = {"batch": B, "context": N, "copy_gbps": bw / 1e9, "weights_bytes": {"target": wt, "draft": wd},
-                    "kv_bytes_per_token": {"target": kt, "draft": kd},
-                    "kv_equals_weights_at_tokens_per_row": wt // kt, "rows": res,
-                    "draft_over_target_step": dstep / ar, "verify_over_step": ver / ar}
+    full = {r["tokens"]: r["ms"] for r in res[:gmax]}
+    mid, dstep, dstream = (r["ms"] for r in res[gmax:])
+    ar = full[1]
+    out["costs"] = {"batch": B, "context": N, "threads": torch.get_num_threads(), "copy_gbps": bw / 1e9,
+                    "weights_bytes": {"target": wt, "draft": wd}, "kv_bytes_per_token": {"target": kt, "draft": kd},
+                    "kv_equals_weights_at_tokens_per_row": wt // kt, "rows": res}
     print(f"\nOne forward pass per level, batch {B}, context {N}, float32, {torch.get_num_threads()} threads; "
-          f"copy bandwidth {bw / 1e9:.1f} GB/s. Weights: target {wt / 1e9:.2f} GB, draft {wd / 1e9:.2f} GB; "
-          f"KV cache: target {kt} B/token, draft {kd} B/token (the target's KV cache outweighs its weights "
-          f"from {wt // kt:,} tokens per row / batch).\n")
-    print("| pass | ms | bytes read (GB) | bytes / copy bandwidth (ms) | fraction |\n|---|---|---|---|---|")
+          f"copy bandwidth {bw / 1e9:.1f} GB/s. Weights read per pass: target {wt / 1e9:.2f} GB, draft "
+          f"{wd / 1e9:.2f} GB; KV cache: target {kt} B/token, draft {kd} B/token (the target's KV cache outweighs "
+          f"its weights from {wt // kt:,} tokens per row / batch).\n")
+    print("| pass | ms | x autoregressive step | bytes read (GB) | bytes / copy bandwidth (ms) | fraction |")
+    print("|---|---|---|---|---|---|")
     for r in res:
-        print(f"| {r['pass']} | {r['ms']:.1f} | {r['bytes'] / 1e9:.2f} | {r['floor_ms']:.1f} | "
+        print(f"| {r['pass']} | {r['ms']:.1f} | {r['ms'] / ar:.2f} | {r['bytes'] / 1e9:.2f} | {r['floor_ms']:.1f} | "
               f"{r['floor_ms'] / r['ms']:.2f} |")
-    print(f"\ndraft step / target step = {dstep / ar:.2f}; verifying {args.gamma + 1} tokens = {ver / ar:.2f} steps; "
-          f"the middle level's verify = {mid / ar:.2f} steps.")
-    for a in ([acc] if acc else []) + [0.6, 0.8, 0.9]:
-        g_best = max(range(1, 9), key=lambda g: spec(a, g))
-        print(f"speculative, per-token acceptance {a:.2f}: predicted {spec(a, args.gamma):.2f}x at gamma "
-              f"{args.gamma}, best {spec(a, g_best):.2f}x at gamma {g_best}")
+
+    def spec(a: float, g: int, verify_ms: float) -> float:  # speed-up over autoregressive, tokens independent
+        return (1 - a ** (g + 1)) / (1 - a) / (g * dstep + verify_ms) * ar
+    agree = {k: v["top1_agreement"] for k, v in out.get("agreement", {}).items()}
+    cases = {**{f"{k} ({v:.2f})": v for k, v in agree.items()}, "0.80": 0.8, "0.90": 0.9}
+    pred = {}
+    print(f"\nspeculative with the 0.5B, predicted from these latencies (per-token acceptance a, gamma 1..{gmax - 1}):"
+          f"\n\n| a | at gamma {args.gamma} | best gamma | if verifying gamma+1 tokens cost one step |\n|---|---|---|---|")
+    for label, a in cases.items():
+        gs = range(1, gmax)
+        best = max(gs, key=lambda g: spec(a, g, full[g + 1]))
+        free = max(gs, key=lambda g: spec(a, g, ar))
+        pred[label] = {"a": a, f"gamma{args.gamma}": spec(a, args.gamma, full[args.gamma + 1]),
+                       "best": [best, spec(a, best, full[best + 1])], "free_verify_best": [free, spec(a, free, ar)]}
+        print(f"| {label} | {spec(a, args.gamma, full[args.gamma + 1]):.2f}x | {spec(a, best, full[best + 1]):.2f}x "
+              f"(gamma {best}) | {spec(a, free, ar):.2f}x (gamma {free}) |")
+    out["costs"]["speculative_predicted"] = pred
 
 
 def code_text(n_chars: int) -> str:
@@ -294,6 +303,11 @@ def main() -> None:
     ap.add_argument("--parts", nargs="+", choices=("equality", "table1", "hierarchy", "costs", "agreement"),
                     default=["equality", "table1", "hierarchy", "costs", "agreement"])
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
+    ap.add_argument("--table1-kinds", nargs="+", choices=("natural", "pass key"), default=["natural", "pass key"],
+                    help="table1: the prompt kinds to run (cells of an earlier run at the same context, batch, "
+                         "budget and new tokens are kept in the JSON)")
+    ap.add_argument("--table1-no-full", action="store_true",
+                    help="table1: skip the full-cache row (1.0 by construction; its draft cache needs its own prefill)")
     ap.add_argument("--batch", type=int, default=2, help="prompts per kind in table1 / hierarchy (default 2)")
     ap.add_argument("--new", type=int, default=32, help="new tokens per sequence (default 32)")
     ap.add_argument("--budget", type=int, default=512, help="retrieval / StreamingLLM budget in tokens (512)")
@@ -328,10 +342,10 @@ def main() -> None:
             part_table1(target, tok, args, out)
         if "hierarchy" in args.parts:
             part_hierarchy(target, draft, tok, args, out)
-        if "costs" in args.parts:
-            part_costs(target, draft, args, out)
         if "agreement" in args.parts:
             part_agreement(target, draft, tok, args, out)
+        if "costs" in args.parts:
+            part_costs(target, draft, args, out)
     out["wall_s"] = time.time() - t0
     if path:
         with open(path, "w") as f:
