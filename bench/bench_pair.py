@@ -24,6 +24,9 @@ Parts (``--parts``):
   a pass's time does not depend on them), the bytes it must read (weights + KV cache) against this
   machine's copy bandwidth, and the speed-up the standard cost model predicts from these latencies
   and an acceptance rate; plus the context at which the target's KV cache outweighs its weights.
+* ``batch1``: batch 1, where a CPU verifies cheapest: greedy ``autoregressive``, ``speculative`` at gamma
+  2/3/4 and ``triforce`` on a Python-source and a natural-text prompt (``--b1-context`` tokens), identical
+  output required.
 * ``agreement``: teacher-forced top-1 agreement of the 0.5B with the 1.5B on natural text and on
   Python source (one forward pass of each over the same tokens), and the greedy chain acceptance
   ``(a + a^2 + ... + a^g) / g`` it implies (tokens independent), to check the engines' measured rate.
@@ -38,6 +41,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -298,10 +302,50 @@ def part_agreement(target, draft, tok, args, out: dict) -> None:
         print(f"| {kind} | {r['tokens']} | {r['top1_agreement']:.3f} | {imp[3]:.3f} / {imp[4]:.3f} / {imp[8]:.3f} |")
 
 
+def part_batch1(target, draft, tok, args, out: dict) -> None:
+    """Batch 1, where verification is cheapest on a CPU: greedy autoregressive, speculative at gamma
+    2/3/4 and triforce on one prompt of Python source and one of natural text (``--b1-context`` tokens)."""
+    from triforce.demo import encode
+    n = args.b1_context
+    prompts = {"Python source": encode(tok, code_text(8 * n))[:n], "natural text": natural_prompt(tok, n)}
+    runs = [("autoregressive", "autoregressive", {})] + [
+        (f"speculative, gamma {g}", "speculative", {"gamma": g}) for g in (2, 3, 4)] + [
+        ("triforce", "triforce", {**options(args)["triforce"], "budget": min(args.budget, n // 2)})]
+    res = {}
+    for kind, ids in prompts.items():
+        log(f"batch1: {kind}, {len(ids)} tokens, {args.new} new tokens, greedy")
+        rows, ref = [], None
+        with SharedPrefill(target, half_copy=False):
+            for label, method, opts in runs:
+                r = generate(target, [torch.tensor(ids)], method=method, max_new_tokens=args.new,
+                             draft=None if method == "autoregressive" else draft, **opts)
+                s = r.stats
+                ref = ref or (r.tokens, s)
+                item = {"run": label, "identical": bool(torch.equal(r.tokens[0], ref[0][0])),
+                        "tokens_per_s": s["tokens_per_s"], "speedup": s["tokens_per_s"] / ref[1]["tokens_per_s"],
+                        "acceptance": s["acceptance"], "mean_accepted": s["mean_accepted"], "time_s": s["time_s"]}
+                rows.append(item)
+                row_record("batch1", label.replace(", ", ":").replace(" ", ""),
+                           f"B=1,ctx={len(ids)},new={args.new},greedy,{kind}", s,
+                           ref[1] if method != "autoregressive" else None, item)
+        res[kind] = rows
+        if not all(x["identical"] for x in rows):
+            raise SystemExit(f"batch1: a method's greedy output differs from autoregressive ({kind})")
+    out["batch1"] = {"context": n, "new_tokens": args.new, "rows": res}
+    print(f"\nBatch 1, {n}-token prompt, {args.new} new tokens, greedy (all outputs identical to autoregressive)\n")
+    print("| prompt | run | tok/s | speed-up | acceptance | tokens per full-cache pass |\n|---|---|---|---|---|---|")
+    for kind, rows in res.items():
+        for x in rows:
+            acc = ", ".join(f"{k} {v:.2f}" for k, v in x["acceptance"].items()) or "-"
+            print(f"| {kind} | {x['run']} | {x['tokens_per_s']:.2f} | {x['speedup']:.2f}x | {acc} | "
+                  f"{x['mean_accepted']:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", choices=("equality", "table1", "hierarchy", "costs", "agreement"),
-                    default=["equality", "table1", "hierarchy", "costs", "agreement"])
+    ap.add_argument("--parts", nargs="+", choices=("equality", "table1", "hierarchy", "costs", "agreement", "batch1"),
+                    default=["equality", "table1", "hierarchy", "costs", "agreement", "batch1"])
+    ap.add_argument("--b1-context", type=int, default=1024, help="batch1: prompt tokens (default 1024)")
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     ap.add_argument("--table1-kinds", nargs="+", choices=("natural", "pass key"), default=["natural", "pass key"],
                     help="table1: the prompt kinds to run (cells of an earlier run at the same context, batch, "
@@ -317,10 +361,12 @@ def main() -> None:
     ap.add_argument("--gamma2", type=int, default=8, help="triforce: tokens the middle level collects")
     ap.add_argument("--json", default=None, help="write the results there (default bench/pair_results.json; "
                                                  "--quick: none)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 512-token prompts, 8 new tokens, budget 128")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 512-token prompts, 8 new tokens, budget 128; "
+                                                         "rows to a scratch CSV in the temp folder, no JSON")
     args = ap.parse_args()
-    if args.quick:
+    if args.quick:  # a smoke run: its rows go to a scratch CSV unless TRIFORCE_BENCH_CSV names one
         args.context, args.new, args.budget, args.batch = 512, 8, 128, 1
+        os.environ.setdefault("TRIFORCE_BENCH_CSV", os.path.join(tempfile.gettempdir(), "triforce_pair_quick.csv"))
     t0 = time.time()
     log(f"loading {TARGET} and {DRAFT} (float32) ...")
     target, tok = hub.load_model(TARGET)
@@ -331,7 +377,7 @@ def main() -> None:
     if path and os.path.exists(path):  # keep the parts this run does not redo
         with open(path) as f:
             out = {k: v for k, v in json.load(f).items() if k in ("equality", "table1", "hierarchy", "costs",
-                                                                  "agreement")}
+                                                                  "agreement", "batch1")}
         if "context" in out.get("table1", {}):  # the file's first layout: a single context
             out["table1"] = {str(out["table1"]["context"]): out["table1"]}
     out.update({"target": TARGET, "draft": DRAFT, "threads": torch.get_num_threads()})
@@ -346,6 +392,8 @@ def main() -> None:
             part_agreement(target, draft, tok, args, out)
         if "costs" in args.parts:
             part_costs(target, draft, args, out)
+        if "batch1" in args.parts:
+            part_batch1(target, draft, tok, args, out)
     out["wall_s"] = time.time() - t0
     if path:
         with open(path, "w") as f:
