@@ -136,6 +136,17 @@ def test_forced_prefix_splits(backend, num_splits):
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+def test_heads_walked_together(backend, num_splits):
+    """Caches whose rows are >= 2 KB apart (here fp32, Hkv = 8, D = 64): the CPU kernel walks all KV heads
+    of a (batch, split) together in chunks of 128 keys; prefixes span several chunks, one ends inside one."""
+    dev = backend_device(backend)
+    q, k, v, L, mask = make_inputs(2, 4, 16, 8, 64, [300, 129], 2, torch.float32, 7 + num_splits, dev, "tree")
+    out, lse = implementation("verify_attention", backend)(q, k, v, L, mask, 0.125, num_splits=num_splits)
+    check_against_reference(out, lse, q, k, v, L, mask, scale=0.125)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
 def test_tree_oracle(backend):
     """Each tree node's output equals plain causal attention over the prefix plus its root-to-node path."""
     dev = backend_device(backend)

@@ -44,7 +44,11 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
     const int32_t* L = lens.const_data_ptr<int32_t>();
     int64_t max_prefix = 0;
     for (int64_t b = 0; b < B; ++b) max_prefix = std::max<int64_t>(max_prefix, std::min<int64_t>(L[b], N) - T);
-    num_splits = triforce::verify_attention_num_splits(B, Hkv, max_prefix, omp_get_max_threads());
+    const bool grouped = triforce::verify_attention_groups_heads(Hkv, k_cache.stride(1), k_cache.stride(2),
+                                                                 v_cache.stride(1), v_cache.stride(2),
+                                                                 k_cache.element_size());
+    num_splits = triforce::verify_attention_num_splits(B, Hkv, max_prefix, omp_get_max_threads(),
+                                                       grouped ? Hkv : 1);
   }
   TRIFORCE_DISPATCH_FLOAT(q.scalar_type(), "verify_attention", [&] {
     triforce::verify_attention_cpu(tf_ptr<scalar_t>(qc), qc.stride(0), qc.stride(1), qc.stride(2),
