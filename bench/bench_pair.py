@@ -50,7 +50,8 @@ import torch  # noqa: E402
 
 from bench.bench_e2e import table1_caches  # noqa: E402
 from bench.harness import copy_bandwidth, measure, record  # noqa: E402
-from triforce.demo import SharedPrefill, compare_methods, natural_prompt, passkey_prompt  # noqa: E402
+from triforce.demo import (SharedPrefill, compare_methods, encode, kv_bytes_per_token, natural_prompt,  # noqa: E402
+                           passkey_prompt, weight_bytes)
 from triforce.generate import generate  # noqa: E402
 from triforce.models import hub  # noqa: E402
 from triforce.models.cache import FullCache  # noqa: E402
@@ -121,7 +122,7 @@ def part_equality(target, draft, tok, args, out: dict) -> None:
         raise SystemExit("equality: a method's greedy output differs from autoregressive")
 
 
-def part_table1(target, tok, args, out: dict) -> None:
+def part_table1(target, draft, tok, args, out: dict) -> None:
     ctx, budget = args.context, args.budget
     caches = table1_caches(ctx, budget, args.new)
     if args.table1_no_full:  # 1.0 by construction; at long contexts its own prefill costs the most
@@ -181,19 +182,6 @@ def part_hierarchy(target, draft, tok, args, out: dict) -> None:
               f"{item['mean_accepted'] or 1:.2f} | {times} |", flush=True)
 
 
-def weight_bytes(model) -> int:
-    """Bytes of parameters one forward pass reads: all but the embedding table, of which a pass reads only
-    its tokens' rows (a tied table is read whole, as the LM head)."""
-    emb = model.model.embed_tokens.weight
-    n = sum(p.numel() * p.element_size() for p in model.parameters())
-    return n if model.lm_head.weight is emb else n - emb.numel() * emb.element_size()
-
-
-def kv_bytes_per_token(model) -> int:
-    c = model.config
-    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * torch.finfo(model.dtype).bits // 8
-
-
 def pass_time(model, batch: int, length: int, T: int) -> dict:
     """One forward of ``T`` tokens per row over a cache holding ``length`` tokens, then rolled back."""
     cache = FullCache(model.config, batch, length + T, dtype=model.dtype)
@@ -213,7 +201,7 @@ def pass_time(model, batch: int, length: int, T: int) -> dict:
     return t
 
 
-def part_costs(target, draft, args, out: dict) -> None:
+def part_costs(target, draft, tok, args, out: dict) -> None:
     """Per-pass latencies of every level; the cost model's speed-ups from them."""
     B, N = args.batch, args.context
     bw = copy_bandwidth("cpu")
@@ -271,17 +259,16 @@ def part_costs(target, draft, args, out: dict) -> None:
     out["costs"]["speculative_predicted"] = pred
 
 
-def code_text(n_chars: int) -> str:
-    """Python source from the standard library (the same text on every machine with this Python)."""
+def code_prompt(tok, n: int) -> list[int]:
+    """``n`` tokens of Python source from the standard library (the same text wherever this Python runs)."""
     import inspect
-    return (inspect.getsource(argparse) + inspect.getsource(json.decoder))[:n_chars]
+    return encode(tok, (inspect.getsource(argparse) + inspect.getsource(json.decoder))[:8 * n])[:n]
 
 
 def part_agreement(target, draft, tok, args, out: dict) -> None:
     """Teacher-forced top-1 agreement of the draft with the target."""
-    from triforce.demo import encode
     n = min(args.context, 2048)
-    texts = {"natural text": natural_prompt(tok, n), "Python source": encode(tok, code_text(8 * n))[:n]}
+    texts = {"natural text": natural_prompt(tok, n), "Python source": code_prompt(tok, n)}
     res = {}
     for kind, ids in texts.items():
         log(f"agreement: {kind}, {len(ids)} tokens")
@@ -305,9 +292,8 @@ def part_agreement(target, draft, tok, args, out: dict) -> None:
 def part_batch1(target, draft, tok, args, out: dict) -> None:
     """Batch 1, where verification is cheapest on a CPU: greedy autoregressive, speculative at gamma
     2/3/4 and triforce on one prompt of Python source and one of natural text (``--b1-context`` tokens)."""
-    from triforce.demo import encode
     n = args.b1_context
-    prompts = {"Python source": encode(tok, code_text(8 * n))[:n], "natural text": natural_prompt(tok, n)}
+    prompts = {"Python source": code_prompt(tok, n), "natural text": natural_prompt(tok, n)}
     runs = [("autoregressive", "autoregressive", {})] + [
         (f"speculative, gamma {g}", "speculative", {"gamma": g}) for g in (2, 3, 4)] + [
         ("triforce", "triforce", {**options(args)["triforce"], "budget": min(args.budget, n // 2)})]
@@ -341,10 +327,14 @@ def part_batch1(target, draft, tok, args, out: dict) -> None:
                   f"{x['mean_accepted']:.2f} |")
 
 
+# --parts, in the order they run (costs reads agreement's rates when both run)
+PARTS = {"equality": part_equality, "table1": part_table1, "hierarchy": part_hierarchy,
+         "agreement": part_agreement, "costs": part_costs, "batch1": part_batch1}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", choices=("equality", "table1", "hierarchy", "costs", "agreement", "batch1"),
-                    default=["equality", "table1", "hierarchy", "costs", "agreement", "batch1"])
+    ap.add_argument("--parts", nargs="+", choices=tuple(PARTS), default=list(PARTS))
     ap.add_argument("--b1-context", type=int, default=1024, help="batch1: prompt tokens (default 1024)")
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     ap.add_argument("--table1-kinds", nargs="+", choices=("natural", "pass key"), default=["natural", "pass key"],
@@ -376,24 +366,12 @@ def main() -> None:
     out = {}
     if path and os.path.exists(path):  # keep the parts this run does not redo
         with open(path) as f:
-            out = {k: v for k, v in json.load(f).items() if k in ("equality", "table1", "hierarchy", "costs",
-                                                                  "agreement", "batch1")}
-        if "context" in out.get("table1", {}):  # the file's first layout: a single context
-            out["table1"] = {str(out["table1"]["context"]): out["table1"]}
+            out = {k: v for k, v in json.load(f).items() if k in PARTS}
     out.update({"target": TARGET, "draft": DRAFT, "threads": torch.get_num_threads()})
     with torch.inference_mode():
-        if "equality" in args.parts:
-            part_equality(target, draft, tok, args, out)
-        if "table1" in args.parts:
-            part_table1(target, tok, args, out)
-        if "hierarchy" in args.parts:
-            part_hierarchy(target, draft, tok, args, out)
-        if "agreement" in args.parts:
-            part_agreement(target, draft, tok, args, out)
-        if "costs" in args.parts:
-            part_costs(target, draft, args, out)
-        if "batch1" in args.parts:
-            part_batch1(target, draft, tok, args, out)
+        for name, part in PARTS.items():
+            if name in args.parts:
+                part(target, draft, tok, args, out)
     out["wall_s"] = time.time() - t0
     if path:
         with open(path, "w") as f:

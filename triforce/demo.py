@@ -183,14 +183,22 @@ def _restore(cache, state: dict) -> None:
     cache._bound = n
 
 
-def _bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def weight_bytes(model) -> int:
+    """Bytes of parameters one forward pass reads: all but the embedding table, of which a pass reads only
+    its tokens' rows (a tied table is read whole, as the LM head)."""
+    emb = model.model.embed_tokens.weight
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    return n if model.lm_head.weight is emb else n - emb.numel() * emb.element_size()
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of K and V one token adds to a full cache in the model's dtype."""
+    c = model.config
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * next(model.parameters()).element_size()
 
 
 def _kv_bytes(model, prompts) -> int:
-    c = model.config
-    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * next(model.parameters()).element_size()
-    return per_token * sum(len(p) for p in prompts)
+    return kv_bytes_per_token(model) * sum(len(p) for p in prompts)
 
 
 def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int) -> str:
@@ -269,7 +277,7 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
         text = decode(tok, base["tokens"][0].tolist()).replace("\n", " ")
         print(f"[0] pass key {keys[0]} -> {text[:80]!r}", file=out)
         print(format_table(rows), file=out)
-        weights, kv = _bytes(model), _kv_bytes(model, prompts)
+        weights, kv = weight_bytes(model), _kv_bytes(model, prompts)
         for r in rows:
             if r["speedup"] is not None and r["speedup"] < 1 and r["method"] != "autoregressive":
                 print("  " + why_it_loses(r, weights, kv), file=out)
