@@ -1,8 +1,9 @@
 """Benchmark of the model layer's CPU few-row linear kernel ``triforce_C::rowwise_linear``
-(csrc/cpu/linear.cpp, docs/model.md) against its reference and baseline ``F.linear`` (MKL), with
-bytes, GB/s and the fraction of measured copy bandwidth.
+(csrc/include/triforce/linear.h, docs/model.md) against its baseline ``F.linear`` (MKL for float32,
+oneDNN for bfloat16), with bytes, GB/s and the fraction of measured copy bandwidth.
 
-Shape: SmolLM2-135M's MLP projection (N=1536, K=576, float32) for M = 1..32 rows. One call streams
+Shape: SmolLM2-135M's MLP projection (N=1536, K=576; float32, and bfloat16 as the default draft
+model's copy) for M = 1..32 rows. One call streams
 a set of such weight matrices larger than the last-level cache (as a decode step streams the
 model's weights), so every call reads its weights from memory. Bytes = the weights read once + the
 inputs + the outputs.
@@ -25,25 +26,29 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="M = 1 and 8 only")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     if not _rowwise_available():
         raise SystemExit("the C++ extension (triforce_kernels._C with rowwise_linear) is not built")
     g = torch.Generator().manual_seed(0)
-    ws = [torch.randn(N, K, generator=g) for _ in range(MATRICES)]
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
-    for M in ((1, 8) if a.quick else (1, 2, 4, 8, 16, 32)):
-        x = torch.randn(M, K, generator=g)
-        nbytes = MATRICES * (N * K + M * K + M * N) * 4
-        shape = f"M={M},N={N},K={K},matrices={MATRICES}"
-        base = measure(lambda: [F.linear(x, w) for w in ws], reps=5, min_time_s=0.5)
-        record(family="model", op="rowwise_linear", backend="torch", shape=shape, dtype="float32",
-               bytes_moved=nbytes, timing=base, bandwidth=bw)
-        t = measure(lambda: [kernel(x, w) for w in ws], reps=5, min_time_s=0.5)
-        record(family="model", op="rowwise_linear", backend="cpu", shape=shape, dtype="float32",
-               bytes_moved=nbytes, timing=t, bandwidth=bw, baseline="torch", baseline_timing=base)
+    for name in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
+        dtype = getattr(torch, name)
+        ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(MATRICES)]
+        size = ws[0].element_size()
+        for M in ((1, 8) if a.quick else (1, 2, 4, 5, 8, 16, 32)):
+            x = torch.randn(M, K, generator=g).to(dtype)
+            nbytes = MATRICES * (N * K + M * K + M * N) * size
+            shape = f"M={M},N={N},K={K},matrices={MATRICES}"
+            base = measure(lambda: [F.linear(x, w) for w in ws], reps=5, min_time_s=0.5)
+            record(family="model", op="rowwise_linear", backend="torch", shape=shape, dtype=name,
+                   bytes_moved=nbytes, timing=base, bandwidth=bw)
+            t = measure(lambda: [kernel(x, w) for w in ws], reps=5, min_time_s=0.5)
+            record(family="model", op="rowwise_linear", backend="cpu", shape=shape, dtype=name,
+                   bytes_moved=nbytes, timing=t, bandwidth=bw, baseline="torch", baseline_timing=base)
 
 
 if __name__ == "__main__":

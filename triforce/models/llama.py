@@ -24,7 +24,8 @@ from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 __all__ = ["Llama"]
 
 
-ROWWISE_MAX_ROWS = 32  # up to this many rows, CPU float32 linears use the streaming kernel
+ROWWISE_MAX_ROWS = 32  # up to this many rows, CPU float32/bfloat16 linears use the streaming kernel
+_ROWWISE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _rowwise_available() -> bool:
@@ -48,15 +49,16 @@ _ROWWISE = None
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state-dict keys) whose CPU float32 forward on at most
-    ``ROWWISE_MAX_ROWS`` rows, without autograd, runs ``triforce_C::rowwise_linear`` (csrc/cpu/linear.cpp):
-    the weights are streamed once whatever the row count, so verifying a few tokens costs about what
-    one token costs, and each row's result is bitwise the 1-row result (a verification pass computes
-    the same projections as an autoregressive step). Everything else goes to ``F.linear``."""
+    """``nn.Linear`` (same parameters, same state-dict keys) whose CPU forward on at most
+    ``ROWWISE_MAX_ROWS`` rows, float32 or bfloat16 (input and weight alike), without autograd, runs
+    ``triforce_C::rowwise_linear`` (csrc/include/triforce/linear.h): the weights are streamed once
+    whatever the row count, so verifying a few tokens costs little more than one token, and each row's
+    result is bitwise the 1-row result (a verification pass computes the same projections as an
+    autoregressive step). Everything else goes to ``F.linear``."""
 
     def forward(self, x):
         w, b = self.weight, self.bias
-        if (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
+        if (x.device.type == "cpu" and x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype
                 and x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] and x.numel() > 0
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                                       or (b is not None and b.requires_grad)))

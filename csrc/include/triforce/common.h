@@ -122,4 +122,34 @@ inline __m512 exp_f32(__m512 x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// 16 consecutive elements in fp32: a load, bf16 -> fp32 by a 16-bit shift, fp16 -> fp32 in hardware.
+// The AVX-512 dot and P V paths read bf16/fp16 caches in place through these (no converted tile).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const f16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Lane j of the result = the sum of v[j]'s 16 lanes, for 16 vectors at once: a transpose-and-add tree
+// (8 + 4 + 2 + 1 adds and two shuffles per add) instead of 16 separate horizontal reductions, each a
+// chain of dependent adds.
+inline __m512 hsum16_avx512(const __m512* v) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] for (x, y) = v[2i], v[2i+1]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sums of v[4i], ..., v[4i + 3]
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // across the four 128-bit lanes: pairs of lanes, then the pairs' sums; lane block i = v[4i .. 4i + 3]
+  const __m512 c01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+  const __m512 c23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c01, c23, 0x88), _mm512_shuffle_f32x4(c01, c23, 0xDD));
+}
+#endif
+
 }  // namespace triforce

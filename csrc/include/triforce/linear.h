@@ -1,0 +1,180 @@
+// rowwise_linear on the CPU: out = x @ w^T for a few rows of x (the model layer's decode and
+// verification steps). Torch-free; csrc/cpu/linear.cpp wraps it for ATen.
+//
+// Why: MKL's sgemm packs the weight panel for every M >= 2, so a 2..16-row product costs 1.5-2x a
+// 1-row product although it reads the same weights; speculative verification (T tokens in one pass)
+// only pays when the extra rows are nearly free. Here each block of NR weight rows is read from memory
+// once and serves every row of x: on AVX-512, MR x-rows x NR w-rows of zmm accumulators per step of
+// 16 (fp32) or 32 (bf16) elements, then transpose-and-add reductions (hsum16_avx512) of 16 at a time.
+// x and w are float32, or both bfloat16 (products accumulated in fp32, the result rounded once).
+//
+// Bitwise row independence (the contract the model layer relies on): every output element (m, n) is
+// computed by the same instructions whatever M is, wherever row m falls in its group of MR and however
+// the weight rows are split among threads: its accumulator is lane l += x[m, k] * w[n, k] over
+// k = l (mod 16) in increasing k (bf16 with AVX512_BF16: pairs k = 2l, 2l + 1 (mod 32) per dpbf16),
+// and hsum16_avx512 reduces each of its 16 slots by the same tree, whichever slot. So row m of a
+// many-row product is bitwise the 1-row product of x[m]: a verification pass computes exactly the
+// projections an autoregressive step computes for the same token.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "triforce/common.h"
+
+namespace triforce {
+namespace linear {
+
+// Block shape, measured on Zen 4 (one core, SmolLM2's 1536 x 576 MLP matrices, best of 5): 6 weight
+// rows x 4 x-rows = 24 zmm accumulators. 4 x 4 re-read x from L2 for every 4 weight rows and reached
+// ~35 fp32 GFLOP/s at M >= 8; 6 x 4 halves the x traffic per weight byte and reaches ~57 (the core's
+// FMA rate: bf16 dpbf16 reaches twice that in MACs), so M = 8 costs 1.7x M = 1 instead of 2.3x.
+constexpr int64_t NR = 6;  // weight rows per block (one contiguous span of NR * K elements)
+constexpr int64_t MR = 4;  // x rows per register block
+// Software prefetch (to L2) of the block this many blocks ahead: without it the NR interleaved row
+// streams of a block read at ~14 GB/s on one core, against ~24 GB/s for one sequential stream (the
+// hardware prefetcher tracks them poorly); with it M = 1 reads at ~25 GB/s.
+constexpr int64_t kPrefetchBlocksF32 = 1;
+constexpr int64_t kPrefetchBlocksBF16 = 2;
+
+template <typename T>
+inline float widen(T v) { return to_float(v); }
+
+template <typename O>
+inline void store_out(O* o, float v) { *o = from_float<O>(v); }
+
+// Portable path: the same structure, one output at a time, fixed order (k increasing).
+template <typename T, typename O>
+inline void block_portable(const T* x, int64_t M, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo) {
+  for (int64_t m = 0; m < M; ++m) {
+    const T* xr = x + m * K;
+    for (int64_t j = 0; j < nr; ++j) {
+      const T* wr = w + j * K;
+      float a = 0.f;
+      for (int64_t k = 0; k < K; ++k) a += widen(xr[k]) * widen(wr[k]);
+      store_out(out + m * ldo + j, a);
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// ROWS (1..MR) rows of x against nr (1..NR) weight rows w[j * K ...]; missing weight rows repeat row 0
+// (read, never stored) so the loop has no branches. pf: prefetch the block ahead (the first x-row group
+// of a block only; the others find it in L1).
+template <int ROWS, typename O>
+inline void block_f32(const float* x, int64_t K, const float* w, int64_t nr, O* out, int64_t ldo, bool pf) {
+  const float* wr[NR];
+  for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * K;
+  constexpr int NA = ((ROWS * NR + 15) / 16) * 16;
+  __m512 acc[NA];
+  for (int i = 0; i < NA; ++i) acc[i] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(wr[j] + k);
+    if (pf)
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + k + kPrefetchBlocksF32 * NR * K), _MM_HINT_T1);
+    for (int m = 0; m < ROWS; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
+    }
+  }
+  if (k < K) {  // masked tail: the missing lanes add 0 * 0
+    const __mmask16 mk = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(mk, wr[j] + k);
+    for (int m = 0; m < ROWS; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * K + k);
+      for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
+    }
+  }
+  alignas(64) float s[NA];
+  for (int i = 0; i < NA; i += 16) _mm512_store_ps(s + i, hsum16_avx512(acc + i));
+  for (int m = 0; m < ROWS; ++m)
+    for (int64_t j = 0; j < nr; ++j) store_out(out + m * ldo + j, s[m * NR + j]);
+}
+
+// bf16 x and w. With AVX512_BF16 one dpbf16 per 32 elements (fp32 accumulation of exact bf16
+// products); without it the pairs are widened to fp32 (two FMAs per 32 elements).
+inline __m512i load32_bf16(const bf16* p, __mmask32 mk) {
+  return mk == ~__mmask32(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mk, p);
+}
+
+template <int ROWS, typename O>
+inline void block_bf16(const bf16* x, int64_t K, const bf16* w, int64_t nr, O* out, int64_t ldo, bool pf) {
+  const bf16* wr[NR];
+  for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * K;
+  constexpr int NA = ((ROWS * NR + 15) / 16) * 16;
+  __m512 acc[NA];
+  for (int i = 0; i < NA; ++i) acc[i] = _mm512_setzero_ps();
+  auto step = [&](int64_t k, __mmask32 mk) {
+    __m512i wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = load32_bf16(wr[j] + k, mk);
+    if (pf)
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + k + kPrefetchBlocksBF16 * NR * K), _MM_HINT_T1);
+    for (int m = 0; m < ROWS; ++m) {
+      const __m512i xv = load32_bf16(x + m * K + k, mk);
+#if defined(__AVX512BF16__)
+      for (int j = 0; j < NR; ++j)
+        acc[m * NR + j] = _mm512_dpbf16_ps(acc[m * NR + j], (__m512bh)xv, (__m512bh)wv[j]);
+#else
+      // element 2l -> low half of 32-bit lane l, 2l + 1 -> high half: the same pairing as dpbf16
+      const __m512 xlo = _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16));
+      const __m512 xhi = _mm512_castsi512_ps(_mm512_and_si512(xv, _mm512_set1_epi32(int(0xffff0000u))));
+      for (int j = 0; j < NR; ++j) {
+        const __m512 wlo = _mm512_castsi512_ps(_mm512_slli_epi32(wv[j], 16));
+        const __m512 whi = _mm512_castsi512_ps(_mm512_and_si512(wv[j], _mm512_set1_epi32(int(0xffff0000u))));
+        acc[m * NR + j] = _mm512_fmadd_ps(xhi, whi, _mm512_fmadd_ps(xlo, wlo, acc[m * NR + j]));
+      }
+#endif
+    }
+  };
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) step(k, ~__mmask32(0));
+  if (k < K) step(k, static_cast<__mmask32>((1ull << (K - k)) - 1ull));
+  alignas(64) float s[NA];
+  for (int i = 0; i < NA; i += 16) _mm512_store_ps(s + i, hsum16_avx512(acc + i));
+  for (int m = 0; m < ROWS; ++m)
+    for (int64_t j = 0; j < nr; ++j) store_out(out + m * ldo + j, s[m * NR + j]);
+}
+
+template <typename T, typename O>
+inline void block_rows(const T* x, int64_t rows, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, bool pf) {
+  auto run = [&](auto rows_c) {
+    constexpr int R = decltype(rows_c)::value;
+    if constexpr (std::is_same<T, float>::value) block_f32<R>(x, K, w, nr, out, ldo, pf);
+    else block_bf16<R>(x, K, w, nr, out, ldo, pf);
+  };
+  switch (rows) {
+    case 1: run(std::integral_constant<int, 1>{}); break;
+    case 2: run(std::integral_constant<int, 2>{}); break;
+    case 3: run(std::integral_constant<int, 3>{}); break;
+    default: run(std::integral_constant<int, 4>{}); break;
+  }
+}
+#endif
+
+// Weight blocks [b0, b1) (block b = rows 4b .. 4b + 3 of w, the last one partial): every x row against
+// each block while the block is in L1. x [M, K], w [N, K], out [M, N], all contiguous. T: float or
+// bf16 (x and w alike); O: the output element type (float, or bf16 rounded to nearest even).
+template <typename T, typename O>
+inline void rowwise_linear_blocks(const T* x, int64_t M, int64_t K, const T* w, int64_t N, O* out, int64_t b0,
+                                  int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
+    for (int64_t m = 0; m < M; m += MR) {
+      const int64_t rows = std::min<int64_t>(MR, M - m);
+#if defined(__AVX512F__)
+      block_rows(x + m * K, rows, K, w + n * K, nr, out + m * N + n, N, m == 0);
+#else
+      block_portable(x + m * K, rows, K, w + n * K, nr, out + m * N + n, N);
+#endif
+    }
+  }
+}
+
+inline int64_t rowwise_linear_num_blocks(int64_t N) { return (N + NR - 1) / NR; }
+
+}  // namespace linear
+}  // namespace triforce
