@@ -74,13 +74,16 @@ struct Scratch {
 
 // ---- one tile of n <= KT keys: load K/V, scores, mask, online-softmax update, P V ---------------------
 
-// Prefetch the K/V rows [p, p + n) (the next tile, inside [start, end): never beyond L).
+// Prefetch the K/V rows [p, p + n) (the next tile, inside [start, end): never beyond L) into L2. A tile
+// is 2 x KT x D elements (256 lines for fp32 D = 64): prefetched into L1 (prefetcht0) most of them were
+// dropped (L1 has few miss buffers) and a SmolLM2 decode-step layer (T = 1, 1000 keys, 3 KV heads, one
+// core, cold cache) took 198 us; into L2, 150 us (bf16: 105 -> 61 us; T = 5: 339 -> 287 us).
 template <typename T>
 inline void prefetch_rows(const T* k, int64_t skn, const T* v, int64_t svn, int64_t p, int64_t n, int64_t D) {
   for (int64_t j = 0; j < n; ++j)
     for (int64_t off = 0; off < D * static_cast<int64_t>(sizeof(T)); off += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(k + (p + j) * skn) + off);
-      __builtin_prefetch(reinterpret_cast<const char*>(v + (p + j) * svn) + off);
+      __builtin_prefetch(reinterpret_cast<const char*>(k + (p + j) * skn) + off, 0, 2);
+      __builtin_prefetch(reinterpret_cast<const char*>(v + (p + j) * svn) + off, 0, 2);
     }
 }
 
