@@ -30,7 +30,11 @@ namespace linear {
 // rows x 4 x-rows = 24 zmm accumulators. 4 x 4 re-read x from L2 for every 4 weight rows and reached
 // ~35 fp32 GFLOP/s at M >= 8; 6 x 4 halves the x traffic per weight byte and reaches ~57 (the core's
 // FMA rate: bf16 dpbf16 reaches twice that in MACs), so M = 8 costs 1.7x M = 1 instead of 2.3x.
+#if defined(__AVX512F__)
 constexpr int64_t NR = 6;  // weight rows per block (one contiguous span of NR * K elements)
+#else
+constexpr int64_t NR = 4;  // portable path: one 4-row dot loop, as the previous kernel (4 + 2 measured slower on AVX2)
+#endif
 constexpr int64_t MR = 4;  // x rows per register block
 // Software prefetch (to L2) of the block this many blocks ahead: without it the NR interleaved row
 // streams of a block read at ~14 GB/s on one core, against ~24 GB/s for one sequential stream (the
@@ -44,17 +48,65 @@ inline float widen(T v) { return to_float(v); }
 template <typename O>
 inline void store_out(O* o, float v) { *o = from_float<O>(v); }
 
-// Portable path: the same structure, one output at a time, fixed order (k increasing).
+// Portable path (no AVX-512, e.g. an AVX2 CPU): per input row, the block's weight rows 4 at a time
+// (then one by one) with 8-lane GCC/Clang vector accumulators: lane l sums k = l (mod 8) in increasing
+// k, the K % 8 tail enters as a zero-padded vector, then a fixed reduction tree. Not `omp simd`: its
+// reduction order is the compiler's choice and may differ between two inlined copies of the same loop
+// (measured: a few outputs 1 ulp apart between an M-row and a 1-row call in an AVX2 build), while the
+// model layer needs row m bitwise equal to the 1-row product.
+using v8f = float __attribute__((vector_size(32)));
+
+using v8u16 = uint16_t __attribute__((vector_size(16)));
+using v8u32 = uint32_t __attribute__((vector_size(32)));
+
+// (v8f is passed by reference: by value it would change the ABI of these functions in a build
+// without AVX, which GCC warns about.)
+inline void load8(const float* p, v8f& v) { std::memcpy(&v, p, sizeof(v)); }
+inline void load8(const bf16* p, v8f& v) {  // bf16 -> fp32: the 16 bits shifted up
+  v8u16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const v8u32 u = __builtin_convertvector(h, v8u32) << 16;
+  std::memcpy(&v, &u, sizeof(v));
+}
+template <typename T>
+inline void load8_tail(const T* p, int64_t n, v8f& v) {  // n < 8 elements, the rest 0
+  float f[8] = {};
+  for (int64_t i = 0; i < n; ++i) f[i] = to_float(p[i]);
+  std::memcpy(&v, f, sizeof(v));
+}
+inline float hsum8(const v8f& v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+
+template <int J, typename T, typename O>
+inline void dots_portable(const T* xr, int64_t K, const T* w, O* out) {
+  v8f a[J];
+  for (int j = 0; j < J; ++j) a[j] = v8f{};
+  int64_t k = 0;
+  v8f xv, wv;
+  for (; k + 8 <= K; k += 8) {
+    load8(xr + k, xv);
+    for (int j = 0; j < J; ++j) {
+      load8(w + j * K + k, wv);
+      a[j] += xv * wv;
+    }
+  }
+  if (k < K) {
+    load8_tail(xr + k, K - k, xv);
+    for (int j = 0; j < J; ++j) {
+      load8_tail(w + j * K + k, K - k, wv);
+      a[j] += xv * wv;
+    }
+  }
+  for (int j = 0; j < J; ++j) store_out(out + j, hsum8(a[j]));
+}
+
 template <typename T, typename O>
 inline void block_portable(const T* x, int64_t M, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo) {
   for (int64_t m = 0; m < M; ++m) {
     const T* xr = x + m * K;
-    for (int64_t j = 0; j < nr; ++j) {
-      const T* wr = w + j * K;
-      float a = 0.f;
-      for (int64_t k = 0; k < K; ++k) a += widen(xr[k]) * widen(wr[k]);
-      store_out(out + m * ldo + j, a);
-    }
+    O* o = out + m * ldo;
+    int64_t j = 0;
+    for (; j + 4 <= nr; j += 4) dots_portable<4>(xr, K, w + j * K, o + j);
+    for (; j < nr; ++j) dots_portable<1>(xr, K, w + j * K, o + j);
   }
 }
 
