@@ -42,9 +42,6 @@ constexpr int64_t MR = 4;  // x rows per register block
 constexpr int64_t kPrefetchBlocksF32 = 1;
 constexpr int64_t kPrefetchBlocksBF16 = 2;
 
-template <typename T>
-inline float widen(T v) { return to_float(v); }
-
 template <typename O>
 inline void store_out(O* o, float v) { *o = from_float<O>(v); }
 
@@ -111,80 +108,75 @@ inline void block_portable(const T* x, int64_t M, int64_t K, const T* w, int64_t
 }
 
 #if defined(__AVX512F__)
-// ROWS (1..MR) rows of x against nr (1..NR) weight rows w[j * K ...]; missing weight rows repeat row 0
-// (read, never stored) so the loop has no branches. pf: prefetch the block ahead (the first x-row group
-// of a block only; the others find it in L1).
-template <int ROWS, typename O>
-inline void block_f32(const float* x, int64_t K, const float* w, int64_t nr, O* out, int64_t ldo, bool pf) {
-  const float* wr[NR];
-  for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * K;
-  constexpr int NA = ((ROWS * NR + 15) / 16) * 16;
-  __m512 acc[NA];
-  for (int i = 0; i < NA; ++i) acc[i] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(wr[j] + k);
-    if (pf)
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + k + kPrefetchBlocksF32 * NR * K), _MM_HINT_T1);
-    for (int m = 0; m < ROWS; ++m) {
-      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
-      for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
-    }
-  }
-  if (k < K) {  // masked tail: the missing lanes add 0 * 0
-    const __mmask16 mk = static_cast<__mmask16>((1u << (K - k)) - 1u);
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(mk, wr[j] + k);
-    for (int m = 0; m < ROWS; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * K + k);
-      for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
-    }
-  }
-  alignas(64) float s[NA];
-  for (int i = 0; i < NA; i += 16) _mm512_store_ps(s + i, hsum16_avx512(acc + i));
-  for (int m = 0; m < ROWS; ++m)
-    for (int64_t j = 0; j < nr; ++j) store_out(out + m * ldo + j, s[m * NR + j]);
+// One step of k for ROWS rows of x against the block's NR weight rows wr[j]: fp32, 16 elements (mask:
+// the tail's valid lanes; the missing lanes add 0 * 0). Full steps load unmasked (a masked load in the
+// main loop measured up to 2x slower).
+inline __m512 load16_f32(const float* p, __mmask16 mk) {
+  return mk == __mmask16(0xffff) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mk, p);
 }
 
-// bf16 x and w. With AVX512_BF16 one dpbf16 per 32 elements (fp32 accumulation of exact bf16
+template <int ROWS>
+inline void step_avx512(const float* x, int64_t K, const float* const* wr, int64_t k, __mmask16 mk,
+                        __m512* acc) {
+  __m512 wv[NR];
+  for (int j = 0; j < NR; ++j) wv[j] = load16_f32(wr[j] + k, mk);
+  for (int m = 0; m < ROWS; ++m) {
+    const __m512 xv = load16_f32(x + m * K + k, mk);
+    for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
+  }
+}
+
+// bf16, 32 elements. With AVX512_BF16 one dpbf16 per 32 elements (fp32 accumulation of exact bf16
 // products); without it the pairs are widened to fp32 (two FMAs per 32 elements).
 inline __m512i load32_bf16(const bf16* p, __mmask32 mk) {
   return mk == ~__mmask32(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mk, p);
 }
 
-template <int ROWS, typename O>
-inline void block_bf16(const bf16* x, int64_t K, const bf16* w, int64_t nr, O* out, int64_t ldo, bool pf) {
-  const bf16* wr[NR];
+template <int ROWS>
+inline void step_avx512(const bf16* x, int64_t K, const bf16* const* wr, int64_t k, __mmask32 mk,
+                        __m512* acc) {
+  __m512i wv[NR];
+  for (int j = 0; j < NR; ++j) wv[j] = load32_bf16(wr[j] + k, mk);
+  for (int m = 0; m < ROWS; ++m) {
+    const __m512i xv = load32_bf16(x + m * K + k, mk);
+#if defined(__AVX512BF16__)
+    for (int j = 0; j < NR; ++j)
+      acc[m * NR + j] = _mm512_dpbf16_ps(acc[m * NR + j], (__m512bh)xv, (__m512bh)wv[j]);
+#else
+    // element 2l -> low half of 32-bit lane l, 2l + 1 -> high half: the same pairing as dpbf16
+    const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+    const __m512 xlo = _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16));
+    const __m512 xhi = _mm512_castsi512_ps(_mm512_and_si512(xv, hi));
+    for (int j = 0; j < NR; ++j) {
+      const __m512 wlo = _mm512_castsi512_ps(_mm512_slli_epi32(wv[j], 16));
+      const __m512 whi = _mm512_castsi512_ps(_mm512_and_si512(wv[j], hi));
+      acc[m * NR + j] = _mm512_fmadd_ps(xhi, whi, _mm512_fmadd_ps(xlo, wlo, acc[m * NR + j]));
+    }
+#endif
+  }
+}
+
+// ROWS (1..MR) rows of x against nr (1..NR) weight rows w[j * K ...]; missing weight rows repeat row 0
+// (read, never stored) so the loop has no branches. pf: prefetch the block ahead (the first x-row group
+// of a block only; the others find it in L1).
+template <int ROWS, typename T, typename O>
+inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, bool pf) {
+  constexpr bool f32 = std::is_same<T, float>::value;
+  constexpr int64_t E = f32 ? 16 : 32;  // elements per step: one zmm of T
+  using Mask = typename std::conditional<f32, __mmask16, __mmask32>::type;
+  const int64_t ahead = (f32 ? kPrefetchBlocksF32 : kPrefetchBlocksBF16) * NR * K;
+  const T* wr[NR];
   for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * K;
   constexpr int NA = ((ROWS * NR + 15) / 16) * 16;
   __m512 acc[NA];
   for (int i = 0; i < NA; ++i) acc[i] = _mm512_setzero_ps();
-  auto step = [&](int64_t k, __mmask32 mk) {
-    __m512i wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = load32_bf16(wr[j] + k, mk);
-    if (pf)
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + k + kPrefetchBlocksBF16 * NR * K), _MM_HINT_T1);
-    for (int m = 0; m < ROWS; ++m) {
-      const __m512i xv = load32_bf16(x + m * K + k, mk);
-#if defined(__AVX512BF16__)
-      for (int j = 0; j < NR; ++j)
-        acc[m * NR + j] = _mm512_dpbf16_ps(acc[m * NR + j], (__m512bh)xv, (__m512bh)wv[j]);
-#else
-      // element 2l -> low half of 32-bit lane l, 2l + 1 -> high half: the same pairing as dpbf16
-      const __m512 xlo = _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16));
-      const __m512 xhi = _mm512_castsi512_ps(_mm512_and_si512(xv, _mm512_set1_epi32(int(0xffff0000u))));
-      for (int j = 0; j < NR; ++j) {
-        const __m512 wlo = _mm512_castsi512_ps(_mm512_slli_epi32(wv[j], 16));
-        const __m512 whi = _mm512_castsi512_ps(_mm512_and_si512(wv[j], _mm512_set1_epi32(int(0xffff0000u))));
-        acc[m * NR + j] = _mm512_fmadd_ps(xhi, whi, _mm512_fmadd_ps(xlo, wlo, acc[m * NR + j]));
-      }
-#endif
-    }
-  };
   int64_t k = 0;
-  for (; k + 32 <= K; k += 32) step(k, ~__mmask32(0));
-  if (k < K) step(k, static_cast<__mmask32>((1ull << (K - k)) - 1ull));
+  for (; k + E <= K; k += E) {
+    if (pf)
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + k + ahead), _MM_HINT_T1);
+    step_avx512<ROWS>(x, K, wr, k, static_cast<Mask>(~Mask(0)), acc);
+  }
+  if (k < K) step_avx512<ROWS>(x, K, wr, k, static_cast<Mask>((uint64_t(1) << (K - k)) - 1u), acc);
   alignas(64) float s[NA];
   for (int i = 0; i < NA; i += 16) _mm512_store_ps(s + i, hsum16_avx512(acc + i));
   for (int m = 0; m < ROWS; ++m)
@@ -195,8 +187,7 @@ template <typename T, typename O>
 inline void block_rows(const T* x, int64_t rows, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, bool pf) {
   auto run = [&](auto rows_c) {
     constexpr int R = decltype(rows_c)::value;
-    if constexpr (std::is_same<T, float>::value) block_f32<R>(x, K, w, nr, out, ldo, pf);
-    else block_bf16<R>(x, K, w, nr, out, ldo, pf);
+    block_avx512<R>(x, K, w, nr, out, ldo, pf);
   };
   switch (rows) {
     case 1: run(std::integral_constant<int, 1>{}); break;
