@@ -61,7 +61,9 @@ def test_rows_are_bitwise_independent(M, K, N, seed, dtype):
 
 
 def test_same_result_with_any_thread_count():
-    x, w = torch.randn(5, 130), torch.randn(333, 130)
+    # 7000 x 130 weights x 5 rows: above the 4 MiB below which a sleeping-worker policy runs inline
+    # (triforce::parallel_min_bytes), so two threads really split it under any OMP_WAIT_POLICY
+    x, w = torch.randn(5, 130), torch.randn(7000, 130)
     n = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -70,6 +72,46 @@ def test_same_result_with_any_thread_count():
         assert torch.equal(one, rowwise(x, w))
     finally:
         torch.set_num_threads(n)
+
+
+_THRESHOLD_PROBE = """
+import sys, torch
+import triforce_kernels as tk
+from triforce.models.llama import _rowwise_available
+assert _rowwise_available()
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(0)
+outs = {}
+for M, N, K in ((1, 192, 576), (5, 1536, 576), (4, 7000, 130)):
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    outs[f"linear{M}x{N}"] = torch.ops.triforce_C.rowwise_linear(x, w)
+for B, N, T in ((1, 300, 1), (3, 2000, 5)):
+    q = torch.randn(B, T, 9, 64, generator=g)
+    k, v = torch.randn(B, N, 3, 64, generator=g), torch.randn(B, N, 3, 64, generator=g)
+    lens = torch.tensor([N - 7 * b for b in range(B)], dtype=torch.int32)
+    outs[f"attention{B}x{N}"] = tk.verify_attention(q, k, v, lens, backend="cpu")
+torch.save(outs, sys.argv[1])
+"""
+
+
+def test_parallel_threshold_never_changes_results(tmp_path):
+    """triforce::parallel_min_bytes decides whether a kernel opens a parallel region; the arithmetic of
+    each output must not depend on it: the same inputs with every region opened (0) and none (10**15),
+    on 2 threads, in fresh processes (the threshold is read once per process)."""
+    import os
+    import subprocess
+    import sys
+
+    out = {}
+    for threshold in ("0", str(10**15)):
+        path = tmp_path / f"{threshold}.pt"
+        env = {**os.environ, "TRIFORCE_PARALLEL_MIN_BYTES": threshold, "OMP_NUM_THREADS": "2"}
+        subprocess.run([sys.executable, "-c", _THRESHOLD_PROBE, str(path)], env=env, check=True)
+        out[threshold] = torch.load(path)
+    a, b = out.values()
+    assert a.keys() == b.keys() and len(a) == 5
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
 
 
 def test_non_contiguous_inputs_and_errors():

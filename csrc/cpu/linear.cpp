@@ -16,7 +16,11 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   const T* X = reinterpret_cast<const T*>(x.data_ptr());
   const T* W = reinterpret_cast<const T*>(w.data_ptr());
   T* O = reinterpret_cast<T*>(out.data_ptr());
-  at::parallel_for(0, rowwise_linear_num_blocks(N), 16, [&](int64_t b0, int64_t b1) {
+  // At least 16 blocks, and enough that a thread's share is worth a region (triforce::parallel_min_bytes:
+  // a block streams NR rows of w and does M multiply-adds per weight); fewer blocks run inline.
+  const int64_t block_work = NR * K * std::max<int64_t>(sizeof(T), M);
+  const int64_t grain = std::max<int64_t>(16, (triforce::parallel_min_bytes() + block_work - 1) / block_work);
+  at::parallel_for(0, rowwise_linear_num_blocks(N), grain, [&](int64_t b0, int64_t b1) {
     rowwise_linear_blocks<T, T>(X, M, K, W, N, O, b0, b1);
   });
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__AVX512F__)
@@ -10,6 +11,39 @@
 #endif
 
 namespace triforce {
+
+// Parallel regions cost a wake-up. Under OMP_WAIT_POLICY=PASSIVE (set by `import triforce`, see
+// triforce/_threads.py) an idle OpenMP worker sleeps, and waking it took ~70 us per region on this
+// project's 2-vCPU VM (a 0.44 MB linear: 7 us on one thread, 79 us on two): a SmolLM2-135M decode step
+// opens ~270 regions (7 linears and 2 attention regions per layer) and ran 25-50% slower on 2 threads
+// than on one (docs/development.md, "CPU threads"). So, when workers sleep, the kernels run work
+// estimated below 4 MiB on the calling thread (no region). The estimate is the bytes streamed or, when
+// compute-bound, about one byte per multiply-add of a row (one core streams ~25 GB/s and does ~28 G fp32
+// multiply-adds per second). Workers that spin (OMP_WAIT_POLICY unset or ACTIVE, or GOMP_SPINCOUNT
+// set) wake in a few us: no threshold. TRIFORCE_PARALLEL_MIN_BYTES overrides both (0: every region
+// opens). Read once, from the environment of the first call (which may differ from what the OpenMP
+// runtime read when it loaded: set the variables before importing torch). Results never depend on it:
+// each output gets the same arithmetic whichever thread computes it.
+inline int64_t parallel_min_bytes() {
+  static const int64_t v = [] {
+    const auto env = [](const char* name) {
+      const char* e = std::getenv(name);
+      return (e != nullptr && *e != '\0') ? e : nullptr;
+    };
+    if (const char* e = env("TRIFORCE_PARALLEL_MIN_BYTES")) {
+      char* end = nullptr;
+      const long long n = std::strtoll(e, &end, 10);
+      if (*end == '\0' && n >= 0) return static_cast<int64_t>(n);
+    }
+    const char* policy = env("OMP_WAIT_POLICY");
+    const char* spin = env("GOMP_SPINCOUNT");
+    const bool passive = policy != nullptr && (policy[0] == 'p' || policy[0] == 'P');
+    return passive && (spin == nullptr || std::strcmp(spin, "0") == 0) ? int64_t(4) << 20 : int64_t(0);
+  }();
+  return v;
+}
+
+inline bool worth_parallel(int64_t work_bytes) { return work_bytes >= parallel_min_bytes(); }
 
 struct f16 { uint16_t bits; };
 struct bf16 { uint16_t bits; };

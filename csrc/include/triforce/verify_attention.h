@@ -444,7 +444,12 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
   const bool grouped = verify_attention_groups_heads(Hkv, skn, skh, svn, svh, sizeof(T));
   const int64_t HG = grouped ? Hkv : 1;  // KV heads per item
   const int64_t items = B * (Hkv / HG) * parts;
-#pragma omp parallel
+  // One region only if the keys read (and, from a few query rows per KV head on, the multiply-adds)
+  // are worth a worker's wake-up (parallel_min_bytes); else the calling thread runs every item.
+  int64_t keys = 0;
+  for (int64_t b = 0; b < B; ++b) keys += std::min<int64_t>(std::max<int64_t>(cache_seqlens[b], 0), N);
+  const bool par = worth_parallel(keys * Hkv * D * std::max<int64_t>(2 * sizeof(T), 2 * R));
+#pragma omp parallel if (par)
   {
     va::Scratch sc(R, D);
     std::vector<float> qall(HG * R * D);  // the scaled fp32 queries of the item's heads
@@ -490,7 +495,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     }
   }
   // Log-sum-exp merge of the parts: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (par)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hkv; ++h) {
       for (int64_t r = 0; r < R; ++r) {
