@@ -90,13 +90,27 @@ for B, N, T in ((1, 300, 1), (3, 2000, 5)):
     k, v = torch.randn(B, N, 3, 64, generator=g), torch.randn(B, N, 3, 64, generator=g)
     lens = torch.tensor([N - 7 * b for b in range(B)], dtype=torch.int32)
     outs[f"attention{B}x{N}"] = tk.verify_attention(q, k, v, lens, backend="cpu")
+k = torch.randn(3, 512, 3, 64, generator=g)
+v = torch.randn(3, 512, 3, 64, generator=g)
+ck = tk.chunk_mean_keys(k, 8, backend="cpu")
+outs["chunk_means"] = ck
+out_k, out_v = torch.empty(3, 128, 3, 64), torch.empty(3, 128, 3, 64)
+nc = torch.tensor([64, 50, 33], dtype=torch.int32)
+outs["chunk_idx"] = tk.build_retrieval_cache(torch.randn(3, 9, 64, generator=g), k, v, ck, nc, 8, 16, out_k, out_v,
+                                             backend="cpu")
+outs["out_k"], outs["out_v"] = out_k, out_v
+p = torch.softmax(torch.randn(4, 6, 1000, generator=g), -1)
+q = torch.softmax(torch.randn(4, 5, 1000, generator=g), -1)
+d = torch.randint(1000, (4, 5), generator=g)
+outs["chain_tokens"], outs["chain_num"] = tk.chain_speculative_sample(d, q, p, torch.rand(4, 6, 2, generator=g),
+                                                                      backend="cpu")
 torch.save(outs, sys.argv[1])
 """
 
 
 def test_parallel_threshold_never_changes_results(tmp_path):
-    """triforce::parallel_min_bytes decides whether a kernel opens a parallel region; the arithmetic of
-    each output must not depend on it: the same inputs with every region opened (0) and none (10**15),
+    """triforce::parallel_min_bytes decides whether a CPU kernel opens a parallel region (the linear,
+    attention, chunk-mean, retrieval and sampling kernels); the arithmetic of each output must not depend on it: the same inputs with every region opened (0) and none (10**15),
     on 2 threads, in fresh processes (the threshold is read once per process)."""
     import os
     import subprocess
@@ -109,7 +123,7 @@ def test_parallel_threshold_never_changes_results(tmp_path):
         subprocess.run([sys.executable, "-c", _THRESHOLD_PROBE, str(path)], env=env, check=True)
         out[threshold] = torch.load(path)
     a, b = out.values()
-    assert a.keys() == b.keys() and len(a) == 5
+    assert a.keys() == b.keys() and len(a) == 11
     for name in a:
         assert torch.equal(a[name], b[name]), name
 

@@ -16,7 +16,7 @@ void check_cpu(const at::Tensor& t, const char* name) {
 
 template <class T>
 void argmax_rows_impl(const T* base, int64_t R, int64_t V, int64_t* out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (triforce::worth_parallel(R * V * int64_t(sizeof(T))))
   for (int64_t r = 0; r < R; ++r) out[r] = argmax_row(base + r * V, V, [](T v) { return triforce::to_float(v); });
 }
 
@@ -57,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& dr
   const float* up = u.data_ptr<float>();
   int64_t* tp = tokens.data_ptr<int64_t>();
   int32_t* np = num.data_ptr<int32_t>();
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (triforce::worth_parallel(B * (2 * n + 1) * V * 4))
   for (int64_t b = 0; b < B; ++b)
     np[b] = chain_sample_row(dp + b * n, qp ? qp + b * n * V : nullptr, pp + b * (n + 1) * V, up + b * (n + 1) * 2,
                              n, V, tp + b * (n + 1));
@@ -112,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_speculative_sample(const at:
   int32_t* pathp = path.data_ptr<int32_t>();
   int64_t* tp = tokens.data_ptr<int64_t>();
   int32_t* np = num.data_ptr<int32_t>();
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (triforce::worth_parallel(B * 2 * T * V * 4))
   for (int64_t b = 0; b < B; ++b)
     np[b] = tree_sample_row(ttp + b * T, pap + b * T, qp ? qp + b * T * V : nullptr, pp + b * T * V, up + b * T * 2, T,
                             V, pathp + b * T, tp + b * T);

@@ -32,7 +32,7 @@ void chunk_mean_keys_cpu(const T* k, int64_t B, int64_t C, int64_t H, int64_t D,
   // in the usual layout) instead of jumping between positions per head. Same summation order per
   // element (t = 0, 1, ...) as the reference's chunk sum.
   const bool rows_contiguous = stride_kd == 1 && stride_kh == D;
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(B * C * chunk_size * H * D * static_cast<int64_t>(sizeof(T))))
   {
     std::vector<float> acc(H * D);
 #pragma omp for collapse(2) schedule(static)

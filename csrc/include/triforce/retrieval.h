@@ -158,7 +158,7 @@ void score_chunks_cpu(const T* q, int64_t stride_qb, int64_t stride_qh, int64_t 
   const int64_t G = Hq / Hkv;
   const std::vector<float> qf = queries_f32(q, stride_qb, stride_qh, B, Hq, D);
   std::unique_ptr<float[]> logits(new float[B * Hq * C]);  // uninitialised: only c < n is written and read
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(B * C * Hkv * D * 4))
   {
     logits_all(qf.data(), B, Hq, G, D, ck.ptr, ck.stride_b, ck.stride_n, ck.stride_h, C, num_chunks, logits.get());
 #pragma omp for collapse(2) schedule(dynamic)
@@ -172,7 +172,7 @@ void score_chunks_cpu(const T* q, int64_t stride_qb, int64_t stride_qh, int64_t 
 // scores contiguous [B, H, C] -> out contiguous [B, H, budget].
 inline void select_chunks_cpu(const float* scores, const int32_t* num_chunks, int64_t B, int64_t H, int64_t C,
                               int64_t budget, int64_t sink, int64_t recent, int32_t* out) {
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(B * H * C * 4))
   {
     std::vector<std::pair<float, int32_t>> work;
 #pragma omp for collapse(2) schedule(dynamic)
@@ -188,7 +188,7 @@ template <typename T>
 void gather_chunks_cpu(Cache4<const T> k, Cache4<const T> v, int64_t B, int64_t N, int64_t H, int64_t D,
                        const int32_t* chunk_idx, int64_t S, int64_t chunk_size, T* out_k, T* out_v, int64_t M) {
   const int64_t Nc = N / chunk_size;
-#pragma omp parallel for collapse(2) schedule(dynamic)
+#pragma omp parallel for collapse(2) schedule(dynamic) if (worth_parallel(B * H * S * chunk_size * D * 2 * int64_t(sizeof(T))))
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int32_t* idx = chunk_idx + (b * H + h) * S;
@@ -213,7 +213,8 @@ void build_retrieval_cache_cpu(const Q* q, int64_t stride_qb, int64_t stride_qh,
   const int64_t G = Hq / Hkv, Nc = N / chunk_size;
   const std::vector<float> qf = queries_f32(q, stride_qb, stride_qh, B, Hq, D);
   std::unique_ptr<float[]> logits(new float[B * Hq * C]);  // uninitialised: only c < n is written and read
-#pragma omp parallel
+  const int64_t work = B * Hkv * (C * D * 4 + budget * chunk_size * D * 2 * static_cast<int64_t>(sizeof(T)));
+#pragma omp parallel if (worth_parallel(work))
   {
     logits_all(qf.data(), B, Hq, G, D, ck.ptr, ck.stride_b, ck.stride_n, ck.stride_h, C, num_chunks, logits.get());
     std::vector<float> scores(C);
