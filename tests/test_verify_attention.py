@@ -166,6 +166,20 @@ def test_tree_oracle(backend):
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
+def test_trusted_entry_equals_the_public_op(backend, monkeypatch):
+    """The model layer's unchecked entry (verify_attention_trusted: same backend choice, the CPU kernel
+    called directly) returns exactly what tk.verify_attention returns, causal and tree."""
+    from triforce_kernels.verify_attention import verify_attention_trusted
+
+    monkeypatch.setenv("TRIFORCE_BACKEND", backend)
+    dev = backend_device(backend)
+    for kind in ("causal", "tree"):
+        q, k, v, L, mask = make_inputs(2, 5, 9, 3, 64, [0, 40], 3, torch.float32, 4, dev, kind)
+        want = tk.verify_attention(q, k, v, L, mask, backend=backend)
+        torch.testing.assert_close(verify_attention_trusted(q, k, v, L, mask), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
 def test_causal_tree_equals_causal(backend):
     dev = backend_device(backend)
     T = 9

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 import triforce_kernels as tk
+from triforce_kernels.verify_attention import verify_attention_trusted
 from .config import LlamaConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -137,7 +138,7 @@ class _KVCache:
     def attend(self, layer: int, q, k, v, step: Step, k_raw=None) -> torch.Tensor:
         """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache."""
         self._write(layer, k, v, step)
-        return tk.verify_attention(q, self.k[layer], self.v[layer], step.seqlens, tree_mask=step.tree_mask)
+        return verify_attention_trusted(q, self.k[layer], self.v[layer], step.seqlens, step.tree_mask)
 
     def end(self, step: Step) -> None:
         self.lengths.add_(step.counts)
@@ -361,7 +362,7 @@ class StreamingCache(_KVCache):
         tmp_k[step.batch_index, step.slots] = k
         tmp_v[step.batch_index, step.slots] = v
         tmp_raw[step.batch_index, step.slots] = k_raw
-        out = tk.verify_attention(q, tmp_k, tmp_v, step.seqlens, tree_mask=step.tree_mask)
+        out = verify_attention_trusted(q, tmp_k, tmp_v, step.seqlens, step.tree_mask)
         self._compact(layer, tmp_raw, tmp_v, self.lengths + step.counts)
         return out
 
