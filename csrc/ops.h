@@ -18,6 +18,8 @@ at::Tensor build_retrieval_cache(const at::Tensor& q, const at::Tensor& k, const
 
 // ---- model layer: x @ w^T for few rows, bitwise row-independent (csrc/cpu/linear.cpp) -------------
 at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w);
+// weight-only int8: w[n, k] = scales[n, k / 32] * q[n, k] (a draft model's format, triforce/models/quant.py)
+at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 
 // ---- verification attention (docs/design.md 3.2) --------------------------------------------------
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).

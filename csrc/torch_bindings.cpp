@@ -21,6 +21,7 @@ TORCH_LIBRARY(triforce_C, m) {
         " -> (Tensor, Tensor)");
   m.def("chain_greedy_verify(Tensor draft_tokens, Tensor target_logits) -> (Tensor, Tensor)");
   m.def("rowwise_linear(Tensor x, Tensor w) -> Tensor");
+  m.def("rowwise_linear_q8(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");
@@ -39,6 +40,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("chain_speculative_sample", &chain_speculative_sample);
   m.impl("chain_greedy_verify", &chain_greedy_verify);
   m.impl("rowwise_linear", &rowwise_linear);
+  m.impl("rowwise_linear_q8", &rowwise_linear_q8);
   m.impl("tree_speculative_sample", &tree_speculative_sample);
   m.impl("tree_greedy_verify", &tree_greedy_verify);
 }

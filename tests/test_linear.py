@@ -78,6 +78,7 @@ _THRESHOLD_PROBE = """
 import sys, torch
 import triforce_kernels as tk
 from triforce.models.llama import _rowwise_available
+from triforce.models.quant import quantize_q8
 assert _rowwise_available()
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)
@@ -85,6 +86,8 @@ outs = {}
 for M, N, K in ((1, 192, 576), (5, 1536, 576), (4, 7000, 130)):
     x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
     outs[f"linear{M}x{N}"] = torch.ops.triforce_C.rowwise_linear(x, w)
+    q, s = quantize_q8(w)
+    outs[f"linear_q8_{M}x{N}"] = torch.ops.triforce_C.rowwise_linear_q8(x, q, s)
 for B, N, T in ((1, 300, 1), (3, 2000, 5)):
     q = torch.randn(B, T, 9, 64, generator=g)
     k, v = torch.randn(B, N, 3, 64, generator=g), torch.randn(B, N, 3, 64, generator=g)
@@ -123,7 +126,7 @@ def test_parallel_threshold_never_changes_results(tmp_path):
         subprocess.run([sys.executable, "-c", _THRESHOLD_PROBE, str(path)], env=env, check=True)
         out[threshold] = torch.load(path)
     a, b = out.values()
-    assert a.keys() == b.keys() and len(a) == 11
+    assert a.keys() == b.keys() and len(a) == 14
     for name in a:
         assert torch.equal(a[name], b[name]), name
 

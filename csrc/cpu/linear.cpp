@@ -45,3 +45,34 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w) {
   else run<triforce::bf16>(xc, wc, out);
   return out;
 }
+
+at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
+  using namespace triforce::linear;
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && scales.dim() == 2,
+              "rowwise_linear_q8: x [M, K], q [N, K] and scales [N, ceil(K / 32)] must be 2-D, got ", x.sizes(), ", ",
+              q.sizes(), " and ", scales.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat,
+              "rowwise_linear_q8: x float32, q int8 and scales float32, got ", x.scalar_type(), ", ",
+              q.scalar_type(), " and ", scales.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && q.device().is_cpu() && scales.device().is_cpu(),
+              "rowwise_linear_q8: CPU tensors only");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  TORCH_CHECK(q.size(1) == K, "rowwise_linear_q8: x has ", K, " columns, q ", q.size(1));
+  TORCH_CHECK(scales.size(0) == N && scales.size(1) == q8_groups(K), "rowwise_linear_q8: scales must be [", N, ", ",
+              q8_groups(K), "] (one per 32 weights of a row), got ", scales.sizes());
+  const at::Tensor xc = x.contiguous(), qc = q.contiguous(), sc = scales.contiguous();
+  at::Tensor out = at::empty({M, N}, xc.options());
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return out.zero_();
+  const float* X = xc.const_data_ptr<float>();
+  const int8_t* Q = qc.const_data_ptr<int8_t>();
+  const float* S = sc.const_data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  // a block streams NR rows of 1-byte weights and does M multiply-adds per weight
+  const int64_t block_work = NR * K * std::max<int64_t>(1, M);
+  const int64_t grain = std::max<int64_t>(16, (triforce::parallel_min_bytes() + block_work - 1) / block_work);
+  at::parallel_for(0, rowwise_linear_num_blocks(N), grain, [&](int64_t b0, int64_t b1) {
+    rowwise_linear_q8_blocks(X, M, K, Q, S, N, O, b0, b1);
+  });
+  return out;
+}

@@ -44,9 +44,46 @@ void check_case(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
   }
 }
 
+// Weight-only int8: against the float64 product with the dequantised weights, and bitwise row
+// independence, with the same split points as above.
+void check_q8(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
+  std::normal_distribution<float> d;
+  std::uniform_int_distribution<int> qd(-127, 127);
+  const int64_t G = q8_groups(K);
+  std::vector<float> x(M * K), s(N * G);
+  std::vector<int8_t> q(N * K);
+  for (auto& v : x) v = d(g);
+  for (auto& v : q) v = static_cast<int8_t>(qd(g));
+  for (auto& v : s) v = std::fabs(d(g)) / 127.f + 1e-4f;
+  const int64_t nb = rowwise_linear_num_blocks(N);
+  std::vector<float> out(M * N, std::nanf("")), row(N);
+  const int64_t split = nb == 0 ? 0 : (M * 5 + K) % (nb + 1);
+  rowwise_linear_q8_blocks(x.data(), M, K, q.data(), s.data(), N, out.data(), 0, split);
+  rowwise_linear_q8_blocks(x.data(), M, K, q.data(), s.data(), N, out.data(), split, nb);
+  for (int64_t m = 0; m < M; ++m) {
+    rowwise_linear_q8_blocks(x.data() + m * K, 1, K, q.data(), s.data(), N, row.data(), 0, nb);
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double w = double(static_cast<float>(q[n * K + k]) * s[n * G + k / kQ8Group]);
+        ref += double(x[m * K + k]) * w;
+        mag += std::fabs(double(x[m * K + k]) * w);
+      }
+      EXPECT(std::fabs(out[m * N + n] - ref) <= mag * (K + 2) * 1.2e-7 + 1e-30);
+      EXPECT(std::memcmp(&out[m * N + n], &row[n], 4) == 0);
+    }
+  }
+}
+
 int main() {
   std::mt19937 g(1234);
   int cases = 0;
+  for (int64_t M : {1, 2, 4, 5, 9})
+    for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 576})
+      for (int64_t N : {1, 5, 6, 7, 13}) {
+        check_q8(M, K, N, g);
+        ++cases;
+      }
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13})
     for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 64, 100, 576})
       for (int64_t N : {1, 5, 6, 7, 12, 13, 50}) {

@@ -2,7 +2,9 @@
 from .cache import FullCache, RetrievalCache, StreamingCache
 from .config import LlamaConfig
 from .llama import Llama
+from .quant import int8_copy
 from .smollm2 import smollm2_135m
 from .tokenizer import Tokenizer
 
-__all__ = ["Llama", "LlamaConfig", "smollm2_135m", "Tokenizer", "FullCache", "StreamingCache", "RetrievalCache"]
+__all__ = ["Llama", "LlamaConfig", "smollm2_135m", "Tokenizer", "FullCache", "StreamingCache", "RetrievalCache",
+           "int8_copy"]

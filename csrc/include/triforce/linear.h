@@ -219,5 +219,96 @@ inline void rowwise_linear_blocks(const T* x, int64_t M, int64_t K, const T* w, 
 
 inline int64_t rowwise_linear_num_blocks(int64_t N) { return (N + NR - 1) / NR; }
 
+// ---- weight-only int8 (a draft model's format; triforce/models/quant.py): w[n, k] = s[n, k / 32] *
+// q[n, k], q int8, s float32 per group of kQ8Group consecutive k of a row. x and out are float32. Each
+// weight is dequantised exactly (float(q) * s, one rounding) and then enters the same per-lane fp32
+// accumulation and reduction tree as the float32 kernel, so row m of an M-row product is still bitwise
+// the 1-row product of x[m]. A 1-row product reads 1.125 bytes per weight instead of 4 (float32) or 2
+// (bfloat16).
+constexpr int64_t kQ8Group = 32;
+constexpr int64_t kPrefetchBlocksQ8 = 4;
+
+inline int64_t q8_groups(int64_t K) { return (K + kQ8Group - 1) / kQ8Group; }
+
+#if defined(__AVX512F__)
+inline __m512 dequant16(const int8_t* q, float s, __mmask16 mk) {
+  const __m128i b = mk == __mmask16(0xffff) ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(q))
+                                            : _mm_maskz_loadu_epi8(mk, q);
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(s));
+}
+
+template <int ROWS>
+inline void step_q8_avx512(const float* x, int64_t K, const int8_t* const* qr, const float* const* sr, int64_t k,
+                           __mmask16 mk, __m512* acc) {
+  __m512 wv[NR];
+  for (int j = 0; j < NR; ++j) wv[j] = dequant16(qr[j] + k, sr[j][k / kQ8Group], mk);
+  for (int m = 0; m < ROWS; ++m) {
+    const __m512 xv = load16_f32(x + m * K + k, mk);
+    for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
+  }
+}
+
+template <int ROWS>
+inline void block_q8_avx512(const float* x, int64_t K, const int8_t* q, const float* s, int64_t nr, float* out,
+                            int64_t ldo, bool pf) {
+  const int64_t G = q8_groups(K), ahead = kPrefetchBlocksQ8 * NR * K;
+  const int8_t* qr[NR];
+  const float* sr[NR];
+  for (int64_t j = 0; j < NR; ++j) {
+    qr[j] = q + (j < nr ? j : 0) * K;
+    sr[j] = s + (j < nr ? j : 0) * G;
+  }
+  constexpr int NA = ((ROWS * NR + 15) / 16) * 16;
+  __m512 acc[NA];
+  for (int i = 0; i < NA; ++i) acc[i] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if (pf && k % 64 == 0)  // one 64-byte line of each row per 4 steps
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(qr[j] + k + ahead), _MM_HINT_T1);
+    step_q8_avx512<ROWS>(x, K, qr, sr, k, __mmask16(0xffff), acc);
+  }
+  if (k < K) step_q8_avx512<ROWS>(x, K, qr, sr, k, static_cast<__mmask16>((1u << (K - k)) - 1u), acc);
+  alignas(64) float r[NA];
+  for (int i = 0; i < NA; i += 16) _mm512_store_ps(r + i, hsum16_avx512(acc + i));
+  for (int m = 0; m < ROWS; ++m)
+    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = r[m * NR + j];
+}
+#endif
+
+// Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K], q [N, K], s [N, q8_groups(K)],
+// out [M, N], all contiguous.
+inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const int8_t* q, const float* s,
+                                     int64_t N, float* out, int64_t b0, int64_t b1) {
+  const int64_t G = q8_groups(K);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
+    for (int64_t m = 0; m < M; m += MR) {
+      const int64_t rows = std::min<int64_t>(MR, M - m);
+#if defined(__AVX512F__)
+      const float* xm = x + m * K;
+      float* o = out + m * N + n;
+      const bool pf = m == 0;
+      switch (rows) {
+        case 1: block_q8_avx512<1>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
+        case 2: block_q8_avx512<2>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
+        case 3: block_q8_avx512<3>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
+        default: block_q8_avx512<4>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
+      }
+#else
+      // portable: one fixed-order sum per output (k increasing), the same for any M
+      for (int64_t mm = m; mm < m + rows; ++mm)
+        for (int64_t j = n; j < n + nr; ++j) {
+          float a = 0.f;
+          for (int64_t k = 0; k < K; ++k) {
+            const float w = static_cast<float>(q[j * K + k]) * s[j * G + k / kQ8Group];
+            a += x[mm * K + k] * w;
+          }
+          out[mm * N + j] = a;
+        }
+#endif
+    }
+  }
+}
+
 }  // namespace linear
 }  // namespace triforce
