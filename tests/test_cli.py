@@ -297,6 +297,10 @@ def test_generate_hf_directory(hf_dir, capsys):
     rc, out2, _ = run(["generate", "--model", str(hf_dir), "--prompt", "the cat sat on a mat", "--max-new-tokens",
                        "12", "--method", "speculative", "--draft", str(hf_dir), "--gamma", "3"], capsys)
     assert rc == 0 and out2 == out
+    # an int8 copy of the target as the draft: the same text
+    rc, out3, _ = run(["generate", "--model", str(hf_dir), "--prompt", "the cat sat on a mat", "--max-new-tokens",
+                       "12", "--method", "speculative", "--draft", "int8", "--gamma", "3"], capsys)
+    assert rc == 0 and out3 == out
 
 
 def test_generate_stops_at_eos(hf_dir, tmp_path, capsys):

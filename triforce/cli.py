@@ -77,9 +77,9 @@ def _model(s: str) -> str:
 
 
 def _draft(s: str) -> str:
-    if s == "smollm2" or s in PAIR_NAMES or s in HEAD_KINDS or Path(s).expanduser().exists():
+    if s in ("smollm2", "int8") or s in PAIR_NAMES or s in HEAD_KINDS or Path(s).expanduser().exists():
         return s
-    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', {' / '.join(PAIR_NAMES)}, a head kind "
+    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', 'int8', {' / '.join(PAIR_NAMES)}, a head kind "
                                      f"({', '.join(HEAD_KINDS)}) nor an existing Hugging Face model directory, "
                                      ".gguf file or head set (.safetensors)")
 
@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sample among the most probable tokens holding this probability mass, in (0, 1]")
     g.add_argument("--seed", metavar="N", type=int, default=None, help="seed of the sampling generator")
     g.add_argument("--draft", metavar="MODEL", type=_draft, default=None,
-                   help="draft model (speculative, triforce, magicdec, tree): 'smollm2' or a Hugging Face "
+                   help="draft model (speculative, triforce, magicdec, tree): 'smollm2', 'int8' (an int8 copy of "
+                        "the float32 target: a cheap CPU draft) or a Hugging Face "
                         "directory / GGUF file with the target's vocabulary (default: the method's own draft); "
                         "for tree and triforce also trained heads: medusa, mlp, hidden_transfer, early_exit "
                         "(the shipped set) or a head set's .safetensors")
@@ -455,6 +456,11 @@ def cmd_generate(args) -> int:
             if args.method not in ("tree", "triforce"):
                 raise UsageError(f"--draft {args.draft}: trained heads draft for --method tree or triforce only")
             draft = os.path.expanduser(args.draft) if args.draft not in HEAD_KINDS else args.draft
+        elif args.draft == "int8":
+            from .models.quant import int8_copy
+
+            with progress.step("quantising the draft copy"):
+                draft = int8_copy(model)
         elif args.draft is not None:
             with progress.step("loading draft"):
                 draft = hub.load_draft(args.draft, args.dtype)
