@@ -8,7 +8,7 @@ a set of such weight matrices larger than the last-level cache (as a decode step
 model's weights), so every call reads its weights from memory. Bytes = the weights read once + the
 inputs + the outputs.
 
-    python -m bench.bench_rowwise_linear [--quick] [--threads N]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+    python -m bench.bench_rowwise_linear [--quick] [--threads N] [--dtype float32|bfloat16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 
@@ -26,7 +26,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="M = 1 and 8 only")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8", "both"], default="both",
+                   help="both = float32 and bfloat16; int8 = rowwise_linear_q8 (weight-only int8, float32 x)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -35,6 +36,8 @@ def main():
     g = torch.Generator().manual_seed(0)
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
+    if a.dtype == "int8":
+        return bench_q8(a, g, bw)
     for name in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
         dtype = getattr(torch, name)
         ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(MATRICES)]
@@ -49,6 +52,26 @@ def main():
             t = measure(lambda: [kernel(x, w) for w in ws], reps=5, min_time_s=0.5)
             record(family="model", op="rowwise_linear", backend="cpu", shape=shape, dtype=name,
                    bytes_moved=nbytes, timing=t, bandwidth=bw, baseline="torch", baseline_timing=base)
+
+
+def bench_q8(a, g, bw) -> None:
+    """``rowwise_linear_q8`` (triforce.models.quant: int8 weights, a float32 scale per 32) against its
+    reference, ``F.linear`` on the dequantised float32 weight (what ``Q8Linear`` does off the kernel's
+    path); bytes = int8 weights + scales + x + out, read once."""
+    from triforce.models.quant import dequantize_q8, quantize_q8
+
+    qs = [quantize_q8(torch.randn(N, K, generator=g)) for _ in range(MATRICES)]
+    kernel = torch.ops.triforce_C.rowwise_linear_q8
+    for M in ((1, 8) if a.quick else (1, 2, 4, 5, 8, 16, 32)):
+        x = torch.randn(M, K, generator=g)
+        nbytes = MATRICES * (N * K + qs[0][1].numel() * 4 + (M * K + M * N) * 4)
+        shape = f"M={M},N={N},K={K},matrices={MATRICES}"
+        base = measure(lambda: [F.linear(x, dequantize_q8(q, s)) for q, s in qs], reps=5, min_time_s=0.5)
+        record(family="model", op="rowwise_linear_q8", backend="torch", shape=shape, dtype="int8",
+               bytes_moved=nbytes, timing=base, bandwidth=bw)
+        t = measure(lambda: [kernel(x, q, s) for q, s in qs], reps=5, min_time_s=0.5)
+        record(family="model", op="rowwise_linear_q8", backend="cpu", shape=shape, dtype="int8",
+               bytes_moved=nbytes, timing=t, bandwidth=bw, baseline="torch", baseline_timing=base)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .llama import ROWWISE_MAX_ROWS, Llama, _rowwise_available
+
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
@@ -50,10 +52,15 @@ def dequantize_q8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.repeat_interleave(GROUP, 1)[:, :K]
 
 
-def _q8_kernel_available() -> bool:
-    from .llama import _rowwise_available
+_Q8_KERNEL = None
 
-    return _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_q8")
+
+def _q8_kernel_available() -> bool:
+    """The extension has ``rowwise_linear_q8`` (and the model's streaming kernels are not switched off)."""
+    global _Q8_KERNEL
+    if _Q8_KERNEL is None:
+        _Q8_KERNEL = _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_q8")
+    return _Q8_KERNEL
 
 
 class Q8Linear(nn.Module):
@@ -84,8 +91,6 @@ class Q8Linear(nn.Module):
         return dequantize_q8(self.qweight, self.scales)
 
     def forward(self, x):
-        from .llama import ROWWISE_MAX_ROWS
-
         dtype = x.dtype
         xf = x.float()
         rows = xf.numel() // max(1, xf.shape[-1])
@@ -110,8 +115,6 @@ def int8_copy(model):
     """A copy of ``model`` (a float32 :class:`~triforce.models.Llama`) whose linear layers, the LM head
     included, are :class:`Q8Linear` (see the module docstring). Made once per model and kept while the
     model lives; use it as ``draft=`` of ``speculative`` or ``triforce``."""
-    from .llama import Llama
-
     if not isinstance(model, Llama):
         raise TypeError(f"int8_copy: expected a triforce.models.Llama, got {type(model).__name__}")
     if model.dtype != torch.float32:

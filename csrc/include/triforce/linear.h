@@ -115,15 +115,22 @@ inline __m512 load16_f32(const float* p, __mmask16 mk) {
   return mk == __mmask16(0xffff) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mk, p);
 }
 
+// acc[m][j] += x[m, k:k+16] * wv[j] for ROWS rows of x: the fp32 arithmetic of every weight format whose
+// step yields fp32 weight vectors (float32 loaded, int8 dequantised).
+template <int ROWS>
+inline void fma_rows_avx512(const float* x, int64_t K, int64_t k, __mmask16 mk, const __m512* wv, __m512* acc) {
+  for (int m = 0; m < ROWS; ++m) {
+    const __m512 xv = load16_f32(x + m * K + k, mk);
+    for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
+  }
+}
+
 template <int ROWS>
 inline void step_avx512(const float* x, int64_t K, const float* const* wr, int64_t k, __mmask16 mk,
                         __m512* acc) {
   __m512 wv[NR];
   for (int j = 0; j < NR; ++j) wv[j] = load16_f32(wr[j] + k, mk);
-  for (int m = 0; m < ROWS; ++m) {
-    const __m512 xv = load16_f32(x + m * K + k, mk);
-    for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
-  }
+  fma_rows_avx512<ROWS>(x, K, k, mk, wv, acc);
 }
 
 // bf16, 32 elements. With AVX512_BF16 one dpbf16 per 32 elements (fp32 accumulation of exact bf16
@@ -159,6 +166,31 @@ inline void step_avx512(const bf16* x, int64_t K, const bf16* const* wr, int64_t
 // ROWS (1..MR) rows of x against nr (1..NR) weight rows w[j * K ...]; missing weight rows repeat row 0
 // (read, never stored) so the loop has no branches. pf: prefetch the block ahead (the first x-row group
 // of a block only; the others find it in L1).
+// Accumulators of a block: ROWS x NR used, padded to whole groups of 16 for the reduction.
+template <int ROWS>
+constexpr int block_acc_count() { return ((ROWS * NR + 15) / 16) * 16; }
+
+// Reduce each accumulator (hsum16_avx512, 16 at a time) and store the block's ROWS x nr outputs.
+template <int ROWS, typename O>
+inline void reduce_store_avx512(const __m512* acc, int64_t nr, O* out, int64_t ldo) {
+  constexpr int NA = block_acc_count<ROWS>();
+  alignas(64) float s[NA];
+  for (int i = 0; i < NA; i += 16) _mm512_store_ps(s + i, hsum16_avx512(acc + i));
+  for (int m = 0; m < ROWS; ++m)
+    for (int64_t j = 0; j < nr; ++j) store_out(out + m * ldo + j, s[m * NR + j]);
+}
+
+// f(std::integral_constant<int, rows>) for rows in 1..MR.
+template <typename F>
+inline void with_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
 template <int ROWS, typename T, typename O>
 inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, bool pf) {
   constexpr bool f32 = std::is_same<T, float>::value;
@@ -167,9 +199,8 @@ inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, 
   const int64_t ahead = (f32 ? kPrefetchBlocksF32 : kPrefetchBlocksBF16) * NR * K;
   const T* wr[NR];
   for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * K;
-  constexpr int NA = ((ROWS * NR + 15) / 16) * 16;
-  __m512 acc[NA];
-  for (int i = 0; i < NA; ++i) acc[i] = _mm512_setzero_ps();
+  __m512 acc[block_acc_count<ROWS>()];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + E <= K; k += E) {
     if (pf)
@@ -177,24 +208,12 @@ inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, 
     step_avx512<ROWS>(x, K, wr, k, static_cast<Mask>(~Mask(0)), acc);
   }
   if (k < K) step_avx512<ROWS>(x, K, wr, k, static_cast<Mask>((uint64_t(1) << (K - k)) - 1u), acc);
-  alignas(64) float s[NA];
-  for (int i = 0; i < NA; i += 16) _mm512_store_ps(s + i, hsum16_avx512(acc + i));
-  for (int m = 0; m < ROWS; ++m)
-    for (int64_t j = 0; j < nr; ++j) store_out(out + m * ldo + j, s[m * NR + j]);
+  reduce_store_avx512<ROWS>(acc, nr, out, ldo);
 }
 
 template <typename T, typename O>
 inline void block_rows(const T* x, int64_t rows, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, bool pf) {
-  auto run = [&](auto rows_c) {
-    constexpr int R = decltype(rows_c)::value;
-    block_avx512<R>(x, K, w, nr, out, ldo, pf);
-  };
-  switch (rows) {
-    case 1: run(std::integral_constant<int, 1>{}); break;
-    case 2: run(std::integral_constant<int, 2>{}); break;
-    case 3: run(std::integral_constant<int, 3>{}); break;
-    default: run(std::integral_constant<int, 4>{}); break;
-  }
+  with_rows(rows, [&](auto rows_c) { block_avx512<decltype(rows_c)::value>(x, K, w, nr, out, ldo, pf); });
 }
 #endif
 
@@ -242,10 +261,7 @@ inline void step_q8_avx512(const float* x, int64_t K, const int8_t* const* qr, c
                            __mmask16 mk, __m512* acc) {
   __m512 wv[NR];
   for (int j = 0; j < NR; ++j) wv[j] = dequant16(qr[j] + k, sr[j][k / kQ8Group], mk);
-  for (int m = 0; m < ROWS; ++m) {
-    const __m512 xv = load16_f32(x + m * K + k, mk);
-    for (int j = 0; j < NR; ++j) acc[m * NR + j] = _mm512_fmadd_ps(xv, wv[j], acc[m * NR + j]);
-  }
+  fma_rows_avx512<ROWS>(x, K, k, mk, wv, acc);
 }
 
 template <int ROWS>
@@ -258,9 +274,8 @@ inline void block_q8_avx512(const float* x, int64_t K, const int8_t* q, const fl
     qr[j] = q + (j < nr ? j : 0) * K;
     sr[j] = s + (j < nr ? j : 0) * G;
   }
-  constexpr int NA = ((ROWS * NR + 15) / 16) * 16;
-  __m512 acc[NA];
-  for (int i = 0; i < NA; ++i) acc[i] = _mm512_setzero_ps();
+  __m512 acc[block_acc_count<ROWS>()];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     if (pf && k % 64 == 0)  // one 64-byte line of each row per 4 steps
@@ -268,10 +283,7 @@ inline void block_q8_avx512(const float* x, int64_t K, const int8_t* q, const fl
     step_q8_avx512<ROWS>(x, K, qr, sr, k, __mmask16(0xffff), acc);
   }
   if (k < K) step_q8_avx512<ROWS>(x, K, qr, sr, k, static_cast<__mmask16>((1u << (K - k)) - 1u), acc);
-  alignas(64) float r[NA];
-  for (int i = 0; i < NA; i += 16) _mm512_store_ps(r + i, hsum16_avx512(acc + i));
-  for (int m = 0; m < ROWS; ++m)
-    for (int64_t j = 0; j < nr; ++j) out[m * ldo + j] = r[m * NR + j];
+  reduce_store_avx512<ROWS>(acc, nr, out, ldo);
 }
 #endif
 
@@ -285,15 +297,9 @@ inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const
     for (int64_t m = 0; m < M; m += MR) {
       const int64_t rows = std::min<int64_t>(MR, M - m);
 #if defined(__AVX512F__)
-      const float* xm = x + m * K;
-      float* o = out + m * N + n;
-      const bool pf = m == 0;
-      switch (rows) {
-        case 1: block_q8_avx512<1>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
-        case 2: block_q8_avx512<2>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
-        case 3: block_q8_avx512<3>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
-        default: block_q8_avx512<4>(xm, K, q + n * K, s + n * G, nr, o, N, pf); break;
-      }
+      with_rows(rows, [&](auto rows_c) {
+        block_q8_avx512<decltype(rows_c)::value>(x + m * K, K, q + n * K, s + n * G, nr, out + m * N + n, N, m == 0);
+      });
 #else
       // portable: one fixed-order sum per output (k increasing), the same for any M
       for (int64_t mm = m; mm < m + rows; ++mm)
