@@ -165,6 +165,94 @@ def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step)
     assert cache.memory_bytes() == StreamingCache(cfg, B, sink, window, max_step).memory_bytes()
 
 
+@pytest.mark.parametrize("seed,sink,window,max_step,context,fixed_width", [
+    (0, 2, 6, 3, 256, False), (1, 0, 5, 2, 256, False), (2, 4, 12, 4, 256, False), (3, 3, 9, 5, 40, False),
+    (4, 1, 1, 3, 256, False), (5, 2, 6, 3, 256, True), (6, 3, 9, 5, 40, True)])
+def test_streaming_random_steps_deep_rollbacks_and_trees(seed, sink, window, max_step, context, fixed_width):
+    """Random forwards, rollbacks reaching back across several forwards (so across evictions, which
+    refill evicted slots out of order), token trees kept with commit_path and prefill-sized steps: every
+    forward attends exactly to the sinks and the most recent tokens, at their StreamingLLM positions.
+    ``context`` 40 forces re-basing the RoPE frame every few steps; ``fixed_width`` runs the eviction
+    path of non-CPU devices (a fixed number of slot moves, no host read)."""
+    cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context)
+    B, Hq, Hkv, D = 3, 4, 2, 6
+    cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step)
+    cache._read_width = not fixed_width
+    inv_freq = rope_inv_freq(cfg)
+    held = [[] for _ in range(B)]  # reference: per row, per token, per layer (k_raw, v)
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def evict(b):
+        if len(held[b]) > sink + window:
+            held[b] = held[b][:sink] + held[b][len(held[b]) - window:]
+
+    def forward(T, counts, parents=None):
+        step = cache.begin(T, tree_parents=parents, counts=counts)
+        for b in range(B):  # eviction at the start of every forward
+            evict(b)
+        assert cache.lengths.tolist() == [len(h) for h in held]
+        cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+        q, kr, v = rand(2, B, T, Hq, D), rand(2, B, T, Hkv, D), rand(2, B, T, Hkv, D)
+        outs = [cache.attend(layer, apply_rope(q[layer], cos, sin), apply_rope(kr[layer], cos, sin), v[layer],
+                             step, k_raw=kr[layer]) for layer in range(2)]
+        cache.end(step)
+        return outs, q, kr, v
+
+    def check(outs, q, kr, v, counts):
+        for layer in range(2):
+            for b in range(B):
+                toks = [(t[layer][0], t[layer][1]) for t in held[b]]
+                ref = _stream_reference(toks, sink, window, q[layer, b], kr[layer, b], v[layer, b], inv_freq)
+                c = int(counts[b])
+                assert (outs[layer][b, :c].double() - ref[:c]).abs().max() <= TOL
+
+    def append(b, kr, v, idx):
+        held[b] += [[(kr[layer, b, i], v[layer, b, i]) for layer in range(2)] for i in idx]
+
+    for i in range(60):
+        action = int(torch.randint(0, 10, (), generator=g))
+        if i == 0 or action == 9:  # a prefill-sized step: evicts at its end
+            T = max_step + 1 + int(torch.randint(0, 8, (), generator=g))
+            counts = torch.randint(1, T + 1, (B,), generator=g).int()
+            outs, q, kr, v = forward(T, counts)
+            check(outs, q, kr, v, counts)
+            for b in range(B):
+                append(b, kr, v, range(int(counts[b])))
+                evict(b)
+        elif action < 5:  # a forward of up to max_step tokens
+            T = int(torch.randint(1, max_step + 1, (), generator=g))
+            counts = torch.randint(1, T + 1, (B,), generator=g).int()
+            outs, q, kr, v = forward(T, counts)
+            check(outs, q, kr, v, counts)
+            for b in range(B):
+                append(b, kr, v, range(int(counts[b])))
+        elif action < 8:  # roll back up to 2 * max_step + 2 tokens, across forwards
+            r = torch.randint(0, 2 * max_step + 3, (B,), generator=g)
+            r = torch.minimum(r, cache.lengths.long())
+            cache.rollback(cache.lengths - r)
+            for b in range(B):
+                held[b] = held[b][: len(held[b]) - int(r[b])]
+        else:  # a token tree (a chain 0 <- 1 <- 2 plus a sibling of 1), one path kept with commit_path
+            T = min(max_step, 4)
+            parents = torch.tensor([-1, 0, 1, 0][:T]).expand(B, T)
+            _, _, kr, v = forward(T, None, parents)  # (the kernels' tree masks are tested elsewhere)
+            base = cache.lengths - T
+            paths = [[0, 1, 2][: min(T, 3)], [0, 3] if T == 4 else [0], [0]]
+            path = torch.full((B, 3), -1)
+            acc = torch.zeros(B, dtype=torch.int32)
+            for b, p in enumerate(paths):
+                path[b, : len(p)] = torch.tensor(p)
+                acc[b] = len(p) - 1
+            cache.commit_path(base, path, acc)
+            for b, p in enumerate(paths):  # the kept nodes' keys were rotated at their depths: a chain
+                append(b, kr, v, p)
+    assert cache.memory_bytes() == StreamingCache(cfg, B, sink, window, max_step).memory_bytes()
+
+
 def test_streaming_without_eviction_equals_full_cache():
     model = tiny()
     ids = torch.randint(0, 97, (2, 20))

@@ -73,11 +73,15 @@ class _KVCache:
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
         shape = (batch_size, capacity, config.num_key_value_heads, config.head_dim)
-        self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(self.num_layers)]
-        self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(self.num_layers)]
+        self.k, self.v = self._allocate(shape)
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
         self._batch_index = torch.arange(batch_size, device=self.device)[:, None]
         self._bound = 0  # host-side upper bound of max(lengths)
+
+    def _allocate(self, shape):
+        """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros)."""
+        return tuple([torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
+                     for _ in range(2))
 
     # ---- buffers that move with token slots (k, v, and k_raw for the streaming cache)
     def _slot_buffers(self, layer: int):
@@ -271,20 +275,32 @@ class FullCache(_KVCache):
             self._chunk_store[layer][self._batch_index, dst] = tk.chunk_mean_keys(gathered, cs)
 
 
+_FREE = torch.iinfo(torch.int64).max  # StreamingCache.slot_pos of a slot that holds no token
+
+
 class StreamingCache(_KVCache):
     """StreamingLLM cache: the first ``sink`` tokens and the most recent ``window``.
 
-    Slots ``[0, sink + window + max_step)`` per layer. RoPE positions are cache slots (a token's key
-    is rotated with its slot, and re-rotated from its stored un-rotated key when an eviction moves it),
-    so the relative positions the model sees stay within ``sink + window + max_step``, whatever the
-    length of the sequence.
+    Slots ``[0, sink + window + max_step)`` per layer. Eviction happens at the start of a forward,
+    never of the tokens the current forward appends: a sequence holding ``L > sink + window`` tokens
+    first drops its oldest non-sink tokens down to ``sink + window``; then the ``T`` new tokens are
+    appended and attend to the sinks, the window and (causally) each other. ``rollback`` drops the most
+    recent tokens, and then the next forward sees exactly the sinks and the tokens that precede the
+    rolled-back ones (at most ``window``). A forward of more than ``max_step`` tokens (a chunk of
+    prefill) runs in a temporary buffer and evicts at its end instead (it cannot be rolled back).
 
-    Eviction happens at the start of a forward, never of the tokens the current forward appends: a
-    sequence holding ``L > sink + window`` tokens first drops its oldest non-sink tokens down to
-    ``sink + window``; then the ``T`` new tokens are appended and attend to the sinks, the window and
-    (causally) each other. So ``rollback`` of up to ``max_step`` tokens is always possible. A forward
-    of more than ``max_step`` tokens (a chunk of prefill) runs in a temporary buffer and evicts at its
-    end instead (it cannot be rolled back).
+    The model sees every token at its StreamingLLM position: the new queries at ``L + t`` and a kept
+    token ``r`` tokens older than the first new one at ``L - r``; the sinks at ``0 .. sink-1``. So the
+    relative positions it sees stay within ``sink + window + max_step``, whatever the length of the
+    sequence. Nothing moves to achieve that: RoPE is relative, so a window key rotated once (by the
+    model, at the token's position in the sequence minus ``frame``) keeps its distance to every later
+    query, and only the few sink keys are re-rotated from their un-rotated copies (``k_raw``) when an
+    eviction changes their distance. An eviction overwrites the evicted slots with the tokens past
+    ``sink + window`` (``max_step`` at most), so the window is held in no particular slot order
+    (``slot_pos`` records each slot's position in the sequence), and its cost does not grow with the
+    window. ``frame`` (per row) is re-based, re-rotating the window once from ``k_raw``, whenever
+    the positions given to RoPE would pass the model's context, so RoPE angles stay within those of
+    the model's own context.
 
     Args:
         config, batch_size, device, dtype: as :class:`FullCache`.
@@ -304,26 +320,122 @@ class StreamingCache(_KVCache):
         super().__init__(config, batch_size, sink + window + max_step, device, dtype)
         self.sink, self.window, self.max_step = sink, window, max_step
         self.keep = sink + window
-        shape = self.k[0].shape
-        self.k_raw = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
-        inv_freq = rope_inv_freq(config, self.device)
-        slots = torch.arange(self.keep, device=self.device)[None]
-        self._cos, self._sin = rope_cos_sin(inv_freq, slots, self.dtype)  # [1, keep, 1, D]
+        B, cap = batch_size, self.capacity
+        self._inv_freq = rope_inv_freq(config, self.device)
+        self._pos_limit = config.max_position_embeddings
+        # slot_pos[b, s]: position in the sequence of the token in non-sink slot s (_FREE: none)
+        self.slot_pos = torch.full((B, cap), _FREE, dtype=torch.int64, device=self.device)
+        self.evicted = torch.zeros(B, dtype=torch.int64, device=self.device)  # sequence length - lengths
+        self.frame = torch.zeros(B, dtype=torch.int64, device=self.device)  # RoPE position = position - frame
+        self._slot = torch.arange(cap, device=self.device)[None]
+        # an eviction moves as many slots as it must on the CPU (reading that count is free there); on
+        # other devices it moves a fixed width (padding copies a slot onto itself) so it never syncs
+        self._read_width = self.device.type == "cpu"
+        self._host_state()
+
+    def _host_state(self):
+        self._next_bound = 0    # host upper bound of the next token's RoPE position (sequence length - frame)
+        self._ordered = True    # slots hold the tokens in sequence order (no eviction has reordered them)
+        self._rolled = False    # a rollback / commit_path since the last forward
+
+    def _allocate(self, shape):
+        # k, v and k_raw of every layer are views of one tensor, so an eviction moves them in one op.
+        self._kvr = torch.zeros((3, self.num_layers) + tuple(shape), device=self.device, dtype=self.dtype)
+        self.k_raw = list(self._kvr[2].unbind(0))
+        return list(self._kvr[0].unbind(0)), list(self._kvr[1].unbind(0))
 
     def _slot_buffers(self, layer):
         return (self.k[layer], self.v[layer], self.k_raw[layer])
 
-    def _room(self):
-        return self.capacity
+    def _tensors(self):
+        yield from super()._tensors()
+        yield from (self.slot_pos, self.evicted, self.frame)
+
+    def reset(self) -> None:
+        super().reset()
+        self.slot_pos.fill_(_FREE)
+        self.evicted.zero_()
+        self.frame.zero_()
+        self._host_state()
+
+    def rollback(self, new_lengths: torch.Tensor) -> None:
+        super().rollback(new_lengths)
+        self._rolled = True
+
+    def _after_commit(self, base_lengths, new_lengths, max_new: int) -> None:
+        # the kept path now fills slots base .. base + num_accepted in sequence order; the other nodes'
+        # slots get positions >= the new length, i.e. free
+        j = torch.arange(max_new, device=self.device)
+        dst = (base_lengths.long()[:, None] + j).clamp(max=self.capacity - 1)
+        self.slot_pos[self._batch_index, dst] = base_lengths.long()[:, None] + self.evicted[:, None] + j
+        self._rolled = True
+
+    def _position_offset(self):
+        return self.evicted - self.frame
+
+    # ---- eviction
+    def _settle(self) -> None:
+        """Evict down to ``sink + window`` and fill the slots of evicted or rolled-back tokens with the
+        kept tokens past the new length, so that slots ``[0, lengths)`` hold exactly the kept tokens."""
+        n = self.lengths.long()
+        L = n.clamp(max=self.keep)
+        total = n + self.evicted
+        lo = total - (L - self.sink).clamp(min=0)  # kept non-sink tokens: positions [lo, total)
+        s, pos = self._slot, self.slot_pos
+        kept = (s >= self.sink) & (pos >= lo[:, None]) & (pos < total[:, None])
+        below = s < L[:, None]
+        hole = ~kept & below & (s >= self.sink)
+        src = kept & ~below
+        count = torch.minimum(hole.sum(1), src.sum(1))  # equal, unless lengths were set by hand
+        cap = self.capacity
+        width = int(count.max()) if self._read_width else cap - self.sink
+        if width > 0:
+            dst = torch.where(hole, s, s + cap).sort(1).values[:, :width]  # the holes first, in slot order
+            frm = torch.where(src, s, s + cap).sort(1).values[:, :width]
+            pad = torch.arange(width, device=self.device)[None] >= count[:, None]
+            dst = torch.where(pad, cap - 1, dst)  # padding copies slot cap-1 onto itself (never a hole)
+            frm = torch.where(pad, cap - 1, frm)
+            bi = self._batch_index
+            self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
+            pos[bi, dst] = pos[bi, frm]
+            self._ordered = False
+        pos.masked_fill_(~below, _FREE)
+        self.evicted.add_(n - L)
+        self.lengths.copy_(L.to(torch.int32))
+        self._bound = min(self._bound, self.keep)
+
+    def _sink_positions(self):
+        """RoPE positions ``[B, sink]`` of the sink slots: ``slot + evicted - frame``."""
+        return torch.arange(self.sink, device=self.device)[None] + (self.evicted - self.frame)[:, None]
+
+    def _rotate(self, slots: slice, positions) -> None:
+        """``k`` of every layer at ``slots`` = ``k_raw`` rotated at ``positions`` ``[B, n]``."""
+        cos, sin = rope_cos_sin(self._inv_freq, positions, self.dtype)  # [B, n, 1, D]: broadcast over layers
+        self._kvr[0, :, :, slots] = apply_rope(self._kvr[2, :, :, slots], cos, sin)
+
+    def _rebase(self) -> None:
+        """``frame = evicted``: every kept token at its StreamingLLM position, re-rotated from ``k_raw``."""
+        self.frame.copy_(self.evicted)
+        s = self._slot
+        rel = torch.where(s < self.sink, s, self.slot_pos - self.frame[:, None])
+        self._rotate(slice(None), rel.clamp(0, self.capacity))  # free slots: any angle
+        self._next_bound = self._bound
 
     def begin(self, T, tree_parents=None, counts=None, query_index=None, query_valid=None):
-        if self._bound > self.keep:
-            for layer in range(self.num_layers):
-                self._compact(layer, self.k_raw[layer], self.v[layer], self.lengths)
-            torch.clamp(self.lengths, max=self.keep, out=self.lengths)
-            self._bound = self.keep
+        if self._bound > self.keep or (self._rolled and not self._ordered):
+            evicts = self._bound > self.keep
+            self._settle()
+            if evicts and self.sink:
+                self._rotate(slice(0, self.sink), self._sink_positions())
+        self._rolled = False
+        if self._next_bound + T > self._pos_limit and self._next_bound > self._bound:
+            self._rebase()
+        self._next_bound += T
         if T <= self.max_step:
-            return super().begin(T, tree_parents, counts, query_index, query_valid)
+            step = super().begin(T, tree_parents, counts, query_index, query_valid)
+            seq = self.lengths.long() + self.evicted  # the step's tokens: positions seq .. seq + T - 1
+            self.slot_pos[step.batch_index, step.slots] = seq[:, None] + torch.arange(T, device=self.device)
+            return step
         # Large forward (prefill chunk): the cache holds <= keep tokens now; work in a temporary buffer.
         return self._big_begin(T, tree_parents, counts, query_index, query_valid)
 
@@ -334,19 +446,23 @@ class StreamingCache(_KVCache):
             step = super().begin(T, tree_parents, counts, query_index, query_valid)
         finally:
             self._bound, self.capacity = bound, cap
+        # After the step the cache keeps the sinks + the last `window` kept tokens of buffer + new ones;
+        # which temporary slots those are (in sequence order) is the same for every layer.
+        n, ar = self.lengths.long(), torch.arange(T, device=self.device)
+        seq = n + self.evicted
+        pos = torch.cat([self.slot_pos[:, : self.keep], self.slot_pos.new_full((self.batch_size, T), _FREE)], 1)
+        pos[step.batch_index, step.slots] = seq[:, None] + ar  # [B, keep + T]: the temporary buffer's slots
+        n2 = n + step.counts.long()
+        L2 = n2.clamp(max=self.keep)
+        total2 = n2 + self.evicted
+        lo = total2 - (L2 - self.sink).clamp(min=0)
+        rest = pos[:, self.sink:]
+        key = torch.where((rest >= lo[:, None]) & (rest < total2[:, None]), rest, _FREE)
+        order = key.sort(1)
+        sinks = torch.arange(self.sink, device=self.device).expand(self.batch_size, self.sink)
+        self._big = (torch.cat([sinks, self.sink + order.indices[:, : self.window]], 1),
+                     order.values[:, : self.window], n2 - L2)
         return step
-
-    def _compact(self, layer, src_raw, src_v, total) -> None:
-        """Keep slots ``[0, sink)`` and the last ``window`` of ``total`` tokens of ``src_*`` in slots
-        ``[0, keep)``; re-rotate the keys for their new slots (from the un-rotated keys: no drift)."""
-        shift = (total.long() - self.keep).clamp(min=0)  # [B]
-        j = torch.arange(self.keep, device=self.device)[None]
-        idx = torch.where(j < self.sink, j, j + shift[:, None]).clamp(max=src_raw.shape[1] - 1)
-        raw = src_raw[self._batch_index, idx]  # gathers copy, so src may be the cache itself
-        val = src_v[self._batch_index, idx]
-        self.k_raw[layer][:, : self.keep] = raw
-        self.v[layer][:, : self.keep] = val
-        self.k[layer][:, : self.keep] = apply_rope(raw, self._cos, self._sin)
 
     def attend(self, layer, q, k, v, step, k_raw=None):
         if k_raw is None:
@@ -356,21 +472,29 @@ class StreamingCache(_KVCache):
             return super().attend(layer, q, k, v, step)
         # temporary buffer: the kept tokens + the T new ones; evict into the cache right after.
         B, T = q.shape[0], step.T
-        tmp_k = torch.cat([self.k[layer][:, : self.keep], k.new_zeros((B, T) + k.shape[2:])], dim=1)
-        tmp_v = torch.cat([self.v[layer][:, : self.keep], v.new_zeros((B, T) + v.shape[2:])], dim=1)
-        tmp_raw = torch.cat([self.k_raw[layer][:, : self.keep], k.new_zeros((B, T) + k.shape[2:])], dim=1)
-        tmp_k[step.batch_index, step.slots] = k
-        tmp_v[step.batch_index, step.slots] = v
-        tmp_raw[step.batch_index, step.slots] = k_raw
-        out = verify_attention_trusted(q, tmp_k, tmp_v, step.seqlens, step.tree_mask)
-        self._compact(layer, tmp_raw, tmp_v, self.lengths + step.counts)
+        tmp = [torch.cat([buf[:, : self.keep], x.new_zeros((B, T) + x.shape[2:])], dim=1)
+               for buf, x in ((self.k[layer], k), (self.v[layer], v), (self.k_raw[layer], k_raw))]
+        for buf, x in zip(tmp, (k, v, k_raw)):
+            buf[step.batch_index, step.slots] = x
+        out = verify_attention_trusted(q, tmp[0], tmp[1], step.seqlens, step.tree_mask)
+        sel = self._big[0]
+        for mine, buf in zip(self._slot_buffers(layer), tmp):
+            mine[:, : self.keep] = buf[self._batch_index, sel]
         return out
 
     def end(self, step):
         if step.T <= self.max_step:
             return super().end(step)
+        _, kept_pos, dropped = self._big
+        self.slot_pos[:, self.sink: self.keep] = kept_pos  # in sequence order; _FREE past the kept ones
+        self.slot_pos[:, self.keep:] = _FREE
+        self.evicted.add_(dropped)
         self.lengths.add_(step.counts).clamp_(max=self.keep)
         self._bound = self.keep
+        self._ordered = True
+        self._big = None
+        if self.sink:
+            self._rotate(slice(0, self.sink), self._sink_positions())
 
 
 class RetrievalCache(_KVCache):

@@ -299,7 +299,7 @@ class Llama(nn.Module):
         ids, lens = self._pad_prompts(prompts)
         self._check_cache(cache, ids.shape[0])
         # A FullCache's max_len is at most the model's context; a StreamingCache takes any length (its RoPE
-        # positions are cache slots).
+        # positions are StreamingLLM positions within the cache).
         cap, ctx = getattr(cache, "max_len", None), self.config.max_position_embeddings
         longest = int(lens.max())
         if cap is not None and longest > ctx:
