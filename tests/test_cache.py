@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import triforce_kernels as tk
 from triforce.models import FullCache, Llama, LlamaConfig, RetrievalCache, StreamingCache
@@ -165,15 +167,21 @@ def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step)
     assert cache.memory_bytes() == StreamingCache(cfg, B, sink, window, max_step).memory_bytes()
 
 
-@pytest.mark.parametrize("seed,sink,window,max_step,context,fixed_width", [
-    (0, 2, 6, 3, 256, False), (1, 0, 5, 2, 256, False), (2, 4, 12, 4, 256, False), (3, 3, 9, 5, 40, False),
-    (4, 1, 1, 3, 256, False), (5, 2, 6, 3, 256, True), (6, 3, 9, 5, 40, True)])
-def test_streaming_random_steps_deep_rollbacks_and_trees(seed, sink, window, max_step, context, fixed_width):
+@given(seed=st.integers(0, 2**31 - 1), sink=st.integers(0, 4), window=st.integers(1, 14),
+       max_step=st.integers(1, 5), short_context=st.booleans(), fixed_width=st.booleans())
+@example(seed=0, sink=2, window=6, max_step=3, short_context=False, fixed_width=False)
+@example(seed=1, sink=0, window=5, max_step=2, short_context=False, fixed_width=True)
+@example(seed=3, sink=3, window=9, max_step=5, short_context=True, fixed_width=False)
+@example(seed=4, sink=1, window=1, max_step=3, short_context=False, fixed_width=False)
+@example(seed=6, sink=3, window=9, max_step=5, short_context=True, fixed_width=True)
+def test_streaming_random_steps_deep_rollbacks_and_trees(seed, sink, window, max_step, short_context, fixed_width):
     """Random forwards, rollbacks reaching back across several forwards (so across evictions, which
     refill evicted slots out of order), token trees kept with commit_path and prefill-sized steps: every
     forward attends exactly to the sinks and the most recent tokens, at their StreamingLLM positions.
-    ``context`` 40 forces re-basing the RoPE frame every few steps; ``fixed_width`` runs the eviction
-    path of non-CPU devices (a fixed number of slot moves, no host read)."""
+    ``short_context`` (the model's context just above sink + window + max_step) forces re-basing the
+    RoPE frame every few steps; ``fixed_width`` runs the eviction path of non-CPU devices (a fixed
+    number of slot moves, no host read)."""
+    context = sink + window + max_step + 12 if short_context else 256
     cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context)
     B, Hq, Hkv, D = 3, 4, 2, 6
@@ -415,3 +423,28 @@ def test_constant_memory_over_long_decode():
     assert snapshot() == before
     assert stream.lengths.max() <= 4 + 24 + 4 and rc.num_rebuilds > 5
     assert int(full.lengths.min()) > 48 + 100
+
+
+def test_commit_path_at_the_capacity_with_a_wide_path():
+    """A path tensor wider than the tree, on a tree that ends at the cache's last slot: the unused
+    entries (their slots would lie past the capacity) leave the kept nodes intact."""
+    model = tiny()
+    prompt = torch.randint(0, 97, (2, 9))
+    cache = FullCache(model.config, 2, 12)
+    model.prefill(prompt, cache)
+    parents = torch.tensor([[-1, 0, 1], [-1, 0, 0]])
+    toks = torch.randint(0, 97, (2, 3))
+    base = cache.lengths.clone()
+    model(toks, cache=cache, tree_parents=parents)  # fills slots 9..11: the cache is full
+    path = torch.tensor([[0, 1, 2, -1, -1, -1], [0, 2, -1, -1, -1, -1]])
+    acc = torch.tensor([2, 1], dtype=torch.int32)
+    cache.commit_path(base, path, acc)
+    assert cache.lengths.tolist() == [12, 11]
+    for b in range(2):
+        seq = torch.cat([prompt[b], toks[b, path[b, :acc[b] + 1]]])[None]
+        ref = FullCache(model.config, 1, 12)
+        model.prefill(seq, ref)
+        n = seq.shape[1]
+        for layer in range(model.config.num_hidden_layers):
+            assert (cache.k[layer][b, :n] - ref.k[layer][0, :n]).abs().max() <= TOL
+            assert (cache.v[layer][b, :n] - ref.v[layer][0, :n]).abs().max() <= TOL

@@ -167,13 +167,14 @@ class _KVCache:
         base = base_lengths.long()[:, None]
         j = torch.arange(P, device=self.device)
         keep = (j[None] <= num_accepted.long()[:, None]) & (path >= 0)
-        src = (base + path.long().clamp(min=0)).clamp(max=self.capacity - 1)
-        dst = (base + j).clamp(max=self.capacity - 1)
+        src = base + path.long().clamp(min=0)
+        # An entry not kept repeats entry 0's move (the same value to the same slot), so no two entries
+        # ever write different values to one slot (a clamped slot index past the capacity could).
+        src = torch.where(keep, src, src[:, :1]).clamp(max=self.capacity - 1)
+        dst = torch.where(keep, base + j, base).clamp(max=self.capacity - 1)
         for layer in range(self.num_layers):
             for buf in self._slot_buffers(layer):
-                moved = buf[self._batch_index, src]  # gather first: src and dst ranges overlap
-                cur = buf[self._batch_index, dst]
-                buf[self._batch_index, dst] = torch.where(keep[..., None, None], moved, cur)
+                buf[self._batch_index, dst] = buf[self._batch_index, src]  # gathers first: ranges overlap
         new_len = (base_lengths.long() + num_accepted.long() + 1).to(torch.int32)
         self._after_commit(base_lengths, new_len, P)
         self.lengths.copy_(new_len)
@@ -366,8 +367,10 @@ class StreamingCache(_KVCache):
         # the kept path now fills slots base .. base + num_accepted in sequence order; the other nodes'
         # slots get positions >= the new length, i.e. free
         j = torch.arange(max_new, device=self.device)
-        dst = (base_lengths.long()[:, None] + j).clamp(max=self.capacity - 1)
-        self.slot_pos[self._batch_index, dst] = base_lengths.long()[:, None] + self.evicted[:, None] + j
+        base = base_lengths.long()[:, None]
+        kept = j[None] < new_lengths.long()[:, None] - base  # entry 0 always; the others repeat it
+        dst = torch.where(kept, base + j, base).clamp(max=self.capacity - 1)
+        self.slot_pos[self._batch_index, dst] = base + self.evicted[:, None] + torch.where(kept, j, 0)
         self._rolled = True
 
     def _position_offset(self):
