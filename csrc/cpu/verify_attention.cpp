@@ -45,8 +45,7 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
     int64_t max_prefix = 0;
     for (int64_t b = 0; b < B; ++b) max_prefix = std::max<int64_t>(max_prefix, std::min<int64_t>(L[b], N) - T);
     const bool grouped = triforce::verify_attention_groups_heads(Hkv, k_cache.stride(1), k_cache.stride(2),
-                                                                 v_cache.stride(1), v_cache.stride(2),
-                                                                 k_cache.element_size());
+                                                                 v_cache.stride(1), v_cache.stride(2));
     num_splits = triforce::verify_attention_num_splits(B, Hkv, max_prefix, omp_get_max_threads(),
                                                        grouped ? Hkv : 1);
   }
