@@ -5,7 +5,7 @@ batch 1 and batch 8 at several thousand tokens of context (embedded SmolLM2-135M
     python bench/bench_e2e.py --context 4096 --batch 8 --max-new-tokens 64
     python bench/bench_e2e.py --table1                                             # acceptance experiment
     python bench/bench_e2e.py --context 6000 --batch 8 --max-new-tokens 128 --methods autoregressive magicdec \
-        --options '{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}'   # the CPU win
+        --options '{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}'   # engines.md: batch x context on CPU
 
 Rows go to the CSV (family ``e2e``, op ``generate:<method>``): median_us = decode seconds per new
 token of the batch, baseline = autoregressive, speedup = tokens/s over autoregressive, extra = the
