@@ -332,6 +332,7 @@ class StreamingCache(_KVCache):
         # an eviction moves as many slots as it must on the CPU (reading that count is free there); on
         # other devices it moves a fixed width (padding copies a slot onto itself) so it never syncs
         self._read_width = self.device.type == "cpu"
+        self._big = None  # a prefill-sized forward's selection, from _big_begin to end
         self._host_state()
 
     def _host_state(self):
