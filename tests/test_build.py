@@ -1,5 +1,7 @@
-"""Build checks: the torch-free C++ kernels build and pass their unit tests with CMake (ctest), and
-when nvcc is present, the CUDA sources compile for sm_90 -- no GPU needed."""
+"""Build checks: the torch-free C++ kernels build and pass their unit tests with CMake (ctest); when
+nvcc is present, the CUDA sources compile for sm_90; every Triton kernel compiles for an H100
+(sm_90a) within its limits -- no GPU needed."""
+import dataclasses
 import glob
 import os
 import shutil
@@ -40,3 +42,53 @@ def test_cuda_launchers_compile_for_sm90(src, tmp_path):
            f"-I{tinc}/torch/csrc/api/include", f"-I{sysconfig.get_paths()['include']}",
            "-D_GLIBCXX_USE_CXX11_ABI=1", "--expt-relaxed-constexpr"]
     _run(cmd)
+
+
+def _triton_nvidia_tools():
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return path if os.path.exists(os.path.join(path, "ptxas")) else None
+
+
+@pytest.mark.skipif(_triton_nvidia_tools() is None, reason="triton without its NVIDIA backend (ptxas)")
+def test_triton_kernels_compile_for_h100(tmp_path):
+    """Every Triton kernel compiles for sm_90a at the launch plans of the GPU shapes (bf16 tl.dot,
+    64-key tiles, SM-count splits: code the interpreter never compiles), within the H100's shared
+    memory, thread and grid limits, without spilling registers. Compile only: nothing runs."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "aot.json"
+    r = subprocess.run([sys.executable, "-m", "triforce_kernels", "compile-check", "--quick", "--json", str(out)],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, f"compile-check failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    res = json.loads(out.read_text())
+    assert not res["errors"]
+    kernels = {x["kernel"] for x in res["launches"]}
+    assert {"_verify_attention_split_kernel", "_verify_attention_merge_kernel", "_tree_sample_kernel",
+            "_tree_greedy_kernel", "_select_kernel", "_gather_kernel"} <= kernels
+    assert all(x["local"] == 0 for x in res["launches"]), "a kernel spills registers to local memory"
+    # the bf16 attention runs on tensor cores (wgmma once a tile has 64 query rows)
+    bf16 = [x for x in res["launches"] if x["kernel"] == "_verify_attention_split_kernel"
+            and "LOWP_DOT=True" in x["signature"]]
+    assert bf16 and all(x["hgmma"] + x["hmma"] > 0 for x in bf16)
+    assert any(x["hgmma"] > 0 for x in bf16)
+
+
+def test_compile_check_limits():
+    """The launch checks themselves: CUDA's grid limits, the shared-memory limit, occupancy."""
+    from triforce_kernels.triton import aot
+
+    gpu = aot.GPUS["h100"]
+    ok = aot.Launch(case="c", kernel="k", grid=(2**31 - 1, 65535, 65535), num_warps=4, num_stages=3,
+                    shared=gpu.max_shared, regs=32, local=0, hgmma=0, hmma=0, signature="")
+    assert aot._problems(gpu, ok) == []
+    assert ok.occupancy(gpu) == pytest.approx(4 / 64)  # one 227 KB block per SM
+    bad = dataclasses.replace(ok, grid=(1, 65536, 1), shared=gpu.max_shared + 1)
+    assert len(aot._problems(gpu, bad)) == 2
+    small = dataclasses.replace(ok, shared=0, regs=32)
+    assert small.occupancy(gpu) == 1.0  # 32 registers: 64 warps fit
+    assert dataclasses.replace(small, regs=255).occupancy(gpu) == pytest.approx(8 / 64)  # 255 regs: 2 blocks

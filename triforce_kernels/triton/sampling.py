@@ -9,7 +9,7 @@ import triton.language as tl
 
 from .._backend import register
 
-BIG = 2**62
+BIG = tl.constexpr(2**62)  # a global read inside a kernel must be a constexpr (the interpreter does not check)
 
 
 @triton.jit

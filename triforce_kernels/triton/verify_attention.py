@@ -7,14 +7,12 @@ the tail [L-T, L), the only place the causal / tree mask is applied. Each progra
 up to 64 query rows (t, j) of one GQA group from every K/V tile it loads, so for T * g <= 64 each
 key is read from memory once for all T queries and all g query heads.
 """
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .._backend import register
+from . import _target
 from ..verify_attention import check_cache_rows
 
 
@@ -128,14 +126,9 @@ def _verify_attention_merge_kernel(
     tl.store(lse_ptr + (b * Hq + hq) * T + t, lse)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index):
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _num_splits(B, Hkv, row_blocks, N, device):
-    if device.type == "cuda":  # ~2 waves of programs over the SMs, each split >= 512 keys
-        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = _target.sm_count(device)
+    if sms is not None:  # ~2 waves of programs over the SMs, each split >= 512 keys
         want = triton.cdiv(2 * sms, B * Hkv * row_blocks)
         return max(1, min(want, N // 512, 64))
     return max(1, min(3, N // 128))  # interpreter: exercise the merge, keep it small
@@ -155,7 +148,7 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     lse = torch.empty((B, Hq, T), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return out, lse
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    interpret = _target.interpreting()
     BLOCK_R = min(64, max(16, triton.next_power_of_2(R)))
     BLOCK_N = 32 if interpret else (64 if D <= 128 else 32)
     BLOCK_D = max(16, triton.next_power_of_2(D))

@@ -1,0 +1,32 @@
+"""What the Triton launchers plan for: the device they launch on, or a GPU they are compiled for.
+
+The launchers size their blocks and splits from two facts: whether Triton runs in its interpreter,
+and how many SMs the GPU has. Both come from here, so that ``triforce_kernels.triton.aot`` can make
+the launchers plan for a GPU that this machine does not have (compile only, nothing runs)."""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+_FORCED_SM_COUNT: int | None = None  # set while compiling for an absent GPU
+
+
+def interpreting() -> bool:
+    """Whether the kernels run in the Triton interpreter (never while compiling for a GPU)."""
+    return _FORCED_SM_COUNT is None and os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int | None:
+    """SMs of the GPU the launch is planned for; None in the interpreter."""
+    if _FORCED_SM_COUNT is not None:
+        return _FORCED_SM_COUNT
+    if device.type == "cuda":
+        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return None
