@@ -33,15 +33,19 @@ def test_cmake_build_and_ctest(tmp_path):
 @pytest.mark.parametrize("src", sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu"))) or [None])
 def test_cuda_launchers_compile_for_sm90(src, tmp_path):
     """The torch launchers in csrc/cuda compile for sm_90 against this torch's headers (the CPU
-    wheel ships the CUDA headers too). Compile only: nothing runs."""
+    wheel ships the CUDA headers too), and no kernel spills registers. Compile only: nothing runs."""
     if src is None:
         pytest.skip("no CUDA launchers yet")
     tinc = os.path.join(os.path.dirname(torch.__file__), "include")
     cmd = ["nvcc", "-std=c++17", "-c", src, "-o", str(tmp_path / "x.o"), "-arch=sm_90",
            "-DTRIFORCE_WITH_CUDA", f"-I{ROOT}/csrc/include", f"-I{ROOT}/csrc", f"-I{tinc}",
            f"-I{tinc}/torch/csrc/api/include", f"-I{sysconfig.get_paths()['include']}",
-           "-D_GLIBCXX_USE_CXX11_ABI=1", "--expt-relaxed-constexpr"]
-    _run(cmd)
+           "-D_GLIBCXX_USE_CXX11_ABI=1", "--expt-relaxed-constexpr", "-Xptxas", "-v"]
+    log = _run(cmd).stderr
+    # every kernel instantiation: no register spills (ptxas -v reports each entry function)
+    entries = log.count("Compiling entry function")
+    assert entries > 0, log[-2000:]
+    assert log.count("0 bytes spill stores, 0 bytes spill loads") == entries, log[-4000:]
 
 
 def _triton_nvidia_tools():
