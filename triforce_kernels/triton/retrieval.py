@@ -62,25 +62,30 @@ def _score_combine_kernel(
     offs_g = tl.arange(0, BLOCK_G)
     g_ok = offs_g < G
     row = b.to(tl.int64) * Hkv * G + h * G + offs_g
-    m_all = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    # Each loop's result has exactly one use after the loop: Triton 3.6's thread-locality pass asserts
+    # on a reduction loop whose result is used twice (at BLOCK_G = 8; found by compile-check).
+    m_acc = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     for s0 in range(0, NSPLIT, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         ms = tl.load(stat_m_ptr + row[:, None] * NSPLIT + offs_s[None, :],
                      mask=g_ok[:, None] & (offs_s[None, :] < NSPLIT), other=float("-inf"))
-        m_all = tl.maximum(m_all, tl.max(ms, axis=1))
-    m_all = tl.where(m_all > float("-inf"), m_all, 0.0)  # n = 0: nothing valid, avoid NaN below
-    s_all = tl.zeros((BLOCK_G,), tl.float32)
+        m_acc = tl.maximum(m_acc, tl.max(ms, axis=1))
+    # n = 0 / padding heads: -inf becomes the lowest finite float (exp(-inf - m) stays 0, never NaN)
+    m_all = tl.maximum(m_acc, -3.4028234663852886e38)
+    s_acc = tl.zeros((BLOCK_G,), tl.float32)
     for s0 in range(0, NSPLIT, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         ok = g_ok[:, None] & (offs_s[None, :] < NSPLIT)
         ms = tl.load(stat_m_ptr + row[:, None] * NSPLIT + offs_s[None, :], mask=ok, other=float("-inf"))
         ss = tl.load(stat_s_ptr + row[:, None] * NSPLIT + offs_s[None, :], mask=ok, other=0.0)
-        s_all += tl.sum(ss * tl.exp(ms - m_all[:, None]), axis=1)  # exp(-inf) = 0 for empty splits
+        s_acc += tl.sum(ss * tl.exp(ms - m_all[:, None]), axis=1)  # exp(-inf) = 0 for empty splits
     offs_c = split * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < n
     logits = tl.load(logit_ptr + row[:, None] * C + offs_c[None, :], mask=g_ok[:, None] & c_ok[None, :],
                      other=float("-inf"))
-    s_all = tl.where(s_all > 0.0, s_all, 1.0)  # padding heads / n = 0: masked below, avoid 0 / 0
+    # a live head's sum is >= 1 (its largest split contributes exp(0) * (>= 1)); padding heads and
+    # n = 0 have 0 and are masked below: 1 avoids 0 / 0
+    s_all = tl.maximum(s_acc, 1.0)
     p = tl.where(g_ok[:, None] & c_ok[None, :], tl.exp(logits - m_all[:, None]) / s_all[:, None], 0.0)
     score = tl.where(c_ok, tl.sum(p, axis=0), float("-inf"))
     tl.store(out_ptr + (b.to(tl.int64) * Hkv + h) * C + offs_c, score, mask=offs_c < C)

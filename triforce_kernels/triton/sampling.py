@@ -104,7 +104,9 @@ def _clean_u(u):
     return tl.where(u >= 0, tl.minimum(u, 0.99999994), 0.0)  # 1 - 2^-24: the largest float below 1
 
 
-@triton.jit
+# T is never specialised to a constant: with T == 1 (a chain of n = 0 drafts) Triton 3.6's LLVM lowering
+# of this kernel fails an assertion (found by `python -m triforce_kernels compile-check`; 3.9 compiles it).
+@triton.jit(do_not_specialize=["T"])
 def _tree_sample_kernel(tok_ptr, par_ptr, q_ptr, p_ptr, u_ptr, path_ptr, out_ptr, num_ptr, T, V,
                         stride_tok, stride_par, stride_qb, stride_qt, stride_pb, stride_pt, stride_ub, stride_ut,
                         HAS_Q: tl.constexpr, IS_CHAIN: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr):
