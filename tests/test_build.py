@@ -98,7 +98,7 @@ def test_compile_check_limits():
 
     gpu = aot.GPUS["h100"]
     ok = aot.Launch(case="c", kernel="k", grid=(2**31 - 1, 65535, 65535), num_warps=4, num_stages=3,
-                    shared=gpu.max_shared, regs=32, local=0, hgmma=0, hmma=0, signature="")
+                    shared=gpu.max_shared, regs=32, local=0, hgmma=0, hmma=0, utcmma=0, signature="")
     assert aot._problems(gpu, ok) == []
     assert ok.occupancy(gpu) == pytest.approx(4 / 64)  # one 227 KB block per SM
     bad = dataclasses.replace(ok, grid=(1, 65536, 1), shared=gpu.max_shared + 1)

@@ -1,6 +1,6 @@
 """``python -m triforce_kernels``: which backends run here, and why not.
 
-``python -m triforce_kernels compile-check [--gpu h100] [--quick] [--match REGEX] [--dump DIR]
+``python -m triforce_kernels compile-check [--gpu h100|h200|b200] [--quick] [--match REGEX] [--dump DIR]
 [--triton VERSION]``:
 compile every Triton kernel for a GPU this machine need not have, at the launch plans of the op
 shapes the GPU benchmarks use and at their boundaries, and report registers, spills, shared memory,
@@ -14,7 +14,7 @@ import sys
 def _compile_check(argv):
     p = argparse.ArgumentParser(prog="python -m triforce_kernels compile-check",
                                 description="Compile every Triton kernel for a GPU (no GPU needed; nothing runs).")
-    p.add_argument("--gpu", default="h100", choices=["h100", "h200"])
+    p.add_argument("--gpu", default="h100", choices=["h100", "h200", "b200"])
     p.add_argument("--quick", action="store_true", help="fewer shapes and dtypes (the CI subset)")
     p.add_argument("--match", default="", help="only the cases whose name matches this regular expression")
     p.add_argument("--dump", default=None, help="copy the compiled PTX/cubin/TTGIR into this directory")

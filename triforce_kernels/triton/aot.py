@@ -9,7 +9,8 @@ compile-only Triton driver in place of the GPU one:
 - the launcher plans for the chosen GPU (its SM count; never the interpreter's small plan);
 - Triton specialises and compiles each kernel exactly as on that GPU (PTX, then ptxas to a cubin);
 - the launch is recorded instead of run, with the cubin's registers, local memory (spills) and
-  shared memory read back with ``cuobjdump``, and its tensor-core instructions counted in the SASS.
+  shared memory read back with ``cuobjdump``, and its tensor-core instructions counted in the SASS
+  (``HMMA`` = mma.sync, ``HGMMA`` = Hopper's wgmma, ``UTC*MMA`` = Blackwell's tcgen05.mma).
 
 A problem is anything that would fail on the GPU: a compile error, more shared memory or threads
 than the GPU allows, a grid dimension over CUDA's limits; and a launcher that reads a device value
@@ -47,6 +48,7 @@ class GPU:
 GPUS = {
     "h100": GPU("NVIDIA H100 SXM (sm_90a)", 90, 132, 232448, 233472),
     "h200": GPU("NVIDIA H200 (sm_90a)", 90, 132, 232448, 233472),
+    "b200": GPU("NVIDIA B200 (sm_100a)", 100, 148, 232448, 233472),
 }
 
 _GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -66,6 +68,7 @@ class Launch:
     local: int  # bytes of local memory per thread (register spills and stack arrays)
     hgmma: int  # wgmma (Hopper warpgroup tensor-core) instructions in the SASS
     hmma: int  # mma.sync tensor-core instructions in the SASS
+    utcmma: int  # tcgen05.mma (Blackwell tensor-memory tensor-core) instructions in the SASS
     signature: str
     problems: list[str] = dataclasses.field(default_factory=list)
 
@@ -92,8 +95,8 @@ def _tool(name: str) -> str:
     return path if os.path.exists(path) else name
 
 
-def _inspect_cubin(cubin: bytes) -> tuple[int, int, int, int]:
-    """(registers, local bytes, HGMMA count, HMMA count) of a one-kernel cubin."""
+def _inspect_cubin(cubin: bytes) -> tuple[int, int, int, int, int]:
+    """(registers, local bytes, HGMMA, HMMA and UTC*MMA counts) of a one-kernel cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -103,7 +106,8 @@ def _inspect_cubin(cubin: bytes) -> tuple[int, int, int, int]:
     if usage is None:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{out[:2000]}")
     regs, local = int(usage.group(1)), int(usage.group(4))
-    return regs, local, len(re.findall(r"\bHGMMA\.", out)), len(re.findall(r"\bHMMA\.", out))
+    count = lambda pattern: len(re.findall(pattern, out))  # noqa: E731
+    return regs, local, count(r"\bHGMMA\."), count(r"\bHMMA\."), count(r"\bUTC[A-Z]*MMA\b")
 
 
 class _Binary:
@@ -111,7 +115,7 @@ class _Binary:
 
     def __init__(self, name: str, cubin: bytes):
         self.name = name
-        self.regs, self.local, self.hgmma, self.hmma = _inspect_cubin(cubin)
+        self.regs, self.local, self.hgmma, self.hmma, self.utcmma = _inspect_cubin(cubin)
 
 
 class _Utils:
@@ -391,7 +395,8 @@ def check(gpu: GPU, quick: bool = False, match: str = "", dump: str | None = Non
             for src, md, binary, grid in recorded:
                 rec = Launch(case=name, kernel=md.name, grid=tuple(int(g) for g in grid), num_warps=md.num_warps,
                              num_stages=md.num_stages, shared=md.shared, regs=binary.regs, local=binary.local,
-                             hgmma=binary.hgmma, hmma=binary.hmma, signature=_describe_signature(src))
+                             hgmma=binary.hgmma, hmma=binary.hmma, utcmma=binary.utcmma,
+                             signature=_describe_signature(src))
                 rec.problems = _problems(gpu, rec)
                 launches.append(rec)
             if watch.found:  # every Triton launcher is promised free of host synchronisation
@@ -445,7 +450,8 @@ def kernel_table(gpu: GPU, launches: list[Launch]) -> list[dict]:
         if key not in rows:
             rows[key] = dict(kernel=x.kernel, signature=x.signature, num_warps=x.num_warps, num_stages=x.num_stages,
                              regs=x.regs, local=x.local, shared=x.shared, occupancy=x.occupancy(gpu),
-                             tensor_cores=("wgmma" if x.hgmma else "mma.sync" if x.hmma else "-"),
+                             tensor_cores=("tcgen05" if x.utcmma else "wgmma" if x.hgmma else
+                                           "mma.sync" if x.hmma else "-"),
                              launches=0, example=x.case)
         rows[key]["launches"] += 1
     return sorted(rows.values(), key=lambda r: (r["kernel"], r["signature"]))
