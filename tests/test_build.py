@@ -106,3 +106,22 @@ def test_compile_check_limits():
     small = dataclasses.replace(ok, shared=0, regs=32)
     assert small.occupancy(gpu) == 1.0  # 32 registers: 64 warps fit
     assert dataclasses.replace(small, regs=255).occupancy(gpu) == pytest.approx(8 / 64)  # 255 regs: 2 blocks
+
+
+@pytest.mark.skipif(_triton_nvidia_tools() is None, reason="triton without its NVIDIA backend (ptxas)")
+def test_compile_check_dump_holds_exactly_this_runs_kernels(tmp_path):
+    """--dump: the PTX, cubin and TTGIR of each kernel the selected cases compiled, nothing else."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out, dump = tmp_path / "aot.json", tmp_path / "dump"
+    r = subprocess.run([sys.executable, "-m", "triforce_kernels", "compile-check", "--match",
+                        "^chain_speculative_sample B=16 ", "--json", str(out), "--dump", str(dump)],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    launches = json.loads(out.read_text())["launches"]
+    assert len(launches) == 2 and {x["kernel"] for x in launches} == {"_tree_sample_kernel"}  # with and without q
+    files = sorted(os.listdir(dump))
+    assert len(files) == 6, files
+    assert {f.rsplit(".", 1)[1] for f in files} == {"ptx", "cubin", "ttgir"}
+    assert all(f.split("-", 1)[1].startswith("_tree_sample_kernel.") for f in files)

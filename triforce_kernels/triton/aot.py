@@ -378,7 +378,7 @@ def check(gpu: GPU, quick: bool = False, match: str = "", dump: str | None = Non
     raised (a compile error or a resource limit Triton enforces at load time)."""
     launches: list[Launch] = []
     errors: list[CaseError] = []
-    with compile_only(gpu) as recorded:
+    with _dumping(dump), compile_only(gpu) as recorded:
         for name, thunk in cases(quick):
             if match and not re.search(match, name):
                 continue
@@ -406,8 +406,6 @@ def check(gpu: GPU, quick: bool = False, match: str = "", dump: str | None = Non
         for fn in sorted(kernel_names()):
             if fn not in launched:
                 errors.append(CaseError(fn, "no case launches this kernel: it was never compiled"))
-    if dump:
-        _dump(dump)
     return launches, errors
 
 
@@ -428,18 +426,30 @@ def kernel_names() -> set[str]:
     return names
 
 
-def _dump(directory: str) -> None:
-    """Copy the compiled kernels (PTX, cubin, TTGIR) from Triton's cache for inspection."""
+@contextlib.contextmanager
+def _dumping(directory: str | None) -> Iterator[None]:
+    """With a directory: compile into a fresh Triton cache (so exactly this run's kernels are there),
+    then copy each kernel's PTX, cubin and TTGIR into ``directory`` as ``<cache key>-<kernel>.<ext>``."""
+    if directory is None:
+        yield
+        return
     import shutil
 
     from triton import knobs
 
-    os.makedirs(directory, exist_ok=True)
-    cache = knobs.cache.dir
-    for root, _, files in os.walk(cache):
-        for f in files:
-            if f.endswith((".ptx", ".cubin", ".ttgir")) and f.startswith("_"):
-                shutil.copy2(os.path.join(root, f), os.path.join(directory, f"{os.path.basename(root)[:8]}-{f}"))
+    previous = knobs.cache.dir
+    with tempfile.TemporaryDirectory() as cache:
+        knobs.cache.dir = cache
+        try:
+            yield
+        finally:
+            knobs.cache.dir = previous
+            os.makedirs(directory, exist_ok=True)
+            for root, _, files in os.walk(cache):
+                for f in files:
+                    if f.endswith((".ptx", ".cubin", ".ttgir")):
+                        shutil.copy2(os.path.join(root, f),
+                                     os.path.join(directory, f"{os.path.basename(root)[:8]}-{f}"))
 
 
 def kernel_table(gpu: GPU, launches: list[Launch]) -> list[dict]:
