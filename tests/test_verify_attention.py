@@ -313,3 +313,23 @@ def test_strided_last_dim_raises(backend, name):
         impl = implementation("verify_attention", backend)
         with pytest.raises((ValueError, RuntimeError), match="contiguous last dimension"):
             impl(good["q"], good["k_cache"], good["v_cache"], good["cache_seqlens"], None, 0.25)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not tk.backend_status("triton", "cpu")[0],
+                    reason="runs the GPU launch plan in the Triton interpreter (on a GPU it is the plan anyway)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's bf16 dot is wrong
+@pytest.mark.parametrize("mask_kind", ["causal", "tree"])
+def test_triton_gpu_launch_plan_in_the_interpreter(dtype, mask_kind):
+    """The Triton kernels with the launch plan an H100 gets -- 64-key tiles and the split count of 132
+    SMs (8 prefix splits here, the interpreter's own plan uses at most 3) -- executed by the
+    interpreter: the GPU plan's semantics, checked without a GPU. Ragged lengths, one row with an
+    empty prefix, GQA 4."""
+    from triforce_kernels.triton import _target
+    from triforce_kernels.triton.verify_attention import _num_splits
+
+    B, T, Hkv, g, D = 2, 5, 2, 4, 64
+    q, k, v, L, mask = make_inputs(B, T, g * Hkv, Hkv, D, [4091, 0], 0, dtype, 7, torch.device("cpu"), mask_kind)
+    with _target.plan_for(132):
+        assert _num_splits(B, Hkv, 1, k.shape[1], q.device) == 8
+        out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="triton")
+    check_against_reference(out, lse, q, k, v, L, mask)

@@ -5,6 +5,7 @@ and how many SMs the GPU has. Both come from here, so that ``triforce_kernels.tr
 the launchers plan for a GPU that this machine does not have (compile only, nothing runs)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -30,3 +31,16 @@ def sm_count(device: torch.device) -> int | None:
     if device.type == "cuda":
         return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return None
+
+
+@contextlib.contextmanager
+def plan_for(sms: int):
+    """Launchers plan as for a GPU with ``sms`` SMs (and never as for the interpreter) inside this
+    block, whatever runs the kernels: the compile-only driver, or the interpreter (a test of the GPU
+    plan's semantics; its bf16 path needs a GPU, since the interpreter's bf16 dot is wrong)."""
+    global _FORCED_SM_COUNT
+    previous, _FORCED_SM_COUNT = _FORCED_SM_COUNT, sms
+    try:
+        yield
+    finally:
+        _FORCED_SM_COUNT = previous

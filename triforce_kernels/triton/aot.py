@@ -182,15 +182,14 @@ def compile_only(gpu: GPU) -> Iterator[list[tuple]]:
     launches: list[tuple] = []
     previous = driver._active
     driver.set_active(_CompileOnlyDriver(gpu, lambda *a: launches.append(a)))
-    _target._FORCED_SM_COUNT = gpu.sm_count
     try:
-        yield launches
+        with _target.plan_for(gpu.sm_count):
+            yield launches
     finally:
         # Drop what was compiled for the absent GPU (while its driver can still 'unload' it): a later
         # launch in this process must compile for the device it really runs on.
         for fn in _jit_functions():
             fn.device_caches.clear()
-        _target._FORCED_SM_COUNT = None
         driver._active = previous
 
 
