@@ -67,7 +67,7 @@ def test_triton_kernels_compile_for_h100(tmp_path, triton_version):
     """Every Triton kernel compiles for sm_90a at the launch plans of the GPU shapes (bf16 tl.dot,
     64-key tiles, SM-count splits: code the interpreter never compiles), within the H100's shared
     memory, thread and grid limits, without spilling registers or syncing the host. With the installed
-    Triton and with 3.6.0, the release torch 2.11 pins (the GPU image's): 3.6 crashed on two kernels
+    Triton and with 3.6.0, the release torch 2.11 pins: 3.6 crashed on two kernels
     that 3.9 compiles. Compile only: nothing runs."""
     import json
 

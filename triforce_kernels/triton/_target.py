@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 
 import torch
+
+from .. import _backend
 
 _FORCED_SM_COUNT: int | None = None  # set while compiling for an absent GPU
 
 
 def interpreting() -> bool:
-    """Whether the kernels run in the Triton interpreter (never while compiling for a GPU)."""
-    return _FORCED_SM_COUNT is None and os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether the launchers plan for the Triton interpreter (never inside :func:`plan_for`)."""
+    return _FORCED_SM_COUNT is None and _backend._interpreting()
 
 
 @functools.lru_cache(maxsize=None)

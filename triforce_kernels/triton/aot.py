@@ -1,6 +1,6 @@
 """Compile every Triton kernel for a GPU that this machine does not have, and check the result.
 
-``python -m triforce_kernels compile-check`` (docs/development.md). The Triton interpreter runs the
+``python -m triforce_kernels compile-check`` (docs/gpu_compile.md). The Triton interpreter runs the
 kernels' semantics on the CPU but never compiles them: block shapes that only the GPU launch plan
 uses (bf16 ``tl.dot``, 64-key tiles, the SM-count split plan), shared memory, registers and launch
 grids are never checked there. This module runs each op's real Triton launcher on CPU tensors with a
