@@ -127,6 +127,9 @@ def _triton_import() -> str:
     return ""
 
 
+# torch.compile calls this while tracing and takes the answer as a constant (it depends on this machine,
+# never on tensor values): it does not trace into the lru-cached import probes below.
+@torch.compiler.assume_constant_result
 def backend_status(backend: str, device: torch.device | str | None = None) -> tuple[bool, str]:
     """Whether ``backend`` can run on ``device`` here, and a human-readable reason.
 

@@ -14,19 +14,20 @@ from ._validate import check_tensor
 _INT_DTYPES = (torch.int32, torch.int64)
 
 
-def _check_parents(parents) -> torch.Tensor:
-    """Shape/dtype checks, then the tree invariant. The invariant needs the values, so this is one
-    host synchronisation (a single ``.item()``) on GPU tensors: call the helpers once per step."""
+def _check_shape(parents) -> None:
     check_tensor("parents", parents, ndim=2, dtypes=_INT_DTYPES)
-    B, T = parents.shape
-    if T < 1:
+    if parents.shape[1] < 1:
         raise ValueError(f"parents must have at least one node (the root) per row, got shape {list(parents.shape)}")
-    t = torch.arange(T, device=parents.device)
+
+
+def _check_tree(parents: torch.Tensor) -> None:
+    """The tree invariant. It needs the values, so this is one host synchronisation (a single
+    ``.item()``) on GPU tensors: call the helpers once per step."""
+    t = torch.arange(parents.shape[1], device=parents.device)
     ok = (parents[:, 0] == -1).all() & ((parents[:, 1:] >= 0) & (parents[:, 1:] < t[1:])).all()
     if not bool(ok.item()):
         raise ValueError("parents must describe a tree in topological order: parents[b, 0] == -1 (the root) "
                          "and 0 <= parents[b, t] < t for t > 0")
-    return parents
 
 
 def _ancestor_or_self(parents: torch.Tensor) -> torch.Tensor:
@@ -43,6 +44,20 @@ def _ancestor_or_self(parents: torch.Tensor) -> torch.Tensor:
         m = (torch.bmm(m, m) > 0).to(torch.float32)
         steps += 1
     return m > 0
+
+
+# A custom op, so that the check's read of the values happens when the op runs, on real tensors, and
+# not while torch.compile traces the caller (where the read would break a fullgraph=True graph).
+@torch.library.custom_op("triforce::tree_attention_mask", mutates_args=())
+def _tree_attention_mask_op(parents: torch.Tensor) -> torch.Tensor:
+    _check_tree(parents)
+    return _ancestor_or_self(parents)
+
+
+@_tree_attention_mask_op.register_fake
+def _(parents):
+    B, T = parents.shape
+    return parents.new_empty((B, T, T), dtype=torch.bool)
 
 
 def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -67,7 +82,8 @@ def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
     Example:
         >>> mask = tk.tree_attention_mask(torch.tensor([[-1, 0, 0, 1]]))
     """
-    return _ancestor_or_self(_check_parents(parents))
+    _check_shape(parents)
+    return _tree_attention_mask_op(parents)
 
 
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:
@@ -82,4 +98,5 @@ def tree_depths(parents: torch.Tensor) -> torch.Tensor:
     Example:
         >>> tk.tree_depths(torch.tensor([[-1, 0, 0, 1]]))   # tensor([[0, 1, 1, 2]], dtype=torch.int32)
     """
-    return (_ancestor_or_self(_check_parents(parents)).sum(-1) - 1).to(torch.int32)
+    _check_shape(parents)
+    return (_tree_attention_mask_op(parents).sum(-1) - 1).to(torch.int32)

@@ -43,7 +43,20 @@ def check_cache_rows(name: str, cache: torch.Tensor) -> None:
 def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          cache_seqlens: torch.Tensor, tree_mask: Optional[torch.Tensor], softmax_scale: float,
                          backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1])
     return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale)
+
+
+def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int) -> None:
+    """``T <= cache_seqlens <= N``, checked only on a CPU tensor, where reading it costs nothing (a GPU
+    check would be a host synchronisation; the kernels clamp there instead). It runs inside the custom
+    op, on real tensors, so it holds under ``torch.compile`` too: in the wrapper, the read would break a
+    ``fullgraph=True`` graph."""
+    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel():
+        lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if lo < T or hi > N:
+            raise ValueError(f"cache_seqlens must be in [T, N] = [{T}, {N}] (lengths include the T new tokens), "
+                             f"got values in [{lo}, {hi}]")
 
 
 @_verify_attention_op.register_fake
@@ -119,11 +132,6 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("softmax_scale must be finite")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if cache_seqlens.device.type == "cpu" and B > 0:  # free on CPU; GPU kernels clamp instead of syncing
-        lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
-        if lo < T or hi > N:
-            raise ValueError(f"cache_seqlens must be in [T, N] = [{T}, {N}] (lengths include the T new tokens), "
-                             f"got values in [{lo}, {hi}]")
     out, lse = _verify_attention_op(q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
                                     resolve("verify_attention", backend, dev))
     return (out, lse) if return_lse else out
@@ -135,8 +143,9 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     callers that build every argument themselves (the model layer's caches: ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
     ``torch.compile`` (the custom op's Python dispatch and the checks cost ~40 us per call, ~40% of a
-    SmolLM2 decode layer's attention at 1000 tokens of context). Invalid arguments are not diagnosed here;
-    every kernel still clamps lengths to ``[0, N]`` (never reads outside the cache)."""
+    SmolLM2 decode layer's attention at 1000 tokens of context). Invalid arguments are not diagnosed here
+    (except the custom op's CPU length check, on the paths that go through the op); every kernel still
+    clamps lengths to ``[0, N]`` (never reads outside the cache)."""
     backend = resolve("verify_attention", None, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if backend == "cpu" and not torch.compiler.is_compiling():
