@@ -62,3 +62,12 @@ def test_example_from_docstring():
 def test_bad_parents(fn, parents, err, match):
     with pytest.raises(err, match=match):
         fn(parents)
+
+
+def test_opcheck():
+    """The custom op that carries the helpers' values check (so that torch.compile does not trace it):
+    schema, fake implementation and dispatch (tests/test_compile.py compiles the helpers)."""
+    from triforce_kernels.tree_mask import _tree_attention_mask_op
+
+    for parents in (random_parents(2, 9, 0), random_parents(1, 1, 0, torch.int32)):
+        torch.library.opcheck(_tree_attention_mask_op, (parents,))
