@@ -252,6 +252,29 @@ def test_tree_exact_cases(backend):
     assert path.tolist() == [[0]] and tokens.tolist() == [[2]] and num.tolist() == [0]
 
 
+@pytest.mark.parametrize("backend", ALL("tree_speculative_sample"))
+def test_tree_wide_star_remembers_every_rejected_token(backend):
+    """A root with T - 1 deterministic children, all rejected: the residual must exclude the token of the
+    *last* one, rejected after T - 2 others. The CUDA kernel once kept the rejected tokens in shared
+    memory (8 bytes each, capped at 6144 nodes, and failing to launch just below that with cub's temp
+    storage); T = 6500 passes that. The Triton interpreter walks a star in O(T^2) interpreted steps, so
+    it runs the same tree at T = 64 (on a GPU, Triton runs the full size)."""
+    dev = backend_device(backend)
+    T = 64 if (backend == "triton" and dev.type == "cpu") else 6500
+    V = 8
+    par = torch.zeros(1, T, dtype=torch.long)
+    par[0, 0] = -1
+    tt = torch.tensor([0, 1, 2, 3, 4, 6])[torch.arange(T) % 6][None].clone()  # tokens with p = 0: rejected
+    tt[0, -1] = 5  # p = 0.5: rejected by its coin, 0.9 * W (1) >= 0.5
+    p = torch.zeros(1, T, V)
+    p[0, :, 5] = p[0, :, 7] = 0.5
+    u = torch.zeros(1, T, 2)
+    u[0, -1, 0] = 0.9
+    u[0, 0, 1] = 0.1  # residual {7: 0.5}: 7; had 5 been forgotten, {5, 7} with u = 0.1 gives 5
+    path, tokens, num = _tree(backend, tt.to(dev), par.to(dev), None, p.to(dev), u.to(dev))
+    assert num.tolist() == [0] and tokens[0, :2].tolist() == [7, -1] and path[0, :2].tolist() == [0, -1]
+
+
 # ------------------------------------------------------------------ greedy
 
 @pytest.mark.parametrize("backend", ALL("chain_greedy_verify"))

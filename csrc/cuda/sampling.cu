@@ -124,7 +124,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_speculative_sample_cuda(cons
   const SamplerDims dm = check_tree("tree_speculative_sample", tree_tokens, parents, target_probs, true);
   check_draft_and_uniforms("tree_speculative_sample", draft_probs, uniforms, dm, dm.R, dm.R);
   const int64_t B = dm.B, T = dm.R, V = dm.V;
-  TORCH_CHECK(T * 8 <= 48 * 1024, "tree_speculative_sample: at most 6144 tree nodes");
   at::Tensor q;
   if (draft_probs.has_value()) {
     check_cuda(*draft_probs, "draft_probs", target_probs);
@@ -138,15 +137,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_speculative_sample_cuda(cons
   auto tokens = at::empty({B, T}, tt.options().dtype(at::kLong));
   auto num = at::empty({B}, tt.options().dtype(at::kInt));
   if (B == 0) return {path, tokens, num};
+  auto removed = at::empty({B, T}, tt.options().dtype(at::kLong));  // scratch, see the kernel
   cudaStream_t stream = TF_STREAM();
   dispatch_index(tt.scalar_type(), "tree_tokens", [&](auto idx) {
     using index_t = decltype(idx);
     dispatch_index(pa.scalar_type(), "parents", [&](auto par) {
       using parent_t = decltype(par);
-      tree_speculative_sample_kernel<kBlock, index_t, parent_t><<<B, kBlock, T * sizeof(int64_t), stream>>>(
+      tree_speculative_sample_kernel<kBlock, index_t, parent_t><<<B, kBlock, 0, stream>>>(
           tt.data_ptr<index_t>(), pa.data_ptr<parent_t>(), q.defined() ? q.data_ptr<float>() : nullptr,
           p.data_ptr<float>(), u.data_ptr<float>(), T, V, path.data_ptr<int32_t>(), tokens.data_ptr<int64_t>(),
-          num.data_ptr<int32_t>());
+          num.data_ptr<int32_t>(), removed.data_ptr<int64_t>());
     });
   });
   TF_LAUNCH_CHECK();

@@ -178,16 +178,18 @@ __global__ void chain_speculative_sample_kernel(const Index* __restrict__ draft,
   if (threadIdx.x == 0) { tokens[n] = y; num[b] = static_cast<int32_t>(n); }
 }
 
-// grid = B, block = BLOCK, dynamic shared memory T * 8 bytes (tokens rejected at the current node).
+// grid = B, block = BLOCK. removed: [B, T] int64 scratch in global memory (the tokens rejected at the
+// current node, at most T - 1): in shared memory it capped T at ~6K nodes (48 KB with cub's temp storage,
+// a launch failure just below 6144); the list is short in practice and read through L1.
 template <int BLOCK, class Index, class Parent>
 __global__ void tree_speculative_sample_kernel(const Index* __restrict__ tree_tokens, const Parent* __restrict__ parents,
                                                const float* __restrict__ q, const float* __restrict__ p,
                                                const float* __restrict__ u, int64_t T, int64_t V,
                                                int32_t* __restrict__ path, int64_t* __restrict__ tokens,
-                                               int32_t* __restrict__ num) {
+                                               int32_t* __restrict__ num, int64_t* __restrict__ removed) {
   TRIFORCE_BLOCK_SETUP(BLOCK)
-  extern __shared__ int64_t removed[];
   const int64_t b = blockIdx.x;
+  removed += b * T;
   tree_tokens += b * T;
   parents += b * T;
   p += b * T * V;
