@@ -8,6 +8,8 @@ public wrapper (a validation check) while tracing is one. Each case compiles the
 need values run inside the custom ops, on real tensors, so they still raise under compile: tested at the
 end. (On a GPU these cases run on CUDA tensors with the cuda and triton backends.)
 """
+import warnings
+
 import pytest
 import torch
 
@@ -169,3 +171,19 @@ def test_decode_step_with_inductor():
     want = step(q, k, v, n, tq, parents, u, w)
     # Inductor may fuse the softmax/matmul differently (not bit-equal): the sampled tokens must agree.
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_backend_choice_is_a_constant_to_dynamo():
+    """_backend marks backend_status the way torch.compiler.assume_constant_result does (without importing
+    torch._dynamo at import time), so tracing never enters the import probes: no warning from dynamo."""
+    from triforce_kernels import _backend
+
+    def probe():
+        return 0
+    torch.compiler.assume_constant_result(probe)
+    marks = {k for k in vars(probe) if "dynamo" in k}
+    assert marks and all(getattr(_backend.backend_status, k) == getattr(probe, k) for k in marks)
+    k = torch.randn(1, 8, 2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compiled(lambda k: tk.chunk_mean_keys(k, 4, backend="cpu"))(k)

@@ -127,9 +127,17 @@ def _triton_import() -> str:
     return ""
 
 
+def _constant_to_dynamo(fn):
+    """What ``torch.compiler.assume_constant_result(fn)`` does (torch >= 2.0), without importing
+    ``torch._dynamo`` when this package is imported (that import costs ~0.5 s and imports Triton;
+    tests/test_compile.py checks that the two agree)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 # torch.compile calls this while tracing and takes the answer as a constant (it depends on this machine,
-# never on tensor values): it does not trace into the lru-cached import probes below.
-@torch.compiler.assume_constant_result
+# never on tensor values): it does not trace into the lru-cached import probes above.
+@_constant_to_dynamo
 def backend_status(backend: str, device: torch.device | str | None = None) -> tuple[bool, str]:
     """Whether ``backend`` can run on ``device`` here, and a human-readable reason.
 
