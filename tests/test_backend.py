@@ -75,3 +75,47 @@ def test_torch_compile_chunk_mean_keys():
     k = torch.randn(1, 24, 2, 8)
     f = torch.compile(lambda x: tk.chunk_mean_keys(x, 8, backend="reference") * 2, backend="eager", fullgraph=True)
     torch.testing.assert_close(f(k), tk.chunk_mean_keys(k, 8, backend="reference") * 2)
+
+
+def test_triton_launches_on_the_inputs_device(monkeypatch):
+    """Triton launches on the current CUDA device, not on the tensors': every registered Triton launcher
+    runs inside ``torch.cuda.device(<its inputs' device>)`` (tensors on cuda:1 while cuda:0 is current).
+    Checked with CUDA tensors that FakeTensorMode creates without a GPU, and ``torch.cuda.device``
+    replaced by a recorder; CPU inputs (the interpreter) take no guard."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from triforce_kernels import _backend
+
+    entered = []
+
+    class Recorder:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+
+    seen = []
+
+    def launch(x, n):
+        seen.append(list(entered))
+        return n
+
+    monkeypatch.setattr(torch.cuda, "device", Recorder)
+    _backend.register("_device_guard_probe", "triton")(launch)
+    try:
+        impl = _backend.implementation("_device_guard_probe", "triton")
+        with FakeTensorMode():
+            assert impl(torch.empty(2, device="cuda:1"), 3) == 3
+        assert seen == [[torch.device("cuda:1")]] and entered[-1] == "exit"
+        impl(torch.empty(2), 4)
+        assert seen[-1] == entered  # no guard entered for CPU tensors
+    finally:
+        _backend._IMPLS.pop("_device_guard_probe")
+    # every real Triton launcher carries the guard
+    for op in _backend._LAZY:
+        if "triton" in tk.op_backends(op):
+            assert hasattr(_backend.implementation(op, "triton"), "__wrapped__"), op

@@ -52,10 +52,25 @@ def register(op: str, backend: str) -> Callable[[Callable], Callable]:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
     def deco(fn: Callable) -> Callable:
-        _IMPLS.setdefault(op, {})[backend] = fn
+        _IMPLS.setdefault(op, {})[backend] = _on_inputs_device(fn) if backend == "triton" else fn
         return fn
 
     return deco
+
+
+def _on_inputs_device(launch: Callable) -> Callable:
+    """Run a Triton launcher with its inputs' GPU as the current device. Triton launches on the *current*
+    device (and its current stream), not on the tensors' device: tensors on cuda:1 while cuda:0 is current
+    would run the kernel on cuda:0 with cuda:1's pointers (an illegal address, or wrong results over peer
+    access). The C++/CUDA launchers hold a device guard for the same reason."""
+    @functools.wraps(launch)
+    def run(*args, **kwargs):
+        dev = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        if dev is None or dev.type != "cuda":
+            return launch(*args, **kwargs)
+        with torch.cuda.device(dev):
+            return launch(*args, **kwargs)
+    return run
 
 
 def register_lazy(op: str, backend: str, module: str) -> None:
