@@ -172,10 +172,12 @@ class Stats:
     @contextmanager
     def time(self, level: str):
         if self.device.type == "cuda":
+            # on the model's device's stream (a bare record() uses the current device's, which may differ)
+            stream = torch.cuda.current_stream(self.device)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+            a.record(stream)
             yield
-            b.record()
+            b.record(stream)
             self._events.setdefault(level, []).append((a, b))
         else:
             t0 = time.perf_counter()
