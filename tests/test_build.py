@@ -28,6 +28,8 @@ def test_cmake_build_and_ctest(tmp_path):
     _run(["cmake", "--build", str(tmp_path), "-j", "2"])
     r = _run(["ctest", "--test-dir", str(tmp_path), "--output-on-failure"])
     assert "tests passed" in r.stdout
+    # the CUDA samplers run through the CPU emulation, plain and under ThreadSanitizer
+    assert "test_sampling_cuda_emu " in r.stdout and "test_sampling_cuda_emu_tsan " in r.stdout, r.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
