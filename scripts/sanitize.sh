@@ -35,7 +35,10 @@ if has_step ctest; then
   echo "== C++ unit tests (ctest) with -fsanitize=address,undefined"
   cmake -S . -B "$DIR/cmake" -DCMAKE_BUILD_TYPE=Debug -DTRIFORCE_SANITIZE=ON >/dev/null
   cmake --build "$DIR/cmake" -j "${MAX_JOBS:-2}" >/dev/null
-  ctest --test-dir "$DIR/cmake" --output-on-failure
+  # No fake stack here: gcc 12 aligns ASan's fake stack frames to 32 bytes, while -march=native code
+  # keeps 64-byte aligned AVX-512 stack arrays (vmovdqa64 on a 16-int initializer list in
+  # test_retrieval's main): a SIGSEGV of the tool, not a finding. Everything else stays checked.
+  ASAN_OPTIONS="$ASAN_OPTIONS:detect_stack_use_after_return=0" ctest --test-dir "$DIR/cmake" --output-on-failure
 fi
 
 if has_step build; then
