@@ -126,7 +126,8 @@ class _KVCache:
             positions = slots
         else:
             tree_mask = tk.tree_attention_mask(tree_parents)
-            positions = self.lengths.long()[:, None] + tk.tree_depths(tree_parents).long()
+            # tk.tree_depths(parents) is this sum; from the mask in hand it costs no second build + check
+            positions = self.lengths.long()[:, None] + (tree_mask.sum(-1) - 1)
         off = self._position_offset()
         if off is not None:
             positions = positions + off[:, None]
