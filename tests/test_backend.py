@@ -35,14 +35,17 @@ def test_env_override_and_fallback(monkeypatch):
     # explicit beats the environment
     if tk.backend_status("cpu", dev)[0]:
         assert resolve("chunk_mean_keys", "cpu", dev) == "cpu"
-    # an environment preference that cannot run here falls back ...
+    # an environment preference that cannot run here (no such backend for the op, and not on CPU tensors
+    # even with a GPU) falls back ...
     monkeypatch.setenv("TRIFORCE_BACKEND", "cuda")
-    if not GPU:
-        assert resolve("chunk_mean_keys", None, dev) in ("cpu", "reference")
-        # ... unless strict
-        monkeypatch.setenv("TRIFORCE_BACKEND_STRICT", "1")
+    assert resolve("chunk_mean_keys", None, dev) in ("cpu", "reference")
+    assert resolve("chain_speculative_sample", None, dev) in ("cpu", "reference")
+    # ... unless strict
+    monkeypatch.setenv("TRIFORCE_BACKEND_STRICT", "1")
+    for op in ("chunk_mean_keys", "chain_speculative_sample"):
         with pytest.raises(BackendUnavailableError):
-            resolve("chunk_mean_keys", None, dev)
+            resolve(op, None, dev)
+    monkeypatch.delenv("TRIFORCE_BACKEND_STRICT")
     monkeypatch.setenv("TRIFORCE_BACKEND", "bogus")
     with pytest.raises(ValueError, match="TRIFORCE_BACKEND"):
         resolve("chunk_mean_keys", None, dev)
@@ -52,6 +55,18 @@ def test_automatic_choice_prefers_native_on_cpu(monkeypatch):
     monkeypatch.delenv("TRIFORCE_BACKEND", raising=False)
     want = "cpu" if tk.backend_status("cpu", "cpu")[0] else "reference"
     assert resolve("chunk_mean_keys", None, torch.device("cpu")) == want
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA tensors need a GPU")
+def test_automatic_choice_on_cuda_tensors(monkeypatch):
+    """CUDA tensors: the cuda backend where an op has one (the samplers), else Triton (docs/design.md 3.4)."""
+    monkeypatch.delenv("TRIFORCE_BACKEND", raising=False)
+    dev = torch.device("cuda")
+    for op in ("chain_speculative_sample", "tree_speculative_sample", "chain_greedy_verify", "tree_greedy_verify"):
+        assert resolve(op, None, dev) == "cuda", op
+    for op in ("verify_attention", "chunk_mean_keys", "score_chunks", "select_chunks", "gather_chunks",
+               "build_retrieval_cache"):
+        assert resolve(op, None, dev) == "triton", op
 
 
 def test_main_lists_backends():
@@ -108,9 +123,12 @@ def test_triton_launches_on_the_inputs_device(monkeypatch):
     _backend.register("_device_guard_probe", "triton")(launch)
     try:
         impl = _backend.implementation("_device_guard_probe", "triton")
+        # cuda:1 (not the current device) where a fake tensor can be made there: with a real GPU, torch
+        # may allocate on the fake tensor's device, which must then exist
+        dev = torch.device("cuda", 1 if not GPU or torch.cuda.device_count() > 1 else 0)
         with FakeTensorMode():
-            assert impl(torch.empty(2, device="cuda:1"), 3) == 3
-        assert seen == [[torch.device("cuda:1")]] and entered[-1] == "exit"
+            assert impl(torch.empty(2, device=dev), 3) == 3
+        assert seen == [[dev]] and entered[-1] == "exit"
         impl(torch.empty(2), 4)
         assert seen[-1] == entered  # no guard entered for CPU tensors
     finally:

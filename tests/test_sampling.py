@@ -406,15 +406,21 @@ def test_tree_and_greedy_bad_inputs(fn, args, err, match):
         f(**{k: v for k, v in base.items() if k in names})
 
 
-def test_custom_ops_opcheck():
+@pytest.mark.parametrize("backend", ALL("chain_speculative_sample"))
+def test_custom_ops_opcheck(backend):
+    """Schemas and fake implementations of the four sampler ops, on every backend's device."""
+    dev = backend_device(backend)
     g = torch.Generator().manual_seed(0)
     p, q, u = _probs(g, 2, 4, 9), _probs(g, 2, 3, 9), torch.rand(2, 4, 2, generator=g)
     d = torch.randint(0, 9, (2, 3), generator=g)
-    from triforce_kernels.chain_sample import _chain_sample_op
-    from triforce_kernels.tree_sample import _tree_sample_op
-    torch.library.opcheck(_chain_sample_op, (d, q, p, u, "cpu"))
-    torch.library.opcheck(_tree_sample_op, (torch.cat([d[:, :1], d], 1), torch.tensor([[-1, 0, 0, 1]] * 2), None,
-                                            p, u, "cpu"))
+    p, q, u, d = (t.to(dev) for t in (p, q, u, d))
+    tt, par = torch.cat([d[:, :1], d], 1), torch.tensor([[-1, 0, 0, 1]] * 2, device=dev)
+    from triforce_kernels.chain_sample import _chain_greedy_op, _chain_sample_op
+    from triforce_kernels.tree_sample import _tree_greedy_op, _tree_sample_op
+    torch.library.opcheck(_chain_sample_op, (d, q, p, u, backend))
+    torch.library.opcheck(_tree_sample_op, (tt, par, None, p, u, backend))
+    torch.library.opcheck(_chain_greedy_op, (d, p, backend))
+    torch.library.opcheck(_tree_greedy_op, (tt, par, p, backend))
 
 
 # ------------------------------------------------------------------ logits_to_probs
