@@ -187,3 +187,20 @@ def test_backend_choice_is_a_constant_to_dynamo():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _compiled(lambda k: tk.chunk_mean_keys(k, 4, backend="cpu"))(k)
+
+
+def test_torch_export():
+    """A module calling the tree helper and the attention exports with torch.export: both appear as
+    custom ops in the graph (the backend chosen at export time is baked in), and the exported program
+    gives the eager result."""
+    q, k, v, lens, _ = _attention_inputs(torch.device("cpu"), False)
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]])
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k, v, lens, parents):
+            return tk.verify_attention(q, k, v, lens, tk.tree_attention_mask(parents))
+
+    ep = torch.export.export(Step(), (q, k, v, lens, parents))
+    code = ep.graph_module.code
+    assert "triforce.tree_attention_mask" in code and "triforce.verify_attention" in code
+    _same(ep.module()(q, k, v, lens, parents), Step()(q, k, v, lens, parents))
