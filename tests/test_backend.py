@@ -120,15 +120,19 @@ def test_triton_launches_on_the_inputs_device(monkeypatch):
         return n
 
     monkeypatch.setattr(torch.cuda, "device", Recorder)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     _backend.register("_device_guard_probe", "triton")(launch)
     try:
         impl = _backend.implementation("_device_guard_probe", "triton")
-        # cuda:1 (not the current device) where a fake tensor can be made there: with a real GPU, torch
-        # may allocate on the fake tensor's device, which must then exist
-        dev = torch.device("cuda", 1 if not GPU or torch.cuda.device_count() > 1 else 0)
-        with FakeTensorMode():
-            assert impl(torch.empty(2, device=dev), 3) == 3
-        assert seen == [[dev]] and entered[-1] == "exit"
+        # cuda:1 while cuda:0 is current; with a real GPU only where a fake tensor can be made there (torch
+        # may allocate on the fake tensor's device, which must then exist)
+        if not GPU or torch.cuda.device_count() > 1:
+            with FakeTensorMode():
+                assert impl(torch.empty(2, device="cuda:1"), 3) == 3
+            assert seen == [[torch.device("cuda:1")]] and entered[-1] == "exit"
+            with FakeTensorMode():  # inputs on the current device: no switch
+                assert impl(torch.empty(2, device="cuda:0"), 5) == 5
+            assert seen[-1] == entered
         impl(torch.empty(2), 4)
         assert seen[-1] == entered  # no guard entered for CPU tensors
     finally:
