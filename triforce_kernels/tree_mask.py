@@ -46,12 +46,22 @@ def _ancestor_or_self(parents: torch.Tensor) -> torch.Tensor:
     return m > 0
 
 
-# A custom op, so that the check's read of the values happens when the op runs, on real tensors, and
-# not while torch.compile traces the caller (where the read would break a fullgraph=True graph).
-@torch.library.custom_op("triforce::tree_attention_mask", mutates_args=())
-def _tree_attention_mask_op(parents: torch.Tensor) -> torch.Tensor:
+def _checked_mask(parents: torch.Tensor) -> torch.Tensor:
     _check_tree(parents)
     return _ancestor_or_self(parents)
+
+
+# A custom op, so that under torch.compile / torch.export the check's read of the values happens when the
+# op runs, on real tensors, and not while tracing (where it would break a fullgraph=True graph). Eager
+# calls skip the op's dispatch (~20 us of ~90).
+@torch.library.custom_op("triforce::tree_attention_mask", mutates_args=())
+def _tree_attention_mask_op(parents: torch.Tensor) -> torch.Tensor:
+    return _checked_mask(parents)
+
+
+def _mask(parents: torch.Tensor) -> torch.Tensor:
+    _check_shape(parents)
+    return _tree_attention_mask_op(parents) if torch.compiler.is_compiling() else _checked_mask(parents)
 
 
 @_tree_attention_mask_op.register_fake
@@ -82,8 +92,7 @@ def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
     Example:
         >>> mask = tk.tree_attention_mask(torch.tensor([[-1, 0, 0, 1]]))
     """
-    _check_shape(parents)
-    return _tree_attention_mask_op(parents)
+    return _mask(parents)
 
 
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:
@@ -98,5 +107,4 @@ def tree_depths(parents: torch.Tensor) -> torch.Tensor:
     Example:
         >>> tk.tree_depths(torch.tensor([[-1, 0, 0, 1]]))   # tensor([[0, 1, 1, 2]], dtype=torch.int32)
     """
-    _check_shape(parents)
-    return (_tree_attention_mask_op(parents).sum(-1) - 1).to(torch.int32)
+    return (_mask(parents).sum(-1) - 1).to(torch.int32)
