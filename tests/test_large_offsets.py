@@ -6,6 +6,8 @@ int32 but whose third row starts past element 2**31 (so only the product overflo
 only allocated, never filled (its untouched pages cost no memory), and must equal its own result on
 compact copies of the same rows.
 """
+import math
+
 import pytest
 import torch
 
@@ -28,16 +30,11 @@ def buffer():
 
 def _rows(buffer, dev, shape, seed):
     """A [B, *shape] view with batch stride STRIDE, filled with random values, and a compact copy. On a
-    GPU, the buffer is the CUDA one (allocated per call)."""
-    n = 1
-    for s in shape:
-        n *= s
-    assert n <= 2**20
+    GPU, a CUDA buffer of the same size, allocated per call."""
+    assert math.prod(shape) <= 2**20
     if dev.type != "cpu":
         buffer = torch.empty((B - 1) * STRIDE + 2**20, dtype=torch.float32, device=dev)
-    strides = [STRIDE]
-    for i in range(len(shape)):
-        strides.append(int(torch.tensor(shape[i + 1:]).prod()) if i + 1 < len(shape) else 1)
+    strides = (STRIDE, *(math.prod(shape[i + 1:]) for i in range(len(shape))))  # rows contiguous
     view = buffer.as_strided((B, *shape), strides)
     g = torch.Generator().manual_seed(seed)
     view.copy_(torch.randn(B, *shape, generator=g).to(dev))
