@@ -51,6 +51,13 @@ def _checked_mask(parents: torch.Tensor) -> torch.Tensor:
     return _ancestor_or_self(parents)
 
 
+def tree_attention_mask_trusted(parents: torch.Tensor) -> torch.Tensor:
+    """``tree_attention_mask(parents)`` without the checks: no read of the values (no host sync on a
+    GPU), for callers whose trees are valid by construction (the model layer's ``TokenTree``, built
+    by the engines). An invalid ``parents`` gives a wrong mask here, not an error."""
+    return _ancestor_or_self(parents)
+
+
 # A custom op, so that under torch.compile / torch.export the check's read of the values happens when the
 # op runs, on real tensors, and not while tracing (where it would break a fullgraph=True graph). Eager
 # calls skip the op's dispatch (~20 us of ~90).

@@ -27,6 +27,7 @@ class Decode:
         self.pad = pad_token_id if pad_token_id is not None else (eos_token_ids[0] if eos_token_ids else -1)
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
         self.notes: list[str] = []  # how the run deviated from the requested configuration, if it did
+        self.caches: list = []  # the full caches: their lengths ride in the loop's one read per step
 
     def setup(self, width: int) -> None:
         """``width``: the most tokens one step appends to the full cache (sizes every buffer)."""
@@ -45,8 +46,10 @@ class Decode:
 
         # prompt + max_new fits the context (checked by generate); only never-emitted drafts go past it
         slack = max(0, self.cache_len - model.config.max_position_embeddings)
-        return FullCache(model.config, self.batch, self.cache_len, device=self.device,
-                         dtype=model_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
+        cache = FullCache(model.config, self.batch, self.cache_len, device=self.device,
+                          dtype=model_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
+        self.caches.append(cache)
+        return cache
 
     @staticmethod
     def require_window(window: int, span: int, method: str) -> None:
@@ -87,11 +90,15 @@ class Decode:
 
     def loop(self, step):
         """Run ``step(active)`` until every row has ``max_new`` tokens or has finished (one host sync
-        per step, to decide termination), then finish the statistics."""
+        per step, to decide termination; it also reads the full caches' longest row, so that their
+        capacity checks need no read of their own), then finish the statistics."""
         t0 = time.perf_counter()
         while True:
             active = self.active()
-            running, done = torch.stack([active.any().long(), self.out.count.min().long()]).tolist()
+            reads = [active.any().long(), self.out.count.min().long()] + [c.lengths.max().long() for c in self.caches]
+            running, done, *longest = torch.stack(reads).tolist()
+            for cache, n in zip(self.caches, longest):
+                cache.tighten_bound(n)
             if self.progress is not None:
                 self.progress(min(done, self.max_new))
             if not running:

@@ -23,7 +23,7 @@ import weakref
 
 import torch
 
-from .steps import Sampling, advance, pad_prompts
+from .steps import Sampling, advance, pad_prompts, static_tree
 
 
 class Drafter:
@@ -33,6 +33,7 @@ class Drafter:
         self.model, self.cache, self.sampling, self.width = model, cache, sampling, width
         self.hist: torch.Tensor | None = None
         self.appended = 0  # tokens this step's forwards kept in the cache beyond c - H
+        self._trees: dict = {}  # static tree shapes drafted so far (steps.static_tree)
 
     @property
     def pending(self) -> torch.Tensor:
@@ -62,9 +63,10 @@ class Drafter:
 
     def propose_tree(self, shape: tuple[int, ...], parents_row: list[int], vocab: int):
         """Draft a static tree (branching factors ``shape``; node 0 = the pending token) -> (tokens int64
-        ``[B, T]``, draft probs float32 ``[B, T, V]`` or None, parents int64 ``[B, T]``). Greedy: the
-        top-k children of each node; sampling: k i.i.d. children. One forward per depth over the tree
-        so far (then rolled back); the first also feeds the catch-up tokens ``hist[:, :-1]``, which stay."""
+        ``[B, T]``, draft probs float32 ``[B, T, V]`` or None, :class:`~triforce.models.TokenTree`).
+        Greedy: the top-k children of each node; sampling: k i.i.d. children. One forward per depth over
+        the tree so far (then rolled back); the first also feeds the catch-up tokens ``hist[:, :-1]``,
+        which stay."""
         sampling, hist = self.sampling, self.hist
         B, T, dev = hist.shape[0], len(parents_row), hist.device
         tokens = torch.zeros(B, T, dtype=torch.int64, device=dev)
@@ -72,21 +74,20 @@ class Drafter:
         probs = None if sampling.greedy else torch.zeros(B, T, vocab, device=dev)
         logits = self.model(hist, cache=self.cache)[:, -1:]
         self.cache.rollback(self.cache.lengths - 1)  # keep the catch-up tokens, drop the root
-        parents = torch.tensor(parents_row, device=dev).expand(B, T)
-        level, n = [0], 1  # nodes of the current depth, nodes drafted so far
+        tree = static_tree(self._trees, parents_row, B, dev)
+        lo, n = 0, 1  # the current depth's nodes are lo .. n-1
         for depth, k in enumerate(shape):
             if depth > 0:
-                logits = self.model(tokens[:, :n], cache=self.cache, tree_parents=parents[:, :n])[:, level]
+                logits = self.model(tokens[:, :n], cache=self.cache, tree_parents=tree.prefix(n))[:, lo:n]
                 self.cache.rollback(self.cache.lengths - n)  # relative: the forward may have compacted
-            for j, node in enumerate(level):
+            for j in range(n - lo):
                 child, p = sampling.sample(logits[:, j], k)
                 tokens[:, n + j * k: n + (j + 1) * k] = child
                 if probs is not None:
-                    probs[:, node] = p
-            level = list(range(n, n + len(level) * k))
-            n += len(level)
+                    probs[:, lo + j] = p
+            lo, n = n, n + (n - lo) * k
         self.appended = self.width - 1
-        return tokens, probs, parents
+        return tokens, probs, tree
 
     def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None,
                acceptance: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:

@@ -22,7 +22,9 @@ import weakref
 
 import torch
 
-from .steps import Sampling, advance
+from triforce.models.cache import TokenTree
+
+from .steps import Sampling, advance, static_tree
 
 
 class _Tap:
@@ -43,7 +45,8 @@ class _Tap:
         t = torch.arange(T, device=dev)[:, None]
         i = torch.arange(n, device=dev)[None, :]
         extra = torch.where(i == 0, t, T + t * n + i - 1).reshape(-1).expand(B, T * n)
-        return self.heads.pseudo(h, n).reshape(B, T * n, H), torch.cat([parents.long(), extra], 1)
+        # a tree by construction (each pseudo token hangs off its node or the pseudo token before it)
+        return self.heads.pseudo(h, n).reshape(B, T * n, H), TokenTree._trusted(torch.cat([parents.long(), extra], 1))
 
 
 class HeadDrafter:
@@ -54,6 +57,7 @@ class HeadDrafter:
         self.state: torch.Tensor | None = None  # per row: depth logits [B, k, V], or mlp's root state [B, H]
         self.hist: torch.Tensor | None = None   # [B, H]: the last committed tokens, the pending one last
         self._tap = _Tap(heads, depth) if heads.reads_layer else None
+        self._trees: dict = {}  # static tree shapes drafted so far (steps.static_tree)
 
     @property
     def pending(self) -> torch.Tensor:
@@ -68,8 +72,9 @@ class HeadDrafter:
         self.hist, self.state = hist, None
 
     def propose_tree(self, shape: tuple[int, ...], parents_row: list[int], vocab: int):
-        """-> (tokens ``[B, T]``, draft probs ``[B, T, V]`` or None, parents ``[B, T]``): the static tree
-        of branching factors ``shape`` (``len(shape) <= depth``), or the root alone before any state."""
+        """-> (tokens ``[B, T]``, draft probs ``[B, T, V]`` or None, :class:`~triforce.models.TokenTree`):
+        the static tree of branching factors ``shape`` (``len(shape) <= depth``), or the root alone
+        before any state."""
         sampling, B, dev = self.sampling, self.hist.shape[0], self.hist.device
         if self.state is None:
             shape, parents_row = (), [-1]
@@ -77,34 +82,34 @@ class HeadDrafter:
         tokens = torch.zeros(B, T, dtype=torch.int64, device=dev)
         tokens[:, 0] = self.hist[:, -1]
         probs = None if sampling.greedy else torch.zeros(B, T, vocab, device=dev)
-        parents = torch.tensor(parents_row, device=dev).expand(B, T)
-        level, n = [0], 1
+        lo, n = 0, 1  # the current depth's nodes are lo .. n-1
         states = self.state[:, None] if self.heads.kind == "mlp" and shape else None  # [B, |level|, H]: parents
         for depth, k in enumerate(shape):
+            width = n - lo
             if states is not None:  # mlp: stage `depth` on (parent state, node token) for every node of the level
-                states = self.heads.stage(self.target, depth, states, tokens[:, level])
+                states = self.heads.stage(self.target, depth, states, tokens[:, lo:n])
                 logits = self.heads.stage_logits(self.target, depth, states)  # [B, |level|, V]
             else:
-                logits = self.state[:, depth: depth + 1].expand(B, len(level), -1)
-            child, p = sampling.sample(logits.reshape(B * len(level), -1), k)
-            tokens[:, n: n + len(level) * k] = child.view(B, len(level) * k)
+                logits = self.state[:, depth: depth + 1].expand(B, width, -1)
+            child, p = sampling.sample(logits.reshape(B * width, -1), k)
+            tokens[:, n: n + width * k] = child.view(B, width * k)
             if probs is not None:
-                probs[:, level] = p.view(B, len(level), -1)
+                probs[:, lo:n] = p.view(B, width, -1)
             if states is not None:
                 states = states.repeat_interleave(k, 1)
-            level = list(range(n, n + len(level) * k))
-            n += len(level)
-        return tokens, probs, parents
+            lo, n = n, n + width * k
+        return tokens, probs, static_tree(self._trees, parents_row, B, dev)
 
     def propose_by_probability(self, widths: tuple[int, ...], vocab: int):
         """A tree of ``widths[d]`` nodes at depth ``d + 1`` chosen per row by cumulative probability:
         the children of depth ``d``'s nodes are their top-``widths[d]`` tokens, and the ``widths[d]``
         candidates with the highest path probability (product of the heads' probabilities along it)
         are kept. Children are deterministic (``draft probs = None``): the tree sampler's rule for
-        deterministic children keeps sampled output exact. -> (tokens, None, parents), per-row parents."""
+        deterministic children keeps sampled output exact. -> (tokens, None, :class:`~triforce.models.TokenTree`),
+        per-row parents."""
         B, dev = self.hist.shape[0], self.hist.device
         if self.state is None:
-            return self.pending.clone(), None, torch.full((B, 1), -1, dtype=torch.int64, device=dev)
+            return self.pending.clone(), None, static_tree(self._trees, [-1], B, dev)
         tokens, parents = [self.pending], [torch.full((B, 1), -1, dtype=torch.int64, device=dev)]
         level = torch.zeros(B, 1, dtype=torch.int64, device=dev)       # tree indices of the current level
         cum = torch.zeros(B, 1, device=dev)                             # log path probabilities
@@ -129,7 +134,8 @@ class HeadDrafter:
                 states = states.gather(1, parent_slot[:, :, None].expand(-1, -1, states.shape[-1]))
             cum, level = best, n + torch.arange(w, device=dev).expand(B, w)
             n += w
-        return torch.cat(tokens, 1), None, torch.cat(parents, 1)
+        # a tree by construction: each level's parents are nodes of the level before
+        return torch.cat(tokens, 1), None, TokenTree._trusted(torch.cat(parents, 1))
 
     # ---- as a chain drafter (TriForce's bottom level): propose / chain_pass / commit / rebase
     def propose(self, gamma: int):
@@ -169,7 +175,7 @@ class HeadDrafter:
         self._take_state(adv, None)
         self.hist = hist
 
-    def tree_pass(self, tree: torch.Tensor, cache, parents: torch.Tensor) -> torch.Tensor:
+    def tree_pass(self, tree: torch.Tensor, cache, parents: TokenTree | None) -> torch.Tensor:
         """The target's verification forward -> float32 logits ``[B, T, V]`` of the tree's nodes; keeps
         the hidden states the next drafts are read from."""
         T = tree.shape[1]

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 
 import triforce_kernels as tk
+from triforce.models.cache import TokenTree
 from triforce_kernels.reference.sampling import argmax_lowest
 
 
@@ -47,7 +48,7 @@ class Sampling:
                 return argmax_lowest(logits)[:, None], None
             return logits.nan_to_num(float("-inf")).topk(num, dim=-1).indices, None
         probs = self.probs(logits)
-        return torch.multinomial(_drawable(probs), num, replacement=True, generator=self.generator), probs
+        return draw(_drawable(probs), num, self.generator), probs
 
     def verify_chain(self, draft_tokens, draft_probs, target_logits):
         """-> (tokens [B, n+1], num_accepted int32 [B], target probs [B, n+1, V] or None)."""
@@ -66,9 +67,33 @@ class Sampling:
         return tk.tree_speculative_sample(tree_tokens, parents, draft_probs, probs, generator=self.generator)
 
 
+def static_tree(memo: dict, parents_row: list[int], batch: int, device) -> TokenTree:
+    """The :class:`~triforce.models.TokenTree` of a static tree shape, built once per drafter (in
+    ``memo``): its mask, depths and per-level prefixes are then reused by every step, and no step
+    uploads ``parents`` or checks it on the device (each a host sync on a GPU)."""
+    key = tuple(parents_row)
+    if key not in memo:
+        memo[key] = TokenTree.static(parents_row, batch, device)
+    return memo[key]
+
+
+def draw(weights: torch.Tensor, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``num`` i.i.d. draws per row of ``weights`` ``[B, V]`` (``>= 0``, every row with a positive total)
+    -> int64 ``[B, num]``: token ``i`` with probability ``weights[b, i] / sum(weights[b])``, by inverse
+    CDF in float64 on ``num`` uniforms. A zero-weight token is never drawn. No host sync: on a GPU
+    ``torch.multinomial`` reads the values to check them (twice for one draw per row)."""
+    cdf = weights.double().cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand(weights.shape[0], num, dtype=torch.float64, device=weights.device, generator=generator)
+    # u * total < total in exact arithmetic; after rounding, clamp to the largest double below it, so the
+    # first token whose cdf exceeds it always exists (and has weight > 0: the cdf rises only there)
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True)
+
+
 def _drawable(probs: torch.Tensor) -> torch.Tensor:
     """``probs`` cleaned as the samplers clean them (NaN / negative weigh 0), a row with no weight
-    left replaced by a uniform one, so that ``torch.multinomial`` accepts any input."""
+    left replaced by a uniform one, so that :func:`draw` accepts any input."""
     w = torch.where(probs > 0, probs, 0.0)
     return torch.where(w.sum(-1, keepdim=True) > 0, w, 1.0)
 
@@ -193,7 +218,8 @@ class Stats:
             self.accepted_w[level] = torch.zeros(self.buckets, dtype=torch.int64, device=self.device)
             self.offered_w[level] = torch.zeros(self.buckets, dtype=torch.int64, device=self.device)
         acc = num_accepted.to(torch.int64) * act
-        off = torch.as_tensor(offered, device=self.device).to(torch.int64).expand_as(act) * act
+        # an int multiplies on the device (torch.as_tensor(int, device=cuda) would be an upload: a host sync)
+        off = act * offered if isinstance(offered, int) else offered.to(torch.int64) * act
         self.accepted[level] += acc.sum()
         self.offered[level] += off.sum()
         if self.position is not None:

@@ -35,16 +35,16 @@ def tree_step(d: Decode, drafter, cache, active, shape, parents_row, widths=None
     target, sampling, stats = d.target, d.sampling, d.stats
     with stats.time("draft"):
         if widths is not None:
-            tree, q, parents = drafter.propose_by_probability(widths, target.config.vocab_size)
+            tree, q, nodes = drafter.propose_by_probability(widths, target.config.vocab_size)
         else:
-            tree, q, parents = drafter.propose_tree(shape, parents_row, target.config.vocab_size)
+            tree, q, nodes = drafter.propose_tree(shape, parents_row, target.config.vocab_size)
     with stats.time("full"):
         base = cache.lengths.clone()
         if isinstance(drafter, HeadDrafter):
-            logits = drafter.tree_pass(tree, cache, parents)
+            logits = drafter.tree_pass(tree, cache, nodes)
         else:
-            logits = target(tree, cache=cache, tree_parents=parents)
-        path, tokens, num = sampling.verify_tree(tree, parents, q, logits)
+            logits = target(tree, cache=cache, tree_parents=nodes)
+        path, tokens, num = sampling.verify_tree(tree, nodes.parents, q, logits)
         adv = active_advance(num, active)
         cache.commit_path(base, path, num)
         cache.rollback(base + adv)  # finished rows keep nothing

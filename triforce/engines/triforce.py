@@ -47,10 +47,17 @@ class RetrievalLevel:
         d, bottom, xs, stats = self.d, self.bottom, self.xs, self.d.stats
         self.hist = bottom.hist
         xs.reset()
-        while True:  # one host sync per gamma1-block to decide when every row has gamma2
+        # A block adds at most gamma1 + 1 tokens to a row, so every active row needs at least `sure`
+        # blocks: those run without asking. After them, one host sync per block decides whether every
+        # row has gamma2 tokens, and brings the longest row's count along.
+        sure, blocks = -(-gamma2 // (self.gamma1 + 1)), 0
+        while True:
             mactive = active & (xs.count < gamma2)
-            if not bool(mactive.any()):
-                break
+            if blocks >= sure:
+                more, m = torch.stack([mactive.any().long(), xs.count.max().long()]).tolist()
+                if not more:
+                    break
+            blocks += 1
             with stats.time("draft"):
                 x, q = bottom.propose(self.gamma1)
             with stats.time("retrieval"):
@@ -60,7 +67,6 @@ class RetrievalLevel:
             bottom.commit(tokens, adv, width=HIST_MID)
             xs.append(tokens, adv, mprobs)  # each emitted token with the M-probs it was sampled from
             stats.accept("draft->retrieval", num, self.gamma1, mactive)
-        m = int(xs.count.max())
         # -1 past a row's count: rejected unread, then the bonus comes from p
         return xs.tokens[:, :m], None if d.sampling.greedy else xs.probs[:, :m]
 

@@ -1,5 +1,5 @@
 """Model layer: a compact Llama, weight loading, the embedded SmolLM2-135M default, and KV caches."""
-from .cache import FullCache, RetrievalCache, StreamingCache
+from .cache import FullCache, RetrievalCache, StreamingCache, TokenTree
 from .config import LlamaConfig
 from .llama import Llama
 from .quant import int8_copy
@@ -7,4 +7,4 @@ from .smollm2 import smollm2_135m
 from .tokenizer import Tokenizer
 
 __all__ = ["Llama", "LlamaConfig", "smollm2_135m", "Tokenizer", "FullCache", "StreamingCache", "RetrievalCache",
-           "int8_copy"]
+           "TokenTree", "int8_copy"]

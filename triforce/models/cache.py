@@ -22,11 +22,76 @@ from dataclasses import dataclass
 import torch
 
 import triforce_kernels as tk
+from triforce_kernels.tree_mask import tree_attention_mask_trusted
 from triforce_kernels.verify_attention import verify_attention_trusted
 from .config import LlamaConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
-__all__ = ["FullCache", "StreamingCache", "RetrievalCache"]
+__all__ = ["FullCache", "StreamingCache", "RetrievalCache", "TokenTree"]
+
+
+class TokenTree:
+    """A token tree for a tree forward (``tree_parents=``): ``parents`` int ``[B, T]`` with its attention
+    mask (``tk.tree_attention_mask``) and node depths, built once and reused by every forward given this
+    object. A plain ``parents`` tensor is instead rebuilt and re-checked per forward, and the check reads
+    the values: one host synchronisation per forward on a GPU.
+
+    - ``TokenTree(parents)``: from an int32/int64 ``[B, T]`` tensor, checked like
+      ``tk.tree_attention_mask`` (``ValueError`` if it is not a tree in topological order).
+    - ``TokenTree.static(parents_row, batch_size, device)``: the same tree in every row, from a list of
+      ints checked on the host: no device read, one upload at construction.
+    - ``tree.prefix(n)``: the tree of its first ``n`` nodes (nodes are in topological order, so a prefix
+      is a tree), built once per ``n``.
+
+    Attributes: ``parents`` ``[B, T]``, ``mask`` bool ``[B, T, T]``, ``depths`` int64 ``[B, T]``.
+    """
+
+    __slots__ = ("parents", "mask", "depths", "_prefixes")
+
+    def __init__(self, parents: torch.Tensor):
+        self._set(parents, tk.tree_attention_mask(parents))
+
+    def _set(self, parents, mask):
+        self.parents, self.mask = parents, mask
+        self.depths = mask.sum(-1) - 1
+        self._prefixes = {}
+        return self
+
+    @classmethod
+    def static(cls, parents_row, batch_size: int, device=None) -> "TokenTree":
+        """One tree for all ``batch_size`` rows; ``parents_row``: ``[-1, p1, p2, ...]`` with
+        ``0 <= p_t < t``."""
+        row = list(parents_row)
+        if not row or any(isinstance(p, bool) or not isinstance(p, int) for p in row) or row[0] != -1 \
+                or any(not 0 <= p < t for t, p in enumerate(row) if t):
+            raise ValueError(f"parents_row must describe a tree in topological order: [-1, p1, p2, ...] with "
+                             f"0 <= p_t < t, got {row!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        one = torch.tensor([row], dtype=torch.int64, device=device)
+        T = len(row)
+        mask = tree_attention_mask_trusted(one).expand(batch_size, T, T).contiguous()
+        return cls._trusted(one.expand(batch_size, T), mask)
+
+    @classmethod
+    def _trusted(cls, parents: torch.Tensor, mask: torch.Tensor | None = None) -> "TokenTree":
+        """A tree valid by construction (built by the engines): no check, no device read."""
+        tree = cls.__new__(cls)
+        return tree._set(parents, tree_attention_mask_trusted(parents) if mask is None else mask)
+
+    def prefix(self, n: int) -> "TokenTree":
+        T = self.parents.shape[1]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= T:
+            raise ValueError(f"prefix: n must be an int in [1, {T}], got {n!r}")
+        if n == T:
+            return self
+        if n not in self._prefixes:
+            self._prefixes[n] = TokenTree._trusted(self.parents[:, :n], self.mask[:, :n, :n].contiguous())
+        return self._prefixes[n]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parents.shape
 
 
 @dataclass
@@ -105,6 +170,12 @@ class _KVCache:
     def _room(self) -> int:
         return self.capacity
 
+    def tighten_bound(self, max_length: int) -> None:
+        """``max_length``: ``max(lengths)`` now, read by the caller in a read it makes anyway (the engines'
+        once-per-step read). Capacity checks then need no read of their own until the cache has grown
+        past it again. Never loosens the bound."""
+        self._bound = min(self._bound, int(max_length))
+
     def _ensure_room(self, T: int) -> None:
         room = self._room()
         if self._bound + T > room:
@@ -125,9 +196,9 @@ class _KVCache:
         if tree_parents is None:
             positions = slots
         else:
-            tree_mask = tk.tree_attention_mask(tree_parents)
-            # tk.tree_depths(parents) is this sum; from the mask in hand it costs no second build + check
-            positions = self.lengths.long()[:, None] + (tree_mask.sum(-1) - 1)
+            tree = tree_parents if isinstance(tree_parents, TokenTree) else TokenTree(tree_parents)
+            tree_mask = tree.mask
+            positions = self.lengths.long()[:, None] + tree.depths
         off = self._position_offset()
         if off is not None:
             positions = positions + off[:, None]
@@ -567,6 +638,7 @@ class RetrievalCache(_KVCache):
         self._acc = torch.zeros(acceptance_window, dtype=torch.float64, device=self.device)
         self._acc_count = 0
         self._rebuild_at = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)  # lengths then
+        self._known_bounds = None  # (min num_chunks, max lengths) of the full cache, when sync() just read them
         self.num_rebuilds = 0
         self.rebuild()
 
@@ -575,10 +647,12 @@ class RetrievalCache(_KVCache):
 
     def rebuild(self) -> None:
         """Re-select the chunks from the full cache (``tk.build_retrieval_cache``, per layer) and refill the
-        tail with the tokens after the last complete chunk. One device read (to validate the budget)."""
+        tail with the tokens after the last complete chunk. One device read (to validate the budget), none
+        when :meth:`sync` calls it (its own read brought the values)."""
         full = self.full
         num_chunks = full.num_chunks
-        lo, hi = (int(x) for x in torch.stack([num_chunks.min(), full.lengths.max()]).tolist())
+        known, self._known_bounds = self._known_bounds, None  # read by sync() just before, in its own read
+        lo, hi = known or (int(x) for x in torch.stack([num_chunks.min(), full.lengths.max()]).tolist())
         if lo < self.budget_chunks:
             raise ValueError(f"budget {self.budget} exceeds a sequence's complete chunks ({lo} x {self.chunk_size} "
                              f"tokens): lower the budget to at most the shortest prompt")
@@ -619,13 +693,15 @@ class RetrievalCache(_KVCache):
         acceptance fell below ``min_acceptance``. One device read. Returns whether it rebuilt."""
         full = self.full
         lengths = full.lengths.long()
-        reads = [lengths.max(), (lengths - self.base_pos).max(), self.synced.min(), (lengths - self._rebuild_at).max()]
+        reads = [lengths.max(), (lengths - self.base_pos).max(), self.synced.min(), (lengths - self._rebuild_at).max(),
+                 full.num_chunks.min()]  # the last one for a rebuild, in the same read
         if self.min_acceptance > 0 and self._acc_count >= self._acc.numel():  # rides in the same read
             reads.append(self._acc.mean())
         stats = torch.stack([r.to(torch.float64) for r in reads]).tolist()
-        full_max, tail_need, synced_min, grown = (int(x) for x in stats[:4])
-        low_acc = len(stats) > 4 and stats[4] < self.min_acceptance
+        full_max, tail_need, synced_min, grown, chunks_min = (int(x) for x in stats[:5])
+        low_acc = len(stats) > 5 and stats[5] < self.min_acceptance
         if tail_need > self.tail - self.max_step or grown >= self.rebuild_stride or low_acc:
+            self._known_bounds = (chunks_min, full_max)
             self.rebuild()
             return True
         self._copy_tail(full_max - synced_min)

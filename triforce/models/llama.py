@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import RetrievalCache, Step, _KVCache
+from .cache import RetrievalCache, Step, TokenTree, _KVCache
 from .config import LlamaConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -163,6 +163,8 @@ class Llama(nn.Module):
       them -> ``[B, T, V]``; ``cache.lengths += T``.
     - ``model(input_ids, cache=cache, tree_parents=parents)``: token tree (``parents[:, 0] = -1``); token t
       sees the prefix and its ancestors-or-self; RoPE position = cache position of token 0 + depth.
+      ``parents`` is checked per forward (a host sync on a GPU); a :class:`~triforce.models.TokenTree`
+      carries its mask and depths, built once (``TokenTree.static``: checked on the host).
     - ``model.layer_skip(k)``: a draft made of the first k layers (weights shared).
     """
 
@@ -216,7 +218,7 @@ class Llama(nn.Module):
         h = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
             if tap is not None and i == tap.layer:
-                extra = tap(h, tree_parents)
+                extra = tap(h, tree_parents.parents if isinstance(tree_parents, TokenTree) else tree_parents)
                 if extra is not None:  # extra tokens join the tree here: a wider step from this layer on
                     extra_h, parents = extra
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
@@ -231,7 +233,7 @@ class Llama(nn.Module):
         return self.lm_head(self.model.norm(h)).float()
 
     def forward(self, input_ids: torch.Tensor, cache: _KVCache | None = None,
-                tree_parents: torch.Tensor | None = None) -> torch.Tensor:
+                tree_parents: torch.Tensor | TokenTree | None = None) -> torch.Tensor:
         """float32 logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` (see the class docstring)."""
         self._check_forward(input_ids, cache, tree_parents)
         if cache is None:
@@ -240,17 +242,19 @@ class Llama(nn.Module):
             return self._logits(self._hidden(input_ids, cache, tree_parents))
 
     @torch.no_grad()
-    def forward_hidden(self, input_ids: torch.Tensor, cache: _KVCache, tree_parents: torch.Tensor | None = None,
-                       tap=None) -> torch.Tensor:
+    def forward_hidden(self, input_ids: torch.Tensor, cache: _KVCache,
+                       tree_parents: torch.Tensor | TokenTree | None = None, tap=None) -> torch.Tensor:
         """Like ``model(input_ids, cache=cache, tree_parents=...)`` but returns the LM head's input: the
         final-normed hidden states ``[B, T', H]`` in the model's dtype (``model.head(z)`` gives the
         logits). Draft heads read them (docs/heads.md).
 
         ``tap``: an object with ``tap.layer`` (``1 <= layer < num_hidden_layers``) called as
-        ``tap(h, tree_parents)`` with ``h`` ``[B, T, H]``, the residual stream entering decoder layer
-        ``layer``. It returns ``None`` (it only reads ``h``) or ``(extra_h [B, E, H], parents [B, T+E])``:
-        ``E`` extra tokens that enter the stream at that layer (their keys and values exist only in the
-        layers from ``layer`` on), attached to the tree ``parents`` (nodes ``< T`` unchanged; ``T' = T+E``).
+        ``tap(h, parents)`` with ``h`` ``[B, T, H]``, the residual stream entering decoder layer ``layer``,
+        and the forward's ``parents`` tensor (``None`` for a chain). It returns ``None`` (it only reads
+        ``h``) or ``(extra_h [B, E, H], parents [B, T+E])``: ``E`` extra tokens that enter the stream at
+        that layer (their keys and values exist only in the layers from ``layer`` on), attached to the
+        tree ``parents`` (nodes ``< T`` unchanged; ``T' = T+E``; a tensor, checked, or a
+        :class:`~triforce.models.TokenTree`).
         The cache grows by ``T'``; the caller rolls the extra tokens back (``commit_path`` / ``rollback``).
         A :class:`~triforce.models.cache.StreamingCache` takes no tap (it may compact between layers'
         steps)."""
@@ -278,9 +282,13 @@ class Llama(nn.Module):
         if tree_parents is not None:
             if cache is None:
                 raise ValueError("tree_parents needs a cache (the tree is appended after the cached prefix)")
-            if not isinstance(tree_parents, torch.Tensor) or tree_parents.shape != input_ids.shape \
-                    or tree_parents.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"tree_parents must be an int tensor of shape {list(input_ids.shape)} (like input_ids)")
+            parents = tree_parents.parents if isinstance(tree_parents, TokenTree) else tree_parents
+            if not isinstance(parents, torch.Tensor) or parents.shape != input_ids.shape \
+                    or parents.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"tree_parents must be an int tensor of shape {list(input_ids.shape)} (like input_ids) "
+                                 f"or a TokenTree of that shape")
+            if parents.device != input_ids.device:
+                raise ValueError(f"tree_parents is on {parents.device} but input_ids is on {input_ids.device}")
         elif cache is None and input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, more than the model's context "
                              f"({self.config.max_position_embeddings})")

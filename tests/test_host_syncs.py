@@ -1,0 +1,292 @@
+"""Host synchronisations of the decoding engines and the model layer, counted on a CPU.
+
+On a GPU every read of a device value, every upload of host data and every value-dependent op stalls
+the host until the device has caught up, and a forward that does one cannot be captured in a CUDA
+graph. On a CPU they cost nothing, so a regression would go unseen until a GPU run; ``HostSyncs``
+(tests/host_sync.py) records them here. The budget (docs/engines.md, "Host synchronisation"):
+
+* one read per step, in ``Decode.loop`` (whether any row is still active; it also brings the full
+  caches' longest row, so their capacity checks read nothing);
+* a retrieval cache: one read per full-level verification, in ``RetrievalCache.sync``;
+* TriForce's middle level: one read per gamma1-block after the first ``ceil(gamma2 / (gamma1 + 1))``
+  blocks (which every active row needs), the last one bringing the longest row's count along;
+* a static tree: one upload per run (``TokenTree.static``), nothing per step;
+* nothing else: no read in any forward, no upload, no value-dependent op, sampling and greedy.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import triforce
+from triforce.engines import steps
+from triforce.engines.decode import Decode
+from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache, TokenTree
+from tests.host_sync import HostSyncs
+from tests.test_engines import TINY_CASES, tiny
+from tests.test_heads import random_heads
+from tests.test_heads import tiny as tiny4
+
+
+@pytest.fixture
+def gpu_paths(monkeypatch):
+    """A StreamingCache reads its eviction width on a CPU only (reading is free there); on a GPU it moves
+    a fixed width. Take the GPU's path."""
+    init = StreamingCache.__init__
+
+    def gpu_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._read_width = False
+
+    monkeypatch.setattr(StreamingCache, "__init__", gpu_init)
+
+
+@pytest.fixture
+def audit(monkeypatch, gpu_paths):
+    """Records the host syncs of the decode loop (every step; not the prefill, not the final statistics)."""
+    syncs = HostSyncs()
+    loop, finish = Decode.loop, Decode.finish
+
+    def audited_loop(self, step):
+        with syncs:
+            return loop(self, step)
+
+    def unaudited_finish(self, *args):
+        with syncs.paused():
+            return finish(self, *args)
+
+    monkeypatch.setattr(Decode, "loop", audited_loop)
+    monkeypatch.setattr(Decode, "finish", unaudited_finish)
+    return syncs
+
+
+def _check_budget(syncs: HostSyncs, stats: dict, *, retrieval: bool = False, middle: tuple | None = None,
+                  static_trees: int = 0) -> None:
+    passes = stats["target_passes"]
+    found = syncs.by_function()
+    expected = {"Decode.loop": passes + 1}  # the last read finds no active row
+    if retrieval:
+        expected["RetrievalCache.sync"] = passes
+    if static_trees:
+        expected["TokenTree.static"] = static_trees
+    if middle is not None:
+        gamma1, gamma2 = middle
+        reads = found.pop("RetrievalLevel.propose", 0)
+        most = gamma2 - math.ceil(gamma2 / (gamma1 + 1)) + 1  # per step: blocks <= gamma2
+        assert passes <= reads <= passes * most, (reads, passes, most, syncs.report())
+    assert dict(found) == expected, f"expected {expected}, found:\n{syncs.report()}"
+
+
+PROMPT_LENGTHS = (17, 30, 23, 41)
+
+
+def _prompts(vocab=64):
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, vocab, (n,), generator=g) for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny(0), tiny(1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("method,opts", [("autoregressive", {})] + TINY_CASES,
+                         ids=["autoregressive"] + [f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_engine_host_syncs(audit, models, method, opts, temperature):
+    target, draft = models
+    out = triforce.generate(target, _prompts(), method=method, max_new_tokens=24, temperature=temperature, seed=1,
+                            draft=draft if method in ("speculative", "triforce") else None, **opts)
+    _check_budget(audit, out.stats,
+                  retrieval=method == "triforce" or opts.get("draft_cache") == "retrieval",
+                  middle=(opts["gamma1"], opts["gamma2"]) if method == "triforce" else None,
+                  static_trees=int(method == "tree"))
+
+
+@pytest.fixture(scope="module")
+def heads_model():
+    return tiny4()
+
+
+@pytest.mark.parametrize("kind", ["medusa", "mlp", "hidden_transfer", "early_exit"])
+@pytest.mark.parametrize("config", ["tree", "tree_nodes", "triforce"])
+def test_heads_host_syncs(audit, heads_model, kind, config):
+    heads = random_heads(heads_model, kind)
+    opts = {"tree": {"method": "tree", "tree": (2, 2, 1)},
+            "tree_nodes": {"method": "tree", "tree_nodes": (2, 2, 2)},
+            "triforce": {"method": "triforce", "gamma1": 2, "gamma2": 4, "budget": 12, "chunk_size": 4}}[config]
+    temperature = 1.0 if kind in ("mlp", "hidden_transfer") else 0.0  # both on the stage / tap paths
+    out = triforce.generate(heads_model, _prompts(), max_new_tokens=24, draft=heads, temperature=temperature,
+                            seed=2, **opts)
+    # heads draft the root alone on the first step ([-1]), then the static shape
+    _check_budget(audit, out.stats, retrieval=config == "triforce",
+                  middle=(2, 4) if config == "triforce" else None,
+                  static_trees={"tree": 2, "tree_nodes": 1, "triforce": 0}[config])
+
+
+def test_the_audit_sees_each_kind_of_sync():
+    """The detector itself: each kind of operation that syncs on a GPU is recorded (reads, uploads,
+    value-dependent ops), and device-side work is not."""
+    x = torch.arange(6.0)
+    cases = {
+        "read (item)": lambda: x.sum().item(),
+        "read (tolist)": lambda: x.tolist(),
+        "read (__bool__)": lambda: bool(x.any()),
+        "read (__int__)": lambda: int(x.max()),
+        "upload": lambda: torch.tensor([1, 2, 3]),
+        "nonzero": lambda: x.nonzero(),
+        "boolean-mask indexing": lambda: x[x > 2],
+        "multinomial": lambda: torch.multinomial(x + 1, 1),
+        "fill_ from a tensor": lambda: x.clone().fill_(x[0]),
+    }
+    for kind, fn in cases.items():
+        with HostSyncs() as syncs:
+            fn()
+        assert [k for k, _ in syncs.events] == [kind], (kind, syncs.events)
+    with HostSyncs() as syncs:  # device work only
+        y = torch.where(x > 2, x, 0.0).cumsum(0)
+        torch.searchsorted(y, y[:2].contiguous())
+        x.clone()[1:3] = y[:2]
+    assert syncs.events == [], syncs.report()
+
+
+# ---- the sampler: draws without a host sync, exactly from the weights
+
+
+def test_draw_distribution_and_zero_weights():
+    V, N = 12, 60000
+    w = torch.tensor([0, 3, 0, 0, 1, 5, 0.5, 0, 0, 2, 0, 0], dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with HostSyncs() as syncs:
+        d = steps.draw(w.expand(N // 4, V), 4, g)
+    assert syncs.events == [], syncs.report()
+    assert d.shape == (N // 4, 4) and d.dtype == torch.int64
+    counts = np.bincount(d.flatten().numpy(), minlength=V)
+    assert counts[(w == 0).numpy()].sum() == 0  # never a zero-weight token
+    from tests.test_engines_sampling import chi2_pvalue
+
+    p = (w / w.sum()).double().numpy()
+    assert chi2_pvalue(counts[p > 0], p[p > 0]) > 1e-3
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1.0, 1e30])
+def test_draw_at_the_edges_of_the_uniforms(monkeypatch, scale):
+    """u = 0 draws the first token of positive weight, u -> 1 the last one (never past it, never a
+    zero-weight token), whatever the weights' total."""
+    w = torch.tensor([[0.0, 0.0, 2.0, 1.0, 0.0, 3.0, 0.0]]) * scale
+    rand = torch.rand
+    for u, token in ((0.0, 2), (1.0 - 2.0 ** -53, 5), (1.0, 5)):  # 1.0: out of rand's range, still safe
+        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.full((1, 1), u, dtype=torch.float64))
+        assert steps.draw(w, 1).item() == token, (u, scale)
+    monkeypatch.setattr(torch, "rand", rand)
+
+
+def test_sampling_sample_uses_the_cleaned_weights():
+    """NaN / negative probabilities weigh 0 and an all-zero row is drawn uniformly (as before)."""
+    s = steps.Sampling(1.0, None, None, torch.Generator().manual_seed(1))
+    logits = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf")]] * 2000)
+    tokens, probs = s.sample(logits, 2)
+    assert set(tokens.unique().tolist()) == {0, 2}
+    assert torch.equal(probs[0], torch.tensor([0.5, 0.0, 0.5, 0.0]))
+    w = steps._drawable(torch.tensor([[float("nan"), -1.0, 0.0]]))
+    assert torch.equal(w, torch.ones(1, 3))
+
+
+# ---- TokenTree: mask and depths built once, no read per forward
+
+
+def _random_parents(g, B, T):
+    return torch.stack([torch.tensor([-1] + [int(torch.randint(0, t, (1,), generator=g)) for t in range(1, T)])
+                        for _ in range(B)])
+
+
+def test_token_tree_matches_the_checked_helpers():
+    import triforce_kernels as tk
+
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 2, 5, 9, 17):
+        parents = _random_parents(g, 3, T)
+        tree = TokenTree(parents)
+        assert torch.equal(tree.mask, tk.tree_attention_mask(parents))
+        assert torch.equal(tree.depths, tk.tree_depths(parents).long())
+        for n in range(1, T + 1):
+            assert torch.equal(tree.prefix(n).mask, tk.tree_attention_mask(parents[:, :n]))
+            assert tree.prefix(n).mask.is_contiguous()
+        row = parents[0].tolist()
+        static = TokenTree.static(row, 4)
+        assert torch.equal(static.mask, tk.tree_attention_mask(parents[:1].expand(4, T)))
+        assert torch.equal(static.parents, parents[:1].expand(4, T))
+        assert static.prefix(max(T - 1, 1)) is static.prefix(max(T - 1, 1))  # built once
+
+
+@pytest.mark.parametrize("row", [[], [0], [-1, 1], [-1, 0, 3], [-1, -1], [-1, 0.0], [-1, True]])
+def test_token_tree_static_rejects_a_non_tree(row):
+    with pytest.raises(ValueError, match="parents_row"):
+        TokenTree.static(row, 2)
+
+
+def test_token_tree_checks_a_tensor():
+    with pytest.raises(ValueError, match="topological"):
+        TokenTree(torch.tensor([[-1, 0, 2]]))
+    with pytest.raises(ValueError, match="prefix"):
+        TokenTree.static([-1, 0], 1).prefix(3)
+
+
+def _cfg():
+    return LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("cache_kind", ["full", "streaming"])
+def test_tree_forward_with_a_token_tree(gpu_paths, cache_kind):
+    """A forward given a TokenTree equals one given the parents tensor (bit for bit), and reads nothing:
+    the tensor costs one read per forward (its check)."""
+    torch.manual_seed(0)
+    model = Llama(_cfg()).eval()
+    B, row = 3, [-1, 0, 0, 1, 1, 2, 4]
+    T = len(row)
+
+    def make():
+        c = FullCache(model.config, B, 64) if cache_kind == "full" else StreamingCache(model.config, B, 2, 8, T)
+        model.prefill([torch.arange(n) for n in (5, 11, 9)], c)
+        return c
+
+    ids = torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(1))
+    tree = TokenTree.static(row, B)
+    out = {}
+    for name, parents in (("tensor", torch.tensor(row).expand(B, T)), ("tree", tree)):
+        cache = make()
+        with torch.inference_mode(), HostSyncs() as syncs:
+            out[name] = torch.cat([model(ids, cache=cache, tree_parents=parents) for _ in range(3)], 1)
+        reads = [k for k, _ in syncs.events]
+        assert reads == ([] if name == "tree" else ["read (item)"] * 3), syncs.report()
+    assert torch.equal(out["tensor"], out["tree"])
+    with pytest.raises(ValueError, match="TokenTree"):
+        model(ids[:, :3], cache=make(), tree_parents=tree)
+
+
+def test_forwards_on_meta_tensors_read_nothing():
+    """Every forward an engine step makes -- chain and tree, on a full and a StreamingLLM cache, across
+    evictions, rollbacks and a tree commit -- runs on meta tensors, which have no values: a read of one
+    would raise. (The forward a CUDA graph would capture.)"""
+    meta = torch.device("meta")
+    model = Llama(_cfg(), _empty=True).eval()  # meta weights
+    model.inv_freq = torch.empty(model.config.head_dim // 2, device=meta)
+    B = 3
+    tree = TokenTree.static([-1, 0, 0, 1, 2], B, meta)
+    with torch.inference_mode(), HostSyncs() as syncs:
+        for cache in (FullCache(model.config, B, 128, device=meta, chunk_size=4),
+                      StreamingCache(model.config, B, 2, 8, 5, device=meta)):
+            ids = torch.zeros(B, 5, dtype=torch.int64, device=meta)
+            for _ in range(4):
+                model(ids[:, :1], cache=cache)
+                model(ids, cache=cache)
+                model(ids, cache=cache, tree_parents=tree)
+                model(ids[:, :3], cache=cache, tree_parents=tree.prefix(3))
+                lengths = torch.zeros(B, dtype=torch.int32, device=meta)
+                cache.commit_path(lengths, torch.zeros(B, 3, dtype=torch.int64, device=meta), lengths)
+                cache.rollback(lengths)
+    assert syncs.events == [], syncs.report()
