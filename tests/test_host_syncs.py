@@ -172,27 +172,81 @@ def test_draw_distribution_and_zero_weights():
     assert chi2_pvalue(counts[p > 0], p[p > 0]) > 1e-3
 
 
+def _uniforms(monkeypatch, u: torch.Tensor) -> None:
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: u)
+
+
+@pytest.mark.parametrize("V", [7, 1024, 2 * 1024 + 300])
 @pytest.mark.parametrize("scale", [1e-30, 1.0, 1e30])
-def test_draw_at_the_edges_of_the_uniforms(monkeypatch, scale):
+def test_draw_at_the_edges_of_the_uniforms(monkeypatch, V, scale):
     """u = 0 draws the first token of positive weight, u -> 1 the last one (never past it, never a
-    zero-weight token), whatever the weights' total."""
-    w = torch.tensor([[0.0, 0.0, 2.0, 1.0, 0.0, 3.0, 0.0]]) * scale
-    rand = torch.rand
-    for u, token in ((0.0, 2), (1.0 - 2.0 ** -53, 5), (1.0, 5)):  # 1.0: out of rand's range, still safe
-        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.full((1, 1), u, dtype=torch.float64))
+    zero-weight token), whatever the weights' total, with zero weights (whole zero blocks) around them."""
+    first, last = (2, 5) if V == 7 else (V // 2 - 3, V - 2)
+    w = torch.zeros(1, V)
+    w[0, first], w[0, last], w[0, (first + last) // 2] = 2.0 * scale, 3.0 * scale, 1.0 * scale
+    for u, token in ((0.0, first), (1.0 - 2.0 ** -53, last), (1.0, last)):  # 1.0: out of rand's range, still safe
+        _uniforms(monkeypatch, torch.full((1, 1), u, dtype=torch.float64))
         assert steps.draw(w, 1).item() == token, (u, scale)
-    monkeypatch.setattr(torch, "rand", rand)
+
+
+@pytest.mark.parametrize("offset", [0, 1024])
+def test_draw_when_a_block_sum_rounds_above_its_cumulative_sum(monkeypatch, offset):
+    """Weights spanning 1e-30 .. 1e30: a block's float64 sum (pairwise) can exceed the last entry of its
+    float64 cumulative sum (sequential) by an ulp, so a uniform near the block's top lands past the
+    block's cdf; the draw must still be a token of that block with positive weight."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(1000):
+        w = (torch.rand(32, generator=g, dtype=torch.float64)
+             * 10.0 ** torch.randint(-30, 30, (32,), generator=g)).float()
+        top = w.cumsum(0, dtype=torch.float64)[-1]
+        # ... and the last weight is not negligible next to the total (it must count past the row's end)
+        if w.sum(dtype=torch.float64) > top and top + w[-1].double() > top:
+            break
+    else:
+        pytest.fail("no weights found whose sum rounds above their cumulative sum")
+    row = torch.zeros(1, offset + 32)
+    row[0, offset:] = w
+    _uniforms(monkeypatch, torch.full((1, 1), 1.0 - 2.0 ** -53, dtype=torch.float64))
+    token = steps.draw(row, 1).item()
+    assert offset <= token < offset + 32 and row[0, token] > 0, token
+
+
+@pytest.mark.parametrize("V", [1, 5, 1023, 1024, 1025, 3000, 49152])
+def test_draw_equals_the_one_level_inverse_cdf(monkeypatch, V):
+    """The two-level search picks, for every uniform, the token a single float64 inverse CDF over the
+    whole row picks: the first whose cumulative weight exceeds u * total."""
+    g = torch.Generator().manual_seed(V)
+    B, num = 6, 5
+    w = torch.rand(B, V, generator=g) ** 8  # mostly tiny weights
+    w[w < 0.05] = 0.0                        # zero runs, whole zero blocks
+    w[1, : V // 2] = 0.0
+    w[2] *= 1e-20
+    w[3] *= 1e20
+    w[4, : max(V - 3, 1)] = 0.0               # weight in the last tokens only
+    u = torch.rand(B, num, dtype=torch.float64, generator=g)
+    _uniforms(monkeypatch, u)
+    got = steps.draw(w, num)
+    cdf = w.double().cumsum(-1)
+    expected = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    live = cdf[:, -1] > 0
+    assert torch.equal(got[live], expected[live])
+    assert (w[live].gather(1, got[live]) > 0).all()
 
 
 def test_sampling_sample_uses_the_cleaned_weights():
-    """NaN / negative probabilities weigh 0 and an all-zero row is drawn uniformly (as before)."""
+    """NaN / negative probabilities weigh 0, and a row with no weight left is drawn uniformly."""
+    from tests.test_engines_sampling import chi2_pvalue
+
     s = steps.Sampling(1.0, None, None, torch.Generator().manual_seed(1))
     logits = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf")]] * 2000)
     tokens, probs = s.sample(logits, 2)
     assert set(tokens.unique().tolist()) == {0, 2}
     assert torch.equal(probs[0], torch.tensor([0.5, 0.0, 0.5, 0.0]))
-    w = steps._drawable(torch.tensor([[float("nan"), -1.0, 0.0]]))
-    assert torch.equal(w, torch.ones(1, 3))
+    w = steps._drawable(torch.tensor([[float("nan"), -1.0, 0.0, 2.0]] + [[float("nan"), -1.0, 0.0, -0.0]] * 8000))
+    assert torch.equal(w[0], torch.tensor([0.0, 0.0, 0.0, 2.0]))
+    d = steps.draw(w, 3, torch.Generator().manual_seed(2))
+    assert (d[0] == 3).all()
+    assert chi2_pvalue(np.bincount(d[1:].flatten().numpy(), minlength=4), np.full(4, 0.25)) > 1e-3
 
 
 # ---- TokenTree: mask and depths built once, no read per forward

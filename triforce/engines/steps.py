@@ -77,25 +77,45 @@ def static_tree(memo: dict, parents_row: list[int], batch: int, device) -> Token
     return memo[key]
 
 
+_DRAW_BLOCK = 1024  # tokens per block of draw()'s two-level search
+
+
 def draw(weights: torch.Tensor, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``num`` i.i.d. draws per row of ``weights`` ``[B, V]`` (``>= 0``, every row with a positive total)
-    -> int64 ``[B, num]``: token ``i`` with probability ``weights[b, i] / sum(weights[b])``, by inverse
-    CDF in float64 on ``num`` uniforms. A zero-weight token is never drawn. No host sync: on a GPU
-    ``torch.multinomial`` reads the values to check them (twice for one draw per row)."""
-    cdf = weights.double().cumsum(-1)
-    total = cdf[:, -1:]
-    u = torch.rand(weights.shape[0], num, dtype=torch.float64, device=weights.device, generator=generator)
-    # u * total < total in exact arithmetic; after rounding, clamp to the largest double below it, so the
-    # first token whose cdf exceeds it always exists (and has weight > 0: the cdf rises only there)
+    """``num`` i.i.d. draws per row of ``weights`` ``[B, V]`` (``>= 0``) -> int64 ``[B, num]``: token ``i``
+    with probability ``weights[b, i] / sum(weights[b])`` (a row of zeros: uniformly). A zero-weight token
+    is never drawn. No host sync: on a GPU ``torch.multinomial`` reads the values to check them (twice
+    for one draw per row).
+
+    Inverse CDF in float64, in two levels so that no ``[B, V]`` temporary is made (on a CPU a fresh
+    buffer of that size costs more in page faults than the search): a uniform picks a block of
+    ``_DRAW_BLOCK`` tokens by the blocks' sums, then a token inside the block by its weights."""
+    B, V = weights.shape
+    blk = _DRAW_BLOCK
+    full = V - V % blk
+    sums = [weights[:, :full].reshape(B, full // blk, blk).sum(-1, dtype=torch.float64)] if full else []
+    if full < V:
+        sums.append(weights[:, full:].sum(-1, keepdim=True, dtype=torch.float64))
+    bcdf = torch.cat(sums, 1).cumsum(-1)  # [B, blocks]
+    total = bcdf[:, -1:]
+    u = torch.rand(B, num, dtype=torch.float64, device=weights.device, generator=generator)
+    # x < total (rounding aside: clamped to the largest double below it), so a block whose cdf exceeds it
+    # exists, and the first one has a positive sum (the cdf rises only there)
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, x, right=True)
+    block = torch.searchsorted(bcdf, x, right=True)  # [B, num]
+    below = torch.where(block > 0, bcdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+    cols = block[..., None] * blk + torch.arange(blk, device=weights.device)  # [B, num, blk]
+    w = weights.gather(1, cols.clamp(max=V - 1).flatten(1)).view(B, num, blk)
+    ccdf = torch.where(cols < V, w, 0).cumsum(-1, dtype=torch.float64)
+    last = ccdf[..., -1:]
+    r = torch.minimum((x - below)[..., None], torch.nextafter(last, torch.zeros_like(last)))
+    drawn = block * blk + torch.searchsorted(ccdf, r, right=True)[..., 0]
+    return torch.where(total > 0, drawn, (u * V).long().clamp(max=V - 1))
 
 
 def _drawable(probs: torch.Tensor) -> torch.Tensor:
-    """``probs`` cleaned as the samplers clean them (NaN / negative weigh 0), a row with no weight
-    left replaced by a uniform one, so that :func:`draw` accepts any input."""
-    w = torch.where(probs > 0, probs, 0.0)
-    return torch.where(w.sum(-1, keepdim=True) > 0, w, 1.0)
+    """``probs`` cleaned as the samplers clean them: NaN and negative entries weigh 0 (a row with no
+    weight left is drawn uniformly by :func:`draw`)."""
+    return torch.where(probs > 0, probs, 0.0)
 
 
 def verify_chain(model, cache, pending: torch.Tensor, draft_tokens: torch.Tensor, draft_probs, active,
