@@ -89,10 +89,6 @@ class TokenTree:
             self._prefixes[n] = TokenTree._trusted(self.parents[:, :n], self.mask[:, :n, :n].contiguous())
         return self._prefixes[n]
 
-    @property
-    def shape(self) -> torch.Size:
-        return self.parents.shape
-
 
 @dataclass
 class Step:
