@@ -21,6 +21,18 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w);
 // weight-only int8: w[n, k] = scales[n, k / 32] * q[n, k] (a draft model's format, triforce/models/quant.py)
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 
+// ---- model layer: a decoder layer in two calls around the KV cache, bitwise the Python modules' result
+// (csrc/cpu/decoder.cpp). Projections: weights w[i] (float32/bfloat16 like h, or int8 with scales[i]),
+// optional bias[i]; attn_in takes q, k, v, attn_out_mlp o, gate, up, down.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
+    const at::Tensor& h, const at::Tensor& norm_w, double eps, at::TensorList w,
+    const std::vector<std::optional<at::Tensor>>& scales, const std::vector<std::optional<at::Tensor>>& bias,
+    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim);
+at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
+                                at::TensorList w, const std::vector<std::optional<at::Tensor>>& scales,
+                                const std::vector<std::optional<at::Tensor>>& bias);
+
 // ---- verification attention (docs/design.md 3.2) --------------------------------------------------
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,

@@ -22,6 +22,11 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("chain_greedy_verify(Tensor draft_tokens, Tensor target_logits) -> (Tensor, Tensor)");
   m.def("rowwise_linear(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_q8(Tensor x, Tensor q, Tensor scales) -> Tensor");
+  m.def("decoder_attn_in(Tensor h, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, Tensor?[] bias, "
+        "Tensor? q_norm_w, Tensor? k_norm_w, float qk_eps, Tensor cos, Tensor sin, int head_dim) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("decoder_attn_out_mlp(Tensor h, Tensor attn, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, "
+        "Tensor?[] bias) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");
@@ -41,6 +46,8 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("chain_greedy_verify", &chain_greedy_verify);
   m.impl("rowwise_linear", &rowwise_linear);
   m.impl("rowwise_linear_q8", &rowwise_linear_q8);
+  m.impl("decoder_attn_in", &decoder_attn_in);
+  m.impl("decoder_attn_out_mlp", &decoder_attn_out_mlp);
   m.impl("tree_speculative_sample", &tree_speculative_sample);
   m.impl("tree_greedy_verify", &tree_greedy_verify);
 }

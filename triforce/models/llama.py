@@ -48,6 +48,19 @@ def _rowwise_available() -> bool:
 _ROWWISE = None
 
 
+def _fused_available() -> bool:
+    """The extension has the fused decoder layer (csrc/cpu/decoder.cpp), the rowwise kernels it runs are
+    on, and ``TRIFORCE_FUSED_LAYER`` is not ``0`` (an A/B switch: ``0`` runs the modules one by one)."""
+    global _FUSED
+    if _FUSED is None:
+        _FUSED = (os.environ.get("TRIFORCE_FUSED_LAYER", "1") != "0" and _rowwise_available()
+                  and hasattr(torch.ops.triforce_C, "decoder_attn_out_mlp"))
+    return _FUSED
+
+
+_FUSED = None
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state-dict keys) whose CPU forward on at most
     ``ROWWISE_MAX_ROWS`` rows, float32 or bfloat16 (input and weight alike), without autograd, runs
@@ -66,6 +79,11 @@ class Linear(nn.Linear):
             y = torch.ops.triforce_C.rowwise_linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
             return y if b is None else y.add_(b)
         return F.linear(x, w, b)
+
+    def fused_projection(self, dtype: torch.dtype):
+        """``(weight, None, bias)`` for the fused decoder layer when its rowwise path serves inputs of
+        ``dtype``, else ``None`` (see :meth:`DecoderLayer.fused_arguments`)."""
+        return (self.weight, None, self.bias) if self.weight.dtype == dtype else None
 
 
 class RMSNorm(nn.Module):
@@ -105,12 +123,16 @@ class Attention(nn.Module):
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k_raw, cos, sin)
-        if cache is None:
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=True, enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
-        else:
-            out = cache.attend(self.layer, q, k, v, step, k_raw=k_raw)
+        out = self.attend(q, k, v, k_raw, cache, step)
         return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+
+    def attend(self, q, k, v, k_raw, cache: _KVCache | None, step: Step | None) -> torch.Tensor:
+        """Attention of the RoPE'd ``q``, ``k`` and ``v`` ``[B, T, H, D]``: causal among themselves without a
+        cache, else written to ``cache`` and attended over it -> ``[B, T, Hq, D]``."""
+        if cache is None:
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True, enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
+        return cache.attend(self.layer, q, k, v, step, k_raw=k_raw)
 
 
 class MLP(nn.Module):
@@ -134,8 +156,58 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h, cos, sin, cache, step):
+        fused = self.fused_arguments(h)
+        if fused is not None:  # two native calls around the cache, bitwise the modules' result
+            att, (w_in, s_in, b_in), (w_out, s_out, b_out) = self.self_attn, *fused
+            q_norm, k_norm = att.q_norm, att.k_norm
+            q, k, k_raw, v = torch.ops.triforce_C.decoder_attn_in(
+                h, self.input_layernorm.weight, self.input_layernorm.eps, w_in, s_in, b_in,
+                None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
+                0.0 if q_norm is None else q_norm.eps, cos, sin, att.head_dim)
+            out = att.attend(q, k, v, k_raw, cache, step)
+            return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, self.post_attention_layernorm.weight,
+                                                             self.post_attention_layernorm.eps, w_out, s_out, b_out)
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def fused_arguments(self, h):
+        """The projections of the fused CPU path (csrc/cpu/decoder.cpp) as ``((w, scales, bias) of q, k, v;
+        (w, scales, bias) of o, gate, up, down)``, or ``None`` where the modules run one by one: off the
+        CPU, other dtypes, more rows than the rowwise kernels take (``ROWWISE_MAX_ROWS``), with autograd
+        on, or with a module the fused path does not know (each projection must offer
+        ``fused_projection``: :class:`Linear` and ``Q8Linear`` do). Runs per layer and forward, so it reads
+        the module dicts directly (``nn.Module.__getattr__`` would cost ~25 us a layer)."""
+        if not (h.device.type == "cpu" and h.dtype in _ROWWISE_DTYPES and 0 < h.shape[0] * h.shape[1] <= ROWWISE_MAX_ROWS
+                and not torch.is_grad_enabled() and _fused_available()):
+            return None
+        mods = self._modules
+        att, mlp = mods["self_attn"], mods["mlp"]
+        if type(mods["input_layernorm"]) is not RMSNorm or type(mods["post_attention_layernorm"]) is not RMSNorm:
+            return None
+        a, m = att._modules, mlp._modules
+        if att.q_norm is not None and not (type(a["q_norm"]) is RMSNorm and type(a["k_norm"]) is RMSNorm):
+            return None
+        parts = []
+        for mods in ((a["q_proj"], a["k_proj"], a["v_proj"]),
+                     (a["o_proj"], m["gate_proj"], m["up_proj"], m["down_proj"])):
+            projs = []
+            for mod in mods:
+                p = _fused_projection(mod, h.dtype)
+                if p is None:
+                    return None
+                projs.append(p)
+            parts.append(tuple(zip(*projs)))
+        return parts
+
+
+def _fused_projection(m, dtype):
+    """``m.fused_projection(dtype)``, with :class:`Linear` (the common case) read inline."""
+    if type(m) is Linear:
+        params = m._parameters
+        w = params["weight"]
+        return (w, None, params["bias"]) if w.dtype == dtype else None
+    get = getattr(type(m), "fused_projection", None)
+    return get(m, dtype) if get is not None else None
 
 
 class LlamaModel(nn.Module):

@@ -104,6 +104,14 @@ class Q8Linear(nn.Module):
             y = y + self.bias
         return y.to(dtype)
 
+    def fused_projection(self, dtype: torch.dtype):
+        """``(qweight, scales, bias)`` for the fused decoder layer (float32 inputs on the kernel's path),
+        else ``None`` (see ``triforce.models.llama.DecoderLayer.fused_arguments``)."""
+        if dtype != torch.float32 or not _q8_kernel_available():
+            return None
+        buffers = self._buffers
+        return buffers["qweight"], buffers["scales"], self._parameters.get("bias")  # None: a plain attribute
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8, group={GROUP}"
 

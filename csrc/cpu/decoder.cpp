@@ -1,0 +1,91 @@
+// The model layer's decoder layer on the CPU in two calls: everything before the KV cache
+// (decoder_attn_in) and everything after it (decoder_attn_out_mlp). triforce/models/llama.py's
+// DecoderLayer takes this path for the forwards the few-row linear kernel serves (a decode or
+// verification step: at most ROWWISE_MAX_ROWS rows); the cache's attend stays in Python between them.
+//
+// Why: a SmolLM2-135M decode step on one core spends ~10 ms of its ~40 in ~1,800 dispatched tensor ops
+// (60 per layer) and the Python around them, not in its kernels. Here a layer costs two dispatches.
+//
+// Bitwise contract: each call computes exactly what the Python modules compute (RMSNorm, Linear on its
+// rowwise path, RoPE, SwiGLU MLP, residual adds), with the same ATen ops in the same order and the same
+// rowwise_linear / rowwise_linear_q8 kernels, so the outputs are bitwise those of the composite path
+// (tests/test_decoder_fused.py checks it), and the row independence of the few-row kernels carries over.
+#include <ATen/ATen.h>
+
+#include "../ops.h"
+
+namespace {
+
+// RMSNorm as triforce.models.llama.RMSNorm: fp32 statistics, weight applied in the input dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  at::Tensor xf = x.to(at::kFloat);  // no copy for float32 (x.float())
+  xf = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  return w * xf.to(x.scalar_type());
+}
+
+// x [M, K] -> [M, N]: Linear's rowwise path (w float32/bfloat16 like x) or Q8Linear's (w int8 with
+// float32 scales, x float32); the bias added in place, as both modules do.
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& scales,
+                   const std::optional<at::Tensor>& bias) {
+  at::Tensor y = scales.has_value() ? rowwise_linear_q8(x, w, *scales) : rowwise_linear(x, w);
+  if (bias.has_value()) y.add_(*bias);
+  return y;
+}
+
+// triforce.models.rope.apply_rope: x * cos + rotate_half(x) * sin, x [B, T, H, D].
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({at::neg(x.slice(-1, half)), x.slice(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+void check_projections(const char* name, const std::vector<at::Tensor>& w,
+                       const std::vector<std::optional<at::Tensor>>& scales,
+                       const std::vector<std::optional<at::Tensor>>& bias, size_t n) {
+  TORCH_CHECK(w.size() == n && scales.size() == n && bias.size() == n, name, ": expected ", n,
+              " projections (weights, scales and biases alike), got ", w.size(), ", ", scales.size(), " and ",
+              bias.size());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
+    const at::Tensor& h, const at::Tensor& norm_w, double eps, at::TensorList w,
+    const std::vector<std::optional<at::Tensor>>& scales, const std::vector<std::optional<at::Tensor>>& bias,
+    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim) {
+  const std::vector<at::Tensor> ws = w.vec();
+  check_projections("decoder_attn_in", ws, scales, bias, 3);
+  TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
+              head_dim);
+  TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
+  const int64_t B = h.size(0), T = h.size(1);
+  const at::Tensor x = rms_norm(h, norm_w, eps).reshape({B * T, h.size(2)});
+  at::Tensor q = project(x, ws[0], scales[0], bias[0]).view({B, T, -1, head_dim});
+  at::Tensor k_raw = project(x, ws[1], scales[1], bias[1]).view({B, T, -1, head_dim});
+  if (q_norm_w.has_value()) {  // Qwen3: per-head RMSNorm of queries and keys, before RoPE
+    q = rms_norm(q, *q_norm_w, qk_eps);
+    k_raw = rms_norm(k_raw, *k_norm_w, qk_eps);
+  }
+  const at::Tensor v = project(x, ws[2], scales[2], bias[2]).view({B, T, -1, head_dim});
+  return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
+}
+
+at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
+                                at::TensorList w, const std::vector<std::optional<at::Tensor>>& scales,
+                                const std::vector<std::optional<at::Tensor>>& bias) {
+  const std::vector<at::Tensor> ws = w.vec();
+  check_projections("decoder_attn_out_mlp", ws, scales, bias, 4);
+  TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
+              "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
+              attn.sizes());
+  const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
+  const at::Tensor o = project(attn.reshape({B * T, -1}), ws[0], scales[0], bias[0]).view({B, T, -1});
+  const at::Tensor h2 = h + o;
+  const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
+  const at::Tensor gate = project(x, ws[1], scales[1], bias[1]);
+  const at::Tensor up = project(x, ws[2], scales[2], bias[2]);
+  const at::Tensor down = project(at::silu(gate) * up, ws[3], scales[3], bias[3]);
+  return h2 + down.view({B, T, -1});
+}

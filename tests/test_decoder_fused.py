@@ -1,0 +1,140 @@
+"""The fused CPU decoder layer (csrc/cpu/decoder.cpp: ``triforce_C::decoder_attn_in`` and
+``decoder_attn_out_mlp``, taken by ``DecoderLayer`` for forwards of at most ``ROWWISE_MAX_ROWS`` rows)
+against the modules run one by one: logits and caches bitwise equal for every family switch (biases,
+Qwen3's q/k norms, head_dim), float32, bfloat16 and the int8 draft copy, chain and tree forwards, and
+every cache kind; the path is taken exactly where it should be."""
+import pytest
+import torch
+
+from triforce.models import FullCache, Llama, LlamaConfig, RetrievalCache, StreamingCache, TokenTree
+from triforce.models import llama as llama_mod
+from triforce.models.llama import ROWWISE_MAX_ROWS, _fused_available
+from triforce.models.quant import int8_copy
+
+pytestmark = pytest.mark.skipif(not _fused_available(), reason="the C++ extension is not built")
+
+BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+FAMILIES = {
+    "llama": {},
+    "llama-biases": dict(attention_bias=True, mlp_bias=True),
+    "qwen2": dict(model_type="qwen2"),  # q/k/v biases
+    "qwen3": dict(model_type="qwen3", head_dim=8),  # q/k RMSNorm, head_dim != hidden / heads
+    "qwen3-bias": dict(model_type="qwen3", head_dim=32, attention_bias=True),
+}
+
+
+def make_model(family="llama", dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    m = Llama(LlamaConfig(**BASE, **FAMILIES[family])).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # random biases and norm weights: a skipped bias or norm must show
+        for name, p in m.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif "norm" in name:
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.3)
+    return m.to(dtype)
+
+
+def run(model, fused, monkeypatch, cache_kind="full", B=3, steps=((1, None), (4, None), (5, "tree"), (1, None))):
+    """Prefill ragged prompts, then the given forwards (T tokens; chain or a static tree); -> every
+    output and the cache's buffers."""
+    monkeypatch.setattr(llama_mod, "_FUSED", fused)
+    torch.manual_seed(1)
+    cfg, dtype = model.config, model.dtype
+    prompts = [torch.randint(0, cfg.vocab_size, (n,)) for n in (19, 30, 17)[:B]]
+    full = FullCache(cfg, B, 80, dtype=dtype, chunk_size=4 if cache_kind == "retrieval" else None)
+    outs = [model.prefill(prompts, full)]
+    cache = full
+    if cache_kind == "streaming":
+        cache = StreamingCache(cfg, B, sink=4, window=12, max_step=8, dtype=dtype)
+        outs.append(model.prefill(prompts, cache))
+    elif cache_kind == "retrieval":
+        cache = RetrievalCache(cfg, full, budget=16, chunk_size=4, max_step=8)
+    for T, kind in steps:
+        ids = torch.randint(0, cfg.vocab_size, (B, T))
+        tree = TokenTree.static([-1] + [max(0, (i - 1) // 2) for i in range(1, T)], B) if kind else None
+        outs.append(model(ids, cache=cache, tree_parents=tree))
+    with torch.no_grad():
+        outs.append(model(torch.randint(0, cfg.vocab_size, (B, 6))))  # no cache: SDPA between the calls
+    return outs + list(cache.k) + list(cache.v) + list(getattr(cache, "k_raw", None) or [])
+
+
+def assert_bitwise(a, b):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.dtype == y.dtype and torch.equal(x, y), f"output {i} differs"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitwise_equal_to_the_modules(family, dtype, monkeypatch):
+    model = make_model(family, dtype)
+    assert_bitwise(run(model, False, monkeypatch), run(model, True, monkeypatch))
+
+
+@pytest.mark.parametrize("cache_kind", ["streaming", "retrieval"])
+def test_other_caches(cache_kind, monkeypatch):
+    """The StreamingLLM cache keeps the un-RoPE'd keys (k_raw), the retrieval cache the chunk means and
+    last queries of its full cache: both come out of the fused call unchanged."""
+    model = make_model("qwen3")
+    assert_bitwise(run(model, False, monkeypatch, cache_kind), run(model, True, monkeypatch, cache_kind))
+
+
+def test_int8_copy(monkeypatch):
+    model = int8_copy(make_model("llama-biases"))
+    with torch.no_grad():
+        assert model.model.layers[0].fused_arguments(torch.zeros(1, 1, 64)) is not None
+    assert_bitwise(run(model, False, monkeypatch), run(model, True, monkeypatch))
+
+
+class Spy:
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.real(*args)
+
+
+def count_fused_calls(model, monkeypatch, ids, **kw):
+    spy = Spy(torch.ops.triforce_C.decoder_attn_in)
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_attn_in", spy, raising=False)
+    cache = FullCache(model.config, ids.shape[0], 64, dtype=model.dtype)
+    model(ids, cache=cache, **kw)
+    monkeypatch.undo()
+    return spy.calls
+
+
+def test_where_the_path_is_taken(monkeypatch):
+    model = make_model()
+    L = model.config.num_hidden_layers
+    ids = torch.randint(0, 97, (2, 3))
+    assert count_fused_calls(model, monkeypatch, ids) == L
+    assert count_fused_calls(model, monkeypatch, torch.randint(0, 97, (1, ROWWISE_MAX_ROWS))) == L
+    # more rows than the rowwise kernels take (a prefill chunk): the modules, torch's GEMM
+    assert count_fused_calls(model, monkeypatch, torch.randint(0, 97, (1, ROWWISE_MAX_ROWS + 1))) == 0
+    monkeypatch.setattr(llama_mod, "_FUSED", False)  # the A/B switch (TRIFORCE_FUSED_LAYER=0)
+    assert count_fused_calls(model, monkeypatch, ids) == 0
+    half = make_model(dtype=torch.float16)  # no rowwise kernel for float16
+    assert count_fused_calls(half, monkeypatch, ids) == 0
+    with torch.no_grad():
+        h = torch.zeros(1, 1, 64)
+        layer = model.model.layers[0]
+        assert layer.fused_arguments(h) is not None
+        assert layer.fused_arguments(h.bfloat16()) is None  # weights float32, input bfloat16
+        layer.mlp.up_proj = torch.nn.Linear(80, 64, bias=False)  # a module the fused path does not know
+        assert layer.fused_arguments(h) is None
+    with torch.enable_grad():
+        assert model.model.layers[1].fused_arguments(h) is None  # autograd: the modules
+
+
+def test_op_checks():
+    with pytest.raises(RuntimeError, match="expected 4 projections"):
+        torch.ops.triforce_C.decoder_attn_out_mlp(torch.zeros(1, 1, 8), torch.zeros(1, 1, 2, 4), torch.ones(8), 1e-5,
+                                                 [torch.zeros(8, 8)], [None], [None])
+    with pytest.raises(RuntimeError, match="head_dim must be even"):
+        w = [torch.zeros(8, 8)] * 3
+        torch.ops.triforce_C.decoder_attn_in(torch.zeros(1, 1, 8), torch.ones(8), 1e-5, w, [None] * 3, [None] * 3,
+                                             None, None, 0.0, torch.zeros(1, 1, 1, 3), torch.zeros(1, 1, 1, 3), 3)
