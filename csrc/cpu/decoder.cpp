@@ -32,11 +32,57 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const std::optional
   return y;
 }
 
-// triforce.models.rope.apply_rope: x * cos + rotate_half(x) * sin, x [B, T, H, D].
+// RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
+// rounded to the element type (bfloat16 arithmetic is float arithmetic rounded to nearest even, as
+// c10::BFloat16's operators do). No contraction into an FMA, which would round once instead of twice.
+#if defined(__GNUC__) && !defined(__clang__)
+#define TRIFORCE_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else  // clang contracts only within one expression (-ffp-contract=on), and the products are statements
+#define TRIFORCE_NO_FP_CONTRACT
+#endif
+
+template <typename S>
+TRIFORCE_NO_FP_CONTRACT void rope_rows(const S* x, const S* cos, const S* sin, S* out, int64_t rows, int64_t heads,
+                                       int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const S* c = cos + r * D;
+    const S* s = sin + r * D;
+    for (int64_t h = 0; h < heads; ++h) {
+      const S* xi = x + (r * heads + h) * D;
+      S* o = out + (r * heads + h) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const S rotated = d < half ? S(-xi[d + half]) : xi[d - half];
+        const S a = xi[d] * c[d];
+        const S b = rotated * s[d];
+        o[d] = a + b;
+      }
+    }
+  }
+}
+
+// triforce.models.rope.apply_rope: x * cos + rotate_half(x) * sin, x [B, T, H, D], cos/sin [B, T, 1, D].
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor rotated = at::cat({at::neg(x.slice(-1, half)), x.slice(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  const int64_t D = x.size(-1);
+  const bool loop = x.dim() == 4 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                    cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
+                    cos.sizes() == sin.sizes() && cos.dim() == 4 && cos.size(0) == x.size(0) &&
+                    cos.size(1) == x.size(1) && cos.size(2) == 1 && cos.size(3) == D;
+  if (!loop) {  // any other layout or dtype: the composite itself
+    const int64_t half = D / 2;
+    const at::Tensor rotated = at::cat({at::neg(x.slice(-1, half)), x.slice(-1, 0, half)}, -1);
+    return x * cos + rotated * sin;
+  }
+  const at::Tensor xc = x.contiguous(), cc = cos.contiguous(), sc = sin.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const int64_t rows = x.size(0) * x.size(1), heads = x.size(2);
+  if (x.scalar_type() == at::kFloat)
+    rope_rows(xc.const_data_ptr<float>(), cc.const_data_ptr<float>(), sc.const_data_ptr<float>(),
+              out.data_ptr<float>(), rows, heads, D);
+  else
+    rope_rows(xc.const_data_ptr<at::BFloat16>(), cc.const_data_ptr<at::BFloat16>(),
+              sc.const_data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, heads, D);
+  return out;
 }
 
 void check_projections(const char* name, const std::vector<at::Tensor>& w,
