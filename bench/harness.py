@@ -80,6 +80,27 @@ def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", war
     return {"median_s": statistics.median(times), "p10_s": q(0.1), "p90_s": q(0.9), "reps": len(times)}
 
 
+def measure_alternating(fns: dict[str, Callable[[], object]], *, warmup: int = 3, reps: int = 20) -> dict[str, dict]:
+    """CPU: ``measure`` for several variants of one computation, run in turns (a, b, a, b, ...) so that a
+    drift of the machine's speed during the run (a shared VM's) reaches every variant alike.
+    -> ``{name: timing}`` in ``measure``'s format."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, ts in times.items():
+        ts.sort()
+        q = lambda p: ts[min(len(ts) - 1, int(p * len(ts)))]
+        out[name] = {"median_s": statistics.median(ts), "p10_s": q(0.1), "p90_s": q(0.9), "reps": len(ts)}
+    return out
+
+
 _BW: dict[str, float] = {}
 
 

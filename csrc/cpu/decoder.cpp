@@ -9,7 +9,10 @@
 // Bitwise contract: each call computes exactly what the Python modules compute (RMSNorm, Linear on its
 // rowwise path, RoPE, SwiGLU MLP, residual adds), with the same ATen ops in the same order and the same
 // rowwise_linear / rowwise_linear_q8 kernels, so the outputs are bitwise those of the composite path
-// (tests/test_decoder_fused.py checks it), and the row independence of the few-row kernels carries over.
+// (tests/test_decoder.py checks it), and the row independence of the few-row kernels carries over.
+//
+// Files: csrc/cpu/decoder.cpp, tests/test_decoder.py, bench/bench_decoder.py; docs/model.md ("Fused
+// decoder layer on CPU").
 #include <ATen/ATen.h>
 
 #include "../ops.h"

@@ -83,7 +83,9 @@ class Linear(nn.Linear):
     def fused_projection(self, dtype: torch.dtype):
         """``(weight, None, bias)`` for the fused decoder layer when its rowwise path serves inputs of
         ``dtype``, else ``None`` (see :meth:`DecoderLayer.fused_arguments`)."""
-        return (self.weight, None, self.bias) if self.weight.dtype == dtype else None
+        params = self._parameters  # not self.weight: nn.Module.__getattr__ is slow on a per-layer path
+        w = params["weight"]
+        return (w, None, params["bias"]) if w.dtype == dtype else None
 
 
 class RMSNorm(nn.Module):
@@ -158,56 +160,44 @@ class DecoderLayer(nn.Module):
     def forward(self, h, cos, sin, cache, step):
         fused = self.fused_arguments(h)
         if fused is not None:  # two native calls around the cache, bitwise the modules' result
-            att, (w_in, s_in, b_in), (w_out, s_out, b_out) = self.self_attn, *fused
-            q_norm, k_norm = att.q_norm, att.k_norm
-            q, k, k_raw, v = torch.ops.triforce_C.decoder_attn_in(
-                h, self.input_layernorm.weight, self.input_layernorm.eps, w_in, s_in, b_in,
-                None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
-                0.0 if q_norm is None else q_norm.eps, cos, sin, att.head_dim)
+            att, args_in, args_out = fused
+            q, k, k_raw, v = torch.ops.triforce_C.decoder_attn_in(h, *args_in, cos, sin, att.head_dim)
             out = att.attend(q, k, v, k_raw, cache, step)
-            return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, self.post_attention_layernorm.weight,
-                                                             self.post_attention_layernorm.eps, w_out, s_out, b_out)
+            return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def fused_arguments(self, h):
-        """The projections of the fused CPU path (csrc/cpu/decoder.cpp) as ``((w, scales, bias) of q, k, v;
-        (w, scales, bias) of o, gate, up, down)``, or ``None`` where the modules run one by one: off the
-        CPU, other dtypes, more rows than the rowwise kernels take (``ROWWISE_MAX_ROWS``), with autograd
-        on, or with a module the fused path does not know (each projection must offer
-        ``fused_projection``: :class:`Linear` and ``Q8Linear`` do). Runs per layer and forward, so it reads
-        the module dicts directly (``nn.Module.__getattr__`` would cost ~25 us a layer)."""
+        """``(attention module, arguments of decoder_attn_in after h, arguments of decoder_attn_out_mlp
+        after h and the attention output)`` for the fused CPU path (csrc/cpu/decoder.cpp), or ``None``
+        where the modules run one by one: off the CPU, other dtypes, more rows than the rowwise kernels
+        take (``ROWWISE_MAX_ROWS``), with autograd on, or with a module the fused path does not know
+        (the norms must be :class:`RMSNorm`; each projection must offer ``fused_projection``:
+        :class:`Linear` and ``Q8Linear`` do). Runs per layer and forward, so it reads the module dicts
+        directly (``nn.Module.__getattr__`` costs ~25 us a layer here)."""
         if not (h.device.type == "cpu" and h.dtype in _ROWWISE_DTYPES and 0 < h.shape[0] * h.shape[1] <= ROWWISE_MAX_ROWS
                 and not torch.is_grad_enabled() and _fused_available()):
             return None
         mods = self._modules
-        att, mlp = mods["self_attn"], mods["mlp"]
-        if type(mods["input_layernorm"]) is not RMSNorm or type(mods["post_attention_layernorm"]) is not RMSNorm:
-            return None
+        att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         a, m = att._modules, mlp._modules
-        if att.q_norm is not None and not (type(a["q_norm"]) is RMSNorm and type(a["k_norm"]) is RMSNorm):
+        q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
+        if not all(type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
-        parts = []
-        for mods in ((a["q_proj"], a["k_proj"], a["v_proj"]),
-                     (a["o_proj"], m["gate_proj"], m["up_proj"], m["down_proj"])):
-            projs = []
-            for mod in mods:
-                p = _fused_projection(mod, h.dtype)
+        projections = []
+        for group in ((a["q_proj"], a["k_proj"], a["v_proj"]), (a["o_proj"], m["gate_proj"], m["up_proj"], m["down_proj"])):
+            found = []
+            for mod in group:
+                get = getattr(type(mod), "fused_projection", None)
+                p = get(mod, h.dtype) if get is not None else None
                 if p is None:
                     return None
-                projs.append(p)
-            parts.append(tuple(zip(*projs)))
-        return parts
-
-
-def _fused_projection(m, dtype):
-    """``m.fused_projection(dtype)``, with :class:`Linear` (the common case) read inline."""
-    if type(m) is Linear:
-        params = m._parameters
-        w = params["weight"]
-        return (w, None, params["bias"]) if w.dtype == dtype else None
-    get = getattr(type(m), "fused_projection", None)
-    return get(m, dtype) if get is not None else None
+                found.append(p)
+            projections.append(tuple(zip(*found)))  # (weights, scales, biases)
+        qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"], q_norm.eps)
+        args_in = (norm_in._parameters["weight"], norm_in.eps, *projections[0], *qk)
+        args_out = (norm_out._parameters["weight"], norm_out.eps, *projections[1])
+        return att, args_in, args_out
 
 
 class LlamaModel(nn.Module):

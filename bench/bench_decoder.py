@@ -1,0 +1,71 @@
+"""Benchmark of one forward of the model layer on the CPU (SmolLM2-135M, the embedded model): the fused
+decoder layer (csrc/cpu/decoder.cpp, two native calls per layer around the KV cache) against its
+baseline, the same modules run one by one (``TRIFORCE_FUSED_LAYER=0``), in turns in one run. Both
+compute bitwise the same logits.
+
+Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 1 and 4, over a full
+cache of ``ctx`` tokens, float32 (the target) and bfloat16 (the default draft copy). Bytes = the
+weights read once (every linear layer and the LM head) + the KV cache read + the step's keys and
+values written; GB/s against the copy bandwidth measured in the same run.
+
+    python -m bench.bench_decoder [--quick] [--threads N] [--dtype float32|bfloat16|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+"""
+import argparse
+
+import torch
+
+from triforce.models import FullCache
+from triforce.models import llama as llama_mod
+from triforce.models.hub import load_model
+
+from .harness import copy_bandwidth, measure_alternating, record
+
+SHAPES = ((1, 1000, 1), (1, 1000, 5), (4, 3000, 1), (4, 3000, 5))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="batch 1 only, fewer repetitions")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if not llama_mod._fused_available():
+        raise SystemExit("the C++ extension (triforce_kernels._C with decoder_attn_in) is not built, or "
+                         "TRIFORCE_FUSED_LAYER=0 / TRIFORCE_ROWWISE_LINEAR=0 is set")
+    bw = copy_bandwidth("cpu")
+    for name in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
+        dtype = getattr(torch, name)
+        model, _ = load_model("smollm2", dtype=name)
+        cfg = model.config
+        weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        for B, ctx, T in (SHAPES[:2] if a.quick else SHAPES):
+            cache = FullCache(cfg, B, ctx + T, dtype=dtype)
+            cache.lengths.fill_(ctx)  # a context of zeros: the attention reads it all the same
+            ids = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
+            start = cache.lengths.clone()
+
+            def step():
+                cache.rollback(start)
+                return model(ids, cache=cache)
+
+            def run(fused):
+                def f():
+                    llama_mod._FUSED = fused
+                    step()
+                return f
+
+            kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
+            nbytes = weights * model.dtype.itemsize + B * (ctx + T) * kv_token
+            t = measure_alternating({"modules": run(False), "fused": run(True)}, reps=8 if a.quick else 20)
+            llama_mod._FUSED = None  # back to the environment's choice
+            shape = f"model=smollm2,B={B},ctx={ctx},T={T}"
+            record(family="model", op="model_step", backend="modules", shape=shape, dtype=name, bytes_moved=nbytes,
+                   timing=t["modules"], bandwidth=bw)
+            record(family="model", op="model_step", backend="cpu", shape=shape, dtype=name, bytes_moved=nbytes,
+                   timing=t["fused"], bandwidth=bw, baseline="modules", baseline_timing=t["modules"])
+
+
+if __name__ == "__main__":
+    main()
