@@ -138,3 +138,21 @@ def test_op_checks():
         w = [torch.zeros(8, 8)] * 3
         torch.ops.triforce_C.decoder_attn_in(torch.zeros(1, 1, 8), torch.ones(8), 1e-5, w, [None] * 3, [None] * 3,
                                              None, None, 0.0, torch.zeros(1, 1, 1, 3), torch.zeros(1, 1, 1, 3), 3)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_compiled_forward_traces_the_native_calls(fused, monkeypatch):
+    """The model layer's native calls (the fused layer's and the rowwise kernels') have fake
+    implementations: a cached CPU forward compiles with ``fullgraph=True`` (no graph break at them) and,
+    with ``aot_eager`` (the real kernels on the traced graph), gives the eager logits and cache."""
+    monkeypatch.setattr(llama_mod, "_FUSED", fused)
+    model = make_model("qwen3-bias")
+    ids = torch.randint(0, 97, (2, 3), generator=torch.Generator().manual_seed(0))
+    caches = [FullCache(model.config, 2, 16) for _ in range(2)]
+    with torch.no_grad():
+        eager = model(ids, cache=caches[0])
+        compiled = torch.compile(lambda x: model(x, cache=caches[1]), backend="aot_eager", fullgraph=True)(ids)
+    torch._dynamo.reset()
+    assert torch.equal(compiled, eager)
+    assert all(torch.equal(a, b) for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
+    assert torch.equal(caches[0].lengths, caches[1].lengths)

@@ -42,7 +42,40 @@ def _rowwise_available() -> bool:
             _ROWWISE = hasattr(torch.ops.triforce_C, "rowwise_linear")
         except Exception:  # no extension built: torch's linear everywhere
             _ROWWISE = False
+        if _ROWWISE:
+            _register_fakes()
     return _ROWWISE
+
+
+_FAKES = False
+
+
+def _register_fakes() -> None:
+    """Shapes of the model layer's native calls for torch.compile / torch.export (fake tensors), so a
+    compiled CPU forward traces them instead of breaking its graph at each one. Once per process."""
+    global _FAKES
+    if _FAKES:
+        return
+    _FAKES = True
+    ops = torch.ops.triforce_C
+
+    def rows(x, w):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    def attn_in(h, norm_w, eps, w, scales, bias, q_norm_w, k_norm_w, qk_eps, cos, sin, head_dim):
+        B, T = h.shape[0], h.shape[1]
+        q, k, v = (h.new_empty(B, T, p.shape[0] // head_dim, head_dim) for p in w)
+        return q, k, torch.empty_like(k), v
+
+    def attn_out_mlp(h, attn, norm_w, eps, w, scales, bias):
+        return torch.empty_like(h)
+
+    torch.library.register_fake("triforce_C::rowwise_linear")(rows)
+    if hasattr(ops, "rowwise_linear_q8"):
+        torch.library.register_fake("triforce_C::rowwise_linear_q8")(lambda x, q, scales: rows(x, q))
+    if hasattr(ops, "decoder_attn_in"):
+        torch.library.register_fake("triforce_C::decoder_attn_in")(attn_in)
+        torch.library.register_fake("triforce_C::decoder_attn_out_mlp")(attn_out_mlp)
 
 
 _ROWWISE = None
