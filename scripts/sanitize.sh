@@ -63,7 +63,8 @@ print("== op tests with the sanitized extension", mod.__file__)
 EOF
   if [ $# -eq 0 ]; then
     set -- tests/test_chunk_mean_keys.py tests/test_retrieval.py tests/test_verify_attention.py \
-      tests/test_tree_mask.py tests/test_sampling.py tests/test_sampling_stats.py -k "not triton and not cuda" -q
+      tests/test_tree_mask.py tests/test_sampling.py tests/test_sampling_stats.py tests/test_linear.py \
+      tests/test_quant.py tests/test_decoder.py -k "not triton and not cuda" -q
   fi
   # --capture=sys: the sanitizers write their reports to fd 2 and then end the process, so pytest must
   # not be capturing at the file-descriptor level (the report would be lost with the process).
