@@ -448,3 +448,80 @@ def test_commit_path_at_the_capacity_with_a_wide_path():
         for layer in range(model.config.num_hidden_layers):
             assert (cache.k[layer][b, :n] - ref.k[layer][0, :n]).abs().max() <= TOL
             assert (cache.v[layer][b, :n] - ref.v[layer][0, :n]).abs().max() <= TOL
+
+
+# ---------------------------------------------------------------- streaming cache loaded from a full cache
+def test_streaming_fill_from_full_equals_attention_over_sink_and_window():
+    """``StreamingCache.fill_from``: row b keeps the sinks and the last ``window`` of the first
+    ``lengths[b]`` tokens of a full cache (their keys and values as the full cache holds them), then
+    behaves as a StreamingLLM cache: attention over them equals the naive reference, through further
+    steps, evictions and a rollback; a row that evicted nothing holds the full cache's keys bitwise."""
+    cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    B, Hq, Hkv, D, sink, window = 3, 4, 2, 6, 2, 8
+    g = torch.Generator().manual_seed(0)
+    inv_freq = rope_inv_freq(cfg)
+    full = FullCache(cfg, B, 64)
+    kr_full, v_full = torch.randn(B, 30, Hkv, D, generator=g), torch.randn(B, 30, Hkv, D, generator=g)
+    step = full.begin(30)
+    cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+    full.attend(0, apply_rope(torch.randn(B, 30, Hq, D, generator=g), cos, sin), apply_rope(kr_full, cos, sin),
+                v_full, step)
+    full.end(step)
+    lengths = torch.tensor([28, 9, 30])  # row 1 fits (keep = 10): nothing evicted
+    cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=3)
+    cache.fill_from(full, lengths)
+    assert cache.lengths.tolist() == [10, 9, 10] and cache.evicted.tolist() == [18, 0, 20]
+    assert torch.equal(cache.k[0][1, :9], full.k[0][1, :9]) and torch.equal(cache.v[0][1, :9], full.v[0][1, :9])
+    held = []
+    for b, n in enumerate(lengths.tolist()):
+        keep = list(range(n)) if n <= sink + window else list(range(sink)) + list(range(n - window, n))
+        held.append([(kr_full[b, i], v_full[b, i]) for i in keep])
+        assert torch.equal(cache.v[0][b, :len(keep)], v_full[b, keep])
+    for i, T in enumerate([2, 3, 1, 3, 2]):
+        step = cache.begin(T)
+        for b in range(B):
+            if len(held[b]) > sink + window:
+                held[b] = held[b][:sink] + held[b][len(held[b]) - window:]
+        assert cache.lengths.tolist() == [len(h) for h in held]
+        q = torch.randn(B, T, Hq, D, generator=g)
+        kr = torch.randn(B, T, Hkv, D, generator=g)
+        v = torch.randn(B, T, Hkv, D, generator=g)
+        cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+        out = cache.attend(0, apply_rope(q, cos, sin), apply_rope(kr, cos, sin), v, step, k_raw=kr)
+        cache.end(step)
+        for b in range(B):
+            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq)
+            assert (out[b].double() - ref).abs().max() <= TOL, (i, b)
+            held[b] += list(zip(kr[b], v[b]))
+        if i == 1:  # reject the last token of row 0
+            cache.rollback(cache.lengths - torch.tensor([1, 0, 0]))
+            held[0] = held[0][:-1]
+
+
+def test_streaming_fill_from_without_eviction_equals_the_full_cache():
+    """A model forward on a cache loaded from a full cache that evicted nothing is bitwise the forward
+    on the full cache cut back to the same lengths."""
+    model = tiny()
+    prompts = [torch.randint(0, 97, (n,)) for n in (14, 9)]
+    full = FullCache(model.config, 2, 32)
+    model.prefill(prompts, full)
+    cache = StreamingCache(model.config, 2, sink=4, window=12, max_step=4)
+    cache.fill_from(full, full.lengths - 2)
+    full.rollback(full.lengths - 2)
+    ids = torch.randint(0, 97, (2, 3))
+    assert torch.equal(model(ids, cache=cache), model(ids, cache=full))
+
+
+def test_streaming_fill_from_checks():
+    model = tiny()
+    full = FullCache(model.config, 2, 32)
+    cache = StreamingCache(model.config, 2, sink=2, window=8, max_step=2)
+    with pytest.raises(TypeError, match="FullCache"):
+        cache.fill_from(StreamingCache(model.config, 2, sink=2, window=8, max_step=2))
+    with pytest.raises(ValueError, match="sequences"):
+        cache.fill_from(FullCache(model.config, 3, 32))
+    with pytest.raises(ValueError, match="different model config"):
+        cache.fill_from(FullCache(tiny(num_hidden_layers=3).config, 2, 32))
+    with pytest.raises(ValueError, match="lengths"):
+        cache.fill_from(full, torch.zeros(3, dtype=torch.int64))

@@ -243,3 +243,34 @@ def test_bad_inputs(tiny_models):
         triforce.generate(target, p, method="speculative", max_new_tokens=3, draft=tiny(2, vocab=32))
     with pytest.raises(ValueError, match="tree"):
         triforce.generate(target, p, method="tree", max_new_tokens=3, tree=(2, 0))
+
+
+@pytest.mark.parametrize("method,opts,dtype", [
+    ("magicdec", {"gamma": 3, "sink": 1, "window": 8}, torch.float32),
+    ("tree", {"tree": (2, 1), "sink": 1, "window": 12}, torch.float32),
+    ("speculative", {"gamma": 2}, torch.bfloat16),  # a bfloat16 target drafts for itself on a window
+])
+def test_self_draft_loads_its_window_from_the_full_cache(method, opts, dtype, monkeypatch):
+    """A self-draft (the target itself on a StreamingLLM window) is loaded from the target's prefilled full
+    cache (StreamingCache.fill_from): one prefill instead of two, and the greedy output is still the
+    autoregressive one. A prompt shorter than the draft's history is padded for the draft, and no full
+    cache holds the padding: then the draft prefills its own cache, as before."""
+    target = tiny(0).to(dtype)
+    calls = []
+    real = Llama.prefill
+
+    def spy(self, prompts, cache, *args, **kwargs):
+        calls.append(type(cache).__name__)
+        return real(self, prompts, cache, *args, **kwargs)
+
+    monkeypatch.setattr(Llama, "prefill", spy)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23)]
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=20)
+    calls.clear()
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=20, **opts)
+    assert calls == ["FullCache"]
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    calls.clear()
+    triforce.generate(target, [prompts[0][:1]] + prompts[1:], method=method, max_new_tokens=4, **opts)
+    assert calls == ["FullCache", "StreamingCache"]

@@ -40,12 +40,22 @@ class Drafter:
         """``[B, 1]``: the verifier's pending token (its next forward's first input)."""
         return self.hist[:, -1:]
 
-    def prefill(self, prompts: list[torch.Tensor], hist: torch.Tensor) -> None:
+    def prefill(self, prompts: list[torch.Tensor], hist: torch.Tensor, full=None) -> None:
         """Fill the cache with each prompt but its last ``width - 1`` tokens; ``hist`` ``[B, width]``
         holds those and the first sampled token (a prompt shorter than ``width`` is padded:
-        :func:`~triforce.engines.steps.pad_prompts`)."""
-        self.model.prefill([p[: len(p) + 1 - self.width] for p in pad_prompts(prompts, self.width)], self.cache)
+        :func:`~triforce.engines.steps.pad_prompts`).
+
+        ``full``: the verifier's full cache, prefilled with the prompts, when the drafter's model is the
+        verifier's own (self-speculation). A StreamingLLM drafter cache is then loaded from it
+        (:meth:`~triforce.models.cache.StreamingCache.fill_from`) instead of running a second prefill,
+        unless a prompt is shorter than ``width`` (its padding is in no full cache)."""
+        from triforce.models.cache import StreamingCache
+
         self.hist, self.appended = hist, 0
+        if full is not None and isinstance(self.cache, StreamingCache) and min(len(p) for p in prompts) >= self.width:
+            self.cache.fill_from(full, full.lengths - (self.width - 1))
+            return
+        self.model.prefill([p[: len(p) + 1 - self.width] for p in pad_prompts(prompts, self.width)], self.cache)
 
     def propose(self, gamma: int):
         """Draft ``gamma`` tokens autoregressively -> (tokens int64 ``[B, gamma]``, probs float32

@@ -33,7 +33,8 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
         drafter = Drafter(model, StreamingCache(model.config, d.batch, sink, window, max_step=CHAIN_HIST,
                                                 device=d.device, dtype=model_dtype(model)), d.sampling, CHAIN_HIST)
         with d.timed_prefill():
-            drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
+            drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST),
+                            full=cache if model is target else None)
     else:
         cache = d.full_cache(target, chunk_size=chunk_size)
         with d.timed_prefill():

@@ -31,5 +31,6 @@ def run(d: Decode, draft, *, gamma: int, draft_layers: int | None) -> tuple:
                                 device=d.device, dtype=model_dtype(target))
     drafter = Drafter(draft, dcache, d.sampling, CHAIN_HIST)
     with d.timed_prefill():
-        drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
+        drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST),
+                        full=cache if draft is target else None)
     return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, "draft->full"))

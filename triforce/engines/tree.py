@@ -74,7 +74,8 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree
                             device=d.device, dtype=model_dtype(model))
     drafter = Drafter(model, dcache, d.sampling, hist_width)
     with d.timed_prefill():
-        drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), hist_width))
+        drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), hist_width),
+                        full=cache if model is d.target else None)
     return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row))
 
 

@@ -445,6 +445,52 @@ class StreamingCache(_KVCache):
     def _position_offset(self):
         return self.evicted - self.frame
 
+    def fill_from(self, full: "FullCache", lengths: torch.Tensor | None = None) -> None:
+        """Load the cache from a prefilled :class:`FullCache` of the same model instead of prefilling it:
+        row ``b`` then holds what this cache keeps of the first ``lengths[b]`` tokens of ``full``'s row
+        (default: all of them; at most ``full.lengths``): the first ``sink`` and the last ``window``,
+        with ``full``'s values and keys. Those were computed with the whole context before them (a
+        prefill of this cache computes the window's from the sinks and the window only), which for a
+        draft is the better approximation of the target, and it costs a copy instead of a second
+        prefill. ``k_raw`` is ``full``'s keys rotated back; where tokens were evicted, the sinks are
+        re-rotated to their StreamingLLM positions. No host sync."""
+        if not isinstance(full, FullCache):
+            raise TypeError(f"full must be a FullCache, got {type(full).__name__}")
+        c, fc = self.config, full.config
+        if (c.num_hidden_layers, c.num_key_value_heads, c.head_dim) != (
+                fc.num_hidden_layers, fc.num_key_value_heads, fc.head_dim):
+            raise ValueError("full was built for a different model config (layers / KV heads / head_dim)")
+        if (full.batch_size, full.dtype, full.device) != (self.batch_size, self.dtype, self.device):
+            raise ValueError(f"full holds {full.batch_size} sequences in {full.dtype} on {full.device}; this cache "
+                             f"{self.batch_size} in {self.dtype} on {self.device}")
+        n = full.lengths.long() if lengths is None else torch.minimum(
+            _check_lengths("lengths", lengths, self.batch_size, self.device).long(), full.lengths.long())
+        self.reset()
+        keep, sink, bi = self.keep, self.sink, self._batch_index
+        n = n.clamp(min=0)
+        kept = n.clamp(max=keep)
+        evicted = n - kept
+        slot = self._slot[:, :keep]
+        pos = torch.where(slot < sink, slot, slot + evicted[:, None])  # sequence position of slot's token
+        valid = slot < kept[:, None]
+        src = torch.where(valid, pos, 0)  # a full cache's RoPE position is its slot
+        cos, sin = rope_cos_sin(self._inv_freq, src, self.dtype)
+        for layer in range(self.num_layers):
+            k = full.k[layer][bi, src]
+            self.k[layer][:, :keep] = k
+            self.v[layer][:, :keep] = full.v[layer][bi, src]
+            self.k_raw[layer][:, :keep] = apply_rope(k, cos, -sin)  # the inverse rotation
+        self.slot_pos[:, :keep] = torch.where(valid, pos, _FREE)
+        self.evicted.copy_(evicted)
+        self.lengths.copy_(kept.to(torch.int32))
+        self._bound = min(keep, full._bound)
+        self._next_bound = full._bound  # frame 0: the next position is at most full's longest row
+        if sink:  # rows that evicted tokens see their sinks just before the window (_sink_positions)
+            exact = self._kvr[0, :, :, :sink].clone()
+            self._rotate(slice(0, sink), self._sink_positions())
+            moved = (evicted > 0)[None, :, None, None, None]
+            self._kvr[0, :, :, :sink] = torch.where(moved, self._kvr[0, :, :, :sink], exact)
+
     # ---- eviction
     def _settle(self) -> None:
         """Evict down to ``sink + window`` and fill the slots of evicted or rolled-back tokens with the
