@@ -75,7 +75,12 @@ def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", war
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    times.sort()
+    return _summary(times)
+
+
+def _summary(times: list[float]) -> dict:
+    """Median and 10/90th percentiles of wall times (``measure``'s result format)."""
+    times = sorted(times)
     q = lambda p: times[min(len(times) - 1, int(p * len(times)))]
     return {"median_s": statistics.median(times), "p10_s": q(0.1), "p90_s": q(0.9), "reps": len(times)}
 
@@ -93,12 +98,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], *, warmup: int = 3
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    out = {}
-    for name, ts in times.items():
-        ts.sort()
-        q = lambda p: ts[min(len(ts) - 1, int(p * len(ts)))]
-        out[name] = {"median_s": statistics.median(ts), "p10_s": q(0.1), "p90_s": q(0.9), "reps": len(ts)}
-    return out
+    return {name: _summary(ts) for name, ts in times.items()}
 
 
 _BW: dict[str, float] = {}

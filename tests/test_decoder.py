@@ -5,6 +5,8 @@ Qwen3's q/k norms, head_dim), float32, bfloat16 and the int8 draft copy, chain a
 every cache kind; the path is taken exactly where it should be."""
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from triforce.models import FullCache, Llama, LlamaConfig, RetrievalCache, StreamingCache, TokenTree
 from triforce.models import llama as llama_mod
@@ -72,6 +74,30 @@ def assert_bitwise(a, b):
 def test_bitwise_equal_to_the_modules(family, dtype, monkeypatch):
     model = make_model(family, dtype)
     assert_bitwise(run(model, False, monkeypatch), run(model, True, monkeypatch))
+
+
+@given(B=st.integers(1, 3), T=st.integers(1, 6), n_kv=st.integers(1, 3), group=st.integers(1, 3),
+       head_dim=st.sampled_from([2, 4, 8, 16]), family=st.sampled_from(list(FAMILIES)),
+       bf16=st.booleans(), seed=st.integers(0, 2**16))
+def test_property_one_forward_bitwise_equal_to_the_modules(B, T, n_kv, group, head_dim, family, bf16, seed):
+    """Random shapes (batch, tokens, KV heads, GQA group, head_dim), family switches and dtypes: one cached
+    forward after a prefill gives bitwise the logits and cache of the modules run one by one."""
+    torch.manual_seed(seed)
+    kw = {**BASE, **FAMILIES[family], "num_attention_heads": n_kv * group, "num_key_value_heads": n_kv,
+          "head_dim": head_dim, "hidden_size": 8 * n_kv * group, "num_hidden_layers": 1}
+    model = Llama(LlamaConfig(**kw)).eval().to(torch.bfloat16 if bf16 else torch.float32)
+    prompt = torch.randint(0, 97, (B, 5))
+    ids = torch.randint(0, 97, (B, T))
+    outs = []
+    for fused in (False, True):
+        llama_mod._FUSED = fused
+        try:
+            cache = FullCache(model.config, B, 16, dtype=model.dtype)
+            model.prefill(prompt, cache)
+            outs.append([model(ids, cache=cache), cache.k[0], cache.v[0]])
+        finally:
+            llama_mod._FUSED = None
+    assert_bitwise(*outs)
 
 
 @pytest.mark.parametrize("cache_kind", ["streaming", "retrieval"])

@@ -475,11 +475,12 @@ class StreamingCache(_KVCache):
         valid = slot < kept[:, None]
         src = torch.where(valid, pos, 0)  # a full cache's RoPE position is its slot
         cos, sin = rope_cos_sin(self._inv_freq, src, self.dtype)
+        sin.neg_()  # the inverse rotation
         for layer in range(self.num_layers):
             k = full.k[layer][bi, src]
             self.k[layer][:, :keep] = k
             self.v[layer][:, :keep] = full.v[layer][bi, src]
-            self.k_raw[layer][:, :keep] = apply_rope(k, cos, -sin)  # the inverse rotation
+            self.k_raw[layer][:, :keep] = apply_rope(k, cos, sin)
         self.slot_pos[:, :keep] = torch.where(valid, pos, _FREE)
         self.evicted.copy_(evicted)
         self.lengths.copy_(kept.to(torch.int32))

@@ -217,6 +217,8 @@ class DecoderLayer(nn.Module):
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         if not all(type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
+        if q_norm is not None and q_norm.eps != k_norm.eps:  # the native call takes one eps for both
+            return None
         projections = []
         for group in ((a["q_proj"], a["k_proj"], a["v_proj"]), (a["o_proj"], m["gate_proj"], m["up_proj"], m["down_proj"])):
             found = []
