@@ -6,7 +6,9 @@ compute bitwise the same logits.
 Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 1 and 4, over a full
 cache of ``ctx`` tokens, float32 (the target) and bfloat16 (the default draft copy). Bytes = the
 weights read once (every linear layer and the LM head) + the KV cache read + the step's keys and
-values written; GB/s against the copy bandwidth measured in the same run.
+values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the linear
+layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer (attention);
+the compute ceiling is a matmul in the model's dtype measured in the same run.
 
     python -m bench.bench_decoder [--quick] [--threads N] [--dtype float32|bfloat16|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
@@ -18,7 +20,7 @@ from triforce.models import FullCache
 from triforce.models import llama as llama_mod
 from triforce.models.hub import load_model
 
-from .harness import copy_bandwidth, measure_alternating, record
+from .harness import compute_peak, copy_bandwidth, measure_alternating, record
 
 SHAPES = ((1, 1000, 1), (1, 1000, 5), (4, 3000, 1), (4, 3000, 5))
 
@@ -40,6 +42,7 @@ def main():
         model, _ = load_model("smollm2", dtype=name)
         cfg = model.config
         weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        peak = compute_peak("cpu", dtype)
         for B, ctx, T in (SHAPES[:2] if a.quick else SHAPES):
             cache = FullCache(cfg, B, ctx + T, dtype=dtype)
             cache.lengths.fill_(ctx)  # a context of zeros: the attention reads it all the same
@@ -58,13 +61,16 @@ def main():
 
             kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
             nbytes = weights * model.dtype.itemsize + B * (ctx + T) * kv_token
+            visible = B * (T * ctx + T * (T + 1) // 2)  # (query token, key) pairs per head and layer, causal
+            flops = 2 * B * T * weights + 4 * cfg.head_dim * cfg.num_attention_heads * visible * cfg.num_hidden_layers
             t = measure_alternating({"modules": run(False), "fused": run(True)}, reps=8 if a.quick else 20)
             llama_mod._FUSED = None  # back to the environment's choice
             shape = f"model=smollm2,B={B},ctx={ctx},T={T}"
             record(family="model", op="model_step", backend="modules", shape=shape, dtype=name, bytes_moved=nbytes,
-                   timing=t["modules"], bandwidth=bw)
+                   timing=t["modules"], bandwidth=bw, flops=flops, peak=peak)
             record(family="model", op="model_step", backend="cpu", shape=shape, dtype=name, bytes_moved=nbytes,
-                   timing=t["fused"], bandwidth=bw, baseline="modules", baseline_timing=t["modules"])
+                   timing=t["fused"], bandwidth=bw, flops=flops, peak=peak, baseline="modules",
+                   baseline_timing=t["modules"])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Shape: SmolLM2-135M's MLP projection (N=1536, K=576; float32, and bfloat16 as th
 model's copy) for M = 1..32 rows. One call streams
 a set of such weight matrices larger than the last-level cache (as a decode step streams the
 model's weights), so every call reads its weights from memory. Bytes = the weights read once + the
-inputs + the outputs.
+inputs + the outputs. FLOPs = 2 x M x N x K per matrix; the compute ceiling is a matmul in the same
+dtype (float32 for int8 weights, whose products are float32), measured in the same run.
 
     python -m bench.bench_rowwise_linear [--quick] [--threads N] [--dtype float32|bfloat16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from triforce.models.llama import _rowwise_available
 
-from .harness import copy_bandwidth, measure, record
+from .harness import compute_peak, copy_bandwidth, measure, record
 
 N, K, MATRICES = 1536, 576, 64  # 64 x 3.5 MB = 226 MB of weights per call
 
@@ -42,16 +43,19 @@ def main():
         dtype = getattr(torch, name)
         ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(MATRICES)]
         size = ws[0].element_size()
+        peak = compute_peak("cpu", dtype)
         for M in ((1, 8) if a.quick else (1, 2, 4, 5, 8, 16, 32)):
             x = torch.randn(M, K, generator=g).to(dtype)
             nbytes = MATRICES * (N * K + M * K + M * N) * size
+            flops = MATRICES * 2 * M * N * K
             shape = f"M={M},N={N},K={K},matrices={MATRICES}"
             base = measure(lambda: [F.linear(x, w) for w in ws], reps=5, min_time_s=0.5)
             record(family="model", op="rowwise_linear", backend="torch", shape=shape, dtype=name,
-                   bytes_moved=nbytes, timing=base, bandwidth=bw)
+                   bytes_moved=nbytes, timing=base, bandwidth=bw, flops=flops, peak=peak)
             t = measure(lambda: [kernel(x, w) for w in ws], reps=5, min_time_s=0.5)
             record(family="model", op="rowwise_linear", backend="cpu", shape=shape, dtype=name,
-                   bytes_moved=nbytes, timing=t, bandwidth=bw, baseline="torch", baseline_timing=base)
+                   bytes_moved=nbytes, timing=t, bandwidth=bw, flops=flops, peak=peak, baseline="torch",
+                   baseline_timing=base)
 
 
 def bench_q8(a, g, bw) -> None:
@@ -62,16 +66,19 @@ def bench_q8(a, g, bw) -> None:
 
     qs = [quantize_q8(torch.randn(N, K, generator=g)) for _ in range(MATRICES)]
     kernel = torch.ops.triforce_C.rowwise_linear_q8
+    peak = compute_peak("cpu", torch.float32)
     for M in ((1, 8) if a.quick else (1, 2, 4, 5, 8, 16, 32)):
         x = torch.randn(M, K, generator=g)
         nbytes = MATRICES * (N * K + qs[0][1].numel() * 4 + (M * K + M * N) * 4)
+        flops = MATRICES * 2 * M * N * K
         shape = f"M={M},N={N},K={K},matrices={MATRICES}"
         base = measure(lambda: [F.linear(x, dequantize_q8(q, s)) for q, s in qs], reps=5, min_time_s=0.5)
         record(family="model", op="rowwise_linear_q8", backend="torch", shape=shape, dtype="int8",
-               bytes_moved=nbytes, timing=base, bandwidth=bw)
+               bytes_moved=nbytes, timing=base, bandwidth=bw, flops=flops, peak=peak)
         t = measure(lambda: [kernel(x, q, s) for q, s in qs], reps=5, min_time_s=0.5)
         record(family="model", op="rowwise_linear_q8", backend="cpu", shape=shape, dtype="int8",
-               bytes_moved=nbytes, timing=t, bandwidth=bw, baseline="torch", baseline_timing=base)
+               bytes_moved=nbytes, timing=t, bandwidth=bw, flops=flops, peak=peak, baseline="torch",
+               baseline_timing=base)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Benchmark tk.verify_attention (docs/design.md 6): time, GB/s (bytes = K/V up to L read once + q + out),
-fraction of measured copy bandwidth, and the baselines side by side: the PyTorch reference and
+fraction of measured copy bandwidth, GFLOP/s (FLOPs = 4 x D per query head and visible key: Q K^T and
+P V, masked keys not counted) and the fraction of a matmul's peak in the same dtype (both ceilings
+measured in the same run), and the baselines side by side: the PyTorch reference and
 PyTorch SDPA with an explicit boolean mask (and flash-attn's flash_attn_with_kvcache when installed,
 causal only).
 
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import triforce_kernels as tk
-from bench.harness import copy_bandwidth, measure, record
+from bench.harness import compute_peak, copy_bandwidth, measure, record
 from triforce_kernels.reference.verify_attention import visibility
 
 
@@ -62,20 +64,26 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
         nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
         shape = f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}"
         vis = visibility(lens, T, N, None)
+        peak = compute_peak(dev, dtype)
+        flops = {kind: 4 * D * Hq * int(visibility(lens, T, N, mask).sum()) for kind, mask in
+                 (("causal", None), ("tree", tree))}  # useful multiply-adds x 2: Q K^T and P V per visible key
         sdpa_t = measure(lambda: _sdpa(q, k, v, vis), device=dev, **reps)
         record(family="attention", op="verify_attention", backend="sdpa", shape=shape, dtype=dname,
-               bytes_moved=nbytes, timing=sdpa_t, bandwidth=bw, device=dev, extra="explicit mask, causal")
+               bytes_moved=nbytes, timing=sdpa_t, bandwidth=bw, device=dev, extra="explicit mask, causal",
+               flops=flops["causal"], peak=peak)
         base, base_name = sdpa_t, "sdpa"
         if flash_attn_with_kvcache is not None and not cpu:
             fa = measure(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True), device=dev)
             record(family="attention", op="verify_attention", backend="flash_attn", shape=shape,
-                   dtype=dname, bytes_moved=nbytes, timing=fa, bandwidth=bw, device=dev, extra="causal")
+                   dtype=dname, bytes_moved=nbytes, timing=fa, bandwidth=bw, device=dev, extra="causal",
+                   flops=flops["causal"], peak=peak)
             if fa["median_s"] < base["median_s"]:
                 base, base_name = fa, "flash_attn"
         if cpu and B * N <= 32768:
             ref = measure(lambda: tk.verify_attention(q, k, v, lens, backend="reference"), device=dev, **reps)
             record(family="attention", op="verify_attention", backend="reference", shape=shape,
-                   dtype=dname, bytes_moved=nbytes, timing=ref, bandwidth=bw, device=dev, extra="causal")
+                   dtype=dname, bytes_moved=nbytes, timing=ref, bandwidth=bw, device=dev, extra="causal",
+                   flops=flops["causal"], peak=peak)
             if ref["median_s"] < base["median_s"]:
                 base, base_name = ref, "reference"
         for be in backends:
@@ -83,7 +91,7 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
                 t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be), device=dev, **reps)
                 record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype=dname,
                        bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=base_name,
-                       baseline_timing=base, extra=kind)
+                       baseline_timing=base, extra=kind, flops=flops[kind], peak=peak)
         del q, k, v, vis
 
 

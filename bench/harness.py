@@ -1,12 +1,17 @@
 """Benchmark harness (docs/design.md 6): medians with spread, bytes and GB/s, fraction of the measured
 copy bandwidth, baseline side by side; rows appended to a CSV with device, versions, date, commit.
+An op whose arithmetic can outweigh its bytes (attention over many query rows, a many-row linear)
+also records its useful FLOPs and the compute ceiling measured in the same run (a matmul in the
+op's dtype, ``compute_peak``): the row then says which ceiling binds and how close the op is to it
+(``bound_frac`` = the larger of bytes / copy bandwidth and FLOPs / peak, over the measured time).
 
-    from bench.harness import measure, copy_bandwidth, record
+    from bench.harness import measure, copy_bandwidth, compute_peak, record
     bw = copy_bandwidth(device)                       # bytes/s, measured in this run
+    peak = compute_peak(device, torch.bfloat16)       # FLOP/s of a matmul, measured in this run
     t = measure(lambda: op(x))                        # {"median_s", "p10_s", "p90_s", "reps"}
     base = measure(lambda: reference(x))
-    record(family="retrieval", op="build_retrieval_cache", backend="cpu", shape="B=1,N=131072",
-           dtype="bfloat16", bytes_moved=nbytes, timing=t, bandwidth=bw,
+    record(family="attention", op="verify_attention", backend="cpu", shape="B=1,N=32768,T=16",
+           dtype="bfloat16", bytes_moved=nbytes, timing=t, bandwidth=bw, flops=nflops, peak=peak,
            baseline="reference", baseline_timing=base)
 
 CSV path: $TRIFORCE_BENCH_CSV or bench/results.csv.
@@ -27,7 +32,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ["date", "commit", "device", "torch", "triton", "family", "op", "backend", "shape", "dtype",
           "median_us", "p10_us", "p90_us", "bytes", "gbps", "copy_gbps", "roofline_frac",
-          "baseline", "baseline_us", "speedup", "extra"]
+          "baseline", "baseline_us", "speedup", "extra", "flops", "gflops", "peak_gflops", "compute_frac",
+          "bound_frac"]
 
 
 def device_name(device: torch.device | str) -> str:
@@ -102,6 +108,7 @@ def measure_alternating(fns: dict[str, Callable[[], object]], *, warmup: int = 3
 
 
 _BW: dict[str, float] = {}
+_PEAK: dict[tuple, float] = {}
 
 
 def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 512 * 2**20) -> float:
@@ -116,6 +123,21 @@ def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 512 * 2**20
         t = measure(lambda: dst.copy_(src), device=device, warmup=3, reps=10, flush_l2=False)
         _BW[key] = 2 * nbytes / t["median_s"]
     return _BW[key]
+
+
+def compute_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    """Measured FLOP/s of a square ``torch.mm`` in ``dtype`` (CPU: 1024, with the current thread count;
+    CUDA: 8192), once per run: the compute ceiling that a tuned matmul reaches on this device, the
+    counterpart of ``copy_bandwidth`` for ops whose multiply-adds can outweigh their bytes."""
+    device = torch.device(device)
+    key = (str(device), str(dtype), torch.get_num_threads() if device.type == "cpu" else 0)
+    if key not in _PEAK:
+        n = 1024 if device.type == "cpu" else 8192
+        g = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(n, n, generator=g).to(dtype).to(device) for _ in range(2))
+        t = measure(lambda: torch.mm(a, b), device=device, warmup=2, reps=5, min_time_s=0.0, flush_l2=False)
+        _PEAK[key] = 2 * n ** 3 / t["median_s"]
+    return _PEAK[key]
 
 
 def _versions() -> tuple[str, str]:
@@ -139,11 +161,16 @@ def _commit() -> str:
 def record(*, family: str, op: str, backend: str, shape: str, dtype: str, timing: dict,
            bytes_moved: int | None = None, bandwidth: float | None = None, device: torch.device | str = "cpu",
            baseline: str = "", baseline_timing: dict | None = None, extra: str = "",
-           csv_path: str | None = None) -> dict:
-    """Append one result row to the CSV and print it. ``bandwidth`` is copy_bandwidth(device)."""
+           flops: float | None = None, peak: float | None = None, csv_path: str | None = None) -> dict:
+    """Append one result row to the CSV and print it. ``bandwidth`` is copy_bandwidth(device); ``flops``
+    the op's useful floating-point operations (a multiply-add counts 2) and ``peak`` compute_peak(device,
+    dtype), for ops whose arithmetic can outweigh their bytes."""
     tv, trv = _versions()
     med = timing["median_s"]
     gbps = bytes_moved / med / 1e9 if bytes_moved else None
+    # time at each ceiling; bound_frac: the binding (larger) one over the measured time
+    floors = [x for x in ((bytes_moved / bandwidth) if bytes_moved and bandwidth else None,
+                          (flops / peak) if flops and peak else None) if x is not None]
     row = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit(),
         "device": device_name(device), "torch": tv, "triton": trv, "family": family, "op": op,
@@ -156,15 +183,39 @@ def record(*, family: str, op: str, backend: str, shape: str, dtype: str, timing
         "baseline_us": f"{baseline_timing['median_s'] * 1e6:.2f}" if baseline_timing else "",
         "speedup": f"{baseline_timing['median_s'] / med:.2f}" if baseline_timing else "",
         "extra": extra,
+        "flops": f"{flops:.0f}" if flops else "", "gflops": f"{flops / med / 1e9:.2f}" if flops else "",
+        "peak_gflops": f"{peak / 1e9:.2f}" if peak else "",
+        "compute_frac": f"{flops / med / peak:.3f}" if flops and peak else "",
+        "bound_frac": f"{max(floors) / med:.3f}" if floors else "",
     }
     path = csv_path or os.environ.get("TRIFORCE_BENCH_CSV") or os.path.join(ROOT, "bench", "results.csv")
     new = not os.path.exists(path)
+    if not new:
+        _upgrade_header(path)
     with open(path, "a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         if new:
             w.writeheader()
         w.writerow(row)
+    comp = f"  {row['gflops']} GFLOP/s  peak {row['compute_frac']}" if flops else ""
     print(f"{op:<24} {backend:<9} {shape:<40} {dtype:<9} {row['median_us']:>10} us  "
-          f"{row['gbps'] or '-':>8} GB/s  roof {row['roofline_frac'] or '-':>6}  "
+          f"{row['gbps'] or '-':>8} GB/s  roof {row['roofline_frac'] or '-':>6}{comp}  "
           f"vs {baseline or '-'} x{row['speedup'] or '-'}", flush=True)
     return row
+
+
+def _upgrade_header(path: str) -> None:
+    """A CSV written before columns were added to FIELDS (at its end) gets the current header; its old
+    rows keep their fields and read the new columns as empty."""
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), None)
+    if header is None or header == FIELDS:
+        return
+    if header != FIELDS[: len(header)]:
+        raise ValueError(f"{path}: its columns {header} are not a prefix of bench.harness.FIELDS; write to a new "
+                         f"file (TRIFORCE_BENCH_CSV)")
+    with open(path, newline="") as f:
+        text = f.read()
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerow(FIELDS)
+        f.write(text[text.index("\n") + 1:])
