@@ -347,3 +347,35 @@ def test_demo_quick(smol, capsys):
 def test_python_m_triforce_help():
     r = subprocess.run([sys.executable, "-m", "triforce", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "generate" in r.stdout and "demo" in r.stdout
+
+
+def test_demo_compares_the_int8_copy_as_a_draft():
+    """``speculative:int8`` drafts with the model's int8 copy, made before SharedPrefill patches the
+    model's prefill (a copy made inside would call the patched, shared prefill), output unchanged."""
+    from tests.test_engines import tiny
+    from triforce.models.quant import int8_copy
+
+    model = tiny(7)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (20, 33)]
+    with demo.SharedPrefill(model, half_copy=False, int8_copy=True):
+        assert "prefill" in model.__dict__ and "prefill" not in int8_copy(model).__dict__
+        rows = demo.compare_methods(model, prompts, ["autoregressive", "speculative:int8"], 12,
+                                    options={"speculative:int8": {"gamma": 2}}, draft=None)
+    assert [r["method"] for r in rows] == ["autoregressive", "speculative:int8"]
+    assert rows[1]["identical"] and rows[1]["stats"]["target_passes"] < 12
+    assert "draft->full" in rows[1]["stats"]["acceptance"]
+    assert [s["methods"] for s in demo.demo_scenes(True, "cpu")][0].count("speculative:int8") == 1
+    assert "speculative:int8" not in demo.demo_scenes(True, "cuda")[0]["methods"]
+
+
+def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():
+    row = {"method": "magicdec", "stats": {"time_s": {"draft": 1.5, "full": 2.7}, "target_passes": 16,
+                                           "mean_accepted": 2.25}}
+    base = {"method": "autoregressive", "stats": {"time_s": {"full": 2.32}, "target_passes": 31,
+                                                  "mean_accepted": 1.0}}
+    line = demo.why_it_loses(row, 538_000_000, 551_000_000, base)
+    assert line.startswith("magicdec loses here: per target pass the drafting costs 94 ms and the pass itself "
+                           "169 ms, 2.3x an autoregressive step (75 ms), and 2.25 tokens per pass")
+    assert "the KV cache dominates" in line
+    assert "autoregressive step" not in demo.why_it_loses(row, 538_000_000, 551_000_000)  # no base row

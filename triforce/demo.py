@@ -80,7 +80,8 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
                     options: dict | None = None, draft="bf16", seed: int | None = 0, log=None) -> list[dict]:
     """Run ``methods`` on the same prompts; -> one row per method: ``method``, ``stats``, ``tokens``,
     ``speedup`` (tokens/s over the autoregressive run, when it is in ``methods``) and ``identical``
-    (greedy: tokens equal to the autoregressive ones)."""
+    (greedy: tokens equal to the autoregressive ones). A label ``method:kind`` drafts with the shipped
+    heads of that kind (``tree:mlp``), or with the int8 copy of the model (``speculative:int8``)."""
     from .generate import generate
 
     options = {**DEMO_OPTIONS, **(options or {})}
@@ -89,13 +90,18 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
 
         draft = half_precision_copy(model)
     rows = []
-    for label in methods:  # "tree:mlp": method tree with the shipped mlp heads as its draft
-        method, _, heads = label.partition(":")
+    for label in methods:
+        method, _, variant = label.partition(":")
+        if variant == "int8":
+            from .models.quant import int8_copy
+
+            label_draft = int8_copy(model)
+        else:
+            label_draft = variant or (draft if method in ("speculative", "triforce") else None)
         if log:
             log(f"running {label} ...")
         out = generate(model, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                       draft=heads or (draft if method in ("speculative", "triforce") else None), seed=seed,
-                       **options.get(label, options.get(method, {})))
+                       draft=label_draft, seed=seed, **options.get(label, options.get(method, {})))
         rows.append({"method": label, "stats": out.stats, "tokens": out.tokens})
     base = next((r for r in rows if r["method"] == "autoregressive"), None)
     for r in rows:
@@ -127,15 +133,19 @@ class SharedPrefill:
     the same prompts; each would otherwise spend minutes re-reading the same long context). The copy
     is exact: the same keys, values, lengths, chunk-mean keys and last queries."""
 
-    def __init__(self, model, half_copy: bool = True):
-        self.model, self.saved, self.half_copy = model, {}, half_copy
+    def __init__(self, model, half_copy: bool = True, int8_copy: bool = False):
+        self.model, self.saved, self.half_copy, self.int8_copy = model, {}, half_copy, int8_copy
 
     def __enter__(self):
         from .engines.drafters import half_precision_copy
         from .models.cache import FullCache
+        from .models.quant import int8_copy
 
+        # any copy of the model must be made before the patch below (a copy would take the patched method)
         if self.half_copy:  # (False: no run will use the default bfloat16 draft)
-            half_precision_copy(self.model)  # any copy of the model must be made before the patch below
+            half_precision_copy(self.model)
+        if self.int8_copy:  # a ``speculative:int8`` run will draft with it
+            int8_copy(self.model)
         real = self.model.prefill
 
         def prefill(prompts, cache, chunk_size: int = 256):
@@ -201,17 +211,27 @@ def _kv_bytes(model, prompts) -> int:
     return kv_bytes_per_token(model) * sum(len(p) for p in prompts)
 
 
-def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int) -> str:
-    """One line, from the run's own numbers, on why a method is slower than autoregressive here."""
+def _ms_per_pass(stats: dict, part: str | None) -> float:
+    """Milliseconds per target pass of one timed part (``None``: all but the full level: the drafting)."""
+    t = stats["time_s"]
+    total = t.get(part, 0.0) if part else sum(v for k, v in t.items() if k != "full")
+    return 1e3 * total / max(1, stats["target_passes"])
+
+
+def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int, base: dict | None = None) -> str:
+    """One line, from the run's own numbers, on why a method is slower than autoregressive here: the
+    drafting's and the verification pass's cost per target pass (the pass against an autoregressive
+    step of ``base``, the autoregressive row, when given) and the tokens a pass yields."""
     s = row["stats"]
-    passes = max(1, s["target_passes"])
-    full_ms = 1e3 * s["time_s"].get("full", 0.0) / passes
-    side = {k: v for k, v in s["time_s"].items() if k != "full"}
-    side_ms = 1e3 * sum(side.values()) / passes
+    full_ms, side_ms = _ms_per_pass(s, "full"), _ms_per_pass(s, None)
     regime = ("the weights dominate what a target pass reads" if weight_bytes > kv_bytes
               else "the KV cache dominates what a target pass reads")
-    return (f"{row['method']} loses here: per target pass the drafting costs {side_ms:.0f} ms against "
-            f"{full_ms:.0f} ms for the pass itself, and {s['mean_accepted']:.2f} tokens per pass do not pay for it "
+    step = ""
+    if base is not None and base["stats"]["target_passes"]:
+        ar_ms = _ms_per_pass(base["stats"], "full")
+        step = f", {full_ms / ar_ms:.1f}x an autoregressive step ({ar_ms:.0f} ms)" if ar_ms > 0 else ""
+    return (f"{row['method']} loses here: per target pass the drafting costs {side_ms:.0f} ms and the pass "
+            f"itself {full_ms:.0f} ms{step}, and {s['mean_accepted']:.2f} tokens per pass do not pay for it "
             f"({regime}: weights {weight_bytes / 1e6:.0f} MB, KV {kv_bytes / 1e6:.0f} MB)")
 
 
@@ -233,11 +253,13 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
     budget = max(64, min(256, long["context"] // 4) // 8 * 8)
     return [
         {"title": "batch 1: the weights dominate each step (a cheaper draft or a token tree pays)",
-         **short, "methods": ["autoregressive", "speculative", "tree", f"tree:{DEMO_HEADS[0]}"],
-         "options": {"speculative": {"gamma": 4}, "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
+         **short, "methods": ["autoregressive", "speculative", *(["speculative:int8"] if device_type == "cpu" else []),
+                              "tree", f"tree:{DEMO_HEADS[0]}"],
+         "options": {"speculative": {"gamma": 3}, "speculative:int8": {"gamma": 3},
+                     "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
                      f"tree:{DEMO_HEADS[0]}": {"tree": DEMO_HEADS[1]}}},
-        {"title": f"batch {long['batch']} x {long['context']} tokens: the KV cache dominates "
-                  f"(drafting from a small cache pays)",
+        {"title": f"batch {long['batch']} x {long['context']} tokens: the KV cache dominates what a step reads "
+                  f"(drafting from a small cache saves those bytes)",
          **long, "methods": ["autoregressive", "magicdec", "triforce"],
          "options": {"magicdec": {"draft_cache": "retrieval", "budget": budget, "gamma": 2},
                      "triforce": {"gamma1": 2, "gamma2": 6, "budget": budget, "chunk_size": 8, "sink": 16,
@@ -259,8 +281,10 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
           f"greedy; model load {time.perf_counter() - t0:.1f} s. Prefill is shared by the methods of a scene "
           f"and not counted in tokens/s.", file=out)
     ok = True
+    fp32 = next(model.parameters()).dtype == torch.float32
     for scene in demo_scenes(quick, device.type, context, batch, max_new_tokens):
-        wanted = [m for m in scene["methods"] if m.partition(":")[0] in methods]
+        # the int8 copy quantises a float32 model only (triforce.models.int8_copy)
+        wanted = [m for m in scene["methods"] if m.partition(":")[0] in methods and (fp32 or not m.endswith(":int8"))]
         if len(wanted) < 2 and "autoregressive" in wanted:
             continue
         prompts, keys = [], []
@@ -271,16 +295,16 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
             keys.append(key)
         print(f"\n== {scene['title']}: {scene['batch']} pass-key prompt(s) of ~{scene['context']} tokens, "
               f"{scene['new']} new tokens each", file=out)
-        with SharedPrefill(model):
+        with SharedPrefill(model, int8_copy=any(m.endswith(":int8") for m in wanted)):
             rows = compare_methods(model, prompts, wanted, scene["new"], options=scene["options"], log=log)
-        base = rows[0]
-        text = decode(tok, base["tokens"][0].tolist()).replace("\n", " ")
+        base = next((r for r in rows if r["method"] == "autoregressive"), None)
+        text = decode(tok, rows[0]["tokens"][0].tolist()).replace("\n", " ")
         print(f"[0] pass key {keys[0]} -> {text[:80]!r}", file=out)
         print(format_table(rows), file=out)
         weights, kv = weight_bytes(model), _kv_bytes(model, prompts)
         for r in rows:
             if r["speedup"] is not None and r["speedup"] < 1 and r["method"] != "autoregressive":
-                print("  " + why_it_loses(r, weights, kv), file=out)
+                print("  " + why_it_loses(r, weights, kv, base), file=out)
             for note in r["stats"].get("notes", []):
                 print(f"  note: {note}", file=out)
         ok &= all(r["identical"] is not False for r in rows)
