@@ -187,12 +187,12 @@ inline void scores_dot_avx512(const float* q, int64_t R, int64_t D, const E* kt,
 #endif
 
 #if defined(__AVX512BF16__)
-// scores_dot_avx512 for bfloat16 caches (D % 64 == 0, bf16_scores) on the bf16 dot-product instruction: the queries
-// stay in bfloat16 (qb, unscaled: as the op received them), each vdpbf16ps multiplies 32 query and key
-// elements exactly and adds the pairs' sums into 16 fp32 lanes (twice the elements per instruction of
-// widening to fp32 first), and the softmax scale multiplies the reduced score. Per row and 16 keys as
-// scores_dot_avx512 (the same clamped key pointers, the same hsum16 reduction), so a score does not
-// depend on R either.
+// scores_dot_avx512 for bfloat16 caches (D % 64 == 0: bf16_scores) on the bf16 dot-product instruction:
+// the queries stay in bfloat16 (qb, unscaled: as the op received them), each vdpbf16ps multiplies 32
+// query and key elements exactly and adds the pairs' sums into 16 fp32 lanes (twice the elements per
+// instruction of widening to fp32 first; denormal bf16 inputs count as zero), and the softmax scale
+// multiplies the reduced score. Per row and 16 keys as scores_dot_avx512 (the same clamped key
+// pointers, the same hsum16 reduction), so a score does not depend on R either.
 inline void scores_dot_bf16_avx512(const bf16* qb, int64_t R, int64_t D, const bf16* kt, int64_t ks, int64_t n,
                                    float scale, float* s) {
   const __m512 sc = _mm512_set1_ps(scale);
