@@ -217,8 +217,11 @@ inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, 
 // Every output keeps its lanes, their order and the reduction tree, so the result is bitwise
 // block_avx512<1>'s (and row m of an M-row product still equals it). The next 16 rows are prefetched
 // into L2, a line of each row per 64 bytes. Measured on one core (64 SmolLM2 1536 x 576 matrices
-// streamed, alternating builds): bf16 6.0 -> 4.8 ms, fp32 10.5 -> 9.6 ms; the same layout for int8
-// weights was 3x slower (16 dequantisation chains) and is not used: int8 keeps the block path.
+// streamed, alternating builds): bf16 6.0 -> 4.8 ms, fp32 10.5 -> 9.6 ms. Measured, not understood: GCC
+// 12 keeps part of `unroll` out of line here (the step's multiply-adds then update acc in memory), and a
+// variant with the step fully inlined (plain loops, `#pragma GCC unroll`, accumulators in registers)
+// was slower than the block path in the same A/B (bf16 0.86x, fp32 0.94x), as was either layout for
+// int8 weights (int8 keeps the block path). Any inlining keeps the result bitwise the same.
 template <int J, typename F>
 inline void unroll(F&& f) {
   if constexpr (J > 0) {
