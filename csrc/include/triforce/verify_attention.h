@@ -14,7 +14,7 @@
 // by load_tile_rows; more rows: load_tile_transposed) -> scores (scores_dot | scores_tile) ->
 // mask_scores -> softmax_update_row -> pv_tile. Each step is a small function; where an AVX-512
 // version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
-// bf16 caches on a CPU with AVX512_BF16 score with the bf16 dot product instead (scores_dot_bf16_avx512:
+// bf16 caches on a CPU with AVX512_BF16 score with the bf16 dot product instead (scores_dot_avx512 on
 // the raw bf16 queries against the keys in place, at any number of rows); P V stays in fp32.
 #pragma once
 #include <algorithm>
@@ -167,47 +167,39 @@ inline void scores_dot(const float* q, int64_t R, int64_t D, const E* kt, int64_
 // scores_dot for D % 16 == 0: per row and 16 keys, 16 independent accumulators over D (one q load feeds
 // 16 FMAs), then one hsum16. In a partial group, keys n..15 repeat key n - 1 (never a row past the
 // tile, which may lie past L); mask_scores overwrites their scores with -inf.
-template <typename E>
-inline void scores_dot_avx512(const float* q, int64_t R, int64_t D, const E* kt, int64_t ks, int64_t n, float* s) {
+//
+// Q = bf16 (bfloat16 caches with D % 64 == 0 on AVX512_BF16: bf16_scores) uses the bf16 dot-product
+// instruction instead: the queries stay in bfloat16 (unscaled: as the op received them), each vdpbf16ps
+// multiplies 32 query and key elements exactly and adds the pairs' sums into 16 fp32 lanes (twice the
+// elements per instruction of widening to fp32 first; denormal bf16 inputs count as zero), and `scale`
+// multiplies the reduced score. Q = float: q is already scaled. Either way a score does not depend on R.
+template <typename Q, typename E>
+inline void scores_dot_avx512(const Q* q, int64_t R, int64_t D, const E* kt, int64_t ks, int64_t n, float* s,
+                              float scale = 1.f) {
+  constexpr bool dp = std::is_same_v<Q, bf16>;
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const E* kj[16];
     for (int j = 0; j < 16; ++j) kj[j] = kt + std::min<int64_t>(j0 + j, n - 1) * ks;
     for (int64_t r = 0; r < R; ++r) {
-      const float* qr = q + r * D;
+      const Q* qr = q + r * D;
       __m512 acc[16];
       for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D; d += 16) {
-        const __m512 qv = _mm512_loadu_ps(qr + d);
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, load16(kj[j] + d), acc[j]);
-      }
-      _mm512_storeu_ps(s + r * KT + j0, hsum16_avx512(acc));
-    }
-  }
-}
-#endif
-
+      if constexpr (dp) {
 #if defined(__AVX512BF16__)
-// scores_dot_avx512 for bfloat16 caches (D % 64 == 0: bf16_scores) on the bf16 dot-product instruction:
-// the queries stay in bfloat16 (qb, unscaled: as the op received them), each vdpbf16ps multiplies 32
-// query and key elements exactly and adds the pairs' sums into 16 fp32 lanes (twice the elements per
-// instruction of widening to fp32 first; denormal bf16 inputs count as zero), and the softmax scale
-// multiplies the reduced score. Per row and 16 keys as scores_dot_avx512 (the same clamped key
-// pointers, the same hsum16 reduction), so a score does not depend on R either.
-inline void scores_dot_bf16_avx512(const bf16* qb, int64_t R, int64_t D, const bf16* kt, int64_t ks, int64_t n,
-                                   float scale, float* s) {
-  const __m512 sc = _mm512_set1_ps(scale);
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    const bf16* kj[16];
-    for (int j = 0; j < 16; ++j) kj[j] = kt + std::min<int64_t>(j0 + j, n - 1) * ks;
-    for (int64_t r = 0; r < R; ++r) {
-      const bf16* qr = qb + r * D;
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D; d += 32) {
-        const __m512bh qv = (__m512bh)_mm512_loadu_si512(qr + d);
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_loadu_si512(kj[j] + d));
+        static_assert(std::is_same_v<E, bf16>, "bf16 queries score bf16 keys");
+        for (int64_t d = 0; d < D; d += 32) {
+          const __m512bh qv = (__m512bh)_mm512_loadu_si512(qr + d);
+          for (int j = 0; j < 16; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_loadu_si512(kj[j] + d));
+        }
+#endif
+      } else {
+        for (int64_t d = 0; d < D; d += 16) {
+          const __m512 qv = _mm512_loadu_ps(qr + d);
+          for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, load16(kj[j] + d), acc[j]);
+        }
       }
-      _mm512_storeu_ps(s + r * KT + j0, _mm512_mul_ps(hsum16_avx512(acc), sc));
+      const __m512 sum = hsum16_avx512(acc);
+      _mm512_storeu_ps(s + r * KT + j0, dp ? _mm512_mul_ps(sum, _mm512_set1_ps(scale)) : sum);
     }
   }
 }
@@ -399,8 +391,8 @@ inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt
 
 // Online softmax over positions [start, end) for all R rows; updates m, l (per row) and acc [R][D].
 // tail: positions are new tokens, position p is index p - new0 of tree_mask row t = r / g.
-// qb, scale: the R query rows unscaled in the cache's type, when scores_dot_bf16_avx512 applies (bf16
-// caches, D % 64 == 0, AVX512_BF16: bf16_scores), else null.
+// qb, scale: the R query rows unscaled in the cache's type, when they are scored with the bf16 dot
+// product (bf16 caches, D % 64 == 0, AVX512_BF16: bf16_scores), else null.
 template <typename T>
 void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, const T* k, int64_t skn,
                   const T* v, int64_t svn, int64_t start, int64_t end, bool tail, int64_t new0,
@@ -444,7 +436,7 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
 #if defined(__AVX512BF16__)
         if constexpr (std::is_same_v<T, bf16>)
           if (qb) {
-            scores_dot_bf16_avx512(qb, R, D, k + p0 * skn, skn, n, scale, s);
+            scores_dot_avx512(qb, R, D, k + p0 * skn, skn, n, s, scale);
             softmax_pv(v + p0 * svn, svn);
             continue;
           }
@@ -470,7 +462,7 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
   }
 }
 
-// Whether attend_range scores bf16 caches with scores_dot_bf16_avx512 (then it needs the raw queries).
+// Whether attend_range scores bf16 caches with the bf16 dot product (then it needs the raw queries).
 template <typename T>
 constexpr bool bf16_scores(int64_t D) {
 #if defined(__AVX512BF16__)
