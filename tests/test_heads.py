@@ -160,6 +160,50 @@ def test_loss_decreases_on_a_fixed_batch(kind):
     assert loss.item() < 0.8 * first, (first, loss.item())
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_target_labels_distill_the_targets_distribution(kind):
+    """``labels="target"``: each depth's cross-entropy is against the target's own distribution at
+    ``t+1+i`` (what greedy acceptance asks the heads to match), not against the text's token."""
+    from triforce.heads.train import head_states
+
+    m = tiny(init=0.3)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    cfg = TrainConfig(kind=kind, depth=2, layer=2 if kind in ("hidden_transfer", "early_exit") else None,
+                      seq_len=32, batch=2, positions=8, ce_positions=16, labels="target")
+    ids = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(0))
+    f = features(m, ids, cfg.layer, kind == "hidden_transfer")
+    h = make_heads(kind, m.config, cfg.depth, cfg.layer).init_from(m)
+    seq, pos = step_batch(cfg, 4, 0)
+    d = torch.arange(cfg.depth)
+    teacher = torch.softmax(m.head(f.z[seq[:, None], pos[:, None] + 1 + d]).float(), -1)   # [R, k, V]
+    entropy = -(teacher * teacher.clamp_min(1e-30).log()).sum(-1).mean(0)                 # [k]
+
+    def kl_and_agreement():
+        with torch.no_grad():
+            logits = m.head(head_states(m, h, f, seq, pos)).float()
+            kl = (teacher * (teacher.clamp_min(1e-30).log() - torch.log_softmax(logits, -1))).sum(-1).mean()
+            return kl.item(), (logits.argmax(-1) == teacher.argmax(-1)).float().mean().item()
+
+    loss, ce, _ = losses(m, h, f, seq, pos, cfg)  # every row sampled (ce_positions = rows): the manual value
+    with torch.no_grad():
+        want = -(teacher * torch.log_softmax(m.head(head_states(m, h, f, seq, pos)).float(), -1)).sum(-1).mean(0)
+    torch.testing.assert_close(ce, want, rtol=1e-5, atol=1e-5)
+    assert (ce >= entropy - 1e-4).all()  # a cross-entropy is never below the teacher's entropy
+    kl0, agree0 = kl_and_agreement()
+    opt = torch.optim.Adam(h.parameters(), lr=1e-2)
+    for _ in range(40):
+        loss, ce, reg = losses(m, h, f, seq, pos, cfg)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    kl1, agree1 = kl_and_agreement()
+    assert kl1 < 0.5 * kl0, (kl0, kl1)
+    assert agree1 > agree0, (agree0, agree1)
+    with pytest.raises(ValueError, match="labels"):
+        TrainConfig(labels="tokens").check()
+
+
 class _Tok:
     """A tokenizer for a 64-token model: bytes modulo 64."""
 

@@ -242,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="positions per sequence per step (64; hidden_transfer runs the upper layers per position)")
     t.add_argument("--lr", metavar="LR", type=_float(0, lo_open=True), default=1e-3, help="peak learning rate (1e-3)")
     t.add_argument("--seed", metavar="N", type=int, default=0, help="seed of data, generation and batches (0)")
+    t.add_argument("--labels", choices=["text", "target"], default="text",
+                   help="what each depth's cross-entropy is taken against: the text's next tokens (default) or "
+                        "the target's own next-token distribution at that position (self-distillation)")
     t.add_argument("--checkpoint-every", metavar="N", type=_int(1), default=50, help="steps between checkpoints (50)")
     _add_model_args(t)
     _add_common(t)
@@ -531,7 +534,7 @@ def cmd_train_heads(args) -> int:
         cfg = TrainConfig(kind=kind, depth=args.depth, layer=args.layer, steps=args.steps,
                           distill_steps=args.distill_steps, seq_len=args.seq_len, sequences=args.sequences,
                           generated=args.generated, batch=args.batch, positions=args.positions, lr=args.lr,
-                          seed=args.seed)
+                          seed=args.seed, labels=args.labels)
         train(model, tok, cfg, args.out, resume=args.resume, checkpoint_every=args.checkpoint_every,
               progress=args.progress is not False, log=lambda m: print(m, file=sys.stderr, flush=True))
         print(os.path.join(args.out, f"{kind}.safetensors"))

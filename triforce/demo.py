@@ -235,7 +235,7 @@ def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int, base: dict | None 
             f"({regime}: weights {weight_bytes / 1e6:.0f} MB, KV {kv_bytes / 1e6:.0f} MB)")
 
 
-DEMO_HEADS = ("hidden_transfer", (2, 1))  # the shipped head set and tree of the batch-1 scene (docs/heads.md)
+DEMO_HEADS = ("hidden_transfer", (1, 1))  # the shipped head set and tree of the batch-1 scene (docs/heads.md)
 
 
 def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch: int | None = None,

@@ -14,7 +14,11 @@ the heads on random positions ``t`` of random sequences. Each depth ``i`` produc
 for token ``t+2+i``; the loss is the cross-entropy of its logits against that token plus a smooth-L1
 regression of the state onto the target's own ``z_{t+1+i}`` (the state from which the target predicts
 that token; EAGLE's feature loss). The regression is cheap and dense; the cross-entropy through the
-49152-row LM head dominates the cost on a CPU, so it runs on a subset of the positions.
+49152-row LM head dominates the cost on a CPU, so it runs on a subset of the positions. With
+``labels="target"`` the cross-entropy is taken against the target's own next-token distribution at
+``t+1+i`` (``softmax(head(z_{t+1+i}))``, self-distillation) instead of the text's token: greedy
+acceptance asks the heads for the target's argmax, which on text differs from the text's next token
+more often than not.
 
 Reproducible: the data, the generation and every step's batch derive from ``seed`` (a step's batch
 from ``seed`` and the step number), so a run resumed from a checkpoint takes the same batches.
@@ -34,6 +38,9 @@ import torch.nn.functional as F
 from .modules import KINDS, DraftHeads, HiddenTransfer, MLPSpeculator, make_heads
 
 
+LABELS = ("text", "target")
+
+
 @dataclass
 class TrainConfig:
     kind: str = "medusa"
@@ -50,6 +57,7 @@ class TrainConfig:
     lr: float = 1e-3
     reg_weight: float = 1.0
     seed: int = 0
+    labels: str = "text"        # "text": the next tokens of the text; "target": the target's distribution there
 
     def check(self) -> None:
         if self.kind not in KINDS:
@@ -68,6 +76,8 @@ class TrainConfig:
             raise ValueError(f"seq_len: needs at least depth + 3 = {self.depth + 3} tokens, got {self.seq_len}")
         if not self.lr > 0:
             raise ValueError(f"lr: expected > 0, got {self.lr!r}")
+        if self.labels not in LABELS:
+            raise ValueError(f"labels: expected one of {', '.join(LABELS)}, got {self.labels!r}")
 
 
 # ---- data
@@ -187,7 +197,12 @@ def losses(model, heads: DraftHeads, f: Features, seq, pos, cfg: TrainConfig):
     reg = F.smooth_l1_loss(states.float(), target_z)
     sub = torch.linspace(0, len(seq) - 1, min(cfg.ce_positions, len(seq))).long()
     logits = model.head(states[sub])                                    # [r, k, V]
-    ce = F.cross_entropy(logits.flatten(0, 1), labels[sub].flatten(), reduction="none").view(len(sub), -1).mean(0)
+    if cfg.labels == "target":  # the target's own next-token distribution at t+1+i (self-distillation)
+        with torch.no_grad():
+            teacher = torch.softmax(model.head(target_z[sub].to(states.dtype)).float(), -1)
+        ce = -(teacher * torch.log_softmax(logits.float(), -1)).sum(-1).mean(0)
+    else:
+        ce = F.cross_entropy(logits.flatten(0, 1), labels[sub].flatten(), reduction="none").view(len(sub), -1).mean(0)
     return ce.sum() + cfg.reg_weight * reg, ce.detach(), reg.detach()
 
 
@@ -280,8 +295,9 @@ class _Bar:
 
 
 def _check_resume(ckpt: dict, cfg: TrainConfig, path: str) -> None:
-    if ckpt.get("config") != asdict(cfg):
-        diff = sorted(k for k in asdict(cfg) if ckpt.get("config", {}).get(k) != asdict(cfg)[k])
+    have = {"labels": "text", **ckpt.get("config", {})}  # checkpoints from before ``labels`` trained on text
+    if have != asdict(cfg):
+        diff = sorted(k for k in asdict(cfg) if have.get(k) != asdict(cfg)[k])
         raise ValueError(f"{path}: the checkpoint was written with other settings ({', '.join(diff)}); "
                          f"rerun with the same settings, or without --resume to start over")
 
