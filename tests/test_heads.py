@@ -249,6 +249,24 @@ def test_training_errors(tmp_path):
         TrainConfig(distill_steps=3, generated=0).check()
 
 
+def test_checkpoint_from_before_labels_resumes_as_text(tmp_path):
+    """A checkpoint written before ``TrainConfig.labels`` existed trained on the text's tokens: it resumes
+    with ``labels="text"`` and is refused, naming ``labels``, with ``labels="target"``."""
+    m = tiny()
+    cfg = TrainConfig(kind="medusa", depth=2, steps=3, distill_steps=0, seq_len=32, sequences=2, generated=0,
+                      batch=2, positions=8, ce_positions=8)
+    train(m, _Tok(), cfg, str(tmp_path), stop_after=1, progress=False, log=lambda s: None)
+    path = tmp_path / "medusa.ckpt"
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["config"]["labels"]
+    torch.save(ckpt, path)
+    target = TrainConfig(**{**cfg.__dict__, "labels": "target"})
+    with pytest.raises(ValueError, match="other settings.*labels"):
+        train(m, _Tok(), target, str(tmp_path), resume=True, progress=False, log=lambda s: None)
+    _, out = train(m, _Tok(), cfg, str(tmp_path), resume=True, progress=False, log=lambda s: None, eval_rows=16)
+    assert out["history"]["step"] == [0, 1, 2]
+
+
 def test_heads_name_the_target_family(tmp_path):
     """A head set records the target's model_type: heads for a Llama do not load on a Qwen2 of the same
     shapes (its q/k/v biases give other hidden states), and the saved family survives a reload."""

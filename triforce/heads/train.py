@@ -17,8 +17,7 @@ that token; EAGLE's feature loss). The regression is cheap and dense; the cross-
 49152-row LM head dominates the cost on a CPU, so it runs on a subset of the positions. With
 ``labels="target"`` the cross-entropy is taken against the target's own next-token distribution at
 ``t+1+i`` (``softmax(head(z_{t+1+i}))``, self-distillation) instead of the text's token: greedy
-acceptance asks the heads for the target's argmax, which on text differs from the text's next token
-more often than not.
+acceptance asks the heads for the target's argmax, which on text is often not the text's next token.
 
 Reproducible: the data, the generation and every step's batch derive from ``seed`` (a step's batch
 from ``seed`` and the step number), so a run resumed from a checkpoint takes the same batches.
