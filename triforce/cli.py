@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .engines.methods import METHODS, OPTIONS
 from .heads.modules import KINDS as HEAD_KINDS
+from .heads.train import LABELS as HEAD_LABELS
 from .models.hub import DTYPES, PAIR_NAMES
 
 
@@ -242,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="positions per sequence per step (64; hidden_transfer runs the upper layers per position)")
     t.add_argument("--lr", metavar="LR", type=_float(0, lo_open=True), default=1e-3, help="peak learning rate (1e-3)")
     t.add_argument("--seed", metavar="N", type=int, default=0, help="seed of data, generation and batches (0)")
-    t.add_argument("--labels", choices=["text", "target"], default="text",
+    t.add_argument("--labels", choices=HEAD_LABELS, default="text",
                    help="what each depth's cross-entropy is taken against: the text's next tokens (default) or "
                         "the target's own next-token distribution at that position (self-distillation)")
     t.add_argument("--checkpoint-every", metavar="N", type=_int(1), default=50, help="steps between checkpoints (50)")
