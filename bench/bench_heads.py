@@ -105,6 +105,8 @@ def main() -> None:
                     help="batch 1, context 500, greedy, 16 new tokens, no accuracy table, JSON to /tmp "
                          "(bench/run_all.py --quick)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.quick:
         import tempfile
 
