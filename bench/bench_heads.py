@@ -29,15 +29,6 @@ from triforce.generate import generate  # noqa: E402
 from triforce.heads import KINDS, load_heads, shipped_heads_path  # noqa: E402
 from triforce.heads.train import accuracy, features, python_docs, token_sequences  # noqa: E402
 
-# The static tree per batch size (branching factors per depth). On a CPU core a verification pass
-# costs compute per token (a 3-token pass ~1.15x an autoregressive step, a 5-token pass ~1.4x:
-# docs/heads.md), so the smallest tree, a chain of two drafts, pays best at both batch sizes.
-TREES = {1: (1, 1), 8: (1, 1)}
-
-
-def tree_for(batch: int) -> tuple:
-    return TREES[1] if batch == 1 else TREES[8]
-
 
 def heldout_prompts(tok, n_tokens: int, batch: int) -> list[torch.Tensor]:
     """``batch`` prompts of ``n_tokens`` held-out tokens (different offsets into the held-out topics,
@@ -90,7 +81,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[500, 6000])
     ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--new", type=int, default=64, help="new tokens per prompt")
-    ap.add_argument("--tree", default=None, help="tree shape for every kind, e.g. 3,2,1,1")
+    # On a CPU core a verification pass costs compute per token (a 3-token pass ~1.15x an autoregressive
+    # step, a 5-token pass ~1.4x: docs/heads.md), so the smallest tree, a chain of two drafts, pays best.
+    ap.add_argument("--tree", default="1,1",
+                    help="tree shape (branching factors per depth) for every kind and table, e.g. 3,2,1,1 (1,1)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="decoding rounds per setting, alternating the methods; the best tokens/s counts")
     ap.add_argument("--skip-accuracy", action="store_true")
@@ -105,6 +99,10 @@ def main() -> None:
                     help="batch 1, context 500, greedy, 16 new tokens, no accuracy table, JSON to /tmp "
                          "(bench/run_all.py --quick)")
     args = ap.parse_args()
+    try:
+        tree = tuple(map(int, args.tree.split(",")))
+    except ValueError:
+        ap.error(f"--tree: branching factors separated by commas, e.g. 3,2,1,1; got {args.tree!r}")
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.quick:
@@ -138,7 +136,6 @@ def main() -> None:
     if not args.skip_decode:
         rows = results.setdefault("decode", {})
         for B in args.batch:
-            tree = tuple(map(int, args.tree.split(","))) if args.tree else tree_for(B)
             for ctx in args.context:
                 prompts = heldout_prompts(tok, ctx, B)
                 with SharedPrefill(model):
@@ -187,7 +184,7 @@ def main() -> None:
         for ctx in args.long_context:
             prompts = heldout_prompts(tok, ctx, 1)
             with SharedPrefill(model):
-                runs = [(kind, "tree", {"draft": h, "tree": tree_for(1)}) for kind, h in sets.items()]
+                runs = [(kind, "tree", {"draft": h, "tree": tree}) for kind, h in sets.items()]
                 runs += [("streaming self-draft", "triforce", {})]
                 runs += [(kind, "triforce", {"draft": h}) for kind, h in sets.items() if kind in args.triforce_kinds]
                 for kind, method, opts in runs:
