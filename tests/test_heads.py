@@ -325,6 +325,39 @@ def test_tree_by_cumulative_probability(kind, temperature):
     assert out.stats["lengths"] == [20, 20, 20]
 
 
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "mlp"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafts_in_the_verification_head_call_change_nothing(monkeypatch, kind, temperature):
+    """The draft logits of every node computed in the verification's LM-head call (a small pass) give
+    the same tokens and the same acceptance as the accepted node's alone, computed after the pass."""
+    import triforce.engines.heads as engine_heads
+
+    m = tiny()
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (40, 57)]
+    h = random_heads(m, kind)
+    calls = []
+    real_head = m.head
+    monkeypatch.setattr(m, "head", lambda z: calls.append(z.shape[1]) or real_head(z))
+
+    def run(method, **opts):
+        calls.clear()
+        out = triforce.generate(m, prompts, method=method, draft=h, max_new_tokens=16, temperature=temperature,
+                                seed=3, **opts)
+        return out, list(calls)
+
+    for method, opts, rows in (("tree", {"tree": (1, 1)}, 3), ("triforce", {"gamma1": 2, "gamma2": 3, "budget": 1000,
+                                                                             "chunk_size": 64}, 3)):
+        fused, fused_calls = run(method, **opts)
+        monkeypatch.setattr(engine_heads, "ROWWISE_MAX_ROWS", 0)  # every draft after the pass, as before
+        apart, apart_calls = run(method, **opts)
+        monkeypatch.setattr(engine_heads, "ROWWISE_MAX_ROWS", 32)
+        assert all(torch.equal(a, b) for a, b in zip(fused.tokens, apart.tokens)), method
+        assert fused.stats["accepted_hist"] == apart.stats["accepted_hist"], method
+        assert fused.stats["target_passes"] == apart.stats["target_passes"], method
+        # fused: one head call per pass, on the nodes and their drafts; apart: a second call per pass
+        assert fused_calls.count(rows * 3) >= 1 and len(apart_calls) > len(fused_calls), (fused_calls, apart_calls)
+
+
 def test_tree_nodes_needs_heads():
     m = tiny()
     with pytest.raises(ValueError, match="tree_nodes: a tree by cumulative probability"):

@@ -23,6 +23,7 @@ import weakref
 import torch
 
 from triforce.models.cache import TokenTree
+from triforce.models.llama import ROWWISE_MAX_ROWS
 
 from .steps import Sampling, advance, static_tree
 
@@ -58,6 +59,7 @@ class HeadDrafter:
         self.hist: torch.Tensor | None = None   # [B, H]: the last committed tokens, the pending one last
         self._tap = _Tap(heads, depth) if heads.reads_layer else None
         self._trees: dict = {}  # static tree shapes drafted so far (steps.static_tree)
+        self._z = self._drafts = None  # the last pass's states; its nodes' draft logits where fused
 
     @property
     def pending(self) -> torch.Tensor:
@@ -177,14 +179,39 @@ class HeadDrafter:
 
     def tree_pass(self, tree: torch.Tensor, cache, parents: TokenTree | None) -> torch.Tensor:
         """The target's verification forward -> float32 logits ``[B, T, V]`` of the tree's nodes; keeps
-        the hidden states the next drafts are read from."""
+        the hidden states the next drafts are read from.
+
+        Where the LM head's input stays within the rows a CPU linear streams at the cost of one
+        (``B * T * (1 + depth) <= ROWWISE_MAX_ROWS``), the draft logits of *every* node ride in the same
+        LM-head call as the verification's (``medusa``/``early_exit``/``hidden_transfer``): the head's
+        weights, the largest matrix of a small model, are read once per step instead of twice. Each
+        row's logits are the same either way; the commit keeps the accepted node's."""
         T = tree.shape[1]
         tap = self._tap
         if tap is not None:
             tap.n = self.extra_width
         self._z = self.target.forward_hidden(tree, cache, parents, tap=tap)
-        self._T = T
-        return self.target.head(self._z[:, :T])
+        self._T, self._drafts = T, None
+        z = self._z[:, :T]
+        if self.heads.kind == "mlp" or z.shape[0] * T * (1 + self.depth) > ROWWISE_MAX_ROWS:
+            return self.target.head(z)
+        drafts = self._draft_inputs()  # [B, T, depth, H]
+        B, H = z.shape[0], z.shape[-1]
+        logits = self.target.head(torch.cat([z, drafts.reshape(B, T * self.depth, H)], 1))
+        self._drafts = logits[:, T:].view(B, T, self.depth, -1)
+        return logits[:, :T]
+
+    def _draft_inputs(self, node: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head's inputs for the ``depth`` drafts after node ``node[b]`` of each row ``[B, depth, H]``
+        (``node=None``: after every node, ``[B, T, depth, H]``), from the last :meth:`tree_pass`."""
+        T, kind = self._T, self.heads.kind
+        if kind == "hidden_transfer":  # node t's pseudo chain sits at T + t*depth + i
+            src = self._z[:, T:].unflatten(1, (T, self.depth))
+        else:
+            src = (self._z if kind == "medusa" else self._tap.h)[:, :T]
+        if node is not None:
+            src = src[torch.arange(src.shape[0], device=src.device), node]
+        return src if kind == "hidden_transfer" else self.heads.states(src, self.depth)
 
     def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None, acceptance=None,
                path: torch.Tensor | None = None) -> None:
@@ -199,23 +226,18 @@ class HeadDrafter:
         rows = torch.arange(B, device=dev)
         last = (adv.long() - 1).clamp(min=0)
         node = last if path is None else path.long()[rows, last]  # the last accepted node
-        kind = self.heads.kind
-        if kind == "mlp":
+        if self.heads.kind == "mlp":
             new = self._z[rows, node]
-        elif kind == "medusa":  # only the depths this drafter uses: each costs a row through the LM head
-            new = self.heads.depth_logits(self.target, self._z[rows, node], self.depth)
-        elif kind == "early_exit":
-            new = self.heads.depth_logits(self.target, self._tap.h[rows, node], self.depth)
-        else:  # hidden_transfer: the pseudo chain of the accepted node
-            k = self.extra_width
-            idx = self._T + node[:, None] * k + torch.arange(k, device=dev)
-            new = self.target.head(self._z[rows[:, None], idx])
+        elif self._drafts is not None:  # computed with the verification's logits (tree_pass)
+            new = self._drafts[rows, node]
+        else:  # only the depths this drafter uses: each costs a row through the LM head
+            new = self.target.head(self._draft_inputs(node))
         moved = adv > 0
         if self.state is None:
             self.state = new
         else:
             self.state = torch.where(moved.view(B, *([1] * (new.dim() - 1))), new, self.state)
-        self._z = None
+        self._z = self._drafts = None
         if self._tap is not None:
             self._tap.h = None
 
