@@ -10,6 +10,7 @@
 
     python bench/bench_heads.py                      # shipped sets, every table
     python bench/bench_heads.py --heads DIR --kinds medusa --batch 1 --context 500
+    python bench/bench_heads.py --skip-accuracy --batch 1 --draft-vocab 4096   # also with draft_vocab=4096
 
 Rows go to bench/results.csv (family ``heads``); every result to bench/heads_results.json.
 """
@@ -85,6 +86,8 @@ def main() -> None:
     # step, a 5-token pass ~1.4x: docs/heads.md), so the smallest tree, a chain of two drafts, pays best.
     ap.add_argument("--tree", default="1,1",
                     help="tree shape (branching factors per depth) for every kind and table, e.g. 3,2,1,1 (1,1)")
+    ap.add_argument("--draft-vocab", type=int, nargs="+", default=[],
+                    help="also decode with each kind drafting from the N most frequent tokens only (draft_vocab)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="decoding rounds per setting, alternating the methods; the best tokens/s counts")
     ap.add_argument("--skip-accuracy", action="store_true")
@@ -105,6 +108,8 @@ def main() -> None:
         ap.error(f"--tree: branching factors separated by commas, e.g. 3,2,1,1; got {args.tree!r}")
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    if any(n < 1 for n in args.draft_vocab):
+        ap.error(f"--draft-vocab: sizes must be at least 1, got {args.draft_vocab}")
     if args.quick:
         import tempfile
 
@@ -140,12 +145,15 @@ def main() -> None:
                 prompts = heldout_prompts(tok, ctx, B)
                 with SharedPrefill(model):
                     for temp in args.temperature:
-                        runs = ["autoregressive"] + list(sets)
-                        speeds: dict = {kind: [] for kind in runs}  # tokens/s per round
+                        # (label, kind, draft vocabulary): each kind with the whole vocabulary, then cut
+                        runs = [("autoregressive", "autoregressive", None)] + [(k, k, None) for k in sets] + [
+                            (f"{k} v{n}", k, n) for n in args.draft_vocab for k in sets]
+                        speeds: dict = {run: [] for run, _, _ in runs}  # tokens/s per round
                         last, base = {}, None
                         for _ in range(args.rounds):  # rounds alternate the methods: drift hits each alike
-                            for kind in runs:
-                                opts = {} if kind == "autoregressive" else {"draft": sets[kind], "tree": tree}
+                            for run, kind, dv in runs:
+                                opts = {} if kind == "autoregressive" else {"draft": sets[kind], "tree": tree,
+                                                                            "draft_vocab": dv}
                                 out = generate(model, prompts, method="autoregressive" if kind == "autoregressive"
                                                else "tree", max_new_tokens=args.new, temperature=temp, seed=0,
                                                **opts)
@@ -153,25 +161,27 @@ def main() -> None:
                                     base = out
                                 same = all(torch.equal(a, b) for a, b in zip(out.tokens, base.tokens))
                                 if temp == 0 and not same:
-                                    raise SystemExit(f"B={B} ctx={ctx}: {kind} changed greedy output")
-                                speeds[kind].append(out.stats["tokens_per_s"])
-                                last[kind] = out.stats
-                        for kind in runs:
-                            s, best = last[kind], max(speeds[kind])
+                                    raise SystemExit(f"B={B} ctx={ctx}: {run} changed greedy output")
+                                speeds[run].append(out.stats["tokens_per_s"])
+                                last[run] = out.stats
+                        for run, kind, dv in runs:
+                            s, best = last[run], max(speeds[run])
                             speed = best / max(speeds["autoregressive"])
                             label = kind if kind == "autoregressive" else f"{kind}@{'-'.join(map(str, tree))}"
+                            label += f" vocab {dv}" if dv else ""
                             key = f"B={B},ctx={ctx},T={temp},{label}"
                             rows[key] = {"tokens_per_s": best, "speedup": speed, "rounds": args.rounds,
                                          "mean_accepted": s["mean_accepted"], "acceptance": s["acceptance"],
                                          "identical": True if temp == 0 else None,
                                          "tree": None if kind == "autoregressive" else tree}
-                            print(f"B={B} ctx={ctx} T={temp} {kind:16s} {best:7.2f} tok/s (best of {args.rounds})  "
+                            print(f"B={B} ctx={ctx} T={temp} {run:16s} {best:7.2f} tok/s (best of {args.rounds})  "
                                   f"x{speed:.2f}  tokens/pass {s['mean_accepted']:.2f}", flush=True)
-                            per, base_per = (sorted(1 / v for v in speeds[k]) for k in (kind, "autoregressive"))
+                            per, base_per = (sorted(1 / v for v in speeds[k]) for k in (run, "autoregressive"))
                             record(family="heads", op=f"generate:tree:{kind}" if kind != "autoregressive"
                                    else "generate:autoregressive", backend="auto",
                                    shape=f"B={B},ctx={ctx},new={args.new},T={temp}" + (
-                                       "" if kind == "autoregressive" else f",tree={'-'.join(map(str, tree))}"),
+                                       "" if kind == "autoregressive" else f",tree={'-'.join(map(str, tree))}")
+                                   + (f",draft_vocab={dv}" if dv else ""),
                                    dtype="float32",
                                    timing={"median_s": per[len(per) // 2], "p10_s": per[0], "p90_s": per[-1]},
                                    baseline="autoregressive",

@@ -400,3 +400,126 @@ def test_cli_generate_with_shipped_heads(smollm2, capsys):
     rc2 = cli.main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "8", "--ignore-eos"])
     assert rc == rc2 == 0 and capsys.readouterr().out == tree_text
     assert cli.main(["generate", "--prompt", "x", "--method", "speculative", "--draft", "medusa"]) == 2
+
+
+# ---- a draft vocabulary (draft_vocab): the heads draft from the most frequent tokens only
+def ranked_heads(model, kind, std=0.3, seed=1):
+    h = random_heads(model, kind, std=std, seed=seed)
+    h.token_rank = torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(seed + 5))
+    return h
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_draft_vocab_greedy_equals_autoregressive_and_drafts_stay_inside(monkeypatch, kind):
+    from triforce.engines.heads import HeadDrafter
+
+    m = tiny()
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (40, 57, 33)]
+    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=24)
+    h = ranked_heads(m, kind)
+    keep = set(h.token_rank[:8].tolist())
+    drafted = []
+    for name in ("propose_tree", "propose_by_probability", "propose"):
+        real = getattr(HeadDrafter, name)
+
+        def spy(self, *a, _real=real, **k):
+            out = _real(self, *a, **k)
+            if self.state is not None:  # past the first step: drafts from the heads
+                drafted.append(out[0][:, 1:] if out[0].shape[1] > 1 and _real.__name__ != "propose" else out[0])
+            return out
+        monkeypatch.setattr(HeadDrafter, name, spy)
+    for method, opts in (("tree", {"tree": (2, 2, 1)}), ("tree", {"tree": (1, 1)}), ("tree", {"tree_nodes": (3, 2)}),
+                         ("triforce", {"gamma1": 2, "gamma2": 3, "budget": 16, "chunk_size": 4, "rebuild_stride": 8})):
+        drafted.clear()
+        out = triforce.generate(m, prompts, method=method, draft=h, max_new_tokens=24, draft_vocab=8, **opts)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), (method, opts)
+        assert drafted and set(torch.cat([d.flatten() for d in drafted]).tolist()) <= keep, (method, opts)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_draft_vocab_logits_are_the_heads_restricted(kind):
+    """The drafter's logits with a draft vocabulary: the heads' own logits on the kept tokens, -inf elsewhere."""
+    from triforce.engines.heads import HeadDrafter
+    from triforce.engines.steps import Sampling
+
+    m = tiny()
+    h = ranked_heads(m, kind)
+    full = HeadDrafter(m, h, Sampling(0.0, None, None, None), 2)
+    cut = HeadDrafter(m, h, Sampling(0.0, None, None, None), 2, draft_vocab=10)
+    x = torch.randn(3, 2, 32)
+    a, b = full._head(x), cut._head(x)
+    keep = torch.zeros(64, dtype=torch.bool)
+    keep[h.token_rank[:10]] = True
+    assert torch.allclose(b[..., keep], a[..., keep], rtol=1e-5, atol=1e-5)
+    assert torch.isneginf(b[..., ~keep]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_draft_vocab_sampled_distribution(exact34, kind):
+    """Drafts from 5 of 16 tokens (zero draft probability elsewhere): still the target's distribution."""
+    from tests.test_engines_sampling import chi2_pvalue
+
+    m, prompt, p34 = exact34
+    out = triforce.generate(m, prompt.expand(N, P), method="tree", draft=ranked_heads(m, kind, std=0.5),
+                            max_new_tokens=4, temperature=1.0, seed=7, tree=(2, 2, 1), draft_vocab=5)
+    t = torch.stack(out.tokens).numpy()
+    c34 = np.zeros((V, V))
+    np.add.at(c34, (t[:, 2], t[:, 3]), 1)
+    assert out.stats["acceptance"]["tree->full"] > 0.02
+    assert chi2_pvalue(c34, p34) > 1e-3
+
+
+def test_draft_vocab_errors_and_saved_ranking(tmp_path):
+    m = tiny()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    h = random_heads(m, "medusa")
+    with pytest.raises(ValueError, match="draft_vocab: these heads carry no token ranking"):
+        triforce.generate(m, ids, method="tree", draft=h, tree=(1, 1), max_new_tokens=2, draft_vocab=8)
+    h.token_rank = torch.arange(64).flip(0)
+    with pytest.raises(ValueError, match="draft_vocab: at most vocab_size=64"):
+        triforce.generate(m, ids, method="tree", draft=h, tree=(1, 1), max_new_tokens=2, draft_vocab=65)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="draft_vocab: expected an int >= 1"):
+            triforce.generate(m, ids, method="tree", draft=h, tree=(1, 1), max_new_tokens=2, draft_vocab=bad)
+    with pytest.raises(ValueError, match="draft_vocab: a draft vocabulary restricts trained heads"):
+        triforce.generate(m, ids, method="tree", max_new_tokens=2, draft_vocab=8)
+    with pytest.raises(TypeError, match="draft_vocab"):
+        triforce.generate(m, ids, method="speculative", max_new_tokens=2, draft_vocab=8)
+    # the whole vocabulary as the draft vocabulary drafts as without one
+    ref = triforce.generate(m, ids, method="tree", draft=h, tree=(1, 1), max_new_tokens=12)
+    out = triforce.generate(m, ids, method="tree", draft=h, tree=(1, 1), max_new_tokens=12, draft_vocab=64)
+    assert torch.equal(out.tokens[0], ref.tokens[0]) and out.stats["accepted_hist"] == ref.stats["accepted_hist"]
+    # saved and loaded with the set; a file whose ranking is not a permutation is refused
+    h.save(tmp_path / "h.safetensors")
+    assert torch.equal(load_heads(tmp_path / "h.safetensors", m).token_rank, h.token_rank)
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "h.safetensors"), "pt") as f:
+        meta = f.metadata()
+    sd = load_file(tmp_path / "h.safetensors")
+    sd["token_rank"] = torch.zeros(64, dtype=torch.int64)
+    save_file(sd, tmp_path / "bad.safetensors", metadata=meta)
+    with pytest.raises(ValueError, match="token_rank must hold each of the 64 token ids once"):
+        load_heads(tmp_path / "bad.safetensors", m)
+
+
+def test_training_writes_a_token_ranking(tmp_path):
+    m = tiny()
+    cfg = TrainConfig(kind="medusa", depth=2, steps=2, distill_steps=0, seq_len=32, sequences=4, generated=0,
+                      batch=2, positions=8, ce_positions=8)
+    train(m, _Tok(), cfg, str(tmp_path), progress=False, log=lambda s: None, eval_rows=16)
+    from triforce.heads.train import python_docs, token_sequences
+
+    rank = load_heads(tmp_path / "medusa.safetensors", m).token_rank
+    counts = torch.bincount(token_sequences(_Tok(), python_docs()[0], 32, 4).flatten(), minlength=64)
+    assert torch.equal(counts[rank], counts[rank].sort(descending=True).values)  # most frequent first
+    assert torch.equal(rank, torch.sort(-counts, stable=True).indices)           # ties in id order
+
+
+def test_shipped_sets_carry_a_token_ranking():
+    from triforce.heads import TRAINED_DIR
+
+    for path in sorted(TRAINED_DIR.glob("*.safetensors")):
+        h = load_heads(path)
+        assert h.token_rank is not None and h.token_rank.numel() == h.target["vocab_size"], path

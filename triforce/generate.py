@@ -94,8 +94,12 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         if method not in ("tree", "triforce"):
             raise ValueError(f"draft: trained heads ({draft!r}) draft for method='tree' or 'triforce' (its bottom "
                              f"level) only, not {method!r}")
-    elif draft is not None and draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError("draft: its vocab_size must equal the target's")
+    else:
+        if options.get("draft_vocab") is not None:
+            raise ValueError("draft_vocab: a draft vocabulary restricts trained heads (draft='medusa', 'mlp', "
+                             "'hidden_transfer', 'early_exit', a DraftHeads or a saved set's path)")
+        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError("draft: its vocab_size must equal the target's")
     generator = None
     if seed is not None:
         generator = torch.Generator(prompts[0].device).manual_seed(int(seed))

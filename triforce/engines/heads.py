@@ -53,8 +53,9 @@ class _Tap:
 class HeadDrafter:
     """Drafts token trees from trained heads on the target's hidden states (see the module docstring)."""
 
-    def __init__(self, target, heads, sampling: Sampling, depth: int):
+    def __init__(self, target, heads, sampling: Sampling, depth: int, draft_vocab: int | None = None):
         self.target, self.heads, self.sampling, self.depth = target, heads, sampling, depth
+        self._vocab = _DraftVocab(target, heads, draft_vocab) if draft_vocab is not None else None
         self.state: torch.Tensor | None = None  # per row: depth logits [B, k, V], or mlp's root state [B, H]
         self.hist: torch.Tensor | None = None   # [B, H]: the last committed tokens, the pending one last
         self._tap = _Tap(heads, depth) if heads.reads_layer else None
@@ -90,7 +91,7 @@ class HeadDrafter:
             width = n - lo
             if states is not None:  # mlp: stage `depth` on (parent state, node token) for every node of the level
                 states = self.heads.stage(self.target, depth, states, tokens[:, lo:n])
-                logits = self.heads.stage_logits(self.target, depth, states)  # [B, |level|, V]
+                logits = self._head(self.heads.stage_input(depth, states))  # [B, |level|, V]
             else:
                 logits = self.state[:, depth: depth + 1].expand(B, width, -1)
             child, p = sampling.sample(logits.reshape(B * width, -1), k)
@@ -120,7 +121,7 @@ class HeadDrafter:
         for depth, w in enumerate(widths):
             if states is not None:
                 states = self.heads.stage(self.target, depth, states, level_tokens)
-                logits = self.heads.stage_logits(self.target, depth, states)
+                logits = self._head(self.heads.stage_input(depth, states))
             else:
                 logits = self.state[:, depth: depth + 1]                # the same for every node of the level
             logp = torch.log_softmax(logits.float() / max(self.sampling.temperature, 1e-6) if not self.sampling.greedy
@@ -157,7 +158,7 @@ class HeadDrafter:
         for i in range(gamma):
             if s is not None:
                 s = self.heads.stage(self.target, i, s, tok)
-                logits = self.heads.stage_logits(self.target, i, s)
+                logits = self._head(self.heads.stage_input(i, s))
             else:
                 logits = self.state[:, i]
             t, p = sampling.sample(logits)
@@ -199,7 +200,14 @@ class HeadDrafter:
         B, H = z.shape[0], z.shape[-1]
         logits = self.target.head(torch.cat([z, drafts.reshape(B, T * self.depth, H)], 1))
         self._drafts = logits[:, T:].view(B, T, self.depth, -1)
+        if self._vocab is not None:
+            self._drafts.masked_fill_(self._vocab.outside, float("-inf"))
         return logits[:, :T]
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """Draft logits (float32 ``[..., V]``) of LM-head inputs ``x``: the target's head, or with a draft
+        vocabulary its rows of the vocabulary only (``-inf`` elsewhere)."""
+        return self.target.head(x) if self._vocab is None else self._vocab.logits(x)
 
     def _draft_inputs(self, node: torch.Tensor | None = None) -> torch.Tensor:
         """The LM head's inputs for the ``depth`` drafts after node ``node[b]`` of each row ``[B, depth, H]``
@@ -231,7 +239,7 @@ class HeadDrafter:
         elif self._drafts is not None:  # computed with the verification's logits (tree_pass)
             new = self._drafts[rows, node]
         else:  # only the depths this drafter uses: each costs a row through the LM head
-            new = self.target.head(self._draft_inputs(node))
+            new = self._head(self._draft_inputs(node))
         moved = adv > 0
         if self.state is None:
             self.state = new
@@ -240,6 +248,41 @@ class HeadDrafter:
         self._z = self._drafts = None
         if self._tap is not None:
             self._tap.h = None
+
+
+class _DraftVocab:
+    """A draft vocabulary (FR-Spec, Zhao et al. 2025): the heads draft only from the ``size`` tokens
+    ranked first by ``heads.token_rank`` (the most frequent in their training text). Their distribution
+    is the heads' softmax over those tokens (``-inf`` logits elsewhere), and the LM head's matmul while
+    drafting covers only those rows, gathered once. The verifier reads the whole vocabulary, so the
+    output is the target's whatever the drafts: a smaller vocabulary trades acceptance for cheaper drafts."""
+
+    def __init__(self, target, heads, size: int):
+        V = target.config.vocab_size
+        if heads.token_rank is None:
+            raise ValueError("draft_vocab: these heads carry no token ranking to choose the draft vocabulary "
+                             "from (sets saved by `python -m triforce train-heads` carry one)")
+        if size > V:
+            raise ValueError(f"draft_vocab: at most vocab_size={V}, got {size}")
+        weight = getattr(target.lm_head, "weight", None)
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or getattr(target.lm_head, "bias",
+                                                                                              None) is not None:
+            raise ValueError(f"draft_vocab: needs a dense LM head without bias, the target has a "
+                             f"{type(target.lm_head).__name__}")
+        from triforce.models.llama import Linear
+
+        self.ids = heads.token_rank[:size].sort().values.to(weight.device)
+        self.outside = torch.ones(V, dtype=torch.bool, device=weight.device)
+        self.outside[self.ids] = False
+        self.V = V
+        self.linear = Linear(weight.shape[1], size, bias=False, device=weight.device, dtype=weight.dtype)
+        self.linear.weight = torch.nn.Parameter(weight.detach()[self.ids].contiguous(), requires_grad=False)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        sub = self.linear(x).float()
+        out = sub.new_full((*sub.shape[:-1], self.V), float("-inf"))
+        out[..., self.ids] = sub
+        return out
 
 
 def is_heads_source(draft) -> bool:

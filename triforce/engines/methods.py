@@ -65,6 +65,10 @@ OPTIONS: dict[str, Option] = {
     "tree_nodes": Option(None, _optional(_tree_shape), "tree with trained heads: nodes per depth chosen by "
                                                        "cumulative probability, e.g. (4, 4, 2, 2), instead of "
                                                        "the static shape"),
+    "draft_vocab": Option(None, _optional(_POS), "tree, triforce with trained heads: draft only from the N "
+                                                 "tokens most frequent in the heads' training text (a "
+                                                 "cheaper LM head while drafting; the verifier reads every "
+                                                 "token, so the output is unchanged); default: every token"),
     "draft_layers": Option(None, _optional(_POS), "layers of the layer-skip draft (speculative: default half "
                                                   "the target's layers; triforce: default none, the whole "
                                                   "target on its StreamingLLM window)"),
@@ -94,9 +98,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "the target on a StreamingLLM (or retrieval) cache drafts for the full-cache target",
            overrides=(("budget", None),)),
     Method("triforce", triforce.run, ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
-                                    "window", "draft_layers", "recent"),
+                                    "window", "draft_layers", "recent", "draft_vocab"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
-    Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes"),
+    Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes", "draft_vocab"),
            "a static token tree drafted by the self-draft, verified in one tree-masked pass"),
 )}
 

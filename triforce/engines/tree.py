@@ -55,13 +55,14 @@ def tree_step(d: Decode, drafter, cache, active, shape, parents_row, widths=None
     d.emit(tokens, adv, active)
 
 
-def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree_nodes=None) -> tuple:
+def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree_nodes=None,
+        draft_vocab: int | None = None) -> tuple:
     from triforce.models.cache import StreamingCache
 
     shape = tree
     parents_row = tree_parents(shape)
     if is_heads_source(draft):
-        return run_heads(d, draft, shape, parents_row, tree_nodes)
+        return run_heads(d, draft, shape, parents_row, tree_nodes, draft_vocab)
     if tree_nodes is not None:
         raise ValueError("tree_nodes: a tree by cumulative probability is built from trained heads "
                          "(draft='medusa', 'mlp', 'hidden_transfer', 'early_exit' or a DraftHeads)")
@@ -79,7 +80,7 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree
     return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row))
 
 
-def run_heads(d: Decode, draft, shape, parents_row, widths) -> tuple:
+def run_heads(d: Decode, draft, shape, parents_row, widths, draft_vocab: int | None = None) -> tuple:
     heads = heads_for(d.target, draft)
     levels, name = (len(widths), "tree_nodes") if widths is not None else (len(shape), "tree")
     if levels > heads.depth:
@@ -88,7 +89,7 @@ def run_heads(d: Decode, draft, shape, parents_row, widths) -> tuple:
     vocab = d.target.config.vocab_size
     if max(widths or shape) > vocab:
         raise ValueError(f"{name}: at most vocab_size={vocab} candidates per node, got {widths or shape}")
-    drafter = HeadDrafter(d.target, heads, d.sampling, levels)
+    drafter = HeadDrafter(d.target, heads, d.sampling, levels, draft_vocab)
     nodes = 1 + sum(widths) if widths is not None else len(parents_row)
     d.setup(width=nodes * (1 + drafter.extra_width))
     cache = d.full_cache(d.target)

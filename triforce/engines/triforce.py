@@ -91,7 +91,7 @@ def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int)
 
 
 def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
-        sink: int, window: int, draft_layers: int | None, recent: int) -> tuple:
+        sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None = None) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     target = d.target
@@ -102,7 +102,7 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
         if gamma1 > heads.depth:
             raise ValueError(f"gamma1: {gamma1} drafts need heads of depth >= {gamma1}; these {heads.kind} heads "
                              f"draft {heads.depth} tokens")
-        bottom = HeadDrafter(target, heads, d.sampling, gamma1)
+        bottom = HeadDrafter(target, heads, d.sampling, gamma1, draft_vocab)
         extra = bottom.extra_width
         d.setup(width=(1 + cap) * (1 + extra))
     else:

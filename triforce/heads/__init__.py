@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from .modules import (KINDS, DraftHeads, EarlyExitHeads, HiddenTransfer, MedusaHeads, MLPSpeculator,  # noqa: F401
-                      default_layer, load_heads, make_heads, target_identity)
+                      default_layer, load_heads, make_heads, target_identity, token_rank)
 
 TRAINED_DIR = Path(__file__).parent / "trained"
 

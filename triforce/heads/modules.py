@@ -33,6 +33,13 @@ from triforce.models.llama import RMSNorm
 
 KINDS = ("medusa", "mlp", "hidden_transfer", "early_exit")
 FORMAT = 1
+TOKEN_RANK = "token_rank"  # the saved set's tensor holding DraftHeads.token_rank (absent: no ranking)
+
+
+def token_rank(counts: torch.Tensor) -> torch.Tensor:
+    """Token ids by ``counts`` (``[vocab_size]``), most frequent first; ties (unseen tokens among them) in
+    id order -> int64 ``[vocab_size]``."""
+    return torch.sort(-counts.to(torch.float64), stable=True).indices
 
 
 def default_layer(num_hidden_layers: int) -> int:
@@ -81,6 +88,9 @@ class DraftHeads(nn.Module):
         self.depth, self.layer = depth, layer
         self.target = target_identity(config)
         self.hidden_size, self.eps = config.hidden_size, config.rms_norm_eps
+        # The target's token ids, most frequent in the training text first (int64 [vocab_size]), or None:
+        # what a draft vocabulary (generate's ``draft_vocab``) keeps. Not a parameter: saved beside them.
+        self.token_rank: torch.Tensor | None = None
 
     # ---- identity, saving, loading
     def meta(self) -> dict:
@@ -109,6 +119,8 @@ class DraftHeads(nn.Module):
         from safetensors.torch import save_file
 
         sd = {k: v.detach().float().contiguous().cpu() for k, v in self.state_dict().items()}
+        if self.token_rank is not None:
+            sd[TOKEN_RANK] = self.token_rank.to(torch.int64).contiguous().cpu()
         tmp = f"{os.fspath(path)}.tmp"
         save_file(sd, tmp, metadata={"triforce_heads": json.dumps(self.meta())})
         os.replace(tmp, path)
@@ -176,8 +188,12 @@ class MLPSpeculator(DraftHeads):
         emb = _rms(model.model.embed_tokens(tokens).to(state.dtype))
         return F.gelu(self.ln[i](self.a * self.proj[i](state) + self.b * emb))
 
+    def stage_input(self, i: int, state: torch.Tensor) -> torch.Tensor:
+        """The LM head's input for stage ``i``'s token, from the state ``stage`` returned."""
+        return self.out_norm[i](self.out[i](state))
+
     def stage_logits(self, model, i: int, state: torch.Tensor) -> torch.Tensor:
-        return model.head(self.out_norm[i](self.out[i](state)))
+        return model.head(self.stage_input(i, state))
 
     def teacher_forced(self, model, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Training: ``z [N, H]`` at positions ``t``, ``tokens [N, depth]`` = ``x_{t+1} .. x_{t+depth}``
@@ -273,6 +289,13 @@ def load_heads(path: str | os.PathLike, model=None) -> DraftHeads:
 
     heads = _CLASSES[meta["kind"]](_Cfg, meta["depth"], meta["layer"])
     heads.target = t
+    rank = sd.pop(TOKEN_RANK, None)
+    if rank is not None:
+        V = t["vocab_size"]
+        if (rank.dim() != 1 or rank.dtype != torch.int64 or rank.numel() != V
+                or not torch.equal(rank.sort().values, torch.arange(V))):
+            raise ValueError(f"{path!r}: {TOKEN_RANK} must hold each of the {V} token ids once (int64)")
+        heads.token_rank = rank
     try:
         heads.load_state_dict(sd)
     except RuntimeError as e:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from .modules import KINDS, DraftHeads, HiddenTransfer, MLPSpeculator, make_heads
+from .modules import KINDS, DraftHeads, HiddenTransfer, MLPSpeculator, make_heads, token_rank
 
 
 LABELS = ("text", "target")
@@ -363,6 +363,8 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
         if done == stop_after:
             return heads, {"history": history, "eval": None}
 
+    # the training text's token counts rank the vocabulary for a draft vocabulary (generate's draft_vocab)
+    heads.token_rank = token_rank(torch.bincount(text.flatten(), minlength=model.config.vocab_size))
     heads.save(os.path.join(out_dir, f"{cfg.kind}.safetensors"))
     _, held_text = python_docs()
     held = features(model, token_sequences(tok, held_text, cfg.seq_len, 32), layer, isinstance(heads, HiddenTransfer))
