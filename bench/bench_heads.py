@@ -58,7 +58,10 @@ def markdown(results: dict) -> str:
     if dec:
         out += ["| batch | context | temperature | draft | tree | tok/s | speed-up | tokens / target pass | same output |",
                 "|---|---|---|---|---|---|---|---|---|"]
-        for key, r in dec.items():
+        def setting(item):  # (batch, context, temperature); rows of one setting keep their order
+            return tuple(float(part.split("=")[1]) for part in item[0].split(",")[:3])
+
+        for key, r in sorted(dec.items(), key=setting):
             b, c, t, kind = key.split(",")
             same = {None: "-", True: "yes", False: "NO"}[r["identical"]]
             out.append(f"| {b[2:]} | {c[4:]} | {t[2:]} | {kind} | {r['tree'] or '-'} | {r['tokens_per_s']:.2f} | "
