@@ -523,3 +523,65 @@ def test_shipped_sets_carry_a_token_ranking():
     for path in sorted(TRAINED_DIR.glob("*.safetensors")):
         h = load_heads(path)
         assert h.token_rank is not None and h.token_rank.numel() == h.target["vocab_size"], path
+
+
+# ---- property test: every kind, tree / tree_nodes / triforce, ragged batches, with and without a draft
+# vocabulary, the shared LM-head call on and off (the batch decides): greedy output is autoregressive's
+from hypothesis import given, strategies as st  # noqa: E402
+
+
+@given(data=st.data())
+def test_heads_random_batches_trees_and_draft_vocab(data):
+    from triforce.engines.heads import HeadDrafter
+
+    kind = data.draw(st.sampled_from(KINDS), label="kind")
+    m = tiny(seed=data.draw(st.integers(0, 3), label="model"))
+    depth = data.draw(st.integers(1, 3), label="depth")
+    h = ranked_heads(m, kind, seed=data.draw(st.integers(0, 9), label="heads"))
+    if depth != h.depth:
+        h = random_heads(m, kind, depth=depth)
+        h.token_rank = torch.randperm(64, generator=torch.Generator().manual_seed(depth))
+    B = data.draw(st.integers(1, 4), label="batch")
+    lens = data.draw(st.lists(st.integers(20, 60), min_size=B, max_size=B), label="lens")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in lens]
+    build = data.draw(st.sampled_from(["tree", "tree_nodes", "triforce"]), label="build")
+    if build == "tree":
+        opts = {"tree": tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=depth), label="tree"))}
+    elif build == "tree_nodes":
+        opts = {"tree_nodes": tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=depth), label="w"))}
+    else:
+        chunk = data.draw(st.integers(1, 4), label="chunk")
+        opts = {"gamma1": data.draw(st.integers(1, depth), label="gamma1"), "gamma2": data.draw(st.integers(1, 6)),
+                "chunk_size": chunk, "budget": data.draw(st.integers(3 * chunk, 8 * chunk), label="budget"),
+                "rebuild_stride": data.draw(st.integers(1, 16), label="stride")}
+    vocab = data.draw(st.sampled_from([None, 1, 5, 64]) | st.integers(1, 64), label="draft_vocab")
+    temperature = data.draw(st.sampled_from([0.0, 0.0, 1.0]), label="temperature")
+    max_new = data.draw(st.integers(1, 20), label="max_new")
+    keep = set(h.token_rank[:vocab].tolist()) if vocab else set(range(64))
+    drafted = []  # every draft distribution: the drafter's own LM-head calls and the committed states
+    real_head, real_take = HeadDrafter._head, HeadDrafter._take_state
+
+    def head(self, x):
+        out = real_head(self, x)
+        drafted.append(out)
+        return out
+
+    def take(self, adv, path):
+        real_take(self, adv, path)
+        if self.heads.kind != "mlp":  # the depth logits, from the verification's call or the drafter's
+            drafted.append(self.state)
+    HeadDrafter._head, HeadDrafter._take_state = head, take
+    try:
+        out = triforce.generate(m, prompts, method="triforce" if build == "triforce" else "tree", draft=h,
+                                max_new_tokens=max_new, temperature=temperature, seed=1, draft_vocab=vocab, **opts)
+    finally:
+        HeadDrafter._head, HeadDrafter._take_state = real_head, real_take
+    for logits in drafted:
+        finite = torch.isfinite(logits).flatten(0, -2).any(0).nonzero().flatten().tolist()
+        assert set(finite) <= keep, (kind, build, vocab)
+    assert out.lengths == [max_new] * B
+    assert all(t.shape == (max_new,) and bool(((t >= 0) & (t < 64)).all()) for t in out.tokens)
+    if temperature == 0:
+        ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=max_new)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), (kind, build, opts, vocab)
