@@ -585,3 +585,109 @@ def test_heads_random_batches_trees_and_draft_vocab(data):
     if temperature == 0:
         ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=max_new)
         assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), (kind, build, opts, vocab)
+
+
+# ---- training on your own text, and fine-tuning a saved set
+def _write_text(path, paragraphs, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "beta", "gamma", "delta", "kernel", "cache", "tree", "draft"]
+    path.write_text("\n\n".join(" ".join(rng.choice(words, 60)) for _ in range(paragraphs)), encoding="utf-8")
+    return str(path)
+
+
+def test_corpus_from_text_files(tmp_path):
+    from triforce.heads.train import PIECE_CHARS, corpus, python_docs
+
+    assert corpus(()) == python_docs()
+    a, b = _write_text(tmp_path / "a.txt", 40), _write_text(tmp_path / "b.txt", 25, seed=1)
+
+    def in_order(paths):  # the pieces in file order: the held-out one is the first of every ten
+        train_text, held = corpus(paths)
+        n = len(train_text) + len(held)
+        assert len(held) == (n + 9) // 10
+        return [held[i // 10] if i % 10 == 0 else train_text[i - i // 10 - 1] for i in range(n)]
+
+    pieces_a, pieces_b = in_order((a,)), in_order((b,))
+    for pieces, path in ((pieces_a, a), (pieces_b, b)):
+        assert len(pieces) >= 3 and all(len(p) >= PIECE_CHARS for p in pieces[:-1])  # the last may be shorter
+        assert "\n\n".join(pieces) == open(path, encoding="utf-8").read()          # cut at blank lines, nothing lost
+    assert in_order((a, b)) == pieces_a + pieces_b
+    (tmp_path / "short.txt").write_text("one paragraph only", encoding="utf-8")
+    with pytest.raises(ValueError, match="text: 1 piece"):
+        corpus((str(tmp_path / "short.txt"),))
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\xfa" * 100)
+    with pytest.raises(ValueError, match="cannot read .*bin.txt.* as UTF-8"):
+        corpus((str(tmp_path / "bin.txt"),))
+
+
+def test_training_on_text_files_and_fine_tuning(tmp_path):
+    m = tiny()
+    text = _write_text(tmp_path / "t.txt", 80)
+    base = dict(kind="mlp", depth=2, steps=3, distill_steps=1, seq_len=32, sequences=8, generated=2, batch=2,
+                positions=8, ce_positions=8, text=(text,))
+    first, _ = train(m, _Tok(), TrainConfig(**base), str(tmp_path / "a"), progress=False, log=lambda s: None,
+                     eval_rows=16)
+    saved = str(tmp_path / "a" / "mlp.safetensors")
+    # the ranking is the file's: its most frequent byte (mod 64) first
+    from triforce.heads.train import corpus, token_sequences
+
+    counts = torch.bincount(token_sequences(_Tok(), corpus((text,))[0], 32, 8).flatten(), minlength=64)
+    assert int(load_heads(saved, m).token_rank[0]) == int(counts.argmax())
+    # fine-tuning starts from the saved set: with a vanishing learning rate it ends where it started
+    tuned, _ = train(m, _Tok(), TrainConfig(**{**base, "init": saved, "lr": 1e-12}), str(tmp_path / "b"),
+                     progress=False, log=lambda s: None, eval_rows=16)
+    fresh, _ = train(m, _Tok(), TrainConfig(**{**base, "lr": 1e-12}), str(tmp_path / "c"), progress=False,
+                     log=lambda s: None, eval_rows=16)
+    for (k, x), (_, y), (_, z) in zip(first.state_dict().items(), tuned.state_dict().items(),
+                                      fresh.state_dict().items()):
+        assert torch.allclose(x, y, atol=1e-6), k
+    assert any(not torch.allclose(x, z, atol=1e-3) for x, z in zip(first.state_dict().values(),
+                                                                   fresh.state_dict().values()))
+    # a checkpoint records the text and the starting set: resuming with others is refused, naming them
+    train(m, _Tok(), TrainConfig(**base), str(tmp_path / "d"), stop_after=1, progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="other settings.*init"):
+        train(m, _Tok(), TrainConfig(**{**base, "init": saved}), str(tmp_path / "d"), resume=True, progress=False,
+              log=lambda s: None)
+    other = _write_text(tmp_path / "u.txt", 80, seed=3)
+    with pytest.raises(ValueError, match="other settings.*text"):
+        train(m, _Tok(), TrainConfig(**{**base, "text": (other,)}), str(tmp_path / "d"), resume=True,
+              progress=False, log=lambda s: None)
+
+
+def test_fine_tuning_errors(tmp_path):
+    m = tiny()
+    text = _write_text(tmp_path / "t.txt", 80)
+    cfg = dict(kind="medusa", depth=2, steps=1, distill_steps=0, seq_len=32, sequences=4, generated=0, batch=2,
+               positions=8, ce_positions=8, text=(text,))
+    h = random_heads(m, "medusa", depth=3)
+    h.save(tmp_path / "d3.safetensors")
+    with pytest.raises(ValueError, match="init: .*holds a medusa set of depth 3, layer None; this run trains "
+                                         "medusa of depth 2"):
+        train(m, _Tok(), TrainConfig(**{**cfg, "init": str(tmp_path / "d3.safetensors")}), str(tmp_path / "o"),
+              progress=False, log=lambda s: None)
+    with pytest.raises(FileNotFoundError, match="init: no head set"):
+        TrainConfig(**{**cfg, "init": str(tmp_path / "none.safetensors")}).check()
+    with pytest.raises(FileNotFoundError, match="text: no such file"):
+        TrainConfig(**{**cfg, "text": (str(tmp_path / "none.txt"),)}).check()
+    with pytest.raises(ValueError, match="text: expected a tuple of file paths"):
+        TrainConfig(**{**cfg, "text": text}).check()
+    with pytest.raises(ValueError, match="held-out pieces .* too short"):
+        train(m, _Tok(), TrainConfig(**{**cfg, "seq_len": 100000}), str(tmp_path / "o"), progress=False,
+              log=lambda s: None)
+
+
+def test_cli_fine_tunes_a_shipped_set_on_text(smollm2, tmp_path, capsys):
+    from triforce import cli
+
+    text = _write_text(tmp_path / "t.txt", 40)
+    rc = cli.main(["train-heads", "--kind", "medusa", "--init", "shipped", "--text", text, "--out",
+                   str(tmp_path / "out"), "--steps", "2", "--distill-steps", "0", "--sequences", "2",
+                   "--seq-len", "16", "--positions", "4", "--batch", "1", "--no-progress"])
+    assert rc == 0
+    path = capsys.readouterr().out.strip().splitlines()[-1]
+    model, _ = smollm2
+    tuned, shipped = load_heads(path, model), load_heads(shipped_heads_path(model, "medusa"), model)
+    # two small steps from the shipped weights, not from the identity
+    for (k, x), (_, y) in zip(tuned.state_dict().items(), shipped.state_dict().items()):
+        assert (x - y).abs().max() < 0.05, k
+    assert not torch.equal(tuned.token_rank, shipped.token_rank)  # ranked by the new text

@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train-heads", help="train draft heads (medusa, mlp, hidden_transfer, early_exit) on this CPU",
                        description="Train draft heads on the target's own hidden states, offline: phase 1 on "
-                                   "Python's documentation (pydoc_data), phase 2 on the target's own generations. "
+                                   "Python's documentation (pydoc_data) or your --text files, phase 2 on the "
+                                   "target's own generations (from prompts cut from that text). "
                                    "Writes KIND.safetensors, KIND.ckpt, KIND-loss.png, KIND-eval.json under --out "
                                    "(docs/heads.md).")
     t.add_argument("--kind", nargs="+", choices=list(HEAD_KINDS) + ["all"], default=["medusa"],
@@ -247,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what each depth's cross-entropy is taken against: the text's next tokens (default) or "
                         "the target's own next-token distribution at that position (self-distillation)")
     t.add_argument("--checkpoint-every", metavar="N", type=_int(1), default=50, help="steps between checkpoints (50)")
+    t.add_argument("--text", metavar="FILE", nargs="+", default=None,
+                   help="UTF-8 text files to train on instead of Python's documentation (cut at blank lines into "
+                        "pieces of ~2000 characters; every 10th piece is held out for the evaluation)")
+    t.add_argument("--init", metavar="SET", default=None,
+                   help="start from this saved set (same kind, depth and layer), or 'shipped': the set shipped "
+                        "for the model, of each --kind; with --text, fine-tunes it on your text")
     _add_model_args(t)
     _add_common(t)
 
@@ -532,10 +539,17 @@ def cmd_train_heads(args) -> int:
         if tok is None:
             raise ValueError(f"model {args.model!r} has no tokenizer (train-heads tokenizes its training text)")
     for kind in kinds:
+        init = args.init
+        if init == "shipped":
+            from .heads import shipped_heads_path
+
+            init = str(shipped_heads_path(model, kind))
         cfg = TrainConfig(kind=kind, depth=args.depth, layer=args.layer, steps=args.steps,
                           distill_steps=args.distill_steps, seq_len=args.seq_len, sequences=args.sequences,
                           generated=args.generated, batch=args.batch, positions=args.positions, lr=args.lr,
-                          seed=args.seed, labels=args.labels)
+                          seed=args.seed, labels=args.labels,
+                          text=tuple(os.path.abspath(p) for p in args.text or ()),
+                          init=None if init is None else os.path.abspath(init))
         train(model, tok, cfg, args.out, resume=args.resume, checkpoint_every=args.checkpoint_every,
               progress=args.progress is not False, log=lambda m: print(m, file=sys.stderr, flush=True))
         print(os.path.join(args.out, f"{kind}.safetensors"))

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from .modules import KINDS, DraftHeads, HiddenTransfer, MLPSpeculator, make_heads, token_rank
+from .modules import KINDS, DraftHeads, HiddenTransfer, MLPSpeculator, load_heads, make_heads, token_rank
 
 
 LABELS = ("text", "target")
@@ -57,6 +57,8 @@ class TrainConfig:
     reg_weight: float = 1.0
     seed: int = 0
     labels: str = "text"        # "text": the next tokens of the text; "target": the target's distribution there
+    text: tuple = ()            # UTF-8 text files to train on (empty: Python's documentation)
+    init: str | None = None     # a saved set of the same kind, depth and layer to start from (fine-tuning)
 
     def check(self) -> None:
         if self.kind not in KINDS:
@@ -77,6 +79,13 @@ class TrainConfig:
             raise ValueError(f"lr: expected > 0, got {self.lr!r}")
         if self.labels not in LABELS:
             raise ValueError(f"labels: expected one of {', '.join(LABELS)}, got {self.labels!r}")
+        if isinstance(self.text, (str, os.PathLike)) or not all(isinstance(p, str) for p in self.text):
+            raise ValueError(f"text: expected a tuple of file paths, got {self.text!r}")
+        for p in self.text:
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"text: no such file {p!r}")
+        if self.init is not None and not os.path.isfile(self.init):
+            raise FileNotFoundError(f"init: no head set at {self.init!r}")
 
 
 # ---- data
@@ -88,6 +97,36 @@ def python_docs() -> tuple[list[str], list[str]]:
     train = [topics[k] for i, k in enumerate(keys) if i % 10]
     held = [topics[k] for i, k in enumerate(keys) if not i % 10]
     return train, held
+
+
+PIECE_CHARS = 2000  # a text file is cut at blank lines into pieces of at least this many characters
+
+
+def corpus(paths=()) -> tuple[list[str], list[str]]:
+    """(training texts, held-out texts): Python's documentation (:func:`python_docs`) when ``paths`` is
+    empty, else the UTF-8 files ``paths`` cut at blank lines into pieces of at least ``PIECE_CHARS``
+    characters, every 10th piece held out (the first of every ten, so one is held out from the start)."""
+    if not paths:
+        return python_docs()
+    pieces = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"text: cannot read {path!r} as UTF-8 text ({type(e).__name__}: {e})") from None
+        piece = ""
+        for para in text.split("\n\n"):
+            piece = f"{piece}\n\n{para}" if piece else para
+            if len(piece) >= PIECE_CHARS:
+                pieces.append(piece)
+                piece = ""
+        if piece.strip():
+            pieces.append(piece)
+    if len(pieces) < 2:
+        raise ValueError(f"text: {len(pieces)} piece(s) of ~{PIECE_CHARS} characters in {list(paths)}; training "
+                         f"needs at least 2 (every 10th is held out for the evaluation)")
+    return [p for i, p in enumerate(pieces) if i % 10], [p for i, p in enumerate(pieces) if not i % 10]
 
 
 def token_sequences(tok, texts: list[str], seq_len: int, limit: int | None = None) -> torch.Tensor:
@@ -251,10 +290,10 @@ def _memo(key, make, *refs):
 def training_data(model, tok, cfg: TrainConfig, progress: bool = True, log=print):
     """-> (phase-1 text ``[N, S]``, phase-2 generated ``[M, S]`` or None), made once per process."""
     def text():
-        train_text, _ = python_docs()
+        train_text, _ = corpus(cfg.text)
         return token_sequences(tok, train_text, cfg.seq_len, cfg.sequences)
 
-    ids = _memo(("text", id(model), id(tok), cfg.seq_len, cfg.sequences), text, model, tok)
+    ids = _memo(("text", id(model), id(tok), cfg.seq_len, cfg.sequences, cfg.text), text, model, tok)
     log(f"{cfg.kind}: {ids.shape[0]} text sequences of {cfg.seq_len} tokens")
     if not cfg.distill_steps:
         return ids, None
@@ -294,7 +333,8 @@ class _Bar:
 
 
 def _check_resume(ckpt: dict, cfg: TrainConfig, path: str) -> None:
-    have = {"labels": "text", **ckpt.get("config", {})}  # checkpoints from before ``labels`` trained on text
+    # checkpoints from before ``labels`` trained on text; from before ``text``/``init``, on Python's docs from scratch
+    have = {"labels": "text", "text": (), "init": None, **ckpt.get("config", {})}
     if have != asdict(cfg):
         diff = sorted(k for k in asdict(cfg) if have.get(k) != asdict(cfg)[k])
         raise ValueError(f"{path}: the checkpoint was written with other settings ({', '.join(diff)}); "
@@ -313,7 +353,22 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
     for p in model.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
-    heads = make_heads(cfg.kind, model.config, cfg.depth, cfg.layer).init_from(model).to(model.device)
+    heads = make_heads(cfg.kind, model.config, cfg.depth, cfg.layer).init_from(model)
+    if cfg.init is not None:  # fine-tuning: start from a saved set (checked against the target and the settings)
+        base = load_heads(cfg.init, model)
+        got, want = (base.kind, base.depth, base.layer), (heads.kind, heads.depth, heads.layer)
+        if got != want:
+            raise ValueError(f"init: {cfg.init!r} holds a {base.kind} set of depth {base.depth}, layer "
+                             f"{base.layer}; this run trains {heads.kind} of depth {heads.depth}, layer {heads.layer} "
+                             f"(pass --kind, --depth and --layer to match)")
+        heads.load_state_dict(base.state_dict())
+    heads = heads.to(model.device)
+    _, held_text = corpus(cfg.text)  # before any work: a held-out text too short to evaluate on fails here
+    try:
+        held_ids = token_sequences(tok, held_text, cfg.seq_len, 32)
+    except ValueError as e:
+        raise ValueError(f"text: the held-out pieces (every 10th) are too short to evaluate on: {e}; give more "
+                         f"text or a smaller seq_len") from None
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
     ckpt_path = os.path.join(out_dir, f"{cfg.kind}.ckpt")
     history, start = {"step": [], "loss": [], "ce": [], "reg": [], "phase": []}, 0
@@ -366,8 +421,7 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
     # the training text's token counts rank the vocabulary for a draft vocabulary (generate's draft_vocab)
     heads.token_rank = token_rank(torch.bincount(text.flatten(), minlength=model.config.vocab_size))
     heads.save(os.path.join(out_dir, f"{cfg.kind}.safetensors"))
-    _, held_text = python_docs()
-    held = features(model, token_sequences(tok, held_text, cfg.seq_len, 32), layer, isinstance(heads, HiddenTransfer))
+    held = features(model, held_ids, layer, isinstance(heads, HiddenTransfer))
     ev = accuracy(model, heads, held, rows=eval_rows, seed=cfg.seed)
     with open(os.path.join(out_dir, f"{cfg.kind}-eval.json"), "w") as fh:
         json.dump({"config": asdict(cfg), "heldout": ev}, fh, indent=1)
