@@ -60,6 +60,10 @@ class TrainConfig:
     text: tuple = ()            # UTF-8 text files to train on (empty: Python's documentation)
     init: str | None = None     # a saved set of the same kind, depth and layer to start from (fine-tuning)
 
+    def __post_init__(self):
+        if isinstance(self.text, list):  # a list of paths is the same setting as the tuple (checkpoints compare)
+            self.text = tuple(self.text)
+
     def check(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {self.kind!r}")
