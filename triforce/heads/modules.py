@@ -125,12 +125,6 @@ class DraftHeads(nn.Module):
         save_file(sd, tmp, metadata={"triforce_heads": json.dumps(self.meta())})
         os.replace(tmp, path)
 
-    # ---- drafting (overridden)
-    def depth_logits(self, model, x: torch.Tensor, n: int | None = None) -> torch.Tensor:
-        """``[..., n, V]`` float32 logits for tokens ``t+2 .. t+1+n`` (``n <= depth``, default depth) from
-        the features of position ``t`` (not for ``mlp``, whose stages need the drafted tokens)."""
-        raise NotImplementedError
-
 
 class MedusaHeads(DraftHeads):
     """``medusa`` (``layer=None``: reads ``z_t``) and ``early_exit`` (reads the stream entering ``layer``)."""
@@ -149,9 +143,6 @@ class MedusaHeads(DraftHeads):
         if self.norm is not None:
             x = self.norm(x)
         return torch.stack([x + F.silu(b(x)) for b in self.blocks[: n or self.depth]], -2)
-
-    def depth_logits(self, model, x, n: int | None = None):
-        return model.head(self.states(x, n))
 
 
 class EarlyExitHeads(MedusaHeads):
@@ -191,9 +182,6 @@ class MLPSpeculator(DraftHeads):
     def stage_input(self, i: int, state: torch.Tensor) -> torch.Tensor:
         """The LM head's input for stage ``i``'s token, from the state ``stage`` returned."""
         return self.out_norm[i](self.out[i](state))
-
-    def stage_logits(self, model, i: int, state: torch.Tensor) -> torch.Tensor:
-        return model.head(self.stage_input(i, state))
 
     def teacher_forced(self, model, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Training: ``z [N, H]`` at positions ``t``, ``tokens [N, depth]`` = ``x_{t+1} .. x_{t+depth}``
