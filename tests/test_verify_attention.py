@@ -147,6 +147,24 @@ def test_heads_walked_together(backend, num_splits):
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
+@pytest.mark.parametrize("T, Hq, Hkv, D", [
+    (3, 9, 3, 64),   # 9 query rows per KV head (SmolLM2 verifying a 3-token tree): one vector of 16, 7 padded
+    (9, 9, 3, 64),   # 27 rows: two vectors
+    (5, 8, 1, 128),  # 40 rows: three vectors, D = 128
+    (8, 16, 2, 64),  # 64 rows: four full vectors
+])
+@pytest.mark.parametrize("mask_kind", ["causal", "tree", "random"])
+def test_verification_widths_fp32(backend, T, Hq, Hkv, D, mask_kind):
+    """fp32 caches with 9-64 query rows per KV head: the CPU kernel's rows-in-lanes path on AVX-512 builds
+    (the dot path elsewhere); prefixes of several tiles and key blocks, one empty, walked by 1 and 3 splits."""
+    dev = backend_device(backend)
+    q, k, v, L, mask = make_inputs(2, T, Hq, Hkv, D, [141, 0], 4, torch.float32, T * Hq + D, dev, mask_kind)
+    for num_splits in (1, 3):
+        out, lse = implementation("verify_attention", backend)(q, k, v, L, mask, 0.125, num_splits=num_splits)
+        check_against_reference(out, lse, q, k, v, L, mask, scale=0.125)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
 def test_tree_oracle(backend):
     """Each tree node's output equals plain causal attention over the prefix plus its root-to-node path."""
     dev = backend_device(backend)

@@ -68,10 +68,14 @@ inline void load_row(const f16* src, float* dst, int64_t D) {  // hardware conve
 }
 #endif
 
+// Query rows padded to whole 16-lane vectors: the rows-in-lanes path keeps row r in lane r % 16.
+inline int64_t padded_rows(int64_t R) { return (R + 15) / 16 * 16; }
+
 struct Scratch {
-  // K tile [D][KT] (transposed) or [KT][D], V tile [KT][D], scores [R][KT], q [R][D], one K row [D].
+  // K tile [D][KT] (transposed) or [KT][D], V tile [KT][D], scores [R][KT] (or [KT][RP] with the rows in
+  // lanes), q [R][D], one K row [D].
   std::vector<float> kt, vt, s, q, row;
-  Scratch(int64_t R, int64_t D) : kt(D * KT), vt(KT * D), s(R * KT), q(R * D), row(D) {}
+  Scratch(int64_t R, int64_t D) : kt(D * KT), vt(KT * D), s(padded_rows(R) * KT), q(R * D), row(D) {}
 };
 
 // ---- one tile of n <= KT keys: load K/V, scores, mask, online-softmax update, P V ---------------------
@@ -337,9 +341,10 @@ inline void pv_row(const float* p, int64_t n, int64_t D, const float* vt, int64_
 
 #if defined(__AVX512F__)
 // The same for ROWS <= 4 rows (D % 64 == 0): ROWS x 64 dims in up to 16 zmm accumulators; 4 V loads +
-// ROWS broadcasts feed 4 * ROWS FMAs per key.
+// ROWS broadcasts feed 4 * ROWS FMAs per key. Weight of row i, key j: s[i * srs + j * sks].
 template <int ROWS, typename E>
-inline void pv_rows_avx512(const float* s, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc) {
+inline void pv_rows_avx512(const float* s, int64_t srs, int64_t sks, int64_t n, int64_t D, const E* vt, int64_t vs,
+                           float* acc) {
   static_assert(ROWS >= 1 && ROWS <= 4, "16 accumulators at most");
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     __m512 a[ROWS][4];
@@ -349,7 +354,7 @@ inline void pv_rows_avx512(const float* s, int64_t n, int64_t D, const E* vt, in
       const E* vj = vt + j * vs + d0;
       const __m512 v0 = load16(vj), v1 = load16(vj + 16), v2 = load16(vj + 32), v3 = load16(vj + 48);
       for (int i = 0; i < ROWS; ++i) {
-        const __m512 pb = _mm512_set1_ps(s[i * KT + j]);
+        const __m512 pb = _mm512_set1_ps(s[i * srs + j * sks]);
         a[i][0] = _mm512_fmadd_ps(pb, v0, a[i][0]);
         a[i][1] = _mm512_fmadd_ps(pb, v1, a[i][1]);
         a[i][2] = _mm512_fmadd_ps(pb, v2, a[i][2]);
@@ -364,17 +369,20 @@ inline void pv_rows_avx512(const float* s, int64_t n, int64_t D, const E* vt, in
 
 // acc [R][D] += P [R][n] V [n][D] (value j at vt + j * vs, fp32 or, on the AVX-512 path, the cache's
 // bf16/fp16): blocks of 4 rows, then the last 1-3 rows together (AVX-512, D % 64 == 0); otherwise row
-// by row (fp32 only: attend_range converts other types into a tile first).
+// by row (fp32 only: attend_range converts other types into a tile first). P [r][j] at s[r * KT + j], or
+// at s[j * RP + r] when rp = RP (the rows-in-lanes layout, AVX-512 only).
 template <typename E>
-inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc) {
+inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc,
+                    int64_t rp = 0) {
   int64_t r0 = 0;
 #if defined(__AVX512F__)
   if (D % 64 == 0) {
-    for (; r0 + 4 <= R; r0 += 4) pv_rows_avx512<4, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D);
+    const int64_t srs = rp ? 1 : KT, sks = rp ? rp : 1;
+    for (; r0 + 4 <= R; r0 += 4) pv_rows_avx512<4, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D);
     switch (R - r0) {
-      case 3: pv_rows_avx512<3, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
-      case 2: pv_rows_avx512<2, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
-      case 1: pv_rows_avx512<1, E>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
+      case 3: pv_rows_avx512<3, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D); break;
+      case 2: pv_rows_avx512<2, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D); break;
+      case 1: pv_rows_avx512<1, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D); break;
       default: break;
     }
     return;
@@ -389,24 +397,165 @@ inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt
   }
 }
 
+// ---- rows in lanes: verification widths (R = T * g of kLanesMinR..kLanesMaxR rows), fp32 keys -----------
+//
+// Lane r % 16 of vector r / 16 holds query row r, so the score of key j for all rows is NV vectors
+// st[j][0 .. RP) (RP = 16 * NV): each multiply-add broadcasts one key element (an embedded-broadcast
+// operand, read in place from the cache row) against NV vectors of the transposed queries qt [D][RP].
+// No horizontal sum anywhere: the online softmax runs down the keys, all rows at once, and P V
+// broadcasts st[j][r]. The dot path instead scores 16 keys per row with 16 FMA chains, then reduces
+// them with 30 shuffles on the same port as half the FMAs, and runs the softmax row by row.
+// Padded lanes (r >= R) compute on zero queries and are never stored into m, l or acc.
+constexpr int64_t kLanesMinR = 9;
+constexpr int64_t kLanesMaxR = 64;
+// Keys per register block: KB x NV accumulators + NV query vectors within the 32 zmm registers.
+constexpr int lanes_kb(int64_t NV) { return NV == 1 ? 16 : NV == 2 ? 8 : NV == 3 ? 6 : 4; }
+
+// Vectors of 16 rows on the rows-in-lanes path for R query rows of a T cache (AVX-512, fp32 caches,
+// D % 64 == 0 for P V), or 0 where another path serves them.
+template <typename T>
+inline int64_t lanes_vectors(int64_t R, int64_t D) {
+#if defined(__AVX512F__)
+  return std::is_same_v<T, float> && R >= kLanesMinR && R <= kLanesMaxR && D % 64 == 0 ? (R + 15) / 16 : 0;
+#else
+  (void)R, (void)D;
+  return 0;
+#endif
+}
+
+// RowPrefetch steps per tile (of the item's walk over all KV heads): one before the tile, one per key
+// block of the scores, one before P V on the rows-in-lanes path (nv > 0); one before the scores and
+// one before P V on the others. On the lanes path the finer spread measured 1.07-1.39x faster than two
+// steps per tile (SmolLM2 layer, T = 3-9, 30 caches cycled, one core); steps inside P V, or none after
+// the scores, 0.86-0.93x; no software prefetch at all, 0.77-1.03x.
+inline int64_t steps_per_tile(int64_t nv) { return nv ? 2 + KT / lanes_kb(nv) : 2; }
+
+// The R query rows q [R][D] transposed into qt [D][16 * nv], zero in the padded lanes.
+inline void transpose_rows(const float* q, int64_t R, int64_t D, int64_t nv, float* qt) {
+  const int64_t rp = 16 * nv;
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t r = 0; r < rp; ++r) qt[d * rp + r] = r < R ? q[r * D + d] : 0.f;
+}
+
+#if defined(__AVX512F__)
+
+// st[j * RP + r] = q_r . k_j for j < n: KB keys x NV row vectors of accumulators per pass over D. In a
+// partial block, keys n..KB-1 repeat key n - 1 (never a row past the tile) and are not stored.
+template <int NV, int KB>
+inline void scores_lanes_avx512(const float* qt, int64_t D, const float* k, int64_t ks, int64_t n, float* st,
+                                RowPrefetch* rows) {
+  constexpr int64_t RP = 16 * NV;
+  for (int64_t j0 = 0; j0 < n; j0 += KB) {
+    if (rows) rows->step();  // a share of the next chunk's rows per block (lanes_steps_per_tile)
+    const float* kj[KB];
+    for (int j = 0; j < KB; ++j) kj[j] = k + std::min<int64_t>(j0 + j, n - 1) * ks;
+    __m512 acc[KB][NV];
+    for (int j = 0; j < KB; ++j)
+      for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+      __m512 qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(qt + d * RP + 16 * v);
+      for (int j = 0; j < KB; ++j) {
+        const __m512 kb = _mm512_set1_ps(kj[j][d]);
+        for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_fmadd_ps(qv[v], kb, acc[j][v]);
+      }
+    }
+    const int64_t m = std::min<int64_t>(KB, n - j0);
+    for (int64_t j = 0; j < m; ++j)
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(st + (j0 + j) * RP + 16 * v, acc[j][v]);
+  }
+}
+
+// Online-softmax update of all R rows by a tile of n keys' scores st (masked): per lane the running max m
+// and sum l, st becomes the weights e^(s - m_new), and each acc row [D] is rescaled by e^(m_old - m_new).
+// A row that has seen nothing keeps m = -inf (its weights are e^-inf = 0: no -inf - -inf anywhere).
+template <int NV>
+inline void softmax_lanes_avx512(float* st, int64_t n, int64_t R, float* m, float* l, float* acc, int64_t D) {
+  constexpr int64_t RP = 16 * NV;
+  alignas(64) float alpha[RP];
+  const __m512 ninf = _mm512_set1_ps(kNegInf), zero = _mm512_setzero_ps();
+  for (int v = 0; v < NV; ++v) {
+    const int64_t r0 = 16 * v, live_rows = std::min<int64_t>(16, R - r0);
+    const __mmask16 live = static_cast<__mmask16>((1u << live_rows) - 1);
+    const __m512 m_old = _mm512_mask_loadu_ps(ninf, live, m + r0);
+    __m512 mx = ninf;
+    for (int64_t j = 0; j < n; ++j) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + j * RP + r0));
+    const __m512 m_new = _mm512_max_ps(m_old, mx);
+    const __m512 m_sub = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ), zero);
+    __m512 sum = zero;
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(st + j * RP + r0), m_sub));
+      _mm512_storeu_ps(st + j * RP + r0, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    const __m512 a = exp_nonpos(_mm512_sub_ps(m_old, m_sub));
+    _mm512_mask_storeu_ps(l + r0, live, _mm512_add_ps(_mm512_mul_ps(_mm512_mask_loadu_ps(zero, live, l + r0), a), sum));
+    _mm512_mask_storeu_ps(m + r0, live, m_new);
+    _mm512_store_ps(alpha + r0, a);
+  }
+  for (int64_t r = 0; r < R; ++r)
+    if (alpha[r] != 1.f)
+      for (int64_t d = 0; d < D; ++d) acc[r * D + d] *= alpha[r];
+}
+
+// One tile on the rows-in-lanes path: scores (KB keys per pass, by NV), the tail's mask, the online
+// softmax, P V.
+template <int NV, typename E>
+inline void tile_lanes_avx512(const float* qt, int64_t R, int64_t g, int64_t D, int64_t Tq, const float* k,
+                              int64_t ks, const E* v, int64_t vs, int64_t n, bool tail, int64_t rel0,
+                              const bool* mask, float* m, float* l, float* acc, float* st, RowPrefetch* rows) {
+  constexpr int64_t RP = 16 * NV;
+  constexpr int KB = lanes_kb(NV);
+  scores_lanes_avx512<NV, KB>(qt, D, k, ks, n, st, rows);
+  if (rows) rows->step();
+  if (tail)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = r / g, si = rel0 + j;  // si in [0, T): the tail holds new tokens only
+        if (!(mask ? mask[t * Tq + si] : si <= t)) st[j * RP + r] = kNegInf;
+      }
+  softmax_lanes_avx512<NV>(st, n, R, m, l, acc, D);
+  pv_tile(st, R, n, D, v, vs, acc, RP);
+}
+#endif
+
 // Online softmax over positions [start, end) for all R rows; updates m, l (per row) and acc [R][D].
 // tail: positions are new tokens, position p is index p - new0 of tree_mask row t = r / g.
 // qb, scale: the R query rows unscaled in the cache's type, when they are scored with the bf16 dot
 // product (bf16 caches, D % 64 == 0, AVX512_BF16: bf16_scores), else null.
+// qt: the scaled rows transposed (transpose_rows) when lanes_vectors<T>(R, D) > 0 and qb is null: the
+// rows-in-lanes path; else null.
 template <typename T>
 void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, const T* k, int64_t skn,
                   const T* v, int64_t svn, int64_t start, int64_t end, bool tail, int64_t new0,
                   const bool* mask /* [T][T] or null */, float* m, float* l, float* acc, Scratch& sc,
-                  RowPrefetch* rows = nullptr, const T* qb = nullptr, float scale = 1.f) {
+                  RowPrefetch* rows = nullptr, const T* qb = nullptr, float scale = 1.f,
+                  const float* qt = nullptr) {
   float* kt = sc.kt.data();
   float* vt = sc.vt.data();
   float* s = sc.s.data();
   for (int64_t p0 = start; p0 < end; p0 += KT) {
     const int64_t n = std::min(KT, end - p0);
     if (rows)
-      rows->step();  // half of this tile's share of the next chunk's whole rows (the item walks all heads)
+      rows->step();  // this tile's first share of the next chunk's whole rows (the item walks all heads)
     else
       prefetch_rows(k, skn, v, svn, p0 + n, std::min(KT, end - p0 - n), D);  // the next tile, while this one runs
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>)
+      if (qt) {
+        auto tile = [&](auto nvc) {
+          tile_lanes_avx512<decltype(nvc)::value>(qt, R, g, D, Tq, k + p0 * skn, skn, v + p0 * svn, svn, n, tail,
+                                                  p0 - new0, mask, m, l, acc, s, rows);
+        };
+        switch (lanes_vectors<T>(R, D)) {
+          case 1: tile(std::integral_constant<int, 1>{}); break;
+          case 2: tile(std::integral_constant<int, 2>{}); break;
+          case 3: tile(std::integral_constant<int, 3>{}); break;
+          default: tile(std::integral_constant<int, 4>{}); break;
+        }
+        continue;
+      }
+#endif
     // Masks, online softmax, then P V from the value rows vr (vs apart).
     auto softmax_pv = [&](const auto* vr, int64_t vs) {
       if (rows) rows->step();  // the second half of this tile's share, between the scores and P V
@@ -534,6 +683,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     std::vector<float> qall(HG * R * D);  // the scaled fp32 queries of the item's heads
     const bool raw = va::bf16_scores<T>(D);
     std::vector<T> qraw(raw ? HG * R * D : 0);  // and unscaled in the cache's type (va::bf16_scores)
+    const int64_t lanes_nv = va::lanes_vectors<T>(R, D);  // (never with raw: lanes take fp32 caches only)
+    std::vector<float> qt(HG * D * 16 * lanes_nv);        // and transposed for the rows-in-lanes path
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t b = it / ((Hkv / HG) * parts), h0 = (it / parts) % (Hkv / HG) * HG, part = it % parts;
@@ -562,24 +713,27 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
             for (int64_t d = 0; d < D; ++d) dst[d] *= scale;
             if (raw) std::copy(src, src + D, qraw.data() + (hh * R + t * g + j) * D);
           }
+        if (lanes_nv) va::transpose_rows(q32, R, D, lanes_nv, qt.data() + hh * D * 16 * lanes_nv);
       }
       // The online softmax state of each (b, h, part) lives in pm/pl/pacc, so a range may be walked in
       // chunks, head by head within each chunk.
       const int64_t step = grouped ? va::kHeadChunk : end - start;
       va::RowPrefetch rows;
       const int64_t row_bytes = (std::max(skh, svh) * (Hkv - 1) + D) * int64_t(sizeof(T));  // one key's heads
+      const int64_t steps_per_tile = va::steps_per_tile(lanes_nv);
       for (int64_t c0 = start; c0 < end; c0 += step) {
         const int64_t c1 = std::min(end, c0 + step);
         if (grouped)  // the next chunk's rows, spread over this chunk's tiles (of every head)
           rows.reset(reinterpret_cast<const char*>(k + b * skb + c1 * skn), skn * int64_t(sizeof(T)),
                      reinterpret_cast<const char*>(v + b * svb + c1 * svn), svn * int64_t(sizeof(T)), row_bytes,
-                     std::min(end, c1 + step) - c1, 2 * HG * ((c1 - c0 + va::KT - 1) / va::KT));
+                     std::min(end, c1 + step) - c1, steps_per_tile * HG * ((c1 - c0 + va::KT - 1) / va::KT));
         for (int64_t hh = 0; hh < HG; ++hh) {
           const int64_t h = h0 + hh, base = (b * Hkv + h) * parts + part;
           va::attend_range(qall.data() + hh * R * D, R, g, D, Tq, k + b * skb + h * skh, skn, v + b * svb + h * svh,
                            svn, c0, c1, part == S, new0, tree_mask ? tree_mask + b * Tq * Tq : nullptr,
                            pm.data() + base * R, pl.data() + base * R, pacc.data() + base * R * D, sc,
-                           grouped ? &rows : nullptr, raw ? qraw.data() + hh * R * D : nullptr, scale);
+                           grouped ? &rows : nullptr, raw ? qraw.data() + hh * R * D : nullptr, scale,
+                           lanes_nv ? qt.data() + hh * D * 16 * lanes_nv : nullptr);
         }
       }
     }
