@@ -341,10 +341,12 @@ inline void pv_row(const float* p, int64_t n, int64_t D, const float* vt, int64_
 
 #if defined(__AVX512F__)
 // The same for ROWS <= 4 rows (D % 64 == 0): ROWS x 64 dims in up to 16 zmm accumulators; 4 V loads +
-// ROWS broadcasts feed 4 * ROWS FMAs per key. Weight of row i, key j: s[i * srs + j * sks].
-template <int ROWS, typename E>
-inline void pv_rows_avx512(const float* s, int64_t srs, int64_t sks, int64_t n, int64_t D, const E* vt, int64_t vs,
-                           float* acc) {
+// ROWS broadcasts feed 4 * ROWS FMAs per key. Weight of row i, key j: s[i * KT + j], or s[j * rp + i]
+// when LANES (the rows-in-lanes layout; rp = 16 * vectors). The layout is a template parameter so that
+// the row-major path keeps its constant offsets (a runtime stride there cost ~1.5% at T = 1).
+template <int ROWS, typename E, bool LANES = false>
+inline void pv_rows_avx512(const float* s, int64_t rp, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc) {
+  const int64_t srs = LANES ? 1 : KT, sks = LANES ? rp : 1;
   static_assert(ROWS >= 1 && ROWS <= 4, "16 accumulators at most");
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     __m512 a[ROWS][4];
@@ -377,14 +379,21 @@ inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt
   int64_t r0 = 0;
 #if defined(__AVX512F__)
   if (D % 64 == 0) {
-    const int64_t srs = rp ? 1 : KT, sks = rp ? rp : 1;
-    for (; r0 + 4 <= R; r0 += 4) pv_rows_avx512<4, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D);
-    switch (R - r0) {
-      case 3: pv_rows_avx512<3, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D); break;
-      case 2: pv_rows_avx512<2, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D); break;
-      case 1: pv_rows_avx512<1, E>(s + r0 * srs, srs, sks, n, D, vt, vs, acc + r0 * D); break;
-      default: break;
-    }
+    auto blocks = [&](auto lanes) {
+      constexpr bool L = decltype(lanes)::value;
+      const int64_t srs = L ? 1 : KT;
+      for (; r0 + 4 <= R; r0 += 4) pv_rows_avx512<4, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D);
+      switch (R - r0) {
+        case 3: pv_rows_avx512<3, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D); break;
+        case 2: pv_rows_avx512<2, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D); break;
+        case 1: pv_rows_avx512<1, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D); break;
+        default: break;
+      }
+    };
+    if (rp)
+      blocks(std::true_type{});
+    else
+      blocks(std::false_type{});
     return;
   }
 #endif
