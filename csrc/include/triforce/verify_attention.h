@@ -455,7 +455,7 @@ inline void scores_lanes_avx512(const float* qt, int64_t D, const float* k, int6
                                 RowPrefetch* rows) {
   constexpr int64_t RP = 16 * NV;
   for (int64_t j0 = 0; j0 < n; j0 += KB) {
-    if (rows) rows->step();  // a share of the next chunk's rows per block (lanes_steps_per_tile)
+    if (rows) rows->step();  // a share of the next chunk's rows per block (steps_per_tile)
     const float* kj[KB];
     for (int j = 0; j < KB; ++j) kj[j] = k + std::min<int64_t>(j0 + j, n - 1) * ks;
     __m512 acc[KB][NV];
