@@ -12,7 +12,8 @@
     python bench/bench_heads.py --heads DIR --kinds medusa --batch 1 --context 500
     python bench/bench_heads.py --skip-accuracy --batch 1 --draft-vocab 4096   # also with draft_vocab=4096
 
-Rows go to bench/results.csv (family ``heads``); every result to bench/heads_results.json.
+Rows go to bench/results.csv (family ``heads``; each names its set: ``shipped`` or the ``--heads`` directory);
+every result to bench/heads_results.json (with ``--heads``: to ``bench_heads.json`` in that directory).
 """
 from __future__ import annotations
 
@@ -100,7 +101,9 @@ def main() -> None:
     ap.add_argument("--triforce-kinds", nargs="+", choices=KINDS, default=["mlp", "hidden_transfer"],
                     help="kinds run as TriForce's bottom level in --long")
     ap.add_argument("--markdown", action="store_true", help="print the tables of docs/heads.md from --json and exit")
-    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "heads_results.json"))
+    ap.add_argument("--json", default=None,
+                    help="results file (default: bench/heads_results.json for the shipped sets, the tables of "
+                         "docs/heads.md; HEADS/bench_heads.json with --heads, so another set never overwrites them)")
     ap.add_argument("--quick", action="store_true",
                     help="batch 1, context 500, greedy, 16 new tokens, no accuracy table, JSON to /tmp "
                          "(bench/run_all.py --quick)")
@@ -113,6 +116,9 @@ def main() -> None:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if any(n < 1 for n in args.draft_vocab):
         ap.error(f"--draft-vocab: sizes must be at least 1, got {args.draft_vocab}")
+    if args.json is None:
+        args.json = (os.path.join(args.heads, "bench_heads.json") if args.heads
+                     else os.path.join(ROOT, "bench", "heads_results.json"))
     if args.quick:
         import tempfile
 
@@ -139,7 +145,7 @@ def main() -> None:
             acc[kind] = accuracy(model, h, f, rows=2048)
             print(f"{kind:16s} top-1 " + " ".join(f"{a:.3f}" for a in acc[kind]["top1"])
                   + "   top-5 " + " ".join(f"{a:.3f}" for a in acc[kind]["top5"]), flush=True)
-        results["accuracy"] = acc
+        results.setdefault("accuracy", {}).update(acc)  # the kinds not measured now keep their rows
 
     if not args.skip_decode:
         rows = results.setdefault("decode", {})
@@ -176,7 +182,8 @@ def main() -> None:
                             rows[key] = {"tokens_per_s": best, "speedup": speed, "rounds": args.rounds,
                                          "mean_accepted": s["mean_accepted"], "acceptance": s["acceptance"],
                                          "identical": True if temp == 0 else None,
-                                         "tree": None if kind == "autoregressive" else tree}
+                                         "tree": None if kind == "autoregressive" else tree,
+                                         "heads": None if kind == "autoregressive" else args.heads or "shipped"}
                             print(f"B={B} ctx={ctx} T={temp} {run:16s} {best:7.2f} tok/s (best of {args.rounds})  "
                                   f"x{speed:.2f}  tokens/pass {s['mean_accepted']:.2f}", flush=True)
                             per, base_per = (sorted(1 / v for v in speeds[k]) for k in (run, "autoregressive"))
@@ -190,7 +197,7 @@ def main() -> None:
                                    baseline="autoregressive",
                                    baseline_timing={"median_s": base_per[len(base_per) // 2]},
                                    extra=json.dumps({k: rows[key][k] for k in ("mean_accepted", "identical", "tree",
-                                                                                "rounds")}))
+                                                                                "rounds", "heads")}))
 
     if args.long:  # acceptance against context; heads vs the StreamingLLM self-draft as TriForce's bottom level
         lng = results.setdefault("long", {})
