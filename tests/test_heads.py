@@ -358,6 +358,32 @@ def test_drafts_in_the_verification_head_call_change_nothing(monkeypatch, kind, 
         assert fused_calls.count(rows * 3) >= 1 and len(apart_calls) > len(fused_calls), (fused_calls, apart_calls)
 
 
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "mlp"])
+def test_draft_vocab_drafts_after_the_pass_from_its_rows(monkeypatch, kind):
+    """With a draft vocabulary the verification's LM-head call holds the tree's nodes only: the accepted
+    node's drafts read the vocabulary's rows of the head after the pass (fewer rows through the whole
+    head; the fused call would cost T * depth more). Greedy output stays autoregressive's."""
+    from triforce.engines.heads import _DraftVocab
+
+    m = tiny()
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (40, 57)]
+    h = ranked_heads(m, kind)
+    head_rows, vocab_rows = [], []
+    real_head, real_logits = m.head, _DraftVocab.logits
+    monkeypatch.setattr(m, "head", lambda z: head_rows.append(z.shape[1]) or real_head(z))
+
+    def logits(self, x):
+        vocab_rows.append(tuple(x.shape[:-1]))
+        return real_logits(self, x)
+    monkeypatch.setattr(_DraftVocab, "logits", logits)
+    out = triforce.generate(m, prompts, method="tree", draft=h, tree=(1, 1), draft_vocab=5, max_new_tokens=16)
+    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=16)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    assert head_rows and max(head_rows) <= 3, head_rows  # the nodes of (1, 1), never their drafts too
+    # one restricted call per pass: per row, the accepted node's drafts at the tree's 2 depths
+    assert len(vocab_rows) == out.stats["target_passes"] and set(vocab_rows) == {(2, 2)}, vocab_rows
+
+
 def test_tree_nodes_needs_heads():
     m = tiny()
     with pytest.raises(ValueError, match="tree_nodes: a tree by cumulative probability"):
