@@ -28,8 +28,9 @@ namespace linear {
 
 // Block shape, measured on Zen 4 (one core, SmolLM2's 1536 x 576 MLP matrices, best of 5): 6 weight
 // rows x 4 x-rows = 24 zmm accumulators. 4 x 4 re-read x from L2 for every 4 weight rows and reached
-// ~35 fp32 GFLOP/s at M >= 8; 6 x 4 halves the x traffic per weight byte and reaches ~57 (the core's
-// FMA rate: bf16 dpbf16 reaches twice that in MACs), so M = 8 costs 1.7x M = 1 instead of 2.3x.
+// ~35 fp32 GFLOP/s at M >= 8; 6 x 4 halves the x traffic per weight byte and reached ~57, and ~92 (the
+// core's FMA rate) once each weight vector was loaded once per step instead of once per x row (REGW
+// below; bf16 dpbf16 reaches about twice that in MACs).
 #if defined(__AVX512F__)
 constexpr int64_t NR = 6;  // weight rows per block (one contiguous span of NR * K elements)
 #else
@@ -125,11 +126,22 @@ inline void fma_rows_avx512(const float* x, int64_t K, int64_t k, __mmask16 mk, 
   }
 }
 
-template <int ROWS>
+// REGW: each weight vector is loaded once into a register (the empty asm hides where its value came
+// from, so the compiler cannot fold the load back into the multiply-adds). Without it GCC 12 folds the
+// load into every row's multiply-add: ROWS loads per weight vector instead of one, 28 loads per 24
+// multiply-adds at ROWS = 4, and the load ports bind (~50 fp32 GFLOP/s on a Zen 4 core, against ~92 with
+// REGW and the weights in L2). With one group of x rows the product is memory-bound and the folded form
+// measured faster (M = 3: 9.3 against 11.8 ms over 64 streamed SmolLM2 MLP matrices), so REGW is for
+// products of more than MR rows (rowwise_linear_blocks). Both forms do the same multiply-adds in the
+// same order: bitwise the same result.
+template <int ROWS, bool REGW = false>
 inline void step_avx512(const float* x, int64_t K, const float* const* wr, int64_t k, __mmask16 mk,
                         __m512* acc) {
   __m512 wv[NR];
-  for (int j = 0; j < NR; ++j) wv[j] = load16_f32(wr[j] + k, mk);
+  for (int j = 0; j < NR; ++j) {
+    wv[j] = load16_f32(wr[j] + k, mk);
+    if constexpr (REGW) asm("" : "+v"(wv[j]));
+  }
   fma_rows_avx512<ROWS>(x, K, k, mk, wv, acc);
 }
 
@@ -139,7 +151,7 @@ inline __m512i load32_bf16(const bf16* p, __mmask32 mk) {
   return mk == ~__mmask32(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mk, p);
 }
 
-template <int ROWS>
+template <int ROWS, bool REGW = false>  // REGW: fp32 only (the bf16 form stays folded: measured faster)
 inline void step_avx512(const bf16* x, int64_t K, const bf16* const* wr, int64_t k, __mmask32 mk,
                         __m512* acc) {
   __m512i wv[NR];
@@ -164,8 +176,11 @@ inline void step_avx512(const bf16* x, int64_t K, const bf16* const* wr, int64_t
 }
 
 // ROWS (1..MR) rows of x against nr (1..NR) weight rows w[j * K ...]; missing weight rows repeat row 0
-// (read, never stored) so the loop has no branches. pf: prefetch the block ahead (the first x-row group
-// of a block only; the others find it in L1).
+// (read, never stored) so the loop has no branches. Prefetch of the block ahead, spread over the block's
+// `period` x-row groups: group `phase` prefetches the lines of every period-th step of k (all of them
+// when one group covers x). Issued by the first group alone, the prefetches of a block came in one burst
+// and the memory idled while the other groups computed: with REGW, M = 8 over 64 streamed SmolLM2 MLP
+// matrices took 17.3 ms with the burst and 13.6 ms spread (memory alone: ~10.5 ms, one core).
 // Accumulators of a block: ROWS x NR used, padded to whole groups of 16 for the reduction.
 template <int ROWS>
 constexpr int block_acc_count() { return ((ROWS * NR + 15) / 16) * 16; }
@@ -191,8 +206,9 @@ inline void with_rows(int64_t rows, F&& f) {
   }
 }
 
-template <int ROWS, typename T, typename O>
-inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, bool pf) {
+template <int ROWS, bool REGW, typename T, typename O>
+inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, int64_t phase,
+                         int64_t period) {
   constexpr bool f32 = std::is_same<T, float>::value;
   constexpr int64_t E = f32 ? 16 : 32;  // elements per step: one zmm of T
   using Mask = typename std::conditional<f32, __mmask16, __mmask32>::type;
@@ -201,14 +217,26 @@ inline void block_avx512(const T* x, int64_t K, const T* w, int64_t nr, O* out, 
   for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * K;
   __m512 acc[block_acc_count<ROWS>()];
   for (__m512& a : acc) a = _mm512_setzero_ps();
-  int64_t k = 0;
+  int64_t k = 0, due = phase;  // due: steps until this group's next prefetch
   for (; k + E <= K; k += E) {
-    if (pf)
+    if (due == 0) {
       for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + k + ahead), _MM_HINT_T1);
-    step_avx512<ROWS>(x, K, wr, k, static_cast<Mask>(~Mask(0)), acc);
+      due = period;
+    }
+    --due;
+    step_avx512<ROWS, REGW>(x, K, wr, k, static_cast<Mask>(~Mask(0)), acc);
   }
-  if (k < K) step_avx512<ROWS>(x, K, wr, k, static_cast<Mask>((uint64_t(1) << (K - k)) - 1u), acc);
+  if (k < K) step_avx512<ROWS, REGW>(x, K, wr, k, static_cast<Mask>((uint64_t(1) << (K - k)) - 1u), acc);
   reduce_store_avx512<ROWS>(acc, nr, out, ldo);
+}
+
+// The REGW block out of line: inlined into its caller, the 24 accumulators, 6 weight vectors and the
+// row of x no longer fit the 32 registers beside the caller's values and GCC 12 spilled them (1.5x
+// slower than the folded form); compiled alone its loop holds them all, with no stack traffic.
+template <int ROWS, typename T, typename O>
+__attribute__((noinline)) void block_avx512_regw(const T* x, int64_t K, const T* w, int64_t nr, O* out,
+                                                 int64_t ldo, int64_t phase, int64_t period) {
+  block_avx512<ROWS, true>(x, K, w, nr, out, ldo, phase, period);
 }
 
 // M = 1: one row of x against 16 consecutive weight rows, 16 accumulators (one per weight row), one
@@ -272,9 +300,17 @@ constexpr bool row16_applies() {
 #endif
 }
 
+// regw: the fp32 REGW form (callers pass it for products of more than MR rows; bf16 ignores it).
 template <typename T, typename O>
-inline void block_rows(const T* x, int64_t rows, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo, bool pf) {
-  with_rows(rows, [&](auto rows_c) { block_avx512<decltype(rows_c)::value>(x, K, w, nr, out, ldo, pf); });
+inline void block_rows(const T* x, int64_t rows, int64_t K, const T* w, int64_t nr, O* out, int64_t ldo,
+                       int64_t phase, int64_t period, bool regw) {
+  with_rows(rows, [&](auto rows_c) {
+    constexpr int R = decltype(rows_c)::value;
+    if (std::is_same<T, float>::value && regw)
+      block_avx512_regw<R>(x, K, w, nr, out, ldo, phase, period);
+    else
+      block_avx512<R, false>(x, K, w, nr, out, ldo, phase, period);
+  });
 }
 #endif
 
@@ -289,16 +325,17 @@ inline void rowwise_linear_blocks(const T* x, int64_t M, int64_t K, const T* w, 
     int64_t n = b0 * NR;
     const int64_t n1 = std::min<int64_t>(N, b1 * NR);
     for (; n + 16 <= n1; n += 16) row16_avx512<T, O>(x, K, w + n * K, out + n);
-    for (; n < n1; n += NR) block_rows(x, 1, K, w + n * K, std::min<int64_t>(NR, n1 - n), out + n, N, true);
+    for (; n < n1; n += NR) block_rows(x, 1, K, w + n * K, std::min<int64_t>(NR, n1 - n), out + n, N, 0, 1, false);
     return;
   }
 #endif
+  const int64_t groups = (M + MR - 1) / MR;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
     for (int64_t m = 0; m < M; m += MR) {
       const int64_t rows = std::min<int64_t>(MR, M - m);
 #if defined(__AVX512F__)
-      block_rows(x + m * K, rows, K, w + n * K, nr, out + m * N + n, N, m == 0);
+      block_rows(x + m * K, rows, K, w + n * K, nr, out + m * N + n, N, m / MR, groups, groups > 1);
 #else
       block_portable(x + m * K, rows, K, w + n * K, nr, out + m * N + n, N);
 #endif
