@@ -127,7 +127,7 @@ class Spy:
 def count_fused_calls(model, monkeypatch, ids, **kw):
     spy = Spy(torch.ops.triforce_C.decoder_attn_in)
     monkeypatch.setattr(torch.ops.triforce_C, "decoder_attn_in", spy, raising=False)
-    cache = FullCache(model.config, ids.shape[0], 64, dtype=model.dtype)
+    cache = FullCache(model.config, ids.shape[0], max(64, ids.shape[1]), dtype=model.dtype)
     model(ids, cache=cache, **kw)
     monkeypatch.undo()
     return spy.calls

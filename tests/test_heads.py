@@ -348,9 +348,9 @@ def test_drafts_in_the_verification_head_call_change_nothing(monkeypatch, kind, 
     for method, opts, rows in (("tree", {"tree": (1, 1)}, 3), ("triforce", {"gamma1": 2, "gamma2": 3, "budget": 1000,
                                                                              "chunk_size": 64}, 3)):
         fused, fused_calls = run(method, **opts)
-        monkeypatch.setattr(engine_heads, "ROWWISE_MAX_ROWS", 0)  # every draft after the pass, as before
+        monkeypatch.setattr(engine_heads, "FUSED_DRAFT_MAX_ROWS", 0)  # every draft after the pass, as before
         apart, apart_calls = run(method, **opts)
-        monkeypatch.setattr(engine_heads, "ROWWISE_MAX_ROWS", 32)
+        monkeypatch.setattr(engine_heads, "FUSED_DRAFT_MAX_ROWS", 32)
         assert all(torch.equal(a, b) for a, b in zip(fused.tokens, apart.tokens)), method
         assert fused.stats["accepted_hist"] == apart.stats["accepted_hist"], method
         assert fused.stats["target_passes"] == apart.stats["target_passes"], method

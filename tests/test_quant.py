@@ -85,7 +85,7 @@ def test_module_paths_agree():
     lin = torch.nn.Linear(70, 50, bias=True)
     m = Q8Linear.from_linear(lin)
     w = dequantize_q8(m.qweight, m.scales)
-    for rows in (1, 3, ROWWISE_MAX_ROWS, ROWWISE_MAX_ROWS + 5):  # kernel up to 32 rows, F.linear beyond
+    for rows in (1, 3, ROWWISE_MAX_ROWS, ROWWISE_MAX_ROWS + 5):  # kernel up to ROWWISE_MAX_ROWS rows, F.linear beyond
         x = torch.randn(rows, 70)
         torch.testing.assert_close(m(x), F.linear(x, w, lin.bias), rtol=1e-5, atol=1e-5)
     assert m(torch.randn(2, 3, 70).bfloat16()).dtype == torch.bfloat16

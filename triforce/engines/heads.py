@@ -23,9 +23,15 @@ import weakref
 import torch
 
 from triforce.models.cache import TokenTree
-from triforce.models.llama import ROWWISE_MAX_ROWS
 
 from .steps import Sampling, advance, static_tree
+
+# The verification's LM-head call takes every node's draft logits too while it has at most this many
+# rows (B * T * (1 + depth)); past that the accepted node's drafts take a second call after the pass.
+# A row through the head is free only while the product is bound by the weights' bytes: at batch 8 with
+# (1, 1) (72 rows in one call against 24 + 16 in two) the fused call measured slower on one AMD EPYC
+# core (medusa 67.7 -> 59.1 tok/s, hidden_transfer 53.7 -> 49.3).
+FUSED_DRAFT_MAX_ROWS = 32
 
 
 class _Tap:
@@ -182,8 +188,8 @@ class HeadDrafter:
         """The target's verification forward -> float32 logits ``[B, T, V]`` of the tree's nodes; keeps
         the hidden states the next drafts are read from.
 
-        Where the LM head's input stays within the rows a CPU linear streams at the cost of one
-        (``B * T * (1 + depth) <= ROWWISE_MAX_ROWS``), the draft logits of *every* node ride in the same
+        Where the LM head's input stays within the rows a CPU linear streams at about the cost of one
+        (``B * T * (1 + depth) <= FUSED_DRAFT_MAX_ROWS``), the draft logits of *every* node ride in the same
         LM-head call as the verification's (``medusa``/``early_exit``/``hidden_transfer``): the head's
         weights, the largest matrix of a small model, are read once per step instead of twice. Each
         row's logits are the same either way; the commit keeps the accepted node's. Not with a draft
@@ -199,7 +205,7 @@ class HeadDrafter:
         self._T, self._drafts = T, None
         z = self._z[:, :T]
         if (self.heads.kind == "mlp" or self._vocab is not None
-                or z.shape[0] * T * (1 + self.depth) > ROWWISE_MAX_ROWS):
+                or z.shape[0] * T * (1 + self.depth) > FUSED_DRAFT_MAX_ROWS):
             return self.target.head(z)
         drafts = self._draft_inputs()  # [B, T, depth, H]
         B, H = z.shape[0], z.shape[-1]
