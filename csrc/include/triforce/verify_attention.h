@@ -417,8 +417,15 @@ inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt
 // Padded lanes (r >= R) compute on zero queries and are never stored into m, l or acc.
 constexpr int64_t kLanesMinR = 9;
 constexpr int64_t kLanesMaxR = 64;
-// Keys per register block: KB x NV accumulators + NV query vectors within the 32 zmm registers.
-constexpr int lanes_kb(int64_t NV) { return NV == 1 ? 16 : NV == 2 ? 8 : NV == 3 ? 6 : 4; }
+// Keys per register block: KB x NV accumulators + NV query vectors within the 32 zmm registers, and
+// the KB key-row pointers within the general registers. 16 keys for one vector of rows fitted the zmm
+// registers but not the pointers: inlined into the OpenMP region, GCC 12 parked them in xmm registers
+// and moved one back per multiply-add (vmovq), ~45 instructions per 16 FMAs. 8 keys out of line
+// (scores_lanes_avx512 is noinline) leave a loop of one load and 8 FMAs with memory broadcasts. One
+// step's attention over SmolLM2's 30 float32 caches, one AMD EPYC core (alternating builds, min of 8):
+// T = 3 at 6000 tokens 35.4-39.5 -> 29.5-34.3 ms, T = 5 40.9-43.3 -> 32.5-36.9, batch 4 x 3000 T = 3
+// 75.0-81.9 -> 59.2-65.8. Bitwise the same scores (each key's own accumulators, d in the same order).
+constexpr int lanes_kb(int64_t NV) { return NV == 1 ? 8 : NV == 2 ? 8 : NV == 3 ? 6 : 4; }
 
 // Vectors of 16 rows on the rows-in-lanes path for R query rows of a T cache (AVX-512, fp32 caches,
 // D % 64 == 0 for P V), or 0 where another path serves them.
@@ -451,8 +458,8 @@ inline void transpose_rows(const float* q, int64_t R, int64_t D, int64_t nv, flo
 // st[j * RP + r] = q_r . k_j for j < n: KB keys x NV row vectors of accumulators per pass over D. In a
 // partial block, keys n..KB-1 repeat key n - 1 (never a row past the tile) and are not stored.
 template <int NV, int KB>
-inline void scores_lanes_avx512(const float* qt, int64_t D, const float* k, int64_t ks, int64_t n, float* st,
-                                RowPrefetch* rows) {
+__attribute__((noinline)) void scores_lanes_avx512(const float* qt, int64_t D, const float* k, int64_t ks, int64_t n,
+                                                   float* st, RowPrefetch* rows) {
   constexpr int64_t RP = 16 * NV;
   for (int64_t j0 = 0; j0 < n; j0 += KB) {
     if (rows) rows->step();  // a share of the next chunk's rows per block (steps_per_tile)
