@@ -20,7 +20,7 @@ def rowwise(x, w):
     return torch.ops.triforce_C.rowwise_linear(x, w)
 
 
-@given(M=st.integers(0, 40), K=st.integers(0, 300), N=st.integers(0, 70), seed=st.integers(0, 2**31 - 1))
+@given(M=st.integers(0, ROWWISE_MAX_ROWS), K=st.integers(0, 300), N=st.integers(0, 70), seed=st.integers(0, 2**31 - 1))
 @example(M=1, K=576, N=1536, seed=0)   # SmolLM2's MLP
 @example(M=22, K=576, N=49152, seed=1)  # a 22-node tree through the LM head
 @example(M=3, K=7, N=5, seed=2)        # N % 4 != 0: the partial block
@@ -50,8 +50,9 @@ def test_bfloat16_matches_float64(M, K, N, seed):
     assert_close_measured(out, exact, F.linear(x, w), factor=2.0, floor=floor)
 
 
-@given(M=st.integers(2, 40), K=st.integers(1, 200), N=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
+@given(M=st.integers(2, ROWWISE_MAX_ROWS), K=st.integers(1, 200), N=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+@example(M=ROWWISE_MAX_ROWS, K=64, N=13, seed=4, dtype=torch.float32)  # every row group of the module's widest product
 def test_rows_are_bitwise_independent(M, K, N, seed, dtype):
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
