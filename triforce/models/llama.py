@@ -27,7 +27,7 @@ __all__ = ["Llama"]
 # Up to this many rows, CPU float32/bfloat16 linears use the streaming kernel (and DecoderLayer its fused
 # path). Since the kernel's many-row loop stopped being load-bound (docs/model.md, "Many rows") it beats
 # torch's GEMM up to 128 rows on one AMD EPYC core: float32 1.05-1.42x over SmolLM2's MLP matrices and
-# 1.33-1.75x over its LM head at 16-128 rows; a SmolLM2 forward of 36-100 rows 1.12-1.36x faster in
+# 1.26-1.75x over its LM head at 16-128 rows; a SmolLM2 forward of 36-100 rows 1.12-1.36x faster in
 # float32 and 1.02-1.20x in bfloat16 than with 32. Prefill chunks (256 rows) stay with the GEMM.
 ROWWISE_MAX_ROWS = 128
 _ROWWISE_DTYPES = (torch.float32, torch.bfloat16)
