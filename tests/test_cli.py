@@ -367,6 +367,10 @@ def test_demo_compares_the_int8_copy_as_a_draft():
     assert "draft->full" in rows[1]["stats"]["acceptance"]
     assert [s["methods"] for s in demo.demo_scenes(True, "cpu")][0].count("speculative:int8") == 1
     assert "speculative:int8" not in demo.demo_scenes(True, "cuda")[0]["methods"]
+    # the long-context batch-1 scene: MagicDec's retrieval draft by the target and by its int8 copy (CPU only)
+    cpu_methods = [m for s in demo.demo_scenes(True, "cpu") for m in s["methods"]]
+    assert cpu_methods.count("magicdec:int8") == 1 and cpu_methods.count("magicdec") == 2
+    assert all("magicdec:int8" not in s["methods"] for s in demo.demo_scenes(False, "cuda"))
 
 
 def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():

@@ -92,6 +92,50 @@ def test_greedy_equals_autoregressive_smollm2(smol_reference, method, opts):
     assert out.stats["mean_accepted"] >= 1.0
 
 
+def test_magicdec_retrieval_draft_copy_of_target_tiny_ragged(tiny_models):
+    """MagicDec with a cheaper copy of the target (int8 weights) drafting on the target's retrieval cache:
+    the target's greedy tokens, on ragged prompts; its acceptance is the level draft->full."""
+    from triforce.models.quant import int8_copy
+
+    target, _ = tiny_models
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23, 41)]
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=37)
+    out = triforce.generate(target, prompts, method="magicdec", max_new_tokens=37, draft=int8_copy(target), gamma=2,
+                            draft_cache="retrieval", budget=12, chunk_size=4)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+    assert set(out.stats["acceptance"]) == {"draft->full"}
+
+
+def test_magicdec_retrieval_draft_copy_of_target_smollm2(smol_reference):
+    """On SmolLM2 the int8 copy drafting on the target's retrieval cache keeps the output and drafts well:
+    it reads the target's selected keys and values (a draft that read the wrong cache would be accepted
+    about never)."""
+    from triforce.models.quant import int8_copy
+
+    model, prompts, ref = smol_reference
+    out = triforce.generate(model, prompts, method="magicdec", max_new_tokens=20, draft=int8_copy(model), gamma=3,
+                            draft_cache="retrieval", budget=32, chunk_size=8)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+    assert out.stats["acceptance"]["draft->full"] >= 0.4, out.stats["acceptance"]
+
+
+def test_magicdec_retrieval_draft_must_match_the_target(tiny_models):
+    """A draft on the target's retrieval cache reads the target's keys and values: a model of another
+    geometry, or of another dtype than the cache, is refused with a message that says why."""
+    target, _ = tiny_models
+    p = [torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(4))]
+    kw = dict(method="magicdec", max_new_tokens=4, draft_cache="retrieval", budget=12, chunk_size=4)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        triforce.generate(target, p, draft=tiny(1, layers=3), **kw)
+    with pytest.raises(ValueError, match="bfloat16"):
+        triforce.generate(target, p, draft=copy.deepcopy(target).to(torch.bfloat16), **kw)
+    out = triforce.generate(target, p, draft=tiny(1), **kw)  # same geometry, other weights: lossless all the same
+    assert torch.equal(out.tokens[0], triforce.generate(target, p, method="autoregressive", max_new_tokens=4).tokens[0])
+
+
 def test_single_prompt_tensor_equals_batch_row(tiny_models):
     target, _ = tiny_models
     p = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(5))

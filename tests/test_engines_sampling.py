@@ -10,6 +10,7 @@ import triforce
 import triforce_kernels as tk
 from triforce.engines import triforce as triforce_engine
 from triforce.models import Llama, LlamaConfig
+from triforce.models.quant import int8_copy
 
 V, N, P = 16, 1500, 24
 TEMP = 1.0
@@ -50,10 +51,16 @@ def chi2_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
     return st.chisquare(obs[keep], exp[keep]).pvalue
 
 
-def run(models, method, **opts):
-    target, draft, prompt, joint12, marg3 = models
+def run(models, method, draft=None, **opts):
+    """``draft="int8"``: the int8 copy of the target drafts; else the other tiny model, for the methods
+    that take a draft model by default."""
+    target, other, prompt, joint12, marg3 = models
+    if draft == "int8":
+        draft = int8_copy(target)
+    elif method in ("speculative", "triforce"):
+        draft = other
     out = triforce.generate(target, prompt.expand(N, P), method=method, max_new_tokens=3, temperature=TEMP,
-                            seed=123, draft=draft if method in ("speculative", "triforce") else None, **opts)
+                            seed=123, draft=draft, **opts)
     t = torch.stack(out.tokens).numpy()
     c12 = np.zeros((V, V))
     np.add.at(c12, (t[:, 0], t[:, 1]), 1)
@@ -64,6 +71,7 @@ CASES = {
     "speculative": {"gamma": 3},
     "magicdec": {"gamma": 3, "sink": 1, "window": 6},
     "magicdec-retrieval": {"gamma": 3, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4},
+    "magicdec-retrieval-int8": {"gamma": 3, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4, "draft": "int8"},
     "triforce": {"gamma1": 2, "gamma2": 3, "budget": 12, "chunk_size": 4, "sink": 1, "window": 10},
     "tree": {"tree": (2, 2, 1), "sink": 1, "window": 16},
 }

@@ -210,12 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "autoregressive.")
     d.add_argument("--quick", action="store_true", help="small scenes (well under a minute)")
     d.add_argument("--context", metavar="N", type=_int(1), default=None,
-                   help="prompt tokens of the long-context scene (default 3000 on CPU, 4000 on GPU; --quick: 600)")
+                   help="prompt tokens of the batched long-context scene (default 3000 on CPU, 4000 on GPU; "
+                        "--quick: 600)")
     d.add_argument("--max-new-tokens", metavar="N", type=_int(1), default=None,
-                   help="tokens to generate per prompt (default 48 at batch 1, 32 in the long-context scene; "
-                        "--quick: 8)")
+                   help="tokens to generate per prompt (default 48 at batch 1, 32 in the batched long-context "
+                        "scene; --quick: 8)")
     d.add_argument("--batch", metavar="B", type=_int(1), default=None,
-                   help="prompts of the long-context scene (default 4 on CPU, 32 on GPU; --quick: 2)")
+                   help="prompts of the batched long-context scene (default 4 on CPU, 32 on GPU; --quick: 2)")
     d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
     d.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
     _add_common(d)

@@ -241,8 +241,10 @@ DEMO_HEADS = ("hidden_transfer", (1, 1))  # the shipped head set and tree of the
 def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch: int | None = None,
                 max_new_tokens: int | None = None) -> list[dict]:
     """The regimes where each method pays, on this hardware. CPU: batch 1 (the weights dominate: a
-    cheap draft model or a token tree), and batch x context large enough that the KV cache dominates
-    (self-drafting from a small cache: MagicDec, TriForce). GPU: the large-batch regime."""
+    cheap draft model or a token tree), batch 1 at a long context (every step also reads the KV cache, at
+    6000 tokens half the weights' bytes on SmolLM2: a draft with cheap weights on a small cache, MagicDec
+    with the int8 copy on the retrieval cache, and TriForce), and batch x context large enough that the KV
+    cache dominates (self-drafting from a small cache: MagicDec, TriForce). GPU: the large-batch regime."""
     if device_type == "cuda":
         long = {"batch": batch or 32, "context": context or 4000, "new": max_new_tokens or 64}
     elif quick:
@@ -251,6 +253,19 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
         long = {"batch": batch or 4, "context": context or 3000, "new": max_new_tokens or 32}
     short = {"batch": 1, "context": 200 if quick else 1000, "new": max_new_tokens or (8 if quick else 48)}
     budget = max(64, min(256, long["context"] // 4) // 8 * 8)
+    deep = {"batch": 1, "context": 600 if quick else 6000, "new": max_new_tokens or (8 if quick else 48)}
+    deep_budget = max(64, min(512, deep["context"] // 8) // 8 * 8)
+    deep_scene = [
+        {"title": f"batch 1 x {deep['context']} tokens: a long context adds its KV cache to what every step reads "
+                  f"(a draft with cheap weights on a small cache pays)",
+         # the needle at 3/4 of the haystack: at 6000 tokens SmolLM2-135M answers the pass key from there
+         # (measured: 0.75 and 0.9 yes; 0.25 and 0.5 it continues the text instead)
+         **deep, "depth": 0.75, "methods": ["autoregressive", "magicdec", "magicdec:int8", "triforce"],
+         "options": {"magicdec": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
+                     "magicdec:int8": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
+                     "triforce": {"gamma1": 2, "gamma2": 6, "budget": deep_budget, "chunk_size": 8, "sink": 16,
+                                  "window": 240}}},
+    ] if device_type == "cpu" else []  # (the int8 copy is a CPU draft; a GPU's long scene is the batched one)
     return [
         {"title": "batch 1: the weights dominate each step (a cheaper draft or a token tree pays)",
          **short, "methods": ["autoregressive", "speculative", *(["speculative:int8"] if device_type == "cpu" else []),
@@ -258,6 +273,7 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
          "options": {"speculative": {"gamma": 3}, "speculative:int8": {"gamma": 3},
                      "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
                      f"tree:{DEMO_HEADS[0]}": {"tree": DEMO_HEADS[1]}}},
+        *deep_scene,
         {"title": f"batch {long['batch']} x {long['context']} tokens: the KV cache dominates what a step reads "
                   f"(drafting from a small cache saves those bytes)",
          **long, "methods": ["autoregressive", "magicdec", "triforce"],
@@ -289,8 +305,8 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
             continue
         prompts, keys = [], []
         for b in range(scene["batch"]):
-            ids, key = passkey_prompt(tok, scene["context"] - 7 * b, depth=0.25 + 0.5 * b / max(1, scene["batch"] - 1),
-                                      offset=4000 * b)
+            depth = scene.get("depth", 0.25 + 0.5 * b / max(1, scene["batch"] - 1))
+            ids, key = passkey_prompt(tok, scene["context"] - 7 * b, depth=depth, offset=4000 * b)
             prompts.append(torch.tensor(ids, device=device))
             keys.append(key)
         print(f"\n== {scene['title']}: {scene['batch']} pass-key prompt(s) of ~{scene['context']} tokens, "

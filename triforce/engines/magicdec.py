@@ -4,7 +4,15 @@ small fixed KV window instead of the whole context, so it pays off when batch x 
 bytes dominate weight bytes. ``draft_cache="retrieval"`` drafts from a retrieval cache of the same
 budget instead (the TriForce middle level used as a two-level method); with a prompt too short for
 a retrieval cache (fewer than 3 complete chunks) it drafts from the StreamingLLM window, and says so
-in ``stats["notes"]``."""
+in ``stats["notes"]``.
+
+``draft=``: a model drafting instead of the target. On the StreamingLLM window it keeps a window of
+its own (prefilled with the prompts). On the retrieval cache it reads the target's own keys and
+values (the chunks the cache selected, and the verified tokens it copies from the full cache), so it
+must be a copy of the target with cheaper weights: the same layers, KV heads, head size, positions and
+vocabulary, computing in the target's dtype (``triforce.models.int8_copy(target)``;
+:func:`check_retrieval_draft`). Then a draft step reads the cheaper weights and the small cache only;
+its acceptance is the level ``draft->full`` (``self->full`` when the target drafts)."""
 from __future__ import annotations
 
 from .decode import Decode, model_dtype
@@ -20,7 +28,7 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
     target = d.target
     if draft_cache == "retrieval":
         if draft is not None:
-            raise ValueError("draft: draft_cache='retrieval' drafts with the target itself; pass draft=None")
+            check_retrieval_draft(draft, target)
         budget = retrieval_budget(budget or sink + window, chunk_size, d.prompts)
         if budget is None:
             d.notes.append(f"magicdec: the shortest prompt has fewer than 3 chunks of {chunk_size} tokens, too "
@@ -43,6 +51,25 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
                                     max_step=gamma + 1,  # tokens appended between syncs
                                     rebuild_stride=rebuild_stride,
                                     recent_chunks=recent_chunks(recent, budget, chunk_size))
-            drafter = RetrievalDrafter(target, rcache, d.sampling)
+            drafter = RetrievalDrafter(draft if draft is not None else target, rcache, d.sampling)
             drafter.prefill(d.prompts, first)
-    return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, "self->full"))
+    level = "self->full" if draft is None else "draft->full"
+    return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, level))
+
+
+def check_retrieval_draft(draft, target) -> None:
+    """Raise ``ValueError`` unless ``draft`` can draft on ``target``'s retrieval cache: that cache holds the
+    target's keys and values (RoPE applied at the target's positions), so the draft needs the target's
+    layers, KV heads, head size, vocabulary and RoPE, and the target's dtype (the cache's)."""
+    a, b = draft.config, target.config
+    names = ("num_hidden_layers", "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
+             "rope_theta", "rope_scaling")
+    diff = [n for n in names if getattr(a, n) != getattr(b, n)]
+    if diff:
+        raise ValueError(f"draft: with draft_cache='retrieval' the draft reads the target's own keys and values, so "
+                         f"it must share the target's {', '.join(diff)}: use a copy of the target with cheaper "
+                         f"weights (triforce.models.int8_copy(target)), or draft=None (the target itself)")
+    if model_dtype(draft) != model_dtype(target):
+        raise ValueError(f"draft: with draft_cache='retrieval' the draft computes on the target's "
+                         f"{model_dtype(target)} cache, but it is {model_dtype(draft)}: use triforce.models.int8_copy(target) (float32 "
+                         f"activations), or draft=None (the target itself)")

@@ -73,7 +73,9 @@ OPTIONS: dict[str, Option] = {
                                                   "the target's layers; triforce: default none, the whole "
                                                   "target on its StreamingLLM window)"),
     "draft_cache": Option("streaming", _choice("streaming", "retrieval"),
-                          "magicdec: the self-draft's cache, 'streaming' or 'retrieval'"),
+                          "magicdec: the draft's cache, 'streaming' or 'retrieval' (a draft model on the "
+                          "retrieval cache reads the target's keys and values: a copy of the target, e.g. "
+                          "int8)"),
 }
 
 
