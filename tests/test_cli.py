@@ -301,6 +301,11 @@ def test_generate_hf_directory(hf_dir, capsys):
     rc, out3, _ = run(["generate", "--model", str(hf_dir), "--prompt", "the cat sat on a mat", "--max-new-tokens",
                        "12", "--method", "speculative", "--draft", "int8", "--gamma", "3"], capsys)
     assert rc == 0 and out3 == out
+    # MagicDec with the int8 copy drafting on the target's retrieval cache: the same text
+    rc, out4, err4 = run(["generate", "--model", str(hf_dir), "--prompt", "the cat sat on a mat", "--max-new-tokens",
+                          "12", "--method", "magicdec", "--draft", "int8", "--draft-cache", "retrieval", "--budget", "4",
+                          "--chunk-size", "1", "--recent", "0", "--gamma", "2"], capsys)
+    assert rc == 0 and out4 == out, err4
 
 
 def test_generate_stops_at_eos(hf_dir, tmp_path, capsys):
