@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import triforce
 from triforce.engines.tree import tree_parents
 from triforce.models import Llama, LlamaConfig
+from triforce.models.quant import int8_copy
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,8 +40,8 @@ def cases(draw):
     elif method == "magicdec":
         gamma = draw(st.integers(1, 5))
         if draw(st.booleans()):
+            # separate: the target's int8 copy drafts on its retrieval cache (the only draft it takes)
             opts, min_len = {"gamma": gamma, "draft_cache": "retrieval", **retrieval}, retrieval["budget"]
-            separate = False
         else:
             opts = {"gamma": gamma, "sink": sink, "window": gamma + 2 + draw(st.integers(0, 10))}
             min_len = 2
@@ -64,7 +65,9 @@ def test_every_method_random_batches_and_options(case, data):
     method, opts, separate, min_len = case
     vocab = data.draw(st.sampled_from([16, 64]), label="vocab")
     target = tiny(0, vocab)
-    draft = tiny(1, vocab, layers=1) if separate else None
+    draft = None
+    if separate:
+        draft = int8_copy(target) if opts.get("draft_cache") == "retrieval" else tiny(1, vocab, layers=1)
     B = data.draw(st.integers(1, 5), label="batch")
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
     if data.draw(st.booleans(), label="identical"):
