@@ -6,6 +6,9 @@ batch 1 and batch 8 at several thousand tokens of context (embedded SmolLM2-135M
     python bench/bench_e2e.py --table1                                             # acceptance experiment
     python bench/bench_e2e.py --context 6000 --batch 8 --max-new-tokens 128 --methods autoregressive magicdec \
         --options '{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}'   # engines.md: batch x context on CPU
+    python bench/bench_e2e.py --context 6000 --batch 1 --max-new-tokens 64 --methods autoregressive magicdec magicdec:int8 \
+        --options '{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2},
+                    "magicdec:int8": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}'  # the int8 copy on the retrieval cache
 
 Rows go to the CSV (family ``e2e``, op ``generate:<method>``): median_us = decode seconds per new
 token of the batch, baseline = autoregressive, speedup = tokens/s over autoregressive, extra = the
@@ -86,12 +89,23 @@ def table1(args) -> None:
         print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
 
+def _label(s: str) -> str:
+    """A method name, or ``method:int8`` (triforce.demo.compare_methods drafts such a row with the int8 copy)."""
+    method, _, variant = s.partition(":")
+    if method not in METHODS or variant not in ("", "int8") or s == "autoregressive:int8":
+        raise argparse.ArgumentTypeError(f"{s!r}: expected one of {', '.join(METHODS)}, or one of them but "
+                                         f"autoregressive with ':int8'")
+    return s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", type=int, default=3000)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    ap.add_argument("--methods", nargs="+", type=_label, default=list(METHODS),
+                    help="methods, or METHOD:int8 to draft with the int8 copy of the model (a float32 model); "
+                         "--options takes the label as its key")
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     ap.add_argument("--table1", action="store_true", help="run the acceptance experiment instead")
