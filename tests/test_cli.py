@@ -347,6 +347,12 @@ def test_demo_quick(smol, capsys):
     for method in ("autoregressive", "speculative", "triforce", "magicdec", "tree"):
         assert method in out
     assert "greedy outputs identical to autoregressive: yes" in out
+    # one method alone: the scenes without it are skipped (the batch-1 scene has no magicdec), and with
+    # no autoregressive run nothing is compared
+    assert cli.main(["demo", "--quick", "--context", "120", "--max-new-tokens", "4", "--methods", "magicdec"]) == 0
+    out = capsys.readouterr().out
+    assert "magicdec:int8" in out and "speculative" not in out and "tree" not in out
+    assert "greedy outputs identical to autoregressive: not compared" in out
 
 
 def test_python_m_triforce_help():
