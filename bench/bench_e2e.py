@@ -117,6 +117,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.context, args.batch, args.max_new_tokens = 1024, [1], 16
+    if not args.table1 and args.max_new_tokens < 2:
+        ap.error("--max-new-tokens: at least 2 (the first new token comes from the prefill; tokens/s is the "
+                 "rate of the tokens after it)")
     if args.table1:
         args.temperature = 0.6 if args.temperature is None else args.temperature
         table1(args)

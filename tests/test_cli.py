@@ -353,6 +353,10 @@ def test_demo_quick(smol, capsys):
     out = capsys.readouterr().out
     assert "magicdec:int8" in out and "speculative" not in out and "tree" not in out
     assert "greedy outputs identical to autoregressive: not compared" in out
+    # a context too short for the pass-key prompt fails before any scene runs (it used to fail after two)
+    assert cli.main(["demo", "--quick", "--context", "30", "--progress"]) != 0
+    out, err = capsys.readouterr()
+    assert "too short for the pass-key prompt" in err and "running" not in err and "== batch" not in out
 
 
 def test_python_m_triforce_help():
@@ -382,6 +386,19 @@ def test_demo_compares_the_int8_copy_as_a_draft():
     cpu_methods = [m for s in demo.demo_scenes(True, "cpu") for m in s["methods"]]
     assert cpu_methods.count("magicdec:int8") == 1 and cpu_methods.count("magicdec") == 2
     assert all("magicdec:int8" not in s["methods"] for s in demo.demo_scenes(False, "cuda"))
+
+
+def test_compare_methods_one_new_token_has_no_speedup():
+    """With one new token every method's only token comes from the prefill: no decode rate, so no
+    speed-up (it divided by zero), and the table prints '-'."""
+    from tests.test_engines import tiny
+
+    model = tiny(7)
+    prompts = [torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(0))]
+    rows = demo.compare_methods(model, prompts, ["autoregressive", "magicdec"], 1,
+                                options={"magicdec": {"sink": 1, "window": 8}}, draft=None)
+    assert [r["speedup"] for r in rows] == [None, None] and all(r["identical"] for r in rows)
+    assert demo.format_table(rows).splitlines()[2].split()[2] == "-"
 
 
 def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():

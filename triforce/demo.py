@@ -105,7 +105,10 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
         rows.append({"method": label, "stats": out.stats, "tokens": out.tokens})
     base = next((r for r in rows if r["method"] == "autoregressive"), None)
     for r in rows:
-        r["speedup"] = r["stats"]["tokens_per_s"] / base["stats"]["tokens_per_s"] if base else None
+        # no speed-up when autoregressive decoded nothing after its prefill (max_new_tokens=1: every token
+        # comes from the prefill, so there is no decode rate to compare with)
+        ar = base["stats"]["tokens_per_s"] if base else 0.0
+        r["speedup"] = r["stats"]["tokens_per_s"] / ar if ar > 0 else None
         r["identical"] = (all(torch.equal(a, b) for a, b in zip(r["tokens"], base["tokens"]))
                           if base is not None and temperature == 0 else None)
     return rows
@@ -298,6 +301,7 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
           f"and not counted in tokens/s.", file=out)
     ok, compared = True, False
     fp32 = next(model.parameters()).dtype == torch.float32
+    runs = []  # every scene's prompts first: a context too short for one fails before any scene runs
     for scene in demo_scenes(quick, device.type, context, batch, max_new_tokens):
         # the int8 copy quantises a float32 model only (triforce.models.int8_copy)
         wanted = [m for m in scene["methods"] if m.partition(":")[0] in methods and (fp32 or not m.endswith(":int8"))]
@@ -309,6 +313,8 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
             ids, key = passkey_prompt(tok, scene["context"] - 7 * b, depth=depth, offset=4000 * b)
             prompts.append(torch.tensor(ids, device=device))
             keys.append(key)
+        runs.append((scene, wanted, prompts, keys))
+    for scene, wanted, prompts, keys in runs:
         print(f"\n== {scene['title']}: {scene['batch']} pass-key prompt(s) of ~{scene['context']} tokens, "
               f"{scene['new']} new tokens each", file=out)
         with SharedPrefill(model, int8_copy=any(m.endswith(":int8") for m in wanted)):
