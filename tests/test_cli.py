@@ -6,6 +6,7 @@ import argparse
 import importlib.metadata
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -161,6 +162,26 @@ def test_empty_prompt_file(tmp_path, capsys):
     rc, _, err = run(["generate", "--prompt-file", str(tmp_path / "p.txt")], capsys)
     assert rc == 2
     assert_one_line_error(err, "empty")
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="no /dev/fd on this system")
+def test_prompt_file_from_a_pipe(hf_dir, tmp_path, capsys):
+    """--prompt-file takes a pipe, as bash's <(command) passes one (/dev/fd/63; it was refused as 'no such
+    file'), and names a directory as one."""
+    r, w = os.pipe()
+    os.write(w, b"the cat sat on a mat")
+    os.close(w)
+    try:
+        rc, out, _ = run(["generate", "--model", str(hf_dir), "--prompt-file", f"/dev/fd/{r}", "--max-new-tokens",
+                          "5"], capsys)
+    finally:
+        os.close(r)
+    rc2, out2, _ = run(["generate", "--model", str(hf_dir), "--prompt", "the cat sat on a mat", "--max-new-tokens",
+                        "5"], capsys)
+    assert rc == rc2 == 0 and out == out2 and out.strip()
+    rc, _, err = run(["generate", "--model", str(hf_dir), "--prompt-file", str(tmp_path)], capsys)
+    assert rc == 2
+    assert_one_line_error(err, "a directory")
 
 
 # ---- runtime errors: exit code 1, one line, --debug raises

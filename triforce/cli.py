@@ -90,9 +90,12 @@ def _is_heads(draft: str) -> bool:
 
 
 def _prompt_file(s: str) -> str:
-    if s == "-" or Path(s).expanduser().is_file():
+    """'-', or a path to read: a file, or a pipe such as bash's ``<(command)`` (``/dev/fd/63``)."""
+    path = Path(s).expanduser()
+    if s == "-" or (path.exists() and not path.is_dir()):
         return s
-    raise argparse.ArgumentTypeError(f"no such file {s!r}: give an existing text file, '-' for stdin, "
+    what = "a directory" if path.is_dir() else "no such file"
+    raise argparse.ArgumentTypeError(f"{what} {s!r}: give an existing text file, '-' for stdin, "
                                      "or the text itself with --prompt")
 
 
