@@ -23,15 +23,16 @@ at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at:
 
 // ---- model layer: a decoder layer in two calls around the KV cache, bitwise the Python modules' result
 // (csrc/cpu/decoder.cpp). Projections: weights w[i] (float32/bfloat16 like h, or int8 with scales[i]),
-// optional bias[i]; attn_in takes q, k, v, attn_out_mlp o, gate, up, down.
+// optional bias[i]; attn_in takes q, k, v, attn_out_mlp o, gate, up, down. The `Tensor?[]` arguments are
+// c10::List, the dispatcher's own type for them. (They were std::vector; with torch 2.11 on a GPU machine
+// the op's first argument check then crashed the process instead of raising: cause not confirmed.)
+using OptionalTensorList = c10::List<std::optional<at::Tensor>>;
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, at::TensorList w,
-    const std::vector<std::optional<at::Tensor>>& scales, const std::vector<std::optional<at::Tensor>>& bias,
-    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
+    const OptionalTensorList& scales, const OptionalTensorList& bias, const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim);
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
-                                at::TensorList w, const std::vector<std::optional<at::Tensor>>& scales,
-                                const std::vector<std::optional<at::Tensor>>& bias);
+                                at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
 
 // ---- verification attention (docs/design.md 3.2) --------------------------------------------------
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).

@@ -100,10 +100,11 @@ void check_projections(const char* name, const std::vector<at::Tensor>& w,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, at::TensorList w,
-    const std::vector<std::optional<at::Tensor>>& scales, const std::vector<std::optional<at::Tensor>>& bias,
-    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
-    const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim) {
+    const OptionalTensorList& scales_list, const OptionalTensorList& bias_list, const std::optional<at::Tensor>& q_norm_w,
+    const std::optional<at::Tensor>& k_norm_w, double qk_eps, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t head_dim) {
   const std::vector<at::Tensor> ws = w.vec();
+  const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec();
   check_projections("decoder_attn_in", ws, scales, bias, 3);
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
@@ -122,9 +123,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
 }
 
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
-                                at::TensorList w, const std::vector<std::optional<at::Tensor>>& scales,
-                                const std::vector<std::optional<at::Tensor>>& bias) {
+                                at::TensorList w, const OptionalTensorList& scales_list,
+                                const OptionalTensorList& bias_list) {
   const std::vector<at::Tensor> ws = w.vec();
+  const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec();
   check_projections("decoder_attn_out_mlp", ws, scales, bias, 4);
   TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
               "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
