@@ -205,6 +205,11 @@ def test_gguf_k_quants_match_transformers(tmp_path, family):
 
     tok = load_tokenizer(path, cache_dir=False)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
+    if "Split" not in str(theirs.backend_tokenizer.pre_tokenizer.__getstate__()):
+        # Each of these pre-tokenizers is a regex split. transformers 5.17 (the GPU image's) converts
+        # llama-bpe to a plain ByteLevel pre-tokenizer (GPT-2's splits): "):\n    return" then splits as
+        # ":", "\n  " instead of ":", "\n", "  ". That is no oracle for this half of the test.
+        pytest.skip(f"transformers {transformers.__version__} drops the GGUF's {pre} split regex")
     texts = ["def f(x):\n    return x ** 2  # 12345 it's\r\n\r\n", "I'LL  DON'T  café naïve 日本 😀 ２３",
              "   trailing spaces   \n\n\tindent", "a1b22c333d4444 3.14159 -7e10", "<|im_start|>user\nhi<|im_end|>"]
     for text in texts:
