@@ -86,6 +86,13 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _sampler_tensors(g: torch.Generator, B: int, drafts: int, rows: int, V: int):
+    """Peaked draft and target distributions (q [B, drafts, V], p [B, rows, V]), uniforms, target logits."""
+    q = torch.softmax(4 * torch.randn(B, drafts, V, generator=g), -1)
+    p = torch.softmax(4 * torch.randn(B, rows, V, generator=g), -1)
+    return q, p, torch.rand(B, rows, 2, generator=g), torch.randn(B, rows, V, generator=g)
+
+
 def _random_parents(g: torch.Generator, B: int, T: int) -> torch.Tensor:
     """A random tree per row: node t > 0 hangs under a node in [0, t)."""
     parents = torch.full((B, T), -1, dtype=torch.int64)
@@ -140,11 +147,8 @@ def test_chain_samplers(backend):
     def make(seed):
         g = _gen(seed)
         draft = torch.randint(0, V, (B, n), generator=g)
-        q = torch.softmax(3 * torch.randn(B, n, V, generator=g), -1)
-        p = torch.softmax(3 * torch.randn(B, n + 1, V, generator=g), -1)
+        q, p, u, logits = _sampler_tensors(g, B, n, n + 1, V)
         draft[0] = p[0, :n].argmax(-1)  # a row that accepts
-        u = torch.rand(B, n + 1, 2, generator=g)
-        logits = torch.randn(B, n + 1, V, generator=g)
         return [t.to(DEV) for t in (draft, q, p, u, logits)]
 
     def fn(draft, q, p, u, logits):
@@ -162,10 +166,7 @@ def test_tree_samplers(backend):
         g = _gen(seed)
         parents = _random_parents(g, B, T)
         tokens = torch.randint(0, V, (B, T), generator=g)
-        q = torch.softmax(4 * torch.randn(B, T, V, generator=g), -1)
-        p = torch.softmax(4 * torch.randn(B, T, V, generator=g), -1)
-        u = torch.rand(B, T, 2, generator=g)
-        logits = torch.randn(B, T, V, generator=g)
+        q, p, u, logits = _sampler_tensors(g, B, T, T, V)
         return [t.to(DEV) for t in (tokens, parents, q, p, u, logits)]
 
     def fn(tokens, parents, q, p, u, logits):
