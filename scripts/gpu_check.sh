@@ -76,6 +76,8 @@ one() {  # one STAGE: returns the number of its commands that failed
       nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$RESULTS/gpu.txt"
       "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
       nvcc --version | tail -1
+      "$PY" -c "from torch.utils.cpp_extension import get_cxx_compiler as c; print('C++ compiler:', c())"
+      "$("$PY" -c "from torch.utils.cpp_extension import get_cxx_compiler as c; print(c())")" --version | head -1
       run build env MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" -m pip install --no-deps --no-build-isolation -v -e . || bad=1
       grep -o -- "-gencode[^ ]*" "$RESULTS/build.log" | sort -u
       grep -i "warning" "$RESULTS/build.log" | grep -v -i "setuptools\|pip's\|Running pip" | sort | uniq -c | head -30
