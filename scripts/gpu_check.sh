@@ -6,6 +6,8 @@
 # Stages:
 #   build       pip install --no-deps --no-build-isolation -e . (the C++ extension with csrc/cuda/*.cu, for
 #               the GPU's own architecture); the build log's warnings; python -m triforce_kernels
+#   readme      the README's test command in this environment as it is (TRIFORCE_VENV=- bash scripts/test.sh
+#               --collect-only): its own extension build (the same pip install, ~35 s on 16 cores) and imports
 #   diagnose    scripts/cpp_error_paths.py --backtrace: the C++ argument checks raise rather than crash
 #               (a native backtrace under cuda-gdb or gdb where one crashes)
 #   graphs      tests/test_cuda_graphs.py: no host synchronisation (sync debug mode "error") and CUDA-graph
@@ -82,6 +84,8 @@ one() {  # one STAGE: returns the number of its commands that failed
       grep -o -- "-gencode[^ ]*" "$RESULTS/build.log" | sort -u
       grep -i "warning" "$RESULTS/build.log" | grep -v -i "setuptools\|pip's\|Running pip" | sort | uniq -c | head -30
       run backends "$PY" -m triforce_kernels || bad=$((bad + 1)) ;;
+    readme) run readme env TRIFORCE_VENV=- MAX_JOBS="${MAX_JOBS:-$(nproc)}" bash scripts/test.sh --collect-only -q \
+              || bad=1 ;;
     diagnose) run diagnose "$PY" scripts/cpp_error_paths.py --backtrace || bad=1 ;;
     graphs) run graphs "${PYTEST[@]}" -v tests/test_cuda_graphs.py || bad=1 ;;
     # shellcheck disable=SC2086

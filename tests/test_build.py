@@ -127,3 +127,17 @@ def test_compile_check_dump_holds_exactly_this_runs_kernels(tmp_path):
     assert len(files) == 6, files
     assert {f.rsplit(".", 1)[1] for f in files} == {"ptx", "cubin", "ttgir"}
     assert all(f.split("-", 1)[1].startswith("_tree_sample_kernel.") for f in files)
+
+
+def test_missing_requirements_lists_only_absent_packages(tmp_path):
+    """scripts/_env.sh with TRIFORCE_VENV=- installs only what scripts/missing_requirements.py lists:
+    packages that are not installed at all (an installed one at another version is left alone), with
+    `-r` includes followed and comments skipped."""
+    (tmp_path / "base.txt").write_text("numpy>=999  # installed, at another version: kept\n"
+                                       "triforce-no-such-package==1.0\n")
+    (tmp_path / "req.txt").write_text("# comment\n-r base.txt\n\ntorch==0.0.1\n"
+                                      "another-absent-package[extra]>=2 ; python_version > '3'\n")
+    r = _run([sys.executable, os.path.join(ROOT, "scripts", "missing_requirements.py"), str(tmp_path / "req.txt")])
+    assert r.stdout.split("\n")[:2] == ["triforce-no-such-package==1.0",
+                                        "another-absent-package[extra]>=2 ; python_version > '3'"]
+    assert r.stdout.strip().count("\n") == 1
