@@ -1,11 +1,12 @@
 // rowwise_linear: out = x @ w^T for a few rows of x, float32 or bfloat16 (x and w alike). The kernel and
 // why it exists: csrc/include/triforce/linear.h. Row m of the result is bitwise the 1-row product of
 // x[m] whatever M and the thread count.
+#include "triforce/linear.h"  // first: its <immintrin.h> before ATen's (triforce/common.h says why)
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "../ops.h"
-#include "triforce/linear.h"
 
 namespace {
 

@@ -6,8 +6,17 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__F16C__)
+// GCC 12 warns, wherever an AVX-512 intrinsic is inlined, that the intrinsic's own pass-through operand
+// (_mm512_undefined_*) is, or may be, used uninitialized: ~400 false warnings per build, which GCC 13 no
+// longer emits. They are silenced for the header's own lines, and only when this is its first inclusion: a
+// translation unit includes this header (or one that includes it) before ATen, which includes
+// <immintrin.h> too.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace triforce {

@@ -25,11 +25,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-#include "triforce/common.h"
+#include "triforce/common.h"  // <immintrin.h> with F16C or AVX-512
 
 namespace triforce {
 namespace va {
