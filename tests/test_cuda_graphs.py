@@ -69,6 +69,7 @@ def check_sync_free_and_graph_replay(fn, make_inputs):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _as_tuple(fn(*static))
+    wants = []
     for inputs in (second, first, second):
         for s, x in zip(static, inputs):
             s.copy_(x)
@@ -78,7 +79,9 @@ def check_sync_free_and_graph_replay(fn, make_inputs):
         assert len(captured) == len(want)
         for got, exp in zip(captured, want):
             torch.testing.assert_close(got, exp, rtol=0, atol=0, equal_nan=True)
-    # the replays computed something that depends on the inputs (not a constant of the capture)
+        wants.append(want)
+    # the two input sets give different results, so the replays recomputed (not a constant of the capture)
+    assert any(not torch.equal(a, b) for a, b in zip(wants[0], wants[1]))
     return captured
 
 
