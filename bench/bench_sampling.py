@@ -12,6 +12,7 @@ import argparse
 import torch
 
 import triforce_kernels as tk
+from bench.flashinfer_baselines import chain_sampler
 from bench.harness import copy_bandwidth, measure, record
 from triforce_kernels._backend import available_backends
 
@@ -30,7 +31,7 @@ def main():
     grid = [(V, n, B) for V in Vs for n in ns for B in Bs]
     if dev.type == "cuda" and not args.quick:  # FlashInfer's published shapes of its chain sampler
         grid += [(32000, 5, 16), (128256, 8, 32)]
-    flashinfer_chain = _flashinfer_chain() if dev.type == "cuda" else None
+    flashinfer_chain = chain_sampler()
     for V, n, B in grid:
         p = torch.softmax(torch.randn(B, n + 1, V, device=dev, generator=g), -1)
         q = torch.softmax(torch.randn(B, n, V, device=dev, generator=g), -1)
@@ -60,16 +61,6 @@ def main():
                        dtype="float32", bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev,
                        baseline="reference", baseline_timing=base, extra="own uniforms (generator), not the caller's")
     tree_sample(dev, Bs, Vs, backends, bw, g)
-
-
-def _flashinfer_chain():
-    """FlashInfer's ``chain_speculative_sampling`` (draft_probs, draft_ids int32, target_probs), or None."""
-    try:
-        from flashinfer.sampling import chain_speculative_sampling
-    except Exception as e:  # not installed, or its import needs a package this machine lacks
-        print(f"flashinfer: not compared ({type(e).__name__}: {e})")
-        return None
-    return chain_speculative_sampling
 
 
 def tree_sample(dev, Bs, Vs, backends, bw, g, T=15):

@@ -16,12 +16,17 @@
 #               the GPU; in parallel when pytest-xdist is installed ($JOBS workers of one CPU thread each);
 #               each test's name and outcome logged as it finishes, so a run cut off by the time limit still
 #               says what failed; $PYTEST_ARGS appended
+#   rest        the tests that a `tests` stage cut off by its time limit did not finish (from RESULTS_DIR's
+#               tests.log and any earlier rest.log; scripts/unfinished_tests.py), the same way
 #   lastfailed  the tests that failed in the last `tests` run in this checkout (pytest --lf)
 #   memcheck    compute-sanitizer memcheck over the op tests that hold the boundary inputs, on the GPU
 #               backends (-1 / out-of-range indices, lengths 0/1/N, NaN rows and non-finite scores,
 #               vocabularies of 151936, wide trees), hypothesis at $SAN_EXAMPLES (default 4) examples
 #   race        compute-sanitizer racecheck and synccheck over the CUDA samplers' tests
 #   engines     tests/test_engines_cuda.py (the engines and SmolLM2 on CUDA tensors)
+#   baselines   python -m bench.flashinfer_baselines: FlashInfer's kernels that the benchmarks compare with,
+#               compiled (JIT, nvcc, $MAX_JOBS jobs) and checked against ours on tiny inputs, where the
+#               flashinfer package imports; run it beside `tests` so that `bench` then times no compiler
 #   bench       the kernel benchmarks (bench.run_all --only $BENCH_ONLY), rows to RESULTS_DIR/results.csv,
 #               rendered to RESULTS_DIR/benchmarks.md and img/; $BENCH_ARGS appended (e.g. --quick)
 #
@@ -54,7 +59,7 @@ PYTEST=("$PY" -m pytest -p no:cacheprovider)
 # the whole suite: one CPU thread per worker (the CPU tests' OpenMP would oversubscribe the cores), a
 # per-test limit where pytest-timeout is installed, and the Triton 3.6.0 compile check deselected: it
 # pip-installs that release (torch 2.11's own Triton is 3.6 anyway)
-SUITE=(env OMP_NUM_THREADS=1 TRIFORCE_NUM_THREADS=1 "$PY" -m pytest -v -ra tests --durations=25
+SUITE=(env OMP_NUM_THREADS=1 TRIFORCE_NUM_THREADS=1 "$PY" -m pytest -v -ra --durations=25
        --deselect "tests/test_build.py::test_triton_kernels_compile_for_h100[3.6.0]")
 "$PY" -c "import xdist" 2>/dev/null && SUITE+=(-n "${JOBS:-$(nproc)}")
 "$PY" -c "import pytest_timeout" 2>/dev/null && SUITE+=("--timeout=${TEST_TIMEOUT:-600}")
@@ -89,8 +94,17 @@ one() {  # one STAGE: returns the number of its commands that failed
     diagnose) run diagnose "$PY" scripts/cpp_error_paths.py --backtrace || bad=1 ;;
     graphs) run graphs "${PYTEST[@]}" -v tests/test_cuda_graphs.py || bad=1 ;;
     # shellcheck disable=SC2086
-    tests) run tests "${SUITE[@]}" ${PYTEST_ARGS:-} || bad=1 ;;
-    lastfailed) run lastfailed "${SUITE[@]}" --lf || bad=1 ;;
+    tests) run tests "${SUITE[@]}" tests ${PYTEST_ARGS:-} || bad=1 ;;
+    rest)
+      cat "$RESULTS/rest.log" >>"$RESULTS/rest.done" 2>/dev/null
+      "$PY" scripts/unfinished_tests.py "$RESULTS/tests.log" "$RESULTS/rest.done" \
+        -- tests --deselect "tests/test_build.py::test_triton_kernels_compile_for_h100[3.6.0]" >"$RESULTS/rest.ids" \
+        || return 1
+      mapfile -t left < <(grep . "$RESULTS/rest.ids")
+      if [ "${#left[@]}" -eq 0 ]; then echo "== rest: every test finished"; return 0; fi
+      run rest "${SUITE[@]}" "${left[@]}" || bad=1 ;;
+    lastfailed) run lastfailed "${SUITE[@]}" tests --lf || bad=1 ;;
+    baselines) run baselines env MAX_JOBS="${MAX_JOBS:-4}" "$PY" -m bench.flashinfer_baselines || bad=1 ;;
     memcheck) run memcheck "${SAN[@]}" --tool memcheck "${PYTEST[@]}" -v -x "${OPS[@]}" tests/test_cuda_graphs.py \
                 -k "(triton or cuda) and ($BOUNDARY or test_cuda_graphs)" || bad=1 ;;
     race)
