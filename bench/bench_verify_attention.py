@@ -45,7 +45,8 @@ def _sdpa(q, k, v, vis):
 MODEL_SHAPES = [(8, 6144, 9, 3, 64), (2, 4096, 12, 2, 128), (1, 16384, 12, 2, 128)]
 
 
-def run(device: str, full: bool, backends: list[str], quick: bool = False, model_shapes: bool = False) -> None:
+def run(device: str, full: bool, backends: list[str], quick: bool = False, model_shapes: bool = False,
+        only: tuple = (None, None, None)) -> None:
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
     cpu = dev.type == "cpu"
@@ -54,8 +55,9 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
         grid = [(B, N, Hq, Hkv, D, torch.float32, T) for B, N, Hq, Hkv, D in MODEL_SHAPES for T in (1, 5, 9)]
     else:
         Bs, Ns = ((1, 8), (32768, 131072)) if full else ((1,), (32768,))
-        grid = [(B, N, 32, 8, 128, torch.bfloat16, T) for B in Bs for N in Ns
-                for T in ((1, 16) if quick else (1, 7, 16, 64))]
+        Ts = (1, 16) if quick else (1, 7, 16, 64)
+        Bs, Ns, Ts = (o or d for o, d in zip(only, (Bs, Ns, Ts)))
+        grid = [(B, N, 32, 8, 128, torch.bfloat16, T) for B in Bs for N in Ns for T in Ts]
     try:
         from flash_attn import flash_attn_with_kvcache  # optional, GPU only
     except ImportError:
@@ -134,9 +136,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="T in {1, 16} only")
     ap.add_argument("--model-shapes", action="store_true",
                     help="the CPU engines' float32 shapes (SmolLM2-135M, Qwen2.5-Coder-1.5B) instead of the grid")
+    ints = lambda text: tuple(int(x) for x in text.split(","))
+    ap.add_argument("--batch", type=ints, default=None, help="only these batch sizes (comma list) of the grid")
+    ap.add_argument("--context", type=ints, default=None, help="only these cache lengths N (comma list)")
+    ap.add_argument("--widths", type=ints, default=None, help="only these query counts T (comma list)")
     a = ap.parse_args()
     backends = a.backends.split(",") if a.backends else (["cpu"] if a.device == "cpu" else ["triton"])
-    run(a.device, a.full or a.device == "cuda", backends, a.quick, a.model_shapes)
+    run(a.device, a.full or a.device == "cuda", backends, a.quick, a.model_shapes, (a.batch, a.context, a.widths))
 
 
 if __name__ == "__main__":

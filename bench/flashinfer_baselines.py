@@ -71,9 +71,10 @@ def _warm() -> None:
         p = torch.softmax(torch.randn(2, 5, 1000, device=dev), -1)
         q = torch.softmax(torch.randn(2, 4, 1000, device=dev), -1)
         d = torch.multinomial(q.view(-1, 1000), 1).view(2, 4).int()
-        out = sampler(q, d, p)
+        out = sampler(q, d, p)  # (output ids, accepted, emitted)
         torch.cuda.synchronize()
-        print(f"chain_speculative_sampling: compiled and ran in {time.time() - t0:.0f} s, output {tuple(out.shape)}")
+        print(f"chain_speculative_sampling: compiled and ran in {time.time() - t0:.0f} s, "
+              f"output ids {tuple(out[0].shape)}")
     B, N, Hq, Hkv, D, T = 2, 300, 4, 2, 128, 7
     q = torch.randn(B, T, Hq, D, device=dev, dtype=torch.bfloat16)
     k = torch.randn(B, N, Hkv, D, device=dev, dtype=torch.bfloat16)

@@ -15,7 +15,7 @@
 #   tests       the whole suite with TRIFORCE_REQUIRE_BACKENDS=reference,triton,cpu,cuda, Triton compiled for
 #               the GPU; in parallel when pytest-xdist is installed ($JOBS workers of one CPU thread each);
 #               each test's name and outcome logged as it finishes, so a run cut off by the time limit still
-#               says what failed; $PYTEST_ARGS appended
+#               says what failed; $TESTS (default tests) selects, $PYTEST_ARGS is appended
 #   rest        the tests that a `tests` stage cut off by its time limit did not finish (from RESULTS_DIR's
 #               tests.log and any earlier rest.log; scripts/unfinished_tests.py), the same way
 #   lastfailed  the tests that failed in the last `tests` run in this checkout (pytest --lf)
@@ -94,7 +94,7 @@ one() {  # one STAGE: returns the number of its commands that failed
     diagnose) run diagnose "$PY" scripts/cpp_error_paths.py --backtrace || bad=1 ;;
     graphs) run graphs "${PYTEST[@]}" -v tests/test_cuda_graphs.py || bad=1 ;;
     # shellcheck disable=SC2086
-    tests) run tests "${SUITE[@]}" tests ${PYTEST_ARGS:-} || bad=1 ;;
+    tests) run tests "${SUITE[@]}" ${TESTS:-tests} ${PYTEST_ARGS:-} || bad=1 ;;
     rest)
       cat "$RESULTS/rest.log" >>"$RESULTS/rest.done" 2>/dev/null
       "$PY" scripts/unfinished_tests.py "$RESULTS/tests.log" "$RESULTS/rest.done" \

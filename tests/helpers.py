@@ -9,7 +9,8 @@ import torch
 from triforce_kernels._backend import backend_status, op_backends
 
 GPU = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if GPU else "cpu")
+# indexed ("cuda:0", as tensors report their device), so that `t.device == DEVICE` holds for tensors made on it
+DEVICE = torch.device("cuda", torch.cuda.current_device()) if GPU else torch.device("cpu")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

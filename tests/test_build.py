@@ -141,3 +141,49 @@ def test_missing_requirements_lists_only_absent_packages(tmp_path):
     assert r.stdout.split("\n")[:2] == ["triforce-no-such-package==1.0",
                                         "another-absent-package[extra]>=2 ; python_version > '3'"]
     assert r.stdout.strip().count("\n") == 1
+
+
+_STATIC_LIBSTDCXX_PROBE = r'''
+import sys, torch
+from torch.utils.cpp_extension import load_inline
+sys.path.insert(0, sys.argv[2])
+from triforce_kernels._link_flags import libstdcxx_link_flags
+src = """
+#include <torch/extension.h>
+torch::Tensor check(const torch::Tensor& x) { TORCH_CHECK(x.dim() == 7, "want 7 dims, got ", x.dim()); return x; }
+TORCH_LIBRARY(triforce_static_libstdcxx_probe, m) { m.def("check(Tensor x) -> Tensor"); m.impl("check", torch::kCPU, &check); }
+"""
+# the compiler of the GPU image links libstdc++ statically; -static-libstdc++ does the same here
+load_inline(name="triforce_static_libstdcxx_probe", cpp_sources=[src], is_python_module=False,
+            extra_ldflags=["-static-libstdc++", *libstdcxx_link_flags()], build_directory=sys.argv[1])
+try:
+    torch.ops.triforce_static_libstdcxx_probe.check(torch.zeros(2))
+except RuntimeError as e:
+    print("raised:", str(e).splitlines()[0])
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("c++") is None,
+                    reason="the libstdc++ link flags are for Linux builds")
+def test_static_libstdcxx_compiler_still_formats_error_numbers(tmp_path):
+    """A compiler that links libstdc++ statically (the GPU image's did) gave the extension a private copy
+    whose iostreams used torch's locale facets with their own ids: an argument check's message lost its
+    number here and crashed the process there. With the extension's link flags
+    (triforce_kernels/_link_flags.py) a one-op extension built with -static-libstdc++ raises the whole
+    message. The probe runs in a subprocess, so a crash fails this test rather than the run."""
+    r = subprocess.run([sys.executable, "-c", _STATIC_LIBSTDCXX_PROBE, str(tmp_path), ROOT],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, f"probe exited with {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    assert r.stdout.strip().splitlines()[-1] == "raised: want 7 dims, got 1", r.stdout
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None or not sys.platform.startswith("linux"), reason="needs readelf")
+def test_extension_links_the_shared_libstdcxx():
+    """The built extension needs the process's libstdc++.so and defines none of its stream code itself."""
+    from triforce_kernels import _C  # noqa: F401  (the extension is loaded from this module's file)
+    so = sys.modules["triforce_kernels._C"].__file__
+    needed = _run(["readelf", "-d", so]).stdout
+    assert "libstdc++.so" in needed, needed
+    if shutil.which("nm"):
+        exported = _run(["nm", "-D", "--defined-only", so]).stdout
+        assert "_ZNSo9_M_insert" not in exported, "the extension exports its own std::ostream code"

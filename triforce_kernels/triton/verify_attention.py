@@ -19,11 +19,13 @@ from ..verify_attention import check_cache_rows
 @triton.jit
 def _verify_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, seqlens_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
-    scale, T, G, R, Hkv, N, S, D,
+    scale, T, G, R, Hkv, N, S, D, W,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     HAS_MASK: tl.constexpr, LOWP_DOT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    # mask_ptr (HAS_MASK): tree_mask packed as int64 words [B, T, W], bit si % 64 of word si // 64 of row
+    # (b, t) = tree_mask[b, t, si] (_pack_mask_kernel); BLOCK_N <= 64.
     part = tl.program_id(0)
     bh = tl.program_id(1)
     rb = tl.program_id(2)
@@ -68,9 +70,19 @@ def _verify_attention_split_kernel(
         # Tail only: new token si = pos - new0 is visible to query t iff tree_mask[b, t, si] (si <= t).
         si = pos - new0
         if HAS_MASK:
-            bit = tl.load(mask_ptr + b.to(tl.int64) * T * T + t[:, None] * T + si[None, :],
-                          mask=vis & (si[None, :] * 0 + part == S), other=0)
-            tail_ok = bit != 0
+            # Row t's bits of tree_mask, packed 64 to a word: this block's <= 64 positions fall in words
+            # w0 and w0 + 1. Per-row (1-D) loads broadcast over the keys, as the causal test is, so both
+            # variants reduce in the same register layout and give bitwise equal results for equal masks
+            # (a 2-D byte load gave the tree variant its own layout, its own summation order, and its
+            # prefix loop the mask load's registers). Nothing is loaded outside the tail.
+            si_c = tl.maximum(si, 0)  # the prefix parts' positions precede the tail (si < 0)
+            w0 = tl.maximum(n0 - new0, 0) // 64
+            row_bits = mask_ptr + (b.to(tl.int64) * T + t) * W
+            zero = rows * 0  # scalar conditions as row vectors: the interpreter's load masks must be tensors
+            word0 = tl.load(row_bits + w0, mask=row_ok & (zero + part == S) & (zero + w0 < W), other=0)
+            word1 = tl.load(row_bits + w0 + 1, mask=row_ok & (zero + part == S) & (zero + w0 + 1 < W), other=0)
+            word = tl.where((si_c // 64 == w0)[None, :], word0[:, None], word1[:, None])
+            tail_ok = ((word >> (si_c % 64).to(tl.int64)[None, :]) & 1) != 0
         else:
             tail_ok = si[None, :] <= t[:, None]
         vis = vis & (tail_ok | (si[None, :] * 0 + part != S))
@@ -90,6 +102,18 @@ def _verify_attention_split_kernel(
     tl.store(m_ptr + idx, m_i, mask=row_ok)
     tl.store(l_ptr + idx, l_i, mask=row_ok)
     tl.store(acc_ptr + idx.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _pack_mask_kernel(mask_ptr, bits_ptr, T, W):
+    # One program per (row b * T + t, word w): bits_ptr[row, w] = sum_i mask[row, 64 w + i] << i.
+    row = tl.program_id(0).to(tl.int64)
+    w = tl.program_id(1)
+    i = tl.arange(0, 64)
+    j = w * 64 + i
+    m = tl.load(mask_ptr + row * T + j, mask=j < T, other=0)
+    bits = tl.where(m != 0, tl.full((64,), 1, tl.int64) << i.to(tl.int64), 0)
+    tl.store(bits_ptr + row * W + w, tl.sum(bits, 0))  # distinct powers of two: the sum is their OR
 
 
 @triton.jit
@@ -158,14 +182,18 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     m = torch.empty((B * Hkv * parts * R,), device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty((B * Hkv * parts * R, D), device=q.device, dtype=torch.float32)
-    # bool loads as uint8 (the interpreter rejects bool pointers); causal: any pointer, never read
-    mask = tree_mask.contiguous().view(torch.uint8) if tree_mask is not None else cache_seqlens
+    W = triton.cdiv(T, 64)
+    if tree_mask is not None:  # packed to bits (bool loads as uint8: the interpreter rejects bool pointers)
+        mask = torch.empty((B, T, W), device=q.device, dtype=torch.int64)
+        _pack_mask_kernel[(B * T, W)](tree_mask.contiguous().view(torch.uint8), mask, T, W)
+    else:  # causal: any pointer, never read
+        mask = cache_seqlens
     # 16-bit operands straight into tl.dot (P cast to V's dtype, as flash-attn does). The interpreter's
     # bf16 dot is wrong, so there bf16 runs the fp32 path; fp16 takes the GPU path, which tests it.
     lowp = q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not interpret)
     _verify_attention_split_kernel[(parts, B * Hkv, row_blocks)](
         q, k_cache, v_cache, cache_seqlens, mask, m, l, acc,
-        softmax_scale, T, G, R, Hkv, N, S, D,
+        softmax_scale, T, G, R, Hkv, N, S, D, W,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HAS_MASK=tree_mask is not None, LOWP_DOT=lowp, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
