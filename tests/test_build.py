@@ -186,3 +186,18 @@ def test_extension_exports_no_libstdcxx_code():
     so = sys.modules["triforce_kernels._C"].__file__
     exported = _run(["nm", "-D", "--defined-only", so]).stdout
     assert "_ZNSo9_M_insert" not in exported, "the extension exports its own std::ostream code"
+
+
+def test_unfinished_tests_lists_what_a_cut_off_run_did_not_finish(tmp_path):
+    """scripts/unfinished_tests.py (gpu_check.sh's `rest` stage): the collected ids minus those a -v log
+    reports an outcome for, in both pytest-xdist's form and the plain one, ids with spaces included."""
+    ids = _run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                "tests/test_tree_mask.py"], cwd=ROOT).stdout
+    ids = [x for x in ids.splitlines() if "::" in x]
+    spaced = next(x for x in ids if " " in x)  # a parameter id with spaces
+    log = tmp_path / "tests.log"
+    log.write_text(f"[gw3] [ 12%] PASSED {ids[0]} \n{ids[1]} FAILED [ 50%]\n[gw0] [ 99%] ERROR {spaced} \n"
+                   f"FAILED {ids[2]} - AssertionError: the summary line, not an outcome\n")
+    r = _run([sys.executable, os.path.join(ROOT, "scripts", "unfinished_tests.py"), str(log),
+              str(tmp_path / "absent.log"), "--", "tests/test_tree_mask.py"], cwd=ROOT)
+    assert r.stdout.splitlines() == [x for x in ids if x not in (ids[0], ids[1], spaced)]
