@@ -41,7 +41,7 @@ if sanitize:
     san = ["-fsanitize=address,undefined,float-cast-overflow"]
     cxx_flags = [f for f in cxx_flags if f != "-O3"] + ["-O1", "-g", "-fno-omit-frame-pointer", "-fno-wrapv"] + san
     link_flags += san
-# the process's shared libstdc++, even where the compiler links it statically (triforce_kernels/_link_flags.py)
+# no exported second libstdc++, even where the compiler links it statically (triforce_kernels/_link_flags.py)
 link_flags += runpy.run_path(os.path.join(here, "triforce_kernels", "_link_flags.py"))["libstdcxx_link_flags"]()
 sources = ["csrc/torch_bindings.cpp"] + rel("csrc/cpu/*.cpp")
 include_dirs = [os.path.join(here, "csrc", "include"), os.path.join(here, "csrc")]

@@ -166,9 +166,9 @@ except RuntimeError as e:
 @pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("c++") is None,
                     reason="the libstdc++ link flags are for Linux builds")
 def test_static_libstdcxx_compiler_still_formats_error_numbers(tmp_path):
-    """A compiler that links libstdc++ statically (the GPU image's did) gave the extension a private copy
-    whose iostreams used torch's locale facets with their own ids: an argument check's message lost its
-    number here and crashed the process there. With the extension's link flags
+    """A compiler that links libstdc++ statically (the GPU image's did) gave the extension its own,
+    exported copy, whose iostreams used torch's locale facets with their own ids: an argument check's
+    message lost its number here and crashed the process there. With the extension's link flags
     (triforce_kernels/_link_flags.py) a one-op extension built with -static-libstdc++ raises the whole
     message. The probe runs in a subprocess, so a crash fails this test rather than the run."""
     r = subprocess.run([sys.executable, "-c", _STATIC_LIBSTDCXX_PROBE, str(tmp_path), ROOT],

@@ -106,11 +106,25 @@ def test_splits_and_views_match_reference(backend, B, Hkv, g, D, T, prefixes, sl
 @pytest.mark.parametrize("T, prefixes, mask_kind", [
     (1, [0, 1, 15, 16, 17], "causal"), (16, [17, 0], "tree"), (64, [1], "causal"), (64, [15], "tree"),
     (33, [16, 5], "random"),
+    (100, [5, 40], "random"), (130, [3], "tree"),  # > 64 new tokens: 2-3 words of the Triton packed mask
 ])
 def test_prefix_lengths_and_wide_trees(backend, T, prefixes, mask_kind):
     dev = backend_device(backend)
     q, k, v, L, mask = make_inputs(len(prefixes), T, 4, 2, 64, prefixes, 3, torch.bfloat16, T, dev, mask_kind)
     out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend=backend)
+    check_against_reference(out, lse, q, k, v, L, mask)
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention"))
+def test_wide_tree_with_lengths_below_T(backend):
+    """T > 64 with cache lengths L < T, which GPU callers may pass (not checked there, see below): the
+    first T - L new tokens are not in the cache, so the tail's key blocks start off the 64-token words of
+    the Triton kernel's packed mask and a block reads two of them. Called below the public op, whose CPU
+    check would raise first."""
+    dev = backend_device(backend)
+    q, k, v, _, mask = make_inputs(3, 100, 4, 2, 64, [0, 0, 0], 0, torch.float32, 5, dev, "random")
+    L = torch.tensor([30, 99, 71], dtype=torch.int32, device=dev)
+    out, lse = implementation("verify_attention", backend)(q, k, v, L, mask, 64 ** -0.5)
     check_against_reference(out, lse, q, k, v, L, mask)
 
 
