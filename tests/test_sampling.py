@@ -428,11 +428,16 @@ def test_custom_ops_opcheck(backend):
 def _naive_probs(row, temperature, top_k, top_p):
     """Per-token definition in float64: top-k keeps logits >= the k-th largest; top-p keeps x iff the
     mass of strictly more probable tokens is < top_p."""
-    x = row.double() / temperature
+    x = row.double()
+    x = torch.where(x.isnan(), float("-inf"), x)  # NaN counts as -inf
     if top_k is not None:
         kth = sorted(x.tolist(), reverse=True)[min(top_k, len(x)) - 1]
         x = torch.where(x >= kth, x, torch.tensor(float("-inf"), dtype=x.dtype))
-    p = torch.softmax(x, -1)
+    if (x == float("inf")).any():  # the limit: the +inf logits share the mass
+        p = (x == float("inf")).double()
+        p = p / p.sum()
+    else:  # float64: float32 logits over the tested temperatures do not overflow here
+        p = torch.softmax(x / temperature, -1)
     if top_p is not None:
         keep = torch.tensor([p[p > p[i]].sum() < top_p for i in range(len(p))])
         p = torch.where(keep, p, torch.zeros_like(p))
@@ -457,6 +462,46 @@ def test_logits_to_probs(V, temperature, top_k, top_p, dtype, ties, seed):
         else:
             want = _naive_probs(logits[r].float(), temperature, top_k, top_p)
         torch.testing.assert_close(out[r].double(), want, rtol=1e-5, atol=1e-6)
+
+
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 3e38, -3e38, 1e30, 0.0, 1.0, -2.5, 7.0]
+
+
+@given(V=st.integers(1, 12), temperature=st.sampled_from([1e-30, 1e-6, 0.7, 1.0, 1e30]),
+       top_k=st.sampled_from([None, 1, 2, 5]), top_p=st.sampled_from([None, 0.5, 1.0]),
+       dtype=st.sampled_from(DTYPES), data=st.data())
+def test_logits_to_probs_special_values(V, temperature, top_k, top_p, dtype, data):
+    """NaN counts as -inf, +inf logits share the mass, and no finite logit or positive temperature
+    overflows into NaN: the result is the float64 definition. A row with nothing above -inf is NaN."""
+    rows = data.draw(st.lists(st.lists(st.sampled_from(SPECIAL), min_size=V, max_size=V), min_size=1, max_size=3),
+                     label="rows")
+    logits = torch.tensor(rows, dtype=torch.float32).to(dtype)
+    out = tk.logits_to_probs(logits, temperature, top_k, top_p)
+    for r in range(len(rows)):
+        x = logits[r].float()
+        if not (x > float("-inf")).any():  # NaN compares false
+            assert out[r].isnan().all()
+            continue
+        want = _naive_probs(x, temperature, top_k, top_p)
+        torch.testing.assert_close(out[r].double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_logits_to_probs_special_values_exact_cases():
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[inf, 0.0, 1.0, inf, -inf, nan],          # two +inf: half each
+                      [nan, 0.0, 1.0, 2.0, nan, 5.0],           # NaN weighs 0, the rest is a softmax
+                      [3e38, -3e38, 0.0, 0.0, 0.0, 0.0],        # x / 0.7 would overflow
+                      [nan, -inf, nan, -inf, -inf, -inf]])      # nothing above -inf
+    out = tk.logits_to_probs(x, 0.7)
+    assert out[0].tolist() == [0.5, 0.0, 0.0, 0.5, 0.0, 0.0]
+    want = torch.softmax(torch.tensor([0.0, 1.0, 2.0, 5.0]) / 0.7, -1)
+    torch.testing.assert_close(out[1, [1, 2, 3, 5]], want)
+    assert out[1, [0, 4]].tolist() == [0.0, 0.0]
+    assert out[2].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert out[3].isnan().all()
+    # a tiny temperature is greedy, not NaN; top-k never keeps a NaN
+    torch.testing.assert_close(tk.logits_to_probs(x[1:3], 1e-30), tk.logits_to_probs(x[1:3], 0.0))
+    assert tk.logits_to_probs(x[1:2], 1.0, top_k=1).tolist() == [[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]
 
 
 def test_logits_to_probs_bad_inputs():

@@ -44,8 +44,13 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
       together), then renormalise. Applied to the distribution left by top-k.
 
     The transform is applied identically to every model of a speculative hierarchy, so the drafts'
-    and the target's distributions are comparable. A row of NaN logits yields NaN probabilities;
-    the samplers turn such rows into valid ids.
+    and the target's distributions are comparable.
+
+    Special values: a NaN logit counts as ``-inf`` (probability 0), as in the argmax. ``+inf``
+    logits share the row's mass equally (the softmax's limit). Any positive temperature and any
+    finite logits give a distribution: the logits are shifted by the row max before the division,
+    so nothing overflows. A row with no logit above ``-inf`` (all NaN / ``-inf``) yields NaN
+    probabilities; the samplers turn such rows into valid ids.
 
     Args:
         logits: ``[..., V]`` float32 / float16 / bfloat16.
