@@ -232,6 +232,41 @@ def test_greedy_sampling_rule_matches_the_verifiers_on_nan_and_ties():
     assert tok[:, 0].tolist() == emitted[:, 0].tolist() == [2, 0, 0]
 
 
+@given(V=st.integers(1, 40), num=st.integers(2, 50), seed=st.integers(0, 2 ** 16))
+def test_greedy_children_rank_by_value_then_lowest_index(V, num, seed):
+    """Greedy tree children: highest logit first, ties by lowest index (column 0 is the verifiers'
+    argmax), NaN as -inf, -0.0 equal to 0.0; past V the argmax repeats (torch.topk orders ties
+    arbitrarily and cannot take num > V)."""
+    from triforce.engines.steps import Sampling
+    from triforce_kernels.reference.sampling import argmax_lowest
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, V, generator=g).round()  # ties
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 3.4e38, -3.4e38])
+    pick = torch.rand(4, V, generator=g) < 0.3
+    x[pick] = specials[torch.randint(0, len(specials), (int(pick.sum()),), generator=g)]
+    ids, probs = Sampling(0.0, None, None, None).sample(x, num)
+    assert probs is None and ids.shape == (4, num) and ids.dtype == torch.int64
+    for r in range(4):
+        c = [float("-inf") if v != v else v for v in x[r].tolist()]
+        want = sorted(range(V), key=lambda i: (-c[i], i))[:num]
+        want += [want[0]] * (num - len(want))
+        assert ids[r].tolist() == want, (x[r], ids[r], want)
+    assert torch.equal(ids[:, 0], argmax_lowest(x))
+
+
+def test_greedy_tree_wider_than_the_vocabulary():
+    """A branching factor above the vocabulary: greedy children repeat (this crashed in topk);
+    output equal to autoregressive, and sampling works too."""
+    m = tiny(0, 4)
+    prompts = torch.randint(0, 4, (2, 10), generator=torch.Generator().manual_seed(0))
+    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=12)
+    out = triforce.generate(m, prompts, method="tree", tree=(6, 2), max_new_tokens=12)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    out = triforce.generate(m, prompts, method="tree", tree=(6, 2), max_new_tokens=12, temperature=1.0, seed=3)
+    assert all(bool(((t >= 0) & (t < 4)).all()) for t in out.tokens)
+
+
 def test_sampled_draws_never_fail_on_nan_logits():
     from triforce.engines.steps import Sampling
 

@@ -41,12 +41,12 @@ class Sampling:
 
     def sample(self, logits: torch.Tensor, num: int = 1, distinct: bool = False):
         """``num`` tokens per row of ``logits [B, V]`` -> (tokens int64 [B, num], probs [B, V] or None).
-        Greedy: the top-``num`` ids (argmax first, lowest index on ties). Sampling: ``num`` i.i.d.
-        draws (with replacement, as the tree sampler assumes)."""
+        Greedy: the top-``num`` ids (:func:`top_ids`: argmax first, lowest index on ties). Sampling:
+        ``num`` i.i.d. draws (with replacement, as the tree sampler assumes)."""
         if self.greedy:  # the verifiers' rule: lowest index on ties, NaN counts as -inf
             if num == 1:
                 return argmax_lowest(logits)[:, None], None
-            return logits.nan_to_num(float("-inf")).topk(num, dim=-1).indices, None
+            return top_ids(logits, num), None
         probs = self.probs(logits)
         return draw(_drawable(probs), num, self.generator), probs
 
@@ -65,6 +65,26 @@ class Sampling:
             return tk.tree_greedy_verify(tree_tokens, parents, target_logits)
         probs = self.probs(target_logits)
         return tk.tree_speculative_sample(tree_tokens, parents, draft_probs, probs, generator=self.generator)
+
+
+def top_ids(logits: torch.Tensor, num: int) -> torch.Tensor:
+    """The ``num`` highest logits' ids per row of ``logits [R, V]`` -> int64 ``[R, num]``, highest first;
+    ties -> lowest index first (so column 0 is :func:`argmax_lowest`), NaN counts as ``-inf``. With
+    ``num > V`` the columns past ``V`` repeat the argmax (greedy children are then duplicates, which a
+    tree verifies like any other child).
+
+    One ``topk`` over an int64 key that orders (value, -index) exactly: the float's bits mapped to a
+    monotone int32, shifted up, with the reversed index below (``topk`` itself orders ties arbitrarily)."""
+    x = logits.float()
+    x = torch.where(x.isnan(), torch.full_like(x, float("-inf")), x) + 0.0  # + 0.0: -0.0 -> 0.0
+    V = x.shape[-1]
+    bits = x.view(torch.int32).long()
+    order = torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the float value
+    key = order * 2 ** 32 + (V - 1 - torch.arange(V, device=x.device))
+    ids = key.topk(min(num, V), dim=-1).indices
+    if num > V:
+        ids = torch.cat([ids, ids[:, :1].expand(-1, num - V)], dim=-1)
+    return ids
 
 
 def static_tree(memo: dict, parents_row: list[int], batch: int, device) -> TokenTree:
