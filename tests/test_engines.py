@@ -271,6 +271,8 @@ def test_bad_inputs(tiny_models):
         triforce.generate(target, p, method="autoregressive", max_new_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         triforce.generate(target, p, method="autoregressive", max_new_tokens=3, temperature=-1.0)
+    with pytest.raises(ValueError, match="temperature: expected a finite number"):
+        triforce.generate(target, p, method="autoregressive", max_new_tokens=3, temperature=float("inf"))
     with pytest.raises(ValueError, match="prompt_ids"):
         triforce.generate(target, torch.tensor([[1, 64]]), method="autoregressive", max_new_tokens=3)
     with pytest.raises(TypeError, match="prompt_ids"):

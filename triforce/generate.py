@@ -80,8 +80,8 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
     spec, options = resolve(method, method_options)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
-    if not (isinstance(temperature, (int, float)) and temperature >= 0):
-        raise ValueError(f"temperature: expected a number >= 0, got {temperature!r}")
+    if not (isinstance(temperature, (int, float)) and 0 <= temperature < float("inf")):
+        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
     prompts = _prompts(prompt_ids, _device(target), target.config.vocab_size)
     longest, context = max(len(p) for p in prompts), target.config.max_position_embeddings
     if longest + max_new_tokens > context:

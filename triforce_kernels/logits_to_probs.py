@@ -54,7 +54,7 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
 
     Args:
         logits: ``[..., V]`` float32 / float16 / bfloat16.
-        temperature: ``>= 0``.
+        temperature: finite, ``>= 0``.
         top_k: ``None`` or an int ``>= 1``.
         top_p: ``None`` or a float in ``(0, 1]``.
         backend: ``"reference" | None``.
@@ -70,8 +70,8 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
         raise ValueError(f"logits must have shape [..., V] with V >= 1, got {list(logits.shape)}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 <= temperature < float("inf"):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, int):
             raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
