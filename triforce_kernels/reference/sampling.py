@@ -59,19 +59,21 @@ def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None):
     x = logits.float()
     if temperature == 0:
         return torch.nn.functional.one_hot(argmax_lowest(x), x.shape[-1]).float()
-    x = x.masked_fill(x.isnan(), float("-inf"))  # NaN counts as -inf, as in the argmax
-    # top-k on the logits: dividing by a positive temperature keeps their order (and topk would rank
-    # a NaN first)
+    # A copy (also of a float32 input) in which NaN counts as -inf, as in the argmax.
+    x = torch.nan_to_num(x, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    # top-k on the logits: dividing by a positive temperature keeps their order
     if top_k is not None and top_k < x.shape[-1]:
         kth = x.topk(top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))  # ties with the k-th value are kept
-    # Shift by the row max before dividing, so that no finite logit overflows (x / temperature
-    # would for large logits or a tiny temperature). A row max of +inf leaves -inf everywhere
-    # but at the +inf logits (inf - inf = NaN there, replaced by 0): they share the mass equally,
-    # the softmax's limit. A row with nothing above -inf stays NaN (no distribution).
+        x.masked_fill_(x < kth, float("-inf"))  # ties with the k-th value are kept
+    # Shift by the row max m before dividing, so that no finite logit overflows (x / temperature
+    # would for large logits or a tiny temperature), in place. m = +inf: the +inf logits become
+    # inf - inf = NaN, then 0, and every other logit -inf: they share the mass equally, the
+    # softmax's limit. m = -inf (nothing above -inf): the row becomes NaN (no distribution),
+    # by dividing it by NaN after the NaN -> 0 step.
     m = x.amax(-1, keepdim=True)
-    z = torch.where(x == float("inf"), torch.zeros_like(x), (x - m) / temperature)
-    probs = torch.softmax(z, dim=-1)
+    x.sub_(m).nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+    x.div_(torch.where(m == float("-inf"), float("nan"), temperature))
+    probs = torch.softmax(x, dim=-1)
     if top_p is not None and top_p < 1.0:
         s = probs.sort(dim=-1, descending=True).values
         before = s.cumsum(-1) - s  # mass strictly before each sorted position
