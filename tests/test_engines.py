@@ -271,6 +271,11 @@ def test_bad_inputs(tiny_models):
         triforce.generate(target, p, method="autoregressive", max_new_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         triforce.generate(target, p, method="autoregressive", max_new_tokens=3, temperature=-1.0)
+    for seed in (2 ** 64, -2 ** 63 - 1, 1.5, "7", True):
+        with pytest.raises(ValueError, match="seed: expected an int"):
+            triforce.generate(target, p, method="autoregressive", max_new_tokens=3, temperature=1.0, seed=seed)
+    for seed in (2 ** 64 - 1, -2 ** 63):  # the ends of torch.Generator's range
+        triforce.generate(target, p, method="autoregressive", max_new_tokens=3, temperature=1.0, seed=seed)
     with pytest.raises(ValueError, match="temperature: expected a finite number"):
         triforce.generate(target, p, method="autoregressive", max_new_tokens=3, temperature=float("inf"))
     with pytest.raises(ValueError, match="prompt_ids"):

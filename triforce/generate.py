@@ -102,7 +102,9 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
             raise ValueError("draft: its vocab_size must equal the target's")
     generator = None
     if seed is not None:
-        generator = torch.Generator(prompts[0].device).manual_seed(int(seed))
+        if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+            raise ValueError(f"seed: expected an int in [-2**63, 2**64) (torch.Generator's range) or None, got {seed!r}")
+        generator = torch.Generator(prompts[0].device).manual_seed(seed)
     sampling = Sampling(float(temperature), top_k, top_p, generator)
     eos = _token_ids("eos_token_id", eos_token_id, target.config.vocab_size)
     if pad_token_id is not None:
