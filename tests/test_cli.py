@@ -359,6 +359,11 @@ def test_bench_json(hf_dir, capsys):
     assert rc == 0 and len([json.loads(line) for line in out.splitlines()]) == 2
     assert re.search(r"^loading model and prompts \.\.\. \d+\.\d s\n(.*\n)*running magicdec \.\.\. \d+\.\d s\n"
                      r"\nbatch 1, ", err, re.M), err  # timed steps, each ended before the table
+    # a context past the model's fails before any method runs, naming --context
+    rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "2045", "--max-new-tokens", "4",
+                        "--methods", "autoregressive"], capsys)
+    assert rc != 0 and "context: 2045 prompt tokens + 4 new tokens exceed the model's context of 2048 tokens; " \
+                       "use at most 2044" in err and "running" not in out + err, err
 
 
 def test_demo_quick(smol, capsys):

@@ -211,6 +211,10 @@ def test_context_limit_is_a_clear_error_and_the_last_token_fits():
     p = torch.randint(0, 16, (1, 40), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=r"max_new_tokens: .* at most 24"):
         triforce.generate(target, p, method="autoregressive", max_new_tokens=25)
+    for n in (64, 70):  # a prompt that fills the context names the prompt, not max_new_tokens
+        long = torch.zeros(1, n, dtype=torch.int64)
+        with pytest.raises(ValueError, match=r"prompt_ids: a prompt of %d tokens .* at most 63 tokens" % n):
+            triforce.generate(target, long, method="autoregressive", max_new_tokens=1)
     ref = triforce.generate(target, p, method="autoregressive", max_new_tokens=24)
     for method, opts in (("magicdec", {"gamma": 5, "sink": 1, "window": 8}),
                          ("triforce", {"budget": 12, "chunk_size": 4, "sink": 1, "window": 12}),

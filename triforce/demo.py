@@ -353,6 +353,10 @@ def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: i
     model, tok = load_model(model_name, dtype)
     if tok is None:
         raise ValueError("model: benchmarking needs a tokenizer (use the embedded smollm2)")
+    limit = model.config.max_position_embeddings
+    if context + max_new_tokens > limit:  # before any method runs, not after the first
+        raise ValueError(f"context: {context} prompt tokens + {max_new_tokens} new tokens exceed the model's context "
+                         f"of {limit} tokens; use at most {max(limit - max_new_tokens, 1)}")
     opts = _cap_budget(context)
     for k, v in (options or {}).items():
         opts.setdefault(k, {}).update(v)

@@ -84,9 +84,12 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature!r}")
     prompts = _prompts(prompt_ids, _device(target), target.config.vocab_size)
     longest, context = max(len(p) for p in prompts), target.config.max_position_embeddings
+    if longest >= context:
+        raise ValueError(f"prompt_ids: a prompt of {longest} tokens leaves no room in the model's context of "
+                         f"{context} tokens for a new token; shorten it to at most {context - 1} tokens")
     if longest + max_new_tokens > context:
         raise ValueError(f"max_new_tokens: a prompt of {longest} tokens + {max_new_tokens} new tokens exceed the "
-                         f"model's context of {context} tokens; ask for at most {max(context - longest, 0)} new "
+                         f"model's context of {context} tokens; ask for at most {context - longest} new "
                          f"tokens (or shorten the prompt)")
     from .engines.heads import is_heads_source
 
