@@ -507,8 +507,8 @@ def test_logits_to_probs_special_values_exact_cases():
 def test_logits_to_probs_bad_inputs():
     x = torch.randn(2, 5)
     for kw, err in ((dict(temperature=-1.0), ValueError), (dict(temperature=float("inf")), ValueError),
-                    (dict(temperature=float("nan")), ValueError), (dict(top_k=0), ValueError), (dict(top_p=0.0), ValueError),
-                    (dict(top_p=1.5), ValueError), (dict(top_k=2.0), TypeError), (dict(temperature="1"), TypeError)):
+                    (dict(temperature=float("nan")), ValueError), (dict(top_k=0), ValueError),
+                    (dict(top_p=0.0), ValueError), (dict(top_p=1.5), ValueError), (dict(top_k=2.0), TypeError), (dict(temperature="1"), TypeError)):
         with pytest.raises(err):
             tk.logits_to_probs(x, **kw)
     with pytest.raises(TypeError, match="logits must have dtype"):

@@ -106,7 +106,8 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
     generator = None
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
-            raise ValueError(f"seed: expected an int in [-2**63, 2**64) (torch.Generator's range) or None, got {seed!r}")
+            raise ValueError(f"seed: expected an int in [-2**63, 2**64) (torch.Generator's range) or None, "
+                             f"got {seed!r}")
         generator = torch.Generator(prompts[0].device).manual_seed(seed)
     sampling = Sampling(float(temperature), top_k, top_p, generator)
     eos = _token_ids("eos_token_id", eos_token_id, target.config.vocab_size)

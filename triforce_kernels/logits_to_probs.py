@@ -6,7 +6,8 @@ Backends: ``reference`` only, by design. The op is a copy that maps NaN to -inf,
 ``sort`` + ``cumsum``) and a softmax: about 7 passes over ``[B, V]`` that PyTorch already runs at
 memory bandwidth on both CPU and GPU, with no host synchronisation, so a fused kernel would save a few
 microseconds per step next to a model forward that reads the whole weight set (at ``[320, 49152]``
-on two CPU cores it takes 31 ms; SmolLM2's LM head alone over those rows, 162 ms). The reference is therefore the production implementation (vectorised, any device).
+on two CPU cores it takes 31 ms; SmolLM2's LM head alone over those rows, 162 ms). The reference is
+therefore the production implementation (vectorised, any device).
 
 Files (no triton / C++ backend, see above):
     reference  triforce_kernels/reference/sampling.py (logits_to_probs)

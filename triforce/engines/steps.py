@@ -76,10 +76,11 @@ def top_ids(logits: torch.Tensor, num: int) -> torch.Tensor:
     One ``topk`` over an int64 key that orders (value, -index) exactly: the float's bits mapped to a
     monotone int32, shifted up, with the reversed index below (``topk`` itself orders ties arbitrarily)."""
     x = logits.float()
-    x = torch.where(x.isnan(), torch.full_like(x, float("-inf")), x) + 0.0  # + 0.0: -0.0 -> 0.0
+    x = torch.where(x.isnan(), torch.full_like(x, float("-inf")), x)
     V = x.shape[-1]
     bits = x.view(torch.int32).long()
-    order = torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the float value
+    # monotone in the float value; -0.0 and 0.0 both map to 0, so they tie as they compare
+    order = torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
     key = order * 2 ** 32 + (V - 1 - torch.arange(V, device=x.device))
     ids = key.topk(min(num, V), dim=-1).indices
     if num > V:
