@@ -118,6 +118,11 @@ def rope(cfg, **changes):
                 "max_window_layers": 1}, "sliding_window' = True"),
     (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64,
                 "layer_types": ["full_attention", "sliding_attention"]}, "sliding_window' = True"),
+    # Qwen's window defaults to 4096 when use_sliding_window is set without a sliding_window key
+    (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 0,
+                "max_position_embeddings": 8192}, "sliding_window' = True"),
+    (lambda c: {**c, "model_type": "qwen3", "use_sliding_window": True, "max_window_layers": 1,
+                "max_position_embeddings": 4097}, "sliding_window' = True"),
     (lambda c: {**c, "use_sliding_window": False}, "'use_sliding_window'"),  # not a Llama key
     (lambda c: {**c, "rope_theta": None, "rope_parameters": None}, "rope_theta"),
 ])
@@ -153,6 +158,11 @@ def test_metadata_and_harmless_values_load(saved_config):
     assert full.max_position_embeddings == 512
     with pytest.raises(ValueError, match="'sliding_window' = 4096"):  # MistralConfig's default window
         LlamaConfig.from_dict(transformers.MistralConfig().to_dict())
+    # Qwen's default window (4096) masks nothing in a context of at most 4096; an explicit null is no window
+    qwen = {**cfg, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 0}
+    del qwen["sliding_window"]
+    assert LlamaConfig.from_dict({**qwen, "max_position_embeddings": 4096}).extra["use_sliding_window"]
+    assert LlamaConfig.from_dict({**qwen, "max_position_embeddings": 8192, "sliding_window": None})
 
 
 def test_llama_config_checks_rope_scaling_and_extra():

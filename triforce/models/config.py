@@ -42,6 +42,7 @@ class Family:
     defaults: dict = field(default_factory=dict)
 
 
+_QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
 _QWEN_DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "max_position_embeddings": 32768}
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", reads=("attention_bias", "mlp_bias")),
@@ -107,6 +108,9 @@ def _no_sliding_window(c: "LlamaConfig") -> bool:
     x = c.extra
     window = x.get("sliding_window")
     if c.model_type in ("qwen2", "qwen3"):
+        # Qwen's configs default the window to 4096 when use_sliding_window is set and the key is absent
+        # (an explicit null means no window)
+        window = x.get("sliding_window", _QWEN_DEFAULT_WINDOW)
         if not x.get("use_sliding_window", False):
             return x.get("use_sliding_window", False) in (False, None)
         types = x.get("layer_types")
