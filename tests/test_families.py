@@ -78,6 +78,32 @@ def test_hf_directory_matches_transformers(tmp_path, family):
     assert Llama.from_pretrained(tmp_path / "again").config == c
 
 
+def test_hf_directory_reads_the_index_shards_only(tmp_path):
+    # Mistral's repositories ship consolidated.safetensors (the same weights under mistral-inference's
+    # names) beside the shards: transformers reads the index's shards only, and so do we
+    from safetensors.torch import load_file, save_file
+
+    hf = hf_model("mistral")
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    renamed = {k.replace("model.", "consolidated."): v for f in shards for k, v in load_file(f).items()}
+    save_file(renamed, tmp_path / "consolidated.safetensors")
+    ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (Llama.from_pretrained(tmp_path)(ids) - hf(ids).logits).abs().max().item() <= TOL
+    # a shard the index names but the directory lacks is named
+    shards[0].rename(tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match=shards[0].name):
+        Llama.from_pretrained(tmp_path)
+    # without an index every *.safetensors is read, and a weight held by two of them is ambiguous
+    (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "moved").rename(shards[0])
+    save_file(load_file(shards[0]), tmp_path / "copy.safetensors")
+    with pytest.raises(ValueError, match="ambiguous"):
+        Llama.from_pretrained(tmp_path)
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3-bias", "llama3-untied-biases"])
 def test_cache_paths_equal_plain_forward(family):
     """Prefill in chunks, a verify step, decode, and a tree over the cached prefix: the biases and the q/k

@@ -223,16 +223,52 @@ def _load_hf_dir(directory: Path, device, dtype):
         config = LlamaConfig.from_json_file(cfg)
     except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
+    sd, origin = {}, {}
+    for f in _weight_files(directory):
+        try:
+            part = load_file(f)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"cannot read {str(f)!r} (corrupt or not safetensors): {e}") from None
+        for k in part:
+            if k in origin:
+                raise ValueError(f"weight {k} is in both {origin[k].name!r} and {f.name!r} in {str(directory)!r}: "
+                                 "which one is the model's is ambiguous; remove the other file")
+            origin[k] = f
+        sd.update(part)
+    return _build(config, sd, device, dtype)
+
+
+_SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def _weight_files(directory: Path) -> list:
+    """The safetensors files that hold the model, as transformers picks them: ``model.safetensors``, else
+    the shards named by ``model.safetensors.index.json``'s ``weight_map``; other ``*.safetensors`` beside
+    them (e.g. Mistral's ``consolidated.safetensors``, the same weights under other names) are not read.
+    A directory with neither reads every ``*.safetensors`` file in it."""
+    if (directory / _SINGLE).is_file():
+        return [directory / _SINGLE]
+    index = directory / _INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{str(index)!r} is not a safetensors index (a JSON object with a 'weight_map' "
+                             f"of weight name -> file): {e!r}") from None
+        files = []
+        for name in names:
+            f = directory / name if isinstance(name, str) else None
+            if f is None or Path(name).name != name or not f.is_file():
+                raise FileNotFoundError(f"{str(index)!r} names the shard {name!r}, which is not a file in "
+                                        f"{str(directory)!r}")
+            files.append(f)
+        if files:
+            return files
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{str(directory)!r} has no *.safetensors weights")
-    sd = {}
-    for f in files:
-        try:
-            sd.update(load_file(f))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ValueError(f"cannot read {str(f)!r} (corrupt or not safetensors): {e}") from None
-    return _build(config, sd, device, dtype)
+    return files
 
 
 def _build(config: LlamaConfig, sd: dict, device, dtype):
