@@ -1,6 +1,8 @@
 """Trained draft heads (triforce.heads, engines/heads.py): lossless tree decoding with every kind
 (greedy equality on tiny and real models, the sampled distribution on a tiny model with random heads),
 the training path's pseudo-token forward equals decoding's, training steps, checkpoints and errors."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -44,6 +46,23 @@ def test_greedy_equals_autoregressive_tiny(kind, shape):
     out = triforce.generate(m, prompts, method="tree", draft=random_heads(m, kind), tree=shape, max_new_tokens=24)
     assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
     assert out.stats["target_passes"] <= 24
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_overflowing_heads_change_nothing(kind, dtype):
+    """Heads whose drafts overflow (non-finite pseudo tokens of hidden_transfer share the target's pass,
+    their values sit in the cache beside the real nodes'): the output is the target's all the same."""
+    m = tiny(init=0.3).to(dtype)
+    h = random_heads(tiny(init=0.3), kind, depth=2)
+    with torch.no_grad():
+        for p in h.parameters():
+            if p.dim() > 1:
+                p.mul_(1e4 if dtype == torch.float16 else math.inf)  # float32: inf weights, NaN states
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    ref = triforce.generate(m, ids, method="autoregressive", max_new_tokens=8)
+    out = triforce.generate(m, ids, method="tree", draft=h, tree=(1, 1), max_new_tokens=8)
+    assert torch.equal(out.tokens[0], ref.tokens[0])
 
 
 def test_identity_heads_draft_something():

@@ -256,6 +256,49 @@ def test_strided_cache_views(backend):
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
+@settings(max_examples=6)
+@given(B=st.integers(1, 2), T=st.integers(1, 9), g=st.sampled_from([1, 3]), D=st.sampled_from([16, 32]),
+       prefix=st.integers(0, 20), dtype=st.sampled_from(DTYPES), mask_kind=st.sampled_from(["causal", "tree", "random"]),
+       poison=st.sampled_from([math.nan, math.inf, -math.inf]), frac=st.sampled_from([0.02, 0.3, 1.0]),
+       in_prefix=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_unseen_values_never_reach_the_output(backend, B, T, g, D, prefix, dtype, mask_kind, poison, frac,
+                                              in_prefix, seed):
+    """inf/NaN values at positions a query may not see (the other branches of a tree, later tokens of a
+    chain: a rejected draft token whose values overflowed) leave its output as it was, bit for bit
+    modulo summation order; a query that sees one gets a non-finite value in that column only. Keys at
+    positions no query sees may hold anything too."""
+    from triforce_kernels.reference.verify_attention import visibility
+
+    dev = backend_device(backend)
+    Hkv = 2
+    q, k, v, L, mask = make_inputs(B, T, Hkv * g, Hkv, D, [prefix + b for b in range(B)], 2, dtype, seed, dev,
+                                   mask_kind)
+    N = k.shape[1]
+    vis = visibility(L.cpu(), T, N, None if mask is None else mask.cpu())  # [B, T, N]
+    pos = torch.arange(N)[None, :]
+    Lb = L.cpu().long()[:, None]
+    where = (pos >= Lb - T) & (pos < Lb) if not in_prefix else pos < Lb  # the tail, or everything read
+    gen = torch.Generator().manual_seed(seed)
+    hit = where[:, :, None, None] & (torch.rand(B, N, Hkv, D, generator=gen) < frac)
+    v2 = v.cpu().clone()
+    v2[hit] = poison
+    k2 = k.cpu().clone()
+    k2[~vis.any(1)] = poison  # keys that no query sees
+    out0 = tk.verify_attention(q, k, v, L, mask, backend=backend).cpu()
+    out, lse = tk.verify_attention(q, k2.to(dev), v2.to(dev), L, mask, return_lse=True, backend=backend)
+    out = out.cpu()
+    seen = torch.einsum("btn,bnkd->btkd", vis.double(), hit.double()) > 0  # [B, T, Hkv, D]
+    seen = seen[:, :, :, None, :].expand(B, T, Hkv, g, D).reshape(B, T, Hkv * g, D)
+    assert not torch.isfinite(out[seen]).any(), "a query that sees an inf/NaN value must not get a finite output"
+    assert torch.isfinite(out[~seen]).all(), "an inf/NaN value leaked into a query that cannot see it"
+    exact, _ = reference(q.double().cpu(), k2.double(), v2.double(), L.cpu(), None if mask is None else mask.cpu())
+    assert torch.equal(torch.isnan(exact), seen)
+    check_against_reference(out0, lse, q, k, v, L, mask)  # the clean run as ever; lse unchanged by the poison
+    torch.testing.assert_close(torch.where(seen, 0, out), torch.where(seen, 0, out0),
+                               **({"rtol": 0, "atol": 0} if backend == "reference" else {}))
+
+
+@pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
 def test_out_of_range_lengths_are_clamped(backend):
     """What GPU callers get for bad lengths (not checked there, to avoid a sync): only positions in
     [0, min(L, N)) are read, as the reference's visibility defines. Called below the public op, whose

@@ -50,7 +50,13 @@ def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softma
     else:
         p = torch.exp(scores - lse[..., None].to(compute_dtype))
     p = torch.where(finite & vis[:, None, None], p, torch.zeros((), dtype=p.dtype))
-    out = torch.einsum("bkgtn,bnkd->btkgd", p, vc).reshape(B, T, Hq, D)
+    # A value a query cannot see never reaches its output, inf and NaN included (0 * NaN would be NaN);
+    # a non-finite value a query sees makes its output NaN in that column.
+    # (no data-dependent branch: the reference stays free of host synchronisation on a GPU)
+    bad = ~torch.isfinite(vc)
+    seen = torch.einsum("btn,bnkd->btkd", vis.to(compute_dtype), bad.to(compute_dtype)) > 0
+    out = torch.einsum("bkgtn,bnkd->btkgd", p, vc.masked_fill(bad, 0))
+    out = out.masked_fill(seen[:, :, :, None], float("nan")).reshape(B, T, Hq, D)
     lse = lse.reshape(B, Hq, T).to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     return out.to(q.dtype), lse
 

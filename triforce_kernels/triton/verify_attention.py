@@ -56,6 +56,7 @@ def _verify_attention_split_kernel(
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    seen_bad = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)  # tail: visible inf/NaN values per (row, d)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pos_ok = pos < end
@@ -86,6 +87,13 @@ def _verify_attention_split_kernel(
         else:
             tail_ok = si[None, :] <= t[:, None]
         vis = vis & (tail_ok | (si[None, :] * 0 + part != S))
+        if is_tail:
+            # A query multiplies the values it may not see by 0, and 0 * NaN would leak them: the tail's
+            # inf/NaN values count as 0, and a query that sees one gets NaN in that column (below).
+            vf = v.to(tl.float32)  # (the interpreter compares bf16 values as their bits)
+            bad = (vf != vf) | (tl.abs(vf) == float("inf"))
+            v = tl.where(bad, tl.zeros_like(v), v)
+            seen_bad += tl.dot(vis.to(tl.float32), bad.to(tl.float32))
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -98,6 +106,7 @@ def _verify_attention_split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         m_i = m_new
 
+    acc = tl.where(seen_bad > 0, float("nan"), acc)
     idx = (bh * (S + 1) + part) * R + rows
     tl.store(m_ptr + idx, m_i, mask=row_ok)
     tl.store(l_ptr + idx, l_i, mask=row_ok)

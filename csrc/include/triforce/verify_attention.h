@@ -623,6 +623,50 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
   }
 }
 
+// The tail [start, end) of HG heads' values (row n of head h at v[n * svn + h * svh]): if any is inf or NaN,
+// copies them into clean as [end - start][HG][D] with those as 0, marks them in bad (same layout) and
+// returns true; else returns false and leaves both alone (the usual case: one read of T * HG * D values).
+template <typename T>
+bool clean_tail(const T* v, int64_t svn, int64_t svh, int64_t start, int64_t end, int64_t HG, int64_t D,
+                std::vector<T>& clean, std::vector<uint8_t>& bad) {
+  bool any = false;
+  for (int64_t p = start; p < end && !any; ++p)
+    for (int64_t h = 0; h < HG && !any; ++h)
+      for (int64_t d = 0; d < D; ++d)
+        if (!std::isfinite(to_float(v[p * svn + h * svh + d]))) {
+          any = true;
+          break;
+        }
+  if (!any) return false;
+  const int64_t n = end - start;
+  clean.resize(n * HG * D);
+  bad.resize(n * HG * D);
+  for (int64_t p = 0; p < n; ++p)
+    for (int64_t h = 0; h < HG; ++h)
+      for (int64_t d = 0; d < D; ++d) {
+        const T x = v[(start + p) * svn + h * svh + d];
+        const bool b = !std::isfinite(to_float(x));
+        bad[(p * HG + h) * D + d] = b;
+        clean[(p * HG + h) * D + d] = b ? from_float<T>(0.f) : x;
+      }
+  return true;
+}
+
+// NaN into acc [R][D] (row r = t * g + j) at (r, d) when query t sees a tail position p (of n) whose
+// value d is flagged in bad[p * bs + d]; tail position p is new token si0 + p.
+inline void poison_seen(const uint8_t* bad, int64_t bs, int64_t n, int64_t si0, int64_t R, int64_t g, int64_t D,
+                        int64_t Tq, const bool* mask /* [T][T] or null */, float* acc) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t t = 0; t < Tq; ++t)
+    for (int64_t p = 0; p < n; ++p) {
+      const int64_t si = si0 + p;  // in [0, T) for a tail position
+      if (!(mask ? mask[t * Tq + si] : si <= t)) continue;
+      for (int64_t d = 0; d < D; ++d)
+        if (bad[p * bs + d])
+          for (int64_t j = 0; j < g; ++j) acc[(t * g + j) * D + d] = nan;
+    }
+}
+
 // Whether attend_range scores bf16 caches with the bf16 dot product (then it needs the raw queries).
 template <typename T>
 constexpr bool bf16_scores(int64_t D) {
@@ -697,6 +741,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     std::vector<T> qraw(raw ? HG * R * D : 0);  // and unscaled in the cache's type (va::bf16_scores)
     const int64_t lanes_nv = va::lanes_vectors<T>(R, D);  // (never with raw: lanes take fp32 caches only)
     std::vector<float> qt(HG * D * 16 * lanes_nv);        // and transposed for the rows-in-lanes path
+    std::vector<T> vclean;        // the tail's values with inf/NaN as 0, when it holds any (va::clean_tail)
+    std::vector<uint8_t> vbad;    // which of them were inf/NaN
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t b = it / ((Hkv / HG) * parts), h0 = (it / parts) % (Hkv / HG) * HG, part = it % parts;
@@ -727,6 +773,13 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
           }
         if (lanes_nv) va::transpose_rows(q32, R, D, lanes_nv, qt.data() + hh * D * 16 * lanes_nv);
       }
+      // The tail's values are read from a copy with inf/NaN as 0 when it holds any: a query multiplies
+      // the values it may not see by 0, and 0 * NaN would leak them (va::clean_tail). Positions are then
+      // relative to the copy's first row, off.
+      const bool cleaned = part == S && va::clean_tail(v + b * svb + h0 * svh, svn, svh, start, end, HG, D, vclean, vbad);
+      const int64_t off = cleaned ? start : 0;
+      const T* vrow = cleaned ? vclean.data() : v + b * svb + h0 * svh;
+      const int64_t vsn = cleaned ? HG * D : svn, vsh = cleaned ? D : svh;
       // The online softmax state of each (b, h, part) lives in pm/pl/pacc, so a range may be walked in
       // chunks, head by head within each chunk.
       const int64_t step = grouped ? va::kHeadChunk : end - start;
@@ -741,13 +794,19 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                      std::min(end, c1 + step) - c1, steps_per_tile * HG * ((c1 - c0 + va::KT - 1) / va::KT));
         for (int64_t hh = 0; hh < HG; ++hh) {
           const int64_t h = h0 + hh, base = (b * Hkv + h) * parts + part;
-          va::attend_range(qall.data() + hh * R * D, R, g, D, Tq, k + b * skb + h * skh, skn, v + b * svb + h * svh,
-                           svn, c0, c1, part == S, new0, tree_mask ? tree_mask + b * Tq * Tq : nullptr,
+          va::attend_range(qall.data() + hh * R * D, R, g, D, Tq, k + b * skb + h * skh + off * skn, skn,
+                           vrow + hh * vsh, vsn, c0 - off, c1 - off, part == S, new0 - off,
+                           tree_mask ? tree_mask + b * Tq * Tq : nullptr,
                            pm.data() + base * R, pl.data() + base * R, pacc.data() + base * R * D, sc,
                            grouped ? &rows : nullptr, raw ? qraw.data() + hh * R * D : nullptr, scale,
                            lanes_nv ? qt.data() + hh * D * 16 * lanes_nv : nullptr);
         }
       }
+      if (cleaned)  // a query that sees a non-finite value gets NaN in its column
+        for (int64_t hh = 0; hh < HG; ++hh)
+          va::poison_seen(vbad.data() + hh * D, HG * D, end - start, start - new0, R, g, D, Tq,
+                          tree_mask ? tree_mask + b * Tq * Tq : nullptr,
+                          pacc.data() + ((b * Hkv + h0 + hh) * parts + part) * R * D);
     }
   }
   // Log-sum-exp merge of the parts: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
@@ -768,9 +827,11 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         }
         float w[kMaxSplits + 1];  // one weight per part: parts = S + 1 <= kMaxSplits + 1 (S clamped above)
         float lsum = 0.f;
+        bool seen[kMaxSplits + 1];  // the part saw a position (its acc counts even at weight 0: inf/NaN)
         for (int64_t s = 0; s < parts; ++s) {
           const float ms = pm[(base + s) * R + r];
-          w[s] = ms == va::kNegInf ? 0.f : std::exp(ms - M);
+          seen[s] = ms != va::kNegInf;
+          w[s] = seen[s] ? std::exp(ms - M) : 0.f;
           lsum += w[s] * pl[(base + s) * R + r];
         }
         const float inv = 1.f / lsum;
@@ -780,7 +841,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
           const int64_t dn = std::min(Dc, D - d0);
           for (int64_t d = 0; d < dn; ++d) row[d] = 0.f;
           for (int64_t s = 0; s < parts; ++s) {
-            if (w[s] == 0.f) continue;
+            if (!seen[s]) continue;
             const float* a = pacc.data() + ((base + s) * R + r) * D + d0;
             for (int64_t d = 0; d < dn; ++d) row[d] += w[s] * a[d];
           }
