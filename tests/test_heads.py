@@ -10,6 +10,7 @@ import torch
 import triforce
 import triforce_kernels as tk
 from triforce.heads import KINDS, load_heads, make_heads, shipped_heads_path
+from triforce.engines.heads import heads_for
 from triforce.heads.train import TrainConfig, features, losses, step_batch, train
 from triforce.models import Llama, LlamaConfig
 from triforce.models.cache import FullCache
@@ -327,6 +328,27 @@ def test_heads_errors(tmp_path):
         make_heads("hidden_transfer", m.config, 2, layer=4)
     with pytest.raises(ValueError, match="take no layer"):
         make_heads("medusa", m.config, 2, layer=2)
+
+
+def test_a_saved_set_is_the_file_as_it_is_now(tmp_path, monkeypatch):
+    """A path names the file it points to now: the same relative name in another directory, or the file
+    written again by a new training run, is another set (it was served from the first load's cache)."""
+    m = tiny()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    for d, kind, depth in (("a", "mlp", 1), ("b", "hidden_transfer", 2)):
+        (tmp_path / d).mkdir()
+        h = random_heads(m, kind, depth=depth)
+        h.save(tmp_path / d / "h.safetensors")
+    monkeypatch.chdir(tmp_path / "a")
+    triforce.generate(m, ids, method="tree", draft="h.safetensors", tree=(1,), max_new_tokens=3)
+    monkeypatch.chdir(tmp_path / "b")
+    out = triforce.generate(m, ids, method="tree", draft="h.safetensors", tree=(1, 1), max_new_tokens=3)
+    assert out.tokens[0].numel() == 3
+    random_heads(m, "medusa", depth=3).save(tmp_path / "b" / "h.safetensors")  # trained again
+    assert heads_for(m, "h.safetensors").kind == "medusa"
+    (tmp_path / "b" / "h.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no head set"):
+        triforce.generate(m, ids, method="tree", draft="h.safetensors", max_new_tokens=3)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -306,7 +306,8 @@ _LOADED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> 
 def heads_for(target, draft):
     """``draft``: a :class:`~triforce.heads.DraftHeads`, a kind name (the set shipped for ``target``) or a
     path to a saved set -> the heads on the target's device and dtype, checked against the target (a
-    loaded set is cached while the target lives; a given object is copied on every call, so edits to it
+    loaded set is cached while the target lives, per file as it is now: another file of the same name
+    or the file written again loads anew; a given object is copied on every call, so edits to it
     between calls count)."""
     from triforce.heads import DraftHeads, KINDS, load_heads, shipped_heads_path
 
@@ -316,7 +317,19 @@ def heads_for(target, draft):
         return copy.deepcopy(draft).to(device=p.device, dtype=p.dtype).eval()
     source = shipped_heads_path(target, draft) if draft in KINDS else os.fspath(draft)
     loaded = _LOADED.setdefault(target, {})
-    key = (str(source), p.dtype, p.device)
-    if key not in loaded:
-        loaded[key] = load_heads(source, target).to(device=p.device, dtype=p.dtype).eval()
+    # The file itself, as it is now: the same name in another directory, or a file written again (a new
+    # training run), is another set; a file that is gone raises in load_heads.
+    try:
+        st = os.stat(source)
+        ident = (os.path.realpath(source), st.st_size, st.st_mtime_ns, st.st_ino)
+    except (OSError, TypeError, ValueError):
+        ident = None
+    key = (ident, p.dtype, p.device)
+    if ident is None or key not in loaded:
+        heads = load_heads(source, target).to(device=p.device, dtype=p.dtype).eval()
+        if ident is None:
+            return heads
+        for k in [k for k in loaded if k[0][0] == ident[0]]:  # older versions of the file
+            del loaded[k]
+        loaded[key] = heads
     return loaded[key]
