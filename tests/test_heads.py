@@ -495,12 +495,19 @@ def test_draft_vocab_greedy_equals_autoregressive_and_drafts_stay_inside(monkeyp
                 drafted.append(out[0][:, 1:] if out[0].shape[1] > 1 and _real.__name__ != "propose" else out[0])
             return out
         monkeypatch.setattr(HeadDrafter, name, spy)
+    # wider than the draft vocabulary too: the argmax repeats past its 8 tokens
     for method, opts in (("tree", {"tree": (2, 2, 1)}), ("tree", {"tree": (1, 1)}), ("tree", {"tree_nodes": (3, 2)}),
+                         ("tree", {"tree": (11, 1)}), ("tree", {"tree_nodes": (10, 12)}),
                          ("triforce", {"gamma1": 2, "gamma2": 3, "budget": 16, "chunk_size": 4, "rebuild_stride": 8})):
         drafted.clear()
         out = triforce.generate(m, prompts, method=method, draft=h, max_new_tokens=24, draft_vocab=8, **opts)
         assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), (method, opts)
         assert drafted and set(torch.cat([d.flatten() for d in drafted]).tolist()) <= keep, (method, opts)
+    for opts in ({"tree": (11, 1)}, {"tree_nodes": (10, 12)}):  # sampled
+        drafted.clear()
+        triforce.generate(m, prompts, method="tree", draft=h, max_new_tokens=24, draft_vocab=8, temperature=1.0,
+                          seed=3, **opts)
+        assert drafted and set(torch.cat([d.flatten() for d in drafted]).tolist()) <= keep, opts
 
 
 @pytest.mark.parametrize("kind", KINDS)

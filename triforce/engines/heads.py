@@ -24,7 +24,7 @@ import torch
 
 from triforce.models.cache import TokenTree
 
-from .steps import Sampling, advance, static_tree
+from .steps import Sampling, advance, static_tree, top_ids
 
 # The verification's LM-head call takes every node's draft logits too while it has at most this many
 # rows (B * T * (1 + depth)); past that the accepted node's drafts take a second call after the pass.
@@ -133,7 +133,12 @@ class HeadDrafter:
                 logits = self.state[:, depth: depth + 1]                # the same for every node of the level
             logp = torch.log_softmax(logits.float() / max(self.sampling.temperature, 1e-6) if not self.sampling.greedy
                                      else logits.float(), -1)
-            top, tok = logp.nan_to_num(float("-inf")).topk(w, -1)       # [B, L or 1, w]
+            # each node's top-w children; past its tokens above -inf (a draft vocabulary of fewer than w)
+            # its argmax repeats, at -inf, so that such paths are kept last
+            logp = logp.masked_fill(logp.isnan(), float("-inf"))  # (nan_to_num would make -inf finite)
+            tok = top_ids(logp.flatten(0, 1), w).view(*logp.shape[:2], w)  # [B, L or 1, w]
+            top = logp.gather(-1, tok)
+            top[..., 1:] = top[..., 1:].masked_fill(tok[..., 1:] == tok[..., :1], float("-inf"))  # repeats
             top, tok = top.expand(B, level.shape[1], w), tok.expand(B, level.shape[1], w)
             best, pick = (cum[:, :, None] + top).flatten(1).topk(w, -1)  # [B, w]
             level_tokens = tok.flatten(1).gather(1, pick)

@@ -69,9 +69,10 @@ class Sampling:
 
 def top_ids(logits: torch.Tensor, num: int) -> torch.Tensor:
     """The ``num`` highest logits' ids per row of ``logits [R, V]`` -> int64 ``[R, num]``, highest first;
-    ties -> lowest index first (so column 0 is :func:`argmax_lowest`), NaN counts as ``-inf``. With
-    ``num > V`` the columns past ``V`` repeat the argmax (greedy children are then duplicates, which a
-    tree verifies like any other child).
+    ties -> lowest index first (so column 0 is :func:`argmax_lowest`), NaN counts as ``-inf``. Columns
+    past the row's ids above ``-inf`` (``num > V``, or logits restricted to a draft vocabulary of fewer
+    than ``num`` tokens) repeat the argmax (greedy children are then duplicates, which a tree verifies like
+    any other child), never a token the logits rule out.
 
     One ``topk`` over an int64 key that orders (value, -index) exactly: the float's bits mapped to a
     monotone int32, shifted up, with the reversed index below (``topk`` itself orders ties arbitrarily)."""
@@ -85,7 +86,7 @@ def top_ids(logits: torch.Tensor, num: int) -> torch.Tensor:
     ids = key.topk(min(num, V), dim=-1).indices
     if num > V:
         ids = torch.cat([ids, ids[:, :1].expand(-1, num - V)], dim=-1)
-    return ids
+    return torch.where(x.gather(-1, ids) == float("-inf"), ids[:, :1], ids)
 
 
 def static_tree(memo: dict, parents_row: list[int], batch: int, device) -> TokenTree:
