@@ -269,6 +269,25 @@ def test_training_errors(tmp_path):
         TrainConfig(distill_steps=3, generated=0).check()
 
 
+@pytest.mark.parametrize("dtype, vocab", [(torch.bfloat16, 64), (torch.float16, 64), (torch.float32, 4)])
+def test_training_a_half_precision_or_tiny_vocabulary_target(tmp_path, dtype, vocab):
+    """A bfloat16/float16 target trains (on a float32 copy: the heads train in float32), and so does a
+    vocabulary smaller than the evaluation's top-5; the set then decodes losslessly on the target."""
+    class Tok:
+        def encode(self, s):
+            return [b % vocab for b in s.encode()]
+
+    m = tiny(vocab=vocab).to(dtype)
+    cfg = TrainConfig(kind="hidden_transfer", depth=2, steps=2, distill_steps=1, seq_len=32, sequences=2,
+                      generated=1, text=(_write_text(tmp_path / "t.txt", 20),))
+    heads, info = train(m, Tok(), cfg, str(tmp_path / "o"), progress=False, log=lambda s: None, eval_rows=64)
+    assert m.dtype == dtype and len(info["eval"]["top5"]) == 2
+    h = load_heads(tmp_path / "o" / "hidden_transfer.safetensors", m)
+    ids = torch.tensor([[1, 2, 3, 1, 2]]) % vocab
+    ref = triforce.generate(m, ids, method="autoregressive", max_new_tokens=8)
+    assert torch.equal(triforce.generate(m, ids, method="tree", draft=h, tree=(1, 1), max_new_tokens=8).tokens[0],
+                       ref.tokens[0])
+
 def test_checkpoint_from_before_labels_resumes_as_text(tmp_path):
     """A checkpoint written before ``TrainConfig.labels`` existed trained on the text's tokens: it resumes
     with ``labels="text"`` and is refused, naming ``labels``, with ``labels="target"``."""
@@ -748,6 +767,23 @@ def test_fine_tuning_errors(tmp_path):
     with pytest.raises(ValueError, match="held-out pieces .* too short"):
         train(m, _Tok(), TrainConfig(**{**cfg, "seq_len": 100000}), str(tmp_path / "o"), progress=False,
               log=lambda s: None)
+
+
+def test_cli_layer_applies_to_the_kinds_that_read_one(tmp_path, monkeypatch, capsys):
+    from triforce import cli
+    from triforce.models import hub
+
+    m = tiny()
+    monkeypatch.setattr(hub, "load_model", lambda name, dtype: (m, _Tok()))
+    text = _write_text(tmp_path / "t.txt", 40)
+    common = ["--text", text, "--out", str(tmp_path / "out"), "--steps", "1", "--distill-steps", "0",
+              "--sequences", "2", "--seq-len", "16", "--positions", "4", "--batch", "1", "--no-progress"]
+    assert cli.main(["train-heads", "--kind", "medusa", "hidden_transfer", "--layer", "1", *common]) == 0
+    paths = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert [load_heads(p, m).layer for p in paths] == [None, 1]
+    # alone, a kind without a layer refuses one
+    assert cli.main(["train-heads", "--kind", "medusa", "--layer", "1", *common]) != 0
+    assert "take no layer" in capsys.readouterr().err
 
 
 def test_cli_fine_tunes_a_shipped_set_on_text(smollm2, tmp_path, capsys):

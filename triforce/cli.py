@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from DIR/KIND.ckpt (same settings required)")
     t.add_argument("--depth", metavar="K", type=_int(1), default=4, help="tokens drafted past the pending one (4)")
     t.add_argument("--layer", metavar="L", type=_int(1), default=None,
-                   help="tapped layer of hidden_transfer / early_exit (default: 2/3 of the layers)")
+                   help="tapped layer of hidden_transfer / early_exit (default: 2/3 of the layers); "
+                        "the other kinds of a multi-kind run ignore it")
     t.add_argument("--steps", metavar="N", type=_int(1), default=250, help="phase-1 steps on text (250)")
     t.add_argument("--distill-steps", metavar="N", type=_int(0), default=100,
                    help="phase-2 steps on the target's generations (100)")
@@ -542,13 +543,19 @@ def cmd_train_heads(args) -> int:
             model, tok = hub.load_model(args.model, args.dtype)
         if tok is None:
             raise ValueError(f"model {args.model!r} has no tokenizer (train-heads tokenizes its training text)")
+    from .heads.modules import _CLASSES
+
+    # --layer is the tapped layer of the kinds that read one; with several kinds it skips the others
+    # (alone, a kind without a layer refuses it)
+    layered = {k for k in kinds if _CLASSES[k].reads_layer}
     for kind in kinds:
+        layer = args.layer if kind in layered or not layered else None
         init = args.init
         if init == "shipped":
             from .heads import shipped_heads_path
 
             init = str(shipped_heads_path(model, kind))
-        cfg = TrainConfig(kind=kind, depth=args.depth, layer=args.layer, steps=args.steps,
+        cfg = TrainConfig(kind=kind, depth=args.depth, layer=layer, steps=args.steps,
                           distill_steps=args.distill_steps, seq_len=args.seq_len, sequences=args.sequences,
                           generated=args.generated, batch=args.batch, positions=args.positions, lr=args.lr,
                           seed=args.seed, labels=args.labels,

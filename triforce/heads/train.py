@@ -24,6 +24,7 @@ from ``seed`` and the step number), so a run resumed from a checkpoint takes the
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -271,7 +272,8 @@ def accuracy(model, heads: DraftHeads, f: Features, rows: int = 1024, seed: int 
         sq, ps = seq[s: s + 256], pos[s: s + 256]
         d = torch.arange(heads.depth)
         want = model.head(f.z[sq[:, None], ps[:, None] + 1 + d]).argmax(-1)          # [r, k]
-        top = model.head(head_states(model, heads, f, sq, ps)).topk(5, -1).indices   # [r, k, 5]
+        top = model.head(head_states(model, heads, f, sq, ps))
+        top = top.topk(min(5, top.shape[-1]), -1).indices                             # [r, k, 5]
         top1 += (top[..., 0] == want).float().sum(0)
         top5 += (top == want[..., None]).any(-1).float().sum(0)
     return {"top1": (top1 / rows).tolist(), "top5": (top5 / rows).tolist(), "positions": rows}
@@ -354,6 +356,9 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
     cfg.check()
     _matplotlib()  # before any work: the loss curves are written at the end
     os.makedirs(out_dir, exist_ok=True)
+    if model.dtype != torch.float32:  # the heads train in float32, on the target's float32 states and LM head
+        log(f"{cfg.kind}: training on a float32 copy of the {str(model.dtype).removeprefix('torch.')} target")
+        model = _memo(("float32", id(model)), lambda: copy.deepcopy(model).float(), model)
     for p in model.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
