@@ -146,3 +146,36 @@ def test_import_applies_threads_and_loading_imports_no_dynamo(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env={**env, "TRIFORCE_NUM_THREADS": "1"},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1", "PASSIVE", "False"]
+
+
+def test_a_damaged_cache_entry_is_converted_again(tmp_path):
+    model = tiny_model()
+    path = write_gguf(tmp_path / "m.gguf", model)
+    cache, ids = tmp_path / "c", torch.randint(0, 101, (1, 7))
+    Llama.from_pretrained(path, cache_dir=cache)
+    entry = gguf_cache_path(path, cache)
+    damages = {
+        "truncated weights": lambda: (entry / "model.safetensors").write_bytes(
+            (entry / "model.safetensors").read_bytes()[:100]),
+        "empty weights": lambda: (entry / "model.safetensors").write_bytes(b""),
+        "no config": lambda: (entry / "config.json").unlink(),
+        "bad config": lambda: (entry / "config.json").write_text("{"),
+    }
+    for name, damage in damages.items():
+        damage()
+        with pytest.warns(UserWarning, match="converting the GGUF again"):
+            loaded = Llama.from_pretrained(path, cache_dir=cache)
+        assert torch.equal(loaded(ids), model(ids)), name
+        assert torch.equal(Llama.from_pretrained(path, cache_dir=cache)(ids), model(ids)), name  # mended
+
+
+def test_cache_limit_is_checked_before_converting(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "m.gguf", tiny_model())
+    for bad in ("abc", "-1", "nan"):
+        monkeypatch.setenv("TRIFORCE_CACHE_MAX_GB", bad)
+        with pytest.raises(ValueError, match="TRIFORCE_CACHE_MAX_GB"):
+            Llama.from_pretrained(path, cache_dir=tmp_path / "c")
+        assert not gguf_cache_path(path, tmp_path / "c").exists()  # nothing written, so no later "success"
+    monkeypatch.setenv("TRIFORCE_CACHE_MAX_GB", "inf")  # no limit
+    Llama.from_pretrained(path, cache_dir=tmp_path / "c")
+    assert (gguf_cache_path(path, tmp_path / "c") / "model.safetensors").exists()

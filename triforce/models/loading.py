@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -66,17 +67,23 @@ def load_pretrained(path, device=None, dtype=None, cache_dir=None):
         if cache_dir is False:
             config, sd = read_gguf(path)
             return _build(config, sd, device, dtype)
+        max_cache_bytes()  # a bad setting raises before any work, not after the conversion is written
         cached = gguf_cache_path(path, cache_dir)
         if (cached / "model.safetensors").exists():
             touch_cache_entry(cached)
-        else:
-            config, sd = read_gguf(path)
             try:
-                _write_hf_dir(cached, config, sd)
-            except OSError as e:  # a read-only or full cache only costs the conversion next time
-                warnings.warn(f"cannot cache the converted {path.name} in {str(cached.parent)!r}: {e}")
-                return _build(config, sd, device, dtype)
-            evict_cache(cached)
+                return _build(*_read_hf_dir(cached), device, dtype)
+            except (ValueError, OSError) as e:  # a damaged entry (disk, an edit): the GGUF is still here
+                warnings.warn(f"the cached conversion {str(cached)!r} of {path.name} is unreadable ({e}); "
+                              "converting the GGUF again")
+                shutil.rmtree(cached, ignore_errors=True)
+        config, sd = read_gguf(path)
+        try:
+            _write_hf_dir(cached, config, sd)
+        except OSError as e:  # a read-only or full cache only costs the conversion next time
+            warnings.warn(f"cannot cache the converted {path.name} in {str(cached.parent)!r}: {e}")
+            return _build(config, sd, device, dtype)
+        evict_cache(cached)
         return _load_hf_dir(cached, device, dtype)
     raise ValueError(f"{str(path)!r} is neither a directory nor a GGUF file")
 
@@ -149,14 +156,15 @@ def touch_cache_entry(entry: Path) -> None:
 
 
 def max_cache_bytes() -> int:
+    """``$TRIFORCE_CACHE_MAX_GB`` in bytes (default 4 GB; ``inf``: no limit)."""
     raw = os.environ.get("TRIFORCE_CACHE_MAX_GB", "4")
     try:
         gb = float(raw)
     except ValueError:
         gb = -1.0
     if not gb >= 0:
-        raise ValueError(f"TRIFORCE_CACHE_MAX_GB must be a number of GB >= 0, got {raw!r}")
-    return int(gb * 1e9)
+        raise ValueError(f"TRIFORCE_CACHE_MAX_GB must be a number of GB >= 0 (or inf), got {raw!r}")
+    return sys.maxsize if gb * 1e9 >= sys.maxsize else int(gb * 1e9)
 
 
 def evict_cache(keep: Path) -> None:
@@ -213,6 +221,11 @@ def publish(directory: Path, write, last: str) -> None:
 
 # ---- Hugging Face layout
 def _load_hf_dir(directory: Path, device, dtype):
+    return _build(*_read_hf_dir(directory), device, dtype)
+
+
+def _read_hf_dir(directory: Path):
+    """-> (config, state dict) of a Hugging Face directory (errors name what is missing or unreadable)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -235,7 +248,7 @@ def _load_hf_dir(directory: Path, device, dtype):
                                  "which one is the model's is ambiguous; remove the other file")
             origin[k] = f
         sd.update(part)
-    return _build(config, sd, device, dtype)
+    return config, sd
 
 
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
