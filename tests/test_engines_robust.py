@@ -239,8 +239,9 @@ def test_greedy_sampling_rule_matches_the_verifiers_on_nan_and_ties():
 @given(V=st.integers(1, 40), num=st.integers(2, 50), seed=st.integers(0, 2 ** 16))
 def test_greedy_children_rank_by_value_then_lowest_index(V, num, seed):
     """Greedy tree children: highest logit first, ties by lowest index (column 0 is the verifiers'
-    argmax), NaN as -inf, -0.0 equal to 0.0; past V the argmax repeats (torch.topk orders ties
-    arbitrarily and cannot take num > V)."""
+    argmax), NaN as -inf, -0.0 equal to 0.0; past V, and past the ids above -inf (tokens the logits rule
+    out, as a draft vocabulary does), the argmax repeats (torch.topk orders ties arbitrarily and cannot
+    take num > V)."""
     from triforce.engines.steps import Sampling
     from triforce_kernels.reference.sampling import argmax_lowest
 
@@ -254,6 +255,7 @@ def test_greedy_children_rank_by_value_then_lowest_index(V, num, seed):
     for r in range(4):
         c = [float("-inf") if v != v else v for v in x[r].tolist()]
         want = sorted(range(V), key=lambda i: (-c[i], i))[:num]
+        want = [want[0]] + [i if c[i] > float("-inf") else want[0] for i in want[1:]]
         want += [want[0]] * (num - len(want))
         assert ids[r].tolist() == want, (x[r], ids[r], want)
     assert torch.equal(ids[:, 0], argmax_lowest(x))
