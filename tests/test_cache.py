@@ -62,6 +62,30 @@ def test_rollback_never_grows_and_validates():
         cache.rollback(torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="new_lengths"):
         cache.rollback(torch.tensor([1.0, 2.0]))
+    # a negative length would make the next forward write at slots -2, -1 (the buffer's end)
+    with pytest.raises(ValueError, match="new_lengths must be >= 0"):
+        cache.rollback(torch.tensor([-3, 2]))
+    cache.rollback(torch.tensor([2**32 + 1, 2]))  # no int32 wrap-around: larger than any length
+    assert cache.lengths.tolist() == [5, 2]
+
+
+def test_commit_path_checks_its_counts_on_the_cpu():
+    model = tiny()
+    cache = FullCache(model.config, 2, 48)
+    model.prefill(torch.randint(0, 97, (2, 10)), cache)
+    base = cache.lengths.clone()
+    model(torch.randint(0, 97, (2, 3)), cache=cache, tree_parents=torch.tensor([[-1, 0, 1], [-1, 0, 0]]))
+    path = torch.tensor([[0, 1, 2], [0, 2, -1]])
+    for bad, match in (((base, path, torch.tensor([5, 1])), "num_accepted must be in \\[0, 2\\]"),
+                       ((base, path, torch.tensor([-2, 1])), "num_accepted must be in"),
+                       ((base + 2, path, torch.tensor([2, 1])), "must be <= lengths"),
+                       ((base, torch.tensor([[0, 1, 7], [0, 2, -1]]), torch.tensor([2, 1])), "path: the kept"),
+                       ((base, torch.tensor([[0, -1, 2], [0, 2, -1]]), torch.tensor([2, 1])), "path: the kept")):
+        with pytest.raises(ValueError, match=match):
+            cache.commit_path(*bad)
+        assert cache.lengths.tolist() == [13, 13]  # nothing changed
+    cache.commit_path(base, path, torch.tensor([2, 1]))
+    assert cache.lengths.tolist() == [13, 12]
 
 
 def test_commit_path_equals_sequential_run():

@@ -104,6 +104,11 @@ class Step:
     query_valid: torch.Tensor | None = None  # bool [B]
 
 
+def _on_cpu(t: torch.Tensor) -> bool:
+    """Values of ``t`` may be checked: free on the CPU, a host sync elsewhere (callers clamp there)."""
+    return t.device.type == "cpu"
+
+
 def _check_lengths(name: str, t, batch_size: int, device) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape [{batch_size}], got {type(t).__name__}")
@@ -218,14 +223,20 @@ class _KVCache:
 
     # ---- speculative bookkeeping
     def rollback(self, new_lengths: torch.Tensor) -> None:
-        """Drop each sequence's tail: ``lengths = min(lengths, new_lengths)``. No host sync."""
+        """Drop each sequence's tail: ``lengths = min(lengths, new_lengths)``; ``new_lengths >= 0``, checked
+        (``ValueError``) on a CPU cache, clamped at 0 on a GPU (a check there would be a host sync)."""
         _check_lengths("new_lengths", new_lengths, self.batch_size, self.device)
-        torch.minimum(self.lengths, new_lengths.to(torch.int32), out=self.lengths)
+        if _on_cpu(new_lengths) and bool((new_lengths < 0).any()):
+            raise ValueError(f"new_lengths must be >= 0, got {new_lengths.tolist()}")
+        torch.minimum(self.lengths, new_lengths.clamp(0, self.capacity).to(torch.int32), out=self.lengths)
 
     def commit_path(self, base_lengths: torch.Tensor, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """After a tree forward appended T nodes at ``base_lengths``: keep nodes
         ``path[b, :num_accepted[b]+1]`` compacted to slots ``base .. base+num_accepted`` and set
-        ``lengths = base + num_accepted + 1``. No host sync."""
+        ``lengths = base + num_accepted + 1``. Checked (``ValueError``) on a CPU cache, where it is free:
+        ``0 <= num_accepted < depth+1``, ``0 <= base``, ``base + num_accepted + 1 <= lengths`` and each kept
+        path entry in ``[0, lengths - base)`` (a node the forward appended). On a GPU, no host sync: the
+        counts are clamped into ``[0, depth]`` and slots past the capacity are never written."""
         _check_lengths("base_lengths", base_lengths, self.batch_size, self.device)
         _check_lengths("num_accepted", num_accepted, self.batch_size, self.device)
         if not isinstance(path, torch.Tensor) or path.dim() != 2 or path.shape[0] != self.batch_size \
@@ -234,6 +245,9 @@ class _KVCache:
         P = path.shape[1]
         base = base_lengths.long()[:, None]
         j = torch.arange(P, device=self.device)
+        if _on_cpu(num_accepted):
+            self._check_commit(base_lengths.long(), path.long(), num_accepted.long(), j)
+        num_accepted = num_accepted.clamp(0, P - 1)
         keep = (j[None] <= num_accepted.long()[:, None]) & (path >= 0)
         src = base + path.long().clamp(min=0)
         # An entry not kept repeats entry 0's move (the same value to the same slot), so no two entries
@@ -246,6 +260,20 @@ class _KVCache:
         new_len = (base_lengths.long() + num_accepted.long() + 1).to(torch.int32)
         self._after_commit(base_lengths, new_len, P)
         self.lengths.copy_(new_len)
+
+    def _check_commit(self, base, path, num_accepted, j) -> None:
+        P = path.shape[1]
+        if bool(((num_accepted < 0) | (num_accepted >= P)).any()):
+            raise ValueError(f"num_accepted must be in [0, {P - 1}] (path has {P} entries), got {num_accepted.tolist()}")
+        appended = self.lengths.long() - base
+        if bool(((base < 0) | (num_accepted + 1 > appended)).any()):
+            raise ValueError(f"base_lengths + num_accepted + 1 must be <= lengths (the nodes the tree forward "
+                             f"appended): base_lengths {base.tolist()}, num_accepted {num_accepted.tolist()}, "
+                             f"lengths {self.lengths.tolist()}")
+        kept = j[None] <= num_accepted[:, None]
+        if bool((kept & ((path < 0) | (path >= appended[:, None]))).any()):
+            raise ValueError(f"path: the kept entries must be nodes the tree forward appended, in [0, lengths - "
+                             f"base_lengths), got {path.tolist()} with num_accepted {num_accepted.tolist()}")
 
     def _after_commit(self, base_lengths, new_lengths, max_new: int) -> None:
         pass
