@@ -71,6 +71,20 @@ def test_transformers_checkpoint_matches_transformers(tmp_path, family, kw, thet
     assert torch.equal(old(ids), got)
 
 
+def test_llama3_rope_without_its_original_context_reads_as_transformers(tmp_path):
+    # transformers 5 takes max_position_embeddings for a llama3 rope_parameters that leaves it out
+    hf_checkpoint(tmp_path, transformers.LlamaConfig, transformers.LlamaForCausalLM, rope_parameters=LLAMA3)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["rope_parameters"]["original_max_position_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    ours = Llama.from_pretrained(tmp_path)
+    assert ours.config.rope_scaling["original_max_position_embeddings"] == TINY["max_position_embeddings"]
+    ids = torch.randint(0, 101, (1, 300), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
+
+
 @pytest.fixture(scope="module")
 def saved_config(tmp_path_factory):
     """config.json as transformers 5 writes it for a tiny Llama-3-style model (llama3 RoPE)."""

@@ -241,6 +241,12 @@ def test_gguf_k_quants_match_transformers(tmp_path, family):
     for text in texts:
         assert tok.encode(text) == theirs.encode(text, add_special_tokens=False), text
         assert tok.decode(tok.encode(text)) == text
+    ids = tok.encode(texts[0])
+    assert tok.decode(torch.tensor(ids[0])) == tok.decode(ids[:1]) == tok.decode(np.array(ids)[:1])  # 0-d, numpy
+    with pytest.raises(ValueError, match="non-negative ints"):
+        tok.decode([ids[0], -1])
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        tok.encode("a\ud800b")  # a lone surrogate
 
 
 def test_gguf_unknown_pre_tokenizer_raises(tmp_path):

@@ -194,6 +194,13 @@ def test_bad_input():
         model(torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="context"):
         model(torch.zeros(1, 65, dtype=torch.long))
+    for bad in (101, -1):  # the embedding's bare IndexError before
+        with pytest.raises(ValueError, match=f"input_ids holds token ids outside \\[0, vocab_size=101\\): \\[{bad}\\]"):
+            model(torch.tensor([[5, bad]]))
+    model.prefill(torch.zeros(2, 3, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="vocab_size"):
+        model(torch.tensor([[5], [500]]), cache=cache)
+    assert cache.lengths.tolist() == [3, 3]
     with pytest.raises(ValueError, match="dtype|float32"):
         model(torch.zeros(2, 1, dtype=torch.long), cache=FullCache(model.config, 2, 8, dtype=torch.float16))
     model.prefill(torch.zeros(2, 30, dtype=torch.long), cache)

@@ -105,8 +105,9 @@ class Step:
 
 
 def _on_cpu(t: torch.Tensor) -> bool:
-    """Values of ``t`` may be checked: free on the CPU, a host sync elsewhere (callers clamp there)."""
-    return t.device.type == "cpu"
+    """Values of ``t`` may be checked: free on the CPU, a host sync elsewhere (callers clamp there), a
+    graph break while compiling."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def _check_lengths(name: str, t, batch_size: int, device) -> torch.Tensor:

@@ -358,5 +358,9 @@ def _read_rope(d: dict) -> dict:
             raise ValueError(f"config original_max_position_embeddings = {top!r} differs from the "
                              f"{rope['original_max_position_embeddings']!r} inside rope_parameters / "
                              "rope_scaling; keep one")
+    if kind == "llama3" and "original_max_position_embeddings" not in rope:
+        # transformers 5 fills it in from the context length (the scaling then acts from there on)
+        ctx = d.get("max_position_embeddings", LlamaConfig.__dataclass_fields__["max_position_embeddings"].default)
+        rope["original_max_position_embeddings"] = ctx
     out["rope_scaling"] = rope or None
     return out

@@ -443,6 +443,13 @@ class Llama(nn.Module):
             raise ValueError(f"{name} must have shape [B, T] with B, T >= 1, got {list(ids.shape)}")
         if ids.device != self.device:
             raise ValueError(f"{name} is on {ids.device} but the model is on {self.device}")
+        # the range on the CPU only, where it is free (on a GPU it would be a host sync; the embedding
+        # asserts there), and not while compiling (a graph break)
+        if ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            V = self.config.vocab_size
+            if bool(((ids < 0) | (ids >= V)).any()):
+                bad = ids[(ids < 0) | (ids >= V)]
+                raise ValueError(f"{name} holds token ids outside [0, vocab_size={V}): {bad[:5].tolist()}")
 
     def _check_cache(self, cache, B):
         if not isinstance(cache, _KVCache):

@@ -16,6 +16,7 @@ Any other pre-tokenizer raises (its splits would differ, so the token ids would 
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer as _HFTokenizer, decoders, models, normalizers, pre_tokenizers
@@ -68,15 +69,26 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # the backend's error said "must be str"
+            raise ValueError(f"text is not valid Unicode: {e.reason} at index {e.start} "
+                             f"({text[e.start:e.end]!r}); it cannot be tokenized") from None
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
         return ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """Text of token ``ids`` (ints, a 1-D or 0-d tensor). Ids past the tokenizer's vocabulary (a model's
+        padded rows) decode to nothing, as in transformers; a negative id raises ``ValueError``."""
         if hasattr(ids, "tolist"):
             ids = ids.tolist()
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        ids = [ids] if isinstance(ids, numbers.Integral) else list(ids)
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0]
+        if bad:
+            raise ValueError(f"ids must be non-negative ints (token ids), got {bad[:5]}")
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render ``messages`` (``{"role", "content"}`` dicts) with the model's Jinja chat template."""
