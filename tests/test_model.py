@@ -148,6 +148,18 @@ def test_hf_directory_round_trip(tmp_path):
         assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) is tied
 
 
+def test_dtype_casts_keep_the_rope_frequencies_float32(tmp_path):
+    """model.to(bfloat16) (the default draft copy) computes RoPE as from_pretrained(dtype=bfloat16) does:
+    the cast used to round the frequencies to bfloat16 too (up to 0.4%: radians off at long positions)."""
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    loaded = Llama.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.to(torch.bfloat16).float()):
+        m = cast(tiny_model())
+        assert m.inv_freq.dtype == torch.float32 and torch.equal(m.inv_freq, model.inv_freq)
+    ids = torch.randint(0, 101, (1, 60))
+    assert torch.equal(tiny_model().to(torch.bfloat16)(ids), loaded(ids))
+
 def test_loading_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no model"):
         Llama.from_pretrained(tmp_path / "nope")

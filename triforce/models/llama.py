@@ -298,6 +298,14 @@ class Llama(nn.Module):
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
+    def _apply(self, fn, recurse=True):
+        # .to(torch.bfloat16) / .half() cast every floating buffer: the RoPE frequencies stay float32 (as
+        # from_pretrained(dtype=...) and transformers keep them; bfloat16 would round them by up to 0.4%)
+        out = super()._apply(fn, recurse)
+        if not self.inv_freq.is_meta and self.inv_freq.dtype != torch.float32:
+            self.inv_freq = rope_inv_freq(self.config, self.inv_freq.device)
+        return out
+
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
