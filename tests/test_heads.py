@@ -1,6 +1,7 @@
 """Trained draft heads (triforce.heads, engines/heads.py): lossless tree decoding with every kind
 (greedy equality on tiny and real models, the sampled distribution on a tiny model with random heads),
 the training path's pseudo-token forward equals decoding's, training steps, checkpoints and errors."""
+import json
 import math
 
 import numpy as np
@@ -322,6 +323,13 @@ def test_heads_name_the_target_family(tmp_path):
     assert load_heads(tmp_path / "q.safetensors", qwen).target["architecture"] == "qwen2"
 
 
+def safe_metadata(path):
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        return f.metadata()["triforce_heads"]
+
+
 def test_heads_errors(tmp_path):
     m, other = tiny(), tiny(layers=2)
     h = random_heads(m, "medusa")
@@ -347,6 +355,26 @@ def test_heads_errors(tmp_path):
         make_heads("hidden_transfer", m.config, 2, layer=4)
     with pytest.raises(ValueError, match="take no layer"):
         make_heads("medusa", m.config, 2, layer=2)
+    with pytest.raises(ValueError, match="a model of 1 layer has none"):
+        make_heads("hidden_transfer", tiny(layers=1).config, 2)
+    with pytest.raises(TypeError, match="draft: expected None, a draft model"):
+        triforce.generate(m, torch.tensor([[1, 2, 3]]), method="speculative", draft=b"medusa", max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"trained heads \(a medusa set\) draft for"):  # not the module's repr
+        triforce.generate(m, torch.tensor([[1, 2, 3]]), method="speculative", draft=h, max_new_tokens=2)
+    with pytest.raises(ValueError, match="tree, tree_nodes: give one"):
+        triforce.generate(m, torch.tensor([[1, 2, 3]]), method="tree", draft=h, tree=(1, 1), tree_nodes=(2, 2),
+                          max_new_tokens=2)
+    # metadata that is not what DraftHeads.save writes: a clear ValueError naming the file
+    from safetensors.torch import load_file, save_file
+
+    meta = json.loads(safe_metadata(tmp_path / "m.safetensors"))
+    for bad in ([1, 2], {**meta, "target": None}, {k: v for k, v in meta.items() if k != "target"},
+                {**meta, "target": {k: v for k, v in meta["target"].items() if k != "head_dim"}},
+                {k: v for k, v in meta.items() if k != "depth"}, {**meta, "depth": 0}):
+        save_file(load_file(tmp_path / "m.safetensors"), tmp_path / "x.safetensors",
+                  metadata={"triforce_heads": json.dumps(bad)})
+        with pytest.raises(ValueError, match="x.safetensors"):
+            load_heads(tmp_path / "x.safetensors")
 
 
 def test_a_saved_set_is_the_file_as_it_is_now(tmp_path, monkeypatch):
@@ -764,9 +792,16 @@ def test_fine_tuning_errors(tmp_path):
         TrainConfig(**{**cfg, "text": (str(tmp_path / "none.txt"),)}).check()
     with pytest.raises(ValueError, match="text: expected a tuple of file paths"):
         TrainConfig(**{**cfg, "text": text}).check()
-    with pytest.raises(ValueError, match="held-out pieces .* too short"):
+    with pytest.raises(ValueError, match="seq_len: 100000 tokens exceed the model's context of 256"):
         train(m, _Tok(), TrainConfig(**{**cfg, "seq_len": 100000}), str(tmp_path / "o"), progress=False,
               log=lambda s: None)
+    long_context = Llama(m.config.replace(max_position_embeddings=100000)).eval()
+    with pytest.raises(ValueError, match="held-out pieces .* too short"):
+        train(long_context, _Tok(), TrainConfig(**{**cfg, "seq_len": 100000}), str(tmp_path / "o"), progress=False,
+              log=lambda s: None)
+    for k, v in (("lr", math.inf), ("lr", math.nan), ("reg_weight", math.nan), ("reg_weight", -1.0)):
+        with pytest.raises(ValueError, match=f"{k}: expected a finite number"):
+            TrainConfig(**{**cfg, k: v}).check()
 
 
 def test_cli_layer_applies_to_the_kinds_that_read_one(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """``triforce.generate``: one entry point for every decoding method (docs/design.md section 4)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -95,8 +96,12 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
 
     if is_heads_source(draft):
         if method not in ("tree", "triforce"):
-            raise ValueError(f"draft: trained heads ({draft!r}) draft for method='tree' or 'triforce' (its bottom "
+            what = repr(draft) if isinstance(draft, (str, os.PathLike)) else f"a {draft.kind} set"
+            raise ValueError(f"draft: trained heads ({what}) draft for method='tree' or 'triforce' (its bottom "
                              f"level) only, not {method!r}")
+    elif draft is not None and not (isinstance(draft, torch.nn.Module) and hasattr(draft, "config")):
+        raise TypeError(f"draft: expected None, a draft model (triforce.models.Llama), trained heads (a kind "
+                        f"name, a DraftHeads or a saved set's path), got {type(draft).__name__}")
     else:
         if options.get("draft_vocab") is not None:
             raise ValueError("draft_vocab: a draft vocabulary restricts trained heads (draft='medusa', 'mlp', "

@@ -123,4 +123,7 @@ def resolve(method: str, options: dict) -> tuple[Method, dict]:
         if problem:
             raise ValueError(f"{k}: {problem}")
         out[k] = tuple(v) if k in ("tree", "tree_nodes") else v
+    if options.get("tree") is not None and options.get("tree_nodes") is not None:
+        raise ValueError("tree, tree_nodes: give one (a static tree shape, or nodes per depth chosen by "
+                         "probability), not both")
     return m, out

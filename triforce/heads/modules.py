@@ -80,6 +80,9 @@ class DraftHeads(nn.Module):
             raise ValueError(f"depth: expected an int >= 1, got {depth!r}")
         n = config.num_hidden_layers
         if self.reads_layer:
+            if n < 2:
+                raise ValueError(f"layer: {self.kind!r} heads tap a layer in [1, num_hidden_layers - 1], and a "
+                                 f"model of {n} layer has none; use medusa or mlp heads")
             layer = default_layer(n) if layer is None else layer
             if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer < n:
                 raise ValueError(f"layer: expected an int in [1, {n - 1}], got {layer!r}")
@@ -252,6 +255,10 @@ def make_heads(kind: str, config, depth: int = 4, layer: int | None = None) -> D
     return _CLASSES[kind](config, depth, layer)
 
 
+def _is_pos_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def load_heads(path: str | os.PathLike, model=None) -> DraftHeads:
     """Load a head set saved by :meth:`DraftHeads.save`; with ``model``, check it was trained for it."""
     from safetensors import safe_open
@@ -265,9 +272,21 @@ def load_heads(path: str | os.PathLike, model=None) -> DraftHeads:
             sd = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own error types on garbage
         raise ValueError(f"{path!r} is not a triforce head set: {type(e).__name__}: {e}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path!r}: the head-set metadata must be a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT or meta.get("kind") not in _CLASSES:
         raise ValueError(f"{path!r}: unsupported head-set format {meta.get('format')!r} / kind {meta.get('kind')!r}")
-    t = meta["target"]
+    t = meta.get("target")
+    fields = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim")
+    missing = [k for k in ("depth", "layer") if k not in meta]
+    if not isinstance(t, dict):
+        missing.append("target")
+    else:
+        missing += [f"target.{k}" for k in fields if not _is_pos_int(t.get(k))]
+    if missing:
+        raise ValueError(f"{path!r}: the head-set metadata lacks or has a bad {', '.join(missing)} (the target "
+                         "model's shape, positive ints); not a set written by DraftHeads.save")
 
     class _Cfg:  # the config fields the constructors read
         model_type = t.get("architecture", "llama")
@@ -275,7 +294,10 @@ def load_heads(path: str | os.PathLike, model=None) -> DraftHeads:
         num_hidden_layers, num_attention_heads = t["num_hidden_layers"], t["num_attention_heads"]
         num_key_value_heads, head_dim, rms_norm_eps = t["num_key_value_heads"], t["head_dim"], meta.get("eps", 1e-5)
 
-    heads = _CLASSES[meta["kind"]](_Cfg, meta["depth"], meta["layer"])
+    try:
+        heads = _CLASSES[meta["kind"]](_Cfg, meta["depth"], meta["layer"])
+    except ValueError as e:
+        raise ValueError(f"{path!r}: {e}") from None
     heads.target = t
     rank = sd.pop(TOKEN_RANK, None)
     if rank is not None:

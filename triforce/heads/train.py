@@ -80,8 +80,11 @@ class TrainConfig:
             raise ValueError("distill_steps > 0 needs generated > 0 sequences")
         if self.seq_len < self.depth + 3:
             raise ValueError(f"seq_len: needs at least depth + 3 = {self.depth + 3} tokens, got {self.seq_len}")
-        if not self.lr > 0:
-            raise ValueError(f"lr: expected > 0, got {self.lr!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 < self.lr < math.inf:
+            raise ValueError(f"lr: expected a finite number > 0, got {self.lr!r}")
+        w = self.reg_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < math.inf:
+            raise ValueError(f"reg_weight: expected a finite number >= 0, got {w!r}")
         if self.labels not in LABELS:
             raise ValueError(f"labels: expected one of {', '.join(LABELS)}, got {self.labels!r}")
         if isinstance(self.text, (str, os.PathLike)) or not all(isinstance(p, str) for p in self.text):
@@ -354,6 +357,9 @@ def train(model, tok, cfg: TrainConfig, out_dir: str, resume: bool = False, chec
     ``stop_after``: stop (after checkpointing) at that step, as an interrupted run would.
     -> (heads, {"history": ..., "eval": ...})."""
     cfg.check()
+    if cfg.seq_len > model.config.max_position_embeddings:
+        raise ValueError(f"seq_len: {cfg.seq_len} tokens exceed the model's context of "
+                         f"{model.config.max_position_embeddings}")
     _matplotlib()  # before any work: the loss curves are written at the end
     os.makedirs(out_dir, exist_ok=True)
     if model.dtype != torch.float32:  # the heads train in float32, on the target's float32 states and LM head
