@@ -69,6 +69,23 @@ def test_rollback_never_grows_and_validates():
     assert cache.lengths.tolist() == [5, 2]
 
 
+def test_unchecked_values_are_clamped(monkeypatch):
+    """What a GPU cache does (no value checks there: each would be a host sync): clamp."""
+    from triforce.models import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "check_values", lambda t: False)
+    model = tiny()
+    cache = FullCache(model.config, 2, 48)
+    model.prefill(torch.randint(0, 97, (2, 10)), cache)
+    cache.rollback(torch.tensor([-3, 8]))
+    assert cache.lengths.tolist() == [0, 8]
+    model.prefill(torch.randint(0, 97, (2, 10)), cache)
+    base = cache.lengths.clone()
+    model(torch.randint(0, 97, (2, 3)), cache=cache, tree_parents=torch.tensor([[-1, 0, 1], [-1, 0, 0]]))
+    cache.commit_path(base, torch.tensor([[0, 1, 2], [0, 2, -1]]), torch.tensor([7, -4]))
+    assert cache.lengths.tolist() == [13, 11]  # num_accepted clamped into [0, 2]
+
+
 def test_commit_path_checks_its_counts_on_the_cpu():
     model = tiny()
     cache = FullCache(model.config, 2, 48)

@@ -25,6 +25,7 @@ import triforce
 from triforce.engines import steps
 from triforce.engines.decode import Decode
 from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache, TokenTree
+from triforce.models import cache as cache_module
 from tests.host_sync import HostSyncs
 from tests.test_engines import TINY_CASES, tiny
 from tests.test_heads import random_heads
@@ -34,7 +35,9 @@ from tests.test_heads import tiny as tiny4
 @pytest.fixture
 def gpu_paths(monkeypatch):
     """A StreamingCache reads its eviction width on a CPU only (reading is free there); on a GPU it moves
-    a fixed width. Take the GPU's path."""
+    a fixed width. The model layer's value checks (token ids in range, rollback and commit_path counts)
+    run on a CPU only. Take the GPU's paths."""
+    monkeypatch.setattr(cache_module, "check_values", lambda t: False)
     init = StreamingCache.__init__
 
     def gpu_init(self, *args, **kwargs):

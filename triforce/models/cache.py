@@ -104,9 +104,10 @@ class Step:
     query_valid: torch.Tensor | None = None  # bool [B]
 
 
-def _on_cpu(t: torch.Tensor) -> bool:
-    """Values of ``t`` may be checked: free on the CPU, a host sync elsewhere (callers clamp there), a
-    graph break while compiling."""
+def check_values(t: torch.Tensor) -> bool:
+    """Whether the values of ``t`` may be read for a check: on the CPU, where it is free (on a GPU it would
+    be a host sync: callers clamp there instead), and not while compiling (a graph break). One switch
+    for every such check of the model layer: the host-sync tests turn it off to take the GPU's path."""
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
@@ -227,7 +228,7 @@ class _KVCache:
         """Drop each sequence's tail: ``lengths = min(lengths, new_lengths)``; ``new_lengths >= 0``, checked
         (``ValueError``) on a CPU cache, clamped at 0 on a GPU (a check there would be a host sync)."""
         _check_lengths("new_lengths", new_lengths, self.batch_size, self.device)
-        if _on_cpu(new_lengths) and bool((new_lengths < 0).any()):
+        if check_values(new_lengths) and bool((new_lengths < 0).any()):
             raise ValueError(f"new_lengths must be >= 0, got {new_lengths.tolist()}")
         torch.minimum(self.lengths, new_lengths.clamp(0, self.capacity).to(torch.int32), out=self.lengths)
 
@@ -246,7 +247,7 @@ class _KVCache:
         P = path.shape[1]
         base = base_lengths.long()[:, None]
         j = torch.arange(P, device=self.device)
-        if _on_cpu(num_accepted):
+        if check_values(num_accepted):
             self._check_commit(base_lengths.long(), path.long(), num_accepted.long(), j)
         num_accepted = num_accepted.clamp(0, P - 1)
         keep = (j[None] <= num_accepted.long()[:, None]) & (path >= 0)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cache as _cache
 from .cache import RetrievalCache, Step, TokenTree, _KVCache
 from .config import LlamaConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -451,9 +452,8 @@ class Llama(nn.Module):
             raise ValueError(f"{name} must have shape [B, T] with B, T >= 1, got {list(ids.shape)}")
         if ids.device != self.device:
             raise ValueError(f"{name} is on {ids.device} but the model is on {self.device}")
-        # the range on the CPU only, where it is free (on a GPU it would be a host sync; the embedding
-        # asserts there), and not while compiling (a graph break)
-        if ids.device.type == "cpu" and not torch.compiler.is_compiling():
+        # the range where reading it is free (the CPU; on a GPU the embedding asserts)
+        if _cache.check_values(ids):
             V = self.config.vocab_size
             if bool(((ids < 0) | (ids >= V)).any()):
                 bad = ids[(ids < 0) | (ids >= V)]
