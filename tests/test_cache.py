@@ -84,6 +84,8 @@ def test_unchecked_values_are_clamped(monkeypatch):
     model(torch.randint(0, 97, (2, 3)), cache=cache, tree_parents=torch.tensor([[-1, 0, 1], [-1, 0, 0]]))
     cache.commit_path(base, torch.tensor([[0, 1, 2], [0, 2, -1]]), torch.tensor([7, -4]))
     assert cache.lengths.tolist() == [13, 11]  # num_accepted clamped into [0, 2]
+    cache.commit_path(torch.tensor([-5, 10]), torch.tensor([[0, 1, 2], [0, 2, -1]]), torch.tensor([1, 0]))
+    assert cache.lengths.tolist() == [2, 11]  # a base clamped at 0
 
 
 def test_commit_path_checks_its_counts_on_the_cpu():

@@ -238,18 +238,19 @@ class _KVCache:
         ``lengths = base + num_accepted + 1``. Checked (``ValueError``) on a CPU cache, where it is free:
         ``0 <= num_accepted < depth+1``, ``0 <= base``, ``base + num_accepted + 1 <= lengths`` and each kept
         path entry in ``[0, lengths - base)`` (a node the forward appended). On a GPU, no host sync: the
-        counts are clamped into ``[0, depth]`` and slots past the capacity are never written."""
+        counts are clamped into ``[0, depth]``, the bases at 0, and slots past the capacity are never
+        written."""
         _check_lengths("base_lengths", base_lengths, self.batch_size, self.device)
         _check_lengths("num_accepted", num_accepted, self.batch_size, self.device)
         if not isinstance(path, torch.Tensor) or path.dim() != 2 or path.shape[0] != self.batch_size \
                 or path.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"path must be an int32/int64 tensor [{self.batch_size}, depth+1]")
         P = path.shape[1]
-        base = base_lengths.long()[:, None]
         j = torch.arange(P, device=self.device)
         if check_values(num_accepted):
             self._check_commit(base_lengths.long(), path.long(), num_accepted.long(), j)
-        num_accepted = num_accepted.clamp(0, P - 1)
+        base_lengths, num_accepted = base_lengths.clamp(min=0), num_accepted.clamp(0, P - 1)
+        base = base_lengths.long()[:, None]
         keep = (j[None] <= num_accepted.long()[:, None]) & (path >= 0)
         src = base + path.long().clamp(min=0)
         # An entry not kept repeats entry 0's move (the same value to the same slot), so no two entries
