@@ -3,7 +3,9 @@ then a log-sum-exp merge.
 
 Grid of the split kernel: (part, b * Hkv + h, row block). Parts 0..S-1 split the unmasked prefix
 [0, L-T) of row b evenly (ragged lengths need no host sync: each program reads L itself); part S is
-the tail [L-T, L), the only place the causal / tree mask is applied. Each program serves a block of
+the tail [L-T, L), the only place the causal / tree mask is applied and inf/NaN values are masked,
+launched on its own (``TAIL=True``, a grid of one part) so that the prefix's kernel carries none of
+that code (registers, shared memory: the compile check's report). Each program serves a block of
 up to 64 query rows (t, j) of one GQA group from every K/V tile it loads, so for T * g <= 64 each
 key is read from memory once for all T queries and all g query heads.
 """
@@ -21,12 +23,18 @@ def _verify_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, seqlens_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
     scale, T, G, R, Hkv, N, S, D, W,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    HAS_MASK: tl.constexpr, LOWP_DOT: tl.constexpr,
+    HAS_MASK: tl.constexpr, LOWP_DOT: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    # TAIL=False: grid axis 0 is the prefix part 0..S-1, every position visible to every row. TAIL=True
+    # (its own launch, one part): part S, the tail [L-T, L), the only place of the causal / tree mask
+    # and of the inf/NaN values' masking, so that none of it costs the prefix's loop anything.
     # mask_ptr (HAS_MASK): tree_mask packed as int64 words [B, T, W], bit si % 64 of word si // 64 of row
     # (b, t) = tree_mask[b, t, si] (_pack_mask_kernel); BLOCK_N <= 64.
-    part = tl.program_id(0)
+    if TAIL:
+        part = S
+    else:
+        part = tl.program_id(0)
     bh = tl.program_id(1)
     rb = tl.program_id(2)
     b = bh // Hkv
@@ -36,10 +44,13 @@ def _verify_attention_split_kernel(
     Lc = tl.minimum(tl.maximum(L, 0), N)
     new0 = L - T
     prefix = tl.minimum(tl.maximum(new0, 0), Lc)
-    chunk = tl.cdiv(prefix, S)
-    is_tail = part == S
-    start = tl.where(is_tail, prefix, tl.minimum(prefix, part * chunk))
-    end = tl.where(is_tail, Lc, tl.minimum(prefix, part * chunk + chunk))
+    if TAIL:
+        start = prefix
+        end = Lc
+    else:
+        chunk = tl.cdiv(prefix, S)
+        start = tl.minimum(prefix, part * chunk)
+        end = tl.minimum(prefix, part * chunk + chunk)
 
     rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < R
@@ -56,7 +67,7 @@ def _verify_attention_split_kernel(
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    seen_bad = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)  # tail: visible inf/NaN values per (row, d)
+    seen_bad = tl.zeros((BLOCK_R,), tl.int32)  # TAIL: the row sees an inf/NaN value
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pos_ok = pos < end
@@ -68,32 +79,33 @@ def _verify_attention_split_kernel(
         else:  # fp32 inputs, and bf16 under the interpreter (its bf16 dot is wrong)
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
         vis = row_ok[:, None] & pos_ok[None, :]
-        # Tail only: new token si = pos - new0 is visible to query t iff tree_mask[b, t, si] (si <= t).
-        si = pos - new0
-        if HAS_MASK:
-            # Row t's bits of tree_mask, packed 64 to a word: this block's <= 64 positions fall in words
-            # w0 and w0 + 1. Per-row (1-D) loads broadcast over the keys, as the causal test is, so both
-            # variants reduce in the same register layout and give bitwise equal results for equal masks
-            # (a 2-D byte load gave the tree variant its own layout, its own summation order, and its
-            # prefix loop the mask load's registers). Nothing is loaded outside the tail.
-            si_c = tl.maximum(si, 0)  # the prefix parts' positions precede the tail (si < 0)
-            w0 = tl.maximum(n0 - new0, 0) // 64
-            row_bits = mask_ptr + (b.to(tl.int64) * T + t) * W
-            zero = rows * 0  # scalar conditions as row vectors: the interpreter's load masks must be tensors
-            word0 = tl.load(row_bits + w0, mask=row_ok & (zero + part == S) & (zero + w0 < W), other=0)
-            word1 = tl.load(row_bits + w0 + 1, mask=row_ok & (zero + part == S) & (zero + w0 + 1 < W), other=0)
-            word = tl.where((si_c // 64 == w0)[None, :], word0[:, None], word1[:, None])
-            tail_ok = ((word >> (si_c % 64).to(tl.int64)[None, :]) & 1) != 0
-        else:
-            tail_ok = si[None, :] <= t[:, None]
-        vis = vis & (tail_ok | (si[None, :] * 0 + part != S))
-        if is_tail:
+        if TAIL:
+            # New token si = pos - new0 is visible to query t iff tree_mask[b, t, si] (si <= t).
+            si = pos - new0
+            if HAS_MASK:
+                # Row t's bits of tree_mask, packed 64 to a word: this block's <= 64 positions fall in
+                # words w0 and w0 + 1. Per-row (1-D) loads broadcast over the keys, as the causal test
+                # is, so both variants reduce in the same register layout and give bitwise equal
+                # results for equal masks (a 2-D byte load gave the tree variant its own layout and its
+                # own summation order).
+                si_c = tl.maximum(si, 0)
+                w0 = tl.maximum(n0 - new0, 0) // 64
+                row_bits = mask_ptr + (b.to(tl.int64) * T + t) * W
+                zero = rows * 0  # scalar conditions as row vectors: the interpreter's load masks must be tensors
+                word0 = tl.load(row_bits + w0, mask=row_ok & (zero + w0 < W), other=0)
+                word1 = tl.load(row_bits + w0 + 1, mask=row_ok & (zero + w0 + 1 < W), other=0)
+                word = tl.where((si_c // 64 == w0)[None, :], word0[:, None], word1[:, None])
+                tail_ok = ((word >> (si_c % 64).to(tl.int64)[None, :]) & 1) != 0
+            else:
+                tail_ok = si[None, :] <= t[:, None]
+            vis = vis & tail_ok
             # A query multiplies the values it may not see by 0, and 0 * NaN would leak them: the tail's
-            # inf/NaN values count as 0, and a query that sees one gets NaN in that column (below).
+            # inf/NaN values count as 0, and a query that sees one gets NaN in its row (after the loop).
             vf = v.to(tl.float32)  # (the interpreter compares bf16 values as their bits)
             bad = (vf != vf) | (tl.abs(vf) == float("inf"))
             v = tl.where(bad, tl.zeros_like(v), v)
-            seen_bad += tl.dot(vis.to(tl.float32), bad.to(tl.float32))
+            key_bad = tl.max(bad.to(tl.int32), 1)  # [BLOCK_N]
+            seen_bad = tl.maximum(seen_bad, tl.max(tl.where(vis, key_bad[None, :], 0), 1))
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -106,7 +118,8 @@ def _verify_attention_split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         m_i = m_new
 
-    acc = tl.where(seen_bad > 0, float("nan"), acc)
+    if TAIL:
+        acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
     idx = (bh * (S + 1) + part) * R + rows
     tl.store(m_ptr + idx, m_i, mask=row_ok)
     tl.store(l_ptr + idx, l_i, mask=row_ok)
@@ -200,14 +213,15 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     # 16-bit operands straight into tl.dot (P cast to V's dtype, as flash-attn does). The interpreter's
     # bf16 dot is wrong, so there bf16 runs the fp32 path; fp16 takes the GPU path, which tests it.
     lowp = q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not interpret)
-    _verify_attention_split_kernel[(parts, B * Hkv, row_blocks)](
-        q, k_cache, v_cache, cache_seqlens, mask, m, l, acc,
-        softmax_scale, T, G, R, Hkv, N, S, D, W,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HAS_MASK=tree_mask is not None, LOWP_DOT=lowp, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        num_warps=4,
-    )
+    for tail, grid in ((False, (S, B * Hkv, row_blocks)), (True, (1, B * Hkv, row_blocks))):
+        _verify_attention_split_kernel[grid](
+            q, k_cache, v_cache, cache_seqlens, mask, m, l, acc,
+            softmax_scale, T, G, R, Hkv, N, S, D, W,
+            q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            HAS_MASK=tree_mask is not None, LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D, num_warps=4,
+        )
     _verify_attention_merge_kernel[(B * Hkv * R,)](
         m, l, acc, out, lse, T, G, R, Hkv, S, D,
         BLOCK_P=max(2, triton.next_power_of_2(parts)), BLOCK_D=BLOCK_D,
