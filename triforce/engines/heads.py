@@ -334,7 +334,7 @@ def heads_for(target, draft):
         heads = load_heads(source, target).to(device=p.device, dtype=p.dtype).eval()
         if ident is None:
             return heads
-        for k in [k for k in loaded if k[0][0] == ident[0]]:  # older versions of the file
+        for k in [k for k in loaded if k[0][0] == ident[0] and k[0] != ident]:  # older versions of the file
             del loaded[k]
         loaded[key] = heads
     return loaded[key]
