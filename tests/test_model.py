@@ -115,6 +115,34 @@ def test_tree_forward_equals_each_branch():
         assert (out[0, path] - ref).abs().max() <= TOL, leaf
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
+    """On CPU in float32 and bfloat16, the logits of a pass of T tokens (causal, and a tree) are bitwise
+    those of one-token steps over the same tokens: the projections are row-independent (docs/model.md,
+    "Linear layers on CPU") and so is the attention (docs/attention.md, "Independent of T"). Heads of 64
+    take the AVX-512 paths; the prompt crosses the attention's 512-key parts."""
+    model = tiny_model(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024).to(dtype)
+    prompt = torch.randint(0, 101, (2, 530))
+    toks = torch.randint(0, 101, (2, 9))
+
+    def primed():
+        cache = FullCache(model.config, 2, 600, dtype=dtype)
+        model.prefill(prompt, cache)
+        return cache
+
+    with torch.no_grad():
+        pass_logits = model(toks, cache=primed())
+        c = primed()
+        steps = torch.cat([model(toks[:, t:t + 1], cache=c) for t in range(9)], 1)
+        assert torch.equal(pass_logits, steps)
+        parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 5, 6, 3]] * 2)
+        tree_logits = model(toks, cache=primed(), tree_parents=parents)
+        for leaf, path in ((4, [0, 1, 4]), (7, [0, 2, 5, 6, 7]), (8, [0, 1, 3, 8])):
+            c = primed()
+            branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
+            assert torch.equal(tree_logits[:, path], branch), leaf
+
+
 def test_layer_skip_shares_weights():
     model = tiny_model(num_hidden_layers=3)
     draft = model.layer_skip(1)

@@ -411,3 +411,46 @@ def test_triton_gpu_launch_plan_in_the_interpreter(dtype, mask_kind):
         assert _num_splits(B, Hkv, 1, k.shape[1], q.device) == 8
         out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="triton")
     check_against_reference(out, lse, q, k, v, L, mask)
+
+
+def _committed(k, v, L, T, parents, b, t):
+    """Row b of the caches as they are once node t's path is accepted: its ancestors (and itself) at
+    positions L-T, L-T+1, ...; returns (k, v, length) for a one-token step at node t."""
+    new0 = int(L[b]) - T
+    path = [t]
+    while parents[b, path[-1]] >= 0:
+        path.append(int(parents[b, path[-1]]))
+    path = path[::-1]
+    kb, vb = k[b:b + 1].clone(), v[b:b + 1].clone()
+    idx = torch.tensor([new0 + s for s in path])
+    kb[0, new0:new0 + len(path)], vb[0, new0:new0 + len(path)] = k[b, idx], v[b, idx]
+    return kb, vb, torch.tensor([new0 + len(path)], dtype=torch.int32)
+
+
+@settings(max_examples=10)
+@given(B=st.integers(1, 2), T=st.integers(1, 20), g=st.sampled_from([1, 3, 4, 12]), D=st.sampled_from([16, 64, 128]),
+       prefix=st.sampled_from([0, 7, 31, 32, 200, 511, 512, 600, 1100]), dtype=st.sampled_from(DTYPES),
+       tree=st.booleans(), interleaved=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@example(B=1, T=5, g=3, D=64, prefix=600, dtype=torch.float32, tree=False, interleaved=True, seed=0)  # SmolLM2
+@example(B=1, T=9, g=3, D=64, prefix=1100, dtype=torch.float32, tree=True, interleaved=True, seed=1)
+@example(B=2, T=16, g=4, D=128, prefix=511, dtype=torch.bfloat16, tree=True, interleaved=False, seed=2)
+@example(B=1, T=20, g=4, D=64, prefix=512, dtype=torch.float16, tree=False, interleaved=True, seed=3)  # R = 80
+def test_a_pass_gives_the_bits_of_one_token_steps(B, T, g, D, prefix, dtype, tree, interleaved, seed):
+    """CPU backend: row t of a pass of T tokens is bitwise the output (and lse) of the one-token step at
+    its position, over the cache as it is once t's path is committed (causal: the same cache; tree: t's
+    ancestors moved to consecutive positions). So speculative and tree decoding on the CPU compute each
+    accepted token's attention exactly as autoregressive decoding does."""
+    Hkv = 2
+    q, k, v, L, _ = make_inputs(B, T, Hkv * g, Hkv, D, [prefix + 3 * b for b in range(B)], 2, dtype, seed,
+                                torch.device("cpu"))
+    if not interleaved:  # [B, Hkv, N, D] storage viewed as [B, N, Hkv, D]
+        k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
+    parents = random_parents(B, T, seed) if tree else torch.arange(-1, T - 1).expand(B, T)
+    mask = tk.tree_attention_mask(parents) if tree else None
+    out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="cpu")
+    for b in range(B):
+        for t in range(T):
+            kb, vb, Lb = _committed(k, v, L, T, parents, b, t)
+            o1, l1 = tk.verify_attention(q[b:b + 1, t:t + 1], kb, vb, Lb, return_lse=True, backend="cpu")
+            assert torch.equal(o1[0, 0], out[b, t]), f"row {t} of batch {b} differs from its one-token step"
+            assert torch.equal(l1[0, :, 0], lse[b, :, t])

@@ -1,7 +1,5 @@
 #include "triforce/verify_attention.h"
 
-#include <omp.h>
-
 #include "dispatch.h"
 #include "../ops.h"
 
@@ -40,15 +38,6 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
   auto out = at::empty({B, T, Hq, D}, q.options());
   auto lse = at::empty({B, Hq, T}, q.options().dtype(at::kFloat));
   if (out.numel() == 0) return {out, lse};
-  if (num_splits == 0) {
-    const int32_t* L = lens.const_data_ptr<int32_t>();
-    int64_t max_prefix = 0;
-    for (int64_t b = 0; b < B; ++b) max_prefix = std::max<int64_t>(max_prefix, std::min<int64_t>(L[b], N) - T);
-    const bool grouped = triforce::verify_attention_groups_heads(Hkv, k_cache.stride(1), k_cache.stride(2),
-                                                                 v_cache.stride(1), v_cache.stride(2));
-    num_splits = triforce::verify_attention_num_splits(B, Hkv, max_prefix, omp_get_max_threads(),
-                                                       grouped ? Hkv : 1);
-  }
   TRIFORCE_DISPATCH_FLOAT(q.scalar_type(), "verify_attention", [&] {
     triforce::verify_attention_cpu(tf_ptr<scalar_t>(qc), qc.stride(0), qc.stride(1), qc.stride(2),
                                    tf_ptr<scalar_t>(k_cache), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -22,10 +22,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "triforce/common.h"  // <immintrin.h> with F16C or AVX-512
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 namespace triforce {
 namespace va {
@@ -33,16 +38,18 @@ namespace va {
 constexpr int64_t KT = 32;  // keys per tile: a [D, 32] fp32 K tile is 16 KB at D = 128 (L1-resident)
 constexpr int64_t RB = 4;   // query rows per register block in the QK^T loop (4 rows share each K load)
 constexpr int64_t kSmallR = 8;  // up to this many query rows: dot-product path, no transposed K tile
-constexpr int64_t kDotR = 64;   // AVX-512: the dot path up to this many rows when a tile's rows are close
-constexpr int64_t kDotSpan = 64 * 1024;  // ... i.e. KT rows span at most this many bytes of the cache
 constexpr int64_t kHeadChunk = 128;       // keys per head and turn when an item walks all KV heads
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(x) for x <= 0 (scores minus a running max): common.h's exp_f32, on one float or on 16 lanes
 // (exactly 0 below -87.3 and for -inf).
-inline float exp_nonpos(float x) { return exp_f32(x); }
+// On AVX-512 the scalar form is the vector form on one lane, so that a row's running-max rescaling gives
+// the same bits on the row-major paths (one float) and on the rows-in-lanes path (16 lanes).
 #if defined(__AVX512F__)
 inline __m512 exp_nonpos(__m512 x) { return exp_f32(x); }
+inline float exp_nonpos(float x) { return _mm512_cvtss_f32(exp_f32(_mm512_set1_ps(x))); }
+#else
+inline float exp_nonpos(float x) { return exp_f32(x); }
 #endif
 
 template <typename T>
@@ -116,16 +123,6 @@ struct RowPrefetch {
   }
 };
 
-// K and V rows [p0, p0 + n) in fp32, both row-major: kt [n][D], vt [n][D].
-template <typename T>
-inline void load_tile_rows(const T* k, int64_t skn, const T* v, int64_t svn, int64_t p0, int64_t n, int64_t D,
-                           float* kt, float* vt) {
-  for (int64_t j = 0; j < n; ++j) {
-    load_row(k + (p0 + j) * skn, kt + j * D, D);
-    load_row(v + (p0 + j) * svn, vt + j * D, D);
-  }
-}
-
 // K transposed, kt [D][KT] with columns n..KT-1 zero (so the QK^T blocks always run over KT keys), and
 // V row-major, vt [n][D]. row: D floats of scratch for one converted K row (fp32 K rows are read in
 // place).
@@ -145,26 +142,8 @@ inline void load_tile_transposed(const T* k, int64_t skn, const T* v, int64_t sv
     for (int64_t d = 0; d < D; ++d) kt[d * KT + j] = 0.f;
 }
 
-// Few rows (R = T * g <= kSmallR, e.g. plain decoding): memory-bound. K stays row-major (key j at
-// kt + j * ks: the fp32 cache read in place, or a converted tile) and each (row, key) is one dot
-// product; a transposed tile would cost D scattered stores per key for <= 8 uses. s[r][j] = q_r . k_j
-// for j < n.
-template <typename E>
-inline void scores_dot(const float* q, int64_t R, int64_t D, const E* kt, int64_t ks, int64_t n, float* s) {
-  for (int64_t r = 0; r < R; ++r) {
-    const float* qr = q + r * D;
-    for (int64_t j = 0; j < n; ++j) {
-      const E* kj = kt + j * ks;
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += qr[d] * to_float(kj[d]);
-      s[r * KT + j] = dot;
-    }
-  }
-}
-
 #if defined(__AVX512F__)
-// scores_dot for D % 16 == 0: per row and 16 keys, 16 independent accumulators over D (one q load feeds
+// Scores for D % 16 == 0 with d in lanes: per row and 16 keys, 16 independent accumulators over D (one q load feeds
 // 16 FMAs), then one hsum16. In a partial group, keys n..15 repeat key n - 1 (never a row past the
 // tile, which may lie past L); mask_scores overwrites their scores with -inf.
 //
@@ -207,6 +186,16 @@ inline void scores_dot_avx512(const Q* q, int64_t R, int64_t D, const E* kt, int
 
 // s[i][j] = q_i . K[:, j] for ROWS query rows and all KT keys of the transposed tile, vectorised over
 // the keys.
+// Each score is one multiply-add chain over d = 0 .. D-1 (fused where the CPU has FMA: the order of the
+// other fp32 paths, so that a score does not depend on which path or row block computed it).
+inline float madd(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 template <int64_t ROWS>
 inline void scores_rows(const float* q, int64_t D, const float* kt, float* s) {
   float acc[ROWS][KT] = {};  // ROWS x KT fixed by the template: 512 bytes for ROWS = RB = 4
@@ -214,7 +203,7 @@ inline void scores_rows(const float* q, int64_t D, const float* kt, float* s) {
     const float* kd = kt + d * KT;
     for (int64_t i = 0; i < ROWS; ++i) {
       const float qv = q[i * D + d];
-      for (int64_t j = 0; j < KT; ++j) acc[i][j] += qv * kd[j];
+      for (int64_t j = 0; j < KT; ++j) acc[i][j] = madd(qv, kd[j], acc[i][j]);
     }
   }
   std::memcpy(s, acc, sizeof(acc));  // the ROWS score rows are contiguous, KT apart
@@ -242,6 +231,70 @@ inline void scores_8rows_avx512(const float* q, int64_t D, const float* kt, floa
 }
 #endif
 
+#if defined(__AVX512F__)
+// x[i] (key i's 16 elements d0 .. d0+15) -> x[d] (lane i = key i's element d0 + d): a 16 x 16 transpose.
+inline void transpose16_avx512(__m512* x) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    x[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    x[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    x[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    x[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(x[i], x[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(x[i], x[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_f32x4(x[i + 8], x[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(x[i + 8], x[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 8; ++i) {
+    x[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    x[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+  }
+}
+
+// Few fp32 rows (R <= kSmallR, D % 16 == 0): s[r][j] = q_r . k_j for j < n with the keys in lanes, so that
+// each score is one multiply-add chain over d = 0 .. D-1, the order of the rows-in-lanes and transposed-
+// tile paths (a dot product with d in lanes would sum 16 partial chains instead, and a decode step would
+// then round differently from a verification pass). Keys are read in place, 16 x 16 elements at a time,
+// and transposed in registers. In a partial group keys n..15 repeat key n - 1; their scores are masked.
+template <int ROWS>
+inline void scores_keys_avx512(const float* q, int64_t D, const float* k, int64_t ks, int64_t n, float* s) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const float* kj[16];
+    for (int j = 0; j < 16; ++j) kj[j] = k + std::min<int64_t>(j0 + j, n - 1) * ks;
+    __m512 acc[ROWS];
+    for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 x[16];
+      for (int j = 0; j < 16; ++j) x[j] = _mm512_loadu_ps(kj[j] + d0);
+      transpose16_avx512(x);
+      for (int d = 0; d < 16; ++d)
+        for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d0 + d]), x[d], acc[r]);
+    }
+    for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(s + r * KT + j0, acc[r]);
+  }
+}
+
+inline void scores_keys(const float* q, int64_t R, int64_t D, const float* k, int64_t ks, int64_t n, float* s) {
+  static_assert(kSmallR == 8, "one case per row count");
+  switch (R) {
+    case 1: scores_keys_avx512<1>(q, D, k, ks, n, s); break;
+    case 2: scores_keys_avx512<2>(q, D, k, ks, n, s); break;
+    case 3: scores_keys_avx512<3>(q, D, k, ks, n, s); break;
+    case 4: scores_keys_avx512<4>(q, D, k, ks, n, s); break;
+    case 5: scores_keys_avx512<5>(q, D, k, ks, n, s); break;
+    case 6: scores_keys_avx512<6>(q, D, k, ks, n, s); break;
+    case 7: scores_keys_avx512<7>(q, D, k, ks, n, s); break;
+    default: scores_keys_avx512<8>(q, D, k, ks, n, s); break;
+  }
+}
+#endif
+
 // S = Q K^T for all R rows over the transposed tile: blocks of 8 rows (AVX-512), then RB, then 1.
 inline void scores_tile(const float* q, int64_t R, int64_t D, const float* kt, float* s) {
   int64_t r0 = 0;
@@ -252,17 +305,21 @@ inline void scores_tile(const float* q, int64_t R, int64_t D, const float* kt, f
   for (; r0 < R; ++r0) scores_rows<1>(q + r0 * D, D, kt, s + r0 * KT);
 }
 
-// -inf for the scores of one row that are not keys (j >= n) or, in the masked tail, that query token t
-// may not see: key j is new token rel0 + j, visible iff vis_row[rel0 + j] (tree_mask[b, t]), or
-// rel0 + j <= t when vis_row is null (causal).
-inline void mask_scores(float* sr, int64_t n, bool tail, int64_t t, int64_t rel0, const bool* vis_row) {
+// -inf for the scores of one row that are not keys (j >= n). Every key a tile holds is visible to every
+// row it scores: the caller walks each query's own keys (verify_attention_cpu), so nothing is masked.
+inline void mask_pad(float* sr, int64_t n) {
   for (int64_t j = n; j < KT; ++j) sr[j] = kNegInf;
-  if (!tail) return;
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t si = rel0 + j;  // in [0, T) by construction of the tail range
-    const bool vis = vis_row ? vis_row[si] : si <= t;
-    if (!vis) sr[j] = kNegInf;
-  }
+}
+
+// The sum of a tile's KT = 32 weights in one fixed tree: slot i + slot i + 16, then halves (i + 8, i + 4,
+// i + 2, i + 1). Every path sums a row's tile this way (the rows-in-lanes path lane by lane), so the sum
+// does not depend on the path; absent keys are zeros, which add nothing.
+inline float sum32_tree(const float* p) {
+  float a[16];
+  for (int i = 0; i < 16; ++i) a[i] = p[i] + p[i + 16];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
+  return a[0];
 }
 
 // Largest of a row's KT scores.
@@ -286,16 +343,15 @@ inline float exp_row(float* sr, float m) {
   const __m512 p1 = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(sr + 16), mb));
   _mm512_storeu_ps(sr, p0);
   _mm512_storeu_ps(sr + 16, p1);
-  return _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+  // sum32_tree in registers: i + i+16, then i + i+8, i + i+4, i + i+2, i + i+1
+  const __m512 a16 = _mm512_add_ps(p0, p1);
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a16), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a16), 1)));
+  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1)));
 #else
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < KT; ++j) {
-    const float p = exp_nonpos(sr[j] - m);
-    sr[j] = p;
-    sum += p;
-  }
-  return sum;
+  for (int64_t j = 0; j < KT; ++j) sr[j] = exp_nonpos(sr[j] - m);
+  return sum32_tree(sr);
 #endif
 }
 
@@ -494,12 +550,16 @@ inline void softmax_lanes_avx512(float* st, int64_t n, int64_t R, float* m, floa
     for (int64_t j = 0; j < n; ++j) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + j * RP + r0));
     const __m512 m_new = _mm512_max_ps(m_old, mx);
     const __m512 m_sub = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ), zero);
-    __m512 sum = zero;
+    __m512 tree[16];  // per lane, the sum of the tile's weights in sum32_tree's order (absent keys add nothing)
     for (int64_t j = 0; j < n; ++j) {
       const __m512 p = exp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(st + j * RP + r0), m_sub));
       _mm512_storeu_ps(st + j * RP + r0, p);
-      sum = _mm512_add_ps(sum, p);
+      tree[j & 15] = j < 16 ? p : _mm512_add_ps(tree[j - 16], p);
     }
+    for (int64_t j = n; j < 16; ++j) tree[j] = zero;
+    for (int w = 8; w >= 1; w /= 2)
+      for (int i = 0; i < w; ++i) tree[i] = _mm512_add_ps(tree[i], tree[i + w]);
+    const __m512 sum = tree[0];
     const __m512 a = exp_nonpos(_mm512_sub_ps(m_old, m_sub));
     _mm512_mask_storeu_ps(l + r0, live, _mm512_add_ps(_mm512_mul_ps(_mm512_mask_loadu_ps(zero, live, l + r0), a), sum));
     _mm512_mask_storeu_ps(m + r0, live, m_new);
@@ -510,42 +570,57 @@ inline void softmax_lanes_avx512(float* st, int64_t n, int64_t R, float* m, floa
       for (int64_t d = 0; d < D; ++d) acc[r * D + d] *= alpha[r];
 }
 
-// One tile on the rows-in-lanes path: scores (KB keys per pass, by NV), the tail's mask, the online
-// softmax, P V.
+// One tile on the rows-in-lanes path: scores (KB keys per pass, by NV), the online softmax, P V.
 template <int NV, typename E>
-inline void tile_lanes_avx512(const float* qt, int64_t R, int64_t g, int64_t D, int64_t Tq, const float* k,
-                              int64_t ks, const E* v, int64_t vs, int64_t n, bool tail, int64_t rel0,
-                              const bool* mask, float* m, float* l, float* acc, float* st, RowPrefetch* rows) {
+inline void tile_lanes_avx512(const float* qt, int64_t R, int64_t D, const float* k, int64_t ks, const E* v,
+                              int64_t vs, int64_t n, float* m, float* l, float* acc, float* st, RowPrefetch* rows) {
   constexpr int64_t RP = 16 * NV;
   constexpr int KB = lanes_kb(NV);
   scores_lanes_avx512<NV, KB>(qt, D, k, ks, n, st, rows);
   if (rows) rows->step();
-  if (tail)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = r / g, si = rel0 + j;  // si in [0, T): the tail holds new tokens only
-        if (!(mask ? mask[t * Tq + si] : si <= t)) st[j * RP + r] = kNegInf;
-      }
   softmax_lanes_avx512<NV>(st, n, R, m, l, acc, D);
   pv_tile(st, R, n, D, v, vs, acc, RP);
 }
 #endif
 
-// Online softmax over positions [start, end) for all R rows; updates m, l (per row) and acc [R][D].
-// tail: positions are new tokens, position p is index p - new0 of tree_mask row t = r / g.
-// qb, scale: the R query rows unscaled in the cache's type, when they are scored with the bf16 dot
-// product (bf16 caches, D % 64 == 0, AVX512_BF16: bf16_scores), else null.
+// How a tile's scores are computed, chosen by the cache's type, D, the build and, for fp32, the row
+// count; every choice gives a row the same bits whatever R is (so a verification pass of T tokens and T
+// one-token steps agree, docs/attention.md "Independent of T"):
+// - fp32 (AVX-512, D % 16 == 0): each score one multiply-add chain over d, keys in lanes (kKeys, R <= 8),
+//   rows in lanes (the caller's qt: 9..64 rows, D % 64 == 0) or the transposed tile (more rows);
+// - bf16 on AVX512_BF16, D % 64 == 0: the bf16 dot product (kDotBf16) at any R;
+// - other bf16 / fp16 on AVX-512 with D % 64 == 0: the fp32 dot product, d in lanes (kDot), at any R;
+// - otherwise the transposed tile (kTile) at any R.
+// Each softmax sums a tile in sum32_tree's order and P V is one multiply-add chain per row over the keys.
+enum class TilePath { kKeys, kDotBf16, kDot, kTile };
+
+template <typename T>
+constexpr TilePath tile_path(int64_t R, int64_t D, bool qb) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) return R <= kSmallR && D % 16 == 0 ? TilePath::kKeys : TilePath::kTile;
+  if (qb) return TilePath::kDotBf16;
+  return D % 64 == 0 ? TilePath::kDot : TilePath::kTile;
+#else
+  (void)R, (void)D, (void)qb;
+  return TilePath::kTile;
+#endif
+}
+
+// Online softmax over keys [start, end) for all R rows, every key visible to every row; updates m, l (per
+// row) and acc [R][D]. start is a multiple of KT in the caller's key ranks (tiles sit at the same ranks in
+// every call). qb, scale: the R query rows unscaled in the cache's type, when they are scored with the bf16
+// dot product (bf16 caches, D % 64 == 0, AVX512_BF16: bf16_scores), else null.
 // qt: the scaled rows transposed (transpose_rows) when lanes_vectors<T>(R, D) > 0 and qb is null: the
 // rows-in-lanes path; else null.
 template <typename T>
-void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, const T* k, int64_t skn,
-                  const T* v, int64_t svn, int64_t start, int64_t end, bool tail, int64_t new0,
-                  const bool* mask /* [T][T] or null */, float* m, float* l, float* acc, Scratch& sc,
+void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn, const T* v, int64_t svn,
+                  int64_t start, int64_t end, float* m, float* l, float* acc, Scratch& sc,
                   RowPrefetch* rows = nullptr, const T* qb = nullptr, float scale = 1.f,
                   const float* qt = nullptr) {
   float* kt = sc.kt.data();
   float* vt = sc.vt.data();
   float* s = sc.s.data();
+  const TilePath path = tile_path<T>(R, D, qb != nullptr);
   for (int64_t p0 = start; p0 < end; p0 += KT) {
     const int64_t n = std::min(KT, end - p0);
     if (rows)
@@ -556,8 +631,8 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
     if constexpr (std::is_same_v<T, float>)
       if (qt) {
         auto tile = [&](auto nvc) {
-          tile_lanes_avx512<decltype(nvc)::value>(qt, R, g, D, Tq, k + p0 * skn, skn, v + p0 * svn, svn, n, tail,
-                                                  p0 - new0, mask, m, l, acc, s, rows);
+          tile_lanes_avx512<decltype(nvc)::value>(qt, R, D, k + p0 * skn, skn, v + p0 * svn, svn, n, m, l, acc, s,
+                                                  rows);
         };
         switch (lanes_vectors<T>(R, D)) {
           case 1: tile(std::integral_constant<int, 1>{}); break;
@@ -568,103 +643,43 @@ void attend_range(const float* q, int64_t R, int64_t g, int64_t D, int64_t Tq, c
         continue;
       }
 #endif
-    // Masks, online softmax, then P V from the value rows vr (vs apart).
+    // Pads, online softmax, then P V from the value rows vr (vs apart).
     auto softmax_pv = [&](const auto* vr, int64_t vs) {
       if (rows) rows->step();  // the second half of this tile's share, between the scores and P V
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = r / g;
-        mask_scores(s + r * KT, n, tail, t, p0 - new0, mask ? mask + t * Tq : nullptr);
+        mask_pad(s + r * KT, n);
         softmax_update_row(s + r * KT, m[r], l[r], acc + r * D, D);
       }
       pv_tile(s, R, n, D, vr, vs, acc);
     };
+    switch (path) {
 #if defined(__AVX512F__)
-    constexpr bool wide = true;
-#else
-    constexpr bool wide = false;
-#endif
-    // Verification widths (T * g of 9-64 rows) take the dot path too when the rows are read in place from
-    // a cache whose tile of KT rows spans <= kDotSpan bytes (few pages: P V re-reads V once per 4 rows);
-    // measured 1.5-2x faster than the transposed tile on SmolLM2 / Qwen2.5 shapes (Hkv 2-3), slower on a
-    // fp32 Hkv=8 cache (4 KB between a head's rows).
-    // bf16 caches scored with the bf16 dot product (qb) take it at any width: 1.3-1.9x the fp32 paths on
-    // 32/8 and 64/32 heads of 128 at T = 8-64, spans of 64-256 KB included (one core, alternating runs).
-    const bool dot_wide = wide && R <= kDotR && D % 64 == 0 && KT * std::max(skn, svn) * int64_t(sizeof(T)) <= kDotSpan;
-    if (R <= kSmallR || dot_wide || qb) {
-      // K/V rows read in place (fp32 always; bf16/fp16 on the AVX-512 path, converted 16 at a time in
-      // registers), otherwise converted into the tile buffers first (R <= kSmallR only).
-      if (std::is_same_v<T, float> || (wide && D % 64 == 0)) {
+      case TilePath::kKeys:
+        if constexpr (std::is_same_v<T, float>) {
+          scores_keys(q, R, D, k + p0 * skn, skn, n, s);
+          softmax_pv(v + p0 * svn, svn);
+        }
+        break;
+      case TilePath::kDotBf16:
 #if defined(__AVX512BF16__)
-        if constexpr (std::is_same_v<T, bf16>)
-          if (qb) {
-            scores_dot_avx512(qb, R, D, k + p0 * skn, skn, n, s, scale);
-            softmax_pv(v + p0 * svn, svn);
-            continue;
-          }
+        if constexpr (std::is_same_v<T, bf16>) {
+          scores_dot_avx512(qb, R, D, k + p0 * skn, skn, n, s, scale);
+          softmax_pv(v + p0 * svn, svn);
+        }
 #endif
-#if defined(__AVX512F__)
-        if (D % 16 == 0)
-          scores_dot_avx512(q, R, D, k + p0 * skn, skn, n, s);
-        else
-#endif
-          scores_dot(q, R, D, k + p0 * skn, skn, n, s);
+        break;
+      case TilePath::kDot:  // bf16/fp16 rows read in place, converted 16 at a time in registers
+        scores_dot_avx512(q, R, D, k + p0 * skn, skn, n, s);
         softmax_pv(v + p0 * svn, svn);
-      } else {
-        load_tile_rows(k, skn, v, svn, p0, n, D, kt, vt);
-        scores_dot(q, R, D, kt, D, n, s);
+        break;
+#endif
+      default:
+        // V still goes to the contiguous tile: the P V blocks read it once per 4 rows, R / 4 times
+        load_tile_transposed(k, skn, v, svn, p0, n, D, kt, vt, sc.row.data());
+        scores_tile(q, R, D, kt, s);
         softmax_pv(vt, D);
-      }
-    } else {
-      // V still goes to the contiguous tile: the P V blocks read it once per 4 rows, R / 4 times
-      load_tile_transposed(k, skn, v, svn, p0, n, D, kt, vt, sc.row.data());
-      scores_tile(q, R, D, kt, s);
-      softmax_pv(vt, D);
     }
   }
-}
-
-// The tail [start, end) of HG heads' values (row n of head h at v[n * svn + h * svh]): if any is inf or NaN,
-// copies them into clean as [end - start][HG][D] with those as 0, marks them in bad (same layout) and
-// returns true; else returns false and leaves both alone (the usual case: one read of T * HG * D values).
-template <typename T>
-bool clean_tail(const T* v, int64_t svn, int64_t svh, int64_t start, int64_t end, int64_t HG, int64_t D,
-                std::vector<T>& clean, std::vector<uint8_t>& bad) {
-  bool any = false;
-  for (int64_t p = start; p < end && !any; ++p)
-    for (int64_t h = 0; h < HG && !any; ++h)
-      for (int64_t d = 0; d < D; ++d)
-        if (!std::isfinite(to_float(v[p * svn + h * svh + d]))) {
-          any = true;
-          break;
-        }
-  if (!any) return false;
-  const int64_t n = end - start;
-  clean.resize(n * HG * D);
-  bad.resize(n * HG * D);
-  for (int64_t p = 0; p < n; ++p)
-    for (int64_t h = 0; h < HG; ++h)
-      for (int64_t d = 0; d < D; ++d) {
-        const T x = v[(start + p) * svn + h * svh + d];
-        const bool b = !std::isfinite(to_float(x));
-        bad[(p * HG + h) * D + d] = b;
-        clean[(p * HG + h) * D + d] = b ? from_float<T>(0.f) : x;
-      }
-  return true;
-}
-
-// NaN into acc [R][D] (row r = t * g + j) at (r, d) when query t sees a tail position p (of n) whose
-// value d is flagged in bad[p * bs + d]; tail position p is new token si0 + p.
-inline void poison_seen(const uint8_t* bad, int64_t bs, int64_t n, int64_t si0, int64_t R, int64_t g, int64_t D,
-                        int64_t Tq, const bool* mask /* [T][T] or null */, float* acc) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t t = 0; t < Tq; ++t)
-    for (int64_t p = 0; p < n; ++p) {
-      const int64_t si = si0 + p;  // in [0, T) for a tail position
-      if (!(mask ? mask[t * Tq + si] : si <= t)) continue;
-      for (int64_t d = 0; d < D; ++d)
-        if (bad[p * bs + d])
-          for (int64_t j = 0; j < g; ++j) acc[(t * g + j) * D + d] = nan;
-    }
 }
 
 // Whether attend_range scores bf16 caches with the bf16 dot product (then it needs the raw queries).
@@ -680,9 +695,19 @@ constexpr bool bf16_scores(int64_t D) {
 
 }  // namespace va
 
-// Most prefix splits per (b, h), the launcher's limit too: bounds the merge's per-part weights on the
-// stack (kMaxSplits + 1 floats). The automatic count (2 items per thread) stays below it on a CPU.
+// Most parts the launcher's num_splits may ask for (tests and benchmarks force a count; 0, the library's
+// own calls, cuts at fixed ranks instead: kPartKeys).
 constexpr int64_t kMaxSplits = 64;
+
+// Keys per part when num_splits is 0: the keys a query sees, in rank order, are cut at multiples of
+// kPartKeys, whatever T and L are. Each part is an item's online softmax from a fresh state; the parts are
+// then folded left to right. So a query's output depends only on its own keys: a verification pass of T
+// tokens gives each row the bits of the one-token step at its position. 512 keys: below that, the
+// partials cost more than the parallelism gains.
+constexpr int64_t kPartKeys = 512;
+
+// Partial states held at once (bytes): parts beyond this many are computed and folded in waves.
+constexpr int64_t kPartialBytes = int64_t(64) << 20;
 
 // Whether an item walks all KV heads together: when the heads of one key are interleaved in memory
 // (head stride below row stride, for K and V, as in the [B, N, Hkv, D] caches). The item then reads
@@ -697,159 +722,219 @@ inline bool verify_attention_groups_heads(int64_t Hkv, int64_t skn, int64_t skh,
   return Hkv > 1 && skh < skn && svh < svn;
 }
 
-// Number of prefix splits when the caller passes 0: enough items for 2 per thread, each split at
-// least 512 keys (below that the merge costs more than the parallelism gains). heads_per_item: 1, or
-// Hkv when verify_attention_groups_heads (items are then (b, split) only).
-inline int64_t verify_attention_num_splits(int64_t B, int64_t Hkv, int64_t max_prefix, int64_t threads,
-                                           int64_t heads_per_item = 1) {
-  const int64_t units = B * std::max<int64_t>(1, Hkv / std::max<int64_t>(1, heads_per_item));
-  const int64_t want = (2 * threads + units - 1) / units;
-  const int64_t most = std::max<int64_t>(1, max_prefix / 512);
-  return std::max<int64_t>(1, std::min<int64_t>({want, most, kMaxSplits}));
-}
-
 // q: [B, T, Hq, D] with strides (sqb, sqt, sqh, 1); k/v: [B, N, Hkv, D] with strides (s*b, s*n, s*h, 1);
 // cache_seqlens int32 [B]; tree_mask bool [B, T, T] contiguous or null (causal); out contiguous
-// [B, T, Hq, D]; lse contiguous float [B, Hq, T]. num_splits in [1, kMaxSplits] (clamped into it).
+// [B, T, Hq, D]; lse contiguous float [B, Hq, T]. num_splits: 0 cuts each query's keys at multiples of
+// kPartKeys ranks (the result is independent of T); 1..kMaxSplits cuts the longest prefix into that many
+// parts instead (tests and benchmarks).
+//
+// A query's keys, in rank order: the prefix [0, P) (P = L - T), then the new tokens it sees, in index
+// order; so rank = position in the cache for a causal query, and for a tree node its ancestors take ranks
+// P, P + 1, ... as they will once its path is committed. Work item = (b, part), walking all KV heads in
+// chunks of kHeadChunk keys when the heads of a key are interleaved in memory
+// (verify_attention_groups_heads), else (b, KV head h, part). An item reads the part's prefix keys below
+// P rounded down to KT once, in tiles of KT, for all R = T * g query rows of the GQA group
+// (flash-decoding: T = 1, g = 4 reads each key once for 4 rows); the rest (up to 31 prefix keys and the
+// new tokens) it walks query by query, each over exactly the keys that query sees: in place when they are
+// consecutive in the cache (causal), else from a copy of those rows (tree). So no tile holds a key that a
+// row of it may not see, and a value it may not see is never read (an inf/NaN there cannot reach the
+// output). Only positions in [0, min(L, N)) are ever read, whatever L.
 template <typename T>
 void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, const T* k, int64_t skb,
                           int64_t skn, int64_t skh, const T* v, int64_t svb, int64_t svn, int64_t svh,
                           const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
                           int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
                           T* out, float* lse) {
-  const int64_t S = std::min(std::max<int64_t>(num_splits, 1), kMaxSplits);  // bounds the merge's w[] below
-  const int64_t g = Hq / Hkv, R = Tq * g, parts = S + 1;
-  // Partials per (b, h, part): running max m, sum l, unnormalised acc [R][D], all fp32.
-  std::vector<float> pm(B * Hkv * parts * R, va::kNegInf), pl(B * Hkv * parts * R, 0.f);
-  std::vector<float> pacc(B * Hkv * parts * R * D, 0.f);
+  const int64_t g = Hq / Hkv, R = Tq * g;
+  auto clamp_len = [&](int64_t b) { return std::min<int64_t>(std::max<int64_t>(cache_seqlens[b], 0), N); };
+  int64_t max_len = 0, max_prefix = 0, keys = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t Lc = clamp_len(b);
+    max_len = std::max(max_len, Lc);
+    max_prefix = std::max(max_prefix, std::min<int64_t>(std::max<int64_t>(cache_seqlens[b] - Tq, 0), Lc));
+    keys += Lc;
+  }
+  int64_t Z = kPartKeys;
+  if (num_splits > 0) {  // forced: the longest prefix in that many parts (of whole tiles)
+    const int64_t S = std::min(num_splits, kMaxSplits);
+    Z = std::max<int64_t>(va::KT, ((max_prefix + S - 1) / S + va::KT - 1) / va::KT * va::KT);
+  }
+  const int64_t parts = std::max<int64_t>(1, (max_len + Z - 1) / Z);
   // Heads interleaved in a cache row (the [B, N, Hkv, D] layout): one item walks all KV heads over the
   // same keys, kHeadChunk keys at a time, so what it reads in a chunk is one contiguous block instead of
   // one row per page per head (verify_attention_groups_heads).
   const bool grouped = verify_attention_groups_heads(Hkv, skn, skh, svn, svh);
   const int64_t HG = grouped ? Hkv : 1;  // KV heads per item
-  const int64_t items = B * (Hkv / HG) * parts;
+  const int64_t rows_all = B * Hkv * R;  // (b, h, r) rows of the fold
+  const int64_t wave = std::max<int64_t>(1, std::min<int64_t>(parts, kPartialBytes / (rows_all * (D + 2) * 4)));
+  // The fold's state per (b, h, r) and the wave's partials per (b, h, part, r): running max m, sum l,
+  // unnormalised acc [D], all fp32.
+  std::vector<float> fm(rows_all, va::kNegInf), fl(rows_all, 0.f), facc(rows_all * D, 0.f);
+  std::vector<float> pm(rows_all * wave), pl(rows_all * wave), pacc(rows_all * wave * D);
   // One region only if the keys read (and, from a few query rows per KV head on, the multiply-adds)
   // are worth a worker's wake-up (parallel_min_bytes); else the calling thread runs every item.
-  int64_t keys = 0;
-  for (int64_t b = 0; b < B; ++b) keys += std::min<int64_t>(std::max<int64_t>(cache_seqlens[b], 0), N);
   const bool par = worth_parallel(keys * Hkv * D * std::max<int64_t>(2 * sizeof(T), 2 * R));
+  const bool raw = va::bf16_scores<T>(D);
+  for (int64_t w0 = 0; w0 < parts; w0 += wave) {
+    const int64_t nw = std::min(wave, parts - w0);
+    // Items: runs of consecutive parts (enough for 2 per thread), each walked by one thread as one stream
+    // of keys (the prefetch runs on across its parts), each part from a fresh softmax state.
+    const int64_t units = B * (Hkv / HG);
+#if defined(_OPENMP)
+    const int64_t threads = par ? omp_get_max_threads() : 1;
+#else
+    const int64_t threads = 1;
+#endif
+    const int64_t runs = std::min<int64_t>(nw, std::max<int64_t>(1, (2 * threads + units - 1) / units));
+    const int64_t items = units * runs;
 #pragma omp parallel if (par)
-  {
-    va::Scratch sc(R, D);
-    std::vector<float> qall(HG * R * D);  // the scaled fp32 queries of the item's heads
-    const bool raw = va::bf16_scores<T>(D);
-    std::vector<T> qraw(raw ? HG * R * D : 0);  // and unscaled in the cache's type (va::bf16_scores)
-    const int64_t lanes_nv = va::lanes_vectors<T>(R, D);  // (never with raw: lanes take fp32 caches only)
-    std::vector<float> qt(HG * D * 16 * lanes_nv);        // and transposed for the rows-in-lanes path
-    std::vector<T> vclean;        // the tail's values with inf/NaN as 0, when it holds any (va::clean_tail)
-    std::vector<uint8_t> vbad;    // which of them were inf/NaN
+    {
+      va::Scratch sc(R, D);
+      std::vector<float> qall(HG * R * D);  // the scaled fp32 queries of the item's heads
+      std::vector<T> qraw(raw ? HG * R * D : 0);  // and unscaled in the cache's type (va::bf16_scores)
+      const int64_t lanes_nv = va::lanes_vectors<T>(R, D), lanes_g = va::lanes_vectors<T>(g, D);
+      std::vector<float> qt(HG * D * 16 * lanes_nv);  // the R rows transposed for the rows-in-lanes path
+      std::vector<float> qtg(D * 16 * lanes_g);       // one query's g rows transposed
+      std::vector<int64_t> pos;                       // one query's new-token positions
+      std::vector<T> kc, vc;                          // one query's keys and values when not consecutive
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t b = it / ((Hkv / HG) * parts), h0 = (it / parts) % (Hkv / HG) * HG, part = it % parts;
-      // Clamp so that nothing outside [0, min(L, N)) is read even for out-of-range lengths.
-      const int64_t L = cache_seqlens[b];
-      const int64_t Lc = std::min<int64_t>(std::max<int64_t>(L, 0), N);
-      const int64_t new0 = L - Tq;  // logical position of new token 0 (may be < 0 for bad L)
-      const int64_t prefix = std::min<int64_t>(std::max<int64_t>(new0, 0), Lc);
-      int64_t start, end;
-      if (part < S) {
-        const int64_t chunk = (prefix + S - 1) / S;
-        start = std::min(prefix, part * chunk);
-        end = std::min(prefix, start + chunk);
-      } else {
-        start = prefix;
-        end = Lc;
-      }
-      if (start >= end) continue;
-      for (int64_t hh = 0; hh < HG; ++hh) {
-        float* q32 = qall.data() + hh * R * D;
-        for (int64_t t = 0; t < Tq; ++t)
-          for (int64_t j = 0; j < g; ++j) {
-            float* dst = q32 + (t * g + j) * D;
-            const T* src = q + b * sqb + t * sqt + ((h0 + hh) * g + j) * sqh;
-            va::load_row(src, dst, D);
-            for (int64_t d = 0; d < D; ++d) dst[d] *= scale;
-            if (raw) std::copy(src, src + D, qraw.data() + (hh * R + t * g + j) * D);
-          }
-        if (lanes_nv) va::transpose_rows(q32, R, D, lanes_nv, qt.data() + hh * D * 16 * lanes_nv);
-      }
-      // The tail's values are read from a copy with inf/NaN as 0 when it holds any: a query multiplies
-      // the values it may not see by 0, and 0 * NaN would leak them (va::clean_tail). Positions are then
-      // relative to the copy's first row, off.
-      const bool cleaned = part == S && va::clean_tail(v + b * svb + h0 * svh, svn, svh, start, end, HG, D, vclean, vbad);
-      const int64_t off = cleaned ? start : 0;
-      const T* vrow = cleaned ? vclean.data() : v + b * svb + h0 * svh;
-      const int64_t vsn = cleaned ? HG * D : svn, vsh = cleaned ? D : svh;
-      // The online softmax state of each (b, h, part) lives in pm/pl/pacc, so a range may be walked in
-      // chunks, head by head within each chunk.
-      const int64_t step = grouped ? va::kHeadChunk : end - start;
-      va::RowPrefetch rows;
-      const int64_t row_bytes = (std::max(skh, svh) * (Hkv - 1) + D) * int64_t(sizeof(T));  // one key's heads
-      const int64_t steps_per_tile = va::steps_per_tile(lanes_nv);
-      for (int64_t c0 = start; c0 < end; c0 += step) {
-        const int64_t c1 = std::min(end, c0 + step);
-        if (grouped)  // the next chunk's rows, spread over this chunk's tiles (of every head)
-          rows.reset(reinterpret_cast<const char*>(k + b * skb + c1 * skn), skn * int64_t(sizeof(T)),
-                     reinterpret_cast<const char*>(v + b * svb + c1 * svn), svn * int64_t(sizeof(T)), row_bytes,
-                     std::min(end, c1 + step) - c1, steps_per_tile * HG * ((c1 - c0 + va::KT - 1) / va::KT));
+      for (int64_t it = 0; it < items; ++it) {
+        const int64_t b = it / ((Hkv / HG) * runs), h0 = (it / runs) % (Hkv / HG) * HG, run = it % runs;
+        const int64_t part_lo = w0 + run * nw / runs, part_hi = w0 + (run + 1) * nw / runs;
+        // Clamp so that nothing outside [0, min(L, N)) is read even for out-of-range lengths.
+        const int64_t L = cache_seqlens[b], Lc = clamp_len(b);
+        const int64_t new0 = L - Tq;  // position of new token 0 (may be < 0 for bad L)
+        const int64_t prefix = std::min<int64_t>(std::max<int64_t>(new0, 0), Lc);
+        const int64_t tiles_end = prefix / va::KT * va::KT;  // tiles every row sees whole: [0, tiles_end)
+        const int64_t run_shared_end = std::min({part_hi * Z, Lc, tiles_end});
         for (int64_t hh = 0; hh < HG; ++hh) {
-          const int64_t h = h0 + hh, base = (b * Hkv + h) * parts + part;
-          va::attend_range(qall.data() + hh * R * D, R, g, D, Tq, k + b * skb + h * skh + off * skn, skn,
-                           vrow + hh * vsh, vsn, c0 - off, c1 - off, part == S, new0 - off,
-                           tree_mask ? tree_mask + b * Tq * Tq : nullptr,
-                           pm.data() + base * R, pl.data() + base * R, pacc.data() + base * R * D, sc,
-                           grouped ? &rows : nullptr, raw ? qraw.data() + hh * R * D : nullptr, scale,
-                           lanes_nv ? qt.data() + hh * D * 16 * lanes_nv : nullptr);
+          float* q32 = qall.data() + hh * R * D;
+          for (int64_t t = 0; t < Tq; ++t)
+            for (int64_t j = 0; j < g; ++j) {
+              float* dst = q32 + (t * g + j) * D;
+              const T* src = q + b * sqb + t * sqt + ((h0 + hh) * g + j) * sqh;
+              va::load_row(src, dst, D);
+              for (int64_t d = 0; d < D; ++d) dst[d] *= scale;
+              if (raw) std::copy(src, src + D, qraw.data() + (hh * R + t * g + j) * D);
+            }
+          if (lanes_nv) va::transpose_rows(q32, R, D, lanes_nv, qt.data() + hh * D * 16 * lanes_nv);
+        }
+        va::RowPrefetch rows;
+        const int64_t row_bytes = (std::max(skh, svh) * (Hkv - 1) + D) * int64_t(sizeof(T));  // one key's heads
+        const int64_t steps_per_tile = va::steps_per_tile(lanes_nv);
+        for (int64_t part = part_lo; part < part_hi; ++part) {
+          auto state = [&](int64_t hh, int64_t r0) {  // (m, l, acc) of rows r0.. of head h0 + hh in this part
+            const int64_t base = ((b * Hkv + h0 + hh) * nw + (part - w0)) * R + r0;
+            return std::make_tuple(pm.data() + base, pl.data() + base, pacc.data() + base * D);
+          };
+          for (int64_t hh = 0; hh < HG; ++hh) {  // an empty partial unless a key below sets it
+            auto [m, l, acc] = state(hh, 0);
+            std::fill(m, m + R, va::kNegInf);
+            std::fill(l, l + R, 0.f);
+            std::fill(acc, acc + R * D, 0.f);
+          }
+          const int64_t a = part * Z, e = std::min((part + 1) * Z, Lc);
+          if (a >= e) continue;
+          const int64_t shared_end = std::min(e, tiles_end);
+          // The shared tiles [a, shared_end): all R rows. The online softmax state of each (b, h, part) lives
+          // in pm/pl/pacc, so the range may be walked in chunks, head by head within each chunk.
+          const int64_t step = grouped ? va::kHeadChunk : std::max<int64_t>(shared_end - a, 1);
+          for (int64_t c0 = a; c0 < shared_end; c0 += step) {
+            const int64_t c1 = std::min(shared_end, c0 + step);
+            if (grouped)  // the next chunk's rows (in this part or the run's next), spread over this chunk's tiles
+              rows.reset(reinterpret_cast<const char*>(k + b * skb + c1 * skn), skn * int64_t(sizeof(T)),
+                         reinterpret_cast<const char*>(v + b * svb + c1 * svn), svn * int64_t(sizeof(T)), row_bytes,
+                         std::max<int64_t>(0, std::min(run_shared_end, c1 + step) - c1),
+                         steps_per_tile * HG * ((c1 - c0 + va::KT - 1) / va::KT));
+            for (int64_t hh = 0; hh < HG; ++hh) {
+              auto [m, l, acc] = state(hh, 0);
+              va::attend_range(qall.data() + hh * R * D, R, D, k + b * skb + (h0 + hh) * skh, skn,
+                               v + b * svb + (h0 + hh) * svh, svn, c0, c1, m, l, acc, sc, grouped ? &rows : nullptr,
+                               raw ? qraw.data() + hh * R * D : nullptr, scale,
+                               lanes_nv ? qt.data() + hh * D * 16 * lanes_nv : nullptr);
+            }
+          }
+          if (shared_end >= e) continue;
+          // The rest [max(a, shared_end), e): query by query, over the ranks it sees.
+          const int64_t r0 = std::max(a, shared_end);
+          for (int64_t t = 0; t < Tq; ++t) {
+            const bool* vis = tree_mask ? tree_mask + (b * Tq + t) * Tq : nullptr;
+            pos.clear();
+            for (int64_t si = 0; si < Tq; ++si) {
+              const int64_t p = new0 + si;
+              if ((vis ? vis[si] : si <= t) && p >= prefix && p < Lc) pos.push_back(p);
+            }
+            const int64_t seen = prefix + static_cast<int64_t>(pos.size());  // this query's number of keys
+            const int64_t r1 = std::min(e, seen);
+            if (r0 >= r1) continue;
+            auto at = [&](int64_t r) { return r < prefix ? r : pos[r - prefix]; };  // rank -> position
+            const int64_t n = r1 - r0;
+            const bool in_place = at(r1 - 1) - at(r0) == n - 1;  // consecutive (ranks are increasing)
+            if (!in_place) {  // copy the rows this query sees, all HG heads of each
+              kc.resize(n * HG * D);
+              vc.resize(n * HG * D);
+              for (int64_t i = 0; i < n; ++i)
+                for (int64_t hh = 0; hh < HG; ++hh) {
+                  const int64_t p = at(r0 + i);
+                  std::copy_n(k + b * skb + p * skn + (h0 + hh) * skh, D, kc.data() + (i * HG + hh) * D);
+                  std::copy_n(v + b * svb + p * svn + (h0 + hh) * svh, D, vc.data() + (i * HG + hh) * D);
+                }
+            }
+            for (int64_t hh = 0; hh < HG; ++hh) {
+              const float* qg = qall.data() + (hh * R + t * g) * D;
+              if (lanes_g) va::transpose_rows(qg, g, D, lanes_g, qtg.data());
+              auto [m, l, acc] = state(hh, t * g);
+              const T* kp = in_place ? k + b * skb + at(r0) * skn + (h0 + hh) * skh : kc.data() + hh * D;
+              const T* vp = in_place ? v + b * svb + at(r0) * svn + (h0 + hh) * svh : vc.data() + hh * D;
+              va::attend_range(qg, g, D, kp, in_place ? skn : HG * D, vp, in_place ? svn : HG * D, 0, n, m, l, acc,
+                               sc, nullptr, raw ? qraw.data() + (hh * R + t * g) * D : nullptr, scale,
+                               lanes_g ? qtg.data() : nullptr);
+            }
+          }
         }
       }
-      if (cleaned)  // a query that sees a non-finite value gets NaN in its column
-        for (int64_t hh = 0; hh < HG; ++hh)
-          va::poison_seen(vbad.data() + hh * D, HG * D, end - start, start - new0, R, g, D, Tq,
-                          tree_mask ? tree_mask + b * Tq * Tq : nullptr,
-                          pacc.data() + ((b * Hkv + h0 + hh) * parts + part) * R * D);
     }
-  }
-  // Log-sum-exp merge of the parts: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
-#pragma omp parallel for collapse(2) schedule(static) if (par)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < Hkv; ++h) {
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = r / g, hq = h * g + r % g;
-        const int64_t base = (b * Hkv + h) * parts;
-        float M = va::kNegInf;
-        for (int64_t s = 0; s < parts; ++s) M = std::max(M, pm[(base + s) * R + r]);
-        T* o = out + ((b * Tq + t) * Hq + hq) * D;
-        float* ls = lse + (b * Hq + hq) * Tq + t;
-        if (M == va::kNegInf) {  // the row sees nothing
-          for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(0.f);
-          *ls = va::kNegInf;
+    // Fold the wave's parts into the state, left to right: for each row, the same sequence of operations
+    // on the same partials, whoever computed them.
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t row = 0; row < rows_all; ++row) {
+      const int64_t bh = row / R, r = row % R;
+      float& m = fm[row];
+      float& l = fl[row];
+      float* acc = facc.data() + row * D;
+      for (int64_t s = 0; s < nw; ++s) {
+        const int64_t p = (bh * nw + s) * R + r;
+        const float mp = pm[p];
+        if (mp == va::kNegInf) continue;  // the part holds none of this row's keys
+        const float* ap = pacc.data() + p * D;
+        if (m == va::kNegInf) {
+          m = mp, l = pl[p];
+          std::copy_n(ap, D, acc);
           continue;
         }
-        float w[kMaxSplits + 1];  // one weight per part: parts = S + 1 <= kMaxSplits + 1 (S clamped above)
-        float lsum = 0.f;
-        bool seen[kMaxSplits + 1];  // the part saw a position (its acc counts even at weight 0: inf/NaN)
-        for (int64_t s = 0; s < parts; ++s) {
-          const float ms = pm[(base + s) * R + r];
-          seen[s] = ms != va::kNegInf;
-          w[s] = seen[s] ? std::exp(ms - M) : 0.f;
-          lsum += w[s] * pl[(base + s) * R + r];
-        }
-        const float inv = 1.f / lsum;
-        float row[1024];  // one block of the output row: D is walked in blocks of at most 1024 (4 KB)
-        const int64_t Dc = std::min<int64_t>(D, 1024);
-        for (int64_t d0 = 0; d0 < D; d0 += Dc) {
-          const int64_t dn = std::min(Dc, D - d0);
-          for (int64_t d = 0; d < dn; ++d) row[d] = 0.f;
-          for (int64_t s = 0; s < parts; ++s) {
-            if (!seen[s]) continue;
-            const float* a = pacc.data() + ((base + s) * R + r) * D + d0;
-            for (int64_t d = 0; d < dn; ++d) row[d] += w[s] * a[d];
-          }
-          for (int64_t d = 0; d < dn; ++d) o[d0 + d] = from_float<T>(row[d] * inv);
-        }
-        *ls = M + std::log(lsum);
+        const float M = std::max(m, mp), wa = std::exp(m - M), wp = std::exp(mp - M);
+        l = l * wa + pl[p] * wp;
+        for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * wa + ap[d] * wp;
+        m = M;
       }
     }
+  }
+  // out = acc / l; lse = m + log l.
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t row = 0; row < rows_all; ++row) {
+    const int64_t bh = row / R, r = row % R, b = bh / Hkv, h = bh % Hkv;
+    const int64_t t = r / g, hq = h * g + r % g;
+    T* o = out + ((b * Tq + t) * Hq + hq) * D;
+    float* ls = lse + (b * Hq + hq) * Tq + t;
+    if (fm[row] == va::kNegInf) {  // the row sees nothing
+      for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(0.f);
+      *ls = va::kNegInf;
+      continue;
+    }
+    const float inv = 1.f / fl[row];
+    const float* acc = facc.data() + row * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(acc[d] * inv);
+    *ls = fm[row] + std::log(fl[row]);
   }
 }
 
