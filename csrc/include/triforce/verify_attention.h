@@ -1,21 +1,20 @@
 // Verification attention on the CPU (docs/design.md 3.2): T new queries over a long KV cache, causal or
 // tree mask on the last T keys. Torch-free; the CPU engines' hot loop.
 //
-// Work item = (batch b, split s) walking all KV heads in chunks of kHeadChunk keys when the heads of a
-// key are interleaved in memory (verify_attention_groups_heads),
-// else (b, KV head h, split s). Splits
-// 0..S-1 cover the unmasked prefix [0, L-T) in equal parts; split S is the masked tail [L-T, L). Each
-// (b, h, s) reads its K/V rows once, in tiles of KT keys,
-// and serves all R = T * g query rows of the GQA group from them (flash-decoding: T=1, g=4 reads each
-// key once for 4 rows instead of 4 times). Online softmax in fp32 per item, then a log-sum-exp merge of
-// the S+1 partials. Only positions in [0, min(L, N)) are ever read, whatever L.
+// Each query's keys, in rank order (the prefix, then the new tokens it sees), are cut into parts at fixed
+// multiples of kPartKeys; each part is an online softmax in fp32 from a fresh state, and the parts are
+// folded left to right. Tiles sit at multiples of KT ranks: below the prefix rounded down to KT a tile
+// serves all R = T * g query rows of the GQA group (flash-decoding); the rest is walked query by query
+// over exactly the keys each sees. With one score order and one tile-sum tree per dtype at every R
+// (tile_path), a row's result depends only on the keys it sees: a pass of T tokens gives each row the
+// bits of the one-token step at its position (verify_attention_cpu; docs/attention.md "Independent of
+// T"). Only positions in [0, min(L, N)) are ever read, whatever L.
 //
-// One tile (attend_range): K/V rows (few rows, R <= 8: fp32 caches read in place, bf16/fp16 converted
-// by load_tile_rows; more rows: load_tile_transposed) -> scores (scores_dot | scores_tile) ->
-// mask_scores -> softmax_update_row -> pv_tile. Each step is a small function; where an AVX-512
-// version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
-// bf16 caches on a CPU with AVX512_BF16 score with the bf16 dot product instead (scores_dot_avx512 on
-// the raw bf16 queries against the keys in place, at any number of rows); P V stays in fp32.
+// One tile (attend_range): scores (scores_keys | scores_lanes | scores_dot_avx512 | scores_tile) ->
+// mask_pad -> softmax_update_row (or the lanes softmax) -> pv_tile. Each step is a small function; where
+// an AVX-512 version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
+// bf16 caches on a CPU with AVX512_BF16 score with the bf16 dot product (scores_dot_avx512 on the raw
+// bf16 queries against the keys in place, at any number of rows); P V stays in fp32.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -37,7 +36,7 @@ namespace va {
 
 constexpr int64_t KT = 32;  // keys per tile: a [D, 32] fp32 K tile is 16 KB at D = 128 (L1-resident)
 constexpr int64_t RB = 4;   // query rows per register block in the QK^T loop (4 rows share each K load)
-constexpr int64_t kSmallR = 8;  // up to this many query rows: dot-product path, no transposed K tile
+constexpr int64_t kSmallR = 8;  // up to this many fp32 query rows: keys in lanes (scores_keys), no K tile
 constexpr int64_t kHeadChunk = 128;       // keys per head and turn when an item walks all KV heads
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
