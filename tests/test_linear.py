@@ -1,5 +1,5 @@
 """triforce_C::rowwise_linear (csrc/include/triforce/linear.h) and the model's Linear that uses it, in
-float32 and bfloat16: against F.linear in float64 (flash-attn's measured-error rule), bitwise row
+float32, bfloat16 and float16: against F.linear in float64 (flash-attn's measured-error rule), bitwise row
 independence (row m of a many-row product equals the 1-row product of x[m]: a verification pass
 computes an autoregressive step's projections exactly), the fallbacks, and the model's logits."""
 import pytest
@@ -50,9 +50,26 @@ def test_bfloat16_matches_float64(M, K, N, seed):
     assert_close_measured(out, exact, F.linear(x, w), factor=2.0, floor=floor)
 
 
+@given(M=st.integers(0, 40), K=st.integers(0, 300), N=st.integers(0, 70), seed=st.integers(0, 2**31 - 1))
+@example(M=1, K=576, N=1536, seed=0)
+@example(M=5, K=33, N=7, seed=2)  # K % 32 != 0 (masked tail), N % 6 != 0 (partial block)
+def test_float16_matches_float64(M, K, N, seed):
+    """float16 x and w: each product exact in fp32, accumulated in fp32, the result rounded once to
+    float16. The floor is one float16 rounding of the largest output."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).half()
+    w = (torch.randn(N, K, generator=g) / 8).half()
+    out = rowwise(x, w)
+    assert out.shape == (M, N) and out.dtype == torch.float16
+    exact = F.linear(x.double(), w.double())
+    floor = exact.abs().max().item() / 1024 if exact.numel() else 0.0
+    assert_close_measured(out, exact, F.linear(x, w), factor=2.0, floor=floor)
+
+
 @given(M=st.integers(2, ROWWISE_MAX_ROWS), K=st.integers(1, 200), N=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
 @example(M=ROWWISE_MAX_ROWS, K=64, N=13, seed=4, dtype=torch.float32)  # every row group of the module's widest product
+@example(M=9, K=33, N=7, seed=5, dtype=torch.float16)  # float16: masked tail, partial block
 def test_rows_are_bitwise_independent(M, K, N, seed, dtype):
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
@@ -135,7 +152,7 @@ def test_parallel_threshold_never_changes_results(tmp_path):
 def test_non_contiguous_inputs_and_errors():
     x, w = torch.randn(8, 6)[::2], torch.randn(6, 10).t()
     torch.testing.assert_close(rowwise(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
-    with pytest.raises(RuntimeError, match="float32 or bfloat16 only"):
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16 only"):
         rowwise(x.double(), w.double())
     with pytest.raises(RuntimeError, match="x and w alike"):
         rowwise(x.bfloat16(), w)
@@ -161,15 +178,17 @@ def test_linear_module_paths(monkeypatch):
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
         assert calls == [(6, 16)]
         lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # many rows: torch's GEMM
-        lin.to(torch.float16)(torch.randn(2, 16, dtype=torch.float16))  # not float32 / bfloat16
+        lin.to(torch.float64)(torch.randn(2, 16, dtype=torch.float64))  # not float32 / bfloat16 / float16
         assert len(calls) == 1
         xb = torch.randn(2, 16, dtype=torch.bfloat16)
         torch.testing.assert_close(lin.to(torch.bfloat16)(xb), F.linear(xb, lin.weight))  # the kernel
-        assert calls == [(6, 16), (2, 16)]
+        xh = torch.randn(2, 16, dtype=torch.float16)
+        torch.testing.assert_close(lin.to(torch.float16)(xh), F.linear(xh, lin.weight))  # the kernel
+        assert calls == [(6, 16), (2, 16), (2, 16)]
     lin.float()
     y = lin(torch.randn(2, 16, requires_grad=True))  # autograd: torch's linear, gradients flow
     y.sum().backward()
-    assert len(calls) == 2 and lin.weight.grad is not None
+    assert len(calls) == 3 and lin.weight.grad is not None
 
 
 def test_model_logits_match_torch_linear(monkeypatch):

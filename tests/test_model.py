@@ -115,9 +115,9 @@ def test_tree_forward_equals_each_branch():
         assert (out[0, path] - ref).abs().max() <= TOL, leaf
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
-    """On CPU in float32 and bfloat16, the logits of a pass of T tokens (causal, and a tree) are bitwise
+    """On CPU in float32, bfloat16 and float16, the logits of a pass of T tokens (causal, and a tree) are bitwise
     those of one-token steps over the same tokens: the projections are row-independent (docs/model.md,
     "Linear layers on CPU") and so is the attention (docs/attention.md, "Independent of T"). Heads of 64
     take the AVX-512 paths; the prompt crosses the attention's 512-key parts."""

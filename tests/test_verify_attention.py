@@ -448,6 +448,13 @@ def test_a_pass_gives_the_bits_of_one_token_steps(B, T, g, D, prefix, dtype, tre
     parents = random_parents(B, T, seed) if tree else torch.arange(-1, T - 1).expand(B, T)
     mask = tk.tree_attention_mask(parents) if tree else None
     out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="cpu")
+    threads = torch.get_num_threads()
+    try:  # the split into work items follows the thread count; the bits must not
+        torch.set_num_threads(1)
+        one = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], out) and torch.equal(one[1], lse)
     for b in range(B):
         for t in range(T):
             kb, vb, Lb = _committed(k, v, L, T, parents, b, t)

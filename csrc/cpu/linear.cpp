@@ -1,4 +1,4 @@
-// rowwise_linear: out = x @ w^T for a few rows of x, float32 or bfloat16 (x and w alike). The kernel and
+// rowwise_linear: out = x @ w^T for a few rows of x, float32, bfloat16 or float16 (x and w alike). The kernel and
 // why it exists: csrc/include/triforce/linear.h. Row m of the result is bitwise the 1-row product of
 // x[m] whatever M and the thread count.
 #include "triforce/linear.h"  // first: its <immintrin.h> before ATen's (triforce/common.h says why)
@@ -32,8 +32,9 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "rowwise_linear: x [M, K] and w [N, K] must be 2-D, got ",
               x.sizes(), " and ", w.sizes());
   TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "rowwise_linear: float32 or bfloat16 only (x and w alike), got ", x.scalar_type(), " and ",
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
+                   x.scalar_type() == at::kHalf),
+              "rowwise_linear: float32, bfloat16 or float16 only (x and w alike), got ", x.scalar_type(), " and ",
               w.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rowwise_linear: CPU tensors only");
   TORCH_CHECK(x.size(1) == w.size(1), "rowwise_linear: x has ", x.size(1), " columns, w ", w.size(1));
@@ -43,7 +44,8 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w) {
   if (M == 0 || N == 0) return out;
   if (K == 0) return out.zero_();
   if (xc.scalar_type() == at::kFloat) run<float>(xc, wc, out);
-  else run<triforce::bf16>(xc, wc, out);
+  else if (xc.scalar_type() == at::kBFloat16) run<triforce::bf16>(xc, wc, out);
+  else run<triforce::f16>(xc, wc, out);
   return out;
 }
 

@@ -31,7 +31,8 @@ __all__ = ["Llama"]
 # 1.26-1.75x over its LM head at 16-128 rows; a SmolLM2 forward of 36-100 rows 1.12-1.36x faster in
 # float32 and 1.02-1.20x in bfloat16 than with 32. Prefill chunks (256 rows) stay with the GEMM.
 ROWWISE_MAX_ROWS = 128
-_ROWWISE_DTYPES = (torch.float32, torch.bfloat16)
+_ROWWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # Linear's streaming kernel
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)  # DecoderLayer's fused path (csrc/cpu/decoder.cpp)
 
 
 def _rowwise_available() -> bool:
@@ -102,7 +103,7 @@ _FUSED = None
 
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state-dict keys) whose CPU forward on at most
-    ``ROWWISE_MAX_ROWS`` rows, float32 or bfloat16 (input and weight alike), without autograd, runs
+    ``ROWWISE_MAX_ROWS`` rows, float32, bfloat16 or float16 (input and weight alike), without autograd, runs
     ``triforce_C::rowwise_linear`` (csrc/include/triforce/linear.h): the weights are streamed once
     whatever the row count, so verifying a few tokens costs little more than one token, and each row's
     result is bitwise the 1-row result (a verification pass computes the same projections as an
@@ -214,7 +215,7 @@ class DecoderLayer(nn.Module):
         (the norms must be :class:`RMSNorm`; each projection must offer ``fused_projection``:
         :class:`Linear` and ``Q8Linear`` do). Runs per layer and forward, so it reads the module dicts
         directly (``nn.Module.__getattr__`` costs ~25 us a layer here)."""
-        if not (h.device.type == "cpu" and h.dtype in _ROWWISE_DTYPES and 0 < h.shape[0] * h.shape[1] <= ROWWISE_MAX_ROWS
+        if not (h.device.type == "cpu" and h.dtype in _FUSED_DTYPES and 0 < h.shape[0] * h.shape[1] <= ROWWISE_MAX_ROWS
                 and not torch.is_grad_enabled() and _fused_available()):
             return None
         mods = self._modules

@@ -6,7 +6,8 @@
 // only pays when the extra rows are nearly free. Here each block of NR weight rows is read from memory
 // once and serves every row of x: on AVX-512, MR x-rows x NR w-rows of zmm accumulators per step of
 // 16 (fp32) or 32 (bf16) elements, then transpose-and-add reductions (hsum16_avx512) of 16 at a time.
-// x and w are float32, or both bfloat16 (products accumulated in fp32, the result rounded once).
+// x and w are float32, or both bfloat16, or both float16 (products accumulated in fp32, the result
+// rounded once).
 //
 // Bitwise row independence (the contract the model layer relies on): every output element (m, n) is
 // computed by the same instructions whatever M is, wherever row m falls in its group of MR and however
@@ -65,6 +66,11 @@ inline void load8(const bf16* p, v8f& v) {  // bf16 -> fp32: the 16 bits shifted
   std::memcpy(&h, p, sizeof(h));
   const v8u32 u = __builtin_convertvector(h, v8u32) << 16;
   std::memcpy(&v, &u, sizeof(v));
+}
+inline void load8(const f16* p, v8f& v) {  // fp16 -> fp32, exact
+  float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = to_float(p[i]);
+  std::memcpy(&v, f, sizeof(v));
 }
 template <typename T>
 inline void load8_tail(const T* p, int64_t n, v8f& v) {  // n < 8 elements, the rest 0
@@ -172,6 +178,26 @@ inline void step_avx512(const bf16* x, int64_t K, const bf16* const* wr, int64_t
       acc[m * NR + j] = _mm512_fmadd_ps(xhi, whi, _mm512_fmadd_ps(xlo, wlo, acc[m * NR + j]));
     }
 #endif
+  }
+}
+
+// fp16, 32 elements (one zmm of fp16): elements 0-15 and 16-31 widened to fp32 (exactly) and multiplied in
+// fp32, lane l accumulating elements l and l + 16 of each step; each fp16 product is exact in fp32.
+template <int ROWS, bool REGW = false>  // REGW: never true here (as bf16)
+inline void step_avx512(const f16* x, int64_t K, const f16* const* wr, int64_t k, __mmask32 mk, __m512* acc) {
+  __m512 wlo[NR], whi[NR];
+  for (int j = 0; j < NR; ++j) {
+    const __m512i wv = mk == ~__mmask32(0) ? _mm512_loadu_si512(wr[j] + k) : _mm512_maskz_loadu_epi16(mk, wr[j] + k);
+    wlo[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
+    whi[j] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+  }
+  for (int m = 0; m < ROWS; ++m) {
+    const f16* xr = x + m * K + k;
+    const __m512i xv = mk == ~__mmask32(0) ? _mm512_loadu_si512(xr) : _mm512_maskz_loadu_epi16(mk, xr);
+    const __m512 xlo = _mm512_cvtph_ps(_mm512_castsi512_si256(xv));
+    const __m512 xhi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(xv, 1));
+    for (int j = 0; j < NR; ++j)
+      acc[m * NR + j] = _mm512_fmadd_ps(xhi, whi[j], _mm512_fmadd_ps(xlo, wlo[j], acc[m * NR + j]));
   }
 }
 
@@ -294,7 +320,7 @@ inline void row16_avx512(const T* x, int64_t K, const T* w, O* out) {
 template <typename T>
 constexpr bool row16_applies() {
 #if defined(__AVX512BF16__)
-  return true;
+  return std::is_same<T, float>::value || std::is_same<T, bf16>::value;
 #else
   return std::is_same<T, float>::value;
 #endif
@@ -314,19 +340,20 @@ inline void block_rows(const T* x, int64_t rows, int64_t K, const T* w, int64_t 
 #endif
 
 // Weight blocks [b0, b1) (block b = rows 4b .. 4b + 3 of w, the last one partial): every x row against
-// each block while the block is in L1. x [M, K], w [N, K], out [M, N], all contiguous. T: float or
-// bf16 (x and w alike); O: the output element type (float, or bf16 rounded to nearest even).
+// each block while the block is in L1. x [M, K], w [N, K], out [M, N], all contiguous. T: float, bf16 or
+// f16 (x and w alike); O: the output element type (float, or bf16/f16 rounded to nearest even).
 template <typename T, typename O>
 inline void rowwise_linear_blocks(const T* x, int64_t M, int64_t K, const T* w, int64_t N, O* out, int64_t b0,
                                   int64_t b1) {
 #if defined(__AVX512F__)
-  if (M == 1 && row16_applies<T>()) {  // the blocks' rows, 16 at a time, then the rest in blocks of NR
-    int64_t n = b0 * NR;
-    const int64_t n1 = std::min<int64_t>(N, b1 * NR);
-    for (; n + 16 <= n1; n += 16) row16_avx512<T, O>(x, K, w + n * K, out + n);
-    for (; n < n1; n += NR) block_rows(x, 1, K, w + n * K, std::min<int64_t>(NR, n1 - n), out + n, N, 0, 1, false);
-    return;
-  }
+  if constexpr (row16_applies<T>())
+    if (M == 1) {  // the blocks' rows, 16 at a time, then the rest in blocks of NR
+      int64_t n = b0 * NR;
+      const int64_t n1 = std::min<int64_t>(N, b1 * NR);
+      for (; n + 16 <= n1; n += 16) row16_avx512<T, O>(x, K, w + n * K, out + n);
+      for (; n < n1; n += NR) block_rows(x, 1, K, w + n * K, std::min<int64_t>(NR, n1 - n), out + n, N, 0, 1, false);
+      return;
+    }
 #endif
   const int64_t groups = (M + MR - 1) / MR;
   for (int64_t b = b0; b < b1; ++b) {
