@@ -1,10 +1,11 @@
 // Torch-free unit test of the rowwise_linear kernel (ctest; scripts/sanitize.sh runs it under
-// ASan/UBSan): float32 and bfloat16 against a float64 reference, and bitwise row independence (row m
+// ASan/UBSan): float32, bfloat16 and float16 against a float64 reference, and bitwise row independence (row m
 // of an M-row product equals the 1-row product of x[m]) for every M up to 13, every weight-row split
 // point, K tails of every length mod 32 and partial weight blocks.
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "check.h"
@@ -26,7 +27,7 @@ void check_case(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
   rowwise_linear_blocks<T, T>(x.data(), M, K, w.data(), N, out.data(), 0, s);
   rowwise_linear_blocks<T, T>(x.data(), M, K, w.data(), N, out.data(), s, nb);
   // error bound: |sum| <= sum |x w| * K * eps (fp32 accumulation), plus the output rounding
-  const double eps_out = sizeof(T) == 2 ? 1.0 / 256 : 1.2e-7;
+  const double eps_out = std::is_same_v<T, bf16> ? 1.0 / 256 : std::is_same_v<T, f16> ? 1.0 / 2048 : 1.2e-7;
   for (int64_t m = 0; m < M; ++m) {
     rowwise_linear_blocks<T, T>(x.data() + m * K, 1, K, w.data(), N, row.data(), 0, nb);
     for (int64_t n = 0; n < N; ++n) {
@@ -89,12 +90,14 @@ int main() {
       for (int64_t N : {1, 5, 6, 7, 12, 13, 50}) {
         check_case<float>(M, K, N, g);
         check_case<bf16>(M, K, N, g);
-        cases += 2;
+        check_case<f16>(M, K, N, g);
+        cases += 3;
       }
-  for (int64_t K = 1; K <= 70; ++K) {  // every tail length of both element types
+  for (int64_t K = 1; K <= 70; ++K) {  // every tail length of each element type
     check_case<float>(3, K, 9, g);
     check_case<bf16>(3, K, 9, g);
-    cases += 2;
+    check_case<f16>(3, K, 9, g);
+    cases += 3;
   }
   if (failures == 0) std::printf("test_linear: ok (%d cases)\n", cases);
   return failures == 0 ? 0 : 1;
