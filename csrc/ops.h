@@ -35,7 +35,9 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
                                 at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
 
 // ---- verification attention (docs/design.md 3.2) --------------------------------------------------
-// (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits = prefix splits (0: automatic).
+// (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits: 0 cuts each query's keys into parts at fixed
+// multiples of 512 (a row's result is then independent of T); 1..64 cuts the longest prefix into that
+// many parts (tests and benchmarks).
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
