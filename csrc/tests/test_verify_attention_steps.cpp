@@ -3,12 +3,16 @@
 // over the cache as it is once t's path is committed (causal: the same cache; tree: t's ancestors moved
 // to consecutive positions). fp32, bf16 and fp16; D 16, 64 and 128 (the keys-in-lanes, rows-in-lanes,
 // transposed-tile and dot paths); GQA 1, 3 and 12; prefixes across the 32-key tiles and the 512-key
-// parts; causal and random trees; interleaved and head-major caches; two sequences of different lengths.
+// parts; causal and random trees; interleaved and head-major caches; two sequences of different lengths;
+// the parts folded across waves (one part per wave).
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "check.h"
+// Hold one part's partial states at a time (4 KB), so that the fold also runs across waves; the Python
+// tests run the library's own budget (64 MB: one wave at these sizes).
+#define TRIFORCE_VA_PARTIAL_BYTES 4096
 #include "triforce/verify_attention.h"
 
 using namespace triforce;

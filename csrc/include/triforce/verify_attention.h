@@ -705,8 +705,12 @@ constexpr int64_t kMaxSplits = 64;
 // partials cost more than the parallelism gains.
 constexpr int64_t kPartKeys = 512;
 
-// Partial states held at once (bytes): parts beyond this many are computed and folded in waves.
-constexpr int64_t kPartialBytes = int64_t(64) << 20;
+// Partial states held at once (bytes): parts beyond this many are computed and folded in waves. A test
+// may define TRIFORCE_VA_PARTIAL_BYTES small to run every part in a wave of its own.
+#ifndef TRIFORCE_VA_PARTIAL_BYTES
+#define TRIFORCE_VA_PARTIAL_BYTES (int64_t(64) << 20)
+#endif
+constexpr int64_t kPartialBytes = TRIFORCE_VA_PARTIAL_BYTES;
 
 // Whether an item walks all KV heads together: when the heads of one key are interleaved in memory
 // (head stride below row stride, for K and V, as in the [B, N, Hkv, D] caches). The item then reads
