@@ -334,7 +334,7 @@ inline float row_max(const float* sr) {
 #endif
 }
 
-// sr[j] = e^(sr[j] - m) for a row's KT scores (0 where masked); returns their sum.
+// sr[j] = e^(sr[j] - m) for a row's KT scores (0 for the pads, j >= n); returns their sum.
 inline float exp_row(float* sr, float m) {
 #if defined(__AVX512F__)
   const __m512 mb = _mm512_set1_ps(m);
@@ -354,7 +354,7 @@ inline float exp_row(float* sr, float m) {
 #endif
 }
 
-// Online-softmax update of one query row by its tile of masked scores sr: running max m and sum l,
+// Online-softmax update of one query row by its tile of scores sr (pads at -inf): running max m and sum l,
 // the accumulator acc [D] rescaled by e^(m_old - m_new); sr becomes the weights e^(s - m_new).
 inline void softmax_update_row(float* sr, float& m, float& l, float* acc, int64_t D) {
   const float m_new = std::max(m, row_max(sr));
@@ -533,7 +533,7 @@ __attribute__((noinline)) void scores_lanes_avx512(const float* qt, int64_t D, c
   }
 }
 
-// Online-softmax update of all R rows by a tile of n keys' scores st (masked): per lane the running max m
+// Online-softmax update of all R rows by a tile of n keys' scores st: per lane the running max m
 // and sum l, st becomes the weights e^(s - m_new), and each acc row [D] is rescaled by e^(m_old - m_new).
 // A row that has seen nothing keeps m = -inf (its weights are e^-inf = 0: no -inf - -inf anywhere).
 template <int NV>
