@@ -41,15 +41,21 @@ constexpr int64_t kHeadChunk = 128;       // keys per head and turn when an item
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(x) for x <= 0 (scores minus a running max): common.h's exp_f32, on one float or on 16 lanes
-// (exactly 0 below -87.3 and for -inf).
-// On AVX-512 the scalar form is the vector form on one lane, so that a row's running-max rescaling gives
-// the same bits on the row-major paths (one float) and on the rows-in-lanes path (16 lanes).
+// (exactly 0 below -87.3 and for -inf). A row's running-max rescaling takes the 16-lane form on every
+// AVX-512 path (exp16), so it has the same bits on the row-major paths and on the rows-in-lanes path.
 #if defined(__AVX512F__)
 inline __m512 exp_nonpos(__m512 x) { return exp_f32(x); }
-inline float exp_nonpos(float x) { return _mm512_cvtss_f32(exp_f32(_mm512_set1_ps(x))); }
-#else
-inline float exp_nonpos(float x) { return exp_f32(x); }
 #endif
+inline float exp_nonpos(float x) { return exp_f32(x); }
+
+// out[i] = exp_nonpos(x[i]) for 16 values: one 16-lane exp on AVX-512.
+inline void exp16(const float* x, float* out) {
+#if defined(__AVX512F__)
+  _mm512_storeu_ps(out, exp_nonpos(_mm512_loadu_ps(x)));
+#else
+  for (int i = 0; i < 16; ++i) out[i] = exp_nonpos(x[i]);
+#endif
+}
 
 template <typename T>
 inline void load_row(const T* src, float* dst, int64_t D) {
@@ -354,19 +360,33 @@ inline float exp_row(float* sr, float m) {
 #endif
 }
 
-// Online-softmax update of one query row by its tile of scores sr (pads at -inf): running max m and sum l,
-// the accumulator acc [D] rescaled by e^(m_old - m_new); sr becomes the weights e^(s - m_new).
-inline void softmax_update_row(float* sr, float& m, float& l, float* acc, int64_t D) {
-  const float m_new = std::max(m, row_max(sr));
-  if (m_new == kNegInf) {  // nothing visible yet for this row: it adds nothing
-    for (int64_t j = 0; j < KT; ++j) sr[j] = 0.f;
-    return;
+// Online-softmax update of R query rows by their tile of n keys' scores s [R][KT] (j >= n padded here):
+// per row the running max m and sum l, the accumulator acc [D] rescaled by e^(m_old - m_new); s becomes
+// the weights e^(s - m_new). The rescale factors of 16 rows come from one 16-lane exp; l is updated by
+// one fused multiply-add (l * alpha + sum), as on the rows-in-lanes path.
+inline void softmax_update_rows(float* s, int64_t n, int64_t R, float* m, float* l, float* acc, int64_t D) {
+  for (int64_t r0 = 0; r0 < R; r0 += 16) {
+    const int64_t rn = std::min<int64_t>(16, R - r0);
+    float m_new[16], diff[16] = {}, alpha[16];
+    for (int64_t i = 0; i < rn; ++i) {
+      float* sr = s + (r0 + i) * KT;
+      mask_pad(sr, n);
+      m_new[i] = std::max(m[r0 + i], row_max(sr));
+      diff[i] = m_new[i] == kNegInf ? 0.f : m[r0 + i] - m_new[i];
+    }
+    exp16(diff, alpha);
+    for (int64_t i = 0; i < rn; ++i) {
+      float* sr = s + (r0 + i) * KT;
+      if (m_new[i] == kNegInf) {  // nothing visible yet for this row: it adds nothing
+        for (int64_t j = 0; j < KT; ++j) sr[j] = 0.f;
+        continue;
+      }
+      l[r0 + i] = madd(l[r0 + i], alpha[i], exp_row(sr, m_new[i]));
+      m[r0 + i] = m_new[i];
+      if (alpha[i] != 1.f)
+        for (int64_t d = 0; d < D; ++d) acc[(r0 + i) * D + d] *= alpha[i];
+    }
   }
-  const float alpha = exp_nonpos(m - m_new);
-  l = l * alpha + exp_row(sr, m_new);
-  m = m_new;
-  if (alpha != 1.f)
-    for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
 }
 
 // acc [D] += sum_j p[j] V[j] over the tile's n keys for one row, in 64-dim blocks that stay in
@@ -560,7 +580,7 @@ inline void softmax_lanes_avx512(float* st, int64_t n, int64_t R, float* m, floa
       for (int i = 0; i < w; ++i) tree[i] = _mm512_add_ps(tree[i], tree[i + w]);
     const __m512 sum = tree[0];
     const __m512 a = exp_nonpos(_mm512_sub_ps(m_old, m_sub));
-    _mm512_mask_storeu_ps(l + r0, live, _mm512_add_ps(_mm512_mul_ps(_mm512_mask_loadu_ps(zero, live, l + r0), a), sum));
+    _mm512_mask_storeu_ps(l + r0, live, _mm512_fmadd_ps(_mm512_mask_loadu_ps(zero, live, l + r0), a, sum));
     _mm512_mask_storeu_ps(m + r0, live, m_new);
     _mm512_store_ps(alpha + r0, a);
   }
@@ -645,10 +665,7 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
     // Pads, online softmax, then P V from the value rows vr (vs apart).
     auto softmax_pv = [&](const auto* vr, int64_t vs) {
       if (rows) rows->step();  // the second half of this tile's share, between the scores and P V
-      for (int64_t r = 0; r < R; ++r) {
-        mask_pad(s + r * KT, n);
-        softmax_update_row(s + r * KT, m[r], l[r], acc + r * D, D);
-      }
+      softmax_update_rows(s, n, R, m, l, acc, D);
       pv_tile(s, R, n, D, vr, vs, acc);
     };
     switch (path) {
