@@ -153,7 +153,10 @@ inline void step_avx512(const float* x, int64_t K, const float* const* wr, int64
 
 // bf16, 32 elements. With AVX512_BF16 one dpbf16 per 32 elements (fp32 accumulation of exact bf16
 // products); without it the pairs are widened to fp32 (two FMAs per 32 elements).
-inline __m512i load32_bf16(const bf16* p, __mmask32 mk) {
+// 32 elements of a 16-bit type (bf16 or f16) in one zmm, the masked-off ones 0.
+template <typename T>
+inline __m512i load32_16bit(const T* p, __mmask32 mk) {
+  static_assert(sizeof(T) == 2, "16-bit elements");
   return mk == ~__mmask32(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mk, p);
 }
 
@@ -161,9 +164,9 @@ template <int ROWS, bool REGW = false>  // REGW: never true here (bf16 keeps the
 inline void step_avx512(const bf16* x, int64_t K, const bf16* const* wr, int64_t k, __mmask32 mk,
                         __m512* acc) {
   __m512i wv[NR];
-  for (int j = 0; j < NR; ++j) wv[j] = load32_bf16(wr[j] + k, mk);
+  for (int j = 0; j < NR; ++j) wv[j] = load32_16bit(wr[j] + k, mk);
   for (int m = 0; m < ROWS; ++m) {
-    const __m512i xv = load32_bf16(x + m * K + k, mk);
+    const __m512i xv = load32_16bit(x + m * K + k, mk);
 #if defined(__AVX512BF16__)
     for (int j = 0; j < NR; ++j)
       acc[m * NR + j] = _mm512_dpbf16_ps(acc[m * NR + j], (__m512bh)xv, (__m512bh)wv[j]);
@@ -185,17 +188,17 @@ inline void step_avx512(const bf16* x, int64_t K, const bf16* const* wr, int64_t
 // fp32, lane l accumulating elements l and l + 16 of each step; each fp16 product is exact in fp32.
 template <int ROWS, bool REGW = false>  // REGW: never true here (as bf16)
 inline void step_avx512(const f16* x, int64_t K, const f16* const* wr, int64_t k, __mmask32 mk, __m512* acc) {
+  auto lo = [](__m512i v) { return _mm512_cvtph_ps(_mm512_castsi512_si256(v)); };      // elements 0-15
+  auto hi = [](__m512i v) { return _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1)); };  // elements 16-31
   __m512 wlo[NR], whi[NR];
   for (int j = 0; j < NR; ++j) {
-    const __m512i wv = mk == ~__mmask32(0) ? _mm512_loadu_si512(wr[j] + k) : _mm512_maskz_loadu_epi16(mk, wr[j] + k);
-    wlo[j] = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
-    whi[j] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+    const __m512i wv = load32_16bit(wr[j] + k, mk);
+    wlo[j] = lo(wv);
+    whi[j] = hi(wv);
   }
   for (int m = 0; m < ROWS; ++m) {
-    const f16* xr = x + m * K + k;
-    const __m512i xv = mk == ~__mmask32(0) ? _mm512_loadu_si512(xr) : _mm512_maskz_loadu_epi16(mk, xr);
-    const __m512 xlo = _mm512_cvtph_ps(_mm512_castsi512_si256(xv));
-    const __m512 xhi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(xv, 1));
+    const __m512i xv = load32_16bit(x + m * K + k, mk);
+    const __m512 xlo = lo(xv), xhi = hi(xv);
     for (int j = 0; j < NR; ++j)
       acc[m * NR + j] = _mm512_fmadd_ps(xhi, whi[j], _mm512_fmadd_ps(xlo, wlo[j], acc[m * NR + j]));
   }
@@ -297,9 +300,9 @@ inline void row16_avx512(const T* x, int64_t K, const T* w, O* out) {
       unroll<16>([&](auto j) { acc[j] = _mm512_fmadd_ps(xv, load16_f32(w + j * K + k, mk), acc[j]); });
     } else {
 #if defined(__AVX512BF16__)
-      const __m512i xv = load32_bf16(x + k, mk);
+      const __m512i xv = load32_16bit(x + k, mk);
       unroll<16>([&](auto j) {
-        acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)xv, (__m512bh)load32_bf16(w + j * K + k, mk));
+        acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)xv, (__m512bh)load32_16bit(w + j * K + k, mk));
       });
 #endif
     }

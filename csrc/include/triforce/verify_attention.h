@@ -11,7 +11,7 @@
 // T"). Only positions in [0, min(L, N)) are ever read, whatever L.
 //
 // One tile (attend_range): scores (scores_keys | scores_lanes | scores_dot_avx512 | scores_tile) ->
-// mask_pad -> softmax_update_row (or the lanes softmax) -> pv_tile. Each step is a small function; where
+// softmax_update_rows (or the lanes softmax) -> pv_tile. Each step is a small function; where
 // an AVX-512 version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
 // bf16 caches on a CPU with AVX512_BF16 score with the bf16 dot product (scores_dot_avx512 on the raw
 // bf16 queries against the keys in place, at any number of rows); P V stays in fp32.
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -148,9 +149,9 @@ inline void load_tile_transposed(const T* k, int64_t skn, const T* v, int64_t sv
 }
 
 #if defined(__AVX512F__)
-// Scores for D % 16 == 0 with d in lanes: per row and 16 keys, 16 independent accumulators over D (one q load feeds
-// 16 FMAs), then one hsum16. In a partial group, keys n..15 repeat key n - 1 (never a row past the
-// tile, which may lie past L); mask_scores overwrites their scores with -inf.
+// Scores for D % 16 == 0 with d in lanes: per row and 16 keys, 16 independent accumulators over D (one
+// q load feeds 16 FMAs), then one hsum16. In a partial group, keys n..15 repeat key n - 1 (never a row
+// past the tile, which may lie past L); mask_pad overwrites their scores with -inf.
 //
 // Q = bf16 (bfloat16 caches with D % 64 == 0 on AVX512_BF16: bf16_scores) uses the bf16 dot-product
 // instruction instead: the queries stay in bfloat16 (unscaled: as the op received them), each vdpbf16ps
@@ -189,10 +190,7 @@ inline void scores_dot_avx512(const Q* q, int64_t R, int64_t D, const E* kt, int
 }
 #endif
 
-// s[i][j] = q_i . K[:, j] for ROWS query rows and all KT keys of the transposed tile, vectorised over
-// the keys.
-// Each score is one multiply-add chain over d = 0 .. D-1 (fused where the CPU has FMA: the order of the
-// other fp32 paths, so that a score does not depend on which path or row block computed it).
+// a * b + c, fused where the CPU has FMA (whatever the compiler's contraction setting).
 inline float madd(float a, float b, float c) {
 #if defined(__FMA__)
   return __builtin_fmaf(a, b, c);
@@ -201,6 +199,9 @@ inline float madd(float a, float b, float c) {
 #endif
 }
 
+// s[i][j] = q_i . K[:, j] for ROWS query rows and all KT keys of the transposed tile, vectorised over
+// the keys. Each score is one multiply-add chain over d = 0 .. D-1 (madd: the order of the other fp32
+// paths, so that a score does not depend on which path or row block computed it).
 template <int64_t ROWS>
 inline void scores_rows(const float* q, int64_t D, const float* kt, float* s) {
   float acc[ROWS][KT] = {};  // ROWS x KT fixed by the template: 512 bytes for ROWS = RB = 4
@@ -750,10 +751,10 @@ inline bool verify_attention_groups_heads(int64_t Hkv, int64_t skn, int64_t skh,
 //
 // A query's keys, in rank order: the prefix [0, P) (P = L - T), then the new tokens it sees, in index
 // order; so rank = position in the cache for a causal query, and for a tree node its ancestors take ranks
-// P, P + 1, ... as they will once its path is committed. Work item = (b, part), walking all KV heads in
-// chunks of kHeadChunk keys when the heads of a key are interleaved in memory
-// (verify_attention_groups_heads), else (b, KV head h, part). An item reads the part's prefix keys below
-// P rounded down to KT once, in tiles of KT, for all R = T * g query rows of the GQA group
+// P, P + 1, ... as they will once its path is committed. Work item = (b, run of consecutive parts),
+// walking all KV heads in chunks of kHeadChunk keys when the heads of a key are interleaved in memory
+// (verify_attention_groups_heads), else (b, KV head h, run). In each part, an item reads the prefix keys
+// below P rounded down to KT once, in tiles of KT, for all R = T * g query rows of the GQA group
 // (flash-decoding: T = 1, g = 4 reads each key once for 4 rows); the rest (up to 31 prefix keys and the
 // new tokens) it walks query by query, each over exactly the keys that query sees: in place when they are
 // consecutive in the cache (causal), else from a copy of those rows (tree). So no tile holds a key that a
@@ -790,22 +791,25 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
   // The fold's state per (b, h, r) and the wave's partials per (b, h, part, r): running max m, sum l,
   // unnormalised acc [D], all fp32.
   std::vector<float> fm(rows_all, va::kNegInf), fl(rows_all, 0.f), facc(rows_all * D, 0.f);
-  std::vector<float> pm(rows_all * wave), pl(rows_all * wave), pacc(rows_all * wave * D);
+  // Uninitialised: every item writes the slots of its own parts before anything reads them.
+  std::unique_ptr<float[]> pm(new float[rows_all * wave]), pl(new float[rows_all * wave]);
+  std::unique_ptr<float[]> pacc(new float[rows_all * wave * D]);
   // One region only if the keys read (and, from a few query rows per KV head on, the multiply-adds)
   // are worth a worker's wake-up (parallel_min_bytes); else the calling thread runs every item.
   const bool par = worth_parallel(keys * Hkv * D * std::max<int64_t>(2 * sizeof(T), 2 * R));
   const bool raw = va::bf16_scores<T>(D);
+  // Items: runs of consecutive parts (enough for 2 per thread), each walked by one thread as one stream of
+  // keys (the prefetch runs on across its parts), each part from a fresh softmax state.
+  const int64_t units = B * (Hkv / HG);
+#if defined(_OPENMP)
+  const int64_t threads = par ? omp_get_max_threads() : 1;
+#else
+  const int64_t threads = 1;
+#endif
+  const int64_t want_runs = std::max<int64_t>(1, (2 * threads + units - 1) / units);
   for (int64_t w0 = 0; w0 < parts; w0 += wave) {
     const int64_t nw = std::min(wave, parts - w0);
-    // Items: runs of consecutive parts (enough for 2 per thread), each walked by one thread as one stream
-    // of keys (the prefetch runs on across its parts), each part from a fresh softmax state.
-    const int64_t units = B * (Hkv / HG);
-#if defined(_OPENMP)
-    const int64_t threads = par ? omp_get_max_threads() : 1;
-#else
-    const int64_t threads = 1;
-#endif
-    const int64_t runs = std::min<int64_t>(nw, std::max<int64_t>(1, (2 * threads + units - 1) / units));
+    const int64_t runs = std::min(nw, want_runs);
     const int64_t items = units * runs;
 #pragma omp parallel if (par)
     {
@@ -845,7 +849,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         for (int64_t part = part_lo; part < part_hi; ++part) {
           auto state = [&](int64_t hh, int64_t r0) {  // (m, l, acc) of rows r0.. of head h0 + hh in this part
             const int64_t base = ((b * Hkv + h0 + hh) * nw + (part - w0)) * R + r0;
-            return std::make_tuple(pm.data() + base, pl.data() + base, pacc.data() + base * D);
+            return std::make_tuple(pm.get() + base, pl.get() + base, pacc.get() + base * D);
           };
           for (int64_t hh = 0; hh < HG; ++hh) {  // an empty partial unless a key below sets it
             auto [m, l, acc] = state(hh, 0);
@@ -915,7 +919,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
       }
     }
     // Fold the wave's parts into the state, left to right: for each row, the same sequence of operations
-    // on the same partials, whoever computed them.
+    // on the same partials, whoever computed them. After the last wave: out = acc / l, lse = m + log l.
+    const bool last = w0 + nw == parts;
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t row = 0; row < rows_all; ++row) {
       const int64_t bh = row / R, r = row % R;
@@ -926,7 +931,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         const int64_t p = (bh * nw + s) * R + r;
         const float mp = pm[p];
         if (mp == va::kNegInf) continue;  // the part holds none of this row's keys
-        const float* ap = pacc.data() + p * D;
+        const float* ap = pacc.get() + p * D;
         if (m == va::kNegInf) {
           m = mp, l = pl[p];
           std::copy_n(ap, D, acc);
@@ -937,24 +942,19 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * wa + ap[d] * wp;
         m = M;
       }
+      if (!last) continue;
+      const int64_t b = bh / Hkv, h = bh % Hkv, t = r / g, hq = h * g + r % g;
+      T* o = out + ((b * Tq + t) * Hq + hq) * D;
+      float* ls = lse + (b * Hq + hq) * Tq + t;
+      if (m == va::kNegInf) {  // the row sees nothing
+        for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(0.f);
+        *ls = va::kNegInf;
+        continue;
+      }
+      const float inv = 1.f / l;
+      for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(acc[d] * inv);
+      *ls = m + std::log(l);
     }
-  }
-  // out = acc / l; lse = m + log l.
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t row = 0; row < rows_all; ++row) {
-    const int64_t bh = row / R, r = row % R, b = bh / Hkv, h = bh % Hkv;
-    const int64_t t = r / g, hq = h * g + r % g;
-    T* o = out + ((b * Tq + t) * Hq + hq) * D;
-    float* ls = lse + (b * Hq + hq) * Tq + t;
-    if (fm[row] == va::kNegInf) {  // the row sees nothing
-      for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(0.f);
-      *ls = va::kNegInf;
-      continue;
-    }
-    const float inv = 1.f / fl[row];
-    const float* acc = facc.data() + row * D;
-    for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(acc[d] * inv);
-    *ls = fm[row] + std::log(fl[row]);
   }
 }
 
