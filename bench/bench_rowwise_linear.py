@@ -1,15 +1,15 @@
 """Benchmark of the model layer's CPU few-row linear kernel ``triforce_C::rowwise_linear``
 (csrc/include/triforce/linear.h, docs/model.md) against its baseline ``F.linear`` (MKL for float32,
-oneDNN for bfloat16), with bytes, GB/s and the fraction of measured copy bandwidth.
+oneDNN for bfloat16 and float16), with bytes, GB/s and the fraction of measured copy bandwidth.
 
-Shape: SmolLM2-135M's MLP projection (N=1536, K=576; float32, and bfloat16 as the default draft
-model's copy) for M = 1..32 rows. One call streams
+Shape: SmolLM2-135M's MLP projection (N=1536, K=576; float32, bfloat16 as the default draft
+model's copy, and float16) for M = 1..32 rows. One call streams
 a set of such weight matrices larger than the last-level cache (as a decode step streams the
 model's weights), so every call reads its weights from memory. Bytes = the weights read once + the
 inputs + the outputs. FLOPs = 2 x M x N x K per matrix; the compute ceiling is a matmul in the same
-dtype (float32 for int8 weights, whose products are float32), measured in the same run.
+dtype (float32 for int8 weights and float16, whose products are float32), measured in the same run.
 
-    python -m bench.bench_rowwise_linear [--quick] [--threads N] [--dtype float32|bfloat16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+    python -m bench.bench_rowwise_linear [--quick] [--threads N] [--dtype float32|bfloat16|float16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 
@@ -27,8 +27,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="M = 1 and 8 only")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8", "both"], default="both",
-                   help="both = float32 and bfloat16; int8 = rowwise_linear_q8 (weight-only int8, float32 x)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "both"], default="both",
+                   help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -39,11 +39,12 @@ def main():
     kernel = torch.ops.triforce_C.rowwise_linear
     if a.dtype == "int8":
         return bench_q8(a, g, bw)
-    for name in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
+    for name in (["float32", "bfloat16", "float16"] if a.dtype == "both" else [a.dtype]):
         dtype = getattr(torch, name)
         ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(MATRICES)]
         size = ws[0].element_size()
-        peak = compute_peak("cpu", dtype)
+        # float16 is multiplied in float32 (torch's float16 matmul on a CPU without AVX512-FP16 is far slower)
+        peak = compute_peak("cpu", torch.float32 if dtype == torch.float16 else dtype)
         for M in ((1, 8) if a.quick else (1, 2, 4, 5, 8, 16, 32)):
             x = torch.randn(M, K, generator=g).to(dtype)
             nbytes = MATRICES * (N * K + M * K + M * N) * size
