@@ -4,7 +4,12 @@ baseline, the same modules run one by one (``TRIFORCE_FUSED_LAYER=0``), in turns
 compute bitwise the same logits.
 
 Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 1 and 4, over a full
-cache of ``ctx`` tokens, float32 (the target) and bfloat16 (the default draft copy). Bytes = the
+cache of ``ctx`` tokens, float32 (the target) and bfloat16 (the default draft copy).
+
+``--many-rows``: verification passes of more rows than the fused layer takes (batch 32 and 64, T = 5,
+``ctx`` 500): the modules with their linears on the row-independent kernel (what every forward outside a
+prefill runs, bitwise a one-token step's rows) against the same modules with torch's GEMM (what a
+prefill's chunks of more than ``ROWWISE_MAX_ROWS`` rows take), in turns. Bytes = the
 weights read once (every linear layer and the LM head) + the KV cache read + the step's keys and
 values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the linear
 layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer (attention);
@@ -23,6 +28,7 @@ from triforce.models.hub import load_model
 from .harness import compute_peak, copy_bandwidth, measure_alternating, record
 
 SHAPES = ((1, 1000, 1), (1, 1000, 5), (4, 3000, 1), (4, 3000, 5))
+MANY_ROWS = ((32, 500, 5), (64, 500, 5))
 
 
 def main():
@@ -30,6 +36,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="batch 1 only, fewer repetitions")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
+    p.add_argument("--many-rows", action="store_true",
+                   help="passes of 160 and 320 rows: the linears on the kernel against torch's GEMM")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -43,7 +51,8 @@ def main():
         cfg = model.config
         weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
         peak = compute_peak("cpu", dtype)
-        for B, ctx, T in (SHAPES[:2] if a.quick else SHAPES):
+        shapes = MANY_ROWS if a.many_rows else SHAPES
+        for B, ctx, T in (shapes[:1] if a.quick and a.many_rows else shapes[:2] if a.quick else shapes):
             cache = FullCache(cfg, B, ctx + T, dtype=dtype)
             cache.lengths.fill_(ctx)  # a context of zeros: the attention reads it all the same
             ids = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
@@ -59,13 +68,32 @@ def main():
                     step()
                 return f
 
+            def run_linears(gemm):  # the prefill's rule (torch's GEMM above ROWWISE_MAX_ROWS rows) or not
+                def f():
+                    llama_mod._PREFILL.active = gemm
+                    step()
+                return f
+
             kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
             nbytes = weights * model.dtype.itemsize + B * (ctx + T) * kv_token
             visible = B * (T * ctx + T * (T + 1) // 2)  # (query token, key) pairs per head and layer, causal
             flops = 2 * B * T * weights + 4 * cfg.head_dim * cfg.num_attention_heads * visible * cfg.num_hidden_layers
+            shape = f"model=smollm2,B={B},ctx={ctx},T={T}"
+            if a.many_rows:
+                assert B * T > llama_mod.ROWWISE_MAX_ROWS
+                try:
+                    t = measure_alternating({"gemm": run_linears(True), "kernel": run_linears(False)},
+                                            reps=4 if a.quick else 10)
+                finally:
+                    llama_mod._PREFILL.active = False
+                record(family="model", op="model_step", backend="torch_gemm", shape=shape, dtype=name,
+                       bytes_moved=nbytes, timing=t["gemm"], bandwidth=bw, flops=flops, peak=peak)
+                record(family="model", op="model_step", backend="cpu", shape=shape, dtype=name, bytes_moved=nbytes,
+                       timing=t["kernel"], bandwidth=bw, flops=flops, peak=peak, baseline="torch_gemm",
+                       baseline_timing=t["gemm"])
+                continue
             t = measure_alternating({"modules": run(False), "fused": run(True)}, reps=8 if a.quick else 20)
             llama_mod._FUSED = None  # back to the environment's choice
-            shape = f"model=smollm2,B={B},ctx={ctx},T={T}"
             record(family="model", op="model_step", backend="modules", shape=shape, dtype=name, bytes_moved=nbytes,
                    timing=t["modules"], bandwidth=bw, flops=flops, peak=peak)
             record(family="model", op="model_step", backend="cpu", shape=shape, dtype=name, bytes_moved=nbytes,

@@ -9,7 +9,11 @@ model's weights), so every call reads its weights from memory. Bytes = the weigh
 inputs + the outputs. FLOPs = 2 x M x N x K per matrix; the compute ceiling is a matmul in the same
 dtype (float32 for int8 weights and float16, whose products are float32), measured in the same run.
 
-    python -m bench.bench_rowwise_linear [--quick] [--threads N] [--dtype float32|bfloat16|float16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+``--many-rows``: M = 64 .. 4096 over 4 such matrices (compute-bound), where the kernel serves
+verification passes of any size (row-independent) and torch's GEMM a prefill's chunks of more than
+``ROWWISE_MAX_ROWS`` rows (triforce/models/llama.py); the op runs x in chunks of 256 rows.
+
+    python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|float16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 
@@ -21,11 +25,13 @@ from triforce.models.llama import _rowwise_available
 from .harness import compute_peak, copy_bandwidth, measure, record
 
 N, K, MATRICES = 1536, 576, 64  # 64 x 3.5 MB = 226 MB of weights per call
+FEW_ROWS, MANY_ROWS, MANY_ROWS_MATRICES = (1, 2, 4, 5, 8, 16, 32), (64, 128, 256, 512, 1024, 4096), 4
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="M = 1 and 8 only")
+    p.add_argument("--quick", action="store_true", help="M = 1 and 8 only (--many-rows: 256 and 1024)")
+    p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "both"], default="both",
                    help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x)")
@@ -38,18 +44,22 @@ def main():
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
     if a.dtype == "int8":
+        if a.many_rows:
+            raise SystemExit("--many-rows: float32, bfloat16 and float16 (the int8 draft's linears stop at ROWWISE_MAX_ROWS rows)")
         return bench_q8(a, g, bw)
     for name in (["float32", "bfloat16", "float16"] if a.dtype == "both" else [a.dtype]):
         dtype = getattr(torch, name)
-        ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(MATRICES)]
+        matrices = MANY_ROWS_MATRICES if a.many_rows else MATRICES
+        ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(matrices)]
         size = ws[0].element_size()
         # float16 is multiplied in float32 (torch's float16 matmul on a CPU without AVX512-FP16 is far slower)
         peak = compute_peak("cpu", torch.float32 if dtype == torch.float16 else dtype)
-        for M in ((1, 8) if a.quick else (1, 2, 4, 5, 8, 16, 32)):
+        rows = MANY_ROWS if a.many_rows else FEW_ROWS
+        for M in (((256, 1024) if a.many_rows else (1, 8)) if a.quick else rows):
             x = torch.randn(M, K, generator=g).to(dtype)
-            nbytes = MATRICES * (N * K + M * K + M * N) * size
-            flops = MATRICES * 2 * M * N * K
-            shape = f"M={M},N={N},K={K},matrices={MATRICES}"
+            nbytes = matrices * (N * K + M * K + M * N) * size
+            flops = matrices * 2 * M * N * K
+            shape = f"M={M},N={N},K={K},matrices={matrices}"
             base = measure(lambda: [F.linear(x, w) for w in ws], reps=5, min_time_s=0.5)
             record(family="model", op="rowwise_linear", backend="torch", shape=shape, dtype=name,
                    bytes_moved=nbytes, timing=base, bandwidth=bw, flops=flops, peak=peak)
@@ -68,7 +78,7 @@ def bench_q8(a, g, bw) -> None:
     qs = [quantize_q8(torch.randn(N, K, generator=g)) for _ in range(MATRICES)]
     kernel = torch.ops.triforce_C.rowwise_linear_q8
     peak = compute_peak("cpu", torch.float32)
-    for M in ((1, 8) if a.quick else (1, 2, 4, 5, 8, 16, 32)):
+    for M in ((1, 8) if a.quick else FEW_ROWS):
         x = torch.randn(M, K, generator=g)
         nbytes = MATRICES * (N * K + qs[0][1].numel() * 4 + (M * K + M * N) * 4)
         flops = MATRICES * 2 * M * N * K

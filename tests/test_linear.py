@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from triforce.models import Llama, LlamaConfig
-from triforce.models.llama import ROWWISE_MAX_ROWS, Linear, _rowwise_available
+from triforce.models.llama import ROWWISE_MAX_ROWS, Linear, _prefill_linears, _rowwise_available
 
 from .helpers import assert_close_measured
 
@@ -66,10 +66,11 @@ def test_float16_matches_float64(M, K, N, seed):
     assert_close_measured(out, exact, F.linear(x, w), factor=2.0, floor=floor)
 
 
-@given(M=st.integers(2, ROWWISE_MAX_ROWS), K=st.integers(1, 200), N=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
+@given(M=st.integers(2, 600), K=st.integers(1, 200), N=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
-@example(M=ROWWISE_MAX_ROWS, K=64, N=13, seed=4, dtype=torch.float32)  # every row group of the module's widest product
+@example(M=ROWWISE_MAX_ROWS, K=64, N=13, seed=4, dtype=torch.float32)  # every row group of a fused layer's widest product
 @example(M=9, K=33, N=7, seed=5, dtype=torch.float16)  # float16: masked tail, partial block
+@example(M=2 * 256 + 5, K=40, N=9, seed=6, dtype=torch.bfloat16)  # three chunks of rows (kRowChunk = 256)
 def test_rows_are_bitwise_independent(M, K, N, seed, dtype):
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
@@ -177,18 +178,26 @@ def test_linear_module_paths(monkeypatch):
         x = torch.randn(2, 3, 16)
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
         assert calls == [(6, 16)]
-        lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # many rows: torch's GEMM
+        lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # many rows: the kernel too
+        assert calls == [(6, 16), (ROWWISE_MAX_ROWS + 1, 16)]
+        with _prefill_linears():  # a prefill's many rows: torch's GEMM; its few rows: the kernel
+            xp = torch.randn(ROWWISE_MAX_ROWS + 1, 16)
+            torch.testing.assert_close(lin(xp), F.linear(xp, lin.weight), rtol=0, atol=0)
+            lin(torch.randn(ROWWISE_MAX_ROWS, 16))
+        assert calls == [(6, 16), (ROWWISE_MAX_ROWS + 1, 16), (ROWWISE_MAX_ROWS, 16)]
+        lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # the prefill's rule ends with it
+        calls[3:] = []
         lin.to(torch.float64)(torch.randn(2, 16, dtype=torch.float64))  # not float32 / bfloat16 / float16
-        assert len(calls) == 1
+        assert len(calls) == 3
         xb = torch.randn(2, 16, dtype=torch.bfloat16)
         torch.testing.assert_close(lin.to(torch.bfloat16)(xb), F.linear(xb, lin.weight))  # the kernel
         xh = torch.randn(2, 16, dtype=torch.float16)
         torch.testing.assert_close(lin.to(torch.float16)(xh), F.linear(xh, lin.weight))  # the kernel
-        assert calls == [(6, 16), (2, 16), (2, 16)]
+        assert calls[3:] == [(2, 16), (2, 16)]
     lin.float()
     y = lin(torch.randn(2, 16, requires_grad=True))  # autograd: torch's linear, gradients flow
     y.sum().backward()
-    assert len(calls) == 3 and lin.weight.grad is not None
+    assert len(calls) == 5 and lin.weight.grad is not None
 
 
 def test_model_logits_match_torch_linear(monkeypatch):
@@ -199,6 +208,7 @@ def test_model_logits_match_torch_linear(monkeypatch):
     ids = torch.randint(0, 100, (2, 5))
     with torch.no_grad():
         fast = m(ids)
-        monkeypatch.setattr("triforce.models.llama.ROWWISE_MAX_ROWS", 0)
+        monkeypatch.setattr("triforce.models.llama._ROWWISE", False)  # torch's linear everywhere
+        monkeypatch.setattr("triforce.models.llama._FUSED", False)
         slow = m(ids)
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)

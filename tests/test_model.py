@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
+from triforce.models.llama import ROWWISE_MAX_ROWS
 
 transformers = pytest.importorskip("transformers")
 
@@ -141,6 +142,35 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
             c = primed()
             branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
             assert torch.equal(tree_logits[:, path], branch), leaf
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_pass_of_many_rows_gives_the_bits_of_one_token_steps(dtype):
+    """As above for a pass of 30 x 9 = 270 rows: more than a fused layer takes (``ROWWISE_MAX_ROWS``),
+    and more than one chunk of the linear kernel's rows (256). torch's GEMM, which served such passes
+    before, rounds some rows differently from a one-token step; the prefill's chunks still take it."""
+    model = tiny_model(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256).to(dtype)
+    B, T = 30, 9
+    prompt = torch.randint(0, 101, (B, 40))
+    toks = torch.randint(0, 101, (B, T))
+    assert B * T > ROWWISE_MAX_ROWS and B * 40 > ROWWISE_MAX_ROWS
+
+    def primed():
+        cache = FullCache(model.config, B, 60, dtype=dtype)
+        model.prefill(prompt, cache, chunk_size=40)
+        return cache
+
+    with torch.no_grad():
+        pass_logits = model(toks, cache=primed())
+        c = primed()
+        steps = torch.cat([model(toks[:, t:t + 1], cache=c) for t in range(T)], 1)
+        assert torch.equal(pass_logits, steps)
+        parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 5, 6, 3]] * B)
+        tree_logits = model(toks, cache=primed(), tree_parents=parents)
+        path = [0, 2, 5, 6, 7]
+        c = primed()
+        branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
+        assert torch.equal(tree_logits[:, path], branch)
 
 
 def test_layer_skip_shares_weights():

@@ -60,6 +60,7 @@ def test_kernel_matches_float64(M, K, N, seed):
 
 @needs_kernel
 @given(M=st.integers(2, 40), K=st.integers(1, 200), N=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+@example(M=2 * 256 + 5, K=40, N=9, seed=6)  # three chunks of rows (kRowChunk = 256)
 def test_kernel_rows_are_bitwise_independent(M, K, N, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(M, K, generator=g)

@@ -10,19 +10,31 @@
 
 namespace {
 
+// blocks(m0, rows, b0, b1): weight blocks [b0, b1) against rows [m0, m0 + rows) of x, for every chunk
+// of at most kRowChunk rows (linear.h), each chunk split over the threads by weight blocks. At least
+// 16 blocks per thread, and enough that a thread's share is worth a region
+// (triforce::parallel_min_bytes: a block streams NR rows of w_bytes-byte weights and does `rows`
+// multiply-adds per weight); fewer blocks run inline.
+template <typename F>
+void over_row_chunks(int64_t M, int64_t K, int64_t N, int64_t w_bytes, F&& blocks) {
+  using namespace triforce::linear;
+  for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, M - m0);
+    const int64_t block_work = NR * K * std::max(w_bytes, rows);
+    const int64_t grain = std::max<int64_t>(16, (triforce::parallel_min_bytes() + block_work - 1) / block_work);
+    at::parallel_for(0, rowwise_linear_num_blocks(N), grain,
+                     [&](int64_t b0, int64_t b1) { blocks(m0, rows, b0, b1); });
+  }
+}
+
 template <typename T>
 void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  using namespace triforce::linear;
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const T* X = reinterpret_cast<const T*>(x.data_ptr());
   const T* W = reinterpret_cast<const T*>(w.data_ptr());
   T* O = reinterpret_cast<T*>(out.data_ptr());
-  // At least 16 blocks, and enough that a thread's share is worth a region (triforce::parallel_min_bytes:
-  // a block streams NR rows of w and does M multiply-adds per weight); fewer blocks run inline.
-  const int64_t block_work = NR * K * std::max<int64_t>(sizeof(T), M);
-  const int64_t grain = std::max<int64_t>(16, (triforce::parallel_min_bytes() + block_work - 1) / block_work);
-  at::parallel_for(0, rowwise_linear_num_blocks(N), grain, [&](int64_t b0, int64_t b1) {
-    rowwise_linear_blocks<T, T>(X, M, K, W, N, O, b0, b1);
+  over_row_chunks(M, K, N, sizeof(T), [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    triforce::linear::rowwise_linear_blocks<T, T>(X + m0 * K, rows, K, W, N, O + m0 * N, b0, b1);
   });
 }
 
@@ -71,11 +83,8 @@ at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at:
   const int8_t* Q = qc.const_data_ptr<int8_t>();
   const float* S = sc.const_data_ptr<float>();
   float* O = out.data_ptr<float>();
-  // a block streams NR rows of 1-byte weights and does M multiply-adds per weight
-  const int64_t block_work = NR * K * std::max<int64_t>(1, M);
-  const int64_t grain = std::max<int64_t>(16, (triforce::parallel_min_bytes() + block_work - 1) / block_work);
-  at::parallel_for(0, rowwise_linear_num_blocks(N), grain, [&](int64_t b0, int64_t b1) {
-    rowwise_linear_q8_blocks(X, M, K, Q, S, N, O, b0, b1);
+  over_row_chunks(M, K, N, 1, [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    rowwise_linear_q8_blocks(X + m0 * K, rows, K, Q, S, N, O + m0 * N, b0, b1);
   });
   return out;
 }

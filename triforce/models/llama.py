@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Sequence
 
 import torch
@@ -25,11 +26,13 @@ from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 __all__ = ["Llama"]
 
 
-# Up to this many rows, CPU float32/bfloat16 linears use the streaming kernel (and DecoderLayer its fused
-# path). Since the kernel's many-row loop stopped being load-bound (docs/model.md, "Many rows") it beats
-# torch's GEMM up to 128 rows on one AMD EPYC core: float32 1.05-1.42x over SmolLM2's MLP matrices and
-# 1.26-1.75x over its LM head at 16-128 rows; a SmolLM2 forward of 36-100 rows 1.12-1.36x faster in
-# float32 and 1.02-1.20x in bfloat16 than with 32. Prefill chunks (256 rows) stay with the GEMM.
+# CPU float32/bfloat16/float16 linears run the row-independent streaming kernel at every row count, so
+# a verification pass of any size computes each row's projections with the bits of a one-token step
+# (docs/model.md, "Every row count"). Two places stop at this many rows: DecoderLayer's fused path and
+# the prefill's linears (a prefill chunk's rows are never compared with a step's, and above it torch's
+# GEMM is the faster: bfloat16 1.2-1.4x the kernel's speed at 256-8192 rows on AMD EPYC; float32 within
+# +-10%). Below it the kernel is the faster one: on one AMD EPYC core float32 1.05-1.42x torch's GEMM over
+# SmolLM2's MLP matrices and 1.26-1.75x over its LM head at 16-128 rows (docs/model.md, "Many rows").
 ROWWISE_MAX_ROWS = 128
 _ROWWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # Linear's streaming kernel
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)  # DecoderLayer's fused path (csrc/cpu/decoder.cpp)
@@ -101,18 +104,33 @@ def _fused_available() -> bool:
 _FUSED = None
 
 
+_PREFILL = threading.local()  # .active: inside Llama.prefill on this thread
+
+
+@contextlib.contextmanager
+def _prefill_linears():
+    """Within it, :class:`Linear` hands products of more than ``ROWWISE_MAX_ROWS`` rows to torch's GEMM."""
+    before = getattr(_PREFILL, "active", False)
+    _PREFILL.active = True
+    try:
+        yield
+    finally:
+        _PREFILL.active = before
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state-dict keys) whose CPU forward on at most
-    ``ROWWISE_MAX_ROWS`` rows, float32, bfloat16 or float16 (input and weight alike), without autograd, runs
-    ``triforce_C::rowwise_linear`` (csrc/include/triforce/linear.h): the weights are streamed once
-    whatever the row count, so verifying a few tokens costs little more than one token, and each row's
-    result is bitwise the 1-row result (a verification pass computes the same projections as an
-    autoregressive step). Everything else goes to ``F.linear``."""
+    """``nn.Linear`` (same parameters, same state-dict keys) whose CPU forward in float32, bfloat16 or
+    float16 (input and weight alike), without autograd, runs ``triforce_C::rowwise_linear``
+    (csrc/include/triforce/linear.h) at every row count: the weights are streamed once per 256 rows, so
+    verifying a few tokens costs little more than one token, and each row's result is bitwise the 1-row
+    result (a verification pass of any size computes the same projections as an autoregressive step).
+    Inside :meth:`Llama.prefill`, products of more than ``ROWWISE_MAX_ROWS`` rows go to ``F.linear``
+    (faster there); so does everything else."""
 
     def forward(self, x):
         w, b = self.weight, self.bias
-        if (x.device.type == "cpu" and x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype
-                and x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] and x.numel() > 0
+        if (x.device.type == "cpu" and x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype and x.numel() > 0
+                and (x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] or not getattr(_PREFILL, "active", False))
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                                       or (b is not None and b.requires_grad)))
                 and _rowwise_available()):
@@ -432,15 +450,16 @@ class Llama(nn.Module):
         B, P = ids.shape
         lens_dev = lens.to(self.device)
         last = torch.zeros(B, self.config.hidden_size, device=self.device, dtype=self.dtype)
-        for s in range(0, P, chunk_size):
-            chunk = ids[:, s: s + chunk_size]
-            T = chunk.shape[1]
-            qi = lens_dev - 1 - s
-            valid = (qi >= 0) & (qi < T)
-            qi = qi.clamp(0, T - 1)
-            counts = (lens_dev - s).clamp(0, T).to(torch.int32)
-            h = self._hidden(chunk, cache, counts=counts, query_index=qi, query_valid=valid)
-            last = torch.where(valid[:, None], h[torch.arange(B, device=self.device), qi], last)
+        with _prefill_linears():
+            for s in range(0, P, chunk_size):
+                chunk = ids[:, s: s + chunk_size]
+                T = chunk.shape[1]
+                qi = lens_dev - 1 - s
+                valid = (qi >= 0) & (qi < T)
+                qi = qi.clamp(0, T - 1)
+                counts = (lens_dev - s).clamp(0, T).to(torch.int32)
+                h = self._hidden(chunk, cache, counts=counts, query_index=qi, query_valid=valid)
+                last = torch.where(valid[:, None], h[torch.arange(B, device=self.device), qi], last)
         return self._logits(last)
 
     # ---- validation

@@ -1,5 +1,6 @@
-// rowwise_linear on the CPU: out = x @ w^T for a few rows of x (the model layer's decode and
-// verification steps). Torch-free; csrc/cpu/linear.cpp wraps it for ATen.
+// rowwise_linear on the CPU: out = x @ w^T, built for a few rows of x (the model layer's decode and
+// verification steps) and used at any row count outside a prefill, for its row independence (below).
+// Torch-free; csrc/cpu/linear.cpp wraps it for ATen.
 //
 // Why: MKL's sgemm packs the weight panel for every M >= 2, so a 2..16-row product costs 1.5-2x a
 // 1-row product although it reads the same weights; speculative verification (T tokens in one pass)
@@ -14,8 +15,11 @@
 // the weight rows are split among threads: its accumulator is lane l += x[m, k] * w[n, k] over
 // k = l (mod 16) in increasing k (bf16 with AVX512_BF16: pairs k = 2l, 2l + 1 (mod 32) per dpbf16),
 // and hsum16_avx512 reduces each of its 16 slots by the same tree, whichever slot. So row m of a
-// many-row product is bitwise the 1-row product of x[m]: a verification pass computes exactly the
-// projections an autoregressive step computes for the same token.
+// many-row product is bitwise the 1-row product of x[m]: a verification pass of any size computes
+// exactly the projections an autoregressive step computes for the same token. The price at many rows is
+// one horizontal reduction per output: against torch's GEMM (which keeps outputs in lanes) float32 is
+// within +-10% from 256 rows on, bfloat16 (whose dot product does twice the work per instruction, so the
+// reduction weighs twice as much) 0.7-0.9x (docs/model.md, "Every row count").
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -38,6 +42,11 @@ constexpr int64_t NR = 6;  // weight rows per block (one contiguous span of NR *
 constexpr int64_t NR = 4;  // portable path: one 4-row dot loop, as the previous kernel (4 + 2 measured slower on AVX2)
 #endif
 constexpr int64_t MR = 4;  // x rows per register block
+// The op (csrc/cpu/linear.cpp) runs x in chunks of this many rows, each against every weight block. A
+// block's pass re-reads the chunk's rows of x; all of x would fall out of the caches at prefill sizes
+// (SmolLM2 float32, 2 threads, AMD EPYC: 0.45x torch's GEMM at 8192 rows unchunked, 0.87-1.15x in chunks
+// of 128-512). Up to 256 rows, one chunk: the weights are read once. Chunking never changes a bit.
+constexpr int64_t kRowChunk = 256;
 // Software prefetch (to L2) of the block this many blocks ahead: without it the NR interleaved row
 // streams of a block read at ~14 GB/s on one core, against ~24 GB/s for one sequential stream (the
 // hardware prefetcher tracks them poorly); with it M = 1 reads at ~25 GB/s.
