@@ -30,8 +30,8 @@ __all__ = ["Llama"]
 # a verification pass of any size computes each row's projections with the bits of a one-token step
 # (docs/model.md, "Every row count"). Two places stop at this many rows: DecoderLayer's fused path and
 # the prefill's linears (a prefill chunk's rows are never compared with a step's, and above it torch's
-# GEMM is the faster: bfloat16 1.2-1.4x the kernel's speed at 256-8192 rows on AMD EPYC; float32 within
-# +-10%). Below it the kernel is the faster one: on one AMD EPYC core float32 1.05-1.42x torch's GEMM over
+# GEMM is the faster: bfloat16 1.15-1.5x the kernel's speed at 256-4096 rows on 2 AMD EPYC threads,
+# float32 within 7%). Below it the kernel is the faster one: on one AMD EPYC core float32 1.05-1.42x torch's GEMM over
 # SmolLM2's MLP matrices and 1.26-1.75x over its LM head at 16-128 rows (docs/model.md, "Many rows").
 ROWWISE_MAX_ROWS = 128
 _ROWWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # Linear's streaming kernel
