@@ -7,15 +7,16 @@ Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 
 cache of ``ctx`` tokens, float32 (the target) and bfloat16 (the default draft copy).
 
 ``--many-rows``: verification passes of more rows than the fused layer takes (batch 32 and 64, T = 5,
-``ctx`` 500): the modules with their linears on the row-independent kernel (what every forward outside a
-prefill runs, bitwise a one-token step's rows) against the same modules with torch's GEMM (what a
-prefill's chunks of more than ``ROWWISE_MAX_ROWS`` rows take), in turns. Bytes = the
-weights read once (every linear layer and the LM head) + the KV cache read + the step's keys and
-values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the linear
-layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer (attention);
-the compute ceiling is a matmul in the model's dtype measured in the same run.
+``ctx`` 500): the modules with their linears on the row-independent kernel (what every forward that
+extends a cache runs, bitwise a one-token step's rows) against the same modules with torch's GEMM (what
+a prefill's chunks of more than ``ROWWISE_MAX_ROWS`` rows take), in turns.
 
-    python -m bench.bench_decoder [--quick] [--threads N] [--dtype float32|bfloat16|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+Bytes = the weights read once (every linear layer and the LM head) + the KV cache read + the step's keys
+and values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the
+linear layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer
+(attention); the compute ceiling is a matmul in the model's dtype measured in the same run.
+
+    python -m bench.bench_decoder [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 
@@ -70,7 +71,7 @@ def main():
 
             def run_linears(gemm):  # the prefill's rule (torch's GEMM above ROWWISE_MAX_ROWS rows) or not
                 def f():
-                    llama_mod._PREFILL.active = gemm
+                    llama_mod._BULK.active = gemm
                     step()
                 return f
 
@@ -85,7 +86,7 @@ def main():
                     t = measure_alternating({"gemm": run_linears(True), "kernel": run_linears(False)},
                                             reps=4 if a.quick else 10)
                 finally:
-                    llama_mod._PREFILL.active = False
+                    llama_mod._BULK.active = False
                 record(family="model", op="model_step", backend="torch_gemm", shape=shape, dtype=name,
                        bytes_moved=nbytes, timing=t["gemm"], bandwidth=bw, flops=flops, peak=peak)
                 record(family="model", op="model_step", backend="cpu", shape=shape, dtype=name, bytes_moved=nbytes,

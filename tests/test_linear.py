@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from triforce.models import Llama, LlamaConfig
-from triforce.models.llama import ROWWISE_MAX_ROWS, Linear, _prefill_linears, _rowwise_available
+from triforce.models import FullCache, Llama, LlamaConfig
+from triforce.models.llama import ROWWISE_MAX_ROWS, Linear, _bulk_linears, _rowwise_available
 
 from .helpers import assert_close_measured
 
@@ -180,7 +180,7 @@ def test_linear_module_paths(monkeypatch):
         assert calls == [(6, 16)]
         lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # many rows: the kernel too
         assert calls == [(6, 16), (ROWWISE_MAX_ROWS + 1, 16)]
-        with _prefill_linears():  # a prefill's many rows: torch's GEMM; its few rows: the kernel
+        with _bulk_linears():  # a prefill's many rows: torch's GEMM; its few rows: the kernel
             xp = torch.randn(ROWWISE_MAX_ROWS + 1, 16)
             torch.testing.assert_close(lin(xp), F.linear(xp, lin.weight), rtol=0, atol=0)
             lin(torch.randn(ROWWISE_MAX_ROWS, 16))
@@ -198,6 +198,30 @@ def test_linear_module_paths(monkeypatch):
     y = lin(torch.randn(2, 16, requires_grad=True))  # autograd: torch's linear, gradients flow
     y.sum().backward()
     assert len(calls) == 5 and lin.weight.grad is not None
+
+
+def test_only_cached_forwards_take_the_kernel_above_max_rows(monkeypatch):
+    """A prefill's chunks and a forward without a cache hand products of more than ROWWISE_MAX_ROWS rows
+    to torch's GEMM (their rows are never compared with a step's); a forward that extends a cache runs
+    the kernel at any row count (a verification pass, bitwise a step's rows)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    m = Llama(cfg).eval()
+    rows = []
+    real = torch.ops.triforce_C.rowwise_linear
+    monkeypatch.setattr(torch.ops.triforce_C, "rowwise_linear", lambda x, w: rows.append(x.shape[0]) or real(x, w),
+                        raising=False)
+    many = ROWWISE_MAX_ROWS + 72
+    with torch.no_grad():
+        m(torch.randint(0, 100, (1, many)))
+        assert rows == []
+        cache = FullCache(cfg, 2, 2 * many)
+        m.prefill(torch.randint(0, 100, (2, many)), cache, chunk_size=many)
+        assert rows == [2]  # the chunk's projections: the GEMM; the logits of the 2 last tokens: the kernel
+        rows.clear()
+        m(torch.randint(0, 100, (2, many)), cache=cache)
+        assert len(rows) == 7 * 2 + 1 and set(rows) == {2 * many}
 
 
 def test_model_logits_match_torch_linear(monkeypatch):

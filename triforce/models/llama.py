@@ -28,11 +28,12 @@ __all__ = ["Llama"]
 
 # CPU float32/bfloat16/float16 linears run the row-independent streaming kernel at every row count, so
 # a verification pass of any size computes each row's projections with the bits of a one-token step
-# (docs/model.md, "Every row count"). Two places stop at this many rows: DecoderLayer's fused path and
-# the prefill's linears (a prefill chunk's rows are never compared with a step's, and above it torch's
-# GEMM is the faster: bfloat16 1.15-1.5x the kernel's speed at 256-4096 rows on 2 AMD EPYC threads,
-# float32 within 7%). Below it the kernel is the faster one: on one AMD EPYC core float32 1.05-1.42x torch's GEMM over
-# SmolLM2's MLP matrices and 1.26-1.75x over its LM head at 16-128 rows (docs/model.md, "Many rows").
+# (docs/model.md, "Every row count"). Two places stop at this many rows: DecoderLayer's fused path, and
+# the linears of a prefill or of a forward without a cache (their rows are never compared with a
+# step's, and above this torch's GEMM is the faster: bfloat16 1.15-1.5x the kernel's speed at 256-4096
+# rows on 2 AMD EPYC threads, float32 within 7%). Below it the kernel is the faster one: on one AMD EPYC
+# core float32 1.05-1.42x torch's GEMM over SmolLM2's MLP matrices and 1.26-1.75x over its LM head at
+# 16-128 rows (docs/model.md, "Many rows").
 ROWWISE_MAX_ROWS = 128
 _ROWWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # Linear's streaming kernel
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)  # DecoderLayer's fused path (csrc/cpu/decoder.cpp)
@@ -104,18 +105,20 @@ def _fused_available() -> bool:
 _FUSED = None
 
 
-_PREFILL = threading.local()  # .active: inside Llama.prefill on this thread
+_BULK = threading.local()  # .active: inside Llama.prefill or a forward without a cache, on this thread
 
 
 @contextlib.contextmanager
-def _prefill_linears():
-    """Within it, :class:`Linear` hands products of more than ``ROWWISE_MAX_ROWS`` rows to torch's GEMM."""
-    before = getattr(_PREFILL, "active", False)
-    _PREFILL.active = True
+def _bulk_linears():
+    """Within it, :class:`Linear` hands products of more than ``ROWWISE_MAX_ROWS`` rows to torch's GEMM:
+    forwards whose rows are never compared with a one-token step's (a prefill's chunks, a forward
+    without a cache)."""
+    before = getattr(_BULK, "active", False)
+    _BULK.active = True
     try:
         yield
     finally:
-        _PREFILL.active = before
+        _BULK.active = before
 
 
 class Linear(nn.Linear):
@@ -124,13 +127,13 @@ class Linear(nn.Linear):
     (csrc/include/triforce/linear.h) at every row count: the weights are streamed once per 256 rows, so
     verifying a few tokens costs little more than one token, and each row's result is bitwise the 1-row
     result (a verification pass of any size computes the same projections as an autoregressive step).
-    Inside :meth:`Llama.prefill`, products of more than ``ROWWISE_MAX_ROWS`` rows go to ``F.linear``
-    (faster there); so does everything else."""
+    In :meth:`Llama.prefill` and in a forward without a cache, products of more than ``ROWWISE_MAX_ROWS``
+    rows go to ``F.linear`` (faster there); so does everything else."""
 
     def forward(self, x):
         w, b = self.weight, self.bias
         if (x.device.type == "cpu" and x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype and x.numel() > 0
-                and (x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] or not getattr(_PREFILL, "active", False))
+                and (x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] or not getattr(_BULK, "active", False))
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                                       or (b is not None and b.requires_grad)))
                 and _rowwise_available()):
@@ -367,7 +370,8 @@ class Llama(nn.Module):
         """float32 logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` (see the class docstring)."""
         self._check_forward(input_ids, cache, tree_parents)
         if cache is None:
-            return self._logits(self._hidden(input_ids))
+            with _bulk_linears():
+                return self._logits(self._hidden(input_ids))
         with torch.no_grad():  # cache writes must never join an autograd graph (memory would grow)
             return self._logits(self._hidden(input_ids, cache, tree_parents))
 
@@ -450,7 +454,7 @@ class Llama(nn.Module):
         B, P = ids.shape
         lens_dev = lens.to(self.device)
         last = torch.zeros(B, self.config.hidden_size, device=self.device, dtype=self.dtype)
-        with _prefill_linears():
+        with _bulk_linears():
             for s in range(0, P, chunk_size):
                 chunk = ids[:, s: s + chunk_size]
                 T = chunk.shape[1]
