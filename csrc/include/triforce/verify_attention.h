@@ -368,7 +368,10 @@ inline float exp_row(float* sr, float m) {
 inline void softmax_update_rows(float* s, int64_t n, int64_t R, float* m, float* l, float* acc, int64_t D) {
   for (int64_t r0 = 0; r0 < R; r0 += 16) {
     const int64_t rn = std::min<int64_t>(16, R - r0);
-    float m_new[16], diff[16] = {}, alpha[16];
+    // alignas(64), stated: GCC's vectoriser otherwise over-aligns diff late (its zero-fill is one aligned
+    // 64-byte store), after AddressSanitizer has placed the frame on its fake stack (32-byte aligned under
+    // detect_stack_use_after_return=1), and the store faults there. Declared, the frame stays off it.
+    alignas(64) float m_new[16], diff[16] = {}, alpha[16];
     for (int64_t i = 0; i < rn; ++i) {
       float* sr = s + (r0 + i) * KT;
       mask_pad(sr, n);
