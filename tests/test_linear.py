@@ -185,19 +185,19 @@ def test_linear_module_paths(monkeypatch):
             torch.testing.assert_close(lin(xp), F.linear(xp, lin.weight), rtol=0, atol=0)
             lin(torch.randn(ROWWISE_MAX_ROWS, 16))
         assert calls == [(6, 16), (ROWWISE_MAX_ROWS + 1, 16), (ROWWISE_MAX_ROWS, 16)]
-        lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # the prefill's rule ends with it
-        calls[3:] = []
+        lin(torch.randn(ROWWISE_MAX_ROWS + 1, 16))  # the prefill's rule ends with the block
+        assert len(calls) == 4 and calls[3] == (ROWWISE_MAX_ROWS + 1, 16)
         lin.to(torch.float64)(torch.randn(2, 16, dtype=torch.float64))  # not float32 / bfloat16 / float16
-        assert len(calls) == 3
+        assert len(calls) == 4
         xb = torch.randn(2, 16, dtype=torch.bfloat16)
         torch.testing.assert_close(lin.to(torch.bfloat16)(xb), F.linear(xb, lin.weight))  # the kernel
         xh = torch.randn(2, 16, dtype=torch.float16)
         torch.testing.assert_close(lin.to(torch.float16)(xh), F.linear(xh, lin.weight))  # the kernel
-        assert calls[3:] == [(2, 16), (2, 16)]
+        assert calls[4:] == [(2, 16), (2, 16)]
     lin.float()
     y = lin(torch.randn(2, 16, requires_grad=True))  # autograd: torch's linear, gradients flow
     y.sum().backward()
-    assert len(calls) == 5 and lin.weight.grad is not None
+    assert len(calls) == 6 and lin.weight.grad is not None
 
 
 def test_only_cached_forwards_take_the_kernel_above_max_rows(monkeypatch):

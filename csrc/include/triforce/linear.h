@@ -1,5 +1,6 @@
 // rowwise_linear on the CPU: out = x @ w^T, built for a few rows of x (the model layer's decode and
-// verification steps) and used at any row count outside a prefill, for its row independence (below).
+// verification steps) and used at any row count by every forward that extends a KV cache, for its row
+// independence (below).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen.
 //
 // Why: MKL's sgemm packs the weight panel for every M >= 2, so a 2..16-row product costs 1.5-2x a
