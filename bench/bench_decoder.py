@@ -19,6 +19,7 @@ linear layers' weights (the LM head included) + 4 x head_dim per query head, vis
     python -m bench.bench_decoder [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
+import contextlib
 
 import torch
 
@@ -71,8 +72,8 @@ def main():
 
             def run_linears(gemm):  # the prefill's rule (torch's GEMM above ROWWISE_MAX_ROWS rows) or not
                 def f():
-                    llama_mod._BULK.active = gemm
-                    step()
+                    with llama_mod._bulk_linears() if gemm else contextlib.nullcontext():
+                        step()
                 return f
 
             kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
@@ -82,11 +83,8 @@ def main():
             shape = f"model=smollm2,B={B},ctx={ctx},T={T}"
             if a.many_rows:
                 assert B * T > llama_mod.ROWWISE_MAX_ROWS
-                try:
-                    t = measure_alternating({"gemm": run_linears(True), "kernel": run_linears(False)},
-                                            reps=4 if a.quick else 10)
-                finally:
-                    llama_mod._BULK.active = False
+                t = measure_alternating({"gemm": run_linears(True), "kernel": run_linears(False)},
+                                        reps=4 if a.quick else 10)
                 record(family="model", op="model_step", backend="torch_gemm", shape=shape, dtype=name,
                        bytes_moved=nbytes, timing=t["gemm"], bandwidth=bw, flops=flops, peak=peak)
                 record(family="model", op="model_step", backend="cpu", shape=shape, dtype=name, bytes_moved=nbytes,

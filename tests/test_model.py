@@ -147,8 +147,8 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_pass_of_many_rows_gives_the_bits_of_one_token_steps(dtype):
     """As above for a pass of 30 x 9 = 270 rows: more than a fused layer takes (``ROWWISE_MAX_ROWS``),
-    and more than one chunk of the linear kernel's rows (256). torch's GEMM, which served such passes
-    before, rounds some rows differently from a one-token step; the prefill's chunks still take it."""
+    and more than one chunk of the linear kernel's rows (256). With torch's GEMM on such a pass (what a
+    prefill's chunks take) some rows round differently from a one-token step, in each dtype."""
     model = tiny_model(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256).to(dtype)
     B, T = 30, 9
     prompt = torch.randint(0, 101, (B, 40))

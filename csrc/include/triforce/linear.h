@@ -17,10 +17,9 @@
 // k = l (mod 16) in increasing k (bf16 with AVX512_BF16: pairs k = 2l, 2l + 1 (mod 32) per dpbf16),
 // and hsum16_avx512 reduces each of its 16 slots by the same tree, whichever slot. So row m of a
 // many-row product is bitwise the 1-row product of x[m]: a verification pass of any size computes
-// exactly the projections an autoregressive step computes for the same token. The price at many rows is
-// one horizontal reduction per output: against torch's GEMM (which keeps outputs in lanes) float32 is
-// within +-10% from 256 rows on, bfloat16 (whose dot product does twice the work per instruction, so the
-// reduction weighs twice as much) 0.7-0.9x (docs/model.md, "Every row count").
+// exactly the projections an autoregressive step computes for the same token. At many rows, against
+// torch's GEMM (which keeps outputs in lanes and needs no horizontal reduction), float32 is within +-10%
+// from 256 rows on and bfloat16 0.7-0.9x (docs/model.md, "Every row count").
 #pragma once
 #include <algorithm>
 #include <cstdint>
