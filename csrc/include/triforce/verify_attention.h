@@ -13,8 +13,9 @@
 // One tile (attend_range): scores (scores_keys | scores_lanes | scores_dot_avx512 | scores_tile) ->
 // softmax_update_rows (or the lanes softmax) -> pv_tile. Each step is a small function; where
 // an AVX-512 version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
-// bf16 caches on a CPU with AVX512_BF16 score with the bf16 dot product (scores_dot_avx512 on the raw
-// bf16 queries against the keys in place, at any number of rows); P V stays in fp32.
+// bf16 caches on a CPU with AVX512_BF16 take the bf16 dot product twice: the scores (scores_dot_avx512 on
+// the raw bf16 queries against the keys in place, at any number of rows) and P V (pv_tile_dpbf16: the
+// weights rounded to bf16, two keys per instruction, fp32 accumulators).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -481,6 +482,87 @@ inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt
   }
 }
 
+#if defined(__AVX512BF16__)
+// bf16 values on the bf16 dot-product path (kDotBf16): acc [R][D] += P V with P rounded to bf16 (round to
+// nearest even, as flash-attention's P V matmul takes it) and each vdpbf16ps multiplying two keys at once:
+// lane i of an operand holds (V[j][d], V[j + 1][d]) for one dim d, the other holds (P[r][j], P[r][j + 1])
+// in every lane, so one instruction adds two exact products into 16 fp32 dims. Against widening V to fp32
+// (pv_rows_avx512: per key and 64 dims 4 conversions, 4 shifts and 4 * ROWS multiply-adds), a pair of keys
+// costs 4 loads, 4 interleaves and 4 * ROWS dot products per 64 dims: half the arithmetic per key.
+// The interleave (vpunpck{l,h}wd) works within 128-bit lanes, so the accumulators hold a 64-dim block in
+// a fixed permutation (pv_pair_load / pv_pair_store convert at the tile's start and end). An odd last key
+// pairs with zeros: a row past the tile is never read. Every row of every pass on this path takes the
+// same instructions in the same order (a key pair per step, 2j and 2j + 1 always paired), so a row's
+// result still depends only on the keys it sees.
+//
+// Natural dims d0 .. d0 + 31 <-> the two accumulators of a 32-dim half: lo lane 4q + m = dim 8q + m,
+// hi lane 4q + m = dim 8q + 4 + m (q = 0..3, m = 0..3).
+inline void pv_pair_load(const float* src, __m512& lo, __m512& hi) {
+  const __m512i ilo = _mm512_set_epi32(27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
+  const __m512i ihi = _mm512_set_epi32(31, 30, 29, 28, 23, 22, 21, 20, 15, 14, 13, 12, 7, 6, 5, 4);
+  const __m512 n0 = _mm512_loadu_ps(src), n1 = _mm512_loadu_ps(src + 16);
+  lo = _mm512_permutex2var_ps(n0, ilo, n1);
+  hi = _mm512_permutex2var_ps(n0, ihi, n1);
+}
+inline void pv_pair_store(float* dst, __m512 lo, __m512 hi) {
+  const __m512i i0 = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+  const __m512i i1 = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+  _mm512_storeu_ps(dst, _mm512_permutex2var_ps(lo, i0, hi));
+  _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(lo, i1, hi));
+}
+
+template <int ROWS>
+inline void pv_rows_dpbf16(const float* s, int64_t n, int64_t D, const bf16* vt, int64_t vs, float* acc) {
+  static_assert(ROWS >= 1 && ROWS <= 4, "16 accumulators at most");
+  static_assert(KT == 32, "one conversion of a row's weights");
+  alignas(64) uint32_t pp[ROWS][KT / 2];  // row r's weights as bf16 pairs (P[2i], P[2i + 1])
+  for (int i = 0; i < ROWS; ++i)
+    _mm512_store_si512(pp[i], (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + i * KT + 16),
+                                                            _mm512_loadu_ps(s + i * KT)));
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m512 a[ROWS][4];  // per row: dims d0..d0+31 (lo, hi), d0+32..d0+63 (lo, hi)
+    for (int i = 0; i < ROWS; ++i) {
+      pv_pair_load(acc + i * D + d0, a[i][0], a[i][1]);
+      pv_pair_load(acc + i * D + d0 + 32, a[i][2], a[i][3]);
+    }
+    for (int64_t j = 0; j < n; j += 2) {
+      const bf16* v0 = vt + j * vs + d0;
+      const __m512i x0 = _mm512_loadu_si512(v0), x1 = _mm512_loadu_si512(v0 + 32);
+      const bool pair = j + 1 < n;
+      const __m512i y0 = pair ? _mm512_loadu_si512(v0 + vs) : zero;
+      const __m512i y1 = pair ? _mm512_loadu_si512(v0 + vs + 32) : zero;
+      const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi16(x0, y0), w1 = (__m512bh)_mm512_unpackhi_epi16(x0, y0);
+      const __m512bh w2 = (__m512bh)_mm512_unpacklo_epi16(x1, y1), w3 = (__m512bh)_mm512_unpackhi_epi16(x1, y1);
+      for (int i = 0; i < ROWS; ++i) {
+        const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[i][j / 2]));
+        a[i][0] = _mm512_dpbf16_ps(a[i][0], w0, p);
+        a[i][1] = _mm512_dpbf16_ps(a[i][1], w1, p);
+        a[i][2] = _mm512_dpbf16_ps(a[i][2], w2, p);
+        a[i][3] = _mm512_dpbf16_ps(a[i][3], w3, p);
+      }
+    }
+    for (int i = 0; i < ROWS; ++i) {
+      pv_pair_store(acc + i * D + d0, a[i][0], a[i][1]);
+      pv_pair_store(acc + i * D + d0 + 32, a[i][2], a[i][3]);
+    }
+  }
+}
+
+// pv_rows_dpbf16 over R rows: blocks of 4, then the last 1-3 together (D % 64 == 0).
+inline void pv_tile_dpbf16(const float* s, int64_t R, int64_t n, int64_t D, const bf16* vt, int64_t vs,
+                           float* acc) {
+  int64_t r0 = 0;
+  for (; r0 + 4 <= R; r0 += 4) pv_rows_dpbf16<4>(s + r0 * KT, n, D, vt, vs, acc + r0 * D);
+  switch (R - r0) {
+    case 3: pv_rows_dpbf16<3>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
+    case 2: pv_rows_dpbf16<2>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
+    case 1: pv_rows_dpbf16<1>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
+    default: break;
+  }
+}
+#endif
+
 // ---- rows in lanes: verification widths (R = T * g of kLanesMinR..kLanesMaxR rows), fp32 keys -----------
 //
 // Lane r % 16 of vector r / 16 holds query row r, so the score of key j for all rows is NV vectors
@@ -666,10 +748,13 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
         continue;
       }
 #endif
-    // Pads, online softmax, then P V from the value rows vr (vs apart).
-    auto softmax_pv = [&](const auto* vr, int64_t vs) {
+    // Pads and online softmax; softmax_pv then adds P V from the value rows vr (vs apart).
+    auto softmax = [&] {
       if (rows) rows->step();  // the second half of this tile's share, between the scores and P V
       softmax_update_rows(s, n, R, m, l, acc, D);
+    };
+    auto softmax_pv = [&](const auto* vr, int64_t vs) {
+      softmax();
       pv_tile(s, R, n, D, vr, vs, acc);
     };
     switch (path) {
@@ -684,7 +769,8 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
 #if defined(__AVX512BF16__)
         if constexpr (std::is_same_v<T, bf16>) {
           scores_dot_avx512(qb, R, D, k + p0 * skn, skn, n, s, scale);
-          softmax_pv(v + p0 * svn, svn);
+          softmax();
+          pv_tile_dpbf16(s, R, n, D, v + p0 * svn, svn, acc);
         }
 #endif
         break;
