@@ -445,6 +445,20 @@ inline void pv_rows_avx512(const float* s, int64_t rp, int64_t n, int64_t D, con
 }
 #endif
 
+// The P V register blocks over R rows: f(std::integral_constant<int, ROWS>, first row) for blocks of 4
+// rows, then once for the last 1-3 rows together.
+template <typename F>
+inline void row_blocks(int64_t R, F&& f) {
+  int64_t r0 = 0;
+  for (; r0 + 4 <= R; r0 += 4) f(std::integral_constant<int, 4>{}, r0);
+  switch (R - r0) {
+    case 3: f(std::integral_constant<int, 3>{}, r0); break;
+    case 2: f(std::integral_constant<int, 2>{}, r0); break;
+    case 1: f(std::integral_constant<int, 1>{}, r0); break;
+    default: break;
+  }
+}
+
 // acc [R][D] += P [R][n] V [n][D] (value j at vt + j * vs, fp32 or, on the AVX-512 path, the cache's
 // bf16/fp16): blocks of 4 rows, then the last 1-3 rows together (AVX-512, D % 64 == 0); otherwise row
 // by row (fp32 only: attend_range converts other types into a tile first). P [r][j] at s[r * KT + j], or
@@ -458,13 +472,9 @@ inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt
     auto blocks = [&](auto lanes) {
       constexpr bool L = decltype(lanes)::value;
       const int64_t srs = L ? 1 : KT;
-      for (; r0 + 4 <= R; r0 += 4) pv_rows_avx512<4, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D);
-      switch (R - r0) {
-        case 3: pv_rows_avx512<3, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D); break;
-        case 2: pv_rows_avx512<2, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D); break;
-        case 1: pv_rows_avx512<1, E, L>(s + r0 * srs, rp, n, D, vt, vs, acc + r0 * D); break;
-        default: break;
-      }
+      row_blocks(R, [&](auto rows, int64_t r) {
+        pv_rows_avx512<decltype(rows)::value, E, L>(s + r * srs, rp, n, D, vt, vs, acc + r * D);
+      });
     };
     if (rp)
       blocks(std::true_type{});
@@ -552,14 +562,9 @@ inline void pv_rows_dpbf16(const float* s, int64_t n, int64_t D, const bf16* vt,
 // pv_rows_dpbf16 over R rows: blocks of 4, then the last 1-3 together (D % 64 == 0).
 inline void pv_tile_dpbf16(const float* s, int64_t R, int64_t n, int64_t D, const bf16* vt, int64_t vs,
                            float* acc) {
-  int64_t r0 = 0;
-  for (; r0 + 4 <= R; r0 += 4) pv_rows_dpbf16<4>(s + r0 * KT, n, D, vt, vs, acc + r0 * D);
-  switch (R - r0) {
-    case 3: pv_rows_dpbf16<3>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
-    case 2: pv_rows_dpbf16<2>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
-    case 1: pv_rows_dpbf16<1>(s + r0 * KT, n, D, vt, vs, acc + r0 * D); break;
-    default: break;
-  }
+  row_blocks(R, [&](auto rows, int64_t r) {
+    pv_rows_dpbf16<decltype(rows)::value>(s + r * KT, n, D, vt, vs, acc + r * D);
+  });
 }
 #endif
 
