@@ -115,6 +115,33 @@ def test_int8_copy(monkeypatch):
     assert_bitwise(run(model, False, monkeypatch), run(model, True, monkeypatch))
 
 
+WIDE = {  # SmolLM2-135M's layer widths, and odd ones (a width that is not a power of two: the norm's mean)
+    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3),
+    "odd": dict(hidden_size=100, intermediate_size=33, num_attention_heads=5, num_key_value_heads=1),
+}
+
+
+@pytest.mark.parametrize("width", list(WIDE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])
+@pytest.mark.parametrize("scale", [1e-3, 40.0])
+def test_widths_and_magnitudes(width, dtype, scale, monkeypatch):
+    """The fused calls' elementwise loops (csrc/cpu/decoder.cpp) round as ATen's ops at real widths and at
+    small and large hidden states: a norm's mean over 576 or 100 values, 1 / sqrt, the residual adds and
+    SiLU(gate) * up give the modules' bits (hidden 64, a power of two, would hide a division done as a
+    multiplication by 1 / 64)."""
+    kw = {**BASE, **WIDE[width], "num_hidden_layers": 1}
+    torch.manual_seed(3)
+    model = Llama(LlamaConfig(**kw)).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(scale)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + torch.randn(p.shape) * 0.3)
+    model = int8_copy(model) if dtype == "int8" else model.to(dtype)
+    steps = ((1, None), (3, None), (4, "tree"))
+    assert_bitwise(run(model, False, monkeypatch, B=2, steps=steps), run(model, True, monkeypatch, B=2, steps=steps))
+
+
 class Spy:
     def __init__(self, real):
         self.real, self.calls = real, 0

@@ -7,24 +7,27 @@
 // (60 per layer) and the Python around them, not in its kernels. Here a layer costs two dispatches.
 //
 // Bitwise contract: each call computes exactly what the Python modules compute (RMSNorm, Linear on its
-// rowwise path, RoPE, SwiGLU MLP, residual adds), with the same ATen ops in the same order and the same
-// rowwise_linear / rowwise_linear_q8 kernels, so the outputs are bitwise those of the composite path
-// (tests/test_decoder.py checks it), and the row independence of the few-row kernels carries over.
+// rowwise path, RoPE, SwiGLU MLP, residual adds), with the same rowwise_linear / rowwise_linear_q8
+// kernels, so the outputs are bitwise those of the composite path (tests/test_decoder.py checks it), and
+// the row independence of the few-row kernels carries over. The reductions whose order is ATen's own
+// (the norms' sums of squares) and SiLU (ATen's vectorised exp) run as ATen ops; every elementwise step
+// around them (the squares, the mean's division, + eps, 1 / sqrt, the scalings, the residual adds,
+// SiLU(gate) * up, RoPE) is a plain loop that rounds each operation exactly as ATen's kernel does: IEEE
+// float arithmetic, bfloat16 results rounded to nearest even.
+//
+// Why the loops: an ATen elementwise op costs microseconds on a 576-element row, much of it in code
+// (TensorIterator) that the layer's weight stream evicts from the caches between two calls; a SmolLM2
+// layer ran ~20 of them per step, now 3 (docs/model.md, "Fused decoder layer on CPU").
 //
 // Files: csrc/cpu/decoder.cpp, tests/test_decoder.py, bench/bench_decoder.py; docs/model.md ("Fused
 // decoder layer on CPU").
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "../ops.h"
 
 namespace {
-
-// RMSNorm as triforce.models.llama.RMSNorm: fp32 statistics, weight applied in the input dtype.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  at::Tensor xf = x.to(at::kFloat);  // no copy for float32 (x.float())
-  xf = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
-  return w * xf.to(x.scalar_type());
-}
 
 // x [M, K] -> [M, N]: Linear's rowwise path (w float32/bfloat16 like x) or Q8Linear's (w int8 with
 // float32 scales, x float32); the bias added in place, as both modules do.
@@ -35,15 +38,87 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const std::optional
   return y;
 }
 
-// RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
-// rounded to the element type (bfloat16 arithmetic is float arithmetic rounded to nearest even, as
-// c10::BFloat16's operators do). No contraction into an FMA, which would round once instead of twice.
+// The elementwise loops round each operation on its own, as ATen's kernels do: no contraction of a
+// product and a sum into an FMA, which would round once instead of twice.
 #if defined(__GNUC__) && !defined(__clang__)
 #define TRIFORCE_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
 #else  // clang contracts only within one expression (-ffp-contract=on), and the products are statements
 #define TRIFORCE_NO_FP_CONTRACT
 #endif
 
+// The loops take float32 and bfloat16 tensors (the fused path's dtypes; c10::BFloat16 arithmetic is float
+// arithmetic rounded to nearest even); anything else runs the ATen composite.
+bool native_dtype(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
+
+template <typename S>
+inline float fl(S v) { return static_cast<float>(v); }
+
+template <typename S>
+TRIFORCE_NO_FP_CONTRACT void squares(const S* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = fl(x[i]) * fl(x[i]);
+}
+
+// Rows of RMSNorm given each row's sum of squares ss[m]: w * S(x * (1 / sqrt(ss / H + float(eps)))), the
+// mean's division, the scalar add, ATen's rsqrt (1 / sqrt, both correctly rounded), the product rounded
+// to S and the weight's product in S.
+template <typename S>
+TRIFORCE_NO_FP_CONTRACT void rms_norm_rows(const S* x, const S* w, const float* ss, float eps, S* out, int64_t M,
+                                           int64_t H) {
+  const float n = static_cast<float>(H);
+  for (int64_t m = 0; m < M; ++m) {
+    const float r = 1.f / std::sqrt(ss[m] / n + eps);
+    const S* xr = x + m * H;
+    S* o = out + m * H;
+    for (int64_t i = 0; i < H; ++i) o[i] = S(fl(w[i]) * fl(S(fl(xr[i]) * r)));
+  }
+}
+
+template <typename S>
+at::Tensor rms_norm_loops(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const int64_t H = x.size(-1);
+  at::Tensor sq = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  squares(x.const_data_ptr<S>(), sq.data_ptr<float>(), x.numel());
+  // mean(-1, keepdim=True)'s sum: ATen's reduction order, [..., 1] contiguous
+  const at::Tensor ss = at::sum(sq, {-1}, /*keepdim=*/true);
+  at::Tensor out = at::empty_like(x);
+  rms_norm_rows(x.const_data_ptr<S>(), w.const_data_ptr<S>(), ss.const_data_ptr<float>(), static_cast<float>(eps),
+                out.data_ptr<S>(), x.numel() / H, H);
+  return out;
+}
+
+// RMSNorm as triforce.models.llama.RMSNorm: fp32 statistics, weight applied in the input dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  if (!(native_dtype(x) && w.scalar_type() == x.scalar_type() && w.dim() == 1 && w.size(0) == x.size(-1) &&
+        x.size(-1) > 0)) {
+    at::Tensor xf = x.to(at::kFloat);  // no copy for float32 (x.float())
+    xf = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+    return w * xf.to(x.scalar_type());
+  }
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  return x.scalar_type() == at::kFloat ? rms_norm_loops<float>(xc, wc, eps) : rms_norm_loops<at::BFloat16>(xc, wc, eps);
+}
+
+// a + b or a * b, rounding as ATen's add / mul (each commutative bitwise). Where the loop applies the
+// result is written over a: callers pass a tensor of their own that nothing else holds.
+template <bool MUL, typename S>
+TRIFORCE_NO_FP_CONTRACT void combine_rows(S* a, const S* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = S(MUL ? fl(a[i]) * fl(b[i]) : fl(a[i]) + fl(b[i]));
+}
+
+template <bool MUL>
+at::Tensor combine(at::Tensor a, const at::Tensor& b) {
+  if (!(native_dtype(a) && b.scalar_type() == a.scalar_type() && a.is_contiguous() && b.sizes() == a.sizes()))
+    return MUL ? a * b : a + b;  // the ATen op (dtype promotion, broadcasting)
+  const at::Tensor bc = b.contiguous();
+  if (a.scalar_type() == at::kFloat)
+    combine_rows<MUL>(a.data_ptr<float>(), bc.const_data_ptr<float>(), a.numel());
+  else
+    combine_rows<MUL>(a.data_ptr<at::BFloat16>(), bc.const_data_ptr<at::BFloat16>(), a.numel());
+  return a;
+}
+
+// RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
+// rounded to the element type.
 template <typename S>
 TRIFORCE_NO_FP_CONTRACT void rope_rows(const S* x, const S* cos, const S* sin, S* out, int64_t rows, int64_t heads,
                                        int64_t D) {
@@ -132,11 +207,13 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
               "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
               attn.sizes());
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
+  // project's results are fresh tensors of this call; the residual adds and SiLU(gate) * up are written
+  // over them: h2 = o + h in o, SiLU(gate) * up in gate, down + h2 in down.
   const at::Tensor o = project(attn.reshape({B * T, -1}), ws[0], scales[0], bias[0]).view({B, T, -1});
-  const at::Tensor h2 = h + o;
+  const at::Tensor h2 = combine<false>(o, h);
   const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
-  const at::Tensor gate = project(x, ws[1], scales[1], bias[1]);
+  at::Tensor gate = project(x, ws[1], scales[1], bias[1]);
   const at::Tensor up = project(x, ws[2], scales[2], bias[2]);
-  const at::Tensor down = project(at::silu(gate) * up, ws[3], scales[3], bias[3]);
-  return h2 + down.view({B, T, -1});
+  const at::Tensor down = project(combine<true>(at::silu_(gate), up), ws[3], scales[3], bias[3]);
+  return combine<false>(down.view({B, T, -1}), h2);
 }
