@@ -153,7 +153,7 @@ def test_forced_prefix_splits(backend, num_splits):
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 def test_heads_walked_together(backend, num_splits):
     """Caches whose rows are >= 2 KB apart (here fp32, Hkv = 8, D = 64): the CPU kernel walks all KV heads
-    of a (batch, split) together in chunks of 128 keys; prefixes span several chunks, one ends inside one."""
+    of a (batch, split) together in chunks of 32 keys; prefixes span several chunks, one ends inside one."""
     dev = backend_device(backend)
     q, k, v, L, mask = make_inputs(2, 4, 16, 8, 64, [300, 129], 2, torch.float32, 7 + num_splits, dev, "tree")
     out, lse = implementation("verify_attention", backend)(q, k, v, L, mask, 0.125, num_splits=num_splits)
