@@ -1,7 +1,9 @@
 """Benchmark of one forward of the model layer on the CPU (SmolLM2-135M, the embedded model): the fused
-decoder layer (csrc/cpu/decoder.cpp, two native calls per layer around the KV cache) against its
-baseline, the same modules run one by one (``TRIFORCE_FUSED_LAYER=0``), in turns in one run. Both
-compute bitwise the same logits.
+decoder layer (csrc/cpu/decoder.cpp) against its baseline, the same modules run one by one
+(``TRIFORCE_FUSED_LAYER=0``), in turns in one run. The fused path runs as one native call for all layers
+and the cache's side of them (``decoder_layers``, backend ``cpu``) and, as a second variant, as two native
+calls per layer from Python around the cache's ``attend`` (``TRIFORCE_DECODER_LAYERS=0``, backend
+``cpu_per_layer``). All three compute bitwise the same logits.
 
 Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 1 and 4, over a full
 cache of ``ctx`` tokens, float32 (the target) and bfloat16 (the default draft copy).
@@ -64,9 +66,9 @@ def main():
                 cache.rollback(start)
                 return model(ids, cache=cache)
 
-            def run(fused):
+            def run(fused, stack=None):
                 def f():
-                    llama_mod._FUSED = fused
+                    llama_mod._FUSED, llama_mod._STACK = fused, stack
                     step()
                 return f
 
@@ -91,13 +93,15 @@ def main():
                        timing=t["kernel"], bandwidth=bw, flops=flops, peak=peak, baseline="torch_gemm",
                        baseline_timing=t["gemm"])
                 continue
-            t = measure_alternating({"modules": run(False), "fused": run(True)}, reps=8 if a.quick else 20)
-            llama_mod._FUSED = None  # back to the environment's choice
+            t = measure_alternating({"modules": run(False), "per_layer": run(True, False), "fused": run(True)},
+                                    reps=8 if a.quick else 20)
+            llama_mod._FUSED = llama_mod._STACK = None  # back to the environment's choice
             record(family="model", op="model_step", backend="modules", shape=shape, dtype=name, bytes_moved=nbytes,
                    timing=t["modules"], bandwidth=bw, flops=flops, peak=peak)
-            record(family="model", op="model_step", backend="cpu", shape=shape, dtype=name, bytes_moved=nbytes,
-                   timing=t["fused"], bandwidth=bw, flops=flops, peak=peak, baseline="modules",
-                   baseline_timing=t["modules"])
+            for backend, key in (("cpu_per_layer", "per_layer"), ("cpu", "fused")):
+                record(family="model", op="model_step", backend=backend, shape=shape, dtype=name,
+                       bytes_moved=nbytes, timing=t[key], bandwidth=bw, flops=flops, peak=peak, baseline="modules",
+                       baseline_timing=t["modules"])
 
 
 if __name__ == "__main__":

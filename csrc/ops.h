@@ -33,6 +33,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim);
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                                 at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
+// Layers one after another in one call, each with its KV cache's side in between (the caches whose attend
+// is "write the step's rows, then verify_attention over the buffers": triforce/models/cache.py): per layer
+// 2 norms and eps (input, post-attention), 7 projections (q, k, v, o, gate, up, down), 2 optional q/k
+// norms and 1 q/k eps; the step's rows written to k_cache, v_cache and, when given, k_raw_cache at
+// slots [B, T]; last_query (when given) recorded as FullCache.attend does. -> h after the last layer.
+at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
+                          at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
+                          const OptionalTensorList& scales, const OptionalTensorList& bias,
+                          const OptionalTensorList& qk_norm_w, at::ArrayRef<double> qk_eps, at::TensorList k_cache,
+                          at::TensorList v_cache, at::TensorList k_raw_cache, at::TensorList last_query,
+                          const at::Tensor& slots, const at::Tensor& cache_seqlens,
+                          const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
+                          const std::optional<at::Tensor>& query_valid);
 
 // ---- verification attention (docs/design.md 3.2) --------------------------------------------------
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits: 0 cuts each query's keys into parts at fixed

@@ -151,13 +151,24 @@ class Spy:
         return self.real(*args)
 
 
-def count_fused_calls(model, monkeypatch, ids, **kw):
-    spy = Spy(torch.ops.triforce_C.decoder_attn_in)
-    monkeypatch.setattr(torch.ops.triforce_C, "decoder_attn_in", spy, raising=False)
-    cache = FullCache(model.config, ids.shape[0], max(64, ids.shape[1]), dtype=model.dtype)
+class LayerSpy(Spy):
+    """Counts the layers a ``decoder_layers`` call runs (one per KV cache buffer it is given)."""
+
+    def __call__(self, *args):
+        self.calls += len(args[11])
+        return self.real(*args)
+
+
+def count_fused_calls(model, monkeypatch, ids, cache=None, **kw):
+    """Layers that ran on the fused path: one ``decoder_attn_in`` call each, or one native stack call
+    (``decoder_layers``) for several."""
+    spies = [Spy(torch.ops.triforce_C.decoder_attn_in), LayerSpy(torch.ops.triforce_C.decoder_layers)]
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_attn_in", spies[0], raising=False)
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spies[1], raising=False)
+    cache = cache or FullCache(model.config, ids.shape[0], max(64, ids.shape[1]), dtype=model.dtype)
     model(ids, cache=cache, **kw)
     monkeypatch.undo()
-    return spy.calls
+    return spies[0].calls + spies[1].calls
 
 
 def test_where_the_path_is_taken(monkeypatch):
@@ -209,3 +220,159 @@ def test_compiled_forward_traces_the_native_calls(fused, monkeypatch):
     assert torch.equal(compiled, eager)
     assert all(torch.equal(a, b) for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))
     assert torch.equal(caches[0].lengths, caches[1].lengths)
+
+
+# ---- the native stack: triforce_C::decoder_layers runs a forward's layers and the cache's side in one call
+
+def run_both(model, monkeypatch, *args, **kw):
+    """``run`` with the native stack off (two fused calls per layer from Python) and on; -> both results and
+    the layers the stack ran in the second."""
+    monkeypatch.setattr(llama_mod, "_STACK", False)
+    per_layer = run(model, True, monkeypatch, *args, **kw)
+    monkeypatch.setattr(llama_mod, "_STACK", None)
+    spy = LayerSpy(torch.ops.triforce_C.decoder_layers)
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spy, raising=False)
+    stacked = run(model, True, monkeypatch, *args, **kw)
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spy.real, raising=False)
+    return per_layer, stacked, spy.calls
+
+
+@pytest.mark.parametrize("cache_kind", ["full", "streaming", "retrieval"])
+@pytest.mark.parametrize("family", ["llama-biases", "qwen3-bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])
+def test_native_stack_equals_the_per_layer_calls(cache_kind, family, dtype, monkeypatch):
+    """One native call for all layers gives bitwise the logits and every cache buffer of the per-layer
+    calls (and so of the modules): the rows written to k / v (and a StreamingLLM cache's k_raw), a full
+    cache's last queries (the retrieval case's full cache keeps them, prefill's query_index included), chain
+    and tree steps. The stack must actually run."""
+    model = make_model(family)
+    model = int8_copy(model) if dtype == "int8" else model.to(dtype)
+    per_layer, stacked, layers = run_both(model, monkeypatch, cache_kind)
+    assert_bitwise(per_layer, stacked)
+    # the full cache's prefill and the four steps (a StreamingLLM cache's prefill of up to 30 tokens is a
+    # step larger than its max_step, 8: its temporary-buffer path runs the layers one by one)
+    assert layers == 5 * model.config.num_hidden_layers
+
+
+def test_native_stack_last_queries(monkeypatch):
+    """A chunked full cache's last_query after a ragged prefill (each row's last prompt token, in a different
+    place per row) and after a step: the stack's equal the per-layer calls'."""
+    model = make_model("llama")
+    outs = []
+    for stack in (False, None):
+        monkeypatch.setattr(llama_mod, "_STACK", stack)
+        torch.manual_seed(2)
+        prompts = [torch.randint(0, 97, (n,)) for n in (9, 14, 5)]
+        cache = FullCache(model.config, 3, 32, chunk_size=4)
+        outs += [model.prefill(prompts, cache)] + [q.clone() for q in cache.last_query]
+        outs += [model(torch.randint(0, 97, (3, 2)), cache=cache)] + list(cache.last_query) + list(cache.chunk_keys)
+    half = len(outs) // 2
+    assert_bitwise(outs[:half], outs[half:])
+    assert not torch.equal(outs[1], outs[half - len(model.model.layers)])  # the step changed them
+
+
+class ExtraTokens:
+    """A forward_hidden tap entering layer 1: two extra tokens join the tree there (children of token 0 and
+    of the first extra one), as Hidden Transfer's pseudo tokens do."""
+    layer = 1
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, h, parents):
+        self.seen.append(h.clone())
+        B, T, _ = h.shape
+        if parents is None:
+            parents = torch.arange(-1, T - 1).expand(B, T)
+        extra = torch.cat([h[:, :1] * 0.5, h[:, -1:] * 0.25], 1)
+        return extra, torch.cat([parents, torch.tensor([[0, T]]).expand(B, 2)], 1)
+
+
+def test_native_stack_with_a_tap(monkeypatch):
+    """forward_hidden with a tap: the stack runs the layers before the tap and the layers after it (with the
+    wider step) in two calls; the tap sees the same stream, and the states and caches are bitwise the
+    per-layer calls' and the modules'."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(**{**BASE, "num_hidden_layers": 3})).eval()
+    results = []
+    for fused, stack in ((False, None), (True, False), (True, None)):
+        monkeypatch.setattr(llama_mod, "_FUSED", fused)
+        monkeypatch.setattr(llama_mod, "_STACK", stack)
+        torch.manual_seed(1)
+        cache = FullCache(model.config, 2, 40)
+        model.prefill(torch.randint(0, 97, (2, 11)), cache)
+        tap = ExtraTokens()
+        spy = LayerSpy(torch.ops.triforce_C.decoder_layers)
+        monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spy, raising=False)
+        z = model.forward_hidden(torch.randint(0, 97, (2, 3)), cache, tap=tap)
+        monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spy.real, raising=False)
+        results.append(([z] + tap.seen + list(cache.k) + list(cache.v), spy.calls))
+    (modules, n0), (per_layer, n1), (stacked, n2) = results
+    assert (n0, n1, n2) == (0, 0, 3)
+    assert z.shape == (2, 5, 64)
+    assert_bitwise(modules, per_layer)
+    assert_bitwise(per_layer, stacked)
+
+
+def test_native_stack_not_taken(monkeypatch):
+    """The stack steps aside where the per-layer path must run: a layer with a forward hook (which then
+    runs), a cache whose attend a subclass changed, a StreamingLLM cache's large step, another backend
+    chosen for verify_attention (TRIFORCE_BACKEND), and the switch TRIFORCE_DECODER_LAYERS=0."""
+    model = make_model()
+    L = model.config.num_hidden_layers
+    ids = torch.randint(0, 97, (2, 3))
+
+    def stack_layers(cache=None):
+        spy = LayerSpy(torch.ops.triforce_C.decoder_layers)
+        monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spy, raising=False)
+        try:
+            model(ids, cache=cache or FullCache(model.config, 2, 64))
+        finally:
+            monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spy.real, raising=False)
+        return spy.calls
+
+    assert stack_layers() == L
+    calls = []
+    handle = model.model.layers[1].register_forward_hook(lambda *a: calls.append(1))
+    assert stack_layers() == 0 and calls == [1]
+    handle.remove()
+
+    class Counting(FullCache):
+        def attend(self, layer, q, k, v, step, k_raw=None):
+            calls.append(layer)
+            return super().attend(layer, q, k, v, step, k_raw)
+
+    calls.clear()
+    assert stack_layers(Counting(model.config, 2, 64)) == 0 and calls == list(range(L))
+    streaming = StreamingCache(model.config, 2, sink=4, window=8, max_step=2)
+    assert stack_layers(streaming) == 0  # 3 tokens > max_step: the temporary-buffer path
+    monkeypatch.setenv("TRIFORCE_BACKEND", "reference")
+    assert stack_layers() == 0
+    monkeypatch.delenv("TRIFORCE_BACKEND")
+    monkeypatch.setattr(llama_mod, "_STACK", False)
+    assert stack_layers() == 0 and count_fused_calls(model, monkeypatch, ids) == L
+
+
+def test_native_stack_checks_before_writing(monkeypatch):
+    """A slot outside the cache or a query index outside the step raises before any buffer is written."""
+    model = make_model()
+    layers = model.model.layers
+    cache = FullCache(model.config, 2, 16, chunk_size=4)
+    h = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        for bad_slot, bad_index in ((16, None), (-1, None), (None, 3), (None, -4)):
+            step = cache.begin(3, query_index=torch.tensor([0, 1]), query_valid=torch.tensor([True, False]))
+            if bad_slot is not None:
+                step.slots[1, 2] = bad_slot
+            if bad_index is not None:
+                step.query_index[0] = bad_index
+            cos, sin = llama_mod.rope_cos_sin(model.inv_freq, step.positions, torch.float32)
+            before = [t.clone() for t in cache.k + cache.v + cache.last_query]
+            with pytest.raises(RuntimeError, match="outside"):
+                llama_mod._native_layers(layers, 0, len(layers), h, cos, sin, cache, step)
+            assert_bitwise(before, cache.k + cache.v + cache.last_query)
+        step = cache.begin(3)
+        cos, sin = llama_mod.rope_cos_sin(model.inv_freq, step.positions, torch.float32)
+        with pytest.raises(RuntimeError, match="expected 14 projections"):
+            torch.ops.triforce_C.decoder_layers(h, cos, sin, 16, [], [], [], [], [], [], [], cache.k, cache.v, [], [],
+                                                step.slots, step.seqlens, None, None, None)

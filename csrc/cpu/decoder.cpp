@@ -1,10 +1,18 @@
 // The model layer's decoder layer on the CPU in two calls: everything before the KV cache
-// (decoder_attn_in) and everything after it (decoder_attn_out_mlp). triforce/models/llama.py's
+// (decoder_attn_in) and everything after it (decoder_attn_out_mlp); and all the layers of a forward in
+// one call (decoder_layers). triforce/models/llama.py's
 // DecoderLayer takes this path for the forwards the few-row linear kernel serves (a decode or
 // verification step: at most ROWWISE_MAX_ROWS rows); the cache's attend stays in Python between them.
 //
 // Why: a SmolLM2-135M decode step on one core spends ~10 ms of its ~40 in ~1,800 dispatched tensor ops
 // (60 per layer) and the Python around them, not in its kernels. Here a layer costs two dispatches.
+//
+// decoder_layers runs a forward's layers one after another in one call, each layer's two calls with
+// the cache's side in between, for the caches whose attend is only "write the step's rows, then
+// verify_attention over the buffers" (full, retrieval, and a StreamingLLM cache's small steps; a full
+// cache's last queries too): the same functions in the same order, so the same bits. Why: the two calls
+// per layer from Python, with the cache's index_put writes and the attention's dispatch between them,
+// still cost ~70 us a layer on one core (~2 ms of a ~12 ms SmolLM2 decode step); one call costs ~20.
 //
 // Bitwise contract: each call computes exactly what the Python modules compute (RMSNorm, Linear on its
 // rowwise path, RoPE, SwiGLU MLP, residual adds), with the same rowwise_linear / rowwise_linear_q8
@@ -20,10 +28,12 @@
 // layer ran ~20 of them per step, now 3 (docs/model.md, "Fused decoder layer on CPU").
 //
 // Files: csrc/cpu/decoder.cpp, tests/test_decoder.py, bench/bench_decoder.py; docs/model.md ("Fused
-// decoder layer on CPU").
+// decoder layer on CPU", "One native call per forward").
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "../ops.h"
 
@@ -163,12 +173,115 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   return out;
 }
 
-void check_projections(const char* name, const std::vector<at::Tensor>& w,
-                       const std::vector<std::optional<at::Tensor>>& scales,
-                       const std::vector<std::optional<at::Tensor>>& bias, size_t n) {
-  TORCH_CHECK(w.size() == n && scales.size() == n && bias.size() == n, name, ": expected ", n,
-              " projections (weights, scales and biases alike), got ", w.size(), ", ", scales.size(), " and ",
-              bias.size());
+void check_projections(const char* name, size_t w, size_t scales, size_t bias, size_t n) {
+  TORCH_CHECK(w == n && scales == n && bias == n, name, ": expected ", n,
+              " projections (weights, scales and biases alike), got ", w, ", ", scales, " and ", bias);
+}
+
+// One layer's projections: weights, scales and biases of projection i at w[i], scales[i], bias[i].
+struct Projections {
+  const at::Tensor* w;
+  const std::optional<at::Tensor>* scales;
+  const std::optional<at::Tensor>* bias;
+  at::Tensor operator()(int i, const at::Tensor& x) const { return project(x, w[i], scales[i], bias[i]); }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
+    const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
+    const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
+    const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim) {
+  TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
+              head_dim);
+  TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
+  const int64_t B = h.size(0), T = h.size(1);
+  const at::Tensor x = rms_norm(h, norm_w, eps).reshape({B * T, h.size(2)});
+  at::Tensor q = p(0, x).view({B, T, -1, head_dim});
+  at::Tensor k_raw = p(1, x).view({B, T, -1, head_dim});
+  if (q_norm_w.has_value()) {  // Qwen3: per-head RMSNorm of queries and keys, before RoPE
+    q = rms_norm(q, *q_norm_w, qk_eps);
+    k_raw = rms_norm(k_raw, *k_norm_w, qk_eps);
+  }
+  const at::Tensor v = p(2, x).view({B, T, -1, head_dim});
+  return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
+}
+
+at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
+                        const Projections& p) {
+  TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
+              "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
+              attn.sizes());
+  const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
+  // project's results are fresh tensors of this call; the residual adds and SiLU(gate) * up are written
+  // over them: h2 = o + h in o, SiLU(gate) * up in gate, down + h2 in down.
+  const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
+  const at::Tensor h2 = combine<false>(o, h);
+  const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
+  at::Tensor gate = p(1, x);
+  const at::Tensor up = p(2, x);
+  const at::Tensor down = p(3, combine<true>(at::silu_(gate), up));
+  return combine<false>(down.view({B, T, -1}), h2);
+}
+
+// ---- the KV cache's side of a layer (decoder_layers): what the model layer's caches do in Python
+// (triforce/models/cache.py), for the caches whose attend is "write, then attend over the buffers".
+
+// dst[i, j] = src[i, j] for an [H, D] block of es-byte elements (strides in elements).
+void copy_block(char* dst, int64_t ds0, int64_t ds1, const char* src, int64_t ss0, int64_t ss1, int64_t H, int64_t D,
+                int64_t es) {
+  for (int64_t i = 0; i < H; ++i) {
+    char* o = dst + i * ds0 * es;
+    const char* x = src + i * ss0 * es;
+    if (ds1 == 1 && ss1 == 1) {
+      std::memcpy(o, x, D * es);
+    } else {
+      for (int64_t j = 0; j < D; ++j) std::memcpy(o + j * ds1 * es, x + j * ss1 * es, es);
+    }
+  }
+}
+
+// Copies the rows of x [B, T, H, D] into cache [B, N, H, D] at slots [B, T] (any strides; the dtype of
+// both the same): cache[b, slots[b, t]] = x[b, t], as `cache[batch_index, slots] = x` does in Python.
+// The slots were checked to be in [0, N) (decoder_layers, once for every layer).
+void write_rows(const at::Tensor& cache, const at::Tensor& x, const at::Tensor& slots) {
+  TORCH_CHECK(cache.dim() == 4 && x.dim() == 4 && cache.size(0) == x.size(0) && cache.size(2) == x.size(2) &&
+                  cache.size(3) == x.size(3) && cache.scalar_type() == x.scalar_type(),
+              "decoder_layers: a cache buffer ", cache.sizes(), " ", cache.scalar_type(), " cannot take rows ",
+              x.sizes(), " ", x.scalar_type());
+  const int64_t B = x.size(0), T = x.size(1), es = x.element_size();
+  const int64_t* s = slots.const_data_ptr<int64_t>();
+  char* dst = static_cast<char*>(cache.data_ptr());
+  const char* src = static_cast<const char*>(x.const_data_ptr());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t slot = s[b * T + t];
+      copy_block(dst + (b * cache.stride(0) + slot * cache.stride(1)) * es, cache.stride(2), cache.stride(3),
+                 src + (b * x.stride(0) + t * x.stride(1)) * es, x.stride(2), x.stride(3), x.size(2), x.size(3), es);
+    }
+  }
+}
+
+// A full cache's last_query [B, Hq, D] of this layer: q[b, 0], or q[b, query_index[b]] where
+// query_valid[b] (other rows keep theirs), as FullCache.attend does. query_index was checked to be in
+// [-T, T) (decoder_layers, once for every layer); a negative index counts from the end, as in Python.
+void record_query(const at::Tensor& last_query, const at::Tensor& q, const std::optional<at::Tensor>& query_index,
+                  const std::optional<at::Tensor>& query_valid) {
+  const int64_t B = q.size(0), T = q.size(1), es = q.element_size();
+  TORCH_CHECK(last_query.dim() == 3 && last_query.size(0) == B && last_query.size(1) == q.size(2) &&
+                  last_query.size(2) == q.size(3) && last_query.scalar_type() == q.scalar_type(),
+              "decoder_layers: last_query must be [B, Hq, D] in q's dtype, got ", last_query.sizes());
+  char* dst = static_cast<char*>(last_query.data_ptr());
+  const char* src = static_cast<const char*>(q.const_data_ptr());
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    if (query_index.has_value()) {
+      if (!query_valid->const_data_ptr<bool>()[b]) continue;
+      t = query_index->const_data_ptr<int64_t>()[b];
+      if (t < 0) t += T;
+    }
+    copy_block(dst + b * last_query.stride(0) * es, last_query.stride(1), last_query.stride(2),
+               src + (b * q.stride(0) + t * q.stride(1)) * es, q.stride(2), q.stride(3), q.size(2), q.size(3), es);
+  }
 }
 
 }  // namespace
@@ -178,42 +291,78 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const OptionalTensorList& scales_list, const OptionalTensorList& bias_list, const std::optional<at::Tensor>& q_norm_w,
     const std::optional<at::Tensor>& k_norm_w, double qk_eps, const at::Tensor& cos, const at::Tensor& sin,
     int64_t head_dim) {
-  const std::vector<at::Tensor> ws = w.vec();
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec();
-  check_projections("decoder_attn_in", ws, scales, bias, 3);
-  TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
-  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
-              head_dim);
-  TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
-  const int64_t B = h.size(0), T = h.size(1);
-  const at::Tensor x = rms_norm(h, norm_w, eps).reshape({B * T, h.size(2)});
-  at::Tensor q = project(x, ws[0], scales[0], bias[0]).view({B, T, -1, head_dim});
-  at::Tensor k_raw = project(x, ws[1], scales[1], bias[1]).view({B, T, -1, head_dim});
-  if (q_norm_w.has_value()) {  // Qwen3: per-head RMSNorm of queries and keys, before RoPE
-    q = rms_norm(q, *q_norm_w, qk_eps);
-    k_raw = rms_norm(k_raw, *k_norm_w, qk_eps);
-  }
-  const at::Tensor v = project(x, ws[2], scales[2], bias[2]).view({B, T, -1, head_dim});
-  return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
+  check_projections("decoder_attn_in", w.size(), scales.size(), bias.size(), 3);
+  return attn_in(h, norm_w, eps, {w.data(), scales.data(), bias.data()}, q_norm_w, k_norm_w, qk_eps, cos, sin,
+                 head_dim);
 }
 
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                                 at::TensorList w, const OptionalTensorList& scales_list,
                                 const OptionalTensorList& bias_list) {
-  const std::vector<at::Tensor> ws = w.vec();
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec();
-  check_projections("decoder_attn_out_mlp", ws, scales, bias, 4);
-  TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
-              "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
-              attn.sizes());
-  const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
-  // project's results are fresh tensors of this call; the residual adds and SiLU(gate) * up are written
-  // over them: h2 = o + h in o, SiLU(gate) * up in gate, down + h2 in down.
-  const at::Tensor o = project(attn.reshape({B * T, -1}), ws[0], scales[0], bias[0]).view({B, T, -1});
-  const at::Tensor h2 = combine<false>(o, h);
-  const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
-  at::Tensor gate = project(x, ws[1], scales[1], bias[1]);
-  const at::Tensor up = project(x, ws[2], scales[2], bias[2]);
-  const at::Tensor down = project(combine<true>(at::silu_(gate), up), ws[3], scales[3], bias[3]);
-  return combine<false>(down.view({B, T, -1}), h2);
+  check_projections("decoder_attn_out_mlp", w.size(), scales.size(), bias.size(), 4);
+  return attn_out_mlp(h, attn, norm_w, eps, {w.data(), scales.data(), bias.data()});
+}
+
+at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
+                          at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
+                          const OptionalTensorList& scales_list, const OptionalTensorList& bias_list,
+                          const OptionalTensorList& qk_norm_list, at::ArrayRef<double> qk_eps,
+                          at::TensorList k_cache, at::TensorList v_cache, at::TensorList k_raw_cache,
+                          at::TensorList last_query, const at::Tensor& slots, const at::Tensor& cache_seqlens,
+                          const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
+                          const std::optional<at::Tensor>& query_valid) {
+  const size_t L = k_cache.size();
+  const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec(),
+                                               qk_norm = qk_norm_list.vec();
+  check_projections("decoder_layers", w.size(), scales.size(), bias.size(), 7 * L);
+  TORCH_CHECK(norm_w.size() == 2 * L && eps.size() == 2 * L && qk_norm.size() == 2 * L && qk_eps.size() == L &&
+                  v_cache.size() == L && (k_raw_cache.empty() || k_raw_cache.size() == L) &&
+                  (last_query.empty() || last_query.size() == L),
+              "decoder_layers: for ", L, " layers expected 2 norms, 2 eps, 2 q/k norms, 1 q/k eps, one buffer of each "
+              "cache kind per layer; got ", norm_w.size(), ", ", eps.size(), ", ", qk_norm.size(), ", ", qk_eps.size(),
+              ", ", v_cache.size(), " v, ", k_raw_cache.size(), " k_raw, ", last_query.size(), " last_query");
+  TORCH_CHECK(h.dim() == 3 && slots.scalar_type() == at::kLong && slots.dim() == 2 && slots.size(0) == h.size(0) &&
+                  slots.size(1) == h.size(1) && slots.is_contiguous(),
+              "decoder_layers: slots must be contiguous int64 [B, T] for h [B, T, H], got ", slots.sizes());
+  TORCH_CHECK(query_index.has_value() == query_valid.has_value() && (!query_index.has_value() || !last_query.empty()),
+              "decoder_layers: query_index and query_valid go together, with last_query");
+  if (query_index.has_value()) {
+    TORCH_CHECK(query_index->scalar_type() == at::kLong && query_index->dim() == 1 &&
+                    query_index->size(0) == h.size(0) && query_index->is_contiguous() &&
+                    query_valid->scalar_type() == at::kBool && query_valid->dim() == 1 &&
+                    query_valid->size(0) == h.size(0) && query_valid->is_contiguous(),
+                "decoder_layers: query_index must be contiguous int64 [B] and query_valid bool [B]");
+    const int64_t T = h.size(1);  // every row's index is checked, as Python's q[rows, query_index] does
+    for (int64_t b = 0; b < h.size(0); ++b) {
+      const int64_t t = query_index->const_data_ptr<int64_t>()[b];
+      TORCH_CHECK(t >= -T && t < T, "decoder_layers: query_index ", t, " of row ", b, " is outside the step's ", T,
+                  " tokens");
+    }
+  }
+  // every buffer takes the same slots: checked once, before any write
+  const int64_t* s = slots.const_data_ptr<int64_t>();
+  const auto [lo, hi] = std::minmax_element(s, s + slots.numel());
+  for (const at::TensorList& buffers : {k_cache, v_cache, k_raw_cache}) {
+    for (const at::Tensor& buf : buffers) {
+      TORCH_CHECK(buf.dim() == 4, "decoder_layers: the cache buffers must be [B, N, Hkv, D], got ", buf.sizes());
+      TORCH_CHECK(slots.numel() == 0 || (*lo >= 0 && *hi < buf.size(1)), "decoder_layers: slots in [", *lo, ", ",
+                  *hi, "] are outside a cache buffer of ", buf.size(1), " slots");
+    }
+  }
+  // the model layer's attention scale, computed as Python computes it (1.0 / math.sqrt(D))
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  at::Tensor x = h;
+  for (size_t l = 0; l < L; ++l) {
+    const auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
+                                          qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos, sin, head_dim);
+    if (!last_query.empty()) record_query(last_query[l], q, query_index, query_valid);
+    if (!k_raw_cache.empty()) write_rows(k_raw_cache[l], k_raw, slots);
+    write_rows(k_cache[l], k, slots);
+    write_rows(v_cache[l], v, slots);
+    const at::Tensor attn = std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0));
+    x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1], {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});
+  }
+  return x;
 }

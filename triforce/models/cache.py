@@ -9,7 +9,9 @@ The seam with :class:`triforce.models.Llama` (docs/model_interface.md): a forwar
 ``step = cache.begin(T, ...)`` once (slots, RoPE positions, lengths, tree mask: built once and reused by
 every layer), then ``cache.attend(layer, q, k, v, step, k_raw)`` per layer (writes the new keys/values
 at ``lengths .. lengths+T-1`` and runs ``tk.verify_attention`` with ``cache_seqlens = lengths + T``),
-then ``cache.end(step)``.
+then ``cache.end(step)``. On the CPU's fused path the model layer runs all layers and this side of them in
+one native call instead, for the caches whose ``attend`` is only that write and attention: each cache
+says so, and hands over its buffers, in ``_native_buffers`` (docs/model.md, "One native call per forward").
 
 Each cache keeps ``_bound``, a host-side upper bound of ``max(lengths)``, so capacity checks need no
 device read in the common case; only when the bound says a forward might overflow do we read the true
@@ -219,6 +221,17 @@ class _KVCache:
         self._write(layer, k, v, step)
         return verify_attention_trusted(q, self.k[layer], self.v[layer], step.seqlens, step.tree_mask)
 
+    def _native_buffers(self, step: Step):
+        """``(k, v, k_raw, last_query)``, lists of per-layer buffers (``[]`` where the cache keeps none), when
+        this cache's ``attend`` of every layer is exactly: record ``last_query``, write the step's keys (and
+        un-RoPE'd keys) and values at ``step.slots``, ``verify_attention`` over ``k[layer]``, ``v[layer]``
+        with ``step.seqlens`` and ``step.tree_mask``. The model layer then runs its layers and this cache's
+        side of them in one native call (``triforce_C::decoder_layers``, csrc/cpu/decoder.cpp). ``None``
+        otherwise (a subclass that changes ``attend`` or ``_write``, a StreamingLLM cache's large step)."""
+        if type(self).attend is not _KVCache.attend or type(self)._write is not _KVCache._write:
+            return None
+        return self.k, self.v, [], []
+
     def end(self, step: Step) -> None:
         self.lengths.add_(step.counts)
         self._bound += step.T
@@ -349,6 +362,11 @@ class FullCache(_KVCache):
                 picked = q[self._batch_index[:, 0], step.query_index]
                 lq.copy_(torch.where(step.query_valid[:, None, None], picked, lq))
         return super().attend(layer, q, k, v, step)
+
+    def _native_buffers(self, step):
+        if type(self).attend is not FullCache.attend or type(self)._write is not _KVCache._write:
+            return None
+        return self.k, self.v, [], (self.last_query if self.chunk_size is not None else [])
 
     def end(self, step):
         if self.chunk_size is not None:
@@ -631,6 +649,12 @@ class StreamingCache(_KVCache):
         for mine, buf in zip(self._slot_buffers(layer), tmp):
             mine[:, : self.keep] = buf[self._batch_index, sel]
         return out
+
+    def _native_buffers(self, step):
+        if type(self).attend is not StreamingCache.attend or type(self)._write is not _KVCache._write \
+                or step.T > self.max_step:
+            return None
+        return self.k, self.v, self.k_raw, []
 
     def end(self, step):
         if step.T <= self.max_step:

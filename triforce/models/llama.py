@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from triforce_kernels._backend import resolve
+
 from . import cache as _cache
 from .cache import RetrievalCache, Step, TokenTree, _KVCache
 from .config import LlamaConfig
@@ -263,6 +265,73 @@ class DecoderLayer(nn.Module):
         return att, args_in, args_out
 
 
+def _hooked(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run forward hooks (its own or global ones)."""
+    from torch.nn.modules import module as _m
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or _m._global_forward_hooks
+                or _m._global_forward_pre_hooks)
+
+
+def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step: Step):
+    """``h`` after ``layers[lo:hi]`` of a cached forward in one native call, ``triforce_C::decoder_layers``
+    (csrc/cpu/decoder.cpp): each layer's two fused calls with the cache's side in between (its rows written,
+    ``verify_attention`` over its buffers), bitwise what the layers called one by one give. ``None`` where
+    that path does not apply: a layer off the fused path (see :meth:`DecoderLayer.fused_arguments`) or with
+    forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
+    another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
+    ``torch.compile`` (which traces the per-layer calls). Why: a SmolLM2 layer cost ~70 us of Python and
+    dispatch around its kernels on one core, ~2 ms of a ~12 ms decode step (docs/model.md)."""
+    if not (_native_stack_available() and hi > lo) or torch.compiler.is_compiling():
+        return None
+    buffers = cache._native_buffers(step)
+    if buffers is None or buffers[0][0].dtype != h.dtype or resolve("verify_attention", None, h.device) != "cpu":
+        return None
+    k, v, k_raw, last_query = buffers
+    norms, eps, w, scales, bias, qk_norms, qk_eps = [], [], [], [], [], [], []
+    head_dim = None
+    for i in range(lo, hi):
+        layer = layers[i]
+        if type(layer) is not DecoderLayer or _hooked(layer):
+            return None
+        fused = layer.fused_arguments(h)
+        if fused is None:
+            return None
+        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out) = fused
+        if type(att).attend is not Attention.attend or head_dim not in (None, att.head_dim):
+            return None
+        head_dim = att.head_dim
+        norms += (n_in, n_out)
+        eps += (e_in, e_out)
+        w += w_in + w_out
+        scales += s_in + s_out
+        bias += b_in + b_out
+        qk_norms += (qn, kn)
+        qk_eps.append(qe)
+    record = bool(last_query)
+    qi = step.query_index if record else None
+    return torch.ops.triforce_C.decoder_layers(
+        h, cos, sin, head_dim, norms, eps, w, scales, bias, qk_norms, qk_eps, k[lo:hi], v[lo:hi], k_raw[lo:hi],
+        last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
+        None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous())
+
+
+_STACK = None
+
+
+def _native_stack_available() -> bool:
+    """The fused decoder layer is on (:func:`_fused_available`), the extension has ``decoder_layers``, and
+    ``TRIFORCE_DECODER_LAYERS`` is not ``0`` (an A/B switch: ``0`` makes the two fused calls per layer
+    from Python, with the cache's ``attend`` between them)."""
+    global _STACK
+    if not _fused_available():
+        return False
+    if _STACK is None:
+        _STACK = (os.environ.get("TRIFORCE_DECODER_LAYERS", "1") != "0"
+                  and hasattr(torch.ops.triforce_C, "decoder_layers"))
+    return _STACK
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, init: bool = True):
         super().__init__()
@@ -349,15 +418,22 @@ class Llama(nn.Module):
             positions = step.positions
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         h = self.model.embed_tokens(input_ids)
-        for i, layer in enumerate(self.model.layers):
-            if tap is not None and i == tap.layer:
+        layers = self.model.layers
+        bounds = (0, len(layers)) if tap is None else (0, tap.layer, len(layers))
+        for lo, hi in zip(bounds, bounds[1:]):
+            if tap is not None and lo == tap.layer:
                 extra = tap(h, tree_parents.parents if isinstance(tree_parents, TokenTree) else tree_parents)
                 if extra is not None:  # extra tokens join the tree here: a wider step from this layer on
                     extra_h, parents = extra
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
                     step = cache.begin(h.shape[1], parents)
                     cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.dtype)
-            h = layer(h, cos, sin, cache, step)
+            native = None if cache is None else _native_layers(layers, lo, hi, h, cos, sin, cache, step)
+            if native is not None:
+                h = native
+                continue
+            for i in range(lo, hi):
+                h = layers[i](h, cos, sin, cache, step)
         if cache is not None:
             cache.end(step)
         return h
