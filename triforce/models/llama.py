@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from triforce_kernels._backend import resolve
 
@@ -238,9 +239,10 @@ class DecoderLayer(nn.Module):
         (the norms must be :class:`RMSNorm`; each projection must offer ``fused_projection``:
         :class:`Linear` and ``Q8Linear`` do). Runs per layer and forward, so it reads the module dicts
         directly (``nn.Module.__getattr__`` costs ~25 us a layer here)."""
-        if not (h.device.type == "cpu" and h.dtype in _FUSED_DTYPES and 0 < h.shape[0] * h.shape[1] <= ROWWISE_MAX_ROWS
-                and not torch.is_grad_enabled() and _fused_available()):
-            return None
+        return self._fused_layer_arguments(h.dtype) if _fused_path(h) else None
+
+    def _fused_layer_arguments(self, dtype: torch.dtype):
+        """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`)."""
         mods = self._modules
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         a, m = att._modules, mlp._modules
@@ -254,7 +256,7 @@ class DecoderLayer(nn.Module):
             found = []
             for mod in group:
                 get = getattr(type(mod), "fused_projection", None)
-                p = get(mod, h.dtype) if get is not None else None
+                p = get(mod, dtype) if get is not None else None
                 if p is None:
                     return None
                 found.append(p)
@@ -265,12 +267,16 @@ class DecoderLayer(nn.Module):
         return att, args_in, args_out
 
 
+def _fused_path(h: torch.Tensor) -> bool:
+    """Whether a layer's input ``h`` may take the fused CPU path (:meth:`DecoderLayer.fused_arguments`)."""
+    return (h.device.type == "cpu" and h.dtype in _FUSED_DTYPES and 0 < h.shape[0] * h.shape[1] <= ROWWISE_MAX_ROWS
+            and not torch.is_grad_enabled() and _fused_available())
+
+
 def _hooked(module: nn.Module) -> bool:
     """Whether calling ``module`` would run forward hooks (its own or global ones)."""
-    from torch.nn.modules import module as _m
-
-    return bool(module._forward_hooks or module._forward_pre_hooks or _m._global_forward_hooks
-                or _m._global_forward_pre_hooks)
+    return bool(module._forward_hooks or module._forward_pre_hooks or _nn_module._global_forward_hooks
+                or _nn_module._global_forward_pre_hooks)
 
 
 def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step: Step):
@@ -282,7 +288,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
     ``torch.compile`` (which traces the per-layer calls). Why: a SmolLM2 layer cost ~70 us of Python and
     dispatch around its kernels on one core, ~2 ms of a ~12 ms decode step (docs/model.md)."""
-    if not (_native_stack_available() and hi > lo) or torch.compiler.is_compiling():
+    if not (hi > lo and _fused_path(h) and _native_stack_available()) or torch.compiler.is_compiling():
         return None
     buffers = cache._native_buffers(step)
     if buffers is None or buffers[0][0].dtype != h.dtype or resolve("verify_attention", None, h.device) != "cpu":
@@ -294,7 +300,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         layer = layers[i]
         if type(layer) is not DecoderLayer or _hooked(layer):
             return None
-        fused = layer.fused_arguments(h)
+        fused = layer._fused_layer_arguments(h.dtype)
         if fused is None:
             return None
         att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out) = fused
