@@ -254,6 +254,40 @@ def test_native_stack_equals_the_per_layer_calls(cache_kind, family, dtype, monk
     assert layers == 5 * model.config.num_hidden_layers
 
 
+@given(B=st.integers(1, 3), T=st.integers(1, 5), n_kv=st.integers(1, 3), group=st.integers(1, 2),
+       head_dim=st.sampled_from([2, 4, 8, 16]), cache_kind=st.sampled_from(["full", "chunked", "streaming", "retrieval"]),
+       dtype=st.sampled_from(["float32", "bfloat16", "int8"]), tree=st.booleans(), seed=st.integers(0, 2**16))
+def test_property_native_stack_equals_the_per_layer_calls(B, T, n_kv, group, head_dim, cache_kind, dtype, tree, seed):
+    """Random shapes, ragged prompts, every cache kind, chain or random tree: one forward after a prefill
+    gives bitwise the logits and every buffer (k, v, k_raw, last queries) of the per-layer calls."""
+    torch.manual_seed(seed)
+    kw = {**BASE, "num_attention_heads": n_kv * group, "num_key_value_heads": n_kv, "head_dim": head_dim,
+          "hidden_size": 8 * n_kv * group}
+    model = Llama(LlamaConfig(**kw)).eval()
+    model = int8_copy(model) if dtype == "int8" else model.to(getattr(torch, dtype))
+    cfg, cdtype = model.config, (torch.float32 if dtype == "int8" else getattr(torch, dtype))
+    prompts = [torch.randint(0, 97, (int(n),)) for n in torch.randint(4, 13, (B,))]
+    ids = torch.randint(0, 97, (B, T))
+    parents = TokenTree(torch.tensor([[-1] + [int(torch.randint(0, t, ())) for t in range(1, T)]] * B)) if tree else None
+    outs = []
+    for stack in (False, None):
+        llama_mod._STACK = stack
+        try:
+            full = FullCache(cfg, B, 32, dtype=cdtype, chunk_size=2 if cache_kind in ("chunked", "retrieval") else None)
+            cache = full
+            if cache_kind == "streaming":
+                cache = StreamingCache(cfg, B, sink=2, window=6, max_step=5, dtype=cdtype)
+            logits = [model.prefill(prompts, cache)]
+            if cache_kind == "retrieval":
+                cache = RetrievalCache(cfg, full, budget=4, chunk_size=2, max_step=5)
+            logits.append(model(ids, cache=cache, tree_parents=parents))
+            buffers = list(cache.k) + list(cache.v) + list(getattr(cache, "k_raw", None) or [])
+            outs.append(logits + buffers + list(full.last_query or []))
+        finally:
+            llama_mod._STACK = None
+    assert_bitwise(*outs)
+
+
 def test_native_stack_last_queries(monkeypatch):
     """A chunked full cache's last_query after a ragged prefill (each row's last prompt token, in a different
     place per row) and after a step: the stack's equal the per-layer calls'."""
