@@ -6,7 +6,8 @@ calls per layer from Python around the cache's ``attend`` (``TRIFORCE_DECODER_LA
 ``cpu_per_layer``). All three compute bitwise the same logits.
 
 Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 1 and 4, over a full
-cache of ``ctx`` tokens, float32 (the target) and bfloat16 (the default draft copy).
+cache of ``ctx`` tokens, float32 (the target), bfloat16 (the default draft copy) and, with ``--dtype
+int8``, the int8 copy (``triforce.models.int8_copy``: int8 weights with float32 activations and cache).
 
 ``--many-rows``: verification passes of more rows than the fused layer takes (batch 32 and 64, T = 5,
 ``ctx`` 500): the modules with their linears on the row-independent kernel (what every forward that
@@ -18,7 +19,7 @@ and values written; GB/s against the copy bandwidth measured in the same run. FL
 linear layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer
 (attention); the compute ceiling is a matmul in the model's dtype measured in the same run.
 
-    python -m bench.bench_decoder [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+    python -m bench.bench_decoder [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 import contextlib
@@ -28,6 +29,7 @@ import torch
 from triforce.models import FullCache
 from triforce.models import llama as llama_mod
 from triforce.models.hub import load_model
+from triforce.models.quant import Q8Linear, int8_copy
 
 from .harness import compute_peak, copy_bandwidth, measure_alternating, record
 
@@ -39,7 +41,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="batch 1 only, fewer repetitions")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8", "both"], default="both",
+                   help="both: float32 and bfloat16")
     p.add_argument("--many-rows", action="store_true",
                    help="passes of 160 and 320 rows: the linears on the kernel against torch's GEMM")
     a = p.parse_args()
@@ -50,10 +53,18 @@ def main():
                          "TRIFORCE_FUSED_LAYER=0 / TRIFORCE_ROWWISE_LINEAR=0 is set")
     bw = copy_bandwidth("cpu")
     for name in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
-        dtype = getattr(torch, name)
-        model, _ = load_model("smollm2", dtype=name)
+        if name == "int8":  # int8 weights (+ a float32 scale per 32), float32 activations and cache
+            model = int8_copy(load_model("smollm2", dtype="float32")[0])
+            dtype = torch.float32
+            weights = sum(m.qweight.numel() for m in model.modules() if isinstance(m, Q8Linear))
+            weight_bytes = sum(m.qweight.numel() + m.scales.numel() * 4 for m in model.modules()
+                               if isinstance(m, Q8Linear))
+        else:
+            dtype = getattr(torch, name)
+            model, _ = load_model("smollm2", dtype=name)
+            weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+            weight_bytes = weights * dtype.itemsize
         cfg = model.config
-        weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
         peak = compute_peak("cpu", dtype)
         shapes = MANY_ROWS if a.many_rows else SHAPES
         for B, ctx, T in (shapes[:1] if a.quick and a.many_rows else shapes[:2] if a.quick else shapes):
@@ -78,8 +89,8 @@ def main():
                         step()
                 return f
 
-            kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
-            nbytes = weights * model.dtype.itemsize + B * (ctx + T) * kv_token
+            kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+            nbytes = weight_bytes + B * (ctx + T) * kv_token
             visible = B * (T * ctx + T * (T + 1) // 2)  # (query token, key) pairs per head and layer, causal
             flops = 2 * B * T * weights + 4 * cfg.head_dim * cfg.num_attention_heads * visible * cfg.num_hidden_layers
             shape = f"model=smollm2,B={B},ctx={ctx},T={T}"
