@@ -159,13 +159,13 @@ class LayerSpy(Spy):
         return self.real(*args)
 
 
-def count_fused_calls(model, monkeypatch, ids, cache=None, **kw):
+def count_fused_calls(model, monkeypatch, ids, **kw):
     """Layers that ran on the fused path: one ``decoder_attn_in`` call each, or one native stack call
     (``decoder_layers``) for several."""
     spies = [Spy(torch.ops.triforce_C.decoder_attn_in), LayerSpy(torch.ops.triforce_C.decoder_layers)]
     monkeypatch.setattr(torch.ops.triforce_C, "decoder_attn_in", spies[0], raising=False)
     monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spies[1], raising=False)
-    cache = cache or FullCache(model.config, ids.shape[0], max(64, ids.shape[1]), dtype=model.dtype)
+    cache = FullCache(model.config, ids.shape[0], max(64, ids.shape[1]), dtype=model.dtype)
     model(ids, cache=cache, **kw)
     monkeypatch.undo()
     return spies[0].calls + spies[1].calls
@@ -290,19 +290,24 @@ def test_property_native_stack_equals_the_per_layer_calls(B, T, n_kv, group, hea
 
 def test_native_stack_last_queries(monkeypatch):
     """A chunked full cache's last_query after a ragged prefill (each row's last prompt token, in a different
-    place per row) and after a step: the stack's equal the per-layer calls'."""
+    place per row) and after a step: the stack's equal the per-layer calls', and the step replaced every
+    row's query of every layer."""
     model = make_model("llama")
-    outs = []
+    runs = []
     for stack in (False, None):
         monkeypatch.setattr(llama_mod, "_STACK", stack)
         torch.manual_seed(2)
         prompts = [torch.randint(0, 97, (n,)) for n in (9, 14, 5)]
         cache = FullCache(model.config, 3, 32, chunk_size=4)
-        outs += [model.prefill(prompts, cache)] + [q.clone() for q in cache.last_query]
-        outs += [model(torch.randint(0, 97, (3, 2)), cache=cache)] + list(cache.last_query) + list(cache.chunk_keys)
-    half = len(outs) // 2
-    assert_bitwise(outs[:half], outs[half:])
-    assert not torch.equal(outs[1], outs[half - len(model.model.layers)])  # the step changed them
+        logits = [model.prefill(prompts, cache)]
+        after_prefill = [q.clone() for q in cache.last_query]
+        logits.append(model(torch.randint(0, 97, (3, 2)), cache=cache))
+        runs.append((logits, after_prefill, [q.clone() for q in cache.last_query], list(cache.chunk_keys)))
+    for a, b in zip(*runs):
+        assert_bitwise(a, b)
+    _, after_prefill, after_step, _ = runs[1]
+    for before, after in zip(after_prefill, after_step):
+        assert all(not torch.equal(before[r], after[r]) for r in range(3))
 
 
 class ExtraTokens:

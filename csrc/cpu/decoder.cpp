@@ -2,7 +2,8 @@
 // (decoder_attn_in) and everything after it (decoder_attn_out_mlp); and all the layers of a forward in
 // one call (decoder_layers). triforce/models/llama.py's
 // DecoderLayer takes this path for the forwards the few-row linear kernel serves (a decode or
-// verification step: at most ROWWISE_MAX_ROWS rows); the cache's attend stays in Python between them.
+// verification step: at most ROWWISE_MAX_ROWS rows), with the cache's attend in Python between the two
+// calls, or all layers in decoder_layers where the cache allows it.
 //
 // Why: a SmolLM2-135M decode step on one core spends ~10 ms of its ~40 in ~1,800 dispatched tensor ops
 // (60 per layer) and the Python around them, not in its kernels. Here a layer costs two dispatches.
@@ -12,7 +13,8 @@
 // verify_attention over the buffers" (full, retrieval, and a StreamingLLM cache's small steps; a full
 // cache's last queries too): the same functions in the same order, so the same bits. Why: the two calls
 // per layer from Python, with the cache's index_put writes and the attention's dispatch between them,
-// still cost ~70 us a layer on one core (~2 ms of a ~12 ms SmolLM2 decode step); one call costs ~20.
+// still cost ~70-90 us a layer on one core (~2 ms of a ~12 ms SmolLM2 decode step); in one call ~30 is
+// left (the Python that gathers the arguments, and the calls' own allocations and ATen sums).
 //
 // Bitwise contract: each call computes exactly what the Python modules compute (RMSNorm, Linear on its
 // rowwise path, RoPE, SwiGLU MLP, residual adds), with the same rowwise_linear / rowwise_linear_q8

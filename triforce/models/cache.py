@@ -228,9 +228,13 @@ class _KVCache:
         with ``step.seqlens`` and ``step.tree_mask``. The model layer then runs its layers and this cache's
         side of them in one native call (``triforce_C::decoder_layers``, csrc/cpu/decoder.cpp). ``None``
         otherwise (a subclass that changes ``attend`` or ``_write``, a StreamingLLM cache's large step)."""
-        if type(self).attend is not _KVCache.attend or type(self)._write is not _KVCache._write:
+        if self._changed(_KVCache):
             return None
         return self.k, self.v, [], []
+
+    def _changed(self, cls) -> bool:
+        """Whether a subclass replaced ``cls.attend`` or ``_write`` (the native path then steps aside)."""
+        return type(self).attend is not cls.attend or type(self)._write is not _KVCache._write
 
     def end(self, step: Step) -> None:
         self.lengths.add_(step.counts)
@@ -364,7 +368,7 @@ class FullCache(_KVCache):
         return super().attend(layer, q, k, v, step)
 
     def _native_buffers(self, step):
-        if type(self).attend is not FullCache.attend or type(self)._write is not _KVCache._write:
+        if self._changed(FullCache):
             return None
         return self.k, self.v, [], (self.last_query if self.chunk_size is not None else [])
 
@@ -651,8 +655,7 @@ class StreamingCache(_KVCache):
         return out
 
     def _native_buffers(self, step):
-        if type(self).attend is not StreamingCache.attend or type(self)._write is not _KVCache._write \
-                or step.T > self.max_step:
+        if self._changed(StreamingCache) or step.T > self.max_step:
             return None
         return self.k, self.v, self.k_raw, []
 
