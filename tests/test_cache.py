@@ -427,6 +427,11 @@ def test_retrieval_rebuild_triggers_and_errors():
         RetrievalCache(model.config, full, budget=8, chunk_size=4, max_step=4, sink_chunks=1, recent_chunks=1)
     with pytest.raises(ValueError, match="chunk_size"):
         RetrievalCache(model.config, FullCache(model.config, 2, 64), budget=16, chunk_size=4, max_step=4)
+    for name, bad in (("budget", 0), ("max_step", 0), ("sink_chunks", -1), ("rebuild_stride", 0),
+                      ("acceptance_window", 0), ("rebuild_stride", 2.0), ("max_step", True)):
+        args = dict(budget=16, chunk_size=4, max_step=4) | {name: bad}
+        with pytest.raises(ValueError, match=f"{name} must be an int >= "):
+            RetrievalCache(model.config, full, **args)
     rc = RetrievalCache(model.config, full, budget=16, chunk_size=4, max_step=4, rebuild_stride=100,
                         min_acceptance=0.6, acceptance_window=3)
     assert rc.num_rebuilds == 1

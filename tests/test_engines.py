@@ -244,6 +244,48 @@ def test_greedy_speculative_accepts_exactly_the_drafts_agreement(tiny_models, re
         assert hist[1] > 0 and hist[gamma + 1] > 0, hist
 
 
+@pytest.mark.parametrize("shape", [(2, 2, 1), (3,), (1, 3, 2)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tree_drafter_drafts_from_the_right_context(tiny_models, shape, temperature):
+    """A tree drafter proposes, under each node, what the draft model predicts after the prompt, the
+    pending token and the node's path: greedy, the top-k children (:func:`top_ids`' order); sampling, the
+    draft distribution it returns for the node. Each is checked against one forward of the whole
+    context without a cache. After drafting, its cache holds the prompt again (the catch-up tokens
+    kept, the root and the tree rolled back). Losslessness does not depend on any of this (a wrong
+    draft is only rejected), so the end-to-end tests cannot see a drafter fed a wrong context."""
+    from triforce.engines.drafters import Drafter
+    from triforce.engines.steps import Sampling, top_ids
+
+    model = tiny_models[1]
+    width = len(shape) + 2
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (11, 19)]
+    pending = torch.randint(0, 64, (len(prompts), 1), generator=g)
+    hist = torch.cat([torch.stack([p[len(p) + 1 - width:] for p in prompts]), pending], 1)
+    sampling = Sampling(temperature, None, None, torch.Generator().manual_seed(7))
+    drafter = Drafter(model, FullCache(model.config, len(prompts), 64), sampling, width)
+    drafter.prefill(prompts, hist)
+    parents = tree_parents(shape)
+    tokens, probs, _ = drafter.propose_tree(shape, parents, model.config.vocab_size)
+    assert drafter.cache.lengths.tolist() == [len(p) for p in prompts]
+    assert torch.equal(tokens[:, 0], pending[:, 0])
+    for b, p in enumerate(prompts):
+        for node in sorted(set(parents[1:])):  # every node with children
+            path, i = [], node
+            while i > 0:
+                path.append(int(tokens[b, i]))
+                i = parents[i]
+            ctx = torch.cat([p, pending[b], torch.tensor(path[::-1], dtype=torch.int64)])
+            ref = model(ctx[None])[0, -1]
+            children = tokens[b, [c for c in range(len(parents)) if parents[c] == node]]
+            if temperature == 0:
+                top = top_ids(ref[None], len(children))[0]
+                # the same tokens, up to a near-tie the cached forward rounds the other way
+                assert torch.equal(children, top) or (ref[children] - ref[top]).abs().max() < 1e-4, (b, node)
+            else:
+                torch.testing.assert_close(probs[b, node], sampling.probs(ref[None])[0], atol=1e-5, rtol=1e-4)
+
+
 def _live_tensor_bytes() -> int:
     gc.collect()
     seen, total = set(), 0
