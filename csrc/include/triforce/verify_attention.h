@@ -139,6 +139,9 @@ struct RowPrefetch {
   }
 };
 
+// Keys of P V per RowPrefetch step on the few-rows path (kKeys; steps_per_tile).
+constexpr int64_t kPvKeysPerStep = 8;
+
 // K transposed, kt [D][KT] with columns n..KT-1 zero (so the QK^T blocks always run over KT keys), and
 // V row-major, vt [n][D]. row: D floats of scratch for one converted K row (fp32 K rows are read in
 // place).
@@ -279,8 +282,10 @@ inline void transpose16_avx512(__m512* x) {
 // then round differently from a verification pass). Keys are read in place, 16 x 16 elements at a time,
 // and transposed in registers. In a partial group keys n..15 repeat key n - 1; their scores are masked.
 template <int ROWS>
-inline void scores_keys_avx512(const float* q, int64_t D, const float* k, int64_t ks, int64_t n, float* s) {
+inline void scores_keys_avx512(const float* q, int64_t D, const float* k, int64_t ks, int64_t n, float* s,
+                               RowPrefetch* rows) {
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    if (rows) rows->step();  // a share of the next chunk's rows per group (steps_per_tile)
     const float* kj[16];
     for (int j = 0; j < 16; ++j) kj[j] = k + std::min<int64_t>(j0 + j, n - 1) * ks;
     __m512 acc[ROWS];
@@ -296,17 +301,18 @@ inline void scores_keys_avx512(const float* q, int64_t D, const float* k, int64_
   }
 }
 
-inline void scores_keys(const float* q, int64_t R, int64_t D, const float* k, int64_t ks, int64_t n, float* s) {
+inline void scores_keys(const float* q, int64_t R, int64_t D, const float* k, int64_t ks, int64_t n, float* s,
+                        RowPrefetch* rows) {
   static_assert(kSmallR == 8, "one case per row count");
   switch (R) {
-    case 1: scores_keys_avx512<1>(q, D, k, ks, n, s); break;
-    case 2: scores_keys_avx512<2>(q, D, k, ks, n, s); break;
-    case 3: scores_keys_avx512<3>(q, D, k, ks, n, s); break;
-    case 4: scores_keys_avx512<4>(q, D, k, ks, n, s); break;
-    case 5: scores_keys_avx512<5>(q, D, k, ks, n, s); break;
-    case 6: scores_keys_avx512<6>(q, D, k, ks, n, s); break;
-    case 7: scores_keys_avx512<7>(q, D, k, ks, n, s); break;
-    default: scores_keys_avx512<8>(q, D, k, ks, n, s); break;
+    case 1: scores_keys_avx512<1>(q, D, k, ks, n, s, rows); break;
+    case 2: scores_keys_avx512<2>(q, D, k, ks, n, s, rows); break;
+    case 3: scores_keys_avx512<3>(q, D, k, ks, n, s, rows); break;
+    case 4: scores_keys_avx512<4>(q, D, k, ks, n, s, rows); break;
+    case 5: scores_keys_avx512<5>(q, D, k, ks, n, s, rows); break;
+    case 6: scores_keys_avx512<6>(q, D, k, ks, n, s, rows); break;
+    case 7: scores_keys_avx512<7>(q, D, k, ks, n, s, rows); break;
+    default: scores_keys_avx512<8>(q, D, k, ks, n, s, rows); break;
   }
 }
 #endif
@@ -429,8 +435,10 @@ inline void pv_row(const float* p, int64_t n, int64_t D, const float* vt, int64_
 // ROWS broadcasts feed 4 * ROWS FMAs per key. Weight of row i, key j: s[i * KT + j], or s[j * rp + i]
 // when LANES (the rows-in-lanes layout; rp = 16 * vectors). The layout is a template parameter so that
 // the row-major path keeps its constant offsets (a runtime stride there cost ~1.5% at T = 1).
+// rows (row-major only): a share of the next chunk's rows every kPvKeysPerStep keys (steps_per_tile).
 template <int ROWS, typename E, bool LANES = false>
-inline void pv_rows_avx512(const float* s, int64_t rp, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc) {
+inline void pv_rows_avx512(const float* s, int64_t rp, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc,
+                           RowPrefetch* rows = nullptr) {
   const int64_t srs = LANES ? 1 : KT, sks = LANES ? rp : 1;
   static_assert(ROWS >= 1 && ROWS <= 4, "16 accumulators at most");
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
@@ -438,6 +446,8 @@ inline void pv_rows_avx512(const float* s, int64_t rp, int64_t n, int64_t D, con
     for (int i = 0; i < ROWS; ++i)
       for (int c = 0; c < 4; ++c) a[i][c] = _mm512_loadu_ps(acc + i * D + d0 + 16 * c);
     for (int64_t j = 0; j < n; ++j) {
+      if constexpr (!LANES)
+        if (rows && j % kPvKeysPerStep == 0) rows->step();
       const E* vj = vt + j * vs + d0;
       const __m512 v0 = load16(vj), v1 = load16(vj + 16), v2 = load16(vj + 32), v3 = load16(vj + 48);
       for (int i = 0; i < ROWS; ++i) {
@@ -471,10 +481,11 @@ inline void row_blocks(int64_t R, F&& f) {
 // acc [R][D] += P [R][n] V [n][D] (value j at vt + j * vs, fp32 or, on the AVX-512 path, the cache's
 // bf16/fp16): blocks of 4 rows, then the last 1-3 rows together (AVX-512, D % 64 == 0); otherwise row
 // by row (fp32 only: attend_range converts other types into a tile first). P [r][j] at s[r * KT + j], or
-// at s[j * RP + r] when rp = RP (the rows-in-lanes layout, AVX-512 only).
+// at s[j * RP + r] when rp = RP (the rows-in-lanes layout, AVX-512 only). prefetch: the row-major
+// path's share of the next chunk's rows, stepped during the first block of rows (steps_per_tile).
 template <typename E>
 inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt, int64_t vs, float* acc,
-                    int64_t rp = 0) {
+                    int64_t rp = 0, RowPrefetch* prefetch = nullptr) {
   int64_t r0 = 0;
 #if defined(__AVX512F__)
   if (D % 64 == 0) {
@@ -482,7 +493,8 @@ inline void pv_tile(const float* s, int64_t R, int64_t n, int64_t D, const E* vt
       constexpr bool L = decltype(lanes)::value;
       const int64_t srs = L ? 1 : KT;
       row_blocks(R, [&](auto rows, int64_t r) {
-        pv_rows_avx512<decltype(rows)::value, E, L>(s + r * srs, rp, n, D, vt, vs, acc + r * D);
+        pv_rows_avx512<decltype(rows)::value, E, L>(s + r * srs, rp, n, D, vt, vs, acc + r * D,
+                                                    r == 0 ? prefetch : nullptr);
       });
     };
     if (rp)
@@ -611,11 +623,23 @@ inline int64_t lanes_vectors(int64_t R, int64_t D) {
 }
 
 // RowPrefetch steps per tile (of the item's walk over all KV heads): one before the tile, one per key
-// block of the scores, one before P V on the rows-in-lanes path (nv > 0); one before the scores and
-// one before P V on the others. On the lanes path the finer spread measured 1.07-1.39x faster than two
-// steps per tile (SmolLM2 layer, T = 3-9, 30 caches cycled, one core); steps inside P V, or none after
-// the scores, 0.86-0.93x; no software prefetch at all, 0.77-1.03x.
-inline int64_t steps_per_tile(int64_t nv) { return nv ? 2 + KT / lanes_kb(nv) : 2; }
+// block of the scores, one before P V on the rows-in-lanes path (nv > 0). On the few-rows path (keys:
+// TilePath::kKeys, fp32 R <= 8, the decode step's path) one before the tile, one per 16-key group of the
+// scores, one before P V and one per kPvKeysPerStep keys of P V (D % 64 == 0: its AVX-512 blocks, per 64
+// dims); on the others one before the scores and one before P V.
+// On the lanes path the finer spread measured 1.07-1.39x faster than two steps per tile (SmolLM2 layer,
+// T = 3-9, 30 caches cycled, one core); steps inside P V, or none after the scores, 0.86-0.93x; no
+// software prefetch at all, 0.77-1.03x. On the few-rows path, 8 steps per tile instead of 2 (a burst of
+// 128 prefetched lines each at D = 64, Hkv = 3, fp32): 1.15x (SmolLM2's 30 caches cycled, B = 4 x 3000,
+// T = 1, one AMD EPYC core: 1.60 -> 1.39 ms a layer, median of 5 alternating rounds); 18 steps (also
+// per 16 dims of the scores, every 4 keys of P V) gained nothing more; prefetching 2 or 3 chunks ahead
+// instead of one, nothing; prefetcht0 or prefetchnta instead of prefetcht1, 0.5x. Without any software
+// prefetch this walk reads at 5-6 GB/s: this VM's hardware prefetchers do not follow it.
+inline int64_t steps_per_tile(int64_t nv, bool keys, int64_t D) {
+  if (nv) return 2 + KT / lanes_kb(nv);
+  if (keys) return 2 + (KT + 15) / 16 + (D % 64 == 0 ? D / 64 * ((KT + kPvKeysPerStep - 1) / kPvKeysPerStep) : 0);
+  return 2;
+}
 
 // The R query rows q [R][D] transposed into qt [D][16 * nv], zero in the padded lanes.
 inline void transpose_rows(const float* q, int64_t R, int64_t D, int64_t nv, float* qt) {
@@ -775,8 +799,9 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
 #if defined(__AVX512F__)
       case TilePath::kKeys:
         if constexpr (std::is_same_v<T, float>) {
-          scores_keys(q, R, D, k + p0 * skn, skn, n, s);
-          softmax_pv(v + p0 * svn, svn);
+          scores_keys(q, R, D, k + p0 * skn, skn, n, s, rows);
+          softmax();
+          pv_tile(s, R, n, D, v + p0 * svn, svn, acc, 0, rows);
         }
         break;
       case TilePath::kDotBf16:
@@ -948,7 +973,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         }
         va::RowPrefetch rows;
         const int64_t row_bytes = (std::max(skh, svh) * (Hkv - 1) + D) * int64_t(sizeof(T));  // one key's heads
-        const int64_t steps_per_tile = va::steps_per_tile(lanes_nv);
+        const int64_t steps_per_tile =
+            va::steps_per_tile(lanes_nv, va::tile_path<T>(R, D, raw) == va::TilePath::kKeys, D);
         for (int64_t part = part_lo; part < part_hi; ++part) {
           auto state = [&](int64_t hh, int64_t r0) {  // (m, l, acc) of rows r0.. of head h0 + hh in this part
             const int64_t base = ((b * Hkv + h0 + hh) * nw + (part - w0)) * R + r0;
