@@ -630,8 +630,9 @@ inline int64_t lanes_vectors(int64_t R, int64_t D) {
 // On the lanes path the finer spread measured 1.07-1.39x faster than two steps per tile (SmolLM2 layer,
 // T = 3-9, 30 caches cycled, one core); steps inside P V, or none after the scores, 0.86-0.93x; no
 // software prefetch at all, 0.77-1.03x. On the few-rows path, 8 steps per tile instead of 2 (a burst of
-// 128 prefetched lines each at D = 64, Hkv = 3, fp32): 1.15x (SmolLM2's 30 caches cycled, B = 4 x 3000,
-// T = 1, one AMD EPYC core: 1.60 -> 1.39 ms a layer, median of 5 alternating rounds); 18 steps (also
+// 128 prefetched lines each at D = 64, Hkv = 3, fp32): 1.10x (SmolLM2's 30 caches cycled, T = 1, one AMD
+// EPYC core, median of 5 alternating rounds: B = 4 x 3000 1.52 -> 1.38 ms a layer, B = 1 x 6000 0.74 ->
+// 0.67 ms; docs/attention.md, "The decode step's prefetch in eight steps a tile"); 18 steps (also
 // per 16 dims of the scores, every 4 keys of P V) gained nothing more; prefetching 2 or 3 chunks ahead
 // instead of one, nothing; prefetcht0 or prefetchnta instead of prefetcht1, 0.5x. Without any software
 // prefetch this walk reads at 5-6 GB/s: this VM's hardware prefetchers do not follow it. The same spread
