@@ -286,6 +286,45 @@ def test_tree_drafter_drafts_from_the_right_context(tiny_models, shape, temperat
                 torch.testing.assert_close(probs[b, node], sampling.probs(ref[None])[0], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("method,opts,level", [
+    ("triforce", {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4, "sink": 1, "window": 12},
+     "retrieval->full"),
+    ("magicdec", {"gamma": 3, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4}, "self->full"),
+])
+def test_retrieval_cache_is_fed_the_levels_acceptance(tiny_models, monkeypatch, method, opts, level):
+    """The rebuild-on-low-acceptance policy of a retrieval cache gets, every step, the acceptance of the
+    level it drafts for: the drafts the level accepted over those it was offered in that step, over the
+    active rows (what ``stats["acceptance"][level]`` sums over the run). Like the drafts themselves,
+    this never changes the output, only when the cache is rebuilt."""
+    from triforce.engines.steps import Stats
+    from triforce.models.cache import RetrievalCache
+
+    recorded, expected = [], []
+    record, accept = RetrievalCache.record_acceptance, Stats.accept
+
+    def spy_record(self, rate):
+        recorded.append(float(rate))
+        return record(self, rate)
+
+    def spy_accept(self, name, num, offered, active):
+        if name == level:
+            act = active.long()
+            off = act * offered if isinstance(offered, int) else offered.long() * act
+            expected.append(float((num.long() * act).sum() / off.sum().clamp(min=1)))
+        return accept(self, name, num, offered, active)
+
+    monkeypatch.setattr(RetrievalCache, "record_acceptance", spy_record)
+    monkeypatch.setattr(Stats, "accept", spy_accept)
+    target, draft = tiny_models
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 64, (n,), generator=g) for n in (40, 52)]
+    triforce.generate(target, prompts, method=method, draft=draft if method == "triforce" else None,
+                      max_new_tokens=30, **opts)
+    assert len(recorded) == len(expected) > 3
+    assert recorded == pytest.approx(expected, abs=1e-6)
+    assert any(0 < r < 1 for r in recorded), recorded  # the test means something: partial acceptance
+
+
 def _live_tensor_bytes() -> int:
     gc.collect()
     seen, total = set(), 0
