@@ -400,6 +400,10 @@ def test_bad_inputs(tiny_models):
         triforce.generate(target, p, method="speculative", max_new_tokens=3, draft=tiny(2, vocab=32))
     with pytest.raises(ValueError, match="tree"):
         triforce.generate(target, p, method="tree", max_new_tokens=3, tree=(2, 0))
+    # a tree of 7 nodes and a history of 4 need a window of 11: 10 is refused, 11 runs
+    with pytest.raises(ValueError, match="window: 'tree' .* at least 11 tokens, got 10"):
+        triforce.generate(target, p, method="tree", max_new_tokens=3, tree=(2, 2), window=10)
+    triforce.generate(target, p, method="tree", max_new_tokens=3, tree=(2, 2), window=11)
 
 
 @pytest.mark.parametrize("method,opts,dtype", [

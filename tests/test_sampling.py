@@ -394,6 +394,8 @@ def test_chain_bad_inputs(bad, err, match):
     ("tree_greedy_verify", dict(target_logits=torch.rand(2, 3, 5)), ValueError, "target_logits must have shape"),
     ("tree_greedy_verify", dict(target_logits=torch.zeros(2, 4, 5, dtype=torch.long)), TypeError, "target_logits must have dtype"),
     ("chain_greedy_verify", dict(target_logits=torch.rand(2, 5)), ValueError, "target_logits must have 3 dimensions"),
+    ("chain_greedy_verify", dict(target_logits=torch.rand(2, 4, 0)), ValueError, "V >= 1"),
+    ("tree_greedy_verify", dict(target_logits=torch.rand(2, 4, 0)), ValueError, "V >= 1"),
 ])
 def test_tree_and_greedy_bad_inputs(fn, args, err, match):
     base = dict(tree_tokens=torch.zeros(2, 4, dtype=torch.long), parents=torch.zeros(2, 4, dtype=torch.long),
