@@ -325,6 +325,30 @@ def test_retrieval_cache_is_fed_the_levels_acceptance(tiny_models, monkeypatch, 
     assert any(0 < r < 1 for r in recorded), recorded  # the test means something: partial acceptance
 
 
+@pytest.mark.parametrize("method,opts", [
+    ("speculative", {"gamma": 2}),
+    ("triforce", {"gamma1": 1, "gamma2": 3, "budget": 12, "chunk_size": 4, "sink": 1, "window": 12}),
+])
+def test_draft_layers_drafts_with_the_first_layers(monkeypatch, method, opts):
+    """``draft_layers=k`` drafts with the target's first k layers (``Llama.layer_skip``) instead of the
+    default draft. The output cannot show which draft ran (any draft is lossless), so the test watches
+    the draft being made."""
+    target = tiny(0, layers=3)
+    made = []
+    layer_skip = type(target).layer_skip
+
+    def spy(self, k):
+        made.append((self is target, k))
+        return layer_skip(self, k)
+
+    monkeypatch.setattr(type(target), "layer_skip", spy)
+    p = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(6))
+    ref = triforce.generate(target, p, method="autoregressive", max_new_tokens=6)
+    out = triforce.generate(target, p, method=method, max_new_tokens=6, draft_layers=2, **opts)
+    assert made == [(True, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+
+
 def _live_tensor_bytes() -> int:
     gc.collect()
     seen, total = set(), 0
