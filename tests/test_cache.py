@@ -54,6 +54,9 @@ def test_rollback_then_new_tokens_equals_fresh_run():
 
 def test_rollback_never_grows_and_validates():
     model = tiny()
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="max_len must be a positive int"):
+            FullCache(model.config, 2, bad)
     cache = FullCache(model.config, 2, 16)
     model.prefill(torch.zeros(2, 5, dtype=torch.long), cache)
     cache.rollback(torch.tensor([9, 3]))

@@ -191,6 +191,14 @@ def test_bad_option_values_name_the_option(method, opts, name):
         triforce.generate(target, p, method=method, max_new_tokens=4, **opts)
 
 
+def test_every_default_passes_its_own_check():
+    """The option table's defaults are values its own checks accept (a default of ``tree`` with a zero
+    branching factor, say, would reach the engine unchecked: defaults are not validated per call)."""
+    from triforce.engines.methods import OPTIONS
+
+    assert {name: opt.check(opt.default) for name, opt in OPTIONS.items()} == {name: None for name in OPTIONS}
+
+
 def test_budget_too_small_blames_the_budget_not_the_prompt():
     target = tiny(0, 64)
     with pytest.raises(ValueError, match=r"^budget: .*got budget=8"):
