@@ -246,6 +246,7 @@ def test_streaming_random_steps_deep_rollbacks_and_trees(seed, sink, window, max
 
     def forward(T, counts, parents=None):
         step = cache.begin(T, tree_parents=parents, counts=counts)
+        assert int(step.positions.max()) < context  # the frame is re-based before a position leaves the context
         for b in range(B):  # eviction at the start of every forward
             evict(b)
         assert cache.lengths.tolist() == [len(h) for h in held]
