@@ -33,7 +33,7 @@ def tables(rows: list[dict]) -> str:
     for device in sorted({r["device"] for r in rows}):
         out.append(f"### {device}\n")
         dev_rows = [r for r in rows if r["device"] == device]
-        meta = dev_rows[-1]
+        meta = max(dev_rows, key=lambda r: r["date"])  # the newest row: a rerun keeps its key's place
         bws = sorted({r["copy_gbps"] for r in dev_rows if r["copy_gbps"]}, key=float)
         out.append(f"torch {meta['torch']}, triton {meta['triton'] or '-'}, latest commit {meta['commit']}, "
                    f"{meta['date'][:10]}; copy bandwidth measured per run: {', '.join(bws) or '-'} GB/s\n")

@@ -58,6 +58,26 @@ def test_a_file_from_before_the_flop_columns_gets_the_new_header(tmp_path):
     assert "| GFLOP/s | of matmul peak | of roofline |" in new_table and "| 0.50 | 50% | 50% |" in new_table
 
 
+def test_the_header_names_the_newest_rows_commit(tmp_path):
+    """A rerun of a configuration keeps the table position of its first run: the header's versions and
+    commit are the newest row's, not the last configuration's."""
+    path = tmp_path / "r.csv"
+    fields = dict(family="f", op="op", backend="cpu", dtype="float32", timing=TIMING, csv_path=str(path))
+    rows = [("2026-01-01T00:00:00", "aaa", "s1"), ("2026-01-02T00:00:00", "bbb", "s2"),
+            ("2026-01-03T00:00:00", "ccc", "s1")]
+    for date, commit, shape in rows:
+        harness.record(shape=shape, **fields)
+    with open(path, newline="") as f:
+        written = list(csv.DictReader(f))
+    for r, (date, commit, _) in zip(written, rows):
+        r["date"], r["commit"] = date, commit
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=harness.FIELDS)
+        w.writeheader()
+        w.writerows(written)
+    assert "latest commit ccc, 2026-01-03" in report.tables(report.load(str(path)))
+
+
 def test_a_foreign_csv_is_not_rewritten(tmp_path):
     path = tmp_path / "foreign.csv"
     path.write_bytes(b"a,b\r\n1,2\r\n")
