@@ -49,7 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.bench_e2e import table1_caches  # noqa: E402
-from bench.harness import copy_bandwidth, measure, record  # noqa: E402
+from bench.cost_model import chain_acceptance, speculative_speedup  # noqa: E402
+from bench.harness import copy_bandwidth, forward_time, record  # noqa: E402
 from triforce.demo import (SharedPrefill, compare_methods, encode, kv_bytes_per_token, natural_prompt,  # noqa: E402
                            passkey_prompt, weight_bytes)
 from triforce.generate import generate  # noqa: E402
@@ -182,25 +183,6 @@ def part_hierarchy(target, draft, tok, args, out: dict) -> None:
               f"{item['mean_accepted'] or 1:.2f} | {times} |", flush=True)
 
 
-def pass_time(model, batch: int, length: int, T: int) -> dict:
-    """One forward of ``T`` tokens per row over a cache holding ``length`` tokens, then rolled back."""
-    cache = FullCache(model.config, batch, length + T, dtype=model.dtype)
-    for layer in range(cache.num_layers):
-        cache.k[layer].normal_()
-        cache.v[layer].normal_()
-    base = torch.full((batch,), length, dtype=torch.int32)
-    cache.lengths.copy_(base)
-    ids = torch.randint(0, model.config.vocab_size, (batch, T))
-
-    def step():
-        model(ids, cache=cache)
-        cache.rollback(base)
-        cache._bound = length
-    t = measure(step, warmup=1, reps=5, min_time_s=0.0, max_reps=5)
-    del cache
-    return t
-
-
 def part_costs(target, draft, tok, args, out: dict) -> None:
     """Per-pass latencies of every level; the cost model's speed-ups from them."""
     B, N = args.batch, args.context
@@ -218,7 +200,7 @@ def part_costs(target, draft, tok, args, out: dict) -> None:
     for name, which, length, T in rows:
         log(f"costs: {name}")
         model, w, kv = (target, wt, kt) if which == "target" else (draft, wd, kd)
-        t = pass_time(model, B, length, T)
+        t = forward_time(model, B, length, T, warmup=1, reps=5, min_time_s=0.0, max_reps=5)
         nbytes = w + B * length * kv
         res.append({"pass": name, "model": which, "batch": B, "cache_tokens": length, "tokens": T,
                     "ms": t["median_s"] * 1e3, "p10_ms": t["p10_s"] * 1e3, "p90_ms": t["p90_s"] * 1e3,
@@ -242,7 +224,7 @@ def part_costs(target, draft, tok, args, out: dict) -> None:
               f"{r['floor_ms'] / r['ms']:.2f} |")
 
     def spec(a: float, g: int, verify_ms: float) -> float:  # speed-up over autoregressive, tokens independent
-        return (1 - a ** (g + 1)) / (1 - a) / (g * dstep + verify_ms) * ar
+        return speculative_speedup(a, g, dstep, verify_ms, ar)
     agree = {k: v["top1_agreement"] for k, v in out.get("agreement", {}).items()}
     cases = {**{f"{k} ({v:.2f})": v for k, v in agree.items()}, "0.80": 0.8, "0.90": 0.9}
     pred = {}
@@ -280,7 +262,7 @@ def part_agreement(target, draft, tok, args, out: dict) -> None:
             top.append(logits.argmax(-1)[0])
         a = (top[0] == top[1]).double().mean().item()
         res[kind] = {"tokens": len(ids), "top1_agreement": a,
-                     "implied_chain_acceptance": {g: sum(a ** i for i in range(1, g + 1)) / g for g in (1, 3, 4, 8)}}
+                     "implied_chain_acceptance": {g: chain_acceptance(a, g) for g in (1, 3, 4, 8)}}
     out["agreement"] = res
     print("\n| text | tokens | top-1 agreement 0.5B vs 1.5B | implied greedy acceptance, gamma 3 / 4 / 8 |")
     print("|---|---|---|---|")

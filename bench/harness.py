@@ -111,6 +111,30 @@ _BW: dict[str, float] = {}
 _PEAK: dict[tuple, float] = {}
 
 
+def forward_time(model, batch: int, length: int, T: int, **measure_kw) -> dict:
+    """``measure`` of one cached forward of ``T`` tokens per row over a full cache that holds ``length``
+    tokens (random keys and values: the attention reads them all the same), rolled back after each call so
+    that every call sees the same cache. On the model's device and in its dtype; ``measure_kw`` go to
+    ``measure``."""
+    from triforce.models.cache import FullCache
+    dev = model.device
+    cache = FullCache(model.config, batch, length + T, device=dev, dtype=model.dtype)
+    for layer in range(cache.num_layers):
+        cache.k[layer].normal_()
+        cache.v[layer].normal_()
+    base = torch.full((batch,), length, dtype=torch.int32, device=dev)
+    cache.lengths.copy_(base)
+    ids = torch.randint(0, model.config.vocab_size, (batch, T), device=dev)
+
+    def step():
+        model(ids, cache=cache)
+        cache.rollback(base)
+        cache.tighten_bound(length)  # the lengths are known: no capacity check reads them
+    t = measure(step, device=dev, **measure_kw)
+    del cache
+    return t
+
+
 def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 512 * 2**20) -> float:
     """Measured copy bandwidth in bytes/s (read + write bytes of a large ``copy_``), once per run."""
     device = torch.device(device)

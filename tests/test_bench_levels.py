@@ -1,0 +1,82 @@
+"""The cost model (bench/cost_model.py) and TriForce's level benchmark (bench/bench_levels.py), run on tiny
+shapes on the CPU: the same code a GPU run of the Llama-3.1-8B shape goes through."""
+import csv
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from bench import bench_levels
+from bench.cost_model import (chain_acceptance, expected_tokens, per_token_acceptance, speculative_speedup,
+                              triforce_speedup)
+
+
+def test_expected_tokens_and_chain_acceptance_at_known_points():
+    assert expected_tokens(1.0, 4) == 5 and expected_tokens(0.0, 4) == 1
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert chain_acceptance(0.5, 2) == pytest.approx((0.5 + 0.25) / 2)
+    assert chain_acceptance(1.0, 6) == 1.0 and chain_acceptance(0.0, 6) == 0.0
+
+
+@given(st.floats(0.0, 1.0), st.integers(1, 12))
+def test_per_token_acceptance_inverts_the_chain_rate(a, g):
+    assert per_token_acceptance(chain_acceptance(a, g), g) == pytest.approx(a, abs=1e-9)
+
+
+def test_per_token_acceptance_refuses_a_rate_outside_0_1():
+    with pytest.raises(ValueError, match="rate must be in"):
+        per_token_acceptance(1.5, 2)
+
+
+def test_speedups_by_hand():
+    # one level: a = 0.5, gamma 2 -> 1.75 tokens per round of 2 drafts at 0.1 and a verification at 1.2
+    assert speculative_speedup(0.5, 2, 0.1, 1.2, 1.0) == pytest.approx(1.75 / 1.4)
+    # TriForce, every draft accepted at both levels: gamma2 = 6 tokens take 6 / 3 = 2 middle blocks of
+    # 2 drafts (0.1 each) and a middle pass (0.5); the full pass (1.2) then yields 7 tokens
+    assert triforce_speedup(1.0, 1.0, 2, 6, 0.1, 0.5, 1.2, 1.0) == pytest.approx(7 / (2 * 0.7 + 1.2))
+    # nothing accepted anywhere: 6 blocks for the middle's 6 tokens, 1 token per round; and a rebuild
+    # charged per emitted token
+    assert triforce_speedup(0.0, 0.0, 2, 6, 0.1, 0.5, 1.2, 1.0, rebuild=0.3) == pytest.approx(1 / (6 * 0.7 + 1.2 + 0.3))
+
+
+def test_levels_benchmark_on_tiny_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIFORCE_BENCH_CSV", str(tmp_path / "r.csv"))
+    out = bench_levels.main(["--target", "tiny", "--draft", "tiny", "--context", "384", "--batch", "1", "2",
+                             "--budget", "64", "--rebuild-stride", "64", "--window", "48", "--device", "cpu",
+                             "--dtype", "float32", "--reps", "1", "--warmup", "0", "--json", str(tmp_path / "r.json")])
+    assert json.load(open(tmp_path / "r.json")) == json.loads(json.dumps(out))
+    assert [(s["batch"], s["context"]) for s in out["shapes"]] == [(1, 384), (2, 384)]
+    for s in out["shapes"]:
+        p = s["passes"]
+        assert (p["autoregressive"]["cache_tokens"], p["autoregressive"]["tokens"]) == (384, 1)
+        assert (p["full"]["cache_tokens"], p["full"]["tokens"]) == (384, 7)
+        assert (p["retrieval"]["cache_tokens"], p["retrieval"]["tokens"]) == (64 + 32, 3)
+        assert (p["draft"]["cache_tokens"], p["draft"]["tokens"]) == (16 + 48, 1)
+        assert all(r["ms"] > 0 for r in p.values())
+        assert set(s["predicted_speedup"]) == set(out["acceptance"]) and all(v > 0 for v in s["predicted_speedup"].values())
+    # the embedded model's measured TriForce rates, converted to per-token rates that give them back
+    measured = [k for k in out["acceptance"] if k.startswith("long_results")]
+    assert len(measured) == 2
+    rate = json.load(open(bench_levels.ROOT + "/bench/long_results_recent.json"))["runs"]["triforce"]["acceptance"][
+        "draft->retrieval"]
+    a1 = out["acceptance"][next(k for k in measured if "recent" in k)][0]
+    assert chain_acceptance(a1, 2) == pytest.approx(rate)
+    rows = list(csv.DictReader(open(tmp_path / "r.csv")))
+    assert [r["op"] for r in rows[:5]] == ["pass:autoregressive", "pass:full", "pass:retrieval", "pass:draft",
+                                            "pass:rebuild"]
+    assert len(rows) == 10 and all(r["family"] == "levels" for r in rows)
+
+
+def test_a_shape_that_does_not_fit_is_skipped_and_said(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRIFORCE_BENCH_CSV", str(tmp_path / "r.csv"))
+    monkeypatch.setattr(bench_levels, "free_bytes", lambda device: 2**20)
+    out = bench_levels.main(["--target", "tiny", "--draft", "tiny", "--context", "256", "--batch", "1",
+                             "--budget", "64", "--rebuild-stride", "64", "--device", "cpu", "--reps", "1"])
+    assert out["shapes"] == [{"batch": 1, "context": 256, "skipped": out["shapes"][0]["skipped"]}]
+    assert "GiB free" in out["shapes"][0]["skipped"] and "skipped" in capsys.readouterr().out
+    assert not (tmp_path / "r.csv").exists()
+
+
+def test_bad_budget_is_refused():
+    with pytest.raises(SystemExit):
+        bench_levels.main(["--target", "tiny", "--context", "256", "--budget", "60", "--device", "cpu"])
