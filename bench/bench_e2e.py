@@ -4,6 +4,8 @@ batch 1 and batch 8 at several thousand tokens of context (embedded SmolLM2-135M
     TRIFORCE_BENCH_CSV=/tmp/bench.csv python bench/bench_e2e.py                    # batch 1 and 8, 3000 tokens
     python bench/bench_e2e.py --context 4096 --batch 8 --max-new-tokens 64
     python bench/bench_e2e.py --table1                                             # acceptance experiment
+    python -m bench.bench_e2e --device cuda --dtype bfloat16 --batch 32 64 128 256 --context 4000 \
+        --max-new-tokens 64 --methods autoregressive magicdec              # MagicDec's regime on a GPU
     python bench/bench_e2e.py --context 6000 --batch 8 --max-new-tokens 128 --methods autoregressive magicdec \
         --options '{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}'   # engines.md: batch x context on CPU
     python bench/bench_e2e.py --context 6000 --batch 1 --max-new-tokens 64 --methods autoregressive magicdec magicdec:int8 \
@@ -33,12 +35,14 @@ from bench.harness import record  # noqa: E402
 from triforce.demo import bench_rows, load_model, natural_prompt, passkey_prompt  # noqa: E402
 from triforce.engines import METHODS  # noqa: E402
 from triforce.generate import generate  # noqa: E402
+from triforce.models.hub import device_of  # noqa: E402
 
 
 def e2e(args) -> None:
-    base = {}
+    base, dev = {}, device_of(args.device)
     for row in bench_rows("smollm2", args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
-                          args.temperature, options=json.loads(args.options) if args.options else None, log=lambda m: print(m, file=sys.stderr, flush=True)):
+                          args.temperature, options=json.loads(args.options) if args.options else None,
+                          log=lambda m: print(m, file=sys.stderr, flush=True), device=dev):
         per_token = 1.0 / row["tokens_per_s"]
         timing = {"median_s": per_token, "p10_s": per_token, "p90_s": per_token}
         if row["method"] == "autoregressive":
@@ -50,7 +54,7 @@ def e2e(args) -> None:
                shape=f"B={row['batch']},ctx={row['context']},new={args.max_new_tokens}"
                      + (f",options={args.options}" if args.options else ""),
                dtype=args.dtype or "float32", timing=timing, baseline="autoregressive",
-               baseline_timing=base.get(row["batch"]), extra=json.dumps(extra, default=str))
+               baseline_timing=base.get(row["batch"]), extra=json.dumps(extra, default=str), device=dev)
 
 
 def table1_caches(ctx: int, budget: int, new_tokens: int, sink: int = 16) -> dict:
@@ -108,6 +112,7 @@ def main() -> None:
                          "--options takes the label as its key")
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto (the GPU when there is one)")
     ap.add_argument("--table1", action="store_true", help="run the acceptance experiment instead")
     ap.add_argument("--options", default=None,
                     help='per-method options as JSON, e.g. \'{"magicdec": {"draft_cache": "retrieval", "budget": 512, "gamma": 2}}\'')

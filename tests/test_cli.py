@@ -30,7 +30,7 @@ VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORD
 
 @pytest.fixture
 def smol(monkeypatch):
-    load = lambda name="smollm2", dtype=None: load_smollm2()  # noqa: E731
+    load = lambda name="smollm2", dtype=None, device=None: load_smollm2()  # noqa: E731  (the shared CPU model)
     monkeypatch.setattr(demo, "load_model", load)
     monkeypatch.setattr(hub, "load_model", load)
 
@@ -383,6 +383,44 @@ def test_demo_quick(smol, capsys):
     assert cli.main(["demo", "--quick", "--context", "30", "--progress"]) != 0
     out, err = capsys.readouterr()
     assert "too short for the pass-key prompt" in err and "running" not in err and "== batch" not in out
+
+
+@pytest.mark.parametrize("flag,named", [("bogus", "expected auto, cpu, cuda or cuda:N"),
+                                        ("mps", "expected auto, cpu, cuda or cuda:N")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "sees no CUDA device"),
+                                                                   ("cuda:1", "sees no CUDA device")]))
+@pytest.mark.parametrize("command", ["generate", "bench", "demo"])
+def test_device_flag_errors(command, flag, named, capsys):
+    rc, out, err = run([command, "--device", flag] + (["--prompt", "x"] if command == "generate" else []), capsys)
+    assert rc == 2 and named in err and "--device" in err, err
+
+
+def test_device_of():
+    assert hub.device_of("auto") == hub.device_of(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert hub.device_of("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="expected auto, cpu, cuda or cuda:N, got 'meta'"):
+        hub.device_of("meta")
+    with pytest.raises(ValueError, match=r"only \d+ CUDA device|sees no CUDA device"):
+        hub.device_of(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_generate_runs_where_device_says(hf_dir, capsys, monkeypatch):
+    """--device reaches the model (and its draft): the weights and the prompt live there."""
+    seen = []
+    real = hub.load_model
+
+    def load(name, dtype=None, device=None):
+        model, tok = real(name, dtype, device)
+        seen.append((device, model.device))
+        return model, tok
+    monkeypatch.setattr(hub, "load_model", load)
+    rc, out, _ = run(["generate", "--model", str(hf_dir), "--prompt", "the a of", "--max-new-tokens", "4",
+                      "--device", "cpu", "--method", "speculative", "--draft", str(hf_dir)], capsys)
+    assert rc == 0 and out.strip() and seen == [("cpu", torch.device("cpu"))]
+    rc2, out2, _ = run(["generate", "--model", str(hf_dir), "--prompt", "the a of", "--max-new-tokens", "4"], capsys)
+    auto = hub.device_of("auto")
+    assert rc2 == 0 and seen[1] == (str(auto), auto)
+    assert out2 == out or torch.cuda.is_available()  # the default is the CPU here: the same text
 
 
 def test_python_m_triforce_help():

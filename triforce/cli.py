@@ -85,6 +85,21 @@ def _draft(s: str) -> str:
                                      ".gguf file or head set (.safetensors)")
 
 
+def _device(s: str) -> str:
+    from .models.hub import device_of
+
+    try:
+        return str(device_of(s))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("device: ")) from None
+
+
+def _add_device(p):
+    p.add_argument("--device", metavar="DEVICE", type=_device, default="auto",
+                   help="where the model runs: auto (the GPU when torch sees one, else the CPU; the default), "
+                        "cpu, cuda or cuda:N")
+
+
 def _is_heads(draft: str) -> bool:
     return draft in HEAD_KINDS or (draft.endswith(".safetensors") and Path(draft).expanduser().is_file())
 
@@ -191,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")
     _add_model_args(g)
+    _add_device(g)
     _add_options(g)
     _add_common(g)
 
@@ -205,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true",
                    help="print one JSON object per row on stdout (tables and logs go to stderr)")
     _add_model_args(b)
+    _add_device(b)
     _add_common(b)
 
     d = sub.add_parser("demo", help="every method in the regime where it pays here: same output, speed-ups",
@@ -222,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompts of the batched long-context scene (default 4 on CPU, 32 on GPU; --quick: 2)")
     d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
     d.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
+    _add_device(d)
     _add_common(d)
 
     t = sub.add_parser("train-heads", help="train draft heads (medusa, mlp, hidden_transfer, early_exit) on this CPU",
@@ -463,7 +481,7 @@ def cmd_generate(args) -> int:
     _check_method(args)
     with Progress(enabled=args.progress) as progress:
         with progress.step("loading model"):
-            model, tok = hub.load_model(args.model, args.dtype)
+            model, tok = hub.load_model(args.model, args.dtype, args.device)
         if tok is None:
             raise ValueError(f"model {args.model!r} has no tokenizer: put the checkpoint's tokenizer.json beside "
                              "its config.json (or use a GGUF file that embeds one, or --model smollm2)")
@@ -479,7 +497,7 @@ def cmd_generate(args) -> int:
                 draft = int8_copy(model)
         elif args.draft is not None:
             with progress.step("loading draft"):
-                draft = hub.load_draft(args.draft, args.dtype)
+                draft = hub.load_draft(args.draft, args.dtype, args.device)
         ids = hub.encode(tok, text, add_special_tokens=getattr(tok, "add_bos_token", False))
         if not ids:
             raise UsageError("the prompt encodes to no tokens: give some text")
@@ -517,7 +535,7 @@ def cmd_bench(args) -> int:
         out = _StepOut(sys.stderr if args.json else sys.stdout, progress)
         progress.begin("loading model and prompts")
         for row in bench_rows(args.model, args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
-                              args.temperature, out=out, log=_log_to(progress)):
+                              args.temperature, out=out, log=_log_to(progress), device=args.device):
             if args.json:
                 print(json.dumps(_finite(row), allow_nan=False), flush=True)
     return 0
@@ -529,7 +547,7 @@ def cmd_demo(args) -> int:
     with Progress(enabled=args.progress) as progress:
         progress.begin("loading model and prompts")
         ok = run_demo(args.quick, args.context, args.max_new_tokens, args.batch, args.methods, args.dtype,
-                      out=_StepOut(sys.stdout, progress), log=_log_to(progress))
+                      out=_StepOut(sys.stdout, progress), log=_log_to(progress), device=args.device)
     return 0 if ok else 1
 
 

@@ -287,14 +287,15 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
 
 
 def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: int | None = None,
-             batch: int | None = None, methods=METHODS, dtype: str | None = None, out=None, log=None) -> bool:
+             batch: int | None = None, methods=METHODS, dtype: str | None = None, out=None, log=None,
+             device=None) -> bool:
     """The README demo on the embedded SmolLM2-135M: pass-key prompts, greedy, every method in the
     regime where it pays on this hardware (:func:`demo_scenes`); per method tokens/s, speed-up, mean
     accepted tokens per target pass, acceptance per level and "same output"; one line on why a method
     that loses here loses. -> True when every method's tokens equal the autoregressive ones."""
     out = out or sys.stdout
     t0 = time.perf_counter()
-    model, tok = load_model("smollm2", dtype)
+    model, tok = load_model("smollm2", dtype, device)
     device = next(model.parameters()).device
     print(f"SmolLM2-135M ({next(model.parameters()).dtype}, {device.type}, {torch.get_num_threads()} threads), "
           f"greedy; model load {time.perf_counter() - t0:.1f} s. Prefill is shared by the methods of a scene "
@@ -345,12 +346,12 @@ def _cap_budget(context: int) -> dict:
 
 def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: int = 4096, batches=(1, 8),
                max_new_tokens: int = 32, methods=METHODS, temperature: float = 0.0, options: dict | None = None,
-               out=None, log=None):
+               out=None, log=None, device=None):
     """``triforce bench``: for each batch size, natural-text prompts of ~``context`` tokens (different
-    passages per row, lengths differing by a few tokens), every method, one table per batch size.
-    Yields one flat dict per (batch, method)."""
+    passages per row, lengths differing by a few tokens), every method, one table per batch size, on
+    ``device`` (default: the CPU). Yields one flat dict per (batch, method)."""
     out = out or sys.stdout
-    model, tok = load_model(model_name, dtype)
+    model, tok = load_model(model_name, dtype, device)
     if tok is None:
         raise ValueError("model: benchmarking needs a tokenizer (use the embedded smollm2)")
     limit = model.config.max_position_embeddings
@@ -361,7 +362,8 @@ def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: i
     for k, v in (options or {}).items():
         opts.setdefault(k, {}).update(v)
     for batch in batches:
-        prompts = [torch.tensor(natural_prompt(tok, context - 3 * b, offset=20000 * b)) for b in range(batch)]
+        prompts = [torch.tensor(natural_prompt(tok, context - 3 * b, offset=20000 * b), device=model.device)
+                   for b in range(batch)]
         rows = compare_methods(model, prompts, methods, max_new_tokens, temperature, options=opts, log=log)
         print(f"\nbatch {batch}, context ~{context} tokens, {max_new_tokens} new tokens, "
               f"temperature {temperature}:", file=out)

@@ -35,28 +35,51 @@ def _dtype(dtype: str | None):
     return getattr(torch, dtype)
 
 
-def load_model(name: str = "smollm2", dtype: str | None = None):
+def device_of(name: str | None) -> torch.device:
+    """The device a CLI or benchmark flag names: ``"auto"`` (or ``None``) is the GPU when torch sees one,
+    else the CPU; ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` must exist (``ValueError`` naming what is there)."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected auto, cpu, cuda or cuda:N, got {name!r}")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"device: {name!r} asked for, but this torch sees no CUDA device "
+                             f"(torch {torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA)")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"device: {name!r} asked for, but there {'is' if n == 1 else 'are'} only {n} "
+                             f"CUDA device{'s' if n > 1 else ''}")
+    return dev
+
+
+def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     """-> ``(model, tokenizer or None)``; ``None`` when the directory / GGUF file has no tokenizer.
-    ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``."""
+    ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``; ``device``: where the weights go
+    (default: the CPU)."""
     from .llama import Llama
     from .smollm2 import smollm2_135m
 
     dt = _dtype(dtype)
     if name == "smollm2":
-        return smollm2_135m(dtype=dt)
+        return smollm2_135m(device=device, dtype=dt)
     name = model_path(name)
-    model = Llama.from_pretrained(name, dtype=dt)
+    model = Llama.from_pretrained(name, device=device, dtype=dt)
     return model, load_tokenizer(name)
 
 
-def load_draft(name: str, dtype: str | None = None):
+def load_draft(name: str, dtype: str | None = None, device=None):
     """A draft model (no tokenizer: a draft shares the target's vocabulary): ``"smollm2"``, a pair name or a path."""
     from .llama import Llama
     from .smollm2 import smollm2_135m
 
     if name == "smollm2":
-        return smollm2_135m(dtype=_dtype(dtype))[0]
-    return Llama.from_pretrained(model_path(name), dtype=_dtype(dtype))
+        return smollm2_135m(device=device, dtype=_dtype(dtype))[0]
+    return Llama.from_pretrained(model_path(name), device=device, dtype=_dtype(dtype))
 
 
 def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:
