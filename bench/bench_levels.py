@@ -8,7 +8,8 @@ The target has Llama-3.1-8B's shape and the draft the shape of TriForce's Llama-
 768, 12 heads) with the target's vocabulary; both get random weights in ``--dtype`` (a pass's time
 does not depend on the values, and neither does the attention's). The caches are filled with random
 keys and values. Per batch x context, each pass is timed (CUDA events on a GPU, L2 flushed; each call
-rolled back, so every call sees the same cache):
+rolled back, so every call sees the same cache; on a GPU the passes replay from CUDA graphs, as the
+engines' do: ``TRIFORCE_CUDA_GRAPHS=0`` times them eagerly):
 
 * ``autoregressive``: the target on its full cache, 1 token per row: the baseline step;
 * ``full``: the target on its full cache, ``gamma2 + 1`` tokens (TriForce's top verification);

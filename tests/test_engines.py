@@ -24,6 +24,12 @@ def tiny(seed, vocab=64, layers=2):
     return Llama(cfg).eval()
 
 
+def ragged_prompts(device="cpu"):
+    """Four prompts of 17-41 random tokens of the tiny models' vocabulary."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 64, (n,), generator=g).to(device) for n in (17, 30, 23, 41)]
+
+
 @functools.lru_cache(maxsize=None)
 def load_smollm2():
     """The embedded model, loaded once per test session (shared with tests/test_cli.py)."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import triforce
-from tests.test_engines import SMOL_CASES, TINY_CASES, load_smollm2, tiny
+from tests.test_engines import SMOL_CASES, TINY_CASES, load_smollm2, ragged_prompts, tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = torch.device("cuda")
@@ -24,15 +24,10 @@ def tiny_models_cuda():
     return tiny(0).to(DEV), tiny(1).to(DEV)
 
 
-def _ragged_prompts():
-    g = torch.Generator().manual_seed(3)
-    return [torch.randint(0, 64, (n,), generator=g).to(DEV) for n in (17, 30, 23, 41)]
-
-
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
 def test_greedy_equals_autoregressive_tiny_ragged_cuda(tiny_models_cuda, method, opts):
     target, draft = tiny_models_cuda
-    prompts = _ragged_prompts()
+    prompts = ragged_prompts(DEV)
     ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=37)
     out = triforce.generate(target, prompts, method=method, max_new_tokens=37,
                             draft=draft if method in ("speculative", "triforce") else None, **opts)
@@ -44,7 +39,7 @@ def test_greedy_equals_autoregressive_tiny_ragged_cuda(tiny_models_cuda, method,
 @pytest.mark.parametrize("method,opts", [c for c in TINY_CASES if c[0] != "speculative"][:4])
 def test_sampling_is_reproducible_cuda(tiny_models_cuda, method, opts):
     target, draft = tiny_models_cuda
-    prompts = _ragged_prompts()
+    prompts = ragged_prompts(DEV)
     kw = dict(method=method, max_new_tokens=24, temperature=0.8, draft=draft if method == "triforce" else None, **opts)
     a = triforce.generate(target, prompts, seed=11, **kw)
     b = triforce.generate(target, prompts, seed=11, **kw)

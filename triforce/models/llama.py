@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from typing import Sequence
 
 import torch
@@ -22,6 +23,7 @@ from torch.nn.modules import module as _nn_module
 from triforce_kernels._backend import resolve
 
 from . import cache as _cache
+from . import graphs as _graphs
 from .cache import RetrievalCache, Step, TokenTree, _KVCache
 from .config import LlamaConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -396,10 +398,14 @@ class Llama(nn.Module):
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
+    # a cached forward on CUDA is replayed from a CUDA graph per (cache, shape): triforce/models/graphs.py
+    cuda_graphs = True
+
     def _apply(self, fn, recurse=True):
         # .to(torch.bfloat16) / .half() cast every floating buffer: the RoPE frequencies stay float32 (as
         # from_pretrained(dtype=...) and transformers keep them; bfloat16 would round them by up to 0.4%)
         out = super()._apply(fn, recurse)
+        _graphs.drop(self)  # the captured weights' addresses may have changed
         if not self.inv_freq.is_meta and self.inv_freq.dtype != torch.float32:
             self.inv_freq = rope_inv_freq(self.config, self.inv_freq.device)
         return out
@@ -414,14 +420,23 @@ class Llama(nn.Module):
 
     # ---- forward
     def _hidden(self, input_ids, cache=None, tree_parents=None, counts=None, query_index=None, query_valid=None,
-                tap=None):
+                tap=None, graph: bool = True):
         B, T = input_ids.shape
-        step = None
         if cache is None:
-            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+            return self._layers(input_ids, torch.arange(T, device=input_ids.device).expand(B, T))[0]
+        step = cache.begin(T, tree_parents, counts, query_index, query_valid)
+        if graph and _graphs.enabled(self, cache, input_ids, tap):
+            ref = weakref.ref(cache)  # the graphs go with their cache: their body must not keep it alive
+            h = _graphs.run(self, cache, input_ids, step, lambda ids, st: self._layers(ids, st.positions, ref(), st)[0])
         else:
-            step = cache.begin(T, tree_parents, counts, query_index, query_valid)
-            positions = step.positions
+            h, step = self._layers(input_ids, step.positions, cache, step, tree_parents, tap)
+        cache.end(step)
+        return h
+
+    def _layers(self, input_ids, positions, cache=None, step=None, tree_parents=None, tap=None):
+        """The embedding and every decoder layer (``tap``'s extra tokens joining at its layer) -> (the
+        residual stream, the step: a tap's wider one once its tokens joined); a cached forward's body,
+        between ``cache.begin`` and ``cache.end``."""
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         h = self.model.embed_tokens(input_ids)
         layers = self.model.layers
@@ -440,9 +455,7 @@ class Llama(nn.Module):
                 continue
             for i in range(lo, hi):
                 h = layers[i](h, cos, sin, cache, step)
-        if cache is not None:
-            cache.end(step)
-        return h
+        return h, step
 
     def _logits(self, h):
         return self.lm_head(self.model.norm(h)).float()
@@ -544,7 +557,7 @@ class Llama(nn.Module):
                 valid = (qi >= 0) & (qi < T)
                 qi = qi.clamp(0, T - 1)
                 counts = (lens_dev - s).clamp(0, T).to(torch.int32)
-                h = self._hidden(chunk, cache, counts=counts, query_index=qi, query_valid=valid)
+                h = self._hidden(chunk, cache, counts=counts, query_index=qi, query_valid=valid, graph=False)
                 last = torch.where(valid[:, None], h[torch.arange(B, device=self.device), qi], last)
         return self._logits(last)
 

@@ -1,0 +1,155 @@
+"""CUDA-graph decode steps (triforce/models/graphs.py).
+
+Without a GPU the graph is emulated (its "capture" keeps the forward's body, its "replay" calls it on the
+captured buffers): everything but the CUDA graph itself runs here, the buffers a replay reads (input ids,
+the step's slots, positions, lengths, tree mask), the keys, the switches, and the engines' use of them.
+With a GPU the same tests run on real graphs, and one more checks that a replay gives the eager bits.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import triforce
+from triforce.models import FullCache, StreamingCache
+from triforce.models import graphs
+from tests.test_engines import TINY_CASES, ragged_prompts, tiny
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def emulate_without_gpu(monkeypatch):
+    monkeypatch.setattr(graphs, "_EMULATE", DEV.type == "cpu")
+    monkeypatch.delenv("TRIFORCE_CUDA_GRAPHS", raising=False)
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """-> a list that records every replay (the shape of its input ids)."""
+    seen, run = [], graphs._StepGraph.run
+
+    def counted(self, input_ids, step):
+        seen.append(tuple(input_ids.shape))
+        return run(self, input_ids, step)
+    monkeypatch.setattr(graphs._StepGraph, "run", counted)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny(0).to(DEV), tiny(1).to(DEV)
+
+
+def _replays(model) -> int:
+    return sum(len(per_cache) for per_cache in model.__dict__.get("_step_graphs", {}).values())
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_generate_with_graphs_equals_without(models, method, opts, temperature, replays):
+    target, draft = models
+    kw = dict(method=method, max_new_tokens=29, temperature=temperature, seed=5,
+              draft=draft if method in ("speculative", "triforce") else None, **opts)
+    try:
+        target.cuda_graphs = draft.cuda_graphs = False
+        ref = triforce.generate(target, ragged_prompts(DEV), **kw)
+        assert not replays
+        target.cuda_graphs = draft.cuda_graphs = True
+        out = triforce.generate(target, ragged_prompts(DEV), **kw)
+    finally:
+        target.cuda_graphs = draft.cuda_graphs = True
+    assert len(replays) > 10  # the engine's steps went through graphs
+    for a, b in zip(out.tokens, ref.tokens):
+        assert torch.equal(a, b), (a, b)
+
+
+def test_a_replay_reads_its_new_inputs(models):
+    """Two steps of one shape from different states: the second is a replay, and it gives the eager
+    forward's logits for its own ids, positions, lengths and tree."""
+    target, _ = models
+    parents = [torch.tensor([[-1, 0, 0, 1]] * 2, device=DEV), torch.tensor([[-1, 0, 1, 1]] * 2, device=DEV)]
+    results = {}
+    for on in (False, True):
+        target.cuda_graphs = on
+        cache = FullCache(target.config, 2, 64, device=DEV)
+        target.prefill([torch.arange(9, device=DEV), torch.arange(5, 17, device=DEV)], cache)
+        out = []
+        for i, par in enumerate(parents):
+            ids = torch.tensor([[3 + i, 4, 5, 6], [7, 8 + i, 9, 10]], device=DEV)
+            out.append(target(ids, cache=cache, tree_parents=par))
+            cache.rollback(cache.lengths - 4 + 1 + i)  # keep 1 or 2 tokens: the next step starts elsewhere
+        out.append(target(ids[:, :1], cache=cache))
+        results[on] = out
+        if on:
+            assert _replays(target) == 2  # one graph per shape: the tree step and the one-token step
+    target.cuda_graphs = True
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)
+
+
+def test_streaming_cache_evicts_around_the_replays(models):
+    """A StreamingLLM cache's eviction runs eagerly in begin(), outside the graph; the steps replayed after
+    it see the compacted cache."""
+    target, _ = models
+    results = {}
+    for on in (False, True):
+        target.cuda_graphs = on
+        cache = StreamingCache(target.config, 1, sink=2, window=6, max_step=3, device=DEV)
+        target.prefill([torch.arange(20, device=DEV)], cache)
+        results[on] = [target(torch.tensor([[i % 64, (i * 7) % 64]], device=DEV), cache=cache) for i in range(9)]
+    target.cuda_graphs = True
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)
+
+
+def test_switches_and_what_is_not_captured(models, monkeypatch):
+    target, _ = models
+    cache = FullCache(target.config, 1, 200, device=DEV)
+    target.prefill([torch.arange(10, device=DEV)], cache)
+    graphs.drop(target)
+    monkeypatch.setenv("TRIFORCE_CUDA_GRAPHS", "0")
+    target(torch.tensor([[1]], device=DEV), cache=cache)
+    assert _replays(target) == 0
+    monkeypatch.delenv("TRIFORCE_CUDA_GRAPHS")
+    target(torch.tensor([[1] * (graphs.MAX_TOKENS + 1)], device=DEV), cache=cache)  # prefill-sized
+    target.prefill([torch.arange(30, device=DEV)], cache)  # the prefill's chunks
+    assert _replays(target) == 0
+    target(torch.tensor([[1]], device=DEV), cache=cache)
+    assert _replays(target) == 1
+    target.to(DEV)  # moving the model drops its graphs (their weights' addresses)
+    assert _replays(target) == 0
+
+
+def test_a_cache_takes_its_graphs_along(models):
+    import gc
+
+    target, _ = models
+    graphs.drop(target)
+    cache = FullCache(target.config, 1, 64, device=DEV)
+    target.prefill([torch.arange(10, device=DEV)], cache)
+    target(torch.tensor([[1]], device=DEV), cache=cache)
+    assert _replays(target) == 1
+    del cache
+    gc.collect()
+    assert _replays(target) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_cuda_graph_replays_the_eager_bits(models):
+    target, _ = models
+    graphs.drop(target)
+    cache = FullCache(target.config, 2, 64, device=DEV)
+    target.prefill([torch.arange(9, device=DEV), torch.arange(3, 20, device=DEV)], cache)
+    base = cache.lengths.clone()
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]], device=DEV)
+    target.cuda_graphs = False
+    eager = target(ids, cache=cache)
+    cache.rollback(base)
+    target.cuda_graphs = True
+    first = target(ids, cache=cache)  # eager, then captured
+    cache.rollback(base)
+    replayed = target(ids, cache=cache)
+    (g,) = next(iter(target._step_graphs.values())).values()
+    assert isinstance(g.graph, torch.cuda.CUDAGraph)
+    assert torch.equal(first, eager) and torch.equal(replayed, eager)

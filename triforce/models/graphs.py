@@ -1,0 +1,115 @@
+"""CUDA-graph decode steps: a cached forward's layers captured once per (model, cache, shape) and replayed.
+
+A decode step of a small model on a GPU is bound by the host: SmolLM2-135M's 30 layers launch some 450
+kernels, a few microseconds of Python and dispatch each, for a few hundred microseconds of device work.
+After the prefill every buffer a step touches has a fixed address (the caches are allocated once,
+their ``lengths`` and positions live on the device), and a forward reads no device value
+(docs/engines.md, "Host synchronisation"), so the step can be captured and replayed.
+
+What is captured: the embedding, RoPE and every decoder layer (their writes into the cache and the
+attention over it), for one model, one cache object and one step shape (batch, tokens, tree or chain,
+last-query selection). What stays eager, around each replay: ``cache.begin`` (the cache's host-side
+decisions, such as a StreamingLLM cache's eviction, and the step's index tensors, which are copied into
+the graph's own), the final norm and the head, and ``cache.end``. The first forward of a key runs eagerly
+(it compiles and loads every kernel; its result is the step's), then the capture records it without
+running it; later forwards copy their inputs into the captured buffers and replay. A replay gives the
+eager forward's bits: the same kernels on the same inputs.
+
+On by default on CUDA (``Llama.cuda_graphs = True``); ``model.cuda_graphs = False`` or the environment
+variable ``TRIFORCE_CUDA_GRAPHS=0`` turns it off. Not captured: CPU forwards (their layers run in one
+native call already), the prefill's chunks, steps of over ``MAX_TOKENS`` tokens a row, forwards with a
+draft head's tap, under autograd or ``torch.compile``. The graphs of a cache go with it (weak references), and
+``model.to(...)`` drops the model's.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from .cache import Step
+
+MAX_TOKENS = 64  # tokens per row of the largest step captured (verification passes and trees; not prefill)
+
+
+def enabled(model, cache, input_ids: torch.Tensor, tap) -> bool:
+    """Whether this cached forward of ``model`` is replayed from a graph."""
+    if tap is not None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    if not getattr(model, "cuda_graphs", False) or os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0":
+        return False
+    if input_ids.shape[1] > MAX_TOKENS or input_ids.shape[1] > getattr(cache, "max_step", MAX_TOKENS):
+        return False
+    return input_ids.device.type == "cuda" or _EMULATE
+
+
+# Tests on a machine without a GPU set this: "capture" then keeps the function and "replay" calls it on the
+# captured buffers, so everything but the CUDA graph itself (the buffers, the keys, the engines' use) runs.
+_EMULATE = False
+
+
+class _Emulated:
+    """A stand-in for ``torch.cuda.CUDAGraph`` (see ``_EMULATE``)."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+def _static(t):
+    return None if t is None else t.clone()
+
+
+class _StepGraph:
+    """One captured forward body: its input ids and step tensors are fixed buffers, its output too."""
+
+    def __init__(self, body, input_ids: torch.Tensor, step: Step, out: torch.Tensor):
+        self.ids = input_ids.clone()
+        self.step = Step(step.T, step.batch_index, _static(step.slots), _static(step.positions),
+                         _static(step.seqlens), _static(step.counts), _static(step.tree_mask),
+                         _static(step.query_index), _static(step.query_valid))
+        if self.ids.device.type == "cuda":
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = body(self.ids, self.step)
+        else:
+            self.out = torch.empty_like(out)
+            self.graph = _Emulated(lambda: body(self.ids, self.step), self.out)
+
+    def run(self, input_ids: torch.Tensor, step: Step) -> torch.Tensor:
+        s = self.step
+        self.ids.copy_(input_ids)
+        for name in ("slots", "positions", "seqlens", "counts", "tree_mask", "query_index", "query_valid"):
+            mine = getattr(s, name)
+            if mine is not None:
+                mine.copy_(getattr(step, name))
+        self.graph.replay()
+        return self.out
+
+
+def _key(input_ids: torch.Tensor, step: Step) -> tuple:
+    return (tuple(input_ids.shape), input_ids.dtype, step.tree_mask is not None, step.query_index is not None,
+            step.batch_index.data_ptr())
+
+
+def run(model, cache, input_ids: torch.Tensor, step: Step, body) -> torch.Tensor:
+    """``body(input_ids, step)`` (the forward's layers, -> the residual stream), from the graph of this
+    (model, cache, shape): captured after the first eager call, replayed from then on. The returned tensor
+    is the graph's output buffer, overwritten by its next replay: use it before the next forward."""
+    graphs = model.__dict__.setdefault("_step_graphs", weakref.WeakKeyDictionary())
+    per_cache = graphs.setdefault(cache, {})
+    key = _key(input_ids, step)
+    g = per_cache.get(key)
+    if g is not None:
+        return g.run(input_ids, step)
+    out = body(input_ids, step)  # the eager first call: compiles and loads every kernel, and is this step
+    per_cache[key] = _StepGraph(body, input_ids, step, out)
+    return out
+
+
+def drop(model) -> None:
+    """Forget every graph of ``model`` (its weights moved or were replaced)."""
+    model.__dict__.pop("_step_graphs", None)
