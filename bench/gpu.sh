@@ -13,4 +13,4 @@
 set -uo pipefail
 RESULTS="${1:-${TRIFORCE_GPU_RESULTS:-gpu-results}}"
 exec bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/gpu_check.sh" "$RESULTS" \
-  build readme diagnose graphs tests+baselines rest memcheck race engines bench
+  build readme diagnose graphs tests+baselines rest memcheck race engines steps bench levels e2e

