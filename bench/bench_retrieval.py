@@ -14,6 +14,7 @@ import torch
 import triforce_kernels as tk
 from triforce_kernels._backend import available_backends
 
+from .flashinfer_baselines import top_k
 from .harness import copy_bandwidth, measure, record
 
 FAMILY = "retrieval"
@@ -49,15 +50,27 @@ def bench_shape(device, B, N, Hq, Hkv, D, budget, chunk_size, dtype, backends):
         "gather_chunks": (lambda b: lambda: tk.gather_chunks(k, v, idx, chunk_size, out_k, out_v, backend=b),
                           4 * B * budget * Hkv * D * isz),
     }
+    dname = str(dtype).replace("torch.", "")
     for op, (make, nbytes) in ops.items():
         base = measure(make("reference"), device=device)
-        record(family=FAMILY, op=op, backend="reference", shape=shape, dtype=str(dtype).replace("torch.", ""),
+        record(family=FAMILY, op=op, backend="reference", shape=shape, dtype=dname,
                bytes_moved=nbytes, timing=base, bandwidth=bw, device=device)
         for b in backends:
             t = measure(make(b), device=device)
-            record(family=FAMILY, op=op, backend=b, shape=shape, dtype=str(dtype).replace("torch.", ""),
+            record(family=FAMILY, op=op, backend=b, shape=shape, dtype=dname,
                    bytes_moved=nbytes, timing=t, bandwidth=bw, device=device, baseline="reference",
                    baseline_timing=base)
+    # the selection's plain top-k baselines: the budget's chunks over every chunk of every (row, KV head),
+    # without the sink / recent / length rules (so a lower bound on what select_chunks must do)
+    flat = scores.reshape(B * Hkv, C)
+    plain = {"torch.topk": lambda: torch.topk(flat, budget_chunks, sorted=False)}
+    fi = top_k() if device.type == "cuda" else None
+    if fi is not None:
+        plain["flashinfer"] = lambda: fi(flat, budget_chunks)
+    for name, fn in plain.items():
+        record(family=FAMILY, op="select_chunks", backend=name, shape=shape, dtype=dname,
+               bytes_moved=ops["select_chunks"][1], timing=measure(fn, device=device), bandwidth=bw, device=device,
+               extra="plain top-k of the budget over every chunk: no sink / recent / length rules")
 
 
 def main():

@@ -2,6 +2,7 @@
 
 - ``chain_sampler()``: FlashInfer's ``chain_speculative_sampling(draft_probs, draft_ids, target_probs)``
   (it draws its own uniforms from a generator; ours take the caller's).
+- ``top_k()``: FlashInfer's radix top-k (``flashinfer.top_k``), the retrieval selection's baseline.
 - ``append_attention(q, k, v, vis, causal)``: FlashInfer's batch prefill/append attention over a ragged
   KV cache (``BatchPrefillWithRaggedKVCacheWrapper``, its FA2 backend, the one that takes a custom mask):
   the T new queries of each sequence against all N keys, with either its causal mask (aligned to the end
@@ -28,12 +29,22 @@ def _import(what: str):
     except Exception as e:  # not installed, or its import needs a package this machine lacks
         print(f"flashinfer: not compared ({type(e).__name__}: {e})")
         return None
-    return getattr(flashinfer, what)
+    fn = getattr(flashinfer, what, None)
+    if fn is None:
+        print(f"flashinfer {getattr(flashinfer, '__version__', '?')} has no {what}: not compared")
+    return fn
 
 
 def chain_sampler():
     """FlashInfer's ``chain_speculative_sampling`` or None."""
     return _import("chain_speculative_sampling")
+
+
+def top_k():
+    """FlashInfer's radix top-k, ``flashinfer.top_k(input [rows, n], k, sorted=False)`` -> (values, int64
+    indices), or None. The retrieval benchmark times it as the selection's baseline: a plain top-k of the
+    budget over every chunk, without our sink / recent / length rules."""
+    return _import("top_k")
 
 
 def append_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vis: torch.Tensor | None,
@@ -75,6 +86,14 @@ def _warm() -> None:
         torch.cuda.synchronize()
         print(f"chain_speculative_sampling: compiled and ran in {time.time() - t0:.0f} s, "
               f"output ids {tuple(out[0].shape)}")
+    select = top_k()
+    if select is not None:
+        t0 = time.time()
+        scores = torch.randn(16, 4096, device=dev)
+        vals, idx = select(scores, 512)
+        ref = torch.topk(scores, 512).values.sort(-1).values
+        ok = torch.equal(vals.sort(-1).values, ref) and torch.equal(scores.gather(1, idx.long()), vals)
+        print(f"top_k: compiled and ran in {time.time() - t0:.0f} s; same values as torch.topk: {ok}")
     B, N, Hq, Hkv, D, T = 2, 300, 4, 2, 128, 7
     q = torch.randn(B, T, Hq, D, device=dev, dtype=torch.bfloat16)
     k = torch.randn(B, N, Hkv, D, device=dev, dtype=torch.bfloat16)

@@ -31,6 +31,18 @@ int main() {
     select_row(s.data(), 0, 4, 2, 1, out.data(), work);
     EXPECT(out[0] == -1 && out[3] == -1);
   }
+  {  // -0 ties +0 (lowest indices win), NaN is -inf, and a threshold at -inf still breaks ties by index
+    const float nan = NAN, inf = INFINITY;
+    std::vector<float> s = {1, -0.f, 0.f, -inf, 0.f, nan, 5, 0.f};
+    std::vector<int32_t> out(4);
+    std::vector<std::pair<float, int32_t>> work;
+    select_row(s.data(), 8, 4, 0, 0, out.data(), work);  // 6 (5), 0 (1), then the zeros 1, 2 of 1, 2, 4, 7
+    EXPECT(out[0] == 0 && out[1] == 1 && out[2] == 2 && out[3] == 6);
+    std::vector<float> t = {nan, nan, nan, 2, -inf};
+    std::vector<int32_t> two(2);
+    select_row(t.data(), 5, 2, 0, 0, two.data(), work);  // 3, then the lowest of the -inf ties: 0
+    EXPECT(two[0] == 0 && two[1] == 3);
+  }
   // ---- score: each of the g = 3 query heads' softmax sums to 1; invalid chunks -inf
   const int64_t B = 2, Hq = 6, Hkv = 2, D = 20, C = 7, cs = 3, N = 23, S = 4;  // N: partial trailing chunk
   std::vector<float> q(B * Hq * D), ck(B * C * Hkv * D), k(B * N * Hkv * D), v(B * N * Hkv * D);
