@@ -74,6 +74,44 @@ def _on_inputs_device(launch: Callable) -> Callable:
     return run
 
 
+def custom_op(name: str) -> Callable[[Callable], Callable]:
+    """``torch.library.custom_op(name, mutates_args=())`` that remembers its Python body, for
+    :func:`eager_call`. For ops that write none of their arguments."""
+    def wrap(fn: Callable):
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+        op._triforce_body = fn
+        return op
+    return wrap
+
+
+def _plain(args) -> bool:
+    """Plain eager mode: not compiling, no dispatch / function mode or functorch transform active (the
+    tests' host-sync recorder, FakeTensor, vmap), every tensor argument a plain CPU or CUDA tensor that needs
+    no gradient."""
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        if (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._are_functorch_transforms_active()):
+            return False
+    except AttributeError:  # a torch without these: always dispatch
+        return False
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or a.requires_grad
+                                            or not (a.is_cpu or a.is_cuda)):
+            return False
+    return True
+
+
+def eager_call(op, *args):
+    """``op(*args)`` for an op made by :func:`custom_op`. In plain eager mode (:func:`_plain`) its body runs
+    directly: the same function on the same arguments, without the dispatcher's Python, which cost ~11 us
+    a call on a CPU (a small sampler call: 15 us through the op, 3.6 us direct). Compiled graphs, modes and
+    autograd still see the custom op."""
+    body = getattr(op, "_triforce_body", None)
+    return body(*args) if body is not None and _plain(args) else op(*args)
+
+
 def register_lazy(op: str, backend: str, module: str) -> None:
     """Declare that importing ``module`` registers ``op``'s ``backend`` implementation."""
     _LAZY.setdefault(op, {})[backend] = module

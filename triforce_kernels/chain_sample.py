@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import implementation, register, register_lazy, resolve
+from ._backend import custom_op, eager_call, implementation, register, register_lazy, resolve
 from ._validate import FLOAT_DTYPES, check_tensor
 from .reference import sampling as _ref
 
@@ -38,7 +38,7 @@ def _native_greedy(draft_tokens, target_logits):
     return torch.ops.triforce_C.chain_greedy_verify(draft_tokens, target_logits)
 
 
-@torch.library.custom_op("triforce::chain_speculative_sample", mutates_args=())
+@custom_op("triforce::chain_speculative_sample")
 def _chain_sample_op(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                      uniforms: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     return implementation("chain_speculative_sample", backend)(draft_tokens, draft_probs, target_probs, uniforms)
@@ -50,7 +50,7 @@ def _(draft_tokens, draft_probs, target_probs, uniforms, backend):
     return (draft_tokens.new_empty((B, n + 1), dtype=torch.int64), draft_tokens.new_empty((B,), dtype=torch.int32))
 
 
-@torch.library.custom_op("triforce::chain_greedy_verify", mutates_args=())
+@custom_op("triforce::chain_greedy_verify")
 def _chain_greedy_op(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
                      backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     return implementation("chain_greedy_verify", backend)(draft_tokens, target_logits)
@@ -127,7 +127,7 @@ def chain_speculative_sample(draft_tokens: torch.Tensor, draft_probs: torch.Tens
     check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INDEX_DTYPES)
     n = draft_tokens.shape[1]
     uniforms = check_sampler_inputs(draft_tokens, draft_probs, target_probs, uniforms, generator, n + 1)
-    return _chain_sample_op(draft_tokens, draft_probs, target_probs, uniforms,
+    return eager_call(_chain_sample_op, draft_tokens, draft_probs, target_probs, uniforms,
                             resolve("chain_speculative_sample", backend, target_probs.device))
 
 
@@ -154,4 +154,4 @@ def chain_greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
     if target_logits.shape[-1] < 1:
         raise ValueError("target_logits must have a vocabulary dimension V >= 1")
     check_tensor("target_logits", target_logits, shape=(B, n + 1, None))
-    return _chain_greedy_op(draft_tokens, target_logits, resolve("chain_greedy_verify", backend, target_logits.device))
+    return eager_call(_chain_greedy_op, draft_tokens, target_logits, resolve("chain_greedy_verify", backend, target_logits.device))

@@ -9,7 +9,7 @@ Files:
 """
 import torch
 
-from ._backend import implementation, register, register_lazy, resolve
+from ._backend import custom_op, eager_call, implementation, register, register_lazy, resolve
 from ._validate import check_float_tensor, check_int
 from .reference.chunk_mean_keys import chunk_mean_keys as _reference
 
@@ -22,7 +22,7 @@ def _cpu(k, chunk_size):
     return torch.ops.triforce_C.chunk_mean_keys(k, chunk_size)
 
 
-@torch.library.custom_op("triforce::chunk_mean_keys", mutates_args=())
+@custom_op("triforce::chunk_mean_keys")
 def _chunk_mean_keys_op(k: torch.Tensor, chunk_size: int, backend: str) -> torch.Tensor:
     return implementation("chunk_mean_keys", backend)(k, chunk_size)
 
@@ -55,4 +55,4 @@ def chunk_mean_keys(k: torch.Tensor, chunk_size: int, *, backend: str | None = N
     """
     check_float_tensor("k", k, ndim=4)
     check_int("chunk_size", chunk_size, min_value=1)
-    return _chunk_mean_keys_op(k, chunk_size, resolve("chunk_mean_keys", backend, k.device))
+    return eager_call(_chunk_mean_keys_op, k, chunk_size, resolve("chunk_mean_keys", backend, k.device))

@@ -15,14 +15,14 @@ Files (no triton / C++ backend, see above):
 """
 import torch
 
-from ._backend import implementation, register, resolve
+from ._backend import custom_op, eager_call, implementation, register, resolve
 from ._validate import check_float_tensor
 from .reference.sampling import logits_to_probs as _reference
 
 register("logits_to_probs", "reference")(_reference)
 
 
-@torch.library.custom_op("triforce::logits_to_probs", mutates_args=())
+@custom_op("triforce::logits_to_probs")
 def _logits_to_probs_op(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                         backend: str) -> torch.Tensor:
     return implementation("logits_to_probs", backend)(
@@ -84,6 +84,6 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
             raise TypeError(f"top_p must be a float or None, got {type(top_p).__name__}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    return _logits_to_probs_op(logits, float(temperature), 0 if top_k is None else top_k,
+    return eager_call(_logits_to_probs_op, logits, float(temperature), 0 if top_k is None else top_k,
                                1.0 if top_p is None else float(top_p),
                                resolve("logits_to_probs", backend, logits.device))

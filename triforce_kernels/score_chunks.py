@@ -9,7 +9,7 @@ Files:
 """
 import torch
 
-from ._backend import implementation, register, register_lazy, resolve
+from ._backend import custom_op, eager_call, implementation, register, register_lazy, resolve
 from ._validate import check_float_tensor, check_tensor
 from .reference.retrieval import score_chunks as _reference
 
@@ -22,7 +22,7 @@ def _cpu(q, chunk_keys, num_chunks):
     return torch.ops.triforce_C.score_chunks(q, chunk_keys, num_chunks)
 
 
-@torch.library.custom_op("triforce::score_chunks", mutates_args=())
+@custom_op("triforce::score_chunks")
 def _score_chunks_op(q: torch.Tensor, chunk_keys: torch.Tensor, num_chunks: torch.Tensor,
                      backend: str) -> torch.Tensor:
     return implementation("score_chunks", backend)(q, chunk_keys, num_chunks)
@@ -75,4 +75,4 @@ def score_chunks(q: torch.Tensor, chunk_keys: torch.Tensor, num_chunks: torch.Te
         >>> scores = tk.score_chunks(q[:, -1], tk.chunk_mean_keys(k, 8), num_chunks)
     """
     check_score_inputs(q, chunk_keys, num_chunks)
-    return _score_chunks_op(q, chunk_keys, num_chunks, resolve("score_chunks", backend, q.device))
+    return eager_call(_score_chunks_op, q, chunk_keys, num_chunks, resolve("score_chunks", backend, q.device))

@@ -9,7 +9,7 @@ Files:
 """
 import torch
 
-from ._backend import implementation, register, register_lazy, resolve
+from ._backend import custom_op, eager_call, implementation, register, register_lazy, resolve
 from ._validate import check_int, check_tensor
 from .reference.retrieval import select_chunks as _reference
 
@@ -22,7 +22,7 @@ def _cpu(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks):
     return torch.ops.triforce_C.select_chunks(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks)
 
 
-@torch.library.custom_op("triforce::select_chunks", mutates_args=())
+@custom_op("triforce::select_chunks")
 def _select_chunks_op(scores: torch.Tensor, num_chunks: torch.Tensor, budget_chunks: int, sink_chunks: int,
                       recent_chunks: int, backend: str) -> torch.Tensor:
     return implementation("select_chunks", backend)(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks)
@@ -77,5 +77,5 @@ def select_chunks(scores: torch.Tensor, num_chunks: torch.Tensor, budget_chunks:
     check_tensor("num_chunks", num_chunks, ndim=1, dtypes=(torch.int32,), device=scores.device,
                  shape=(scores.shape[0],))
     check_budget(budget_chunks, sink_chunks, recent_chunks)
-    return _select_chunks_op(scores, num_chunks, budget_chunks, sink_chunks, recent_chunks,
+    return eager_call(_select_chunks_op, scores, num_chunks, budget_chunks, sink_chunks, recent_chunks,
                              resolve("select_chunks", backend, scores.device))

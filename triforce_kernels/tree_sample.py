@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import implementation, register, register_lazy, resolve
+from ._backend import custom_op, eager_call, implementation, register, register_lazy, resolve
 from ._validate import FLOAT_DTYPES, check_tensor
 from .chain_sample import INDEX_DTYPES, check_sampler_inputs
 from .reference import sampling as _ref
@@ -43,7 +43,7 @@ def _fake_outputs(tree_tokens):
             tree_tokens.new_empty((B,), dtype=torch.int32))
 
 
-@torch.library.custom_op("triforce::tree_speculative_sample", mutates_args=())
+@custom_op("triforce::tree_speculative_sample")
 def _tree_sample_op(tree_tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor | None,
                     target_probs: torch.Tensor, uniforms: torch.Tensor,
                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,7 +55,7 @@ def _(tree_tokens, parents, draft_probs, target_probs, uniforms, backend):
     return _fake_outputs(tree_tokens)
 
 
-@torch.library.custom_op("triforce::tree_greedy_verify", mutates_args=())
+@custom_op("triforce::tree_greedy_verify")
 def _tree_greedy_op(tree_tokens: torch.Tensor, parents: torch.Tensor, target_logits: torch.Tensor,
                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return implementation("tree_greedy_verify", backend)(tree_tokens, parents, target_logits)
@@ -126,7 +126,7 @@ def tree_speculative_sample(tree_tokens: torch.Tensor, parents: torch.Tensor, dr
     _check_tree(tree_tokens, parents)
     T = tree_tokens.shape[1]
     uniforms = check_sampler_inputs(tree_tokens, draft_probs, target_probs, uniforms, generator, T)
-    return _tree_sample_op(tree_tokens, parents, draft_probs, target_probs, uniforms,
+    return eager_call(_tree_sample_op, tree_tokens, parents, draft_probs, target_probs, uniforms,
                            resolve("tree_speculative_sample", backend, target_probs.device))
 
 
@@ -153,4 +153,4 @@ def tree_greedy_verify(tree_tokens: torch.Tensor, parents: torch.Tensor, target_
     if target_logits.shape[-1] < 1:
         raise ValueError("target_logits must have a vocabulary dimension V >= 1")
     check_tensor("target_logits", target_logits, shape=(B, T, None))
-    return _tree_greedy_op(tree_tokens, parents, target_logits, resolve("tree_greedy_verify", backend, target_logits.device))
+    return eager_call(_tree_greedy_op, tree_tokens, parents, target_logits, resolve("tree_greedy_verify", backend, target_logits.device))

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ._backend import implementation, register, register_lazy, resolve
+from ._backend import custom_op, eager_call, implementation, register, register_lazy, resolve
 from ._validate import check_float_tensor, check_tensor
 from .reference.verify_attention import _verify_attention as _reference
 
@@ -39,7 +39,7 @@ def check_cache_rows(name: str, cache: torch.Tensor) -> None:
                          "elements (strides over B, N and H may be anything)")
 
 
-@torch.library.custom_op("triforce::verify_attention", mutates_args=())
+@custom_op("triforce::verify_attention")
 def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          cache_seqlens: torch.Tensor, tree_mask: Optional[torch.Tensor], softmax_scale: float,
                          backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +132,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("softmax_scale must be finite")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    out, lse = _verify_attention_op(q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
+    out, lse = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
                                     resolve("verify_attention", backend, dev))
     return (out, lse) if return_lse else out
 
@@ -150,4 +150,4 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     scale = 1.0 / math.sqrt(q.shape[-1])
     if backend == "cpu" and not torch.compiler.is_compiling():
         return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0)[0]
-    return _verify_attention_op(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend)[0]
+    return eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend)[0]
