@@ -121,6 +121,28 @@ def test_switches_and_what_is_not_captured(models, monkeypatch):
     assert _replays(target) == 0
 
 
+def test_a_failed_capture_turns_graphs_off_and_says_so(models, monkeypatch, replays):
+    target, _ = models
+
+    class Refused(graphs._StepGraph):
+        def __init__(self, *a):
+            raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(graphs, "_StepGraph", Refused)
+    try:
+        ref_model = tiny(0).to(DEV)
+        ref_model.cuda_graphs = False
+        with pytest.warns(RuntimeWarning, match="CUDA graphs turned off for this model.*stream is capturing"):
+            out = triforce.generate(target, ragged_prompts(DEV), method="speculative", max_new_tokens=9,
+                                    draft=models[1], gamma=2)
+        assert target.cuda_graphs is False and not replays
+    finally:
+        target.cuda_graphs = models[1].cuda_graphs = True
+    ref = triforce.generate(ref_model, ragged_prompts(DEV), method="speculative", max_new_tokens=9,
+                            draft=models[1], gamma=2)
+    for a, b in zip(out.tokens, ref.tokens):
+        assert torch.equal(a, b)
+
+
 def test_a_cache_takes_its_graphs_along(models):
     import gc
 

@@ -16,7 +16,8 @@ running it; later forwards copy their inputs into the captured buffers and repla
 eager forward's bits: the same kernels on the same inputs.
 
 On by default on CUDA (``Llama.cuda_graphs = True``); ``model.cuda_graphs = False`` or the environment
-variable ``TRIFORCE_CUDA_GRAPHS=0`` turns it off. Not captured: CPU forwards (their layers run in one
+variable ``TRIFORCE_CUDA_GRAPHS=0`` turns it off. A capture that fails turns it off for that model, with a
+``RuntimeWarning`` (the step that tried it keeps its eager result). Not captured: CPU forwards (their layers run in one
 native call already), the prefill's chunks, steps of over ``MAX_TOKENS`` tokens a row, forwards with a
 draft head's tap, under autograd or ``torch.compile``. The graphs of a cache go with it (weak references), and
 ``model.to(...)`` drops the model's.
@@ -24,6 +25,7 @@ draft head's tap, under autograd or ``torch.compile``. The graphs of a cache go 
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 
 import torch
@@ -106,7 +108,12 @@ def run(model, cache, input_ids: torch.Tensor, step: Step, body) -> torch.Tensor
     if g is not None:
         return g.run(input_ids, step)
     out = body(input_ids, step)  # the eager first call: compiles and loads every kernel, and is this step
-    per_cache[key] = _StepGraph(body, input_ids, step, out)
+    try:
+        per_cache[key] = _StepGraph(body, input_ids, step, out)
+    except Exception as e:  # a capture this torch or driver refuses: eager from now on, and said once
+        model.cuda_graphs = False
+        warnings.warn(f"triforce: CUDA graphs turned off for this model, a capture failed "
+                      f"({type(e).__name__}: {e}); its forwards run eagerly", RuntimeWarning, stacklevel=2)
     return out
 
 
