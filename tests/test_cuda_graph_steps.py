@@ -122,23 +122,23 @@ def test_switches_and_what_is_not_captured(models, monkeypatch):
 
 
 def test_a_failed_capture_turns_graphs_off_and_says_so(models, monkeypatch, replays):
-    target, _ = models
+    target, draft = models
+    kw = dict(method="speculative", max_new_tokens=9, draft=draft, gamma=2)
+    ref_model = tiny(0).to(DEV)
+    ref_model.cuda_graphs = draft.cuda_graphs = False
+    ref = triforce.generate(ref_model, ragged_prompts(DEV), **kw)
+    draft.cuda_graphs = True
 
     class Refused(graphs._StepGraph):
         def __init__(self, *a):
             raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(graphs, "_StepGraph", Refused)
     try:
-        ref_model = tiny(0).to(DEV)
-        ref_model.cuda_graphs = False
         with pytest.warns(RuntimeWarning, match="CUDA graphs turned off for this model.*stream is capturing"):
-            out = triforce.generate(target, ragged_prompts(DEV), method="speculative", max_new_tokens=9,
-                                    draft=models[1], gamma=2)
-        assert target.cuda_graphs is False and not replays
+            out = triforce.generate(target, ragged_prompts(DEV), **kw)
+        assert target.cuda_graphs is False and draft.cuda_graphs is False and not replays
     finally:
-        target.cuda_graphs = models[1].cuda_graphs = True
-    ref = triforce.generate(ref_model, ragged_prompts(DEV), method="speculative", max_new_tokens=9,
-                            draft=models[1], gamma=2)
+        target.cuda_graphs = draft.cuda_graphs = True
     for a, b in zip(out.tokens, ref.tokens):
         assert torch.equal(a, b)
 
