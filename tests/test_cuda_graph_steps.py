@@ -42,7 +42,7 @@ def models():
 
 
 def _replays(model) -> int:
-    return sum(len(per_cache) for per_cache in model.__dict__.get("_step_graphs", {}).values())
+    return graphs.count(model)
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
@@ -143,6 +143,39 @@ def test_a_failed_capture_turns_graphs_off_and_says_so(models, monkeypatch, repl
         assert torch.equal(a, b)
 
 
+def test_a_copy_of_a_model_has_its_own_graphs(models):
+    """A draft made by copying the target (copy.copy: the int8 copy; deepcopy: the bfloat16 copy) and run on
+    the target's cache with the same shape replays its own graph, never the target's."""
+    import copy
+
+    target, _ = models
+    graphs.drop(target)
+    cache = FullCache(target.config, 1, 64, device=DEV)
+    target.prefill([torch.arange(10, device=DEV)], cache)
+    base = cache.lengths.clone()
+    ids = torch.tensor([[3]], device=DEV)
+    for _ in range(2):
+        target(ids, cache=cache)
+        cache.rollback(base)
+    assert graphs.count(target) == 1
+    for clone in (copy.copy(target), copy.deepcopy(target)):
+        assert graphs.count(clone) == 0
+        clone._modules = dict(clone._modules)  # as int8_copy does: the clone's own module dicts
+        clone.model = copy.copy(target.model)
+        clone.model._modules = dict(target.model._modules)
+        clone.model.layers = torch.nn.ModuleList(list(target.model.layers)[:1])  # other layers than the target's
+        clone.cuda_graphs = False
+        eager = clone(ids, cache=cache)
+        cache.rollback(base)
+        clone.cuda_graphs = True
+        for _ in range(2):
+            assert torch.equal(clone(ids, cache=cache), eager)
+            cache.rollback(base)
+        assert graphs.count(clone) == 1 and graphs.count(target) == 1
+        assert len(target.model.layers) == 2 and not torch.equal(target(ids, cache=cache), eager)
+        cache.rollback(base)
+
+
 def test_a_cache_takes_its_graphs_along(models):
     import gc
 
@@ -172,6 +205,6 @@ def test_real_cuda_graph_replays_the_eager_bits(models):
     first = target(ids, cache=cache)  # eager, then captured
     cache.rollback(base)
     replayed = target(ids, cache=cache)
-    (g,) = next(iter(target._step_graphs.values())).values()
+    (g,) = next(iter(graphs._GRAPHS[target].values())).values()
     assert isinstance(g.graph, torch.cuda.CUDAGraph)
     assert torch.equal(first, eager) and torch.equal(replayed, eager)

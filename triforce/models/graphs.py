@@ -101,8 +101,7 @@ def run(model, cache, input_ids: torch.Tensor, step: Step, body) -> torch.Tensor
     """``body(input_ids, step)`` (the forward's layers, -> the residual stream), from the graph of this
     (model, cache, shape): captured after the first eager call, replayed from then on. The returned tensor
     is the graph's output buffer, overwritten by its next replay: use it before the next forward."""
-    graphs = model.__dict__.setdefault("_step_graphs", weakref.WeakKeyDictionary())
-    per_cache = graphs.setdefault(cache, {})
+    per_cache = _GRAPHS.setdefault(model, weakref.WeakKeyDictionary()).setdefault(cache, {})
     key = _key(input_ids, step)
     g = per_cache.get(key)
     if g is not None:
@@ -119,4 +118,14 @@ def run(model, cache, input_ids: torch.Tensor, step: Step, body) -> torch.Tensor
 
 def drop(model) -> None:
     """Forget every graph of ``model`` (its weights moved or were replaced)."""
-    model.__dict__.pop("_step_graphs", None)
+    _GRAPHS.pop(model, None)
+
+
+def count(model) -> int:
+    """Graphs ``model`` holds now (over every live cache)."""
+    return sum(len(per_cache) for per_cache in _GRAPHS.get(model, {}).values())
+
+
+# model -> cache -> shape key -> graph. Outside the model's __dict__, so that a copy of a model (copy.copy,
+# deepcopy: the drafts made from a target) starts with no graphs instead of sharing or copying the target's.
+_GRAPHS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
