@@ -176,6 +176,21 @@ def test_a_copy_of_a_model_has_its_own_graphs(models):
         cache.rollback(base)
 
 
+def test_a_model_with_graphs_is_collected():
+    import gc
+    import weakref
+
+    model = tiny(2).to(DEV)
+    cache = FullCache(model.config, 1, 64, device=DEV)
+    model.prefill([torch.arange(10, device=DEV)], cache)
+    model(torch.tensor([[1]], device=DEV), cache=cache)
+    assert graphs.count(model) == 1
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
 def test_a_cache_takes_its_graphs_along(models):
     import gc
 

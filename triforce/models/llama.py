@@ -426,8 +426,10 @@ class Llama(nn.Module):
             return self._layers(input_ids, torch.arange(T, device=input_ids.device).expand(B, T))[0]
         step = cache.begin(T, tree_parents, counts, query_index, query_valid)
         if graph and _graphs.enabled(self, cache, input_ids, tap):
-            ref = weakref.ref(cache)  # the graphs go with their cache: their body must not keep it alive
-            h = _graphs.run(self, cache, input_ids, step, lambda ids, st: self._layers(ids, st.positions, ref(), st)[0])
+            # the graphs go with their model and cache: their body must keep neither alive
+            h = _graphs.run(self, cache, input_ids, step,
+                            lambda ids, st, m=weakref.ref(self), c=weakref.ref(cache): m()._layers(
+                                ids, st.positions, c(), st)[0])
         else:
             h, step = self._layers(input_ids, step.positions, cache, step, tree_parents, tap)
         cache.end(step)
