@@ -111,12 +111,15 @@ def needed_bytes(target, draft, batch: int, context: int, budget: int, window: i
             + full * 9 // 8 + batch * (budget + 1024) * kv + batch * window * kv_bytes_per_token(draft) + 2**30)
 
 
-def free_bytes(device) -> int:
-    """Free device memory (CUDA), or the machine's available memory."""
+def free_bytes(device) -> int | None:
+    """Free device memory (CUDA), or the machine's available memory; None where the system does not say."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no such sysconf name here (macOS): do not skip
+        return None
 
 
 def rebuild_time(target, batch: int, context: int, budget: int, chunk: int, stride: int, **kw) -> dict:
@@ -147,7 +150,7 @@ def run(args) -> dict:
                                   B, N, args.budget, args.sink + args.window), free_bytes(dev))
             for B in args.batch for N in args.context}
     skipped = {k: f"needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free" for k, (need, free) in fits.items()
-               if need > free}
+               if free is not None and need > free}
     for (B, N), why in skipped.items():
         print(f"batch {B} x {N}: skipped, {why}", flush=True)
     if len(skipped) == len(fits):
