@@ -88,7 +88,8 @@ def acceptance_cases(paths, g1: int, g2: int) -> dict:
     cases = {}
     for path in paths:
         full = path if os.path.isabs(path) else os.path.join(ROOT, path)
-        run = json.load(open(full))["runs"].get("triforce")
+        with open(full) as f:
+            run = json.load(f)["runs"].get("triforce")
         if not run:
             continue
         acc, opts = run["acceptance"], run.get("options", {})
@@ -145,9 +146,10 @@ def run(args) -> dict:
     dtype = getattr(torch, args.dtype)
     context_max = max(args.context) + args.gamma2 + 2
     # sized on the meta device first: an 8B model is not built where no shape fits
-    fits = {(B, N): (needed_bytes(build(args.target, None, context_max, "meta", dtype),
-                                  build(args.draft, SHAPES[args.target]["vocab_size"], context_max, "meta", dtype),
-                                  B, N, args.budget, args.sink + args.window), free_bytes(dev))
+    sized = (build(args.target, None, context_max, "meta", dtype),
+             build(args.draft, SHAPES[args.target]["vocab_size"], context_max, "meta", dtype))
+    free = free_bytes(dev)
+    fits = {(B, N): (needed_bytes(*sized, B, N, args.budget, args.sink + args.window), free)
             for B in args.batch for N in args.context}
     skipped = {k: f"needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free" for k, (need, free) in fits.items()
                if free is not None and need > free}
