@@ -95,14 +95,13 @@ def test_every_method_random_batches_and_options(case, data):
             assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
 
 
-def test_triforce_retrieval_cache_capacity_many_identical_rows(monkeypatch):
-    """A row that already holds gamma2 middle tokens still gets gamma1 + 1 written at every further
-    middle pass while other rows continue: the tokens appended to the retrieval cache between two syncs
-    must never exceed the ``max_step`` it was sized for (it did, and the cache overflowed)."""
+def record_retrieval_peak(monkeypatch) -> dict:
+    """Record, after every forward into a retrieval cache, the most tokens any row holds past the ones
+    ``sync()`` copied (its ``appended``) and the ``max_step`` the cache was sized for."""
     from triforce.models import cache as cache_mod
 
     peak = {"appended": 0, "max_step": None}
-    orig_end, orig_copy = cache_mod.RetrievalCache.end, cache_mod.RetrievalCache._copy_tail
+    orig_end = cache_mod.RetrievalCache.end
 
     def end(self, step):
         orig_end(self, step)
@@ -111,6 +110,14 @@ def test_triforce_retrieval_cache_capacity_many_identical_rows(monkeypatch):
         peak["max_step"] = self.max_step
 
     monkeypatch.setattr(cache_mod.RetrievalCache, "end", end)
+    return peak
+
+
+def test_triforce_retrieval_cache_capacity_many_identical_rows(monkeypatch):
+    """A row that already holds gamma2 middle tokens still gets gamma1 + 1 written at every further
+    middle pass while other rows continue: the tokens appended to the retrieval cache between two syncs
+    must never exceed the ``max_step`` it was sized for (it did, and the cache overflowed)."""
+    peak = record_retrieval_peak(monkeypatch)
     target, draft = tiny(0, 16), tiny(1, 16)
     p = torch.randint(0, 16, (40,), generator=torch.Generator().manual_seed(2))
     out = triforce.generate(target, p.expand(300, 40).clone(), method="triforce", max_new_tokens=64,
@@ -119,6 +126,33 @@ def test_triforce_retrieval_cache_capacity_many_identical_rows(monkeypatch):
     assert all(int(n) == 64 for n in out.lengths)
     # finished rows rode along in further middle passes: gamma2 + 2 * gamma1 + 1 = 8 > gamma1 + gamma2 + 1
     assert peak["appended"] == 8 and peak["appended"] <= peak["max_step"], peak
+
+
+@pytest.mark.parametrize("method,draft,opts", [
+    # the middle level with trained heads: each pass also writes the pseudo tokens of hidden_transfer
+    # (one per position at depth 2), (gamma1 + 1) * 2 = 4 a pass: gamma2 + gamma1 + 4 = 8
+    ("triforce", "hidden_transfer", {"gamma1": 1, "gamma2": 3}),
+    ("triforce", "medusa", {"gamma1": 2, "gamma2": 4}),  # gamma2 + gamma1 + gamma1 + 1 = 9
+    # MagicDec's retrieval draft writes the pending token and gamma - 1 drafts (the last is never fed)
+    ("magicdec", None, {"gamma": 3, "draft_cache": "retrieval"}),
+    ("magicdec", "int8", {"gamma": 1, "draft_cache": "retrieval"}),
+])
+def test_retrieval_cache_max_step_is_reached(monkeypatch, method, draft, opts):
+    """Each level sizes its retrieval cache for exactly the most tokens it writes between two syncs: over
+    a wide sampled batch some row reaches ``max_step`` (a smaller bound would overflow the cache on
+    valid input once its tail is full; a larger one is slack)."""
+    from tests.test_heads import random_heads
+
+    peak = record_retrieval_peak(monkeypatch)
+    target = tiny(0, 16)
+    if draft == "int8":
+        draft = int8_copy(target)
+    elif draft is not None:
+        draft = random_heads(target, draft, depth=2, std=0.5)
+    p = torch.randint(0, 16, (40,), generator=torch.Generator().manual_seed(2))
+    triforce.generate(target, p.expand(96, 40).clone(), method=method, draft=draft, max_new_tokens=24,
+                      temperature=1.0, budget=12, chunk_size=4, rebuild_stride=4, seed=0, **opts)
+    assert peak["appended"] == peak["max_step"], peak
 
 
 # ---- end of sequence

@@ -48,7 +48,7 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
         with d.timed_prefill():
             first = d.start(target.prefill(d.prompts, cache), 1)
             rcache = RetrievalCache(target.config, cache, budget, chunk_size,
-                                    max_step=gamma + 1,  # tokens appended between syncs
+                                    max_step=gamma,  # appended between syncs: the pending token and gamma - 1 drafts
                                     rebuild_stride=rebuild_stride,
                                     recent_chunks=recent_chunks(recent, budget, chunk_size))
             drafter = RetrievalDrafter(draft if draft is not None else target, rcache, d.sampling)
