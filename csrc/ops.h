@@ -46,6 +46,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
                           const std::optional<at::Tensor>& query_valid);
+// decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
+// team, those of them that stalled, indices of the kernels' loops that the workers ran.
+std::vector<int64_t> forward_team_stats();
 
 // ---- verification attention (docs/design.md 3.2) --------------------------------------------------
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits: 0 cuts each query's keys into parts at fixed

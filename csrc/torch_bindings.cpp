@@ -34,6 +34,9 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");
+  // decoder_layers' thread team (csrc/include/triforce/team.h): [forwards with a team, of them stalled, indices
+  // the workers ran], since the process started
+  m.def("forward_team_stats() -> int[]", &forward_team_stats);
 }
 
 TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {

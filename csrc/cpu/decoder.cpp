@@ -31,11 +31,18 @@
 //
 // Files: csrc/cpu/decoder.cpp, tests/test_decoder.py, bench/bench_decoder.py; docs/model.md ("Fused
 // decoder layer on CPU", "One native call per forward").
+#include "triforce/team.h"  // first: its <immintrin.h> before ATen's (triforce/common.h says why)
+
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <vector>
 
 #include "../ops.h"
 
@@ -286,7 +293,71 @@ void record_query(const at::Tensor& last_query, const at::Tensor& q, const std::
   }
 }
 
+// Forwards left to run without a team after a stalled one (triforce/team.h): a busy machine.
+std::atomic<int> forwards_without_team{0};
+constexpr int kForwardsAfterStall = 16;
+// forward_team_stats: forwards run with a team, those of them that stalled, indices the workers ran.
+std::atomic<int64_t> team_forwards{0}, team_stalls{0}, team_worker_indices{0};
+
+// f() on the calling thread, with the other threads of torch's intra-op count serving its kernels' parallel
+// loops as a team (triforce/team.h: one OpenMP region for the whole forward instead of a wake-up per
+// kernel). Not with one thread, inside another parallel region, for kForwardsAfterStall forwards after one
+// whose team stalled, or with TRIFORCE_FORWARD_TEAM=0 (read at every call): then the kernels open their own
+// regions as before. Test hooks: TRIFORCE_FORWARD_TEAM=serial forms the team stalled (the kernels' loops run
+// inside the region on the calling thread alone), =force forms it at every forward and never stalls it. The
+// result is the same bits either way.
+template <typename F>
+at::Tensor with_team(F&& f) {
+  const char* env = std::getenv("TRIFORCE_FORWARD_TEAM");
+  const int nt = at::get_num_threads();
+  if (nt <= 1 || at::in_parallel_region() || (env != nullptr && std::strcmp(env, "0") == 0)) return f();
+  using Mode = triforce::Team::Mode;
+  const Mode mode = env == nullptr                      ? Mode::kAdaptive
+                    : std::strcmp(env, "serial") == 0 ? Mode::kSerial
+                    : std::strcmp(env, "force") == 0  ? Mode::kForce
+                                                      : Mode::kAdaptive;
+  if (mode == Mode::kAdaptive && forwards_without_team.load(std::memory_order_relaxed) > 0) {
+    forwards_without_team.fetch_sub(1, std::memory_order_relaxed);
+    return f();
+  }
+#if defined(_OPENMP)
+  triforce::Team team(nt, mode);
+  at::Tensor out;
+  std::exception_ptr err;
+#pragma omp parallel num_threads(nt)
+  {
+    if (omp_get_thread_num() == 0) {  // the calling thread
+      {
+        triforce::TeamScope scope(&team);
+        try {
+          out = f();
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      team.stop();
+    } else {
+      team.serve(omp_get_thread_num());
+    }
+  }
+  team_forwards.fetch_add(1, std::memory_order_relaxed);
+  team_worker_indices.fetch_add(team.worker_indices(), std::memory_order_relaxed);
+  if (team.stalled() && mode == Mode::kAdaptive) {
+    team_stalls.fetch_add(1, std::memory_order_relaxed);
+    forwards_without_team.store(kForwardsAfterStall, std::memory_order_relaxed);
+  }
+  if (err) std::rethrow_exception(err);
+  return out;
+#else
+  return f();
+#endif
+}
+
 }  // namespace
+
+std::vector<int64_t> forward_team_stats() {
+  return {team_forwards.load(), team_stalls.load(), team_worker_indices.load()};
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, at::TensorList w,
@@ -355,16 +426,20 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   }
   // the model layer's attention scale, computed as Python computes it (1.0 / math.sqrt(D))
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  at::Tensor x = h;
-  for (size_t l = 0; l < L; ++l) {
-    const auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
-                                          qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos, sin, head_dim);
-    if (!last_query.empty()) record_query(last_query[l], q, query_index, query_valid);
-    if (!k_raw_cache.empty()) write_rows(k_raw_cache[l], k_raw, slots);
-    write_rows(k_cache[l], k, slots);
-    write_rows(v_cache[l], v, slots);
-    const at::Tensor attn = std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0));
-    x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1], {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});
-  }
-  return x;
+  return with_team([&] {
+    at::Tensor x = h;
+    for (size_t l = 0; l < L; ++l) {
+      const auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
+                                            qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos, sin, head_dim);
+      if (!last_query.empty()) record_query(last_query[l], q, query_index, query_valid);
+      if (!k_raw_cache.empty()) write_rows(k_raw_cache[l], k_raw, slots);
+      write_rows(k_cache[l], k, slots);
+      write_rows(v_cache[l], v, slots);
+      const at::Tensor attn =
+          std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0));
+      x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
+                       {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});
+    }
+    return x;
+  });
 }

@@ -2,6 +2,7 @@
 // why it exists: csrc/include/triforce/linear.h. Row m of the result is bitwise the 1-row product of
 // x[m] whatever M and the thread count.
 #include "triforce/linear.h"  // first: its <immintrin.h> before ATen's (triforce/common.h says why)
+#include "triforce/team.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,16 +15,22 @@ namespace {
 // of at most kRowChunk rows (linear.h), each chunk split over the threads by weight blocks. At least
 // 16 blocks per thread, and enough that a thread's share is worth a region
 // (triforce::parallel_min_bytes: a block streams NR rows of w_bytes-byte weights and does `rows`
-// multiply-adds per weight); fewer blocks run inline.
+// multiply-adds per weight); fewer blocks run inline. Inside a forward's team (triforce/team.h) the
+// blocks go to the team instead, in pieces of at least 8 blocks, from Team::kMinBytes of work on.
 template <typename F>
 void over_row_chunks(int64_t M, int64_t K, int64_t N, int64_t w_bytes, F&& blocks) {
   using namespace triforce::linear;
+  const int64_t nb = rowwise_linear_num_blocks(N);
   for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, M - m0);
     const int64_t block_work = NR * K * std::max(w_bytes, rows);
+    auto range = [&](int64_t b0, int64_t b1) { blocks(m0, rows, b0, b1); };
+    if (triforce::Team::current() != nullptr) {
+      triforce::parallel_ranges(triforce::worth_parallel_here(nb * block_work), nb, 8, range);
+      continue;
+    }
     const int64_t grain = std::max<int64_t>(16, (triforce::parallel_min_bytes() + block_work - 1) / block_work);
-    at::parallel_for(0, rowwise_linear_num_blocks(N), grain,
-                     [&](int64_t b0, int64_t b1) { blocks(m0, rows, b0, b1); });
+    at::parallel_for(0, nb, grain, range);
   }
 }
 

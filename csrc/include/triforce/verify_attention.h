@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "triforce/common.h"  // <immintrin.h> with F16C or AVX-512
+#include "triforce/team.h"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -924,35 +925,44 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
   // Uninitialised: every item writes the slots of its own parts before anything reads them.
   std::unique_ptr<float[]> pm(new float[rows_all * wave]), pl(new float[rows_all * wave]);
   std::unique_ptr<float[]> pacc(new float[rows_all * wave * D]);
-  // One region only if the keys read (and, from a few query rows per KV head on, the multiply-adds)
-  // are worth a worker's wake-up (parallel_min_bytes); else the calling thread runs every item.
-  const bool par = worth_parallel(keys * Hkv * D * std::max<int64_t>(2 * sizeof(T), 2 * R));
+  // Parallel only if the keys read (and, from a few query rows per KV head on, the multiply-adds) are
+  // worth a worker's wake-up (parallel_min_bytes), or a hand-off inside a forward's team (team.h); else the
+  // calling thread runs every item.
+  const bool par = worth_parallel_here(keys * Hkv * D * std::max<int64_t>(2 * sizeof(T), 2 * R));
   const bool raw = va::bf16_scores<T>(D);
   // Items: runs of consecutive parts (enough for 2 per thread), each walked by one thread as one stream of
   // keys (the prefetch runs on across its parts), each part from a fresh softmax state.
   const int64_t units = B * (Hkv / HG);
-#if defined(_OPENMP)
-  const int64_t threads = par ? omp_get_max_threads() : 1;
-#else
-  const int64_t threads = 1;
-#endif
+  const int threads = parallel_threads(par);
   const int64_t want_runs = std::max<int64_t>(1, (2 * threads + units - 1) / units);
+  const int64_t lanes_nv = va::lanes_vectors<T>(R, D), lanes_g = va::lanes_vectors<T>(g, D);
+  struct ItemScratch {  // one thread's, made at its first item
+    va::Scratch sc;
+    std::vector<float> qall;  // the scaled fp32 queries of the item's heads
+    std::vector<T> qraw;      // and unscaled in the cache's type (va::bf16_scores)
+    std::vector<float> qt;    // the R rows transposed for the rows-in-lanes path
+    std::vector<float> qtg;   // one query's g rows transposed
+    std::vector<int64_t> pos;  // one query's new-token positions
+    std::vector<T> kc, vc;     // one query's keys and values when not consecutive
+    ItemScratch(int64_t R, int64_t D, int64_t HG, bool raw, int64_t lanes_nv, int64_t lanes_g)
+        : sc(R, D), qall(HG * R * D), qraw(raw ? HG * R * D : 0), qt(HG * D * 16 * lanes_nv), qtg(D * 16 * lanes_g) {}
+  };
+  std::vector<std::unique_ptr<ItemScratch>> scratch(threads);
   for (int64_t w0 = 0; w0 < parts; w0 += wave) {
     const int64_t nw = std::min(wave, parts - w0);
     const int64_t runs = std::min(nw, want_runs);
     const int64_t items = units * runs;
-#pragma omp parallel if (par)
-    {
-      va::Scratch sc(R, D);
-      std::vector<float> qall(HG * R * D);  // the scaled fp32 queries of the item's heads
-      std::vector<T> qraw(raw ? HG * R * D : 0);  // and unscaled in the cache's type (va::bf16_scores)
-      const int64_t lanes_nv = va::lanes_vectors<T>(R, D), lanes_g = va::lanes_vectors<T>(g, D);
-      std::vector<float> qt(HG * D * 16 * lanes_nv);  // the R rows transposed for the rows-in-lanes path
-      std::vector<float> qtg(D * 16 * lanes_g);       // one query's g rows transposed
-      std::vector<int64_t> pos;                       // one query's new-token positions
-      std::vector<T> kc, vc;                          // one query's keys and values when not consecutive
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t it = 0; it < items; ++it) {
+    parallel_items(par, items, [&](int tid, int64_t it) {
+        std::unique_ptr<ItemScratch>& mine = scratch[tid];
+        if (!mine) mine = std::make_unique<ItemScratch>(R, D, HG, raw, lanes_nv, lanes_g);
+        va::Scratch& sc = mine->sc;
+        std::vector<float>& qall = mine->qall;
+        std::vector<T>& qraw = mine->qraw;
+        std::vector<float>& qt = mine->qt;
+        std::vector<float>& qtg = mine->qtg;
+        std::vector<int64_t>& pos = mine->pos;
+        std::vector<T>& kc = mine->kc;
+        std::vector<T>& vc = mine->vc;
         const int64_t b = it / ((Hkv / HG) * runs), h0 = (it / runs) % (Hkv / HG) * HG, run = it % runs;
         const int64_t part_lo = w0 + run * nw / runs, part_hi = w0 + (run + 1) * nw / runs;
         // Clamp so that nothing outside [0, min(L, N)) is read even for out-of-range lengths.
@@ -1047,45 +1057,45 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
             }
           }
         }
-      }
-    }
+    });
     // Fold the wave's parts into the state, left to right: for each row, the same sequence of operations
     // on the same partials, whoever computed them. After the last wave: out = acc / l, lse = m + log l.
     const bool last = w0 + nw == parts;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t row = 0; row < rows_all; ++row) {
-      const int64_t bh = row / R, r = row % R;
-      float& m = fm[row];
-      float& l = fl[row];
-      float* acc = facc.data() + row * D;
-      for (int64_t s = 0; s < nw; ++s) {
-        const int64_t p = (bh * nw + s) * R + r;
-        const float mp = pm[p];
-        if (mp == va::kNegInf) continue;  // the part holds none of this row's keys
-        const float* ap = pacc.get() + p * D;
-        if (m == va::kNegInf) {
-          m = mp, l = pl[p];
-          std::copy_n(ap, D, acc);
+    parallel_ranges(par, rows_all, 16, [&](int64_t row0, int64_t row1) {
+      for (int64_t row = row0; row < row1; ++row) {
+        const int64_t bh = row / R, r = row % R;
+        float& m = fm[row];
+        float& l = fl[row];
+        float* acc = facc.data() + row * D;
+        for (int64_t s = 0; s < nw; ++s) {
+          const int64_t p = (bh * nw + s) * R + r;
+          const float mp = pm[p];
+          if (mp == va::kNegInf) continue;  // the part holds none of this row's keys
+          const float* ap = pacc.get() + p * D;
+          if (m == va::kNegInf) {
+            m = mp, l = pl[p];
+            std::copy_n(ap, D, acc);
+            continue;
+          }
+          const float M = std::max(m, mp), wa = std::exp(m - M), wp = std::exp(mp - M);
+          l = l * wa + pl[p] * wp;
+          for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * wa + ap[d] * wp;
+          m = M;
+        }
+        if (!last) continue;
+        const int64_t b = bh / Hkv, h = bh % Hkv, t = r / g, hq = h * g + r % g;
+        T* o = out + ((b * Tq + t) * Hq + hq) * D;
+        float* ls = lse + (b * Hq + hq) * Tq + t;
+        if (m == va::kNegInf) {  // the row sees nothing
+          for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(0.f);
+          *ls = va::kNegInf;
           continue;
         }
-        const float M = std::max(m, mp), wa = std::exp(m - M), wp = std::exp(mp - M);
-        l = l * wa + pl[p] * wp;
-        for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * wa + ap[d] * wp;
-        m = M;
+        const float inv = 1.f / l;
+        for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(acc[d] * inv);
+        *ls = m + std::log(l);
       }
-      if (!last) continue;
-      const int64_t b = bh / Hkv, h = bh % Hkv, t = r / g, hq = h * g + r % g;
-      T* o = out + ((b * Tq + t) * Hq + hq) * D;
-      float* ls = lse + (b * Hq + hq) * Tq + t;
-      if (m == va::kNegInf) {  // the row sees nothing
-        for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(0.f);
-        *ls = va::kNegInf;
-        continue;
-      }
-      const float inv = 1.f / l;
-      for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(acc[d] * inv);
-      *ls = m + std::log(l);
-    }
+    });
   }
 }
 
