@@ -293,16 +293,17 @@ void record_query(const at::Tensor& last_query, const at::Tensor& q, const std::
   }
 }
 
-// Forwards left to run without a team after a stalled one (triforce/team.h): a busy machine.
-std::atomic<int> forwards_without_team{0};
-constexpr int kForwardsAfterStall = 16;
+// Forwards left to run without a team after a stalled one (triforce/team.h: a busy machine), and how many
+// the next stall leaves: 1 after a forward whose team did not stall, doubling with each stall up to 64.
+std::atomic<int> forwards_without_team{0}, forwards_after_stall{1};
+constexpr int kMostForwardsAfterStall = 64;
 // forward_team_stats: forwards run with a team, those of them that stalled, indices the workers ran.
 std::atomic<int64_t> team_forwards{0}, team_stalls{0}, team_worker_indices{0};
 
 // f() on the calling thread, with the other threads of torch's intra-op count serving its kernels' parallel
 // loops as a team (triforce/team.h: one OpenMP region for the whole forward instead of a wake-up per
-// kernel). Not with one thread, inside another parallel region, for kForwardsAfterStall forwards after one
-// whose team stalled, or with TRIFORCE_FORWARD_TEAM=0 (read at every call): then the kernels open their own
+// kernel). Not with one thread, inside another parallel region, for some forwards after one whose team
+// stalled (forwards_after_stall), or with TRIFORCE_FORWARD_TEAM=0 (read at every call): then the kernels open their own
 // regions as before. Test hooks: TRIFORCE_FORWARD_TEAM=serial forms the team stalled (the kernels' loops run
 // inside the region on the calling thread alone), =force forms it at every forward and never stalls it. The
 // result is the same bits either way.
@@ -344,7 +345,11 @@ at::Tensor with_team(F&& f) {
   team_worker_indices.fetch_add(team.worker_indices(), std::memory_order_relaxed);
   if (team.stalled() && mode == Mode::kAdaptive) {
     team_stalls.fetch_add(1, std::memory_order_relaxed);
-    forwards_without_team.store(kForwardsAfterStall, std::memory_order_relaxed);
+    const int skip = forwards_after_stall.load(std::memory_order_relaxed);
+    forwards_without_team.store(skip, std::memory_order_relaxed);
+    forwards_after_stall.store(std::min(2 * skip, kMostForwardsAfterStall), std::memory_order_relaxed);
+  } else if (mode == Mode::kAdaptive) {
+    forwards_after_stall.store(1, std::memory_order_relaxed);
   }
   if (err) std::rethrow_exception(err);
   return out;

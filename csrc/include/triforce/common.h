@@ -33,6 +33,8 @@ namespace triforce {
 // opens). Read once, from the environment of the first call (which may differ from what the OpenMP
 // runtime read when it loaded: set the variables before importing torch). Results never depend on it:
 // each output gets the same arithmetic whichever thread computes it.
+// Inside a cached forward's thread team (team.h: one region for all layers, spinning workers) the linears
+// and the attention use the team's threshold instead, Team::kMinBytes (worth_parallel_here).
 inline int64_t parallel_min_bytes() {
   static const int64_t v = [] {
     const auto env = [](const char* name) {

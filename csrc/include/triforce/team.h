@@ -24,7 +24,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -59,7 +61,7 @@ class Team {
   // counts) runs on the calling thread: about 3 us of one core's stream, several times a hand-off.
   static constexpr int64_t kMinBytes = int64_t(64) << 10;
   // A wait for the workers longer than this marks the team stalled.
-  static constexpr std::chrono::microseconds kStall{200};
+  static constexpr std::chrono::microseconds kStall{1000};
 
   // The team whose master is the calling thread, or null.
   static Team*& current() {
@@ -77,7 +79,8 @@ class Team {
   int64_t worker_indices() const { return worker_indices_.load(std::memory_order_relaxed); }
 
   // Master: body(tid, i) for every i in [0, n), over the team (the master is tid 0). Returns once every
-  // index has run. Indices are claimed one at a time: whichever thread is free takes the next.
+  // index has run. Indices are claimed one at a time: whichever thread is free takes the next. An exception
+  // thrown by body (on any thread) is rethrown here, on the master, once every index has run or failed.
   template <typename F>
   void run(int64_t n, F& body) {
     if (n <= 0) return;
@@ -85,6 +88,7 @@ class Team {
       for (int64_t i = 0; i < n; ++i) body(0, i);
       return;
     }
+    error_ = nullptr;
     const uint64_t epoch = ++epoch_;
     Job& job = jobs_[epoch & 1];  // a job's slot is rewritten two epochs later, after the next job is out
     job.fn.store(&thunk<F>, std::memory_order_relaxed);
@@ -105,6 +109,7 @@ class Team {
         stalled_ = true;
       }
     }
+    if (error_) std::rethrow_exception(error_);
   }
 
   // Whether a run() waited more than kStall for a worker (the master's).
@@ -127,14 +132,19 @@ class Team {
 
  private:
   struct Job {
-    std::atomic<void (*)(void*, int, int64_t)> fn{nullptr};
+    std::atomic<void (*)(Team*, void*, int, int64_t)> fn{nullptr};
     std::atomic<void*> arg{nullptr};
     std::atomic<int64_t> n{0};
   };
 
   template <typename F>
-  static void thunk(void* arg, int tid, int64_t i) {
-    (*static_cast<F*>(arg))(tid, i);
+  static void thunk(Team* team, void* arg, int tid, int64_t i) {
+    try {
+      (*static_cast<F*>(arg))(tid, i);
+    } catch (...) {  // kept for the master: an exception must not leave a worker's OpenMP region
+      std::lock_guard<std::mutex> lock(team->error_mutex_);
+      if (!team->error_) team->error_ = std::current_exception();
+    }
   }
 
   // Claim and run indices of the current job until none is left; whether any was run. A claim succeeds
@@ -151,7 +161,7 @@ class Team {
       void* arg = job.arg.load(std::memory_order_relaxed);
       if ((s >> 32) == 0 || i >= n) return any;
       if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-      fn(arg, tid, i);
+      fn(this, arg, tid, i);
       if (tid != 0) worker_indices_.fetch_add(1, std::memory_order_relaxed);
       done_.fetch_add(1, std::memory_order_acq_rel);
       any = true;
@@ -168,6 +178,8 @@ class Team {
   alignas(64) std::atomic<int64_t> done_{0};    // indices of the current job that have run
   alignas(64) std::atomic<bool> stop_{false};
   alignas(64) std::atomic<int64_t> worker_indices_{0};
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // the first exception of the current job
 };
 
 // The master's team for the scope of a forward: sets Team::current() on the calling thread.
