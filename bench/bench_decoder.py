@@ -3,7 +3,9 @@ decoder layer (csrc/cpu/decoder.cpp) against its baseline, the same modules run 
 (``TRIFORCE_FUSED_LAYER=0``), in turns in one run. The fused path runs as one native call for all layers
 and the cache's side of them (``decoder_layers``, backend ``cpu``) and, as a second variant, as two native
 calls per layer from Python around the cache's ``attend`` (``TRIFORCE_DECODER_LAYERS=0``, backend
-``cpu_per_layer``). All three compute bitwise the same logits.
+``cpu_per_layer``). With more than one thread the one-call path runs its kernels on a thread team formed once
+per forward (csrc/include/triforce/team.h); a fourth variant runs it without (``TRIFORCE_FORWARD_TEAM=0``,
+backend ``cpu_no_team``: the kernels' own OpenMP regions). All compute bitwise the same logits.
 
 Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 1 and 4, over a full
 cache of ``ctx`` tokens, float32 (the target), bfloat16 (the default draft copy) and, with ``--dtype
@@ -23,6 +25,7 @@ linear layers' weights (the LM head included) + 4 x head_dim per query head, vis
 """
 import argparse
 import contextlib
+import os
 
 import torch
 
@@ -77,10 +80,11 @@ def main():
                 cache.rollback(start)
                 return model(ids, cache=cache)
 
-            def run(fused, stack=None):
+            def run(fused, stack=None, team=True):
                 def f():
                     llama_mod._FUSED, llama_mod._STACK = fused, stack
-                    step()
+                    with contextlib.nullcontext() if team else _no_team():
+                        step()
                 return f
 
             def run_linears(gemm):  # the prefill's rule (torch's GEMM above ROWWISE_MAX_ROWS rows) or not
@@ -104,15 +108,36 @@ def main():
                        timing=t["kernel"], bandwidth=bw, flops=flops, peak=peak, baseline="torch_gemm",
                        baseline_timing=t["gemm"])
                 continue
-            t = measure_alternating({"modules": run(False), "per_layer": run(True, False), "fused": run(True)},
-                                    reps=8 if a.quick else 20)
+            variants = {"modules": run(False), "per_layer": run(True, False), "fused": run(True)}
+            if torch.get_num_threads() > 1:
+                variants["no_team"] = run(True, team=False)
+            t = measure_alternating(variants, reps=8 if a.quick else 20)
             llama_mod._FUSED = llama_mod._STACK = None  # back to the environment's choice
             record(family="model", op="model_step", backend="modules", shape=shape, dtype=name, bytes_moved=nbytes,
                    timing=t["modules"], bandwidth=bw, flops=flops, peak=peak)
-            for backend, key in (("cpu_per_layer", "per_layer"), ("cpu", "fused")):
+            for backend, key in (("cpu_per_layer", "per_layer"), ("cpu_no_team", "no_team"), ("cpu", "fused")):
+                if key not in t:
+                    continue
+                extra = ""
+                if key == "fused" and "no_team" in t:  # the thread team's own gain, in the same turns
+                    extra = f"threads={torch.get_num_threads()};vs_no_team={t['no_team']['median_s'] / t[key]['median_s']:.2f}x"
                 record(family="model", op="model_step", backend=backend, shape=shape, dtype=name,
                        bytes_moved=nbytes, timing=t[key], bandwidth=bw, flops=flops, peak=peak, baseline="modules",
-                       baseline_timing=t["modules"])
+                       baseline_timing=t["modules"], extra=extra)
+
+
+@contextlib.contextmanager
+def _no_team():
+    """The one-call forward without its thread team (``TRIFORCE_FORWARD_TEAM``, read at every call)."""
+    old = os.environ.get("TRIFORCE_FORWARD_TEAM")
+    os.environ["TRIFORCE_FORWARD_TEAM"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRIFORCE_FORWARD_TEAM"]
+        else:
+            os.environ["TRIFORCE_FORWARD_TEAM"] = old
 
 
 if __name__ == "__main__":
