@@ -84,7 +84,7 @@ class Team {
   template <typename F>
   void run(int64_t n, F& body) {
     if (n <= 0) return;
-    if (stalled_) {  // the master alone, in index order
+    if (stalled_ || n > 0xffffffffLL) {  // the master alone, in index order (the state holds 32-bit indices)
       for (int64_t i = 0; i < n; ++i) body(0, i);
       return;
     }
