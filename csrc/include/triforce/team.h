@@ -16,9 +16,9 @@
 // only by the one index it may hold, never by a share assigned to it in advance. Waiting threads pause,
 // then yield the CPU. A worker preempted while it holds an index still stalls the master until it runs
 // again (a time slice: milliseconds), and a spinning worker takes CPU time from other processes and from the
-// master on a busy machine; so when the master has waited for a worker more than kStall, the team is
-// "stalled": the rest of the forward runs on the master alone (with_team in csrc/cpu/decoder.cpp then leaves
-// the next forwards without a team). Results never depend on the team: each kernel gives every output the
+// master on a busy machine; so when the master has waited for a worker more than kStall (and more than four
+// times what its own indices of the job took), the team is "stalled": the rest of the forward runs on the
+// master alone (with_team in csrc/cpu/decoder.cpp then leaves the next forwards without a team). Results never depend on the team: each kernel gives every output the
 // same arithmetic whichever thread computes it.
 #pragma once
 #include <atomic>
@@ -60,7 +60,7 @@ class Team {
   // Work below this many bytes (streamed, or one per multiply-add when compute-bound, as parallel_min_bytes
   // counts) runs on the calling thread: about 3 us of one core's stream, several times a hand-off.
   static constexpr int64_t kMinBytes = int64_t(64) << 10;
-  // A wait for the workers longer than this marks the team stalled.
+  // A wait for the workers longer than this, and than 4 of the master's own indices, marks the team stalled.
   static constexpr std::chrono::microseconds kStall{1000};
 
   // The team whose master is the calling thread, or null.
@@ -96,7 +96,13 @@ class Team {
     job.n.store(n, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     state_.store(epoch << 32, std::memory_order_release);  // publish: (epoch, next index 0)
-    work(0);
+    const auto start = detect_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const int64_t mine = work(0);
+    if (done_.load(std::memory_order_acquire) >= n) return rethrow();
+    // A stall: a wait longer than kStall and than 4 of the master's own indices (coarse indices, such as
+    // one row's whole attention, take milliseconds on whichever thread runs them).
+    auto patience = std::chrono::steady_clock::duration(kStall);
+    if (detect_ && mine > 0) patience = std::max(patience, 4 * (std::chrono::steady_clock::now() - start) / mine);
     Backoff b;
     std::chrono::steady_clock::time_point since{};
     for (int64_t k = 0; done_.load(std::memory_order_acquire) < n; ++k) {
@@ -105,13 +111,12 @@ class Team {
       const auto now = std::chrono::steady_clock::now();
       if (k == 0) {
         since = now;
-      } else if (now - since > kStall) {
+      } else if (now - since > patience) {
         stalled_ = true;
       }
     }
-    if (error_) std::rethrow_exception(error_);
+    rethrow();
   }
-
   // Whether a run() waited more than kStall for a worker (the master's).
   bool stalled() const { return stalled_; }
 
@@ -119,7 +124,7 @@ class Team {
   void serve(int tid) {
     Backoff b;
     while (!stop_.load(std::memory_order_acquire)) {
-      if (work(tid)) {
+      if (work(tid) > 0) {
         b.reset();
       } else {
         b.wait();
@@ -147,11 +152,15 @@ class Team {
     }
   }
 
-  // Claim and run indices of the current job until none is left; whether any was run. A claim succeeds
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  // Claim and run indices of the current job until none is left; how many this thread ran. A claim succeeds
   // only while the state still holds the job's epoch and an index below its n, so the slot read before
   // it is that job's (its slot is rewritten only after all its indices were claimed and run).
-  bool work(int tid) {
-    bool any = false;
+  int64_t work(int tid) {
+    int64_t ran = 0;
     uint64_t s = state_.load(std::memory_order_acquire);
     for (;;) {
       const Job& job = jobs_[(s >> 32) & 1];
@@ -159,12 +168,12 @@ class Team {
       const int64_t n = job.n.load(std::memory_order_relaxed);
       auto* fn = job.fn.load(std::memory_order_relaxed);
       void* arg = job.arg.load(std::memory_order_relaxed);
-      if ((s >> 32) == 0 || i >= n) return any;
+      if ((s >> 32) == 0 || i >= n) return ran;
       if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
       fn(this, arg, tid, i);
       if (tid != 0) worker_indices_.fetch_add(1, std::memory_order_relaxed);
       done_.fetch_add(1, std::memory_order_acq_rel);
-      any = true;
+      ++ran;
       s = state_.load(std::memory_order_acquire);
     }
   }
