@@ -464,3 +464,25 @@ def test_forward_team_never_changes_results(dtype, monkeypatch):
         assert_bitwise(outs["0"], outs["force"])
     finally:
         torch.set_num_threads(threads)
+
+
+def test_forward_team_not_formed_for_a_small_forward(monkeypatch):
+    """A forward that streams under 2 MiB (weights and the keys and values it reads) runs without a team:
+    forming one costs about what such a forward takes. The tiny test models are all below it."""
+    monkeypatch.delenv("TRIFORCE_FORWARD_TEAM", raising=False)
+    model = make_model()
+    cache = FullCache(model.config, 2, 64)
+    model.prefill([torch.randint(0, 97, (20,)), torch.randint(0, 97, (9,))], cache)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        spy = LayerSpy(torch.ops.triforce_C.decoder_layers)
+        monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", spy, raising=False)
+        before = torch.ops.triforce_C.forward_team_stats()
+        with torch.no_grad():
+            for T in (1, 5):
+                model(torch.randint(0, 97, (2, T)), cache=cache)
+        assert spy.calls == 2 * model.config.num_hidden_layers  # both steps took the native stack
+        assert torch.ops.triforce_C.forward_team_stats() == before
+    finally:
+        torch.set_num_threads(threads)
