@@ -120,7 +120,8 @@ def main():
                     continue
                 extra = ""
                 if key == "fused" and "no_team" in t:  # the thread team's own gain, in the same turns
-                    extra = f"threads={torch.get_num_threads()};vs_no_team={t['no_team']['median_s'] / t[key]['median_s']:.2f}x"
+                    gain = t["no_team"]["median_s"] / t[key]["median_s"]
+                    extra = f"threads={torch.get_num_threads()};vs_no_team={gain:.2f}x"
                 record(family="model", op="model_step", backend=backend, shape=shape, dtype=name,
                        bytes_moved=nbytes, timing=t[key], bandwidth=bw, flops=flops, peak=peak, baseline="modules",
                        baseline_timing=t["modules"], extra=extra)

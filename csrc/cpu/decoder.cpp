@@ -307,10 +307,10 @@ std::atomic<int64_t> team_forwards{0}, team_stalls{0}, team_worker_indices{0};
 // loops as a team (triforce/team.h: one OpenMP region for the whole forward instead of a wake-up per
 // kernel). Not with one thread, inside another parallel region, for a forward that streams less than
 // kTeamMinForwardBytes (forming the team costs more than it can save), for some forwards after one whose
-// team stalled (forwards_after_stall), or with TRIFORCE_FORWARD_TEAM=0 (read at every call): then the kernels open their own
-// regions as before. Test hooks: TRIFORCE_FORWARD_TEAM=serial forms the team stalled (the kernels' loops run
-// inside the region on the calling thread alone), =force forms it at every forward and never stalls it. The
-// result is the same bits either way.
+// team stalled (forwards_after_stall), or with TRIFORCE_FORWARD_TEAM=0 (read at every call): then the
+// kernels open their own regions as before. Test hooks: TRIFORCE_FORWARD_TEAM=serial forms the team stalled
+// (the kernels' loops run inside the region on the calling thread alone), =force forms it at every forward
+// and never stalls it. The result is the same bits either way.
 template <typename F>
 at::Tensor with_team(int64_t forward_bytes, F&& f) {
   const char* env = std::getenv("TRIFORCE_FORWARD_TEAM");

@@ -175,7 +175,8 @@ void kernel_loops() {
         }
       }
     }
-    EXPECT(triforce::worth_parallel_here(Team::kMinBytes) == (with_team ? true : triforce::worth_parallel(Team::kMinBytes)));
+    const bool expected = with_team ? true : triforce::worth_parallel(Team::kMinBytes);
+    EXPECT(triforce::worth_parallel_here(Team::kMinBytes) == expected);
     if (with_team) EXPECT(!triforce::worth_parallel_here(Team::kMinBytes - 1));
   }
   EXPECT(Team::current() == nullptr);  // TeamScope restored it

@@ -18,8 +18,8 @@
 // again (a time slice: milliseconds), and a spinning worker takes CPU time from other processes and from the
 // master on a busy machine; so when the master has waited for a worker more than kStall (and more than four
 // times what its own indices of the job took), the team is "stalled": the rest of the forward runs on the
-// master alone (with_team in csrc/cpu/decoder.cpp then leaves the next forwards without a team). Results never depend on the team: each kernel gives every output the
-// same arithmetic whichever thread computes it.
+// master alone (with_team in csrc/cpu/decoder.cpp then leaves the next forwards without a team). Results
+// never depend on the team: each kernel gives every output the same arithmetic whichever thread computes it.
 #pragma once
 #include <atomic>
 #include <chrono>
