@@ -309,8 +309,8 @@ std::atomic<int64_t> team_forwards{0}, team_stalls{0}, team_worker_indices{0};
 // kTeamMinForwardBytes (forming the team costs more than it can save), for some forwards after one whose
 // team stalled (forwards_after_stall), or with TRIFORCE_FORWARD_TEAM=0 (read at every call): then the
 // kernels open their own regions as before. Test hooks: TRIFORCE_FORWARD_TEAM=serial forms the team stalled
-// (the kernels' loops run inside the region on the calling thread alone), =force forms it at every forward
-// and never stalls it. The result is the same bits either way.
+// (the kernels' loops run inside the region on the calling thread alone), =workers forms it at every forward
+// and has its workers run every index. The result is the same bits either way.
 template <typename F>
 at::Tensor with_team(int64_t forward_bytes, F&& f) {
   const char* env = std::getenv("TRIFORCE_FORWARD_TEAM");
@@ -319,7 +319,7 @@ at::Tensor with_team(int64_t forward_bytes, F&& f) {
   using Mode = triforce::Team::Mode;
   const Mode mode = env == nullptr                      ? Mode::kAdaptive
                     : std::strcmp(env, "serial") == 0 ? Mode::kSerial
-                    : std::strcmp(env, "force") == 0  ? Mode::kForce
+                    : std::strcmp(env, "workers") == 0 ? Mode::kWorkers
                                                       : Mode::kAdaptive;
   if (mode == Mode::kAdaptive && forward_bytes < kTeamMinForwardBytes) return f();
   if (mode == Mode::kAdaptive && forwards_without_team.load(std::memory_order_relaxed) > 0) {
@@ -335,6 +335,7 @@ at::Tensor with_team(int64_t forward_bytes, F&& f) {
     if (omp_get_thread_num() == 0) {  // the calling thread
       {
         triforce::TeamScope scope(&team);
+        team.joined(omp_get_num_threads() - 1);
         try {
           out = f();
         } catch (...) {

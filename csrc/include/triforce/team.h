@@ -70,10 +70,14 @@ class Team {
   }
 
   // kAdaptive: stalled after a long wait; kSerial: stalled from the start (every index on the master);
-  // kForce: never stalled (the master waits as long as it takes). The last two are test hooks.
-  enum class Mode { kAdaptive, kSerial, kForce };
+  // kWorkers: the workers run every index once joined() says they are there, and the master waits as long
+  // as it takes (never stalled). The last two are test hooks.
+  enum class Mode { kAdaptive, kSerial, kWorkers };
   explicit Team(int size, Mode mode = Mode::kAdaptive)
-      : size_(size), stalled_(mode == Mode::kSerial), detect_(mode == Mode::kAdaptive) {}
+      : size_(size), stalled_(mode == Mode::kSerial), detect_(mode == Mode::kAdaptive), mode_(mode) {}
+
+  // Master, before the first run(): how many workers serve (the region may have fewer threads than asked).
+  void joined(int workers) { workers_ = workers; }
   int size() const { return size_; }
   // Indices the workers ran (read by the master after stop() and the region's end).
   int64_t worker_indices() const { return worker_indices_.load(std::memory_order_relaxed); }
@@ -97,7 +101,7 @@ class Team {
     done_.store(0, std::memory_order_relaxed);
     state_.store(epoch << 32, std::memory_order_release);  // publish: (epoch, next index 0)
     const auto start = detect_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    const int64_t mine = work(0);
+    const int64_t mine = mode_ == Mode::kWorkers && workers_ > 0 ? 0 : work(0);
     if (done_.load(std::memory_order_acquire) >= n) return rethrow();
     // A stall: a wait longer than kStall and than 4 of the master's own indices (coarse indices, such as
     // one row's whole attention, take milliseconds on whichever thread runs them).
@@ -182,6 +186,8 @@ class Team {
   uint64_t epoch_ = 0;    // the master's
   bool stalled_;          // the master's
   const bool detect_;
+  const Mode mode_;
+  int workers_ = 0;  // the master's
   Job jobs_[2];
   alignas(64) std::atomic<uint64_t> state_{0};  // (epoch << 32) | next unclaimed index
   alignas(64) std::atomic<int64_t> done_{0};    // indices of the current job that have run
