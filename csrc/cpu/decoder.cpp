@@ -306,13 +306,14 @@ std::atomic<int64_t> team_forwards{0}, team_stalls{0}, team_worker_indices{0};
 // f() on the calling thread, with the other threads of torch's intra-op count serving its kernels' parallel
 // loops as a team (triforce/team.h: one OpenMP region for the whole forward instead of a wake-up per
 // kernel). Not with one thread, inside another parallel region, for a forward that streams less than
-// kTeamMinForwardBytes (forming the team costs more than it can save), for some forwards after one whose
-// team stalled (forwards_after_stall), or with TRIFORCE_FORWARD_TEAM=0 (read at every call): then the
-// kernels open their own regions as before. Test hooks: TRIFORCE_FORWARD_TEAM=serial forms the team stalled
-// (the kernels' loops run inside the region on the calling thread alone), =workers forms it at every forward
-// and has its workers run every index. The result is the same bits either way.
-template <typename F>
-at::Tensor with_team(int64_t forward_bytes, F&& f) {
+// kTeamMinForwardBytes (forming the team costs more than it can save; forward_bytes() is asked only past
+// the cheaper checks), for some forwards after one whose team stalled (forwards_after_stall), or with
+// TRIFORCE_FORWARD_TEAM=0 (read at every call): then the kernels open their own regions as before. Test
+// hooks: TRIFORCE_FORWARD_TEAM=serial forms the team stalled (the kernels' loops run inside the region on the
+// calling thread alone), =workers forms it at every forward and has its workers run every index. The result
+// is the same bits either way.
+template <typename Bytes, typename F>
+at::Tensor with_team(Bytes&& forward_bytes, F&& f) {
   const char* env = std::getenv("TRIFORCE_FORWARD_TEAM");
   const int nt = at::get_num_threads();
   if (nt <= 1 || at::in_parallel_region() || (env != nullptr && std::strcmp(env, "0") == 0)) return f();
@@ -321,7 +322,7 @@ at::Tensor with_team(int64_t forward_bytes, F&& f) {
                     : std::strcmp(env, "serial") == 0 ? Mode::kSerial
                     : std::strcmp(env, "workers") == 0 ? Mode::kWorkers
                                                       : Mode::kAdaptive;
-  if (mode == Mode::kAdaptive && forward_bytes < kTeamMinForwardBytes) return f();
+  if (mode == Mode::kAdaptive && forward_bytes() < kTeamMinForwardBytes) return f();
   if (mode == Mode::kAdaptive && forwards_without_team.load(std::memory_order_relaxed) > 0) {
     forwards_without_team.fetch_sub(1, std::memory_order_relaxed);
     return f();
@@ -438,16 +439,19 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   // the model layer's attention scale, computed as Python computes it (1.0 / math.sqrt(D))
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   // what the forward streams: its weights, and each row's visible keys and values in every layer
-  int64_t forward_bytes = 0;
-  for (const at::Tensor& t : w) forward_bytes += static_cast<int64_t>(t.nbytes());
-  if (L > 0 && cache_seqlens.scalar_type() == at::kInt) {
-    const at::Tensor lens = cache_seqlens.contiguous();
-    const int64_t row = k_cache[0].size(2) * k_cache[0].size(3) * k_cache[0].element_size();
-    for (int64_t b = 0; b < lens.numel(); ++b) {
-      const int64_t n = std::clamp<int64_t>(lens.const_data_ptr<int32_t>()[b], 0, k_cache[0].size(1));
-      forward_bytes += 2 * n * row * static_cast<int64_t>(L);
+  auto forward_bytes = [&] {
+    int64_t bytes = 0;
+    for (const at::Tensor& t : w) bytes += static_cast<int64_t>(t.nbytes());
+    if (L > 0 && cache_seqlens.scalar_type() == at::kInt) {
+      const at::Tensor lens = cache_seqlens.contiguous();
+      const int64_t row = k_cache[0].size(2) * k_cache[0].size(3) * k_cache[0].element_size();
+      for (int64_t b = 0; b < lens.numel(); ++b) {
+        const int64_t n = std::clamp<int64_t>(lens.const_data_ptr<int32_t>()[b], 0, k_cache[0].size(1));
+        bytes += 2 * n * row * static_cast<int64_t>(L);
+      }
     }
-  }
+    return bytes;
+  };
   return with_team(forward_bytes, [&] {
     at::Tensor x = h;
     for (size_t l = 0; l < L; ++l) {

@@ -25,10 +25,8 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <memory>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 #if defined(_OPENMP)
 #include <omp.h>
