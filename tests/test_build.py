@@ -74,8 +74,8 @@ def test_triton_kernels_compile_for_h100(tmp_path, triton_version):
     import json
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = tmp_path / "aot.json"
-    cmd = [sys.executable, "-m", "triforce_kernels", "compile-check", "--quick", "--json", str(out)]
+    out, dump = tmp_path / "aot.json", tmp_path / "dump"
+    cmd = [sys.executable, "-m", "triforce_kernels", "compile-check", "--quick", "--json", str(out), "--dump", str(dump)]
     if triton_version:
         cmd += ["--triton", triton_version]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -92,6 +92,59 @@ def test_triton_kernels_compile_for_h100(tmp_path, triton_version):
             and "LOWP_DOT=True" in x["signature"]]
     assert bf16 and all(x["hgmma"] + x["hmma"] > 0 for x in bf16)
     assert any(x["hgmma"] > 0 for x in bf16)
+    _check_one_tile_arithmetic(dump)
+
+
+def _tile_updates(ttgir: str) -> list[list[str]]:
+    """The floating-point ops of each tile of the online softmax in a TTGIR module (from a dot to the
+    next dot), with SSA names dropped and layout aliases replaced by their definitions."""
+    import re
+
+    fp = re.compile(r"warp_group_dot |tt\.dot |arith\.(mulf|addf|subf|maxnumf|maximumf|truncf|cmpf)|math\.exp2|"
+                    r"tt\.reduce|arith\.select .*f32|ttg\.convert_layout .*x(f32|bf16|f16)")
+    alias = {m.group(1): m.group(2) for m in re.finditer(r"^(#\w+) = (.*)$", ttgir, re.M)}
+
+    def norm(line):
+        line = re.sub(r"\s*loc\(.*$", "", re.sub(r"%[\w#]+", "%", line)).strip()
+        line = re.sub(r"!ttg\.memdesc<([\dx]+x\w+)[^>]*>", r"memdesc<\1>", line)
+        line = re.sub(r",? ?isAsync = true", "", line)  # where an operand sits in shared memory, not arithmetic
+        return re.sub(r"#\w+", lambda m: alias.get(m.group(0), m.group(0)), line)
+
+    tiles, cur = [], None
+    for line in ttgir.split("\n"):
+        dot = "warp_group_dot " in line or " tt.dot " in line
+        if dot and cur is None:
+            cur = []
+        if cur is not None and fp.search(line):
+            cur.append(norm(line))
+            if dot and len(cur) > 1:
+                tiles.append(cur)
+                cur = None
+    return tiles
+
+
+def _check_one_tile_arithmetic(dump):
+    """verify_attention's rows are bitwise independent of T only if every launch -- the prefix kernel
+    at T = 1 and at T > 1, the causal and the tree tail -- rounds a tile the same way
+    (docs/attention.md, "Independent of T"): per dtype and head dim, one sequence of floating-point
+    ops with the same layouts (so the same MMA shapes and the same reduction orders), and no
+    multiply-add left for ptxas to contract (PTX f32 ops carry .rn)."""
+    import re
+
+    groups = {}
+    for path in glob.glob(os.path.join(dump, "*-_verify_attention_split_kernel.ttgir")):
+        tiles = _tile_updates(open(path).read())
+        assert len(tiles) == 1, f"{path}: {len(tiles)} tile updates"
+        key = " ".join(re.findall(r"<(\d+x\d+x\w+)", tiles[0][0]))  # the first dot's shapes and dtypes
+        groups.setdefault(key, []).append((path, tiles[0]))
+        ptx = open(path[:-len("ttgir")] + "ptx").read()
+        assert not re.search(r"\b(mul|add|sub)\.f32\b", ptx), f"{path}: f32 arithmetic ptxas may contract"
+    # bf16 and fp32, D = 128 and 64: prefix, prefix at T = 1, causal and tree tails (each also at T = 1)
+    assert len(groups) == 4 and all(len(g) >= 6 for g in groups.values()), {k: len(g) for k, g in groups.items()}
+    for group in groups.values():
+        first_path, first = group[0]
+        for path, tiles in group[1:]:
+            assert tiles == first, f"{os.path.basename(path)} rounds a tile unlike {os.path.basename(first_path)}"
 
 
 def test_compile_check_limits():

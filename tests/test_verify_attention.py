@@ -106,7 +106,7 @@ def test_splits_and_views_match_reference(backend, B, Hkv, g, D, T, prefixes, sl
 @pytest.mark.parametrize("T, prefixes, mask_kind", [
     (1, [0, 1, 15, 16, 17], "causal"), (16, [17, 0], "tree"), (64, [1], "causal"), (64, [15], "tree"),
     (33, [16, 5], "random"),
-    (100, [5, 40], "random"), (130, [3], "tree"),  # > 64 new tokens: 2-3 words of the Triton packed mask
+    (100, [5, 40], "random"), (130, [3], "tree"),  # > 64 new tokens: a Triton tail of 2-4 tiles
 ])
 def test_prefix_lengths_and_wide_trees(backend, T, prefixes, mask_kind):
     dev = backend_device(backend)
@@ -118,9 +118,9 @@ def test_prefix_lengths_and_wide_trees(backend, T, prefixes, mask_kind):
 @pytest.mark.parametrize("backend", backends("verify_attention"))
 def test_wide_tree_with_lengths_below_T(backend):
     """T > 64 with cache lengths L < T, which GPU callers may pass (not checked there, see below): the
-    first T - L new tokens are not in the cache, so the tail's key blocks start off the 64-token words of
-    the Triton kernel's packed mask and a block reads two of them. Called below the public op, whose CPU
-    check would raise first."""
+    first T - L new tokens are not in the cache (negative positions), so the Triton kernel's ancestor
+    lists leave them out and its tree ranks start at 0. Called below the public op, whose CPU check
+    would raise first."""
     dev = backend_device(backend)
     q, k, v, _, mask = make_inputs(3, 100, 4, 2, 64, [0, 0, 0], 0, torch.float32, 5, dev, "random")
     L = torch.tensor([30, 99, 71], dtype=torch.int32, device=dev)
@@ -398,19 +398,37 @@ def test_strided_last_dim_raises(backend, name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's bf16 dot is wrong
 @pytest.mark.parametrize("mask_kind", ["causal", "tree"])
 def test_triton_gpu_launch_plan_in_the_interpreter(dtype, mask_kind):
-    """The Triton kernels with the launch plan an H100 gets -- 64-key tiles and the split count of 132
-    SMs (8 prefix splits here, the interpreter's own plan uses at most 3) -- executed by the
-    interpreter: the GPU plan's semantics, checked without a GPU. Ragged lengths, one row with an
-    empty prefix, GQA 4."""
+    """The Triton kernels with the launch plan an H100 gets -- 64-key tiles and parts of 512 keys for
+    132 SMs (8 parts here, the interpreter's own plan uses 3) -- executed by the interpreter: the GPU
+    plan's semantics, checked without a GPU. Ragged lengths, one row with an empty prefix, GQA 4."""
     from triforce_kernels.triton import _target
-    from triforce_kernels.triton.verify_attention import _num_splits
+    from triforce_kernels.triton.verify_attention import _block_n, _part_keys
 
     B, T, Hkv, g, D = 2, 5, 2, 4, 64
     q, k, v, L, mask = make_inputs(B, T, g * Hkv, Hkv, D, [4091, 0], 0, dtype, 7, torch.device("cpu"), mask_kind)
     with _target.plan_for(132):
-        assert _num_splits(B, Hkv, 1, k.shape[1], q.device) == 8
+        assert _block_n(D, _target.interpreting()) == 64
+        assert _part_keys(B, Hkv, k.shape[1], 64, q.device) == 512 and k.shape[1] // 512 == 8
         out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="triton")
     check_against_reference(out, lse, q, k, v, L, mask)
+
+
+def test_triton_part_keys_follow_neither_T_nor_L():
+    """The Triton parts are cut at fixed ranks: their size depends on the cache's N, B, Hkv and the GPU
+    only (a size that followed T or the prefix length would change a row's bits with T). Powers of two,
+    multiples of the tile, >= 512 keys on a GPU, at most MAX_PARTS parts."""
+    from triforce_kernels.triton import _target
+    from triforce_kernels.triton.verify_attention import MAX_PARTS, _part_keys
+
+    cpu = torch.device("cpu")
+    with _target.plan_for(132):
+        for B, Hkv, N in [(1, 8, 131072), (8, 8, 131072), (1, 8, 32768), (32, 3, 4096), (1, 1, 10 ** 6), (4, 2, 100)]:
+            keys = _part_keys(B, Hkv, N, 64, cpu)
+            assert keys % 64 == 0 and keys >= 512 and -(-N // keys) <= MAX_PARTS
+        assert _part_keys(1, 8, 131072, 64, cpu) == 4096  # 32 parts: 256 programs at T = 1
+        assert _part_keys(1, 8, 100000, 64, cpu) == 4096  # a power of two: nearby capacities share it
+    assert _part_keys(1, 1, 1000, 32, cpu, num_splits=64) == 32  # forced: about that many parts, tile-sized
+    assert _part_keys(1, 1, 10, 32, cpu) == 32
 
 
 def _committed(k, v, L, T, parents, b, t):
@@ -461,3 +479,57 @@ def test_a_pass_gives_the_bits_of_one_token_steps(B, T, g, D, prefix, dtype, tre
             o1, l1 = tk.verify_attention(q[b:b + 1, t:t + 1], kb, vb, Lb, return_lse=True, backend="cpu")
             assert torch.equal(o1[0, 0], out[b, t]), f"row {t} of batch {b} differs from its one-token step"
             assert torch.equal(l1[0, :, 0], lse[b, :, t])
+
+
+@pytest.mark.parametrize("backend", [p for p in backends("verify_attention") if p.id == "triton"])
+@settings(max_examples=6, deadline=None)
+@given(T=st.integers(1, 12), g=st.sampled_from([1, 3, 4, 6]), D=st.sampled_from([16, 64]),
+       prefix=st.sampled_from([0, 7, 31, 32, 63, 100, 150]), dtype=st.sampled_from(DTYPES),
+       tree=st.booleans(), num_splits=st.sampled_from([None, 2, 5]), seed=st.integers(0, 2**31 - 1))
+@example(T=9, g=3, D=64, prefix=90, dtype=torch.float32, tree=True, num_splits=5, seed=1)  # the tail crosses a part
+@example(T=12, g=6, D=16, prefix=25, dtype=torch.float16, tree=False, num_splits=None, seed=2)  # 72 rows: 5 blocks
+@example(T=5, g=4, D=64, prefix=63, dtype=torch.bfloat16, tree=True, num_splits=2, seed=3)
+def test_triton_pass_gives_the_bits_of_one_token_steps(backend, T, g, D, prefix, dtype, tree, num_splits, seed):
+    """Triton backend: row t of a pass of T tokens is bitwise the output (and lse) of the one-token step
+    at its position, over the cache as it is once t's path is committed, for every part size (parts
+    cut at fixed ranks; a tail that crosses a part boundary continues that part's state). In the
+    interpreter this checks the construction; on a GPU, that both launches round every tile alike."""
+    dev = backend_device(backend)
+    B, Hkv = 2, 2
+    q, k, v, L, _ = make_inputs(B, T, Hkv * g, Hkv, D, [prefix + 3 * b for b in range(B)], 2, dtype, seed,
+                                torch.device("cpu"))
+    parents = random_parents(B, T, seed) if tree else torch.arange(-1, T - 1).expand(B, T)
+    mask = tk.tree_attention_mask(parents) if tree else None
+    impl = implementation("verify_attention", "triton")
+    to = lambda x: None if x is None else x.to(dev)
+    scale = 1.0 / math.sqrt(D)
+    out, lse = impl(to(q), to(k), to(v), to(L), to(mask), scale, num_splits=num_splits)
+    for b in range(B):
+        for t in range(T):
+            kb, vb, Lb = _committed(k, v, L, T, parents, b, t)
+            o1, l1 = impl(to(q[b:b + 1, t:t + 1]), to(kb), to(vb), to(Lb), None, scale, num_splits=num_splits)
+            assert torch.equal(o1[0, 0], out[b, t]), f"row {t} of batch {b} differs from its one-token step"
+            assert torch.equal(l1[0, :, 0], lse[b, :, t])
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not tk.backend_status("triton", "cpu")[0],
+                    reason="runs the GPU launch plan in the Triton interpreter (on a GPU it is the plan anyway)")
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+def test_triton_gpu_plan_pass_gives_the_bits_of_one_token_steps(tree):
+    """The same property under the launch plan an H100 gets (64-row blocks, 64-key tiles, parts of 512
+    keys), executed by the interpreter in float16 (the GPU's 16-bit dot path): a prefix of 508 keys,
+    so the tail of 7 tokens crosses the part boundary at rank 512 and continues into the next part."""
+    from triforce_kernels.triton import _target
+
+    B, T, Hkv, g, D = 1, 7, 2, 4, 64
+    q, k, v, L, _ = make_inputs(B, T, g * Hkv, Hkv, D, [508], 3, torch.float16, 11, torch.device("cpu"))
+    parents = random_parents(B, T, 11) if tree else torch.arange(-1, T - 1).expand(B, T)
+    mask = tk.tree_attention_mask(parents) if tree else None
+    impl = implementation("verify_attention", "triton")
+    with _target.plan_for(132):
+        out, lse = impl(q, k, v, L, mask, 0.125)
+        for t in range(T):
+            kb, vb, Lb = _committed(k, v, L, T, parents, 0, t)
+            o1, l1 = impl(q[:, t:t + 1], kb, vb, Lb, None, 0.125)
+            assert torch.equal(o1[0, 0], out[0, t]) and torch.equal(l1[0, :, 0], lse[0, :, t]), f"row {t}"
+    check_against_reference(out, lse, q, k, v, L, mask, 0.125)

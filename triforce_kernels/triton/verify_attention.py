@@ -1,13 +1,27 @@
-"""Triton backend of ``tk.verify_attention``: flash-decoding split-K over the prefix + masked tail,
-then a log-sum-exp merge.
+"""Triton backend of ``tk.verify_attention``: split-K at fixed key ranks, then a log-sum-exp merge.
 
-Grid of the split kernel: (part, b * Hkv + h, row block). Parts 0..S-1 split the unmasked prefix
-[0, L-T) of row b evenly (ragged lengths need no host sync: each program reads L itself); part S is
-the tail [L-T, L), the only place the causal / tree mask is applied and inf/NaN values are masked,
-launched on its own (``TAIL=True``, a grid of one part) so that the prefix's kernel carries none of
-that code (registers, shared memory: the compile check's report). Each program serves a block of
-up to 64 query rows (t, j) of one GQA group from every K/V tile it loads, so for T * g <= 64 each
-key is read from memory once for all T queries and all g query heads.
+A row's result depends only on the keys it sees, never on T or on the prefix length, so row t of a pass
+of T tokens is bitwise the one-token step at its position (docs/attention.md, "Independent of T"):
+
+- Ranks. A query takes its keys in rank order: the prefix, then the new tokens it sees in index order.
+  Causal: rank = position. Tree: the new tokens a row sees take ranks L-T, L-T+1, ..., the positions they
+  get once committed (``_ancestor_lists``).
+- Parts. The ranks are cut into parts of ``_part_keys`` (a power of two, a multiple of the tile; it
+  depends on the cache's N, the batch, Hkv and the GPU, never on T or L). Each part runs its online
+  softmax from a fresh state; the merge combines the parts' states by log-sum-exp, in one fixed order.
+- Tiles of BLOCK_N ranks start at multiples of BLOCK_N. Below the prefix rounded down to BLOCK_N
+  (``Pf``) every row sees every key of a tile: the prefix launch (``TAIL=False``, grid (row block, part,
+  b * Hkv)) reads each tile once for the block's rows, with no mask. From ``Pf`` on, the tail launch
+  (``TAIL=True``, grid (row block, b * Hkv)) continues the states the prefix launch stored: one load per
+  tile for a causal pass; for a tree, one gathered load per query token of the block, each updating
+  only that token's rows (the others' update is exact: +0, x1).
+- One arithmetic. Both launches run every tile through ``_tile_update``; floating-point contraction is
+  off, so the select that masks the tail's scores cannot change how the rest is rounded. Row blocks
+  are BLOCK_R rows whatever T (``_block_r``), so every tile is the same dot.
+
+The tail is also the only place of inf/NaN masking: a query multiplies the values it may not see by
+0, and 0 * NaN would leak them, so the new tokens' inf/NaN values count as 0 there and a query that
+sees one gets NaN in its row for that head. The prefix, which every query sees, is read as it is.
 """
 import torch
 import triton
@@ -19,38 +33,68 @@ from ..verify_attention import check_cache_rows
 
 
 @triton.jit
+def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT: tl.constexpr):
+    """One tile of the online softmax for a block of rows; the same code on every path."""
+    if LOWP_DOT:  # fp16/bf16 operands, fp32 accumulation (products of 16-bit floats are exact)
+        s = tl.dot(q, tl.trans(k))
+    else:  # fp32 inputs, and bf16 under the interpreter (its bf16 dot is wrong)
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    s = tl.where(vis, s * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if LOWP_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _tail_tile_update(q, k_base, v_base, pos, lane_ok, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn,
+                      m_i, l_i, acc, seen_bad, scale, LOWP_DOT: tl.constexpr):
+    """A tail tile: keys at ``pos`` (lanes ``lane_ok``), seen by the rows ``rows_see`` ([R, 1] or
+    [R, N]). A query multiplies the values it may not see by 0, and 0 * NaN would leak them: the new
+    tokens' inf/NaN values count as 0, and ``seen_bad`` flags a row that sees one."""
+    ld = lane_ok[:, None] & d_ok[None, :]
+    k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=ld, other=0.0)
+    v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=ld, other=0.0)
+    vf = v.to(tl.float32)  # (the interpreter compares bf16 values as their bits)
+    bad = ((vf != vf) | (tl.abs(vf) == float("inf"))) & is_new[:, None]
+    v = tl.where(bad, tl.zeros_like(v), v)
+    vis = rows_see & lane_ok[None, :]
+    key_bad = tl.max(bad.to(tl.int32), 1)
+    seen_bad = tl.maximum(seen_bad, tl.max(tl.where(vis, key_bad[None, :], 0), 1))
+    m_i, l_i, acc = _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT)
+    return m_i, l_i, acc, seen_bad
+
+
+@triton.jit
 def _verify_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, seqlens_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
-    scale, T, G, R, Hkv, N, S, D, W,
+    q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr,
+    scale, T, G, R, Hkv, N, NP, PS, D,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     HAS_MASK: tl.constexpr, LOWP_DOT: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # TAIL=False: grid axis 0 is the prefix part 0..S-1, every position visible to every row. TAIL=True
-    # (its own launch, one part): part S, the tail [L-T, L), the only place of the causal / tree mask
-    # and of the inf/NaN values' masking, so that none of it costs the prefix's loop anything.
-    # mask_ptr (HAS_MASK): tree_mask packed as int64 words [B, T, W], bit si % 64 of word si // 64 of row
-    # (b, t) = tree_mask[b, t, si] (_pack_mask_kernel); BLOCK_N <= 64.
+    # State of (b, h, part, row) at (bh * NP + part) * R + row of m_ptr / l_ptr, rows of D in acc_ptr.
+    # anc_ptr (HAS_MASK): int32 [B, T, T], row (b, t) = the new tokens t sees, in index order, then -1.
+    rb = tl.program_id(0)
     if TAIL:
-        part = S
+        bh = tl.program_id(1)
     else:
-        part = tl.program_id(0)
-    bh = tl.program_id(1)
-    rb = tl.program_id(2)
+        part = tl.program_id(1)
+        bh = tl.program_id(2)
     b = bh // Hkv
     h = bh % Hkv
     # Clamp so that nothing outside [0, min(L, N)) is read, whatever cache_seqlens holds (no host check).
     L = tl.load(seqlens_ptr + b)
     Lc = tl.minimum(tl.maximum(L, 0), N)
     new0 = L - T
-    prefix = tl.minimum(tl.maximum(new0, 0), Lc)
-    if TAIL:
-        start = prefix
-        end = Lc
-    else:
-        chunk = tl.cdiv(prefix, S)
-        start = tl.minimum(prefix, part * chunk)
-        end = tl.minimum(prefix, part * chunk + chunk)
+    P = tl.minimum(tl.maximum(new0, 0), Lc)  # ranks below P: the prefix, rank = position, seen by all
+    Pf = P // BLOCK_N * BLOCK_N  # below Pf: whole tiles of prefix
 
     rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < R
@@ -63,87 +107,75 @@ def _verify_attention_split_kernel(
         q = q.to(tl.float32)
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    state = bh * NP * R + rows  # + part * R
 
-    m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_R,), tl.float32)
-    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
-    seen_bad = tl.zeros((BLOCK_R,), tl.int32)  # TAIL: the row sees an inf/NaN value
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pos_ok = pos < end
-        kv_mask = pos_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        if LOWP_DOT:  # fp16/bf16 operands, fp32 accumulation (products of 16-bit floats are exact)
-            s = tl.dot(q, tl.trans(k)) * scale
-        else:  # fp32 inputs, and bf16 under the interpreter (its bf16 dot is wrong)
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
-        vis = row_ok[:, None] & pos_ok[None, :]
-        if TAIL:
-            # New token si = pos - new0 is visible to query t iff tree_mask[b, t, si] (si <= t).
-            si = pos - new0
-            if HAS_MASK:
-                # Row t's bits of tree_mask, packed 64 to a word: this block's <= 64 positions fall in
-                # words w0 and w0 + 1. Per-row (1-D) loads broadcast over the keys, as the causal test
-                # is, so both variants reduce in the same register layout and give bitwise equal
-                # results for equal masks (a 2-D byte load gave the tree variant its own layout and its
-                # own summation order).
-                si_c = tl.maximum(si, 0)
-                w0 = tl.maximum(n0 - new0, 0) // 64
-                row_bits = mask_ptr + (b.to(tl.int64) * T + t) * W
-                zero = rows * 0  # scalar conditions as row vectors: the interpreter's load masks must be tensors
-                word0 = tl.load(row_bits + w0, mask=row_ok & (zero + w0 < W), other=0)
-                word1 = tl.load(row_bits + w0 + 1, mask=row_ok & (zero + w0 + 1 < W), other=0)
-                word = tl.where((si_c // 64 == w0)[None, :], word0[:, None], word1[:, None])
-                tail_ok = ((word >> (si_c % 64).to(tl.int64)[None, :]) & 1) != 0
-            else:
-                tail_ok = si[None, :] <= t[:, None]
-            vis = vis & tail_ok
-            # A query multiplies the values it may not see by 0, and 0 * NaN would leak them: the tail's
-            # inf/NaN values count as 0, and a query that sees one gets NaN in its row (after the loop).
-            vf = v.to(tl.float32)  # (the interpreter compares bf16 values as their bits)
-            bad = (vf != vf) | (tl.abs(vf) == float("inf"))
-            v = tl.where(bad, tl.zeros_like(v), v)
-            key_bad = tl.max(bad.to(tl.int32), 1)  # [BLOCK_N]
-            seen_bad = tl.maximum(seen_bad, tl.max(tl.where(vis, key_bad[None, :], 0), 1))
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if LOWP_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if not TAIL:
+        m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_R,), tl.float32)
+        acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+        start = part * PS
+        end = tl.minimum(start + PS, Pf)
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ld = (pos < end)[:, None] & d_ok[None, :]
+            k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=ld, other=0.0)
+            v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=ld, other=0.0)
+            vis = row_ok[:, None] & (pos < end)[None, :]
+            m_i, l_i, acc = _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT)
+        idx = state + part * R
+        tl.store(m_ptr + idx, m_i, mask=row_ok)
+        tl.store(l_ptr + idx, l_i, mask=row_ok)
+        tl.store(acc_ptr + idx.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # Ranks [Pf, hi): the rest of the prefix and the new tokens. Every key of rank >= Lc is unseen
+        # (causal: rank = position; tree: rank <= position), so no part past the cache's N is touched.
+        if HAS_MASK:
+            hi = tl.minimum(P + T, Lc)
         else:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        m_i = m_new
-
-    if TAIL:
-        acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
-    idx = (bh * (S + 1) + part) * R + rows
-    tl.store(m_ptr + idx, m_i, mask=row_ok)
-    tl.store(l_ptr + idx, l_i, mask=row_ok)
-    tl.store(acc_ptr + idx.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _pack_mask_kernel(mask_ptr, bits_ptr, T, W):
-    # One program per (row b * T + t, word w): bits_ptr[row, w] = sum_i mask[row, 64 w + i] << i.
-    row = tl.program_id(0).to(tl.int64)
-    w = tl.program_id(1)
-    i = tl.arange(0, 64)
-    j = w * 64 + i
-    m = tl.load(mask_ptr + row * T + j, mask=j < T, other=0)
-    bits = tl.where(m != 0, tl.full((64,), 1, tl.int64) << i.to(tl.int64), 0)
-    tl.store(bits_ptr + row * W + w, tl.sum(bits, 0))  # distinct powers of two: the sum is their OR
+            hi = Lc
+        t_lo = (rb * BLOCK_R) // G
+        t_hi = (tl.minimum(rb * BLOCK_R + BLOCK_R, R) - 1) // G
+        zero = rows * 0  # scalar conditions as row vectors: the interpreter's load masks must be tensors
+        for part in range(Pf // PS, tl.cdiv(hi, PS)):
+            idx = state + part * R
+            m_i = tl.load(m_ptr + idx, mask=row_ok, other=float("-inf"))
+            l_i = tl.load(l_ptr + idx, mask=row_ok, other=0.0)
+            acc = tl.load(acc_ptr + idx.to(tl.int64)[:, None] * D + offs_d[None, :],
+                          mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            seen_bad = tl.zeros((BLOCK_R,), tl.int32)  # the row sees an inf/NaN value of a new token
+            for n0 in range(tl.maximum(Pf, part * PS), tl.minimum(hi, part * PS + PS), BLOCK_N):
+                rank = n0 + tl.arange(0, BLOCK_N)
+                is_new = rank >= P
+                if HAS_MASK:
+                    # One gathered load per query token tt of the block: the keys of rank >= P are tt's
+                    # own. Only tt's rows are updated; for the others every key is masked, an exact no-op
+                    # (as is a tile in which tt sees nothing: skipped).
+                    i = rank - P
+                    for tt in range(t_lo, t_hi + 1):
+                        sel = tl.load(anc_ptr + (b.to(tl.int64) * T + tt) * T + i, mask=is_new & (i < T), other=-1)
+                        pos = tl.where(is_new, new0 + sel, rank)
+                        lane_ok = tl.where(is_new, sel >= 0, rank < Lc) & (pos >= 0) & (pos < Lc)
+                        if tl.max(lane_ok.to(tl.int32), 0) > 0:
+                            m_i, l_i, acc, seen_bad = _tail_tile_update(
+                                q, k_base, v_base, pos, lane_ok, is_new, (row_ok & (t == zero + tt))[:, None],
+                                offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
+                else:  # rank = position; new token rank - new0 is seen by query t iff rank - new0 <= t
+                    rows_see = row_ok[:, None] & ((rank - new0)[None, :] <= t[:, None])
+                    m_i, l_i, acc, seen_bad = _tail_tile_update(
+                        q, k_base, v_base, rank, rank < Lc, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
+            acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
+            tl.store(m_ptr + idx, m_i, mask=row_ok)
+            tl.store(l_ptr + idx, l_i, mask=row_ok)
+            tl.store(acc_ptr + idx.to(tl.int64)[:, None] * D + offs_d[None, :], acc,
+                     mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def _verify_attention_merge_kernel(
-    m_ptr, l_ptr, acc_ptr, out_ptr, lse_ptr, T, G, R, Hkv, S, D,
+    m_ptr, l_ptr, acc_ptr, out_ptr, lse_ptr, T, G, R, Hkv, NP, D,
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # One program per (b, h, row): combine the S + 1 partials by log-sum-exp.
+    # One program per (b, h, row): combine the NP parts' states by log-sum-exp.
     pid = tl.program_id(0)
     bh = pid // R
     r = pid % R
@@ -152,8 +184,8 @@ def _verify_attention_merge_kernel(
     t = r // G
     Hq = Hkv * G
     parts = tl.arange(0, BLOCK_P)
-    p_ok = parts < S + 1
-    idx = (bh * (S + 1) + parts) * R + r
+    p_ok = parts < NP
+    idx = (bh * NP + parts) * R + r
     m = tl.load(m_ptr + idx, mask=p_ok, other=float("-inf"))
     l = tl.load(l_ptr + idx, mask=p_ok, other=0.0)
     M = tl.max(m, 0)
@@ -172,12 +204,54 @@ def _verify_attention_merge_kernel(
     tl.store(lse_ptr + (b * Hq + hq) * T + t, lse)
 
 
-def _num_splits(B, Hkv, row_blocks, N, device):
-    sms = _target.sm_count(device)
-    if sms is not None:  # ~2 waves of programs over the SMs, each split >= 512 keys
-        want = triton.cdiv(2 * sms, B * Hkv * row_blocks)
-        return max(1, min(want, N // 512, 64))
-    return max(1, min(3, N // 128))  # interpreter: exercise the merge, keep it small
+MAX_PARTS = 64  # the merge holds every part's state of a row in one program
+
+
+def _block_r(G, lowp, interpret):
+    """Query rows per program: never a function of T, so that every tile is the same dot at every T.
+    16-bit on a GPU: 64 rows (16 tokens of a GQA group of 4 read each tile once; a one-token step pads
+    its G rows to 64, as flash-decoding kernels pad to the MMA's shape). fp32 and the interpreter: the
+    group rounded up to 16 (fp32 ieee dots of 64 rows would not fit the registers)."""
+    if lowp and not interpret:
+        return 64
+    return min(64, max(16, triton.next_power_of_2(G)))
+
+
+def _block_n(D, interpret):
+    return 32 if interpret else (64 if D <= 128 else 32)
+
+
+def _part_keys(B, Hkv, N, block_n, device, num_splits=None):
+    """Keys per part, a multiple of the tile. It follows the cache's N, B, Hkv and the GPU, never T or
+    L (which would change a row's bits with T), and is a power of two, so that caches of nearly the
+    same capacity (an autoregressive run's and a speculative one's) get the same parts. GPU: about 2
+    waves of prefix programs over the SMs with a full cache, >= 512 keys a part. At most MAX_PARTS
+    parts. ``num_splits`` (tests, benchmarks): about that many parts over N instead."""
+    N = max(N, 1)
+    if num_splits:
+        keys = triton.cdiv(triton.cdiv(N, num_splits), block_n) * block_n
+    else:
+        sms = _target.sm_count(device)
+        want = triton.cdiv(2 * sms, B * Hkv) if sms is not None else 3  # interpreter: a few parts
+        keys = triton.next_power_of_2(triton.cdiv(N, want))
+        if sms is not None:
+            keys = max(keys, 512)
+    return max(keys, block_n, triton.next_power_of_2(triton.cdiv(N, MAX_PARTS)))
+
+
+def _ancestor_lists(tree_mask, cache_seqlens, N):
+    """int32 [B, T, T]: row (b, t) lists the new tokens s that t sees (tree_mask[b, t, s], at a position
+    in [0, min(L, N))) in index order, then -1. The i-th of them has rank L - T + i: the position it
+    takes once t's path is committed. No host synchronisation."""
+    B, T, _ = tree_mask.shape
+    dev = tree_mask.device
+    L = cache_seqlens.to(torch.int64).view(B, 1, 1)
+    pos = L - T + torch.arange(T, device=dev).view(1, 1, T)
+    seen = tree_mask & (pos >= 0) & (pos < L.clamp(max=N))
+    count = seen.to(torch.int32).cumsum(-1, dtype=torch.int32)  # non-decreasing along s
+    want = torch.arange(1, T + 1, device=dev, dtype=torch.int32).expand(B, T, T).contiguous()
+    s = torch.searchsorted(count, want)  # the first s with count[s] >= i + 1: the (i + 1)-th seen token
+    return torch.where(s < T, s, -1).to(torch.int32).contiguous()
 
 
 @register("verify_attention", "triton")
@@ -195,35 +269,32 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     if out.numel() == 0:
         return out, lse
     interpret = _target.interpreting()
-    BLOCK_R = min(64, max(16, triton.next_power_of_2(R)))
-    BLOCK_N = 32 if interpret else (64 if D <= 128 else 32)
-    BLOCK_D = max(16, triton.next_power_of_2(D))
-    row_blocks = triton.cdiv(R, BLOCK_R)
-    S = num_splits or _num_splits(B, Hkv, row_blocks, N, q.device)
-    parts = S + 1
-    m = torch.empty((B * Hkv * parts * R,), device=q.device, dtype=torch.float32)
-    l = torch.empty_like(m)
-    acc = torch.empty((B * Hkv * parts * R, D), device=q.device, dtype=torch.float32)
-    W = triton.cdiv(T, 64)
-    if tree_mask is not None:  # packed to bits (bool loads as uint8: the interpreter rejects bool pointers)
-        mask = torch.empty((B, T, W), device=q.device, dtype=torch.int64)
-        _pack_mask_kernel[(B * T, W)](tree_mask.contiguous().view(torch.uint8), mask, T, W)
-    else:  # causal: any pointer, never read
-        mask = cache_seqlens
     # 16-bit operands straight into tl.dot (P cast to V's dtype, as flash-attn does). The interpreter's
     # bf16 dot is wrong, so there bf16 runs the fp32 path; fp16 takes the GPU path, which tests it.
     lowp = q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not interpret)
-    for tail, grid in ((False, (S, B * Hkv, row_blocks)), (True, (1, B * Hkv, row_blocks))):
+    BLOCK_R = _block_r(G, lowp, interpret)
+    BLOCK_N = _block_n(D, interpret)
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    row_blocks = triton.cdiv(R, BLOCK_R)
+    PS = _part_keys(B, Hkv, N, BLOCK_N, q.device, num_splits)
+    NP = max(1, triton.cdiv(N, PS))
+    m = torch.empty((B * Hkv * NP * R,), device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty((B * Hkv * NP * R, D), device=q.device, dtype=torch.float32)
+    # causal: any pointer, never read
+    anc = _ancestor_lists(tree_mask, cache_seqlens, N) if tree_mask is not None else cache_seqlens
+    # Row blocks vary fastest in the grid: the blocks of one part run together and share its tiles in L2.
+    for tail, grid in ((False, (row_blocks, NP, B * Hkv)), (True, (row_blocks, B * Hkv))):
         _verify_attention_split_kernel[grid](
-            q, k_cache, v_cache, cache_seqlens, mask, m, l, acc,
-            softmax_scale, T, G, R, Hkv, N, S, D, W,
+            q, k_cache, v_cache, cache_seqlens, anc, m, l, acc,
+            softmax_scale, T, G, R, Hkv, N, NP, PS, D,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            HAS_MASK=tree_mask is not None, LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
-            BLOCK_D=BLOCK_D, num_warps=4,
+            HAS_MASK=tail and tree_mask is not None, LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D, num_warps=4, enable_fp_fusion=False,
         )
     _verify_attention_merge_kernel[(B * Hkv * R,)](
-        m, l, acc, out, lse, T, G, R, Hkv, S, D,
-        BLOCK_P=max(2, triton.next_power_of_2(parts)), BLOCK_D=BLOCK_D,
+        m, l, acc, out, lse, T, G, R, Hkv, NP, D,
+        BLOCK_P=max(2, triton.next_power_of_2(NP)), BLOCK_D=BLOCK_D,
     )
     return out, lse
