@@ -1,10 +1,12 @@
 """Tiny random Llamas: parity with transformers' LlamaForCausalLM, cache paths == plain forward,
 ragged batches, trees, layer skipping, loading round trips and bad input."""
+import copy
 import json
 
 import pytest
 import torch
 
+import triforce_kernels as tk
 from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
 from triforce.models.llama import ROWWISE_MAX_ROWS
 
@@ -142,6 +144,40 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
             c = primed()
             branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
             assert torch.equal(tree_logits[:, path], branch), leaf
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not tk.backend_status("triton", "cpu")[0],
+                    reason="the Triton attention in the interpreter, under the CPU's row-independent projections")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_pass_gives_the_bits_of_one_token_steps_with_triton_attention(dtype, monkeypatch):
+    """As above with the attention on the Triton kernel (TRIFORCE_BACKEND=triton, in the interpreter;
+    the projections stay on the CPU's row-independent kernels): a model's logits of a causal pass and of
+    a tree pass are bitwise those of one-token steps (docs/attention.md, "The Triton kernel"). The
+    prompt crosses the interpreter plan's parts (32 keys, one tile, for this cache). On a GPU the
+    projections go through cuBLAS, so this holds only for the attention there
+    (tests/test_verify_attention.py)."""
+    monkeypatch.setenv("TRIFORCE_BACKEND", "triton")
+    model = tiny_model(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                       max_position_embeddings=1024).to(dtype)
+    prompt = torch.randint(0, 101, (2, 45))
+    toks = torch.randint(0, 101, (2, 6))
+
+    with torch.no_grad():
+        prefilled = FullCache(model.config, 2, 64, dtype=dtype)
+        model.prefill(prompt, prefilled)  # once: the interpreter takes seconds per prefill
+    primed = lambda: copy.deepcopy(prefilled)
+
+    with torch.no_grad():
+        pass_logits = model(toks, cache=primed())
+        c = primed()
+        steps = torch.cat([model(toks[:, t:t + 1], cache=c) for t in range(6)], 1)
+        assert torch.equal(pass_logits, steps)
+        parents = torch.tensor([[-1, 0, 0, 1, 2, 4]] * 2)
+        tree_logits = model(toks, cache=primed(), tree_parents=parents)
+        for path in ([0, 1, 3], [0, 2, 4, 5]):
+            c = primed()
+            branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
+            assert torch.equal(tree_logits[:, path], branch), path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
