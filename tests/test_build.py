@@ -95,13 +95,13 @@ def test_triton_kernels_compile_for_h100(tmp_path, triton_version):
     _check_one_tile_arithmetic(dump)
 
 
-def _tile_updates(ttgir: str) -> list[list[str]]:
-    """The floating-point ops of each tile of the online softmax in a TTGIR module (from a dot to the
-    next dot), with SSA names dropped and layout aliases replaced by their definitions."""
+def _fp_ops(ttgir: str) -> list[str]:
+    """The floating-point ops of a TTGIR module in order, with SSA names dropped and layout aliases
+    replaced by their definitions."""
     import re
 
-    fp = re.compile(r"warp_group_dot |tt\.dot |arith\.(mulf|addf|subf|maxnumf|maximumf|truncf|cmpf)|math\.exp2|"
-                    r"tt\.reduce|arith\.select .*f32|ttg\.convert_layout .*x(f32|bf16|f16)")
+    fp = re.compile(r"warp_group_dot |tt\.dot |arith\.(mulf|addf|subf|divf|maxnumf|maximumf|truncf|cmpf)|"
+                    r"math\.(exp2|log2?) |tt\.reduce|arith\.select .*f32|ttg\.convert_layout .*x(f32|bf16|f16)")
     alias = {m.group(1): m.group(2) for m in re.finditer(r"^(#\w+) = (.*)$", ttgir, re.M)}
 
     def norm(line):
@@ -110,13 +110,18 @@ def _tile_updates(ttgir: str) -> list[list[str]]:
         line = re.sub(r",? ?isAsync = true", "", line)  # where an operand sits in shared memory, not arithmetic
         return re.sub(r"#\w+", lambda m: alias.get(m.group(0), m.group(0)), line)
 
+    return [norm(line) for line in ttgir.split("\n") if fp.search(line)]
+
+
+def _tile_updates(ttgir: str) -> list[list[str]]:
+    """The floating-point ops of each tile of the online softmax (from a dot to the next dot)."""
     tiles, cur = [], None
-    for line in ttgir.split("\n"):
-        dot = "warp_group_dot " in line or " tt.dot " in line
+    for op in _fp_ops(ttgir):
+        dot = "warp_group_dot " in op or " tt.dot " in op
         if dot and cur is None:
             cur = []
-        if cur is not None and fp.search(line):
-            cur.append(norm(line))
+        if cur is not None:
+            cur.append(op)
             if dot and len(cur) > 1:
                 tiles.append(cur)
                 cur = None
@@ -128,7 +133,7 @@ def _check_one_tile_arithmetic(dump):
     at T = 1 and at T > 1, the causal and the tree tail -- rounds a tile the same way
     (docs/attention.md, "Independent of T"): per dtype and head dim, one sequence of floating-point
     ops with the same layouts (so the same MMA shapes and the same reduction orders), and no
-    multiply-add left for ptxas to contract (PTX f32 ops carry .rn)."""
+    multiply-add left for ptxas to contract (PTX f32 ops carry .rn). The same for the merge kernel."""
     import re
 
     groups = {}
@@ -145,6 +150,16 @@ def _check_one_tile_arithmetic(dump):
         first_path, first = group[0]
         for path, tiles in group[1:]:
             assert tiles == first, f"{os.path.basename(path)} rounds a tile unlike {os.path.basename(first_path)}"
+    # The merge, compiled apart for T = 1 (Triton specialises an argument equal to 1): the same ops
+    merges = {}
+    for path in glob.glob(os.path.join(dump, "*-_verify_attention_merge_kernel.ttgir")):
+        ops = _fp_ops(open(path).read())
+        key = " ".join(sorted(set(re.findall(r"tensor<(\d+(?:x\d+)*x\w+)", " ".join(ops)))))  # shapes, dtypes
+        merges.setdefault(key, []).append(ops)
+        ptx = open(path[:-len("ttgir")] + "ptx").read()
+        assert not re.search(r"\b(mul|add|sub)\.f32\b", ptx), f"{path}: f32 arithmetic ptxas may contract"
+    assert any(len(g) >= 2 for g in merges.values()), {k: len(g) for k, g in merges.items()}
+    assert all(ops == g[0] for g in merges.values() for ops in g), "a merge variant rounds differently"
 
 
 def test_compile_check_limits():

@@ -295,6 +295,6 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
         )
     _verify_attention_merge_kernel[(B * Hkv * R,)](
         m, l, acc, out, lse, T, G, R, Hkv, NP, D,
-        BLOCK_P=max(2, triton.next_power_of_2(NP)), BLOCK_D=BLOCK_D,
+        BLOCK_P=max(2, triton.next_power_of_2(NP)), BLOCK_D=BLOCK_D, enable_fp_fusion=False,
     )
     return out, lse
