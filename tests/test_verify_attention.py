@@ -413,6 +413,29 @@ def test_triton_gpu_launch_plan_in_the_interpreter(dtype, mask_kind):
     check_against_reference(out, lse, q, k, v, L, mask)
 
 
+@pytest.mark.parametrize("backend", [p for p in backends("verify_attention") if p.id == "triton"])
+def test_triton_ancestor_lists(backend):
+    """The tree tail's per-token key lists: row (b, t) lists the new tokens t sees, at positions in
+    [0, min(L, N)), in index order, then -1; against a Python loop, with lengths in range, below T, past
+    N and 2^31 - 1, arbitrary masks, and mask rows read in several steps."""
+    from triforce_kernels.triton.verify_attention import _ancestor_lists
+
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(0)
+    for T, block in ((1, None), (5, None), (17, None), (40, 16), (70, None)):
+        mask = torch.rand(4, T, T, generator=g) < 0.4
+        N = T + 8
+        L = torch.tensor([T + 3, max(T - 3, 0), N + 2, 2**31 - 1], dtype=torch.int32)
+        want = torch.full((4, T, T), -1, dtype=torch.int32)
+        for b in range(4):
+            lo, hi = T - int(L[b]), min(N, int(L[b])) - int(L[b]) + T  # s with 0 <= L - T + s < min(L, N)
+            for t in range(T):
+                seen = [s for s in range(T) if mask[b, t, s] and lo <= s < hi]
+                want[b, t, :len(seen)] = torch.tensor(seen, dtype=torch.int32)
+        got = _ancestor_lists(mask.to(dev), L.to(dev), N, block=block)
+        assert torch.equal(got.cpu(), want), (T, block)
+
+
 def test_triton_part_keys_follow_neither_T_nor_L():
     """The Triton parts are cut at fixed ranks: their size depends on the cache's N, B, Hkv and the GPU
     only (a size that followed T or the prefix length would change a row's bits with T). Powers of two,

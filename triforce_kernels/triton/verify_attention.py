@@ -239,19 +239,43 @@ def _part_keys(B, Hkv, N, block_n, device, num_splits=None):
     return max(keys, block_n, triton.next_power_of_2(triton.cdiv(N, MAX_PARTS)))
 
 
-def _ancestor_lists(tree_mask, cache_seqlens, N):
+@triton.jit
+def _ancestor_list_kernel(mask_ptr, seqlens_ptr, anc_ptr, T, N, BLOCK: tl.constexpr):
+    # One program per row (b, t): anc[b, t, :] = the new tokens s that t sees (mask[b, t, s], at a
+    # position L - T + s in [0, min(L, N))) in index order, then -1. Each seen s is stored at its rank
+    # among them (a running count plus an inclusive scan), and the lanes past the count get -1: two
+    # disjoint sets of addresses.
+    row = tl.program_id(0)
+    b = row // T
+    L = tl.load(seqlens_ptr + b)
+    Lc = tl.minimum(tl.maximum(L, 0), N)
+    new0 = L - T
+    base = anc_ptr + row.to(tl.int64) * T
+    count = tl.sum(tl.zeros((BLOCK,), tl.int32), 0)
+    for s0 in range(0, T, BLOCK):
+        s = s0 + tl.arange(0, BLOCK)
+        pos = new0 + s
+        m = tl.load(mask_ptr + row.to(tl.int64) * T + s, mask=s < T, other=0)
+        seen = (m != 0) & (pos >= 0) & (pos < Lc)
+        rank = count + tl.cumsum(seen.to(tl.int32), 0) - 1
+        tl.store(base + rank, s, mask=seen)
+        count += tl.sum(seen.to(tl.int32), 0)
+    for i0 in range(0, T, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        tl.store(base + i, tl.full((BLOCK,), -1, tl.int32), mask=(i >= count) & (i < T))
+
+
+def _ancestor_lists(tree_mask, cache_seqlens, N, block=None):
     """int32 [B, T, T]: row (b, t) lists the new tokens s that t sees (tree_mask[b, t, s], at a position
     in [0, min(L, N))) in index order, then -1. The i-th of them has rank L - T + i: the position it
-    takes once t's path is committed. No host synchronisation."""
+    takes once t's path is committed. One launch, no host synchronisation. ``block``: the mask's
+    elements per step (tests force several steps)."""
     B, T, _ = tree_mask.shape
-    dev = tree_mask.device
-    L = cache_seqlens.to(torch.int64).view(B, 1, 1)
-    pos = L - T + torch.arange(T, device=dev).view(1, 1, T)
-    seen = tree_mask & (pos >= 0) & (pos < L.clamp(max=N))
-    count = seen.to(torch.int32).cumsum(-1, dtype=torch.int32)  # non-decreasing along s
-    want = torch.arange(1, T + 1, device=dev, dtype=torch.int32).expand(B, T, T).contiguous()
-    s = torch.searchsorted(count, want)  # the first s with count[s] >= i + 1: the (i + 1)-th seen token
-    return torch.where(s < T, s, -1).to(torch.int32).contiguous()
+    anc = torch.empty((B, T, T), device=tree_mask.device, dtype=torch.int32)
+    # bool loads as uint8: the interpreter rejects bool pointers
+    _ancestor_list_kernel[(B * T,)](tree_mask.contiguous().view(torch.uint8), cache_seqlens, anc, T, N,
+                                    BLOCK=block or min(1024, max(16, triton.next_power_of_2(T))))
+    return anc
 
 
 @register("verify_attention", "triton")
