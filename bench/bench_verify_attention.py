@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import triforce_kernels as tk
 from bench.flashinfer_baselines import append_attention
 from bench.harness import compute_peak, copy_bandwidth, measure, record
+from triforce_kernels._backend import implementation
 from triforce_kernels.reference.verify_attention import visibility
 
 
@@ -106,6 +107,13 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
                 record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype=dname,
                        bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=bases[kind][1],
                        baseline_timing=bases[kind][0], extra=kind, flops=flops[kind], peak=peak)
+                if be == "triton" and not cpu:  # the other T-independent row block, side by side
+                    rows16 = implementation("verify_attention", "triton")
+                    t = measure(lambda: rows16(q, k, v, lens, mask, D ** -0.5, block_rows=16), device=dev)
+                    record(family="attention", op="verify_attention", backend="triton_rows16",
+                           shape=f"{shape},{kind}", dtype=dname, bytes_moved=nbytes, timing=t, bandwidth=bw,
+                           device=dev, baseline=bases[kind][1], baseline_timing=bases[kind][0],
+                           extra=f"{kind}, 16-row blocks", flops=flops[kind], peak=peak)
         del q, k, v, vis
 
 

@@ -538,10 +538,12 @@ def test_triton_pass_gives_the_bits_of_one_token_steps(backend, T, g, D, prefix,
 @pytest.mark.skipif(torch.cuda.is_available() or not tk.backend_status("triton", "cpu")[0],
                     reason="runs the GPU launch plan in the Triton interpreter (on a GPU it is the plan anyway)")
 @pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
-def test_triton_gpu_plan_pass_gives_the_bits_of_one_token_steps(tree):
+@pytest.mark.parametrize("block_rows", [None, 16], ids=["plan", "rows16"])
+def test_triton_gpu_plan_pass_gives_the_bits_of_one_token_steps(tree, block_rows):
     """The same property under the launch plan an H100 gets (64-row blocks, 64-key tiles, parts of 512
     keys), executed by the interpreter in float16 (the GPU's 16-bit dot path): a prefix of 508 keys,
-    so the tail of 7 tokens crosses the part boundary at rank 512 and continues into the next part."""
+    so the tail of 7 tokens crosses the part boundary at rank 512 and continues into the next part.
+    Also with 16-row blocks (the benchmark's other T-independent choice): the pass's 28 rows take two."""
     from triforce_kernels.triton import _target
 
     B, T, Hkv, g, D = 1, 7, 2, 4, 64
@@ -550,9 +552,9 @@ def test_triton_gpu_plan_pass_gives_the_bits_of_one_token_steps(tree):
     mask = tk.tree_attention_mask(parents) if tree else None
     impl = implementation("verify_attention", "triton")
     with _target.plan_for(132):
-        out, lse = impl(q, k, v, L, mask, 0.125)
+        out, lse = impl(q, k, v, L, mask, 0.125, block_rows=block_rows)
         for t in range(T):
             kb, vb, Lb = _committed(k, v, L, T, parents, 0, t)
-            o1, l1 = impl(q[:, t:t + 1], kb, vb, Lb, None, 0.125)
+            o1, l1 = impl(q[:, t:t + 1], kb, vb, Lb, None, 0.125, block_rows=block_rows)
             assert torch.equal(o1[0, 0], out[0, t]) and torch.equal(l1[0, :, 0], lse[0, :, t]), f"row {t}"
     check_against_reference(out, lse, q, k, v, L, mask, 0.125)

@@ -234,6 +234,18 @@ def _attention_cases(quick: bool):
                             va(q, k, v, lens, mask, D ** -0.5)
 
                         yield name, run
+    if not quick:  # the benchmark's other T-independent row block (bench_verify_attention: triton_rows16)
+        for T in (1, 7, 16, 64):
+            for tree in (False, True):
+                def run16(T=T, tree=tree):
+                    q = torch.empty(8, T, 32, 128, dtype=torch.bfloat16)
+                    k = torch.empty(8, 131072, 8, 128, dtype=torch.bfloat16)
+                    lens = torch.full((8,), 131072, dtype=torch.int32)
+                    mask = torch.ones(8, T, T, dtype=torch.bool).tril() if tree else None
+                    va(q, k, k, lens, mask, 128 ** -0.5, block_rows=16)
+
+                yield f"verify_attention B=8 N=131072 Hq=32 Hkv=8 D=128 T={T} bfloat16 " \
+                      f"{'tree' if tree else 'causal'} rows16", run16
 
 
 def _retrieval_cases(quick: bool):

@@ -280,7 +280,11 @@ def _ancestor_lists(tree_mask, cache_seqlens, N, block=None):
 
 
 @register("verify_attention", "triton")
-def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=None):
+def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=None,
+                     block_rows=None):
+    """The launcher; ``num_splits`` and ``block_rows`` (a power of two, 16-128: query rows per program
+    instead of ``_block_r``'s) are for tests and benchmarks. Any fixed ``block_rows`` keeps the rows
+    independent of T; two calls compare bitwise only with the same one."""
     B, T, Hq, D = q.shape
     N, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -297,7 +301,9 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     # 16-bit operands straight into tl.dot (P cast to V's dtype, as flash-attn does). The interpreter's
     # bf16 dot is wrong, so there bf16 runs the fp32 path; fp16 takes the GPU path, which tests it.
     lowp = q.dtype == torch.float16 or (q.dtype == torch.bfloat16 and not interpret)
-    BLOCK_R = _block_r(G, lowp, interpret)
+    if block_rows is not None and (block_rows not in (16, 32, 64, 128)):
+        raise ValueError(f"block_rows must be 16, 32, 64 or 128, got {block_rows}")
+    BLOCK_R = block_rows or _block_r(G, lowp, interpret)
     BLOCK_N = _block_n(D, interpret)
     BLOCK_D = max(16, triton.next_power_of_2(D))
     row_blocks = triton.cdiv(R, BLOCK_R)
