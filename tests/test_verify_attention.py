@@ -413,27 +413,37 @@ def test_triton_gpu_launch_plan_in_the_interpreter(dtype, mask_kind):
     check_against_reference(out, lse, q, k, v, L, mask)
 
 
+def _ancestor_lists_oracle(mask, L, N):
+    """Row (b, t): the s with mask[b, t, s] and 0 <= L - T + s < min(L, N), ascending, then -1."""
+    B, T, _ = mask.shape
+    want = torch.full((B, T, T), -1, dtype=torch.int32)
+    for b in range(B):
+        new0, end = int(L[b]) - T, min(N, max(int(L[b]), 0))
+        for t in range(T):
+            seen = [s for s in range(T) if mask[b, t, s] and 0 <= new0 + s < end]
+            want[b, t, :len(seen)] = torch.tensor(seen, dtype=torch.int32)
+    return want
+
+
 @pytest.mark.parametrize("backend", [p for p in backends("verify_attention") if p.id == "triton"])
-def test_triton_ancestor_lists(backend):
-    """The tree tail's per-token key lists: row (b, t) lists the new tokens t sees, at positions in
-    [0, min(L, N)), in index order, then -1; against a Python loop, with lengths in range, below T, past
-    N and 2^31 - 1, arbitrary masks, and mask rows read in several steps."""
+@settings(max_examples=10, deadline=None)
+@given(T=st.integers(1, 70), block=st.sampled_from([None, 16]), density=st.sampled_from([0.0, 0.4, 1.0]),
+       slack=st.integers(-5, 5), seed=st.integers(0, 2**31 - 1))
+@example(T=40, block=16, density=0.4, slack=3, seed=0)  # several steps of a mask row
+@example(T=1, block=None, density=1.0, slack=0, seed=1)
+def test_triton_ancestor_lists(backend, T, block, density, slack, seed):
+    """The tree tail's per-token key lists against a Python oracle: row (b, t) lists the new tokens t
+    sees, at positions in [0, min(L, N)), in index order, then -1. Lengths in range, below T (slack
+    < 0), past N and 2^31 - 1; arbitrary masks; mask rows read in several steps (block=16)."""
     from triforce_kernels.triton.verify_attention import _ancestor_lists
 
     dev = backend_device(backend)
-    g = torch.Generator().manual_seed(0)
-    for T, block in ((1, None), (5, None), (17, None), (40, 16), (70, None)):
-        mask = torch.rand(4, T, T, generator=g) < 0.4
-        N = T + 8
-        L = torch.tensor([T + 3, max(T - 3, 0), N + 2, 2**31 - 1], dtype=torch.int32)
-        want = torch.full((4, T, T), -1, dtype=torch.int32)
-        for b in range(4):
-            lo, hi = T - int(L[b]), min(N, int(L[b])) - int(L[b]) + T  # s with 0 <= L - T + s < min(L, N)
-            for t in range(T):
-                seen = [s for s in range(T) if mask[b, t, s] and lo <= s < hi]
-                want[b, t, :len(seen)] = torch.tensor(seen, dtype=torch.int32)
-        got = _ancestor_lists(mask.to(dev), L.to(dev), N, block=block)
-        assert torch.equal(got.cpu(), want), (T, block)
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(4, T, T, generator=g) < density
+    N = T + 8
+    L = torch.tensor([T + 3 + slack, max(T + slack, 0), N + 2, 2**31 - 1], dtype=torch.int32)
+    got = _ancestor_lists(mask.to(dev), L.to(dev), N, block=block)
+    assert torch.equal(got.cpu(), _ancestor_lists_oracle(mask, L, N))
 
 
 def test_triton_part_keys_follow_neither_T_nor_L():

@@ -225,9 +225,9 @@ def _part_keys(B, Hkv, N, block_n, device, num_splits=None):
     """Keys per part, a multiple of the tile. It follows the cache's N, B, Hkv and the GPU, never T or
     L (which would change a row's bits with T), and is a power of two, so that caches of nearly the
     same capacity (an autoregressive run's and a speculative one's) usually get the same parts (unless
-    N / the wanted part count crosses a power of two between them). GPU: about 2
-    waves of prefix programs over the SMs with a full cache, >= 512 keys a part. At most MAX_PARTS
-    parts. ``num_splits`` (tests, benchmarks): about that many parts over N instead."""
+    N / the wanted part count crosses a power of two between them). GPU: about 2 waves of prefix
+    programs over the SMs with a full cache, >= 512 keys a part. At most MAX_PARTS parts.
+    ``num_splits`` (tests, benchmarks): about that many parts over N instead."""
     N = max(N, 1)
     if num_splits:
         keys = triton.cdiv(triton.cdiv(N, num_splits), block_n) * block_n
