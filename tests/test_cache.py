@@ -110,6 +110,23 @@ def test_commit_path_checks_its_counts_on_the_cpu():
     assert cache.lengths.tolist() == [13, 12]
 
 
+@pytest.mark.parametrize("name", ["cpu:0", "cuda"])
+def test_a_cache_on_another_name_of_the_models_device(name):
+    """A cache built on ``"cuda"`` serves a model on ``cuda:0`` (and ``"cpu:0"`` one on ``cpu``): the
+    cache keeps the device as its tensors report it. Comparing the names as given raised "cache is
+    float32 on cuda, the model float32 on cuda:0" (first seen on an H200)."""
+    if name == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = tiny().to(name)
+    assert model.device != torch.device(name)  # the two names differ as given
+    for cache in (FullCache(model.config, 1, 32, device=name),
+                  StreamingCache(model.config, 1, sink=2, window=8, max_step=4, device=name)):
+        assert cache.device == model.device == cache.k[0].device
+        model.prefill([torch.arange(6, device=name)], cache)
+        out = model(torch.tensor([[3, 4]], device=name), cache=cache)
+        assert out.shape == (1, 2, 97) and cache.lengths.tolist() == [8]
+
+
 def test_commit_path_equals_sequential_run():
     model = tiny()
     prompt = torch.randint(0, 97, (2, 10))
@@ -563,6 +580,70 @@ def test_streaming_fill_from_without_eviction_equals_the_full_cache():
     full.rollback(full.lengths - 2)
     ids = torch.randint(0, 97, (2, 3))
     assert torch.equal(model(ids, cache=cache), model(ids, cache=full))
+
+
+@pytest.mark.skipif(not tk.backend_status("triton", "cuda" if torch.cuda.is_available() else "cpu")[0],
+                    reason="needs Triton (a GPU, or TRITON_INTERPRET=1)")
+@given(seed=st.integers(0, 2**31 - 1), sink=st.integers(0, 3), window=st.integers(1, 9),
+       max_step=st.integers(1, 4))
+@example(seed=0, sink=2, window=5, max_step=3)
+@example(seed=5, sink=0, window=1, max_step=4)
+def test_streaming_eviction_moves_with_the_triton_kernel(seed, sink, window, max_step):
+    """The GPU's eviction (a fixed width of candidate slot moves, no host read) done by the Triton kernel
+    that copies only the real moves (triforce_kernels/triton/slot_move.py) leaves a StreamingLLM cache
+    bitwise as the PyTorch move does: every layer's k, v and un-rotated k, the slots' positions and
+    the lengths, after random forwards, trees kept with commit_path, and rollbacks across evictions."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    B, Hq, Hkv, D = 3, 4, 2, 6
+    caches = [StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step, device=dev) for _ in range(2)]
+    caches[0]._read_width, caches[0]._triton_move = False, False  # the PyTorch move of the fixed width
+    caches[1]._read_width, caches[1]._triton_move = False, True   # the kernel
+    inv_freq = rope_inv_freq(cfg, dev)
+    g = torch.Generator().manual_seed(seed)
+    from triforce_kernels.triton import slot_move
+    real, moved = slot_move.move_slots, []
+    slot_move.move_slots = lambda *a: (moved.append(int(a[3].sum())), real(*a))
+    try:
+        _random_streaming_twins(caches, g, B, Hq, Hkv, D, max_step, inv_freq, dev)
+    finally:
+        slot_move.move_slots = real
+    assert sum(moved) > 0  # real moves went through the kernel
+
+
+def _random_streaming_twins(caches, g, B, Hq, Hkv, D, max_step, inv_freq, dev):
+    for i in range(40):
+        action = int(torch.randint(0, 10, (), generator=g))
+        if action < 8:
+            T = max_step + 1 + int(torch.randint(0, 3, (), generator=g)) if action == 0 else \
+                int(torch.randint(1, max_step + 1, (), generator=g))
+            counts = torch.randint(1, T + 1, (B,), generator=g).int().to(dev)
+            parents = None
+            if action == 7 and T > 1:  # a tree, then its path to its last node kept
+                parents = torch.tensor([[-1] + [int(torch.randint(0, t, (), generator=g)) for t in range(1, T)]] * B)
+                counts = torch.full((B,), T, dtype=torch.int32, device=dev)
+            q, kr, v = (torch.randn(B, T, h, D, generator=g).to(dev) for h in (Hq, Hkv, Hkv))
+            for cache in caches:
+                step = cache.begin(T, tree_parents=None if parents is None else parents.to(dev), counts=counts)
+                cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+                for layer in range(2):
+                    cache.attend(layer, apply_rope(q, cos, sin), apply_rope(kr, cos, sin), v, step, k_raw=kr)
+                cache.end(step)
+                if parents is not None:
+                    path, t = [T - 1], T - 1
+                    while t > 0:
+                        t = int(parents[0, t])
+                        path.append(t)
+                    path = torch.tensor(path[::-1], device=dev)[None].expand(B, -1)
+                    cache.commit_path(cache.lengths - T, path, torch.full((B,), path.shape[1] - 1, device=dev))
+        else:
+            r = torch.minimum(torch.randint(0, 2 * max_step + 2, (B,), generator=g).to(dev), caches[0].lengths.long())
+            for cache in caches:
+                cache.rollback(cache.lengths - r)
+        a, b = caches
+        assert torch.equal(a._kvr, b._kvr) and torch.equal(a.slot_pos, b.slot_pos), i
+        assert torch.equal(a.lengths, b.lengths) and torch.equal(a.evicted, b.evicted), i
 
 
 def test_streaming_fill_from_checks():

@@ -396,8 +396,11 @@ def test_device_flag_errors(command, flag, named, capsys):
 
 
 def test_device_of():
-    assert hub.device_of("auto") == hub.device_of(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    assert hub.device_of("cpu") == torch.device("cpu")
+    gpu = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    assert hub.device_of("auto") == hub.device_of(None) == (gpu or torch.device("cpu"))
+    assert hub.device_of("cpu") == hub.device_of("cpu:0") == torch.device("cpu")
+    if gpu is not None:  # indexed, as a tensor there reports it: a model loaded there compares equal
+        assert hub.device_of("cuda") == gpu == torch.empty(0, device="cuda").device
     with pytest.raises(ValueError, match="expected auto, cpu, cuda or cuda:N, got 'meta'"):
         hub.device_of("meta")
     with pytest.raises(ValueError, match=r"only \d+ CUDA device|sees no CUDA device"):

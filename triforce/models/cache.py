@@ -113,6 +113,13 @@ def check_values(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
+def as_device(device) -> torch.device:
+    """The device a tensor allocated on ``device`` reports: ``"cuda"`` names the current GPU as
+    ``cuda:N`` and ``"cpu:0"`` is ``cpu``. Devices the model layer compares (a cache's with its model's)
+    go through this, so that two names of one device are equal."""
+    return torch.empty(0, device=device).device
+
+
 def _check_lengths(name: str, t, batch_size: int, device) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape [{batch_size}], got {type(t).__name__}")
@@ -139,7 +146,7 @@ class _KVCache:
         self.config = config
         self.batch_size = batch_size
         self.capacity = capacity
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = as_device(device if device is not None else "cpu")
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
         shape = (batch_size, capacity, config.num_key_value_heads, config.head_dim)
@@ -453,6 +460,9 @@ class StreamingCache(_KVCache):
         # an eviction moves as many slots as it must on the CPU (reading that count is free there); on
         # other devices it moves a fixed width (padding copies a slot onto itself) so it never syncs
         self._read_width = self.device.type == "cpu"
+        # and moves only the real ones with a Triton kernel where it runs (a PyTorch gather and scatter
+        # of the fixed width would copy every padding slot onto itself: triforce_kernels/triton/slot_move.py)
+        self._triton_move = self.device.type == "cuda" and tk.backend_status("triton", self.device)[0]
         self._big = None  # a prefill-sized forward's selection, from _big_begin to end
         self._host_state()
 
@@ -568,7 +578,12 @@ class StreamingCache(_KVCache):
             dst = torch.where(pad, cap - 1, dst)  # padding copies slot cap-1 onto itself (never a hole)
             frm = torch.where(pad, cap - 1, frm)
             bi = self._batch_index
-            self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
+            if self._triton_move and not self._read_width:
+                from triforce_kernels.triton.slot_move import move_slots
+                kvr = self._kvr
+                move_slots(kvr.view(3 * self.num_layers, self.batch_size, cap, -1), dst, frm, count)
+            else:
+                self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
             pos[bi, dst] = pos[bi, frm]
             self._ordered = False
         pos.masked_fill_(~below, _FREE)

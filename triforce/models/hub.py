@@ -37,9 +37,12 @@ def _dtype(dtype: str | None):
 
 def device_of(name: str | None) -> torch.device:
     """The device a CLI or benchmark flag names: ``"auto"`` (or ``None``) is the GPU when torch sees one,
-    else the CPU; ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` must exist (``ValueError`` naming what is there)."""
+    else the CPU; ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` must exist (``ValueError`` naming what is there).
+    A GPU comes back indexed (``cuda`` is the current one, ``cuda:0`` on one GPU), as a tensor there
+    reports it."""
+    from .cache import as_device
     if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return as_device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
@@ -54,7 +57,7 @@ def device_of(name: str | None) -> torch.device:
         if dev.index is not None and dev.index >= n:
             raise ValueError(f"device: {name!r} asked for, but there {'is' if n == 1 else 'are'} only {n} "
                              f"CUDA device{'s' if n > 1 else ''}")
-    return dev
+    return as_device(dev)
 
 
 def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
