@@ -644,6 +644,7 @@ def _random_streaming_twins(caches, g, B, Hq, Hkv, D, max_step, inv_freq, dev):
         a, b = caches
         assert torch.equal(a._kvr, b._kvr) and torch.equal(a.slot_pos, b.slot_pos), i
         assert torch.equal(a.lengths, b.lengths) and torch.equal(a.evicted, b.evicted), i
+        assert (a._ordered, a._bound, a._next_bound) == (b._ordered, b._bound, b._next_bound), i
 
 
 def test_streaming_fill_from_checks():

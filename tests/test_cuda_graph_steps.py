@@ -89,8 +89,8 @@ def test_a_replay_reads_its_new_inputs(models):
 
 
 def test_streaming_cache_evicts_around_the_replays(models):
-    """A StreamingLLM cache's eviction runs eagerly in begin(), outside the graph; the steps replayed after
-    it see the compacted cache."""
+    """A StreamingLLM cache's eviction runs in begin(), outside the step's graph (on a GPU from a graph of
+    its own); the steps replayed after it see the compacted cache."""
     target, _ = models
     results = {}
     for on in (False, True):
@@ -101,6 +101,59 @@ def test_streaming_cache_evicts_around_the_replays(models):
     target.cuda_graphs = True
     for a, b in zip(results[True], results[False]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("sink,window,max_step", [(2, 5, 3), (0, 3, 2), (3, 9, 4), (1, 1, 3)])
+def test_a_streaming_eviction_replayed_from_its_graph_equals_eager(sink, window, max_step, monkeypatch):
+    """A StreamingLLM cache's eviction (settle and the sinks' rotation, GPU path: a fixed width) replayed
+    from its graph leaves the cache as the eager eviction does, bitwise, with the same host-side state,
+    over random forwards, trees and rollbacks across evictions; a twin with graphs off is the reference."""
+    from tests.test_cache import _random_streaming_twins
+    from triforce.models import LlamaConfig
+    from triforce.models.rope import rope_inv_freq
+    cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    caches = [StreamingCache(cfg, 3, sink=sink, window=window, max_step=max_step, device=DEV) for _ in range(2)]
+    for c in caches:
+        c._read_width = False  # the GPU's path (on a GPU it is anyway)
+    caches[0].cuda_graphs = False
+    calls, real = [], graphs.replayed
+    monkeypatch.setattr(graphs, "replayed", lambda owner, *a: calls.append((owner, real(owner, *a))) or calls[-1][1])
+    _random_streaming_twins(caches, torch.Generator().manual_seed(sink * 7 + window), 3, 4, 2, 6, max_step,
+                            rope_inv_freq(cfg, DEV), DEV)
+    assert any(replay for owner, replay in calls if owner is caches[1])  # evictions were replayed
+    assert not any(replay for owner, replay in calls if owner is caches[0])
+    assert caches[0] not in graphs._OWNED and len(graphs._OWNED[caches[1]]) >= 1
+
+
+def test_a_streaming_eviction_graph_switches_and_a_failed_capture(monkeypatch):
+    target = tiny(0).to(DEV)
+    target.cuda_graphs = False  # the model's steps eager: only the cache's eviction graph here
+
+    def run(cache):
+        target.prefill([torch.arange(20, device=DEV)], cache)
+        return [target(torch.tensor([[i % 64]], device=DEV), cache=cache) for i in range(4)]
+
+    def cache():
+        c = StreamingCache(target.config, 1, sink=2, window=6, max_step=3, device=DEV)
+        c._read_width = False
+        return c
+    ref = run(cache())
+    monkeypatch.setenv("TRIFORCE_CUDA_GRAPHS", "0")
+    off = cache()
+    assert all(torch.equal(a, b) for a, b in zip(run(off), ref)) and off not in graphs._OWNED
+    monkeypatch.delenv("TRIFORCE_CUDA_GRAPHS")
+    on = cache()
+    assert all(torch.equal(a, b) for a, b in zip(run(on), ref)) and len(graphs._OWNED[on]) == 1
+    if DEV.type == "cuda":
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: (_ for _ in ()).throw(RuntimeError("refused")))
+    else:
+        monkeypatch.setattr(graphs, "_EmulatedWork", lambda *a: (_ for _ in ()).throw(RuntimeError("refused")))
+    refused = cache()
+    with pytest.warns(RuntimeWarning, match="CUDA graphs turned off for this StreamingCache.*refused"):
+        out = run(refused)
+    assert refused.cuda_graphs is False and refused not in graphs._OWNED and StreamingCache.cuda_graphs is True
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
 
 
 def test_switches_and_what_is_not_captured(models, monkeypatch):

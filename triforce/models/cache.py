@@ -438,6 +438,8 @@ class StreamingCache(_KVCache):
         max_step: most tokens appended by one rollback-able forward (e.g. gamma + 1).
     """
 
+    cuda_graphs = True  # the eviction replayed from a CUDA graph on a GPU (_evict)
+
     def __init__(self, config: LlamaConfig, batch_size: int, sink: int, window: int, max_step: int,
                  device=None, dtype=None):
         for name, v, lo in (("sink", sink, 0), ("window", window, 1), ("max_step", max_step, 1)):
@@ -608,12 +610,28 @@ class StreamingCache(_KVCache):
         self._rotate(slice(None), rel.clamp(0, self.capacity))  # free slots: any angle
         self._next_bound = self._bound
 
+    def _evict(self, rotate_sinks: bool) -> None:
+        """``_settle``, then the sinks' re-rotation when ``rotate_sinks``. On a GPU (a fixed width, no host
+        read) this is device work on the cache's own buffers only, some 50 small ops: eagerly they took
+        ~1.6 ms of launches per draft step on an H200 (``bench_streaming_cache``'s ``streaming_begin_end``,
+        against ~0.1 ms for a full cache), so it is replayed from a CUDA graph per cache
+        (:func:`triforce.models.graphs.replayed`; ``cuda_graphs`` and ``TRIFORCE_CUDA_GRAPHS=0`` turn it off)."""
+        if self._read_width:  # the width is read on the host: nothing to capture
+            return self._evict_body(rotate_sinks)
+        from . import graphs
+        if graphs.replayed(self, ("evict", rotate_sinks, self._triton_move),
+                           lambda cache, r=rotate_sinks: cache._evict_body(r)):
+            self._ordered = False  # what _settle sets on the host (at the fixed width), for a replay
+            self._bound = min(self._bound, self.keep)
+
+    def _evict_body(self, rotate_sinks: bool) -> None:
+        self._settle()
+        if rotate_sinks:
+            self._rotate(slice(0, self.sink), self._sink_positions())
+
     def begin(self, T, tree_parents=None, counts=None, query_index=None, query_valid=None):
         if self._bound > self.keep or (self._rolled and not self._ordered):
-            evicts = self._bound > self.keep
-            self._settle()
-            if evicts and self.sink:
-                self._rotate(slice(0, self.sink), self._sink_positions())
+            self._evict(self._bound > self.keep and self.sink > 0)
         self._rolled = False
         if self._next_bound + T > self._pos_limit and self._next_bound > self._bound:
             self._rebase()

@@ -10,7 +10,9 @@ What is captured: the embedding, RoPE and every decoder layer (their writes into
 attention over it), for one model, one cache object and one step shape (batch, tokens, tree or chain,
 last-query selection). What stays eager, around each replay: ``cache.begin`` (the cache's host-side
 decisions, such as a StreamingLLM cache's eviction, and the step's index tensors, which are copied into
-the graph's own), the final norm and the head, and ``cache.end``. The first forward of a key runs eagerly
+the graph's own), the final norm and the head, and ``cache.end``. A StreamingLLM cache's eviction, in
+``begin``, is some 50 small ops of device work at a fixed width on a GPU: it is replayed from a graph of
+its own, one per cache (``replayed``). The first forward of a key runs eagerly
 (it compiles and loads every kernel; its result is the step's), then the capture records it without
 running it; later forwards copy their inputs into the captured buffers and replay. A replay gives the
 eager forward's bits: the same kernels on the same inputs.
@@ -116,6 +118,57 @@ def run(model, cache, input_ids: torch.Tensor, step: Step, body) -> torch.Tensor
     return out
 
 
+def replayed(owner, key, fn) -> bool:
+    """``fn(owner)``, device work on the owner's buffers of fixed address that reads no device value on the
+    host (a StreamingLLM cache's eviction), from a CUDA graph of ``owner`` per ``key``: the first call runs it
+    eagerly, then captures it (without running it again); later calls replay. -> whether this call was a
+    replay: then ``fn``'s Python side did not run (it ran at the capture), and the caller redoes what it
+    sets on the host. ``fn`` should not hold the owner (the graphs are kept per owner, weakly).
+
+    Eager, with no graph, where the owner is not on a GPU (unless the tests' ``_EMULATE``), where
+    ``owner.cuda_graphs`` is false or ``TRIFORCE_CUDA_GRAPHS=0``, under ``torch.compile`` and inside another
+    capture (which records it). A capture that fails turns the owner's graphs off, with a ``RuntimeWarning``."""
+    on_gpu = owner.device.type == "cuda"
+    if (not (on_gpu or _EMULATE) or not getattr(owner, "cuda_graphs", False)
+            or os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0" or torch.compiler.is_compiling()
+            or (on_gpu and torch.cuda.is_current_stream_capturing())):
+        fn(owner)
+        return False
+    g = _OWNED.get(owner, {}).get(key)
+    if g is not None:
+        g.replay()
+        return True
+    fn(owner)
+    try:
+        if on_gpu:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn(owner)
+        else:
+            g = _EmulatedWork(owner, fn)
+        _OWNED.setdefault(owner, {})[key] = g
+    except Exception as e:
+        owner.cuda_graphs = False
+        warnings.warn(f"triforce: CUDA graphs turned off for this {type(owner).__name__}, a capture failed "
+                      f"({type(e).__name__}: {e}); it runs eagerly", RuntimeWarning, stacklevel=2)
+    return False
+
+
+class _EmulatedWork:
+    """A stand-in for the graph of ``replayed`` (see ``_EMULATE``): a replay runs ``fn``'s device work and
+    undoes what it set on the owner's plain Python attributes (numbers, booleans), as a replayed graph
+    would not run them."""
+
+    def __init__(self, owner, fn):
+        self.owner, self.fn = weakref.ref(owner), fn
+
+    def replay(self):
+        owner = self.owner()
+        host = {k: v for k, v in vars(owner).items() if isinstance(v, (bool, int, float))}
+        self.fn(owner)
+        vars(owner).update(host)
+
+
 def drop(model) -> None:
     """Forget every graph of ``model`` (its weights moved or were replaced)."""
     _GRAPHS.pop(model, None)
@@ -129,3 +182,6 @@ def count(model) -> int:
 # model -> cache -> shape key -> graph. Outside the model's __dict__, so that a copy of a model (copy.copy,
 # deepcopy: the drafts made from a target) starts with no graphs instead of sharing or copying the target's.
 _GRAPHS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# owner (a cache) -> key -> graph of replayed(); outside the owner for the same reason (a deepcopy of a cache
+# must not replay work on the original's buffers)
+_OWNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
