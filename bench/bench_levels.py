@@ -59,6 +59,10 @@ SHAPES = {  # name -> LlamaConfig fields (max_position_embeddings is set from --
     # head tied to the embedding (a 128256 x 768 table: 0.2 GB in bf16, read once per step)
     "llama-68m": dict(vocab_size=128256, hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # the embedded model's shape (bench_streaming_cache, profile_step)
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, rope_theta=1e5, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
 }

