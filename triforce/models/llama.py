@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _nn_module
 
-from triforce_kernels._backend import resolve
+from triforce_kernels._backend import backend_status, resolve
 
 from . import cache as _cache
 from . import graphs as _graphs
@@ -112,6 +112,27 @@ _FUSED = None
 
 _BULK = threading.local()  # .active: inside Llama.prefill or a forward without a cache, on this thread
 
+# The decoder layer's elementwise work (the norms with a residual add, RoPE, SiLU * up) in 5 Triton kernels
+# and one add instead of 30 PyTorch ops a layer (triforce_kernels/triton/layer_ops.py), where the modules
+# run one by one on a GPU. Tests set _ELEMENTWISE_ON_CPU to take that path in the interpreter.
+_ELEMENTWISE_ON_CPU = False
+_ELEMENTWISE = None
+
+
+def _elementwise_kernels(x: torch.Tensor) -> bool:
+    """Whether the layer's elementwise work on ``x`` goes through the Triton kernels: on a GPU where Triton
+    runs (or the tests' interpreter), without autograd or ``torch.compile``, ``TRIFORCE_FUSED_ELEMENTWISE``
+    not ``0``."""
+    global _ELEMENTWISE
+    if not (x.device.type == "cuda" or (_ELEMENTWISE_ON_CPU and x.device.type == "cpu")):
+        return False
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    if _ELEMENTWISE is None:
+        _ELEMENTWISE = (os.environ.get("TRIFORCE_FUSED_ELEMENTWISE", "1") != "0"
+                        and backend_status("triton", x.device)[0])
+    return _ELEMENTWISE
+
 
 @contextlib.contextmanager
 def _bulk_linears():
@@ -161,10 +182,31 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
+        if self._kernel_ok(x):
+            return _layer_ops().rms_norm(x, self.weight, self.eps)[1]
         # fp32 statistics whatever the model dtype (as HF), weight applied in the model dtype.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    def _kernel_ok(self, x) -> bool:
+        """This norm of ``x`` may run as ``layer_ops.rms_norm`` (:func:`_elementwise_kernels`): a contiguous
+        row no wider than it takes, in the weight's dtype."""
+        return (_elementwise_kernels(x) and x.dtype == self.weight.dtype and x.is_contiguous()
+                and 0 < x.shape[-1] <= _layer_ops().MAX_HIDDEN and not _hooked(self))
+
+
+def _layer_ops():
+    from triforce_kernels.triton import layer_ops
+    return layer_ops
+
+
+def _rope(x, cos, sin):
+    """``apply_rope``, through ``layer_ops.rope`` where the elementwise kernels run (same bits)."""
+    if _elementwise_kernels(x) and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous() \
+            and cos.dtype == sin.dtype == x.dtype and cos.shape[:2] == x.shape[:2] and cos.shape[2] == 1:
+        return _layer_ops().rope(x, cos, sin)
+    return apply_rope(x, cos, sin)
 
 
 class Attention(nn.Module):
@@ -190,7 +232,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k_raw, cos, sin)
+        q, k = _rope(q, cos, sin), _rope(k_raw, cos, sin)
         out = self.attend(q, k, v, k_raw, cache, step)
         return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
 
@@ -212,7 +254,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(i, h, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() and gate.dtype == up.dtype:
+            return self.down_proj(_layer_ops().silu_mul(gate, up))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -230,8 +275,14 @@ class DecoderLayer(nn.Module):
             q, k, k_raw, v = torch.ops.triforce_C.decoder_attn_in(h, *args_in, cos, sin, att.head_dim)
             out = att.attend(q, k, v, k_raw, cache, step)
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
+        norm = self.post_attention_layernorm
+        if type(norm) is RMSNorm and norm._kernel_ok(h) and a.shape == h.shape and a.dtype == h.dtype \
+                and a.is_contiguous():  # the residual add and the norm after it in one kernel
+            h, x = _layer_ops().rms_norm(h, norm.weight, norm.eps, a)
+            return h + self.mlp(x)
+        h = h + a
+        return h + self.mlp(norm(h))
 
     def fused_arguments(self, h):
         """``(attention module, arguments of decoder_attn_in after h, arguments of decoder_attn_out_mlp

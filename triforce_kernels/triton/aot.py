@@ -320,11 +320,49 @@ def _sampling_cases(quick: bool):
         yield f"greedy verify (chain and tree) {tag}", run_greedy
 
 
+def _model_layer_cases(quick: bool):
+    """The model layer's kernels: a StreamingLLM eviction's slot moves and the decoder layer's elementwise
+    work, at SmolLM2-135M's shape (batch 256, the MagicDec regime) and Llama-3.1-8B's."""
+    from . import layer_ops, slot_move
+
+    # (name, layers, Hkv * D, hidden, heads q / kv, head dim, intermediate, batch)
+    models = [("smollm2", 30, 192, 576, 9, 3, 64, 1536, 256)]
+    if not quick:
+        models.append(("llama3-8b", 32, 1024, 4096, 32, 8, 128, 14336, 8))
+    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32]
+    for name, layers, R, hidden, hq, hkv, d, inter, B in models:
+        cap, sink = 16 + 240 + 5, 16
+
+        def move(layers=layers, R=R, B=B):
+            buf = torch.empty(3 * layers, B, cap, R, dtype=torch.bfloat16)
+            idx = torch.empty(B, cap - sink, dtype=torch.int64)
+            slot_move.move_slots(buf, idx, idx, torch.empty(B, dtype=torch.int64))
+
+        yield f"StreamingCache eviction slot moves {name} B={B} window=240", move
+        for dtype in dtypes:
+            for T in (1, 7):
+                tag = f"{name} B={B} T={T} {str(dtype)[6:]}"
+
+                def layer(B=B, T=T, dtype=dtype, hidden=hidden, hq=hq, hkv=hkv, d=d, inter=inter):
+                    h = torch.empty(B, T, hidden, dtype=dtype)
+                    w = torch.empty(hidden, dtype=dtype)
+                    layer_ops.rms_norm(h, w, 1e-5)
+                    layer_ops.rms_norm(h, w, 1e-5, h)
+                    cos = torch.empty(B, T, 1, d, dtype=dtype)
+                    layer_ops.rope(torch.empty(B, T, hq, d, dtype=dtype), cos, cos)
+                    layer_ops.rope(torch.empty(B, T, hkv, d, dtype=dtype), cos, cos)
+                    g = torch.empty(B, T, inter, dtype=dtype)
+                    layer_ops.silu_mul(g, g)
+
+                yield f"decoder layer elementwise (norms, RoPE, SiLU) {tag}", layer
+
+
 def cases(quick: bool = False):
     """(name, thunk) pairs: each thunk calls one op's Triton launcher once or a few times."""
     yield from _attention_cases(quick)
     yield from _retrieval_cases(quick)
     yield from _sampling_cases(quick)
+    yield from _model_layer_cases(quick)
 
 
 def _sync_watch():
