@@ -108,9 +108,10 @@ def main():
                     model.prefill(torch.randint(0, 1000, (B, a.context), generator=g).to(dev), long)
                     t = measure(lambda: model(ids, cache=stream), device=dev, warmup=3, reps=20)
                     tb = measure(lambda: full_step(long), device=dev, warmup=3, reps=20)
-                    record(family="streaming", op="streaming_step", backend="auto", shape=f"{shape},context={a.context}",
-                           dtype=dtype, timing=t, baseline=f"autoregressive step, {a.context} tokens",
-                           baseline_timing=tb, extra=extra, device=dev)
+                    record(family="streaming", op="streaming_step", backend="auto",
+                           shape=f"{shape},context={a.context}", dtype=dtype, timing=t,
+                           baseline=f"autoregressive step, {a.context} tokens", baseline_timing=tb, extra=extra,
+                           device=dev)
                     del long
 
 

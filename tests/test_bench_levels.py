@@ -94,3 +94,6 @@ def test_profile_step_smoke(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "batch 2 x 32 tokens, 1 per row: step" in out and "memory-bound floor" in out and "Name" in out
     assert sorted(os.listdir(tmp_path)) == ["step_B1_N32_T1.json", "step_B2_N32_T1.json"]
+    rows = profile_step.main(["--model", "tiny", "--batch", "2", "--context", "40", "--reps", "2", "--streaming"])
+    assert rows[0]["streaming"] and rows[0]["wall_ms"] > 0
+    assert "batch 2 x 40 tokens (StreamingLLM cache), 1 per row: step" in capsys.readouterr().out

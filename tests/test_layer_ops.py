@@ -14,7 +14,8 @@ from triforce.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from triforce.models.config import LlamaConfig
 from triforce_kernels._backend import backend_status
 
-pytestmark = pytest.mark.skipif(not backend_status("triton", DEVICE)[0], reason="needs Triton (a GPU or the interpreter)")
+pytestmark = pytest.mark.skipif(not backend_status("triton", DEVICE)[0],
+                                reason="needs Triton (a GPU or the interpreter)")
 
 
 def ops():
@@ -114,4 +115,5 @@ def test_empty_inputs():
     assert ops().rms_norm(x, torch.ones(16, device=DEVICE), 1e-6)[1].shape == (0, 16)
     assert ops().silu_mul(x, x).shape == (0, 16)
     q = torch.empty(0, 1, 2, 8, device=DEVICE)
-    assert ops().rope(q, torch.empty(0, 1, 1, 8, device=DEVICE), torch.empty(0, 1, 1, 8, device=DEVICE)).shape == q.shape
+    cs = torch.empty(0, 1, 1, 8, device=DEVICE)
+    assert ops().rope(q, cs, cs).shape == q.shape
