@@ -192,8 +192,9 @@ class RMSNorm(nn.Module):
     def _kernel_ok(self, x) -> bool:
         """This norm of ``x`` may run as ``layer_ops.rms_norm`` (:func:`_elementwise_kernels`): a contiguous
         row no wider than it takes, in the weight's dtype."""
-        return (_elementwise_kernels(x) and x.dtype == self.weight.dtype and x.is_contiguous()
-                and 0 < x.shape[-1] <= _layer_ops().MAX_HIDDEN and not _hooked(self))
+        w = self.weight
+        return (_elementwise_kernels(x) and x.dtype == w.dtype and x.is_contiguous() and w.is_contiguous()
+                and w.shape == x.shape[-1:] and 0 < x.shape[-1] <= _layer_ops().MAX_HIDDEN and not _hooked(self))
 
 
 def _layer_ops():
@@ -204,7 +205,8 @@ def _layer_ops():
 def _rope(x, cos, sin):
     """``apply_rope``, through ``layer_ops.rope`` where the elementwise kernels run (same bits)."""
     if _elementwise_kernels(x) and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous() \
-            and cos.dtype == sin.dtype == x.dtype and cos.shape[:2] == x.shape[:2] and cos.shape[2] == 1:
+            and cos.dtype == sin.dtype == x.dtype and cos.shape == sin.shape == x.shape[:2] + (1, x.shape[3]) \
+            and x.shape[3] % 2 == 0:
         return _layer_ops().rope(x, cos, sin)
     return apply_rope(x, cos, sin)
 
@@ -255,7 +257,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() and gate.dtype == up.dtype:
+        if _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() and gate.dtype == up.dtype \
+                and gate.shape == up.shape:
             return self.down_proj(_layer_ops().silu_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)
 
