@@ -118,3 +118,19 @@ def test_empty_inputs():
     q = torch.empty(0, 1, 2, 8, device=DEVICE)
     cs = torch.empty(0, 1, 1, 8, device=DEVICE)
     assert ops().rope(q, cs, cs).shape == q.shape
+
+
+def test_benchmark_rows(tmp_path, monkeypatch):
+    """bench/bench_layer_ops.py's body on a tiny shape (the interpreter here: the row's time means nothing,
+    the code path does): a PyTorch row and a Triton row per op, with bytes and the baseline."""
+    import csv
+
+    from bench import bench_layer_ops
+    path = tmp_path / "rows.csv"
+    monkeypatch.setenv("TRIFORCE_BENCH_CSV", str(path))
+    monkeypatch.setitem(bench_layer_ops.MODELS, "tiny", (32, 2, 8, 48))
+    bench_layer_ops.bench_shape(DEVICE, "tiny", 3, warmup=1, reps=2, min_time_s=0.0, max_reps=2)
+    rows = list(csv.DictReader(open(path)))
+    assert [(r["op"], r["backend"]) for r in rows] == [(op, b) for op in ("rms_norm", "rope", "silu_mul")
+                                                      for b in ("torch", "triton")]
+    assert all(int(r["bytes"]) > 0 for r in rows) and all(r["baseline"] == "torch" for r in rows[1::2])

@@ -181,15 +181,7 @@ def test_the_elementwise_kernels_in_a_model(dtype, monkeypatch):
         err = (pass_logits - plain).abs().max().item()
         # measured: 1.2e-7 of 0.73 in float32, 0 in float16 (here a few float16 units would be allowed)
         assert err <= {torch.float32: 1e-6, torch.float16: 4e-3}[dtype] * plain.abs().max().item(), err
-        c = primed()
-        steps = torch.cat([model(toks[:, t:t + 1], cache=c) for t in range(6)], 1)
-        assert torch.equal(pass_logits, steps)
-        parents = torch.tensor([[-1, 0, 0, 1, 2, 4]] * 2)
-        tree_logits = model(toks, cache=primed(), tree_parents=parents)
-        for path in ([0, 1, 3], [0, 2, 4, 5]):
-            c = primed()
-            branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
-            assert torch.equal(tree_logits[:, path], branch), path
+        _assert_pass_and_tree_give_the_bits_of_steps(model, toks, primed, pass_logits)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or not tk.backend_status("triton", "cpu")[0],
@@ -215,15 +207,21 @@ def test_a_pass_gives_the_bits_of_one_token_steps_with_triton_attention(dtype, m
 
     with torch.no_grad():
         pass_logits = model(toks, cache=primed())
+        _assert_pass_and_tree_give_the_bits_of_steps(model, toks, primed, pass_logits)
+
+
+def _assert_pass_and_tree_give_the_bits_of_steps(model, toks, primed, pass_logits):
+    """``pass_logits`` (a causal pass of ``toks`` [2, 6] over ``primed()``) are bitwise the one-token steps'
+    logits, and a tree pass's logits are those of the steps along two of its branches."""
+    c = primed()
+    steps = torch.cat([model(toks[:, t:t + 1], cache=c) for t in range(6)], 1)
+    assert torch.equal(pass_logits, steps)
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 4]] * 2)
+    tree_logits = model(toks, cache=primed(), tree_parents=parents)
+    for path in ([0, 1, 3], [0, 2, 4, 5]):
         c = primed()
-        steps = torch.cat([model(toks[:, t:t + 1], cache=c) for t in range(6)], 1)
-        assert torch.equal(pass_logits, steps)
-        parents = torch.tensor([[-1, 0, 0, 1, 2, 4]] * 2)
-        tree_logits = model(toks, cache=primed(), tree_parents=parents)
-        for path in ([0, 1, 3], [0, 2, 4, 5]):
-            c = primed()
-            branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
-            assert torch.equal(tree_logits[:, path], branch), path
+        branch = torch.cat([model(toks[:, s:s + 1], cache=c) for s in path], 1)
+        assert torch.equal(tree_logits[:, path], branch), path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -582,8 +582,7 @@ class StreamingCache(_KVCache):
             bi = self._batch_index
             if self._triton_move and not self._read_width:
                 from triforce_kernels.triton.slot_move import move_slots
-                kvr = self._kvr
-                move_slots(kvr.view(3 * self.num_layers, self.batch_size, cap, -1), dst, frm, count)
+                move_slots(self._kvr.view(3 * self.num_layers, self.batch_size, cap, -1), dst, frm, count)
             else:
                 self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
             pos[bi, dst] = pos[bi, frm]

@@ -39,13 +39,18 @@ MAX_TOKENS = 64  # tokens per row of the largest step captured (verification pas
 
 def enabled(model, cache, input_ids: torch.Tensor, tap) -> bool:
     """Whether this cached forward of ``model`` is replayed from a graph."""
-    if tap is not None or torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return False
-    if not getattr(model, "cuda_graphs", False) or os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0":
+    if tap is not None or torch.is_grad_enabled() or not _switched_on(model):
         return False
     if input_ids.shape[1] > MAX_TOKENS or input_ids.shape[1] > getattr(cache, "max_step", MAX_TOKENS):
         return False
     return input_ids.device.type == "cuda" or _EMULATE
+
+
+def _switched_on(owner) -> bool:
+    """The switches every graph here obeys: ``owner.cuda_graphs``, ``TRIFORCE_CUDA_GRAPHS`` not ``0``, and not
+    while ``torch.compile`` traces."""
+    return (getattr(owner, "cuda_graphs", False) and os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") != "0"
+            and not torch.compiler.is_compiling())
 
 
 # Tests on a machine without a GPU set this: "capture" then keeps the function and "replay" calls it on the
@@ -129,9 +134,7 @@ def replayed(owner, key, fn) -> bool:
     ``owner.cuda_graphs`` is false or ``TRIFORCE_CUDA_GRAPHS=0``, under ``torch.compile`` and inside another
     capture (which records it). A capture that fails turns the owner's graphs off, with a ``RuntimeWarning``."""
     on_gpu = owner.device.type == "cuda"
-    if (not (on_gpu or _EMULATE) or not getattr(owner, "cuda_graphs", False)
-            or os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0" or torch.compiler.is_compiling()
-            or (on_gpu and torch.cuda.is_current_stream_capturing())):
+    if not (on_gpu or _EMULATE) or not _switched_on(owner) or (on_gpu and torch.cuda.is_current_stream_capturing()):
         fn(owner)
         return False
     g = _OWNED.get(owner, {}).get(key)

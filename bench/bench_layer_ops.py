@@ -1,0 +1,78 @@
+"""Benchmark of the decoder layer's elementwise kernels for a GPU (triforce_kernels/triton/layer_ops.py)
+against the PyTorch ops the model layer runs without them, at the rows of a decode step.
+
+Per shape (rows = batch x tokens of a step, a model's widths):
+* ``rms_norm`` with the residual add: reads x, delta and the weight, writes h and the normed row;
+  baseline ``h = x + delta`` then ``RMSNorm.forward``'s expression (9 PyTorch ops);
+* ``rope`` of the queries: reads x and cos, sin per token, writes x; baseline ``apply_rope`` (5 ops);
+* ``silu_mul``: reads gate and up, writes one; baseline ``F.silu(gate) * up`` (2 ops).
+
+Bytes are those reads and writes once; the fraction is of the copy bandwidth measured in the run. At a
+decode step's few rows both sides are launch-bound: the row says what one call costs on the device.
+
+    python -m bench.bench_layer_ops [--quick]     # on a GPU (Triton on a CPU is the interpreter: not timed)
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from triforce.models.rope import apply_rope
+
+from .harness import copy_bandwidth, measure, record
+
+# (name, hidden, query heads, head dim, intermediate)
+MODELS = {"smollm2-135m": (576, 9, 64, 1536), "llama3-8b": (4096, 32, 128, 14336)}
+
+
+def _norm(x, delta, w, eps):
+    h = x + delta
+    hf = h.float()
+    return h, w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+
+def bench_shape(device, model: str, rows: int, dtype=torch.bfloat16, **measure_kw) -> None:
+    from triforce_kernels.triton import layer_ops
+    hidden, heads, D, inter = MODELS[model]
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)  # noqa: E731
+    x, delta, w = rnd(rows, 1, hidden), rnd(rows, 1, hidden), rnd(hidden)
+    q, cos, sin = rnd(rows, 1, heads, D), rnd(rows, 1, 1, D), rnd(rows, 1, 1, D)
+    gate, up = rnd(rows, 1, inter), rnd(rows, 1, inter)
+    es, bw, dt = x.element_size(), copy_bandwidth(device), str(dtype).replace("torch.", "")
+    cases = [
+        ("rms_norm", (4 * rows * hidden + hidden) * es, lambda: layer_ops.rms_norm(x, w, 1e-5, delta),
+         lambda: _norm(x, delta, w, 1e-5)),
+        ("rope", (2 * rows * heads * D + 2 * rows * D) * es, lambda: layer_ops.rope(q, cos, sin),
+         lambda: apply_rope(q, cos, sin)),
+        ("silu_mul", 3 * rows * inter * es, lambda: layer_ops.silu_mul(gate, up), lambda: F.silu(gate) * up),
+    ]
+    for op, nbytes, ours, theirs in cases:
+        shape = f"model={model},rows={rows}"
+        base = measure(theirs, device=device, **measure_kw)
+        record(family="layer_ops", op=op, backend="torch", shape=shape, dtype=dt, bytes_moved=nbytes, timing=base,
+               bandwidth=bw, device=device)
+        t = measure(ours, device=device, **measure_kw)
+        record(family="layer_ops", op=op, backend="triton", shape=shape, dtype=dt, bytes_moved=nbytes, timing=t,
+               bandwidth=bw, device=device, baseline="torch", baseline_timing=base)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="SmolLM2's widths at 32 rows only")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_layer_ops: needs a GPU (Triton on a CPU is the interpreter, not timed); nothing run")
+        return
+    dev = torch.device("cuda")
+    shapes = [("smollm2-135m", 32)] if a.quick else [
+        ("smollm2-135m", 32), ("smollm2-135m", 256), ("smollm2-135m", 4096), ("llama3-8b", 1), ("llama3-8b", 8),
+        ("llama3-8b", 56)]
+    for model, rows in shapes:
+        bench_shape(dev, model, rows)
+
+
+if __name__ == "__main__":
+    main()
