@@ -20,7 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer, models as tok_models, pre_token
 import triforce
 from triforce import cli, demo
 from triforce.models import Llama, LlamaConfig, Tokenizer, hub
-from tests.test_engines import load_smollm2
+from tests.test_engines import load_smollm2, load_smollm2_gguf
 
 WORDS = ("the a of and to in is it that was he for on are as with his they at be this from have or by one had "
          "not but what all were when we there can an your which their said if do will each about how up out them "
@@ -30,7 +30,9 @@ VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORD
 
 @pytest.fixture
 def smol(monkeypatch):
-    load = lambda name="smollm2", dtype=None, device=None: load_smollm2()  # noqa: E731  (the shared CPU model)
+    def load(name="smollm2", dtype=None, device=None):  # the shared CPU models
+        return load_smollm2_gguf() if dtype == "gguf" else load_smollm2()
+
     monkeypatch.setattr(demo, "load_model", load)
     monkeypatch.setattr(hub, "load_model", load)
 
@@ -329,6 +331,27 @@ def test_generate_hf_directory(hf_dir, capsys):
     assert rc == 0 and out4 == out, err4
 
 
+def test_dtype_gguf_needs_a_gguf_file_and_the_cpu(hf_dir, capsys, monkeypatch):
+    rc, out, err = run(["generate", "--model", str(hf_dir), "--prompt", "the cat", "--dtype", "gguf"], capsys)
+    assert rc != 0 and "is not a GGUF file" in err and out == "", err
+    monkeypatch.setattr(hub, "device_of", lambda name: torch.device("cuda", 0))  # as on a machine with a GPU
+    with pytest.raises(ValueError, match="CPU only"):
+        hub._check_gguf_weights("model.gguf", "cuda")
+
+
+def test_generate_on_gguf_weights(tmp_path, capsys):
+    """``--dtype gguf``: a GGUF model on its own Q4_1 / Q8_0 blocks generates the float32 model's text."""
+    from .test_quant import q4_1_gguf, small_llama
+
+    path, model = q4_1_gguf(tmp_path, small_llama(seed=5))
+    prompt = torch.randint(64, (12,))
+    want = triforce.generate(model, [prompt], method="autoregressive", max_new_tokens=8).tokens[0]
+    packed, tok = hub.load_model(str(path), "gguf")
+    assert tok is None and isinstance(packed.model.layers[0].mlp.up_proj, triforce.models.quant.Q4Linear)
+    for method in ("autoregressive", "speculative"):
+        assert torch.equal(triforce.generate(packed, [prompt], method=method, max_new_tokens=8).tokens[0], want)
+
+
 def test_generate_stops_at_eos(hf_dir, tmp_path, capsys):
     ref = _greedy(hf_dir, "he said", 12)
     k = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i] and 2 not in ref[:i])
@@ -373,9 +396,12 @@ def test_demo_quick(smol, capsys):
     for method in ("autoregressive", "speculative", "triforce", "magicdec", "tree"):
         assert method in out
     assert "greedy outputs identical to autoregressive: yes" in out
+    # on the CPU the model runs on its GGUF file's weights, where the int8 copy would be no cheaper a draft
+    assert "on its GGUF file's Q4_1 / Q8_0 weights" in out and ":int8" not in out
     # one method alone: the scenes without it are skipped (the batch-1 scene has no magicdec), and with
-    # no autoregressive run nothing is compared
-    assert cli.main(["demo", "--quick", "--context", "120", "--max-new-tokens", "4", "--methods", "magicdec"]) == 0
+    # no autoregressive run nothing is compared; float32 weights bring the int8 copy's run
+    assert cli.main(["demo", "--quick", "--context", "120", "--max-new-tokens", "4", "--methods", "magicdec",
+                     "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "magicdec:int8" in out and "speculative" not in out and "tree" not in out
     assert "greedy outputs identical to autoregressive: not compared" in out

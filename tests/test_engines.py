@@ -36,6 +36,15 @@ def load_smollm2():
     return triforce.models.smollm2_135m()
 
 
+@functools.lru_cache(maxsize=None)
+def load_smollm2_gguf():
+    """The embedded model on its GGUF file's own weights (``dtype="gguf"``), once per test session."""
+    from triforce.models.smollm2 import smollm2_gguf_path
+
+    model, tok = load_smollm2()
+    return triforce.models.gguf_copy(model, smollm2_gguf_path()), tok
+
+
 # Small windows / budgets so every draft really differs from the target.
 TINY_CASES = [
     ("speculative", {"gamma": 3}),
@@ -121,6 +130,27 @@ def test_greedy_equals_autoregressive_smollm2(smol_reference, method, opts):
     for level, rate in out.stats["acceptance"].items():
         assert 0.0 <= rate <= 1.0, level
     assert out.stats["mean_accepted"] >= 1.0
+
+
+GGUF_CASES = [("autoregressive", {}), ("speculative", {"gamma": 3}),
+              ("magicdec", {"gamma": 3, "draft_cache": "retrieval", "budget": 32, "chunk_size": 8}),
+              ("triforce", {"gamma1": 2, "gamma2": 4, "budget": 32, "chunk_size": 8, "sink": 4, "window": 24}),
+              ("tree", {"tree": (2, 2, 1), "sink": 4, "window": 24}), ("tree", {"draft": "hidden_transfer"})]
+
+
+@pytest.mark.parametrize("method,opts", GGUF_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(GGUF_CASES)])
+def test_smollm2_on_its_gguf_weights_emits_the_float32_tokens(smol_reference, method, opts):
+    """The embedded model on its GGUF file's own Q4_1 / Q8_0 blocks (dtype "gguf") computes bitwise what
+    the float32 model computes: every method's greedy tokens are the float32 model's autoregressive ones.
+    Its engines draft with the target itself (no bfloat16 copy: it would read more bytes)."""
+    from triforce.engines.drafters import half_precision_copy
+
+    model, prompts, ref = smol_reference
+    packed, _ = load_smollm2_gguf()
+    assert half_precision_copy(packed) is None
+    out = triforce.generate(packed, prompts, method=method, max_new_tokens=20, **opts)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (method, b, out.tokens[b], ref.tokens[b])
 
 
 def test_magicdec_retrieval_draft_copy_of_target_tiny_ragged(tiny_models):

@@ -118,3 +118,21 @@ def test_second_load_is_fast(ours):
     assert elapsed < 5.0, f"cached load took {elapsed:.1f} s"
     assert model.config.num_hidden_layers == 30 and tok.vocab_size == 49152
     assert os.path.exists(os.path.expanduser(os.environ.get("TRIFORCE_CACHE_DIR", "~/.cache/triforce")))
+
+
+def test_gguf_weights_give_the_float32_logits_bitwise(ours):
+    """On its GGUF file's own Q4_1 / Q8_0 blocks (triforce.models.gguf_copy) the model computes the float32
+    model's logits bitwise: a forward without a cache, a chunked prefill and one-token steps."""
+    from triforce.models import Q4Linear, gguf_copy
+
+    model, tok = ours
+    packed = gguf_copy(model, smollm2_gguf_path())
+    layers = [m for m in packed.modules() if isinstance(m, Q4Linear)]
+    assert len(layers) == 7 * model.config.num_hidden_layers
+    ids = _tokens(tok, 300)[None]
+    with torch.no_grad():
+        assert torch.equal(packed(ids[:, :90]), model(ids[:, :90]))
+        caches = [FullCache(model.config, 1, 320) for _ in range(2)]
+        assert torch.equal(packed.prefill([ids[0, :290]], caches[0]), model.prefill([ids[0, :290]], caches[1]))
+        for t in range(290, 300):
+            assert torch.equal(packed(ids[:, t:t + 1], cache=caches[0]), model(ids[:, t:t + 1], cache=caches[1]))

@@ -26,7 +26,7 @@ from pathlib import Path
 from .engines.methods import METHODS, OPTIONS
 from .heads.modules import KINDS as HEAD_KINDS
 from .heads.train import LABELS as HEAD_LABELS
-from .models.hub import DTYPES, PAIR_NAMES
+from .models.hub import PAIR_NAMES, WEIGHTS
 
 
 class UsageError(Exception):
@@ -144,12 +144,16 @@ def _add_common(p):
                    help="progress and timings on stderr (default: only when stderr is a terminal)")
 
 
+DTYPE_HELP = ("weight dtype (default: float32); gguf: a GGUF model (smollm2 too) on its file's own Q4_1 / Q8_0 "
+              "blocks, float32 activations, bitwise the float32 model, CPU only")
+
+
 def _add_model_args(p):
     p.add_argument("--model", metavar="MODEL", type=_model, default="smollm2",
                    help="'smollm2' (embedded SmolLM2-135M-Instruct, the default), a Hugging Face directory "
                         "(config.json, *.safetensors, tokenizer.json), a GGUF file, or qwen2.5-coder-1.5b / "
                         "qwen2.5-coder-0.5b (the opt-in pair, see fetch-pair)")
-    p.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
+    p.add_argument("--dtype", choices=WEIGHTS, default=None, help=DTYPE_HELP)
 
 
 def _add_options(p):
@@ -238,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", metavar="B", type=_int(1), default=None,
                    help="prompts of the batched long-context scene (default 4 on CPU, 32 on GPU; --quick: 2)")
     d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
-    d.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default: float32)")
+    d.add_argument("--dtype", choices=WEIGHTS, default=None,
+                   help="weight dtype (default: gguf on the CPU, float32 on a GPU); gguf: float32 activations on the "
+                        "model file's own Q4_1 / Q8_0 blocks, bitwise the float32 model")
     _add_device(d)
     _add_common(d)
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from .engines import METHODS
-from .models.hub import decode, encode, load_model  # noqa: F401  (re-exported)
+from .models.hub import decode, device_of, encode, load_model  # noqa: F401  (re-exported)
 
 # Per-method options used by the demo and the benchmark (small CPU-friendly budgets).
 DEMO_OPTIONS = {
@@ -200,7 +200,7 @@ def weight_bytes(model) -> int:
     """Bytes of parameters one forward pass reads: all but the embedding table, of which a pass reads only
     its tokens' rows (a tied table is read whole, as the LM head)."""
     emb = model.model.embed_tokens.weight
-    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    n = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))  # buffers: quantised layers
     return n if model.lm_head.weight is emb else n - emb.numel() * emb.element_size()
 
 
@@ -295,17 +295,25 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
     that loses here loses. -> True when every method's tokens equal the autoregressive ones."""
     out = out or sys.stdout
     t0 = time.perf_counter()
+    if dtype is None and device_of(None if device is None else str(device)).type == "cpu":
+        dtype = "gguf"  # on the CPU the model runs on its file's own Q4_1 / Q8_0 weights: the same bits, faster
     model, tok = load_model("smollm2", dtype, device)
     device = next(model.parameters()).device
-    print(f"SmolLM2-135M ({next(model.parameters()).dtype}, {device.type}, {torch.get_num_threads()} threads), "
+    from .models.quant import Q4Linear
+
+    packed = any(isinstance(m, Q4Linear) for m in model.modules())
+    weights = ("float32 on its GGUF file's Q4_1 / Q8_0 weights" if packed
+               else str(next(model.parameters()).dtype).replace("torch.", ""))
+    print(f"SmolLM2-135M ({weights}, {device.type}, {torch.get_num_threads()} threads), "
           f"greedy; model load {time.perf_counter() - t0:.1f} s. Prefill is shared by the methods of a scene "
           f"and not counted in tokens/s.", file=out)
     ok, compared = True, False
-    fp32 = next(model.parameters()).dtype == torch.float32
+    # the int8 copy quantises a float32 model only, and is cheaper than the target only where the target's
+    # layers are float32 (a model on its GGUF weights reads fewer bytes than its int8 copy)
+    int8 = next(model.parameters()).dtype == torch.float32 and not packed
     runs = []  # every scene's prompts first: a context too short for one fails before any scene runs
     for scene in demo_scenes(quick, device.type, context, batch, max_new_tokens):
-        # the int8 copy quantises a float32 model only (triforce.models.int8_copy)
-        wanted = [m for m in scene["methods"] if m.partition(":")[0] in methods and (fp32 or not m.endswith(":int8"))]
+        wanted = [m for m in scene["methods"] if m.partition(":")[0] in methods and (int8 or not m.endswith(":int8"))]
         if all(m == "autoregressive" for m in wanted):  # nothing of this scene's to run, or to compare
             continue
         prompts, keys = [], []

@@ -95,3 +95,28 @@ at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at:
   });
   return out;
 }
+
+at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w) {
+  using namespace triforce::linear;
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "rowwise_linear_q4_1: x [M, K] and w [N, K / 32 * 24] must be 2-D, got ",
+              x.sizes(), " and ", w.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kByte,
+              "rowwise_linear_q4_1: x float32 and w uint8 (Q4_1 blocks), got ", x.scalar_type(), " and ",
+              w.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rowwise_linear_q4_1: CPU tensors only");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(K % kQ4Block == 0, "rowwise_linear_q4_1: x has ", K, " columns, not a multiple of the block's 32");
+  TORCH_CHECK(w.size(1) == q4_1_row_bytes(K), "rowwise_linear_q4_1: x has ", K, " columns, so w needs ",
+              q4_1_row_bytes(K), " bytes a row (24 per 32 weights), got ", w.size(1));
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  at::Tensor out = at::empty({M, N}, xc.options());
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return out.zero_();
+  const float* X = xc.const_data_ptr<float>();
+  const uint8_t* W = wc.const_data_ptr<uint8_t>();
+  float* O = out.data_ptr<float>();
+  over_row_chunks(M, K, N, 1, [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    rowwise_linear_q4_1_blocks(X + m0 * K, rows, K, W, N, O + m0 * N, b0, b1);
+  });
+  return out;
+}

@@ -1,9 +1,10 @@
 // Torch-free unit test of the rowwise_linear kernel (ctest; scripts/sanitize.sh runs it under
 // ASan/UBSan): float32, bfloat16 and float16 against a float64 reference, and bitwise row independence (row m
 // of an M-row product equals the 1-row product of x[m]) for every M up to 13, every weight-row split
-// point, K tails of every length mod 32 and partial weight blocks.
+// point, K tails of every length mod 32 and partial weight blocks; the int8 and Q4_1 weight formats.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -28,6 +29,8 @@ void check_case(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
   rowwise_linear_blocks<T, T>(x.data(), M, K, w.data(), N, out.data(), s, nb);
   // error bound: |sum| <= sum |x w| * K * eps (fp32 accumulation), plus the output rounding
   const double eps_out = std::is_same_v<T, bf16> ? 1.0 / 256 : std::is_same_v<T, f16> ? 1.0 / 2048 : 1.2e-7;
+  // below float16's normal range (6.1e-5) its spacing is fixed at 2^-24: an output there rounds by up to 2^-25
+  const double tiny_out = std::is_same_v<T, f16> ? std::ldexp(1.0, -25) : 1e-30;
   for (int64_t m = 0; m < M; ++m) {
     rowwise_linear_blocks<T, T>(x.data() + m * K, 1, K, w.data(), N, row.data(), 0, nb);
     for (int64_t n = 0; n < N; ++n) {
@@ -38,7 +41,7 @@ void check_case(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
         mag += std::fabs(p);
       }
       const double got = to_float(out[m * N + n]);
-      EXPECT(std::fabs(got - ref) <= mag * (K + 2) * 1.2e-7 + std::fabs(ref) * eps_out + 1e-30);
+      EXPECT(std::fabs(got - ref) <= mag * (K + 2) * 1.2e-7 + std::fabs(ref) * eps_out + tiny_out);
       float a = to_float(out[m * N + n]), b = to_float(row[n]);
       EXPECT(std::memcmp(&a, &b, 4) == 0);  // bitwise (and never NaN: every output was written)
     }
@@ -76,6 +79,41 @@ void check_q8(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
   }
 }
 
+// Q4_1 blocks: bitwise the float32 kernel on the dequantised weight (the same lanes, steps and tree), and
+// bitwise row independence, with the same split points as above. Codes cover 0..15, scales include 0,
+// negative minimums and subnormal-range d.
+void check_q4_1(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
+  std::normal_distribution<float> d;
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t rb = q4_1_row_bytes(K);
+  std::vector<float> x(M * K), w(N * K);
+  std::vector<uint8_t> blocks(N * rb);
+  for (auto& v : x) v = d(g);
+  for (int64_t i = 0; i < N * (K / kQ4Block); ++i) {
+    uint8_t* blk = blocks.data() + i * kQ4BlockBytes;
+    const int kind = static_cast<int>(i % 5);
+    const float scale = kind == 0 ? 0.f : kind == 1 ? 1e-40f : std::fabs(d(g)) / 15.f;
+    const float mn = kind == 2 ? 0.f : -std::fabs(d(g));
+    std::memcpy(blk, &scale, 4);
+    std::memcpy(blk + 4, &mn, 4);
+    for (int j = 8; j < kQ4BlockBytes; ++j) blk[j] = static_cast<uint8_t>(byte(g));
+  }
+  dequant_q4_1_rows(blocks.data(), N, K, w.data());
+  const int64_t nb = rowwise_linear_num_blocks(N);
+  std::vector<float> out(M * N, std::nanf("")), row(N), want(M * N);
+  const int64_t split = nb == 0 ? 0 : (M * 3 + K) % (nb + 1);
+  rowwise_linear_q4_1_blocks(x.data(), M, K, blocks.data(), N, out.data(), 0, split);
+  rowwise_linear_q4_1_blocks(x.data(), M, K, blocks.data(), N, out.data(), split, nb);
+  rowwise_linear_blocks<float, float>(x.data(), M, K, w.data(), N, want.data(), 0, nb);
+  for (int64_t m = 0; m < M; ++m) {
+    rowwise_linear_q4_1_blocks(x.data() + m * K, 1, K, blocks.data(), N, row.data(), 0, nb);
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT(std::memcmp(&out[m * N + n], &want[m * N + n], 4) == 0);
+      EXPECT(std::memcmp(&out[m * N + n], &row[n], 4) == 0);
+    }
+  }
+}
+
 int main() {
   std::mt19937 g(1234);
   int cases = 0;
@@ -83,6 +121,12 @@ int main() {
     for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 576})
       for (int64_t N : {1, 5, 6, 7, 13}) {
         check_q8(M, K, N, g);
+        ++cases;
+      }
+  for (int64_t M : {1, 2, 3, 4, 5, 9})
+    for (int64_t K : {32, 64, 96, 576})
+      for (int64_t N : {1, 5, 6, 7, 13, 17}) {
+        check_q4_1(M, K, N, g);
         ++cases;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13})

@@ -15,6 +15,9 @@ import torch
 from .tokenizer import Tokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")
+# weight formats a model loads in: DTYPES, or "gguf": float32 activations on the GGUF file's own Q4_1 / Q8_0
+# blocks (triforce.models.gguf_copy; bitwise the float32 model, on the CPU)
+WEIGHTS = DTYPES + ("gguf",)
 PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair
 
 
@@ -30,9 +33,19 @@ def model_path(name: str) -> str:
 def _dtype(dtype: str | None):
     if dtype is None:
         return None
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    return getattr(torch, dtype)
+    if dtype not in WEIGHTS:
+        raise ValueError(f"dtype: expected one of {', '.join(WEIGHTS)}, got {dtype!r}")
+    return torch.float32 if dtype == "gguf" else getattr(torch, dtype)
+
+
+def _check_gguf_weights(path, device) -> None:
+    """``dtype="gguf"`` needs a GGUF file and the CPU (``ValueError`` before anything loads)."""
+    from .loading import _is_gguf
+
+    if not _is_gguf(Path(path)):
+        raise ValueError(f"dtype 'gguf' runs a model on its GGUF file's own weights; {str(path)!r} is not a GGUF file")
+    if device is not None and device_of(str(device)).type != "cpu":
+        raise ValueError(f"dtype 'gguf' runs on the CPU only (its kernels are CPU kernels), got device {str(device)!r}")
 
 
 def device_of(name: str | None) -> torch.device:
@@ -62,17 +75,22 @@ def device_of(name: str | None) -> torch.device:
 
 def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     """-> ``(model, tokenizer or None)``; ``None`` when the directory / GGUF file has no tokenizer.
-    ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``; ``device``: where the weights go
-    (default: the CPU)."""
+    ``dtype``: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"gguf"`` (a GGUF file's model on
+    its own Q4_1 / Q8_0 blocks, bitwise the float32 model, CPU only: :func:`triforce.models.gguf_copy`);
+    ``device``: where the weights go (default: the CPU)."""
     from .llama import Llama
-    from .smollm2 import smollm2_135m
+    from .quant import gguf_copy
+    from .smollm2 import smollm2_135m, smollm2_gguf_path
 
     dt = _dtype(dtype)
+    path = smollm2_gguf_path() if name == "smollm2" else model_path(name)
+    if dtype == "gguf":
+        _check_gguf_weights(path, device)
     if name == "smollm2":
-        return smollm2_135m(device=device, dtype=dt)
-    name = model_path(name)
-    model = Llama.from_pretrained(name, device=device, dtype=dt)
-    return model, load_tokenizer(name)
+        model, tok = smollm2_135m(device=device, dtype=dt)
+    else:
+        model, tok = Llama.from_pretrained(path, device=device, dtype=dt), load_tokenizer(path)
+    return (gguf_copy(model, path) if dtype == "gguf" else model), tok
 
 
 def load_draft(name: str, dtype: str | None = None, device=None):
@@ -80,6 +98,8 @@ def load_draft(name: str, dtype: str | None = None, device=None):
     from .llama import Llama
     from .smollm2 import smollm2_135m
 
+    if dtype == "gguf":
+        return load_model(name, dtype, device)[0]
     if name == "smollm2":
         return smollm2_135m(device=device, dtype=_dtype(dtype))[0]
     return Llama.from_pretrained(model_path(name), device=device, dtype=_dtype(dtype))

@@ -89,6 +89,8 @@ def _register_fakes() -> None:
     torch.library.register_fake("triforce_C::rowwise_linear")(rows)
     if hasattr(ops, "rowwise_linear_q8"):
         torch.library.register_fake("triforce_C::rowwise_linear_q8")(lambda x, q, scales: rows(x, q))
+    if hasattr(ops, "rowwise_linear_q4_1"):
+        torch.library.register_fake("triforce_C::rowwise_linear_q4_1")(rows)
     if hasattr(ops, "decoder_attn_in"):
         torch.library.register_fake("triforce_C::decoder_attn_in")(attn_in)
         torch.library.register_fake("triforce_C::decoder_attn_out_mlp")(attn_out_mlp)
@@ -147,6 +149,15 @@ def _bulk_linears():
         _BULK.active = before
 
 
+def _rowwise_rows(x: torch.Tensor) -> bool:
+    """Whether a product with ``x`` (on the CPU, rows of ``x.shape[-1]``) takes a rowwise kernel by its
+    rows: always, except more than ``ROWWISE_MAX_ROWS`` rows within :func:`_bulk_linears`. The rule of
+    :class:`Linear` and of the quantised linears (triforce/models/quant.py), so that a model on GGUF blocks
+    takes the kernel exactly where its float32 twin does."""
+    return (x.device.type == "cpu" and x.numel() > 0
+            and (x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] or not getattr(_BULK, "active", False)))
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state-dict keys) whose CPU forward in float32, bfloat16 or
     float16 (input and weight alike), without autograd, runs ``triforce_C::rowwise_linear``
@@ -158,8 +169,7 @@ class Linear(nn.Linear):
 
     def forward(self, x):
         w, b = self.weight, self.bias
-        if (x.device.type == "cpu" and x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype and x.numel() > 0
-                and (x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] or not getattr(_BULK, "active", False))
+        if (x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype and _rowwise_rows(x)
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
                                                       or (b is not None and b.requires_grad)))
                 and _rowwise_available()):

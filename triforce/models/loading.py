@@ -506,23 +506,48 @@ def read_gguf(path: Path):
                 raise ValueError(f"GGUF file {str(path)!r} has both rope_freqs and {arch}.rope.scaling metadata")
             config = config.replace(rope_scaling=_rope_from_freq_factors(config, w, path))
             continue
-        if name == "token_embd.weight":
-            key = "model.embed_tokens.weight"
-        elif name == "output_norm.weight":
-            key = "model.norm.weight"
-        elif name == "output.weight":
-            key = "lm_head.weight"
-        elif name.startswith("blk."):
-            _, i, kind = name.split(".", 2)
-            if kind not in _GGUF_LAYER_TENSORS:
-                raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
-                                 f"such parameter for architecture {arch!r})")
-            key = f"model.layers.{int(i)}.{_GGUF_LAYER_TENSORS[kind]}"
-            if permuted and kind.startswith("attn_q."):
-                w = _unpermute(w, n_head)
-            elif permuted and kind.startswith("attn_k."):
-                w = _unpermute(w, n_kv)
-        else:
-            raise ValueError(f"unexpected GGUF tensor {name}")
-        sd[key] = w
+        key, heads = _state_key(name, path, arch, permuted, n_head, n_kv)
+        sd[key] = w if heads is None else _unpermute(w, heads)
     return config, sd
+
+
+def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_kv: int):
+    """(HF state-dict key, the head count to un-permute its rows by or ``None``) of GGUF tensor ``name``."""
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight", None
+    if name == "output_norm.weight":
+        return "model.norm.weight", None
+    if name == "output.weight":
+        return "lm_head.weight", None
+    if name.startswith("blk."):
+        _, i, kind = name.split(".", 2)
+        if kind not in _GGUF_LAYER_TENSORS:
+            raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
+                             f"such parameter for architecture {arch!r})")
+        heads = (n_head if kind.startswith("attn_q.") else n_kv if kind.startswith("attn_k.") else None) if permuted else None
+        return f"model.layers.{int(i)}.{_GGUF_LAYER_TENSORS[kind]}", heads
+    raise ValueError(f"unexpected GGUF tensor {name}")
+
+
+def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0")) -> dict:
+    """``{HF state-dict key: (type name, uint8 [rows, bytes per row])}``: the file's 2-D tensors of the
+    quantisation ``types`` as stored (GGUF blocks, each row its own run of blocks), rows in the model's
+    order (``attn_q`` / ``attn_k`` un-permuted as :func:`read_gguf` does). Row ``n`` dequantises to row
+    ``n`` of :func:`read_gguf`'s float32 tensor."""
+    reader = open_gguf(path)
+    arch = gguf_field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF file {str(path)!r} has architecture {arch!r}; supported: "
+                         f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)}")
+    permuted = GGUF_ARCHITECTURES[arch][1]
+    n_head = int(gguf_field(reader, f"{arch}.attention.head_count"))
+    n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_head))
+    out = {}
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in types or len(t.shape) != 2 or t.name == "rope_freqs.weight":
+            continue
+        key, heads = _state_key(t.name, path, arch, permuted, n_head, n_kv)
+        blocks = torch.from_numpy(t.data.copy()).view(torch.uint8)
+        out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
+    return out

@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llama import ROWWISE_MAX_ROWS, Llama, _rowwise_available
+from .llama import Llama, _rowwise_available, _rowwise_rows
 
-__all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy"]
+__all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
+           "dequantize_q4_1", "Q4Linear", "gguf_copy"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -91,18 +92,17 @@ class Q8Linear(nn.Module):
         return dequantize_q8(self.qweight, self.scales)
 
     def forward(self, x):
-        dtype = x.dtype
-        xf = x.float()
-        rows = xf.numel() // max(1, xf.shape[-1])
-        if (xf.device.type == "cpu" and 0 < rows <= ROWWISE_MAX_ROWS
-                and not (torch.is_grad_enabled() and xf.requires_grad) and _q8_kernel_available()):
-            y = torch.ops.triforce_C.rowwise_linear_q8(xf.reshape(-1, xf.shape[-1]), self.qweight, self.scales)
-            y = y.view(*xf.shape[:-1], -1)
-        else:
-            y = F.linear(xf, self.weight.to(xf.device))
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(dtype)
+        return _quantised_forward(self, x, _q8_kernel_available,
+                                  lambda x2: torch.ops.triforce_C.rowwise_linear_q8(x2, self.qweight, self.scales))
+
+    def _apply(self, fn, recurse=True):
+        # a dtype cast (.to(torch.bfloat16), .half(): a half-precision copy of a model holding this layer) casts
+        # every floating buffer; the scales stay float32, on the device the cast left them on
+        scales = self._buffers["scales"]
+        out = super()._apply(fn, recurse)
+        if self._buffers["scales"].dtype != torch.float32:
+            self._buffers["scales"] = scales.to(self._buffers["scales"].device)
+        return out
 
     def fused_projection(self, dtype: torch.dtype):
         """``(qweight, scales, bias)`` for the fused decoder layer (float32 inputs on the kernel's path),
@@ -114,6 +114,204 @@ class Q8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8, group={GROUP}"
+
+
+def _quantised_forward(mod, x, available, kernel):
+    """A quantised linear layer's forward, computed in float32 (other float inputs are cast there and the
+    result back) as :class:`~triforce.models.llama.Linear` computes a float32 layer: ``kernel`` (the
+    rowwise kernel on the layer's blocks, bitwise the float32 kernel on the dequantised weight) wherever
+    Linear takes its kernel (``_rowwise_rows``), the bias added after it; elsewhere ``F.linear`` on the
+    dequantised weight with the bias, as Linear's fallback."""
+    dtype, b = x.dtype, mod.bias
+    xf = x.float()
+    if _rowwise_rows(xf) and not (torch.is_grad_enabled() and xf.requires_grad) and available():
+        y = kernel(xf.reshape(-1, xf.shape[-1])).view(*xf.shape[:-1], -1)
+        if b is not None:
+            y = y.add_(b.float())
+    else:
+        y = F.linear(xf, mod.weight.to(xf.device), None if b is None else b.float())
+    return y.to(dtype)
+
+
+# ---- Q4_1 weights (a model run from its GGUF file's own Q4_1 tensors)
+
+Q4_1_BLOCK = 32  # weights per block
+Q4_1_BLOCK_BYTES = 24  # [d float32][m float32][16 bytes of 4-bit codes]
+
+
+def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
+    """``w`` ``[N, K]`` float (``K % 32 == 0``) -> uint8 ``[N, K / 32 * 24]``: Q4_1 blocks of 32 weights,
+    ``w ~ d * q + m`` with ``m`` the block's minimum and ``d = (max - min) / 15``, both rounded to float16 as
+    GGUF stores them, and ``q`` in 0..15, round to nearest. A block is ``d`` and ``m`` as float32 (exact
+    widenings of the float16 values) then 16 code bytes, byte ``i`` holding weight ``i`` in its low nibble
+    and weight ``i + 16`` in its high nibble (llama.cpp's order)."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point() or w.shape[1] % Q4_1_BLOCK:
+        raise ValueError(f"quantize_q4_1: w must be a 2-D float tensor with a multiple of {Q4_1_BLOCK} columns, got "
+                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+    N, K = w.shape
+    wb = w.detach().float().reshape(N, K // Q4_1_BLOCK, Q4_1_BLOCK)
+    lo, hi = wb.amin(-1), wb.amax(-1)
+    d16, m16 = ((hi - lo) / 15).half(), lo.half()
+    if not bool(torch.isfinite(d16).all() and torch.isfinite(m16).all()):
+        raise ValueError("quantize_q4_1: w has inf or NaN values, or blocks too wide for float16 scales")
+    q = torch.round((wb - m16.float()[..., None]) / torch.where(d16 > 0, d16.float(), 1)[..., None])
+    return _q4_1_blocks(d16, m16, q.clamp_(0, 15).to(torch.uint8))
+
+
+def _q4_1_blocks(d16: torch.Tensor, m16: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Blocks from float16 ``d``, ``m`` ``[N, G]`` and codes ``q`` uint8 ``[N, G, 32]`` (0..15)."""
+    N, G = d16.shape
+    codes = q[..., :16] | (q[..., 16:] << 4)
+    scales = torch.stack([d16.float(), m16.float()], -1).view(torch.uint8)  # [N, G, 8]
+    return torch.cat([scales, codes], -1).reshape(N, G * Q4_1_BLOCK_BYTES)
+
+
+def gguf_q4_1_blocks(raw: torch.Tensor) -> torch.Tensor:
+    """GGUF's Q4_1 tensor data (uint8 ``[N, K / 32 * 20]``: ``[d fp16][m fp16][16 code bytes]`` per block) in
+    :class:`Q4Linear`'s layout (the same codes, ``d`` and ``m`` widened to float32)."""
+    N = raw.shape[0]
+    b = raw.reshape(N, -1, 20)
+    d16 = b[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    m16 = b[..., 2:4].contiguous().view(torch.float16)[..., 0]
+    codes = b[..., 4:]
+    return torch.cat([torch.stack([d16.float(), m16.float()], -1).view(torch.uint8), codes], -1).reshape(N, -1)
+
+
+def dequantize_q4_1(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+    """float32 ``[N, in_features]`` from Q4_1 blocks, exactly as gguf's ``dequantize`` computes it: float32
+    ``d * q`` (exact) ``+ m``, rounded once."""
+    N = blocks.shape[0]
+    b = blocks.reshape(N, in_features // Q4_1_BLOCK, Q4_1_BLOCK_BYTES)
+    dm = b[..., :8].contiguous().view(torch.float32)  # [N, G, 2]
+    codes = b[..., 8:]
+    q = torch.cat([codes & 15, codes >> 4], -1).float()
+    return (q * dm[..., 0:1] + dm[..., 1:2]).reshape(N, in_features)
+
+
+_Q4_KERNEL = None
+
+
+def _q4_kernel_available() -> bool:
+    """The extension has ``rowwise_linear_q4_1`` (and the model's streaming kernels are not switched off)."""
+    global _Q4_KERNEL
+    if _Q4_KERNEL is None:
+        _Q4_KERNEL = _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_q4_1")
+    return _Q4_KERNEL
+
+
+class Q4Linear(nn.Module):
+    """A linear layer on Q4_1 blocks (``blocks`` uint8 ``[out, in / 32 * 24]``, a buffer; see
+    :func:`quantize_q4_1`), optional float32 ``bias``. It computes what a float32 ``Linear`` holding the
+    dequantised weight computes, bitwise, on the CPU: ``triforce_C::rowwise_linear_q4_1``
+    (csrc/include/triforce/linear.h) dequantises each weight in registers as gguf does and runs the float32
+    kernel's arithmetic, wherever Linear takes that kernel; elsewhere (a prefill's chunks, other devices,
+    autograd) ``F.linear`` on the dequantised weight. Inputs of other float dtypes are computed in float32
+    and the result cast back."""
+
+    def __init__(self, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        if in_features <= 0 or in_features % Q4_1_BLOCK:
+            raise ValueError(f"Q4Linear: in_features must be a positive multiple of {Q4_1_BLOCK}, got {in_features}")
+        row = in_features // Q4_1_BLOCK * Q4_1_BLOCK_BYTES
+        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != row:
+            raise ValueError(f"Q4Linear: blocks must be uint8 [out, {row}] for {in_features} inputs, got "
+                             f"{blocks.dtype} {list(blocks.shape)}")
+        self.in_features, self.out_features = in_features, blocks.shape[0]
+        self.register_buffer("blocks", blocks.contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear) -> "Q4Linear":
+        """Quantised with :func:`quantize_q4_1` (lossy: a draft, unless ``lin`` holds Q4_1 values already)."""
+        return cls(quantize_q4_1(lin.weight), lin.in_features, lin.bias)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight (float32, computed on each access)."""
+        return dequantize_q4_1(self.blocks, self.in_features)
+
+    def forward(self, x):
+        return _quantised_forward(self, x, _q4_kernel_available,
+                                  lambda x2: torch.ops.triforce_C.rowwise_linear_q4_1(x2, self.blocks))
+
+    def fused_projection(self, dtype: torch.dtype):
+        """``(blocks, None, bias)`` for the fused decoder layer (float32 inputs on the kernel's path), else
+        ``None`` (see ``triforce.models.llama.DecoderLayer.fused_arguments``)."""
+        if dtype != torch.float32 or not _q4_kernel_available():
+            return None
+        return self._buffers["blocks"], None, self._parameters.get("bias")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q4_1"
+
+
+def _q8_0_linear(blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None) -> Q8Linear:
+    """A :class:`Q8Linear` holding GGUF Q8_0 blocks (``[d fp16][32 int8]`` per 32 weights): its scales are
+    the blocks' ``d`` in float32 (exact), so it dequantises to gguf's ``q * d``."""
+    N = blocks.shape[0]
+    b = blocks.reshape(N, in_features // GROUP, 2 + GROUP)
+    scales = b[..., 0:2].contiguous().view(torch.float16).float()[..., 0]
+    q = b[..., 2:].contiguous().view(torch.int8).reshape(N, in_features)
+    return Q8Linear(q, scales.contiguous(), bias)
+
+
+def _copy_with_linears(model, replace):
+    """A shallow copy of ``model`` sharing everything (embedding, norms, buffers) but its linear layers:
+    ``replace(name, module)`` gives each layer's module in the copy (``name`` as in ``named_modules``;
+    the LM head's is ``"lm_head"``)."""
+    with torch.no_grad():
+        lm_head = replace("lm_head", model.lm_head)  # before the copy: a tied head is replaced once
+        clone = copy.copy(model)  # shallow: the module dicts below are replaced, not shared
+        clone._modules = dict(model._modules)
+        clone.lm_head = lm_head
+        clone.model = copy.copy(model.model)
+        clone.model._modules = dict(model.model._modules)
+        layers = nn.ModuleList()
+        for i, layer in enumerate(model.model.layers):
+            new = copy.copy(layer)
+            new._modules = dict(layer._modules)
+            for part in ("self_attn", "mlp"):
+                sub = copy.copy(getattr(layer, part))
+                sub._modules = {name: replace(f"model.layers.{i}.{part}.{name}", m) if isinstance(m, nn.Linear) else m
+                                for name, m in getattr(layer, part)._modules.items()}
+                new._modules[part] = sub
+            layers.append(new)
+        clone.model._modules["layers"] = layers
+        clone._parameters = dict(model._parameters)
+        clone._buffers = dict(model._buffers)
+    return clone
+
+
+def gguf_copy(model, path) -> Llama:
+    """A copy of ``model`` (a float32 :class:`~triforce.models.Llama` on the CPU, loaded from the GGUF file
+    ``path``) whose linear layers run on the file's own blocks: Q4_1 tensors as :class:`Q4Linear`, Q8_0
+    tensors as :class:`Q8Linear` (the tied LM head on the embedding's blocks); layers of other types stay
+    float32. It computes bitwise what ``model`` computes on the CPU and reads 0.625 (Q4_1) or 1.0625 (Q8_0)
+    bytes per weight instead of 4. Each replaced layer's dequantised weight is compared with the model's
+    float32 weight, bitwise: a model whose weights are not that file's raises ``ValueError``."""
+    from .loading import read_gguf_blocks
+
+    if not isinstance(model, Llama):
+        raise TypeError(f"gguf_copy: expected a triforce.models.Llama, got {type(model).__name__}")
+    if model.dtype != torch.float32 or model.device.type != "cpu":
+        raise ValueError(f"gguf_copy: expected a float32 model on the CPU, got {model.dtype} on {model.device}")
+    blocks = read_gguf_blocks(path)
+    if model.config.tie_word_embeddings:
+        blocks["lm_head.weight"] = blocks.get("model.embed_tokens.weight")
+
+    def replace(name, mod):
+        found = blocks.get(f"{name}.weight")
+        if found is None or type(mod.weight) is not nn.Parameter:
+            return mod
+        kind, b = found
+        new = (Q4Linear(gguf_q4_1_blocks(b), mod.in_features, mod.bias) if kind == "Q4_1"
+               else _q8_0_linear(b, mod.in_features, mod.bias))
+        if new.weight.shape != mod.weight.shape or not torch.equal(new.weight, mod.weight):
+            raise ValueError(f"gguf_copy: {name}'s weight is not the dequantised {kind} tensor of {str(path)!r} "
+                             f"(a model loaded from another file, or changed since)")
+        return new
+
+    return _copy_with_linears(model, replace)
 
 
 _INT8_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -128,25 +326,5 @@ def int8_copy(model):
     if model.dtype != torch.float32:
         raise ValueError(f"int8_copy: expected a float32 model, got {model.dtype}")
     if model not in _INT8_COPIES:
-        with torch.no_grad():
-            lm_head = Q8Linear.from_linear(model.lm_head)  # before the copy: a tied head is quantised once
-            clone = copy.copy(model)  # shallow: the module dicts below are replaced, not shared
-            clone._modules = dict(model._modules)
-            clone.lm_head = lm_head
-            clone.model = copy.copy(model.model)
-            clone.model._modules = dict(model.model._modules)
-            layers = nn.ModuleList()
-            for layer in model.model.layers:
-                new = copy.copy(layer)
-                new._modules = dict(layer._modules)
-                for part in ("self_attn", "mlp"):
-                    sub = copy.copy(getattr(layer, part))
-                    sub._modules = {name: Q8Linear.from_linear(m) if isinstance(m, nn.Linear) else m
-                                    for name, m in getattr(layer, part)._modules.items()}
-                    new._modules[part] = sub
-                layers.append(new)
-            clone.model._modules["layers"] = layers
-            clone._parameters = dict(model._parameters)
-            clone._buffers = dict(model._buffers)
-        _INT8_COPIES[model] = clone
+        _INT8_COPIES[model] = _copy_with_linears(model, lambda name, m: Q8Linear.from_linear(m))
     return _INT8_COPIES[model]

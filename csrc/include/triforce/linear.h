@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
+#include <cmath>
 
 #include "triforce/common.h"
 
@@ -459,6 +461,132 @@ inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const
         }
 #endif
     }
+  }
+}
+
+// ---- Q4_1 (a model run from its GGUF file's Q4_1 weights; triforce/models/quant.py, Q4Linear): a row of K
+// weights (K % 32 == 0) is K / 32 blocks of 24 bytes, [d float32][m float32][16 bytes of codes], weight i of a
+// block d * q_i + m with q_i the low nibble of code byte i (i < 16) or the high nibble of byte i - 16: GGUF's
+// Q4_1 block with its float16 d and m widened to float32 (exact), so that a block's scales are two
+// broadcast loads. Each weight is dequantised in registers exactly as gguf's dequantize computes it and
+// then enters the float32 kernel's lanes, steps of 16 and reduction tree, so the product is bitwise
+// rowwise_linear of x with the dequantised float32 weight (and row m of an M-row product is the 1-row
+// product of x[m]). 0.75 bytes per weight against 4 for float32.
+constexpr int64_t kQ4Block = 32;       // weights per block
+constexpr int64_t kQ4BlockBytes = 24;  // bytes per block
+constexpr int64_t kPrefetchBlocksQ4 = 4;
+
+inline int64_t q4_1_row_bytes(int64_t K) { return K / kQ4Block * kQ4BlockBytes; }
+
+inline void q4_1_block_scales(const uint8_t* blk, float& d, float& m) {
+  std::memcpy(&d, blk, 4);
+  std::memcpy(&m, blk + 4, 4);
+}
+
+#if defined(__AVX512F__)
+// The block's two steps of 16 weights (0-15, 16-31), dequantised exactly. The block's 16 possible weights
+// d * q + m (q = 0..15) are one FMA: d * q (an 11-bit significand times 4 bits) is exact, so fma rounds
+// d * q + m once, as gguf's float32 (d * q) + m. Each weight is then picked from them by its code
+// (vpermps reads the low 4 bits of each lane: the low nibble as loaded, the high one after a shift).
+inline void dequant_q4_1_block(const uint8_t* blk, __m512& lo, __m512& hi) {
+  float d, m;
+  q4_1_block_scales(blk, d, m);
+  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 table = _mm512_fmadd_ps(codes, _mm512_set1_ps(d), _mm512_set1_ps(m));
+  const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8)));
+  lo = _mm512_permutexvar_ps(raw, table);
+  hi = _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table);
+}
+
+template <int ROWS>
+inline void block_q4_1_avx512(const float* x, int64_t K, const uint8_t* w, int64_t nr, float* out, int64_t ldo,
+                              bool pf) {
+  const int64_t rb = q4_1_row_bytes(K), ahead = kPrefetchBlocksQ4 * NR * rb;
+  const uint8_t* wr[NR];
+  for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * rb;
+  __m512 acc[block_acc_count<ROWS>()];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  const __mmask16 all = 0xffff;
+  for (int64_t k = 0, off = 0; k < K; k += kQ4Block, off += kQ4BlockBytes) {
+    if (pf && off % 64 < kQ4BlockBytes)  // a 64-byte line of each row as the blocks cross into it
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + off + ahead), _MM_HINT_T1);
+    __m512 lo[NR], hi[NR];
+    for (int j = 0; j < NR; ++j) dequant_q4_1_block(wr[j] + off, lo[j], hi[j]);
+    fma_rows_avx512<ROWS>(x, K, k, all, lo, acc);
+    fma_rows_avx512<ROWS>(x, K, k + 16, all, hi, acc);
+  }
+  reduce_store_avx512<ROWS>(acc, nr, out, ldo);
+}
+#endif
+
+// The rows' weights dequantised to float32, w [rows, K] (the reference arithmetic of the kernel above).
+inline void dequant_q4_1_rows(const uint8_t* blocks, int64_t rows, int64_t K, float* w) {
+  const int64_t rb = q4_1_row_bytes(K);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < K / kQ4Block; ++b) {
+      const uint8_t* blk = blocks + r * rb + b * kQ4BlockBytes;
+      float d, m;
+      q4_1_block_scales(blk, d, m);
+      float* o = w + r * K + b * kQ4Block;
+      for (int i = 0; i < 16; ++i) {
+        o[i] = std::fma(static_cast<float>(blk[8 + i] & 0x0f), d, m);
+        o[i + 16] = std::fma(static_cast<float>(blk[8 + i] >> 4), d, m);
+      }
+    }
+}
+
+#if defined(__AVX512F__)
+// nr rows of blocks dequantised into w [nr, K] (the values block_q4_1_avx512 computes in registers), the
+// next NR rows' lines prefetched into L2 meanwhile.
+inline void dequant_q4_1_rows_avx512(const uint8_t* blocks, int64_t nr, int64_t K, float* w) {
+  const int64_t rb = q4_1_row_bytes(K);
+  for (int64_t r = 0; r < nr; ++r) {
+    const uint8_t* row = blocks + r * rb;
+    for (int64_t off = 0; off < rb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row + NR * rb + off), _MM_HINT_T1);
+    for (int64_t b = 0; b < K / kQ4Block; ++b) {
+      __m512 lo, hi;
+      dequant_q4_1_block(row + b * kQ4BlockBytes, lo, hi);
+      _mm512_storeu_ps(w + r * K + b * kQ4Block, lo);
+      _mm512_storeu_ps(w + r * K + b * kQ4Block + 16, hi);
+    }
+  }
+}
+#endif
+
+// Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K] float32 (K % 32 == 0), w [N,
+// q4_1_row_bytes(K)] bytes, out [M, N] float32, all contiguous. Up to MR rows of x (a decode step, a short
+// verification pass) each block's weights are dequantised in registers for the one group of rows; from
+// MR + 1 rows on a block is dequantised once into a buffer (NR rows of float32, in L1/L2) and every group
+// of rows runs the float32 kernel on it, as the portable path always does. Either way the arithmetic is
+// the float32 kernel's on the dequantised weight: bitwise rowwise_linear_blocks<float>.
+inline void rowwise_linear_q4_1_blocks(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* out,
+                                       int64_t b0, int64_t b1) {
+  const int64_t rb = q4_1_row_bytes(K);
+#if defined(__AVX512F__)
+  if (M <= MR) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
+      with_rows(M, [&](auto rows_c) {
+        block_q4_1_avx512<decltype(rows_c)::value>(x, K, w + n * rb, nr, out + n, N, true);
+      });
+    }
+    return;
+  }
+#endif
+  std::vector<float> buf(static_cast<size_t>(NR * K));
+  const int64_t groups = (M + MR - 1) / MR;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
+#if defined(__AVX512F__)
+    dequant_q4_1_rows_avx512(w + n * rb, nr, K, buf.data());
+    for (int64_t m = 0; m < M; m += MR)
+      block_rows(x + m * K, std::min<int64_t>(MR, M - m), K, buf.data(), nr, out + m * N + n, N, m / MR, groups,
+                 groups > 1);
+#else
+    dequant_q4_1_rows(w + n * rb, nr, K, buf.data());
+    for (int64_t m = 0; m < M; m += MR)
+      block_portable(x + m * K, std::min<int64_t>(MR, M - m), K, buf.data(), nr, out + m * N + n, N);
+#endif
   }
 }
 
