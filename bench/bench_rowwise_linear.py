@@ -13,7 +13,11 @@ dtype (float32 for int8 weights and float16, whose products are float32), measur
 verification passes of any size (row-independent) and torch's GEMM a prefill's chunks of more than
 ``ROWWISE_MAX_ROWS`` rows (triforce/models/llama.py); the op runs x in chunks of 256 rows.
 
-    python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|float16|int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+``--dtype int8`` / ``q4_1``: the weight formats of triforce/models/quant.py (the int8 draft copy, and a GGUF
+model's Q4_1 layers), float32 x; q4_1 also against the float32 kernel on the dequantised weight (the same
+bits: what the float32 model runs).
+
+    python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|float16|int8|q4_1|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 
@@ -33,8 +37,9 @@ def main():
     p.add_argument("--quick", action="store_true", help="M = 1 and 8 only (--many-rows: 256 and 1024)")
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "both"], default="both",
-                   help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "both"], default="both",
+                   help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
+                        "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -43,10 +48,10 @@ def main():
     g = torch.Generator().manual_seed(0)
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
-    if a.dtype == "int8":
+    if a.dtype in ("int8", "q4_1"):
         if a.many_rows:
-            raise SystemExit("--many-rows: float32, bfloat16 and float16 (the int8 draft's linears stop at ROWWISE_MAX_ROWS rows)")
-        return bench_q8(a, g, bw)
+            raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
+        return (bench_q8 if a.dtype == "int8" else bench_q4_1)(a, g, bw)
     for name in (["float32", "bfloat16", "float16"] if a.dtype == "both" else [a.dtype]):
         dtype = getattr(torch, name)
         matrices = MANY_ROWS_MATRICES if a.many_rows else MATRICES
@@ -77,19 +82,48 @@ def bench_q8(a, g, bw) -> None:
 
     qs = [quantize_q8(torch.randn(N, K, generator=g)) for _ in range(MATRICES)]
     kernel = torch.ops.triforce_C.rowwise_linear_q8
+    weight_bytes = N * K + qs[0][1].numel() * 4
+    _bench_quantised(a, g, bw, "rowwise_linear_q8", "int8", weight_bytes, lambda x: [kernel(x, q, s) for q, s in qs],
+                     [dequantize_q8(q, s) for q, s in qs], {})
+
+
+def bench_q4_1(a, g, bw) -> None:
+    """``rowwise_linear_q4_1`` (Q4_1 blocks: 0.75 bytes a weight) against the float32 kernel on the
+    dequantised weight (``cpu_float32``: what the float32 model runs, the same bits) and ``F.linear`` on it
+    (``torch``); bytes = the blocks + x + out, read once."""
+    from triforce.models.quant import dequantize_q4_1, quantize_q4_1
+
+    blocks = [quantize_q4_1(torch.randn(N, K, generator=g)) for _ in range(MATRICES)]
+    kernel = torch.ops.triforce_C.rowwise_linear_q4_1
+    dense = [dequantize_q4_1(b, K) for b in blocks]
+    fp32 = torch.ops.triforce_C.rowwise_linear
+    _bench_quantised(a, g, bw, "rowwise_linear_q4_1", "q4_1", blocks[0].numel(), lambda x: [kernel(x, b) for b in blocks],
+                     dense, {"cpu_float32": (lambda x: [fp32(x, w) for w in dense], N * K * 4)})
+
+
+def _bench_quantised(a, g, bw, op, dtype, weight_bytes, run, dense, others) -> None:
+    """Rows of ``op`` (``run(x)``: the kernel over the MATRICES matrices of ``weight_bytes`` each) against
+    ``F.linear`` on the ``dense`` dequantised weights (backend ``torch``) and ``others`` (backend -> (run, its
+    weight bytes)); the kernel's baseline is the first of ``others`` (else ``torch``)."""
     peak = compute_peak("cpu", torch.float32)
     for M in ((1, 8) if a.quick else FEW_ROWS):
         x = torch.randn(M, K, generator=g)
-        nbytes = MATRICES * (N * K + qs[0][1].numel() * 4 + (M * K + M * N) * 4)
+        nbytes = MATRICES * (weight_bytes + (M * K + M * N) * 4)
         flops = MATRICES * 2 * M * N * K
         shape = f"M={M},N={N},K={K},matrices={MATRICES}"
-        base = measure(lambda: [F.linear(x, dequantize_q8(q, s)) for q, s in qs], reps=5, min_time_s=0.5)
-        record(family="model", op="rowwise_linear_q8", backend="torch", shape=shape, dtype="int8",
-               bytes_moved=nbytes, timing=base, bandwidth=bw, flops=flops, peak=peak)
-        t = measure(lambda: [kernel(x, q, s) for q, s in qs], reps=5, min_time_s=0.5)
-        record(family="model", op="rowwise_linear_q8", backend="cpu", shape=shape, dtype="int8",
-               bytes_moved=nbytes, timing=t, bandwidth=bw, flops=flops, peak=peak, baseline="torch",
-               baseline_timing=base)
+        base = measure(lambda: [F.linear(x, w) for w in dense], reps=5, min_time_s=0.5)
+        record(family="model", op=op, backend="torch", shape=shape, dtype=dtype, bytes_moved=nbytes, timing=base,
+               bandwidth=bw, flops=flops, peak=peak)
+        times = {}
+        for name, (f, wb) in others.items():
+            times[name] = measure(lambda f=f: f(x), reps=5, min_time_s=0.5)
+            record(family="model", op=op, backend=name, shape=shape, dtype=dtype, timing=times[name],
+                   bytes_moved=MATRICES * (wb + (M * K + M * N) * 4), bandwidth=bw, flops=flops, peak=peak,
+                   baseline="torch", baseline_timing=base)
+        t = measure(lambda: run(x), reps=5, min_time_s=0.5)
+        bname, btime = next(iter(times.items()), ("torch", base))
+        record(family="model", op=op, backend="cpu", shape=shape, dtype=dtype, bytes_moved=nbytes, timing=t,
+               bandwidth=bw, flops=flops, peak=peak, baseline=bname, baseline_timing=btime)
 
 
 if __name__ == "__main__":
