@@ -287,8 +287,10 @@ def small_llama(seed=0, bias=False):
 
 
 @needs_kernel
-def test_gguf_copy_computes_bitwise_what_the_model_computes(tmp_path):
-    path, model = q4_1_gguf(tmp_path, small_llama())
+@pytest.mark.parametrize("bias", [False, True])
+def test_gguf_copy_computes_bitwise_what_the_model_computes(tmp_path, bias):
+    path, model = q4_1_gguf(tmp_path, small_llama(bias=bias))
+    assert (model.model.layers[0].self_attn.q_proj.bias is not None) == bias
     packed = gguf_copy(model, path)
     assert isinstance(packed.lm_head, Q8Linear)
     assert all(isinstance(m, Q4Linear) for n, m in packed.named_modules() if n.endswith("_proj"))
