@@ -517,6 +517,28 @@ inline void block_q4_1_avx512(const float* x, int64_t K, const uint8_t* w, int64
   }
   reduce_store_avx512<ROWS>(acc, nr, out, ldo);
 }
+// M = 1: 16 weight rows against the one row of x, 16 accumulators (one per weight row) and one hsum16, as
+// row16_avx512 does for float32 (bitwise the block path: the same lanes, steps and tree). The next 16
+// rows' lines are prefetched into L2 as the blocks cross them. Measured on one core (64 SmolLM2 1536 x 576
+// matrices streamed): 4.60 -> 4.16 ms against the block path.
+inline void row16_q4_1_avx512(const float* x, int64_t K, const uint8_t* w, float* out) {
+  const int64_t rb = q4_1_row_bytes(K);
+  __m512 acc[16];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (int64_t k = 0, off = 0; k < K; k += kQ4Block, off += kQ4BlockBytes) {
+    if (off % 64 < kQ4BlockBytes)
+      for (int j = 0; j < 16; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (16 + j) * rb + off), _MM_HINT_T1);
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+    for (int j = 0; j < 16; ++j) {
+      __m512 lo, hi;
+      dequant_q4_1_block(w + j * rb + off, lo, hi);
+      acc[j] = _mm512_fmadd_ps(x1, hi, _mm512_fmadd_ps(x0, lo, acc[j]));
+    }
+  }
+  alignas(64) float sum[16];
+  _mm512_store_ps(sum, hsum16_avx512(acc));
+  for (int j = 0; j < 16; ++j) out[j] = sum[j];
+}
 #endif
 
 // The rows' weights dequantised to float32, w [rows, K] (the reference arithmetic of the kernel above).
@@ -563,6 +585,14 @@ inline void rowwise_linear_q4_1_blocks(const float* x, int64_t M, int64_t K, con
                                        int64_t b0, int64_t b1) {
   const int64_t rb = q4_1_row_bytes(K);
 #if defined(__AVX512F__)
+  if (M == 1) {  // the blocks' rows, 16 at a time, then the rest in blocks of NR
+    int64_t n = b0 * NR;
+    const int64_t n1 = std::min<int64_t>(N, b1 * NR);
+    for (; n + 16 <= n1; n += 16) row16_q4_1_avx512(x, K, w + n * rb, out + n);
+    for (; n < n1; n += NR)
+      block_q4_1_avx512<1>(x, K, w + n * rb, std::min<int64_t>(NR, n1 - n), out + n, N, true);
+    return;
+  }
   if (M <= MR) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
