@@ -160,21 +160,22 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
 
 def _q4_1_blocks(d16: torch.Tensor, m16: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Blocks from float16 ``d``, ``m`` ``[N, G]`` and codes ``q`` uint8 ``[N, G, 32]`` (0..15)."""
+    return _pack_q4_1(d16, m16, q[..., :16] | (q[..., 16:] << 4))
+
+
+def _pack_q4_1(d16: torch.Tensor, m16: torch.Tensor, code_bytes: torch.Tensor) -> torch.Tensor:
+    """Blocks from float16 ``d``, ``m`` ``[N, G]`` and the 16 code bytes of each block ``[N, G, 16]``."""
     N, G = d16.shape
-    codes = q[..., :16] | (q[..., 16:] << 4)
-    scales = torch.stack([d16.float(), m16.float()], -1).view(torch.uint8)  # [N, G, 8]
-    return torch.cat([scales, codes], -1).reshape(N, G * Q4_1_BLOCK_BYTES)
+    scales = torch.stack([d16.float(), m16.float()], -1).view(torch.uint8)  # [N, G, 8]: exact widenings
+    return torch.cat([scales, code_bytes], -1).reshape(N, G * Q4_1_BLOCK_BYTES)
 
 
 def gguf_q4_1_blocks(raw: torch.Tensor) -> torch.Tensor:
     """GGUF's Q4_1 tensor data (uint8 ``[N, K / 32 * 20]``: ``[d fp16][m fp16][16 code bytes]`` per block) in
     :class:`Q4Linear`'s layout (the same codes, ``d`` and ``m`` widened to float32)."""
-    N = raw.shape[0]
-    b = raw.reshape(N, -1, 20)
-    d16 = b[..., 0:2].contiguous().view(torch.float16)[..., 0]
-    m16 = b[..., 2:4].contiguous().view(torch.float16)[..., 0]
-    codes = b[..., 4:]
-    return torch.cat([torch.stack([d16.float(), m16.float()], -1).view(torch.uint8), codes], -1).reshape(N, -1)
+    b = raw.reshape(raw.shape[0], -1, 20)
+    half = lambda lo: b[..., lo:lo + 2].contiguous().view(torch.float16)[..., 0]  # noqa: E731
+    return _pack_q4_1(half(0), half(2), b[..., 4:])
 
 
 def dequantize_q4_1(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
