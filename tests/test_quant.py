@@ -259,6 +259,10 @@ def test_q4_module_is_a_float32_linear_on_every_path(bias):
         Q4Linear(blocks, 95)
     with pytest.raises(ValueError, match="blocks must be uint8"):
         Q4Linear(blocks[:, :-1], 96)
+    odd = blocks.clone()
+    odd[0, :4] = torch.tensor([0.1], dtype=torch.float32).view(torch.uint8)  # a d that float16 cannot hold
+    with pytest.raises(ValueError, match="float16 values"):
+        Q4Linear(odd, 96)
 
 
 def q4_1_gguf(tmp_path, model, name="m.gguf"):

@@ -217,6 +217,10 @@ class Q4Linear(nn.Module):
         if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != row:
             raise ValueError(f"Q4Linear: blocks must be uint8 [out, {row}] for {in_features} inputs, got "
                              f"{blocks.dtype} {list(blocks.shape)}")
+        dm = blocks.reshape(blocks.shape[0], -1, Q4_1_BLOCK_BYTES)[..., :8].contiguous().view(torch.float32)
+        if not torch.equal(dm.half().float(), dm):  # d * q exact in float32, as the kernel's FMA needs
+            raise ValueError("Q4Linear: each block's d and m must be float16 values widened to float32, as GGUF "
+                             "stores them (quantize_q4_1 and gguf_q4_1_blocks make such blocks)")
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
