@@ -265,6 +265,33 @@ def test_q4_module_is_a_float32_linear_on_every_path(bias):
         Q4Linear(odd, 96)
 
 
+def test_a_prefill_dequantises_each_layer_once(monkeypatch):
+    """Within a prefill (``_bulk_linears``) a quantised layer's F.linear chunks share one dequantised weight,
+    with the same results; outside, and after it, the weight is made per call (nothing is kept)."""
+    from triforce.models import llama as llama_mod
+
+    g = torch.Generator().manual_seed(0)
+    m = Q4Linear(random_q4_1(40, 64, g), 64)
+    made = []
+    real = dequantize_q4_1
+    monkeypatch.setattr("triforce.models.quant.dequantize_q4_1", lambda *a: made.append(1) or real(*a))
+    x = torch.randn(3, ROWWISE_MAX_ROWS + 1, 64, generator=g)
+    with torch.no_grad():
+        want = [F.linear(x[i], real(m.blocks, 64)) for i in range(3)]
+        with _bulk_linears():
+            with _bulk_linears():  # nested: the outermost one owns the weights
+                got = [m(x[i]) for i in range(3)]
+            assert len(made) == 1 and len(llama_mod._BULK.weights) == 1
+        assert not llama_mod._BULK.weights and all(torch.equal(a, b) for a, b in zip(got, want))
+        with _bulk_linears():
+            m(x[0])
+        assert len(made) == 2  # a new prefill dequantises again (the blocks may have changed)
+        monkeypatch.setattr(llama_mod, "BULK_WEIGHT_BYTES", 40 * 64 * 4 - 1)  # no room: made per call
+        with _bulk_linears():
+            assert torch.equal(m(x[0]), want[0]) and torch.equal(m(x[1]), want[1])
+        assert len(made) == 4
+
+
 def q4_1_gguf(tmp_path, model, name="m.gguf"):
     """``model`` written to a GGUF with its layers' matrices in Q4_1 and the embedding in Q8_0 (as the
     embedded SmolLM2's file), then loaded back as float32."""

@@ -140,13 +140,35 @@ def _elementwise_kernels(x: torch.Tensor) -> bool:
 def _bulk_linears():
     """Within it, :class:`Linear` hands products of more than ``ROWWISE_MAX_ROWS`` rows to torch's GEMM:
     forwards whose rows are never compared with a one-token step's (a prefill's chunks, a forward
-    without a cache)."""
+    without a cache). A quantised layer's dequantised weight is made once within it (:func:`bulk_weight`)."""
     before = getattr(_BULK, "active", False)
     _BULK.active = True
+    if not before:
+        _BULK.weights = {}
     try:
         yield
     finally:
         _BULK.active = before
+        if not before:
+            _BULK.weights = {}
+
+
+BULK_WEIGHT_BYTES = 1 << 30  # what bulk_weight keeps at most within one prefill
+
+
+def bulk_weight(module: nn.Module, make):
+    """``make()`` (a quantised layer's dequantised weight, for ``F.linear``), made once per module within
+    the outermost :func:`_bulk_linears` (a prefill's chunks reuse it) while the weights kept there stay
+    under ``BULK_WEIGHT_BYTES`` (SmolLM2's float32 layers: 538 MB), else made on each call."""
+    cache = getattr(_BULK, "weights", None) if getattr(_BULK, "active", False) else None
+    if cache is None:
+        return make()
+    w = cache.get(module)
+    if w is None:
+        w = make()
+        if sum(t.nbytes for t in cache.values()) + w.nbytes <= BULK_WEIGHT_BYTES:
+            cache[module] = w
+    return w
 
 
 def _rowwise_rows(x: torch.Tensor) -> bool:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llama import Llama, _rowwise_available, _rowwise_rows
+from .llama import Llama, _rowwise_available, _rowwise_rows, bulk_weight
 
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
            "dequantize_q4_1", "Q4Linear", "gguf_copy"]
@@ -129,7 +129,8 @@ def _quantised_forward(mod, x, available, kernel):
         if b is not None:
             y = y.add_(b.float())
     else:
-        y = F.linear(xf, mod.weight.to(xf.device), None if b is None else b.float())
+        w = bulk_weight(mod, lambda: mod.weight.to(xf.device))  # a prefill dequantises once, not per chunk
+        y = F.linear(xf, w, None if b is None else b.float())
     return y.to(dtype)
 
 
