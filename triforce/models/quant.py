@@ -53,15 +53,22 @@ def dequantize_q8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.repeat_interleave(GROUP, 1)[:, :K]
 
 
-_Q8_KERNEL = None
+_KERNELS: dict = {}
+
+
+def _kernel_available(name: str) -> bool:
+    """The extension has ``triforce_C::name`` (and the model's streaming kernels are not switched off)."""
+    if name not in _KERNELS:
+        _KERNELS[name] = _rowwise_available() and hasattr(torch.ops.triforce_C, name)
+    return _KERNELS[name]
 
 
 def _q8_kernel_available() -> bool:
-    """The extension has ``rowwise_linear_q8`` (and the model's streaming kernels are not switched off)."""
-    global _Q8_KERNEL
-    if _Q8_KERNEL is None:
-        _Q8_KERNEL = _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_q8")
-    return _Q8_KERNEL
+    return _kernel_available("rowwise_linear_q8")
+
+
+def _q4_kernel_available() -> bool:
+    return _kernel_available("rowwise_linear_q4_1")
 
 
 class Q8Linear(nn.Module):
@@ -188,17 +195,6 @@ def dequantize_q4_1(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     codes = b[..., 8:]
     q = torch.cat([codes & 15, codes >> 4], -1).float()
     return (q * dm[..., 0:1] + dm[..., 1:2]).reshape(N, in_features)
-
-
-_Q4_KERNEL = None
-
-
-def _q4_kernel_available() -> bool:
-    """The extension has ``rowwise_linear_q4_1`` (and the model's streaming kernels are not switched off)."""
-    global _Q4_KERNEL
-    if _Q4_KERNEL is None:
-        _Q4_KERNEL = _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_q4_1")
-    return _Q4_KERNEL
 
 
 class Q4Linear(nn.Module):

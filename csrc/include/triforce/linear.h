@@ -499,8 +499,7 @@ inline void dequant_q4_1_block(const uint8_t* blk, __m512& lo, __m512& hi) {
 }
 
 template <int ROWS>
-inline void block_q4_1_avx512(const float* x, int64_t K, const uint8_t* w, int64_t nr, float* out, int64_t ldo,
-                              bool pf) {
+inline void block_q4_1_avx512(const float* x, int64_t K, const uint8_t* w, int64_t nr, float* out, int64_t ldo) {
   const int64_t rb = q4_1_row_bytes(K), ahead = kPrefetchBlocksQ4 * NR * rb;
   const uint8_t* wr[NR];
   for (int64_t j = 0; j < NR; ++j) wr[j] = w + (j < nr ? j : 0) * rb;
@@ -508,7 +507,7 @@ inline void block_q4_1_avx512(const float* x, int64_t K, const uint8_t* w, int64
   for (__m512& a : acc) a = _mm512_setzero_ps();
   const __mmask16 all = 0xffff;
   for (int64_t k = 0, off = 0; k < K; k += kQ4Block, off += kQ4BlockBytes) {
-    if (pf && off % 64 < kQ4BlockBytes)  // a 64-byte line of each row as the blocks cross into it
+    if (off % 64 < kQ4BlockBytes)  // a 64-byte line of each row as the blocks cross into it
       for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + off + ahead), _MM_HINT_T1);
     __m512 lo[NR], hi[NR];
     for (int j = 0; j < NR; ++j) dequant_q4_1_block(wr[j] + off, lo[j], hi[j]);
@@ -590,14 +589,14 @@ inline void rowwise_linear_q4_1_blocks(const float* x, int64_t M, int64_t K, con
     const int64_t n1 = std::min<int64_t>(N, b1 * NR);
     for (; n + 16 <= n1; n += 16) row16_q4_1_avx512(x, K, w + n * rb, out + n);
     for (; n < n1; n += NR)
-      block_q4_1_avx512<1>(x, K, w + n * rb, std::min<int64_t>(NR, n1 - n), out + n, N, true);
+      block_q4_1_avx512<1>(x, K, w + n * rb, std::min<int64_t>(NR, n1 - n), out + n, N);
     return;
   }
   if (M <= MR) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
       with_rows(M, [&](auto rows_c) {
-        block_q4_1_avx512<decltype(rows_c)::value>(x, K, w + n * rb, nr, out + n, N, true);
+        block_q4_1_avx512<decltype(rows_c)::value>(x, K, w + n * rb, nr, out + n, N);
       });
     }
     return;
