@@ -17,7 +17,12 @@ verification passes of any size (row-independent) and torch's GEMM a prefill's c
 model's Q4_1 layers), float32 x; q4_1 also against the float32 kernel on the dequantised weight (the same
 bits: what the float32 model runs).
 
-    python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|float16|int8|q4_1|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+``--dtype q4_1_int8`` / ``q8_0_int8``: ``rowwise_linear_i8`` (csrc/include/triforce/linear_i8.h: x rounded to
+int8 blocks, integer dot products; Q4_1 blocks at 0.625 bytes a weight, Q8_0 at 1.0625) against the float
+kernel on the same blocks (``rowwise_linear_q4_1``, ``rowwise_linear_q8``: what ``--dtype gguf`` runs) and
+the float32 kernel on the dequantised weight. FLOPs count the multiply-adds as for float32.
+
+    python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 
@@ -37,9 +42,10 @@ def main():
     p.add_argument("--quick", action="store_true", help="M = 1 and 8 only (--many-rows: 256 and 1024)")
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "both"], default="both",
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8", "both"], default="both",
                    help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
-                        "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x)")
+                        "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x); q4_1_int8 / q8_0_int8 = rowwise_linear_i8 "
+                        "(GGUF blocks, x rounded to int8 blocks)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -48,10 +54,11 @@ def main():
     g = torch.Generator().manual_seed(0)
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
-    if a.dtype in ("int8", "q4_1"):
+    quantised = {"int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8}
+    if a.dtype in quantised:
         if a.many_rows:
             raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
-        return (bench_q8 if a.dtype == "int8" else bench_q4_1)(a, g, bw)
+        return quantised[a.dtype](a, g, bw)
     for name in (["float32", "bfloat16", "float16"] if a.dtype == "both" else [a.dtype]):
         dtype = getattr(torch, name)
         matrices = MANY_ROWS_MATRICES if a.many_rows else MATRICES
@@ -99,6 +106,42 @@ def bench_q4_1(a, g, bw) -> None:
     fp32 = torch.ops.triforce_C.rowwise_linear
     _bench_quantised(a, g, bw, "rowwise_linear_q4_1", "q4_1", blocks[0].numel(), lambda x: [kernel(x, b) for b in blocks],
                      dense, {"cpu_float32": (lambda x: [fp32(x, w) for w in dense], N * K * 4)})
+
+
+def bench_i8(a, g, bw) -> None:
+    """``rowwise_linear_i8`` on Q4_1 or Q8_0 blocks against the float kernel on the same blocks (``cpu_float``:
+    ``rowwise_linear_q4_1`` / ``rowwise_linear_q8``, what a model on its GGUF weights runs by default), the
+    float32 kernel on the dequantised weight (``cpu_float32``) and ``F.linear`` on it (``torch``); bytes =
+    codes + float16 scales + x + out, read once."""
+    from triforce.models.quant import Int8DotLinear, Q4Linear, Q8Linear, quantize_q8
+
+    q4 = a.dtype == "q4_1_int8"
+    mods = []
+    for _ in range(MATRICES):
+        w = torch.randn(N, K, generator=g)
+        if q4:
+            mods.append(Q4Linear.from_linear(_linear(w)))
+        else:
+            q, s = quantize_q8(w)
+            mods.append(Q8Linear(q, s.half().float()))
+    ints = [Int8DotLinear.from_q4(m) if q4 else Int8DotLinear.from_q8(m) for m in mods]
+    dense = [m.weight for m in mods]
+    kernel, fp32 = torch.ops.triforce_C.rowwise_linear_i8, torch.ops.triforce_C.rowwise_linear
+    if q4:
+        floatk, fbytes = (lambda x: [torch.ops.triforce_C.rowwise_linear_q4_1(x, m.blocks) for m in mods]), N * K * 3 // 4
+    else:
+        floatk = lambda x: [torch.ops.triforce_C.rowwise_linear_q8(x, m.qweight, m.scales) for m in mods]  # noqa: E731
+        fbytes = N * K + mods[0].scales.numel() * 4
+    weight_bytes = ints[0].codes.numel() + ints[0].scales.numel() * 2
+    _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, weight_bytes,
+                     lambda x: [kernel(x, m.codes, m.scales) for m in ints], dense,
+                     {"cpu_float": (floatk, fbytes), "cpu_float32": (lambda x: [fp32(x, w) for w in dense], N * K * 4)})
+
+
+def _linear(w):
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    lin.weight = torch.nn.Parameter(w, requires_grad=False)
+    return lin
 
 
 def _bench_quantised(a, g, bw, op, dtype, weight_bytes, run, dense, others) -> None:

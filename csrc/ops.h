@@ -21,6 +21,7 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w);
 // weight-only int8: w[n, k] = scales[n, k / 32] * q[n, k] (a draft model's format, triforce/models/quant.py)
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w);
+at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
 
 // ---- model layer: a decoder layer in two calls around the KV cache, bitwise the Python modules' result
 // (csrc/cpu/decoder.cpp). Projections: weights w[i] (float32/bfloat16 like h, or int8 with scales[i]),

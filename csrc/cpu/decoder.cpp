@@ -49,11 +49,13 @@
 namespace {
 
 // x [M, K] -> [M, N]: Linear's rowwise path (w float32/bfloat16 like x), Q8Linear's (w int8 with float32
-// scales, x float32) or Q4Linear's (w uint8: GGUF Q4_1 blocks, no scales, x float32); the bias added in
-// place, as the modules do.
+// scales, x float32), Q4Linear's (w uint8: GGUF Q4_1 blocks, no scales, x float32) or Int8DotLinear's (w
+// uint8 codes with float16 scales: x rounded to int8 blocks, integer dot products); the bias added in place,
+// as the modules do.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& scales,
                    const std::optional<at::Tensor>& bias) {
-  at::Tensor y = w.scalar_type() == at::kByte ? rowwise_linear_q4_1(x, w)
+  at::Tensor y = w.scalar_type() == at::kByte ? (scales.has_value() ? rowwise_linear_i8(x, w, *scales)
+                                                                     : rowwise_linear_q4_1(x, w))
                  : scales.has_value()         ? rowwise_linear_q8(x, w, *scales)
                                               : rowwise_linear(x, w);
   if (bias.has_value()) y.add_(*bias);

@@ -2,6 +2,7 @@
 // why it exists: csrc/include/triforce/linear.h. Row m of the result is bitwise the 1-row product of
 // x[m] whatever M and the thread count.
 #include "triforce/linear.h"  // first: its <immintrin.h> before ATen's (triforce/common.h says why)
+#include "triforce/linear_i8.h"
 #include "triforce/team.h"
 
 #include <ATen/ATen.h>
@@ -17,13 +18,13 @@ namespace {
 // (triforce::parallel_min_bytes: a block streams NR rows of w_bytes-byte weights and does `rows`
 // multiply-adds per weight); fewer blocks run inline. Inside a forward's team (triforce/team.h) the
 // blocks go to the team instead, in pieces of at least 8 blocks, from Team::kMinBytes of work on.
+// nb blocks of nr weight rows each (w_bytes bytes a weight); over_row_chunks: rowwise_linear's blocks of NR.
 template <typename F>
-void over_row_chunks(int64_t M, int64_t K, int64_t N, int64_t w_bytes, F&& blocks) {
+void over_row_chunks_of(int64_t M, int64_t K, int64_t nb, int64_t nr, int64_t w_bytes, F&& blocks) {
   using namespace triforce::linear;
-  const int64_t nb = rowwise_linear_num_blocks(N);
   for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, M - m0);
-    const int64_t block_work = NR * K * std::max(w_bytes, rows);
+    const int64_t block_work = nr * K * std::max(w_bytes, rows);
     auto range = [&](int64_t b0, int64_t b1) { blocks(m0, rows, b0, b1); };
     if (triforce::Team::current() != nullptr) {
       triforce::parallel_ranges(triforce::worth_parallel_here(nb * block_work), nb, 8, range);
@@ -32,6 +33,12 @@ void over_row_chunks(int64_t M, int64_t K, int64_t N, int64_t w_bytes, F&& block
     const int64_t grain = std::max<int64_t>(16, (triforce::parallel_min_bytes() + block_work - 1) / block_work);
     at::parallel_for(0, nb, grain, range);
   }
+}
+
+template <typename F>
+void over_row_chunks(int64_t M, int64_t K, int64_t N, int64_t w_bytes, F&& blocks) {
+  using namespace triforce::linear;
+  over_row_chunks_of(M, K, rowwise_linear_num_blocks(N), NR, w_bytes, std::forward<F>(blocks));
 }
 
 template <typename T>
@@ -117,6 +124,51 @@ at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w) {
   float* O = out.data_ptr<float>();
   over_row_chunks(M, K, N, 1, [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
     rowwise_linear_q4_1_blocks(X + m0 * K, rows, K, W, N, O + m0 * N, b0, b1);
+  });
+  return out;
+}
+
+at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+  namespace li = triforce::linear_i8;
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scales.dim() == 2,
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256 or 512] and scales [N / 16, K / 32 * 32 or "
+              "16] must be 2-D, got ", x.sizes(), ", ", codes.sizes(), " and ", scales.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte && scales.scalar_type() == at::kHalf,
+              "rowwise_linear_i8: x float32, codes uint8 and scales float16, got ", x.scalar_type(), ", ",
+              codes.scalar_type(), " and ", scales.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu() && scales.device().is_cpu(),
+              "rowwise_linear_i8: CPU tensors only");
+  const int64_t M = x.size(0), K = x.size(1), NG = codes.size(0), G = K / li::kBlock;
+  TORCH_CHECK(K % li::kBlock == 0, "rowwise_linear_i8: x has ", K, " columns, not a multiple of the block's 32");
+  TORCH_CHECK(scales.size(0) == NG, "rowwise_linear_i8: codes has ", NG, " groups of 16 rows, scales ", scales.size(0));
+  const bool q4 = codes.size(1) == G * li::code_bytes<li::Format::Q4_1>() &&
+                  scales.size(1) == G * li::scale_halves<li::Format::Q4_1>();
+  const bool q8 = codes.size(1) == G * li::code_bytes<li::Format::Q8_0>() &&
+                  scales.size(1) == G * li::scale_halves<li::Format::Q8_0>();
+  TORCH_CHECK(q4 || q8, "rowwise_linear_i8: for ", K, " columns a group's codes and scales are ", G * 256, " bytes and ",
+              G * 32, " halves (Q4_1) or ", G * 512, " and ", G * 16, " (Q8_0), got ", codes.size(1), " and ",
+              scales.size(1));
+  const at::Tensor xc = x.contiguous(), cc = codes.contiguous(), sc = scales.contiguous();
+  const int64_t N = NG * li::kGroup;
+  at::Tensor out = at::empty({M, N}, xc.options());
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return out.zero_();
+  at::Tensor q = at::empty({M, K}, xc.options().dtype(at::kChar));
+  at::Tensor dx = at::empty({M, G}, xc.options()), sm = at::empty({M, G}, xc.options());
+  at::Tensor sx = at::empty({M, G}, xc.options().dtype(at::kInt));
+  li::quantize_rows(xc.const_data_ptr<float>(), M, K, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sm.data_ptr<float>(),
+                    sx.data_ptr<int32_t>());
+  const int8_t* Q = q.const_data_ptr<int8_t>();
+  const float *D = dx.const_data_ptr<float>(), *S = sm.const_data_ptr<float>();
+  const int32_t* SX = sx.const_data_ptr<int32_t>();
+  const uint8_t* C = cc.const_data_ptr<uint8_t>();
+  const uint16_t* H = reinterpret_cast<const uint16_t*>(sc.const_data_ptr<at::Half>());
+  float* O = out.data_ptr<float>();
+  over_row_chunks_of(M, K, NG, li::kGroup, 1, [&](int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
+    if (q4)
+      li::groups<li::Format::Q4_1>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, rows, K, C, H, N, O + m0 * N, g0, g1);
+    else
+      li::groups<li::Format::Q8_0>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, rows, K, C, H, N, O + m0 * N, g0, g1);
   });
   return out;
 }

@@ -25,7 +25,8 @@ from torch import nn
 from .llama import Llama, _rowwise_available, _rowwise_rows, bulk_weight
 
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
-           "dequantize_q4_1", "Q4Linear", "gguf_copy"]
+           "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
+           "rowwise_linear_i8_reference", "Int8DotLinear"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -255,6 +256,177 @@ def _q8_0_linear(blocks: torch.Tensor, in_features: int, bias: torch.Tensor | No
     scales = b[..., 0:2].contiguous().view(torch.float16).float()[..., 0]
     q = b[..., 2:].contiguous().view(torch.int8).reshape(N, in_features)
     return Q8Linear(q, scales.contiguous(), bias)
+
+
+# ---- integer dot products: x rounded to int8 blocks against Q4_1 / Q8_0 weight blocks (llama.cpp's class of
+# arithmetic; csrc/include/triforce/linear_i8.h defines it exactly and holds the packed layout)
+
+I8_GROUP = 16  # output rows per packed group
+
+
+def _check_i8_shapes(w_shape, fmt: str):
+    N, K = w_shape
+    if fmt not in ("Q4_1", "Q8_0"):
+        raise ValueError(f"int8 dot products: format must be 'Q4_1' or 'Q8_0', got {fmt!r}")
+    if N % I8_GROUP or K % GROUP or N == 0 or K == 0:
+        raise ValueError(f"int8 dot products: a weight [{N}, {K}] needs out_features a positive multiple of "
+                         f"{I8_GROUP} and in_features one of {GROUP}")
+
+
+def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks: Q4_1 (``q`` uint8 codes
+    0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``) or Q8_0 (``q`` int8 ``[N, K]``, ``d``, ``m`` None).
+    ``d`` and ``m`` must hold float16 values (GGUF's); ``N % 16 == 0``, ``K % 32 == 0``."""
+    fmt = "Q4_1" if m is not None else "Q8_0"
+    _check_i8_shapes(tuple(q.shape), fmt)
+    N, K = q.shape
+    NG, G = N // I8_GROUP, K // GROUP
+    if fmt == "Q4_1":
+        if q.dtype != torch.uint8 or int(q.max()) > 15:
+            raise ValueError("pack_i8: Q4_1 codes must be uint8 in 0..15")
+        c = q.reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
+        codes = c[..., 0] | (c[..., 1] << 4)
+        halves = [d, m]
+    else:
+        if q.dtype != torch.int8:
+            raise ValueError("pack_i8: Q8_0 codes must be int8")
+        codes = (q.to(torch.int16) + 128).to(torch.uint8).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4)
+        halves = [d]
+    for h in halves:
+        if h.shape != (N, G) or not torch.equal(h.float().half().float(), h.float()):
+            raise ValueError(f"pack_i8: scales must be [{N}, {G}] float16 values (as GGUF stores them)")
+    scales = torch.stack([h.float().half().reshape(NG, I8_GROUP, G).transpose(1, 2) for h in halves], 2)
+    return codes.reshape(NG, -1).contiguous(), scales.reshape(NG, -1).contiguous()
+
+
+def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
+    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 codes 0..15, or Q8_0's int8
+    values), ``d`` and ``m`` float32 ``[N, K / 32]`` (``m`` None for Q8_0)."""
+    NG, K = codes.shape[0], in_features
+    G = K // GROUP
+    fmt = "Q4_1" if codes.shape[1] == G * 256 else "Q8_0"
+    if K % GROUP or codes.shape[1] != G * (256 if fmt == "Q4_1" else 512) or \
+            scales.shape != (NG, G * (32 if fmt == "Q4_1" else 16)):
+        raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} are not packed "
+                         f"blocks of {K} inputs")
+    if fmt == "Q4_1":
+        c = codes.reshape(NG, G, 4, I8_GROUP, 4).long()
+        q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
+    else:
+        q = (codes.reshape(NG, G, 8, I8_GROUP, 4).long() - 128).permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
+    h = scales.reshape(NG, G, -1, I8_GROUP).float().permute(2, 0, 3, 1).reshape(-1, NG * I8_GROUP, G)
+    return fmt, q, h[0], (h[1] if fmt == "Q4_1" else None)
+
+
+def quantize_activations_i8(x: torch.Tensor):
+    """x float32 ``[M, K]`` rounded to int8 blocks of 32: ``(q`` int64 ``[M, K / 32, 32]``, ``dx``, ``sx``
+    float32 ``[M, K / 32])`` as linear_i8.h defines them (``dx`` NaN for a block with inf or NaN)."""
+    M, K = x.shape
+    xb = x.float().reshape(M, K // GROUP, GROUP)
+    finite = torch.isfinite(xb).all(-1)
+    d = xb.abs().amax(-1) / 127
+    ok = finite & (d > 0)
+    inv = torch.where(ok, 1 / torch.where(ok, d, 1), 0)
+    q = torch.where(ok[..., None], torch.round(torch.where(ok[..., None], xb, 0) * inv[..., None]).clamp(-127, 127), 0)
+    dx = torch.where(finite, d, float("nan"))
+    return q.long(), dx, q.sum(-1)
+
+
+def rowwise_linear_i8_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``triforce_C::rowwise_linear_i8`` in PyTorch, bitwise: float32 ``[M, N]`` (see linear_i8.h)."""
+    M, K = x.shape
+    fmt, w, d, m = unpack_i8(codes, scales, K)
+    N, G = w.shape[0], K // GROUP
+    q, dx, sx = quantize_activations_i8(x)
+    sm = dx * sx
+    isum = torch.einsum("mgi,ngi->gmn", q, w.reshape(N, G, GROUP)).float()  # exact: |isum| < 2^24
+    acc = torch.zeros(M, N)
+    for b in range(G):
+        t = (d[None, :, b] * dx[:, b, None]) * isum[b]
+        if m is not None:
+            t = t + m[None, :, b] * sm[:, b, None]
+        acc = acc + t
+    return acc
+
+
+def _i8_kernel_available() -> bool:
+    return _kernel_available("rowwise_linear_i8")
+
+
+class Int8DotLinear(nn.Module):
+    """A linear layer on GGUF Q4_1 or Q8_0 blocks that rounds its input to int8 blocks of 32 and sums the
+    products as integers (llama.cpp's class of arithmetic; the exact definition in
+    csrc/include/triforce/linear_i8.h): ``codes`` uint8 and ``scales`` float16 buffers in
+    ``rowwise_linear_i8``'s packed layout (:func:`pack_i8`), optional float32 ``bias``. Not bitwise a float32
+    ``Linear`` (the input is rounded), but one arithmetic everywhere: the kernel on the CPU at every row count,
+    and :func:`rowwise_linear_i8_reference` (bitwise the kernel) where the kernel is missing or the input is
+    elsewhere. Each output row depends on its input row only, so a verification pass of any size computes
+    what an autoregressive step computes. Inputs of other float dtypes are computed in float32 and cast back;
+    the rounding has no gradient (no autograd through it)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, in_features: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        if codes.dtype != torch.uint8 or scales.dtype != torch.float16 or codes.dim() != 2 or scales.dim() != 2:
+            raise ValueError("Int8DotLinear: codes must be 2-D uint8 and scales 2-D float16 (pack_i8 makes them)")
+        self.format = unpack_i8(codes[:0], scales[:0], in_features)[0] if codes.shape[0] == 0 else \
+            unpack_i8(codes[:1], scales[:1], in_features)[0]
+        self.in_features, self.out_features = in_features, codes.shape[0] * I8_GROUP
+        self.register_buffer("codes", codes.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    @classmethod
+    def from_q4(cls, mod: "Q4Linear") -> "Int8DotLinear":
+        """The same Q4_1 blocks as ``mod`` (a :class:`Q4Linear`), packed for integer dot products."""
+        N, K = mod.out_features, mod.in_features
+        b = mod.blocks.reshape(N, K // Q4_1_BLOCK, Q4_1_BLOCK_BYTES)
+        dm = b[..., :8].contiguous().view(torch.float32)
+        c = b[..., 8:]
+        q = torch.cat([c & 15, c >> 4], -1).reshape(N, K)
+        return cls(*pack_i8(q, dm[..., 0], dm[..., 1]), K, mod.bias)
+
+    @classmethod
+    def from_q8(cls, mod: "Q8Linear") -> "Int8DotLinear":
+        """The same Q8_0 values as ``mod`` (a :class:`Q8Linear` whose scales are float16 values)."""
+        return cls(*pack_i8(mod.qweight, mod.scales), mod.in_features, mod.bias)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight (float32, computed on each access): gguf's ``d * q + m`` or ``d * q``."""
+        _, q, d, m = unpack_i8(self.codes, self.scales, self.in_features)
+        qf = q.float().reshape(self.out_features, -1, GROUP)
+        w = qf * d[..., None] if m is None else qf * d[..., None] + m[..., None]
+        return w.reshape(self.out_features, self.in_features)
+
+    def forward(self, x):
+        dtype, b = x.dtype, self.bias
+        x2 = x.float().reshape(-1, x.shape[-1]).detach()
+        if x2.device.type == "cpu" and _i8_kernel_available():
+            y = torch.ops.triforce_C.rowwise_linear_i8(x2, self.codes, self.scales)
+        else:
+            y = rowwise_linear_i8_reference(x2.cpu(), self.codes.cpu(), self.scales.cpu()).to(x2.device)
+        y = y.view(*x.shape[:-1], -1)
+        if b is not None:
+            y = y.add_(b.float())
+        return y.to(dtype)
+
+    def _apply(self, fn, recurse=True):
+        # a dtype cast keeps the float16 scales (they are the blocks' d and m, not a weight in the model's dtype)
+        scales = self._buffers["scales"]
+        out = super()._apply(fn, recurse)
+        if self._buffers["scales"].dtype != torch.float16:
+            self._buffers["scales"] = scales.to(self._buffers["scales"].device)
+        return out
+
+    def fused_projection(self, dtype: torch.dtype):
+        """``(codes, scales, bias)`` for the fused decoder layer (float32 inputs, the kernel present), else
+        ``None`` (see ``triforce.models.llama.DecoderLayer.fused_arguments``)."""
+        if dtype != torch.float32 or not _i8_kernel_available():
+            return None
+        return self._buffers["codes"], self._buffers["scales"], self._parameters.get("bias")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.format} x int8 blocks"
 
 
 def _copy_with_linears(model, replace):

@@ -1,0 +1,234 @@
+// rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks (Q4_1 or Q8_0) and x rounded to int8
+// blocks, the products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and
+// Q8_0 with Q8_0 blocks of x), here with its own exact definition (below), bitwise the same on every path
+// and for every row count. Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py
+// (Q4Int8Linear, gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
+//
+// Why: a float32 product on dequantised 4-bit weights (rowwise_linear_q4_1) spends its time dequantising
+// at one row (0.40 of the copy bandwidth on a Zen 4 core) and on fp32 multiply-adds from four rows on, so
+// a pass that verifies several tokens costs several decode steps. One vpdpbusd multiplies 64 byte pairs
+// and sums them in fp32-free int32 lanes: 4x the multiply-adds of an fp32 FMA, and the 4-bit codes need
+// an AND and a shift, not a float conversion.
+//
+// The arithmetic, per output (m, n), for the K / 32 blocks b of 32 weights, in increasing b:
+//   x block: amax = max |x[m, 32b + i]|, dx = amax / 127 (float32), id = 1 / dx,
+//            q_i = round_half_even(x_i * id) clamped to [-127, 127] (all 0 when dx is 0, inf or NaN),
+//            sx = sum_i q_i (int), sm = dx * float(sx)
+//   Q4_1:    isum = sum_i code_i * q_i (exact int32), term = (d * dx) * float(isum) + m * sm
+//   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
+//   acc = acc + term (acc starts at 0.0f), each operation rounded to float32 on its own (no FMA).
+// Every float operation is per output and in a fixed order, the integer sums are exact: the result of
+// (m, n) depends on x[m] and w[n] only, whatever M, the thread count or the path (AVX-512 VNNI or the
+// portable loop). A block of x holding inf or NaN makes the outputs NaN (dx * 0).
+//
+// Packed layout (for 16 output rows n = 16g .. 16g + 15, "a group"; N % 16 == 0, K % 32 == 0):
+//   codes [N / 16, K / 32 * CB] uint8, per block b of group g CB bytes, in 64-byte vectors t, byte
+//         4j + i of vector t holding row 16g + j:
+//           Q4_1 (CB 256, t < 4): the low nibble code k = 4t + i, the high nibble code k = 16 + 4t + i;
+//           Q8_0 (CB 512, t < 8): w[k = 4t + i] + 128 (int8 weights shifted to unsigned for vpdpbusd,
+//                                 isum corrected by -128 * sx, exactly);
+//   scales [N / 16, K / 32 * SB] float16, per block: Q4_1 (SB 32) d of the 16 rows then m of the 16 rows;
+//          Q8_0 (SB 16) d of the 16 rows.
+// Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
+// (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "triforce/common.h"
+
+namespace triforce {
+namespace linear_i8 {
+
+constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
+constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
+constexpr int64_t kRows = 4;    // x rows per register block
+
+enum class Format { Q4_1, Q8_0 };
+
+template <Format F>
+constexpr int64_t code_bytes() { return F == Format::Q4_1 ? 256 : 512; }  // per block of a group
+template <Format F>
+constexpr int64_t scale_halves() { return F == Format::Q4_1 ? 32 : 16; }  // per block of a group
+
+// x rounded to int8 blocks: q [M, K] int8, dx [M, K / 32] and sm [M, K / 32] float32, sx [M, K / 32] int32
+// (above).
+inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* dx, float* sm, int32_t* sxs) {
+  const int64_t G = K / kBlock;
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t b = 0; b < G; ++b) {
+      const float* xb = x + r * K + b * kBlock;
+      int8_t* qb = q + r * K + b * kBlock;
+      float amax = 0.f;
+      bool finite = true;
+      for (int i = 0; i < kBlock; ++i) {
+        finite = finite && std::isfinite(xb[i]);
+        amax = std::max(amax, std::fabs(xb[i]));
+      }
+      const float d = amax / 127.f;
+      int sx = 0;
+      if (finite && d > 0.f) {
+        const float id = 1.f / d;
+        for (int i = 0; i < kBlock; ++i) {
+          const float v = std::nearbyint(xb[i] * id);  // the default rounding mode: to nearest, ties to even
+          const int qi = static_cast<int>(std::min(127.f, std::max(-127.f, v)));
+          qb[i] = static_cast<int8_t>(qi);
+          sx += qi;
+        }
+      } else {
+        std::memset(qb, 0, kBlock);
+      }
+      // inf or NaN in the block: dx NaN, so every term of the block (and the outputs) is NaN
+      dx[r * G + b] = finite ? d : std::numeric_limits<float>::quiet_NaN();
+      sm[r * G + b] = dx[r * G + b] * static_cast<float>(sx);
+      sxs[r * G + b] = sx;
+    }
+}
+
+// A float32 value the compiler may not fold into an FMA with the operation that uses it.
+#if defined(__x86_64__) || defined(__i386__)
+#define TRIFORCE_OPAQUE_FLOAT(v) asm("" : "+x"(v))
+#else
+#define TRIFORCE_OPAQUE_FLOAT(v) asm("" : "+m"(v))
+#endif
+
+// Portable path: the same integer sums and float operations, one output at a time.
+template <Format F>
+inline void group_portable(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, int64_t rows, int64_t K,
+                           const uint8_t* codes, const uint16_t* scales, float* out, int64_t ldo) {
+  const int64_t G = K / kBlock;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int j = 0; j < kGroup; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < G; ++b) {
+        const uint8_t* c = codes + b * code_bytes<F>();
+        const uint16_t* s = scales + b * scale_halves<F>();
+        const int8_t* qb = q + r * K + b * kBlock;
+        int32_t isum = 0;
+        for (int k = 0; k < kBlock; ++k) {
+          int w;
+          if constexpr (F == Format::Q4_1) {
+            const int t = (k & 15) >> 2, i = k & 3;
+            const uint8_t byte = c[64 * t + 4 * j + i];
+            w = k < 16 ? (byte & 15) : (byte >> 4);
+          } else {
+            w = int(c[64 * (k >> 2) + 4 * j + (k & 3)]);
+          }
+          isum += w * qb[k];
+        }
+        if constexpr (F == Format::Q8_0) isum -= 128 * sxs[r * G + b];
+        float sd = to_float(f16{s[j]}) * dx[r * G + b];
+        float t1 = sd * static_cast<float>(isum);
+        TRIFORCE_OPAQUE_FLOAT(t1);
+        if constexpr (F == Format::Q4_1) {
+          float t2 = to_float(f16{s[16 + j]}) * sm[r * G + b];
+          TRIFORCE_OPAQUE_FLOAT(t2);
+          t1 = t1 + t2;
+          TRIFORCE_OPAQUE_FLOAT(t1);
+        }
+        acc = acc + t1;
+      }
+      out[r * ldo + j] = acc;
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kVnni = true;
+
+// ROWS (1..kRows) rows of x against one group (16 output rows), all K.
+template <Format F, int ROWS>
+inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, int64_t K, const uint8_t* codes,
+                       const uint16_t* scales, float* out, int64_t ldo, const uint8_t* prefetch) {
+  const int64_t G = K / kBlock;
+  constexpr int T = F == Format::Q4_1 ? 4 : 8;  // 64-byte code vectors per block
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  __m512 acc[ROWS];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (int64_t b = 0; b < G; ++b) {
+    const uint8_t* c = codes + b * code_bytes<F>();
+    const uint16_t* s = scales + b * scale_halves<F>();
+    if (prefetch != nullptr)
+      for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
+    // w[v]: the code vector that meets x bytes 4v .. 4v + 3 of the block
+    __m512i w[8];
+    if constexpr (F == Format::Q4_1) {
+      for (int t = 0; t < 4; ++t) {
+        const __m512i raw = _mm512_loadu_si512(c + 64 * t);
+        w[t] = _mm512_and_si512(raw, nib);
+        w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+      }
+    } else {
+      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    for (int r = 0; r < ROWS; ++r) {
+      const int8_t* qb = q + r * K + b * kBlock;
+      auto x4 = [&](int v) {
+        int32_t word;
+        std::memcpy(&word, qb + 4 * v, 4);
+        return _mm512_set1_epi32(word);
+      };
+      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
+      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x4(1));
+      for (int v = 2; v < 8; v += 2) {
+        i0 = _mm512_dpbusd_epi32(i0, w[v], x4(v));
+        i1 = _mm512_dpbusd_epi32(i1, w[v + 1], x4(v + 1));
+      }
+      __m512i isum = _mm512_add_epi32(i0, i1);
+      if constexpr (F == Format::Q8_0) {  // the +128 of the codes: -128 * sx, exact
+        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * sxs[r * G + b]));
+      }
+      __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
+      asm("" : "+v"(t1));
+      if constexpr (F == Format::Q4_1) {
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16)));
+        __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm[r * G + b]));
+        asm("" : "+v"(t2));
+        t1 = _mm512_add_ps(t1, t2);
+        asm("" : "+v"(t1));
+      }
+      acc[r] = _mm512_add_ps(acc[r], t1);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+#else
+constexpr bool kVnni = false;
+#endif
+
+// Groups [g0, g1) of 16 output rows against x's M rows (already quantised: q, dx, sm as quantize_rows
+// writes them); out [M, N] float32. While a group's first rows are computed, the next group's codes are
+// prefetched into L2 (the groups are consecutive in memory, one stream).
+template <Format F>
+inline void groups(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, int64_t M, int64_t K, const uint8_t* codes,
+                   const uint16_t* scales, int64_t N, float* out, int64_t g0, int64_t g1) {
+  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = G * scale_halves<F>();
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* c = codes + g * cb;
+    const uint16_t* s = scales + g * sb;
+    for (int64_t m = 0; m < M; m += kRows) {
+      const int64_t rows = std::min(kRows, M - m);
+      float* o = out + m * N + g * kGroup;
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+      const uint8_t* pf = m == 0 && g + 1 < g1 ? c + cb : nullptr;
+      const int8_t* qm = q + m * K;
+      const float *dm = dx + m * G, *smm = sm + m * G;
+      const int32_t* sxm = sxs + m * G;
+      switch (rows) {
+        case 1: group_vnni<F, 1>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
+        case 2: group_vnni<F, 2>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
+        case 3: group_vnni<F, 3>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
+        default: group_vnni<F, 4>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
+      }
+#else
+      group_portable<F>(q + m * K, dx + m * G, sm + m * G, sxs + m * G, rows, K, c, s, o, N);
+#endif
+    }
+  }
+}
+
+}  // namespace linear_i8
+}  // namespace triforce
