@@ -11,7 +11,8 @@ Shapes: an autoregressive step (T = 1) and a verification pass (T = 5) at batch 
 cache of ``ctx`` tokens, float32 (the target), bfloat16 (the default draft copy) and, with ``--dtype
 int8``, the int8 copy (``triforce.models.int8_copy``: int8 weights with float32 activations and cache);
 ``--dtype gguf``: the model on its GGUF file's own Q4_1 / Q8_0 blocks (``triforce.models.gguf_copy``, the
-float32 model's bits).
+float32 model's bits); ``--dtype gguf-int8``: those blocks with the activations rounded to int8 blocks
+(``gguf_copy(..., activations="int8")``, integer dot products).
 
 ``--many-rows``: verification passes of more rows than the fused layer takes (batch 32 and 64, T = 5,
 ``ctx`` 500): the modules with their linears on the row-independent kernel (what every forward that
@@ -23,7 +24,7 @@ and values written; GB/s against the copy bandwidth measured in the same run. FL
 linear layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer
 (attention); the compute ceiling is a matmul in the model's dtype measured in the same run.
 
-    python -m bench.bench_decoder [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|int8|gguf|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+    python -m bench.bench_decoder [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|int8|gguf|gguf-int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 import contextlib
@@ -34,7 +35,7 @@ import torch
 from triforce.models import FullCache
 from triforce.models import llama as llama_mod
 from triforce.models.hub import load_model
-from triforce.models.quant import Q4Linear, Q8Linear, int8_copy
+from triforce.models.quant import Int8DotLinear, Q4Linear, Q8Linear, int8_copy
 
 from .harness import compute_peak, copy_bandwidth, measure_alternating, record
 
@@ -46,7 +47,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="batch 1 only, fewer repetitions")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8", "gguf", "both"], default="both",
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8", "gguf", "gguf-int8", "both"], default="both",
                    help="both: float32 and bfloat16")
     p.add_argument("--many-rows", action="store_true",
                    help="passes of 160 and 320 rows: the linears on the kernel against torch's GEMM")
@@ -58,11 +59,11 @@ def main():
                          "TRIFORCE_FUSED_LAYER=0 / TRIFORCE_ROWWISE_LINEAR=0 is set")
     bw = copy_bandwidth("cpu")
     for name in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
-        if name in ("int8", "gguf"):  # quantised weights, float32 activations and cache
+        if name in ("int8", "gguf", "gguf-int8"):  # quantised weights, float32 activations and cache
             model = (int8_copy(load_model("smollm2", dtype="float32")[0]) if name == "int8"
-                     else load_model("smollm2", dtype="gguf")[0])
+                     else load_model("smollm2", dtype=name)[0])
             dtype = torch.float32
-            quantised = [m for m in model.modules() if isinstance(m, (Q8Linear, Q4Linear))]
+            quantised = [m for m in model.modules() if isinstance(m, (Q8Linear, Q4Linear, Int8DotLinear))]
             weights = sum(m.in_features * m.out_features for m in quantised)
             weight_bytes = sum(sum(b.numel() * b.element_size() for b in m.buffers()) for m in quantised)
         else:

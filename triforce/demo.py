@@ -299,10 +299,12 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
         dtype = "gguf"  # on the CPU the model runs on its file's own Q4_1 / Q8_0 weights: the same bits, faster
     model, tok = load_model("smollm2", dtype, device)
     device = next(model.parameters()).device
-    from .models.quant import Q4Linear
+    from .models.quant import Int8DotLinear, Q4Linear
 
-    packed = any(isinstance(m, Q4Linear) for m in model.modules())
-    weights = ("float32 on its GGUF file's Q4_1 / Q8_0 weights" if packed
+    packed = any(isinstance(m, (Q4Linear, Int8DotLinear)) for m in model.modules())
+    integer = any(isinstance(m, Int8DotLinear) for m in model.modules())
+    weights = ("its GGUF file's Q4_1 / Q8_0 weights, int8 activation blocks" if integer
+               else "float32 on its GGUF file's Q4_1 / Q8_0 weights" if packed
                else str(next(model.parameters()).dtype).replace("torch.", ""))
     print(f"SmolLM2-135M ({weights}, {device.type}, {torch.get_num_threads()} threads), "
           f"greedy; model load {time.perf_counter() - t0:.1f} s. Prefill is shared by the methods of a scene "

@@ -145,9 +145,10 @@ def half_precision_copy(target):
     while the target lives. ``None`` for a bfloat16 target, and for a target on quantised weights
     (``triforce.models.gguf_copy``: 0.75 bytes a weight, fewer than a bfloat16 copy's 2): no cheaper copy
     exists, and the engines draft with the target itself."""
-    from triforce.models.quant import Q4Linear
+    from triforce.models.quant import Int8DotLinear, Q4Linear
 
-    if next(target.parameters()).dtype == torch.bfloat16 or any(isinstance(m, Q4Linear) for m in target.modules()):
+    if next(target.parameters()).dtype == torch.bfloat16 or any(isinstance(m, (Q4Linear, Int8DotLinear))
+                                                                 for m in target.modules()):
         return None
     if target not in _HALF_COPIES:
         _HALF_COPIES[target] = copy.deepcopy(target).to(torch.bfloat16)

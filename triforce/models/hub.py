@@ -15,9 +15,11 @@ import torch
 from .tokenizer import Tokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")
-# weight formats a model loads in: DTYPES, or "gguf": float32 activations on the GGUF file's own Q4_1 / Q8_0
-# blocks (triforce.models.gguf_copy; bitwise the float32 model, on the CPU)
-WEIGHTS = DTYPES + ("gguf",)
+# weight formats a model loads in: DTYPES, "gguf": float32 activations on the GGUF file's own Q4_1 / Q8_0
+# blocks (triforce.models.gguf_copy; bitwise the float32 model, on the CPU), or "gguf-int8": the same blocks
+# with activations rounded to int8 blocks and integer dot products (gguf_copy(..., activations="int8"))
+GGUF_WEIGHTS = ("gguf", "gguf-int8")
+WEIGHTS = DTYPES + GGUF_WEIGHTS
 PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair
 
 
@@ -35,17 +37,18 @@ def _dtype(dtype: str | None):
         return None
     if dtype not in WEIGHTS:
         raise ValueError(f"dtype: expected one of {', '.join(WEIGHTS)}, got {dtype!r}")
-    return torch.float32 if dtype == "gguf" else getattr(torch, dtype)
+    return torch.float32 if dtype in GGUF_WEIGHTS else getattr(torch, dtype)
 
 
-def _check_gguf_weights(path, device) -> None:
-    """``dtype="gguf"`` needs a GGUF file and the CPU (``ValueError`` before anything loads)."""
+def _check_gguf_weights(path, device, dtype: str = "gguf") -> None:
+    """``dtype="gguf"`` (or ``"gguf-int8"``) needs a GGUF file and the CPU (``ValueError`` before anything
+    loads)."""
     from .loading import _is_gguf
 
     if not _is_gguf(Path(path)):
-        raise ValueError(f"dtype 'gguf' runs a model on its GGUF file's own weights; {str(path)!r} is not a GGUF file")
+        raise ValueError(f"dtype {dtype!r} runs a model on its GGUF file's own weights; {str(path)!r} is not a GGUF file")
     if device is not None and device_of(str(device)).type != "cpu":
-        raise ValueError(f"dtype 'gguf' runs on the CPU only (its kernels are CPU kernels), got device {str(device)!r}")
+        raise ValueError(f"dtype {dtype!r} runs on the CPU only (its kernels are CPU kernels), got device {str(device)!r}")
 
 
 def device_of(name: str | None) -> torch.device:
@@ -75,8 +78,9 @@ def device_of(name: str | None) -> torch.device:
 
 def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     """-> ``(model, tokenizer or None)``; ``None`` when the directory / GGUF file has no tokenizer.
-    ``dtype``: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"gguf"`` (a GGUF file's model on
-    its own Q4_1 / Q8_0 blocks, bitwise the float32 model, CPU only: :func:`triforce.models.gguf_copy`);
+    ``dtype``: ``"float32"`` (default), ``"bfloat16"``, ``"float16"``, ``"gguf"`` (a GGUF file's model on
+    its own Q4_1 / Q8_0 blocks, bitwise the float32 model, CPU only: :func:`triforce.models.gguf_copy`) or
+    ``"gguf-int8"`` (those blocks with activations rounded to int8 blocks: integer dot products, CPU only);
     ``device``: where the weights go (default: the CPU)."""
     from .llama import Llama
     from .quant import gguf_copy
@@ -84,13 +88,15 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
 
     dt = _dtype(dtype)
     path = smollm2_gguf_path() if name == "smollm2" else model_path(name)
-    if dtype == "gguf":
-        _check_gguf_weights(path, device)
+    if dtype in GGUF_WEIGHTS:
+        _check_gguf_weights(path, device, dtype)
     if name == "smollm2":
         model, tok = smollm2_135m(device=device, dtype=dt)
     else:
         model, tok = Llama.from_pretrained(path, device=device, dtype=dt), load_tokenizer(path)
-    return (gguf_copy(model, path) if dtype == "gguf" else model), tok
+    if dtype in GGUF_WEIGHTS:
+        model = gguf_copy(model, path, activations="int8" if dtype == "gguf-int8" else "float32")
+    return model, tok
 
 
 def load_draft(name: str, dtype: str | None = None, device=None):
@@ -98,7 +104,7 @@ def load_draft(name: str, dtype: str | None = None, device=None):
     from .llama import Llama
     from .smollm2 import smollm2_135m
 
-    if dtype == "gguf":
+    if dtype in GGUF_WEIGHTS:
         return load_model(name, dtype, device)[0]
     if name == "smollm2":
         return smollm2_135m(device=device, dtype=_dtype(dtype))[0]
