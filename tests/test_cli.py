@@ -20,7 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer, models as tok_models, pre_token
 import triforce
 from triforce import cli, demo
 from triforce.models import Llama, LlamaConfig, Tokenizer, hub
-from tests.test_engines import load_smollm2, load_smollm2_gguf
+from tests.test_engines import load_smollm2, load_smollm2_gguf, load_smollm2_gguf_int8
 
 WORDS = ("the a of and to in is it that was he for on are as with his they at be this from have or by one had "
          "not but what all were when we there can an your which their said if do will each about how up out them "
@@ -31,6 +31,8 @@ VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORD
 @pytest.fixture
 def smol(monkeypatch):
     def load(name="smollm2", dtype=None, device=None):  # the shared CPU models
+        if dtype == "gguf-int8":
+            return load_smollm2_gguf_int8(), load_smollm2()[1]
         return load_smollm2_gguf() if dtype == "gguf" else load_smollm2()
 
     monkeypatch.setattr(demo, "load_model", load)
@@ -352,6 +354,23 @@ def test_generate_on_gguf_weights(tmp_path, capsys):
         assert torch.equal(triforce.generate(packed, [prompt], method=method, max_new_tokens=8).tokens[0], want)
 
 
+def test_generate_on_gguf_weights_with_int8_activations(tmp_path, monkeypatch):
+    """``--dtype gguf-int8``: the blocks with integer dot products; every method emits that model's own
+    autoregressive text (not the float32 model's: its inputs are rounded)."""
+    from .test_quant import q4_1_gguf, small_llama
+
+    path, _ = q4_1_gguf(tmp_path, small_llama(seed=5))
+    fast, tok = hub.load_model(str(path), "gguf-int8")
+    assert tok is None and isinstance(fast.model.layers[0].mlp.up_proj, triforce.models.Int8DotLinear)
+    prompt = torch.randint(64, (12,))
+    want = triforce.generate(fast, [prompt], method="autoregressive", max_new_tokens=8).tokens[0]
+    assert torch.equal(triforce.generate(fast, [prompt], method="speculative", max_new_tokens=8).tokens[0], want)
+    assert torch.equal(hub.load_draft(str(path), "gguf-int8").lm_head.codes, fast.lm_head.codes)
+    monkeypatch.setattr(hub, "device_of", lambda name: torch.device("cuda", 0))  # as on a machine with a GPU
+    with pytest.raises(ValueError, match="'gguf-int8' runs on the CPU only"):
+        hub._check_gguf_weights(str(path), "cuda", "gguf-int8")
+
+
 def test_generate_stops_at_eos(hf_dir, tmp_path, capsys):
     ref = _greedy(hf_dir, "he said", 12)
     k = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i] and 2 not in ref[:i])
@@ -396,8 +415,9 @@ def test_demo_quick(smol, capsys):
     for method in ("autoregressive", "speculative", "triforce", "magicdec", "tree"):
         assert method in out
     assert "greedy outputs identical to autoregressive: yes" in out
-    # on the CPU the model runs on its GGUF file's weights, where the int8 copy would be no cheaper a draft
-    assert "on its GGUF file's Q4_1 / Q8_0 weights" in out and ":int8" not in out
+    # on the CPU the model runs on its GGUF file's weights with integer dot products, where the int8 copy
+    # would be no cheaper a draft
+    assert "its GGUF file's Q4_1 / Q8_0 weights, int8 activation blocks" in out and ":int8" not in out
     # one method alone: the scenes without it are skipped (the batch-1 scene has no magicdec), and with
     # no autoregressive run nothing is compared; float32 weights bring the int8 copy's run
     assert cli.main(["demo", "--quick", "--context", "120", "--max-new-tokens", "4", "--methods", "magicdec",

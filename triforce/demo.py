@@ -296,7 +296,9 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
     out = out or sys.stdout
     t0 = time.perf_counter()
     if dtype is None and device_of(None if device is None else str(device)).type == "cpu":
-        dtype = "gguf"  # on the CPU the model runs on its file's own Q4_1 / Q8_0 weights: the same bits, faster
+        # on the CPU the model runs on its file's own Q4_1 / Q8_0 weights with integer dot products, as
+        # llama.cpp runs such a file (--dtype gguf: the same weights, bitwise the float32 model, slower)
+        dtype = "gguf-int8"
     model, tok = load_model("smollm2", dtype, device)
     device = next(model.parameters()).device
     from .models.quant import Int8DotLinear, Q4Linear

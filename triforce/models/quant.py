@@ -270,7 +270,7 @@ def _check_i8_shapes(w_shape, fmt: str):
         raise ValueError(f"int8 dot products: format must be 'Q4_1' or 'Q8_0', got {fmt!r}")
     if N % I8_GROUP or K % GROUP or N == 0 or K == 0:
         raise ValueError(f"int8 dot products: a weight [{N}, {K}] needs out_features a positive multiple of "
-                         f"{I8_GROUP} and in_features one of {GROUP}")
+                         f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
 def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
