@@ -1,7 +1,9 @@
 // Torch-free unit test of the rowwise_linear kernel (ctest; scripts/sanitize.sh runs it under
 // ASan/UBSan): float32, bfloat16 and float16 against a float64 reference, and bitwise row independence (row m
 // of an M-row product equals the 1-row product of x[m]) for every M up to 13, every weight-row split
-// point, K tails of every length mod 32 and partial weight blocks; the int8 and Q4_1 weight formats.
+// point, K tails of every length mod 32 and partial weight blocks; the int8 and Q4_1 weight formats; the
+// integer dot products of linear_i8.h (the build's path, VNNI or portable, against the portable loop
+// called directly: bitwise, and rows independent).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +13,7 @@
 
 #include "check.h"
 #include "triforce/linear.h"
+#include "triforce/linear_i8.h"
 
 using namespace triforce;
 using namespace triforce::linear;
@@ -114,6 +117,49 @@ void check_q4_1(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
   }
 }
 
+// linear_i8: x with an all-zero block, a block of ties and an inf; codes random; scales random float16
+// values with zeros and subnormals. groups<F> over a split of the groups against group_portable<F>.
+template <linear_i8::Format F>
+void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
+  namespace li = linear_i8;
+  std::normal_distribution<float> d;
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t G = K / li::kBlock, N = NG * li::kGroup;
+  std::vector<float> x(M * K);
+  for (auto& v : x) v = d(g);
+  if (M > 1) std::fill(x.begin() + K, x.begin() + K + 32, 0.f);
+  if (M > 2)
+    for (int i = 0; i < 32; ++i) x[2 * K + i] = static_cast<float>(i) - 15.5f;
+  if (M > 3) x[3 * K + K - 1] = INFINITY;
+  std::vector<uint8_t> codes(NG * G * li::code_bytes<F>());
+  for (auto& c : codes) c = static_cast<uint8_t>(byte(g));
+  std::vector<uint16_t> scales(NG * G * li::scale_halves<F>());
+  for (size_t i = 0; i < scales.size(); ++i) {
+    const float v = i % 7 == 0 ? 0.f : i % 11 == 0 ? 3e-6f : (i % 2 ? -1.f : 1.f) * std::fabs(d(g)) * 0.02f;
+    scales[i] = from_float<f16>(v).bits;
+  }
+  std::vector<int8_t> q(M * K);
+  std::vector<float> dx(M * G), sm(M * G);
+  std::vector<int32_t> sx(M * G);
+  li::quantize_rows(x.data(), M, K, q.data(), dx.data(), sm.data(), sx.data());
+  std::vector<float> out(M * N, std::nanf("")), want(M * N), row(N);
+  const int64_t split = (M * 5 + K) % (NG + 1);
+  li::groups<F>(q.data(), dx.data(), sm.data(), sx.data(), M, K, codes.data(), scales.data(), N, out.data(), 0, split);
+  li::groups<F>(q.data(), dx.data(), sm.data(), sx.data(), M, K, codes.data(), scales.data(), N, out.data(), split, NG);
+  for (int64_t ng = 0; ng < NG; ++ng)
+    li::group_portable<F>(q.data(), dx.data(), sm.data(), sx.data(), M, K, codes.data() + ng * G * li::code_bytes<F>(),
+                          scales.data() + ng * G * li::scale_halves<F>(), want.data() + ng * li::kGroup, N);
+  for (int64_t m = 0; m < M; ++m) {
+    li::groups<F>(q.data() + m * K, dx.data() + m * G, sm.data() + m * G, sx.data() + m * G, 1, K, codes.data(),
+                  scales.data(), N, row.data(), 0, NG);
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT(std::memcmp(&out[m * N + n], &want[m * N + n], 4) == 0);
+      EXPECT(std::memcmp(&out[m * N + n], &row[n], 4) == 0);
+      EXPECT(std::isnan(out[m * N + n]) == (m == 3));  // the inf's block: NaN, the other rows finite
+    }
+  }
+}
+
 int main() {
   std::mt19937 g(1234);
   int cases = 0;
@@ -128,6 +174,13 @@ int main() {
       for (int64_t N : {1, 5, 6, 7, 13, 17}) {
         check_q4_1(M, K, N, g);
         ++cases;
+      }
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 9})
+    for (int64_t K : {32, 64, 576})
+      for (int64_t NG : {1, 2, 5}) {
+        check_i8<linear_i8::Format::Q4_1>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q8_0>(M, K, NG, g);
+        cases += 2;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13})
     for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 64, 100, 576})
