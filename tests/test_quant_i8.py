@@ -42,8 +42,8 @@ def random_blocks(fmt, N, K, g):
 
 
 def random_x(M, K, g, special):
-    """x with, where ``special``, an all-zero block, a block with a value of exactly half a step (ties) and
-    blocks of huge and tiny magnitude."""
+    """x with, where ``special``, an all-zero block, a block with a value of exactly half a step (ties),
+    blocks of huge and tiny magnitude and blocks of subnormal values."""
     x = torch.randn(M, K, generator=g)
     if special and M >= 1:
         x[0, :32] = 0.0
@@ -53,6 +53,9 @@ def random_x(M, K, g, special):
             x[2] *= 1e30
         if M >= 4:
             x[3] *= 1e-30
+        if M >= 5:  # subnormal inputs: dx subnormal (1 / dx would overflow), or rounded to 0
+            x[4, :32] *= 1e-39
+            x[4, 32:64] *= 1e-44
     return x
 
 
@@ -86,17 +89,19 @@ def test_packing_refuses_bad_blocks():
 
 def test_activation_rounding_follows_the_definition():
     """dx = amax / 127, q = round half to even of x / dx, an all-zero block q = 0 and dx = 0, a block with
-    inf or NaN dx = NaN and q = 0, sx the sum of q."""
-    x = torch.zeros(4, 32)
+    inf or NaN dx = NaN and q = 0, sx the sum of q; subnormal inputs still round to the full range."""
+    x = torch.zeros(5, 32)
+    x[4] = (torch.arange(32) - 15.5) * 1e-40
     x[1] = torch.arange(32) - 15.5
     x[2, 0], x[3, 5] = float("inf"), float("nan")
     q, dx, sx = quantize_activations_i8(x)
     assert dx[0, 0] == 0 and not q[0].any()
     d = torch.tensor(15.5) / 127
-    want = torch.round((torch.arange(32) - 15.5) * (1 / d)).long()
+    want = torch.round((torch.arange(32) - 15.5) / d).long()
     assert dx[1, 0] == d and torch.equal(q[1, 0], want) and sx[1, 0] == want.sum()
     assert want.abs().max() == 127
-    assert torch.isnan(dx[2:, 0]).all() and not q[2:].any()
+    assert torch.isnan(dx[2:4, 0]).all() and not q[2:4].any()
+    assert 0 < dx[4, 0] < torch.finfo(torch.float32).tiny and q[4, 0].abs().max() == 127
 
 
 @needs_kernel

@@ -131,6 +131,8 @@ void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
   if (M > 2)
     for (int i = 0; i < 32; ++i) x[2 * K + i] = static_cast<float>(i) - 15.5f;
   if (M > 3) x[3 * K + K - 1] = INFINITY;
+  if (M > 4)  // subnormal inputs: dx subnormal (1 / dx would overflow)
+    for (int i = 0; i < 32; ++i) x[4 * K + i] *= 1e-39f;
   std::vector<uint8_t> codes(NG * G * li::code_bytes<F>());
   for (auto& c : codes) c = static_cast<uint8_t>(byte(g));
   std::vector<uint16_t> scales(NG * G * li::scale_halves<F>());

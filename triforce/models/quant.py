@@ -326,8 +326,8 @@ def quantize_activations_i8(x: torch.Tensor):
     finite = torch.isfinite(xb).all(-1)
     d = xb.abs().amax(-1) / 127
     ok = finite & (d > 0)
-    inv = torch.where(ok, 1 / torch.where(ok, d, 1), 0)
-    q = torch.where(ok[..., None], torch.round(torch.where(ok[..., None], xb, 0) * inv[..., None]).clamp(-127, 127), 0)
+    safe = torch.where(ok, d, 1)[..., None]
+    q = torch.where(ok[..., None], torch.round(torch.where(ok[..., None], xb, 0) / safe).clamp(-127, 127), 0)
     dx = torch.where(finite, d, float("nan"))
     return q.long(), dx, q.sum(-1)
 

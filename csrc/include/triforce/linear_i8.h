@@ -11,8 +11,9 @@
 // an AND and a shift, not a float conversion.
 //
 // The arithmetic, per output (m, n), for the K / 32 blocks b of 32 weights, in increasing b:
-//   x block: amax = max |x[m, 32b + i]|, dx = amax / 127 (float32), id = 1 / dx,
-//            q_i = round_half_even(x_i * id) clamped to [-127, 127] (all 0 when dx is 0, inf or NaN),
+//   x block: amax = max |x[m, 32b + i]|, dx = amax / 127 (float32),
+//            q_i = round_half_even(x_i / dx) clamped to [-127, 127] (all 0 when dx is 0; a division, not a
+//            product with 1 / dx, which overflows for a subnormal dx), dx NaN when the block holds inf or NaN,
 //            sx = sum_i q_i (int), sm = dx * float(sx)
 //   Q4_1:    isum = sum_i code_i * q_i (exact int32), term = (d * dx) * float(isum) + m * sm
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
@@ -71,9 +72,8 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float
       const float d = amax / 127.f;
       int sx = 0;
       if (finite && d > 0.f) {
-        const float id = 1.f / d;
         for (int i = 0; i < kBlock; ++i) {
-          const float v = std::nearbyint(xb[i] * id);  // the default rounding mode: to nearest, ties to even
+          const float v = std::nearbyint(xb[i] / d);  // the default rounding mode: to nearest, ties to even
           const int qi = static_cast<int>(std::min(127.f, std::max(-127.f, v)));
           qb[i] = static_cast<int8_t>(qi);
           sx += qi;
