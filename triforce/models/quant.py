@@ -264,10 +264,8 @@ def _q8_0_linear(blocks: torch.Tensor, in_features: int, bias: torch.Tensor | No
 I8_GROUP = 16  # output rows per packed group
 
 
-def _check_i8_shapes(w_shape, fmt: str):
+def _check_i8_shapes(w_shape):
     N, K = w_shape
-    if fmt not in ("Q4_1", "Q8_0"):
-        raise ValueError(f"int8 dot products: format must be 'Q4_1' or 'Q8_0', got {fmt!r}")
     if N % I8_GROUP or K % GROUP or N == 0 or K == 0:
         raise ValueError(f"int8 dot products: a weight [{N}, {K}] needs out_features a positive multiple of "
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
@@ -278,7 +276,7 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> 
     0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``) or Q8_0 (``q`` int8 ``[N, K]``, ``d``, ``m`` None).
     ``d`` and ``m`` must hold float16 values (GGUF's); ``N % 16 == 0``, ``K % 32 == 0``."""
     fmt = "Q4_1" if m is not None else "Q8_0"
-    _check_i8_shapes(tuple(q.shape), fmt)
+    _check_i8_shapes(tuple(q.shape))
     N, K = q.shape
     NG, G = N // I8_GROUP, K // GROUP
     if fmt == "Q4_1":
@@ -368,8 +366,7 @@ class Int8DotLinear(nn.Module):
         super().__init__()
         if codes.dtype != torch.uint8 or scales.dtype != torch.float16 or codes.dim() != 2 or scales.dim() != 2:
             raise ValueError("Int8DotLinear: codes must be 2-D uint8 and scales 2-D float16 (pack_i8 makes them)")
-        self.format = unpack_i8(codes[:0], scales[:0], in_features)[0] if codes.shape[0] == 0 else \
-            unpack_i8(codes[:1], scales[:1], in_features)[0]
+        self.format = unpack_i8(codes[:1], scales[:1], in_features)[0]  # checks the shapes
         self.in_features, self.out_features = in_features, codes.shape[0] * I8_GROUP
         self.register_buffer("codes", codes.contiguous())
         self.register_buffer("scales", scales.contiguous())
