@@ -155,8 +155,8 @@ def test_smollm2_on_its_gguf_weights_emits_the_float32_tokens(smol_reference, me
 
 @functools.lru_cache(maxsize=None)
 def load_smollm2_gguf_int8():
-    """The embedded model on its GGUF blocks with integer dot products (``dtype="gguf-int8"``), and its own
-    autoregressive tokens for the reference prompts, once per test session."""
+    """The embedded model on its GGUF blocks with integer dot products (``dtype="gguf-int8"``), once per test
+    session."""
     from triforce.models.smollm2 import smollm2_gguf_path
 
     model, _ = load_smollm2()

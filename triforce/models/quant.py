@@ -72,10 +72,27 @@ def _q4_kernel_available() -> bool:
     return _kernel_available("rowwise_linear_q4_1")
 
 
-class Q8Linear(nn.Module):
+class _FixedDtypeScales(nn.Module):
+    """A quantised layer whose ``scales`` buffer keeps ``_scales_dtype`` through a dtype cast (``.to(torch.bfloat16)``,
+    ``.half()``: a half-precision copy of a model holding the layer casts every floating buffer): the scales
+    stay what the kernel reads, on the device the cast left them on."""
+
+    _scales_dtype: torch.dtype
+
+    def _apply(self, fn, recurse=True):
+        scales = self._buffers["scales"]
+        out = super()._apply(fn, recurse)
+        if self._buffers["scales"].dtype != self._scales_dtype:
+            self._buffers["scales"] = scales.to(self._buffers["scales"].device)
+        return out
+
+
+class Q8Linear(_FixedDtypeScales):
     """A linear layer with int8 weights (``qweight`` ``[out, in]``) and float32 ``scales`` ``[out, ceil(in /
     32)]`` (buffers), optional float32 ``bias``. Input and output float32 (other float dtypes are
     computed in float32 and cast back)."""
+
+    _scales_dtype = torch.float32
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -102,15 +119,6 @@ class Q8Linear(nn.Module):
     def forward(self, x):
         return _quantised_forward(self, x, _q8_kernel_available,
                                   lambda x2: torch.ops.triforce_C.rowwise_linear_q8(x2, self.qweight, self.scales))
-
-    def _apply(self, fn, recurse=True):
-        # a dtype cast (.to(torch.bfloat16), .half(): a half-precision copy of a model holding this layer) casts
-        # every floating buffer; the scales stay float32, on the device the cast left them on
-        scales = self._buffers["scales"]
-        out = super()._apply(fn, recurse)
-        if self._buffers["scales"].dtype != torch.float32:
-            self._buffers["scales"] = scales.to(self._buffers["scales"].device)
-        return out
 
     def fused_projection(self, dtype: torch.dtype):
         """``(qweight, scales, bias)`` for the fused decoder layer (float32 inputs on the kernel's path),
@@ -351,7 +359,7 @@ def _i8_kernel_available() -> bool:
     return _kernel_available("rowwise_linear_i8")
 
 
-class Int8DotLinear(nn.Module):
+class Int8DotLinear(_FixedDtypeScales):
     """A linear layer on GGUF Q4_1 or Q8_0 blocks that rounds its input to int8 blocks of 32 and sums the
     products as integers (llama.cpp's class of arithmetic; the exact definition in
     csrc/include/triforce/linear_i8.h): ``codes`` uint8 and ``scales`` float16 buffers in
@@ -361,6 +369,8 @@ class Int8DotLinear(nn.Module):
     elsewhere. Each output row depends on its input row only, so a verification pass of any size computes
     what an autoregressive step computes. Inputs of other float dtypes are computed in float32 and cast back;
     the rounding has no gradient (no autograd through it)."""
+
+    _scales_dtype = torch.float16  # the blocks' d and m, not a weight in the model's dtype
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, in_features: int, bias: torch.Tensor | None = None):
         super().__init__()
@@ -406,14 +416,6 @@ class Int8DotLinear(nn.Module):
         if b is not None:
             y = y.add_(b.float())
         return y.to(dtype)
-
-    def _apply(self, fn, recurse=True):
-        # a dtype cast keeps the float16 scales (they are the blocks' d and m, not a weight in the model's dtype)
-        scales = self._buffers["scales"]
-        out = super()._apply(fn, recurse)
-        if self._buffers["scales"].dtype != torch.float16:
-            self._buffers["scales"] = scales.to(self._buffers["scales"].device)
-        return out
 
     def fused_projection(self, dtype: torch.dtype):
         """``(codes, scales, bias)`` for the fused decoder layer (float32 inputs, the kernel present), else
