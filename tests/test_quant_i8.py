@@ -1,5 +1,7 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q8_0 weights, int32 sums.
+x rounded to int8 blocks of 32, Q4_1 / Q8_0 / Q8_0_16 weights with float16 or float32 scales, int32 sums.
+GGUF's Q4_0, Q5_0, Q4_K and Q6_K blocks map onto them bitwise (gguf_i8_blocks against gguf's own
+dequantisation).
 
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
 (rowwise_linear_i8_reference, which spells out the definition) at every row count, with rows bitwise
@@ -15,8 +17,8 @@ import triforce
 from triforce.models import FullCache, TokenTree, gguf_copy
 from triforce.models import llama as llama_mod
 from triforce.models.llama import _rowwise_available
-from triforce.models.quant import (Int8DotLinear, Q4Linear, Q8Linear, pack_i8, quantize_activations_i8,
-                                   rowwise_linear_i8_reference, unpack_i8)
+from triforce.models.quant import (GGUF_I8_TYPES, Int8DotLinear, Q4Linear, Q8Linear, gguf_i8_blocks, pack_i8,
+                                   quantize_activations_i8, rowwise_linear_i8_reference, unpack_i8)
 
 from .test_quant import q4_1_gguf, small_llama
 
@@ -27,18 +29,31 @@ def i8(x, codes, scales):
     return torch.ops.triforce_C.rowwise_linear_i8(x, codes, scales)
 
 
-def random_blocks(fmt, N, K, g):
-    """(q, d, m) of random Q4_1 or Q8_0 blocks: every code, float16 scales, some d = 0 and subnormal d."""
-    G = K // 32
-    d = (torch.rand(N, G, generator=g) * 0.02).half().float()
+FORMATS = ["Q4_1", "Q8_0", "Q8_0_16"]
+SCALES = [torch.float16, torch.float32]
+
+
+def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
+    """(q, d, m) of random Q4_1, Q8_0 or Q8_0_16 blocks: every code, some d = 0 and subnormal d (of float16,
+    or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
+    G = K // 32 * (2 if fmt == "Q8_0_16" else 1)
+    tiny = 1e-7 if scales_dtype == torch.float16 else 1e-40  # a subnormal of the scales' type
+    r = lambda top: (torch.rand(N, G, generator=g) * top).to(scales_dtype).float()  # noqa: E731
+    d = r(0.02)
     d.view(-1)[0] = 0.0
     if d.numel() > 1:
-        d.view(-1)[1] = torch.tensor(1e-7).half().float()  # a float16 subnormal
+        d.view(-1)[1] = torch.tensor(tiny).to(scales_dtype).float()
     if fmt == "Q4_1":
         q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
-        m = (-torch.rand(N, G, generator=g) * 0.2).half().float()
-        return q, d, m
+        return q, d, -r(0.2)
     return torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8), d, None
+
+
+def dequantised(q, d, m):
+    """float64 ``d * q (+ m)`` of blocks of 32 (or 16, when ``d`` has a scale per 16 weights)."""
+    N, K = q.shape
+    W = q.double().view(N, d.shape[1], -1) * d.double()[..., None]
+    return (W if m is None else W + m.double()[..., None]).view(N, K)
 
 
 def random_x(M, K, g, special):
@@ -59,12 +74,14 @@ def random_x(M, K, g, special):
     return x
 
 
-@given(fmt=st.sampled_from(["Q4_1", "Q8_0"]), NG=st.integers(1, 4), G=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
-def test_packing_round_trips(fmt, NG, G, seed):
-    q, d, m = random_blocks(fmt, 16 * NG, 32 * G, torch.Generator().manual_seed(seed))
-    codes, scales = pack_i8(q, d, m)
-    assert codes.dtype == torch.uint8 and scales.dtype == torch.float16
+@given(fmt=st.sampled_from(FORMATS), scales_dtype=st.sampled_from(SCALES), NG=st.integers(1, 4), G=st.integers(1, 6),
+       seed=st.integers(0, 2**31 - 1))
+def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
+    q, d, m = random_blocks(fmt, 16 * NG, 32 * G, torch.Generator().manual_seed(seed), scales_dtype)
+    codes, scales = pack_i8(q, d, m, scales_dtype)
+    assert codes.dtype == torch.uint8 and scales.dtype == scales_dtype
     assert codes.shape == (NG, G * (256 if fmt == "Q4_1" else 512))
+    assert scales.shape == (NG, G * (16 if fmt == "Q8_0" else 32))
     got_fmt, q2, d2, m2 = unpack_i8(codes, scales, 32 * G)
     assert got_fmt == fmt and torch.equal(q2, q.long()) and torch.equal(d2, d)
     assert (m2 is None) if m is None else torch.equal(m2, m)
@@ -81,6 +98,11 @@ def test_packing_refuses_bad_blocks():
         pack_i8(q | 16, d, m)
     with pytest.raises(ValueError, match="float16 values"):
         pack_i8(q, d + 1e-9, m)
+    pack_i8(q, d + 1e-9, m, torch.float32)  # float32 scales take any float32 value
+    with pytest.raises(ValueError, match="scales_dtype"):
+        pack_i8(q, d, m, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"\[16, 2\]"):
+        pack_i8(q, d[:, :1], m)
     with pytest.raises(ValueError, match="int8"):
         pack_i8(q, d)
     with pytest.raises(ValueError, match="not packed"):
@@ -105,14 +127,16 @@ def test_activation_rounding_follows_the_definition():
 
 
 @needs_kernel
-@given(fmt=st.sampled_from(["Q4_1", "Q8_0"]), M=st.integers(0, 11), G=st.integers(1, 6), NG=st.integers(1, 3),
-       seed=st.integers(0, 2**31 - 1), special=st.booleans())
-@example(fmt="Q4_1", M=5, G=18, NG=96, seed=0, special=True)  # SmolLM2's gate / up projections, a 5-token pass
-@example(fmt="Q8_0", M=3, G=18, NG=4, seed=1, special=True)
-def test_kernel_is_the_reference_bitwise(fmt, M, G, NG, seed, special):
+@given(fmt=st.sampled_from(FORMATS), scales_dtype=st.sampled_from(SCALES), M=st.integers(0, 11), G=st.integers(1, 6),
+       NG=st.integers(1, 3), seed=st.integers(0, 2**31 - 1), special=st.booleans())
+@example(fmt="Q4_1", scales_dtype=torch.float16, M=5, G=18, NG=96, seed=0, special=True)  # SmolLM2's gate / up, T = 5
+@example(fmt="Q8_0", scales_dtype=torch.float16, M=3, G=18, NG=4, seed=1, special=True)
+@example(fmt="Q8_0_16", scales_dtype=torch.float32, M=5, G=28, NG=8, seed=2, special=True)  # a Qwen2.5 down_proj
+@example(fmt="Q4_1", scales_dtype=torch.float32, M=4, G=8, NG=3, seed=3, special=True)
+def test_kernel_is_the_reference_bitwise(fmt, scales_dtype, M, G, NG, seed, special):
     g = torch.Generator().manual_seed(seed)
     K = 32 * G
-    codes, scales = pack_i8(*random_blocks(fmt, 16 * NG, K, g))
+    codes, scales = pack_i8(*random_blocks(fmt, 16 * NG, K, g, scales_dtype), scales_dtype)
     x = random_x(M, K, g, special)
     out = i8(x, codes, scales)
     assert out.shape == (M, 16 * NG) and out.dtype == torch.float32
@@ -124,7 +148,7 @@ def test_kernel_is_the_reference_bitwise(fmt, M, G, NG, seed, special):
 @needs_kernel
 def test_a_block_with_inf_or_nan_makes_its_rows_nan():
     g = torch.Generator().manual_seed(0)
-    for fmt in ("Q4_1", "Q8_0"):
+    for fmt in FORMATS:
         q, d, m = random_blocks(fmt, 32, 96, g)
         d.fill_(float(torch.tensor(0.01).half()))
         codes, scales = pack_i8(q, d, m)
@@ -135,7 +159,7 @@ def test_a_block_with_inf_or_nan_makes_its_rows_nan():
         torch.testing.assert_close(out, rowwise_linear_i8_reference(x, codes, scales), rtol=0, atol=0, equal_nan=True)
 
 
-@given(fmt=st.sampled_from(["Q4_1", "Q8_0"]), M=st.integers(1, 6), G=st.integers(1, 8), seed=st.integers(0, 2**31 - 1))
+@given(fmt=st.sampled_from(FORMATS), M=st.integers(1, 6), G=st.integers(1, 8), seed=st.integers(0, 2**31 - 1))
 def test_reference_error_is_bounded_by_the_rounding_of_x(fmt, M, G, seed):
     """|y - x W^T| <= sum over blocks of dx / 2 * sum |W| (each x moves by at most half a step), plus the
     float32 rounding of the block sums (a relative 1e-5 of |x| |W|^T)."""
@@ -144,8 +168,7 @@ def test_reference_error_is_bounded_by_the_rounding_of_x(fmt, M, G, seed):
     q, d, m = random_blocks(fmt, 16, K, g)
     codes, scales = pack_i8(q, d, m)
     w = unpack_i8(codes, scales, K)
-    W = (w[1].double().view(16, G, 32) * w[2].double()[..., None]
-         + (0 if m is None else w[3].double()[..., None])).view(16, K)
+    W = dequantised(*w[1:])
     x = torch.randn(M, K, generator=g)
     _, dx, _ = quantize_activations_i8(x)
     bound = (dx.double()[:, None, :] / 2 * W.abs().view(16, G, 32).sum(-1)[None]).sum(-1)
@@ -164,8 +187,10 @@ def test_kernel_errors():
         i8(torch.randn(2, 48), codes, scales)
     with pytest.raises(RuntimeError, match="Q8_0"):
         i8(x, codes[:, :-1], scales)
-    with pytest.raises(RuntimeError, match="float16"):
-        i8(x, codes, scales.float())
+    with pytest.raises(RuntimeError, match="float16 or float32"):
+        i8(x, codes, scales.bfloat16())
+    with pytest.raises(RuntimeError, match="Q8_0_16"):
+        i8(x, codes, scales[:, :48])
     with pytest.raises(RuntimeError, match="float32"):
         i8(x.double(), codes, scales)
     with pytest.raises(RuntimeError, match="groups"):
@@ -173,19 +198,20 @@ def test_kernel_errors():
     assert i8(torch.randn(0, 64), codes, scales).shape == (0, 16)
 
 
-@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("fmt, scales_dtype", [("Q4_1", torch.float16), ("Q8_0", torch.float16),
+                                               ("Q8_0_16", torch.float32), ("Q4_1", torch.float32)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_module_is_one_arithmetic_on_every_path(fmt, bias, monkeypatch):
+def test_module_is_one_arithmetic_on_every_path(fmt, scales_dtype, bias, monkeypatch):
     """The kernel and the reference (no kernel) give the same bits, the bias added after; other float
-    inputs are computed in float32; a dtype cast keeps the float16 scales; the weight dequantises as gguf."""
+    inputs are computed in float32; a dtype cast keeps the scales' dtype; the weight dequantises as gguf."""
     from triforce.models import quant
 
     g = torch.Generator().manual_seed(0)
-    q, d, m = random_blocks(fmt, 48, 96, g)
+    q, d, m = random_blocks(fmt, 48, 96, g, scales_dtype)
     b = torch.randn(48, generator=g) if bias else None
-    mod = Int8DotLinear(*pack_i8(q, d, m), 96, b)
-    assert mod.out_features == 48 and mod.format == fmt
-    W = q.float().view(48, 3, 32) * d[..., None] + (0 if m is None else m[..., None])
+    mod = Int8DotLinear(*pack_i8(q, d, m, scales_dtype), 96, b)
+    assert mod.out_features == 48 and mod.format == fmt and mod.scales.dtype == scales_dtype
+    W = q.float().view(48, d.shape[1], -1) * d[..., None] + (0 if m is None else m[..., None])
     assert torch.equal(mod.weight, W.view(48, 96))
     x = torch.randn(2, 7, 96, generator=g)
     want = rowwise_linear_i8_reference(x.view(-1, 96), mod.codes, mod.scales).view(2, 7, 48)
@@ -197,8 +223,47 @@ def test_module_is_one_arithmetic_on_every_path(fmt, bias, monkeypatch):
     assert torch.equal(mod(x), want)
     assert mod(x.bfloat16()).dtype == torch.bfloat16
     assert mod.fused_projection(torch.float32) is None  # no kernel: not on the fused layer either
-    mod.to(torch.bfloat16)
-    assert mod.scales.dtype == torch.float16
+    for cast in (torch.bfloat16, torch.float16, torch.float32):
+        mod.to(cast)
+        assert mod.scales.dtype == scales_dtype
+
+
+def random_gguf_rows(kind, N, K, g):
+    """Random GGUF data of type ``kind`` for an [N, K] tensor (numpy uint8 [N, bytes per row]): every
+    byte random but the float16 scales, which are finite (small for the K-quants' super-blocks)."""
+    import numpy as np
+
+    _, block, nbytes = GGUF_I8_TYPES[kind]
+    raw = torch.randint(0, 256, (N, K // block, nbytes), generator=g, dtype=torch.uint8)
+    fields = {"Q4_K": (0, 2), "Q6_K": (208,), "Q4_1": (0, 2)}.get(kind, (0,))
+    for lo in fields:
+        top = 0.002 if block == 256 else 0.05
+        h = ((torch.rand(N, K // block, generator=g) - 0.3) * top).half()
+        h.view(-1)[0] = 0.0
+        raw[..., lo:lo + 2] = h.unsqueeze(-1).view(torch.uint8)
+    return np.ascontiguousarray(raw.reshape(N, -1).numpy())
+
+
+@pytest.mark.parametrize("kind", list(GGUF_I8_TYPES))
+def test_gguf_blocks_map_exactly(kind):
+    """Each GGUF type's blocks, packed, dequantise to gguf's own float32 weights bitwise, and the kernel on
+    them is the reference."""
+    import gguf
+
+    g = torch.Generator().manual_seed(1)
+    N, K = 32, 512
+    raw = random_gguf_rows(kind, N, K, g)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).copy()).float()
+    q, d, m, scales_dtype = gguf_i8_blocks(kind, torch.from_numpy(raw), K)
+    mod = Int8DotLinear(*pack_i8(q, d, m, scales_dtype), K)
+    assert mod.format == GGUF_I8_TYPES[kind][0] and mod.scales.dtype == scales_dtype
+    assert torch.equal(mod.weight, want.view(N, K))
+    x = random_x(3, K, g, special=True)
+    assert torch.equal(mod(x), rowwise_linear_i8_reference(x, mod.codes, mod.scales))
+    with pytest.raises(ValueError, match="uint8"):
+        gguf_i8_blocks(kind, torch.from_numpy(raw)[:, :-1], K)
+    with pytest.raises(ValueError, match="one of"):
+        gguf_i8_blocks("Q5_K", torch.from_numpy(raw), K)
 
 
 @needs_kernel
@@ -248,4 +313,68 @@ def test_gguf_copy_with_int8_activations(tmp_path, bias):
     for method, options in (("speculative", {"gamma": 3}), ("tree", {}),
                             ("magicdec", {"gamma": 2, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4})):
         got = triforce.generate(fast, prompts, method=method, max_new_tokens=10, **options)
+        assert all(torch.equal(a, b) for a, b in zip(want.tokens, got.tokens)), method
+
+
+# A Q4_K_M-like file: llama.cpp's mix of types per tensor (K-quants where rows are whole super-blocks of
+# 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks.
+_KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q5_0", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q4_K",
+               "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
+
+
+def kquant_gguf(tmp_path, seed=0):
+    import gguf
+
+    from triforce.models import Llama, LlamaConfig
+
+    from .test_config import write_gguf
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+
+    def quant(name, t):
+        if t.ndim != 2:
+            return t, None
+        kind = _KQUANT_MIX[name.split(".")[-2]]
+        return random_gguf_rows(kind, t.shape[0], t.shape[1], g), getattr(gguf.GGMLQuantizationType, kind)
+
+    path = write_gguf(tmp_path / "kq.gguf", Llama(cfg).eval(), quant=quant)
+    return path, Llama.from_pretrained(path, cache_dir=False)
+
+
+@needs_kernel
+def test_gguf_copy_of_a_k_quant_file(tmp_path):
+    """Every layer of a Q4_K_M-like file runs on its own blocks with integer dot products (the tied head on
+    the embedding's Q8_0); a pass of T tokens gives T one-token steps' logits bitwise; the engines emit the
+    copy's autoregressive tokens. Without int8 activations the K-quant layers stay float32."""
+    path, model = kquant_gguf(tmp_path)
+    fast = gguf_copy(model, path, activations="int8")
+    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q6_K": "Q8_0_16", "Q4_0": "Q8_0"}
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    for name, mod in fast.named_modules():
+        if name.endswith("_proj"):
+            kind = _KQUANT_MIX[names[name.rsplit(".", 1)[1]]]
+            assert isinstance(mod, Int8DotLinear) and mod.format == want_format[kind], name
+            assert mod.scales.dtype == (torch.float32 if kind.endswith("_K") else torch.float16)
+            assert torch.equal(mod.weight, model.get_submodule(name).weight)
+    assert isinstance(fast.lm_head, Int8DotLinear) and fast.lm_head.format == "Q8_0"
+    floats = gguf_copy(model, path)  # Q8_0 only: the head; the rest stays as loaded
+    assert isinstance(floats.lm_head, Q8Linear)
+    assert not any(isinstance(m, (Q4Linear, Int8DotLinear)) for m in floats.modules())
+    ids = torch.randint(64, (2, 24))
+    with torch.no_grad():
+        ref, exact = fast(ids), model(ids)
+        assert torch.isfinite(ref).all() and (ref - exact).abs().max() < 0.1 * exact.abs().max()
+        caches = [FullCache(model.config, 2, 64) for _ in range(2)]
+        fast(ids[:, :16], cache=caches[0])
+        fast(ids[:, :16], cache=caches[1])
+        steps = torch.cat([fast(ids[:, 16 + t: 17 + t], cache=caches[0]) for t in range(5)], 1)
+        assert torch.equal(fast(ids[:, 16:21], cache=caches[1]), steps)
+    prompts = [torch.randint(64, (n,)) for n in (20, 33)]
+    want = triforce.generate(fast, prompts, method="autoregressive", max_new_tokens=8)
+    for method, options in (("speculative", {"gamma": 3}), ("tree", {})):
+        got = triforce.generate(fast, prompts, method=method, max_new_tokens=8, **options)
         assert all(torch.equal(a, b) for a, b in zip(want.tokens, got.tokens)), method

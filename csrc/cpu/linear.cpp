@@ -130,24 +130,30 @@ at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w) {
 
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   namespace li = triforce::linear_i8;
+  using li::Format;
   TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scales.dim() == 2,
               "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256 or 512] and scales [N / 16, K / 32 * 32 or "
               "16] must be 2-D, got ", x.sizes(), ", ", codes.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte && scales.scalar_type() == at::kHalf,
-              "rowwise_linear_i8: x float32, codes uint8 and scales float16, got ", x.scalar_type(), ", ",
+  TORCH_CHECK(x.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte &&
+                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
+              "rowwise_linear_i8: x float32, codes uint8 and scales float16 or float32, got ", x.scalar_type(), ", ",
               codes.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu() && scales.device().is_cpu(),
               "rowwise_linear_i8: CPU tensors only");
   const int64_t M = x.size(0), K = x.size(1), NG = codes.size(0), G = K / li::kBlock;
   TORCH_CHECK(K % li::kBlock == 0, "rowwise_linear_i8: x has ", K, " columns, not a multiple of the block's 32");
   TORCH_CHECK(scales.size(0) == NG, "rowwise_linear_i8: codes has ", NG, " groups of 16 rows, scales ", scales.size(0));
-  const bool q4 = codes.size(1) == G * li::code_bytes<li::Format::Q4_1>() &&
-                  scales.size(1) == G * li::scale_halves<li::Format::Q4_1>();
-  const bool q8 = codes.size(1) == G * li::code_bytes<li::Format::Q8_0>() &&
-                  scales.size(1) == G * li::scale_halves<li::Format::Q8_0>();
-  TORCH_CHECK(q4 || q8, "rowwise_linear_i8: for ", K, " columns a group's codes and scales are ", G * 256, " bytes and ",
-              G * 32, " halves (Q4_1) or ", G * 512, " and ", G * 16, " (Q8_0), got ", codes.size(1), " and ",
-              scales.size(1));
+  auto is = [&](auto f) {
+    constexpr Format F = decltype(f)::value;
+    return codes.size(1) == G * li::code_bytes<F>() && scales.size(1) == G * li::scale_count<F>();
+  };
+  using Q4_1 = std::integral_constant<Format, Format::Q4_1>;
+  using Q8_0 = std::integral_constant<Format, Format::Q8_0>;
+  using Q8_0_16 = std::integral_constant<Format, Format::Q8_0_16>;
+  const bool q4 = is(Q4_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{});
+  TORCH_CHECK(q4 || q8 || q8_16, "rowwise_linear_i8: for ", K, " columns a group's codes and scales are ", G * 256,
+              " bytes and ", G * 32, " scales (Q4_1), ", G * 512, " and ", G * 16, " (Q8_0) or ", G * 512, " and ",
+              G * 32, " (Q8_0_16), got ", codes.size(1), " and ", scales.size(1));
   const at::Tensor xc = x.contiguous(), cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, xc.options());
@@ -155,20 +161,32 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
   if (K == 0) return out.zero_();
   at::Tensor q = at::empty({M, K}, xc.options().dtype(at::kChar));
   at::Tensor dx = at::empty({M, G}, xc.options()), sm = at::empty({M, G}, xc.options());
-  at::Tensor sx = at::empty({M, G}, xc.options().dtype(at::kInt));
+  at::Tensor sx = at::empty({2, M, G}, xc.options().dtype(at::kInt));
+  int32_t* SX = sx.data_ptr<int32_t>();
+  int32_t* SX0 = SX + M * G;
   li::quantize_rows(xc.const_data_ptr<float>(), M, K, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sm.data_ptr<float>(),
-                    sx.data_ptr<int32_t>());
+                    SX, SX0);
   const int8_t* Q = q.const_data_ptr<int8_t>();
   const float *D = dx.const_data_ptr<float>(), *S = sm.const_data_ptr<float>();
-  const int32_t* SX = sx.const_data_ptr<int32_t>();
   const uint8_t* C = cc.const_data_ptr<uint8_t>();
-  const uint16_t* H = reinterpret_cast<const uint16_t*>(sc.const_data_ptr<at::Half>());
   float* O = out.data_ptr<float>();
-  over_row_chunks_of(M, K, NG, li::kGroup, 1, [&](int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
-    if (q4)
-      li::groups<li::Format::Q4_1>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, rows, K, C, H, N, O + m0 * N, g0, g1);
+  auto run = [&](auto f, const auto* H) {
+    constexpr Format F = decltype(f)::value;
+    over_row_chunks_of(M, K, NG, li::kGroup, 1, [&](int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
+      li::groups<F>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, SX0 + m0 * G, rows, K, C, H, N, O + m0 * N, g0, g1);
+    });
+  };
+  auto with_scales = [&](auto f) {
+    if (sc.scalar_type() == at::kHalf)
+      run(f, reinterpret_cast<const uint16_t*>(sc.const_data_ptr<at::Half>()));
     else
-      li::groups<li::Format::Q8_0>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, rows, K, C, H, N, O + m0 * N, g0, g1);
-  });
+      run(f, sc.const_data_ptr<float>());
+  };
+  if (q4)
+    with_scales(Q4_1{});
+  else if (q8)
+    with_scales(Q8_0{});
+  else
+    with_scales(Q8_0_16{});
   return out;
 }

@@ -118,8 +118,9 @@ void check_q4_1(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
 }
 
 // linear_i8: x with an all-zero block, a block of ties and an inf; codes random; scales random float16
-// values with zeros and subnormals. groups<F> over a split of the groups against group_portable<F>.
-template <linear_i8::Format F>
+// (S = uint16_t) or float32 values with zeros and subnormals. groups<F> over a split of the groups against
+// group_portable<F>.
+template <linear_i8::Format F, typename S>
 void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
   namespace li = linear_i8;
   std::normal_distribution<float> d;
@@ -135,25 +136,36 @@ void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
     for (int i = 0; i < 32; ++i) x[4 * K + i] *= 1e-39f;
   std::vector<uint8_t> codes(NG * G * li::code_bytes<F>());
   for (auto& c : codes) c = static_cast<uint8_t>(byte(g));
-  std::vector<uint16_t> scales(NG * G * li::scale_halves<F>());
+  std::vector<S> scales(NG * G * li::scale_count<F>());
   for (size_t i = 0; i < scales.size(); ++i) {
     const float v = i % 7 == 0 ? 0.f : i % 11 == 0 ? 3e-6f : (i % 2 ? -1.f : 1.f) * std::fabs(d(g)) * 0.02f;
-    scales[i] = from_float<f16>(v).bits;
+    if constexpr (std::is_same_v<S, float>)
+      scales[i] = i % 13 == 0 ? 1e-41f : v;  // a subnormal float32 scale too
+    else
+      scales[i] = from_float<f16>(v).bits;
   }
   std::vector<int8_t> q(M * K);
   std::vector<float> dx(M * G), sm(M * G);
-  std::vector<int32_t> sx(M * G);
-  li::quantize_rows(x.data(), M, K, q.data(), dx.data(), sm.data(), sx.data());
+  std::vector<int32_t> sx(M * G), sx0(M * G);
+  li::quantize_rows(x.data(), M, K, q.data(), dx.data(), sm.data(), sx.data(), sx0.data());
+  for (int64_t i = 0; i < M * G; ++i) {  // sx0: the first 16 codes' sum
+    int want0 = 0;
+    for (int k = 0; k < 16; ++k) want0 += q[i * 32 + k];
+    EXPECT(sx0[i] == want0);
+  }
   std::vector<float> out(M * N, std::nanf("")), want(M * N), row(N);
   const int64_t split = (M * 5 + K) % (NG + 1);
-  li::groups<F>(q.data(), dx.data(), sm.data(), sx.data(), M, K, codes.data(), scales.data(), N, out.data(), 0, split);
-  li::groups<F>(q.data(), dx.data(), sm.data(), sx.data(), M, K, codes.data(), scales.data(), N, out.data(), split, NG);
+  li::groups<F>(q.data(), dx.data(), sm.data(), sx.data(), sx0.data(), M, K, codes.data(), scales.data(), N, out.data(),
+                0, split);
+  li::groups<F>(q.data(), dx.data(), sm.data(), sx.data(), sx0.data(), M, K, codes.data(), scales.data(), N, out.data(),
+                split, NG);
   for (int64_t ng = 0; ng < NG; ++ng)
-    li::group_portable<F>(q.data(), dx.data(), sm.data(), sx.data(), M, K, codes.data() + ng * G * li::code_bytes<F>(),
-                          scales.data() + ng * G * li::scale_halves<F>(), want.data() + ng * li::kGroup, N);
+    li::group_portable<F>(q.data(), dx.data(), sm.data(), sx.data(), sx0.data(), M, K,
+                          codes.data() + ng * G * li::code_bytes<F>(), scales.data() + ng * G * li::scale_count<F>(),
+                          want.data() + ng * li::kGroup, N);
   for (int64_t m = 0; m < M; ++m) {
-    li::groups<F>(q.data() + m * K, dx.data() + m * G, sm.data() + m * G, sx.data() + m * G, 1, K, codes.data(),
-                  scales.data(), N, row.data(), 0, NG);
+    li::groups<F>(q.data() + m * K, dx.data() + m * G, sm.data() + m * G, sx.data() + m * G, sx0.data() + m * G, 1, K,
+                  codes.data(), scales.data(), N, row.data(), 0, NG);
     for (int64_t n = 0; n < N; ++n) {
       EXPECT(std::memcmp(&out[m * N + n], &want[m * N + n], 4) == 0);
       EXPECT(std::memcmp(&out[m * N + n], &row[n], 4) == 0);
@@ -180,9 +192,13 @@ int main() {
   for (int64_t M : {1, 2, 3, 4, 5, 8, 9})
     for (int64_t K : {32, 64, 576})
       for (int64_t NG : {1, 2, 5}) {
-        check_i8<linear_i8::Format::Q4_1>(M, K, NG, g);
-        check_i8<linear_i8::Format::Q8_0>(M, K, NG, g);
-        cases += 2;
+        check_i8<linear_i8::Format::Q4_1, uint16_t>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q8_0, uint16_t>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q4_1, float>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q8_0, float>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q8_0_16, uint16_t>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q8_0_16, float>(M, K, NG, g);
+        cases += 6;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13})
     for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 64, 100, 576})

@@ -26,7 +26,7 @@ from .llama import Llama, _rowwise_available, _rowwise_rows, bulk_weight
 
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
            "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
-           "rowwise_linear_i8_reference", "Int8DotLinear"]
+           "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "GGUF_I8_TYPES", "gguf_i8_blocks"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -279,15 +279,25 @@ def _check_i8_shapes(w_shape):
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
-def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks: Q4_1 (``q`` uint8 codes
-    0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``) or Q8_0 (``q`` int8 ``[N, K]``, ``d``, ``m`` None).
-    ``d`` and ``m`` must hold float16 values (GGUF's); ``N % 16 == 0``, ``K % 32 == 0``."""
-    fmt = "Q4_1" if m is not None else "Q8_0"
+I8_FORMATS = ("Q4_1", "Q8_0", "Q8_0_16")  # the packed forms (linear_i8.h)
+_I8_CODE_BYTES = {"Q4_1": 256, "Q8_0": 512, "Q8_0_16": 512}  # per block of 32 inputs and group of 16 rows
+_I8_SCALES = {"Q4_1": 32, "Q8_0": 16, "Q8_0_16": 32}  # scales per block and group
+
+
+def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
+            scales_dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks, ``w = d * q (+ m)``:
+    Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``), Q8_0 (``q`` int8 ``[N, K]``,
+    ``d`` ``[N, K / 32]``, ``m`` None) or Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
+    weights, GGUF Q6_K's). ``scales_dtype``: float16 (``d`` and ``m`` must hold float16 values, as GGUF's
+    Q4_0..Q8_0 blocks store them) or float32 (any float32 values: the K-quants' ``d * sc``).
+    ``N % 16 == 0``, ``K % 32 == 0``."""
     _check_i8_shapes(tuple(q.shape))
     N, K = q.shape
     NG, G = N // I8_GROUP, K // GROUP
-    if fmt == "Q4_1":
+    if scales_dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"pack_i8: scales_dtype must be torch.float16 or torch.float32, got {scales_dtype}")
+    if m is not None:
         if q.dtype != torch.uint8 or int(q.max()) > 15:
             raise ValueError("pack_i8: Q4_1 codes must be uint8 in 0..15")
         c = q.reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
@@ -295,33 +305,100 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> 
         halves = [d, m]
     else:
         if q.dtype != torch.int8:
-            raise ValueError("pack_i8: Q8_0 codes must be int8")
+            raise ValueError("pack_i8: Q8_0 / Q8_0_16 codes must be int8")
         codes = (q.to(torch.int16) + 128).to(torch.uint8).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4)
-        halves = [d]
+        sixteen = d.dim() == 2 and d.shape == (N, 2 * G)
+        halves = [d[:, 0::2], d[:, 1::2]] if sixteen else [d]
     for h in halves:
-        if h.shape != (N, G) or not torch.equal(h.float().half().float(), h.float()):
-            raise ValueError(f"pack_i8: scales must be [{N}, {G}] float16 values (as GGUF stores them)")
-    scales = torch.stack([h.float().half().reshape(NG, I8_GROUP, G).transpose(1, 2) for h in halves], 2)
+        if h.shape != (N, G):
+            raise ValueError(f"pack_i8: scales must be [{N}, {G}] (or [{N}, {2 * G}] for Q8_0_16), got "
+                             f"{list(d.shape)}" + ("" if m is None else f" and {list(m.shape)}"))
+        if scales_dtype == torch.float16 and not torch.equal(h.float().half().float(), h.float()):
+            raise ValueError("pack_i8: float16 scales must be float16 values (as GGUF stores them); pass "
+                             "scales_dtype=torch.float32 for others")
+        if scales_dtype == torch.float32 and h.dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"pack_i8: float32 scales must come as float32 (or float16), got {h.dtype}")
+    scales = torch.stack([h.to(scales_dtype).reshape(NG, I8_GROUP, G).transpose(1, 2) for h in halves], 2)
     return codes.reshape(NG, -1).contiguous(), scales.reshape(NG, -1).contiguous()
 
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
-    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 codes 0..15, or Q8_0's int8
-    values), ``d`` and ``m`` float32 ``[N, K / 32]`` (``m`` None for Q8_0)."""
+    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 codes 0..15, or the int8
+    values of Q8_0 / Q8_0_16), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16) and ``m``
+    float32 ``[N, K / 32]`` (None but for Q4_1)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
-    fmt = "Q4_1" if codes.shape[1] == G * 256 else "Q8_0"
-    if K % GROUP or codes.shape[1] != G * (256 if fmt == "Q4_1" else 512) or \
-            scales.shape != (NG, G * (32 if fmt == "Q4_1" else 16)):
-        raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} are not packed "
-                         f"blocks of {K} inputs")
+    fmt = next((f for f in I8_FORMATS if codes.shape[1] == G * _I8_CODE_BYTES[f]
+                and scales.shape[1:] == (G * _I8_SCALES[f],)), None) if K % GROUP == 0 and K > 0 else None
+    if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} {scales.dtype} are "
+                         f"not packed blocks of {K} inputs")
     if fmt == "Q4_1":
         c = codes.reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
     else:
         q = (codes.reshape(NG, G, 8, I8_GROUP, 4).long() - 128).permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
     h = scales.reshape(NG, G, -1, I8_GROUP).float().permute(2, 0, 3, 1).reshape(-1, NG * I8_GROUP, G)
+    if fmt == "Q8_0_16":
+        return fmt, q, torch.stack([h[0], h[1]], -1).reshape(NG * I8_GROUP, 2 * G), None
     return fmt, q, h[0], (h[1] if fmt == "Q4_1" else None)
+
+
+# GGUF block types the integer dot products take, in which packed form (linear_i8.h), with the bytes of a
+# block of BLOCK weights: each maps exactly (the dequantised weight is gguf's, bitwise).
+GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q8_0", 32, 18),
+                 "Q5_0": ("Q8_0", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210)}
+
+
+def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
+    """GGUF tensor data of type ``kind`` (uint8 ``[N, bytes per row]``, as stored) -> ``(q, d, m,
+    scales_dtype)`` for :func:`pack_i8`, such that ``d * q (+ m)`` is gguf's dequantised weight bitwise:
+    Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are; Q4_0 and Q5_0 as Q8_0 with ``q - 8``
+    and ``q - 16``; Q4_K as Q4_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact products of
+    a float16 and a 6-bit integer); Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights."""
+    if kind not in GGUF_I8_TYPES:
+        raise ValueError(f"gguf_i8_blocks: {kind} is not one of {', '.join(GGUF_I8_TYPES)}")
+    _, block, nbytes = GGUF_I8_TYPES[kind]
+    N = raw.shape[0]
+    if in_features % block or raw.dtype != torch.uint8 or raw.shape != (N, in_features // block * nbytes):
+        raise ValueError(f"gguf_i8_blocks: {kind} data for {in_features} inputs must be uint8 "
+                         f"[N, {in_features // block * nbytes}], got {raw.dtype} {list(raw.shape)}")
+    b = raw.reshape(N, -1, nbytes)
+    nb = b.shape[1]
+
+    def f16(lo):  # float16 bytes [lo, lo + 2) of each block as float32 [N, nb]
+        return b[..., lo:lo + 2].contiguous().view(torch.float16)[..., 0].float()
+
+    def nibbles(x):  # bytes [..., n] -> [..., 2, n]: low nibbles, then high
+        return torch.stack([x & 15, x >> 4], -2)
+
+    if kind == "Q8_0":
+        return b[..., 2:].contiguous().view(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
+    if kind == "Q4_1":
+        return nibbles(b[..., 4:]).reshape(N, in_features), f16(0), f16(2), torch.float16
+    if kind == "Q4_0":
+        q = nibbles(b[..., 2:]).to(torch.int16) - 8
+        return q.to(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
+    if kind == "Q5_0":
+        qh = b[..., 2:6].contiguous().view(torch.int32)  # [N, nb, 1]: bit i is weight i's fifth bit
+        high = (qh >> torch.arange(32, dtype=torch.int32)) & 1  # [N, nb, 32]
+        q = nibbles(b[..., 6:]).reshape(N, nb, 32).to(torch.int16) | (high.to(torch.int16) << 4)
+        return (q - 16).to(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
+    if kind == "Q4_K":
+        d, dmin, sc12 = f16(0), f16(2), b[..., 4:16].long().reshape(N, nb, 3, 4)
+        lo, mid, top = sc12[..., 0, :], sc12[..., 1, :], sc12[..., 2, :]  # sub-blocks 0-3 / 4-7 in 6 bits
+        sc = torch.cat([lo & 63, (top & 15) | ((lo >> 2) & 48)], -1)  # [N, nb, 8]
+        mn = torch.cat([mid & 63, (top >> 4) | ((mid >> 2) & 48)], -1)
+        q = nibbles(b[..., 16:].reshape(N, nb, 4, 32))  # [N, nb, 4, 2, 32]: 64 weights per 32 bytes
+        return (q.reshape(N, in_features), (d[..., None] * sc.float()).reshape(N, -1),
+                -(dmin[..., None] * mn.float()).reshape(N, -1), torch.float32)
+    # Q6_K: ql [128], qh [64], scales int8 [16], d float16 per 256 weights (gguf's order of the 6-bit codes)
+    ql, qh = b[..., :128], b[..., 128:192]
+    sc = b[..., 192:208].contiguous().view(torch.int8).float()
+    low = nibbles(ql.reshape(N, nb, 2, 64)).reshape(N, nb, 8, 32)
+    high = ((qh.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
+    q = (low | (high.reshape(N, nb, 8, 32) << 4)).to(torch.int16) - 32
+    return q.to(torch.int8).reshape(N, in_features), (f16(208)[..., None] * sc).reshape(N, -1), None, torch.float32
 
 
 def quantize_activations_i8(x: torch.Tensor):
@@ -345,8 +422,14 @@ def rowwise_linear_i8_reference(x: torch.Tensor, codes: torch.Tensor, scales: to
     N, G = w.shape[0], K // GROUP
     q, dx, sx = quantize_activations_i8(x)
     sm = dx * sx
-    isum = torch.einsum("mgi,ngi->gmn", q, w.reshape(N, G, GROUP)).float()  # exact: |isum| < 2^24
     acc = torch.zeros(M, N)
+    if fmt == "Q8_0_16":  # each half of a block on its own: (d_0 dx) isum_0 + (d_1 dx) isum_1
+        isum = torch.einsum("mghi,nghi->ghmn", q.reshape(M, G, 2, 16), w.reshape(N, G, 2, 16)).float()
+        for b in range(G):
+            t0 = (d[None, :, 2 * b] * dx[:, b, None]) * isum[b, 0]
+            acc = acc + (t0 + (d[None, :, 2 * b + 1] * dx[:, b, None]) * isum[b, 1])
+        return acc
+    isum = torch.einsum("mgi,ngi->gmn", q, w.reshape(N, G, GROUP)).float()  # exact: |isum| < 2^24
     for b in range(G):
         t = (d[None, :, b] * dx[:, b, None]) * isum[b]
         if m is not None:
@@ -360,22 +443,23 @@ def _i8_kernel_available() -> bool:
 
 
 class Int8DotLinear(_FixedDtypeScales):
-    """A linear layer on GGUF Q4_1 or Q8_0 blocks that rounds its input to int8 blocks of 32 and sums the
-    products as integers (llama.cpp's class of arithmetic; the exact definition in
-    csrc/include/triforce/linear_i8.h): ``codes`` uint8 and ``scales`` float16 buffers in
-    ``rowwise_linear_i8``'s packed layout (:func:`pack_i8`), optional float32 ``bias``. Not bitwise a float32
+    """A linear layer on GGUF weight blocks (Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K: :func:`gguf_i8_blocks`) that
+    rounds its input to int8 blocks of 32 and sums the products as integers (llama.cpp's class of arithmetic;
+    the exact definition in csrc/include/triforce/linear_i8.h): ``codes`` uint8 and ``scales`` float16 or
+    float32 buffers in ``rowwise_linear_i8``'s packed layout (:func:`pack_i8`), optional float32 ``bias``. Not bitwise a float32
     ``Linear`` (the input is rounded), but one arithmetic everywhere: the kernel on the CPU at every row count,
     and :func:`rowwise_linear_i8_reference` (bitwise the kernel) where the kernel is missing or the input is
     elsewhere. Each output row depends on its input row only, so a verification pass of any size computes
     what an autoregressive step computes. Inputs of other float dtypes are computed in float32 and cast back;
     the rounding has no gradient (no autograd through it)."""
 
-    _scales_dtype = torch.float16  # the blocks' d and m, not a weight in the model's dtype
-
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, in_features: int, bias: torch.Tensor | None = None):
         super().__init__()
-        if codes.dtype != torch.uint8 or scales.dtype != torch.float16 or codes.dim() != 2 or scales.dim() != 2:
-            raise ValueError("Int8DotLinear: codes must be 2-D uint8 and scales 2-D float16 (pack_i8 makes them)")
+        if codes.dtype != torch.uint8 or scales.dtype not in (torch.float16, torch.float32) or codes.dim() != 2 \
+                or scales.dim() != 2:
+            raise ValueError("Int8DotLinear: codes must be 2-D uint8 and scales 2-D float16 or float32 (pack_i8 "
+                             "makes them)")
+        self._scales_dtype = scales.dtype  # the blocks' d and m, not a weight in the model's dtype
         self.format = unpack_i8(codes[:1], scales[:1], in_features)[0]  # checks the shapes
         self.in_features, self.out_features = in_features, codes.shape[0] * I8_GROUP
         self.register_buffer("codes", codes.contiguous())
@@ -401,7 +485,7 @@ class Int8DotLinear(_FixedDtypeScales):
     def weight(self) -> torch.Tensor:
         """The dequantised weight (float32, computed on each access): gguf's ``d * q + m`` or ``d * q``."""
         _, q, d, m = unpack_i8(self.codes, self.scales, self.in_features)
-        qf = q.float().reshape(self.out_features, -1, GROUP)
+        qf = q.float().reshape(self.out_features, d.shape[1], -1)
         w = qf * d[..., None] if m is None else qf * d[..., None] + m[..., None]
         return w.reshape(self.out_features, self.in_features)
 
@@ -425,7 +509,9 @@ class Int8DotLinear(_FixedDtypeScales):
         return self._buffers["codes"], self._buffers["scales"], self._parameters.get("bias")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.format} x int8 blocks"
+        scales = str(self.scales.dtype).removeprefix("torch.")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.format} ({scales} "
+                f"scales) x int8 blocks")
 
 
 def _copy_with_linears(model, replace):
@@ -466,11 +552,12 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     bytes per weight instead of 4. Each replaced layer's dequantised weight is compared with the model's
     float32 weight, bitwise: a model whose weights are not that file's raises ``ValueError``.
 
-    ``activations="int8"``: those layers (where ``out_features % 16 == 0``) become :class:`Int8DotLinear`
-    instead: the input rounded to int8 blocks, integer dot products (llama.cpp's class of arithmetic). Not
-    bitwise ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows are independent,
-    so every engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster products on a
-    Zen 4 core (docs/model.md, "Integer dot products")."""
+    ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q4_K and
+    Q6_K tensors (:data:`GGUF_I8_TYPES`: a Q4_K_M file's types), become :class:`Int8DotLinear` instead: the
+    input rounded to int8 blocks, integer dot products (llama.cpp's class of arithmetic). Not bitwise
+    ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows are independent, so every
+    engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster products on a Zen 4 core
+    (docs/model.md, "Integer dot products")."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"gguf_copy: activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
     from .loading import read_gguf_blocks
@@ -479,7 +566,7 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
         raise TypeError(f"gguf_copy: expected a triforce.models.Llama, got {type(model).__name__}")
     if model.dtype != torch.float32 or model.device.type != "cpu":
         raise ValueError(f"gguf_copy: expected a float32 model on the CPU, got {model.dtype} on {model.device}")
-    blocks = read_gguf_blocks(path)
+    blocks = read_gguf_blocks(path, tuple(GGUF_I8_TYPES) if activations == "int8" else ("Q4_1", "Q8_0"))
     if model.config.tie_word_embeddings:
         blocks["lm_head.weight"] = blocks.get("model.embed_tokens.weight")
 
@@ -488,13 +575,17 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
         if found is None or type(mod.weight) is not nn.Parameter:
             return mod
         kind, b = found
-        new = (Q4Linear(gguf_q4_1_blocks(b), mod.in_features, mod.bias) if kind == "Q4_1"
-               else _q8_0_linear(b, mod.in_features, mod.bias))
+        if activations == "int8" and mod.out_features % I8_GROUP == 0:
+            q, d, m, scales_dtype = gguf_i8_blocks(kind, b, mod.in_features)
+            new = Int8DotLinear(*pack_i8(q, d, m, scales_dtype), mod.in_features, mod.bias)
+        elif kind in ("Q4_1", "Q8_0"):
+            new = (Q4Linear(gguf_q4_1_blocks(b), mod.in_features, mod.bias) if kind == "Q4_1"
+                   else _q8_0_linear(b, mod.in_features, mod.bias))
+        else:  # another type, on a layer the packed groups of 16 rows do not fit: float32, as loaded
+            return mod
         if new.weight.shape != mod.weight.shape or not torch.equal(new.weight, mod.weight):
             raise ValueError(f"gguf_copy: {name}'s weight is not the dequantised {kind} tensor of {str(path)!r} "
                              f"(a model loaded from another file, or changed since)")
-        if activations == "int8" and new.out_features % I8_GROUP == 0:
-            return Int8DotLinear.from_q4(new) if kind == "Q4_1" else Int8DotLinear.from_q8(new)
         return new
 
     return _copy_with_linears(model, replace)

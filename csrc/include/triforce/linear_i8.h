@@ -1,7 +1,11 @@
-// rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks (Q4_1 or Q8_0) and x rounded to int8
-// blocks, the products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and
-// Q8_0 with Q8_0 blocks of x), here with its own exact definition (below), bitwise the same on every path
-// and for every row count. Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py
+// rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
+// products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
+// blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
+// row count. Three packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+//   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_K (float32 d = d * sc,
+//           m = -dmin * mn of each 32-weight sub-block, both exact in float32);
+//   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0, Q4_0 (code = q - 8), Q5_0 (q - 16), float16 d;
+//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact). Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py
 // (Q4Int8Linear, gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
 // Why: a float32 product on dequantised 4-bit weights (rowwise_linear_q4_1) spends its time dequantising
@@ -17,6 +21,8 @@
 //            sx = sum_i q_i (int), sm = dx * float(sx)
 //   Q4_1:    isum = sum_i code_i * q_i (exact int32), term = (d * dx) * float(isum) + m * sm
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
+//   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i,   term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1)
+//            (d_h: the scale of weights 16h .. 16h + 15 of the block)
 //   acc = acc + term (acc starts at 0.0f), each operation rounded to float32 on its own (no FMA).
 // Every float operation is per output and in a fixed order, the integer sums are exact: the result of
 // (m, n) depends on x[m] and w[n] only, whatever M, the thread count or the path (AVX-512 VNNI or the
@@ -28,8 +34,10 @@
 //           Q4_1 (CB 256, t < 4): the low nibble code k = 4t + i, the high nibble code k = 16 + 4t + i;
 //           Q8_0 (CB 512, t < 8): w[k = 4t + i] + 128 (int8 weights shifted to unsigned for vpdpbusd,
 //                                 isum corrected by -128 * sx, exactly);
-//   scales [N / 16, K / 32 * SB] float16, per block: Q4_1 (SB 32) d of the 16 rows then m of the 16 rows;
-//          Q8_0 (SB 16) d of the 16 rows.
+//           Q8_0_16: as Q8_0;
+//   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1 (SB 32) d of the
+//          16 rows then m of the 16 rows; Q8_0 (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0 of the 16 rows
+//          then d_1 of the 16 rows.
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -48,16 +56,21 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q8_0 };
+enum class Format { Q4_1, Q8_0, Q8_0_16 };
 
 template <Format F>
 constexpr int64_t code_bytes() { return F == Format::Q4_1 ? 256 : 512; }  // per block of a group
 template <Format F>
-constexpr int64_t scale_halves() { return F == Format::Q4_1 ? 32 : 16; }  // per block of a group
+constexpr int64_t scale_count() { return F == Format::Q8_0 ? 16 : 32; }  // per block of a group
+
+// A scale as float32: S = uint16_t holds float16 bits, S = float is itself.
+inline float scale_value(uint16_t h) { return to_float(f16{h}); }
+inline float scale_value(float v) { return v; }
 
 // x rounded to int8 blocks: q [M, K] int8, dx [M, K / 32] and sm [M, K / 32] float32, sx [M, K / 32] int32
-// (above).
-inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* dx, float* sm, int32_t* sxs) {
+// (above), sx0 [M, K / 32] int32: the sum of the block's first 16 q_i (Q8_0_16's first half).
+inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* dx, float* sm, int32_t* sxs,
+                          int32_t* sx0s) {
   const int64_t G = K / kBlock;
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < G; ++b) {
@@ -70,13 +83,14 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float
         amax = std::max(amax, std::fabs(xb[i]));
       }
       const float d = amax / 127.f;
-      int sx = 0;
+      int sx = 0, sx0 = 0;
       if (finite && d > 0.f) {
         for (int i = 0; i < kBlock; ++i) {
           const float v = std::nearbyint(xb[i] / d);  // the default rounding mode: to nearest, ties to even
           const int qi = static_cast<int>(std::min(127.f, std::max(-127.f, v)));
           qb[i] = static_cast<int8_t>(qi);
           sx += qi;
+          if (i == kBlock / 2 - 1) sx0 = sx;
         }
       } else {
         std::memset(qb, 0, kBlock);
@@ -85,6 +99,7 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float
       dx[r * G + b] = finite ? d : std::numeric_limits<float>::quiet_NaN();
       sm[r * G + b] = dx[r * G + b] * static_cast<float>(sx);
       sxs[r * G + b] = sx;
+      sx0s[r * G + b] = sx0;
     }
 }
 
@@ -96,19 +111,20 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float
 #endif
 
 // Portable path: the same integer sums and float operations, one output at a time.
-template <Format F>
-inline void group_portable(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, int64_t rows, int64_t K,
-                           const uint8_t* codes, const uint16_t* scales, float* out, int64_t ldo) {
+template <Format F, typename S>
+inline void group_portable(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
+                           int64_t rows, int64_t K, const uint8_t* codes, const S* scales, float* out, int64_t ldo) {
   const int64_t G = K / kBlock;
   for (int64_t r = 0; r < rows; ++r)
     for (int j = 0; j < kGroup; ++j) {
       float acc = 0.f;
       for (int64_t b = 0; b < G; ++b) {
         const uint8_t* c = codes + b * code_bytes<F>();
-        const uint16_t* s = scales + b * scale_halves<F>();
+        const S* s = scales + b * scale_count<F>();
         const int8_t* qb = q + r * K + b * kBlock;
-        int32_t isum = 0;
+        int32_t isum = 0, isum0 = 0;
         for (int k = 0; k < kBlock; ++k) {
+          if (k == kBlock / 2) isum0 = isum;
           int w;
           if constexpr (F == Format::Q4_1) {
             const int t = (k & 15) >> 2, i = k & 3;
@@ -119,12 +135,24 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           }
           isum += w * qb[k];
         }
-        if constexpr (F == Format::Q8_0) isum -= 128 * sxs[r * G + b];
-        float sd = to_float(f16{s[j]}) * dx[r * G + b];
-        float t1 = sd * static_cast<float>(isum);
+        if constexpr (F != Format::Q4_1) isum -= 128 * sxs[r * G + b];
+        if constexpr (F == Format::Q8_0_16) {
+          isum0 -= 128 * sx0s[r * G + b];
+          isum -= isum0;  // the second half's sum
+        }
+        float sd = scale_value(s[j]) * dx[r * G + b];
+        float t1 = sd * static_cast<float>(F == Format::Q8_0_16 ? isum0 : isum);
         TRIFORCE_OPAQUE_FLOAT(t1);
+        if constexpr (F == Format::Q8_0_16) {
+          float sd1 = scale_value(s[16 + j]) * dx[r * G + b];
+          TRIFORCE_OPAQUE_FLOAT(sd1);
+          float t2 = sd1 * static_cast<float>(isum);
+          TRIFORCE_OPAQUE_FLOAT(t2);
+          t1 = t1 + t2;
+          TRIFORCE_OPAQUE_FLOAT(t1);
+        }
         if constexpr (F == Format::Q4_1) {
-          float t2 = to_float(f16{s[16 + j]}) * sm[r * G + b];
+          float t2 = scale_value(s[16 + j]) * sm[r * G + b];
           TRIFORCE_OPAQUE_FLOAT(t2);
           t1 = t1 + t2;
           TRIFORCE_OPAQUE_FLOAT(t1);
@@ -139,9 +167,16 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
 constexpr bool kVnni = true;
 
 // ROWS (1..kRows) rows of x against one group (16 output rows), all K.
-template <Format F, int ROWS>
-inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, int64_t K, const uint8_t* codes,
-                       const uint16_t* scales, float* out, int64_t ldo, const uint8_t* prefetch) {
+// 16 scales as float32 lanes.
+inline __m512 load_scales(const uint16_t* s) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+}
+inline __m512 load_scales(const float* s) { return _mm512_loadu_ps(s); }
+
+template <Format F, int ROWS, typename S>
+inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
+                       int64_t K, const uint8_t* codes, const S* scales, float* out, int64_t ldo,
+                       const uint8_t* prefetch) {
   const int64_t G = K / kBlock;
   constexpr int T = F == Format::Q4_1 ? 4 : 8;  // 64-byte code vectors per block
   const __m512i nib = _mm512_set1_epi8(0x0f);
@@ -149,7 +184,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
   for (__m512& a : acc) a = _mm512_setzero_ps();
   for (int64_t b = 0; b < G; ++b) {
     const uint8_t* c = codes + b * code_bytes<F>();
-    const uint16_t* s = scales + b * scale_halves<F>();
+    const S* s = scales + b * scale_count<F>();
     if (prefetch != nullptr)
       for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
     // w[v]: the code vector that meets x bytes 4v .. 4v + 3 of the block
@@ -163,7 +198,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
     } else {
       for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    const __m512 d = load_scales(s);
     for (int r = 0; r < ROWS; ++r) {
       const int8_t* qb = q + r * K + b * kBlock;
       auto x4 = [&](int v) {
@@ -171,6 +206,28 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
         std::memcpy(&word, qb + 4 * v, 4);
         return _mm512_set1_epi32(word);
       };
+      if constexpr (F == Format::Q8_0_16) {  // the halves' sums apart: x bytes 0..15, then 16..31
+        __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
+        __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], x4(4));
+        for (int v = 1; v < 4; ++v) {
+          i0 = _mm512_dpbusd_epi32(i0, w[v], x4(v));
+          i1 = _mm512_dpbusd_epi32(i1, w[4 + v], x4(4 + v));
+        }
+        const int32_t sx0 = sx0s[r * G + b], sx1 = sxs[r * G + b] - sx0;  // the +128 of the codes, exact
+        i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(128 * sx0));
+        i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(128 * sx1));
+        const __m512 dxv = _mm512_set1_ps(dx[r * G + b]);
+        __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i0));
+        asm("" : "+v"(t1));
+        __m512 sd1 = _mm512_mul_ps(load_scales(s + 16), dxv);
+        asm("" : "+v"(sd1));
+        __m512 t2 = _mm512_mul_ps(sd1, _mm512_cvtepi32_ps(i1));
+        asm("" : "+v"(t2));
+        t1 = _mm512_add_ps(t1, t2);
+        asm("" : "+v"(t1));
+        acc[r] = _mm512_add_ps(acc[r], t1);
+        continue;
+      }
       __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
       __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x4(1));
       for (int v = 2; v < 8; v += 2) {
@@ -184,7 +241,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
       __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
       asm("" : "+v"(t1));
       if constexpr (F == Format::Q4_1) {
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16)));
+        const __m512 m = load_scales(s + 16);
         __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm[r * G + b]));
         asm("" : "+v"(t2));
         t1 = _mm512_add_ps(t1, t2);
@@ -202,13 +259,13 @@ constexpr bool kVnni = false;
 // Groups [g0, g1) of 16 output rows against x's M rows (already quantised: q, dx, sm as quantize_rows
 // writes them); out [M, N] float32. While a group's first rows are computed, the next group's codes are
 // prefetched into L2 (the groups are consecutive in memory, one stream).
-template <Format F>
-inline void groups(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, int64_t M, int64_t K, const uint8_t* codes,
-                   const uint16_t* scales, int64_t N, float* out, int64_t g0, int64_t g1) {
-  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = G * scale_halves<F>();
+template <Format F, typename S>
+inline void groups(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s, int64_t M,
+                   int64_t K, const uint8_t* codes, const S* scales, int64_t N, float* out, int64_t g0, int64_t g1) {
+  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = G * scale_count<F>();
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* c = codes + g * cb;
-    const uint16_t* s = scales + g * sb;
+    const S* s = scales + g * sb;
     for (int64_t m = 0; m < M; m += kRows) {
       const int64_t rows = std::min(kRows, M - m);
       float* o = out + m * N + g * kGroup;
@@ -216,15 +273,15 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
       const uint8_t* pf = m == 0 && g + 1 < g1 ? c + cb : nullptr;
       const int8_t* qm = q + m * K;
       const float *dm = dx + m * G, *smm = sm + m * G;
-      const int32_t* sxm = sxs + m * G;
+      const int32_t *sxm = sxs + m * G, *sx0m = sx0s + m * G;
       switch (rows) {
-        case 1: group_vnni<F, 1>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
-        case 2: group_vnni<F, 2>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
-        case 3: group_vnni<F, 3>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
-        default: group_vnni<F, 4>(qm, dm, smm, sxm, K, c, s, o, N, pf); break;
+        case 1: group_vnni<F, 1>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+        case 2: group_vnni<F, 2>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+        case 3: group_vnni<F, 3>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+        default: group_vnni<F, 4>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
       }
 #else
-      group_portable<F>(q + m * K, dx + m * G, sm + m * G, sxs + m * G, rows, K, c, s, o, N);
+      group_portable<F>(q + m * K, dx + m * G, sm + m * G, sxs + m * G, sx0s + m * G, rows, K, c, s, o, N);
 #endif
     }
   }
