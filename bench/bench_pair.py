@@ -1,11 +1,14 @@
 """TriForce with a real small draft model: Qwen2.5-Coder-0.5B-Instruct drafting for
-Qwen2.5-Coder-1.5B-Instruct (both Q4_K_M GGUF, dequantised to float32; ``python -m triforce fetch-pair``
-downloads them, docs/pair.md). Opt-in: it needs the pair (1.6 GB download) and ~20 GB of memory at
-the default sizes, and is never part of the README's commands.
+Qwen2.5-Coder-1.5B-Instruct (both Q4_K_M GGUF; ``python -m triforce fetch-pair`` downloads them,
+docs/pair.md), dequantised to float32 or, with ``--dtype gguf-int8``, on the files' own blocks with
+integer dot products (triforce.models.gguf_copy; results then go to bench/pair_results_gguf-int8.json).
+Opt-in: it needs the pair (1.6 GB download) and ~20 GB of memory at the default sizes, and is never part
+of the README's commands.
 
     TRIFORCE_CACHE_MAX_GB=12 python bench/bench_pair.py                       # all parts, defaults
     TRIFORCE_CACHE_MAX_GB=12 python bench/bench_pair.py --parts table1 --context 4096
     python bench/bench_pair.py --quick                                         # smoke run, short prompts
+    python bench/bench_pair.py --dtype gguf-int8 --parts batch1 costs          # on the GGUF blocks
 
 Parts (``--parts``):
 
@@ -58,6 +61,7 @@ from triforce.models import hub  # noqa: E402
 from triforce.models.cache import FullCache  # noqa: E402
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+DTYPE = "float32"  # the weights both models run on (--dtype)
 SAMPLING = {"temperature": 0.6, "top_p": 0.9}
 
 
@@ -91,7 +95,7 @@ def row_record(part: str, method: str, shape: str, stats: dict, base_stats: dict
     if base_stats is not None:
         b = 1.0 / base_stats["tokens_per_s"]
         base = {"median_s": b, "p10_s": b, "p90_s": b}
-    record(family="pair", op=f"{part}:{method}", backend="auto", shape=shape, dtype="float32", timing=timing,
+    record(family="pair", op=f"{part}:{method}", backend="auto", shape=shape, dtype=DTYPE, timing=timing,
            baseline="autoregressive" if base else "", baseline_timing=base, extra=json.dumps(extra, default=str))
 
 
@@ -206,14 +210,14 @@ def part_costs(target, draft, tok, args, out: dict) -> None:
                     "ms": t["median_s"] * 1e3, "p10_ms": t["p10_s"] * 1e3, "p90_ms": t["p90_s"] * 1e3,
                     "bytes": nbytes, "floor_ms": nbytes / bw * 1e3})
         record(family="pair", op="costs:forward", backend="auto", shape=f"B={B},cache={length},T={T},model={which}",
-               dtype="float32", timing=t, bytes_moved=nbytes, bandwidth=bw, extra=json.dumps({"pass": name}))
+               dtype=DTYPE, timing=t, bytes_moved=nbytes, bandwidth=bw, extra=json.dumps({"pass": name}))
     full = {r["tokens"]: r["ms"] for r in res[:gmax]}
     mid, dstep, dstream = (r["ms"] for r in res[gmax:])
     ar = full[1]
     out["costs"] = {"batch": B, "context": N, "threads": torch.get_num_threads(), "copy_gbps": bw / 1e9,
                     "weights_bytes": {"target": wt, "draft": wd}, "kv_bytes_per_token": {"target": kt, "draft": kd},
                     "kv_equals_weights_at_tokens_per_row": wt // kt, "rows": res}
-    print(f"\nOne forward pass per level, batch {B}, context {N}, float32, {torch.get_num_threads()} threads; "
+    print(f"\nOne forward pass per level, batch {B}, context {N}, {DTYPE}, {torch.get_num_threads()} threads; "
           f"copy bandwidth {bw / 1e9:.1f} GB/s. Weights read per pass: target {wt / 1e9:.2f} GB, draft "
           f"{wd / 1e9:.2f} GB; KV cache: target {kt} B/token, draft {kd} B/token (the target's KV cache outweighs "
           f"its weights from {wt // kt:,} tokens per row / batch).\n")
@@ -335,21 +339,26 @@ def main() -> None:
                                                  "--quick: none)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 512-token prompts, 8 new tokens, budget 128; "
                                                          "rows to a scratch CSV in the temp folder, no JSON")
+    ap.add_argument("--dtype", choices=("float32", "gguf-int8"), default="float32",
+                    help="float32 (the files dequantised) or gguf-int8 (their own blocks, integer dot products)")
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
     if args.quick:  # a smoke run: its rows go to a scratch CSV unless TRIFORCE_BENCH_CSV names one
         args.context, args.new, args.budget, args.batch = 512, 8, 128, 1
         os.environ.setdefault("TRIFORCE_BENCH_CSV", os.path.join(tempfile.gettempdir(), "triforce_pair_quick.csv"))
     t0 = time.time()
-    log(f"loading {TARGET} and {DRAFT} (float32) ...")
-    target, tok = hub.load_model(TARGET)
-    draft = hub.load_draft(DRAFT)
+    log(f"loading {TARGET} and {DRAFT} ({DTYPE}) ...")
+    target, tok = hub.load_model(TARGET, DTYPE)
+    draft = hub.load_draft(DRAFT, DTYPE)
     log(f"loaded in {time.time() - t0:.0f} s; torch threads {torch.get_num_threads()}")
-    path = args.json or (None if args.quick else os.path.join(os.path.dirname(__file__), "pair_results.json"))
+    stem = "pair_results" + ("" if DTYPE == "float32" else f"_{DTYPE}")
+    path = args.json or (None if args.quick else os.path.join(os.path.dirname(__file__), f"{stem}.json"))
     out = {}
     if path and os.path.exists(path):  # keep the parts this run does not redo
         with open(path) as f:
             out = {k: v for k, v in json.load(f).items() if k in PARTS}
-    out.update({"target": TARGET, "draft": DRAFT, "threads": torch.get_num_threads()})
+    out.update({"target": TARGET, "draft": DRAFT, "dtype": DTYPE, "threads": torch.get_num_threads()})
     with torch.inference_mode():
         for name, part in PARTS.items():
             if name in args.parts:

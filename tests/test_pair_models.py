@@ -4,7 +4,8 @@ few minutes): Qwen2.5-Coder-0.5B-Instruct and -1.5B-Instruct, Q4_K_M GGUF (docs/
 * logits equal transformers' GGUF loader on the same file (the K-quants, Q5_0, the qwen2 layout);
 * the tokenizer rebuilt from the GGUF metadata (pre-tokenizer ``qwen2``) equals transformers' conversion;
 * greedy ``speculative`` and ``triforce`` with the 0.5B drafting for the 1.5B give the autoregressive
-  tokens on a ragged batch.
+  tokens on a ragged batch;
+* the same on the files' own blocks with integer dot products (``gguf_copy(..., activations="int8")``).
 
 Run: ``TRIFORCE_PAIR=1 TRIFORCE_CACHE_MAX_GB=12 python -m pytest tests/test_pair_models.py``.
 """
@@ -64,4 +65,37 @@ def test_greedy_speculative_and_triforce_equal_autoregressive(pair):
     assert "draft->retrieval" in tri.stats["acceptance"]  # the full hierarchy ran
     for out in (spec, tri):
         for a, b in zip(out.tokens, ref.tokens):
+            assert torch.equal(a, b)
+
+
+def test_the_pair_on_its_own_blocks_with_int8_activations(pair):
+    """Every layer of both Q4_K_M files (Q4_K, Q6_K, Q5_0, Q8_0) runs on its own blocks with integer dot
+    products, the dequantised weights the float32 models' bitwise; the int8 target stays close to the
+    float32 one, and the 0.5B drafting for it keeps greedy speculative and triforce lossless."""
+    from triforce.demo import natural_prompt
+    from triforce.generate import generate
+    from triforce.models import gguf_copy
+    from triforce.models.pair import fetch
+    from triforce.models.quant import Int8DotLinear
+
+    target, draft, tok = pair
+    fast = gguf_copy(target, fetch("target", quiet=True), activations="int8")
+    small = gguf_copy(draft, fetch("draft", quiet=True), activations="int8")
+    for model in (fast, small):
+        layers = [m for n, m in model.named_modules() if n.endswith("_proj")]
+        assert layers and all(isinstance(m, Int8DotLinear) for m in layers)
+        assert isinstance(model.lm_head, Int8DotLinear)
+    formats = {m.format for m in fast.modules() if isinstance(m, Int8DotLinear)}
+    assert {"Q4_1", "Q8_0_16"} <= formats  # Q4_K and Q6_K
+    ids = torch.tensor([tok.encode(TEXTS[0])])
+    with torch.no_grad():
+        got, ref = fast(ids), target(ids)
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+    prompts = [torch.tensor(natural_prompt(tok, n, offset=9000 * i)) for i, n in enumerate((300, 211))]
+    want = generate(fast, prompts, method="autoregressive", max_new_tokens=16)
+    spec = generate(fast, prompts, method="speculative", draft=small, max_new_tokens=16, gamma=3)
+    tri = generate(fast, prompts, method="triforce", draft=small, max_new_tokens=16, gamma1=2, gamma2=5,
+                   budget=64, chunk_size=8, sink=8, window=56)
+    for out in (spec, tri):
+        for a, b in zip(out.tokens, want.tokens):
             assert torch.equal(a, b)

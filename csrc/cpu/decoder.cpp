@@ -50,7 +50,7 @@ namespace {
 
 // x [M, K] -> [M, N]: Linear's rowwise path (w float32/bfloat16 like x), Q8Linear's (w int8 with float32
 // scales, x float32), Q4Linear's (w uint8: GGUF Q4_1 blocks, no scales, x float32) or Int8DotLinear's (w
-// uint8 codes with float16 scales: x rounded to int8 blocks, integer dot products); the bias added in place,
+// uint8 codes with float16 or float32 scales: x rounded to int8 blocks, integer dot products); the bias added in place,
 // as the modules do.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& scales,
                    const std::optional<at::Tensor>& bias) {

@@ -266,7 +266,7 @@ def _q8_0_linear(blocks: torch.Tensor, in_features: int, bias: torch.Tensor | No
     return Q8Linear(q, scales.contiguous(), bias)
 
 
-# ---- integer dot products: x rounded to int8 blocks against Q4_1 / Q8_0 weight blocks (llama.cpp's class of
+# ---- integer dot products: x rounded to int8 blocks against GGUF weight blocks (llama.cpp's class of
 # arithmetic; csrc/include/triforce/linear_i8.h defines it exactly and holds the packed layout)
 
 I8_GROUP = 16  # output rows per packed group

@@ -5,8 +5,9 @@
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_K (float32 d = d * sc,
 //           m = -dmin * mn of each 32-weight sub-block, both exact in float32);
 //   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0, Q4_0 (code = q - 8), Q5_0 (q - 16), float16 d;
-//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact). Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py
-// (Q4Int8Linear, gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
+//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact).
+// Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
+// gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
 // Why: a float32 product on dequantised 4-bit weights (rowwise_linear_q4_1) spends its time dequantising
 // at one row (0.40 of the copy bandwidth on a Zen 4 core) and on fp32 multiply-adds from four rows on, so
