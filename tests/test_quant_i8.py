@@ -1,6 +1,6 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
 x rounded to int8 blocks of 32, Q4_1 / Q8_0 / Q8_0_16 weights with float16 or float32 scales, int32 sums.
-GGUF's Q4_0, Q5_0, Q4_K and Q6_K blocks map onto them bitwise (gguf_i8_blocks against gguf's own
+GGUF's Q4_0, Q5_0, Q3_K, Q4_K and Q6_K blocks map onto them bitwise (gguf_i8_blocks against gguf's own
 dequantisation).
 
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
@@ -235,7 +235,7 @@ def random_gguf_rows(kind, N, K, g):
 
     _, block, nbytes = GGUF_I8_TYPES[kind]
     raw = torch.randint(0, 256, (N, K // block, nbytes), generator=g, dtype=torch.uint8)
-    fields = {"Q4_K": (0, 2), "Q6_K": (208,), "Q4_1": (0, 2)}.get(kind, (0,))
+    fields = {"Q4_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q4_1": (0, 2)}.get(kind, (0,))
     for lo in fields:
         top = 0.002 if block == 256 else 0.05
         h = ((torch.rand(N, K // block, generator=g) - 0.3) * top).half()
@@ -316,9 +316,9 @@ def test_gguf_copy_with_int8_activations(tmp_path, bias):
         assert all(torch.equal(a, b) for a, b in zip(want.tokens, got.tokens)), method
 
 
-# A Q4_K_M-like file: llama.cpp's mix of types per tensor (K-quants where rows are whole super-blocks of
-# 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks.
-_KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q5_0", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q4_K",
+# A K-quant file like llama.cpp's mixes (Q4_K_M, Q3_K_M): a type per tensor (K-quants where rows are whole
+# super-blocks of 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks.
+_KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q3_K", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q4_K",
                "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
 
 
@@ -346,12 +346,12 @@ def kquant_gguf(tmp_path, seed=0):
 
 @needs_kernel
 def test_gguf_copy_of_a_k_quant_file(tmp_path):
-    """Every layer of a Q4_K_M-like file runs on its own blocks with integer dot products (the tied head on
-    the embedding's Q8_0); a pass of T tokens gives T one-token steps' logits bitwise; the engines emit the
+    """Every layer of a K-quant file (Q4_K, Q3_K, Q6_K, Q4_0, Q5_0, Q8_0) runs on its own blocks with integer
+    dot products (the tied head on the embedding's Q8_0); a pass of T tokens gives T one-token steps' logits bitwise; the engines emit the
     copy's autoregressive tokens. Without int8 activations the K-quant layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
-    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q6_K": "Q8_0_16", "Q4_0": "Q8_0"}
+    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q6_K": "Q8_0_16", "Q4_0": "Q8_0", "Q3_K": "Q8_0_16"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
     for name, mod in fast.named_modules():

@@ -347,7 +347,8 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 # GGUF block types the integer dot products take, in which packed form (linear_i8.h), with the bytes of a
 # block of BLOCK weights: each maps exactly (the dequantised weight is gguf's, bitwise).
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q8_0", 32, 18),
-                 "Q5_0": ("Q8_0", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210)}
+                 "Q5_0": ("Q8_0", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210),
+                 "Q3_K": ("Q8_0_16", 256, 110)}
 
 
 def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
@@ -355,7 +356,8 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     scales_dtype)`` for :func:`pack_i8`, such that ``d * q (+ m)`` is gguf's dequantised weight bitwise:
     Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are; Q4_0 and Q5_0 as Q8_0 with ``q - 8``
     and ``q - 16``; Q4_K as Q4_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact products of
-    a float16 and a 6-bit integer); Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights."""
+    a float16 and a 6-bit integer); Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K
+    as Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights."""
     if kind not in GGUF_I8_TYPES:
         raise ValueError(f"gguf_i8_blocks: {kind} is not one of {', '.join(GGUF_I8_TYPES)}")
     _, block, nbytes = GGUF_I8_TYPES[kind]
@@ -392,6 +394,16 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
         q = nibbles(b[..., 16:].reshape(N, nb, 4, 32))  # [N, nb, 4, 2, 32]: 64 weights per 32 bytes
         return (q.reshape(N, in_features), (d[..., None] * sc.float()).reshape(N, -1),
                 -(dmin[..., None] * mn.float()).reshape(N, -1), torch.float32)
+    if kind == "Q3_K":  # hmask [32], qs [64], 6-bit scales [12], d float16 per 256 weights
+        hmask, qs, sc12 = b[..., :32], b[..., 32:96], b[..., 96:108]
+        low = ((qs.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
+        high = (hmask.reshape(N, nb, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1
+        q = low.reshape(N, nb, 256).to(torch.int16) - 4 * (1 - high.reshape(N, nb, 256).to(torch.int16))
+        lo = torch.stack([sc12[..., :8] & 15, sc12[..., :8] >> 4], -2).reshape(N, nb, 16)
+        hi = ((sc12[..., 8:12].reshape(N, nb, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1))
+              & 3).reshape(N, nb, 16)
+        sc = (lo | (hi << 4)).float() - 32
+        return q.to(torch.int8).reshape(N, in_features), (f16(108)[..., None] * sc).reshape(N, -1), None, torch.float32
     # Q6_K: ql [128], qh [64], scales int8 [16], d float16 per 256 weights (gguf's order of the 6-bit codes)
     ql, qh = b[..., :128], b[..., 128:192]
     sc = b[..., 192:208].contiguous().view(torch.int8).float()
@@ -443,10 +455,11 @@ def _i8_kernel_available() -> bool:
 
 
 class Int8DotLinear(_FixedDtypeScales):
-    """A linear layer on GGUF weight blocks (Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K: :func:`gguf_i8_blocks`) that
-    rounds its input to int8 blocks of 32 and sums the products as integers (llama.cpp's class of arithmetic;
-    the exact definition in csrc/include/triforce/linear_i8.h): ``codes`` uint8 and ``scales`` float16 or
-    float32 buffers in ``rowwise_linear_i8``'s packed layout (:func:`pack_i8`), optional float32 ``bias``. Not bitwise a float32
+    """A linear layer on GGUF weight blocks (Q4_1, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q6_K: :func:`gguf_i8_blocks`)
+    that rounds its input to int8 blocks of 32 and sums the products as integers (llama.cpp's class of
+    arithmetic; the exact definition in csrc/include/triforce/linear_i8.h): ``codes`` uint8 and ``scales``
+    float16 or float32 buffers in ``rowwise_linear_i8``'s packed layout (:func:`pack_i8`), optional float32
+    ``bias``. Not bitwise a float32
     ``Linear`` (the input is rounded), but one arithmetic everywhere: the kernel on the CPU at every row count,
     and :func:`rowwise_linear_i8_reference` (bitwise the kernel) where the kernel is missing or the input is
     elsewhere. Each output row depends on its input row only, so a verification pass of any size computes
@@ -552,8 +565,8 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     bytes per weight instead of 4. Each replaced layer's dequantised weight is compared with the model's
     float32 weight, bitwise: a model whose weights are not that file's raises ``ValueError``.
 
-    ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q4_K and
-    Q6_K tensors (:data:`GGUF_I8_TYPES`: a Q4_K_M file's types), become :class:`Int8DotLinear` instead: the
+    ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q3_K, Q4_K
+    and Q6_K tensors (:data:`GGUF_I8_TYPES`: a Q4_K_M or Q3_K_M file's types), become :class:`Int8DotLinear` instead: the
     input rounded to int8 blocks, integer dot products (llama.cpp's class of arithmetic). Not bitwise
     ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows are independent, so every
     engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster products on a Zen 4 core
