@@ -1,6 +1,6 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q8_0 / Q8_0_16 weights with float16 or float32 scales, int32 sums.
-GGUF's Q4_0, Q5_0, Q3_K, Q4_K and Q6_K blocks map onto them bitwise (gguf_i8_blocks against gguf's own
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 weights with float16 or float32 scales, int32
+sums. GGUF's Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K and Q6_K blocks map onto them bitwise (gguf_i8_blocks against gguf's own
 dequantisation).
 
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
@@ -29,12 +29,12 @@ def i8(x, codes, scales):
     return torch.ops.triforce_C.rowwise_linear_i8(x, codes, scales)
 
 
-FORMATS = ["Q4_1", "Q8_0", "Q8_0_16"]
+FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16"]
 SCALES = [torch.float16, torch.float32]
 
 
 def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
-    """(q, d, m) of random Q4_1, Q8_0 or Q8_0_16 blocks: every code, some d = 0 and subnormal d (of float16,
+    """(q, d, m) of random Q4_1, Q5_1, Q8_0 or Q8_0_16 blocks: every code, some d = 0 and subnormal d (of float16,
     or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
     G = K // 32 * (2 if fmt == "Q8_0_16" else 1)
     tiny = 1e-7 if scales_dtype == torch.float16 else 1e-40  # a subnormal of the scales' type
@@ -43,8 +43,9 @@ def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
     d.view(-1)[0] = 0.0
     if d.numel() > 1:
         d.view(-1)[1] = torch.tensor(tiny).to(scales_dtype).float()
-    if fmt == "Q4_1":
-        q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    if fmt in ("Q4_1", "Q5_1"):
+        q = torch.randint(0, 16 if fmt == "Q4_1" else 32, (N, K), generator=g, dtype=torch.uint8)
+        q.view(-1)[0] = 15 if fmt == "Q4_1" else 31  # the widest code, so that the packing picks the form
         return q, d, -r(0.2)
     return torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8), d, None
 
@@ -80,7 +81,7 @@ def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
     q, d, m = random_blocks(fmt, 16 * NG, 32 * G, torch.Generator().manual_seed(seed), scales_dtype)
     codes, scales = pack_i8(q, d, m, scales_dtype)
     assert codes.dtype == torch.uint8 and scales.dtype == scales_dtype
-    assert codes.shape == (NG, G * (256 if fmt == "Q4_1" else 512))
+    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320}.get(fmt, 512))
     assert scales.shape == (NG, G * (16 if fmt == "Q8_0" else 32))
     got_fmt, q2, d2, m2 = unpack_i8(codes, scales, 32 * G)
     assert got_fmt == fmt and torch.equal(q2, q.long()) and torch.equal(d2, d)
@@ -94,8 +95,8 @@ def test_packing_refuses_bad_blocks():
         pack_i8(q[:8], d[:8], m[:8])
     with pytest.raises(ValueError, match="multiple of 32"):
         pack_i8(q[:, :48], d, m)
-    with pytest.raises(ValueError, match="0..15"):
-        pack_i8(q | 16, d, m)
+    with pytest.raises(ValueError, match="0..31"):
+        pack_i8(q | 32, d, m)
     with pytest.raises(ValueError, match="float16 values"):
         pack_i8(q, d + 1e-9, m)
     pack_i8(q, d + 1e-9, m, torch.float32)  # float32 scales take any float32 value
@@ -199,7 +200,8 @@ def test_kernel_errors():
 
 
 @pytest.mark.parametrize("fmt, scales_dtype", [("Q4_1", torch.float16), ("Q8_0", torch.float16),
-                                               ("Q8_0_16", torch.float32), ("Q4_1", torch.float32)])
+                                               ("Q8_0_16", torch.float32), ("Q4_1", torch.float32),
+                                               ("Q5_1", torch.float32)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_module_is_one_arithmetic_on_every_path(fmt, scales_dtype, bias, monkeypatch):
     """The kernel and the reference (no kernel) give the same bits, the bias added after; other float
@@ -235,7 +237,8 @@ def random_gguf_rows(kind, N, K, g):
 
     _, block, nbytes = GGUF_I8_TYPES[kind]
     raw = torch.randint(0, 256, (N, K // block, nbytes), generator=g, dtype=torch.uint8)
-    fields = {"Q4_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q4_1": (0, 2)}.get(kind, (0,))
+    fields = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q4_1": (0, 2),
+              "Q5_1": (0, 2)}.get(kind, (0,))
     for lo in fields:
         top = 0.002 if block == 256 else 0.05
         h = ((torch.rand(N, K // block, generator=g) - 0.3) * top).half()
@@ -263,7 +266,7 @@ def test_gguf_blocks_map_exactly(kind):
     with pytest.raises(ValueError, match="uint8"):
         gguf_i8_blocks(kind, torch.from_numpy(raw)[:, :-1], K)
     with pytest.raises(ValueError, match="one of"):
-        gguf_i8_blocks("Q5_K", torch.from_numpy(raw), K)
+        gguf_i8_blocks("Q2_K", torch.from_numpy(raw), K)
 
 
 @needs_kernel
@@ -316,9 +319,9 @@ def test_gguf_copy_with_int8_activations(tmp_path, bias):
         assert all(torch.equal(a, b) for a, b in zip(want.tokens, got.tokens)), method
 
 
-# A K-quant file like llama.cpp's mixes (Q4_K_M, Q3_K_M): a type per tensor (K-quants where rows are whole
-# super-blocks of 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks.
-_KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q3_K", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q4_K",
+# A K-quant file like llama.cpp's mixes (Q4_K_M, Q5_K_M, Q3_K_M): a type per tensor (K-quants where rows are
+# whole super-blocks of 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks.
+_KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q3_K", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q5_K",
                "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
 
 
@@ -346,12 +349,14 @@ def kquant_gguf(tmp_path, seed=0):
 
 @needs_kernel
 def test_gguf_copy_of_a_k_quant_file(tmp_path):
-    """Every layer of a K-quant file (Q4_K, Q3_K, Q6_K, Q4_0, Q5_0, Q8_0) runs on its own blocks with integer
-    dot products (the tied head on the embedding's Q8_0); a pass of T tokens gives T one-token steps' logits bitwise; the engines emit the
-    copy's autoregressive tokens. Without int8 activations the K-quant layers stay float32."""
+    """Every layer of a K-quant file (Q4_K, Q5_K, Q3_K, Q6_K, Q4_0, Q5_0, Q8_0) runs on its own blocks with
+    integer dot products (the tied head on the embedding's Q8_0); a pass of T tokens gives T one-token steps'
+    logits bitwise; the engines emit the copy's autoregressive tokens. Without int8 activations the K-quant
+    layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
-    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q6_K": "Q8_0_16", "Q4_0": "Q8_0", "Q3_K": "Q8_0_16"}
+    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q6_K": "Q8_0_16", "Q4_0": "Q8_0", "Q3_K": "Q8_0_16",
+                   "Q5_K": "Q5_1"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
     for name, mod in fast.named_modules():

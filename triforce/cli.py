@@ -246,9 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
     d.add_argument("--dtype", choices=WEIGHTS, default=None,
                    help="weight dtype (default: gguf-int8 on the CPU, float32 on a GPU); gguf-int8: the model "
-                        "file's own Q4_1 / Q8_0 (and Q4_0 / Q5_0 / Q3_K / Q4_K / Q6_K) blocks with activations "
-                        "rounded to int8 blocks, integer dot products; gguf: the Q4_1 / Q8_0 blocks with float32 "
-                        "activations, bitwise the float32 model")
+                        "file's own Q4_1 / Q8_0 (and Q4_0 / Q5_0 / Q5_1 / Q3_K / Q4_K / Q5_K / Q6_K) blocks with "
+                        "activations rounded to int8 blocks, integer dot products; gguf: the Q4_1 / Q8_0 blocks with "
+                        "float32 activations, bitwise the float32 model")
     _add_device(d)
     _add_common(d)
 

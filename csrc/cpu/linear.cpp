@@ -148,12 +148,14 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
     return codes.size(1) == G * li::code_bytes<F>() && scales.size(1) == G * li::scale_count<F>();
   };
   using Q4_1 = std::integral_constant<Format, Format::Q4_1>;
+  using Q5_1 = std::integral_constant<Format, Format::Q5_1>;
   using Q8_0 = std::integral_constant<Format, Format::Q8_0>;
   using Q8_0_16 = std::integral_constant<Format, Format::Q8_0_16>;
-  const bool q4 = is(Q4_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{});
-  TORCH_CHECK(q4 || q8 || q8_16, "rowwise_linear_i8: for ", K, " columns a group's codes and scales are ", G * 256,
-              " bytes and ", G * 32, " scales (Q4_1), ", G * 512, " and ", G * 16, " (Q8_0) or ", G * 512, " and ",
-              G * 32, " (Q8_0_16), got ", codes.size(1), " and ", scales.size(1));
+  const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{});
+  TORCH_CHECK(q4 || q5 || q8 || q8_16, "rowwise_linear_i8: for ", K, " columns a group's codes and scales are ",
+              G * 256, " bytes and ", G * 32, " scales (Q4_1), ", G * 320, " and ", G * 32, " (Q5_1), ", G * 512,
+              " and ", G * 16, " (Q8_0) or ", G * 512, " and ", G * 32, " (Q8_0_16), got ", codes.size(1), " and ",
+              scales.size(1));
   const at::Tensor xc = x.contiguous(), cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, xc.options());
@@ -184,6 +186,8 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
   };
   if (q4)
     with_scales(Q4_1{});
+  else if (q5)
+    with_scales(Q5_1{});
   else if (q8)
     with_scales(Q8_0{});
   else

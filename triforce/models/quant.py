@@ -279,15 +279,16 @@ def _check_i8_shapes(w_shape):
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
-I8_FORMATS = ("Q4_1", "Q8_0", "Q8_0_16")  # the packed forms (linear_i8.h)
-_I8_CODE_BYTES = {"Q4_1": 256, "Q8_0": 512, "Q8_0_16": 512}  # per block of 32 inputs and group of 16 rows
-_I8_SCALES = {"Q4_1": 32, "Q8_0": 16, "Q8_0_16": 32}  # scales per block and group
+I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16")  # the packed forms (linear_i8.h)
+_I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512}  # per block of 32 inputs, group of 16 rows
+_I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32}  # scales per block and group
 
 
 def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
             scales_dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks, ``w = d * q (+ m)``:
-    Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``), Q8_0 (``q`` int8 ``[N, K]``,
+    Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1),
+    Q8_0 (``q`` int8 ``[N, K]``,
     ``d`` ``[N, K / 32]``, ``m`` None) or Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
     weights, GGUF Q6_K's). ``scales_dtype``: float16 (``d`` and ``m`` must hold float16 values, as GGUF's
     Q4_0..Q8_0 blocks store them) or float32 (any float32 values: the K-quants' ``d * sc``).
@@ -298,10 +299,14 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     if scales_dtype not in (torch.float16, torch.float32):
         raise ValueError(f"pack_i8: scales_dtype must be torch.float16 or torch.float32, got {scales_dtype}")
     if m is not None:
-        if q.dtype != torch.uint8 or int(q.max()) > 15:
-            raise ValueError("pack_i8: Q4_1 codes must be uint8 in 0..15")
-        c = q.reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
-        codes = c[..., 0] | (c[..., 1] << 4)
+        if q.dtype != torch.uint8 or int(q.max()) > 31:
+            raise ValueError("pack_i8: Q4_1 / Q5_1 codes must be uint8 in 0..31")
+        c = (q & 15).reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
+        codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
+        if int(q.max()) > 15:  # Q5_1: the fifth bits, mask v bit 4j + i = code k = 4v + i of row j
+            bits = (q >> 4).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(NG, G, 8, 8, 8)
+            masks = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)  # [NG, G, v, byte]
+            codes = torch.cat([codes, masks.reshape(NG, G, 64)], -1)
         halves = [d, m]
     else:
         if q.dtype != torch.int8:
@@ -323,9 +328,9 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
 
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
-    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 codes 0..15, or the int8
-    values of Q8_0 / Q8_0_16), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16) and ``m``
-    float32 ``[N, K / 32]`` (None but for Q4_1)."""
+    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 codes 0..15 / 0..31, or
+    the int8 values of Q8_0 / Q8_0_16), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16) and ``m``
+    float32 ``[N, K / 32]`` (None but for Q4_1 and Q5_1)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
     fmt = next((f for f in I8_FORMATS if codes.shape[1] == G * _I8_CODE_BYTES[f]
@@ -333,22 +338,27 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} {scales.dtype} are "
                          f"not packed blocks of {K} inputs")
-    if fmt == "Q4_1":
-        c = codes.reshape(NG, G, 4, I8_GROUP, 4).long()
+    if fmt in ("Q4_1", "Q5_1"):
+        cb = codes.reshape(NG, G, -1)
+        c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
+        if fmt == "Q5_1":
+            masks = cb[..., 256:].reshape(NG, G, 8, 8, 1).long()  # [NG, G, v, byte, bit]
+            bits = ((masks >> torch.arange(8)) & 1).reshape(NG, G, 8, I8_GROUP, 4)  # bit 4j + i of mask v
+            q = q | (bits.permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K) << 4)
     else:
         q = (codes.reshape(NG, G, 8, I8_GROUP, 4).long() - 128).permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
     h = scales.reshape(NG, G, -1, I8_GROUP).float().permute(2, 0, 3, 1).reshape(-1, NG * I8_GROUP, G)
     if fmt == "Q8_0_16":
         return fmt, q, torch.stack([h[0], h[1]], -1).reshape(NG * I8_GROUP, 2 * G), None
-    return fmt, q, h[0], (h[1] if fmt == "Q4_1" else None)
+    return fmt, q, h[0], (h[1] if fmt in ("Q4_1", "Q5_1") else None)
 
 
 # GGUF block types the integer dot products take, in which packed form (linear_i8.h), with the bytes of a
 # block of BLOCK weights: each maps exactly (the dequantised weight is gguf's, bitwise).
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q8_0", 32, 18),
                  "Q5_0": ("Q8_0", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210),
-                 "Q3_K": ("Q8_0_16", 256, 110)}
+                 "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176)}
 
 
 def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
@@ -357,7 +367,8 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are; Q4_0 and Q5_0 as Q8_0 with ``q - 8``
     and ``q - 16``; Q4_K as Q4_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact products of
     a float16 and a 6-bit integer); Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K
-    as Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights."""
+    as Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights; Q5_1 (``d * q + m``, float16)
+    and Q5_K (as Q4_K, 5-bit codes) as Q5_1."""
     if kind not in GGUF_I8_TYPES:
         raise ValueError(f"gguf_i8_blocks: {kind} is not one of {', '.join(GGUF_I8_TYPES)}")
     _, block, nbytes = GGUF_I8_TYPES[kind]
@@ -381,17 +392,24 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     if kind == "Q4_0":
         q = nibbles(b[..., 2:]).to(torch.int16) - 8
         return q.to(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
-    if kind == "Q5_0":
-        qh = b[..., 2:6].contiguous().view(torch.int32)  # [N, nb, 1]: bit i is weight i's fifth bit
+    if kind in ("Q5_0", "Q5_1"):
+        lo = 2 if kind == "Q5_0" else 4  # after d (and m)
+        qh = b[..., lo:lo + 4].contiguous().view(torch.int32)  # [N, nb, 1]: bit i is weight i's fifth bit
         high = (qh >> torch.arange(32, dtype=torch.int32)) & 1  # [N, nb, 32]
-        q = nibbles(b[..., 6:]).reshape(N, nb, 32).to(torch.int16) | (high.to(torch.int16) << 4)
+        q = nibbles(b[..., lo + 4:]).reshape(N, nb, 32).to(torch.int16) | (high.to(torch.int16) << 4)
+        if kind == "Q5_1":
+            return q.to(torch.uint8).reshape(N, in_features), f16(0), f16(2), torch.float16
         return (q - 16).to(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
-    if kind == "Q4_K":
+    if kind in ("Q4_K", "Q5_K"):
         d, dmin, sc12 = f16(0), f16(2), b[..., 4:16].long().reshape(N, nb, 3, 4)
         lo, mid, top = sc12[..., 0, :], sc12[..., 1, :], sc12[..., 2, :]  # sub-blocks 0-3 / 4-7 in 6 bits
         sc = torch.cat([lo & 63, (top & 15) | ((lo >> 2) & 48)], -1)  # [N, nb, 8]
         mn = torch.cat([mid & 63, (top >> 4) | ((mid >> 2) & 48)], -1)
-        q = nibbles(b[..., 16:].reshape(N, nb, 4, 32))  # [N, nb, 4, 2, 32]: 64 weights per 32 bytes
+        if kind == "Q4_K":
+            q = nibbles(b[..., 16:].reshape(N, nb, 4, 32))  # [N, nb, 4, 2, 32]: 64 weights per 32 bytes
+        else:  # qh [32]: bit s of byte l is weight 32s + l's fifth bit; qs [128] as Q4_K's
+            high = (b[..., 16:48].reshape(N, nb, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1
+            q = nibbles(b[..., 48:].reshape(N, nb, 4, 32)).reshape(N, nb, 8, 32) | (high << 4)
         return (q.reshape(N, in_features), (d[..., None] * sc.float()).reshape(N, -1),
                 -(dmin[..., None] * mn.float()).reshape(N, -1), torch.float32)
     if kind == "Q3_K":  # hmask [32], qs [64], 6-bit scales [12], d float16 per 256 weights
@@ -455,7 +473,7 @@ def _i8_kernel_available() -> bool:
 
 
 class Int8DotLinear(_FixedDtypeScales):
-    """A linear layer on GGUF weight blocks (Q4_1, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q6_K: :func:`gguf_i8_blocks`)
+    """A linear layer on GGUF weight blocks (:data:`GGUF_I8_TYPES`, mapped by :func:`gguf_i8_blocks`)
     that rounds its input to int8 blocks of 32 and sums the products as integers (llama.cpp's class of
     arithmetic; the exact definition in csrc/include/triforce/linear_i8.h): ``codes`` uint8 and ``scales``
     float16 or float32 buffers in ``rowwise_linear_i8``'s packed layout (:func:`pack_i8`), optional float32
@@ -565,12 +583,12 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     bytes per weight instead of 4. Each replaced layer's dequantised weight is compared with the model's
     float32 weight, bitwise: a model whose weights are not that file's raises ``ValueError``.
 
-    ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q3_K, Q4_K
-    and Q6_K tensors (:data:`GGUF_I8_TYPES`: a Q4_K_M or Q3_K_M file's types), become :class:`Int8DotLinear` instead: the
-    input rounded to int8 blocks, integer dot products (llama.cpp's class of arithmetic). Not bitwise
-    ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows are independent, so every
-    engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster products on a Zen 4 core
-    (docs/model.md, "Integer dot products")."""
+    ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q5_1, Q3_K,
+    Q4_K, Q5_K and Q6_K tensors (:data:`GGUF_I8_TYPES`: the Q4_K_M, Q5_K_M and Q3_K_M mixes), become
+    :class:`Int8DotLinear` instead: the input rounded to int8 blocks, integer dot products (llama.cpp's class
+    of arithmetic). Not bitwise ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows
+    are independent, so every engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster
+    products on a Zen 4 core (docs/model.md, "Integer dot products")."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"gguf_copy: activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
     from .loading import read_gguf_blocks

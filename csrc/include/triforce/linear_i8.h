@@ -1,11 +1,13 @@
 // rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
-// row count. Three packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+// row count. Four packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_K (float32 d = d * sc,
 //           m = -dmin * mn of each 32-weight sub-block, both exact in float32);
+//   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_K (float32, as Q4_K);
 //   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0, Q4_0 (code = q - 8), Q5_0 (q - 16), float16 d;
-//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact).
+//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact), Q3_K
+//           (code in -4..3, float32 d * (sc - 32)).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -21,6 +23,7 @@
 //            product with 1 / dx, which overflows for a subnormal dx), dx NaN when the block holds inf or NaN,
 //            sx = sum_i q_i (int), sm = dx * float(sx)
 //   Q4_1:    isum = sum_i code_i * q_i (exact int32), term = (d * dx) * float(isum) + m * sm
+//   Q5_1:    as Q4_1
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
 //   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i,   term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1)
 //            (d_h: the scale of weights 16h .. 16h + 15 of the block)
@@ -33,10 +36,12 @@
 //   codes [N / 16, K / 32 * CB] uint8, per block b of group g CB bytes, in 64-byte vectors t, byte
 //         4j + i of vector t holding row 16g + j:
 //           Q4_1 (CB 256, t < 4): the low nibble code k = 4t + i, the high nibble code k = 16 + 4t + i;
+//           Q5_1 (CB 320): Q4_1's 256 bytes of the codes' low four bits, then 8 little-endian 64-bit masks v,
+//                          bit 4j + i of mask v the fifth bit of code k = 4v + i of row 16g + j;
 //           Q8_0 (CB 512, t < 8): w[k = 4t + i] + 128 (int8 weights shifted to unsigned for vpdpbusd,
 //                                 isum corrected by -128 * sx, exactly);
 //           Q8_0_16: as Q8_0;
-//   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1 (SB 32) d of the
+//   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d of the
 //          16 rows then m of the 16 rows; Q8_0 (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0 of the 16 rows
 //          then d_1 of the 16 rows.
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
@@ -57,10 +62,12 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q8_0, Q8_0_16 };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16 };
 
 template <Format F>
-constexpr int64_t code_bytes() { return F == Format::Q4_1 ? 256 : 512; }  // per block of a group
+constexpr int64_t code_bytes() { return F == Format::Q4_1 ? 256 : F == Format::Q5_1 ? 320 : 512; }  // per block
+template <Format F>
+constexpr bool nibbles() { return F == Format::Q4_1 || F == Format::Q5_1; }  // codes 0..31 with a minimum m
 template <Format F>
 constexpr int64_t scale_count() { return F == Format::Q8_0 ? 16 : 32; }  // per block of a group
 
@@ -127,16 +134,20 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
         for (int k = 0; k < kBlock; ++k) {
           if (k == kBlock / 2) isum0 = isum;
           int w;
-          if constexpr (F == Format::Q4_1) {
+          if constexpr (nibbles<F>()) {
             const int t = (k & 15) >> 2, i = k & 3;
             const uint8_t byte = c[64 * t + 4 * j + i];
             w = k < 16 ? (byte & 15) : (byte >> 4);
+            if constexpr (F == Format::Q5_1) {  // bit 4j + i of mask v = k / 4
+              const int bit = 4 * j + i;
+              w |= ((c[256 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
+            }
           } else {
             w = int(c[64 * (k >> 2) + 4 * j + (k & 3)]);
           }
           isum += w * qb[k];
         }
-        if constexpr (F != Format::Q4_1) isum -= 128 * sxs[r * G + b];
+        if constexpr (!nibbles<F>()) isum -= 128 * sxs[r * G + b];
         if constexpr (F == Format::Q8_0_16) {
           isum0 -= 128 * sx0s[r * G + b];
           isum -= isum0;  // the second half's sum
@@ -152,7 +163,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           t1 = t1 + t2;
           TRIFORCE_OPAQUE_FLOAT(t1);
         }
-        if constexpr (F == Format::Q4_1) {
+        if constexpr (nibbles<F>()) {
           float t2 = scale_value(s[16 + j]) * sm[r * G + b];
           TRIFORCE_OPAQUE_FLOAT(t2);
           t1 = t1 + t2;
@@ -179,7 +190,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
                        int64_t K, const uint8_t* codes, const S* scales, float* out, int64_t ldo,
                        const uint8_t* prefetch) {
   const int64_t G = K / kBlock;
-  constexpr int T = F == Format::Q4_1 ? 4 : 8;  // 64-byte code vectors per block
+  constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
   const __m512i nib = _mm512_set1_epi8(0x0f);
   __m512 acc[ROWS];
   for (__m512& a : acc) a = _mm512_setzero_ps();
@@ -190,11 +201,18 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
       for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
     // w[v]: the code vector that meets x bytes 4v .. 4v + 3 of the block
     __m512i w[8];
-    if constexpr (F == Format::Q4_1) {
+    if constexpr (nibbles<F>()) {
       for (int t = 0; t < 4; ++t) {
         const __m512i raw = _mm512_loadu_si512(c + 64 * t);
         w[t] = _mm512_and_si512(raw, nib);
         w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+      }
+      if constexpr (F == Format::Q5_1) {  // the fifth bits: 16 where mask v has a bit
+        for (int v = 0; v < 8; ++v) {
+          uint64_t mk;
+          std::memcpy(&mk, c + 256 + 8 * v, 8);
+          w[v] = _mm512_or_si512(w[v], _mm512_maskz_set1_epi8(static_cast<__mmask64>(mk), 16));
+        }
       }
     } else {
       for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
@@ -241,7 +259,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
       }
       __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
       asm("" : "+v"(t1));
-      if constexpr (F == Format::Q4_1) {
+      if constexpr (nibbles<F>()) {
         const __m512 m = load_scales(s + 16);
         __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm[r * G + b]));
         asm("" : "+v"(t2));
