@@ -269,6 +269,24 @@ def test_gguf_blocks_map_exactly(kind):
         gguf_i8_blocks("Q2_K", torch.from_numpy(raw), K)
 
 
+def test_an_offset_block_whose_minimum_overflows_keeps_int8_codes():
+    """Q4_0 / Q5_0 go to the nibble forms with m = -8 d / -16 d; where that overflows float16 they keep int8
+    codes (Q8_0's form), gguf's weight either way."""
+    import gguf
+
+    g = torch.Generator().manual_seed(2)
+    for kind, offset in (("Q4_0", 8), ("Q5_0", 16)):
+        raw = random_gguf_rows(kind, 16, 64, g)
+        raw[3, 0:2] = torch.tensor([60000.0]).half().view(torch.uint8).numpy()  # d * offset > float16's max
+        q, d, m, _ = gguf_i8_blocks(kind, torch.from_numpy(raw), 64)
+        assert m is None and q.dtype == torch.int8
+        mod = Int8DotLinear(*pack_i8(q, d, m), 64)
+        want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind))
+        assert torch.equal(mod.weight, torch.from_numpy(want.copy()).float().view(16, 64)) and mod.format == "Q8_0"
+        raw[3, 0:2] = 0
+        assert gguf_i8_blocks(kind, torch.from_numpy(raw), 64)[2] is not None, offset
+
+
 @needs_kernel
 def test_from_the_float_modules_keeps_the_blocks():
     g = torch.Generator().manual_seed(0)
@@ -355,7 +373,7 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
     layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
-    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q8_0", "Q6_K": "Q8_0_16", "Q4_0": "Q8_0", "Q3_K": "Q8_0_16",
+    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q8_0_16", "Q4_0": "Q4_1", "Q3_K": "Q8_0_16",
                    "Q5_K": "Q5_1"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}

@@ -356,16 +356,27 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 
 # GGUF block types the integer dot products take, in which packed form (linear_i8.h), with the bytes of a
 # block of BLOCK weights: each maps exactly (the dequantised weight is gguf's, bitwise).
-GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q8_0", 32, 18),
-                 "Q5_0": ("Q8_0", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210),
+GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q4_1", 32, 18),
+                 "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210),
                  "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176)}
+
+
+def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
+    """``d * (q - offset)`` blocks (Q4_0, Q5_0: ``q`` uint8 codes, ``d`` float16 values) as ``d * q + m`` with
+    ``m = -offset * d``, a float16 value too (a power of two times ``d``) unless it overflows: then as int8
+    codes ``q - offset`` (Q8_0's form). Either is gguf's weight exactly."""
+    m = -offset * d
+    if bool(torch.isfinite(m.half()).all()):
+        return q, d, m, torch.float16
+    return (q.to(torch.int16) - offset).to(torch.int8), d, None, torch.float16
 
 
 def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     """GGUF tensor data of type ``kind`` (uint8 ``[N, bytes per row]``, as stored) -> ``(q, d, m,
     scales_dtype)`` for :func:`pack_i8`, such that ``d * q (+ m)`` is gguf's dequantised weight bitwise:
-    Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are; Q4_0 and Q5_0 as Q8_0 with ``q - 8``
-    and ``q - 16``; Q4_K as Q4_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact products of
+    Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are; Q4_0 and Q5_0 (``d * (q - 8)``, ``d *
+    (q - 16)``) as Q4_1 and Q5_1 with ``m = -8 d`` and ``-16 d`` (exact: ``d * q + m`` is the exact ``d * (q -
+    8)``; as Q8_0 with codes ``q - 8``, ``q - 16`` should ``m`` overflow float16); Q4_K as Q4_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact products of
     a float16 and a 6-bit integer); Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K
     as Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights; Q5_1 (``d * q + m``, float16)
     and Q5_K (as Q4_K, 5-bit codes) as Q5_1."""
@@ -390,8 +401,8 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     if kind == "Q4_1":
         return nibbles(b[..., 4:]).reshape(N, in_features), f16(0), f16(2), torch.float16
     if kind == "Q4_0":
-        q = nibbles(b[..., 2:]).to(torch.int16) - 8
-        return q.to(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
+        q, d = nibbles(b[..., 2:]).reshape(N, in_features), f16(0)
+        return _with_minimum(q, d, 8)
     if kind in ("Q5_0", "Q5_1"):
         lo = 2 if kind == "Q5_0" else 4  # after d (and m)
         qh = b[..., lo:lo + 4].contiguous().view(torch.int32)  # [N, nb, 1]: bit i is weight i's fifth bit
@@ -399,7 +410,7 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
         q = nibbles(b[..., lo + 4:]).reshape(N, nb, 32).to(torch.int16) | (high.to(torch.int16) << 4)
         if kind == "Q5_1":
             return q.to(torch.uint8).reshape(N, in_features), f16(0), f16(2), torch.float16
-        return (q - 16).to(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
+        return _with_minimum(q.to(torch.uint8).reshape(N, in_features), f16(0), 16)
     if kind in ("Q4_K", "Q5_K"):
         d, dmin, sc12 = f16(0), f16(2), b[..., 4:16].long().reshape(N, nb, 3, 4)
         lo, mid, top = sc12[..., 0, :], sc12[..., 1, :], sc12[..., 2, :]  # sub-blocks 0-3 / 4-7 in 6 bits

@@ -2,10 +2,11 @@
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
 // row count. Four packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
-//   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_K (float32 d = d * sc,
-//           m = -dmin * mn of each 32-weight sub-block, both exact in float32);
-//   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_K (float32, as Q4_K);
-//   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0, Q4_0 (code = q - 8), Q5_0 (q - 16), float16 d;
+//   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_0 (m = -8 d), Q4_K
+//           (float32 d = d * sc, m = -dmin * mn of each 32-weight sub-block, both exact in float32);
+//   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_0 (m = -16 d), Q5_K (as Q4_K);
+//   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0 (and Q4_0 / Q5_0 with codes q - 8 / q - 16 where -8 d /
+//           -16 d would overflow float16), float16 d;
 //   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact), Q3_K
 //           (code in -4..3, float32 d * (sc - 32)).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
