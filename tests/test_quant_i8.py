@@ -401,3 +401,26 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
     for method, options in (("speculative", {"gamma": 3}), ("tree", {})):
         got = triforce.generate(fast, prompts, method=method, max_new_tokens=8, **options)
         assert all(torch.equal(a, b) for a, b in zip(want.tokens, got.tokens)), method
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["kquant", "q4_1"])
+def test_load_gguf_int8_is_gguf_copy_without_the_float32_layers(tmp_path, kind):
+    """load_gguf_int8(path) computes bitwise what gguf_copy(from_pretrained(path), path, "int8") computes, and
+    holds no float32 weight of a layer it packs."""
+    from triforce.models.quant import load_gguf_int8
+
+    path, model = kquant_gguf(tmp_path) if kind == "kquant" else q4_1_gguf(tmp_path, small_llama(bias=True))
+    want = gguf_copy(model, path, activations="int8")
+    got = load_gguf_int8(path)
+    assert [type(m) for m in got.modules()] == [type(m) for m in want.modules()]
+    packed = {n for n, m in got.named_modules() if isinstance(m, Int8DotLinear)}
+    assert packed and not any(n.rsplit(".", 1)[0] in packed for n, _ in got.named_parameters() if n.endswith("weight"))
+    ids = torch.randint(64, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(got(ids), want(ids))
+    c1, c2 = FullCache(model.config, 2, 32), FullCache(model.config, 2, 32)
+    with torch.no_grad():
+        assert torch.equal(got(ids, cache=c1), want(ids, cache=c2))
+        step = torch.randint(64, (2, 3))
+        assert torch.equal(got(step, cache=c1), want(step, cache=c2))

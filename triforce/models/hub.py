@@ -82,22 +82,25 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     ``dtype``: ``"float32"`` (default), ``"bfloat16"``, ``"float16"``, ``"gguf"`` (a GGUF file's model on
     its own Q4_1 / Q8_0 blocks, bitwise the float32 model, CPU only: :func:`triforce.models.gguf_copy`) or
     ``"gguf-int8"`` (those blocks, and Q4_0 / Q5_0 / Q5_1 / Q3_K / Q4_K / Q5_K / Q6_K ones, with activations
-    rounded to int8 blocks: integer dot products, CPU only);
+    rounded to int8 blocks: integer dot products, CPU only; built straight from the file's blocks,
+    :func:`triforce.models.quant.load_gguf_int8`);
     ``device``: where the weights go (default: the CPU)."""
     from .llama import Llama
-    from .quant import gguf_copy
+    from .quant import gguf_copy, load_gguf_int8
     from .smollm2 import smollm2_135m, smollm2_gguf_path
 
     dt = _dtype(dtype)
     path = smollm2_gguf_path() if name == "smollm2" else model_path(name)
     if dtype in GGUF_WEIGHTS:
         _check_gguf_weights(path, device, dtype)
+    if dtype == "gguf-int8":  # straight from the blocks: no float32 copy of the packed layers on the way
+        return load_gguf_int8(path), load_tokenizer(path)
     if name == "smollm2":
         model, tok = smollm2_135m(device=device, dtype=dt)
     else:
         model, tok = Llama.from_pretrained(path, device=device, dtype=dt), load_tokenizer(path)
-    if dtype in GGUF_WEIGHTS:
-        model = gguf_copy(model, path, activations="int8" if dtype == "gguf-int8" else "float32")
+    if dtype == "gguf":
+        model = gguf_copy(model, path)
     return model, tok
 
 

@@ -284,7 +284,9 @@ def _weight_files(directory: Path) -> list:
     return files
 
 
-def _build(config: LlamaConfig, sd: dict, device, dtype):
+def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset()):
+    """The model of ``config`` holding ``sd``; parameters named in ``missing_ok`` may be absent and stay on the
+    meta device (a caller that replaces their modules: ``triforce.models.quant.load_gguf_int8``)."""
     from .llama import Llama
 
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
@@ -292,7 +294,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype):
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
-    missing, unexpected = sorted(expected - sd.keys()), sorted(sd.keys() - expected)
+    missing, unexpected = sorted(expected - sd.keys() - set(missing_ok)), sorted(sd.keys() - expected)
     unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]
     if missing or unexpected:
         raise ValueError(f"weights do not match the config: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
@@ -454,13 +456,16 @@ _GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.i
                        "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 
 
-def read_gguf(path: Path):
+def read_gguf(path: Path, skip=None, reader=None):
     """(LlamaConfig, float32 HF-named state dict) from a GGUF file of an architecture in
     :data:`GGUF_ARCHITECTURES`. Tensors of any type the ``gguf`` package dequantises (F32/F16/BF16,
-    Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the K-quants Q2_K..Q6_K, ...) load through ``gguf.quants.dequantize``."""
+    Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, the K-quants Q2_K..Q6_K, ...) load through ``gguf.quants.dequantize``.
+    ``skip(key, type name, shape)``: True leaves that tensor out (not dequantised; ``shape`` as the model's
+    ``[out, in]``). ``reader``: the file already opened with :func:`open_gguf` (parsing its metadata takes
+    seconds for a large vocabulary)."""
     import gguf
 
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF file {str(path)!r} has architecture {arch!r}; supported: "
@@ -497,6 +502,10 @@ def read_gguf(path: Path):
 
     sd = {}
     for name, t in tensors.items():
+        if skip is not None and name != "rope_freqs.weight":
+            key, _ = _state_key(name, path, arch, permuted, n_head, n_kv)
+            if skip(key, t.tensor_type.name, tuple(int(n) for n in reversed(t.shape))):
+                continue
         try:
             w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).float()
         except Exception as e:
@@ -529,12 +538,12 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     raise ValueError(f"unexpected GGUF tensor {name}")
 
 
-def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0")) -> dict:
+def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     """``{HF state-dict key: (type name, uint8 [rows, bytes per row])}``: the file's 2-D tensors of the
     quantisation ``types`` as stored (GGUF blocks, each row its own run of blocks), rows in the model's
     order (``attn_q`` / ``attn_k`` un-permuted as :func:`read_gguf` does). Row ``n`` dequantises to row
-    ``n`` of :func:`read_gguf`'s float32 tensor."""
-    reader = open_gguf(path)
+    ``n`` of :func:`read_gguf`'s float32 tensor. ``reader``: as for :func:`read_gguf`."""
+    reader = reader if reader is not None else open_gguf(path)
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF file {str(path)!r} has architecture {arch!r}; supported: "

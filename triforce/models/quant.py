@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,8 @@ from .llama import Llama, _rowwise_available, _rowwise_rows, bulk_weight
 
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
            "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
-           "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "GGUF_I8_TYPES", "gguf_i8_blocks"]
+           "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "GGUF_I8_TYPES", "gguf_i8_blocks",
+           "load_gguf_int8"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -374,12 +376,16 @@ def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
 def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     """GGUF tensor data of type ``kind`` (uint8 ``[N, bytes per row]``, as stored) -> ``(q, d, m,
     scales_dtype)`` for :func:`pack_i8`, such that ``d * q (+ m)`` is gguf's dequantised weight bitwise:
-    Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are; Q4_0 and Q5_0 (``d * (q - 8)``, ``d *
-    (q - 16)``) as Q4_1 and Q5_1 with ``m = -8 d`` and ``-16 d`` (exact: ``d * q + m`` is the exact ``d * (q -
-    8)``; as Q8_0 with codes ``q - 8``, ``q - 16`` should ``m`` overflow float16); Q4_K as Q4_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact products of
-    a float16 and a 6-bit integer); Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K
-    as Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights; Q5_1 (``d * q + m``, float16)
-    and Q5_K (as Q4_K, 5-bit codes) as Q5_1."""
+
+    - Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are;
+    - Q4_0 and Q5_0 (``d * (q - 8)``, ``d * (q - 16)``) as Q4_1 and Q5_1 with ``m = -8 d`` and ``-16 d``
+      (``d * q + m`` is the exact ``d * (q - 8)``), or as Q8_0 with codes ``q - 8``, ``q - 16`` should ``m``
+      overflow float16;
+    - Q5_1 (``d * q + m``, float16) as Q5_1;
+    - Q4_K and Q5_K as Q4_1 and Q5_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact
+      products of a float16 and a 6-bit integer);
+    - Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K as Q8_0_16 with its codes in
+      -4..3 and float32 ``d * (sc - 32)`` per 16 weights."""
     if kind not in GGUF_I8_TYPES:
         raise ValueError(f"gguf_i8_blocks: {kind} is not one of {', '.join(GGUF_I8_TYPES)}")
     _, block, nbytes = GGUF_I8_TYPES[kind]
@@ -611,6 +617,13 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     blocks = read_gguf_blocks(path, tuple(GGUF_I8_TYPES) if activations == "int8" else ("Q4_1", "Q8_0"))
     if model.config.tie_word_embeddings:
         blocks["lm_head.weight"] = blocks.get("model.embed_tokens.weight")
+    return _copy_with_linears(model, _gguf_layers(blocks, activations, path))
+
+
+def _gguf_layers(blocks: dict, activations: str, path):
+    """``replace(name, module)`` for :func:`_copy_with_linears`: a linear layer whose weight is among the file's
+    ``blocks`` on those blocks (see :func:`gguf_copy`), checked bitwise against the module's weight unless
+    that weight was never loaded (a meta tensor: :func:`load_gguf_int8`)."""
 
     def replace(name, mod):
         found = blocks.get(f"{name}.weight")
@@ -625,12 +638,38 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
                    else _q8_0_linear(b, mod.in_features, mod.bias))
         else:  # another type, on a layer the packed groups of 16 rows do not fit: float32, as loaded
             return mod
-        if new.weight.shape != mod.weight.shape or not torch.equal(new.weight, mod.weight):
+        if not mod.weight.is_meta and (new.weight.shape != mod.weight.shape or not torch.equal(new.weight, mod.weight)):
             raise ValueError(f"gguf_copy: {name}'s weight is not the dequantised {kind} tensor of {str(path)!r} "
                              f"(a model loaded from another file, or changed since)")
         return new
 
-    return _copy_with_linears(model, replace)
+    return replace
+
+
+def load_gguf_int8(path) -> Llama:
+    """The model of the GGUF file ``path`` on its own blocks with int8 activations, bitwise what
+    ``gguf_copy(Llama.from_pretrained(path), path, activations="int8")`` computes, built without a float32 copy
+    of the layers it packs: those tensors are never dequantised (the rest, the embedding table included, is
+    float32 as :meth:`Llama.from_pretrained` loads it; nothing is written to the conversion cache). A
+    Qwen2.5-Coder-1.5B Q4_K_M file needs 2.3 GB instead of the float32 model's 7.1 GB on the way."""
+    from .loading import _build, open_gguf, read_gguf, read_gguf_blocks
+
+    reader = open_gguf(Path(path))
+    blocks = read_gguf_blocks(path, tuple(GGUF_I8_TYPES), reader)
+
+    def packed(key, kind, shape):  # a linear layer's weight that replace() below builds from its blocks
+        linear = key == "lm_head.weight" or (key.startswith("model.layers.") and key.endswith("_proj.weight"))
+        return linear and key in blocks and len(shape) == 2 and shape[0] % I8_GROUP == 0
+
+    config, sd = read_gguf(Path(path), skip=packed, reader=reader)
+    skipped = {k for k in blocks if k not in sd}
+    model = _build(config, sd, "cpu", torch.float32, missing_ok=skipped)
+    if config.tie_word_embeddings:
+        blocks["lm_head.weight"] = blocks.get("model.embed_tokens.weight")
+    out = _copy_with_linears(model, _gguf_layers(blocks, "int8", path))
+    if any(p.is_meta for p in out.parameters()):
+        raise ValueError(f"load_gguf_int8: some weights of {str(path)!r} were neither loaded nor packed")
+    return out
 
 
 _INT8_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
