@@ -542,7 +542,8 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     """``{HF state-dict key: (type name, uint8 [rows, bytes per row])}``: the file's 2-D tensors of the
     quantisation ``types`` as stored (GGUF blocks, each row its own run of blocks), rows in the model's
     order (``attn_q`` / ``attn_k`` un-permuted as :func:`read_gguf` does). Row ``n`` dequantises to row
-    ``n`` of :func:`read_gguf`'s float32 tensor. ``reader``: as for :func:`read_gguf`."""
+    ``n`` of :func:`read_gguf`'s float32 tensor. ``reader``: as for :func:`read_gguf`. The blocks are read-only
+    views of the file's memory map (permuted rows excepted): read them, never write to them."""
     reader = reader if reader is not None else open_gguf(path)
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -557,6 +558,8 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
         if kind not in types or len(t.shape) != 2 or t.name == "rope_freqs.weight":
             continue
         key, heads = _state_key(t.name, path, arch, permuted, n_head, n_kv)
-        blocks = torch.from_numpy(t.data.copy()).view(torch.uint8)
+        with warnings.catch_warnings():  # a read-only view of the mapped file, no copy: nothing writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            blocks = torch.from_numpy(t.data).view(torch.uint8)
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     return out
