@@ -132,8 +132,8 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
   namespace li = triforce::linear_i8;
   using li::Format;
   TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256 or 512] and scales [N / 16, K / 32 * 32 or "
-              "16] must be 2-D, got ", x.sizes(), ", ", codes.sizes(), " and ", scales.sizes());
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320 or 512] and scales [N / 16, K / 32 * "
+              "32 or 16] must be 2-D, got ", x.sizes(), ", ", codes.sizes(), " and ", scales.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte &&
                   (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
               "rowwise_linear_i8: x float32, codes uint8 and scales float16 or float32, got ", x.scalar_type(), ", ",
@@ -175,7 +175,8 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
   auto run = [&](auto f, const auto* H) {
     constexpr Format F = decltype(f)::value;
     over_row_chunks_of(M, K, NG, li::kGroup, 1, [&](int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
-      li::groups<F>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, SX0 + m0 * G, rows, K, C, H, N, O + m0 * N, g0, g1);
+      li::groups<F>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, SX0 + m0 * G, rows, K, C, H, N, O + m0 * N, g0,
+                    g1);
     });
   };
   auto with_scales = [&](auto f) {

@@ -615,15 +615,15 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     if model.dtype != torch.float32 or model.device.type != "cpu":
         raise ValueError(f"gguf_copy: expected a float32 model on the CPU, got {model.dtype} on {model.device}")
     blocks = read_gguf_blocks(path, tuple(GGUF_I8_TYPES) if activations == "int8" else ("Q4_1", "Q8_0"))
-    if model.config.tie_word_embeddings:
-        blocks["lm_head.weight"] = blocks.get("model.embed_tokens.weight")
-    return _copy_with_linears(model, _gguf_layers(blocks, activations, path))
+    return _copy_with_linears(model, _gguf_layers(blocks, activations, path, model.config.tie_word_embeddings))
 
 
-def _gguf_layers(blocks: dict, activations: str, path):
+def _gguf_layers(blocks: dict, activations: str, path, tied: bool):
     """``replace(name, module)`` for :func:`_copy_with_linears`: a linear layer whose weight is among the file's
-    ``blocks`` on those blocks (see :func:`gguf_copy`), checked bitwise against the module's weight unless
-    that weight was never loaded (a meta tensor: :func:`load_gguf_int8`)."""
+    ``blocks`` (a tied LM head: the embedding's) on those blocks (see :func:`gguf_copy`), checked bitwise
+    against the module's weight unless that weight was never loaded (a meta tensor: :func:`load_gguf_int8`)."""
+    if tied:
+        blocks = {**blocks, "lm_head.weight": blocks.get("model.embed_tokens.weight")}
 
     def replace(name, mod):
         found = blocks.get(f"{name}.weight")
@@ -665,9 +665,7 @@ def load_gguf_int8(path) -> Llama:
     config, sd = read_gguf(Path(path), skip=packed, reader=reader)
     skipped = {k for k in blocks if k not in sd}
     model = _build(config, sd, "cpu", torch.float32, missing_ok=skipped)
-    if config.tie_word_embeddings:
-        blocks["lm_head.weight"] = blocks.get("model.embed_tokens.weight")
-    out = _copy_with_linears(model, _gguf_layers(blocks, "int8", path))
+    out = _copy_with_linears(model, _gguf_layers(blocks, "int8", path, config.tie_word_embeddings))
     if any(p.is_meta for p in out.parameters()):
         raise ValueError(f"load_gguf_int8: some weights of {str(path)!r} were neither loaded nor packed")
     return out

@@ -26,7 +26,8 @@
 //   Q4_1:    isum = sum_i code_i * q_i (exact int32), term = (d * dx) * float(isum) + m * sm
 //   Q5_1:    as Q4_1
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
-//   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i,   term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1)
+//   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i (the -128 shift corrected per half),
+//            term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1)
 //            (d_h: the scale of weights 16h .. 16h + 15 of the block)
 //   acc = acc + term (acc starts at 0.0f), each operation rounded to float32 on its own (no FMA).
 // Every float operation is per output and in a fixed order, the integer sums are exact: the result of
@@ -42,9 +43,9 @@
 //           Q8_0 (CB 512, t < 8): w[k = 4t + i] + 128 (int8 weights shifted to unsigned for vpdpbusd,
 //                                 isum corrected by -128 * sx, exactly);
 //           Q8_0_16: as Q8_0;
-//   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d of the
-//          16 rows then m of the 16 rows; Q8_0 (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0 of the 16 rows
-//          then d_1 of the 16 rows.
+//   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
+//          of the 16 rows then m of the 16 rows; Q8_0 (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0 of the 16
+//          rows then d_1 of the 16 rows.
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -179,13 +180,13 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr bool kVnni = true;
 
-// ROWS (1..kRows) rows of x against one group (16 output rows), all K.
 // 16 scales as float32 lanes.
 inline __m512 load_scales(const uint16_t* s) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
 }
 inline __m512 load_scales(const float* s) { return _mm512_loadu_ps(s); }
 
+// ROWS (1..kRows) rows of x against one group (16 output rows), all K.
 template <Format F, int ROWS, typename S>
 inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
                        int64_t K, const uint8_t* codes, const S* scales, float* out, int64_t ldo,
