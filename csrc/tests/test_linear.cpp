@@ -117,6 +117,43 @@ void check_q4_1(int64_t M, int64_t K, int64_t N, std::mt19937& g) {
   }
 }
 
+// linear_i8::quantize_rows (AVX-512 where compiled) against its scalar loop, bitwise: normal, tiny, subnormal,
+// zero and huge values, exact ties (x / d = k + 0.5), a lone inf / NaN per block, both signs.
+void check_quantize(std::mt19937& g) {
+  namespace li = linear_i8;
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> kind(0, 9);
+  for (int64_t M : {1, 3, 9})
+    for (int64_t K : {32, 64, 576}) {
+      const int64_t G = K / 32;
+      std::vector<float> x(M * K);
+      for (int64_t b = 0; b < M * G; ++b) {
+        float* xb = x.data() + b * 32;
+        const int k = kind(g);
+        for (int i = 0; i < 32; ++i) {
+          const float v = nd(g);
+          xb[i] = k == 0 ? v * 1e-40f : k == 1 ? v * 1e30f : k == 2 ? 0.f : k == 3 ? -0.f : v;
+        }
+        if (k == 4) {  // ties: amax = 127 (d = 1), every value k + 0.5
+          xb[0] = 127.f;
+          for (int i = 1; i < 32; ++i) xb[i] = static_cast<float>(static_cast<int>(nd(g) * 30)) + 0.5f;
+        }
+        if (k == 5) xb[kind(g)] = (kind(g) % 2 ? -1 : 1) * INFINITY;
+        if (k == 6) xb[31] = std::nanf("");
+        if (k == 7) xb[3] = 0.f;  // a zero among normals
+      }
+      std::vector<int8_t> q1(M * K), q2(M * K);
+      std::vector<float> d1(M * G), d2(M * G), s1(M * G), s2(M * G);
+      std::vector<int32_t> a1(M * G), a2(M * G), b1(M * G), b2(M * G);
+      li::quantize_rows(x.data(), M, K, q1.data(), d1.data(), s1.data(), a1.data(), b1.data());
+      li::quantize_rows<true>(x.data(), M, K, q2.data(), d2.data(), s2.data(), a2.data(), b2.data());
+      EXPECT(std::memcmp(q1.data(), q2.data(), q1.size()) == 0);
+      EXPECT(std::memcmp(d1.data(), d2.data(), 4 * d1.size()) == 0);
+      EXPECT(std::memcmp(s1.data(), s2.data(), 4 * s1.size()) == 0);
+      EXPECT(a1 == a2 && b1 == b2);
+    }
+}
+
 // linear_i8: x with an all-zero block, a block of ties and an inf; codes random; scales random float16
 // (S = uint16_t) or float32 values with zeros and subnormals. groups<F> over a split of the groups against
 // group_portable<F>.
@@ -189,6 +226,7 @@ int main() {
         check_q4_1(M, K, N, g);
         ++cases;
       }
+  for (int i = 0; i < 20; ++i, ++cases) check_quantize(g);
   for (int64_t M : {1, 2, 3, 4, 5, 8, 9})
     for (int64_t K : {32, 64, 576})
       for (int64_t NG : {1, 2, 5}) {

@@ -78,38 +78,86 @@ inline float scale_value(uint16_t h) { return to_float(f16{h}); }
 inline float scale_value(float v) { return v; }
 
 // x rounded to int8 blocks: q [M, K] int8, dx [M, K / 32] and sm [M, K / 32] float32, sx [M, K / 32] int32
-// (above), sx0 [M, K / 32] int32: the sum of the block's first 16 q_i (Q8_0_16's first half).
+// (above), sx0 [M, K / 32] int32: the sum of the block's first 16 q_i (Q8_0_16's first half). One block of
+// row's (quantize_block: with AVX-512 where compiled, the same operations on 16 lanes: the division and the
+// rounding are IEEE's, in the current rounding mode, so the bits are the scalar loop's;
+// quantize_block_portable: the scalar loop); quantize_rows: every block of x (quantize_rows<true>: the
+// scalar loop's).
+inline void quantize_block_portable(const float* xb, int8_t* qb, float& dx, float& sm, int32_t& sxs, int32_t& sx0s) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int i = 0; i < kBlock; ++i) {
+    finite = finite && std::isfinite(xb[i]);
+    amax = std::max(amax, std::fabs(xb[i]));
+  }
+  const float d = amax / 127.f;
+  int sx = 0, sx0 = 0;
+  if (finite && d > 0.f) {
+    for (int i = 0; i < kBlock; ++i) {
+      const float v = std::nearbyint(xb[i] / d);  // the default rounding mode: to nearest, ties to even
+      const int qi = static_cast<int>(std::min(127.f, std::max(-127.f, v)));
+      qb[i] = static_cast<int8_t>(qi);
+      sx += qi;
+      if (i == kBlock / 2 - 1) sx0 = sx;
+    }
+  } else {
+    std::memset(qb, 0, kBlock);
+  }
+  // inf or NaN in the block: dx NaN, so every term of the block (and the outputs) is NaN
+  dx = finite ? d : std::numeric_limits<float>::quiet_NaN();
+  sm = dx * static_cast<float>(sx);
+  sxs = sx;
+  sx0s = sx0;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__)
+inline void quantize_block(const float* xb, int8_t* qb, float& dx, float& sm, int32_t& sxs, int32_t& sx0s) {
+  const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+  // inf or NaN (quiet or signalling), either half
+  const __mmask16 bad = _mm512_fpclass_ps_mask(x0, 0x99) | _mm512_fpclass_ps_mask(x1, 0x99);
+  if (bad != 0) {  // rare: the scalar loop (dx NaN, codes 0)
+    quantize_block_portable(xb, qb, dx, sm, sxs, sx0s);
+    return;
+  }
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  const float d = amax / 127.f;
+  int32_t sx = 0, sx0 = 0;
+  if (d > 0.f) {
+    const __m512 dv = _mm512_set1_ps(d), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+    auto codes = [&](__m512 x) {  // rounded in the current mode, as nearbyint; then clamped, as the scalar loop
+      const __m512 v = _mm512_roundscale_ps(_mm512_div_ps(x, dv), _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC);
+      return _mm512_cvttps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, v)));
+    };
+    const __m512i q0 = codes(x0), q1 = codes(x1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(q1));
+    sx0 = _mm512_reduce_add_epi32(q0);
+    sx = sx0 + _mm512_reduce_add_epi32(q1);
+  } else {
+    std::memset(qb, 0, kBlock);
+  }
+  dx = d;
+  sm = d * static_cast<float>(sx);
+  sxs = sx;
+  sx0s = sx0;
+}
+#else
+inline void quantize_block(const float* xb, int8_t* qb, float& dx, float& sm, int32_t& sxs, int32_t& sx0s) {
+  quantize_block_portable(xb, qb, dx, sm, sxs, sx0s);
+}
+#endif
+
+template <bool Portable = false>
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* dx, float* sm, int32_t* sxs,
                           int32_t* sx0s) {
   const int64_t G = K / kBlock;
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < G; ++b) {
-      const float* xb = x + r * K + b * kBlock;
-      int8_t* qb = q + r * K + b * kBlock;
-      float amax = 0.f;
-      bool finite = true;
-      for (int i = 0; i < kBlock; ++i) {
-        finite = finite && std::isfinite(xb[i]);
-        amax = std::max(amax, std::fabs(xb[i]));
-      }
-      const float d = amax / 127.f;
-      int sx = 0, sx0 = 0;
-      if (finite && d > 0.f) {
-        for (int i = 0; i < kBlock; ++i) {
-          const float v = std::nearbyint(xb[i] / d);  // the default rounding mode: to nearest, ties to even
-          const int qi = static_cast<int>(std::min(127.f, std::max(-127.f, v)));
-          qb[i] = static_cast<int8_t>(qi);
-          sx += qi;
-          if (i == kBlock / 2 - 1) sx0 = sx;
-        }
-      } else {
-        std::memset(qb, 0, kBlock);
-      }
-      // inf or NaN in the block: dx NaN, so every term of the block (and the outputs) is NaN
-      dx[r * G + b] = finite ? d : std::numeric_limits<float>::quiet_NaN();
-      sm[r * G + b] = dx[r * G + b] * static_cast<float>(sx);
-      sxs[r * G + b] = sx;
-      sx0s[r * G + b] = sx0;
+      const int64_t i = r * G + b;
+      if constexpr (Portable)
+        quantize_block_portable(x + r * K + b * kBlock, q + r * K + b * kBlock, dx[i], sm[i], sxs[i], sx0s[i]);
+      else
+        quantize_block(x + r * K + b * kBlock, q + r * K + b * kBlock, dx[i], sm[i], sxs[i], sx0s[i]);
     }
 }
 
