@@ -22,6 +22,19 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w);
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w);
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
+// rowwise_linear_i8 in two halves, so that projections of the same x round it once (csrc/cpu/decoder.cpp):
+// x [M, K] float32 rounded to int8 blocks (linear_i8.h's quantize_rows) in one buffer, then the product.
+struct I8Rows {
+  at::Tensor buf;  // uint8: q [M, K] int8, then dx, sm [M, K / 32] float32, then sx, sx0 [M, K / 32] int32
+  int64_t M, K;
+  int8_t* q() const { return reinterpret_cast<int8_t*>(buf.data_ptr<uint8_t>()); }
+  float* dx() const { return reinterpret_cast<float*>(q() + M * K); }
+  float* sm() const { return dx() + M * (K / 32); }
+  int32_t* sx() const { return reinterpret_cast<int32_t*>(sm() + M * (K / 32)); }
+  int32_t* sx0() const { return sx() + M * (K / 32); }
+};
+I8Rows quantize_i8_rows(const at::Tensor& x);
+at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, const at::Tensor& scales);
 
 // ---- model layer: a decoder layer in two calls around the KV cache, bitwise the Python modules' result
 // (csrc/cpu/decoder.cpp). Projections: weights w[i] (float32/bfloat16 like h, or int8 with scales[i]),

@@ -115,6 +115,26 @@ def test_int8_copy(monkeypatch):
     assert_bitwise(run(model, False, monkeypatch), run(model, True, monkeypatch))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_integer_dot_products(tmp_path, bias, monkeypatch):
+    """A model on integer dot products (gguf_copy(..., activations="int8"): every projection an Int8DotLinear),
+    with biases or without: the fused layer, which rounds the input of q/k/v (and of gate/up) to int8 blocks
+    once for the three (two) projections, gives bitwise what the modules give, each rounding its own input."""
+    from triforce.models import gguf_copy
+
+    from .test_quant import q4_1_gguf, small_llama
+
+    path, model = q4_1_gguf(tmp_path, small_llama(bias=bias))
+    fast = gguf_copy(model, path, activations="int8")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in fast.named_parameters():  # random biases (a skipped one must show)
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        assert fast.model.layers[0].fused_arguments(torch.zeros(1, 1, fast.config.hidden_size)) is not None
+    assert_bitwise(run(fast, False, monkeypatch), run(fast, True, monkeypatch))
+
+
 WIDE = {  # SmolLM2-135M's layer widths, and odd ones (a width that is not a power of two: the norm's mean)
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3),
     "odd": dict(hidden_size=100, intermediate_size=33, num_attention_heads=5, num_key_value_heads=1),

@@ -37,6 +37,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -193,11 +194,32 @@ void check_projections(const char* name, size_t w, size_t scales, size_t bias, s
 }
 
 // One layer's projections: weights, scales and biases of projection i at w[i], scales[i], bias[i].
+// many({i, j, ...}, x): projections i, j, ... of the same x, which is rounded to int8 blocks once where
+// they all take integer dot products (Int8DotLinear's weights: uint8 codes with scales); the same bits as
+// one call each.
 struct Projections {
   const at::Tensor* w;
   const std::optional<at::Tensor>* scales;
   const std::optional<at::Tensor>* bias;
   at::Tensor operator()(int i, const at::Tensor& x) const { return project(x, w[i], scales[i], bias[i]); }
+  template <size_t n>
+  std::array<at::Tensor, n> many(const std::array<int, n>& ids, const at::Tensor& x) const {
+    std::array<at::Tensor, n> out;
+    const bool i8 = x.scalar_type() == at::kFloat && x.dim() == 2 && std::all_of(ids.begin(), ids.end(), [&](int i) {
+      return w[i].scalar_type() == at::kByte && scales[i].has_value();
+    });
+    if (!i8) {
+      for (size_t j = 0; j < n; ++j) out[j] = (*this)(ids[j], x);
+      return out;
+    }
+    const I8Rows xq = quantize_i8_rows(x);
+    for (size_t j = 0; j < n; ++j) {
+      const int i = ids[j];
+      out[j] = rowwise_linear_i8_rows(xq, w[i], *scales[i]);
+      if (bias[i].has_value()) out[j].add_(*bias[i]);
+    }
+    return out;
+  }
 };
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
@@ -210,13 +232,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
   TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
   const int64_t B = h.size(0), T = h.size(1);
   const at::Tensor x = rms_norm(h, norm_w, eps).reshape({B * T, h.size(2)});
-  at::Tensor q = p(0, x).view({B, T, -1, head_dim});
-  at::Tensor k_raw = p(1, x).view({B, T, -1, head_dim});
+  auto [qp, kp, vp] = p.many<3>({0, 1, 2}, x);
+  at::Tensor q = qp.view({B, T, -1, head_dim});
+  at::Tensor k_raw = kp.view({B, T, -1, head_dim});
   if (q_norm_w.has_value()) {  // Qwen3: per-head RMSNorm of queries and keys, before RoPE
     q = rms_norm(q, *q_norm_w, qk_eps);
     k_raw = rms_norm(k_raw, *k_norm_w, qk_eps);
   }
-  const at::Tensor v = p(2, x).view({B, T, -1, head_dim});
+  const at::Tensor v = vp.view({B, T, -1, head_dim});
   return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
 }
 
@@ -231,8 +254,7 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::T
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
   const at::Tensor h2 = combine<false>(o, h);
   const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
-  at::Tensor gate = p(1, x);
-  const at::Tensor up = p(2, x);
+  auto [gate, up] = p.many<2>({1, 2}, x);
   const at::Tensor down = p(3, combine<true>(at::silu_(gate), up));
   return combine<false>(down.view({B, T, -1}), h2);
 }

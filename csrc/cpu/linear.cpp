@@ -128,20 +128,31 @@ at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w) {
   return out;
 }
 
-at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+I8Rows quantize_i8_rows(const at::Tensor& x) {
+  namespace li = triforce::linear_i8;
+  TORCH_CHECK(x.dim() == 2, "rowwise_linear_i8: x must be [M, K], got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "rowwise_linear_i8: x float32, got ", x.scalar_type());
+  TORCH_CHECK(x.device().is_cpu(), "rowwise_linear_i8: CPU tensors only");
+  const int64_t M = x.size(0), K = x.size(1), G = K / li::kBlock;
+  TORCH_CHECK(K % li::kBlock == 0, "rowwise_linear_i8: x has ", K, " columns, not a multiple of the block's 32");
+  const at::Tensor xc = x.contiguous();
+  // one buffer: q [M, K] int8, then dx, sm [M, G] float32 and sx, sx0 [M, G] int32 (4-byte aligned: K % 32 == 0)
+  I8Rows r{at::empty({M * K + 16 * M * G}, xc.options().dtype(at::kByte)), M, K};
+  li::quantize_rows(xc.const_data_ptr<float>(), M, K, r.q(), r.dx(), r.sm(), r.sx(), r.sx0());
+  return r;
+}
+
+at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, const at::Tensor& scales) {
   namespace li = triforce::linear_i8;
   using li::Format;
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scales.dim() == 2,
+  TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
               "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320 or 512] and scales [N / 16, K / 32 * "
-              "32 or 16] must be 2-D, got ", x.sizes(), ", ", codes.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte &&
-                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
-              "rowwise_linear_i8: x float32, codes uint8 and scales float16 or float32, got ", x.scalar_type(), ", ",
+              "32 or 16] must be 2-D, got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
+  TORCH_CHECK(codes.scalar_type() == at::kByte && (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
+              "rowwise_linear_i8: x float32, codes uint8 and scales float16 or float32, got float32, ",
               codes.scalar_type(), " and ", scales.scalar_type());
-  TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu() && scales.device().is_cpu(),
-              "rowwise_linear_i8: CPU tensors only");
-  const int64_t M = x.size(0), K = x.size(1), NG = codes.size(0), G = K / li::kBlock;
-  TORCH_CHECK(K % li::kBlock == 0, "rowwise_linear_i8: x has ", K, " columns, not a multiple of the block's 32");
+  TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), "rowwise_linear_i8: CPU tensors only");
+  const int64_t M = x.M, K = x.K, NG = codes.size(0), G = K / li::kBlock;
   TORCH_CHECK(scales.size(0) == NG, "rowwise_linear_i8: codes has ", NG, " groups of 16 rows, scales ", scales.size(0));
   auto is = [&](auto f) {
     constexpr Format F = decltype(f)::value;
@@ -156,20 +167,14 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
               G * 256, " bytes and ", G * 32, " scales (Q4_1), ", G * 320, " and ", G * 32, " (Q5_1), ", G * 512,
               " and ", G * 16, " (Q8_0) or ", G * 512, " and ", G * 32, " (Q8_0_16), got ", codes.size(1), " and ",
               scales.size(1));
-  const at::Tensor xc = x.contiguous(), cc = codes.contiguous(), sc = scales.contiguous();
+  const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
-  at::Tensor out = at::empty({M, N}, xc.options());
+  at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return out;
   if (K == 0) return out.zero_();
-  at::Tensor q = at::empty({M, K}, xc.options().dtype(at::kChar));
-  at::Tensor dx = at::empty({M, G}, xc.options()), sm = at::empty({M, G}, xc.options());
-  at::Tensor sx = at::empty({2, M, G}, xc.options().dtype(at::kInt));
-  int32_t* SX = sx.data_ptr<int32_t>();
-  int32_t* SX0 = SX + M * G;
-  li::quantize_rows(xc.const_data_ptr<float>(), M, K, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sm.data_ptr<float>(),
-                    SX, SX0);
-  const int8_t* Q = q.const_data_ptr<int8_t>();
-  const float *D = dx.const_data_ptr<float>(), *S = sm.const_data_ptr<float>();
+  const int8_t* Q = x.q();
+  const float *D = x.dx(), *S = x.sm();
+  const int32_t *SX = x.sx(), *SX0 = x.sx0();
   const uint8_t* C = cc.const_data_ptr<uint8_t>();
   float* O = out.data_ptr<float>();
   auto run = [&](auto f, const auto* H) {
@@ -194,4 +199,17 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
   else
     with_scales(Q8_0_16{});
   return out;
+}
+
+at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scales.dim() == 2,
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320 or 512] and scales [N / 16, K / 32 * "
+              "32 or 16] must be 2-D, got ", x.sizes(), ", ", codes.sizes(), " and ", scales.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte &&
+                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
+              "rowwise_linear_i8: x float32, codes uint8 and scales float16 or float32, got ", x.scalar_type(), ", ",
+              codes.scalar_type(), " and ", scales.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu() && scales.device().is_cpu(),
+              "rowwise_linear_i8: CPU tensors only");
+  return rowwise_linear_i8_rows(quantize_i8_rows(x), codes, scales);
 }
