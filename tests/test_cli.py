@@ -514,6 +514,42 @@ def test_compare_methods_one_new_token_has_no_speedup():
     assert demo.format_table(rows).splitlines()[2].split()[2] == "-"
 
 
+def test_compare_methods_rounds(monkeypatch):
+    """``rounds``: the methods run in turn, round after round; a row holds its method's fastest run (its
+    prefill time the first run's), and a method whose runs emit different tokens is not identical."""
+    import sys
+    import types
+
+    from tests.test_engines import tiny
+
+    model = tiny(7)
+    prompts = [torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(0))]
+    logs = []
+    rows = demo.compare_methods(model, prompts, ["autoregressive", "magicdec"], 6, rounds=2, log=logs.append,
+                                options={"magicdec": {"sink": 1, "window": 8}}, draft=None)
+    assert logs == [f"running {m} (round {r} of 2) ..." for r in (1, 2) for m in ("autoregressive", "magicdec")]
+    assert [r["method"] for r in rows] == ["autoregressive", "magicdec"] and all(r["identical"] for r in rows)
+    with pytest.raises(ValueError, match="rounds"):
+        demo.compare_methods(model, prompts, ["autoregressive"], 6, rounds=0, draft=None)
+    with pytest.raises(ValueError, match="rounds"):
+        demo.run_demo(quick=True, rounds=0)
+
+    runs = iter([(10.0, 0), (30.0, 0), (40.0, 0), (20.0, 1), (25.0, 0), (5.0, 0)])  # (tok/s, token) in run order
+
+    def fake(model, prompts, method, **kw):
+        tps, tok = next(runs)
+        stats = {"tokens_per_s": tps, "prefill_s": tps / 10}
+        return types.SimpleNamespace(stats=stats, tokens=[torch.tensor([tok])])
+
+    monkeypatch.setattr(sys.modules["triforce.generate"], "generate", fake)
+    rows = demo.compare_methods(model, prompts, ["autoregressive", "magicdec"], 6, rounds=3, draft=None)
+    ar, md = rows
+    # autoregressive ran at 10, 40, 25 tok/s: the row is the 40, with the first run's prefill time
+    assert ar["stats"] == {"tokens_per_s": 40.0, "prefill_s": 1.0} and ar["identical"]
+    # magicdec ran at 30, 20 (other tokens), 5: its fastest run, but not identical
+    assert md["stats"]["tokens_per_s"] == 30.0 and md["speedup"] == 30.0 / 40.0 and md["identical"] is False
+
+
 def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():
     row = {"method": "magicdec", "stats": {"time_s": {"draft": 1.5, "full": 2.7}, "target_passes": 16,
                                            "mean_accepted": 2.25}}

@@ -244,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", metavar="B", type=_int(1), default=None,
                    help="prompts of the batched long-context scene (default 4 on CPU, 32 on GPU; --quick: 2)")
     d.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
+    d.add_argument("--rounds", metavar="N", type=_int(1), default=None,
+                   help="runs of every method per scene, the methods in turn; each row shows its fastest run "
+                        "(default 3; --quick: 1)")
     d.add_argument("--dtype", choices=WEIGHTS, default=None,
                    help="weight dtype (default: gguf-int8 on the CPU, float32 on a GPU); gguf-int8: the model "
                         "file's own Q4_1 / Q8_0 (and Q4_0 / Q5_0 / Q5_1 / Q3_K / Q4_K / Q5_K / Q6_K) blocks with "
@@ -557,7 +560,8 @@ def cmd_demo(args) -> int:
     with Progress(enabled=args.progress) as progress:
         progress.begin("loading model and prompts")
         ok = run_demo(args.quick, args.context, args.max_new_tokens, args.batch, args.methods, args.dtype,
-                      out=_StepOut(sys.stdout, progress), log=_log_to(progress), device=args.device)
+                      out=_StepOut(sys.stdout, progress), log=_log_to(progress), device=args.device,
+                      rounds=args.rounds)
     return 0 if ok else 1
 
 
