@@ -141,6 +141,8 @@ def test_version(capsys):
     (["generate", "--prompt", "   \n"], "empty"),
     (["bench", "--batch", "1", "0"], "--batch"),
     (["demo", "--context", "-1"], "--context"),
+    (["demo", "--rounds", "0"], "--rounds"),
+    (["bench", "--rounds", "0"], "--rounds"),
     ([], "COMMAND"),
 ])
 def test_usage_errors(argv, named, capsys):
@@ -401,6 +403,11 @@ def test_bench_json(hf_dir, capsys):
     assert rc == 0 and len([json.loads(line) for line in out.splitlines()]) == 2
     assert re.search(r"^loading model and prompts \.\.\. \d+\.\d s\n(.*\n)*running magicdec \.\.\. \d+\.\d s\n"
                      r"\nbatch 1, ", err, re.M), err  # timed steps, each ended before the table
+    # --rounds 2: every method twice, in turn; still one row per (batch, method)
+    rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "200", "--batch", "1", "--max-new-tokens", "4",
+                        "--methods", "autoregressive", "magicdec", "--json", "--rounds", "2"], capsys)
+    assert rc == 0 and [json.loads(line)["method"] for line in out.splitlines()] == ["autoregressive", "magicdec"]
+    assert "running magicdec (round 2 of 2)" in err
     # a context past the model's fails before any method runs, naming --context
     rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "2045", "--max-new-tokens", "4",
                         "--methods", "autoregressive"], capsys)

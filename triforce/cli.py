@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
     b.add_argument("--temperature", metavar="T", type=_float(0), default=0.0,
                    help="0 = greedy (default), else sampling")
+    b.add_argument("--rounds", metavar="N", type=_int(1), default=1,
+                   help="runs of every method per batch size, the methods in turn; each row shows its fastest run "
+                        "(default: 1)")
     b.add_argument("--json", action="store_true",
                    help="print one JSON object per row on stdout (tables and logs go to stderr)")
     _add_model_args(b)
@@ -548,7 +551,8 @@ def cmd_bench(args) -> int:
         out = _StepOut(sys.stderr if args.json else sys.stdout, progress)
         progress.begin("loading model and prompts")
         for row in bench_rows(args.model, args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
-                              args.temperature, out=out, log=_log_to(progress), device=args.device):
+                              args.temperature, out=out, log=_log_to(progress), device=args.device,
+                              rounds=args.rounds):
             if args.json:
                 print(json.dumps(_finite(row), allow_nan=False), flush=True)
     return 0

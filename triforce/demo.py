@@ -383,10 +383,11 @@ def _cap_budget(context: int) -> dict:
 
 def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: int = 4096, batches=(1, 8),
                max_new_tokens: int = 32, methods=METHODS, temperature: float = 0.0, options: dict | None = None,
-               out=None, log=None, device=None):
+               out=None, log=None, device=None, rounds: int = 1):
     """``triforce bench``: for each batch size, natural-text prompts of ~``context`` tokens (different
-    passages per row, lengths differing by a few tokens), every method, one table per batch size, on
-    ``device`` (default: the CPU). Yields one flat dict per (batch, method)."""
+    passages per row, lengths differing by a few tokens), every method (``rounds`` runs each, in turn, the
+    fastest kept: :func:`compare_methods`), one table per batch size, on ``device`` (default: the CPU).
+    Yields one flat dict per (batch, method)."""
     out = out or sys.stdout
     model, tok = load_model(model_name, dtype, device)
     if tok is None:
@@ -401,7 +402,8 @@ def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: i
     for batch in batches:
         prompts = [torch.tensor(natural_prompt(tok, context - 3 * b, offset=20000 * b), device=model.device)
                    for b in range(batch)]
-        rows = compare_methods(model, prompts, methods, max_new_tokens, temperature, options=opts, log=log)
+        rows = compare_methods(model, prompts, methods, max_new_tokens, temperature, options=opts, log=log,
+                               rounds=rounds)
         print(f"\nbatch {batch}, context ~{context} tokens, {max_new_tokens} new tokens, "
               f"temperature {temperature}:", file=out)
         print(format_table(rows), file=out, flush=True)
