@@ -78,11 +78,11 @@ inline float scale_value(uint16_t h) { return to_float(f16{h}); }
 inline float scale_value(float v) { return v; }
 
 // x rounded to int8 blocks: q [M, K] int8, dx [M, K / 32] and sm [M, K / 32] float32, sx [M, K / 32] int32
-// (above), sx0 [M, K / 32] int32: the sum of the block's first 16 q_i (Q8_0_16's first half). One block of
-// row's (quantize_block: with AVX-512 where compiled, the same operations on 16 lanes: the division and the
-// rounding are IEEE's, in the current rounding mode, so the bits are the scalar loop's;
-// quantize_block_portable: the scalar loop); quantize_rows: every block of x (quantize_rows<true>: the
-// scalar loop's).
+// (above), sx0 [M, K / 32] int32: the sum of the block's first 16 q_i (Q8_0_16's first half).
+// quantize_block rounds one block of a row: with AVX-512 where compiled, the scalar loop's operations on 16
+// lanes (the division and the rounding are IEEE's, in the current rounding mode, so the bits are the scalar
+// loop's); quantize_block_portable is the scalar loop. quantize_rows rounds every block of x
+// (quantize_rows<true>: with the scalar loop).
 inline void quantize_block_portable(const float* xb, int8_t* qb, float& dx, float& sm, int32_t& sxs, int32_t& sx0s) {
   float amax = 0.f;
   bool finite = true;
