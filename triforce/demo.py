@@ -76,6 +76,11 @@ def passkey_prompt(tokenizer, context_tokens: int, key: int | None = None, depth
     return intro + hay[:at] + needle + hay[at:] + question, key
 
 
+def _check_rounds(rounds) -> None:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+
+
 def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, temperature: float = 0.0,
                     options: dict | None = None, draft="bf16", seed: int | None = 0, log=None,
                     rounds: int = 1) -> list[dict]:
@@ -90,8 +95,7 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
     fixes a sampling run's draws): a method whose runs differ is not ``identical``."""
     from .generate import generate
 
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    _check_rounds(rounds)
     options = {**DEMO_OPTIONS, **(options or {})}
     if draft == "bf16":
         from .engines.drafters import half_precision_copy
@@ -315,8 +319,7 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
     out = out or sys.stdout
     t0 = time.perf_counter()
     rounds = (1 if quick else 3) if rounds is None else rounds
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:  # before the model loads
-        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    _check_rounds(rounds)  # before the model loads
     if dtype is None and device_of(None if device is None else str(device)).type == "cpu":
         # on the CPU the model runs on its file's own Q4_1 / Q8_0 weights with integer dot products, as
         # llama.cpp runs such a file (--dtype gguf: the same weights, bitwise the float32 model, slower)

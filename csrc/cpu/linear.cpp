@@ -201,15 +201,7 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   return out;
 }
 
+// x is checked (and rounded) by quantize_i8_rows, codes and scales by rowwise_linear_i8_rows.
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320 or 512] and scales [N / 16, K / 32 * "
-              "32 or 16] must be 2-D, got ", x.sizes(), ", ", codes.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte &&
-                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
-              "rowwise_linear_i8: x float32, codes uint8 and scales float16 or float32, got ", x.scalar_type(), ", ",
-              codes.scalar_type(), " and ", scales.scalar_type());
-  TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu() && scales.device().is_cpu(),
-              "rowwise_linear_i8: CPU tensors only");
   return rowwise_linear_i8_rows(quantize_i8_rows(x), codes, scales);
 }
