@@ -1,11 +1,26 @@
-"""Test set-up: Triton in the interpreter when there is no GPU, hypothesis profiles.
+"""Test set-up: Triton in the interpreter when there is no GPU, hypothesis profiles, background jobs.
 
 Profiles (HYPOTHESIS_PROFILE env var): ``ci`` (default; derandomized, bounded examples, no deadline)
 and ``fuzz`` (random, many examples: ``HYPOTHESIS_PROFILE=fuzz pytest tests``; ``TRIFORCE_FUZZ_EXAMPLES``
 examples per test, default 2000).
+
+Background jobs: a test marked ``@pytest.mark.background(commands=f)`` checks what a long subprocess
+(compiling for a GPU, the CMake build) printed. ``commands(workdir, **params)`` returns the job's
+commands, a list of ``(argv, subprocess keyword arguments)`` (or None: nothing to run), for the test's
+parameters and a fresh directory. Once the run is collected, the jobs start on a worker thread, one
+after another, and run while the rest of the suite does (most of it is one thread in Triton's
+interpreter, so the second core is free); their tests are moved to the end of the run and get the
+finished job from the ``background`` fixture. Under pytest-xdist, and for a test whose job was not
+started, the fixture runs the job itself.
 """
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -30,3 +45,118 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+class BackgroundJob:
+    """One test's commands, run in order until one fails; ``results`` holds what each printed."""
+
+    def __init__(self, commands, workdir):
+        self.commands, self.workdir = commands or [], workdir
+        self.results: list[subprocess.CompletedProcess] = []
+        self.done = threading.Event()
+
+    def run(self, runner=None):
+        try:
+            for argv, kw in self.commands:
+                proc = runner.launch(argv, kw) if runner else subprocess.Popen(
+                    argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+                if proc is None:  # the run is over
+                    break
+                out, err = proc.communicate()
+                self.results.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+                if proc.returncode != 0:
+                    break
+        finally:
+            self.done.set()
+
+    def completed(self) -> list[subprocess.CompletedProcess]:
+        """Every command's result, after asserting that each ran and exited with status 0."""
+        self.done.wait()
+        for r in self.results:
+            assert r.returncode == 0, f"{' '.join(map(str, r.args))} exited with {r.returncode}:\n" \
+                                      f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+        assert len(self.results) == len(self.commands), "the run ended before this job's commands ran"
+        return self.results
+
+
+class _BackgroundRunner:
+    def __init__(self, jobs):
+        self.jobs, self.proc, self.stopped = jobs, None, False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._work, name="triforce-background-jobs", daemon=True)
+        self.thread.start()
+
+    def _work(self):
+        for job in self.jobs.values():
+            job.run(self)
+
+    def launch(self, argv, kw):
+        with self.lock:
+            if self.stopped:
+                return None
+            # a session of its own: stopping the run kills the command's children too
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         start_new_session=True, **kw)
+            return self.proc
+
+    def stop(self):
+        with self.lock:
+            self.stopped = True
+            if self.proc is not None and self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.thread.join()
+
+
+_JOBS = pytest.StashKey[dict]()
+_RUNNER = pytest.StashKey[_BackgroundRunner]()
+
+
+def _new_job(item) -> BackgroundJob:
+    marker = item.get_closest_marker("background")
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    workdir = tempfile.mkdtemp(prefix="triforce-test-")
+    return BackgroundJob(marker.kwargs["commands"](workdir, **params), workdir)
+
+
+def _skipped(item) -> bool:
+    return item.get_closest_marker("skip") is not None or any(
+        any(c is True for c in m.args) or m.kwargs.get("condition") is True for m in item.iter_markers("skipif"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "background(commands=f): a long subprocess check started when the run is "
+                                       "collected (tests/conftest.py)")
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
+def pytest_collection_modifyitems(session, config, items):
+    marked = [item for item in items if item.get_closest_marker("background")]
+    if not marked or config.option.collectonly or hasattr(config, "workerinput"):
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("background")] + marked
+    jobs = {item.nodeid: _new_job(item) for item in marked if not _skipped(item)}
+    config.stash[_JOBS] = jobs
+    config.stash[_RUNNER] = _BackgroundRunner(jobs)
+
+
+def pytest_unconfigure(config):
+    runner = config.stash.get(_RUNNER, None)
+    if runner is not None:
+        runner.stop()
+    for job in config.stash.get(_JOBS, {}).values():
+        shutil.rmtree(job.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def background(request) -> BackgroundJob:
+    """This test's finished background job (see the module docstring)."""
+    job = request.config.stash.get(_JOBS, {}).get(request.node.nodeid)
+    if job is None:
+        job = _new_job(request.node)
+        request.addfinalizer(lambda: shutil.rmtree(job.workdir, ignore_errors=True))
+        job.run()
+    job.done.wait()
+    return job

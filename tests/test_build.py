@@ -22,30 +22,42 @@ def _run(cmd, **kw):
     return r
 
 
+def _cmake_build_and_ctest(workdir):
+    return [(["cmake", "-S", ROOT, "-B", workdir, "-DCMAKE_BUILD_TYPE=Release"], {}),
+            (["cmake", "--build", workdir, "-j", "2"], {}),
+            (["ctest", "--test-dir", workdir, "--output-on-failure"], {})]
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
-def test_cmake_build_and_ctest(tmp_path):
-    _run(["cmake", "-S", ROOT, "-B", str(tmp_path), "-DCMAKE_BUILD_TYPE=Release"])
-    _run(["cmake", "--build", str(tmp_path), "-j", "2"])
-    r = _run(["ctest", "--test-dir", str(tmp_path), "--output-on-failure"])
+@pytest.mark.background(commands=_cmake_build_and_ctest)
+def test_cmake_build_and_ctest(background):
+    r = background.completed()[-1]
     assert "tests passed" in r.stdout
     # the CUDA samplers run through the CPU emulation, plain and under ThreadSanitizer
     assert "test_sampling_cuda_emu " in r.stdout and "test_sampling_cuda_emu_tsan " in r.stdout, r.stdout
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("src", sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu"))) or [None])
-def test_cuda_launchers_compile_for_sm90(src, tmp_path):
-    """The torch launchers in csrc/cuda compile for sm_90 against this torch's headers (the CPU
-    wheel ships the CUDA headers too), and no kernel spills registers. Compile only: nothing runs."""
+def _nvcc_sm90(workdir, src):
     if src is None:
-        pytest.skip("no CUDA launchers yet")
+        return None
     tinc = os.path.join(os.path.dirname(torch.__file__), "include")
-    cmd = ["nvcc", "-std=c++20", "-c", src, "-o", str(tmp_path / "x.o"), "-arch=sm_90",
+    cmd = ["nvcc", "-std=c++20", "-c", src, "-o", os.path.join(workdir, "x.o"), "-arch=sm_90",
            "-DTRIFORCE_WITH_CUDA", f"-I{ROOT}/csrc/include", f"-I{ROOT}/csrc", f"-I{tinc}",
            f"-I{tinc}/torch/csrc/api/include", f"-I{sysconfig.get_paths()['include']}",
            "-D_GLIBCXX_USE_CXX11_ABI=1", "-O3", "-lineinfo", "-Xptxas", "-v"]
     cmd += [f for f in cpp_extension.COMMON_NVCC_FLAGS if f not in cmd]  # as setup.py's CUDAExtension builds it
-    log = _run(cmd).stderr
+    return [(cmd, {})]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("src", sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu"))) or [None])
+@pytest.mark.background(commands=_nvcc_sm90)
+def test_cuda_launchers_compile_for_sm90(src, background):
+    """The torch launchers in csrc/cuda compile for sm_90 against this torch's headers (the CPU
+    wheel ships the CUDA headers too), and no kernel spills registers. Compile only: nothing runs."""
+    if src is None:
+        pytest.skip("no CUDA launchers yet")
+    log = background.completed()[0].stderr
     # C++20 as torch.utils.cpp_extension compiles it (torch >= 2.10 headers need it): a clean build log
     assert "warning" not in log.lower(), log[-4000:]
     # every kernel instantiation: no register spills (ptxas -v reports each entry function)
@@ -63,9 +75,20 @@ def _triton_nvidia_tools():
     return path if os.path.exists(os.path.join(path, "ptxas")) else None
 
 
+def _no_interpreter():
+    return {"env": {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "cwd": ROOT}
+
+
+def _compile_check_h100(workdir, triton_version):
+    cmd = [sys.executable, "-m", "triforce_kernels", "compile-check", "--quick", "--json",
+           os.path.join(workdir, "aot.json"), "--dump", os.path.join(workdir, "dump")]
+    return [(cmd + (["--triton", triton_version] if triton_version else []), _no_interpreter())]
+
+
 @pytest.mark.skipif(_triton_nvidia_tools() is None, reason="triton without its NVIDIA backend (ptxas)")
 @pytest.mark.parametrize("triton_version", [None, "3.6.0"], ids=["installed", "3.6.0"])
-def test_triton_kernels_compile_for_h100(tmp_path, triton_version):
+@pytest.mark.background(commands=_compile_check_h100)
+def test_triton_kernels_compile_for_h100(triton_version, background):
     """Every Triton kernel compiles for sm_90a at the launch plans of the GPU shapes (bf16 tl.dot,
     64-key tiles, SM-count splits: code the interpreter never compiles), within the H100's shared
     memory, thread and grid limits, without spilling registers or syncing the host. With the installed
@@ -73,15 +96,9 @@ def test_triton_kernels_compile_for_h100(tmp_path, triton_version):
     that 3.9 compiles. Compile only: nothing runs."""
     import json
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out, dump = tmp_path / "aot.json", tmp_path / "dump"
-    cmd = [sys.executable, "-m", "triforce_kernels", "compile-check", "--quick", "--json", str(out), "--dump", str(dump)]
-    if triton_version:
-        cmd += ["--triton", triton_version]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    assert r.returncode == 0, f"compile-check failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    r = background.completed()[0]
     assert f"with triton {triton_version or ''}" in r.stdout
-    res = json.loads(out.read_text())
+    res = json.loads(open(os.path.join(background.workdir, "aot.json")).read())
     assert not res["errors"]
     kernels = {x["kernel"] for x in res["launches"]}
     assert {"_verify_attention_split_kernel", "_verify_attention_merge_kernel", "_tree_sample_kernel",
@@ -92,7 +109,7 @@ def test_triton_kernels_compile_for_h100(tmp_path, triton_version):
             and "LOWP_DOT=True" in x["signature"]]
     assert bf16 and all(x["hgmma"] + x["hmma"] > 0 for x in bf16)
     assert any(x["hgmma"] > 0 for x in bf16)
-    _check_one_tile_arithmetic(dump)
+    _check_one_tile_arithmetic(os.path.join(background.workdir, "dump"))
 
 
 def _fp_ops(ttgir: str) -> list[str]:
@@ -178,18 +195,20 @@ def test_compile_check_limits():
     assert dataclasses.replace(small, regs=255).occupancy(gpu) == pytest.approx(8 / 64)  # 255 regs: 2 blocks
 
 
+def _compile_check_dump(workdir):
+    return [([sys.executable, "-m", "triforce_kernels", "compile-check", "--match", "^chain_speculative_sample B=16 ",
+              "--json", os.path.join(workdir, "aot.json"), "--dump", os.path.join(workdir, "dump")], _no_interpreter())]
+
+
 @pytest.mark.skipif(_triton_nvidia_tools() is None, reason="triton without its NVIDIA backend (ptxas)")
-def test_compile_check_dump_holds_exactly_this_runs_kernels(tmp_path):
+@pytest.mark.background(commands=_compile_check_dump)
+def test_compile_check_dump_holds_exactly_this_runs_kernels(background):
     """--dump: the PTX, cubin and TTGIR of each kernel the selected cases compiled, nothing else."""
     import json
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out, dump = tmp_path / "aot.json", tmp_path / "dump"
-    r = subprocess.run([sys.executable, "-m", "triforce_kernels", "compile-check", "--match",
-                        "^chain_speculative_sample B=16 ", "--json", str(out), "--dump", str(dump)],
-                       capture_output=True, text=True, env=env, cwd=ROOT)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    launches = json.loads(out.read_text())["launches"]
+    background.completed()
+    dump = os.path.join(background.workdir, "dump")
+    launches = json.loads(open(os.path.join(background.workdir, "aot.json")).read())["launches"]
     assert len(launches) == 2 and {x["kernel"] for x in launches} == {"_tree_sample_kernel"}  # with and without q
     files = sorted(os.listdir(dump))
     assert len(files) == 6, files
@@ -231,17 +250,20 @@ except RuntimeError as e:
 '''
 
 
+def _static_libstdcxx_probe(workdir):
+    return [([sys.executable, "-c", _STATIC_LIBSTDCXX_PROBE, workdir, ROOT], {})]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("c++") is None,
                     reason="the libstdc++ link flags are for Linux builds")
-def test_static_libstdcxx_compiler_still_formats_error_numbers(tmp_path):
+@pytest.mark.background(commands=_static_libstdcxx_probe)
+def test_static_libstdcxx_compiler_still_formats_error_numbers(background):
     """A compiler that links libstdc++ statically (the GPU image's did) gave the extension its own,
     exported copy, whose iostreams used torch's locale facets with their own ids: an argument check's
     message lost its number here and crashed the process there. With the extension's link flags
     (triforce_kernels/_link_flags.py) a one-op extension built with -static-libstdc++ raises the whole
     message. The probe runs in a subprocess, so a crash fails this test rather than the run."""
-    r = subprocess.run([sys.executable, "-c", _STATIC_LIBSTDCXX_PROBE, str(tmp_path), ROOT],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, f"probe exited with {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    r = background.completed()[0]
     assert r.stdout.strip().splitlines()[-1] == "raised: want 7 dims, got 1", r.stdout
 
 
