@@ -25,10 +25,12 @@ the float32 kernel on the dequantised weight. FLOPs count the multiply-adds as f
 ``--dtype q4_k_int8`` / ``q5_k_int8`` / ``q6_k_int8``: the same kernel on the packed forms that hold GGUF's
 K-quants (Q4_K as Q4_1 codes with float32 scales: 0.75 bytes a weight; Q5_K as Q5_1, nibbles plus fifth-bit
 masks: 0.875; Q6_K as int8 codes with a float32 scale per 16 weights: 1.25), random blocks, against the float32
-kernel on the dequantised weight (a K-quant model's layers before).
+kernel on the dequantised weight (a K-quant model's layers before). ``--dtype iq4_xs_int8``: GGUF IQ4_XS's form
+(IQ4_NL: 4-bit indices into the IQ4_NL grid, a float32 scale per 32 weights: 0.625 bytes a weight), the same way.
 
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
-    # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|both (default both);
+    # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|both
+    # (default both);
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
@@ -50,11 +52,11 @@ def main():
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
-                                       "q4_k_int8", "q5_k_int8", "q6_k_int8", "both"], default="both",
+                                       "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "both"], default="both",
                    help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
                         "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x); q4_1_int8 / q8_0_int8 = rowwise_linear_i8 "
-                        "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8: the same on the "
-                        "K-quants' forms")
+                        "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8 / iq4_xs_int8: the same on "
+                        "the forms of the K-quants and IQ4_XS")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -64,7 +66,7 @@ def main():
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
     quantised = {"int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8,
-                 "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k}
+                 "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k}
     if a.dtype in quantised:
         if a.many_rows:
             raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
@@ -148,9 +150,10 @@ def bench_i8(a, g, bw) -> None:
 
 
 def bench_i8_k(a, g, bw) -> None:
-    """``rowwise_linear_i8`` on the forms of GGUF's K-quants (random codes, float32 scales: Q4_K's and Q5_K's
-    ``d * sc`` and ``-(dmin * mn)`` per 32 weights, Q6_K's ``d * sc`` per 16) against the float32 kernel on the
-    dequantised weight (``cpu_float32``: where such layers ran before) and ``F.linear`` (``torch``)."""
+    """``rowwise_linear_i8`` on the forms of GGUF's K-quants and IQ4_XS (random codes, float32 scales: Q4_K's and
+    Q5_K's ``d * sc`` and ``-(dmin * mn)`` per 32 weights, Q6_K's ``d * sc`` per 16, IQ4_XS's ``d * (ls - 32)`` per
+    32) against the float32 kernel on the dequantised weight (``cpu_float32``: where such layers ran before) and
+    ``F.linear`` (``torch``)."""
     from triforce.models.quant import Int8DotLinear, pack_i8
 
     ints = []
@@ -158,6 +161,9 @@ def bench_i8_k(a, g, bw) -> None:
         if a.dtype in ("q4_k_int8", "q5_k_int8"):
             q = torch.randint(0, 16 if a.dtype == "q4_k_int8" else 32, (N, K), generator=g, dtype=torch.uint8)
             d, m = torch.rand(N, K // 32, generator=g) * 0.01, -torch.rand(N, K // 32, generator=g) * 0.08
+        elif a.dtype == "iq4_xs_int8":  # indices into the IQ4_NL grid
+            q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+            d, m = torch.rand(N, K // 32, generator=g) * 0.001, None
         else:
             q = torch.randint(-32, 32, (N, K), generator=g, dtype=torch.int8)
             d, m = torch.rand(N, K // 16, generator=g) * 0.02, None

@@ -1,7 +1,7 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 weights with float16 or float32 scales, int32
-sums. GGUF's Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K and Q6_K blocks map onto them bitwise (gguf_i8_blocks against gguf's own
-dequantisation).
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL weights with float16 or float32 scales,
+int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks map onto them bitwise
+(gguf_i8_blocks against gguf's own dequantisation).
 
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
 (rowwise_linear_i8_reference, which spells out the definition) at every row count, with rows bitwise
@@ -17,8 +17,8 @@ import triforce
 from triforce.models import FullCache, TokenTree, gguf_copy
 from triforce.models import llama as llama_mod
 from triforce.models.llama import _rowwise_available
-from triforce.models.quant import (GGUF_I8_TYPES, Int8DotLinear, Q4Linear, Q8Linear, gguf_i8_blocks, pack_i8,
-                                   quantize_activations_i8, rowwise_linear_i8_reference, unpack_i8)
+from triforce.models.quant import (GGUF_I8_TYPES, IQ4_NL_VALUES, Int8DotLinear, Q4Linear, Q8Linear, gguf_i8_blocks,
+                                   pack_i8, quantize_activations_i8, rowwise_linear_i8_reference, unpack_i8)
 
 from .test_quant import q4_1_gguf, small_llama
 
@@ -29,13 +29,13 @@ def i8(x, codes, scales):
     return torch.ops.triforce_C.rowwise_linear_i8(x, codes, scales)
 
 
-FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16"]
+FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL"]
 SCALES = [torch.float16, torch.float32]
 
 
 def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
-    """(q, d, m) of random Q4_1, Q5_1, Q8_0 or Q8_0_16 blocks: every code, some d = 0 and subnormal d (of float16,
-    or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
+    """(q, d, m) of random Q4_1, Q5_1, Q8_0, Q8_0_16 or IQ4_NL blocks: every code, some d = 0 and subnormal d (of
+    float16, or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
     G = K // 32 * (2 if fmt == "Q8_0_16" else 1)
     tiny = 1e-7 if scales_dtype == torch.float16 else 1e-40  # a subnormal of the scales' type
     r = lambda top: (torch.rand(N, G, generator=g) * top).to(scales_dtype).float()  # noqa: E731
@@ -47,7 +47,14 @@ def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
         q = torch.randint(0, 16 if fmt == "Q4_1" else 32, (N, K), generator=g, dtype=torch.uint8)
         q.view(-1)[0] = 15 if fmt == "Q4_1" else 31  # the widest code, so that the packing picks the form
         return q, d, -r(0.2)
+    if fmt == "IQ4_NL":  # indices into the grid
+        return torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), d, None
     return torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8), d, None
+
+
+def code_values(fmt, q):
+    """The integer weights ``q`` stands for (int64): IQ4_NL's indices looked up in its grid, else ``q``."""
+    return torch.tensor(IQ4_NL_VALUES)[q.long()] if fmt == "IQ4_NL" else q.long()
 
 
 def dequantised(q, d, m):
@@ -81,10 +88,10 @@ def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
     q, d, m = random_blocks(fmt, 16 * NG, 32 * G, torch.Generator().manual_seed(seed), scales_dtype)
     codes, scales = pack_i8(q, d, m, scales_dtype)
     assert codes.dtype == torch.uint8 and scales.dtype == scales_dtype
-    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320}.get(fmt, 512))
-    assert scales.shape == (NG, G * (16 if fmt == "Q8_0" else 32))
+    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256}.get(fmt, 512))
+    assert scales.shape == (NG, G * (16 if fmt in ("Q8_0", "IQ4_NL") else 32))
     got_fmt, q2, d2, m2 = unpack_i8(codes, scales, 32 * G)
-    assert got_fmt == fmt and torch.equal(q2, q.long()) and torch.equal(d2, d)
+    assert got_fmt == fmt and torch.equal(q2, code_values(fmt, q)) and torch.equal(d2, d)
     assert (m2 is None) if m is None else torch.equal(m2, m)
 
 
@@ -104,8 +111,10 @@ def test_packing_refuses_bad_blocks():
         pack_i8(q, d, m, torch.bfloat16)
     with pytest.raises(ValueError, match=r"\[16, 2\]"):
         pack_i8(q, d[:, :1], m)
+    with pytest.raises(ValueError, match="0..15"):  # uint8 codes without m: IQ4_NL indices
+        pack_i8(q | 16, d)
     with pytest.raises(ValueError, match="int8"):
-        pack_i8(q, d)
+        pack_i8(q.to(torch.int16), d)
     with pytest.raises(ValueError, match="not packed"):
         unpack_i8(*pack_i8(q, d, m), 96)
 
@@ -134,6 +143,7 @@ def test_activation_rounding_follows_the_definition():
 @example(fmt="Q8_0", scales_dtype=torch.float16, M=3, G=18, NG=4, seed=1, special=True)
 @example(fmt="Q8_0_16", scales_dtype=torch.float32, M=5, G=28, NG=8, seed=2, special=True)  # a Qwen2.5 down_proj
 @example(fmt="Q4_1", scales_dtype=torch.float32, M=4, G=8, NG=3, seed=3, special=True)
+@example(fmt="IQ4_NL", scales_dtype=torch.float32, M=5, G=18, NG=4, seed=4, special=True)  # IQ4_XS's scales
 def test_kernel_is_the_reference_bitwise(fmt, scales_dtype, M, G, NG, seed, special):
     g = torch.Generator().manual_seed(seed)
     K = 32 * G
@@ -201,7 +211,8 @@ def test_kernel_errors():
 
 @pytest.mark.parametrize("fmt, scales_dtype", [("Q4_1", torch.float16), ("Q8_0", torch.float16),
                                                ("Q8_0_16", torch.float32), ("Q4_1", torch.float32),
-                                               ("Q5_1", torch.float32)])
+                                               ("Q5_1", torch.float32), ("IQ4_NL", torch.float16),
+                                               ("IQ4_NL", torch.float32)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_module_is_one_arithmetic_on_every_path(fmt, scales_dtype, bias, monkeypatch):
     """The kernel and the reference (no kernel) give the same bits, the bias added after; other float
@@ -213,7 +224,7 @@ def test_module_is_one_arithmetic_on_every_path(fmt, scales_dtype, bias, monkeyp
     b = torch.randn(48, generator=g) if bias else None
     mod = Int8DotLinear(*pack_i8(q, d, m, scales_dtype), 96, b)
     assert mod.out_features == 48 and mod.format == fmt and mod.scales.dtype == scales_dtype
-    W = q.float().view(48, d.shape[1], -1) * d[..., None] + (0 if m is None else m[..., None])
+    W = code_values(fmt, q).float().view(48, d.shape[1], -1) * d[..., None] + (0 if m is None else m[..., None])
     assert torch.equal(mod.weight, W.view(48, 96))
     x = torch.randn(2, 7, 96, generator=g)
     want = rowwise_linear_i8_reference(x.view(-1, 96), mod.codes, mod.scales).view(2, 7, 48)
@@ -338,9 +349,15 @@ def test_gguf_copy_with_int8_activations(tmp_path, bias):
 
 
 # A K-quant file like llama.cpp's mixes (Q4_K_M, Q5_K_M, Q3_K_M): a type per tensor (K-quants where rows are
-# whole super-blocks of 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks.
+# whole super-blocks of 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks; the second layer has two IQ4 tensors
+# (the IQ4_XS mix's types).
 _KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q3_K", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q5_K",
                "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
+_KQUANT_MIX_LAYER1 = {**_KQUANT_MIX, "attn_q": "IQ4_XS", "ffn_up": "IQ4_NL"}
+
+
+def _kquant_kind(layer, tensor):
+    return (_KQUANT_MIX_LAYER1 if layer == 1 else _KQUANT_MIX)[tensor]
 
 
 def kquant_gguf(tmp_path, seed=0):
@@ -358,7 +375,8 @@ def kquant_gguf(tmp_path, seed=0):
     def quant(name, t):
         if t.ndim != 2:
             return t, None
-        kind = _KQUANT_MIX[name.split(".")[-2]]
+        parts = name.split(".")
+        kind = _kquant_kind(int(parts[1]) if parts[0] == "blk" else 0, parts[-2])
         return random_gguf_rows(kind, t.shape[0], t.shape[1], g), getattr(gguf.GGMLQuantizationType, kind)
 
     path = write_gguf(tmp_path / "kq.gguf", Llama(cfg).eval(), quant=quant)
@@ -367,21 +385,21 @@ def kquant_gguf(tmp_path, seed=0):
 
 @needs_kernel
 def test_gguf_copy_of_a_k_quant_file(tmp_path):
-    """Every layer of a K-quant file (Q4_K, Q5_K, Q3_K, Q6_K, Q4_0, Q5_0, Q8_0) runs on its own blocks with
+    """Every layer of a K-quant file (Q4_K, Q5_K, Q3_K, Q6_K, Q4_0, Q5_0, Q8_0, IQ4_XS, IQ4_NL) runs on its own blocks with
     integer dot products (the tied head on the embedding's Q8_0); a pass of T tokens gives T one-token steps'
     logits bitwise; the engines emit the copy's autoregressive tokens. Without int8 activations the K-quant
     layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
     want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q8_0_16", "Q4_0": "Q4_1", "Q3_K": "Q8_0_16",
-                   "Q5_K": "Q5_1"}
+                   "Q5_K": "Q5_1", "IQ4_XS": "IQ4_NL", "IQ4_NL": "IQ4_NL"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
     for name, mod in fast.named_modules():
         if name.endswith("_proj"):
-            kind = _KQUANT_MIX[names[name.rsplit(".", 1)[1]]]
+            kind = _kquant_kind(int(name.split(".")[2]), names[name.rsplit(".", 1)[1]])
             assert isinstance(mod, Int8DotLinear) and mod.format == want_format[kind], name
-            assert mod.scales.dtype == (torch.float32 if kind.endswith("_K") else torch.float16)
+            assert mod.scales.dtype == (torch.float32 if kind.endswith(("_K", "_XS")) else torch.float16)
             assert torch.equal(mod.weight, model.get_submodule(name).weight)
     assert isinstance(fast.lm_head, Int8DotLinear) and fast.lm_head.format == "Q8_0"
     floats = gguf_copy(model, path)  # Q8_0 only: the head; the rest stays as loaded

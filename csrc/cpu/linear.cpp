@@ -162,11 +162,12 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   using Q5_1 = std::integral_constant<Format, Format::Q5_1>;
   using Q8_0 = std::integral_constant<Format, Format::Q8_0>;
   using Q8_0_16 = std::integral_constant<Format, Format::Q8_0_16>;
-  const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{});
-  TORCH_CHECK(q4 || q5 || q8 || q8_16, "rowwise_linear_i8: for ", K, " columns a group's codes and scales are ",
-              G * 256, " bytes and ", G * 32, " scales (Q4_1), ", G * 320, " and ", G * 32, " (Q5_1), ", G * 512,
-              " and ", G * 16, " (Q8_0) or ", G * 512, " and ", G * 32, " (Q8_0_16), got ", codes.size(1), " and ",
-              scales.size(1));
+  using IQ4_NL = std::integral_constant<Format, Format::IQ4_NL>;
+  const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{});
+  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4, "rowwise_linear_i8: for ", K,
+              " columns a group's codes and scales are ", G * 256, " bytes and ", G * 32, " scales (Q4_1), ", G * 320,
+              " and ", G * 32, " (Q5_1), ", G * 512, " and ", G * 16, " (Q8_0), ", G * 512, " and ", G * 32,
+              " (Q8_0_16) or ", G * 256, " and ", G * 16, " (IQ4_NL), got ", codes.size(1), " and ", scales.size(1));
   const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));
@@ -196,8 +197,10 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
     with_scales(Q5_1{});
   else if (q8)
     with_scales(Q8_0{});
-  else
+  else if (q8_16)
     with_scales(Q8_0_16{});
+  else
+    with_scales(IQ4_NL{});
   return out;
 }
 

@@ -27,8 +27,8 @@ from .llama import Llama, _rowwise_available, _rowwise_rows, bulk_weight
 
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
            "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
-           "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "GGUF_I8_TYPES", "gguf_i8_blocks",
-           "load_gguf_int8"]
+           "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "GGUF_I8_TYPES",
+           "gguf_i8_blocks", "load_gguf_int8"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -281,9 +281,11 @@ def _check_i8_shapes(w_shape):
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
-I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16")  # the packed forms (linear_i8.h)
-_I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512}  # per block of 32 inputs, group of 16 rows
-_I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32}  # scales per block and group
+I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL")  # the packed forms (linear_i8.h)
+_I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256}  # per block of 32 inputs,
+# group of 16 rows
+_I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16}  # scales per block and group
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
 
 
 def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
@@ -291,25 +293,28 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks, ``w = d * q (+ m)``:
     Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1),
     Q8_0 (``q`` int8 ``[N, K]``,
-    ``d`` ``[N, K / 32]``, ``m`` None) or Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
-    weights, GGUF Q6_K's). ``scales_dtype``: float16 (``d`` and ``m`` must hold float16 values, as GGUF's
-    Q4_0..Q8_0 blocks store them) or float32 (any float32 values: the K-quants' ``d * sc``).
-    ``N % 16 == 0``, ``K % 32 == 0``."""
+    ``d`` ``[N, K / 32]``, ``m`` None), Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
+    weights, GGUF Q6_K's) or IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
+    ``m`` None: ``w = d * IQ4_NL_VALUES[q]``, GGUF IQ4_NL's and IQ4_XS's). ``scales_dtype``: float16 (``d`` and
+    ``m`` must hold float16 values, as GGUF's Q4_0..Q8_0 blocks store them) or float32 (any float32 values:
+    the K-quants' ``d * sc``). ``N % 16 == 0``, ``K % 32 == 0``."""
     _check_i8_shapes(tuple(q.shape))
     N, K = q.shape
     NG, G = N // I8_GROUP, K // GROUP
     if scales_dtype not in (torch.float16, torch.float32):
         raise ValueError(f"pack_i8: scales_dtype must be torch.float16 or torch.float32, got {scales_dtype}")
-    if m is not None:
-        if q.dtype != torch.uint8 or int(q.max()) > 31:
+    if m is not None or q.dtype == torch.uint8:
+        if m is not None and (q.dtype != torch.uint8 or int(q.max()) > 31):
             raise ValueError("pack_i8: Q4_1 / Q5_1 codes must be uint8 in 0..31")
+        if m is None and int(q.max()) > 15:
+            raise ValueError("pack_i8: IQ4_NL indices (uint8 codes without m) must be in 0..15")
         c = (q & 15).reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
         codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
-        if int(q.max()) > 15:  # Q5_1: the fifth bits, mask v bit 4j + i = code k = 4v + i of row j
+        if m is not None and int(q.max()) > 15:  # Q5_1: the fifth bits, mask v bit 4j + i = code k = 4v + i of row j
             bits = (q >> 4).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(NG, G, 8, 8, 8)
             masks = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)  # [NG, G, v, byte]
             codes = torch.cat([codes, masks.reshape(NG, G, 64)], -1)
-        halves = [d, m]
+        halves = [d] if m is None else [d, m]
     else:
         if q.dtype != torch.int8:
             raise ValueError("pack_i8: Q8_0 / Q8_0_16 codes must be int8")
@@ -331,8 +336,9 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 codes 0..15 / 0..31, or
-    the int8 values of Q8_0 / Q8_0_16), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16) and ``m``
-    float32 ``[N, K / 32]`` (None but for Q4_1 and Q5_1)."""
+    the int8 values of Q8_0 / Q8_0_16 / IQ4_NL: for IQ4_NL the grid's values, not the indices), ``d`` float32
+    ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16) and ``m`` float32 ``[N, K / 32]`` (None but for Q4_1 and
+    Q5_1)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
     fmt = next((f for f in I8_FORMATS if codes.shape[1] == G * _I8_CODE_BYTES[f]
@@ -340,7 +346,7 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} {scales.dtype} are "
                          f"not packed blocks of {K} inputs")
-    if fmt in ("Q4_1", "Q5_1"):
+    if fmt in ("Q4_1", "Q5_1", "IQ4_NL"):
         cb = codes.reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
@@ -348,6 +354,8 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
             masks = cb[..., 256:].reshape(NG, G, 8, 8, 1).long()  # [NG, G, v, byte, bit]
             bits = ((masks >> torch.arange(8)) & 1).reshape(NG, G, 8, I8_GROUP, 4)  # bit 4j + i of mask v
             q = q | (bits.permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K) << 4)
+        if fmt == "IQ4_NL":
+            q = torch.tensor(IQ4_NL_VALUES, dtype=torch.int64)[q]
     else:
         q = (codes.reshape(NG, G, 8, I8_GROUP, 4).long() - 128).permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
     h = scales.reshape(NG, G, -1, I8_GROUP).float().permute(2, 0, 3, 1).reshape(-1, NG * I8_GROUP, G)
@@ -360,7 +368,8 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 # block of BLOCK weights: each maps exactly (the dequantised weight is gguf's, bitwise).
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q4_1", 32, 18),
                  "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210),
-                 "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176)}
+                 "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
+                 "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136)}
 
 
 def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
@@ -385,7 +394,9 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     - Q4_K and Q5_K as Q4_1 and Q5_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact
       products of a float16 and a 6-bit integer);
     - Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K as Q8_0_16 with its codes in
-      -4..3 and float32 ``d * (sc - 32)`` per 16 weights."""
+      -4..3 and float32 ``d * (sc - 32)`` per 16 weights;
+    - IQ4_NL (float16 ``d``) and IQ4_XS (float32 ``d * (ls - 32)`` per 32 weights, exact: at most 17
+      significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices."""
     if kind not in GGUF_I8_TYPES:
         raise ValueError(f"gguf_i8_blocks: {kind} is not one of {', '.join(GGUF_I8_TYPES)}")
     _, block, nbytes = GGUF_I8_TYPES[kind]
@@ -429,6 +440,14 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
             q = nibbles(b[..., 48:].reshape(N, nb, 4, 32)).reshape(N, nb, 8, 32) | (high << 4)
         return (q.reshape(N, in_features), (d[..., None] * sc.float()).reshape(N, -1),
                 -(dmin[..., None] * mn.float()).reshape(N, -1), torch.float32)
+    if kind == "IQ4_NL":  # d float16, qs [16]: the low nibbles are weights 0-15, the high ones 16-31
+        return nibbles(b[..., 2:]).reshape(N, in_features), f16(0), None, torch.float16
+    if kind == "IQ4_XS":  # d float16, scales_h uint16, scales_l [4], qs [128] per 256 weights (8 sub-blocks of 32)
+        lo = torch.stack([b[..., 4:8] & 15, b[..., 4:8] >> 4], -1).reshape(N, nb, 8).long()
+        hi = (b[..., 2:4].contiguous().view(torch.int16).long() >> torch.arange(0, 16, 2)) & 3  # [N, nb, 8]
+        ls = (lo | (hi << 4)) - 32
+        q = nibbles(b[..., 8:].reshape(N, nb, 8, 16))  # [N, nb, 8, 2, 16]
+        return q.reshape(N, in_features), (f16(0)[..., None] * ls.float()).reshape(N, -1), None, torch.float32
     if kind == "Q3_K":  # hmask [32], qs [64], 6-bit scales [12], d float16 per 256 weights
         hmask, qs, sc12 = b[..., :32], b[..., 32:96], b[..., 96:108]
         low = ((qs.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
@@ -601,7 +620,8 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     float32 weight, bitwise: a model whose weights are not that file's raises ``ValueError``.
 
     ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q5_1, Q3_K,
-    Q4_K, Q5_K and Q6_K tensors (:data:`GGUF_I8_TYPES`: the Q4_K_M, Q5_K_M and Q3_K_M mixes), become
+    Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS tensors (:data:`GGUF_I8_TYPES`: the Q4_K_M, Q5_K_M, Q3_K_M and IQ4_XS
+    mixes), become
     :class:`Int8DotLinear` instead: the input rounded to int8 blocks, integer dot products (llama.cpp's class
     of arithmetic). Not bitwise ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows
     are independent, so every engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster

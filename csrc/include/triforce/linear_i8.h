@@ -1,14 +1,16 @@
 // rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
-// row count. Four packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+// row count. Five packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_0 (m = -8 d), Q4_K
 //           (float32 d = d * sc, m = -dmin * mn of each 32-weight sub-block, both exact in float32);
 //   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_0 (m = -16 d), Q5_K (as Q4_K);
 //   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0 (and Q4_0 / Q5_0 with codes q - 8 / q - 16 where -8 d /
 //           -16 d would overflow float16), float16 d;
 //   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact), Q3_K
-//           (code in -4..3, float32 d * (sc - 32)).
+//           (code in -4..3, float32 d * (sc - 32));
+//   IQ4_NL  4-bit indices into kIq4Values (GGUF's non-linear 16-value grid), w = d * kIq4Values[index] per 32:
+//           GGUF IQ4_NL (float16 d), IQ4_XS (float32 d * (ls - 32) of each 32-weight sub-block, exact).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -26,6 +28,7 @@
 //   Q4_1:    isum = sum_i code_i * q_i (exact int32), term = (d * dx) * float(isum) + m * sm
 //   Q5_1:    as Q4_1
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
+//   IQ4_NL:  as Q8_0, w_i = kIq4Values[index_i]
 //   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i (the -128 shift corrected per half),
 //            term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1)
 //            (d_h: the scale of weights 16h .. 16h + 15 of the block)
@@ -43,9 +46,11 @@
 //           Q8_0 (CB 512, t < 8): w[k = 4t + i] + 128 (int8 weights shifted to unsigned for vpdpbusd,
 //                                 isum corrected by -128 * sx, exactly);
 //           Q8_0_16: as Q8_0;
+//           IQ4_NL (CB 256): Q4_1's nibbles, each an index; the kernel looks the index up (vpshufb) in the
+//                            table shifted to unsigned, kIq4Values + 128, and corrects isum by -128 * sx as Q8_0;
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
-//          of the 16 rows then m of the 16 rows; Q8_0 (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0 of the 16
-//          rows then d_1 of the 16 rows.
+//          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
+//          of the 16 rows then d_1 of the 16 rows.
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -64,14 +69,28 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16 };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL };
+
+// GGUF's IQ4_NL grid (ggml's kvalues_iq4nl): the weight of index i is d * kIq4Values[i].
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+struct Iq4Table {
+  uint8_t v[16];
+};
+constexpr Iq4Table iq4_unsigned() {  // kIq4Values + 128: the unsigned operand of vpdpbusd
+  Iq4Table t{};
+  for (int i = 0; i < 16; ++i) t.v[i] = static_cast<uint8_t>(kIq4Values[i] + 128);
+  return t;
+}
+inline constexpr Iq4Table kIq4Unsigned = iq4_unsigned();
 
 template <Format F>
-constexpr int64_t code_bytes() { return F == Format::Q4_1 ? 256 : F == Format::Q5_1 ? 320 : 512; }  // per block
+constexpr bool nibbles() { return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::IQ4_NL; }  // Q4_1's layout
 template <Format F>
-constexpr bool nibbles() { return F == Format::Q4_1 || F == Format::Q5_1; }  // codes 0..31 with a minimum m
+constexpr bool with_min() { return F == Format::Q4_1 || F == Format::Q5_1; }  // codes 0..31 and a minimum m
 template <Format F>
-constexpr int64_t scale_count() { return F == Format::Q8_0 ? 16 : 32; }  // per block of a group
+constexpr int64_t code_bytes() { return F == Format::Q5_1 ? 320 : nibbles<F>() ? 256 : 512; }  // per block
+template <Format F>
+constexpr int64_t scale_count() { return with_min<F>() || F == Format::Q8_0_16 ? 32 : 16; }  // per block of a group
 
 // A scale as float32: S = uint16_t holds float16 bits, S = float is itself.
 inline float scale_value(uint16_t h) { return to_float(f16{h}); }
@@ -188,6 +207,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
             const int t = (k & 15) >> 2, i = k & 3;
             const uint8_t byte = c[64 * t + 4 * j + i];
             w = k < 16 ? (byte & 15) : (byte >> 4);
+            if constexpr (F == Format::IQ4_NL) w = kIq4Values[w] + 128;
             if constexpr (F == Format::Q5_1) {  // bit 4j + i of mask v = k / 4
               const int bit = 4 * j + i;
               w |= ((c[256 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
@@ -197,7 +217,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           }
           isum += w * qb[k];
         }
-        if constexpr (!nibbles<F>()) isum -= 128 * sxs[r * G + b];
+        if constexpr (!with_min<F>()) isum -= 128 * sxs[r * G + b];
         if constexpr (F == Format::Q8_0_16) {
           isum0 -= 128 * sx0s[r * G + b];
           isum -= isum0;  // the second half's sum
@@ -213,7 +233,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           t1 = t1 + t2;
           TRIFORCE_OPAQUE_FLOAT(t1);
         }
-        if constexpr (nibbles<F>()) {
+        if constexpr (with_min<F>()) {
           float t2 = scale_value(s[16 + j]) * sm[r * G + b];
           TRIFORCE_OPAQUE_FLOAT(t2);
           t1 = t1 + t2;
@@ -242,6 +262,8 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
   const int64_t G = K / kBlock;
   constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
   const __m512i nib = _mm512_set1_epi8(0x0f);
+  // IQ4_NL: kIq4Values + 128 in each 128-bit lane (vpshufb looks up within lanes)
+  const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Unsigned.v)));
   __m512 acc[ROWS];
   for (__m512& a : acc) a = _mm512_setzero_ps();
   for (int64_t b = 0; b < G; ++b) {
@@ -257,6 +279,8 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
         w[t] = _mm512_and_si512(raw, nib);
         w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
       }
+      if constexpr (F == Format::IQ4_NL)
+        for (__m512i& wv : w) wv = _mm512_shuffle_epi8(iq4, wv);
       if constexpr (F == Format::Q5_1) {  // the fifth bits: 16 where mask v has a bit
         for (int v = 0; v < 8; ++v) {
           uint64_t mk;
@@ -304,12 +328,12 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
         i1 = _mm512_dpbusd_epi32(i1, w[v + 1], x4(v + 1));
       }
       __m512i isum = _mm512_add_epi32(i0, i1);
-      if constexpr (F == Format::Q8_0) {  // the +128 of the codes: -128 * sx, exact
+      if constexpr (!with_min<F>()) {  // Q8_0, IQ4_NL: the +128 of the codes, -128 * sx, exact
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * sxs[r * G + b]));
       }
       __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
       asm("" : "+v"(t1));
-      if constexpr (nibbles<F>()) {
+      if constexpr (with_min<F>()) {
         const __m512 m = load_scales(s + 16);
         __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm[r * G + b]));
         asm("" : "+v"(t2));
