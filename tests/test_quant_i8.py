@@ -18,7 +18,8 @@ from triforce.models import FullCache, TokenTree, gguf_copy
 from triforce.models import llama as llama_mod
 from triforce.models.llama import _rowwise_available
 from triforce.models.quant import (GGUF_I8_TYPES, IQ4_NL_VALUES, Int8DotLinear, Q4Linear, Q8Linear, gguf_i8_blocks,
-                                   pack_i8, quantize_activations_i8, rowwise_linear_i8_reference, unpack_i8)
+                                   gguf_i8_pack, pack_i8, quantize_activations_i8, rowwise_linear_i8_reference,
+                                   unpack_i8)
 
 from .test_quant import q4_1_gguf, small_llama
 
@@ -50,6 +51,28 @@ def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
     if fmt == "IQ4_NL":  # indices into the grid
         return torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), d, None
     return torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8), d, None
+
+
+def random_super(fmt, N, K, g):
+    """(q, d, m, base) of random blocks with super-block scales (pack_i8's ``base=``): float16 bases, a zero and
+    a subnormal among them, and int8 multipliers over their whole range."""
+    q, _, m = random_blocks(fmt, N, K, g)
+    G = K // 32 * (2 if fmt == "Q8_0_16" else 1)
+    base = ((torch.rand(N, K // 256, 1 if m is None else 2, generator=g) - 0.5) * 0.004).half().float()
+    base.view(-1)[0] = 0.0
+    base.view(-1)[1] = float(torch.tensor(1e-7).half())
+    mult = lambda: torch.randint(-128, 128, (N, G), generator=g)  # noqa: E731
+    return q, mult(), (None if m is None else mult()), base
+
+
+def random_packed(fmt, N, K, g, scales):
+    """(codes, scales) of random blocks: float16 or float32 scales (random_blocks), or ``scales="super"``
+    (random_super; K a multiple of 256)."""
+    if scales == "super":
+        q, d, m, base = random_super(fmt, N, K, g)
+        return pack_i8(q, d, m, base=base)
+    q, d, m = random_blocks(fmt, N, K, g, scales)
+    return pack_i8(q, d, m, scales)
 
 
 def code_values(fmt, q):
@@ -95,6 +118,29 @@ def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
     assert (m2 is None) if m is None else torch.equal(m2, m)
 
 
+@needs_kernel
+@given(fmt=st.sampled_from(FORMATS), NG=st.integers(1, 3), S=st.integers(1, 3), M=st.integers(1, 6),
+       seed=st.integers(0, 2**31 - 1))
+def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M, seed):
+    """Super-block scales (float16 bases times int8 multipliers) unpack to the exact products, and the kernel on
+    them gives bitwise what it gives on those products as float32 scales."""
+    g = torch.Generator().manual_seed(seed)
+    N, K = 16 * NG, 256 * S
+    q, d, m, base = random_super(fmt, N, K, g)
+    codes, scales = pack_i8(q, d, m, base=base)
+    assert scales.dtype == torch.uint8 and scales.shape == (NG, S * {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288}.get(fmt, 160))
+    per = d.shape[1] // S
+    d32 = base[..., 0].repeat_interleave(per, 1) * d.float()
+    m32 = None if m is None else base[..., 1].repeat_interleave(per, 1) * m.float()
+    got_fmt, q2, d2, m2 = unpack_i8(codes, scales, K)
+    assert got_fmt == fmt and torch.equal(q2, code_values(fmt, q)) and torch.equal(d2, d32)
+    assert (m2 is None) if m is None else torch.equal(m2, m32)
+    codes32, scales32 = pack_i8(q, d32, m32, torch.float32)
+    assert torch.equal(codes32, codes)
+    x = random_x(M, K, g, special=True)
+    assert torch.equal(i8(x, codes, scales), i8(x, codes32, scales32))
+
+
 def test_packing_refuses_bad_blocks():
     g = torch.Generator().manual_seed(0)
     q, d, m = random_blocks("Q4_1", 16, 64, g)
@@ -117,6 +163,17 @@ def test_packing_refuses_bad_blocks():
         pack_i8(q.to(torch.int16), d)
     with pytest.raises(ValueError, match="not packed"):
         unpack_i8(*pack_i8(q, d, m), 96)
+    q, d, m, base = random_super("Q4_1", 16, 256, g)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        pack_i8(q[:, :224], d[:, :7], m[:, :7], base=base)
+    with pytest.raises(ValueError, match="float16 values"):
+        pack_i8(q, d, m, base=base + 1e-9)
+    with pytest.raises(ValueError, match=r"\[16, 1, 2\]"):
+        pack_i8(q, d, m, base=base[..., :1])
+    with pytest.raises(ValueError, match="-128..127"):
+        pack_i8(q, d * 2, m, base=base)
+    with pytest.raises(ValueError, match="integer multipliers"):
+        pack_i8(q, d + 0.5, m, base=base)
 
 
 def test_activation_rounding_follows_the_definition():
@@ -137,17 +194,18 @@ def test_activation_rounding_follows_the_definition():
 
 
 @needs_kernel
-@given(fmt=st.sampled_from(FORMATS), scales_dtype=st.sampled_from(SCALES), M=st.integers(0, 11), G=st.integers(1, 6),
-       NG=st.integers(1, 3), seed=st.integers(0, 2**31 - 1), special=st.booleans())
+@given(fmt=st.sampled_from(FORMATS), scales_dtype=st.sampled_from(SCALES + ["super"]), M=st.integers(0, 11),
+       G=st.integers(1, 6), NG=st.integers(1, 3), seed=st.integers(0, 2**31 - 1), special=st.booleans())
 @example(fmt="Q4_1", scales_dtype=torch.float16, M=5, G=18, NG=96, seed=0, special=True)  # SmolLM2's gate / up, T = 5
 @example(fmt="Q8_0", scales_dtype=torch.float16, M=3, G=18, NG=4, seed=1, special=True)
 @example(fmt="Q8_0_16", scales_dtype=torch.float32, M=5, G=28, NG=8, seed=2, special=True)  # a Qwen2.5 down_proj
 @example(fmt="Q4_1", scales_dtype=torch.float32, M=4, G=8, NG=3, seed=3, special=True)
 @example(fmt="IQ4_NL", scales_dtype=torch.float32, M=5, G=18, NG=4, seed=4, special=True)  # IQ4_XS's scales
+@example(fmt="Q4_1", scales_dtype="super", M=5, G=6, NG=4, seed=5, special=True)  # a Q4_K layer, K = 1536
 def test_kernel_is_the_reference_bitwise(fmt, scales_dtype, M, G, NG, seed, special):
     g = torch.Generator().manual_seed(seed)
-    K = 32 * G
-    codes, scales = pack_i8(*random_blocks(fmt, 16 * NG, K, g, scales_dtype), scales_dtype)
+    K = 32 * G if scales_dtype != "super" else 256 * G  # super-block scales: whole super-blocks of 256
+    codes, scales = random_packed(fmt, 16 * NG, K, g, scales_dtype)
     x = random_x(M, K, g, special)
     out = i8(x, codes, scales)
     assert out.shape == (M, 16 * NG) and out.dtype == torch.float32
@@ -198,8 +256,13 @@ def test_kernel_errors():
         i8(torch.randn(2, 48), codes, scales)
     with pytest.raises(RuntimeError, match="Q8_0"):
         i8(x, codes[:, :-1], scales)
-    with pytest.raises(RuntimeError, match="float16 or float32"):
+    with pytest.raises(RuntimeError, match="float16, float32 or uint8"):
         i8(x, codes, scales.bfloat16())
+    with pytest.raises(RuntimeError, match="multiple of 256"):  # super-block scales
+        i8(x, codes, scales.view(torch.uint8))
+    codes256, scales256 = random_packed("Q4_1", 16, 256, g, "super")
+    with pytest.raises(RuntimeError, match="scale bytes"):
+        i8(torch.randn(2, 256), codes256, scales256[:, :-1])
     with pytest.raises(RuntimeError, match="Q8_0_16"):
         i8(x, codes, scales[:, :48])
     with pytest.raises(RuntimeError, match="float32"):
@@ -261,7 +324,8 @@ def random_gguf_rows(kind, N, K, g):
 @pytest.mark.parametrize("kind", list(GGUF_I8_TYPES))
 def test_gguf_blocks_map_exactly(kind):
     """Each GGUF type's blocks, packed, dequantise to gguf's own float32 weights bitwise, and the kernel on
-    them is the reference."""
+    them is the reference; gguf_i8_pack's smaller form (super-block scales for the K-quants and IQ4_XS) is
+    the same weights and gives the same bits."""
     import gguf
 
     g = torch.Generator().manual_seed(1)
@@ -274,6 +338,13 @@ def test_gguf_blocks_map_exactly(kind):
     assert torch.equal(mod.weight, want.view(N, K))
     x = random_x(3, K, g, special=True)
     assert torch.equal(mod(x), rowwise_linear_i8_reference(x, mod.codes, mod.scales))
+    small = Int8DotLinear(*gguf_i8_pack(kind, torch.from_numpy(raw), K), K)
+    assert small.scales.dtype == (torch.uint8 if GGUF_I8_TYPES[kind][1] == 256 else scales_dtype)
+    assert torch.equal(small.codes, mod.codes) and torch.equal(small.weight, want.view(N, K))
+    if small.scales.dtype == torch.uint8:  # 0.04-0.08 bytes a weight instead of float32's 0.125-0.25
+        assert small.scales.numel() * 3 < mod.scales.numel() * 4
+    if _rowwise_available():
+        assert torch.equal(small(x), mod(x))
     with pytest.raises(ValueError, match="uint8"):
         gguf_i8_blocks(kind, torch.from_numpy(raw)[:, :-1], K)
     with pytest.raises(ValueError, match="one of"):
@@ -399,7 +470,7 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
         if name.endswith("_proj"):
             kind = _kquant_kind(int(name.split(".")[2]), names[name.rsplit(".", 1)[1]])
             assert isinstance(mod, Int8DotLinear) and mod.format == want_format[kind], name
-            assert mod.scales.dtype == (torch.float32 if kind.endswith(("_K", "_XS")) else torch.float16)
+            assert mod.scales.dtype == (torch.uint8 if kind.endswith(("_K", "_XS")) else torch.float16)
             assert torch.equal(mod.weight, model.get_submodule(name).weight)
     assert isinstance(fast.lm_head, Int8DotLinear) and fast.lm_head.format == "Q8_0"
     floats = gguf_copy(model, path)  # Q8_0 only: the head; the rest stays as loaded

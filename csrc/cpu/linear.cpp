@@ -148,15 +148,20 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
               "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320 or 512] and scales [N / 16, K / 32 * "
               "32 or 16] must be 2-D, got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(codes.scalar_type() == at::kByte && (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
-              "rowwise_linear_i8: x float32, codes uint8 and scales float16 or float32, got float32, ",
-              codes.scalar_type(), " and ", scales.scalar_type());
+  const bool super = scales.scalar_type() == at::kByte;  // float16 bases and int8 multipliers per 256 inputs
+  TORCH_CHECK(codes.scalar_type() == at::kByte &&
+                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat || super),
+              "rowwise_linear_i8: x float32, codes uint8 and scales float16, float32 or uint8 (super-block scales), "
+              "got float32, ", codes.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), "rowwise_linear_i8: CPU tensors only");
   const int64_t M = x.M, K = x.K, NG = codes.size(0), G = K / li::kBlock;
   TORCH_CHECK(scales.size(0) == NG, "rowwise_linear_i8: codes has ", NG, " groups of 16 rows, scales ", scales.size(0));
+  TORCH_CHECK(!super || K % (li::kBlock * li::kSuperBlocks) == 0, "rowwise_linear_i8: super-block scales (uint8) "
+              "need a multiple of 256 columns, x has ", K);
   auto is = [&](auto f) {
     constexpr Format F = decltype(f)::value;
-    return codes.size(1) == G * li::code_bytes<F>() && scales.size(1) == G * li::scale_count<F>();
+    return codes.size(1) == G * li::code_bytes<F>() &&
+           scales.size(1) == (super ? li::GroupScales<F, li::SuperScale>::elems(G) : G * li::scale_count<F>());
   };
   using Q4_1 = std::integral_constant<Format, Format::Q4_1>;
   using Q5_1 = std::integral_constant<Format, Format::Q5_1>;
@@ -164,10 +169,12 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   using Q8_0_16 = std::integral_constant<Format, Format::Q8_0_16>;
   using IQ4_NL = std::integral_constant<Format, Format::IQ4_NL>;
   const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{});
+  const int64_t S16 = super ? G / 8 * 160 : G * 16, S32 = super ? G / 8 * 320 : G * 32;  // scale elements
   TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4, "rowwise_linear_i8: for ", K,
-              " columns a group's codes and scales are ", G * 256, " bytes and ", G * 32, " scales (Q4_1), ", G * 320,
-              " and ", G * 32, " (Q5_1), ", G * 512, " and ", G * 16, " (Q8_0), ", G * 512, " and ", G * 32,
-              " (Q8_0_16) or ", G * 256, " and ", G * 16, " (IQ4_NL), got ", codes.size(1), " and ", scales.size(1));
+              " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", G * 256, " and ", S32,
+              " (Q4_1), ", G * 320, " and ", S32, " (Q5_1), ", G * 512, " and ", S16, " (Q8_0), ", G * 512, " and ",
+              super ? G / 8 * 288 : S32, " (Q8_0_16) or ", G * 256, " and ", S16, " (IQ4_NL), got ", codes.size(1),
+              " and ", scales.size(1));
   const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));
@@ -188,6 +195,8 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   auto with_scales = [&](auto f) {
     if (sc.scalar_type() == at::kHalf)
       run(f, reinterpret_cast<const uint16_t*>(sc.const_data_ptr<at::Half>()));
+    else if (super)
+      run(f, reinterpret_cast<const li::SuperScale*>(sc.const_data_ptr<uint8_t>()));
     else
       run(f, sc.const_data_ptr<float>());
   };

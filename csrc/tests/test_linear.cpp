@@ -173,14 +173,23 @@ void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
     for (int i = 0; i < 32; ++i) x[4 * K + i] *= 1e-39f;
   std::vector<uint8_t> codes(NG * G * li::code_bytes<F>());
   for (auto& c : codes) c = static_cast<uint8_t>(byte(g));
-  std::vector<S> scales(NG * G * li::scale_count<F>());
+  std::vector<S> scales(NG * li::GroupScales<F, S>::elems(G));
   for (size_t i = 0; i < scales.size(); ++i) {
     const float v = i % 7 == 0 ? 0.f : i % 11 == 0 ? 3e-6f : (i % 2 ? -1.f : 1.f) * std::fabs(d(g)) * 0.02f;
     if constexpr (std::is_same_v<S, float>)
       scales[i] = i % 13 == 0 ? 1e-41f : v;  // a subnormal float32 scale too
-    else
+    else if constexpr (std::is_same_v<S, uint16_t>)
       scales[i] = from_float<f16>(v).bits;
+    else  // SuperScale: random bytes, then finite float16 bases (with zeros and subnormals)
+      scales[i].byte = static_cast<uint8_t>(byte(g));
   }
+  if constexpr (std::is_same_v<S, li::SuperScale>)
+    for (int64_t sb = 0; sb < NG * G / li::kSuperBlocks; ++sb)
+      for (int64_t i = 0; i < 16 * li::super_bases<F>(); ++i) {
+        const float v = i % 7 == 0 ? 0.f : i % 11 == 0 ? 3e-6f : (i % 2 ? -1.f : 1.f) * std::fabs(d(g)) * 0.02f;
+        const uint16_t h = from_float<f16>(v).bits;
+        std::memcpy(&scales[sb * li::super_bytes<F>() + 2 * i], &h, 2);
+      }
   std::vector<int8_t> q(M * K);
   std::vector<float> dx(M * G), sm(M * G);
   std::vector<int32_t> sx(M * G), sx0(M * G);
@@ -198,7 +207,7 @@ void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
                 split, NG);
   for (int64_t ng = 0; ng < NG; ++ng)
     li::group_portable<F>(q.data(), dx.data(), sm.data(), sx.data(), sx0.data(), M, K,
-                          codes.data() + ng * G * li::code_bytes<F>(), scales.data() + ng * G * li::scale_count<F>(),
+                          codes.data() + ng * G * li::code_bytes<F>(), scales.data() + ng * li::GroupScales<F, S>::elems(G),
                           want.data() + ng * li::kGroup, N);
   for (int64_t m = 0; m < M; ++m) {
     li::groups<F>(q.data() + m * K, dx.data() + m * G, sm.data() + m * G, sx.data() + m * G, sx0.data() + m * G, 1, K,
@@ -241,6 +250,16 @@ int main() {
         check_i8<linear_i8::Format::IQ4_NL, uint16_t>(M, K, NG, g);
         check_i8<linear_i8::Format::IQ4_NL, float>(M, K, NG, g);
         cases += 10;
+      }
+  for (int64_t M : {1, 2, 3, 4, 5, 9})  // super-block scales: K a multiple of 256
+    for (int64_t K : {256, 512, 2304})
+      for (int64_t NG : {1, 3}) {
+        check_i8<linear_i8::Format::Q4_1, linear_i8::SuperScale>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q5_1, linear_i8::SuperScale>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q8_0, linear_i8::SuperScale>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q8_0_16, linear_i8::SuperScale>(M, K, NG, g);
+        check_i8<linear_i8::Format::IQ4_NL, linear_i8::SuperScale>(M, K, NG, g);
+        cases += 5;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13})
     for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 64, 100, 576})

@@ -28,7 +28,7 @@ from .llama import Llama, _rowwise_available, _rowwise_rows, bulk_weight
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
            "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
            "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "GGUF_I8_TYPES",
-           "gguf_i8_blocks", "load_gguf_int8"]
+           "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -286,10 +286,22 @@ _I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL
 # group of 16 rows
 _I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16}  # scales per block and group
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
+SUPER_BLOCK = 256  # inputs per super-block of the uint8 (super-block) scales
+
+
+def _super_bases(fmt: str) -> int:
+    """float16 bases per row and super-block: d and m for the forms with a minimum, else d."""
+    return 2 if fmt in ("Q4_1", "Q5_1") else 1
+
+
+def _super_bytes(fmt: str) -> int:
+    """Bytes of a group's scales per super-block (linear_i8.h, SuperScale): the bases, then 8 blocks' multipliers."""
+    return 32 * _super_bases(fmt) + 8 * _I8_SCALES[fmt]
 
 
 def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
-            scales_dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor]:
+            scales_dtype: torch.dtype = torch.float16, *, base: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks, ``w = d * q (+ m)``:
     Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1),
     Q8_0 (``q`` int8 ``[N, K]``,
@@ -297,10 +309,18 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     weights, GGUF Q6_K's) or IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
     ``m`` None: ``w = d * IQ4_NL_VALUES[q]``, GGUF IQ4_NL's and IQ4_XS's). ``scales_dtype``: float16 (``d`` and
     ``m`` must hold float16 values, as GGUF's Q4_0..Q8_0 blocks store them) or float32 (any float32 values:
-    the K-quants' ``d * sc``). ``N % 16 == 0``, ``K % 32 == 0``."""
+    the K-quants' ``d * sc``). ``N % 16 == 0``, ``K % 32 == 0``.
+
+    ``base``: super-block scales (uint8 ``scales``, for ``K % 256 == 0``). ``base`` holds float16 values ``[N, K /
+    256, 2]`` (d's and m's bases) when ``m`` is given, else ``[N, K / 256, 1]``; ``d`` and ``m`` are then integer
+    multipliers in -128..127 (same shapes as above), and the scales they stand for are ``base[..., 0] * d`` and
+    ``base[..., 1] * m`` over each super-block (Q8_0_16's second halves take d's base too): a float16 value times
+    an int8, exact in float32. ``scales_dtype`` is then not used."""
     _check_i8_shapes(tuple(q.shape))
     N, K = q.shape
     NG, G = N // I8_GROUP, K // GROUP
+    if base is not None:
+        scales_dtype = torch.float32  # the checks below take the multipliers as they come; packed as uint8 after
     if scales_dtype not in (torch.float16, torch.float32):
         raise ValueError(f"pack_i8: scales_dtype must be torch.float16 or torch.float32, got {scales_dtype}")
     if m is not None or q.dtype == torch.uint8:
@@ -328,10 +348,31 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         if scales_dtype == torch.float16 and not torch.equal(h.float().half().float(), h.float()):
             raise ValueError("pack_i8: float16 scales must be float16 values (as GGUF stores them); pass "
                              "scales_dtype=torch.float32 for others")
-        if scales_dtype == torch.float32 and h.dtype not in (torch.float32, torch.float16):
+        if base is None and scales_dtype == torch.float32 and h.dtype not in (torch.float32, torch.float16):
             raise ValueError(f"pack_i8: float32 scales must come as float32 (or float16), got {h.dtype}")
+    if base is not None:
+        return codes.reshape(NG, -1).contiguous(), _super_scales(halves, base, N, K, m is not None)
     scales = torch.stack([h.to(scales_dtype).reshape(NG, I8_GROUP, G).transpose(1, 2) for h in halves], 2)
     return codes.reshape(NG, -1).contiguous(), scales.reshape(NG, -1).contiguous()
+
+
+def _super_scales(halves, base: torch.Tensor, N: int, K: int, with_min: bool) -> torch.Tensor:
+    """pack_i8's uint8 super-block scales: per group of 16 rows and super-block, the float16 bases (16 per base,
+    the group's rows) and then the 8 blocks' multipliers in the float scales' order."""
+    NG, G, S, NB = N // I8_GROUP, K // GROUP, K // SUPER_BLOCK, 2 if with_min else 1
+    if K % SUPER_BLOCK:
+        raise ValueError(f"pack_i8: super-block scales need in_features a multiple of {SUPER_BLOCK}, got {K}")
+    if base.shape != (N, S, NB) or not base.is_floating_point() or \
+            not torch.equal(base.float().half().float(), base.float()):
+        raise ValueError(f"pack_i8: base must hold float16 values [{N}, {S}, {NB}], got {base.dtype} "
+                         f"{list(base.shape)}")
+    for h in halves:
+        if h.is_floating_point() and not torch.equal(h, h.round()) or int(h.min()) < -128 or int(h.max()) > 127:
+            raise ValueError("pack_i8: with base, d and m are integer multipliers in -128..127")
+    mult = torch.stack([h.to(torch.int8).reshape(NG, I8_GROUP, G).transpose(1, 2) for h in halves], 2)
+    mult = mult.reshape(NG, S, -1).view(torch.uint8)  # [NG, S, 8 blocks x scales per block]
+    b16 = base.half().reshape(NG, I8_GROUP, S, NB).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+    return torch.cat([b16.reshape(NG, S, 32 * NB), mult], -1).reshape(NG, -1).contiguous()
 
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
@@ -341,11 +382,21 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     Q5_1)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
-    fmt = next((f for f in I8_FORMATS if codes.shape[1] == G * _I8_CODE_BYTES[f]
-                and scales.shape[1:] == (G * _I8_SCALES[f],)), None) if K % GROUP == 0 and K > 0 else None
-    if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32):
+    sup = scales.dtype == torch.uint8
+    ok = K > 0 and K % (SUPER_BLOCK if sup else GROUP) == 0 and scales.dim() == 2
+    fmt = next((f for f in I8_FORMATS if codes.shape[1] == G * _I8_CODE_BYTES[f] and scales.shape[1] == (
+        K // SUPER_BLOCK * _super_bytes(f) if sup else G * _I8_SCALES[f])), None) if ok else None
+    if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32, torch.uint8):
         raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} {scales.dtype} are "
                          f"not packed blocks of {K} inputs")
+    if sup:  # the float32 scales they stand for, in the plain layout
+        S, NB = K // SUPER_BLOCK, _super_bases(fmt)
+        sb = scales.reshape(NG, S, -1)
+        b = sb[..., :32 * NB].contiguous().view(torch.float16).float().reshape(NG, S, NB, 1, 1, I8_GROUP)
+        mult = sb[..., 32 * NB:].contiguous().view(torch.int8).float().reshape(NG, S, 8, -1, I8_GROUP)
+        halves = mult.shape[3]
+        base = b[:, :, [0, NB - 1][:halves]].reshape(NG, S, 1, halves, I8_GROUP)  # half h: base min(h, NB - 1)
+        scales = (base * mult).reshape(NG, -1)
     if fmt in ("Q4_1", "Q5_1", "IQ4_NL"):
         cb = codes.reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
@@ -396,7 +447,32 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     - Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K as Q8_0_16 with its codes in
       -4..3 and float32 ``d * (sc - 32)`` per 16 weights;
     - IQ4_NL (float16 ``d``) and IQ4_XS (float32 ``d * (ls - 32)`` per 32 weights, exact: at most 17
-      significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices."""
+      significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices.
+
+    :func:`gguf_i8_pack` packs the same blocks, the K-quants' and IQ4_XS's scales factored (a smaller form)."""
+    q, d, m, scales_dtype, base = _gguf_i8_parts(kind, raw, in_features)
+    if base is not None:  # the float32 scales: each base times its multipliers, exact
+        per = d.shape[1] // base.shape[1]
+        d = base[..., :1].float().repeat_interleave(per, 1).reshape(d.shape) * d.float()
+        if m is not None:
+            m = base[..., 1:].float().repeat_interleave(per, 1).reshape(m.shape) * m.float()
+    return q, d, m, scales_dtype
+
+
+def gguf_i8_pack(kind: str, raw: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rowwise_linear_i8``'s ``(codes, scales)`` for GGUF tensor data of type ``kind`` (as
+    :func:`gguf_i8_blocks`, the same weights bitwise), in its smallest exact form: the K-quants (Q3_K..Q6_K)
+    and IQ4_XS with super-block scales (uint8: per 256 inputs a float16 ``d`` (and ``-dmin``) per row and the
+    sub-blocks' integer multipliers: 0.04-0.08 bytes a weight instead of float32 scales' 0.125-0.25), the
+    32-weight types with their float16 scales."""
+    q, d, m, scales_dtype, base = _gguf_i8_parts(kind, raw, in_features)
+    return pack_i8(q, d, m, scales_dtype, base=base)
+
+
+def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
+    """``(q, d, m, scales_dtype, base)``: gguf_i8_blocks' blocks, with for the super-block types (Q3_K..Q6_K,
+    IQ4_XS) ``base`` the float16 ``[N, K / 256, 1 or 2]`` (``d``, and ``-dmin``) and ``d`` / ``m`` their int64
+    multipliers (``sc``, ``mn``, ``sc - 32``, ``ls - 32``); else ``base`` None."""
     if kind not in GGUF_I8_TYPES:
         raise ValueError(f"gguf_i8_blocks: {kind} is not one of {', '.join(GGUF_I8_TYPES)}")
     _, block, nbytes = GGUF_I8_TYPES[kind]
@@ -414,20 +490,20 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
         return torch.stack([x & 15, x >> 4], -2)
 
     if kind == "Q8_0":
-        return b[..., 2:].contiguous().view(torch.int8).reshape(N, in_features), f16(0), None, torch.float16
+        return b[..., 2:].contiguous().view(torch.int8).reshape(N, in_features), f16(0), None, torch.float16, None
     if kind == "Q4_1":
-        return nibbles(b[..., 4:]).reshape(N, in_features), f16(0), f16(2), torch.float16
+        return nibbles(b[..., 4:]).reshape(N, in_features), f16(0), f16(2), torch.float16, None
     if kind == "Q4_0":
         q, d = nibbles(b[..., 2:]).reshape(N, in_features), f16(0)
-        return _with_minimum(q, d, 8)
+        return *_with_minimum(q, d, 8), None
     if kind in ("Q5_0", "Q5_1"):
         lo = 2 if kind == "Q5_0" else 4  # after d (and m)
         qh = b[..., lo:lo + 4].contiguous().view(torch.int32)  # [N, nb, 1]: bit i is weight i's fifth bit
         high = (qh >> torch.arange(32, dtype=torch.int32)) & 1  # [N, nb, 32]
         q = nibbles(b[..., lo + 4:]).reshape(N, nb, 32).to(torch.int16) | (high.to(torch.int16) << 4)
         if kind == "Q5_1":
-            return q.to(torch.uint8).reshape(N, in_features), f16(0), f16(2), torch.float16
-        return _with_minimum(q.to(torch.uint8).reshape(N, in_features), f16(0), 16)
+            return q.to(torch.uint8).reshape(N, in_features), f16(0), f16(2), torch.float16, None
+        return *_with_minimum(q.to(torch.uint8).reshape(N, in_features), f16(0), 16), None
     if kind in ("Q4_K", "Q5_K"):
         d, dmin, sc12 = f16(0), f16(2), b[..., 4:16].long().reshape(N, nb, 3, 4)
         lo, mid, top = sc12[..., 0, :], sc12[..., 1, :], sc12[..., 2, :]  # sub-blocks 0-3 / 4-7 in 6 bits
@@ -438,16 +514,16 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
         else:  # qh [32]: bit s of byte l is weight 32s + l's fifth bit; qs [128] as Q4_K's
             high = (b[..., 16:48].reshape(N, nb, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1
             q = nibbles(b[..., 48:].reshape(N, nb, 4, 32)).reshape(N, nb, 8, 32) | (high << 4)
-        return (q.reshape(N, in_features), (d[..., None] * sc.float()).reshape(N, -1),
-                -(dmin[..., None] * mn.float()).reshape(N, -1), torch.float32)
+        return (q.reshape(N, in_features), sc.reshape(N, -1), mn.reshape(N, -1), torch.float32,
+                torch.stack([d, -dmin], -1))
     if kind == "IQ4_NL":  # d float16, qs [16]: the low nibbles are weights 0-15, the high ones 16-31
-        return nibbles(b[..., 2:]).reshape(N, in_features), f16(0), None, torch.float16
+        return nibbles(b[..., 2:]).reshape(N, in_features), f16(0), None, torch.float16, None
     if kind == "IQ4_XS":  # d float16, scales_h uint16, scales_l [4], qs [128] per 256 weights (8 sub-blocks of 32)
         lo = torch.stack([b[..., 4:8] & 15, b[..., 4:8] >> 4], -1).reshape(N, nb, 8).long()
         hi = (b[..., 2:4].contiguous().view(torch.int16).long() >> torch.arange(0, 16, 2)) & 3  # [N, nb, 8]
         ls = (lo | (hi << 4)) - 32
         q = nibbles(b[..., 8:].reshape(N, nb, 8, 16))  # [N, nb, 8, 2, 16]
-        return q.reshape(N, in_features), (f16(0)[..., None] * ls.float()).reshape(N, -1), None, torch.float32
+        return q.reshape(N, in_features), ls.reshape(N, -1), None, torch.float32, f16(0)[..., None]
     if kind == "Q3_K":  # hmask [32], qs [64], 6-bit scales [12], d float16 per 256 weights
         hmask, qs, sc12 = b[..., :32], b[..., 32:96], b[..., 96:108]
         low = ((qs.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
@@ -456,15 +532,15 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
         lo = torch.stack([sc12[..., :8] & 15, sc12[..., :8] >> 4], -2).reshape(N, nb, 16)
         hi = ((sc12[..., 8:12].reshape(N, nb, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1))
               & 3).reshape(N, nb, 16)
-        sc = (lo | (hi << 4)).float() - 32
-        return q.to(torch.int8).reshape(N, in_features), (f16(108)[..., None] * sc).reshape(N, -1), None, torch.float32
+        sc = (lo | (hi << 4)).long() - 32
+        return q.to(torch.int8).reshape(N, in_features), sc.reshape(N, -1), None, torch.float32, f16(108)[..., None]
     # Q6_K: ql [128], qh [64], scales int8 [16], d float16 per 256 weights (gguf's order of the 6-bit codes)
     ql, qh = b[..., :128], b[..., 128:192]
-    sc = b[..., 192:208].contiguous().view(torch.int8).float()
+    sc = b[..., 192:208].contiguous().view(torch.int8).long()
     low = nibbles(ql.reshape(N, nb, 2, 64)).reshape(N, nb, 8, 32)
     high = ((qh.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
     q = (low | (high.reshape(N, nb, 8, 32) << 4)).to(torch.int16) - 32
-    return q.to(torch.int8).reshape(N, in_features), (f16(208)[..., None] * sc).reshape(N, -1), None, torch.float32
+    return q.to(torch.int8).reshape(N, in_features), sc.reshape(N, -1), None, torch.float32, f16(208)[..., None]
 
 
 def quantize_activations_i8(x: torch.Tensor):
@@ -522,10 +598,10 @@ class Int8DotLinear(_FixedDtypeScales):
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, in_features: int, bias: torch.Tensor | None = None):
         super().__init__()
-        if codes.dtype != torch.uint8 or scales.dtype not in (torch.float16, torch.float32) or codes.dim() != 2 \
-                or scales.dim() != 2:
-            raise ValueError("Int8DotLinear: codes must be 2-D uint8 and scales 2-D float16 or float32 (pack_i8 "
-                             "makes them)")
+        if codes.dtype != torch.uint8 or scales.dtype not in (torch.float16, torch.float32, torch.uint8) \
+                or codes.dim() != 2 or scales.dim() != 2:
+            raise ValueError("Int8DotLinear: codes must be 2-D uint8 and scales 2-D float16, float32 or uint8 "
+                             "(super-block scales; pack_i8 makes them)")
         self._scales_dtype = scales.dtype  # the blocks' d and m, not a weight in the model's dtype
         self.format = unpack_i8(codes[:1], scales[:1], in_features)[0]  # checks the shapes
         self.in_features, self.out_features = in_features, codes.shape[0] * I8_GROUP
@@ -651,8 +727,7 @@ def _gguf_layers(blocks: dict, activations: str, path, tied: bool):
             return mod
         kind, b = found
         if activations == "int8" and mod.out_features % I8_GROUP == 0:
-            q, d, m, scales_dtype = gguf_i8_blocks(kind, b, mod.in_features)
-            new = Int8DotLinear(*pack_i8(q, d, m, scales_dtype), mod.in_features, mod.bias)
+            new = Int8DotLinear(*gguf_i8_pack(kind, b, mod.in_features), mod.in_features, mod.bias)
         elif kind in ("Q4_1", "Q8_0"):
             new = (Q4Linear(gguf_q4_1_blocks(b), mod.in_features, mod.bias) if kind == "Q4_1"
                    else _q8_0_linear(b, mod.in_features, mod.bias))

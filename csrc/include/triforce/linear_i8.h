@@ -50,7 +50,9 @@
 //                            table shifted to unsigned, kIq4Values + 128, and corrects isum by -128 * sx as Q8_0;
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
 //          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
-//          of the 16 rows then d_1 of the 16 rows.
+//          of the 16 rows then d_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]:
+//          per super-block of 8 blocks float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for
+//          Q4_1 and Q5_1, 288 for Q8_0_16, 160 for Q8_0 and IQ4_NL).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -59,6 +61,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "triforce/common.h"
 
@@ -95,6 +98,46 @@ constexpr int64_t scale_count() { return with_min<F>() || F == Format::Q8_0_16 ?
 // A scale as float32: S = uint16_t holds float16 bits, S = float is itself.
 inline float scale_value(uint16_t h) { return to_float(f16{h}); }
 inline float scale_value(float v) { return v; }
+
+// The scales' third form, S = SuperScale (one byte each): per super-block of kSuperBlocks blocks (256
+// weights, the K-quants' and IQ4_XS's), NB x 16 float16 bases (NB = 2 with a minimum: d's then m's, else 1)
+// and then the super-block's 8 blocks' scale_count<F>() int8 multipliers, in the plain layout's order. A
+// scale is base * multiplier, a float16 value times an int8, exact in float32: bitwise the float32 scale
+// it stands for (the K-quants' d * sc, -(dmin * mn), d * (sc - 32), IQ4_XS's d * (ls - 32)), from 0.04-0.08
+// bytes a weight instead of 0.125-0.25.
+struct SuperScale {
+  uint8_t byte;
+};
+constexpr int64_t kSuperBlocks = 8;
+template <Format F>
+constexpr int64_t super_bases() { return with_min<F>() ? 2 : 1; }
+template <Format F>
+constexpr int64_t super_bytes() { return 32 * super_bases<F>() + kSuperBlocks * scale_count<F>(); }
+
+// One group's scales, read per block b and lane j: lo = the first 16 (d), hi = the second (m, or Q8_0_16's d_1).
+// elems(G): a group's scales in units of S.
+template <Format F, typename S>
+struct GroupScales {
+  const S* s;
+  static int64_t elems(int64_t G) { return G * scale_count<F>(); }
+  float lo(int64_t b, int j) const { return scale_value(s[b * scale_count<F>() + j]); }
+  float hi(int64_t b, int j) const { return scale_value(s[b * scale_count<F>() + 16 + j]); }
+};
+template <Format F>
+struct GroupScales<F, SuperScale> {
+  const SuperScale* s;
+  static int64_t elems(int64_t G) { return G / kSuperBlocks * super_bytes<F>(); }
+  const uint8_t* super(int64_t b) const { return &s[b / kSuperBlocks * super_bytes<F>()].byte; }
+  const uint8_t* base(int64_t b, int64_t k) const { return super(b) + 32 * k; }
+  const uint8_t* mult(int64_t b) const { return super(b) + 32 * super_bases<F>() + b % kSuperBlocks * scale_count<F>(); }
+  float value(const uint8_t* base16, const uint8_t* mult8, int j) const {
+    uint16_t h;
+    std::memcpy(&h, base16 + 2 * j, 2);
+    return scale_value(h) * static_cast<float>(static_cast<int8_t>(mult8[j]));
+  }
+  float lo(int64_t b, int j) const { return value(base(b, 0), mult(b), j); }
+  float hi(int64_t b, int j) const { return value(base(b, super_bases<F>() - 1), mult(b) + 16, j); }
+};
 
 // x rounded to int8 blocks: q [M, K] int8, dx [M, K / 32] and sm [M, K / 32] float32, sx [M, K / 32] int32
 // (above), sx0 [M, K / 32] int32: the sum of the block's first 16 q_i (Q8_0_16's first half).
@@ -192,12 +235,12 @@ template <Format F, typename S>
 inline void group_portable(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
                            int64_t rows, int64_t K, const uint8_t* codes, const S* scales, float* out, int64_t ldo) {
   const int64_t G = K / kBlock;
+  const GroupScales<F, S> sc{scales};
   for (int64_t r = 0; r < rows; ++r)
     for (int j = 0; j < kGroup; ++j) {
       float acc = 0.f;
       for (int64_t b = 0; b < G; ++b) {
         const uint8_t* c = codes + b * code_bytes<F>();
-        const S* s = scales + b * scale_count<F>();
         const int8_t* qb = q + r * K + b * kBlock;
         int32_t isum = 0, isum0 = 0;
         for (int k = 0; k < kBlock; ++k) {
@@ -222,11 +265,11 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           isum0 -= 128 * sx0s[r * G + b];
           isum -= isum0;  // the second half's sum
         }
-        float sd = scale_value(s[j]) * dx[r * G + b];
+        float sd = sc.lo(b, j) * dx[r * G + b];
         float t1 = sd * static_cast<float>(F == Format::Q8_0_16 ? isum0 : isum);
         TRIFORCE_OPAQUE_FLOAT(t1);
         if constexpr (F == Format::Q8_0_16) {
-          float sd1 = scale_value(s[16 + j]) * dx[r * G + b];
+          float sd1 = sc.hi(b, j) * dx[r * G + b];
           TRIFORCE_OPAQUE_FLOAT(sd1);
           float t2 = sd1 * static_cast<float>(isum);
           TRIFORCE_OPAQUE_FLOAT(t2);
@@ -234,7 +277,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           TRIFORCE_OPAQUE_FLOAT(t1);
         }
         if constexpr (with_min<F>()) {
-          float t2 = scale_value(s[16 + j]) * sm[r * G + b];
+          float t2 = sc.hi(b, j) * sm[r * G + b];
           TRIFORCE_OPAQUE_FLOAT(t2);
           t1 = t1 + t2;
           TRIFORCE_OPAQUE_FLOAT(t1);
@@ -254,6 +297,18 @@ inline __m512 load_scales(const uint16_t* s) {
 }
 inline __m512 load_scales(const float* s) { return _mm512_loadu_ps(s); }
 
+// Block b's 16 lo / hi scales as float32 lanes (SuperScale: the bases times the widened multipliers, exact).
+template <Format F, typename S>
+inline __m512 scales16(const GroupScales<F, S>& sc, int64_t b, bool hi) {
+  if constexpr (std::is_same_v<S, SuperScale>) {
+    const __m512 base = load_scales(reinterpret_cast<const uint16_t*>(sc.base(b, hi ? super_bases<F>() - 1 : 0)));
+    const __m128i m8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.mult(b) + (hi ? 16 : 0)));
+    return _mm512_mul_ps(base, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(m8)));
+  } else {
+    return load_scales(sc.s + b * scale_count<F>() + (hi ? 16 : 0));
+  }
+}
+
 // ROWS (1..kRows) rows of x against one group (16 output rows), all K.
 template <Format F, int ROWS, typename S>
 inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
@@ -264,11 +319,11 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
   const __m512i nib = _mm512_set1_epi8(0x0f);
   // IQ4_NL: kIq4Values + 128 in each 128-bit lane (vpshufb looks up within lanes)
   const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Unsigned.v)));
+  const GroupScales<F, S> sc{scales};
   __m512 acc[ROWS];
   for (__m512& a : acc) a = _mm512_setzero_ps();
   for (int64_t b = 0; b < G; ++b) {
     const uint8_t* c = codes + b * code_bytes<F>();
-    const S* s = scales + b * scale_count<F>();
     if (prefetch != nullptr)
       for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
     // w[v]: the code vector that meets x bytes 4v .. 4v + 3 of the block
@@ -291,7 +346,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
     } else {
       for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
     }
-    const __m512 d = load_scales(s);
+    const __m512 d = scales16(sc, b, false);
     for (int r = 0; r < ROWS; ++r) {
       const int8_t* qb = q + r * K + b * kBlock;
       auto x4 = [&](int v) {
@@ -312,7 +367,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
         const __m512 dxv = _mm512_set1_ps(dx[r * G + b]);
         __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i0));
         asm("" : "+v"(t1));
-        __m512 sd1 = _mm512_mul_ps(load_scales(s + 16), dxv);
+        __m512 sd1 = _mm512_mul_ps(scales16(sc, b, true), dxv);
         asm("" : "+v"(sd1));
         __m512 t2 = _mm512_mul_ps(sd1, _mm512_cvtepi32_ps(i1));
         asm("" : "+v"(t2));
@@ -334,7 +389,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
       __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
       asm("" : "+v"(t1));
       if constexpr (with_min<F>()) {
-        const __m512 m = load_scales(s + 16);
+        const __m512 m = scales16(sc, b, true);
         __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm[r * G + b]));
         asm("" : "+v"(t2));
         t1 = _mm512_add_ps(t1, t2);
@@ -355,7 +410,7 @@ constexpr bool kVnni = false;
 template <Format F, typename S>
 inline void groups(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s, int64_t M,
                    int64_t K, const uint8_t* codes, const S* scales, int64_t N, float* out, int64_t g0, int64_t g1) {
-  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = G * scale_count<F>();
+  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = GroupScales<F, S>::elems(G);
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* c = codes + g * cb;
     const S* s = scales + g * sb;
