@@ -23,10 +23,14 @@ kernel on the same blocks (``rowwise_linear_q4_1``, ``rowwise_linear_q8``: what 
 the float32 kernel on the dequantised weight. FLOPs count the multiply-adds as for float32.
 
 ``--dtype q4_k_int8`` / ``q5_k_int8`` / ``q6_k_int8``: the same kernel on the packed forms that hold GGUF's
-K-quants (Q4_K as Q4_1 codes with float32 scales: 0.75 bytes a weight; Q5_K as Q5_1, nibbles plus fifth-bit
-masks: 0.875; Q6_K as int8 codes with a float32 scale per 16 weights: 1.25), random blocks, against the float32
-kernel on the dequantised weight (a K-quant model's layers before). ``--dtype iq4_xs_int8``: GGUF IQ4_XS's form
-(IQ4_NL: 4-bit indices into the IQ4_NL grid, a float32 scale per 32 weights: 0.625 bytes a weight), the same way.
+K-quants (Q4_K as Q4_1 codes, Q5_K as Q5_1: nibbles plus fifth-bit masks, Q6_K as int8 codes with a scale per 16
+weights) with super-block scales (float16 bases and int8 multipliers per 256 inputs: what the GGUF loaders
+pack; 0.578 / 0.703 / 1.07 bytes a weight), random blocks, against the same codes with float32 scales
+(``cpu_f32_scales``: 0.75 / 0.875 / 1.25 bytes a weight), the float32 kernel on the dequantised weight
+(``cpu_float32``: a K-quant model's layers before) and ``F.linear``. ``--dtype iq4_xs_int8``: GGUF IQ4_XS's form
+(IQ4_NL: 4-bit indices into the IQ4_NL grid, 0.539 bytes a weight; 0.625 with float32 scales), the same way.
+These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
+whole number of super-blocks).
 
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
     # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|both
@@ -40,7 +44,7 @@ import torch.nn.functional as F
 
 from triforce.models.llama import _rowwise_available
 
-from .harness import compute_peak, copy_bandwidth, measure, record
+from .harness import compute_peak, copy_bandwidth, measure, record, streamed
 
 N, K, MATRICES = 1536, 576, 64  # 64 x 3.5 MB = 226 MB of weights per call
 FEW_ROWS, MANY_ROWS, MANY_ROWS_MATRICES = (1, 2, 4, 5, 8, 16, 32), (64, 128, 256, 512, 1024, 4096), 4
@@ -150,29 +154,40 @@ def bench_i8(a, g, bw) -> None:
 
 
 def bench_i8_k(a, g, bw) -> None:
-    """``rowwise_linear_i8`` on the forms of GGUF's K-quants and IQ4_XS (random codes, float32 scales: Q4_K's and
-    Q5_K's ``d * sc`` and ``-(dmin * mn)`` per 32 weights, Q6_K's ``d * sc`` per 16, IQ4_XS's ``d * (ls - 32)`` per
-    32) against the float32 kernel on the dequantised weight (``cpu_float32``: where such layers ran before) and
-    ``F.linear`` (``torch``)."""
-    from triforce.models.quant import Int8DotLinear, pack_i8
+    """``rowwise_linear_i8`` on the forms of GGUF's K-quants and IQ4_XS with super-block scales (random codes,
+    float16 bases and int8 multipliers: Q4_K's and Q5_K's ``d``, ``-dmin`` and 6-bit ``sc``, ``mn`` per 32
+    weights, Q6_K's ``d`` and int8 ``sc`` per 16, IQ4_XS's ``d`` and ``ls - 32`` per 32) against the same blocks
+    with float32 scales (``cpu_f32_scales``), the float32 kernel on the dequantised weight (``cpu_float32``:
+    where such layers ran before) and ``F.linear`` (``torch``)."""
+    from triforce.models.quant import Int8DotLinear, pack_i8, unpack_i8
 
-    ints = []
+    n, k = K, N  # SmolLM2's down_proj: [576, 1536]
+    supers, plains = [], []
     for _ in range(MATRICES):
+        mult = lambda lo, hi, per: torch.randint(lo, hi, (n, k // per), generator=g)  # noqa: E731
         if a.dtype in ("q4_k_int8", "q5_k_int8"):
-            q = torch.randint(0, 16 if a.dtype == "q4_k_int8" else 32, (N, K), generator=g, dtype=torch.uint8)
-            d, m = torch.rand(N, K // 32, generator=g) * 0.01, -torch.rand(N, K // 32, generator=g) * 0.08
+            q = torch.randint(0, 16 if a.dtype == "q4_k_int8" else 32, (n, k), generator=g, dtype=torch.uint8)
+            d, m, nb = mult(0, 64, 32), mult(0, 64, 32), 2
         elif a.dtype == "iq4_xs_int8":  # indices into the IQ4_NL grid
-            q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
-            d, m = torch.rand(N, K // 32, generator=g) * 0.001, None
+            q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+            d, m, nb = mult(-32, 32, 32), None, 1
         else:
-            q = torch.randint(-32, 32, (N, K), generator=g, dtype=torch.int8)
-            d, m = torch.rand(N, K // 16, generator=g) * 0.02, None
-        ints.append(Int8DotLinear(*pack_i8(q, d, m, torch.float32), K))
-    dense = [m.weight for m in ints]
+            q = torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8)
+            d, m, nb = mult(-128, 128, 16), None, 1
+        base = (torch.rand(n, k // 256, nb, generator=g) * 1e-3).half().float() * torch.tensor([1.0, -1.0][:nb])
+        supers.append(Int8DotLinear(*pack_i8(q, d, m, base=base), k))
+        _, _, d32, m32 = unpack_i8(supers[-1].codes, supers[-1].scales, k)
+        plains.append(Int8DotLinear(*pack_i8(q, d32, m32, torch.float32), k))
+    # each call reads its matrices from memory, whatever the last-level cache (streamed: copies, in turn)
+    clone = lambda cs: tuple(map(torch.clone, cs))  # noqa: E731
+    sup = streamed([(m.codes, m.scales) for m in supers], _packed_bytes(supers[0]), clone)
+    plain = streamed([(m.codes, m.scales) for m in plains], _packed_bytes(plains[0]), clone)
+    dense_sets = streamed([m.weight for m in supers], n * k * 4, torch.clone)
     kernel, fp32 = torch.ops.triforce_C.rowwise_linear_i8, torch.ops.triforce_C.rowwise_linear
-    _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, _packed_bytes(ints[0]),
-                     lambda x: [kernel(x, m.codes, m.scales) for m in ints], dense,
-                     {"cpu_float32": (lambda x: [fp32(x, w) for w in dense], N * K * 4)})
+    _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, _packed_bytes(supers[0]),
+                     lambda x: [kernel(x, c, s) for c, s in sup()], dense_sets,
+                     {"cpu_f32_scales": (lambda x: [kernel(x, c, s) for c, s in plain()], _packed_bytes(plains[0])),
+                      "cpu_float32": (lambda x: [fp32(x, w) for w in dense_sets()], n * k * 4)}, n=n, k=k)
 
 
 def _packed_bytes(mod) -> int:
@@ -186,24 +201,26 @@ def _linear(w):
     return lin
 
 
-def _bench_quantised(a, g, bw, op, dtype, weight_bytes, run, dense, others) -> None:
+def _bench_quantised(a, g, bw, op, dtype, weight_bytes, run, dense, others, n=N, k=K) -> None:
     """Rows of ``op`` (``run(x)``: the kernel over the MATRICES matrices of ``weight_bytes`` each) against
-    ``F.linear`` on the ``dense`` dequantised weights (backend ``torch``) and ``others`` (backend -> (run, its
-    weight bytes)); the kernel's baseline is the first of ``others`` (else ``torch``)."""
+    ``F.linear`` on the ``dense`` dequantised weights (a list, or a function giving one: ``streamed``; backend
+    ``torch``) and ``others`` (backend -> (run, its weight bytes)); the kernel's baseline is the first of
+    ``others`` (else ``torch``). ``n``, ``k``: the matrices' shape."""
     peak = compute_peak("cpu", torch.float32)
     for M in ((1, 8) if a.quick else FEW_ROWS):
-        x = torch.randn(M, K, generator=g)
-        nbytes = MATRICES * (weight_bytes + (M * K + M * N) * 4)
-        flops = MATRICES * 2 * M * N * K
-        shape = f"M={M},N={N},K={K},matrices={MATRICES}"
-        base = measure(lambda: [F.linear(x, w) for w in dense], reps=5, min_time_s=0.5)
+        x = torch.randn(M, k, generator=g)
+        nbytes = MATRICES * (weight_bytes + (M * k + M * n) * 4)
+        flops = MATRICES * 2 * M * n * k
+        shape = f"M={M},N={n},K={k},matrices={MATRICES}"
+        base = measure(lambda: [F.linear(x, w) for w in (dense() if callable(dense) else dense)], reps=5,
+                       min_time_s=0.5)
         record(family="model", op=op, backend="torch", shape=shape, dtype=dtype, bytes_moved=nbytes, timing=base,
                bandwidth=bw, flops=flops, peak=peak)
         times = {}
         for name, (f, wb) in others.items():
             times[name] = measure(lambda f=f: f(x), reps=5, min_time_s=0.5)
             record(family="model", op=op, backend=name, shape=shape, dtype=dtype, timing=times[name],
-                   bytes_moved=MATRICES * (wb + (M * K + M * N) * 4), bandwidth=bw, flops=flops, peak=peak,
+                   bytes_moved=MATRICES * (wb + (M * k + M * n) * 4), bandwidth=bw, flops=flops, peak=peak,
                    baseline="torch", baseline_timing=base)
         t = measure(lambda: run(x), reps=5, min_time_s=0.5)
         bname, btime = next(iter(times.items()), ("torch", base))

@@ -137,6 +137,36 @@ def forward_time(model, batch: int, length: int, T: int, **measure_kw) -> dict:
     return measure(forward_step(model, batch, length, T), device=model.device, **measure_kw)
 
 
+def last_level_cache_bytes() -> int:
+    """The size of this CPU's largest cache in bytes (sysfs; 32 MiB where it cannot be read)."""
+    import glob
+
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=32 * 2**20)
+
+
+def streamed(items: list, item_bytes: int, copy: Callable[[object], object]) -> Callable[[], list]:
+    """``next_set()``: ``items`` and copies of them (``copy(item)``), enough sets that they hold more than twice
+    the last-level cache, given in turn, so that a benchmark call over one set reads it from memory however
+    large that cache is (a 300 MB L3 holds 64 MLP-sized matrices of any format)."""
+    total = max(1, len(items) * item_bytes)
+    sets = [items] + [[copy(x) for x in items] for _ in range(-(-2 * last_level_cache_bytes() // total) - 1)]
+    state = {"i": 0}
+
+    def next_set() -> list:
+        state["i"] = (state["i"] + 1) % len(sets)
+        return sets[state["i"]]
+
+    return next_set
+
+
 def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 512 * 2**20) -> float:
     """Measured copy bandwidth in bytes/s (read + write bytes of a large ``copy_``), once per run."""
     device = torch.device(device)

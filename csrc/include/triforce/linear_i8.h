@@ -62,6 +62,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "triforce/common.h"
 
@@ -406,32 +407,56 @@ constexpr bool kVnni = false;
 
 // Groups [g0, g1) of 16 output rows against x's M rows (already quantised: q, dx, sm as quantize_rows
 // writes them); out [M, N] float32. While a group's first rows are computed, the next group's codes are
-// prefetched into L2 (the groups are consecutive in memory, one stream).
+// prefetched into L2 (the groups are consecutive in memory, one stream). With super-block scales and more
+// rows than one register block, a group's scales are first expanded to float32 (the same values), so that
+// each register block of rows reads them as plain scales. Intel Xeon VM, one core, 64 matrices of 576 x 1536
+// read from memory, against the same codes with float32 scales (alternating, min of 7): Q4_K's form 1.23-1.29x
+// at 1 row, 1.10-1.17x at 4; 8-32 rows 0.95-1.12x (without the expansion, each register block converting the
+// scales itself: 0.95x at 32 rows); Q6_K's 1.15x / 1.12x; IQ4_XS's 1.14x / 1.08x.
 template <Format F, typename S>
 inline void groups(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s, int64_t M,
                    int64_t K, const uint8_t* codes, const S* scales, int64_t N, float* out, int64_t g0, int64_t g1) {
   const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = GroupScales<F, S>::elems(G);
+  std::vector<float> expanded;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* c = codes + g * cb;
-    const S* s = scales + g * sb;
-    for (int64_t m = 0; m < M; m += kRows) {
-      const int64_t rows = std::min(kRows, M - m);
-      float* o = out + m * N + g * kGroup;
+    auto row_blocks = [&](const auto* s) {
+      for (int64_t m = 0; m < M; m += kRows) {
+        const int64_t rows = std::min(kRows, M - m);
+        float* o = out + m * N + g * kGroup;
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-      const uint8_t* pf = m == 0 && g + 1 < g1 ? c + cb : nullptr;
-      const int8_t* qm = q + m * K;
-      const float *dm = dx + m * G, *smm = sm + m * G;
-      const int32_t *sxm = sxs + m * G, *sx0m = sx0s + m * G;
-      switch (rows) {
-        case 1: group_vnni<F, 1>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
-        case 2: group_vnni<F, 2>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
-        case 3: group_vnni<F, 3>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
-        default: group_vnni<F, 4>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
-      }
+        const uint8_t* pf = m == 0 && g + 1 < g1 ? c + cb : nullptr;
+        const int8_t* qm = q + m * K;
+        const float *dm = dx + m * G, *smm = sm + m * G;
+        const int32_t *sxm = sxs + m * G, *sx0m = sx0s + m * G;
+        switch (rows) {
+          case 1: group_vnni<F, 1>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+          case 2: group_vnni<F, 2>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+          case 3: group_vnni<F, 3>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+          default: group_vnni<F, 4>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+        }
 #else
-      group_portable<F>(q + m * K, dx + m * G, sm + m * G, sxs + m * G, sx0s + m * G, rows, K, c, s, o, N);
+        group_portable<F>(q + m * K, dx + m * G, sm + m * G, sxs + m * G, sx0s + m * G, rows, K, c, s, o, N);
 #endif
+      }
+    };
+    const S* s = scales + g * sb;
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if constexpr (std::is_same_v<S, SuperScale>) {
+      if (M > kRows) {
+        const GroupScales<F, S> sc{s};
+        constexpr int64_t SC = scale_count<F>();
+        expanded.resize(G * SC);
+        for (int64_t b = 0; b < G; ++b) {
+          _mm512_storeu_ps(expanded.data() + b * SC, scales16(sc, b, false));
+          if constexpr (SC == 32) _mm512_storeu_ps(expanded.data() + b * SC + 16, scales16(sc, b, true));
+        }
+        row_blocks(expanded.data());
+        continue;
+      }
     }
+#endif
+    row_blocks(s);
   }
 }
 
