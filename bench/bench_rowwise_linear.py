@@ -23,10 +23,10 @@ kernel on the same blocks (``rowwise_linear_q4_1``, ``rowwise_linear_q8``: what 
 the float32 kernel on the dequantised weight. FLOPs count the multiply-adds as for float32.
 
 ``--dtype q4_k_int8`` / ``q5_k_int8`` / ``q6_k_int8``: the same kernel on the packed forms that hold GGUF's
-K-quants (Q4_K as Q4_1 codes, Q5_K as Q5_1: nibbles plus fifth-bit masks, Q6_K as int8 codes with a scale per 16
-weights) with super-block scales (float16 bases and int8 multipliers per 256 inputs: what the GGUF loaders
-pack; 0.578 / 0.703 / 1.07 bytes a weight), random blocks, against the same codes with float32 scales
-(``cpu_f32_scales``: 0.75 / 0.875 / 1.25 bytes a weight), the float32 kernel on the dequantised weight
+K-quants (Q4_K as Q4_1 codes, Q5_K as Q5_1: nibbles plus fifth-bit masks, Q6_K as Q6_16: nibbles plus fifth- and
+sixth-bit masks, a scale per 16 weights) with super-block scales (float16 bases and int8 multipliers per 256
+inputs: what the GGUF loaders pack; 0.578 / 0.703 / 0.82 bytes a weight), random blocks, against the same codes
+with float32 scales (``cpu_f32_scales``: 0.75 / 0.875 / 1.0 bytes a weight), the float32 kernel on the dequantised weight
 (``cpu_float32``: a K-quant model's layers before) and ``F.linear``. ``--dtype iq4_xs_int8``: GGUF IQ4_XS's form
 (IQ4_NL: 4-bit indices into the IQ4_NL grid, 0.539 bytes a weight; 0.625 with float32 scales), the same way.
 These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
@@ -156,9 +156,9 @@ def bench_i8(a, g, bw) -> None:
 def bench_i8_k(a, g, bw) -> None:
     """``rowwise_linear_i8`` on the forms of GGUF's K-quants and IQ4_XS with super-block scales (random codes,
     float16 bases and int8 multipliers: Q4_K's and Q5_K's ``d``, ``-dmin`` and 6-bit ``sc``, ``mn`` per 32
-    weights, Q6_K's ``d`` and int8 ``sc`` per 16, IQ4_XS's ``d`` and ``ls - 32`` per 32) against the same blocks
-    with float32 scales (``cpu_f32_scales``), the float32 kernel on the dequantised weight (``cpu_float32``:
-    where such layers ran before) and ``F.linear`` (``torch``)."""
+    weights, Q6_K's ``d`` and int8 ``sc`` per 16 (its 6-bit codes), IQ4_XS's ``d`` and ``ls - 32`` per 32) against
+    the same blocks with float32 scales (``cpu_f32_scales``), the float32 kernel on the dequantised weight
+    (``cpu_float32``: where such layers ran before) and ``F.linear`` (``torch``)."""
     from triforce.models.quant import Int8DotLinear, pack_i8, unpack_i8
 
     n, k = K, N  # SmolLM2's down_proj: [576, 1536]
@@ -171,8 +171,8 @@ def bench_i8_k(a, g, bw) -> None:
         elif a.dtype == "iq4_xs_int8":  # indices into the IQ4_NL grid
             q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(-32, 32, 32), None, 1
-        else:
-            q = torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8)
+        else:  # Q6_K's 6-bit codes (Q6_16)
+            q = torch.randint(0, 64, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(-128, 128, 16), None, 1
         base = (torch.rand(n, k // 256, nb, generator=g) * 1e-3).half().float() * torch.tensor([1.0, -1.0][:nb])
         supers.append(Int8DotLinear(*pack_i8(q, d, m, base=base), k))

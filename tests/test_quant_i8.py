@@ -1,5 +1,6 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL weights with float16 or float32 scales,
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 weights with float16, float32 or
+super-block scales,
 int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks map onto them bitwise
 (gguf_i8_blocks against gguf's own dequantisation).
 
@@ -30,14 +31,15 @@ def i8(x, codes, scales):
     return torch.ops.triforce_C.rowwise_linear_i8(x, codes, scales)
 
 
-FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL"]
+FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16"]
+HALVES = ("Q8_0_16", "Q6_16")  # a scale per 16 weights
 SCALES = [torch.float16, torch.float32]
 
 
 def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
-    """(q, d, m) of random Q4_1, Q5_1, Q8_0, Q8_0_16 or IQ4_NL blocks: every code, some d = 0 and subnormal d (of
-    float16, or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
-    G = K // 32 * (2 if fmt == "Q8_0_16" else 1)
+    """(q, d, m) of random Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL or Q6_16 blocks: every code, some d = 0 and subnormal
+    d (of float16, or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
+    G = K // 32 * (2 if fmt in HALVES else 1)
     tiny = 1e-7 if scales_dtype == torch.float16 else 1e-40  # a subnormal of the scales' type
     r = lambda top: (torch.rand(N, G, generator=g) * top).to(scales_dtype).float()  # noqa: E731
     d = r(0.02)
@@ -50,6 +52,8 @@ def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
         return q, d, -r(0.2)
     if fmt == "IQ4_NL":  # indices into the grid
         return torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), d, None
+    if fmt == "Q6_16":  # 6-bit codes, w = d * (q - 32)
+        return torch.randint(0, 64, (N, K), generator=g, dtype=torch.uint8), d, None
     return torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8), d, None
 
 
@@ -57,7 +61,7 @@ def random_super(fmt, N, K, g):
     """(q, d, m, base) of random blocks with super-block scales (pack_i8's ``base=``): float16 bases, a zero and
     a subnormal among them, and int8 multipliers over their whole range."""
     q, _, m = random_blocks(fmt, N, K, g)
-    G = K // 32 * (2 if fmt == "Q8_0_16" else 1)
+    G = K // 32 * (2 if fmt in HALVES else 1)
     base = ((torch.rand(N, K // 256, 1 if m is None else 2, generator=g) - 0.5) * 0.004).half().float()
     base.view(-1)[0] = 0.0
     base.view(-1)[1] = float(torch.tensor(1e-7).half())
@@ -76,8 +80,9 @@ def random_packed(fmt, N, K, g, scales):
 
 
 def code_values(fmt, q):
-    """The integer weights ``q`` stands for (int64): IQ4_NL's indices looked up in its grid, else ``q``."""
-    return torch.tensor(IQ4_NL_VALUES)[q.long()] if fmt == "IQ4_NL" else q.long()
+    """The integer weights ``q`` stands for (int64): IQ4_NL's indices looked up in its grid, Q6_16's codes minus 32,
+    else ``q``."""
+    return torch.tensor(IQ4_NL_VALUES)[q.long()] if fmt == "IQ4_NL" else q.long() - 32 if fmt == "Q6_16" else q.long()
 
 
 def dequantised(q, d, m):
@@ -111,7 +116,7 @@ def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
     q, d, m = random_blocks(fmt, 16 * NG, 32 * G, torch.Generator().manual_seed(seed), scales_dtype)
     codes, scales = pack_i8(q, d, m, scales_dtype)
     assert codes.dtype == torch.uint8 and scales.dtype == scales_dtype
-    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256}.get(fmt, 512))
+    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256, "Q6_16": 384}.get(fmt, 512))
     assert scales.shape == (NG, G * (16 if fmt in ("Q8_0", "IQ4_NL") else 32))
     got_fmt, q2, d2, m2 = unpack_i8(codes, scales, 32 * G)
     assert got_fmt == fmt and torch.equal(q2, code_values(fmt, q)) and torch.equal(d2, d)
@@ -128,7 +133,8 @@ def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M,
     N, K = 16 * NG, 256 * S
     q, d, m, base = random_super(fmt, N, K, g)
     codes, scales = pack_i8(q, d, m, base=base)
-    assert scales.dtype == torch.uint8 and scales.shape == (NG, S * {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288}.get(fmt, 160))
+    super_bytes = {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288, "Q6_16": 288}.get(fmt, 160)
+    assert scales.dtype == torch.uint8 and scales.shape == (NG, S * super_bytes)
     per = d.shape[1] // S
     d32 = base[..., 0].repeat_interleave(per, 1) * d.float()
     m32 = None if m is None else base[..., 1].repeat_interleave(per, 1) * m.float()
@@ -139,6 +145,25 @@ def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M,
     assert torch.equal(codes32, codes)
     x = random_x(M, K, g, special=True)
     assert torch.equal(i8(x, codes, scales), i8(x, codes32, scales32))
+
+
+@needs_kernel
+@given(scales=st.sampled_from(SCALES + ["super"]), M=st.integers(1, 9), seed=st.integers(0, 2**31 - 1))
+def test_six_bit_codes_are_the_int8_codes_they_stand_for(scales, M, seed):
+    """Q6_16 (GGUF Q6_K's codes at their own 6 bits, 0.75 bytes a weight) gives bitwise what Q8_0_16 gives on the
+    int8 codes q - 32 (1 byte a weight), and is 3/4 of its size."""
+    g = torch.Generator().manual_seed(seed)
+    K = 512
+    if scales == "super":
+        q, d, m, base = random_super("Q6_16", 32, K, g)
+        six, eight = pack_i8(q, d, base=base), pack_i8((q.short() - 32).to(torch.int8), d, base=base)
+    else:
+        q, d, m = random_blocks("Q6_16", 32, K, g, scales)
+        six, eight = pack_i8(q, d, None, scales), pack_i8((q.short() - 32).to(torch.int8), d, None, scales)
+    assert unpack_i8(*six, K)[0] == "Q6_16" and unpack_i8(*eight, K)[0] == "Q8_0_16"
+    assert six[0].numel() * 4 == eight[0].numel() * 3 and torch.equal(six[1], eight[1])
+    x = random_x(M, K, g, special=True)
+    assert torch.equal(i8(x, *six), i8(x, *eight))
 
 
 def test_packing_refuses_bad_blocks():
@@ -159,6 +184,8 @@ def test_packing_refuses_bad_blocks():
         pack_i8(q, d[:, :1], m)
     with pytest.raises(ValueError, match="0..15"):  # uint8 codes without m: IQ4_NL indices
         pack_i8(q | 16, d)
+    with pytest.raises(ValueError, match="0..63"):  # ... or, with a scale per 16 weights, Q6_16 codes
+        pack_i8(q | 64, torch.cat([d, d], 1))
     with pytest.raises(ValueError, match="int8"):
         pack_i8(q.to(torch.int16), d)
     with pytest.raises(ValueError, match="not packed"):
@@ -462,7 +489,7 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
     layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
-    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q8_0_16", "Q4_0": "Q4_1", "Q3_K": "Q8_0_16",
+    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q6_16", "Q4_0": "Q4_1", "Q3_K": "Q8_0_16",
                    "Q5_K": "Q5_1", "IQ4_XS": "IQ4_NL", "IQ4_NL": "IQ4_NL"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}

@@ -168,13 +168,15 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   using Q8_0 = std::integral_constant<Format, Format::Q8_0>;
   using Q8_0_16 = std::integral_constant<Format, Format::Q8_0_16>;
   using IQ4_NL = std::integral_constant<Format, Format::IQ4_NL>;
-  const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{});
+  using Q6_16 = std::integral_constant<Format, Format::Q6_16>;
+  const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{}),
+             q6 = is(Q6_16{});
   const int64_t S16 = super ? G / 8 * 160 : G * 16, S32 = super ? G / 8 * 320 : G * 32;  // scale elements
-  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4, "rowwise_linear_i8: for ", K,
+  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4 || q6, "rowwise_linear_i8: for ", K,
               " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", G * 256, " and ", S32,
               " (Q4_1), ", G * 320, " and ", S32, " (Q5_1), ", G * 512, " and ", S16, " (Q8_0), ", G * 512, " and ",
-              super ? G / 8 * 288 : S32, " (Q8_0_16) or ", G * 256, " and ", S16, " (IQ4_NL), got ", codes.size(1),
-              " and ", scales.size(1));
+              super ? G / 8 * 288 : S32, " (Q8_0_16), ", G * 256, " and ", S16, " (IQ4_NL) or ", G * 384, " and ",
+              super ? G / 8 * 288 : S32, " (Q6_16), got ", codes.size(1), " and ", scales.size(1));
   const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));
@@ -208,8 +210,10 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
     with_scales(Q8_0{});
   else if (q8_16)
     with_scales(Q8_0_16{});
-  else
+  else if (iq4)
     with_scales(IQ4_NL{});
+  else
+    with_scales(Q6_16{});
   return out;
 }
 

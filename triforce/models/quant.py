@@ -281,10 +281,10 @@ def _check_i8_shapes(w_shape):
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
-I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL")  # the packed forms (linear_i8.h)
-_I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256}  # per block of 32 inputs,
-# group of 16 rows
-_I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16}  # scales per block and group
+I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16")  # the packed forms (linear_i8.h)
+_I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256,  # per block of 32 inputs
+                  "Q6_16": 384}  # and group of 16 rows
+_I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16, "Q6_16": 32}  # per block and group
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
 SUPER_BLOCK = 256  # inputs per super-block of the uint8 (super-block) scales
 
@@ -306,8 +306,9 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1),
     Q8_0 (``q`` int8 ``[N, K]``,
     ``d`` ``[N, K / 32]``, ``m`` None), Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
-    weights, GGUF Q6_K's) or IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
-    ``m`` None: ``w = d * IQ4_NL_VALUES[q]``, GGUF IQ4_NL's and IQ4_XS's). ``scales_dtype``: float16 (``d`` and
+    weights, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
+    ``m`` None: ``w = d * IQ4_NL_VALUES[q]``, GGUF IQ4_NL's and IQ4_XS's) or Q6_16 (``q`` uint8 codes 0..63,
+    ``d`` ``[N, K / 16]``, ``m`` None: ``w = d * (q - 32)``, GGUF Q6_K's at their own 6 bits). ``scales_dtype``: float16 (``d`` and
     ``m`` must hold float16 values, as GGUF's Q4_0..Q8_0 blocks store them) or float32 (any float32 values:
     the K-quants' ``d * sc``). ``N % 16 == 0``, ``K % 32 == 0``.
 
@@ -326,15 +327,19 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     if m is not None or q.dtype == torch.uint8:
         if m is not None and (q.dtype != torch.uint8 or int(q.max()) > 31):
             raise ValueError("pack_i8: Q4_1 / Q5_1 codes must be uint8 in 0..31")
-        if m is None and int(q.max()) > 15:
-            raise ValueError("pack_i8: IQ4_NL indices (uint8 codes without m) must be in 0..15")
+        six = m is None and d.dim() == 2 and d.shape == (N, 2 * G)  # Q6_16: a scale per 16 weights
+        if m is None and int(q.max()) > (63 if six else 15):
+            raise ValueError("pack_i8: uint8 codes without m are IQ4_NL indices in 0..15, or Q6_16 codes in 0..63 "
+                             "(with a scale per 16 weights)")
         c = (q & 15).reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
         codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
-        if m is not None and int(q.max()) > 15:  # Q5_1: the fifth bits, mask v bit 4j + i = code k = 4v + i of row j
-            bits = (q >> 4).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(NG, G, 8, 8, 8)
+        # Q5_1 (codes above 15) and Q6_16: the fifth bits (and Q6_16's sixth), mask v bit 4j + i = code k = 4v + i
+        # of row j
+        for bit in ([4, 5] if six else [4] if m is not None and int(q.max()) > 15 else []):
+            bits = ((q >> bit) & 1).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(NG, G, 8, 8, 8)
             masks = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)  # [NG, G, v, byte]
             codes = torch.cat([codes, masks.reshape(NG, G, 64)], -1)
-        halves = [d] if m is None else [d, m]
+        halves = [d[:, 0::2], d[:, 1::2]] if six else [d] if m is None else [d, m]
     else:
         if q.dtype != torch.int8:
             raise ValueError("pack_i8: Q8_0 / Q8_0_16 codes must be int8")
@@ -377,9 +382,9 @@ def _super_scales(halves, base: torch.Tensor, N: int, K: int, with_min: bool) ->
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 codes 0..15 / 0..31, or
-    the int8 values of Q8_0 / Q8_0_16 / IQ4_NL: for IQ4_NL the grid's values, not the indices), ``d`` float32
-    ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16) and ``m`` float32 ``[N, K / 32]`` (None but for Q4_1 and
-    Q5_1)."""
+    the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16: for IQ4_NL the grid's values, not the indices, for Q6_16
+    the codes minus 32), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16 and Q6_16) and ``m`` float32
+    ``[N, K / 32]`` (None but for Q4_1 and Q5_1)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
     sup = scales.dtype == torch.uint8
@@ -397,20 +402,22 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
         halves = mult.shape[3]
         base = b[:, :, [0, NB - 1][:halves]].reshape(NG, S, 1, halves, I8_GROUP)  # half h: base min(h, NB - 1)
         scales = (base * mult).reshape(NG, -1)
-    if fmt in ("Q4_1", "Q5_1", "IQ4_NL"):
+    if fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16"):
         cb = codes.reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
-        if fmt == "Q5_1":
-            masks = cb[..., 256:].reshape(NG, G, 8, 8, 1).long()  # [NG, G, v, byte, bit]
+        for i, bit in enumerate([4, 5] if fmt == "Q6_16" else [4] if fmt == "Q5_1" else []):
+            masks = cb[..., 256 + 64 * i: 320 + 64 * i].reshape(NG, G, 8, 8, 1).long()  # [NG, G, v, byte, bit]
             bits = ((masks >> torch.arange(8)) & 1).reshape(NG, G, 8, I8_GROUP, 4)  # bit 4j + i of mask v
-            q = q | (bits.permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K) << 4)
+            q = q | (bits.permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K) << bit)
         if fmt == "IQ4_NL":
             q = torch.tensor(IQ4_NL_VALUES, dtype=torch.int64)[q]
+        if fmt == "Q6_16":
+            q = q - 32
     else:
         q = (codes.reshape(NG, G, 8, I8_GROUP, 4).long() - 128).permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
     h = scales.reshape(NG, G, -1, I8_GROUP).float().permute(2, 0, 3, 1).reshape(-1, NG * I8_GROUP, G)
-    if fmt == "Q8_0_16":
+    if fmt in ("Q8_0_16", "Q6_16"):
         return fmt, q, torch.stack([h[0], h[1]], -1).reshape(NG * I8_GROUP, 2 * G), None
     return fmt, q, h[0], (h[1] if fmt in ("Q4_1", "Q5_1") else None)
 
@@ -418,7 +425,7 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 # GGUF block types the integer dot products take, in which packed form (linear_i8.h), with the bytes of a
 # block of BLOCK weights: each maps exactly (the dequantised weight is gguf's, bitwise).
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q4_1", 32, 18),
-                 "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q8_0_16", 256, 210),
+                 "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q6_16", 256, 210),
                  "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
                  "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136)}
 
@@ -435,7 +442,9 @@ def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
 
 def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     """GGUF tensor data of type ``kind`` (uint8 ``[N, bytes per row]``, as stored) -> ``(q, d, m,
-    scales_dtype)`` for :func:`pack_i8`, such that ``d * q (+ m)`` is gguf's dequantised weight bitwise:
+    scales_dtype)`` for :func:`pack_i8`, such that the weight :func:`pack_i8` reads them as (``d * q (+ m)``;
+    ``d * (q - 32)`` for Q6_K's uint8 codes, ``d * IQ4_NL_VALUES[q]`` for the IQ4 indices) is gguf's dequantised
+    weight bitwise:
 
     - Q4_1 (``d * q + m``, float16 scales) and Q8_0 (``d * q``) as they are;
     - Q4_0 and Q5_0 (``d * (q - 8)``, ``d * (q - 16)``) as Q4_1 and Q5_1 with ``m = -8 d`` and ``-16 d``
@@ -444,8 +453,8 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     - Q5_1 (``d * q + m``, float16) as Q5_1;
     - Q4_K and Q5_K as Q4_1 and Q5_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact
       products of a float16 and a 6-bit integer);
-    - Q6_K as Q8_0_16 with ``q - 32`` and float32 ``d * sc`` per 16 weights; Q3_K as Q8_0_16 with its codes in
-      -4..3 and float32 ``d * (sc - 32)`` per 16 weights;
+    - Q6_K as Q6_16 with its 6-bit ``q`` (``w = d * sc * (q - 32)``) and float32 ``d * sc`` per 16 weights; Q3_K as
+      Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights;
     - IQ4_NL (float16 ``d``) and IQ4_XS (float32 ``d * (ls - 32)`` per 32 weights, exact: at most 17
       significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices.
 
@@ -539,8 +548,8 @@ def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
     sc = b[..., 192:208].contiguous().view(torch.int8).long()
     low = nibbles(ql.reshape(N, nb, 2, 64)).reshape(N, nb, 8, 32)
     high = ((qh.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
-    q = (low | (high.reshape(N, nb, 8, 32) << 4)).to(torch.int16) - 32
-    return q.to(torch.int8).reshape(N, in_features), sc.reshape(N, -1), None, torch.float32, f16(208)[..., None]
+    q = low | (high.reshape(N, nb, 8, 32) << 4)  # 0..63: w = d * sc * (q - 32)
+    return q.reshape(N, in_features), sc.reshape(N, -1), None, torch.float32, f16(208)[..., None]
 
 
 def quantize_activations_i8(x: torch.Tensor):
@@ -565,7 +574,7 @@ def rowwise_linear_i8_reference(x: torch.Tensor, codes: torch.Tensor, scales: to
     q, dx, sx = quantize_activations_i8(x)
     sm = dx * sx
     acc = torch.zeros(M, N)
-    if fmt == "Q8_0_16":  # each half of a block on its own: (d_0 dx) isum_0 + (d_1 dx) isum_1
+    if fmt in ("Q8_0_16", "Q6_16"):  # each half of a block on its own: (d_0 dx) isum_0 + (d_1 dx) isum_1
         isum = torch.einsum("mghi,nghi->ghmn", q.reshape(M, G, 2, 16), w.reshape(N, G, 2, 16)).float()
         for b in range(G):
             t0 = (d[None, :, 2 * b] * dx[:, b, None]) * isum[b, 0]

@@ -1,16 +1,17 @@
 // rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
-// row count. Five packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+// row count. Six packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_0 (m = -8 d), Q4_K
 //           (float32 d = d * sc, m = -dmin * mn of each 32-weight sub-block, both exact in float32);
 //   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_0 (m = -16 d), Q5_K (as Q4_K);
 //   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0 (and Q4_0 / Q5_0 with codes q - 8 / q - 16 where -8 d /
 //           -16 d would overflow float16), float16 d;
-//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K (code = q - 32, float32 d = d * sc, exact), Q3_K
-//           (code in -4..3, float32 d * (sc - 32));
+//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q3_K
+//           (code in -4..3, float32 d * (sc - 32)) (and Q6_K as code = q - 32, float32 d = d * sc, exact);
 //   IQ4_NL  4-bit indices into kIq4Values (GGUF's non-linear 16-value grid), w = d * kIq4Values[index] per 32:
-//           GGUF IQ4_NL (float16 d), IQ4_XS (float32 d * (ls - 32) of each 32-weight sub-block, exact).
+//           GGUF IQ4_NL (float16 d), IQ4_XS (float32 d * (ls - 32) of each 32-weight sub-block, exact);
+//   Q6_16   6-bit codes u, w = d * (u - 32) per 16: GGUF Q6_K at its own 6 bits (Q8_0_16's arithmetic).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -29,6 +30,7 @@
 //   Q5_1:    as Q4_1
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
 //   IQ4_NL:  as Q8_0, w_i = kIq4Values[index_i]
+//   Q6_16:   as Q8_0_16, w_i = u_i - 32 (the sums of u_i * q_i corrected by -32 * the half's sum of q)
 //   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i (the -128 shift corrected per half),
 //            term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1)
 //            (d_h: the scale of weights 16h .. 16h + 15 of the block)
@@ -48,11 +50,13 @@
 //           Q8_0_16: as Q8_0;
 //           IQ4_NL (CB 256): Q4_1's nibbles, each an index; the kernel looks the index up (vpshufb) in the
 //                            table shifted to unsigned, kIq4Values + 128, and corrects isum by -128 * sx as Q8_0;
+//           Q6_16 (CB 384): Q5_1's 320 bytes for the codes' low five bits, then 8 masks of their sixth bits
+//                           (as the fifth's);
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
 //          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
-//          of the 16 rows then d_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]:
+//          of the 16 rows then d_1 of the 16 rows (Q6_16 as Q8_0_16). Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]:
 //          per super-block of 8 blocks float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for
-//          Q4_1 and Q5_1, 288 for Q8_0_16, 160 for Q8_0 and IQ4_NL).
+//          Q4_1 and Q5_1, 288 for Q8_0_16 and Q6_16, 160 for Q8_0 and IQ4_NL).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -73,7 +77,7 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16 };
 
 // GGUF's IQ4_NL grid (ggml's kvalues_iq4nl): the weight of index i is d * kIq4Values[i].
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -88,13 +92,23 @@ constexpr Iq4Table iq4_unsigned() {  // kIq4Values + 128: the unsigned operand o
 inline constexpr Iq4Table kIq4Unsigned = iq4_unsigned();
 
 template <Format F>
-constexpr bool nibbles() { return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::IQ4_NL; }  // Q4_1's layout
+constexpr bool nibbles() {  // Q4_1's layout (and then fifth / sixth bits)
+  return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::IQ4_NL || F == Format::Q6_16;
+}
+template <Format F>
+constexpr bool fifth_bits() { return F == Format::Q5_1 || F == Format::Q6_16; }
 template <Format F>
 constexpr bool with_min() { return F == Format::Q4_1 || F == Format::Q5_1; }  // codes 0..31 and a minimum m
 template <Format F>
-constexpr int64_t code_bytes() { return F == Format::Q5_1 ? 320 : nibbles<F>() ? 256 : 512; }  // per block
+constexpr bool halves() { return F == Format::Q8_0_16 || F == Format::Q6_16; }  // a scale per 16 weights
 template <Format F>
-constexpr int64_t scale_count() { return with_min<F>() || F == Format::Q8_0_16 ? 32 : 16; }  // per block of a group
+constexpr int32_t code_offset() { return F == Format::Q6_16 ? 32 : 128; }  // w = stored code - offset (no minimum)
+template <Format F>
+constexpr int64_t code_bytes() {  // per block
+  return F == Format::Q6_16 ? 384 : F == Format::Q5_1 ? 320 : nibbles<F>() ? 256 : 512;
+}
+template <Format F>
+constexpr int64_t scale_count() { return with_min<F>() || halves<F>() ? 32 : 16; }  // per block of a group
 
 // A scale as float32: S = uint16_t holds float16 bits, S = float is itself.
 inline float scale_value(uint16_t h) { return to_float(f16{h}); }
@@ -252,24 +266,25 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
             const uint8_t byte = c[64 * t + 4 * j + i];
             w = k < 16 ? (byte & 15) : (byte >> 4);
             if constexpr (F == Format::IQ4_NL) w = kIq4Values[w] + 128;
-            if constexpr (F == Format::Q5_1) {  // bit 4j + i of mask v = k / 4
+            if constexpr (fifth_bits<F>()) {  // bit 4j + i of mask v = k / 4
               const int bit = 4 * j + i;
               w |= ((c[256 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
+              if constexpr (F == Format::Q6_16) w |= ((c[320 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 5;
             }
           } else {
             w = int(c[64 * (k >> 2) + 4 * j + (k & 3)]);
           }
           isum += w * qb[k];
         }
-        if constexpr (!with_min<F>()) isum -= 128 * sxs[r * G + b];
-        if constexpr (F == Format::Q8_0_16) {
-          isum0 -= 128 * sx0s[r * G + b];
+        if constexpr (!with_min<F>()) isum -= code_offset<F>() * sxs[r * G + b];
+        if constexpr (halves<F>()) {
+          isum0 -= code_offset<F>() * sx0s[r * G + b];
           isum -= isum0;  // the second half's sum
         }
         float sd = sc.lo(b, j) * dx[r * G + b];
-        float t1 = sd * static_cast<float>(F == Format::Q8_0_16 ? isum0 : isum);
+        float t1 = sd * static_cast<float>(halves<F>() ? isum0 : isum);
         TRIFORCE_OPAQUE_FLOAT(t1);
-        if constexpr (F == Format::Q8_0_16) {
+        if constexpr (halves<F>()) {
           float sd1 = sc.hi(b, j) * dx[r * G + b];
           TRIFORCE_OPAQUE_FLOAT(sd1);
           float t2 = sd1 * static_cast<float>(isum);
@@ -310,6 +325,38 @@ inline __m512 scales16(const GroupScales<F, S>& sc, int64_t b, bool hi) {
   }
 }
 
+// One block's codes of a group as 8 vectors of bytes: w[v] meets x bytes 4v .. 4v + 3 of the block (byte 4j + i:
+// code 4v + i of row j), as vpdpbusd's unsigned operand (Q8_0, Q8_0_16: the stored bytes; IQ4_NL: the grid + 128;
+// the nibble forms: their codes).
+template <Format F>
+inline void decode_block(const uint8_t* c, __m512i w[8]) {
+  if constexpr (nibbles<F>()) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    for (int t = 0; t < 4; ++t) {
+      const __m512i raw = _mm512_loadu_si512(c + 64 * t);
+      w[t] = _mm512_and_si512(raw, nib);
+      w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    }
+    if constexpr (F == Format::IQ4_NL) {  // kIq4Values + 128 in each 128-bit lane (vpshufb looks up within lanes)
+      const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Unsigned.v)));
+      for (int v = 0; v < 8; ++v) w[v] = _mm512_shuffle_epi8(iq4, w[v]);
+    }
+    if constexpr (fifth_bits<F>()) {  // the fifth bits: 16 where mask v has a bit (Q6_16: sixth bits, 32)
+      for (int v = 0; v < 8; ++v) {
+        uint64_t mk;
+        std::memcpy(&mk, c + 256 + 8 * v, 8);
+        w[v] = _mm512_or_si512(w[v], _mm512_maskz_set1_epi8(static_cast<__mmask64>(mk), 16));
+        if constexpr (F == Format::Q6_16) {
+          std::memcpy(&mk, c + 320 + 8 * v, 8);
+          w[v] = _mm512_or_si512(w[v], _mm512_maskz_set1_epi8(static_cast<__mmask64>(mk), 32));
+        }
+      }
+    }
+  } else {
+    for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
+  }
+}
+
 // ROWS (1..kRows) rows of x against one group (16 output rows), all K.
 template <Format F, int ROWS, typename S>
 inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
@@ -317,9 +364,6 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
                        const uint8_t* prefetch) {
   const int64_t G = K / kBlock;
   constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
-  const __m512i nib = _mm512_set1_epi8(0x0f);
-  // IQ4_NL: kIq4Values + 128 in each 128-bit lane (vpshufb looks up within lanes)
-  const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Unsigned.v)));
   const GroupScales<F, S> sc{scales};
   __m512 acc[ROWS];
   for (__m512& a : acc) a = _mm512_setzero_ps();
@@ -327,26 +371,8 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
     const uint8_t* c = codes + b * code_bytes<F>();
     if (prefetch != nullptr)
       for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
-    // w[v]: the code vector that meets x bytes 4v .. 4v + 3 of the block
     __m512i w[8];
-    if constexpr (nibbles<F>()) {
-      for (int t = 0; t < 4; ++t) {
-        const __m512i raw = _mm512_loadu_si512(c + 64 * t);
-        w[t] = _mm512_and_si512(raw, nib);
-        w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-      }
-      if constexpr (F == Format::IQ4_NL)
-        for (__m512i& wv : w) wv = _mm512_shuffle_epi8(iq4, wv);
-      if constexpr (F == Format::Q5_1) {  // the fifth bits: 16 where mask v has a bit
-        for (int v = 0; v < 8; ++v) {
-          uint64_t mk;
-          std::memcpy(&mk, c + 256 + 8 * v, 8);
-          w[v] = _mm512_or_si512(w[v], _mm512_maskz_set1_epi8(static_cast<__mmask64>(mk), 16));
-        }
-      }
-    } else {
-      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
-    }
+    decode_block<F>(c, w);
     const __m512 d = scales16(sc, b, false);
     for (int r = 0; r < ROWS; ++r) {
       const int8_t* qb = q + r * K + b * kBlock;
@@ -355,16 +381,16 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
         std::memcpy(&word, qb + 4 * v, 4);
         return _mm512_set1_epi32(word);
       };
-      if constexpr (F == Format::Q8_0_16) {  // the halves' sums apart: x bytes 0..15, then 16..31
+      if constexpr (halves<F>()) {  // the halves' sums apart: x bytes 0..15, then 16..31
         __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
         __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], x4(4));
         for (int v = 1; v < 4; ++v) {
           i0 = _mm512_dpbusd_epi32(i0, w[v], x4(v));
           i1 = _mm512_dpbusd_epi32(i1, w[4 + v], x4(4 + v));
         }
-        const int32_t sx0 = sx0s[r * G + b], sx1 = sxs[r * G + b] - sx0;  // the +128 of the codes, exact
-        i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(128 * sx0));
-        i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(128 * sx1));
+        const int32_t sx0 = sx0s[r * G + b], sx1 = sxs[r * G + b] - sx0;  // the codes' offset, exact
+        i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(code_offset<F>() * sx0));
+        i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(code_offset<F>() * sx1));
         const __m512 dxv = _mm512_set1_ps(dx[r * G + b]);
         __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i0));
         asm("" : "+v"(t1));
@@ -405,22 +431,33 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
 constexpr bool kVnni = false;
 #endif
 
+// Where the codes of a form with an offset (IQ4_NL, Q6_16) are expanded for several register blocks of rows:
+// the byte form computing the same integer sums (IQ4_NL's grid + 128 are Q8_0's bytes; Q6_16's u + 96, that is
+// (u - 32) + 128, Q8_0_16's).
+template <Format F>
+constexpr Format byte_form() { return F == Format::IQ4_NL ? Format::Q8_0 : F == Format::Q6_16 ? Format::Q8_0_16 : F; }
+
 // Groups [g0, g1) of 16 output rows against x's M rows (already quantised: q, dx, sm as quantize_rows
 // writes them); out [M, N] float32. While a group's first rows are computed, the next group's codes are
 // prefetched into L2 (the groups are consecutive in memory, one stream). With super-block scales and more
 // rows than one register block, a group's scales are first expanded to float32 (the same values), so that
-// each register block of rows reads them as plain scales. Intel Xeon VM, one core, 64 matrices of 576 x 1536
-// read from memory, against the same codes with float32 scales (alternating, min of 7): Q4_K's form 1.23-1.29x
-// at 1 row, 1.10-1.17x at 4; 8-32 rows 0.95-1.12x (without the expansion, each register block converting the
-// scales itself: 0.95x at 32 rows); Q6_K's 1.15x / 1.12x; IQ4_XS's 1.14x / 1.08x.
+// each register block of rows reads them as plain scales, and IQ4_NL's and Q6_16's codes are expanded to their
+// byte form (byte_form), which saves every register block after the first its lookups or bit masks. Intel Xeon
+// VM, one core, 64 matrices of 576 x 1536 read from memory, against the same codes with float32 scales
+// (alternating, min of 7): Q4_K's form 1.23-1.29x at 1 row, 1.10-1.17x at 4; 8-32 rows 0.95-1.12x (without the
+// expansion, each register block converting the scales itself: 0.95x at 32 rows); Q6_K's 1.15x / 1.12x;
+// IQ4_XS's 1.14x / 1.08x.
 template <Format F, typename S>
 inline void groups(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s, int64_t M,
                    int64_t K, const uint8_t* codes, const S* scales, int64_t N, float* out, int64_t g0, int64_t g1) {
   const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = GroupScales<F, S>::elems(G);
   std::vector<float> expanded;
+  std::vector<uint8_t> bytes;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* c = codes + g * cb;
-    auto row_blocks = [&](const auto* s) {
+    // the row blocks against codes cc of form E with scales ss
+    auto row_blocks = [&](auto form, const uint8_t* cc, const auto* ss) {
+      constexpr Format E = decltype(form)::value;
       for (int64_t m = 0; m < M; m += kRows) {
         const int64_t rows = std::min(kRows, M - m);
         float* o = out + m * N + g * kGroup;
@@ -430,20 +467,37 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
         const float *dm = dx + m * G, *smm = sm + m * G;
         const int32_t *sxm = sxs + m * G, *sx0m = sx0s + m * G;
         switch (rows) {
-          case 1: group_vnni<F, 1>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
-          case 2: group_vnni<F, 2>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
-          case 3: group_vnni<F, 3>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
-          default: group_vnni<F, 4>(qm, dm, smm, sxm, sx0m, K, c, s, o, N, pf); break;
+          case 1: group_vnni<E, 1>(qm, dm, smm, sxm, sx0m, K, cc, ss, o, N, pf); break;
+          case 2: group_vnni<E, 2>(qm, dm, smm, sxm, sx0m, K, cc, ss, o, N, pf); break;
+          case 3: group_vnni<E, 3>(qm, dm, smm, sxm, sx0m, K, cc, ss, o, N, pf); break;
+          default: group_vnni<E, 4>(qm, dm, smm, sxm, sx0m, K, cc, ss, o, N, pf); break;
         }
 #else
-        group_portable<F>(q + m * K, dx + m * G, sm + m * G, sxs + m * G, sx0s + m * G, rows, K, c, s, o, N);
+        group_portable<E>(q + m * K, dx + m * G, sm + m * G, sxs + m * G, sx0s + m * G, rows, K, cc, ss, o, N);
 #endif
       }
     };
+    using FormF = std::integral_constant<Format, F>;
     const S* s = scales + g * sb;
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    if constexpr (std::is_same_v<S, SuperScale>) {
-      if (M > kRows) {
+    if (M > kRows) {  // several register blocks of rows: expand what each would decode again, once per group
+      auto with_codes = [&](const auto* ss) {
+        constexpr Format E = byte_form<F>();
+        if constexpr (E != F) {
+          bytes.resize(G * code_bytes<E>());
+          const __m512i shift = _mm512_set1_epi8(F == Format::Q6_16 ? 96 : 0);
+          for (int64_t b = 0; b < G; ++b) {
+            __m512i w[8];
+            decode_block<F>(c + b * code_bytes<F>(), w);
+            for (int v = 0; v < 8; ++v)
+              _mm512_storeu_si512(bytes.data() + b * code_bytes<E>() + 64 * v, _mm512_add_epi8(w[v], shift));
+          }
+          row_blocks(std::integral_constant<Format, E>{}, bytes.data(), ss);
+        } else {
+          row_blocks(FormF{}, c, ss);
+        }
+      };
+      if constexpr (std::is_same_v<S, SuperScale>) {
         const GroupScales<F, S> sc{s};
         constexpr int64_t SC = scale_count<F>();
         expanded.resize(G * SC);
@@ -451,12 +505,14 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
           _mm512_storeu_ps(expanded.data() + b * SC, scales16(sc, b, false));
           if constexpr (SC == 32) _mm512_storeu_ps(expanded.data() + b * SC + 16, scales16(sc, b, true));
         }
-        row_blocks(expanded.data());
-        continue;
+        with_codes(static_cast<const float*>(expanded.data()));
+      } else {
+        with_codes(s);
       }
+      continue;
     }
 #endif
-    row_blocks(s);
+    row_blocks(FormF{}, c, s);
   }
 }
 
