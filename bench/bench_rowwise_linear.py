@@ -3,9 +3,10 @@
 oneDNN for bfloat16 and float16), with bytes, GB/s and the fraction of measured copy bandwidth.
 
 Shape: SmolLM2-135M's MLP projection (N=1536, K=576; float32, bfloat16 as the default draft
-model's copy, and float16) for M = 1..32 rows. One call streams
-a set of such weight matrices larger than the last-level cache (as a decode step streams the
-model's weights), so every call reads its weights from memory. Bytes = the weights read once + the
+model's copy, and float16) for M = 1..32 rows. One call streams a set of such weight matrices (as a
+decode step streams the model's weights), and consecutive calls take copies of the set in turn, more than
+twice the last-level cache in all (``harness.streamed``: a 300 MB L3 holds 64 such matrices of any
+format), so every call reads its weights from memory. Bytes = the weights read once + the
 inputs + the outputs. FLOPs = 2 x M x N x K per matrix; the compute ceiling is a matmul in the same
 dtype (float32 for int8 weights and float16, whose products are float32), measured in the same run.
 
@@ -80,6 +81,7 @@ def main():
         matrices = MANY_ROWS_MATRICES if a.many_rows else MATRICES
         ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(matrices)]
         size = ws[0].element_size()
+        wsets = streamed(ws, N * K * size, torch.clone)
         # float16 is multiplied in float32 (torch's float16 matmul on a CPU without AVX512-FP16 is far slower)
         peak = compute_peak("cpu", torch.float32 if dtype == torch.float16 else dtype)
         rows = MANY_ROWS if a.many_rows else FEW_ROWS
@@ -88,10 +90,10 @@ def main():
             nbytes = matrices * (N * K + M * K + M * N) * size
             flops = matrices * 2 * M * N * K
             shape = f"M={M},N={N},K={K},matrices={matrices}"
-            base = measure(lambda: [F.linear(x, w) for w in ws], reps=5, min_time_s=0.5)
+            base = measure(lambda: [F.linear(x, w) for w in wsets()], reps=5, min_time_s=0.5)
             record(family="model", op="rowwise_linear", backend="torch", shape=shape, dtype=name,
                    bytes_moved=nbytes, timing=base, bandwidth=bw, flops=flops, peak=peak)
-            t = measure(lambda: [kernel(x, w) for w in ws], reps=5, min_time_s=0.5)
+            t = measure(lambda: [kernel(x, w) for w in wsets()], reps=5, min_time_s=0.5)
             record(family="model", op="rowwise_linear", backend="cpu", shape=shape, dtype=name,
                    bytes_moved=nbytes, timing=t, bandwidth=bw, flops=flops, peak=peak, baseline="torch",
                    baseline_timing=base)
@@ -106,8 +108,10 @@ def bench_q8(a, g, bw) -> None:
     qs = [quantize_q8(torch.randn(N, K, generator=g)) for _ in range(MATRICES)]
     kernel = torch.ops.triforce_C.rowwise_linear_q8
     weight_bytes = N * K + qs[0][1].numel() * 4
-    _bench_quantised(a, g, bw, "rowwise_linear_q8", "int8", weight_bytes, lambda x: [kernel(x, q, s) for q, s in qs],
-                     [dequantize_q8(q, s) for q, s in qs], {})
+    qsets = streamed(qs, weight_bytes, _clone_all)
+    dense = streamed([dequantize_q8(q, s) for q, s in qs], N * K * 4, torch.clone)
+    _bench_quantised(a, g, bw, "rowwise_linear_q8", "int8", weight_bytes,
+                     lambda x: [kernel(x, q, s) for q, s in qsets()], dense, {})
 
 
 def bench_q4_1(a, g, bw) -> None:
@@ -118,10 +122,11 @@ def bench_q4_1(a, g, bw) -> None:
 
     blocks = [quantize_q4_1(torch.randn(N, K, generator=g)) for _ in range(MATRICES)]
     kernel = torch.ops.triforce_C.rowwise_linear_q4_1
-    dense = [dequantize_q4_1(b, K) for b in blocks]
+    dense = streamed([dequantize_q4_1(b, K) for b in blocks], N * K * 4, torch.clone)
+    bsets = streamed(blocks, blocks[0].numel(), torch.clone)
     fp32 = torch.ops.triforce_C.rowwise_linear
-    _bench_quantised(a, g, bw, "rowwise_linear_q4_1", "q4_1", blocks[0].numel(), lambda x: [kernel(x, b) for b in blocks],
-                     dense, {"cpu_float32": (lambda x: [fp32(x, w) for w in dense], N * K * 4)})
+    _bench_quantised(a, g, bw, "rowwise_linear_q4_1", "q4_1", blocks[0].numel(), lambda x: [kernel(x, b) for b in bsets()],
+                     dense, {"cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4)})
 
 
 def bench_i8(a, g, bw) -> None:
@@ -141,16 +146,20 @@ def bench_i8(a, g, bw) -> None:
             q, s = quantize_q8(w)
             mods.append(Q8Linear(q, s.half().float()))
     ints = [Int8DotLinear.from_q4(m) if q4 else Int8DotLinear.from_q8(m) for m in mods]
-    dense = [m.weight for m in mods]
+    dense = streamed([m.weight for m in mods], N * K * 4, torch.clone)
+    isets = streamed([(m.codes, m.scales) for m in ints], _packed_bytes(ints[0]), _clone_all)
     kernel, fp32 = torch.ops.triforce_C.rowwise_linear_i8, torch.ops.triforce_C.rowwise_linear
     if q4:
-        floatk, fbytes = (lambda x: [torch.ops.triforce_C.rowwise_linear_q4_1(x, m.blocks) for m in mods]), N * K * 3 // 4
+        fbytes = N * K * 3 // 4
+        fsets = streamed([m.blocks for m in mods], fbytes, torch.clone)
+        floatk = lambda x: [torch.ops.triforce_C.rowwise_linear_q4_1(x, b) for b in fsets()]  # noqa: E731
     else:
-        floatk = lambda x: [torch.ops.triforce_C.rowwise_linear_q8(x, m.qweight, m.scales) for m in mods]  # noqa: E731
         fbytes = N * K + mods[0].scales.numel() * 4
+        fsets = streamed([(m.qweight, m.scales) for m in mods], fbytes, _clone_all)
+        floatk = lambda x: [torch.ops.triforce_C.rowwise_linear_q8(x, q, s) for q, s in fsets()]  # noqa: E731
     _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, _packed_bytes(ints[0]),
-                     lambda x: [kernel(x, m.codes, m.scales) for m in ints], dense,
-                     {"cpu_float": (floatk, fbytes), "cpu_float32": (lambda x: [fp32(x, w) for w in dense], N * K * 4)})
+                     lambda x: [kernel(x, c, s) for c, s in isets()], dense,
+                     {"cpu_float": (floatk, fbytes), "cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4)})
 
 
 def bench_i8_k(a, g, bw) -> None:
@@ -179,15 +188,18 @@ def bench_i8_k(a, g, bw) -> None:
         _, _, d32, m32 = unpack_i8(supers[-1].codes, supers[-1].scales, k)
         plains.append(Int8DotLinear(*pack_i8(q, d32, m32, torch.float32), k))
     # each call reads its matrices from memory, whatever the last-level cache (streamed: copies, in turn)
-    clone = lambda cs: tuple(map(torch.clone, cs))  # noqa: E731
-    sup = streamed([(m.codes, m.scales) for m in supers], _packed_bytes(supers[0]), clone)
-    plain = streamed([(m.codes, m.scales) for m in plains], _packed_bytes(plains[0]), clone)
+    sup = streamed([(m.codes, m.scales) for m in supers], _packed_bytes(supers[0]), _clone_all)
+    plain = streamed([(m.codes, m.scales) for m in plains], _packed_bytes(plains[0]), _clone_all)
     dense_sets = streamed([m.weight for m in supers], n * k * 4, torch.clone)
     kernel, fp32 = torch.ops.triforce_C.rowwise_linear_i8, torch.ops.triforce_C.rowwise_linear
     _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, _packed_bytes(supers[0]),
                      lambda x: [kernel(x, c, s) for c, s in sup()], dense_sets,
                      {"cpu_f32_scales": (lambda x: [kernel(x, c, s) for c, s in plain()], _packed_bytes(plains[0])),
                       "cpu_float32": (lambda x: [fp32(x, w) for w in dense_sets()], n * k * 4)}, n=n, k=k)
+
+
+def _clone_all(tensors: tuple) -> tuple:
+    return tuple(t.clone() for t in tensors)
 
 
 def _packed_bytes(mod) -> int:
