@@ -153,7 +153,7 @@ def last_level_cache_bytes() -> int:
 
 
 def streamed(items: list, item_bytes: int, copy: Callable[[object], object]) -> Callable[[], list]:
-    """``next_set()``: ``items`` and copies of them (``copy(item)``), enough sets that they hold more than twice
+    """``next_set()``: ``items`` and copies of them (``copy(item)``), enough sets that they hold at least twice
     the last-level cache, given in turn, so that a benchmark call over one set reads it from memory however
     large that cache is (a 300 MB L3 holds 64 MLP-sized matrices of any format)."""
     total = max(1, len(items) * item_bytes)

@@ -92,3 +92,19 @@ def test_compute_peak_is_a_measured_matmul_rate_per_dtype_and_thread_count():
     assert 1e8 < peak < 1e14  # some plausible FLOP/s, measured once per run
     assert harness.compute_peak("cpu", torch.float32) == peak
     assert ("cpu", "torch.float32", torch.get_num_threads()) in harness._PEAK
+
+
+def test_streamed_sets_exceed_twice_the_last_level_cache_and_come_in_turn(monkeypatch):
+    """harness.streamed: the items and enough copies (new storage) that the sets hold at least twice the
+    last-level cache, each given in turn; last_level_cache_bytes reads a positive size."""
+    assert harness.last_level_cache_bytes() > 0
+    monkeypatch.setattr(harness, "last_level_cache_bytes", lambda: 10_000)
+    items = [torch.arange(250, dtype=torch.float32) for _ in range(4)]  # 4 KB a set
+    streamed = harness.streamed(items, 1000, torch.clone)
+    sets = [streamed() for _ in range(10)]
+    distinct = {id(s) for s in sets}
+    assert len(distinct) == 5  # 5 sets x 4 KB = 20 KB: twice 10 KB, which 4 sets would not reach
+    assert all(sets[i] is sets[i + 5] for i in range(5))  # in turn
+    assert any(s is items for s in sets)
+    storages = {t.data_ptr() for s in sets[:5] for t in s}
+    assert len(storages) == 20 and all(torch.equal(t, items[0]) for s in sets for t in s)
