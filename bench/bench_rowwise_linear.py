@@ -4,7 +4,7 @@ oneDNN for bfloat16 and float16), with bytes, GB/s and the fraction of measured 
 
 Shape: SmolLM2-135M's MLP projection (N=1536, K=576; float32, bfloat16 as the default draft
 model's copy, and float16) for M = 1..32 rows. One call streams a set of such weight matrices (as a
-decode step streams the model's weights), and consecutive calls take copies of the set in turn, more than
+decode step streams the model's weights), and consecutive calls take copies of the set in turn, at least
 twice the last-level cache in all (``harness.streamed``: a 300 MB L3 holds 64 such matrices of any
 format), so every call reads its weights from memory. Bytes = the weights read once + the
 inputs + the outputs. FLOPs = 2 x M x N x K per matrix; the compute ceiling is a matmul in the same
