@@ -146,8 +146,8 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   namespace li = triforce::linear_i8;
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320 or 512] and scales [N / 16, K / 32 * "
-              "32 or 16] must be 2-D, got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320, 384 or 512] and scales [N / 16, K / 32 "
+              "* 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
   const bool super = scales.scalar_type() == at::kByte;  // float16 bases and int8 multipliers per 256 inputs
   TORCH_CHECK(codes.scalar_type() == at::kByte &&
                   (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat || super),
@@ -158,10 +158,13 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   TORCH_CHECK(scales.size(0) == NG, "rowwise_linear_i8: codes has ", NG, " groups of 16 rows, scales ", scales.size(0));
   TORCH_CHECK(!super || K % (li::kBlock * li::kSuperBlocks) == 0, "rowwise_linear_i8: super-block scales (uint8) "
               "need a multiple of 256 columns, x has ", K);
+  auto scale_elems = [&](auto f) {  // a group's scales (super-block scales: bytes) for form f
+    constexpr Format F = decltype(f)::value;
+    return super ? li::GroupScales<F, li::SuperScale>::elems(G) : G * li::scale_count<F>();
+  };
   auto is = [&](auto f) {
     constexpr Format F = decltype(f)::value;
-    return codes.size(1) == G * li::code_bytes<F>() &&
-           scales.size(1) == (super ? li::GroupScales<F, li::SuperScale>::elems(G) : G * li::scale_count<F>());
+    return codes.size(1) == G * li::code_bytes<F>() && scales.size(1) == scale_elems(f);
   };
   using Q4_1 = std::integral_constant<Format, Format::Q4_1>;
   using Q5_1 = std::integral_constant<Format, Format::Q5_1>;
@@ -171,12 +174,12 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   using Q6_16 = std::integral_constant<Format, Format::Q6_16>;
   const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{}),
              q6 = is(Q6_16{});
-  const int64_t S16 = super ? G / 8 * 160 : G * 16, S32 = super ? G / 8 * 320 : G * 32;  // scale elements
   TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4 || q6, "rowwise_linear_i8: for ", K,
-              " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", G * 256, " and ", S32,
-              " (Q4_1), ", G * 320, " and ", S32, " (Q5_1), ", G * 512, " and ", S16, " (Q8_0), ", G * 512, " and ",
-              super ? G / 8 * 288 : S32, " (Q8_0_16), ", G * 256, " and ", S16, " (IQ4_NL) or ", G * 384, " and ",
-              super ? G / 8 * 288 : S32, " (Q6_16), got ", codes.size(1), " and ", scales.size(1));
+              " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", G * 256, " and ",
+              scale_elems(Q4_1{}), " (Q4_1), ", G * 320, " and ", scale_elems(Q5_1{}), " (Q5_1), ", G * 512, " and ",
+              scale_elems(Q8_0{}), " (Q8_0), ", G * 512, " and ", scale_elems(Q8_0_16{}), " (Q8_0_16), ", G * 256,
+              " and ", scale_elems(IQ4_NL{}), " (IQ4_NL) or ", G * 384, " and ", scale_elems(Q6_16{}), " (Q6_16), got ",
+              codes.size(1), " and ", scales.size(1));
   const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));

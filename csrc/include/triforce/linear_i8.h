@@ -411,7 +411,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
       }
       __m512i isum = _mm512_add_epi32(i0, i1);
       if constexpr (!with_min<F>()) {  // Q8_0, IQ4_NL: the +128 of the codes, -128 * sx, exact
-        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * sxs[r * G + b]));
+        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(code_offset<F>() * sxs[r * G + b]));
       }
       __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
       asm("" : "+v"(t1));
@@ -455,14 +455,15 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
   std::vector<uint8_t> bytes;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* c = codes + g * cb;
-    // the row blocks against codes cc of form E with scales ss
+    // the row blocks against codes cc of form E with scales ss; the first prefetches the next group's codes
+    // unless the codes were expanded (E != F: the expansion prefetches them, at F's stride)
     auto row_blocks = [&](auto form, const uint8_t* cc, const auto* ss) {
       constexpr Format E = decltype(form)::value;
       for (int64_t m = 0; m < M; m += kRows) {
         const int64_t rows = std::min(kRows, M - m);
         float* o = out + m * N + g * kGroup;
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-        const uint8_t* pf = m == 0 && g + 1 < g1 ? c + cb : nullptr;
+        const uint8_t* pf = E == F && m == 0 && g + 1 < g1 ? c + cb : nullptr;
         const int8_t* qm = q + m * K;
         const float *dm = dx + m * G, *smm = sm + m * G;
         const int32_t *sxm = sxs + m * G, *sx0m = sx0s + m * G;
@@ -486,7 +487,11 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
         if constexpr (E != F) {
           bytes.resize(G * code_bytes<E>());
           const __m512i shift = _mm512_set1_epi8(F == Format::Q6_16 ? 96 : 0);
+          constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
           for (int64_t b = 0; b < G; ++b) {
+            if (g + 1 < g1)
+              for (int t = 0; t < T; ++t)
+                _mm_prefetch(reinterpret_cast<const char*>(c + cb + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
             __m512i w[8];
             decode_block<F>(c + b * code_bytes<F>(), w);
             for (int v = 0; v < 8; ++v)
