@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <string>
+
 #include "../ops.h"
 
 namespace {
@@ -147,7 +149,7 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
               "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 256, 320, 384 or 512] and scales [N / 16, K / 32 "
-              "* 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
+              "* 64, 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
   const bool super = scales.scalar_type() == at::kByte;  // float16 bases and int8 multipliers per 256 inputs
   TORCH_CHECK(codes.scalar_type() == at::kByte &&
                   (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat || super),
@@ -172,13 +174,17 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   using Q8_0_16 = std::integral_constant<Format, Format::Q8_0_16>;
   using IQ4_NL = std::integral_constant<Format, Format::IQ4_NL>;
   using Q6_16 = std::integral_constant<Format, Format::Q6_16>;
+  using Q4_1_16 = std::integral_constant<Format, Format::Q4_1_16>;
   const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{}),
-             q6 = is(Q6_16{});
-  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4 || q6, "rowwise_linear_i8: for ", K,
-              " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", G * 256, " and ",
-              scale_elems(Q4_1{}), " (Q4_1), ", G * 320, " and ", scale_elems(Q5_1{}), " (Q5_1), ", G * 512, " and ",
-              scale_elems(Q8_0{}), " (Q8_0), ", G * 512, " and ", scale_elems(Q8_0_16{}), " (Q8_0_16), ", G * 256,
-              " and ", scale_elems(IQ4_NL{}), " (IQ4_NL) or ", G * 384, " and ", scale_elems(Q6_16{}), " (Q6_16), got ",
+             q6 = is(Q6_16{}), q4_16 = is(Q4_1_16{});
+  auto sizes = [&](auto f, const char* name) {  // "codes and scales (name)" of form f at this K
+    constexpr Format F = decltype(f)::value;
+    return std::to_string(G * li::code_bytes<F>()) + " and " + std::to_string(scale_elems(f)) + " (" + name + ")";
+  };
+  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4 || q6 || q4_16, "rowwise_linear_i8: for ", K,
+              " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", sizes(Q4_1{}, "Q4_1"), ", ",
+              sizes(Q5_1{}, "Q5_1"), ", ", sizes(Q8_0{}, "Q8_0"), ", ", sizes(Q8_0_16{}, "Q8_0_16"), ", ",
+              sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), " or ", sizes(Q4_1_16{}, "Q4_1_16"), ", got ",
               codes.size(1), " and ", scales.size(1));
   const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
@@ -215,8 +221,10 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
     with_scales(Q8_0_16{});
   else if (iq4)
     with_scales(IQ4_NL{});
-  else
+  else if (q6)
     with_scales(Q6_16{});
+  else
+    with_scales(Q4_1_16{});
   return out;
 }
 

@@ -281,17 +281,20 @@ def _check_i8_shapes(w_shape):
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
-I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16")  # the packed forms (linear_i8.h)
+I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16")  # the packed forms (linear_i8.h)
 _I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256,  # per block of 32 inputs
-                  "Q6_16": 384}  # and group of 16 rows
-_I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16, "Q6_16": 32}  # per block and group
+                  "Q6_16": 384, "Q4_1_16": 256}  # and group of 16 rows
+_I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16, "Q6_16": 32,  # per block and group
+              "Q4_1_16": 64}
+_I8_WITH_MIN = ("Q4_1", "Q5_1", "Q4_1_16")  # w = d * q + m
+_I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16")  # a scale (and minimum) per 16 weights
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
 SUPER_BLOCK = 256  # inputs per super-block of the uint8 (super-block) scales
 
 
 def _super_bases(fmt: str) -> int:
     """float16 bases per row and super-block: d and m for the forms with a minimum, else d."""
-    return 2 if fmt in ("Q4_1", "Q5_1") else 1
+    return 2 if fmt in _I8_WITH_MIN else 1
 
 
 def _super_bytes(fmt: str) -> int:
@@ -303,7 +306,8 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
             scales_dtype: torch.dtype = torch.float16, *, base: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks, ``w = d * q (+ m)``:
-    Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1),
+    Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1;
+    ``d`` and ``m`` ``[N, K / 16]``, a scale and a minimum per 16 weights, Q4_1_16: GGUF Q2_K's),
     Q8_0 (``q`` int8 ``[N, K]``,
     ``d`` ``[N, K / 32]``, ``m`` None), Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
     weights, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
@@ -328,6 +332,10 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         if m is not None and (q.dtype != torch.uint8 or int(q.max()) > 31):
             raise ValueError("pack_i8: Q4_1 / Q5_1 codes must be uint8 in 0..31")
         six = m is None and d.dim() == 2 and d.shape == (N, 2 * G)  # Q6_16: a scale per 16 weights
+        sixteen_min = m is not None and d.dim() == 2 and d.shape == (N, 2 * G)  # Q4_1_16: and a minimum
+        if sixteen_min and (int(q.max()) > 15 or m.shape != d.shape):
+            raise ValueError(f"pack_i8: Q4_1_16 (a scale and a minimum per 16 weights) takes codes in 0..15 and d "
+                             f"and m both [{N}, {2 * G}], got codes up to {int(q.max())} and m {list(m.shape)}")
         if m is None and int(q.max()) > (63 if six else 15):
             raise ValueError("pack_i8: uint8 codes without m are IQ4_NL indices in 0..15, or Q6_16 codes in 0..63 "
                              "(with a scale per 16 weights)")
@@ -339,7 +347,8 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
             bits = ((q >> bit) & 1).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(NG, G, 8, 8, 8)
             masks = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)  # [NG, G, v, byte]
             codes = torch.cat([codes, masks.reshape(NG, G, 64)], -1)
-        halves = [d[:, 0::2], d[:, 1::2]] if six else [d] if m is None else [d, m]
+        halves = ([d[:, 0::2], d[:, 1::2]] if six else [d] if m is None else
+                  [d[:, 0::2], d[:, 1::2], m[:, 0::2], m[:, 1::2]] if sixteen_min else [d, m])
     else:
         if q.dtype != torch.int8:
             raise ValueError("pack_i8: Q8_0 / Q8_0_16 codes must be int8")
@@ -348,7 +357,7 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         halves = [d[:, 0::2], d[:, 1::2]] if sixteen else [d]
     for h in halves:
         if h.shape != (N, G):
-            raise ValueError(f"pack_i8: scales must be [{N}, {G}] (or [{N}, {2 * G}] for Q8_0_16), got "
+            raise ValueError(f"pack_i8: scales must be [{N}, {G}] (or [{N}, {2 * G}] per 16 weights), got "
                              f"{list(d.shape)}" + ("" if m is None else f" and {list(m.shape)}"))
         if scales_dtype == torch.float16 and not torch.equal(h.float().half().float(), h.float()):
             raise ValueError("pack_i8: float16 scales must be float16 values (as GGUF stores them); pass "
@@ -381,10 +390,10 @@ def _super_scales(halves, base: torch.Tensor, N: int, K: int, with_min: bool) ->
 
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
-    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 codes 0..15 / 0..31, or
-    the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16: for IQ4_NL the grid's values, not the indices, for Q6_16
-    the codes minus 32), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16 and Q6_16) and ``m`` float32
-    ``[N, K / 32]`` (None but for Q4_1 and Q5_1)."""
+    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 / Q4_1_16 codes 0..15 /
+    0..31 / 0..15, or the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16: for IQ4_NL the grid's values, not the
+    indices, for Q6_16 the codes minus 32), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16, Q6_16 and
+    Q4_1_16) and ``m`` float32 of ``d``'s shape (None but for Q4_1, Q5_1 and Q4_1_16)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
     sup = scales.dtype == torch.uint8
@@ -399,10 +408,11 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
         sb = scales.reshape(NG, S, -1)
         b = sb[..., :32 * NB].contiguous().view(torch.float16).float().reshape(NG, S, NB, 1, 1, I8_GROUP)
         mult = sb[..., 32 * NB:].contiguous().view(torch.int8).float().reshape(NG, S, 8, -1, I8_GROUP)
-        halves = mult.shape[3]
-        base = b[:, :, [0, NB - 1][:halves]].reshape(NG, S, 1, halves, I8_GROUP)  # half h: base min(h, NB - 1)
+        sets = mult.shape[3]  # of 16 scales per block: a set of minimums takes the second base (m's)
+        pick = [1 if fmt in _I8_WITH_MIN and k >= sets // 2 else 0 for k in range(sets)]
+        base = b[:, :, pick].reshape(NG, S, 1, sets, I8_GROUP)
         scales = (base * mult).reshape(NG, -1)
-    if fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16"):
+    if fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16"):
         cb = codes.reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
@@ -417,9 +427,11 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     else:
         q = (codes.reshape(NG, G, 8, I8_GROUP, 4).long() - 128).permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
     h = scales.reshape(NG, G, -1, I8_GROUP).float().permute(2, 0, 3, 1).reshape(-1, NG * I8_GROUP, G)
-    if fmt in ("Q8_0_16", "Q6_16"):
-        return fmt, q, torch.stack([h[0], h[1]], -1).reshape(NG * I8_GROUP, 2 * G), None
-    return fmt, q, h[0], (h[1] if fmt in ("Q4_1", "Q5_1") else None)
+    if fmt in _I8_HALVES:
+        d16 = torch.stack([h[0], h[1]], -1).reshape(NG * I8_GROUP, 2 * G)
+        return fmt, q, d16, (torch.stack([h[2], h[3]], -1).reshape(NG * I8_GROUP, 2 * G) if fmt in _I8_WITH_MIN
+                             else None)
+    return fmt, q, h[0], (h[1] if fmt in _I8_WITH_MIN else None)
 
 
 # GGUF block types the integer dot products take, in which packed form (linear_i8.h), with the bytes of a
@@ -427,7 +439,7 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q4_1", 32, 18),
                  "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q6_16", 256, 210),
                  "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
-                 "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136)}
+                 "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q4_1_16", 256, 84)}
 
 
 def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
@@ -456,7 +468,9 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     - Q6_K as Q6_16 with its 6-bit ``q`` (``w = d * sc * (q - 32)``) and float32 ``d * sc`` per 16 weights; Q3_K as
       Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights;
     - IQ4_NL (float16 ``d``) and IQ4_XS (float32 ``d * (ls - 32)`` per 32 weights, exact: at most 17
-      significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices.
+      significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices;
+    - Q2_K as Q4_1_16 with its 2-bit codes, float32 ``d * sc`` and ``-(dmin * mn)`` per 16 weights (exact products
+      of a float16 and a 4-bit integer).
 
     :func:`gguf_i8_pack` packs the same blocks, the K-quants' and IQ4_XS's scales factored (a smaller form)."""
     q, d, m, scales_dtype, base = _gguf_i8_parts(kind, raw, in_features)
@@ -479,7 +493,7 @@ def gguf_i8_pack(kind: str, raw: torch.Tensor, in_features: int) -> tuple[torch.
 
 
 def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
-    """``(q, d, m, scales_dtype, base)``: gguf_i8_blocks' blocks, with for the super-block types (Q3_K..Q6_K,
+    """``(q, d, m, scales_dtype, base)``: gguf_i8_blocks' blocks, with for the super-block types (Q2_K..Q6_K,
     IQ4_XS) ``base`` the float16 ``[N, K / 256, 1 or 2]`` (``d``, and ``-dmin``) and ``d`` / ``m`` their int64
     multipliers (``sc``, ``mn``, ``sc - 32``, ``ls - 32``); else ``base`` None."""
     if kind not in GGUF_I8_TYPES:
@@ -533,6 +547,12 @@ def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
         ls = (lo | (hi << 4)) - 32
         q = nibbles(b[..., 8:].reshape(N, nb, 8, 16))  # [N, nb, 8, 2, 16]
         return q.reshape(N, in_features), ls.reshape(N, -1), None, torch.float32, f16(0)[..., None]
+    if kind == "Q2_K":  # scales [16] (4-bit sc | 4-bit mn << 4), qs [64], d, dmin float16 per 256 weights
+        sc16, qs = b[..., :16].long(), b[..., 16:80]
+        # weight 128n + 32j + l (l < 32) is bits 2j..2j+1 of qs[32n + l]; sub-block s (16 weights) uses sc16[s]
+        q = (qs.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3
+        return (q.reshape(N, in_features), (sc16 & 15).reshape(N, -1), (sc16 >> 4).reshape(N, -1), torch.float32,
+                torch.stack([f16(80), -f16(82)], -1))
     if kind == "Q3_K":  # hmask [32], qs [64], 6-bit scales [12], d float16 per 256 weights
         hmask, qs, sc12 = b[..., :32], b[..., 32:96], b[..., 96:108]
         low = ((qs.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
@@ -574,11 +594,16 @@ def rowwise_linear_i8_reference(x: torch.Tensor, codes: torch.Tensor, scales: to
     q, dx, sx = quantize_activations_i8(x)
     sm = dx * sx
     acc = torch.zeros(M, N)
-    if fmt in ("Q8_0_16", "Q6_16"):  # each half of a block on its own: (d_0 dx) isum_0 + (d_1 dx) isum_1
+    if fmt in _I8_HALVES:  # each half of a block on its own: (d_0 dx) isum_0 + (d_1 dx) isum_1 (+ m_h (dx sx_h))
         isum = torch.einsum("mghi,nghi->ghmn", q.reshape(M, G, 2, 16), w.reshape(N, G, 2, 16)).float()
+        smh = dx[..., None] * q.reshape(M, G, 2, 16).sum(-1).float()  # [M, G, 2]: dx * sx_h
         for b in range(G):
-            t0 = (d[None, :, 2 * b] * dx[:, b, None]) * isum[b, 0]
-            acc = acc + (t0 + (d[None, :, 2 * b + 1] * dx[:, b, None]) * isum[b, 1])
+            t = (d[None, :, 2 * b] * dx[:, b, None]) * isum[b, 0]
+            t = t + (d[None, :, 2 * b + 1] * dx[:, b, None]) * isum[b, 1]
+            if m is not None:
+                t = t + m[None, :, 2 * b] * smh[:, b, 0, None]
+                t = t + m[None, :, 2 * b + 1] * smh[:, b, 1, None]
+            acc = acc + t
         return acc
     isum = torch.einsum("mgi,ngi->gmn", q, w.reshape(N, G, GROUP)).float()  # exact: |isum| < 2^24
     for b in range(G):

@@ -1,7 +1,7 @@
 // rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
-// row count. Six packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+// row count. Seven packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_0 (m = -8 d), Q4_K
 //           (float32 d = d * sc, m = -dmin * mn of each 32-weight sub-block, both exact in float32);
 //   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_0 (m = -16 d), Q5_K (as Q4_K);
@@ -11,7 +11,9 @@
 //           (code in -4..3, float32 d * (sc - 32)) (and Q6_K as code = q - 32, float32 d = d * sc, exact);
 //   IQ4_NL  4-bit indices into kIq4Values (GGUF's non-linear 16-value grid), w = d * kIq4Values[index] per 32:
 //           GGUF IQ4_NL (float16 d), IQ4_XS (float32 d * (ls - 32) of each 32-weight sub-block, exact);
-//   Q6_16   6-bit codes u, w = d * (u - 32) per 16: GGUF Q6_K at its own 6 bits (Q8_0_16's arithmetic).
+//   Q6_16   6-bit codes u, w = d * (u - 32) per 16: GGUF Q6_K at its own 6 bits (Q8_0_16's arithmetic);
+//   Q4_1_16 4-bit codes, w = d * code + m per 16 weights: GGUF Q2_K (codes 0..3, float32 d * sc and -(dmin * mn)
+//           of each 16-weight sub-block, exact).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -31,6 +33,9 @@
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
 //   IQ4_NL:  as Q8_0, w_i = kIq4Values[index_i]
 //   Q6_16:   as Q8_0_16, w_i = u_i - 32 (the sums of u_i * q_i corrected by -32 * the half's sum of q)
+//   Q4_1_16: isum_h = sum_{i in half h} code_i * q_i, sx_h = the half's sum of q_i,
+//            term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1) + m_0 * (dx * float(sx_0))
+//                   + m_1 * (dx * float(sx_1)), added left to right
 //   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i (the -128 shift corrected per half),
 //            term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1)
 //            (d_h: the scale of weights 16h .. 16h + 15 of the block)
@@ -52,11 +57,13 @@
 //                            table shifted to unsigned, kIq4Values + 128, and corrects isum by -128 * sx as Q8_0;
 //           Q6_16 (CB 384): Q5_1's 320 bytes for the codes' low five bits, then 8 masks of their sixth bits
 //                           (as the fifth's);
+//           Q4_1_16 (CB 256): Q4_1's;
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
 //          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
-//          of the 16 rows then d_1 of the 16 rows (Q6_16 as Q8_0_16). Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]:
-//          per super-block of 8 blocks float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for
-//          Q4_1 and Q5_1, 288 for Q8_0_16 and Q6_16, 160 for Q8_0 and IQ4_NL).
+//          of the 16 rows then d_1 of the 16 rows (Q6_16 as Q8_0_16); Q4_1_16 (SB 64) d_0, d_1, m_0, m_1 of the 16
+//          rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks float16 bases
+//          and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16 and Q6_16, 160
+//          for Q8_0 and IQ4_NL, 576 for Q4_1_16).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -77,7 +84,7 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16 };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16 };
 
 // GGUF's IQ4_NL grid (ggml's kvalues_iq4nl): the weight of index i is d * kIq4Values[i].
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -93,14 +100,18 @@ inline constexpr Iq4Table kIq4Unsigned = iq4_unsigned();
 
 template <Format F>
 constexpr bool nibbles() {  // Q4_1's layout (and then fifth / sixth bits)
-  return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::IQ4_NL || F == Format::Q6_16;
+  return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::IQ4_NL || F == Format::Q6_16 || F == Format::Q4_1_16;
 }
 template <Format F>
 constexpr bool fifth_bits() { return F == Format::Q5_1 || F == Format::Q6_16; }
 template <Format F>
-constexpr bool with_min() { return F == Format::Q4_1 || F == Format::Q5_1; }  // codes 0..31 and a minimum m
+constexpr bool with_min() {  // codes 0..31 and a minimum m
+  return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::Q4_1_16;
+}
 template <Format F>
-constexpr bool halves() { return F == Format::Q8_0_16 || F == Format::Q6_16; }  // a scale per 16 weights
+constexpr bool halves() {  // a scale (and minimum) per 16 weights
+  return F == Format::Q8_0_16 || F == Format::Q6_16 || F == Format::Q4_1_16;
+}
 template <Format F>
 constexpr int32_t code_offset() { return F == Format::Q6_16 ? 32 : 128; }  // w = stored code - offset (no minimum)
 template <Format F>
@@ -108,7 +119,14 @@ constexpr int64_t code_bytes() {  // per block
   return F == Format::Q6_16 ? 384 : F == Format::Q5_1 ? 320 : nibbles<F>() ? 256 : 512;
 }
 template <Format F>
-constexpr int64_t scale_count() { return with_min<F>() || halves<F>() ? 32 : 16; }  // per block of a group
+constexpr int64_t scale_count() {  // per block of a group: 16 per set (d; d_1; m; m_1), in that order
+  return with_min<F>() && halves<F>() ? 64 : with_min<F>() || halves<F>() ? 32 : 16;
+}
+// The set of 16 scales of a block holding the minimum of half h (with_min), or d of half h (h = 0 or 1).
+template <Format F>
+constexpr int scale_set_m(int h) { return halves<F>() ? 2 + h : 1; }
+template <Format F>
+constexpr int scale_set_d(int h) { return h; }
 
 // A scale as float32: S = uint16_t holds float16 bits, S = float is itself.
 inline float scale_value(uint16_t h) { return to_float(f16{h}); }
@@ -129,14 +147,13 @@ constexpr int64_t super_bases() { return with_min<F>() ? 2 : 1; }
 template <Format F>
 constexpr int64_t super_bytes() { return 32 * super_bases<F>() + kSuperBlocks * scale_count<F>(); }
 
-// One group's scales, read per block b and lane j: lo = the first 16 (d), hi = the second (m, or Q8_0_16's d_1).
-// elems(G): a group's scales in units of S.
+// One group's scales, read per block b, set k (scale_set_d / scale_set_m: d, then m, or Q8_0_16's d_0, d_1, or
+// Q4_1_16's d_0, d_1, m_0, m_1) and lane j. elems(G): a group's scales in units of S.
 template <Format F, typename S>
 struct GroupScales {
   const S* s;
   static int64_t elems(int64_t G) { return G * scale_count<F>(); }
-  float lo(int64_t b, int j) const { return scale_value(s[b * scale_count<F>() + j]); }
-  float hi(int64_t b, int j) const { return scale_value(s[b * scale_count<F>() + 16 + j]); }
+  float at(int64_t b, int k, int j) const { return scale_value(s[b * scale_count<F>() + 16 * k + j]); }
 };
 template <Format F>
 struct GroupScales<F, SuperScale> {
@@ -150,8 +167,9 @@ struct GroupScales<F, SuperScale> {
     std::memcpy(&h, base16 + 2 * j, 2);
     return scale_value(h) * static_cast<float>(static_cast<int8_t>(mult8[j]));
   }
-  float lo(int64_t b, int j) const { return value(base(b, 0), mult(b), j); }
-  float hi(int64_t b, int j) const { return value(base(b, super_bases<F>() - 1), mult(b) + 16, j); }
+  // set k's base: the m's (the second) for the sets of minimums, else the d's
+  static int base_of(int k) { return with_min<F>() && k >= scale_count<F>() / 32 ? 1 : 0; }
+  float at(int64_t b, int k, int j) const { return value(base(b, base_of(k)), mult(b) + 16 * k, j); }
 };
 
 // x rounded to int8 blocks: q [M, K] int8, dx [M, K / 32] and sm [M, K / 32] float32, sx [M, K / 32] int32
@@ -276,24 +294,34 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           }
           isum += w * qb[k];
         }
-        if constexpr (!with_min<F>()) isum -= code_offset<F>() * sxs[r * G + b];
+        const int64_t i = r * G + b;
+        if constexpr (!with_min<F>()) isum -= code_offset<F>() * sxs[i];
         if constexpr (halves<F>()) {
-          isum0 -= code_offset<F>() * sx0s[r * G + b];
+          if constexpr (!with_min<F>()) isum0 -= code_offset<F>() * sx0s[i];
           isum -= isum0;  // the second half's sum
         }
-        float sd = sc.lo(b, j) * dx[r * G + b];
+        float sd = sc.at(b, scale_set_d<F>(0), j) * dx[i];
         float t1 = sd * static_cast<float>(halves<F>() ? isum0 : isum);
         TRIFORCE_OPAQUE_FLOAT(t1);
         if constexpr (halves<F>()) {
-          float sd1 = sc.hi(b, j) * dx[r * G + b];
+          float sd1 = sc.at(b, scale_set_d<F>(1), j) * dx[i];
           TRIFORCE_OPAQUE_FLOAT(sd1);
           float t2 = sd1 * static_cast<float>(isum);
           TRIFORCE_OPAQUE_FLOAT(t2);
           t1 = t1 + t2;
           TRIFORCE_OPAQUE_FLOAT(t1);
         }
-        if constexpr (with_min<F>()) {
-          float t2 = sc.hi(b, j) * sm[r * G + b];
+        if constexpr (with_min<F>() && halves<F>()) {  // Q4_1_16: m_h * (dx * sx_h), the halves in order
+          for (int h = 0; h < 2; ++h) {
+            float smh = dx[i] * static_cast<float>(h == 0 ? sx0s[i] : sxs[i] - sx0s[i]);
+            TRIFORCE_OPAQUE_FLOAT(smh);
+            float t2 = sc.at(b, scale_set_m<F>(h), j) * smh;
+            TRIFORCE_OPAQUE_FLOAT(t2);
+            t1 = t1 + t2;
+            TRIFORCE_OPAQUE_FLOAT(t1);
+          }
+        } else if constexpr (with_min<F>()) {
+          float t2 = sc.at(b, scale_set_m<F>(0), j) * sm[i];
           TRIFORCE_OPAQUE_FLOAT(t2);
           t1 = t1 + t2;
           TRIFORCE_OPAQUE_FLOAT(t1);
@@ -313,15 +341,15 @@ inline __m512 load_scales(const uint16_t* s) {
 }
 inline __m512 load_scales(const float* s) { return _mm512_loadu_ps(s); }
 
-// Block b's 16 lo / hi scales as float32 lanes (SuperScale: the bases times the widened multipliers, exact).
+// Block b's 16 scales of set k as float32 lanes (SuperScale: the bases times the widened multipliers, exact).
 template <Format F, typename S>
-inline __m512 scales16(const GroupScales<F, S>& sc, int64_t b, bool hi) {
+inline __m512 scales16(const GroupScales<F, S>& sc, int64_t b, int k) {
   if constexpr (std::is_same_v<S, SuperScale>) {
-    const __m512 base = load_scales(reinterpret_cast<const uint16_t*>(sc.base(b, hi ? super_bases<F>() - 1 : 0)));
-    const __m128i m8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.mult(b) + (hi ? 16 : 0)));
+    const __m512 base = load_scales(reinterpret_cast<const uint16_t*>(sc.base(b, GroupScales<F, S>::base_of(k))));
+    const __m128i m8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.mult(b) + 16 * k));
     return _mm512_mul_ps(base, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(m8)));
   } else {
-    return load_scales(sc.s + b * scale_count<F>() + (hi ? 16 : 0));
+    return load_scales(sc.s + b * scale_count<F>() + 16 * k);
   }
 }
 
@@ -373,7 +401,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
       for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
     __m512i w[8];
     decode_block<F>(c, w);
-    const __m512 d = scales16(sc, b, false);
+    const __m512 d = scales16(sc, b, scale_set_d<F>(0));
     for (int r = 0; r < ROWS; ++r) {
       const int8_t* qb = q + r * K + b * kBlock;
       auto x4 = [&](int v) {
@@ -389,17 +417,29 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
           i1 = _mm512_dpbusd_epi32(i1, w[4 + v], x4(4 + v));
         }
         const int32_t sx0 = sx0s[r * G + b], sx1 = sxs[r * G + b] - sx0;  // the codes' offset, exact
-        i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(code_offset<F>() * sx0));
-        i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(code_offset<F>() * sx1));
+        if constexpr (!with_min<F>()) {
+          i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(code_offset<F>() * sx0));
+          i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(code_offset<F>() * sx1));
+        }
         const __m512 dxv = _mm512_set1_ps(dx[r * G + b]);
         __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i0));
         asm("" : "+v"(t1));
-        __m512 sd1 = _mm512_mul_ps(scales16(sc, b, true), dxv);
+        __m512 sd1 = _mm512_mul_ps(scales16(sc, b, scale_set_d<F>(1)), dxv);
         asm("" : "+v"(sd1));
         __m512 t2 = _mm512_mul_ps(sd1, _mm512_cvtepi32_ps(i1));
         asm("" : "+v"(t2));
         t1 = _mm512_add_ps(t1, t2);
         asm("" : "+v"(t1));
+        if constexpr (with_min<F>()) {  // Q4_1_16: m_h * (dx * sx_h), the halves in order
+          for (int h = 0; h < 2; ++h) {
+            float smh = dx[r * G + b] * static_cast<float>(h == 0 ? sx0 : sx1);
+            TRIFORCE_OPAQUE_FLOAT(smh);
+            __m512 t3 = _mm512_mul_ps(scales16(sc, b, scale_set_m<F>(h)), _mm512_set1_ps(smh));
+            asm("" : "+v"(t3));
+            t1 = _mm512_add_ps(t1, t3);
+            asm("" : "+v"(t1));
+          }
+        }
         acc[r] = _mm512_add_ps(acc[r], t1);
         continue;
       }
@@ -416,7 +456,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
       __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
       asm("" : "+v"(t1));
       if constexpr (with_min<F>()) {
-        const __m512 m = scales16(sc, b, true);
+        const __m512 m = scales16(sc, b, scale_set_m<F>(0));
         __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm[r * G + b]));
         asm("" : "+v"(t2));
         t1 = _mm512_add_ps(t1, t2);
@@ -507,8 +547,7 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
         constexpr int64_t SC = scale_count<F>();
         expanded.resize(G * SC);
         for (int64_t b = 0; b < G; ++b) {
-          _mm512_storeu_ps(expanded.data() + b * SC, scales16(sc, b, false));
-          if constexpr (SC == 32) _mm512_storeu_ps(expanded.data() + b * SC + 16, scales16(sc, b, true));
+          for (int k = 0; k < SC / 16; ++k) _mm512_storeu_ps(expanded.data() + b * SC + 16 * k, scales16(sc, b, k));
         }
         with_codes(static_cast<const float*>(expanded.data()));
       } else {
