@@ -29,12 +29,15 @@ sixth-bit masks, a scale per 16 weights) with super-block scales (float16 bases 
 inputs: what the GGUF loaders pack; 0.578 / 0.703 / 0.82 bytes a weight), random blocks, against the same codes
 with float32 scales (``cpu_f32_scales``: 0.75 / 0.875 / 1.0 bytes a weight), the float32 kernel on the dequantised weight
 (``cpu_float32``: a K-quant model's layers before) and ``F.linear``. ``--dtype iq4_xs_int8``: GGUF IQ4_XS's form
-(IQ4_NL: 4-bit indices into the IQ4_NL grid, 0.539 bytes a weight; 0.625 with float32 scales), the same way.
+(IQ4_NL: 4-bit indices into the IQ4_NL grid, 0.539 bytes a weight; 0.625 with float32 scales), the same way;
+``--dtype q2_k_int8``: GGUF Q2_K's (Q4_1_16: its 2-bit codes as nibbles, a scale and a minimum per 16 weights;
+0.64 bytes a weight, 1.0 with float32 scales).
 These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
 whole number of super-blocks).
 
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
-    # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|both
+    # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|
+    #        q2_k_int8|both
     # (default both);
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
@@ -57,11 +60,12 @@ def main():
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
-                                       "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "both"], default="both",
+                                       "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "both"],
+                   default="both",
                    help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
                         "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x); q4_1_int8 / q8_0_int8 = rowwise_linear_i8 "
-                        "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8 / iq4_xs_int8: the same on "
-                        "the forms of the K-quants and IQ4_XS")
+                        "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8 / iq4_xs_int8 / "
+                        "q2_k_int8: the same on the forms of the K-quants and IQ4_XS")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -71,7 +75,8 @@ def main():
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
     quantised = {"int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8,
-                 "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k}
+                 "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k,
+                 "q2_k_int8": bench_i8_k}
     if a.dtype in quantised:
         if a.many_rows:
             raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
@@ -165,7 +170,8 @@ def bench_i8(a, g, bw) -> None:
 def bench_i8_k(a, g, bw) -> None:
     """``rowwise_linear_i8`` on the forms of GGUF's K-quants and IQ4_XS with super-block scales (random codes,
     float16 bases and int8 multipliers: Q4_K's and Q5_K's ``d``, ``-dmin`` and 6-bit ``sc``, ``mn`` per 32
-    weights, Q6_K's ``d`` and int8 ``sc`` per 16 (its 6-bit codes), IQ4_XS's ``d`` and ``ls - 32`` per 32) against
+    weights, Q6_K's ``d`` and int8 ``sc`` per 16 (its 6-bit codes), IQ4_XS's ``d`` and ``ls - 32`` per 32, Q2_K's
+    ``d``, ``-dmin`` and 4-bit ``sc``, ``mn`` per 16 (its 2-bit codes)) against
     the same blocks with float32 scales (``cpu_f32_scales``), the float32 kernel on the dequantised weight
     (``cpu_float32``: where such layers ran before) and ``F.linear`` (``torch``)."""
     from triforce.models.quant import Int8DotLinear, pack_i8, unpack_i8
@@ -177,6 +183,9 @@ def bench_i8_k(a, g, bw) -> None:
         if a.dtype in ("q4_k_int8", "q5_k_int8"):
             q = torch.randint(0, 16 if a.dtype == "q4_k_int8" else 32, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(0, 64, 32), mult(0, 64, 32), 2
+        elif a.dtype == "q2_k_int8":  # Q2_K's 2-bit codes (Q4_1_16)
+            q = torch.randint(0, 4, (n, k), generator=g, dtype=torch.uint8)
+            d, m, nb = mult(0, 16, 16), mult(0, 16, 16), 2
         elif a.dtype == "iq4_xs_int8":  # indices into the IQ4_NL grid
             q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(-32, 32, 32), None, 1

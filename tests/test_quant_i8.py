@@ -1,7 +1,7 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 weights with float16, float32 or
-super-block scales,
-int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks map onto them bitwise
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 weights with float16,
+float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
+blocks map onto them bitwise
 (gguf_i8_blocks against gguf's own dequantisation).
 
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
@@ -31,13 +31,13 @@ def i8(x, codes, scales):
     return torch.ops.triforce_C.rowwise_linear_i8(x, codes, scales)
 
 
-FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16"]
-HALVES = ("Q8_0_16", "Q6_16")  # a scale per 16 weights
+FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16"]
+HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16")  # a scale (and minimum) per 16 weights
 SCALES = [torch.float16, torch.float32]
 
 
 def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
-    """(q, d, m) of random Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL or Q6_16 blocks: every code, some d = 0 and subnormal
+    """(q, d, m) of random Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16 or Q4_1_16 blocks: every code, some d = 0 and subnormal
     d (of float16, or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
     G = K // 32 * (2 if fmt in HALVES else 1)
     tiny = 1e-7 if scales_dtype == torch.float16 else 1e-40  # a subnormal of the scales' type
@@ -46,9 +46,9 @@ def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
     d.view(-1)[0] = 0.0
     if d.numel() > 1:
         d.view(-1)[1] = torch.tensor(tiny).to(scales_dtype).float()
-    if fmt in ("Q4_1", "Q5_1"):
-        q = torch.randint(0, 16 if fmt == "Q4_1" else 32, (N, K), generator=g, dtype=torch.uint8)
-        q.view(-1)[0] = 15 if fmt == "Q4_1" else 31  # the widest code, so that the packing picks the form
+    if fmt in ("Q4_1", "Q5_1", "Q4_1_16"):
+        q = torch.randint(0, 32 if fmt == "Q5_1" else 16, (N, K), generator=g, dtype=torch.uint8)
+        q.view(-1)[0] = 31 if fmt == "Q5_1" else 15  # the widest code, so that the packing picks the form
         return q, d, -r(0.2)
     if fmt == "IQ4_NL":  # indices into the grid
         return torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), d, None
@@ -116,8 +116,8 @@ def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
     q, d, m = random_blocks(fmt, 16 * NG, 32 * G, torch.Generator().manual_seed(seed), scales_dtype)
     codes, scales = pack_i8(q, d, m, scales_dtype)
     assert codes.dtype == torch.uint8 and scales.dtype == scales_dtype
-    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256, "Q6_16": 384}.get(fmt, 512))
-    assert scales.shape == (NG, G * (16 if fmt in ("Q8_0", "IQ4_NL") else 32))
+    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256, "Q6_16": 384, "Q4_1_16": 256}.get(fmt, 512))
+    assert scales.shape == (NG, G * {"Q8_0": 16, "IQ4_NL": 16, "Q4_1_16": 64}.get(fmt, 32))
     got_fmt, q2, d2, m2 = unpack_i8(codes, scales, 32 * G)
     assert got_fmt == fmt and torch.equal(q2, code_values(fmt, q)) and torch.equal(d2, d)
     assert (m2 is None) if m is None else torch.equal(m2, m)
@@ -133,7 +133,7 @@ def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M,
     N, K = 16 * NG, 256 * S
     q, d, m, base = random_super(fmt, N, K, g)
     codes, scales = pack_i8(q, d, m, base=base)
-    super_bytes = {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288, "Q6_16": 288}.get(fmt, 160)
+    super_bytes = {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288, "Q6_16": 288, "Q4_1_16": 576}.get(fmt, 160)
     assert scales.dtype == torch.uint8 and scales.shape == (NG, S * super_bytes)
     per = d.shape[1] // S
     d32 = base[..., 0].repeat_interleave(per, 1) * d.float()
@@ -339,7 +339,7 @@ def random_gguf_rows(kind, N, K, g):
     _, block, nbytes = GGUF_I8_TYPES[kind]
     raw = torch.randint(0, 256, (N, K // block, nbytes), generator=g, dtype=torch.uint8)
     fields = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q4_1": (0, 2),
-              "Q5_1": (0, 2)}.get(kind, (0,))
+              "Q5_1": (0, 2), "Q2_K": (80, 82)}.get(kind, (0,))
     for lo in fields:
         top = 0.002 if block == 256 else 0.05
         h = ((torch.rand(N, K // block, generator=g) - 0.3) * top).half()
@@ -375,7 +375,7 @@ def test_gguf_blocks_map_exactly(kind):
     with pytest.raises(ValueError, match="uint8"):
         gguf_i8_blocks(kind, torch.from_numpy(raw)[:, :-1], K)
     with pytest.raises(ValueError, match="one of"):
-        gguf_i8_blocks("Q2_K", torch.from_numpy(raw), K)
+        gguf_i8_blocks("IQ3_S", torch.from_numpy(raw), K)
 
 
 def test_an_offset_block_whose_minimum_overflows_keeps_int8_codes():
@@ -448,10 +448,10 @@ def test_gguf_copy_with_int8_activations(tmp_path, bias):
 
 # A K-quant file like llama.cpp's mixes (Q4_K_M, Q5_K_M, Q3_K_M): a type per tensor (K-quants where rows are
 # whole super-blocks of 256, Q5_0 / Q4_0 / Q8_0 elsewhere), random blocks; the second layer has two IQ4 tensors
-# (the IQ4_XS mix's types).
+# (the IQ4_XS mix's types) and a Q2_K one (the Q2_K mixes').
 _KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q3_K", "attn_v": "Q6_K", "attn_output": "Q4_0", "ffn_gate": "Q5_K",
                "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q8_0"}
-_KQUANT_MIX_LAYER1 = {**_KQUANT_MIX, "attn_q": "IQ4_XS", "ffn_up": "IQ4_NL"}
+_KQUANT_MIX_LAYER1 = {**_KQUANT_MIX, "attn_q": "IQ4_XS", "ffn_up": "IQ4_NL", "ffn_gate": "Q2_K"}
 
 
 def _kquant_kind(layer, tensor):
@@ -483,14 +483,14 @@ def kquant_gguf(tmp_path, seed=0):
 
 @needs_kernel
 def test_gguf_copy_of_a_k_quant_file(tmp_path):
-    """Every layer of a K-quant file (Q4_K, Q5_K, Q3_K, Q6_K, Q4_0, Q5_0, Q8_0, IQ4_XS, IQ4_NL) runs on its own blocks with
+    """Every layer of a K-quant file (Q4_K, Q5_K, Q3_K, Q6_K, Q2_K, Q4_0, Q5_0, Q8_0, IQ4_XS, IQ4_NL) runs on its own blocks with
     integer dot products (the tied head on the embedding's Q8_0); a pass of T tokens gives T one-token steps'
     logits bitwise; the engines emit the copy's autoregressive tokens. Without int8 activations the K-quant
     layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
     want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q6_16", "Q4_0": "Q4_1", "Q3_K": "Q8_0_16",
-                   "Q5_K": "Q5_1", "IQ4_XS": "IQ4_NL", "IQ4_NL": "IQ4_NL"}
+                   "Q5_K": "Q5_1", "IQ4_XS": "IQ4_NL", "IQ4_NL": "IQ4_NL", "Q2_K": "Q4_1_16"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
     for name, mod in fast.named_modules():

@@ -18,7 +18,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # weight formats a model loads in: DTYPES, "gguf": float32 activations on the GGUF file's own Q4_1 / Q8_0
 # blocks (triforce.models.gguf_copy; bitwise the float32 model, on the CPU), or "gguf-int8": the same blocks
 # with activations rounded to int8 blocks and integer dot products, the other GGUF_I8_TYPES' blocks too
-# (gguf_copy(..., activations="int8"): Q4_0 / Q5_0 / Q5_1 / Q3_K / Q4_K / Q5_K / Q6_K)
+# (gguf_copy(..., activations="int8"): Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS)
 GGUF_WEIGHTS = ("gguf", "gguf-int8")
 WEIGHTS = DTYPES + GGUF_WEIGHTS
 PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair
@@ -81,7 +81,7 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     """-> ``(model, tokenizer or None)``; ``None`` when the directory / GGUF file has no tokenizer.
     ``dtype``: ``"float32"`` (default), ``"bfloat16"``, ``"float16"``, ``"gguf"`` (a GGUF file's model on
     its own Q4_1 / Q8_0 blocks, bitwise the float32 model, CPU only: :func:`triforce.models.gguf_copy`) or
-    ``"gguf-int8"`` (those blocks, and Q4_0 / Q5_0 / Q5_1 / Q3_K / Q4_K / Q5_K / Q6_K ones, with activations
+    ``"gguf-int8"`` (those blocks, and Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4 ones, with activations
     rounded to int8 blocks: integer dot products, CPU only; built straight from the file's blocks,
     :func:`triforce.models.quant.load_gguf_int8`);
     ``device``: where the weights go (default: the CPU)."""

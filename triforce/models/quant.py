@@ -729,9 +729,9 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     bytes per weight instead of 4. Each replaced layer's dequantised weight is compared with the model's
     float32 weight, bitwise: a model whose weights are not that file's raises ``ValueError``.
 
-    ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q5_1, Q3_K,
-    Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS tensors (:data:`GGUF_I8_TYPES`: the Q4_K_M, Q5_K_M, Q3_K_M and IQ4_XS
-    mixes), become
+    ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q5_1, Q2_K,
+    Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS tensors (:data:`GGUF_I8_TYPES`: the Q4_K_M, Q5_K_M, Q3_K_M, Q2_K and
+    IQ4_XS mixes), become
     :class:`Int8DotLinear` instead: the input rounded to int8 blocks, integer dot products (llama.cpp's class
     of arithmetic). Not bitwise ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows
     are independent, so every engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster
