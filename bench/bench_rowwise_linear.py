@@ -30,8 +30,8 @@ inputs: what the GGUF loaders pack; 0.578 / 0.703 / 0.82 bytes a weight), random
 with float32 scales (``cpu_f32_scales``: 0.75 / 0.875 / 1.0 bytes a weight), the float32 kernel on the dequantised weight
 (``cpu_float32``: a K-quant model's layers before) and ``F.linear``. ``--dtype iq4_xs_int8``: GGUF IQ4_XS's form
 (IQ4_NL: 4-bit indices into the IQ4_NL grid, 0.539 bytes a weight; 0.625 with float32 scales), the same way;
-``--dtype q2_k_int8``: GGUF Q2_K's (Q4_1_16: its 2-bit codes as nibbles, a scale and a minimum per 16 weights;
-0.64 bytes a weight, 1.0 with float32 scales).
+``--dtype q2_k_int8``: GGUF Q2_K's (Q2_16: its 2-bit codes, a scale and a minimum per 16 weights; 0.39 bytes
+a weight, 0.75 with float32 scales).
 These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
 whole number of super-blocks).
 
@@ -183,7 +183,7 @@ def bench_i8_k(a, g, bw) -> None:
         if a.dtype in ("q4_k_int8", "q5_k_int8"):
             q = torch.randint(0, 16 if a.dtype == "q4_k_int8" else 32, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(0, 64, 32), mult(0, 64, 32), 2
-        elif a.dtype == "q2_k_int8":  # Q2_K's 2-bit codes (Q4_1_16)
+        elif a.dtype == "q2_k_int8":  # Q2_K's 2-bit codes (Q2_16)
             q = torch.randint(0, 4, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(0, 16, 16), mult(0, 16, 16), 2
         elif a.dtype == "iq4_xs_int8":  # indices into the IQ4_NL grid

@@ -1,5 +1,5 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 weights with float16,
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 weights with float16,
 float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
 blocks map onto them bitwise
 (gguf_i8_blocks against gguf's own dequantisation).
@@ -31,13 +31,13 @@ def i8(x, codes, scales):
     return torch.ops.triforce_C.rowwise_linear_i8(x, codes, scales)
 
 
-FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16"]
-HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16")  # a scale (and minimum) per 16 weights
+FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16"]
+HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16")  # a scale (and minimum) per 16 weights
 SCALES = [torch.float16, torch.float32]
 
 
 def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
-    """(q, d, m) of random Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16 or Q4_1_16 blocks: every code, some d = 0 and subnormal
+    """(q, d, m) of random blocks of a form of FORMATS: every code, some d = 0 and subnormal
     d (of float16, or of float32 for ``scales_dtype=torch.float32``, whose values are not float16 values)."""
     G = K // 32 * (2 if fmt in HALVES else 1)
     tiny = 1e-7 if scales_dtype == torch.float16 else 1e-40  # a subnormal of the scales' type
@@ -46,9 +46,10 @@ def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
     d.view(-1)[0] = 0.0
     if d.numel() > 1:
         d.view(-1)[1] = torch.tensor(tiny).to(scales_dtype).float()
-    if fmt in ("Q4_1", "Q5_1", "Q4_1_16"):
-        q = torch.randint(0, 32 if fmt == "Q5_1" else 16, (N, K), generator=g, dtype=torch.uint8)
-        q.view(-1)[0] = 31 if fmt == "Q5_1" else 15  # the widest code, so that the packing picks the form
+    if fmt in ("Q4_1", "Q5_1", "Q4_1_16", "Q2_16"):
+        top = {"Q5_1": 31, "Q2_16": 3}.get(fmt, 15)
+        q = torch.randint(0, top + 1, (N, K), generator=g, dtype=torch.uint8)
+        q.view(-1)[0] = top  # the widest code, so that the packing picks the form
         return q, d, -r(0.2)
     if fmt == "IQ4_NL":  # indices into the grid
         return torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), d, None
@@ -116,8 +117,9 @@ def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
     q, d, m = random_blocks(fmt, 16 * NG, 32 * G, torch.Generator().manual_seed(seed), scales_dtype)
     codes, scales = pack_i8(q, d, m, scales_dtype)
     assert codes.dtype == torch.uint8 and scales.dtype == scales_dtype
-    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256, "Q6_16": 384, "Q4_1_16": 256}.get(fmt, 512))
-    assert scales.shape == (NG, G * {"Q8_0": 16, "IQ4_NL": 16, "Q4_1_16": 64}.get(fmt, 32))
+    assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256, "Q6_16": 384, "Q4_1_16": 256,
+                                    "Q2_16": 128}.get(fmt, 512))
+    assert scales.shape == (NG, G * {"Q8_0": 16, "IQ4_NL": 16, "Q4_1_16": 64, "Q2_16": 64}.get(fmt, 32))
     got_fmt, q2, d2, m2 = unpack_i8(codes, scales, 32 * G)
     assert got_fmt == fmt and torch.equal(q2, code_values(fmt, q)) and torch.equal(d2, d)
     assert (m2 is None) if m is None else torch.equal(m2, m)
@@ -133,7 +135,7 @@ def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M,
     N, K = 16 * NG, 256 * S
     q, d, m, base = random_super(fmt, N, K, g)
     codes, scales = pack_i8(q, d, m, base=base)
-    super_bytes = {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288, "Q6_16": 288, "Q4_1_16": 576}.get(fmt, 160)
+    super_bytes = {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288, "Q6_16": 288, "Q4_1_16": 576, "Q2_16": 576}.get(fmt, 160)
     assert scales.dtype == torch.uint8 and scales.shape == (NG, S * super_bytes)
     per = d.shape[1] // S
     d32 = base[..., 0].repeat_interleave(per, 1) * d.float()
@@ -490,7 +492,7 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
     want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q6_16", "Q4_0": "Q4_1", "Q3_K": "Q8_0_16",
-                   "Q5_K": "Q5_1", "IQ4_XS": "IQ4_NL", "IQ4_NL": "IQ4_NL", "Q2_K": "Q4_1_16"}
+                   "Q5_K": "Q5_1", "IQ4_XS": "IQ4_NL", "IQ4_NL": "IQ4_NL", "Q2_K": "Q2_16"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
     for name, mod in fast.named_modules():

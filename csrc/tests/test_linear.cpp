@@ -253,7 +253,9 @@ int main() {
         check_i8<linear_i8::Format::Q6_16, float>(M, K, NG, g);
         check_i8<linear_i8::Format::Q4_1_16, uint16_t>(M, K, NG, g);
         check_i8<linear_i8::Format::Q4_1_16, float>(M, K, NG, g);
-        cases += 14;
+        check_i8<linear_i8::Format::Q2_16, uint16_t>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q2_16, float>(M, K, NG, g);
+        cases += 16;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 9})  // super-block scales: K a multiple of 256
     for (int64_t K : {256, 512, 2304})
@@ -265,7 +267,8 @@ int main() {
         check_i8<linear_i8::Format::IQ4_NL, linear_i8::SuperScale>(M, K, NG, g);
         check_i8<linear_i8::Format::Q6_16, linear_i8::SuperScale>(M, K, NG, g);
         check_i8<linear_i8::Format::Q4_1_16, linear_i8::SuperScale>(M, K, NG, g);
-        cases += 7;
+        check_i8<linear_i8::Format::Q2_16, linear_i8::SuperScale>(M, K, NG, g);
+        cases += 8;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13})
     for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 64, 100, 576})

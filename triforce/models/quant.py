@@ -281,13 +281,13 @@ def _check_i8_shapes(w_shape):
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
-I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16")  # the packed forms (linear_i8.h)
+I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16")  # packed forms (linear_i8.h)
 _I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256,  # per block of 32 inputs
-                  "Q6_16": 384, "Q4_1_16": 256}  # and group of 16 rows
+                  "Q6_16": 384, "Q4_1_16": 256, "Q2_16": 128}  # and group of 16 rows
 _I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16, "Q6_16": 32,  # per block and group
-              "Q4_1_16": 64}
-_I8_WITH_MIN = ("Q4_1", "Q5_1", "Q4_1_16")  # w = d * q + m
-_I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16")  # a scale (and minimum) per 16 weights
+              "Q4_1_16": 64, "Q2_16": 64}
+_I8_WITH_MIN = ("Q4_1", "Q5_1", "Q4_1_16", "Q2_16")  # w = d * q + m
+_I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16")  # a scale (and minimum) per 16 weights
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
 SUPER_BLOCK = 256  # inputs per super-block of the uint8 (super-block) scales
 
@@ -307,7 +307,8 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks, ``w = d * q (+ m)``:
     Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1;
-    ``d`` and ``m`` ``[N, K / 16]``, a scale and a minimum per 16 weights, Q4_1_16: GGUF Q2_K's),
+    ``d`` and ``m`` ``[N, K / 16]``, a scale and a minimum per 16 weights, Q4_1_16, or with codes 0..3 only Q2_16:
+    2-bit codes, GGUF Q2_K's),
     Q8_0 (``q`` int8 ``[N, K]``,
     ``d`` ``[N, K / 32]``, ``m`` None), Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
     weights, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
@@ -339,8 +340,12 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         if m is None and int(q.max()) > (63 if six else 15):
             raise ValueError("pack_i8: uint8 codes without m are IQ4_NL indices in 0..15, or Q6_16 codes in 0..63 "
                              "(with a scale per 16 weights)")
-        c = (q & 15).reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
-        codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
+        if sixteen_min and int(q.max()) <= 3:  # Q2_16: bits 2s.. of byte 4j + i of vector u, code 4 (2s + u) + i
+            c = q.reshape(NG, I8_GROUP, G, 4, 2, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, u, j, i, s]
+            codes = (c << (2 * torch.arange(4, dtype=torch.uint8))).sum(-1, dtype=torch.uint8).reshape(NG, G, 128)
+        else:
+            c = (q & 15).reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
+            codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
         # Q5_1 (codes above 15) and Q6_16: the fifth bits (and Q6_16's sixth), mask v bit 4j + i = code k = 4v + i
         # of row j
         for bit in ([4, 5] if six else [4] if m is not None and int(q.max()) > 15 else []):
@@ -390,10 +395,11 @@ def _super_scales(halves, base: torch.Tensor, N: int, K: int, with_min: bool) ->
 
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
-    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 / Q4_1_16 codes 0..15 /
-    0..31 / 0..15, or the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16: for IQ4_NL the grid's values, not the
-    indices, for Q6_16 the codes minus 32), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for Q8_0_16, Q6_16 and
-    Q4_1_16) and ``m`` float32 of ``d``'s shape (None but for Q4_1, Q5_1 and Q4_1_16)."""
+    """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 / Q4_1_16 / Q2_16 codes
+    0..15 / 0..31 / 0..15 / 0..3, or the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16: for IQ4_NL the grid's
+    values, not the indices, for Q6_16 the codes minus 32), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for the
+    forms with a scale per 16 weights: Q8_0_16, Q6_16, Q4_1_16, Q2_16) and ``m`` float32 of ``d``'s shape (None
+    but for Q4_1, Q5_1, Q4_1_16 and Q2_16)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
     sup = scales.dtype == torch.uint8
@@ -412,7 +418,10 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
         pick = [1 if fmt in _I8_WITH_MIN and k >= sets // 2 else 0 for k in range(sets)]
         base = b[:, :, pick].reshape(NG, S, 1, sets, I8_GROUP)
         scales = (base * mult).reshape(NG, -1)
-    if fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16"):
+    if fmt == "Q2_16":
+        c = codes.reshape(NG, G, 2, I8_GROUP, 4, 1).long() >> (2 * torch.arange(4))  # [NG, G, u, j, i, s]
+        q = (c & 3).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
+    elif fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16"):
         cb = codes.reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
@@ -439,7 +448,7 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q4_1", 32, 18),
                  "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q6_16", 256, 210),
                  "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
-                 "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q4_1_16", 256, 84)}
+                 "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q2_16", 256, 84)}
 
 
 def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
@@ -469,7 +478,7 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
       Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights;
     - IQ4_NL (float16 ``d``) and IQ4_XS (float32 ``d * (ls - 32)`` per 32 weights, exact: at most 17
       significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices;
-    - Q2_K as Q4_1_16 with its 2-bit codes, float32 ``d * sc`` and ``-(dmin * mn)`` per 16 weights (exact products
+    - Q2_K as Q2_16 with its 2-bit codes, float32 ``d * sc`` and ``-(dmin * mn)`` per 16 weights (exact products
       of a float16 and a 4-bit integer).
 
     :func:`gguf_i8_pack` packs the same blocks, the K-quants' and IQ4_XS's scales factored (a smaller form)."""

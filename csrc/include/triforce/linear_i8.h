@@ -12,8 +12,9 @@
 //   IQ4_NL  4-bit indices into kIq4Values (GGUF's non-linear 16-value grid), w = d * kIq4Values[index] per 32:
 //           GGUF IQ4_NL (float16 d), IQ4_XS (float32 d * (ls - 32) of each 32-weight sub-block, exact);
 //   Q6_16   6-bit codes u, w = d * (u - 32) per 16: GGUF Q6_K at its own 6 bits (Q8_0_16's arithmetic);
-//   Q4_1_16 4-bit codes, w = d * code + m per 16 weights: GGUF Q2_K (codes 0..3, float32 d * sc and -(dmin * mn)
-//           of each 16-weight sub-block, exact).
+//   Q4_1_16 4-bit codes, w = d * code + m per 16 weights;
+//   Q2_16   2-bit codes, w = d * code + m per 16 weights (Q4_1_16's arithmetic): GGUF Q2_K (float32 d * sc and
+//           -(dmin * mn) of each 16-weight sub-block, exact).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -33,7 +34,7 @@
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
 //   IQ4_NL:  as Q8_0, w_i = kIq4Values[index_i]
 //   Q6_16:   as Q8_0_16, w_i = u_i - 32 (the sums of u_i * q_i corrected by -32 * the half's sum of q)
-//   Q4_1_16: isum_h = sum_{i in half h} code_i * q_i, sx_h = the half's sum of q_i,
+//   Q4_1_16, Q2_16: isum_h = sum_{i in half h} code_i * q_i, sx_h = the half's sum of q_i,
 //            term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1) + m_0 * (dx * float(sx_0))
 //                   + m_1 * (dx * float(sx_1)), added left to right
 //   Q8_0_16: isum_h = sum_{i in half h} w_i * q_i (the -128 shift corrected per half),
@@ -58,12 +59,13 @@
 //           Q6_16 (CB 384): Q5_1's 320 bytes for the codes' low five bits, then 8 masks of their sixth bits
 //                           (as the fifth's);
 //           Q4_1_16 (CB 256): Q4_1's;
+//           Q2_16 (CB 128): 2 vectors u; bits 2s, 2s + 1 of byte 4j + i of vector u: code k = 4 (2s + u) + i;
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
 //          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
-//          of the 16 rows then d_1 of the 16 rows (Q6_16 as Q8_0_16); Q4_1_16 (SB 64) d_0, d_1, m_0, m_1 of the 16
-//          rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks float16 bases
+//          of the 16 rows then d_1 of the 16 rows (Q6_16 as Q8_0_16); Q4_1_16 and Q2_16 (SB 64) d_0, d_1, m_0, m_1 of
+//          the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks float16 bases
 //          and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16 and Q6_16, 160
-//          for Q8_0 and IQ4_NL, 576 for Q4_1_16).
+//          for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -84,7 +86,7 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16 };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16, Q2_16 };
 
 // GGUF's IQ4_NL grid (ggml's kvalues_iq4nl): the weight of index i is d * kIq4Values[i].
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -106,17 +108,17 @@ template <Format F>
 constexpr bool fifth_bits() { return F == Format::Q5_1 || F == Format::Q6_16; }
 template <Format F>
 constexpr bool with_min() {  // codes 0..31 and a minimum m
-  return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::Q4_1_16;
+  return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::Q4_1_16 || F == Format::Q2_16;
 }
 template <Format F>
 constexpr bool halves() {  // a scale (and minimum) per 16 weights
-  return F == Format::Q8_0_16 || F == Format::Q6_16 || F == Format::Q4_1_16;
+  return F == Format::Q8_0_16 || F == Format::Q6_16 || F == Format::Q4_1_16 || F == Format::Q2_16;
 }
 template <Format F>
 constexpr int32_t code_offset() { return F == Format::Q6_16 ? 32 : 128; }  // w = stored code - offset (no minimum)
 template <Format F>
 constexpr int64_t code_bytes() {  // per block
-  return F == Format::Q6_16 ? 384 : F == Format::Q5_1 ? 320 : nibbles<F>() ? 256 : 512;
+  return F == Format::Q6_16 ? 384 : F == Format::Q5_1 ? 320 : nibbles<F>() ? 256 : F == Format::Q2_16 ? 128 : 512;
 }
 template <Format F>
 constexpr int64_t scale_count() {  // per block of a group: 16 per set (d; d_1; m; m_1), in that order
@@ -289,6 +291,9 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
               w |= ((c[256 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
               if constexpr (F == Format::Q6_16) w |= ((c[320 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 5;
             }
+          } else if constexpr (F == Format::Q2_16) {  // bits 2s.. of byte 4j + i of vector u: code 4 (2s + u) + i
+            const int v = k >> 2;
+            w = (c[64 * (v & 1) + 4 * j + (k & 3)] >> (2 * (v >> 1))) & 3;
           } else {
             w = int(c[64 * (k >> 2) + 4 * j + (k & 3)]);
           }
@@ -311,7 +316,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
           t1 = t1 + t2;
           TRIFORCE_OPAQUE_FLOAT(t1);
         }
-        if constexpr (with_min<F>() && halves<F>()) {  // Q4_1_16: m_h * (dx * sx_h), the halves in order
+        if constexpr (with_min<F>() && halves<F>()) {  // Q4_1_16, Q2_16: m_h * (dx * sx_h), the halves in order
           for (int h = 0; h < 2; ++h) {
             float smh = dx[i] * static_cast<float>(h == 0 ? sx0s[i] : sxs[i] - sx0s[i]);
             TRIFORCE_OPAQUE_FLOAT(smh);
@@ -380,6 +385,11 @@ inline void decode_block(const uint8_t* c, __m512i w[8]) {
         }
       }
     }
+  } else if constexpr (F == Format::Q2_16) {  // vector v: field v / 2 of raw vector v % 2
+    const __m512i two = _mm512_set1_epi8(3);
+    const __m512i raw[2] = {_mm512_loadu_si512(c), _mm512_loadu_si512(c + 64)};
+    for (int v = 0; v < 8; ++v)
+      w[v] = _mm512_and_si512(v < 2 ? raw[v] : _mm512_srli_epi16(raw[v & 1], 2 * (v >> 1)), two);
   } else {
     for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
   }
@@ -430,7 +440,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
         asm("" : "+v"(t2));
         t1 = _mm512_add_ps(t1, t2);
         asm("" : "+v"(t1));
-        if constexpr (with_min<F>()) {  // Q4_1_16: m_h * (dx * sx_h), the halves in order
+        if constexpr (with_min<F>()) {  // Q4_1_16, Q2_16: m_h * (dx * sx_h), the halves in order
           for (int h = 0; h < 2; ++h) {
             float smh = dx[r * G + b] * static_cast<float>(h == 0 ? sx0 : sx1);
             TRIFORCE_OPAQUE_FLOAT(smh);
