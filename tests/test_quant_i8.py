@@ -188,6 +188,13 @@ def test_packing_refuses_bad_blocks():
         pack_i8(q | 16, d)
     with pytest.raises(ValueError, match="0..63"):  # ... or, with a scale per 16 weights, Q6_16 codes
         pack_i8(q | 64, torch.cat([d, d], 1))
+    d16, m16 = torch.cat([d, d], 1), torch.cat([m, m], 1)  # a scale and a minimum per 16 weights: Q4_1_16 / Q2_16
+    assert unpack_i8(*pack_i8(q, d16, m16), 64)[0] == "Q4_1_16"
+    assert unpack_i8(*pack_i8(q & 3, d16, m16), 64)[0] == "Q2_16"
+    with pytest.raises(ValueError, match="0..15"):
+        pack_i8(q | 16, d16, m16)
+    with pytest.raises(ValueError, match=r"m \[16, 2\]"):
+        pack_i8(q, d16, m)
     with pytest.raises(ValueError, match="int8"):
         pack_i8(q.to(torch.int16), d)
     with pytest.raises(ValueError, match="not packed"):
