@@ -130,8 +130,9 @@ def bench_q4_1(a, g, bw) -> None:
     dense = streamed([dequantize_q4_1(b, K) for b in blocks], N * K * 4, torch.clone)
     bsets = streamed(blocks, blocks[0].numel(), torch.clone)
     fp32 = torch.ops.triforce_C.rowwise_linear
-    _bench_quantised(a, g, bw, "rowwise_linear_q4_1", "q4_1", blocks[0].numel(), lambda x: [kernel(x, b) for b in bsets()],
-                     dense, {"cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4)})
+    _bench_quantised(a, g, bw, "rowwise_linear_q4_1", "q4_1", blocks[0].numel(),
+                     lambda x: [kernel(x, b) for b in bsets()], dense,
+                     {"cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4)})
 
 
 def bench_i8(a, g, bw) -> None:
@@ -164,7 +165,8 @@ def bench_i8(a, g, bw) -> None:
         floatk = lambda x: [torch.ops.triforce_C.rowwise_linear_q8(x, q, s) for q, s in fsets()]  # noqa: E731
     _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, _packed_bytes(ints[0]),
                      lambda x: [kernel(x, c, s) for c, s in isets()], dense,
-                     {"cpu_float": (floatk, fbytes), "cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4)})
+                     {"cpu_float": (floatk, fbytes),
+                      "cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4)})
 
 
 def bench_i8_k(a, g, bw) -> None:

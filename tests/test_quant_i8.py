@@ -492,9 +492,9 @@ def kquant_gguf(tmp_path, seed=0):
 
 @needs_kernel
 def test_gguf_copy_of_a_k_quant_file(tmp_path):
-    """Every layer of a K-quant file (Q4_K, Q5_K, Q3_K, Q6_K, Q2_K, Q4_0, Q5_0, Q8_0, IQ4_XS, IQ4_NL) runs on its own blocks with
-    integer dot products (the tied head on the embedding's Q8_0); a pass of T tokens gives T one-token steps'
-    logits bitwise; the engines emit the copy's autoregressive tokens. Without int8 activations the K-quant
+    """Every layer of a K-quant file (Q4_K, Q5_K, Q3_K, Q6_K, Q2_K, Q4_0, Q5_0, Q8_0, IQ4_XS, IQ4_NL) runs on its own
+    blocks with integer dot products (the tied head on the embedding's Q8_0); a pass of T tokens gives T one-token
+    steps' logits bitwise; the engines emit the copy's autoregressive tokens. Without int8 activations the K-quant
     layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")

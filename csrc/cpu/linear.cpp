@@ -148,8 +148,9 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   namespace li = triforce::linear_i8;
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 256, 320, 384 or 512] and scales [N / 16, K / 32 "
-              "* 64, 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 256, 320, 384 or 512] and scales [N / 16, "
+              "K / 32 * 64, 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ",
+              codes.sizes(), " and ", scales.sizes());
   const bool super = scales.scalar_type() == at::kByte;  // float16 bases and int8 multipliers per 256 inputs
   TORCH_CHECK(codes.scalar_type() == at::kByte &&
                   (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat || super),
@@ -186,8 +187,7 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
               " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", sizes(Q4_1{}, "Q4_1"), ", ",
               sizes(Q5_1{}, "Q5_1"), ", ", sizes(Q8_0{}, "Q8_0"), ", ", sizes(Q8_0_16{}, "Q8_0_16"), ", ",
               sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), ", ", sizes(Q4_1_16{}, "Q4_1_16"), " or ",
-              sizes(Q2_16{}, "Q2_16"), ", got ",
-              codes.size(1), " and ", scales.size(1));
+              sizes(Q2_16{}, "Q2_16"), ", got ", codes.size(1), " and ", scales.size(1));
   const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));
