@@ -8,11 +8,12 @@ checked on first use, then cached). Nothing else is downloaded.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
-from .tokenizer import Tokenizer
+from .tokenizer import GGUF_RULES, Tokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")
 # weight formats a model loads in: DTYPES, "gguf": float32 activations on the GGUF file's own Q4_1 / Q8_0
@@ -128,7 +129,7 @@ def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:
     if not _is_gguf(path):
         return None
     cached = gguf_cache_path(path, cache_dir) if cache_dir is not False else None
-    if cached is not None and (cached / "tokenizer.json").exists() and (cached / "tokenizer_meta.json").exists():
+    if cached is not None and (cached / "tokenizer.json").exists() and _current_rules(cached / "tokenizer_meta.json"):
         touch_cache_entry(cached)
         return Tokenizer.load(cached)
     reader = open_gguf(path)
@@ -141,6 +142,15 @@ def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:
         except OSError:  # a read-only cache only costs the rebuild next time
             pass
     return tokenizer
+
+
+def _current_rules(meta: Path) -> bool:
+    """Whether the cached tokenizer whose tokenizer_meta.json is ``meta`` was rebuilt by today's rules (an older
+    one, or none, is rebuilt; :data:`triforce.models.tokenizer.GGUF_RULES`)."""
+    try:
+        return json.loads(meta.read_text()).get("gguf_rules") == GGUF_RULES
+    except (OSError, ValueError):
+        return False
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

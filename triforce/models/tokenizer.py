@@ -1,22 +1,37 @@
-"""The tokenizer of a model: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package), or a
-byte-level BPE tokenizer rebuilt from a GGUF file's embedded vocabulary and merges (no network).
+"""The tokenizer of a model: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package), or the
+tokenizer rebuilt from a GGUF file's embedded vocabulary (no network). The GGUF tokenizers, by
+``tokenizer.ggml.model``:
 
-GGUF: ``tokenizer.ggml.model == "gpt2"``: byte-level BPE, split first by the pre-tokenizer that
-``tokenizer.ggml.pre`` names (llama.cpp's names, as the original checkpoints' ``tokenizer.json`` define them):
+``"gpt2"``: byte-level BPE from the file's merges, split first by the pre-tokenizer that ``tokenizer.ggml.pre``
+names (llama.cpp's names, as the original checkpoints' ``tokenizer.json`` define them):
 
 * none, ``default``, ``gpt-2``: the GPT-2 split regex;
 * ``smollm`` (SmolLM2): every digit on its own, then the GPT-2 regex;
 * ``qwen2`` (Qwen2/2.5/3): NFC normalisation, then Qwen2's regex (case-insensitive contractions, a
   letter run with one leading non-letter, single digits, newlines kept with punctuation);
-* ``llama-bpe`` / ``llama3`` (Llama 3): the same regex with digit runs of up to three.
+* ``llama-bpe`` / ``llama3`` (Llama 3): the same regex with digit runs of up to three, and a split found
+  whole in the vocabulary is that one token without merging (Llama 3's ``ignore_merges``).
 
-Any other pre-tokenizer raises (its splits would differ, so the token ids would be wrong). Control tokens
-(``<|im_start|>`` ...) are matched whole.
+Any other pre-tokenizer raises (its splits would differ, so the token ids would be wrong).
+
+``"llama"``: SentencePiece BPE (Llama 1/2, TinyLlama, Mistral 7B up to v0.3, Code Llama, ...), as llama.cpp
+runs it (:class:`SentencePiece`): spaces become ``▁``, one is put in front of the text and of every stretch of
+text after a special token (``tokenizer.ggml.add_space_prefix``, default true), and the two adjacent symbols
+whose union is the vocabulary piece of the highest score (``tokenizer.ggml.scores``) merge, the leftmost of
+equal ones, until no union is a piece; a character that no piece holds is spelled in its UTF-8 bytes
+(``<0x..>`` tokens). ``backend`` is then the ``tokenizers`` BPE that Hugging Face converts such a model to
+(:func:`_sentencepiece_merges`), which decodes; its own encoding differs from SentencePiece's where two
+different pieces of one score compete for a symbol.
+
+Control tokens (``<|im_start|>``, ``<s>`` ...) are matched whole. A file without ``tokenizer.ggml.add_bos_token``
+gets llama.cpp's default: BOS in front of a prompt for SentencePiece and Llama 3, none otherwise.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import numbers
+import re
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer as _HFTokenizer, decoders, models, normalizers, pre_tokenizers
@@ -45,18 +60,24 @@ def _gguf_pre_tokenizer(pre):
     raise ValueError(f"GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} is not supported (known: default, gpt-2, "
                      "smollm, qwen2, llama-bpe); its text splits would differ, so the token ids would be wrong")
 
+# The version of from_gguf's rules, saved with a tokenizer: hub.load_tokenizer rebuilds a cached GGUF tokenizer
+# of another version (2: Llama 3's whole splits, SentencePiece vocabularies, llama.cpp's BOS defaults).
+GGUF_RULES = 2
+
 
 class Tokenizer:
     """Minimal tokenizer: ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``apply_chat_template``.
 
-    ``backend`` is the underlying ``tokenizers.Tokenizer``. ``eos_token_id``: an id, a list of ids (a
+    ``backend`` is the underlying ``tokenizers.Tokenizer``, which encodes unless ``sentencepiece`` (a
+    :class:`SentencePiece`: a GGUF SentencePiece vocabulary) does. ``eos_token_id``: an id, a list of ids (a
     ``generation_config.json`` may list several) or ``None``. ``add_bos_token``: whether the model
     expects ``bos_token_id`` in front of a prompt (``encode(text, add_special_tokens=True)`` adds it).
     """
 
     def __init__(self, backend: _HFTokenizer, bos_token_id=None, eos_token_id=None, chat_template=None,
-                 add_bos_token: bool = False):
+                 add_bos_token: bool = False, sentencepiece: "SentencePiece | None" = None):
         self.backend = backend
+        self.sentencepiece = sentencepiece
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.chat_template = chat_template
@@ -74,7 +95,10 @@ class Tokenizer:
         except UnicodeEncodeError as e:  # the backend's error said "must be str"
             raise ValueError(f"text is not valid Unicode: {e.reason} at index {e.start} "
                              f"({text[e.start:e.end]!r}); it cannot be tokenized") from None
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if self.sentencepiece is not None:
+            ids = self.sentencepiece.encode(text)
+        else:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
         return ids
@@ -104,15 +128,20 @@ class Tokenizer:
     def save(self, directory) -> None:
         directory = Path(directory)
         self.backend.save(str(directory / "tokenizer.json"))
+        if self.sentencepiece is not None:
+            (directory / "sentencepiece.json").write_text(json.dumps(self.sentencepiece.state()))
         (directory / "tokenizer_meta.json").write_text(json.dumps(
             {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
-             "chat_template": self.chat_template, "add_bos_token": self.add_bos_token}))
+             "chat_template": self.chat_template, "add_bos_token": self.add_bos_token, "gguf_rules": GGUF_RULES}))
 
     @classmethod
     def load(cls, directory) -> "Tokenizer":
         directory = Path(directory)
         meta = json.loads((directory / "tokenizer_meta.json").read_text())
-        return cls(_HFTokenizer.from_file(str(directory / "tokenizer.json")), **meta)
+        meta.pop("gguf_rules", None)
+        spm = directory / "sentencepiece.json"
+        sentencepiece = SentencePiece(**json.loads(spm.read_text())) if spm.exists() else None
+        return cls(_HFTokenizer.from_file(str(directory / "tokenizer.json")), sentencepiece=sentencepiece, **meta)
 
     @classmethod
     def from_pretrained(cls, path) -> "Tokenizer":
@@ -174,29 +203,165 @@ class Tokenizer:
         kind = gguf_field(reader, "tokenizer.ggml.model")
         if kind is None:
             raise FileNotFoundError(f"GGUF file {str(path)!r} has no tokenizer in its metadata")
-        if kind != "gpt2":
-            raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
-        normalizer, pre_tokenizer = _gguf_pre_tokenizer(gguf_field(reader, "tokenizer.ggml.pre"))
+        if kind not in ("gpt2", "llama"):
+            raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2' and "
+                             "SentencePiece BPE 'llama')")
         tokens = gguf_field(reader, "tokenizer.ggml.tokens")
-        merges = gguf_field(reader, "tokenizer.ggml.merges")
-        if not tokens or merges is None:
-            raise ValueError(f"GGUF file {str(path)!r} has no embedded vocabulary/merges")
-        types = gguf_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-        vocab = {t: i for i, t in enumerate(tokens)}
-        bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False)
-        backend = _HFTokenizer(bpe)
-        if normalizer is not None:
-            backend.normalizer = normalizer
-        backend.pre_tokenizer = pre_tokenizer
-        backend.decoder = decoders.ByteLevel()
-        # 3 = CONTROL (special, matched whole, skipped by decode(skip_special_tokens=True)); 4 = USER_DEFINED.
+        types = gguf_field(reader, "tokenizer.ggml.token_type") or [_NORMAL] * len(tokens or [])
+        pre = gguf_field(reader, "tokenizer.ggml.pre")
+        if kind == "gpt2":
+            merges = gguf_field(reader, "tokenizer.ggml.merges")
+            if not tokens or merges is None:
+                raise ValueError(f"GGUF file {str(path)!r} has no embedded vocabulary/merges")
+            normalizer, pre_tokenizer = _gguf_pre_tokenizer(pre)
+            bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                             merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
+                             ignore_merges=pre in _IGNORE_MERGES)
+            backend = _HFTokenizer(bpe)
+            if normalizer is not None:
+                backend.normalizer = normalizer
+            backend.pre_tokenizer = pre_tokenizer
+            backend.decoder = decoders.ByteLevel()
+            specials, sentencepiece = (_CONTROL,), None
+        else:
+            scores = gguf_field(reader, "tokenizer.ggml.scores")
+            if not tokens or scores is None or len(scores) != len(tokens) or len(types) != len(tokens):
+                raise ValueError(f"GGUF file {str(path)!r} has no embedded SentencePiece vocabulary with a score "
+                                 "and a type per piece (tokenizer.ggml.tokens / scores / token_type)")
+            sentencepiece = SentencePiece(tokens, scores, types,
+                                          gguf_field(reader, "tokenizer.ggml.unknown_token_id"),
+                                          bool(gguf_field(reader, "tokenizer.ggml.add_space_prefix", True)))
+            backend = _sentencepiece_bpe(sentencepiece)
+            specials = (_UNKNOWN, _CONTROL)
+        # special: matched whole, skipped by decode(skip_special_tokens=True); user-defined: matched whole
         backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                    for t, ty in zip(tokens, types) if ty == 3])
-        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types) if ty == 4])
+                                    for t, ty in zip(tokens, types) if ty in specials])
+        backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                            for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+        add_bos = gguf_field(reader, "tokenizer.ggml.add_bos_token")
+        if add_bos is None:  # llama.cpp's default for the tokenizer
+            add_bos = kind == "llama" or pre in _IGNORE_MERGES
         return cls(backend, bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
                    eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
-                   chat_template=gguf_field(reader, "tokenizer.chat_template"),
-                   add_bos_token=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)))
+                   chat_template=gguf_field(reader, "tokenizer.chat_template"), add_bos_token=bool(add_bos),
+                   sentencepiece=sentencepiece)
+
+
+# llama.cpp's token types (tokenizer.ggml.token_type)
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+# byte-level BPE pre-tokenizers whose splits found whole in the vocabulary are that token, unmerged (Llama 3's
+# tokenizer.json: "ignore_merges": true; llama.cpp sets it for these names)
+_IGNORE_MERGES = ("llama-bpe", "llama3")
+_SPACE = "\u2581"  # SentencePiece's visible space, ▁
+
+
+class SentencePiece:
+    """Encoding with a SentencePiece BPE vocabulary exactly as llama.cpp does it (module docstring).
+
+    ``tokens``, ``scores`` and ``types`` (llama.cpp's token types) per id, ``unk_id`` (for a byte that has no
+    ``<0x..>`` token), ``add_space_prefix``. Control, unknown and user-defined tokens in the text are matched
+    whole, the longest first. Merging keeps the candidate pairs in a heap keyed by (minus the score, the left
+    symbol's position); a pair whose symbols changed since it was queued is dropped when it comes up."""
+
+    def __init__(self, tokens, scores, types, unk_id=None, add_space_prefix: bool = True):
+        self.tokens, self.scores, self.types = list(tokens), [float(x) for x in scores], [int(t) for t in types]
+        self.unk_id = unk_id if isinstance(unk_id, int) and 0 <= unk_id < len(self.tokens) else None
+        self.add_space_prefix = bool(add_space_prefix)
+        self.ids: dict[str, int] = {}
+        for i, t in enumerate(self.tokens):
+            self.ids.setdefault(t, i)
+        whole = sorted({t for t, ty in zip(self.tokens, self.types)
+                        if ty in (_UNKNOWN, _CONTROL, _USER_DEFINED) and t}, key=len, reverse=True)
+        self._whole = re.compile("|".join(map(re.escape, whole))) if whole else None
+        self._bytes = [self.ids.get("<0x%02X>" % b, self.ids.get(chr(b), self.unk_id)) for b in range(256)]
+
+    def state(self) -> dict:
+        return {"tokens": self.tokens, "scores": self.scores, "types": self.types, "unk_id": self.unk_id,
+                "add_space_prefix": self.add_space_prefix}
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        pos = 0  # every stretch of text starts the text or follows a whole token: each gets the space prefix
+        for m in self._whole.finditer(text) if self._whole is not None else ():
+            self._merge(text[pos:m.start()], out)
+            out.append(self.ids[m.group()])
+            pos = m.end()
+        self._merge(text[pos:], out)
+        return out
+
+    def _merge(self, text: str, out: list[int]) -> None:
+        if not text:
+            return
+        text = (" " + text if self.add_space_prefix else text).replace(" ", _SPACE)
+        ids, scores, n = self.ids, self.scores, len(text)
+        size = [1] * n  # symbol i is text[i : i + size[i]]; 0 once merged into its left neighbour
+        prev, nxt = list(range(-1, n - 1)), list(range(1, n)) + [-1]
+
+        def pair(left: int, right: int):  # the heap entry of adjacent symbols left, right, or None
+            if left < 0 or right < 0:
+                return None
+            i = ids.get(text[left:left + size[left] + size[right]])
+            return None if i is None else (-scores[i], left, right, size[left] + size[right])
+
+        heap = [p for p in map(pair, range(n - 1), range(1, n)) if p is not None]
+        heapq.heapify(heap)
+        while heap:
+            _, left, right, length = heapq.heappop(heap)
+            if size[left] == 0 or size[right] == 0 or size[left] + size[right] != length:
+                continue  # a symbol of the pair has changed since it was queued
+            size[left], size[right] = length, 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            for p in (pair(prev[left], left), pair(left, nxt[left])):
+                if p is not None:
+                    heapq.heappush(heap, p)
+        i = 0
+        while i != -1:
+            piece = text[i:i + size[i]]
+            j = ids.get(piece)
+            if j is not None:
+                out.append(j)
+            else:  # a character that no piece holds: its UTF-8 bytes
+                spelled = [self._bytes[b] for b in piece.encode("utf-8")]
+                if None in spelled:
+                    raise ValueError(f"{piece!r} is in no piece of this vocabulary, which has neither its bytes' "
+                                     "<0x..> tokens nor an unknown token")
+                out.extend(spelled)
+            i = nxt[i]
+
+
+def _sentencepiece_merges(sp: SentencePiece) -> list[tuple[str, str]]:
+    """BPE merges that tokenize nearly as ``sp`` does, as Hugging Face converts SentencePiece models: every
+    split of a normal piece into two pieces that can be symbols while merging (a single character, or a
+    normal piece: what merges build), highest score of the merged piece first (ties: the piece's id; one
+    piece's splits by their first part's length). BPE merges the adjacent pair of the lowest rank, the
+    leftmost of equal ones; SentencePiece the pair whose union scores highest, the leftmost of equal scores.
+    The two differ only where different pieces of one score compete for a symbol."""
+    symbol = {t for t, ty in zip(sp.tokens, sp.types) if ty == _NORMAL or len(t) == 1}
+    ranked = []
+    for i, (piece, ty) in enumerate(zip(sp.tokens, sp.types)):
+        if ty != _NORMAL or sp.ids[piece] != i:
+            continue
+        for k in range(1, len(piece)):
+            a, b = piece[:k], piece[k:]
+            if a in symbol and b in symbol:
+                ranked.append((-sp.scores[i], i, k, a, b))
+    ranked.sort(key=lambda m: m[:3])
+    return [(a, b) for *_, a, b in ranked]
+
+
+def _sentencepiece_bpe(sp: SentencePiece) -> _HFTokenizer:
+    """The ``tokenizers`` backend of a GGUF SentencePiece vocabulary (module docstring): BPE with byte fallback
+    over the whole text, spaces as ``▁``; decoding undoes both and drops the prefix space."""
+    unk = sp.tokens[sp.unk_id] if sp.unk_id is not None else None
+    backend = _HFTokenizer(models.BPE(vocab=dict(sp.ids), merges=_sentencepiece_merges(sp), unk_token=unk,
+                                      fuse_unk=False, byte_fallback=True))
+    space = normalizers.Replace(" ", _SPACE)
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(_SPACE), space]) if sp.add_space_prefix else space
+    steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if sp.add_space_prefix else []))
+    return backend
 
 
 def _read_json(path: Path) -> dict:

@@ -1,0 +1,318 @@
+"""GGUF tokenizers against independent references.
+
+* SentencePiece (``tokenizer.ggml.model == "llama"``: Llama 1/2, TinyLlama, Mistral 7B up to v0.3): the
+  ``tokenizers`` BPE that ``Tokenizer.from_gguf`` builds equals, on random text, ``spm_reference`` below, a
+  plain implementation of the rule llama.cpp applies (merge the adjacent pair whose union is the vocabulary
+  piece of the highest score, leftmost first; bytes for what no piece covers; a space in front of the text
+  and after every special token). The vocabulary is trained here; its pieces tie in threes, and runs of
+  spaces tie as in Llama 2. Where no scores tie, the ``tokenizers`` BPE that serves as ``backend`` (Hugging
+  Face's conversion) encodes the same; where they do it may not, which is why encoding does not use it.
+* Llama 3 (``llama-bpe``): a split found whole in the vocabulary is that token, whatever the merges.
+* Opt-in (``TRIFORCE_VOCABS=1``; it downloads llama.cpp's tokenizer test files, ~77 MB, once): the real
+  vocabularies of Llama 2 (SentencePiece), Phi-3 (SentencePiece), Llama 3, Qwen2 and GPT-2 give, on
+  llama.cpp's test texts, exactly the ids that the models' own Hugging Face tokenizers give; and the Llama 2
+  vocabulary equals ``spm_reference`` on random text too.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from triforce.models import Llama, LlamaConfig
+from triforce.models.hub import load_tokenizer
+from triforce.models.tokenizer import Tokenizer
+
+from .test_config import write_gguf
+
+SPACE = "\u2581"
+TINY = dict(vocab_size=600, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=64)
+
+
+def spm_reference(text, vocab, scores, types, add_space_prefix=True):
+    """Token ids of ``text`` under SentencePiece's BPE as llama.cpp runs it, straight from the definition.
+
+    The text is cut at special (control, unknown) and user-defined tokens, each matched whole, the longest
+    first. Each stretch of plain text gets a space in front; its spaces become ``▁``; it starts as one symbol
+    per character; then, as long as some adjacent pair's union is a vocabulary piece, the pair of the highest
+    score merges (the leftmost of equal ones). A symbol that is a piece is its token, any other (a character
+    that no piece holds) its UTF-8 bytes' ``<0x..>`` tokens."""
+    whole = sorted((t for t, ty in zip(vocab, types) if ty in (2, 3, 4)), key=len, reverse=True)
+    ids = {}
+    for i, t in enumerate(vocab):
+        ids.setdefault(t, i)
+    out, pos, plain = [], 0, ""
+
+    def merge(stretch):
+        if not stretch:
+            return
+        symbols = list((" " + stretch if add_space_prefix else stretch).replace(" ", SPACE))
+        while True:
+            best = None
+            for i in range(len(symbols) - 1):
+                piece = symbols[i] + symbols[i + 1]
+                if piece in ids and (best is None or scores[ids[piece]] > scores[ids[best[1]]]):
+                    best = (i, piece)
+            if best is None:
+                break
+            symbols[best[0]:best[0] + 2] = [best[1]]
+        for s in symbols:
+            out.extend([ids[s]] if s in ids else [ids["<0x%02X>" % b] for b in s.encode("utf-8")])
+
+    while pos < len(text):
+        hit = next((t for t in whole if text.startswith(t, pos)), None)
+        if hit is None:
+            plain += text[pos]
+            pos += 1
+            continue
+        merge(plain)
+        plain = ""
+        out.append(ids[hit])
+        pos += len(hit)
+    merge(plain)
+    return out
+
+
+def spm_vocab(ties=True):
+    """A SentencePiece-style vocabulary (tokens, scores, types) trained here on Python's docs: <unk>, <s>,
+    </s>, the 256 byte tokens, a user-defined token, the trained pieces (score: minus their merge order, or
+    with ``ties`` minus a third of it, so that pieces tie in threes) and, as in Llama 2 but with gaps, runs of
+    2-16 spaces all scoring -1e9 (not with ``ties``: minus their length, below every trained piece)."""
+    from tokenizers import Tokenizer as HF, models, pre_tokenizers, trainers
+    import pydoc_data.topics as topics
+
+    hf = HF(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always")
+    hf.train_from_iterator(list(topics.topics.values())[:30], trainers.BpeTrainer(vocab_size=500,
+                                                                                 show_progress=False))
+    trained = json.loads(hf.model.__getstate__())
+    tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + ["<|user|>"]
+    types = [2, 3, 3] + [6] * 256 + [4]
+    scores = [0.0] * len(tokens)
+    runs = [SPACE * k for k in (2, 4, 8, 16, 3, 5, 6, 7, 12, 9)]
+    ranked = sorted(trained["vocab"].items(), key=lambda kv: kv[1])
+    for rank, (piece, _) in enumerate(ranked):
+        if piece not in runs:
+            tokens.append(piece), types.append(1), scores.append(-float(rank // 3 if ties else rank))
+    for piece in runs:
+        tokens.append(piece), types.append(1), scores.append(-1e9 if ties else -1e9 - len(piece))
+    return tokens, scores, types
+
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory):
+    tokens, scores, types = spm_vocab()
+    path = tmp_path_factory.mktemp("spm") / "m.gguf"
+    config = LlamaConfig(**{**TINY, "vocab_size": len(tokens)})
+    write_gguf(path, Llama(config), tokenizer={"model": "llama", "tokens": tokens, "scores": scores,
+                                               "token_type": types, "bos_token_id": 1, "eos_token_id": 2,
+                                               "unknown_token_id": 0})
+    return load_tokenizer(path, cache_dir=False), (tokens, scores, types), path
+
+
+@pytest.fixture(scope="module")
+def spm_unique(tmp_path_factory):
+    tokens, scores, types = spm_vocab(ties=False)
+    path = tmp_path_factory.mktemp("spm") / "u.gguf"
+    write_gguf(path, Llama(LlamaConfig(**{**TINY, "vocab_size": len(tokens)})), tokenizer={
+        "model": "llama", "tokens": tokens, "scores": scores, "token_type": types, "unknown_token_id": 0})
+    return load_tokenizer(path, cache_dir=False)
+
+
+ALPHABET = list("aeinorst THEdfx_.,:()'\"\n\t0123456789") + ["  ", "    ", "é", "日本", "😀", SPACE]
+PIECES = st.lists(st.one_of(st.sampled_from(ALPHABET), st.sampled_from(["<s>", "</s>", "<|user|>", "<unk>"]),
+                            st.sampled_from(["def ", "return", " the ", "class", "self", "print("])),
+                  max_size=40).map("".join)
+
+
+@given(text=PIECES)
+def test_sentencepiece_matches_reference(spm, text):
+    tok, (tokens, scores, types), _ = spm
+    assert tok.encode(text) == spm_reference(text, tokens, scores, types)
+
+
+@given(text=st.lists(st.sampled_from([a for a in ALPHABET if a != SPACE]), max_size=40).map("".join))
+def test_sentencepiece_decodes_its_encoding(spm, text):
+    tok, _, _ = spm
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_sentencepiece_breaks_ties_leftmost(tmp_path):
+    """Pieces "ab" and "ba" of one score: SentencePiece merges the leftmost pair; a BPE ranks one merge first
+    whatever the position (here "ab", the lower id), so on "bab" Hugging Face's conversion differs."""
+    tokens = ["<unk>", "a", "b", "ab", "ba"]
+    path = write_gguf(tmp_path / "t.gguf", Llama(LlamaConfig(**{**TINY, "vocab_size": 5})), tokenizer={
+        "model": "llama", "tokens": tokens, "scores": [0.0, -5.0, -5.0, -1.0, -1.0], "token_type": [2, 1, 1, 1, 1],
+        "add_space_prefix": False, "unknown_token_id": 0})
+    tok = load_tokenizer(path, cache_dir=False)
+    assert tok.encode("aba") == [3, 1] and tok.encode("bab") == [4, 2] and tok.encode("abab") == [3, 3]
+    assert tok.backend.encode("bab").ids == [2, 3]
+    assert tok.encode("c") == [0]  # no piece and no byte tokens: the unknown token
+
+
+@given(text=st.lists(st.sampled_from([a for a in ALPHABET if a not in ("  ", "    ")]), max_size=40).map("".join))
+def test_sentencepiece_backend_agrees_without_ties(spm_unique, text):
+    tok = spm_unique
+    assert tok.backend.encode(text).ids == tok.encode(text)
+
+
+def test_sentencepiece_examples(spm):
+    tok, (tokens, scores, types), path = spm
+    ids = {t: i for i, t in enumerate(tokens)}
+    # a character no piece holds is its UTF-8 bytes; the text gets one space in front, and so does the text
+    # after a special token
+    assert tok.encode("日") == [ids[SPACE], ids["<0xE6>"], ids["<0x97>"], ids["<0xA5>"]]
+    assert tok.encode("") == [] and tok.encode(" ") == [ids[SPACE * 2]]
+    hi = tok.encode("hi")
+    assert tok.encode("<s>hi") == [1] + hi and tok.encode("<|user|>hi") == [ids["<|user|>"]] + hi
+    # BOS: llama.cpp's default for a SentencePiece file without tokenizer.ggml.add_bos_token
+    assert tok.add_bos_token and tok.encode("hi", add_special_tokens=True) == [1] + hi
+    assert tok.decode([1] + hi, skip_special_tokens=True) == "hi"
+    # the rebuilt tokenizer is cached beside the converted weights and loads back the same
+    cache = path.parent / "cache"
+    first, again = load_tokenizer(path, cache_dir=cache), load_tokenizer(path, cache_dir=cache)
+    assert list((cache).rglob("tokenizer.json"))
+    text = "def f(x):\n    return x  # 日本 😀"
+    assert first.encode(text) == again.encode(text) == tok.encode(text)
+    assert again.add_bos_token and again.decode(again.encode(text)) == text
+
+
+def test_sentencepiece_model_generates_through_the_cli(spm, capsys):
+    """A Llama-2-style GGUF (SentencePiece vocabulary) runs end to end: ``triforce generate`` prints the
+    decoded greedy continuation of the prompt encoded with BOS in front, here on the file's own blocks."""
+    import torch
+
+    import triforce
+    from triforce import cli
+    from triforce.models import hub
+
+    _, _, path = spm
+    model, tok = hub.load_model(str(path), "gguf-int8")
+    ids = hub.encode(tok, "def main(self):", add_special_tokens=tok.add_bos_token)
+    assert ids[0] == 1 and ids[1:] == tok.encode("def main(self):")
+    new = triforce.generate(model, torch.tensor([ids]), method="autoregressive", max_new_tokens=6,
+                            eos_token_id=[]).tokens[0].tolist()
+    assert cli.main(["generate", "--model", str(path), "--dtype", "gguf-int8", "--prompt", "def main(self):",
+                     "--max-new-tokens", "6", "--ignore-eos"]) in (0, None)
+    assert capsys.readouterr().out == hub.decode(tok, new) + "\n"
+
+
+def test_sentencepiece_flags_and_errors(tmp_path):
+    tokens, scores, types = spm_vocab()
+    model = Llama(LlamaConfig(**{**TINY, "vocab_size": len(tokens)}))
+    base = {"model": "llama", "tokens": tokens, "scores": scores, "token_type": types, "bos_token_id": 1}
+
+    def build(name, **kw):
+        path = write_gguf(tmp_path / name, model, tokenizer={**base, **kw})
+        return load_tokenizer(path, cache_dir=False)
+
+    plain = build("noprefix.gguf", add_space_prefix=False, add_bos_token=False)
+    assert not plain.add_bos_token and build("prefix.gguf").add_bos_token
+    assert plain.encode(" hi") == spm_reference(" hi", tokens, scores, types, add_space_prefix=False)
+    assert plain.encode("hi") != build("prefix2.gguf").encode("hi")
+    assert plain.decode(plain.encode(" x  y")) == " x  y"
+    with pytest.raises(ValueError, match="score"):
+        build("noscores.gguf", scores=scores[:-1])
+    with pytest.raises(ValueError, match="'bert' is not supported.*'llama'"):
+        build("bert.gguf", model="bert")
+
+
+def test_llama3_takes_a_whole_split_from_the_vocabulary(tmp_path):
+    """Llama 3 (llama-bpe): a split that is a vocabulary token is that token, even where the merges would not
+    build it; other byte-level pre-tokenizers merge it. (Real case, llama.cpp's test text "Cửa Việt": the
+    Llama 3 vocabulary holds " Việt" whole; its merges end in " Vi", "á»", "ĩ", "t".)"""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ"]
+    tokens = letters + ["ab", "abc", "<|begin_of_text|>"]
+    common = {"model": "gpt2", "tokens": tokens, "merges": ["a b"], "token_type": [1] * (len(tokens) - 1) + [3],
+              "bos_token_id": len(tokens) - 1}
+    model = Llama(LlamaConfig(**{**TINY, "vocab_size": len(tokens)}))
+    llama3 = load_tokenizer(write_gguf(tmp_path / "l3.gguf", model, tokenizer={**common, "pre": "llama-bpe"}),
+                            cache_dir=False)
+    qwen2 = load_tokenizer(write_gguf(tmp_path / "q2.gguf", model, tokenizer={**common, "pre": "qwen2"}),
+                           cache_dir=False)
+    ids = {t: i for i, t in enumerate(tokens)}
+    assert llama3.encode("abc") == [ids["abc"]] and qwen2.encode("abc") == [ids["ab"], ids["c"]]
+    assert llama3.encode("abd") == qwen2.encode("abd") == [ids["ab"], ids["d"]]
+    # BOS by default for Llama 3 (llama.cpp's), not for the others
+    assert llama3.add_bos_token and not qwen2.add_bos_token
+    # a tokenizer cached by earlier rules (no "gguf_rules" in its meta: merged whole splits) is rebuilt
+    cache = tmp_path / "cache"
+    assert load_tokenizer(tmp_path / "l3.gguf", cache_dir=cache).encode("abc") == [ids["abc"]]
+    (meta,) = cache.rglob("tokenizer_meta.json")
+    old = json.loads(meta.read_text())
+    del old["gguf_rules"]
+    meta.write_text(json.dumps({**old, "add_bos_token": False}))
+    assert load_tokenizer(tmp_path / "l3.gguf", cache_dir=cache).add_bos_token
+    assert json.loads(meta.read_text())["gguf_rules"] >= 2
+
+
+# ---- opt-in: the real vocabularies in llama.cpp's tokenizer tests
+
+VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"]
+LLAMA_CPP_SDIST = "llama_cpp_python-0.3.36"  # its vendored llama.cpp holds models/ggml-vocab-*.gguf{,.inp,.out}
+
+
+@pytest.fixture(scope="module")
+def real_vocabs():
+    """llama.cpp's tokenizer test files for VOCABS, fetched once into the triforce cache (``<cache>/vocabs``,
+    ``~/.cache/triforce/vocabs`` by default): the llama-cpp-python source archive from PyPI, of which only
+    those files are kept."""
+    if os.environ.get("TRIFORCE_VOCABS") != "1":
+        pytest.skip("opt-in: set TRIFORCE_VOCABS=1 to fetch llama.cpp's tokenizer test files (~77 MB once)")
+    from triforce.models.loading import default_cache_dir
+
+    root = default_cache_dir() / "vocabs"
+    names = [f"ggml-vocab-{v}.gguf{ext}" for v in VOCABS for ext in ("", ".inp", ".out")]
+    if not all((root / n).exists() for n in names):
+        root.mkdir(parents=True, exist_ok=True)
+        version = LLAMA_CPP_SDIST.split("-")[1]
+        subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}", "--no-deps",
+                        "--no-binary", ":all:", "-q", "-d", str(root)], check=True)
+        with tarfile.open(root / f"{LLAMA_CPP_SDIST}.tar.gz") as archive:
+            for n in names:
+                member = archive.extractfile(f"{LLAMA_CPP_SDIST}/vendor/llama.cpp/models/{n}")
+                (root / n).write_bytes(member.read())
+        (root / f"{LLAMA_CPP_SDIST}.tar.gz").unlink()
+    return root
+
+
+def vocab_cases(root, name):
+    """llama.cpp's test texts (separated by a marker line) and the ids that the model's own Hugging Face
+    tokenizer gave for each (one line each)."""
+    texts = (root / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    lines = (root / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
+    return [(t, [int(i) for i in line.split()]) for t, line in zip(texts, lines)]
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_real_vocabularies_match_their_tokenizers(real_vocabs, name):
+    tok = load_tokenizer(real_vocabs / f"ggml-vocab-{name}.gguf", cache_dir=False)
+    cases = vocab_cases(real_vocabs, name)
+    assert len(cases) >= 40
+    assert [tok.encode(text) for text, _ in cases] == [ids for _, ids in cases]
+
+
+def test_llama2_vocabulary_matches_reference_on_random_text(real_vocabs):
+    from triforce.models.loading import gguf_field, open_gguf
+
+    path = real_vocabs / "ggml-vocab-llama-spm.gguf"
+    reader = open_gguf(path)
+    tokens, scores, types = (gguf_field(reader, f"tokenizer.ggml.{k}") for k in ("tokens", "scores", "token_type"))
+    tok = Tokenizer.from_gguf(path, reader)
+    rng = random.Random(0)
+    import pydoc_data.topics as topics
+
+    corpus = " ".join(topics.topics.values())
+    for k in range(2000):
+        if k % 2:
+            start = rng.randrange(len(corpus) - 300)
+            text = corpus[start:start + rng.randrange(1, 300)]
+        else:
+            text = "".join(rng.choice(ALPHABET + [" " * 17, " " * 33, "<s>", "</s>"]) for _ in range(30))
+        assert tok.encode(text) == spm_reference(text, tokens, scores, types), text
