@@ -9,7 +9,7 @@
   Face's conversion) encodes the same; where they do it may not, which is why encoding does not use it.
 * Llama 3 (``llama-bpe``): a split found whole in the vocabulary is that token, whatever the merges.
 * Opt-in (``TRIFORCE_VOCABS=1``; it downloads llama.cpp's tokenizer test files, ~77 MB, once): the real
-  vocabularies of Llama 2 (SentencePiece), Phi-3 (SentencePiece), Llama 3, Qwen2 and GPT-2 give, on
+  vocabularies of Llama 2 (SentencePiece), Phi-3 (SentencePiece), Llama 3, Qwen2, GPT-2 and DeepSeek-Coder give, on
   llama.cpp's test texts, exactly the ids that the models' own Hugging Face tokenizers give; and the Llama 2
   vocabulary equals ``spm_reference`` on random text too.
 """
@@ -203,6 +203,30 @@ def test_sentencepiece_model_generates_through_the_cli(spm, capsys):
     assert capsys.readouterr().out == hub.decode(tok, new) + "\n"
 
 
+LLAMA2_STYLE_CHAT = ("{{ bos_token }}{% for m in messages %}"
+                     "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                     "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+                     "{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+                     "{% else %} {{ m['content'] }} {{ eos_token }}{% endif %}{% endfor %}")
+
+
+def test_chat_template_sees_bos_eos_and_raise_exception(spm):
+    """As transformers renders it: ``bos_token`` / ``eos_token`` are the tokens' text (an undefined name would
+    render as nothing, silently), and ``raise_exception`` raises."""
+    tok, _, _ = spm
+    chat = Tokenizer(tok.backend, bos_token_id=1, eos_token_id=[2], chat_template=LLAMA2_STYLE_CHAT,
+                     add_bos_token=True, sentencepiece=tok.sentencepiece)
+    text = chat.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+                                     {"role": "user", "content": "go"}])
+    assert text == "<s>[INST] hi [/INST] ok </s>[INST] go [/INST]"
+    ids = chat.encode(text)
+    assert ids[0] == 1 and ids.count(1) == 1 and ids.count(2) == 1
+    with pytest.raises(ValueError, match="roles must alternate"):
+        chat.apply_chat_template([{"role": "assistant", "content": "hi"}])
+    bare = Tokenizer(tok.backend, chat_template=LLAMA2_STYLE_CHAT)
+    assert bare.apply_chat_template([{"role": "user", "content": "x"}]) == "[INST] x [/INST]"
+
+
 def test_sentencepiece_flags_and_errors(tmp_path):
     tokens, scores, types = spm_vocab()
     model = Llama(LlamaConfig(**{**TINY, "vocab_size": len(tokens)}))
@@ -252,9 +276,22 @@ def test_llama3_takes_a_whole_split_from_the_vocabulary(tmp_path):
     assert json.loads(meta.read_text())["gguf_rules"] >= 2
 
 
+def test_deepseek_coder_splits(tmp_path):
+    """DeepSeek-Coder's pre-tokenizer: newlines, letter runs and punctuation runs (one leading space each) split
+    off in turn, then single digits; the rest stays whole ("=" is a symbol, not punctuation)."""
+    from .test_families import gguf_tokenizer
+
+    model = Llama(LlamaConfig(**{**TINY, "vocab_size": 300}))
+    tok = load_tokenizer(write_gguf(tmp_path / "d.gguf", model, tokenizer=gguf_tokenizer("deepseek-coder", 300)),
+                         cache_dir=False)
+    splits = [s for s, _ in tok.backend.pre_tokenizer.pre_tokenize_str("x  = 12;\nif a1 b:")]
+    assert splits == ["x", "ĠĠ=Ġ", "1", "2", ";", "Ċ", "if", "Ġa", "1", "Ġb", ":"]
+    assert tok.decode(tok.encode("x  = 12;\nif a1 b:")) == "x  = 12;\nif a1 b:"
+
+
 # ---- opt-in: the real vocabularies in llama.cpp's tokenizer tests
 
-VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"]
+VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "deepseek-coder"]
 LLAMA_CPP_SDIST = "llama_cpp_python-0.3.36"  # its vendored llama.cpp holds models/ggml-vocab-*.gguf{,.inp,.out}
 
 

@@ -10,7 +10,9 @@ names (llama.cpp's names, as the original checkpoints' ``tokenizer.json`` define
 * ``qwen2`` (Qwen2/2.5/3): NFC normalisation, then Qwen2's regex (case-insensitive contractions, a
   letter run with one leading non-letter, single digits, newlines kept with punctuation);
 * ``llama-bpe`` / ``llama3`` (Llama 3): the same regex with digit runs of up to three, and a split found
-  whole in the vocabulary is that one token without merging (Llama 3's ``ignore_merges``).
+  whole in the vocabulary is that one token without merging (Llama 3's ``ignore_merges``);
+* ``deepseek-coder`` (DeepSeek-Coder): newlines, letter runs and punctuation runs (each with one leading
+  space) and CJK runs split off one after another, then single digits.
 
 Any other pre-tokenizer raises (its splits would differ, so the token ids would be wrong).
 
@@ -39,6 +41,9 @@ from tokenizers import AddedToken, Regex, Tokenizer as _HFTokenizer, decoders, m
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)
+# DeepSeek-Coder: newlines, letter runs and punctuation runs (each with one leading space), runs of CJK
+# ideographs / Samaritan..CJK / Hangul, one after another; then single digits
+_DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+")
 
 
 def _gguf_pre_tokenizer(pre):
@@ -57,8 +62,14 @@ def _gguf_pre_tokenizer(pre):
         return normalizers.NFC(), split(_QWEN2_SPLIT)
     if pre in ("llama-bpe", "llama3"):
         return None, split(_LLAMA3_SPLIT)
+    if pre == "deepseek-coder":
+        return None, pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _DEEPSEEK_CODER_SPLITS]
+            + [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                       use_regex=False)])
     raise ValueError(f"GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} is not supported (known: default, gpt-2, "
-                     "smollm, qwen2, llama-bpe); its text splits would differ, so the token ids would be wrong")
+                     "smollm, qwen2, llama-bpe, deepseek-coder); its text splits would differ, so the token ids "
+                     "would be wrong")
 
 # The version of from_gguf's rules, saved with a tokenizer: hub.load_tokenizer rebuilds a cached GGUF tokenizer
 # of another version (2: Llama 3's whole splits, SentencePiece vocabularies, llama.cpp's BOS defaults).
@@ -115,14 +126,28 @@ class Tokenizer:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` (``{"role", "content"}`` dicts) with the model's Jinja chat template."""
+        """Render ``messages`` (``{"role", "content"}`` dicts) with the model's Jinja chat template.
+
+        The template sees what transformers gives it: ``messages``, ``add_generation_prompt``, ``bos_token`` and
+        ``eos_token`` (the tokens' text, "" without one) and ``raise_exception(message)``, which raises
+        ``ValueError`` (Llama 2's and Mistral's templates call it for roles out of order). A template that writes
+        ``bos_token`` itself has it in the text: encode that with ``add_special_tokens=False``."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         import jinja2.sandbox
 
+        def text_of(token_id) -> str:
+            token_id = token_id[0] if isinstance(token_id, (list, tuple)) and token_id else token_id
+            text = self.backend.id_to_token(token_id) if isinstance(token_id, int) else None
+            return text or ""
+
+        def raise_exception(message):
+            raise ValueError(f"chat template: {message}")
+
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(messages=messages,
-                                                          add_generation_prompt=add_generation_prompt)
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=text_of(self.bos_token_id),
+            eos_token=text_of(self.eos_token_id), raise_exception=raise_exception)
 
     # ---- persistence (a converted tokenizer is cached beside the converted weights)
     def save(self, directory) -> None:
