@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import triforce_kernels as tk
 from triforce.models import FullCache, Llama, LlamaConfig, RetrievalCache, StreamingCache
-from triforce.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from triforce.models.rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq
 
 TOL = 1e-5  # fp32 reordering only (measured <= ~5e-7 on these sizes)
 
@@ -174,16 +174,17 @@ def test_chunk_means_incremental_and_last_query():
 
 
 # ---------------------------------------------------------------- streaming cache
-def _stream_reference(tokens, sink, window, q, k_new_raw, v_new, inv_freq):
+def _stream_reference(tokens, sink, window, q, k_new_raw, v_new, inv_freq, scale=1.0):
     """Naive StreamingLLM: ``tokens`` = list of (k_raw, v) held before the step (eviction already
-    applied); attention of the new queries over them (keys rotated at slots 0..n-1) + causal new."""
+    applied); attention of the new queries over them (keys rotated at slots 0..n-1) + causal new.
+    ``scale``: RoPE's factor on cos and sin (YaRN's)."""
     n, T = len(tokens), q.shape[0]
     kr = torch.stack([t[0] for t in tokens] + list(k_new_raw)).double()
     vv = torch.stack([t[1] for t in tokens] + list(v_new)).double()
     pos = torch.arange(n + T)[None]
-    cos, sin = rope_cos_sin(inv_freq.double(), pos, torch.float64)
+    cos, sin = rope_cos_sin(inv_freq.double(), pos, torch.float64, scale)
     k = apply_rope(kr[None], cos, sin)[0]  # [n+T, Hkv, D]
-    cq, sq = rope_cos_sin(inv_freq.double(), torch.arange(n, n + T)[None], torch.float64)
+    cq, sq = rope_cos_sin(inv_freq.double(), torch.arange(n, n + T)[None], torch.float64, scale)
     qq = apply_rope(q.double()[None], cq, sq)[0]  # [T, Hq, D]
     g = q.shape[1] // k.shape[1]
     k, vv = k.repeat_interleave(g, 1), vv.repeat_interleave(g, 1)
@@ -193,13 +194,19 @@ def _stream_reference(tokens, sink, window, q, k_new_raw, v_new, inv_freq):
     return torch.einsum("htn,nhd->thd", s.softmax(-1), vv)
 
 
-@pytest.mark.parametrize("sink,window,max_step", [(2, 5, 3), (0, 4, 2), (4, 16, 4)])
-def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step):
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("sink,window,max_step,rope", [(2, 5, 3, None), (0, 4, 2, None), (4, 16, 4, None),
+                                                       (2, 5, 3, YARN)])
+def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step, rope):
+    """(With YaRN RoPE too: its factor on cos and sin comes along when the cache re-rotates its keys.)"""
     cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_scaling=rope)
     B, Hq, Hkv, D = 2, 4, 2, 6
     cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step)
-    inv_freq = rope_inv_freq(cfg)
+    inv_freq, scale = rope_inv_freq(cfg), rope_attention_scale(cfg)
+    assert (scale > 1) == (rope is not None)
     held = [[], []]  # reference: per row list of (k_raw, v)
     g = torch.Generator().manual_seed(0)
     steps = [9, 1, 2, 3, 1, 1, 2, 25, 3, 1, 3, 1, 2]  # 9 and 25 exceed max_step: the prefill path
@@ -213,11 +220,11 @@ def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step)
         q = torch.randn(B, T, Hq, D, generator=g)
         kr = torch.randn(B, T, Hkv, D, generator=g)
         v = torch.randn(B, T, Hkv, D, generator=g)
-        cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+        cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32, scale)
         out = cache.attend(0, apply_rope(q, cos, sin), apply_rope(kr, cos, sin), v, step, k_raw=kr)
         cache.end(step)
         for b in range(B):
-            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq)
+            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq, scale)
             c = int(counts[b])
             assert (out[b, :c].double() - ref[:c]).abs().max() <= TOL, (i, b)
             held[b] += list(zip(kr[b, :c], v[b, :c]))
@@ -520,20 +527,22 @@ def test_commit_path_at_the_capacity_with_a_wide_path():
 
 
 # ---------------------------------------------------------------- streaming cache loaded from a full cache
-def test_streaming_fill_from_full_equals_attention_over_sink_and_window():
+@pytest.mark.parametrize("rope", [None, YARN])
+def test_streaming_fill_from_full_equals_attention_over_sink_and_window(rope):
     """``StreamingCache.fill_from``: row b keeps the sinks and the last ``window`` of the first
     ``lengths[b]`` tokens of a full cache (their keys and values as the full cache holds them), then
     behaves as a StreamingLLM cache: attention over them equals the naive reference, through further
-    steps, evictions and a rollback; a row that evicted nothing holds the full cache's keys bitwise."""
+    steps, evictions and a rollback; a row that evicted nothing holds the full cache's keys bitwise.
+    (With YaRN RoPE too: rotating the full cache's keys back undoes its factor on cos and sin.)"""
     cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_scaling=rope)
     B, Hq, Hkv, D, sink, window = 3, 4, 2, 6, 2, 8
     g = torch.Generator().manual_seed(0)
-    inv_freq = rope_inv_freq(cfg)
+    inv_freq, scale = rope_inv_freq(cfg), rope_attention_scale(cfg)
     full = FullCache(cfg, B, 64)
     kr_full, v_full = torch.randn(B, 30, Hkv, D, generator=g), torch.randn(B, 30, Hkv, D, generator=g)
     step = full.begin(30)
-    cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+    cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32, scale)
     full.attend(0, apply_rope(torch.randn(B, 30, Hq, D, generator=g), cos, sin), apply_rope(kr_full, cos, sin),
                 v_full, step)
     full.end(step)
@@ -556,11 +565,11 @@ def test_streaming_fill_from_full_equals_attention_over_sink_and_window():
         q = torch.randn(B, T, Hq, D, generator=g)
         kr = torch.randn(B, T, Hkv, D, generator=g)
         v = torch.randn(B, T, Hkv, D, generator=g)
-        cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
+        cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32, scale)
         out = cache.attend(0, apply_rope(q, cos, sin), apply_rope(kr, cos, sin), v, step, k_raw=kr)
         cache.end(step)
         for b in range(B):
-            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq)
+            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq, scale)
             assert (out[b].double() - ref).abs().max() <= TOL, (i, b)
             held[b] += list(zip(kr[b], v[b]))
         if i == 1:  # reject the last token of row 0

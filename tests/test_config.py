@@ -18,6 +18,12 @@ TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_lay
             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+# YaRN: transformers' defaults; every optional key (an explicit attention factor, the betas, no truncation);
+# DeepSeek's mscale / mscale_all_dim ratio for the attention factor
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128}
+YARN_ALL = {**YARN, "factor": 8.0, "original_max_position_embeddings": 64, "attention_factor": 1.3,
+            "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False}
+YARN_MSCALE = {**YARN, "mscale": 0.7, "mscale_all_dim": 1.2}
 
 
 def hf_checkpoint(directory, config_cls, model_cls, **kw):
@@ -43,6 +49,10 @@ def v4_spelling(cfg: dict) -> dict:
     ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, 10000.0,
      {"rope_type": "linear", "factor": 2.0}),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1234.5}}, 1234.5, None),
+    ("llama", {"rope_parameters": YARN}, 10000.0, {k: v for k, v in YARN.items() if k != "rope_theta"}),
+    ("llama", {"rope_parameters": YARN_ALL}, 10000.0, {k: v for k, v in YARN_ALL.items() if k != "rope_theta"}),
+    ("llama", {"rope_parameters": YARN_MSCALE}, 10000.0,
+     {k: v for k, v in YARN_MSCALE.items() if k != "rope_theta"}),
     ("mistral", {"sliding_window": None, "rope_parameters": {"rope_type": "default", "rope_theta": 40000.0}},
      40000.0, None),
     ("mistral", {"sliding_window": 512}, 10000.0, None),  # a window as long as the context masks nothing
@@ -104,10 +114,10 @@ def rope(cfg, **changes):
 
 
 @pytest.mark.parametrize("mutate,key", [
-    (lambda c: rope(c, rope_type="yarn"), "rope_type 'yarn'"),
+    (lambda c: rope(c, rope_type="yarn"), "not understood for rope_type 'yarn'"),  # llama3's keys left in
     (lambda c: {**c, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
-    (lambda c: {**without(v4_spelling(c), "rope_scaling"), "rope_scaling": {"type": "yarn", "factor": 4.0}},
-     "rope_type 'yarn'"),
+    (lambda c: {**without(v4_spelling(c), "rope_scaling"), "rope_scaling": {"type": "longrope", "factor": 4.0}},
+     "rope_type 'longrope'"),
     (lambda c: {**c, "logits_scaling": 2.0}, "'logits_scaling'"),
     # biases are Llama / Qwen3 switches; Mistral's and Qwen2's transformers configs have no such key
     (lambda c: {**c, "model_type": "mistral", "attention_bias": True, "sliding_window": None},
@@ -146,11 +156,17 @@ def test_unsupported_config_keys_raise_naming_the_key(tmp_path, saved_config, mu
         Llama.from_pretrained(tmp_path)
 
 
-def test_transformers_saved_yarn_raises(tmp_path):
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
-    transformers.LlamaConfig(**TINY, rope_parameters=yarn).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="rope_type 'yarn'"):
-        Llama.from_pretrained(tmp_path)
+def test_transformers_saved_yarn_config_reads_as_transformers(tmp_path):
+    """Without original_max_position_embeddings, yarn starts from max_position_embeddings (transformers 5); a
+    top-level one (the 4.x spelling of Yarn-Llama-2's config) goes into the RoPE settings."""
+    transformers.LlamaConfig(**TINY, rope_parameters={"rope_type": "yarn", "factor": 4.0}).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert LlamaConfig.from_dict(saved).rope_scaling == {"rope_type": "yarn", "factor": 4.0,
+                                                         "original_max_position_embeddings": 512}
+    old = {**without(v4_spelling(saved), "rope_scaling"), "original_max_position_embeddings": 128,
+           "rope_scaling": {"type": "yarn", "factor": 32.0, "finetuned": True}}
+    assert LlamaConfig.from_dict(old).rope_scaling == {"rope_type": "yarn", "factor": 32.0, "finetuned": True,
+                                                       "original_max_position_embeddings": 128}
 
 
 def test_metadata_and_harmless_values_load(saved_config):
@@ -192,6 +208,16 @@ def test_llama_config_checks_rope_scaling_and_extra():
         LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 2.0, "beta_fast": 32})
     with pytest.raises(ValueError, match="factor"):
         LlamaConfig(**base, rope_scaling={"rope_type": "linear", "factor": 0})
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    assert LlamaConfig(**base, rope_scaling={**yarn, "finetuned": True, "beta_fast": None}).rope_type == "yarn"
+    with pytest.raises(ValueError, match="needs original_max_position_embeddings"):
+        LlamaConfig(**base, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="attention_factor"):
+        LlamaConfig(**base, rope_scaling={**yarn, "attention_factor": -1.0})
+    with pytest.raises(ValueError, match="truncate.*true or false"):
+        LlamaConfig(**base, rope_scaling={**yarn, "truncate": 1})
+    with pytest.raises(ValueError, match="'low_freq_factor'"):
+        LlamaConfig(**base, rope_scaling={**yarn, "low_freq_factor": 1.0})
     with pytest.raises(ValueError, match="'hidden_act'"):
         LlamaConfig(**base, extra={"hidden_act": "gelu"})
     with pytest.raises(ValueError, match="'mlp_bias' = True is not supported for model_type 'qwen2'"):
@@ -283,10 +309,28 @@ def test_gguf_round_trip_and_rope_scaling(tmp_path):
     assert (scaled(ids) - model(ids)).abs().max() > 1e-3  # the factor reached the RoPE
     plain = write_gguf(tmp_path / "n.gguf", model, {"rope.scaling.type": "none", "rope.scaling.finetuned": False})
     assert Llama.from_pretrained(plain, cache_dir=False).config.rope_scaling is None
+    # yarn, as llama.cpp's converter writes it (Yarn-Llama-2, Qwen2.5 with YaRN): the factor over the original
+    # context; its betas when given; the original context defaults to the file's context length
+    meta = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 128,
+            "rope.scaling.finetuned": True, "rope.scaling.yarn_ext_factor": 1.0}
+    yarn = Llama.from_pretrained(write_gguf(tmp_path / "y.gguf", model, meta), cache_dir=False)
+    assert yarn.config.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    ref = Llama(yarn.config).eval()
+    ref.load_state_dict(model.state_dict())
+    assert torch.equal(yarn(ids), ref(ids)) and (yarn(ids) - model(ids)).abs().max() > 1e-3
+    betas = {"rope.scaling.type": "yarn", "rope.scaling.factor": 8.0, "rope.scaling.yarn_beta_fast": 16.0,
+             "rope.scaling.yarn_beta_slow": 2.0}
+    assert Llama.from_pretrained(write_gguf(tmp_path / "b.gguf", model, betas), cache_dir=False).config.rope_scaling \
+        == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 16.0,
+            "beta_slow": 2.0}
 
 
 @pytest.mark.parametrize("meta,drop,tensors,key", [
-    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, (), None, "llama.rope.scaling.type"),
+    ({"rope.scaling.type": "longrope", "rope.scaling.factor": 4.0}, (), None, "llama.rope.scaling.type"),
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 1.0}, (), None, "llama.rope.scaling.factor"),
+    ({"rope.scaling.yarn_ext_factor": 1.0}, (), None, "llama.rope.scaling.yarn_ext_factor"),  # without yarn
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.yarn_log_multiplier": 0.1}, (), None,
+     "llama.rope.scaling.yarn_log_multiplier"),
     ({"rope.scaling.type": "none", "rope.scaling.factor": 4.0}, (), None, "llama.rope.scaling.factor"),
     ({"attention.clamp_kqv": 8.0}, (), None, "llama.attention.clamp_kqv"),
     ({"rope.dimension_count": 8}, (), None, "llama.rope.dimension_count"),

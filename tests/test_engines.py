@@ -16,11 +16,11 @@ from triforce.models.cache import FullCache
 METHODS = ("speculative", "magicdec", "triforce", "tree")
 
 
-def tiny(seed, vocab=64, layers=2):
+def tiny(seed, vocab=64, layers=2, rope_scaling=None):
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      initializer_range=0.3)
+                      initializer_range=0.3, rope_scaling=rope_scaling)
     return Llama(cfg).eval()
 
 
@@ -74,6 +74,21 @@ def test_greedy_equals_autoregressive_tiny_ragged(tiny_models, method, opts):
     for b in range(len(prompts)):
         assert out.tokens[b].shape == (37,) and out.tokens[b].dtype == torch.int64
         assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive_with_yarn_rope(method, opts):
+    """YaRN RoPE (a factor on cos and sin that the StreamingLLM draft cache keeps when it re-rotates keys):
+    every method's greedy tokens equal autoregressive's, and its drafts are accepted (tokens per pass > 1)."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    target, draft = tiny(0, rope_scaling=yarn), tiny(1, rope_scaling=yarn)
+    prompts = ragged_prompts()
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=30,
+                            draft=draft if method in ("speculative", "triforce") else None, **opts)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+    assert out.stats["mean_accepted"] > 1.0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -224,7 +224,7 @@ class HiddenTransfer(DraftHeads):
         x = self.pseudo(h[anchors]).reshape(1, A * k_n, -1)  # [1, A*k, H]
         i = torch.arange(1, k_n + 1, device=h.device)
         pos = (anchors[:, None] + i).reshape(1, -1)
-        cos, sin = rope_cos_sin(model.inv_freq, pos, x.dtype)
+        cos, sin = rope_cos_sin(model.inv_freq, pos, x.dtype, model.rope_scale)
         real = torch.arange(S, device=h.device)[None, :] <= anchors.repeat_interleave(k_n)[:, None]  # [A*k, S]
         grp = torch.arange(A, device=h.device).repeat_interleave(k_n)
         idx = i.repeat(A)

@@ -27,7 +27,7 @@ import triforce_kernels as tk
 from triforce_kernels.tree_mask import tree_attention_mask_trusted
 from triforce_kernels.verify_attention import verify_attention_trusted
 from .config import LlamaConfig
-from .rope import apply_rope, rope_cos_sin, rope_inv_freq
+from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq
 
 __all__ = ["FullCache", "StreamingCache", "RetrievalCache", "TokenTree"]
 
@@ -453,6 +453,7 @@ class StreamingCache(_KVCache):
         self.keep = sink + window
         B, cap = batch_size, self.capacity
         self._inv_freq = rope_inv_freq(config, self.device)
+        self._rope_scale = rope_attention_scale(config)  # YaRN's factor on cos and sin
         self._pos_limit = config.max_position_embeddings
         # slot_pos[b, s]: position in the sequence of the token in non-sink slot s (_FREE: none)
         self.slot_pos = torch.full((B, cap), _FREE, dtype=torch.int64, device=self.device)
@@ -539,8 +540,8 @@ class StreamingCache(_KVCache):
         pos = torch.where(slot < sink, slot, slot + evicted[:, None])  # sequence position of slot's token
         valid = slot < kept[:, None]
         src = torch.where(valid, pos, 0)  # a full cache's RoPE position is its slot
-        cos, sin = rope_cos_sin(self._inv_freq, src, self.dtype)
-        sin.neg_()  # the inverse rotation
+        cos, sin = rope_cos_sin(self._inv_freq, src, self.dtype, 1.0 / self._rope_scale)
+        sin.neg_()  # the inverse rotation (and YaRN's factor undone)
         for layer in range(self.num_layers):
             k = full.k[layer][bi, src]
             self.k[layer][:, :keep] = k
@@ -598,7 +599,7 @@ class StreamingCache(_KVCache):
 
     def _rotate(self, slots: slice, positions) -> None:
         """``k`` of every layer at ``slots`` = ``k_raw`` rotated at ``positions`` ``[B, n]``."""
-        cos, sin = rope_cos_sin(self._inv_freq, positions, self.dtype)  # [B, n, 1, D]: broadcast over layers
+        cos, sin = rope_cos_sin(self._inv_freq, positions, self.dtype, self._rope_scale)  # [B, n, 1, D]: all layers
         self._kvr[0, :, :, slots] = apply_rope(self._kvr[2, :, :, slots], cos, sin)
 
     def _rebase(self) -> None:

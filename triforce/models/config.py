@@ -20,13 +20,21 @@ import json
 import os
 from dataclasses import dataclass, field
 
-# rope_type -> the keys it needs (rope.py implements each). transformers' yarn / dynamic / longrope raise.
+# rope_type -> the keys it needs (rope.py implements each). transformers' dynamic / longrope raise.
 _ROPE_TYPES = {
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
 }
 _SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
+# rope_type -> the keys it may have besides those it needs (transformers' defaults apply without them).
+# yarn: attention_factor (else from factor, or from mscale / mscale_all_dim), beta_fast 32, beta_slow 1,
+# truncate true; "finetuned" is the original YaRN code's flag for its dynamic variant, which static yarn
+# does not read (Yarn-Llama-2's config.json has it).
+_ROPE_OPTIONAL = {
+    "yarn": ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "finetuned"),
+}
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,10 @@ _HARMLESS_ONLY_AT = {
     "quantization_config": (lambda v, c: v is None, "null (float weights; quantised HF checkpoints are not "
                                                     "read, GGUF files are)"),
     "auto_map": (lambda v, c: not v, "absent (the checkpoint ships its own modeling code)"),
-    # transformers reads it for llama3 RoPE only (from_dict moves it into rope_scaling then)
+    # transformers reads it for llama3 and yarn RoPE only (from_dict moves it into rope_scaling then)
     "original_max_position_embeddings": (
-        lambda v, c: c.rope_type != "llama3" or v == c.rope_scaling["original_max_position_embeddings"],
-        "the rope_scaling value (llama3 RoPE)"),
+        lambda v, c: c.rope_type not in ("llama3", "yarn")
+        or v == c.rope_scaling["original_max_position_embeddings"], "the rope_scaling value (llama3 / yarn RoPE)"),
 }
 
 
@@ -147,8 +155,10 @@ class LlamaConfig:
 
     ``num_key_value_heads`` defaults to ``num_attention_heads`` (MHA) and ``head_dim`` to
     ``hidden_size // num_attention_heads``. ``rope_scaling`` is ``None`` or a dict with ``rope_type``
-    (or ``type``) ``"default"``, ``"linear"`` (``factor``) or ``"llama3"`` (``factor``,
-    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``); it may also hold
+    (or ``type``) ``"default"``, ``"linear"`` (``factor``), ``"llama3"`` (``factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) or ``"yarn"``
+    (``factor``, ``original_max_position_embeddings``; optionally ``attention_factor``, ``beta_fast``,
+    ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``truncate``, as transformers reads them); it may also hold
     ``rope_theta`` (equal to the field) and ``partial_rotary_factor`` 1.0, as transformers 5's
     ``rope_parameters`` do. Any other key in it raises. ``extra`` holds the other ``config.json`` keys,
     each either metadata or at its one supported value (see the module docstring); others raise.
@@ -241,18 +251,22 @@ class LlamaConfig:
             raise ValueError(f"rope partial_rotary_factor = {rs['partial_rotary_factor']!r} is not supported "
                              "(RoPE on a part of the head); only 1.0 is")
         rs.pop("partial_rotary_factor", None)
-        need = _ROPE_TYPES[kind]
+        need, optional = _ROPE_TYPES[kind], _ROPE_OPTIONAL.get(kind, ())
         missing = [k for k in need if k not in rs]
         if missing:
             raise ValueError(f"rope_scaling of rope_type {kind!r} needs {', '.join(missing)}")
-        unknown = sorted(set(rs) - set(need))
+        unknown = sorted(set(rs) - set(need) - set(optional))
         if unknown:
             raise ValueError(f"rope_scaling key {unknown[0]!r} is not understood for rope_type {kind!r} "
-                             f"(which reads {', '.join(need) or 'nothing else'}) and could change the RoPE "
-                             "frequencies; remove it if you know it does not")
-        for k in need:
+                             f"(which reads {', '.join(need + optional) or 'nothing else'}) and could change the "
+                             "RoPE frequencies; remove it if you know it does not")
+        flags = ("truncate", "finetuned")
+        for k in need + tuple(k for k in optional if rs.get(k) is not None and k not in flags):
             if not _is_number(rs[k]) or not rs[k] > 0:
                 raise ValueError(f"rope_scaling[{k!r}] must be a number > 0, got {rs[k]!r}")
+        for k in flags:
+            if k in optional and rs.get(k) is not None and not isinstance(rs[k], bool):
+                raise ValueError(f"rope_scaling[{k!r}] must be true or false, got {rs[k]!r}")
         if kind == "llama3" and rs["low_freq_factor"] == rs["high_freq_factor"]:
             raise ValueError("rope_scaling low_freq_factor must differ from high_freq_factor (llama3 blends between)")
         return None if kind == "default" else {"rope_type": kind, **rs}
@@ -331,7 +345,7 @@ def _read_rope(d: dict) -> dict:
     """Pop the RoPE keys of a config.json dict ``d`` (both spellings) and return ``rope_theta`` /
     ``rope_scaling`` for ``LlamaConfig``. As in transformers, a ``rope_theta`` inside ``rope_parameters``
     / ``rope_scaling`` wins over the top-level one and a top-level ``original_max_position_embeddings``
-    over the one inside for llama3; here a disagreement raises instead of picking one."""
+    over the one inside for llama3 and yarn; here a disagreement raises instead of picking one."""
     params, scaling = d.pop("rope_parameters", None), d.pop("rope_scaling", None)
     for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
         if v is not None and not isinstance(v, dict):
@@ -352,13 +366,13 @@ def _read_rope(d: dict) -> dict:
     if "partial_rotary_factor" in d:  # transformers moves the top-level one into the rope dict too
         rope.setdefault("partial_rotary_factor", d.pop("partial_rotary_factor"))
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind == "llama3" and "original_max_position_embeddings" in d:
+    if kind in ("llama3", "yarn") and "original_max_position_embeddings" in d:
         top = d.pop("original_max_position_embeddings")
         if rope.setdefault("original_max_position_embeddings", top) != top:
             raise ValueError(f"config original_max_position_embeddings = {top!r} differs from the "
                              f"{rope['original_max_position_embeddings']!r} inside rope_parameters / "
                              "rope_scaling; keep one")
-    if kind == "llama3" and "original_max_position_embeddings" not in rope:
+    if kind in ("llama3", "yarn") and "original_max_position_embeddings" not in rope:
         # transformers 5 fills it in from the context length (the scaling then acts from there on)
         ctx = d.get("max_position_embeddings", LlamaConfig.__dataclass_fields__["max_position_embeddings"].default)
         rope["original_max_position_embeddings"] = ctx

@@ -26,7 +26,7 @@ from . import cache as _cache
 from . import graphs as _graphs
 from .cache import RetrievalCache, Step, TokenTree, _KVCache
 from .config import LlamaConfig
-from .rope import apply_rope, rope_cos_sin, rope_inv_freq
+from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq
 
 __all__ = ["Llama"]
 
@@ -504,6 +504,11 @@ class Llama(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
+    @property
+    def rope_scale(self) -> float:
+        """The factor on RoPE's cos and sin (YaRN's attention factor; 1.0 otherwise)."""
+        return rope_attention_scale(self.config)
+
     # ---- forward
     def _hidden(self, input_ids, cache=None, tree_parents=None, counts=None, query_index=None, query_valid=None,
                 tap=None, graph: bool = True):
@@ -525,7 +530,7 @@ class Llama(nn.Module):
         """The embedding and every decoder layer (``tap``'s extra tokens joining at its layer) -> (the
         residual stream, the step: a tap's wider one once its tokens joined); a cached forward's body,
         between ``cache.begin`` and ``cache.end``."""
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype, self.rope_scale)
         h = self.model.embed_tokens(input_ids)
         layers = self.model.layers
         bounds = (0, len(layers)) if tap is None else (0, tap.layer, len(layers))
@@ -536,7 +541,7 @@ class Llama(nn.Module):
                     extra_h, parents = extra
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
                     step = cache.begin(h.shape[1], parents)
-                    cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.dtype)
+                    cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.dtype, self.rope_scale)
             native = None if cache is None else _native_layers(layers, lo, hi, h, cos, sin, cache, step)
             if native is not None:
                 h = native

@@ -366,15 +366,17 @@ _GGUF_READ = frozenset({
     "vocab_size", "context_length", "embedding_length", "block_count", "feed_forward_length",
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.layer_norm_rms_epsilon",
     "rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
+    "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
 })
 _GGUF_METADATA = frozenset({
     "tensor_data_layout",  # how the converter read the checkpoint; the stored q/k layout is the same
-    "rope.scaling.finetuned", "rope.scaling.original_context_length",  # read by yarn only, which raises
+    "rope.scaling.finetuned",  # the original YaRN code's flag for its dynamic variant; static yarn ignores it
 })
 _GGUF_HARMLESS_ONLY_AT = {
     "attention.value_length": (lambda v, c: v == c.head_dim, "attention.key_length (one head_dim)"),
     "rope.dimension_count": (lambda v, c: v == c.head_dim, "head_dim (RoPE on the whole head)"),
     "rope.scaling.attn_factor": (lambda v, c: v == 1, "1.0"),
+    "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
     "attention.causal": (lambda v, c: v is True, "true"),
     "attention.sliding_window": (lambda v, c: v == 0 or v >= c.max_position_embeddings,
                                  "0 or >= context_length (no sliding-window attention)"),
@@ -387,16 +389,30 @@ _GGUF_HARMLESS_ONLY_AT = {
 }
 
 
-def _gguf_rope_scaling(reader, arch: str, path: Path):
+def _gguf_rope_scaling(reader, arch: str, path: Path, context: int):
     """``rope_scaling`` as llama.cpp reads it: a missing ``rope.scaling.type`` means linear, the factor is
     ``rope.scaling.factor`` (or the older ``rope.scale_linear``; 0 or missing: none); ``none`` turns it
-    off; yarn / longrope raise."""
+    off. ``yarn``: that factor over ``rope.scaling.original_context_length`` (default: ``context``, the
+    file's context length, as llama.cpp), with ``rope.scaling.yarn_beta_fast`` / ``yarn_beta_slow`` (default
+    32 / 1); llama.cpp's ramp ends are rounded outwards, transformers' ``truncate``. Others (longrope) raise."""
     kind = gguf_field(reader, f"{arch}.rope.scaling.type")
     factor = gguf_field(reader, f"{arch}.rope.scaling.factor", gguf_field(reader, f"{arch}.rope.scale_linear"))
     factor = float(factor) if factor is not None else 0.0
+    if kind == "yarn":
+        if not factor > 1:
+            raise ValueError(f"GGUF file {str(path)!r} has yarn RoPE scaling with {arch}.rope.scaling.factor = "
+                             f"{factor}; yarn needs a factor > 1")
+        rs = {"rope_type": "yarn", "factor": factor,
+              "original_max_position_embeddings": int(gguf_field(reader, f"{arch}.rope.scaling.original_context_length",
+                                                                 context))}
+        for key, name in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+            value = gguf_field(reader, f"{arch}.rope.scaling.{name}")
+            if value is not None:
+                rs[key] = float(value)
+        return rs
     if kind not in (None, "linear", "none"):
-        raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = {kind!r}; only linear RoPE "
-                         "scaling is supported (use a model without yarn / longrope scaling)")
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = {kind!r}; only linear and yarn "
+                         "RoPE scaling are supported (use a model without longrope scaling)")
     if kind == "none":
         if factor not in (0.0, 1.0):
             raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = 'none' but "
@@ -494,7 +510,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
-        rope_scaling=_gguf_rope_scaling(reader, arch, path),
+        rope_scaling=_gguf_rope_scaling(reader, arch, path, int(need("context_length"))),
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"))

@@ -1,4 +1,5 @@
-"""Rotary position embedding (half-split layout, as Hugging Face Llama), incl. Llama-3 scaling.
+"""Rotary position embedding (half-split layout, as Hugging Face Llama), incl. linear, Llama-3 and YaRN
+scaling.
 
 Shared by the model (queries and keys of each forward) and the StreamingLLM cache (which re-positions
 its window keys to their new slots after an eviction).
@@ -31,14 +32,63 @@ def rope_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
         inv_freq = torch.where(is_medium, smoothed, scaled)
+    elif kind == "yarn":
+        inv_freq = _yarn_inv_freq(config, device)
     return inv_freq
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
-    """cos, sin ``[B, T, 1, head_dim]`` in ``dtype`` for int ``positions`` ``[B, T]`` (fp32 angles)."""
+def _yarn_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
+    """YaRN (Peng et al., 2023), as transformers computes it: the pairs that turn fewer than ``beta_slow``
+    times over the original context are interpolated (divided by ``factor``), those that turn more than
+    ``beta_fast`` times keep their frequency, and a linear ramp over the pair index blends the ones between
+    (its ends rounded outwards with ``truncate``)."""
+    rs, dim, base = config.rope_scaling, config.head_dim, config.rope_theta
+    factor, ctx = rs["factor"], rs["original_max_position_embeddings"]
+    beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+    def pair_of(turns):  # the (fractional) pair index whose wavelength fits `turns` times into ctx
+        return dim * math.log(ctx / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_of(beta_fast), pair_of(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1).to(device)
+    keep = 1 - ramp  # 1: the pair keeps its frequency (extrapolation), 0: interpolated
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+def rope_attention_scale(config: LlamaConfig) -> float:
+    """The factor on cos and sin (so ``factor**2`` on every attention score): YaRN's ``attention_factor``,
+    by default ``0.1 ln(factor) + 1`` (with ``mscale`` and ``mscale_all_dim``: the ratio of that formula at
+    the two); 1.0 for every other RoPE."""
+    if config.rope_type != "yarn":
+        return 1.0
+    rs = config.rope_scaling
+    if rs.get("attention_factor") is not None:
+        return float(rs["attention_factor"])
+
+    def m(scale, mscale=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    factor = rs["factor"]
+    if rs.get("mscale") and rs.get("mscale_all_dim"):
+        return float(m(factor, rs["mscale"]) / m(factor, rs["mscale_all_dim"]))
+    return float(m(factor))
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    """cos, sin ``[B, T, 1, head_dim]`` in ``dtype`` for int ``positions`` ``[B, T]`` (fp32 angles), each times
+    ``scale`` (:func:`rope_attention_scale`) in fp32 before the rounding to ``dtype``."""
     freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    if scale == 1.0:
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
