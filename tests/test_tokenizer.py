@@ -1,17 +1,19 @@
 """GGUF tokenizers against independent references.
 
 * SentencePiece (``tokenizer.ggml.model == "llama"``: Llama 1/2, TinyLlama, Mistral 7B up to v0.3): the
-  ``tokenizers`` BPE that ``Tokenizer.from_gguf`` builds equals, on random text, ``spm_reference`` below, a
-  plain implementation of the rule llama.cpp applies (merge the adjacent pair whose union is the vocabulary
-  piece of the highest score, leftmost first; bytes for what no piece covers; a space in front of the text
-  and after every special token). The vocabulary is trained here; its pieces tie in threes, and runs of
-  spaces tie as in Llama 2. Where no scores tie, the ``tokenizers`` BPE that serves as ``backend`` (Hugging
-  Face's conversion) encodes the same; where they do it may not, which is why encoding does not use it.
+  encoder that ``Tokenizer.from_gguf`` builds (``SentencePiece``, a heap of candidate pairs) equals, on
+  random text, ``spm_reference`` below, a plain implementation of the rule llama.cpp applies (merge the
+  adjacent pair whose union is the vocabulary piece of the highest score, leftmost first; bytes for what no
+  piece covers; a space in front of the text and after every special token). The vocabulary is trained
+  here; its pieces tie in threes, and runs of spaces tie as in Llama 2. Where no scores tie, the
+  ``tokenizers`` BPE that serves as ``backend`` (Hugging Face's conversion) encodes the same; where they do
+  it may not (the ``ab`` / ``ba`` example), which is why encoding does not use it.
 * Llama 3 (``llama-bpe``): a split found whole in the vocabulary is that token, whatever the merges.
+* DeepSeek-Coder's pre-tokenizer, and chat templates that write ``bos_token`` / call ``raise_exception``.
 * Opt-in (``TRIFORCE_VOCABS=1``; it downloads llama.cpp's tokenizer test files, ~77 MB, once): the real
-  vocabularies of Llama 2 (SentencePiece), Phi-3 (SentencePiece), Llama 3, Qwen2, GPT-2 and DeepSeek-Coder give, on
-  llama.cpp's test texts, exactly the ids that the models' own Hugging Face tokenizers give; and the Llama 2
-  vocabulary equals ``spm_reference`` on random text too.
+  vocabularies of Llama 2 and Phi-3 (SentencePiece), Llama 3, Qwen2, GPT-2 and DeepSeek-Coder give, on
+  llama.cpp's test texts, exactly the ids that the models' own Hugging Face tokenizers give, and decode them
+  back to the texts; and the Llama 2 vocabulary equals ``spm_reference`` on random text too.
 """
 import json
 import os
@@ -333,6 +335,7 @@ def test_real_vocabularies_match_their_tokenizers(real_vocabs, name):
     cases = vocab_cases(real_vocabs, name)
     assert len(cases) >= 40
     assert [tok.encode(text) for text, _ in cases] == [ids for _, ids in cases]
+    assert [tok.decode(ids) for _, ids in cases] == [text for text, _ in cases]
 
 
 def test_llama2_vocabulary_matches_reference_on_random_text(real_vocabs):
