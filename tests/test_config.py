@@ -156,6 +156,68 @@ def test_unsupported_config_keys_raise_naming_the_key(tmp_path, saved_config, mu
         Llama.from_pretrained(tmp_path)
 
 
+class _RunsCode:
+    """An object whose unpickling would run a command (what a checkpoint must not be able to do)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_pytorch_bin_checkpoints_load_as_transformers(tmp_path):
+    """Older checkpoints hold PyTorch pickles: ``pytorch_model.bin``, or shards named by
+    ``pytorch_model.bin.index.json`` (JackFram/llama-68m, the TriForce paper's draft, is one). They load with
+    transformers' logits, also in the legacy (pre-zip) format; safetensors win where both are present, as in
+    transformers; a pickle that would build any object but tensors raises without running anything."""
+    hf = hf_checkpoint(tmp_path / "st", transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+
+    def folder(name):
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy(tmp_path / "st" / "config.json", d)
+        return d
+
+    single, legacy, sharded = folder("single"), folder("legacy"), folder("sharded")
+    torch.save(sd, single / "pytorch_model.bin")
+    torch.save(sd, legacy / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    names = sorted(sd)
+    weight_map = {}
+    for i, part in enumerate((names[:5], names[5:11], names[11:])):
+        shard = f"pytorch_model-0000{i + 1}-of-00003.bin"
+        torch.save({k: sd[k] for k in part}, sharded / shard)
+        weight_map.update({k: shard for k in part})
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with torch.no_grad():
+        got = Llama.from_pretrained(single)(ids)
+        assert (got - ref).abs().max().item() <= TOL
+        assert torch.equal(Llama.from_pretrained(legacy)(ids), got)
+        assert torch.equal(Llama.from_pretrained(sharded)(ids), got)
+        # beside model.safetensors a pytorch_model.bin is not read
+        torch.save({k: torch.zeros_like(v) for k, v in sd.items()}, tmp_path / "st" / "pytorch_model.bin")
+        assert torch.equal(Llama.from_pretrained(tmp_path / "st")(ids), got)
+    marker = tmp_path / "ran"
+    evil = folder("evil")
+    torch.save({**sd, "model.norm.weight": _RunsCode(marker)}, evil / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="tensors only"):
+        Llama.from_pretrained(evil)
+    assert not marker.exists()
+    notdict = folder("list")
+    torch.save(list(sd.values()), notdict / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="not a state dict"):
+        Llama.from_pretrained(notdict)
+    missing = folder("missing")
+    (missing / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"a": "gone.bin"}}))
+    with pytest.raises(FileNotFoundError, match="gone.bin"):
+        Llama.from_pretrained(missing)
+
+
 def test_transformers_saved_yarn_config_reads_as_transformers(tmp_path):
     """Without original_max_position_embeddings, yarn starts from max_position_embeddings (transformers 5); a
     top-level one (the 4.x spelling of Yarn-Llama-2's config) goes into the RoPE settings."""

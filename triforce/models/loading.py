@@ -226,9 +226,6 @@ def _load_hf_dir(directory: Path, device, dtype):
 
 def _read_hf_dir(directory: Path):
     """-> (config, state dict) of a Hugging Face directory (errors name what is missing or unreadable)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     cfg = directory / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"{str(directory)!r} has no config.json (not a Hugging Face model directory)")
@@ -238,10 +235,7 @@ def _read_hf_dir(directory: Path):
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
     sd, origin = {}, {}
     for f in _weight_files(directory):
-        try:
-            part = load_file(f)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ValueError(f"cannot read {str(f)!r} (corrupt or not safetensors): {e}") from None
+        part = _read_weights(f)
         for k in part:
             if k in origin:
                 raise ValueError(f"weight {k} is in both {origin[k].name!r} and {f.name!r} in {str(directory)!r}: "
@@ -252,36 +246,74 @@ def _read_hf_dir(directory: Path):
 
 
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
+_PT_SINGLE, _PT_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 
 
 def _weight_files(directory: Path) -> list:
-    """The safetensors files that hold the model, as transformers picks them: ``model.safetensors``, else
-    the shards named by ``model.safetensors.index.json``'s ``weight_map``; other ``*.safetensors`` beside
-    them (e.g. Mistral's ``consolidated.safetensors``, the same weights under other names) are not read.
-    A directory with neither reads every ``*.safetensors`` file in it."""
-    if (directory / _SINGLE).is_file():
-        return [directory / _SINGLE]
-    index = directory / _INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{str(index)!r} is not a safetensors index (a JSON object with a 'weight_map' "
-                             f"of weight name -> file): {e!r}") from None
-        files = []
-        for name in names:
-            f = directory / name if isinstance(name, str) else None
-            if f is None or Path(name).name != name or not f.is_file():
-                raise FileNotFoundError(f"{str(index)!r} names the shard {name!r}, which is not a file in "
-                                        f"{str(directory)!r}")
-            files.append(f)
+    """The files that hold the model, as transformers picks them: ``model.safetensors``, else the shards named
+    by ``model.safetensors.index.json``'s ``weight_map``; without those, PyTorch's ``pytorch_model.bin``, else
+    the shards of ``pytorch_model.bin.index.json`` (older checkpoints, e.g. JackFram/llama-68m, the TriForce
+    paper's draft). Other ``*.safetensors`` beside them (e.g. Mistral's ``consolidated.safetensors``, the
+    same weights under other names) are not read. A directory with none of these reads every
+    ``*.safetensors`` file in it."""
+    for single, index in ((_SINGLE, _INDEX), (_PT_SINGLE, _PT_INDEX)):
+        if (directory / single).is_file():
+            return [directory / single]
+        files = _index_shards(directory, directory / index)
         if files:
             return files
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{str(directory)!r} has no *.safetensors weights")
+        raise FileNotFoundError(f"{str(directory)!r} has no weights (model.safetensors, its index, "
+                                "pytorch_model.bin, its index or any *.safetensors)")
     return files
+
+
+def _index_shards(directory: Path, index: Path) -> list:
+    """The shard files that ``index`` (a transformers ``*.index.json``) names, each once; none without it."""
+    if not index.is_file():
+        return []
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(index)!r} is not a weight index (a JSON object with a 'weight_map' "
+                         f"of weight name -> file): {e!r}") from None
+    files = []
+    for name in names:
+        f = directory / name if isinstance(name, str) else None
+        if f is None or Path(name).name != name or not f.is_file():
+            raise FileNotFoundError(f"{str(index)!r} names the shard {name!r}, which is not a file in "
+                                    f"{str(directory)!r}")
+        files.append(f)
+    return files
+
+
+def _read_weights(f: Path) -> dict:
+    """The tensors of one weight file: safetensors, or a PyTorch checkpoint read with ``weights_only=True``
+    (tensors and plain containers only: a pickle that would build any other object, and so could run code,
+    raises instead), memory-mapped where its format allows."""
+    if f.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(f)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"cannot read {str(f)!r} (corrupt or not safetensors): {e}") from None
+    try:
+        try:
+            sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:  # the legacy (pre-zip) format cannot be memory-mapped
+            if "mmap" not in str(e):
+                raise
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle, zipfile and torch raise many kinds; all mean "unreadable"
+        raise ValueError(f"cannot read {str(f)!r} as a PyTorch checkpoint of tensors only (corrupt, or it holds "
+                         f"objects other than tensors): {type(e).__name__}: {e}") from None
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
+        raise ValueError(f"{str(f)!r} is not a state dict (a dict of weight name -> tensor)")
+    return sd
 
 
 def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset()):
