@@ -249,6 +249,103 @@ def test_sentencepiece_flags_and_errors(tmp_path):
         build("bert.gguf", model="bert")
 
 
+DATA = Path(__file__).parent / "data"
+
+
+def spm_directory(tmp_path, name, tok_cfg=None):
+    """A Hugging Face directory with only tests/data/spm_bpe.model as its tokenizer.model (and ``tok_cfg``)."""
+    import shutil
+
+    d = tmp_path / name
+    d.mkdir()
+    shutil.copy(DATA / "spm_bpe.model", d / "tokenizer.model")
+    if tok_cfg is not None:
+        (d / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    return d
+
+
+def test_sentencepiece_model_file_matches_the_sentencepiece_library(tmp_path):
+    """A directory whose tokenizer is a SentencePiece tokenizer.model (older Llama 1/2-style checkpoints)
+    encodes as the SentencePiece library itself does: tests/data/spm_bpe.json holds 240 texts and the ids that
+    sentencepiece 0.2.3 gave for them with tests/data/spm_bpe.model (made by tests/data/make_spm_fixture.py),
+    and the ids decode back to the texts."""
+    tok = load_tokenizer(spm_directory(tmp_path, "m"))
+    cases = json.loads((DATA / "spm_bpe.json").read_text(encoding="utf-8"))["cases"]
+    assert len(cases) == 240 and tok.vocab_size == 1200 and tok.sentencepiece is not None
+    assert [tok.encode(c["text"]) for c in cases] == [c["ids"] for c in cases]
+    assert [tok.decode(c["ids"]) for c in cases] == [c["text"] for c in cases]
+    # transformers' defaults for a Llama tokenizer: BOS in front, the model's <s> / </s>
+    assert tok.add_bos_token and tok.bos_token_id == 1 and tok.eos_token_id == 2
+    assert tok.encode("<|user|>x")[0] == 3  # its user-defined piece, whole
+
+
+def test_sentencepiece_model_file_config(tmp_path):
+    """tokenizer_config.json: ``legacy: false`` puts the space prefix only in front of the text's start;
+    ``added_tokens_decoder`` adds tokens after the model's pieces (in order) and must agree with it."""
+    legacy = load_tokenizer(spm_directory(tmp_path, "l", {}))
+    plain = load_tokenizer(spm_directory(tmp_path, "p", {"legacy": False, "add_bos_token": False}))
+    hi = legacy.encode("hi")
+    assert plain.encode("hi") == hi and not plain.add_bos_token
+    bare = legacy.sentencepiece.encode("<s>hi")[1:]  # prefixed after <s>
+    assert bare == hi and plain.encode("<s>hi")[1:] != hi
+    no_prefix = Tokenizer.from_pretrained(spm_directory(tmp_path, "n")).sentencepiece
+    no_prefix.add_space_prefix = False
+    assert plain.encode("<s>hi") == [1] + no_prefix.encode("hi")
+    assert plain.encode("hi</s>there")[:len(hi) + 1] == hi + [2]
+    added = load_tokenizer(spm_directory(tmp_path, "a", {"added_tokens_decoder": {
+        "1": {"content": "<s>", "special": True}, "1200": {"content": "<pad>", "special": True},
+        "1201": {"content": "<|tool|>", "special": False}}}))
+    assert added.vocab_size == 1202
+    assert added.encode("x<pad>y<|tool|>") == legacy.encode("x") + [1200] + legacy.encode("y") + [1201]
+    assert added.decode([1200], skip_special_tokens=True) == "" and added.decode([1201]) == "<|tool|>"
+    for cfg, match in (({"added_tokens_decoder": {"1201": {"content": "<gap>"}}}, "not the next id"),
+                       ({"added_tokens_decoder": {"0": {"content": "<x>"}}}, "piece 0 is '<unk>'")):
+        with pytest.raises(ValueError, match=match):
+            load_tokenizer(spm_directory(tmp_path, f"bad{len(match)}", cfg))
+    (tmp_path / "none").mkdir()
+    with pytest.raises(FileNotFoundError, match="tokenizer.model"):
+        Tokenizer.from_pretrained(tmp_path / "none")
+
+
+def test_sentencepiece_model_file_errors(tmp_path):
+    """Garbage is not a model; a Unigram model, or one that normalises or drops spaces, raises naming it
+    (this encoder would segment it differently)."""
+    import struct
+
+    def varint(n):
+        out = b""
+        while True:
+            out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                return out
+
+    def field(number, value):  # int: a varint; bytes: length-delimited
+        if isinstance(value, int):
+            return varint(number << 3) + varint(value)
+        return varint(number << 3 | 2) + varint(len(value)) + value
+
+    piece = field(1, field(1, b"a") + varint(2 << 3 | 5) + struct.pack("<f", -1.0) + field(3, 1))
+
+    def model(model_type=2, name=b"identity", extra_spaces=0):
+        return piece + field(2, field(3, model_type)) + field(3, field(1, name) + field(4, extra_spaces))
+
+    from triforce.models.tokenizer import _read_sentencepiece_model
+
+    (tmp_path / "ok.model").write_bytes(model())
+    m = _read_sentencepiece_model(tmp_path / "ok.model")
+    assert m["tokens"] == ["a"] and m["scores"] == [-1.0] and m["types"] == [1] and m["model_type"] == 2
+    for i, (bad, match) in enumerate(((b"\xff\xff\xff", "not a SentencePiece model"),
+                                      (model(model_type=1), "model type 1"),
+                                      (model(name=b"nmt_nfkc"), "normalizer 'nmt_nfkc'"),
+                                      (model(extra_spaces=1), "remove_extra_whitespaces"))):
+        d = tmp_path / f"d{i}"
+        d.mkdir()
+        (d / "tokenizer.model").write_bytes(bad)
+        with pytest.raises(ValueError, match=match):
+            Tokenizer.from_pretrained(d)
+
+
 def test_llama3_takes_a_whole_split_from_the_vocabulary(tmp_path):
     """Llama 3 (llama-bpe): a split that is a vocabulary token is that token, even where the merges would not
     build it; other byte-level pre-tokenizers merge it. (Real case, llama.cpp's test text "Cửa Việt": the

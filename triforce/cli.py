@@ -499,8 +499,9 @@ def cmd_generate(args) -> int:
         with progress.step("loading model"):
             model, tok = hub.load_model(args.model, args.dtype, args.device)
         if tok is None:
-            raise ValueError(f"model {args.model!r} has no tokenizer: put the checkpoint's tokenizer.json beside "
-                             "its config.json (or use a GGUF file that embeds one, or --model smollm2)")
+            raise ValueError(f"model {args.model!r} has no tokenizer: put the checkpoint's tokenizer.json (or "
+                             "SentencePiece tokenizer.model) beside its config.json (or use a GGUF file that embeds "
+                             "one, or --model smollm2)")
         draft = None
         if args.draft is not None and _is_heads(args.draft):
             if args.method not in ("tree", "triforce"):

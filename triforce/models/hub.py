@@ -125,7 +125,8 @@ def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:
 
     path = Path(path).expanduser()
     if path.is_dir():
-        return Tokenizer.from_pretrained(path) if (path / "tokenizer.json").exists() else None
+        has = (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()
+        return Tokenizer.from_pretrained(path) if has else None
     if not _is_gguf(path):
         return None
     cached = gguf_cache_path(path, cache_dir) if cache_dir is not False else None

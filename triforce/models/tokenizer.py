@@ -1,4 +1,5 @@
-"""The tokenizer of a model: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package), or the
+"""The tokenizer of a model: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package), a
+SentencePiece ``tokenizer.model`` (older Llama 1/2-style directories; BPE, encoded as below), or the
 tokenizer rebuilt from a GGUF file's embedded vocabulary (no network). The GGUF tokenizers, by
 ``tokenizer.ggml.model``:
 
@@ -172,41 +173,51 @@ class Tokenizer:
     def from_pretrained(cls, path) -> "Tokenizer":
         """The tokenizer of a Hugging Face model directory or of a GGUF file.
 
-        A directory needs ``tokenizer.json``; ``tokenizer_config.json`` (``bos_token``, ``eos_token``,
-        ``add_bos_token``, ``chat_template``), ``chat_template.jinja``, ``generation_config.json`` and
-        ``config.json`` (``bos_token_id`` / ``eos_token_id``) are read when present. A directory written
-        by :meth:`save` (``tokenizer_meta.json``) loads as saved.
+        A directory needs ``tokenizer.json``, or else a SentencePiece ``tokenizer.model`` (older Llama 1/2-style
+        checkpoints; BPE only: :func:`_read_sentencepiece_model`); ``tokenizer_config.json`` (``bos_token``,
+        ``eos_token``, ``add_bos_token``, ``chat_template``; with ``tokenizer.model`` also ``legacy`` and
+        ``added_tokens_decoder``), ``chat_template.jinja``, ``generation_config.json`` and ``config.json``
+        (``bos_token_id`` / ``eos_token_id``) are read when present. A directory written by :meth:`save`
+        (``tokenizer_meta.json``) loads as saved.
 
         Raises:
-            FileNotFoundError: no tokenizer there (a directory without ``tokenizer.json``, a GGUF file
-                without ``tokenizer.ggml.*`` metadata).
+            FileNotFoundError: no tokenizer there (a directory without ``tokenizer.json`` or
+                ``tokenizer.model``, a GGUF file without ``tokenizer.ggml.*`` metadata).
             ValueError: a tokenizer file that cannot be read.
         """
         path = Path(path).expanduser()
         if not path.is_dir():
             return cls.from_gguf(path)
         file = path / "tokenizer.json"
-        if not file.exists():
-            raise FileNotFoundError(f"{str(path)!r} has no tokenizer.json: copy the tokenizer.json of the "
-                                    "original checkpoint into it")
-        if (path / "tokenizer_meta.json").exists():
+        if (path / "tokenizer_meta.json").exists() and file.exists():
             return cls.load(path)
-        try:
-            backend = _HFTokenizer.from_file(str(file))
-        except Exception as e:  # the tokenizers package raises a bare Exception for malformed files
-            raise ValueError(f"cannot read {str(file)!r} with the tokenizers package: {e}") from None
         tok_cfg, gen_cfg, model_cfg = (_read_json(path / n) for n in
                                        ("tokenizer_config.json", "generation_config.json", "config.json"))
+        sentencepiece, model_ids = None, {}
+        if file.exists():
+            try:
+                backend = _HFTokenizer.from_file(str(file))
+            except Exception as e:  # the tokenizers package raises a bare Exception for malformed files
+                raise ValueError(f"cannot read {str(file)!r} with the tokenizers package: {e}") from None
+        elif (path / "tokenizer.model").exists():
+            backend, sentencepiece, model_ids = _sentencepiece_directory(path / "tokenizer.model", tok_cfg)
+        else:
+            raise FileNotFoundError(f"{str(path)!r} has no tokenizer.json (nor a SentencePiece tokenizer.model): "
+                                    "copy the tokenizer files of the original checkpoint into it")
 
         def token_id(entry):  # "</s>" or {"content": "</s>", ...} -> id
             content = entry.get("content") if isinstance(entry, dict) else entry
             return backend.token_to_id(content) if isinstance(content, str) else None
 
         bos = token_id(tok_cfg.get("bos_token"))
-        bos = bos if bos is not None else gen_cfg.get("bos_token_id", model_cfg.get("bos_token_id"))
+        bos = bos if bos is not None else gen_cfg.get("bos_token_id", model_cfg.get("bos_token_id",
+                                                                                    model_ids.get("bos")))
         eos = token_id(tok_cfg.get("eos_token"))
-        eos = eos if eos is not None else gen_cfg.get("eos_token_id", model_cfg.get("eos_token_id"))
+        eos = eos if eos is not None else gen_cfg.get("eos_token_id", model_cfg.get("eos_token_id",
+                                                                                    model_ids.get("eos")))
         add_bos = tok_cfg.get("add_bos_token")
+        if add_bos is None and sentencepiece is not None:  # transformers' LlamaTokenizer adds BOS by default
+            add_bos = bos is not None
         if add_bos is None:  # no flag: the post-processor of tokenizer.json decides (Llama 3 adds BOS there)
             with_special = backend.encode("a", add_special_tokens=True).ids
             plain = backend.encode("a", add_special_tokens=False).ids
@@ -217,7 +228,8 @@ class Tokenizer:
             template = named.get("default", next(iter(named.values()), None))
         if template is None and (path / "chat_template.jinja").exists():
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-        return cls(backend, bos_token_id=bos, eos_token_id=eos, chat_template=template, add_bos_token=add_bos)
+        return cls(backend, bos_token_id=bos, eos_token_id=eos, chat_template=template, add_bos_token=add_bos,
+                   sentencepiece=sentencepiece)
 
     @classmethod
     def from_gguf(cls, path, reader=None) -> "Tokenizer":
@@ -285,39 +297,54 @@ class SentencePiece:
 
     ``tokens``, ``scores`` and ``types`` (llama.cpp's token types) per id, ``unk_id`` (for a byte that has no
     ``<0x..>`` token), ``add_space_prefix``. Control, unknown and user-defined tokens in the text are matched
-    whole, the longest first. Merging keeps the candidate pairs in a heap keyed by (minus the score, the left
-    symbol's position); a pair whose symbols changed since it was queued is dropped when it comes up."""
+    whole, the longest first. The space prefix goes in front of every stretch of text that starts the text or
+    follows such a token (llama.cpp, and transformers' ``legacy`` Llama tokenizer); with ``prefix_after_special``
+    false only in front of the text's start (transformers' ``legacy: false``). Merging keeps the candidate pairs
+    in a heap keyed by (minus the score, the left symbol's position); a pair whose symbols changed since it
+    was queued is dropped when it comes up."""
 
-    def __init__(self, tokens, scores, types, unk_id=None, add_space_prefix: bool = True):
+    def __init__(self, tokens, scores, types, unk_id=None, add_space_prefix: bool = True,
+                 prefix_after_special: bool = True):
         self.tokens, self.scores, self.types = list(tokens), [float(x) for x in scores], [int(t) for t in types]
         self.unk_id = unk_id if isinstance(unk_id, int) and 0 <= unk_id < len(self.tokens) else None
-        self.add_space_prefix = bool(add_space_prefix)
+        self.add_space_prefix, self.prefix_after_special = bool(add_space_prefix), bool(prefix_after_special)
         self.ids: dict[str, int] = {}
         for i, t in enumerate(self.tokens):
             self.ids.setdefault(t, i)
+        self._compile_whole()
+        self._bytes = [self.ids.get("<0x%02X>" % b, self.ids.get(chr(b), self.unk_id)) for b in range(256)]
+
+    def _compile_whole(self) -> None:
         whole = sorted({t for t, ty in zip(self.tokens, self.types)
                         if ty in (_UNKNOWN, _CONTROL, _USER_DEFINED) and t}, key=len, reverse=True)
         self._whole = re.compile("|".join(map(re.escape, whole))) if whole else None
-        self._bytes = [self.ids.get("<0x%02X>" % b, self.ids.get(chr(b), self.unk_id)) for b in range(256)]
+
+    def add_whole(self, text: str, token_id: int) -> None:
+        """A token past the vocabulary (a checkpoint's added token) matched whole in the text."""
+        if token_id != len(self.tokens):
+            raise ValueError(f"an added token takes the next id, {len(self.tokens)}, not {token_id}")
+        self.tokens.append(text), self.scores.append(0.0), self.types.append(_USER_DEFINED)
+        self.ids.setdefault(text, token_id)
+        self._compile_whole()
 
     def state(self) -> dict:
         return {"tokens": self.tokens, "scores": self.scores, "types": self.types, "unk_id": self.unk_id,
-                "add_space_prefix": self.add_space_prefix}
+                "add_space_prefix": self.add_space_prefix, "prefix_after_special": self.prefix_after_special}
 
     def encode(self, text: str) -> list[int]:
         out: list[int] = []
-        pos = 0  # every stretch of text starts the text or follows a whole token: each gets the space prefix
+        pos = 0  # every stretch of text starts the text or follows a whole token
         for m in self._whole.finditer(text) if self._whole is not None else ():
-            self._merge(text[pos:m.start()], out)
+            self._merge(text[pos:m.start()], pos == 0 or self.prefix_after_special, out)
             out.append(self.ids[m.group()])
             pos = m.end()
-        self._merge(text[pos:], out)
+        self._merge(text[pos:], pos == 0 or self.prefix_after_special, out)
         return out
 
-    def _merge(self, text: str, out: list[int]) -> None:
+    def _merge(self, text: str, prefix: bool, out: list[int]) -> None:
         if not text:
             return
-        text = (" " + text if self.add_space_prefix else text).replace(" ", _SPACE)
+        text = (" " + text if prefix and self.add_space_prefix else text).replace(" ", _SPACE)
         ids, scores, n = self.ids, self.scores, len(text)
         size = [1] * n  # symbol i is text[i : i + size[i]]; 0 once merged into its left neighbour
         prev, nxt = list(range(-1, n - 1)), list(range(1, n)) + [-1]
@@ -387,6 +414,116 @@ def _sentencepiece_bpe(sp: SentencePiece) -> _HFTokenizer:
     steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if sp.add_space_prefix else []))
     return backend
+
+
+def _protobuf_fields(buf: bytes):
+    """(field number, value) of each field of one protobuf message, in order: an int for a varint (read as a
+    signed 64-bit value), bytes for a length-delimited or fixed-width field."""
+    def varint(i):
+        value = shift = 0
+        while True:
+            b = buf[i]
+            value |= (b & 0x7F) << shift
+            i, shift = i + 1, shift + 7
+            if b < 0x80:
+                return value, i
+
+    i = 0
+    while i < len(buf):
+        key, i = varint(i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = varint(i)
+            value = value - (1 << 64) if value >= 1 << 63 else value
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, i = buf[i:i + size], i + size
+        elif wire == 2:
+            size, i = varint(i)
+            value, i = buf[i:i + size], i + size
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+        if i > len(buf):
+            raise ValueError("truncated")
+        yield number, value
+
+
+def _read_sentencepiece_model(path: Path) -> dict:
+    """The parts of a SentencePiece ``tokenizer.model`` (a ``ModelProto``) that encoding reads: its pieces'
+    text, score and type (SentencePiece's types are llama.cpp's), the trainer's model type and unknown /
+    BOS / EOS ids, and the normalizer's name and flags (with SentencePiece's defaults where a field is
+    absent). Read from the protobuf wire format directly: no protobuf package needed."""
+    import struct
+
+    try:
+        tokens, scores, types = [], [], []
+        trainer = {3: 1, 40: 0, 41: 1, 42: 2, 24: 0}  # model_type UNIGRAM, unk 0, bos 1, eos 2, whitespace suffix
+        normalizer = {1: b"", 2: b"", 3: 1, 4: 1, 5: 1}  # name, charsmap, dummy prefix, extra spaces, escape
+        for number, value in _protobuf_fields(path.read_bytes()):
+            if number == 1:  # a SentencePiece: piece 1, score 2, type 3 (NORMAL by default)
+                piece = {1: b"", 2: struct.pack("<f", 0.0), 3: _NORMAL}
+                piece.update(_protobuf_fields(value))
+                tokens.append(piece[1].decode("utf-8"))
+                scores.append(struct.unpack("<f", piece[2])[0])
+                types.append(int(piece[3]))
+            elif number == 2:
+                trainer.update((n, v) for n, v in _protobuf_fields(value) if n in trainer)
+            elif number == 3:
+                normalizer.update((n, v) for n, v in _protobuf_fields(value) if n in normalizer)
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(path)!r} is not a SentencePiece model (tokenizer.model): {e}") from None
+    if not tokens:
+        raise ValueError(f"{str(path)!r} is not a SentencePiece model (tokenizer.model): it has no pieces")
+    return {"tokens": tokens, "scores": scores, "types": types, "model_type": trainer[3], "unk_id": trainer[40],
+            "bos_id": trainer[41], "eos_id": trainer[42], "whitespace_as_suffix": bool(trainer[24]),
+            "normalizer": normalizer[1].decode("utf-8", "replace"), "charsmap": bool(normalizer[2]),
+            "add_dummy_prefix": bool(normalizer[3]), "remove_extra_whitespaces": bool(normalizer[4]),
+            "escape_whitespaces": bool(normalizer[5])}
+
+
+def _sentencepiece_directory(path: Path, tok_cfg: dict) -> tuple[_HFTokenizer, "SentencePiece", dict]:
+    """(backend, encoder, the model's own BOS / EOS ids) of a Hugging Face directory's SentencePiece
+    ``tokenizer.model`` with its
+    ``tokenizer_config.json`` ``tok_cfg``: ``legacy`` (default true, as transformers) puts the space prefix
+    after special tokens too; ``added_tokens_decoder`` entries past the model's pieces are added (in id order,
+    without gaps). Only what this encoder computes exactly loads: BPE, no normalisation (Llama's
+    ``identity``), spaces kept and escaped as ``▁``, the prefix in front; anything else raises."""
+    m = _read_sentencepiece_model(path)
+    wrong = [what for what, bad in (
+        (f"model type {m['model_type']} (only BPE, 2: a Unigram model segments differently)", m["model_type"] != 2),
+        (f"normalizer {m['normalizer']!r} (only 'identity')", m["normalizer"] not in ("identity", "") or m["charsmap"]),
+        ("remove_extra_whitespaces (only false)", m["remove_extra_whitespaces"]),
+        ("escape_whitespaces false", not m["escape_whitespaces"]),
+        ("treat_whitespace_as_suffix", m["whitespace_as_suffix"])) if bad]
+    if wrong:
+        raise ValueError(f"{str(path)!r}: SentencePiece settings not supported: {'; '.join(wrong)}")
+    legacy = tok_cfg.get("legacy")
+    sp = SentencePiece(m["tokens"], m["scores"], m["types"], m["unk_id"], m["add_dummy_prefix"],
+                       prefix_after_special=legacy is None or bool(legacy))
+    backend = _sentencepiece_bpe(sp)
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                for t, ty in zip(sp.tokens, sp.types) if ty in (_UNKNOWN, _CONTROL)])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for t, ty in zip(sp.tokens, sp.types) if ty == _USER_DEFINED])
+    added = tok_cfg.get("added_tokens_decoder") or {}
+    for key in sorted(added, key=lambda k: int(k)):
+        i, entry = int(key), added[key]
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if i < len(sp.tokens):
+            if content != sp.tokens[i]:
+                raise ValueError(f"{str(path)!r}: tokenizer_config.json's added token {i} is {content!r}, the "
+                                 f"model's piece {i} is {sp.tokens[i]!r}")
+            continue
+        if i != len(sp.tokens) or not isinstance(content, str) or content in sp.ids:
+            raise ValueError(f"{str(path)!r}: tokenizer_config.json adds token {i} ({content!r}) after the model's "
+                             f"{len(sp.tokens)} tokens: not the next id, or not a new text")
+        token = AddedToken(content, normalized=False, special=bool(entry.get("special", True)))
+        (backend.add_special_tokens if token.special else backend.add_tokens)([token])
+        if backend.token_to_id(content) != i:
+            raise ValueError(f"{str(path)!r}: added token {content!r} did not get its id {i}")
+        sp.add_whole(content, i)
+    own = {k: m[f"{k}_id"] for k in ("bos", "eos") if 0 <= m[f"{k}_id"] < len(m["tokens"])}
+    return backend, sp, own
 
 
 def _read_json(path: Path) -> dict:
