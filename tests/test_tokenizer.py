@@ -229,6 +229,31 @@ def test_chat_template_sees_bos_eos_and_raise_exception(spm):
     assert bare.apply_chat_template([{"role": "user", "content": "x"}]) == "[INST] x [/INST]"
 
 
+TEMPLATE_FEATURES = ("{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+                     "{% generation %}{{ m | tojson }}{% endgeneration %}\n{% endfor %}"
+                     "{% if tools %}{{ tools | tojson(indent=2) }}{% endif %}{{ enable_thinking }}")
+
+
+@pytest.mark.parametrize("template", [LLAMA2_STYLE_CHAT, TEMPLATE_FEATURES])
+def test_chat_template_renders_as_transformers(spm, template):
+    """The same text as transformers' own renderer for a template that uses what its environment offers:
+    ``bos_token`` / ``eos_token``, ``tojson`` (no HTML escaping, its options), ``{% break %}``,
+    ``{% generation %}`` blocks, and variables such as ``tools`` and ``enable_thinking``."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    tok, _, _ = spm
+    chat = Tokenizer(tok.backend, bos_token_id=1, eos_token_id=2, chat_template=template)
+    messages = [{"role": "user", "content": "héllo <b>&</b>"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "go"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"x": "é"}}}]
+    ours = chat.apply_chat_template(messages, tools=tools, enable_thinking=False)
+    (theirs,), _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
+                                         tools=tools, bos_token="<s>", eos_token="</s>", enable_thinking=False)
+    assert ours == theirs
+    if template == TEMPLATE_FEATURES:  # what the features did: no escaping, the break, the variables
+        assert "<b>&</b>" in ours and '"é"' in ours and '"go"' not in ours and ours.endswith("False")
+
+
 def test_sentencepiece_flags_and_errors(tmp_path):
     tokens, scores, types = spm_vocab()
     model = Llama(LlamaConfig(**{**TINY, "vocab_size": len(tokens)}))
@@ -433,6 +458,15 @@ def test_real_vocabularies_match_their_tokenizers(real_vocabs, name):
     assert len(cases) >= 40
     assert [tok.encode(text) for text, _ in cases] == [ids for _, ids in cases]
     assert [tok.decode(ids) for _, ids in cases] == [text for text, _ in cases]
+    if tok.chat_template:  # Phi-3's and Qwen2's files carry theirs: rendered as transformers renders it
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"}, {"role": "user", "content": "2+2?"}]
+        text = lambda i: tok.backend.id_to_token(i) if isinstance(i, int) else ""  # noqa: E731
+        (theirs,), _ = render_jinja_template([messages], chat_template=tok.chat_template, add_generation_prompt=True,
+                                             bos_token=text(tok.bos_token_id), eos_token=text(tok.eos_token_id))
+        assert tok.apply_chat_template(messages) == theirs
 
 
 def test_llama2_vocabulary_matches_reference_on_random_text(real_vocabs):

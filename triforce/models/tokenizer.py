@@ -126,16 +126,29 @@ class Tokenizer:
             raise ValueError(f"ids must be non-negative ints (token ids), got {bad[:5]}")
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
         """Render ``messages`` (``{"role", "content"}`` dicts) with the model's Jinja chat template.
 
         The template sees what transformers gives it: ``messages``, ``add_generation_prompt``, ``bos_token`` and
-        ``eos_token`` (the tokens' text, "" without one) and ``raise_exception(message)``, which raises
-        ``ValueError`` (Llama 2's and Mistral's templates call it for roles out of order). A template that writes
-        ``bos_token`` itself has it in the text: encode that with ``add_special_tokens=False``."""
+        ``eos_token`` (the tokens' text, "" without one), ``raise_exception(message)``, which raises
+        ``ValueError`` (Llama 2's and Mistral's templates call it for roles out of order), ``strftime_now(format)``
+        (Llama 3.2's date), the ``tojson`` filter without HTML escaping, ``{% break %}`` / ``{% continue %}``,
+        and ``{% generation %}`` blocks (rendered as their content); ``variables`` (``tools``,
+        ``enable_thinking``, ``date_string``, ...) are passed on. A template that writes ``bos_token`` itself
+        has it in the text: encode that with ``add_special_tokens=False``."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
+        import datetime
+
+        import jinja2.ext
         import jinja2.sandbox
+
+        class Generation(jinja2.ext.Extension):  # transformers marks assistant text for training masks with it
+            tags = {"generation"}
+
+            def parse(self, parser):
+                next(parser.stream)
+                return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
         def text_of(token_id) -> str:
             token_id = token_id[0] if isinstance(token_id, (list, tuple)) and token_id else token_id
@@ -145,10 +158,15 @@ class Tokenizer:
         def raise_exception(message):
             raise ValueError(f"chat template: {message}")
 
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=text_of(self.bos_token_id),
-            eos_token=text_of(self.eos_token_id), raise_exception=raise_exception)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                           extensions=[Generation, jinja2.ext.loopcontrols])
+        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+            json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        env.globals.update(raise_exception=raise_exception,
+                           strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+        values = {"bos_token": text_of(self.bos_token_id), "eos_token": text_of(self.eos_token_id), **variables}
+        return env.from_string(self.chat_template).render(messages=messages,
+                                                          add_generation_prompt=add_generation_prompt, **values)
 
     # ---- persistence (a converted tokenizer is cached beside the converted weights)
     def save(self, directory) -> None:
