@@ -81,7 +81,7 @@ class Tokenizer:
     """Minimal tokenizer: ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``apply_chat_template``.
 
     ``backend`` is the underlying ``tokenizers.Tokenizer``, which encodes unless ``sentencepiece`` (a
-    :class:`SentencePiece`: a GGUF SentencePiece vocabulary) does. ``eos_token_id``: an id, a list of ids (a
+    :class:`SentencePiece`: a GGUF's SentencePiece vocabulary, or a directory's ``tokenizer.model``) does. ``eos_token_id``: an id, a list of ids (a
     ``generation_config.json`` may list several) or ``None``. ``add_bos_token``: whether the model
     expects ``bos_token_id`` in front of a prompt (``encode(text, add_special_tokens=True)`` adds it).
     """
