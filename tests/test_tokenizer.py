@@ -371,16 +371,17 @@ def test_sentencepiece_model_file_errors(tmp_path):
             Tokenizer.from_pretrained(d)
 
 
-def test_llama3_takes_a_whole_split_from_the_vocabulary(tmp_path):
-    """Llama 3 (llama-bpe): a split that is a vocabulary token is that token, even where the merges would not
-    build it; other byte-level pre-tokenizers merge it. (Real case, llama.cpp's test text "Cửa Việt": the
+@pytest.mark.parametrize("pre", ["llama-bpe", "llama3", "llama-v3", "falcon3"])
+def test_llama3_takes_a_whole_split_from_the_vocabulary(tmp_path, pre):
+    """Llama 3 (llama-bpe, and the names llama.cpp treats alike): a split that is a vocabulary token is that
+    token, even where the merges would not build it; other byte-level pre-tokenizers merge it. (Real case, llama.cpp's test text "Cửa Việt": the
     Llama 3 vocabulary holds " Việt" whole; its merges end in " Vi", "á»", "ĩ", "t".)"""
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ"]
     tokens = letters + ["ab", "abc", "<|begin_of_text|>"]
     common = {"model": "gpt2", "tokens": tokens, "merges": ["a b"], "token_type": [1] * (len(tokens) - 1) + [3],
               "bos_token_id": len(tokens) - 1}
     model = Llama(LlamaConfig(**{**TINY, "vocab_size": len(tokens)}))
-    llama3 = load_tokenizer(write_gguf(tmp_path / "l3.gguf", model, tokenizer={**common, "pre": "llama-bpe"}),
+    llama3 = load_tokenizer(write_gguf(tmp_path / "l3.gguf", model, tokenizer={**common, "pre": pre}),
                             cache_dir=False)
     qwen2 = load_tokenizer(write_gguf(tmp_path / "q2.gguf", model, tokenizer={**common, "pre": "qwen2"}),
                            cache_dir=False)

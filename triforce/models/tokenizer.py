@@ -10,8 +10,9 @@ names (llama.cpp's names, as the original checkpoints' ``tokenizer.json`` define
 * ``smollm`` (SmolLM2): every digit on its own, then the GPT-2 regex;
 * ``qwen2`` (Qwen2/2.5/3): NFC normalisation, then Qwen2's regex (case-insensitive contractions, a
   letter run with one leading non-letter, single digits, newlines kept with punctuation);
-* ``llama-bpe`` / ``llama3`` (Llama 3): the same regex with digit runs of up to three, and a split found
-  whole in the vocabulary is that one token without merging (Llama 3's ``ignore_merges``);
+* ``llama-bpe`` / ``llama3`` / ``llama-v3`` (Llama 3) and ``falcon3`` (Falcon3, which llama.cpp tokenizes as
+  Llama 3): the same regex with digit runs of up to three, and a split found whole in the vocabulary is that
+  one token without merging (Llama 3's ``ignore_merges``);
 * ``deepseek-coder`` (DeepSeek-Coder): newlines, letter runs and punctuation runs (each with one leading
   space) and CJK runs split off one after another, then single digits.
 
@@ -61,7 +62,7 @@ def _gguf_pre_tokenizer(pre):
         return None, pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2])
     if pre == "qwen2":
         return normalizers.NFC(), split(_QWEN2_SPLIT)
-    if pre in ("llama-bpe", "llama3"):
+    if pre in _IGNORE_MERGES:
         return None, split(_LLAMA3_SPLIT)
     if pre == "deepseek-coder":
         return None, pre_tokenizers.Sequence(
@@ -69,8 +70,8 @@ def _gguf_pre_tokenizer(pre):
             + [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                                                        use_regex=False)])
     raise ValueError(f"GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} is not supported (known: default, gpt-2, "
-                     "smollm, qwen2, llama-bpe, deepseek-coder); its text splits would differ, so the token ids "
-                     "would be wrong")
+                     "smollm, qwen2, llama-bpe, llama3, llama-v3, falcon3, deepseek-coder); its text splits would "
+                     "differ, so the token ids would be wrong")
 
 # The version of from_gguf's rules, saved with a tokenizer: hub.load_tokenizer rebuilds a cached GGUF tokenizer
 # of another version (2: Llama 3's whole splits, SentencePiece vocabularies, llama.cpp's BOS defaults).
@@ -306,7 +307,7 @@ class Tokenizer:
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 # byte-level BPE pre-tokenizers whose splits found whole in the vocabulary are that token, unmerged (Llama 3's
 # tokenizer.json: "ignore_merges": true; llama.cpp sets it for these names)
-_IGNORE_MERGES = ("llama-bpe", "llama3")
+_IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3", "falcon3")
 _SPACE = "\u2581"  # SentencePiece's visible space, ▁
 
 
