@@ -371,11 +371,34 @@ def test_sentencepiece_model_file_errors(tmp_path):
             Tokenizer.from_pretrained(d)
 
 
+@given(data=st.data())
+def test_sentencepiece_model_parser_never_crashes(tmp_path_factory, data):
+    """Random bytes, and the real model with bytes changed or cut: a ValueError or a model, never another
+    exception (the parser reads untrusted files)."""
+    from triforce.models.tokenizer import _read_sentencepiece_model
+
+    real = bytearray((DATA / "spm_bpe.model").read_bytes())
+    if data.draw(st.booleans()):
+        blob = data.draw(st.binary(max_size=300))
+    else:
+        for _ in range(data.draw(st.integers(1, 8))):
+            real[data.draw(st.integers(0, len(real) - 1))] = data.draw(st.integers(0, 255))
+        blob = bytes(real[:data.draw(st.integers(0, len(real)))])
+    path = tmp_path_factory.mktemp("fuzz") / "tokenizer.model"
+    path.write_bytes(blob)
+    try:
+        m = _read_sentencepiece_model(path)
+    except ValueError:
+        return
+    assert len(m["tokens"]) == len(m["scores"]) == len(m["types"]) > 0
+
+
 @pytest.mark.parametrize("pre", ["llama-bpe", "llama3", "llama-v3", "falcon3"])
 def test_llama3_takes_a_whole_split_from_the_vocabulary(tmp_path, pre):
     """Llama 3 (llama-bpe, and the names llama.cpp treats alike): a split that is a vocabulary token is that
-    token, even where the merges would not build it; other byte-level pre-tokenizers merge it. (Real case, llama.cpp's test text "Cửa Việt": the
-    Llama 3 vocabulary holds " Việt" whole; its merges end in " Vi", "á»", "ĩ", "t".)"""
+    token, even where the merges would not build it; other byte-level pre-tokenizers merge it. (Real case,
+    llama.cpp's test text "Cửa Việt": the Llama 3 vocabulary holds " Việt" whole; its merges end in " Vi",
+    "á»", "ĩ", "t".)"""
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ"]
     tokens = letters + ["ab", "abc", "<|begin_of_text|>"]
     common = {"model": "gpt2", "tokens": tokens, "merges": ["a b"], "token_type": [1] * (len(tokens) - 1) + [3],

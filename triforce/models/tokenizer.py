@@ -82,9 +82,10 @@ class Tokenizer:
     """Minimal tokenizer: ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``apply_chat_template``.
 
     ``backend`` is the underlying ``tokenizers.Tokenizer``, which encodes unless ``sentencepiece`` (a
-    :class:`SentencePiece`: a GGUF's SentencePiece vocabulary, or a directory's ``tokenizer.model``) does. ``eos_token_id``: an id, a list of ids (a
-    ``generation_config.json`` may list several) or ``None``. ``add_bos_token``: whether the model
-    expects ``bos_token_id`` in front of a prompt (``encode(text, add_special_tokens=True)`` adds it).
+    :class:`SentencePiece`: a GGUF's SentencePiece vocabulary, or a directory's ``tokenizer.model``) does.
+    ``eos_token_id``: an id, a list of ids (a ``generation_config.json`` may list several) or ``None``.
+    ``add_bos_token``: whether the model expects ``bos_token_id`` in front of a prompt
+    (``encode(text, add_special_tokens=True)`` adds it).
     """
 
     def __init__(self, backend: _HFTokenizer, bos_token_id=None, eos_token_id=None, chat_template=None,
@@ -474,21 +475,35 @@ def _read_sentencepiece_model(path: Path) -> dict:
     absent). Read from the protobuf wire format directly: no protobuf package needed."""
     import struct
 
+    def fields(buf, defaults: dict) -> dict:  # the message's known fields, each of its default's wire kind
+        out = dict(defaults)
+        for number, value in _protobuf_fields(buf):
+            if number in out:
+                if type(value) is not type(defaults[number]):
+                    raise ValueError(f"field {number} has the wrong wire type")
+                out[number] = value
+        return out
+
+    # TrainerSpec: model_type (UNIGRAM by default), unk, bos, eos ids, whitespace as suffix; NormalizerSpec:
+    # name, charsmap, dummy prefix, remove extra spaces, escape spaces
+    trainer_defaults, normalizer_defaults = {3: 1, 40: 0, 41: 1, 42: 2, 24: 0}, {1: b"", 2: b"", 3: 1, 4: 1, 5: 1}
     try:
         tokens, scores, types = [], [], []
-        trainer = {3: 1, 40: 0, 41: 1, 42: 2, 24: 0}  # model_type UNIGRAM, unk 0, bos 1, eos 2, whitespace suffix
-        normalizer = {1: b"", 2: b"", 3: 1, 4: 1, 5: 1}  # name, charsmap, dummy prefix, extra spaces, escape
+        trainer, normalizer = trainer_defaults, normalizer_defaults
         for number, value in _protobuf_fields(path.read_bytes()):
-            if number == 1:  # a SentencePiece: piece 1, score 2, type 3 (NORMAL by default)
-                piece = {1: b"", 2: struct.pack("<f", 0.0), 3: _NORMAL}
-                piece.update(_protobuf_fields(value))
+            if number in (1, 2, 3) and not isinstance(value, bytes):
+                raise ValueError(f"field {number} is not a message")
+            if number == 1:  # a SentencePiece: piece 1, score 2 (float32), type 3 (NORMAL by default)
+                piece = fields(value, {1: b"", 2: struct.pack("<f", 0.0), 3: _NORMAL})
+                if not _NORMAL <= piece[3] <= _BYTE:
+                    raise ValueError(f"piece {len(tokens)} has the unknown type {piece[3]}")
                 tokens.append(piece[1].decode("utf-8"))
                 scores.append(struct.unpack("<f", piece[2])[0])
-                types.append(int(piece[3]))
+                types.append(piece[3])
             elif number == 2:
-                trainer.update((n, v) for n, v in _protobuf_fields(value) if n in trainer)
+                trainer = fields(value, trainer_defaults)
             elif number == 3:
-                normalizer.update((n, v) for n, v in _protobuf_fields(value) if n in normalizer)
+                normalizer = fields(value, normalizer_defaults)
     except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
         raise ValueError(f"{str(path)!r} is not a SentencePiece model (tokenizer.model): {e}") from None
     if not tokens:
