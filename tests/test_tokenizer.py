@@ -139,6 +139,20 @@ def test_sentencepiece_matches_reference(spm, text):
     assert tok.encode(text) == spm_reference(text, tokens, scores, types)
 
 
+@given(pieces=st.lists(st.text(alphabet="ab ▁c", min_size=1, max_size=4), min_size=1, max_size=30, unique=True),
+       scores=st.lists(st.integers(-4, 0), min_size=30, max_size=30),
+       text=st.text(alphabet="ab c▁dé", max_size=30))
+def test_sentencepiece_matches_reference_on_random_vocabularies(pieces, scores, text):
+    """Any vocabulary: pieces of a few characters (some holding ``▁`` inside, single characters missing),
+    few distinct scores (many ties), characters no piece holds (spelled in bytes)."""
+    from triforce.models.tokenizer import SentencePiece
+
+    tokens = ["<unk>", "<s>"] + ["<0x%02X>" % b for b in range(256)] + pieces
+    types = [2, 3] + [6] * 256 + [1] * len(pieces)
+    all_scores = [0.0] * 258 + [float(s) for s in scores[:len(pieces)]]
+    assert SentencePiece(tokens, all_scores, types, 0).encode(text) == spm_reference(text, tokens, all_scores, types)
+
+
 @given(text=st.lists(st.sampled_from([a for a in ALPHABET if a != SPACE]), max_size=40).map("".join))
 def test_sentencepiece_decodes_its_encoding(spm, text):
     tok, _, _ = spm
