@@ -373,6 +373,34 @@ def test_generate_on_gguf_weights_with_int8_activations(tmp_path, monkeypatch):
         hub._check_gguf_weights(str(path), "cuda", "gguf-int8")
 
 
+def test_generate_chat_uses_the_chat_template(hf_dir, tmp_path, capsys, monkeypatch):
+    """``--chat``: the prompt goes in as a user message through the model's chat template, assistant turn open,
+    encoded without an extra BOS (the template writes it); ``--system`` adds a system message first; a model
+    without a template is a one-line usage error."""
+    chat_dir = tmp_path / "chat"
+    shutil.copytree(hf_dir, chat_dir)
+    template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}the {{ m['content'] }} "
+                "{% else %}he said {{ m['content'] }} {% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}she said{% endif %}")
+    cfg = json.loads((chat_dir / "tokenizer_config.json").read_text())
+    (chat_dir / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    model, tok = hub.load_model(str(chat_dir))
+    module = sys.modules["triforce.generate"]
+    prompts, real = [], module.generate
+    monkeypatch.setattr(module, "generate", lambda m, p, **kw: prompts.append(p[0].tolist()) or real(m, p, **kw))
+    for extra, text in (([], "<s>he said a cat she said"), (["--system", "one"], "<s>the one he said a cat she said")):
+        ids = tok.encode(text)
+        assert ids[0] == 1 and ids.count(1) == 1  # one BOS: the template's
+        out = real(model, torch.tensor([ids]), method="autoregressive", max_new_tokens=6,
+                   eos_token_id=[]).tokens[0].tolist()
+        rc, got, err = run(["generate", "--model", str(chat_dir), "--prompt", "a cat", "--max-new-tokens", "6",
+                            "--ignore-eos"] + (extra or ["--chat"]), capsys)
+        assert rc == 0 and prompts[-1] == ids and got == hub.decode(tok, out) + "\n", err
+    rc, _, err = run(["generate", "--model", str(hf_dir), "--prompt", "a cat", "--chat"], capsys)
+    assert rc != 0
+    assert_one_line_error(err, "--chat", "no chat template")
+
+
 def test_generate_stops_at_eos(hf_dir, tmp_path, capsys):
     ref = _greedy(hf_dir, "he said", 12)
     k = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i] and 2 not in ref[:i])

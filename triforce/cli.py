@@ -194,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", metavar="FILE", type=_prompt_file, default=None,
                      help="read the prompt from this UTF-8 file ('-': stdin); without --prompt or --prompt-file "
                           "the prompt is read from stdin when it is piped")
+    g.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user message through the model's chat template (an instruct model's "
+                        "own prompt format), with the assistant's turn opened")
+    g.add_argument("--system", metavar="TEXT", default=None,
+                   help="a system message before the prompt (implies --chat)")
     g.add_argument("--method", choices=METHODS, default="autoregressive", help="decoding method (all lossless)")
     g.add_argument("--max-new-tokens", metavar="N", type=_int(1), default=64, help="tokens to generate (default: 64)")
     g.add_argument("--temperature", metavar="T", type=_float(0), default=0.0,
@@ -473,6 +478,19 @@ def _read_prompt(args) -> str:
     return text
 
 
+def _chat_ids(tok, text: str, system: str | None) -> list[int]:
+    """The prompt as a user message (after ``system`` when given) rendered by the tokenizer's chat template with
+    the assistant's turn opened, encoded as transformers does it: no BOS added, the template writes its own."""
+    from .models import hub
+
+    if not getattr(tok, "chat_template", None):
+        raise UsageError("--chat / --system: this model's tokenizer has no chat template (tokenizer_config.json's "
+                         "chat_template, chat_template.jinja, or a GGUF's tokenizer.chat_template)")
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": text}]
+    return hub.encode(tok, tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+
+
 def _check_method(args) -> None:
     """Options the method does not take, as a usage error naming the flags it does take."""
     allowed = set(METHODS[args.method].options)
@@ -515,7 +533,10 @@ def cmd_generate(args) -> int:
         elif args.draft is not None:
             with progress.step("loading draft"):
                 draft = hub.load_draft(args.draft, args.dtype, args.device)
-        ids = hub.encode(tok, text, add_special_tokens=getattr(tok, "add_bos_token", False))
+        if args.chat or args.system is not None:
+            ids = _chat_ids(tok, text, args.system)
+        else:
+            ids = hub.encode(tok, text, add_special_tokens=getattr(tok, "add_bos_token", False))
         if not ids:
             raise UsageError("the prompt encodes to no tokens: give some text")
         eos = [] if args.ignore_eos else hub.eos_token_ids(model, tok)
