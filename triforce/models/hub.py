@@ -146,7 +146,7 @@ def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:
 
 
 def _current_rules(meta: Path) -> bool:
-    """Whether the cached tokenizer whose tokenizer_meta.json is ``meta`` was rebuilt by today's rules (an older
+    """Whether the cached tokenizer whose tokenizer_meta.json is ``meta`` was rebuilt by the current rules (an older
     one, or none, is rebuilt; :data:`triforce.models.tokenizer.GGUF_RULES`)."""
     try:
         return json.loads(meta.read_text()).get("gguf_rules") == GGUF_RULES
