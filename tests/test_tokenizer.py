@@ -330,7 +330,8 @@ def test_sentencepiece_model_file_config(tmp_path):
     no_prefix = Tokenizer.from_pretrained(spm_directory(tmp_path, "n")).sentencepiece
     no_prefix.add_space_prefix = False
     assert plain.encode("<s>hi") == [1] + no_prefix.encode("hi")
-    assert plain.encode("hi</s>there")[:len(hi) + 1] == hi + [2]
+    assert plain.encode("hi</s>there") == hi + [2] + no_prefix.encode("there")
+    assert legacy.encode("hi</s>there") == hi + [2] + legacy.encode("there")
     added = load_tokenizer(spm_directory(tmp_path, "a", {"added_tokens_decoder": {
         "1": {"content": "<s>", "special": True}, "1200": {"content": "<pad>", "special": True},
         "1201": {"content": "<|tool|>", "special": False}}}))
