@@ -62,7 +62,7 @@ def _gguf_pre_tokenizer(pre):
         return None, pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2])
     if pre == "qwen2":
         return normalizers.NFC(), split(_QWEN2_SPLIT)
-    if pre in _IGNORE_MERGES:
+    if pre in _LLAMA3_PRES:
         return None, split(_LLAMA3_SPLIT)
     if pre == "deepseek-coder":
         return None, pre_tokenizers.Sequence(
@@ -273,7 +273,7 @@ class Tokenizer:
             normalizer, pre_tokenizer = _gguf_pre_tokenizer(pre)
             bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)},
                              merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
-                             ignore_merges=pre in _IGNORE_MERGES)
+                             ignore_merges=pre in _LLAMA3_PRES)
             backend = _HFTokenizer(bpe)
             if normalizer is not None:
                 backend.normalizer = normalizer
@@ -290,14 +290,10 @@ class Tokenizer:
                                           bool(gguf_field(reader, "tokenizer.ggml.add_space_prefix", True)))
             backend = _sentencepiece_bpe(sentencepiece)
             specials = (_UNKNOWN, _CONTROL)
-        # special: matched whole, skipped by decode(skip_special_tokens=True); user-defined: matched whole
-        backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                    for t, ty in zip(tokens, types) if ty in specials])
-        backend.add_tokens([AddedToken(t, normalized=False, special=False)
-                            for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+        _add_whole_tokens(backend, tokens, types, specials)
         add_bos = gguf_field(reader, "tokenizer.ggml.add_bos_token")
         if add_bos is None:  # llama.cpp's default for the tokenizer
-            add_bos = kind == "llama" or pre in _IGNORE_MERGES
+            add_bos = kind == "llama" or pre in _LLAMA3_PRES
         return cls(backend, bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
                    eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
                    chat_template=gguf_field(reader, "tokenizer.chat_template"), add_bos_token=bool(add_bos),
@@ -306,9 +302,9 @@ class Tokenizer:
 
 # llama.cpp's token types (tokenizer.ggml.token_type)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
-# byte-level BPE pre-tokenizers whose splits found whole in the vocabulary are that token, unmerged (Llama 3's
-# tokenizer.json: "ignore_merges": true; llama.cpp sets it for these names)
-_IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3", "falcon3")
+# the byte-level BPE pre-tokenizers llama.cpp runs as Llama 3's: its split regex, and a split found whole in the
+# vocabulary is that token, unmerged (Llama 3's tokenizer.json: "ignore_merges": true)
+_LLAMA3_PRES = ("llama-bpe", "llama3", "llama-v3", "falcon3")
 _SPACE = "\u2581"  # SentencePiece's visible space, ▁
 
 
@@ -401,6 +397,15 @@ class SentencePiece:
                                      "<0x..> tokens nor an unknown token")
                 out.extend(spelled)
             i = nxt[i]
+
+
+def _add_whole_tokens(backend: _HFTokenizer, tokens, types, specials) -> None:
+    """Tokens of the types ``specials`` as special (matched whole, skipped by ``decode(skip_special_tokens=True)``)
+    and user-defined ones as plain added tokens (matched whole) of ``backend``."""
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                for t, ty in zip(tokens, types) if ty in specials])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
 
 
 def _sentencepiece_merges(sp: SentencePiece) -> list[tuple[str, str]]:
@@ -535,10 +540,7 @@ def _sentencepiece_directory(path: Path, tok_cfg: dict) -> tuple[_HFTokenizer, "
     sp = SentencePiece(m["tokens"], m["scores"], m["types"], m["unk_id"], m["add_dummy_prefix"],
                        prefix_after_special=legacy is None or bool(legacy))
     backend = _sentencepiece_bpe(sp)
-    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                for t, ty in zip(sp.tokens, sp.types) if ty in (_UNKNOWN, _CONTROL)])
-    backend.add_tokens([AddedToken(t, normalized=False, special=False)
-                        for t, ty in zip(sp.tokens, sp.types) if ty == _USER_DEFINED])
+    _add_whole_tokens(backend, sp.tokens, sp.types, (_UNKNOWN, _CONTROL))
     added = tok_cfg.get("added_tokens_decoder") or {}
     for key in sorted(added, key=lambda k: int(k)):
         i, entry = int(key), added[key]
