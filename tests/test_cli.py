@@ -335,6 +335,27 @@ def test_generate_hf_directory(hf_dir, capsys):
     assert rc == 0 and out4 == out, err4
 
 
+def test_generate_with_a_16_bit_kv_cache(hf_dir, capsys, monkeypatch):
+    """--kv-dtype: every cache the run makes (the target's and its draft's) holds that dtype, and speculative
+    decoding gives autoregressive decoding's text with it."""
+    from triforce.models.cache import _KVCache
+
+    made, real = [], _KVCache.__init__
+
+    def spy(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self.dtype)
+    monkeypatch.setattr(_KVCache, "__init__", spy)
+    prompt = ["--model", str(hf_dir), "--prompt", "the cat sat on a mat", "--max-new-tokens", "12"]
+    rc, out, _ = run(["generate", *prompt, "--kv-dtype", "bfloat16"], capsys)
+    assert rc == 0 and out.split() and made == [torch.bfloat16]
+    rc, out2, _ = run(["generate", *prompt, "--kv-dtype", "bfloat16", "--method", "speculative", "--draft",
+                       str(hf_dir), "--gamma", "3"], capsys)
+    assert rc == 0 and out2 == out and set(made) == {torch.bfloat16} and len(made) == 3
+    rc, _, err = run(["generate", *prompt, "--kv-dtype", "int8"], capsys)
+    assert rc == 2 and "--kv-dtype" in err
+
+
 def test_dtype_gguf_needs_a_gguf_file_and_the_cpu(hf_dir, capsys, monkeypatch):
     rc, out, err = run(["generate", "--model", str(hf_dir), "--prompt", "the cat", "--dtype", "gguf"], capsys)
     assert rc != 0 and "is not a GGUF file" in err and out == "", err

@@ -39,12 +39,13 @@ def make_model(family="llama", dtype=torch.float32, seed=0):
     return m.to(dtype)
 
 
-def run(model, fused, monkeypatch, cache_kind="full", B=3, steps=((1, None), (4, None), (5, "tree"), (1, None))):
-    """Prefill ragged prompts, then the given forwards (T tokens; chain or a static tree); -> every
-    output and the cache's buffers."""
+def run(model, fused, monkeypatch, cache_kind="full", B=3, steps=((1, None), (4, None), (5, "tree"), (1, None)),
+        kv=None):
+    """Prefill ragged prompts, then the given forwards (T tokens; chain or a static tree), the caches in ``kv``
+    (default: the model's dtype); -> every output and the cache's buffers."""
     monkeypatch.setattr(llama_mod, "_FUSED", fused)
     torch.manual_seed(1)
-    cfg, dtype = model.config, model.dtype
+    cfg, dtype = model.config, kv or model.dtype
     prompts = [torch.randint(0, cfg.vocab_size, (n,)) for n in (19, 30, 17)[:B]]
     full = FullCache(cfg, B, 80, dtype=dtype, chunk_size=4 if cache_kind == "retrieval" else None)
     outs = [model.prefill(prompts, full)]
@@ -272,6 +273,23 @@ def test_native_stack_equals_the_per_layer_calls(cache_kind, family, dtype, monk
     # the full cache's prefill and the four steps (a StreamingLLM cache's prefill of up to 30 tokens is a
     # step larger than its max_step, 8: its temporary-buffer path runs the layers one by one)
     assert layers == 5 * model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("cache_kind", ["full", "streaming", "retrieval"])
+@pytest.mark.parametrize("dtype,kv", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                      (torch.bfloat16, torch.float32), ("int8", torch.bfloat16)])
+def test_caches_in_another_dtype(cache_kind, dtype, kv, monkeypatch):
+    """Caches in another dtype than the model's (``Llama.kv_dtype``): the modules one by one, the two fused calls
+    per layer and the native stack give bitwise the same logits and cache buffers (each rounds q, k, v to the
+    cache's dtype and the attention's output back), and the stack runs."""
+    model = make_model("llama-biases")
+    model = int8_copy(model) if dtype == "int8" else model.to(dtype)
+    modules = run(model, False, monkeypatch, cache_kind, kv=kv)
+    per_layer, stacked, layers = run_both(model, monkeypatch, cache_kind, kv=kv)
+    assert_bitwise(modules, per_layer)
+    assert_bitwise(per_layer, stacked)
+    assert layers == 5 * model.config.num_hidden_layers
+    assert all(t.dtype == kv for t in stacked[-2 * model.config.num_hidden_layers:])
 
 
 @given(B=st.integers(1, 3), T=st.integers(1, 5), n_kv=st.integers(1, 3), group=st.integers(1, 2),

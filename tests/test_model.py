@@ -125,11 +125,17 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
     "Linear layers on CPU") and so is the attention (docs/attention.md, "Independent of T"). Heads of 64
     take the AVX-512 paths; the prompt crosses the attention's 512-key parts."""
     model = tiny_model(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024).to(dtype)
+    assert_long_pass_gives_the_bits_of_steps(model, dtype)
+
+
+def assert_long_pass_gives_the_bits_of_steps(model, cache_dtype):
+    """A causal pass of 9 tokens and a 9-node tree over a 530-token prompt (a cache in ``cache_dtype``): the
+    logits are bitwise those of one-token steps over the same tokens."""
     prompt = torch.randint(0, 101, (2, 530))
     toks = torch.randint(0, 101, (2, 9))
 
     def primed():
-        cache = FullCache(model.config, 2, 600, dtype=dtype)
+        cache = FullCache(model.config, 2, 600, dtype=cache_dtype)
         model.prefill(prompt, cache)
         return cache
 
@@ -351,8 +357,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="vocab_size"):
         model(torch.tensor([[5], [500]]), cache=cache)
     assert cache.lengths.tolist() == [3, 3]
-    with pytest.raises(ValueError, match="dtype|float32"):
-        model(torch.zeros(2, 1, dtype=torch.long), cache=FullCache(model.config, 2, 8, dtype=torch.float16))
+    # a cache in another dtype is served (Llama.kv_dtype, tests/test_kv_dtype.py); one on another device is not
+    with pytest.raises(ValueError, match="cache is on meta, the model on cpu"):
+        model(torch.zeros(2, 1, dtype=torch.long), cache=FullCache(model.config, 2, 8, device="meta"))
     model.prefill(torch.zeros(2, 30, dtype=torch.long), cache)
     with pytest.raises(ValueError, match="full"):
         model(torch.zeros(2, 3, dtype=torch.long), cache=cache)

@@ -26,7 +26,7 @@ from pathlib import Path
 from .engines.methods import METHODS, OPTIONS
 from .heads.modules import KINDS as HEAD_KINDS
 from .heads.train import LABELS as HEAD_LABELS
-from .models.hub import PAIR_NAMES, WEIGHTS
+from .models.hub import DTYPES, PAIR_NAMES, WEIGHTS
 
 
 class UsageError(Exception):
@@ -150,12 +150,21 @@ DTYPE_HELP = ("weight dtype (default: float32); gguf: a GGUF model (smollm2 too)
               "CPU only")
 
 
-def _add_model_args(p):
+def _add_model_args(p, kv: bool = True):
     p.add_argument("--model", metavar="MODEL", type=_model, default="smollm2",
                    help="'smollm2' (embedded SmolLM2-135M-Instruct, the default), a Hugging Face directory "
                         "(config.json, *.safetensors, tokenizer.json), a GGUF file, or qwen2.5-coder-1.5b / "
                         "qwen2.5-coder-0.5b (the opt-in pair, see fetch-pair)")
     p.add_argument("--dtype", choices=WEIGHTS, default=None, help=DTYPE_HELP)
+    if kv:
+        _add_kv_dtype(p)
+
+
+def _add_kv_dtype(p):
+    p.add_argument("--kv-dtype", choices=DTYPES, default=None,
+                   help="dtype of the KV caches (default: the model's; float32 on gguf weights): bfloat16 or "
+                        "float16 halve a float32 model's KV bytes, the attention then runs on 16-bit queries and "
+                        "keys with float32 sums")
 
 
 def _add_options(p):
@@ -260,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "file's own Q4_1 / Q8_0 (and Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4) "
                         "blocks with activations rounded to int8 blocks, integer dot products; gguf: the Q4_1 / Q8_0 "
                         "blocks with float32 activations, bitwise the float32 model")
+    _add_kv_dtype(d)
     _add_device(d)
     _add_common(d)
 
@@ -298,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init", metavar="SET", default=None,
                    help="start from this saved set (same kind, depth and layer), or 'shipped': the set shipped "
                         "for the model, of each --kind; with --text, fine-tunes it on your text")
-    _add_model_args(t)
+    _add_model_args(t, kv=False)
     _add_common(t)
 
     f = sub.add_parser("fetch-pair", help="download the opt-in Qwen2.5-Coder 0.5B/1.5B GGUF pair (docs/pair.md)",
@@ -516,6 +526,7 @@ def cmd_generate(args) -> int:
     with Progress(enabled=args.progress) as progress:
         with progress.step("loading model"):
             model, tok = hub.load_model(args.model, args.dtype, args.device)
+            hub.set_kv_dtype(model, args.kv_dtype)
         if tok is None:
             raise ValueError(f"model {args.model!r} has no tokenizer: put the checkpoint's tokenizer.json (or "
                              "SentencePiece tokenizer.model) beside its config.json (or use a GGUF file that embeds "
@@ -532,7 +543,7 @@ def cmd_generate(args) -> int:
                 draft = int8_copy(model)
         elif args.draft is not None:
             with progress.step("loading draft"):
-                draft = hub.load_draft(args.draft, args.dtype, args.device)
+                draft = hub.set_kv_dtype(hub.load_draft(args.draft, args.dtype, args.device), args.kv_dtype)
         if args.chat or args.system is not None:
             ids = _chat_ids(tok, text, args.system)
         else:
@@ -574,7 +585,7 @@ def cmd_bench(args) -> int:
         progress.begin("loading model and prompts")
         for row in bench_rows(args.model, args.dtype, args.context, args.batch, args.max_new_tokens, args.methods,
                               args.temperature, out=out, log=_log_to(progress), device=args.device,
-                              rounds=args.rounds):
+                              rounds=args.rounds, kv_dtype=args.kv_dtype):
             if args.json:
                 print(json.dumps(_finite(row), allow_nan=False), flush=True)
     return 0
@@ -587,7 +598,7 @@ def cmd_demo(args) -> int:
         progress.begin("loading model and prompts")
         ok = run_demo(args.quick, args.context, args.max_new_tokens, args.batch, args.methods, args.dtype,
                       out=_StepOut(sys.stdout, progress), log=_log_to(progress), device=args.device,
-                      rounds=args.rounds)
+                      rounds=args.rounds, kv_dtype=args.kv_dtype)
     return 0 if ok else 1
 
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from .engines import METHODS
-from .models.hub import decode, device_of, encode, load_model  # noqa: F401  (re-exported)
+from .models.hub import decode, device_of, encode, load_model, set_kv_dtype  # noqa: F401  (re-exported)
 
 # Per-method options used by the demo and the benchmark (small CPU-friendly budgets).
 DEMO_OPTIONS = {
@@ -226,9 +226,11 @@ def weight_bytes(model) -> int:
 
 
 def kv_bytes_per_token(model) -> int:
-    """Bytes of K and V one token adds to a full cache in the model's dtype."""
+    """Bytes of K and V one token adds to a full cache in the dtype the engines make it in."""
+    from .engines.decode import cache_dtype
+
     c = model.config
-    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * next(model.parameters()).element_size()
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * cache_dtype(model).itemsize
 
 
 def _kv_bytes(model, prompts) -> int:
@@ -309,13 +311,13 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
 
 def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: int | None = None,
              batch: int | None = None, methods=METHODS, dtype: str | None = None, out=None, log=None,
-             device=None, rounds: int | None = None) -> bool:
+             device=None, rounds: int | None = None, kv_dtype: str | None = None) -> bool:
     """The README demo on the embedded SmolLM2-135M: pass-key prompts, greedy, every method in the
     regime where it pays on this hardware (:func:`demo_scenes`); per method tokens/s, speed-up, mean
     accepted tokens per target pass, acceptance per level and "same output"; one line on why a method
     that loses here loses. ``rounds`` (default 3, ``quick`` 1): runs of every method per scene, in turn, each
     row its fastest (:func:`compare_methods`). -> True when every method's tokens equal the autoregressive
-    ones."""
+    ones. ``kv_dtype``: the KV caches' dtype (:func:`~triforce.models.hub.set_kv_dtype`)."""
     out = out or sys.stdout
     t0 = time.perf_counter()
     rounds = (1 if quick else 3) if rounds is None else rounds
@@ -325,6 +327,7 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
         # llama.cpp runs such a file (--dtype gguf: the same weights, bitwise the float32 model, slower)
         dtype = "gguf-int8"
     model, tok = load_model("smollm2", dtype, device)
+    set_kv_dtype(model, kv_dtype)
     device = next(model.parameters()).device
     from .models.quant import Int8DotLinear, Q4Linear
 
@@ -333,6 +336,8 @@ def run_demo(quick: bool = False, context: int | None = None, max_new_tokens: in
     weights = ("its GGUF file's Q4_1 / Q8_0 weights, int8 activation blocks" if integer
                else "float32 on its GGUF file's Q4_1 / Q8_0 weights" if packed
                else str(next(model.parameters()).dtype).replace("torch.", ""))
+    if model.kv_dtype != next(model.parameters()).dtype:
+        weights += f", {str(model.kv_dtype).replace('torch.', '')} KV cache"
     runs = (f" Each method ran {rounds} times per scene, the methods in turn; a row is its fastest run."
             if rounds > 1 else "")
     print(f"SmolLM2-135M ({weights}, {device.type}, {torch.get_num_threads()} threads), "
@@ -386,13 +391,14 @@ def _cap_budget(context: int) -> dict:
 
 def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: int = 4096, batches=(1, 8),
                max_new_tokens: int = 32, methods=METHODS, temperature: float = 0.0, options: dict | None = None,
-               out=None, log=None, device=None, rounds: int = 1):
+               out=None, log=None, device=None, rounds: int = 1, kv_dtype: str | None = None):
     """``triforce bench``: for each batch size, natural-text prompts of ~``context`` tokens (different
     passages per row, lengths differing by a few tokens), every method (``rounds`` runs each, in turn, the
     fastest kept: :func:`compare_methods`), one table per batch size, on ``device`` (default: the CPU).
-    Yields one flat dict per (batch, method)."""
+    Yields one flat dict per (batch, method). ``kv_dtype``: the KV caches' dtype (:func:`set_kv_dtype`)."""
     out = out or sys.stdout
     model, tok = load_model(model_name, dtype, device)
+    set_kv_dtype(model, kv_dtype)
     if tok is None:
         raise ValueError("model: benchmarking needs a tokenizer (use the embedded smollm2)")
     limit = model.config.max_position_embeddings

@@ -482,14 +482,22 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   return with_team(forward_bytes, [&] {
     at::Tensor x = h;
     for (size_t l = 0; l < L; ++l) {
-      const auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
-                                            qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos, sin, head_dim);
+      auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
+                                      qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos, sin, head_dim);
+      // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
+      // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
+      const at::ScalarType kv = k_cache[l].scalar_type();
+      if (q.scalar_type() != kv) {
+        q = q.to(kv), k = k.to(kv), v = v.to(kv);
+        if (!k_raw_cache.empty()) k_raw = k_raw.to(kv);
+      }
       if (!last_query.empty()) record_query(last_query[l], q, query_index, query_valid);
       if (!k_raw_cache.empty()) write_rows(k_raw_cache[l], k_raw, slots);
       write_rows(k_cache[l], k, slots);
       write_rows(v_cache[l], v, slots);
       const at::Tensor attn =
-          std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0));
+          std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0))
+              .to(x.scalar_type());
       x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
                        {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});
     }

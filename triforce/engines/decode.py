@@ -47,7 +47,7 @@ class Decode:
         # prompt + max_new fits the context (checked by generate); only never-emitted drafts go past it
         slack = max(0, self.cache_len - model.config.max_position_embeddings)
         cache = FullCache(model.config, self.batch, self.cache_len, device=self.device,
-                          dtype=model_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
+                          dtype=cache_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
         self.caches.append(cache)
         return cache
 
@@ -134,6 +134,12 @@ class Decode:
 
 def model_dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
+
+
+def cache_dtype(model) -> torch.dtype:
+    """The dtype of the KV caches made for ``model``: its ``kv_dtype`` (``Llama.kv_dtype``), else its own."""
+    kv = getattr(model, "kv_dtype", None)
+    return kv if kv is not None else model_dtype(model)
 
 
 class _Timer:

@@ -15,7 +15,7 @@ vocabulary, computing in the target's dtype (``triforce.models.int8_copy(target)
 its acceptance is the level ``draft->full`` (``self->full`` when the target drafts)."""
 from __future__ import annotations
 
-from .decode import Decode, model_dtype
+from .decode import Decode, cache_dtype, model_dtype
 from .drafters import Drafter, RetrievalDrafter
 from .steps import CHAIN_HIST, chain_step, recent_chunks, retrieval_budget
 
@@ -39,7 +39,7 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
         d.require_window(window, gamma + CHAIN_HIST, "magicdec")
         cache = d.full_cache(target)
         drafter = Drafter(model, StreamingCache(model.config, d.batch, sink, window, max_step=CHAIN_HIST,
-                                                device=d.device, dtype=model_dtype(model)), d.sampling, CHAIN_HIST)
+                                                device=d.device, dtype=cache_dtype(model)), d.sampling, CHAIN_HIST)
         with d.timed_prefill():
             drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST),
                             full=cache if model is target else None)

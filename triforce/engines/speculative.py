@@ -7,7 +7,7 @@ tokens), as MagicDec drafts. ``draft_layers=k`` picks the target's first k layer
 (``target.layer_skip(k)``: weights shared, but without early-exit training a poor draft)."""
 from __future__ import annotations
 
-from .decode import Decode, model_dtype
+from .decode import Decode, cache_dtype
 from .drafters import Drafter, half_precision_copy
 from .steps import CHAIN_HIST, chain_step
 
@@ -28,7 +28,7 @@ def run(d: Decode, draft, *, gamma: int, draft_layers: int | None) -> tuple:
     else:
         draft, (sink, window) = target, SELF_DRAFT_WINDOW
         dcache = StreamingCache(target.config, d.batch, sink, max(window, gamma + CHAIN_HIST), max_step=CHAIN_HIST,
-                                device=d.device, dtype=model_dtype(target))
+                                device=d.device, dtype=cache_dtype(target))
     drafter = Drafter(draft, dcache, d.sampling, CHAIN_HIST)
     with d.timed_prefill():
         drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST),

@@ -9,7 +9,7 @@ target's hidden states draft without a second model (``draft="medusa"`` etc., en
 from __future__ import annotations
 
 
-from .decode import Decode, model_dtype
+from .decode import Decode, cache_dtype
 from .drafters import Drafter
 from .heads import HeadDrafter, heads_for, is_heads_source  # noqa: F401 (generate imports it here)
 from .steps import active_advance
@@ -72,7 +72,7 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree
     model = draft if draft is not None else d.target
     cache = d.full_cache(d.target)
     dcache = StreamingCache(model.config, d.batch, sink, window, max_step=max(hist_width, len(parents_row)),
-                            device=d.device, dtype=model_dtype(model))
+                            device=d.device, dtype=cache_dtype(model))
     drafter = Drafter(model, dcache, d.sampling, hist_width)
     with d.timed_prefill():
         drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), hist_width),

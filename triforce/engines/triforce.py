@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .decode import Decode, model_dtype
+from .decode import Decode, cache_dtype
 from .drafters import Drafter, half_precision_copy
 from .heads import HeadDrafter, heads_for, is_heads_source
 from .steps import TokenBuffer, advance, chain_step, recent_chunks, retrieval_budget, verify_chain
@@ -113,7 +113,7 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
             draft = target.layer_skip(draft_layers) if draft_layers else (half_precision_copy(target) or target)
         d.require_window(window, cap + HIST, "triforce")
         bottom = Drafter(draft, StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
-                                               device=d.device, dtype=model_dtype(draft)), d.sampling, HIST)
+                                               device=d.device, dtype=cache_dtype(draft)), d.sampling, HIST)
     budget = retrieval_budget(budget, chunk_size, d.prompts)
     cache = d.full_cache(target, chunk_size=chunk_size)
     with d.timed_prefill():

@@ -323,7 +323,8 @@ class FullCache(_KVCache):
         batch_size: sequences.
         max_len: slots per sequence (prompt + generated + one speculative step), at most
             ``config.max_position_embeddings + speculative_slack``.
-        device, dtype: of the buffers (dtype must equal the model's).
+        device, dtype: of the buffers (any of float32 / float16 / bfloat16, whatever the model's: see
+            ``Llama.kv_dtype``).
         chunk_size: enables chunk-mean keys, see above.
         speculative_slack: slots allowed past the model's context, for the speculative tail of a
             sequence that ends at the context limit: those tokens are verified but never emitted (a

@@ -95,14 +95,23 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     if dtype in GGUF_WEIGHTS:
         _check_gguf_weights(path, device, dtype)
     if dtype == "gguf-int8":  # straight from the blocks: no float32 copy of the packed layers on the way
-        return load_gguf_int8(path), load_tokenizer(path)
-    if name == "smollm2":
+        model, tok = load_gguf_int8(path), load_tokenizer(path)
+    elif name == "smollm2":
         model, tok = smollm2_135m(device=device, dtype=dt)
     else:
         model, tok = Llama.from_pretrained(path, device=device, dtype=dt), load_tokenizer(path)
     if dtype == "gguf":
         model = gguf_copy(model, path)
     return model, tok
+
+
+def set_kv_dtype(model, kv_dtype: str | None):
+    """``model`` with :attr:`Llama.kv_dtype` set from a name: ``"float32"``, ``"bfloat16"``, ``"float16"``, or
+    ``None`` (the model's own dtype): the dtype of the KV caches the engines make for it."""
+    if kv_dtype is not None and kv_dtype not in DTYPES:
+        raise ValueError(f"kv_dtype: expected one of {', '.join(DTYPES)}, got {kv_dtype!r}")
+    model.kv_dtype = None if kv_dtype is None else getattr(torch, kv_dtype)
+    return model
 
 
 def load_draft(name: str, dtype: str | None = None, device=None):

@@ -276,6 +276,11 @@ class Attention(nn.Module):
         if cache is None:
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   is_causal=True, enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
+        kv = cache.dtype
+        if q.dtype != kv:  # a cache in another dtype (Llama.kv_dtype): attention runs in the cache's dtype
+            out = cache.attend(self.layer, q.to(kv), k.to(kv), v.to(kv), step,
+                               k_raw=None if k_raw is None else k_raw.to(kv))
+            return out.to(q.dtype)
         return cache.attend(self.layer, q, k, v, step, k_raw=k_raw)
 
 
@@ -379,7 +384,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     if not (hi > lo and _fused_path(h) and _native_stack_available()) or torch.compiler.is_compiling():
         return None
     buffers = cache._native_buffers(step)
-    if buffers is None or buffers[0][0].dtype != h.dtype or resolve("verify_attention", None, h.device) != "cpu":
+    if buffers is None or resolve("verify_attention", None, h.device) != "cpu":
         return None
     k, v, k_raw, last_query = buffers
     norms, eps, w, scales, bias, qk_norms, qk_eps = [], [], [], [], [], [], []
@@ -486,6 +491,7 @@ class Llama(nn.Module):
 
     # a cached forward on CUDA is replayed from a CUDA graph per (cache, shape): triforce/models/graphs.py
     cuda_graphs = True
+    _kv_dtype = None  # see kv_dtype: None keeps the caches in the model's dtype
 
     def _apply(self, fn, recurse=True):
         # .to(torch.bfloat16) / .half() cast every floating buffer: the RoPE frequencies stay float32 (as
@@ -503,6 +509,23 @@ class Llama(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype of the KV caches the engines make for this model: the model's own dtype unless set
+        (``model.kv_dtype = torch.bfloat16``; ``None`` resets it). A cache in another dtype stores each
+        layer's keys and values rounded to it, and the attention over it runs in it: the queries are rounded
+        to the cache's dtype, ``tk.verify_attention`` runs on them and the cache (float32 accumulation), and
+        its output is cast back to the model's dtype. A 16-bit cache halves a float32 model's KV bytes
+        (docs/model.md, "KV cache dtype"). Any cache works with any model dtype; this only picks the one
+        the engines allocate. Copies of the model (``int8_copy``, ``gguf_copy``, ``layer_skip``) keep it."""
+        return self._kv_dtype or self.dtype
+
+    @kv_dtype.setter
+    def kv_dtype(self, dtype) -> None:
+        if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"kv_dtype must be torch.float32, torch.float16, torch.bfloat16 or None, got {dtype!r}")
+        self._kv_dtype = dtype
 
     @property
     def rope_scale(self) -> float:
@@ -676,8 +699,8 @@ class Llama(nn.Module):
             raise TypeError(f"cache must be a FullCache, StreamingCache or RetrievalCache, got {type(cache).__name__}")
         if cache.batch_size != B:
             raise ValueError(f"batch of {B} sequences but the cache was built for batch_size={cache.batch_size}")
-        if cache.dtype != self.dtype or cache.device != self.device:
-            raise ValueError(f"cache is {cache.dtype} on {cache.device}, the model {self.dtype} on {self.device}")
+        if cache.device != self.device:
+            raise ValueError(f"cache is on {cache.device}, the model on {self.device}")
         c = cache.config
         if (c.num_hidden_layers, c.num_key_value_heads, c.head_dim) != (
                 self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim):
@@ -727,6 +750,7 @@ class Llama(nn.Module):
         draft.model.norm = self.model.norm
         draft.lm_head = self.lm_head
         draft.register_buffer("inv_freq", self.inv_freq, persistent=False)
+        draft._kv_dtype = self._kv_dtype
         return draft
 
     @classmethod
