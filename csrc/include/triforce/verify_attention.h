@@ -142,6 +142,10 @@ struct RowPrefetch {
 
 // Keys of P V per RowPrefetch step on the few-rows path (kKeys; steps_per_tile).
 constexpr int64_t kPvKeysPerStep = 8;
+// On the dot-product paths (kDotBf16, kDot) from kDotSpreadMinR rows on: rows of each 16-key group of the
+// scores per RowPrefetch step, and one step per block of P V rows (steps_per_tile).
+constexpr int64_t kDotRowsPerStep = 3;
+constexpr int64_t kDotSpreadMinR = 6;
 
 // K transposed, kt [D][KT] with columns n..KT-1 zero (so the QK^T blocks always run over KT keys), and
 // V row-major, vt [n][D]. row: D floats of scratch for one converted K row (fp32 K rows are read in
@@ -172,14 +176,16 @@ inline void load_tile_transposed(const T* k, int64_t skn, const T* v, int64_t sv
 // multiplies 32 query and key elements exactly and adds the pairs' sums into 16 fp32 lanes (twice the
 // elements per instruction of widening to fp32 first; denormal bf16 inputs count as zero), and `scale`
 // multiplies the reduced score. Q = float: q is already scaled. Either way a score does not depend on R.
+// rows: a share of the next chunk's rows every kDotRowsPerStep rows of each 16-key group (steps_per_tile).
 template <typename Q, typename E>
 inline void scores_dot_avx512(const Q* q, int64_t R, int64_t D, const E* kt, int64_t ks, int64_t n, float* s,
-                              float scale = 1.f) {
+                              float scale = 1.f, RowPrefetch* rows = nullptr) {
   constexpr bool dp = std::is_same_v<Q, bf16>;
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const E* kj[16];
     for (int j = 0; j < 16; ++j) kj[j] = kt + std::min<int64_t>(j0 + j, n - 1) * ks;
     for (int64_t r = 0; r < R; ++r) {
+      if (rows && r % kDotRowsPerStep == 0) rows->step();
       const Q* qr = q + r * D;
       __m512 acc[16];
       for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
@@ -581,10 +587,12 @@ inline void pv_rows_dpbf16(const float* s, int64_t n, int64_t D, const bf16* vt,
   }
 }
 
-// pv_rows_dpbf16 over R rows: blocks of 4, then the last 1-3 together (D % 64 == 0).
+// pv_rows_dpbf16 over R rows: blocks of 4, then the last 1-3 together (D % 64 == 0). prefetch: a share of
+// the next chunk's rows before each block (steps_per_tile).
 inline void pv_tile_dpbf16(const float* s, int64_t R, int64_t n, int64_t D, const bf16* vt, int64_t vs,
-                           float* acc) {
+                           float* acc, RowPrefetch* prefetch = nullptr) {
   row_blocks(R, [&](auto rows, int64_t r) {
+    if (prefetch) prefetch->step();
     pv_rows_dpbf16<decltype(rows)::value>(s + r * KT, n, D, vt, vs, acc + r * D);
   });
 }
@@ -621,27 +629,6 @@ inline int64_t lanes_vectors(int64_t R, int64_t D) {
   (void)R, (void)D;
   return 0;
 #endif
-}
-
-// RowPrefetch steps per tile (of the item's walk over all KV heads): one before the tile, one per key
-// block of the scores, one before P V on the rows-in-lanes path (nv > 0). On the few-rows path (keys:
-// TilePath::kKeys, fp32 R <= 8, the decode step's path) one before the tile, one per 16-key group of the
-// scores, one before P V and one per kPvKeysPerStep keys of P V (D % 64 == 0: its AVX-512 blocks, per 64
-// dims); on the others one before the scores and one before P V.
-// On the lanes path the finer spread measured 1.07-1.39x faster than two steps per tile (SmolLM2 layer,
-// T = 3-9, 30 caches cycled, one core); steps inside P V, or none after the scores, 0.86-0.93x; no
-// software prefetch at all, 0.77-1.03x. On the few-rows path, 8 steps per tile instead of 2 (a burst of
-// 128 prefetched lines each at D = 64, Hkv = 3, fp32): 1.10x (SmolLM2's 30 caches cycled, T = 1, one AMD
-// EPYC core, median of 5 alternating rounds: B = 4 x 3000 1.52 -> 1.38 ms a layer, B = 1 x 6000 0.74 ->
-// 0.67 ms; docs/attention.md, "The decode step's prefetch in eight steps a tile"); 18 steps (also
-// per 16 dims of the scores, every 4 keys of P V) gained nothing more; prefetching 2 or 3 chunks ahead
-// instead of one, nothing; prefetcht0 or prefetchnta instead of prefetcht1, 0.5x. Without any software
-// prefetch this walk reads at 5-6 GB/s: this VM's hardware prefetchers do not follow it. The same spread
-// on the bf16 dot-product path (bursts of 64 lines there): 0.95-0.96x at T = 1 and 5, so it keeps two.
-inline int64_t steps_per_tile(int64_t nv, bool keys, int64_t D) {
-  if (nv) return 2 + KT / lanes_kb(nv);
-  if (keys) return 2 + (KT + 15) / 16 + (D % 64 == 0 ? D / 64 * ((KT + kPvKeysPerStep - 1) / kPvKeysPerStep) : 0);
-  return 2;
 }
 
 // The R query rows q [R][D] transposed into qt [D][16 * nv], zero in the padded lanes.
@@ -752,6 +739,44 @@ constexpr TilePath tile_path(int64_t R, int64_t D, bool qb) {
 #endif
 }
 
+// Whether a tile on the dot-product paths spreads its prefetch over its rows (steps_per_tile).
+inline bool dot_spread(TilePath path, int64_t R) {
+  return (path == TilePath::kDotBf16 || path == TilePath::kDot) && R >= kDotSpreadMinR;
+}
+
+// RowPrefetch steps per tile (of the item's walk over all KV heads): one before the tile, one per key
+// block of the scores, one before P V on the rows-in-lanes path (nv > 0). On the few-rows path (keys:
+// TilePath::kKeys, fp32 R <= 8, the decode step's path) one before the tile, one per 16-key group of the
+// scores, one before P V and one per kPvKeysPerStep keys of P V (D % 64 == 0: its AVX-512 blocks, per 64
+// dims); on the others one before the scores and one before P V.
+// On the lanes path the finer spread measured 1.07-1.39x faster than two steps per tile (SmolLM2 layer,
+// T = 3-9, 30 caches cycled, one core); steps inside P V, or none after the scores, 0.86-0.93x; no
+// software prefetch at all, 0.77-1.03x. On the few-rows path, 8 steps per tile instead of 2 (a burst of
+// 128 prefetched lines each at D = 64, Hkv = 3, fp32): 1.10x (SmolLM2's 30 caches cycled, T = 1, one AMD
+// EPYC core, median of 5 alternating rounds: B = 4 x 3000 1.52 -> 1.38 ms a layer, B = 1 x 6000 0.74 ->
+// 0.67 ms; docs/attention.md, "The decode step's prefetch in eight steps a tile"); 18 steps (also
+// per 16 dims of the scores, every 4 keys of P V) gained nothing more; prefetching 2 or 3 chunks ahead
+// instead of one, nothing; prefetcht0 or prefetchnta instead of prefetcht1, 0.5x. Without any software
+// prefetch this walk reads at 5-6 GB/s: this VM's hardware prefetchers do not follow it. The same spread
+// on the bf16 dot-product path (bursts of 64 lines there): 0.95-0.96x at T = 1 and 5. On the dot-product
+// paths from kDotSpreadMinR rows on (a verification pass of bf16 / fp16 caches; the decode step keeps two
+// steps) one step per kDotRowsPerStep rows of each 16-key group of the scores and, on kDotBf16, one per block
+// of P V rows. A pass's tile takes R / 3 times a step's arithmetic, and two bursts of requests left the memory
+// idle through most of it. Measured 2026-11-29 (Intel Xeon VM, the previous header and this one alternating,
+// median of 4-6 rounds, caches cycled; bitwise the same results): SmolLM2's 30 bf16 caches at 1 x 6000, one
+// thread, T = 2-5 1.12-1.30x (T = 3 33.9 -> 28.8 ms), two threads 1.06-1.24x; B = 4 x 3000 1.11-1.20x; fp16
+// (kDot, the scores only) 1.10-1.17x; 32/8 heads of 128 at 32K, T = 2-4, 1.21-1.34x. From 4 rows on (a
+// decode step of 4 query heads per KV head) it measured within the noise, so the step keeps two.
+inline int64_t steps_per_tile(int64_t nv, TilePath path, int64_t D, int64_t R) {
+  if (nv) return 2 + KT / lanes_kb(nv);
+  if (path == TilePath::kKeys)
+    return 2 + (KT + 15) / 16 + (D % 64 == 0 ? D / 64 * ((KT + kPvKeysPerStep - 1) / kPvKeysPerStep) : 0);
+  if (dot_spread(path, R))
+    return 2 + (KT + 15) / 16 * ((R + kDotRowsPerStep - 1) / kDotRowsPerStep) +
+           (path == TilePath::kDotBf16 ? R / 4 + (R % 4 != 0) : 0);
+  return 2;
+}
+
 // Online softmax over keys [start, end) for all R rows, every key visible to every row; updates m, l (per
 // row) and acc [R][D]. start is a multiple of KT in the caller's key ranks (tiles sit at the same ranks in
 // every call). qb, scale: the R query rows unscaled in the cache's type, when they are scored with the bf16
@@ -810,14 +835,15 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
       case TilePath::kDotBf16:
 #if defined(__AVX512BF16__)
         if constexpr (std::is_same_v<T, bf16>) {
-          scores_dot_avx512(qb, R, D, k + p0 * skn, skn, n, s, scale);
+          RowPrefetch* spread = dot_spread(path, R) ? rows : nullptr;
+          scores_dot_avx512(qb, R, D, k + p0 * skn, skn, n, s, scale, spread);
           softmax();
-          pv_tile_dpbf16(s, R, n, D, v + p0 * svn, svn, acc);
+          pv_tile_dpbf16(s, R, n, D, v + p0 * svn, svn, acc, spread);
         }
 #endif
         break;
       case TilePath::kDot:  // bf16/fp16 rows read in place, converted 16 at a time in registers
-        scores_dot_avx512(q, R, D, k + p0 * skn, skn, n, s);
+        scores_dot_avx512(q, R, D, k + p0 * skn, skn, n, s, 1.f, dot_spread(path, R) ? rows : nullptr);
         softmax_pv(v + p0 * svn, svn);
         break;
 #endif
@@ -986,7 +1012,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         va::RowPrefetch rows;
         const int64_t row_bytes = (std::max(skh, svh) * (Hkv - 1) + D) * int64_t(sizeof(T));  // one key's heads
         const int64_t steps_per_tile =
-            va::steps_per_tile(lanes_nv, va::tile_path<T>(R, D, raw) == va::TilePath::kKeys, D);
+            va::steps_per_tile(lanes_nv, va::tile_path<T>(R, D, raw), D, R);
         for (int64_t part = part_lo; part < part_hi; ++part) {
           auto state = [&](int64_t hh, int64_t r0) {  // (m, l, acc) of rows r0.. of head h0 + hh in this part
             const int64_t base = ((b * Hkv + h0 + hh) * nw + (part - w0)) * R + r0;
