@@ -70,7 +70,8 @@ def test_cache_rows_are_the_rounded_rows_and_attention_runs_in_the_cache_dtype()
             assert cache.memory_bytes() < ref_cache.memory_bytes() * 0.51
 
 
-@pytest.mark.parametrize("dtype,kv", [(F32, BF16), (F32, F16), (BF16, F32), (BF16, F16)])
+@pytest.mark.parametrize("dtype,kv", [(F32, BF16), (F32, F16), (BF16, F32), (BF16, F16)],
+                         ids=["f32-bf16", "f32-f16", "bf16-f32", "bf16-f16"])
 def test_a_pass_gives_the_bits_of_one_token_steps(dtype, kv):
     """What makes the engines lossless holds with the cache in another dtype: the logits of a pass of T tokens
     (causal, and a tree) are bitwise those of one-token steps. The prompt crosses the attention's 512-key
@@ -89,7 +90,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("kv", [BF16, F16])
+@pytest.mark.parametrize("kv", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("method,opts", CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
 def test_greedy_equals_autoregressive(method, opts, kv, monkeypatch):
     """Every method's greedy tokens equal autoregressive decoding's with the same cache dtype, ragged prompts;
@@ -134,3 +135,45 @@ def test_streaming_cache_in_another_dtype_equals_a_fresh_prefill():
     assert loaded.k[0].dtype == BF16 and a.dtype == F32
     # the two caches' re-rotated keys round alike up to bfloat16's last place
     assert (a - b).abs().max().item() <= 5e-2 * b.abs().max().item()
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _cpu_has("amx_bf16"), reason="needs a CPU with AMX-BF16 (the tiles' path replaces the other)")
+def test_the_vdpbf16ps_path_where_the_tiles_serve():
+    """On a CPU with AMX the bf16 caches take the tiles (csrc/include/triforce/verify_attention.h,
+    attend_range_amx); ``TRIFORCE_AMX=0`` keeps the vdpbf16ps path that CPUs without AMX take (AMD's
+    AVX512_BF16 ones). That path too, in a process of its own: a pass gives the bits of one-token steps, every
+    method stays lossless on bfloat16 caches; and the two paths' outputs differ in rounding only."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRIFORCE_AMX": "0"}
+    tests = ["tests/test_model.py::test_a_pass_gives_the_bits_of_one_token_steps[dtype1]",  # bfloat16
+             "tests/test_kv_dtype.py::test_a_pass_gives_the_bits_of_one_token_steps[f32-bf16]",
+             "tests/test_kv_dtype.py::test_greedy_equals_autoregressive"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "bf16 or dtype1", *tests],
+                       env=env, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0 and "9 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    script = ("import torch, triforce_kernels as tk, sys\n"
+              "torch.manual_seed(0)\n"
+              "q = torch.randn(2, 5, 8, 64).bfloat16(); k = torch.randn(2, 700, 2, 64).bfloat16()\n"
+              "v = torch.randn(2, 700, 2, 64).bfloat16(); lens = torch.tensor([700, 650], dtype=torch.int32)\n"
+              "o, lse = tk.verify_attention(q, k, v, lens, backend='cpu', return_lse=True)\n"
+              "torch.save((o, lse), sys.argv[1])\n")
+    outs = []
+    for amx in ("1", "0"):
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"triforce-amx-{amx}-{os.getpid()}.pt")
+        subprocess.run([sys.executable, "-c", script, path], env={**os.environ, "TRIFORCE_AMX": amx}, check=True)
+        outs.append(torch.load(path))
+        os.remove(path)
+    (o1, l1), (o0, l0) = outs
+    assert not torch.equal(l1, l0)  # the tiles really served the first process
+    assert (o1.float() - o0.float()).abs().max() <= 8e-3 and (l1 - l0).abs().max() <= 1e-5

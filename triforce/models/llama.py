@@ -518,7 +518,8 @@ class Llama(nn.Module):
         to the cache's dtype, ``tk.verify_attention`` runs on them and the cache (float32 accumulation), and
         its output is cast back to the model's dtype. A 16-bit cache halves a float32 model's KV bytes
         (docs/model.md, "KV cache dtype"). Any cache works with any model dtype; this only picks the one
-        the engines allocate. Copies of the model (``int8_copy``, ``gguf_copy``, ``layer_skip``) keep it."""
+        the engines allocate. Copies of the model (``int8_copy``, ``gguf_copy``, ``layer_skip``) keep the
+        value it has when they are made."""
         return self._kv_dtype or self.dtype
 
     @kv_dtype.setter

@@ -15,7 +15,8 @@
 // an AVX-512 version exists it sits next to the portable one (built with -march=native on an AVX-512 CPU).
 // bf16 caches on a CPU with AVX512_BF16 take the bf16 dot product twice: the scores (scores_dot_avx512 on
 // the raw bf16 queries against the keys in place, at any number of rows) and P V (pv_tile_dpbf16: the
-// weights rounded to bf16, two keys per instruction, fp32 accumulators).
+// weights rounded to bf16, two keys per instruction, fp32 accumulators); on a CPU with AMX-BF16 they take
+// the tiles instead (attend_range_amx: S^T = K Q^T and P V as tile products, 16 rows a block).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,12 @@
 
 #if defined(_OPENMP)
 #include <omp.h>
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TRIFORCE_VA_AMX 1
 #endif
 
 namespace triforce {
@@ -93,9 +100,14 @@ inline int64_t padded_rows(int64_t R) { return (R + 15) / 16 * 16; }
 
 struct Scratch {
   // K tile [D][KT] (transposed) or [KT][D], V tile [KT][D], scores [R][KT] (or [KT][RP] with the rows in
-  // lanes), q [R][D], one K row [D].
+  // lanes), q [R][D], one K row [D]. The tiles' path (attend_range_amx): 16 rows' acc [16][D], P [16][KT]
+  // in bf16, V in key pairs [KT / 2][D][2] bf16, and 16 keys [16][D] bf16 of a partial group, zero-padded.
   std::vector<float> kt, vt, s, q, row;
-  Scratch(int64_t R, int64_t D) : kt(D * KT), vt(KT * D), s(padded_rows(R) * KT), q(R * D), row(D) {}
+  std::vector<float> acc16;
+  std::vector<uint16_t> pb, vb, kpad;
+  Scratch(int64_t R, int64_t D, bool tiles = false)
+      : kt(D * KT), vt(KT * D), s(padded_rows(R) * KT), q(R * D), row(D), acc16(tiles ? 16 * D : 0),
+        pb(tiles ? 16 * KT : 0), vb(tiles ? KT * D : 0), kpad(tiles ? 16 * D : 0) {}
 };
 
 // ---- one tile of n <= KT keys: load K/V, scores, mask, online-softmax update, P V ---------------------
@@ -716,6 +728,157 @@ inline void tile_lanes_avx512(const float* qt, int64_t R, int64_t D, const float
 }
 #endif
 
+#if defined(TRIFORCE_VA_AMX)
+// ---- the AMX tiles (Intel Sapphire Rapids and later) for bf16 caches: any number of rows --------------
+//
+// On this project's Intel Xeon VM one 512-bit vdpbf16ps issues every ~2.3 cycles (14 bf16 products a
+// cycle), so a verification pass over a bf16 cache was bound by its arithmetic: a 5-token SmolLM2 pass cost
+// as much as on a float32 cache. A tile product (tdpbf16ps) multiplies 16 x 32 by 32 x 16 bf16 into 16 x 16
+// fp32 sums. Per tile of KT = 32 keys and up to 16 query rows:
+// - scores, transposed: S^T [key][row] = K Q^T. The keys are the A tile, 16 rows of 32 dims read straight
+//   from the cache (its row stride; a partial group of keys is copied into zero rows first, so no key past
+//   the tile is read), Q^T is the B tile, packed once per item in dword pairs (amx_pack_queries); D / 32
+//   products per 16 keys. The layout is the rows-in-lanes one: the online softmax runs down the keys with the
+//   rows in lanes (softmax_lanes_avx512), and the score of (row, key) is one fixed tile arithmetic on that
+//   key's and that row's elements only: the same bits whatever R is and whatever else the tile holds;
+// - P V: P [16 rows][KT] rounded to bf16 (round to nearest even, as the vdpbf16ps path rounds it) is the A
+//   tile, V in key pairs ([KT / 2][D][2], interleaved per tile) the B tile, 16 dims of the rows' acc the C
+//   tile: D / 16 products per tile.
+// Every row of every call takes the same sequence of tile products (16-row blocks, tiles at multiples of KT
+// ranks), so a pass of T tokens still gives each row the one-token step's bits. The bits differ from the
+// vdpbf16ps path's (another instruction's rounding), so a process takes one path for all its calls: the
+// tiles when the CPU has AMX-BF16 and Linux grants the tile data, unless TRIFORCE_AMX=0 (read once).
+
+// Whether this process uses the tiles (asked once; arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
+inline bool amx_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TRIFORCE_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    if (!__builtin_cpu_supports("amx-bf16")) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return on;
+}
+
+// ldtilecfg's 64-byte form, palette 1: tiles 0 (C), 1 (A) and 2 (B), each 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The tiles' configuration for the span of one work item (TileScope in verify_attention_cpu), released at
+// its end. Not once per thread: other code in the process (oneDNN's AMX kernels under torch's bfloat16
+// matmuls) releases the tiles after its own use, and a tile instruction without a configuration faults.
+inline void amx_configure() {
+  TileConfig c;
+  for (int t = 0; t < 3; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  asm volatile("" : : "r"(&c) : "memory");  // GCC 12 models ldtilecfg's operand as one byte
+  _tile_loadconfig(&c);
+}
+
+// Words of one 16-row block of packed queries: D / 32 B tiles of 16 x 16 dwords.
+inline int64_t amx_block_words(int64_t D) { return 16 * D; }
+
+// Q^T for rows [0, R) of q [R][D] (bf16) in blocks of 16 rows: block b, chunk c (32 dims), pair i, row r ->
+// qa[b * 16D + c * 512 + i * 32 + 2r + {0, 1}] = q[16b + r][32c + 2i + {0, 1}]; zero for rows past R.
+inline void amx_pack_queries(const bf16* q, int64_t R, int64_t D, uint16_t* qa) {
+  const int64_t nb = (R + 15) / 16;
+  std::fill(qa, qa + nb * amx_block_words(D), uint16_t(0));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < D; ++d)
+      qa[r / 16 * amx_block_words(D) + d / 32 * 512 + (d % 32) / 2 * 32 + 2 * (r % 16) + d % 2] = q[r * D + d].bits;
+}
+
+// One 16-row block over keys [start, end) (all visible to every row): R <= 16 live rows, qa its packed
+// queries; m, l, acc its rows' state. start is a multiple of KT in the caller's ranks.
+inline void attend_range_amx(const uint16_t* qa, int64_t R, int64_t D, const bf16* k, int64_t skn, const bf16* v,
+                             int64_t svn, int64_t start, int64_t end, float* m, float* l, float* acc, Scratch& sc,
+                             RowPrefetch* rows, float scale) {
+  float* st = sc.kt.data();  // S^T [KT][16], as the tiles store it
+  float* sr = sc.s.data();   // S [R][KT]
+  float* a16 = sc.acc16.data();
+  uint16_t* pb = sc.pb.data();
+  uint16_t* vb = sc.vb.data();
+  uint16_t* kp = sc.kpad.data();
+  std::copy_n(acc, R * D, a16);
+  std::fill(a16 + R * D, a16 + 16 * D, 0.f);
+  const __m512 sc16 = _mm512_set1_ps(scale);
+  alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+  for (int64_t p0 = start; p0 < end; p0 += KT) {
+    const int64_t n = std::min(KT, end - p0);
+    const bf16* kt = k + p0 * skn;
+    const bf16* vt = v + p0 * svn;
+    if (rows)
+      rows->step();
+    else
+      prefetch_rows(k, skn, v, svn, p0 + n, std::min(KT, end - p0 - n), D);
+    // S^T = K Q^T, 16 keys at a time
+    for (int64_t h = 0; h < KT; h += 16) {
+      if (h >= n) {
+        std::fill(st + h * 16, st + (h + 16) * 16, 0.f);
+        continue;
+      }
+      const uint16_t* base = reinterpret_cast<const uint16_t*>(kt + h * skn);
+      int64_t stride = skn * 2;
+      if (h + 16 > n) {  // a partial group: its keys into zero rows
+        std::fill(kp, kp + 16 * D, uint16_t(0));
+        for (int64_t j = h; j < n; ++j)
+          std::memcpy(kp + (j - h) * D, kt + j * skn, D * 2);
+        base = kp, stride = D * 2;
+      }
+      _tile_zero(0);
+      for (int64_t c = 0; c < D / 32; ++c) {
+        _tile_loadd(1, base + c * 32, stride);
+        _tile_loadd(2, qa + c * 512, 64);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      _tile_stored(0, st + h * 16, 64);
+      if (rows) rows->step();
+    }
+    // S [R][KT] (scaled): the two 16 x 16 halves of S^T transposed; then the online softmax row by row (its
+    // pads j >= n), and P [R rows][KT] rounded to bf16 (rows past R stay zero)
+    __m512 x[16], y[16];
+    for (int j = 0; j < 16; ++j) x[j] = _mm512_loadu_ps(st + j * 16), y[j] = _mm512_loadu_ps(st + (16 + j) * 16);
+    transpose16_avx512(x);
+    transpose16_avx512(y);
+    for (int64_t r = 0; r < R; ++r) {
+      _mm512_storeu_ps(sr + r * KT, _mm512_mul_ps(x[r], sc16));
+      _mm512_storeu_ps(sr + r * KT + 16, _mm512_mul_ps(y[r], sc16));
+    }
+    softmax_update_rows(sr, n, R, m, l, a16, D);
+    for (int64_t r = 0; r < R; ++r)
+      _mm512_storeu_si512(pb + r * KT, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + r * KT + 16),
+                                                                    _mm512_loadu_ps(sr + r * KT)));
+    // V in key pairs: row i = (V[2i][d], V[2i + 1][d]) for d = 0 .. D-1; zero past n
+    for (int64_t i = 0; i < KT / 2; ++i) {
+      const int64_t j = 2 * i;
+      for (int64_t c = 0; c < D; c += 32) {
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i xv = j < n ? _mm512_loadu_si512(vt + j * svn + c) : z;
+        const __m512i yv = j + 1 < n ? _mm512_loadu_si512(vt + (j + 1) * svn + c) : z;
+        _mm512_storeu_si512(vb + i * 2 * D + 2 * c, _mm512_permutex2var_epi16(xv, ilo, yv));
+        _mm512_storeu_si512(vb + i * 2 * D + 2 * c + 32, _mm512_permutex2var_epi16(xv, ihi, yv));
+      }
+    }
+    if (rows) rows->step();
+    // acc += P V, 16 dims at a time
+    _tile_loadd(1, pb, KT * 2);
+    for (int64_t c = 0; c < D; c += 16) {
+      _tile_loadd(0, a16 + c, D * 4);
+      _tile_loadd(2, vb + 2 * c, D * 4);
+      _tile_dpbf16ps(0, 1, 2);
+      _tile_stored(0, a16 + c, D * 4);
+    }
+  }
+  std::copy_n(a16, R * D, acc);
+}
+#endif
+
 // How a tile's scores are computed, chosen by the cache's type, D, the build and, for fp32, the row
 // count; every choice gives a row the same bits whatever R is (so a verification pass of T tokens and T
 // one-token steps agree, docs/attention.md "Independent of T"):
@@ -787,7 +950,16 @@ template <typename T>
 void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn, const T* v, int64_t svn,
                   int64_t start, int64_t end, float* m, float* l, float* acc, Scratch& sc,
                   RowPrefetch* rows = nullptr, const T* qb = nullptr, float scale = 1.f,
-                  const float* qt = nullptr) {
+                  const float* qt = nullptr, const uint16_t* qa = nullptr) {
+#if defined(TRIFORCE_VA_AMX)
+  if constexpr (std::is_same_v<T, bf16>)
+    if (qa) {  // the tiles (use_tiles): blocks of 16 rows
+      for (int64_t r0 = 0; r0 < R; r0 += 16)
+        attend_range_amx(qa + r0 / 16 * amx_block_words(D), std::min<int64_t>(16, R - r0), D, k, skn, v, svn,
+                         start, end, m + r0, l + r0, acc + r0 * D, sc, rows, scale);
+      return;
+    }
+#endif
   float* kt = sc.kt.data();
   float* vt = sc.vt.data();
   float* s = sc.s.data();
@@ -854,6 +1026,33 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
         softmax_pv(vt, D);
     }
   }
+}
+
+// The tiles configured while it lives (on = use_tiles), released after: one per work item.
+struct TileScope {
+  bool on;
+  explicit TileScope(bool on_) : on(on_) {
+#if defined(TRIFORCE_VA_AMX)
+    if (on) amx_configure();
+#endif
+  }
+  ~TileScope() {
+#if defined(TRIFORCE_VA_AMX)
+    if (on) _tile_release();
+#endif
+  }
+};
+
+// Whether attend_range runs bf16 caches on the AMX tiles (attend_range_amx; then it also needs the raw
+// queries packed: amx_pack_queries).
+template <typename T>
+inline bool use_tiles(int64_t D) {
+#if defined(TRIFORCE_VA_AMX)
+  return std::is_same_v<T, bf16> && D % 64 == 0 && amx_enabled();
+#else
+  (void)D;
+  return false;
+#endif
 }
 
 // Whether attend_range scores bf16 caches with the bf16 dot product (then it needs the raw queries).
@@ -956,6 +1155,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
   // calling thread runs every item.
   const bool par = worth_parallel_here(keys * Hkv * D * std::max<int64_t>(2 * sizeof(T), 2 * R));
   const bool raw = va::bf16_scores<T>(D);
+  const bool tiles = va::use_tiles<T>(D);  // (implies raw)
+  const int64_t tile_words = tiles ? va::amx_block_words(D) : 0;  // per 16-row block of packed queries
   // Items: runs of consecutive parts (enough for 2 per thread), each walked by one thread as one stream of
   // keys (the prefetch runs on across its parts), each part from a fresh softmax state.
   const int64_t units = B * (Hkv / HG);
@@ -970,8 +1171,10 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     std::vector<float> qtg;   // one query's g rows transposed
     std::vector<int64_t> pos;  // one query's new-token positions
     std::vector<T> kc, vc;     // one query's keys and values when not consecutive
-    ItemScratch(int64_t R, int64_t D, int64_t HG, bool raw, int64_t lanes_nv, int64_t lanes_g)
-        : sc(R, D), qall(HG * R * D), qraw(raw ? HG * R * D : 0), qt(HG * D * 16 * lanes_nv), qtg(D * 16 * lanes_g) {}
+    std::vector<uint16_t> qa, qag;  // the tiles' packed queries: the R rows of each head, one query's g rows
+    ItemScratch(int64_t R, int64_t D, int64_t HG, bool raw, int64_t lanes_nv, int64_t lanes_g, int64_t tile_words)
+        : sc(R, D, tile_words > 0), qall(HG * R * D), qraw(raw ? HG * R * D : 0), qt(HG * D * 16 * lanes_nv),
+          qtg(D * 16 * lanes_g), qa(HG * (R + 15) / 16 * tile_words), qag((R + 15) / 16 * tile_words) {}
   };
   std::vector<std::unique_ptr<ItemScratch>> scratch(threads);
   for (int64_t w0 = 0; w0 < parts; w0 += wave) {
@@ -980,7 +1183,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     const int64_t items = units * runs;
     parallel_items(par, items, [&](int tid, int64_t it) {
         std::unique_ptr<ItemScratch>& mine = scratch[tid];
-        if (!mine) mine = std::make_unique<ItemScratch>(R, D, HG, raw, lanes_nv, lanes_g);
+        if (!mine) mine = std::make_unique<ItemScratch>(R, D, HG, raw, lanes_nv, lanes_g, tile_words);
+        const va::TileScope tile_scope(tiles);
         va::Scratch& sc = mine->sc;
         std::vector<float>& qall = mine->qall;
         std::vector<T>& qraw = mine->qraw;
@@ -997,6 +1201,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         const int64_t prefix = std::min<int64_t>(std::max<int64_t>(new0, 0), Lc);
         const int64_t tiles_end = prefix / va::KT * va::KT;  // tiles every row sees whole: [0, tiles_end)
         const int64_t run_shared_end = std::min({part_hi * Z, Lc, tiles_end});
+        const int64_t qa_head = (R + 15) / 16 * tile_words;  // the tiles' packed words per head
         for (int64_t hh = 0; hh < HG; ++hh) {
           float* q32 = qall.data() + hh * R * D;
           for (int64_t t = 0; t < Tq; ++t)
@@ -1008,11 +1213,15 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
               if (raw) std::copy(src, src + D, qraw.data() + (hh * R + t * g + j) * D);
             }
           if (lanes_nv) va::transpose_rows(q32, R, D, lanes_nv, qt.data() + hh * D * 16 * lanes_nv);
+#if defined(TRIFORCE_VA_AMX)
+          if constexpr (std::is_same_v<T, bf16>)
+            if (tiles) va::amx_pack_queries(qraw.data() + hh * R * D, R, D, mine->qa.data() + hh * qa_head);
+#endif
         }
         va::RowPrefetch rows;
         const int64_t row_bytes = (std::max(skh, svh) * (Hkv - 1) + D) * int64_t(sizeof(T));  // one key's heads
         const int64_t steps_per_tile =
-            va::steps_per_tile(lanes_nv, va::tile_path<T>(R, D, raw), D, R);
+            tiles ? 4 * ((R + 15) / 16) : va::steps_per_tile(lanes_nv, va::tile_path<T>(R, D, raw), D, R);
         for (int64_t part = part_lo; part < part_hi; ++part) {
           auto state = [&](int64_t hh, int64_t r0) {  // (m, l, acc) of rows r0.. of head h0 + hh in this part
             const int64_t base = ((b * Hkv + h0 + hh) * nw + (part - w0)) * R + r0;
@@ -1042,7 +1251,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
               va::attend_range(qall.data() + hh * R * D, R, D, k + b * skb + (h0 + hh) * skh, skn,
                                v + b * svb + (h0 + hh) * svh, svn, c0, c1, m, l, acc, sc, grouped ? &rows : nullptr,
                                raw ? qraw.data() + hh * R * D : nullptr, scale,
-                               lanes_nv ? qt.data() + hh * D * 16 * lanes_nv : nullptr);
+                               lanes_nv ? qt.data() + hh * D * 16 * lanes_nv : nullptr,
+                               tiles ? mine->qa.data() + hh * qa_head : nullptr);
             }
           }
           if (shared_end >= e) continue;
@@ -1074,12 +1284,16 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
             for (int64_t hh = 0; hh < HG; ++hh) {
               const float* qg = qall.data() + (hh * R + t * g) * D;
               if (lanes_g) va::transpose_rows(qg, g, D, lanes_g, qtg.data());
+#if defined(TRIFORCE_VA_AMX)
+              if constexpr (std::is_same_v<T, bf16>)
+                if (tiles) va::amx_pack_queries(qraw.data() + (hh * R + t * g) * D, g, D, mine->qag.data());
+#endif
               auto [m, l, acc] = state(hh, t * g);
               const T* kp = in_place ? k + b * skb + at(r0) * skn + (h0 + hh) * skh : kc.data() + hh * D;
               const T* vp = in_place ? v + b * svb + at(r0) * svn + (h0 + hh) * svh : vc.data() + hh * D;
               va::attend_range(qg, g, D, kp, in_place ? skn : HG * D, vp, in_place ? svn : HG * D, 0, n, m, l, acc,
                                sc, nullptr, raw ? qraw.data() + (hh * R + t * g) * D : nullptr, scale,
-                               lanes_g ? qtg.data() : nullptr);
+                               lanes_g ? qtg.data() : nullptr, tiles ? mine->qag.data() : nullptr);
             }
           }
         }
