@@ -3,6 +3,7 @@ and values rounded to its dtype, the attention runs in it (queries rounded, floa
 model's dtype; a pass still gives the bits of one-token steps, so every engine stays lossless; the engines,
 the hub and the CLI make their caches in it."""
 import copy
+import os
 
 import pytest
 import torch
@@ -145,13 +146,13 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
-@pytest.mark.skipif(not _cpu_has("amx_bf16"), reason="needs a CPU with AMX-BF16 (the tiles' path replaces the other)")
+@pytest.mark.skipif(not _cpu_has("amx_bf16") or os.environ.get("TRIFORCE_PORTABLE") == "1",
+                    reason="needs a CPU with AMX-BF16 and a -march=native build (the tiles' path replaces the other)")
 def test_the_vdpbf16ps_path_where_the_tiles_serve():
     """On a CPU with AMX the bf16 caches take the tiles (csrc/include/triforce/verify_attention.h,
     attend_range_amx); ``TRIFORCE_AMX=0`` keeps the vdpbf16ps path that CPUs without AMX take (AMD's
     AVX512_BF16 ones). That path too, in a process of its own: a pass gives the bits of one-token steps, every
     method stays lossless on bfloat16 caches; and the two paths' outputs differ in rounding only."""
-    import os
     import subprocess
     import sys
 
