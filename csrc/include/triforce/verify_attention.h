@@ -728,6 +728,9 @@ inline void tile_lanes_avx512(const float* qt, int64_t R, int64_t D, const float
 }
 #endif
 
+// Words of one 16-row block of the tiles' packed queries (amx_pack_queries): D / 32 B tiles of 16 x 16 dwords.
+inline int64_t amx_block_words(int64_t D) { return 16 * D; }
+
 #if defined(TRIFORCE_VA_AMX)
 // ---- the AMX tiles (Intel Sapphire Rapids and later) for bf16 caches: any number of rows --------------
 //
@@ -778,9 +781,6 @@ inline void amx_configure() {
   asm volatile("" : : "r"(&c) : "memory");  // GCC 12 models ldtilecfg's operand as one byte
   _tile_loadconfig(&c);
 }
-
-// Words of one 16-row block of packed queries: D / 32 B tiles of 16 x 16 dwords.
-inline int64_t amx_block_words(int64_t D) { return 16 * D; }
 
 // Q^T for rows [0, R) of q [R][D] (bf16) in blocks of 16 rows: block b, chunk c (32 dims), pair i, row r ->
 // qa[b * 16D + c * 512 + i * 32 + 2r + {0, 1}] = q[16b + r][32c + 2i + {0, 1}]; zero for rows past R.
