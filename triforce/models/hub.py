@@ -95,8 +95,8 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     if dtype in GGUF_WEIGHTS:
         _check_gguf_weights(path, device, dtype)
     if dtype == "gguf-int8":  # straight from the blocks: no float32 copy of the packed layers on the way
-        model, tok = load_gguf_int8(path), load_tokenizer(path)
-    elif name == "smollm2":
+        return load_gguf_int8(path), load_tokenizer(path)
+    if name == "smollm2":
         model, tok = smollm2_135m(device=device, dtype=dt)
     else:
         model, tok = Llama.from_pretrained(path, device=device, dtype=dt), load_tokenizer(path)

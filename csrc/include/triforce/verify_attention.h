@@ -736,14 +736,16 @@ inline int64_t amx_block_words(int64_t D) { return 16 * D; }
 //
 // On this project's Intel Xeon VM one 512-bit vdpbf16ps issues every ~2.3 cycles (14 bf16 products a
 // cycle), so a verification pass over a bf16 cache was bound by its arithmetic: a 5-token SmolLM2 pass cost
-// as much as on a float32 cache. A tile product (tdpbf16ps) multiplies 16 x 32 by 32 x 16 bf16 into 16 x 16
-// fp32 sums. Per tile of KT = 32 keys and up to 16 query rows:
+// as much as on a float32 cache (docs/attention.md, "bf16 caches on the AMX tiles"). A tile product
+// (tdpbf16ps) multiplies 16 x 32 by 32 x 16 bf16 into 16 x 16 fp32 sums. Per tile of KT = 32 keys and up to
+// 16 query rows:
 // - scores, transposed: S^T [key][row] = K Q^T. The keys are the A tile, 16 rows of 32 dims read straight
 //   from the cache (its row stride; a partial group of keys is copied into zero rows first, so no key past
 //   the tile is read), Q^T is the B tile, packed once per item in dword pairs (amx_pack_queries); D / 32
-//   products per 16 keys. The layout is the rows-in-lanes one: the online softmax runs down the keys with the
-//   rows in lanes (softmax_lanes_avx512), and the score of (row, key) is one fixed tile arithmetic on that
-//   key's and that row's elements only: the same bits whatever R is and whatever else the tile holds;
+//   products per 16 keys. The score of (row, key) is one fixed tile arithmetic on that key's and that row's
+//   elements only: the same bits whatever R is and whatever else the tile holds. S^T is transposed in
+//   registers and the online softmax runs row by row (softmax_update_rows; the rows-in-lanes softmax, one
+//   16-lane exp per key whatever R is, made the decode step slower than vdpbf16ps);
 // - P V: P [16 rows][KT] rounded to bf16 (round to nearest even, as the vdpbf16ps path rounds it) is the A
 //   tile, V in key pairs ([KT / 2][D][2], interleaved per tile) the B tile, 16 dims of the rows' acc the C
 //   tile: D / 16 products per tile.
@@ -1174,7 +1176,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     std::vector<uint16_t> qa, qag;  // the tiles' packed queries: the R rows of each head, one query's g rows
     ItemScratch(int64_t R, int64_t D, int64_t HG, bool raw, int64_t lanes_nv, int64_t lanes_g, int64_t tile_words)
         : sc(R, D, tile_words > 0), qall(HG * R * D), qraw(raw ? HG * R * D : 0), qt(HG * D * 16 * lanes_nv),
-          qtg(D * 16 * lanes_g), qa(HG * (R + 15) / 16 * tile_words), qag((R + 15) / 16 * tile_words) {}
+          qtg(D * 16 * lanes_g), qa(HG * ((R + 15) / 16) * tile_words), qag((R + 15) / 16 * tile_words) {}
   };
   std::vector<std::unique_ptr<ItemScratch>> scratch(threads);
   for (int64_t w0 = 0; w0 < parts; w0 += wave) {
