@@ -616,3 +616,36 @@ def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():
                            "169 ms, 2.3x an autoregressive step (75 ms), and 2.25 tokens per pass")
     assert "the KV cache dominates" in line
     assert "autoregressive step" not in demo.why_it_loses(row, 538_000_000, 551_000_000)  # no base row
+
+
+def test_generate_with_prompt_lookup(hf_dir, capsys):
+    """--draft lookup: speculative decoding with prompt lookup gives autoregressive decoding's text; --ngram goes
+    with it only, and another method is a usage error."""
+    prompt = ["--model", str(hf_dir), "--prompt", "the cat sat on the mat, the cat sat on the", "--max-new-tokens",
+              "12", "--stats"]
+    rc, out, _ = run(["generate", *prompt], capsys)
+    assert rc == 0 and out.split()
+    rc, out2, err = run(["generate", *prompt, "--method", "speculative", "--draft", "lookup", "--gamma", "3",
+                         "--ngram", "2"], capsys)
+    assert rc == 0 and out2 == out and '"lookup->full"' in err, err
+    rc, _, err = run(["generate", *prompt, "--method", "tree", "--draft", "lookup"], capsys)
+    assert rc == 2 and "--draft lookup" in err
+    rc, _, err = run(["generate", *prompt, "--method", "speculative", "--ngram", "2"], capsys)
+    assert rc != 0 and "ngram" in err
+
+
+def test_demo_compares_prompt_lookup_in_every_scene():
+    """``speculative:lookup`` drafts with prompt lookup in every scene, on the CPU and the GPU, output unchanged;
+    in a batch that loses, the line on why says what sets the pace."""
+    from tests.test_lookup import repetitive_prompts
+    from tests.test_engines import tiny
+
+    for device_type in ("cpu", "cuda"):
+        assert all("speculative:lookup" in s["methods"] for s in demo.demo_scenes(False, device_type))
+    model = tiny(7)
+    rows = demo.compare_methods(model, repetitive_prompts(), ["autoregressive", "speculative:lookup"], 12,
+                                options={"speculative:lookup": demo.LOOKUP}, draft=None)
+    assert rows[1]["identical"] and "lookup->full" in rows[1]["stats"]["acceptance"]
+    slow = {**rows[1], "stats": {**rows[1]["stats"], "mean_accepted": 1.5}}
+    line = demo.why_it_loses(slow, 10 ** 6, 10 ** 5, rows[0])
+    assert line.startswith("speculative:lookup loses here") and "fewest accepted drafts" in line

@@ -52,12 +52,12 @@ def chi2_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
 
 
 def run(models, method, draft=None, **opts):
-    """``draft="int8"``: the int8 copy of the target drafts; else the other tiny model, for the methods
-    that take a draft model by default."""
+    """``draft="int8"``: the int8 copy of the target drafts; ``"lookup"``: prompt lookup; else the other tiny
+    model, for the methods that take a draft model by default."""
     target, other, prompt, joint12, marg3 = models
     if draft == "int8":
         draft = int8_copy(target)
-    elif method in ("speculative", "triforce"):
+    elif draft is None and method in ("speculative", "triforce"):
         draft = other
     out = triforce.generate(target, prompt.expand(N, P), method=method, max_new_tokens=3, temperature=TEMP,
                             seed=123, draft=draft, **opts)
@@ -69,6 +69,7 @@ def run(models, method, draft=None, **opts):
 
 CASES = {
     "speculative": {"gamma": 3},
+    "speculative-lookup": {"gamma": 3, "draft": "lookup"},
     "magicdec": {"gamma": 3, "sink": 1, "window": 6},
     "magicdec-retrieval": {"gamma": 3, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4},
     "magicdec-retrieval-int8": {"gamma": 3, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4, "draft": "int8"},
@@ -81,6 +82,7 @@ CASES = {
 def test_sampled_distribution_equals_target(models, case):
     p12, p3, stats = run(models, case.split("-")[0], **CASES[case])
     assert p12 > 1e-3 and p3 > 1e-3, (p12, p3, stats["acceptance"])
+    assert all(a > 0 for a in stats["acceptance"].values()), stats["acceptance"]  # the drafts were tested
 
 
 def test_triforce_middle_level_needs_the_residual(models, monkeypatch):

@@ -11,6 +11,7 @@ graph. On a CPU they cost nothing, so a regression would go unseen until a GPU r
 * TriForce's middle level: one read per gamma1-block after the first ``ceil(gamma2 / (gamma1 + 1))``
   blocks (which every active row needs), the last one bringing the longest row's count along;
 * a static tree: one upload per run (``TokenTree.static``), nothing per step;
+* prompt lookup: one read per step, its pass's width (``LookupDrafter.propose``);
 * nothing else: no read in any forward, no upload, no value-dependent op, sampling and greedy.
 """
 from __future__ import annotations
@@ -67,10 +68,12 @@ def audit(monkeypatch, gpu_paths):
 
 
 def _check_budget(syncs: HostSyncs, stats: dict, *, retrieval: bool = False, middle: tuple | None = None,
-                  static_trees: int = 0) -> None:
+                  static_trees: int = 0, lookup: bool = False) -> None:
     passes = stats["target_passes"]
     found = syncs.by_function()
     expected = {"Decode.loop": passes + 1}  # the last read finds no active row
+    if lookup:
+        expected["LookupDrafter.propose"] = passes
     if retrieval:
         expected["RetrievalCache.sync"] = passes
     if static_trees:
@@ -107,6 +110,17 @@ def test_engine_host_syncs(audit, models, method, opts, temperature):
                   retrieval=method == "triforce" or opts.get("draft_cache") == "retrieval",
                   middle=(opts["gamma1"], opts["gamma2"]) if method == "triforce" else None,
                   static_trees=int(method == "tree"))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+def test_lookup_host_syncs(audit, models, temperature):
+    from tests.test_lookup import repetitive_prompts
+
+    out = triforce.generate(models[0], repetitive_prompts(), method="speculative", draft="lookup", gamma=4,
+                            max_new_tokens=24, temperature=temperature, seed=1)
+    if temperature == 0:
+        assert out.stats["acceptance"]["lookup->full"] > 0  # drafts were proposed (and some accepted)
+    _check_budget(audit, out.stats, lookup=True)
 
 
 @pytest.fixture(scope="module")

@@ -78,9 +78,9 @@ def _model(s: str) -> str:
 
 
 def _draft(s: str) -> str:
-    if s in ("smollm2", "int8") or s in PAIR_NAMES or s in HEAD_KINDS or Path(s).expanduser().exists():
+    if s in ("smollm2", "int8", "lookup") or s in PAIR_NAMES or s in HEAD_KINDS or Path(s).expanduser().exists():
         return s
-    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', 'int8', {' / '.join(PAIR_NAMES)}, a head kind "
+    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', 'int8', 'lookup', {' / '.join(PAIR_NAMES)}, a head kind "
                                      f"({', '.join(HEAD_KINDS)}) nor an existing Hugging Face model directory, "
                                      ".gguf file or head set (.safetensors)")
 
@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the float32 target: a cheap CPU draft) or a Hugging Face "
                         "directory / GGUF file with the target's vocabulary (default: the method's own draft); "
                         "for tree and triforce also trained heads: medusa, mlp, hidden_transfer, early_exit "
-                        "(the shipped set) or a head set's .safetensors")
+                        "(the shipped set) or a head set's .safetensors; for speculative also 'lookup': prompt "
+                        "lookup, drafts copied from the text's own earlier tokens (no model; --ngram)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")
@@ -536,6 +537,10 @@ def cmd_generate(args) -> int:
             if args.method not in ("tree", "triforce"):
                 raise UsageError(f"--draft {args.draft}: trained heads draft for --method tree or triforce only")
             draft = os.path.expanduser(args.draft) if args.draft not in HEAD_KINDS else args.draft
+        elif args.draft == "lookup":
+            if args.method != "speculative":
+                raise UsageError("--draft lookup: prompt lookup drafts for --method speculative only")
+            draft = "lookup"
         elif args.draft == "int8":
             from .models.quant import int8_copy
 

@@ -87,7 +87,8 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
     """Run ``methods`` on the same prompts; -> one row per method: ``method``, ``stats``, ``tokens``,
     ``speedup`` (tokens/s over the autoregressive run, when it is in ``methods``) and ``identical``
     (greedy: tokens equal to the autoregressive ones). A label ``method:kind`` drafts with the shipped
-    heads of that kind (``tree:mlp``), or with the int8 copy of the model (``speculative:int8``).
+    heads of that kind (``tree:mlp``), with the int8 copy of the model (``speculative:int8``), or with prompt
+    lookup (``speculative:lookup``).
 
     ``rounds``: every method runs that many times, the methods in turn (a machine whose speed drifts slows
     them alike), and a row holds its method's fastest run (its ``prefill_s`` is the first run's: a
@@ -256,12 +257,17 @@ def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int, base: dict | None 
     if base is not None and base["stats"]["target_passes"]:
         ar_ms = _ms_per_pass(base["stats"], "full")
         step = f", {full_ms / ar_ms:.1f}x an autoregressive step ({ar_ms:.0f} ms)" if ar_ms > 0 else ""
+    batch = ""
+    if row["method"].endswith(":lookup") and len(s.get("lengths", ())) > 1:
+        batch = ("; a batch runs passes until its row with the fewest accepted drafts is done, and a row that "
+                 "does not repeat its context gets few")
     return (f"{row['method']} loses here: per target pass the drafting costs {side_ms:.0f} ms and the pass "
             f"itself {full_ms:.0f} ms{step}, and {s['mean_accepted']:.2f} tokens per pass do not pay for it "
-            f"({regime}: weights {weight_bytes / 1e6:.0f} MB, KV {kv_bytes / 1e6:.0f} MB)")
+            f"({regime}: weights {weight_bytes / 1e6:.0f} MB, KV {kv_bytes / 1e6:.0f} MB){batch}")
 
 
 DEMO_HEADS = ("hidden_transfer", (1, 1))  # the shipped head set and tree of the batch-1 scene (docs/heads.md)
+LOOKUP = {"gamma": 4}  # prompt lookup (speculative:lookup) in every scene: the method's default width
 
 
 def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch: int | None = None,
@@ -270,7 +276,8 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
     cheap draft model or a token tree), batch 1 at a long context (every step also reads the KV cache, at
     6000 tokens half the weights' bytes on SmolLM2: a draft with cheap weights on a small cache, MagicDec
     with the int8 copy on the retrieval cache, and TriForce), and batch x context large enough that the KV
-    cache dominates (self-drafting from a small cache: MagicDec, TriForce). GPU: the large-batch regime."""
+    cache dominates (self-drafting from a small cache: MagicDec, TriForce). GPU: the large-batch regime.
+    Prompt lookup (``speculative:lookup``, drafts copied from the sequence itself) runs in every scene."""
     if device_type == "cuda":
         long = {"batch": batch or 32, "context": context or 4000, "new": max_new_tokens or 64}
     elif quick:
@@ -286,8 +293,10 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
                   f"(a draft with cheap weights on a small cache pays)",
          # the needle at 3/4 of the haystack: at 6000 tokens SmolLM2-135M answers the pass key from there
          # (measured: 0.75 and 0.9 yes; 0.25 and 0.5 it continues the text instead)
-         **deep, "depth": 0.75, "methods": ["autoregressive", "magicdec", "magicdec:int8", "triforce"],
-         "options": {"magicdec": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
+         **deep, "depth": 0.75, "methods": ["autoregressive", "magicdec", "magicdec:int8", "triforce",
+                                            "speculative:lookup"],
+         "options": {"speculative:lookup": LOOKUP,
+                     "magicdec": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
                      "magicdec:int8": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
                      "triforce": {"gamma1": 2, "gamma2": 6, "budget": deep_budget, "chunk_size": 8, "sink": 16,
                                   "window": 240}}},
@@ -295,15 +304,16 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
     return [
         {"title": "batch 1: the weights dominate each step (a cheaper draft or a token tree pays)",
          **short, "methods": ["autoregressive", "speculative", *(["speculative:int8"] if device_type == "cpu" else []),
-                              "tree", f"tree:{DEMO_HEADS[0]}"],
-         "options": {"speculative": {"gamma": 3}, "speculative:int8": {"gamma": 3},
+                              "tree", f"tree:{DEMO_HEADS[0]}", "speculative:lookup"],
+         "options": {"speculative": {"gamma": 3}, "speculative:int8": {"gamma": 3}, "speculative:lookup": LOOKUP,
                      "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
                      f"tree:{DEMO_HEADS[0]}": {"tree": DEMO_HEADS[1]}}},
         *deep_scene,
         {"title": f"batch {long['batch']} x {long['context']} tokens: the KV cache dominates what a step reads "
                   f"(drafting from a small cache saves those bytes)",
-         **long, "methods": ["autoregressive", "magicdec", "triforce"],
-         "options": {"magicdec": {"draft_cache": "retrieval", "budget": budget, "gamma": 2},
+         **long, "methods": ["autoregressive", "magicdec", "triforce", "speculative:lookup"],
+         "options": {"speculative:lookup": LOOKUP,
+                     "magicdec": {"draft_cache": "retrieval", "budget": budget, "gamma": 2},
                      "triforce": {"gamma1": 2, "gamma2": 6, "budget": budget, "chunk_size": 8, "sink": 16,
                                   "window": 240}}},
     ]

@@ -52,7 +52,9 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         draft: draft model (same vocabulary), or for ``method="tree"`` trained heads on the target's
             hidden states: a :class:`triforce.heads.DraftHeads`, a kind (``"medusa"``, ``"mlp"``,
             ``"hidden_transfer"``, ``"early_exit"``: the set shipped for the target) or a saved set's
-            path (docs/heads.md). Defaults: ``speculative``: the target's first half of
+            path (docs/heads.md); for ``method="speculative"``, ``"lookup"``: prompt lookup, drafts copied
+            from each sequence's own earlier tokens (no model; ``ngram`` its longest match;
+            docs/engines.md, "Prompt lookup"). Defaults: ``speculative``: the target's first half of
             layers + head (``target.layer_skip``; ``draft_layers`` picks k); ``triforce``: the target
             itself on the StreamingLLM window (or ``layer_skip(draft_layers)``); ``magicdec``/``tree``:
             the target. Any draft keeps the output lossless; only speed depends on it.
@@ -65,7 +67,7 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         method_options: the method's options; every option, its default and its meaning are in the
             table :data:`triforce.engines.methods.OPTIONS` (``gamma``, ``gamma1``/``gamma2``, ``budget``,
             ``chunk_size``, ``rebuild_stride``, ``sink``/``window``, ``tree``, ``draft_layers``,
-            ``draft_cache``); :data:`~triforce.engines.methods.METHODS` says which method takes which.
+            ``draft_cache``, ``ngram``); :data:`~triforce.engines.methods.METHODS` says which method takes which.
             ``None`` means the default. A bad value raises ``ValueError`` naming the option.
 
     Returns:
@@ -93,8 +95,17 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
                          f"model's context of {context} tokens; ask for at most {context - longest} new "
                          f"tokens (or shorten the prompt)")
     from .engines.heads import is_heads_source
+    from .engines.lookup import is_lookup
 
-    if is_heads_source(draft):
+    if method_options.get("ngram") is not None and not is_lookup(draft):
+        raise ValueError("ngram: the n-gram length of prompt lookup, which drafts with draft='lookup' only")
+    if is_lookup(draft):
+        if method != "speculative":
+            raise ValueError(f"draft: prompt lookup (draft='lookup') drafts for method='speculative' only, not "
+                             f"{method!r}")
+        if method_options.get("draft_layers") is not None:
+            raise ValueError("draft_layers: picks the layers of a layer-skip draft model; draft='lookup' runs none")
+    elif is_heads_source(draft):
         if method not in ("tree", "triforce"):
             what = repr(draft) if isinstance(draft, (str, os.PathLike)) else f"a {draft.kind} set"
             raise ValueError(f"draft: trained heads ({what}) draft for method='tree' or 'triforce' (its bottom "

@@ -299,10 +299,11 @@ class _DraftVocab:
 
 
 def is_heads_source(draft) -> bool:
-    """A trained-heads draft: a DraftHeads, a kind name or a path to a saved set (not a model)."""
+    """A trained-heads draft: a DraftHeads, a kind name or a path to a saved set (not a model, not
+    ``"lookup"``: prompt lookup)."""
     from triforce.heads import DraftHeads
 
-    return isinstance(draft, (DraftHeads, str, os.PathLike))
+    return isinstance(draft, (DraftHeads, str, os.PathLike)) and not (isinstance(draft, str) and draft == "lookup")
 
 
 _LOADED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {(source, dtype, device): heads}

@@ -72,6 +72,8 @@ OPTIONS: dict[str, Option] = {
     "draft_layers": Option(None, _optional(_POS), "layers of the layer-skip draft (speculative: default half "
                                                   "the target's layers; triforce: default none, the whole "
                                                   "target on its StreamingLLM window)"),
+    "ngram": Option(3, _POS, "speculative with draft='lookup': the longest run of a row's last tokens looked up in "
+                             "its earlier tokens (then shorter ones, down to 1)"),
     "draft_cache": Option("streaming", _choice("streaming", "retrieval"),
                           "magicdec: the draft's cache, 'streaming' or 'retrieval' (a draft model on the "
                           "retrieval cache reads the target's keys and values: a copy of the target, e.g. "
@@ -93,8 +95,9 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("autoregressive", autoregressive.run, (), "one target forward per token (the baseline)"),
-    Method("speculative", speculative.run, ("gamma", "draft_layers"),
-           "a draft model on its own full cache proposes gamma tokens, the target verifies them"),
+    Method("speculative", speculative.run, ("gamma", "draft_layers", "ngram"),
+           "a draft model on its own full cache (or prompt lookup: draft='lookup') proposes gamma tokens, the "
+           "target verifies them"),
     Method("magicdec", magicdec.run, ("gamma", "sink", "window", "draft_cache", "budget", "chunk_size",
                                     "rebuild_stride", "recent"),
            "the target on a StreamingLLM (or retrieval) cache drafts for the full-cache target",

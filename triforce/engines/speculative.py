@@ -4,21 +4,30 @@ target on the full cache verifies them in one pass.
 Default draft: a bfloat16 copy of a float32/float16 target on its own full cache; for a bfloat16
 target (no cheaper copy exists) the target itself on a StreamingLLM window (sink 16 + 240 recent
 tokens), as MagicDec drafts. ``draft_layers=k`` picks the target's first k layers instead
-(``target.layer_skip(k)``: weights shared, but without early-exit training a poor draft)."""
+(``target.layer_skip(k)``: weights shared, but without early-exit training a poor draft).
+``draft="lookup"``: prompt lookup, drafts copied from the sequence's own earlier tokens (no model;
+:mod:`~triforce.engines.lookup`, ``ngram`` its longest match)."""
 from __future__ import annotations
 
 from .decode import Decode, cache_dtype
 from .drafters import Drafter, half_precision_copy
+from .lookup import LookupDrafter, is_lookup
 from .steps import CHAIN_HIST, chain_step
 
 SELF_DRAFT_WINDOW = (16, 240)  # sink, window of the bfloat16 target's self-draft
 
 
-def run(d: Decode, draft, *, gamma: int, draft_layers: int | None) -> tuple:
+def run(d: Decode, draft, *, gamma: int, draft_layers: int | None, ngram: int) -> tuple:
     from triforce.models.cache import StreamingCache
 
     d.setup(width=gamma + 1)
     target = d.target
+    if is_lookup(draft):
+        cache = d.full_cache(target)
+        drafter = LookupDrafter(d, ngram, CHAIN_HIST)
+        with d.timed_prefill():
+            drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
+        return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, "lookup->full"))
     if draft is None and draft_layers:
         draft = target.layer_skip(draft_layers)
     draft = draft if draft is not None else half_precision_copy(target)

@@ -164,16 +164,17 @@ CHAIN_HIST = 2  # a chain drafter's catch-up window: a step advances by <= gamma
 
 
 def chain_step(d, drafter, cache, active, gamma: int, level: str) -> None:
-    """One step: the drafter proposes ``gamma`` tokens, the target on the full ``cache`` verifies
-    them, the drafter commits what was emitted."""
+    """One step: the drafter proposes ``gamma`` tokens (prompt lookup: up to ``gamma``, ``-1`` past a row's
+    own), the target on the full ``cache`` verifies them, the drafter commits what was emitted."""
     stats = d.stats
     with stats.time("draft"):
         x, q = drafter.propose(gamma)
     with stats.time("full"):
         tokens, num, adv, _ = verify_chain(d.target, cache, drafter.pending, x, q, active, d.sampling,
                                            forward=getattr(drafter, "chain_pass", None))
-    drafter.commit(tokens, adv, acceptance=(num * active).sum() / (gamma * active.sum()).clamp(min=1))
-    stats.accept(level, num, gamma, active)
+    offered = (x >= 0).sum(1)  # gamma per row, or a ragged proposal's own length (-1 pads it: prompt lookup)
+    drafter.commit(tokens, adv, acceptance=(num * active).sum() / (offered * active).sum().clamp(min=1))
+    stats.accept(level, num, offered, active)
     d.emit(tokens, adv, active)
 
 

@@ -1,0 +1,190 @@
+"""Prompt lookup (``draft="lookup"``, triforce/engines/lookup.py): the search against a plain-Python
+reference, greedy output equal to autoregressive decoding (tiny random models with ragged batches and
+repetitive prompts, the embedded SmolLM2-135M), a step without a match that verifies the pending token
+alone, the statistics, and the validation of its options. Its sampled distribution:
+tests/test_engines_sampling.py; its host syncs: tests/test_host_syncs.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import triforce
+from triforce.engines.lookup import LookupDrafter, lookup_drafts
+from tests.test_engines import load_smollm2, tiny
+
+
+def reference_drafts(seq: list[int], gamma: int, ngram: int) -> list[int]:
+    """The rule of lookup_drafts, one row in plain Python: the largest n <= ngram whose last-n pattern
+    occurs earlier with a token after it; of those occurrences the latest that gamma tokens follow, else
+    the latest; the tokens after it, -1 past the sequence."""
+    L = len(seq)
+    for n in range(ngram, 0, -1):
+        if L <= n:
+            continue
+        pattern = seq[L - n:]
+        starts = [s for s in range(L - n) if seq[s:s + n] == pattern]  # s + n < L: a token follows
+        if not starts:
+            continue
+        full = [s for s in starts if s + n + gamma <= L]
+        s = max(full) if full else max(starts)
+        out = seq[s + n: s + n + gamma]
+        return out + [-1] * (gamma - len(out))
+    return [-1] * gamma
+
+
+@st.composite
+def rows(draw):
+    B = draw(st.integers(1, 4))
+    vocab = draw(st.integers(1, 6))  # few tokens: matches of every length, and none for some rows
+    seqs = [draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=30)) for _ in range(B)]
+    width = max(len(s) for s in seqs) + draw(st.integers(0, 5))
+    return seqs, max(width, 1), draw(st.integers(1, 6)), draw(st.integers(1, 4))
+
+
+@given(rows())
+def test_lookup_drafts_match_the_reference(case):
+    seqs, width, gamma, ngram = case
+    buf = torch.full((len(seqs), width), -1, dtype=torch.int64)
+    for b, s in enumerate(seqs):
+        buf[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
+    length = torch.tensor([len(s) for s in seqs])
+    got = lookup_drafts(buf, length, gamma, ngram)
+    assert got.shape == (len(seqs), gamma) and got.dtype == torch.int64
+    for b, s in enumerate(seqs):
+        assert got[b].tolist() == reference_drafts(s, gamma, ngram), (b, s, gamma, ngram)
+
+
+def test_lookup_drafts_prefer_the_longest_match_and_a_full_continuation():
+    #        0  1  2  3  4  5  6  7  8  9 10 11
+    seq = [5, 1, 2, 7, 8, 9, 3, 2, 4, 1, 2, 6]
+    seq = seq + [1, 2]  # the last two tokens, "1 2", occurred at 1 and 9; "2" alone at 2, 7 and 10
+    buf = torch.tensor([seq])
+    length = torch.tensor([len(seq)])
+    # ngram 2: "1 2" at 9 is followed by "6 1 2" (3 tokens), at 1 by "7 8 9 3": the latest with 4 tokens is 1
+    assert lookup_drafts(buf, length, 4, 2).tolist() == [[7, 8, 9, 3]]
+    assert lookup_drafts(buf, length, 3, 2).tolist() == [[6, 1, 2]]  # the latest, 9, has 3 tokens after it
+    # ngram 1: "2" at 10 (latest, 3 tokens follow), then at 7 (6 tokens follow: "4 1 2 6 1 2")
+    assert lookup_drafts(buf, length, 5, 1).tolist() == [[4, 1, 2, 6, 1]]
+    # nothing: a sequence of distinct tokens, and one too short to have an earlier occurrence
+    assert lookup_drafts(torch.tensor([[1, 2, 3, 4], [3, -1, -1, -1]]), torch.tensor([4, 1]), 2, 3).tolist() == \
+        [[-1, -1], [-1, -1]]
+
+
+def repetitive_prompts(vocab=64):
+    """Ragged prompts that repeat a phrase of their own (prompt lookup finds matches in them), and one
+    of random tokens."""
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for n, period in ((17, 5), (30, 7), (23, None), (41, 3)):
+        if period is None:
+            out.append(torch.randint(0, vocab, (n,), generator=g))
+        else:
+            out.append(torch.randint(0, vocab, (period,), generator=g).repeat(n // period + 1)[:n])
+    return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny(0)
+
+
+@pytest.mark.parametrize("gamma,ngram", [(1, 1), (3, 3), (6, 2)])
+@pytest.mark.parametrize("prompts", ["repetitive", "random"])
+def test_greedy_equals_autoregressive_tiny_ragged(target, gamma, ngram, prompts):
+    if prompts == "repetitive":
+        ps = repetitive_prompts()
+    else:
+        g = torch.Generator().manual_seed(3)
+        ps = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23, 41)]
+    ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=37)
+    out = triforce.generate(target, ps, method="speculative", draft="lookup", gamma=gamma, ngram=ngram,
+                            max_new_tokens=37)
+    for b in range(len(ps)):
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+    st_ = out.stats
+    assert set(st_["acceptance"]) == {"lookup->full"}
+    assert st_["time_s"].keys() == {"draft", "full"}
+    if prompts == "repetitive":  # the copies pay: fewer passes than tokens
+        assert st_["acceptance"]["lookup->full"] > 0 and st_["target_passes"] < 36
+
+
+def test_greedy_with_eos_and_one_prompt_shorter_than_the_ngram(target):
+    ps = [torch.tensor([3]), repetitive_prompts()[3]]
+    ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=30)
+    eos = int(ref.tokens[1][12])  # row 1 stops at its 13th token (or earlier, where the id first occurs)
+    ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=30, eos_token_id=eos)
+    out = triforce.generate(target, ps, method="speculative", draft="lookup", gamma=4, max_new_tokens=30,
+                            eos_token_id=eos)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    assert out.stats["lengths"] == ref.stats["lengths"]
+
+
+def test_a_step_without_a_match_verifies_the_pending_token_alone(target, monkeypatch):
+    """A one-token prompt whose first new token differs from it: nothing occurred earlier, so the first
+    step's pass is one token wide (an autoregressive step) and nothing counts as offered."""
+    first = triforce.generate(target, [torch.arange(64)[:, None][i] for i in range(64)], method="autoregressive",
+                              max_new_tokens=1)
+    p0 = next(i for i in range(64) if int(first.tokens[i][0]) != i)
+    widths, proposals = [], []
+    forward, propose = type(target).forward, LookupDrafter.propose
+
+    def recording_forward(self, ids, *args, **kwargs):
+        widths.append(ids.shape[1])
+        return forward(self, ids, *args, **kwargs)
+
+    def recording_propose(self, gamma):
+        x, q = propose(self, gamma)
+        proposals.append(x.shape[1])
+        return x, q
+
+    monkeypatch.setattr(type(target), "forward", recording_forward)
+    monkeypatch.setattr(LookupDrafter, "propose", recording_propose)
+    ps = [torch.tensor([p0])]
+    out = triforce.generate(target, ps, method="speculative", draft="lookup", gamma=5, max_new_tokens=2)
+    assert proposals == [0] and widths == [1]  # the step (the prompt goes through Llama.prefill)
+    assert out.stats["acceptance"] == {"lookup->full": 0.0}
+    monkeypatch.undo()
+    ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=2)
+    assert torch.equal(out.tokens[0], ref.tokens[0])
+
+
+def test_sampled_drafts_are_one_hot(target):
+    ps = repetitive_prompts()
+    from triforce.engines.decode import Decode
+    from triforce.engines.steps import Sampling
+
+    d = Decode(target, ps, 10, Sampling(1.0, None, None, torch.Generator().manual_seed(0)))
+    d.setup(width=5)
+    drafter = LookupDrafter(d, 3, 2)
+    hist = torch.stack([p[-2:] for p in ps])
+    drafter.prefill(ps, hist)
+    x, q = drafter.propose(4)
+    assert q.shape == (*x.shape, 64)
+    assert torch.equal(q.sum(-1), (x >= 0).float())
+    assert torch.equal(q.argmax(-1)[x >= 0], x[x >= 0])
+
+
+def test_smollm2_greedy_equals_autoregressive():
+    model, tok = load_smollm2()
+    text = "def add(a, b):\n    return a + b\n\n\ndef add3(a, b, c):\n    return"
+    ids = torch.tensor([tok.encode(text)])
+    ref = triforce.generate(model, ids, method="autoregressive", max_new_tokens=24)
+    out = triforce.generate(model, ids, method="speculative", draft="lookup", gamma=4, max_new_tokens=24)
+    assert torch.equal(out.tokens[0], ref.tokens[0])
+    assert out.stats["acceptance"]["lookup->full"] > 0
+
+
+def test_bad_options(target):
+    p = [torch.arange(10)]
+    for method, opts in (("tree", {}), ("magicdec", {}), ("triforce", {}), ("autoregressive", {})):
+        with pytest.raises(ValueError, match="draft='lookup'"):
+            triforce.generate(target, p, method=method, draft="lookup", max_new_tokens=2, **opts)
+    with pytest.raises(ValueError, match="ngram"):
+        triforce.generate(target, p, method="speculative", ngram=2, max_new_tokens=2)
+    with pytest.raises(ValueError, match="ngram"):
+        triforce.generate(target, p, method="speculative", draft="lookup", ngram=0, max_new_tokens=2)
+    with pytest.raises(ValueError, match="draft_layers"):
+        triforce.generate(target, p, method="speculative", draft="lookup", draft_layers=1, max_new_tokens=2)
+    with pytest.raises(TypeError, match="ngram"):
+        triforce.generate(target, p, method="magicdec", ngram=2, max_new_tokens=2)

@@ -1,0 +1,111 @@
+"""Prompt lookup: drafts copied from the sequence itself (``draft="lookup"``; docs/engines.md, "Prompt lookup").
+
+Long-context work often repeats its context: an answer quotes the document, code edits copy the code, a
+model restates what it said. The drafter keeps every committed token of each row (its prompt, then what
+the verifier emitted). To propose, it takes the row's last ``n`` tokens for ``n = ngram, ngram - 1, .., 1``
+and finds their latest earlier occurrence in the row (preferring one that ``gamma`` tokens follow); the
+tokens that followed it are the draft, up to ``gamma`` of them. The longest ``n`` with a match wins. No model
+runs: a draft costs a few tensor operations over the row's tokens, on their device.
+
+Each pass verifies as many drafts as the row with the longest proposal has (one read of that width per
+step, on a GPU a host sync): a step where no row found a match verifies the pending token alone, an
+autoregressive step, instead of paying for a wide pass of tokens that would all be rejected. Shorter
+proposals are padded with ``-1``, which the verification rejects unread.
+
+Lossless: a proposal is a function of the committed tokens, so the draft distribution of each drafted
+position is a point mass on the drafted token (``q`` = one-hot). Chain verification then accepts token
+``x`` with probability ``min(1, p(x) / q(x)) = p(x)`` and on a rejection samples the residual
+``max(p - q, 0)``, which is ``p`` without ``x``, renormalised: together exactly ``p``, the target's
+distribution (greedy: its argmax)."""
+from __future__ import annotations
+
+import torch
+
+from .steps import advance
+
+LOOKUP = "lookup"
+
+
+def is_lookup(draft) -> bool:
+    """``draft="lookup"``: prompt-lookup drafting."""
+    return isinstance(draft, str) and draft == LOOKUP
+
+
+def lookup_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: int) -> torch.Tensor:
+    """Prompt-lookup drafts: ``buf`` int64 ``[B, C]`` holds each row's tokens in ``[0, length[b])`` and ``-1``
+    after them; -> int64 ``[B, gamma]``: per row the tokens that followed the latest earlier occurrence of its
+    last ``n`` tokens, for the largest ``n <= ngram`` that occurs (among the occurrences of that ``n``, the
+    latest one that ``gamma`` tokens follow, else the latest), ``-1`` past them and for a row with no
+    occurrence."""
+    B, C = buf.shape
+    dev = buf.device
+    length = length.long()[:, None]
+    start = torch.full((B,), -1, dtype=torch.int64, device=dev)  # where the proposal starts in buf
+    for n in range(1, min(ngram, C - 1) + 1):
+        pattern = buf.gather(1, (length - n + torch.arange(n, device=dev)).clamp(min=0))  # [B, n]
+        windows = buf.unfold(1, n, 1)  # [B, C - n + 1, n]: window s is buf[:, s:s + n]
+        W = windows.shape[1]
+        follow = torch.arange(W, device=dev)[None, :] + n  # where window s's continuation starts
+        # an earlier occurrence with at least one token after it (follow < length: not the pattern itself)
+        hit = (windows == pattern[:, None, :]).all(-1) & (follow < length) & (length > n)
+        score = torch.where(hit, follow + torch.where(follow + gamma <= length, C, 0), -1)
+        best, at = score.max(1)
+        start = torch.where(best >= 0, at + n, start)  # a longer n overrides a shorter one
+    idx = start[:, None] + torch.arange(gamma, device=dev)
+    ok = (start[:, None] >= 0) & (idx < length)
+    return torch.where(ok, buf.gather(1, idx.clamp(0, C - 1)), -1)
+
+
+class LookupDrafter:
+    """The chain drafter of prompt lookup (module docstring), with a drafter's bookkeeping
+    (:mod:`~triforce.engines.drafters`): ``hist``, ``pending``, ``prefill``, ``propose``, ``commit``.
+    ``tokens`` ``[B, C]``: each row's committed tokens, ``-1`` past ``length``."""
+
+    def __init__(self, d, ngram: int, width: int):
+        self.d, self.ngram, self.width = d, ngram, width
+        self.sampling, self.vocab = d.sampling, d.target.config.vocab_size
+        capacity = d.max_prompt + d.max_new + 2 * d.width + 1
+        # one column more, past `tokens` (the search reads `tokens` only): where the appends of nothing land
+        self._buf = torch.full((d.batch, capacity + 1), -1, dtype=torch.int64, device=d.device)
+        self.tokens = self._buf[:, :capacity]
+        self.length = torch.zeros(d.batch, dtype=torch.int64, device=d.device)
+        self.hist: torch.Tensor | None = None
+
+    @property
+    def pending(self) -> torch.Tensor:
+        return self.hist[:, -1:]
+
+    def prefill(self, prompts: list[torch.Tensor], hist: torch.Tensor) -> None:
+        """The prompts, then the first sampled token (``hist[:, -1]``)."""
+        for b, p in enumerate(prompts):
+            self.tokens[b, : len(p)] = p
+        self.length = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=self.d.device)
+        self.hist = hist
+        self._append(hist[:, -1:], torch.ones_like(self.length))
+
+    def propose(self, gamma: int):
+        """-> (drafts int64 ``[B, g]`` with ``-1`` past each row's proposal, probs ``[B, g, V]`` one-hot or
+        None when greedy); ``g <= gamma``: the longest proposal of an active row (0: an autoregressive step)."""
+        x = lookup_drafts(self.tokens, self.length, gamma, self.ngram)
+        x = torch.where(self.d.active()[:, None], x, -1)
+        g = int((x >= 0).sum(1).max())  # the one read of a step: the pass's width
+        x = x[:, :g]
+        if self.sampling.greedy:
+            return x, None
+        q = torch.zeros(*x.shape, self.vocab, device=x.device)
+        q.scatter_(2, x.clamp(min=0)[..., None], (x >= 0).to(q.dtype)[..., None])
+        return x, q
+
+    def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None,
+               acceptance: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:
+        self._append(tokens, adv)
+        self.hist = advance(self.hist, tokens, adv, width or self.width)
+        self.width = self.hist.shape[1]
+
+    def _append(self, tokens: torch.Tensor, num: torch.Tensor) -> None:
+        w = tokens.shape[1]
+        ar = torch.arange(w, device=tokens.device)
+        dump = self._buf.shape[1] - 1
+        idx = torch.where(ar < num[:, None], self.length[:, None] + ar, dump).clamp(max=dump)
+        self._buf.scatter_(1, idx, tokens)
+        self.length = self.length + num.long()
