@@ -457,6 +457,12 @@ def test_bench_json(hf_dir, capsys):
                         "--methods", "autoregressive", "magicdec", "--json", "--rounds", "2"], capsys)
     assert rc == 0 and [json.loads(line)["method"] for line in out.splitlines()] == ["autoregressive", "magicdec"]
     assert "running magicdec (round 2 of 2)" in err
+    # prompt lookup's row: speculative with draft="lookup", the same tokens
+    rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "200", "--batch", "2", "--max-new-tokens", "6",
+                        "--methods", "autoregressive", "speculative:lookup", "--json"], capsys)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and [r["method"] for r in rows] == ["autoregressive", "speculative:lookup"]
+    assert rows[1]["identical"] and list(rows[1]["acceptance"]) == ["lookup->full"]
     # a context past the model's fails before any method runs, naming --context
     rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "2045", "--max-new-tokens", "4",
                         "--methods", "autoregressive"], capsys)

@@ -149,20 +149,24 @@ def test_a_step_without_a_match_verifies_the_pending_token_alone(target, monkeyp
     assert torch.equal(out.tokens[0], ref.tokens[0])
 
 
-def test_sampled_drafts_are_one_hot(target):
-    ps = repetitive_prompts()
+def test_sampled_drafts_are_deterministic(target):
+    """Sampling: the drafts come without probabilities (None: the samplers' one-hot draft), the same drafts as
+    greedy; the distribution this gives: tests/test_engines_sampling.py."""
     from triforce.engines.decode import Decode
     from triforce.engines.steps import Sampling
 
-    d = Decode(target, ps, 10, Sampling(1.0, None, None, torch.Generator().manual_seed(0)))
-    d.setup(width=5)
-    drafter = LookupDrafter(d, 3, 2)
+    ps = repetitive_prompts()
     hist = torch.stack([p[-2:] for p in ps])
-    drafter.prefill(ps, hist)
-    x, q = drafter.propose(4)
-    assert q.shape == (*x.shape, 64)
-    assert torch.equal(q.sum(-1), (x >= 0).float())
-    assert torch.equal(q.argmax(-1)[x >= 0], x[x >= 0])
+    drafts = []
+    for sampling in (Sampling(1.0, None, None, torch.Generator().manual_seed(0)), Sampling(0.0, None, None, None)):
+        d = Decode(target, ps, 10, sampling)
+        d.setup(width=5)
+        drafter = LookupDrafter(d, 3, 2)
+        drafter.prefill(ps, hist)
+        x, q = drafter.propose(4)
+        assert q is None and x.shape[1] == 4
+        drafts.append(x)
+    assert torch.equal(*drafts)
 
 
 def test_smollm2_greedy_equals_autoregressive():

@@ -124,6 +124,9 @@ def _option_help(name: str) -> str:
     return f"{OPTIONS[name].help} (default {defaults})".replace("%", "%%")
 
 
+BENCH_METHODS = (*METHODS, "speculative:lookup")  # bench's methods: each method, and prompt lookup's drafts
+
+
 _TYPES = {"sink": _int(0), "recent": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str}
 OPTION_FLAGS = {name: (_TYPES.get(name, _int(1)), _option_help(name)) for name in OPTIONS}  # flag -> (type, help)
 _CHOICES = {"draft_cache": ("streaming", "retrieval")}
@@ -236,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--context", metavar="N", type=_int(1), default=4096, help="prompt tokens (default: 4096)")
     b.add_argument("--batch", metavar="B", type=_int(1), nargs="+", default=[1, 8], help="batch sizes (default: 1 8)")
     b.add_argument("--max-new-tokens", metavar="N", type=_int(1), default=32, help="tokens to generate (default: 32)")
-    b.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods (default: all)")
+    b.add_argument("--methods", nargs="+", choices=BENCH_METHODS, default=list(BENCH_METHODS),
+                   help="methods (default: all); speculative:lookup is speculative with prompt lookup")
     b.add_argument("--temperature", metavar="T", type=_float(0), default=0.0,
                    help="0 = greedy (default), else sampling")
     b.add_argument("--rounds", metavar="N", type=_int(1), default=1,

@@ -13,7 +13,8 @@ autoregressive step, instead of paying for a wide pass of tokens that would all 
 proposals are padded with ``-1``, which the verification rejects unread.
 
 Lossless: a proposal is a function of the committed tokens, so the draft distribution of each drafted
-position is a point mass on the drafted token (``q`` = one-hot). Chain verification then accepts token
+position is a point mass on the drafted token (``q`` = one-hot; ``tk.chain_speculative_sample`` takes such a
+draft as ``draft_probs=None``). Chain verification then accepts token
 ``x`` with probability ``min(1, p(x) / q(x)) = p(x)`` and on a rejection samples the residual
 ``max(p - q, 0)``, which is ``p`` without ``x``, renormalised: together exactly ``p``, the target's
 distribution (greedy: its argmax)."""
@@ -63,7 +64,6 @@ class LookupDrafter:
 
     def __init__(self, d, ngram: int, width: int):
         self.d, self.ngram, self.width = d, ngram, width
-        self.sampling, self.vocab = d.sampling, d.target.config.vocab_size
         capacity = d.max_prompt + d.max_new + 2 * d.width + 1
         # one column more, past `tokens` (the search reads `tokens` only): where the appends of nothing land
         self._buf = torch.full((d.batch, capacity + 1), -1, dtype=torch.int64, device=d.device)
@@ -84,17 +84,13 @@ class LookupDrafter:
         self._append(hist[:, -1:], torch.ones_like(self.length))
 
     def propose(self, gamma: int):
-        """-> (drafts int64 ``[B, g]`` with ``-1`` past each row's proposal, probs ``[B, g, V]`` one-hot or
-        None when greedy); ``g <= gamma``: the longest proposal of an active row (0: an autoregressive step)."""
+        """-> (drafts int64 ``[B, g]`` with ``-1`` past each row's proposal, None: the draft probabilities of a
+        deterministic draft, one-hot, which the samplers take as None); ``g <= gamma``: the longest proposal of
+        an active row (0: the pass verifies the pending token alone, an autoregressive step)."""
         x = lookup_drafts(self.tokens, self.length, gamma, self.ngram)
         x = torch.where(self.d.active()[:, None], x, -1)
         g = int((x >= 0).sum(1).max())  # the one read of a step: the pass's width
-        x = x[:, :g]
-        if self.sampling.greedy:
-            return x, None
-        q = torch.zeros(*x.shape, self.vocab, device=x.device)
-        q.scatter_(2, x.clamp(min=0)[..., None], (x >= 0).to(q.dtype)[..., None])
-        return x, q
+        return x[:, :g], None
 
     def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None,
                acceptance: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:
