@@ -235,6 +235,47 @@ def test_magicdec_retrieval_draft_must_match_the_target(tiny_models):
     assert torch.equal(out.tokens[0], triforce.generate(target, p, method="autoregressive", max_new_tokens=4).tokens[0])
 
 
+@pytest.mark.parametrize("method,opts", [
+    ("autoregressive", {}), ("speculative", {"gamma": 3}), ("speculative", {"gamma": 3, "draft": "lookup"}),
+    ("magicdec", {"gamma": 3, "sink": 1, "window": 8}), ("tree", {"tree": (2, 1), "sink": 1, "window": 16}),
+    ("magicdec", {"gamma": 2, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4}),
+], ids=["autoregressive", "speculative", "lookup", "magicdec", "tree", "magicdec-retrieval"])
+def test_a_finished_row_attends_to_its_own_tokens_only(tiny_models, method, opts, monkeypatch):
+    """A row that emitted EOS rides in the later passes with an empty full cache (Decode._retire), the
+    others keep theirs, and the output is autoregressive decoding's; a full cache that a retrieval cache
+    reads keeps every row."""
+    target, draft = tiny_models
+    prompts = ragged_prompts()
+    free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
+    eos = int(free.tokens[0][1])  # row 0 stops at its second new token (or its first)
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30, eos_token_id=eos)
+    assert ref.lengths[0] <= 2 and min(ref.lengths[1:]) > 12, ref.lengths  # the others run on
+    seen, forward = [], type(target).forward
+
+    def recording(self, ids, *args, cache=None, **kwargs):
+        if self is target and isinstance(cache, FullCache):
+            seen.append(cache.lengths.clone())
+        return forward(self, ids, *args, cache=cache, **kwargs)
+
+    monkeypatch.setattr(type(target), "forward", recording)
+    opts = dict(opts)
+    d = opts.pop("draft", draft if method == "speculative" else None)
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=30, eos_token_id=eos, draft=d, **opts)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    lengths = torch.stack(seen).T.tolist()  # per row, its cache length as each target forward starts
+    retires = opts.get("draft_cache") != "retrieval"
+    for b, row in enumerate(lengths):
+        live = row[: row.index(0)] if 0 in row else row
+        assert live == sorted(live) and live[0] == len(prompts[b]), (b, row)  # growing while it runs
+        assert all(n == 0 for n in row[len(live):]), (b, row)  # then empty for good
+        if b > 0:  # the rows that run on: their context kept while they run
+            assert live[-1] >= len(prompts[b]) + 12, (b, row)
+    if retires:  # row 0 emptied after its first pass or two, for the many passes after
+        assert 0 in lengths[0][:3] and len(lengths[0]) >= 5, lengths[0]
+    else:
+        assert 0 not in lengths[0], lengths[0]
+
+
 def test_single_prompt_tensor_equals_batch_row(tiny_models):
     target, _ = tiny_models
     p = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(5))

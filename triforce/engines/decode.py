@@ -95,6 +95,7 @@ class Decode:
         t0 = time.perf_counter()
         while True:
             active = self.active()
+            self._retire(active)
             reads = [active.any().long(), self.out.count.min().long()] + [c.lengths.max().long() for c in self.caches]
             running, done, *longest = torch.stack(reads).tolist()
             for cache, n in zip(self.caches, longest):
@@ -109,6 +110,17 @@ class Decode:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return self.finish(time.perf_counter() - t0)
+
+    def _retire(self, active: torch.Tensor) -> None:
+        """Empty the full caches' rows that are done (finished or at ``max_new``: a row never becomes active
+        again). Such a row still rides in every forward as padding; with no keys it attends to its own new
+        tokens only, which a pass writes at slots ``0..T-1`` and the verification rolls back (``adv`` 0),
+        instead of reading its whole context: at batch x long context a finished row otherwise costs a pass
+        as much as a live one. Not a cache that a retrieval cache reads (``chunk_size`` set: TriForce, MagicDec
+        with ``draft_cache="retrieval"``), whose rebuilds need the rows' contexts. On the device, no sync."""
+        for cache in self.caches:
+            if cache.chunk_size is None:
+                cache.rollback(torch.where(active, cache.lengths, 0))
 
     def lengths(self) -> torch.Tensor:
         """Real new tokens per row: up to ``max_new``, cut after the first EOS id."""
