@@ -625,8 +625,8 @@ def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():
 
 
 def test_generate_with_prompt_lookup(hf_dir, capsys):
-    """--draft lookup: speculative decoding with prompt lookup gives autoregressive decoding's text; --ngram goes
-    with it only, and another method is a usage error."""
+    """--draft lookup: speculative decoding and TriForce with prompt lookup give autoregressive decoding's text;
+    --ngram goes with it only, and another method is a usage error."""
     prompt = ["--model", str(hf_dir), "--prompt", "the cat sat on the mat, the cat sat on the", "--max-new-tokens",
               "12", "--stats"]
     rc, out, _ = run(["generate", *prompt], capsys)
@@ -634,6 +634,9 @@ def test_generate_with_prompt_lookup(hf_dir, capsys):
     rc, out2, err = run(["generate", *prompt, "--method", "speculative", "--draft", "lookup", "--gamma", "3",
                          "--ngram", "2"], capsys)
     assert rc == 0 and out2 == out and '"lookup->full"' in err, err
+    rc, out3, err = run(["generate", *prompt, "--method", "triforce", "--draft", "lookup", "--gamma1", "2",
+                         "--gamma2", "4", "--budget", "8", "--chunk-size", "2"], capsys)
+    assert rc == 0 and out3 == out and '"lookup->retrieval"' in err, err
     rc, _, err = run(["generate", *prompt, "--method", "tree", "--draft", "lookup"], capsys)
     assert rc == 2 and "--draft lookup" in err
     rc, _, err = run(["generate", *prompt, "--method", "speculative", "--ngram", "2"], capsys)

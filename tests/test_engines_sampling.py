@@ -74,6 +74,7 @@ CASES = {
     "magicdec-retrieval": {"gamma": 3, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4},
     "magicdec-retrieval-int8": {"gamma": 3, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4, "draft": "int8"},
     "triforce": {"gamma1": 2, "gamma2": 3, "budget": 12, "chunk_size": 4, "sink": 1, "window": 10},
+    "triforce-lookup": {"gamma1": 2, "gamma2": 3, "budget": 12, "chunk_size": 4, "draft": "lookup"},
     "tree": {"tree": (2, 2, 1), "sink": 1, "window": 16},
 }
 

@@ -109,6 +109,48 @@ def test_greedy_equals_autoregressive_tiny_ragged(target, gamma, ngram, prompts)
         assert st_["acceptance"]["lookup->full"] > 0 and st_["target_passes"] < 36
 
 
+@pytest.mark.parametrize("opts", [
+    {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4},
+    {"gamma1": 4, "gamma2": 6, "budget": 16, "chunk_size": 4, "ngram": 2},
+    {"gamma1": 1, "gamma2": 2, "budget": 8, "chunk_size": 2, "ngram": 1},
+    {"gamma1": 3, "gamma2": 4, "budget": 4096, "chunk_size": 64},  # no retrieval cache fits: lookup -> full
+])
+@pytest.mark.parametrize("prompts", ["repetitive", "random"])
+def test_triforce_bottom_level_greedy_equals_autoregressive(target, opts, prompts):
+    """Prompt lookup as TriForce's bottom level: the retrieval level verifies its (ragged) proposals, the full
+    level rebases it onto what it kept."""
+    if prompts == "repetitive":
+        ps = repetitive_prompts()
+    else:
+        g = torch.Generator().manual_seed(3)
+        ps = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23, 41)]
+    ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=37)
+    out = triforce.generate(target, ps, method="triforce", draft="lookup", max_new_tokens=37, **opts)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    levels = {"lookup->full"} if opts["chunk_size"] == 64 else {"lookup->retrieval", "retrieval->full"}
+    assert set(out.stats["acceptance"]) == levels
+    if prompts == "repetitive":
+        assert out.stats["acceptance"][min(levels)] > 0
+
+
+def test_rebase_cuts_the_middle_levels_tokens(target):
+    """rebase: the row's tokens become the verifier's, of the new length, ending with the given history."""
+    from triforce.engines.decode import Decode
+    from triforce.engines.steps import Sampling
+
+    ps = [torch.arange(10), torch.arange(20, 26)]
+    d = Decode(target, ps, 10, Sampling(0.0, None, None, None))
+    d.setup(width=5)
+    drafter = LookupDrafter(d, 3, 3)
+    drafter.prefill(ps, torch.tensor([[8, 9, 50], [24, 25, 51]]))
+    drafter.commit(torch.tensor([[52, 53, 54], [55, -1, -1]]), torch.tensor([3, 1], dtype=torch.int32))
+    assert drafter.length.tolist() == [14, 8]
+    drafter.rebase(torch.tensor([[50, 52, 60], [25, 51, 61]]), torch.tensor([-1, 0]))
+    assert drafter.length.tolist() == [13, 8] and drafter.pending.tolist() == [[60], [61]]
+    assert drafter.tokens[0, :14].tolist() == [*range(10), 50, 52, 60, -1]
+    assert drafter.tokens[1, :9].tolist() == [*range(20, 26), 51, 61, -1]
+
+
 def test_greedy_with_eos_and_one_prompt_shorter_than_the_ngram(target):
     ps = [torch.tensor([3]), repetitive_prompts()[3]]
     ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=30)
@@ -181,7 +223,7 @@ def test_smollm2_greedy_equals_autoregressive():
 
 def test_bad_options(target):
     p = [torch.arange(10)]
-    for method, opts in (("tree", {}), ("magicdec", {}), ("triforce", {}), ("autoregressive", {})):
+    for method, opts in (("tree", {}), ("magicdec", {}), ("autoregressive", {})):
         with pytest.raises(ValueError, match="draft='lookup'"):
             triforce.generate(target, p, method=method, draft="lookup", max_new_tokens=2, **opts)
     with pytest.raises(ValueError, match="ngram"):
@@ -192,3 +234,5 @@ def test_bad_options(target):
         triforce.generate(target, p, method="speculative", draft="lookup", draft_layers=1, max_new_tokens=2)
     with pytest.raises(TypeError, match="ngram"):
         triforce.generate(target, p, method="magicdec", ngram=2, max_new_tokens=2)
+    with pytest.raises(ValueError, match="draft_vocab"):
+        triforce.generate(target, p, method="triforce", draft="lookup", draft_vocab=8, max_new_tokens=2)

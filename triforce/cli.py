@@ -224,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the float32 target: a cheap CPU draft) or a Hugging Face "
                         "directory / GGUF file with the target's vocabulary (default: the method's own draft); "
                         "for tree and triforce also trained heads: medusa, mlp, hidden_transfer, early_exit "
-                        "(the shipped set) or a head set's .safetensors; for speculative also 'lookup': prompt "
-                        "lookup, drafts copied from the text's own earlier tokens (no model; --ngram)")
+                        "(the shipped set) or a head set's .safetensors; for speculative and triforce also 'lookup': "
+                        "prompt lookup, drafts copied from the text's own earlier tokens (no model; --ngram)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")
@@ -542,8 +542,9 @@ def cmd_generate(args) -> int:
                 raise UsageError(f"--draft {args.draft}: trained heads draft for --method tree or triforce only")
             draft = os.path.expanduser(args.draft) if args.draft not in HEAD_KINDS else args.draft
         elif args.draft == "lookup":
-            if args.method != "speculative":
-                raise UsageError("--draft lookup: prompt lookup drafts for --method speculative only")
+            if args.method not in ("speculative", "triforce"):
+                raise UsageError("--draft lookup: prompt lookup drafts for --method speculative or triforce (its "
+                                 "bottom level) only")
             draft = "lookup"
         elif args.draft == "int8":
             from .models.quant import int8_copy

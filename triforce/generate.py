@@ -52,9 +52,9 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         draft: draft model (same vocabulary), or for ``method="tree"`` trained heads on the target's
             hidden states: a :class:`triforce.heads.DraftHeads`, a kind (``"medusa"``, ``"mlp"``,
             ``"hidden_transfer"``, ``"early_exit"``: the set shipped for the target) or a saved set's
-            path (docs/heads.md); for ``method="speculative"``, ``"lookup"``: prompt lookup, drafts copied
-            from each sequence's own earlier tokens (no model; ``ngram`` its longest match;
-            docs/engines.md, "Prompt lookup"). Defaults: ``speculative``: the target's first half of
+            path (docs/heads.md); for ``method="speculative"`` (and ``"triforce"``'s bottom level),
+            ``"lookup"``: prompt lookup, drafts copied from each sequence's own earlier tokens (no model;
+            ``ngram`` its longest match; docs/engines.md, "Prompt lookup"). Defaults: ``speculative``: the target's first half of
             layers + head (``target.layer_skip``; ``draft_layers`` picks k); ``triforce``: the target
             itself on the StreamingLLM window (or ``layer_skip(draft_layers)``); ``magicdec``/``tree``:
             the target. Any draft keeps the output lossless; only speed depends on it.
@@ -100,11 +100,13 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
     if method_options.get("ngram") is not None and not is_lookup(draft):
         raise ValueError("ngram: the n-gram length of prompt lookup, which drafts with draft='lookup' only")
     if is_lookup(draft):
-        if method != "speculative":
-            raise ValueError(f"draft: prompt lookup (draft='lookup') drafts for method='speculative' only, not "
-                             f"{method!r}")
+        if method not in ("speculative", "triforce"):
+            raise ValueError(f"draft: prompt lookup (draft='lookup') drafts for method='speculative' or 'triforce' "
+                             f"(its bottom level) only, not {method!r}")
         if method_options.get("draft_layers") is not None:
             raise ValueError("draft_layers: picks the layers of a layer-skip draft model; draft='lookup' runs none")
+        if method_options.get("draft_vocab") is not None:
+            raise ValueError("draft_vocab: a draft vocabulary restricts trained heads; draft='lookup' copies tokens")
     elif is_heads_source(draft):
         if method not in ("tree", "triforce"):
             what = repr(draft) if isinstance(draft, (str, os.PathLike)) else f"a {draft.kind} set"

@@ -41,17 +41,18 @@ def lookup_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: in
     B, C = buf.shape
     dev = buf.device
     length = length.long()[:, None]
+    end = torch.arange(C, device=dev)[None, :]  # e: the position where an occurrence ends
+    follow = end + 1  # where its continuation starts; an earlier occurrence has follow < length
+    full = torch.where(follow + gamma <= length, C, 0)  # prefer an occurrence that gamma tokens follow
     start = torch.full((B,), -1, dtype=torch.int64, device=dev)  # where the proposal starts in buf
+    hit = torch.ones(B, C, dtype=torch.bool, device=dev)
     for n in range(1, min(ngram, C - 1) + 1):
-        pattern = buf.gather(1, (length - n + torch.arange(n, device=dev)).clamp(min=0))  # [B, n]
-        windows = buf.unfold(1, n, 1)  # [B, C - n + 1, n]: window s is buf[:, s:s + n]
-        W = windows.shape[1]
-        follow = torch.arange(W, device=dev)[None, :] + n  # where window s's continuation starts
-        # an earlier occurrence with at least one token after it (follow < length: not the pattern itself)
-        hit = (windows == pattern[:, None, :]).all(-1) & (follow < length) & (length > n)
-        score = torch.where(hit, follow + torch.where(follow + gamma <= length, C, 0), -1)
-        best, at = score.max(1)
-        start = torch.where(best >= 0, at + n, start)  # a longer n overrides a shorter one
+        # hit[b, e]: buf[b, e - n + 1 .. e] equals the row's last n tokens (one more compare per n, on slices)
+        token = buf.gather(1, (length - n).clamp(min=0))  # [B, 1]: the pattern's n-th token from the end
+        hit[:, n - 1:] &= buf[:, : C - n + 1] == token  # (positions before n - 1 keep shorter n's: masked below)
+        ok = hit & (end >= n - 1) & (follow < length) & (length > n)
+        best, at = torch.where(ok, follow + full, -1).max(1)
+        start = torch.where(best >= 0, at + 1, start)  # a longer n overrides a shorter one
     idx = start[:, None] + torch.arange(gamma, device=dev)
     ok = (start[:, None] >= 0) & (idx < length)
     return torch.where(ok, buf.gather(1, idx.clamp(0, C - 1)), -1)
@@ -59,8 +60,11 @@ def lookup_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: in
 
 class LookupDrafter:
     """The chain drafter of prompt lookup (module docstring), with a drafter's bookkeeping
-    (:mod:`~triforce.engines.drafters`): ``hist``, ``pending``, ``prefill``, ``propose``, ``commit``.
-    ``tokens`` ``[B, C]``: each row's committed tokens, ``-1`` past ``length``."""
+    (:mod:`~triforce.engines.drafters`): ``hist``, ``pending``, ``prefill``, ``propose``, ``commit``, ``rebase``.
+    ``tokens`` ``[B, C]``: each row's committed tokens, ``-1`` past ``length``. It drafts for the full level
+    (``speculative``) or for TriForce's retrieval level (its bottom level)."""
+
+    level = LOOKUP  # the drafter's name in the acceptance statistics ("lookup->full", "lookup->retrieval")
 
     def __init__(self, d, ngram: int, width: int):
         self.d, self.ngram, self.width = d, ngram, width
@@ -97,6 +101,17 @@ class LookupDrafter:
         self._append(tokens, adv)
         self.hist = advance(self.hist, tokens, adv, width or self.width)
         self.width = self.hist.shape[1]
+
+    def rebase(self, hist: torch.Tensor, delta: torch.Tensor, adv: torch.Tensor | None = None) -> None:
+        """The verifier's sequence changed by ``delta`` tokens per row and now ends with ``hist`` (TriForce's
+        bottom level: the full level kept ``adv`` of the tokens the middle level had collected, its last one its
+        own): the row's tokens are cut or extended to the new length, ending with ``hist``."""
+        length = self.length + delta.long()
+        H = hist.shape[1]
+        cols = torch.arange(self.tokens.shape[1], device=hist.device)
+        self.tokens.masked_fill_(cols[None, :] >= length[:, None], -1)
+        self.tokens.scatter_(1, (length[:, None] - H + torch.arange(H, device=hist.device)).clamp(min=0), hist)
+        self.length, self.hist, self.width = length, hist, H
 
     def _append(self, tokens: torch.Tensor, num: torch.Tensor) -> None:
         w = tokens.shape[1]

@@ -72,8 +72,8 @@ OPTIONS: dict[str, Option] = {
     "draft_layers": Option(None, _optional(_POS), "layers of the layer-skip draft (speculative: default half "
                                                   "the target's layers; triforce: default none, the whole "
                                                   "target on its StreamingLLM window)"),
-    "ngram": Option(3, _POS, "speculative with draft='lookup': the longest run of a row's last tokens looked up in "
-                             "its earlier tokens (then shorter ones, down to 1)"),
+    "ngram": Option(3, _POS, "speculative, triforce with draft='lookup' (prompt lookup): the longest run of a row's "
+                             "last tokens looked up in its earlier tokens (then shorter ones, down to 1)"),
     "draft_cache": Option("streaming", _choice("streaming", "retrieval"),
                           "magicdec: the draft's cache, 'streaming' or 'retrieval' (a draft model on the "
                           "retrieval cache reads the target's keys and values: a copy of the target, e.g. "
@@ -103,7 +103,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "the target on a StreamingLLM (or retrieval) cache drafts for the full-cache target",
            overrides=(("budget", None),)),
     Method("triforce", triforce.run, ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
-                                    "window", "draft_layers", "recent", "draft_vocab"),
+                                    "window", "draft_layers", "recent", "draft_vocab", "ngram"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
     Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes", "draft_vocab"),
            "a static token tree drafted by the self-draft, verified in one tree-masked pass"),

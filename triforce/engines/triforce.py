@@ -2,6 +2,9 @@
 
     draft model, StreamingLLM cache --gamma1--> target, retrieval cache --(until gamma2)--> target, full cache
 
+The bottom level may also be trained heads (``draft="mlp"`` etc.) or prompt lookup (``draft="lookup"``: drafts
+copied from the sequence itself, no model; :mod:`~triforce.engines.lookup`).
+
 Middle level: the target on the retrieval cache verifies the draft's ``gamma1`` tokens with the
 draft's probabilities (exact residual sampling), repeated until each row holds ``gamma2`` tokens.
 Those tokens are exact samples of the retrieval-level model M (residual samples included), so the
@@ -16,6 +19,7 @@ import torch
 from .decode import Decode, cache_dtype
 from .drafters import Drafter, half_precision_copy
 from .heads import HeadDrafter, heads_for, is_heads_source
+from .lookup import LookupDrafter, is_lookup
 from .steps import TokenBuffer, advance, chain_step, recent_chunks, retrieval_budget, verify_chain
 
 HIST_MID = 2  # bottom drafter's window inside the middle loop (a middle pass advances <= gamma1 + 1)
@@ -59,14 +63,14 @@ class RetrievalLevel:
                     break
             blocks += 1
             with stats.time("draft"):
-                x, q = bottom.propose(self.gamma1)
+                x, q = bottom.propose(self.gamma1)  # prompt lookup: up to gamma1, -1 past a row's own
             with stats.time("retrieval"):
                 tokens, num, adv, mprobs = verify_chain(d.target, self.rcache, bottom.pending, x, q, mactive,
                                                         d.sampling, accept_reject=_verify_middle,
                                                         forward=getattr(bottom, "chain_pass", None))
             bottom.commit(tokens, adv, width=HIST_MID)
             xs.append(tokens, adv, mprobs)  # each emitted token with the M-probs it was sampled from
-            stats.accept("draft->retrieval", num, self.gamma1, mactive)
+            stats.accept(f"{getattr(bottom, 'level', 'draft')}->retrieval", num, (x >= 0).sum(1), mactive)
         # -1 past a row's count: rejected unread, then the bonus comes from p
         return xs.tokens[:, :m], None if d.sampling.greedy else xs.probs[:, :m]
 
@@ -91,13 +95,17 @@ def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int)
 
 
 def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
-        sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None = None) -> tuple:
+        sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None = None,
+        ngram: int = 3) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     target = d.target
     cap = gamma2 + gamma1  # most tokens the middle level collects
     extra = 0  # hidden_transfer heads: pseudo tokens per position riding in each verification pass
-    if is_heads_source(draft):  # trained heads on the target's hidden states draft the bottom level
+    if is_lookup(draft):  # prompt lookup drafts the bottom level: no model
+        d.setup(width=1 + gamma1 + gamma2)
+        bottom = LookupDrafter(d, ngram, HIST)
+    elif is_heads_source(draft):  # trained heads on the target's hidden states draft the bottom level
         heads = heads_for(target, draft)
         if gamma1 > heads.depth:
             raise ValueError(f"gamma1: {gamma1} drafts need heads of depth >= {gamma1}; these {heads.kind} heads "
@@ -128,6 +136,7 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
     if budget is None:  # no retrieval cache can exist: the bottom level drafts straight for the full level
         d.notes.append(f"triforce: the shortest prompt has fewer than 3 chunks of {chunk_size} tokens, too short "
                        f"for a retrieval cache: the draft proposed {gamma1} tokens straight to the full level")
-        return d.loop(lambda active: chain_step(d, bottom, cache, active, gamma1, "draft->full"))
+        level = f"{getattr(bottom, 'level', 'draft')}->full"
+        return d.loop(lambda active: chain_step(d, bottom, cache, active, gamma1, level))
     middle = RetrievalLevel(d, bottom, rcache, gamma1)
     return d.loop(lambda active: triforce_step(d, middle, cache, active, gamma2))
