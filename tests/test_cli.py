@@ -651,6 +651,8 @@ def test_demo_compares_prompt_lookup_in_every_scene():
 
     for device_type in ("cpu", "cuda"):
         assert all("speculative:lookup" in s["methods"] for s in demo.demo_scenes(False, device_type))
+    # and as TriForce's bottom level in the batch-1 long-context scene (CPU)
+    assert [m for s in demo.demo_scenes(False, "cpu") for m in s["methods"]].count("triforce:lookup") == 1
     model = tiny(7)
     rows = demo.compare_methods(model, repetitive_prompts(), ["autoregressive", "speculative:lookup"], 12,
                                 options={"speculative:lookup": demo.LOOKUP}, draft=None)

@@ -88,7 +88,7 @@ def compare_methods(model, prompts, methods=METHODS, max_new_tokens: int = 64, t
     ``speedup`` (tokens/s over the autoregressive run, when it is in ``methods``) and ``identical``
     (greedy: tokens equal to the autoregressive ones). A label ``method:kind`` drafts with the shipped
     heads of that kind (``tree:mlp``), with the int8 copy of the model (``speculative:int8``), or with prompt
-    lookup (``speculative:lookup``).
+    lookup (``speculative:lookup``, ``triforce:lookup``).
 
     ``rounds``: every method runs that many times, the methods in turn (a machine whose speed drifts slows
     them alike), and a row holds its method's fastest run (its ``prefill_s`` is the first run's: a
@@ -277,7 +277,8 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
     6000 tokens half the weights' bytes on SmolLM2: a draft with cheap weights on a small cache, MagicDec
     with the int8 copy on the retrieval cache, and TriForce), and batch x context large enough that the KV
     cache dominates (self-drafting from a small cache: MagicDec, TriForce). GPU: the large-batch regime.
-    Prompt lookup (``speculative:lookup``, drafts copied from the sequence itself) runs in every scene."""
+    Prompt lookup (``speculative:lookup``, drafts copied from the sequence itself) runs in every scene, and as
+    TriForce's bottom level (``triforce:lookup``) in the batch-1 long-context scene."""
     if device_type == "cuda":
         long = {"batch": batch or 32, "context": context or 4000, "new": max_new_tokens or 64}
     elif quick:
@@ -294,8 +295,9 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
          # the needle at 3/4 of the haystack: at 6000 tokens SmolLM2-135M answers the pass key from there
          # (measured: 0.75 and 0.9 yes; 0.25 and 0.5 it continues the text instead)
          **deep, "depth": 0.75, "methods": ["autoregressive", "magicdec", "magicdec:int8", "triforce",
-                                            "speculative:lookup"],
+                                            "triforce:lookup", "speculative:lookup"],
          "options": {"speculative:lookup": LOOKUP,
+                     "triforce:lookup": {"gamma1": 2, "gamma2": 6, "budget": deep_budget, "chunk_size": 8},
                      "magicdec": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
                      "magicdec:int8": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
                      "triforce": {"gamma1": 2, "gamma2": 6, "budget": deep_budget, "chunk_size": 8, "sink": 16,
