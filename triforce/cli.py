@@ -80,9 +80,9 @@ def _model(s: str) -> str:
 def _draft(s: str) -> str:
     if s in ("smollm2", "int8", "lookup") or s in PAIR_NAMES or s in HEAD_KINDS or Path(s).expanduser().exists():
         return s
-    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', 'int8', 'lookup', {' / '.join(PAIR_NAMES)}, a head kind "
-                                     f"({', '.join(HEAD_KINDS)}) nor an existing Hugging Face model directory, "
-                                     ".gguf file or head set (.safetensors)")
+    raise argparse.ArgumentTypeError(f"{s!r} is neither 'smollm2', 'int8', 'lookup', {' / '.join(PAIR_NAMES)}, "
+                                     f"a head kind ({', '.join(HEAD_KINDS)}) nor an existing Hugging Face model "
+                                     "directory, .gguf file or head set (.safetensors)")
 
 
 def _device(s: str) -> str:

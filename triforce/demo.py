@@ -402,7 +402,8 @@ def _cap_budget(context: int) -> dict:
 
 
 def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: int = 4096, batches=(1, 8),
-               max_new_tokens: int = 32, methods=(*METHODS, "speculative:lookup"), temperature: float = 0.0, options: dict | None = None,
+               max_new_tokens: int = 32, methods=(*METHODS, "speculative:lookup"), temperature: float = 0.0,
+               options: dict | None = None,
                out=None, log=None, device=None, rounds: int = 1, kv_dtype: str | None = None):
     """``triforce bench``: for each batch size, natural-text prompts of ~``context`` tokens (different
     passages per row, lengths differing by a few tokens), every method and prompt lookup (``speculative:lookup``)

@@ -54,10 +54,10 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
             ``"hidden_transfer"``, ``"early_exit"``: the set shipped for the target) or a saved set's
             path (docs/heads.md); for ``method="speculative"`` (and ``"triforce"``'s bottom level),
             ``"lookup"``: prompt lookup, drafts copied from each sequence's own earlier tokens (no model;
-            ``ngram`` its longest match; docs/engines.md, "Prompt lookup"). Defaults: ``speculative``: the target's first half of
-            layers + head (``target.layer_skip``; ``draft_layers`` picks k); ``triforce``: the target
-            itself on the StreamingLLM window (or ``layer_skip(draft_layers)``); ``magicdec``/``tree``:
-            the target. Any draft keeps the output lossless; only speed depends on it.
+            ``ngram`` its longest match; docs/engines.md, "Prompt lookup"). Defaults: ``speculative``: the
+            target's first half of layers + head (``target.layer_skip``; ``draft_layers`` picks k);
+            ``triforce``: the target itself on the StreamingLLM window (or ``layer_skip(draft_layers)``);
+            ``magicdec``/``tree``: the target. Any draft keeps the output lossless; only speed depends on it.
         seed: seeds the sampling generator (``None``: torch's default RNG).
         eos_token_id: an id or a list of ids (``None``: none). A sequence that emits one stops: it
             drafts no more, its remaining tokens are ``pad_token_id`` (default: the first EOS id) and
