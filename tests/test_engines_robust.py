@@ -95,6 +95,54 @@ def test_every_method_random_batches_and_options(case, data):
             assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
 
 
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_prompt_lookup_random_batches_and_options(data):
+    """Prompt lookup (draft="lookup") for speculative and as TriForce's bottom level: random batches (ragged,
+    identical, or repeating a phrase of their own so that lookups hit), options, EOS, sampling with top-p; greedy
+    output equals autoregressive decoding's."""
+    method = data.draw(st.sampled_from(["speculative", "triforce"]), label="method")
+    vocab = data.draw(st.sampled_from([16, 64]), label="vocab")
+    ngram = data.draw(st.integers(1, 4), label="ngram")
+    if method == "speculative":
+        opts, min_len = {"gamma": data.draw(st.integers(1, 6), label="gamma")}, 1
+    else:
+        chunk = data.draw(st.integers(1, 6), label="chunk")
+        opts = {"gamma1": data.draw(st.integers(1, 4), label="gamma1"),
+                "gamma2": data.draw(st.integers(1, 8), label="gamma2"), "chunk_size": chunk,
+                "budget": data.draw(st.integers(3 * chunk, 8 * chunk), label="budget"),
+                "rebuild_stride": data.draw(st.integers(1, 40), label="stride")}
+        min_len = opts["budget"]
+    target = tiny(0, vocab)
+    B = data.draw(st.integers(1, 5), label="batch")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    kind = data.draw(st.sampled_from(["ragged", "identical", "repeating"]), label="prompts")
+    lens = data.draw(st.lists(st.integers(min_len, min_len + 30), min_size=B, max_size=B), label="lens")
+    if kind == "identical":
+        prompts = [torch.randint(0, vocab, (lens[0],), generator=g)] * B
+    elif kind == "repeating":
+        period = data.draw(st.integers(1, 8), label="period")
+        prompts = [torch.randint(0, vocab, (period,), generator=g).repeat(n // period + 1)[:n] for n in lens]
+    else:
+        prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
+    max_new = data.draw(st.integers(1, 40), label="max_new")
+    temperature = data.draw(st.sampled_from([0.0, 0.0, 1.0, 0.7]), label="temperature")
+    top_p = data.draw(st.sampled_from([None, 0.9]), label="top_p") if temperature else None
+    eos = data.draw(st.sampled_from([None, 3, [5, 7]]), label="eos")
+    kw = dict(max_new_tokens=max_new, temperature=temperature, top_p=top_p, seed=5, eos_token_id=eos)
+    out = triforce.generate(target, prompts, method=method, draft="lookup", ngram=ngram, **opts, **kw)
+    for b in range(B):
+        t = out.tokens[b]
+        assert t.shape == (max_new,) and 1 <= out.lengths[b] <= max_new
+        assert bool(((t >= 0) & (t < vocab)).all())
+    if temperature == 0:
+        ref = triforce.generate(target, prompts, method="autoregressive", **kw)
+        assert out.lengths == ref.lengths
+        for b in range(B):
+            assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+
+
 def record_retrieval_peak(monkeypatch) -> dict:
     """Record, after every forward into a retrieval cache, the most tokens any row holds past the ones
     ``sync()`` copied (its ``appended``) and the ``max_step`` the cache was sized for."""
