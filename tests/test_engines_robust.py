@@ -76,12 +76,19 @@ def test_every_method_random_batches_and_options(case, data):
     else:
         lens = data.draw(st.lists(st.integers(min_len, min_len + 30), min_size=B, max_size=B), label="lens")
         prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
+    generate_and_check(data, target, prompts, vocab, method=method, draft=draft, **opts)
+
+
+def generate_and_check(data, target, prompts, vocab, **method_args):
+    """Draw the decoding settings (new tokens, temperature, top-p, EOS), generate with ``method_args``, check the
+    output's shape and ids, and, greedy, that it equals autoregressive decoding's."""
+    B = len(prompts)
     max_new = data.draw(st.integers(1, 40), label="max_new")
     temperature = data.draw(st.sampled_from([0.0, 0.0, 1.0, 0.7]), label="temperature")
     top_p = data.draw(st.sampled_from([None, 0.9]), label="top_p") if temperature else None
     eos = data.draw(st.sampled_from([None, 3, [5, 7]]), label="eos")
     kw = dict(max_new_tokens=max_new, temperature=temperature, top_p=top_p, seed=5, eos_token_id=eos)
-    out = triforce.generate(target, prompts, method=method, draft=draft, **opts, **kw)
+    out = triforce.generate(target, prompts, **method_args, **kw)
     assert len(out.tokens) == B
     for b in range(B):
         t = out.tokens[b]
@@ -126,21 +133,7 @@ def test_prompt_lookup_random_batches_and_options(data):
         prompts = [torch.randint(0, vocab, (period,), generator=g).repeat(n // period + 1)[:n] for n in lens]
     else:
         prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
-    max_new = data.draw(st.integers(1, 40), label="max_new")
-    temperature = data.draw(st.sampled_from([0.0, 0.0, 1.0, 0.7]), label="temperature")
-    top_p = data.draw(st.sampled_from([None, 0.9]), label="top_p") if temperature else None
-    eos = data.draw(st.sampled_from([None, 3, [5, 7]]), label="eos")
-    kw = dict(max_new_tokens=max_new, temperature=temperature, top_p=top_p, seed=5, eos_token_id=eos)
-    out = triforce.generate(target, prompts, method=method, draft="lookup", ngram=ngram, **opts, **kw)
-    for b in range(B):
-        t = out.tokens[b]
-        assert t.shape == (max_new,) and 1 <= out.lengths[b] <= max_new
-        assert bool(((t >= 0) & (t < vocab)).all())
-    if temperature == 0:
-        ref = triforce.generate(target, prompts, method="autoregressive", **kw)
-        assert out.lengths == ref.lengths
-        for b in range(B):
-            assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
+    generate_and_check(data, target, prompts, vocab, method=method, draft="lookup", ngram=ngram, **opts)
 
 
 def record_retrieval_peak(monkeypatch) -> dict:

@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 import triforce
 from triforce.engines.lookup import LookupDrafter, lookup_drafts
-from tests.test_engines import load_smollm2, tiny
+from tests.test_engines import load_smollm2, ragged_prompts, tiny
 
 
 def reference_drafts(seq: list[int], gamma: int, ngram: int) -> list[int]:
@@ -84,6 +84,11 @@ def repetitive_prompts(vocab=64):
     return out
 
 
+def prompt_set(kind: str) -> list[torch.Tensor]:
+    """``"repetitive"``: :func:`repetitive_prompts`; ``"random"``: the engine tests' ragged random prompts."""
+    return repetitive_prompts() if kind == "repetitive" else ragged_prompts()
+
+
 @pytest.fixture(scope="module")
 def target():
     return tiny(0)
@@ -92,11 +97,7 @@ def target():
 @pytest.mark.parametrize("gamma,ngram", [(1, 1), (3, 3), (6, 2)])
 @pytest.mark.parametrize("prompts", ["repetitive", "random"])
 def test_greedy_equals_autoregressive_tiny_ragged(target, gamma, ngram, prompts):
-    if prompts == "repetitive":
-        ps = repetitive_prompts()
-    else:
-        g = torch.Generator().manual_seed(3)
-        ps = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23, 41)]
+    ps = prompt_set(prompts)
     ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=37)
     out = triforce.generate(target, ps, method="speculative", draft="lookup", gamma=gamma, ngram=ngram,
                             max_new_tokens=37)
@@ -119,11 +120,7 @@ def test_greedy_equals_autoregressive_tiny_ragged(target, gamma, ngram, prompts)
 def test_triforce_bottom_level_greedy_equals_autoregressive(target, opts, prompts):
     """Prompt lookup as TriForce's bottom level: the retrieval level verifies its (ragged) proposals, the full
     level rebases it onto what it kept."""
-    if prompts == "repetitive":
-        ps = repetitive_prompts()
-    else:
-        g = torch.Generator().manual_seed(3)
-        ps = [torch.randint(0, 64, (n,), generator=g) for n in (17, 30, 23, 41)]
+    ps = prompt_set(prompts)
     ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=37)
     out = triforce.generate(target, ps, method="triforce", draft="lookup", max_new_tokens=37, **opts)
     assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
@@ -144,9 +141,9 @@ def test_rebase_cuts_the_middle_levels_tokens(target):
     drafter = LookupDrafter(d, 3, 3)
     drafter.prefill(ps, torch.tensor([[8, 9, 50], [24, 25, 51]]))
     drafter.commit(torch.tensor([[52, 53, 54], [55, -1, -1]]), torch.tensor([3, 1], dtype=torch.int32))
-    assert drafter.length.tolist() == [14, 8]
+    assert drafter.seq.count.tolist() == [14, 8]
     drafter.rebase(torch.tensor([[50, 52, 60], [25, 51, 61]]), torch.tensor([-1, 0]))
-    assert drafter.length.tolist() == [13, 8] and drafter.pending.tolist() == [[60], [61]]
+    assert drafter.seq.count.tolist() == [13, 8] and drafter.pending.tolist() == [[60], [61]]
     assert drafter.tokens[0, :14].tolist() == [*range(10), 50, 52, 60, -1]
     assert drafter.tokens[1, :9].tolist() == [*range(20, 26), 51, 61, -1]
 

@@ -24,6 +24,7 @@ import torch
 
 from triforce.models.cache import TokenTree
 
+from .lookup import is_lookup
 from .steps import Sampling, advance, static_tree, top_ids
 
 # The verification's LM-head call takes every node's draft logits too while it has at most this many
@@ -303,7 +304,7 @@ def is_heads_source(draft) -> bool:
     ``"lookup"``: prompt lookup)."""
     from triforce.heads import DraftHeads
 
-    return isinstance(draft, (DraftHeads, str, os.PathLike)) and not (isinstance(draft, str) and draft == "lookup")
+    return isinstance(draft, (DraftHeads, str, os.PathLike)) and not is_lookup(draft)
 
 
 _LOADED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {(source, dtype, device): heads}

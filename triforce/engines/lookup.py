@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .steps import advance
+from .steps import TokenBuffer, advance
 
 LOOKUP = "lookup"
 
@@ -61,19 +61,21 @@ def lookup_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: in
 class LookupDrafter:
     """The chain drafter of prompt lookup (module docstring), with a drafter's bookkeeping
     (:mod:`~triforce.engines.drafters`): ``hist``, ``pending``, ``prefill``, ``propose``, ``commit``, ``rebase``.
-    ``tokens`` ``[B, C]``: each row's committed tokens, ``-1`` past ``length``. It drafts for the full level
-    (``speculative``) or for TriForce's retrieval level (its bottom level)."""
+    ``seq``: each row's committed tokens (a :class:`~triforce.engines.steps.TokenBuffer` of the full cache's
+    capacity, ``-1`` past each row's ``count``). It drafts for the full level (``speculative``) or for
+    TriForce's retrieval level (its bottom level)."""
 
     level = LOOKUP  # the drafter's name in the acceptance statistics ("lookup->full", "lookup->retrieval")
 
     def __init__(self, d, ngram: int, width: int):
         self.d, self.ngram, self.width = d, ngram, width
-        capacity = d.max_prompt + d.max_new + 2 * d.width + 1
-        # one column more, past `tokens` (the search reads `tokens` only): where the appends of nothing land
-        self._buf = torch.full((d.batch, capacity + 1), -1, dtype=torch.int64, device=d.device)
-        self.tokens = self._buf[:, :capacity]
-        self.length = torch.zeros(d.batch, dtype=torch.int64, device=d.device)
+        self.seq = TokenBuffer(d.batch, d.cache_len, d.device)
         self.hist: torch.Tensor | None = None
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """``[B, capacity]``: the rows' tokens (the buffer without its dump column, which the search never reads)."""
+        return self.seq.tokens[:, : self.seq.capacity]
 
     @property
     def pending(self) -> torch.Tensor:
@@ -83,22 +85,22 @@ class LookupDrafter:
         """The prompts, then the first sampled token (``hist[:, -1]``)."""
         for b, p in enumerate(prompts):
             self.tokens[b, : len(p)] = p
-        self.length = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=self.d.device)
+        self.seq.count = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=self.d.device)
         self.hist = hist
-        self._append(hist[:, -1:], torch.ones_like(self.length))
+        self.seq.append(hist[:, -1:], torch.ones_like(self.seq.count))
 
     def propose(self, gamma: int):
         """-> (drafts int64 ``[B, g]`` with ``-1`` past each row's proposal, None: the draft probabilities of a
         deterministic draft, one-hot, which the samplers take as None); ``g <= gamma``: the longest proposal of
         an active row (0: the pass verifies the pending token alone, an autoregressive step)."""
-        x = lookup_drafts(self.tokens, self.length, gamma, self.ngram)
+        x = lookup_drafts(self.tokens, self.seq.count, gamma, self.ngram)
         x = torch.where(self.d.active()[:, None], x, -1)
         g = int((x >= 0).sum(1).max())  # the one read of a step: the pass's width
         return x[:, :g], None
 
     def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None,
                acceptance: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:
-        self._append(tokens, adv)
+        self.seq.append(tokens, adv)
         self.hist = advance(self.hist, tokens, adv, width or self.width)
         self.width = self.hist.shape[1]
 
@@ -106,17 +108,10 @@ class LookupDrafter:
         """The verifier's sequence changed by ``delta`` tokens per row and now ends with ``hist`` (TriForce's
         bottom level: the full level kept ``adv`` of the tokens the middle level had collected, its last one its
         own): the row's tokens are cut or extended to the new length, ending with ``hist``."""
-        length = self.length + delta.long()
+        length = self.seq.count.long() + delta.long()
         H = hist.shape[1]
         cols = torch.arange(self.tokens.shape[1], device=hist.device)
         self.tokens.masked_fill_(cols[None, :] >= length[:, None], -1)
         self.tokens.scatter_(1, (length[:, None] - H + torch.arange(H, device=hist.device)).clamp(min=0), hist)
-        self.length, self.hist, self.width = length, hist, H
-
-    def _append(self, tokens: torch.Tensor, num: torch.Tensor) -> None:
-        w = tokens.shape[1]
-        ar = torch.arange(w, device=tokens.device)
-        dump = self._buf.shape[1] - 1
-        idx = torch.where(ar < num[:, None], self.length[:, None] + ar, dump).clamp(max=dump)
-        self._buf.scatter_(1, idx, tokens)
-        self.length = self.length + num.long()
+        self.seq.count = length.to(torch.int32)
+        self.hist, self.width = hist, H

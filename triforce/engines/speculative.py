@@ -27,7 +27,7 @@ def run(d: Decode, draft, *, gamma: int, draft_layers: int | None, ngram: int) -
         drafter = LookupDrafter(d, ngram, CHAIN_HIST)
         with d.timed_prefill():
             drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
-        return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, "lookup->full"))
+        return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, f"{drafter.level}->full"))
     if draft is None and draft_layers:
         draft = target.layer_skip(draft_layers)
     draft = draft if draft is not None else half_precision_copy(target)

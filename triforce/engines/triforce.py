@@ -95,8 +95,7 @@ def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int)
 
 
 def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
-        sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None = None,
-        ngram: int = 3) -> tuple:
+        sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None, ngram: int) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     target = d.target
