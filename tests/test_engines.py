@@ -241,9 +241,10 @@ def test_magicdec_retrieval_draft_must_match_the_target(tiny_models):
     ("magicdec", {"gamma": 2, "draft_cache": "retrieval", "budget": 12, "chunk_size": 4}),
 ], ids=["autoregressive", "speculative", "lookup", "magicdec", "tree", "magicdec-retrieval"])
 def test_a_finished_row_attends_to_its_own_tokens_only(tiny_models, method, opts, monkeypatch):
-    """A row that emitted EOS rides in the later passes with an empty full cache (Decode._retire), the
-    others keep theirs, and the output is autoregressive decoding's; a full cache that a retrieval cache
-    reads keeps every row."""
+    """With finished rows kept in the batch (``TRIFORCE_COMPACT_ROWS=0``, a GPU's default): a row that emitted
+    EOS rides in the later passes with an empty full cache (Decode._retire), the others keep theirs, and the
+    output is autoregressive decoding's; a full cache that a retrieval cache reads keeps every row."""
+    monkeypatch.setenv("TRIFORCE_COMPACT_ROWS", "0")
     target, draft = tiny_models
     prompts = ragged_prompts()
     free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
@@ -482,8 +483,12 @@ def _live_tensor_bytes() -> int:
     ("magicdec", {"draft_cache": "retrieval", "budget": 16, "chunk_size": 4}),
     ("tree", {"window": 24}),
 ])
-def test_memory_constant_during_long_generation(tiny_models, method, opts):
-    """Live tensor bytes after 40 tokens == at the end of 300 tokens (all buffers allocated up front)."""
+@pytest.mark.parametrize("compact", ["0", "1"])
+def test_memory_constant_during_long_generation(tiny_models, method, opts, compact, monkeypatch):
+    """Live tensor bytes after 40 tokens == at the end of 300 tokens (all buffers allocated up front). When
+    finished rows leave the batch (``TRIFORCE_COMPACT_ROWS=1``), the end may hold less (a StreamingLLM or
+    retrieval cache's rows gathered into smaller buffers), never more."""
+    monkeypatch.setenv("TRIFORCE_COMPACT_ROWS", compact)
     target, draft = tiny_models
     p = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(8))
     seen = {}
@@ -496,7 +501,10 @@ def test_memory_constant_during_long_generation(tiny_models, method, opts):
 
     triforce.generate(target, p, method=method, max_new_tokens=300, draft=draft if method == "triforce" else None,
                       temperature=1.0, seed=0, progress=progress, **opts)
-    assert seen["late"] == seen["early"], seen
+    if compact == "0":
+        assert seen["late"] == seen["early"], seen
+    else:
+        assert seen["late"] <= seen["early"], seen
 
 
 def test_tree_parents_static_shape():

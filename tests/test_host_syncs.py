@@ -14,6 +14,9 @@ graph. On a CPU they cost nothing, so a regression would go unseen until a GPU r
 * prompt lookup: one read per proposal, its pass's width (``LookupDrafter.propose``: per step; as TriForce's
   bottom level, per middle block);
 * nothing else: no read in any forward, no upload, no value-dependent op, sampling and greedy.
+
+Finished rows stay in the batch, as on a GPU (``TRIFORCE_COMPACT_ROWS=0``); when they leave it (the CPU's
+default), the reads that takes come only as they leave (``test_host_syncs_when_rows_leave``).
 """
 from __future__ import annotations
 
@@ -51,7 +54,9 @@ def gpu_paths(monkeypatch):
 
 @pytest.fixture
 def audit(monkeypatch, gpu_paths):
-    """Records the host syncs of the decode loop (every step; not the prefill, not the final statistics)."""
+    """Records the host syncs of the decode loop (every step; not the prefill, not the final statistics), with
+    finished rows kept in the batch (a GPU's default)."""
+    monkeypatch.setenv("TRIFORCE_COMPACT_ROWS", "0")
     syncs = HostSyncs()
     loop, finish = Decode.loop, Decode.finish
 
@@ -69,10 +74,10 @@ def audit(monkeypatch, gpu_paths):
 
 
 def _check_budget(syncs: HostSyncs, stats: dict, *, retrieval: bool = False, middle: tuple | None = None,
-                  static_trees: int = 0, lookup: bool = False) -> None:
+                  static_trees: int = 0, lookup: bool = False, extra: dict | None = None) -> None:
     passes = stats["target_passes"]
     found = syncs.by_function()
-    expected = {"Decode.loop": passes + 1}  # the last read finds no active row
+    expected = {"Decode.loop": passes + 1, **(extra or {})}  # the last read finds no active row
     if lookup:  # one read per proposal: per step (speculative), per middle block (triforce: <= gamma2 a step)
         reads = found.pop("LookupDrafter.propose", 0)
         most = middle[1] if middle is not None else 1
@@ -127,6 +132,43 @@ def test_lookup_host_syncs(audit, models, method, temperature):
         assert out.stats["acceptance"]["lookup->full" if method == "speculative" else "lookup->retrieval"] > 0
     triforce_ = method == "triforce"
     _check_budget(audit, out.stats, lookup=True, retrieval=triforce_, middle=(2, 5) if triforce_ else None)
+
+
+@pytest.mark.parametrize("method,opts", [("autoregressive", {})] + TINY_CASES,
+                         ids=["autoregressive"] + [f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_host_syncs_when_rows_leave(audit, monkeypatch, models, method, opts):
+    """With finished rows leaving the batch (``TRIFORCE_COMPACT_ROWS=1``, the GPU's opt-in), each time some
+    leave: one read of which (``Decode.select_rows``) and the upload of their order, one
+    read of that order per cache (``_check_rows``: its moves are planned on the host), and a static tree
+    built again for the smaller batch. Nothing in the steps between."""
+    from tests.test_engines import ragged_prompts
+
+    monkeypatch.setenv("TRIFORCE_COMPACT_ROWS", "1")
+    target, draft = models
+    prompts = ragged_prompts()
+    draft = draft if method in ("speculative", "triforce") else None
+    with audit.paused():
+        free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=24)
+        eos = int(free.tokens[0][1])  # row 0 stops at its second new token (or its first)
+        ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=24, eos_token_id=eos)
+    events, caches, select = [], [], Decode.select_rows
+
+    def counted(self, active):
+        events.append(1)
+        caches.append(sum(isinstance(h, cache_module._KVCache) for h in self.holders))
+        return select(self, active)
+
+    monkeypatch.setattr(Decode, "select_rows", counted)
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=24, eos_token_id=eos, draft=draft, **opts)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    assert events, "no row left the batch"
+    found = audit.by_function()
+    _check_budget(audit, out.stats,
+                  retrieval=method == "triforce" or opts.get("draft_cache") == "retrieval",
+                  middle=(opts["gamma1"], opts["gamma2"]) if method == "triforce" else None,
+                  static_trees=int(method == "tree") * (1 + len(events)),
+                  extra={"Decode.select_rows": 2 * len(events), "_check_rows": sum(caches)})
+    assert found["Decode.select_rows"] == 2 * len(events)
 
 
 @pytest.fixture(scope="module")

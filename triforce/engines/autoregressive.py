@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .decode import Decode
+from .steps import RowState
 
 
 def run(d: Decode, draft) -> tuple:
@@ -11,11 +12,12 @@ def run(d: Decode, draft) -> tuple:
     target, sampling, stats = d.target, d.sampling, d.stats
     cache = d.full_cache(target)
     with d.timed_prefill():
-        last = [d.start(target.prefill(d.prompts, cache), 1)]
+        last = RowState(token=d.start(target.prefill(d.prompts, cache), 1))
+    d.track(last)
 
     def step(active):
         with stats.time("full"):
-            last[0], _ = sampling.sample(target(last[0], cache=cache)[:, -1])
-        d.emit(last[0], active.to(torch.int32), active)
+            last.token, _ = sampling.sample(target(last.token, cache=cache)[:, -1])
+        d.emit(last.token, active.to(torch.int32), active)
 
     return d.loop(step)

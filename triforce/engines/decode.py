@@ -2,6 +2,7 @@
 sequence and the statistics (:class:`Decode`)."""
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -13,7 +14,10 @@ class Decode:
     """Per-call state shared by the engines: prompts, sampling, output buffer, EOS, statistics.
 
     A row is *active* while it has fewer than ``max_new`` tokens and has not emitted an EOS id; an
-    inactive row keeps riding in the batch (its forwards are padding) but never advances again."""
+    inactive row never advances again. With ``compact`` (the default on the CPU) it leaves the batch at the
+    next step: every per-row state of the call (the caches, the drafters, the output) keeps the live rows
+    only (:meth:`track`, :meth:`select_rows`). Otherwise it keeps riding in the batch, its forwards padding.
+    ``batch`` is the live batch; ``rows[i]`` the caller's index of live row ``i``."""
 
     def __init__(self, target, prompts: list[torch.Tensor], max_new_tokens: int, sampling: Sampling,
                  progress=None, eos_token_ids: list[int] | None = None, pad_token_id: int | None = None):
@@ -28,12 +32,24 @@ class Decode:
         self.finished = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
         self.notes: list[str] = []  # how the run deviated from the requested configuration, if it did
         self.caches: list = []  # the full caches: their lengths ride in the loop's one read per step
+        self.holders: list = []  # every per-row state of the call (track)
+        self.rows = torch.arange(self.batch, device=self.device)
+        self.compact = compact_rows(self.device)
 
     def setup(self, width: int) -> None:
         """``width``: the most tokens one step appends to the full cache (sizes every buffer)."""
         self.width = width
         self.out = TokenBuffer(self.batch, self.max_new + width + 1, self.device)
+        self.result = TokenBuffer(self.batch, self.max_new + width + 1, self.device)  # rows that left the batch
         self.stats = Stats(self.device, width, position=self.out.count, max_new=self.max_new)
+
+    def track(self, *holders) -> None:
+        """Register per-row state that lives across steps: objects with ``select_rows(rows)`` (``rows``: int64
+        indices of the rows kept, in their new order), called when finished rows leave the batch. Each object
+        once (a drafter's cache may be tracked by both the engine and :meth:`full_cache`); ``None`` is skipped."""
+        for h in holders:
+            if h is not None and all(h is not x for x in self.holders):
+                self.holders.append(h)
 
     @property
     def cache_len(self) -> int:
@@ -49,6 +65,7 @@ class Decode:
         cache = FullCache(model.config, self.batch, self.cache_len, device=self.device,
                           dtype=cache_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
         self.caches.append(cache)
+        self.track(cache)
         return cache
 
     @staticmethod
@@ -90,13 +107,13 @@ class Decode:
 
     def loop(self, step):
         """Run ``step(active)`` until every row has ``max_new`` tokens or has finished (one host sync
-        per step, to decide termination; it also reads the full caches' longest row, so that their
-        capacity checks need no read of their own), then finish the statistics."""
+        per step, to decide termination and whether rows leave the batch; it also reads the full caches'
+        longest row, so that their capacity checks need no read of their own), then finish the statistics."""
         t0 = time.perf_counter()
         while True:
             active = self.active()
             self._retire(active)
-            reads = [active.any().long(), self.out.count.min().long()] + [c.lengths.max().long() for c in self.caches]
+            reads = [active.sum().long(), self.out.count.min().long()] + [c.lengths.max().long() for c in self.caches]
             running, done, *longest = torch.stack(reads).tolist()
             for cache, n in zip(self.caches, longest):
                 cache.tighten_bound(n)
@@ -104,6 +121,9 @@ class Decode:
                 self.progress(min(done, self.max_new))
             if not running:
                 break
+            if self.compact and running < self.batch:
+                self.select_rows(active)
+                active = self.active()
             step(active)
         if self.progress is not None and done < self.max_new:
             self.progress(self.max_new)  # every row stopped at EOS
@@ -122,26 +142,59 @@ class Decode:
             if cache.chunk_size is None:
                 cache.rollback(torch.where(active, cache.lengths, 0))
 
+    def select_rows(self, active: torch.Tensor) -> None:
+        """The finished rows leave the batch: every tracked state keeps the ``active`` rows (in the order of
+        :func:`~triforce.models.cache.rows_in_place`, which moves the fewest rows of a full cache's buffers).
+        The output of every row so far goes to ``result`` first (the leaving rows' is final). One host read of
+        ``active`` and one upload of the order (free on the CPU)."""
+        from triforce.models.cache import rows_in_place
+
+        live = [b for b, a in enumerate(active.tolist()) if a]
+        rows = torch.tensor(rows_in_place(live, self.batch), dtype=torch.int64, device=self.device)
+        self._save_output()
+        for h in self.holders:
+            h.select_rows(rows)
+        self.out.select_rows(rows)
+        self.finished, self.rows = self.finished[rows], self.rows[rows]
+        self.batch = len(live)
+        self.stats.position = self.out.count
+
+    def _save_output(self) -> None:
+        self.result.tokens[self.rows] = self.out.tokens
+        self.result.count[self.rows] = self.out.count
+
     def lengths(self) -> torch.Tensor:
-        """Real new tokens per row: up to ``max_new``, cut after the first EOS id."""
-        n = torch.full((self.batch,), self.max_new, dtype=torch.int64, device=self.device)
+        """Real new tokens per row of the caller's batch: up to ``max_new``, cut after the first EOS id."""
+        tokens = self.result.tokens
+        n = torch.full((tokens.shape[0],), self.max_new, dtype=torch.int64, device=self.device)
         if self.eos is None:
             return n
-        hit = torch.isin(self.out.tokens[:, : self.max_new], self.eos)
+        hit = torch.isin(tokens[:, : self.max_new], self.eos)
         first = torch.where(hit.any(1), hit.int().argmax(1) + 1, self.max_new)
         return torch.minimum(n, first)
 
     def finish(self, decode_s: float):
+        self._save_output()
         lengths = self.lengths()
         cols = torch.arange(self.max_new, device=self.device)
-        padded = torch.where(cols < lengths[:, None], self.out.tokens[:, : self.max_new], self.pad)
-        tokens = [padded[b].clone() for b in range(self.batch)]
+        padded = torch.where(cols < lengths[:, None], self.result.tokens[:, : self.max_new], self.pad)
+        tokens = [padded[b].clone() for b in range(len(self.prompts))]
         # the first token of every row is sampled from the prefill's logits: not a decode token
         new_tokens = int(lengths.sum())
-        stats = self.stats.finish(self.prefill_s, decode_s, new_tokens, new_tokens - self.batch)
+        stats = self.stats.finish(self.prefill_s, decode_s, new_tokens, new_tokens - len(self.prompts))
         stats["lengths"] = lengths.tolist()
         stats["notes"] = list(self.notes)
         return tokens, stats
+
+
+def compact_rows(device) -> bool:
+    """Whether finished rows leave the batch (:meth:`Decode.select_rows`): on the CPU, unless
+    ``TRIFORCE_COMPACT_ROWS=0``; elsewhere only with ``TRIFORCE_COMPACT_ROWS=1``. Why the CPU: there a pass
+    computes its linear layers for every row it carries (SmolLM2 at 4 x 5 tokens with one live row took
+    1.8x the time of that row alone), while on a GPU the pass reads the weights once for all rows and a
+    retired row reads no context (``_retire``)."""
+    flag = os.environ.get("TRIFORCE_COMPACT_ROWS")
+    return flag != "0" if device.type == "cpu" else flag == "1"
 
 
 def model_dtype(model) -> torch.dtype:

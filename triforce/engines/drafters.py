@@ -110,6 +110,11 @@ class Drafter:
         """The verifier's sequence changed by ``delta`` tokens per row and now ends with ``hist``."""
         self._move(delta, hist)
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Finished rows left the batch (:meth:`~triforce.engines.decode.Decode.track`; the cache is tracked
+        on its own): the history keeps ``rows``, and the tree shapes are built anew for the new batch."""
+        self.hist, self._trees = self.hist[rows], {}
+
     def _move(self, delta, hist: torch.Tensor) -> None:
         # cache: from c - H + appended tokens to (c + delta) - H'
         self.cache.rollback(self.cache.lengths - self.appended + delta + self.width - hist.shape[1])

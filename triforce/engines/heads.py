@@ -82,6 +82,12 @@ class HeadDrafter:
     def prefill(self, prompts, hist: torch.Tensor) -> None:
         self.hist, self.state = hist, None
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Finished rows left the batch (between steps: the last pass's states were taken by ``commit``)."""
+        self.hist, self._trees = self.hist[rows], {}
+        if self.state is not None:
+            self.state = self.state[rows]
+
     def propose_tree(self, shape: tuple[int, ...], parents_row: list[int], vocab: int):
         """-> (tokens ``[B, T]``, draft probs ``[B, T, V]`` or None, :class:`~triforce.models.TokenTree`):
         the static tree of branching factors ``shape`` (``len(shape) <= depth``), or the root alone

@@ -104,6 +104,10 @@ class LookupDrafter:
         self.hist = advance(self.hist, tokens, adv, width or self.width)
         self.width = self.hist.shape[1]
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.seq.select_rows(rows)
+        self.hist = self.hist[rows]
+
     def rebase(self, hist: torch.Tensor, delta: torch.Tensor, adv: torch.Tensor | None = None) -> None:
         """The verifier's sequence changed by ``delta`` tokens per row and now ends with ``hist`` (TriForce's
         bottom level: the full level kept ``adv`` of the tokens the middle level had collected, its last one its

@@ -53,6 +53,7 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
                                     recent_chunks=recent_chunks(recent, budget, chunk_size))
             drafter = RetrievalDrafter(draft if draft is not None else target, rcache, d.sampling)
             drafter.prefill(d.prompts, first)
+    d.track(drafter, drafter.cache)
     level = "self->full" if draft is None else "draft->full"
     return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, level))
 

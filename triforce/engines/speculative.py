@@ -25,6 +25,7 @@ def run(d: Decode, draft, *, gamma: int, draft_layers: int | None, ngram: int) -
     if is_lookup(draft):
         cache = d.full_cache(target)
         drafter = LookupDrafter(d, ngram, CHAIN_HIST)
+        d.track(drafter)
         with d.timed_prefill():
             drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))
         return d.loop(lambda active: chain_step(d, drafter, cache, active, gamma, f"{drafter.level}->full"))
@@ -39,6 +40,7 @@ def run(d: Decode, draft, *, gamma: int, draft_layers: int | None, ngram: int) -
         dcache = StreamingCache(target.config, d.batch, sink, max(window, gamma + CHAIN_HIST), max_step=CHAIN_HIST,
                                 device=d.device, dtype=cache_dtype(target))
     drafter = Drafter(draft, dcache, d.sampling, CHAIN_HIST)
+    d.track(drafter, dcache)
     with d.timed_prefill():
         drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST),
                         full=cache if draft is target else None)

@@ -214,6 +214,24 @@ class TokenBuffer:
         if self.probs is not None:
             self.probs.zero_()
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (int64 indices, in that order) and drop the others."""
+        self.tokens, self.count = self.tokens[rows], self.count[rows]
+        if self.probs is not None:
+            self.probs = self.probs[rows]
+
+
+class RowState:
+    """Per-row tensors of an engine that live across steps (each ``[B, ...]``, as attributes), so that rows
+    leaving the batch (:meth:`~triforce.engines.decode.Decode.track`) take them along."""
+
+    def __init__(self, **tensors: torch.Tensor):
+        vars(self).update(tensors)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        for name, t in vars(self).items():
+            setattr(self, name, t[rows])
+
 
 class Stats:
     """Per-level wall time (CUDA events on GPU: no host sync until ``finish``), acceptance counters

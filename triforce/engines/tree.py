@@ -74,6 +74,7 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree
     dcache = StreamingCache(model.config, d.batch, sink, window, max_step=max(hist_width, len(parents_row)),
                             device=d.device, dtype=cache_dtype(model))
     drafter = Drafter(model, dcache, d.sampling, hist_width)
+    d.track(drafter, dcache)
     with d.timed_prefill():
         drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), hist_width),
                         full=cache if model is d.target else None)
@@ -90,6 +91,7 @@ def run_heads(d: Decode, draft, shape, parents_row, widths, draft_vocab: int | N
     if max(widths or shape) > vocab:
         raise ValueError(f"{name}: at most vocab_size={vocab} candidates per node, got {widths or shape}")
     drafter = HeadDrafter(d.target, heads, d.sampling, levels, draft_vocab)
+    d.track(drafter)
     nodes = 1 + sum(widths) if widths is not None else len(parents_row)
     d.setup(width=nodes * (1 + drafter.extra_width))
     cache = d.full_cache(d.target)

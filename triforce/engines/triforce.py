@@ -47,6 +47,11 @@ class RetrievalLevel:
     def pending(self) -> torch.Tensor:
         return self.hist[:, -1:]
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Finished rows left the batch (the bottom drafter and the caches are tracked on their own)."""
+        self.xs.select_rows(rows)
+        self.hist = None  # set from the bottom drafter at the next step's start
+
     def propose(self, gamma2: int, active: torch.Tensor):
         d, bottom, xs, stats = self.d, self.bottom, self.xs, self.d.stats
         self.hist = bottom.hist
@@ -121,6 +126,7 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
         d.require_window(window, cap + HIST, "triforce")
         bottom = Drafter(draft, StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
                                                device=d.device, dtype=cache_dtype(draft)), d.sampling, HIST)
+    d.track(bottom, getattr(bottom, "cache", None))  # a model drafter's StreamingLLM cache
     budget = retrieval_budget(budget, chunk_size, d.prompts)
     cache = d.full_cache(target, chunk_size=chunk_size)
     with d.timed_prefill():
@@ -138,4 +144,5 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
         level = f"{getattr(bottom, 'level', 'draft')}->full"
         return d.loop(lambda active: chain_step(d, bottom, cache, active, gamma1, level))
     middle = RetrievalLevel(d, bottom, rcache, gamma1)
+    d.track(rcache, middle)
     return d.loop(lambda active: triforce_step(d, middle, cache, active, gamma2))

@@ -3,7 +3,9 @@
 All three are fixed-size after construction: every buffer is allocated in ``__init__`` and only
 written in place afterwards, so memory does not grow during decoding (and the buffers can be captured
 in a CUDA graph). Per-sequence lengths live on the device; ``rollback`` and ``commit_path`` never
-synchronise with the host.
+synchronise with the host. The one exception is ``select_rows``, when finished sequences leave the batch:
+the buffers shrink to the rows kept (a full or retrieval cache narrows them in place; a StreamingLLM
+cache gathers its kept rows into smaller ones).
 
 The seam with :class:`triforce.models.Llama` (docs/model_interface.md): a forward of ``T`` tokens calls
 ``step = cache.begin(T, ...)`` once (slots, RoPE positions, lengths, tree mask: built once and reused by
@@ -131,6 +133,51 @@ def _check_lengths(name: str, t, batch_size: int, device) -> torch.Tensor:
     return t
 
 
+def rows_in_place(live: list[int], batch_size: int) -> list[int]:
+    """The order in which a cache's ``select_rows`` keeps the rows ``live`` (sorted, distinct) with the fewest
+    copies: a live row below ``len(live)`` stays where it is, and each dropped row's place there takes a live
+    row from past it."""
+    n = len(live)
+    stay = [r for r in live if r < n]
+    movers = iter(r for r in live if r >= n)
+    kept = set(stay)
+    return [i if i in kept else next(movers) for i in range(n)]
+
+
+def _check_rows(rows, batch_size: int, device) -> tuple[list[int], torch.Tensor]:
+    """-> ``rows`` as host ints (a tensor is read: a host sync on a GPU) and as an int64 tensor on ``device``."""
+    idx = None
+    if isinstance(rows, torch.Tensor):
+        if rows.dim() != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype == torch.bool:
+            raise ValueError(f"rows must be a 1-D integer tensor or a list of ints, got {rows.dtype} {list(rows.shape)}")
+        idx, rows = rows.to(device, torch.int64), rows.tolist()
+    if not isinstance(rows, (list, tuple)) or any(isinstance(r, bool) or not isinstance(r, int) for r in rows):
+        raise ValueError(f"rows must be a list of ints or a 1-D integer tensor, got {rows!r}")
+    rows = list(rows)
+    if not rows or len(set(rows)) != len(rows) or not all(0 <= r < batch_size for r in rows):
+        raise ValueError(f"rows must be distinct row indices in [0, {batch_size}), at least one, got {rows}")
+    return rows, idx if idx is not None else torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def _moves(rows: list[int]):
+    """``[(dst, src), ...]``: the copies that take ``rows`` in place, or ``None`` where a copy would overwrite a
+    row before it is read (a kept row that moves must come from past the first ``len(rows)`` rows)."""
+    n = len(rows)
+    if any(r != i and r < n for i, r in enumerate(rows)):
+        return None
+    return [(i, r) for i, r in enumerate(rows) if r != i]
+
+
+def _take_rows(t: torch.Tensor, idx: torch.Tensor, moves, upto: int) -> torch.Tensor:
+    """``t[idx]`` along dimension 0: in place with ``moves`` (copying each moved row's first ``upto`` entries
+    of dimension 1), then narrowed; gathered into a new tensor when ``moves`` is ``None``."""
+    if moves is None:
+        return t[idx]
+    for dst, src in moves:
+        t[dst, :upto].copy_(t[src, :upto])
+    return t[: idx.numel()]
+
+
 class _KVCache:
     """Shared machinery: per-layer k/v ``[B, capacity, Hkv, D]``, lengths, rollback, commit_path."""
 
@@ -177,6 +224,34 @@ class _KVCache:
         """Forget every token (lengths = 0); buffers are kept."""
         self.lengths.zero_()
         self._bound = 0
+
+    # ---- rows leaving the batch
+    def select_rows(self, rows) -> None:
+        """Keep the sequences ``rows`` and drop the others: row ``i`` becomes the old row ``rows[i]`` and
+        ``batch_size`` becomes ``len(rows)``. ``rows``: distinct row indices (a list of ints or a 1-D integer
+        tensor, read on the host), at least one. The engines call it when finished sequences leave the batch
+        (docs/engines.md, "Finished rows leave the batch"), on every cache of the call with the same ``rows``.
+
+        A full or retrieval cache moves the rows it keeps into the first ``len(rows)`` rows of its buffers in
+        place and narrows them (no allocation) when every kept row either stays or comes from past that range
+        (:func:`rows_in_place` orders them so): only the moved rows' tokens are copied. Otherwise, and for a
+        StreamingLLM cache's joint buffer, the kept rows are gathered into new buffers. Graphs captured on this
+        cache are dropped (:mod:`triforce.models.graphs`): the next forwards capture the new shape."""
+        from . import graphs
+
+        rows, idx = _check_rows(rows, self.batch_size, self.device)
+        moves = _moves(rows)
+        self._select_rows(rows, idx, moves)
+        self.batch_size = len(rows)
+        self._batch_index = self._batch_index[: len(rows)]
+        graphs.forget(self)
+
+    def _select_rows(self, rows: list[int], idx: torch.Tensor, moves) -> None:
+        upto = self._bound  # slots past every row's length are never read
+        for layer in range(self.num_layers):
+            self.k[layer] = _take_rows(self.k[layer], idx, moves, upto)
+            self.v[layer] = _take_rows(self.v[layer], idx, moves, upto)
+        self.lengths = self.lengths[idx]
 
     # ---- capacity
     def _room(self) -> int:
@@ -365,6 +440,15 @@ class FullCache(_KVCache):
             yield from self._chunk_store
             yield from self.last_query
 
+    def _select_rows(self, rows, idx, moves) -> None:
+        super()._select_rows(rows, idx, moves)
+        if self.chunk_size is not None:
+            C = self.max_len // self.chunk_size
+            upto = min(self._bound // self.chunk_size + 1, C)
+            self._chunk_store = [_take_rows(t, idx, moves, upto) for t in self._chunk_store]
+            self.chunk_keys = [t[:, :C] for t in self._chunk_store]
+            self.last_query = [t[idx] for t in self.last_query]
+
     def attend(self, layer, q, k, v, step, k_raw=None):
         if self.chunk_size is not None:
             lq = self.last_query[layer]
@@ -498,6 +582,15 @@ class StreamingCache(_KVCache):
     def rollback(self, new_lengths: torch.Tensor) -> None:
         super().rollback(new_lengths)
         self._rolled = True
+
+    def _select_rows(self, rows, idx, moves) -> None:
+        # k, v and k_raw stay views of one joint buffer (batch is its third dimension): a gather, of a
+        # window-sized cache
+        self._kvr = self._kvr[:, :, idx]
+        self.k, self.v = list(self._kvr[0].unbind(0)), list(self._kvr[1].unbind(0))
+        self.k_raw = list(self._kvr[2].unbind(0))
+        self.lengths, self.slot_pos, self.evicted, self.frame = (
+            t[idx] for t in (self.lengths, self.slot_pos, self.evicted, self.frame))
 
     def _after_commit(self, base_lengths, new_lengths, max_new: int) -> None:
         # the kept path now fills slots base .. base + num_accepted in sequence order; the other nodes'
@@ -779,6 +872,12 @@ class RetrievalCache(_KVCache):
 
     def _position_offset(self):
         return self.base_pos - self.budget
+
+    def _select_rows(self, rows, idx, moves) -> None:
+        """Its full cache's rows must be selected with the same ``rows`` (the engines select every cache)."""
+        super()._select_rows(rows, idx, moves)
+        self.base_pos, self.synced, self._rebuild_at = (t[idx] for t in (self.base_pos, self.synced, self._rebuild_at))
+        self.chunk_idx = [None if t is None else t[idx] for t in self.chunk_idx]
 
     def rebuild(self) -> None:
         """Re-select the chunks from the full cache (``tk.build_retrieval_cache``, per layer) and refill the

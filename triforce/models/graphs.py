@@ -177,6 +177,14 @@ def drop(model) -> None:
     _GRAPHS.pop(model, None)
 
 
+def forget(cache) -> None:
+    """Forget every graph captured on ``cache``'s buffers: every model's step graphs and the cache's own
+    (its rows left the batch: ``select_rows`` replaced or narrowed its buffers)."""
+    for per_model in _GRAPHS.values():
+        per_model.pop(cache, None)
+    _OWNED.pop(cache, None)
+
+
 def count(model) -> int:
     """Graphs ``model`` holds now (over every live cache)."""
     return sum(len(per_cache) for per_cache in _GRAPHS.get(model, {}).values())
