@@ -668,3 +668,112 @@ def test_streaming_fill_from_checks():
         cache.fill_from(FullCache(tiny(num_hidden_layers=3).config, 2, 32))
     with pytest.raises(ValueError, match="lengths"):
         cache.fill_from(full, torch.zeros(3, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------- rows leaving the batch
+def _twin_caches(model, kind, prompts):
+    """Two identical prefilled caches of ``kind`` (with their full caches, for a retrieval cache) -> a list of
+    (cache, full cache or None) pairs."""
+    pair = []
+    for _ in range(2):
+        if kind == "streaming":
+            c = StreamingCache(model.config, len(prompts), sink=2, window=12, max_step=4)
+            model.prefill(prompts, c, chunk_size=8)
+            pair.append((c, None))
+            continue
+        full = FullCache(model.config, len(prompts), 96, chunk_size=None if kind == "full" else 4)
+        model.prefill(prompts, full, chunk_size=16)
+        if kind == "retrieval":
+            pair.append((RetrievalCache(model.config, full, budget=16, chunk_size=4, max_step=8, rebuild_stride=12),
+                         full))
+        else:
+            pair.append((full, None))
+    return pair
+
+
+def _step(model, cache, full, toks, keep, tree: bool):
+    """One speculative step: a forward of ``toks``, then ``keep`` of them kept (``tree``: the 4 tokens as the
+    tree ``TREE``, of which the path 0, 1, 3 is kept up to ``keep`` nodes; a retrieval cache's full cache takes
+    the tokens and the retrieval cache syncs from it) -> the logits."""
+    B, T = toks.shape
+    if full is not None:
+        out = model(toks, cache=cache)
+        model(toks, cache=full)
+        full.rollback(full.lengths - T + keep)
+        cache.sync()
+        return out
+    if not tree:
+        out = model(toks, cache=cache)
+        cache.rollback(cache.lengths - T + keep)  # relative: a StreamingLLM cache may evict as it begins
+        return out
+    base = cache.lengths.clone()
+    out = model(toks, cache=cache, tree_parents=TREE.expand(B, 4))
+    cache.commit_path(base, torch.tensor([0, 1, 3]).expand(B, 3), keep.clamp(max=3).int() - 1)
+    return out
+
+
+TREE = torch.tensor([-1, 0, 0, 1])
+
+
+@given(st.data())
+def test_select_rows_continues_as_the_rows_would_have(data):
+    """After ``select_rows(rows)`` a cache's row ``i`` continues exactly as the old row ``rows[i]``: its
+    later forwards (chains, trees, rollbacks, a retrieval cache's syncs and rebuilds) give that row's logits
+    in an untouched twin, bit for bit; lengths, chunk-mean keys and last queries follow. Rows kept in place
+    (the order :func:`rows_in_place` gives) and any other order (gathered) alike."""
+    from triforce.models.cache import rows_in_place
+
+    kind = data.draw(st.sampled_from(["full", "chunked", "streaming", "retrieval"]), label="kind")
+    B = data.draw(st.integers(2, 4), label="B")
+    lens = data.draw(st.lists(st.integers(17, 30), min_size=B, max_size=B), label="lens")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    model = tiny()
+    prompts = [torch.randint(0, 97, (n,), generator=g) for n in lens]
+    (a, fa), (b, fb) = _twin_caches(model, kind, prompts)
+    live = sorted(data.draw(st.sets(st.integers(0, B - 1), min_size=1, max_size=B), label="live"))
+    rows = rows_in_place(live, B) if data.draw(st.booleans(), label="in place") else \
+        data.draw(st.permutations(live), label="order")
+    for it in range(6):
+        tree = kind in ("full", "chunked") and it % 2 == 1
+        T = 4 if tree else data.draw(st.integers(1, 4), label="T")
+        toks = torch.randint(0, 97, (B, T), generator=g)
+        keep = torch.randint(1, T + 1, (B,), generator=g)
+        if it == 2:
+            a.select_rows(rows)
+            if fa is not None:
+                fa.select_rows(rows)
+        sel = torch.tensor(rows) if it >= 2 else torch.arange(B)
+        out_a = _step(model, a, fa, toks[sel], keep[sel], tree)
+        out_b = _step(model, b, fb, toks, keep, tree)
+        assert torch.equal(out_a, out_b[sel]), (kind, it, rows)
+        assert torch.equal(a.lengths, b.lengths[sel]), (kind, it)
+        if kind == "retrieval" and it == 3:
+            a.rebuild()
+            b.rebuild()
+    if kind == "chunked":
+        check_chunk_means(a)
+        for layer in range(a.num_layers):
+            assert torch.equal(a.last_query[layer], b.last_query[layer][sel])
+    assert a.batch_size == len(rows) and a.lengths.shape == (len(rows),)
+
+
+def test_select_rows_in_place_copies_only_the_moved_rows():
+    """A full cache keeps its buffers (narrowed views of them) when rows are taken in place; any other order
+    gathers new ones. The validation names what is wrong."""
+    from triforce.models.cache import rows_in_place
+
+    model = tiny()
+    prompts = [torch.randint(0, 97, (n,)) for n in (20, 25, 18, 30)]
+    cache = FullCache(model.config, 4, 64, chunk_size=4)
+    model.prefill(prompts, cache)
+    assert rows_in_place([1, 2, 3], 4) == [3, 1, 2] and rows_in_place([0, 3], 4) == [0, 3]
+    ptr = cache.k[0].data_ptr()
+    k3 = cache.k[0][3].clone()
+    cache.select_rows([3, 1, 2])  # row 3 moves into the place of row 0, which left
+    assert cache.k[0].data_ptr() == ptr and cache.k[0].shape[0] == 3 and torch.equal(cache.k[0][0], k3)
+    assert cache.lengths.tolist() == [30, 25, 18]
+    cache.select_rows(torch.tensor([1, 0]))  # row 0 would be overwritten before it is read: gathered
+    assert cache.k[0].data_ptr() != ptr and cache.lengths.tolist() == [25, 30]
+    for bad in ([], [0, 0], [2], [-1], [0.5], torch.tensor([0.0]), torch.tensor([[0]]), [True]):
+        with pytest.raises(ValueError, match="rows must be"):
+            cache.select_rows(bad)
