@@ -277,6 +277,87 @@ def test_a_finished_row_attends_to_its_own_tokens_only(tiny_models, method, opts
         assert 0 not in lengths[0], lengths[0]
 
 
+LEAVING_CASES = [("autoregressive", {})] + TINY_CASES + [
+    ("speculative", {"gamma": 3, "draft": "lookup"}),
+    ("triforce", {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4, "draft": "lookup"}),
+]
+
+
+def _batches_seen(monkeypatch, target) -> list:
+    """Records the batch of every forward of ``target`` on a full cache (logits or hidden states)."""
+    seen, hidden = [], type(target)._hidden
+
+    def recording(self, ids, cache=None, *args, **kwargs):
+        if self is target and isinstance(cache, FullCache):
+            seen.append(ids.shape[0])
+        return hidden(self, ids, cache, *args, **kwargs)
+
+    monkeypatch.setattr(type(target), "_hidden", recording)
+    return seen
+
+
+def _same_drafts_as_with_rows_kept(monkeypatch, out, *args, **kwargs) -> None:
+    """Greedy drafts are each row's own: with finished rows kept in the batch the same drafts are offered and
+    accepted, pass for pass (a drafter that gave a row another row's state would change them, not the output)."""
+    monkeypatch.setenv("TRIFORCE_COMPACT_ROWS", "0")
+    kept = triforce.generate(*args, **kwargs)
+    monkeypatch.delenv("TRIFORCE_COMPACT_ROWS")
+    for key in ("acceptance", "accepted_hist", "target_passes"):
+        assert out.stats[key] == kept.stats[key], (key, out.stats[key], kept.stats[key])
+
+
+@pytest.mark.parametrize("method,opts", LEAVING_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(LEAVING_CASES)])
+def test_finished_rows_leave_the_batch(tiny_models, method, opts, monkeypatch):
+    """On the CPU (the default) a row that finished leaves the batch: the target's passes carry only the rows
+    still running (the batch shrinks as rows end at EOS or at max_new_tokens, never grows), and the output is
+    autoregressive decoding's, each row in the caller's order, padded after its EOS, with its own length."""
+    monkeypatch.delenv("TRIFORCE_COMPACT_ROWS", raising=False)
+    target, draft = tiny_models
+    prompts = ragged_prompts()
+    free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
+    eos = int(free.tokens[0][1])  # row 0 stops at its second new token (or its first)
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30, eos_token_id=eos)
+    assert ref.lengths[0] <= 2 and min(ref.lengths[1:]) > 12, ref.lengths
+    seen = _batches_seen(monkeypatch, target)
+    opts = dict(opts)
+    d = opts.pop("draft", draft if method in ("speculative", "triforce") else None)
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=30, eos_token_id=eos, draft=d, **opts)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    assert out.lengths == ref.lengths
+    assert seen[0] == 4, seen  # the prefill
+    decode = seen[1:]
+    assert decode == sorted(decode, reverse=True) and decode.count(4) <= 2, decode  # row 0 gone after a pass or two
+    if method != "autoregressive":  # which ends rows 1-3 together, at max_new_tokens
+        assert decode[-1] < 3, decode  # the others leave as they end, each at its own pass
+    _same_drafts_as_with_rows_kept(monkeypatch, out, target, prompts, method=method, max_new_tokens=30,
+                                   eos_token_id=eos, draft=d, **opts)
+
+
+@pytest.mark.parametrize("config", ["tree", "triforce"])
+@pytest.mark.parametrize("kind", ["medusa", "mlp", "hidden_transfer"])
+def test_finished_rows_leave_the_batch_with_heads(monkeypatch, kind, config):
+    """Trained heads keep their per-row state (each row's drafts for its next step) through rows leaving."""
+    from tests.test_heads import random_heads
+    from tests.test_heads import tiny as tiny4
+
+    monkeypatch.delenv("TRIFORCE_COMPACT_ROWS", raising=False)
+    target = tiny4(seed=5, vocab=8, init=0.3)  # a small vocabulary: random heads' drafts are often accepted
+    prompts = [p % 8 for p in ragged_prompts()]
+    free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=20)
+    eos = int(free.tokens[0][1])
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=20, eos_token_id=eos)
+    opts = {"tree": {"method": "tree", "tree": (2, 1)},
+            "triforce": {"method": "triforce", "gamma1": 2, "gamma2": 4, "budget": 12, "chunk_size": 4}}[config]
+    seen = _batches_seen(monkeypatch, target)
+    heads = random_heads(target, kind)
+    out = triforce.generate(target, prompts, max_new_tokens=20, eos_token_id=eos, draft=heads, **opts)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    assert ref.lengths == [2, 4, 20, 20] and max(out.stats["acceptance"].values()) > 0.05, out.stats
+    assert seen[1:] == sorted(seen[1:], reverse=True) and seen[-1] < 4, seen
+    _same_drafts_as_with_rows_kept(monkeypatch, out, target, prompts, max_new_tokens=20, eos_token_id=eos,
+                                   draft=heads, **opts)
+
+
 def test_single_prompt_tensor_equals_batch_row(tiny_models):
     target, _ = tiny_models
     p = torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(5))
