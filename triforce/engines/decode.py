@@ -40,7 +40,7 @@ class Decode:
         """``width``: the most tokens one step appends to the full cache (sizes every buffer)."""
         self.width = width
         self.out = TokenBuffer(self.batch, self.max_new + width + 1, self.device)
-        self.result = TokenBuffer(self.batch, self.max_new + width + 1, self.device)  # rows that left the batch
+        self.result = self.out.tokens.clone()  # each caller row's tokens (final for the rows that left the batch)
         self.stats = Stats(self.device, width, position=self.out.count, max_new=self.max_new)
 
     def track(self, *holders) -> None:
@@ -112,7 +112,8 @@ class Decode:
         t0 = time.perf_counter()
         while True:
             active = self.active()
-            self._retire(active)
+            if not self.compact:  # else the rows that are done leave below
+                self._retire(active)
             reads = [active.sum().long(), self.out.count.min().long()] + [c.lengths.max().long() for c in self.caches]
             running, done, *longest = torch.stack(reads).tolist()
             for cache, n in zip(self.caches, longest):
@@ -133,7 +134,8 @@ class Decode:
 
     def _retire(self, active: torch.Tensor) -> None:
         """Empty the full caches' rows that are done (finished or at ``max_new``: a row never becomes active
-        again). Such a row still rides in every forward as padding; with no keys it attends to its own new
+        again), where they do not leave the batch (``compact`` off). Such a row still rides in every forward as
+        padding; with no keys it attends to its own new
         tokens only, which a pass writes at slots ``0..T-1`` and the verification rolls back (``adv`` 0),
         instead of reading its whole context: at batch x long context a finished row otherwise costs a pass
         as much as a live one. Not a cache that a retrieval cache reads (``chunk_size`` set: TriForce, MagicDec
@@ -160,12 +162,11 @@ class Decode:
         self.stats.position = self.out.count
 
     def _save_output(self) -> None:
-        self.result.tokens[self.rows] = self.out.tokens
-        self.result.count[self.rows] = self.out.count
+        self.result[self.rows] = self.out.tokens
 
     def lengths(self) -> torch.Tensor:
         """Real new tokens per row of the caller's batch: up to ``max_new``, cut after the first EOS id."""
-        tokens = self.result.tokens
+        tokens = self.result
         n = torch.full((tokens.shape[0],), self.max_new, dtype=torch.int64, device=self.device)
         if self.eos is None:
             return n
@@ -177,7 +178,7 @@ class Decode:
         self._save_output()
         lengths = self.lengths()
         cols = torch.arange(self.max_new, device=self.device)
-        padded = torch.where(cols < lengths[:, None], self.result.tokens[:, : self.max_new], self.pad)
+        padded = torch.where(cols < lengths[:, None], self.result[:, : self.max_new], self.pad)
         tokens = [padded[b].clone() for b in range(len(self.prompts))]
         # the first token of every row is sampled from the prefill's logits: not a decode token
         new_tokens = int(lengths.sum())
