@@ -333,6 +333,30 @@ def test_finished_rows_leave_the_batch(tiny_models, method, opts, monkeypatch):
                                    eos_token_id=eos, draft=d, **opts)
 
 
+@pytest.mark.parametrize("method,opts", LEAVING_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(LEAVING_CASES)])
+def test_the_caches_are_freed_as_generate_returns(tiny_models, method, opts):
+    """No reference cycle keeps a call's caches alive after it returns (they may hold gigabytes; a cycle would
+    keep them until the next garbage collection): with the collector off, none is left. (A first call in the
+    process imports ``torch._dynamo``, whose import leaves a cycle through that call's frame: a warm-up call
+    makes it first.)"""
+    import gc
+
+    from triforce.models.cache import _KVCache
+
+    target, draft = tiny_models
+    opts = dict(opts)
+    d = opts.pop("draft", draft if method in ("speculative", "triforce") else None)
+    triforce.generate(target, ragged_prompts(), method="autoregressive", max_new_tokens=1)
+    gc.collect()
+    gc.disable()
+    try:
+        triforce.generate(target, ragged_prompts(), method=method, max_new_tokens=12, draft=d, **opts)
+        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, _KVCache)]
+    finally:
+        gc.enable()
+    assert not left, left
+
+
 @pytest.mark.parametrize("config", ["tree", "triforce"])
 @pytest.mark.parametrize("kind", ["medusa", "mlp", "hidden_transfer"])
 def test_finished_rows_leave_the_batch_with_heads(monkeypatch, kind, config):

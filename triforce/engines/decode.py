@@ -110,22 +110,28 @@ class Decode:
         per step, to decide termination and whether rows leave the batch; it also reads the full caches'
         longest row, so that their capacity checks need no read of their own), then finish the statistics."""
         t0 = time.perf_counter()
-        while True:
-            active = self.active()
-            if not self.compact:  # else the rows that are done leave below
-                self._retire(active)
-            reads = [active.sum().long(), self.out.count.min().long()] + [c.lengths.max().long() for c in self.caches]
-            running, done, *longest = torch.stack(reads).tolist()
-            for cache, n in zip(self.caches, longest):
-                cache.tighten_bound(n)
-            if self.progress is not None:
-                self.progress(min(done, self.max_new))
-            if not running:
-                break
-            if self.compact and running < self.batch:
-                self.select_rows(active)
+        try:
+            while True:
                 active = self.active()
-            step(active)
+                if not self.compact:  # else the rows that are done leave below
+                    self._retire(active)
+                reads = [active.sum().long(), self.out.count.min().long()]
+                reads += [c.lengths.max().long() for c in self.caches]
+                running, done, *longest = torch.stack(reads).tolist()
+                for cache, n in zip(self.caches, longest):
+                    cache.tighten_bound(n)
+                if self.progress is not None:
+                    self.progress(min(done, self.max_new))
+                if not running:
+                    break
+                if self.compact and running < self.batch:
+                    self.select_rows(active)
+                    active = self.active()
+                step(active)
+        finally:
+            # the engines' state holds this Decode (a drafter, TriForce's middle level): without that reference
+            # cycle the caches are freed as the call returns (or raises), not at the next garbage collection
+            self.holders.clear()
         if self.progress is not None and done < self.max_new:
             self.progress(self.max_new)  # every row stopped at EOS
         if self.device.type == "cuda":

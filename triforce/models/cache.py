@@ -149,7 +149,8 @@ def _check_rows(rows, batch_size: int, device) -> tuple[list[int], torch.Tensor]
     idx = None
     if isinstance(rows, torch.Tensor):
         if rows.dim() != 1 or rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype == torch.bool:
-            raise ValueError(f"rows must be a 1-D integer tensor or a list of ints, got {rows.dtype} {list(rows.shape)}")
+            raise ValueError(f"rows must be a 1-D integer tensor or a list of ints, got {rows.dtype} "
+                             f"{list(rows.shape)}")
         idx, rows = rows.to(device, torch.int64), rows.tolist()
     if not isinstance(rows, (list, tuple)) or any(isinstance(r, bool) or not isinstance(r, int) for r in rows):
         raise ValueError(f"rows must be a list of ints or a 1-D integer tensor, got {rows!r}")
