@@ -732,7 +732,7 @@ def test_select_rows_continues_as_the_rows_would_have(data):
     prompts = [torch.randint(0, 97, (n,), generator=g) for n in lens]
     (a, fa), (b, fb) = _twin_caches(model, kind, prompts)
     live = sorted(data.draw(st.sets(st.integers(0, B - 1), min_size=1, max_size=B), label="live"))
-    rows = rows_in_place(live, B) if data.draw(st.booleans(), label="in place") else \
+    rows = rows_in_place(live) if data.draw(st.booleans(), label="in place") else \
         data.draw(st.permutations(live), label="order")
     for it in range(6):
         tree = kind in ("full", "chunked") and it % 2 == 1
@@ -771,7 +771,7 @@ def test_select_rows_in_place_copies_only_the_moved_rows():
     prompts = [torch.randint(0, 97, (n,)) for n in (20, 25, 18, 30)]
     cache = FullCache(model.config, 4, 64, chunk_size=4)
     model.prefill(prompts, cache)
-    assert rows_in_place([1, 2, 3], 4) == [3, 1, 2] and rows_in_place([0, 3], 4) == [0, 3]
+    assert rows_in_place([1, 2, 3]) == [3, 1, 2] and rows_in_place([0, 3]) == [0, 3]
     ptr = cache.k[0].data_ptr()
     k3 = cache.k[0][3].clone()
     cache.select_rows([3, 1, 2])  # row 3 moves into the place of row 0, which left

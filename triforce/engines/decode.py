@@ -158,7 +158,7 @@ class Decode:
         from triforce.models.cache import rows_in_place
 
         live = [b for b, a in enumerate(active.tolist()) if a]
-        rows = torch.tensor(rows_in_place(live, self.batch), dtype=torch.int64, device=self.device)
+        rows = torch.tensor(rows_in_place(live), dtype=torch.int64, device=self.device)
         self._save_output()
         for h in self.holders:
             h.select_rows(rows)

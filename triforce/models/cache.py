@@ -133,7 +133,7 @@ def _check_lengths(name: str, t, batch_size: int, device) -> torch.Tensor:
     return t
 
 
-def rows_in_place(live: list[int], batch_size: int) -> list[int]:
+def rows_in_place(live: list[int]) -> list[int]:
     """The order in which a cache's ``select_rows`` keeps the rows ``live`` (sorted, distinct) with the fewest
     copies: a live row below ``len(live)`` stays where it is, and each dropped row's place there takes a live
     row from past it."""
@@ -242,12 +242,12 @@ class _KVCache:
 
         rows, idx = _check_rows(rows, self.batch_size, self.device)
         moves = _moves(rows)
-        self._select_rows(rows, idx, moves)
+        self._select_rows(idx, moves)
         self.batch_size = len(rows)
         self._batch_index = self._batch_index[: len(rows)]
         graphs.forget(self)
 
-    def _select_rows(self, rows: list[int], idx: torch.Tensor, moves) -> None:
+    def _select_rows(self, idx: torch.Tensor, moves) -> None:
         upto = self._bound  # slots past every row's length are never read
         for layer in range(self.num_layers):
             self.k[layer] = _take_rows(self.k[layer], idx, moves, upto)
@@ -441,8 +441,8 @@ class FullCache(_KVCache):
             yield from self._chunk_store
             yield from self.last_query
 
-    def _select_rows(self, rows, idx, moves) -> None:
-        super()._select_rows(rows, idx, moves)
+    def _select_rows(self, idx, moves) -> None:
+        super()._select_rows(idx, moves)
         if self.chunk_size is not None:
             C = self.max_len // self.chunk_size
             upto = min(self._bound // self.chunk_size + 1, C)
@@ -584,7 +584,7 @@ class StreamingCache(_KVCache):
         super().rollback(new_lengths)
         self._rolled = True
 
-    def _select_rows(self, rows, idx, moves) -> None:
+    def _select_rows(self, idx, moves) -> None:
         # k, v and k_raw stay views of one joint buffer (batch is its third dimension): a gather, of a
         # window-sized cache
         self._kvr = self._kvr[:, :, idx]
@@ -874,10 +874,11 @@ class RetrievalCache(_KVCache):
     def _position_offset(self):
         return self.base_pos - self.budget
 
-    def _select_rows(self, rows, idx, moves) -> None:
+    def _select_rows(self, idx, moves) -> None:
         """Its full cache's rows must be selected with the same ``rows`` (the engines select every cache)."""
-        super()._select_rows(rows, idx, moves)
-        self.base_pos, self.synced, self._rebuild_at = (t[idx] for t in (self.base_pos, self.synced, self._rebuild_at))
+        super()._select_rows(idx, moves)
+        self.base_pos, self.synced, self._rebuild_at = (t[idx] for t in (self.base_pos, self.synced,
+                                                                        self._rebuild_at))
         self.chunk_idx = [None if t is None else t[idx] for t in self.chunk_idx]
 
     def rebuild(self) -> None:
