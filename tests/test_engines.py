@@ -357,10 +357,11 @@ def test_the_caches_are_freed_as_generate_returns(tiny_models, method, opts):
     assert not left, left
 
 
-@pytest.mark.parametrize("config", ["tree", "triforce"])
+@pytest.mark.parametrize("config", ["tree", "tree_nodes", "triforce"])
 @pytest.mark.parametrize("kind", ["medusa", "mlp", "hidden_transfer"])
 def test_finished_rows_leave_the_batch_with_heads(monkeypatch, kind, config):
-    """Trained heads keep their per-row state (each row's drafts for its next step) through rows leaving."""
+    """Trained heads keep their per-row state (each row's drafts for its next step) through rows leaving: static
+    trees, trees by cumulative probability (per-row shapes) and TriForce's bottom level."""
     from tests.test_heads import random_heads
     from tests.test_heads import tiny as tiny4
 
@@ -370,7 +371,7 @@ def test_finished_rows_leave_the_batch_with_heads(monkeypatch, kind, config):
     free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=20)
     eos = int(free.tokens[0][1])
     ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=20, eos_token_id=eos)
-    opts = {"tree": {"method": "tree", "tree": (2, 1)},
+    opts = {"tree": {"method": "tree", "tree": (2, 1)}, "tree_nodes": {"method": "tree", "tree_nodes": (2, 2)},
             "triforce": {"method": "triforce", "gamma1": 2, "gamma2": 4, "budget": 12, "chunk_size": 4}}[config]
     seen = _batches_seen(monkeypatch, target)
     heads = random_heads(target, kind)
