@@ -162,13 +162,11 @@ def test_host_syncs_when_rows_leave(audit, monkeypatch, models, method, opts):
     out = triforce.generate(target, prompts, method=method, max_new_tokens=24, eos_token_id=eos, draft=draft, **opts)
     assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
     assert events, "no row left the batch"
-    found = audit.by_function()
     _check_budget(audit, out.stats,
                   retrieval=method == "triforce" or opts.get("draft_cache") == "retrieval",
                   middle=(opts["gamma1"], opts["gamma2"]) if method == "triforce" else None,
                   static_trees=int(method == "tree") * (1 + len(events)),
                   extra={"Decode.select_rows": 2 * len(events), "_check_rows": sum(caches)})
-    assert found["Decode.select_rows"] == 2 * len(events)
 
 
 @pytest.fixture(scope="module")

@@ -563,8 +563,12 @@ class StreamingCache(_KVCache):
     def _allocate(self, shape):
         # k, v and k_raw of every layer are views of one tensor, so an eviction moves them in one op.
         self._kvr = torch.zeros((3, self.num_layers) + tuple(shape), device=self.device, dtype=self.dtype)
-        self.k_raw = list(self._kvr[2].unbind(0))
-        return list(self._kvr[0].unbind(0)), list(self._kvr[1].unbind(0))
+        k, v, self.k_raw = self._layer_views()
+        return k, v
+
+    def _layer_views(self):
+        """Per-layer ``k``, ``v`` and ``k_raw`` lists: views of the joint buffer."""
+        return tuple(list(self._kvr[i].unbind(0)) for i in range(3))
 
     def _slot_buffers(self, layer):
         return (self.k[layer], self.v[layer], self.k_raw[layer])
@@ -588,8 +592,7 @@ class StreamingCache(_KVCache):
         # k, v and k_raw stay views of one joint buffer (batch is its third dimension): a gather, of a
         # window-sized cache
         self._kvr = self._kvr[:, :, idx]
-        self.k, self.v = list(self._kvr[0].unbind(0)), list(self._kvr[1].unbind(0))
-        self.k_raw = list(self._kvr[2].unbind(0))
+        self.k, self.v, self.k_raw = self._layer_views()
         self.lengths, self.slot_pos, self.evicted, self.frame = (
             t[idx] for t in (self.lengths, self.slot_pos, self.evicted, self.frame))
 
