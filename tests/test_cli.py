@@ -626,7 +626,7 @@ def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():
 
 def test_generate_with_prompt_lookup(hf_dir, capsys):
     """--draft lookup: speculative decoding and TriForce with prompt lookup give autoregressive decoding's text;
-    --ngram goes with it only, and another method is a usage error."""
+    --ngram and --lookup-length go with it only, and another method is a usage error."""
     prompt = ["--model", str(hf_dir), "--prompt", "the cat sat on the mat, the cat sat on the", "--max-new-tokens",
               "12", "--stats"]
     rc, out, _ = run(["generate", *prompt], capsys)
@@ -637,10 +637,18 @@ def test_generate_with_prompt_lookup(hf_dir, capsys):
     rc, out3, err = run(["generate", *prompt, "--method", "triforce", "--draft", "lookup", "--gamma1", "2",
                          "--gamma2", "4", "--budget", "8", "--chunk-size", "2"], capsys)
     assert rc == 0 and out3 == out and '"lookup->retrieval"' in err, err
+    rc, out4, err = run(["generate", *prompt, "--method", "speculative", "--draft", "lookup", "--lookup-length",
+                         "gamma"], capsys)
+    assert rc == 0 and out4 == out and '"lookup->full"' in err, err
+    rc, _, err = run(["generate", *prompt, "--method", "speculative", "--draft", "lookup", "--lookup-length",
+                      "longest"], capsys)
+    assert rc == 2 and "--lookup-length" in err
     rc, _, err = run(["generate", *prompt, "--method", "tree", "--draft", "lookup"], capsys)
     assert rc == 2 and "--draft lookup" in err
     rc, _, err = run(["generate", *prompt, "--method", "speculative", "--ngram", "2"], capsys)
     assert rc != 0 and "ngram" in err
+    rc, _, err = run(["generate", *prompt, "--method", "speculative", "--lookup-length", "gamma"], capsys)
+    assert rc != 0 and "lookup_length" in err
 
 
 def test_demo_compares_prompt_lookup_in_every_scene():

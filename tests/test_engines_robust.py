@@ -133,7 +133,9 @@ def test_prompt_lookup_random_batches_and_options(data):
         prompts = [torch.randint(0, vocab, (period,), generator=g).repeat(n // period + 1)[:n] for n in lens]
     else:
         prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
-    generate_and_check(data, target, prompts, vocab, method=method, draft="lookup", ngram=ngram, **opts)
+    length = data.draw(st.sampled_from(["match", "gamma"]), label="lookup_length")
+    generate_and_check(data, target, prompts, vocab, method=method, draft="lookup", ngram=ngram, lookup_length=length,
+                       **opts)
 
 
 def record_retrieval_peak(monkeypatch) -> dict:

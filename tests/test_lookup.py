@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, strategies as st
 
 import triforce
-from triforce.engines.lookup import LookupDrafter, lookup_drafts
+from triforce.engines import lookup
+from triforce.engines.lookup import LookupDrafter, lookup_drafts, lookup_match_drafts
 from tests.test_engines import load_smollm2, ragged_prompts, tiny
 
 
@@ -29,6 +30,34 @@ def reference_drafts(seq: list[int], gamma: int, ngram: int) -> list[int]:
         full = [s for s in starts if s + n + gamma <= L]
         s = max(full) if full else max(starts)
         out = seq[s + n: s + n + gamma]
+        return out + [-1] * (gamma - len(out))
+    return [-1] * gamma
+
+
+def reference_match_drafts(seq: list[int], gamma: int, ngram: int, candidates: int, cap: int) -> list[int]:
+    """The rule of lookup_match_drafts, one row in plain Python: the largest n <= ngram whose last-n pattern
+    occurs earlier with a token after it; of those occurrences the latest ``candidates``; each one's match
+    length m: how many tokens, counted back from its end, equal the row's last ones (at most max(cap, ngram));
+    the longest m wins, then one that min(gamma, m) tokens follow, then the latest; the min(gamma, m) tokens
+    after it, -1 past the sequence and the match."""
+    L = len(seq)
+    for n in range(ngram, 0, -1):
+        if L <= n:
+            continue
+        ends = [e for e in range(n - 1, L - 1) if seq[e - n + 1:e + 1] == seq[L - n:]]  # e + 1 < L: a token follows
+        if not ends:
+            continue
+        best = None
+        for e in sorted(ends)[-candidates:]:
+            m = 0
+            while m < max(cap, ngram) and e - m >= 0 and seq[e - m] == seq[L - 1 - m]:
+                m += 1
+            take = min(gamma, m)
+            key = (m, e + 1 + take <= L, e)
+            if best is None or key > best[0]:
+                best = (key, e, take)
+        _, e, take = best
+        out = seq[e + 1: e + 1 + take]
         return out + [-1] * (gamma - len(out))
     return [-1] * gamma
 
@@ -53,6 +82,49 @@ def test_lookup_drafts_match_the_reference(case):
     assert got.shape == (len(seqs), gamma) and got.dtype == torch.int64
     for b, s in enumerate(seqs):
         assert got[b].tolist() == reference_drafts(s, gamma, ngram), (b, s, gamma, ngram)
+
+
+@given(rows(), st.sampled_from([(16, 32), (2, 3), (1, 1), (4, 2)]))
+def test_lookup_match_drafts_match_the_reference(case, limits):
+    """Also with fewer candidates and a shorter cap than the defaults (module constants), so that on these short
+    rows both bind."""
+    seqs, width, gamma, ngram = case
+    candidates, cap = limits
+    buf = torch.full((len(seqs), width), -1, dtype=torch.int64)
+    for b, s in enumerate(seqs):
+        buf[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
+    length = torch.tensor([len(s) for s in seqs])
+    saved = lookup.MATCH_CANDIDATES, lookup.MATCH_CAP
+    lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = candidates, cap
+    try:
+        got = lookup_match_drafts(buf, length, gamma, ngram)
+    finally:
+        lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = saved
+    assert got.shape == (len(seqs), gamma) and got.dtype == torch.int64
+    for b, s in enumerate(seqs):
+        assert got[b].tolist() == reference_match_drafts(s, gamma, ngram, candidates, cap), (b, s, gamma, ngram)
+
+
+def test_lookup_match_drafts_copy_the_longest_match_as_far_as_it_matched():
+    #        0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15
+    seq = [4, 5, 1, 2, 7, 8, 9, 3, 6, 1, 2, 6, 6, 5, 1, 2]
+    buf = torch.tensor([seq])
+    length = torch.tensor([len(seq)])
+    # "1 2" occurred at 2-3 and 9-10; before 2-3 stands 5, as before the row's last "1 2": a match of 3 tokens
+    # (the one at 9-10, the latest, matches 2), so it wins and 3 of the tokens after it are the draft
+    assert lookup_match_drafts(buf, length, 8, 2).tolist() == [[7, 8, 9, -1, -1, -1, -1, -1]]
+    assert lookup_match_drafts(buf, length, 2, 2).tolist() == [[7, 8]]  # at most gamma
+    # the old rule: the latest occurrence that gamma tokens follow, gamma tokens
+    assert lookup_drafts(buf, length, 4, 2).tolist() == [[6, 6, 5, 1]]
+    # equal matches: the latest that min(gamma, m) tokens follow. "1 1" at 1-2 and at 6-7 (m = 2 each: 5 stands
+    # before both, not before the row's last "1 1"); one token follows the latest
+    seq = [5, 1, 1, 8, 9, 5, 1, 1, 1]
+    buf, length = torch.tensor([seq]), torch.tensor([len(seq)])
+    assert lookup_match_drafts(buf, length, 2, 2).tolist() == [[8, 9]]
+    assert lookup_match_drafts(buf, length, 1, 2).tolist() == [[1]]  # both have a token after them: the latest
+    # nothing: a sequence of distinct tokens, and one too short to have an earlier occurrence
+    assert lookup_match_drafts(torch.tensor([[1, 2, 3, 4], [3, -1, -1, -1]]), torch.tensor([4, 1]), 2, 3).tolist() == \
+        [[-1, -1], [-1, -1]]
 
 
 def test_lookup_drafts_prefer_the_longest_match_and_a_full_continuation():
@@ -96,11 +168,12 @@ def target():
 
 @pytest.mark.parametrize("gamma,ngram", [(1, 1), (3, 3), (6, 2)])
 @pytest.mark.parametrize("prompts", ["repetitive", "random"])
-def test_greedy_equals_autoregressive_tiny_ragged(target, gamma, ngram, prompts):
+@pytest.mark.parametrize("length", ["match", "gamma"])
+def test_greedy_equals_autoregressive_tiny_ragged(target, gamma, ngram, prompts, length):
     ps = prompt_set(prompts)
     ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=37)
     out = triforce.generate(target, ps, method="speculative", draft="lookup", gamma=gamma, ngram=ngram,
-                            max_new_tokens=37)
+                            lookup_length=length, max_new_tokens=37)
     for b in range(len(ps)):
         assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
     st_ = out.stats
@@ -115,6 +188,7 @@ def test_greedy_equals_autoregressive_tiny_ragged(target, gamma, ngram, prompts)
     {"gamma1": 4, "gamma2": 6, "budget": 16, "chunk_size": 4, "ngram": 2},
     {"gamma1": 1, "gamma2": 2, "budget": 8, "chunk_size": 2, "ngram": 1},
     {"gamma1": 3, "gamma2": 4, "budget": 4096, "chunk_size": 64},  # no retrieval cache fits: lookup -> full
+    {"gamma1": 4, "gamma2": 6, "budget": 16, "chunk_size": 4, "lookup_length": "gamma"},
 ])
 @pytest.mark.parametrize("prompts", ["repetitive", "random"])
 def test_triforce_bottom_level_greedy_equals_autoregressive(target, opts, prompts):
@@ -188,9 +262,12 @@ def test_a_step_without_a_match_verifies_the_pending_token_alone(target, monkeyp
     assert torch.equal(out.tokens[0], ref.tokens[0])
 
 
-def test_sampled_drafts_are_deterministic(target):
+@pytest.mark.parametrize("length", ["match", "gamma"])
+def test_sampled_drafts_are_deterministic(target, length):
     """Sampling: the drafts come without probabilities (None: the samplers' one-hot draft), the same drafts as
-    greedy; the distribution this gives: tests/test_engines_sampling.py."""
+    greedy; the distribution this gives: tests/test_engines_sampling.py. The pending token repeats each
+    prompt's last one, which never occurred twice in a row before (the third prompt's tokens are random): with
+    ``lookup_length="match"`` the proposals are one token long, a match's length; with ``"gamma"``, gamma."""
     from triforce.engines.decode import Decode
     from triforce.engines.steps import Sampling
 
@@ -200,10 +277,10 @@ def test_sampled_drafts_are_deterministic(target):
     for sampling in (Sampling(1.0, None, None, torch.Generator().manual_seed(0)), Sampling(0.0, None, None, None)):
         d = Decode(target, ps, 10, sampling)
         d.setup(width=5)
-        drafter = LookupDrafter(d, 3, 2)
+        drafter = LookupDrafter(d, 3, 2, length)
         drafter.prefill(ps, hist)
         x, q = drafter.propose(4)
-        assert q is None and x.shape[1] == 4
+        assert q is None and x.shape[1] == (1 if length == "match" else 4)
         drafts.append(x)
     assert torch.equal(*drafts)
 
@@ -229,6 +306,14 @@ def test_bad_options(target):
         triforce.generate(target, p, method="speculative", draft="lookup", ngram=0, max_new_tokens=2)
     with pytest.raises(ValueError, match="draft_layers"):
         triforce.generate(target, p, method="speculative", draft="lookup", draft_layers=1, max_new_tokens=2)
+    with pytest.raises(ValueError, match="lookup_length: expected one of 'match', 'gamma', got 'longest'"):
+        triforce.generate(target, p, method="speculative", draft="lookup", lookup_length="longest", max_new_tokens=2)
+    with pytest.raises(ValueError, match="lookup_length: the length rule of prompt lookup"):
+        triforce.generate(target, p, method="triforce", lookup_length="gamma", max_new_tokens=2)
+    with pytest.raises(TypeError, match="lookup_length"):
+        triforce.generate(target, p, method="tree", lookup_length="gamma", max_new_tokens=2)
+    with pytest.raises(ValueError, match="lookup_length"):
+        LookupDrafter(None, 3, 2, "longest")
     with pytest.raises(TypeError, match="ngram"):
         triforce.generate(target, p, method="magicdec", ngram=2, max_new_tokens=2)
     with pytest.raises(ValueError, match="draft_vocab"):

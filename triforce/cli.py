@@ -127,10 +127,12 @@ def _option_help(name: str) -> str:
 BENCH_METHODS = (*METHODS, "speculative:lookup")  # bench's methods: each method, and prompt lookup's drafts
 
 
-_TYPES = {"sink": _int(0), "recent": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str}
+_TYPES = {"sink": _int(0), "recent": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str,
+          "lookup_length": str}
 OPTION_FLAGS = {name: (_TYPES.get(name, _int(1)), _option_help(name)) for name in OPTIONS}  # flag -> (type, help)
-_CHOICES = {"draft_cache": ("streaming", "retrieval")}
-_METAVARS = {"tree": "SHAPE", "tree_nodes": "WIDTHS", "draft_cache": "{streaming,retrieval}"}
+_CHOICES = {"draft_cache": ("streaming", "retrieval"), "lookup_length": ("match", "gamma")}
+_METAVARS = {"tree": "SHAPE", "tree_nodes": "WIDTHS", "draft_cache": "{streaming,retrieval}",
+             "lookup_length": "{match,gamma}"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -225,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "directory / GGUF file with the target's vocabulary (default: the method's own draft); "
                         "for tree and triforce also trained heads: medusa, mlp, hidden_transfer, early_exit "
                         "(the shipped set) or a head set's .safetensors; for speculative and triforce also 'lookup': "
-                        "prompt lookup, drafts copied from the text's own earlier tokens (no model; --ngram)")
+                        "prompt lookup, drafts copied from the text's own earlier tokens (no model; --ngram, "
+                        "--lookup-length)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")

@@ -3,9 +3,18 @@
 Long-context work often repeats its context: an answer quotes the document, code edits copy the code, a
 model restates what it said. The drafter keeps every committed token of each row (its prompt, then what
 the verifier emitted). To propose, it takes the row's last ``n`` tokens for ``n = ngram, ngram - 1, .., 1``
-and finds their latest earlier occurrence in the row (preferring one that ``gamma`` tokens follow); the
-tokens that followed it are the draft, up to ``gamma`` of them. The longest ``n`` with a match wins. No model
-runs: a draft costs a few tensor operations over the row's tokens, on their device.
+and finds their earlier occurrences in the row; the longest ``n`` with one wins. Which occurrence, and how
+many of the tokens after it are the draft, is the option ``lookup_length``:
+
+* ``"match"`` (the default; :func:`lookup_match_drafts`): of the latest ``MATCH_CANDIDATES`` occurrences, the
+  one whose match with the row's last tokens runs furthest back (counted up to ``MATCH_CAP`` tokens), and a
+  draft as long as that match, up to ``gamma``. A long match says the row is copying: such drafts are mostly
+  accepted, so they are drafted long; a one- or two-token match is mostly wrong after a token or two, so it
+  costs the pass little width.
+* ``"gamma"`` (:func:`lookup_drafts`): the latest occurrence (preferring one that ``gamma`` tokens follow) and
+  up to ``gamma`` tokens after it, whatever the match.
+
+No model runs: a draft costs a few tensor operations over the row's tokens, on their device.
 
 Each pass verifies as many drafts as the row with the longest proposal has (one read of that width per
 step, on a GPU a host sync): a step where no row found a match verifies the pending token alone, an
@@ -25,6 +34,11 @@ import torch
 from .steps import TokenBuffer, advance
 
 LOOKUP = "lookup"
+LENGTHS = ("match", "gamma")  # the option lookup_length: how long a proposal is (module docstring)
+# lookup_length="match": the latest occurrences of the row's last n-gram whose matches are compared, and the
+# match length counted up to (longer matches all count as this long).
+MATCH_CANDIDATES = 16
+MATCH_CAP = 32
 
 
 def is_lookup(draft) -> bool:
@@ -32,30 +46,82 @@ def is_lookup(draft) -> bool:
     return isinstance(draft, str) and draft == LOOKUP
 
 
-def lookup_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: int) -> torch.Tensor:
-    """Prompt-lookup drafts: ``buf`` int64 ``[B, C]`` holds each row's tokens in ``[0, length[b])`` and ``-1``
-    after them; -> int64 ``[B, gamma]``: per row the tokens that followed the latest earlier occurrence of its
-    last ``n`` tokens, for the largest ``n <= ngram`` that occurs (among the occurrences of that ``n``, the
-    latest one that ``gamma`` tokens follow, else the latest), ``-1`` past them and for a row with no
-    occurrence."""
+def _occurrences(buf: torch.Tensor, length: torch.Tensor, ngram: int, gamma: int | None):
+    """The n-gram search of both rules over ``buf`` ``[B, C]`` (each row's tokens in ``[0, length[b])``):
+    for ``n = 1 .. ngram``, the positions ``e`` where an earlier occurrence of the row's last ``n`` tokens
+    ends (with a token after it). ``gamma`` given -> int64 ``[B]``: where the proposal of
+    :func:`lookup_drafts` starts (``-1``: none); ``None`` -> bool ``[B, C]``: the occurrences of the largest
+    ``n`` that has one."""
     B, C = buf.shape
     dev = buf.device
     length = length.long()[:, None]
     end = torch.arange(C, device=dev)[None, :]  # e: the position where an occurrence ends
     follow = end + 1  # where its continuation starts; an earlier occurrence has follow < length
-    full = torch.where(follow + gamma <= length, C, 0)  # prefer an occurrence that gamma tokens follow
-    start = torch.full((B,), -1, dtype=torch.int64, device=dev)  # where the proposal starts in buf
+    if gamma is not None:
+        full = torch.where(follow + gamma <= length, C, 0)  # prefer an occurrence that gamma tokens follow
+        start = torch.full((B,), -1, dtype=torch.int64, device=dev)  # where the proposal starts in buf
+    else:
+        top = torch.zeros(B, C, dtype=torch.bool, device=dev)
     hit = torch.ones(B, C, dtype=torch.bool, device=dev)
     for n in range(1, min(ngram, C - 1) + 1):
         # hit[b, e]: buf[b, e - n + 1 .. e] equals the row's last n tokens (one more compare per n, on slices)
         token = buf.gather(1, (length - n).clamp(min=0))  # [B, 1]: the pattern's n-th token from the end
         hit[:, n - 1:] &= buf[:, : C - n + 1] == token  # (positions before n - 1 keep shorter n's: masked below)
         ok = hit & (end >= n - 1) & (follow < length) & (length > n)
-        best, at = torch.where(ok, follow + full, -1).max(1)
-        start = torch.where(best >= 0, at + 1, start)  # a longer n overrides a shorter one
-    idx = start[:, None] + torch.arange(gamma, device=dev)
-    ok = (start[:, None] >= 0) & (idx < length)
+        if gamma is not None:
+            best, at = torch.where(ok, follow + full, -1).max(1)
+            start = torch.where(best >= 0, at + 1, start)  # a longer n overrides a shorter one
+        else:
+            top = torch.where(ok.any(1, keepdim=True), ok, top)
+    return start if gamma is not None else top
+
+
+def _copy(buf: torch.Tensor, length: torch.Tensor, start: torch.Tensor, take: torch.Tensor, gamma: int):
+    """``[B, gamma]``: ``buf[b, start[b] + i]`` for ``i < take[b]`` inside the row, else ``-1`` (and for
+    ``start[b] < 0``)."""
+    C = buf.shape[1]
+    i = torch.arange(gamma, device=buf.device)
+    idx = start[:, None] + i
+    ok = (start[:, None] >= 0) & (idx < length.long()[:, None]) & (i < take[:, None])
     return torch.where(ok, buf.gather(1, idx.clamp(0, C - 1)), -1)
+
+
+def lookup_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: int) -> torch.Tensor:
+    """Prompt-lookup drafts, ``lookup_length="gamma"``: ``buf`` int64 ``[B, C]`` holds each row's tokens in
+    ``[0, length[b])`` and ``-1`` after them; -> int64 ``[B, gamma]``: per row the tokens that followed the latest
+    earlier occurrence of its last ``n`` tokens, for the largest ``n <= ngram`` that occurs (among the
+    occurrences of that ``n``, the latest one that ``gamma`` tokens follow, else the latest), ``-1`` past them
+    and for a row with no occurrence."""
+    start = _occurrences(buf, length, ngram, gamma)
+    return _copy(buf, length, start, torch.full_like(start, gamma), gamma)
+
+
+def lookup_match_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: int) -> torch.Tensor:
+    """Prompt-lookup drafts, ``lookup_length="match"`` (the default): ``buf`` and ``length`` as for
+    :func:`lookup_drafts`; -> int64 ``[B, gamma]``. Per row, the occurrences of its last ``n`` tokens for the
+    largest ``n <= ngram`` that occurs earlier with a token after it; of the latest ``MATCH_CANDIDATES`` of them,
+    the one whose match runs furthest back: its match length ``m`` counts the tokens before and including its
+    end that equal the row's last tokens, in order, up to ``max(MATCH_CAP, ngram)``. Ties: one that ``min(gamma,
+    m)`` tokens follow, then the latest. The draft: the ``min(gamma, m)`` tokens after it (fewer where the row
+    ends), ``-1`` past them and for a row with no occurrence."""
+    B, C = buf.shape
+    dev = buf.device
+    top = _occurrences(buf, length, ngram, None)
+    K, N = min(MATCH_CANDIDATES, C), max(MATCH_CAP, ngram)
+    end = torch.arange(C, device=dev)
+    cand = torch.where(top, end, -1).topk(K, dim=1).values  # [B, K]: the latest occurrences' ends, -1 none
+    back = torch.arange(N, device=dev)
+    at = cand[:, :, None] - back  # [B, K, N]: an occurrence's tokens, counted back from its end
+    mine = (length.long() - 1)[:, None] - back  # [B, N]: the row's last tokens, counted back
+    same = (at >= 0) & (buf.gather(1, at.clamp(min=0).flatten(1)).view(B, K, N)
+                        == buf.gather(1, mine.clamp(min=0))[:, None, :])
+    m = same.long().cumprod(-1).sum(-1)  # [B, K]: match lengths (>= 1 for a real occurrence)
+    take = m.clamp(max=gamma)
+    full = cand + 1 + take <= length.long()[:, None]
+    key = torch.where(cand >= 0, (m * 2 + full) * C + cand, -1)  # the longest match, one that take tokens follow,
+    best = key.argmax(1, keepdim=True)                             # the latest
+    start = torch.where(key.gather(1, best) >= 0, cand.gather(1, best) + 1, -1)[:, 0]
+    return _copy(buf, length, start, take.gather(1, best)[:, 0], gamma)
 
 
 class LookupDrafter:
@@ -67,8 +133,11 @@ class LookupDrafter:
 
     level = LOOKUP  # the drafter's name in the acceptance statistics ("lookup->full", "lookup->retrieval")
 
-    def __init__(self, d, ngram: int, width: int):
+    def __init__(self, d, ngram: int, width: int, length: str = "match"):
+        if length not in LENGTHS:
+            raise ValueError(f"lookup_length: expected one of {', '.join(map(repr, LENGTHS))}, got {length!r}")
         self.d, self.ngram, self.width = d, ngram, width
+        self._search = lookup_match_drafts if length == "match" else lookup_drafts
         self.seq = TokenBuffer(d.batch, d.cache_len, d.device)
         self.hist: torch.Tensor | None = None
 
@@ -93,7 +162,7 @@ class LookupDrafter:
         """-> (drafts int64 ``[B, g]`` with ``-1`` past each row's proposal, None: the draft probabilities of a
         deterministic draft, one-hot, which the samplers take as None); ``g <= gamma``: the longest proposal of
         an active row (0: the pass verifies the pending token alone, an autoregressive step)."""
-        x = lookup_drafts(self.tokens, self.seq.count, gamma, self.ngram)
+        x = self._search(self.tokens, self.seq.count, gamma, self.ngram)
         x = torch.where(self.d.active()[:, None], x, -1)
         g = int((x >= 0).sum(1).max())  # the one read of a step: the pass's width
         return x[:, :g], None

@@ -74,6 +74,11 @@ OPTIONS: dict[str, Option] = {
                                                   "target on its StreamingLLM window)"),
     "ngram": Option(3, _POS, "speculative, triforce with draft='lookup' (prompt lookup): the longest run of a row's "
                              "last tokens looked up in its earlier tokens (then shorter ones, down to 1)"),
+    "lookup_length": Option("match", _choice("match", "gamma"),
+                            "speculative, triforce with draft='lookup': how many tokens a proposal copies: "
+                            "'match', as many as the row's last tokens matched where they were found (the "
+                            "longest match of the latest occurrences), up to gamma (gamma1); 'gamma', up to "
+                            "gamma (gamma1) after the latest occurrence, whatever the match"),
     "draft_cache": Option("streaming", _choice("streaming", "retrieval"),
                           "magicdec: the draft's cache, 'streaming' or 'retrieval' (a draft model on the "
                           "retrieval cache reads the target's keys and values: a copy of the target, e.g. "
@@ -95,7 +100,7 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("autoregressive", autoregressive.run, (), "one target forward per token (the baseline)"),
-    Method("speculative", speculative.run, ("gamma", "draft_layers", "ngram"),
+    Method("speculative", speculative.run, ("gamma", "draft_layers", "ngram", "lookup_length"),
            "a draft model on its own full cache (or prompt lookup: draft='lookup') proposes gamma tokens, the "
            "target verifies them"),
     Method("magicdec", magicdec.run, ("gamma", "sink", "window", "draft_cache", "budget", "chunk_size",
@@ -103,7 +108,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "the target on a StreamingLLM (or retrieval) cache drafts for the full-cache target",
            overrides=(("budget", None),)),
     Method("triforce", triforce.run, ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
-                                    "window", "draft_layers", "recent", "draft_vocab", "ngram"),
+                                    "window", "draft_layers", "recent", "draft_vocab", "ngram",
+                                    "lookup_length"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
     Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes", "draft_vocab"),
            "a static token tree drafted by the self-draft, verified in one tree-masked pass"),

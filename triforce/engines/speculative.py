@@ -6,7 +6,7 @@ target (no cheaper copy exists) the target itself on a StreamingLLM window (sink
 tokens), as MagicDec drafts. ``draft_layers=k`` picks the target's first k layers instead
 (``target.layer_skip(k)``: weights shared, but without early-exit training a poor draft).
 ``draft="lookup"``: prompt lookup, drafts copied from the sequence's own earlier tokens (no model;
-:mod:`~triforce.engines.lookup`, ``ngram`` its longest match)."""
+:mod:`~triforce.engines.lookup`: ``ngram`` its n-gram, ``lookup_length`` its proposals' length)."""
 from __future__ import annotations
 
 from .decode import Decode, cache_dtype
@@ -17,14 +17,14 @@ from .steps import CHAIN_HIST, chain_step
 SELF_DRAFT_WINDOW = (16, 240)  # sink, window of the bfloat16 target's self-draft
 
 
-def run(d: Decode, draft, *, gamma: int, draft_layers: int | None, ngram: int) -> tuple:
+def run(d: Decode, draft, *, gamma: int, draft_layers: int | None, ngram: int, lookup_length: str) -> tuple:
     from triforce.models.cache import StreamingCache
 
     d.setup(width=gamma + 1)
     target = d.target
     if is_lookup(draft):
         cache = d.full_cache(target)
-        drafter = LookupDrafter(d, ngram, CHAIN_HIST)
+        drafter = LookupDrafter(d, ngram, CHAIN_HIST, lookup_length)
         d.track(drafter)
         with d.timed_prefill():
             drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST))

@@ -100,7 +100,8 @@ def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int)
 
 
 def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
-        sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None, ngram: int) -> tuple:
+        sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None, ngram: int,
+        lookup_length: str) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     target = d.target
@@ -108,7 +109,7 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
     extra = 0  # hidden_transfer heads: pseudo tokens per position riding in each verification pass
     if is_lookup(draft):  # prompt lookup drafts the bottom level: no model
         d.setup(width=1 + gamma1 + gamma2)
-        bottom = LookupDrafter(d, ngram, HIST)
+        bottom = LookupDrafter(d, ngram, HIST, lookup_length)
     elif is_heads_source(draft):  # trained heads on the target's hidden states draft the bottom level
         heads = heads_for(target, draft)
         if gamma1 > heads.depth:
