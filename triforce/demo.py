@@ -267,7 +267,10 @@ def why_it_loses(row: dict, weight_bytes: int, kv_bytes: int, base: dict | None 
 
 
 DEMO_HEADS = ("hidden_transfer", (1, 1))  # the shipped head set and tree of the batch-1 scene (docs/heads.md)
-LOOKUP = {"gamma": 4}  # prompt lookup (speculative:lookup) in every scene: the method's default width
+# prompt lookup (speculative:lookup) in every scene; a proposal is as long as its match (lookup_length="match"),
+# up to gamma: 8 at batch 1, where a pass of 9 tokens costs ~1.8 decode steps on a CPU, the method's default 4
+# in a batch, where every row pays for the longest proposal (docs/engines.md, "Prompt lookup")
+LOOKUP_ONE, LOOKUP = {"gamma": 8}, {"gamma": 4}
 
 
 def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch: int | None = None,
@@ -296,7 +299,7 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
          # (measured: 0.75 and 0.9 yes; 0.25 and 0.5 it continues the text instead)
          **deep, "depth": 0.75, "methods": ["autoregressive", "magicdec", "magicdec:int8", "triforce",
                                             "triforce:lookup", "speculative:lookup"],
-         "options": {"speculative:lookup": LOOKUP,
+         "options": {"speculative:lookup": LOOKUP_ONE,
                      "triforce:lookup": {"gamma1": 2, "gamma2": 6, "budget": deep_budget, "chunk_size": 8},
                      "magicdec": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
                      "magicdec:int8": {"draft_cache": "retrieval", "budget": deep_budget, "gamma": 2},
@@ -307,7 +310,8 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
         {"title": "batch 1: the weights dominate each step (a cheaper draft or a token tree pays)",
          **short, "methods": ["autoregressive", "speculative", *(["speculative:int8"] if device_type == "cpu" else []),
                               "tree", f"tree:{DEMO_HEADS[0]}", "speculative:lookup"],
-         "options": {"speculative": {"gamma": 3}, "speculative:int8": {"gamma": 3}, "speculative:lookup": LOOKUP,
+         "options": {"speculative": {"gamma": 3}, "speculative:int8": {"gamma": 3},
+                     "speculative:lookup": LOOKUP_ONE,
                      "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
                      f"tree:{DEMO_HEADS[0]}": {"tree": DEMO_HEADS[1]}}},
         *deep_scene,
