@@ -53,6 +53,10 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 // 2 norms and eps (input, post-attention), 7 projections (q, k, v, o, gate, up, down), 2 optional q/k
 // norms and 1 q/k eps; the step's rows written to k_cache, v_cache and, when given, k_raw_cache at
 // slots [B, T]; last_query (when given) recorded as FullCache.attend does. -> h after the last layer.
+// rows (int64 [N], increasing, in [0, B * T)): the step's real tokens, b * T + t, of a ragged step (the others
+// are padding): every projection, norm and MLP runs on those rows only, packed; the attention's side takes the
+// step's [B, T] layout with zero queries, keys and values at the padding (written to the caches as zeros).
+// -> h of the rows, [1, N, H] (bitwise those rows of the unpacked forward: every row is computed on its own).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -60,7 +64,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::TensorList v_cache, at::TensorList k_raw_cache, at::TensorList last_query,
                           const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
-                          const std::optional<at::Tensor>& query_valid);
+                          const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

@@ -26,9 +26,9 @@ FAMILIES = {
 }
 
 
-def make_model(family="llama", dtype=torch.float32, seed=0):
+def make_model(family="llama", dtype=torch.float32, seed=0, **sizes):
     torch.manual_seed(seed)
-    m = Llama(LlamaConfig(**BASE, **FAMILIES[family])).eval()
+    m = Llama(LlamaConfig(**{**BASE, **sizes}, **FAMILIES[family])).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # random biases and norm weights: a skipped bias or norm must show
         for name, p in m.named_parameters():
@@ -521,3 +521,109 @@ def test_forward_team_not_formed_for_a_small_forward(monkeypatch):
         assert torch.ops.triforce_C.forward_team_stats() == before
     finally:
         torch.set_num_threads(threads)
+
+
+# ---- a ragged step (Llama.forward(..., widths=...)): each row's own tokens, packed through the native stack
+
+class RowsSpy(Spy):
+    """Records the ``rows`` each ``decoder_layers`` call gets (None: an unpacked step)."""
+
+    def __init__(self, real):
+        super().__init__(real)
+        self.rows = []
+
+    def __call__(self, *args):
+        self.rows.append(None if len(args) < 21 or args[20] is None else args[20].clone())
+        return self.real(*args)
+
+
+@given(B=st.integers(1, 3), T=st.integers(2, 5), data=st.data(), cache_kind=st.sampled_from(
+    ["full", "chunked", "streaming", "retrieval"]), dtype=st.sampled_from(["float32", "bfloat16", "int8"]),
+    kv=st.sampled_from([None, torch.bfloat16]), path=st.sampled_from(["stack", "layers", "padded"]),
+    seed=st.integers(0, 2**16))
+def test_a_ragged_step_computes_each_rows_own_tokens(B, T, data, cache_kind, dtype, kv, path, seed):
+    """A ragged step (``widths``) against the same step unpadded: bitwise the logits of every row's real tokens,
+    0 at the padding, the cache grown by the widths, and a next step after it (over the cache it left) bitwise
+    the next step after the unpadded one rolled back to the widths. Where it runs: the native stack packs the
+    real tokens (``path="stack"``: its ``rows`` are exactly they); without the stack (``"layers"``) and where
+    rows are not packed (``"padded"``: another device's path) the padding is computed and its logits zeroed.
+    The MLP is 96 wide: ATen's SiLU over a tensor whose rows are not a multiple of 32 elements rounds a row's
+    last elements differently by the number of rows (a tail loop), which a real model's width avoids."""
+    torch.manual_seed(seed)
+    model = make_model("llama-biases", seed=seed, intermediate_size=96)
+    model = int8_copy(model) if dtype == "int8" else model.to(getattr(torch, dtype))
+    cfg, cdtype = model.config, kv or (torch.float32 if dtype == "int8" else getattr(torch, dtype))
+    widths = torch.tensor(data.draw(st.lists(st.integers(1, T), min_size=B, max_size=B), label="widths"))
+    prompts = [torch.randint(0, 97, (int(n),)) for n in torch.randint(4, 13, (B,))]
+    ids, after = torch.randint(0, 97, (B, T)), torch.randint(0, 97, (B, 2))
+
+    def caches():
+        full = FullCache(cfg, B, 40, dtype=cdtype, chunk_size=2 if cache_kind in ("chunked", "retrieval") else None)
+        cache = StreamingCache(cfg, B, sink=2, window=6, max_step=5, dtype=cdtype) if cache_kind == "streaming" \
+            else full
+        model.prefill(prompts, cache)
+        if cache_kind == "retrieval":
+            cache = RetrievalCache(cfg, full, budget=4, chunk_size=2, max_step=5)
+        return cache
+
+    cache = caches()
+    base = cache.lengths.clone()
+    whole = model(ids, cache=cache)
+    cache.rollback(base + widths)
+    next_whole = model(after, cache=cache)
+
+    spy = RowsSpy(torch.ops.triforce_C.decoder_layers)
+    cache = caches()
+    saved = llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers
+    try:
+        torch.ops.triforce_C.decoder_layers = spy
+        if path == "layers":
+            llama_mod._STACK = False
+        if path == "padded":
+            llama_mod._packs_rows = lambda device: False
+        ragged = model(ids, cache=cache, widths=widths)
+        assert torch.equal(cache.lengths, base + widths)
+        rows_seen = list(spy.rows)
+        next_ragged = model(after, cache=cache)
+    finally:
+        llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers = saved
+    real = torch.arange(T) < widths[:, None]
+    assert torch.equal(ragged[real], whole[real]) and not ragged[~real].any()
+    assert torch.equal(next_ragged, next_whole)
+    if path == "stack":  # one stack call, with exactly the real tokens when there is padding
+        assert len(rows_seen) == 1
+        if real.all():
+            assert rows_seen[0] is None
+        else:
+            assert torch.equal(rows_seen[0], real.flatten().nonzero()[:, 0])
+    else:
+        assert all(r is None for r in rows_seen)
+
+
+def test_ragged_step_checks(monkeypatch):
+    model = make_model("llama")
+    cache = FullCache(model.config, 2, 32)
+    model.prefill([torch.arange(5), torch.arange(7)], cache)
+    ids = torch.randint(0, 97, (2, 3))
+    for widths, match in ((torch.tensor([3, 0]), r"widths must be in \[1, T=3\]"),
+                          (torch.tensor([4, 1]), r"widths must be in \[1, T=3\]"),
+                          (torch.tensor([3]), "one width per row"), (torch.tensor([3.0, 1.0]), "int32/int64"),
+                          ([3, 1], "int32/int64")):
+        with pytest.raises(ValueError, match=match):
+            model(ids, cache=cache, widths=widths)
+    with pytest.raises(ValueError, match="with cache="):
+        model(ids, widths=torch.tensor([3, 1]))
+    with pytest.raises(ValueError, match="without tree_parents"):
+        model(ids, cache=cache, widths=torch.tensor([3, 1]), tree_parents=TokenTree.static([-1, 0, 0], 2))
+    assert cache.lengths.tolist() == [5, 7]  # nothing ran
+    step = cache.begin(3)  # the op's own checks: rows increasing and inside [0, B * T)
+    layers = model.model.layers
+    with torch.no_grad():
+        h = model.model.embed_tokens(ids)
+        cos, sin = llama_mod.rope_cos_sin(model.inv_freq, step.positions, model.dtype, model.rope_scale)
+        for rows in (torch.tensor([0, 2, 1]), torch.tensor([0, 6]), torch.tensor([0, 0]),
+                     torch.tensor([], dtype=torch.long), torch.tensor([0, 1], dtype=torch.int32)):
+            with pytest.raises(RuntimeError, match="decoder_layers: rows must"):
+                llama_mod._native_layers(layers, 0, len(layers), h, cos, sin, cache, step, rows)
+        good = llama_mod._native_layers(layers, 0, len(layers), h, cos, sin, cache, step, torch.tensor([0, 1, 3]))
+    assert good.shape == (1, 3, model.config.hidden_size)

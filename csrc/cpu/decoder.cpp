@@ -424,7 +424,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::TensorList k_cache, at::TensorList v_cache, at::TensorList k_raw_cache,
                           at::TensorList last_query, const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
-                          const std::optional<at::Tensor>& query_valid) {
+                          const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows) {
   const size_t L = k_cache.size();
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec(),
                                                qk_norm = qk_norm_list.vec();
@@ -453,6 +453,16 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                   " tokens");
     }
   }
+  const int64_t B = h.size(0), T = h.size(1);
+  if (rows.has_value()) {  // a ragged step's real tokens: increasing indices b * T + t
+    TORCH_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1 && rows->is_contiguous() && rows->numel() > 0,
+                "decoder_layers: rows must be a non-empty contiguous int64 [N], got ", rows->sizes(), " ",
+                rows->scalar_type());
+    const int64_t* r = rows->const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < rows->numel(); ++i)
+      TORCH_CHECK(r[i] >= 0 && r[i] < B * T && (i == 0 || r[i] > r[i - 1]), "decoder_layers: rows must increase "
+                  "within [0, B * T = ", B * T, "); row ", i, " is ", r[i]);
+  }
   // every buffer takes the same slots: checked once, before any write
   const int64_t* s = slots.const_data_ptr<int64_t>();
   const auto [lo, hi] = std::minmax_element(s, s + slots.numel());
@@ -479,11 +489,27 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
     }
     return bytes;
   };
+  // A ragged step (rows): the stream, cos and sin packed to the real rows [1, N, ...]; the attention's inputs
+  // unpacked into [B, T, ...] buffers whose padding stays zero (each layer overwrites the real rows only), its
+  // output packed again.
+  auto pack = [&](const at::Tensor& t) {
+    return rows.has_value() ? t.flatten(0, 1).index_select(0, *rows).unsqueeze(0) : t;
+  };
+  std::vector<at::Tensor> spread(4);  // q, k, k_raw, v in [B, T, heads, D]
+  auto unpack = [&](at::Tensor& t, size_t i) {
+    if (!rows.has_value()) return;
+    at::Tensor& buf = spread[i];
+    if (!buf.defined() || buf.scalar_type() != t.scalar_type() || buf.size(2) != t.size(2))
+      buf = at::zeros({B, T, t.size(2), t.size(3)}, t.options());
+    buf.view({B * T, t.size(2), t.size(3)}).index_copy_(0, *rows, t[0]);
+    t = buf;
+  };
   return with_team(forward_bytes, [&] {
-    at::Tensor x = h;
+    at::Tensor x = pack(h);
+    const at::Tensor cos_rows = pack(cos), sin_rows = pack(sin);
     for (size_t l = 0; l < L; ++l) {
       auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
-                                      qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos, sin, head_dim);
+                                      qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos_rows, sin_rows, head_dim);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
       // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
       const at::ScalarType kv = k_cache[l].scalar_type();
@@ -491,13 +517,15 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
         q = q.to(kv), k = k.to(kv), v = v.to(kv);
         if (!k_raw_cache.empty()) k_raw = k_raw.to(kv);
       }
+      unpack(q, 0), unpack(k, 1), unpack(v, 3);
+      if (!k_raw_cache.empty()) unpack(k_raw, 2);
       if (!last_query.empty()) record_query(last_query[l], q, query_index, query_valid);
       if (!k_raw_cache.empty()) write_rows(k_raw_cache[l], k_raw, slots);
       write_rows(k_cache[l], k, slots);
       write_rows(v_cache[l], v, slots);
       const at::Tensor attn =
-          std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0))
-              .to(x.scalar_type());
+          pack(std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0))
+                   .to(x.scalar_type()));
       x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
                        {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});
     }

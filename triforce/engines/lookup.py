@@ -132,6 +132,7 @@ class LookupDrafter:
     TriForce's retrieval level (its bottom level)."""
 
     level = LOOKUP  # the drafter's name in the acceptance statistics ("lookup->full", "lookup->retrieval")
+    ragged = True  # its proposals differ in length: a verification pass computes each row's own (verify_chain)
 
     def __init__(self, d, ngram: int, width: int, length: str = "match"):
         if length not in LENGTHS:

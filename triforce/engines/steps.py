@@ -141,16 +141,24 @@ def _drawable(probs: torch.Tensor) -> torch.Tensor:
 
 
 def verify_chain(model, cache, pending: torch.Tensor, draft_tokens: torch.Tensor, draft_probs, active,
-                 sampling: Sampling, accept_reject=None, forward=None):
+                 sampling: Sampling, accept_reject=None, forward=None, ragged: bool = False):
     """One verification pass of ``model`` on ``cache`` over ``[pending, draft_tokens]``; the cache keeps the
     pending token and the accepted drafts of each active row. ``accept_reject(sampling, x, q, logits)``
     replaces ``sampling.verify_chain`` (a test seam); ``forward(ids, cache)`` replaces ``model(ids,
     cache=cache)`` (trained heads keep the pass's hidden states). Draft ids of -1 (a ragged chain's
-    padding) are fed as 0 and rejected unread.
+    padding) are fed as 0 and rejected unread. ``ragged``: the drafts are a ragged chain (each row's ``-1``
+    after its own); on the CPU the pass is then a ragged step (``model(ids, cache=cache, widths=...)``), which
+    computes each row's own tokens only (their logits are the same; the padding's are 0 and never read). On
+    other devices the pass stays padded (a ragged step there computes the padding anyway).
     -> (tokens ``[B, n+1]``, num_accepted int32 ``[B]``, adv int32 ``[B]``, target probs or None)."""
     base = cache.lengths.clone()
     ids = torch.cat([pending, draft_tokens.clamp(min=0)], 1)
-    logits = model(ids, cache=cache) if forward is None else forward(ids, cache)
+    if forward is not None:
+        logits = forward(ids, cache)
+    elif ragged and draft_tokens.shape[1] > 0 and ids.device.type == "cpu":
+        logits = model(ids, cache=cache, widths=1 + (draft_tokens >= 0).sum(1))
+    else:
+        logits = model(ids, cache=cache)
     if accept_reject is None:
         tokens, num, probs = sampling.verify_chain(draft_tokens, draft_probs, logits)
     else:
@@ -171,7 +179,8 @@ def chain_step(d, drafter, cache, active, gamma: int, level: str) -> None:
         x, q = drafter.propose(gamma)
     with stats.time("full"):
         tokens, num, adv, _ = verify_chain(d.target, cache, drafter.pending, x, q, active, d.sampling,
-                                           forward=getattr(drafter, "chain_pass", None))
+                                           forward=getattr(drafter, "chain_pass", None),
+                                           ragged=getattr(drafter, "ragged", False))
     offered = (x >= 0).sum(1)  # gamma per row, or a ragged proposal's own length (-1 pads it: prompt lookup)
     drafter.commit(tokens, adv, acceptance=(num * active).sum() / (offered * active).sum().clamp(min=1))
     stats.accept(level, num, offered, active)

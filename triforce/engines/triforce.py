@@ -72,7 +72,8 @@ class RetrievalLevel:
             with stats.time("retrieval"):
                 tokens, num, adv, mprobs = verify_chain(d.target, self.rcache, bottom.pending, x, q, mactive,
                                                         d.sampling, accept_reject=_verify_middle,
-                                                        forward=getattr(bottom, "chain_pass", None))
+                                                        forward=getattr(bottom, "chain_pass", None),
+                                                        ragged=getattr(bottom, "ragged", False))
             bottom.commit(tokens, adv, width=HIST_MID)
             xs.append(tokens, adv, mprobs)  # each emitted token with the M-probs it was sampled from
             stats.accept(f"{getattr(bottom, 'level', 'draft')}->retrieval", num, (x >= 0).sum(1), mactive)
@@ -92,8 +93,9 @@ class RetrievalLevel:
 def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int) -> None:
     x, q = middle.propose(gamma2, active)
     with d.stats.time("full"):
+        # rows collect different counts (-1 past each row's): a ragged chain
         tokens, num, adv, _ = verify_chain(d.target, cache, middle.pending, x, q, active, d.sampling,
-                                           forward=getattr(middle.bottom, "chain_pass", None))
+                                           forward=getattr(middle.bottom, "chain_pass", None), ragged=True)
     middle.commit(tokens, adv, num, active)
     d.stats.accept("retrieval->full", num, middle.xs.count, active)
     d.emit(tokens, adv, active)

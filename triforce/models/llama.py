@@ -366,13 +366,19 @@ def _fused_path(h: torch.Tensor) -> bool:
             and not torch.is_grad_enabled() and _fused_available())
 
 
+def _packs_rows(device: torch.device) -> bool:
+    """Whether a ragged step (``Llama.forward(..., widths=...)``) on ``device`` computes its real tokens packed:
+    on the CPU (elsewhere finding them would be a host sync, and the padding is computed)."""
+    return device.type == "cpu"
+
+
 def _hooked(module: nn.Module) -> bool:
     """Whether calling ``module`` would run forward hooks (its own or global ones)."""
     return bool(module._forward_hooks or module._forward_pre_hooks or _nn_module._global_forward_hooks
                 or _nn_module._global_forward_pre_hooks)
 
 
-def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step: Step):
+def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step: Step, rows=None):
     """``h`` after ``layers[lo:hi]`` of a cached forward in one native call, ``triforce_C::decoder_layers``
     (csrc/cpu/decoder.cpp): each layer's two fused calls with the cache's side in between (its rows written,
     ``verify_attention`` over its buffers), bitwise what the layers called one by one give. ``None`` where
@@ -380,7 +386,9 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
     ``torch.compile`` (which traces the per-layer calls). Why: a SmolLM2 layer cost ~70 us of Python and
-    dispatch around its kernels on one core, ~2 ms of a ~12 ms decode step (docs/model.md)."""
+    dispatch around its kernels on one core, ~2 ms of a ~12 ms decode step (docs/model.md). ``rows`` (int64 ``[N]``,
+    increasing indices ``b * T + t``): a ragged step's real tokens, which the call computes packed, returning
+    their stream ``[1, N, H]`` (the padding's keys and values are written as zeros)."""
     if not (hi > lo and _fused_path(h) and _native_stack_available()) or torch.compiler.is_compiling():
         return None
     buffers = cache._native_buffers(step)
@@ -412,7 +420,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     return torch.ops.triforce_C.decoder_layers(
         h, cos, sin, head_dim, norms, eps, w, scales, bias, qk_norms, qk_eps, k[lo:hi], v[lo:hi], k_raw[lo:hi],
         last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
-        None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous())
+        None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows)
 
 
 _STACK = None
@@ -454,6 +462,9 @@ class Llama(nn.Module):
       chunks; float32 logits ``[B, V]`` at each prompt's last token; ``cache.lengths[b] = len(prompts[b])``.
     - ``model(input_ids, cache=cache)``: appends row b's T tokens after ``cache.lengths[b]``, causal among
       them -> ``[B, T, V]``; ``cache.lengths += T``.
+    - ``model(input_ids, cache=cache, widths=w)``: a ragged step: row b's real tokens are ``input_ids[b, :w[b]]``
+      (the rest padding): ``cache.lengths += w``, and the logits at the padding are 0. On the CPU's native
+      layer stack the real tokens run packed (:func:`_native_layers`): a pass costs its real tokens.
     - ``model(input_ids, cache=cache, tree_parents=parents)``: token tree (``parents[:, 0] = -1``); token t
       sees the prefix and its ancestors-or-self; RoPE position = cache position of token 0 + depth.
       ``parents`` is checked per forward (a host sync on a GPU); a :class:`~triforce.models.TokenTree`
@@ -535,11 +546,17 @@ class Llama(nn.Module):
 
     # ---- forward
     def _hidden(self, input_ids, cache=None, tree_parents=None, counts=None, query_index=None, query_valid=None,
-                tap=None, graph: bool = True):
+                tap=None, graph: bool = True, rows=None):
+        """The residual stream after the layers, ``[B, T, H]``; with ``rows`` (a ragged step's real tokens, flat
+        indices into ``[B, T]``; ``counts`` their count per row) the stream of those rows, ``[1, N, H]``."""
         B, T = input_ids.shape
         if cache is None:
             return self._layers(input_ids, torch.arange(T, device=input_ids.device).expand(B, T))[0]
         step = cache.begin(T, tree_parents, counts, query_index, query_valid)
+        if rows is not None:  # packed where the native stack runs the layers, else computed whole and packed
+            h, step = self._layers(input_ids, step.positions, cache, step, rows=rows)
+            cache.end(step)
+            return h if h.shape[:2] == (1, rows.numel()) and h.shape[:2] != (B, T) else h.flatten(0, 1)[rows][None]
         if graph and _graphs.enabled(self, cache, input_ids, tap):
             # the graphs go with their model and cache: their body must keep neither alive
             h = _graphs.run(self, cache, input_ids, step,
@@ -550,10 +567,11 @@ class Llama(nn.Module):
         cache.end(step)
         return h
 
-    def _layers(self, input_ids, positions, cache=None, step=None, tree_parents=None, tap=None):
+    def _layers(self, input_ids, positions, cache=None, step=None, tree_parents=None, tap=None, rows=None):
         """The embedding and every decoder layer (``tap``'s extra tokens joining at its layer) -> (the
         residual stream, the step: a tap's wider one once its tokens joined); a cached forward's body,
-        between ``cache.begin`` and ``cache.end``."""
+        between ``cache.begin`` and ``cache.end``. ``rows``: a ragged step's real tokens, which the native
+        stack computes packed (the stream it returns is theirs, ``[1, N, H]``); elsewhere ignored."""
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype, self.rope_scale)
         h = self.model.embed_tokens(input_ids)
         layers = self.model.layers
@@ -566,7 +584,7 @@ class Llama(nn.Module):
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
                     step = cache.begin(h.shape[1], parents)
                     cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.dtype, self.rope_scale)
-            native = None if cache is None else _native_layers(layers, lo, hi, h, cos, sin, cache, step)
+            native = None if cache is None else _native_layers(layers, lo, hi, h, cos, sin, cache, step, rows)
             if native is not None:
                 h = native
                 continue
@@ -578,14 +596,36 @@ class Llama(nn.Module):
         return self.lm_head(self.model.norm(h)).float()
 
     def forward(self, input_ids: torch.Tensor, cache: _KVCache | None = None,
-                tree_parents: torch.Tensor | TokenTree | None = None) -> torch.Tensor:
-        """float32 logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` (see the class docstring)."""
-        self._check_forward(input_ids, cache, tree_parents)
+                tree_parents: torch.Tensor | TokenTree | None = None, widths: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """float32 logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` (see the class docstring). ``widths``: int
+        ``[B]`` in ``[1, T]`` (with a cache, for a chain): row ``b``'s tokens past ``widths[b]`` are padding; the
+        cache keeps ``widths[b]`` tokens of row ``b`` and the logits at the padding are 0. Every real token's
+        logits are those of the same forward without padding (each row of a step is computed on its own)."""
+        self._check_forward(input_ids, cache, tree_parents, widths)
         if cache is None:
             with _bulk_linears():
                 return self._logits(self._hidden(input_ids))
         with torch.no_grad():  # cache writes must never join an autograd graph (memory would grow)
-            return self._logits(self._hidden(input_ids, cache, tree_parents))
+            if widths is None:
+                return self._logits(self._hidden(input_ids, cache, tree_parents))
+            return self._ragged(input_ids, cache, widths)
+
+    def _ragged(self, input_ids, cache, widths) -> torch.Tensor:
+        """:meth:`forward` of a ragged step. On the CPU the real tokens run packed (``[1, N]`` through the
+        native layer stack where it applies, and always through the final norm and the LM head); on other
+        devices (finding the rows would be a host sync) the padding is computed and its logits zeroed."""
+        B, T = input_ids.shape
+        real = torch.arange(T, device=input_ids.device) < widths[:, None]  # [B, T]
+        counts = widths.to(torch.int32)
+        if not _packs_rows(input_ids.device):
+            logits = self._logits(self._hidden(input_ids, cache, counts=counts))
+            return logits.masked_fill_(~real[..., None], 0.0)
+        rows = real.flatten().nonzero()[:, 0]
+        if rows.numel() == B * T:  # nothing to skip
+            return self._logits(self._hidden(input_ids, cache, counts=counts))
+        packed = self._logits(self._hidden(input_ids, cache, counts=counts, rows=rows))[0]  # [N, V]
+        return packed.new_zeros(B * T, packed.shape[-1]).index_copy_(0, rows, packed).view(B, T, -1)
 
     @torch.no_grad()
     def forward_hidden(self, input_ids: torch.Tensor, cache: _KVCache,
@@ -621,8 +661,21 @@ class Llama(nn.Module):
         """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`)."""
         return self.lm_head(z).float()
 
-    def _check_forward(self, input_ids, cache, tree_parents) -> None:
+    def _check_forward(self, input_ids, cache, tree_parents, widths=None) -> None:
         self._check_ids("input_ids", input_ids)
+        if widths is not None:
+            B, T = input_ids.shape
+            if cache is None or tree_parents is not None:
+                raise ValueError("widths: a ragged step of a chain appended to a cache (with cache=, without "
+                                 "tree_parents)")
+            if not isinstance(widths, torch.Tensor) or widths.shape != (B,) or widths.dtype not in (torch.int32,
+                                                                                                   torch.int64):
+                raise ValueError(f"widths must be an int32/int64 tensor of shape [{B}] (one width per row)")
+            if widths.device != input_ids.device:
+                raise ValueError(f"widths is on {widths.device} but input_ids is on {input_ids.device}")
+            # checked where reading it is no host sync
+            if widths.device.type == "cpu" and B and not bool(((widths >= 1) & (widths <= T)).all()):
+                raise ValueError(f"widths must be in [1, T={T}], got {widths.tolist()}")
         if cache is not None:
             self._check_cache(cache, input_ids.shape[0])
         if tree_parents is not None:
