@@ -53,9 +53,10 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 // 2 norms and eps (input, post-attention), 7 projections (q, k, v, o, gate, up, down), 2 optional q/k
 // norms and 1 q/k eps; the step's rows written to k_cache, v_cache and, when given, k_raw_cache at
 // slots [B, T]; last_query (when given) recorded as FullCache.attend does. -> h after the last layer.
-// rows (int64 [N], increasing, in [0, B * T)): the step's real tokens, b * T + t, of a ragged step (the others
-// are padding): every projection, norm and MLP runs on those rows only, packed; the attention's side takes the
-// step's [B, T] layout with zero queries, keys and values at the padding (written to the caches as zeros).
+// rows (int64 [N], increasing, in [0, B * T)): a ragged step's real tokens, b * T + t, each row's first ones (the
+// others are padding): every projection, norm and MLP runs on those rows only, packed; the attention's side takes
+// the step's [B, T] layout with zero keys and values at the padding (written to the caches as zeros), and computes
+// the real queries only (verify_attention_ragged).
 // -> h of the rows, [1, N, H] (bitwise those rows of the unpacked forward: every row is computed on its own).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
@@ -77,6 +78,14 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
                                                     int64_t num_splits);
+// verify_attention with query_lens (int32 [B] on the CPU, or none): row b computes its first query_lens[b]
+// queries only, each bitwise as when all are computed; the others' output is 0 and lse -inf (a ragged step:
+// decoder_layers' rows). Internal: not a torch op.
+std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, const at::Tensor& k_cache,
+                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                           const std::optional<at::Tensor>& tree_mask,
+                                                           double softmax_scale, int64_t num_splits,
+                                                           const std::optional<at::Tensor>& query_lens);
 
 // ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,

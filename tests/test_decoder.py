@@ -616,13 +616,13 @@ def test_ragged_step_checks(monkeypatch):
     with pytest.raises(ValueError, match="without tree_parents"):
         model(ids, cache=cache, widths=torch.tensor([3, 1]), tree_parents=TokenTree.static([-1, 0, 0], 2))
     assert cache.lengths.tolist() == [5, 7]  # nothing ran
-    step = cache.begin(3)  # the op's own checks: rows increasing and inside [0, B * T)
+    step = cache.begin(3)  # the op's own checks: rows increasing, inside [0, B * T), each row's first tokens
     layers = model.model.layers
     with torch.no_grad():
         h = model.model.embed_tokens(ids)
         cos, sin = llama_mod.rope_cos_sin(model.inv_freq, step.positions, model.dtype, model.rope_scale)
-        for rows in (torch.tensor([0, 2, 1]), torch.tensor([0, 6]), torch.tensor([0, 0]),
-                     torch.tensor([], dtype=torch.long), torch.tensor([0, 1], dtype=torch.int32)):
+        for rows in (torch.tensor([0, 2, 1]), torch.tensor([0, 6]), torch.tensor([0, 0]), torch.tensor([0, 2]),
+                     torch.tensor([1, 3]), torch.tensor([], dtype=torch.long), torch.tensor([0, 1], dtype=torch.int32)):
             with pytest.raises(RuntimeError, match="decoder_layers: rows must"):
                 llama_mod._native_layers(layers, 0, len(layers), h, cos, sin, cache, step, rows)
         good = llama_mod._native_layers(layers, 0, len(layers), h, cos, sin, cache, step, torch.tensor([0, 1, 3]))

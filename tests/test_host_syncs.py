@@ -16,7 +16,9 @@ graph. On a CPU they cost nothing, so a regression would go unseen until a GPU r
 * nothing else: no read in any forward, no upload, no value-dependent op, sampling and greedy.
 
 Finished rows stay in the batch, as on a GPU (``TRIFORCE_COMPACT_ROWS=0``); when they leave it (the CPU's
-default), the reads that takes come only as they leave (``test_host_syncs_when_rows_leave``).
+default), the reads that takes come only as they leave (``test_host_syncs_when_rows_leave``). Ragged chains are
+verified padded, as on a GPU (``TRIFORCE_RAGGED_PASSES=0``); a ragged step on a GPU adds no sync
+(``test_host_syncs_of_ragged_passes``).
 """
 from __future__ import annotations
 
@@ -55,8 +57,9 @@ def gpu_paths(monkeypatch):
 @pytest.fixture
 def audit(monkeypatch, gpu_paths):
     """Records the host syncs of the decode loop (every step; not the prefill, not the final statistics), with
-    finished rows kept in the batch (a GPU's default)."""
+    finished rows kept in the batch and ragged chains verified padded (a GPU's defaults)."""
     monkeypatch.setenv("TRIFORCE_COMPACT_ROWS", "0")
+    monkeypatch.setenv("TRIFORCE_RAGGED_PASSES", "0")
     syncs = HostSyncs()
     loop, finish = Decode.loop, Decode.finish
 
@@ -407,3 +410,30 @@ def test_forwards_on_meta_tensors_read_nothing():
                 cache.commit_path(lengths, torch.zeros(B, 3, dtype=torch.int64, device=meta), lengths)
                 cache.rollback(lengths)
     assert syncs.events == [], syncs.report()
+
+
+@pytest.mark.parametrize("method", ["speculative", "triforce"])
+def test_host_syncs_of_ragged_passes(audit, monkeypatch, models, method):
+    """Ragged chains verified as ragged steps (``TRIFORCE_RAGGED_PASSES=1``, the GPU's opt-in) the way a GPU runs
+    them (``_packs_rows`` false: the padding computed, its logits zeroed): no sync besides the check of the
+    widths' range, which runs on CPU tensors only (one read per ragged pass here, none on a GPU). On the CPU
+    the packing's ``nonzero`` adds one per pass (its index of the real tokens)."""
+    from tests.test_lookup import repetitive_prompts
+    from triforce.models import llama as llama_mod
+
+    monkeypatch.setenv("TRIFORCE_RAGGED_PASSES", "1")
+    monkeypatch.setattr(llama_mod, "_packs_rows", lambda device: False)
+    calls, ragged = [], llama_mod.Llama._ragged
+
+    def counted(self, *args):
+        calls.append(1)
+        return ragged(self, *args)
+
+    monkeypatch.setattr(llama_mod.Llama, "_ragged", counted)
+    opts = {"gamma": 4} if method == "speculative" else {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4}
+    out = triforce.generate(models[0], repetitive_prompts(), method=method, draft="lookup", max_new_tokens=24,
+                            **opts)
+    assert calls
+    triforce_ = method == "triforce"
+    _check_budget(audit, out.stats, lookup=True, retrieval=triforce_, middle=(2, 5) if triforce_ else None,
+                  extra={"Llama._check_forward": len(calls)})

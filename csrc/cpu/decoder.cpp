@@ -454,14 +454,22 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
     }
   }
   const int64_t B = h.size(0), T = h.size(1);
-  if (rows.has_value()) {  // a ragged step's real tokens: increasing indices b * T + t
+  // A ragged step's real tokens: rows are each row's first ones, b * T + t for t < its width, increasing; the
+  // attention computes those queries only (query_lens, the widths).
+  std::optional<at::Tensor> query_lens;
+  if (rows.has_value()) {
     TORCH_CHECK(rows->scalar_type() == at::kLong && rows->dim() == 1 && rows->is_contiguous() && rows->numel() > 0,
                 "decoder_layers: rows must be a non-empty contiguous int64 [N], got ", rows->sizes(), " ",
                 rows->scalar_type());
+    query_lens = at::zeros({B}, slots.options().dtype(at::kInt));
+    int32_t* ql = query_lens->data_ptr<int32_t>();
     const int64_t* r = rows->const_data_ptr<int64_t>();
-    for (int64_t i = 0; i < rows->numel(); ++i)
-      TORCH_CHECK(r[i] >= 0 && r[i] < B * T && (i == 0 || r[i] > r[i - 1]), "decoder_layers: rows must increase "
-                  "within [0, B * T = ", B * T, "); row ", i, " is ", r[i]);
+    for (int64_t i = 0; i < rows->numel(); ++i) {
+      TORCH_CHECK(r[i] >= 0 && r[i] < B * T && (i == 0 || r[i] > r[i - 1]) && r[i] % T == ql[r[i] / T],
+                  "decoder_layers: rows must increase within [0, B * T = ", B * T, ") and be each row's first "
+                  "tokens; row ", i, " is ", r[i]);
+      ++ql[r[i] / T];
+    }
   }
   // every buffer takes the same slots: checked once, before any write
   const int64_t* s = slots.const_data_ptr<int64_t>();
@@ -524,7 +532,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       write_rows(k_cache[l], k, slots);
       write_rows(v_cache[l], v, slots);
       const at::Tensor attn =
-          pack(std::get<0>(verify_attention(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0))
+          pack(std::get<0>(verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
+                                                   query_lens))
                    .to(x.scalar_type()));
       x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
                        {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});

@@ -7,6 +7,15 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
                                                     int64_t num_splits) {
+  return verify_attention_ragged(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits,
+                                 std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, const at::Tensor& k_cache,
+                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                                           const std::optional<at::Tensor>& tree_mask,
+                                                           double softmax_scale, int64_t num_splits,
+                                                           const std::optional<at::Tensor>& query_lens) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
                   cache_seqlens.device().is_cpu(),
               "verify_attention: all tensors must be on the CPU");
@@ -33,6 +42,10 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
     TORCH_CHECK(tree_mask->device().is_cpu(), "verify_attention: tree_mask must be on the CPU");
     mask = tree_mask->contiguous();
   }
+  if (query_lens.has_value())
+    TORCH_CHECK(query_lens->scalar_type() == at::kInt && query_lens->dim() == 1 && query_lens->size(0) == B &&
+                    query_lens->is_contiguous() && query_lens->device().is_cpu(),
+                "verify_attention: query_lens must be contiguous int32 [B] on the CPU");
   const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
   const at::Tensor lens = cache_seqlens.contiguous();
   auto out = at::empty({B, T, Hq, D}, q.options());
@@ -44,7 +57,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
                                    tf_ptr<scalar_t>(v_cache), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                                    lens.const_data_ptr<int32_t>(), mask.defined() ? mask.const_data_ptr<bool>() : nullptr,
                                    static_cast<float>(softmax_scale), B, T, Hq, Hkv, D, N, num_splits,
-                                   tf_mut_ptr<scalar_t>(out), lse.data_ptr<float>());
+                                   tf_mut_ptr<scalar_t>(out), lse.data_ptr<float>(),
+                                   query_lens.has_value() ? query_lens->const_data_ptr<int32_t>() : nullptr);
   });
   return {out, lse};
 }

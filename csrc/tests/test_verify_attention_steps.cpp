@@ -4,8 +4,10 @@
 // to consecutive positions). fp32, bf16 and fp16; D 16, 64 and 128 (the keys-in-lanes, rows-in-lanes,
 // transposed-tile and dot paths); GQA 1, 3 and 12; prefixes across the 32-key tiles and the 512-key
 // parts; causal and random trees; interleaved and head-major caches; two sequences of different lengths;
-// the parts folded across waves (one part per wave).
+// the parts folded across waves (one part per wave). And a ragged pass (query_lens: each row's first queries
+// only) against the whole one.
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -39,6 +41,27 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
   verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
                           tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N, 0,
                           out.data(), lse.data());
+  // A ragged pass (query_lens): the first queries of each row, bitwise those of the whole pass; 0 and -inf after
+  {
+    const int32_t lens[B] = {static_cast<int32_t>(Tq), static_cast<int32_t>((Tq + 1) / 2)};
+    std::vector<T> rout(out.size());
+    std::vector<float> rlse(lse.size());
+    verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
+                            tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N,
+                            0, rout.data(), rlse.data(), lens);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tq; ++t)
+        for (int64_t h = 0; h < Hq; ++h) {
+          const int64_t o = ((b * Tq + t) * Hq + h) * D, l = (b * Hq + h) * Tq + t;
+          if (t < lens[b]) {
+            EXPECT(std::memcmp(rout.data() + o, out.data() + o, D * sizeof(T)) == 0);
+            EXPECT(std::memcmp(&rlse[l], &lse[l], sizeof(float)) == 0);
+          } else {
+            for (int64_t d = 0; d < D; ++d) EXPECT(to_float(rout[o + d]) == 0.f);
+            EXPECT(rlse[l] == -std::numeric_limits<float>::infinity());
+          }
+        }
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tq; ++t) {
       const int64_t new0 = L[b] - Tq;

@@ -17,6 +17,7 @@ Bookkeeping shared by all engines (no host sync inside a step):
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 
@@ -140,6 +141,16 @@ def _drawable(probs: torch.Tensor) -> torch.Tensor:
     return torch.where(probs > 0, probs, 0.0)
 
 
+def ragged_passes(device) -> bool:
+    """Whether a verification pass over a ragged chain (prompt lookup's proposals, TriForce's collected tokens) is
+    a ragged step (``Llama.forward(..., widths=)``: each row's own tokens computed): on the CPU, unless
+    ``TRIFORCE_RAGGED_PASSES=0``; elsewhere only with ``TRIFORCE_RAGGED_PASSES=1``. Why the CPU: there a pass
+    costs its token-rows (the linear layers' multiply-adds, the attention's queries), while on a GPU it reads
+    the weights once for all rows, and packing the real tokens would need a host sync."""
+    flag = os.environ.get("TRIFORCE_RAGGED_PASSES")
+    return flag != "0" if device.type == "cpu" else flag == "1"
+
+
 def verify_chain(model, cache, pending: torch.Tensor, draft_tokens: torch.Tensor, draft_probs, active,
                  sampling: Sampling, accept_reject=None, forward=None, ragged: bool = False):
     """One verification pass of ``model`` on ``cache`` over ``[pending, draft_tokens]``; the cache keeps the
@@ -147,15 +158,15 @@ def verify_chain(model, cache, pending: torch.Tensor, draft_tokens: torch.Tensor
     replaces ``sampling.verify_chain`` (a test seam); ``forward(ids, cache)`` replaces ``model(ids,
     cache=cache)`` (trained heads keep the pass's hidden states). Draft ids of -1 (a ragged chain's
     padding) are fed as 0 and rejected unread. ``ragged``: the drafts are a ragged chain (each row's ``-1``
-    after its own); on the CPU the pass is then a ragged step (``model(ids, cache=cache, widths=...)``), which
-    computes each row's own tokens only (their logits are the same; the padding's are 0 and never read). On
-    other devices the pass stays padded (a ragged step there computes the padding anyway).
+    after its own); where :func:`ragged_passes` (the CPU) the pass is then a ragged
+    step (``model(ids, cache=cache, widths=...)``), which computes each row's own tokens only (their logits are
+    the same; the padding's are 0 and never read).
     -> (tokens ``[B, n+1]``, num_accepted int32 ``[B]``, adv int32 ``[B]``, target probs or None)."""
     base = cache.lengths.clone()
     ids = torch.cat([pending, draft_tokens.clamp(min=0)], 1)
     if forward is not None:
         logits = forward(ids, cache)
-    elif ragged and draft_tokens.shape[1] > 0 and ids.device.type == "cpu":
+    elif ragged and draft_tokens.shape[1] > 0 and ragged_passes(ids.device):
         logits = model(ids, cache=cache, widths=1 + (draft_tokens >= 0).sum(1))
     else:
         logits = model(ids, cache=cache)

@@ -1105,7 +1105,9 @@ inline bool verify_attention_groups_heads(int64_t Hkv, int64_t skn, int64_t skh,
 // cache_seqlens int32 [B]; tree_mask bool [B, T, T] contiguous or null (causal); out contiguous
 // [B, T, Hq, D]; lse contiguous float [B, Hq, T]. num_splits: 0 cuts each query's keys at multiples of
 // kPartKeys ranks (the result is independent of T); 1..kMaxSplits cuts the longest prefix into that many
-// parts instead (tests and benchmarks).
+// parts instead (tests and benchmarks). query_lens (int32 [B], or null: every row's Tq): row b computes its
+// first query_lens[b] queries only (clamped to [0, Tq]; a ragged step's real tokens: its others are padding),
+// each bitwise as with every query computed; the others' out is 0 and lse -inf.
 //
 // A query's keys, in rank order: the prefix [0, P) (P = L - T), then the new tokens it sees, in index
 // order; so rank = position in the cache for a causal query, and for a tree node its ancestors take ranks
@@ -1123,8 +1125,11 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                           int64_t skn, int64_t skh, const T* v, int64_t svb, int64_t svn, int64_t svh,
                           const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
                           int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
-                          T* out, float* lse) {
+                          T* out, float* lse, const int32_t* query_lens = nullptr) {
   const int64_t g = Hq / Hkv, R = Tq * g;
+  auto rows_of = [&](int64_t b) {  // the query rows row b computes
+    return query_lens ? std::clamp<int64_t>(query_lens[b], 0, Tq) * g : R;
+  };
   auto clamp_len = [&](int64_t b) { return std::min<int64_t>(std::max<int64_t>(cache_seqlens[b], 0), N); };
   int64_t max_len = 0, max_prefix = 0, keys = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -1164,7 +1169,11 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
   const int64_t units = B * (Hkv / HG);
   const int threads = parallel_threads(par);
   const int64_t want_runs = std::max<int64_t>(1, (2 * threads + units - 1) / units);
-  const int64_t lanes_nv = va::lanes_vectors<T>(R, D), lanes_g = va::lanes_vectors<T>(g, D);
+  // the rows-in-lanes path's vectors: per item by its rows; lanes_cap, the most any item takes (its scratch)
+  int64_t lanes_cap = va::lanes_vectors<T>(R, D);
+  if (query_lens)
+    for (int64_t b = 0; b < B; ++b) lanes_cap = std::max(lanes_cap, va::lanes_vectors<T>(rows_of(b), D));
+  const int64_t lanes_g = va::lanes_vectors<T>(g, D);
   struct ItemScratch {  // one thread's, made at its first item
     va::Scratch sc;
     std::vector<float> qall;  // the scaled fp32 queries of the item's heads
@@ -1185,7 +1194,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     const int64_t items = units * runs;
     parallel_items(par, items, [&](int tid, int64_t it) {
         std::unique_ptr<ItemScratch>& mine = scratch[tid];
-        if (!mine) mine = std::make_unique<ItemScratch>(R, D, HG, raw, lanes_nv, lanes_g, tile_words);
+        if (!mine) mine = std::make_unique<ItemScratch>(R, D, HG, raw, lanes_cap, lanes_g, tile_words);
         const va::TileScope tile_scope(tiles);
         va::Scratch& sc = mine->sc;
         std::vector<float>& qall = mine->qall;
@@ -1196,6 +1205,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         std::vector<T>& kc = mine->kc;
         std::vector<T>& vc = mine->vc;
         const int64_t b = it / ((Hkv / HG) * runs), h0 = (it / runs) % (Hkv / HG) * HG, run = it % runs;
+        const int64_t Rb = rows_of(b), Tb = Rb / g;  // this row's query rows (R but for a ragged step's)
+        const int64_t lanes_nv = va::lanes_vectors<T>(Rb, D);
         const int64_t part_lo = w0 + run * nw / runs, part_hi = w0 + (run + 1) * nw / runs;
         // Clamp so that nothing outside [0, min(L, N)) is read even for out-of-range lengths.
         const int64_t L = cache_seqlens[b], Lc = clamp_len(b);
@@ -1206,7 +1217,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         const int64_t qa_head = (R + 15) / 16 * tile_words;  // the tiles' packed words per head
         for (int64_t hh = 0; hh < HG; ++hh) {
           float* q32 = qall.data() + hh * R * D;
-          for (int64_t t = 0; t < Tq; ++t)
+          for (int64_t t = 0; t < Tb; ++t)
             for (int64_t j = 0; j < g; ++j) {
               float* dst = q32 + (t * g + j) * D;
               const T* src = q + b * sqb + t * sqt + ((h0 + hh) * g + j) * sqh;
@@ -1214,16 +1225,16 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
               for (int64_t d = 0; d < D; ++d) dst[d] *= scale;
               if (raw) std::copy(src, src + D, qraw.data() + (hh * R + t * g + j) * D);
             }
-          if (lanes_nv) va::transpose_rows(q32, R, D, lanes_nv, qt.data() + hh * D * 16 * lanes_nv);
+          if (lanes_nv) va::transpose_rows(q32, Rb, D, lanes_nv, qt.data() + hh * D * 16 * lanes_cap);
 #if defined(TRIFORCE_VA_AMX)
           if constexpr (std::is_same_v<T, bf16>)
-            if (tiles) va::amx_pack_queries(qraw.data() + hh * R * D, R, D, mine->qa.data() + hh * qa_head);
+            if (tiles) va::amx_pack_queries(qraw.data() + hh * R * D, Rb, D, mine->qa.data() + hh * qa_head);
 #endif
         }
         va::RowPrefetch rows;
         const int64_t row_bytes = (std::max(skh, svh) * (Hkv - 1) + D) * int64_t(sizeof(T));  // one key's heads
         const int64_t steps_per_tile =
-            tiles ? 4 * ((R + 15) / 16) : va::steps_per_tile(lanes_nv, va::tile_path<T>(R, D, raw), D, R);
+            tiles ? 4 * ((Rb + 15) / 16) : va::steps_per_tile(lanes_nv, va::tile_path<T>(Rb, D, raw), D, Rb);
         for (int64_t part = part_lo; part < part_hi; ++part) {
           auto state = [&](int64_t hh, int64_t r0) {  // (m, l, acc) of rows r0.. of head h0 + hh in this part
             const int64_t base = ((b * Hkv + h0 + hh) * nw + (part - w0)) * R + r0;
@@ -1236,7 +1247,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
             std::fill(acc, acc + R * D, 0.f);
           }
           const int64_t a = part * Z, e = std::min((part + 1) * Z, Lc);
-          if (a >= e) continue;
+          if (a >= e || Rb == 0) continue;
           const int64_t shared_end = std::min(e, tiles_end);
           // The shared tiles [a, shared_end): all R rows. The online softmax state of each (b, h, part) lives
           // in pm/pl/pacc, so the range may be walked in chunks, head by head within each chunk.
@@ -1250,17 +1261,17 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                          steps_per_tile * HG * ((c1 - c0 + va::KT - 1) / va::KT));
             for (int64_t hh = 0; hh < HG; ++hh) {
               auto [m, l, acc] = state(hh, 0);
-              va::attend_range(qall.data() + hh * R * D, R, D, k + b * skb + (h0 + hh) * skh, skn,
+              va::attend_range(qall.data() + hh * R * D, Rb, D, k + b * skb + (h0 + hh) * skh, skn,
                                v + b * svb + (h0 + hh) * svh, svn, c0, c1, m, l, acc, sc, grouped ? &rows : nullptr,
                                raw ? qraw.data() + hh * R * D : nullptr, scale,
-                               lanes_nv ? qt.data() + hh * D * 16 * lanes_nv : nullptr,
+                               lanes_nv ? qt.data() + hh * D * 16 * lanes_cap : nullptr,
                                tiles ? mine->qa.data() + hh * qa_head : nullptr);
             }
           }
           if (shared_end >= e) continue;
           // The rest [max(a, shared_end), e): query by query, over the ranks it sees.
           const int64_t r0 = std::max(a, shared_end);
-          for (int64_t t = 0; t < Tq; ++t) {
+          for (int64_t t = 0; t < Tb; ++t) {
             const bool* vis = tree_mask ? tree_mask + (b * Tq + t) * Tq : nullptr;
             pos.clear();
             for (int64_t si = 0; si < Tq; ++si) {
