@@ -54,7 +54,8 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
             ``"hidden_transfer"``, ``"early_exit"``: the set shipped for the target) or a saved set's
             path (docs/heads.md); for ``method="speculative"`` (and ``"triforce"``'s bottom level),
             ``"lookup"``: prompt lookup, drafts copied from each sequence's own earlier tokens (no model;
-            ``ngram`` its n-gram, ``lookup_length`` its proposals' length; docs/engines.md, "Prompt lookup"). Defaults: ``speculative``: the
+            ``ngram`` its n-gram, ``lookup_length`` its proposals' length; docs/engines.md, "Prompt
+            lookup"). Defaults: ``speculative``: the
             target's first half of layers + head (``target.layer_skip``; ``draft_layers`` picks k);
             ``triforce``: the target itself on the StreamingLLM window (or ``layer_skip(draft_layers)``);
             ``magicdec``/``tree``: the target. Any draft keeps the output lossless; only speed depends on it.
@@ -67,7 +68,8 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         method_options: the method's options; every option, its default and its meaning are in the
             table :data:`triforce.engines.methods.OPTIONS` (``gamma``, ``gamma1``/``gamma2``, ``budget``,
             ``chunk_size``, ``rebuild_stride``, ``sink``/``window``, ``tree``, ``draft_layers``,
-            ``draft_cache``, ``ngram``, ``lookup_length``); :data:`~triforce.engines.methods.METHODS` says which method takes which.
+            ``draft_cache``, ``ngram``, ``lookup_length``); :data:`~triforce.engines.methods.METHODS` says which
+            method takes which.
             ``None`` means the default. A bad value raises ``ValueError`` naming the option.
 
     Returns:
