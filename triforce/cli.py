@@ -23,6 +23,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .engines.lookup import LENGTHS as LOOKUP_LENGTHS
 from .engines.methods import METHODS, OPTIONS
 from .heads.modules import KINDS as HEAD_KINDS
 from .heads.train import LABELS as HEAD_LABELS
@@ -130,9 +131,9 @@ BENCH_METHODS = (*METHODS, "speculative:lookup")  # bench's methods: each method
 _TYPES = {"sink": _int(0), "recent": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str,
           "lookup_length": str}
 OPTION_FLAGS = {name: (_TYPES.get(name, _int(1)), _option_help(name)) for name in OPTIONS}  # flag -> (type, help)
-_CHOICES = {"draft_cache": ("streaming", "retrieval"), "lookup_length": ("match", "gamma")}
+_CHOICES = {"draft_cache": ("streaming", "retrieval"), "lookup_length": LOOKUP_LENGTHS}
 _METAVARS = {"tree": "SHAPE", "tree_nodes": "WIDTHS", "draft_cache": "{streaming,retrieval}",
-             "lookup_length": "{match,gamma}"}
+             "lookup_length": "{" + ",".join(LOOKUP_LENGTHS) + "}"}
 
 
 class _Parser(argparse.ArgumentParser):

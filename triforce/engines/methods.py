@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import autoregressive, magicdec, speculative, tree, triforce
+from .lookup import LENGTHS
 
 
 def _int_at_least(lo: int) -> Callable[[Any], str | None]:
@@ -74,7 +75,7 @@ OPTIONS: dict[str, Option] = {
                                                   "target on its StreamingLLM window)"),
     "ngram": Option(3, _POS, "speculative, triforce with draft='lookup' (prompt lookup): the longest run of a row's "
                              "last tokens looked up in its earlier tokens (then shorter ones, down to 1)"),
-    "lookup_length": Option("match", _choice("match", "gamma"),
+    "lookup_length": Option("match", _choice(*LENGTHS),
                             "speculative, triforce with draft='lookup': how many tokens a proposal copies: "
                             "'match', as many as the row's last tokens matched where they were found (the "
                             "longest match of the latest occurrences), up to gamma (gamma1); 'gamma', up to "

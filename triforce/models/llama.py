@@ -556,7 +556,7 @@ class Llama(nn.Module):
         if rows is not None:  # packed where the native stack runs the layers, else computed whole and packed
             h, step = self._layers(input_ids, step.positions, cache, step, rows=rows)
             cache.end(step)
-            return h if h.shape[:2] == (1, rows.numel()) and h.shape[:2] != (B, T) else h.flatten(0, 1)[rows][None]
+            return h
         if graph and _graphs.enabled(self, cache, input_ids, tap):
             # the graphs go with their model and cache: their body must keep neither alive
             h = _graphs.run(self, cache, input_ids, step,
@@ -570,8 +570,9 @@ class Llama(nn.Module):
     def _layers(self, input_ids, positions, cache=None, step=None, tree_parents=None, tap=None, rows=None):
         """The embedding and every decoder layer (``tap``'s extra tokens joining at its layer) -> (the
         residual stream, the step: a tap's wider one once its tokens joined); a cached forward's body,
-        between ``cache.begin`` and ``cache.end``. ``rows``: a ragged step's real tokens, which the native
-        stack computes packed (the stream it returns is theirs, ``[1, N, H]``); elsewhere ignored."""
+        between ``cache.begin`` and ``cache.end``. ``rows`` (without a tap): a ragged step's real tokens; the
+        stream returned is theirs, ``[1, N, H]`` (the native stack computes them packed; the layers one by one
+        compute every token, then the real ones are taken)."""
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype, self.rope_scale)
         h = self.model.embed_tokens(input_ids)
         layers = self.model.layers
@@ -590,6 +591,8 @@ class Llama(nn.Module):
                 continue
             for i in range(lo, hi):
                 h = layers[i](h, cos, sin, cache, step)
+            if rows is not None:
+                h = h.flatten(0, 1)[rows][None]
         return h, step
 
     def _logits(self, h):
