@@ -19,12 +19,20 @@ float32 model's bits); ``--dtype gguf-int8``: those blocks with the activations 
 extends a cache runs, bitwise a one-token step's rows) against the same modules with torch's GEMM (what
 a prefill's chunks of more than ``ROWWISE_MAX_ROWS`` rows take), in turns.
 
+``--ragged``: verification passes whose rows verify different numbers of tokens (``Llama.forward(..., widths=)``,
+what prompt lookup's and TriForce's full-level passes run on a CPU): the real tokens packed (backend ``cpu``)
+against the same pass computed at the longest row's width for every row (``padded``: the padding's logits
+computed and zeroed) and the batch's one-token step (``step``, the floor), in turns. Widths: prompt lookup's on
+natural text at batch 8 and 16 (most rows propose nothing or 1-2 tokens), and on the demo's pass-key batch of 4.
+Its FLOPs count the real tokens (``padded``: all of the batch's rows times T).
+
 Bytes = the weights read once (every linear layer and the LM head) + the KV cache read + the step's keys
 and values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the
 linear layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer
 (attention); the compute ceiling is a matmul in the model's dtype measured in the same run.
 
-    python -m bench.bench_decoder [--quick] [--many-rows] [--threads N] [--dtype float32|bfloat16|int8|gguf|gguf-int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
+    python -m bench.bench_decoder [--quick] [--many-rows] [--ragged] [--threads N]
+        [--dtype float32|bfloat16|int8|gguf|gguf-int8|both]   # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
 import contextlib
@@ -41,6 +49,8 @@ from .harness import compute_peak, copy_bandwidth, measure_alternating, record
 
 SHAPES = ((1, 1000, 1), (1, 1000, 5), (4, 3000, 1), (4, 3000, 5))
 MANY_ROWS = ((32, 500, 5), (64, 500, 5))
+# (B, ctx, widths): each row's real tokens in a pass of max(widths) tokens
+RAGGED = ((8, 1024, (5, 1, 2, 1, 1, 3, 1, 1)), (16, 1024, (5, 1, 2, 1, 1, 3, 1, 1) * 2), (4, 3000, (5, 5, 3, 1)))
 
 
 def main():
@@ -51,6 +61,8 @@ def main():
                    help="both: float32 and bfloat16")
     p.add_argument("--many-rows", action="store_true",
                    help="passes of 160 and 320 rows: the linears on the kernel against torch's GEMM")
+    p.add_argument("--ragged", action="store_true",
+                   help="passes whose rows verify different numbers of tokens: packed against padded")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -73,6 +85,9 @@ def main():
             weight_bytes = weights * dtype.itemsize
         cfg = model.config
         peak = compute_peak("cpu", dtype)
+        if a.ragged:
+            _bench_ragged(model, name, dtype, weights, weight_bytes, peak, bw, a.quick)
+            continue
         shapes = MANY_ROWS if a.many_rows else SHAPES
         for B, ctx, T in (shapes[:1] if a.quick and a.many_rows else shapes[:2] if a.quick else shapes):
             cache = FullCache(cfg, B, ctx + T, dtype=dtype)
@@ -129,6 +144,44 @@ def main():
                 record(family="model", op="model_step", backend=backend, shape=shape, dtype=name,
                        bytes_moved=nbytes, timing=t[key], bandwidth=bw, flops=flops, peak=peak, baseline="modules",
                        baseline_timing=t["modules"], extra=extra)
+
+
+def _bench_ragged(model, name, dtype, weights, weight_bytes, peak, bw, quick) -> None:
+    """``--ragged``: ``RAGGED``'s passes, packed (``widths=``) against padded and the one-token step."""
+    cfg = model.config
+    kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+    attn = 4 * cfg.head_dim * cfg.num_attention_heads * cfg.num_hidden_layers  # per (query token, key) pair
+    for B, ctx, ws in RAGGED[:1] if quick else RAGGED:
+        widths = torch.tensor(ws, dtype=torch.int32)
+        T = int(widths.max())
+        cache = FullCache(cfg, B, ctx + T, dtype=dtype)
+        cache.lengths.fill_(ctx)  # a context of zeros: the attention reads it all the same
+        ids = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
+        start = cache.lengths.clone()
+
+        def run(x, w=None):
+            def f():
+                cache.rollback(start)
+                model(x, cache=cache, widths=w)
+            return f
+
+        t = measure_alternating({"padded": run(ids), "ragged": run(ids, widths), "step": run(ids[:, :1])},
+                                reps=8 if quick else 20)
+        shape = f"model=smollm2,B={B},ctx={ctx},widths={'-'.join(map(str, ws))}"
+        real = int(widths.sum())
+
+        def flops(tokens, pairs):  # tokens: rows through the linears; pairs: (query, key) pairs per head and layer
+            return 2 * tokens * weights + attn * pairs
+
+        causal = lambda w: sum(ctx + i + 1 for i in range(w))  # noqa: E731  (a row's pairs for w queries)
+        common = dict(family="model", op="model_step_ragged", dtype=name, bandwidth=bw, peak=peak)
+        record(backend="padded", shape=shape, bytes_moved=weight_bytes + B * (ctx + T) * kv_token, timing=t["padded"],
+               flops=flops(B * T, B * causal(T)), **common)
+        record(backend="step", shape=shape, bytes_moved=weight_bytes + B * (ctx + 1) * kv_token, timing=t["step"],
+               flops=flops(B, B * causal(1)), **common)
+        record(backend="cpu", shape=shape, bytes_moved=weight_bytes + (B * ctx + real) * kv_token, timing=t["ragged"],
+               flops=flops(real, sum(causal(w) for w in ws)), baseline="padded", baseline_timing=t["padded"],
+               extra=f"real={real}/{B * T};vs_step={t['ragged']['median_s'] / t['step']['median_s']:.2f}x", **common)
 
 
 @contextlib.contextmanager

@@ -35,6 +35,11 @@ a weight, 0.75 with float32 scales).
 These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
 whole number of super-blocks).
 
+``rowwise_linear_i8`` also runs at M = 64 and 256 (a prefill's rows). Where the process runs its many-row
+products on the AMX tiles (``triforce_C.rowwise_linear_i8_tiles()``; from 32 rows on), those rows are measured
+in turns with the VNNI path (the tiles forbidden, the same bits): backend ``cpu_vnni``, and ``cpu``'s baseline
+is then ``cpu_vnni`` (extra ``AMX tiles``).
+
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
     # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|
     #        q2_k_int8|both
@@ -48,10 +53,11 @@ import torch.nn.functional as F
 
 from triforce.models.llama import _rowwise_available
 
-from .harness import compute_peak, copy_bandwidth, measure, record, streamed
+from .harness import compute_peak, copy_bandwidth, measure, measure_alternating, record, streamed
 
 N, K, MATRICES = 1536, 576, 64  # 64 x 3.5 MB = 226 MB of weights per call
 FEW_ROWS, MANY_ROWS, MANY_ROWS_MATRICES = (1, 2, 4, 5, 8, 16, 32), (64, 128, 256, 512, 1024, 4096), 4
+I8_MORE_ROWS = (64, 256)  # rowwise_linear_i8 also serves prefill: x in chunks of 256 rows
 
 
 def main():
@@ -230,7 +236,8 @@ def _bench_quantised(a, g, bw, op, dtype, weight_bytes, run, dense, others, n=N,
     ``torch``) and ``others`` (backend -> (run, its weight bytes)); the kernel's baseline is the first of
     ``others`` (else ``torch``). ``n``, ``k``: the matrices' shape."""
     peak = compute_peak("cpu", torch.float32)
-    for M in ((1, 8) if a.quick else FEW_ROWS):
+    rows = FEW_ROWS + (I8_MORE_ROWS if op == "rowwise_linear_i8" else ())
+    for M in ((1, 8) if a.quick else rows):
         x = torch.randn(M, k, generator=g)
         nbytes = MATRICES * (weight_bytes + (M * k + M * n) * 4)
         flops = MATRICES * 2 * M * n * k
@@ -245,10 +252,38 @@ def _bench_quantised(a, g, bw, op, dtype, weight_bytes, run, dense, others, n=N,
             record(family="model", op=op, backend=name, shape=shape, dtype=dtype, timing=times[name],
                    bytes_moved=MATRICES * (wb + (M * k + M * n) * 4), bandwidth=bw, flops=flops, peak=peak,
                    baseline="torch", baseline_timing=base)
-        t = measure(lambda: run(x), reps=5, min_time_s=0.5)
         bname, btime = next(iter(times.items()), ("torch", base))
+        if op == "rowwise_linear_i8" and M >= TILE_ROWS and _tiles():
+            # these rows run on the AMX tiles: the other path (VNNI, the tiles forbidden) in turns with them
+            ts = measure_alternating({"cpu": lambda: run(x), "cpu_vnni": lambda: _without_tiles(run, x)}, reps=9)
+            record(family="model", op=op, backend="cpu_vnni", shape=shape, dtype=dtype, bytes_moved=nbytes,
+                   timing=ts["cpu_vnni"], bandwidth=bw, flops=flops, peak=peak, baseline=bname, baseline_timing=btime)
+            record(family="model", op=op, backend="cpu", shape=shape, dtype=dtype, bytes_moved=nbytes,
+                   timing=ts["cpu"], bandwidth=bw, flops=flops, peak=peak, baseline="cpu_vnni",
+                   baseline_timing=ts["cpu_vnni"], extra="AMX tiles")
+            continue
+        t = measure(lambda: run(x), reps=5, min_time_s=0.5)
         record(family="model", op=op, backend="cpu", shape=shape, dtype=dtype, bytes_moved=nbytes, timing=t,
                bandwidth=bw, flops=flops, peak=peak, baseline=bname, baseline_timing=btime)
+
+
+# rowwise_linear_i8 runs this many rows or more on the AMX tiles where the CPU has them (linear_i8.h's
+# kAmxMinRows)
+TILE_ROWS = 32
+
+
+def _tiles() -> bool:
+    """Whether this process runs rowwise_linear_i8's many-row products on the AMX tiles."""
+    return bool(torch.ops.triforce_C.rowwise_linear_i8_tiles())
+
+
+def _without_tiles(run, x):
+    """``run(x)`` with the tiles forbidden (rowwise_linear_i8's VNNI path: the same bits)."""
+    torch.ops.triforce_C.rowwise_linear_i8_tiles(False)
+    try:
+        return run(x)
+    finally:
+        torch.ops.triforce_C.rowwise_linear_i8_tiles(True)
 
 
 if __name__ == "__main__":

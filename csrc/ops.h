@@ -22,6 +22,10 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w);
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w);
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
+// Whether rowwise_linear_i8 runs many rows on the AMX tiles (linear_i8.h; the bits are those of its other paths):
+// enable given, first allows (true) or forbids (false) them for the process; then returns whether they are used
+// (the CPU has them, Linux grants them, TRIFORCE_AMX is not 0, and they are allowed).
+bool rowwise_linear_i8_tiles(std::optional<bool> enable);
 // rowwise_linear_i8 in two halves, so that projections of the same x round it once (csrc/cpu/decoder.cpp):
 // x [M, K] float32 rounded to int8 blocks (linear_i8.h's quantize_rows) in one buffer, then the product.
 struct I8Rows {

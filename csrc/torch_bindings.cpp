@@ -40,6 +40,8 @@ TORCH_LIBRARY(triforce_C, m) {
   // decoder_layers' thread team (csrc/include/triforce/team.h): [forwards with a team, of them stalled, indices
   // the workers ran], since the process started
   m.def("forward_team_stats() -> int[]", &forward_team_stats);
+  // rowwise_linear_i8 on the AMX tiles: allow / forbid them (enable), then whether they are used (csrc/ops.h)
+  m.def("rowwise_linear_i8_tiles(bool? enable=None) -> bool", &rowwise_linear_i8_tiles);
 }
 
 TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {

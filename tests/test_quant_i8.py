@@ -7,8 +7,8 @@ blocks map onto them bitwise
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
 (rowwise_linear_i8_reference, which spells out the definition) at every row count, with rows bitwise
 independent; the reference's error against the exact product stays within the bound the rounding of x
-allows; Int8DotLinear computes one arithmetic on every path; gguf_copy(..., activations="int8") keeps
-every engine lossless against its own autoregressive output."""
+allows; Int8DotLinear computes one arithmetic on every path (the AMX tiles' too, where the CPU has them);
+gguf_copy(..., activations="int8") keeps every engine lossless against its own autoregressive output."""
 import pytest
 import torch
 from hypothesis import example, given
@@ -230,7 +230,8 @@ def test_activation_rounding_follows_the_definition():
 
 
 @needs_kernel
-@given(fmt=st.sampled_from(FORMATS), scales_dtype=st.sampled_from(SCALES + ["super"]), M=st.integers(0, 11),
+@given(fmt=st.sampled_from(FORMATS), scales_dtype=st.sampled_from(SCALES + ["super"]),
+       M=st.one_of(st.integers(0, 11), st.sampled_from([16, 32, 33, 35, 300])),  # 32 on: AMX tiles, if any
        G=st.integers(1, 6), NG=st.integers(1, 3), seed=st.integers(0, 2**31 - 1), special=st.booleans())
 @example(fmt="Q4_1", scales_dtype=torch.float16, M=5, G=18, NG=96, seed=0, special=True)  # SmolLM2's gate / up, T = 5
 @example(fmt="Q8_0", scales_dtype=torch.float16, M=3, G=18, NG=4, seed=1, special=True)
@@ -238,6 +239,9 @@ def test_activation_rounding_follows_the_definition():
 @example(fmt="Q4_1", scales_dtype=torch.float32, M=4, G=8, NG=3, seed=3, special=True)
 @example(fmt="IQ4_NL", scales_dtype=torch.float32, M=5, G=18, NG=4, seed=4, special=True)  # IQ4_XS's scales
 @example(fmt="Q4_1", scales_dtype="super", M=5, G=6, NG=4, seed=5, special=True)  # a Q4_K layer, K = 1536
+@example(fmt="Q4_1", scales_dtype=torch.float16, M=40, G=18, NG=4, seed=6, special=True)  # a prefill's rows
+@example(fmt="Q8_0_16", scales_dtype=torch.float32, M=17, G=4, NG=2, seed=7, special=True)
+@example(fmt="Q2_16", scales_dtype="super", M=33, G=1, NG=2, seed=8, special=True)
 def test_kernel_is_the_reference_bitwise(fmt, scales_dtype, M, G, NG, seed, special):
     g = torch.Generator().manual_seed(seed)
     K = 32 * G if scales_dtype != "super" else 256 * G  # super-block scales: whole super-blocks of 256
@@ -248,6 +252,30 @@ def test_kernel_is_the_reference_bitwise(fmt, scales_dtype, M, G, NG, seed, spec
     assert torch.equal(out, rowwise_linear_i8_reference(x, codes, scales))
     for m in range(M):  # bitwise row independence
         assert torch.equal(out[m], i8(x[m: m + 1], codes, scales)[0])
+
+
+@needs_kernel
+def test_the_tiles_and_the_other_path_give_the_same_bits():
+    """``rowwise_linear_i8_tiles``: on a CPU with AMX the many-row products run on the tiles (linear_i8.h); with
+    them forbidden, on VNNI: the same bits, every form, super-block scales too, whole and partial blocks of rows,
+    across the op's 256-row chunks. Without the tiles the switch reports False and the paths are one."""
+    tiles = torch.ops.triforce_C.rowwise_linear_i8_tiles
+    on = tiles()
+    g = torch.Generator().manual_seed(11)
+    for fmt in FORMATS:
+        for scales_dtype in (torch.float16, "super"):
+            K = 512 if scales_dtype == "super" else 192
+            codes, scales = random_packed(fmt, 48, K, g, scales_dtype)
+            for M in (16, 32, 45, 300):
+                x = random_x(M, K, g, True)
+                a = i8(x, codes, scales)
+                assert tiles(False) is False
+                try:
+                    b = i8(x, codes, scales)
+                finally:
+                    assert tiles(True) is on
+                assert torch.equal(a, b), (fmt, scales_dtype, M)
+                assert torch.equal(a, rowwise_linear_i8_reference(x, codes, scales)), (fmt, scales_dtype, M)
 
 
 @needs_kernel

@@ -232,6 +232,16 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   return out;
 }
 
+bool rowwise_linear_i8_tiles(std::optional<bool> enable) {
+  namespace li = triforce::linear_i8;
+  if (enable.has_value()) li::amx_int8_allowed().store(*enable);
+#if defined(TRIFORCE_I8_AMX)
+  return li::amx_int8_allowed().load() && li::amx_int8_enabled();
+#else
+  return false;
+#endif
+}
+
 // x is checked (and rounded) by quantize_i8_rows, codes and scales by rowwise_linear_i8_rows.
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   return rowwise_linear_i8_rows(quantize_i8_rows(x), codes, scales);

@@ -2,8 +2,9 @@
 // ASan/UBSan): float32, bfloat16 and float16 against a float64 reference, and bitwise row independence (row m
 // of an M-row product equals the 1-row product of x[m]) for every M up to 13, every weight-row split
 // point, K tails of every length mod 32 and partial weight blocks; the int8 and Q4_1 weight formats; the
-// integer dot products of linear_i8.h (the build's path, VNNI or portable, against the portable loop
-// called directly: bitwise, and rows independent).
+// integer dot products of linear_i8.h (the build's path, AMX tiles from 32 rows on where the CPU has them
+// (TRIFORCE_AMX=0: not), VNNI or portable, against the portable loop called directly: bitwise, and rows
+// independent).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -236,7 +237,7 @@ int main() {
         ++cases;
       }
   for (int i = 0; i < 20; ++i, ++cases) check_quantize(g);
-  for (int64_t M : {1, 2, 3, 4, 5, 8, 9})
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 16, 32, 33, 35})  // 32 on: the AMX tiles, where the CPU has them
     for (int64_t K : {32, 64, 576})
       for (int64_t NG : {1, 2, 5}) {
         check_i8<linear_i8::Format::Q4_1, uint16_t>(M, K, NG, g);
@@ -257,7 +258,7 @@ int main() {
         check_i8<linear_i8::Format::Q2_16, float>(M, K, NG, g);
         cases += 16;
       }
-  for (int64_t M : {1, 2, 3, 4, 5, 9})  // super-block scales: K a multiple of 256
+  for (int64_t M : {1, 2, 3, 4, 5, 9, 16, 21, 33})  // super-block scales: K a multiple of 256
     for (int64_t K : {256, 512, 2304})
       for (int64_t NG : {1, 3}) {
         check_i8<linear_i8::Format::Q4_1, linear_i8::SuperScale>(M, K, NG, g);

@@ -19,7 +19,46 @@
 #pragma GCC diagnostic pop
 #endif
 
+#if defined(__AMX_TILE__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TRIFORCE_AMX_TILES 1
+#endif
+
 namespace triforce {
+
+#if defined(TRIFORCE_AMX_TILES)
+// ---- the AMX tiles (Intel Sapphire Rapids and later): what the kernels that use them share ----------
+// Whether this process uses the tiles: the CPU has them and Linux grants their data to the process (asked
+// once: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)), unless TRIFORCE_AMX=0 (read once). Each
+// kernel also asks for the tile instructions it runs (AMX-BF16, AMX-INT8).
+inline bool amx_tiles_granted() {
+  static const bool on = [] {
+    const char* env = std::getenv("TRIFORCE_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    if (!__builtin_cpu_supports("amx-tile")) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return on;
+}
+
+// ldtilecfg's 64-byte form, palette 1: tile t has rows[t] rows of colsb[t] bytes (unused tiles 0 x 0).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Loads a configuration. A kernel configures the tiles for the span of its work and releases them at its end
+// (_tile_release), not once per thread: other code in the process (oneDNN's AMX kernels under torch's matmuls)
+// releases the tiles after its own use, and a tile instruction without a configuration faults.
+inline void amx_load_config(const TileConfig& c) {
+  asm volatile("" : : "r"(&c) : "memory");  // GCC 12 models ldtilecfg's operand as one byte
+  _tile_loadconfig(&c);
+}
+#endif
 
 // Parallel regions cost a wake-up. Under OMP_WAIT_POLICY=PASSIVE (set by `import triforce`, see
 // triforce/_threads.py) an idle OpenMP worker sleeps, and waking it took ~70 us per region on this

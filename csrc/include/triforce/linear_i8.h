@@ -42,8 +42,8 @@
 //            (d_h: the scale of weights 16h .. 16h + 15 of the block)
 //   acc = acc + term (acc starts at 0.0f), each operation rounded to float32 on its own (no FMA).
 // Every float operation is per output and in a fixed order, the integer sums are exact: the result of
-// (m, n) depends on x[m] and w[n] only, whatever M, the thread count or the path (AVX-512 VNNI or the
-// portable loop). A block of x holding inf or NaN makes the outputs NaN (dx * 0).
+// (m, n) depends on x[m] and w[n] only, whatever M, the thread count or the path (AMX tiles, AVX-512 VNNI or
+// the portable loop). A block of x holding inf or NaN makes the outputs NaN (dx * 0).
 //
 // Packed layout (for 16 output rows n = 16g .. 16g + 15, "a group"; N % 16 == 0, K % 32 == 0):
 //   codes [N / 16, K / 32 * CB] uint8, per block b of group g CB bytes, in 64-byte vectors t, byte
@@ -70,6 +70,7 @@
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -395,6 +396,72 @@ inline void decode_block(const uint8_t* c, __m512i w[8]) {
   }
 }
 
+// A group's G blocks of codes c decoded to bytes (decode_block's 8 vectors plus shift, 512 bytes a block) into
+// out, prefetching the next group's codes (next; nullptr: none).
+template <Format F>
+inline void decode_group(const uint8_t* c, int64_t G, const uint8_t* next, uint8_t shift, uint8_t* out) {
+  constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
+  const __m512i sh = _mm512_set1_epi8(static_cast<char>(shift));
+  for (int64_t b = 0; b < G; ++b) {
+    if (next != nullptr)
+      for (int t = 0; t < T; ++t)
+        _mm_prefetch(reinterpret_cast<const char*>(next + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
+    __m512i w[8];
+    decode_block<F>(c + b * code_bytes<F>(), w);
+    for (int v = 0; v < 8; ++v) _mm512_storeu_si512(out + b * 512 + 64 * v, _mm512_add_epi8(w[v], sh));
+  }
+}
+
+// Block b's term of one row of x for the group's 16 outputs (lanes), from the block's raw integer sums: i0 the
+// whole block's (halves: the first half's) and i1 the second half's (halves only); the codes' offset is
+// corrected here (exact), then the float arithmetic of the header, each operation on its own (no FMA).
+// d: the block's first set of d's (scale_set_d(0)); dx, sm, sx0, sx: the row's values for the block.
+template <Format F, typename S>
+inline __m512 block_term(const GroupScales<F, S>& sc, int64_t b, __m512 d, __m512i i0, __m512i i1, float dx,
+                         float sm, int32_t sx0, int32_t sx) {
+  if constexpr (halves<F>()) {  // the halves' sums apart
+    const int32_t sx1 = sx - sx0;  // the codes' offset, exact
+    if constexpr (!with_min<F>()) {
+      i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(code_offset<F>() * sx0));
+      i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(code_offset<F>() * sx1));
+    }
+    const __m512 dxv = _mm512_set1_ps(dx);
+    __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i0));
+    asm("" : "+v"(t1));
+    __m512 sd1 = _mm512_mul_ps(scales16(sc, b, scale_set_d<F>(1)), dxv);
+    asm("" : "+v"(sd1));
+    __m512 t2 = _mm512_mul_ps(sd1, _mm512_cvtepi32_ps(i1));
+    asm("" : "+v"(t2));
+    t1 = _mm512_add_ps(t1, t2);
+    asm("" : "+v"(t1));
+    if constexpr (with_min<F>()) {  // Q4_1_16, Q2_16: m_h * (dx * sx_h), the halves in order
+      for (int h = 0; h < 2; ++h) {
+        float smh = dx * static_cast<float>(h == 0 ? sx0 : sx1);
+        TRIFORCE_OPAQUE_FLOAT(smh);
+        __m512 t3 = _mm512_mul_ps(scales16(sc, b, scale_set_m<F>(h)), _mm512_set1_ps(smh));
+        asm("" : "+v"(t3));
+        t1 = _mm512_add_ps(t1, t3);
+        asm("" : "+v"(t1));
+      }
+    }
+    return t1;
+  } else {
+    if constexpr (!with_min<F>()) {  // Q8_0, IQ4_NL: the +128 of the codes, -128 * sx, exact
+      i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(code_offset<F>() * sx));
+    }
+    __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(i0));
+    asm("" : "+v"(t1));
+    if constexpr (with_min<F>()) {
+      const __m512 m = scales16(sc, b, scale_set_m<F>(0));
+      __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm));
+      asm("" : "+v"(t2));
+      t1 = _mm512_add_ps(t1, t2);
+      asm("" : "+v"(t1));
+    }
+    return t1;
+  }
+}
+
 // ROWS (1..kRows) rows of x against one group (16 output rows), all K.
 template <Format F, int ROWS, typename S>
 inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
@@ -419,66 +486,213 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
         std::memcpy(&word, qb + 4 * v, 4);
         return _mm512_set1_epi32(word);
       };
-      if constexpr (halves<F>()) {  // the halves' sums apart: x bytes 0..15, then 16..31
-        __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
-        __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], x4(4));
+      __m512i i0, i1;
+      if constexpr (halves<F>()) {  // x bytes 0..15, then 16..31
+        i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
+        i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], x4(4));
         for (int v = 1; v < 4; ++v) {
           i0 = _mm512_dpbusd_epi32(i0, w[v], x4(v));
           i1 = _mm512_dpbusd_epi32(i1, w[4 + v], x4(4 + v));
         }
-        const int32_t sx0 = sx0s[r * G + b], sx1 = sxs[r * G + b] - sx0;  // the codes' offset, exact
-        if constexpr (!with_min<F>()) {
-          i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(code_offset<F>() * sx0));
-          i1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(code_offset<F>() * sx1));
+      } else {  // two chains, then their sum
+        i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
+        i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x4(1));
+        for (int v = 2; v < 8; v += 2) {
+          i0 = _mm512_dpbusd_epi32(i0, w[v], x4(v));
+          i1 = _mm512_dpbusd_epi32(i1, w[v + 1], x4(v + 1));
         }
-        const __m512 dxv = _mm512_set1_ps(dx[r * G + b]);
-        __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(i0));
-        asm("" : "+v"(t1));
-        __m512 sd1 = _mm512_mul_ps(scales16(sc, b, scale_set_d<F>(1)), dxv);
-        asm("" : "+v"(sd1));
-        __m512 t2 = _mm512_mul_ps(sd1, _mm512_cvtepi32_ps(i1));
-        asm("" : "+v"(t2));
-        t1 = _mm512_add_ps(t1, t2);
-        asm("" : "+v"(t1));
-        if constexpr (with_min<F>()) {  // Q4_1_16, Q2_16: m_h * (dx * sx_h), the halves in order
-          for (int h = 0; h < 2; ++h) {
-            float smh = dx[r * G + b] * static_cast<float>(h == 0 ? sx0 : sx1);
-            TRIFORCE_OPAQUE_FLOAT(smh);
-            __m512 t3 = _mm512_mul_ps(scales16(sc, b, scale_set_m<F>(h)), _mm512_set1_ps(smh));
-            asm("" : "+v"(t3));
-            t1 = _mm512_add_ps(t1, t3);
-            asm("" : "+v"(t1));
-          }
-        }
-        acc[r] = _mm512_add_ps(acc[r], t1);
-        continue;
+        i0 = _mm512_add_epi32(i0, i1);
       }
-      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x4(0));
-      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x4(1));
-      for (int v = 2; v < 8; v += 2) {
-        i0 = _mm512_dpbusd_epi32(i0, w[v], x4(v));
-        i1 = _mm512_dpbusd_epi32(i1, w[v + 1], x4(v + 1));
-      }
-      __m512i isum = _mm512_add_epi32(i0, i1);
-      if constexpr (!with_min<F>()) {  // Q8_0, IQ4_NL: the +128 of the codes, -128 * sx, exact
-        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(code_offset<F>() * sxs[r * G + b]));
-      }
-      __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * G + b])), _mm512_cvtepi32_ps(isum));
-      asm("" : "+v"(t1));
-      if constexpr (with_min<F>()) {
-        const __m512 m = scales16(sc, b, scale_set_m<F>(0));
-        __m512 t2 = _mm512_mul_ps(m, _mm512_set1_ps(sm[r * G + b]));
-        asm("" : "+v"(t2));
-        t1 = _mm512_add_ps(t1, t2);
-        asm("" : "+v"(t1));
-      }
-      acc[r] = _mm512_add_ps(acc[r], t1);
+      const int64_t i = r * G + b;
+      acc[r] = _mm512_add_ps(acc[r], block_term(sc, b, d, i0, i1, dx[i], sm[i], sx0s[i], sxs[i]));
     }
   }
   for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
 }
 #else
 constexpr bool kVnni = false;
+#endif
+
+// Whether groups() may take the AMX tiles where it can (below): a switch for benchmarks and tests, which compare
+// the paths in one process (triforce_C::rowwise_linear_i8_tiles). The bits are the same either way.
+inline std::atomic<bool>& amx_int8_allowed() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+#if defined(TRIFORCE_AMX_TILES) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512BW__)
+#define TRIFORCE_I8_AMX 1
+// ---- the AMX tiles (Intel Sapphire Rapids and later): the integer sums of many rows at once ------------
+//
+// One tdpbsud multiplies a 16 x 32 tile of x's int8 codes (16 rows of one block; signed) by the block's 32 x 16
+// weight codes (unsigned: the bytes vpdpbusd takes, in its layout, which is the B tile's: 4 consecutive k of
+// one output row per dword) into 16 x 16 exact int32 sums: 8192 multiply-adds, 128 vpdpbusd's worth. The
+// sums are stored and each row's block term is the VNNI path's (block_term, the same operations in the same
+// order), so the outputs are bitwise the other paths'; only the integer sums come from another instruction,
+// and they are exact. Forms with halves take two tile products per block (x bytes 0..15 against code rows
+// 0..3, 16..31 against 4..7). A block's tile work costs about the same for 1 row of x as for 16 (and the
+// float terms stay per row), so the tiles pay from kAmxMinRows rows of x on (the VNNI path below that).
+
+// Whether this process can run rowwise_linear_i8 on the tiles: AMX-INT8, and the tiles granted
+// (amx_tiles_granted).
+inline bool amx_int8_enabled() {
+  static const bool on = __builtin_cpu_supports("amx-int8") && amx_tiles_granted();
+  return on;
+}
+// From this many rows of x on. Intel Xeon VM, 576 x 1536 Q4_1 weights, the paths in turns in one process
+// (rowwise_linear_i8_tiles), two threads: 16 rows tie VNNI (the tiles' fixed cost per block: ~25 ns whatever
+// the rows; the codes' expansion to bytes), 32 / 64 / 256 rows 1.06-1.18x / 1.05-1.20x / 1.14-1.29x faster
+// (the VM's speed moved 2x between runs); below 16 the tiles lose.
+constexpr int64_t kAmxMinRows = 32;
+
+// The tiles for form F: without halves tiles 0 and 3 hold C (16 x 16 int32), 1 and 4 A (16 rows x 32 bytes),
+// 2 and 5 B (8 rows x 64 bytes), two sets for consecutive blocks; with halves tiles 0, 1 C (the halves' sums),
+// 2, 3 A (16 rows x 16 bytes: x bytes 0..15, 16..31) and 4, 5 B (4 rows x 64 bytes: code rows 0..3, 4..7).
+// R (1..16): the rows of x per block of rows (A's and C's rows).
+template <Format F>
+inline TileConfig amx_i8_config(int R) {
+  TileConfig c;
+  const int cols_a = halves<F>() ? 16 : 32, rows_b = halves<F>() ? 4 : 8;
+  for (int t : {0, 3}) c.rows[t] = R, c.colsb[t] = 64;
+  if constexpr (halves<F>()) {
+    c.rows[1] = R, c.colsb[1] = 64;
+    for (int t : {2, 3}) c.rows[t] = R, c.colsb[t] = cols_a;
+    for (int t : {4, 5}) c.rows[t] = rows_b, c.colsb[t] = 64;
+  } else {
+    for (int t : {1, 4}) c.rows[t] = R, c.colsb[t] = cols_a;
+    for (int t : {2, 5}) c.rows[t] = rows_b, c.colsb[t] = 64;
+  }
+  return c;
+}
+
+// One block's integer sums for the configured R rows of x (a, row stride K) against its B bytes (bt, 512 bytes)
+// into sums (rows of 16 int32; halves: the first half's 256 int32, then the second's), on tile set SET (0 or 1;
+// halves: 0).
+template <Format F, int SET>
+inline void block_sums_amx(const int8_t* a, int64_t K, const uint8_t* bt, int32_t* sums) {
+  if constexpr (halves<F>()) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, a, K);
+    _tile_loadd(4, bt, 64);
+    _tile_dpbsud(0, 2, 4);
+    _tile_loadd(3, a + 16, K);
+    _tile_loadd(5, bt + 256, 64);
+    _tile_dpbsud(1, 3, 5);
+    _tile_stored(0, sums, 64);
+    _tile_stored(1, sums + 256, 64);
+  } else {
+    if constexpr (SET == 0) {  // (the tile intrinsics take literal tile numbers)
+      _tile_zero(0);
+      _tile_loadd(1, a, K);
+      _tile_loadd(2, bt, 64);
+      _tile_dpbsud(0, 1, 2);
+      _tile_stored(0, sums, 64);
+    } else {
+      _tile_zero(3);
+      _tile_loadd(4, a, K);
+      _tile_loadd(5, bt, 64);
+      _tile_dpbsud(3, 4, 5);
+      _tile_stored(3, sums, 64);
+    }
+  }
+}
+
+// ROWS (1..16) rows of x against one group, all K, on the tiles (configured: amx_i8_config<F>(R), R >= ROWS).
+// q holds R rows (row stride K; those past ROWS are read, not used); bt: the group's B bytes, 512 per block;
+// sums: 1024 int32.
+template <Format F, int ROWS, typename S>
+inline void group_amx(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
+                      int64_t K, const uint8_t* bt, const S* scales, float* out, int64_t ldo, int32_t* sums) {
+  const int64_t G = K / kBlock;
+  const GroupScales<F, S> sc{scales};
+  __m512 acc[ROWS];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  // block b's sums go to sums + (b & 1) * 512 (and, without halves, its tiles are set b & 1); block b + 1's tile
+  // products are issued before block b's terms, so they overlap
+  auto tiles = [&](int64_t b) {
+    if (halves<F>() || (b & 1) == 0)
+      block_sums_amx<F, 0>(q + b * kBlock, K, bt + b * 512, sums + (b & 1) * 512);
+    else
+      block_sums_amx<F, 1>(q + b * kBlock, K, bt + b * 512, sums + (b & 1) * 512);
+  };
+  tiles(0);
+  for (int64_t b = 0; b < G; ++b) {
+    if (b + 1 < G) tiles(b + 1);
+    const int32_t* s = sums + (b & 1) * 512;
+    const __m512 d = scales16(sc, b, scale_set_d<F>(0));
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512i i0 = _mm512_loadu_si512(s + 16 * r);
+      const __m512i i1 = halves<F>() ? _mm512_loadu_si512(s + 256 + 16 * r) : _mm512_setzero_si512();
+      const int64_t i = r * G + b;
+      acc[r] = _mm512_add_ps(acc[r], block_term(sc, b, d, i0, i1, dx[i], sm[i], sx0s[i], sxs[i]));
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r) {
+    _mm512_storeu_ps(out + r * ldo, acc[r]);
+  }
+}
+
+// groups() on the tiles: groups [g0, g1) against M rows of x.
+template <Format F, typename S>
+inline void groups_amx(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
+                       int64_t M, int64_t K, const uint8_t* codes, const S* scales, int64_t N, float* out, int64_t g0,
+                       int64_t g1) {
+  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = GroupScales<F, S>::elems(G);
+  constexpr bool plain = F == Format::Q8_0 || F == Format::Q8_0_16;  // the stored codes are the B bytes
+  constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
+  std::vector<uint8_t> bytes(plain ? 0 : G * 512);
+  std::vector<float> expanded(std::is_same_v<S, SuperScale> ? G * scale_count<F>() : 0);
+  // blocks of R rows: the fewest blocks of at most 16 rows, their rows as even as can be; a last block of fewer
+  // rows is read from a copy padded with zero rows to R
+  const int64_t R = (M + (M + kGroup - 1) / kGroup - 1) / ((M + kGroup - 1) / kGroup), full = M / R * R;
+  std::vector<int8_t> tail(M > full ? R * K : 0, int8_t(0));
+  if (M > full) std::memcpy(tail.data(), q + full * K, (M - full) * K);
+  alignas(64) int32_t sums[1024];
+  const TileConfig cfg = amx_i8_config<F>(static_cast<int>(R));
+  amx_load_config(cfg);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* c = codes + g * cb;
+    const uint8_t* bt = c;
+    if constexpr (!plain) {  // the B bytes of every block, once per group (prefetching the next group's codes)
+      decode_group<F>(c, G, g + 1 < g1 ? c + cb : nullptr, 0, bytes.data());
+      bt = bytes.data();
+    } else if (g + 1 < g1) {
+      for (int64_t b = 0; b < G * T; ++b) _mm_prefetch(reinterpret_cast<const char*>(c + cb + 64 * b), _MM_HINT_T1);
+    }
+    auto row_blocks = [&](const auto* ss) {
+      for (int64_t m = 0; m < M; m += R) {
+        const int8_t* qm = m < full ? q + m * K : tail.data();
+        const float *dm = dx + m * G, *smm = sm + m * G;
+        const int32_t *sxm = sxs + m * G, *sx0m = sx0s + m * G;
+        float* o = out + m * N + g * kGroup;
+        switch (std::min(R, M - m)) {  // the rows' accumulators in registers
+#define TRIFORCE_I8_AMX_ROWS(ROWS) \
+  case ROWS: group_amx<F, ROWS>(qm, dm, smm, sxm, sx0m, K, bt, ss, o, N, sums); break;
+          TRIFORCE_I8_AMX_ROWS(1) TRIFORCE_I8_AMX_ROWS(2) TRIFORCE_I8_AMX_ROWS(3) TRIFORCE_I8_AMX_ROWS(4)
+          TRIFORCE_I8_AMX_ROWS(5) TRIFORCE_I8_AMX_ROWS(6) TRIFORCE_I8_AMX_ROWS(7) TRIFORCE_I8_AMX_ROWS(8)
+          TRIFORCE_I8_AMX_ROWS(9) TRIFORCE_I8_AMX_ROWS(10) TRIFORCE_I8_AMX_ROWS(11) TRIFORCE_I8_AMX_ROWS(12)
+          TRIFORCE_I8_AMX_ROWS(13) TRIFORCE_I8_AMX_ROWS(14) TRIFORCE_I8_AMX_ROWS(15) TRIFORCE_I8_AMX_ROWS(16)
+#undef TRIFORCE_I8_AMX_ROWS
+        }
+      }
+    };
+    const S* s = scales + g * sb;
+    if constexpr (std::is_same_v<S, SuperScale>) {  // the scales as float32 once per group (the same values)
+      const GroupScales<F, S> sc{s};
+      constexpr int64_t SC = scale_count<F>();
+      for (int64_t b = 0; b < G; ++b)
+        for (int k = 0; k < SC / 16; ++k) _mm512_storeu_ps(expanded.data() + b * SC + 16 * k, scales16(sc, b, k));
+      row_blocks(static_cast<const float*>(expanded.data()));
+    } else {
+      row_blocks(s);
+    }
+  }
+  _tile_release();
+}
 #endif
 
 // Where the codes of a form with an offset (IQ4_NL, Q6_16) are expanded for several register blocks of rows:
@@ -500,6 +714,12 @@ constexpr Format byte_form() { return F == Format::IQ4_NL ? Format::Q8_0 : F == 
 template <Format F, typename S>
 inline void groups(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s, int64_t M,
                    int64_t K, const uint8_t* codes, const S* scales, int64_t N, float* out, int64_t g0, int64_t g1) {
+#if defined(TRIFORCE_I8_AMX)
+  if (M >= kAmxMinRows && amx_int8_allowed().load(std::memory_order_relaxed) && amx_int8_enabled()) {
+    groups_amx<F>(q, dx, sm, sxs, sx0s, M, K, codes, scales, N, out, g0, g1);
+    return;
+  }
+#endif
   const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = GroupScales<F, S>::elems(G);
   std::vector<float> expanded;
   std::vector<uint8_t> bytes;
@@ -535,18 +755,8 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
       auto with_codes = [&](const auto* ss) {
         constexpr Format E = byte_form<F>();
         if constexpr (E != F) {
-          bytes.resize(G * code_bytes<E>());
-          const __m512i shift = _mm512_set1_epi8(F == Format::Q6_16 ? 96 : 0);
-          constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
-          for (int64_t b = 0; b < G; ++b) {
-            if (g + 1 < g1)
-              for (int t = 0; t < T; ++t)
-                _mm_prefetch(reinterpret_cast<const char*>(c + cb + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
-            __m512i w[8];
-            decode_block<F>(c + b * code_bytes<F>(), w);
-            for (int v = 0; v < 8; ++v)
-              _mm512_storeu_si512(bytes.data() + b * code_bytes<E>() + 64 * v, _mm512_add_epi8(w[v], shift));
-          }
+          bytes.resize(G * code_bytes<E>());  // (512 bytes a block: the byte forms')
+          decode_group<F>(c, G, g + 1 < g1 ? c + cb : nullptr, F == Format::Q6_16 ? 96 : 0, bytes.data());
           row_blocks(std::integral_constant<Format, E>{}, bytes.data(), ss);
         } else {
           row_blocks(FormF{}, c, ss);

@@ -35,9 +35,7 @@
 #include <omp.h>
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
+#if defined(TRIFORCE_AMX_TILES) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define TRIFORCE_VA_AMX 1
 #endif
 
@@ -754,34 +752,18 @@ inline int64_t amx_block_words(int64_t D) { return 16 * D; }
 // vdpbf16ps path's (another instruction's rounding), so a process takes one path for all its calls: the
 // tiles when the CPU has AMX-BF16 and Linux grants the tile data, unless TRIFORCE_AMX=0 (read once).
 
-// Whether this process uses the tiles (asked once; arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
+// Whether this process runs bf16 caches on the tiles: AMX-BF16, and the tiles granted (amx_tiles_granted).
 inline bool amx_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("TRIFORCE_AMX");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    if (!__builtin_cpu_supports("amx-bf16")) return false;
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
+  static const bool on = __builtin_cpu_supports("amx-bf16") && amx_tiles_granted();
   return on;
 }
 
-// ldtilecfg's 64-byte form, palette 1: tiles 0 (C), 1 (A) and 2 (B), each 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // The tiles' configuration for the span of one work item (TileScope in verify_attention_cpu), released at
-// its end. Not once per thread: other code in the process (oneDNN's AMX kernels under torch's bfloat16
-// matmuls) releases the tiles after its own use, and a tile instruction without a configuration faults.
+// its end: tiles 0 (C), 1 (A) and 2 (B), each 16 rows of 64 bytes.
 inline void amx_configure() {
   TileConfig c;
   for (int t = 0; t < 3; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-  asm volatile("" : : "r"(&c) : "memory");  // GCC 12 models ldtilecfg's operand as one byte
-  _tile_loadconfig(&c);
+  amx_load_config(c);
 }
 
 // Q^T for rows [0, R) of q [R][D] (bf16) in blocks of 16 rows: block b, chunk c (32 dims), pair i, row r ->
