@@ -8,7 +8,9 @@ decode step streams the model's weights), and consecutive calls take copies of t
 twice the last-level cache in all (``harness.streamed``: a 300 MB L3 holds 64 such matrices of any
 format), so every call reads its weights from memory. Bytes = the weights read once + the
 inputs + the outputs. FLOPs = 2 x M x N x K per matrix; the compute ceiling is a matmul in the same
-dtype (float32 for int8 weights and float16, whose products are float32), measured in the same run.
+dtype (float32 for int8 weights and float16, whose products are float32), measured in the same run. A
+shape's variants (the kernel and its baselines) run in turns, median of 9 (``harness.measure_alternating``:
+a drift of a shared VM's speed reaches each alike).
 
 ``--many-rows``: M = 64 .. 4096 over 4 such matrices (compute-bound), where the kernel serves
 verification passes of any size (row-independent) and torch's GEMM a prefill's chunks of more than
@@ -53,7 +55,7 @@ import torch.nn.functional as F
 
 from triforce.models.llama import _rowwise_available
 
-from .harness import compute_peak, copy_bandwidth, measure, measure_alternating, record, streamed
+from .harness import compute_peak, copy_bandwidth, measure_alternating, record, streamed
 
 N, K, MATRICES = 1536, 576, 64  # 64 x 3.5 MB = 226 MB of weights per call
 FEW_ROWS, MANY_ROWS, MANY_ROWS_MATRICES = (1, 2, 4, 5, 8, 16, 32), (64, 128, 256, 512, 1024, 4096), 4
@@ -101,13 +103,13 @@ def main():
             nbytes = matrices * (N * K + M * K + M * N) * size
             flops = matrices * 2 * M * N * K
             shape = f"M={M},N={N},K={K},matrices={matrices}"
-            base = measure(lambda: [F.linear(x, w) for w in wsets()], reps=5, min_time_s=0.5)
+            t = measure_alternating({"torch": lambda: [F.linear(x, w) for w in wsets()],  # in turns (VM drift)
+                                     "cpu": lambda: [kernel(x, w) for w in wsets()]}, reps=9)
             record(family="model", op="rowwise_linear", backend="torch", shape=shape, dtype=name,
-                   bytes_moved=nbytes, timing=base, bandwidth=bw, flops=flops, peak=peak)
-            t = measure(lambda: [kernel(x, w) for w in wsets()], reps=5, min_time_s=0.5)
+                   bytes_moved=nbytes, timing=t["torch"], bandwidth=bw, flops=flops, peak=peak)
             record(family="model", op="rowwise_linear", backend="cpu", shape=shape, dtype=name,
-                   bytes_moved=nbytes, timing=t, bandwidth=bw, flops=flops, peak=peak, baseline="torch",
-                   baseline_timing=base)
+                   bytes_moved=nbytes, timing=t["cpu"], bandwidth=bw, flops=flops, peak=peak, baseline="torch",
+                   baseline_timing=t["torch"])
 
 
 def bench_q8(a, g, bw) -> None:
@@ -233,38 +235,31 @@ def _linear(w):
 def _bench_quantised(a, g, bw, op, dtype, weight_bytes, run, dense, others, n=N, k=K) -> None:
     """Rows of ``op`` (``run(x)``: the kernel over the MATRICES matrices of ``weight_bytes`` each) against
     ``F.linear`` on the ``dense`` dequantised weights (a list, or a function giving one: ``streamed``; backend
-    ``torch``) and ``others`` (backend -> (run, its weight bytes)); the kernel's baseline is the first of
-    ``others`` (else ``torch``). ``n``, ``k``: the matrices' shape."""
+    ``torch``) and ``others`` (backend -> (run, its weight bytes)), all in turns (``measure_alternating``: a
+    drift of the VM's speed reaches every variant alike); the kernel's baseline is the first of ``others``
+    (else ``torch``). Where ``op`` runs these rows on the AMX tiles, its VNNI path (the tiles forbidden, the
+    same bits) is one more variant, ``cpu_vnni``, and the kernel's baseline. ``n``, ``k``: the matrices' shape."""
     peak = compute_peak("cpu", torch.float32)
     rows = FEW_ROWS + (I8_MORE_ROWS if op == "rowwise_linear_i8" else ())
     for M in ((1, 8) if a.quick else rows):
         x = torch.randn(M, k, generator=g)
-        nbytes = MATRICES * (weight_bytes + (M * k + M * n) * 4)
-        flops = MATRICES * 2 * M * n * k
+        act = (M * k + M * n) * 4
         shape = f"M={M},N={n},K={k},matrices={MATRICES}"
-        base = measure(lambda: [F.linear(x, w) for w in (dense() if callable(dense) else dense)], reps=5,
-                       min_time_s=0.5)
-        record(family="model", op=op, backend="torch", shape=shape, dtype=dtype, bytes_moved=nbytes, timing=base,
-               bandwidth=bw, flops=flops, peak=peak)
-        times = {}
-        for name, (f, wb) in others.items():
-            times[name] = measure(lambda f=f: f(x), reps=5, min_time_s=0.5)
-            record(family="model", op=op, backend=name, shape=shape, dtype=dtype, timing=times[name],
-                   bytes_moved=MATRICES * (wb + (M * k + M * n) * 4), bandwidth=bw, flops=flops, peak=peak,
-                   baseline="torch", baseline_timing=base)
-        bname, btime = next(iter(times.items()), ("torch", base))
-        if op == "rowwise_linear_i8" and M >= TILE_ROWS and _tiles():
-            # these rows run on the AMX tiles: the other path (VNNI, the tiles forbidden) in turns with them
-            ts = measure_alternating({"cpu": lambda: run(x), "cpu_vnni": lambda: _without_tiles(run, x)}, reps=9)
-            record(family="model", op=op, backend="cpu_vnni", shape=shape, dtype=dtype, bytes_moved=nbytes,
-                   timing=ts["cpu_vnni"], bandwidth=bw, flops=flops, peak=peak, baseline=bname, baseline_timing=btime)
-            record(family="model", op=op, backend="cpu", shape=shape, dtype=dtype, bytes_moved=nbytes,
-                   timing=ts["cpu"], bandwidth=bw, flops=flops, peak=peak, baseline="cpu_vnni",
-                   baseline_timing=ts["cpu_vnni"], extra="AMX tiles")
-            continue
-        t = measure(lambda: run(x), reps=5, min_time_s=0.5)
-        record(family="model", op=op, backend="cpu", shape=shape, dtype=dtype, bytes_moved=nbytes, timing=t,
-               bandwidth=bw, flops=flops, peak=peak, baseline=bname, baseline_timing=btime)
+        variants = {"torch": (lambda: [F.linear(x, w) for w in (dense() if callable(dense) else dense)], weight_bytes)}
+        variants.update({name: (lambda f=f: f(x), wb) for name, (f, wb) in others.items()})
+        tiles = op == "rowwise_linear_i8" and M >= TILE_ROWS and _tiles()
+        if tiles:  # these rows run on the AMX tiles: the other path too
+            variants["cpu_vnni"] = (lambda: _without_tiles(run, x), weight_bytes)
+        variants["cpu"] = (lambda: run(x), weight_bytes)
+        t = measure_alternating({name: f for name, (f, _) in variants.items()}, reps=9)
+        first = next(iter(others), "torch")  # the kernel's baseline (cpu_vnni's too)
+        baselines = {name: "torch" for name in others} | {"cpu_vnni": first, "cpu": "cpu_vnni" if tiles else first}
+        for name, (_, wb) in variants.items():
+            b = baselines.get(name)
+            base = {"baseline": b, "baseline_timing": t[b]} if b else {}
+            record(family="model", op=op, backend=name, shape=shape, dtype=dtype, bytes_moved=MATRICES * (wb + act),
+                   timing=t[name], bandwidth=bw, flops=MATRICES * 2 * M * n * k, peak=peak,
+                   extra="AMX tiles" if name == "cpu" and tiles else "", **base)
 
 
 # rowwise_linear_i8 runs this many rows or more on the AMX tiles where the CPU has them (linear_i8.h's
