@@ -552,16 +552,13 @@ constexpr int64_t kAmxMinRows = 32;
 // R (1..16): the rows of x per block of rows (A's and C's rows).
 template <Format F>
 inline TileConfig amx_i8_config(int R) {
+  constexpr bool h = halves<F>();
+  constexpr int c_tiles[2] = {0, h ? 1 : 3}, a_tiles[2] = {h ? 2 : 1, h ? 3 : 4}, b_tiles[2] = {h ? 4 : 2, 5};
   TileConfig c;
-  const int cols_a = halves<F>() ? 16 : 32, rows_b = halves<F>() ? 4 : 8;
-  for (int t : {0, 3}) c.rows[t] = R, c.colsb[t] = 64;
-  if constexpr (halves<F>()) {
-    c.rows[1] = R, c.colsb[1] = 64;
-    for (int t : {2, 3}) c.rows[t] = R, c.colsb[t] = cols_a;
-    for (int t : {4, 5}) c.rows[t] = rows_b, c.colsb[t] = 64;
-  } else {
-    for (int t : {1, 4}) c.rows[t] = R, c.colsb[t] = cols_a;
-    for (int t : {2, 5}) c.rows[t] = rows_b, c.colsb[t] = 64;
+  for (int i = 0; i < 2; ++i) {
+    c.rows[c_tiles[i]] = R, c.colsb[c_tiles[i]] = 64;
+    c.rows[a_tiles[i]] = R, c.colsb[a_tiles[i]] = h ? 16 : 32;
+    c.rows[b_tiles[i]] = h ? 4 : 8, c.colsb[b_tiles[i]] = 64;
   }
   return c;
 }
@@ -648,7 +645,7 @@ inline void groups_amx(const int8_t* q, const float* dx, const float* sm, const 
   std::vector<float> expanded(std::is_same_v<S, SuperScale> ? G * scale_count<F>() : 0);
   // blocks of R rows: the fewest blocks of at most 16 rows, their rows as even as can be; a last block of fewer
   // rows is read from a copy padded with zero rows to R
-  const int64_t R = (M + (M + kGroup - 1) / kGroup - 1) / ((M + kGroup - 1) / kGroup), full = M / R * R;
+  const int64_t blocks = (M + kGroup - 1) / kGroup, R = (M + blocks - 1) / blocks, full = M / R * R;
   std::vector<int8_t> tail(M > full ? R * K : 0, int8_t(0));
   if (M > full) std::memcpy(tail.data(), q + full * K, (M - full) * K);
   alignas(64) int32_t sums[1024];
