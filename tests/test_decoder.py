@@ -225,6 +225,95 @@ def test_op_checks():
                                              None, None, 0.0, torch.zeros(1, 1, 1, 3), torch.zeros(1, 1, 1, 3), 3)
 
 
+# ---- triforce_C::silu_mul (csrc/include/triforce/silu.h): the MLP's SiLU(gate) * up, the fused layer's and the
+# module's on the CPU
+
+def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in units of the spacing of b's dtype at |b| (normal range)."""
+    bits = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[b.dtype]
+    spacing = torch.exp2(torch.floor(torch.log2(b.float().abs().clamp_min(torch.finfo(b.dtype).tiny))) - bits)
+    return (a.double() - b.double()).abs() / spacing.double()
+
+
+@given(rows=st.integers(1, 40), width=st.sampled_from([1, 15, 33, 81, 1536, 4864]), threads=st.sampled_from([1, 3]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16))
+def test_silu_mul_rows_are_independent(rows, width, threads, dtype, seed):
+    """Each row of SiLU(gate) * up has the bits it has alone, whatever the width and the threads (ATen's SiLU
+    does not: a row's last elements round by where they fall in the flattened tensor and the threads' shares,
+    e.g. 5 of 186 rows 4864 wide on 3 threads); the values are F.silu(gate) * up's within SiLU's ulps and the
+    products' rounding; the inputs are left as they were."""
+    g = torch.Generator().manual_seed(seed)
+    gate = (torch.randn(rows, width, generator=g) * 6).to(dtype)
+    up = torch.randn(rows, width, generator=g).to(dtype)
+    before = gate.clone(), up.clone()
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = torch.ops.triforce_C.silu_mul(gate, up)
+        alone = [torch.ops.triforce_C.silu_mul(gate[r:r + 1], up[r:r + 1]) for r in range(rows)]
+    finally:
+        torch.set_num_threads(saved)
+    assert out.dtype == dtype and out.shape == gate.shape and out.is_contiguous()
+    assert torch.equal(out, torch.cat(alone))
+    assert torch.equal(gate, before[0]) and torch.equal(up, before[1])
+    ref = torch.nn.functional.silu(gate) * up
+    # float32: SiLU 2 ulp from exact (csrc/tests/test_silu.cpp), PyTorch's within ~1, the product 1 more;
+    # 16-bit: SiLU may round to the neighbouring value, then the product rounds
+    slack = 4 if dtype == torch.float32 else 2
+    assert (ulps_apart(out, ref) <= slack).all()
+
+
+def test_silu_mul_special_values_and_layouts():
+    x = torch.tensor([0.0, -0.0, 1e-30, 100.0, -100.0, 88.5, -88.5, 1e30, float("inf"), float("-inf"), float("nan")])
+    got = torch.ops.triforce_C.silu_mul(x, torch.ones_like(x))
+    want = torch.nn.functional.silu(x)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[:-2], want[:-2]) and torch.equal(got[:-2].signbit(), want[:-2].signbit())
+    # a batch of rows in any layout: the contiguous result of the same values; empty tensors
+    gate, up = torch.randn(3, 5, 7).transpose(0, 2), torch.randn(7, 5, 3)
+    assert torch.equal(torch.ops.triforce_C.silu_mul(gate, up),
+                       torch.ops.triforce_C.silu_mul(gate.contiguous(), up))
+    assert torch.ops.triforce_C.silu_mul(torch.empty(0, 16), torch.empty(0, 16)).shape == (0, 16)
+    assert torch.ops.triforce_C.silu_mul(torch.empty(4, 0), torch.empty(4, 0)).shape == (4, 0)
+    torch.library.opcheck(torch.ops.triforce_C.silu_mul, (torch.randn(4, 33), torch.randn(4, 33)))
+
+
+def test_silu_mul_checks():
+    with pytest.raises(RuntimeError, match="one shape"):
+        torch.ops.triforce_C.silu_mul(torch.zeros(2, 8), torch.zeros(2, 9))
+    with pytest.raises(RuntimeError, match="one dtype"):
+        torch.ops.triforce_C.silu_mul(torch.zeros(2, 8), torch.zeros(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        torch.ops.triforce_C.silu_mul(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(2, 8, dtype=torch.float64))
+
+
+def test_the_module_and_the_fused_layer_share_silu(monkeypatch):
+    """The MLP module on the CPU calls triforce_C::silu_mul (the fused layer's), not F.silu: at a width that is
+    not a multiple of 32 their rounding differs, and the modules' logits stay bitwise the fused layer's."""
+    calls = []
+    real = torch.ops.triforce_C.silu_mul
+    monkeypatch.setattr(torch.ops.triforce_C, "silu_mul", lambda g, u: calls.append(g.shape) or real(g, u))
+    model = make_model(intermediate_size=81)
+    steps = ((1, None), (3, None), (4, "tree"))
+    assert_bitwise(run(model, False, monkeypatch, B=2, steps=steps), run(model, True, monkeypatch, B=2, steps=steps))
+    assert calls and all(shape[-1] == 81 for shape in calls)
+
+
+def test_silu_mul_benchmark_rows(tmp_path, monkeypatch):
+    """bench/bench_layer_ops.py's CPU rows on a tiny shape: the op against F.silu(gate) * up, bytes and baseline."""
+    import csv
+
+    from bench import bench_layer_ops
+    path = tmp_path / "rows.csv"
+    monkeypatch.setenv("TRIFORCE_BENCH_CSV", str(path))
+    monkeypatch.setitem(bench_layer_ops.MODELS, "tiny", (32, 2, 8, 48))
+    bench_layer_ops.bench_cpu_silu("tiny", 3, torch.bfloat16, reps=2)
+    rows = list(csv.DictReader(open(path)))
+    assert [(r["op"], r["backend"], r["dtype"]) for r in rows] == [("silu_mul", "torch", "bfloat16"),
+                                                                   ("silu_mul", "cpu", "bfloat16")]
+    assert rows[0]["bytes"] == rows[1]["bytes"] == str(3 * 3 * 48 * 2) and rows[1]["baseline"] == "torch"
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_compiled_forward_traces_the_native_calls(fused, monkeypatch):
     """The model layer's native calls (the fused layer's and the rowwise kernels') have fake
@@ -547,10 +636,10 @@ def test_a_ragged_step_computes_each_rows_own_tokens(B, T, data, cache_kind, dty
     the next step after the unpadded one rolled back to the widths. Where it runs: the native stack packs the
     real tokens (``path="stack"``: its ``rows`` are exactly they); without the stack (``"layers"``) and where
     rows are not packed (``"padded"``: another device's path) the padding is computed and its logits zeroed.
-    The MLP is 96 wide: ATen's SiLU over a tensor whose rows are not a multiple of 32 elements rounds a row's
-    last elements differently by the number of rows (a tail loop), which a real model's width avoids."""
+    The MLP is 81 wide: with ATen's SiLU a row's last elements rounded by the number of rows (a tail loop);
+    the model layer's own SiLU computes every element alike (docs/model.md, "SiLU, one arithmetic ...")."""
     torch.manual_seed(seed)
-    model = make_model("llama-biases", seed=seed, intermediate_size=96)
+    model = make_model("llama-biases", seed=seed, intermediate_size=81)
     model = int8_copy(model) if dtype == "int8" else model.to(getattr(torch, dtype))
     cfg, cdtype = model.config, kv or (torch.float32 if dtype == "int8" else getattr(torch, dtype))
     widths = torch.tensor(data.draw(st.lists(st.integers(1, T), min_size=B, max_size=B), label="widths"))

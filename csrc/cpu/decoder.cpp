@@ -20,10 +20,11 @@
 // rowwise path, RoPE, SwiGLU MLP, residual adds), with the same rowwise_linear / rowwise_linear_q8
 // kernels, so the outputs are bitwise those of the composite path (tests/test_decoder.py checks it), and
 // the row independence of the few-row kernels carries over. The reductions whose order is ATen's own
-// (the norms' sums of squares) and SiLU (ATen's vectorised exp) run as ATen ops; every elementwise step
-// around them (the squares, the mean's division, + eps, 1 / sqrt, the scalings, the residual adds,
-// SiLU(gate) * up, RoPE) is a plain loop that rounds each operation exactly as ATen's kernel does: IEEE
-// float arithmetic, bfloat16 results rounded to nearest even.
+// (the norms' sums of squares) run as ATen ops; SiLU(gate) * up is the model layer's own op on the CPU
+// (silu_mul, csrc/include/triforce/silu.h), which the MLP module calls too; every other elementwise step
+// (the squares, the mean's division, + eps, 1 / sqrt, the scalings, the residual adds, RoPE) is a plain
+// loop that rounds each operation exactly as ATen's kernel does: IEEE float arithmetic, bfloat16 results
+// rounded to nearest even.
 //
 // Why the loops: an ATen elementwise op costs microseconds on a 576-element row, much of it in code
 // (TensorIterator) that the layer's weight stream evicts from the caches between two calls; a SmolLM2
@@ -46,6 +47,8 @@
 #include <vector>
 
 #include "../ops.h"
+#include "dispatch.h"
+#include "triforce/silu.h"
 
 namespace {
 
@@ -123,23 +126,44 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x.scalar_type() == at::kFloat ? rms_norm_loops<float>(xc, wc, eps) : rms_norm_loops<at::BFloat16>(xc, wc, eps);
 }
 
-// a + b or a * b, rounding as ATen's add / mul (each commutative bitwise). Where the loop applies the
-// result is written over a: callers pass a tensor of their own that nothing else holds.
-template <bool MUL, typename S>
-TRIFORCE_NO_FP_CONTRACT void combine_rows(S* a, const S* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] = S(MUL ? fl(a[i]) * fl(b[i]) : fl(a[i]) + fl(b[i]));
+// a + b (the residual adds), rounding as ATen's add (commutative bitwise). Where the loop applies the result is
+// written over a: callers pass a tensor of their own that nothing else holds.
+template <typename S>
+TRIFORCE_NO_FP_CONTRACT void add_rows(S* a, const S* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = S(fl(a[i]) + fl(b[i]));
 }
 
-template <bool MUL>
-at::Tensor combine(at::Tensor a, const at::Tensor& b) {
+at::Tensor residual_add(at::Tensor a, const at::Tensor& b) {
   if (!(native_dtype(a) && b.scalar_type() == a.scalar_type() && a.is_contiguous() && b.sizes() == a.sizes()))
-    return MUL ? a * b : a + b;  // the ATen op (dtype promotion, broadcasting)
+    return a + b;  // the ATen op (dtype promotion, broadcasting)
   const at::Tensor bc = b.contiguous();
   if (a.scalar_type() == at::kFloat)
-    combine_rows<MUL>(a.data_ptr<float>(), bc.const_data_ptr<float>(), a.numel());
+    add_rows(a.data_ptr<float>(), bc.const_data_ptr<float>(), a.numel());
   else
-    combine_rows<MUL>(a.data_ptr<at::BFloat16>(), bc.const_data_ptr<at::BFloat16>(), a.numel());
+    add_rows(a.data_ptr<at::BFloat16>(), bc.const_data_ptr<at::BFloat16>(), a.numel());
   return a;
+}
+
+// SiLU(gate) * up into out (which may be gate), gate, up and out contiguous of one shape and dtype: one
+// silu_mul_row per row (csrc/include/triforce/silu.h: every element the same instructions, so a row's bits
+// do not depend on the other rows or the threads), the rows split among the threads. Compute-bound: an
+// element costs ~0.6 ns (float32) to ~1.1 ns (bfloat16) on one core of this project's VM, what streaming
+// ~32 bytes takes, so that is the work it counts (parallel_min_bytes).
+void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  const int64_t W = gate.dim() == 0 ? 1 : gate.size(-1);
+  if (gate.numel() == 0) return;
+  const int64_t rows = gate.numel() / W, row_work = 32 * W;
+  TRIFORCE_DISPATCH_FLOAT(gate.scalar_type(), "silu_mul", [&] {
+    const scalar_t* g = tf_ptr<scalar_t>(gate);
+    const scalar_t* u = tf_ptr<scalar_t>(up);
+    scalar_t* o = tf_mut_ptr<scalar_t>(out);
+    const int64_t grain = std::max<int64_t>(1, triforce::Team::kMinBytes / row_work);
+    triforce::parallel_ranges(triforce::worth_parallel_here(rows * row_work), rows, grain,
+                              [&](int64_t lo, int64_t hi) {
+                                for (int64_t r = lo; r < hi; ++r)
+                                  triforce::silu_mul_row(g + r * W, u + r * W, o + r * W, W);
+                              });
+  });
 }
 
 // RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
@@ -252,11 +276,12 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::T
   // project's results are fresh tensors of this call; the residual adds and SiLU(gate) * up are written
   // over them: h2 = o + h in o, SiLU(gate) * up in gate, down + h2 in down.
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
-  const at::Tensor h2 = combine<false>(o, h);
+  const at::Tensor h2 = residual_add(o, h);
   const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
   auto [gate, up] = p.many<2>({1, 2}, x);
-  const at::Tensor down = p(3, combine<true>(at::silu_(gate), up));
-  return combine<false>(down.view({B, T, -1}), h2);
+  silu_mul_into(gate, up, gate);
+  const at::Tensor down = p(3, gate);
+  return residual_add(down.view({B, T, -1}), h2);
 }
 
 // ---- the KV cache's side of a layer (decoder_layers): what the model layer's caches do in Python
@@ -415,6 +440,18 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec();
   check_projections("decoder_attn_out_mlp", w.size(), scales.size(), bias.size(), 4);
   return attn_out_mlp(h, attn, norm_w, eps, {w.data(), scales.data(), bias.data()});
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), "silu_mul: gate and up must have one shape, got ", gate.sizes(), " and ",
+              up.sizes());
+  TORCH_CHECK(gate.scalar_type() == up.scalar_type(), "silu_mul: gate and up must have one dtype, got ",
+              gate.scalar_type(), " and ", up.scalar_type());
+  TORCH_CHECK(gate.device().is_cpu() && up.device().is_cpu(), "silu_mul: CPU tensors only");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
+  silu_mul_into(g, u, out);
+  return out;
 }
 
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,

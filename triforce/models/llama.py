@@ -91,6 +91,9 @@ def _register_fakes() -> None:
         torch.library.register_fake("triforce_C::rowwise_linear_q8")(lambda x, q, scales: rows(x, q))
     if hasattr(ops, "rowwise_linear_q4_1"):
         torch.library.register_fake("triforce_C::rowwise_linear_q4_1")(rows)
+    if hasattr(ops, "silu_mul"):
+        torch.library.register_fake("triforce_C::silu_mul")(
+            lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
     if hasattr(ops, "decoder_attn_in"):
         torch.library.register_fake("triforce_C::decoder_attn_in")(attn_in)
         torch.library.register_fake("triforce_C::decoder_attn_out_mlp")(attn_out_mlp)
@@ -297,7 +300,20 @@ class MLP(nn.Module):
         if _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() and gate.dtype == up.dtype \
                 and gate.shape == up.shape:
             return self.down_proj(_layer_ops().silu_mul(gate, up))
+        if _native_silu(gate, up):
+            return self.down_proj(torch.ops.triforce_C.silu_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)
+
+
+def _native_silu(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """SiLU(gate) * up on the CPU goes through ``triforce_C::silu_mul`` (the fused layer's, same bits): ATen's
+    SiLU rounds a row's elements by where they fall in the flattened tensor and the threads' shares of it, so
+    its rows are not independent (csrc/include/triforce/silu.h). Without autograd on them, as
+    :class:`Linear`'s rowwise path; ``F.silu`` where the extension is off (``TRIFORCE_ROWWISE_LINEAR=0``)."""
+    return (gate.device.type == "cpu" and gate.dtype in _ROWWISE_DTYPES and up.dtype == gate.dtype
+            and up.shape == gate.shape
+            and not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad))
+            and _rowwise_available() and hasattr(torch.ops.triforce_C, "silu_mul"))
 
 
 class DecoderLayer(nn.Module):
