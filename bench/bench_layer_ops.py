@@ -10,9 +10,10 @@ Per shape (rows = batch x tokens of a step, a model's widths):
 Bytes are those reads and writes once; the fraction is of the copy bandwidth measured in the run. At a
 decode step's few rows both sides are launch-bound: the row says what one call costs on the device.
 
-On a CPU (no GPU, or ``--cpu``) the one elementwise op of the CPU's own (``triforce_C::silu_mul``,
-csrc/include/triforce/silu.h: every element by the same arithmetic, which ATen's SiLU is not) runs as backend
-``cpu`` against ``F.silu(gate) * up`` in float32 and bfloat16, in turns (the VM's drift), median of 21.
+On a CPU (no GPU, or ``--cpu``) the CPU's own gated activations (``triforce_C::silu_mul`` and Gemma's
+``gelu_tanh_mul``, csrc/include/triforce/glu.h: every element by the same arithmetic, which ATen's SiLU and GELU
+are not) run as backend ``cpu`` against ``F.silu(gate) * up`` / ``F.gelu(gate, approximate="tanh") * up`` in
+float32 and bfloat16, in turns (the VM's drift), median of 21.
 
     python -m bench.bench_layer_ops [--quick] [--cpu]
 """
@@ -28,7 +29,7 @@ from triforce.models.rope import apply_rope
 from .harness import copy_bandwidth, measure, measure_alternating, record
 
 # (name, hidden, query heads, head dim, intermediate)
-MODELS = {"smollm2-135m": (576, 9, 64, 1536), "llama3-8b": (4096, 32, 128, 14336)}
+MODELS = {"smollm2-135m": (576, 9, 64, 1536), "llama3-8b": (4096, 32, 128, 14336), "gemma-2b": (2048, 8, 256, 16384)}
 
 
 def _norm(x, delta, w, eps):
@@ -63,8 +64,9 @@ def bench_shape(device, model: str, rows: int, dtype=torch.bfloat16, **measure_k
                bandwidth=bw, device=device, baseline="torch", baseline_timing=base)
 
 
-def bench_cpu_silu(model: str, rows: int, dtype=torch.float32, reps: int = 21) -> None:
-    """``triforce_C::silu_mul`` (backend ``cpu``) against ``F.silu(gate) * up`` on the CPU, in turns."""
+def bench_cpu_glu(model: str, rows: int, dtype=torch.float32, act: str = "silu", reps: int = 21) -> None:
+    """``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (backend ``cpu``) against PyTorch's ``act(gate) * up`` on
+    the CPU, in turns."""
     from triforce.models.llama import _rowwise_available
     if not _rowwise_available():
         print("bench_layer_ops: the C++ extension is not built; no CPU rows")
@@ -72,13 +74,14 @@ def bench_cpu_silu(model: str, rows: int, dtype=torch.float32, reps: int = 21) -
     inter = MODELS[model][3]
     g = torch.Generator().manual_seed(0)
     gate, up = (torch.randn(rows, inter, generator=g).to(dtype) for _ in range(2))
-    t = measure_alternating({"torch": lambda: F.silu(gate) * up,
-                             "cpu": lambda: torch.ops.triforce_C.silu_mul(gate, up)}, reps=reps)
+    fn = F.silu if act == "silu" else lambda x: F.gelu(x, approximate="tanh")
+    op = getattr(torch.ops.triforce_C, f"{act}_mul")
+    t = measure_alternating({"torch": lambda: fn(gate) * up, "cpu": lambda: op(gate, up)}, reps=reps)
     nbytes, bw, dt = 3 * rows * inter * gate.element_size(), copy_bandwidth("cpu"), str(dtype).replace("torch.", "")
     shape = f"model={model},rows={rows}"
-    record(family="layer_ops", op="silu_mul", backend="torch", shape=shape, dtype=dt, bytes_moved=nbytes,
+    record(family="layer_ops", op=f"{act}_mul", backend="torch", shape=shape, dtype=dt, bytes_moved=nbytes,
            timing=t["torch"], bandwidth=bw, device="cpu")
-    record(family="layer_ops", op="silu_mul", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
+    record(family="layer_ops", op=f"{act}_mul", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
            timing=t["cpu"], bandwidth=bw, device="cpu", baseline="torch", baseline_timing=t["torch"])
 
 
@@ -88,12 +91,14 @@ def main():
     p.add_argument("--cpu", action="store_true", help="the CPU's silu_mul rows even where a GPU is present")
     a = p.parse_args()
     if a.cpu or not torch.cuda.is_available():
-        shapes = [("smollm2-135m", 32)] if a.quick else [
-            ("smollm2-135m", 1), ("smollm2-135m", 8), ("smollm2-135m", 32), ("smollm2-135m", 128),
-            ("smollm2-135m", 2048), ("llama3-8b", 1), ("llama3-8b", 8)]
-        for model, rows in shapes:
+        shapes = [("silu", "smollm2-135m", 32)] if a.quick else [
+            ("silu", "smollm2-135m", 1), ("silu", "smollm2-135m", 8), ("silu", "smollm2-135m", 32),
+            ("silu", "smollm2-135m", 128), ("silu", "smollm2-135m", 2048), ("silu", "llama3-8b", 1),
+            ("silu", "llama3-8b", 8), ("gelu_tanh", "gemma-2b", 1), ("gelu_tanh", "gemma-2b", 8),
+            ("gelu_tanh", "gemma-2b", 128)]
+        for act, model, rows in shapes:
             for dtype in (torch.float32, torch.bfloat16):
-                bench_cpu_silu(model, rows, dtype)
+                bench_cpu_glu(model, rows, dtype, act)
         return
     dev = torch.device("cuda")
     shapes = [("smollm2-135m", 32)] if a.quick else [

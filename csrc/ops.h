@@ -52,10 +52,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim);
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                                 at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
-// SiLU(gate) * up as the modules round it (SiLU in float32 rounded to the dtype, the product rounded), float32,
-// bfloat16 or float16, every element by the same arithmetic whatever the shape and the threads
-// (csrc/include/triforce/silu.h: ATen's SiLU is not): the model layer's MLP on the CPU.
+// act(gate) * up as the modules round it (the activation in float32 rounded to the dtype, the product rounded),
+// float32, bfloat16 or float16, every element by the same arithmetic whatever the shape and the threads
+// (csrc/include/triforce/glu.h: ATen's SiLU and GELU are not): the model layer's MLP on the CPU. SiLU (SwiGLU);
+// GELU's tanh form, gelu(approximate="tanh") (Gemma's GeGLU).
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
 // Layers one after another in one call, each with its KV cache's side in between (the caches whose attend
 // is "write the step's rows, then verify_attention over the buffers": triforce/models/cache.py): per layer
 // 2 norms and eps (input, post-attention), 7 projections (q, k, v, o, gate, up, down), 2 optional q/k

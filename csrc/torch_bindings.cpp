@@ -30,6 +30,7 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("decoder_attn_out_mlp(Tensor h, Tensor attn, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, "
         "Tensor?[] bias) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("decoder_layers(Tensor h, Tensor cos, Tensor sin, int head_dim, Tensor[] norm_w, float[] eps, Tensor[] w, "
         "Tensor?[] scales, Tensor?[] bias, Tensor?[] qk_norm_w, float[] qk_eps, Tensor(a!)[] k_cache, "
         "Tensor(b!)[] v_cache, Tensor(c!)[] k_raw_cache, Tensor(d!)[] last_query, Tensor slots, "
@@ -64,6 +65,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("decoder_attn_in", &decoder_attn_in);
   m.impl("decoder_attn_out_mlp", &decoder_attn_out_mlp);
   m.impl("silu_mul", &silu_mul);
+  m.impl("gelu_tanh_mul", &gelu_tanh_mul);
   m.impl("decoder_layers", &decoder_layers);
   m.impl("tree_speculative_sample", &tree_speculative_sample);
   m.impl("tree_greedy_verify", &tree_greedy_verify);

@@ -136,7 +136,14 @@ def rope(cfg, **changes):
     # MistralConfig's default window (4096) applies when the key is missing
     (lambda c: {**c, "model_type": "mistral", "max_position_embeddings": 8192}, "'sliding_window'"),
     (lambda c: {**c, "quantization_config": {"quant_method": "bitsandbytes"}}, "'quantization_config'"),
-    (lambda c: {**c, "model_type": "gemma"}, "model_type 'gemma'"),
+    (lambda c: {**c, "model_type": "gemma2"}, "model_type 'gemma2'"),
+    # Gemma's activation is GELU's tanh form; another one would change the logits
+    (lambda c: {**c, "model_type": "gemma", "hidden_act": "silu"}, "'hidden_act' = 'silu' is not supported"),
+    (lambda c: {**c, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu"},
+     "'hidden_activation' = 'gelu'"),
+    (lambda c: {**c, "hidden_activation": "gelu_pytorch_tanh"}, "'hidden_activation'"),  # Gemma's key only
+    (lambda c: {**c, "model_type": "gemma", "hidden_act": "gelu", "use_bidirectional_attention": True},
+     "'use_bidirectional_attention'"),
     # Qwen's sliding window: off unless use_sliding_window, then on the layers from max_window_layers on
     (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64,
                 "max_window_layers": 1}, "sliding_window' = True"),
@@ -284,8 +291,8 @@ def test_llama_config_checks_rope_scaling_and_extra():
         LlamaConfig(**base, extra={"hidden_act": "gelu"})
     with pytest.raises(ValueError, match="'mlp_bias' = True is not supported for model_type 'qwen2'"):
         LlamaConfig(**base, model_type="qwen2", mlp_bias=True)
-    with pytest.raises(ValueError, match="model_type 'gemma'"):
-        LlamaConfig(**base, model_type="gemma")
+    with pytest.raises(ValueError, match="model_type 'gemma2'"):
+        LlamaConfig(**base, model_type="gemma2")
     with pytest.raises(ValueError, match="'foo'"):
         LlamaConfig(**base, extra={"foo": 1})
 
@@ -296,7 +303,7 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
 _GGUF_OUT = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -334,10 +341,14 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
         t = t.detach().float()
         if name in names:
             out = names[name]
+            if arch == "gemma" and name == "model.norm.weight":
+                t = t + 1
         else:
             _, _, i, rest = name.split(".", 3)
             module, kind = rest.rsplit(".", 1)
             out = f"blk.{i}.{_GGUF_OUT[module]}.{kind}"
+            if arch == "gemma" and kind == "weight" and module.endswith("layernorm"):
+                t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply
             if arch == "llama" and module == "self_attn.q_proj":
                 t = llama_cpp_permute(t, c.num_attention_heads)
             elif arch == "llama" and module == "self_attn.k_proj":

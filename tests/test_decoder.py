@@ -225,66 +225,113 @@ def test_op_checks():
                                              None, None, 0.0, torch.zeros(1, 1, 1, 3), torch.zeros(1, 1, 1, 3), 3)
 
 
-# ---- triforce_C::silu_mul (csrc/include/triforce/silu.h): the MLP's SiLU(gate) * up, the fused layer's and the
-# module's on the CPU
+# ---- triforce_C::silu_mul and gelu_tanh_mul (csrc/include/triforce/glu.h): the MLP's act(gate) * up, the fused
+# layer's and the modules' on the CPU
 
-def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| in units of the spacing of b's dtype at |b| (normal range)."""
-    bits = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[b.dtype]
-    spacing = torch.exp2(torch.floor(torch.log2(b.float().abs().clamp_min(torch.finfo(b.dtype).tiny))) - bits)
-    return (a.double() - b.double()).abs() / spacing.double()
+GLU = ("silu", "gelu_tanh")
+
+
+def glu_op(act):
+    return getattr(torch.ops.triforce_C, f"{act}_mul")
+
+
+def act_exact(act, x: torch.Tensor) -> torch.Tensor:
+    """The activation in float64 as x / (1 + e^t) (GELU's tanh form without 1 + tanh's cancellation)."""
+    x = x.double()
+    t = -x if act == "silu" else -2 * (2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)
+    return x / (1 + torch.exp(t))
+
+
+def ulps_apart(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """|a - b| in units of the spacing of ``dtype`` at |b| (normal range)."""
+    bits = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
+    spacing = torch.exp2(torch.floor(torch.log2(b.double().abs().clamp_min(torch.finfo(dtype).tiny))) - bits)
+    return (a.double() - b.double()).abs() / spacing
 
 
 @given(rows=st.integers(1, 40), width=st.sampled_from([1, 15, 33, 81, 1536, 4864]), threads=st.sampled_from([1, 3]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16))
-def test_silu_mul_rows_are_independent(rows, width, threads, dtype, seed):
-    """Each row of SiLU(gate) * up has the bits it has alone, whatever the width and the threads (ATen's SiLU
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), act=st.sampled_from(GLU),
+       seed=st.integers(0, 2**16))
+def test_glu_rows_are_independent(rows, width, threads, dtype, act, seed):
+    """Each row of act(gate) * up has the bits it has alone, whatever the width and the threads (ATen's SiLU
     does not: a row's last elements round by where they fall in the flattened tensor and the threads' shares,
-    e.g. 5 of 186 rows 4864 wide on 3 threads); the values are F.silu(gate) * up's within SiLU's ulps and the
-    products' rounding; the inputs are left as they were."""
+    e.g. 5 of 186 rows 4864 wide on 3 threads); the activation is the exact value's within its ulps (glu.h),
+    rounded to the dtype, and the product rounds that times up; the inputs are left as they were."""
     g = torch.Generator().manual_seed(seed)
     gate = (torch.randn(rows, width, generator=g) * 6).to(dtype)
     up = torch.randn(rows, width, generator=g).to(dtype)
     before = gate.clone(), up.clone()
-    saved = torch.get_num_threads()
+    op, saved = glu_op(act), torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        out = torch.ops.triforce_C.silu_mul(gate, up)
-        alone = [torch.ops.triforce_C.silu_mul(gate[r:r + 1], up[r:r + 1]) for r in range(rows)]
+        out = op(gate, up)
+        alone = [op(gate[r:r + 1], up[r:r + 1]) for r in range(rows)]
+        a = op(gate, torch.ones_like(up))  # the activation alone, rounded to the dtype
     finally:
         torch.set_num_threads(saved)
     assert out.dtype == dtype and out.shape == gate.shape and out.is_contiguous()
     assert torch.equal(out, torch.cat(alone))
     assert torch.equal(gate, before[0]) and torch.equal(up, before[1])
-    ref = torch.nn.functional.silu(gate) * up
-    # float32: SiLU 2 ulp from exact (csrc/tests/test_silu.cpp), PyTorch's within ~1, the product 1 more;
-    # 16-bit: SiLU may round to the neighbouring value, then the product rounds
-    slack = 4 if dtype == torch.float32 else 2
-    assert (ulps_apart(out, ref) <= slack).all()
+    assert torch.equal(out, (a.float() * up.float()).to(dtype))  # the product of the rounded activation
+    exact = act_exact(act, gate)
+    # float32: SiLU 2 ulp, GELU 12 ulp or 2^-22 |x| (csrc/tests/test_glu.cpp); 16-bit: one rounding more
+    slack = (2 if act == "silu" else 12) if dtype == torch.float32 else 1
+    near = ulps_apart(a, exact, dtype) <= slack
+    assert (near | ((a.double() - exact).abs() <= 2.0 ** -22 * gate.double().abs())).all()
+    if act == "silu":  # and within a few ulp of PyTorch's F.silu(gate) * up
+        ref = torch.nn.functional.silu(gate) * up
+        assert (ulps_apart(out, ref, dtype) <= (4 if dtype == torch.float32 else 2)).all()
 
 
-def test_silu_mul_special_values_and_layouts():
+@pytest.mark.parametrize("act", GLU)
+def test_glu_special_values_and_layouts(act):
     x = torch.tensor([0.0, -0.0, 1e-30, 100.0, -100.0, 88.5, -88.5, 1e30, float("inf"), float("-inf"), float("nan")])
-    got = torch.ops.triforce_C.silu_mul(x, torch.ones_like(x))
-    want = torch.nn.functional.silu(x)
+    op = glu_op(act)
+    got = op(x, torch.ones_like(x))
+    want = torch.nn.functional.silu(x) if act == "silu" else torch.nn.functional.gelu(x, approximate="tanh")
     assert torch.equal(got.isnan(), want.isnan())
-    assert torch.equal(got[:-2], want[:-2]) and torch.equal(got[:-2].signbit(), want[:-2].signbit())
+    if act == "silu":  # SiLU's 88.5 is exactly PyTorch's too
+        assert torch.equal(got[:-2], want[:-2]) and torch.equal(got[:-2].signbit(), want[:-2].signbit())
+    else:
+        assert torch.equal(got[[0, 2, 3, 5, 7, 8]], want[[0, 2, 3, 5, 7, 8]])
+        assert (got[[1, 4, 6]] == 0).all() and got[[4, 6]].signbit().all()
     # a batch of rows in any layout: the contiguous result of the same values; empty tensors
     gate, up = torch.randn(3, 5, 7).transpose(0, 2), torch.randn(7, 5, 3)
-    assert torch.equal(torch.ops.triforce_C.silu_mul(gate, up),
-                       torch.ops.triforce_C.silu_mul(gate.contiguous(), up))
-    assert torch.ops.triforce_C.silu_mul(torch.empty(0, 16), torch.empty(0, 16)).shape == (0, 16)
-    assert torch.ops.triforce_C.silu_mul(torch.empty(4, 0), torch.empty(4, 0)).shape == (4, 0)
-    torch.library.opcheck(torch.ops.triforce_C.silu_mul, (torch.randn(4, 33), torch.randn(4, 33)))
+    assert torch.equal(op(gate, up), op(gate.contiguous(), up))
+    assert op(torch.empty(0, 16), torch.empty(0, 16)).shape == (0, 16)
+    assert op(torch.empty(4, 0), torch.empty(4, 0)).shape == (4, 0)
+    torch.library.opcheck(op, (torch.randn(4, 33), torch.randn(4, 33)))
 
 
-def test_silu_mul_checks():
-    with pytest.raises(RuntimeError, match="one shape"):
-        torch.ops.triforce_C.silu_mul(torch.zeros(2, 8), torch.zeros(2, 9))
+@pytest.mark.parametrize("act", GLU)
+def test_glu_gradients(act):
+    """Under autograd the ops give their forward bits and ATen's derivatives: the gradients of
+    act(gate) * up as PyTorch's own ops compute them (the forward values differ in the last places only)."""
+    g = torch.Generator().manual_seed(0)
+    gate = (torch.randn(5, 33, generator=g) * 4).requires_grad_()
+    up = torch.randn(5, 33, generator=g).requires_grad_()
+    out = glu_op(act)(gate, up)
+    with torch.no_grad():
+        assert torch.equal(out, glu_op(act)(gate, up))
+    weights = torch.randn(5, 33, generator=g)
+    (out * weights).sum().backward()
+    mine = gate.grad.clone(), up.grad.clone()
+    gate.grad = up.grad = None
+    fn = torch.nn.functional.silu if act == "silu" else lambda x: torch.nn.functional.gelu(x, approximate="tanh")
+    ((fn(gate) * up) * weights).sum().backward()
+    assert torch.allclose(mine[0], gate.grad, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(mine[1], up.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", GLU)
+def test_glu_checks(act):
+    op = glu_op(act)
+    with pytest.raises(RuntimeError, match=f"{act}_mul: gate and up must have one shape"):
+        op(torch.zeros(2, 8), torch.zeros(2, 9))
     with pytest.raises(RuntimeError, match="one dtype"):
-        torch.ops.triforce_C.silu_mul(torch.zeros(2, 8), torch.zeros(2, 8, dtype=torch.bfloat16))
+        op(torch.zeros(2, 8), torch.zeros(2, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="unsupported dtype"):
-        torch.ops.triforce_C.silu_mul(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(2, 8, dtype=torch.float64))
+        op(torch.zeros(2, 8, dtype=torch.float64), torch.zeros(2, 8, dtype=torch.float64))
 
 
 def test_the_module_and_the_fused_layer_share_silu(monkeypatch):
@@ -299,18 +346,19 @@ def test_the_module_and_the_fused_layer_share_silu(monkeypatch):
     assert calls and all(shape[-1] == 81 for shape in calls)
 
 
-def test_silu_mul_benchmark_rows(tmp_path, monkeypatch):
-    """bench/bench_layer_ops.py's CPU rows on a tiny shape: the op against F.silu(gate) * up, bytes and baseline."""
+@pytest.mark.parametrize("act", GLU)
+def test_glu_benchmark_rows(tmp_path, monkeypatch, act):
+    """bench/bench_layer_ops.py's CPU rows on a tiny shape: the op against PyTorch's, bytes and baseline."""
     import csv
 
     from bench import bench_layer_ops
     path = tmp_path / "rows.csv"
     monkeypatch.setenv("TRIFORCE_BENCH_CSV", str(path))
     monkeypatch.setitem(bench_layer_ops.MODELS, "tiny", (32, 2, 8, 48))
-    bench_layer_ops.bench_cpu_silu("tiny", 3, torch.bfloat16, reps=2)
+    bench_layer_ops.bench_cpu_glu("tiny", 3, torch.bfloat16, act, reps=2)
     rows = list(csv.DictReader(open(path)))
-    assert [(r["op"], r["backend"], r["dtype"]) for r in rows] == [("silu_mul", "torch", "bfloat16"),
-                                                                   ("silu_mul", "cpu", "bfloat16")]
+    assert [(r["op"], r["backend"], r["dtype"]) for r in rows] == [(f"{act}_mul", "torch", "bfloat16"),
+                                                                   (f"{act}_mul", "cpu", "bfloat16")]
     assert rows[0]["bytes"] == rows[1]["bytes"] == str(3 * 3 * 48 * 2) and rows[1]["baseline"] == "torch"
 
 
@@ -637,7 +685,7 @@ def test_a_ragged_step_computes_each_rows_own_tokens(B, T, data, cache_kind, dty
     real tokens (``path="stack"``: its ``rows`` are exactly they); without the stack (``"layers"``) and where
     rows are not packed (``"padded"``: another device's path) the padding is computed and its logits zeroed.
     The MLP is 81 wide: with ATen's SiLU a row's last elements rounded by the number of rows (a tail loop);
-    the model layer's own SiLU computes every element alike (docs/model.md, "SiLU, one arithmetic ...")."""
+    the model layer's own SiLU computes every element alike (docs/model.md, "SiLU and GELU, one arithmetic ...")."""
     torch.manual_seed(seed)
     model = make_model("llama-biases", seed=seed, intermediate_size=81)
     model = int8_copy(model) if dtype == "int8" else model.to(getattr(torch, dtype))

@@ -81,14 +81,41 @@ def test_greedy_equals_autoregressive_with_yarn_rope(method, opts):
     """YaRN RoPE (a factor on cos and sin that the StreamingLLM draft cache keeps when it re-rotates keys):
     every method's greedy tokens equal autoregressive's, and its drafts are accepted (tokens per pass > 1)."""
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
-    target, draft = tiny(0, rope_scaling=yarn), tiny(1, rope_scaling=yarn)
+    out = assert_greedy_equals_autoregressive(tiny(0, rope_scaling=yarn), tiny(1, rope_scaling=yarn), method, opts)
+    assert out.stats["mean_accepted"] > 1.0
+
+
+def assert_greedy_equals_autoregressive(target, draft, method, opts):
+    """``method``'s 30 greedy tokens for the ragged prompts equal autoregressive decoding's (``draft``: the
+    draft model of the methods that take one); -> its output."""
     prompts = ragged_prompts()
     ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
     out = triforce.generate(target, prompts, method=method, max_new_tokens=30,
                             draft=draft if method in ("speculative", "triforce") else None, **opts)
     for b in range(len(prompts)):
         assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
-    assert out.stats["mean_accepted"] > 1.0
+    return out
+
+
+def tiny_gemma(seed):
+    """A tiny Gemma (GeGLU 72 wide, RMSNorm's 1 + w with random w, embeddings times sqrt(32))."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(model_type="gemma", vocab_size=64, hidden_size=32, intermediate_size=72, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
+                      initializer_range=0.3)
+    model = Llama(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive_gemma(method, opts):
+    """Gemma's family (the modules' path: no fused layer for its norms and GeGLU): every method's greedy
+    tokens equal autoregressive's."""
+    assert_greedy_equals_autoregressive(tiny_gemma(0), tiny_gemma(1), method, opts)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

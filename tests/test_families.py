@@ -1,5 +1,6 @@
 """Model families on one model: Llama-3 (llama3 RoPE, untied head, biases), Qwen2/2.5 (q/k/v biases),
-Qwen3 (q/k RMSNorm, explicit head_dim) and Mistral, from Hugging Face directories saved by transformers
+Qwen3 (q/k RMSNorm, explicit head_dim), Mistral and Gemma (GeGLU, RMSNorm's 1 + w, scaled embeddings), from
+Hugging Face directories saved by transformers
 itself and from GGUF files (K-quants, llama.cpp's q/k layout per architecture, Llama-3.1 rope_freqs),
 with logits equal to transformers' on the same weights; the qwen2 and llama-bpe GGUF pre-tokenizers
 equal transformers' conversion of the same file."""
@@ -31,6 +32,10 @@ FAMILIES = {  # name -> (transformers config class, model class, config kwargs)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
     "qwen3-bias": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8, attention_bias=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    # Gemma 1: GeGLU (GELU's tanh form), RMSNorm's 1 + w in float32, embeddings times sqrt(hidden)
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=32)),
+    "gemma-untied-bias": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16, tie_word_embeddings=False,
+                                                                  attention_bias=True)),
 }
 
 
@@ -247,6 +252,33 @@ def test_gguf_k_quants_match_transformers(tmp_path, family):
         tok.decode([ids[0], -1])
     with pytest.raises(ValueError, match="not valid Unicode"):
         tok.encode("a\ud800b")  # a lone surrogate
+
+
+def test_gguf_gemma_as_llama_cpp_writes_it(tmp_path):
+    """A Gemma GGUF as llama.cpp's converter writes it (architecture ``gemma``, q/k as in the checkpoint, the
+    norms stored as the factor 1 + w they apply): float32 tensors load back to bitwise the same logits, and
+    Q8_0 tensors to logits within the quantisation's reach of them (transformers reads no Gemma 1 GGUF to
+    compare with)."""
+    config = LlamaConfig(**{**TINY, "vocab_size": 400, "hidden_size": 256, "intermediate_size": 512,
+                            "model_type": "gemma", "head_dim": 64, "num_attention_heads": 2,
+                            "num_key_value_heads": 1, "tie_word_embeddings": True})
+    torch.manual_seed(0)
+    model = randomize_(Llama(config).eval())
+    ids = torch.randint(0, 400, (2, 50), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids)
+        loaded = Llama.from_pretrained(write_gguf(tmp_path / "f.gguf", model), cache_dir=False)
+        assert loaded.config.replace(rms_norm_eps=1e-5) == model.config  # GGUF keeps eps as float32
+        assert torch.equal(loaded(ids), ref)
+        path = write_gguf(tmp_path / "q.gguf", model, quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0,)))
+        quantised = Llama.from_pretrained(path, cache_dir=False)
+        got = quantised(ids)
+    assert QT.Q8_0 in {t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
+    assert not torch.equal(got, ref) and (got - ref).abs().max() <= 0.05 * ref.abs().max()
+    for name, p in quantised.named_parameters():  # the norms came back as w (the factor 1 + w the same)
+        if "norm" in name:
+            w = model.state_dict()[name]
+            assert torch.equal(1 + p, 1 + w) and (p - w).abs().max() <= 2 ** -22, name
 
 
 def test_gguf_unknown_pre_tokenizer_raises(tmp_path):

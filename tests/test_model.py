@@ -128,13 +128,15 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
     assert_long_pass_gives_the_bits_of_steps(model, dtype)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_a_pass_gives_the_bits_of_one_token_steps_at_any_mlp_width(dtype):
+def test_a_pass_gives_the_bits_of_one_token_steps_at_any_mlp_width(dtype, family):
     """As above with an MLP 81 wide: with ATen's SiLU, a pass's [18, 81] rows and a step's [2, 81] put
     different elements of the last row in the vectorised loop's scalar tail, which rounds otherwise; the
-    model layer's own SiLU (triforce_C::silu_mul) computes every element alike."""
+    model layer's own SiLU and GELU (triforce_C::silu_mul, gelu_tanh_mul) compute every element alike.
+    Gemma: GeGLU, RMSNorm's 1 + w and the scaled embeddings, on the modules' path."""
     model = tiny_model(hidden_size=256, intermediate_size=81, num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=1024).to(dtype)
+                       max_position_embeddings=1024, model_type=family).to(dtype)
     assert_long_pass_gives_the_bits_of_steps(model, dtype)
 
 

@@ -21,7 +21,7 @@
 // kernels, so the outputs are bitwise those of the composite path (tests/test_decoder.py checks it), and
 // the row independence of the few-row kernels carries over. The reductions whose order is ATen's own
 // (the norms' sums of squares) run as ATen ops; SiLU(gate) * up is the model layer's own op on the CPU
-// (silu_mul, csrc/include/triforce/silu.h), which the MLP module calls too; every other elementwise step
+// (silu_mul, csrc/include/triforce/glu.h), which the MLP module calls too; every other elementwise step
 // (the squares, the mean's division, + eps, 1 / sqrt, the scalings, the residual adds, RoPE) is a plain
 // loop that rounds each operation exactly as ATen's kernel does: IEEE float arithmetic, bfloat16 results
 // rounded to nearest even.
@@ -48,7 +48,7 @@
 
 #include "../ops.h"
 #include "dispatch.h"
-#include "triforce/silu.h"
+#include "triforce/glu.h"
 
 namespace {
 
@@ -144,16 +144,17 @@ at::Tensor residual_add(at::Tensor a, const at::Tensor& b) {
   return a;
 }
 
-// SiLU(gate) * up into out (which may be gate), gate, up and out contiguous of one shape and dtype: one
-// silu_mul_row per row (csrc/include/triforce/silu.h: every element the same instructions, so a row's bits
-// do not depend on the other rows or the threads), the rows split among the threads. Compute-bound: an
-// element costs ~0.6 ns (float32) to ~1.1 ns (bfloat16) on one core of this project's VM, what streaming
-// ~32 bytes takes, so that is the work it counts (parallel_min_bytes).
-void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+// act(gate) * up into out (which may be gate), gate, up and out contiguous of one shape and dtype: one glu_row
+// per row (csrc/include/triforce/glu.h: every element the same instructions, so a row's bits do not depend on
+// the other rows or the threads), the rows split among the threads. Compute-bound: an element costs ~0.6 ns
+// (float32) to ~1.1 ns (bfloat16) on one core of this project's VM, what streaming ~32 bytes takes, so that is
+// the work it counts (parallel_min_bytes).
+template <triforce::Act A>
+void glu_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
   const int64_t W = gate.dim() == 0 ? 1 : gate.size(-1);
   if (gate.numel() == 0) return;
   const int64_t rows = gate.numel() / W, row_work = 32 * W;
-  TRIFORCE_DISPATCH_FLOAT(gate.scalar_type(), "silu_mul", [&] {
+  TRIFORCE_DISPATCH_FLOAT(gate.scalar_type(), "glu", [&] {
     const scalar_t* g = tf_ptr<scalar_t>(gate);
     const scalar_t* u = tf_ptr<scalar_t>(up);
     scalar_t* o = tf_mut_ptr<scalar_t>(out);
@@ -161,9 +162,22 @@ void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
     triforce::parallel_ranges(triforce::worth_parallel_here(rows * row_work), rows, grain,
                               [&](int64_t lo, int64_t hi) {
                                 for (int64_t r = lo; r < hi; ++r)
-                                  triforce::silu_mul_row(g + r * W, u + r * W, o + r * W, W);
+                                  triforce::glu_row<A>(g + r * W, u + r * W, o + r * W, W);
                               });
   });
+}
+
+template <triforce::Act A>
+at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), name, ": gate and up must have one shape, got ", gate.sizes(), " and ",
+              up.sizes());
+  TORCH_CHECK(gate.scalar_type() == up.scalar_type(), name, ": gate and up must have one dtype, got ",
+              gate.scalar_type(), " and ", up.scalar_type());
+  TORCH_CHECK(gate.device().is_cpu() && up.device().is_cpu(), name, ": CPU tensors only");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
+  glu_into<A>(g, u, out);
+  return out;
 }
 
 // RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
@@ -279,7 +293,7 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::T
   const at::Tensor h2 = residual_add(o, h);
   const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
   auto [gate, up] = p.many<2>({1, 2}, x);
-  silu_mul_into(gate, up, gate);
+  glu_into<triforce::Act::kSilu>(gate, up, gate);
   const at::Tensor down = p(3, gate);
   return residual_add(down.view({B, T, -1}), h2);
 }
@@ -443,15 +457,11 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 }
 
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
-  TORCH_CHECK(gate.sizes() == up.sizes(), "silu_mul: gate and up must have one shape, got ", gate.sizes(), " and ",
-              up.sizes());
-  TORCH_CHECK(gate.scalar_type() == up.scalar_type(), "silu_mul: gate and up must have one dtype, got ",
-              gate.scalar_type(), " and ", up.scalar_type());
-  TORCH_CHECK(gate.device().is_cpu() && up.device().is_cpu(), "silu_mul: CPU tensors only");
-  const at::Tensor g = gate.contiguous(), u = up.contiguous();
-  at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-  silu_mul_into(g, u, out);
-  return out;
+  return glu_op<triforce::Act::kSilu>("silu_mul", gate, up);
+}
+
+at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up) {
+  return glu_op<triforce::Act::kGeluTanh>("gelu_tanh_mul", gate, up);
 }
 
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,

@@ -6,12 +6,15 @@ or supported only at one harmless value (``_HARMLESS_ONLY_AT``, checked by value
 raises ``ValueError`` naming the key: a key we do not understand may change the math, and loading it
 anyway would give silently wrong logits.
 
-Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5) and
-``qwen3``. They are one model with a switch per difference, not a copy per family: ``qkv_bias``
-(Qwen2: biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's and Qwen3's key),
-``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3: an RMSNorm over head_dim on each query and key head
-before RoPE), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
-:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
+Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5),
+``qwen3`` and ``gemma`` (Gemma 1). They are one model with a switch per difference, not a copy per family:
+``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and
+Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3: an RMSNorm over head_dim on each query and key
+head before RoPE), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded),
+``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype), ``activation``
+(``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), an explicit ``head_dim`` and the
+RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves a key out gets
+that family's transformers default.
 """
 from __future__ import annotations
 
@@ -46,6 +49,10 @@ class Family:
     architecture: str
     qkv_bias: bool = False
     qk_norm: bool = False
+    gemma_norm: bool = False  # RMSNorm: x_f32 * rsqrt(...) * (1 + w_f32), rounded to the dtype at the end
+    embed_scale: bool = False  # the embeddings times sqrt(hidden_size), the factor rounded to the dtype
+    activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh form)
+    hidden_acts: tuple = ("silu",)  # hidden_act values of the family's config.json that mean `activation`
     reads: tuple = ()  # of "attention_bias", "mlp_bias": the family's config has the key
     defaults: dict = field(default_factory=dict)
 
@@ -60,6 +67,12 @@ FAMILIES = {
     "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True, defaults=dict(_QWEN_DEFAULTS)),
     "qwen3": Family("Qwen3ForCausalLM", qk_norm=True, reads=("attention_bias",),
                     defaults={**_QWEN_DEFAULTS, "head_dim": 128}),
+    # transformers reads Gemma's legacy hidden_act "gelu" as the tanh form (GemmaConfig, with a warning)
+    "gemma": Family("GemmaForCausalLM", gemma_norm=True, embed_scale=True, activation="gelu_tanh",
+                    hidden_acts=("gelu_pytorch_tanh", "gelu"), reads=("attention_bias",), defaults={
+                        "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
+                        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+                        "head_dim": 256, "max_position_embeddings": 8192, "tie_word_embeddings": True}),
 }
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 
@@ -88,7 +101,12 @@ _NO_WINDOW = "no sliding-window attention (no window, or one at least max_positi
 
 # key -> (harmless(value, config), the value we implement). Any other value raises.
 _HARMLESS_ONLY_AT = {
-    "hidden_act": (lambda v, c: v == "silu", "'silu' (SwiGLU)"),
+    "hidden_act": (lambda v, c: v in FAMILIES[c.model_type].hidden_acts,
+                   "the family's activation ('silu': SwiGLU; Gemma's 'gelu_pytorch_tanh' or its legacy 'gelu')"),
+    # transformers 4.x Gemma's key (it overrode hidden_act); 5.x reads hidden_act only
+    "hidden_activation": (lambda v, c: c.model_type == "gemma" and v in (None, "gelu_pytorch_tanh"),
+                          "'gelu_pytorch_tanh' (Gemma)"),
+    "use_bidirectional_attention": (lambda v, c: not v, "false or null (causal attention)"),
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
     "partial_rotary_factor": (lambda v, c: v in (1, None), "1.0 (RoPE on the whole head)"),
@@ -296,6 +314,21 @@ class LlamaConfig:
         return FAMILIES[self.model_type].qk_norm
 
     @property
+    def gemma_norm(self) -> bool:
+        """RMSNorm's weight applied as ``1 + w`` in float32 before rounding to the dtype (Gemma)."""
+        return FAMILIES[self.model_type].gemma_norm
+
+    @property
+    def embed_scale(self) -> bool:
+        """The embeddings multiplied by sqrt(hidden_size), rounded to the dtype (Gemma)."""
+        return FAMILIES[self.model_type].embed_scale
+
+    @property
+    def activation(self) -> str:
+        """The gated MLP's activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU)."""
+        return FAMILIES[self.model_type].activation
+
+    @property
     def rope_type(self) -> str:
         return "default" if self.rope_scaling is None else self.rope_scaling["rope_type"]
 
@@ -334,7 +367,7 @@ class LlamaConfig:
             if name not in family.reads:  # always false (checked), and not a key of the family's config
                 del d[name]
         d.setdefault("architectures", [family.architecture])
-        d.setdefault("hidden_act", "silu")
+        d.setdefault("hidden_act", family.hidden_acts[0])
         return d
 
     def replace(self, **changes) -> "LlamaConfig":

@@ -91,15 +91,33 @@ def _register_fakes() -> None:
         torch.library.register_fake("triforce_C::rowwise_linear_q8")(lambda x, q, scales: rows(x, q))
     if hasattr(ops, "rowwise_linear_q4_1"):
         torch.library.register_fake("triforce_C::rowwise_linear_q4_1")(rows)
-    if hasattr(ops, "silu_mul"):
-        torch.library.register_fake("triforce_C::silu_mul")(
-            lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
+    for name in ("silu_mul", "gelu_tanh_mul"):
+        if hasattr(ops, name):
+            torch.library.register_fake(f"triforce_C::{name}")(
+                lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
+            torch.library.register_autograd(f"triforce_C::{name}", _glu_backward(name), setup_context=_glu_setup)
     if hasattr(ops, "decoder_attn_in"):
         torch.library.register_fake("triforce_C::decoder_attn_in")(attn_in)
         torch.library.register_fake("triforce_C::decoder_attn_out_mlp")(attn_out_mlp)
 
 
 _ROWWISE = None
+
+
+def _glu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _glu_backward(name: str):
+    """The gradients of ``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (act(gate) * up) through ATen's own
+    derivatives, so that the MLP gives the same forward bits with autograd on as off."""
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        if name == "silu_mul":
+            return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+        return (torch.ops.aten.gelu_backward(grad * up, gate, approximate="tanh"),
+                grad * F.gelu(gate, approximate="tanh"))
+    return backward
 
 
 def _fused_available() -> bool:
@@ -232,6 +250,27 @@ class RMSNorm(nn.Module):
                 and w.shape == x.shape[-1:] and 0 < x.shape[-1] <= _layer_ops().MAX_HIDDEN and not _hooked(self))
 
 
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight ``w`` is stored as an offset from 1 (zeros: the identity scaling) and
+    applied as ``1 + w`` in float32 before the result is rounded to the input's dtype (Llama's applies ``w`` in
+    the model's dtype after rounding). Row by row, like :class:`RMSNorm`; no fused or Triton path."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def make_norm(config: LlamaConfig, dim: int, eps: float) -> RMSNorm:
+    """The family's RMSNorm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``."""
+    return (GemmaRMSNorm if config.gemma_norm else RMSNorm)(dim, eps)
+
+
 def _layer_ops():
     from triforce_kernels.triton import layer_ops
     return layer_ops
@@ -288,32 +327,37 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The gated MLP: ``down(act(gate(x)) * up(x))``, ``act`` SiLU (SwiGLU) or GELU's tanh form (Gemma's
+    GeGLU): ``config.activation``."""
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = Linear(h, i, bias=bias)
         self.up_proj = Linear(h, i, bias=bias)
         self.down_proj = Linear(i, h, bias=bias)
+        self.activation = config.activation
 
     def forward(self, x):
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() and gate.dtype == up.dtype \
-                and gate.shape == up.shape:
+        silu = self.activation == "silu"
+        if silu and _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() \
+                and gate.dtype == up.dtype and gate.shape == up.shape:
             return self.down_proj(_layer_ops().silu_mul(gate, up))
-        if _native_silu(gate, up):
-            return self.down_proj(torch.ops.triforce_C.silu_mul(gate, up))
-        return self.down_proj(F.silu(gate) * up)
+        if _native_glu(gate, up):
+            return self.down_proj(getattr(torch.ops.triforce_C, f"{self.activation}_mul")(gate, up))
+        act = F.silu(gate) if silu else F.gelu(gate, approximate="tanh")
+        return self.down_proj(act * up)
 
 
-def _native_silu(gate: torch.Tensor, up: torch.Tensor) -> bool:
-    """SiLU(gate) * up on the CPU goes through ``triforce_C::silu_mul`` (the fused layer's, same bits): ATen's
-    SiLU rounds a row's elements by where they fall in the flattened tensor and the threads' shares of it, so
-    its rows are not independent (csrc/include/triforce/silu.h). Without autograd on them, as
-    :class:`Linear`'s rowwise path; ``F.silu`` where the extension is off (``TRIFORCE_ROWWISE_LINEAR=0``)."""
+def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """act(gate) * up on the CPU goes through ``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (the fused layer's,
+    same bits): ATen's SiLU and GELU round a row's elements by where they fall in the flattened tensor and the
+    threads' shares of it, so their rows are not independent (csrc/include/triforce/glu.h). With autograd too
+    (the ops' gradients are ATen's: :func:`_glu_backward`); PyTorch's ops where the extension is off
+    (``TRIFORCE_ROWWISE_LINEAR=0``)."""
     return (gate.device.type == "cpu" and gate.dtype in _ROWWISE_DTYPES and up.dtype == gate.dtype
-            and up.shape == gate.shape
-            and not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad))
-            and _rowwise_available() and hasattr(torch.ops.triforce_C, "silu_mul"))
+            and up.shape == gate.shape and _rowwise_available() and hasattr(torch.ops.triforce_C, "gelu_tanh_mul"))
 
 
 class DecoderLayer(nn.Module):
@@ -321,8 +365,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(config, layer)
         self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h, cos, sin, cache, step):
         fused = self.fused_arguments(h)
@@ -357,6 +401,8 @@ class DecoderLayer(nn.Module):
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         if not all(type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
+            return None
+        if mlp.__dict__.get("activation", "silu") != "silu":  # the fused layer's MLP is SwiGLU's
             return None
         if q_norm is not None and q_norm.eps != k_norm.eps:  # the native call takes one eps for both
             return None
@@ -462,7 +508,7 @@ class LlamaModel(nn.Module):
         weight = None if init else torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps)
 
 
 class Llama(nn.Module):
@@ -529,6 +575,15 @@ class Llama(nn.Module):
             self.inv_freq = rope_inv_freq(self.config, self.inv_freq.device)
         return out
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of ``input_ids`` (the residual stream's start): ``embed_tokens``, times
+        sqrt(hidden_size) where ``config.embed_scale`` (Gemma), the factor rounded to the dtype first as
+        transformers does."""
+        h = self.model.embed_tokens(input_ids)
+        if self.config.embed_scale:
+            h = h * float(torch.tensor(self.config.hidden_size ** 0.5).to(h.dtype))
+        return h
+
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
@@ -590,7 +645,7 @@ class Llama(nn.Module):
         stream returned is theirs, ``[1, N, H]`` (the native stack computes them packed; the layers one by one
         compute every token, then the real ones are taken)."""
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype, self.rope_scale)
-        h = self.model.embed_tokens(input_ids)
+        h = self.embed(input_ids)
         layers = self.model.layers
         bounds = (0, len(layers)) if tap is None else (0, tap.layer, len(layers))
         for lo, hi in zip(bounds, bounds[1:]):

@@ -389,8 +389,10 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 # GGUF architecture -> (model_type, whether llama.cpp's converter permuted attn_q / attn_k). llama.cpp
 # runs llama-arch RoPE on interleaved pairs (hence the permutation; Mistral converts as llama), qwen2 /
-# qwen3 on half-split pairs (NEOX), stored as in the Hugging Face checkpoint.
-GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+# qwen3 / gemma on half-split pairs (NEOX), stored as in the Hugging Face checkpoint. llama.cpp's converter
+# stores Gemma's RMSNorm weights as 1 + w (the factor they apply), which read_gguf turns back into w.
+GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
+                      "gemma": ("gemma", False)}
 
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
@@ -564,6 +566,8 @@ def read_gguf(path: Path, skip=None, reader=None):
             config = config.replace(rope_scaling=_rope_from_freq_factors(config, w, path))
             continue
         key, heads = _state_key(name, path, arch, permuted, n_head, n_kv)
+        if config.gemma_norm and key.endswith("norm.weight"):
+            w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm adds the 1 back (exact for factors in [0.5, 2])
         sd[key] = w if heads is None else _unpermute(w, heads)
     return config, sd
 

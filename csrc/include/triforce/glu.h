@@ -1,0 +1,142 @@
+// The gated MLPs' elementwise step, act(gate) * up, with one arithmetic for every element: SwiGLU's SiLU
+// (Llama, Mistral, Qwen) and GeGLU's GELU in its tanh form (Gemma). Torch-free.
+//
+// Why not ATen's SiLU / GELU: their CPU kernels take a tensor's elements through a vectorised loop (Sleef's
+// exp / tanh) in pieces of 32 (float32) or 64 (16-bit) and the pieces' remainders through a scalar loop
+// (libm's), which rounds differently; the pieces are cut from the tensor flattened and split among the
+// threads. So a row's elements may round one way in a pass of 5 rows and another way alone, by the width (an
+// MLP 80 wide: 95 of 200 rows differed) and by the thread count (Qwen2.5's 4864 on 3 threads: 5 of 186; on
+// 7: 11), which breaks the promise that a verification pass computes the bits of one-token steps
+// (docs/engines.md, "Exact in the algorithm, and in floating point"). Here each row is its own loop, and
+// every element of it, the last ones included, goes through the same instructions: 16 lanes at a time with
+// masked loads and stores where AVX-512 is compiled in, else the scalar form, which gives the same bits lane
+// for lane in the same build (csrc/tests/test_glu.cpp checks it).
+//
+// Both activations are x / (1 + e^t): SiLU(x) = x / (1 + e^-x), PyTorch's formula; GELU's tanh form
+// 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), is the same value as x / (1 + e^(-2u)) (1 + tanh(u)
+// = 2 / (1 + e^(-2u))), which has no cancellation where tanh(u) is near -1. e^t comes from common.h's
+// reduction and polynomial (~1 ulp, as Sleef's), t clamped to [kExpMin, 88.75]: below kExpMin e^t < 2^-126
+// leaves 1 + e^t = 1, and above ln(FLT_MAX) = 88.72 e^t is inf (x / inf = -0, as PyTorch's SiLU of x < -88.7
+// and GELU of x < -10). NaN propagates through the division, +inf gives +inf and -inf NaN, as PyTorch's.
+//
+// Rounding as the modules' act(gate) * up: the activation in float32 rounded to the element type, times up in
+// float32, rounded to the element type (bfloat16 and float16 to nearest even).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.h"
+
+namespace triforce {
+
+constexpr float kSiluExpMax = 88.75f;  // e^t is inf beyond ln(FLT_MAX) = 88.7228; k = 128 here
+constexpr float kGeluKappa = 0.044715f;
+constexpr float kGeluMinusTwoBeta = -1.5957691216057308f;  // -2 sqrt(2 / pi)
+
+// x / (1 + e^t)
+inline float div_one_plus_exp(float x, float t) {
+  t = t > kExpMin ? (t < kSiluExpMax ? t : kSiluExpMax) : kExpMin;  // NaN -> kExpMin; x / ... is NaN
+  const float k = std::nearbyint(t * kExpLog2e);  // the product rounded first (no FMA), to nearest even
+  const float p = exp_reduced(t, k);
+  // p * 2^k in two exact scalings (2^128 is no float): one rounding, as AVX-512's scalef
+  const int32_t ki = static_cast<int32_t>(k), k1 = ki / 2, k2 = ki - k1;
+  const float e = p * __builtin_bit_cast(float, static_cast<uint32_t>(k1 + 127) << 23) *
+                  __builtin_bit_cast(float, static_cast<uint32_t>(k2 + 127) << 23);
+  return x / (1.f + e);
+}
+
+enum class Act { kSilu, kGeluTanh };
+
+template <Act A>
+inline float act_f32(float x) {
+  if constexpr (A == Act::kSilu) {
+    return div_one_plus_exp(x, -x);
+  } else {
+    const float x3 = x * x * x;
+    return div_one_plus_exp(x, kGeluMinusTwoBeta * std::fma(kGeluKappa, x3, x));
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 div_one_plus_exp(__m512 x, __m512 t) {
+  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kSiluExpMax));
+  const __m512 k = _mm512_roundscale_ps(t * kExpLog2e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 e = _mm512_scalef_ps(exp_reduced(t, k), k);
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
+
+template <Act A>
+inline __m512 act_f32(__m512 x) {
+  if constexpr (A == Act::kSilu) {
+    return div_one_plus_exp(x, _mm512_sub_ps(_mm512_setzero_ps(), x));
+  } else {
+    const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+    const __m512 inner = _mm512_fmadd_ps(_mm512_set1_ps(kGeluKappa), x3, x);
+    return div_one_plus_exp(x, _mm512_mul_ps(_mm512_set1_ps(kGeluMinusTwoBeta), inner));
+  }
+}
+
+// n <= 16 elements as float32, and float32 rounded to 16 bits as from_float does (nearest even; NaN quiet,
+// bfloat16 keeping the payload's top bits, float16 as the sign and 0x7e00).
+inline __m512 load_n(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 widen(const bf16*, __m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 widen(const f16*, __m256i h) { return _mm512_cvtph_ps(h); }
+template <typename S>
+inline __m512 load_n(const S* p, __mmask16 m) { return widen(p, _mm256_maskz_loadu_epi16(m, p)); }
+
+inline __m256i narrow(const bf16*, __m512 v) {
+  const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+  const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40))));
+}
+inline __m256i narrow(const f16*, __m512 v) {
+  const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m256i sign = _mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(0x8000)));
+  return _mm256_mask_mov_epi16(h, nan, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00)));
+}
+
+inline void store_n(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+template <typename S>
+inline void store_n(S* p, __mmask16 m, __m512 v) { _mm256_mask_storeu_epi16(p, m, narrow(p, v)); }
+
+// v rounded to the element type S, as float32 (exact)
+template <typename S>
+inline __m512 round_to(__m512 v) {
+  if constexpr (std::is_same_v<S, float>) {
+    return v;
+  } else {
+    return widen(static_cast<const S*>(nullptr), narrow(static_cast<const S*>(nullptr), v));
+  }
+}
+#endif
+
+// out[i] = S(float(S(act(gate[i]))) * float(up[i])) for i < n, one element at a time; out may be gate.
+template <Act A, typename S>
+inline void glu_row_scalar(const S* gate, const S* up, S* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = to_float(from_float<S>(act_f32<A>(to_float(gate[i]))));
+    out[i] = from_float<S>(a * to_float(up[i]));
+  }
+}
+
+// The same, 16 elements at a time where AVX-512 is compiled in (the same bits: test_glu.cpp).
+template <Act A, typename S>
+inline void glu_row(const S* gate, const S* up, S* out, int64_t n) {
+#if defined(__AVX512F__)
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 a = round_to<S>(act_f32<A>(load_n(gate + i, m)));
+    store_n(out + i, m, _mm512_mul_ps(a, load_n(up + i, m)));
+  }
+#else
+  glu_row_scalar<A>(gate, up, out, n);
+#endif
+}
+
+}  // namespace triforce
