@@ -109,7 +109,22 @@ def test_hf_directory_reads_the_index_shards_only(tmp_path):
         Llama.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3-bias", "llama3-untied-biases"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma_cached_forward_compiles(dtype):
+    """Gemma's own modules (the scaled embeddings, GemmaRMSNorm, the GeGLU op with its fake) trace with
+    ``fullgraph=True``, and ``aot_eager`` (the real kernels on the traced graph) gives the eager logits."""
+    torch.manual_seed(0)
+    model = randomize_(Llama(LlamaConfig(**{**TINY, "model_type": "gemma", "head_dim": 16})).eval()).to(dtype)
+    ids = torch.randint(0, 101, (2, 3), generator=torch.Generator().manual_seed(0))
+    caches = [FullCache(model.config, 2, 16, dtype=dtype) for _ in range(2)]
+    with torch.no_grad():
+        eager = model(ids, cache=caches[0])
+        compiled = torch.compile(lambda x: model(x, cache=caches[1]), backend="aot_eager", fullgraph=True)(ids)
+    torch._dynamo.reset()
+    assert torch.equal(compiled, eager)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3-bias", "llama3-untied-biases", "gemma-untied-bias"])
 def test_cache_paths_equal_plain_forward(family):
     """Prefill in chunks, a verify step, decode, and a tree over the cached prefix: the biases and the q/k
     norms take the same path in every forward."""
