@@ -33,7 +33,9 @@ with float32 scales (``cpu_f32_scales``: 0.75 / 0.875 / 1.0 bytes a weight), the
 (``cpu_float32``: a K-quant model's layers before) and ``F.linear``. ``--dtype iq4_xs_int8``: GGUF IQ4_XS's form
 (IQ4_NL: 4-bit indices into the IQ4_NL grid, 0.539 bytes a weight; 0.625 with float32 scales), the same way;
 ``--dtype q2_k_int8``: GGUF Q2_K's (Q2_16: its 2-bit codes, a scale and a minimum per 16 weights; 0.39 bytes
-a weight, 0.75 with float32 scales).
+a weight, 0.75 with float32 scales); ``--dtype q3_k_int8``: GGUF Q3_K's (Q3_16: its 3-bit codes, a scale per 16
+weights; 0.445 bytes a weight, 0.625 with float32 scales), also against the same codes at Q8_0_16's byte a weight
+(``cpu_q8_0_16``: what Q3_K ran on before, 1.07 bytes a weight).
 These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
 whole number of super-blocks).
 
@@ -44,7 +46,7 @@ is then ``cpu_vnni`` (extra ``AMX tiles``).
 
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
     # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|
-    #        q2_k_int8|both
+    #        q2_k_int8|q3_k_int8|both
     # (default both);
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
@@ -68,12 +70,13 @@ def main():
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
-                                       "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "both"],
+                                       "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
+                                       "both"],
                    default="both",
                    help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
                         "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x); q4_1_int8 / q8_0_int8 = rowwise_linear_i8 "
                         "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8 / iq4_xs_int8 / "
-                        "q2_k_int8: the same on the forms of the K-quants and IQ4_XS")
+                        "q2_k_int8 / q3_k_int8: the same on the forms of the K-quants and IQ4_XS")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -84,7 +87,7 @@ def main():
     kernel = torch.ops.triforce_C.rowwise_linear
     quantised = {"int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8,
                  "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k,
-                 "q2_k_int8": bench_i8_k}
+                 "q2_k_int8": bench_i8_k, "q3_k_int8": bench_i8_k}
     if a.dtype in quantised:
         if a.many_rows:
             raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
@@ -187,7 +190,7 @@ def bench_i8_k(a, g, bw) -> None:
     from triforce.models.quant import Int8DotLinear, pack_i8, unpack_i8
 
     n, k = K, N  # SmolLM2's down_proj: [576, 1536]
-    supers, plains = [], []
+    supers, plains, bytewise = [], [], []
     for _ in range(MATRICES):
         mult = lambda lo, hi, per: torch.randint(lo, hi, (n, k // per), generator=g)  # noqa: E731
         if a.dtype in ("q4_k_int8", "q5_k_int8"):
@@ -196,6 +199,9 @@ def bench_i8_k(a, g, bw) -> None:
         elif a.dtype == "q2_k_int8":  # Q2_K's 2-bit codes (Q2_16)
             q = torch.randint(0, 4, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(0, 16, 16), mult(0, 16, 16), 2
+        elif a.dtype == "q3_k_int8":  # Q3_K's codes in -4..3 (Q3_16) and 6-bit sc - 32 per 16
+            q = torch.randint(-4, 4, (n, k), generator=g, dtype=torch.int8)
+            d, m, nb = mult(-32, 32, 16), None, 1
         elif a.dtype == "iq4_xs_int8":  # indices into the IQ4_NL grid
             q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(-32, 32, 32), None, 1
@@ -206,15 +212,21 @@ def bench_i8_k(a, g, bw) -> None:
         supers.append(Int8DotLinear(*pack_i8(q, d, m, base=base), k))
         _, _, d32, m32 = unpack_i8(supers[-1].codes, supers[-1].scales, k)
         plains.append(Int8DotLinear(*pack_i8(q, d32, m32, torch.float32), k))
+        if a.dtype == "q3_k_int8":
+            bytewise.append(Int8DotLinear(*pack_i8(q, d, m, base=base, three_bits=False), k))
     # each call reads its matrices from memory, whatever the last-level cache (streamed: copies, in turn)
     sup = streamed([(m.codes, m.scales) for m in supers], _packed_bytes(supers[0]), _clone_all)
     plain = streamed([(m.codes, m.scales) for m in plains], _packed_bytes(plains[0]), _clone_all)
     dense_sets = streamed([m.weight for m in supers], n * k * 4, torch.clone)
     kernel, fp32 = torch.ops.triforce_C.rowwise_linear_i8, torch.ops.triforce_C.rowwise_linear
+    others = {"cpu_f32_scales": (lambda x: [kernel(x, c, s) for c, s in plain()], _packed_bytes(plains[0])),
+              "cpu_float32": (lambda x: [fp32(x, w) for w in dense_sets()], n * k * 4)}
+    if bytewise:  # Q3_K's codes at a byte each, the form it ran on before Q3_16: the baseline
+        wide = streamed([(m.codes, m.scales) for m in bytewise], _packed_bytes(bytewise[0]), _clone_all)
+        others = {"cpu_q8_0_16": (lambda x: [kernel(x, c, s) for c, s in wide()], _packed_bytes(bytewise[0])),
+                  **others}
     _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, _packed_bytes(supers[0]),
-                     lambda x: [kernel(x, c, s) for c, s in sup()], dense_sets,
-                     {"cpu_f32_scales": (lambda x: [kernel(x, c, s) for c, s in plain()], _packed_bytes(plains[0])),
-                      "cpu_float32": (lambda x: [fp32(x, w) for w in dense_sets()], n * k * 4)}, n=n, k=k)
+                     lambda x: [kernel(x, c, s) for c, s in sup()], dense_sets, others, n=n, k=k)
 
 
 def _clone_all(tensors: tuple) -> tuple:

@@ -1,5 +1,5 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 weights with float16,
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 / Q3_16 weights with float16,
 float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
 blocks map onto them bitwise
 (gguf_i8_blocks against gguf's own dequantisation).
@@ -31,8 +31,8 @@ def i8(x, codes, scales):
     return torch.ops.triforce_C.rowwise_linear_i8(x, codes, scales)
 
 
-FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16"]
-HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16")  # a scale (and minimum) per 16 weights
+FORMATS = ["Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16", "Q3_16"]
+HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16", "Q3_16")  # a scale (and minimum) per 16 weights
 SCALES = [torch.float16, torch.float32]
 
 
@@ -55,6 +55,8 @@ def random_blocks(fmt, N, K, g, scales_dtype=torch.float16):
         return torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), d, None
     if fmt == "Q6_16":  # 6-bit codes, w = d * (q - 32)
         return torch.randint(0, 64, (N, K), generator=g, dtype=torch.uint8), d, None
+    if fmt == "Q3_16":  # int8 codes in -4..3 (GGUF Q3_K's), which pack_i8 stores at 3 bits
+        return torch.randint(-4, 4, (N, K), generator=g, dtype=torch.int8), d, None
     return torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8), d, None
 
 
@@ -118,7 +120,7 @@ def test_packing_round_trips(fmt, scales_dtype, NG, G, seed):
     codes, scales = pack_i8(q, d, m, scales_dtype)
     assert codes.dtype == torch.uint8 and scales.dtype == scales_dtype
     assert codes.shape == (NG, G * {"Q4_1": 256, "Q5_1": 320, "IQ4_NL": 256, "Q6_16": 384, "Q4_1_16": 256,
-                                    "Q2_16": 128}.get(fmt, 512))
+                                    "Q2_16": 128, "Q3_16": 192}.get(fmt, 512))
     assert scales.shape == (NG, G * {"Q8_0": 16, "IQ4_NL": 16, "Q4_1_16": 64, "Q2_16": 64}.get(fmt, 32))
     got_fmt, q2, d2, m2 = unpack_i8(codes, scales, 32 * G)
     assert got_fmt == fmt and torch.equal(q2, code_values(fmt, q)) and torch.equal(d2, d)
@@ -135,7 +137,8 @@ def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M,
     N, K = 16 * NG, 256 * S
     q, d, m, base = random_super(fmt, N, K, g)
     codes, scales = pack_i8(q, d, m, base=base)
-    super_bytes = {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288, "Q6_16": 288, "Q4_1_16": 576, "Q2_16": 576}.get(fmt, 160)
+    super_bytes = {"Q4_1": 320, "Q5_1": 320, "Q8_0_16": 288, "Q6_16": 288, "Q4_1_16": 576, "Q2_16": 576,
+                   "Q3_16": 288}.get(fmt, 160)
     assert scales.dtype == torch.uint8 and scales.shape == (NG, S * super_bytes)
     per = d.shape[1] // S
     d32 = base[..., 0].repeat_interleave(per, 1) * d.float()
@@ -147,6 +150,44 @@ def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M,
     assert torch.equal(codes32, codes)
     x = random_x(M, K, g, special=True)
     assert torch.equal(i8(x, codes, scales), i8(x, codes32, scales32))
+
+
+@given(seed=st.integers(0, 2**31 - 1), NG=st.integers(1, 3), G=st.integers(1, 4))
+def test_three_bit_codes_are_chosen_for_codes_in_minus_4_to_3(seed, NG, G):
+    """int8 codes with a scale per 16 weights pack as Q3_16 (3 bits a weight: 192 code bytes a block of 16 rows
+    instead of Q8_0_16's 512) exactly when all lie in -4..3, GGUF Q3_K's range; one code outside keeps Q8_0_16.
+    Both unpack to the same codes and scales."""
+    g = torch.Generator().manual_seed(seed)
+    q, d, _ = random_blocks("Q3_16", 16 * NG, 32 * G, g)
+    for lo, hi in ((-4, 3), (-5, 3), (-4, 4)):
+        qq = q.clone()
+        qq.view(-1)[int(torch.randint(0, q.numel(), (1,), generator=g))] = lo
+        qq.view(-1)[int(torch.randint(0, q.numel(), (1,), generator=g))] = hi
+        codes, scales = pack_i8(qq, d)
+        fmt, q2, d2, _ = unpack_i8(codes, scales, 32 * G)
+        assert fmt == ("Q3_16" if (lo, hi) == (-4, 3) else "Q8_0_16")
+        assert codes.shape[1] == G * (192 if fmt == "Q3_16" else 512)
+        assert torch.equal(q2, qq.long()) and torch.equal(d2, d)
+
+
+@needs_kernel
+@given(scales=st.sampled_from(SCALES + ["super"]), M=st.sampled_from([1, 2, 4, 5, 9, 33]), seed=st.integers(0, 2**31 - 1))
+def test_three_bit_codes_give_the_bits_of_the_int8_codes(scales, M, seed):
+    """Q3_16 (GGUF Q3_K's codes at their own 3 bits) gives bitwise what Q8_0_16 gives on the same int8 codes
+    (``three_bits=False``), at 3/8 of its code bytes, on every path (1-4 rows, more register blocks, the AMX
+    tiles from 32 rows where the CPU has them)."""
+    g = torch.Generator().manual_seed(seed)
+    K = 512
+    if scales == "super":
+        q, d, m, base = random_super("Q3_16", 32, K, g)
+        three, eight = pack_i8(q, d, base=base), pack_i8(q, d, base=base, three_bits=False)
+    else:
+        q, d, m = random_blocks("Q3_16", 32, K, g, scales)
+        three, eight = pack_i8(q, d, None, scales), pack_i8(q, d, None, scales, three_bits=False)
+    assert unpack_i8(*three, K)[0] == "Q3_16" and unpack_i8(*eight, K)[0] == "Q8_0_16"
+    assert three[0].numel() * 8 == eight[0].numel() * 3 and torch.equal(three[1], eight[1])
+    x = random_x(M, K, g, special=True)
+    assert torch.equal(i8(x, *three), i8(x, *eight))
 
 
 @needs_kernel
@@ -526,7 +567,7 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
     layers stay float32."""
     path, model = kquant_gguf(tmp_path)
     fast = gguf_copy(model, path, activations="int8")
-    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q6_16", "Q4_0": "Q4_1", "Q3_K": "Q8_0_16",
+    want_format = {"Q4_K": "Q4_1", "Q5_0": "Q5_1", "Q6_K": "Q6_16", "Q4_0": "Q4_1", "Q3_K": "Q3_16",
                    "Q5_K": "Q5_1", "IQ4_XS": "IQ4_NL", "IQ4_NL": "IQ4_NL", "Q2_K": "Q2_16"}
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
              "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}

@@ -148,7 +148,7 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   namespace li = triforce::linear_i8;
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 256, 320, 384 or 512] and scales [N / 16, "
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 192, 256, 320, 384 or 512] and scales [N / 16, "
               "K / 32 * 64, 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ",
               codes.sizes(), " and ", scales.sizes());
   const bool super = scales.scalar_type() == at::kByte;  // float16 bases and int8 multipliers per 256 inputs
@@ -177,17 +177,19 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   using Q6_16 = std::integral_constant<Format, Format::Q6_16>;
   using Q4_1_16 = std::integral_constant<Format, Format::Q4_1_16>;
   using Q2_16 = std::integral_constant<Format, Format::Q2_16>;
+  using Q3_16 = std::integral_constant<Format, Format::Q3_16>;
   const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{}),
-             q6 = is(Q6_16{}), q4_16 = is(Q4_1_16{}), q2_16 = is(Q2_16{});
+             q6 = is(Q6_16{}), q4_16 = is(Q4_1_16{}), q2_16 = is(Q2_16{}), q3_16 = is(Q3_16{});
   auto sizes = [&](auto f, const char* name) {  // "codes and scales (name)" of form f at this K
     constexpr Format F = decltype(f)::value;
     return std::to_string(G * li::code_bytes<F>()) + " and " + std::to_string(scale_elems(f)) + " (" + name + ")";
   };
-  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4 || q6 || q4_16 || q2_16, "rowwise_linear_i8: for ", K,
+  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4 || q6 || q4_16 || q2_16 || q3_16, "rowwise_linear_i8: for ", K,
               " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", sizes(Q4_1{}, "Q4_1"), ", ",
               sizes(Q5_1{}, "Q5_1"), ", ", sizes(Q8_0{}, "Q8_0"), ", ", sizes(Q8_0_16{}, "Q8_0_16"), ", ",
-              sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), ", ", sizes(Q4_1_16{}, "Q4_1_16"), " or ",
-              sizes(Q2_16{}, "Q2_16"), ", got ", codes.size(1), " and ", scales.size(1));
+              sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), ", ", sizes(Q4_1_16{}, "Q4_1_16"), ", ",
+              sizes(Q2_16{}, "Q2_16"), " or ", sizes(Q3_16{}, "Q3_16"), ", got ", codes.size(1), " and ",
+              scales.size(1));
   const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
   at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));
@@ -227,8 +229,10 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
     with_scales(Q6_16{});
   else if (q4_16)
     with_scales(Q4_1_16{});
-  else
+  else if (q2_16)
     with_scales(Q2_16{});
+  else
+    with_scales(Q3_16{});
   return out;
 }
 

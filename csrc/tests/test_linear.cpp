@@ -256,7 +256,9 @@ int main() {
         check_i8<linear_i8::Format::Q4_1_16, float>(M, K, NG, g);
         check_i8<linear_i8::Format::Q2_16, uint16_t>(M, K, NG, g);
         check_i8<linear_i8::Format::Q2_16, float>(M, K, NG, g);
-        cases += 16;
+        check_i8<linear_i8::Format::Q3_16, uint16_t>(M, K, NG, g);
+        check_i8<linear_i8::Format::Q3_16, float>(M, K, NG, g);
+        cases += 18;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 9, 16, 21, 33})  // super-block scales: K a multiple of 256
     for (int64_t K : {256, 512, 2304})
@@ -269,7 +271,8 @@ int main() {
         check_i8<linear_i8::Format::Q6_16, linear_i8::SuperScale>(M, K, NG, g);
         check_i8<linear_i8::Format::Q4_1_16, linear_i8::SuperScale>(M, K, NG, g);
         check_i8<linear_i8::Format::Q2_16, linear_i8::SuperScale>(M, K, NG, g);
-        cases += 8;
+        check_i8<linear_i8::Format::Q3_16, linear_i8::SuperScale>(M, K, NG, g);
+        cases += 9;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13})
     for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 64, 100, 576})

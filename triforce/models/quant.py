@@ -281,13 +281,14 @@ def _check_i8_shapes(w_shape):
                          f"{I8_GROUP} and in_features a positive multiple of {GROUP}")
 
 
-I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16")  # packed forms (linear_i8.h)
+I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16",  # packed forms (linear_i8.h)
+              "Q3_16")
 _I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256,  # per block of 32 inputs
-                  "Q6_16": 384, "Q4_1_16": 256, "Q2_16": 128}  # and group of 16 rows
+                  "Q6_16": 384, "Q4_1_16": 256, "Q2_16": 128, "Q3_16": 192}  # and group of 16 rows
 _I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16, "Q6_16": 32,  # per block and group
-              "Q4_1_16": 64, "Q2_16": 64}
+              "Q4_1_16": 64, "Q2_16": 64, "Q3_16": 32}
 _I8_WITH_MIN = ("Q4_1", "Q5_1", "Q4_1_16", "Q2_16")  # w = d * q + m
-_I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16")  # a scale (and minimum) per 16 weights
+_I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16", "Q3_16")  # a scale (and minimum) per 16 weights
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
 SUPER_BLOCK = 256  # inputs per super-block of the uint8 (super-block) scales
 
@@ -303,7 +304,7 @@ def _super_bytes(fmt: str) -> int:
 
 
 def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
-            scales_dtype: torch.dtype = torch.float16, *, base: torch.Tensor | None = None
+            scales_dtype: torch.dtype = torch.float16, *, base: torch.Tensor | None = None, three_bits: bool = True
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed ``(codes, scales)`` of ``rowwise_linear_i8`` from a weight's blocks, ``w = d * q (+ m)``:
     Q4_1 (``q`` uint8 codes 0..15 ``[N, K]``, ``d`` and ``m`` ``[N, K / 32]``; codes up to 31 make it Q5_1;
@@ -311,7 +312,7 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     2-bit codes, GGUF Q2_K's),
     Q8_0 (``q`` int8 ``[N, K]``,
     ``d`` ``[N, K / 32]``, ``m`` None), Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
-    weights, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
+    weights; with codes in -4..3 only, Q3_16: 3-bit codes ``q + 4``, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
     ``m`` None: ``w = d * IQ4_NL_VALUES[q]``, GGUF IQ4_NL's and IQ4_XS's) or Q6_16 (``q`` uint8 codes 0..63,
     ``d`` ``[N, K / 16]``, ``m`` None: ``w = d * (q - 32)``, GGUF Q6_K's at their own 6 bits). ``scales_dtype``: float16 (``d`` and
     ``m`` must hold float16 values, as GGUF's Q4_0..Q8_0 blocks store them) or float32 (any float32 values:
@@ -321,7 +322,10 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     256, 2]`` (d's and m's bases) when ``m`` is given, else ``[N, K / 256, 1]``; ``d`` and ``m`` are then integer
     multipliers in -128..127 (same shapes as above), and the scales they stand for are ``base[..., 0] * d`` and
     ``base[..., 1] * m`` over each super-block (Q8_0_16's second halves take d's base too): a float16 value times
-    an int8, exact in float32. ``scales_dtype`` is then not used."""
+    an int8, exact in float32. ``scales_dtype`` is then not used.
+
+    ``three_bits=False`` keeps int8 codes in -4..3 at Q8_0_16's byte a weight (the same weights and results:
+    what GGUF Q3_K ran on before Q3_16, for comparisons)."""
     _check_i8_shapes(tuple(q.shape))
     N, K = q.shape
     NG, G = N // I8_GROUP, K // GROUP
@@ -340,25 +344,26 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         if m is None and int(q.max()) > (63 if six else 15):
             raise ValueError("pack_i8: uint8 codes without m are IQ4_NL indices in 0..15, or Q6_16 codes in 0..63 "
                              "(with a scale per 16 weights)")
-        if sixteen_min and int(q.max()) <= 3:  # Q2_16: bits 2s.. of byte 4j + i of vector u, code 4 (2s + u) + i
-            c = q.reshape(NG, I8_GROUP, G, 4, 2, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, u, j, i, s]
-            codes = (c << (2 * torch.arange(4, dtype=torch.uint8))).sum(-1, dtype=torch.uint8).reshape(NG, G, 128)
+        if sixteen_min and int(q.max()) <= 3:  # Q2_16
+            codes = _two_bit_codes(q, NG, G)
         else:
             c = (q & 15).reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
             codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
         # Q5_1 (codes above 15) and Q6_16: the fifth bits (and Q6_16's sixth), mask v bit 4j + i = code k = 4v + i
         # of row j
         for bit in ([4, 5] if six else [4] if m is not None and int(q.max()) > 15 else []):
-            bits = ((q >> bit) & 1).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(NG, G, 8, 8, 8)
-            masks = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)  # [NG, G, v, byte]
-            codes = torch.cat([codes, masks.reshape(NG, G, 64)], -1)
+            codes = torch.cat([codes, _bit_masks(q, bit, NG, G)], -1)
         halves = ([d[:, 0::2], d[:, 1::2]] if six else [d] if m is None else
                   [d[:, 0::2], d[:, 1::2], m[:, 0::2], m[:, 1::2]] if sixteen_min else [d, m])
     else:
         if q.dtype != torch.int8:
             raise ValueError("pack_i8: Q8_0 / Q8_0_16 codes must be int8")
-        codes = (q.to(torch.int16) + 128).to(torch.uint8).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4)
         sixteen = d.dim() == 2 and d.shape == (N, 2 * G)
+        if three_bits and sixteen and int(q.min()) >= -4 and int(q.max()) <= 3:  # Q3_16: u = q + 4 at 3 bits
+            u = (q.to(torch.int16) + 4).to(torch.uint8)
+            codes = torch.cat([_two_bit_codes(u & 3, NG, G), _bit_masks(u, 2, NG, G)], -1)
+        else:
+            codes = (q.to(torch.int16) + 128).to(torch.uint8).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4)
         halves = [d[:, 0::2], d[:, 1::2]] if sixteen else [d]
     for h in halves:
         if h.shape != (N, G):
@@ -373,6 +378,27 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         return codes.reshape(NG, -1).contiguous(), _super_scales(halves, base, N, K, m is not None)
     scales = torch.stack([h.to(scales_dtype).reshape(NG, I8_GROUP, G).transpose(1, 2) for h in halves], 2)
     return codes.reshape(NG, -1).contiguous(), scales.reshape(NG, -1).contiguous()
+
+
+def _two_bit_codes(q: torch.Tensor, NG: int, G: int) -> torch.Tensor:
+    """Q2_16's (and Q3_16's low) 2-bit codes ``q`` (uint8 ``[N, K]``, 0..3) packed ``[NG, G, 128]``: bits 2s, 2s + 1
+    of byte 4j + i of vector u hold code k = 4 (2s + u) + i of row j."""
+    c = q.reshape(NG, I8_GROUP, G, 4, 2, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, u, j, i, s]
+    return (c << (2 * torch.arange(4, dtype=torch.uint8))).sum(-1, dtype=torch.uint8).reshape(NG, G, 128)
+
+
+def _bit_masks(q: torch.Tensor, bit: int, NG: int, G: int) -> torch.Tensor:
+    """Bit ``bit`` of the codes ``q`` (uint8 ``[N, K]``) as 8 little-endian 64-bit masks per block ``[NG, G, 64]``:
+    bit 4j + i of mask v is code k = 4v + i of row j (Q5_1's fifth, Q6_16's fifth and sixth, Q3_16's third)."""
+    bits = ((q >> bit) & 1).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4).reshape(NG, G, 8, 8, 8)
+    return (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8).reshape(NG, G, 64)
+
+
+def _unpack_masks(cb: torch.Tensor, offset: int, NG: int, G: int, K: int) -> torch.Tensor:
+    """:func:`_bit_masks`' inverse: the bits of the 64 mask bytes at ``offset`` of each block as int64 ``[N, K]``."""
+    masks = cb[..., offset: offset + 64].reshape(NG, G, 8, 8, 1).long()  # [NG, G, v, byte, bit]
+    bits = ((masks >> torch.arange(8)) & 1).reshape(NG, G, 8, I8_GROUP, 4)  # bit 4j + i of mask v
+    return bits.permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
 
 
 def _super_scales(halves, base: torch.Tensor, N: int, K: int, with_min: bool) -> torch.Tensor:
@@ -396,9 +422,10 @@ def _super_scales(halves, base: torch.Tensor, N: int, K: int, with_min: bool) ->
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 / Q4_1_16 / Q2_16 codes
-    0..15 / 0..31 / 0..15 / 0..3, or the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16: for IQ4_NL the grid's
-    values, not the indices, for Q6_16 the codes minus 32), ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for the
-    forms with a scale per 16 weights: Q8_0_16, Q6_16, Q4_1_16, Q2_16) and ``m`` float32 of ``d``'s shape (None
+    0..15 / 0..31 / 0..15 / 0..3, or the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q3_16: for IQ4_NL the
+    grid's values, not the indices, for Q6_16 and Q3_16 the codes minus 32 and 4), ``d`` float32 ``[N, K / 32]``
+    (``[N, K / 16]`` for the forms with a scale per 16 weights: Q8_0_16, Q6_16, Q4_1_16, Q2_16, Q3_16) and ``m``
+    float32 of ``d``'s shape (None
     but for Q4_1, Q5_1, Q4_1_16 and Q2_16)."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
@@ -418,17 +445,18 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
         pick = [1 if fmt in _I8_WITH_MIN and k >= sets // 2 else 0 for k in range(sets)]
         base = b[:, :, pick].reshape(NG, S, 1, sets, I8_GROUP)
         scales = (base * mult).reshape(NG, -1)
-    if fmt == "Q2_16":
-        c = codes.reshape(NG, G, 2, I8_GROUP, 4, 1).long() >> (2 * torch.arange(4))  # [NG, G, u, j, i, s]
+    if fmt in ("Q2_16", "Q3_16"):
+        cb = codes.reshape(NG, G, -1)
+        c = cb[..., :128].reshape(NG, G, 2, I8_GROUP, 4, 1).long() >> (2 * torch.arange(4))  # [NG, G, u, j, i, s]
         q = (c & 3).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
+        if fmt == "Q3_16":
+            q = (q | (_unpack_masks(cb, 128, NG, G, K) << 2)) - 4
     elif fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16"):
         cb = codes.reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
         for i, bit in enumerate([4, 5] if fmt == "Q6_16" else [4] if fmt == "Q5_1" else []):
-            masks = cb[..., 256 + 64 * i: 320 + 64 * i].reshape(NG, G, 8, 8, 1).long()  # [NG, G, v, byte, bit]
-            bits = ((masks >> torch.arange(8)) & 1).reshape(NG, G, 8, I8_GROUP, 4)  # bit 4j + i of mask v
-            q = q | (bits.permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K) << bit)
+            q = q | (_unpack_masks(cb, 256 + 64 * i, NG, G, K) << bit)
         if fmt == "IQ4_NL":
             q = torch.tensor(IQ4_NL_VALUES, dtype=torch.int64)[q]
         if fmt == "Q6_16":
@@ -447,7 +475,7 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 # block of BLOCK weights: each maps exactly (the dequantised weight is gguf's, bitwise).
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q4_1", 32, 18),
                  "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q6_16", 256, 210),
-                 "Q3_K": ("Q8_0_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
+                 "Q3_K": ("Q3_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
                  "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q2_16", 256, 84)}
 
 
@@ -475,7 +503,8 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     - Q4_K and Q5_K as Q4_1 and Q5_1 with float32 ``d * sc`` and ``-(dmin * mn)`` per 32 weights (exact
       products of a float16 and a 6-bit integer);
     - Q6_K as Q6_16 with its 6-bit ``q`` (``w = d * sc * (q - 32)``) and float32 ``d * sc`` per 16 weights; Q3_K as
-      Q8_0_16 with its codes in -4..3 and float32 ``d * (sc - 32)`` per 16 weights;
+      Q3_16 (its int8 codes in -4..3, which :func:`pack_i8` stores at 3 bits) and float32 ``d * (sc - 32)`` per 16
+      weights;
     - IQ4_NL (float16 ``d``) and IQ4_XS (float32 ``d * (ls - 32)`` per 32 weights, exact: at most 17
       significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices;
     - Q2_K as Q2_16 with its 2-bit codes, float32 ``d * sc`` and ``-(dmin * mn)`` per 16 weights (exact products

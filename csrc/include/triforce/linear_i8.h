@@ -1,20 +1,22 @@
 // rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
-// row count. Seven packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+// row count. Nine packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_0 (m = -8 d), Q4_K
 //           (float32 d = d * sc, m = -dmin * mn of each 32-weight sub-block, both exact in float32);
 //   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_0 (m = -16 d), Q5_K (as Q4_K);
 //   Q8_0    int8 codes, w = d * code per 32: GGUF Q8_0 (and Q4_0 / Q5_0 with codes q - 8 / q - 16 where -8 d /
 //           -16 d would overflow float16), float16 d;
-//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q3_K
-//           (code in -4..3, float32 d * (sc - 32)) (and Q6_K as code = q - 32, float32 d = d * sc, exact);
+//   Q8_0_16 int8 codes, w = d * code per 16: GGUF Q6_K as code = q - 32, float32 d = d * sc (exact) (and Q3_K
+//           with code in -4..3, float32 d * (sc - 32), where its smaller form Q3_16 is not used);
 //   IQ4_NL  4-bit indices into kIq4Values (GGUF's non-linear 16-value grid), w = d * kIq4Values[index] per 32:
 //           GGUF IQ4_NL (float16 d), IQ4_XS (float32 d * (ls - 32) of each 32-weight sub-block, exact);
 //   Q6_16   6-bit codes u, w = d * (u - 32) per 16: GGUF Q6_K at its own 6 bits (Q8_0_16's arithmetic);
 //   Q4_1_16 4-bit codes, w = d * code + m per 16 weights;
 //   Q2_16   2-bit codes, w = d * code + m per 16 weights (Q4_1_16's arithmetic): GGUF Q2_K (float32 d * sc and
-//           -(dmin * mn) of each 16-weight sub-block, exact).
+//           -(dmin * mn) of each 16-weight sub-block, exact);
+//   Q3_16   3-bit codes u, w = d * (u - 4) per 16 (Q8_0_16's arithmetic): GGUF Q3_K at its own 3 bits (u = its
+//           code + 4, float32 d * (sc - 32) of each 16-weight sub-block, exact).
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -34,6 +36,7 @@
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
 //   IQ4_NL:  as Q8_0, w_i = kIq4Values[index_i]
 //   Q6_16:   as Q8_0_16, w_i = u_i - 32 (the sums of u_i * q_i corrected by -32 * the half's sum of q)
+//   Q3_16:   as Q8_0_16, w_i = u_i - 4 (likewise corrected by -4 * the half's sum of q)
 //   Q4_1_16, Q2_16: isum_h = sum_{i in half h} code_i * q_i, sx_h = the half's sum of q_i,
 //            term = (d_0 * dx) * float(isum_0) + (d_1 * dx) * float(isum_1) + m_0 * (dx * float(sx_0))
 //                   + m_1 * (dx * float(sx_1)), added left to right
@@ -60,12 +63,14 @@
 //                           (as the fifth's);
 //           Q4_1_16 (CB 256): Q4_1's;
 //           Q2_16 (CB 128): 2 vectors u; bits 2s, 2s + 1 of byte 4j + i of vector u: code k = 4 (2s + u) + i;
+//           Q3_16 (CB 192): Q2_16's 128 bytes for the codes' low two bits, then 8 masks of their third bits (as
+//                           Q5_1's fifth);
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
 //          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
-//          of the 16 rows then d_1 of the 16 rows (Q6_16 as Q8_0_16); Q4_1_16 and Q2_16 (SB 64) d_0, d_1, m_0,
+//          of the 16 rows then d_1 of the 16 rows (Q6_16 and Q3_16 as Q8_0_16); Q4_1_16 and Q2_16 (SB 64) d_0, d_1, m_0,
 //          m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks
-//          float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16
-//          and Q6_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16).
+//          float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16,
+//          Q6_16 and Q3_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -87,7 +92,7 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16, Q2_16 };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16, Q2_16, Q3_16 };
 
 // GGUF's IQ4_NL grid (ggml's kvalues_iq4nl): the weight of index i is d * kIq4Values[i].
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -113,13 +118,23 @@ constexpr bool with_min() {  // codes 0..31 and a minimum m
 }
 template <Format F>
 constexpr bool halves() {  // a scale (and minimum) per 16 weights
-  return F == Format::Q8_0_16 || F == Format::Q6_16 || F == Format::Q4_1_16 || F == Format::Q2_16;
+  return F == Format::Q8_0_16 || F == Format::Q6_16 || F == Format::Q4_1_16 || F == Format::Q2_16 ||
+         F == Format::Q3_16;
 }
 template <Format F>
-constexpr int32_t code_offset() { return F == Format::Q6_16 ? 32 : 128; }  // w = stored code - offset (no minimum)
+constexpr bool two_bits() { return F == Format::Q2_16 || F == Format::Q3_16; }  // Q2_16's layout (and third bits)
+template <Format F>
+constexpr int32_t code_offset() {  // w = stored code - offset (no minimum)
+  return F == Format::Q6_16 ? 32 : F == Format::Q3_16 ? 4 : 128;
+}
 template <Format F>
 constexpr int64_t code_bytes() {  // per block
-  return F == Format::Q6_16 ? 384 : F == Format::Q5_1 ? 320 : nibbles<F>() ? 256 : F == Format::Q2_16 ? 128 : 512;
+  return F == Format::Q6_16   ? 384
+         : F == Format::Q5_1  ? 320
+         : nibbles<F>()       ? 256
+         : F == Format::Q3_16 ? 192
+         : F == Format::Q2_16 ? 128
+                              : 512;
 }
 template <Format F>
 constexpr int64_t scale_count() {  // per block of a group: 16 per set (d; d_1; m; m_1), in that order
@@ -292,9 +307,13 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
               w |= ((c[256 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
               if constexpr (F == Format::Q6_16) w |= ((c[320 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 5;
             }
-          } else if constexpr (F == Format::Q2_16) {  // bits 2s.. of byte 4j + i of vector u: code 4 (2s + u) + i
+          } else if constexpr (two_bits<F>()) {  // bits 2s.. of byte 4j + i of vector u: code 4 (2s + u) + i
             const int v = k >> 2;
             w = (c[64 * (v & 1) + 4 * j + (k & 3)] >> (2 * (v >> 1))) & 3;
+            if constexpr (F == Format::Q3_16) {  // the third bit: bit 4j + i of mask v
+              const int bit = 4 * j + (k & 3);
+              w |= ((c[128 + 8 * v + bit / 8] >> (bit % 8)) & 1) << 2;
+            }
           } else {
             w = int(c[64 * (k >> 2) + 4 * j + (k & 3)]);
           }
@@ -386,11 +405,18 @@ inline void decode_block(const uint8_t* c, __m512i w[8]) {
         }
       }
     }
-  } else if constexpr (F == Format::Q2_16) {  // vector v: field v / 2 of raw vector v % 2
+  } else if constexpr (two_bits<F>()) {  // vector v: field v / 2 of raw vector v % 2
     const __m512i two = _mm512_set1_epi8(3);
     const __m512i raw[2] = {_mm512_loadu_si512(c), _mm512_loadu_si512(c + 64)};
     for (int v = 0; v < 8; ++v)
       w[v] = _mm512_and_si512(v < 2 ? raw[v] : _mm512_srli_epi16(raw[v & 1], 2 * (v >> 1)), two);
+    if constexpr (F == Format::Q3_16) {  // the third bits: 4 where mask v has a bit
+      for (int v = 0; v < 8; ++v) {
+        uint64_t mk;
+        std::memcpy(&mk, c + 128 + 8 * v, 8);
+        w[v] = _mm512_or_si512(w[v], _mm512_maskz_set1_epi8(static_cast<__mmask64>(mk), 4));
+      }
+    }
   } else {
     for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(c + 64 * t);
   }
@@ -692,17 +718,21 @@ inline void groups_amx(const int8_t* q, const float* dx, const float* sm, const 
 }
 #endif
 
-// Where the codes of a form with an offset (IQ4_NL, Q6_16) are expanded for several register blocks of rows:
-// the byte form computing the same integer sums (IQ4_NL's grid + 128 are Q8_0's bytes; Q6_16's u + 96, that is
-// (u - 32) + 128, Q8_0_16's).
+// Where the codes of a form with an offset (IQ4_NL, Q6_16, Q3_16) are expanded for several register blocks of
+// rows: the byte form computing the same integer sums (IQ4_NL's grid + 128 are Q8_0's bytes; Q6_16's u + 96,
+// that is (u - 32) + 128, and Q3_16's u + 124, (u - 4) + 128, Q8_0_16's), and the shift added to the codes.
 template <Format F>
-constexpr Format byte_form() { return F == Format::IQ4_NL ? Format::Q8_0 : F == Format::Q6_16 ? Format::Q8_0_16 : F; }
+constexpr Format byte_form() {
+  return F == Format::IQ4_NL ? Format::Q8_0 : F == Format::Q6_16 || F == Format::Q3_16 ? Format::Q8_0_16 : F;
+}
+template <Format F>
+constexpr uint8_t byte_shift() { return F == Format::Q6_16 || F == Format::Q3_16 ? 128 - code_offset<F>() : 0; }
 
 // Groups [g0, g1) of 16 output rows against x's M rows (already quantised: q, dx, sm as quantize_rows
 // writes them); out [M, N] float32. While a group's first rows are computed, the next group's codes are
 // prefetched into L2 (the groups are consecutive in memory, one stream). With super-block scales and more
 // rows than one register block, a group's scales are first expanded to float32 (the same values), so that
-// each register block of rows reads them as plain scales, and IQ4_NL's and Q6_16's codes are expanded to their
+// each register block of rows reads them as plain scales, and IQ4_NL's, Q6_16's and Q3_16's codes are expanded to their
 // byte form (byte_form), which saves every register block after the first its lookups or bit masks. Intel Xeon
 // VM, one core, 64 matrices of 576 x 1536 read from memory, against the same codes with float32 scales
 // (alternating, min of 7): Q4_K's form 1.23-1.29x at 1 row, 1.10-1.17x at 4; 8-32 rows 0.95-1.12x (without the
@@ -753,7 +783,7 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
         constexpr Format E = byte_form<F>();
         if constexpr (E != F) {
           bytes.resize(G * code_bytes<E>());  // (512 bytes a block: the byte forms')
-          decode_group<F>(c, G, g + 1 < g1 ? c + cb : nullptr, F == Format::Q6_16 ? 96 : 0, bytes.data());
+          decode_group<F>(c, G, g + 1 < g1 ? c + cb : nullptr, byte_shift<F>(), bytes.data());
           row_blocks(std::integral_constant<Format, E>{}, bytes.data(), ss);
         } else {
           row_blocks(FormF{}, c, ss);
