@@ -1,6 +1,6 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 / Q3_16 weights with float16,
-float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 / Q3_16 weights with
+float16, float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
 blocks map onto them bitwise
 (gguf_i8_blocks against gguf's own dequantisation).
 
@@ -171,7 +171,8 @@ def test_three_bit_codes_are_chosen_for_codes_in_minus_4_to_3(seed, NG, G):
 
 
 @needs_kernel
-@given(scales=st.sampled_from(SCALES + ["super"]), M=st.sampled_from([1, 2, 4, 5, 9, 33]), seed=st.integers(0, 2**31 - 1))
+@given(scales=st.sampled_from(SCALES + ["super"]), M=st.sampled_from([1, 2, 4, 5, 9, 33]),
+       seed=st.integers(0, 2**31 - 1))
 def test_three_bit_codes_give_the_bits_of_the_int8_codes(scales, M, seed):
     """Q3_16 (GGUF Q3_K's codes at their own 3 bits) gives bitwise what Q8_0_16 gives on the same int8 codes
     (``three_bits=False``), at 3/8 of its code bytes, on every path (1-4 rows, more register blocks, the AMX

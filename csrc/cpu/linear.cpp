@@ -148,8 +148,8 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
   namespace li = triforce::linear_i8;
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 192, 256, 320, 384 or 512] and scales [N / 16, "
-              "K / 32 * 64, 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ",
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 192, 256, 320, 384 or 512] and scales "
+              "[N / 16, K / 32 * 64, 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ",
               codes.sizes(), " and ", scales.sizes());
   const bool super = scales.scalar_type() == at::kByte;  // float16 bases and int8 multipliers per 256 inputs
   TORCH_CHECK(codes.scalar_type() == at::kByte &&

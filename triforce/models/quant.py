@@ -312,7 +312,8 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     2-bit codes, GGUF Q2_K's),
     Q8_0 (``q`` int8 ``[N, K]``,
     ``d`` ``[N, K / 32]``, ``m`` None), Q8_0_16 (``q`` int8, ``d`` ``[N, K / 16]``: one scale per 16
-    weights; with codes in -4..3 only, Q3_16: 3-bit codes ``q + 4``, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices 0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
+    weights; with codes in -4..3 only, Q3_16: 3-bit codes ``q + 4``, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices
+    0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
     ``m`` None: ``w = d * IQ4_NL_VALUES[q]``, GGUF IQ4_NL's and IQ4_XS's) or Q6_16 (``q`` uint8 codes 0..63,
     ``d`` ``[N, K / 16]``, ``m`` None: ``w = d * (q - 32)``, GGUF Q6_K's at their own 6 bits). ``scales_dtype``: float16 (``d`` and
     ``m`` must hold float16 values, as GGUF's Q4_0..Q8_0 blocks store them) or float32 (any float32 values:

@@ -67,8 +67,8 @@
 //                           Q5_1's fifth);
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
 //          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
-//          of the 16 rows then d_1 of the 16 rows (Q6_16 and Q3_16 as Q8_0_16); Q4_1_16 and Q2_16 (SB 64) d_0, d_1, m_0,
-//          m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks
+//          of the 16 rows then d_1 of the 16 rows (Q6_16 and Q3_16 as Q8_0_16); Q4_1_16 and Q2_16 (SB 64) d_0,
+//          d_1, m_0, m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks
 //          float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16,
 //          Q6_16 and Q3_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
