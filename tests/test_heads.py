@@ -51,6 +51,25 @@ def test_greedy_equals_autoregressive_tiny(kind, shape):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_heads_on_a_gemma_target(kind):
+    """A Gemma target (its final norm scales by 1 + w): an untrained set's norms start at that factor, and random
+    heads' trees give autoregressive's tokens."""
+    torch.manual_seed(0)
+    m = Llama(LlamaConfig(model_type="gemma", vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                          max_position_embeddings=256, initializer_range=0.02)).eval()
+    with torch.no_grad():
+        m.model.norm.weight.normal_(0, 0.3)
+    h = random_heads(m, kind)
+    norms = [mod for mod in h.modules() if type(mod).__name__ == "RMSNorm"]
+    assert all(torch.equal(n.weight, 1 + m.model.norm.weight) for n in norms)
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 17, 5)]
+    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=16)
+    out = triforce.generate(m, prompts, method="tree", draft=h, tree=(2, 1), max_new_tokens=16)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_overflowing_heads_change_nothing(kind, dtype):
     """Heads whose drafts overflow (non-finite pseudo tokens of hidden_transfer share the target's pass,

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triforce.models.llama import RMSNorm
+from triforce.models.llama import GemmaRMSNorm, RMSNorm
 
 KINDS = ("medusa", "mlp", "hidden_transfer", "early_exit")
 FORMAT = 1
@@ -109,12 +109,16 @@ class DraftHeads(nn.Module):
             raise ValueError(f"these {self.kind} heads were trained for another model ({'; '.join(diff)})")
 
     def init_from(self, model) -> "DraftHeads":
-        """Copy what starts from the target (norm weights) so an untrained set predicts as its head."""
+        """Copy what starts from the target (norm weights) so an untrained set predicts as its head. A Gemma
+        target's final norm scales by ``1 + w`` (:class:`~triforce.models.llama.GemmaRMSNorm`): the heads' norms,
+        which scale by their weight, start at that factor."""
         self.check_target(model)
+        norm = model.model.norm
+        factor = norm.weight.float() + (1.0 if isinstance(norm, GemmaRMSNorm) else 0.0)
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, RMSNorm):
-                    m.weight.copy_(model.model.norm.weight.float())
+                    m.weight.copy_(factor)
         return self
 
     def save(self, path: str | os.PathLike) -> None:
