@@ -1,8 +1,7 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
 x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 / Q3_16 weights with
-float16, float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
-blocks map onto them bitwise
-(gguf_i8_blocks against gguf's own dequantisation).
+float16, float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
+IQ4_XS blocks map onto them bitwise (gguf_i8_blocks against gguf's own dequantisation).
 
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
 (rowwise_linear_i8_reference, which spells out the definition) at every row count, with rows bitwise
@@ -161,8 +160,9 @@ def test_three_bit_codes_are_chosen_for_codes_in_minus_4_to_3(seed, NG, G):
     q, d, _ = random_blocks("Q3_16", 16 * NG, 32 * G, g)
     for lo, hi in ((-4, 3), (-5, 3), (-4, 4)):
         qq = q.clone()
-        qq.view(-1)[int(torch.randint(0, q.numel(), (1,), generator=g))] = lo
-        qq.view(-1)[int(torch.randint(0, q.numel(), (1,), generator=g))] = hi
+        at = int(torch.randint(0, q.numel(), (1,), generator=g))
+        qq.view(-1)[at] = lo
+        qq.view(-1)[(at + 1 + int(torch.randint(0, q.numel() - 1, (1,), generator=g))) % q.numel()] = hi  # another
         codes, scales = pack_i8(qq, d)
         fmt, q2, d2, _ = unpack_i8(codes, scales, 32 * G)
         assert fmt == ("Q3_16" if (lo, hi) == (-4, 3) else "Q8_0_16")
