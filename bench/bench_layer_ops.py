@@ -67,14 +67,14 @@ def bench_shape(device, model: str, rows: int, dtype=torch.bfloat16, **measure_k
 def bench_cpu_glu(model: str, rows: int, dtype=torch.float32, act: str = "silu", reps: int = 21) -> None:
     """``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (backend ``cpu``) against PyTorch's ``act(gate) * up`` on
     the CPU, in turns."""
-    from triforce.models.llama import _rowwise_available
+    from triforce.models.llama import ACTIVATIONS, _rowwise_available
     if not _rowwise_available():
         print("bench_layer_ops: the C++ extension is not built; no CPU rows")
         return
     inter = MODELS[model][3]
     g = torch.Generator().manual_seed(0)
     gate, up = (torch.randn(rows, inter, generator=g).to(dtype) for _ in range(2))
-    fn = F.silu if act == "silu" else lambda x: F.gelu(x, approximate="tanh")
+    fn = ACTIVATIONS[act]
     op = getattr(torch.ops.triforce_C, f"{act}_mul")
     t = measure_alternating({"torch": lambda: fn(gate) * up, "cpu": lambda: op(gate, up)}, reps=reps)
     nbytes, bw, dt = 3 * rows * inter * gate.element_size(), copy_bandwidth("cpu"), str(dtype).replace("torch.", "")

@@ -104,6 +104,11 @@ def _register_fakes() -> None:
 _ROWWISE = None
 
 
+# The gated MLP's activations in PyTorch ops, by LlamaConfig.activation: the modules' path off the CPU (and
+# without the extension), and the values the native ops' gradients are taken at.
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
 def _glu_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
@@ -111,12 +116,13 @@ def _glu_setup(ctx, inputs, output):
 def _glu_backward(name: str):
     """The gradients of ``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (act(gate) * up) through ATen's own
     derivatives, so that the MLP gives the same forward bits with autograd on as off."""
+    activation = name.removesuffix("_mul")
+
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
-        if name == "silu_mul":
-            return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
-        return (torch.ops.aten.gelu_backward(grad * up, gate, approximate="tanh"),
-                grad * F.gelu(gate, approximate="tanh"))
+        d_gate = (torch.ops.aten.silu_backward(grad * up, gate) if activation == "silu" else
+                  torch.ops.aten.gelu_backward(grad * up, gate, approximate="tanh"))
+        return d_gate, grad * ACTIVATIONS[activation](gate)
     return backward
 
 
@@ -340,14 +346,12 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.gate_proj(x), self.up_proj(x)
-        silu = self.activation == "silu"
-        if silu and _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() \
+        if self.activation == "silu" and _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() \
                 and gate.dtype == up.dtype and gate.shape == up.shape:
             return self.down_proj(_layer_ops().silu_mul(gate, up))
         if _native_glu(gate, up):
             return self.down_proj(getattr(torch.ops.triforce_C, f"{self.activation}_mul")(gate, up))
-        act = F.silu(gate) if silu else F.gelu(gate, approximate="tanh")
-        return self.down_proj(act * up)
+        return self.down_proj(ACTIVATIONS[self.activation](gate) * up)
 
 
 def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:

@@ -567,7 +567,7 @@ def read_gguf(path: Path, skip=None, reader=None):
             continue
         key, heads = _state_key(name, path, arch, permuted, n_head, n_kv)
         if config.gemma_norm and key.endswith("norm.weight"):
-            w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm adds the 1 back (exact for factors in [0.5, 2])
+            w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm adds the 1 back (exact for factors in [0.5, 2^24))
         sd[key] = w if heads is None else _unpermute(w, heads)
     return config, sd
 
