@@ -24,9 +24,9 @@ register_lazy("verify_attention", "triton", "triforce_kernels.triton.verify_atte
 
 
 @register("verify_attention", "cpu")
-def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0):
+def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0, window=None):
     return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
-                                                 softmax_scale, num_splits)
+                                                 softmax_scale, num_splits, window or 0)
 
 
 def check_cache_rows(name: str, cache: torch.Tensor) -> None:
@@ -42,9 +42,10 @@ def check_cache_rows(name: str, cache: torch.Tensor) -> None:
 @custom_op("triforce::verify_attention")
 def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          cache_seqlens: torch.Tensor, tree_mask: Optional[torch.Tensor], softmax_scale: float,
-                         backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                         backend: str, window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1])
-    return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale)
+    return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale,
+                                                       window=window or None)
 
 
 def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int) -> None:
@@ -60,14 +61,14 @@ def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int) -> None:
 
 
 @_verify_attention_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend):
+def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, window=0):
     B, T, Hq, D = q.shape
     return q.new_empty((B, T, Hq, D)), q.new_empty((B, Hq, T), dtype=torch.float32)
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                      tree_mask: torch.Tensor | None = None, softmax_scale: float | None = None,
-                     return_lse: bool = False, *, backend: str | None = None):
+                     return_lse: bool = False, *, window: int | None = None, backend: str | None = None):
     """Attention of ``T`` new tokens over a KV cache that already holds them at its end.
 
     With ``L = cache_seqlens[b]`` the new tokens' keys/values sit at positions ``L-T .. L-1``. Query
@@ -84,6 +85,13 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     A query that sees no position (a tree row of all False with an empty prefix) yields output 0 and
     ``lse = -inf``. Scores and the softmax are accumulated in float32 whatever the input dtype.
 
+    ``window=W`` (a sliding window, as Mistral's, Gemma's or Qwen's ``sliding_window``): a query sees only
+    the last W of the positions above, taken in order (the prefix, then the new tokens it sees; a tree
+    node's ancestors count at the positions they take once committed). A causal query at position p then
+    sees ``p - W + 1 .. p`` (``q_pos - k_pos < W``; flash-attn's ``window_size=(W - 1, 0)``). For ``T = 4,
+    L = 7, W = 3``, causal: query 0 sees 1 2 3, query 3 sees 4 5 6. Positions outside a query's window
+    never affect it, inf and NaN included.
+
     Args:
         q: ``[B, T, Hq, D]`` float32/float16/bfloat16 (after RoPE), any strides.
         k_cache, v_cache: ``[B, N, Hkv, D]`` ("NHD"), same dtype as ``q``; any strides over B, N and
@@ -97,6 +105,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         tree_mask: bool ``[B, T, T]`` or None (causal). ``tk.tree_attention_mask(parents)`` builds it.
         softmax_scale: score scale, default ``1 / sqrt(D)``.
         return_lse: also return the natural-log log-sum-exp of the scaled scores.
+        window: a positive int (a sliding window of that many keys), or None (every key).
         backend: ``"reference" | "triton" | "cpu" | None`` (automatic; see ``triforce_kernels._backend``).
 
     Returns:
@@ -132,14 +141,28 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("softmax_scale must be finite")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    window = check_window(window)
     out, lse = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
-                                    resolve("verify_attention", backend, dev))
+                          resolve("verify_attention", backend, dev), window)
     return (out, lse) if return_lse else out
 
 
+def check_window(window) -> int:
+    """``window`` as the ops take it: a positive int, or 0 for None (no sliding window)."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be a positive int or None, got {type(window).__name__}")
+    if not 1 <= window < 2 ** 31:
+        raise ValueError(f"window must be in [1, 2^31) (the keys a query sees, its own included), got {window}")
+    return window
+
+
 def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             cache_seqlens: torch.Tensor, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask)`` without the argument checks, for
+                             cache_seqlens: torch.Tensor, tree_mask: torch.Tensor | None = None,
+                             window: int = 0) -> torch.Tensor:
+    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, window=window or None)`` without the
+    argument checks, for
     callers that build every argument themselves (the model layer's caches: ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
     ``torch.compile`` (the custom op's Python dispatch and the checks cost ~40 us per call, ~40% of a
@@ -149,5 +172,6 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     backend = resolve("verify_attention", None, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if backend == "cpu" and not torch.compiler.is_compiling():
-        return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0)[0]
-    return eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend)[0]
+        return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0,
+                                                     window)[0]
+    return eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend, window)[0]

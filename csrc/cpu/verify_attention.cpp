@@ -6,16 +6,17 @@
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
-                                                    int64_t num_splits) {
+                                                    int64_t num_splits, int64_t window) {
   return verify_attention_ragged(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits,
-                                 std::nullopt);
+                                 std::nullopt, window);
 }
 
 std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, const at::Tensor& k_cache,
                                                            const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                            const std::optional<at::Tensor>& tree_mask,
                                                            double softmax_scale, int64_t num_splits,
-                                                           const std::optional<at::Tensor>& query_lens) {
+                                                           const std::optional<at::Tensor>& query_lens,
+                                                           int64_t window) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
                   cache_seqlens.device().is_cpu(),
               "verify_attention: all tensors must be on the CPU");
@@ -34,6 +35,7 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
               "verify_attention: cache_seqlens must be int32 [B]");
   TORCH_CHECK(num_splits >= 0 && num_splits <= triforce::kMaxSplits, "verify_attention: num_splits must be in [0, ",
               triforce::kMaxSplits, "]");
+  TORCH_CHECK(window >= 0, "verify_attention: window must be >= 0 (0: no sliding window), got ", window);
   at::Tensor mask;
   if (tree_mask.has_value()) {
     TORCH_CHECK(tree_mask->scalar_type() == at::kBool && tree_mask->dim() == 3 && tree_mask->size(0) == B &&
@@ -58,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                    lens.const_data_ptr<int32_t>(), mask.defined() ? mask.const_data_ptr<bool>() : nullptr,
                                    static_cast<float>(softmax_scale), B, T, Hq, Hkv, D, N, num_splits,
                                    tf_mut_ptr<scalar_t>(out), lse.data_ptr<float>(),
-                                   query_lens.has_value() ? query_lens->const_data_ptr<int32_t>() : nullptr);
+                                   query_lens.has_value() ? query_lens->const_data_ptr<int32_t>() : nullptr, window);
   });
   return {out, lse};
 }

@@ -1,6 +1,7 @@
 // Torch-free unit test of the CPU verification-attention kernel (ctest): fp32 inputs against a naive
 // double-precision loop, causal and tree masks, GQA, splits, a fully masked row, NaN beyond L, and
 // the fast exp.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -47,6 +48,25 @@ int main() {
           Hq, Hkv, D, scale, out, lse);
       EXPECT(!(use_mask == 0) || std::isfinite(lse[(1 * Hq + 0) * T + 4]));
     }
+  }
+  // Sliding windows (each row's last W keys), causal and tree, with splits; the keys below every row's
+  // window hold NaN, which must never be read.
+  for (int64_t window : {1, 2, 3, 7, 40, 77, 200}) {
+    std::vector<float> kw = k, vw = v;
+    const int64_t below = std::max<int64_t>(lens[0] - T - window, 0);  // no row of sequence 0 sees these
+    for (int64_t n = 0; n < below; ++n)
+      for (int64_t x = 0; x < Hkv * D; ++x) kw[n * Hkv * D + x] = vw[n * Hkv * D + x] = NAN;
+    for (int use_mask = 0; use_mask < 2; ++use_mask)
+      for (int64_t splits : {0, 1, 3}) {
+        std::vector<float> out(B * T * Hq * D, NAN), lse(B * Hq * T, NAN);
+        verify_attention_cpu(q.data(), T * Hq * D, Hq * D, D, kw.data(), N * Hkv * D, Hkv * D, D, vw.data(),
+                             N * Hkv * D, Hkv * D, D, lens, use_mask ? mask : nullptr, scale, B, T, Hq, Hkv, D, N,
+                             splits, out.data(), lse.data(), nullptr, window);
+        expect_matches_oracle(
+            q, kw, vw, [&](int64_t b, int64_t n, int64_t h, int64_t d) { return ((b * N + n) * Hkv + h) * D + d; },
+            [&](int64_t b, int64_t t, int64_t s) { return use_mask ? mask[(b * T + t) * T + s] : s <= t; }, lens, B,
+            T, Hq, Hkv, D, scale, out, lse, window);
+      }
   }
   if (failures) return 1;
   std::printf("ok\n");

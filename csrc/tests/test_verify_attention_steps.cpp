@@ -20,7 +20,8 @@
 using namespace triforce;
 
 template <typename T>
-void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool tree, bool interleaved, unsigned seed) {
+void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool tree, bool interleaved, unsigned seed,
+           int64_t window = 0) {
   const int64_t B = 2, Hq = Hkv * g, N = prefix + Tq + 8;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
@@ -40,7 +41,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
   std::vector<float> lse(B * Hq * Tq);
   verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
                           tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N, 0,
-                          out.data(), lse.data());
+                          out.data(), lse.data(), nullptr, window);
   // A ragged pass (query_lens): the first queries of each row, bitwise those of the whole pass; 0 and -inf after
   {
     const int32_t lens[B] = {static_cast<int32_t>(Tq), static_cast<int32_t>((Tq + 1) / 2)};
@@ -48,7 +49,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
     std::vector<float> rlse(lse.size());
     verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
                             tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N,
-                            0, rout.data(), rlse.data(), lens);
+                            0, rout.data(), rlse.data(), lens, window);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < Tq; ++t)
         for (int64_t h = 0; h < Hq; ++h) {
@@ -78,7 +79,8 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
       std::vector<T> o1(Hq * D);
       std::vector<float> l1(Hq);
       verify_attention_cpu<T>(q.data() + (b * Tq + t) * Hq * D, Hq * D, Hq * D, D, k1.data(), skb, skn, skh, v1.data(),
-                              skb, skn, skh, &L1, nullptr, 0.125f, 1, 1, Hq, Hkv, D, N, 0, o1.data(), l1.data());
+                              skb, skn, skh, &L1, nullptr, 0.125f, 1, 1, Hq, Hkv, D, N, 0, o1.data(), l1.data(),
+                              nullptr, window);
       EXPECT(std::memcmp(o1.data(), out.data() + (b * Tq + t) * Hq * D, Hq * D * sizeof(T)) == 0);
       for (int64_t h = 0; h < Hq; ++h) EXPECT(std::memcmp(&l1[h], &lse[(b * Hq + h) * Tq + t], sizeof(float)) == 0);
     }
@@ -98,6 +100,17 @@ int main() {
               check<f16>(2, g, D, T, prefix, tree, interleaved, seed++);
               cases += 3;
             }
+  // Sliding windows: a window start inside a tile, on a tile boundary, in an earlier part than the new
+  // tokens, and shorter than the pass (the window then also hides new tokens).
+  for (int64_t window : {1, 5, 32, 45, 300, 600})
+    for (int64_t T : {1, 4, 9})
+      for (int64_t prefix : {40, 530, 1100})
+        for (int tree = 0; tree < 2; ++tree) {
+          check<float>(2, 3, 64, T, prefix, tree, true, seed++, window);
+          check<bf16>(2, 3, 64, T, prefix, tree, true, seed++, window);
+          check<float>(3, 1, 16, T, prefix, tree, false, seed++, window);
+          cases += 3;
+        }
   if (failures) return 1;
   std::printf("test_verify_attention_steps: ok (%d cases)\n", cases);
   return 0;

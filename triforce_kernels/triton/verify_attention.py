@@ -72,15 +72,27 @@ def _tail_tile_update(q, k_base, v_base, pos, lane_ok, is_new, rows_see, offs_d,
 
 
 @triton.jit
+def _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, scale,
+                 LOWP_DOT: tl.constexpr):
+    """A prefix tile (keys ``pos`` below ``end``) that every row of the block sees whole: no masking."""
+    ld = (pos < end)[:, None] & d_ok[None, :]
+    k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=ld, other=0.0)
+    v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=ld, other=0.0)
+    vis = row_ok[:, None] & (pos < end)[None, :]
+    return _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT)
+
+
+@triton.jit
 def _verify_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, m_ptr, l_ptr, acc_ptr,
-    scale, T, G, R, Hkv, N, NP, PS, D,
+    q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, cnt_ptr, m_ptr, l_ptr, acc_ptr,
+    scale, T, G, R, Hkv, N, NP, PS, D, W,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    HAS_MASK: tl.constexpr, LOWP_DOT: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr, TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, LOWP_DOT: tl.constexpr,
+    TAIL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # State of (b, h, part, row) at (bh * NP + part) * R + row of m_ptr / l_ptr, rows of D in acc_ptr.
-    # anc_ptr (HAS_MASK): int32 [B, T, T], row (b, t) = the new tokens t sees, in index order, then -1.
+    # anc_ptr (HAS_MASK): int32 [B, T, T], row (b, t) = the new tokens t sees, in index order, then -1;
+    # cnt_ptr (TREE and HAS_WINDOW): int32 [B, T], how many.
     rb = tl.program_id(0)
     if TAIL:
         bh = tl.program_id(1)
@@ -108,6 +120,20 @@ def _verify_attention_split_kernel(
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
     state = bh * NP * R + rows  # + part * R
+    # A sliding window of W ranks: row r sees the ranks [lo, seen) (seen: all it would see without one).
+    # lo_min / lo_max: over the block's rows.
+    if HAS_WINDOW:
+        if TREE:
+            seen = P + tl.load(cnt_ptr + b * T + t, mask=row_ok, other=0)
+        else:
+            seen = tl.minimum(tl.maximum(new0 + t + 1, P), Lc)
+        lo = tl.maximum(seen - W, 0)
+        lo_min = tl.min(tl.where(row_ok, lo, N), 0)
+        lo_max = tl.max(tl.where(row_ok, lo, 0), 0)
+    else:
+        lo = rows * 0
+        lo_min = 0
+        lo_max = 0
 
     if not TAIL:
         m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
@@ -115,13 +141,23 @@ def _verify_attention_split_kernel(
         acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
         start = part * PS
         end = tl.minimum(start + PS, Pf)
-        for n0 in range(start, end, BLOCK_N):
+        seen_bad = tl.zeros((BLOCK_R,), tl.int32)
+        # Tiles below every row's window hold nothing for the block (each would be an exact no-op): skipped.
+        for n0 in range(tl.maximum(start, lo_min // BLOCK_N * BLOCK_N), end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
-            ld = (pos < end)[:, None] & d_ok[None, :]
-            k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=ld, other=0.0)
-            v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=ld, other=0.0)
-            vis = row_ok[:, None] & (pos < end)[None, :]
-            m_i, l_i, acc = _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT)
+            if HAS_WINDOW:
+                if n0 < lo_max:  # a row's window starts at or after this tile: masked as in the tail
+                    m_i, l_i, acc, seen_bad = _tail_tile_update(
+                        q, k_base, v_base, pos, pos < end, pos >= 0, row_ok[:, None] & (pos[None, :] >= lo[:, None]),
+                        offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
+                else:
+                    m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn,
+                                                 stride_vn, m_i, l_i, acc, scale, LOWP_DOT)
+            else:
+                m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn,
+                                             m_i, l_i, acc, scale, LOWP_DOT)
+        if HAS_WINDOW:
+            acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
         idx = state + part * R
         tl.store(m_ptr + idx, m_i, mask=row_ok)
         tl.store(l_ptr + idx, l_i, mask=row_ok)
@@ -157,10 +193,12 @@ def _verify_attention_split_kernel(
                         lane_ok = tl.where(is_new, sel >= 0, rank < Lc) & (pos >= 0) & (pos < Lc)
                         if tl.max(lane_ok.to(tl.int32), 0) > 0:
                             m_i, l_i, acc, seen_bad = _tail_tile_update(
-                                q, k_base, v_base, pos, lane_ok, is_new, (row_ok & (t == zero + tt))[:, None],
+                                q, k_base, v_base, pos, lane_ok, is_new | (rank < lo_max),
+                                (row_ok & (t == zero + tt))[:, None] & (rank[None, :] >= lo[:, None]),
                                 offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
                 else:  # rank = position; new token rank - new0 is seen by query t iff rank - new0 <= t
-                    rows_see = row_ok[:, None] & ((rank - new0)[None, :] <= t[:, None])
+                    rows_see = row_ok[:, None] & ((rank - new0)[None, :] <= t[:, None]) & (rank[None, :] >= lo[:, None])
+                    is_new = is_new | (rank < lo_max)  # and a window hides some prefix key of the tile
                     m_i, l_i, acc, seen_bad = _tail_tile_update(
                         q, k_base, v_base, rank, rank < Lc, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
             acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
@@ -241,11 +279,11 @@ def _part_keys(B, Hkv, N, block_n, device, num_splits=None):
 
 
 @triton.jit
-def _ancestor_list_kernel(mask_ptr, seqlens_ptr, anc_ptr, T, N, BLOCK: tl.constexpr):
+def _ancestor_list_kernel(mask_ptr, seqlens_ptr, anc_ptr, cnt_ptr, T, N, BLOCK: tl.constexpr):
     # One program per row (b, t): anc[b, t, :] = the new tokens s that t sees (mask[b, t, s], at a
-    # position L - T + s in [0, min(L, N))) in index order, then -1. Each seen s is stored at its rank
-    # among them (a running count plus an inclusive scan), and the lanes past the count get -1: two
-    # disjoint sets of addresses.
+    # position L - T + s in [0, min(L, N))) in index order, then -1; cnt[b, t] = how many. Each seen s is
+    # stored at its rank among them (a running count plus an inclusive scan), and the lanes past the count
+    # get -1: two disjoint sets of addresses.
     row = tl.program_id(0)
     b = row // T
     L = tl.load(seqlens_ptr + b)
@@ -264,27 +302,30 @@ def _ancestor_list_kernel(mask_ptr, seqlens_ptr, anc_ptr, T, N, BLOCK: tl.conste
     for i0 in range(0, T, BLOCK):
         i = i0 + tl.arange(0, BLOCK)
         tl.store(base + i, tl.full((BLOCK,), -1, tl.int32), mask=(i >= count) & (i < T))
+    tl.store(cnt_ptr + row, count)
 
 
-def _ancestor_lists(tree_mask, cache_seqlens, N, block=None):
+def _ancestor_lists(tree_mask, cache_seqlens, N, block=None, with_counts=False):
     """int32 [B, T, T]: row (b, t) lists the new tokens s that t sees (tree_mask[b, t, s], at a position
-    in [0, min(L, N))) in index order, then -1. The i-th of them has rank L - T + i: the position it
-    takes once t's path is committed. One launch, no host synchronisation. ``block``: the mask's
-    elements per step (tests force several steps)."""
+    in [0, min(L, N))) in index order, then -1; ``with_counts``: also int32 [B, T], how many. The i-th of
+    them has rank L - T + i: the position it takes once t's path is committed. One launch, no host
+    synchronisation. ``block``: the mask's elements per step (tests force several steps)."""
     B, T, _ = tree_mask.shape
     anc = torch.empty((B, T, T), device=tree_mask.device, dtype=torch.int32)
+    cnt = torch.empty((B, T), device=tree_mask.device, dtype=torch.int32)
     # bool loads as uint8: the interpreter rejects bool pointers
-    _ancestor_list_kernel[(B * T,)](tree_mask.contiguous().view(torch.uint8), cache_seqlens, anc, T, N,
+    _ancestor_list_kernel[(B * T,)](tree_mask.contiguous().view(torch.uint8), cache_seqlens, anc, cnt, T, N,
                                     BLOCK=block or min(1024, max(16, triton.next_power_of_2(T))))
-    return anc
+    return (anc, cnt) if with_counts else anc
 
 
 @register("verify_attention", "triton")
 def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=None,
-                     block_rows=None):
+                     block_rows=None, window=None):
     """The launcher; ``num_splits`` and ``block_rows`` (a power of two, 16-128: query rows per program
     instead of ``_block_r``'s) are for tests and benchmarks. Any fixed ``block_rows`` keeps the rows
-    independent of T; two calls compare bitwise only with the same one."""
+    independent of T; two calls compare bitwise only with the same one. ``window``: a sliding window's
+    keys, or None."""
     B, T, Hq, D = q.shape
     N, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -313,15 +354,17 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     l = torch.empty_like(m)
     acc = torch.empty((B * Hkv * NP * R, D), device=q.device, dtype=torch.float32)
     # causal: any pointer, never read
-    anc = _ancestor_lists(tree_mask, cache_seqlens, N) if tree_mask is not None else cache_seqlens
+    anc, cnt = (_ancestor_lists(tree_mask, cache_seqlens, N, with_counts=True) if tree_mask is not None
+                else (cache_seqlens, cache_seqlens))
     # Row blocks vary fastest in the grid: the blocks of one part run together and share its tiles in L2.
     for tail, grid in ((False, (row_blocks, NP, B * Hkv)), (True, (row_blocks, B * Hkv))):
         _verify_attention_split_kernel[grid](
-            q, k_cache, v_cache, cache_seqlens, anc, m, l, acc,
-            softmax_scale, T, G, R, Hkv, N, NP, PS, D,
+            q, k_cache, v_cache, cache_seqlens, anc, cnt, m, l, acc,
+            softmax_scale, T, G, R, Hkv, N, NP, PS, D, window or 0,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            HAS_MASK=tail and tree_mask is not None, LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
+            HAS_MASK=tail and tree_mask is not None, TREE=tree_mask is not None, HAS_WINDOW=bool(window),
+            LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
             BLOCK_D=BLOCK_D, num_warps=4, enable_fp_fusion=False,
         )
     _verify_attention_merge_kernel[(B * Hkv * R,)](

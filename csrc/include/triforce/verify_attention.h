@@ -1107,18 +1107,22 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                           int64_t skn, int64_t skh, const T* v, int64_t svb, int64_t svn, int64_t svh,
                           const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
                           int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
-                          T* out, float* lse, const int32_t* query_lens = nullptr) {
+                          T* out, float* lse, const int32_t* query_lens = nullptr, int64_t window = 0) {
   const int64_t g = Hq / Hkv, R = Tq * g;
   auto rows_of = [&](int64_t b) {  // the query rows row b computes
     return query_lens ? std::clamp<int64_t>(query_lens[b], 0, Tq) * g : R;
   };
   auto clamp_len = [&](int64_t b) { return std::min<int64_t>(std::max<int64_t>(cache_seqlens[b], 0), N); };
-  int64_t max_len = 0, max_prefix = 0, keys = 0;
+  // A sliding window keeps a query's last `window` ranks (0: none); every query sees at least its prefix's
+  // ranks, so none sees a rank below prefix - window: the parts below the lowest such rank hold nothing.
+  int64_t max_len = 0, max_prefix = 0, keys = 0, first_rank = std::numeric_limits<int64_t>::max();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t Lc = clamp_len(b);
+    const int64_t prefix_b = std::min<int64_t>(std::max<int64_t>(cache_seqlens[b] - Tq, 0), Lc);
     max_len = std::max(max_len, Lc);
-    max_prefix = std::max(max_prefix, std::min<int64_t>(std::max<int64_t>(cache_seqlens[b] - Tq, 0), Lc));
-    keys += Lc;
+    max_prefix = std::max(max_prefix, prefix_b);
+    keys += window > 0 ? std::min<int64_t>(Lc, window + Tq) : Lc;
+    first_rank = std::min<int64_t>(first_rank, window > 0 ? std::max<int64_t>(prefix_b - window, 0) : 0);
   }
   int64_t Z = kPartKeys;
   if (num_splits > 0) {  // forced: the longest prefix in that many parts (of whole tiles)
@@ -1126,13 +1130,15 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     Z = std::max<int64_t>(va::KT, ((max_prefix + S - 1) / S + va::KT - 1) / va::KT * va::KT);
   }
   const int64_t parts = std::max<int64_t>(1, (max_len + Z - 1) / Z);
+  const int64_t first_part = std::min(parts - 1, first_rank / Z);
   // Heads interleaved in a cache row (the [B, N, Hkv, D] layout): one item walks all KV heads over the
   // same keys, kHeadChunk keys at a time, so what it reads in a chunk is one contiguous block instead of
   // one row per page per head (verify_attention_groups_heads).
   const bool grouped = verify_attention_groups_heads(Hkv, skn, skh, svn, svh);
   const int64_t HG = grouped ? Hkv : 1;  // KV heads per item
   const int64_t rows_all = B * Hkv * R;  // (b, h, r) rows of the fold
-  const int64_t wave = std::max<int64_t>(1, std::min<int64_t>(parts, kPartialBytes / (rows_all * (D + 2) * 4)));
+  const int64_t wave =
+      std::max<int64_t>(1, std::min<int64_t>(parts - first_part, kPartialBytes / (rows_all * (D + 2) * 4)));
   // The fold's state per (b, h, r) and the wave's partials per (b, h, part, r): running max m, sum l,
   // unnormalised acc [D], all fp32.
   std::vector<float> fm(rows_all, va::kNegInf), fl(rows_all, 0.f), facc(rows_all * D, 0.f);
@@ -1163,6 +1169,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     std::vector<float> qt;    // the R rows transposed for the rows-in-lanes path
     std::vector<float> qtg;   // one query's g rows transposed
     std::vector<int64_t> pos;  // one query's new-token positions
+    std::vector<int64_t> seen, lo;  // each query's ranks: [lo[t], seen[t])
     std::vector<T> kc, vc;     // one query's keys and values when not consecutive
     std::vector<uint16_t> qa, qag;  // the tiles' packed queries: the R rows of each head, one query's g rows
     ItemScratch(int64_t R, int64_t D, int64_t HG, bool raw, int64_t lanes_nv, int64_t lanes_g, int64_t tile_words)
@@ -1170,7 +1177,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
           qtg(D * 16 * lanes_g), qa(HG * ((R + 15) / 16) * tile_words), qag((R + 15) / 16 * tile_words) {}
   };
   std::vector<std::unique_ptr<ItemScratch>> scratch(threads);
-  for (int64_t w0 = 0; w0 < parts; w0 += wave) {
+  for (int64_t w0 = first_part; w0 < parts; w0 += wave) {
     const int64_t nw = std::min(wave, parts - w0);
     const int64_t runs = std::min(nw, want_runs);
     const int64_t items = units * runs;
@@ -1194,7 +1201,33 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         const int64_t L = cache_seqlens[b], Lc = clamp_len(b);
         const int64_t new0 = L - Tq;  // position of new token 0 (may be < 0 for bad L)
         const int64_t prefix = std::min<int64_t>(std::max<int64_t>(new0, 0), Lc);
-        const int64_t tiles_end = prefix / va::KT * va::KT;  // tiles every row sees whole: [0, tiles_end)
+        // query t's new-token positions, in index order (its ranks from prefix on)
+        auto new_positions = [&](int64_t t) {
+          const bool* vis = tree_mask ? tree_mask + (b * Tq + t) * Tq : nullptr;
+          pos.clear();
+          for (int64_t si = 0; si < Tq; ++si) {
+            const int64_t p = new0 + si;
+            if ((vis ? vis[si] : si <= t) && p >= prefix && p < Lc) pos.push_back(p);
+          }
+        };
+        // Each query's ranks [lo[t], seen[t]): its last `window` (all without one). Tiles every row sees
+        // whole: [tiles_begin, tiles_end), the lowest rank all rows see rounded up to KT, up to the prefix
+        // rounded down to KT.
+        std::vector<int64_t>& seen = mine->seen;
+        std::vector<int64_t>& lo = mine->lo;
+        seen.assign(Tb, prefix);
+        lo.assign(Tb, 0);
+        int64_t lo_max = 0;
+        for (int64_t t = 0; t < Tb; ++t) {
+          if (window > 0) {
+            new_positions(t);
+            seen[t] += static_cast<int64_t>(pos.size());
+            lo[t] = std::max<int64_t>(seen[t] - window, 0);
+          }
+          lo_max = std::max(lo_max, lo[t]);
+        }
+        const int64_t tiles_begin = (lo_max + va::KT - 1) / va::KT * va::KT;
+        const int64_t tiles_end = std::max(tiles_begin, prefix / va::KT * va::KT);
         const int64_t run_shared_end = std::min({part_hi * Z, Lc, tiles_end});
         const int64_t qa_head = (R + 15) / 16 * tile_words;  // the tiles' packed words per head
         for (int64_t hh = 0; hh < HG; ++hh) {
@@ -1230,11 +1263,57 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
           }
           const int64_t a = part * Z, e = std::min((part + 1) * Z, Lc);
           if (a >= e || Rb == 0) continue;
-          const int64_t shared_end = std::min(e, tiles_end);
-          // The shared tiles [a, shared_end): all R rows. The online softmax state of each (b, h, part) lives
-          // in pm/pl/pacc, so the range may be walked in chunks, head by head within each chunk.
-          const int64_t step = grouped ? va::kHeadChunk : std::max<int64_t>(shared_end - a, 1);
-          for (int64_t c0 = a; c0 < shared_end; c0 += step) {
+          // Query t walks its ranks [max(a, x), min(e, y, its last)) alone, over exactly the keys it sees, in
+          // tiles at multiples of KT (a rank that is not one starts a short tile up to the next): in place
+          // when the keys are consecutive in the cache, else from a copy of their rows.
+          auto walk = [&](int64_t t, int64_t x, int64_t y) {
+            new_positions(t);
+            x = std::max(a, x);
+            y = std::min({e, y, prefix + static_cast<int64_t>(pos.size())});
+            auto at = [&](int64_t r) { return r < prefix ? r : pos[r - prefix]; };  // rank -> position
+            for (int64_t r0 = x, r1; r0 < y; r0 = r1) {
+              r1 = r0 % va::KT ? std::min(y, (r0 / va::KT + 1) * va::KT) : y;
+              const int64_t n = r1 - r0;
+              const bool in_place = at(r1 - 1) - at(r0) == n - 1;  // consecutive (ranks are increasing)
+              if (!in_place) {  // copy the rows this query sees, all HG heads of each
+                kc.resize(n * HG * D);
+                vc.resize(n * HG * D);
+                for (int64_t i = 0; i < n; ++i)
+                  for (int64_t hh = 0; hh < HG; ++hh) {
+                    const int64_t p = at(r0 + i);
+                    std::copy_n(k + b * skb + p * skn + (h0 + hh) * skh, D, kc.data() + (i * HG + hh) * D);
+                    std::copy_n(v + b * svb + p * svn + (h0 + hh) * svh, D, vc.data() + (i * HG + hh) * D);
+                  }
+              }
+              for (int64_t hh = 0; hh < HG; ++hh) {
+                const float* qg = qall.data() + (hh * R + t * g) * D;
+                if (lanes_g) va::transpose_rows(qg, g, D, lanes_g, qtg.data());
+#if defined(TRIFORCE_VA_AMX)
+                if constexpr (std::is_same_v<T, bf16>)
+                  if (tiles) va::amx_pack_queries(qraw.data() + (hh * R + t * g) * D, g, D, mine->qag.data());
+#endif
+                auto [m, l, acc] = state(hh, t * g);
+                const T* kp = in_place ? k + b * skb + at(r0) * skn + (h0 + hh) * skh : kc.data() + hh * D;
+                const T* vp = in_place ? v + b * svb + at(r0) * svn + (h0 + hh) * svh : vc.data() + hh * D;
+                va::attend_range(qg, g, D, kp, in_place ? skn : HG * D, vp, in_place ? svn : HG * D, 0, n, m, l,
+                                 acc, sc, nullptr, raw ? qraw.data() + (hh * R + t * g) * D : nullptr, scale,
+                                 lanes_g ? qtg.data() : nullptr, tiles ? mine->qag.data() : nullptr);
+              }
+            }
+          };
+          // In rank order, for every row: its ranks below the shared tiles (a window's start), the shared
+          // tiles [shared_begin, shared_end), then the rest (up to KT - 1 prefix keys and the new tokens).
+          const int64_t shared_begin = std::max(a, tiles_begin), shared_end = std::min(e, tiles_end);
+          if (shared_begin >= shared_end) {  // no shared tile in this part: every row alone
+            for (int64_t t = 0; t < Tb; ++t) walk(t, lo[t], e);
+            continue;
+          }
+          if (shared_begin > a)
+            for (int64_t t = 0; t < Tb; ++t) walk(t, lo[t], shared_begin);
+          // The shared tiles: all R rows. The online softmax state of each (b, h, part) lives in pm/pl/pacc, so
+          // the range may be walked in chunks, head by head within each chunk.
+          const int64_t step = grouped ? va::kHeadChunk : shared_end - shared_begin;
+          for (int64_t c0 = shared_begin; c0 < shared_end; c0 += step) {
             const int64_t c1 = std::min(shared_end, c0 + step);
             if (grouped)  // the next chunk's rows (in this part or the run's next), spread over this chunk's tiles
               rows.reset(reinterpret_cast<const char*>(k + b * skb + c1 * skn), skn * int64_t(sizeof(T)),
@@ -1250,47 +1329,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                                tiles ? mine->qa.data() + hh * qa_head : nullptr);
             }
           }
-          if (shared_end >= e) continue;
-          // The rest [max(a, shared_end), e): query by query, over the ranks it sees.
-          const int64_t r0 = std::max(a, shared_end);
-          for (int64_t t = 0; t < Tb; ++t) {
-            const bool* vis = tree_mask ? tree_mask + (b * Tq + t) * Tq : nullptr;
-            pos.clear();
-            for (int64_t si = 0; si < Tq; ++si) {
-              const int64_t p = new0 + si;
-              if ((vis ? vis[si] : si <= t) && p >= prefix && p < Lc) pos.push_back(p);
-            }
-            const int64_t seen = prefix + static_cast<int64_t>(pos.size());  // this query's number of keys
-            const int64_t r1 = std::min(e, seen);
-            if (r0 >= r1) continue;
-            auto at = [&](int64_t r) { return r < prefix ? r : pos[r - prefix]; };  // rank -> position
-            const int64_t n = r1 - r0;
-            const bool in_place = at(r1 - 1) - at(r0) == n - 1;  // consecutive (ranks are increasing)
-            if (!in_place) {  // copy the rows this query sees, all HG heads of each
-              kc.resize(n * HG * D);
-              vc.resize(n * HG * D);
-              for (int64_t i = 0; i < n; ++i)
-                for (int64_t hh = 0; hh < HG; ++hh) {
-                  const int64_t p = at(r0 + i);
-                  std::copy_n(k + b * skb + p * skn + (h0 + hh) * skh, D, kc.data() + (i * HG + hh) * D);
-                  std::copy_n(v + b * svb + p * svn + (h0 + hh) * svh, D, vc.data() + (i * HG + hh) * D);
-                }
-            }
-            for (int64_t hh = 0; hh < HG; ++hh) {
-              const float* qg = qall.data() + (hh * R + t * g) * D;
-              if (lanes_g) va::transpose_rows(qg, g, D, lanes_g, qtg.data());
-#if defined(TRIFORCE_VA_AMX)
-              if constexpr (std::is_same_v<T, bf16>)
-                if (tiles) va::amx_pack_queries(qraw.data() + (hh * R + t * g) * D, g, D, mine->qag.data());
-#endif
-              auto [m, l, acc] = state(hh, t * g);
-              const T* kp = in_place ? k + b * skb + at(r0) * skn + (h0 + hh) * skh : kc.data() + hh * D;
-              const T* vp = in_place ? v + b * svb + at(r0) * svn + (h0 + hh) * svh : vc.data() + hh * D;
-              va::attend_range(qg, g, D, kp, in_place ? skn : HG * D, vp, in_place ? svn : HG * D, 0, n, m, l, acc,
-                               sc, nullptr, raw ? qraw.data() + (hh * R + t * g) * D : nullptr, scale,
-                               lanes_g ? qtg.data() : nullptr, tiles ? mine->qag.data() : nullptr);
-            }
-          }
+          if (shared_end < e)
+            for (int64_t t = 0; t < Tb; ++t) walk(t, shared_end, e);
         }
     });
     // Fold the wave's parts into the state, left to right: for each row, the same sequence of operations
