@@ -68,6 +68,7 @@ at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
 // the step's [B, T] layout with zero keys and values at the padding (written to the caches as zeros), and computes
 // the real queries only (verify_attention_ragged).
 // -> h of the rows, [1, N, H] (bitwise those rows of the unpacked forward: every row is computed on its own).
+// windows (one per layer, or none): each layer's sliding window for verify_attention (0: none).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -75,7 +76,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::TensorList v_cache, at::TensorList k_raw_cache, at::TensorList last_query,
                           const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
-                          const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows);
+                          const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
+                          at::OptionalIntArrayRef windows);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

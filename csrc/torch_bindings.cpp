@@ -34,8 +34,8 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("decoder_layers(Tensor h, Tensor cos, Tensor sin, int head_dim, Tensor[] norm_w, float[] eps, Tensor[] w, "
         "Tensor?[] scales, Tensor?[] bias, Tensor?[] qk_norm_w, float[] qk_eps, Tensor(a!)[] k_cache, "
         "Tensor(b!)[] v_cache, Tensor(c!)[] k_raw_cache, Tensor(d!)[] last_query, Tensor slots, "
-        "Tensor cache_seqlens, Tensor? tree_mask, Tensor? query_index, Tensor? query_valid, Tensor? rows=None) "
-        "-> Tensor");
+        "Tensor cache_seqlens, Tensor? tree_mask, Tensor? query_index, Tensor? query_valid, Tensor? rows=None, "
+        "int[]? windows=None) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");

@@ -132,9 +132,11 @@ def rope(cfg, **changes):
     (lambda c: {**c, "rope_theta": 10000.0}, "rope_theta"),  # disagrees with rope_parameters' 500000
     (lambda c: {**c, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_parameters"),
     (lambda c: {**c, "original_max_position_embeddings": 128}, "original_max_position_embeddings"),
-    (lambda c: {**c, "model_type": "mistral", "sliding_window": 128}, "'sliding_window'"),
-    # MistralConfig's default window (4096) applies when the key is missing
-    (lambda c: {**c, "model_type": "mistral", "max_position_embeddings": 8192}, "'sliding_window'"),
+    # a sliding window that masks: Mistral's and Qwen's (test_layer_windows); Llama's config has none
+    (lambda c: {**c, "sliding_window": 16}, "'sliding_window' = 16"),
+    (lambda c: {**c, "model_type": "gemma", "hidden_act": "gelu", "sliding_window": 16}, "'sliding_window' = 16"),
+    (lambda c: {**c, "model_type": "mistral", "sliding_window": 0}, "'sliding_window' = 0"),
+    (lambda c: {**c, "model_type": "mistral", "sliding_window": 64.5}, "'sliding_window' = 64.5"),
     (lambda c: {**c, "quantization_config": {"quant_method": "bitsandbytes"}}, "'quantization_config'"),
     (lambda c: {**c, "model_type": "gemma2"}, "model_type 'gemma2'"),
     # Gemma's activation is GELU's tanh form; another one would change the logits
@@ -144,16 +146,14 @@ def rope(cfg, **changes):
     (lambda c: {**c, "hidden_activation": "gelu_pytorch_tanh"}, "'hidden_activation'"),  # Gemma's key only
     (lambda c: {**c, "model_type": "gemma", "hidden_act": "gelu", "use_bidirectional_attention": True},
      "'use_bidirectional_attention'"),
-    # Qwen's sliding window: off unless use_sliding_window, then on the layers from max_window_layers on
+    # Qwen's sliding-window keys with values transformers would not read as a window
+    (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": "yes", "sliding_window": 64}, "sliding_window'"),
     (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64,
-                "max_window_layers": 1}, "sliding_window' = True"),
+                "layer_types": ["sliding_attention"]}, "'layer_types'"),  # one per layer
     (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64,
-                "layer_types": ["full_attention", "sliding_attention"]}, "sliding_window' = True"),
-    # Qwen's window defaults to 4096 when use_sliding_window is set without a sliding_window key
-    (lambda c: {**c, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 0,
-                "max_position_embeddings": 8192}, "sliding_window' = True"),
-    (lambda c: {**c, "model_type": "qwen3", "use_sliding_window": True, "max_window_layers": 1,
-                "max_position_embeddings": 4097}, "sliding_window' = True"),
+                "layer_types": ["full_attention", "chunked_attention"]}, "'layer_types'"),
+    (lambda c: {**c, "model_type": "qwen3", "use_sliding_window": True, "max_window_layers": "1"},
+     "'max_window_layers'"),
     (lambda c: {**c, "use_sliding_window": False}, "'use_sliding_window'"),  # not a Llama key
     (lambda c: {**c, "rope_theta": None, "rope_parameters": None}, "rope_theta"),
 ])
@@ -255,13 +255,48 @@ def test_metadata_and_harmless_values_load(saved_config):
     assert full.rope_theta == 3e4 and full.num_key_value_heads == 2
     full = LlamaConfig.from_dict(transformers.MistralConfig(**TINY, sliding_window=None).to_dict())
     assert full.max_position_embeddings == 512
-    with pytest.raises(ValueError, match="'sliding_window' = 4096"):  # MistralConfig's default window
-        LlamaConfig.from_dict(transformers.MistralConfig().to_dict())
+    # MistralConfig's default window, 4096, on every layer
+    assert LlamaConfig.from_dict(transformers.MistralConfig().to_dict()).layer_windows == (4096,) * 32
     # Qwen's default window (4096) masks nothing in a context of at most 4096; an explicit null is no window
     qwen = {**cfg, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 0}
     del qwen["sliding_window"]
     assert LlamaConfig.from_dict({**qwen, "max_position_embeddings": 4096}).extra["use_sliding_window"]
     assert LlamaConfig.from_dict({**qwen, "max_position_embeddings": 8192, "sliding_window": None})
+
+
+@pytest.mark.parametrize("family, keys, windows", [
+    ("llama", {}, (0, 0, 0)),
+    ("llama", {"sliding_window": None}, (0, 0, 0)),
+    ("llama", {"sliding_window": 512}, (0, 0, 0)),  # at least the context: masks nothing
+    ("mistral", {"sliding_window": 64}, (64, 64, 64)),
+    ("mistral", {}, (0, 0, 0)),  # none given (config.json's missing key: test_a_missing_mistral_window_is_4096)
+    ("mistral", {"sliding_window": None}, (0, 0, 0)),
+    ("mistral", {"sliding_window": 8192}, (0, 0, 0)),
+    ("qwen2", {"sliding_window": 64}, (0, 0, 0)),  # only with use_sliding_window
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64}, (0, 0, 0)),  # max_window_layers 28
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, (0, 64, 64)),
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 0}, (4096,) * 3),  # the default window
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 0, "sliding_window": None}, (0, 0, 0)),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 64,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}, (64, 0, 64)),
+    ("qwen3", {"use_sliding_window": False, "sliding_window": 64,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}, (0, 0, 0)),
+])
+def test_layer_windows(family, keys, windows):
+    """Each layer's sliding window as transformers 5 reads the keys (0: none; a window at least the context
+    long is none)."""
+    config = LlamaConfig(**{**TINY, "num_hidden_layers": 3, "max_position_embeddings": 512 if family == "llama"
+                            else 8192}, model_type=family, extra=keys)
+    assert config.layer_windows == windows
+    assert LlamaConfig.from_dict(config.to_dict()).layer_windows == windows  # round trip
+
+
+def test_a_missing_mistral_window_is_4096():
+    """MistralConfig's default window applies to a config.json without the key, as transformers reads it."""
+    d = LlamaConfig(**{**TINY, "max_position_embeddings": 8192}, model_type="mistral").to_dict()
+    assert d["sliding_window"] is None
+    del d["sliding_window"]
+    assert LlamaConfig.from_dict(d).layer_windows == (4096, 4096)
 
 
 def test_llama_config_checks_rope_scaling_and_extra():

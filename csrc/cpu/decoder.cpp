@@ -471,8 +471,11 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::TensorList k_cache, at::TensorList v_cache, at::TensorList k_raw_cache,
                           at::TensorList last_query, const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
-                          const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows) {
+                          const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
+                          at::OptionalIntArrayRef windows) {
   const size_t L = k_cache.size();
+  TORCH_CHECK(!windows.has_value() || windows->size() == L, "decoder_layers: expected one window per layer (", L,
+              "), got ", windows.has_value() ? windows->size() : 0);
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec(),
                                                qk_norm = qk_norm_list.vec();
   check_projections("decoder_layers", w.size(), scales.size(), bias.size(), 7 * L);
@@ -580,7 +583,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       write_rows(v_cache[l], v, slots);
       const at::Tensor attn =
           pack(std::get<0>(verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
-                                                   query_lens))
+                                                   query_lens, windows.has_value() ? (*windows)[l] : 0))
                    .to(x.scalar_type()));
       x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
                        {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});

@@ -202,6 +202,11 @@ class _KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
         self._batch_index = torch.arange(batch_size, device=self.device)[:, None]
         self._bound = 0  # host-side upper bound of max(lengths)
+        # Each layer's sliding window for verify_attention (0: none). Only a cache whose slots are the
+        # sequence's positions applies the model's (FullCache); a draft's caches (StreamingLLM, retrieval)
+        # attend to every token they hold: what they draft is verified on the full cache, which hides what
+        # the model hides.
+        self.windows = (0,) * self.num_layers
 
     def _allocate(self, shape):
         """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros)."""
@@ -300,15 +305,17 @@ class _KVCache:
         self.v[layer][step.batch_index, step.slots] = v
 
     def attend(self, layer: int, q, k, v, step: Step, k_raw=None) -> torch.Tensor:
-        """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache."""
+        """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache (each query over
+        the last ``windows[layer]`` positions it sees, where that is not 0)."""
         self._write(layer, k, v, step)
-        return verify_attention_trusted(q, self.k[layer], self.v[layer], step.seqlens, step.tree_mask)
+        return verify_attention_trusted(q, self.k[layer], self.v[layer], step.seqlens, step.tree_mask,
+                                        self.windows[layer])
 
     def _native_buffers(self, step: Step):
         """``(k, v, k_raw, last_query)``, lists of per-layer buffers (``[]`` where the cache keeps none), when
         this cache's ``attend`` of every layer is exactly: record ``last_query``, write the step's keys (and
         un-RoPE'd keys) and values at ``step.slots``, ``verify_attention`` over ``k[layer]``, ``v[layer]``
-        with ``step.seqlens`` and ``step.tree_mask``. The model layer then runs its layers and this cache's
+        with ``step.seqlens``, ``step.tree_mask`` and ``windows[layer]``. The model layer then runs its layers and this cache's
         side of them in one native call (``triforce_C::decoder_layers``, csrc/cpu/decoder.cpp). ``None``
         otherwise (a subclass that changes ``attend`` or ``_write``, a StreamingLLM cache's large step)."""
         if self._changed(_KVCache):
@@ -416,6 +423,7 @@ class FullCache(_KVCache):
             raise ValueError(f"max_len {max_len} exceeds the model's context "
                              f"(max_position_embeddings = {config.max_position_embeddings})")
         super().__init__(config, batch_size, max_len, device, dtype)
+        self.windows = config.layer_windows  # slot = position: the model's sliding windows apply
         self.max_len = max_len
         self.chunk_size = chunk_size
         self.chunk_keys = self.last_query = None

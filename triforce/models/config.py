@@ -97,7 +97,9 @@ _METADATA_KEYS = frozenset({
 })
 
 
-_NO_WINDOW = "no sliding-window attention (no window, or one at least max_position_embeddings long)"
+_WINDOWS = ("a sliding window as transformers reads it (Mistral: every layer; Qwen2/3: with use_sliding_window, "
+            "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on), a positive "
+            "int or null; other families: none, or one at least max_position_embeddings long")
 
 # key -> (harmless(value, config), the value we implement). Any other value raises.
 _HARMLESS_ONLY_AT = {
@@ -110,10 +112,8 @@ _HARMLESS_ONLY_AT = {
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
     "partial_rotary_factor": (lambda v, c: v in (1, None), "1.0 (RoPE on the whole head)"),
-    # a window at least the context long never masks anything at the lengths the model accepts; Qwen's
-    # window applies only with use_sliding_window, and only to its layer_types' "sliding_attention" layers
-    # (by default the layers from max_window_layers on)
-    **{key: (lambda v, c: _no_sliding_window(c), _NO_WINDOW)
+    # sliding windows: LlamaConfig.layer_windows (_layer_windows)
+    **{key: (lambda v, c, key=key: _layer_windows(c)[1] != key, _WINDOWS)
        for key in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")},
     "rope_interleaved": (lambda v, c: v in (False, None), "false (half-split RoPE pairs, as transformers)"),
     "pruned_heads": (lambda v, c: not v, "{} (no pruned heads)"),
@@ -129,34 +129,51 @@ _HARMLESS_ONLY_AT = {
 }
 
 
-def _no_sliding_window(c: "LlamaConfig") -> bool:
-    """No layer of ``c`` masks by a sliding window at the lengths it accepts (transformers' rules)."""
+def _layer_windows(c: "LlamaConfig") -> tuple:
+    """Each layer's sliding window as transformers 5 reads ``c``'s keys (0: none), and the key whose value it
+    would not read so (None when there is none: the config raises naming it). Mistral: ``sliding_window`` on
+    every layer. Qwen2/3: a window only with ``use_sliding_window``, on the ``layer_types``'
+    ``"sliding_attention"`` layers (by default those from ``max_window_layers`` on); with ``use_sliding_window``
+    and no ``sliding_window`` key the window is 4096, an explicit null is none. Llama and Gemma 1 have no
+    sliding window: the key may only say none. A window at least ``max_position_embeddings`` long never hides a
+    key from a token the model emits, and is none."""
     x = c.extra
-    window = x.get("sliding_window")
+    n = c.num_hidden_layers
+    none = (0,) * n
     if c.model_type in ("qwen2", "qwen3"):
-        # Qwen's configs default the window to 4096 when use_sliding_window is set and the key is absent
-        # (an explicit null means no window)
         window = x.get("sliding_window", _QWEN_DEFAULT_WINDOW)
-        if not x.get("use_sliding_window", False):
-            return x.get("use_sliding_window", False) in (False, None)
+        use = x.get("use_sliding_window", False)
         types = x.get("layer_types")
+        if types is not None and (not isinstance(types, list) or len(types) != n
+                                  or not set(types) <= {"full_attention", "sliding_attention"}):
+            return none, "layer_types"
+        if use not in (False, None, True):
+            return none, "use_sliding_window"
+        if not use or window is None:
+            return none, None
         if types is None:
             start = x.get("max_window_layers", 28)
             if not _is_int(start):
-                return False
-            sliding = c.num_hidden_layers > start
-        else:
-            if not isinstance(types, list) or len(types) != c.num_hidden_layers \
-                    or not set(types) <= {"full_attention", "sliding_attention"}:
-                return False
-            sliding = "sliding_attention" in types
-        if not sliding:
-            return True
-    elif "use_sliding_window" in x or "max_window_layers" in x or (
-            "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}):
-        return False  # Qwen's keys in a family that does not read them
-    return window is None or (_is_int(window) and window >= c.max_position_embeddings)
-
+                return none, "max_window_layers"
+            types = ["sliding_attention" if i >= start else "full_attention" for i in range(n)]
+        sliding = [t == "sliding_attention" for t in types]
+    else:
+        for key in ("use_sliding_window", "max_window_layers"):  # Qwen's keys in a family that does not read them
+            if key in x:
+                return none, key
+        if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
+            return none, "layer_types"
+        window = x.get("sliding_window")
+        if window is None:
+            return none, None
+        sliding = [True] * n  # Mistral's; another family's must not mask (below)
+    if not _is_int(window) or window < 1:
+        return none, "sliding_window"
+    if window >= c.max_position_embeddings or not any(sliding):
+        return none, None
+    if c.model_type not in ("mistral", "qwen2", "qwen3"):
+        return none, "sliding_window"  # a window that masks, in a family without one
+    return tuple(window if s else 0 for s in sliding), None
 
 
 def _is_int(v) -> bool:
@@ -309,6 +326,13 @@ class LlamaConfig:
         return FAMILIES[self.model_type].qkv_bias or self.attention_bias
 
     @property
+    def layer_windows(self) -> tuple:
+        """Each layer's sliding window (0: none): a token at position p attends to positions p - W + 1 .. p
+        only (``tk.verify_attention(..., window=W)``). Mistral's ``sliding_window``; Qwen's on its sliding
+        layers (docs/model.md, "Sliding windows")."""
+        return _layer_windows(self)[0]
+
+    @property
     def qk_norm(self) -> bool:
         """An RMSNorm over ``head_dim`` on every query and key head, before RoPE (Qwen3)."""
         return FAMILIES[self.model_type].qk_norm
@@ -368,6 +392,8 @@ class LlamaConfig:
                 del d[name]
         d.setdefault("architectures", [family.architecture])
         d.setdefault("hidden_act", family.hidden_acts[0])
+        if self.model_type == "mistral":  # none given: none (a config.json without the key means 4096)
+            d.setdefault("sliding_window", None)
         return d
 
     def replace(self, **changes) -> "LlamaConfig":

@@ -301,6 +301,7 @@ class Attention(nn.Module):
         self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
         self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
         self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=config.attention_bias)
+        self.window = config.layer_windows[layer]  # a sliding window (0: none), here for the cache-free forward
         if config.qk_norm:  # Qwen3: per-head RMSNorm of queries and keys, before RoPE
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -322,8 +323,15 @@ class Attention(nn.Module):
         """Attention of the RoPE'd ``q``, ``k`` and ``v`` ``[B, T, H, D]``: causal among themselves without a
         cache, else written to ``cache`` and attended over it -> ``[B, T, Hq, D]``."""
         if cache is None:
+            T = q.shape[1]
+            mask = None
+            if self.window and self.window < T:  # a sliding window: query i sees keys i - W + 1 .. i
+                d = torch.arange(T, device=q.device)
+                d = d[:, None] - d[None, :]
+                mask = (d >= 0) & (d < self.window)
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  is_causal=True, enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
+                                                  attn_mask=mask, is_causal=mask is None,
+                                                  enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
         kv = cache.dtype
         if q.dtype != kv:  # a cache in another dtype (Llama.kv_dtype): attention runs in the cache's dtype
             out = cache.attend(self.layer, q.to(kv), k.to(kv), v.to(kv), step,
@@ -486,7 +494,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     return torch.ops.triforce_C.decoder_layers(
         h, cos, sin, head_dim, norms, eps, w, scales, bias, qk_norms, qk_eps, k[lo:hi], v[lo:hi], k_raw[lo:hi],
         last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
-        None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows)
+        None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
+        list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None)
 
 
 _STACK = None
@@ -874,7 +883,10 @@ class Llama(nn.Module):
             raise ValueError(f"k must be an int in [1, {n}], got {k!r}")
         draft = Llama.__new__(Llama)
         nn.Module.__init__(draft)
-        draft.config = self.config.replace(num_hidden_layers=k)
+        extra = self.config.extra
+        if isinstance(extra.get("layer_types"), list):  # Qwen's per-layer attention kinds: the first k
+            extra = {**extra, "layer_types": extra["layer_types"][:k]}
+        draft.config = self.config.replace(num_hidden_layers=k, extra=extra)
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)
         draft.model.embed_tokens = self.model.embed_tokens

@@ -1,0 +1,125 @@
+"""Sliding-window attention in the model layer (Mistral's ``sliding_window``, Qwen's sliding layers): logits
+equal to transformers' where the window hides keys, on every forward path (plain, chunked prefill, verify
+passes, trees, the fused CPU layers), a pass with the bits of its one-token steps, and every method's greedy
+tokens equal autoregressive decoding's."""
+import pytest
+import torch
+
+import triforce
+from triforce.models import FullCache, Llama, LlamaConfig
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import TINY, hf_model
+from .test_model import TOL
+
+transformers = pytest.importorskip("transformers")
+
+WINDOWED = {  # name -> (family of test_families, transformers config kwargs)
+    "mistral": ("mistral", dict(sliding_window=7)),
+    "qwen2-sliding-layer-1": ("qwen2", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
+    "qwen3-layer-types": ("qwen3", dict(use_sliding_window=True, sliding_window=5,
+                                        layer_types=["sliding_attention", "full_attention"])),
+}
+
+
+def windowed_pair(name):
+    """(transformers' model, ours on the same weights) for a tiny windowed model."""
+    family, kw = WINDOWED[name]
+    hf = hf_model(family, **kw)
+    from triforce.models.loading import _build
+
+    config = LlamaConfig.from_dict(hf.config.to_dict())
+    assert any(config.layer_windows)
+    return hf, _build(config, hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_logits_match_transformers(tmp_path, name):
+    """Sequences several windows long: the plain forward, a chunked prefill, a verify pass and one-token
+    steps give transformers' logits; a tree node's, those of its path."""
+    hf, ours = windowed_pair(name)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        cache = FullCache(ours.config, 2, 64, chunk_size=4)
+        last = ours.prefill(ids[:, :25], cache, chunk_size=9)  # chunks longer than the windows
+        assert (last - ref[:, 24]).abs().max() <= TOL
+        assert (ours(ids[:, 25:31], cache=cache) - ref[:, 25:31]).abs().max() <= TOL
+        for i in range(31, 34):
+            assert (ours(ids[:, i:i + 1], cache=cache)[:, 0] - ref[:, i]).abs().max() <= TOL
+        parents = torch.tensor([[-1, 0, 0, 1, 3, 4, 5, 6, 7]] * 2)  # a branch deeper than the windows
+        toks = ids[:, 31:40]
+        out = ours(toks, cache=cache, tree_parents=parents)
+        for path in ([0, 1, 3, 4, 5, 6, 7, 8], [0, 2]):
+            seq = torch.cat([ids[:, :34], toks[:, path]], 1)
+            assert (out[:, path] - hf(seq).logits[:, -len(path):]).abs().max() <= TOL
+    # the HF directory round trip keeps the windows, and transformers reads ours back the same
+    ours.save_pretrained(tmp_path)
+    assert Llama.from_pretrained(tmp_path).config.layer_windows == ours.config.layer_windows
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert (back(ids).logits - ref).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("native", ["1", "0"], ids=["layer-stack", "per-layer"])
+def test_a_pass_gives_the_bits_of_one_token_steps(monkeypatch, dtype, native):
+    """On the CPU (the fused layer stack, and the layers called one by one): a verify pass over a windowed
+    model gives bitwise the logits of one-token steps, so speculative decoding keeps its tokens exactly."""
+    monkeypatch.setenv("TRIFORCE_DECODER_LAYERS", native)
+    monkeypatch.setattr(triforce.models.llama, "_STACK", None)
+    _, model = windowed_pair("qwen2-sliding-layer-1")
+    model = model.to(dtype)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
+    caches = [FullCache(model.config, 2, 64, dtype=dtype) for _ in range(2)]
+    with torch.no_grad():
+        for c in caches:
+            model.prefill(ids[:, :20], c)
+        passed = model(ids[:, 20:30], cache=caches[0])
+        steps = torch.cat([model(ids[:, i:i + 1], cache=caches[1]) for i in range(20, 30)], 1)
+    assert torch.equal(passed, steps)
+
+
+def test_the_fused_layers_apply_the_windows(monkeypatch):
+    """The CPU's one-call layer stack gives the per-layer path's logits bitwise on a windowed model (so it
+    passes each layer's window; without it the logits differ)."""
+    _, model = windowed_pair("mistral")
+    ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(4))
+    out = {}
+    for native in ("1", "0"):
+        monkeypatch.setenv("TRIFORCE_DECODER_LAYERS", native)
+        monkeypatch.setattr(triforce.models.llama, "_STACK", None)
+        cache = FullCache(model.config, 1, 64)
+        with torch.no_grad():
+            model.prefill(ids[:, :24], cache)
+            out[native] = model(ids[:, 24:30], cache=cache)
+    assert torch.equal(out["1"], out["0"])
+    if triforce.models.llama._native_stack_available():
+        no_window = FullCache(model.config, 1, 64)
+        no_window.windows = (0,) * model.config.num_hidden_layers
+        with torch.no_grad():
+            model.prefill(ids[:, :24], no_window)
+            assert not torch.allclose(model(ids[:, 24:30], cache=no_window), out["1"])
+
+
+def tiny_windowed(seed, window=6, layers=("sliding_attention", "full_attention")):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=len(layers), num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      max_position_embeddings=1024, initializer_range=0.3,
+                      extra={"use_sliding_window": True, "sliding_window": window, "layer_types": list(layers)})
+    return Llama(cfg).eval()
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive(method, opts):
+    """Every method's greedy tokens equal autoregressive decoding's on a model with a 6-token window (its
+    drafts' caches attend to what they hold; the full cache hides what the window hides)."""
+    assert_greedy_equals_autoregressive(tiny_windowed(0), tiny_windowed(1), method, opts)
+
+
+def test_layer_skip_keeps_the_first_layers_windows():
+    model = tiny_windowed(0, layers=("full_attention", "sliding_attention", "full_attention"))
+    assert model.layer_skip(2).config.layer_windows == (0, 6)
+    assert model.config.layer_windows == (0, 6, 0)
