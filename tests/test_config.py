@@ -338,7 +338,11 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
+_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+              "gemma3_text": "gemma3"}
+# gemma3's sandwich norms, as llama.cpp names them
+_GGUF_SANDWICH_OUT = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"}
 _GGUF_OUT = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -376,14 +380,14 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
         t = t.detach().float()
         if name in names:
             out = names[name]
-            if arch == "gemma" and name == "model.norm.weight":
+            if arch in ("gemma", "gemma3") and name == "model.norm.weight":
                 t = t + 1
         else:
             _, _, i, rest = name.split(".", 3)
             module, kind = rest.rsplit(".", 1)
-            out = f"blk.{i}.{_GGUF_OUT[module]}.{kind}"
-            if arch == "gemma" and kind == "weight" and module.endswith("layernorm"):
-                t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply
+            out = f"blk.{i}.{(_GGUF_SANDWICH_OUT if arch == 'gemma3' else {}).get(module, _GGUF_OUT.get(module))}.{kind}"
+            if arch in ("gemma", "gemma3") and kind == "weight" and module.endswith("norm"):
+                t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply (gemma3: q/k norms too)
             if arch == "llama" and module == "self_attn.q_proj":
                 t = llama_cpp_permute(t, c.num_attention_heads)
             elif arch == "llama" and module == "self_attn.k_proj":

@@ -160,17 +160,17 @@ def check_window(window) -> int:
 
 def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              cache_seqlens: torch.Tensor, tree_mask: torch.Tensor | None = None,
-                             window: int = 0) -> torch.Tensor:
-    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, window=window or None)`` without the
-    argument checks, for
-    callers that build every argument themselves (the model layer's caches: ``triforce/models/cache.py``).
+                             window: int = 0, scale: float | None = None) -> torch.Tensor:
+    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, window=window or None)`` without
+    the argument checks, for callers that build every argument themselves (the model layer's caches:
+    ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
     ``torch.compile`` (the custom op's Python dispatch and the checks cost ~40 us per call, ~40% of a
     SmolLM2 decode layer's attention at 1000 tokens of context). Invalid arguments are not diagnosed here
     (except the custom op's CPU length check, on the paths that go through the op); every kernel still
     clamps lengths to ``[0, N]`` (never reads outside the cache)."""
     backend = resolve("verify_attention", None, q.device)
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if backend == "cpu" and not torch.compiler.is_compiling():
         return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0,
                                                      window)[0]

@@ -222,30 +222,28 @@ class HiddenTransfer(DraftHeads):
         Pseudo token ``i`` of anchor ``t`` sits at position ``t+i`` and attends to real positions ``<= t``
         and to pseudo tokens ``1 .. i`` of its anchor, exactly the tree mask the decoding tap builds.
         -> final-normed states ``[A, depth, H]``."""
-        from triforce.models.rope import apply_rope, rope_cos_sin
-
         k_n, S, A = self.depth, h.shape[0], anchors.shape[0]
         x = self.pseudo(h[anchors]).reshape(1, A * k_n, -1)  # [1, A*k, H]
         i = torch.arange(1, k_n + 1, device=h.device)
         pos = (anchors[:, None] + i).reshape(1, -1)
-        cos, sin = rope_cos_sin(model.inv_freq, pos, x.dtype, model.rope_scale)
+        ropes = model.rope_tables(pos, x.dtype)  # per layer (Gemma 3's sliding layers: their own RoPE)
         real = torch.arange(S, device=h.device)[None, :] <= anchors.repeat_interleave(k_n)[:, None]  # [A*k, S]
         grp = torch.arange(A, device=h.device).repeat_interleave(k_n)
         idx = i.repeat(A)
         own = (grp[:, None] == grp[None, :]) & (idx[None, :] <= idx[:, None])  # [A*k, A*k]
         mask = torch.cat([real, own], 1)
+        near = pos[0][:, None] - torch.arange(S, device=h.device)[None, :]  # query position - real position
         for j, layer in enumerate(model.model.layers[self.layer:]):
             att = layer.self_attn
-            a = layer.input_layernorm(x)
-            q = apply_rope(att.q_proj(a).view(1, A * k_n, att.n_heads, att.head_dim), cos, sin)
-            kk = apply_rope(att.k_proj(a).view(1, A * k_n, att.n_kv, att.head_dim), cos, sin)
-            vv = att.v_proj(a).view(1, A * k_n, att.n_kv, att.head_dim)
+            q, kk, _, vv = att.project(layer.input_layernorm(x), *ropes[self.layer + j])
             K = torch.cat([keys[j][None].to(kk.dtype), kk], 1)
             V = torch.cat([values[j][None].to(vv.dtype), vv], 1)
+            m = mask
+            if att.window:  # a sliding window: the real positions of the query's last W (its pseudo ones are nearer)
+                m = torch.cat([real & (near < att.window), own & (idx[:, None] - idx[None, :] < att.window)], 1)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2),
-                                               attn_mask=mask, enable_gqa=att.n_heads != att.n_kv)
-            x = x + att.o_proj(o.transpose(1, 2).reshape(1, A * k_n, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+                                               attn_mask=m, scale=att.scale, enable_gqa=att.n_heads != att.n_kv)
+            x = layer.residual(x, att.o_proj(o.transpose(1, 2).reshape(1, A * k_n, -1)))
         return model.model.norm(x).view(A, k_n, -1)
 
 

@@ -29,7 +29,7 @@ import triforce_kernels as tk
 from triforce_kernels.tree_mask import tree_attention_mask_trusted
 from triforce_kernels.verify_attention import verify_attention_trusted
 from .config import LlamaConfig
-from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq
+from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq
 
 __all__ = ["FullCache", "StreamingCache", "RetrievalCache", "TokenTree"]
 
@@ -207,6 +207,7 @@ class _KVCache:
         # attend to every token they hold: what they draft is verified on the full cache, which hides what
         # the model hides.
         self.windows = (0,) * self.num_layers
+        self.scale = config.attention_scale  # the attention scores' scale
 
     def _allocate(self, shape):
         """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros)."""
@@ -309,7 +310,7 @@ class _KVCache:
         the last ``windows[layer]`` positions it sees, where that is not 0)."""
         self._write(layer, k, v, step)
         return verify_attention_trusted(q, self.k[layer], self.v[layer], step.seqlens, step.tree_mask,
-                                        self.windows[layer])
+                                        self.windows[layer], self.scale)
 
     def _native_buffers(self, step: Step):
         """``(k, v, k_raw, last_query)``, lists of per-layer buffers (``[]`` where the cache keeps none), when
@@ -501,6 +502,21 @@ class FullCache(_KVCache):
 _FREE = torch.iinfo(torch.int64).max  # StreamingCache.slot_pos of a slot that holds no token
 
 
+def _rope_groups(config: LlamaConfig, device) -> list:
+    """``[(layers, inv_freq, scale)]``: the layers that share one RoPE (``slice(None)``: all, else an index
+    tensor), its inverse frequencies and its factor on cos and sin (YaRN's). One group, but two for Gemma 3
+    (its sliding layers' own RoPE base, plain RoPE)."""
+    main = (rope_inv_freq(config, device), rope_attention_scale(config))
+    local = rope_local_inv_freq(config, device)
+    if local is None:
+        return [(slice(None), *main)]
+    n = config.num_hidden_layers
+    own = [config.layer_rope_theta(i) is not None for i in range(n)]
+    groups = [(torch.tensor([i for i in range(n) if own[i] == flag], device=device), freq, scale)
+              for flag, freq, scale in ((False, *main), (True, local, 1.0)) if flag in own]
+    return groups
+
+
 class StreamingCache(_KVCache):
     """StreamingLLM cache: the first ``sink`` tokens and the most recent ``window``.
 
@@ -546,8 +562,7 @@ class StreamingCache(_KVCache):
         self.sink, self.window, self.max_step = sink, window, max_step
         self.keep = sink + window
         B, cap = batch_size, self.capacity
-        self._inv_freq = rope_inv_freq(config, self.device)
-        self._rope_scale = rope_attention_scale(config)  # YaRN's factor on cos and sin
+        self._ropes = _rope_groups(config, self.device)
         self._pos_limit = config.max_position_embeddings
         # slot_pos[b, s]: position in the sequence of the token in non-sink slot s (_FREE: none)
         self.slot_pos = torch.full((B, cap), _FREE, dtype=torch.int64, device=self.device)
@@ -646,13 +661,15 @@ class StreamingCache(_KVCache):
         pos = torch.where(slot < sink, slot, slot + evicted[:, None])  # sequence position of slot's token
         valid = slot < kept[:, None]
         src = torch.where(valid, pos, 0)  # a full cache's RoPE position is its slot
-        cos, sin = rope_cos_sin(self._inv_freq, src, self.dtype, 1.0 / self._rope_scale)
-        sin.neg_()  # the inverse rotation (and YaRN's factor undone)
+        inverse = []  # per RoPE group: the inverse rotation (and YaRN's factor undone)
+        for _, inv_freq, scale in self._ropes:
+            cos, sin = rope_cos_sin(inv_freq, src, self.dtype, 1.0 / scale)
+            inverse.append((cos, sin.neg_()))
         for layer in range(self.num_layers):
             k = full.k[layer][bi, src]
             self.k[layer][:, :keep] = k
             self.v[layer][:, :keep] = full.v[layer][bi, src]
-            self.k_raw[layer][:, :keep] = apply_rope(k, cos, sin)
+            self.k_raw[layer][:, :keep] = apply_rope(k, *inverse[self._rope_of(layer)])
         self.slot_pos[:, :keep] = torch.where(valid, pos, _FREE)
         self.evicted.copy_(evicted)
         self.lengths.copy_(kept.to(torch.int32))
@@ -705,8 +722,16 @@ class StreamingCache(_KVCache):
 
     def _rotate(self, slots: slice, positions) -> None:
         """``k`` of every layer at ``slots`` = ``k_raw`` rotated at ``positions`` ``[B, n]``."""
-        cos, sin = rope_cos_sin(self._inv_freq, positions, self.dtype, self._rope_scale)  # [B, n, 1, D]: all layers
-        self._kvr[0, :, :, slots] = apply_rope(self._kvr[2, :, :, slots], cos, sin)
+        for layers, inv_freq, scale in self._ropes:  # one group (all layers) but for Gemma 3's two RoPEs
+            cos, sin = rope_cos_sin(inv_freq, positions, self.dtype, scale)  # [B, n, 1, D]: the group's layers
+            self._kvr[0, layers, :, slots] = apply_rope(self._kvr[2, layers, :, slots], cos, sin)
+
+    def _rope_of(self, layer: int) -> int:
+        """The index in ``_ropes`` of ``layer``'s RoPE group."""
+        for g, (layers, _, _) in enumerate(self._ropes):
+            if isinstance(layers, slice) or layer in layers.tolist():
+                return g
+        raise AssertionError(layer)
 
     def _rebase(self) -> None:
         """``frame = evicted``: every kept token at its StreamingLLM position, re-rotated from ``k_raw``."""
@@ -787,7 +812,7 @@ class StreamingCache(_KVCache):
                for buf, x in ((self.k[layer], k), (self.v[layer], v), (self.k_raw[layer], k_raw))]
         for buf, x in zip(tmp, (k, v, k_raw)):
             buf[step.batch_index, step.slots] = x
-        out = verify_attention_trusted(q, tmp[0], tmp[1], step.seqlens, step.tree_mask)
+        out = verify_attention_trusted(q, tmp[0], tmp[1], step.seqlens, step.tree_mask, scale=self.scale)
         sel = self._big[0]
         for mine, buf in zip(self._slot_buffers(layer), tmp):
             mine[:, : self.keep] = buf[self._batch_index, sel]

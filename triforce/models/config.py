@@ -7,19 +7,21 @@ raises ``ValueError`` naming the key: a key we do not understand may change the 
 anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5),
-``qwen3`` and ``gemma`` (Gemma 1). They are one model with a switch per difference, not a copy per family:
+``qwen3``, ``gemma`` (Gemma 1) and ``gemma3_text`` (Gemma 3's language model). They are one model with a switch per difference, not a copy per family:
 ``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and
 Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3: an RMSNorm over head_dim on each query and key
 head before RoPE), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded),
 ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype), ``activation``
-(``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), an explicit ``head_dim`` and the
-RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves a key out gets
+(``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a
+norm after the attention and around the MLP), ``layer_windows`` (sliding windows), ``attention_scale``,
+``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves a key out gets
 that family's transformers default.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -53,6 +55,7 @@ class Family:
     embed_scale: bool = False  # the embeddings times sqrt(hidden_size), the factor rounded to the dtype
     activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh form)
     hidden_acts: tuple = ("silu",)  # hidden_act values of the family's config.json that mean `activation`
+    sandwich_norms: bool = False  # Gemma 3: h + norm(attn(norm(h))), then h + norm(mlp(norm(h)))
     reads: tuple = ()  # of "attention_bias", "mlp_bias": the family's config has the key
     defaults: dict = field(default_factory=dict)
 
@@ -74,6 +77,17 @@ FAMILIES = {
                         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
                         "head_dim": 256, "max_position_embeddings": 8192, "tie_word_embeddings": True}),
 }
+# Gemma 3's language model (Gemma3ForCausalLM: gemma-3-1b, and the text half of the larger ones): Gemma's
+# norms, GeGLU and scaled embeddings, plus q/k norms (Gemma's 1 + w), sandwich norms, the attention scaled by
+# query_pre_attn_scalar ** -0.5, and sliding-window layers (5 of every 6 by default) with their own RoPE base.
+FAMILIES["gemma3_text"] = Family(
+    "Gemma3ForCausalLM", qk_norm=True, gemma_norm=True, embed_scale=True, activation="gelu_tanh",
+    hidden_acts=("gelu_pytorch_tanh",), sandwich_norms=True, reads=("attention_bias",), defaults={
+        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096,
+        "query_pre_attn_scalar": 256, "rope_local_base_freq": 10000.0})
+_GEMMA3_PATTERN = 6  # Gemma3TextConfig: every 6th layer is global, the others slide
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
@@ -106,9 +120,20 @@ _HARMLESS_ONLY_AT = {
     "hidden_act": (lambda v, c: v in FAMILIES[c.model_type].hidden_acts,
                    "the family's activation ('silu': SwiGLU; Gemma's 'gelu_pytorch_tanh' or its legacy 'gelu')"),
     # transformers 4.x Gemma's key (it overrode hidden_act); 5.x reads hidden_act only
-    "hidden_activation": (lambda v, c: c.model_type == "gemma" and v in (None, "gelu_pytorch_tanh"),
+    "hidden_activation": (lambda v, c: c.model_type in ("gemma", "gemma3_text") and v in (None, "gelu_pytorch_tanh"),
                           "'gelu_pytorch_tanh' (Gemma)"),
     "use_bidirectional_attention": (lambda v, c: not v, "false or null (causal attention)"),
+    # Gemma 2's soft-capping (Gemma 3 keeps the keys, null)
+    "attn_logit_softcapping": (lambda v, c: v is None, "null (no soft-capping of the attention scores)"),
+    "final_logit_softcapping": (lambda v, c: v is None, "null (no soft-capping of the logits)"),
+    # Gemma 3's: LlamaConfig.attention_scale, local_rope_theta, layer_windows
+    "query_pre_attn_scalar": (lambda v, c: c.model_type == "gemma3_text" and _is_number(v) and v > 0,
+                              "a number > 0 (Gemma 3: the attention's scale is its inverse square root)"),
+    "rope_local_base_freq": (lambda v, c: c.model_type == "gemma3_text" and _is_number(v) and v > 0,
+                             "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
+    **{key: (lambda v, c: c.model_type == "gemma3_text" and _is_int(v) and v >= 1,
+             "an int >= 1 (Gemma 3: every n-th layer global, the others sliding)")
+       for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
     "partial_rotary_factor": (lambda v, c: v in (1, None), "1.0 (RoPE on the whole head)"),
@@ -140,7 +165,21 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
-    if c.model_type in ("qwen2", "qwen3"):
+    if c.model_type == "gemma3_text":
+        window = x.get("sliding_window", FAMILIES["gemma3_text"].defaults["sliding_window"])
+        types = x.get("layer_types")
+        if types is None:
+            pattern = x.get("sliding_window_pattern", x.get("_sliding_window_pattern", _GEMMA3_PATTERN))
+            if not _is_int(pattern) or pattern < 1:
+                return none, None  # (its own check names it)
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        elif not isinstance(types, list) or len(types) != n \
+                or not set(types) <= {"full_attention", "sliding_attention"}:
+            return none, "layer_types"
+        if window is None:
+            return none, None
+        sliding = [t == "sliding_attention" for t in types]
+    elif c.model_type in ("qwen2", "qwen3"):
         window = x.get("sliding_window", _QWEN_DEFAULT_WINDOW)
         use = x.get("use_sliding_window", False)
         types = x.get("layer_types")
@@ -171,7 +210,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "qwen2", "qwen3"):
+    if c.model_type not in ("mistral", "qwen2", "qwen3", "gemma3_text"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -333,6 +372,33 @@ class LlamaConfig:
         return _layer_windows(self)[0]
 
     @property
+    def sandwich_norms(self) -> bool:
+        """Gemma 3's layer: ``h + post_attention_layernorm(attn(input_layernorm(h)))``, then
+        ``h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``."""
+        return FAMILIES[self.model_type].sandwich_norms
+
+    @property
+    def attention_scale(self) -> float:
+        """The attention scores' scale: ``head_dim ** -0.5``; Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
+        if self.model_type == "gemma3_text":
+            return float(self.extra.get("query_pre_attn_scalar", 256)) ** -0.5  # (as transformers computes it)
+        return 1.0 / math.sqrt(self.head_dim)  # (the kernels' own default, bit for bit)
+
+    @property
+    def local_rope_theta(self) -> float | None:
+        """Gemma 3: the RoPE base of its sliding-window layers (``rope_local_base_freq``, plain RoPE; the
+        others take ``rope_theta`` and ``rope_scaling``); None for the other families (one RoPE)."""
+        if self.model_type != "gemma3_text":
+            return None
+        return float(self.extra.get("rope_local_base_freq", FAMILIES["gemma3_text"].defaults["rope_local_base_freq"]))
+
+    def layer_rope_theta(self, layer: int) -> float | None:
+        """The RoPE base of ``layer`` when it is not the model's (``rope_theta`` with ``rope_scaling``): Gemma 3's
+        sliding layers' ``local_rope_theta``; else None."""
+        local = self.local_rope_theta
+        return local if local is not None and self.layer_windows[layer] else None
+
+    @property
     def qk_norm(self) -> bool:
         """An RMSNorm over ``head_dim`` on every query and key head, before RoPE (Qwen3)."""
         return FAMILIES[self.model_type].qk_norm
@@ -369,6 +435,7 @@ class LlamaConfig:
         if model_type not in FAMILIES:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
+        _split_layer_rope(d)
         for k, v in FAMILIES[model_type].defaults.items():
             d.setdefault(k, v)
         d.update(_read_rope(d))
@@ -391,13 +458,41 @@ class LlamaConfig:
             if name not in family.reads:  # always false (checked), and not a key of the family's config
                 del d[name]
         d.setdefault("architectures", [family.architecture])
-        d.setdefault("hidden_act", family.hidden_acts[0])
+        if "hidden_activation" not in d:  # (Gemma's transformers 4.x / Gemma 3's own key says it)
+            d.setdefault("hidden_act", family.hidden_acts[0])
         if self.model_type == "mistral":  # none given: none (a config.json without the key means 4096)
             d.setdefault("sliding_window", None)
+        if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own
+            for k in ("sliding_window", "query_pre_attn_scalar", "rope_local_base_freq"):
+                d.setdefault(k, FAMILIES["gemma3_text"].defaults[k])
         return d
 
     def replace(self, **changes) -> "LlamaConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _split_layer_rope(d: dict) -> None:
+    """transformers 5's Gemma 3 ``rope_parameters``, one dict per layer type, in place as transformers 4 wrote
+    them: the ``full_attention`` layers' as the model's RoPE, the ``sliding_attention`` layers' base as
+    ``rope_local_base_freq`` (plain RoPE only)."""
+    params = d.get("rope_parameters")
+    if not (isinstance(params, dict) and params and set(params) <= {"full_attention", "sliding_attention"}):
+        return
+    if d.get("model_type") != "gemma3_text":
+        raise ValueError(f"config rope_parameters per layer type ({', '.join(params)}) are read for model_type "
+                         f"'gemma3_text' only, not {d.get('model_type')!r}")
+    d["rope_parameters"] = params.get("full_attention")
+    local = params.get("sliding_attention")
+    if local is None:
+        return
+    if not isinstance(local, dict) or local.get("rope_type", "default") != "default" \
+            or set(local) - {"rope_type", "rope_theta"}:
+        raise ValueError(f"config rope_parameters['sliding_attention'] = {local!r} is not supported: Gemma 3's "
+                         "sliding layers take plain RoPE with their own rope_theta only")
+    if "rope_theta" in local:
+        if d.setdefault("rope_local_base_freq", local["rope_theta"]) != local["rope_theta"]:
+            raise ValueError(f"config rope_local_base_freq = {d['rope_local_base_freq']!r} differs from "
+                             f"rope_parameters['sliding_attention']['rope_theta'] = {local['rope_theta']!r}")
 
 
 def _read_rope(d: dict) -> dict:

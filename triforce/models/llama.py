@@ -10,6 +10,7 @@ every family load as they are.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import weakref
@@ -26,7 +27,7 @@ from . import cache as _cache
 from . import graphs as _graphs
 from .cache import RetrievalCache, Step, TokenTree, _KVCache
 from .config import LlamaConfig
-from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq
+from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq
 
 __all__ = ["Llama"]
 
@@ -302,22 +303,29 @@ class Attention(nn.Module):
         self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
         self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=config.attention_bias)
         self.window = config.layer_windows[layer]  # a sliding window (0: none), here for the cache-free forward
-        if config.qk_norm:  # Qwen3: per-head RMSNorm of queries and keys, before RoPE
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.scale = config.attention_scale  # (the caches apply the same, from the config)
+        if config.qk_norm:  # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE
+            self.q_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
+            self.k_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        B, T, _ = x.shape
+        q, k, k_raw, v = self.project(x, cos, sin)
+        out = self.attend(q, k, v, k_raw, cache, step)
+        return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+
+    def project(self, x, cos, sin):
+        """``(q, k, k_raw, v)`` ``[B, T, H, D]`` of the layer's input ``x``: the projections, the q/k norms where
+        the family has them, and RoPE (``k_raw``: the keys before it)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k_raw = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
-        q, k = _rope(q, cos, sin), _rope(k_raw, cos, sin)
-        out = self.attend(q, k, v, k_raw, cache, step)
-        return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+        return _rope(q, cos, sin), _rope(k_raw, cos, sin), k_raw, v
 
     def attend(self, q, k, v, k_raw, cache: _KVCache | None, step: Step | None) -> torch.Tensor:
         """Attention of the RoPE'd ``q``, ``k`` and ``v`` ``[B, T, H, D]``: causal among themselves without a
@@ -330,7 +338,7 @@ class Attention(nn.Module):
                 d = d[:, None] - d[None, :]
                 mask = (d >= 0) & (d < self.window)
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  attn_mask=mask, is_causal=mask is None,
+                                                  attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                   enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
         kv = cache.dtype
         if q.dtype != kv:  # a cache in another dtype (Llama.kv_dtype): attention runs in the cache's dtype
@@ -379,6 +387,19 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
         self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        if config.sandwich_norms:  # Gemma 3: post_attention_layernorm is on the attention's output
+            self.pre_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        self.sandwich = config.sandwich_norms
+
+    def residual(self, h, a):
+        """The stream after the attention output ``a`` and the MLP: ``h + a``, then ``+ mlp(norm(h))``; with
+        sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``."""
+        if self.sandwich:
+            h = h + self.post_attention_layernorm(a)
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + a
+        return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward(self, h, cos, sin, cache, step):
         fused = self.fused_arguments(h)
@@ -389,12 +410,11 @@ class DecoderLayer(nn.Module):
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
         norm = self.post_attention_layernorm
-        if type(norm) is RMSNorm and norm._kernel_ok(h) and a.shape == h.shape and a.dtype == h.dtype \
-                and a.is_contiguous():  # the residual add and the norm after it in one kernel
+        if type(norm) is RMSNorm and not self.sandwich and norm._kernel_ok(h) and a.shape == h.shape \
+                and a.dtype == h.dtype and a.is_contiguous():  # the residual add and the norm after it in one kernel
             h, x = _layer_ops().rms_norm(h, norm.weight, norm.eps, a)
             return h + self.mlp(x)
-        h = h + a
-        return h + self.mlp(norm(h))
+        return self.residual(h, a)
 
     def fused_arguments(self, h):
         """``(attention module, arguments of decoder_attn_in after h, arguments of decoder_attn_out_mlp
@@ -412,7 +432,8 @@ class DecoderLayer(nn.Module):
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
-        if not all(type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
+        if self.__dict__.get("sandwich") or not all(
+                type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
         if mlp.__dict__.get("activation", "silu") != "silu":  # the fused layer's MLP is SwiGLU's
             return None
@@ -466,7 +487,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     if not (hi > lo and _fused_path(h) and _native_stack_available()) or torch.compiler.is_compiling():
         return None
     buffers = cache._native_buffers(step)
-    if buffers is None or resolve("verify_attention", None, h.device) != "cpu":
+    if buffers is None or resolve("verify_attention", None, h.device) != "cpu" \
+            or cache.scale != 1.0 / math.sqrt(cache.config.head_dim):  # (decoder_layers scales by head_dim)
         return None
     k, v, k_raw, last_query = buffers
     norms, eps, w, scales, bias, qk_norms, qk_eps = [], [], [], [], [], [], []
@@ -561,9 +583,13 @@ class Llama(nn.Module):
             self.model = LlamaModel(config, init=not _empty)
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
             inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
+            local = None if config.local_rope_theta is None else (
+                torch.empty(config.head_dim // 2) if _empty else rope_local_inv_freq(config))
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # Gemma 3's sliding layers' RoPE (None: every layer takes inv_freq)
+        self.register_buffer("inv_freq_local", local, persistent=False)
         if not self.inv_freq.is_meta:  # also `with torch.device("meta"): Llama(config)`
             self._init_weights()
 
@@ -586,7 +612,21 @@ class Llama(nn.Module):
         _graphs.drop(self)  # the captured weights' addresses may have changed
         if not self.inv_freq.is_meta and self.inv_freq.dtype != torch.float32:
             self.inv_freq = rope_inv_freq(self.config, self.inv_freq.device)
+        local = self.__dict__["_buffers"].get("inv_freq_local")
+        if local is not None and not local.is_meta and local.dtype != torch.float32:
+            self.inv_freq_local = rope_local_inv_freq(self.config, local.device)
         return out
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> list:
+        """``(cos, sin)`` ``[B, T, 1, head_dim]`` per layer for int ``positions`` ``[B, T]``: one pair shared by
+        every layer, except Gemma 3's, whose sliding layers take their own RoPE (``inv_freq_local``)."""
+        dtype = dtype or self.dtype
+        main = rope_cos_sin(self.inv_freq, positions, dtype, self.rope_scale)
+        n = len(self.model.layers)
+        if self.inv_freq_local is None:
+            return [main] * n
+        local = rope_cos_sin(self.inv_freq_local, positions, dtype)
+        return [local if self.config.layer_rope_theta(i) is not None else main for i in range(n)]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of ``input_ids`` (the residual stream's start): ``embed_tokens``, times
@@ -657,7 +697,8 @@ class Llama(nn.Module):
         between ``cache.begin`` and ``cache.end``. ``rows`` (without a tap): a ragged step's real tokens; the
         stream returned is theirs, ``[1, N, H]`` (the native stack computes them packed; the layers one by one
         compute every token, then the real ones are taken)."""
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype, self.rope_scale)
+        ropes = self.rope_tables(positions)
+        cos, sin = ropes[0]
         h = self.embed(input_ids)
         layers = self.model.layers
         bounds = (0, len(layers)) if tap is None else (0, tap.layer, len(layers))
@@ -668,13 +709,15 @@ class Llama(nn.Module):
                     extra_h, parents = extra
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
                     step = cache.begin(h.shape[1], parents)
-                    cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.dtype, self.rope_scale)
-            native = None if cache is None else _native_layers(layers, lo, hi, h, cos, sin, cache, step, rows)
+                    ropes = self.rope_tables(step.positions)
+                    cos, sin = ropes[0]
+            native = None if cache is None or self.inv_freq_local is not None else _native_layers(
+                layers, lo, hi, h, cos, sin, cache, step, rows)  # (one RoPE for all its layers)
             if native is not None:
                 h = native
                 continue
             for i in range(lo, hi):
-                h = layers[i](h, cos, sin, cache, step)
+                h = layers[i](h, *ropes[i], cache, step)
             if rows is not None:
                 h = h.flatten(0, 1)[rows][None]
         return h, step
@@ -894,6 +937,7 @@ class Llama(nn.Module):
         draft.model.norm = self.model.norm
         draft.lm_head = self.lm_head
         draft.register_buffer("inv_freq", self.inv_freq, persistent=False)
+        draft.register_buffer("inv_freq_local", self.inv_freq_local, persistent=False)
         draft._kv_dtype = self._kv_dtype
         return draft
 

@@ -37,6 +37,16 @@ def rope_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
     return inv_freq
 
 
+def rope_local_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor | None:
+    """float32 ``[head_dim // 2]`` inverse frequencies of Gemma 3's sliding-window layers (plain RoPE with
+    ``config.local_rope_theta``), or None for a model with one RoPE."""
+    theta = config.local_rope_theta
+    if theta is None:
+        return None
+    dim = config.head_dim
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+
+
 def _yarn_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
     """YaRN (Peng et al., 2023), as transformers computes it: the pairs that turn fewer than ``beta_slow``
     times over the original context are interpolated (divided by ``factor``), those that turn more than

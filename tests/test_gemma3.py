@@ -1,0 +1,251 @@
+"""Gemma 3's language model (``model_type="gemma3_text"``, transformers' Gemma3ForCausalLM): against transformers
+on the same weights (sliding-window layers with their own RoPE base, a global layer with linear RoPE scaling,
+q/k norms and sandwich norms in Gemma's 1 + w, the attention scaled by query_pre_attn_scalar), on every forward
+path; both config.json spellings; a pass with the bits of steps; every method's greedy tokens; the StreamingLLM
+cache's per-layer RoPE; the Hidden Transfer heads' training forward equal to their decoding."""
+import json
+
+import pytest
+import torch
+
+import triforce
+from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import TINY, randomize_
+from .test_model import TOL
+
+transformers = pytest.importorskip("transformers")
+
+GEMMA3 = dict(TINY, num_hidden_layers=4, head_dim=16, sliding_window=6, query_pre_attn_scalar=24,
+              rope_theta=1e6, rope_local_base_freq=5000.0, sliding_window_pattern=3,
+              rope_scaling={"rope_type": "linear", "factor": 2.0})  # layers: sliding, sliding, global, sliding
+
+
+def hf_gemma3(**kw):
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(**{**GEMMA3, **kw}, attn_implementation="eager")
+    return randomize_(transformers.Gemma3ForCausalLM(config).eval())
+
+
+def pair(**kw):
+    from triforce.models.loading import _build
+
+    hf = hf_gemma3(**kw)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def test_config():
+    hf, ours = pair()
+    c = ours.config
+    assert c.model_type == "gemma3_text" and c.layer_windows == (6, 6, 0, 6)
+    assert c.attention_scale == 24 ** -0.5 and c.local_rope_theta == 5000.0 and c.rope_type == "linear"
+    assert (c.qk_norm, c.gemma_norm, c.sandwich_norms, c.embed_scale) == (True, True, True, True)
+    assert [c.layer_rope_theta(i) for i in range(4)] == [5000.0, 5000.0, None, 5000.0]
+    assert LlamaConfig.from_dict(c.to_dict()) == c
+    # transformers 4.x's spelling (as Google's config.json files are written) reads the same
+    old = {k: v for k, v in c.to_dict().items() if k not in ("layer_types", "_sliding_window_pattern")}
+    old["sliding_window_pattern"] = 3
+    assert LlamaConfig.from_dict(old).layer_windows == c.layer_windows
+    # and transformers reads ours back as the same model
+    back = transformers.Gemma3TextConfig.from_dict(c.to_dict())
+    assert back.layer_types == hf.config.layer_types and back.rope_parameters == hf.config.rope_parameters
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"attn_logit_softcapping": 50.0}, "'attn_logit_softcapping'"),
+    ({"final_logit_softcapping": 30.0}, "'final_logit_softcapping'"),
+    ({"query_pre_attn_scalar": 0}, "'query_pre_attn_scalar'"),
+    ({"sliding_window_pattern": 0}, "'sliding_window_pattern'"),
+    ({"layer_types": ["sliding_attention"]}, "'layer_types'"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
+     "sliding layers take plain RoPE"),
+])
+def test_unsupported_values_raise(bad, match):
+    d = {**LlamaConfig.from_dict(hf_gemma3().config.to_dict()).to_dict(), **bad}
+    d.pop("rope_scaling", None) if "rope_parameters" in bad else None
+    with pytest.raises(ValueError, match=match):
+        LlamaConfig.from_dict(d)
+    with pytest.raises(ValueError, match="rope_parameters per layer type"):  # another family's
+        LlamaConfig.from_dict({"model_type": "llama", "rope_parameters": {"full_attention": {"rope_theta": 1e4}}})
+
+
+def test_logits_match_transformers(tmp_path):
+    """Past the windows: the plain forward, a chunked prefill, a verify pass, steps and a tree against
+    transformers' eager attention; our save read back by transformers and by us."""
+    hf, ours = pair()
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        cache = FullCache(ours.config, 2, 64, chunk_size=4)
+        assert (ours.prefill(ids[:, :25], cache, chunk_size=9) - ref[:, 24]).abs().max() <= TOL
+        assert (ours(ids[:, 25:31], cache=cache) - ref[:, 25:31]).abs().max() <= TOL
+        for i in range(31, 34):
+            assert (ours(ids[:, i:i + 1], cache=cache)[:, 0] - ref[:, i]).abs().max() <= TOL
+        parents = torch.tensor([[-1, 0, 0, 1, 3, 4, 5, 6, 7]] * 2)
+        out = ours(ids[:, 31:40], cache=cache, tree_parents=parents)
+        for path in ([0, 1, 3, 4, 5, 6, 7, 8], [0, 2]):
+            seq = torch.cat([ids[:, :34], ids[:, 31:40][:, path]], 1)
+            assert (out[:, path] - hf(seq).logits[:, -len(path):]).abs().max() <= TOL
+    hf.save_pretrained(tmp_path / "hf")
+    saved = Llama.from_pretrained(tmp_path / "hf").config
+    for name in ("layer_windows", "attention_scale", "local_rope_theta", "rope_scaling", "rope_theta", "head_dim"):
+        assert getattr(saved, name) == getattr(ours.config, name), name
+    ours.save_pretrained(tmp_path / "ours")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
+    assert type(back).__name__ == "Gemma3ForCausalLM"
+    with torch.no_grad():
+        assert (back(ids).logits - ref).abs().max().item() <= TOL
+    cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert cfg["model_type"] == "gemma3_text" and cfg["rope_local_base_freq"] == 5000.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
+    _, model = pair()
+    model = model.to(dtype)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
+    caches = [FullCache(model.config, 2, 64, dtype=dtype) for _ in range(2)]
+    with torch.no_grad():
+        for c in caches:
+            model.prefill(ids[:, :20], c)
+        passed = model(ids[:, 20:30], cache=caches[0])
+        steps = torch.cat([model(ids[:, i:i + 1], cache=caches[1]) for i in range(20, 30)], 1)
+    assert torch.equal(passed, steps)
+
+
+def tiny_gemma3(seed):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(model_type="gemma3_text", vocab_size=64, hidden_size=32, intermediate_size=72,
+                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      max_position_embeddings=1024, initializer_range=0.3, rope_theta=1e5,
+                      extra={"sliding_window": 7, "sliding_window_pattern": 2, "query_pre_attn_scalar": 12,
+                             "rope_local_base_freq": 1000.0})
+    model = Llama(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny_gemma3(0), tiny_gemma3(1), method, opts)
+
+
+def test_streaming_cache_rotates_each_layer_with_its_rope():
+    """A StreamingLLM cache keeps each key as its un-rotated copy rotated at the token's StreamingLLM position;
+    when evictions re-rotate the sinks (and a re-base the window), each layer takes its own RoPE: Gemma 3's
+    sliding layers their local base, its global ones the scaled one."""
+    from triforce.models.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_local_inv_freq
+
+    model = tiny_gemma3(0)
+    cfg = model.config
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(5))
+    cache = StreamingCache(cfg, 1, sink=2, window=9, max_step=4)
+    with torch.no_grad():
+        for i in range(0, 40, 3):
+            model(ids[:, i:i + 3], cache=cache)
+    assert int(cache.evicted[0]) > 0
+    n = int(cache.lengths[0])
+    s = torch.arange(n)
+    pos = torch.where(s < cache.sink, s + cache.evicted[0] - cache.frame[0], cache.slot_pos[0, :n] - cache.frame[0])
+    for layer in range(cfg.num_hidden_layers):
+        local = cfg.layer_rope_theta(layer) is not None
+        inv_freq = rope_local_inv_freq(cfg) if local else rope_inv_freq(cfg)
+        cos, sin = rope_cos_sin(inv_freq, pos[None], torch.float32)
+        want = apply_rope(cache.k_raw[layer][:, :n], cos, sin)
+        assert (cache.k[layer][:, :n] - want).abs().max() <= TOL, layer
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3"])
+def test_pseudo_tokens_training_forward_equals_decoding(family):
+    """The Hidden Transfer heads' training forward runs the upper layers as decoding runs them: Gemma 3's
+    sandwich norms, RoPE per layer, windows and scale, and the q/k norms (Qwen3's too)."""
+    from triforce.engines.heads import _Tap
+    from triforce.heads import make_heads
+    from triforce.heads.train import features
+
+    m = tiny_gemma3(0) if family == "gemma3_text" else Llama(LlamaConfig(
+        model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
+        initializer_range=0.3)).eval()
+    if family == "qwen3":
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if "norm" in name:
+                    p.normal_(1, 0.3)
+    h = make_heads("hidden_transfer", m.config, depth=3, layer=1).init_from(m)
+    with torch.no_grad():
+        for p in h.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(3))
+    f = features(m, ids, h.layer, True, kv_dtype=torch.float32)
+    anchors = torch.tensor([0, 3, 10, 15])
+    with torch.no_grad():
+        trained = h.upper_forward(m, f.h[0], anchors, [k[0] for k in f.keys], [v[0] for v in f.values])
+    for j, t in enumerate(anchors.tolist()):
+        cache = FullCache(m.config, 1, 64)
+        if t:
+            m.prefill(ids[:, :t], cache)
+        with torch.no_grad():
+            z = m.forward_hidden(ids[:, t:t + 1], cache, torch.tensor([[-1]]), tap=_Tap(h, h.depth))
+        torch.testing.assert_close(z[0, 1:], trained[j], atol=1e-5, rtol=1e-5)
+
+
+def test_gguf_as_llama_cpp_writes_it_reads_as_transformers_reads_it(tmp_path):
+    """A gemma3 GGUF (llama.cpp's names: post_attention_norm, ffn_norm before the MLP, post_ffw_norm; every norm
+    stored as 1 + w; K-quant and Q8_0 blocks) reads as transformers reads the same file: the same weights bit
+    for bit and the same settings (llama.cpp's fixed ones: 5 of 6 layers sliding, local base 10000, scale
+    head_dim ** -0.5), so our model from the file computes bitwise what it computes from transformers' reading
+    (which test_logits_match_transformers compares with transformers' own forward)."""
+    import numpy as np
+
+    gguf = pytest.importorskip("gguf")
+    from triforce.models.loading import _build
+
+    from .test_config import write_gguf
+    from .test_families import QT, gguf_tokenizer, quantizer
+
+    config = LlamaConfig(model_type="gemma3_text", vocab_size=400, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=7, num_attention_heads=1, num_key_value_heads=1, head_dim=256,
+                         max_position_embeddings=512, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         extra={"sliding_window": 8, "query_pre_attn_scalar": 256, "rope_local_base_freq": 10000.0})
+    torch.manual_seed(0)
+    model = randomize_(Llama(config).eval())
+    path = write_gguf(tmp_path / "m.gguf", model, meta={"attention.sliding_window": 8},
+                      quant=quantizer(np.random.default_rng(0)), tokenizer=gguf_tokenizer("llama-bpe", 400))
+    assert {QT.Q4_K, QT.Q8_0} <= {t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
+    ours = Llama.from_pretrained(path, cache_dir=False)
+    c = ours.config
+    assert c.layer_windows == (8, 8, 8, 8, 8, 0, 8) and c.attention_scale == 256 ** -0.5
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf",
+                                                          attn_implementation="eager").eval()
+    assert type(hf).__name__ == "Gemma3ForCausalLM"
+    theirs = hf.state_dict()
+    mine = ours.state_dict()
+    assert set(mine) == set(theirs)
+    for name, t in theirs.items():
+        assert torch.equal(mine[name], t), name
+    read = {k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"}  # (the file it came from)
+    twin = _build(LlamaConfig.from_dict(read), theirs, None, None)
+    for name in ("layer_windows", "attention_scale", "local_rope_theta", "rope_scaling", "rope_theta", "rms_norm_eps"):
+        assert getattr(twin.config, name) == getattr(c, name), name
+    ids = torch.randint(0, 400, (2, 50), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), twin(ids))
+    assert not torch.allclose(ours.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+    # on the file's own blocks (gguf_copy): the float32 model's logits bitwise; with int8 activation blocks its
+    # own arithmetic, under which speculative decoding emits its autoregressive tokens
+    fast = triforce.models.gguf_copy(ours, path)
+    with torch.no_grad():
+        assert torch.equal(fast(ids), ours(ids))
+    fast = triforce.models.gguf_copy(ours, path, activations="int8")
+    prompts = [torch.randint(0, 400, (n,), generator=torch.Generator().manual_seed(n)) for n in (20, 33)]
+    ref = triforce.generate(fast, prompts, method="autoregressive", max_new_tokens=20)
+    for method, opts in (("speculative", {"draft": "lookup"}), ("magicdec", {"gamma": 3, "sink": 1, "window": 8})):
+        out = triforce.generate(fast, prompts, method=method, max_new_tokens=20, **opts)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), method
