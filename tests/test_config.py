@@ -385,7 +385,8 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
         else:
             _, _, i, rest = name.split(".", 3)
             module, kind = rest.rsplit(".", 1)
-            out = f"blk.{i}.{(_GGUF_SANDWICH_OUT if arch == 'gemma3' else {}).get(module, _GGUF_OUT.get(module))}.{kind}"
+            own = _GGUF_SANDWICH_OUT.get(module) if arch == "gemma3" else None
+            out = f"blk.{i}.{own or _GGUF_OUT[module]}.{kind}"
             if arch in ("gemma", "gemma3") and kind == "weight" and module.endswith("norm"):
                 t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply (gemma3: q/k norms too)
             if arch == "llama" and module == "self_attn.q_proj":

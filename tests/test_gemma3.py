@@ -14,6 +14,7 @@ from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_
 from .test_model import TOL
+from .test_sliding_window import assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -104,16 +105,7 @@ def test_logits_match_transformers(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
-    _, model = pair()
-    model = model.to(dtype)
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
-    caches = [FullCache(model.config, 2, 64, dtype=dtype) for _ in range(2)]
-    with torch.no_grad():
-        for c in caches:
-            model.prefill(ids[:, :20], c)
-        passed = model(ids[:, 20:30], cache=caches[0])
-        steps = torch.cat([model(ids[:, i:i + 1], cache=caches[1]) for i in range(20, 30)], 1)
-    assert torch.equal(passed, steps)
+    assert_pass_equals_steps(pair()[1], dtype)
 
 
 def tiny_gemma3(seed):

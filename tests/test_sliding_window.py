@@ -69,7 +69,11 @@ def test_a_pass_gives_the_bits_of_one_token_steps(monkeypatch, dtype, native):
     model gives bitwise the logits of one-token steps, so speculative decoding keeps its tokens exactly."""
     monkeypatch.setenv("TRIFORCE_DECODER_LAYERS", native)
     monkeypatch.setattr(triforce.models.llama, "_STACK", None)
-    _, model = windowed_pair("qwen2-sliding-layer-1")
+    assert_pass_equals_steps(windowed_pair("qwen2-sliding-layer-1")[1], dtype)
+
+
+def assert_pass_equals_steps(model, dtype):
+    """A 10-token pass after a 20-token prefill gives bitwise the logits of 10 one-token steps."""
     model = model.to(dtype)
     ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
     caches = [FullCache(model.config, 2, 64, dtype=dtype) for _ in range(2)]

@@ -72,7 +72,8 @@ def test_reference_window_is_sliding_window_attention(T, N, window, tree, seed):
         while parents[0, path[-1]] >= 0:
             path.append(int(parents[0, path[-1]]))
         p = N - T + int(depth[t])  # its position once committed
-        keys = [n for n in range(N - T) if p - n < window] + [N - T + s for s in path[::-1] if int(depth[t]) - int(depth[s]) < window]
+        keys = [n for n in range(N - T) if p - n < window]
+        keys += [N - T + s for s in path[::-1] if int(depth[t]) - int(depth[s]) < window]
         assert vis[t].nonzero().flatten().tolist() == sorted(keys)
 
 
@@ -177,7 +178,8 @@ def test_trusted_entry_and_opcheck(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("window, err, match", [
-    (0, ValueError, "window must be in"), (-3, ValueError, "window must be in"), (2**31, ValueError, "window must be in"),
+    (0, ValueError, "window must be in"), (-3, ValueError, "window must be in"),
+    (2**31, ValueError, "window must be in"),
     (True, TypeError, "window must be a positive int"), (2.0, TypeError, "window must be a positive int"),
 ])
 def test_bad_windows(window, err, match):

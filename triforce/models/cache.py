@@ -316,8 +316,8 @@ class _KVCache:
         """``(k, v, k_raw, last_query)``, lists of per-layer buffers (``[]`` where the cache keeps none), when
         this cache's ``attend`` of every layer is exactly: record ``last_query``, write the step's keys (and
         un-RoPE'd keys) and values at ``step.slots``, ``verify_attention`` over ``k[layer]``, ``v[layer]``
-        with ``step.seqlens``, ``step.tree_mask`` and ``windows[layer]``. The model layer then runs its layers and this cache's
-        side of them in one native call (``triforce_C::decoder_layers``, csrc/cpu/decoder.cpp). ``None``
+        with ``step.seqlens``, ``step.tree_mask`` and ``windows[layer]``. The model layer then runs its layers and
+        this cache's side of them in one native call (``triforce_C::decoder_layers``, csrc/cpu/decoder.cpp). ``None``
         otherwise (a subclass that changes ``attend`` or ``_write``, a StreamingLLM cache's large step)."""
         if self._changed(_KVCache):
             return None
