@@ -86,11 +86,15 @@ std::vector<int64_t> forward_team_stats();
 // (out [B, T, Hq, D], lse float [B, Hq, T]); num_splits: 0 cuts each query's keys into parts at fixed
 // multiples of 512 (a row's result is then independent of T); 1..64 cuts the longest prefix into that
 // many parts (tests and benchmarks). window > 0: each query sees only the last `window` keys it would see
-// (a sliding window; docs/design.md 3.2), 0: all.
+// (a sliding window; docs/design.md 3.2), 0: all. softcap > 0: every scaled score s becomes
+// softcap * tanh(s / softcap) (Gemma 2), 0: none.
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
-                                                    int64_t num_splits, int64_t window);
+                                                    int64_t num_splits, int64_t window, double softcap);
+// cap * tanh(x / cap) for a float32 tensor, elementwise, each element by the same instructions wherever it
+// lies (csrc/include/triforce/softcap.h): Gemma 2's soft-capped logits, whose rows must not depend on the batch.
+at::Tensor softcap(const at::Tensor& x, double cap);
 // verify_attention with query_lens (int32 [B] on the CPU, or none): row b computes its first query_lens[b]
 // queries only, each bitwise as when all are computed; the others' output is 0 and lse -inf (a ragged step:
 // decoder_layers' rows). Internal: not a torch op.
@@ -99,7 +103,7 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                                            const std::optional<at::Tensor>& tree_mask,
                                                            double softmax_scale, int64_t num_splits,
                                                            const std::optional<at::Tensor>& query_lens,
-                                                           int64_t window = 0);
+                                                           int64_t window = 0, double softcap = 0.0);
 
 // ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,

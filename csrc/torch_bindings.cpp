@@ -15,7 +15,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "int budget_chunks, Tensor(a!) out_k, Tensor(b!) out_v, int sink_chunks, int recent_chunks) -> Tensor");
   // ---- verification attention (docs/design.md 3.2)
   m.def("verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? tree_mask, "
-        "float softmax_scale, int num_splits, int window=0) -> (Tensor, Tensor)");
+        "float softmax_scale, int num_splits, int window=0, float softcap=0.0) -> (Tensor, Tensor)");
+  m.def("softcap(Tensor x, float cap) -> Tensor");
   // ---- accept / reject sampling (docs/design.md 3.3)
   m.def("chain_speculative_sample(Tensor draft_tokens, Tensor? draft_probs, Tensor target_probs, Tensor uniforms)"
         " -> (Tensor, Tensor)");
@@ -55,6 +56,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("build_retrieval_cache", &build_retrieval_cache);
   // ---- verification attention
   m.impl("verify_attention", &verify_attention);
+  m.impl("softcap", &softcap);
   // ---- accept / reject sampling
   m.impl("chain_speculative_sample", &chain_speculative_sample);
   m.impl("chain_greedy_verify", &chain_greedy_verify);

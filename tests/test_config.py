@@ -138,7 +138,7 @@ def rope(cfg, **changes):
     (lambda c: {**c, "model_type": "mistral", "sliding_window": 0}, "'sliding_window' = 0"),
     (lambda c: {**c, "model_type": "mistral", "sliding_window": 64.5}, "'sliding_window' = 64.5"),
     (lambda c: {**c, "quantization_config": {"quant_method": "bitsandbytes"}}, "'quantization_config'"),
-    (lambda c: {**c, "model_type": "gemma2"}, "model_type 'gemma2'"),
+    (lambda c: {**c, "model_type": "gemma3"}, "model_type 'gemma3'"),  # Gemma 3's vision + text wrapper
     # Gemma's activation is GELU's tanh form; another one would change the logits
     (lambda c: {**c, "model_type": "gemma", "hidden_act": "silu"}, "'hidden_act' = 'silu' is not supported"),
     (lambda c: {**c, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu"},
@@ -326,8 +326,8 @@ def test_llama_config_checks_rope_scaling_and_extra():
         LlamaConfig(**base, extra={"hidden_act": "gelu"})
     with pytest.raises(ValueError, match="'mlp_bias' = True is not supported for model_type 'qwen2'"):
         LlamaConfig(**base, model_type="qwen2", mlp_bias=True)
-    with pytest.raises(ValueError, match="model_type 'gemma2'"):
-        LlamaConfig(**base, model_type="gemma2")
+    with pytest.raises(ValueError, match="model_type 'gemma3'"):  # Gemma 3's vision + text wrapper
+        LlamaConfig(**base, model_type="gemma3")
     with pytest.raises(ValueError, match="'foo'"):
         LlamaConfig(**base, extra={"foo": 1})
 
@@ -339,7 +339,7 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
-              "gemma3_text": "gemma3"}
+              "gemma2": "gemma2", "gemma3_text": "gemma3"}
 # gemma3's sandwich norms, as llama.cpp names them
 _GGUF_SANDWICH_OUT = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"}
@@ -380,14 +380,14 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
         t = t.detach().float()
         if name in names:
             out = names[name]
-            if arch in ("gemma", "gemma3") and name == "model.norm.weight":
+            if arch in ("gemma", "gemma2", "gemma3") and name == "model.norm.weight":
                 t = t + 1
         else:
             _, _, i, rest = name.split(".", 3)
             module, kind = rest.rsplit(".", 1)
-            own = _GGUF_SANDWICH_OUT.get(module) if arch == "gemma3" else None
+            own = _GGUF_SANDWICH_OUT.get(module) if arch in ("gemma2", "gemma3") else None
             out = f"blk.{i}.{own or _GGUF_OUT[module]}.{kind}"
-            if arch in ("gemma", "gemma3") and kind == "weight" and module.endswith("norm"):
+            if arch in ("gemma", "gemma2", "gemma3") and kind == "weight" and module.endswith("norm"):
                 t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply (gemma3: q/k norms too)
             if arch == "llama" and module == "self_attn.q_proj":
                 t = llama_cpp_permute(t, c.num_attention_heads)

@@ -38,16 +38,18 @@ def make_inputs(B, T, Hq, Hkv, D, prefixes, slack, dtype, seed, device, mask_kin
     return to(q), to(k), to(v), to(lengths), to(mask)
 
 
-def check_against_reference(out, lse, q, k, v, lengths, mask, scale=None, window=None):
+def check_against_reference(out, lse, q, k, v, lengths, mask, scale=None, window=None, softcap=None):
     """out: flash-attn rule (<= 2x the error of PyTorch in q's precision, vs float64); lse: the same
     rule against PyTorch in float32 (every backend accumulates in float32); -inf exactly where the
-    float64 reference has -inf. ``window``: a sliding window's keys (None: every key)."""
+    float64 reference has -inf. ``window``: a sliding window's keys (None: every key); ``softcap``: the scores'
+    soft cap (None: none)."""
     cpu = lambda x: None if x is None else x.cpu()
     q, k, v, lengths, mask, out, lse = map(cpu, (q, k, v, lengths, mask, out, lse))
     assert not torch.isnan(out).any(), "NaN in output (a position >= L leaked, or an unwritten element)"
-    exact, exact_lse = reference(q.double(), k.double(), v.double(), lengths, mask, scale, window=window)
-    same, _ = reference(q, k, v, lengths, mask, scale, compute_dtype=q.dtype, window=window)
-    _, lse32 = reference(q, k, v, lengths, mask, scale, compute_dtype=torch.float32, window=window)
+    kw = dict(window=window, softcap=softcap)
+    exact, exact_lse = reference(q.double(), k.double(), v.double(), lengths, mask, scale, **kw)
+    same, _ = reference(q, k, v, lengths, mask, scale, compute_dtype=q.dtype, **kw)
+    _, lse32 = reference(q, k, v, lengths, mask, scale, compute_dtype=torch.float32, **kw)
     floor = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}[q.dtype]  # ~1 ulp of |out| <= 4
     assert_close_measured(out, exact, same, factor=2.0, floor=floor)
     dead = torch.isinf(exact_lse)

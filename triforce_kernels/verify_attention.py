@@ -24,9 +24,9 @@ register_lazy("verify_attention", "triton", "triforce_kernels.triton.verify_atte
 
 
 @register("verify_attention", "cpu")
-def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0, window=None):
+def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0, window=None, softcap=None):
     return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
-                                                 softmax_scale, num_splits, window or 0)
+                                                 softmax_scale, num_splits, window or 0, softcap or 0.0)
 
 
 def check_cache_rows(name: str, cache: torch.Tensor) -> None:
@@ -42,10 +42,10 @@ def check_cache_rows(name: str, cache: torch.Tensor) -> None:
 @custom_op("triforce::verify_attention")
 def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          cache_seqlens: torch.Tensor, tree_mask: Optional[torch.Tensor], softmax_scale: float,
-                         backend: str, window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                         backend: str, window: int = 0, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1])
     return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale,
-                                                       window=window or None)
+                                                       window=window or None, softcap=softcap or None)
 
 
 def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int) -> None:
@@ -61,14 +61,15 @@ def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int) -> None:
 
 
 @_verify_attention_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, window=0):
+def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, window=0, softcap=0.0):
     B, T, Hq, D = q.shape
     return q.new_empty((B, T, Hq, D)), q.new_empty((B, Hq, T), dtype=torch.float32)
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                      tree_mask: torch.Tensor | None = None, softmax_scale: float | None = None,
-                     return_lse: bool = False, *, window: int | None = None, backend: str | None = None):
+                     return_lse: bool = False, *, window: int | None = None, softcap: float | None = None,
+                     backend: str | None = None):
     """Attention of ``T`` new tokens over a KV cache that already holds them at its end.
 
     With ``L = cache_seqlens[b]`` the new tokens' keys/values sit at positions ``L-T .. L-1``. Query
@@ -92,6 +93,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     L = 7, W = 3``, causal: query 0 sees 1 2 3, query 3 sees 4 5 6. Positions outside a query's window
     never affect it, inf and NaN included.
 
+    ``softcap=c`` (Gemma 2's attention soft-capping): every scaled score s becomes ``c * tanh(s / c)`` before
+    the softmax.
+
     Args:
         q: ``[B, T, Hq, D]`` float32/float16/bfloat16 (after RoPE), any strides.
         k_cache, v_cache: ``[B, N, Hkv, D]`` ("NHD"), same dtype as ``q``; any strides over B, N and
@@ -106,6 +110,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         softmax_scale: score scale, default ``1 / sqrt(D)``.
         return_lse: also return the natural-log log-sum-exp of the scaled scores.
         window: a positive int (a sliding window of that many keys), or None (every key).
+        softcap: a positive number (soft-capping of the scores), or None.
         backend: ``"reference" | "triton" | "cpu" | None`` (automatic; see ``triforce_kernels._backend``).
 
     Returns:
@@ -142,8 +147,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     window = check_window(window)
+    softcap = check_softcap(softcap)
     out, lse = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
-                          resolve("verify_attention", backend, dev), window)
+                          resolve("verify_attention", backend, dev), window, softcap)
     return (out, lse) if return_lse else out
 
 
@@ -158,12 +164,23 @@ def check_window(window) -> int:
     return window
 
 
+def check_softcap(softcap) -> float:
+    """``softcap`` as the ops take it: a positive finite float, or 0.0 for None (no soft-capping)."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a positive number or None, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a finite number > 0 (the scores' cap), got {softcap}")
+    return float(softcap)
+
+
 def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              cache_seqlens: torch.Tensor, tree_mask: torch.Tensor | None = None,
-                             window: int = 0, scale: float | None = None) -> torch.Tensor:
-    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, window=window or None)`` without
-    the argument checks, for callers that build every argument themselves (the model layer's caches:
-    ``triforce/models/cache.py``).
+                             window: int = 0, scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
+    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, window=window or None,
+    softcap=softcap or None)`` without the argument checks, for callers that build every argument themselves
+    (the model layer's caches: ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
     ``torch.compile`` (the custom op's Python dispatch and the checks cost ~40 us per call, ~40% of a
     SmolLM2 decode layer's attention at 1000 tokens of context). Invalid arguments are not diagnosed here
@@ -173,5 +190,6 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if backend == "cpu" and not torch.compiler.is_compiling():
         return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0,
-                                                     window)[0]
-    return eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend, window)[0]
+                                                     window, softcap)[0]
+    return eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend, window,
+                      softcap)[0]

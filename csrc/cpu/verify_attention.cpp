@@ -1,14 +1,19 @@
 #include "triforce/verify_attention.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+
 #include "dispatch.h"
 #include "../ops.h"
 
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
-                                                    int64_t num_splits, int64_t window) {
+                                                    int64_t num_splits, int64_t window, double softcap) {
   return verify_attention_ragged(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits,
-                                 std::nullopt, window);
+                                 std::nullopt, window, softcap);
 }
 
 std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, const at::Tensor& k_cache,
@@ -16,7 +21,7 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                                            const std::optional<at::Tensor>& tree_mask,
                                                            double softmax_scale, int64_t num_splits,
                                                            const std::optional<at::Tensor>& query_lens,
-                                                           int64_t window) {
+                                                           int64_t window, double softcap) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
                   cache_seqlens.device().is_cpu(),
               "verify_attention: all tensors must be on the CPU");
@@ -36,6 +41,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
   TORCH_CHECK(num_splits >= 0 && num_splits <= triforce::kMaxSplits, "verify_attention: num_splits must be in [0, ",
               triforce::kMaxSplits, "]");
   TORCH_CHECK(window >= 0, "verify_attention: window must be >= 0 (0: no sliding window), got ", window);
+  TORCH_CHECK(softcap >= 0 && std::isfinite(softcap), "verify_attention: softcap must be finite and >= 0 (0: none), got ",
+              softcap);
   at::Tensor mask;
   if (tree_mask.has_value()) {
     TORCH_CHECK(tree_mask->scalar_type() == at::kBool && tree_mask->dim() == 3 && tree_mask->size(0) == B &&
@@ -60,7 +67,22 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                    lens.const_data_ptr<int32_t>(), mask.defined() ? mask.const_data_ptr<bool>() : nullptr,
                                    static_cast<float>(softmax_scale), B, T, Hq, Hkv, D, N, num_splits,
                                    tf_mut_ptr<scalar_t>(out), lse.data_ptr<float>(),
-                                   query_lens.has_value() ? query_lens->const_data_ptr<int32_t>() : nullptr, window);
+                                   query_lens.has_value() ? query_lens->const_data_ptr<int32_t>() : nullptr, window,
+                                   static_cast<float>(softcap));
   });
   return {out, lse};
+}
+
+at::Tensor softcap(const at::Tensor& x, double cap) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "softcap: x must be a float32 CPU tensor");
+  TORCH_CHECK(cap > 0 && std::isfinite(cap), "softcap: cap must be finite and > 0, got ", cap);
+  at::Tensor out = x.contiguous().clone();
+  float* p = out.data_ptr<float>();
+  const int64_t n = out.numel();
+  const float c = static_cast<float>(cap);
+  // chunks of whole 16-element vectors (the split never changes an element's instructions)
+  at::parallel_for(0, (n + 15) / 16, 4096, [&](int64_t lo, int64_t hi) {
+    triforce::softcap_inplace(p + lo * 16, std::min(hi * 16, n) - lo * 16, c);
+  });
+  return out;
 }

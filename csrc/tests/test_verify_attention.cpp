@@ -68,6 +68,23 @@ int main() {
             T, Hq, Hkv, D, scale, out, lse, window);
       }
   }
+  // Soft-capped scores (Gemma 2's cap * tanh(s / cap)), with and without a window, every split; a cap of 1
+  // bends every score, one of 50 only the large ones.
+  for (float cap : {1.f, 3.f, 50.f})
+    for (int64_t window : {0, 9})
+      for (int use_mask = 0; use_mask < 2; ++use_mask)
+        for (int64_t splits : {0, 3}) {
+          std::vector<float> out(B * T * Hq * D, NAN), lse(B * Hq * T, NAN);
+          std::vector<float> qs = q;
+          for (auto& x : qs) x *= 8.f;  // scores up to ~ +-40 * 0.3 * 8: past every cap's knee
+          verify_attention_cpu(qs.data(), T * Hq * D, Hq * D, D, k.data(), N * Hkv * D, Hkv * D, D, v.data(),
+                               N * Hkv * D, Hkv * D, D, lens, use_mask ? mask : nullptr, scale, B, T, Hq, Hkv, D, N,
+                               splits, out.data(), lse.data(), nullptr, window, cap);
+          expect_matches_oracle(
+              qs, k, v, [&](int64_t b, int64_t n, int64_t h, int64_t d) { return ((b * N + n) * Hkv + h) * D + d; },
+              [&](int64_t b, int64_t t, int64_t s) { return use_mask ? mask[(b * T + t) * T + s] : s <= t; }, lens, B,
+              T, Hq, Hkv, D, scale, out, lse, window, cap);
+        }
   if (failures) return 1;
   std::printf("ok\n");
   return 0;

@@ -21,7 +21,7 @@ using namespace triforce;
 
 template <typename T>
 void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool tree, bool interleaved, unsigned seed,
-           int64_t window = 0) {
+           int64_t window = 0, float softcap = 0.f) {
   const int64_t B = 2, Hq = Hkv * g, N = prefix + Tq + 8;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
@@ -41,7 +41,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
   std::vector<float> lse(B * Hq * Tq);
   verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
                           tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N, 0,
-                          out.data(), lse.data(), nullptr, window);
+                          out.data(), lse.data(), nullptr, window, softcap);
   // A ragged pass (query_lens): the first queries of each row, bitwise those of the whole pass; 0 and -inf after
   {
     const int32_t lens[B] = {static_cast<int32_t>(Tq), static_cast<int32_t>((Tq + 1) / 2)};
@@ -49,7 +49,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
     std::vector<float> rlse(lse.size());
     verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
                             tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N,
-                            0, rout.data(), rlse.data(), lens, window);
+                            0, rout.data(), rlse.data(), lens, window, softcap);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < Tq; ++t)
         for (int64_t h = 0; h < Hq; ++h) {
@@ -80,7 +80,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
       std::vector<float> l1(Hq);
       verify_attention_cpu<T>(q.data() + (b * Tq + t) * Hq * D, Hq * D, Hq * D, D, k1.data(), skb, skn, skh, v1.data(),
                               skb, skn, skh, &L1, nullptr, 0.125f, 1, 1, Hq, Hkv, D, N, 0, o1.data(), l1.data(),
-                              nullptr, window);
+                              nullptr, window, softcap);
       EXPECT(std::memcmp(o1.data(), out.data() + (b * Tq + t) * Hq * D, Hq * D * sizeof(T)) == 0);
       for (int64_t h = 0; h < Hq; ++h) EXPECT(std::memcmp(&l1[h], &lse[(b * Hq + h) * Tq + t], sizeof(float)) == 0);
     }
@@ -109,6 +109,17 @@ int main() {
           check<float>(2, 3, 64, T, prefix, tree, true, seed++, window);
           check<bf16>(2, 3, 64, T, prefix, tree, true, seed++, window);
           check<float>(3, 1, 16, T, prefix, tree, false, seed++, window);
+          cases += 3;
+        }
+  // Soft-capped scores (every path: keys-in-lanes and transposed tiles at D 16, rows-in-lanes at 9+ fp32 rows,
+  // the bf16 dot product or tiles at D 64), with and without a window.
+  for (float cap : {0.5f, 20.f})
+    for (int64_t window : {0, 40})
+      for (int64_t T : {1, 5, 12})
+        for (int tree = 0; tree < 2; ++tree) {
+          check<float>(2, 3, 64, T, 530, tree, true, seed++, window, cap);
+          check<bf16>(2, 3, 64, T, 530, tree, true, seed++, window, cap);
+          check<f16>(2, 4, 16, T, 70, tree, false, seed++, window, cap);
           cases += 3;
         }
   if (failures) return 1;

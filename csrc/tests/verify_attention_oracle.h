@@ -11,12 +11,13 @@
 // q: [B, T, Hq, D] contiguous; k, v: the caches, element (b, n, h, d) at at(b, n, h, d); new-token row t
 // of sequence b sees the new token s (s <= t, positions L - T + s) when visible(b, t, s), and every
 // prefix key; out: [B, T, Hq, D], lse: [B, Hq, T]. A row that sees nothing must be zero with lse -inf.
-// window > 0: a row sees only the last `window` of those keys (a sliding window).
+// window > 0: a row sees only the last `window` of those keys (a sliding window). softcap > 0: each scaled
+// score s becomes softcap * tanh(s / softcap).
 template <typename At, typename Visible>
 void expect_matches_oracle(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                            At at, Visible visible, const int32_t* lens, int64_t B, int64_t T, int64_t Hq,
                            int64_t Hkv, int64_t D, float scale, const std::vector<float>& out,
-                           const std::vector<float>& lse, int64_t window = 0) {
+                           const std::vector<float>& lse, int64_t window = 0, float softcap = 0.f) {
   const int64_t g = Hq / Hkv;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
@@ -33,6 +34,7 @@ void expect_matches_oracle(const std::vector<float>& q, const std::vector<float>
           double s = 0;
           for (int64_t d = 0; d < D; ++d) s += double(q[((b * T + t) * Hq + hq) * D + d]) * k[at(b, n, h, d)];
           w[n] = s * scale;
+          if (softcap > 0) w[n] = softcap * std::tanh(w[n] / softcap);
           mx = std::max(mx, w[n]);
         }
         double sum = 0;

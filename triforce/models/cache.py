@@ -208,6 +208,7 @@ class _KVCache:
         # the model hides.
         self.windows = (0,) * self.num_layers
         self.scale = config.attention_scale  # the attention scores' scale
+        self.softcap = config.attn_softcap or 0.0  # Gemma 2's cap on them (0: none)
 
     def _allocate(self, shape):
         """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros)."""
@@ -310,7 +311,7 @@ class _KVCache:
         the last ``windows[layer]`` positions it sees, where that is not 0)."""
         self._write(layer, k, v, step)
         return verify_attention_trusted(q, self.k[layer], self.v[layer], step.seqlens, step.tree_mask,
-                                        self.windows[layer], self.scale)
+                                        self.windows[layer], self.scale, self.softcap)
 
     def _native_buffers(self, step: Step):
         """``(k, v, k_raw, last_query)``, lists of per-layer buffers (``[]`` where the cache keeps none), when
@@ -812,7 +813,8 @@ class StreamingCache(_KVCache):
                for buf, x in ((self.k[layer], k), (self.v[layer], v), (self.k_raw[layer], k_raw))]
         for buf, x in zip(tmp, (k, v, k_raw)):
             buf[step.batch_index, step.slots] = x
-        out = verify_attention_trusted(q, tmp[0], tmp[1], step.seqlens, step.tree_mask, scale=self.scale)
+        out = verify_attention_trusted(q, tmp[0], tmp[1], step.seqlens, step.tree_mask, scale=self.scale,
+                                       softcap=self.softcap)
         sel = self._big[0]
         for mine, buf in zip(self._slot_buffers(layer), tmp):
             mine[:, : self.keep] = buf[self._batch_index, sel]

@@ -7,15 +7,15 @@ raises ``ValueError`` naming the key: a key we do not understand may change the 
 anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5),
-``qwen3``, ``gemma`` (Gemma 1) and ``gemma3_text`` (Gemma 3's language model). They are one model with a
+``qwen3``, ``gemma`` (Gemma 1), ``gemma2`` and ``gemma3_text`` (Gemma 3's language model). They are one model with a
 switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key),
 ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE), ``gemma_norm``
 (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the
 embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``:
 Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the
-MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``local_rope_theta`` (Gemma 3's RoPE base on
-its sliding layers), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
+MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma
+2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
 :data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
@@ -89,6 +89,16 @@ FAMILIES["gemma3_text"] = Family(
         "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096,
         "query_pre_attn_scalar": 256, "rope_local_base_freq": 10000.0})
 _GEMMA3_PATTERN = 6  # Gemma3TextConfig: every 6th layer is global, the others slide
+# Gemma 2: Gemma 3's layer without the q/k norms and with one RoPE, every other layer sliding (the first does),
+# and soft-capped attention scores and logits (cap * tanh(x / cap)).
+FAMILIES["gemma2"] = Family(
+    "Gemma2ForCausalLM", gemma_norm=True, embed_scale=True, activation="gelu_tanh", hidden_acts=("gelu_pytorch_tanh",),
+    sandwich_norms=True, reads=("attention_bias",), defaults={
+        "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096, "query_pre_attn_scalar": 256,
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0})
+_GEMMA2_PATTERN = 2
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
@@ -121,15 +131,17 @@ _HARMLESS_ONLY_AT = {
     "hidden_act": (lambda v, c: v in FAMILIES[c.model_type].hidden_acts,
                    "the family's activation ('silu': SwiGLU; Gemma's 'gelu_pytorch_tanh' or its legacy 'gelu')"),
     # transformers 4.x Gemma's key (it overrode hidden_act); 5.x reads hidden_act only
-    "hidden_activation": (lambda v, c: c.model_type in ("gemma", "gemma3_text") and v in (None, "gelu_pytorch_tanh"),
+    "hidden_activation": (lambda v, c: c.model_type in ("gemma", "gemma2", "gemma3_text")
+                          and v in (None, "gelu_pytorch_tanh"),
                           "'gelu_pytorch_tanh' (Gemma)"),
     "use_bidirectional_attention": (lambda v, c: not v, "false or null (causal attention)"),
-    # Gemma 2's soft-capping (Gemma 3 keeps the keys, null)
-    "attn_logit_softcapping": (lambda v, c: v is None, "null (no soft-capping of the attention scores)"),
-    "final_logit_softcapping": (lambda v, c: v is None, "null (no soft-capping of the logits)"),
-    # Gemma 3's: LlamaConfig.attention_scale, local_rope_theta, layer_windows
-    "query_pre_attn_scalar": (lambda v, c: c.model_type == "gemma3_text" and _is_number(v) and v > 0,
-                              "a number > 0 (Gemma 3: the attention's scale is its inverse square root)"),
+    # Gemma 2's soft-capping (LlamaConfig.attn_softcap, final_softcap; Gemma 3 keeps the keys, null)
+    **{key: (lambda v, c: v is None or (c.model_type == "gemma2" and _is_number(v) and 0 < v < float("inf")),
+             "null (Gemma 2: a number > 0, the cap of cap * tanh(x / cap))")
+       for key in ("attn_logit_softcapping", "final_logit_softcapping")},
+    # Gemma 2 / 3's: LlamaConfig.attention_scale, local_rope_theta, layer_windows
+    "query_pre_attn_scalar": (lambda v, c: c.model_type in ("gemma2", "gemma3_text") and _is_number(v) and v > 0,
+                              "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
     "rope_local_base_freq": (lambda v, c: c.model_type == "gemma3_text" and _is_number(v) and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c: c.model_type == "gemma3_text" and _is_int(v) and v >= 1,
@@ -166,11 +178,12 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
-    if c.model_type == "gemma3_text":
-        window = x.get("sliding_window", FAMILIES["gemma3_text"].defaults["sliding_window"])
+    if c.model_type in ("gemma2", "gemma3_text"):
+        window = x.get("sliding_window", FAMILIES[c.model_type].defaults["sliding_window"])
         types = x.get("layer_types")
         if types is None:
-            pattern = x.get("sliding_window_pattern", x.get("_sliding_window_pattern", _GEMMA3_PATTERN))
+            pattern = _GEMMA2_PATTERN if c.model_type == "gemma2" else x.get(
+                "sliding_window_pattern", x.get("_sliding_window_pattern", _GEMMA3_PATTERN))
             if not _is_int(pattern) or pattern < 1:
                 return none, None  # (its own check names it)
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
@@ -211,7 +224,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "qwen2", "qwen3", "gemma3_text"):
+    if c.model_type not in ("mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -381,9 +394,25 @@ class LlamaConfig:
     @property
     def attention_scale(self) -> float:
         """The attention scores' scale: ``head_dim ** -0.5``; Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
-        if self.model_type == "gemma3_text":
+        if self.model_type in ("gemma2", "gemma3_text"):
             return float(self.extra.get("query_pre_attn_scalar", 256)) ** -0.5  # (as transformers computes it)
         return 1.0 / math.sqrt(self.head_dim)  # (the kernels' own default, bit for bit)
+
+    @property
+    def attn_softcap(self) -> float | None:
+        """Gemma 2's cap on the scaled attention scores (``s -> cap * tanh(s / cap)``), or None."""
+        return self._softcap("attn_logit_softcapping")
+
+    @property
+    def final_softcap(self) -> float | None:
+        """Gemma 2's cap on the logits, or None."""
+        return self._softcap("final_logit_softcapping")
+
+    def _softcap(self, key: str) -> float | None:
+        if self.model_type != "gemma2":
+            return None
+        v = self.extra.get(key, FAMILIES["gemma2"].defaults[key])
+        return None if v is None else float(v)
 
     @property
     def local_rope_theta(self) -> float | None:
@@ -466,6 +495,9 @@ class LlamaConfig:
         if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own
             for k in ("sliding_window", "query_pre_attn_scalar", "rope_local_base_freq"):
                 d.setdefault(k, FAMILIES["gemma3_text"].defaults[k])
+        if self.model_type == "gemma2":
+            for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+                d.setdefault(k, FAMILIES["gemma2"].defaults[k])
         return d
 
     def replace(self, **changes) -> "LlamaConfig":

@@ -97,6 +97,8 @@ def _register_fakes() -> None:
             torch.library.register_fake(f"triforce_C::{name}")(
                 lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
             torch.library.register_autograd(f"triforce_C::{name}", _glu_backward(name), setup_context=_glu_setup)
+    if hasattr(ops, "softcap"):
+        torch.library.register_fake("triforce_C::softcap")(lambda x, cap: torch.empty_like(x))
     if hasattr(ops, "decoder_attn_in"):
         torch.library.register_fake("triforce_C::decoder_attn_in")(attn_in)
         torch.library.register_fake("triforce_C::decoder_attn_out_mlp")(attn_out_mlp)
@@ -283,6 +285,16 @@ def _layer_ops():
     return layer_ops
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap * tanh(x / cap)`` (Gemma 2's soft-capping). Float32 on the CPU goes through ``triforce_C::softcap``,
+    each element by the same instructions wherever it lies: ATen's tanh, like its SiLU, rounds a tensor's last
+    elements by other code, so a verification pass's logits could differ from a step's in the last bits."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and not (torch.is_grad_enabled() and x.requires_grad) \
+            and _rowwise_available() and hasattr(torch.ops.triforce_C, "softcap"):
+        return torch.ops.triforce_C.softcap(x, cap)
+    return torch.tanh(x / cap) * cap
+
+
 def _rope(x, cos, sin):
     """``apply_rope``, through ``layer_ops.rope`` where the elementwise kernels run (same bits)."""
     if _elementwise_kernels(x) and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous() \
@@ -304,6 +316,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=config.attention_bias)
         self.window = config.layer_windows[layer]  # a sliding window (0: none), here for the cache-free forward
         self.scale = config.attention_scale  # (the caches apply the same, from the config)
+        self.softcap = config.attn_softcap  # Gemma 2's cap on the scores, or None
         if config.qk_norm:  # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE
             self.q_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
             self.k_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
@@ -337,6 +350,8 @@ class Attention(nn.Module):
                 d = torch.arange(T, device=q.device)
                 d = d[:, None] - d[None, :]
                 mask = (d >= 0) & (d < self.window)
+            if self.softcap is not None:  # SDPA has no soft-capping: the scores spelled out
+                return _softcapped_attention(q, k, v, self.scale, self.softcap, mask)
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                   enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
@@ -346,6 +361,19 @@ class Attention(nn.Module):
                                k_raw=None if k_raw is None else k_raw.to(kv))
             return out.to(q.dtype)
         return cache.attend(self.layer, q, k, v, step, k_raw=k_raw)
+
+
+def _softcapped_attention(q, k, v, scale: float, cap: float, mask) -> torch.Tensor:
+    """Causal attention of ``q`` ``[B, T, Hq, D]`` over ``k``, ``v`` ``[B, T, Hkv, D]`` with soft-capped scores
+    (``mask``: the visible keys ``[T, T]``, or None: causal), softmax in float32, as transformers' eager Gemma 2."""
+    T, g = q.shape[1], q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+    s = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    s = torch.tanh(s / cap) * cap
+    if mask is None:
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.einsum("bhts,bshd->bthd", p, v)
 
 
 class MLP(nn.Module):
@@ -488,7 +516,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         return None
     buffers = cache._native_buffers(step)
     if buffers is None or resolve("verify_attention", None, h.device) != "cpu" \
-            or cache.scale != 1.0 / math.sqrt(cache.config.head_dim):  # (decoder_layers scales by head_dim)
+            or cache.scale != 1.0 / math.sqrt(cache.config.head_dim) or cache.softcap:  # (decoder_layers: neither)
         return None
     k, v, k_raw, last_query = buffers
     norms, eps, w, scales, bias, qk_norms, qk_eps = [], [], [], [], [], [], []
@@ -723,7 +751,7 @@ class Llama(nn.Module):
         return h, step
 
     def _logits(self, h):
-        return self.lm_head(self.model.norm(h)).float()
+        return self.head(self.model.norm(h))
 
     def forward(self, input_ids: torch.Tensor, cache: _KVCache | None = None,
                 tree_parents: torch.Tensor | TokenTree | None = None, widths: torch.Tensor | None = None
@@ -788,8 +816,11 @@ class Llama(nn.Module):
         return self.model.norm(self._hidden(input_ids, cache, tree_parents, tap=tap))
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
-        """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`)."""
-        return self.lm_head(z).float()
+        """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`); Gemma 2's
+        soft-capped."""
+        logits = self.lm_head(z).float()
+        cap = self.config.final_softcap
+        return logits if cap is None else softcap(logits, cap)
 
     def _check_forward(self, input_ids, cache, tree_parents, widths=None) -> None:
         self._check_ids("input_ids", input_ids)

@@ -392,9 +392,9 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # runs llama-arch RoPE on interleaved pairs (hence the permutation; Mistral converts as llama), qwen2 /
 # qwen3 / gemma on half-split pairs (NEOX), stored as in the Hugging Face checkpoint. llama.cpp's converter
 # stores Gemma's RMSNorm weights as 1 + w (the factor they apply), which read_gguf turns back into w.
-# gemma3: Gemma 3's language model, as llama.cpp runs it (_gguf_gemma3).
+# gemma2 / gemma3: Gemma 2 and Gemma 3's language model, as llama.cpp runs them (_gguf_gemma).
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
-                      "gemma": ("gemma", False), "gemma3": ("gemma3_text", False)}
+                      "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False)}
 
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
@@ -414,8 +414,12 @@ _GGUF_HARMLESS_ONLY_AT = {
     "rope.scaling.attn_factor": (lambda v, c: v == 1, "1.0"),
     "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
     "attention.causal": (lambda v, c: v is True, "true"),
-    "attention.sliding_window": (lambda v, c: c.model_type == "gemma3_text" or v == 0 or v >= c.max_position_embeddings,
-                                 "0 or >= context_length (no sliding-window attention; gemma3: its window)"),
+    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text") or v == 0
+                                 or v >= c.max_position_embeddings,
+                                 "0 or >= context_length (no sliding-window attention; gemma2 / gemma3: its window)"),
+    # read by _gguf_gemma for gemma2
+    **{key: (lambda v, c: c.model_type == "gemma2", "absent (Gemma 2's only)")
+       for key in ("attn_logit_softcapping", "final_logit_softcapping")},
     "use_parallel_residual": (lambda v, c: v is False, "false"),
     "expert_count": (lambda v, c: v == 0, "0 (dense MLP)"),
     "expert_used_count": (lambda v, c: v == 0, "0 (dense MLP)"),
@@ -506,20 +510,26 @@ def _check_gguf_keys(reader, config: LlamaConfig, arch: str, path: Path) -> None
 _GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.items()},
                        **{f"{k}.bias": f"{_GGUF_NAMES[k]}.bias" for k in ("attn_q", "attn_k", "attn_v", "attn_output")},
                        "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
-# gemma3's sandwich norms: ffn_norm is the norm before the MLP, the others after the attention and the MLP
+# gemma2 / gemma3's sandwich norms: ffn_norm is the norm before the MLP, the others after the attention and the MLP
 _GGUF_SANDWICH_TENSORS = {**_GGUF_LAYER_TENSORS, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                           "post_attention_norm.weight": "post_attention_layernorm.weight",
                           "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 
 
-def _gguf_gemma3(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
-    """The ``extra`` keys of a gemma3 GGUF's config, as llama.cpp runs the file (llama-model.cpp): its
-    ``attention.sliding_window`` on 5 of every 6 layers, the sliding layers' RoPE base 10000 (both fixed
-    there, not in the file), and the scores scaled by ``head_dim ** -0.5``, or ``(hidden / heads) ** -0.5``
-    for the 62-layer 27B model (Gemma 3's ``query_pre_attn_scalar``: 168 there, head_dim 256 for the others)."""
-    window = gguf_field(reader, f"{arch}.attention.sliding_window")
-    return {"sliding_window": None if window in (None, 0) else int(window), "sliding_window_pattern": 6,
-            "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": hidden // n_head if layers == 62 else head_dim}
+def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
+    """The ``extra`` keys of a gemma2 / gemma3 GGUF's config, as llama.cpp runs the file (llama-model.cpp):
+    its ``attention.sliding_window`` (default 4096) on every other layer (gemma2) or 5 of every 6 (gemma3), the
+    scores scaled by ``head_dim ** -0.5``, or ``(hidden / heads) ** -0.5`` for the 27B models (46 / 62 layers:
+    their ``query_pre_attn_scalar``, 144 / 168), gemma3's sliding layers' RoPE base 10000 (all fixed there,
+    not in the file), and gemma2's ``attn_logit_softcapping`` / ``final_logit_softcapping`` (default 50 / 30)."""
+    window = gguf_field(reader, f"{arch}.attention.sliding_window", 4096)
+    big = {"gemma2": 46, "gemma3": 62}[arch]
+    extra = {"sliding_window": None if window == 0 else int(window),
+             "query_pre_attn_scalar": hidden // n_head if layers == big else head_dim}
+    if arch == "gemma3":
+        return {**extra, "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0}
+    return {**extra, **{key: float(gguf_field(reader, f"{arch}.{key}", default))
+                        for key, default in (("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0))}}
 
 
 def read_gguf(path: Path, skip=None, reader=None):
@@ -564,8 +574,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
-        extra=_gguf_gemma3(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
-        if model_type == "gemma3_text" else {})
+        extra=_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
+        if arch in ("gemma2", "gemma3") else {})
     _check_gguf_keys(reader, config, arch, path)
 
     sd = {}
@@ -600,7 +610,7 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
         return "lm_head.weight", None
     if name.startswith("blk."):
         _, i, kind = name.split(".", 2)
-        table = _GGUF_SANDWICH_TENSORS if arch == "gemma3" else _GGUF_LAYER_TENSORS
+        table = _GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_LAYER_TENSORS
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")

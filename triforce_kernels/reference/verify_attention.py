@@ -35,7 +35,7 @@ def visibility(cache_seqlens: torch.Tensor, T: int, N: int, tree_mask: torch.Ten
 
 
 def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None,
-                      compute_dtype=None, window=None):
+                      compute_dtype=None, window=None, softcap=None):
     """``(out, lse)`` computed in ``compute_dtype`` (default: float64 for float64 inputs, else float32).
 
     The same computation in a low precision (``compute_dtype=torch.bfloat16``) is the "PyTorch in the
@@ -52,6 +52,8 @@ def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softma
     kc = k_cache.to(compute_dtype).masked_fill(~in_range[:, :, None, None], 0)  # NaN beyond L never leaks
     vc = v_cache.to(compute_dtype).masked_fill(~in_range[:, :, None, None], 0)
     scores = torch.einsum("btkgd,bnkd->bkgtn", qc, kc) * scale
+    if softcap:  # Gemma 2's soft-capping of the scaled scores
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~vis[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores.to(torch.float32 if compute_dtype != torch.float64 else compute_dtype), dim=-1)
     finite = torch.isfinite(lse)[..., None]
@@ -72,8 +74,9 @@ def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softma
 
 
 def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None, return_lse=False,
-                     window=None):
+                     window=None, softcap=None):
     """Reference ``tk.verify_attention``: dense masked attention over the whole cache, float32
     (float64 for float64 inputs)."""
-    out, lse = _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, window=window)
+    out, lse = _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, window=window,
+                                 softcap=softcap)
     return (out, lse) if return_lse else out

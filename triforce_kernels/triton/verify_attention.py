@@ -33,13 +33,34 @@ from ..verify_attention import check_cache_rows
 
 
 @triton.jit
-def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT: tl.constexpr):
+def _softcap(s, cap):
+    """``cap * tanh(s / cap)`` (Gemma 2), as the CPU kernel computes it (csrc/include/triforce/softcap.h): tanh's
+    odd Taylor polynomial to t^13 below |t| = 0.3, ``(1 - e) / (1 + e)`` with ``e = exp(-2|t|)`` above."""
+    t = s / cap
+    a = tl.abs(t)
+    u = t * t
+    p = -1382.0 / 155925 + u * (21844.0 / 6081075)
+    p = 62.0 / 2835 + u * p
+    p = -17.0 / 315 + u * p
+    p = 2.0 / 15 + u * p
+    p = -1.0 / 3 + u * p
+    e = tl.exp(-2.0 * a)
+    big = (1.0 - e) / (1.0 + e)
+    th = tl.where(a < 0.3, t + t * (u * p), tl.where(t < 0, -big, big))
+    return th * cap
+
+
+@triton.jit
+def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
     """One tile of the online softmax for a block of rows; the same code on every path."""
     if LOWP_DOT:  # fp16/bf16 operands, fp32 accumulation (products of 16-bit floats are exact)
         s = tl.dot(q, tl.trans(k))
     else:  # fp32 inputs, and bf16 under the interpreter (its bf16 dot is wrong)
         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-    s = tl.where(vis, s * scale, float("-inf"))
+    s = s * scale
+    if SOFTCAP:
+        s = _softcap(s, cap)
+    s = tl.where(vis, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
     alpha = tl.exp(m_i - m_safe)
@@ -54,7 +75,7 @@ def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT: tl.constexpr):
 
 @triton.jit
 def _tail_tile_update(q, k_base, v_base, pos, lane_ok, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn,
-                      m_i, l_i, acc, seen_bad, scale, LOWP_DOT: tl.constexpr):
+                      m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
     """A tail tile: keys at ``pos`` (lanes ``lane_ok``), seen by the rows ``rows_see`` ([R, 1] or
     [R, N]). A query multiplies the values it may not see by 0, and 0 * NaN would leak them: the new
     tokens' inf/NaN values count as 0, and ``seen_bad`` flags a row that sees one."""
@@ -67,27 +88,27 @@ def _tail_tile_update(q, k_base, v_base, pos, lane_ok, is_new, rows_see, offs_d,
     vis = rows_see & lane_ok[None, :]
     key_bad = tl.max(bad.to(tl.int32), 1)
     seen_bad = tl.maximum(seen_bad, tl.max(tl.where(vis, key_bad[None, :], 0), 1))
-    m_i, l_i, acc = _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT)
+    m_i, l_i, acc = _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
     return m_i, l_i, acc, seen_bad
 
 
 @triton.jit
 def _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, scale,
-                 LOWP_DOT: tl.constexpr):
+                 cap, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
     """A prefix tile (keys ``pos`` below ``end``) that every row of the block sees whole: no masking."""
     ld = (pos < end)[:, None] & d_ok[None, :]
     k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=ld, other=0.0)
     v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=ld, other=0.0)
     vis = row_ok[:, None] & (pos < end)[None, :]
-    return _tile_update(q, k, v, vis, m_i, l_i, acc, scale, LOWP_DOT)
+    return _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
 
 
 @triton.jit
 def _verify_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, cnt_ptr, m_ptr, l_ptr, acc_ptr,
-    scale, T, G, R, Hkv, N, NP, PS, D, W,
+    scale, cap, T, G, R, Hkv, N, NP, PS, D, W,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    HAS_MASK: tl.constexpr, TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, LOWP_DOT: tl.constexpr,
+    HAS_MASK: tl.constexpr, TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, LOWP_DOT: tl.constexpr,
     TAIL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # State of (b, h, part, row) at (bh * NP + part) * R + row of m_ptr / l_ptr, rows of D in acc_ptr.
@@ -149,13 +170,13 @@ def _verify_attention_split_kernel(
                 if n0 < lo_max:  # a row's window starts at or after this tile: masked as in the tail
                     m_i, l_i, acc, seen_bad = _tail_tile_update(
                         q, k_base, v_base, pos, pos < end, pos >= 0, row_ok[:, None] & (pos[None, :] >= lo[:, None]),
-                        offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
+                        offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT, SOFTCAP)
                 else:
                     m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn,
-                                                 stride_vn, m_i, l_i, acc, scale, LOWP_DOT)
+                                                 stride_vn, m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
             else:
                 m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn,
-                                             m_i, l_i, acc, scale, LOWP_DOT)
+                                             m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
         if HAS_WINDOW:
             acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
         idx = state + part * R
@@ -195,12 +216,14 @@ def _verify_attention_split_kernel(
                             m_i, l_i, acc, seen_bad = _tail_tile_update(
                                 q, k_base, v_base, pos, lane_ok, is_new | (rank < lo_max),
                                 (row_ok & (t == zero + tt))[:, None] & (rank[None, :] >= lo[:, None]),
-                                offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
+                                offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT,
+                                SOFTCAP)
                 else:  # rank = position; new token rank - new0 is seen by query t iff rank - new0 <= t
                     rows_see = row_ok[:, None] & ((rank - new0)[None, :] <= t[:, None]) & (rank[None, :] >= lo[:, None])
                     is_new = is_new | (rank < lo_max)  # and a window hides some prefix key of the tile
                     m_i, l_i, acc, seen_bad = _tail_tile_update(
-                        q, k_base, v_base, rank, rank < Lc, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, LOWP_DOT)
+                        q, k_base, v_base, rank, rank < Lc, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn,
+                        m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT, SOFTCAP)
             acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
             tl.store(m_ptr + idx, m_i, mask=row_ok)
             tl.store(l_ptr + idx, l_i, mask=row_ok)
@@ -321,11 +344,11 @@ def _ancestor_lists(tree_mask, cache_seqlens, N, block=None, with_counts=False):
 
 @register("verify_attention", "triton")
 def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=None,
-                     block_rows=None, window=None):
+                     block_rows=None, window=None, softcap=None):
     """The launcher; ``num_splits`` and ``block_rows`` (a power of two, 16-128: query rows per program
     instead of ``_block_r``'s) are for tests and benchmarks. Any fixed ``block_rows`` keeps the rows
     independent of T; two calls compare bitwise only with the same one. ``window``: a sliding window's
-    keys, or None."""
+    keys, or None; ``softcap``: the scores' soft cap, or None."""
     B, T, Hq, D = q.shape
     N, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -360,10 +383,11 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     for tail, grid in ((False, (row_blocks, NP, B * Hkv)), (True, (row_blocks, B * Hkv))):
         _verify_attention_split_kernel[grid](
             q, k_cache, v_cache, cache_seqlens, anc, cnt, m, l, acc,
-            softmax_scale, T, G, R, Hkv, N, NP, PS, D, window or 0,
+            softmax_scale, float(softcap or 1.0), T, G, R, Hkv, N, NP, PS, D, window or 0,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             HAS_MASK=tail and tree_mask is not None, TREE=tree_mask is not None, HAS_WINDOW=bool(window),
+            SOFTCAP=bool(softcap),
             LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
             BLOCK_D=BLOCK_D, num_warps=4, enable_fp_fusion=False,
         )

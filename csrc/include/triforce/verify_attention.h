@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "triforce/common.h"  // <immintrin.h> with F16C or AVX-512
+#include "triforce/softcap.h"
 #include "triforce/team.h"
 
 #if defined(_OPENMP)
@@ -716,10 +717,12 @@ inline void softmax_lanes_avx512(float* st, int64_t n, int64_t R, float* m, floa
 // One tile on the rows-in-lanes path: scores (KB keys per pass, by NV), the online softmax, P V.
 template <int NV, typename E>
 inline void tile_lanes_avx512(const float* qt, int64_t R, int64_t D, const float* k, int64_t ks, const E* v,
-                              int64_t vs, int64_t n, float* m, float* l, float* acc, float* st, RowPrefetch* rows) {
+                              int64_t vs, int64_t n, float* m, float* l, float* acc, float* st, RowPrefetch* rows,
+                              float softcap) {
   constexpr int64_t RP = 16 * NV;
   constexpr int KB = lanes_kb(NV);
   scores_lanes_avx512<NV, KB>(qt, D, k, ks, n, st, rows);
+  if (softcap > 0.f) softcap_inplace(st, n * RP, softcap);  // (elementwise: the layout does not matter)
   if (rows) rows->step();
   softmax_lanes_avx512<NV>(st, n, R, m, l, acc, D);
   pv_tile(st, R, n, D, v, vs, acc, RP);
@@ -780,7 +783,7 @@ inline void amx_pack_queries(const bf16* q, int64_t R, int64_t D, uint16_t* qa) 
 // queries; m, l, acc its rows' state. start is a multiple of KT in the caller's ranks.
 inline void attend_range_amx(const uint16_t* qa, int64_t R, int64_t D, const bf16* k, int64_t skn, const bf16* v,
                              int64_t svn, int64_t start, int64_t end, float* m, float* l, float* acc, Scratch& sc,
-                             RowPrefetch* rows, float scale) {
+                             RowPrefetch* rows, float scale, float softcap) {
   float* st = sc.kt.data();  // S^T [KT][16], as the tiles store it
   float* sr = sc.s.data();   // S [R][KT]
   float* a16 = sc.acc16.data();
@@ -833,6 +836,7 @@ inline void attend_range_amx(const uint16_t* qa, int64_t R, int64_t D, const bf1
     for (int64_t r = 0; r < R; ++r) {
       _mm512_storeu_ps(sr + r * KT, _mm512_mul_ps(x[r], sc16));
       _mm512_storeu_ps(sr + r * KT + 16, _mm512_mul_ps(y[r], sc16));
+      if (softcap > 0.f) softcap_inplace(sr + r * KT, n, softcap);
     }
     softmax_update_rows(sr, n, R, m, l, a16, D);
     for (int64_t r = 0; r < R; ++r)
@@ -934,13 +938,13 @@ template <typename T>
 void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn, const T* v, int64_t svn,
                   int64_t start, int64_t end, float* m, float* l, float* acc, Scratch& sc,
                   RowPrefetch* rows = nullptr, const T* qb = nullptr, float scale = 1.f,
-                  const float* qt = nullptr, const uint16_t* qa = nullptr) {
+                  const float* qt = nullptr, const uint16_t* qa = nullptr, float softcap = 0.f) {
 #if defined(TRIFORCE_VA_AMX)
   if constexpr (std::is_same_v<T, bf16>)
     if (qa) {  // the tiles (use_tiles): blocks of 16 rows
       for (int64_t r0 = 0; r0 < R; r0 += 16)
         attend_range_amx(qa + r0 / 16 * amx_block_words(D), std::min<int64_t>(16, R - r0), D, k, skn, v, svn,
-                         start, end, m + r0, l + r0, acc + r0 * D, sc, rows, scale);
+                         start, end, m + r0, l + r0, acc + r0 * D, sc, rows, scale, softcap);
       return;
     }
 #endif
@@ -959,7 +963,7 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
       if (qt) {
         auto tile = [&](auto nvc) {
           tile_lanes_avx512<decltype(nvc)::value>(qt, R, D, k + p0 * skn, skn, v + p0 * svn, svn, n, m, l, acc, s,
-                                                  rows);
+                                                  rows, softcap);
         };
         switch (lanes_vectors<T>(R, D)) {
           case 1: tile(std::integral_constant<int, 1>{}); break;
@@ -973,6 +977,8 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
     // Pads and online softmax; softmax_pv then adds P V from the value rows vr (vs apart).
     auto softmax = [&] {
       if (rows) rows->step();  // the second half of this tile's share, between the scores and P V
+      if (softcap > 0.f)
+        for (int64_t r = 0; r < R; ++r) softcap_inplace(s + r * KT, n, softcap);
       softmax_update_rows(s, n, R, m, l, acc, D);
     };
     auto softmax_pv = [&](const auto* vr, int64_t vs) {
@@ -1107,7 +1113,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                           int64_t skn, int64_t skh, const T* v, int64_t svb, int64_t svn, int64_t svh,
                           const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
                           int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
-                          T* out, float* lse, const int32_t* query_lens = nullptr, int64_t window = 0) {
+                          T* out, float* lse, const int32_t* query_lens = nullptr, int64_t window = 0,
+                          float softcap = 0.f) {
   const int64_t g = Hq / Hkv, R = Tq * g;
   auto rows_of = [&](int64_t b) {  // the query rows row b computes
     return query_lens ? std::clamp<int64_t>(query_lens[b], 0, Tq) * g : R;
@@ -1297,7 +1304,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                 const T* vp = in_place ? v + b * svb + at(r0) * svn + (h0 + hh) * svh : vc.data() + hh * D;
                 va::attend_range(qg, g, D, kp, in_place ? skn : HG * D, vp, in_place ? svn : HG * D, 0, n, m, l,
                                  acc, sc, nullptr, raw ? qraw.data() + (hh * R + t * g) * D : nullptr, scale,
-                                 lanes_g ? qtg.data() : nullptr, tiles ? mine->qag.data() : nullptr);
+                                 lanes_g ? qtg.data() : nullptr, tiles ? mine->qag.data() : nullptr, softcap);
               }
             }
           };
@@ -1326,7 +1333,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                                v + b * svb + (h0 + hh) * svh, svn, c0, c1, m, l, acc, sc, grouped ? &rows : nullptr,
                                raw ? qraw.data() + hh * R * D : nullptr, scale,
                                lanes_nv ? qt.data() + hh * D * 16 * lanes_cap : nullptr,
-                               tiles ? mine->qa.data() + hh * qa_head : nullptr);
+                               tiles ? mine->qa.data() + hh * qa_head : nullptr, softcap);
             }
           }
           if (shared_end < e)
