@@ -10,11 +10,13 @@ as its custom mask) where the ``flashinfer`` package imports, and flash-attn's f
     python -m bench.bench_verify_attention --device cuda                                 # the full shape grid (all on GPU)
     python -m bench.bench_verify_attention --model-shapes                                # the CPU engines' fp32 shapes
     python -m bench.bench_verify_attention --window 4096                                 # a sliding window
+    python -m bench.bench_verify_attention --softcap 50                                  # Gemma 2's capped scores
 
 With ``--window W`` every row runs ``window=W`` (each query sees its last W keys): bytes = the K/V a pass reads
 (W + T - 1 positions); the baselines are SDPA with the windowed mask, flash-attn's ``window_size=(W - 1, 0)``
 on a GPU, and ``nowindow``: our kernel without a window over a cache of just those W + T - 1 positions (the
-same bytes: what the window should cost).
+same bytes: what the window should cost). With ``--softcap C`` every row of ours caps its scores (``C tanh(s /
+C)``, Gemma 2's) and ``nocap`` is the same call without the cap, side by side: what the cap costs.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ MODEL_SHAPES = [(8, 6144, 9, 3, 64), (2, 4096, 12, 2, 128), (1, 16384, 12, 2, 12
 
 
 def run(device: str, full: bool, backends: list[str], quick: bool = False, model_shapes: bool = False,
-        only: tuple = (None, None, None), window: int | None = None) -> None:
+        only: tuple = (None, None, None), window: int | None = None, softcap: float | None = None) -> None:
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
     cpu = dev.type == "cpu"
@@ -76,6 +78,7 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
         nbytes = 2 * B * seen * Hkv * D * k.element_size() + 2 * q.numel() * q.element_size()
         shape = f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}" + ("" if window is None else f",W={window}")
         win = "" if window is None else f", window {window}"
+        capped = "" if softcap is None else f", softcap {softcap}"  # (ours only: SDPA has no cap)
         vis = visibility(lens, T, N, None, window)
         peak = compute_peak(dev, dtype)
         flops = {kind: 4 * D * Hq * int(visibility(lens, T, N, mask, window).sum()) for kind, mask in
@@ -123,11 +126,17 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
                 bases[kind] = (fi, "flashinfer")
         for be in backends:
             for kind, mask in (("causal", None), ("tree", tree)):
-                t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window), device=dev,
-                            **reps)
+                if softcap is not None:  # the same call without the cap, just before
+                    t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window),
+                                device=dev, **reps)
+                    record(family="attention", op="verify_attention", backend="nocap", shape=f"{shape},{kind}",
+                           dtype=dname, bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev,
+                           extra=f"{kind}, {be} without the cap", flops=flops[kind], peak=peak)
+                t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window,
+                                                        softcap=softcap), device=dev, **reps)
                 record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype=dname,
                        bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=bases[kind][1],
-                       baseline_timing=bases[kind][0], extra=kind + win, flops=flops[kind], peak=peak)
+                       baseline_timing=bases[kind][0], extra=kind + win + capped, flops=flops[kind], peak=peak)
                 if be == "triton" and not cpu and window is None:  # the other T-independent row block, side by side
                     rows16 = implementation("verify_attention", "triton")
                     t = measure(lambda: rows16(q, k, v, lens, mask, D ** -0.5, block_rows=16), device=dev)
@@ -170,10 +179,11 @@ def main() -> None:
     ap.add_argument("--context", type=ints, default=None, help="only these cache lengths N (comma list)")
     ap.add_argument("--widths", type=ints, default=None, help="only these query counts T (comma list)")
     ap.add_argument("--window", type=int, default=None, help="a sliding window of this many keys on every row")
+    ap.add_argument("--softcap", type=float, default=None, help="soft-cap every score at this value (Gemma 2)")
     a = ap.parse_args()
     backends = a.backends.split(",") if a.backends else (["cpu"] if a.device == "cpu" else ["triton"])
     run(a.device, a.full or a.device == "cuda", backends, a.quick, a.model_shapes, (a.batch, a.context, a.widths),
-        a.window)
+        a.window, a.softcap)
 
 
 if __name__ == "__main__":
