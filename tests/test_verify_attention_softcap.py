@@ -20,7 +20,7 @@ CAPS = [0.5, 2.0, 20.0, 50.0]
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
-@settings(max_examples=10, deadline=None)
+@settings(deadline=None)
 @given(B=st.integers(1, 3), g=st.sampled_from([1, 3, 4]), D=st.sampled_from([16, 64]), data=st.data(),
        dtype=st.sampled_from(DTYPES), mask_kind=st.sampled_from(["causal", "tree", "random"]),
        cap=st.sampled_from(CAPS), window=st.sampled_from([None, None, 3, 40]),
@@ -42,7 +42,7 @@ def test_matches_reference(backend, B, g, D, data, dtype, mask_kind, cap, window
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
-@settings(max_examples=6, deadline=None)
+@settings(deadline=None)
 @given(T=st.integers(1, 9), g=st.sampled_from([1, 3, 4]), D=st.sampled_from([16, 64]),
        prefix=st.sampled_from([5, 33, 130, 600]), cap=st.sampled_from(CAPS), window=st.sampled_from([None, 6]),
        dtype=st.sampled_from(DTYPES), tree=st.booleans(), seed=st.integers(0, 2**31 - 1))

@@ -25,7 +25,7 @@ def _to(dev):
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
-@settings(max_examples=12, deadline=None)
+@settings(deadline=None)
 @given(B=st.integers(1, 3), Hkv=st.sampled_from([1, 2]), g=st.sampled_from([1, 3, 4]), D=st.sampled_from([16, 64]),
        data=st.data(), slack=st.integers(0, 3), dtype=st.sampled_from(DTYPES),
        mask_kind=st.sampled_from(["causal", "tree", "random"]), window=st.sampled_from(WINDOWS),
@@ -50,7 +50,7 @@ def test_matches_reference(backend, B, Hkv, g, D, data, slack, dtype, mask_kind,
     check_against_reference(out, lse, q, k, v, L, mask, window=window)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(T=st.integers(1, 8), N=st.integers(8, 40), window=st.integers(1, 45), tree=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_reference_window_is_sliding_window_attention(T, N, window, tree, seed):
@@ -78,7 +78,7 @@ def test_reference_window_is_sliding_window_attention(T, N, window, tree, seed):
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
-@settings(max_examples=8, deadline=None)
+@settings(deadline=None)
 @given(T=st.integers(1, 10), g=st.sampled_from([1, 3, 4]), D=st.sampled_from([16, 64]),
        prefix=st.sampled_from([5, 31, 32, 100, 520, 1100]), window=st.sampled_from([1, 3, 8, 33, 64, 300, 600]),
        dtype=st.sampled_from(DTYPES), tree=st.booleans(), interleaved=st.booleans(), seed=st.integers(0, 2**31 - 1))
