@@ -5,12 +5,13 @@ every method's greedy tokens, and a GGUF as llama.cpp writes it read as transfor
 import pytest
 import torch
 
-from triforce.models import FullCache, Llama, LlamaConfig
+from triforce.models import Llama, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_
+from .test_gemma3 import assert_random_heads_trees_lossless, gguf_read_as_transformers_reads_it, tiny_gemma
 from .test_model import TOL
-from .test_sliding_window import assert_pass_equals_steps
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -47,25 +48,14 @@ def test_config():
 
 def test_logits_match_transformers(tmp_path):
     hf, ours = pair()
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    ids, ref = assert_every_path_matches(hf, ours)
+    assert ref.abs().max() <= 1.5  # the logits' cap
+    # without the caps the logits differ: the test sees them
+    plain = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        **{**GEMMA2, "attn_logit_softcapping": None, "final_logit_softcapping": None},
+        attn_implementation="eager")).eval()
+    plain.load_state_dict(hf.state_dict())
     with torch.no_grad():
-        ref = hf(ids).logits
-        assert ref.abs().max() <= 1.5 and (ours(ids) - ref).abs().max().item() <= TOL
-        cache = FullCache(ours.config, 2, 64, chunk_size=4)
-        assert (ours.prefill(ids[:, :25], cache, chunk_size=9) - ref[:, 24]).abs().max() <= TOL
-        assert (ours(ids[:, 25:31], cache=cache) - ref[:, 25:31]).abs().max() <= TOL
-        for i in range(31, 34):
-            assert (ours(ids[:, i:i + 1], cache=cache)[:, 0] - ref[:, i]).abs().max() <= TOL
-        parents = torch.tensor([[-1, 0, 0, 1, 3, 4, 5, 6, 7]] * 2)
-        out = ours(ids[:, 31:40], cache=cache, tree_parents=parents)
-        for path in ([0, 1, 3, 4, 5, 6, 7, 8], [0, 2]):
-            seq = torch.cat([ids[:, :34], ids[:, 31:40][:, path]], 1)
-            assert (out[:, path] - hf(seq).logits[:, -len(path):]).abs().max() <= TOL
-        # without the caps the logits differ: the test sees them
-        plain = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
-            **{**GEMMA2, "attn_logit_softcapping": None, "final_logit_softcapping": None},
-            attn_implementation="eager")).eval()
-        plain.load_state_dict(hf.state_dict())
         assert (plain(ids).logits - ref).abs().max() > 0.1
     ours.save_pretrained(tmp_path / "ours")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
@@ -84,17 +74,8 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
 
 
 def tiny_gemma2(seed):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(model_type="gemma2", vocab_size=64, hidden_size=32, intermediate_size=72, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
-                      initializer_range=0.3, extra={"sliding_window": 7, "query_pre_attn_scalar": 12,
-                                                    "attn_logit_softcapping": 3.0, "final_logit_softcapping": 4.0})
-    model = Llama(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0, 0.3)
-    return model
+    return tiny_gemma("gemma2", seed, extra={"sliding_window": 7, "query_pre_attn_scalar": 12,
+                                             "attn_logit_softcapping": 3.0, "final_logit_softcapping": 4.0})
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
@@ -107,14 +88,6 @@ def test_gguf_as_llama_cpp_writes_it_reads_as_transformers_reads_it(tmp_path):
     transformers' defaults, 50 and 30, which transformers' GGUF reader assumes): the same weights bit for bit and
     the same settings as transformers' reading of the file, so our forward from the file is bitwise our forward
     from transformers' reading."""
-    import numpy as np
-
-    gguf = pytest.importorskip("gguf")
-    from triforce.models.loading import _build
-
-    from .test_config import write_gguf
-    from .test_families import QT, gguf_tokenizer, quantizer
-
     config = LlamaConfig(model_type="gemma2", vocab_size=400, hidden_size=256, intermediate_size=512,
                          num_hidden_layers=4, num_attention_heads=1, num_key_value_heads=1, head_dim=256,
                          max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True,
@@ -122,39 +95,16 @@ def test_gguf_as_llama_cpp_writes_it_reads_as_transformers_reads_it(tmp_path):
                                 "final_logit_softcapping": 30.0})
     torch.manual_seed(0)
     model = randomize_(Llama(config).eval())
-    path = write_gguf(tmp_path / "m.gguf", model, meta={"attention.sliding_window": 8,
-                                                       "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
-                      quant=quantizer(np.random.default_rng(0)), tokenizer=gguf_tokenizer("llama-bpe", 400))
-    assert {QT.Q4_K, QT.Q8_0} <= {t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
-    ours = Llama.from_pretrained(path, cache_dir=False)
+    ours, _, _ = gguf_read_as_transformers_reads_it(
+        tmp_path, model, {"attention.sliding_window": 8, "attn_logit_softcapping": 50.0,
+                          "final_logit_softcapping": 30.0}, "Gemma2ForCausalLM",
+        ("layer_windows", "attention_scale", "attn_softcap", "final_softcap"))
     c = ours.config
     assert c.layer_windows == (8, 0, 8, 0) and (c.attn_softcap, c.final_softcap) == (50.0, 30.0)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf",
-                                                          attn_implementation="eager").eval()
-    assert type(hf).__name__ == "Gemma2ForCausalLM"
-    theirs = hf.state_dict()
-    assert set(ours.state_dict()) == set(theirs)
-    for name, t in theirs.items():
-        assert torch.equal(ours.state_dict()[name], t), name
-    read = {k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"}
-    twin = _build(LlamaConfig.from_dict(read), theirs, None, None)
-    for name in ("layer_windows", "attention_scale", "attn_softcap", "final_softcap", "rope_theta", "rms_norm_eps"):
-        assert getattr(twin.config, name) == getattr(c, name), name
-    ids = torch.randint(0, 400, (2, 50), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert torch.equal(ours(ids), twin(ids))
 
 
 @pytest.mark.parametrize("kind", ["medusa", "mlp", "early_exit", "hidden_transfer"])
 def test_random_heads_trees_are_lossless(kind):
     """Draft heads on a Gemma 2 target (capped logits, sliding layers; Hidden Transfer's pseudo tokens in the
-    target's capped pass): random heads' trees give autoregressive decoding's tokens."""
-    import triforce
-
-    from .test_heads import random_heads
-
-    m = tiny_gemma2(0)
-    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 17, 5)]
-    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=16)
-    out = triforce.generate(m, prompts, method="tree", draft=random_heads(m, kind), tree=(2, 1), max_new_tokens=16)
-    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    target's capped pass)."""
+    assert_random_heads_trees_lossless(tiny_gemma2(0), kind)

@@ -14,7 +14,7 @@ from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_
 from .test_model import TOL
-from .test_sliding_window import assert_pass_equals_steps
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,20 +76,7 @@ def test_logits_match_transformers(tmp_path):
     """Past the windows: the plain forward, a chunked prefill, a verify pass, steps and a tree against
     transformers' eager attention; our save read back by transformers and by us."""
     hf, ours = pair()
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(ids).logits
-        assert (ours(ids) - ref).abs().max().item() <= TOL
-        cache = FullCache(ours.config, 2, 64, chunk_size=4)
-        assert (ours.prefill(ids[:, :25], cache, chunk_size=9) - ref[:, 24]).abs().max() <= TOL
-        assert (ours(ids[:, 25:31], cache=cache) - ref[:, 25:31]).abs().max() <= TOL
-        for i in range(31, 34):
-            assert (ours(ids[:, i:i + 1], cache=cache)[:, 0] - ref[:, i]).abs().max() <= TOL
-        parents = torch.tensor([[-1, 0, 0, 1, 3, 4, 5, 6, 7]] * 2)
-        out = ours(ids[:, 31:40], cache=cache, tree_parents=parents)
-        for path in ([0, 1, 3, 4, 5, 6, 7, 8], [0, 2]):
-            seq = torch.cat([ids[:, :34], ids[:, 31:40][:, path]], 1)
-            assert (out[:, path] - hf(seq).logits[:, -len(path):]).abs().max() <= TOL
+    ids, ref = assert_every_path_matches(hf, ours)
     hf.save_pretrained(tmp_path / "hf")
     saved = Llama.from_pretrained(tmp_path / "hf").config
     for name in ("layer_windows", "attention_scale", "local_rope_theta", "rope_scaling", "rope_theta", "head_dim"):
@@ -108,19 +95,24 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
     assert_pass_equals_steps(pair()[1], dtype)
 
 
-def tiny_gemma3(seed):
+def tiny_gemma(model_type: str, seed: int, **kw) -> Llama:
+    """A tiny random model of a Gemma family (3 layers, head_dim 8; ``kw``: more fields, and ``extra``), its
+    norms' offsets random around 0."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(model_type="gemma3_text", vocab_size=64, hidden_size=32, intermediate_size=72,
-                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                      max_position_embeddings=1024, initializer_range=0.3, rope_theta=1e5,
-                      extra={"sliding_window": 7, "sliding_window_pattern": 2, "query_pre_attn_scalar": 12,
-                             "rope_local_base_freq": 1000.0})
+    cfg = LlamaConfig(**{**dict(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=72,
+                                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                max_position_embeddings=1024, initializer_range=0.3), **kw})
     model = Llama(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(0, 0.3)
     return model
+
+
+def tiny_gemma3(seed):
+    return tiny_gemma("gemma3_text", seed, rope_theta=1e5, extra={
+        "sliding_window": 7, "sliding_window_pattern": 2, "query_pre_attn_scalar": 12, "rope_local_base_freq": 1000.0})
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
@@ -188,12 +180,10 @@ def test_pseudo_tokens_training_forward_equals_decoding(family):
         torch.testing.assert_close(z[0, 1:], trained[j], atol=1e-5, rtol=1e-5)
 
 
-def test_gguf_as_llama_cpp_writes_it_reads_as_transformers_reads_it(tmp_path):
-    """A gemma3 GGUF (llama.cpp's names: post_attention_norm, ffn_norm before the MLP, post_ffw_norm; every norm
-    stored as 1 + w; K-quant and Q8_0 blocks) reads as transformers reads the same file: the same weights bit
-    for bit and the same settings (llama.cpp's fixed ones: 5 of 6 layers sliding, local base 10000, scale
-    head_dim ** -0.5), so our model from the file computes bitwise what it computes from transformers' reading
-    (which test_logits_match_transformers compares with transformers' own forward)."""
+def gguf_read_as_transformers_reads_it(tmp_path, model, meta: dict, architecture: str, settings: tuple):
+    """Write ``model`` as llama.cpp's converter writes it (K-quant and Q8_0 blocks), read it with us and with
+    transformers: the same weights bit for bit, the same ``settings`` (config properties), and so our forward
+    from the file bitwise our forward from transformers' reading. -> (ours from the file, its path, ids)."""
     import numpy as np
 
     gguf = pytest.importorskip("gguf")
@@ -202,34 +192,44 @@ def test_gguf_as_llama_cpp_writes_it_reads_as_transformers_reads_it(tmp_path):
     from .test_config import write_gguf
     from .test_families import QT, gguf_tokenizer, quantizer
 
+    path = write_gguf(tmp_path / "m.gguf", model, meta=meta, quant=quantizer(np.random.default_rng(0)),
+                      tokenizer=gguf_tokenizer("llama-bpe", model.config.vocab_size))
+    assert {QT.Q4_K, QT.Q8_0} <= {t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
+    ours = Llama.from_pretrained(path, cache_dir=False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf",
+                                                          attn_implementation="eager").eval()
+    assert type(hf).__name__ == architecture
+    theirs, mine = hf.state_dict(), ours.state_dict()
+    assert set(mine) == set(theirs)
+    for name, t in theirs.items():
+        assert torch.equal(mine[name], t), name
+    read = {k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"}  # (the file it came from)
+    twin = _build(LlamaConfig.from_dict(read), theirs, None, None)
+    for name in settings + ("rope_theta", "rms_norm_eps"):
+        assert getattr(twin.config, name) == getattr(ours.config, name), name
+    ids = torch.randint(0, model.config.vocab_size, (2, 50), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), twin(ids))
+    assert not torch.allclose(ours.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+    return ours, path, ids
+
+
+def test_gguf_as_llama_cpp_writes_it_reads_as_transformers_reads_it(tmp_path):
+    """A gemma3 GGUF (llama.cpp's names: post_attention_norm, ffn_norm before the MLP, post_ffw_norm; every norm
+    stored as 1 + w; K-quant and Q8_0 blocks) reads as transformers reads the same file: the same weights bit
+    for bit and the same settings (llama.cpp's fixed ones: 5 of 6 layers sliding, local base 10000, scale
+    head_dim ** -0.5), so our model from the file computes bitwise what it computes from transformers' reading
+    (which test_logits_match_transformers compares with transformers' own forward)."""
     config = LlamaConfig(model_type="gemma3_text", vocab_size=400, hidden_size=256, intermediate_size=512,
                          num_hidden_layers=7, num_attention_heads=1, num_key_value_heads=1, head_dim=256,
                          max_position_embeddings=512, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
                          extra={"sliding_window": 8, "query_pre_attn_scalar": 256, "rope_local_base_freq": 10000.0})
     torch.manual_seed(0)
     model = randomize_(Llama(config).eval())
-    path = write_gguf(tmp_path / "m.gguf", model, meta={"attention.sliding_window": 8},
-                      quant=quantizer(np.random.default_rng(0)), tokenizer=gguf_tokenizer("llama-bpe", 400))
-    assert {QT.Q4_K, QT.Q8_0} <= {t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
-    ours = Llama.from_pretrained(path, cache_dir=False)
-    c = ours.config
-    assert c.layer_windows == (8, 8, 8, 8, 8, 0, 8) and c.attention_scale == 256 ** -0.5
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf",
-                                                          attn_implementation="eager").eval()
-    assert type(hf).__name__ == "Gemma3ForCausalLM"
-    theirs = hf.state_dict()
-    mine = ours.state_dict()
-    assert set(mine) == set(theirs)
-    for name, t in theirs.items():
-        assert torch.equal(mine[name], t), name
-    read = {k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"}  # (the file it came from)
-    twin = _build(LlamaConfig.from_dict(read), theirs, None, None)
-    for name in ("layer_windows", "attention_scale", "local_rope_theta", "rope_scaling", "rope_theta", "rms_norm_eps"):
-        assert getattr(twin.config, name) == getattr(c, name), name
-    ids = torch.randint(0, 400, (2, 50), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert torch.equal(ours(ids), twin(ids))
-    assert not torch.allclose(ours.model.layers[0].mlp.up_proj.weight, model.model.layers[0].mlp.up_proj.weight)
+    ours, path, ids = gguf_read_as_transformers_reads_it(
+        tmp_path, model, {"attention.sliding_window": 8}, "Gemma3ForCausalLM",
+        ("layer_windows", "attention_scale", "local_rope_theta", "rope_scaling"))
+    assert ours.config.layer_windows == (8, 8, 8, 8, 8, 0, 8) and ours.config.attention_scale == 256 ** -0.5
     # on the file's own blocks (gguf_copy): the float32 model's logits bitwise; with int8 activation blocks its
     # own arithmetic, under which speculative decoding emits its autoregressive tokens
     fast = triforce.models.gguf_copy(ours, path)
@@ -243,14 +243,19 @@ def test_gguf_as_llama_cpp_writes_it_reads_as_transformers_reads_it(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), method
 
 
+def assert_random_heads_trees_lossless(model, kind):
+    """Random draft heads of ``kind`` on ``model``: their trees give autoregressive decoding's tokens."""
+    from .test_heads import random_heads
+
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 17, 5)]
+    ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=16)
+    out = triforce.generate(model, prompts, method="tree", draft=random_heads(model, kind), tree=(2, 1),
+                            max_new_tokens=16)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+
+
 @pytest.mark.parametrize("kind", ["medusa", "mlp", "early_exit", "hidden_transfer"])
 def test_random_heads_trees_are_lossless(kind):
     """Draft heads on a Gemma 3 target (two RoPEs, sliding layers; Hidden Transfer's pseudo tokens ride in the
-    target's pass): random heads' trees give autoregressive decoding's tokens."""
-    from .test_heads import random_heads
-
-    m = tiny_gemma3(0)
-    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 17, 5)]
-    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=16)
-    out = triforce.generate(m, prompts, method="tree", draft=random_heads(m, kind), tree=(2, 1), max_new_tokens=16)
-    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    target's pass)."""
+    assert_random_heads_trees_lossless(tiny_gemma3(0), kind)

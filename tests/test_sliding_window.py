@@ -9,7 +9,7 @@ import triforce
 from triforce.models import FullCache, Llama, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, hf_model
+from .test_families import hf_model
 from .test_model import TOL
 
 transformers = pytest.importorskip("transformers")
@@ -33,27 +33,34 @@ def windowed_pair(name):
     return hf, _build(config, hf.state_dict(), None, None)
 
 
-@pytest.mark.parametrize("name", list(WINDOWED))
-def test_logits_match_transformers(tmp_path, name):
-    """Sequences several windows long: the plain forward, a chunked prefill, a verify pass and one-token
-    steps give transformers' logits; a tree node's, those of its path."""
-    hf, ours = windowed_pair(name)
+def assert_every_path_matches(hf, ours):
+    """On 40 tokens (several windows): our plain forward, a chunked prefill (chunks longer than the windows), a
+    verify pass and one-token steps give transformers' logits, a tree node (a branch deeper than the windows)
+    those of its path. -> (ids, transformers' logits)."""
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids).logits
         assert (ours(ids) - ref).abs().max().item() <= TOL
         cache = FullCache(ours.config, 2, 64, chunk_size=4)
-        last = ours.prefill(ids[:, :25], cache, chunk_size=9)  # chunks longer than the windows
-        assert (last - ref[:, 24]).abs().max() <= TOL
+        assert (ours.prefill(ids[:, :25], cache, chunk_size=9) - ref[:, 24]).abs().max() <= TOL
         assert (ours(ids[:, 25:31], cache=cache) - ref[:, 25:31]).abs().max() <= TOL
         for i in range(31, 34):
             assert (ours(ids[:, i:i + 1], cache=cache)[:, 0] - ref[:, i]).abs().max() <= TOL
-        parents = torch.tensor([[-1, 0, 0, 1, 3, 4, 5, 6, 7]] * 2)  # a branch deeper than the windows
+        parents = torch.tensor([[-1, 0, 0, 1, 3, 4, 5, 6, 7]] * 2)
         toks = ids[:, 31:40]
         out = ours(toks, cache=cache, tree_parents=parents)
         for path in ([0, 1, 3, 4, 5, 6, 7, 8], [0, 2]):
             seq = torch.cat([ids[:, :34], toks[:, path]], 1)
             assert (out[:, path] - hf(seq).logits[:, -len(path):]).abs().max() <= TOL
+    return ids, ref
+
+
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_logits_match_transformers(tmp_path, name):
+    """Sequences several windows long: the plain forward, a chunked prefill, a verify pass and one-token
+    steps give transformers' logits; a tree node's, those of its path."""
+    hf, ours = windowed_pair(name)
+    ids, ref = assert_every_path_matches(hf, ours)
     # the HF directory round trip keeps the windows, and transformers reads ours back the same
     ours.save_pretrained(tmp_path)
     assert Llama.from_pretrained(tmp_path).config.layer_windows == ours.config.layer_windows
