@@ -4,8 +4,10 @@ tree mask on the new tokens (docs/design.md 3.2).
 Files:
     reference  triforce_kernels/reference/verify_attention.py
     triton     triforce_kernels/triton/verify_attention.py
-    cpu        csrc/include/triforce/verify_attention.h (kernel), csrc/cpu/verify_attention.cpp (launcher)
-    tests      tests/test_verify_attention.py, csrc/tests/test_verify_attention.cpp
+    cpu        csrc/include/triforce/verify_attention.h (kernel), csrc/include/triforce/softcap.h (the scores'
+               soft cap), csrc/cpu/verify_attention.cpp (launcher)
+    tests      tests/test_verify_attention.py, tests/test_verify_attention_window.py,
+               tests/test_verify_attention_softcap.py, csrc/tests/test_verify_attention.cpp
     benchmark  bench/bench_verify_attention.py
 """
 from __future__ import annotations
