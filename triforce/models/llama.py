@@ -751,7 +751,12 @@ class Llama(nn.Module):
         return h, step
 
     def _logits(self, h):
-        return self.head(self.model.norm(h))
+        return self._capped(self.lm_head(self.model.norm(h)).float())
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 ``logits`` after Gemma 2's soft-capping (``config.final_softcap``; others: as they are)."""
+        cap = self.config.final_softcap
+        return logits if cap is None else softcap(logits, cap)
 
     def forward(self, input_ids: torch.Tensor, cache: _KVCache | None = None,
                 tree_parents: torch.Tensor | TokenTree | None = None, widths: torch.Tensor | None = None
@@ -818,9 +823,7 @@ class Llama(nn.Module):
     def head(self, z: torch.Tensor) -> torch.Tensor:
         """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`); Gemma 2's
         soft-capped."""
-        logits = self.lm_head(z).float()
-        cap = self.config.final_softcap
-        return logits if cap is None else softcap(logits, cap)
+        return self._capped(self.lm_head(z).float())
 
     def _check_forward(self, input_ids, cache, tree_parents, widths=None) -> None:
         self._check_ids("input_ids", input_ids)
