@@ -108,3 +108,19 @@ def test_random_heads_trees_are_lossless(kind):
     """Draft heads on a Gemma 2 target (capped logits, sliding layers; Hidden Transfer's pseudo tokens in the
     target's capped pass)."""
     assert_random_heads_trees_lossless(tiny_gemma2(0), kind)
+
+
+def test_the_config_google_ships_loads():
+    """gemma-2-2b-it's config.json as Google ships it (with generate()'s ``cache_implementation`` and both
+    activation keys): every other layer sliding over 4096, caps 50 and 30."""
+    d = {"architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+         "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+         "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+         "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+         "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+         "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+         "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+         "transformers_version": "4.42.4", "use_cache": True, "vocab_size": 256000}
+    c = LlamaConfig.from_dict(d)
+    assert c.layer_windows == (4096, 0) * 13 and (c.attn_softcap, c.final_softcap) == (50.0, 30.0)
+    assert c.attention_scale == 1 / 16

@@ -259,3 +259,21 @@ def test_random_heads_trees_are_lossless(kind):
     """Draft heads on a Gemma 3 target (two RoPEs, sliding layers; Hidden Transfer's pseudo tokens ride in the
     target's pass)."""
     assert_random_heads_trees_lossless(tiny_gemma3(0), kind)
+
+
+def test_the_config_google_ships_loads():
+    """gemma-3-1b-it's config.json as Google ships it (transformers 4.50's spelling, with generate()'s
+    ``cache_implementation``): 26 layers, every 6th global, a window of 512, local base 10000."""
+    d = {"architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+         "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+         "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+         "hidden_size": 1152, "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+         "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+         "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+         "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+         "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": True, "vocab_size": 262144}
+    c = LlamaConfig.from_dict(d)
+    assert c.layer_windows == tuple(0 if (i + 1) % 6 == 0 else 512 for i in range(26))
+    assert (c.attention_scale, c.local_rope_theta, c.rope_theta, c.rope_scaling) == (1 / 16, 10000.0, 1e6, None)
+    assert transformers.Gemma3TextConfig.from_dict(c.to_dict()).layer_types == \
+        transformers.Gemma3TextConfig.from_dict(d).layer_types

@@ -114,6 +114,8 @@ _METADATA_KEYS = frozenset({
     "_attn_implementation_autoset", "is_decoder", "tie_encoder_decoder", "cross_attention_hidden_size",
     # transformers 4.x split the matmuls into this many slices (same math); transformers 5 ignores it
     "pretraining_tp",
+    # which KV-cache class transformers' generate() builds ("hybrid": Gemma 2/3's sliding + global layers)
+    "cache_implementation",
     "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
     "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
     "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
