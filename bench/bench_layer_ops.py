@@ -85,11 +85,33 @@ def bench_cpu_glu(model: str, rows: int, dtype=torch.float32, act: str = "silu",
            timing=t["cpu"], bandwidth=bw, device="cpu", baseline="torch", baseline_timing=t["torch"])
 
 
+def bench_cpu_softcap(rows: int, vocab: int = 256000, cap: float = 30.0, reps: int = 21) -> None:
+    """``triforce_C::softcap`` (Gemma 2's capped logits, backend ``cpu``) against PyTorch's
+    ``tanh(x / cap) * cap`` on float32 logits ``[rows, vocab]``, in turns."""
+    from triforce.models.llama import _rowwise_available
+    if not _rowwise_available():
+        print("bench_layer_ops: the C++ extension is not built; no CPU rows")
+        return
+    x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 20
+    op = torch.ops.triforce_C.softcap
+    t = measure_alternating({"torch": lambda: torch.tanh(x / cap) * cap, "cpu": lambda: op(x, cap)}, reps=reps)
+    nbytes, bw, shape = 2 * x.numel() * 4, copy_bandwidth("cpu"), f"rows={rows},vocab={vocab}"
+    record(family="layer_ops", op="softcap", backend="torch", shape=shape, dtype="float32", bytes_moved=nbytes,
+           timing=t["torch"], bandwidth=bw, device="cpu")
+    record(family="layer_ops", op="softcap", backend="cpu", shape=shape, dtype="float32", bytes_moved=nbytes,
+           timing=t["cpu"], bandwidth=bw, device="cpu", baseline="torch", baseline_timing=t["torch"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="SmolLM2's widths at 32 rows only")
+    p.add_argument("--softcap", action="store_true", help="only the CPU's softcap rows (Gemma 2's capped logits)")
     p.add_argument("--cpu", action="store_true", help="the CPU's silu_mul rows even where a GPU is present")
     a = p.parse_args()
+    if a.softcap:
+        for rows in (1, 8, 64):
+            bench_cpu_softcap(rows)
+        return
     if a.cpu or not torch.cuda.is_available():
         shapes = [("silu", "smollm2-135m", 32)] if a.quick else [
             ("silu", "smollm2-135m", 1), ("silu", "smollm2-135m", 8), ("silu", "smollm2-135m", 32),

@@ -564,6 +564,8 @@ class StreamingCache(_KVCache):
         self.keep = sink + window
         B, cap = batch_size, self.capacity
         self._ropes = _rope_groups(config, self.device)
+        self._rope_of = [next(g for g, (layers, _, _) in enumerate(self._ropes)
+                              if isinstance(layers, slice) or i in layers.tolist()) for i in range(self.num_layers)]
         self._pos_limit = config.max_position_embeddings
         # slot_pos[b, s]: position in the sequence of the token in non-sink slot s (_FREE: none)
         self.slot_pos = torch.full((B, cap), _FREE, dtype=torch.int64, device=self.device)
@@ -670,7 +672,7 @@ class StreamingCache(_KVCache):
             k = full.k[layer][bi, src]
             self.k[layer][:, :keep] = k
             self.v[layer][:, :keep] = full.v[layer][bi, src]
-            self.k_raw[layer][:, :keep] = apply_rope(k, *inverse[self._rope_of(layer)])
+            self.k_raw[layer][:, :keep] = apply_rope(k, *inverse[self._rope_of[layer]])
         self.slot_pos[:, :keep] = torch.where(valid, pos, _FREE)
         self.evicted.copy_(evicted)
         self.lengths.copy_(kept.to(torch.int32))
@@ -726,13 +728,6 @@ class StreamingCache(_KVCache):
         for layers, inv_freq, scale in self._ropes:  # one group (all layers) but for Gemma 3's two RoPEs
             cos, sin = rope_cos_sin(inv_freq, positions, self.dtype, scale)  # [B, n, 1, D]: the group's layers
             self._kvr[0, layers, :, slots] = apply_rope(self._kvr[2, layers, :, slots], cos, sin)
-
-    def _rope_of(self, layer: int) -> int:
-        """The index in ``_ropes`` of ``layer``'s RoPE group."""
-        for g, (layers, _, _) in enumerate(self._ropes):
-            if isinstance(layers, slice) or layer in layers.tolist():
-                return g
-        raise AssertionError(layer)
 
     def _rebase(self) -> None:
         """``frame = evicted``: every kept token at its StreamingLLM position, re-rotated from ``k_raw``."""

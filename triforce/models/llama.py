@@ -654,7 +654,7 @@ class Llama(nn.Module):
         if self.inv_freq_local is None:
             return [main] * n
         local = rope_cos_sin(self.inv_freq_local, positions, dtype)
-        return [local if self.config.layer_rope_theta(i) is not None else main for i in range(n)]
+        return [local if w else main for w in self.config.layer_windows]  # (Gemma 3: its sliding layers)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of ``input_ids`` (the residual stream's start): ``embed_tokens``, times
