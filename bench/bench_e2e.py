@@ -19,6 +19,12 @@ acceptance per level, mean accepted tokens and time split (JSON).
 ``--table1`` reproduces the shape of the TriForce paper's Table 1: the acceptance rate of the target
 drafting with a StreamingLLM cache vs a retrieval cache of the same budget (vs the full cache, 1.0 by
 construction), verified by the target on its full cache, on natural text and on a needle prompt.
+``--sliding-window W`` runs it on the embedded model made a sliding-window model (a Mistral-architecture
+model: every layer sees only its last W positions, so its outputs are not SmolLM2's), with each retrieval
+row twice: its windowed layers holding the most recent chunks (``sliding_layers="window"``, the default)
+and retrieving them by score (``"retrieve"``)::
+
+    python bench/bench_e2e.py --table1 --sliding-window 1024 --budget 1024 --context 4000
 """
 from __future__ import annotations
 
@@ -57,21 +63,43 @@ def e2e(args) -> None:
                baseline_timing=base.get(row["batch"]), extra=json.dumps(extra, default=str), device=dev)
 
 
-def table1_caches(ctx: int, budget: int, new_tokens: int, sink: int = 16) -> dict:
+def table1_caches(ctx: int, budget: int, new_tokens: int, sink: int = 16, windowed: bool = False) -> dict:
     """Table 1's rows: name -> ``magicdec`` options of a draft cache of ``budget`` tokens (StreamingLLM,
-    retrieval by score only, retrieval with the default recent window) and the full cache."""
-    return {
-        f"StreamingLLM ({sink} sink + {budget - sink} recent)": {"sink": sink, "window": budget - sink},
+    retrieval by score only, retrieval with the default recent window) and the full cache. ``windowed``:
+    each retrieval row with ``sliding_layers`` ``"window"`` and ``"retrieve"``."""
+    retrieval = {
         f"retrieval ({budget} tokens, chunks of 8, recent=0: chunks by score only)": {
             "draft_cache": "retrieval", "budget": budget, "chunk_size": 8, "recent": 0},
         f"retrieval ({budget} tokens, chunks of 8, default recent: {min(256, budget // 2)} recent tokens)": {
             "draft_cache": "retrieval", "budget": budget, "chunk_size": 8},
-        "full cache": {"sink": sink, "window": ctx + new_tokens + 8},
     }
+    if windowed:
+        retrieval = {f"{name}, sliding_layers={mode}": {**opts, "sliding_layers": mode}
+                     for name, opts in retrieval.items() for mode in ("retrieve", "window")}
+    return {
+        f"StreamingLLM ({sink} sink + {budget - sink} recent)": {"sink": sink, "window": budget - sink},
+        **retrieval,
+        "full cache" + (" (a StreamingLLM cache holding every token: it attends to all, no window)"
+                        if windowed else ""): {"sink": sink, "window": ctx + new_tokens + 8},
+    }
+
+
+def with_sliding_window(model, window: int):
+    """``model`` (a Llama-family model) made a Mistral-architecture model with a ``window``-position sliding window
+    on every layer, in place (the same weights; other outputs)."""
+    model.config = model.config.replace(model_type="mistral", extra={**model.config.extra, "sliding_window": window})
+    if model.config.layer_windows != (window,) * model.config.num_hidden_layers:
+        raise ValueError(f"--sliding-window: {window} must be below the context "
+                         f"({model.config.max_position_embeddings})")
+    for layer in model.model.layers:
+        layer.self_attn.window = window  # (the cache-free forward's; the caches read the config)
+    return model
 
 
 def table1(args) -> None:
     model, tok = load_model("smollm2", args.dtype)
+    if args.sliding_window:
+        with_sliding_window(model, args.sliding_window)
     ctx, budget, B = args.context, args.budget, args.table1_batch
     sink = 16
     kinds = {
@@ -79,10 +107,12 @@ def table1(args) -> None:
         "needle (pass key)": [torch.tensor(passkey_prompt(tok, ctx - 5 * b, depth=0.2 + 0.2 * b, offset=5000 * b)[0])
                               for b in range(B)],
     }
-    caches = table1_caches(ctx, budget, args.max_new_tokens, sink)
+    caches = table1_caches(ctx, budget, args.max_new_tokens, sink, bool(args.sliding_window))
     print(f"\nacceptance of the target drafting with a partial cache, verified by the target on its full cache "
           f"(gamma=1, temperature {args.temperature} top-p 0.9, {B} prompts of ~{ctx} tokens, "
-          f"{args.max_new_tokens} new tokens each)\n")
+          f"{args.max_new_tokens} new tokens each"
+          + (f"; every layer a {args.sliding_window}-position sliding window" if args.sliding_window else "")
+          + ")\n")
     print(f"| cache | {' | '.join(kinds)} |\n|---|" + "---|" * len(kinds))
     for name, opts in caches.items():
         cells = []
@@ -119,6 +149,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: batch 1, 1024 tokens of context, 16 new tokens")
     ap.add_argument("--budget", type=int, default=256, help="--table1: cache budget (tokens)")
     ap.add_argument("--table1-batch", type=int, default=4)
+    ap.add_argument("--sliding-window", type=int, default=0,
+                    help="--table1: give every layer of the model this sliding window (a Mistral-architecture "
+                         "model; 0: none)")
     args = ap.parse_args()
     if args.quick:
         args.context, args.batch, args.max_new_tokens = 1024, [1], 16

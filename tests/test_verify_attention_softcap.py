@@ -132,3 +132,27 @@ def test_softcap_op_is_elementwise_and_accurate():
             torch.set_num_threads(threads)
     special = op(torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0]), 30.0)
     assert special[:2].tolist() == [30.0, -30.0] and math.isnan(special[2]) and special[3:].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.skipif(not tk.backend_status("cpu", "cpu")[0], reason="needs the C++ extension")
+@settings(deadline=None)
+@given(cap=st.floats(2.0 ** -10, 2.0 ** 14, width=32),
+       xs=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=70),
+       lo=st.integers(0, 20))
+def test_softcap_op_any_value_any_place(cap, xs, lo):
+    """``triforce_C::softcap`` for any finite float32 x and cap: within 4 ulp of cap * tanh(x / cap) in float64
+    where x / cap is a normal float or 0 (a subnormal quotient has lost bits before any tanh), and each element
+    the bits it has alone, at any offset in a row of any length."""
+    from triforce.models.llama import _rowwise_available
+
+    assert _rowwise_available()
+    op = torch.ops.triforce_C.softcap
+    x = torch.tensor(xs, dtype=torch.float32)
+    row = torch.cat([torch.full((lo,), 7.0), x])
+    got = op(row, cap)[lo:]
+    for i in range(len(xs)):
+        assert torch.equal(op(x[i:i + 1].clone(), cap), got[i:i + 1])
+    q = x.double() / float(cap)
+    normal = (q.abs() >= 2.0 ** -126) | (x == 0)
+    want = torch.tanh(q) * float(cap)
+    assert not normal.any() or _ulps(got[normal], want[normal]).max() <= 4

@@ -129,11 +129,12 @@ BENCH_METHODS = (*METHODS, "speculative:lookup")  # bench's methods: each method
 
 
 _TYPES = {"sink": _int(0), "recent": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str,
-          "lookup_length": str}
+          "lookup_length": str, "sliding_layers": str}
 OPTION_FLAGS = {name: (_TYPES.get(name, _int(1)), _option_help(name)) for name in OPTIONS}  # flag -> (type, help)
-_CHOICES = {"draft_cache": ("streaming", "retrieval"), "lookup_length": LOOKUP_LENGTHS}
+_CHOICES = {"draft_cache": ("streaming", "retrieval"), "lookup_length": LOOKUP_LENGTHS,
+            "sliding_layers": ("window", "retrieve")}
 _METAVARS = {"tree": "SHAPE", "tree_nodes": "WIDTHS", "draft_cache": "{streaming,retrieval}",
-             "lookup_length": "{" + ",".join(LOOKUP_LENGTHS) + "}"}
+             "lookup_length": "{" + ",".join(LOOKUP_LENGTHS) + "}", "sliding_layers": "{window,retrieve}"}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -68,8 +68,8 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         method_options: the method's options; every option, its default and its meaning are in the
             table :data:`triforce.engines.methods.OPTIONS` (``gamma``, ``gamma1``/``gamma2``, ``budget``,
             ``chunk_size``, ``rebuild_stride``, ``sink``/``window``, ``tree``, ``draft_layers``,
-            ``draft_cache``, ``ngram``, ``lookup_length``); :data:`~triforce.engines.methods.METHODS` says which
-            method takes which.
+            ``draft_cache``, ``ngram``, ``lookup_length``, ``sliding_layers``);
+            :data:`~triforce.engines.methods.METHODS` says which method takes which.
             ``None`` means the default. A bad value raises ``ValueError`` naming the option.
 
     Returns:

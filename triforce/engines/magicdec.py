@@ -21,7 +21,7 @@ from .steps import CHAIN_HIST, chain_step, recent_chunks, retrieval_budget
 
 
 def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: str, budget: int | None,
-        chunk_size: int, rebuild_stride: int, recent: int) -> tuple:
+        chunk_size: int, rebuild_stride: int, recent: int, sliding_layers: str) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     d.setup(width=gamma + 1)
@@ -50,7 +50,8 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
             rcache = RetrievalCache(target.config, cache, budget, chunk_size,
                                     max_step=gamma,  # appended between syncs: the pending token and gamma - 1 drafts
                                     rebuild_stride=rebuild_stride,
-                                    recent_chunks=recent_chunks(recent, budget, chunk_size))
+                                    recent_chunks=recent_chunks(recent, budget, chunk_size),
+                                    exact_windows=sliding_layers == "window")
             drafter = RetrievalDrafter(draft if draft is not None else target, rcache, d.sampling)
             drafter.prefill(d.prompts, first)
     d.track(drafter, drafter.cache)

@@ -80,6 +80,12 @@ OPTIONS: dict[str, Option] = {
                             "'match', as many as the row's last tokens matched where they were found (the "
                             "longest match of the latest occurrences), up to gamma (gamma1); 'gamma', up to "
                             "gamma (gamma1) after the latest occurrence, whatever the match"),
+    "sliding_layers": Option("window", _choice("window", "retrieve"),
+                             "retrieval cache, on a model with sliding-window layers: 'window', such a layer "
+                             "holds the most recent chunks and attends within its window (exactly what the "
+                             "model sees where the budget is at least the window); 'retrieve', it retrieves "
+                             "chunks by score like the other layers (triforce, magicdec with "
+                             "draft_cache='retrieval')"),
     "draft_cache": Option("streaming", _choice("streaming", "retrieval"),
                           "magicdec: the draft's cache, 'streaming' or 'retrieval' (a draft model on the "
                           "retrieval cache reads the target's keys and values: a copy of the target, e.g. "
@@ -105,12 +111,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "a draft model on its own full cache (or prompt lookup: draft='lookup') proposes gamma tokens, the "
            "target verifies them"),
     Method("magicdec", magicdec.run, ("gamma", "sink", "window", "draft_cache", "budget", "chunk_size",
-                                    "rebuild_stride", "recent"),
+                                    "rebuild_stride", "recent", "sliding_layers"),
            "the target on a StreamingLLM (or retrieval) cache drafts for the full-cache target",
            overrides=(("budget", None),)),
     Method("triforce", triforce.run, ("gamma1", "gamma2", "budget", "chunk_size", "rebuild_stride", "sink",
                                     "window", "draft_layers", "recent", "draft_vocab", "ngram",
-                                    "lookup_length"),
+                                    "lookup_length", "sliding_layers"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
     Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes", "draft_vocab"),
            "a static token tree drafted by the self-draft, verified in one tree-masked pass"),

@@ -103,7 +103,7 @@ def triforce_step(d: Decode, middle: RetrievalLevel, cache, active, gamma2: int)
 
 def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: int, rebuild_stride: int,
         sink: int, window: int, draft_layers: int | None, recent: int, draft_vocab: int | None, ngram: int,
-        lookup_length: str) -> tuple:
+        lookup_length: str, sliding_layers: str) -> tuple:
     from triforce.models.cache import RetrievalCache, StreamingCache
 
     target = d.target
@@ -140,7 +140,8 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
             # back after the pass).
             rcache = RetrievalCache(target.config, cache, budget, chunk_size,
                                     max_step=cap + (gamma1 + 1) * (1 + extra), rebuild_stride=rebuild_stride,
-                                    recent_chunks=recent_chunks(recent, budget, chunk_size))
+                                    recent_chunks=recent_chunks(recent, budget, chunk_size),
+                                    exact_windows=sliding_layers == "window")
     if budget is None:  # no retrieval cache can exist: the bottom level drafts straight for the full level
         d.notes.append(f"triforce: the shortest prompt has fewer than 3 chunks of {chunk_size} tokens, too short "
                        f"for a retrieval cache: the draft proposed {gamma1} tokens straight to the full level")

@@ -202,10 +202,11 @@ class _KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
         self._batch_index = torch.arange(batch_size, device=self.device)[:, None]
         self._bound = 0  # host-side upper bound of max(lengths)
-        # Each layer's sliding window for verify_attention (0: none). Only a cache whose slots are the
-        # sequence's positions applies the model's (FullCache); a draft's caches (StreamingLLM, retrieval)
-        # attend to every token they hold: what they draft is verified on the full cache, which hides what
-        # the model hides.
+        # Each layer's sliding window for verify_attention (0: none), over the ranks of the keys a query sees.
+        # A cache whose ranks are in position order applies the model's: the full cache, and a retrieval
+        # cache's windowed layers, which hold the most recent positions (RetrievalCache, exact_windows). A
+        # StreamingLLM cache attends to every token it holds: what it drafts is verified on the full cache,
+        # which hides what the model hides.
         self.windows = (0,) * self.num_layers
         self.scale = config.attention_scale  # the attention scores' scale
         self.softcap = config.attn_softcap or 0.0  # Gemma 2's cap on them (0: none)
@@ -848,6 +849,14 @@ class RetrievalCache(_KVCache):
 
     ``lengths`` counts slots (budget + tail tokens). ``tail = rebuild_stride + chunk_size + max_step``.
 
+    A sliding-window layer of the model (``config.layer_windows``) sees only the last ``W`` positions, so
+    chunks retrieved from further back would show its draft keys the model hides. With ``exact_windows``
+    (the default) such a layer's slots ``[0, budget)`` hold instead the last ``budget // chunk_size``
+    complete chunks, so that with the tail the cache holds a contiguous run of the sequence's most recent
+    positions, and its attention applies the layer's window (the last ``W`` of those, in rank order: in
+    position order here). Where ``budget >= W - 1`` that is every key the layer sees: the layer is exact
+    at this level. Layers without a window retrieve as above.
+
     Args:
         config: the model's config.
         full_cache: a prefilled :class:`FullCache` built with ``chunk_size``.
@@ -860,11 +869,13 @@ class RetrievalCache(_KVCache):
         min_acceptance: rebuild when the mean of the last ``acceptance_window`` rates given to
             ``record_acceptance`` drops below this (0 disables).
         acceptance_window: how many recorded rates the rolling mean covers.
+        exact_windows: sliding-window layers hold the most recent chunks and attend within their window
+            (above); ``False``: they retrieve chunks like any layer and attend to all they hold.
     """
 
     def __init__(self, config: LlamaConfig, full_cache: FullCache, budget: int, chunk_size: int, max_step: int,
                  sink_chunks: int = 1, recent_chunks: int | None = None, rebuild_stride: int = 256,
-                 min_acceptance: float = 0.5, acceptance_window: int = 8):
+                 min_acceptance: float = 0.5, acceptance_window: int = 8, exact_windows: bool = True):
         if not isinstance(full_cache, FullCache):
             raise TypeError(f"full_cache must be a FullCache, got {type(full_cache).__name__}")
         if full_cache.chunk_size is None or full_cache.chunk_size != chunk_size:
@@ -893,6 +904,10 @@ class RetrievalCache(_KVCache):
         self.budget, self.chunk_size, self.max_step = budget, chunk_size, max_step
         self.budget_chunks, self.sink_chunks, self.recent_chunks = budget_chunks, sink_chunks, recent_chunks
         self.rebuild_stride, self.min_acceptance = rebuild_stride, float(min_acceptance)
+        if not isinstance(exact_windows, bool):
+            raise TypeError(f"exact_windows must be a bool, got {exact_windows!r}")
+        if exact_windows:  # the windowed layers hold a contiguous run of positions (rebuild): the window applies
+            self.windows = config.layer_windows
         self.base_pos = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)
         self.synced = torch.zeros(self.batch_size, dtype=torch.int64, device=self.device)
         self.chunk_idx = [None] * self.num_layers
@@ -925,7 +940,16 @@ class RetrievalCache(_KVCache):
         if lo < self.budget_chunks:
             raise ValueError(f"budget {self.budget} exceeds a sequence's complete chunks ({lo} x {self.chunk_size} "
                              f"tokens): lower the budget to at most the shortest prompt")
+        recent = None
         for layer in range(self.num_layers):
+            if self.windows[layer]:  # the last budget_chunks complete chunks (every row has that many)
+                if recent is None:
+                    first = num_chunks[:, None, None] - self.budget_chunks
+                    recent = (first + torch.arange(self.budget_chunks, device=self.device, dtype=torch.int32)).expand(
+                        self.batch_size, self.config.num_key_value_heads, self.budget_chunks).contiguous()
+                tk.gather_chunks(full.k[layer], full.v[layer], recent, self.chunk_size, self.k[layer], self.v[layer])
+                self.chunk_idx[layer] = recent
+                continue
             self.chunk_idx[layer] = tk.build_retrieval_cache(
                 full.last_query[layer], full.k[layer], full.v[layer], full.chunk_keys[layer], num_chunks,
                 self.chunk_size, self.budget_chunks, self.k[layer], self.v[layer],  # writes slots [0, budget)
