@@ -277,3 +277,77 @@ def test_the_config_google_ships_loads():
     assert (c.attention_scale, c.local_rope_theta, c.rope_theta, c.rope_scaling) == (1 / 16, 10000.0, 1e6, None)
     assert transformers.Gemma3TextConfig.from_dict(c.to_dict()).layer_types == \
         transformers.Gemma3TextConfig.from_dict(d).layer_types
+
+
+def hf_gemma3_image_text():
+    """A tiny Gemma3ForConditionalGeneration (an image + text checkpoint: gemma-3-4b / 12b / 27b), its language
+    model ``GEMMA3``'s."""
+    torch.manual_seed(0)
+    config = transformers.Gemma3Config(
+        text_config={**GEMMA3, "attn_implementation": "eager"}, mm_tokens_per_image=4, image_token_index=95,
+        boi_token_index=93, eoi_token_index=94, attn_implementation="eager",
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14))
+    return randomize_(transformers.Gemma3ForConditionalGeneration(config).eval())
+
+
+def test_the_image_text_checkpoint_loads_its_language_model(tmp_path):
+    """A Gemma3ForConditionalGeneration directory (``model_type="gemma3"``, the language model's keys in
+    ``text_config``, its weights under ``language_model.model.*``) loads as its language model, with
+    transformers' logits for text; the image side is not read. The names transformers 5 gives the weights in
+    memory (``model.language_model.*``) load the same model; keys of neither side raise."""
+    from safetensors.torch import load_file, save_file
+
+    hf = hf_gemma3_image_text()
+    hf.save_pretrained(tmp_path / "hf")
+    saved = load_file(tmp_path / "hf" / "model.safetensors")
+    assert any(k.startswith("language_model.model.") for k in saved) and any("vision_tower" in k for k in saved)
+    ours = Llama.from_pretrained(tmp_path / "hf")
+    assert ours.config.model_type == "gemma3_text" and ours.config.layer_windows == (6, 6, 0, 6)
+    ids = torch.randint(0, 93, (2, 30), generator=torch.Generator().manual_seed(2))  # text tokens only
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+    v5 = tmp_path / "v5"
+    v5.mkdir()
+    (v5 / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    v5_names = {k: k.replace("language_model.model.", "model.language_model.", 1) if k.startswith("language_model.")
+                else "model." + k for k in saved}
+    assert all(v.startswith(("model.language_model.", "model.vision_tower.", "model.multi_modal_projector."))
+               for v in v5_names.values())
+    save_file({**{v5_names[k]: v for k, v in saved.items()},
+               "lm_head.weight": saved["language_model.model.embed_tokens.weight"].clone()}, v5 / "model.safetensors")
+    with torch.no_grad():
+        assert torch.equal(Llama.from_pretrained(v5)(ids), ours(ids))
+    save_file({**saved, "language_model.model.extra.weight": torch.zeros(2)}, v5 / "model.safetensors")
+    with pytest.raises(ValueError, match=r"unexpected \['model.extra.weight'\]"):
+        Llama.from_pretrained(v5)
+
+
+def test_the_image_text_config_google_ships_loads():
+    """A config.json shaped as Google's gemma-3-4b-it (transformers 4.50's spelling): the language model's few
+    keys in ``text_config``, the rest Gemma3TextConfig's defaults, the wrapper's EOS ids; bad wrappers raise."""
+    d = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+         "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+         "model_type": "gemma3", "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                                                 "model_type": "gemma3_text", "num_hidden_layers": 34,
+                                                 "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                                                 "sliding_window": 1024},
+         "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+         "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                           "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                           "patch_size": 14, "vision_use_head": False}}
+    c = LlamaConfig.from_dict(d)
+    want = transformers.Gemma3Config.from_dict(d).text_config
+    assert c.model_type == "gemma3_text" and c.eos_token_id == [1, 106]
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings"):
+        assert getattr(c, name) == getattr(want, name), name
+    assert c.layer_windows == tuple(0 if t == "full_attention" else 1024 for t in want.layer_types)
+    assert (c.attention_scale, c.local_rope_theta, c.rope_theta, c.rope_scaling["factor"]) == (1 / 16, 1e4, 1e6, 8.0)
+    for bad, match in (({"hidden_size": 8}, "'hidden_size' of model_type 'gemma3'"),
+                       ({"text_config": {"model_type": "gemma2"}}, "text_config's model_type must be 'gemma3_text'"),
+                       ({"tie_word_embeddings": False}, "tie_word_embeddings = False disagrees"),
+                       ({"text_config": [1]}, "text_config must be a JSON object")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**d, **bad})

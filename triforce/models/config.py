@@ -100,6 +100,14 @@ FAMILIES["gemma2"] = Family(
         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0})
 _GEMMA2_PATTERN = 2
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
+# Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
+# text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads).
+# Its language model is what loads (LlamaConfig.from_dict; loading.py renames its weights).
+WRAPPERS = {
+    "gemma3": ("gemma3_text", frozenset({  # Gemma3ForConditionalGeneration: gemma-3-4b / 12b / 27b
+        "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
+        "boi_token_id", "eoi_token_id", "image_token_id", "initializer_range"})),
+}
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
 # reads them), transformers runtime switches, and the generation defaults transformers 4.x wrote into
@@ -464,6 +472,8 @@ class LlamaConfig:
             raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
         d = dict(d)
         model_type = d.setdefault("model_type", "llama")  # a config without one: Llama's, as ever
+        if model_type in WRAPPERS:
+            return cls._from_wrapper(d)
         if model_type not in FAMILIES:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
@@ -475,6 +485,35 @@ class LlamaConfig:
         known = {k: v for k, v in d.items() if k in names}
         extra = {k: v for k, v in d.items() if k not in names}
         return cls(**known, extra=extra)
+
+    @classmethod
+    def _from_wrapper(cls, d: dict) -> "LlamaConfig":
+        """An image + text wrapper's config (``WRAPPERS``): its ``text_config``, read as any config, with the
+        wrapper's token ids where it has none. The wrapper's other keys must be its image side's, metadata, or
+        a ``tie_word_embeddings`` that agrees with the text model's."""
+        kind = d["model_type"]
+        text_type, own = WRAPPERS[kind]
+        text = d.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise ValueError(f"config model_type {kind!r}: text_config must be a JSON object, got {text!r}")
+        text = dict(text)
+        if text.setdefault("model_type", text_type) != text_type:
+            raise ValueError(f"config model_type {kind!r}: its text_config's model_type must be {text_type!r}, "
+                             f"got {text['model_type']!r}")
+        for key, value in d.items():
+            if key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                text.setdefault(key, value)
+            elif key not in own and key not in _METADATA_KEYS and key not in (
+                    "model_type", "text_config", "tie_word_embeddings"):
+                raise ValueError(f"config key {key!r} of model_type {kind!r} (an image + text model whose "
+                                 f"{text_type!r} language model triforce.models.Llama reads) is not understood: "
+                                 f"its language model's keys belong in text_config")
+        config = cls.from_dict(text)
+        tie = d.get("tie_word_embeddings")
+        if tie is not None and tie != config.tie_word_embeddings:
+            raise ValueError(f"config model_type {kind!r}: tie_word_embeddings = {tie!r} disagrees with its "
+                             f"text_config's ({config.tie_word_embeddings})")
+        return config
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "LlamaConfig":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .config import LlamaConfig
+from .config import WRAPPERS, LlamaConfig
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -230,12 +230,14 @@ def _read_hf_dir(directory: Path):
     if not cfg.exists():
         raise FileNotFoundError(f"{str(directory)!r} has no config.json (not a Hugging Face model directory)")
     try:
-        config = LlamaConfig.from_json_file(cfg)
-    except (json.JSONDecodeError, TypeError) as e:
+        raw = json.loads(cfg.read_text())
+        config = LlamaConfig.from_dict(raw)
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
+    rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
     sd, origin = {}, {}
     for f in _weight_files(directory):
-        part = _read_weights(f)
+        part = _read_weights(f, rename)
         for k in part:
             if k in origin:
                 raise ValueError(f"weight {k} is in both {origin[k].name!r} and {f.name!r} in {str(directory)!r}: "
@@ -289,16 +291,39 @@ def _index_shards(directory: Path, index: Path) -> list:
     return files
 
 
-def _read_weights(f: Path) -> dict:
+# An image + text wrapper's (config.WRAPPERS) language model under the names of the text model: transformers
+# 4.x's and Google's layout (language_model.model.*, language_model.lm_head.*), transformers 5's in memory
+# (model.language_model.*); its image side is not read.
+_LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                            ("model.language_model.", "model."))
+_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _language_model_name(name: str) -> str | None:
+    """A wrapper checkpoint's weight ``name`` as its language model names it; ``None`` for the image side's."""
+    if name.startswith(_IMAGE_PREFIXES):
+        return None
+    for old, new in _LANGUAGE_MODEL_PREFIXES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name  # (lm_head.weight of transformers 5; anything else is reported as unexpected)
+
+
+def _read_weights(f: Path, rename=None) -> dict:
     """The tensors of one weight file: safetensors, or a PyTorch checkpoint read with ``weights_only=True``
     (tensors and plain containers only: a pickle that would build any other object, and so could run code,
-    raises instead), memory-mapped where its format allows."""
+    raises instead), memory-mapped where its format allows. ``rename``: name -> the name to keep it under, or
+    ``None`` to leave it out (a safetensors file's are then never read)."""
     if f.suffix == ".safetensors":
-        from safetensors import SafetensorError
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
 
         try:
-            return load_file(f)
+            if rename is None:
+                return load_file(f)
+            with safe_open(f, "pt") as file:
+                return {new: file.get_tensor(name) for name in file.keys()
+                        if (new := rename(name)) is not None}
         except (SafetensorError, OSError, ValueError) as e:
             raise ValueError(f"cannot read {str(f)!r} (corrupt or not safetensors): {e}") from None
     try:
@@ -313,6 +338,8 @@ def _read_weights(f: Path) -> dict:
                          f"objects other than tensors): {type(e).__name__}: {e}") from None
     if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
         raise ValueError(f"{str(f)!r} is not a state dict (a dict of weight name -> tensor)")
+    if rename is not None:
+        sd = {new: v for k, v in sd.items() if (new := rename(k)) is not None}
     return sd
 
 
