@@ -164,19 +164,22 @@ def _verify_attention_split_kernel(
         end = tl.minimum(start + PS, Pf)
         seen_bad = tl.zeros((BLOCK_R,), tl.int32)
         # Tiles below every row's window hold nothing for the block (each would be an exact no-op): skipped.
-        for n0 in range(tl.maximum(start, lo_min // BLOCK_N * BLOCK_N), end, BLOCK_N):
+        # The tiles where a row's window starts (n0 < lo_max: a few) are masked as in the tail, in a loop of
+        # their own, so that the loop over the whole tiles after them has no branch (a branch in it keeps
+        # Triton from pipelining its loads: one stage of shared memory instead of three, measured with
+        # compile-check on sm_90a).
+        first = tl.maximum(start, lo_min // BLOCK_N * BLOCK_N)
+        whole = tl.maximum(start, tl.cdiv(lo_max, BLOCK_N) * BLOCK_N)
+        if HAS_WINDOW:
+            for n0 in range(first, tl.minimum(whole, end), BLOCK_N):
+                pos = n0 + tl.arange(0, BLOCK_N)
+                m_i, l_i, acc, seen_bad = _tail_tile_update(
+                    q, k_base, v_base, pos, pos < end, pos >= 0, row_ok[:, None] & (pos[None, :] >= lo[:, None]),
+                    offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT, SOFTCAP)
+        for n0 in range(whole, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
-            if HAS_WINDOW:
-                if n0 < lo_max:  # a row's window starts at or after this tile: masked as in the tail
-                    m_i, l_i, acc, seen_bad = _tail_tile_update(
-                        q, k_base, v_base, pos, pos < end, pos >= 0, row_ok[:, None] & (pos[None, :] >= lo[:, None]),
-                        offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT, SOFTCAP)
-                else:
-                    m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn,
-                                                 stride_vn, m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
-            else:
-                m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn,
-                                             m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
+            m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn,
+                                         m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
         if HAS_WINDOW:
             acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
         idx = state + part * R
