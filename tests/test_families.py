@@ -1,5 +1,6 @@
 """Model families on one model: Llama-3 (llama3 RoPE, untied head, biases), Qwen2/2.5 (q/k/v biases),
-Qwen3 (q/k RMSNorm, explicit head_dim), Mistral and Gemma (GeGLU, RMSNorm's 1 + w, scaled embeddings), from
+Qwen3 (q/k RMSNorm, explicit head_dim), Mistral, Gemma (GeGLU, RMSNorm's 1 + w, scaled embeddings) and Phi-3
+(fused projections in the checkpoint, a sliding window), from
 Hugging Face directories saved by transformers
 itself and from GGUF files (K-quants, llama.cpp's q/k layout per architecture, Llama-3.1 rope_freqs),
 with logits equal to transformers' on the same weights; the qwen2 and llama-bpe GGUF pre-tokenizers
@@ -36,6 +37,11 @@ FAMILIES = {  # name -> (transformers config class, model class, config kwargs)
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=32)),
     "gemma-untied-bias": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16, tie_word_embeddings=False,
                                                                   attention_bias=True)),
+    # Phi-3 / Phi-4: fused qkv_proj and gate_up_proj in the checkpoint; Phi-3-mini's sliding window, tied as
+    # Phi-4-mini
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, eos_token_id=2)),
+    "phi3-window-tied": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, eos_token_id=2, sliding_window=7,
+                                                               tie_word_embeddings=True)),
 }
 
 
@@ -124,7 +130,32 @@ def test_gemma_cached_forward_compiles(dtype):
     assert torch.equal(compiled, eager)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3-bias", "llama3-untied-biases", "gemma-untied-bias"])
+def test_phi3_config():
+    """Phi-3's window on every layer, its checkpoint's fused projections split; LongRoPE (any rope_scaling: its
+    "su" and "yarn" are LongRoPE to transformers' Phi-3), a partial rotary factor (Phi-4-mini's), a dropout
+    and fused weights of the wrong size raise, naming what."""
+    base = hf_model("phi3-window-tied").config.to_dict()
+    assert LlamaConfig.from_dict(base).layer_windows == (7, 7)
+    longrope = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    for bad, match in (({"rope_scaling": {"type": "longrope", **longrope}}, "LongRoPE"),
+                       ({"rope_scaling": {"type": "su", **longrope}}, "LongRoPE"),
+                       ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "LongRoPE"),
+                       ({"rope_parameters": {**base["rope_parameters"], "partial_rotary_factor": 0.75}},
+                        "partial_rotary_factor"),
+                       ({"resid_pdrop": 0.1}, "'resid_pdrop'"), ({"embd_pdrop": 0.1}, "'embd_pdrop'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**base, **bad})
+    with pytest.raises(ValueError, match="'resid_pdrop'"):  # Phi-3's key only
+        LlamaConfig.from_dict({**base, "model_type": "llama", "sliding_window": None})
+    from triforce.models.loading import _split_projections
+
+    c = LlamaConfig.from_dict(base)
+    with pytest.raises(ValueError, match=r"qkv_proj.weight has shape \[64, 64\]: the config implies 128 rows"):
+        _split_projections(c, {"model.layers.0.self_attn.qkv_proj.weight": torch.zeros(64, 64)})
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3-bias", "llama3-untied-biases", "gemma-untied-bias",
+                                    "phi3-window-tied"])
 def test_cache_paths_equal_plain_forward(family):
     """Prefill in chunks, a verify step, decode, and a tree over the cached prefix: the biases and the q/k
     norms take the same path in every forward."""

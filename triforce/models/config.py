@@ -59,6 +59,9 @@ class Family:
     sandwich_norms: bool = False  # Gemma 3: h + norm(attn(norm(h))), then h + norm(mlp(norm(h)))
     reads: tuple = ()  # of "attention_bias", "mlp_bias": the family's config has the key
     defaults: dict = field(default_factory=dict)
+    # Phi-3: its checkpoints hold q, k, v as one qkv_proj and the gate and up projections as one gate_up_proj
+    # (loading.py splits them on reading and joins them on saving; the model is Llama's)
+    fused_projections: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -99,6 +102,14 @@ FAMILIES["gemma2"] = Family(
         "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096, "query_pre_attn_scalar": 256,
         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0})
 _GEMMA2_PATTERN = 2
+# Phi-3 / Phi-4 (Phi3ForCausalLM: Phi-3-mini / medium, Phi-4 14B): Llama's layer with fused q/k/v and gate/up
+# projections in its checkpoints, no biases, a sliding window on every layer where the config sets one (Phi-3
+# mini 4k: 2047), the RoPE on the whole head (Phi-4-mini's partial_rotary_factor 0.75 raises) and no LongRoPE
+# (rope_scaling must be null: Phi-3 128k / Phi-3.5's "longrope" raises).
+FAMILIES["phi3"] = Family("Phi3ForCausalLM", fused_projections=True, defaults={
+    "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+    "eos_token_id": 32000, "pad_token_id": 32000})
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
 # text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads).
@@ -132,7 +143,7 @@ _METADATA_KEYS = frozenset({
 })
 
 
-_WINDOWS = ("a sliding window as transformers reads it (Mistral: every layer; Qwen2/3: with use_sliding_window, "
+_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on), a positive "
             "int or null; other families: none, or one at least max_position_embeddings long")
 
@@ -159,6 +170,9 @@ _HARMLESS_ONLY_AT = {
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
+    # Phi-3's other dropouts (training only, as that one)
+    **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
+       for key in ("resid_pdrop", "embd_pdrop")},
     "partial_rotary_factor": (lambda v, c: v in (1, None), "1.0 (RoPE on the whole head)"),
     # sliding windows: LlamaConfig.layer_windows (_layer_windows)
     **{key: (lambda v, c, key=key: _layer_windows(c)[1] != key, _WINDOWS)
@@ -234,7 +248,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"):
+    if c.model_type not in ("mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -478,6 +492,13 @@ class LlamaConfig:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
         _split_layer_rope(d)
+        if model_type == "phi3":  # transformers' Phi3Config reads every scaling type ("su", "yarn") as LongRoPE
+            rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+            kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+            if kind not in ("default", None):
+                raise ValueError(f"config key 'rope_scaling' = {rope!r} is not supported for model_type 'phi3': "
+                                 "transformers' Phi-3 reads it as LongRoPE (short / long factors chosen by the "
+                                 "sequence's length), which triforce.models.Llama does not implement")
         for k, v in FAMILIES[model_type].defaults.items():
             d.setdefault(k, v)
         d.update(_read_rope(d))

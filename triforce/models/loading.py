@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .config import WRAPPERS, LlamaConfig
+from .config import FAMILIES, WRAPPERS, LlamaConfig
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -247,6 +247,50 @@ def _read_hf_dir(directory: Path):
     return config, sd
 
 
+# Phi-3's fused projections (config.Family.fused_projections): rows [q; k; v] of qkv_proj, [gate; up] of gate_up_proj
+_FUSED = ((".self_attn.qkv_proj.weight", (".self_attn.q_proj.weight", ".self_attn.k_proj.weight",
+                                          ".self_attn.v_proj.weight")),
+          (".mlp.gate_up_proj.weight", (".mlp.gate_proj.weight", ".mlp.up_proj.weight")))
+
+
+def _fused_rows(config: LlamaConfig, fused: str) -> tuple:
+    D = config.head_dim
+    if fused == _FUSED[0][0]:
+        return (config.num_attention_heads * D, config.num_key_value_heads * D, config.num_key_value_heads * D)
+    return (config.intermediate_size,) * 2
+
+
+def _split_projections(config: LlamaConfig, sd: dict) -> dict:
+    """A Phi-3 checkpoint's fused projections as the separate ones of the model (each a row range, copied out:
+    the parts must not share the fused tensor's storage, which saving and ``assign`` loading dislike); the
+    names of separate ones pass as they are."""
+    out = {}
+    for name, t in sd.items():
+        for fused, parts in _FUSED:
+            if name.endswith(fused):
+                rows = _fused_rows(config, fused)
+                if t.dim() != 2 or t.shape[0] != sum(rows):
+                    raise ValueError(f"weight {name} has shape {list(t.shape)}: the config implies {sum(rows)} rows "
+                                     f"({' + '.join(map(str, rows))})")
+                stem = name[: -len(fused)]
+                out.update({stem + part: piece.clone() for part, piece in zip(parts, t.split(rows))})
+                break
+        else:
+            out[name] = t
+    return out
+
+
+def _join_projections(config: LlamaConfig, sd: dict) -> dict:
+    """The inverse of :func:`_split_projections`, for saving a Phi-3 model as its checkpoints hold it."""
+    out = dict(sd)
+    for name in list(sd):
+        for fused, parts in _FUSED:
+            if name.endswith(parts[0]):
+                stem = name[: -len(parts[0])]
+                out[stem + fused] = torch.cat([out.pop(stem + part) for part in parts])
+    return out
+
+
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
 _PT_SINGLE, _PT_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 
@@ -349,7 +393,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
     from .llama import Llama
 
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
-    sd = dict(sd)
+    sd = _split_projections(config, sd) if FAMILIES[config.model_type].fused_projections else dict(sd)
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
@@ -381,6 +425,9 @@ def _write_hf_dir(directory: Path, config: LlamaConfig, sd: dict) -> None:
     """config.json + model.safetensors (last: a cache entry with it is complete), see :func:`publish`;
     other files in ``directory`` (a tokenizer) stay."""
     from safetensors.torch import save_file
+
+    if FAMILIES[config.model_type].fused_projections:
+        sd = _join_projections(config, sd)
 
     def write(tmp: Path):
         tensors = {k: v.detach().contiguous().cpu() for k, v in sd.items()
