@@ -130,6 +130,27 @@ def test_gemma_cached_forward_compiles(dtype):
     assert torch.equal(compiled, eager)
 
 
+def test_the_phi3_config_microsoft_ships_loads():
+    """A config.json shaped as Phi-3-mini-4k-instruct's (transformers 4.40's spelling, with its ``auto_map`` naming
+    the code transformers took in as Phi3ForCausalLM): read as transformers reads it; an auto_map naming other
+    code still raises."""
+    d = {"architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+         "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                      "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+         "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+         "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+         "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+         "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+         "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True, "vocab_size": 32064}
+    c = LlamaConfig.from_dict(d)
+    want = transformers.Phi3Config.from_dict(d)
+    assert c.layer_windows == (2047,) * 32 == (want.sliding_window,) * want.num_hidden_layers
+    assert (c.head_dim, c.num_key_value_heads, c.rope_theta) == (96, 32, want.rope_parameters["rope_theta"])
+    with pytest.raises(ValueError, match="'auto_map'"):
+        LlamaConfig.from_dict({**d, "auto_map": {"AutoModelForCausalLM": "modeling_phi3.Phi3Custom"}})
+
+
 def test_phi3_config():
     """Phi-3's window on every layer, its checkpoint's fused projections split; LongRoPE (any rope_scaling: its
     "su" and "yarn" are LongRoPE to transformers' Phi-3), a partial rotary factor (Phi-4-mini's), a dropout

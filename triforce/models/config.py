@@ -183,7 +183,11 @@ _HARMLESS_ONLY_AT = {
     "add_cross_attention": (lambda v, c: not v, "false"),
     "quantization_config": (lambda v, c: v is None, "null (float weights; quantised HF checkpoints are not "
                                                     "read, GGUF files are)"),
-    "auto_map": (lambda v, c: not v, "absent (the checkpoint ships its own modeling code)"),
+    # Microsoft's Phi-3 configs name the modeling code that transformers took in as Phi3ForCausalLM: transformers
+    # reads them with its own (without trust_remote_code), as here
+    "auto_map": (lambda v, c: not v or (c.model_type == "phi3" and isinstance(v, dict) and set(v.values()) <= {
+        "configuration_phi3.Phi3Config", "modeling_phi3.Phi3ForCausalLM"}),
+        "absent (the checkpoint ships its own modeling code; Phi-3's naming Phi3Config / Phi3ForCausalLM only)"),
     # transformers reads it for llama3 and yarn RoPE only (from_dict moves it into rope_scaling then)
     "original_max_position_embeddings": (
         lambda v, c: c.rope_type not in ("llama3", "yarn")
