@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from triforce.models import FullCache, Llama, LlamaConfig, RetrievalCache
 from triforce.models.cache import TokenTree
@@ -155,3 +157,30 @@ def test_the_engines_draft_exactly_on_windowed_layers(method, opts):
         out = assert_greedy_equals_autoregressive(target, draft, method, {**opts, "sliding_layers": mode})
         rates[mode] = out.stats["acceptance"][level]
     assert rates["window"] == 1.0 and rates["retrieve"] < 0.9, rates
+
+
+@settings(deadline=None)
+@given(lens=st.lists(st.integers(16, 70), min_size=1, max_size=3), cs=st.sampled_from([1, 2, 4, 8]),
+       data=st.data())
+def test_a_windowed_layer_is_exact_wherever_the_budget_covers_its_window(lens, cs, data):
+    """Any lengths, chunk size, budget, window up to budget + 1, chain or tree of up to 6 tokens: a windowed
+    layer's attention through the retrieval cache equals the full cache's (a cache filled with random keys)."""
+    budget = cs * data.draw(st.integers(2, min(lens) // cs), label="budget chunks")
+    window = data.draw(st.integers(1, budget + 1), label="window")
+    T = data.draw(st.integers(1, 6), label="T")
+    tree = None
+    if data.draw(st.booleans(), label="tree"):
+        parents = [-1] + [data.draw(st.integers(0, t - 1)) for t in range(1, T)]
+        tree = TokenTree(torch.tensor([parents] * len(lens)))
+    config = LlamaConfig(model_type="mistral", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=1024, extra={"sliding_window": window})
+    full = FullCache(config, len(lens), max(lens) + 8, chunk_size=cs)
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    full.k[0].normal_(generator=g)
+    full.v[0].normal_(generator=g)
+    full.lengths.copy_(torch.tensor(lens, dtype=torch.int32))
+    full.tighten_bound(max(lens))
+    rc = RetrievalCache(config, full, budget=budget, chunk_size=cs, max_step=8)
+    ours, theirs = _attend_both(full, rc, 0, T, tree, 0)
+    assert (ours - theirs).abs().max().item() <= TOL

@@ -280,7 +280,7 @@ def _split_projections(config: LlamaConfig, sd: dict) -> dict:
     return out
 
 
-def _join_projections(config: LlamaConfig, sd: dict) -> dict:
+def _join_projections(sd: dict) -> dict:
     """The inverse of :func:`_split_projections`, for saving a Phi-3 model as its checkpoints hold it."""
     out = dict(sd)
     for name in list(sd):
@@ -427,7 +427,7 @@ def _write_hf_dir(directory: Path, config: LlamaConfig, sd: dict) -> None:
     from safetensors.torch import save_file
 
     if FAMILIES[config.model_type].fused_projections:
-        sd = _join_projections(config, sd)
+        sd = _join_projections(sd)
 
     def write(tmp: Path):
         tensors = {k: v.detach().contiguous().cpu() for k, v in sd.items()
