@@ -84,3 +84,22 @@ def test_greedy_equals_autoregressive_smollm2_cuda(smol_cuda, method, opts):
         assert out.stats["mean_accepted"] >= 1.0
     finally:
         model.to("cpu")
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
+    """Sliding windows (a tiny Mistral, window 8) and soft-capped scores and logits (a tiny Gemma 2, every other
+    layer windowed): the Triton kernels' window and cap paths through the model layer and every engine, greedy
+    tokens equal autoregressive decoding's on the GPU."""
+    if family == "mistral":
+        from tests.test_retrieval_windows import windowed as make
+    else:
+        from tests.test_gemma2 import tiny_gemma2 as make
+    prompts = ragged_prompts(DEV)
+    target, draft = make(0).to(DEV), make(1).to(DEV)
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=30,
+                            draft=draft if method in ("speculative", "triforce") else None, **opts)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
