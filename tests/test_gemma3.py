@@ -347,7 +347,9 @@ def test_the_image_text_config_google_ships_loads():
     assert (c.attention_scale, c.local_rope_theta, c.rope_theta, c.rope_scaling["factor"]) == (1 / 16, 1e4, 1e6, 8.0)
     for bad, match in (({"hidden_size": 8}, "'hidden_size' of model_type 'gemma3'"),
                        ({"text_config": {"model_type": "gemma2"}}, "text_config's model_type must be 'gemma3_text'"),
-                       ({"tie_word_embeddings": False}, "tie_word_embeddings = False disagrees"),
+                       ({"tie_word_embeddings": False}, "tie_word_embeddings = False .* disagrees"),
+                       ({"text_config": {**d["text_config"], "tie_word_embeddings": False}},  # the wrapper ties
+                        r"tie_word_embeddings = True .* disagrees with its text_config's \(False\)"),
                        ({"text_config": [1]}, "text_config must be a JSON object")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({**d, **bad})

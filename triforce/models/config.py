@@ -112,12 +112,13 @@ FAMILIES["phi3"] = Family("Phi3ForCausalLM", fused_projections=True, defaults={
     "eos_token_id": 32000, "pad_token_id": 32000})
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
-# text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads).
-# Its language model is what loads (LlamaConfig.from_dict; loading.py renames its weights).
+# text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads,
+# and the wrapper's tie_word_embeddings default: transformers 5 ties the head by the wrapper's key, whatever
+# the text_config says). Its language model is what loads (LlamaConfig.from_dict; loading.py renames its weights).
 WRAPPERS = {
     "gemma3": ("gemma3_text", frozenset({  # Gemma3ForConditionalGeneration: gemma-3-4b / 12b / 27b
         "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
-        "boi_token_id", "eoi_token_id", "image_token_id", "initializer_range"})),
+        "boi_token_id", "eoi_token_id", "image_token_id", "initializer_range"}), True),
 }
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
@@ -514,10 +515,10 @@ class LlamaConfig:
     @classmethod
     def _from_wrapper(cls, d: dict) -> "LlamaConfig":
         """An image + text wrapper's config (``WRAPPERS``): its ``text_config``, read as any config, with the
-        wrapper's token ids where it has none. The wrapper's other keys must be its image side's, metadata, or
-        a ``tie_word_embeddings`` that agrees with the text model's."""
+        wrapper's token ids where it has none. The wrapper's other keys must be its image side's or metadata,
+        and its ``tie_word_embeddings`` (given or its default) must agree with the text model's."""
         kind = d["model_type"]
-        text_type, own = WRAPPERS[kind]
+        text_type, own, tie_default = WRAPPERS[kind]
         text = d.get("text_config") or {}
         if not isinstance(text, dict):
             raise ValueError(f"config model_type {kind!r}: text_config must be a JSON object, got {text!r}")
@@ -534,10 +535,10 @@ class LlamaConfig:
                                  f"{text_type!r} language model triforce.models.Llama reads) is not understood: "
                                  f"its language model's keys belong in text_config")
         config = cls.from_dict(text)
-        tie = d.get("tie_word_embeddings")
-        if tie is not None and tie != config.tie_word_embeddings:
-            raise ValueError(f"config model_type {kind!r}: tie_word_embeddings = {tie!r} disagrees with its "
-                             f"text_config's ({config.tie_word_embeddings})")
+        tie = d.get("tie_word_embeddings", tie_default)
+        if tie != config.tie_word_embeddings:
+            raise ValueError(f"config model_type {kind!r}: tie_word_embeddings = {tie!r} (the wrapper's, which "
+                             f"transformers follows) disagrees with its text_config's ({config.tie_word_embeddings})")
         return config
 
     @classmethod
