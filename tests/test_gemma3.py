@@ -149,9 +149,9 @@ def test_streaming_cache_rotates_each_layer_with_its_rope():
 def test_pseudo_tokens_training_forward_equals_decoding(family):
     """The Hidden Transfer heads' training forward runs the upper layers as decoding runs them: Gemma 3's
     sandwich norms, RoPE per layer, windows and scale, and the q/k norms (Qwen3's too)."""
-    from triforce.engines.heads import _Tap
     from triforce.heads import make_heads
-    from triforce.heads.train import features
+
+    from .test_heads import assert_training_forward_equals_decoding
 
     m = tiny_gemma3(0) if family == "gemma3_text" else Llama(LlamaConfig(
         model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -166,18 +166,7 @@ def test_pseudo_tokens_training_forward_equals_decoding(family):
     with torch.no_grad():
         for p in h.parameters():
             p.add_(torch.randn_like(p) * 0.2)
-    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(3))
-    f = features(m, ids, h.layer, True, kv_dtype=torch.float32)
-    anchors = torch.tensor([0, 3, 10, 15])
-    with torch.no_grad():
-        trained = h.upper_forward(m, f.h[0], anchors, [k[0] for k in f.keys], [v[0] for v in f.values])
-    for j, t in enumerate(anchors.tolist()):
-        cache = FullCache(m.config, 1, 64)
-        if t:
-            m.prefill(ids[:, :t], cache)
-        with torch.no_grad():
-            z = m.forward_hidden(ids[:, t:t + 1], cache, torch.tensor([[-1]]), tap=_Tap(h, h.depth))
-        torch.testing.assert_close(z[0, 1:], trained[j], atol=1e-5, rtol=1e-5)
+    assert_training_forward_equals_decoding(m, h)
 
 
 def gguf_read_as_transformers_reads_it(tmp_path, model, meta: dict, architecture: str, settings: tuple):

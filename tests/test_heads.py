@@ -160,22 +160,29 @@ def test_greedy_equals_autoregressive_smollm2_shipped(smollm2, kind):
 
 
 # ---- training
-def test_pseudo_tokens_training_forward_equals_decoding():
-    m = tiny()
-    h = random_heads(m, "hidden_transfer", std=0.2)
+def assert_training_forward_equals_decoding(m, h):
+    """Hidden Transfer heads ``h`` on model ``m``: their training forward (``upper_forward`` over a text's
+    features) gives, at each anchor, the pseudo tokens' hidden states that decoding computes there (a prefill
+    to the anchor, then one step with the heads tapped)."""
+    from triforce.engines.heads import _Tap
+
     ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(3))
     f = features(m, ids, h.layer, True, kv_dtype=torch.float32)
     anchors = torch.tensor([0, 3, 10, 15])
     with torch.no_grad():
         trained = h.upper_forward(m, f.h[0], anchors, [k[0] for k in f.keys], [v[0] for v in f.values])
-    from triforce.engines.heads import _Tap
-
     for j, t in enumerate(anchors.tolist()):
         cache = FullCache(m.config, 1, 64)
         if t:
             m.prefill(ids[:, :t], cache)
-        z = m.forward_hidden(ids[:, t:t + 1], cache, torch.tensor([[-1]]), tap=_Tap(h, h.depth))
+        with torch.no_grad():
+            z = m.forward_hidden(ids[:, t:t + 1], cache, torch.tensor([[-1]]), tap=_Tap(h, h.depth))
         torch.testing.assert_close(z[0, 1:], trained[j], atol=1e-5, rtol=1e-5)
+
+
+def test_pseudo_tokens_training_forward_equals_decoding():
+    m = tiny()
+    assert_training_forward_equals_decoding(m, random_heads(m, "hidden_transfer", std=0.2))
 
 
 @pytest.mark.parametrize("kind", KINDS)
