@@ -236,8 +236,11 @@ def _read_hf_dir(directory: Path):
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
     rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
     sd, origin = {}, {}
+    split = FAMILIES[config.model_type].fused_projections
     for f in _weight_files(directory):
         part = _read_weights(f, rename)
+        if split:  # one file's at a time: its fused tensors freed as they are split
+            part = _split_projections(config, part)
         for k in part:
             if k in origin:
                 raise ValueError(f"weight {k} is in both {origin[k].name!r} and {f.name!r} in {str(directory)!r}: "
@@ -263,9 +266,11 @@ def _fused_rows(config: LlamaConfig, fused: str) -> tuple:
 def _split_projections(config: LlamaConfig, sd: dict) -> dict:
     """A Phi-3 checkpoint's fused projections as the separate ones of the model (each a row range, copied out:
     the parts must not share the fused tensor's storage, which saving and ``assign`` loading dislike); the
-    names of separate ones pass as they are."""
+    names of separate ones pass as they are. Consumes ``sd`` (each fused tensor is dropped from it once split,
+    so that a checkpoint read file by file never holds a fused tensor and its parts for long)."""
     out = {}
-    for name, t in sd.items():
+    for name in list(sd):
+        t = sd.pop(name)
         for fused, parts in _FUSED:
             if name.endswith(fused):
                 rows = _fused_rows(config, fused)
@@ -393,7 +398,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
     from .llama import Llama
 
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
-    sd = _split_projections(config, sd) if FAMILIES[config.model_type].fused_projections else dict(sd)
+    sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
