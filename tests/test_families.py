@@ -151,6 +151,17 @@ def test_the_phi3_config_microsoft_ships_loads():
         LlamaConfig.from_dict({**d, "auto_map": {"AutoModelForCausalLM": "modeling_phi3.Phi3Custom"}})
 
 
+def test_phi3_shards_split_file_by_file(tmp_path):
+    """A Phi-3 checkpoint in many shards (each fused tensor whole in one of them) loads with transformers'
+    logits: its fused projections are split as each file is read."""
+    hf = hf_model("phi3")
+    hf.save_pretrained(tmp_path, max_shard_size="50KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 3
+    ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (Llama.from_pretrained(tmp_path)(ids) - hf(ids).logits).abs().max().item() <= TOL
+
+
 def test_phi3_config():
     """Phi-3's window on every layer, its checkpoint's fused projections split; LongRoPE (any rope_scaling: its
     "su" and "yarn" are LongRoPE to transformers' Phi-3), a partial rotary factor (Phi-4-mini's), a dropout
