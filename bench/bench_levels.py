@@ -3,6 +3,7 @@
     python -m bench.bench_levels                                   # Llama-3.1-8B shape, 32K and 128K, batch 1 and 8
     python -m bench.bench_levels --context 32768 --batch 1 --reps 5
     python -m bench.bench_levels --quick                          # a smoke run: tiny models, batch 1, 512 tokens
+    python -m bench.bench_levels --target gemma3-4b --budget 4096  # a target with sliding-window layers
 
 The target has Llama-3.1-8B's shape and the draft the shape of TriForce's Llama-68M draft (2 layers of
 768, 12 heads) with the target's vocabulary; both get random weights in ``--dtype`` (a pass's time
@@ -65,6 +66,17 @@ SHAPES = {  # name -> LlamaConfig fields (max_position_embeddings is set from --
                          tie_word_embeddings=True),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
+    # sliding-window targets: Mistral-7B-v0.1 (every layer a 4096 window: at long context the full level reads
+    # 4096 positions per layer, as the retrieval level does) and Gemma-3-4B (5 layers of 6 a 1024 window, the
+    # global ones the whole context: the retrieval level cuts what those read)
+    "mistral-7b": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+                       extra={"sliding_window": 4096}),
+    "gemma3-4b": dict(model_type="gemma3_text", vocab_size=262208, hidden_size=2560, intermediate_size=10240,
+                      num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                      rope_theta=1e6, rope_scaling={"rope_type": "linear", "factor": 8.0}, rms_norm_eps=1e-6,
+                      tie_word_embeddings=True, extra={"sliding_window": 1024, "sliding_window_pattern": 6,
+                                                       "query_pre_attn_scalar": 256, "rope_local_base_freq": 1e4}),
 }
 # TriForce on the embedded model at long context (bench/bench_long.py): 2048-token prompt, 6144 new tokens
 ACCEPTANCE_FILES = ("bench/long_results_recent.json", "bench/long_results.json")
@@ -84,6 +96,13 @@ def build(shape: str, vocab: int | None, context: int, device, dtype) -> Llama:
     finally:
         torch.set_default_dtype(old)
     return model.eval()
+
+
+def kv_read_bytes(model, tokens: int) -> int:
+    """Bytes of K and V one row's pass reads from a cache of ``tokens`` tokens: a sliding-window layer reads
+    only its last W (the retrieval level's windowed layers hold those: ``RetrievalCache``'s ``exact_windows``)."""
+    per_layer = kv_bytes_per_token(model) // model.config.num_hidden_layers
+    return per_layer * sum(min(tokens, w) if w else tokens for w in model.config.layer_windows)
 
 
 def acceptance_cases(paths, g1: int, g2: int) -> dict:
@@ -183,16 +202,16 @@ def run(args) -> dict:
             if (B, N) in skipped:
                 out["shapes"].append({"batch": B, "context": N, "skipped": skipped[B, N]})
                 continue
-            passes = {  # name -> (model, cache tokens, tokens per row, weight bytes, KV bytes per token)
-                "autoregressive": (target, N, 1, wt, kt),
-                "full": (target, N, args.gamma2 + 1, wt, kt),
-                "retrieval": (target, mid_len, args.gamma1 + 1, wt, kt),
-                "draft": (draft, window, 1, wd, kd),
+            passes = {  # name -> (model, cache tokens, tokens per row, weight bytes)
+                "autoregressive": (target, N, 1, wt),
+                "full": (target, N, args.gamma2 + 1, wt),
+                "retrieval": (target, mid_len, args.gamma1 + 1, wt),
+                "draft": (draft, window, 1, wd),
             }
             times, rows = {}, {}
-            for name, (model, length, T, w, kv) in passes.items():
+            for name, (model, length, T, w) in passes.items():
                 t = forward_time(model, B, length, T, **kw)
-                nbytes = w + B * length * kv
+                nbytes = w + B * kv_read_bytes(model, length)
                 times[name] = t["median_s"]
                 rows[name] = {"ms": t["median_s"] * 1e3, "cache_tokens": length, "tokens": T, "bytes": nbytes,
                               "of_floor": nbytes / bw / t["median_s"]}

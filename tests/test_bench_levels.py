@@ -97,3 +97,17 @@ def test_profile_step_smoke(tmp_path, capsys):
     rows = profile_step.main(["--model", "tiny", "--batch", "2", "--context", "40", "--reps", "2", "--streaming"])
     assert rows[0]["streaming"] and rows[0]["wall_ms"] > 0
     assert "batch 2 x 40 tokens (StreamingLLM cache), 1 per row: step" in capsys.readouterr().out
+
+
+def test_windowed_targets_read_only_their_windows():
+    """The sliding-window shapes: a pass's KV bytes count a windowed layer's last W positions only (Mistral-7B:
+    every layer 4096; Gemma-3-4B: 29 layers of 34 at 1024, the 5 global ones the whole cache)."""
+    import torch
+
+    for shape, layers in (("mistral-7b", [4096] * 32), ("gemma3-4b", [0 if (i + 1) % 6 == 0 else 1024
+                                                                      for i in range(34)])):
+        model = bench_levels.build(shape, None, 32768, "meta", torch.bfloat16)
+        assert model.config.layer_windows == tuple(layers)
+        per_layer = bench_levels.kv_bytes_per_token(model) // len(layers)
+        assert bench_levels.kv_read_bytes(model, 32768) == per_layer * sum(w or 32768 for w in layers)
+        assert bench_levels.kv_read_bytes(model, 1000) == per_layer * 1000 * len(layers)  # inside every window
