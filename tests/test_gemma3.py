@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import triforce
-from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
+from triforce.models import Llama, LlamaConfig, StreamingCache
 
-from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive, tiny_gemma
 from .test_families import TINY, randomize_
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
@@ -93,21 +93,6 @@ def test_logits_match_transformers(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
     assert_pass_equals_steps(pair()[1], dtype)
-
-
-def tiny_gemma(model_type: str, seed: int, **kw) -> Llama:
-    """A tiny random model of a Gemma family (3 layers, head_dim 8; ``kw``: more fields, and ``extra``), its
-    norms' offsets random around 0."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(**{**dict(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=72,
-                                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                max_position_embeddings=1024, initializer_range=0.3), **kw})
-    model = Llama(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0, 0.3)
-    return model
 
 
 def tiny_gemma3(seed):

@@ -501,17 +501,31 @@ def test_a_pass_gives_the_bits_of_one_token_steps(B, T, g, D, prefix, dtype, tre
     parents = random_parents(B, T, seed) if tree else torch.arange(-1, T - 1).expand(B, T)
     mask = tk.tree_attention_mask(parents) if tree else None
     out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="cpu")
+    assert_one_thread_gives_the_bits(q, k, v, L, mask, out, lse)
+    assert_rows_are_their_steps(q, k, v, L, parents, out, lse, "cpu")
+
+
+def assert_one_thread_gives_the_bits(q, k, v, L, mask, out, lse, **kw):
+    """The cpu backend on one thread gives ``out`` and ``lse`` bitwise: the split into work items follows the
+    thread count, the bits must not. ``kw``: more arguments of the call (``window``, ``softcap``)."""
     threads = torch.get_num_threads()
-    try:  # the split into work items follows the thread count; the bits must not
+    try:
         torch.set_num_threads(1)
-        one = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="cpu")
+        one = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="cpu", **kw)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one[0], out) and torch.equal(one[1], lse)
+
+
+def assert_rows_are_their_steps(q, k, v, L, parents, out, lse, backend, to=lambda x: x, **kw):
+    """Each row of a pass (``out``, ``lse`` over new tokens with ``parents``) is bitwise its one-token step
+    over the keys of its committed path; ``to``: moves the step's inputs to the pass's device."""
+    B, T = q.shape[:2]
     for b in range(B):
         for t in range(T):
             kb, vb, Lb = _committed(k, v, L, T, parents, b, t)
-            o1, l1 = tk.verify_attention(q[b:b + 1, t:t + 1], kb, vb, Lb, return_lse=True, backend="cpu")
+            o1, l1 = tk.verify_attention(to(q[b:b + 1, t:t + 1]), to(kb), to(vb), to(Lb), return_lse=True,
+                                         backend=backend, **kw)
             assert torch.equal(o1[0, 0], out[b, t]), f"row {t} of batch {b} differs from its one-token step"
             assert torch.equal(l1[0, :, 0], lse[b, :, t])
 

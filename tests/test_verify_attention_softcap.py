@@ -14,7 +14,7 @@ from triforce_kernels._backend import implementation
 
 from .helpers import DTYPES, backend_device, backends
 from .test_tree_mask import random_parents
-from .test_verify_attention import _committed, check_against_reference, make_inputs
+from .test_verify_attention import assert_rows_are_their_steps, check_against_reference, make_inputs
 
 CAPS = [0.5, 2.0, 20.0, 50.0]
 
@@ -61,13 +61,7 @@ def test_a_pass_gives_the_bits_of_one_token_steps(backend, T, g, D, prefix, cap,
     to = lambda x: None if x is None else x.to(dev)  # noqa: E731
     out, lse = tk.verify_attention(to(q), to(k), to(v), to(L), to(mask), return_lse=True, window=window, softcap=cap,
                                    backend=backend)
-    for b in range(B):
-        for t in range(T):
-            kb, vb, Lb = _committed(k, v, L, T, parents, b, t)
-            o1, l1 = tk.verify_attention(to(q[b:b + 1, t:t + 1]), to(kb), to(vb), to(Lb), return_lse=True,
-                                         window=window, softcap=cap, backend=backend)
-            assert torch.equal(o1[0, 0], out[b, t]), f"row {t} of batch {b} differs from its one-token step"
-            assert torch.equal(l1[0, :, 0], lse[b, :, t])
+    assert_rows_are_their_steps(q, k, v, L, parents, out, lse, backend, to, window=window, softcap=cap)
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))

@@ -15,7 +15,8 @@ from triforce_kernels.reference.verify_attention import visibility
 
 from .helpers import DTYPES, backend_device, backends
 from .test_tree_mask import random_parents
-from .test_verify_attention import _committed, check_against_reference, make_inputs
+from .test_verify_attention import (assert_one_thread_gives_the_bits, assert_rows_are_their_steps,
+                                    check_against_reference, make_inputs)
 
 WINDOWS = [1, 2, 3, 5, 16, 31, 32, 33, 64, 100, 513, 2**31 - 1]
 
@@ -103,20 +104,8 @@ def test_a_pass_gives_the_bits_of_one_token_steps(backend, T, g, D, prefix, wind
     out, lse = tk.verify_attention(to(q), to(k), to(v), to(L), to(mask), return_lse=True, window=window,
                                    backend=backend)
     if backend == "cpu":
-        threads = torch.get_num_threads()
-        try:  # the split into work items follows the thread count; the bits must not
-            torch.set_num_threads(1)
-            one = tk.verify_attention(q, k, v, L, mask, return_lse=True, window=window, backend="cpu")
-        finally:
-            torch.set_num_threads(threads)
-        assert torch.equal(one[0], out) and torch.equal(one[1], lse)
-    for b in range(B):
-        for t in range(T):
-            kb, vb, Lb = _committed(k, v, L, T, parents, b, t)
-            o1, l1 = tk.verify_attention(to(q[b:b + 1, t:t + 1]), to(kb), to(vb), to(Lb), return_lse=True,
-                                         window=window, backend=backend)
-            assert torch.equal(o1[0, 0], out[b, t]), f"row {t} of batch {b} differs from its one-token step"
-            assert torch.equal(l1[0, :, 0], lse[b, :, t])
+        assert_one_thread_gives_the_bits(q, k, v, L, mask, out, lse, window=window)
+    assert_rows_are_their_steps(q, k, v, L, parents, out, lse, backend, to, window=window)
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention", include_reference=True))
