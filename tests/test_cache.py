@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import triforce_kernels as tk
 from triforce.models import FullCache, Llama, LlamaConfig, RetrievalCache, StreamingCache
-from triforce.models.rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq
+from triforce.models.rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rows_inv_freq
 
 TOL = 1e-5  # fp32 reordering only (measured <= ~5e-7 on these sizes)
 
@@ -195,17 +195,30 @@ def _stream_reference(tokens, sink, window, q, k_new_raw, v_new, inv_freq, scale
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+# head_dim 6: three pairs, each with its own short and long factor
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.7], "long_factor": [2.0, 3.0, 5.0],
+            "original_max_position_embeddings": 64}
+
+
+def row_inv_freq(cfg, rows_long):
+    """``[B, head_dim // 2]``: each row's RoPE frequencies (LongRoPE's long or short set per ``rows_long``)."""
+    short = rope_inv_freq(cfg)
+    if cfg.rope_long_from is None:
+        return short.expand(len(rows_long), -1)
+    return rows_inv_freq(short, rope_inv_freq(cfg, long=True), rows_long)
 
 
 @pytest.mark.parametrize("sink,window,max_step,rope", [(2, 5, 3, None), (0, 4, 2, None), (4, 16, 4, None),
-                                                       (2, 5, 3, YARN)])
+                                                       (2, 5, 3, YARN), (2, 5, 3, LONGROPE)])
 def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step, rope):
-    """(With YaRN RoPE too: its factor on cos and sin comes along when the cache re-rotates its keys.)"""
+    """(With YaRN RoPE too: its factor on cos and sin comes along when the cache re-rotates its keys; and with
+    LongRoPE, one row on its long factors and one on its short ones: each row's re-rotations take its own.)"""
     cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_scaling=rope)
     B, Hq, Hkv, D = 2, 4, 2, 6
-    cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step)
-    inv_freq, scale = rope_inv_freq(cfg), rope_attention_scale(cfg)
+    rows_long = torch.tensor([True, False])
+    cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step, rope_long=rows_long)
+    inv_freq, scale = row_inv_freq(cfg, rows_long), rope_attention_scale(cfg)
     assert (scale > 1) == (rope is not None)
     held = [[], []]  # reference: per row list of (k_raw, v)
     g = torch.Generator().manual_seed(0)
@@ -224,7 +237,7 @@ def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step,
         out = cache.attend(0, apply_rope(q, cos, sin), apply_rope(kr, cos, sin), v, step, k_raw=kr)
         cache.end(step)
         for b in range(B):
-            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq, scale)
+            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq[b], scale)
             c = int(counts[b])
             assert (out[b, :c].double() - ref[:c]).abs().max() <= TOL, (i, b)
             held[b] += list(zip(kr[b, :c], v[b, :c]))
@@ -527,19 +540,21 @@ def test_commit_path_at_the_capacity_with_a_wide_path():
 
 
 # ---------------------------------------------------------------- streaming cache loaded from a full cache
-@pytest.mark.parametrize("rope", [None, YARN])
+@pytest.mark.parametrize("rope", [None, YARN, LONGROPE])
 def test_streaming_fill_from_full_equals_attention_over_sink_and_window(rope):
     """``StreamingCache.fill_from``: row b keeps the sinks and the last ``window`` of the first
     ``lengths[b]`` tokens of a full cache (their keys and values as the full cache holds them), then
     behaves as a StreamingLLM cache: attention over them equals the naive reference, through further
     steps, evictions and a rollback; a row that evicted nothing holds the full cache's keys bitwise.
-    (With YaRN RoPE too: rotating the full cache's keys back undoes its factor on cos and sin.)"""
+    (With YaRN RoPE too: rotating the full cache's keys back undoes its factor on cos and sin; with LongRoPE the
+    streaming cache takes the full cache's choice of factors per row.)"""
     cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_scaling=rope)
     B, Hq, Hkv, D, sink, window = 3, 4, 2, 6, 2, 8
     g = torch.Generator().manual_seed(0)
-    inv_freq, scale = rope_inv_freq(cfg), rope_attention_scale(cfg)
-    full = FullCache(cfg, B, 64)
+    rows_long = torch.tensor([True, False, True])
+    inv_freq, scale = row_inv_freq(cfg, rows_long), rope_attention_scale(cfg)
+    full = FullCache(cfg, B, 64, rope_long=rows_long)
     kr_full, v_full = torch.randn(B, 30, Hkv, D, generator=g), torch.randn(B, 30, Hkv, D, generator=g)
     step = full.begin(30)
     cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32, scale)
@@ -547,8 +562,10 @@ def test_streaming_fill_from_full_equals_attention_over_sink_and_window(rope):
                 v_full, step)
     full.end(step)
     lengths = torch.tensor([28, 9, 30])  # row 1 fits (keep = 10): nothing evicted
-    cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=3)
+    cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=3, rope_long=False)
     cache.fill_from(full, lengths)
+    assert (cache.rope_long is None) == (rope is not LONGROPE)
+    assert cache.rope_long is None or torch.equal(cache.rope_long, rows_long)
     assert cache.lengths.tolist() == [10, 9, 10] and cache.evicted.tolist() == [18, 0, 20]
     assert torch.equal(cache.k[0][1, :9], full.k[0][1, :9]) and torch.equal(cache.v[0][1, :9], full.v[0][1, :9])
     held = []
@@ -569,7 +586,7 @@ def test_streaming_fill_from_full_equals_attention_over_sink_and_window(rope):
         out = cache.attend(0, apply_rope(q, cos, sin), apply_rope(kr, cos, sin), v, step, k_raw=kr)
         cache.end(step)
         for b in range(B):
-            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq, scale)
+            ref = _stream_reference(held[b], sink, window, q[b], kr[b], v[b], inv_freq[b], scale)
             assert (out[b].double() - ref).abs().max() <= TOL, (i, b)
             held[b] += list(zip(kr[b], v[b]))
         if i == 1:  # reject the last token of row 0

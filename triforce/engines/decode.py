@@ -63,10 +63,21 @@ class Decode:
         # prompt + max_new fits the context (checked by generate); only never-emitted drafts go past it
         slack = max(0, self.cache_len - model.config.max_position_embeddings)
         cache = FullCache(model.config, self.batch, self.cache_len, device=self.device,
-                          dtype=cache_dtype(model), chunk_size=chunk_size, speculative_slack=slack)
+                          dtype=cache_dtype(model), chunk_size=chunk_size, speculative_slack=slack,
+                          rope_long=self.rope_long(model.config))
         self.caches.append(cache)
         self.track(cache)
         return cache
+
+    def rope_long(self, config) -> torch.Tensor | None:
+        """LongRoPE: bool ``[B]``, the rows whose prompt and ``max_new_tokens`` together pass
+        ``config.rope_long_from``: those take the long factors from their first token on, the others the short
+        ones throughout (every cache of the call, so every method computes the same logits; docs/model.md,
+        "LongRoPE"). None for every other RoPE."""
+        start = config.rope_long_from
+        if start is None:
+            return None
+        return torch.tensor([len(p) + self.max_new > start for p in self.prompts], device=self.device)
 
     @staticmethod
     def require_window(window: int, span: int, method: str) -> None:

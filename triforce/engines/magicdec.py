@@ -39,7 +39,8 @@ def run(d: Decode, draft, *, gamma: int, sink: int, window: int, draft_cache: st
         d.require_window(window, gamma + CHAIN_HIST, "magicdec")
         cache = d.full_cache(target)
         drafter = Drafter(model, StreamingCache(model.config, d.batch, sink, window, max_step=CHAIN_HIST,
-                                                device=d.device, dtype=cache_dtype(model)), d.sampling, CHAIN_HIST)
+                                                device=d.device, dtype=cache_dtype(model),
+                                                rope_long=d.rope_long(model.config)), d.sampling, CHAIN_HIST)
         with d.timed_prefill():
             drafter.prefill(d.prompts, d.start(target.prefill(d.prompts, cache), CHAIN_HIST),
                             full=cache if model is target else None)

@@ -38,7 +38,7 @@ def run(d: Decode, draft, *, gamma: int, draft_layers: int | None, ngram: int, l
     else:
         draft, (sink, window) = target, SELF_DRAFT_WINDOW
         dcache = StreamingCache(target.config, d.batch, sink, max(window, gamma + CHAIN_HIST), max_step=CHAIN_HIST,
-                                device=d.device, dtype=cache_dtype(target))
+                                device=d.device, dtype=cache_dtype(target), rope_long=d.rope_long(target.config))
     drafter = Drafter(draft, dcache, d.sampling, CHAIN_HIST)
     d.track(drafter, dcache)
     with d.timed_prefill():

@@ -72,7 +72,7 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree
     model = draft if draft is not None else d.target
     cache = d.full_cache(d.target)
     dcache = StreamingCache(model.config, d.batch, sink, window, max_step=max(hist_width, len(parents_row)),
-                            device=d.device, dtype=cache_dtype(model))
+                            device=d.device, dtype=cache_dtype(model), rope_long=d.rope_long(model.config))
     drafter = Drafter(model, dcache, d.sampling, hist_width)
     d.track(drafter, dcache)
     with d.timed_prefill():

@@ -128,7 +128,8 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
             draft = target.layer_skip(draft_layers) if draft_layers else (half_precision_copy(target) or target)
         d.require_window(window, cap + HIST, "triforce")
         bottom = Drafter(draft, StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
-                                               device=d.device, dtype=cache_dtype(draft)), d.sampling, HIST)
+                                               device=d.device, dtype=cache_dtype(draft),
+                                               rope_long=d.rope_long(draft.config)), d.sampling, HIST)
     d.track(bottom, getattr(bottom, "cache", None))  # a model drafter's StreamingLLM cache
     budget = retrieval_budget(budget, chunk_size, d.prompts)
     cache = d.full_cache(target, chunk_size=chunk_size)

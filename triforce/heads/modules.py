@@ -226,7 +226,10 @@ class HiddenTransfer(DraftHeads):
         x = self.pseudo(h[anchors]).reshape(1, A * k_n, -1)  # [1, A*k, H]
         i = torch.arange(1, k_n + 1, device=h.device)
         pos = (anchors[:, None] + i).reshape(1, -1)
-        ropes = model.rope_tables(pos, x.dtype)  # per layer (Gemma 3's sliding layers: their own RoPE)
+        # per layer (Gemma 3's sliding layers: their own RoPE); LongRoPE's factors as the features' cache of S
+        # slots rotated the keys (FullCache's default)
+        start = model.config.rope_long_from
+        ropes = model.rope_tables(pos, x.dtype, rows_long=None if start is None else S > start)
         real = torch.arange(S, device=h.device)[None, :] <= anchors.repeat_interleave(k_n)[:, None]  # [A*k, S]
         grp = torch.arange(A, device=h.device).repeat_interleave(k_n)
         idx = i.repeat(A)

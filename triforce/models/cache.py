@@ -29,7 +29,7 @@ import triforce_kernels as tk
 from triforce_kernels.tree_mask import tree_attention_mask_trusted
 from triforce_kernels.verify_attention import verify_attention_trusted
 from .config import LlamaConfig
-from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq
+from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq, rows_inv_freq
 
 __all__ = ["FullCache", "StreamingCache", "RetrievalCache", "TokenTree"]
 
@@ -179,10 +179,29 @@ def _take_rows(t: torch.Tensor, idx: torch.Tensor, moves, upto: int) -> torch.Te
     return t[: idx.numel()]
 
 
+def _rows_long(config: LlamaConfig, batch_size: int, capacity: int, rope_long, device) -> torch.Tensor | None:
+    """A cache's ``rope_long`` from its ``rope_long`` argument: None (the default: every row long when the cache
+    has more slots than ``config.rope_long_from``), a bool for every row, or a bool tensor ``[B]``; None for a
+    model without LongRoPE."""
+    start = config.rope_long_from
+    if start is None:
+        return None
+    if rope_long is None:
+        rope_long = capacity > start
+    if isinstance(rope_long, bool):
+        return torch.full((batch_size,), rope_long, dtype=torch.bool, device=device)
+    if not isinstance(rope_long, torch.Tensor) or rope_long.dtype != torch.bool \
+            or tuple(rope_long.shape) != (batch_size,):
+        raise ValueError(f"rope_long must be None, a bool or a bool tensor [batch_size={batch_size}], got "
+                         f"{rope_long!r}")
+    return rope_long.to(device).clone()
+
+
 class _KVCache:
     """Shared machinery: per-layer k/v ``[B, capacity, Hkv, D]``, lengths, rollback, commit_path."""
 
-    def __init__(self, config: LlamaConfig, batch_size: int, capacity: int, device=None, dtype=None):
+    def __init__(self, config: LlamaConfig, batch_size: int, capacity: int, device=None, dtype=None,
+                 rope_long=None):
         if not isinstance(config, LlamaConfig):
             raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
         for name, v in (("batch_size", batch_size), ("capacity", capacity)):
@@ -210,6 +229,13 @@ class _KVCache:
         self.windows = (0,) * self.num_layers
         self.scale = config.attention_scale  # the attention scores' scale
         self.softcap = config.attn_softcap or 0.0  # Gemma 2's cap on them (0: none)
+        self._rope_long = _rows_long(config, batch_size, capacity, rope_long, self.device)
+
+    @property
+    def rope_long(self) -> torch.Tensor | None:
+        """LongRoPE: bool ``[B]``, the rows whose tokens the model rotates with the long factors (docs/model.md,
+        "LongRoPE"); None for every other RoPE."""
+        return self._rope_long
 
     def _allocate(self, shape):
         """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros)."""
@@ -261,6 +287,8 @@ class _KVCache:
             self.k[layer] = _take_rows(self.k[layer], idx, moves, upto)
             self.v[layer] = _take_rows(self.v[layer], idx, moves, upto)
         self.lengths = self.lengths[idx]
+        if self._rope_long is not None:
+            self._rope_long = self._rope_long[idx]
 
     # ---- capacity
     def _room(self) -> int:
@@ -416,16 +444,19 @@ class FullCache(_KVCache):
             sequence that ends at the context limit: those tokens are verified but never emitted (a
             causal forward's earlier logits do not depend on them), so positions past the context
             never reach the output.
+        rope_long: LongRoPE only: which rows the model rotates with its long factors, a bool for all or a bool
+            tensor ``[B]``; default: all where ``max_len`` exceeds ``config.rope_long_from`` (the engines choose
+            per row: docs/model.md, "LongRoPE").
     """
 
     def __init__(self, config: LlamaConfig, batch_size: int, max_len: int, device=None, dtype=None,
-                 chunk_size: int | None = None, speculative_slack: int = 0):
+                 chunk_size: int | None = None, speculative_slack: int = 0, rope_long=None):
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"max_len must be a positive int, got {max_len!r}")
         if max_len > config.max_position_embeddings + speculative_slack:
             raise ValueError(f"max_len {max_len} exceeds the model's context "
                              f"(max_position_embeddings = {config.max_position_embeddings})")
-        super().__init__(config, batch_size, max_len, device, dtype)
+        super().__init__(config, batch_size, max_len, device, dtype, rope_long)
         self.windows = config.layer_windows  # slot = position: the model's sliding windows apply
         self.max_len = max_len
         self.chunk_size = chunk_size
@@ -505,17 +536,19 @@ _FREE = torch.iinfo(torch.int64).max  # StreamingCache.slot_pos of a slot that h
 
 
 def _rope_groups(config: LlamaConfig, device) -> list:
-    """``[(layers, inv_freq, scale)]``: the layers that share one RoPE (``slice(None)``: all, else an index
-    tensor), its inverse frequencies and its factor on cos and sin (YaRN's). One group, but two for Gemma 3
-    (its sliding layers' own RoPE base, plain RoPE)."""
-    main = (rope_inv_freq(config, device), rope_attention_scale(config))
+    """``[(layers, inv_freq, inv_freq_long, scale)]``: the layers that share one RoPE (``slice(None)``: all, else
+    an index tensor), its inverse frequencies (LongRoPE's short and long ones; else None for the long) and its
+    factor on cos and sin (YaRN's, LongRoPE's). One group, but two for Gemma 3 (its sliding layers' own RoPE
+    base, plain RoPE)."""
+    long = None if config.rope_long_from is None else rope_inv_freq(config, device, long=True)
+    main = (rope_inv_freq(config, device), long, rope_attention_scale(config))
     local = rope_local_inv_freq(config, device)
     if local is None:
         return [(slice(None), *main)]
     n = config.num_hidden_layers
     own = [config.layer_rope_theta(i) is not None for i in range(n)]
-    groups = [(torch.tensor([i for i in range(n) if own[i] == flag], device=device), freq, scale)
-              for flag, freq, scale in ((False, *main), (True, local, 1.0)) if flag in own]
+    groups = [(torch.tensor([i for i in range(n) if own[i] == flag], device=device), *rope)
+              for flag, rope in ((False, main), (True, (local, None, 1.0))) if flag in own]
     return groups
 
 
@@ -548,24 +581,26 @@ class StreamingCache(_KVCache):
         sink: attention-sink tokens kept forever (>= 0).
         window: recent tokens kept (>= 1).
         max_step: most tokens appended by one rollback-able forward (e.g. gamma + 1).
+        rope_long: LongRoPE only, as :class:`FullCache`'s (default: by ``sink + window + max_step``); ``fill_from``
+            takes the full cache's.
     """
 
     cuda_graphs = True  # the eviction replayed from a CUDA graph on a GPU (_evict)
 
     def __init__(self, config: LlamaConfig, batch_size: int, sink: int, window: int, max_step: int,
-                 device=None, dtype=None):
+                 device=None, dtype=None, rope_long=None):
         for name, v, lo in (("sink", sink, 0), ("window", window, 1), ("max_step", max_step, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
         if sink + window + max_step > config.max_position_embeddings:
             raise ValueError(f"sink + window + max_step = {sink + window + max_step} exceeds the model's context "
                              f"(max_position_embeddings = {config.max_position_embeddings})")
-        super().__init__(config, batch_size, sink + window + max_step, device, dtype)
+        super().__init__(config, batch_size, sink + window + max_step, device, dtype, rope_long)
         self.sink, self.window, self.max_step = sink, window, max_step
         self.keep = sink + window
         B, cap = batch_size, self.capacity
         self._ropes = _rope_groups(config, self.device)
-        self._rope_of = [next(g for g, (layers, _, _) in enumerate(self._ropes)
+        self._rope_of = [next(g for g, (layers, *_) in enumerate(self._ropes)
                               if isinstance(layers, slice) or i in layers.tolist()) for i in range(self.num_layers)]
         self._pos_limit = config.max_position_embeddings
         # slot_pos[b, s]: position in the sequence of the token in non-sink slot s (_FREE: none)
@@ -622,6 +657,8 @@ class StreamingCache(_KVCache):
         self.k, self.v, self.k_raw = self._layer_views()
         self.lengths, self.slot_pos, self.evicted, self.frame = (
             t[idx] for t in (self.lengths, self.slot_pos, self.evicted, self.frame))
+        if self._rope_long is not None:
+            self._rope_long = self._rope_long[idx]
 
     def _after_commit(self, base_lengths, new_lengths, max_new: int) -> None:
         # the kept path now fills slots base .. base + num_accepted in sequence order; the other nodes'
@@ -666,8 +703,10 @@ class StreamingCache(_KVCache):
         valid = slot < kept[:, None]
         src = torch.where(valid, pos, 0)  # a full cache's RoPE position is its slot
         inverse = []  # per RoPE group: the inverse rotation (and YaRN's factor undone)
-        for _, inv_freq, scale in self._ropes:
-            cos, sin = rope_cos_sin(inv_freq, src, self.dtype, 1.0 / scale)
+        if self._rope_long is not None and full.rope_long is not None:
+            self._rope_long.copy_(full.rope_long)  # its keys were rotated so: this cache rotates as they were
+        for _, inv_freq, long, scale in self._ropes:
+            cos, sin = rope_cos_sin(rows_inv_freq(inv_freq, long, self._rope_long), src, self.dtype, 1.0 / scale)
             inverse.append((cos, sin.neg_()))
         for layer in range(self.num_layers):
             k = full.k[layer][bi, src]
@@ -726,7 +765,8 @@ class StreamingCache(_KVCache):
 
     def _rotate(self, slots: slice, positions) -> None:
         """``k`` of every layer at ``slots`` = ``k_raw`` rotated at ``positions`` ``[B, n]``."""
-        for layers, inv_freq, scale in self._ropes:  # one group (all layers) but for Gemma 3's two RoPEs
+        for layers, inv_freq, long, scale in self._ropes:  # one group (all layers) but for Gemma 3's two RoPEs
+            inv_freq = rows_inv_freq(inv_freq, long, self._rope_long)
             cos, sin = rope_cos_sin(inv_freq, positions, self.dtype, scale)  # [B, n, 1, D]: the group's layers
             self._kvr[0, layers, :, slots] = apply_rope(self._kvr[2, layers, :, slots], cos, sin)
 
@@ -921,6 +961,11 @@ class RetrievalCache(_KVCache):
 
     def _position_offset(self):
         return self.base_pos - self.budget
+
+    @property
+    def rope_long(self) -> torch.Tensor | None:
+        """Its full cache's (the keys it holds were rotated so)."""
+        return self.full.rope_long
 
     def _select_rows(self, idx, moves) -> None:
         """Its full cache's rows must be selected with the same ``rows`` (the engines select every cache)."""

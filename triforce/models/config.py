@@ -26,13 +26,15 @@ import math
 import os
 from dataclasses import dataclass, field
 
-# rope_type -> the keys it needs (rope.py implements each). transformers' dynamic / longrope raise.
+# rope_type -> the keys it needs (rope.py implements each). transformers' dynamic RoPE raises.
 _ROPE_TYPES = {
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
+_ROPE_LISTS = ("short_factor", "long_factor")  # per-pair factors: head_dim // 2 numbers > 0
 _SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
 # rope_type -> the keys it may have besides those it needs (transformers' defaults apply without them).
 # yarn: attention_factor (else from factor, or from mscale / mscale_all_dim), beta_fast 32, beta_slow 1,
@@ -40,6 +42,9 @@ _SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
 # does not read (Yarn-Llama-2's config.json has it).
 _ROPE_OPTIONAL = {
     "yarn": ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "finetuned"),
+    # longrope: factor (else max_position_embeddings / original_max_position_embeddings) sets the default
+    # attention_factor, sqrt(1 + ln(factor) / ln(original_max_position_embeddings))
+    "longrope": ("factor", "attention_factor"),
 }
 
 
@@ -104,12 +109,14 @@ FAMILIES["gemma2"] = Family(
 _GEMMA2_PATTERN = 2
 # Phi-3 / Phi-4 (Phi3ForCausalLM: Phi-3-mini / medium, Phi-4 14B): Llama's layer with fused q/k/v and gate/up
 # projections in its checkpoints, no biases, a sliding window on every layer where the config sets one (Phi-3
-# mini 4k: 2047), the RoPE on the whole head (Phi-4-mini's partial_rotary_factor 0.75 raises) and no LongRoPE
-# (rope_scaling must be null: Phi-3 128k / Phi-3.5's "longrope" raises).
+# mini 4k: 2047), the RoPE on the whole head (Phi-4-mini's partial_rotary_factor 0.75 raises), plain RoPE or
+# LongRoPE (Phi-3 128k, Phi-3.5: rope_scaling "longrope", also spelled "su" or "yarn", which transformers' Phi-3
+# reads as LongRoPE; its original_max_position_embeddings is a top-level key, 4096 when absent).
 FAMILIES["phi3"] = Family("Phi3ForCausalLM", fused_projections=True, defaults={
     "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
     "num_attention_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 1,
     "eos_token_id": 32000, "pad_token_id": 32000})
+_PHI3_ORIGINAL_CONTEXT = 4096  # Phi3Config's original_max_position_embeddings when config.json has none
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
 # text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads,
@@ -189,10 +196,11 @@ _HARMLESS_ONLY_AT = {
     "auto_map": (lambda v, c: not v or (c.model_type == "phi3" and isinstance(v, dict) and set(v.values()) <= {
         "configuration_phi3.Phi3Config", "modeling_phi3.Phi3ForCausalLM"}),
         "absent (the checkpoint ships its own modeling code; Phi-3's naming Phi3Config / Phi3ForCausalLM only)"),
-    # transformers reads it for llama3 and yarn RoPE only (from_dict moves it into rope_scaling then)
+    # transformers reads it for llama3, yarn and longrope RoPE only (from_dict moves it into rope_scaling then)
     "original_max_position_embeddings": (
-        lambda v, c: c.rope_type not in ("llama3", "yarn")
-        or v == c.rope_scaling["original_max_position_embeddings"], "the rope_scaling value (llama3 / yarn RoPE)"),
+        lambda v, c: c.rope_type not in ("llama3", "yarn", "longrope")
+        or v == c.rope_scaling["original_max_position_embeddings"],
+        "the rope_scaling value (llama3 / yarn / longrope RoPE)"),
 }
 
 
@@ -275,7 +283,9 @@ class LlamaConfig:
     (or ``type``) ``"default"``, ``"linear"`` (``factor``), ``"llama3"`` (``factor``,
     ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) or ``"yarn"``
     (``factor``, ``original_max_position_embeddings``; optionally ``attention_factor``, ``beta_fast``,
-    ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``truncate``, as transformers reads them); it may also hold
+    ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``truncate``, as transformers reads them) or ``"longrope"``
+    (``short_factor``, ``long_factor``: ``head_dim // 2`` numbers each, ``original_max_position_embeddings``;
+    optionally ``factor``, ``attention_factor``: :func:`triforce.models.rope.rope_inv_freq`); it may also hold
     ``rope_theta`` (equal to the field) and ``partial_rotary_factor`` 1.0, as transformers 5's
     ``rope_parameters`` do. Any other key in it raises. ``extra`` holds the other ``config.json`` keys,
     each either metadata or at its one supported value (see the module docstring); others raise.
@@ -378,6 +388,14 @@ class LlamaConfig:
                              f"(which reads {', '.join(need + optional) or 'nothing else'}) and could change the "
                              "RoPE frequencies; remove it if you know it does not")
         flags = ("truncate", "finetuned")
+        for k in _ROPE_LISTS if kind == "longrope" else ():
+            v = rs[k]
+            if not isinstance(v, (list, tuple)) or len(v) != self.head_dim // 2 \
+                    or not all(_is_number(x) and x > 0 for x in v):
+                raise ValueError(f"rope_scaling[{k!r}] must be a list of head_dim // 2 = {self.head_dim // 2} "
+                                 f"numbers > 0 (one per RoPE pair), got {v!r}")
+            rs[k] = [float(x) for x in v]
+        need = tuple(k for k in need if k not in _ROPE_LISTS)
         for k in need + tuple(k for k in optional if rs.get(k) is not None and k not in flags):
             if not _is_number(rs[k]) or not rs[k] > 0:
                 raise ValueError(f"rope_scaling[{k!r}] must be a number > 0, got {rs[k]!r}")
@@ -444,6 +462,12 @@ class LlamaConfig:
         return None if v is None else float(v)
 
     @property
+    def rope_long_from(self) -> int | None:
+        """LongRoPE: the sequence length past which its long factors apply (``original_max_position_embeddings``;
+        docs/model.md, "LongRoPE"); None for every other RoPE."""
+        return self.rope_scaling["original_max_position_embeddings"] if self.rope_type == "longrope" else None
+
+    @property
     def local_rope_theta(self) -> float | None:
         """Gemma 3: the RoPE base of its sliding-window layers (``rope_local_base_freq``, plain RoPE; the
         others take ``rope_theta`` and ``rope_scaling``); None for the other families (one RoPE)."""
@@ -497,13 +521,8 @@ class LlamaConfig:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
         _split_layer_rope(d)
-        if model_type == "phi3":  # transformers' Phi3Config reads every scaling type ("su", "yarn") as LongRoPE
-            rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
-            kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
-            if kind not in ("default", None):
-                raise ValueError(f"config key 'rope_scaling' = {rope!r} is not supported for model_type 'phi3': "
-                                 "transformers' Phi-3 reads it as LongRoPE (short / long factors chosen by the "
-                                 "sequence's length), which triforce.models.Llama does not implement")
+        if model_type == "phi3":
+            _phi3_rope(d)
         for k, v in FAMILIES[model_type].defaults.items():
             d.setdefault(k, v)
         d.update(_read_rope(d))
@@ -557,6 +576,8 @@ class LlamaConfig:
         d.setdefault("architectures", [family.architecture])
         if "hidden_activation" not in d:  # (Gemma's transformers 4.x / Gemma 3's own key says it)
             d.setdefault("hidden_act", family.hidden_acts[0])
+        if self.rope_type == "longrope":  # Phi3Config takes the top-level key (4096 when absent) over the inner one
+            d.setdefault("original_max_position_embeddings", self.rope_scaling["original_max_position_embeddings"])
         if self.model_type == "mistral":  # none given: none (a config.json without the key means 4096)
             d.setdefault("sliding_window", None)
         if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own
@@ -595,6 +616,26 @@ def _split_layer_rope(d: dict) -> None:
                              f"rope_parameters['sliding_attention']['rope_theta'] = {local['rope_theta']!r}")
 
 
+def _phi3_rope(d: dict) -> None:
+    """Phi-3's RoPE keys in ``d`` as transformers' Phi3Config reads them, in place: the old names ``su`` and
+    ``yarn`` of LongRoPE renamed, any other scaling type but plain RoPE raises, and the top-level
+    ``original_max_position_embeddings`` (Phi3Config's field: 4096 when absent) is the one LongRoPE takes."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = d.get(key)
+        if not isinstance(rope, dict):
+            continue
+        rope = d[key] = dict(rope)
+        for name in ("rope_type", "type"):
+            if rope.get(name) in ("su", "yarn"):
+                rope[name] = "longrope"
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind not in ("default", "longrope"):
+            raise ValueError(f"config {key} of rope_type {kind!r} is not supported for model_type 'phi3': "
+                             "transformers' Phi-3 reads plain RoPE and LongRoPE ('longrope', 'su', 'yarn') only")
+        if kind == "longrope":
+            d.setdefault("original_max_position_embeddings", _PHI3_ORIGINAL_CONTEXT)
+
+
 def _read_rope(d: dict) -> dict:
     """Pop the RoPE keys of a config.json dict ``d`` (both spellings) and return ``rope_theta`` /
     ``rope_scaling`` for ``LlamaConfig``. As in transformers, a ``rope_theta`` inside ``rope_parameters``
@@ -620,13 +661,13 @@ def _read_rope(d: dict) -> dict:
     if "partial_rotary_factor" in d:  # transformers moves the top-level one into the rope dict too
         rope.setdefault("partial_rotary_factor", d.pop("partial_rotary_factor"))
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind in ("llama3", "yarn") and "original_max_position_embeddings" in d:
+    if kind in ("llama3", "yarn", "longrope") and "original_max_position_embeddings" in d:
         top = d.pop("original_max_position_embeddings")
         if rope.setdefault("original_max_position_embeddings", top) != top:
             raise ValueError(f"config original_max_position_embeddings = {top!r} differs from the "
                              f"{rope['original_max_position_embeddings']!r} inside rope_parameters / "
                              "rope_scaling; keep one")
-    if kind in ("llama3", "yarn") and "original_max_position_embeddings" not in rope:
+    if kind in ("llama3", "yarn", "longrope") and "original_max_position_embeddings" not in rope:
         # transformers 5 fills it in from the context length (the scaling then acts from there on)
         ctx = d.get("max_position_embeddings", LlamaConfig.__dataclass_fields__["max_position_embeddings"].default)
         rope["original_max_position_embeddings"] = ctx

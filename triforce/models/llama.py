@@ -27,7 +27,7 @@ from . import cache as _cache
 from . import graphs as _graphs
 from .cache import RetrievalCache, Step, TokenTree, _KVCache
 from .config import LlamaConfig
-from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq
+from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq, rows_inv_freq
 
 __all__ = ["Llama"]
 
@@ -613,11 +613,15 @@ class Llama(nn.Module):
             inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
             local = None if config.local_rope_theta is None else (
                 torch.empty(config.head_dim // 2) if _empty else rope_local_inv_freq(config))
+            long = None if config.rope_long_from is None else (
+                torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config, long=True))
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # Gemma 3's sliding layers' RoPE (None: every layer takes inv_freq)
         self.register_buffer("inv_freq_local", local, persistent=False)
+        # LongRoPE's long factors' frequencies (inv_freq: its short ones); None for every other RoPE
+        self.register_buffer("inv_freq_long", long, persistent=False)
         if not self.inv_freq.is_meta:  # also `with torch.device("meta"): Llama(config)`
             self._init_weights()
 
@@ -643,13 +647,28 @@ class Llama(nn.Module):
         local = self.__dict__["_buffers"].get("inv_freq_local")
         if local is not None and not local.is_meta and local.dtype != torch.float32:
             self.inv_freq_local = rope_local_inv_freq(self.config, local.device)
+        long = self.__dict__["_buffers"].get("inv_freq_long")
+        if long is not None and not long.is_meta and long.dtype != torch.float32:
+            self.inv_freq_long = rope_inv_freq(self.config, long.device, long=True)
         return out
 
-    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> list:
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None,
+                    rows_long: torch.Tensor | None = None) -> list:
         """``(cos, sin)`` ``[B, T, 1, head_dim]`` per layer for int ``positions`` ``[B, T]``: one pair shared by
-        every layer, except Gemma 3's, whose sliding layers take their own RoPE (``inv_freq_local``)."""
+        every layer, except Gemma 3's, whose sliding layers take their own RoPE (``inv_freq_local``). LongRoPE:
+        row ``b`` takes the long factors where the bool ``rows_long[b]`` is set (a cache's ``rope_long``; a Python
+        bool: every row); without it, where the row's last position is at or past ``config.rope_long_from``
+        (transformers' rule for one forward, per row)."""
         dtype = dtype or self.dtype
-        main = rope_cos_sin(self.inv_freq, positions, dtype, self.rope_scale)
+        inv_freq = self.inv_freq
+        if self.inv_freq_long is not None:
+            if rows_long is None:
+                rows_long = positions.amax(1) >= self.config.rope_long_from
+            if isinstance(rows_long, bool):
+                inv_freq = self.inv_freq_long if rows_long else inv_freq
+            else:
+                inv_freq = rows_inv_freq(inv_freq, self.inv_freq_long, rows_long)
+        main = rope_cos_sin(inv_freq, positions, dtype, self.rope_scale)
         n = len(self.model.layers)
         if self.inv_freq_local is None:
             return [main] * n
@@ -725,7 +744,8 @@ class Llama(nn.Module):
         between ``cache.begin`` and ``cache.end``. ``rows`` (without a tap): a ragged step's real tokens; the
         stream returned is theirs, ``[1, N, H]`` (the native stack computes them packed; the layers one by one
         compute every token, then the real ones are taken)."""
-        ropes = self.rope_tables(positions)
+        rows_long = None if cache is None else cache.rope_long
+        ropes = self.rope_tables(positions, rows_long=rows_long)
         cos, sin = ropes[0]
         h = self.embed(input_ids)
         layers = self.model.layers
@@ -737,7 +757,7 @@ class Llama(nn.Module):
                     extra_h, parents = extra
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
                     step = cache.begin(h.shape[1], parents)
-                    ropes = self.rope_tables(step.positions)
+                    ropes = self.rope_tables(step.positions, rows_long=rows_long)
                     cos, sin = ropes[0]
             native = None if cache is None or self.inv_freq_local is not None else _native_layers(
                 layers, lo, hi, h, cos, sin, cache, step, rows)  # (one RoPE for all its layers)
@@ -972,6 +992,7 @@ class Llama(nn.Module):
         draft.lm_head = self.lm_head
         draft.register_buffer("inv_freq", self.inv_freq, persistent=False)
         draft.register_buffer("inv_freq_local", self.inv_freq_local, persistent=False)
+        draft.register_buffer("inv_freq_long", self.inv_freq_long, persistent=False)
         draft._kv_dtype = self._kv_dtype
         return draft
 

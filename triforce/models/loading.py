@@ -419,6 +419,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
     from .rope import rope_inv_freq, rope_local_inv_freq
     model.inv_freq = rope_inv_freq(config, dev)
     model.inv_freq_local = rope_local_inv_freq(config, dev)
+    model.inv_freq_long = None if config.rope_long_from is None else rope_inv_freq(config, dev, long=True)
     return model.eval()
 
 

@@ -1,5 +1,5 @@
-"""Rotary position embedding (half-split layout, as Hugging Face Llama), incl. linear, Llama-3 and YaRN
-scaling.
+"""Rotary position embedding (half-split layout, as Hugging Face Llama), incl. linear, Llama-3, YaRN and
+LongRoPE scaling.
 
 Shared by the model (queries and keys of each forward) and the StreamingLLM cache (which re-positions
 its window keys to their new slots after an eviction).
@@ -13,11 +13,18 @@ import torch
 from .config import LlamaConfig
 
 
-def rope_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
-    """float32 ``[head_dim // 2]`` inverse frequencies, after ``config.rope_scaling``."""
+def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch.Tensor:
+    """float32 ``[head_dim // 2]`` inverse frequencies, after ``config.rope_scaling``. LongRoPE has two sets, each
+    pair's frequency divided by its factor: ``short_factor``'s, and with ``long`` ``long_factor``'s (which apply
+    to a sequence is the caller's: docs/model.md, "LongRoPE"); ``long`` is ignored by every other RoPE."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
     kind = config.rope_type
+    if kind == "longrope":  # (as transformers: 1 / (factor * base ** (2i / dim)))
+        factors = torch.tensor(config.rope_scaling["long_factor" if long else "short_factor"], dtype=torch.float32,
+                               device=device)
+        return 1.0 / (factors * config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64,
+                                                                   device=device).float() / dim))
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
     if kind == "linear":
         inv_freq = inv_freq / config.rope_scaling["factor"]
     elif kind == "llama3":
@@ -75,12 +82,18 @@ def _yarn_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
 def rope_attention_scale(config: LlamaConfig) -> float:
     """The factor on cos and sin (so ``factor**2`` on every attention score): YaRN's ``attention_factor``,
     by default ``0.1 ln(factor) + 1`` (with ``mscale`` and ``mscale_all_dim``: the ratio of that formula at
-    the two); 1.0 for every other RoPE."""
-    if config.rope_type != "yarn":
+    the two); LongRoPE's, by default ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))`` with
+    ``factor`` (default: ``max_position_embeddings / original_max_position_embeddings``; 1.0 where it is at
+    most 1), on both factor sets; 1.0 for every other RoPE."""
+    if config.rope_type not in ("yarn", "longrope"):
         return 1.0
     rs = config.rope_scaling
     if rs.get("attention_factor") is not None:
         return float(rs["attention_factor"])
+    if config.rope_type == "longrope":
+        ctx = rs["original_max_position_embeddings"]
+        factor = rs.get("factor") or config.max_position_embeddings / ctx
+        return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(ctx))
 
     def m(scale, mscale=1.0):
         return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -93,12 +106,23 @@ def rope_attention_scale(config: LlamaConfig) -> float:
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
     """cos, sin ``[B, T, 1, head_dim]`` in ``dtype`` for int ``positions`` ``[B, T]`` (fp32 angles), each times
-    ``scale`` (:func:`rope_attention_scale`) in fp32 before the rounding to ``dtype``."""
+    ``scale`` (:func:`rope_attention_scale`) in fp32 before the rounding to ``dtype``. ``inv_freq``:
+    ``[head_dim // 2]``, or ``[B, head_dim // 2]`` per row (:func:`rows_inv_freq`)."""
+    if inv_freq.dim() == 2:
+        inv_freq = inv_freq[:, None, :]
     freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
     if scale == 1.0:
         return emb.cos().to(dtype), emb.sin().to(dtype)
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def rows_inv_freq(short: torch.Tensor, long: torch.Tensor | None, rows_long: torch.Tensor | None) -> torch.Tensor:
+    """LongRoPE's frequencies per row, ``[B, head_dim // 2]``: ``long`` where the bool ``rows_long`` ``[B]`` is
+    set, else ``short``; ``short`` itself (shared by every row) when there is no long set or no per-row choice."""
+    if long is None or rows_long is None:
+        return short
+    return torch.where(rows_long[:, None], long, short)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
