@@ -85,6 +85,21 @@ def test_greedy_equals_autoregressive_with_yarn_rope(method, opts):
     assert out.stats["mean_accepted"] > 1.0
 
 
+# the tiny models' LongRoPE (head_dim 8): the ragged prompts with 30 new tokens pass its original context but one
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
+            "original_max_position_embeddings": 50}
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive_with_longrope(method, opts):
+    """LongRoPE over an original context of 50: the ragged prompts with their 30 new tokens take the short factors
+    (17 + 30) or the long ones (the others), in every cache of the call (the StreamingLLM and retrieval drafts'
+    too); every method's greedy tokens equal autoregressive's, and its drafts are accepted."""
+    out = assert_greedy_equals_autoregressive(tiny(0, rope_scaling=LONGROPE), tiny(1, rope_scaling=LONGROPE), method,
+                                              opts)
+    assert out.stats["mean_accepted"] > 1.0
+
+
 def assert_greedy_equals_autoregressive(target, draft, method, opts):
     """``method``'s 30 greedy tokens for the ragged prompts equal autoregressive decoding's (``draft``: the
     draft model of the methods that take one); -> its output."""

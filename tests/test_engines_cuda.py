@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import triforce
-from tests.test_engines import SMOL_CASES, TINY_CASES, load_smollm2, ragged_prompts, tiny
+from tests.test_engines import LONGROPE, SMOL_CASES, TINY_CASES, load_smollm2, ragged_prompts, tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = torch.device("cuda")
@@ -86,14 +86,18 @@ def test_greedy_equals_autoregressive_smollm2_cuda(smol_cuda, method, opts):
         model.to("cpu")
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "longrope"])
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
 def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
-    """Sliding windows (a tiny Mistral, window 8) and soft-capped scores and logits (a tiny Gemma 2, every other
-    layer windowed): the Triton kernels' window and cap paths through the model layer and every engine, greedy
-    tokens equal autoregressive decoding's on the GPU."""
+    """Sliding windows (a tiny Mistral, window 8), soft-capped scores and logits (a tiny Gemma 2, every other
+    layer windowed) and LongRoPE (rows on either factor set, in captured CUDA graphs): the Triton kernels' window
+    and cap paths through the model layer and every engine, greedy tokens equal autoregressive decoding's on the
+    GPU."""
     if family == "mistral":
         from tests.test_retrieval_windows import windowed as make
+    elif family == "longrope":
+        def make(seed):
+            return tiny(seed, rope_scaling=LONGROPE)
     else:
         from tests.test_gemma2 import tiny_gemma2 as make
     prompts = ragged_prompts(DEV)

@@ -163,15 +163,16 @@ def test_phi3_shards_split_file_by_file(tmp_path):
 
 
 def test_phi3_config():
-    """Phi-3's window on every layer, its checkpoint's fused projections split; LongRoPE (any rope_scaling: its
-    "su" and "yarn" are LongRoPE to transformers' Phi-3), a partial rotary factor (Phi-4-mini's), a dropout
-    and fused weights of the wrong size raise, naming what."""
+    """Phi-3's window on every layer, its checkpoint's fused projections split; a RoPE scaling other than LongRoPE
+    (tests/test_longrope.py; its "su" and "yarn" are LongRoPE to transformers' Phi-3), a partial rotary factor
+    (Phi-4-mini's), a dropout and fused weights of the wrong size raise, naming what."""
     base = hf_model("phi3-window-tied").config.to_dict()
     assert LlamaConfig.from_dict(base).layer_windows == (7, 7)
-    longrope = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
-    for bad, match in (({"rope_scaling": {"type": "longrope", **longrope}}, "LongRoPE"),
-                       ({"rope_scaling": {"type": "su", **longrope}}, "LongRoPE"),
-                       ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "LongRoPE"),
+    for bad, match in (({"rope_scaling": {"type": "linear", "factor": 2.0}}, "reads plain RoPE and LongRoPE"),
+                       ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 2.0}},
+                        "reads plain RoPE and LongRoPE"),
+                       ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
+                        "needs short_factor"),  # (read as LongRoPE)
                        ({"rope_parameters": {**base["rope_parameters"], "partial_rotary_factor": 0.75}},
                         "partial_rotary_factor"),
                        ({"resid_pdrop": 0.1}, "'resid_pdrop'"), ({"embd_pdrop": 0.1}, "'embd_pdrop'")):
