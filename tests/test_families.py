@@ -42,6 +42,13 @@ FAMILIES = {  # name -> (transformers config class, model class, config kwargs)
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, eos_token_id=2)),
     "phi3-window-tied": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, eos_token_id=2, sliding_window=7,
                                                                tie_word_embeddings=True)),
+    # Phi-4-mini: RoPE on the first 3/4 of each head (12 of 16 dims here), LongRoPE (the tests' 80 tokens pass its
+    # original 64), tied
+    "phi4-mini-partial": ("Phi3Config", "Phi3ForCausalLM", dict(
+        pad_token_id=0, eos_token_id=2, tie_word_embeddings=True, partial_rotary_factor=0.75,
+        original_max_position_embeddings=64, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5], "long_factor": [1.5, 2.5, 4.0, 6.0, 9.0, 13.0]})),
 }
 
 
@@ -165,7 +172,8 @@ def test_phi3_shards_split_file_by_file(tmp_path):
 def test_phi3_config():
     """Phi-3's window on every layer, its checkpoint's fused projections split; a RoPE scaling other than LongRoPE
     (tests/test_longrope.py; its "su" and "yarn" are LongRoPE to transformers' Phi-3), a partial rotary factor
-    (Phi-4-mini's), a dropout and fused weights of the wrong size raise, naming what."""
+    that leaves an odd number of rotated dims or two that disagree, a dropout and fused weights of the wrong size
+    raise, naming what."""
     base = hf_model("phi3-window-tied").config.to_dict()
     assert LlamaConfig.from_dict(base).layer_windows == (7, 7)
     for bad, match in (({"rope_scaling": {"type": "linear", "factor": 2.0}}, "reads plain RoPE and LongRoPE"),
@@ -173,8 +181,11 @@ def test_phi3_config():
                         "reads plain RoPE and LongRoPE"),
                        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
                         "needs short_factor"),  # (read as LongRoPE)
-                       ({"rope_parameters": {**base["rope_parameters"], "partial_rotary_factor": 0.75}},
-                        "partial_rotary_factor"),
+                       # 9 of 16 dims: RoPE rotates pairs
+                       ({"rope_parameters": {**base["rope_parameters"], "partial_rotary_factor": 0.5625}},
+                        "'partial_rotary_factor' = 0.5625 is not supported"),
+                       ({"rope_parameters": {**base["rope_parameters"], "partial_rotary_factor": 0.75},
+                         "partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5 differs from the 0.75"),
                        ({"resid_pdrop": 0.1}, "'resid_pdrop'"), ({"embd_pdrop": 0.1}, "'embd_pdrop'")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({**base, **bad})
@@ -188,7 +199,7 @@ def test_phi3_config():
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3-bias", "llama3-untied-biases", "gemma-untied-bias",
-                                    "phi3-window-tied"])
+                                    "phi3-window-tied", "phi4-mini-partial"])
 def test_cache_paths_equal_plain_forward(family):
     """Prefill in chunks, a verify step, decode, and a tree over the cached prefix: the biases and the q/k
     norms take the same path in every forward."""

@@ -2,7 +2,8 @@
 short and long factor sets read as transformers reads them, logits equal to transformers' on either side of
 ``original_max_position_embeddings``, the caches' per-row choice of factors (``rope_long``), the engines' rule
 (a row whose prompt and new tokens pass the original context takes the long factors from its first token),
-and transformers' own greedy generation where both compute the same thing."""
+and transformers' own greedy generation where both compute the same thing. Partial RoPE (Phi-4-mini: RoPE on
+the first 3/4 of each head) with it."""
 import json
 import math
 
@@ -78,7 +79,7 @@ def test_phi35_config_reads_as_transformers(spelling):
 
 @pytest.mark.parametrize("bad,match", [
     ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 47, "long_factor": [2.0] * 48}},
-     r"short_factor'\] must be a list of head_dim // 2 = 48"),
+     r"short_factor'\] must be a list of rotary_dim // 2 = 48"),
     ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [0.0] * 48}},
      r"long_factor'\] must be a list"),
     ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48}}, "needs long_factor"),
@@ -185,3 +186,55 @@ def test_save_round_trip_reads_in_transformers(tmp_path):
     with torch.no_grad():
         assert (model(ids) - back(ids).logits).abs().max().item() <= TOL
     assert torch.equal(Llama.from_pretrained(tmp_path).inv_freq_long, model.inv_freq_long)
+
+
+# ---- partial RoPE (Phi-4-mini: the first 3/4 of each head rotated, LongRoPE on those)
+def phi4_mini_config(**changes) -> dict:
+    """A config.json shaped as Phi-4-mini-instruct's (factor values made up: 48 per set for its 96 rotated dims)."""
+    return phi35_config(**{"vocab_size": 200064, "num_attention_heads": 24, "num_key_value_heads": 8,
+                           "partial_rotary_factor": 0.75, "tie_word_embeddings": True, "eos_token_id": 199999,
+                           "pad_token_id": 199999, "bos_token_id": 199999, "rope_scaling": {
+                               "type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(48)],
+                               "long_factor": [1.0 + 1.5 * i for i in range(48)]}, **changes})
+
+
+def test_phi4_mini_config_reads_as_transformers():
+    """96 of 128 dims rotated: the 48 rotated pairs' frequencies bitwise transformers' (both sets), a frequency 0
+    for the 16 others; LongRoPE's factor lists are one per rotated pair."""
+    from transformers.modeling_rope_utils import _compute_longrope_parameters
+
+    d = phi4_mini_config()
+    c = LlamaConfig.from_dict(d)
+    assert (c.head_dim, c.rotary_dim, c.rope_long_from) == (128, 96, 4096)
+    hf = transformers.Phi3Config(**{k: v for k, v in d.items() if k != "auto_map"})
+    for seq_len, long in ((None, False), (4097, True)):
+        inv_freq, factor = _compute_longrope_parameters(hf, "cpu", seq_len=seq_len)
+        mine = rope_inv_freq(c, long=long)
+        assert torch.equal(mine[:48], inv_freq) and torch.equal(mine[48:], torch.zeros(16))
+        assert rope_attention_scale(c) == factor
+    with pytest.raises(ValueError, match="rotary_dim // 2 = 48"):
+        LlamaConfig.from_dict(phi4_mini_config(rope_scaling={**d["rope_scaling"], "short_factor": [1.0] * 64}))
+
+
+def test_partial_rope_model_round_trip_and_engines(tmp_path):
+    """A tiny Phi-4-mini (12 of 16 dims rotated, LongRoPE): transformers reads our save back with the same
+    logits (the q / k dims back in the checkpoint's order), and every method's greedy tokens equal transformers'
+    generate, the StreamingLLM drafts re-rotating their keys with the unrotated dims left as they are."""
+    from .test_families import hf_model
+
+    hf = hf_model("phi4-mini-partial", initializer_range=0.3, eos_token_id=None)
+    model = ours(hf)
+    assert model.config.rotary_dim == 12
+    model.save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    for name, t in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t), name
+    prompts = [torch.randint(3, 101, (n,), generator=torch.Generator().manual_seed(n)) for n in (70, 30)]
+    want = [hf.generate(p[None], max_new_tokens=16, do_sample=False)[0, len(p):] for p in prompts]
+    for method, opts in (("autoregressive", {}), ("magicdec", {"gamma": 3, "sink": 1, "window": 8}),
+                         ("triforce", {"gamma1": 2, "gamma2": 4, "budget": 16, "chunk_size": 4, "sink": 1,
+                                       "window": 12}),
+                         ("tree", {"tree": (2, 2, 1), "sink": 1, "window": 16})):
+        out = triforce.generate(model, prompts, method=method, max_new_tokens=16, **opts)
+        for b in range(2):
+            assert torch.equal(out.tokens[b], want[b]), (method, b, out.tokens[b], want[b])

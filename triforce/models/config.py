@@ -109,7 +109,7 @@ FAMILIES["gemma2"] = Family(
 _GEMMA2_PATTERN = 2
 # Phi-3 / Phi-4 (Phi3ForCausalLM: Phi-3-mini / medium, Phi-4 14B): Llama's layer with fused q/k/v and gate/up
 # projections in its checkpoints, no biases, a sliding window on every layer where the config sets one (Phi-3
-# mini 4k: 2047), the RoPE on the whole head (Phi-4-mini's partial_rotary_factor 0.75 raises), plain RoPE or
+# mini 4k: 2047), RoPE on the whole head or on its first dims (Phi-4-mini's partial_rotary_factor 0.75), plain RoPE or
 # LongRoPE (Phi-3 128k, Phi-3.5: rope_scaling "longrope", also spelled "su" or "yarn", which transformers' Phi-3
 # reads as LongRoPE; its original_max_position_embeddings is a top-level key, 4096 when absent).
 FAMILIES["phi3"] = Family("Phi3ForCausalLM", fused_projections=True, defaults={
@@ -181,7 +181,11 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one)
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
        for key in ("resid_pdrop", "embd_pdrop")},
-    "partial_rotary_factor": (lambda v, c: v in (1, None), "1.0 (RoPE on the whole head)"),
+    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type == "phi3" and _is_number(v) and 0 < v < 1
+                                                               and int(c.head_dim * v) % 2 == 0
+                                                               and int(c.head_dim * v) >= 2),
+                              "1.0 (RoPE on the whole head; Phi-3 / Phi-4: a number in (0, 1] leaving an even number "
+                              ">= 2 of rotated dims, int(head_dim * factor))"),
     # sliding windows: LlamaConfig.layer_windows (_layer_windows)
     **{key: (lambda v, c, key=key: _layer_windows(c)[1] != key, _WINDOWS)
        for key in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")},
@@ -388,12 +392,12 @@ class LlamaConfig:
                              f"(which reads {', '.join(need + optional) or 'nothing else'}) and could change the "
                              "RoPE frequencies; remove it if you know it does not")
         flags = ("truncate", "finetuned")
+        pairs = self.rotary_dim // 2
         for k in _ROPE_LISTS if kind == "longrope" else ():
             v = rs[k]
-            if not isinstance(v, (list, tuple)) or len(v) != self.head_dim // 2 \
-                    or not all(_is_number(x) and x > 0 for x in v):
-                raise ValueError(f"rope_scaling[{k!r}] must be a list of head_dim // 2 = {self.head_dim // 2} "
-                                 f"numbers > 0 (one per RoPE pair), got {v!r}")
+            if not isinstance(v, (list, tuple)) or len(v) != pairs or not all(_is_number(x) and x > 0 for x in v):
+                raise ValueError(f"rope_scaling[{k!r}] must be a list of rotary_dim // 2 = {pairs} numbers > 0 (one "
+                                 f"per RoPE pair), got {v!r}")
             rs[k] = [float(x) for x in v]
         need = tuple(k for k in need if k not in _ROPE_LISTS)
         for k in need + tuple(k for k in optional if rs.get(k) is not None and k not in flags):
@@ -460,6 +464,13 @@ class LlamaConfig:
             return None
         v = self.extra.get(key, FAMILIES["gemma2"].defaults[key])
         return None if v is None else float(v)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The head dims RoPE rotates: ``head_dim``, or its first ``int(head_dim * partial_rotary_factor)``
+        (Phi-4-mini: 96 of 128; docs/model.md, "Partial RoPE")."""
+        f = self.extra.get("partial_rotary_factor")
+        return int(self.head_dim * f) if _is_number(f) and 0 < f < 1 else self.head_dim
 
     @property
     def rope_long_from(self) -> int | None:
@@ -658,8 +669,14 @@ def _read_rope(d: dict) -> dict:
             raise ValueError(f"config rope_theta = {out['rope_theta']!r} differs from the rope_theta = {inner!r} "
                              "inside rope_parameters / rope_scaling; keep one")
         out["rope_theta"] = inner
-    if "partial_rotary_factor" in d:  # transformers moves the top-level one into the rope dict too
-        rope.setdefault("partial_rotary_factor", d.pop("partial_rotary_factor"))
+    # transformers moves the top-level partial_rotary_factor into the RoPE dict (where one there wins); here it is
+    # a top-level key (LlamaConfig.rotary_dim), and the two must agree
+    inner = rope.pop("partial_rotary_factor", None)
+    if inner is not None and d.get("partial_rotary_factor", inner) != inner:
+        raise ValueError(f"config partial_rotary_factor = {d['partial_rotary_factor']!r} differs from the {inner!r} "
+                         "inside rope_parameters / rope_scaling; keep one")
+    if inner not in (None, 1):
+        d["partial_rotary_factor"] = inner
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind in ("llama3", "yarn", "longrope") and "original_max_position_embeddings" in d:
         top = d.pop("original_max_position_embeddings")

@@ -296,6 +296,40 @@ def _join_projections(sd: dict) -> dict:
     return out
 
 
+def rotary_order(config: LlamaConfig) -> torch.Tensor | None:
+    """Partial RoPE: int64 ``[head_dim]``, the checkpoint's dim of each of the model's q / k head dims, or None
+    when RoPE rotates the whole head. A checkpoint rotates its dims ``i`` and ``i + r/2`` together (``i < r/2``,
+    ``r = config.rotary_dim``) and leaves ``r .. head_dim - 1`` as they are; the model's RoPE pairs ``j`` and
+    ``j + head_dim/2``. So the model's dims ``j`` and ``j + head_dim/2`` hold the checkpoint's ``j`` and
+    ``j + r/2`` for ``j < r/2``, and the unrotated dims, half in each half, after: the same scores (a dot
+    product in another order), and the unrotated pairs take angle 0 (:func:`triforce.models.rope.rope_inv_freq`)."""
+    D, r = config.head_dim, config.rotary_dim
+    if r == D:
+        return None
+    h, rest = r // 2, (D - r) // 2
+    first = [*range(h), *range(r, r + rest)]
+    return torch.tensor(first + [*range(h, r), *range(r + rest, D)])
+
+
+def _order_rotary_dims(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """``sd`` with each q / k head's dims (projection rows and biases, q / k norm weights) in the model's order
+    (:func:`rotary_order`), or back in the checkpoint's with ``inverse``; ``sd`` itself without partial RoPE."""
+    order = rotary_order(config)
+    if order is None:
+        return sd
+    if inverse:
+        order = torch.argsort(order)
+    D = config.head_dim
+    out = dict(sd)
+    for name, t in sd.items():
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_proj.bias",
+                          "self_attn.k_proj.bias")):
+            out[name] = t.reshape(-1, D, *t.shape[1:])[:, order.to(t.device)].reshape(t.shape)
+        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            out[name] = t[order.to(t.device)]
+    return out
+
+
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
 _PT_SINGLE, _PT_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 
@@ -399,6 +433,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
 
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
+    sd = _order_rotary_dims(config, sd)
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
@@ -432,6 +467,7 @@ def _write_hf_dir(directory: Path, config: LlamaConfig, sd: dict) -> None:
     other files in ``directory`` (a tokenizer) stay."""
     from safetensors.torch import save_file
 
+    sd = _order_rotary_dims(config, sd, inverse=True)
     if FAMILIES[config.model_type].fused_projections:
         sd = _join_projections(sd)
 

@@ -17,13 +17,13 @@ def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch
     """float32 ``[head_dim // 2]`` inverse frequencies, after ``config.rope_scaling``. LongRoPE has two sets, each
     pair's frequency divided by its factor: ``short_factor``'s, and with ``long`` ``long_factor``'s (which apply
     to a sequence is the caller's: docs/model.md, "LongRoPE"); ``long`` is ignored by every other RoPE."""
-    dim = config.head_dim
+    dim = config.rotary_dim
     kind = config.rope_type
     if kind == "longrope":  # (as transformers: 1 / (factor * base ** (2i / dim)))
         factors = torch.tensor(config.rope_scaling["long_factor" if long else "short_factor"], dtype=torch.float32,
                                device=device)
-        return 1.0 / (factors * config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64,
-                                                                   device=device).float() / dim))
+        return _still_pairs(config, 1.0 / (factors * config.rope_theta ** (
+            torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim)))
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
     if kind == "linear":
         inv_freq = inv_freq / config.rope_scaling["factor"]
@@ -41,7 +41,15 @@ def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch
         inv_freq = torch.where(is_medium, smoothed, scaled)
     elif kind == "yarn":
         inv_freq = _yarn_inv_freq(config, device)
-    return inv_freq
+    return _still_pairs(config, inv_freq)
+
+
+def _still_pairs(config: LlamaConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Partial RoPE (``config.rotary_dim < head_dim``): the rotated pairs' frequencies, then a 0 for each pair of
+    the dims RoPE leaves as they are (angle 0: cos 1 and sin 0, which leave a value exactly as it is). The loader
+    orders each head's q and k dims so that those pairs are the ones (docs/model.md, "Partial RoPE")."""
+    still = config.head_dim // 2 - inv_freq.numel()
+    return inv_freq if still == 0 else torch.cat([inv_freq, inv_freq.new_zeros(still)])
 
 
 def rope_local_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor | None:
@@ -59,7 +67,7 @@ def _yarn_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
     times over the original context are interpolated (divided by ``factor``), those that turn more than
     ``beta_fast`` times keep their frequency, and a linear ramp over the pair index blends the ones between
     (its ends rounded outwards with ``truncate``)."""
-    rs, dim, base = config.rope_scaling, config.head_dim, config.rope_theta
+    rs, dim, base = config.rope_scaling, config.rotary_dim, config.rope_theta
     factor, ctx = rs["factor"], rs["original_max_position_embeddings"]
     beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
 
@@ -106,15 +114,19 @@ def rope_attention_scale(config: LlamaConfig) -> float:
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
     """cos, sin ``[B, T, 1, head_dim]`` in ``dtype`` for int ``positions`` ``[B, T]`` (fp32 angles), each times
-    ``scale`` (:func:`rope_attention_scale`) in fp32 before the rounding to ``dtype``. ``inv_freq``:
-    ``[head_dim // 2]``, or ``[B, head_dim // 2]`` per row (:func:`rows_inv_freq`)."""
-    if inv_freq.dim() == 2:
-        inv_freq = inv_freq[:, None, :]
-    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    ``scale`` (:func:`rope_attention_scale`) in fp32 before the rounding to ``dtype``, but for the pairs of
+    frequency 0 (the dims partial RoPE leaves as they are: cos 1 and sin 0, unscaled, as transformers passes
+    them). ``inv_freq``: ``[head_dim // 2]``, or ``[B, head_dim // 2]`` per row (:func:`rows_inv_freq`)."""
+    per_row = inv_freq.dim() == 2
+    freqs = positions.float()[..., None] * (inv_freq[:, None, :] if per_row else inv_freq)  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
     if scale == 1.0:
         return emb.cos().to(dtype), emb.sin().to(dtype)
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    # (the scale as a float32 tensor: the same products as by the Python float)
+    factor = torch.where(inv_freq == 0, 1.0, scale).to(torch.float32)
+    factor = torch.cat((factor, factor), dim=-1)
+    factor = factor[:, None, None, :] if per_row else factor
+    return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
 
 
 def rows_inv_freq(short: torch.Tensor, long: torch.Tensor | None, rows_long: torch.Tensor | None) -> torch.Tensor:
