@@ -371,6 +371,115 @@ def test_gguf_gemma_as_llama_cpp_writes_it(tmp_path):
             assert torch.equal(1 + p, 1 + w) and (p - w).abs().max() <= 2 ** -22, name
 
 
+def write_phi3_gguf(path, hf, quant=None):
+    """A phi3 GGUF as llama.cpp's converter writes a Phi3ForCausalLM checkpoint (``hf``): its tensors named by the
+    gguf package's phi3 name map (attn_qkv and ffn_up fused, as in the checkpoint; no permutation: llama.cpp runs
+    phi3 with NEOX RoPE), rope.dimension_count the rotated dims, sliding_window 0 for none, and with LongRoPE the
+    factors as rope_factors_long / _short tensors, the original context and the attention factor the converter
+    computes. ``quant``: as :func:`write_gguf`'s."""
+    c = hf.config
+    rp = c.rope_parameters
+    head_dim = c.hidden_size // c.num_attention_heads
+    kv = {"context_length": c.max_position_embeddings,
+          "rope.scaling.original_context_length": c.original_max_position_embeddings,
+          "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
+          "block_count": c.num_hidden_layers, "attention.head_count": c.num_attention_heads,
+          "attention.head_count_kv": c.num_key_value_heads, "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+          "rope.dimension_count": int(c.hidden_size * rp.get("partial_rotary_factor", 1.0)) // c.num_attention_heads,
+          "rope.freq_base": float(rp["rope_theta"]), "attention.sliding_window": c.sliding_window or 0,
+          "vocab_size": c.vocab_size}
+    tensors = {}
+    if rp["rope_type"] == "longrope":
+        scale = c.max_position_embeddings / c.original_max_position_embeddings
+        kv["rope.scaling.attn_factor"] = math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings))
+        tensors["rope_factors_long.weight"] = np.array(rp["long_factor"], np.float32)
+        tensors["rope_factors_short.weight"] = np.array(rp["short_factor"], np.float32)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHI3, c.num_hidden_layers)
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t.detach().float().numpy()
+    w = gguf.GGUFWriter(str(path), "phi3")
+    add = {float: w.add_float32, int: w.add_uint32}
+    for k, v in kv.items():
+        add[type(v)](f"phi3.{k}", v)
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(c, k, None) is not None:
+            w.add_uint32(f"tokenizer.ggml.{k.replace('pad_', 'padding_')}", getattr(c, k))
+    for name, t in tensors.items():
+        q, qtype = quant(name, t) if quant is not None and not name.startswith("rope_factors") else (t, None)
+        w.add_tensor(name, q, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("family", ["phi3", "phi3-window-tied", "phi4-mini-partial"])
+def test_gguf_phi3_as_llama_cpp_writes_it(tmp_path, family):
+    """A phi3 GGUF (Phi-3 / 3.5 / 4 / 4-mini): its fused tensors split, the partial RoPE's dims reordered and
+    LongRoPE read from its factor tensors give the checkpoint's logits (past LongRoPE's original context), with
+    no sliding window as llama.cpp runs phi3 files (transformers' GGUF loader drops the window too, and agrees on
+    the files without partial RoPE or LongRoPE, which it does not read); gguf_copy's blocks, split and reordered
+    alike, compute bitwise the loaded model, and load_gguf_int8 bitwise gguf_copy's int8 copy."""
+    from triforce.models import gguf_copy
+    from triforce.models.quant import load_gguf_int8
+
+    hf = hf_model(family)
+    ref = hf_model(family, sliding_window=None)  # the same weights, no window
+    ids = torch.randint(0, 101, (2, 80), generator=torch.Generator().manual_seed(3))
+    path = write_phi3_gguf(tmp_path / "f32.gguf", hf)
+    ours = Llama.from_pretrained(path, cache_dir=False)
+    assert ours.config.layer_windows == (0, 0) and ours.config.rotary_dim == (12 if "partial" in family else 16)
+    with torch.no_grad():
+        got = ours(ids)
+        assert (got - ref(ids).logits).abs().max().item() <= TOL
+        if family == "phi3-window-tied":
+            assert (got - hf(ids).logits).abs().max().item() > 100 * TOL  # 80 tokens, window 7
+    q8 = write_phi3_gguf(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    loaded = Llama.from_pretrained(q8, cache_dir=False)
+    with torch.no_grad():
+        want = loaded(ids)
+        assert torch.equal(gguf_copy(loaded, q8)(ids), want)
+        assert torch.equal(load_gguf_int8(q8)(ids), gguf_copy(loaded, q8, activations="int8")(ids))
+        if "partial" not in family:
+            theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="q.gguf").eval()
+            assert (want - theirs(ids).logits).abs().max().item() <= TOL
+
+
+def test_gguf_phi3_longrope_errors(tmp_path):
+    hf = hf_model("phi4-mini-partial")
+    path = write_phi3_gguf(tmp_path / "m.gguf", hf)
+    from triforce.models.loading import open_gguf, read_gguf
+
+    reader = open_gguf(path)
+    read_gguf(path, reader=reader)  # (the file as written loads)
+    import gguf as g
+
+    def rewrite(drop_tensor=None, drop_key=None, arch="phi3"):
+        w = g.GGUFWriter(str(tmp_path / "bad.gguf"), arch)
+        for field in reader.fields.values():
+            name = field.name
+            if name.startswith("phi3.") and name != drop_key:
+                value = field.contents()
+                key = arch + name[len("phi3"):]
+                (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
+        for t in reader.tensors:
+            if t.name != drop_tensor:
+                w.add_tensor(t.name, np.array(t.data).reshape(tuple(reversed([int(n) for n in t.shape]))))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return tmp_path / "bad.gguf"
+
+    with pytest.raises(ValueError, match="needs both rope_factors_long and rope_factors_short"):
+        read_gguf(rewrite(drop_tensor="rope_factors_long.weight"))
+    with pytest.raises(ValueError, match="no phi3.rope.scaling.original_context_length"):
+        read_gguf(rewrite(drop_key="phi3.rope.scaling.original_context_length"))
+
+
 def test_gguf_unknown_pre_tokenizer_raises(tmp_path):
     config = LlamaConfig(**TINY)
     tokenizer = {**gguf_tokenizer("qwen2", 300), "pre": "deepseek-llm"}
@@ -419,11 +528,11 @@ def test_gguf_rope_freqs_read_as_llama3_rope(tmp_path):
 
 
 def test_gguf_unsupported_architecture_names_it(tmp_path):
-    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "phi3")
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "falcon")
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="architecture 'phi3'; supported: 'llama', 'qwen2', 'qwen3'"):
+    with pytest.raises(ValueError, match="architecture 'falcon'; supported: 'llama', 'qwen2', 'qwen3'"):
         Llama.from_pretrained(tmp_path / "m.gguf", cache_dir=False)

@@ -256,6 +256,14 @@ _FUSED = ((".self_attn.qkv_proj.weight", (".self_attn.q_proj.weight", ".self_att
           (".mlp.gate_up_proj.weight", (".mlp.gate_proj.weight", ".mlp.up_proj.weight")))
 
 
+def fused_parts(key: str) -> list | None:
+    """The model's parameter names a checkpoint's fused tensor ``key`` splits into (Phi-3's), or None."""
+    for fused, parts in _FUSED:
+        if key.endswith(fused):
+            return [key[: -len(fused)] + part for part in parts]
+    return None
+
+
 def _fused_rows(config: LlamaConfig, fused: str) -> tuple:
     D = config.head_dim
     if fused == _FUSED[0][0]:
@@ -508,9 +516,14 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # runs llama-arch RoPE on interleaved pairs (hence the permutation; Mistral converts as llama), qwen2 /
 # qwen3 / gemma on half-split pairs (NEOX), stored as in the Hugging Face checkpoint. llama.cpp's converter
 # stores Gemma's RMSNorm weights as 1 + w (the factor they apply), which read_gguf turns back into w.
-# gemma2 / gemma3: Gemma 2 and Gemma 3's language model, as llama.cpp runs them (_gguf_gemma).
+# gemma2 / gemma3: Gemma 2 and Gemma 3's language model, as llama.cpp runs them (_gguf_gemma). phi3: Phi-3 /
+# Phi-3.5 / Phi-4(-mini), NEOX RoPE, its fused attn_qkv and ffn_up (gate and up) tensors split on loading, as
+# llama.cpp runs it (_gguf_phi3_rope; its sliding window is ignored, as llama.cpp does).
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
-                      "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False)}
+                      "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
+                      "phi3": ("phi3", False)}
+# tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
+_GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
@@ -526,11 +539,16 @@ _GGUF_METADATA = frozenset({
 })
 _GGUF_HARMLESS_ONLY_AT = {
     "attention.value_length": (lambda v, c: v == c.head_dim, "attention.key_length (one head_dim)"),
-    "rope.dimension_count": (lambda v, c: v == c.head_dim, "head_dim (RoPE on the whole head)"),
-    "rope.scaling.attn_factor": (lambda v, c: v == 1, "1.0"),
+    "rope.dimension_count": (lambda v, c: v == c.rotary_dim,
+                             "head_dim (RoPE on the whole head; phi3: the rotated dims, partial RoPE)"),
+    # llama.cpp multiplies RoPE's cos and sin by it; phi3 LongRoPE: its attention factor, read
+    "rope.scaling.attn_factor": (lambda v, c: v == 1 or (c.rope_type == "longrope"
+                                                         and v == c.rope_scaling.get("attention_factor")),
+                                 "1.0 (phi3 with LongRoPE factors: any)"),
     "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
     "attention.causal": (lambda v, c: v is True, "true"),
-    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text") or v == 0
+    # phi3: llama.cpp reads it and then runs the model without a window ("Phi SWA is currently disabled"), as here
+    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3") or v == 0
                                  or v >= c.max_position_embeddings,
                                  "0 or >= context_length (no sliding-window attention; gemma2 / gemma3: its window)"),
     # read by _gguf_gemma for gemma2
@@ -550,7 +568,8 @@ def _gguf_rope_scaling(reader, arch: str, path: Path, context: int):
     ``rope.scaling.factor`` (or the older ``rope.scale_linear``; 0 or missing: none); ``none`` turns it
     off. ``yarn``: that factor over ``rope.scaling.original_context_length`` (default: ``context``, the
     file's context length, as llama.cpp), with ``rope.scaling.yarn_beta_fast`` / ``yarn_beta_slow`` (default
-    32 / 1); llama.cpp's ramp ends are rounded outwards, transformers' ``truncate``. Others (longrope) raise."""
+    32 / 1); llama.cpp's ramp ends are rounded outwards, transformers' ``truncate``. ``longrope``: None here
+    (the file's rope_factors tensors say it: :func:`_gguf_longrope`). Others raise."""
     kind = gguf_field(reader, f"{arch}.rope.scaling.type")
     factor = gguf_field(reader, f"{arch}.rope.scaling.factor", gguf_field(reader, f"{arch}.rope.scale_linear"))
     factor = float(factor) if factor is not None else 0.0
@@ -566,9 +585,11 @@ def _gguf_rope_scaling(reader, arch: str, path: Path, context: int):
             if value is not None:
                 rs[key] = float(value)
         return rs
+    if kind == "longrope" and arch == "phi3":
+        return None
     if kind not in (None, "linear", "none"):
         raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = {kind!r}; only linear and yarn "
-                         "RoPE scaling are supported (use a model without longrope scaling)")
+                         "RoPE scaling are supported (and LongRoPE in a phi3 file)")
     if kind == "none":
         if factor not in (0.0, 1.0):
             raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = 'none' but "
@@ -605,6 +626,43 @@ def _rope_from_freq_factors(config: LlamaConfig, factors: torch.Tensor, path: Pa
                      "RoPE setting reproduces; load the Hugging Face checkpoint instead")
 
 
+def _gguf_longrope(reader, arch: str, path: Path, tensors: dict, rope_scaling) -> dict:
+    """A phi3 file's LongRoPE, as llama.cpp runs it: the per-pair factors of its ``rope_factors_short`` /
+    ``rope_factors_long`` tensors (both, float), over ``rope.scaling.original_context_length`` (required), with
+    ``rope.scaling.attn_factor`` on cos and sin (1.0 when absent, llama.cpp's default)."""
+    import gguf
+
+    if arch != "phi3":
+        raise ValueError(f"GGUF file {str(path)!r} has LongRoPE factor tensors in a {arch!r} file; they are read "
+                         "for architecture 'phi3' only")
+    have = [name for name in _GGUF_ROPE_TENSORS[1:] if name in tensors]
+    if len(have) != 2 or rope_scaling is not None or "rope_freqs.weight" in tensors:
+        raise ValueError(f"GGUF file {str(path)!r} has {', '.join(have)}: LongRoPE needs both rope_factors_long and "
+                         "rope_factors_short, and no other RoPE scaling")
+    original = gguf_field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is None:
+        raise ValueError(f"GGUF file {str(path)!r} has LongRoPE factors but no {arch}.rope.scaling.original_context_"
+                         "length (the length past which the long factors apply)")
+    factors = {name: gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type).reshape(-1).tolist()
+               for name in have}
+    return {"rope_type": "longrope", "short_factor": factors["rope_factors_short.weight"],
+            "long_factor": factors["rope_factors_long.weight"], "original_max_position_embeddings": int(original),
+            "attention_factor": float(gguf_field(reader, f"{arch}.rope.scaling.attn_factor", 1.0))}
+
+
+def _gguf_phi3_extra(reader, arch: str, path: Path, head_dim: int) -> dict:
+    """A phi3 file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less than the head
+    (Phi-4-mini: 96 of 128)."""
+    rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rotated == head_dim:
+        return {}
+    factor = rotated / head_dim
+    if int(head_dim * factor) != rotated:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
+                         "no partial_rotary_factor transformers would read back")
+    return {"partial_rotary_factor": factor}
+
+
 def _check_gguf_keys(reader, config: LlamaConfig, arch: str, path: Path) -> None:
     for full in reader.fields:
         if not full.startswith(f"{arch}."):
@@ -630,6 +688,10 @@ _GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.i
 _GGUF_SANDWICH_TENSORS = {**_GGUF_LAYER_TENSORS, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                           "post_attention_norm.weight": "post_attention_layernorm.weight",
                           "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+# phi3: q, k, v as one attn_qkv and the gate and up projections as one ffn_up (gate first), as its checkpoints
+# hold them (_build splits them)
+_GGUF_PHI3_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                      "ffn_up.weight": "mlp.gate_up_proj.weight"}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -681,21 +743,30 @@ def read_gguf(path: Path, skip=None, reader=None):
     tok = lambda k: gguf_field(reader, f"tokenizer.ggml.{k}")  # noqa: E731
     # Qwen2: q/k/v biases always; llama / qwen3: biases on q/k/v/o if the file has them (attention_bias)
     attention_bias = model_type != "qwen2" and "blk.0.attn_q.bias" in tensors
+    rope_scaling = _gguf_rope_scaling(reader, arch, path, int(need("context_length")))
+    if any(name in tensors for name in _GGUF_ROPE_TENSORS[1:]):
+        rope_scaling = _gguf_longrope(reader, arch, path, tensors, rope_scaling)
+    elif gguf_field(reader, f"{arch}.rope.scaling.type") == "longrope":
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = 'longrope' but no rope_factors "
+                         "tensors")
+    extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
+             if arch in ("gemma2", "gemma3") else _gguf_phi3_extra(reader, arch, path, head_dim) if arch == "phi3"
+             else {})
     config = LlamaConfig(
         model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
-        rope_scaling=_gguf_rope_scaling(reader, arch, path, int(need("context_length"))),
-        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_scaling=rope_scaling, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
-        extra=_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
-        if arch in ("gemma2", "gemma3") else {})
+        extra=extra)
     _check_gguf_keys(reader, config, arch, path)
 
     sd = {}
     for name, t in tensors.items():
+        if name in _GGUF_ROPE_TENSORS[1:]:
+            continue  # (read into the config above)
         if skip is not None and name != "rope_freqs.weight":
             key, _ = _state_key(name, path, arch, permuted, n_head, n_kv)
             if skip(key, t.tensor_type.name, tuple(int(n) for n in reversed(t.shape))):
@@ -726,7 +797,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
         return "lm_head.weight", None
     if name.startswith("blk."):
         _, i, kind = name.split(".", 2)
-        table = _GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_LAYER_TENSORS
+        table = (_GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_PHI3_TENSORS if arch == "phi3"
+                 else _GGUF_LAYER_TENSORS)
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")
@@ -740,7 +812,9 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     quantisation ``types`` as stored (GGUF blocks, each row its own run of blocks), rows in the model's
     order (``attn_q`` / ``attn_k`` un-permuted as :func:`read_gguf` does). Row ``n`` dequantises to row
     ``n`` of :func:`read_gguf`'s float32 tensor. ``reader``: as for :func:`read_gguf`. The blocks are read-only
-    views of the file's memory map (permuted rows excepted): read them, never write to them."""
+    views of the file's memory map (permuted rows excepted): read them, never write to them. phi3: the fused
+    tensors' rows split into the model's projections, and q / k rows in the model's order with partial RoPE
+    (:func:`rotary_order`), as the model's weights are (copies, those)."""
     reader = reader if reader is not None else open_gguf(path)
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -752,11 +826,18 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     out = {}
     for t in reader.tensors:
         kind = t.tensor_type.name
-        if kind not in types or len(t.shape) != 2 or t.name == "rope_freqs.weight":
+        if kind not in types or len(t.shape) != 2 or t.name in _GGUF_ROPE_TENSORS:
             continue
         key, heads = _state_key(t.name, path, arch, permuted, n_head, n_kv)
         with warnings.catch_warnings():  # a read-only view of the mapped file, no copy: nothing writes to it
             warnings.simplefilter("ignore", UserWarning)
             blocks = torch.from_numpy(t.data).view(torch.uint8)
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
+    if FAMILIES[GGUF_ARCHITECTURES[arch][0]].fused_projections:
+        config, _ = read_gguf(path, skip=lambda *_: True, reader=reader)  # the metadata only
+        kinds = {}
+        for key, (kind, _) in out.items():  # each part of a fused tensor keeps its type
+            kinds.update(dict.fromkeys(fused_parts(key) or [key], kind))
+        rows = _order_rotary_dims(config, _split_projections(config, {k: b for k, (_, b) in out.items()}))
+        out = {key: (kinds[key], b) for key, b in rows.items()}
     return out

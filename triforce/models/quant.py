@@ -821,12 +821,15 @@ def load_gguf_int8(path) -> Llama:
     float32 as :meth:`Llama.from_pretrained` loads it; nothing is written to the conversion cache). A
     Qwen2.5-Coder-1.5B Q4_K_M file: 33 s and a 4.3 GB peak resident size (the mapped file beside the packed
     layers and the float32 embedding) against 90 s and 9.2 GB through the float32 model."""
-    from .loading import _build, open_gguf, read_gguf, read_gguf_blocks
+    from .loading import _build, fused_parts, open_gguf, read_gguf, read_gguf_blocks
 
     reader = open_gguf(Path(path))
     blocks = read_gguf_blocks(path, tuple(GGUF_I8_TYPES), reader)
 
     def packed(key, kind, shape):  # a linear layer's weight that replace() below builds from its blocks
+        parts = fused_parts(key)  # (Phi-3's fused tensors: packed when every part is)
+        if parts is not None:
+            return all(p in blocks and blocks[p][1].shape[0] % I8_GROUP == 0 for p in parts)
         linear = key == "lm_head.weight" or (key.startswith("model.layers.") and key.endswith("_proj.weight"))
         return linear and key in blocks and len(shape) == 2 and shape[0] % I8_GROUP == 0
 
