@@ -688,17 +688,17 @@ def test_streaming_fill_from_checks():
 
 
 # ---------------------------------------------------------------- rows leaving the batch
-def _twin_caches(model, kind, prompts):
+def _twin_caches(model, kind, prompts, rope_long=None):
     """Two identical prefilled caches of ``kind`` (with their full caches, for a retrieval cache) -> a list of
-    (cache, full cache or None) pairs."""
+    (cache, full cache or None) pairs. ``rope_long``: the caches' LongRoPE choice per row."""
     pair = []
     for _ in range(2):
         if kind == "streaming":
-            c = StreamingCache(model.config, len(prompts), sink=2, window=12, max_step=4)
+            c = StreamingCache(model.config, len(prompts), sink=2, window=12, max_step=4, rope_long=rope_long)
             model.prefill(prompts, c, chunk_size=8)
             pair.append((c, None))
             continue
-        full = FullCache(model.config, len(prompts), 96, chunk_size=None if kind == "full" else 4)
+        full = FullCache(model.config, len(prompts), 96, chunk_size=None if kind == "full" else 4, rope_long=rope_long)
         model.prefill(prompts, full, chunk_size=16)
         if kind == "retrieval":
             pair.append((RetrievalCache(model.config, full, budget=16, chunk_size=4, max_step=8, rebuild_stride=12),
@@ -738,16 +738,23 @@ def test_select_rows_continues_as_the_rows_would_have(data):
     later forwards (chains, trees, rollbacks, a retrieval cache's syncs and rebuilds) give that row's logits
     in an untouched twin, bit for bit; lengths, chunk-mean keys and last queries follow. Rows kept in place
     (the order :func:`rows_in_place` gives) and any other order (gathered) alike. (The twin's dropped rows stop
-    growing, as finished rows do: when a retrieval cache rebuilds is decided over all its rows.)"""
+    growing, as finished rows do: when a retrieval cache rebuilds is decided over all its rows.) With LongRoPE, each
+    row's choice of factor set goes with it."""
     from triforce.models.cache import rows_in_place
 
     kind = data.draw(st.sampled_from(["full", "chunked", "streaming", "retrieval"]), label="kind")
     B = data.draw(st.integers(2, 4), label="B")
     lens = data.draw(st.lists(st.integers(17, 30), min_size=B, max_size=B), label="lens")
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
-    model = tiny()
+    rope_long = None
+    if data.draw(st.booleans(), label="longrope"):  # head_dim 8: four pairs
+        model = tiny(rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
+                                   "long_factor": [2.0, 4.0, 8.0, 16.0], "original_max_position_embeddings": 64})
+        rope_long = torch.tensor(data.draw(st.lists(st.booleans(), min_size=B, max_size=B), label="rows long"))
+    else:
+        model = tiny()
     prompts = [torch.randint(0, 97, (n,), generator=g) for n in lens]
-    (a, fa), (b, fb) = _twin_caches(model, kind, prompts)
+    (a, fa), (b, fb) = _twin_caches(model, kind, prompts, rope_long)
     live = sorted(data.draw(st.sets(st.integers(0, B - 1), min_size=1, max_size=B), label="live"))
     rows = rows_in_place(live) if data.draw(st.booleans(), label="in place") else \
         data.draw(st.permutations(live), label="order")
@@ -777,6 +784,7 @@ def test_select_rows_continues_as_the_rows_would_have(data):
         for layer in range(a.num_layers):
             assert torch.equal(a.last_query[layer], b.last_query[layer][sel])
     assert a.batch_size == len(rows) and a.lengths.shape == (len(rows),)
+    assert rope_long is None or torch.equal(a.rope_long, rope_long[torch.tensor(rows)])
 
 
 def test_select_rows_in_place_copies_only_the_moved_rows():
