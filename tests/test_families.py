@@ -431,6 +431,9 @@ def test_gguf_phi3_as_llama_cpp_writes_it(tmp_path, family):
     ids = torch.randint(0, 101, (2, 80), generator=torch.Generator().manual_seed(3))
     path = write_phi3_gguf(tmp_path / "f32.gguf", hf)
     ours = Llama.from_pretrained(path, cache_dir=False)
+    for _ in range(2):  # converted into the cache, then read back from it: the same model
+        cached = Llama.from_pretrained(path, cache_dir=tmp_path / "cache")
+        assert all(torch.equal(cached.state_dict()[k], t) for k, t in ours.state_dict().items())
     assert ours.config.layer_windows == (0, 0) and ours.config.rotary_dim == (12 if "partial" in family else 16)
     with torch.no_grad():
         got = ours(ids)

@@ -467,17 +467,19 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
 
 
 def save_pretrained(model, directory) -> None:
-    _write_hf_dir(Path(directory), model.config, model.state_dict())
+    config, sd = model.config, model.state_dict()
+    # the checkpoint's layout: q / k dims in its order (partial RoPE), Phi-3's projections fused
+    sd = _order_rotary_dims(config, sd, inverse=True)
+    if FAMILIES[config.model_type].fused_projections:
+        sd = _join_projections(sd)
+    _write_hf_dir(Path(directory), config, sd)
 
 
 def _write_hf_dir(directory: Path, config: LlamaConfig, sd: dict) -> None:
     """config.json + model.safetensors (last: a cache entry with it is complete), see :func:`publish`;
-    other files in ``directory`` (a tokenizer) stay."""
+    other files in ``directory`` (a tokenizer) stay. ``sd``: in the checkpoint's layout (as :func:`read_gguf`
+    gives it; :func:`_build` makes the model's)."""
     from safetensors.torch import save_file
-
-    sd = _order_rotary_dims(config, sd, inverse=True)
-    if FAMILIES[config.model_type].fused_projections:
-        sd = _join_projections(sd)
 
     def write(tmp: Path):
         tensors = {k: v.detach().contiguous().cpu() for k, v in sd.items()
