@@ -1,5 +1,5 @@
 """Robustness of the engines: every method over random batches (ragged and identical prompts), random
-option values, greedy and sampled, with and without EOS, on tiny random models: no exception, and
+option values, greedy and sampled, with and without EOS, on tiny random models (some with LongRoPE): no exception, and
 greedy output equal to autoregressive token for token. Plus end of sequence, option validation at
 the boundary, the NaN argmax rule, the context limit and the retrieval cache's capacity invariant."""
 import functools
@@ -16,11 +16,15 @@ from triforce.models.quant import int8_copy
 
 
 @functools.lru_cache(maxsize=None)
-def tiny(seed: int, vocab: int, layers: int = 2, ctx: int = 1024) -> Llama:
+def tiny(seed: int, vocab: int, layers: int = 2, ctx: int = 1024, longrope: int | None = None) -> Llama:
+    """``longrope``: LongRoPE over that original context (head_dim 8: four pairs)."""
     torch.manual_seed(seed)
+    rope = None if longrope is None else {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
+                                          "long_factor": [2.0, 4.0, 8.0, 16.0],
+                                          "original_max_position_embeddings": longrope}
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ctx,
-                      initializer_range=0.3)
+                      initializer_range=0.3, rope_scaling=rope)
     return Llama(cfg).eval()
 
 
@@ -64,10 +68,13 @@ def cases(draw):
 def test_every_method_random_batches_and_options(case, data):
     method, opts, separate, min_len = case
     vocab = data.draw(st.sampled_from([16, 64]), label="vocab")
-    target = tiny(0, vocab)
+    # LongRoPE over a short original context: rows of one batch on either factor set
+    longrope = data.draw(st.sampled_from([None, None, 24, 48]), label="longrope")
+    target = tiny(0, vocab, longrope=longrope)
     draft = None
     if separate:
-        draft = int8_copy(target) if opts.get("draft_cache") == "retrieval" else tiny(1, vocab, layers=1)
+        draft = int8_copy(target) if opts.get("draft_cache") == "retrieval" else tiny(1, vocab, layers=1,
+                                                                                      longrope=longrope)
     B = data.draw(st.integers(1, 5), label="batch")
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
     if data.draw(st.booleans(), label="identical"):

@@ -34,7 +34,7 @@ _ROPE_TYPES = {
     "yarn": ("factor", "original_max_position_embeddings"),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
-_ROPE_LISTS = ("short_factor", "long_factor")  # per-pair factors: head_dim // 2 numbers > 0
+_ROPE_LISTS = ("short_factor", "long_factor")  # per-pair factors: rotary_dim // 2 numbers > 0
 _SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
 # rope_type -> the keys it may have besides those it needs (transformers' defaults apply without them).
 # yarn: attention_factor (else from factor, or from mscale / mscale_all_dim), beta_fast 32, beta_slow 1,
@@ -288,10 +288,10 @@ class LlamaConfig:
     ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) or ``"yarn"``
     (``factor``, ``original_max_position_embeddings``; optionally ``attention_factor``, ``beta_fast``,
     ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``truncate``, as transformers reads them) or ``"longrope"``
-    (``short_factor``, ``long_factor``: ``head_dim // 2`` numbers each, ``original_max_position_embeddings``;
+    (``short_factor``, ``long_factor``: ``rotary_dim // 2`` numbers each, ``original_max_position_embeddings``;
     optionally ``factor``, ``attention_factor``: :func:`triforce.models.rope.rope_inv_freq`); it may also hold
     ``rope_theta`` (equal to the field) and ``partial_rotary_factor`` 1.0, as transformers 5's
-    ``rope_parameters`` do. Any other key in it raises. ``extra`` holds the other ``config.json`` keys,
+    ``rope_parameters`` do (a partial RoPE's factor is ``extra['partial_rotary_factor']``: :attr:`rotary_dim`). Any other key in it raises. ``extra`` holds the other ``config.json`` keys,
     each either metadata or at its one supported value (see the module docstring); others raise.
     """
 
@@ -379,8 +379,9 @@ class LlamaConfig:
                 raise ValueError(f"rope_scaling['rope_theta'] = {theta!r} differs from LlamaConfig.rope_theta = "
                                  f"{self.rope_theta!r}; pass it as rope_theta only")
         if rs.get("partial_rotary_factor", 1) not in (1, None):
-            raise ValueError(f"rope partial_rotary_factor = {rs['partial_rotary_factor']!r} is not supported "
-                             "(RoPE on a part of the head); only 1.0 is")
+            raise ValueError(f"rope partial_rotary_factor = {rs['partial_rotary_factor']!r} inside rope_scaling: "
+                             "LlamaConfig reads RoPE on a part of the head from extra['partial_rotary_factor'] "
+                             "(Phi-3 / Phi-4 only; from_dict moves it there)")
         rs.pop("partial_rotary_factor", None)
         need, optional = _ROPE_TYPES[kind], _ROPE_OPTIONAL.get(kind, ())
         missing = [k for k in need if k not in rs]
