@@ -4,6 +4,7 @@
     python -m bench.bench_levels --context 32768 --batch 1 --reps 5
     python -m bench.bench_levels --quick                          # a smoke run: tiny models, batch 1, 512 tokens
     python -m bench.bench_levels --target gemma3-4b --budget 4096  # a target with sliding-window layers
+    python -m bench.bench_levels --target phi3.5-mini             # a LongRoPE target (MHA, 128K context)
 
 The target has Llama-3.1-8B's shape and the draft the shape of TriForce's Llama-68M draft (2 layers of
 768, 12 heads) with the target's vocabulary; both get random weights in ``--dtype`` (a pass's time
@@ -77,6 +78,14 @@ SHAPES = {  # name -> LlamaConfig fields (max_position_embeddings is set from --
                       rope_theta=1e6, rope_scaling={"rope_type": "linear", "factor": 8.0}, rms_norm_eps=1e-6,
                       tie_word_embeddings=True, extra={"sliding_window": 1024, "sliding_window_pattern": 6,
                                                        "query_pre_attn_scalar": 256, "rope_local_base_freq": 1e4}),
+    # a LongRoPE target: Phi-3.5-mini (128K context, MHA: 32 KV heads of 96, so 3x Llama-3.1-8B's KV bytes per
+    # token), its factor values made up (a pass's time does not depend on them); rows past 4096 tokens take the
+    # long set, as the engines choose
+    "phi3.5-mini": dict(model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5,
+                        rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.02 * i for i in range(48)],
+                                      "long_factor": [1.0 + 1.5 * i for i in range(48)],
+                                      "original_max_position_embeddings": 4096}),
 }
 # TriForce on the embedded model at long context (bench/bench_long.py): 2048-token prompt, 6144 new tokens
 ACCEPTANCE_FILES = ("bench/long_results_recent.json", "bench/long_results.json")
