@@ -129,7 +129,7 @@ def test_logits_equal_transformers_on_both_sides_of_the_original_context(model_t
 def test_cached_rows_take_their_own_factors():
     """A full cache's ``rope_long`` picks each row's factor set, whatever the length: prefill in chunks, decode
     and a verify step give, per row, transformers' logits with that set (forced by equal factor lists)."""
-    hf, model = hf_phi3(), None
+    hf = hf_phi3()
     model = ours(hf)
     forced = {True: hf_phi3(short=LONG), False: hf_phi3(long=SHORT)}
     g = torch.Generator().manual_seed(2)
