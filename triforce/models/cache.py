@@ -200,8 +200,7 @@ def _rows_long(config: LlamaConfig, batch_size: int, capacity: int, rope_long, d
 class _KVCache:
     """Shared machinery: per-layer k/v ``[B, capacity, Hkv, D]``, lengths, rollback, commit_path."""
 
-    def __init__(self, config: LlamaConfig, batch_size: int, capacity: int, device=None, dtype=None,
-                 rope_long=None):
+    def __init__(self, config: LlamaConfig, batch_size: int, capacity: int, device=None, dtype=None):
         if not isinstance(config, LlamaConfig):
             raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
         for name, v in (("batch_size", batch_size), ("capacity", capacity)):
@@ -229,7 +228,7 @@ class _KVCache:
         self.windows = (0,) * self.num_layers
         self.scale = config.attention_scale  # the attention scores' scale
         self.softcap = config.attn_softcap or 0.0  # Gemma 2's cap on them (0: none)
-        self._rope_long = _rows_long(config, batch_size, capacity, rope_long, self.device)
+        self._rope_long = None  # LongRoPE's choice per row: a full or StreamingLLM cache's own (_rows_long)
 
     @property
     def rope_long(self) -> torch.Tensor | None:
@@ -456,7 +455,8 @@ class FullCache(_KVCache):
         if max_len > config.max_position_embeddings + speculative_slack:
             raise ValueError(f"max_len {max_len} exceeds the model's context "
                              f"(max_position_embeddings = {config.max_position_embeddings})")
-        super().__init__(config, batch_size, max_len, device, dtype, rope_long)
+        super().__init__(config, batch_size, max_len, device, dtype)
+        self._rope_long = _rows_long(config, batch_size, max_len, rope_long, self.device)
         self.windows = config.layer_windows  # slot = position: the model's sliding windows apply
         self.max_len = max_len
         self.chunk_size = chunk_size
@@ -595,7 +595,8 @@ class StreamingCache(_KVCache):
         if sink + window + max_step > config.max_position_embeddings:
             raise ValueError(f"sink + window + max_step = {sink + window + max_step} exceeds the model's context "
                              f"(max_position_embeddings = {config.max_position_embeddings})")
-        super().__init__(config, batch_size, sink + window + max_step, device, dtype, rope_long)
+        super().__init__(config, batch_size, sink + window + max_step, device, dtype)
+        self._rope_long = _rows_long(config, batch_size, self.capacity, rope_long, self.device)
         self.sink, self.window, self.max_step = sink, window, max_step
         self.keep = sink + window
         B, cap = batch_size, self.capacity

@@ -256,12 +256,15 @@ _FUSED = ((".self_attn.qkv_proj.weight", (".self_attn.q_proj.weight", ".self_att
           (".mlp.gate_up_proj.weight", (".mlp.gate_proj.weight", ".mlp.up_proj.weight")))
 
 
+def _fused_match(key: str):
+    """``(fused suffix, part suffixes)`` of :data:`_FUSED` that ``key`` ends with, or None."""
+    return next(((fused, parts) for fused, parts in _FUSED if key.endswith(fused)), None)
+
+
 def fused_parts(key: str) -> list | None:
     """The model's parameter names a checkpoint's fused tensor ``key`` splits into (Phi-3's), or None."""
-    for fused, parts in _FUSED:
-        if key.endswith(fused):
-            return [key[: -len(fused)] + part for part in parts]
-    return None
+    match = _fused_match(key)
+    return None if match is None else [key[: -len(match[0])] + part for part in match[1]]
 
 
 def _fused_rows(config: LlamaConfig, fused: str) -> tuple:
@@ -278,18 +281,15 @@ def _split_projections(config: LlamaConfig, sd: dict) -> dict:
     so that a checkpoint read file by file never holds a fused tensor and its parts for long)."""
     out = {}
     for name in list(sd):
-        t = sd.pop(name)
-        for fused, parts in _FUSED:
-            if name.endswith(fused):
-                rows = _fused_rows(config, fused)
-                if t.dim() != 2 or t.shape[0] != sum(rows):
-                    raise ValueError(f"weight {name} has shape {list(t.shape)}: the config implies {sum(rows)} rows "
-                                     f"({' + '.join(map(str, rows))})")
-                stem = name[: -len(fused)]
-                out.update({stem + part: piece.clone() for part, piece in zip(parts, t.split(rows))})
-                break
-        else:
+        t, match = sd.pop(name), _fused_match(name)
+        if match is None:
             out[name] = t
+            continue
+        rows = _fused_rows(config, match[0])
+        if t.dim() != 2 or t.shape[0] != sum(rows):
+            raise ValueError(f"weight {name} has shape {list(t.shape)}: the config implies {sum(rows)} rows "
+                             f"({' + '.join(map(str, rows))})")
+        out.update({part: piece.clone() for part, piece in zip(fused_parts(name), t.split(rows))})
     return out
 
 
@@ -520,7 +520,7 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # stores Gemma's RMSNorm weights as 1 + w (the factor they apply), which read_gguf turns back into w.
 # gemma2 / gemma3: Gemma 2 and Gemma 3's language model, as llama.cpp runs them (_gguf_gemma). phi3: Phi-3 /
 # Phi-3.5 / Phi-4(-mini), NEOX RoPE, its fused attn_qkv and ffn_up (gate and up) tensors split on loading, as
-# llama.cpp runs it (_gguf_phi3_rope; its sliding window is ignored, as llama.cpp does).
+# llama.cpp runs it (_gguf_phi3_extra, _gguf_longrope; its sliding window is ignored, as llama.cpp does).
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False)}
