@@ -452,9 +452,80 @@ def test_deepseek_coder_splits(tmp_path):
     assert tok.decode(tok.encode("x  = 12;\nif a1 b:")) == "x  = 12;\nif a1 b:"
 
 
+def _gguf_bpe(tmp_path, pre):
+    from .test_families import gguf_tokenizer
+
+    model = Llama(LlamaConfig(**{**TINY, "vocab_size": 300}))
+    return load_tokenizer(write_gguf(tmp_path / f"{pre}.gguf", model, tokenizer=gguf_tokenizer(pre, 300)),
+                          cache_dir=False)
+
+
+def _splits(tok, text):
+    """The pre-tokenizer's pieces, as text (the byte-level alphabet undone)."""
+    from tokenizers import decoders
+
+    return [decoders.ByteLevel().decode([s]) for s, _ in tok.backend.pre_tokenizer.pre_tokenize_str(text)]
+
+
+# the tokenizer.json regexes of Mistral's tekken and tiktoken's o200k, written out here (independently of the
+# module's composition of them) for the `regex` package to split by
+_CASED = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+%s"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*%s|%s"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+CASED_SPLITS = {"tekken": _CASED % ("", "", r"\p{N}"),
+                "gpt-4o": _CASED % (_CONTRACTIONS, _CONTRACTIONS, r"\p{N}{1,3}")}
+CASED_CASES = [
+    # text, tekken's pieces, o200k's pieces
+    ("HelloWorld's 12345 a/b\n\nc", ["Hello", "World", "'s", " ", "1", "2", "3", "4", "5", " a", "/b", "\n\n", "c"],
+     ["Hello", "World's", " ", "123", "45", " a", "/b", "\n\n", "c"]),
+    ("ABCdef ABC helloWORLD", ["ABCdef", " ABC", " hello", "WORLD"], ["ABCdef", " ABC", " hello", "WORLD"]),
+    ("path/to/x+=1;\r\n", ["path", "/to", "/x", "+=", "1", ";\r\n"], ["path", "/to", "/x", "+=", "1", ";\r\n"]),
+    ("I'M élan ÉCOLE naïve", ["I", "'M", " élan", " ÉCOLE", " naïve"], ["I'M", " élan", " ÉCOLE", " naïve"]),
+]
+
+
+@pytest.mark.parametrize("pre", ["tekken", "gpt-4o", "llama4"])
+def test_cased_word_splits(tmp_path, pre):
+    """Mistral's tekken (Nemo, Small 3, Ministral) and tiktoken's o200k (gpt-4o, llama4: Phi-4-mini, Llama 4)
+    split words at a lower-to-upper case change, keep slashes and newlines with punctuation; o200k attaches
+    contractions and keeps digits in threes, tekken takes single digits. Pieces written out by hand, then random
+    text against the `regex` package running the tokenizer.json regex."""
+    import regex
+
+    tok = _gguf_bpe(tmp_path, pre)
+    name = "tekken" if pre == "tekken" else "gpt-4o"
+    for text, tekken, o200k in CASED_CASES:
+        assert _splits(tok, text) == (tekken if name == "tekken" else o200k), text
+        assert tok.decode(tok.encode(text)) == text
+    pattern = regex.compile(CASED_SPLITS[name])
+    rng = random.Random(1)
+    alphabet = list("aAbBzZ'sStTmM dD 0123456789/\n\r\t.,;+-_\u00e9\u00c9\u0301\u4e2d\u01c5\u02b0") + ["  ", "'ll"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 30)))
+        assert _splits(tok, text) == pattern.findall(text), text
+    # llama.cpp's defaults: tekken puts BOS in front and takes a split found whole in the vocabulary unmerged;
+    # o200k neither
+    assert tok.add_bos_token == (pre == "tekken")
+    assert tok.backend.model.ignore_merges == (pre == "tekken")
+
+
+def test_deepseek_llm_splits(tmp_path):
+    """DeepSeek-LLM's pre-tokenizer: newlines; runs of cased letters (not CJK, not Lo letters such as Hebrew)
+    and of ASCII / full-width punctuation, each with one leading space; trailing whitespace; CJK runs; digit
+    runs whole. Its punctuation range ``:-~`` holds the ASCII letters, so a word of ASCII and other letters
+    splits again where they meet (" Wörld": " W", "ö", "rld"), as llama.cpp's test ids for it show."""
+    tok = _gguf_bpe(tmp_path, "deepseek-llm")
+    text = "Hello, Wörld! 12345\nΓειά σου 中文 ok  \nשלום x"
+    assert _splits(tok, text) == ["Hello", ",", " W", "ö", "rld", "!", " ", "12345", "\n", "Γειά", " σου", " ",
+                                  "中文", " ok", "  ", "\n", "שלום", " x"]
+    assert tok.decode(tok.encode(text)) == text and not tok.add_bos_token
+
+
 # ---- opt-in: the real vocabularies in llama.cpp's tokenizer tests
 
-VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "deepseek-coder"]
+VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "deepseek-coder", "deepseek-llm", "qwen35",
+          "command-r", "starcoder", "refact", "mpt", "falcon"]
 LLAMA_CPP_SDIST = "llama_cpp_python-0.3.36"  # its vendored llama.cpp holds models/ggml-vocab-*.gguf{,.inp,.out}
 
 

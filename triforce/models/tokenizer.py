@@ -4,19 +4,11 @@ tokenizer rebuilt from a GGUF file's embedded vocabulary (no network). The GGUF 
 ``tokenizer.ggml.model``:
 
 ``"gpt2"``: byte-level BPE from the file's merges, split first by the pre-tokenizer that ``tokenizer.ggml.pre``
-names (llama.cpp's names, as the original checkpoints' ``tokenizer.json`` define them):
-
-* none, ``default``, ``gpt-2``: the GPT-2 split regex;
-* ``smollm`` (SmolLM2): every digit on its own, then the GPT-2 regex;
-* ``qwen2`` (Qwen2/2.5/3): NFC normalisation, then Qwen2's regex (case-insensitive contractions, a
-  letter run with one leading non-letter, single digits, newlines kept with punctuation);
-* ``llama-bpe`` / ``llama3`` / ``llama-v3`` (Llama 3) and ``falcon3`` (Falcon3, which llama.cpp tokenizes as
-  Llama 3): the same regex with digit runs of up to three, and a split found whole in the vocabulary is that
-  one token without merging (Llama 3's ``ignore_merges``);
-* ``deepseek-coder`` (DeepSeek-Coder): newlines, letter runs and punctuation runs (each with one leading
-  space) and CJK runs split off one after another, then single digits.
-
-Any other pre-tokenizer raises (its splits would differ, so the token ids would be wrong).
+names: llama.cpp's names, grouped as llama.cpp groups them, each group split as its models' ``tokenizer.json``
+splits (``_GGUF_PRES``: GPT-2, SmolLM / StarCoder, Llama 3, Phi-4 / DBRX, Qwen2, Qwen 3.5, Mistral's tekken,
+o200k for Phi-4-mini / Llama 4, DeepSeek-Coder, DeepSeek-LLM, Falcon). For Llama 3's names and tekken a split
+found whole in the vocabulary is that one token without merging (``ignore_merges``). Any other name raises
+(its splits would differ, so the token ids would be wrong).
 
 ``"llama"``: SentencePiece BPE (Llama 1/2, TinyLlama, Mistral 7B up to v0.3, Code Llama, ...), as llama.cpp
 runs it (:class:`SentencePiece`): spaces become ``▁``, one is put in front of the text and of every stretch of
@@ -28,7 +20,7 @@ equal ones, until no union is a piece; a character that no piece holds is spelle
 different pieces of one score compete for a symbol.
 
 Control tokens (``<|im_start|>``, ``<s>`` ...) are matched whole. A file without ``tokenizer.ggml.add_bos_token``
-gets llama.cpp's default: BOS in front of a prompt for SentencePiece and Llama 3, none otherwise.
+gets llama.cpp's default: BOS in front of a prompt for SentencePiece, Llama 3 and tekken, none otherwise.
 """
 from __future__ import annotations
 
@@ -37,41 +29,106 @@ import json
 import numbers
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from tokenizers import AddedToken, Regex, Tokenizer as _HFTokenizer, decoders, models, normalizers, pre_tokenizers
 
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)
+# Qwen3.5: marks (\p{M}) belong to letter runs
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Mistral's tekken (Nemo, Small 3, Ministral) and tiktoken's o200k (gpt-4o: Phi-4-mini, Llama 4): a word is a
+# run of upper-case letters then lower-case ones (CamelCase splits), with one leading non-letter; slashes and
+# newlines stay with punctuation. o200k adds contractions to words and keeps digits in threes; tekken one digit.
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def _cased_words(suffix: str, digits: str) -> str:
+    lead = r"[^\r\n\p{L}\p{N}]?"
+    return f"{lead}{_UPPER}*{_LOWER}+{suffix}|{lead}{_UPPER}+{_LOWER}*{suffix}|{digits}{_TAIL}"
+
+
+_TEKKEN_SPLIT = _cased_words("", r"\p{N}")
+_O200K_SPLIT = _cased_words(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", r"\p{N}{1,3}")
 # DeepSeek-Coder: newlines, letter runs and punctuation runs (each with one leading space), runs of CJK
 # ideographs / Samaritan..CJK / Hangul, one after another; then single digits
-_DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+")
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}")
+# DeepSeek-LLM's cased letters (its tokenizer.json's list: Lu / Ll / Lt blocks of Latin, Greek, Cyrillic, Armenian,
+# Georgian, Cherokee, Glagolitic, Coptic, Deseret, ... with gaps where it has them)
+_DEEPSEEK_LLM_LETTERS = (
+    r"\s?["
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102"
+    "\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+    "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06"
+    "\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943"
+    "]+")
+# DeepSeek-LLM: newlines; runs of those letters and of ASCII / full-width punctuation, each with one leading space;
+# trailing whitespace; CJK runs; digit runs
+_DEEPSEEK_LLM_SPLITS = (
+    r"[\r\n]", _DEEPSEEK_LLM_LETTERS, r"\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    r"\s+$", _CJK, r"\p{N}+")
+# Falcon: punctuation runs, then the GPT-2 split, then digits in threes
+_FALCON_SPLITS = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT, r"[0-9][0-9][0-9]")
+
+
+class _Pre(NamedTuple):
+    """A byte-level BPE pre-tokenizer: its regexes (each splits every piece the ones before left, keeping both
+    the matches and what lies between them), NFC normalisation first, whether a split found whole in the
+    vocabulary is that token (``ignore_merges``), and llama.cpp's BOS default for it."""
+    splits: tuple[str, ...]
+    nfc: bool = False
+    whole: bool = False
+    bos: bool = False
+
+
+# llama.cpp's tokenizer.ggml.pre names, grouped as llama.cpp groups them (src/llama-vocab.cpp), each group with
+# its models' tokenizer.json split
+_GGUF_PRES = {
+    **dict.fromkeys((None, "default", "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion"),
+                    _Pre((_GPT2_SPLIT,))),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
+                    _Pre((r"\p{N}", _GPT2_SPLIT))),
+    **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
+                    _Pre((_LLAMA3_SPLIT,), whole=True, bos=True)),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), _Pre((_LLAMA3_SPLIT,))),  # dbrx: Phi-4's cl100k vocabulary
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _Pre((_QWEN2_SPLIT,), nfc=True)),
+    "qwen35": _Pre((_QWEN35_SPLIT,)),  # no NFC: its tokenizer.json keeps decomposed marks
+    "tekken": _Pre((_TEKKEN_SPLIT,), whole=True, bos=True),
+    **dict.fromkeys(("gpt-4o", "llama4"), _Pre((_O200K_SPLIT,))),
+    "deepseek-coder": _Pre(_DEEPSEEK_CODER_SPLITS),
+    "deepseek-llm": _Pre(_DEEPSEEK_LLM_SPLITS),
+    "falcon": _Pre(_FALCON_SPLITS),
+}
+
+
+def _gguf_pre(pre) -> _Pre:
+    """The pre-tokenizer that llama.cpp's ``tokenizer.ggml.pre`` name stands for (module docstring)."""
+    if pre not in _GGUF_PRES:
+        known = ", ".join(sorted(n for n in _GGUF_PRES if n))
+        raise ValueError(f"GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} is not supported (known: {known}); its "
+                         "text splits would differ, so the token ids would be wrong")
+    return _GGUF_PRES[pre]
 
 
 def _gguf_pre_tokenizer(pre):
-    """(normalizer or None, pre-tokenizer) for llama.cpp's ``tokenizer.ggml.pre`` name (module docstring)."""
-    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-    def split(regex):
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-
-    if pre in (None, "default", "gpt-2"):
-        return None, gpt2
-    if pre == "smollm":
-        return None, pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2])
-    if pre == "qwen2":
-        return normalizers.NFC(), split(_QWEN2_SPLIT)
-    if pre in _LLAMA3_PRES:
-        return None, split(_LLAMA3_SPLIT)
-    if pre == "deepseek-coder":
-        return None, pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _DEEPSEEK_CODER_SPLITS]
-            + [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                                       use_regex=False)])
-    raise ValueError(f"GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} is not supported (known: default, gpt-2, "
-                     "smollm, qwen2, llama-bpe, llama3, llama-v3, falcon3, deepseek-coder); its text splits would "
-                     "differ, so the token ids would be wrong")
+    """(normalizer or None, pre-tokenizer) for llama.cpp's ``tokenizer.ggml.pre`` name."""
+    spec = _gguf_pre(pre)
+    return (normalizers.NFC() if spec.nfc else None, pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in spec.splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
 
 # The version of from_gguf's rules, saved with a tokenizer: hub.load_tokenizer rebuilds a cached GGUF tokenizer
 # of another version (2: Llama 3's whole splits, SentencePiece vocabularies, llama.cpp's BOS defaults).
@@ -273,7 +330,7 @@ class Tokenizer:
             normalizer, pre_tokenizer = _gguf_pre_tokenizer(pre)
             bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)},
                              merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
-                             ignore_merges=pre in _LLAMA3_PRES)
+                             ignore_merges=_gguf_pre(pre).whole)
             backend = _HFTokenizer(bpe)
             if normalizer is not None:
                 backend.normalizer = normalizer
@@ -293,7 +350,7 @@ class Tokenizer:
         _add_whole_tokens(backend, tokens, types, specials)
         add_bos = gguf_field(reader, "tokenizer.ggml.add_bos_token")
         if add_bos is None:  # llama.cpp's default for the tokenizer
-            add_bos = kind == "llama" or pre in _LLAMA3_PRES
+            add_bos = kind == "llama" or (kind == "gpt2" and _gguf_pre(pre).bos)
         return cls(backend, bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
                    eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
                    chat_template=gguf_field(reader, "tokenizer.chat_template"), add_bos_token=bool(add_bos),
@@ -302,9 +359,6 @@ class Tokenizer:
 
 # llama.cpp's token types (tokenizer.ggml.token_type)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
-# the byte-level BPE pre-tokenizers llama.cpp runs as Llama 3's: its split regex, and a split found whole in the
-# vocabulary is that token, unmerged (Llama 3's tokenizer.json: "ignore_merges": true)
-_LLAMA3_PRES = ("llama-bpe", "llama3", "llama-v3", "falcon3")
 _SPACE = "\u2581"  # SentencePiece's visible space, ▁
 
 
