@@ -121,11 +121,20 @@ _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
 # text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads,
 # and the wrapper's tie_word_embeddings default: transformers 5 ties the head by the wrapper's key, whatever
-# the text_config says). Its language model is what loads (LlamaConfig.from_dict; loading.py renames its weights).
+# the text_config says; None: a wrapper without the key takes its text_config's). Its language model is what
+# loads (LlamaConfig.from_dict; loading.py renames its weights).
 WRAPPERS = {
     "gemma3": ("gemma3_text", frozenset({  # Gemma3ForConditionalGeneration: gemma-3-4b / 12b / 27b
         "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
         "boi_token_id", "eoi_token_id", "image_token_id", "initializer_range"}), True),
+    # Mistral3ForConditionalGeneration: Mistral Small 3.1 / 3.2 (24B). Their checkpoints hold an untied head
+    # (language_model.lm_head) and say so only in text_config (MistralConfig's default); transformers 4 followed
+    # it, transformers 5 (Mistral3Config's default True) ties the head and drops those weights. The weights are
+    # the model, so a wrapper without the key (as transformers 4 wrote it) takes its text_config's; one with the
+    # key (as transformers 5 writes it) decides, as transformers 5 has it.
+    "mistral3": ("mistral", frozenset({
+        "vision_config", "image_token_index", "image_token_id", "projector_hidden_act", "vision_feature_layer",
+        "multimodal_projector_bias", "spatial_merge_size"}), None),
 }
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
@@ -550,7 +559,10 @@ class LlamaConfig:
         and its ``tie_word_embeddings`` (given or its default) must agree with the text model's."""
         kind = d["model_type"]
         text_type, own, tie_default = WRAPPERS[kind]
-        text = d.get("text_config") or {}
+        if "text_config" not in d:  # transformers would build one of its own defaults (Mistral3's: Mistral Small's)
+            raise ValueError(f"config model_type {kind!r} has no text_config: the language model's keys are not "
+                             "in it")
+        text = d["text_config"] or {}
         if not isinstance(text, dict):
             raise ValueError(f"config model_type {kind!r}: text_config must be a JSON object, got {text!r}")
         text = dict(text)
@@ -565,8 +577,10 @@ class LlamaConfig:
                 raise ValueError(f"config key {key!r} of model_type {kind!r} (an image + text model whose "
                                  f"{text_type!r} language model triforce.models.Llama reads) is not understood: "
                                  f"its language model's keys belong in text_config")
+        if tie_default is None and "tie_word_embeddings" in d:  # the wrapper's key decides (transformers 5)
+            text["tie_word_embeddings"] = d["tie_word_embeddings"]
         config = cls.from_dict(text)
-        tie = d.get("tie_word_embeddings", tie_default)
+        tie = d.get("tie_word_embeddings", config.tie_word_embeddings if tie_default is None else tie_default)
         if tie != config.tie_word_embeddings:
             raise ValueError(f"config model_type {kind!r}: tie_word_embeddings = {tie!r} (the wrapper's, which "
                              f"transformers follows) disagrees with its text_config's ({config.tie_word_embeddings})")
