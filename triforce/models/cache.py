@@ -539,14 +539,15 @@ def _rope_groups(config: LlamaConfig, device) -> list:
     """``[(layers, inv_freq, inv_freq_long, scale)]``: the layers that share one RoPE (``slice(None)``: all, else
     an index tensor), its inverse frequencies (LongRoPE's short and long ones; else None for the long) and its
     factor on cos and sin (YaRN's, LongRoPE's). One group, but two for Gemma 3 (its sliding layers' own RoPE
-    base, plain RoPE)."""
+    base, plain RoPE) and SmolLM3 (its NoPE layers' zero frequencies: a re-rotation leaves their keys as they
+    are)."""
     long = None if config.rope_long_from is None else rope_inv_freq(config, device, long=True)
     main = (rope_inv_freq(config, device), long, rope_attention_scale(config))
     local = rope_local_inv_freq(config, device)
     if local is None:
         return [(slice(None), *main)]
     n = config.num_hidden_layers
-    own = [config.layer_rope_theta(i) is not None for i in range(n)]
+    own = [not r for r in config.rope_layers]
     groups = [(torch.tensor([i for i in range(n) if own[i] == flag], device=device), *rope)
               for flag, rope in ((False, main), (True, (local, None, 1.0))) if flag in own]
     return groups

@@ -7,7 +7,8 @@ raises ``ValueError`` naming the key: a key we do not understand may change the 
 anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5),
-``qwen3``, ``gemma`` (Gemma 1), ``gemma2`` and ``gemma3_text`` (Gemma 3's language model). They are one model with a
+``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3`` and ``smollm3``
+(also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a
 switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key),
 ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE), ``gemma_norm``
@@ -15,7 +16,9 @@ switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k
 embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``:
 Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the
 MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma
-2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
+2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers),
+``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), an
+explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
 :data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
@@ -117,6 +120,14 @@ FAMILIES["phi3"] = Family("Phi3ForCausalLM", fused_projections=True, defaults={
     "num_attention_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 1,
     "eos_token_id": 32000, "pad_token_id": 32000})
 _PHI3_ORIGINAL_CONTEXT = 4096  # Phi3Config's original_max_position_embeddings when config.json has none
+# SmolLM3 (SmolLM3ForCausalLM: SmolLM3-3B): Llama's layer, but every no_rope_layer_interval-th layer (4) has no
+# RoPE at all (NoPE: no_rope_layers[i] == 0), and a sliding window only on NoPE layers where use_sliding_window.
+FAMILIES["smollm3"] = Family("SmolLM3ForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+    "rope_theta": 2000000.0, "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
+    "pad_token_id": 128004})
+_SMOLLM3_INTERVAL = 4  # SmolLM3Config's no_rope_layer_interval (llama.cpp's n_no_rope_layer_step, fixed)
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
 # text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads,
@@ -195,6 +206,12 @@ _HARMLESS_ONLY_AT = {
                                                                and int(c.head_dim * v) >= 2),
                               "1.0 (RoPE on the whole head; Phi-3 / Phi-4: a number in (0, 1] leaving an even number "
                               ">= 2 of rotated dims, int(head_dim * factor))"),
+    # SmolLM3's NoPE layers: LlamaConfig.rope_layers
+    "no_rope_layers": (lambda v, c: c.model_type == "smollm3" and isinstance(v, list)
+                       and len(v) == c.num_hidden_layers and all(x in (0, 1) for x in v),
+                       "absent (SmolLM3: one 0 or 1 per layer, 0 where the layer has no RoPE)"),
+    "no_rope_layer_interval": (lambda v, c: c.model_type == "smollm3" and _is_int(v) and v >= 1,
+                               "absent (SmolLM3: an int >= 1, every n-th layer without RoPE)"),
     # sliding windows: LlamaConfig.layer_windows (_layer_windows)
     **{key: (lambda v, c, key=key: _layer_windows(c)[1] != key, _WINDOWS)
        for key in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")},
@@ -260,6 +277,22 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
                 return none, "max_window_layers"
             types = ["sliding_attention" if i >= start else "full_attention" for i in range(n)]
         sliding = [t == "sliding_attention" for t in types]
+    elif c.model_type == "smollm3":  # SmolLM3Config: with use_sliding_window, on the NoPE layers by default
+        window = x.get("sliding_window")
+        use = x.get("use_sliding_window", False)
+        types = x.get("layer_types")
+        if types is not None and (not isinstance(types, list) or len(types) != n
+                                  or not set(types) <= {"full_attention", "sliding_attention"}):
+            return none, "layer_types"
+        if use not in (False, None, True):
+            return none, "use_sliding_window"
+        if "max_window_layers" in x:
+            return none, "max_window_layers"
+        if not use or window is None:
+            return none, None
+        if types is None:
+            types = ["full_attention" if r else "sliding_attention" for r in c.rope_layers]
+        sliding = [t == "sliding_attention" for t in types]
     else:
         for key in ("use_sliding_window", "max_window_layers"):  # Qwen's keys in a family that does not read them
             if key in x:
@@ -274,7 +307,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text"):
+    if c.model_type not in ("mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -497,10 +530,26 @@ class LlamaConfig:
         return float(self.extra.get("rope_local_base_freq", FAMILIES["gemma3_text"].defaults["rope_local_base_freq"]))
 
     def layer_rope_theta(self, layer: int) -> float | None:
-        """The RoPE base of ``layer`` when it is not the model's (``rope_theta`` with ``rope_scaling``): Gemma 3's
-        sliding layers' ``local_rope_theta``; else None."""
+        """The RoPE base of ``layer`` when it is another than the model's (``rope_theta`` with ``rope_scaling``):
+        Gemma 3's sliding layers' ``local_rope_theta``; else None (SmolLM3's NoPE layers too: no RoPE)."""
         local = self.local_rope_theta
-        return local if local is not None and self.layer_windows[layer] else None
+        return local if local is not None and not self.rope_layers[layer] else None
+
+    @property
+    def rope_layers(self) -> tuple:
+        """Per layer, whether it takes the model's RoPE (``rope_theta`` with ``rope_scaling``). The others take
+        ``rope.rope_local_inv_freq``'s: Gemma 3's sliding layers their own base (``local_rope_theta``), SmolLM3's
+        NoPE layers (``no_rope_layers[i] == 0``; by default every ``no_rope_layer_interval``-th, 4) none."""
+        n = self.num_hidden_layers
+        if self.model_type == "gemma3_text":
+            return tuple(not w for w in self.layer_windows)
+        if self.model_type == "smollm3":
+            given = self.extra.get("no_rope_layers")
+            if given is not None:
+                return tuple(bool(x) for x in given)
+            every = self.extra.get("no_rope_layer_interval", _SMOLLM3_INTERVAL)
+            return tuple((i + 1) % every != 0 for i in range(n))
+        return (True,) * n
 
     @property
     def qk_norm(self) -> bool:
@@ -544,8 +593,10 @@ class LlamaConfig:
         _split_layer_rope(d)
         if model_type == "phi3":
             _phi3_rope(d)
+        inner_theta = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
         for k, v in FAMILIES[model_type].defaults.items():
-            d.setdefault(k, v)
+            if not (k == "rope_theta" and inner_theta):  # transformers 5 writes the base inside rope_parameters
+                d.setdefault(k, v)
         d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}

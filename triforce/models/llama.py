@@ -611,14 +611,14 @@ class Llama(nn.Module):
             self.model = LlamaModel(config, init=not _empty)
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
             inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
-            local = None if config.local_rope_theta is None else (
+            local = None if all(config.rope_layers) else (
                 torch.empty(config.head_dim // 2) if _empty else rope_local_inv_freq(config))
             long = None if config.rope_long_from is None else (
                 torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config, long=True))
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        # Gemma 3's sliding layers' RoPE (None: every layer takes inv_freq)
+        # Gemma 3's sliding layers' RoPE, SmolLM3's NoPE layers' zeros (None: every layer takes inv_freq)
         self.register_buffer("inv_freq_local", local, persistent=False)
         # LongRoPE's long factors' frequencies (inv_freq: its short ones); None for every other RoPE
         self.register_buffer("inv_freq_long", long, persistent=False)
@@ -655,7 +655,8 @@ class Llama(nn.Module):
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None,
                     rows_long: torch.Tensor | None = None) -> list:
         """``(cos, sin)`` ``[B, T, 1, head_dim]`` per layer for int ``positions`` ``[B, T]``: one pair shared by
-        every layer, except Gemma 3's, whose sliding layers take their own RoPE (``inv_freq_local``). LongRoPE:
+        every layer, except Gemma 3's, whose sliding layers take their own RoPE (``inv_freq_local``), and SmolLM3's,
+        whose NoPE layers take cos 1 and sin 0. LongRoPE:
         row ``b`` takes the long factors where the bool ``rows_long[b]`` is set (a cache's ``rope_long``; a Python
         bool: every row); without it, where the row's last position is at or past ``config.rope_long_from``
         (transformers' rule for one forward, per row)."""
@@ -673,7 +674,7 @@ class Llama(nn.Module):
         if self.inv_freq_local is None:
             return [main] * n
         local = rope_cos_sin(self.inv_freq_local, positions, dtype)
-        return [local if w else main for w in self.config.layer_windows]  # (Gemma 3: its sliding layers)
+        return [main if r else local for r in self.config.rope_layers]  # (Gemma 3's sliding, SmolLM3's NoPE)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of ``input_ids`` (the residual stream's start): ``embed_tokens``, times

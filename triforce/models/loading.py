@@ -521,9 +521,11 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # gemma2 / gemma3: Gemma 2 and Gemma 3's language model, as llama.cpp runs them (_gguf_gemma). phi3: Phi-3 /
 # Phi-3.5 / Phi-4(-mini), NEOX RoPE, its fused attn_qkv and ffn_up (gate and up) tensors split on loading, as
 # llama.cpp runs it (_gguf_phi3_extra, _gguf_longrope; its sliding window is ignored, as llama.cpp does).
+# smollm3: SmolLM3, converted as llama (permuted q / k), every 4th layer without RoPE (llama.cpp's fixed
+# n_no_rope_layer_step, SmolLM3Config's default no_rope_layer_interval).
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
-                      "phi3": ("phi3", False)}
+                      "phi3": ("phi3", False), "smollm3": ("smollm3", True)}
 # tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
 _GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 

@@ -53,12 +53,16 @@ def _still_pairs(config: LlamaConfig, inv_freq: torch.Tensor) -> torch.Tensor:
 
 
 def rope_local_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor | None:
-    """float32 ``[head_dim // 2]`` inverse frequencies of Gemma 3's sliding-window layers (plain RoPE with
-    ``config.local_rope_theta``), or None for a model with one RoPE."""
-    theta = config.local_rope_theta
-    if theta is None:
+    """float32 ``[head_dim // 2]`` inverse frequencies of the layers that do not take the model's RoPE
+    (``config.rope_layers``): Gemma 3's sliding-window layers (plain RoPE with ``config.local_rope_theta``),
+    SmolLM3's NoPE layers (zeros: cos 1 and sin 0, so ``x * 1 + y * 0`` leaves every query and key as it is);
+    None where every layer takes the model's."""
+    if all(config.rope_layers):
         return None
+    theta = config.local_rope_theta
     dim = config.head_dim
+    if theta is None:  # NoPE
+        return torch.zeros(dim // 2, device=device)
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
 
 
