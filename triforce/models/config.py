@@ -260,8 +260,11 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         if window is None:
             return none, None
         sliding = [t == "sliding_attention" for t in types]
-    elif c.model_type in ("qwen2", "qwen3"):
-        window = x.get("sliding_window", _QWEN_DEFAULT_WINDOW)
+    elif c.model_type in ("qwen2", "qwen3", "smollm3"):
+        # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
+        # use_sliding_window, on the NoPE layers by default
+        qwen = c.model_type != "smollm3"
+        window = x.get("sliding_window", _QWEN_DEFAULT_WINDOW if qwen else None)
         use = x.get("use_sliding_window", False)
         types = x.get("layer_types")
         if types is not None and (not isinstance(types, list) or len(types) != n
@@ -269,28 +272,16 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             return none, "layer_types"
         if use not in (False, None, True):
             return none, "use_sliding_window"
+        if not qwen and "max_window_layers" in x:
+            return none, "max_window_layers"
         if not use or window is None:
             return none, None
-        if types is None:
+        if types is None and qwen:
             start = x.get("max_window_layers", 28)
             if not _is_int(start):
                 return none, "max_window_layers"
             types = ["sliding_attention" if i >= start else "full_attention" for i in range(n)]
-        sliding = [t == "sliding_attention" for t in types]
-    elif c.model_type == "smollm3":  # SmolLM3Config: with use_sliding_window, on the NoPE layers by default
-        window = x.get("sliding_window")
-        use = x.get("use_sliding_window", False)
-        types = x.get("layer_types")
-        if types is not None and (not isinstance(types, list) or len(types) != n
-                                  or not set(types) <= {"full_attention", "sliding_attention"}):
-            return none, "layer_types"
-        if use not in (False, None, True):
-            return none, "use_sliding_window"
-        if "max_window_layers" in x:
-            return none, "max_window_layers"
-        if not use or window is None:
-            return none, None
-        if types is None:
+        elif types is None:
             types = ["full_attention" if r else "sliding_attention" for r in c.rope_layers]
         sliding = [t == "sliding_attention" for t in types]
     else:
@@ -593,9 +584,10 @@ class LlamaConfig:
         _split_layer_rope(d)
         if model_type == "phi3":
             _phi3_rope(d)
-        inner_theta = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
+        # transformers 5 writes the RoPE base inside rope_parameters: the family's default then does not apply
+        inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
         for k, v in FAMILIES[model_type].defaults.items():
-            if not (k == "rope_theta" and inner_theta):  # transformers 5 writes the base inside rope_parameters
+            if not (k == "rope_theta" and inner):
                 d.setdefault(k, v)
         d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
