@@ -349,15 +349,16 @@ _GGUF_OUT = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_a
              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
-def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokenizer=None):
+def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokenizer=None, arch=None):
     """A GGUF of ``model`` as llama.cpp's converter writes it (architecture from the config's model_type;
     llama's q/k rows permuted to interleaved RoPE pairs). ``meta`` adds/overrides <arch>.* keys, ``drop``
     removes some, ``tensors`` adds raw ones; ``quant(gguf_name, float32 array) -> (array, raw_dtype)``
-    stores a tensor quantised (default float32); ``tokenizer``: tokenizer.ggml.* keys."""
+    stores a tensor quantised (default float32); ``tokenizer``: tokenizer.ggml.* keys; ``arch``: another
+    architecture name for the same tensors."""
     import gguf
 
     c = model.config
-    arch = _GGUF_ARCH[c.model_type]
+    arch = arch or _GGUF_ARCH[c.model_type]
     kv = {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings,
           "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
           "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
@@ -389,9 +390,9 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
             out = f"blk.{i}.{own or _GGUF_OUT[module]}.{kind}"
             if arch in ("gemma", "gemma2", "gemma3") and kind == "weight" and module.endswith("norm"):
                 t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply (gemma3: q/k norms too)
-            if arch in ("llama", "smollm3") and module == "self_attn.q_proj":
+            if arch in ("llama", "smollm3", "mistral3") and module == "self_attn.q_proj":
                 t = llama_cpp_permute(t, c.num_attention_heads)
-            elif arch in ("llama", "smollm3") and module == "self_attn.k_proj":
+            elif arch in ("llama", "smollm3", "mistral3") and module == "self_attn.k_proj":
                 t = llama_cpp_permute(t, c.num_key_value_heads)
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue

@@ -523,9 +523,12 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # llama.cpp runs it (_gguf_phi3_extra, _gguf_longrope; its sliding window is ignored, as llama.cpp does).
 # smollm3: SmolLM3, converted as llama (permuted q / k), every 4th layer without RoPE (llama.cpp's fixed
 # n_no_rope_layer_step, SmolLM3Config's default no_rope_layer_interval).
+# mistral3: what llama.cpp's converter now writes for Mistral3ForConditionalGeneration (Mistral Small 3.1 / 3.2:
+# llama's tensors, permuted q / k, no window), run as llama; Ministral 3's keys (attention temperature scaling,
+# YaRN's log multiplier) are not read, so such a file raises naming them.
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
-                      "phi3": ("phi3", False), "smollm3": ("smollm3", True)}
+                      "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True)}
 # tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
 _GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
