@@ -239,6 +239,8 @@ class HiddenTransfer(DraftHeads):
         for j, layer in enumerate(model.model.layers[self.layer:]):
             att = layer.self_attn
             q, kk, _, vv = att.project(layer.input_layernorm(x), *ropes[self.layer + j])
+            if att.temperature is not None:  # Ministral 3's query temperature, at the queries' positions
+                q = att.temper(q, pos)
             K = torch.cat([keys[j][None].to(kk.dtype), kk], 1)
             V = torch.cat([values[j][None].to(vv.dtype), vv], 1)
             m = mask

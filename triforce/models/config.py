@@ -7,7 +7,8 @@ raises ``ValueError`` naming the key: a key we do not understand may change the 
 anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5),
-``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3`` and ``smollm3``
+``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3`` and
+``ministral3``
 (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a
 switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key),
@@ -17,9 +18,9 @@ embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"sil
 Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the
 MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma
 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers),
-``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), an
-explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
-:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
+``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones),
+``query_temperature`` (Ministral 3's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches
+come from :data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ _SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
 # truncate true; "finetuned" is the original YaRN code's flag for its dynamic variant, which static yarn
 # does not read (Yarn-Llama-2's config.json has it).
 _ROPE_OPTIONAL = {
-    "yarn": ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "finetuned"),
+    # llama_4_scaling_beta: Ministral 3's query temperature (LlamaConfig.query_temperature; ministral3 only)
+    "yarn": ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "finetuned",
+             "llama_4_scaling_beta"),
     # longrope: factor (else max_position_embeddings / original_max_position_embeddings) sets the default
     # attention_factor, sqrt(1 + ln(factor) / ln(original_max_position_embeddings))
     "longrope": ("factor", "attention_factor"),
@@ -128,9 +131,19 @@ FAMILIES["smollm3"] = Family("SmolLM3ForCausalLM", reads=("attention_bias", "mlp
     "rope_theta": 2000000.0, "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001,
     "pad_token_id": 128004})
 _SMOLLM3_INTERVAL = 4  # SmolLM3Config's no_rope_layer_interval (llama.cpp's n_no_rope_layer_step, fixed)
+# Ministral 3 (Ministral3ForCausalLM: Ministral-3 3B / 8B / 14B, the text half of Mistral3ForConditionalGeneration):
+# Mistral's layer with YaRN RoPE, and each query, after RoPE, times 1 + beta * ln(1 + floor(position / original))
+# (Llama 4's attention temperature: rope_parameters' llama_4_scaling_beta over its original context).
+_MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                    "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+                    "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+FAMILIES["ministral3"] = Family("Ministral3ForCausalLM", defaults={
+    "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 34,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 262144,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11})
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
-# text_config's model_type, the wrapper's own keys: the image side's, which a text-only forward never reads,
+# text_config's model_type (or the ones it may be, the first by default), the wrapper's own keys: the image side's, which a text-only forward never reads,
 # and the wrapper's tie_word_embeddings default: transformers 5 ties the head by the wrapper's key, whatever
 # the text_config says; None: a wrapper without the key takes its text_config's). Its language model is what
 # loads (LlamaConfig.from_dict; loading.py renames its weights).
@@ -143,7 +156,7 @@ WRAPPERS = {
     # it, transformers 5 (Mistral3Config's default True) ties the head and drops those weights. The weights are
     # the model, so a wrapper without the key (as transformers 4 wrote it) takes its text_config's; one with the
     # key (as transformers 5 writes it) decides, as transformers 5 has it.
-    "mistral3": ("mistral", frozenset({
+    "mistral3": (("mistral", "ministral3"), frozenset({
         "vision_config", "image_token_index", "image_token_id", "projector_hidden_act", "vision_feature_layer",
         "multimodal_projector_bias", "spatial_merge_size"}), None),
 }
@@ -298,7 +311,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3"):
+    if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -386,6 +399,11 @@ class LlamaConfig:
         if not isinstance(self.tie_word_embeddings, bool):
             raise ValueError(f"LlamaConfig.tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
         self.rope_scaling = self._checked_rope_scaling()
+        beta = (self.rope_scaling or {}).get("llama_4_scaling_beta")
+        if (beta is not None) != (self.model_type == "ministral3"):
+            raise ValueError("rope_parameters['llama_4_scaling_beta'] (a query temperature) is Ministral 3's: "
+                             f"model_type 'ministral3' needs it (with yarn RoPE), {self.model_type!r} takes none; "
+                             f"got {beta!r}")
         for key, value in self.extra.items():
             self._check_extra_key(key, value)
 
@@ -527,6 +545,15 @@ class LlamaConfig:
         return local if local is not None and not self.rope_layers[layer] else None
 
     @property
+    def query_temperature(self) -> tuple | None:
+        """Ministral 3: ``(beta, original)``, each query after RoPE times ``1 + beta * ln(1 + floor(position /
+        original))`` (rope_parameters' ``llama_4_scaling_beta`` and ``original_max_position_embeddings``); None
+        for the other families."""
+        rs = self.rope_scaling or {}
+        beta = rs.get("llama_4_scaling_beta")
+        return None if beta is None else (float(beta), int(rs["original_max_position_embeddings"]))
+
+    @property
     def rope_layers(self) -> tuple:
         """Per layer, whether it takes the model's RoPE (``rope_theta`` with ``rope_scaling``). The others take
         ``rope.rope_local_inv_freq``'s: Gemma 3's sliding layers their own base (``local_rope_theta``), SmolLM3's
@@ -584,6 +611,8 @@ class LlamaConfig:
         _split_layer_rope(d)
         if model_type == "phi3":
             _phi3_rope(d)
+        if model_type == "ministral3" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
+            d["rope_parameters"] = dict(_MINISTRAL3_ROPE)  # Ministral3Config's when the config has none
         # transformers 5 writes the RoPE base inside rope_parameters: the family's default then does not apply
         inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
         for k, v in FAMILIES[model_type].defaults.items():
@@ -609,16 +638,17 @@ class LlamaConfig:
         if not isinstance(text, dict):
             raise ValueError(f"config model_type {kind!r}: text_config must be a JSON object, got {text!r}")
         text = dict(text)
-        if text.setdefault("model_type", text_type) != text_type:
-            raise ValueError(f"config model_type {kind!r}: its text_config's model_type must be {text_type!r}, "
-                             f"got {text['model_type']!r}")
+        types = text_type if isinstance(text_type, tuple) else (text_type,)
+        if text.setdefault("model_type", types[0]) not in types:
+            raise ValueError(f"config model_type {kind!r}: its text_config's model_type must be "
+                             f"{' or '.join(map(repr, types))}, got {text['model_type']!r}")
         for key, value in d.items():
             if key in ("bos_token_id", "eos_token_id", "pad_token_id"):
                 text.setdefault(key, value)
             elif key not in own and key not in _METADATA_KEYS and key not in (
                     "model_type", "text_config", "tie_word_embeddings"):
                 raise ValueError(f"config key {key!r} of model_type {kind!r} (an image + text model whose "
-                                 f"{text_type!r} language model triforce.models.Llama reads) is not understood: "
+                                 f"{types[0]!r} language model triforce.models.Llama reads) is not understood: "
                                  f"its language model's keys belong in text_config")
         if tie_default is None and "tie_word_embeddings" in d:  # the wrapper's key decides (transformers 5)
             text["tie_word_embeddings"] = d["tie_word_embeddings"]
@@ -735,6 +765,12 @@ def _read_rope(d: dict) -> dict:
                          "inside rope_parameters / rope_scaling; keep one")
     if inner not in (None, 1):
         d["partial_rotary_factor"] = inner
+    if "max_position_embeddings" in rope:  # Ministral3Config writes the context there too; it must be the config's
+        inner = rope.pop("max_position_embeddings")
+        ctx = d.get("max_position_embeddings", LlamaConfig.__dataclass_fields__["max_position_embeddings"].default)
+        if inner != ctx:
+            raise ValueError(f"config max_position_embeddings = {ctx!r} differs from the {inner!r} inside "
+                             "rope_parameters / rope_scaling; keep one")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind in ("llama3", "yarn", "longrope") and "original_max_position_embeddings" in d:
         top = d.pop("original_max_position_embeddings")

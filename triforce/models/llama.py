@@ -317,6 +317,7 @@ class Attention(nn.Module):
         self.window = config.layer_windows[layer]  # a sliding window (0: none), here for the cache-free forward
         self.scale = config.attention_scale  # (the caches apply the same, from the config)
         self.softcap = config.attn_softcap  # Gemma 2's cap on the scores, or None
+        self.temperature = config.query_temperature  # Ministral 3's (beta, original), or None
         if config.qk_norm:  # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE
             self.q_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
             self.k_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
@@ -326,6 +327,8 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
         q, k, k_raw, v = self.project(x, cos, sin)
+        if self.temperature is not None:
+            q = self.temper(q, step.positions if step is not None else torch.arange(T, device=x.device).expand(B, T))
         out = self.attend(q, k, v, k_raw, cache, step)
         return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
 
@@ -339,6 +342,14 @@ class Attention(nn.Module):
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
         return _rope(q, cos, sin), _rope(k_raw, cos, sin), k_raw, v
+
+    def temper(self, q, positions):
+        """Ministral 3's query temperature (``config.query_temperature``): the RoPE'd queries ``[B, T, H, D]`` of
+        int ``positions`` ``[B, T]`` times ``1 + beta * ln(1 + floor(position / original))``, computed in float32
+        and rounded to the queries' dtype, as transformers computes it (1 below ``original``)."""
+        beta, original = self.temperature
+        scale = 1 + beta * torch.log(1 + torch.floor(positions / original))
+        return q * scale[:, :, None, None].to(q.dtype)
 
     def attend(self, q, k, v, k_raw, cache: _KVCache | None, step: Step | None) -> torch.Tensor:
         """Attention of the RoPE'd ``q``, ``k`` and ``v`` ``[B, T, H, D]``: causal among themselves without a
@@ -460,6 +471,8 @@ class DecoderLayer(nn.Module):
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
+        if att.__dict__.get("temperature") is not None:  # Ministral 3's query temperature: not in the fused layer
+            return None
         if self.__dict__.get("sandwich") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
