@@ -7,8 +7,8 @@ raises ``ValueError`` naming the key: a key we do not understand may change the 
 anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5),
-``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3`` and
-``ministral3``
+``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``,
+``ministral3`` and ``granite``
 (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a
 switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key),
@@ -19,7 +19,8 @@ Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after
 MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma
 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers),
 ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones),
-``query_temperature`` (Ministral 3's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches
+``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
+(Granite's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches
 come from :data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
@@ -141,6 +142,12 @@ FAMILIES["ministral3"] = Family("Ministral3ForCausalLM", defaults={
     "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 34,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 262144,
     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11})
+# Granite (GraniteForCausalLM: IBM Granite 3.x dense): Llama's layer with four numbers: the embeddings times
+# embedding_multiplier, the attention scores scaled by attention_multiplier (instead of head_dim ** -0.5), each
+# block's output times residual_multiplier before its residual add, and the logits divided by logits_scaling.
+FAMILIES["granite"] = Family("GraniteForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2})
+_GRANITE_SCALES = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
 # text_config's model_type (or the ones it may be, the first by default), the wrapper's own keys: the image side's, which a text-only forward never reads,
@@ -219,6 +226,9 @@ _HARMLESS_ONLY_AT = {
                                                                and int(c.head_dim * v) >= 2),
                               "1.0 (RoPE on the whole head; Phi-3 / Phi-4: a number in (0, 1] leaving an even number "
                               ">= 2 of rotated dims, int(head_dim * factor))"),
+    # Granite's multipliers: LlamaConfig.embedding_multiplier, attention_scale, residual_multiplier, logits_scaling
+    **{key: (lambda v, c: c.model_type == "granite" and _is_number(v) and 0 < v < float("inf"),
+             "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
     # SmolLM3's NoPE layers: LlamaConfig.rope_layers
     "no_rope_layers": (lambda v, c: c.model_type == "smollm3" and isinstance(v, list)
                        and len(v) == c.num_hidden_layers and all(x in (0, 1) for x in v),
@@ -499,7 +509,28 @@ class LlamaConfig:
         """The attention scores' scale: ``head_dim ** -0.5``; Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
         if self.model_type in ("gemma2", "gemma3_text"):
             return float(self.extra.get("query_pre_attn_scalar", 256)) ** -0.5  # (as transformers computes it)
+        if self.model_type == "granite":
+            return self._granite("attention_multiplier")
         return 1.0 / math.sqrt(self.head_dim)  # (the kernels' own default, bit for bit)
+
+    def _granite(self, key: str) -> float:
+        """Granite's ``key`` (GraniteConfig's default 1.0); 1.0 for the other families."""
+        return float(self.extra.get(key, 1.0)) if self.model_type == "granite" else 1.0
+
+    @property
+    def embedding_multiplier(self) -> float:
+        """Granite: the embeddings' factor (``embedding_multiplier``); 1.0 elsewhere (Gemma's is ``embed_scale``)."""
+        return self._granite("embedding_multiplier")
+
+    @property
+    def residual_multiplier(self) -> float:
+        """Granite: each block's output times this before its residual add; 1.0 elsewhere."""
+        return self._granite("residual_multiplier")
+
+    @property
+    def logits_scaling(self) -> float:
+        """Granite: the logits divided by this (in the model's dtype, as transformers divides); 1.0 elsewhere."""
+        return self._granite("logits_scaling")
 
     @property
     def attn_softcap(self) -> float | None:

@@ -430,13 +430,19 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
             self.post_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.sandwich = config.sandwich_norms
+        self.residual_multiplier = config.residual_multiplier  # Granite's (1.0 elsewhere)
 
     def residual(self, h, a):
         """The stream after the attention output ``a`` and the MLP: ``h + a``, then ``+ mlp(norm(h))``; with
-        sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``."""
+        sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; Granite's blocks' outputs times
+        its residual multiplier before each add."""
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        m = self.residual_multiplier
+        if m != 1:
+            h = h + a * m
+            return h + self.mlp(self.post_attention_layernorm(h)) * m
         h = h + a
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -449,7 +455,8 @@ class DecoderLayer(nn.Module):
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
         norm = self.post_attention_layernorm
-        if type(norm) is RMSNorm and not self.sandwich and norm._kernel_ok(h) and a.shape == h.shape \
+        if type(norm) is RMSNorm and not self.sandwich and self.residual_multiplier == 1 and norm._kernel_ok(h) \
+                and a.shape == h.shape \
                 and a.dtype == h.dtype and a.is_contiguous():  # the residual add and the norm after it in one kernel
             h, x = _layer_ops().rms_norm(h, norm.weight, norm.eps, a)
             return h + self.mlp(x)
@@ -471,8 +478,8 @@ class DecoderLayer(nn.Module):
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
-        if att.__dict__.get("temperature") is not None:  # Ministral 3's query temperature: not in the fused layer
-            return None
+        if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1:
+            return None  # Ministral 3's query temperature, Granite's residual multiplier: not in the fused layer
         if self.__dict__.get("sandwich") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
@@ -696,7 +703,8 @@ class Llama(nn.Module):
         h = self.model.embed_tokens(input_ids)
         if self.config.embed_scale:
             h = h * float(torch.tensor(self.config.hidden_size ** 0.5).to(h.dtype))
-        return h
+        m = self.config.embedding_multiplier  # Granite's
+        return h if m == 1 else h * m
 
     @property
     def device(self) -> torch.device:
@@ -785,7 +793,7 @@ class Llama(nn.Module):
         return h, step
 
     def _logits(self, h):
-        return self._capped(self.lm_head(self.model.norm(h)).float())
+        return self._head(self.model.norm(h))
 
     def _capped(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 ``logits`` after Gemma 2's soft-capping (``config.final_softcap``; others: as they are)."""
@@ -855,9 +863,14 @@ class Llama(nn.Module):
         return self.model.norm(self._hidden(input_ids, cache, tree_parents, tap=tap))
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
-        """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`); Gemma 2's
-        soft-capped."""
-        return self._capped(self.lm_head(z).float())
+        """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`); Granite's
+        divided by its ``logits_scaling`` (in the model's dtype, as transformers), Gemma 2's soft-capped."""
+        return self._head(z)
+
+    def _head(self, z: torch.Tensor) -> torch.Tensor:  # (head's body: the forward's own, not replaced with head)
+        logits = self.lm_head(z)
+        scaling = self.config.logits_scaling
+        return self._capped((logits if scaling == 1 else logits / scaling).float())
 
     def _check_forward(self, input_ids, cache, tree_parents, widths=None) -> None:
         self._check_ids("input_ids", input_ids)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -523,12 +524,18 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # llama.cpp runs it (_gguf_phi3_extra, _gguf_longrope; its sliding window is ignored, as llama.cpp does).
 # smollm3: SmolLM3, converted as llama (permuted q / k), every 4th layer without RoPE (llama.cpp's fixed
 # n_no_rope_layer_step, SmolLM3Config's default no_rope_layer_interval).
+# granite: IBM Granite 3.x dense, converted as llama (permuted q / k), with its four multipliers (_GGUF_GRANITE).
 # mistral3: what llama.cpp's converter now writes for Mistral3ForConditionalGeneration (Mistral Small 3.1 / 3.2:
 # llama's tensors, permuted q / k, no window), run as llama; Ministral 3's keys (attention temperature scaling,
 # YaRN's log multiplier) are not read, so such a file raises naming them.
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
-                      "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True)}
+                      "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
+                      "granite": ("granite", True)}
+# granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
+# head_dim ** -0.5)
+_GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "attention_multiplier",
+                 "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}
 # tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
 _GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -564,9 +571,10 @@ _GGUF_HARMLESS_ONLY_AT = {
     "use_parallel_residual": (lambda v, c: v is False, "false"),
     "expert_count": (lambda v, c: v == 0, "0 (dense MLP)"),
     "expert_used_count": (lambda v, c: v == 0, "0 (dense MLP)"),
-    "logit_scale": (lambda v, c: v == 1, "1.0"),
-    "embedding_scale": (lambda v, c: v == 1, "1.0"),
-    "residual_scale": (lambda v, c: v == 1, "1.0"),
+    # granite: read into its config (_GGUF_GRANITE); llama.cpp's default (0: head_dim ** -0.5) elsewhere
+    **{key: (lambda v, c: v == 1 or c.model_type == "granite", "1.0 (granite: any, read)")
+       for key in ("logit_scale", "embedding_scale", "residual_scale")},
+    "attention.scale": (lambda v, c: v == 0 or c.model_type == "granite", "0 (head_dim ** -0.5; granite: any, read)"),
 }
 
 
@@ -655,6 +663,16 @@ def _gguf_longrope(reader, arch: str, path: Path, tensors: dict, rope_scaling) -
     return {"rope_type": "longrope", "short_factor": factors["rope_factors_short.weight"],
             "long_factor": factors["rope_factors_long.weight"], "original_max_position_embeddings": int(original),
             "attention_factor": float(gguf_field(reader, f"{arch}.rope.scaling.attn_factor", 1.0))}
+
+
+def _gguf_granite(reader, arch: str, head_dim: int) -> dict:
+    """A granite file's ``extra``: its multipliers as GraniteConfig names them (llama.cpp's defaults where absent:
+    1.0, and head_dim ** -0.5 for an attention scale of 0)."""
+    out = {}
+    for key, name in _GGUF_GRANITE.items():
+        v = float(gguf_field(reader, f"{arch}.{key}", 0.0 if key == "attention.scale" else 1.0))
+        out[name] = 1.0 / math.sqrt(head_dim) if key == "attention.scale" and v == 0 else v
+    return out
 
 
 def _gguf_phi3_extra(reader, arch: str, path: Path, head_dim: int) -> dict:
@@ -758,7 +776,7 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_phi3_extra(reader, arch, path, head_dim) if arch == "phi3"
-             else {})
+             else _gguf_granite(reader, arch, head_dim) if arch == "granite" else {})
     config = LlamaConfig(
         model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
