@@ -65,6 +65,17 @@ def randomize_(model, seed=0):
     return model
 
 
+def transformers_and_ours(name: str, **kw):
+    """A tiny random transformers ``<name>ForCausalLM`` (``<name>Config(**kw)``, eager attention, biases and norms
+    randomised) and ours built from its config and weights."""
+    from triforce.models.loading import _build
+
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{name}Config")(**kw, attn_implementation="eager")
+    hf = randomize_(getattr(transformers, f"{name}ForCausalLM")(config).eval())
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
 def hf_model(family, **extra):
     config_cls, model_cls, kw = FAMILIES[family]
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ from triforce.models import Llama, LlamaConfig
 
 from .test_config import write_gguf
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_
+from .test_families import TINY, transformers_and_ours
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -18,17 +18,8 @@ SCALES = dict(embedding_multiplier=12.0, attention_multiplier=0.03125, residual_
 GRANITE = dict(TINY, num_hidden_layers=3, **SCALES, bos_token_id=1, eos_token_id=2, pad_token_id=None)
 
 
-def hf_granite(**kw):
-    torch.manual_seed(0)
-    config = transformers.GraniteConfig(**{**GRANITE, **kw}, attn_implementation="eager")
-    return randomize_(transformers.GraniteForCausalLM(config).eval())
-
-
 def pair(**kw):
-    from triforce.models.loading import _build
-
-    hf = hf_granite(**kw)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return transformers_and_ours("Granite", **{**GRANITE, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, {"tie_word_embeddings": True, "attention_bias": True}])

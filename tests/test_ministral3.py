@@ -6,7 +6,7 @@ import torch
 from triforce.models import Llama, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_
+from .test_families import TINY, randomize_, transformers_and_ours
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -19,17 +19,8 @@ MINISTRAL3 = dict(TINY, num_hidden_layers=3, head_dim=16, rope_parameters=ROPE, 
                   pad_token_id=None)
 
 
-def hf_ministral3(**kw):
-    torch.manual_seed(0)
-    config = transformers.Ministral3Config(**{**MINISTRAL3, **kw}, attn_implementation="eager")
-    return randomize_(transformers.Ministral3ForCausalLM(config).eval())
-
-
 def pair(**kw):
-    from triforce.models.loading import _build
-
-    hf = hf_ministral3(**kw)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return transformers_and_ours("Ministral3", **{**MINISTRAL3, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, {"sliding_window": 6}])

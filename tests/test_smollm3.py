@@ -10,7 +10,7 @@ from triforce.models import Llama, LlamaConfig, StreamingCache
 
 from .test_config import write_gguf
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_
+from .test_families import TINY, randomize_, transformers_and_ours
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -22,17 +22,8 @@ SMOLLM3 = dict(TINY, num_hidden_layers=4, rope_theta=5e6, tie_word_embeddings=Tr
                bos_token_id=1, eos_token_id=2, pad_token_id=None)
 
 
-def hf_smollm3(**kw):
-    torch.manual_seed(0)
-    config = transformers.SmolLM3Config(**{**SMOLLM3, **kw}, attn_implementation="eager")
-    return randomize_(transformers.SmolLM3ForCausalLM(config).eval())
-
-
 def pair(**kw):
-    from triforce.models.loading import _build
-
-    hf = hf_smollm3(**kw)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return transformers_and_ours("SmolLM3", **{**SMOLLM3, **kw})
 
 
 @pytest.mark.parametrize("kw, rope_layers, windows", [
