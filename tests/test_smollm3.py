@@ -135,3 +135,19 @@ def test_rope_parameters_base_wins_over_the_family_default(family):
     assert LlamaConfig.from_dict(d).rope_theta == 12345.0
     assert LlamaConfig.from_dict({**TINY, "model_type": family}).rope_theta == \
         {"smollm3": 2e6, "gemma3_text": 1e6}[family]
+
+
+def test_a_layer_skip_draft_keeps_its_layers_rope():
+    """A draft of the target's first layers (``layer_skip``, the engines' ``draft_layers``) of a config that lists
+    its NoPE layers keeps those layers' choice; its greedy speculative output is the target's."""
+    model = tiny_smollm3(0)
+    model.config.extra.clear()
+    cfg = LlamaConfig.from_dict({**model.config.to_dict(), "no_rope_layers": [1, 0, 1, 0]})
+    target = Llama(cfg).eval()
+    target.load_state_dict(model.state_dict())
+    draft = target.layer_skip(2)
+    assert draft.config.rope_layers == (True, False)
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (20, 33)]
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=16)
+    out = triforce.generate(target, prompts, method="speculative", draft_layers=2, gamma=3, max_new_tokens=16)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))

@@ -1007,9 +1007,10 @@ class Llama(nn.Module):
             raise ValueError(f"k must be an int in [1, {n}], got {k!r}")
         draft = Llama.__new__(Llama)
         nn.Module.__init__(draft)
-        extra = self.config.extra
-        if isinstance(extra.get("layer_types"), list):  # Qwen's per-layer attention kinds: the first k
-            extra = {**extra, "layer_types": extra["layer_types"][:k]}
+        extra = dict(self.config.extra)
+        for key in ("layer_types", "no_rope_layers"):  # per-layer lists (attention kinds, NoPE layers): the first k
+            if isinstance(extra.get(key), list):
+                extra[key] = extra[key][:k]
         draft.config = self.config.replace(num_hidden_layers=k, extra=extra)
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)

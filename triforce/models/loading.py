@@ -571,7 +571,8 @@ _GGUF_HARMLESS_ONLY_AT = {
     "use_parallel_residual": (lambda v, c: v is False, "false"),
     "expert_count": (lambda v, c: v == 0, "0 (dense MLP)"),
     "expert_used_count": (lambda v, c: v == 0, "0 (dense MLP)"),
-    # granite: read into its config (_GGUF_GRANITE); llama.cpp's default (0: head_dim ** -0.5) elsewhere
+    # granite: read into its config (_GGUF_GRANITE); elsewhere only llama.cpp's defaults (attention.scale 0:
+    # head_dim ** -0.5; the others 1)
     **{key: (lambda v, c: v == 1 or c.model_type == "granite", "1.0 (granite: any, read)")
        for key in ("logit_scale", "embedding_scale", "residual_scale")},
     "attention.scale": (lambda v, c: v == 0 or c.model_type == "granite", "0 (head_dim ** -0.5; granite: any, read)"),
