@@ -340,6 +340,8 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
               "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite"}
+# the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
+_GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite")
 # gemma3's sandwich norms, as llama.cpp names them
 _GGUF_SANDWICH_OUT = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"}
@@ -390,9 +392,9 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
             out = f"blk.{i}.{own or _GGUF_OUT[module]}.{kind}"
             if arch in ("gemma", "gemma2", "gemma3") and kind == "weight" and module.endswith("norm"):
                 t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply (gemma3: q/k norms too)
-            if arch in ("llama", "smollm3", "mistral3", "granite") and module == "self_attn.q_proj":
+            if arch in _GGUF_PERMUTED and module == "self_attn.q_proj":
                 t = llama_cpp_permute(t, c.num_attention_heads)
-            elif arch in ("llama", "smollm3", "mistral3", "granite") and module == "self_attn.k_proj":
+            elif arch in _GGUF_PERMUTED and module == "self_attn.k_proj":
                 t = llama_cpp_permute(t, c.num_key_value_heads)
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue

@@ -150,10 +150,10 @@ FAMILIES["granite"] = Family("GraniteForCausalLM", reads=("attention_bias", "mlp
 _GRANITE_SCALES = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
-# text_config's model_type (or the ones it may be, the first by default), the wrapper's own keys: the image side's, which a text-only forward never reads,
-# and the wrapper's tie_word_embeddings default: transformers 5 ties the head by the wrapper's key, whatever
-# the text_config says; None: a wrapper without the key takes its text_config's). Its language model is what
-# loads (LlamaConfig.from_dict; loading.py renames its weights).
+# text_config's model_type (or the ones it may be, the first by default), the wrapper's own keys: the image
+# side's, which a text-only forward never reads, and the wrapper's tie_word_embeddings default: transformers 5
+# ties the head by the wrapper's key, whatever the text_config says; None: a wrapper without the key takes its
+# text_config's). Its language model is what loads (LlamaConfig.from_dict; loading.py renames its weights).
 WRAPPERS = {
     "gemma3": ("gemma3_text", frozenset({  # Gemma3ForConditionalGeneration: gemma-3-4b / 12b / 27b
         "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
@@ -347,8 +347,9 @@ class LlamaConfig:
     (``short_factor``, ``long_factor``: ``rotary_dim // 2`` numbers each, ``original_max_position_embeddings``;
     optionally ``factor``, ``attention_factor``: :func:`triforce.models.rope.rope_inv_freq`); it may also hold
     ``rope_theta`` (equal to the field) and ``partial_rotary_factor`` 1.0, as transformers 5's
-    ``rope_parameters`` do (a partial RoPE's factor is ``extra['partial_rotary_factor']``: :attr:`rotary_dim`). Any other key in it raises. ``extra`` holds the other ``config.json`` keys,
-    each either metadata or at its one supported value (see the module docstring); others raise.
+    ``rope_parameters`` do (a partial RoPE's factor is ``extra['partial_rotary_factor']``: :attr:`rotary_dim`).
+    Any other key in it raises. ``extra`` holds the other ``config.json`` keys, each either metadata or at its
+    one supported value (see the module docstring); others raise.
     """
 
     model_type: str = "llama"
