@@ -148,6 +148,39 @@ FAMILIES["ministral3"] = Family("Ministral3ForCausalLM", defaults={
 FAMILIES["granite"] = Family("GraniteForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2})
 _GRANITE_SCALES = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
+# Mixtures of experts: each sparse layer's MLP is a router (one logit per expert: softmax in float32, the top
+# num_experts_per_tok experts, their probabilities renormalised to sum 1 or not) and that many of its experts (gated
+# MLPs), summed by the router's weights. Mixtral (MixtralForCausalLM: Mixtral 8x7B / 8x22B): Mistral's layer, every
+# layer sparse, always renormalised, the weights kept in float32. Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3-30B-A3B,
+# Qwen3-235B-A22B): Qwen3's layer; norm_topk_prob renormalises; the weights rounded to the model's dtype; the experts'
+# width moe_intermediate_size; dense layers (intermediate_size) at mlp_only_layers and off decoder_sparse_step.
+FAMILIES["mixtral"] = Family("MixtralForCausalLM", defaults={
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 8, "num_experts_per_tok": 2})
+FAMILIES["qwen3_moe"] = Family("Qwen3MoeForCausalLM", qk_norm=True, reads=("attention_bias",), defaults={
+    **_QWEN_DEFAULTS, "intermediate_size": 6144, "hidden_size": 2048, "num_hidden_layers": 24,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768})
+_MOE_TYPES = ("mixtral", "qwen3_moe")
+_EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts family's sparse MLP (``LlamaConfig.experts``): ``count`` experts of width
+    ``intermediate_size``, ``top_k`` chosen per token, their router probabilities renormalised to sum 1 where
+    ``renormalize``, the weights kept in float32 (Mixtral: each expert's output times its weight in float32, rounded
+    once) or rounded to the model's dtype first (Qwen3-MoE); ``layers``: per layer, whether it is sparse."""
+
+    count: int
+    top_k: int
+    intermediate_size: int
+    renormalize: bool
+    float32_weights: bool
+    layers: tuple
+
+
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
 # text_config's model_type (or the ones it may be, the first by default), the wrapper's own keys: the image
@@ -229,6 +262,21 @@ _HARMLESS_ONLY_AT = {
     # Granite's multipliers: LlamaConfig.embedding_multiplier, attention_scale, residual_multiplier, logits_scaling
     **{key: (lambda v, c: c.model_type == "granite" and _is_number(v) and 0 < v < float("inf"),
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
+    # mixtures of experts: LlamaConfig.experts (checked together there)
+    **{key: (lambda v, c: c.model_type in _MOE_TYPES and _is_int(v) and v >= 1,
+             "absent (Mixtral, Qwen3-MoE: an int >= 1)")
+       for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
+    **{key: (lambda v, c: c.model_type == "qwen3_moe" and _is_int(v) and v >= 1, "absent (Qwen3-MoE: an int >= 1)")
+       for key in ("moe_intermediate_size", "decoder_sparse_step")},
+    "norm_topk_prob": (lambda v, c: c.model_type == "qwen3_moe" and isinstance(v, bool), "absent (Qwen3-MoE: a bool)"),
+    "mlp_only_layers": (lambda v, c: c.model_type == "qwen3_moe" and (v is None or isinstance(v, list) and all(
+        _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen3-MoE: a list of layer indices)"),
+    # the router's training loss and transformers' switch to return its logits: neither changes the logits
+    "router_aux_loss_coef": (lambda v, c: c.model_type in _MOE_TYPES and _is_number(v), "absent (MoE: a number)"),
+    "output_router_logits": (lambda v, c: c.model_type in _MOE_TYPES and isinstance(v, bool), "absent (MoE: a bool)"),
+    # Mixtral's training-time noise on the router's input (transformers applies it in training mode only)
+    "router_jitter_noise": (lambda v, c: c.model_type == "mixtral" and _is_number(v) and v >= 0,
+                            "absent (Mixtral: a number >= 0, read in training only)"),
     # SmolLM3's NoPE layers: LlamaConfig.rope_layers
     "no_rope_layers": (lambda v, c: c.model_type == "smollm3" and isinstance(v, list)
                        and len(v) == c.num_hidden_layers and all(x in (0, 1) for x in v),
@@ -307,6 +355,15 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         elif types is None:
             types = ["full_attention" if r else "sliding_attention" for r in c.rope_layers]
         sliding = [t == "sliding_attention" for t in types]
+    elif c.model_type == "qwen3_moe":  # Qwen3MoeConfig: sliding_window on every layer with use_sliding_window
+        if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
+            return none, "layer_types"  # (not read by Qwen3-MoE, nor max_window_layers)
+        use, window = x.get("use_sliding_window", False), x.get("sliding_window", _QWEN_DEFAULT_WINDOW)
+        if use not in (False, None, True):
+            return none, "use_sliding_window"
+        if not use or window is None:
+            return none, None
+        sliding = [True] * n
     else:
         for key in ("use_sliding_window", "max_window_layers"):  # Qwen's keys in a family that does not read them
             if key in x:
@@ -321,7 +378,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3"):
+    if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3",
+                            "mixtral", "qwen3_moe"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -417,6 +475,17 @@ class LlamaConfig:
                              f"got {beta!r}")
         for key, value in self.extra.items():
             self._check_extra_key(key, value)
+        if self.model_type in _MOE_TYPES:
+            need = ("num_experts_per_tok",) + (("moe_intermediate_size",) if self.model_type == "qwen3_moe" else ())
+            missing = [k for k in need if k not in self.extra]
+            if not any(k in self.extra for k in _EXPERT_COUNT_KEYS):
+                missing.insert(0, _EXPERT_COUNT_KEYS[self.model_type == "qwen3_moe"])
+            if missing:
+                raise ValueError(f"model_type {self.model_type!r} needs config key {missing[0]!r} (a mixture of "
+                                 "experts: LlamaConfig.experts)")
+            e = self.experts
+            if e.top_k > e.count:
+                raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
 
     def _checked_rope_scaling(self) -> dict | None:
         """``rope_scaling`` with ``rope_type`` set and ``type`` / ``rope_theta`` / ``partial_rotary_factor``
@@ -602,6 +671,20 @@ class LlamaConfig:
         return (True,) * n
 
     @property
+    def experts(self) -> Experts | None:
+        """A mixture of experts' sparse MLP (:class:`Experts`), or None for a dense family."""
+        if self.model_type not in _MOE_TYPES:
+            return None
+        x = self.extra
+        count = next(x[k] for k in _EXPERT_COUNT_KEYS if k in x)
+        if self.model_type == "mixtral":
+            return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, True,
+                           (True,) * self.num_hidden_layers)
+        dense, step = set(x.get("mlp_only_layers") or ()), x.get("decoder_sparse_step", 1)
+        return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
+                       False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)))
+
+    @property
     def qk_norm(self) -> bool:
         """An RMSNorm over ``head_dim`` on every query and key head, before RoPE (Qwen3)."""
         return FAMILIES[self.model_type].qk_norm
@@ -647,8 +730,12 @@ class LlamaConfig:
             d["rope_parameters"] = dict(_MINISTRAL3_ROPE)  # Ministral3Config's when the config has none
         # transformers 5 writes the RoPE base inside rope_parameters: the family's default then does not apply
         inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
+        counts = [k for k in _EXPERT_COUNT_KEYS if k in d]
+        if len(counts) == 2 and d[counts[0]] != d[counts[1]]:
+            raise ValueError(f"config num_local_experts = {d['num_local_experts']!r} and num_experts = "
+                             f"{d['num_experts']!r} differ (transformers reads one as the other); keep one")
         for k, v in FAMILIES[model_type].defaults.items():
-            if not (k == "rope_theta" and inner):
+            if not (k == "rope_theta" and inner) and not (k in _EXPERT_COUNT_KEYS and counts):
                 d.setdefault(k, v)
         d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}

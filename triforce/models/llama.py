@@ -391,9 +391,10 @@ class MLP(nn.Module):
     """The gated MLP: ``down(act(gate(x)) * up(x))``, ``act`` SiLU (SwiGLU) or GELU's tanh form (Gemma's
     GeGLU): ``config.activation``."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
         super().__init__()
-        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        h, bias = config.hidden_size, config.mlp_bias
+        i = config.intermediate_size if intermediate_size is None else intermediate_size
         self.gate_proj = Linear(h, i, bias=bias)
         self.up_proj = Linear(h, i, bias=bias)
         self.down_proj = Linear(i, h, bias=bias)
@@ -407,6 +408,48 @@ class MLP(nn.Module):
         if _native_glu(gate, up):
             return self.down_proj(getattr(torch.ops.triforce_C, f"{self.activation}_mul")(gate, up))
         return self.down_proj(ACTIVATIONS[self.activation](gate) * up)
+
+
+class SparseMoE(nn.Module):
+    """A mixture of experts' MLP (``config.experts``, Mixtral's and Qwen3-MoE's): a router ``gate`` (one logit per
+    expert) and ``experts`` (gated :class:`MLP` s). Each token takes the ``top_k`` experts of the softmax of its router
+    logits (in float32), weighted by their probabilities (renormalised to sum 1 where the family does, kept in float32
+    (Mixtral) or rounded to the dtype (Qwen3-MoE)); its output is the sum, from zero and in the dtype, of each chosen
+    expert's output times its weight (rounded to the dtype), in increasing expert order, as transformers sums them.
+    Every step of that reads the token's own row only (on the CPU the router and the experts take the row-wise
+    kernels, and the renormalising sum adds the k weights left to right), so a verification pass computes the bits
+    of one-token steps. Which experts run is read on the host: on a GPU each sparse layer synchronises once (the
+    engines' CUDA graphs decline such a model: triforce/models/graphs.py)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        spec = config.experts
+        self.gate = Linear(config.hidden_size, spec.count, bias=False)
+        self.experts = nn.ModuleList(MLP(config, spec.intermediate_size) for _ in range(spec.count))
+        self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
+
+    def route(self, x: torch.Tensor) -> tuple:
+        """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
+        w, index = torch.topk(torch.softmax(self.gate(x).float(), dim=-1), self.top_k, dim=-1)
+        if self.renormalize:
+            total = w[:, 0].clone()
+            for j in range(1, self.top_k):  # left to right, row by row (a reduction's order may follow N)
+                total += w[:, j]
+            w = w / total[:, None]
+        return (w if self.float32_weights else w.to(x.dtype)), index
+
+    def forward(self, x):
+        rows = x.reshape(-1, x.shape[-1])
+        w, index = self.route(rows)
+        out = torch.zeros_like(rows)
+        hit = torch.zeros(len(self.experts), dtype=torch.bool, device=x.device).index_fill_(0, index.flatten(), True)
+        for e in hit.nonzero().flatten().tolist():  # (a host sync on a GPU)
+            token, slot = torch.where(index == e)
+            y = self.experts[e](rows[token])
+            # one add per row (a row takes an expert once); not index_add_, whose CPU kernel opens a parallel
+            # region per call (~50 us each where the OpenMP threads sleep between regions, OMP_WAIT_POLICY=PASSIVE)
+            out.index_put_((token,), (y * w[token, slot, None]).to(out.dtype), accumulate=True)
+        return out.view(x.shape)
 
 
 def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -423,7 +466,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
         self.self_attn = Attention(config, layer)
-        self.mlp = MLP(config)
+        experts = config.experts
+        self.mlp = SparseMoE(config) if experts is not None and experts.layers[layer] else MLP(config)
         self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         if config.sandwich_norms:  # Gemma 3: post_attention_layernorm is on the attention's output
@@ -483,7 +527,7 @@ class DecoderLayer(nn.Module):
         if self.__dict__.get("sandwich") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
-        if mlp.__dict__.get("activation", "silu") != "silu":  # the fused layer's MLP is SwiGLU's
+        if type(mlp) is not MLP or mlp.__dict__.get("activation", "silu") != "silu":  # the fused layer's: SwiGLU
             return None
         if q_norm is not None and q_norm.eps != k_norm.eps:  # the native call takes one eps for both
             return None
@@ -1011,6 +1055,8 @@ class Llama(nn.Module):
         for key in ("layer_types", "no_rope_layers"):  # per-layer lists (attention kinds, NoPE layers): the first k
             if isinstance(extra.get(key), list):
                 extra[key] = extra[key][:k]
+        if isinstance(extra.get("mlp_only_layers"), list):  # (Qwen3-MoE's dense layers: indices)
+            extra["mlp_only_layers"] = [i for i in extra["mlp_only_layers"] if i < k]
         draft.config = self.config.replace(num_hidden_layers=k, extra=extra)
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)

@@ -305,6 +305,40 @@ def _join_projections(sd: dict) -> dict:
     return out
 
 
+# A mixture of experts' weights (LlamaConfig.experts): the model names them as Qwen3-MoE's checkpoints do,
+# mlp.gate.weight and mlp.experts.{e}.{gate,up,down}_proj.weight. Mixtral's name the block block_sparse_moe and the
+# projections w1 (gate), w3 (up), w2 (down); transformers 5's modules hold each layer's experts as two 3D tensors,
+# mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj [E, H, I] (it saves the per-expert names).
+_MIXTRAL_PROJECTIONS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_MIXTRAL_EXPERT = re.compile(r"(.*\.)block_sparse_moe\.(gate\.weight|experts\.\d+\.(w[123])\.weight)$")
+_STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """``sd`` with a mixture of experts' weights under the model's names (above), or with ``inverse`` under its
+    checkpoints' (Mixtral's); ``sd`` itself for a dense model."""
+    if config.experts is None or (inverse and config.model_type != "mixtral"):
+        return sd
+    out = {}
+    for name, t in sd.items():
+        if inverse:
+            m = re.fullmatch(r"(.*\.)mlp\.(gate\.weight|experts\.\d+\.(\w+)\.weight)", name)
+            if m is not None:
+                rest = m[2] if m[3] is None else m[2].replace(m[3], {v: k for k, v in _MIXTRAL_PROJECTIONS.items()}[m[3]])
+                name = f"{m[1]}block_sparse_moe.{rest}"
+            out[name] = t
+        elif (m := _MIXTRAL_EXPERT.fullmatch(name)) is not None and config.model_type == "mixtral":
+            rest = m[2] if m[3] is None else m[2].replace(m[3], _MIXTRAL_PROJECTIONS[m[3]])
+            out[f"{m[1]}mlp.{rest}"] = t
+        elif (m := _STACKED_EXPERTS.fullmatch(name)) is not None and t.dim() == 3:
+            parts = t.chunk(2, dim=1) if m[2] == "gate_up_proj" else (t,)
+            for part, stacked in zip(("gate_proj", "up_proj") if len(parts) == 2 else ("down_proj",), parts):
+                out.update({f"{m[1]}.{e}.{part}.weight": w.clone() for e, w in enumerate(stacked)})
+        else:
+            out[name] = t
+    return out
+
+
 def rotary_order(config: LlamaConfig) -> torch.Tensor | None:
     """Partial RoPE: int64 ``[head_dim]``, the checkpoint's dim of each of the model's q / k head dims, or None
     when RoPE rotates the whole head. A checkpoint rotates its dims ``i`` and ``i + r/2`` together (``i < r/2``,
@@ -442,7 +476,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
 
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
-    sd = _order_rotary_dims(config, sd)
+    sd = _expert_names(config, _order_rotary_dims(config, sd))
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
@@ -470,7 +504,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
 def save_pretrained(model, directory) -> None:
     config, sd = model.config, model.state_dict()
     # the checkpoint's layout: q / k dims in its order (partial RoPE), Phi-3's projections fused
-    sd = _order_rotary_dims(config, sd, inverse=True)
+    sd = _expert_names(config, _order_rotary_dims(config, sd, inverse=True), inverse=True)
     if FAMILIES[config.model_type].fused_projections:
         sd = _join_projections(sd)
     _write_hf_dir(Path(directory), config, sd)

@@ -746,15 +746,23 @@ def _copy_with_linears(model, replace):
             new = copy.copy(layer)
             new._modules = dict(layer._modules)
             for part in ("self_attn", "mlp"):
-                sub = copy.copy(getattr(layer, part))
-                sub._modules = {name: replace(f"model.layers.{i}.{part}.{name}", m) if isinstance(m, nn.Linear) else m
-                                for name, m in getattr(layer, part)._modules.items()}
-                new._modules[part] = sub
+                new._modules[part] = _replace_linears(getattr(layer, part), f"model.layers.{i}.{part}", replace)
             layers.append(new)
         clone.model._modules["layers"] = layers
         clone._parameters = dict(model._parameters)
         clone._buffers = dict(model._buffers)
     return clone
+
+
+def _replace_linears(module: nn.Module, name: str, replace) -> nn.Module:
+    """A shallow copy of ``module`` (named ``name``) whose ``nn.Linear`` s, at any depth (a mixture of experts'
+    ``experts.{e}.gate_proj``), are ``replace(their name, them)``; the other modules stay shared."""
+    sub = copy.copy(module)
+    sub._modules = {
+        n: replace(f"{name}.{n}", m) if isinstance(m, nn.Linear)
+        else _replace_linears(m, f"{name}.{n}", replace) if m is not None and m._modules else m
+        for n, m in module._modules.items()}
+    return sub
 
 
 ACTIVATIONS = ("float32", "int8")

@@ -1,0 +1,108 @@
+"""Benchmark of a mixture of experts' MLP (triforce.models.llama.SparseMoE) at the rows of a decode step and of
+verification passes, against transformers' sparse block on the same weights.
+
+A token reads its ``k`` experts' weights; a pass of ``T`` tokens reads every expert any of them chose, up to all
+``E``. So unlike a dense layer, whose weights a pass of a few tokens reads once (the reason a verification pass
+costs little more than a step), a sparse layer's bytes grow with ``T`` until every expert is hit: with independent
+routing ``E * (1 - (1 - k / E) ** T)`` experts. The rows count the experts each input actually hit and the bytes
+that makes (those experts' three projections, the router, the rows in and out), against the copy bandwidth
+measured in the same run. Routing here is random (random inputs and router): a real model's consecutive tokens
+share experts more often, so its passes read fewer.
+
+Shapes (one layer's MLP, random weights, bfloat16 and float32): Qwen3-30B-A3B's (hidden 2048, 128 experts of width
+768, 8 chosen: 1.2 GB a layer in bfloat16), or with ``--model mixtral-8x7b`` Mixtral 8x7B's (hidden 4096, 8 experts
+of width 14336, 2 chosen: 2.8 GB). Backends: ``cpu`` (ours: the router and each hit expert through the row-wise
+kernels, an expert's rows together) against ``transformers`` (its Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock:
+F.linear per hit expert), in turns (the VM's drift); the two outputs are checked to agree first.
+
+    python -m bench.bench_moe [--quick] [--model qwen3-30b-a3b|mixtral-8x7b]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .harness import copy_bandwidth, measure_alternating, record
+
+# name -> (hidden, experts, chosen, expert width, transformers family: Qwen3-MoE's block, Mixtral's)
+MODELS = {"qwen3-30b-a3b": (2048, 128, 8, 768, "qwen3_moe"), "mixtral-8x7b": (4096, 8, 2, 14336, "mixtral")}
+
+
+def _pair(model: str, dtype: torch.dtype):
+    """Our SparseMoE and transformers' sparse block of ``model``'s shape on the same random weights."""
+    import transformers
+    from triforce.models import LlamaConfig
+    from triforce.models.llama import SparseMoE
+
+    H, E, k, inter, family = MODELS[model]
+    extra = ({"num_experts": E, "num_experts_per_tok": k, "moe_intermediate_size": inter, "norm_topk_prob": True}
+             if family == "qwen3_moe" else {"num_local_experts": E, "num_experts_per_tok": k})
+    config = LlamaConfig(model_type=family, hidden_size=H, intermediate_size=inter, num_hidden_layers=1,
+                         num_attention_heads=16, extra=extra)
+    g = torch.Generator().manual_seed(0)
+    ours = SparseMoE(config).to(dtype).eval()
+    with torch.no_grad():
+        ours.gate.weight.copy_(torch.randn(E, H, generator=g) * H ** -0.5)
+        for expert in ours.experts:
+            for lin in (expert.gate_proj, expert.up_proj, expert.down_proj):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * lin.in_features ** -0.5)
+    if family == "qwen3_moe":
+        hf_config = transformers.Qwen3MoeConfig(hidden_size=H, num_experts=E, num_experts_per_tok=k,
+                                                moe_intermediate_size=inter, norm_topk_prob=True)
+        block = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock(hf_config)
+    else:
+        hf_config = transformers.MixtralConfig(hidden_size=H, num_local_experts=E, num_experts_per_tok=k,
+                                               intermediate_size=inter)
+        block = transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock(hf_config)
+    block = block.to(dtype).eval()
+    with torch.no_grad():
+        block.gate.weight.copy_(ours.gate.weight)
+        block.experts.gate_up_proj.copy_(torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight])
+                                                      for e in ours.experts]))
+        block.experts.down_proj.copy_(torch.stack([e.down_proj.weight for e in ours.experts]))
+    return ours, block
+
+
+def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> None:
+    H, E, k, inter, _ = MODELS[model]
+    ours, theirs = _pair(model, dtype)
+    bw, es, dt = copy_bandwidth("cpu"), torch.finfo(dtype).bits // 8, str(dtype).replace("torch.", "")
+    g = torch.Generator().manual_seed(1)
+    for T in rows:
+        x = torch.randn(1, T, H, generator=g).to(dtype)
+        with torch.no_grad():
+            _, index = ours.route(x[0])
+            hit = int(index.unique().numel())
+            same = (ours(x) - theirs(x)).abs().max().item()
+            scale = theirs(x).abs().max().item()
+        assert same <= 2e-2 * scale if dtype == torch.bfloat16 else same <= 1e-4 * scale, (same, scale)
+        nbytes = (hit * 3 * H * inter + E * H + 2 * T * H) * es
+
+        def run(f):
+            def call():
+                with torch.no_grad():
+                    f(x)
+            return call
+        t = measure_alternating({"transformers": run(theirs), "cpu": run(ours)}, reps=reps)
+        shape = f"model={model},rows={T},experts_hit={hit}/{E}"
+        record(family="moe", op="sparse_moe", backend="transformers", shape=shape, dtype=dt, bytes_moved=nbytes,
+               timing=t["transformers"], bandwidth=bw, device="cpu")
+        record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
+               timing=t["cpu"], bandwidth=bw, device="cpu", baseline="transformers",
+               baseline_timing=t["transformers"],
+               extra=f"expected_hit={E * (1 - (1 - k / E) ** T):.1f}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1 and 8 rows, bfloat16 only")
+    p.add_argument("--model", choices=list(MODELS), default="qwen3-30b-a3b")
+    a = p.parse_args()
+    dtypes = (torch.bfloat16,) if a.quick else (torch.bfloat16, torch.float32)
+    for dtype in dtypes:
+        bench_model(a.model, dtype, (1, 8) if a.quick else (1, 2, 4, 8, 16, 64))
+
+
+if __name__ == "__main__":
+    main()

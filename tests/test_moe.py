@@ -1,0 +1,195 @@
+"""Mixtures of experts (``model_type="mixtral"``: Mixtral 8x7B / 8x22B; ``"qwen3_moe"``: Qwen3-30B-A3B,
+Qwen3-235B-A22B): each sparse layer's MLP is a router and gated experts (triforce.models.llama.SparseMoE), against
+transformers' MixtralForCausalLM and Qwen3MoeForCausalLM on the same weights."""
+import pytest
+import torch
+
+import triforce
+from triforce.models import FullCache, Llama, LlamaConfig, graphs
+from triforce.models.llama import MLP, SparseMoE
+from triforce.models.quant import Q8Linear, int8_copy
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive, ragged_prompts
+from .test_families import TINY, randomize_, transformers_and_ours
+from .test_model import TOL
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+MIXTRAL = dict(TINY, num_local_experts=4, num_experts_per_tok=2)
+# a dense layer (mlp_only_layers) between sparse ones, 3 of 6 experts, renormalised, head_dim not hidden / heads
+QWEN3_MOE = dict(TINY, num_hidden_layers=3, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=40,
+                 norm_topk_prob=True, mlp_only_layers=[1], head_dim=32)
+CASES = {
+    "mixtral": ("Mixtral", MIXTRAL),
+    "mixtral-window": ("Mixtral", dict(MIXTRAL, sliding_window=7)),
+    "qwen3_moe": ("Qwen3Moe", QWEN3_MOE),
+    # every 2nd layer sparse, weights not renormalised, biases, a window on every layer, tied
+    "qwen3_moe-step-window": ("Qwen3Moe", dict(QWEN3_MOE, num_hidden_layers=4, mlp_only_layers=[],
+                                               decoder_sparse_step=2, norm_topk_prob=False, attention_bias=True,
+                                               use_sliding_window=True, sliding_window=6, tie_word_embeddings=True)),
+}
+
+
+def pair(case, **kw):
+    """transformers' model of ``case`` with decisive routers (std 0.5: each token's top experts stand apart, so
+    a rounding difference cannot swap them) and ours on its weights."""
+    name, config = CASES[case]
+    hf, _ = transformers_and_ours(name, **{**config, **kw})
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if n.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    from triforce.models.loading import _build
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_every_path_match_transformers(case):
+    """The plain forward, a chunked prefill, a verify pass, steps and a tree over the cache give transformers'
+    logits; the layers are sparse where transformers' are; our config reads back in transformers as the same
+    mixture."""
+    hf, ours = pair(case)
+    sparse = [type(layer.mlp) is SparseMoE for layer in ours.model.layers]
+    assert sparse == ["Sparse" in type(layer.mlp).__name__ for layer in hf.model.layers]
+    assert any(sparse) and not all(sparse) == case.startswith("qwen3") and list(ours.config.experts.layers) == sparse
+    window = CASES[case][1].get("sliding_window", 0) if "window" in case else 0
+    assert ours.config.layer_windows == (window,) * len(sparse)
+    assert_every_path_matches(hf, ours)
+    back = type(hf.config).from_dict(ours.config.to_dict())
+    for key in ("num_local_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
+                "decoder_sparse_step", "mlp_only_layers", "sliding_window"):
+        assert getattr(back, key, None) == getattr(hf.config, key, None), key
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+def test_checkpoint_directories_both_ways(tmp_path, case):
+    """A checkpoint transformers saved (Mixtral's block_sparse_moe / w1 w2 w3 names, Qwen3-MoE's per-expert
+    projections) loads with transformers' logits; ours saves the same names, which transformers reads back as
+    the same model."""
+    hf, _ = pair(case)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = Llama.from_pretrained(tmp_path / "hf")
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        ours.save_pretrained(tmp_path / "ours")
+        back = type(hf).from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
+        assert torch.equal(back(ids).logits, ref)
+    want = hf.state_dict()
+    assert all(torch.equal(t, want[k]) for k, t in back.state_dict().items()) and back.state_dict().keys() == want.keys()
+    from safetensors import safe_open
+    with safe_open(tmp_path / "ours" / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
+        assert names == set(f.keys())
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
+    """Routing, experts and their sum read each token's own row: a 10-token pass gives bitwise the logits of 10
+    one-token steps (float32, and bfloat16 where the experts' sum rounds at every add)."""
+    assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+def test_routing_choices_matter():
+    """Renormalising the chosen experts' weights, and the number chosen, each move the logits by more than ten
+    times the tolerance: the tests above would see either one wrong."""
+    hf, ours = pair("qwen3_moe")
+    ids = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        for layer in ours.model.layers:
+            if type(layer.mlp) is SparseMoE:
+                layer.mlp.renormalize = False
+        assert (ours(ids) - ref).abs().max().item() > 10 * TOL
+        for layer in ours.model.layers:
+            if type(layer.mlp) is SparseMoE:
+                layer.mlp.renormalize, layer.mlp.top_k = True, 2
+        assert (ours(ids) - ref).abs().max().item() > 10 * TOL
+
+
+def tiny_moe(seed, dense=(2,)):
+    torch.manual_seed(seed)
+    config = LlamaConfig(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=1024, initializer_range=0.3,
+                         extra=dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                    norm_topk_prob=True, mlp_only_layers=list(dense)))
+    return randomize_(Llama(config), seed).eval()
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny_moe(0), tiny_moe(1), method, opts)
+
+
+def test_int8_copy_quantises_every_expert_and_drafts_losslessly():
+    """The int8 draft copy replaces the router and every expert's projections (most of such a model's weights),
+    shares nothing else that is float, and speculative decoding with it emits autoregressive decoding's tokens."""
+    model = tiny_moe(0)
+    draft = int8_copy(model)
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    q8 = {n for n, m in draft.named_modules() if isinstance(m, Q8Linear)}
+    assert any(".experts.3.down_proj" in n for n in linears) and set(linears) == q8
+    prompts = ragged_prompts()
+    ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=20)
+    out = triforce.generate(model, prompts, method="speculative", draft=draft, gamma=3, max_new_tokens=20)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b])
+
+
+def test_layer_skip_keeps_the_first_layers_dense_list():
+    """A ``layer_skip`` draft of a config that lists dense layers past its cut keeps the ones before it (the
+    cut list names no missing layer) and computes the first k layers of the model."""
+    model = tiny_moe(0, dense=(0, 2))
+    draft = model.layer_skip(2)
+    assert draft.config.extra["mlp_only_layers"] == [0] and draft.config.experts.layers == (False, True)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        h = model.embed(ids)
+        for layer, rope in zip(model.model.layers[:2], model.rope_tables(torch.arange(12)[None])):
+            h = layer(h, *rope, None, None)
+        assert torch.equal(draft(ids), model._logits(h))
+
+
+def test_graphs_decline_a_mixture_of_experts(monkeypatch):
+    """Which experts run is read on the host, so the CUDA-graph steps (emulated here) leave such a model eager."""
+    monkeypatch.setattr(graphs, "_EMULATE", True)
+    model = tiny_moe(0)
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    cache = FullCache(model.config, 1, 32)
+    dense = Llama(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                              num_attention_heads=4))
+    with torch.no_grad():
+        assert not graphs.enabled(model, cache, ids, None) and graphs.enabled(dense, cache, ids, None)
+
+
+def test_bad_configs_raise():
+    base = {**QWEN3_MOE, "model_type": "qwen3_moe"}
+    for bad, match in (({"num_experts_per_tok": 7}, "more than the 6 experts"),
+                       ({"num_local_experts": 5}, "differ"),
+                       ({"mlp_only_layers": [3]}, "'mlp_only_layers'"),
+                       ({"decoder_sparse_step": 0}, "'decoder_sparse_step'"),
+                       ({"norm_topk_prob": 1}, "'norm_topk_prob'"),
+                       ({"model_type": "qwen3", "num_experts": 6}, "'num_experts'"),
+
+                       ({"router_jitter_noise": 0.1}, "'router_jitter_noise'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**base, **bad})
+    with pytest.raises(ValueError, match="'moe_intermediate_size'"):
+        LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral", "moe_intermediate_size": 40})
+    for key in ("num_experts_per_tok", "moe_intermediate_size"):
+        with pytest.raises(ValueError, match=key):
+            LlamaConfig(model_type="qwen3_moe", extra={k: v for k, v in dict(
+                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8).items() if k != key})
+    with pytest.raises(ValueError, match="num_local_experts"):
+        LlamaConfig(model_type="mixtral", extra={"num_experts_per_tok": 2})
+    # the families' defaults: Mixtral 8x7B's 2 of 8; Qwen3-MoE's 8 of 128, not renormalised, width 768
+    for kind, want in (("mixtral", (8, 2, 96, True, True)), ("qwen3_moe", (128, 8, 768, False, False))):
+        e = LlamaConfig.from_dict({**TINY, "model_type": kind}).experts
+        assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights) == want
+    assert type(Llama(LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral"})).model.layers[0].mlp) is not MLP
