@@ -45,7 +45,7 @@ def _pair(model: str, dtype: torch.dtype):
     with torch.no_grad():
         ours.gate.weight.copy_(torch.randn(E, H, generator=g) * H ** -0.5)
         for expert in ours.experts:
-            for lin in (expert.gate_proj, expert.up_proj, expert.down_proj):
+            for lin in (expert.gate_up_proj, expert.down_proj):
                 lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * lin.in_features ** -0.5)
     if family == "qwen3_moe":
         hf_config = transformers.Qwen3MoeConfig(hidden_size=H, num_experts=E, num_experts_per_tok=k,
@@ -58,8 +58,7 @@ def _pair(model: str, dtype: torch.dtype):
     block = block.to(dtype).eval()
     with torch.no_grad():
         block.gate.weight.copy_(ours.gate.weight)
-        block.experts.gate_up_proj.copy_(torch.stack([torch.cat([e.gate_proj.weight, e.up_proj.weight])
-                                                      for e in ours.experts]))
+        block.experts.gate_up_proj.copy_(torch.stack([e.gate_up_proj.weight for e in ours.experts]))
         block.experts.down_proj.copy_(torch.stack([e.down_proj.weight for e in ours.experts]))
     return ours, block
 

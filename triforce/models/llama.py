@@ -401,18 +401,39 @@ class MLP(nn.Module):
         self.activation = config.activation
 
     def forward(self, x):
-        gate, up = self.gate_proj(x), self.up_proj(x)
-        if self.activation == "silu" and _elementwise_kernels(x) and gate.is_contiguous() and up.is_contiguous() \
-                and gate.dtype == up.dtype and gate.shape == up.shape:
-            return self.down_proj(_layer_ops().silu_mul(gate, up))
-        if _native_glu(gate, up):
-            return self.down_proj(getattr(torch.ops.triforce_C, f"{self.activation}_mul")(gate, up))
-        return self.down_proj(ACTIVATIONS[self.activation](gate) * up)
+        return self.down_proj(_gated(self.activation, self.gate_proj(x), self.up_proj(x)))
+
+
+def _gated(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``act(gate) * up``: the GPU's Triton kernel (SiLU), the CPU's native op, else PyTorch's."""
+    if activation == "silu" and _elementwise_kernels(gate) and gate.is_contiguous() and up.is_contiguous() \
+            and gate.dtype == up.dtype and gate.shape == up.shape:
+        return _layer_ops().silu_mul(gate, up)
+    if _native_glu(gate, up):
+        return getattr(torch.ops.triforce_C, f"{activation}_mul")(gate, up)
+    return ACTIVATIONS[activation](gate) * up
+
+
+class Expert(nn.Module):
+    """One expert of a :class:`SparseMoE`: :class:`MLP`'s gated MLP with its gate and up projections as one
+    ``gate_up_proj`` (rows ``[gate; up]``: one weight stream and one kernel call instead of two, as a token
+    visits each of its experts on its own; the checkpoints' separate projections are joined on loading and split
+    on saving, triforce/models/loading.py)."""
+
+    def __init__(self, config: LlamaConfig, intermediate_size: int):
+        super().__init__()
+        self.gate_up_proj = Linear(config.hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, config.hidden_size, bias=False)
+        self.activation = config.activation
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(_gated(self.activation, gate.contiguous(), up.contiguous()))
 
 
 class SparseMoE(nn.Module):
     """A mixture of experts' MLP (``config.experts``, Mixtral's and Qwen3-MoE's): a router ``gate`` (one logit per
-    expert) and ``experts`` (gated :class:`MLP` s). Each token takes the ``top_k`` experts of the softmax of its router
+    expert) and ``experts`` (gated MLPs, :class:`Expert`). Each token takes the ``top_k`` experts of the softmax of its router
     logits (in float32), weighted by their probabilities (renormalised to sum 1 where the family does, kept in float32
     (Mixtral) or rounded to the dtype (Qwen3-MoE)); its output is the sum, from zero and in the dtype, of each chosen
     expert's output times its weight (rounded to the dtype), in increasing expert order, as transformers sums them.
@@ -425,7 +446,7 @@ class SparseMoE(nn.Module):
         super().__init__()
         spec = config.experts
         self.gate = Linear(config.hidden_size, spec.count, bias=False)
-        self.experts = nn.ModuleList(MLP(config, spec.intermediate_size) for _ in range(spec.count))
+        self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
 
     def route(self, x: torch.Tensor) -> tuple:

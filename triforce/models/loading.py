@@ -305,38 +305,58 @@ def _join_projections(sd: dict) -> dict:
     return out
 
 
-# A mixture of experts' weights (LlamaConfig.experts): the model names them as Qwen3-MoE's checkpoints do,
-# mlp.gate.weight and mlp.experts.{e}.{gate,up,down}_proj.weight. Mixtral's name the block block_sparse_moe and the
-# projections w1 (gate), w3 (up), w2 (down); transformers 5's modules hold each layer's experts as two 3D tensors,
-# mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj [E, H, I] (it saves the per-expert names).
+# A mixture of experts' weights (LlamaConfig.experts): checkpoints name them as Qwen3-MoE's do, mlp.gate.weight and
+# mlp.experts.{e}.{gate,up,down}_proj.weight, or as Mixtral's, block_sparse_moe.gate.weight and
+# block_sparse_moe.experts.{e}.w1 (gate) / w3 (up) / w2 (down); transformers 5's modules hold each layer's experts as
+# two 3D tensors, mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj [E, H, I] (it saves the per-expert
+# names). The model's experts hold gate and up as one mlp.experts.{e}.gate_up_proj.weight (rows [gate; up]).
 _MIXTRAL_PROJECTIONS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-_MIXTRAL_EXPERT = re.compile(r"(.*\.)block_sparse_moe\.(gate\.weight|experts\.\d+\.(w[123])\.weight)$")
-_STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_FROM_MIXTRAL = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.(w[123]))\.weight")
+_TO_MIXTRAL = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate_proj|up_proj|down_proj))\.weight")
+_STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
+_EXPERT_PROJECTION = re.compile(r"(.*\.mlp\.experts\.\d+\.)(gate_proj|up_proj|gate_up_proj)\.weight")
+
+
+def _mixtral_name(name: str, inverse: bool = False) -> str:
+    """A Mixtral checkpoint's weight ``name`` as Qwen3-MoE's checkpoints name it (or back with ``inverse``)."""
+    m = (_TO_MIXTRAL if inverse else _FROM_MIXTRAL).fullmatch(name)
+    if m is None:
+        return name
+    names = {v: k for k, v in _MIXTRAL_PROJECTIONS.items()} if inverse else _MIXTRAL_PROJECTIONS
+    kind = m[2] if m[3] is None else m[2][: -len(m[3])] + names[m[3]]
+    return f"{m[1]}{'block_sparse_moe' if inverse else 'mlp'}.{kind}.weight"
 
 
 def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
-    """``sd`` with a mixture of experts' weights under the model's names (above), or with ``inverse`` under its
-    checkpoints' (Mixtral's); ``sd`` itself for a dense model."""
-    if config.experts is None or (inverse and config.model_type != "mixtral"):
+    """``sd`` with a mixture of experts' weights as the model holds them (above), or with ``inverse`` as its
+    checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model."""
+    if config.experts is None:
         return sd
+    mixtral = config.model_type == "mixtral"
     out = {}
+    if inverse:
+        for name, t in sd.items():
+            m = _EXPERT_PROJECTION.fullmatch(name)
+            parts = zip((f"{m[1]}gate_proj.weight", f"{m[1]}up_proj.weight"), t.chunk(2)) if m else ((name, t),)
+            out.update({_mixtral_name(part, inverse=True) if mixtral else part: w.clone() if m else w
+                        for part, w in parts})
+        return out
     for name, t in sd.items():
-        if inverse:
-            m = re.fullmatch(r"(.*\.)mlp\.(gate\.weight|experts\.\d+\.(\w+)\.weight)", name)
-            if m is not None:
-                rest = m[2] if m[3] is None else m[2].replace(m[3], {v: k for k, v in _MIXTRAL_PROJECTIONS.items()}[m[3]])
-                name = f"{m[1]}block_sparse_moe.{rest}"
-            out[name] = t
-        elif (m := _MIXTRAL_EXPERT.fullmatch(name)) is not None and config.model_type == "mixtral":
-            rest = m[2] if m[3] is None else m[2].replace(m[3], _MIXTRAL_PROJECTIONS[m[3]])
-            out[f"{m[1]}mlp.{rest}"] = t
-        elif (m := _STACKED_EXPERTS.fullmatch(name)) is not None and t.dim() == 3:
-            parts = t.chunk(2, dim=1) if m[2] == "gate_up_proj" else (t,)
-            for part, stacked in zip(("gate_proj", "up_proj") if len(parts) == 2 else ("down_proj",), parts):
-                out.update({f"{m[1]}.{e}.{part}.weight": w.clone() for e, w in enumerate(stacked)})
+        name = _mixtral_name(name) if mixtral else name
+        if (m := _STACKED_EXPERTS.fullmatch(name)) is not None and t.dim() == 3:
+            out.update({f"{m[1]}.{e}.{m[2]}.weight": w.clone() for e, w in enumerate(t)})
         else:
             out[name] = t
-    return out
+    joined = {}
+    for name, t in out.items():
+        m = _EXPERT_PROJECTION.fullmatch(name)
+        if m is None or m[2] == "gate_up_proj":
+            joined[name] = t
+        elif m[2] == "gate_proj" and f"{m[1]}up_proj.weight" in out:
+            joined[f"{m[1]}gate_up_proj.weight"] = torch.cat([t, out[f"{m[1]}up_proj.weight"]])
+        elif m[2] == "gate_proj" or f"{m[1]}gate_proj.weight" not in out:
+            joined[name] = t  # a half without the other: reported as unexpected
+    return joined
 
 
 def rotary_order(config: LlamaConfig) -> torch.Tensor | None:
