@@ -78,8 +78,8 @@ def test_checkpoint_directories_both_ways(tmp_path, case):
         ours.save_pretrained(tmp_path / "ours")
         back = type(hf).from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
         assert torch.equal(back(ids).logits, ref)
-    want = hf.state_dict()
-    assert all(torch.equal(t, want[k]) for k, t in back.state_dict().items()) and back.state_dict().keys() == want.keys()
+    want, got = hf.state_dict(), back.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(t, want[k]) for k, t in got.items())
     from safetensors import safe_open
     with safe_open(tmp_path / "ours" / "model.safetensors", "pt") as f:
         names = set(f.keys())
