@@ -1,6 +1,7 @@
 """Mixtures of experts (``model_type="mixtral"``: Mixtral 8x7B / 8x22B; ``"qwen3_moe"``: Qwen3-30B-A3B,
-Qwen3-235B-A22B): each sparse layer's MLP is a router and gated experts (triforce.models.llama.SparseMoE), against
-transformers' MixtralForCausalLM and Qwen3MoeForCausalLM on the same weights."""
+Qwen3-235B-A22B; ``"granitemoe"``: granite-3.0-1b-a400m and its kin): each sparse layer's MLP is a router and gated
+experts (triforce.models.llama.SparseMoE), against transformers' MixtralForCausalLM, Qwen3MoeForCausalLM and
+GraniteMoeForCausalLM on the same weights."""
 import pytest
 import torch
 
@@ -25,6 +26,9 @@ CASES = {
     "mixtral-window": ("Mixtral", dict(MIXTRAL, sliding_window=7)),
     "qwen3_moe": ("Qwen3Moe", QWEN3_MOE),
     # every 2nd layer sparse, weights not renormalised, biases, a window on every layer, tied
+    # Granite's multipliers, the softmax of the top k logits, stacked experts in its checkpoints
+    "granitemoe": ("GraniteMoe", dict(MIXTRAL, num_hidden_layers=3, embedding_multiplier=12.0, attention_multiplier=0.03,
+                                      residual_multiplier=0.22, logits_scaling=8.0, attention_bias=True)),
     "qwen3_moe-step-window": ("Qwen3Moe", dict(QWEN3_MOE, num_hidden_layers=4, mlp_only_layers=[],
                                                decoder_sparse_step=2, norm_topk_prob=False, attention_bias=True,
                                                use_sliding_window=True, sliding_window=6, tie_word_embeddings=True)),
@@ -39,7 +43,7 @@ def pair(case, **kw):
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for n, p in hf.named_parameters():
-            if n.endswith("mlp.gate.weight"):
+            if n.endswith(("mlp.gate.weight", "block_sparse_moe.router.weight")):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     from triforce.models.loading import _build
     return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
@@ -52,7 +56,7 @@ def test_logits_and_every_path_match_transformers(case):
     mixture."""
     hf, ours = pair(case)
     sparse = [type(layer.mlp) is SparseMoE for layer in ours.model.layers]
-    assert sparse == ["Sparse" in type(layer.mlp).__name__ for layer in hf.model.layers]
+    assert sparse == [any(".experts" in n for n, _ in layer.named_modules()) for layer in hf.model.layers]
     assert any(sparse) and not all(sparse) == case.startswith("qwen3") and list(ours.config.experts.layers) == sparse
     window = CASES[case][1].get("sliding_window", 0) if "window" in case else 0
     assert ours.config.layer_windows == (window,) * len(sparse)
@@ -63,10 +67,10 @@ def test_logits_and_every_path_match_transformers(case):
         assert getattr(back, key, None) == getattr(hf.config, key, None), key
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe"])
 def test_checkpoint_directories_both_ways(tmp_path, case):
     """A checkpoint transformers saved (Mixtral's block_sparse_moe / w1 w2 w3 names, Qwen3-MoE's per-expert
-    projections) loads with transformers' logits; ours saves the same names, which transformers reads back as
+    projections, GraniteMoE's stacked experts) loads with transformers' logits; ours saves the same names, which transformers reads back as
     the same model."""
     hf, _ = pair(case)
     hf.save_pretrained(tmp_path / "hf")
@@ -87,7 +91,7 @@ def test_checkpoint_directories_both_ways(tmp_path, case):
         assert names == set(f.keys())
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
     """Routing, experts and their sum read each token's own row: a 10-token pass gives bitwise the logits of 10
@@ -189,7 +193,8 @@ def test_bad_configs_raise():
     with pytest.raises(ValueError, match="num_local_experts"):
         LlamaConfig(model_type="mixtral", extra={"num_experts_per_tok": 2})
     # the families' defaults: Mixtral 8x7B's 2 of 8; Qwen3-MoE's 8 of 128, not renormalised, width 768
-    for kind, want in (("mixtral", (8, 2, 96, True, True)), ("qwen3_moe", (128, 8, 768, False, False))):
+    for kind, want in (("mixtral", (8, 2, 96, True, True, False)), ("qwen3_moe", (128, 8, 768, False, False, False)),
+                       ("granitemoe", (8, 2, 96, True, False, True))):
         e = LlamaConfig.from_dict({**TINY, "model_type": kind}).experts
-        assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights) == want
+        assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights, e.softmax_of_top_k) == want
     assert type(Llama(LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral"})).model.layers[0].mlp) is not MLP

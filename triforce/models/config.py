@@ -8,7 +8,7 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, and the mixtures of experts ``mixtral`` and ``qwen3_moe`` (also from the image + text wrappers in
+``granite``, and the mixtures of experts ``mixtral``, ``qwen3_moe`` and ``granitemoe`` (also from the image + text wrappers in
 :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2:
 biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias``
 (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE),
@@ -148,6 +148,7 @@ FAMILIES["ministral3"] = Family("Ministral3ForCausalLM", defaults={
 FAMILIES["granite"] = Family("GraniteForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2})
 _GRANITE_SCALES = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
+_GRANITES = ("granite", "granitemoe")  # the families with Granite's four multipliers
 # Mixtures of experts: each sparse layer's MLP is a router (one logit per expert: softmax in float32, the top
 # num_experts_per_tok experts, their probabilities renormalised to sum 1 or not) and that many of its experts (gated
 # MLPs), summed by the router's weights. Mixtral (MixtralForCausalLM: Mixtral 8x7B / 8x22B): Mistral's layer, every
@@ -162,7 +163,13 @@ FAMILIES["qwen3_moe"] = Family("Qwen3MoeForCausalLM", qk_norm=True, reads=("atte
     **_QWEN_DEFAULTS, "intermediate_size": 6144, "hidden_size": 2048, "num_hidden_layers": 24,
     "num_attention_heads": 32, "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
     "moe_intermediate_size": 768})
-_MOE_TYPES = ("mixtral", "qwen3_moe")
+# Granite's mixture (GraniteMoeForCausalLM: granite-3.0-1b-a400m, granite-3.0-3b-a800m, granite-3.1-*-a*): Granite's
+# layer and multipliers, every layer sparse, the router's top k logits (float32) through a softmax (the renormalised
+# probabilities, computed another way), rounded to the dtype; its checkpoints hold each layer's experts stacked.
+FAMILIES["granitemoe"] = Family("GraniteMoeForCausalLM", reads=("attention_bias",), defaults={
+    "vocab_size": 32000, "intermediate_size": 11008, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2,
+    "num_local_experts": 8, "num_experts_per_tok": 2})
+_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe")
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
 
 
@@ -171,7 +178,9 @@ class Experts:
     """A mixture-of-experts family's sparse MLP (``LlamaConfig.experts``): ``count`` experts of width
     ``intermediate_size``, ``top_k`` chosen per token, their router probabilities renormalised to sum 1 where
     ``renormalize``, the weights kept in float32 (Mixtral: each expert's output times its weight in float32, rounded
-    once) or rounded to the model's dtype first (Qwen3-MoE); ``layers``: per layer, whether it is sparse."""
+    once) or rounded to the model's dtype first (Qwen3-MoE); ``layers``: per layer, whether it is sparse;
+    ``softmax_of_top_k``: the weights are the softmax of the top k logits instead (GraniteMoE: the renormalised
+    probabilities, computed another way)."""
 
     count: int
     top_k: int
@@ -179,6 +188,7 @@ class Experts:
     renormalize: bool
     float32_weights: bool
     layers: tuple
+    softmax_of_top_k: bool = False
 
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
@@ -260,7 +270,7 @@ _HARMLESS_ONLY_AT = {
                               "1.0 (RoPE on the whole head; Phi-3 / Phi-4: a number in (0, 1] leaving an even number "
                               ">= 2 of rotated dims, int(head_dim * factor))"),
     # Granite's multipliers: LlamaConfig.embedding_multiplier, attention_scale, residual_multiplier, logits_scaling
-    **{key: (lambda v, c: c.model_type == "granite" and _is_number(v) and 0 < v < float("inf"),
+    **{key: (lambda v, c: c.model_type in _GRANITES and _is_number(v) and 0 < v < float("inf"),
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
     # mixtures of experts: LlamaConfig.experts (checked together there)
     **{key: (lambda v, c: c.model_type in _MOE_TYPES and _is_int(v) and v >= 1,
@@ -579,13 +589,13 @@ class LlamaConfig:
         """The attention scores' scale: ``head_dim ** -0.5``; Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
         if self.model_type in ("gemma2", "gemma3_text"):
             return float(self.extra.get("query_pre_attn_scalar", 256)) ** -0.5  # (as transformers computes it)
-        if self.model_type == "granite":
+        if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
         return 1.0 / math.sqrt(self.head_dim)  # (the kernels' own default, bit for bit)
 
     def _granite(self, key: str) -> float:
         """Granite's ``key`` (GraniteConfig's default 1.0); 1.0 for the other families."""
-        return float(self.extra.get(key, 1.0)) if self.model_type == "granite" else 1.0
+        return float(self.extra.get(key, 1.0)) if self.model_type in _GRANITES else 1.0
 
     @property
     def embedding_multiplier(self) -> float:
@@ -677,9 +687,10 @@ class LlamaConfig:
             return None
         x = self.extra
         count = next(x[k] for k in _EXPERT_COUNT_KEYS if k in x)
-        if self.model_type == "mixtral":
-            return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, True,
-                           (True,) * self.num_hidden_layers)
+        if self.model_type in ("mixtral", "granitemoe"):
+            granite = self.model_type == "granitemoe"
+            return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, not granite,
+                           (True,) * self.num_hidden_layers, softmax_of_top_k=granite)
         dense, step = set(x.get("mlp_only_layers") or ()), x.get("decoder_sparse_step", 1)
         return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
                        False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)))

@@ -435,7 +435,8 @@ class SparseMoE(nn.Module):
     """A mixture of experts' MLP (``config.experts``, Mixtral's and Qwen3-MoE's): a router ``gate`` (one logit per
     expert) and ``experts`` (gated MLPs, :class:`Expert`). Each token takes the ``top_k`` experts of the softmax of
     its router logits (in float32), weighted by their probabilities (renormalised to sum 1 where the family does,
-    kept in float32 (Mixtral) or rounded to the dtype (Qwen3-MoE)); its output is the sum, from zero and in the
+    kept in float32 (Mixtral) or rounded to the dtype (Qwen3-MoE); GraniteMoE: the softmax of its top k logits,
+    rounded to the dtype); its output is the sum, from zero and in the
     dtype, of each chosen expert's output times its weight (rounded to the dtype), in increasing expert order, as
     transformers sums them. Every step of that reads the token's own row only (on the CPU the router and the experts
     take the row-wise kernels, and the renormalising sum adds the k weights left to right), so a verification pass
@@ -448,10 +449,15 @@ class SparseMoE(nn.Module):
         self.gate = Linear(config.hidden_size, spec.count, bias=False)
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
+        self.softmax_of_top_k = spec.softmax_of_top_k
 
     def route(self, x: torch.Tensor) -> tuple:
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
-        w, index = torch.topk(torch.softmax(self.gate(x).float(), dim=-1), self.top_k, dim=-1)
+        logits = self.gate(x).float()
+        if self.softmax_of_top_k:  # GraniteMoE's order: the top k logits, then their softmax
+            w, index = torch.topk(logits, self.top_k, dim=-1)
+            return torch.softmax(w, dim=-1).to(x.dtype), index
+        w, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
         if self.renormalize:
             total = w[:, 0].clone()
             for j in range(1, self.top_k):  # left to right, row by row (a reduction's order may follow N)

@@ -315,6 +315,33 @@ _FROM_MIXTRAL = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.(w[123]
 _TO_MIXTRAL = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate_proj|up_proj|down_proj))\.weight")
 _STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
 _EXPERT_PROJECTION = re.compile(r"(.*\.mlp\.experts\.\d+\.)(gate_proj|up_proj|gate_up_proj)\.weight")
+# GraniteMoE's checkpoints: block_sparse_moe.router.layer.weight (the router), block_sparse_moe.input_linear.weight
+# [E, 2I, H] (each expert's [gate; up]) and block_sparse_moe.output_linear.weight [E, H, I]; in transformers 5's
+# modules block_sparse_moe.router.weight and block_sparse_moe.experts.gate_up_proj / down_proj
+_GRANITE_MOE = {"router.layer.weight": "gate.weight", "router.weight": "gate.weight",
+                "input_linear.weight": "experts.gate_up_proj", "output_linear.weight": "experts.down_proj",
+                "experts.gate_up_proj": "experts.gate_up_proj", "experts.down_proj": "experts.down_proj"}
+_GRANITE_MOE_NAME = re.compile(r"(.*\.)block_sparse_moe\.(.*)")
+_STACKED_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_up_proj|down_proj)\.weight")
+
+
+def _granite_moe_names(sd: dict, inverse: bool = False) -> dict:
+    """A GraniteMoE checkpoint's weights under the names :func:`_expert_names` reads (its stacked experts as
+    transformers 5's), or with ``inverse`` the model's (per expert) back under the checkpoint's names, stacked."""
+    out, stacks = {}, {}
+    for name, t in sd.items():
+        if not inverse:
+            m = _GRANITE_MOE_NAME.fullmatch(name)
+            out[f"{m[1]}mlp.{_GRANITE_MOE[m[2]]}" if m and m[2] in _GRANITE_MOE else name] = t
+        elif (m := _STACKED_EXPERT.fullmatch(name)) is not None:
+            stacks.setdefault((m[1], m[3]), {})[int(m[2])] = t
+        else:
+            out[re.sub(r"\.mlp\.gate\.weight$", ".block_sparse_moe.router.layer.weight", name)] = t
+    for (stem, kind), parts in stacks.items():
+        linear = "input_linear" if kind == "gate_up_proj" else "output_linear"
+        out[f"{stem[:-len('mlp.experts')]}block_sparse_moe.{linear}.weight"] = torch.stack(
+            [parts[e] for e in range(len(parts))])
+    return out
 
 
 def _mixtral_name(name: str, inverse: bool = False) -> str:
@@ -332,8 +359,12 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model."""
     if config.experts is None:
         return sd
-    mixtral = config.model_type == "mixtral"
+    mixtral, granite = config.model_type == "mixtral", config.model_type == "granitemoe"
     out = {}
+    if inverse and granite:
+        return _granite_moe_names(sd, inverse=True)
+    if granite:
+        sd = _granite_moe_names(sd)
     if inverse:
         for name, t in sd.items():
             m = _EXPERT_PROJECTION.fullmatch(name)
