@@ -339,16 +339,17 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
-              "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite"}
+              "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite",
+              "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe"}
 # the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
-_GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite")
+_GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe")
 # gemma3's sandwich norms, as llama.cpp names them
 _GGUF_SANDWICH_OUT = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"}
 _GGUF_OUT = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
 
 
 def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokenizer=None, arch=None):
@@ -366,6 +367,8 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
           "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
           "rope.freq_base": float(c.rope_theta), "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
           "vocab_size": c.vocab_size, "rope.dimension_count": c.head_dim, "attention.key_length": c.head_dim,
+          **({} if c.experts is None else {"expert_count": c.experts.count, "expert_used_count": c.experts.top_k}),
+          **({"expert_feed_forward_length": c.experts.intermediate_size} if c.model_type == "qwen3_moe" else {}),
           **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}
@@ -379,8 +382,15 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
             add[type(v)](f"tokenizer.ggml.{k}", v)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
+    experts = {}  # a mixture of experts' projections: llama.cpp stacks each layer's as ffn_{gate,up,down}_exps
     for name, t in model.state_dict().items():
         t = t.detach().float()
+        if ".mlp.experts." in name:
+            _, _, i, _, _, e, proj, _ = name.split(".")
+            halves = t.chunk(2) if proj == "gate_up_proj" else (t,)
+            for kind, half in zip(("gate", "up") if len(halves) == 2 else ("down",), halves):
+                experts.setdefault(f"blk.{i}.ffn_{kind}_exps.weight", {})[int(e)] = half
+            continue
         if name in names:
             out = names[name]
             if arch in ("gemma", "gemma2", "gemma3") and name == "model.norm.weight":
@@ -398,6 +408,10 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
                 t = llama_cpp_permute(t, c.num_key_value_heads)
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
+        data, raw = quant(out, t.numpy()) if quant else (t.numpy(), None)
+        w.add_tensor(out, data, raw_dtype=raw)
+    for out, parts in experts.items():
+        t = torch.stack([parts[e] for e in range(len(parts))])
         data, raw = quant(out, t.numpy()) if quant else (t.numpy(), None)
         w.add_tensor(out, data, raw_dtype=raw)
     for name, t in (tensors or {}).items():

@@ -11,6 +11,7 @@ from triforce.models.llama import MLP, SparseMoE
 from triforce.models.quant import Q8Linear, int8_copy
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive, ragged_prompts
+from .test_config import write_gguf
 from .test_families import TINY, randomize_, transformers_and_ours
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
@@ -27,8 +28,10 @@ CASES = {
     "qwen3_moe": ("Qwen3Moe", QWEN3_MOE),
     # every 2nd layer sparse, weights not renormalised, biases, a window on every layer, tied
     # Granite's multipliers, the softmax of the top k logits, stacked experts in its checkpoints
-    "granitemoe": ("GraniteMoe", dict(MIXTRAL, num_hidden_layers=3, embedding_multiplier=12.0, attention_multiplier=0.03,
-                                      residual_multiplier=0.22, logits_scaling=8.0, attention_bias=True)),
+    # (multipliers a float32 holds exactly: a GGUF stores them so)
+    "granitemoe": ("GraniteMoe", dict(MIXTRAL, num_hidden_layers=3, embedding_multiplier=12.0,
+                                      attention_multiplier=0.03125, residual_multiplier=0.375, logits_scaling=8.0,
+                                      attention_bias=True)),
     "qwen3_moe-step-window": ("Qwen3Moe", dict(QWEN3_MOE, num_hidden_layers=4, mlp_only_layers=[],
                                                decoder_sparse_step=2, norm_topk_prob=False, attention_bias=True,
                                                use_sliding_window=True, sliding_window=6, tie_word_embeddings=True)),
@@ -198,3 +201,72 @@ def test_bad_configs_raise():
         e = LlamaConfig.from_dict({**TINY, "model_type": kind}).experts
         assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights, e.softmax_of_top_k) == want
     assert type(Llama(LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral"})).model.layers[0].mlp) is not MLP
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-gguf", "granitemoe"])
+def test_gguf_file_loads_as_llama_cpp_writes_it(tmp_path, case):
+    """A GGUF of a mixture of experts as llama.cpp's converter writes it (llama with expert_count: Mixtral;
+    qwen3moe; granitemoe: each layer's router as ffn_gate_inp, its experts stacked as ffn_{gate,up,down}_exps) loads
+    with the logits of its model; its conversion cache holds the family's checkpoint names (transformers reads it)."""
+    if case == "qwen3_moe-gguf":  # llama.cpp's qwen3moe: every layer sparse, renormalised
+        hf, ours = pair("qwen3_moe", mlp_only_layers=[])
+    else:
+        hf, ours = pair(case)
+    c = ours.config  # granitemoe's multipliers as llama.cpp's keys
+    meta = {"embedding_scale": c.embedding_multiplier, "attention.scale": c.attention_scale,
+            "residual_scale": c.residual_multiplier, "logit_scale": c.logits_scaling} if case == "granitemoe" else {}
+    path = write_gguf(tmp_path / "m.gguf", ours, meta)
+    loaded = Llama.from_pretrained(path, cache_dir=tmp_path / "cache")
+    assert loaded.config.model_type == ours.config.model_type and loaded.config.experts == ours.config.experts
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    entry = next((tmp_path / "cache").glob("gguf-*"))
+    back = type(hf).from_pretrained(entry, attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert (back(ids).logits - loaded(ids)).abs().max().item() <= TOL
+
+
+def test_gguf_expert_keys_must_agree(tmp_path):
+    """A dense architecture's file with experts, a qwen3moe without them, or experts' tensors without the keys
+    raise naming what is wrong; so does a granite file whose RoPE is switched off (llama.cpp's granite and
+    granitemoe read rope.scaling.finetuned = false as no RoPE)."""
+    _, granite = pair("granitemoe")
+    with pytest.raises(ValueError, match="granitemoe.rope.scaling.finetuned"):
+        Llama.from_pretrained(write_gguf(tmp_path / "g.gguf", granite, {"rope.scaling.finetuned": False}),
+                              cache_dir=False)
+    _, ours = pair("qwen3_moe", mlp_only_layers=[])
+    with pytest.raises(ValueError, match="expert_count"):
+        Llama.from_pretrained(write_gguf(tmp_path / "a.gguf", ours, drop=("expert_count",)), cache_dir=False)
+    with pytest.raises(ValueError, match="qwen3.expert_count"):
+        Llama.from_pretrained(write_gguf(tmp_path / "b.gguf", ours, arch="qwen3"), cache_dir=False)
+
+
+def test_gguf_experts_run_on_their_blocks(tmp_path, monkeypatch):
+    """A mixture's Q8_0 experts (stacked ffn_*_exps in the file) run on their own blocks: ``gguf_copy`` puts each
+    expert's gate_up and down projections on the file's rows (the float32 model's logits bitwise), and
+    ``load_gguf_int8`` builds the int8-activation model bitwise equal to ``gguf_copy(..., activations="int8")``
+    without dequantising the stacked experts."""
+    import gguf
+    from triforce.models.quant import Int8DotLinear, Q8Linear, gguf_copy, load_gguf_int8
+
+    def q8(name, a):
+        if "exps" in name or name.endswith("attn_q.weight"):
+            return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+        return a, None
+    _, ours = pair("mixtral")
+    path = write_gguf(tmp_path / "q8.gguf", ours, quant=q8)
+    model = Llama.from_pretrained(path, cache_dir=False)
+    on_blocks = gguf_copy(model, path)
+    dequantised, dequantize = [], gguf.quants.dequantize
+    monkeypatch.setattr(gguf.quants, "dequantize", lambda data, kind: dequantised.append(data.ndim) or dequantize(
+        data, kind))
+    packed = load_gguf_int8(path)
+    assert dequantised and 3 not in dequantised
+    experts = [(layer.mlp.experts, p.mlp.experts) for layer, p in zip(on_blocks.model.layers, packed.model.layers)]
+    assert all(type(m) is Q8Linear for e, _ in experts for x in e for m in (x.gate_up_proj, x.down_proj))
+    assert all(type(m) is Int8DotLinear for _, e in experts for x in e for m in (x.gate_up_proj, x.down_proj))
+    ids = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert torch.equal(on_blocks(ids), model(ids))
+        assert torch.equal(packed(ids), gguf_copy(model, path, activations="int8")(ids))

@@ -616,7 +616,9 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
-                      "granite": ("granite", True)}
+                      "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False), "granitemoe": ("granitemoe", True)}
+# mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
+_GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
 _GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "attention_multiplier",
@@ -631,10 +633,10 @@ _GGUF_READ = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.layer_norm_rms_epsilon",
     "rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
     "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+    "expert_feed_forward_length",  # qwen3moe: the experts' width (_gguf_experts)
 })
 _GGUF_METADATA = frozenset({
     "tensor_data_layout",  # how the converter read the checkpoint; the stored q/k layout is the same
-    "rope.scaling.finetuned",  # the original YaRN code's flag for its dynamic variant; static yarn ignores it
 })
 _GGUF_HARMLESS_ONLY_AT = {
     "attention.value_length": (lambda v, c: v == c.head_dim, "attention.key_length (one head_dim)"),
@@ -654,13 +656,19 @@ _GGUF_HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type == "gemma2", "absent (Gemma 2's only)")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
     "use_parallel_residual": (lambda v, c: v is False, "false"),
-    "expert_count": (lambda v, c: v == 0, "0 (dense MLP)"),
-    "expert_used_count": (lambda v, c: v == 0, "0 (dense MLP)"),
+    # the original YaRN code's flag for its dynamic variant, which static yarn ignores; llama.cpp's granite and
+    # granitemoe run without RoPE where it is false
+    "rope.scaling.finetuned": (lambda v, c: v is True or c.model_type not in ("granite", "granitemoe"),
+                               "any (granite, granitemoe: true, RoPE on)"),
+    # read by _gguf_experts (llama with experts: Mixtral; qwen3moe, granitemoe)
+    "expert_count": (lambda v, c: v == (c.experts.count if c.experts else 0), "0 (dense MLP; MoE: read)"),
+    "expert_used_count": (lambda v, c: v == (c.experts.top_k if c.experts else 0), "0 (dense MLP; MoE: read)"),
     # granite: read into its config (_GGUF_GRANITE); elsewhere only llama.cpp's defaults (attention.scale 0:
     # head_dim ** -0.5; the others 1)
-    **{key: (lambda v, c: v == 1 or c.model_type == "granite", "1.0 (granite: any, read)")
+    **{key: (lambda v, c: v == 1 or c.model_type in ("granite", "granitemoe"), "1.0 (granite: any, read)")
        for key in ("logit_scale", "embedding_scale", "residual_scale")},
-    "attention.scale": (lambda v, c: v == 0 or c.model_type == "granite", "0 (head_dim ** -0.5; granite: any, read)"),
+    "attention.scale": (lambda v, c: v == 0 or c.model_type in ("granite", "granitemoe"),
+                        "0 (head_dim ** -0.5; granite: any, read)"),
 }
 
 
@@ -794,7 +802,10 @@ def _check_gguf_keys(reader, config: LlamaConfig, arch: str, path: Path) -> None
 
 _GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.items()},
                        **{f"{k}.bias": f"{_GGUF_NAMES[k]}.bias" for k in ("attn_q", "attn_k", "attn_v", "attn_output")},
-                       "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+                       "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+                       # a mixture of experts' router and its experts' stacked projections (read_gguf splits them)
+                       "ffn_gate_inp.weight": "mlp.gate.weight", **{f"ffn_{k}_exps.weight": f"mlp.{k}_exps"
+                                                                    for k in ("gate", "up", "down")}}
 # gemma2 / gemma3's sandwich norms: ffn_norm is the norm before the MLP, the others after the attention and the MLP
 _GGUF_SANDWICH_TENSORS = {**_GGUF_LAYER_TENSORS, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                           "post_attention_norm.weight": "post_attention_layernorm.weight",
@@ -836,6 +847,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         raise ValueError(f"GGUF file {str(path)!r} has architecture {arch!r}; supported: "
                          f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)}")
     model_type, permuted = GGUF_ARCHITECTURES[arch]
+    experts = gguf_field(reader, f"{arch}.expert_count", 0) or 0
+    if arch in _GGUF_MOE and (experts or arch != "llama"):
+        model_type = _GGUF_MOE[arch]
 
     def need(key):
         v = gguf_field(reader, f"{arch}.{key}")
@@ -862,7 +876,9 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_phi3_extra(reader, arch, path, head_dim) if arch == "phi3"
-             else _gguf_granite(reader, arch, head_dim) if arch == "granite" else {})
+             else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
+    if model_type in _GGUF_MOE.values():
+        extra.update(_gguf_experts(reader, arch, path, model_type, int(need("feed_forward_length"))))
     config = LlamaConfig(
         model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
@@ -874,7 +890,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)
 
-    sd = {}
+    sd, stacked = {}, {}
     for name, t in tensors.items():
         if name in _GGUF_ROPE_TENSORS[1:]:
             continue  # (read into the config above)
@@ -894,8 +910,75 @@ def read_gguf(path: Path, skip=None, reader=None):
         key, heads = _state_key(name, path, arch, permuted, n_head, n_kv)
         if config.gemma_norm and key.endswith("norm.weight"):
             w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm adds the 1 back (exact for factors in [0.5, 2^24))
+        if key.endswith("_exps"):
+            stacked[key] = w
+            continue
         sd[key] = w if heads is None else _unpermute(w, heads)
-    return config, sd
+    return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+def _expert_blocks(stacked: dict) -> dict:
+    """A mixture of experts' blocks (``stacked``: ``model.layers.{i}.mlp.{gate,up,down}_exps`` -> (type name,
+    the file's ``[E, rows, bytes]``)) under the model's names, per expert: ``experts.{e}.gate_up_proj`` the gate's
+    rows then the up's (both of one type, else left out: those experts stay float32), ``experts.{e}.down_proj``."""
+    out = {}
+    for key, (kind, data) in stacked.items():
+        stem, proj = key.rsplit(".", 1)
+        with warnings.catch_warnings():  # read-only views of the mapped file (gate_up: copies)
+            warnings.simplefilter("ignore", UserWarning)
+            blocks = torch.from_numpy(data).view(torch.uint8)
+        if proj == "down_exps":
+            out.update({f"{stem}.experts.{e}.down_proj.weight": (kind, b) for e, b in enumerate(blocks)})
+        elif proj == "gate_exps" and stacked.get(f"{stem}.up_exps", (None,))[0] == kind:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                up = torch.from_numpy(stacked[f"{stem}.up_exps"][1]).view(torch.uint8)
+            out.update({f"{stem}.experts.{e}.gate_up_proj.weight": (kind, torch.cat([g, u]))
+                        for e, (g, u) in enumerate(zip(blocks, up))})
+    return out
+
+
+def _gguf_experts(reader, arch: str, path: Path, model_type: str, n_ff: int) -> dict:
+    """A mixture of experts' ``extra`` keys from a GGUF file, as llama.cpp runs it: ``expert_count`` experts,
+    ``expert_used_count`` per token, renormalised (llama.cpp's ``norm_w``, on for these architectures), every layer
+    sparse; qwen3moe's experts of width ``expert_feed_forward_length`` (else ``feed_forward_length`` over the
+    experts per token)."""
+    count, used = (int(gguf_field(reader, f"{arch}.{k}", 0) or 0) for k in ("expert_count", "expert_used_count"))
+    if count < 1 or not 1 <= used <= count:
+        raise ValueError(f"GGUF file {str(path)!r} of architecture {arch!r} needs {arch}.expert_count >= 1 and "
+                         f"{arch}.expert_used_count in [1, expert_count], got {count} and {used}")
+    if model_type != "qwen3_moe":
+        return {"num_local_experts": count, "num_experts_per_tok": used}
+    width = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff // used
+    return {"num_experts": count, "num_experts_per_tok": used, "moe_intermediate_size": width, "norm_topk_prob": True}
+
+
+def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Path, partial: bool = False) -> dict:
+    """``sd`` with the experts of each layer (``stacked``: ``model.layers.{i}.mlp.{gate,up,down}_exps`` ->
+    ``[E, out, in]``, llama.cpp's ``ffn_*_exps``) added under the family's checkpoint names; ``partial``: some
+    were skipped (:func:`read_gguf`'s ``skip``), and their experts are left out."""
+    if not stacked and (partial or config.experts is None):
+        return sd
+    spec = config.experts
+    if spec is None:
+        raise ValueError(f"GGUF file {str(path)!r} holds experts' tensors (ffn_*_exps) but no "
+                         "<arch>.expert_count")
+    model = dict(sd)
+    for i in range(config.num_hidden_layers):
+        parts = [stacked.pop(f"model.layers.{i}.mlp.{k}_exps", None) for k in ("gate", "up", "down")]
+        if any((p is None and not partial) or (p is not None and (p.dim() != 3 or p.shape[0] != spec.count))
+               for p in parts):
+            raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks ffn_gate_exps / ffn_up_exps / ffn_down_exps "
+                             f"of {spec.count} experts each")
+        gate, up, down = parts
+        for e in range(spec.count):
+            if gate is not None and up is not None:
+                model[f"model.layers.{i}.mlp.experts.{e}.gate_up_proj.weight"] = torch.cat([gate[e], up[e]])
+            if down is not None:
+                model[f"model.layers.{i}.mlp.experts.{e}.down_proj.weight"] = down[e].clone()
+    if stacked:
+        raise ValueError(f"unexpected GGUF tensors {sorted(stacked)[:3]} in {str(path)!r}")
+    return _expert_names(config, model, inverse=True)
 
 
 def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_kv: int):
@@ -934,9 +1017,12 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     permuted = GGUF_ARCHITECTURES[arch][1]
     n_head = int(gguf_field(reader, f"{arch}.attention.head_count"))
     n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_head))
-    out = {}
+    out, stacked = {}, {}
     for t in reader.tensors:
         kind = t.tensor_type.name
+        if kind in types and len(t.shape) == 3 and t.name.endswith("_exps.weight"):
+            stacked[_state_key(t.name, path, arch, permuted, n_head, n_kv)[0]] = (kind, t.data)
+            continue
         if kind not in types or len(t.shape) != 2 or t.name in _GGUF_ROPE_TENSORS:
             continue
         key, heads = _state_key(t.name, path, arch, permuted, n_head, n_kv)
@@ -944,6 +1030,7 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
             warnings.simplefilter("ignore", UserWarning)
             blocks = torch.from_numpy(t.data).view(torch.uint8)
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
+    out.update(_expert_blocks(stacked))
     if FAMILIES[GGUF_ARCHITECTURES[arch][0]].fused_projections:
         config, _ = read_gguf(path, skip=lambda *_: True, reader=reader)  # the metadata only
         kinds = {}
