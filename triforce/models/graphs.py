@@ -21,8 +21,8 @@ On by default on CUDA (``Llama.cuda_graphs = True``); ``model.cuda_graphs = Fals
 variable ``TRIFORCE_CUDA_GRAPHS=0`` turns it off. A capture that fails turns it off for that model, with a
 ``RuntimeWarning`` (the step that tried it keeps its eager result). Not captured: CPU forwards (their layers run in one
 native call already), the prefill's chunks, steps of over ``MAX_TOKENS`` tokens a row, forwards with a
-draft head's tap, under autograd or ``torch.compile``, a mixture of experts' (Mixtral, Qwen3-MoE: which experts
-run is read on the host). The graphs of a cache go with it (weak references), and
+draft head's tap, under autograd or ``torch.compile``, a mixture of experts' (Mixtral, Qwen3-MoE, GraniteMoE:
+which experts run is read on the host). The graphs of a cache go with it (weak references), and
 ``model.to(...)`` drops the model's.
 """
 from __future__ import annotations

@@ -432,16 +432,16 @@ class Expert(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """A mixture of experts' MLP (``config.experts``, Mixtral's and Qwen3-MoE's): a router ``gate`` (one logit per
-    expert) and ``experts`` (gated MLPs, :class:`Expert`). Each token takes the ``top_k`` experts of the softmax of
-    its router logits (in float32), weighted by their probabilities (renormalised to sum 1 where the family does,
-    kept in float32 (Mixtral) or rounded to the dtype (Qwen3-MoE); GraniteMoE: the softmax of its top k logits,
-    rounded to the dtype); its output is the sum, from zero and in the
-    dtype, of each chosen expert's output times its weight (rounded to the dtype), in increasing expert order, as
-    transformers sums them. Every step of that reads the token's own row only (on the CPU the router and the experts
-    take the row-wise kernels, and the renormalising sum adds the k weights left to right), so a verification pass
-    computes the bits of one-token steps. Which experts run is read on the host: on a GPU a sparse layer
-    synchronises per expert hit (the engines' CUDA graphs decline such a model: triforce/models/graphs.py)."""
+    """A mixture of experts' MLP (``config.experts``: Mixtral's, Qwen3-MoE's, GraniteMoE's): a router ``gate`` (one
+    logit per expert) and ``experts`` (gated MLPs, :class:`Expert`). Each token takes the ``top_k`` experts of the
+    softmax of its router logits (in float32), weighted by their probabilities (renormalised to sum 1 where the
+    family does, kept in float32 (Mixtral) or rounded to the dtype (Qwen3-MoE); GraniteMoE: the softmax of its top k
+    logits, rounded to the dtype); its output is the sum, from zero and in the dtype, of each chosen expert's output
+    times its weight (rounded to the dtype), in increasing expert order, as transformers sums them. Every step of
+    that reads the token's own row only (on the CPU the router and the experts take the row-wise kernels, and the
+    renormalising sum adds the k weights left to right), so a verification pass computes the bits of one-token
+    steps. Which experts run is read on the host: on a GPU a sparse layer synchronises per expert hit (the engines'
+    CUDA graphs decline such a model: triforce/models/graphs.py)."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()

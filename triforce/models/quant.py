@@ -756,7 +756,7 @@ def _copy_with_linears(model, replace):
 
 def _replace_linears(module: nn.Module, name: str, replace) -> nn.Module:
     """A shallow copy of ``module`` (named ``name``) whose ``nn.Linear`` s, at any depth (a mixture of experts'
-    ``experts.{e}.gate_proj``), are ``replace(their name, them)``; the other modules stay shared."""
+    ``experts.{e}.gate_up_proj``), are ``replace(their name, them)``; the other modules stay shared."""
     sub = copy.copy(module)
     sub._modules = {
         n: replace(f"{name}.{n}", m) if isinstance(m, nn.Linear)
