@@ -32,6 +32,10 @@ CASES = {
     "granitemoe": ("GraniteMoe", dict(MIXTRAL, num_hidden_layers=3, embedding_multiplier=12.0,
                                       attention_multiplier=0.03125, residual_multiplier=0.375, logits_scaling=8.0,
                                       attention_bias=True)),
+    # a shared expert (sigmoid-gated) beside 3 of 6 experts, q/k/v biases, a dense layer; without the biases
+    "qwen2_moe": ("Qwen2Moe", dict(QWEN3_MOE, shared_expert_intermediate_size=56, tie_word_embeddings=True)),
+    "qwen2_moe-no-bias": ("Qwen2Moe", dict(QWEN3_MOE, shared_expert_intermediate_size=56, qkv_bias=False,
+                                           norm_topk_prob=False, mlp_only_layers=[])),
     "qwen3_moe-step-window": ("Qwen3Moe", dict(QWEN3_MOE, num_hidden_layers=4, mlp_only_layers=[],
                                                decoder_sparse_step=2, norm_topk_prob=False, attention_bias=True,
                                                use_sliding_window=True, sliding_window=6, tie_word_embeddings=True)),
@@ -60,7 +64,7 @@ def test_logits_and_every_path_match_transformers(case):
     hf, ours = pair(case)
     sparse = [type(layer.mlp) is SparseMoE for layer in ours.model.layers]
     assert sparse == [any(".experts" in n for n, _ in layer.named_modules()) for layer in hf.model.layers]
-    assert any(sparse) and not all(sparse) == case.startswith("qwen3") and list(ours.config.experts.layers) == sparse
+    assert any(sparse) and list(ours.config.experts.layers) == sparse
     window = CASES[case][1].get("sliding_window", 0) if "window" in case else 0
     assert ours.config.layer_windows == (window,) * len(sparse)
     assert_every_path_matches(hf, ours)
@@ -70,11 +74,11 @@ def test_logits_and_every_path_match_transformers(case):
         assert getattr(back, key, None) == getattr(hf.config, key, None), key
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe"])
 def test_checkpoint_directories_both_ways(tmp_path, case):
     """A checkpoint transformers saved (Mixtral's block_sparse_moe / w1 w2 w3 names, Qwen3-MoE's per-expert
-    projections, GraniteMoE's stacked experts) loads with transformers' logits; ours saves the same names, which transformers reads back as
-    the same model."""
+    projections, GraniteMoE's stacked experts) loads with transformers' logits; ours saves the same names, which
+    transformers reads back as the same model."""
     hf, _ = pair(case)
     hf.save_pretrained(tmp_path / "hf")
     ours = Llama.from_pretrained(tmp_path / "hf")
@@ -94,7 +98,7 @@ def test_checkpoint_directories_both_ways(tmp_path, case):
         assert names == set(f.keys())
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe", "qwen2_moe"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
     """Routing, experts and their sum read each token's own row: a 10-token pass gives bitwise the logits of 10
@@ -189,6 +193,13 @@ def test_bad_configs_raise():
             LlamaConfig.from_dict({**base, **bad})
     with pytest.raises(ValueError, match="'moe_intermediate_size'"):
         LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral", "moe_intermediate_size": 40})
+    qwen2 = {**base, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 8}
+    for bad, match in (({"use_sliding_window": True}, "'use_sliding_window'"), ({"qkv_bias": 1}, "'qkv_bias'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**qwen2, **bad})
+    with pytest.raises(ValueError, match="'qkv_bias'"):
+        LlamaConfig.from_dict({**base, "qkv_bias": True})
+    assert LlamaConfig.from_dict({**qwen2, "max_window_layers": 21, "use_sliding_window": False}).qkv_bias
     for key in ("num_experts_per_tok", "moe_intermediate_size"):
         with pytest.raises(ValueError, match=key):
             LlamaConfig(model_type="qwen3_moe", extra={k: v for k, v in dict(
@@ -197,7 +208,8 @@ def test_bad_configs_raise():
         LlamaConfig(model_type="mixtral", extra={"num_experts_per_tok": 2})
     # the families' defaults: Mixtral 8x7B's 2 of 8; Qwen3-MoE's 8 of 128, not renormalised, width 768
     for kind, want in (("mixtral", (8, 2, 96, True, True, False)), ("qwen3_moe", (128, 8, 768, False, False, False)),
-                       ("granitemoe", (8, 2, 96, True, False, True))):
+                       ("granitemoe", (8, 2, 96, True, False, True)),
+                       ("qwen2_moe", (60, 4, 1408, False, False, False))):
         e = LlamaConfig.from_dict({**TINY, "model_type": kind}).experts
         assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights, e.softmax_of_top_k) == want
     assert type(Llama(LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral"})).model.layers[0].mlp) is not MLP
@@ -270,3 +282,18 @@ def test_gguf_experts_run_on_their_blocks(tmp_path, monkeypatch):
     with torch.no_grad():
         assert torch.equal(on_blocks(ids), model(ids))
         assert torch.equal(packed(ids), gguf_copy(model, path, activations="int8")(ids))
+
+
+def test_the_shared_experts_gate_is_row_invariant():
+    """Qwen2-MoE's shared-expert gate, a sigmoid of one value per row: ATen's float32 sigmoid gives some values other
+    bits in its vector loop than in its scalar tail (so a pass of 32 rows or more would differ from one-row steps);
+    ``_row_sigmoid`` gives every row the bits of the row alone, at any row count, and a 48-row pass of a Qwen2-MoE
+    model the bits of its steps."""
+    from triforce.models.llama import _row_sigmoid
+
+    z = torch.randn(600, 1, generator=torch.Generator().manual_seed(8)) * 4
+    alone = torch.cat([_row_sigmoid(z[i:i + 1]) for i in range(600)])
+    assert not torch.equal(torch.sigmoid(z), torch.cat([torch.sigmoid(z[i:i + 1]) for i in range(600)]))
+    for n in (1, 31, 33, 257, 600):
+        assert torch.equal(_row_sigmoid(z[:n]), alone[:n])
+    assert_pass_equals_steps(pair("qwen2_moe")[1], torch.float32, tokens=24)

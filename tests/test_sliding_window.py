@@ -79,16 +79,17 @@ def test_a_pass_gives_the_bits_of_one_token_steps(monkeypatch, dtype, native):
     assert_pass_equals_steps(windowed_pair("qwen2-sliding-layer-1")[1], dtype)
 
 
-def assert_pass_equals_steps(model, dtype):
-    """A 10-token pass after a 20-token prefill gives bitwise the logits of 10 one-token steps."""
+def assert_pass_equals_steps(model, dtype, tokens=10):
+    """A ``tokens``-token pass (of 2 rows) after a 20-token prefill gives bitwise the logits of as many one-token
+    steps."""
     model = model.to(dtype)
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, 101, (2, 20 + tokens), generator=torch.Generator().manual_seed(3))
     caches = [FullCache(model.config, 2, 64, dtype=dtype) for _ in range(2)]
     with torch.no_grad():
         for c in caches:
             model.prefill(ids[:, :20], c)
-        passed = model(ids[:, 20:30], cache=caches[0])
-        steps = torch.cat([model(ids[:, i:i + 1], cache=caches[1]) for i in range(20, 30)], 1)
+        passed = model(ids[:, 20:], cache=caches[0])
+        steps = torch.cat([model(ids[:, i:i + 1], cache=caches[1]) for i in range(20, 20 + tokens)], 1)
     assert torch.equal(passed, steps)
 
 

@@ -8,20 +8,20 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, and the mixtures of experts ``mixtral``, ``qwen3_moe`` and ``granitemoe`` (also from the image + text wrappers in
-:data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2:
-biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias``
-(Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE),
-``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the
-embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``:
-Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP),
-``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's
-soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers),
-``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones),
-``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
-(Granite's), ``experts`` (a mixture of experts' sparse MLPs: Mixtral's, Qwen3-MoE's), an explicit ``head_dim`` and
-the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves a key out gets
-that family's transformers default.
+``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe`` and ``granitemoe`` (also from the
+image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family:
+``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and
+Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and
+key head before RoPE), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded),
+``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``:
+SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the
+attention and around the MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` /
+``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on
+its sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not
+SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` /
+``logits_scaling`` (Granite's), ``experts`` (a mixture of experts' sparse MLPs), an explicit
+``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves
+a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -169,7 +169,14 @@ FAMILIES["qwen3_moe"] = Family("Qwen3MoeForCausalLM", qk_norm=True, reads=("atte
 FAMILIES["granitemoe"] = Family("GraniteMoeForCausalLM", reads=("attention_bias",), defaults={
     "vocab_size": 32000, "intermediate_size": 11008, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2,
     "num_local_experts": 8, "num_experts_per_tok": 2})
-_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe")
+# Qwen2-MoE (Qwen2MoeForCausalLM: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's layer (q/k/v biases, its qkv_bias key)
+# whose sparse MLP adds a shared expert (width shared_expert_intermediate_size) times the sigmoid of its own gate
+FAMILIES["qwen2_moe"] = Family("Qwen2MoeForCausalLM", qkv_bias=True, defaults={
+    **_QWEN_DEFAULTS, "intermediate_size": 5632, "hidden_size": 2048, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+    "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632})
+_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe")
+_QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
 
 
@@ -180,7 +187,8 @@ class Experts:
     ``renormalize``, the weights kept in float32 (Mixtral: each expert's output times its weight in float32, rounded
     once) or rounded to the model's dtype first (Qwen3-MoE); ``layers``: per layer, whether it is sparse;
     ``softmax_of_top_k``: the weights are the softmax of the top k logits instead (GraniteMoE: the renormalised
-    probabilities, computed another way)."""
+    probabilities, computed another way); ``shared_intermediate_size``: a shared expert of that width, every token's,
+    times the sigmoid of its own gate (Qwen2-MoE; 0: none)."""
 
     count: int
     top_k: int
@@ -189,6 +197,7 @@ class Experts:
     float32_weights: bool
     layers: tuple
     softmax_of_top_k: bool = False
+    shared_intermediate_size: int = 0
 
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
@@ -236,7 +245,8 @@ _METADATA_KEYS = frozenset({
 
 _WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on), a positive "
-            "int or null; other families: none, or one at least max_position_embeddings long")
+            "int or null; Qwen2-MoE: none (use_sliding_window false); other families: none, or one at least "
+            "max_position_embeddings long")
 
 # key -> (harmless(value, config), the value we implement). Any other value raises.
 _HARMLESS_ONLY_AT = {
@@ -276,11 +286,15 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type in _MOE_TYPES and _is_int(v) and v >= 1,
              "absent (Mixtral, Qwen3-MoE: an int >= 1)")
        for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
-    **{key: (lambda v, c: c.model_type == "qwen3_moe" and _is_int(v) and v >= 1, "absent (Qwen3-MoE: an int >= 1)")
-       for key in ("moe_intermediate_size", "decoder_sparse_step")},
-    "norm_topk_prob": (lambda v, c: c.model_type == "qwen3_moe" and isinstance(v, bool), "absent (Qwen3-MoE: a bool)"),
-    "mlp_only_layers": (lambda v, c: c.model_type == "qwen3_moe" and (v is None or isinstance(v, list) and all(
-        _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen3-MoE: a list of layer indices)"),
+    **{key: (lambda v, c: c.model_type in _QWEN_MOES and _is_int(v) and v >= 1,
+             "absent (Qwen2-MoE, Qwen3-MoE: an int >= 1)") for key in ("moe_intermediate_size", "decoder_sparse_step")},
+    "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
+                                        "absent (Qwen2-MoE: an int >= 1)"),
+    "norm_topk_prob": (lambda v, c: c.model_type in _QWEN_MOES and isinstance(v, bool),
+                       "absent (Qwen2-MoE, Qwen3-MoE: a bool)"),
+    "qkv_bias": (lambda v, c: c.model_type == "qwen2_moe" and isinstance(v, bool), "absent (Qwen2-MoE: a bool)"),
+    "mlp_only_layers": (lambda v, c: c.model_type in _QWEN_MOES and (v is None or isinstance(v, list) and all(
+        _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen2-MoE, Qwen3-MoE: layer indices)"),
     # the router's training loss and transformers' switch to return its logits: neither changes the logits
     "router_aux_loss_coef": (lambda v, c: c.model_type in _MOE_TYPES and _is_number(v), "absent (MoE: a number)"),
     "output_router_logits": (lambda v, c: c.model_type in _MOE_TYPES and isinstance(v, bool), "absent (MoE: a bool)"),
@@ -365,6 +379,10 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         elif types is None:
             types = ["full_attention" if r else "sliding_attention" for r in c.rope_layers]
         sliding = [t == "sliding_attention" for t in types]
+    elif c.model_type == "qwen2_moe":  # Qwen2MoeConfig's windows (every other layer below max_window_layers): not read
+        if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
+            return none, "layer_types"
+        return none, ("use_sliding_window" if x.get("use_sliding_window", False) not in (False, None) else None)
     elif c.model_type == "qwen3_moe":  # Qwen3MoeConfig: sliding_window on every layer with use_sliding_window
         if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
             return none, "layer_types"  # (not read by Qwen3-MoE, nor max_window_layers)
@@ -486,10 +504,12 @@ class LlamaConfig:
         for key, value in self.extra.items():
             self._check_extra_key(key, value)
         if self.model_type in _MOE_TYPES:
-            need = ("num_experts_per_tok",) + (("moe_intermediate_size",) if self.model_type == "qwen3_moe" else ())
+            qwen = self.model_type in _QWEN_MOES
+            need = ("num_experts_per_tok",) + (("moe_intermediate_size",) if qwen else ()) + (
+                ("shared_expert_intermediate_size",) if self.model_type == "qwen2_moe" else ())
             missing = [k for k in need if k not in self.extra]
             if not any(k in self.extra for k in _EXPERT_COUNT_KEYS):
-                missing.insert(0, _EXPERT_COUNT_KEYS[self.model_type == "qwen3_moe"])
+                missing.insert(0, _EXPERT_COUNT_KEYS[qwen])
             if missing:
                 raise ValueError(f"model_type {self.model_type!r} needs config key {missing[0]!r} (a mixture of "
                                  "experts: LlamaConfig.experts)")
@@ -568,7 +588,10 @@ class LlamaConfig:
 
     @property
     def qkv_bias(self) -> bool:
-        """Biases on the q/k/v projections (Qwen2's always, anyone's with ``attention_bias``)."""
+        """Biases on the q/k/v projections (Qwen2's always, Qwen2-MoE's by its ``qkv_bias`` key (default true),
+        anyone's with ``attention_bias``)."""
+        if self.model_type == "qwen2_moe":
+            return bool(self.extra.get("qkv_bias", True))
         return FAMILIES[self.model_type].qkv_bias or self.attention_bias
 
     @property
@@ -693,7 +716,8 @@ class LlamaConfig:
                            (True,) * self.num_hidden_layers, softmax_of_top_k=granite)
         dense, step = set(x.get("mlp_only_layers") or ()), x.get("decoder_sparse_step", 1)
         return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
-                       False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)))
+                       False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)),
+                       shared_intermediate_size=x.get("shared_expert_intermediate_size", 0))
 
     @property
     def qk_norm(self) -> bool:

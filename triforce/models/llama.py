@@ -450,6 +450,9 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
+        if spec.shared_intermediate_size:  # Qwen2-MoE: every token's expert, times the sigmoid of its own gate
+            self.shared_expert = MLP(config, spec.shared_intermediate_size)
+            self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple:
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
@@ -476,7 +479,24 @@ class SparseMoE(nn.Module):
             # one add per row (a row takes an expert once); not index_add_, whose CPU kernel opens a parallel
             # region per call (~50 us each where the OpenMP threads sleep between regions, OMP_WAIT_POLICY=PASSIVE)
             out.index_put_((token,), (y * w[token, slot, None]).to(out.dtype), accumulate=True)
+        if "shared_expert" in self._modules:
+            out = out + _row_sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
         return out.view(x.shape)
+
+
+_SIGMOID_LANES, _SIGMOID_ROWS = 64, 256
+
+
+def _row_sigmoid(z: torch.Tensor) -> torch.Tensor:
+    """``sigmoid(z)`` of ``z`` ``[N, 1]`` with each row's bits independent of ``N``. ATen's CPU sigmoid computes an
+    element in its vector loop or its scalar tail by where it falls in the tensor (and splits large ones among
+    threads), so one value's bits may depend on its neighbours' count (as its SiLU's: csrc/include/triforce/glu.h).
+    Here each value fills 64 lanes (whole vector iterations in every dtype) in slices of 256 rows (one thread)."""
+    if z.device.type != "cpu" or z.shape[0] == 0:
+        return torch.sigmoid(z)
+    wide = z.expand(-1, _SIGMOID_LANES)
+    return torch.cat([torch.sigmoid(wide[i:i + _SIGMOID_ROWS].contiguous())[:, :1]
+                      for i in range(0, z.shape[0], _SIGMOID_ROWS)])
 
 
 def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:

@@ -616,7 +616,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
-                      "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False), "granitemoe": ("granitemoe", True)}
+                      "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
+                      "granitemoe": ("granitemoe", True)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
