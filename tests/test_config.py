@@ -340,7 +340,7 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
               "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite",
-              "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe"}
+              "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe", "qwen2_moe": "qwen2moe"}
 # the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
 _GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe")
 # gemma3's sandwich norms, as llama.cpp names them
@@ -349,7 +349,9 @@ _GGUF_SANDWICH_OUT = {"post_attention_layernorm": "post_attention_norm", "pre_fe
 _GGUF_OUT = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
+             "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+             "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp"}
 
 
 def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokenizer=None, arch=None):
@@ -368,7 +370,10 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
           "rope.freq_base": float(c.rope_theta), "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
           "vocab_size": c.vocab_size, "rope.dimension_count": c.head_dim, "attention.key_length": c.head_dim,
           **({} if c.experts is None else {"expert_count": c.experts.count, "expert_used_count": c.experts.top_k}),
-          **({"expert_feed_forward_length": c.experts.intermediate_size} if c.model_type == "qwen3_moe" else {}),
+          **({"expert_feed_forward_length": c.experts.intermediate_size}
+             if c.model_type in ("qwen3_moe", "qwen2_moe") else {}),
+          **({"expert_shared_feed_forward_length": c.experts.shared_intermediate_size}
+             if c.model_type == "qwen2_moe" else {}),
           **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}
@@ -400,6 +405,8 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
             module, kind = rest.rsplit(".", 1)
             own = _GGUF_SANDWICH_OUT.get(module) if arch in ("gemma2", "gemma3") else None
             out = f"blk.{i}.{own or _GGUF_OUT[module]}.{kind}"
+            if module == "mlp.shared_expert_gate":
+                t = t.reshape(-1)  # llama.cpp's {n_embd}
             if arch in ("gemma", "gemma2", "gemma3") and kind == "weight" and module.endswith("norm"):
                 t = t + 1  # llama.cpp stores Gemma's norms as the factor they apply (gemma3: q/k norms too)
             if arch in _GGUF_PERMUTED and module == "self_attn.q_proj":

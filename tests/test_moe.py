@@ -215,13 +215,16 @@ def test_bad_configs_raise():
     assert type(Llama(LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral"})).model.layers[0].mlp) is not MLP
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-gguf", "granitemoe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-gguf", "granitemoe", "qwen2_moe-gguf"])
 def test_gguf_file_loads_as_llama_cpp_writes_it(tmp_path, case):
     """A GGUF of a mixture of experts as llama.cpp's converter writes it (llama with expert_count: Mixtral;
-    qwen3moe; granitemoe: each layer's router as ffn_gate_inp, its experts stacked as ffn_{gate,up,down}_exps) loads
+    qwen3moe; granitemoe; qwen2moe, its shared expert as ffn_*_shexp: each layer's router as ffn_gate_inp, its experts
+    stacked as ffn_{gate,up,down}_exps) loads
     with the logits of its model; its conversion cache holds the family's checkpoint names (transformers reads it)."""
     if case == "qwen3_moe-gguf":  # llama.cpp's qwen3moe: every layer sparse, renormalised
         hf, ours = pair("qwen3_moe", mlp_only_layers=[])
+    elif case == "qwen2_moe-gguf":  # llama.cpp's qwen2moe: every layer sparse, not renormalised, an untied head
+        hf, ours = pair("qwen2_moe", mlp_only_layers=[], norm_topk_prob=False, tie_word_embeddings=False)
     else:
         hf, ours = pair(case)
     c = ours.config  # granitemoe's multipliers as llama.cpp's keys
@@ -254,19 +257,21 @@ def test_gguf_expert_keys_must_agree(tmp_path):
         Llama.from_pretrained(write_gguf(tmp_path / "b.gguf", ours, arch="qwen3"), cache_dir=False)
 
 
-def test_gguf_experts_run_on_their_blocks(tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", ["mixtral", "qwen2_moe"])
+def test_gguf_experts_run_on_their_blocks(tmp_path, monkeypatch, case):
     """A mixture's Q8_0 experts (stacked ffn_*_exps in the file) run on their own blocks: ``gguf_copy`` puts each
     expert's gate_up and down projections on the file's rows (the float32 model's logits bitwise), and
     ``load_gguf_int8`` builds the int8-activation model bitwise equal to ``gguf_copy(..., activations="int8")``
-    without dequantising the stacked experts."""
+    without dequantising the stacked experts (qwen2moe: its shared expert on blocks too)."""
     import gguf
     from triforce.models.quant import Int8DotLinear, Q8Linear, gguf_copy, load_gguf_int8
 
     def q8(name, a):
-        if "exps" in name or name.endswith("attn_q.weight"):
+        if "exps" in name or name.endswith(("attn_q.weight", "gate_shexp.weight", "up_shexp.weight")):
             return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
         return a, None
-    _, ours = pair("mixtral")
+    _, ours = pair(case, **({} if case == "mixtral" else dict(  # (Q8_0 rows: a multiple of 32 wide)
+        mlp_only_layers=[], norm_topk_prob=False, tie_word_embeddings=False, moe_intermediate_size=64)))
     path = write_gguf(tmp_path / "q8.gguf", ours, quant=q8)
     model = Llama.from_pretrained(path, cache_dir=False)
     on_blocks = gguf_copy(model, path)
@@ -278,6 +283,8 @@ def test_gguf_experts_run_on_their_blocks(tmp_path, monkeypatch):
     experts = [(layer.mlp.experts, p.mlp.experts) for layer, p in zip(on_blocks.model.layers, packed.model.layers)]
     assert all(type(m) is Q8Linear for e, _ in experts for x in e for m in (x.gate_up_proj, x.down_proj))
     assert all(type(m) is Int8DotLinear for _, e in experts for x in e for m in (x.gate_up_proj, x.down_proj))
+    if case == "qwen2_moe":
+        assert all(type(layer.mlp.shared_expert.up_proj) is Q8Linear for layer in on_blocks.model.layers)
     ids = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         assert torch.equal(on_blocks(ids), model(ids))

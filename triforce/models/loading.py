@@ -617,9 +617,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
-                      "granitemoe": ("granitemoe", True)}
+                      "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
-_GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe"}
+_GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
 _GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "attention_multiplier",
@@ -634,7 +634,8 @@ _GGUF_READ = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.layer_norm_rms_epsilon",
     "rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
     "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
-    "expert_feed_forward_length",  # qwen3moe: the experts' width (_gguf_experts)
+    # qwen3moe / qwen2moe: the experts' width; qwen2moe: its shared expert's (_gguf_experts)
+    "expert_feed_forward_length", "expert_shared_feed_forward_length",
 })
 _GGUF_METADATA = frozenset({
     "tensor_data_layout",  # how the converter read the checkpoint; the stored q/k layout is the same
@@ -806,7 +807,11 @@ _GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.i
                        "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
                        # a mixture of experts' router and its experts' stacked projections (read_gguf splits them)
                        "ffn_gate_inp.weight": "mlp.gate.weight", **{f"ffn_{k}_exps.weight": f"mlp.{k}_exps"
-                                                                    for k in ("gate", "up", "down")}}
+                                                                    for k in ("gate", "up", "down")},
+                       # qwen2moe's shared expert and its gate (one logit: a 1-D tensor in the file)
+                       "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+                       **{f"ffn_{k}_shexp.weight": f"mlp.shared_expert.{k}_proj.weight"
+                          for k in ("gate", "up", "down")}}
 # gemma2 / gemma3's sandwich norms: ffn_norm is the norm before the MLP, the others after the attention and the MLP
 _GGUF_SANDWICH_TENSORS = {**_GGUF_LAYER_TENSORS, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                           "post_attention_norm.weight": "post_attention_layernorm.weight",
@@ -868,7 +873,7 @@ def read_gguf(path: Path, skip=None, reader=None):
     head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", 0)) or hidden // n_head
     tok = lambda k: gguf_field(reader, f"tokenizer.ggml.{k}")  # noqa: E731
     # Qwen2: q/k/v biases always; llama / qwen3: biases on q/k/v/o if the file has them (attention_bias)
-    attention_bias = model_type != "qwen2" and "blk.0.attn_q.bias" in tensors
+    attention_bias = model_type not in ("qwen2", "qwen2_moe") and "blk.0.attn_q.bias" in tensors
     rope_scaling = _gguf_rope_scaling(reader, arch, path, int(need("context_length")))
     if any(name in tensors for name in _GGUF_ROPE_TENSORS[1:]):
         rope_scaling = _gguf_longrope(reader, arch, path, tensors, rope_scaling)
@@ -880,6 +885,8 @@ def read_gguf(path: Path, skip=None, reader=None):
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     if model_type in _GGUF_MOE.values():
         extra.update(_gguf_experts(reader, arch, path, model_type, int(need("feed_forward_length"))))
+    if model_type == "qwen2_moe":  # (its q/k/v biases by its qkv_bias key: llama.cpp reads them where present)
+        extra["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     config = LlamaConfig(
         model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
@@ -914,6 +921,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         if key.endswith("_exps"):
             stacked[key] = w
             continue
+        if key.endswith("shared_expert_gate.weight") and w.dim() == 1:
+            w = w[None]  # (llama.cpp's {n_embd}: the gate's one row)
         sd[key] = w if heads is None else _unpermute(w, heads)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -942,16 +951,22 @@ def _expert_blocks(stacked: dict) -> dict:
 def _gguf_experts(reader, arch: str, path: Path, model_type: str, n_ff: int) -> dict:
     """A mixture of experts' ``extra`` keys from a GGUF file, as llama.cpp runs it: ``expert_count`` experts,
     ``expert_used_count`` per token, renormalised (llama.cpp's ``norm_w``, on for these architectures), every layer
-    sparse; qwen3moe's experts of width ``expert_feed_forward_length`` (else ``feed_forward_length`` over the
-    experts per token)."""
+    sparse; qwen3moe's and qwen2moe's experts of width ``expert_feed_forward_length`` (else ``feed_forward_length``
+    over the experts per token); qwen2moe: not renormalised (llama.cpp's ``norm_w`` off), and a shared expert of
+    width ``expert_shared_feed_forward_length`` (else ``feed_forward_length``)."""
     count, used = (int(gguf_field(reader, f"{arch}.{k}", 0) or 0) for k in ("expert_count", "expert_used_count"))
     if count < 1 or not 1 <= used <= count:
         raise ValueError(f"GGUF file {str(path)!r} of architecture {arch!r} needs {arch}.expert_count >= 1 and "
                          f"{arch}.expert_used_count in [1, expert_count], got {count} and {used}")
-    if model_type != "qwen3_moe":
+    if model_type not in ("qwen3_moe", "qwen2_moe"):
         return {"num_local_experts": count, "num_experts_per_tok": used}
     width = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff // used
-    return {"num_experts": count, "num_experts_per_tok": used, "moe_intermediate_size": width, "norm_topk_prob": True}
+    out = {"num_experts": count, "num_experts_per_tok": used, "moe_intermediate_size": width,
+           "norm_topk_prob": model_type == "qwen3_moe"}
+    if model_type == "qwen2_moe":
+        out["shared_expert_intermediate_size"] = int(
+            gguf_field(reader, f"{arch}.expert_shared_feed_forward_length", 0) or 0) or n_ff
+    return out
 
 
 def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Path, partial: bool = False) -> dict:
