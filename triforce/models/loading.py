@@ -368,6 +368,7 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if inverse:
         for name, t in sd.items():
             m = _EXPERT_PROJECTION.fullmatch(name)
+            m = m if m is not None and m[2] == "gate_up_proj" else None
             parts = zip((f"{m[1]}gate_proj.weight", f"{m[1]}up_proj.weight"), t.chunk(2)) if m else ((name, t),)
             out.update({_mixtral_name(part, inverse=True) if mixtral else part: w.clone() if m else w
                         for part, w in parts})
@@ -971,15 +972,16 @@ def _gguf_experts(reader, arch: str, path: Path, model_type: str, n_ff: int) -> 
 
 def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Path, partial: bool = False) -> dict:
     """``sd`` with the experts of each layer (``stacked``: ``model.layers.{i}.mlp.{gate,up,down}_exps`` ->
-    ``[E, out, in]``, llama.cpp's ``ffn_*_exps``) added under the family's checkpoint names; ``partial``: some
-    were skipped (:func:`read_gguf`'s ``skip``), and their experts are left out."""
+    ``[E, out, in]``, llama.cpp's ``ffn_*_exps``) added under the family's checkpoint names, written in that layout
+    straight away (one copy; :func:`_build` joins each expert's gate and up); ``partial``: some were skipped
+    (:func:`read_gguf`'s ``skip``), and their experts are left out."""
     if not stacked and (partial or config.experts is None):
         return sd
     spec = config.experts
     if spec is None:
         raise ValueError(f"GGUF file {str(path)!r} holds experts' tensors (ffn_*_exps) but no "
                          "<arch>.expert_count")
-    model = dict(sd)
+    out = _expert_names(config, sd, inverse=True)  # the routers (and a shared expert) under the family's names
     for i in range(config.num_hidden_layers):
         parts = [stacked.pop(f"model.layers.{i}.mlp.{k}_exps", None) for k in ("gate", "up", "down")]
         if any((p is None and not partial) or (p is not None and (p.dim() != 3 or p.shape[0] != spec.count))
@@ -987,14 +989,20 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
             raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks ffn_gate_exps / ffn_up_exps / ffn_down_exps "
                              f"of {spec.count} experts each")
         gate, up, down = parts
-        for e in range(spec.count):
+        if config.model_type == "granitemoe":  # its checkpoints stack them: [E, 2I, H] (gate; up) and [E, H, I]
+            stem = f"model.layers.{i}.block_sparse_moe"
             if gate is not None and up is not None:
-                model[f"model.layers.{i}.mlp.experts.{e}.gate_up_proj.weight"] = torch.cat([gate[e], up[e]])
+                out[f"{stem}.input_linear.weight"] = torch.cat([gate, up], dim=1)
             if down is not None:
-                model[f"model.layers.{i}.mlp.experts.{e}.down_proj.weight"] = down[e].clone()
+                out[f"{stem}.output_linear.weight"] = down
+            continue
+        for proj, t in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+            for e in range(spec.count if t is not None else 0):  # (each its own copy: saved apart)
+                name = f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"
+                out[_mixtral_name(name, inverse=True) if config.model_type == "mixtral" else name] = t[e].clone()
     if stacked:
         raise ValueError(f"unexpected GGUF tensors {sorted(stacked)[:3]} in {str(path)!r}")
-    return _expert_names(config, model, inverse=True)
+    return out
 
 
 def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_kv: int):
