@@ -11,9 +11,12 @@ share experts more often, so its passes read fewer.
 
 Shapes (one layer's MLP, random weights, bfloat16 and float32): Qwen3-30B-A3B's (hidden 2048, 128 experts of width
 768, 8 chosen: 1.2 GB a layer in bfloat16), or with ``--model mixtral-8x7b`` Mixtral 8x7B's (hidden 4096, 8 experts
-of width 14336, 2 chosen: 2.8 GB). Backends: ``cpu`` (ours: the router and each hit expert through the row-wise
-kernels, an expert's rows together) against ``transformers`` (its Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock:
-F.linear per hit expert), in turns (the VM's drift); the two outputs are checked to agree first.
+of width 14336, 2 chosen: 2.8 GB). Backends: ``cpu`` (ours: the router through the row-wise kernel, then
+every hit expert in one ``triforce_C::moe_experts`` call, csrc/cpu/moe.cpp), ``cpu_one_by_one`` (the same
+arithmetic with the experts run module by module from Python, each product its own row-wise kernel call: the path
+before that op, and still the path of quantised experts) and ``transformers`` (its Qwen3MoeSparseMoeBlock /
+MixtralSparseMoeBlock: F.linear per hit expert), in turns (the VM's drift); the outputs are checked first (ours
+bitwise the one-by-one path, transformers' within rounding).
 
     python -m bench.bench_moe [--quick] [--model qwen3-30b-a3b|mixtral-8x7b]
 """
@@ -83,14 +86,25 @@ def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> 
                 with torch.no_grad():
                     f(x)
             return call
-        t = measure_alternating({"transformers": run(theirs), "cpu": run(ours)}, reps=reps)
+        def one_by_one(x):  # the router, then the experts module by module (the path before moe_experts)
+            rows = x.reshape(-1, H)
+            return ours._experts_one_by_one(rows, *ours.route(rows))
+
+        with torch.no_grad():
+            assert torch.equal(one_by_one(x), ours(x).reshape(-1, H))
+        t = measure_alternating({"transformers": run(theirs), "cpu": run(ours), "cpu_one_by_one": run(one_by_one)},
+                                reps=reps)
         shape = f"model={model},rows={T},experts_hit={hit}/{E}"
         record(family="moe", op="sparse_moe", backend="transformers", shape=shape, dtype=dt, bytes_moved=nbytes,
                timing=t["transformers"], bandwidth=bw, device="cpu")
+        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=dt, bytes_moved=nbytes,
+               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu", baseline="transformers",
+               baseline_timing=t["transformers"])
+        gain = t["cpu_one_by_one"]["median_s"] / t["cpu"]["median_s"]
         record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
                timing=t["cpu"], bandwidth=bw, device="cpu", baseline="transformers",
                baseline_timing=t["transformers"],
-               extra=f"expected_hit={E * (1 - (1 - k / E) ** T):.1f}")
+               extra=f"expected_hit={E * (1 - (1 - k / E) ** T):.1f};vs_one_by_one=x{gain:.2f}")
 
 
 def main():

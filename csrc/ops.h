@@ -58,6 +58,14 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 // GELU's tanh form, gelu(approximate="tanh") (Gemma's GeGLU).
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
+// A mixture of experts' MLP for the rows of x [N, H] (csrc/cpu/moe.cpp): row t's k experts index[t] (int64 [N, k])
+// and weights weight[t] (float32, or x's dtype); expert e: gate_up[e] [2I, H] (gate rows, then up rows) and
+// down[e] [H, I] in x's dtype (None for an expert no row chose); activation "silu" or "gelu_tanh". -> [N, H]:
+// row t the sum, from zero and rounded to x's dtype at each add, of round(down(act(gate) * up) * weight) over its
+// experts in increasing expert order: bitwise the experts run one by one through rowwise_linear and silu_mul /
+// gelu_tanh_mul, whatever N, the rows' places and the threads.
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::Tensor& weight,
+                       const OptionalTensorList& gate_up, const OptionalTensorList& down, const std::string& activation);
 // Layers one after another in one call, each with its KV cache's side in between (the caches whose attend
 // is "write the step's rows, then verify_attention over the buffers": triforce/models/cache.py): per layer
 // 2 norms and eps (input, post-attention), 7 projections (q, k, v, o, gate, up, down), 2 optional q/k

@@ -126,13 +126,18 @@ q = torch.softmax(torch.randn(4, 5, 1000, generator=g), -1)
 d = torch.randint(1000, (4, 5), generator=g)
 outs["chain_tokens"], outs["chain_num"] = tk.chain_speculative_sample(d, q, p, torch.rand(4, 6, 2, generator=g),
                                                                       backend="cpu")
+x, E = torch.randn(6, 96, generator=g), 5  # a mixture's experts (moe_experts): 6 rows, 2 of 5 experts each
+index = torch.randint(E, (6, 2), generator=g)
+gate_up = [torch.randn(2 * 700, 96, generator=g) for _ in range(E)]
+down = [torch.randn(96, 700, generator=g) for _ in range(E)]
+outs["moe_experts"] = torch.ops.triforce_C.moe_experts(x, index, torch.rand(6, 2, generator=g), gate_up, down, "silu")
 torch.save(outs, sys.argv[1])
 """
 
 
 def test_parallel_threshold_never_changes_results(tmp_path):
     """triforce::parallel_min_bytes decides whether a CPU kernel opens a parallel region (the linear,
-    attention, chunk-mean, retrieval and sampling kernels); the arithmetic of each output must not depend on it: the same inputs with every region opened (0) and none (10**15),
+    mixture-of-experts, attention, chunk-mean, retrieval and sampling kernels); the arithmetic of each output must not depend on it: the same inputs with every region opened (0) and none (10**15),
     on 2 threads, in fresh processes (the threshold is read once per process)."""
     import os
     import subprocess
@@ -145,7 +150,7 @@ def test_parallel_threshold_never_changes_results(tmp_path):
         subprocess.run([sys.executable, "-c", _THRESHOLD_PROBE, str(path)], env=env, check=True)
         out[threshold] = torch.load(path)
     a, b = out.values()
-    assert a.keys() == b.keys() and len(a) == 14
+    assert a.keys() == b.keys() and len(a) == 15
     for name in a:
         assert torch.equal(a[name], b[name]), name
 

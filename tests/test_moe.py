@@ -4,10 +4,12 @@ experts (triforce.models.llama.SparseMoE), against transformers' MixtralForCausa
 GraniteMoeForCausalLM on the same weights."""
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import triforce
 from triforce.models import FullCache, Llama, LlamaConfig, graphs
-from triforce.models.llama import MLP, SparseMoE
+from triforce.models.llama import MLP, SparseMoE, _bulk_linears, _row_sigmoid, _rowwise_available
 from triforce.models.quant import Q8Linear, int8_copy
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive, ragged_prompts
@@ -304,3 +306,127 @@ def test_the_shared_experts_gate_is_row_invariant():
     for n in (1, 31, 33, 257, 600):
         assert torch.equal(_row_sigmoid(z[:n]), alone[:n])
     assert_pass_equals_steps(pair("qwen2_moe")[1], torch.float32, tokens=24)
+
+
+# ---- triforce_C::moe_experts (csrc/cpu/moe.cpp): every chosen expert in one native call
+
+needs_op = pytest.mark.skipif(not (_rowwise_available() and hasattr(torch.ops.triforce_C, "moe_experts")),
+                              reason="the C++ extension is not built")
+
+
+def experts_one_by_one(x, index, weight, gate_up, down, activation):
+    """What SparseMoE computes without the op: each chosen expert's rows through the row-wise ops, its output times
+    the weights rounded to the dtype and added to the rows, in increasing expert order."""
+    ops = torch.ops.triforce_C
+    out = torch.zeros_like(x)
+    for e in torch.unique(index).tolist():
+        token, slot = torch.where(index == e)
+        h = ops.rowwise_linear(x[token], gate_up[e])
+        width = down[e].shape[1]
+        a = getattr(ops, f"{activation}_mul")(h[:, :width].contiguous(), h[:, width:].contiguous())
+        out.index_put_((token,), (ops.rowwise_linear(a, down[e]) * weight[token, slot, None]).to(x.dtype),
+                       accumulate=True)
+    return out
+
+
+def random_experts(seed, N, k, H, widths, dtype, weight_dtype, chosen=None):
+    """x [N, H], index [N, k] (chosen experts only, repeats within a row allowed), weights, and the experts' weights
+    (None for one no row chose)."""
+    g = torch.Generator().manual_seed(seed)
+    E = len(widths)
+    chosen = list(range(E)) if chosen is None else chosen
+    x = torch.randn(N, H, generator=g).to(dtype)
+    index = torch.tensor(chosen)[torch.randint(len(chosen), (N, k), generator=g)]
+    weight = torch.rand(N, k, generator=g).to(weight_dtype)
+    gate_up = [torch.randn(2 * I, H, generator=g).div(H ** 0.5).to(dtype) if e in chosen else None
+               for e, I in enumerate(widths)]
+    down = [torch.randn(H, I, generator=g).div(max(I, 1) ** 0.5).to(dtype) if e in chosen else None
+            for e, I in enumerate(widths)]
+    return x, index, weight, gate_up, down
+
+
+@needs_op
+@given(N=st.integers(0, 40), k=st.integers(1, 4), H=st.integers(1, 80), widths=st.lists(st.integers(0, 50), min_size=1,
+       max_size=6), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       float32_weights=st.booleans(), activation=st.sampled_from(["silu", "gelu_tanh"]), seed=st.integers(0, 2**31 - 1))
+@example(N=300, k=4, H=33, widths=[20, 17, 0], dtype=torch.bfloat16, float32_weights=True, activation="silu", seed=1)
+def test_moe_experts_gives_the_bits_of_the_experts_one_by_one(N, k, H, widths, dtype, float32_weights, activation,
+                                                              seed):
+    """Any rows, experts of any widths (0 included), a row choosing an expert twice, float32 or dtype weights,
+    an expert no row chose passed as None; an expert with more than 256 rows (the kernel's row chunks): bitwise
+    the experts one by one, and every row bitwise that row alone."""
+    chosen = [e for e in range(len(widths)) if e % 3 != 1] or [0]
+    args = random_experts(seed, N, k, H, widths, dtype, torch.float32 if float32_weights else dtype, chosen)
+    out = torch.ops.triforce_C.moe_experts(*args, activation)
+    assert out.dtype == dtype and out.shape == (N, H)
+    assert torch.equal(out, experts_one_by_one(*args, activation))
+    x, index, weight, gate_up, down = args
+    for t in range(0, N, max(1, N // 5)):
+        alone = torch.ops.triforce_C.moe_experts(x[t:t + 1], index[t:t + 1], weight[t:t + 1], gate_up, down,
+                                                 activation)
+        assert torch.equal(alone[0], out[t])
+
+
+@needs_op
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, monkeypatch):
+    """A sparse layer's MLP runs its experts in one moe_experts call for a step, a pass and a 200-row forward
+    outside a prefill, with the bits of its experts run module by module; a prefill's bulk rows (more than 128),
+    autograd, an int8 copy's experts and a hooked expert run module by module."""
+    model = pair(case)[1].to(dtype)
+    moe = next(layer.mlp for layer in model.model.layers if type(layer.mlp) is SparseMoE)
+    calls = []
+    real = torch.ops.triforce_C.moe_experts
+    monkeypatch.setattr(torch.ops.triforce_C, "moe_experts", lambda *a: calls.append(a[0].shape[0]) or real(*a),
+                        raising=False)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for n in (1, 5, 200):
+            x = torch.randn(1, n, model.config.hidden_size, generator=g).to(dtype)
+            rows = x[0]
+            w, index = moe.route(rows)
+            one_by_one = moe._experts_one_by_one(rows, w, index)
+            if "shared_expert" in moe._modules:
+                one_by_one = one_by_one + _row_sigmoid(moe.shared_expert_gate(rows)) * moe.shared_expert(rows)
+            assert torch.equal(moe(x)[0], one_by_one)
+            assert calls[-1] == n
+        calls.clear()
+        with _bulk_linears():
+            moe(torch.randn(1, 129, model.config.hidden_size).to(dtype))
+            moe(torch.randn(1, 128, model.config.hidden_size).to(dtype))
+        assert calls == [128]
+        handle = moe.experts[0].register_forward_hook(lambda *a: None)
+        moe(torch.randn(1, 64, model.config.hidden_size).to(dtype))  # 64 random rows: expert 0 is among the chosen
+        handle.remove()
+        assert calls == [128]
+    moe(torch.randn(1, 3, model.config.hidden_size).to(dtype).requires_grad_())
+    assert calls == [128]
+    if dtype == torch.float32:
+        with torch.no_grad():
+            quantised = next(layer.mlp for layer in int8_copy(model).model.layers if type(layer.mlp) is SparseMoE)
+            quantised(torch.randn(1, 3, model.config.hidden_size))
+        assert calls == [128]
+
+
+@needs_op
+def test_moe_experts_rejects_bad_arguments():
+    x, index, weight, gate_up, down = random_experts(0, 3, 2, 8, [4, 6], torch.float32, torch.float32)
+    op = torch.ops.triforce_C.moe_experts
+    bad = [
+        ((x.double(), index, weight, gate_up, down, "silu"), "float32, bfloat16 or float16"),
+        ((x, index.int(), weight, gate_up, down, "silu"), "index must be int64"),
+        ((x, index[:2], weight, gate_up, down, "silu"), "index must be int64"),
+        ((x, index, weight[:, :1], gate_up, down, "silu"), "weight must be"),
+        ((x, index, weight.half(), gate_up, down, "silu"), "float32 or x's dtype"),
+        ((x, index, weight, gate_up, down, "relu"), "activation must be"),
+        ((x, index, weight, gate_up, down[:1], "silu"), "2 gate_up weights but 1"),
+        ((x, index + 1, weight, gate_up, down, "silu"), "outside the 2 experts"),
+        ((x, index, weight, [None, gate_up[1]], down, "silu"), "is chosen but"),
+        ((x, index, weight, [gate_up[0].half(), gate_up[1]], down, "silu"), "weights must be"),
+        ((x, index, weight, gate_up, [down[0][:, :3], down[1]], "silu"), "gate_up weight must be"),
+        ((x, index, weight, gate_up, [down[0][:7], down[1]], "silu"), "down weight must be"),
+    ]
+    for args, message in bad:
+        with pytest.raises(RuntimeError, match=message):
+            op(*args)

@@ -97,6 +97,9 @@ def _register_fakes() -> None:
             torch.library.register_fake(f"triforce_C::{name}")(
                 lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
             torch.library.register_autograd(f"triforce_C::{name}", _glu_backward(name), setup_context=_glu_setup)
+    if hasattr(ops, "moe_experts"):
+        torch.library.register_fake("triforce_C::moe_experts")(
+            lambda x, index, weight, gate_up, down, activation: torch.empty_like(x))
     if hasattr(ops, "softcap"):
         torch.library.register_fake("triforce_C::softcap")(lambda x, cap: torch.empty_like(x))
     if hasattr(ops, "decoder_attn_in"):
@@ -450,6 +453,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
+        self.activation = config.activation
         if spec.shared_intermediate_size:  # Qwen2-MoE: every token's expert, times the sigmoid of its own gate
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
@@ -471,17 +475,54 @@ class SparseMoE(nn.Module):
     def forward(self, x):
         rows = x.reshape(-1, x.shape[-1])
         w, index = self.route(rows)
+        native = self._native_weights(rows, index)
+        if native is not None:
+            out = torch.ops.triforce_C.moe_experts(rows, index, w, *native, self.activation)
+        else:
+            out = self._experts_one_by_one(rows, w, index)
+        if "shared_expert" in self._modules:
+            out = out + _row_sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
+        return out.view(x.shape)
+
+    def _native_weights(self, rows: torch.Tensor, index: torch.Tensor):
+        """``(gate_up, down)`` weight lists (None for an expert no row chose) for ``triforce_C::moe_experts``
+        (csrc/cpu/moe.cpp: every chosen expert in one call, its weight blocks in one parallel loop), or ``None``
+        where the experts run one by one: where their :class:`Linear` would not all take the row-wise kernel
+        (another device or dtype, a prefill's bulk products, autograd), a chosen expert is not a plain
+        :class:`Expert` of float :class:`Linear` s (a quantised copy) or has forward hooks, under
+        ``torch.compile``, or without the op. The same bits either way."""
+        if not (rows.device.type == "cpu" and rows.dtype in _ROWWISE_DTYPES and _rowwise_rows(rows)
+                and not torch.compiler.is_compiling() and _rowwise_available()
+                and self.activation in ("silu", "gelu_tanh") and hasattr(torch.ops.triforce_C, "moe_experts")):
+            return None
+        grad = torch.is_grad_enabled()
+        if grad and rows.requires_grad:
+            return None
+        gate_up, down = [None] * len(self.experts), [None] * len(self.experts)
+        for e in torch.unique(index).tolist():
+            expert = self.experts[e]
+            if type(expert) is not Expert or _hooked(expert):
+                return None
+            for proj, out in ((expert.gate_up_proj, gate_up), (expert.down_proj, down)):
+                if type(proj) is not Linear or _hooked(proj):
+                    return None
+                params = proj._parameters
+                w = params["weight"]
+                if params["bias"] is not None or w.dtype != rows.dtype or (grad and w.requires_grad):
+                    return None
+                out[e] = w
+        return gate_up, down
+
+    def _experts_one_by_one(self, rows: torch.Tensor, w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(rows)
-        hit = torch.zeros(len(self.experts), dtype=torch.bool, device=x.device).index_fill_(0, index.flatten(), True)
+        hit = torch.zeros(len(self.experts), dtype=torch.bool, device=rows.device).index_fill_(0, index.flatten(), True)
         for e in hit.nonzero().flatten().tolist():  # (a host sync on a GPU)
             token, slot = torch.where(index == e)
             y = self.experts[e](rows[token])
             # one add per row (a row takes an expert once); not index_add_, whose CPU kernel opens a parallel
             # region per call (~50 us each where the OpenMP threads sleep between regions, OMP_WAIT_POLICY=PASSIVE)
             out.index_put_((token,), (y * w[token, slot, None]).to(out.dtype), accumulate=True)
-        if "shared_expert" in self._modules:
-            out = out + _row_sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
-        return out.view(x.shape)
+        return out
 
 
 _SIGMOID_LANES, _SIGMOID_ROWS = 64, 256
