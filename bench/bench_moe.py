@@ -18,7 +18,11 @@ before that op, and still the path of quantised experts) and ``transformers`` (i
 MixtralSparseMoeBlock: F.linear per hit expert), in turns (the VM's drift); the outputs are checked first (ours
 bitwise the one-by-one path, transformers' within rounding).
 
-    python -m bench.bench_moe [--quick] [--model qwen3-30b-a3b|mixtral-8x7b]
+``--quantised``: the experts quantised, float32 rows: ``int8`` (the int8 draft copy's Q8Linear) and ``q4_1_int8``
+(``load_gguf_int8``'s Int8DotLinear on Q4_1 codes: int8 activations, integer dot products), ``cpu`` against
+``cpu_one_by_one`` (no transformers block holds these formats).
+
+    python -m bench.bench_moe [--quick] [--model qwen3-30b-a3b|mixtral-8x7b] [--quantised]
 """
 from __future__ import annotations
 
@@ -107,14 +111,59 @@ def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> 
                extra=f"expected_hit={E * (1 - (1 - k / E) ** T):.1f};vs_one_by_one=x{gain:.2f}")
 
 
+def bench_quantised(model: str, fmt: str, rows: tuple, reps: int = 15) -> None:
+    """The layer with its experts quantised (float32 rows): ``int8`` as the int8 draft copy holds them (Q8Linear),
+    ``q4_1_int8`` as ``load_gguf_int8`` runs a Q4_1 file's (Int8DotLinear: int8 activations, integer dot products);
+    ours (one ``moe_experts`` call) against the same modules run one by one."""
+    from triforce.models.quant import Int8DotLinear, Q4Linear, Q8Linear
+
+    H, E, k, inter, _ = MODELS[model]
+    ours, _ = _pair(model, torch.float32)
+    make = {"int8": Q8Linear.from_linear, "q4_1_int8": lambda lin: Int8DotLinear.from_q4(Q4Linear.from_linear(lin))}
+    for expert in ours.experts:
+        expert.gate_up_proj, expert.down_proj = make[fmt](expert.gate_up_proj), make[fmt](expert.down_proj)
+    per_expert = sum(b.nbytes for b in ours.experts[0].buffers())
+    bw = copy_bandwidth("cpu")
+    g = torch.Generator().manual_seed(1)
+    for T in rows:
+        x = torch.randn(1, T, H, generator=g)
+        rows_ = x.reshape(-1, H)
+        with torch.no_grad():
+            _, index = ours.route(rows_)
+            hit = int(index.unique().numel())
+            assert torch.equal(ours._experts_one_by_one(rows_, *ours.route(rows_)), ours(x).reshape(-1, H))
+        nbytes = hit * per_expert + E * H * 4 + 2 * T * H * 4
+
+        def run(f):
+            def call():
+                with torch.no_grad():
+                    f()
+            return call
+        t = measure_alternating({"cpu": run(lambda: ours(x)),
+                                 "cpu_one_by_one": run(lambda: ours._experts_one_by_one(rows_, *ours.route(rows_)))},
+                                reps=reps)
+        shape = f"model={model},rows={T},experts_hit={hit}/{E}"
+        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=fmt, bytes_moved=nbytes,
+               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu")
+        record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=fmt, bytes_moved=nbytes,
+               timing=t["cpu"], bandwidth=bw, device="cpu", baseline="cpu_one_by_one",
+               baseline_timing=t["cpu_one_by_one"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 and 8 rows, bfloat16 only")
     p.add_argument("--model", choices=list(MODELS), default="qwen3-30b-a3b")
+    p.add_argument("--quantised", action="store_true", help="the experts as int8 (Q8Linear) and Q4_1 x int8 "
+                   "(Int8DotLinear) instead of bfloat16 / float32")
     a = p.parse_args()
-    dtypes = (torch.bfloat16,) if a.quick else (torch.bfloat16, torch.float32)
-    for dtype in dtypes:
-        bench_model(a.model, dtype, (1, 8) if a.quick else (1, 2, 4, 8, 16, 64))
+    rows = (1, 8) if a.quick else (1, 2, 4, 8, 16, 64)
+    if a.quantised:
+        for fmt in ("int8", "q4_1_int8"):
+            bench_quantised(a.model, fmt, rows)
+        return
+    for dtype in (torch.bfloat16,) if a.quick else (torch.bfloat16, torch.float32):
+        bench_model(a.model, dtype, rows)
 
 
 if __name__ == "__main__":

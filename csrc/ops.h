@@ -4,6 +4,9 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <vector>
+
 // ---- retrieval cache (docs/design.md 3.1) --------------------------------------------------------
 at::Tensor chunk_mean_keys(const at::Tensor& k, int64_t chunk_size);
 at::Tensor score_chunks(const at::Tensor& q, const at::Tensor& chunk_keys, const at::Tensor& num_chunks);
@@ -39,6 +42,29 @@ struct I8Rows {
 };
 I8Rows quantize_i8_rows(const at::Tensor& x);
 at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, const at::Tensor& scales);
+// A product the ops above check and then run, cut into blocks of weight rows (csrc/cpu/linear.cpp): out [M, N] =
+// x [M, K] @ w^T; blocks(out, m0, rows, b0, b1) computes rows [m0, m0 + rows) of out (row stride N, out of
+// out_options' dtype) against weight blocks [b0, b1) of nr rows each (nb in all); w_bytes: a weight's bytes, for the
+// work estimates. Each output's arithmetic is fixed whatever the rows, blocks and threads: run_product runs it as
+// the ops do, moe_experts runs many in one parallel loop. keep: the (contiguous) tensors the blocks read.
+struct RowwiseProduct {
+  int64_t M, K, N, nb, nr, w_bytes;
+  at::TensorOptions out_options;
+  std::vector<at::Tensor> keep;
+  std::function<void(void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1)> blocks;
+};
+at::Tensor run_product(const RowwiseProduct& p);
+RowwiseProduct float_product(const at::Tensor& x, const at::Tensor& w);                         // rowwise_linear
+RowwiseProduct q8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);   // rowwise_linear_q8
+RowwiseProduct q4_1_product(const at::Tensor& x, const at::Tensor& w);                          // rowwise_linear_q4_1
+// rowwise_linear_i8 of rows [r0, r0 + M) of x
+RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tensor& codes, const at::Tensor& scales);
+// The product of a model layer's projection by its weight's format: w float32 / bfloat16 / float16 like x
+// (rowwise_linear), int8 with float32 scales (rowwise_linear_q8), uint8 Q4_1 blocks without scales
+// (rowwise_linear_q4_1), or uint8 codes with scales (rowwise_linear_i8: x rounded to int8 blocks, or rows [r0, r0 +
+// x.size(0)) of xq where the caller rounded them already).
+RowwiseProduct product_of(const at::Tensor& x, const I8Rows* xq, int64_t r0, const at::Tensor& w,
+                          const std::optional<at::Tensor>& scales);
 
 // ---- model layer: a decoder layer in two calls around the KV cache, bitwise the Python modules' result
 // (csrc/cpu/decoder.cpp). Projections: weights w[i] (float32/bfloat16 like h, or int8 with scales[i]),
@@ -59,13 +85,16 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
 // A mixture of experts' MLP for the rows of x [N, H] (csrc/cpu/moe.cpp): row t's k experts index[t] (int64 [N, k])
-// and weights weight[t] (float32, or x's dtype); expert e: gate_up[e] [2I, H] (gate rows, then up rows) and
-// down[e] [H, I] in x's dtype (None for an expert no row chose); activation "silu" or "gelu_tanh". -> [N, H]:
-// row t the sum, from zero and rounded to x's dtype at each add, of round(down(act(gate) * up) * weight) over its
-// experts in increasing expert order: bitwise the experts run one by one through rowwise_linear and silu_mul /
+// and weights weight[t] (float32, or x's dtype); expert e's projections gate_up[e] (2I outputs: gate, then up) and
+// down[e] (I inputs, H outputs) in any format of product_of (weights of x's dtype; int8 formats with their scales
+// and a float32 x), None for an expert no row chose; activation "silu" or "gelu_tanh". -> [N, H]: row t the sum,
+// from zero and rounded to x's dtype at each add, of round(down(act(gate) * up) * weight) over its experts in
+// increasing expert order: bitwise the experts run one by one through the row-wise ops and silu_mul /
 // gelu_tanh_mul, whatever N, the rows' places and the threads.
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::Tensor& weight,
-                       const OptionalTensorList& gate_up, const OptionalTensorList& down, const std::string& activation);
+                       const OptionalTensorList& gate_up, const OptionalTensorList& gate_up_scales,
+                       const OptionalTensorList& down, const OptionalTensorList& down_scales,
+                       const std::string& activation);
 // Layers one after another in one call, each with its KV cache's side in between (the caches whose attend
 // is "write the step's rows, then verify_attention over the buffers": triforce/models/cache.py): per layer
 // 2 norms and eps (input, post-attention), 7 projections (q, k, v, o, gate, up, down), 2 optional q/k

@@ -32,8 +32,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "Tensor?[] bias) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
-  m.def("moe_experts(Tensor x, Tensor index, Tensor weight, Tensor?[] gate_up, Tensor?[] down, str activation) "
-        "-> Tensor");
+  m.def("moe_experts(Tensor x, Tensor index, Tensor weight, Tensor?[] gate_up, Tensor?[] gate_up_scales, "
+        "Tensor?[] down, Tensor?[] down_scales, str activation) -> Tensor");
   m.def("decoder_layers(Tensor h, Tensor cos, Tensor sin, int head_dim, Tensor[] norm_w, float[] eps, Tensor[] w, "
         "Tensor?[] scales, Tensor?[] bias, Tensor?[] qk_norm_w, float[] qk_eps, Tensor(a!)[] k_cache, "
         "Tensor(b!)[] v_cache, Tensor(c!)[] k_raw_cache, Tensor(d!)[] last_query, Tensor slots, "

@@ -130,7 +130,8 @@ x, E = torch.randn(6, 96, generator=g), 5  # a mixture's experts (moe_experts): 
 index = torch.randint(E, (6, 2), generator=g)
 gate_up = [torch.randn(2 * 700, 96, generator=g) for _ in range(E)]
 down = [torch.randn(96, 700, generator=g) for _ in range(E)]
-outs["moe_experts"] = torch.ops.triforce_C.moe_experts(x, index, torch.rand(6, 2, generator=g), gate_up, down, "silu")
+outs["moe_experts"] = torch.ops.triforce_C.moe_experts(x, index, torch.rand(6, 2, generator=g), gate_up, [None] * E,
+                                                       down, [None] * E, "silu")
 torch.save(outs, sys.argv[1])
 """
 

@@ -314,35 +314,60 @@ needs_op = pytest.mark.skipif(not (_rowwise_available() and hasattr(torch.ops.tr
                               reason="the C++ extension is not built")
 
 
-def experts_one_by_one(x, index, weight, gate_up, down, activation):
+def project(x, w, scales):
+    """The row-wise op of a projection's format (what its module calls on the CPU)."""
+    ops = torch.ops.triforce_C
+    if w.dtype == torch.uint8:
+        return ops.rowwise_linear_q4_1(x, w) if scales is None else ops.rowwise_linear_i8(x, w, scales)
+    return ops.rowwise_linear(x, w) if scales is None else ops.rowwise_linear_q8(x, w, scales)
+
+
+def experts_one_by_one(x, index, weight, gate_up, gate_up_scales, down, down_scales, activation):
     """What SparseMoE computes without the op: each chosen expert's rows through the row-wise ops, its output times
     the weights rounded to the dtype and added to the rows, in increasing expert order."""
-    ops = torch.ops.triforce_C
     out = torch.zeros_like(x)
     for e in torch.unique(index).tolist():
         token, slot = torch.where(index == e)
-        h = ops.rowwise_linear(x[token], gate_up[e])
-        width = down[e].shape[1]
-        a = getattr(ops, f"{activation}_mul")(h[:, :width].contiguous(), h[:, width:].contiguous())
-        out.index_put_((token,), (ops.rowwise_linear(a, down[e]) * weight[token, slot, None]).to(x.dtype),
+        h = project(x[token], gate_up[e], gate_up_scales[e])
+        width = h.shape[1] // 2
+        a = getattr(torch.ops.triforce_C, f"{activation}_mul")(h[:, :width].contiguous(), h[:, width:].contiguous())
+        out.index_put_((token,), (project(a, down[e], down_scales[e]) * weight[token, slot, None]).to(x.dtype),
                        accumulate=True)
     return out
 
 
-def random_experts(seed, N, k, H, widths, dtype, weight_dtype, chosen=None):
-    """x [N, H], index [N, k] (chosen experts only, repeats within a row allowed), weights, and the experts' weights
-    (None for one no row chose)."""
+def quantised(w, fmt):
+    """``(weight, scales)`` of a float32 weight in a quantised format (``float``: itself, no scales)."""
+    from triforce.models.quant import Int8DotLinear, Q4Linear, quantize_q4_1, quantize_q8
+    if fmt == "q8":
+        return quantize_q8(w)
+    if fmt == "q4_1":
+        return quantize_q4_1(w), None
+    if fmt == "i8":
+        mod = Int8DotLinear.from_q4(Q4Linear(quantize_q4_1(w), w.shape[1]))
+        return mod.codes, mod.scales
+    return w, None
+
+
+def random_experts(seed, N, k, H, widths, dtype, weight_dtype, chosen=None, formats=None):
+    """The op's arguments but the activation: x [N, H], index [N, k] (chosen experts only, repeats within a row
+    allowed), weights, the experts' gate-up weights and scales, down weights and scales (None for an expert no row
+    chose); ``formats``: per expert, the (gate-up, down) formats of :func:`quantised` (default float)."""
     g = torch.Generator().manual_seed(seed)
     E = len(widths)
     chosen = list(range(E)) if chosen is None else chosen
+    formats = formats or [("float", "float")] * E
     x = torch.randn(N, H, generator=g).to(dtype)
     index = torch.tensor(chosen)[torch.randint(len(chosen), (N, k), generator=g)]
     weight = torch.rand(N, k, generator=g).to(weight_dtype)
-    gate_up = [torch.randn(2 * I, H, generator=g).div(H ** 0.5).to(dtype) if e in chosen else None
-               for e, I in enumerate(widths)]
-    down = [torch.randn(H, I, generator=g).div(max(I, 1) ** 0.5).to(dtype) if e in chosen else None
-            for e, I in enumerate(widths)]
-    return x, index, weight, gate_up, down
+    lists = [[None] * E for _ in range(4)]
+    for e, I in enumerate(widths):
+        if e in chosen:
+            up = torch.randn(2 * I, H, generator=g).div(H ** 0.5).to(dtype)
+            down = torch.randn(H, I, generator=g).div(max(I, 1) ** 0.5).to(dtype)
+            (lists[0][e], lists[1][e]), (lists[2][e], lists[3][e]) = (quantised(w, f) for w, f in zip((up, down),
+                                                                                                       formats[e]))
+    return (x, index, weight, *lists)
 
 
 @needs_op
@@ -357,14 +382,35 @@ def test_moe_experts_gives_the_bits_of_the_experts_one_by_one(N, k, H, widths, d
     the experts one by one, and every row bitwise that row alone."""
     chosen = [e for e in range(len(widths)) if e % 3 != 1] or [0]
     args = random_experts(seed, N, k, H, widths, dtype, torch.float32 if float32_weights else dtype, chosen)
+    assert_op_matches_one_by_one(args, activation)
+
+
+def assert_op_matches_one_by_one(args, activation):
     out = torch.ops.triforce_C.moe_experts(*args, activation)
-    assert out.dtype == dtype and out.shape == (N, H)
+    x, index, weight = args[:3]
+    assert out.dtype == x.dtype and out.shape == x.shape
     assert torch.equal(out, experts_one_by_one(*args, activation))
-    x, index, weight, gate_up, down = args
+    N = x.shape[0]
     for t in range(0, N, max(1, N // 5)):
-        alone = torch.ops.triforce_C.moe_experts(x[t:t + 1], index[t:t + 1], weight[t:t + 1], gate_up, down,
-                                                 activation)
+        alone = torch.ops.triforce_C.moe_experts(x[t:t + 1], index[t:t + 1], weight[t:t + 1], *args[3:], activation)
         assert torch.equal(alone[0], out[t])
+
+
+FORMATS = ["float", "q8", "q4_1", "i8"]
+
+
+@needs_op
+@given(N=st.integers(1, 40), k=st.integers(1, 3), H=st.sampled_from([32, 64]), I=st.sampled_from([32, 64]),
+       formats=st.lists(st.tuples(st.sampled_from(FORMATS), st.sampled_from(FORMATS)), min_size=1, max_size=4),
+       seed=st.integers(0, 2**31 - 1))
+@example(N=300, k=2, H=64, I=32, formats=[("i8", "i8"), ("q8", "q4_1"), ("float", "i8")], seed=2)
+def test_moe_experts_on_quantised_experts(N, k, H, I, formats, seed):
+    """Float32 rows, each expert's projections in any of the row-wise formats (int8 with float32 scales, Q4_1 blocks,
+    int8 codes for integer dot products, float32), mixed as a GGUF file may mix them: bitwise the experts one by
+    one through the formats' ops (the integer-dot formats round the packed rows once: the same bits as each
+    expert's rows alone), every row bitwise alone."""
+    args = random_experts(seed, N, k, H, [I] * len(formats), torch.float32, torch.float32, formats=formats)
+    assert_op_matches_one_by_one(args, "silu")
 
 
 @needs_op
@@ -372,8 +418,8 @@ def test_moe_experts_gives_the_bits_of_the_experts_one_by_one(N, k, H, widths, d
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, monkeypatch):
     """A sparse layer's MLP runs its experts in one moe_experts call for a step, a pass and a 200-row forward
-    outside a prefill, with the bits of its experts run module by module; a prefill's bulk rows (more than 128),
-    autograd, an int8 copy's experts and a hooked expert run module by module."""
+    outside a prefill, with the bits of its experts run module by module, and so does the int8 copy's (float32);
+    a prefill's bulk rows (more than 128), autograd and a hooked expert run module by module."""
     model = pair(case)[1].to(dtype)
     moe = next(layer.mlp for layer in model.model.layers if type(layer.mlp) is SparseMoE)
     calls = []
@@ -402,30 +448,40 @@ def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, m
         assert calls == [128]
     moe(torch.randn(1, 3, model.config.hidden_size).to(dtype).requires_grad_())
     assert calls == [128]
-    if dtype == torch.float32:
+    if dtype == torch.float32:  # the int8 copy's experts take it too, with the bits of its modules
         with torch.no_grad():
-            quantised = next(layer.mlp for layer in int8_copy(model).model.layers if type(layer.mlp) is SparseMoE)
-            quantised(torch.randn(1, 3, model.config.hidden_size))
-        assert calls == [128]
+            copy = next(layer.mlp for layer in int8_copy(model).model.layers if type(layer.mlp) is SparseMoE)
+            rows = torch.randn(7, model.config.hidden_size, generator=g)
+            one_by_one = copy._experts_one_by_one(rows, *copy.route(rows))
+            if "shared_expert" in copy._modules:
+                one_by_one = one_by_one + _row_sigmoid(copy.shared_expert_gate(rows)) * copy.shared_expert(rows)
+            assert torch.equal(copy(rows[None])[0], one_by_one)
+        assert calls == [128, 7]
 
 
 @needs_op
 def test_moe_experts_rejects_bad_arguments():
-    x, index, weight, gate_up, down = random_experts(0, 3, 2, 8, [4, 6], torch.float32, torch.float32)
+    x, index, weight, gate_up, gate_up_scales, down, down_scales = random_experts(0, 3, 2, 8, [4, 6], torch.float32,
+                                                                                  torch.float32)
     op = torch.ops.triforce_C.moe_experts
+    nones = [None, None]
+    q, s = quantised(torch.randn(8, 32), "q8")
     bad = [
-        ((x.double(), index, weight, gate_up, down, "silu"), "float32, bfloat16 or float16"),
-        ((x, index.int(), weight, gate_up, down, "silu"), "index must be int64"),
-        ((x, index[:2], weight, gate_up, down, "silu"), "index must be int64"),
-        ((x, index, weight[:, :1], gate_up, down, "silu"), "weight must be"),
-        ((x, index, weight.half(), gate_up, down, "silu"), "float32 or x's dtype"),
-        ((x, index, weight, gate_up, down, "relu"), "activation must be"),
-        ((x, index, weight, gate_up, down[:1], "silu"), "2 gate_up weights but 1"),
-        ((x, index + 1, weight, gate_up, down, "silu"), "outside the 2 experts"),
-        ((x, index, weight, [None, gate_up[1]], down, "silu"), "is chosen but"),
-        ((x, index, weight, [gate_up[0].half(), gate_up[1]], down, "silu"), "weights must be"),
-        ((x, index, weight, gate_up, [down[0][:, :3], down[1]], "silu"), "gate_up weight must be"),
-        ((x, index, weight, gate_up, [down[0][:7], down[1]], "silu"), "down weight must be"),
+        ((x.double(), index, weight, gate_up, nones, down, nones, "silu"), "float32, bfloat16 or float16"),
+        ((x, index.int(), weight, gate_up, nones, down, nones, "silu"), "index must be int64"),
+        ((x, index[:2], weight, gate_up, nones, down, nones, "silu"), "index must be int64"),
+        ((x, index, weight[:, :1], gate_up, nones, down, nones, "silu"), "weight must be"),
+        ((x, index, weight.half(), gate_up, nones, down, nones, "silu"), "float32 or x's dtype"),
+        ((x, index, weight, gate_up, nones, down, nones, "relu"), "activation must be"),
+        ((x, index, weight, gate_up, nones, down[:1], nones, "silu"), "2 gate_up weights, 2 gate_up scales, 1 down"),
+        ((x, index, weight, gate_up, nones[:1], down, nones, "silu"), "1 gate_up scales"),
+        ((x, index + 1, weight, gate_up, nones, down, nones, "silu"), "outside the 2 experts"),
+        ((x, index, weight, [None, gate_up[1]], nones, down, nones, "silu"), "is chosen but"),
+        ((x, index, weight, [gate_up[0].half(), gate_up[1]], nones, down, nones, "silu"), "x and w alike"),
+        ((x, index, weight, [gate_up[0][:7], gate_up[1]], nones, down, nones, "silu"), "7 rows, not 2I"),
+        ((x, index, weight, gate_up, nones, [down[0][:, :3], down[1]], nones, "silu"), "x has 4 columns, w 3"),
+        ((x, index, weight, gate_up, nones, [down[0][:7], down[1]], nones, "silu"), "has 7 outputs, x 8"),
+        ((x.bfloat16(), index, weight, [q, q], [s, s], down, nones, "silu"), "x float32"),
     ]
     for args, message in bad:
         with pytest.raises(RuntimeError, match=message):

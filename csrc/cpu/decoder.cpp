@@ -58,10 +58,7 @@ namespace {
 // as the modules do.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& scales,
                    const std::optional<at::Tensor>& bias) {
-  at::Tensor y = w.scalar_type() == at::kByte ? (scales.has_value() ? rowwise_linear_i8(x, w, *scales)
-                                                                     : rowwise_linear_q4_1(x, w))
-                 : scales.has_value()         ? rowwise_linear_q8(x, w, *scales)
-                                              : rowwise_linear(x, w);
+  at::Tensor y = run_product(product_of(x, nullptr, 0, w, scales));
   if (bias.has_value()) y.add_(*bias);
   return y;
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../ops.h"
+#include "dispatch.h"
 
 namespace {
 
@@ -20,7 +21,7 @@ namespace {
 // (triforce::parallel_min_bytes: a block streams NR rows of w_bytes-byte weights and does `rows`
 // multiply-adds per weight); fewer blocks run inline. Inside a forward's team (triforce/team.h) the
 // blocks go to the team instead, in pieces of at least 8 blocks, from Team::kMinBytes of work on.
-// nb blocks of nr weight rows each (w_bytes bytes a weight); over_row_chunks: rowwise_linear's blocks of NR.
+// nb blocks of nr weight rows each (w_bytes bytes a weight).
 template <typename F>
 void over_row_chunks_of(int64_t M, int64_t K, int64_t nb, int64_t nr, int64_t w_bytes, F&& blocks) {
   using namespace triforce::linear;
@@ -37,26 +38,21 @@ void over_row_chunks_of(int64_t M, int64_t K, int64_t nb, int64_t nr, int64_t w_
   }
 }
 
-template <typename F>
-void over_row_chunks(int64_t M, int64_t K, int64_t N, int64_t w_bytes, F&& blocks) {
-  using namespace triforce::linear;
-  over_row_chunks_of(M, K, rowwise_linear_num_blocks(N), NR, w_bytes, std::forward<F>(blocks));
-}
-
-template <typename T>
-void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  const T* X = reinterpret_cast<const T*>(x.data_ptr());
-  const T* W = reinterpret_cast<const T*>(w.data_ptr());
-  T* O = reinterpret_cast<T*>(out.data_ptr());
-  over_row_chunks(M, K, N, sizeof(T), [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
-    triforce::linear::rowwise_linear_blocks<T, T>(X + m0 * K, rows, K, W, N, O + m0 * N, b0, b1);
-  });
-}
 
 }  // namespace
 
-at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor run_product(const RowwiseProduct& p) {
+  at::Tensor out = at::empty({p.M, p.N}, p.out_options);
+  if (p.M == 0 || p.N == 0) return out;
+  if (p.K == 0) return out.zero_();
+  void* O = out.data_ptr();
+  over_row_chunks_of(p.M, p.K, p.nb, p.nr, p.w_bytes,
+                     [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) { p.blocks(O, m0, rows, b0, b1); });
+  return out;
+}
+
+RowwiseProduct float_product(const at::Tensor& x, const at::Tensor& w) {
+  using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "rowwise_linear: x [M, K] and w [N, K] must be 2-D, got ",
               x.sizes(), " and ", w.sizes());
   TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
@@ -66,18 +62,23 @@ at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w) {
               w.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rowwise_linear: CPU tensors only");
   TORCH_CHECK(x.size(1) == w.size(1), "rowwise_linear: x has ", x.size(1), " columns, w ", w.size(1));
-  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
-  const int64_t M = xc.size(0), K = xc.size(1), N = wc.size(0);
-  at::Tensor out = at::empty({M, N}, xc.options());
-  if (M == 0 || N == 0) return out;
-  if (K == 0) return out.zero_();
-  if (xc.scalar_type() == at::kFloat) run<float>(xc, wc, out);
-  else if (xc.scalar_type() == at::kBFloat16) run<triforce::bf16>(xc, wc, out);
-  else run<triforce::f16>(xc, wc, out);
-  return out;
+  RowwiseProduct p{x.size(0), x.size(1), w.size(0), rowwise_linear_num_blocks(w.size(0)), NR, x.element_size(),
+                   x.options(), {x.contiguous(), w.contiguous()}, {}};
+  TRIFORCE_DISPATCH_FLOAT(x.scalar_type(), "rowwise_linear", [&] {
+    const scalar_t* X = tf_ptr<scalar_t>(p.keep[0]);
+    const scalar_t* W = tf_ptr<scalar_t>(p.keep[1]);
+    const int64_t K = p.K, N = p.N;
+    p.blocks = [X, W, K, N](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+      rowwise_linear_blocks<scalar_t, scalar_t>(X + m0 * K, rows, K, W, N, static_cast<scalar_t*>(out) + m0 * N, b0,
+                                                b1);
+    };
+  });
+  return p;
 }
 
-at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
+at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w) { return run_product(float_product(x, w)); }
+
+RowwiseProduct q8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
   using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && scales.dim() == 2,
               "rowwise_linear_q8: x [M, K], q [N, K] and scales [N, ceil(K / 32)] must be 2-D, got ", x.sizes(), ", ",
@@ -91,21 +92,22 @@ at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at:
   TORCH_CHECK(q.size(1) == K, "rowwise_linear_q8: x has ", K, " columns, q ", q.size(1));
   TORCH_CHECK(scales.size(0) == N && scales.size(1) == q8_groups(K), "rowwise_linear_q8: scales must be [", N, ", ",
               q8_groups(K), "] (one per 32 weights of a row), got ", scales.sizes());
-  const at::Tensor xc = x.contiguous(), qc = q.contiguous(), sc = scales.contiguous();
-  at::Tensor out = at::empty({M, N}, xc.options());
-  if (M == 0 || N == 0) return out;
-  if (K == 0) return out.zero_();
-  const float* X = xc.const_data_ptr<float>();
-  const int8_t* Q = qc.const_data_ptr<int8_t>();
-  const float* S = sc.const_data_ptr<float>();
-  float* O = out.data_ptr<float>();
-  over_row_chunks(M, K, N, 1, [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
-    rowwise_linear_q8_blocks(X + m0 * K, rows, K, Q, S, N, O + m0 * N, b0, b1);
-  });
-  return out;
+  RowwiseProduct p{M, K, N, rowwise_linear_num_blocks(N), NR, 1, x.options(),
+                   {x.contiguous(), q.contiguous(), scales.contiguous()}, {}};
+  const float* X = p.keep[0].const_data_ptr<float>();
+  const int8_t* Q = p.keep[1].const_data_ptr<int8_t>();
+  const float* S = p.keep[2].const_data_ptr<float>();
+  p.blocks = [X, Q, S, K, N](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    rowwise_linear_q8_blocks(X + m0 * K, rows, K, Q, S, N, static_cast<float*>(out) + m0 * N, b0, b1);
+  };
+  return p;
 }
 
-at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
+  return run_product(q8_product(x, q, scales));
+}
+
+RowwiseProduct q4_1_product(const at::Tensor& x, const at::Tensor& w) {
   using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "rowwise_linear_q4_1: x [M, K] and w [N, K / 32 * 24] must be 2-D, got ",
               x.sizes(), " and ", w.sizes());
@@ -117,18 +119,16 @@ at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(K % kQ4Block == 0, "rowwise_linear_q4_1: x has ", K, " columns, not a multiple of the block's 32");
   TORCH_CHECK(w.size(1) == q4_1_row_bytes(K), "rowwise_linear_q4_1: x has ", K, " columns, so w needs ",
               q4_1_row_bytes(K), " bytes a row (24 per 32 weights), got ", w.size(1));
-  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
-  at::Tensor out = at::empty({M, N}, xc.options());
-  if (M == 0 || N == 0) return out;
-  if (K == 0) return out.zero_();
-  const float* X = xc.const_data_ptr<float>();
-  const uint8_t* W = wc.const_data_ptr<uint8_t>();
-  float* O = out.data_ptr<float>();
-  over_row_chunks(M, K, N, 1, [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
-    rowwise_linear_q4_1_blocks(X + m0 * K, rows, K, W, N, O + m0 * N, b0, b1);
-  });
-  return out;
+  RowwiseProduct p{M, K, N, rowwise_linear_num_blocks(N), NR, 1, x.options(), {x.contiguous(), w.contiguous()}, {}};
+  const float* X = p.keep[0].const_data_ptr<float>();
+  const uint8_t* W = p.keep[1].const_data_ptr<uint8_t>();
+  p.blocks = [X, W, K, N](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    rowwise_linear_q4_1_blocks(X + m0 * K, rows, K, W, N, static_cast<float*>(out) + m0 * N, b0, b1);
+  };
+  return p;
 }
+
+at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w) { return run_product(q4_1_product(x, w)); }
 
 I8Rows quantize_i8_rows(const at::Tensor& x) {
   namespace li = triforce::linear_i8;
@@ -144,7 +144,7 @@ I8Rows quantize_i8_rows(const at::Tensor& x) {
   return r;
 }
 
-at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, const at::Tensor& scales) {
+RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tensor& codes, const at::Tensor& scales) {
   namespace li = triforce::linear_i8;
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
@@ -157,7 +157,8 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
               "rowwise_linear_i8: x float32, codes uint8 and scales float16, float32 or uint8 (super-block scales), "
               "got float32, ", codes.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), "rowwise_linear_i8: CPU tensors only");
-  const int64_t M = x.M, K = x.K, NG = codes.size(0), G = K / li::kBlock;
+  TORCH_CHECK(r0 >= 0 && M >= 0 && r0 + M <= x.M, "rowwise_linear_i8: rows [", r0, ", ", r0 + M, ") of ", x.M);
+  const int64_t K = x.K, NG = codes.size(0), G = K / li::kBlock;
   TORCH_CHECK(scales.size(0) == NG, "rowwise_linear_i8: codes has ", NG, " groups of 16 rows, scales ", scales.size(0));
   TORCH_CHECK(!super || K % (li::kBlock * li::kSuperBlocks) == 0, "rowwise_linear_i8: super-block scales (uint8) "
               "need a multiple of 256 columns, x has ", K);
@@ -190,22 +191,21 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
               sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), ", ", sizes(Q4_1_16{}, "Q4_1_16"), ", ",
               sizes(Q2_16{}, "Q2_16"), " or ", sizes(Q3_16{}, "Q3_16"), ", got ", codes.size(1), " and ",
               scales.size(1));
-  const at::Tensor cc = codes.contiguous(), sc = scales.contiguous();
   const int64_t N = NG * li::kGroup;
-  at::Tensor out = at::empty({M, N}, cc.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out;
-  if (K == 0) return out.zero_();
-  const int8_t* Q = x.q();
-  const float *D = x.dx(), *S = x.sm();
-  const int32_t *SX = x.sx(), *SX0 = x.sx0();
+  RowwiseProduct p{M, K, N, NG, li::kGroup, 1, codes.options().dtype(at::kFloat),
+                   {x.buf, codes.contiguous(), scales.contiguous()}, {}};
+  const at::Tensor &cc = p.keep[1], &sc = p.keep[2];
+  // rows r0 + m of x: its codes and its blocks' scales and sums
+  const int8_t* Q = x.q() + r0 * K;
+  const float *D = x.dx() + r0 * G, *S = x.sm() + r0 * G;
+  const int32_t *SX = x.sx() + r0 * G, *SX0 = x.sx0() + r0 * G;
   const uint8_t* C = cc.const_data_ptr<uint8_t>();
-  float* O = out.data_ptr<float>();
   auto run = [&](auto f, const auto* H) {
     constexpr Format F = decltype(f)::value;
-    over_row_chunks_of(M, K, NG, li::kGroup, 1, [&](int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
-      li::groups<F>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, SX0 + m0 * G, rows, K, C, H, N, O + m0 * N, g0,
-                    g1);
-    });
+    p.blocks = [=](void* out, int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
+      li::groups<F>(Q + m0 * K, D + m0 * G, S + m0 * G, SX + m0 * G, SX0 + m0 * G, rows, K, C, H, N,
+                    static_cast<float*>(out) + m0 * N, g0, g1);
+    };
   };
   auto with_scales = [&](auto f) {
     if (sc.scalar_type() == at::kHalf)
@@ -233,7 +233,22 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
     with_scales(Q2_16{});
   else
     with_scales(Q3_16{});
-  return out;
+  return p;
+}
+
+at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, const at::Tensor& scales) {
+  return run_product(i8_product(x, 0, x.M, codes, scales));
+}
+
+RowwiseProduct product_of(const at::Tensor& x, const I8Rows* xq, int64_t r0, const at::Tensor& w,
+                          const std::optional<at::Tensor>& scales) {
+  if (w.scalar_type() == at::kByte && scales.has_value()) {
+    if (xq != nullptr) return i8_product(*xq, r0, x.size(0), w, *scales);
+    const I8Rows own = quantize_i8_rows(x);  // (its buffer stays in the product's keep)
+    return i8_product(own, 0, own.M, w, *scales);
+  }
+  if (w.scalar_type() == at::kByte) return q4_1_product(x, w);
+  return scales.has_value() ? q8_product(x, w, *scales) : float_product(x, w);
 }
 
 bool rowwise_linear_i8_tiles(std::optional<bool> enable) {

@@ -40,44 +40,39 @@ namespace {
 
 // The (row, slot) pairs that chose one expert, packed: rows [row0, row0 + rows) of the packed buffers.
 struct Group {
-  int64_t expert, row0, rows, inter;  // inter: the expert's width I (gate_up [2I, H], down [H, I])
+  int64_t expert, row0, rows, inter;  // inter: the expert's width I (gate-up: 2I outputs, down: I inputs)
   int64_t h_off, a_off;               // element offsets of its rows in the gate-up and activation buffers
 };
 
-// A piece of one product: weight blocks [b0, b1) of group g against its packed rows [m0, m0 + rows).
+// A piece of one group's product: weight blocks [b0, b1) against its packed rows [m0, m0 + rows).
 struct Piece {
   int64_t g, m0, rows, b0, b1;
 };
 
-// Pieces of every group's product x_g [rows_g, K_g] @ w_g^T ([N_g, K_g]): each group's rows in chunks of
-// kRowChunk (linear.h), each chunk's weight blocks in pieces of at least 16 blocks and ~256 KiB of work (a
-// piece's blocks are read once, in order: the prefetches stay ahead within it). work: the bytes counted, as
-// rowwise_linear counts them (parallel_min_bytes).
-template <typename KN>
-std::vector<Piece> pieces_of(const std::vector<Group>& groups, KN&& k_n, int64_t w_bytes, int64_t& work) {
-  using namespace triforce::linear;
-  std::vector<Piece> out;
-  work = 0;
-  for (int64_t g = 0; g < static_cast<int64_t>(groups.size()); ++g) {
-    const auto [K, N] = k_n(groups[g]);
-    if (K == 0 || N == 0) continue;  // (the caller zero-fills a product over K = 0)
-    const int64_t nb = rowwise_linear_num_blocks(N);
-    for (int64_t m0 = 0; m0 < groups[g].rows; m0 += kRowChunk) {
-      const int64_t rows = std::min(kRowChunk, groups[g].rows - m0);
-      const int64_t block_work = NR * K * std::max(w_bytes, rows);
+// Every group's product (products[g], into out[g]) in one parallel loop: each group's rows in chunks of kRowChunk
+// (linear.h), each chunk's weight blocks in pieces of at least 16 blocks and ~256 KiB of work (a piece's blocks are
+// read once, in order: the prefetches stay ahead within it), claimed one at a time by the threads. The work counted
+// as the row-wise ops count it (parallel_min_bytes). A product over K = 0 is left to the caller (zeros).
+void run_products(const std::vector<RowwiseProduct>& products, const std::vector<void*>& out) {
+  using triforce::linear::kRowChunk;
+  std::vector<Piece> pieces;
+  int64_t work = 0;
+  for (int64_t g = 0; g < static_cast<int64_t>(products.size()); ++g) {
+    const RowwiseProduct& p = products[g];
+    if (p.K == 0 || p.N == 0) continue;
+    for (int64_t m0 = 0; m0 < p.M; m0 += kRowChunk) {
+      const int64_t rows = std::min(kRowChunk, p.M - m0);
+      const int64_t block_work = p.nr * p.K * std::max(p.w_bytes, rows);
       const int64_t per = std::max<int64_t>(16, ((int64_t(256) << 10) + block_work - 1) / block_work);
-      for (int64_t b = 0; b < nb; b += per) out.push_back({g, m0, rows, b, std::min(nb, b + per)});
-      work += nb * block_work;
+      for (int64_t b = 0; b < p.nb; b += per) pieces.push_back({g, m0, rows, b, std::min(p.nb, b + per)});
+      work += p.nb * block_work;
     }
   }
-  return out;
-}
-
-// Every group's product in one parallel loop over the pieces.
-template <typename Body>
-void run_pieces(const std::vector<Piece>& pieces, int64_t work, Body&& body) {
   triforce::parallel_items(triforce::worth_parallel_here(work), static_cast<int64_t>(pieces.size()),
-                           [&](int, int64_t i) { body(pieces[i]); });
+                           [&](int, int64_t i) {
+                             const Piece& c = pieces[i];
+                             products[c.g].blocks(out[c.g], c.m0, c.rows, c.b0, c.b1);
+                           });
 }
 
 // out[t] = sum over t's pairs p, in increasing expert order, of round(y[p] * weight[p]), each add rounded to T.
@@ -97,80 +92,108 @@ TRIFORCE_NO_FP_CONTRACT void weighted_sum(const T* y, const W* weight, const int
   }
 }
 
+// An expert's projection: its weight and, for int8 formats, its scales.
+struct Projection {
+  at::Tensor w;
+  std::optional<at::Tensor> scales;
+  bool i8() const { return w.scalar_type() == at::kByte && scales.has_value(); }
+};
+
 template <triforce::Act A, typename T>
 at::Tensor run(const at::Tensor& x, const at::Tensor& index, const at::Tensor& weight,
-               const std::vector<at::Tensor>& gate_up, const std::vector<at::Tensor>& down) {
-  using namespace triforce::linear;
+               const std::vector<Projection>& gate_up, const std::vector<Projection>& down) {
   const int64_t N = x.size(0), H = x.size(1), k = index.size(1), E = static_cast<int64_t>(gate_up.size());
+  const int64_t P = N * k;
   const int64_t* idx = index.const_data_ptr<int64_t>();
   // The pairs by expert (stable: rows increasing, then slots), as torch.where(index == e) lists them.
   std::vector<int64_t> count(E + 1, 0);
-  for (int64_t p = 0; p < N * k; ++p) ++count[idx[p] + 1];
+  for (int64_t p = 0; p < P; ++p) ++count[idx[p] + 1];
   for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
-  std::vector<int64_t> pair_row(N * k), fill(count.begin(), count.end() - 1);
-  for (int64_t p = 0; p < N * k; ++p) pair_row[p] = fill[idx[p]]++;
+  std::vector<int64_t> pair_row(P), fill(count.begin(), count.end() - 1);
+  for (int64_t p = 0; p < P; ++p) pair_row[p] = fill[idx[p]]++;
   // Each row's pairs in increasing expert order (then slot): the order of the module loop's adds.
-  std::vector<int64_t> order(N * k);
+  std::vector<int64_t> order(P);
   for (int64_t t = 0; t < N; ++t) {
     int64_t* o = order.data() + t * k;
     for (int64_t j = 0; j < k; ++j) o[j] = t * k + j;
     std::stable_sort(o, o + k, [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
   }
+  // The packed rows of x (pair order), then each chosen expert's gate-up product (checked: its outputs even).
+  at::Tensor xs = at::empty({P, H}, x.options());
+  const T* X = tf_ptr<T>(x);
+  T* XS = tf_mut_ptr<T>(xs);
+  for (int64_t p = 0; p < P; ++p) std::copy(X + (p / k) * H, X + (p / k + 1) * H, XS + pair_row[p] * H);
+  const bool any_i8_up = std::any_of(gate_up.begin(), gate_up.end(), [](const Projection& g) { return g.i8(); });
+  const std::optional<I8Rows> xq = any_i8_up ? std::optional<I8Rows>(quantize_i8_rows(xs)) : std::nullopt;
   std::vector<Group> groups;
+  std::vector<RowwiseProduct> ups;
   int64_t h_elems = 0, a_elems = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t rows = count[e + 1] - count[e];
     if (rows == 0) continue;
-    const int64_t inter = down[e].size(1);
-    groups.push_back({e, count[e], rows, inter, h_elems, a_elems});
-    h_elems += rows * 2 * inter;
-    a_elems += rows * inter;
+    const Projection& g = gate_up[e];
+    ups.push_back(product_of(xs.narrow(0, count[e], rows), g.i8() ? &*xq : nullptr, count[e], g.w, g.scales));
+    const int64_t n = ups.back().N;
+    TORCH_CHECK(n % 2 == 0, "moe_experts: expert ", e, "'s gate_up weight has ", n, " rows, not 2I (gate; up)");
+    groups.push_back({e, count[e], rows, n / 2, h_elems, a_elems});
+    h_elems += rows * n;
+    a_elems += rows * (n / 2);
   }
-  // The packed rows of x (pair order), the gate-up products, act(gate) * up, the down products.
-  at::Tensor xs = at::empty({N * k, H}, x.options());
-  at::Tensor hs = at::empty({h_elems}, x.options()), as = at::empty({a_elems}, x.options());
-  const bool empty_expert = std::any_of(groups.begin(), groups.end(), [](const Group& g) { return g.inter == 0; });
-  at::Tensor ys = empty_expert ? at::zeros({N * k, H}, x.options()) : at::empty({N * k, H}, x.options());
-  const T* X = tf_ptr<T>(x);
-  T* XS = tf_mut_ptr<T>(xs);
+  const at::TensorOptions out_options = ups.empty() ? x.options() : ups.front().out_options;
+  for (const RowwiseProduct& p : ups)
+    TORCH_CHECK(p.out_options.dtype() == x.dtype(), "moe_experts: the experts' products must be ", x.scalar_type(),
+                " like x (int8 formats: float32 x)");
+  at::Tensor hs = at::empty({h_elems}, out_options), as = at::empty({a_elems}, out_options);
   T* HS = tf_mut_ptr<T>(hs);
   T* AS = tf_mut_ptr<T>(as);
-  T* YS = tf_mut_ptr<T>(ys);
-  for (int64_t p = 0; p < N * k; ++p) std::copy(X + (p / k) * H, X + (p / k + 1) * H, XS + pair_row[p] * H);
-
-  int64_t work = 0;
-  const auto up_pieces = pieces_of(groups, [&](const Group& g) { return std::pair<int64_t, int64_t>(H, 2 * g.inter); },
-                                   sizeof(T), work);
-  run_pieces(up_pieces, work, [&](const Piece& c) {
-    const Group& g = groups[c.g];
-    const int64_t n = 2 * g.inter;
-    rowwise_linear_blocks<T, T>(XS + (g.row0 + c.m0) * H, c.rows, H, tf_ptr<T>(gate_up[g.expert]), n,
-                                HS + g.h_off + c.m0 * n, c.b0, c.b1);
-  });
+  std::vector<void*> outs;
+  for (const Group& g : groups) outs.push_back(HS + g.h_off);
+  run_products(ups, outs);
   // act(gate) * up, row by row (gate: the first I of a gate-up row, up: the rest)
   std::vector<std::pair<int64_t, int64_t>> rows_of;  // (group, row within it) of each packed row
-  rows_of.reserve(N * k);
+  rows_of.reserve(P);
   for (int64_t g = 0; g < static_cast<int64_t>(groups.size()); ++g)
     for (int64_t r = 0; r < groups[g].rows; ++r) rows_of.emplace_back(g, r);
   const int64_t glu_work = 32 * a_elems;  // as glu_into counts it (decoder.cpp)
-  triforce::parallel_ranges(triforce::worth_parallel_here(glu_work), N * k, 16, [&](int64_t lo, int64_t hi) {
+  triforce::parallel_ranges(triforce::worth_parallel_here(glu_work), P, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const Group& g = groups[rows_of[i].first];
       const T* h = HS + g.h_off + rows_of[i].second * 2 * g.inter;
       triforce::glu_row<A>(h, h + g.inter, AS + g.a_off + rows_of[i].second * g.inter, g.inter);
     }
   });
-  const auto down_pieces = pieces_of(groups, [&](const Group& g) { return std::pair<int64_t, int64_t>(g.inter, H); },
-                                     sizeof(T), work);
-  run_pieces(down_pieces, work, [&](const Piece& c) {
-    const Group& g = groups[c.g];
-    rowwise_linear_blocks<T, T>(AS + g.a_off + c.m0 * g.inter, c.rows, g.inter, tf_ptr<T>(down[g.expert]), H,
-                                YS + (g.row0 + c.m0) * H, c.b0, c.b1);
-  });
+  // Each expert's down product of its activations (int8 formats: the activations rounded once, all rows)
+  const bool any_i8_down = std::any_of(groups.begin(), groups.end(), [&](const Group& g) { return down[g.expert].i8(); });
+  std::optional<I8Rows> aq;
+  std::vector<at::Tensor> a_rows;
+  for (const Group& g : groups) a_rows.push_back(as.narrow(0, g.a_off, g.rows * g.inter).view({g.rows, g.inter}));
+  if (any_i8_down) {
+    TORCH_CHECK(std::all_of(groups.begin(), groups.end(), [&](const Group& g) { return g.inter == groups[0].inter; }),
+                "moe_experts: int8 down weights need one expert width");
+    aq = quantize_i8_rows(as.view({P, groups[0].inter}));
+  }
+  std::vector<RowwiseProduct> downs;
+  at::Tensor ys = at::empty({P, H}, out_options);
+  T* YS = tf_mut_ptr<T>(ys);
+  outs.clear();
+  bool zero_width = false;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    const Projection& d = down[g.expert];
+    downs.push_back(product_of(a_rows[i], d.i8() ? &*aq : nullptr, g.row0, d.w, d.scales));
+    TORCH_CHECK(downs.back().N == H, "moe_experts: expert ", g.expert, "'s down weight has ", downs.back().N,
+                " outputs, x ", H);
+    TORCH_CHECK(downs.back().out_options.dtype() == x.dtype(), "moe_experts: the experts' products must be ",
+                x.scalar_type(), " like x (int8 formats: float32 x)");
+    zero_width = zero_width || g.inter == 0;
+    outs.push_back(YS + g.row0 * H);
+  }
+  if (zero_width) ys.zero_();  // (a product over no inputs is 0)
+  run_products(downs, outs);
   at::Tensor out = at::empty({N, H}, x.options());
   T* O = tf_mut_ptr<T>(out);
   const int64_t grain = std::max<int64_t>(1, triforce::Team::kMinBytes / std::max<int64_t>(1, 2 * k * H));
-  triforce::parallel_ranges(triforce::worth_parallel_here(N * k * H * 2), N, grain, [&](int64_t lo, int64_t hi) {
+  triforce::parallel_ranges(triforce::worth_parallel_here(P * H * 2), N, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       if (weight.scalar_type() == at::kFloat)
         weighted_sum(YS, weight.const_data_ptr<float>(), pair_row.data(), order.data(), k, H, O, t);
@@ -184,7 +207,8 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& index, const at::Tensor& w
 }  // namespace
 
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::Tensor& weight,
-                       const OptionalTensorList& gate_up_list, const OptionalTensorList& down_list,
+                       const OptionalTensorList& gate_up_list, const OptionalTensorList& gate_up_scales_list,
+                       const OptionalTensorList& down_list, const OptionalTensorList& down_scales_list,
                        const std::string& activation) {
   TORCH_CHECK(x.dim() == 2, "moe_experts: x must be [N, H], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -198,11 +222,14 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
               "moe_experts: weight must be float32 or x's dtype ", x.scalar_type(), ", got ", weight.scalar_type());
   TORCH_CHECK(activation == "silu" || activation == "gelu_tanh",
               "moe_experts: activation must be 'silu' or 'gelu_tanh', got '", activation, "'");
-  const std::vector<std::optional<at::Tensor>> gu = gate_up_list.vec(), dn = down_list.vec();
-  TORCH_CHECK(gu.size() == dn.size(), "moe_experts: ", gu.size(), " gate_up weights but ", dn.size(), " down weights");
+  const std::vector<std::optional<at::Tensor>> gu = gate_up_list.vec(), gus = gate_up_scales_list.vec(),
+                                               dn = down_list.vec(), dns = down_scales_list.vec();
+  TORCH_CHECK(gu.size() == dn.size() && gus.size() == gu.size() && dns.size() == gu.size(), "moe_experts: ",
+              gu.size(), " gate_up weights, ", gus.size(), " gate_up scales, ", dn.size(), " down weights and ",
+              dns.size(), " down scales (one per expert each)");
   TORCH_CHECK(x.device().is_cpu() && index.device().is_cpu() && weight.device().is_cpu(),
               "moe_experts: CPU tensors only");
-  const int64_t E = static_cast<int64_t>(gu.size()), H = x.size(1);
+  const int64_t E = static_cast<int64_t>(gu.size());
   const at::Tensor xc = x.contiguous(), ic = index.contiguous(), wc = weight.contiguous();
   std::vector<bool> used(E, false);
   const int64_t* idx = ic.const_data_ptr<int64_t>();
@@ -210,24 +237,15 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
     TORCH_CHECK(idx[p] >= 0 && idx[p] < E, "moe_experts: index holds ", idx[p], ", outside the ", E, " experts");
     used[idx[p]] = true;
   }
-  std::vector<at::Tensor> gate_up(E), down(E);
+  std::vector<Projection> gate_up(E), down(E);
   for (int64_t e = 0; e < E; ++e) {
     if (!used[e]) continue;
     TORCH_CHECK(gu[e].has_value() && dn[e].has_value(), "moe_experts: expert ", e,
                 " is chosen but its gate_up or down weight is None");
-    const at::Tensor& a = *gu[e];
-    const at::Tensor& b = *dn[e];
-    TORCH_CHECK(a.scalar_type() == x.scalar_type() && b.scalar_type() == x.scalar_type(), "moe_experts: expert ", e,
-                "'s weights must be ", x.scalar_type(), " like x, got ", a.scalar_type(), " and ", b.scalar_type());
-    TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "moe_experts: CPU tensors only");
-    TORCH_CHECK(b.dim() == 2 && b.size(0) == H, "moe_experts: expert ", e, "'s down weight must be [", H,
-                ", I], got ", b.sizes());
-    TORCH_CHECK(a.dim() == 2 && a.size(0) == 2 * b.size(1) && a.size(1) == H, "moe_experts: expert ", e,
-                "'s gate_up weight must be [2 * ", b.size(1), ", ", H, "], got ", a.sizes());
-    gate_up[e] = a.contiguous();
-    down[e] = b.contiguous();
+    gate_up[e] = {*gu[e], gus[e]};
+    down[e] = {*dn[e], dns[e]};
   }
-  if (xc.size(0) == 0 || ic.size(1) == 0 || H == 0) return at::zeros_like(xc);
+  if (xc.size(0) == 0 || ic.size(1) == 0 || xc.size(1) == 0) return at::zeros_like(xc);
   return TRIFORCE_DISPATCH_FLOAT(xc.scalar_type(), "moe_experts", [&] {
     return activation == "silu" ? run<triforce::Act::kSilu, scalar_t>(xc, ic, wc, gate_up, down)
                                 : run<triforce::Act::kGeluTanh, scalar_t>(xc, ic, wc, gate_up, down);

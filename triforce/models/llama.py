@@ -98,8 +98,7 @@ def _register_fakes() -> None:
                 lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
             torch.library.register_autograd(f"triforce_C::{name}", _glu_backward(name), setup_context=_glu_setup)
     if hasattr(ops, "moe_experts"):
-        torch.library.register_fake("triforce_C::moe_experts")(
-            lambda x, index, weight, gate_up, down, activation: torch.empty_like(x))
+        torch.library.register_fake("triforce_C::moe_experts")(lambda x, *args: torch.empty_like(x))
     if hasattr(ops, "softcap"):
         torch.library.register_fake("triforce_C::softcap")(lambda x, cap: torch.empty_like(x))
     if hasattr(ops, "decoder_attn_in"):
@@ -485,12 +484,14 @@ class SparseMoE(nn.Module):
         return out.view(x.shape)
 
     def _native_weights(self, rows: torch.Tensor, index: torch.Tensor):
-        """``(gate_up, down)`` weight lists (None for an expert no row chose) for ``triforce_C::moe_experts``
-        (csrc/cpu/moe.cpp: every chosen expert in one call, its weight blocks in one parallel loop), or ``None``
-        where the experts run one by one: where their :class:`Linear` would not all take the row-wise kernel
-        (another device or dtype, a prefill's bulk products, autograd), a chosen expert is not a plain
-        :class:`Expert` of float :class:`Linear` s (a quantised copy) or has forward hooks, under
-        ``torch.compile``, or without the op. The same bits either way."""
+        """``(gate_up, gate_up_scales, down, down_scales)`` lists (one entry per expert, None for one no row chose;
+        the scales of int8 formats) for ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp: every chosen expert in one
+        call, its weight blocks in one parallel loop), or ``None`` where the experts run one by one: where their
+        projections would not all take the row-wise kernels (another device or dtype, a prefill's bulk products,
+        autograd), a chosen expert is not a plain :class:`Expert` whose projections offer the fused layer's
+        arguments (``fused_projection``: float :class:`Linear` s of the rows' dtype, or the quantised linears of
+        triforce/models/quant.py on float32 rows) without a bias, or has forward hooks, under ``torch.compile``,
+        or without the op. The same bits either way."""
         if not (rows.device.type == "cpu" and rows.dtype in _ROWWISE_DTYPES and _rowwise_rows(rows)
                 and not torch.compiler.is_compiling() and _rowwise_available()
                 and self.activation in ("silu", "gelu_tanh") and hasattr(torch.ops.triforce_C, "moe_experts")):
@@ -498,20 +499,19 @@ class SparseMoE(nn.Module):
         grad = torch.is_grad_enabled()
         if grad and rows.requires_grad:
             return None
-        gate_up, down = [None] * len(self.experts), [None] * len(self.experts)
+        E = len(self.experts)
+        lists = tuple([None] * E for _ in range(4))
         for e in torch.unique(index).tolist():
             expert = self.experts[e]
             if type(expert) is not Expert or _hooked(expert):
                 return None
-            for proj, out in ((expert.gate_up_proj, gate_up), (expert.down_proj, down)):
-                if type(proj) is not Linear or _hooked(proj):
+            for j, proj in enumerate((expert.gate_up_proj, expert.down_proj)):
+                projection = getattr(proj, "fused_projection", None)
+                args = None if projection is None or _hooked(proj) else projection(rows.dtype)
+                if args is None or args[2] is not None or (grad and args[0].requires_grad):
                     return None
-                params = proj._parameters
-                w = params["weight"]
-                if params["bias"] is not None or w.dtype != rows.dtype or (grad and w.requires_grad):
-                    return None
-                out[e] = w
-        return gate_up, down
+                lists[2 * j][e], lists[2 * j + 1][e] = args[0], args[1]
+        return lists
 
     def _experts_one_by_one(self, rows: torch.Tensor, w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(rows)
