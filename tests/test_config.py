@@ -340,7 +340,8 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
               "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite",
-              "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe", "qwen2_moe": "qwen2moe"}
+              "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe", "qwen2_moe": "qwen2moe",
+              "olmoe": "olmoe"}
 # the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
 _GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe")
 # gemma3's sandwich norms, as llama.cpp names them

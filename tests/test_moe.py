@@ -41,6 +41,11 @@ CASES = {
     "qwen3_moe-step-window": ("Qwen3Moe", dict(QWEN3_MOE, num_hidden_layers=4, mlp_only_layers=[],
                                                decoder_sparse_step=2, norm_topk_prob=False, attention_bias=True,
                                                use_sliding_window=True, sliding_window=6, tie_word_embeddings=True)),
+    # OLMoE: q/k norms over the whole projections, 3 of 6 experts, not renormalised; renormalised, biases, every
+    # q, k and v clamped (clip_qkv small enough to clamp many of them)
+    "olmoe": ("Olmoe", dict(TINY, num_experts=6, num_experts_per_tok=3, intermediate_size=40)),
+    "olmoe-clip": ("Olmoe", dict(TINY, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, attention_bias=True,
+                                 clip_qkv=0.4, num_key_value_heads=4)),
 }
 
 
@@ -76,7 +81,7 @@ def test_logits_and_every_path_match_transformers(case):
         assert getattr(back, key, None) == getattr(hf.config, key, None), key
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe"])
 def test_checkpoint_directories_both_ways(tmp_path, case):
     """A checkpoint transformers saved (Mixtral's block_sparse_moe / w1 w2 w3 names, Qwen3-MoE's per-expert
     projections, GraniteMoE's stacked experts) loads with transformers' logits; ours saves the same names, which
@@ -100,7 +105,7 @@ def test_checkpoint_directories_both_ways(tmp_path, case):
         assert names == set(f.keys())
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe", "qwen2_moe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe", "qwen2_moe", "olmoe-clip"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
     """Routing, experts and their sum read each token's own row: a 10-token pass gives bitwise the logits of 10
@@ -122,6 +127,24 @@ def test_routing_choices_matter():
         for layer in ours.model.layers:
             if type(layer.mlp) is SparseMoE:
                 layer.mlp.renormalize, layer.mlp.top_k = True, 2
+        assert (ours(ids) - ref).abs().max().item() > 10 * TOL
+
+
+def test_olmoes_clamp_matters():
+    """OLMoE's clamp of q, k and v (clip_qkv) clamps values in the test model, and without it the logits move by more
+    than ten times the tolerance: the tests above would see it missing."""
+    hf, ours = pair("olmoe-clip")
+    ids = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(2))
+    attention = ours.model.layers[0].self_attn
+    seen = []
+    handle = attention.v_proj.register_forward_hook(lambda m, a, out: seen.append(out))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        handle.remove()
+        assert (seen[0].abs() > 0.4).float().mean().item() > 0.1  # many values past the clip
+        for layer in ours.model.layers:
+            layer.self_attn.clip = None
         assert (ours(ids) - ref).abs().max().item() > 10 * TOL
 
 
@@ -215,9 +238,23 @@ def test_bad_configs_raise():
         e = LlamaConfig.from_dict({**TINY, "model_type": kind}).experts
         assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights, e.softmax_of_top_k) == want
     assert type(Llama(LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral"})).model.layers[0].mlp) is not MLP
+    # OLMoE: its norms span hidden_size, so the heads must too; clip_qkv is its key alone; its defaults: 8 of 64
+    olmoe = {**TINY, "model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2}
+    for bad, match in (({"head_dim": 8}, "head_dim \\* num_attention_heads"), ({"clip_qkv": -1.0}, "'clip_qkv'"),
+                       ({"moe_intermediate_size": 8}, "'moe_intermediate_size'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**olmoe, **bad})
+    with pytest.raises(ValueError, match="'clip_qkv'"):
+        LlamaConfig.from_dict({**base, "clip_qkv": 1.0})
+    assert LlamaConfig.from_dict({**base, "clip_qkv": None}).clip_qkv is None
+    c = LlamaConfig.from_dict({**TINY, "model_type": "olmoe", "clip_qkv": 8})
+    e = c.experts
+    assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights, c.clip_qkv) == (
+        64, 8, 96, False, False, 8.0)
+    assert c.qk_norm and c.qk_norm_full and not LlamaConfig.from_dict(base).qk_norm_full
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-gguf", "granitemoe", "qwen2_moe-gguf"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-gguf", "granitemoe", "qwen2_moe-gguf", "olmoe"])
 def test_gguf_file_loads_as_llama_cpp_writes_it(tmp_path, case):
     """A GGUF of a mixture of experts as llama.cpp's converter writes it (llama with expert_count: Mixtral;
     qwen3moe; granitemoe; qwen2moe, its shared expert as ffn_*_shexp: each layer's router as ffn_gate_inp, its experts
@@ -414,7 +451,7 @@ def test_moe_experts_on_quantised_experts(N, k, H, I, formats, seed):
 
 
 @needs_op
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, monkeypatch):
     """A sparse layer's MLP runs its experts in one moe_experts call for a step, a pass and a 200-row forward

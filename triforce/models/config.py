@@ -8,11 +8,12 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe`` and ``granitemoe`` (also from the
+``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe`` and ``olmoe`` (also from the
 image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family:
 ``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and
 Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and
-key head before RoPE), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded),
+key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections), ``clip_qkv``
+(OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded),
 ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``:
 SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the
 attention and around the MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` /
@@ -64,6 +65,7 @@ class Family:
     architecture: str
     qkv_bias: bool = False
     qk_norm: bool = False
+    qk_norm_full: bool = False  # the q/k RMSNorm over each token's whole q and k projections (OLMoE), not per head
     gemma_norm: bool = False  # RMSNorm: x_f32 * rsqrt(...) * (1 + w_f32), rounded to the dtype at the end
     embed_scale: bool = False  # the embeddings times sqrt(hidden_size), the factor rounded to the dtype
     activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh form)
@@ -175,8 +177,17 @@ FAMILIES["qwen2_moe"] = Family("Qwen2MoeForCausalLM", qkv_bias=True, defaults={
     **_QWEN_DEFAULTS, "intermediate_size": 5632, "hidden_size": 2048, "num_hidden_layers": 24,
     "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
     "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632})
-_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe")
+# OLMoE (OlmoeForCausalLM: OLMoE-1B-7B): Llama's layer with an RMSNorm over each token's whole query and key
+# projections (before the heads are split and RoPE'd) and an optional clamp of q, k and v (clip_qkv); every layer
+# sparse, Qwen3-MoE's routing (the softmax in float32, the top k, renormalised where norm_topk_prob, rounded to the
+# dtype), its experts of width intermediate_size.
+FAMILIES["olmoe"] = Family("OlmoeForCausalLM", qk_norm=True, qk_norm_full=True, reads=("attention_bias",), defaults={
+    "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
+    "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "pad_token_id": 1,
+    "bos_token_id": None, "eos_token_id": 50279, "num_experts": 64, "num_experts_per_tok": 8})
+_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
+_NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
 
 
@@ -290,8 +301,11 @@ _HARMLESS_ONLY_AT = {
              "absent (Qwen2-MoE, Qwen3-MoE: an int >= 1)") for key in ("moe_intermediate_size", "decoder_sparse_step")},
     "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
                                         "absent (Qwen2-MoE: an int >= 1)"),
-    "norm_topk_prob": (lambda v, c: c.model_type in _QWEN_MOES and isinstance(v, bool),
-                       "absent (Qwen2-MoE, Qwen3-MoE: a bool)"),
+    "norm_topk_prob": (lambda v, c: c.model_type in _NORM_TOPK and isinstance(v, bool),
+                       "absent (Qwen2-MoE, Qwen3-MoE, OLMoE: a bool)"),
+    # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
+    "clip_qkv": (lambda v, c: v is None or (c.model_type == "olmoe" and _is_number(v) and 0 < v < float("inf")),
+                 "null (OLMoE: a number > 0)"),
     "qkv_bias": (lambda v, c: c.model_type == "qwen2_moe" and isinstance(v, bool), "absent (Qwen2-MoE: a bool)"),
     "mlp_only_layers": (lambda v, c: c.model_type in _QWEN_MOES and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen2-MoE, Qwen3-MoE: layer indices)"),
@@ -504,8 +518,8 @@ class LlamaConfig:
         for key, value in self.extra.items():
             self._check_extra_key(key, value)
         if self.model_type in _MOE_TYPES:
-            qwen = self.model_type in _QWEN_MOES
-            need = ("num_experts_per_tok",) + (("moe_intermediate_size",) if qwen else ()) + (
+            qwen = self.model_type in (*_QWEN_MOES, "olmoe")  # (their count key: num_experts)
+            need = ("num_experts_per_tok",) + (("moe_intermediate_size",) if self.model_type in _QWEN_MOES else ()) + (
                 ("shared_expert_intermediate_size",) if self.model_type == "qwen2_moe" else ())
             missing = [k for k in need if k not in self.extra]
             if not any(k in self.extra for k in _EXPERT_COUNT_KEYS):
@@ -516,6 +530,10 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
+        if self.qk_norm_full and self.head_dim * self.num_attention_heads != self.hidden_size:
+            raise ValueError(f"model_type {self.model_type!r} normalises each token's queries over hidden_size = "
+                             f"{self.hidden_size}, so head_dim * num_attention_heads must equal it, got "
+                             f"{self.head_dim} * {self.num_attention_heads}")
 
     def _checked_rope_scaling(self) -> dict | None:
         """``rope_scaling`` with ``rope_type`` set and ``type`` / ``rope_theta`` / ``partial_rotary_factor``
@@ -714,6 +732,9 @@ class LlamaConfig:
             granite = self.model_type == "granitemoe"
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, not granite,
                            (True,) * self.num_hidden_layers, softmax_of_top_k=granite)
+        if self.model_type == "olmoe":
+            return Experts(count, x["num_experts_per_tok"], self.intermediate_size, x.get("norm_topk_prob", False),
+                           False, (True,) * self.num_hidden_layers)
         dense, step = set(x.get("mlp_only_layers") or ()), x.get("decoder_sparse_step", 1)
         return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
                        False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)),
@@ -721,8 +742,22 @@ class LlamaConfig:
 
     @property
     def qk_norm(self) -> bool:
-        """An RMSNorm over ``head_dim`` on every query and key head, before RoPE (Qwen3)."""
+        """An RMSNorm on the queries and keys before RoPE: over ``head_dim`` on every head (Qwen3), or over each
+        token's whole query and key projections where :attr:`qk_norm_full` (OLMoE)."""
         return FAMILIES[self.model_type].qk_norm
+
+    @property
+    def qk_norm_full(self) -> bool:
+        """The q/k RMSNorm over each token's whole query (``hidden_size``) and key (``num_key_value_heads *
+        head_dim``) projections, before the heads are split (OLMoE)."""
+        return FAMILIES[self.model_type].qk_norm_full
+
+    @property
+    def clip_qkv(self) -> float | None:
+        """OLMoE: the queries (after their norm), keys (after theirs) and values clamped to ``[-c, c]``; None:
+        no clamp."""
+        c = self.extra.get("clip_qkv")
+        return None if c is None else float(c)
 
     @property
     def gemma_norm(self) -> bool:

@@ -320,11 +320,16 @@ class Attention(nn.Module):
         self.scale = config.attention_scale  # (the caches apply the same, from the config)
         self.softcap = config.attn_softcap  # Gemma 2's cap on the scores, or None
         self.temperature = config.query_temperature  # Ministral 3's (beta, original), or None
-        if config.qk_norm:  # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE
-            self.q_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
-            self.k_norm = make_norm(config, self.head_dim, config.rms_norm_eps)
+        # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE; OLMoE: over each token's whole query
+        # and key projections (qk_norm_full), before the heads are split
+        self.full_qk_norm = config.qk_norm_full
+        if config.qk_norm:
+            wide = self.full_qk_norm
+            self.q_norm = make_norm(config, self.head_dim * (self.n_heads if wide else 1), config.rms_norm_eps)
+            self.k_norm = make_norm(config, self.head_dim * (self.n_kv if wide else 1), config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.clip = config.clip_qkv  # OLMoE's clamp of q and k (after their norms) and v, or None
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
@@ -338,11 +343,15 @@ class Attention(nn.Module):
         """``(q, k, k_raw, v)`` ``[B, T, H, D]`` of the layer's input ``x``: the projections, the q/k norms where
         the family has them, and RoPE (``k_raw``: the keys before it)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k_raw = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
-        if self.q_norm is not None:
+        q, k_raw, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.full_qk_norm:
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        q, k_raw = q.view(B, T, self.n_heads, self.head_dim), k_raw.view(B, T, self.n_kv, self.head_dim)
+        if self.q_norm is not None and not self.full_qk_norm:
+            q, k_raw = self.q_norm(q), self.k_norm(k_raw)
+        v = v.view(B, T, self.n_kv, self.head_dim)
+        if self.clip is not None:
+            q, k_raw, v = (t.clamp(-self.clip, self.clip) for t in (q, k_raw, v))
         return _rope(q, cos, sin), _rope(k_raw, cos, sin), k_raw, v
 
     def temper(self, q, positions):
@@ -442,7 +451,8 @@ class SparseMoE(nn.Module):
     times its weight (rounded to the dtype), in increasing expert order, as transformers sums them. Every step of
     that reads the token's own row only (on the CPU the router and the experts take the row-wise kernels, and the
     renormalising sum adds the k weights left to right), so a verification pass computes the bits of one-token
-    steps. Which experts run is read on the host: on a GPU a sparse layer synchronises per expert hit (the engines'
+    steps. On the CPU every chosen expert runs in one native call, ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp,
+    :meth:`_native_weights` says where), bitwise :meth:`_experts_one_by_one`. Which experts run is read on the host: on a GPU a sparse layer synchronises per expert hit (the engines'
     CUDA graphs decline such a model: triforce/models/graphs.py)."""
 
     def __init__(self, config: LlamaConfig):
@@ -610,8 +620,10 @@ class DecoderLayer(nn.Module):
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
-        if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1:
-            return None  # Ministral 3's query temperature, Granite's residual multiplier: not in the fused layer
+        if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \
+                or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None:
+            return None  # Ministral 3's query temperature, Granite's residual multiplier, OLMoE's q/k norms and
+            # clamp: not in the fused layer
         if self.__dict__.get("sandwich") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None

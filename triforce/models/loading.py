@@ -618,9 +618,11 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
-                      "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False)}
+                      "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
+                      "olmoe": ("olmoe", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
-_GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe"}
+_GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
+             "olmoe": "olmoe"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
 _GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "attention_multiplier",
@@ -954,11 +956,14 @@ def _gguf_experts(reader, arch: str, path: Path, model_type: str, n_ff: int) -> 
     ``expert_used_count`` per token, renormalised (llama.cpp's ``norm_w``, on for these architectures), every layer
     sparse; qwen3moe's and qwen2moe's experts of width ``expert_feed_forward_length`` (else ``feed_forward_length``
     over the experts per token); qwen2moe: not renormalised (llama.cpp's ``norm_w`` off), and a shared expert of
-    width ``expert_shared_feed_forward_length`` (else ``feed_forward_length``)."""
+    width ``expert_shared_feed_forward_length`` (else ``feed_forward_length``); olmoe: not renormalised, its experts
+    of width ``feed_forward_length``."""
     count, used = (int(gguf_field(reader, f"{arch}.{k}", 0) or 0) for k in ("expert_count", "expert_used_count"))
     if count < 1 or not 1 <= used <= count:
         raise ValueError(f"GGUF file {str(path)!r} of architecture {arch!r} needs {arch}.expert_count >= 1 and "
                          f"{arch}.expert_used_count in [1, expert_count], got {count} and {used}")
+    if model_type == "olmoe":  # its experts of width feed_forward_length, not renormalised (llama.cpp's norm_w off)
+        return {"num_experts": count, "num_experts_per_tok": used, "norm_topk_prob": False}
     if model_type not in ("qwen3_moe", "qwen2_moe"):
         return {"num_local_experts": count, "num_experts_per_tok": used}
     width = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff // used
