@@ -22,7 +22,10 @@ bitwise the one-by-one path, transformers' within rounding).
 (``load_gguf_int8``'s Int8DotLinear on Q4_1 codes: int8 activations, integer dot products), ``cpu`` against
 ``cpu_one_by_one`` (no transformers block holds these formats).
 
-    python -m bench.bench_moe [--quick] [--model qwen3-30b-a3b|mixtral-8x7b] [--quantised]
+``--prefill``: prefill chunks of 256 and 512 rows in the prefill's bulk mode (Linear's products of more than 128 rows
+on torch's GEMM), ours (one call while every expert has at most 128 of the rows) against ``cpu_one_by_one``.
+
+    python -m bench.bench_moe [--quick] [--model qwen3-30b-a3b|mixtral-8x7b] [--quantised | --prefill]
 """
 from __future__ import annotations
 
@@ -150,14 +153,55 @@ def bench_quantised(model: str, fmt: str, rows: tuple, reps: int = 15) -> None:
                baseline_timing=t["cpu_one_by_one"])
 
 
+def bench_prefill(model: str, dtype: torch.dtype, rows: tuple, reps: int = 5) -> None:
+    """A prefill chunk through the layer (``_bulk_linears``: Linear hands products of more than 128 rows to torch's
+    GEMM): ours takes one ``moe_experts`` call while no expert has more than 128 of the rows (here, random routing:
+    ~T/16 each), against the modules one by one in the same bulk mode."""
+    from triforce.models.llama import _bulk_linears
+
+    H, E, k, inter, _ = MODELS[model]
+    ours, _ = _pair(model, dtype)
+    bw, es, dt = copy_bandwidth("cpu"), torch.finfo(dtype).bits // 8, str(dtype).replace("torch.", "")
+    g = torch.Generator().manual_seed(1)
+    for T in rows:
+        x = torch.randn(1, T, H, generator=g).to(dtype)
+        rows_ = x.reshape(-1, H)
+        with torch.no_grad(), _bulk_linears():
+            _, index = ours.route(rows_)
+            hit, most = int(index.unique().numel()), int(torch.bincount(index.flatten()).max())
+            assert ours._native_weights(rows_, index) is not None, most
+            assert torch.equal(ours._experts_one_by_one(rows_, *ours.route(rows_)), ours(x).reshape(-1, H))
+        nbytes = (hit * 3 * H * inter + E * H + 2 * T * H) * es
+
+        def run(f):
+            def call():
+                with torch.no_grad(), _bulk_linears():
+                    f()
+            return call
+        t = measure_alternating({"cpu": run(lambda: ours(x)),
+                                 "cpu_one_by_one": run(lambda: ours._experts_one_by_one(rows_, *ours.route(rows_)))},
+                                reps=reps)
+        shape = f"model={model},prefill_rows={T},experts_hit={hit}/{E},most_rows={most}"
+        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=dt, bytes_moved=nbytes,
+               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu")
+        record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
+               timing=t["cpu"], bandwidth=bw, device="cpu", baseline="cpu_one_by_one",
+               baseline_timing=t["cpu_one_by_one"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 and 8 rows, bfloat16 only")
     p.add_argument("--model", choices=list(MODELS), default="qwen3-30b-a3b")
     p.add_argument("--quantised", action="store_true", help="the experts as int8 (Q8Linear) and Q4_1 x int8 "
                    "(Int8DotLinear) instead of bfloat16 / float32")
+    p.add_argument("--prefill", action="store_true", help="prefill chunks of 256 and 512 rows (bulk mode)")
     a = p.parse_args()
     rows = (1, 8) if a.quick else (1, 2, 4, 8, 16, 64)
+    if a.prefill:
+        for dtype in (torch.bfloat16, torch.float32):
+            bench_prefill(a.model, dtype, (256, 512))
+        return
     if a.quantised:
         for fmt in ("int8", "q4_1_int8"):
             bench_quantised(a.model, fmt, rows)

@@ -456,7 +456,8 @@ def test_moe_experts_on_quantised_experts(N, k, H, I, formats, seed):
 def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, monkeypatch):
     """A sparse layer's MLP runs its experts in one moe_experts call for a step, a pass and a 200-row forward
     outside a prefill, with the bits of its experts run module by module, and so does the int8 copy's (float32);
-    a prefill's bulk rows (more than 128), autograd and a hooked expert run module by module."""
+    in a prefill's bulk products only while no expert has more than 128 rows (300 rows: one has); autograd and a
+    hooked expert run module by module."""
     model = pair(case)[1].to(dtype)
     moe = next(layer.mlp for layer in model.model.layers if type(layer.mlp) is SparseMoE)
     calls = []
@@ -475,16 +476,26 @@ def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, m
             assert torch.equal(moe(x)[0], one_by_one)
             assert calls[-1] == n
         calls.clear()
-        with _bulk_linears():
-            moe(torch.randn(1, 129, model.config.hidden_size).to(dtype))
-            moe(torch.randn(1, 128, model.config.hidden_size).to(dtype))
-        assert calls == [128]
+        with _bulk_linears():  # a prefill: experts of up to 128 rows take it (their Linears the row-wise kernel)
+            for n in (300, 200):  # (300: some expert has 150 rows or more)
+                x = torch.randn(1, n, model.config.hidden_size, generator=g).to(dtype)
+                w, index = moe.route(x[0])
+                native = int(torch.bincount(index.flatten()).max()) <= 128
+                assert native == (n == 200)  # (300 rows: 600 or 900 pairs over 4 or 6 experts; 200: ~110 at most)
+                out = moe(x)[0]
+                assert calls == ([200] if native else [])
+                if native:
+                    one_by_one = moe._experts_one_by_one(x[0], w, index)
+                    if "shared_expert" in moe._modules:
+                        one_by_one = one_by_one + _row_sigmoid(moe.shared_expert_gate(x[0])) * moe.shared_expert(x[0])
+                    assert torch.equal(out, one_by_one)
+        bulk = list(calls)
         handle = moe.experts[0].register_forward_hook(lambda *a: None)
         moe(torch.randn(1, 64, model.config.hidden_size).to(dtype))  # 64 random rows: expert 0 is among the chosen
         handle.remove()
-        assert calls == [128]
+        assert calls == bulk
     moe(torch.randn(1, 3, model.config.hidden_size).to(dtype).requires_grad_())
-    assert calls == [128]
+    assert calls == bulk
     if dtype == torch.float32:  # the int8 copy's experts take it too, with the bits of its modules
         with torch.no_grad():
             copy = next(layer.mlp for layer in int8_copy(model).model.layers if type(layer.mlp) is SparseMoE)
@@ -493,7 +504,7 @@ def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, m
             if "shared_expert" in copy._modules:
                 one_by_one = one_by_one + _row_sigmoid(copy.shared_expert_gate(rows)) * copy.shared_expert(rows)
             assert torch.equal(copy(rows[None])[0], one_by_one)
-        assert calls == [128, 7]
+        assert calls == bulk + [7]
 
 
 @needs_op

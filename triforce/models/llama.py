@@ -497,15 +497,17 @@ class SparseMoE(nn.Module):
         """``(gate_up, gate_up_scales, down, down_scales)`` lists (one entry per expert, None for one no row chose;
         the scales of int8 formats) for ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp: every chosen expert in one
         call, its weight blocks in one parallel loop), or ``None`` where the experts run one by one: where their
-        projections would not all take the row-wise kernels (another device or dtype, a prefill's bulk products,
-        autograd), a chosen expert is not a plain :class:`Expert` whose projections offer the fused layer's
+        projections would not all take the row-wise kernels (another device or dtype, autograd, a prefill's bulk
+        products where an expert has more than ``ROWWISE_MAX_ROWS`` rows), a chosen expert is not a plain :class:`Expert` whose projections offer the fused layer's
         arguments (``fused_projection``: float :class:`Linear` s of the rows' dtype, or the quantised linears of
         triforce/models/quant.py on float32 rows) without a bias, or has forward hooks, under ``torch.compile``,
         or without the op. The same bits either way."""
-        if not (rows.device.type == "cpu" and rows.dtype in _ROWWISE_DTYPES and _rowwise_rows(rows)
+        if not (rows.device.type == "cpu" and rows.dtype in _ROWWISE_DTYPES and rows.numel() > 0
                 and not torch.compiler.is_compiling() and _rowwise_available()
                 and self.activation in ("silu", "gelu_tanh") and hasattr(torch.ops.triforce_C, "moe_experts")):
             return None
+        if not _rowwise_rows(rows) and int(torch.bincount(index.flatten()).max()) > ROWWISE_MAX_ROWS:
+            return None  # a prefill's bulk products: an expert of more rows takes torch's GEMM (Linear's rule)
         grad = torch.is_grad_enabled()
         if grad and rows.requires_grad:
             return None
