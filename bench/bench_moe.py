@@ -30,6 +30,7 @@ on torch's GEMM), ours (one call while every expert has at most 128 of the rows)
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 
@@ -114,79 +115,67 @@ def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> 
                extra=f"expected_hit={E * (1 - (1 - k / E) ** T):.1f};vs_one_by_one=x{gain:.2f}")
 
 
-def bench_quantised(model: str, fmt: str, rows: tuple, reps: int = 15) -> None:
+def _against_one_by_one(ours, model: str, dtype: torch.dtype, label: str, rows: tuple, expert_bytes: int,
+                        bulk: bool = False, reps: int = 15) -> None:
+    """``ours`` (its experts in one ``moe_experts`` call) against the same modules run one by one, in turns, on
+    ``dtype`` rows (``bulk``: a prefill's bulk mode); bytes: the experts hit (``expert_bytes`` each), the router and
+    the rows; recorded as dtype ``label``."""
+    from triforce.models.llama import _bulk_linears
+
+    H, E = MODELS[model][:2]
+    mode = _bulk_linears if bulk else contextlib.nullcontext
+    bw, es = copy_bandwidth("cpu"), torch.finfo(dtype).bits // 8
+    g = torch.Generator().manual_seed(1)
+    for T in rows:
+        x = torch.randn(1, T, H, generator=g).to(dtype)
+        flat = x.reshape(-1, H)
+
+        def one_by_one():
+            return ours._experts_one_by_one(flat, *ours.route(flat))
+
+        with torch.no_grad(), mode():
+            _, index = ours.route(flat)
+            hit, most = int(index.unique().numel()), int(torch.bincount(index.flatten()).max())
+            assert ours._native_weights(flat, index) is not None, most
+            assert torch.equal(one_by_one(), ours(x).reshape(-1, H))
+        nbytes = hit * expert_bytes + (E * H + 2 * T * H) * es
+
+        def run(f):
+            def call():
+                with torch.no_grad(), mode():
+                    f()
+            return call
+        t = measure_alternating({"cpu": run(lambda: ours(x)), "cpu_one_by_one": run(one_by_one)}, reps=reps)
+        shape = (f"model={model},prefill_rows={T},experts_hit={hit}/{E},most_rows={most}" if bulk
+                 else f"model={model},rows={T},experts_hit={hit}/{E}")
+        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=label, bytes_moved=nbytes,
+               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu")
+        record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=label, bytes_moved=nbytes,
+               timing=t["cpu"], bandwidth=bw, device="cpu", baseline="cpu_one_by_one",
+               baseline_timing=t["cpu_one_by_one"])
+
+
+def bench_quantised(model: str, fmt: str, rows: tuple) -> None:
     """The layer with its experts quantised (float32 rows): ``int8`` as the int8 draft copy holds them (Q8Linear),
     ``q4_1_int8`` as ``load_gguf_int8`` runs a Q4_1 file's (Int8DotLinear: int8 activations, integer dot products);
     ours (one ``moe_experts`` call) against the same modules run one by one."""
     from triforce.models.quant import Int8DotLinear, Q4Linear, Q8Linear
 
-    H, E, k, inter, _ = MODELS[model]
     ours, _ = _pair(model, torch.float32)
     make = {"int8": Q8Linear.from_linear, "q4_1_int8": lambda lin: Int8DotLinear.from_q4(Q4Linear.from_linear(lin))}
     for expert in ours.experts:
         expert.gate_up_proj, expert.down_proj = make[fmt](expert.gate_up_proj), make[fmt](expert.down_proj)
-    per_expert = sum(b.nbytes for b in ours.experts[0].buffers())
-    bw = copy_bandwidth("cpu")
-    g = torch.Generator().manual_seed(1)
-    for T in rows:
-        x = torch.randn(1, T, H, generator=g)
-        rows_ = x.reshape(-1, H)
-        with torch.no_grad():
-            _, index = ours.route(rows_)
-            hit = int(index.unique().numel())
-            assert torch.equal(ours._experts_one_by_one(rows_, *ours.route(rows_)), ours(x).reshape(-1, H))
-        nbytes = hit * per_expert + E * H * 4 + 2 * T * H * 4
-
-        def run(f):
-            def call():
-                with torch.no_grad():
-                    f()
-            return call
-        t = measure_alternating({"cpu": run(lambda: ours(x)),
-                                 "cpu_one_by_one": run(lambda: ours._experts_one_by_one(rows_, *ours.route(rows_)))},
-                                reps=reps)
-        shape = f"model={model},rows={T},experts_hit={hit}/{E}"
-        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=fmt, bytes_moved=nbytes,
-               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu")
-        record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=fmt, bytes_moved=nbytes,
-               timing=t["cpu"], bandwidth=bw, device="cpu", baseline="cpu_one_by_one",
-               baseline_timing=t["cpu_one_by_one"])
+    _against_one_by_one(ours, model, torch.float32, fmt, rows, sum(b.nbytes for b in ours.experts[0].buffers()))
 
 
-def bench_prefill(model: str, dtype: torch.dtype, rows: tuple, reps: int = 5) -> None:
+def bench_prefill(model: str, dtype: torch.dtype, rows: tuple) -> None:
     """A prefill chunk through the layer (``_bulk_linears``: Linear hands products of more than 128 rows to torch's
     GEMM): ours takes one ``moe_experts`` call while no expert has more than 128 of the rows (here, random routing:
     ~T/16 each), against the modules one by one in the same bulk mode."""
-    from triforce.models.llama import _bulk_linears
-
     H, E, k, inter, _ = MODELS[model]
     ours, _ = _pair(model, dtype)
-    bw, es, dt = copy_bandwidth("cpu"), torch.finfo(dtype).bits // 8, str(dtype).replace("torch.", "")
-    g = torch.Generator().manual_seed(1)
-    for T in rows:
-        x = torch.randn(1, T, H, generator=g).to(dtype)
-        rows_ = x.reshape(-1, H)
-        with torch.no_grad(), _bulk_linears():
-            _, index = ours.route(rows_)
-            hit, most = int(index.unique().numel()), int(torch.bincount(index.flatten()).max())
-            assert ours._native_weights(rows_, index) is not None, most
-            assert torch.equal(ours._experts_one_by_one(rows_, *ours.route(rows_)), ours(x).reshape(-1, H))
-        nbytes = (hit * 3 * H * inter + E * H + 2 * T * H) * es
-
-        def run(f):
-            def call():
-                with torch.no_grad(), _bulk_linears():
-                    f()
-            return call
-        t = measure_alternating({"cpu": run(lambda: ours(x)),
-                                 "cpu_one_by_one": run(lambda: ours._experts_one_by_one(rows_, *ours.route(rows_)))},
-                                reps=reps)
-        shape = f"model={model},prefill_rows={T},experts_hit={hit}/{E},most_rows={most}"
-        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=dt, bytes_moved=nbytes,
-               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu")
-        record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
-               timing=t["cpu"], bandwidth=bw, device="cpu", baseline="cpu_one_by_one",
-               baseline_timing=t["cpu_one_by_one"])
+    _against_one_by_one(ours, model, dtype, str(dtype).replace("torch.", ""), rows,
+                        3 * H * inter * torch.finfo(dtype).bits // 8, bulk=True, reps=5)
 
 
 def main():
