@@ -341,7 +341,7 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
               "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite",
               "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe", "qwen2_moe": "qwen2moe",
-              "olmoe": "olmoe"}
+              "olmoe": "olmoe", "granitemoeshared": "granitemoe"}
 # the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
 _GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe")
 # gemma3's sandwich norms, as llama.cpp names them
@@ -374,7 +374,7 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
           **({"expert_feed_forward_length": c.experts.intermediate_size}
              if c.model_type in ("qwen3_moe", "qwen2_moe") else {}),
           **({"expert_shared_feed_forward_length": c.experts.shared_intermediate_size}
-             if c.model_type == "qwen2_moe" else {}),
+             if c.model_type in ("qwen2_moe", "granitemoeshared") else {}),
           **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}

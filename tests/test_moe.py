@@ -41,6 +41,10 @@ CASES = {
     "qwen3_moe-step-window": ("Qwen3Moe", dict(QWEN3_MOE, num_hidden_layers=4, mlp_only_layers=[],
                                                decoder_sparse_step=2, norm_topk_prob=False, attention_bias=True,
                                                use_sliding_window=True, sliding_window=6, tie_word_embeddings=True)),
+    # GraniteMoeShared: GraniteMoE's with a shared expert (no gate) beside 2 of 4 experts
+    "granitemoeshared": ("GraniteMoeShared", dict(MIXTRAL, num_hidden_layers=3, embedding_multiplier=12.0,
+                                                  attention_multiplier=0.03125, residual_multiplier=0.375,
+                                                  logits_scaling=8.0, shared_intermediate_size=24)),
     # OLMoE: q/k norms over the whole projections, 3 of 6 experts, not renormalised; renormalised, biases, every
     # q, k and v clamped (clip_qkv small enough to clamp many of them)
     "olmoe": ("Olmoe", dict(TINY, num_experts=6, num_experts_per_tok=3, intermediate_size=40)),
@@ -81,7 +85,7 @@ def test_logits_and_every_path_match_transformers(case):
         assert getattr(back, key, None) == getattr(hf.config, key, None), key
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared"])
 def test_checkpoint_directories_both_ways(tmp_path, case):
     """A checkpoint transformers saved (Mixtral's block_sparse_moe / w1 w2 w3 names, Qwen3-MoE's per-expert
     projections, GraniteMoE's stacked experts) loads with transformers' logits; ours saves the same names, which
@@ -105,7 +109,8 @@ def test_checkpoint_directories_both_ways(tmp_path, case):
         assert names == set(f.keys())
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe", "qwen2_moe", "olmoe-clip"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe", "qwen2_moe", "olmoe-clip",
+                                  "granitemoeshared"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
     """Routing, experts and their sum read each token's own row: a 10-token pass gives bitwise the logits of 10
@@ -252,9 +257,22 @@ def test_bad_configs_raise():
     assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.float32_weights, c.clip_qkv) == (
         64, 8, 96, False, False, 8.0)
     assert c.qk_norm and c.qk_norm_full and not LlamaConfig.from_dict(base).qk_norm_full
+    # GraniteMoeShared: its shared expert's width (default 0: none, as transformers'), ungated; the key is its own
+    shared = {**MIXTRAL, "model_type": "granitemoeshared"}
+    assert LlamaConfig.from_dict(shared).experts.shared_intermediate_size == 0
+    e = LlamaConfig.from_dict({**shared, "shared_intermediate_size": 8}).experts
+    assert (e.shared_intermediate_size, e.shared_gated, e.softmax_of_top_k) == (8, False, True)
+    assert LlamaConfig.from_dict(qwen2).experts.shared_gated
+    assert "shared_expert_gate" not in Llama(LlamaConfig.from_dict({**shared, "shared_intermediate_size": 8})
+                                             ).model.layers[0].mlp._modules
+    for bad in ({**MIXTRAL, "model_type": "granitemoe", "shared_intermediate_size": 8},
+                {**shared, "shared_intermediate_size": -1}):
+        with pytest.raises(ValueError, match="'shared_intermediate_size'"):
+            LlamaConfig.from_dict(bad)
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-gguf", "granitemoe", "qwen2_moe-gguf", "olmoe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-gguf", "granitemoe", "qwen2_moe-gguf", "olmoe",
+                                  "granitemoeshared"])
 def test_gguf_file_loads_as_llama_cpp_writes_it(tmp_path, case):
     """A GGUF of a mixture of experts as llama.cpp's converter writes it (llama with expert_count: Mixtral;
     qwen3moe; granitemoe; qwen2moe, its shared expert as ffn_*_shexp: each layer's router as ffn_gate_inp, its experts
@@ -268,7 +286,7 @@ def test_gguf_file_loads_as_llama_cpp_writes_it(tmp_path, case):
         hf, ours = pair(case)
     c = ours.config  # granitemoe's multipliers as llama.cpp's keys
     meta = {"embedding_scale": c.embedding_multiplier, "attention.scale": c.attention_scale,
-            "residual_scale": c.residual_multiplier, "logit_scale": c.logits_scaling} if case == "granitemoe" else {}
+            "residual_scale": c.residual_multiplier, "logit_scale": c.logits_scaling} if case.startswith("granite") else {}
     path = write_gguf(tmp_path / "m.gguf", ours, meta)
     loaded = Llama.from_pretrained(path, cache_dir=tmp_path / "cache")
     assert loaded.config.model_type == ours.config.model_type and loaded.config.experts == ours.config.experts
@@ -450,8 +468,19 @@ def test_moe_experts_on_quantised_experts(N, k, H, I, formats, seed):
     assert_op_matches_one_by_one(args, "silu")
 
 
+def module_by_module(moe, rows):
+    """``moe``'s output for ``rows`` with its experts run one by one (and its shared expert, gated or not)."""
+    out = moe._experts_one_by_one(rows, *moe.route(rows))
+    if "shared_expert" in moe._modules:
+        shared = moe.shared_expert(rows)
+        if "shared_expert_gate" in moe._modules:
+            shared = _row_sigmoid(moe.shared_expert_gate(rows)) * shared
+        out = out + shared
+    return out
+
+
 @needs_op
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, monkeypatch):
     """A sparse layer's MLP runs its experts in one moe_experts call for a step, a pass and a 200-row forward
@@ -469,11 +498,7 @@ def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, m
         for n in (1, 5, 200):
             x = torch.randn(1, n, model.config.hidden_size, generator=g).to(dtype)
             rows = x[0]
-            w, index = moe.route(rows)
-            one_by_one = moe._experts_one_by_one(rows, w, index)
-            if "shared_expert" in moe._modules:
-                one_by_one = one_by_one + _row_sigmoid(moe.shared_expert_gate(rows)) * moe.shared_expert(rows)
-            assert torch.equal(moe(x)[0], one_by_one)
+            assert torch.equal(moe(x)[0], module_by_module(moe, rows))
             assert calls[-1] == n
         calls.clear()
         with _bulk_linears():  # a prefill: experts of up to 128 rows take it (their Linears the row-wise kernel)
@@ -485,10 +510,7 @@ def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, m
                 out = moe(x)[0]
                 assert calls == ([200] if native else [])
                 if native:
-                    one_by_one = moe._experts_one_by_one(x[0], w, index)
-                    if "shared_expert" in moe._modules:
-                        one_by_one = one_by_one + _row_sigmoid(moe.shared_expert_gate(x[0])) * moe.shared_expert(x[0])
-                    assert torch.equal(out, one_by_one)
+                    assert torch.equal(out, module_by_module(moe, x[0]))
         bulk = list(calls)
         handle = moe.experts[0].register_forward_hook(lambda *a: None)
         moe(torch.randn(1, 64, model.config.hidden_size).to(dtype))  # 64 random rows: expert 0 is among the chosen
@@ -500,10 +522,7 @@ def test_sparse_layers_take_the_op_with_the_bits_of_their_modules(case, dtype, m
         with torch.no_grad():
             copy = next(layer.mlp for layer in int8_copy(model).model.layers if type(layer.mlp) is SparseMoE)
             rows = torch.randn(7, model.config.hidden_size, generator=g)
-            one_by_one = copy._experts_one_by_one(rows, *copy.route(rows))
-            if "shared_expert" in copy._modules:
-                one_by_one = one_by_one + _row_sigmoid(copy.shared_expert_gate(rows)) * copy.shared_expert(rows)
-            assert torch.equal(copy(rows[None])[0], one_by_one)
+            assert torch.equal(copy(rows[None])[0], module_by_module(copy, rows))
         assert calls == bulk + [7]
 
 

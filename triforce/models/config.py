@@ -8,21 +8,21 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe`` and ``olmoe`` (also from the
-image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family:
-``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and
-Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and
-key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections), ``clip_qkv``
-(OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded),
-``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``:
-SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the
-attention and around the MLP), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` /
-``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on
-its sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not
-SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` /
-``logits_scaling`` (Granite's), ``experts`` (a mixture of experts' sparse MLPs), an explicit
-``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves
-a key out gets that family's transformers default.
+``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
+``granitemoeshared`` and ``olmoe`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with
+a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias``
+(biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an
+RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole
+query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma:
+RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
+sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in
+its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``layer_windows``
+(sliding windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores
+and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take
+the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
+``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling`` (Granite's), ``experts`` (a mixture of
+experts' sparse MLPs), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
+:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ FAMILIES["ministral3"] = Family("Ministral3ForCausalLM", defaults={
 FAMILIES["granite"] = Family("GraniteForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2})
 _GRANITE_SCALES = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
-_GRANITES = ("granite", "granitemoe")  # the families with Granite's four multipliers
+_GRANITE_MOES = ("granitemoe", "granitemoeshared")
+_GRANITES = ("granite", *_GRANITE_MOES)  # the families with Granite's four multipliers
 # Mixtures of experts: each sparse layer's MLP is a router (one logit per expert: softmax in float32, the top
 # num_experts_per_tok experts, their probabilities renormalised to sum 1 or not) and that many of its experts (gated
 # MLPs), summed by the router's weights. Mixtral (MixtralForCausalLM: Mixtral 8x7B / 8x22B): Mistral's layer, every
@@ -171,6 +172,10 @@ FAMILIES["qwen3_moe"] = Family("Qwen3MoeForCausalLM", qk_norm=True, reads=("atte
 FAMILIES["granitemoe"] = Family("GraniteMoeForCausalLM", reads=("attention_bias",), defaults={
     "vocab_size": 32000, "intermediate_size": 11008, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2,
     "num_local_experts": 8, "num_experts_per_tok": 2})
+# GraniteMoE with a shared expert (GraniteMoeSharedForCausalLM): every token's gated MLP of width
+# shared_intermediate_size (0: none) added to the experts' sum, no gate of its own
+FAMILIES["granitemoeshared"] = Family("GraniteMoeSharedForCausalLM", reads=("attention_bias",), defaults={
+    **FAMILIES["granitemoe"].defaults, "shared_intermediate_size": 0})
 # Qwen2-MoE (Qwen2MoeForCausalLM: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's layer (q/k/v biases, its qkv_bias key)
 # whose sparse MLP adds a shared expert (width shared_expert_intermediate_size) times the sigmoid of its own gate
 FAMILIES["qwen2_moe"] = Family("Qwen2MoeForCausalLM", qkv_bias=True, defaults={
@@ -185,7 +190,7 @@ FAMILIES["olmoe"] = Family("OlmoeForCausalLM", qk_norm=True, qk_norm_full=True, 
     "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
     "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "pad_token_id": 1,
     "bos_token_id": None, "eos_token_id": 50279, "num_experts": 64, "num_experts_per_tok": 8})
-_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe")
+_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -198,8 +203,9 @@ class Experts:
     ``renormalize``, the weights kept in float32 (Mixtral: each expert's output times its weight in float32, rounded
     once) or rounded to the model's dtype first (Qwen3-MoE); ``layers``: per layer, whether it is sparse;
     ``softmax_of_top_k``: the weights are the softmax of the top k logits instead (GraniteMoE: the renormalised
-    probabilities, computed another way); ``shared_intermediate_size``: a shared expert of that width, every token's,
-    times the sigmoid of its own gate (Qwen2-MoE; 0: none)."""
+    probabilities, computed another way); ``shared_intermediate_size``: a shared expert of that width, every token's
+    (0: none), times the sigmoid of its own gate where ``shared_gated`` (Qwen2-MoE), else added as it is
+    (GraniteMoeShared)."""
 
     count: int
     top_k: int
@@ -209,6 +215,7 @@ class Experts:
     layers: tuple
     softmax_of_top_k: bool = False
     shared_intermediate_size: int = 0
+    shared_gated: bool = False
 
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
@@ -301,6 +308,8 @@ _HARMLESS_ONLY_AT = {
              "absent (Qwen2-MoE, Qwen3-MoE: an int >= 1)") for key in ("moe_intermediate_size", "decoder_sparse_step")},
     "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
                                         "absent (Qwen2-MoE: an int >= 1)"),
+    "shared_intermediate_size": (lambda v, c: c.model_type == "granitemoeshared" and _is_int(v) and v >= 0,
+                                 "absent (GraniteMoeShared: an int >= 0)"),
     "norm_topk_prob": (lambda v, c: c.model_type in _NORM_TOPK and isinstance(v, bool),
                        "absent (Qwen2-MoE, Qwen3-MoE, OLMoE: a bool)"),
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
@@ -728,17 +737,18 @@ class LlamaConfig:
             return None
         x = self.extra
         count = next(x[k] for k in _EXPERT_COUNT_KEYS if k in x)
-        if self.model_type in ("mixtral", "granitemoe"):
-            granite = self.model_type == "granitemoe"
+        if self.model_type in ("mixtral", *_GRANITE_MOES):
+            granite = self.model_type != "mixtral"
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, not granite,
-                           (True,) * self.num_hidden_layers, softmax_of_top_k=granite)
+                           (True,) * self.num_hidden_layers, softmax_of_top_k=granite,
+                           shared_intermediate_size=x.get("shared_intermediate_size", 0))
         if self.model_type == "olmoe":
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, x.get("norm_topk_prob", False),
                            False, (True,) * self.num_hidden_layers)
         dense, step = set(x.get("mlp_only_layers") or ()), x.get("decoder_sparse_step", 1)
         return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
                        False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)),
-                       shared_intermediate_size=x.get("shared_expert_intermediate_size", 0))
+                       shared_intermediate_size=x.get("shared_expert_intermediate_size", 0), shared_gated=True)
 
     @property
     def qk_norm(self) -> bool:

@@ -450,10 +450,11 @@ class SparseMoE(nn.Module):
     logits, rounded to the dtype); its output is the sum, from zero and in the dtype, of each chosen expert's output
     times its weight (rounded to the dtype), in increasing expert order, as transformers sums them. Every step of
     that reads the token's own row only (on the CPU the router and the experts take the row-wise kernels, and the
-    renormalising sum adds the k weights left to right), so a verification pass computes the bits of one-token
-    steps. On the CPU every chosen expert runs in one native call, ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp,
-    :meth:`_native_weights` says where), bitwise :meth:`_experts_one_by_one`. Which experts run is read on the host: on a GPU a sparse layer synchronises per expert hit (the engines'
-    CUDA graphs decline such a model: triforce/models/graphs.py)."""
+    renormalising sum adds the k weights left to right), so a verification pass computes the bits of one-token steps.
+    On the CPU every chosen expert runs in one native call, ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp,
+    :meth:`_native_weights` says where), bitwise :meth:`_experts_one_by_one`. Which experts run is read on the host:
+    on a GPU a sparse layer synchronises per expert hit (the engines' CUDA graphs decline such a model:
+    triforce/models/graphs.py)."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -463,9 +464,10 @@ class SparseMoE(nn.Module):
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
         self.activation = config.activation
-        if spec.shared_intermediate_size:  # Qwen2-MoE: every token's expert, times the sigmoid of its own gate
+        if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
-            self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
+            if spec.shared_gated:
+                self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple:
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
@@ -490,7 +492,10 @@ class SparseMoE(nn.Module):
         else:
             out = self._experts_one_by_one(rows, w, index)
         if "shared_expert" in self._modules:
-            out = out + _row_sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
+            shared = self.shared_expert(rows)
+            if "shared_expert_gate" in self._modules:
+                shared = _row_sigmoid(self.shared_expert_gate(rows)) * shared
+            out = out + shared
         return out.view(x.shape)
 
     def _native_weights(self, rows: torch.Tensor, index: torch.Tensor):
@@ -498,10 +503,10 @@ class SparseMoE(nn.Module):
         the scales of int8 formats) for ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp: every chosen expert in one
         call, its weight blocks in one parallel loop), or ``None`` where the experts run one by one: where their
         projections would not all take the row-wise kernels (another device or dtype, autograd, a prefill's bulk
-        products where an expert has more than ``ROWWISE_MAX_ROWS`` rows), a chosen expert is not a plain :class:`Expert` whose projections offer the fused layer's
-        arguments (``fused_projection``: float :class:`Linear` s of the rows' dtype, or the quantised linears of
-        triforce/models/quant.py on float32 rows) without a bias, or has forward hooks, under ``torch.compile``,
-        or without the op. The same bits either way."""
+        products where an expert has more than ``ROWWISE_MAX_ROWS`` rows), a chosen expert is not a plain
+        :class:`Expert` whose projections offer the fused layer's arguments (``fused_projection``: float
+        :class:`Linear` s of the rows' dtype, or the quantised linears of triforce/models/quant.py on float32 rows)
+        without a bias, or has forward hooks, under ``torch.compile``, or without the op. The same bits either way."""
         if not (rows.device.type == "cpu" and rows.dtype in _ROWWISE_DTYPES and rows.numel() > 0
                 and not torch.compiler.is_compiling() and _rowwise_available()
                 and self.activation in ("silu", "gelu_tanh") and hasattr(torch.ops.triforce_C, "moe_experts")):

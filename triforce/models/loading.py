@@ -317,11 +317,14 @@ _STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
 _EXPERT_PROJECTION = re.compile(r"(.*\.mlp\.experts\.\d+\.)(gate_proj|up_proj|gate_up_proj)\.weight")
 # GraniteMoE's checkpoints: block_sparse_moe.router.layer.weight (the router), block_sparse_moe.input_linear.weight
 # [E, 2I, H] (each expert's [gate; up]) and block_sparse_moe.output_linear.weight [E, H, I]; in transformers 5's
-# modules block_sparse_moe.router.weight and block_sparse_moe.experts.gate_up_proj / down_proj
+# modules block_sparse_moe.router.weight and block_sparse_moe.experts.gate_up_proj / down_proj. GraniteMoeShared's
+# shared expert: shared_mlp.input_linear.weight [2S, H] ([gate; up]) and shared_mlp.output_linear.weight [H, S]
 _GRANITE_MOE = {"router.layer.weight": "gate.weight", "router.weight": "gate.weight",
                 "input_linear.weight": "experts.gate_up_proj", "output_linear.weight": "experts.down_proj",
                 "experts.gate_up_proj": "experts.gate_up_proj", "experts.down_proj": "experts.down_proj"}
 _GRANITE_MOE_NAME = re.compile(r"(.*\.)block_sparse_moe\.(.*)")
+_GRANITE_SHARED = re.compile(r"(.*\.)shared_mlp\.(input|output)_linear\.weight")
+_SHARED_EXPERT = re.compile(r"(.*\.)mlp\.shared_expert\.(gate|up|down)_proj\.weight")
 _STACKED_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_up_proj|down_proj)\.weight")
 
 
@@ -331,10 +334,22 @@ def _granite_moe_names(sd: dict, inverse: bool = False) -> dict:
     out, stacks = {}, {}
     for name, t in sd.items():
         if not inverse:
+            if (m := _GRANITE_SHARED.fullmatch(name)) is not None:  # the shared expert as the model's MLP
+                parts = zip(("gate", "up"), t.chunk(2)) if m[2] == "input" else (("down", t),)
+                out.update({f"{m[1]}mlp.shared_expert.{p}_proj.weight": w.clone() for p, w in parts})
+                continue
             m = _GRANITE_MOE_NAME.fullmatch(name)
             out[f"{m[1]}mlp.{_GRANITE_MOE[m[2]]}" if m and m[2] in _GRANITE_MOE else name] = t
         elif (m := _STACKED_EXPERT.fullmatch(name)) is not None:
             stacks.setdefault((m[1], m[3]), {})[int(m[2])] = t
+        elif (m := _SHARED_EXPERT.fullmatch(name)) is not None:
+            if m[2] == "down":
+                out[f"{m[1]}shared_mlp.output_linear.weight"] = t
+            elif m[2] == "gate" and f"{m[1]}mlp.shared_expert.up_proj.weight" in sd:
+                up = sd[f"{m[1]}mlp.shared_expert.up_proj.weight"]
+                out[f"{m[1]}shared_mlp.input_linear.weight"] = torch.cat([t, up])
+            elif f"{m[1]}mlp.shared_expert.gate_proj.weight" not in sd:
+                out[name] = t  # a half without the other: reported as unexpected
         else:
             out[re.sub(r"\.mlp\.gate\.weight$", ".block_sparse_moe.router.layer.weight", name)] = t
     for (stem, kind), parts in stacks.items():
@@ -359,7 +374,7 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model."""
     if config.experts is None:
         return sd
-    mixtral, granite = config.model_type == "mixtral", config.model_type == "granitemoe"
+    mixtral, granite = config.model_type == "mixtral", config.model_type in ("granitemoe", "granitemoeshared")
     out = {}
     if inverse and granite:
         return _granite_moe_names(sd, inverse=True)
@@ -625,6 +640,7 @@ _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granite
              "olmoe": "olmoe"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
+_GGUF_GRANITE_TYPES = ("granite", "granitemoe", "granitemoeshared")  # the model types of granite / granitemoe files
 _GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "attention_multiplier",
                  "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}
 # tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
@@ -663,16 +679,16 @@ _GGUF_HARMLESS_ONLY_AT = {
     "use_parallel_residual": (lambda v, c: v is False, "false"),
     # the original YaRN code's flag for its dynamic variant, which static yarn ignores; llama.cpp's granite and
     # granitemoe run without RoPE where it is false
-    "rope.scaling.finetuned": (lambda v, c: v is True or c.model_type not in ("granite", "granitemoe"),
+    "rope.scaling.finetuned": (lambda v, c: v is True or c.model_type not in _GGUF_GRANITE_TYPES,
                                "any (granite, granitemoe: true, RoPE on)"),
     # read by _gguf_experts (llama with experts: Mixtral; qwen3moe, granitemoe)
     "expert_count": (lambda v, c: v == (c.experts.count if c.experts else 0), "0 (dense MLP; MoE: read)"),
     "expert_used_count": (lambda v, c: v == (c.experts.top_k if c.experts else 0), "0 (dense MLP; MoE: read)"),
     # granite: read into its config (_GGUF_GRANITE); elsewhere only llama.cpp's defaults (attention.scale 0:
     # head_dim ** -0.5; the others 1)
-    **{key: (lambda v, c: v == 1 or c.model_type in ("granite", "granitemoe"), "1.0 (granite: any, read)")
+    **{key: (lambda v, c: v == 1 or c.model_type in _GGUF_GRANITE_TYPES, "1.0 (granite: any, read)")
        for key in ("logit_scale", "embedding_scale", "residual_scale")},
-    "attention.scale": (lambda v, c: v == 0 or c.model_type in ("granite", "granitemoe"),
+    "attention.scale": (lambda v, c: v == 0 or c.model_type in _GGUF_GRANITE_TYPES,
                         "0 (head_dim ** -0.5; granite: any, read)"),
 }
 
@@ -859,6 +875,8 @@ def read_gguf(path: Path, skip=None, reader=None):
     experts = gguf_field(reader, f"{arch}.expert_count", 0) or 0
     if arch in _GGUF_MOE and (experts or arch != "llama"):
         model_type = _GGUF_MOE[arch]
+    if model_type == "granitemoe" and int(gguf_field(reader, f"{arch}.expert_shared_feed_forward_length", 0) or 0):
+        model_type = "granitemoeshared"  # (llama.cpp's granitemoe with a shared expert, ffn_*_shexp)
 
     def need(key):
         v = gguf_field(reader, f"{arch}.{key}")
@@ -886,7 +904,7 @@ def read_gguf(path: Path, skip=None, reader=None):
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_phi3_extra(reader, arch, path, head_dim) if arch == "phi3"
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
-    if model_type in _GGUF_MOE.values():
+    if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
         extra.update(_gguf_experts(reader, arch, path, model_type, int(need("feed_forward_length"))))
     if model_type == "qwen2_moe":  # (its q/k/v biases by its qkv_bias key: llama.cpp reads them where present)
         extra["qkv_bias"] = "blk.0.attn_q.bias" in tensors
@@ -962,6 +980,9 @@ def _gguf_experts(reader, arch: str, path: Path, model_type: str, n_ff: int) -> 
     if count < 1 or not 1 <= used <= count:
         raise ValueError(f"GGUF file {str(path)!r} of architecture {arch!r} needs {arch}.expert_count >= 1 and "
                          f"{arch}.expert_used_count in [1, expert_count], got {count} and {used}")
+    if model_type == "granitemoeshared":
+        return {"num_local_experts": count, "num_experts_per_tok": used, "shared_intermediate_size": int(
+            gguf_field(reader, f"{arch}.expert_shared_feed_forward_length"))}
     if model_type == "olmoe":  # its experts of width feed_forward_length, not renormalised (llama.cpp's norm_w off)
         return {"num_experts": count, "num_experts_per_tok": used, "norm_topk_prob": False}
     if model_type not in ("qwen3_moe", "qwen2_moe"):
@@ -994,7 +1015,7 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
             raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks ffn_gate_exps / ffn_up_exps / ffn_down_exps "
                              f"of {spec.count} experts each")
         gate, up, down = parts
-        if config.model_type == "granitemoe":  # its checkpoints stack them: [E, 2I, H] (gate; up) and [E, H, I]
+        if config.model_type in _GGUF_GRANITE_TYPES[1:]:  # stacked in its checkpoints: [E, 2I, H] (gate; up), [E, H, I]
             stem = f"model.layers.{i}.block_sparse_moe"
             if gate is not None and up is not None:
                 out[f"{stem}.input_linear.weight"] = torch.cat([gate, up], dim=1)
