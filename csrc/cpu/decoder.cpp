@@ -63,14 +63,6 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const std::optional
   return y;
 }
 
-// The elementwise loops round each operation on its own, as ATen's kernels do: no contraction of a
-// product and a sum into an FMA, which would round once instead of twice.
-#if defined(__GNUC__) && !defined(__clang__)
-#define TRIFORCE_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
-#else  // clang contracts only within one expression (-ffp-contract=on), and the products are statements
-#define TRIFORCE_NO_FP_CONTRACT
-#endif
-
 // The loops take float32 and bfloat16 tensors (the fused path's dtypes; c10::BFloat16 arithmetic is float
 // arithmetic rounded to nearest even); anything else runs the ATen composite.
 bool native_dtype(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }

@@ -32,12 +32,6 @@
 
 namespace {
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define TRIFORCE_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
-#else
-#define TRIFORCE_NO_FP_CONTRACT
-#endif
-
 // The (row, slot) pairs that chose one expert, packed: rows [row0, row0 + rows) of the packed buffers.
 struct Group {
   int64_t expert, row0, rows, inter;  // inter: the expert's width I (gate-up: 2I outputs, down: I inputs)

@@ -25,6 +25,14 @@
 #define TRIFORCE_AMX_TILES 1
 #endif
 
+// Elementwise loops that round each operation on its own, as ATen's kernels do: no contraction of a product and
+// a sum into an FMA, which would round once instead of twice.
+#if defined(__GNUC__) && !defined(__clang__)
+#define TRIFORCE_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else  // clang contracts only within one expression (-ffp-contract=on), and the products are statements
+#define TRIFORCE_NO_FP_CONTRACT
+#endif
+
 namespace triforce {
 
 #if defined(TRIFORCE_AMX_TILES)
