@@ -179,8 +179,9 @@ def check_softcap(softcap) -> float:
 
 def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              cache_seqlens: torch.Tensor, tree_mask: torch.Tensor | None = None,
-                             window: int = 0, scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
-    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, window=window or None,
+                             window: int = 0, scale: float | None = None, softcap: float = 0.0,
+                             return_lse: bool = False):
+    """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, return_lse, window=window or None,
     softcap=softcap or None)`` without the argument checks, for callers that build every argument themselves
     (the model layer's caches: ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
@@ -191,7 +192,9 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     backend = resolve("verify_attention", None, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if backend == "cpu" and not torch.compiler.is_compiling():
-        return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0,
-                                                     window, softcap)[0]
-    return eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend, window,
-                      softcap)[0]
+        out = torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0,
+                                                    window, softcap)
+    else:
+        out = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend, window,
+                         softcap)
+    return tuple(out) if return_lse else out[0]

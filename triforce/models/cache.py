@@ -197,6 +197,23 @@ def _rows_long(config: LlamaConfig, batch_size: int, capacity: int, rope_long, d
     return rope_long.to(device).clone()
 
 
+def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, sinks=None) -> torch.Tensor:
+    """``verify_attention`` of ``q`` over the buffers ``k``, ``v`` for ``step``. ``sinks`` (GPT-OSS: a logit per
+    query head, ``[Hq]``) joins each softmax's denominator without a value: a query's output times
+    ``Z / (Z + exp(sink)) = sigmoid(lse - sink)``, ``lse = ln Z`` the kernel's log-sum-exp of its scores, computed in
+    float32 value by value (each query's bits its own, so a pass keeps the bits of its steps); a query that sees
+    nothing stays 0."""
+    if sinks is None:
+        return verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap)
+    from .llama import _row_sigmoid
+
+    out, lse = verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
+                                        return_lse=True)
+    z = lse - sinks.float()[:, None]  # [B, Hq, T]
+    factor = _row_sigmoid(z.reshape(-1, 1)).view(z.shape).transpose(1, 2)[..., None]
+    return (out.float() * factor).to(out.dtype)
+
+
 class _KVCache:
     """Shared machinery: per-layer k/v ``[B, capacity, Hkv, D]``, lengths, rollback, commit_path."""
 
@@ -334,12 +351,11 @@ class _KVCache:
         self.k[layer][step.batch_index, step.slots] = k
         self.v[layer][step.batch_index, step.slots] = v
 
-    def attend(self, layer: int, q, k, v, step: Step, k_raw=None) -> torch.Tensor:
+    def attend(self, layer: int, q, k, v, step: Step, k_raw=None, sinks=None) -> torch.Tensor:
         """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache (each query over
-        the last ``windows[layer]`` positions it sees, where that is not 0)."""
+        the last ``windows[layer]`` positions it sees, where that is not 0; ``sinks``: :func:`attention`'s)."""
         self._write(layer, k, v, step)
-        return verify_attention_trusted(q, self.k[layer], self.v[layer], step.seqlens, step.tree_mask,
-                                        self.windows[layer], self.scale, self.softcap)
+        return attention(q, self.k[layer], self.v[layer], step, self.windows[layer], self.scale, self.softcap, sinks)
 
     def _native_buffers(self, step: Step):
         """``(k, v, k_raw, last_query)``, lists of per-layer buffers (``[]`` where the cache keeps none), when
@@ -492,7 +508,7 @@ class FullCache(_KVCache):
             self.chunk_keys = [t[:, :C] for t in self._chunk_store]
             self.last_query = [t[idx] for t in self.last_query]
 
-    def attend(self, layer, q, k, v, step, k_raw=None):
+    def attend(self, layer, q, k, v, step, k_raw=None, sinks=None):
         if self.chunk_size is not None:
             lq = self.last_query[layer]
             if step.query_index is None:
@@ -500,7 +516,7 @@ class FullCache(_KVCache):
             else:
                 picked = q[self._batch_index[:, 0], step.query_index]
                 lq.copy_(torch.where(step.query_valid[:, None, None], picked, lq))
-        return super().attend(layer, q, k, v, step)
+        return super().attend(layer, q, k, v, step, sinks=sinks)
 
     def _native_buffers(self, step):
         if self._changed(FullCache):
@@ -839,20 +855,19 @@ class StreamingCache(_KVCache):
                      order.values[:, : self.window], n2 - L2)
         return step
 
-    def attend(self, layer, q, k, v, step, k_raw=None):
+    def attend(self, layer, q, k, v, step, k_raw=None, sinks=None):
         if k_raw is None:
             raise ValueError("StreamingCache.attend needs the un-rotated keys (k_raw)")
         if step.T <= self.max_step:
             self.k_raw[layer][step.batch_index, step.slots] = k_raw
-            return super().attend(layer, q, k, v, step)
+            return super().attend(layer, q, k, v, step, sinks=sinks)
         # temporary buffer: the kept tokens + the T new ones; evict into the cache right after.
         B, T = q.shape[0], step.T
         tmp = [torch.cat([buf[:, : self.keep], x.new_zeros((B, T) + x.shape[2:])], dim=1)
                for buf, x in ((self.k[layer], k), (self.v[layer], v), (self.k_raw[layer], k_raw))]
         for buf, x in zip(tmp, (k, v, k_raw)):
             buf[step.batch_index, step.slots] = x
-        out = verify_attention_trusted(q, tmp[0], tmp[1], step.seqlens, step.tree_mask, scale=self.scale,
-                                       softcap=self.softcap)
+        out = attention(q, tmp[0], tmp[1], step, 0, self.scale, self.softcap, sinks)
         sel = self._big[0]
         for mine, buf in zip(self._slot_buffers(layer), tmp):
             mine[:, : self.keep] = buf[self._batch_index, sel]

@@ -9,7 +9,7 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
-``granitemoeshared`` and ``olmoe`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with
+``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with
 a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias``
 (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an
 RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole
@@ -21,7 +21,8 @@ its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and arou
 and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take
 the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
 ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling`` (Granite's), ``experts`` (a mixture of
-experts' sparse MLPs), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
+experts' sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp`` (GPT-OSS's), an explicit
+``head_dim`` and the RoPE settings. A family's fixed switches come from
 :data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
@@ -76,6 +77,8 @@ class Family:
     # Phi-3: its checkpoints hold q, k, v as one qkv_proj and the gate and up projections as one gate_up_proj
     # (loading.py splits them on reading and joins them on saving; the model is Llama's)
     fused_projections: bool = False
+    float32_norm: bool = False  # RMSNorm: x_f32 * rsqrt(...) * w_f32, rounded to the dtype at the end (GPT-OSS)
+    attention_sinks: bool = False  # a learned logit per query head in every softmax, on no value (GPT-OSS)
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -190,7 +193,25 @@ FAMILIES["olmoe"] = Family("OlmoeForCausalLM", qk_norm=True, qk_norm_full=True, 
     "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
     "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "pad_token_id": 1,
     "bos_token_id": None, "eos_token_id": 50279, "num_experts": 64, "num_experts_per_tok": 8})
-_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared")
+# GPT-OSS (GptOssForCausalLM: gpt-oss-20b, gpt-oss-120b): q/k/v/o biases, a learned sink logit per query head in
+# each softmax (attention sinks: the softmax's denominator gains exp(sink), no value is added), every other layer
+# sliding (the first does; 128 tokens), YaRN RoPE, RMSNorm's weight applied in float32; every layer a mixture whose
+# router has a bias and weighs the softmax of its top k logits (GraniteMoE's order), whose experts have biases and
+# a clamped SwiGLU: (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g) with g = min(gate, l) (swiglu_alpha,
+# swiglu_limit). Its checkpoints hold the experts' gate and up projections interleaved, transposed and, as OpenAI
+# ships them, in MXFP4 blocks (loading.py dequantises them).
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                 "original_max_position_embeddings": 4096}
+FAMILIES["gpt_oss"] = Family("GptOssForCausalLM", activation="swiglu_clamped", float32_norm=True,
+                             attention_sinks=True, reads=("attention_bias",), defaults={
+                                 "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+                                 "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+                                 "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                                 "rope_theta": 150000.0, "attention_bias": True, "sliding_window": 128,
+                                 "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_alpha": 1.702,
+                                 "swiglu_limit": 7.0})
+_GPT_OSS_PATTERN = 2  # GptOssConfig's layer_types by default: sliding, full, sliding, ...
+_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -205,7 +226,7 @@ class Experts:
     ``softmax_of_top_k``: the weights are the softmax of the top k logits instead (GraniteMoE: the renormalised
     probabilities, computed another way); ``shared_intermediate_size``: a shared expert of that width, every token's
     (0: none), times the sigmoid of its own gate where ``shared_gated`` (Qwen2-MoE), else added as it is
-    (GraniteMoeShared)."""
+    (GraniteMoeShared); ``biases``: the router and each expert's projections have biases (GPT-OSS)."""
 
     count: int
     top_k: int
@@ -216,6 +237,7 @@ class Experts:
     softmax_of_top_k: bool = False
     shared_intermediate_size: int = 0
     shared_gated: bool = False
+    biases: bool = False
 
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
@@ -261,7 +283,8 @@ _METADATA_KEYS = frozenset({
 })
 
 
-_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Qwen2/3: with use_sliding_window, "
+_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS: on the "
+            "layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on), a positive "
             "int or null; Qwen2-MoE: none (use_sliding_window false); other families: none, or one at least "
             "max_position_embeddings long")
@@ -310,6 +333,15 @@ _HARMLESS_ONLY_AT = {
                                         "absent (Qwen2-MoE: an int >= 1)"),
     "shared_intermediate_size": (lambda v, c: c.model_type == "granitemoeshared" and _is_int(v) and v >= 0,
                                  "absent (GraniteMoeShared: an int >= 0)"),
+    # GPT-OSS's clamped SwiGLU (LlamaConfig.swiglu_clamp)
+    **{key: (lambda v, c: c.model_type == "gpt_oss" and _is_number(v) and 0 < v < float("inf"),
+             "absent (GPT-OSS: a finite number > 0)") for key in ("swiglu_alpha", "swiglu_limit")},
+    # GPT-OSS's config.json as OpenAI wrote it: the RoPE's original context again (rope_scaling has the one read)
+    # and the experts per token under another name (transformers reads num_experts_per_tok)
+    "initial_context_length": (lambda v, c: c.model_type == "gpt_oss" and _is_int(v) and v >= 1,
+                               "absent (GPT-OSS: an int, not read)"),
+    "experts_per_token": (lambda v, c: c.model_type == "gpt_oss" and v == c.extra.get("num_experts_per_tok"),
+                          "absent (GPT-OSS: num_experts_per_tok's value)"),
     "norm_topk_prob": (lambda v, c: c.model_type in _NORM_TOPK and isinstance(v, bool),
                        "absent (Qwen2-MoE, Qwen3-MoE, OLMoE: a bool)"),
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
@@ -337,8 +369,9 @@ _HARMLESS_ONLY_AT = {
     "pruned_heads": (lambda v, c: not v, "{} (no pruned heads)"),
     "is_encoder_decoder": (lambda v, c: not v, "false"),
     "add_cross_attention": (lambda v, c: not v, "false"),
-    "quantization_config": (lambda v, c: v is None, "null (float weights; quantised HF checkpoints are not "
-                                                    "read, GGUF files are)"),
+    "quantization_config": (lambda v, c: v is None or (c.model_type == "gpt_oss" and _mxfp4(v)),
+                            "null (float weights; quantised HF checkpoints are not read, GGUF files are; GPT-OSS: "
+                            "OpenAI's MXFP4 experts, dequantised on loading)"),
     # Microsoft's Phi-3 configs name the modeling code that transformers took in as Phi3ForCausalLM: transformers
     # reads them with its own (without trust_remote_code), as here
     "auto_map": (lambda v, c: not v or (c.model_type == "phi3" and isinstance(v, dict) and set(v.values()) <= {
@@ -352,6 +385,13 @@ _HARMLESS_ONLY_AT = {
 }
 
 
+def _mxfp4(v) -> bool:
+    """Whether ``quantization_config`` ``v`` is OpenAI's MXFP4 one (GPT-OSS: its experts' weights in MXFP4 blocks,
+    which loading.py dequantises; which tensors are quantised is read from the checkpoint's names)."""
+    return isinstance(v, dict) and v.get("quant_method") == "mxfp4" and set(v) <= {"quant_method",
+                                                                                 "modules_to_not_convert"}
+
+
 def _layer_windows(c: "LlamaConfig") -> tuple:
     """Each layer's sliding window as transformers 5 reads ``c``'s keys (0: none), and the key whose value it
     would not read so (None when there is none: the config raises naming it). Mistral: ``sliding_window`` on
@@ -363,11 +403,11 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
-    if c.model_type in ("gemma2", "gemma3_text"):
+    if c.model_type in ("gemma2", "gemma3_text", "gpt_oss"):
         window = x.get("sliding_window", FAMILIES[c.model_type].defaults["sliding_window"])
         types = x.get("layer_types")
         if types is None:
-            pattern = _GEMMA2_PATTERN if c.model_type == "gemma2" else x.get(
+            pattern = {"gemma2": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN}.get(c.model_type) or x.get(
                 "sliding_window_pattern", x.get("_sliding_window_pattern", _GEMMA3_PATTERN))
             if not _is_int(pattern) or pattern < 1:
                 return none, None  # (its own check names it)
@@ -430,7 +470,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
     if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3",
-                            "mixtral", "qwen3_moe"):
+                            "mixtral", "qwen3_moe", "gpt_oss"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -745,6 +785,9 @@ class LlamaConfig:
         if self.model_type == "olmoe":
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, x.get("norm_topk_prob", False),
                            False, (True,) * self.num_hidden_layers)
+        if self.model_type == "gpt_oss":
+            return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, False,
+                           (True,) * self.num_hidden_layers, softmax_of_top_k=True, biases=True)
         dense, step = set(x.get("mlp_only_layers") or ()), x.get("decoder_sparse_step", 1)
         return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
                        False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)),
@@ -770,6 +813,26 @@ class LlamaConfig:
         return None if c is None else float(c)
 
     @property
+    def float32_norm(self) -> bool:
+        """RMSNorm's weight applied in float32 to the float32 normalised row, then rounded to the dtype (GPT-OSS)."""
+        return FAMILIES[self.model_type].float32_norm
+
+    @property
+    def attention_sinks(self) -> bool:
+        """A learned sink logit per query head (``self_attn.sinks``) in each softmax's denominator (GPT-OSS)."""
+        return FAMILIES[self.model_type].attention_sinks
+
+    @property
+    def swiglu_clamp(self) -> tuple | None:
+        """GPT-OSS: ``(alpha, limit)`` of its experts' clamped SwiGLU (``swiglu_alpha``, ``swiglu_limit``); None
+        for the other families."""
+        if self.model_type != "gpt_oss":
+            return None
+        d = FAMILIES["gpt_oss"].defaults
+        return float(self.extra.get("swiglu_alpha", d["swiglu_alpha"])), float(self.extra.get("swiglu_limit",
+                                                                                             d["swiglu_limit"]))
+
+    @property
     def gemma_norm(self) -> bool:
         """RMSNorm's weight applied as ``1 + w`` in float32 before rounding to the dtype (Gemma)."""
         return FAMILIES[self.model_type].gemma_norm
@@ -781,7 +844,8 @@ class LlamaConfig:
 
     @property
     def activation(self) -> str:
-        """The gated MLP's activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU)."""
+        """The gated MLP's activation: ``"silu"`` (SwiGLU), ``"gelu_tanh"`` (GeGLU) or ``"swiglu_clamped"`` (GPT-OSS's
+        experts: :attr:`swiglu_clamp`)."""
         return FAMILIES[self.model_type].activation
 
     @property
@@ -808,6 +872,8 @@ class LlamaConfig:
             _phi3_rope(d)
         if model_type == "ministral3" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
             d["rope_parameters"] = dict(_MINISTRAL3_ROPE)  # Ministral3Config's when the config has none
+        if model_type == "gpt_oss" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
+            d["rope_parameters"] = dict(_GPT_OSS_ROPE)  # GptOssConfig's
         # transformers 5 writes the RoPE base inside rope_parameters: the family's default then does not apply
         inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
         counts = [k for k in _EXPERT_COUNT_KEYS if k in d]
@@ -876,6 +942,8 @@ class LlamaConfig:
             d.setdefault("hidden_act", family.hidden_acts[0])
         if self.rope_type == "longrope":  # Phi3Config takes the top-level key (4096 when absent) over the inner one
             d.setdefault("original_max_position_embeddings", self.rope_scaling["original_max_position_embeddings"])
+        if self.model_type == "gpt_oss":  # what it saves is float (MXFP4 experts are dequantised on loading)
+            d.pop("quantization_config", None)
         if self.model_type == "mistral":  # none given: none (a config.json without the key means 4096)
             d.setdefault("sliding_window", None)
         if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own

@@ -277,9 +277,21 @@ class GemmaRMSNorm(RMSNorm):
         return (xf * (1.0 + self.weight.float())).to(x.dtype)
 
 
+class Float32RMSNorm(RMSNorm):
+    """GPT-OSS's RMSNorm: the weight applied in float32 to the float32 normalised row, then the result rounded to
+    the input's dtype (transformers keeps these weights in float32; Llama's rounds the row first). Row by row; no
+    fused or Triton path."""
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+
 def make_norm(config: LlamaConfig, dim: int, eps: float) -> RMSNorm:
-    """The family's RMSNorm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``."""
-    return (GemmaRMSNorm if config.gemma_norm else RMSNorm)(dim, eps)
+    """The family's RMSNorm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``,
+    :class:`Float32RMSNorm` where ``config.float32_norm``."""
+    return (GemmaRMSNorm if config.gemma_norm else Float32RMSNorm if config.float32_norm else RMSNorm)(dim, eps)
 
 
 def _layer_ops():
@@ -330,6 +342,8 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.clip = config.clip_qkv  # OLMoE's clamp of q and k (after their norms) and v, or None
+        # GPT-OSS: a learned logit per query head in each softmax's denominator (attention sinks), or None
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attention_sinks else None
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
@@ -372,29 +386,35 @@ class Attention(nn.Module):
                 d = torch.arange(T, device=q.device)
                 d = d[:, None] - d[None, :]
                 mask = (d >= 0) & (d < self.window)
-            if self.softcap is not None:  # SDPA has no soft-capping: the scores spelled out
-                return _softcapped_attention(q, k, v, self.scale, self.softcap, mask)
+            if self.softcap is not None or self.sinks is not None:  # not SDPA's: the scores spelled out
+                return _spelled_out_attention(q, k, v, self.scale, mask, self.softcap, self.sinks)
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                   enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
         kv = cache.dtype
+        sinks = {} if self.sinks is None else {"sinks": self.sinks}  # (a cache's attend takes them where they are)
         if q.dtype != kv:  # a cache in another dtype (Llama.kv_dtype): attention runs in the cache's dtype
             out = cache.attend(self.layer, q.to(kv), k.to(kv), v.to(kv), step,
-                               k_raw=None if k_raw is None else k_raw.to(kv))
+                               k_raw=None if k_raw is None else k_raw.to(kv), **sinks)
             return out.to(q.dtype)
-        return cache.attend(self.layer, q, k, v, step, k_raw=k_raw)
+        return cache.attend(self.layer, q, k, v, step, k_raw=k_raw, **sinks)
 
 
-def _softcapped_attention(q, k, v, scale: float, cap: float, mask) -> torch.Tensor:
-    """Causal attention of ``q`` ``[B, T, Hq, D]`` over ``k``, ``v`` ``[B, T, Hkv, D]`` with soft-capped scores
-    (``mask``: the visible keys ``[T, T]``, or None: causal), softmax in float32, as transformers' eager Gemma 2."""
+def _spelled_out_attention(q, k, v, scale: float, mask, cap: float | None = None, sinks=None) -> torch.Tensor:
+    """Causal attention of ``q`` ``[B, T, Hq, D]`` over ``k``, ``v`` ``[B, T, Hkv, D]`` (``mask``: the visible keys
+    ``[T, T]``, or None: causal), the softmax in float32: with soft-capped scores (``cap``), as transformers' eager
+    Gemma 2, and with a sink logit per head in each softmax (``sinks`` ``[Hq]``, dropped after it), as its GPT-OSS."""
     T, g = q.shape[1], q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
     s = torch.einsum("bthd,bshd->bhts", q, k) * scale
-    s = torch.tanh(s / cap) * cap
+    if cap is not None:
+        s = torch.tanh(s / cap) * cap
     if mask is None:
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+    s = s.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s.float(), sinks.float()[:, None, None].expand(*s.shape[:3], 1)], -1)
+    p = torch.softmax(s, dim=-1, dtype=torch.float32)[..., :T].to(q.dtype)
     return torch.einsum("bhts,bshd->bthd", p, v)
 
 
@@ -433,13 +453,25 @@ class Expert(nn.Module):
 
     def __init__(self, config: LlamaConfig, intermediate_size: int):
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = Linear(intermediate_size, config.hidden_size, bias=False)
+        bias = config.experts is not None and config.experts.biases  # GPT-OSS's
+        self.gate_up_proj = Linear(config.hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, config.hidden_size, bias=bias)
         self.activation = config.activation
+        self.swiglu_clamp = config.swiglu_clamp  # GPT-OSS's (alpha, limit), or None
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        if self.activation == "swiglu_clamped":
+            return self.down_proj(_clamped_swiglu(gate, up, *self.swiglu_clamp))
         return self.down_proj(_gated(self.activation, gate.contiguous(), up.contiguous()))
+
+
+def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """GPT-OSS's experts' activation, op by op in the dtype as transformers computes it: ``g = min(gate, limit)``,
+    ``(clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha))``; the sigmoid row by row (:func:`_row_sigmoid`)."""
+    g = gate.clamp(max=limit)
+    u = up.clamp(-limit, limit)
+    return (u + 1) * (g * _row_sigmoid(g * alpha))
 
 
 class SparseMoE(nn.Module):
@@ -459,7 +491,7 @@ class SparseMoE(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         spec = config.experts
-        self.gate = Linear(config.hidden_size, spec.count, bias=False)
+        self.gate = Linear(config.hidden_size, spec.count, bias=spec.biases)
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
@@ -546,15 +578,20 @@ _SIGMOID_LANES, _SIGMOID_ROWS = 64, 256
 
 
 def _row_sigmoid(z: torch.Tensor) -> torch.Tensor:
-    """``sigmoid(z)`` of ``z`` ``[N, 1]`` with each row's bits independent of ``N``. ATen's CPU sigmoid computes an
-    element in its vector loop or its scalar tail by where it falls in the tensor (and splits large ones among
-    threads), so one value's bits may depend on its neighbours' count (as its SiLU's: csrc/include/triforce/glu.h).
-    Here each value fills 64 lanes (whole vector iterations in every dtype) in slices of 256 rows (one thread)."""
-    if z.device.type != "cpu" or z.shape[0] == 0:
+    """``sigmoid(z)`` of ``z`` ``[..., C]`` with each row's bits independent of the other rows. ATen's CPU sigmoid
+    computes an element in its vector loop or its scalar tail by where it falls in the tensor (and splits large ones
+    among threads), so one value's bits may depend on its neighbours' count (as its SiLU's:
+    csrc/include/triforce/glu.h). Here each row is widened to a multiple of 64 lanes (whole vector iterations in
+    every dtype: a lone value fills 64, a wider row is padded) and run in slices of at most 16384 values (one
+    thread)."""
+    if z.device.type != "cpu" or z.numel() == 0:
         return torch.sigmoid(z)
-    wide = z.expand(-1, _SIGMOID_LANES)
-    return torch.cat([torch.sigmoid(wide[i:i + _SIGMOID_ROWS].contiguous())[:, :1]
-                      for i in range(0, z.shape[0], _SIGMOID_ROWS)])
+    C = z.shape[-1]
+    rows = z.reshape(-1, C)
+    wide = rows.expand(-1, _SIGMOID_LANES) if C == 1 else F.pad(rows, (0, -C % _SIGMOID_LANES))
+    step = max(1, _SIGMOID_ROWS * _SIGMOID_LANES // wide.shape[1])
+    return torch.cat([torch.sigmoid(wide[i:i + step].contiguous())[:, :C]
+                      for i in range(0, rows.shape[0], step)]).view(z.shape)
 
 
 def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -628,9 +665,10 @@ class DecoderLayer(nn.Module):
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \
-                or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None:
+                or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None \
+                or att._parameters.get("sinks") is not None:
             return None  # Ministral 3's query temperature, Granite's residual multiplier, OLMoE's q/k norms and
-            # clamp: not in the fused layer
+            # clamp, GPT-OSS's attention sinks: not in the fused layer
         if self.__dict__.get("sandwich") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
@@ -803,6 +841,8 @@ class Llama(nn.Module):
                 nn.init.normal_(m.weight, mean=0.0, std=std)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
+            if isinstance(m, Attention) and m.sinks is not None:  # (as transformers' GPT-OSS)
+                nn.init.normal_(m.sinks, mean=0.0, std=std)
 
     # a cached forward on CUDA is replayed from a CUDA graph per (cache, shape): triforce/models/graphs.py
     cuda_graphs = True

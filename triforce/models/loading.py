@@ -359,6 +359,76 @@ def _granite_moe_names(sd: dict, inverse: bool = False) -> dict:
     return out
 
 
+# GPT-OSS's checkpoints: mlp.router.weight / bias (the router), and each layer's experts stacked as transformers'
+# GptOssExperts holds them: mlp.experts.gate_up_proj [E, H, 2I] (x @ W; the gate's and the up's columns interleaved,
+# gate first), gate_up_proj_bias [E, 2I] (interleaved too), down_proj [E, I, H], down_proj_bias [E, H]; OpenAI's
+# files hold the two weights in MXFP4 instead (quantization_config "mxfp4"): *_blocks [E, rows, K / 32, 16] (two
+# 4-bit codes a byte, the low nibble first, each an index into _FP4_VALUES) and *_scales [E, rows, K / 32] (a
+# power of two per 32 weights, 2 ** (s - 127)), rows the outputs: dequantised here exactly, as transformers does.
+_GPT_OSS_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?")
+_GPT_OSS_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_up_proj|down_proj)\.(weight|bias)")
+_FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 ``[..., rows, 32 * G]`` of MXFP4 ``blocks`` uint8 ``[..., rows, G, 16]`` and ``scales`` uint8
+    ``[..., rows, G]``: weight ``2j`` of a block is the code in its byte ``j``'s low nibble, ``2j + 1`` the high
+    one's, each ``_FP4_VALUES[code] * 2 ** (scale - 127)`` rounded once, as ``torch.ldexp`` (exact in float32 but
+    at the ends of its range, and in bfloat16 then too)."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape \
+            or blocks.shape[-1] != 16:
+        raise ValueError(f"MXFP4 blocks must be uint8 [..., G, 16] and scales uint8 [..., G] alike, got "
+                         f"{blocks.dtype} {list(blocks.shape)} and {scales.dtype} {list(scales.shape)}")
+    lut = torch.tensor(_FP4_VALUES, dtype=torch.float32)
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], -1).long()  # [..., G, 16, 2]: low nibble first
+    # times 2 ** (s - 127) as ldexp computes it (one rounding: to a subnormal or to inf at the ends): two exact
+    # powers of two of at most 2 ** 64, the first product exact
+    e = scales.int() - 127
+    halves = [((h + 127) << 23).view(torch.float32)[..., None] for h in (e // 2, e - e // 2)]
+    return (lut[codes].flatten(-2) * halves[0] * halves[1]).flatten(-2)
+
+
+def _gpt_oss_names(sd: dict, inverse: bool = False) -> dict:
+    """A GPT-OSS checkpoint's weights (above) under the model's names (the router as ``mlp.gate``, each expert's
+    ``gate_up_proj`` rows [gate; up], as :func:`_expert_names` gives every family's), or with ``inverse`` the
+    model's back under transformers' names, stacked, unquantised."""
+    out, stacks = {}, {}
+    if inverse:
+        for name, t in sd.items():
+            if (m := _GPT_OSS_EXPERT.fullmatch(name)) is not None:
+                stacks.setdefault((m[1], m[3], m[4]), {})[int(m[2])] = t
+            else:
+                out[re.sub(r"\.mlp\.gate\.(weight|bias)$", r".mlp.router.\1", name)] = t
+        for (stem, kind, what), parts in stacks.items():
+            ts = [parts[e] for e in range(len(parts))]
+            if kind == "gate_up_proj":  # [gate; up] rows -> interleaved
+                ts = [torch.stack(t.chunk(2), 1).flatten(0, 1) for t in ts]
+            out[f"{stem}.{kind}{'_bias' if what == 'bias' else ''}"] = torch.stack(
+                [t.T if what == "weight" else t for t in ts]).contiguous()
+        return out
+    for name, t in sd.items():
+        m = _GPT_OSS_EXPERTS.fullmatch(name)
+        if m is None:
+            out[re.sub(r"\.mlp\.router\.(weight|bias)$", r".mlp.gate.\1", name)] = t
+        elif m[3] == "_scales":
+            continue  # (read with its blocks)
+        elif m[3] == "_blocks":
+            scales = sd.get(f"{m[1]}.{m[2]}_scales")
+            if scales is None:
+                raise ValueError(f"weight {name} (MXFP4 blocks) has no {m[1]}.{m[2]}_scales beside it")
+            stacks[(m[1], m[2], "weight")] = dequantize_mxfp4(t, scales)  # [E, rows (outputs), K]
+        elif t.dim() == (2 if m[3] else 3):
+            stacks[(m[1], m[2], "bias" if m[3] else "weight")] = t if m[3] else t.transpose(1, 2)
+        else:
+            out[name] = t  # reported as unexpected
+    for (stem, kind, what), t in stacks.items():
+        for e, w in enumerate(t):
+            if kind == "gate_up_proj":  # interleaved -> [gate; up]
+                w = torch.cat([w[0::2], w[1::2]])
+            out[f"{stem}.{e}.{kind}.{what}"] = w.contiguous()
+    return out
+
+
 def _mixtral_name(name: str, inverse: bool = False) -> str:
     """A Mixtral checkpoint's weight ``name`` as Qwen3-MoE's checkpoints name it (or back with ``inverse``)."""
     m = (_TO_MIXTRAL if inverse else _FROM_MIXTRAL).fullmatch(name)
@@ -374,6 +444,8 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model."""
     if config.experts is None:
         return sd
+    if config.model_type == "gpt_oss":
+        return _gpt_oss_names(sd, inverse)
     mixtral, granite = config.model_type == "mixtral", config.model_type in ("granitemoe", "granitemoeshared")
     out = {}
     if inverse and granite:

@@ -1,0 +1,274 @@
+"""GPT-OSS (``model_type="gpt_oss"``: gpt-oss-20b, gpt-oss-120b): attention sinks (a learned logit per query head in
+each softmax), q/k/v/o biases, every other layer sliding, YaRN RoPE, RMSNorm's weight in float32, and every layer a
+mixture whose router and experts have biases and whose experts run a clamped SwiGLU; against transformers'
+GptOssForCausalLM on the same weights, and its MXFP4 checkpoints dequantised as transformers dequantises them."""
+import json
+
+import pytest
+import torch
+
+import triforce
+from triforce.models import FullCache, Llama, LlamaConfig
+from triforce.models.loading import _FP4_VALUES, _build, dequantize_mxfp4
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import TINY, randomize_
+from .test_model import TOL
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+# 2 of 4 experts 40 wide, head_dim 16 (not hidden / heads), a window of 7 on layers 0 and 2 (GptOssConfig's pattern)
+GPT_OSS = dict(TINY, num_local_experts=4, num_experts_per_tok=2, intermediate_size=40, head_dim=16,
+               num_hidden_layers=3, sliding_window=7)
+CASES = {
+    "default": GPT_OSS,
+    # a limit that clamps most gates and ups, another alpha, no attention biases, the windows where layer_types say
+    "clamped": dict(GPT_OSS, swiglu_limit=0.3, swiglu_alpha=2.5, attention_bias=False,
+                    layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
+}
+
+
+def pair(case="default", **kw):
+    """transformers' GptOssForCausalLM of ``case`` (eager attention; biases and norms random, sinks ~ N(0, 1.5):
+    they matter; decisive routers: a rounding difference cannot swap a token's experts) and ours on its weights."""
+    torch.manual_seed(0)
+    config = transformers.GptOssConfig(**{**CASES[case], **kw}, attn_implementation="eager")
+    hf = randomize_(transformers.GptOssForCausalLM(config).eval())
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if n.endswith("sinks"):
+                p.copy_(torch.randn(p.shape, generator=g) * 1.5)
+            elif n.endswith("mlp.router.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif n.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_every_path_match_transformers(case):
+    """The plain forward, a chunked prefill, a verify pass, steps and a tree (windows of 7 over 40 tokens) give
+    transformers' logits; the windows and the mixture are where transformers has them."""
+    hf, ours = pair(case)
+    c = ours.config
+    assert c.layer_windows == ((7, 0, 7) if case == "default" else (0, 7, 7))
+    assert c.experts.biases and c.experts.softmax_of_top_k and c.swiglu_clamp == (hf.config.swiglu_alpha,
+                                                                                 hf.config.swiglu_limit)
+    assert c.rope_scaling == {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                              "truncate": False, "original_max_position_embeddings": 4096}
+    assert_every_path_matches(hf, ours)
+
+
+def test_the_sinks_the_clamp_and_the_float32_norms_matter():
+    """Each of GPT-OSS's own steps moves the logits by more than ten times the tolerance, so the tests above would
+    see it missing (the clamp: most gates and ups past its limit); its RMSNorm gives transformers' bits in
+    bfloat16, which Llama's (the weight applied after rounding) does not."""
+    ids = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(2))
+    hf, ours = pair("clamped")
+    experts = [e for layer in ours.model.layers for e in layer.mlp.experts]
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        seen = []
+        hooks = [e.gate_up_proj.register_forward_hook(lambda m, a, out: seen.append(out.flatten())) for e in experts]
+        ours(ids)
+        for h in hooks:
+            h.remove()
+        assert (torch.cat(seen).abs() > 0.3).float().mean().item() > 0.5
+        for e in experts:
+            e.swiglu_clamp = (e.swiglu_clamp[0], 1e9)
+        assert (ours(ids) - ref).abs().max().item() > 10 * TOL
+        hf, ours = pair()
+        ref = hf(ids).logits
+        for layer in ours.model.layers:
+            layer.self_attn.sinks = None
+        assert (ours(ids) - ref).abs().max().item() > 10 * TOL
+        x = torch.randn(64, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+        theirs, mine = hf.model.layers[0].input_layernorm, ours.model.layers[0].input_layernorm
+        theirs, mine = theirs.to(torch.bfloat16), mine.to(torch.bfloat16)
+        assert type(mine) is triforce.models.llama.Float32RMSNorm and torch.equal(mine(x), theirs(x))
+        assert not torch.equal(triforce.models.llama.RMSNorm.forward(mine, x), theirs(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
+    """On the CPU a 10-token verify pass gives bitwise the logits of ten one-token steps (the sink factors, the
+    clamped SwiGLU's sigmoid, the router with its bias: each row's bits its own)."""
+    for case in CASES:
+        assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+def test_a_row_that_sees_nothing_stays_zero_and_the_sinks_scale_the_rest():
+    """The cache's sink factor: each query's output times sigmoid(lse - sink); a row that sees no key (its lse
+    -inf) stays 0, not NaN."""
+    from triforce.models.cache import Step, attention
+
+    g = torch.Generator().manual_seed(0)
+    B, T, N, H, D = 2, 3, 8, 4, 16
+    q, k, v = (torch.randn(B, n, H, D, generator=g) for n in (T, N, N))
+    seqlens = torch.tensor([5, 3], dtype=torch.int32)
+    mask = torch.ones(B, T, T, dtype=torch.bool)
+    mask[1] = False  # row 1's new tokens see no new token: its queries see its 0 prefix keys, nothing
+    step = Step(T, None, None, None, seqlens, None, mask, None, None)
+    sinks = torch.randn(H, generator=g)
+    out = attention(q, k, v, step, 0, D ** -0.5, 0.0, sinks)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    from triforce_kernels.verify_attention import verify_attention_trusted
+    plain, lse = verify_attention_trusted(q, k, v, seqlens, mask, scale=D ** -0.5, return_lse=True)
+    want = plain * torch.sigmoid(lse - sinks[:, None]).transpose(1, 2)[..., None]
+    assert torch.allclose(out[0], want[0], atol=1e-6, rtol=1e-6)
+
+
+def tiny_gpt_oss(seed):
+    torch.manual_seed(seed)
+    config = LlamaConfig(model_type="gpt_oss", vocab_size=64, hidden_size=32, intermediate_size=24,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=1024, initializer_range=0.3, attention_bias=True,
+                         extra=dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=9, swiglu_limit=1.0))
+    model = randomize_(Llama(config), seed).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny_gpt_oss(0), tiny_gpt_oss(1), method, opts)
+
+
+def test_checkpoint_directories_both_ways(tmp_path):
+    """A checkpoint transformers saved (the experts stacked, transposed, gate and up interleaved; the router with
+    its bias; the sinks) loads with transformers' logits; ours saves the same names and tensors, which
+    transformers reads back as the same model."""
+    hf, _ = pair()
+    hf.save_pretrained(tmp_path / "hf")
+    ours = Llama.from_pretrained(tmp_path / "hf")
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        ours.save_pretrained(tmp_path / "ours")
+        back = transformers.GptOssForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
+        assert torch.equal(back(ids).logits, ref)
+    want, got = hf.state_dict(), back.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(t, want[k]) for k, t in got.items())
+
+
+def test_mxfp4_dequantises_as_transformers():
+    """Every code under every scale (0: subnormals; 255: past float32's range but for codes +-0.5), in float32, bitwise
+    transformers' dequantisation."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    # [1 expert, 256 rows, 16 groups, 16 bytes]: row r holds every byte value, each group under scale r
+    blocks = torch.arange(256, dtype=torch.uint8).repeat(256).view(1, 256, 16, 16)
+    scales = torch.arange(256, dtype=torch.uint8)[None, :, None].expand(1, 256, 16).contiguous()
+    ours = dequantize_mxfp4(blocks, scales)  # [1, rows, K]
+    ref = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2)
+    assert ours.shape == ref.shape == (1, 256, 512)
+    assert torch.equal(ours.isinf(), ref.isinf()) and torch.equal(ours[~ours.isinf()], ref[~ref.isinf()])
+    assert torch.equal(torch.signbit(ours), torch.signbit(ref))
+    # byte 0x2B of row 127 (scale 1): weights 11 (its low nibble) and 2 (its high one)
+    assert ours[0, 127, 0x2B * 2].item() == _FP4_VALUES[0xB] and ours[0, 127, 0x2B * 2 + 1].item() == _FP4_VALUES[2]
+    with pytest.raises(ValueError, match="MXFP4 blocks"):
+        dequantize_mxfp4(blocks.int(), scales)
+
+
+def test_an_mxfp4_checkpoint_loads_dequantised(tmp_path):
+    """A checkpoint as OpenAI ships gpt-oss (quantization_config mxfp4; the experts' weights as *_blocks and
+    *_scales) loads with the logits of transformers' model holding the dequantised weights."""
+    from safetensors.torch import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    hf, _ = pair(intermediate_size=64)  # (MXFP4 blocks: 32 inputs each)
+    g = torch.Generator().manual_seed(7)
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    c = hf.config
+    with torch.no_grad():
+        for i in range(c.num_hidden_layers):
+            stem = f"model.layers.{i}.mlp.experts"
+            for name, rows, K in (("gate_up_proj", 2 * c.intermediate_size, c.hidden_size),
+                                  ("down_proj", c.hidden_size, c.intermediate_size)):
+                blocks = torch.randint(0, 256, (c.num_local_experts, rows, K // 32, 16), generator=g,
+                                       dtype=torch.uint8)
+                scales = torch.randint(122, 128, (c.num_local_experts, rows, K // 32), generator=g,
+                                       dtype=torch.uint8)
+                del sd[f"{stem}.{name}"]
+                sd[f"{stem}.{name}_blocks"], sd[f"{stem}.{name}_scales"] = blocks, scales
+                getattr(hf.model.layers[i].mlp.experts, name).copy_(
+                    convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    (tmp_path / "ckpt").mkdir()
+    save_file(sd, tmp_path / "ckpt" / "model.safetensors")
+    cfg = {**c.to_dict(), "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    ours = Llama.from_pretrained(tmp_path / "ckpt")
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
+    assert "quantization_config" not in ours.config.to_dict()  # what it saves is float
+    del sd["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(sd, tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(ValueError, match="down_proj_scales"):
+        Llama.from_pretrained(tmp_path / "ckpt")
+
+
+# gpt-oss-20b's config.json as OpenAI published it
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 200002,
+    "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+    "initializer_range": 0.02, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
+    "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+    "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                            "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                            "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True, "vocab_size": 201088}
+
+
+def test_gpt_oss_20b_config_reads_as_transformers_reads_it():
+    c = LlamaConfig.from_dict(GPT_OSS_20B)
+    hf = transformers.GptOssConfig(**{k: v for k, v in GPT_OSS_20B.items() if k != "quantization_config"})
+    assert c.layer_windows == tuple(128 if t == "sliding_attention" else 0 for t in hf.layer_types)
+    assert (c.experts.count, c.experts.top_k, c.experts.intermediate_size) == (32, 4, 2880)
+    assert c.swiglu_clamp == (hf.swiglu_alpha, hf.swiglu_limit) == (1.702, 7.0)
+    assert (c.head_dim, c.num_key_value_heads, c.rope_theta, c.qkv_bias, c.attention_bias) == (64, 8, 150000, True,
+                                                                                               True)
+    assert {k: v for k, v in c.rope_scaling.items() if k != "rope_type"} == {
+        k: v for k, v in hf.rope_parameters.items() if k not in ("rope_type", "rope_theta")}
+    # GptOssConfig's defaults where a config leaves keys out
+    d = LlamaConfig.from_dict({"model_type": "gpt_oss", "num_hidden_layers": 4})
+    assert d.layer_windows == (128, 0, 128, 0) and d.experts.count == 128 and d.rope_type == "yarn"
+
+
+@pytest.mark.parametrize("key,value", [("swiglu_limit", 0), ("swiglu_alpha", float("inf")), ("experts_per_token", 3),
+                                       ("quantization_config", {"quant_method": "bitsandbytes"}),
+                                       ("quantization_config", {"quant_method": "mxfp4", "group_size": 64}),
+                                       ("sliding_window", 0), ("layer_types", ["full_attention"] * 3)])
+def test_bad_gpt_oss_configs_raise(key, value):
+    with pytest.raises(ValueError, match=key):
+        LlamaConfig.from_dict({**GPT_OSS_20B, key: value})
+
+
+def test_other_families_refuse_gpt_oss_keys():
+    for key, value in (("swiglu_limit", 7.0), ("initial_context_length", 4096),
+                       ("quantization_config", {"quant_method": "mxfp4"})):
+        with pytest.raises(ValueError, match=key):
+            LlamaConfig.from_dict({"model_type": "mixtral", key: value})
+
+
+def test_bulk_prefill_matches_the_cached_steps_closely():
+    """A prefill of more rows than the row-wise kernels take per expert (torch's GEMM there) still gives
+    transformers' logits (a sanity check of the bulk products with biases)."""
+    hf, ours = pair()
+    ids = torch.randint(0, 101, (2, 150), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        cache = FullCache(ours.config, 2, 160)
+        assert (ours.prefill(ids, cache, chunk_size=150) - ref[:, -1]).abs().max().item() <= TOL
