@@ -14,6 +14,7 @@ from triforce.models.loading import _FP4_VALUES, _build, dequantize_mxfp4
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_
 from .test_model import TOL
+from .test_moe import assert_checkpoint_directories_both_ways
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -143,18 +144,7 @@ def test_checkpoint_directories_both_ways(tmp_path):
     """A checkpoint transformers saved (the experts stacked, transposed, gate and up interleaved; the router with
     its bias; the sinks) loads with transformers' logits; ours saves the same names and tensors, which
     transformers reads back as the same model."""
-    hf, _ = pair()
-    hf.save_pretrained(tmp_path / "hf")
-    ours = Llama.from_pretrained(tmp_path / "hf")
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(ids).logits
-        assert (ours(ids) - ref).abs().max().item() <= TOL
-        ours.save_pretrained(tmp_path / "ours")
-        back = transformers.GptOssForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
-        assert torch.equal(back(ids).logits, ref)
-    want, got = hf.state_dict(), back.state_dict()
-    assert got.keys() == want.keys() and all(torch.equal(t, want[k]) for k, t in got.items())
+    assert_checkpoint_directories_both_ways(tmp_path, pair()[0])
 
 
 def test_mxfp4_dequantises_as_transformers():

@@ -478,13 +478,15 @@ class SparseMoE(nn.Module):
     """A mixture of experts' MLP (``config.experts``: Mixtral's, Qwen3-MoE's, GraniteMoE's): a router ``gate`` (one
     logit per expert) and ``experts`` (gated MLPs, :class:`Expert`). Each token takes the ``top_k`` experts of the
     softmax of its router logits (in float32), weighted by their probabilities (renormalised to sum 1 where the
-    family does, kept in float32 (Mixtral) or rounded to the dtype (Qwen3-MoE); GraniteMoE: the softmax of its top k
-    logits, rounded to the dtype); its output is the sum, from zero and in the dtype, of each chosen expert's output
+    family does, kept in float32 (Mixtral) or rounded to the dtype (Qwen3-MoE); GraniteMoE and GPT-OSS: the softmax
+    of its top k logits, rounded to the dtype; GPT-OSS's router and experts have biases and its experts a clamped
+    SwiGLU); its output is the sum, from zero and in the dtype, of each chosen expert's output
     times its weight (rounded to the dtype), in increasing expert order, as transformers sums them. Every step of
     that reads the token's own row only (on the CPU the router and the experts take the row-wise kernels, and the
     renormalising sum adds the k weights left to right), so a verification pass computes the bits of one-token steps.
     On the CPU every chosen expert runs in one native call, ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp,
-    :meth:`_native_weights` says where), bitwise :meth:`_experts_one_by_one`. Which experts run is read on the host:
+    :meth:`_native_weights` says where: not with biases or GPT-OSS's activation), bitwise
+    :meth:`_experts_one_by_one`. Which experts run is read on the host:
     on a GPU a sparse layer synchronises per expert hit (the engines' CUDA graphs decline such a model:
     triforce/models/graphs.py)."""
 
