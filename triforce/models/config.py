@@ -9,8 +9,8 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
-``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with
-a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias``
+``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are
+one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias``
 (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an
 RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole
 query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma:
