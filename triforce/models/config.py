@@ -9,21 +9,21 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
-``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are
-one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o), ``attention_bias``
-(biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an
-RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole
-query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma:
-RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
+``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one
+model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o),
+``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
+(Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
+token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm``
+(Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
 sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in
-its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``layer_windows``
-(sliding windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores
-and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take
-the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
-``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling`` (Granite's), ``experts`` (a mixture of
-experts' sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp`` (GPT-OSS's), an explicit
-``head_dim`` and the RoPE settings. A family's fixed switches come from
-:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
+its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``layer_windows`` (sliding
+windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits),
+``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's
+RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
+``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling`` (Granite's), ``experts`` (a mixture of experts'
+sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp`` (GPT-OSS's), an explicit ``head_dim`` and the
+RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves a key out gets that
+family's transformers default.
 """
 from __future__ import annotations
 
