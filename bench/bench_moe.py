@@ -11,7 +11,9 @@ share experts more often, so its passes read fewer.
 
 Shapes (one layer's MLP, random weights, bfloat16 and float32): Qwen3-30B-A3B's (hidden 2048, 128 experts of width
 768, 8 chosen: 1.2 GB a layer in bfloat16), or with ``--model mixtral-8x7b`` Mixtral 8x7B's (hidden 4096, 8 experts
-of width 14336, 2 chosen: 2.8 GB). Backends: ``cpu`` (ours: the router through the row-wise kernel, then
+of width 14336, 2 chosen: 2.8 GB), or with ``--model gpt-oss-20b`` gpt-oss-20b's (hidden 2880, 32 experts of width
+2880, 4 chosen, biases and the clamped SwiGLU: 1.6 GB; its experts run one by one, ``moe_experts`` takes neither:
+``cpu`` only, against transformers' GptOssMLP). Backends: ``cpu`` (ours: the router through the row-wise kernel, then
 every hit expert in one ``triforce_C::moe_experts`` call, csrc/cpu/moe.cpp), ``cpu_one_by_one`` (the same
 arithmetic with the experts run module by module from Python, each product its own row-wise kernel call: the path
 before that op, and still the path of quantised experts) and ``transformers`` (its Qwen3MoeSparseMoeBlock /
@@ -37,7 +39,8 @@ import torch
 from .harness import copy_bandwidth, measure_alternating, record
 
 # name -> (hidden, experts, chosen, expert width, transformers family: Qwen3-MoE's block, Mixtral's)
-MODELS = {"qwen3-30b-a3b": (2048, 128, 8, 768, "qwen3_moe"), "mixtral-8x7b": (4096, 8, 2, 14336, "mixtral")}
+MODELS = {"qwen3-30b-a3b": (2048, 128, 8, 768, "qwen3_moe"), "mixtral-8x7b": (4096, 8, 2, 14336, "mixtral"),
+          "gpt-oss-20b": (2880, 32, 4, 2880, "gpt_oss")}
 
 
 def _pair(model: str, dtype: torch.dtype):
@@ -50,7 +53,7 @@ def _pair(model: str, dtype: torch.dtype):
     extra = ({"num_experts": E, "num_experts_per_tok": k, "moe_intermediate_size": inter, "norm_topk_prob": True}
              if family == "qwen3_moe" else {"num_local_experts": E, "num_experts_per_tok": k})
     config = LlamaConfig(model_type=family, hidden_size=H, intermediate_size=inter, num_hidden_layers=1,
-                         num_attention_heads=16, extra=extra)
+                         num_attention_heads=16, head_dim=64 if family == "gpt_oss" else None, extra=extra)
     g = torch.Generator().manual_seed(0)
     ours = SparseMoE(config).to(dtype).eval()
     with torch.no_grad():
@@ -58,6 +61,26 @@ def _pair(model: str, dtype: torch.dtype):
         for expert in ours.experts:
             for lin in (expert.gate_up_proj, expert.down_proj):
                 lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) * lin.in_features ** -0.5)
+        for b in (p for n, p in ours.named_parameters() if n.endswith("bias")):
+            b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+    if family == "gpt_oss":  # its block: stacked experts, x @ W, gate and up columns interleaved
+        hf_config = transformers.GptOssConfig(hidden_size=H, num_local_experts=E, num_experts_per_tok=k,
+                                              intermediate_size=inter)
+        block = transformers.models.gpt_oss.modeling_gpt_oss.GptOssMLP(hf_config).to(dtype).eval()
+        with torch.no_grad():
+            block.router.weight.copy_(ours.gate.weight)
+            block.router.bias.copy_(ours.gate.bias)
+            for name in ("gate_up_proj", "down_proj"):
+                w = [getattr(e, name).weight for e in ours.experts]
+                b = [getattr(e, name).bias for e in ours.experts]
+                if name == "gate_up_proj":  # [gate; up] rows -> interleaved
+                    w = [torch.stack(t.chunk(2), 1).flatten(0, 1) for t in w]
+                    b = [torch.stack(t.chunk(2), 1).flatten(0, 1) for t in b]
+                getattr(block.experts, name).copy_(torch.stack([t.T for t in w]))
+                getattr(block.experts, f"{name}_bias").copy_(torch.stack(b))
+        theirs = lambda x: block(x)[0]  # noqa: E731
+        theirs.route = lambda x: block.router(x.reshape(-1, H))[2]  # (its experts per row)
+        return ours, theirs
     if family == "qwen3_moe":
         hf_config = transformers.Qwen3MoeConfig(hidden_size=H, num_experts=E, num_experts_per_tok=k,
                                                 moe_intermediate_size=inter, norm_topk_prob=True)
@@ -75,7 +98,7 @@ def _pair(model: str, dtype: torch.dtype):
 
 
 def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> None:
-    H, E, k, inter, _ = MODELS[model]
+    H, E, k, inter, family = MODELS[model]
     ours, theirs = _pair(model, dtype)
     bw, es, dt = copy_bandwidth("cpu"), torch.finfo(dtype).bits // 8, str(dtype).replace("torch.", "")
     g = torch.Generator().manual_seed(1)
@@ -84,9 +107,14 @@ def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> 
         with torch.no_grad():
             _, index = ours.route(x[0])
             hit = int(index.unique().numel())
-            same = (ours(x) - theirs(x)).abs().max().item()
+            # the rows both routers send to the same experts (GPT-OSS's biased router rounds its logits otherwise
+            # in bfloat16: a near tie may choose another expert there)
+            agree = (index.sort(-1).values == theirs.route(x).sort(-1).values).all(-1) if hasattr(theirs, "route") \
+                else torch.ones(T, dtype=torch.bool)
+            same = (ours(x) - theirs(x))[0, agree].abs().max().item()
             scale = theirs(x).abs().max().item()
-        assert same <= 2e-2 * scale if dtype == torch.bfloat16 else same <= 1e-4 * scale, (same, scale)
+        assert agree.float().mean() >= 0.75 and (same <= 2e-2 * scale if dtype == torch.bfloat16
+                                                 else same <= 1e-4 * scale), (agree, same, scale)
         nbytes = (hit * 3 * H * inter + E * H + 2 * T * H) * es
 
         def run(f):
@@ -100,19 +128,21 @@ def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> 
 
         with torch.no_grad():
             assert torch.equal(one_by_one(x), ours(x).reshape(-1, H))
-        t = measure_alternating({"transformers": run(theirs), "cpu": run(ours), "cpu_one_by_one": run(one_by_one)},
-                                reps=reps)
+        alone = family == "gpt_oss"  # (its experts run one by one: cpu is cpu_one_by_one)
+        t = measure_alternating({"transformers": run(theirs), "cpu": run(ours),
+                                 **({} if alone else {"cpu_one_by_one": run(one_by_one)})}, reps=reps)
         shape = f"model={model},rows={T},experts_hit={hit}/{E}"
         record(family="moe", op="sparse_moe", backend="transformers", shape=shape, dtype=dt, bytes_moved=nbytes,
                timing=t["transformers"], bandwidth=bw, device="cpu")
-        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=dt, bytes_moved=nbytes,
-               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu", baseline="transformers",
-               baseline_timing=t["transformers"])
-        gain = t["cpu_one_by_one"]["median_s"] / t["cpu"]["median_s"]
+        expected = f"expected_hit={E * (1 - (1 - k / E) ** T):.1f}"
+        if not alone:
+            record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=dt,
+                   bytes_moved=nbytes, timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu",
+                   baseline="transformers", baseline_timing=t["transformers"])
+            expected += f";vs_one_by_one=x{t['cpu_one_by_one']['median_s'] / t['cpu']['median_s']:.2f}"
         record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
                timing=t["cpu"], bandwidth=bw, device="cpu", baseline="transformers",
-               baseline_timing=t["transformers"],
-               extra=f"expected_hit={E * (1 - (1 - k / E) ** T):.1f};vs_one_by_one=x{gain:.2f}")
+               baseline_timing=t["transformers"], extra=expected)
 
 
 def _against_one_by_one(ours, model: str, dtype: torch.dtype, label: str, rows: tuple, expert_bytes: int,

@@ -122,6 +122,24 @@ def test_a_row_that_sees_nothing_stays_zero_and_the_sinks_scale_the_rest():
     assert torch.allclose(out[0], want[0], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_row_sigmoid_gives_each_value_its_own_bits(dtype):
+    """``_row_sigmoid`` (the sink factors, the clamped SwiGLU's sigmoid, Qwen2-MoE's gate): every value the bits it
+    has alone, in tensors of any shape, also past one slice (16384 values) and past ATen's parallel grain, where
+    ``torch.sigmoid`` gives some values other bits."""
+    from triforce.models.llama import _row_sigmoid
+
+    z = (torch.randn(40000, generator=torch.Generator().manual_seed(8)) * 6).to(dtype)
+    alone = torch.cat([_row_sigmoid(z[i:i + 1]) for i in range(0, 40000, 97)])
+    for shape in ((40000,), (400, 100), (8, 5000), (2, 4, 5000), (40000, 1)):
+        got = _row_sigmoid(z.view(shape)).reshape(-1)
+        assert got.dtype == dtype and torch.equal(got[::97], alone)
+    for n in (1, 31, 33, 65, 16385, 33000):
+        assert torch.equal(_row_sigmoid(z[:n]), _row_sigmoid(z)[:n])
+    if dtype == torch.float32:  # (what it guards against)
+        assert not torch.equal(torch.sigmoid(z[:600]), torch.cat([torch.sigmoid(z[i:i + 1]) for i in range(600)]))
+
+
 def tiny_gpt_oss(seed):
     torch.manual_seed(seed)
     config = LlamaConfig(model_type="gpt_oss", vocab_size=64, hidden_size=32, intermediate_size=24,

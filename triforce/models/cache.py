@@ -210,7 +210,7 @@ def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, si
     out, lse = verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
                                         return_lse=True)
     z = lse - sinks.float()[:, None]  # [B, Hq, T]
-    factor = _row_sigmoid(z.reshape(-1, 1)).view(z.shape).transpose(1, 2)[..., None]
+    factor = _row_sigmoid(z).transpose(1, 2)[..., None]
     return (out.float() * factor).to(out.dtype)
 
 

@@ -468,7 +468,7 @@ class Expert(nn.Module):
 
 def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     """GPT-OSS's experts' activation, op by op in the dtype as transformers computes it: ``g = min(gate, limit)``,
-    ``(clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha))``; the sigmoid row by row (:func:`_row_sigmoid`)."""
+    ``(clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha))``; the sigmoid value by value (:func:`_row_sigmoid`)."""
     g = gate.clamp(max=limit)
     u = up.clamp(-limit, limit)
     return (u + 1) * (g * _row_sigmoid(g * alpha))
@@ -576,24 +576,24 @@ class SparseMoE(nn.Module):
         return out
 
 
-_SIGMOID_LANES, _SIGMOID_ROWS = 64, 256
+_SIGMOID_LANES, _SIGMOID_SLICE = 64, 16384
 
 
 def _row_sigmoid(z: torch.Tensor) -> torch.Tensor:
-    """``sigmoid(z)`` of ``z`` ``[..., C]`` with each row's bits independent of the other rows. ATen's CPU sigmoid
-    computes an element in its vector loop or its scalar tail by where it falls in the tensor (and splits large ones
-    among threads), so one value's bits may depend on its neighbours' count (as its SiLU's:
-    csrc/include/triforce/glu.h). Here each row is widened to a multiple of 64 lanes (whole vector iterations in
-    every dtype: a lone value fills 64, a wider row is padded) and run in slices of at most 16384 values (one
-    thread)."""
+    """``sigmoid(z)`` with each value's bits its own, whatever the tensor's shape and the value's place in it. ATen's
+    CPU sigmoid computes an element in its vector loop (two vectors a step) or in its scalar tail by where it falls
+    in the tensor, and splits large tensors among threads at any element, so one value's bits may depend on its
+    neighbours' count (as its SiLU's: csrc/include/triforce/glu.h): a verification pass's rows would not be its
+    steps'. Here the values run flat, padded to a multiple of ``_SIGMOID_LANES`` (64: whole two-vector steps in every
+    dtype), in slices of ``_SIGMOID_SLICE`` (a multiple of it, below ATen's grain: one thread), so every value takes
+    the vector loop, whose lanes are independent."""
     if z.device.type != "cpu" or z.numel() == 0:
         return torch.sigmoid(z)
-    C = z.shape[-1]
-    rows = z.reshape(-1, C)
-    wide = rows.expand(-1, _SIGMOID_LANES) if C == 1 else F.pad(rows, (0, -C % _SIGMOID_LANES))
-    step = max(1, _SIGMOID_ROWS * _SIGMOID_LANES // wide.shape[1])
-    return torch.cat([torch.sigmoid(wide[i:i + step].contiguous())[:, :C]
-                      for i in range(0, rows.shape[0], step)]).view(z.shape)
+    flat = z.reshape(-1)
+    n = flat.numel()
+    flat = F.pad(flat, (0, -n % _SIGMOID_LANES))
+    out = torch.cat([torch.sigmoid(flat[i:i + _SIGMOID_SLICE]) for i in range(0, flat.numel(), _SIGMOID_SLICE)])
+    return out[:n].view(z.shape)
 
 
 def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
