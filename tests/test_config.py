@@ -341,7 +341,7 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
               "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite",
               "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe", "qwen2_moe": "qwen2moe",
-              "olmoe": "olmoe", "granitemoeshared": "granitemoe"}
+              "olmoe": "olmoe", "granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss"}
 # the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
 _GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe")
 # gemma3's sandwich norms, as llama.cpp names them
@@ -375,6 +375,8 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
              if c.model_type in ("qwen3_moe", "qwen2_moe") else {}),
           **({"expert_shared_feed_forward_length": c.experts.shared_intermediate_size}
              if c.model_type in ("qwen2_moe", "granitemoeshared") else {}),
+          **({"expert_feed_forward_length": c.experts.intermediate_size,
+              "attention.sliding_window": c.extra.get("sliding_window") or 0} if c.model_type == "gpt_oss" else {}),
           **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}
@@ -392,10 +394,10 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
     for name, t in model.state_dict().items():
         t = t.detach().float()
         if ".mlp.experts." in name:
-            _, _, i, _, _, e, proj, _ = name.split(".")
+            _, _, i, _, _, e, proj, suffix = name.split(".")  # (suffix: weight, or gpt-oss's bias)
             halves = t.chunk(2) if proj == "gate_up_proj" else (t,)
             for kind, half in zip(("gate", "up") if len(halves) == 2 else ("down",), halves):
-                experts.setdefault(f"blk.{i}.ffn_{kind}_exps.weight", {})[int(e)] = half
+                experts.setdefault(f"blk.{i}.ffn_{kind}_exps.{suffix}", {})[int(e)] = half
             continue
         if name in names:
             out = names[name]
@@ -405,6 +407,10 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
             _, _, i, rest = name.split(".", 3)
             module, kind = rest.rsplit(".", 1)
             own = _GGUF_SANDWICH_OUT.get(module) if arch in ("gemma2", "gemma3") else None
+            if arch == "gpt-oss":  # its sinks, and the norm before the MLP as post_attention_norm
+                own = {"post_attention_layernorm": "post_attention_norm"}.get(module)
+                module, kind = (f"{module}.sinks", "weight") if kind == "sinks" else (module, kind)
+                own = "attn_sinks" if module == "self_attn.sinks" else own
             out = f"blk.{i}.{own or _GGUF_OUT[module]}.{kind}"
             if module == "mlp.shared_expert_gate":
                 t = t.reshape(-1)  # llama.cpp's {n_embd}

@@ -4,6 +4,7 @@ mixture whose router and experts have biases and whose experts run a clamped Swi
 GptOssForCausalLM on the same weights, and its MXFP4 checkpoints dequantised as transformers dequantises them."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -221,6 +222,119 @@ def test_an_mxfp4_checkpoint_loads_dequantised(tmp_path):
     save_file(sd, tmp_path / "ckpt" / "model.safetensors")
     with pytest.raises(ValueError, match="down_proj_scales"):
         Llama.from_pretrained(tmp_path / "ckpt")
+
+
+_GGUF_YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096}
+
+
+@pytest.mark.parametrize("experts", ["F32", "MXFP4"])
+def test_gguf_file_as_llama_cpp_writes_and_runs_it(tmp_path, experts):
+    """A gpt-oss GGUF file as llama.cpp's converter writes it (the sinks as attn_sinks, the norm before the MLP as
+    post_attention_norm, the router's and the experts' biases, the experts stacked: float32, or MXFP4 blocks as
+    OpenAI's checkpoints hold them) loads as llama.cpp runs it: the window on every other layer from the first,
+    the clamped SwiGLU's defaults, YaRN with its ramp ends rounded outwards (``truncate``); with float32 experts the
+    logits of our model on the same weights, bitwise; with MXFP4 ones those of our model on the blocks'
+    dequantised weights; speculative decoding on it keeps autoregressive decoding's tokens."""
+    import gguf
+
+    from .test_config import write_gguf
+
+    _, ours = pair(intermediate_size=64)  # (MXFP4: blocks of 32 inputs)
+    mxfp4 = {}
+
+    def quant(name, a):
+        if experts == "MXFP4" and name.endswith("_exps.weight"):
+            mxfp4[name] = gguf.quants.quantize(a, gguf.GGMLQuantizationType.MXFP4)
+            return mxfp4[name], gguf.GGMLQuantizationType.MXFP4
+        return a, None
+
+    path = write_gguf(tmp_path / "g.gguf", ours, _GGUF_YARN, quant=quant)
+    loaded = Llama.from_pretrained(path, cache_dir=tmp_path / "cache")
+    c = loaded.config
+    assert c.model_type == "gpt_oss" and c.layer_windows == (7, 0, 7) and c.swiglu_clamp == (1.702, 7.0)
+    assert c.experts.count == 4 and c.experts.top_k == 2 and c.experts.biases and c.intermediate_size == 64
+    assert c.rope_scaling == {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}
+    want = Llama(c).eval()  # ours as llama.cpp runs it: its RoPE's truncate (the file has no such key)
+    state = ours.state_dict()
+    with torch.no_grad():
+        for i, layer in enumerate(want.model.layers):
+            for e, expert in enumerate(layer.mlp.experts):
+                for name, gguf_name in (("gate_up_proj", None), ("down_proj", "down")):
+                    key = f"model.layers.{i}.mlp.experts.{e}.{name}.weight"
+                    if experts == "MXFP4":
+                        parts = [gguf.quants.dequantize(mxfp4[f"blk.{i}.ffn_{k}_exps.weight"],
+                                                        gguf.GGMLQuantizationType.MXFP4)[e]
+                                 for k in (("gate", "up") if gguf_name is None else ("down",))]
+                        state[key] = torch.from_numpy(np.concatenate(parts)).float()
+    want.load_state_dict(state)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), want(ids))
+        assert not torch.equal(loaded.inv_freq, ours.inv_freq)  # (transformers' truncate false: another RoPE)
+    for t in loaded.state_dict().values():
+        assert torch.isfinite(t).all()
+    # the conversion cache is transformers' layout: transformers reads it as the same model
+    back = transformers.GptOssForCausalLM.from_pretrained(next((tmp_path / "cache").rglob("config.json")).parent,
+                                                          attn_implementation="eager").eval()
+    assert back.config.rope_parameters.get("truncate", True) is True
+    with torch.no_grad():
+        assert (back(ids).logits - loaded(ids)).abs().max().item() <= TOL
+    prompts = [ids[0, :9], ids[1, :17]]
+    ref = triforce.generate(loaded, prompts, method="autoregressive", max_new_tokens=12)
+    out = triforce.generate(loaded, prompts, method="speculative", gamma=3, max_new_tokens=12)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+
+
+def _rewrite_gguf(src, dst, edit):
+    """A copy of the GGUF file ``src`` (its metadata, its float tensors passed through ``edit(dict) -> dict``)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), gguf_field_arch(reader))
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        array = f.types[0] == gguf.GGUFValueType.ARRAY
+        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if array else None)
+    for name, a in edit({t.name: np.array(t.data) for t in reader.tensors}).items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def gguf_field_arch(reader):
+    return reader.fields["general.architecture"].contents()
+
+
+def test_gguf_gate_up_fused_or_missing(tmp_path):
+    """Newer converters write gate and up as one ffn_gate_up_exps (weights and biases, gate first): the same model;
+    a file without an expert tensor raises naming it."""
+    from .test_config import write_gguf
+
+    _, ours = pair()
+    path = write_gguf(tmp_path / "a.gguf", ours, _GGUF_YARN)
+    plain = Llama.from_pretrained(path, cache_dir=False)
+
+    def fuse(t):
+        out = {n: a for n, a in t.items() if "ffn_gate_exps" not in n and "ffn_up_exps" not in n}
+        for i in range(ours.config.num_hidden_layers):
+            for what in ("weight", "bias"):
+                out[f"blk.{i}.ffn_gate_up_exps.{what}"] = np.concatenate(
+                    [t[f"blk.{i}.ffn_gate_exps.{what}"], t[f"blk.{i}.ffn_up_exps.{what}"]], axis=1)
+        return out
+
+    fused = Llama.from_pretrained(_rewrite_gguf(path, tmp_path / "b.gguf", fuse), cache_dir=False)
+    ids = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(fused(ids), plain(ids))
+    for name, what in (("blk.1.ffn_down_exps.bias", "down_proj bias"), ("blk.0.ffn_up_exps.weight",
+                                                                        "gate_up_proj weight")):
+        broken = _rewrite_gguf(path, tmp_path / "c.gguf", lambda t: {n: a for n, a in t.items() if n != name})
+        with pytest.raises(ValueError, match=what):
+            Llama.from_pretrained(broken, cache_dir=False)
 
 
 # gpt-oss-20b's config.json as OpenAI published it

@@ -701,15 +701,20 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # mistral3: what llama.cpp's converter now writes for Mistral3ForConditionalGeneration (Mistral Small 3.1 / 3.2:
 # llama's tensors, permuted q / k, no window), run as llama; Ministral 3's keys (attention temperature scaling,
 # YaRN's log multiplier) are not read, so such a file raises naming them.
+# gpt-oss: GPT-OSS as llama.cpp runs it (NEOX RoPE, so not permuted): its attention sinks (attn_sinks), the norm
+# before the MLP named post_attention_norm, the router's and the experts' biases, the experts in MXFP4 blocks (the
+# gguf package dequantises them) or any other type, gate and up apart or as one ffn_gate_up_exps (gate first), the
+# window attention.sliding_window on every other layer from the first (llama.cpp's fixed pattern), the clamped
+# SwiGLU's alpha 1.702 and limit 7.0 (fixed there too), YaRN with its ramp ends rounded outwards (llama.cpp's).
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
-                      "olmoe": ("olmoe", False)}
+                      "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
-             "olmoe": "olmoe"}
+             "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
 _GGUF_GRANITE_TYPES = ("granite", "granitemoe", "granitemoeshared")  # the model types of granite / granitemoe files
@@ -742,9 +747,10 @@ _GGUF_HARMLESS_ONLY_AT = {
     "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
     "attention.causal": (lambda v, c: v is True, "true"),
     # phi3: llama.cpp reads it and then runs the model without a window ("Phi SWA is currently disabled"), as here
-    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3") or v == 0
+    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss") or v == 0
                                  or v >= c.max_position_embeddings,
-                                 "0 or >= context_length (no sliding-window attention; gemma2 / gemma3: its window)"),
+                                 "0 or >= context_length (no sliding-window attention; gemma2 / gemma3 / gpt-oss: "
+                                 "its window)"),
     # read by _gguf_gemma for gemma2
     **{key: (lambda v, c: c.model_type == "gemma2", "absent (Gemma 2's only)")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
@@ -907,6 +913,13 @@ _GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.i
 _GGUF_SANDWICH_TENSORS = {**_GGUF_LAYER_TENSORS, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                           "post_attention_norm.weight": "post_attention_layernorm.weight",
                           "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+# gpt-oss: its sinks, the norm before the MLP as post_attention_norm, the router's bias, the experts' biases (and
+# gate and up as one ffn_gate_up_exps where the converter fused them: gate first)
+_GGUF_GPT_OSS_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
+                         "post_attention_norm.weight": "post_attention_layernorm.weight",
+                         "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.bias": "mlp.gate.bias",
+                         "ffn_gate_up_exps.weight": "mlp.gate_up_exps",
+                         **{f"ffn_{k}_exps.bias": f"mlp.{k}_exps_bias" for k in ("gate", "up", "down", "gate_up")}}
 # phi3: q, k, v as one attn_qkv and the gate and up projections as one ffn_up (gate first), as its checkpoints
 # hold them (_build splits them)
 _GGUF_PHI3_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
@@ -976,12 +989,17 @@ def read_gguf(path: Path, skip=None, reader=None):
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_phi3_extra(reader, arch, path, head_dim) if arch == "phi3"
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
+    n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
-        extra.update(_gguf_experts(reader, arch, path, model_type, int(need("feed_forward_length"))))
+        extra.update(_gguf_experts(reader, arch, path, model_type, n_ff))
+    if model_type == "gpt_oss":  # its experts' width; its window (llama.cpp: every other layer from the first)
+        n_ff = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff
+        window = int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
+        extra["sliding_window"] = window or None
     if model_type == "qwen2_moe":  # (its q/k/v biases by its qkv_bias key: llama.cpp reads them where present)
         extra["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     config = LlamaConfig(
-        model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
+        model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=n_ff,
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
@@ -1011,7 +1029,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         key, heads = _state_key(name, path, arch, permuted, n_head, n_kv)
         if config.gemma_norm and key.endswith("norm.weight"):
             w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm adds the 1 back (exact for factors in [0.5, 2^24))
-        if key.endswith("_exps"):
+        if key.endswith(("_exps", "_exps_bias")):
             stacked[key] = w
             continue
         if key.endswith("shared_expert_gate.weight") and w.dim() == 1:
@@ -1080,6 +1098,8 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
         raise ValueError(f"GGUF file {str(path)!r} holds experts' tensors (ffn_*_exps) but no "
                          "<arch>.expert_count")
     out = _expert_names(config, sd, inverse=True)  # the routers (and a shared expert) under the family's names
+    if config.model_type == "gpt_oss":
+        return _gguf_gpt_oss_experts(config, out, stacked, path, partial)
     for i in range(config.num_hidden_layers):
         parts = [stacked.pop(f"model.layers.{i}.mlp.{k}_exps", None) for k in ("gate", "up", "down")]
         if any((p is None and not partial) or (p is not None and (p.dim() != 3 or p.shape[0] != spec.count))
@@ -1103,6 +1123,34 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
     return out
 
 
+def _gguf_gpt_oss_experts(config: LlamaConfig, out: dict, stacked: dict, path: Path, partial: bool) -> dict:
+    """A gpt-oss file's experts (``stacked``: ``model.layers.{i}.mlp.{gate,up,down,gate_up}_exps`` and their
+    ``_bias``: ``[E, out, in]`` and ``[E, out]``, gate and up apart or as one, gate first) added to ``out`` under
+    transformers' stacked names (:func:`_gpt_oss_names`)."""
+    spec, experts = config.experts, {}
+    for i in range(config.num_hidden_layers):
+        stem = f"model.layers.{i}.mlp"
+        for what in ("", "_bias"):
+            gate, up = (stacked.pop(f"{stem}.{k}_exps{what}", None) for k in ("gate", "up"))
+            both = stacked.pop(f"{stem}.gate_up_exps{what}", None)
+            if both is not None and gate is None and up is None:
+                gate, up = both.chunk(2, dim=1)
+            down = stacked.pop(f"{stem}.down_exps{what}", None)
+            kind = "weight" if what == "" else "bias"
+            for proj, t in (("gate_up_proj", None if gate is None or up is None else torch.cat([gate, up], 1)),
+                            ("down_proj", down)):
+                if t is None and partial and what == "":
+                    continue  # (skipped by read_gguf's caller)
+                if t is None or t.shape[0] != spec.count:
+                    raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks its experts' {proj} {kind} "
+                                     f"(ffn_gate_exps and ffn_up_exps or ffn_gate_up_exps, ffn_down_exps: .weight and "
+                                     f".bias, {spec.count} experts each)")
+                experts.update({f"{stem}.experts.{e}.{proj}.{kind}": t[e] for e in range(spec.count)})
+    if stacked:
+        raise ValueError(f"unexpected GGUF tensors {sorted(stacked)[:3]} in {str(path)!r}")
+    return {**out, **_gpt_oss_names(experts, inverse=True)}
+
+
 def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_kv: int):
     """(HF state-dict key, the head count to un-permute its rows by or ``None``) of GGUF tensor ``name``."""
     if name == "token_embd.weight":
@@ -1114,7 +1162,7 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     if name.startswith("blk."):
         _, i, kind = name.split(".", 2)
         table = (_GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_PHI3_TENSORS if arch == "phi3"
-                 else _GGUF_LAYER_TENSORS)
+                 else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss" else _GGUF_LAYER_TENSORS)
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")
