@@ -167,14 +167,16 @@ def test_checkpoint_directories_both_ways(tmp_path):
 
 
 def test_mxfp4_dequantises_as_transformers():
-    """Every code under every scale (0: subnormals; 255: past float32's range but for codes +-0.5), in float32, bitwise
-    transformers' dequantisation."""
+    """Every code under every scale (0: subnormals; 255: past float32's range but for codes +-0.5), in bfloat16,
+    bitwise transformers' float32 dequantisation."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     # [1 expert, 256 rows, 16 groups, 16 bytes]: row r holds every byte value, each group under scale r
     blocks = torch.arange(256, dtype=torch.uint8).repeat(256).view(1, 256, 16, 16)
     scales = torch.arange(256, dtype=torch.uint8)[None, :, None].expand(1, 256, 16).contiguous()
-    ours = dequantize_mxfp4(blocks, scales)  # [1, rows, K]
+    ours = dequantize_mxfp4(blocks, scales)  # [1, rows, K], bfloat16: every value exact
+    assert ours.dtype == torch.bfloat16
+    ours = ours.float()
     ref = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2)
     assert ours.shape == ref.shape == (1, 256, 512)
     assert torch.equal(ours.isinf(), ref.isinf()) and torch.equal(ours[~ours.isinf()], ref[~ref.isinf()])

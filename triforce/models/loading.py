@@ -371,27 +371,28 @@ _FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float32 ``[..., rows, 32 * G]`` of MXFP4 ``blocks`` uint8 ``[..., rows, G, 16]`` and ``scales`` uint8
+    """bfloat16 ``[..., rows, 32 * G]`` of MXFP4 ``blocks`` uint8 ``[..., rows, G, 16]`` and ``scales`` uint8
     ``[..., rows, G]``: weight ``2j`` of a block is the code in its byte ``j``'s low nibble, ``2j + 1`` the high
-    one's, each ``_FP4_VALUES[code] * 2 ** (scale - 127)`` rounded once, as ``torch.ldexp`` (exact in float32 but
-    at the ends of its range, and in bfloat16 then too)."""
+    one's, each ``_FP4_VALUES[code] * 2 ** (scale - 127)``: transformers' float32 ``ldexp`` values, every one of
+    which bfloat16 holds exactly (at most 2 significant bits, float32's exponent range and inf beyond it; its
+    subnormals reach 2 ** -133), in half the memory."""
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape \
             or blocks.shape[-1] != 16:
         raise ValueError(f"MXFP4 blocks must be uint8 [..., G, 16] and scales uint8 [..., G] alike, got "
                          f"{blocks.dtype} {list(blocks.shape)} and {scales.dtype} {list(scales.shape)}")
-    lut = torch.tensor(_FP4_VALUES, dtype=torch.float32)
+    lut = torch.tensor(_FP4_VALUES, dtype=torch.bfloat16)
     codes = torch.stack([blocks & 0x0F, blocks >> 4], -1).long()  # [..., G, 16, 2]: low nibble first
-    # times 2 ** (s - 127) as ldexp computes it (one rounding: to a subnormal or to inf at the ends): two exact
-    # powers of two of at most 2 ** 64, the first product exact
-    e = scales.int() - 127
-    halves = [((h + 127) << 23).view(torch.float32)[..., None] for h in (e // 2, e - e // 2)]
+    # times 2 ** (s - 127) as two powers of two of at most 2 ** 64 (bfloat16 bits), each product exact (or inf)
+    e = scales.short() - 127
+    halves = [((h + 127) << 7).view(torch.bfloat16)[..., None] for h in (e // 2, e - e // 2)]
     return (lut[codes].flatten(-2) * halves[0] * halves[1]).flatten(-2)
 
 
 def _gpt_oss_names(sd: dict, inverse: bool = False) -> dict:
     """A GPT-OSS checkpoint's weights (above) under the model's names (the router as ``mlp.gate``, each expert's
-    ``gate_up_proj`` rows [gate; up], as :func:`_expert_names` gives every family's), or with ``inverse`` the
-    model's back under transformers' names, stacked, unquantised."""
+    ``gate_up_proj`` rows [gate; up], as :func:`_expert_names` gives every family's; MXFP4 weights dequantised one
+    stacked tensor at a time, so that loading holds the experts once, in bfloat16), or with ``inverse`` the model's
+    back under transformers' names, stacked, unquantised."""
     out, stacks = {}, {}
     if inverse:
         for name, t in sd.items():
@@ -410,22 +411,23 @@ def _gpt_oss_names(sd: dict, inverse: bool = False) -> dict:
         m = _GPT_OSS_EXPERTS.fullmatch(name)
         if m is None:
             out[re.sub(r"\.mlp\.router\.(weight|bias)$", r".mlp.gate.\1", name)] = t
-        elif m[3] == "_scales":
+            continue
+        if m[3] == "_scales":
             continue  # (read with its blocks)
-        elif m[3] == "_blocks":
+        if m[3] == "_blocks":
             scales = sd.get(f"{m[1]}.{m[2]}_scales")
             if scales is None:
                 raise ValueError(f"weight {name} (MXFP4 blocks) has no {m[1]}.{m[2]}_scales beside it")
-            stacks[(m[1], m[2], "weight")] = dequantize_mxfp4(t, scales)  # [E, rows (outputs), K]
-        elif t.dim() == (2 if m[3] else 3):
-            stacks[(m[1], m[2], "bias" if m[3] else "weight")] = t if m[3] else t.transpose(1, 2)
-        else:
+            t = dequantize_mxfp4(t, scales)  # [E, rows (outputs), K]
+        elif t.dim() == 3 and not m[3]:
+            t = t.transpose(1, 2)  # [E, K, rows] (x @ W) -> [E, rows, K]
+        elif t.dim() != 2 or not m[3]:
             out[name] = t  # reported as unexpected
-    for (stem, kind, what), t in stacks.items():
-        for e, w in enumerate(t):
-            if kind == "gate_up_proj":  # interleaved -> [gate; up]
+            continue
+        for e, w in enumerate(t):  # each expert its own tensor, the stacked one dropped after
+            if m[2] == "gate_up_proj":  # interleaved -> [gate; up]
                 w = torch.cat([w[0::2], w[1::2]])
-            out[f"{stem}.{e}.{kind}.{what}"] = w.contiguous()
+            out[f"{m[1]}.{e}.{m[2]}.{'bias' if m[3] == '_bias' else 'weight'}"] = w.contiguous()
     return out
 
 
