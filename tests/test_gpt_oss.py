@@ -292,7 +292,7 @@ def _rewrite_gguf(src, dst, edit):
     import gguf
 
     reader = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), gguf_field_arch(reader))
+    w = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for f in reader.fields.values():
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
             continue
@@ -305,10 +305,6 @@ def _rewrite_gguf(src, dst, edit):
     w.write_tensors_to_file()
     w.close()
     return dst
-
-
-def gguf_field_arch(reader):
-    return reader.fields["general.architecture"].contents()
 
 
 def test_gguf_gate_up_fused_or_missing(tmp_path):
