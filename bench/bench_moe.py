@@ -12,8 +12,7 @@ share experts more often, so its passes read fewer.
 Shapes (one layer's MLP, random weights, bfloat16 and float32): Qwen3-30B-A3B's (hidden 2048, 128 experts of width
 768, 8 chosen: 1.2 GB a layer in bfloat16), or with ``--model mixtral-8x7b`` Mixtral 8x7B's (hidden 4096, 8 experts
 of width 14336, 2 chosen: 2.8 GB), or with ``--model gpt-oss-20b`` gpt-oss-20b's (hidden 2880, 32 experts of width
-2880, 4 chosen, biases and the clamped SwiGLU: 1.6 GB; its experts run one by one, ``moe_experts`` takes neither:
-``cpu`` only, against transformers' GptOssMLP). Backends: ``cpu`` (ours: the router through the row-wise kernel, then
+2880, 4 chosen, biases and the clamped SwiGLU: 1.6 GB; against transformers' GptOssMLP). Backends: ``cpu`` (ours: the router through the row-wise kernel, then
 every hit expert in one ``triforce_C::moe_experts`` call, csrc/cpu/moe.cpp), ``cpu_one_by_one`` (the same
 arithmetic with the experts run module by module from Python, each product its own row-wise kernel call: the path
 before that op, and still the path of quantised experts) and ``transformers`` (its Qwen3MoeSparseMoeBlock /
@@ -128,18 +127,16 @@ def bench_model(model: str, dtype: torch.dtype, rows: tuple, reps: int = 15) -> 
 
         with torch.no_grad():
             assert torch.equal(one_by_one(x), ours(x).reshape(-1, H))
-        alone = family == "gpt_oss"  # (its experts run one by one: cpu is cpu_one_by_one)
-        t = measure_alternating({"transformers": run(theirs), "cpu": run(ours),
-                                 **({} if alone else {"cpu_one_by_one": run(one_by_one)})}, reps=reps)
+        t = measure_alternating({"transformers": run(theirs), "cpu": run(ours), "cpu_one_by_one": run(one_by_one)},
+                                reps=reps)
         shape = f"model={model},rows={T},experts_hit={hit}/{E}"
         record(family="moe", op="sparse_moe", backend="transformers", shape=shape, dtype=dt, bytes_moved=nbytes,
                timing=t["transformers"], bandwidth=bw, device="cpu")
-        expected = f"expected_hit={E * (1 - (1 - k / E) ** T):.1f}"
-        if not alone:
-            record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=dt,
-                   bytes_moved=nbytes, timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu",
-                   baseline="transformers", baseline_timing=t["transformers"])
-            expected += f";vs_one_by_one=x{t['cpu_one_by_one']['median_s'] / t['cpu']['median_s']:.2f}"
+        record(family="moe", op="sparse_moe", backend="cpu_one_by_one", shape=shape, dtype=dt, bytes_moved=nbytes,
+               timing=t["cpu_one_by_one"], bandwidth=bw, device="cpu", baseline="transformers",
+               baseline_timing=t["transformers"])
+        expected = (f"expected_hit={E * (1 - (1 - k / E) ** T):.1f};"
+                    f"vs_one_by_one=x{t['cpu_one_by_one']['median_s'] / t['cpu']['median_s']:.2f}")
         record(family="moe", op="sparse_moe", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
                timing=t["cpu"], bandwidth=bw, device="cpu", baseline="transformers",
                baseline_timing=t["transformers"], extra=expected)

@@ -84,17 +84,26 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 // GELU's tanh form, gelu(approximate="tanh") (Gemma's GeGLU).
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
+// GPT-OSS's experts' clamped SwiGLU: (clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha)), g = min(gate,
+// limit), each step rounded to the dtype as transformers' ops round it, every element by the same arithmetic (glu.h);
+// alpha finite, limit finite and > 0.
+at::Tensor swiglu_clamped_mul(const at::Tensor& gate, const at::Tensor& up, double alpha, double limit);
+// swiglu_clamped_mul's and moe_experts' check of alpha and limit
+void check_swiglu_clamp(const char* name, double alpha, double limit);
 // A mixture of experts' MLP for the rows of x [N, H] (csrc/cpu/moe.cpp): row t's k experts index[t] (int64 [N, k])
 // and weights weight[t] (float32, or x's dtype); expert e's projections gate_up[e] (2I outputs: gate, then up) and
 // down[e] (I inputs, H outputs) in any format of product_of (weights of x's dtype; int8 formats with their scales
-// and a float32 x), None for an expert no row chose; activation "silu" or "gelu_tanh". -> [N, H]: row t the sum,
-// from zero and rounded to x's dtype at each add, of round(down(act(gate) * up) * weight) over its experts in
-// increasing expert order: bitwise the experts run one by one through the row-wise ops and silu_mul /
-// gelu_tanh_mul, whatever N, the rows' places and the threads.
+// and a float32 x), None for an expert no row chose; optionally their biases (x's dtype; None for none);
+// activation "silu", "gelu_tanh" or "swiglu_clamped" (GPT-OSS's, with swiglu_alpha and swiglu_limit). -> [N, H]:
+// row t the sum, from zero and rounded to x's dtype at each add, of round(down(act(gate) * up) * weight) over its
+// experts in increasing expert order: bitwise the experts run one by one through the row-wise ops (each bias added
+// after its product, rounded) and silu_mul / gelu_tanh_mul / swiglu_clamped_mul, whatever N, the rows' places and
+// the threads.
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::Tensor& weight,
                        const OptionalTensorList& gate_up, const OptionalTensorList& gate_up_scales,
                        const OptionalTensorList& down, const OptionalTensorList& down_scales,
-                       const std::string& activation);
+                       const std::string& activation, const std::optional<OptionalTensorList>& gate_up_bias,
+                       const std::optional<OptionalTensorList>& down_bias, double swiglu_alpha, double swiglu_limit);
 // Layers one after another in one call, each with its KV cache's side in between (the caches whose attend
 // is "write the step's rows, then verify_attention over the buffers": triforce/models/cache.py): per layer
 // 2 norms and eps (input, post-attention), 7 projections (q, k, v, o, gate, up, down), 2 optional q/k

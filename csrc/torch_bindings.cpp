@@ -32,8 +32,10 @@ TORCH_LIBRARY(triforce_C, m) {
         "Tensor?[] bias) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("swiglu_clamped_mul(Tensor gate, Tensor up, float alpha, float limit) -> Tensor");
   m.def("moe_experts(Tensor x, Tensor index, Tensor weight, Tensor?[] gate_up, Tensor?[] gate_up_scales, "
-        "Tensor?[] down, Tensor?[] down_scales, str activation) -> Tensor");
+        "Tensor?[] down, Tensor?[] down_scales, str activation, Tensor?[]? gate_up_bias=None, "
+        "Tensor?[]? down_bias=None, float swiglu_alpha=0., float swiglu_limit=0.) -> Tensor");
   m.def("decoder_layers(Tensor h, Tensor cos, Tensor sin, int head_dim, Tensor[] norm_w, float[] eps, Tensor[] w, "
         "Tensor?[] scales, Tensor?[] bias, Tensor?[] qk_norm_w, float[] qk_eps, Tensor(a!)[] k_cache, "
         "Tensor(b!)[] v_cache, Tensor(c!)[] k_raw_cache, Tensor(d!)[] last_query, Tensor slots, "
@@ -70,6 +72,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("decoder_attn_out_mlp", &decoder_attn_out_mlp);
   m.impl("silu_mul", &silu_mul);
   m.impl("gelu_tanh_mul", &gelu_tanh_mul);
+  m.impl("swiglu_clamped_mul", &swiglu_clamped_mul);
   m.impl("moe_experts", &moe_experts);
   m.impl("decoder_layers", &decoder_layers);
   m.impl("tree_speculative_sample", &tree_speculative_sample);

@@ -7,15 +7,20 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import triforce
 from triforce.models import FullCache, Llama, LlamaConfig
 from triforce.models.loading import _FP4_VALUES, _build, dequantize_mxfp4
 
+from triforce.models.llama import SparseMoE, _bulk_linears, _clamped_swiglu, _clamped_swiglu_ops
+
+from .test_decoder import ulps_apart
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_
 from .test_model import TOL
-from .test_moe import assert_checkpoint_directories_both_ways
+from .test_moe import assert_checkpoint_directories_both_ways, module_by_module, needs_op
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -139,6 +144,110 @@ def test_row_sigmoid_gives_each_value_its_own_bits(dtype):
         assert torch.equal(_row_sigmoid(z[:n]), _row_sigmoid(z)[:n])
     if dtype == torch.float32:  # (what it guards against)
         assert not torch.equal(torch.sigmoid(z[:600]), torch.cat([torch.sigmoid(z[i:i + 1]) for i in range(600)]))
+
+
+# ---- the experts' clamped SwiGLU on the CPU: triforce_C::swiglu_clamped_mul (csrc/include/triforce/glu.h)
+
+needs_swiglu = pytest.mark.skipif(not hasattr(torch.ops.triforce_C, "swiglu_clamped_mul"),
+                                  reason="the C++ extension is not built")
+
+
+@needs_swiglu
+@given(rows=st.integers(1, 40), width=st.sampled_from([1, 15, 33, 81, 2880]), threads=st.sampled_from([1, 3]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), alpha=st.sampled_from([1.702, 0.5, 4.0]),
+       limit=st.sampled_from([7.0, 0.3, 1.0]), seed=st.integers(0, 2**16))
+def test_clamped_swiglu_rows_are_independent(rows, width, threads, dtype, alpha, limit, seed):
+    """Each row of the clamped SwiGLU has the bits it has alone, whatever the width and the threads (PyTorch's
+    sigmoid does not promise that); every value within a few ulp of PyTorch's ops' (the sigmoid's e^t is not
+    Sleef's: float32 2 ulp from the exact value, so 16-bit outputs at most one rounding apart per step), and the
+    model's activation is the op on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    gate = (torch.randn(rows, width, generator=g) * 3).to(dtype)
+    up = (torch.randn(rows, width, generator=g) * 3).to(dtype)
+    op, saved = torch.ops.triforce_C.swiglu_clamped_mul, torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = op(gate, up, alpha, limit)
+        alone = [op(gate[r:r + 1], up[r:r + 1], alpha, limit) for r in range(rows)]
+    finally:
+        torch.set_num_threads(saved)
+    assert out.dtype == dtype and out.shape == gate.shape
+    assert torch.equal(out, torch.cat(alone))
+    assert torch.equal(_clamped_swiglu(gate, up, alpha, limit), out)
+    ref = _clamped_swiglu_ops(gate, up, alpha, limit)
+    assert (ulps_apart(out, ref, dtype) <= (8 if dtype == torch.float32 else 3)).all()
+
+
+@needs_swiglu
+def test_clamped_swiglu_special_values_gradients_and_checks():
+    """NaN, infinities, values at and past the limit as PyTorch's ops give them (NaN where they give NaN, zeros of
+    their sign); under autograd the op's forward bits and the gradients of PyTorch's ops; bad arguments raise."""
+    op = torch.ops.triforce_C.swiglu_clamped_mul
+    specials = [0.0, -0.0, 1.0, -1.0, 7.0, 7.5, -7.5, 100.0, -100.0, 1e30, -1e30, float("inf"), float("-inf"),
+                float("nan")]
+    gate, up = torch.tensor(specials).repeat_interleave(14), torch.tensor(specials).repeat(14)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for alpha, limit in ((1.702, 7.0), (0.5, 0.3)):
+            got = op(gate.to(dtype), up.to(dtype), alpha, limit)
+            want = _clamped_swiglu_ops(gate.to(dtype), up.to(dtype), alpha, limit)
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+            finite = want.isfinite()
+            assert torch.allclose(got[finite].float(), want[finite].float(), rtol=1e-2, atol=0)
+            assert torch.equal(got[want == 0].signbit(), want[want == 0].signbit())
+    gen = torch.Generator().manual_seed(0)
+    gate = (torch.randn(5, 33, generator=gen) * 4).requires_grad_()
+    up = (torch.randn(5, 33, generator=gen) * 4).requires_grad_()
+    out = op(gate, up, 1.702, 2.0)
+    with torch.no_grad():
+        assert torch.equal(out, op(gate, up, 1.702, 2.0))
+    weights = torch.randn(5, 33, generator=gen)
+    (out * weights).sum().backward()
+    mine = gate.grad.clone(), up.grad.clone()
+    gate.grad = up.grad = None
+    (_clamped_swiglu_ops(gate, up, 1.702, 2.0) * weights).sum().backward()
+    assert torch.allclose(mine[0], gate.grad, rtol=1e-5, atol=1e-6) and torch.allclose(mine[1], up.grad, rtol=1e-5,
+                                                                                       atol=1e-6)
+    assert (up.grad == 0).any() and (gate.grad == 0).any()  # (the clamps cut some gradients)
+    x = torch.randn(3, 5, 7).transpose(0, 2)
+    assert torch.equal(op(x, x, 1.0, 1.0), op(x.contiguous(), x.contiguous(), 1.0, 1.0))
+    assert op(torch.empty(0, 16), torch.empty(0, 16), 1.0, 1.0).shape == (0, 16)
+    torch.library.opcheck(op, (torch.randn(4, 33), torch.randn(4, 33), 1.702, 7.0))
+    for args, message in (((torch.zeros(2, 8), torch.zeros(2, 9), 1.0, 1.0), "one shape"),
+                          ((torch.zeros(2, 8), torch.zeros(2, 8).half(), 1.0, 1.0), "one dtype"),
+                          ((torch.zeros(2, 8), torch.zeros(2, 8), 1.0, 0.0), "limit finite and > 0"),
+                          ((torch.zeros(2, 8), torch.zeros(2, 8), float("inf"), 1.0), "alpha must be finite"),
+                          ((torch.zeros(2, 8), torch.zeros(2, 8), 1.0, float("nan")), "limit finite")):
+        with pytest.raises(RuntimeError, match=message):
+            op(*args)
+
+
+@needs_op
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_sparse_layer_takes_moe_experts_with_the_bits_of_its_modules(dtype, monkeypatch):
+    """GPT-OSS's sparse MLP (router and expert biases, the clamped SwiGLU) runs its experts in one moe_experts call
+    for a step, a pass and 200 rows outside a prefill, in a prefill while no expert has more than 128 rows, with
+    the bits of its experts run module by module; experts whose clamps differ run module by module."""
+    model = pair("clamped")[1].to(dtype)
+    moe = model.model.layers[0].mlp
+    assert type(moe) is SparseMoE
+    calls = []
+    real = torch.ops.triforce_C.moe_experts
+    monkeypatch.setattr(torch.ops.triforce_C, "moe_experts",
+                        lambda *a, **kw: calls.append((a[0].shape[0], kw)) or real(*a, **kw), raising=False)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for n in (1, 5, 200):
+            rows = torch.randn(n, model.config.hidden_size, generator=g).to(dtype)
+            assert torch.equal(moe(rows[None])[0], module_by_module(moe, rows))
+            assert calls[-1] == (n, {"swiglu_alpha": 2.5, "swiglu_limit": 0.3})
+        with _bulk_linears():
+            rows = torch.randn(100, model.config.hidden_size, generator=g).to(dtype)
+            assert torch.equal(moe(rows[None])[0], module_by_module(moe, rows))
+            assert calls[-1][0] == 100
+        calls.clear()
+        moe.experts[1].swiglu_clamp = (2.5, 0.4)
+        rows = torch.randn(50, model.config.hidden_size, generator=g).to(dtype)
+        assert torch.equal(moe(rows[None])[0], module_by_module(moe, rows)) and calls == []
 
 
 def tiny_gpt_oss(seed):

@@ -382,17 +382,25 @@ def project(x, w, scales):
     return ops.rowwise_linear(x, w) if scales is None else ops.rowwise_linear_q8(x, w, scales)
 
 
-def experts_one_by_one(x, index, weight, gate_up, gate_up_scales, down, down_scales, activation):
-    """What SparseMoE computes without the op: each chosen expert's rows through the row-wise ops, its output times
-    the weights rounded to the dtype and added to the rows, in increasing expert order."""
+def experts_one_by_one(x, index, weight, gate_up, gate_up_scales, down, down_scales, activation, gate_up_bias=None,
+                       down_bias=None, swiglu_alpha=None, swiglu_limit=None):
+    """What SparseMoE computes without the op: each chosen expert's rows through the row-wise ops (plus the
+    projection's bias, if any, as Linear adds it), its output times the weights rounded to the dtype and added to
+    the rows, in increasing expert order."""
     out = torch.zeros_like(x)
     for e in torch.unique(index).tolist():
         token, slot = torch.where(index == e)
         h = project(x[token], gate_up[e], gate_up_scales[e])
+        if gate_up_bias is not None and gate_up_bias[e] is not None:
+            h.add_(gate_up_bias[e])
         width = h.shape[1] // 2
-        a = getattr(torch.ops.triforce_C, f"{activation}_mul")(h[:, :width].contiguous(), h[:, width:].contiguous())
-        out.index_put_((token,), (project(a, down[e], down_scales[e]) * weight[token, slot, None]).to(x.dtype),
-                       accumulate=True)
+        gate, up = h[:, :width].contiguous(), h[:, width:].contiguous()
+        a = (torch.ops.triforce_C.swiglu_clamped_mul(gate, up, swiglu_alpha, swiglu_limit)
+             if activation == "swiglu_clamped" else getattr(torch.ops.triforce_C, f"{activation}_mul")(gate, up))
+        y = project(a, down[e], down_scales[e])
+        if down_bias is not None and down_bias[e] is not None:
+            y.add_(down_bias[e])
+        out.index_put_((token,), (y * weight[token, slot, None]).to(x.dtype), accumulate=True)
     return out
 
 
@@ -445,15 +453,43 @@ def test_moe_experts_gives_the_bits_of_the_experts_one_by_one(N, k, H, widths, d
     assert_op_matches_one_by_one(args, activation)
 
 
-def assert_op_matches_one_by_one(args, activation):
-    out = torch.ops.triforce_C.moe_experts(*args, activation)
+def assert_op_matches_one_by_one(args, activation, *extra, **clamp):
+    """The op against :func:`experts_one_by_one` on ``args`` (and ``extra``: the biases; ``clamp``: the clamped
+    SwiGLU's constants), and rows of it alone."""
+    out = torch.ops.triforce_C.moe_experts(*args, activation, *extra, **clamp)
     x, index, weight = args[:3]
     assert out.dtype == x.dtype and out.shape == x.shape
-    assert torch.equal(out, experts_one_by_one(*args, activation))
+    assert torch.equal(out, experts_one_by_one(*args, activation, *extra, **clamp))
     N = x.shape[0]
     for t in range(0, N, max(1, N // 5)):
-        alone = torch.ops.triforce_C.moe_experts(x[t:t + 1], index[t:t + 1], weight[t:t + 1], *args[3:], activation)
+        alone = torch.ops.triforce_C.moe_experts(x[t:t + 1], index[t:t + 1], weight[t:t + 1], *args[3:], activation,
+                                                 *extra, **clamp)
         assert torch.equal(alone[0], out[t])
+
+
+@needs_op
+@given(N=st.integers(0, 40), k=st.integers(1, 4), H=st.integers(1, 80), widths=st.lists(st.integers(0, 50), min_size=1,
+       max_size=6), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       float32_weights=st.booleans(), activation=st.sampled_from(["silu", "swiglu_clamped"]),
+       biased=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=6, max_size=6),
+       alpha=st.sampled_from([1.702, 0.5, 3.0]), limit=st.sampled_from([7.0, 0.3, 1.0]), seed=st.integers(0, 2**31 - 1))
+@example(N=300, k=4, H=33, widths=[20, 17, 0], dtype=torch.bfloat16, float32_weights=True, activation="swiglu_clamped",
+         biased=[(True, True)] * 6, alpha=1.702, limit=0.3, seed=1)
+def test_moe_experts_with_biases_and_the_clamped_swiglu(N, k, H, widths, dtype, float32_weights, activation, biased,
+                                                        alpha, limit, seed):
+    """GPT-OSS's experts: biases on any of the projections (each added to its product and rounded, as Linear adds
+    it: before the activation, before the weight) and the clamped SwiGLU (limits that clamp most values or none):
+    bitwise the experts one by one, every row bitwise alone."""
+    chosen = [e for e in range(len(widths)) if e % 3 != 1] or [0]
+    args = random_experts(seed, N, k, H, widths, dtype, torch.float32 if float32_weights else dtype, chosen)
+    g = torch.Generator().manual_seed(seed + 1)
+    biases = [[None] * len(widths), [None] * len(widths)]
+    for e in chosen:
+        for j, n in enumerate((2 * widths[e], H)):
+            if biased[e][j]:
+                biases[j][e] = torch.randn(n, generator=g).to(dtype)
+    clamp = {"swiglu_alpha": alpha, "swiglu_limit": limit} if activation == "swiglu_clamped" else {}
+    assert_op_matches_one_by_one(args, activation, *biases, **clamp)
 
 
 FORMATS = ["float", "q8", "q4_1", "i8"]
@@ -554,6 +590,14 @@ def test_moe_experts_rejects_bad_arguments():
         ((x, index, weight, gate_up, nones, [down[0][:, :3], down[1]], nones, "silu"), "x has 4 columns, w 3"),
         ((x, index, weight, gate_up, nones, [down[0][:7], down[1]], nones, "silu"), "has 7 outputs, x 8"),
         ((x.bfloat16(), index, weight, [q, q], [s, s], down, nones, "silu"), "x float32"),
+        ((x, index, weight, gate_up, nones, down, nones, "silu", nones[:1]), "1 gate_up biases for 2 experts"),
+        ((x, index, weight, gate_up, nones, down, nones, "silu", None, nones * 2), "4 down biases for 2 experts"),
+        ((x, index, weight, gate_up, nones, down, nones, "silu", [torch.zeros(7), None]), r"contiguous Float \[8\]"),
+        ((x, index, weight, gate_up, nones, down, nones, "silu", None, [None, torch.zeros(8).half()]),
+         "expert 1's biases must be"),
+        ((x, index, weight, gate_up, nones, down, nones, "swiglu_clamped"), "limit finite and > 0, got 0 and 0"),
+        ((x, index, weight, gate_up, nones, down, nones, "swiglu_clamped", None, None, float("nan"), 7.0),
+         "alpha must be finite"),
     ]
     for args, message in bad:
         with pytest.raises(RuntimeError, match=message):

@@ -139,7 +139,7 @@ at::Tensor residual_add(at::Tensor a, const at::Tensor& b) {
 // (float32) to ~1.1 ns (bfloat16) on one core of this project's VM, what streaming ~32 bytes takes, so that is
 // the work it counts (parallel_min_bytes).
 template <triforce::Act A>
-void glu_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+void glu_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out, triforce::SwigluClamp c = {}) {
   const int64_t W = gate.dim() == 0 ? 1 : gate.size(-1);
   if (gate.numel() == 0) return;
   const int64_t rows = gate.numel() / W, row_work = 32 * W;
@@ -151,13 +151,13 @@ void glu_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
     triforce::parallel_ranges(triforce::worth_parallel_here(rows * row_work), rows, grain,
                               [&](int64_t lo, int64_t hi) {
                                 for (int64_t r = lo; r < hi; ++r)
-                                  triforce::glu_row<A>(g + r * W, u + r * W, o + r * W, W);
+                                  triforce::glu_row<A>(g + r * W, u + r * W, o + r * W, W, c);
                               });
   });
 }
 
 template <triforce::Act A>
-at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up, triforce::SwigluClamp c = {}) {
   TORCH_CHECK(gate.sizes() == up.sizes(), name, ": gate and up must have one shape, got ", gate.sizes(), " and ",
               up.sizes());
   TORCH_CHECK(gate.scalar_type() == up.scalar_type(), name, ": gate and up must have one dtype, got ",
@@ -165,7 +165,7 @@ at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up
   TORCH_CHECK(gate.device().is_cpu() && up.device().is_cpu(), name, ": CPU tensors only");
   const at::Tensor g = gate.contiguous(), u = up.contiguous();
   at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
-  glu_into<A>(g, u, out);
+  glu_into<A>(g, u, out, c);
   return out;
 }
 
@@ -451,6 +451,17 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up) {
   return glu_op<triforce::Act::kGeluTanh>("gelu_tanh_mul", gate, up);
+}
+
+void check_swiglu_clamp(const char* name, double alpha, double limit) {
+  TORCH_CHECK(std::isfinite(alpha) && std::isfinite(limit) && limit > 0, name,
+              ": alpha must be finite and limit finite and > 0, got ", alpha, " and ", limit);
+}
+
+at::Tensor swiglu_clamped_mul(const at::Tensor& gate, const at::Tensor& up, double alpha, double limit) {
+  check_swiglu_clamp("swiglu_clamped_mul", alpha, limit);
+  return glu_op<triforce::Act::kSwigluClamped>("swiglu_clamped_mul", gate, up,
+                                               {static_cast<float>(alpha), static_cast<float>(limit)});
 }
 
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,

@@ -1,8 +1,9 @@
 // moe_experts: a mixture of experts' MLP on the CPU for the rows of x, given each row's chosen experts and their
 // weights (the router's work stays in Python: triforce/models/llama.py, SparseMoE). Bitwise what SparseMoE's
 // modules compute expert by expert: each expert's rows through rowwise_linear (gate and up as one projection),
-// act(gate) * up (glu.h), rowwise_linear (down), then each row's sum, from zero and in the element type, of
-// round(output * weight) in increasing expert order.
+// plus its bias if it has one, act(gate) * up (glu.h; GPT-OSS's clamped SwiGLU too), rowwise_linear (down), plus
+// its bias, then each row's sum, from zero and in the element type, of round(output * weight) in increasing expert
+// order.
 //
 // Why: run expert by expert from Python, a sparse layer was a loop of ~8 tensor ops per expert hit, and each
 // expert's product was a separate kernel call that opened its own parallel region only above 4 MiB of work
@@ -69,16 +70,26 @@ void run_products(const std::vector<RowwiseProduct>& products, const std::vector
                            });
 }
 
-// out[t] = sum over t's pairs p, in increasing expert order, of round(y[p] * weight[p]), each add rounded to T.
+// row[i] += bias[i] for i < n, each sum rounded to T (the module's `y.add_(bias)`); nothing without a bias
+template <typename T>
+void add_bias(T* row, const T* bias, int64_t n) {
+  if (bias == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) row[i] = triforce::from_float<T>(triforce::to_float(row[i]) + triforce::to_float(bias[i]));
+}
+
+// out[t] = sum over t's pairs p, in increasing expert order, of round(y[p] * weight[p]), each add rounded to T;
+// y[p] first plus its expert's down bias (bias[expert], or nullptr), in place.
 template <typename T, typename W>
-TRIFORCE_NO_FP_CONTRACT void weighted_sum(const T* y, const W* weight, const int64_t* pair_row,
-                                          const int64_t* order, int64_t k, int64_t H, T* out, int64_t t) {
+TRIFORCE_NO_FP_CONTRACT void weighted_sum(T* y, const W* weight, const int64_t* pair_row, const int64_t* order,
+                                          const int64_t* expert, const T* const* bias, int64_t k, int64_t H, T* out,
+                                          int64_t t) {
   T* o = out + t * H;
   for (int64_t h = 0; h < H; ++h) o[h] = triforce::from_float<T>(0.f);
   for (int64_t j = 0; j < k; ++j) {
     const int64_t p = order[t * k + j];  // the pair t * k + slot, in the order its experts are summed
     const float w = triforce::to_float(weight[p]);
-    const T* yr = y + pair_row[p] * H;
+    T* yr = y + pair_row[p] * H;
+    add_bias(yr, bias[expert[p]], H);
     for (int64_t h = 0; h < H; ++h) {
       const float product = triforce::to_float(triforce::from_float<T>(triforce::to_float(yr[h]) * w));
       o[h] = triforce::from_float<T>(triforce::to_float(o[h]) + product);
@@ -86,16 +97,16 @@ TRIFORCE_NO_FP_CONTRACT void weighted_sum(const T* y, const W* weight, const int
   }
 }
 
-// An expert's projection: its weight and, for int8 formats, its scales.
+// An expert's projection: its weight, for int8 formats its scales, and its bias (of the outputs' dtype) if any.
 struct Projection {
   at::Tensor w;
-  std::optional<at::Tensor> scales;
+  std::optional<at::Tensor> scales, bias;
   bool i8() const { return w.scalar_type() == at::kByte && scales.has_value(); }
 };
 
 template <triforce::Act A, typename T>
 at::Tensor run(const at::Tensor& x, const at::Tensor& index, const at::Tensor& weight,
-               const std::vector<Projection>& gate_up, const std::vector<Projection>& down) {
+               const std::vector<Projection>& gate_up, const std::vector<Projection>& down, triforce::SwigluClamp c) {
   const int64_t N = x.size(0), H = x.size(1), k = index.size(1), E = static_cast<int64_t>(gate_up.size());
   const int64_t P = N * k;
   const int64_t* idx = index.const_data_ptr<int64_t>();
@@ -143,6 +154,19 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& index, const at::Tensor& w
   std::vector<void*> outs;
   for (const Group& g : groups) outs.push_back(HS + g.h_off);
   run_products(ups, outs);
+  // Each chosen expert's biases (gate-up: added before the activation; down: by the weighted sum), or nullptr
+  std::vector<const T*> up_bias(E, nullptr), down_bias(E, nullptr);
+  for (const Group& g : groups) {
+    for (auto [proj, bias, n] : {std::tuple(&gate_up[g.expert], &up_bias[g.expert], 2 * g.inter),
+                                 std::tuple(&down[g.expert], &down_bias[g.expert], H)}) {
+      if (!proj->bias.has_value()) continue;
+      TORCH_CHECK(proj->bias->scalar_type() == x.scalar_type() && proj->bias->dim() == 1 && proj->bias->size(0) == n
+                      && proj->bias->is_contiguous(),
+                  "moe_experts: expert ", g.expert, "'s biases must be contiguous ", x.scalar_type(), " [", n,
+                  "] like its outputs, got ", proj->bias->scalar_type(), " ", proj->bias->sizes());
+      *bias = tf_ptr<T>(*proj->bias);
+    }
+  }
   // act(gate) * up, row by row (gate: the first I of a gate-up row, up: the rest)
   std::vector<std::pair<int64_t, int64_t>> rows_of;  // (group, row within it) of each packed row
   rows_of.reserve(P);
@@ -152,8 +176,9 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& index, const at::Tensor& w
   triforce::parallel_ranges(triforce::worth_parallel_here(glu_work), P, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const Group& g = groups[rows_of[i].first];
-      const T* h = HS + g.h_off + rows_of[i].second * 2 * g.inter;
-      triforce::glu_row<A>(h, h + g.inter, AS + g.a_off + rows_of[i].second * g.inter, g.inter);
+      T* h = HS + g.h_off + rows_of[i].second * 2 * g.inter;
+      add_bias(h, up_bias[g.expert], 2 * g.inter);
+      triforce::glu_row<A>(h, h + g.inter, AS + g.a_off + rows_of[i].second * g.inter, g.inter, c);
     }
   });
   // Each expert's down product of its activations (int8 formats: the activations rounded once, all rows)
@@ -190,9 +215,10 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& index, const at::Tensor& w
   triforce::parallel_ranges(triforce::worth_parallel_here(P * H * 2), N, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       if (weight.scalar_type() == at::kFloat)
-        weighted_sum(YS, weight.const_data_ptr<float>(), pair_row.data(), order.data(), k, H, O, t);
+        weighted_sum(YS, weight.const_data_ptr<float>(), pair_row.data(), order.data(), idx, down_bias.data(), k, H,
+                     O, t);
       else
-        weighted_sum(YS, tf_ptr<T>(weight), pair_row.data(), order.data(), k, H, O, t);
+        weighted_sum(YS, tf_ptr<T>(weight), pair_row.data(), order.data(), idx, down_bias.data(), k, H, O, t);
     }
   });
   return out;
@@ -203,7 +229,9 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& index, const at::Tensor& w
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::Tensor& weight,
                        const OptionalTensorList& gate_up_list, const OptionalTensorList& gate_up_scales_list,
                        const OptionalTensorList& down_list, const OptionalTensorList& down_scales_list,
-                       const std::string& activation) {
+                       const std::string& activation, const std::optional<OptionalTensorList>& gate_up_bias_list,
+                       const std::optional<OptionalTensorList>& down_bias_list, double swiglu_alpha,
+                       double swiglu_limit) {
   TORCH_CHECK(x.dim() == 2, "moe_experts: x must be [N, H], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
               "moe_experts: x must be float32, bfloat16 or float16, got ", x.scalar_type());
@@ -214,13 +242,22 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
               weight.sizes());
   TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == x.scalar_type(),
               "moe_experts: weight must be float32 or x's dtype ", x.scalar_type(), ", got ", weight.scalar_type());
-  TORCH_CHECK(activation == "silu" || activation == "gelu_tanh",
-              "moe_experts: activation must be 'silu' or 'gelu_tanh', got '", activation, "'");
+  TORCH_CHECK(activation == "silu" || activation == "gelu_tanh" || activation == "swiglu_clamped",
+              "moe_experts: activation must be 'silu', 'gelu_tanh' or 'swiglu_clamped', got '", activation, "'");
+  if (activation == "swiglu_clamped") check_swiglu_clamp("moe_experts", swiglu_alpha, swiglu_limit);
+  const triforce::SwigluClamp clamp{static_cast<float>(swiglu_alpha), static_cast<float>(swiglu_limit)};
   const std::vector<std::optional<at::Tensor>> gu = gate_up_list.vec(), gus = gate_up_scales_list.vec(),
                                                dn = down_list.vec(), dns = down_scales_list.vec();
   TORCH_CHECK(gu.size() == dn.size() && gus.size() == gu.size() && dns.size() == gu.size(), "moe_experts: ",
               gu.size(), " gate_up weights, ", gus.size(), " gate_up scales, ", dn.size(), " down weights and ",
               dns.size(), " down scales (one per expert each)");
+  const auto biases = [&](const std::optional<OptionalTensorList>& list, const char* name) {
+    std::vector<std::optional<at::Tensor>> b = list.has_value() ? list->vec() : decltype(b)(gu.size());
+    TORCH_CHECK(b.size() == gu.size(), "moe_experts: ", b.size(), " ", name, " biases for ", gu.size(), " experts");
+    return b;
+  };
+  const std::vector<std::optional<at::Tensor>> gub = biases(gate_up_bias_list, "gate_up"),
+                                               dnb = biases(down_bias_list, "down");
   TORCH_CHECK(x.device().is_cpu() && index.device().is_cpu() && weight.device().is_cpu(),
               "moe_experts: CPU tensors only");
   const int64_t E = static_cast<int64_t>(gu.size());
@@ -236,12 +273,13 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
     if (!used[e]) continue;
     TORCH_CHECK(gu[e].has_value() && dn[e].has_value(), "moe_experts: expert ", e,
                 " is chosen but its gate_up or down weight is None");
-    gate_up[e] = {*gu[e], gus[e]};
-    down[e] = {*dn[e], dns[e]};
+    gate_up[e] = {*gu[e], gus[e], gub[e]};
+    down[e] = {*dn[e], dns[e], dnb[e]};
   }
   if (xc.size(0) == 0 || ic.size(1) == 0 || xc.size(1) == 0) return at::zeros_like(xc);
   return TRIFORCE_DISPATCH_FLOAT(xc.scalar_type(), "moe_experts", [&] {
-    return activation == "silu" ? run<triforce::Act::kSilu, scalar_t>(xc, ic, wc, gate_up, down)
-                                : run<triforce::Act::kGeluTanh, scalar_t>(xc, ic, wc, gate_up, down);
+    if (activation == "silu") return run<triforce::Act::kSilu, scalar_t>(xc, ic, wc, gate_up, down, clamp);
+    if (activation == "gelu_tanh") return run<triforce::Act::kGeluTanh, scalar_t>(xc, ic, wc, gate_up, down, clamp);
+    return run<triforce::Act::kSwigluClamped, scalar_t>(xc, ic, wc, gate_up, down, clamp);
   });
 }

@@ -97,6 +97,11 @@ def _register_fakes() -> None:
             torch.library.register_fake(f"triforce_C::{name}")(
                 lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
             torch.library.register_autograd(f"triforce_C::{name}", _glu_backward(name), setup_context=_glu_setup)
+    if hasattr(ops, "swiglu_clamped_mul"):
+        torch.library.register_fake("triforce_C::swiglu_clamped_mul")(
+            lambda gate, up, alpha, limit: torch.empty_like(gate, memory_format=torch.contiguous_format))
+        torch.library.register_autograd("triforce_C::swiglu_clamped_mul", _clamped_swiglu_backward,
+                                        setup_context=_clamped_swiglu_setup)
     if hasattr(ops, "moe_experts"):
         torch.library.register_fake("triforce_C::moe_experts")(lambda x, *args: torch.empty_like(x))
     if hasattr(ops, "softcap"):
@@ -129,6 +134,21 @@ def _glu_backward(name: str):
                   torch.ops.aten.gelu_backward(grad * up, gate, approximate="tanh"))
         return d_gate, grad * ACTIVATIONS[activation](gate)
     return backward
+
+
+def _clamped_swiglu_setup(ctx, inputs, output):
+    gate, up, ctx.alpha, ctx.limit = inputs
+    ctx.save_for_backward(gate, up)
+
+
+def _clamped_swiglu_backward(ctx, grad):
+    """The gradients of ``triforce_C::swiglu_clamped_mul`` as autograd takes them through PyTorch's ops
+    (:func:`_clamped_swiglu_ops`), so that the experts give the same forward bits with autograd on as off."""
+    gate, up = ctx.saved_tensors
+    with torch.enable_grad():
+        gate, up = gate.detach().requires_grad_(), up.detach().requires_grad_()
+        d_gate, d_up = torch.autograd.grad(_clamped_swiglu_ops(gate, up, ctx.alpha, ctx.limit), (gate, up), grad)
+    return d_gate, d_up, None, None
 
 
 def _fused_available() -> bool:
@@ -462,13 +482,24 @@ class Expert(nn.Module):
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         if self.activation == "swiglu_clamped":
-            return self.down_proj(_clamped_swiglu(gate, up, *self.swiglu_clamp))
+            return self.down_proj(_clamped_swiglu(gate.contiguous(), up.contiguous(), *self.swiglu_clamp))
         return self.down_proj(_gated(self.activation, gate.contiguous(), up.contiguous()))
 
 
 def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """GPT-OSS's experts' activation, op by op in the dtype as transformers computes it: ``g = min(gate, limit)``,
-    ``(clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha))``; the sigmoid value by value (:func:`_row_sigmoid`)."""
+    """GPT-OSS's experts' activation, as transformers computes it op by op in the dtype: ``g = min(gate, limit)``,
+    ``(clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha))``. On the CPU ``triforce_C::swiglu_clamped_mul``
+    (csrc/include/triforce/glu.h: every element by one arithmetic, each step rounded as those ops round it, the
+    sigmoid through the SiLU's e^t; ``moe_experts`` runs the same), where :func:`_native_glu` holds; elsewhere
+    PyTorch's ops (:func:`_clamped_swiglu_ops`)."""
+    if _native_glu(gate, up) and hasattr(torch.ops.triforce_C, "swiglu_clamped_mul"):
+        return torch.ops.triforce_C.swiglu_clamped_mul(gate, up, alpha, limit)
+    return _clamped_swiglu_ops(gate, up, alpha, limit)
+
+
+def _clamped_swiglu_ops(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """:func:`_clamped_swiglu` in PyTorch's ops; the sigmoid value by value (:func:`_row_sigmoid`), so that a row's
+    bits stay its own."""
     g = gate.clamp(max=limit)
     u = up.clamp(-limit, limit)
     return (u + 1) * (g * _row_sigmoid(g * alpha))
@@ -485,7 +516,7 @@ class SparseMoE(nn.Module):
     that reads the token's own row only (on the CPU the router and the experts take the row-wise kernels, and the
     renormalising sum adds the k weights left to right), so a verification pass computes the bits of one-token steps.
     On the CPU every chosen expert runs in one native call, ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp,
-    :meth:`_native_weights` says where: not with biases or GPT-OSS's activation), bitwise
+    biases and GPT-OSS's activation included; :meth:`_native_weights` says where), bitwise
     :meth:`_experts_one_by_one`. Which experts run is read on the host:
     on a GPU a sparse layer synchronises per expert hit (the engines' CUDA graphs decline such a model:
     triforce/models/graphs.py)."""
@@ -522,7 +553,8 @@ class SparseMoE(nn.Module):
         w, index = self.route(rows)
         native = self._native_weights(rows, index)
         if native is not None:
-            out = torch.ops.triforce_C.moe_experts(rows, index, w, *native, self.activation)
+            weights, biases, clamp = native
+            out = torch.ops.triforce_C.moe_experts(rows, index, w, *weights, self.activation, *biases, **clamp)
         else:
             out = self._experts_one_by_one(rows, w, index)
         if "shared_expert" in self._modules:
@@ -533,17 +565,20 @@ class SparseMoE(nn.Module):
         return out.view(x.shape)
 
     def _native_weights(self, rows: torch.Tensor, index: torch.Tensor):
-        """``(gate_up, gate_up_scales, down, down_scales)`` lists (one entry per expert, None for one no row chose;
-        the scales of int8 formats) for ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp: every chosen expert in one
-        call, its weight blocks in one parallel loop), or ``None`` where the experts run one by one: where their
-        projections would not all take the row-wise kernels (another device or dtype, autograd, a prefill's bulk
-        products where an expert has more than ``ROWWISE_MAX_ROWS`` rows), a chosen expert is not a plain
-        :class:`Expert` whose projections offer the fused layer's arguments (``fused_projection``: float
-        :class:`Linear` s of the rows' dtype, or the quantised linears of triforce/models/quant.py on float32 rows)
-        without a bias, or has forward hooks, under ``torch.compile``, or without the op. The same bits either way."""
+        """``((gate_up, gate_up_scales, down, down_scales), (gate_up_bias, down_bias), clamp)``: lists of one entry per
+        expert (None for one no row chose; the scales of int8 formats; the bias lists None where no chosen expert has
+        one) and the chosen experts' clamped SwiGLU's constants as keywords (GPT-OSS's; else empty) for
+        ``triforce_C::moe_experts`` (csrc/cpu/moe.cpp: every chosen expert in one call, its weight blocks in one
+        parallel loop), or ``None`` where the experts run one by one: where their projections would not all take
+        the row-wise kernels (another device or dtype, autograd, a prefill's bulk products where an expert has more
+        than ``ROWWISE_MAX_ROWS`` rows), a chosen expert is not a plain :class:`Expert` whose projections offer the
+        fused layer's arguments (``fused_projection``: float :class:`Linear` s of the rows' dtype, or the quantised
+        linears of triforce/models/quant.py on float32 rows; biases of the rows' dtype), or has forward hooks, or
+        the chosen experts' clamps differ, under ``torch.compile``, or without the op. The same bits either way."""
         if not (rows.device.type == "cpu" and rows.dtype in _ROWWISE_DTYPES and rows.numel() > 0
                 and not torch.compiler.is_compiling() and _rowwise_available()
-                and self.activation in ("silu", "gelu_tanh") and hasattr(torch.ops.triforce_C, "moe_experts")):
+                and self.activation in ("silu", "gelu_tanh", "swiglu_clamped")
+                and hasattr(torch.ops.triforce_C, "swiglu_clamped_mul")):
             return None
         if not _rowwise_rows(rows) and int(torch.bincount(index.flatten()).max()) > ROWWISE_MAX_ROWS:
             return None  # a prefill's bulk products: an expert of more rows takes torch's GEMM (Linear's rule)
@@ -551,18 +586,26 @@ class SparseMoE(nn.Module):
         if grad and rows.requires_grad:
             return None
         E = len(self.experts)
-        lists = tuple([None] * E for _ in range(4))
+        lists = tuple([None] * E for _ in range(6))  # gate_up, its scales, down, its scales, the two biases
+        clamps = set()
         for e in torch.unique(index).tolist():
             expert = self.experts[e]
             if type(expert) is not Expert or _hooked(expert):
                 return None
+            clamps.add(expert.swiglu_clamp if expert.activation == "swiglu_clamped" else None)
             for j, proj in enumerate((expert.gate_up_proj, expert.down_proj)):
                 projection = getattr(proj, "fused_projection", None)
                 args = None if projection is None or _hooked(proj) else projection(rows.dtype)
-                if args is None or args[2] is not None or (grad and args[0].requires_grad):
+                if args is None or (grad and any(a is not None and a.requires_grad for a in (args[0], args[2]))):
                     return None
-                lists[2 * j][e], lists[2 * j + 1][e] = args[0], args[1]
-        return lists
+                if args[2] is not None and args[2].dtype != rows.dtype:
+                    return None
+                lists[2 * j][e], lists[2 * j + 1][e], lists[4 + j][e] = args
+        if len(clamps) > 1:
+            return None
+        clamp = clamps.pop()
+        biases = tuple(b if any(t is not None for t in b) else None for b in lists[4:])
+        return lists[:4], biases, {} if clamp is None else {"swiglu_alpha": clamp[0], "swiglu_limit": clamp[1]}
 
     def _experts_one_by_one(self, rows: torch.Tensor, w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(rows)

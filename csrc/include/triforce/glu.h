@@ -21,6 +21,12 @@
 //
 // Rounding as the modules' act(gate) * up: the activation in float32 rounded to the element type, times up in
 // float32, rounded to the element type (bfloat16 and float16 to nearest even).
+//
+// GPT-OSS's experts' clamped SwiGLU (Act::kSwigluClamped, with alpha and limit: SwigluClamp) is one more:
+// (clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha)), g = min(gate, limit), each step rounded to the
+// element type as transformers' ops in that type round it (the clamps against the limit rounded to it, as ATen's
+// clamp converts its bound; NaN passes both clamps; sigmoid(z) = 1 / (1 + e^-z) through the same e^t, NaN for
+// NaN), so a row's bits are its own here too where ATen's sigmoid would not give them.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -46,7 +52,29 @@ inline float div_one_plus_exp(float x, float t) {
   return x / (1.f + e);
 }
 
-enum class Act { kSilu, kGeluTanh };
+enum class Act { kSilu, kGeluTanh, kSwigluClamped };
+
+// Act::kSwigluClamped's constants (unused by the others)
+struct SwigluClamp {
+  float alpha = 0.f, limit = 0.f;
+};
+
+// v rounded to the element type S, as float32 (exact)
+template <typename S>
+inline float round_to(float v) {
+  return to_float(from_float<S>(v));
+}
+
+// GPT-OSS's clamped SwiGLU of one element, every step but the last rounded to S (the caller rounds the result);
+// lim: the limit rounded to S
+template <typename S>
+inline float swiglu_clamped_f32(float gate, float up, float alpha, float lim) {
+  const float g = lim < gate ? lim : gate;  // NaN stays (ATen's min(a, bound))
+  const float u = lim < up ? lim : (up < -lim ? -lim : up);
+  const float z = round_to<S>(g * alpha);
+  const float s = z != z ? z : round_to<S>(div_one_plus_exp(1.f, -z));
+  return round_to<S>(u + 1.f) * round_to<S>(g * s);
+}
 
 template <Act A>
 inline float act_f32(float x) {
@@ -114,28 +142,50 @@ inline __m512 round_to(__m512 v) {
     return widen(static_cast<const S*>(nullptr), narrow(static_cast<const S*>(nullptr), v));
   }
 }
+
+// The clamped SwiGLU of 16 elements (swiglu_clamped_f32's steps lane for lane)
+template <typename S>
+inline __m512 swiglu_clamped_f32(__m512 gate, __m512 up, __m512 alpha, __m512 lim) {
+  const __m512 g = _mm512_min_ps(lim, gate);  // lim < gate ? lim : gate
+  const __m512 u = _mm512_min_ps(lim, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), lim), up));
+  const __m512 z = round_to<S>(_mm512_mul_ps(g, alpha));
+  __m512 s = round_to<S>(div_one_plus_exp(_mm512_set1_ps(1.f), _mm512_sub_ps(_mm512_setzero_ps(), z)));
+  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q), z);
+  return _mm512_mul_ps(round_to<S>(_mm512_add_ps(u, _mm512_set1_ps(1.f))), round_to<S>(_mm512_mul_ps(g, s)));
+}
 #endif
 
-// out[i] = S(float(S(act(gate[i]))) * float(up[i])) for i < n, one element at a time; out may be gate.
+// out[i] = S(float(S(act(gate[i]))) * float(up[i])) for i < n, one element at a time (Act::kSwigluClamped:
+// S(swiglu_clamped_f32(gate[i], up[i]))); out may be gate.
 template <Act A, typename S>
-inline void glu_row_scalar(const S* gate, const S* up, S* out, int64_t n) {
+inline void glu_row_scalar(const S* gate, const S* up, S* out, int64_t n, SwigluClamp c = {}) {
+  const float lim = round_to<S>(c.limit);
   for (int64_t i = 0; i < n; ++i) {
-    const float a = to_float(from_float<S>(act_f32<A>(to_float(gate[i]))));
-    out[i] = from_float<S>(a * to_float(up[i]));
+    if constexpr (A == Act::kSwigluClamped) {
+      out[i] = from_float<S>(swiglu_clamped_f32<S>(to_float(gate[i]), to_float(up[i]), c.alpha, lim));
+    } else {
+      const float a = to_float(from_float<S>(act_f32<A>(to_float(gate[i]))));
+      out[i] = from_float<S>(a * to_float(up[i]));
+    }
   }
 }
 
 // The same, 16 elements at a time where AVX-512 is compiled in (the same bits: test_glu.cpp).
 template <Act A, typename S>
-inline void glu_row(const S* gate, const S* up, S* out, int64_t n) {
+inline void glu_row(const S* gate, const S* up, S* out, int64_t n, SwigluClamp c = {}) {
 #if defined(__AVX512F__)
+  const __m512 alpha = _mm512_set1_ps(c.alpha), lim = _mm512_set1_ps(round_to<S>(c.limit));
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 a = round_to<S>(act_f32<A>(load_n(gate + i, m)));
-    store_n(out + i, m, _mm512_mul_ps(a, load_n(up + i, m)));
+    if constexpr (A == Act::kSwigluClamped) {
+      store_n(out + i, m, swiglu_clamped_f32<S>(load_n(gate + i, m), load_n(up + i, m), alpha, lim));
+    } else {
+      const __m512 a = round_to<S>(act_f32<A>(load_n(gate + i, m)));
+      store_n(out + i, m, _mm512_mul_ps(a, load_n(up + i, m)));
+    }
   }
 #else
-  glu_row_scalar<A>(gate, up, out, n);
+  glu_row_scalar<A>(gate, up, out, n, c);
 #endif
 }
 
