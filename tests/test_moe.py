@@ -85,6 +85,24 @@ def test_logits_and_every_path_match_transformers(case):
         assert getattr(back, key, None) == getattr(hf.config, key, None), key
 
 
+@pytest.mark.parametrize("types", [None, ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]])
+def test_qwen2_moe_sliding_windows_match_transformers(types):
+    """Qwen2-MoE with use_sliding_window: its window on every other layer from the first below max_window_layers
+    (Qwen2MoeConfig's default, here layers 0 and 2 of 4), or where layer_types say; every path gives transformers'
+    logits (windows of 6 over 40 tokens), and the config reads back in transformers with the same layers."""
+    kw = dict(num_hidden_layers=4, use_sliding_window=True, sliding_window=6, max_window_layers=3)
+    hf, ours = pair("qwen2_moe", **kw, **({} if types is None else {"layer_types": types}))
+    want = (6, 0, 6, 0) if types is None else (0, 6, 6, 0)
+    assert ours.config.layer_windows == want
+    assert [t == "sliding_attention" for t in hf.config.layer_types] == [w > 0 for w in want]
+    assert_every_path_matches(hf, ours)
+    back = transformers.Qwen2MoeConfig.from_dict(ours.config.to_dict())
+    assert (back.layer_types, back.sliding_window) == (hf.config.layer_types, hf.config.sliding_window)
+    # without use_sliding_window the keys mean nothing, as in transformers
+    plain = LlamaConfig.from_dict({**ours.config.to_dict(), "use_sliding_window": False, "layer_types": None})
+    assert plain.layer_windows == (0,) * 4
+
+
 @pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared"])
 def test_checkpoint_directories_both_ways(tmp_path, case):
     """A checkpoint transformers saved (Mixtral's block_sparse_moe / w1 w2 w3 names, Qwen3-MoE's per-expert
@@ -229,7 +247,12 @@ def test_bad_configs_raise():
     with pytest.raises(ValueError, match="'moe_intermediate_size'"):
         LlamaConfig.from_dict({**MIXTRAL, "model_type": "mixtral", "moe_intermediate_size": 40})
     qwen2 = {**base, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 8}
-    for bad, match in (({"use_sliding_window": True}, "'use_sliding_window'"), ({"qkv_bias": 1}, "'qkv_bias'")):
+    for bad, match in (({"use_sliding_window": "yes"}, "'use_sliding_window'"), ({"qkv_bias": 1}, "'qkv_bias'"),
+                       ({"use_sliding_window": True, "sliding_window": None}, "'sliding_window'"),
+                       ({"use_sliding_window": True, "sliding_window": 0}, "'sliding_window'"),
+                       ({"use_sliding_window": True, "max_window_layers": "2"}, "'max_window_layers'"),
+                       ({"layer_types": ["sliding_attention", "full_attention"]}, "'layer_types'"),
+                       ({"use_sliding_window": True, "layer_types": ["full_attention"]}, "'layer_types'")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({**qwen2, **bad})
     with pytest.raises(ValueError, match="'qkv_bias'"):

@@ -285,9 +285,10 @@ _METADATA_KEYS = frozenset({
 
 _WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS: on the "
             "layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
-            "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on), a positive "
-            "int or null; Qwen2-MoE: none (use_sliding_window false); other families: none, or one at least "
-            "max_position_embeddings long")
+            "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on; Qwen2-MoE: "
+            "with use_sliding_window, on the layer_types' 'sliding_attention' layers, by default every other layer "
+            "from the first below max_window_layers), a positive int or null (Qwen2-MoE: a positive int); other "
+            "families: none, or one at least max_position_embeddings long")
 
 # key -> (harmless(value, config), the value we implement). Any other value raises.
 _HARMLESS_ONLY_AT = {
@@ -442,10 +443,28 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         elif types is None:
             types = ["full_attention" if r else "sliding_attention" for r in c.rope_layers]
         sliding = [t == "sliding_attention" for t in types]
-    elif c.model_type == "qwen2_moe":  # Qwen2MoeConfig's windows (every other layer below max_window_layers): not read
-        if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
+    elif c.model_type == "qwen2_moe":
+        # Qwen2MoeConfig: with use_sliding_window, sliding_window (4096 when absent) on the layer_types' sliding
+        # layers, by default every other layer from the first below max_window_layers; without it the window is 0
+        # (a sliding layer would see nothing), and a null window fails transformers' mask: both raise here
+        use, window, types = x.get("use_sliding_window", False), x.get("sliding_window", _QWEN_DEFAULT_WINDOW), \
+            x.get("layer_types")
+        if use not in (False, None, True):
+            return none, "use_sliding_window"
+        if types is not None and (not isinstance(types, list) or len(types) != n
+                                  or not set(types) <= {"full_attention", "sliding_attention"}
+                                  or (not use and "sliding_attention" in types)):
             return none, "layer_types"
-        return none, ("use_sliding_window" if x.get("use_sliding_window", False) not in (False, None) else None)
+        if not use:
+            return none, None
+        if window is None:
+            return none, "sliding_window"
+        if types is None:
+            start = x.get("max_window_layers", 28)
+            if not _is_int(start):
+                return none, "max_window_layers"
+            types = ["sliding_attention" if i % 2 == 0 and i < start else "full_attention" for i in range(n)]
+        sliding = [t == "sliding_attention" for t in types]
     elif c.model_type == "qwen3_moe":  # Qwen3MoeConfig: sliding_window on every layer with use_sliding_window
         if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
             return none, "layer_types"  # (not read by Qwen3-MoE, nor max_window_layers)
@@ -470,7 +489,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
     if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3",
-                            "mixtral", "qwen3_moe", "gpt_oss"):
+                            "mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
