@@ -1,13 +1,16 @@
 """Integer dot products on GGUF blocks (csrc/include/triforce/linear_i8.h, triforce/models/quant.py):
-x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 / Q3_16 weights with
-float16, float32 or super-block scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
-IQ4_XS blocks map onto them bitwise (gguf_i8_blocks against gguf's own dequantisation).
+x rounded to int8 blocks of 32, Q4_1 / Q5_1 / Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q4_1_16 / Q2_16 / Q3_16 / MXFP4
+weights with float16, float32, super-block or E8M0 scales, int32 sums. GGUF's Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+IQ4_NL, IQ4_XS and MXFP4 blocks map onto them bitwise (gguf_i8_blocks against gguf's own dequantisation).
 
 The packing round-trips; triforce_C::rowwise_linear_i8 is bitwise its PyTorch reference
 (rowwise_linear_i8_reference, which spells out the definition) at every row count, with rows bitwise
 independent; the reference's error against the exact product stays within the bound the rounding of x
 allows; Int8DotLinear computes one arithmetic on every path (the AMX tiles' too, where the CPU has them);
-gguf_copy(..., activations="int8") keeps every engine lossless against its own autoregressive output."""
+gguf_copy(..., activations="int8") keeps every engine lossless against its own autoregressive output. MXFP4
+(gpt-oss's experts: doubled FP4 values, E8M0 exponents) likewise."""
+import math
+
 import pytest
 import torch
 from hypothesis import example, given
@@ -17,9 +20,9 @@ import triforce
 from triforce.models import FullCache, TokenTree, gguf_copy
 from triforce.models import llama as llama_mod
 from triforce.models.llama import _rowwise_available
-from triforce.models.quant import (GGUF_I8_TYPES, IQ4_NL_VALUES, Int8DotLinear, Q4Linear, Q8Linear, gguf_i8_blocks,
-                                   gguf_i8_pack, pack_i8, quantize_activations_i8, rowwise_linear_i8_reference,
-                                   unpack_i8)
+from triforce.models.quant import (GGUF_I8_TYPES, IQ4_NL_VALUES, MXFP4_VALUES, Int8DotLinear, Q4Linear, Q8Linear,
+                                   e8m0_half, gguf_i8_blocks, gguf_i8_pack, pack_i8, pack_mxfp4,
+                                   quantize_activations_i8, rowwise_linear_i8_reference, unpack_i8)
 
 from .test_quant import q4_1_gguf, small_llama
 
@@ -320,6 +323,69 @@ def test_the_tiles_and_the_other_path_give_the_same_bits():
                 assert torch.equal(a, rowwise_linear_i8_reference(x, codes, scales)), (fmt, scales_dtype, M)
 
 
+def random_mxfp4(N, K, g, low=118, high=131):
+    """(q, e) of random MXFP4 blocks: every index, E8M0 exponents in [low, high) and the subnormal scales' 0 and 1."""
+    q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    e = torch.randint(low, high, (N, K // 32), generator=g, dtype=torch.uint8)
+    e.view(-1)[:2] = torch.tensor([0, 1], dtype=torch.uint8)[:e.numel()]
+    return q, e
+
+
+def test_mxfp4_packs_and_unpacks_exactly():
+    """MXFP4 (gpt-oss's experts): E8M0's scale 2^(e - 128) exact for every byte (ggml's e8m0_to_fp32_half, the
+    subnormals e = 0, 1 included); the packed blocks unpack to the doubled FP4 values and those scales, so the weight
+    is gguf's and OpenAI's value; pack_i8 takes the exponents as uint8 scales; bad blocks raise."""
+    e = torch.arange(256).to(torch.uint8)
+    assert [v.item() for v in e8m0_half(e)] == [math.ldexp(1.0, i - 128) for i in range(256)]
+    g = torch.Generator().manual_seed(0)
+    for N, K in ((16, 32), (32, 2880), (48, 96)):
+        q, e = random_mxfp4(N, K, g, 0, 256)
+        codes, scales = pack_mxfp4(q, e)
+        assert codes.shape == (N // 16, K // 32 * 256) and scales.dtype == torch.uint8
+        assert scales.shape == (N // 16, K // 32 * 16)
+        fmt, w, d, m = unpack_i8(codes, scales, K)
+        assert fmt == "MXFP4" and m is None and torch.equal(w, torch.tensor(MXFP4_VALUES)[q.long()])
+        assert torch.equal(d, e8m0_half(e))
+        assert all(torch.equal(a, b) for a, b in zip(pack_i8(q, e, None, torch.uint8), (codes, scales)))
+        mod = Int8DotLinear(codes, scales, K)
+        assert mod.format == "MXFP4"
+        assert torch.equal(mod.weight, (w.float().view(N, -1, 32) * e8m0_half(e)[..., None]).view(N, K))
+    for bad in ((q.to(torch.int8), e), (q | 16, e), (q, e[:, :-1]), (q, e.long())):
+        with pytest.raises(ValueError, match="pack_mxfp4"):
+            pack_mxfp4(*bad)
+
+
+@needs_kernel
+@given(M=st.one_of(st.integers(0, 11), st.sampled_from([16, 32, 33, 35, 300])), G=st.integers(1, 6),
+       NG=st.integers(1, 3), seed=st.integers(0, 2**31 - 1), special=st.booleans())
+@example(M=5, G=90, NG=4, seed=0, special=True)  # gpt-oss-20b's experts: 2880 inputs, not a multiple of 256
+@example(M=40, G=90, NG=2, seed=1, special=False)
+def test_mxfp4_kernel_is_the_reference_bitwise(M, G, NG, seed, special):
+    """The kernel on MXFP4 blocks (any K a multiple of 32) is the reference bitwise, every row alone too, on the
+    tiles and off them; and within float32's roundings of the exact product of the int8-rounded rows with the
+    weight (the integer sums exact, one scale product per block)."""
+    g = torch.Generator().manual_seed(seed)
+    K = 32 * G
+    codes, scales = pack_mxfp4(*random_mxfp4(16 * NG, K, g))
+    x = random_x(M, K, g, special)
+    out = i8(x, codes, scales)
+    assert out.shape == (M, 16 * NG) and torch.equal(out, rowwise_linear_i8_reference(x, codes, scales))
+    for m in range(0, M, max(1, M // 6)):
+        assert torch.equal(out[m], i8(x[m: m + 1], codes, scales)[0])
+    tiles = torch.ops.triforce_C.rowwise_linear_i8_tiles
+    on = tiles(False)
+    try:
+        assert torch.equal(i8(x, codes, scales), out)
+    finally:
+        tiles(on)
+    q, dx, _ = quantize_activations_i8(x)
+    xq = (q.double() * dx.double()[..., None]).view(M, K)
+    exact = xq @ Int8DotLinear(codes, scales, K).weight.double().T
+    finite = torch.isfinite(exact).all(-1)
+    scale = (xq.abs() @ Int8DotLinear(codes, scales, K).weight.double().abs().T)[finite]
+    assert ((out[finite].double() - exact[finite]).abs() <= 1e-6 * scale + 1e-30).all()
+
+
 @needs_kernel
 def test_a_block_with_inf_or_nan_makes_its_rows_nan():
     g = torch.Generator().manual_seed(0)
@@ -419,6 +485,10 @@ def random_gguf_rows(kind, N, K, g):
     raw = torch.randint(0, 256, (N, K // block, nbytes), generator=g, dtype=torch.uint8)
     fields = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q4_1": (0, 2),
               "Q5_1": (0, 2), "Q2_K": (80, 82)}.get(kind, (0,))
+    if kind == "MXFP4":  # E8M0 exponents: scales 2^-10..2^2, and the subnormal 2^-128, 2^-127 (e = 0, 1)
+        raw[..., 0] = torch.randint(118, 131, (N, K // block), generator=g, dtype=torch.uint8)
+        raw[0, :2, 0] = torch.tensor([0, 1], dtype=torch.uint8)
+        fields = ()
     for lo in fields:
         top = 0.002 if block == 256 else 0.05
         h = ((torch.rand(N, K // block, generator=g) - 0.3) * top).half()

@@ -149,12 +149,18 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
               "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 192, 256, 320, 384 or 512] and scales "
-              "[N / 16, K / 32 * 64, 32 or 16] (or uint8 super-block scales) must be 2-D, got [", x.M, ", ", x.K, "], ",
-              codes.sizes(), " and ", scales.sizes());
-  const bool super = scales.scalar_type() == at::kByte;  // float16 bases and int8 multipliers per 256 inputs
+              "[N / 16, K / 32 * 64, 32 or 16] (or uint8 super-block scales, or MXFP4's uint8 exponents) must be 2-D, "
+              "got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
+  const int64_t G0 = x.K / li::kBlock;
+  // MXFP4: uint8 E8M0 exponents, one a block and row (no super-block form has 16 bytes a block)
+  const bool mxfp4 = scales.scalar_type() == at::kByte && codes.size(1) == G0 * li::code_bytes<Format::MXFP4>() &&
+                     scales.size(1) == G0 * li::scale_count<Format::MXFP4>();
+  const bool super = scales.scalar_type() == at::kByte && !mxfp4;  // float16 bases, int8 multipliers per 256 inputs
   TORCH_CHECK(codes.scalar_type() == at::kByte &&
-                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat || super),
-              "rowwise_linear_i8: x float32, codes uint8 and scales float16, float32 or uint8 (super-block scales), "
+                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat ||
+                   scales.scalar_type() == at::kByte),
+              "rowwise_linear_i8: x float32, codes uint8 and scales float16, float32 or uint8 (super-block scales, "
+              "MXFP4's exponents), "
               "got float32, ", codes.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), "rowwise_linear_i8: CPU tensors only");
   TORCH_CHECK(r0 >= 0 && M >= 0 && r0 + M <= x.M, "rowwise_linear_i8: rows [", r0, ", ", r0 + M, ") of ", x.M);
@@ -179,18 +185,18 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
   using Q4_1_16 = std::integral_constant<Format, Format::Q4_1_16>;
   using Q2_16 = std::integral_constant<Format, Format::Q2_16>;
   using Q3_16 = std::integral_constant<Format, Format::Q3_16>;
-  const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{}),
+  const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{}) && !mxfp4,
              q6 = is(Q6_16{}), q4_16 = is(Q4_1_16{}), q2_16 = is(Q2_16{}), q3_16 = is(Q3_16{});
   auto sizes = [&](auto f, const char* name) {  // "codes and scales (name)" of form f at this K
     constexpr Format F = decltype(f)::value;
     return std::to_string(G * li::code_bytes<F>()) + " and " + std::to_string(scale_elems(f)) + " (" + name + ")";
   };
-  TORCH_CHECK(q4 || q5 || q8 || q8_16 || iq4 || q6 || q4_16 || q2_16 || q3_16, "rowwise_linear_i8: for ", K,
+  TORCH_CHECK(mxfp4 || q4 || q5 || q8 || q8_16 || iq4 || q6 || q4_16 || q2_16 || q3_16, "rowwise_linear_i8: for ", K,
               " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", sizes(Q4_1{}, "Q4_1"), ", ",
               sizes(Q5_1{}, "Q5_1"), ", ", sizes(Q8_0{}, "Q8_0"), ", ", sizes(Q8_0_16{}, "Q8_0_16"), ", ",
               sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), ", ", sizes(Q4_1_16{}, "Q4_1_16"), ", ",
               sizes(Q2_16{}, "Q2_16"), " or ", sizes(Q3_16{}, "Q3_16"), ", got ", codes.size(1), " and ",
-              scales.size(1));
+              scales.size(1), super ? "" : " (MXFP4: uint8 exponents, as IQ4_NL's codes and scales)");
   const int64_t N = NG * li::kGroup;
   RowwiseProduct p{M, K, N, NG, li::kGroup, 1, codes.options().dtype(at::kFloat),
                    {x.buf, codes.contiguous(), scales.contiguous()}, {}};
@@ -215,7 +221,10 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
     else
       run(f, sc.const_data_ptr<float>());
   };
-  if (q4)
+  if (mxfp4)
+    run(std::integral_constant<Format, Format::MXFP4>{},
+        reinterpret_cast<const li::E8M0Scale*>(sc.const_data_ptr<uint8_t>()));
+  else if (q4)
     with_scales(Q4_1{});
   else if (q5)
     with_scales(Q5_1{});

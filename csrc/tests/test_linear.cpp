@@ -156,8 +156,8 @@ void check_quantize(std::mt19937& g) {
 }
 
 // linear_i8: x with an all-zero block, a block of ties and an inf; codes random; scales random float16
-// (S = uint16_t) or float32 values with zeros and subnormals. groups<F> over a split of the groups against
-// group_portable<F>.
+// (S = uint16_t) or float32 values with zeros and subnormals (E8M0Scale: exponents 100..139, and 0 and 1, whose
+// scales are subnormal). groups<F> over a split of the groups against group_portable<F>.
 template <linear_i8::Format F, typename S>
 void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
   namespace li = linear_i8;
@@ -181,6 +181,8 @@ void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
       scales[i] = i % 13 == 0 ? 1e-41f : v;  // a subnormal float32 scale too
     else if constexpr (std::is_same_v<S, uint16_t>)
       scales[i] = from_float<f16>(v).bits;
+    else if constexpr (std::is_same_v<S, li::E8M0Scale>)
+      scales[i].byte = static_cast<uint8_t>(i % 17 == 0 ? i % 2 : 100 + byte(g) % 40);
     else  // SuperScale: random bytes, then finite float16 bases (with zeros and subnormals)
       scales[i].byte = static_cast<uint8_t>(byte(g));
   }
@@ -258,7 +260,8 @@ int main() {
         check_i8<linear_i8::Format::Q2_16, float>(M, K, NG, g);
         check_i8<linear_i8::Format::Q3_16, uint16_t>(M, K, NG, g);
         check_i8<linear_i8::Format::Q3_16, float>(M, K, NG, g);
-        cases += 18;
+        check_i8<linear_i8::Format::MXFP4, linear_i8::E8M0Scale>(M, K, NG, g);
+        cases += 19;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 9, 16, 21, 33})  // super-block scales: K a multiple of 256
     for (int64_t K : {256, 512, 2304})

@@ -27,7 +27,8 @@ from .llama import Llama, _rowwise_available, _rowwise_rows, bulk_weight
 
 __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4_1_BLOCK_BYTES", "quantize_q4_1",
            "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
-           "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "GGUF_I8_TYPES",
+           "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "MXFP4_VALUES",
+           "pack_mxfp4", "e8m0_half", "GGUF_I8_TYPES",
            "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
@@ -282,14 +283,16 @@ def _check_i8_shapes(w_shape):
 
 
 I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16",  # packed forms (linear_i8.h)
-              "Q3_16")
+              "Q3_16", "MXFP4")
 _I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256,  # per block of 32 inputs
-                  "Q6_16": 384, "Q4_1_16": 256, "Q2_16": 128, "Q3_16": 192}  # and group of 16 rows
+                  "Q6_16": 384, "Q4_1_16": 256, "Q2_16": 128, "Q3_16": 192, "MXFP4": 256}  # and group of 16 rows
 _I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16, "Q6_16": 32,  # per block and group
-              "Q4_1_16": 64, "Q2_16": 64, "Q3_16": 32}
+              "Q4_1_16": 64, "Q2_16": 64, "Q3_16": 32, "MXFP4": 16}
 _I8_WITH_MIN = ("Q4_1", "Q5_1", "Q4_1_16", "Q2_16")  # w = d * q + m
 _I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16", "Q3_16")  # a scale (and minimum) per 16 weights
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
+# FP4 E2M1's 16 values doubled (integers; ggml's kvalues_mxfp4): MXFP4's weight of index i is 2^(e - 128) * value
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 SUPER_BLOCK = 256  # inputs per super-block of the uint8 (super-block) scales
 
 
@@ -315,7 +318,9 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     weights; with codes in -4..3 only, Q3_16: 3-bit codes ``q + 4``, GGUF Q3_K's), IQ4_NL (``q`` uint8 indices
     0..15 into :data:`IQ4_NL_VALUES`, ``d`` ``[N, K / 32]``,
     ``m`` None: ``w = d * IQ4_NL_VALUES[q]``, GGUF IQ4_NL's and IQ4_XS's) or Q6_16 (``q`` uint8 codes 0..63,
-    ``d`` ``[N, K / 16]``, ``m`` None: ``w = d * (q - 32)``, GGUF Q6_K's at their own 6 bits). ``scales_dtype``: float16 (``d`` and
+    ``d`` ``[N, K / 16]``, ``m`` None: ``w = d * (q - 32)``, GGUF Q6_K's at their own 6 bits) or, with
+    ``scales_dtype=torch.uint8``, MXFP4 (``q`` uint8 indices 0..15 into :data:`MXFP4_VALUES`, ``d`` uint8 ``[N, K /
+    32]`` the blocks' E8M0 exponents: :func:`pack_mxfp4`). ``scales_dtype``: float16 (``d`` and
     ``m`` must hold float16 values, as GGUF's Q4_0..Q8_0 blocks store them) or float32 (any float32 values:
     the K-quants' ``d * sc``). ``N % 16 == 0``, ``K % 32 == 0``.
 
@@ -330,6 +335,8 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     _check_i8_shapes(tuple(q.shape))
     N, K = q.shape
     NG, G = N // I8_GROUP, K // GROUP
+    if scales_dtype == torch.uint8 and base is None and m is None:  # MXFP4: d the E8M0 exponents
+        return pack_mxfp4(q, d)
     if base is not None:
         scales_dtype = torch.float32  # the checks below take the multipliers as they come; packed as uint8 after
     if scales_dtype not in (torch.float16, torch.float32):
@@ -381,6 +388,30 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     return codes.reshape(NG, -1).contiguous(), scales.reshape(NG, -1).contiguous()
 
 
+def pack_mxfp4(q: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rowwise_linear_i8``'s packed MXFP4 ``(codes, scales)``: ``q`` uint8 ``[N, K]`` indices 0..15 into
+    :data:`MXFP4_VALUES`, ``e`` uint8 ``[N, K / 32]`` each block's E8M0 exponent; the weight is
+    ``e8m0_half(e) * MXFP4_VALUES[q]`` (:func:`e8m0_half`: ``2^(e - 128)``, OpenAI's and GGUF's MXFP4 value exactly).
+    The codes are IQ4_NL's nibbles, the scales the exponent bytes ``[N / 16, K / 32 * 16]`` (per block the group's
+    16 rows). ``N % 16 == 0``, ``K % 32 == 0``."""
+    _check_i8_shapes(tuple(q.shape))
+    N, K = q.shape
+    NG, G = N // I8_GROUP, K // GROUP
+    if q.dtype != torch.uint8 or int(q.max()) > 15 or e.dtype != torch.uint8 or e.shape != (N, G):
+        raise ValueError(f"pack_mxfp4: q must be uint8 indices 0..15 [{N}, {K}] and e uint8 exponents [{N}, {G}], got "
+                         f"{q.dtype} {list(q.shape)} and {e.dtype} {list(e.shape)}")
+    c = q.reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
+    codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, -1)
+    return codes.contiguous(), e.reshape(NG, I8_GROUP, G).transpose(1, 2).reshape(NG, -1).contiguous()
+
+
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """float32 ``2^(e - 128)`` of uint8 E8M0 exponents ``e`` (ggml's e8m0_to_fp32_half: ``e`` 0 and 1 the
+    subnormals 2^-128 and 2^-127), exact."""
+    e = e.to(torch.int32)
+    return torch.where(e < 2, 0x00200000 << e, (e - 1) << 23).view(torch.float32)
+
+
 def _two_bit_codes(q: torch.Tensor, NG: int, G: int) -> torch.Tensor:
     """Q2_16's (and Q3_16's low) 2-bit codes ``q`` (uint8 ``[N, K]``, 0..3) packed ``[NG, G, 128]``: bits 2s, 2s + 1
     of byte 4j + i of vector u hold code k = 4 (2s + u) + i of row j."""
@@ -427,12 +458,19 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     grid's values, not the indices, for Q6_16 and Q3_16 the codes minus 32 and 4), ``d`` float32 ``[N, K / 32]``
     (``[N, K / 16]`` for the forms with a scale per 16 weights: Q8_0_16, Q6_16, Q4_1_16, Q2_16, Q3_16) and ``m``
     float32 of ``d``'s shape (None
-    but for Q4_1, Q5_1, Q4_1_16 and Q2_16)."""
+    but for Q4_1, Q5_1, Q4_1_16 and Q2_16). MXFP4 (uint8 exponents as scales): ``q`` :data:`MXFP4_VALUES`' values,
+    ``d`` their :func:`e8m0_half`."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
+    if (scales.dtype == torch.uint8 and K > 0 and K % GROUP == 0 and codes.dim() == 2 and scales.dim() == 2
+            and codes.shape[1] == G * _I8_CODE_BYTES["MXFP4"] and scales.shape == (NG, G * _I8_SCALES["MXFP4"])):
+        c = codes.reshape(NG, G, 4, I8_GROUP, 4).long()
+        q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
+        d = e8m0_half(scales.reshape(NG, G, I8_GROUP).transpose(1, 2).reshape(NG * I8_GROUP, G))
+        return "MXFP4", torch.tensor(MXFP4_VALUES, dtype=torch.int64)[q], d, None
     sup = scales.dtype == torch.uint8
     ok = K > 0 and K % (SUPER_BLOCK if sup else GROUP) == 0 and scales.dim() == 2
-    fmt = next((f for f in I8_FORMATS if codes.shape[1] == G * _I8_CODE_BYTES[f] and scales.shape[1] == (
+    fmt = next((f for f in I8_FORMATS[:-1] if codes.shape[1] == G * _I8_CODE_BYTES[f] and scales.shape[1] == (
         K // SUPER_BLOCK * _super_bytes(f) if sup else G * _I8_SCALES[f])), None) if ok else None
     if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32, torch.uint8):
         raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} {scales.dtype} are "
@@ -477,7 +515,8 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
 GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q4_1", 32, 18),
                  "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q6_16", 256, 210),
                  "Q3_K": ("Q3_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
-                 "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q2_16", 256, 84)}
+                 "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q2_16", 256, 84),
+                 "MXFP4": ("MXFP4", 32, 17)}
 
 
 def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
@@ -509,7 +548,10 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     - IQ4_NL (float16 ``d``) and IQ4_XS (float32 ``d * (ls - 32)`` per 32 weights, exact: at most 17
       significant bits, times a grid value of at most 7) as IQ4_NL, ``q`` the indices;
     - Q2_K as Q2_16 with its 2-bit codes, float32 ``d * sc`` and ``-(dmin * mn)`` per 16 weights (exact products
-      of a float16 and a 4-bit integer).
+      of a float16 and a 4-bit integer);
+    - MXFP4 (gpt-oss's experts) as MXFP4: ``q`` the indices into :data:`MXFP4_VALUES`, ``d`` the blocks' E8M0
+      exponents (uint8, ``scales_dtype`` uint8: for :func:`pack_mxfp4`; the weight is ``e8m0_half(d) *
+      MXFP4_VALUES[q]``).
 
     :func:`gguf_i8_pack` packs the same blocks, the K-quants' and IQ4_XS's scales factored (a smaller form)."""
     q, d, m, scales_dtype, base = _gguf_i8_parts(kind, raw, in_features)
@@ -578,6 +620,8 @@ def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
             q = nibbles(b[..., 48:].reshape(N, nb, 4, 32)).reshape(N, nb, 8, 32) | (high << 4)
         return (q.reshape(N, in_features), sc.reshape(N, -1), mn.reshape(N, -1), torch.float32,
                 torch.stack([d, -dmin], -1))
+    if kind == "MXFP4":  # e (E8M0), qs [16]: the low nibbles are weights 0-15, the high ones 16-31
+        return nibbles(b[..., 1:]).reshape(N, in_features), b[..., 0].contiguous(), None, torch.uint8, None
     if kind == "IQ4_NL":  # d float16, qs [16]: the low nibbles are weights 0-15, the high ones 16-31
         return nibbles(b[..., 2:]).reshape(N, in_features), f16(0), None, torch.float16, None
     if kind == "IQ4_XS":  # d float16, scales_h uint16, scales_l [4], qs [128] per 256 weights (8 sub-blocks of 32)

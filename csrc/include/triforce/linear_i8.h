@@ -1,7 +1,7 @@
 // rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
-// row count. Nine packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+// row count. Ten packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_0 (m = -8 d), Q4_K
 //           (float32 d = d * sc, m = -dmin * mn of each 32-weight sub-block, both exact in float32);
 //   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_0 (m = -16 d), Q5_K (as Q4_K);
@@ -16,7 +16,10 @@
 //   Q2_16   2-bit codes, w = d * code + m per 16 weights (Q4_1_16's arithmetic): GGUF Q2_K (float32 d * sc and
 //           -(dmin * mn) of each 16-weight sub-block, exact);
 //   Q3_16   3-bit codes u, w = d * (u - 4) per 16 (Q8_0_16's arithmetic): GGUF Q3_K at its own 3 bits (u = its
-//           code + 4, float32 d * (sc - 32) of each 16-weight sub-block, exact).
+//           code + 4, float32 d * (sc - 32) of each 16-weight sub-block, exact);
+//   MXFP4   4-bit indices into kMxfp4Values (FP4 E2M1's 16 values, doubled: integers), w = d * kMxfp4Values[index]
+//           per 32 with d = 2^(e - 128) from the block's E8M0 exponent byte e (the value's half, as ggml's
+//           e8m0_to_fp32_half): GGUF MXFP4 (gpt-oss's experts), OpenAI's MXFP4 checkpoints; IQ4_NL's arithmetic.
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -35,6 +38,7 @@
 //   Q5_1:    as Q4_1
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
 //   IQ4_NL:  as Q8_0, w_i = kIq4Values[index_i]
+//   MXFP4:   as Q8_0, w_i = kMxfp4Values[index_i], d = 2^(e - 128)
 //   Q6_16:   as Q8_0_16, w_i = u_i - 32 (the sums of u_i * q_i corrected by -32 * the half's sum of q)
 //   Q3_16:   as Q8_0_16, w_i = u_i - 4 (likewise corrected by -4 * the half's sum of q)
 //   Q4_1_16, Q2_16: isum_h = sum_{i in half h} code_i * q_i, sx_h = the half's sum of q_i,
@@ -59,6 +63,7 @@
 //           Q8_0_16: as Q8_0;
 //           IQ4_NL (CB 256): Q4_1's nibbles, each an index; the kernel looks the index up (vpshufb) in the
 //                            table shifted to unsigned, kIq4Values + 128, and corrects isum by -128 * sx as Q8_0;
+//           MXFP4 (CB 256): IQ4_NL's, with kMxfp4Values;
 //           Q6_16 (CB 384): Q5_1's 320 bytes for the codes' low five bits, then 8 masks of their sixth bits
 //                           (as the fifth's);
 //           Q4_1_16 (CB 256): Q4_1's;
@@ -70,7 +75,8 @@
 //          of the 16 rows then d_1 of the 16 rows (Q6_16 and Q3_16 as Q8_0_16); Q4_1_16 and Q2_16 (SB 64) d_0,
 //          d_1, m_0, m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks
 //          float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16,
-//          Q6_16 and Q3_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16).
+//          Q6_16 and Q3_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16). MXFP4: uint8 [N / 16, K / 32 * 16],
+//          per block the E8M0 exponent bytes e of the 16 rows (E8M0Scale, below; any K % 32 == 0).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
@@ -92,23 +98,32 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16, Q2_16, Q3_16 };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16, Q2_16, Q3_16, MXFP4 };
 
 // GGUF's IQ4_NL grid (ggml's kvalues_iq4nl): the weight of index i is d * kIq4Values[i].
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-struct Iq4Table {
+// FP4 E2M1's values doubled (ggml's kvalues_mxfp4): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, times 2.
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+struct GridTable {
   uint8_t v[16];
 };
-constexpr Iq4Table iq4_unsigned() {  // kIq4Values + 128: the unsigned operand of vpdpbusd
-  Iq4Table t{};
-  for (int i = 0; i < 16; ++i) t.v[i] = static_cast<uint8_t>(kIq4Values[i] + 128);
+constexpr GridTable grid_unsigned(const int8_t (&values)[16]) {  // values + 128: the unsigned operand of vpdpbusd
+  GridTable t{};
+  for (int i = 0; i < 16; ++i) t.v[i] = static_cast<uint8_t>(values[i] + 128);
   return t;
 }
-inline constexpr Iq4Table kIq4Unsigned = iq4_unsigned();
+inline constexpr GridTable kIq4Unsigned = grid_unsigned(kIq4Values), kMxfp4Unsigned = grid_unsigned(kMxfp4Values);
+
+template <Format F>
+constexpr bool grid() { return F == Format::IQ4_NL || F == Format::MXFP4; }  // 4-bit indices into a table
+template <Format F>
+constexpr const int8_t* grid_values() { return F == Format::MXFP4 ? kMxfp4Values : kIq4Values; }
+template <Format F>
+constexpr const GridTable& grid_table() { return F == Format::MXFP4 ? kMxfp4Unsigned : kIq4Unsigned; }
 
 template <Format F>
 constexpr bool nibbles() {  // Q4_1's layout (and then fifth / sixth bits)
-  return F == Format::Q4_1 || F == Format::Q5_1 || F == Format::IQ4_NL || F == Format::Q6_16 || F == Format::Q4_1_16;
+  return F == Format::Q4_1 || F == Format::Q5_1 || grid<F>() || F == Format::Q6_16 || F == Format::Q4_1_16;
 }
 template <Format F>
 constexpr bool fifth_bits() { return F == Format::Q5_1 || F == Format::Q6_16; }
@@ -188,6 +203,21 @@ struct GroupScales<F, SuperScale> {
   // set k's base: the m's (the second) for the sets of minimums, else the d's
   static int base_of(int k) { return with_min<F>() && k >= scale_count<F>() / 32 ? 1 : 0; }
   float at(int64_t b, int k, int j) const { return value(base(b, base_of(k)), mult(b) + 16 * k, j); }
+};
+
+// MXFP4's scales (one byte each): the E8M0 exponent e of each block and row, d = 2^(e - 128), exact in float32
+// for every e (ggml's e8m0_to_fp32_half: e = 0 and 1 the subnormals 2^-128 and 2^-127).
+struct E8M0Scale {
+  uint8_t byte;
+};
+inline float e8m0_half(uint8_t e) {
+  return __builtin_bit_cast(float, e < 2 ? uint32_t(0x00200000) << e : static_cast<uint32_t>(e - 1) << 23);
+}
+template <Format F>
+struct GroupScales<F, E8M0Scale> {
+  const E8M0Scale* s;
+  static int64_t elems(int64_t G) { return G * scale_count<F>(); }
+  float at(int64_t b, int k, int j) const { return e8m0_half(s[b * scale_count<F>() + 16 * k + j].byte); }
 };
 
 // x rounded to int8 blocks: q [M, K] int8, dx [M, K / 32] and sm [M, K / 32] float32, sx [M, K / 32] int32
@@ -301,7 +331,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
             const int t = (k & 15) >> 2, i = k & 3;
             const uint8_t byte = c[64 * t + 4 * j + i];
             w = k < 16 ? (byte & 15) : (byte >> 4);
-            if constexpr (F == Format::IQ4_NL) w = kIq4Values[w] + 128;
+            if constexpr (grid<F>()) w = grid_values<F>()[w] + 128;
             if constexpr (fifth_bits<F>()) {  // bit 4j + i of mask v = k / 4
               const int bit = 4 * j + i;
               w |= ((c[256 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
@@ -373,14 +403,21 @@ inline __m512 scales16(const GroupScales<F, S>& sc, int64_t b, int k) {
     const __m512 base = load_scales(reinterpret_cast<const uint16_t*>(sc.base(b, GroupScales<F, S>::base_of(k))));
     const __m128i m8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc.mult(b) + 16 * k));
     return _mm512_mul_ps(base, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(m8)));
+  } else if constexpr (std::is_same_v<S, E8M0Scale>) {  // e8m0_half of 16 bytes
+    const auto* bytes = reinterpret_cast<const __m128i*>(sc.s + b * scale_count<F>() + 16 * k);
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(normal, small, subnormal));
   } else {
     return load_scales(sc.s + b * scale_count<F>() + 16 * k);
   }
 }
 
 // One block's codes of a group as 8 vectors of bytes: w[v] meets x bytes 4v .. 4v + 3 of the block (byte 4j + i:
-// code 4v + i of row j), as vpdpbusd's unsigned operand (Q8_0, Q8_0_16: the stored bytes; IQ4_NL: the grid + 128;
-// the nibble forms: their codes).
+// code 4v + i of row j), as vpdpbusd's unsigned operand (Q8_0, Q8_0_16: the stored bytes; IQ4_NL, MXFP4: the grid
+// + 128; the nibble forms: their codes).
 template <Format F>
 inline void decode_block(const uint8_t* c, __m512i w[8]) {
   if constexpr (nibbles<F>()) {
@@ -390,9 +427,10 @@ inline void decode_block(const uint8_t* c, __m512i w[8]) {
       w[t] = _mm512_and_si512(raw, nib);
       w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
     }
-    if constexpr (F == Format::IQ4_NL) {  // kIq4Values + 128 in each 128-bit lane (vpshufb looks up within lanes)
-      const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Unsigned.v)));
-      for (int v = 0; v < 8; ++v) w[v] = _mm512_shuffle_epi8(iq4, w[v]);
+    if constexpr (grid<F>()) {  // the grid + 128 in each 128-bit lane (vpshufb looks up within lanes)
+      const __m512i table =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grid_table<F>().v)));
+      for (int v = 0; v < 8; ++v) w[v] = _mm512_shuffle_epi8(table, w[v]);
     }
     if constexpr (fifth_bits<F>()) {  // the fifth bits: 16 where mask v has a bit (Q6_16: sixth bits, 32)
       for (int v = 0; v < 8; ++v) {
@@ -472,7 +510,7 @@ inline __m512 block_term(const GroupScales<F, S>& sc, int64_t b, __m512 d, __m51
     }
     return t1;
   } else {
-    if constexpr (!with_min<F>()) {  // Q8_0, IQ4_NL: the +128 of the codes, -128 * sx, exact
+    if constexpr (!with_min<F>()) {  // Q8_0, IQ4_NL, MXFP4: the +128 of the codes, -128 * sx, exact
       i0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(code_offset<F>() * sx));
     }
     __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(i0));
@@ -718,12 +756,12 @@ inline void groups_amx(const int8_t* q, const float* dx, const float* sm, const 
 }
 #endif
 
-// Where the codes of a form with an offset (IQ4_NL, Q6_16, Q3_16) are expanded for several register blocks of
-// rows: the byte form computing the same integer sums (IQ4_NL's grid + 128 are Q8_0's bytes; Q6_16's u + 96,
+// Where the codes of a form with an offset (IQ4_NL, MXFP4, Q6_16, Q3_16) are expanded for several register blocks of
+// rows: the byte form computing the same integer sums (the grids + 128 are Q8_0's bytes; Q6_16's u + 96,
 // that is (u - 32) + 128, and Q3_16's u + 124, (u - 4) + 128, Q8_0_16's), and the shift added to the codes.
 template <Format F>
 constexpr Format byte_form() {
-  return F == Format::IQ4_NL ? Format::Q8_0 : F == Format::Q6_16 || F == Format::Q3_16 ? Format::Q8_0_16 : F;
+  return grid<F>() ? Format::Q8_0 : F == Format::Q6_16 || F == Format::Q3_16 ? Format::Q8_0_16 : F;
 }
 template <Format F>
 constexpr uint8_t byte_shift() { return F == Format::Q6_16 || F == Format::Q3_16 ? 128 - code_offset<F>() : 0; }
