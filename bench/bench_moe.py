@@ -20,7 +20,8 @@ MixtralSparseMoeBlock: F.linear per hit expert), in turns (the VM's drift); the 
 bitwise the one-by-one path, transformers' within rounding).
 
 ``--quantised``: the experts quantised, float32 rows: ``int8`` (the int8 draft copy's Q8Linear) and ``q4_1_int8``
-(``load_gguf_int8``'s Int8DotLinear on Q4_1 codes: int8 activations, integer dot products), ``cpu`` against
+(``load_gguf_int8``'s Int8DotLinear on Q4_1 codes: int8 activations, integer dot products), and for gpt-oss-20b
+``mxfp4_int8`` (its GGUF file's and OpenAI's MXFP4 experts as ``load_gguf_int8`` runs them), ``cpu`` against
 ``cpu_one_by_one`` (no transformers block holds these formats).
 
 ``--prefill``: prefill chunks of 256 and 512 rows in the prefill's bulk mode (Linear's products of more than 128 rows
@@ -185,11 +186,19 @@ def _against_one_by_one(ours, model: str, dtype: torch.dtype, label: str, rows: 
 def bench_quantised(model: str, fmt: str, rows: tuple) -> None:
     """The layer with its experts quantised (float32 rows): ``int8`` as the int8 draft copy holds them (Q8Linear),
     ``q4_1_int8`` as ``load_gguf_int8`` runs a Q4_1 file's (Int8DotLinear: int8 activations, integer dot products);
-    ours (one ``moe_experts`` call) against the same modules run one by one."""
-    from triforce.models.quant import Int8DotLinear, Q4Linear, Q8Linear
+    ours (one ``moe_experts`` call) against the same modules run one by one; ``mxfp4_int8``: MXFP4 blocks (gguf's
+    quantiser on the random weights), as ``load_gguf_int8`` runs a gpt-oss file's experts."""
+    from triforce.models.quant import Int8DotLinear, Q4Linear, Q8Linear, gguf_i8_pack
+
+    def mxfp4(lin):
+        import gguf
+        raw = gguf.quants.quantize(lin.weight.detach().numpy(), gguf.GGMLQuantizationType.MXFP4)
+        return Int8DotLinear(*gguf_i8_pack("MXFP4", torch.from_numpy(raw), lin.in_features), lin.in_features,
+                             lin.bias)
 
     ours, _ = _pair(model, torch.float32)
-    make = {"int8": Q8Linear.from_linear, "q4_1_int8": lambda lin: Int8DotLinear.from_q4(Q4Linear.from_linear(lin))}
+    make = {"int8": Q8Linear.from_linear, "q4_1_int8": lambda lin: Int8DotLinear.from_q4(Q4Linear.from_linear(lin)),
+            "mxfp4_int8": mxfp4}
     for expert in ours.experts:
         expert.gate_up_proj, expert.down_proj = make[fmt](expert.gate_up_proj), make[fmt](expert.down_proj)
     _against_one_by_one(ours, model, torch.float32, fmt, rows, sum(b.nbytes for b in ours.experts[0].buffers()))
@@ -219,7 +228,7 @@ def main():
             bench_prefill(a.model, dtype, (256, 512))
         return
     if a.quantised:
-        for fmt in ("int8", "q4_1_int8"):
+        for fmt in ("int8", "q4_1_int8") + (("mxfp4_int8",) if a.model == "gpt-oss-20b" else ()):
             bench_quantised(a.model, fmt, rows)
         return
     for dtype in (torch.bfloat16,) if a.quick else (torch.bfloat16, torch.float32):

@@ -35,7 +35,10 @@ with float32 scales (``cpu_f32_scales``: 0.75 / 0.875 / 1.0 bytes a weight), the
 ``--dtype q2_k_int8``: GGUF Q2_K's (Q2_16: its 2-bit codes, a scale and a minimum per 16 weights; 0.39 bytes
 a weight, 0.75 with float32 scales); ``--dtype q3_k_int8``: GGUF Q3_K's (Q3_16: its 3-bit codes, a scale per 16
 weights; 0.445 bytes a weight, 0.625 with float32 scales), also against the same codes at Q8_0_16's byte a weight
-(``cpu_q8_0_16``: what Q3_K ran on before, 1.07 bytes a weight).
+(``cpu_q8_0_16``: what Q3_K ran on before, 1.07 bytes a weight); ``--dtype mxfp4_int8``: MXFP4 (gpt-oss's experts:
+4-bit indices into FP4's doubled values, an E8M0 exponent byte per 32 weights; 0.531 bytes a weight, as the GGUF file
+and OpenAI's checkpoints hold them), against the float32 kernel on the dequantised weight and ``F.linear`` (no
+float-scaled form holds its grid).
 These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
 whole number of super-blocks).
 
@@ -46,7 +49,7 @@ is then ``cpu_vnni`` (extra ``AMX tiles``).
 
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
     # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|
-    #        q2_k_int8|q3_k_int8|both
+    #        q2_k_int8|q3_k_int8|mxfp4_int8|both
     # (default both);
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
@@ -71,12 +74,12 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
                                        "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
-                                       "both"],
+                                       "mxfp4_int8", "both"],
                    default="both",
                    help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
                         "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x); q4_1_int8 / q8_0_int8 = rowwise_linear_i8 "
                         "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8 / iq4_xs_int8 / "
-                        "q2_k_int8 / q3_k_int8: the same on the forms of the K-quants and IQ4_XS")
+                        "q2_k_int8 / q3_k_int8: the same on the forms of the K-quants and IQ4_XS; mxfp4_int8: MXFP4")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -87,7 +90,7 @@ def main():
     kernel = torch.ops.triforce_C.rowwise_linear
     quantised = {"int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8,
                  "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k,
-                 "q2_k_int8": bench_i8_k, "q3_k_int8": bench_i8_k}
+                 "q2_k_int8": bench_i8_k, "q3_k_int8": bench_i8_k, "mxfp4_int8": bench_i8_k}
     if a.dtype in quantised:
         if a.many_rows:
             raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
@@ -186,13 +189,18 @@ def bench_i8_k(a, g, bw) -> None:
     weights, Q6_K's ``d`` and int8 ``sc`` per 16 (its 6-bit codes), IQ4_XS's ``d`` and ``ls - 32`` per 32, Q2_K's
     ``d``, ``-dmin`` and 4-bit ``sc``, ``mn`` per 16 (its 2-bit codes)) against
     the same blocks with float32 scales (``cpu_f32_scales``), the float32 kernel on the dequantised weight
-    (``cpu_float32``: where such layers ran before) and ``F.linear`` (``torch``)."""
-    from triforce.models.quant import Int8DotLinear, pack_i8, unpack_i8
+    (``cpu_float32``: where such layers ran before) and ``F.linear`` (``torch``). MXFP4 (indices into FP4's grid,
+    E8M0 exponents 2^-10..2^2): against the last two only."""
+    from triforce.models.quant import Int8DotLinear, pack_i8, pack_mxfp4, unpack_i8
 
     n, k = K, N  # SmolLM2's down_proj: [576, 1536]
     supers, plains, bytewise = [], [], []
     for _ in range(MATRICES):
         mult = lambda lo, hi, per: torch.randint(lo, hi, (n, k // per), generator=g)  # noqa: E731
+        if a.dtype == "mxfp4_int8":
+            q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+            supers.append(Int8DotLinear(*pack_mxfp4(q, mult(118, 131, 32).to(torch.uint8)), k))
+            continue
         if a.dtype in ("q4_k_int8", "q5_k_int8"):
             q = torch.randint(0, 16 if a.dtype == "q4_k_int8" else 32, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(0, 64, 32), mult(0, 64, 32), 2
@@ -216,11 +224,13 @@ def bench_i8_k(a, g, bw) -> None:
             bytewise.append(Int8DotLinear(*pack_i8(q, d, m, base=base, three_bits=False), k))
     # each call reads its matrices from memory, whatever the last-level cache (streamed: copies, in turn)
     sup = streamed([(m.codes, m.scales) for m in supers], _packed_bytes(supers[0]), _clone_all)
-    plain = streamed([(m.codes, m.scales) for m in plains], _packed_bytes(plains[0]), _clone_all)
     dense_sets = streamed([m.weight for m in supers], n * k * 4, torch.clone)
     kernel, fp32 = torch.ops.triforce_C.rowwise_linear_i8, torch.ops.triforce_C.rowwise_linear
-    others = {"cpu_f32_scales": (lambda x: [kernel(x, c, s) for c, s in plain()], _packed_bytes(plains[0])),
-              "cpu_float32": (lambda x: [fp32(x, w) for w in dense_sets()], n * k * 4)}
+    others = {"cpu_float32": (lambda x: [fp32(x, w) for w in dense_sets()], n * k * 4)}
+    if plains:
+        plain = streamed([(m.codes, m.scales) for m in plains], _packed_bytes(plains[0]), _clone_all)
+        others = {"cpu_f32_scales": (lambda x: [kernel(x, c, s) for c, s in plain()], _packed_bytes(plains[0])),
+                  **others}
     if bytewise:  # Q3_K's codes at a byte each, the form it ran on before Q3_16: the baseline
         wide = streamed([(m.codes, m.scales) for m in bytewise], _packed_bytes(bytewise[0]), _clone_all)
         others = {"cpu_q8_0_16": (lambda x: [kernel(x, c, s) for c, s in wide()], _packed_bytes(bytewise[0])),

@@ -416,6 +416,87 @@ def _rewrite_gguf(src, dst, edit):
     return dst
 
 
+def _fuse_gate_up(src, dst):
+    """A copy of the GGUF file ``src`` whose ffn_gate_exps and ffn_up_exps (weights in any type, biases) are one
+    ffn_gate_up_exps, gate first, as newer converters write them."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        array = f.types[0] == gguf.GGUFValueType.ARRAY
+        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if array else None)
+    tensors = {t.name: t for t in reader.tensors}
+    for name, t in tensors.items():
+        if ".ffn_up_exps." in name:
+            continue
+        data, kind = np.array(t.data), t.tensor_type
+        if ".ffn_gate_exps." in name:
+            up = tensors[name.replace("ffn_gate_exps", "ffn_up_exps")]
+            data, name = np.concatenate([data, np.array(up.data)], 1), name.replace("ffn_gate_exps", "ffn_gate_up_exps")
+        quantised = kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        w.add_tensor(name, data, raw_dtype=kind if quantised else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@needs_op
+@pytest.mark.parametrize("fused", [False, True])
+def test_gguf_mxfp4_experts_run_on_their_blocks(tmp_path, monkeypatch, fused):
+    """``load_gguf_int8`` runs a gpt-oss file's MXFP4 experts on their own blocks (17 bytes per 32 weights, as the
+    file holds them, against 128 in float32): each an Int8DotLinear of the MXFP4 form with its bias, its weight
+    gguf's dequantised one bitwise; gate and up apart or fused in the file, the same model, bitwise
+    ``gguf_copy(..., activations="int8")`` of the float model; a sparse layer runs its experts in one
+    ``moe_experts`` call with the bits of its modules; speculative decoding keeps autoregressive decoding's tokens."""
+    import gguf
+
+    from triforce.models.quant import Int8DotLinear, gguf_copy, load_gguf_int8
+
+    from .test_config import write_gguf
+
+    _, ours = pair(intermediate_size=64)
+
+    def quant(name, a):
+        if name.endswith("_exps.weight"):
+            return gguf.quants.quantize(a, gguf.GGMLQuantizationType.MXFP4), gguf.GGMLQuantizationType.MXFP4
+        return a, None
+
+    path = write_gguf(tmp_path / "g.gguf", ours, _GGUF_YARN, quant=quant)
+    if fused:
+        path = _fuse_gate_up(path, tmp_path / "fused.gguf")
+    model = load_gguf_int8(path)
+    plain = Llama.from_pretrained(path)
+    for layer, float_layer in zip(model.model.layers, plain.model.layers):
+        for expert, float_expert in zip(layer.mlp.experts, float_layer.mlp.experts):
+            for name in ("gate_up_proj", "down_proj"):
+                lin, ref = getattr(expert, name), getattr(float_expert, name)
+                assert type(lin) is Int8DotLinear and lin.format == "MXFP4"
+                assert torch.equal(lin.weight, ref.weight) and torch.equal(lin.bias, ref.bias)
+                assert lin.codes.nbytes + lin.scales.nbytes == ref.weight.numel() * 17 // 32
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids)
+        assert torch.equal(logits, gguf_copy(plain, path, activations="int8")(ids))
+        assert (logits - plain(ids)).abs().max().item() > 0  # (the rows are rounded to int8 blocks)
+        moe, rows = model.model.layers[1].mlp, torch.randn(6, model.config.hidden_size)
+        calls = []
+        real = torch.ops.triforce_C.moe_experts
+        monkeypatch.setattr(torch.ops.triforce_C, "moe_experts",
+                            lambda *a, **kw: calls.append(kw) or real(*a, **kw), raising=False)
+        assert torch.equal(moe(rows[None])[0], module_by_module(moe, rows))
+        assert calls == [{"swiglu_alpha": 1.702, "swiglu_limit": 7.0}]
+    prompts = [ids[0, :9], ids[1, :17]]
+    ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=12)
+    for method, opts in (("speculative", {"gamma": 3, "draft_layers": 1}), ("magicdec", {"gamma": 2})):
+        out = triforce.generate(model, prompts, method=method, max_new_tokens=12, **opts)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), method
+
+
 def test_gguf_gate_up_fused_or_missing(tmp_path):
     """Newer converters write gate and up as one ffn_gate_up_exps (weights and biases, gate first): the same model;
     a file without an expert tensor raises naming it."""

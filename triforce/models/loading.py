@@ -1043,15 +1043,17 @@ def read_gguf(path: Path, skip=None, reader=None):
 def _expert_blocks(stacked: dict) -> dict:
     """A mixture of experts' blocks (``stacked``: ``model.layers.{i}.mlp.{gate,up,down}_exps`` -> (type name,
     the file's ``[E, rows, bytes]``)) under the model's names, per expert: ``experts.{e}.gate_up_proj`` the gate's
-    rows then the up's (both of one type, else left out: those experts stay float32), ``experts.{e}.down_proj``."""
+    rows then the up's (both of one type, else left out: those experts stay float32; a gpt-oss file's fused
+    ``gate_up_exps``: its rows, gate first), ``experts.{e}.down_proj``."""
     out = {}
     for key, (kind, data) in stacked.items():
         stem, proj = key.rsplit(".", 1)
         with warnings.catch_warnings():  # read-only views of the mapped file (gate_up: copies)
             warnings.simplefilter("ignore", UserWarning)
             blocks = torch.from_numpy(data).view(torch.uint8)
-        if proj == "down_exps":
-            out.update({f"{stem}.experts.{e}.down_proj.weight": (kind, b) for e, b in enumerate(blocks)})
+        if proj in ("down_exps", "gate_up_exps"):
+            name = "down_proj" if proj == "down_exps" else "gate_up_proj"
+            out.update({f"{stem}.experts.{e}.{name}.weight": (kind, b) for e, b in enumerate(blocks)})
         elif proj == "gate_exps" and stacked.get(f"{stem}.up_exps", (None,))[0] == kind:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
