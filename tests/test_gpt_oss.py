@@ -397,7 +397,8 @@ def test_gguf_file_as_llama_cpp_writes_and_runs_it(tmp_path, experts):
 
 
 def _rewrite_gguf(src, dst, edit):
-    """A copy of the GGUF file ``src`` (its metadata, its float tensors passed through ``edit(dict) -> dict``)."""
+    """A copy of the GGUF file ``src``: its metadata, its tensors passed through ``edit(dict) -> dict`` (name -> the
+    array as stored; a quantised tensor keeps its type, looked up by name, or comes back as ``(array, type)``)."""
     import gguf
 
     reader = gguf.GGUFReader(str(src))
@@ -407,8 +408,11 @@ def _rewrite_gguf(src, dst, edit):
             continue
         array = f.types[0] == gguf.GGUFValueType.ARRAY
         w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if array else None)
+    kinds = {t.name: t.tensor_type for t in reader.tensors}
     for name, a in edit({t.name: np.array(t.data) for t in reader.tensors}).items():
-        w.add_tensor(name, a)
+        a, kind = a if isinstance(a, tuple) else (a, kinds.get(name))
+        raw = kind not in (None, gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        w.add_tensor(name, a, raw_dtype=kind if raw else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -421,28 +425,19 @@ def _fuse_gate_up(src, dst):
     ffn_gate_up_exps, gate first, as newer converters write them."""
     import gguf
 
-    reader = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        array = f.types[0] == gguf.GGUFValueType.ARRAY
-        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if array else None)
-    tensors = {t.name: t for t in reader.tensors}
-    for name, t in tensors.items():
-        if ".ffn_up_exps." in name:
-            continue
-        data, kind = np.array(t.data), t.tensor_type
-        if ".ffn_gate_exps." in name:
-            up = tensors[name.replace("ffn_gate_exps", "ffn_up_exps")]
-            data, name = np.concatenate([data, np.array(up.data)], 1), name.replace("ffn_gate_exps", "ffn_gate_up_exps")
-        quantised = kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-        w.add_tensor(name, data, raw_dtype=kind if quantised else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    kinds = {t.name: t.tensor_type for t in gguf.GGUFReader(str(src)).tensors}
+
+    def fuse(tensors):
+        out = {}
+        for name, a in tensors.items():
+            if ".ffn_up_exps." in name:
+                continue
+            if ".ffn_gate_exps." in name:
+                up = tensors[name.replace("ffn_gate_exps", "ffn_up_exps")]
+                name, a = name.replace("ffn_gate_exps", "ffn_gate_up_exps"), (np.concatenate([a, up], 1), kinds[name])
+            out[name] = a
+        return out
+    return _rewrite_gguf(src, dst, fuse)
 
 
 @needs_op
