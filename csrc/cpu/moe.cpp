@@ -74,7 +74,8 @@ void run_products(const std::vector<RowwiseProduct>& products, const std::vector
 template <typename T>
 void add_bias(T* row, const T* bias, int64_t n) {
   if (bias == nullptr) return;
-  for (int64_t i = 0; i < n; ++i) row[i] = triforce::from_float<T>(triforce::to_float(row[i]) + triforce::to_float(bias[i]));
+  for (int64_t i = 0; i < n; ++i)
+    row[i] = triforce::from_float<T>(triforce::to_float(row[i]) + triforce::to_float(bias[i]));
 }
 
 // out[t] = sum over t's pairs p, in increasing expert order, of round(y[p] * weight[p]), each add rounded to T;

@@ -578,7 +578,8 @@ class SparseMoE(nn.Module):
         if not (rows.device.type == "cpu" and rows.dtype in _ROWWISE_DTYPES and rows.numel() > 0
                 and not torch.compiler.is_compiling() and _rowwise_available()
                 and self.activation in ("silu", "gelu_tanh", "swiglu_clamped")
-                and hasattr(torch.ops.triforce_C, "swiglu_clamped_mul")):
+                and hasattr(torch.ops.triforce_C, "moe_experts")
+                and hasattr(torch.ops.triforce_C, "swiglu_clamped_mul")):  # (the op with biases and the clamp)
             return None
         if not _rowwise_rows(rows) and int(torch.bincount(index.flatten()).max()) > ROWWISE_MAX_ROWS:
             return None  # a prefill's bulk products: an expert of more rows takes torch's GEMM (Linear's rule)
