@@ -82,7 +82,7 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     """-> ``(model, tokenizer or None)``; ``None`` when the directory / GGUF file has no tokenizer.
     ``dtype``: ``"float32"`` (default), ``"bfloat16"``, ``"float16"``, ``"gguf"`` (a GGUF file's model on
     its own Q4_1 / Q8_0 blocks, bitwise the float32 model, CPU only: :func:`triforce.models.gguf_copy`) or
-    ``"gguf-int8"`` (those blocks, and Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4 ones, with
+    ``"gguf-int8"`` (those blocks, and Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4 / MXFP4 ones, with
     activations rounded to int8 blocks: integer dot products, CPU only; built straight from the file's blocks,
     :func:`triforce.models.quant.load_gguf_int8`);
     ``device``: where the weights go (default: the CPU)."""
