@@ -296,9 +296,37 @@ def test_mxfp4_dequantises_as_transformers():
         dequantize_mxfp4(blocks.int(), scales)
 
 
-def test_an_mxfp4_checkpoint_loads_dequantised(tmp_path):
-    """A checkpoint as OpenAI ships gpt-oss (quantization_config mxfp4; the experts' weights as *_blocks and
-    *_scales) loads with the logits of transformers' model holding the dequantised weights."""
+def assert_experts_on_their_mxfp4_blocks(model, plain):
+    """Every expert projection of ``model`` an Int8DotLinear of the MXFP4 form (17 bytes per 32 weights, as the file
+    holds them) with the weight of ``plain`` (the float model) bitwise, and its bias."""
+    from triforce.models.quant import Int8DotLinear
+
+    for layer, float_layer in zip(model.model.layers, plain.model.layers):
+        for expert, float_expert in zip(layer.mlp.experts, float_layer.mlp.experts):
+            for name in ("gate_up_proj", "down_proj"):
+                lin, ref = getattr(expert, name), getattr(float_expert, name)
+                assert type(lin) is Int8DotLinear and lin.format == "MXFP4"
+                assert torch.equal(lin.weight, ref.weight) and torch.equal(lin.bias, ref.bias)
+                assert lin.codes.nbytes + lin.scales.nbytes == ref.weight.numel() * 17 // 32
+
+
+def assert_one_moe_experts_call(moe, monkeypatch) -> dict:
+    """``moe`` (a sparse layer) on 6 random rows runs its experts in one ``moe_experts`` call with the bits of its
+    modules; -> that call's keywords."""
+    rows, calls = torch.randn(6, moe.gate.in_features), []
+    real = torch.ops.triforce_C.moe_experts
+    monkeypatch.setattr(torch.ops.triforce_C, "moe_experts",
+                        lambda *a, **kw: calls.append(kw) or real(*a, **kw), raising=False)
+    with torch.no_grad():
+        assert torch.equal(moe(rows[None])[0], module_by_module(moe, rows))
+    assert len(calls) == 1
+    return calls[0]
+
+
+def mxfp4_checkpoint(directory):
+    """(transformers' model, the directory): a checkpoint as OpenAI ships gpt-oss (quantization_config mxfp4; the
+    experts' weights as random *_blocks and *_scales) written to ``directory``, transformers' model holding its
+    dequantised weights; and the checkpoint's state dict."""
     from safetensors.torch import save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -319,11 +347,20 @@ def test_an_mxfp4_checkpoint_loads_dequantised(tmp_path):
                 sd[f"{stem}.{name}_blocks"], sd[f"{stem}.{name}_scales"] = blocks, scales
                 getattr(hf.model.layers[i].mlp.experts, name).copy_(
                     convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
-    (tmp_path / "ckpt").mkdir()
-    save_file(sd, tmp_path / "ckpt" / "model.safetensors")
+    directory.mkdir()
+    save_file(sd, directory / "model.safetensors")
     cfg = {**c.to_dict(), "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
-    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    (directory / "config.json").write_text(json.dumps(cfg))
+    return hf, sd
+
+
+def test_an_mxfp4_checkpoint_loads_dequantised(tmp_path):
+    """A checkpoint as OpenAI ships gpt-oss (quantization_config mxfp4; the experts' weights as *_blocks and
+    *_scales) loads with the logits of transformers' model holding the dequantised weights."""
+    from safetensors.torch import save_file
+
+    hf, sd = mxfp4_checkpoint(tmp_path / "ckpt")
     ours = Llama.from_pretrained(tmp_path / "ckpt")
     ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -333,6 +370,45 @@ def test_an_mxfp4_checkpoint_loads_dequantised(tmp_path):
     save_file(sd, tmp_path / "ckpt" / "model.safetensors")
     with pytest.raises(ValueError, match="down_proj_scales"):
         Llama.from_pretrained(tmp_path / "ckpt")
+
+
+@needs_op
+def test_an_mxfp4_checkpoint_runs_on_its_blocks(tmp_path, monkeypatch):
+    """``load_mxfp4_int8`` (``load_model(directory, "gguf-int8")``) runs an MXFP4 checkpoint's experts on their
+    blocks: each an Int8DotLinear of the MXFP4 form (17 bytes per 32 weights) with its bias, its weight the
+    dequantised checkpoint's bitwise, gate and up rows de-interleaved; a sparse layer runs them in one
+    ``moe_experts`` call with the bits of its modules; the logits within int8 rounding of the float model's;
+    speculative decoding keeps autoregressive decoding's tokens; a checkpoint without MXFP4 or a missing scale
+    raises."""
+    from safetensors.torch import save_file
+
+    from triforce.models import hub
+    from triforce.models.quant import load_mxfp4_int8
+
+    _, sd = mxfp4_checkpoint(tmp_path / "ckpt")
+    model, _ = hub.load_model(str(tmp_path / "ckpt"), "gguf-int8")
+    plain = Llama.from_pretrained(tmp_path / "ckpt")
+    assert_experts_on_their_mxfp4_blocks(model, plain)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = plain(ids)
+        err = (model(ids) - want).abs().max().item()
+        assert 0 < err < 0.1 * want.abs().max().item()  # (the rows are rounded to int8 blocks)
+        assert_one_moe_experts_call(model.model.layers[2].mlp, monkeypatch)
+    prompts = [ids[0, :9], ids[1, :17]]
+    ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=12)
+    out = triforce.generate(model, prompts, method="speculative", gamma=3, draft_layers=1, max_new_tokens=12)
+    assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
+    plain.save_pretrained(tmp_path / "float")  # (no quantization_config)
+    for directory in (tmp_path / "float", tmp_path / "missing"):
+        with pytest.raises(ValueError, match="not a GGUF file"):
+            hub.load_model(str(directory), "gguf-int8")
+        with pytest.raises(ValueError, match="quantization_config mxfp4"):
+            load_mxfp4_int8(directory)
+    del sd["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(sd, tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(ValueError, match="down_proj_blocks and _scales"):
+        load_mxfp4_int8(tmp_path / "ckpt")
 
 
 _GGUF_YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096}
@@ -450,7 +526,7 @@ def test_gguf_mxfp4_experts_run_on_their_blocks(tmp_path, monkeypatch, fused):
     ``moe_experts`` call with the bits of its modules; speculative decoding keeps autoregressive decoding's tokens."""
     import gguf
 
-    from triforce.models.quant import Int8DotLinear, gguf_copy, load_gguf_int8
+    from triforce.models.quant import gguf_copy, load_gguf_int8
 
     from .test_config import write_gguf
 
@@ -466,25 +542,14 @@ def test_gguf_mxfp4_experts_run_on_their_blocks(tmp_path, monkeypatch, fused):
         path = _fuse_gate_up(path, tmp_path / "fused.gguf")
     model = load_gguf_int8(path)
     plain = Llama.from_pretrained(path)
-    for layer, float_layer in zip(model.model.layers, plain.model.layers):
-        for expert, float_expert in zip(layer.mlp.experts, float_layer.mlp.experts):
-            for name in ("gate_up_proj", "down_proj"):
-                lin, ref = getattr(expert, name), getattr(float_expert, name)
-                assert type(lin) is Int8DotLinear and lin.format == "MXFP4"
-                assert torch.equal(lin.weight, ref.weight) and torch.equal(lin.bias, ref.bias)
-                assert lin.codes.nbytes + lin.scales.nbytes == ref.weight.numel() * 17 // 32
+    assert_experts_on_their_mxfp4_blocks(model, plain)
     ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = model(ids)
         assert torch.equal(logits, gguf_copy(plain, path, activations="int8")(ids))
         assert (logits - plain(ids)).abs().max().item() > 0  # (the rows are rounded to int8 blocks)
-        moe, rows = model.model.layers[1].mlp, torch.randn(6, model.config.hidden_size)
-        calls = []
-        real = torch.ops.triforce_C.moe_experts
-        monkeypatch.setattr(torch.ops.triforce_C, "moe_experts",
-                            lambda *a, **kw: calls.append(kw) or real(*a, **kw), raising=False)
-        assert torch.equal(moe(rows[None])[0], module_by_module(moe, rows))
-        assert calls == [{"swiglu_alpha": 1.702, "swiglu_limit": 7.0}]
+        assert assert_one_moe_experts_call(model.model.layers[1].mlp, monkeypatch) == \
+            {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
     prompts = [ids[0, :9], ids[1, :17]]
     ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=12)
     for method, opts in (("speculative", {"gamma": 3, "draft_layers": 1}), ("magicdec", {"gamma": 2})):

@@ -19,7 +19,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 # weight formats a model loads in: DTYPES, "gguf": float32 activations on the GGUF file's own Q4_1 / Q8_0
 # blocks (triforce.models.gguf_copy; bitwise the float32 model, on the CPU), or "gguf-int8": the same blocks
 # with activations rounded to int8 blocks and integer dot products, the other GGUF_I8_TYPES' blocks too
-# (gguf_copy(..., activations="int8"): Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS)
+# (gguf_copy(..., activations="int8"): Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS /
+# MXFP4), or an MXFP4 checkpoint directory's experts (OpenAI's GPT-OSS: quant.load_mxfp4_int8)
 GGUF_WEIGHTS = ("gguf", "gguf-int8")
 WEIGHTS = DTYPES + GGUF_WEIGHTS
 PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair
@@ -43,12 +44,14 @@ def _dtype(dtype: str | None):
 
 
 def _check_gguf_weights(path, device, dtype: str = "gguf") -> None:
-    """``dtype="gguf"`` (or ``"gguf-int8"``) needs a GGUF file and the CPU (``ValueError`` before anything
-    loads)."""
+    """``dtype="gguf"`` (or ``"gguf-int8"``) needs a GGUF file (``"gguf-int8"``: or an MXFP4 checkpoint directory)
+    and the CPU (``ValueError`` before anything loads)."""
     from .loading import _is_gguf
+    from .quant import is_mxfp4_checkpoint
 
-    if not _is_gguf(Path(path)):
-        raise ValueError(f"dtype {dtype!r} runs a model on its GGUF file's own weights; {str(path)!r} is not a GGUF file")
+    if not (_is_gguf(Path(path)) or (dtype == "gguf-int8" and is_mxfp4_checkpoint(path))):
+        raise ValueError(f"dtype {dtype!r} runs a model on its GGUF file's own weights ('gguf-int8': or an MXFP4 "
+                         f"checkpoint's); {str(path)!r} is not a GGUF file")
     if device is not None and device_of(str(device)).type != "cpu":
         raise ValueError(f"dtype {dtype!r} runs on the CPU only (its kernels are CPU kernels), got device {str(device)!r}")
 
@@ -84,10 +87,11 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     its own Q4_1 / Q8_0 blocks, bitwise the float32 model, CPU only: :func:`triforce.models.gguf_copy`) or
     ``"gguf-int8"`` (those blocks, and Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4 / MXFP4 ones, with
     activations rounded to int8 blocks: integer dot products, CPU only; built straight from the file's blocks,
-    :func:`triforce.models.quant.load_gguf_int8`);
+    :func:`triforce.models.quant.load_gguf_int8`; an MXFP4 checkpoint directory, OpenAI's GPT-OSS: its experts on
+    their blocks, :func:`triforce.models.quant.load_mxfp4_int8`);
     ``device``: where the weights go (default: the CPU)."""
     from .llama import Llama
-    from .quant import gguf_copy, load_gguf_int8
+    from .quant import gguf_copy, is_mxfp4_checkpoint, load_gguf_int8, load_mxfp4_int8
     from .smollm2 import smollm2_135m, smollm2_gguf_path
 
     dt = _dtype(dtype)
@@ -95,6 +99,8 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     if dtype in GGUF_WEIGHTS:
         _check_gguf_weights(path, device, dtype)
     if dtype == "gguf-int8":  # straight from the blocks: no float32 copy of the packed layers on the way
+        if is_mxfp4_checkpoint(path):  # OpenAI's GPT-OSS checkpoints: the experts on their MXFP4 blocks
+            return load_mxfp4_int8(path), load_tokenizer(path)
         return load_gguf_int8(path), load_tokenizer(path)
     if name == "smollm2":
         model, tok = smollm2_135m(device=device, dtype=dt)

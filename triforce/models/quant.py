@@ -16,6 +16,7 @@ acceptance rate. docs/model.md ("Int8 draft copy") has the measurements.
 from __future__ import annotations
 
 import copy
+import json
 import weakref
 from pathlib import Path
 
@@ -29,7 +30,7 @@ __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4
            "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
            "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "MXFP4_VALUES",
            "pack_mxfp4", "e8m0_half", "GGUF_I8_TYPES",
-           "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8"]
+           "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8", "load_mxfp4_int8", "is_mxfp4_checkpoint"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -898,6 +899,62 @@ def load_gguf_int8(path) -> Llama:
     if any(p.is_meta for p in out.parameters()):
         raise ValueError(f"load_gguf_int8: some weights of {str(path)!r} were neither loaded nor packed")
     return out
+
+
+def is_mxfp4_checkpoint(path) -> bool:
+    """Whether ``path`` is a Hugging Face directory whose ``config.json`` says its experts are MXFP4 blocks
+    (``quantization_config`` ``{"quant_method": "mxfp4"}``: OpenAI's GPT-OSS checkpoints)."""
+    cfg = Path(path) / "config.json"
+    try:
+        q = json.loads(cfg.read_text()).get("quantization_config") if cfg.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(q, dict) and q.get("quant_method") == "mxfp4"
+
+
+def load_mxfp4_int8(path) -> Llama:
+    """An MXFP4 checkpoint directory's model (OpenAI's GPT-OSS: each layer's experts as ``*_blocks`` / ``*_scales``,
+    :func:`is_mxfp4_checkpoint`) with its experts on their own blocks and int8 activations: each expert's
+    projections an :class:`Int8DotLinear` of the MXFP4 form (17 bytes per 32 weights, as in the file; weight
+    ``2^(s - 127) * FP4[code]``, what :func:`~triforce.models.loading.dequantize_mxfp4` computes, bitwise), its bias
+    the checkpoint's, never dequantised; the rest float32 as :meth:`Llama.from_pretrained` loads it. The gate and
+    up rows, interleaved in the checkpoint, become ``gate_up_proj``'s ``[gate; up]``; each block's codes (byte
+    ``j``: weights ``2j`` and ``2j + 1``) are repacked as the kernel's nibbles. gpt-oss-20b: ~10 GB of experts
+    instead of ~38 GB dequantised to bfloat16."""
+    from .loading import _GPT_OSS_EXPERTS, _build, _read_hf_dir
+
+    path = Path(path)
+    if not is_mxfp4_checkpoint(path):
+        raise ValueError(f"load_mxfp4_int8: {str(path)!r} is not a checkpoint directory with quantization_config "
+                         "mxfp4")
+    config, sd = _read_hf_dir(path)
+    blocks = {}
+    for name in [n for n in sd if (m := _GPT_OSS_EXPERTS.fullmatch(n)) is not None and m[3] in ("_blocks", "_scales")]:
+        m = _GPT_OSS_EXPERTS.fullmatch(name)
+        blocks.setdefault((m[1], m[2]), {})[m[3]] = sd.pop(name)
+    E = config.experts.count if config.experts is not None else 0
+    missing = {f"{stem}.{e}.{proj}.weight" for stem, proj in blocks for e in range(E)}
+    model = _build(config, sd, "cpu", torch.float32, missing_ok=missing)
+    for (stem, proj), parts in blocks.items():
+        b, s = parts.get("_blocks"), parts.get("_scales")
+        if b is None or s is None or b.dtype != torch.uint8 or s.dtype != torch.uint8 or b.dim() != 4 \
+                or b.shape[-1] != 16 or s.shape != b.shape[:-1] or b.shape[0] != E or b.shape[1] % I8_GROUP:
+            raise ValueError(f"load_mxfp4_int8: {stem}.{proj}_blocks and _scales must be uint8 [{E}, rows (a multiple "
+                             f"of {I8_GROUP}), K / 32, 16] and [{E}, rows, K / 32], got "
+                             f"{None if b is None else (b.dtype, list(b.shape))} and "
+                             f"{None if s is None else (s.dtype, list(s.shape))}")
+        rows, K = b.shape[1], b.shape[2] * GROUP
+        experts = model.get_submodule(stem)
+        for e in range(E):
+            q = torch.stack([b[e] & 15, b[e] >> 4], -1).reshape(rows, K)  # byte j: weight 2j low, 2j + 1 high
+            ex = s[e]
+            if proj == "gate_up_proj":  # interleaved rows -> [gate; up]
+                q, ex = torch.cat([q[0::2], q[1::2]]), torch.cat([ex[0::2], ex[1::2]])
+            old = getattr(experts[e], proj)
+            setattr(experts[e], proj, Int8DotLinear(*pack_mxfp4(q.contiguous(), ex.contiguous()), K, old.bias))
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError(f"load_mxfp4_int8: some weights of {str(path)!r} were neither loaded nor packed")
+    return model
 
 
 _INT8_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
