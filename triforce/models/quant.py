@@ -935,7 +935,8 @@ def load_mxfp4_int8(path) -> Llama:
     E = config.experts.count if config.experts is not None else 0
     missing = {f"{stem}.{e}.{proj}.weight" for stem, proj in blocks for e in range(E)}
     model = _build(config, sd, "cpu", torch.float32, missing_ok=missing)
-    for (stem, proj), parts in blocks.items():
+    for stem, proj in list(blocks):  # each stacked tensor freed once packed (the peak: the checkpoint's blocks once)
+        parts = blocks.pop((stem, proj))
         b, s = parts.get("_blocks"), parts.get("_scales")
         if b is None or s is None or b.dtype != torch.uint8 or s.dtype != torch.uint8 or b.dim() != 4 \
                 or b.shape[-1] != 16 or s.shape != b.shape[:-1] or b.shape[0] != E or b.shape[1] % I8_GROUP:
@@ -952,6 +953,7 @@ def load_mxfp4_int8(path) -> Llama:
                 q, ex = torch.cat([q[0::2], q[1::2]]), torch.cat([ex[0::2], ex[1::2]])
             old = getattr(experts[e], proj)
             setattr(experts[e], proj, Int8DotLinear(*pack_mxfp4(q.contiguous(), ex.contiguous()), K, old.bias))
+        del parts, b, s
     if any(p.is_meta for p in model.parameters()):
         raise ValueError(f"load_mxfp4_int8: some weights of {str(path)!r} were neither loaded nor packed")
     return model
