@@ -12,10 +12,10 @@ share experts more often, so its passes read fewer.
 Shapes (one layer's MLP, random weights, bfloat16 and float32): Qwen3-30B-A3B's (hidden 2048, 128 experts of width
 768, 8 chosen: 1.2 GB a layer in bfloat16), or with ``--model mixtral-8x7b`` Mixtral 8x7B's (hidden 4096, 8 experts
 of width 14336, 2 chosen: 2.8 GB), or with ``--model gpt-oss-20b`` gpt-oss-20b's (hidden 2880, 32 experts of width
-2880, 4 chosen, biases and the clamped SwiGLU: 1.6 GB; against transformers' GptOssMLP). Backends: ``cpu`` (ours: the router through the row-wise kernel, then
-every hit expert in one ``triforce_C::moe_experts`` call, csrc/cpu/moe.cpp), ``cpu_one_by_one`` (the same
-arithmetic with the experts run module by module from Python, each product its own row-wise kernel call: the path
-before that op, and still the path of quantised experts) and ``transformers`` (its Qwen3MoeSparseMoeBlock /
+2880, 4 chosen, biases and the clamped SwiGLU: 1.6 GB; against transformers' GptOssMLP). Backends: ``cpu`` (ours:
+the router through the row-wise kernel, then every hit expert in one ``triforce_C::moe_experts`` call,
+csrc/cpu/moe.cpp), ``cpu_one_by_one`` (the same arithmetic with the experts run module by module from Python, each
+product its own row-wise kernel call: the path before that op) and ``transformers`` (its Qwen3MoeSparseMoeBlock /
 MixtralSparseMoeBlock: F.linear per hit expert), in turns (the VM's drift); the outputs are checked first (ours
 bitwise the one-by-one path, transformers' within rounding).
 

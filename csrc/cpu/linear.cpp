@@ -151,10 +151,10 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
               "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 192, 256, 320, 384 or 512] and scales "
               "[N / 16, K / 32 * 64, 32 or 16] (or uint8 super-block scales, or MXFP4's uint8 exponents) must be 2-D, "
               "got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
-  const int64_t G0 = x.K / li::kBlock;
+  const int64_t K = x.K, NG = codes.size(0), G = K / li::kBlock;
   // MXFP4: uint8 E8M0 exponents, one a block and row (no super-block form has 16 bytes a block)
-  const bool mxfp4 = scales.scalar_type() == at::kByte && codes.size(1) == G0 * li::code_bytes<Format::MXFP4>() &&
-                     scales.size(1) == G0 * li::scale_count<Format::MXFP4>();
+  const bool mxfp4 = scales.scalar_type() == at::kByte && codes.size(1) == G * li::code_bytes<Format::MXFP4>() &&
+                     scales.size(1) == G * li::scale_count<Format::MXFP4>();
   const bool super = scales.scalar_type() == at::kByte && !mxfp4;  // float16 bases, int8 multipliers per 256 inputs
   TORCH_CHECK(codes.scalar_type() == at::kByte &&
                   (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat ||
@@ -164,7 +164,6 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
               "got float32, ", codes.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(codes.device().is_cpu() && scales.device().is_cpu(), "rowwise_linear_i8: CPU tensors only");
   TORCH_CHECK(r0 >= 0 && M >= 0 && r0 + M <= x.M, "rowwise_linear_i8: rows [", r0, ", ", r0 + M, ") of ", x.M);
-  const int64_t K = x.K, NG = codes.size(0), G = K / li::kBlock;
   TORCH_CHECK(scales.size(0) == NG, "rowwise_linear_i8: codes has ", NG, " groups of 16 rows, scales ", scales.size(0));
   TORCH_CHECK(!super || K % (li::kBlock * li::kSuperBlocks) == 0, "rowwise_linear_i8: super-block scales (uint8) "
               "need a multiple of 256 columns, x has ", K);
@@ -195,8 +194,9 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
               " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", sizes(Q4_1{}, "Q4_1"), ", ",
               sizes(Q5_1{}, "Q5_1"), ", ", sizes(Q8_0{}, "Q8_0"), ", ", sizes(Q8_0_16{}, "Q8_0_16"), ", ",
               sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), ", ", sizes(Q4_1_16{}, "Q4_1_16"), ", ",
-              sizes(Q2_16{}, "Q2_16"), " or ", sizes(Q3_16{}, "Q3_16"), ", got ", codes.size(1), " and ",
-              scales.size(1), super ? "" : " (MXFP4: uint8 exponents, as IQ4_NL's codes and scales)");
+              sizes(Q2_16{}, "Q2_16"), " or ", sizes(Q3_16{}, "Q3_16"), " (or MXFP4's ",
+              G * li::code_bytes<Format::MXFP4>(), " and ", G * li::scale_count<Format::MXFP4>(),
+              " uint8 exponents), got ", codes.size(1), " and ", scales.size(1));
   const int64_t N = NG * li::kGroup;
   RowwiseProduct p{M, K, N, NG, li::kGroup, 1, codes.options().dtype(at::kFloat),
                    {x.buf, codes.contiguous(), scales.contiguous()}, {}};

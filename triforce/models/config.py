@@ -413,8 +413,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             if not _is_int(pattern) or pattern < 1:
                 return none, None  # (its own check names it)
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-        elif not isinstance(types, list) or len(types) != n \
-                or not set(types) <= {"full_attention", "sliding_attention"}:
+        elif not _layer_types_ok(types, n):
             return none, "layer_types"
         if window is None:
             return none, None
@@ -426,8 +425,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         window = x.get("sliding_window", _QWEN_DEFAULT_WINDOW if qwen else None)
         use = x.get("use_sliding_window", False)
         types = x.get("layer_types")
-        if types is not None and (not isinstance(types, list) or len(types) != n
-                                  or not set(types) <= {"full_attention", "sliding_attention"}):
+        if types is not None and not _layer_types_ok(types, n):
             return none, "layer_types"
         if use not in (False, None, True):
             return none, "use_sliding_window"
@@ -451,9 +449,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             x.get("layer_types")
         if use not in (False, None, True):
             return none, "use_sliding_window"
-        if types is not None and (not isinstance(types, list) or len(types) != n
-                                  or not set(types) <= {"full_attention", "sliding_attention"}
-                                  or (not use and "sliding_attention" in types)):
+        if types is not None and (not _layer_types_ok(types, n) or (not use and "sliding_attention" in types)):
             return none, "layer_types"
         if not use:
             return none, None
@@ -492,6 +488,12 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
                             "mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss"):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
+
+
+def _layer_types_ok(types, n: int) -> bool:
+    """``layer_types`` as transformers reads it: a list of one ``"full_attention"`` or ``"sliding_attention"`` per
+    layer."""
+    return isinstance(types, list) and len(types) == n and set(types) <= {"full_attention", "sliding_attention"}
 
 
 def _is_int(v) -> bool:

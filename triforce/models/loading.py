@@ -381,11 +381,22 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
         raise ValueError(f"MXFP4 blocks must be uint8 [..., G, 16] and scales uint8 [..., G] alike, got "
                          f"{blocks.dtype} {list(blocks.shape)} and {scales.dtype} {list(scales.shape)}")
     lut = torch.tensor(_FP4_VALUES, dtype=torch.bfloat16)
-    codes = torch.stack([blocks & 0x0F, blocks >> 4], -1).long()  # [..., G, 16, 2]: low nibble first
+    codes = mxfp4_codes(blocks).long()
     # times 2 ** (s - 127) as two powers of two of at most 2 ** 64 (bfloat16 bits), each product exact (or inf)
     e = scales.short() - 127
     halves = [((h + 127) << 7).view(torch.bfloat16)[..., None] for h in (e // 2, e - e // 2)]
-    return (lut[codes].flatten(-2) * halves[0] * halves[1]).flatten(-2)
+    return (lut[codes] * halves[0] * halves[1]).flatten(-2)
+
+
+def mxfp4_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """The 4-bit codes of MXFP4 ``blocks`` (uint8 ``[..., G, 16]``, OpenAI's layout) as uint8 ``[..., G, 32]``:
+    weight ``2j`` of a block in byte ``j``'s low nibble, ``2j + 1`` in its high one."""
+    return torch.stack([blocks & 0x0F, blocks >> 4], -1).flatten(-2)
+
+
+def gate_up_rows(t: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS's interleaved gate and up rows (gate first) of ``t`` as ``[gate; up]``."""
+    return torch.cat([t[0::2], t[1::2]])
 
 
 def _gpt_oss_names(sd: dict, inverse: bool = False) -> dict:
@@ -426,7 +437,7 @@ def _gpt_oss_names(sd: dict, inverse: bool = False) -> dict:
             continue
         for e, w in enumerate(t):  # each expert its own tensor, the stacked one dropped after
             if m[2] == "gate_up_proj":  # interleaved -> [gate; up]
-                w = torch.cat([w[0::2], w[1::2]])
+                w = gate_up_rows(w)
             out[f"{m[1]}.{e}.{m[2]}.{'bias' if m[3] == '_bias' else 'weight'}"] = w.contiguous()
     return out
 

@@ -356,8 +356,7 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         if sixteen_min and int(q.max()) <= 3:  # Q2_16
             codes = _two_bit_codes(q, NG, G)
         else:
-            c = (q & 15).reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
-            codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
+            codes = _nibble_codes(q & 15, NG, G)
         # Q5_1 (codes above 15) and Q6_16: the fifth bits (and Q6_16's sixth), mask v bit 4j + i = code k = 4v + i
         # of row j
         for bit in ([4, 5] if six else [4] if m is not None and int(q.max()) > 15 else []):
@@ -401,8 +400,7 @@ def pack_mxfp4(q: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     if q.dtype != torch.uint8 or int(q.max()) > 15 or e.dtype != torch.uint8 or e.shape != (N, G):
         raise ValueError(f"pack_mxfp4: q must be uint8 indices 0..15 [{N}, {K}] and e uint8 exponents [{N}, {G}], got "
                          f"{q.dtype} {list(q.shape)} and {e.dtype} {list(e.shape)}")
-    c = q.reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
-    codes = (c[..., 0] | (c[..., 1] << 4)).reshape(NG, -1)
+    codes = _nibble_codes(q, NG, G).reshape(NG, -1)
     return codes.contiguous(), e.reshape(NG, I8_GROUP, G).transpose(1, 2).reshape(NG, -1).contiguous()
 
 
@@ -411,6 +409,14 @@ def e8m0_half(e: torch.Tensor) -> torch.Tensor:
     subnormals 2^-128 and 2^-127), exact."""
     e = e.to(torch.int32)
     return torch.where(e < 2, 0x00200000 << e, (e - 1) << 23).view(torch.float32)
+
+
+def _nibble_codes(q: torch.Tensor, NG: int, G: int) -> torch.Tensor:
+    """4-bit codes ``q`` (uint8 ``[N, K]``, 0..15) packed ``[NG, G, 256]`` (Q4_1's layout, IQ4_NL's and MXFP4's
+    indices alike): byte 4j + i of vector t holds code k = 4t + i of row j in its low nibble, code 16 + k in its
+    high one."""
+    c = q.reshape(NG, I8_GROUP, G, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [NG, G, t, j, i, nibble]
+    return (c[..., 0] | (c[..., 1] << 4)).reshape(NG, G, 256)
 
 
 def _two_bit_codes(q: torch.Tensor, NG: int, G: int) -> torch.Tensor:
@@ -463,16 +469,13 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     ``d`` their :func:`e8m0_half`."""
     NG, K = codes.shape[0], in_features
     G = K // GROUP
-    if (scales.dtype == torch.uint8 and K > 0 and K % GROUP == 0 and codes.dim() == 2 and scales.dim() == 2
-            and codes.shape[1] == G * _I8_CODE_BYTES["MXFP4"] and scales.shape == (NG, G * _I8_SCALES["MXFP4"])):
-        c = codes.reshape(NG, G, 4, I8_GROUP, 4).long()
-        q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
-        d = e8m0_half(scales.reshape(NG, G, I8_GROUP).transpose(1, 2).reshape(NG * I8_GROUP, G))
-        return "MXFP4", torch.tensor(MXFP4_VALUES, dtype=torch.int64)[q], d, None
-    sup = scales.dtype == torch.uint8
+    # MXFP4: uint8 exponents, one a block and row (no super-block form has 16 bytes a block)
+    mx = (scales.dtype == torch.uint8 and K > 0 and K % GROUP == 0 and scales.dim() == 2
+          and codes.shape[1] == G * _I8_CODE_BYTES["MXFP4"] and scales.shape[1] == G * _I8_SCALES["MXFP4"])
+    sup = scales.dtype == torch.uint8 and not mx
     ok = K > 0 and K % (SUPER_BLOCK if sup else GROUP) == 0 and scales.dim() == 2
-    fmt = next((f for f in I8_FORMATS[:-1] if codes.shape[1] == G * _I8_CODE_BYTES[f] and scales.shape[1] == (
-        K // SUPER_BLOCK * _super_bytes(f) if sup else G * _I8_SCALES[f])), None) if ok else None
+    fmt = "MXFP4" if mx else next((f for f in I8_FORMATS[:-1] if codes.shape[1] == G * _I8_CODE_BYTES[f] and (
+        scales.shape[1] == (K // SUPER_BLOCK * _super_bytes(f) if sup else G * _I8_SCALES[f]))), None) if ok else None
     if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32, torch.uint8):
         raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} {scales.dtype} are "
                          f"not packed blocks of {K} inputs")
@@ -491,18 +494,20 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
         q = (c & 3).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
         if fmt == "Q3_16":
             q = (q | (_unpack_masks(cb, 128, NG, G, K) << 2)) - 4
-    elif fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16"):
+    elif fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16", "MXFP4"):
         cb = codes.reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
         for i, bit in enumerate([4, 5] if fmt == "Q6_16" else [4] if fmt == "Q5_1" else []):
             q = q | (_unpack_masks(cb, 256 + 64 * i, NG, G, K) << bit)
-        if fmt == "IQ4_NL":
-            q = torch.tensor(IQ4_NL_VALUES, dtype=torch.int64)[q]
+        if fmt in ("IQ4_NL", "MXFP4"):  # indices into the grid
+            q = torch.tensor(IQ4_NL_VALUES if fmt == "IQ4_NL" else MXFP4_VALUES, dtype=torch.int64)[q]
         if fmt == "Q6_16":
             q = q - 32
     else:
         q = (codes.reshape(NG, G, 8, I8_GROUP, 4).long() - 128).permute(0, 3, 1, 2, 4).reshape(NG * I8_GROUP, K)
+    if mx:  # the exponent bytes as the scales they stand for
+        scales = e8m0_half(scales)
     h = scales.reshape(NG, G, -1, I8_GROUP).float().permute(2, 0, 3, 1).reshape(-1, NG * I8_GROUP, G)
     if fmt in _I8_HALVES:
         d16 = torch.stack([h[0], h[1]], -1).reshape(NG * I8_GROUP, 2 * G)
@@ -921,7 +926,7 @@ def load_mxfp4_int8(path) -> Llama:
     up rows, interleaved in the checkpoint, become ``gate_up_proj``'s ``[gate; up]``; each block's codes (byte
     ``j``: weights ``2j`` and ``2j + 1``) are repacked as the kernel's nibbles. gpt-oss-20b: ~10 GB of experts
     instead of ~38 GB dequantised to bfloat16."""
-    from .loading import _GPT_OSS_EXPERTS, _build, _read_hf_dir
+    from .loading import _GPT_OSS_EXPERTS, _build, _read_hf_dir, gate_up_rows, mxfp4_codes
 
     path = Path(path)
     if not is_mxfp4_checkpoint(path):
@@ -929,9 +934,10 @@ def load_mxfp4_int8(path) -> Llama:
                          "mxfp4")
     config, sd = _read_hf_dir(path)
     blocks = {}
-    for name in [n for n in sd if (m := _GPT_OSS_EXPERTS.fullmatch(n)) is not None and m[3] in ("_blocks", "_scales")]:
+    for name in list(sd):
         m = _GPT_OSS_EXPERTS.fullmatch(name)
-        blocks.setdefault((m[1], m[2]), {})[m[3]] = sd.pop(name)
+        if m is not None and m[3] in ("_blocks", "_scales"):
+            blocks.setdefault((m[1], m[2]), {})[m[3]] = sd.pop(name)
     E = config.experts.count if config.experts is not None else 0
     missing = {f"{stem}.{e}.{proj}.weight" for stem, proj in blocks for e in range(E)}
     model = _build(config, sd, "cpu", torch.float32, missing_ok=missing)
@@ -947,10 +953,9 @@ def load_mxfp4_int8(path) -> Llama:
         rows, K = b.shape[1], b.shape[2] * GROUP
         experts = model.get_submodule(stem)
         for e in range(E):
-            q = torch.stack([b[e] & 15, b[e] >> 4], -1).reshape(rows, K)  # byte j: weight 2j low, 2j + 1 high
-            ex = s[e]
+            q, ex = mxfp4_codes(b[e]).reshape(rows, K), s[e]
             if proj == "gate_up_proj":  # interleaved rows -> [gate; up]
-                q, ex = torch.cat([q[0::2], q[1::2]]), torch.cat([ex[0::2], ex[1::2]])
+                q, ex = gate_up_rows(q), gate_up_rows(ex)
             old = getattr(experts[e], proj)
             setattr(experts[e], proj, Int8DotLinear(*pack_mxfp4(q.contiguous(), ex.contiguous()), K, old.bias))
         del parts, b, s

@@ -159,9 +159,9 @@ inline __m512 swiglu_clamped_f32(__m512 gate, __m512 up, __m512 alpha, __m512 li
 // S(swiglu_clamped_f32(gate[i], up[i]))); out may be gate.
 template <Act A, typename S>
 inline void glu_row_scalar(const S* gate, const S* up, S* out, int64_t n, SwigluClamp c = {}) {
-  const float lim = round_to<S>(c.limit);
   for (int64_t i = 0; i < n; ++i) {
     if constexpr (A == Act::kSwigluClamped) {
+      const float lim = round_to<S>(c.limit);
       out[i] = from_float<S>(swiglu_clamped_f32<S>(to_float(gate[i]), to_float(up[i]), c.alpha, lim));
     } else {
       const float a = to_float(from_float<S>(act_f32<A>(to_float(gate[i]))));
@@ -174,10 +174,10 @@ inline void glu_row_scalar(const S* gate, const S* up, S* out, int64_t n, Swiglu
 template <Act A, typename S>
 inline void glu_row(const S* gate, const S* up, S* out, int64_t n, SwigluClamp c = {}) {
 #if defined(__AVX512F__)
-  const __m512 alpha = _mm512_set1_ps(c.alpha), lim = _mm512_set1_ps(round_to<S>(c.limit));
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    if constexpr (A == Act::kSwigluClamped) {
+    if constexpr (A == Act::kSwigluClamped) {  // (the constants hoisted out of the loop by the compiler)
+      const __m512 alpha = _mm512_set1_ps(c.alpha), lim = _mm512_set1_ps(round_to<S>(c.limit));
       store_n(out + i, m, swiglu_clamped_f32<S>(load_n(gate + i, m), load_n(up + i, m), alpha, lim));
     } else {
       const __m512 a = round_to<S>(act_f32<A>(load_n(gate + i, m)));
