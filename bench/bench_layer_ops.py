@@ -13,7 +13,8 @@ decode step's few rows both sides are launch-bound: the row says what one call c
 On a CPU (no GPU, or ``--cpu``) the CPU's own gated activations (``triforce_C::silu_mul`` and Gemma's
 ``gelu_tanh_mul``, csrc/include/triforce/glu.h: every element by the same arithmetic, which ATen's SiLU and GELU
 are not) run as backend ``cpu`` against ``F.silu(gate) * up`` / ``F.gelu(gate, approximate="tanh") * up`` in
-float32 and bfloat16, in turns (the VM's drift), median of 21.
+float32 and bfloat16, in turns (the VM's drift), median of 21; GPT-OSS's clamped SwiGLU
+(``swiglu_clamped_mul``) against the model layer's PyTorch form of it at gpt-oss-20b's width.
 
     python -m bench.bench_layer_ops [--quick] [--cpu]
 """
@@ -29,7 +30,9 @@ from triforce.models.rope import apply_rope
 from .harness import copy_bandwidth, measure, measure_alternating, record
 
 # (name, hidden, query heads, head dim, intermediate)
-MODELS = {"smollm2-135m": (576, 9, 64, 1536), "llama3-8b": (4096, 32, 128, 14336), "gemma-2b": (2048, 8, 256, 16384)}
+MODELS = {"smollm2-135m": (576, 9, 64, 1536), "llama3-8b": (4096, 32, 128, 14336), "gemma-2b": (2048, 8, 256, 16384),
+          "gpt-oss-20b": (2880, 64, 64, 2880)}
+SWIGLU_CLAMP = (1.702, 7.0)  # GPT-OSS's (alpha, limit)
 
 
 def _norm(x, delta, w, eps):
@@ -66,17 +69,23 @@ def bench_shape(device, model: str, rows: int, dtype=torch.bfloat16, **measure_k
 
 def bench_cpu_glu(model: str, rows: int, dtype=torch.float32, act: str = "silu", reps: int = 21) -> None:
     """``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (backend ``cpu``) against PyTorch's ``act(gate) * up`` on
-    the CPU, in turns."""
-    from triforce.models.llama import ACTIVATIONS, _rowwise_available
+    the CPU, in turns; ``act="swiglu_clamped"``: GPT-OSS's ``triforce_C::swiglu_clamped_mul`` against the model
+    layer's PyTorch form of it (``_clamped_swiglu_ops``, 7 ops) at :data:`SWIGLU_CLAMP`."""
+    from triforce.models.llama import ACTIVATIONS, _clamped_swiglu_ops, _rowwise_available
     if not _rowwise_available():
         print("bench_layer_ops: the C++ extension is not built; no CPU rows")
         return
     inter = MODELS[model][3]
     g = torch.Generator().manual_seed(0)
     gate, up = (torch.randn(rows, inter, generator=g).to(dtype) for _ in range(2))
-    fn = ACTIVATIONS[act]
     op = getattr(torch.ops.triforce_C, f"{act}_mul")
-    t = measure_alternating({"torch": lambda: fn(gate) * up, "cpu": lambda: op(gate, up)}, reps=reps)
+    if act == "swiglu_clamped":
+        cases = {"torch": lambda: _clamped_swiglu_ops(gate, up, *SWIGLU_CLAMP),
+                 "cpu": lambda: op(gate, up, *SWIGLU_CLAMP)}
+    else:
+        fn = ACTIVATIONS[act]
+        cases = {"torch": lambda: fn(gate) * up, "cpu": lambda: op(gate, up)}
+    t = measure_alternating(cases, reps=reps)
     nbytes, bw, dt = 3 * rows * inter * gate.element_size(), copy_bandwidth("cpu"), str(dtype).replace("torch.", "")
     shape = f"model={model},rows={rows}"
     record(family="layer_ops", op=f"{act}_mul", backend="torch", shape=shape, dtype=dt, bytes_moved=nbytes,
@@ -117,7 +126,8 @@ def main():
             ("silu", "smollm2-135m", 1), ("silu", "smollm2-135m", 8), ("silu", "smollm2-135m", 32),
             ("silu", "smollm2-135m", 128), ("silu", "smollm2-135m", 2048), ("silu", "llama3-8b", 1),
             ("silu", "llama3-8b", 8), ("gelu_tanh", "gemma-2b", 1), ("gelu_tanh", "gemma-2b", 8),
-            ("gelu_tanh", "gemma-2b", 128)]
+            ("gelu_tanh", "gemma-2b", 128), ("swiglu_clamped", "gpt-oss-20b", 1), ("swiglu_clamped", "gpt-oss-20b", 8),
+            ("swiglu_clamped", "gpt-oss-20b", 128)]
         for act, model, rows in shapes:
             for dtype in (torch.float32, torch.bfloat16):
                 bench_cpu_glu(model, rows, dtype, act)

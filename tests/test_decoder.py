@@ -346,7 +346,7 @@ def test_the_module_and_the_fused_layer_share_silu(monkeypatch):
     assert calls and all(shape[-1] == 81 for shape in calls)
 
 
-@pytest.mark.parametrize("act", GLU)
+@pytest.mark.parametrize("act", GLU + ("swiglu_clamped",))
 def test_glu_benchmark_rows(tmp_path, monkeypatch, act):
     """bench/bench_layer_ops.py's CPU rows on a tiny shape: the op against PyTorch's, bytes and baseline."""
     import csv
