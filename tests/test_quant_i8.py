@@ -484,7 +484,11 @@ def random_gguf_rows(kind, N, K, g):
     _, block, nbytes = GGUF_I8_TYPES[kind]
     raw = torch.randint(0, 256, (N, K // block, nbytes), generator=g, dtype=torch.uint8)
     fields = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q4_1": (0, 2),
-              "Q5_1": (0, 2), "Q2_K": (80, 82)}.get(kind, (0,))
+              "Q5_1": (0, 2), "Q2_K": (80, 82), "TQ1_0": (52,), "TQ2_0": (64,), "IQ1_M": ()}.get(kind, (0,))
+    if kind == "IQ1_M":  # d's float16 bits are the top nibbles of its four scale words (bytes 49, 51, 53, 55)
+        h = ((torch.rand(N, K // block, generator=g) - 0.3) * 0.002).half().view(torch.int16).long() & 0xFFFF
+        for i in range(4):
+            raw[..., 49 + 2 * i] = (raw[..., 49 + 2 * i] & 15) | (((h >> (4 * i)) & 15) << 4).to(torch.uint8)
     if kind == "MXFP4":  # E8M0 exponents: scales 2^-10..2^2, and the subnormal 2^-128, 2^-127 (e = 0, 1)
         raw[..., 0] = torch.randint(118, 131, (N, K // block), generator=g, dtype=torch.uint8)
         raw[0, :2, 0] = torch.tensor([0, 1], dtype=torch.uint8)
@@ -515,7 +519,9 @@ def test_gguf_blocks_map_exactly(kind):
     x = random_x(3, K, g, special=True)
     assert torch.equal(mod(x), rowwise_linear_i8_reference(x, mod.codes, mod.scales))
     small = Int8DotLinear(*gguf_i8_pack(kind, torch.from_numpy(raw), K), K)
-    assert small.scales.dtype == (torch.uint8 if GGUF_I8_TYPES[kind][1] == 256 else scales_dtype)
+    # super-block scales for the K-quants, IQ4_XS and TQ1_0 / TQ2_0; the IQ1-IQ3 grid types keep float32 scales
+    superblock = GGUF_I8_TYPES[kind][1] == 256 and not kind.startswith(("IQ1", "IQ2", "IQ3"))
+    assert small.scales.dtype == (torch.uint8 if superblock else scales_dtype)
     assert torch.equal(small.codes, mod.codes) and torch.equal(small.weight, want.view(N, K))
     if small.scales.dtype == torch.uint8:  # 0.04-0.08 bytes a weight instead of float32's 0.125-0.25
         assert small.scales.numel() * 3 < mod.scales.numel() * 4
@@ -524,7 +530,7 @@ def test_gguf_blocks_map_exactly(kind):
     with pytest.raises(ValueError, match="uint8"):
         gguf_i8_blocks(kind, torch.from_numpy(raw)[:, :-1], K)
     with pytest.raises(ValueError, match="one of"):
-        gguf_i8_blocks("IQ3_S", torch.from_numpy(raw), K)
+        gguf_i8_blocks("BF16", torch.from_numpy(raw), K)
 
 
 def test_an_offset_block_whose_minimum_overflows_keeps_int8_codes():
@@ -603,11 +609,19 @@ _KQUANT_MIX = {"attn_q": "Q4_K", "attn_k": "Q3_K", "attn_v": "Q6_K", "attn_outpu
 _KQUANT_MIX_LAYER1 = {**_KQUANT_MIX, "attn_q": "IQ4_XS", "ffn_up": "IQ4_NL", "ffn_gate": "Q2_K"}
 
 
-def _kquant_kind(layer, tensor):
-    return (_KQUANT_MIX_LAYER1 if layer == 1 else _KQUANT_MIX)[tensor]
+# The low-bit mixes' types (llama.cpp's IQ1_S, IQ1_M, IQ2_XXS .. IQ3_M and TQ mixes), one per tensor, random blocks.
+_IQ_MIX = {"attn_q": "IQ2_XXS", "attn_k": "IQ2_XS", "attn_v": "IQ3_S", "attn_output": "IQ3_XXS", "ffn_gate": "IQ1_S",
+           "ffn_up": "IQ2_S", "ffn_down": "IQ1_M", "token_embd": "Q8_0"}
+_IQ_MIX_LAYER1 = {**_IQ_MIX, "attn_q": "TQ1_0", "ffn_up": "TQ2_0"}
+_IQ_FORMAT = {"IQ2_XXS": "Q8_0", "IQ2_XS": "Q8_0_16", "IQ3_S": "Q4_1", "IQ3_XXS": "Q8_0", "IQ1_S": "Q4_1",
+              "IQ2_S": "Q8_0_16", "IQ1_M": "Q8_0_16", "TQ1_0": "Q2_16", "TQ2_0": "Q2_16"}
 
 
-def kquant_gguf(tmp_path, seed=0):
+def _kquant_kind(layer, tensor, mixes=(_KQUANT_MIX, _KQUANT_MIX_LAYER1)):
+    return mixes[1 if layer == 1 else 0][tensor]
+
+
+def kquant_gguf(tmp_path, seed=0, mixes=(_KQUANT_MIX, _KQUANT_MIX_LAYER1)):
     import gguf
 
     from triforce.models import Llama, LlamaConfig
@@ -623,7 +637,7 @@ def kquant_gguf(tmp_path, seed=0):
         if t.ndim != 2:
             return t, None
         parts = name.split(".")
-        kind = _kquant_kind(int(parts[1]) if parts[0] == "blk" else 0, parts[-2])
+        kind = _kquant_kind(int(parts[1]) if parts[0] == "blk" else 0, parts[-2], mixes)
         return random_gguf_rows(kind, t.shape[0], t.shape[1], g), getattr(gguf.GGMLQuantizationType, kind)
 
     path = write_gguf(tmp_path / "kq.gguf", Llama(cfg).eval(), quant=quant)
@@ -652,6 +666,35 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
     floats = gguf_copy(model, path)  # Q8_0 only: the head; the rest stays as loaded
     assert isinstance(floats.lm_head, Q8Linear)
     assert not any(isinstance(m, (Q4Linear, Int8DotLinear)) for m in floats.modules())
+    _runs_like_its_steps(fast, model, ("speculative", {"gamma": 3}), ("tree", {}))
+
+
+@needs_kernel
+def test_gguf_copy_of_a_low_bit_file(tmp_path):
+    """Every layer of a file of the IQ1-IQ3 and TQ types runs on integer dot products, its weight gguf's
+    dequantised one bitwise (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ1_M on int8 codes, IQ3_S and IQ1_S on 4-bit ones,
+    TQ1_0 and TQ2_0 on 2-bit ones); a pass of T tokens gives the one-token steps' logits bitwise; the engines emit
+    the copy's autoregressive tokens."""
+    path, model = kquant_gguf(tmp_path, mixes=(_IQ_MIX, _IQ_MIX_LAYER1))
+    fast = gguf_copy(model, path, activations="int8")
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    seen = set()
+    for name, mod in fast.named_modules():
+        if name.endswith("_proj"):
+            kind = _kquant_kind(int(name.split(".")[2]), names[name.rsplit(".", 1)[1]], (_IQ_MIX, _IQ_MIX_LAYER1))
+            assert isinstance(mod, Int8DotLinear) and mod.format == _IQ_FORMAT[kind], name
+            assert mod.scales.dtype == (torch.uint8 if kind.startswith("TQ") else torch.float32)
+            assert torch.equal(mod.weight, model.get_submodule(name).weight)
+            seen.add(kind)
+    assert seen == set(_IQ_FORMAT)
+    _runs_like_its_steps(fast, model, ("speculative", {"gamma": 3}), ("magicdec", {}))
+
+
+def _runs_like_its_steps(fast, model, *methods):
+    """``fast`` (a GGUF copy of ``model`` with int8 activations, vocabulary 64): near the float32 logits, a pass of 5
+    tokens the one-token steps' logits bitwise, and each of ``methods`` ``(name, options)`` its autoregressive
+    tokens."""
     ids = torch.randint(64, (2, 24))
     with torch.no_grad():
         ref, exact = fast(ids), model(ids)
@@ -663,19 +706,34 @@ def test_gguf_copy_of_a_k_quant_file(tmp_path):
         assert torch.equal(fast(ids[:, 16:21], cache=caches[1]), steps)
     prompts = [torch.randint(64, (n,)) for n in (20, 33)]
     want = triforce.generate(fast, prompts, method="autoregressive", max_new_tokens=8)
-    for method, options in (("speculative", {"gamma": 3}), ("tree", {})):
+    for method, options in methods:
         got = triforce.generate(fast, prompts, method=method, max_new_tokens=8, **options)
         assert all(torch.equal(a, b) for a, b in zip(want.tokens, got.tokens)), method
 
 
+def test_a_grid_block_with_a_scale_that_is_not_finite_raises():
+    """A grid type's codes come from gguf's weight and the block's scale; a NaN or infinite scale leaves none to
+    recover: a clear error, not NaN codes."""
+    g = torch.Generator().manual_seed(3)
+    for kind, lo in (("IQ2_XXS", 0), ("IQ3_S", 0), ("IQ1_S", 0), ("TQ2_0", 64)):
+        raw = random_gguf_rows(kind, 16, 256, g)
+        raw[5, lo:lo + 2] = torch.tensor([float("nan")]).half().view(torch.uint8).numpy()
+        with pytest.raises(ValueError, match=f"{kind} block's weights are not its scale times integer codes"):
+            gguf_i8_blocks(kind, torch.from_numpy(raw), 256)
+        raw[5, lo:lo + 2] = 0  # a zero scale: zero weights, zero codes
+        q, d, m, _ = gguf_i8_blocks(kind, torch.from_numpy(raw), 256)
+        assert int(q[5].abs().sum()) == 0 and int(q.abs().sum()) > 0
+
+
 @needs_kernel
-@pytest.mark.parametrize("kind", ["kquant", "q4_1"])
+@pytest.mark.parametrize("kind", ["kquant", "q4_1", "low_bit"])
 def test_load_gguf_int8_is_gguf_copy_without_the_float32_layers(tmp_path, kind):
     """load_gguf_int8(path) computes bitwise what gguf_copy(from_pretrained(path), path, "int8") computes, and
     holds no float32 weight of a layer it packs."""
     from triforce.models.quant import load_gguf_int8
 
-    path, model = kquant_gguf(tmp_path) if kind == "kquant" else q4_1_gguf(tmp_path, small_llama(bias=True))
+    path, model = (kquant_gguf(tmp_path) if kind == "kquant" else q4_1_gguf(tmp_path, small_llama(bias=True))
+                   if kind == "q4_1" else kquant_gguf(tmp_path, mixes=(_IQ_MIX, _IQ_MIX_LAYER1)))
     want = gguf_copy(model, path, activations="int8")
     got = load_gguf_int8(path)
     assert [type(m) for m in got.modules()] == [type(m) for m in want.modules()]

@@ -20,7 +20,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 # blocks (triforce.models.gguf_copy; bitwise the float32 model, on the CPU), or "gguf-int8": the same blocks
 # with activations rounded to int8 blocks and integer dot products, the other GGUF_I8_TYPES' blocks too
 # (gguf_copy(..., activations="int8"): Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS /
-# MXFP4), or an MXFP4 checkpoint directory's experts (OpenAI's GPT-OSS: quant.load_mxfp4_int8)
+# MXFP4 / IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / TQ1_0 / TQ2_0), or an MXFP4 checkpoint
+# directory's experts (OpenAI's GPT-OSS: quant.load_mxfp4_int8)
 GGUF_WEIGHTS = ("gguf", "gguf-int8")
 WEIGHTS = DTYPES + GGUF_WEIGHTS
 PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair

@@ -522,7 +522,13 @@ GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q
                  "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q6_16", 256, 210),
                  "Q3_K": ("Q3_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
                  "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q2_16", 256, 84),
-                 "MXFP4": ("MXFP4", 32, 17)}
+                 "MXFP4": ("MXFP4", 32, 17), "IQ2_XXS": ("Q8_0", 256, 66), "IQ2_XS": ("Q8_0_16", 256, 74),
+                 "IQ2_S": ("Q8_0_16", 256, 82), "IQ3_XXS": ("Q8_0", 256, 98), "IQ3_S": ("Q4_1", 256, 110),
+                 "IQ1_S": ("Q4_1", 256, 50), "IQ1_M": ("Q8_0_16", 256, 56), "TQ1_0": ("Q2_16", 256, 54),
+                 "TQ2_0": ("Q2_16", 256, 66)}
+# Of those, the types whose codes are read from gguf's dequantised weight and their blocks' scales (the grids of
+# the IQ1-IQ3 types and TQ1_0's base-3 digits stay gguf's own code): _gridded_parts.
+_GRIDDED = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
 
 
 def _with_minimum(q: torch.Tensor, d: torch.Tensor, offset: int):
@@ -557,7 +563,14 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
       of a float16 and a 4-bit integer);
     - MXFP4 (gpt-oss's experts) as MXFP4: ``q`` the indices into :data:`MXFP4_VALUES`, ``d`` the blocks' E8M0
       exponents (uint8, ``scales_dtype`` uint8: for :func:`pack_mxfp4`; the weight is ``e8m0_half(d) *
-      MXFP4_VALUES[q]``).
+      MXFP4_VALUES[q]``);
+    - the grid types, each weight its block's float32 scale times a small integer (:func:`_gridded_parts`):
+      IQ2_XXS and IQ3_XXS as Q8_0 (int8 codes: the grid value times its sign, ``d * (0.5 + ls) * 0.25`` and
+      ``* 0.5`` per 32 weights), IQ2_XS and IQ2_S as Q8_0_16 (the same per 16), IQ1_M as Q8_0_16 (codes ``8 *
+      (grid + delta)`` in -9..9, ``d * (2 s + 1) / 8`` per 16), IQ3_S as Q4_1 (its odd grid values ``2 c - 15``:
+      ``d = 2 db``, ``m = -15 db``, ``db = d * (1 + 2 ls)`` per 32), IQ1_S as Q4_1 (codes ``grid + 1`` in 0..2,
+      ``d = dl``, ``m = dl * (delta - 1)``), TQ1_0 and TQ2_0 as Q2_16 (ternary ``t`` in 0..2, ``d * t - d``;
+      TQ2_0's 2-bit field may hold 3), TQ's scales super-block ones (bases ``d`` and ``-d``, multipliers 1).
 
     :func:`gguf_i8_pack` packs the same blocks, the K-quants' and IQ4_XS's scales factored (a smaller form)."""
     q, d, m, scales_dtype, base = _gguf_i8_parts(kind, raw, in_features)
@@ -571,9 +584,9 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
 
 def gguf_i8_pack(kind: str, raw: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``rowwise_linear_i8``'s ``(codes, scales)`` for GGUF tensor data of type ``kind`` (as
-    :func:`gguf_i8_blocks`, the same weights bitwise), in its smallest exact form: the K-quants (Q3_K..Q6_K)
-    and IQ4_XS with super-block scales (uint8: per 256 inputs a float16 ``d`` (and ``-dmin``) per row and the
-    sub-blocks' integer multipliers: 0.04-0.08 bytes a weight instead of float32 scales' 0.125-0.25), the
+    :func:`gguf_i8_blocks`, the same weights bitwise), in its smallest exact form: the K-quants (Q2_K..Q6_K),
+    IQ4_XS and the TQ types with super-block scales (uint8: per 256 inputs a float16 ``d`` (and ``-dmin``) per row
+    and the sub-blocks' integer multipliers: 0.04-0.08 bytes a weight instead of float32 scales' 0.125-0.25), the
     32-weight types with their float16 scales."""
     q, d, m, scales_dtype, base = _gguf_i8_parts(kind, raw, in_features)
     return pack_i8(q, d, m, scales_dtype, base=base)
@@ -581,8 +594,8 @@ def gguf_i8_pack(kind: str, raw: torch.Tensor, in_features: int) -> tuple[torch.
 
 def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
     """``(q, d, m, scales_dtype, base)``: gguf_i8_blocks' blocks, with for the super-block types (Q2_K..Q6_K,
-    IQ4_XS) ``base`` the float16 ``[N, K / 256, 1 or 2]`` (``d``, and ``-dmin``) and ``d`` / ``m`` their int64
-    multipliers (``sc``, ``mn``, ``sc - 32``, ``ls - 32``); else ``base`` None."""
+    IQ4_XS, TQ1_0, TQ2_0) ``base`` the float16 ``[N, K / 256, 1 or 2]`` (``d``, and ``-dmin``) and ``d`` / ``m``
+    their int64 multipliers (``sc``, ``mn``, ``sc - 32``, ``ls - 32``); else ``base`` None."""
     if kind not in GGUF_I8_TYPES:
         raise ValueError(f"gguf_i8_blocks: {kind} is not one of {', '.join(GGUF_I8_TYPES)}")
     _, block, nbytes = GGUF_I8_TYPES[kind]
@@ -626,6 +639,8 @@ def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
             q = nibbles(b[..., 48:].reshape(N, nb, 4, 32)).reshape(N, nb, 8, 32) | (high << 4)
         return (q.reshape(N, in_features), sc.reshape(N, -1), mn.reshape(N, -1), torch.float32,
                 torch.stack([d, -dmin], -1))
+    if kind in _GRIDDED:
+        return _gridded_parts(kind, raw, b, f16(0) if kind not in ("IQ1_M", "TQ1_0", "TQ2_0") else None)
     if kind == "MXFP4":  # e (E8M0), qs [16]: the low nibbles are weights 0-15, the high ones 16-31
         return nibbles(b[..., 1:]).reshape(N, in_features), b[..., 0].contiguous(), None, torch.uint8, None
     if kind == "IQ4_NL":  # d float16, qs [16]: the low nibbles are weights 0-15, the high ones 16-31
@@ -659,6 +674,78 @@ def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
     high = ((qh.reshape(N, nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)) & 3)
     q = low | (high.reshape(N, nb, 8, 32) << 4)  # 0..63: w = d * sc * (q - 32)
     return q.reshape(N, in_features), sc.reshape(N, -1), None, torch.float32, f16(208)[..., None]
+
+
+def _gridded_parts(kind: str, raw: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None):
+    """:func:`_gguf_i8_parts` for the :data:`_GRIDDED` types: each block's scales from its bytes ``b`` (``[N, K /
+    256, bytes]``; ``d`` its float16 ``d`` as float32 where stored first), computed in float32 as gguf computes
+    them (each product exact), and the codes from gguf's dequantised weight: ``w / scale`` (or ``(w - m) /
+    d``), integers by construction, checked (``d * q + m`` must give back ``w``: a block whose scale is not
+    finite raises)."""
+    import gguf
+
+    N, nb, _ = b.shape
+    w = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), getattr(gguf.GGMLQuantizationType, kind)))
+    w = w.float().reshape(N, -1)
+
+    def nibbles(x):  # [N, nb, n] bytes -> [N, nb, 2n]: byte i's low nibble, then its high one
+        return torch.stack([x & 15, x >> 4], -1).reshape(N, nb, -1).float()
+
+    def top_nibbles(lo, n):  # the top nibble of n little-endian uint32 words from byte lo (stride 4, or 8: pairs)
+        stride = 8 if kind == "IQ2_XXS" else 4
+        return (b[..., lo + stride - 1:lo + stride * n:stride] >> 4).float()
+
+    def u16(lo, n):  # n little-endian uint16 from byte lo, as int64
+        return b[..., lo:lo + 2 * n].contiguous().view(torch.int16).long() & 0xFFFF
+
+    if kind in ("TQ1_0", "TQ2_0"):  # w = d * (t - 1), d float16 per 256 (last): Q2_16, d * t + (-d) (TQ2_0's
+        # 2-bit t may be 3, which gguf reads as 2 d)
+        lo = GGUF_I8_TYPES[kind][2] - 2
+        d = b[..., lo:lo + 2].contiguous().view(torch.float16)[..., 0]
+        q = _exact_codes(kind, w, d.float(), -d.float(), 0, 3)
+        ones = torch.ones(N, nb * 16, dtype=torch.int64)
+        return q.to(torch.uint8), ones, ones, torch.float32, torch.stack([d, -d], -1)
+    if kind == "IQ1_M":  # d's float16 bits in the top nibbles of the 4 scale words; 3-bit s per 16 weights
+        sc = u16(48, 4)
+        bits = (sc[..., 0] >> 12) | ((sc[..., 1] >> 8) & 0xF0) | ((sc[..., 2] >> 4) & 0xF00) | (sc[..., 3] & 0xF000)
+        d = bits.to(torch.int16).view(torch.float16).float()
+        s = ((sc[..., :, None] >> torch.tensor([0, 3, 6, 9])) & 7).reshape(N, nb, 16).float()
+        scale = (d[..., None] * (2 * s + 1)) * 0.125  # codes 8 (grid + delta): -9, -7, -1, 1, 7, 9
+    elif kind in ("IQ2_XXS", "IQ3_XXS"):  # a 4-bit ls in each 32 weights' scale word: d * (0.5 + ls) * 0.25 (0.5)
+        ls = top_nibbles(2, 8) if kind == "IQ2_XXS" else top_nibbles(66, 8)
+        scale = d[..., None] * (0.5 + ls) * (0.25 if kind == "IQ2_XXS" else 0.5)
+    elif kind in ("IQ2_XS", "IQ2_S"):  # 4-bit ls per 16 weights
+        ls = nibbles(b[..., 66:74] if kind == "IQ2_XS" else b[..., 74:82])
+        scale = d[..., None] * (0.5 + ls) * 0.25
+    elif kind == "IQ3_S":  # db = d * (1 + 2 ls) per 32; grid values odd 1..15, signed: Q4_1's 2 c - 15
+        db = (d[..., None] * (1 + 2 * nibbles(b[..., 106:110]))).reshape(N, -1)
+        q = _exact_codes(kind, w, 2 * db, -15 * db, 0, 15)
+        return q.to(torch.uint8), 2 * db, -15 * db, torch.float32, None
+    else:  # IQ1_S: qh uint16 per 32: dl = d * (2 ((qh >> 12) & 7) + 1), delta -1/8 where bit 15, else 1/8
+        qh = u16(34, 8)
+        dl = (d[..., None] * (2 * ((qh >> 12) & 7) + 1).float()).reshape(N, -1)
+        m = dl * torch.where(qh >= 0x8000, -1.125, -0.875).reshape(N, -1)  # dl * (delta - 1), exact
+        q = _exact_codes(kind, w, dl, m, 0, 2)
+        return q.to(torch.uint8), dl, m, torch.float32, None
+    scale = scale.reshape(N, -1)  # int8 codes: the grid value times its sign
+    q = _exact_codes(kind, w, scale, None, -127, 127)
+    return q.to(torch.int8), scale, None, torch.float32, None
+
+
+def _exact_codes(kind: str, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, lo: int, hi: int):
+    """Integer codes ``q`` (``[N, K]``) in ``lo..hi`` with ``d * q (+ m) == w`` for float32 weights ``w`` ``[N, K]``
+    and a ``d`` (and ``m``) ``[N, K / n]`` per block of ``n`` consecutive weights of a row, or ``ValueError``."""
+    N = w.shape[0]
+    w = w.reshape(N, d.shape[1], -1)
+    d, m = d[..., None], None if m is None else m[..., None]
+    t = w if m is None else w - m
+    q = torch.where(d != 0, t / torch.where(d != 0, d, 1), 0).round_().clamp_(lo, hi).nan_to_num_(0)
+    back = d * q if m is None else d * q + m
+    q = q.reshape(N, -1)
+    if not torch.equal(back, w):
+        raise ValueError(f"gguf_i8_blocks: a {kind} block's weights are not its scale times integer codes in "
+                         f"{lo}..{hi} (a scale that is not finite?)")
+    return q
 
 
 def quantize_activations_i8(x: torch.Tensor):
@@ -827,8 +914,8 @@ def gguf_copy(model, path, activations: str = "float32") -> Llama:
     float32 weight, bitwise: a model whose weights are not that file's raises ``ValueError``.
 
     ``activations="int8"``: those layers (where ``out_features % 16 == 0``), and those on Q4_0, Q5_0, Q5_1, Q2_K,
-    Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS tensors (:data:`GGUF_I8_TYPES`: the Q4_K_M, Q5_K_M, Q3_K_M, Q2_K and
-    IQ4_XS mixes), become
+    Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 and the IQ1-IQ3 and TQ types' tensors (:data:`GGUF_I8_TYPES`: the
+    Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, IQ4_XS and low-bit mixes), become
     :class:`Int8DotLinear` instead: the input rounded to int8 blocks, integer dot products (llama.cpp's class
     of arithmetic). Not bitwise ``model`` (the inputs are rounded), but one deterministic arithmetic whose rows
     are independent, so every engine still emits exactly this copy's autoregressive output; 2.5-3.3x faster
