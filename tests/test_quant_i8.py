@@ -711,6 +711,30 @@ def _runs_like_its_steps(fast, model, *methods):
         assert all(torch.equal(a, b) for a, b in zip(want.tokens, got.tokens)), method
 
 
+@given(kind=st.sampled_from(["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]),
+       NG=st.integers(1, 3), S=st.integers(1, 2), M=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
+       magnitude=st.sampled_from([1e-7, 2e-3, 1.0, 500.0]))
+def test_grid_types_map_exactly_at_any_scale(kind, NG, S, M, seed, magnitude):
+    """Random blocks of the low-bit types, their float16 scales of any magnitude (subnormal ones included): the
+    packed weight is gguf's dequantised one bitwise in both packings, and the module is the reference."""
+    import gguf
+
+    g = torch.Generator().manual_seed(seed)
+    N, K = 16 * NG, 256 * S
+    raw = torch.from_numpy(random_gguf_rows(kind, N, K, g))
+    lo = {"TQ1_0": 52, "TQ2_0": 64}.get(kind, 0)
+    if kind != "IQ1_M":
+        d = ((torch.rand(N, S, generator=g) - 0.5) * magnitude).half()
+        raw.view(N, S, -1)[..., lo:lo + 2] = d.unsqueeze(-1).view(torch.uint8)
+    want = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), getattr(gguf.GGMLQuantizationType, kind))).float()
+    mod = Int8DotLinear(*pack_i8(*gguf_i8_blocks(kind, raw, K)), K)
+    small = Int8DotLinear(*gguf_i8_pack(kind, raw, K), K)
+    assert torch.equal(mod.weight, want) and torch.equal(small.weight, want)
+    x = random_x(M, K, g, special=False)
+    assert torch.equal(mod(x), rowwise_linear_i8_reference(x, mod.codes, mod.scales))
+    assert torch.equal(small(x), mod(x))
+
+
 def test_a_grid_block_with_a_scale_that_is_not_finite_raises():
     """A grid type's codes come from gguf's weight and the block's scale; a NaN or infinite scale leaves none to
     recover: a clear error, not NaN codes."""
