@@ -157,20 +157,25 @@ def test_super_block_scales_are_the_float32_scales_they_stand_for(fmt, NG, S, M,
 @given(seed=st.integers(0, 2**31 - 1), NG=st.integers(1, 3), G=st.integers(1, 4))
 def test_three_bit_codes_are_chosen_for_codes_in_minus_4_to_3(seed, NG, G):
     """int8 codes with a scale per 16 weights pack as Q3_16 (3 bits a weight: 192 code bytes a block of 16 rows
-    instead of Q8_0_16's 512) exactly when all lie in -4..3, GGUF Q3_K's range; one code outside keeps Q8_0_16.
-    Both unpack to the same codes and scales."""
+    instead of Q8_0_16's 512) exactly when all lie in -4..3, GGUF Q3_K's range; one code outside takes the grid
+    form (at most 16 values: 4-bit indices, 256 bytes and the table's 16), and more than 16 values Q8_0_16, as
+    does ``three_bits=False`` whatever the values. All unpack to the same codes and scales."""
     g = torch.Generator().manual_seed(seed)
     q, d, _ = random_blocks("Q3_16", 16 * NG, 32 * G, g)
-    for lo, hi in ((-4, 3), (-5, 3), (-4, 4)):
+    for lo, hi in ((-4, 3), (-5, 3), (-4, 4), (-100, 100)):
         qq = q.clone()
         at = int(torch.randint(0, q.numel(), (1,), generator=g))
         qq.view(-1)[at] = lo
         qq.view(-1)[(at + 1 + int(torch.randint(0, q.numel() - 1, (1,), generator=g))) % q.numel()] = hi  # another
-        codes, scales = pack_i8(qq, d)
-        fmt, q2, d2, _ = unpack_i8(codes, scales, 32 * G)
-        assert fmt == ("Q3_16" if (lo, hi) == (-4, 3) else "Q8_0_16")
-        assert codes.shape[1] == G * (192 if fmt == "Q3_16" else 512)
-        assert torch.equal(q2, qq.long()) and torch.equal(d2, d)
+        if lo == -100:  # 17 values and more
+            qq.view(-1)[torch.randperm(q.numel(), generator=g)[:16]] = torch.arange(10, 26, dtype=torch.int8)
+        for three_bits in (True, False):
+            codes, scales = pack_i8(qq, d, three_bits=three_bits)
+            fmt, q2, d2, _ = unpack_i8(codes, scales, 32 * G)
+            want = "Q8_0_16" if lo == -100 or not three_bits else "Q3_16" if (lo, hi) == (-4, 3) else "GRID_16"
+            assert fmt == want
+            assert codes.shape[1] == {"Q3_16": G * 192, "GRID_16": G * 256 + 16, "Q8_0_16": G * 512}[fmt]
+            assert torch.equal(q2, qq.long()) and torch.equal(d2, d)
 
 
 @needs_kernel
@@ -368,9 +373,49 @@ def test_mxfp4_kernel_is_the_reference_bitwise(M, G, NG, seed, special):
     K = 32 * G
     codes, scales = pack_mxfp4(*random_mxfp4(16 * NG, K, g))
     x = random_x(M, K, g, special)
+    out = _kernel_is_the_reference(x, codes, scales)
+    assert out.shape == (M, 16 * NG)
+    q, dx, _ = quantize_activations_i8(x)
+    xq = (q.double() * dx.double()[..., None]).view(M, K)
+    exact = xq @ Int8DotLinear(codes, scales, K).weight.double().T
+    finite = torch.isfinite(exact).all(-1)
+    scale = (xq.abs() @ Int8DotLinear(codes, scales, K).weight.double().abs().T)[finite]
+    assert ((out[finite].double() - exact[finite]).abs() <= 1e-6 * scale + 1e-30).all()
+
+
+@needs_kernel
+@given(M=st.one_of(st.integers(0, 11), st.sampled_from([16, 32, 33, 35, 300])), G=st.integers(1, 6),
+       NG=st.integers(1, 3), values=st.integers(1, 16), sixteen=st.booleans(), scales_dtype=st.sampled_from(SCALES),
+       seed=st.integers(0, 2**31 - 1), special=st.booleans())
+def test_grid_forms_are_the_reference_bitwise(M, G, NG, values, sixteen, scales_dtype, seed, special):
+    """int8 codes of at most 16 values (any in -128..127) pack as GRID (a scale per 32) or GRID_16 (per 16):
+    4-bit indices into the tensor's own table, the codes and scales unpacked as given; the kernel is the reference
+    bitwise, every row alone too, on the tiles and off them."""
+    g = torch.Generator().manual_seed(seed)
+    N, K = 16 * NG, 32 * G
+    grid = torch.randperm(256, generator=g)[:values].to(torch.int16) - 128
+    q = grid[torch.randint(0, values, (N, K), generator=g)].to(torch.int8)
+    if values > 1 and bool((q == q.view(-1)[0]).all()):
+        q.view(-1)[1] = int(grid[1] if q.view(-1)[0] == grid[0] else grid[0])
+    d = (torch.rand(N, K // (16 if sixteen else 32), generator=g) * 0.02).to(scales_dtype).float()
+    d.view(-1)[0] = 0.0
+    codes, scales = pack_i8(q, d, None, scales_dtype)
+    fmt, q2, d2, _ = unpack_i8(codes, scales, K)
+    if sixteen and int(q.min()) >= -4 and int(q.max()) <= 3:
+        assert fmt == "Q3_16"  # (codes in -4..3: Q3_16's 3 bits)
+    else:
+        assert fmt == ("GRID_16" if sixteen else "GRID") and codes.shape == (NG, G * 256 + 16)
+    assert torch.equal(q2, q.long()) and torch.equal(d2, d)
+    x = random_x(M, K, g, special)
+    assert _kernel_is_the_reference(x, codes, scales).shape == (M, N)
+
+
+def _kernel_is_the_reference(x, codes, scales):
+    """The kernel's product of ``x`` is the reference's bitwise, each of a few rows alone too, and the same off the
+    AMX tiles; -> the product."""
     out = i8(x, codes, scales)
-    assert out.shape == (M, 16 * NG) and torch.equal(out, rowwise_linear_i8_reference(x, codes, scales))
-    for m in range(0, M, max(1, M // 6)):
+    assert torch.equal(out, rowwise_linear_i8_reference(x, codes, scales))
+    for m in range(0, x.shape[0], max(1, x.shape[0] // 6)):
         assert torch.equal(out[m], i8(x[m: m + 1], codes, scales)[0])
     tiles = torch.ops.triforce_C.rowwise_linear_i8_tiles
     on = tiles(False)
@@ -378,12 +423,7 @@ def test_mxfp4_kernel_is_the_reference_bitwise(M, G, NG, seed, special):
         assert torch.equal(i8(x, codes, scales), out)
     finally:
         tiles(on)
-    q, dx, _ = quantize_activations_i8(x)
-    xq = (q.double() * dx.double()[..., None]).view(M, K)
-    exact = xq @ Int8DotLinear(codes, scales, K).weight.double().T
-    finite = torch.isfinite(exact).all(-1)
-    scale = (xq.abs() @ Int8DotLinear(codes, scales, K).weight.double().abs().T)[finite]
-    assert ((out[finite].double() - exact[finite]).abs() <= 1e-6 * scale + 1e-30).all()
+    return out
 
 
 @needs_kernel
@@ -535,7 +575,7 @@ def test_gguf_blocks_map_exactly(kind):
 
 def test_an_offset_block_whose_minimum_overflows_keeps_int8_codes():
     """Q4_0 / Q5_0 go to the nibble forms with m = -8 d / -16 d; where that overflows float16 they keep int8
-    codes (Q8_0's form), gguf's weight either way."""
+    codes (Q4_0's 16 values then take the grid form, Q5_0's 32 Q8_0's), gguf's weight either way."""
     import gguf
 
     g = torch.Generator().manual_seed(2)
@@ -546,7 +586,9 @@ def test_an_offset_block_whose_minimum_overflows_keeps_int8_codes():
         assert m is None and q.dtype == torch.int8
         mod = Int8DotLinear(*pack_i8(q, d, m), 64)
         want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind))
-        assert torch.equal(mod.weight, torch.from_numpy(want.copy()).float().view(16, 64)) and mod.format == "Q8_0"
+        # Q4_0's codes q - 8 take 16 values: the grid form, half Q8_0's bytes; Q5_0's 32: Q8_0
+        assert torch.equal(mod.weight, torch.from_numpy(want.copy()).float().view(16, 64))
+        assert mod.format == ("GRID" if kind == "Q4_0" else "Q8_0")
         raw[3, 0:2] = 0
         assert gguf_i8_blocks(kind, torch.from_numpy(raw), 64)[2] is not None, offset
 
@@ -613,8 +655,8 @@ _KQUANT_MIX_LAYER1 = {**_KQUANT_MIX, "attn_q": "IQ4_XS", "ffn_up": "IQ4_NL", "ff
 _IQ_MIX = {"attn_q": "IQ2_XXS", "attn_k": "IQ2_XS", "attn_v": "IQ3_S", "attn_output": "IQ3_XXS", "ffn_gate": "IQ1_S",
            "ffn_up": "IQ2_S", "ffn_down": "IQ1_M", "token_embd": "Q8_0"}
 _IQ_MIX_LAYER1 = {**_IQ_MIX, "attn_q": "TQ1_0", "ffn_up": "TQ2_0"}
-_IQ_FORMAT = {"IQ2_XXS": "Q8_0", "IQ2_XS": "Q8_0_16", "IQ3_S": "Q4_1", "IQ3_XXS": "Q8_0", "IQ1_S": "Q4_1",
-              "IQ2_S": "Q8_0_16", "IQ1_M": "Q8_0_16", "TQ1_0": "Q2_16", "TQ2_0": "Q2_16"}
+_IQ_FORMAT = {"IQ2_XXS": "GRID", "IQ2_XS": "GRID_16", "IQ3_S": "GRID", "IQ3_XXS": "GRID", "IQ1_S": "GRID",
+              "IQ2_S": "GRID_16", "IQ1_M": "GRID_16", "TQ1_0": "Q2_16", "TQ2_0": "Q2_16"}
 
 
 def _kquant_kind(layer, tensor, mixes=(_KQUANT_MIX, _KQUANT_MIX_LAYER1)):
@@ -737,16 +779,17 @@ def test_grid_types_map_exactly_at_any_scale(kind, NG, S, M, seed, magnitude):
 
 def test_a_grid_block_with_a_scale_that_is_not_finite_raises():
     """A grid type's codes come from gguf's weight and the block's scale; a NaN or infinite scale leaves none to
-    recover: a clear error, not NaN codes."""
+    recover: a clear error, not NaN codes. A zero scale takes codes the tensor has elsewhere."""
     g = torch.Generator().manual_seed(3)
     for kind, lo in (("IQ2_XXS", 0), ("IQ3_S", 0), ("IQ1_S", 0), ("TQ2_0", 64)):
         raw = random_gguf_rows(kind, 16, 256, g)
         raw[5, lo:lo + 2] = torch.tensor([float("nan")]).half().view(torch.uint8).numpy()
         with pytest.raises(ValueError, match=f"{kind} block's weights are not its scale times integer codes"):
             gguf_i8_blocks(kind, torch.from_numpy(raw), 256)
-        raw[5, lo:lo + 2] = 0  # a zero scale: zero weights, zero codes
-        q, d, m, _ = gguf_i8_blocks(kind, torch.from_numpy(raw), 256)
-        assert int(q[5].abs().sum()) == 0 and int(q.abs().sum()) > 0
+        raw[5, lo:lo + 2] = 0  # a zero scale: zero weights, and codes the tensor has elsewhere (no new grid value)
+        q, d, m, scales_dtype = gguf_i8_blocks(kind, torch.from_numpy(raw), 256)
+        assert not Int8DotLinear(*pack_i8(q, d, m, scales_dtype), 256).weight[5].any()
+        assert set(q[5].tolist()) <= set(q[torch.arange(16) != 5].flatten().tolist())
 
 
 @needs_kernel

@@ -148,8 +148,9 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
   namespace li = triforce::linear_i8;
   using li::Format;
   TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 192, 256, 320, 384 or 512] and scales "
-              "[N / 16, K / 32 * 64, 32 or 16] (or uint8 super-block scales, or MXFP4's uint8 exponents) must be 2-D, "
+              "rowwise_linear_i8: x [M, K], codes [N / 16, K / 32 * 128, 192, 256, 320, 384 or 512 (or a grid form's "
+              "K / 32 * 256 + 16)] and scales [N / 16, K / 32 * 64, 32 or 16] (or uint8 super-block scales, or MXFP4's "
+              "uint8 exponents) must be 2-D, "
               "got [", x.M, ", ", x.K, "], ", codes.sizes(), " and ", scales.sizes());
   const int64_t K = x.K, NG = codes.size(0), G = K / li::kBlock;
   // MXFP4: uint8 E8M0 exponents, one a block and row (no super-block form has 16 bytes a block)
@@ -173,7 +174,7 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
   };
   auto is = [&](auto f) {
     constexpr Format F = decltype(f)::value;
-    return codes.size(1) == G * li::code_bytes<F>() && scales.size(1) == scale_elems(f);
+    return codes.size(1) == li::group_code_bytes<F>(G) && scales.size(1) == scale_elems(f);
   };
   using Q4_1 = std::integral_constant<Format, Format::Q4_1>;
   using Q5_1 = std::integral_constant<Format, Format::Q5_1>;
@@ -184,19 +185,25 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
   using Q4_1_16 = std::integral_constant<Format, Format::Q4_1_16>;
   using Q2_16 = std::integral_constant<Format, Format::Q2_16>;
   using Q3_16 = std::integral_constant<Format, Format::Q3_16>;
+  using GRID = std::integral_constant<Format, Format::GRID>;
+  using GRID_16 = std::integral_constant<Format, Format::GRID_16>;
   const bool q4 = is(Q4_1{}), q5 = is(Q5_1{}), q8 = is(Q8_0{}), q8_16 = is(Q8_0_16{}), iq4 = is(IQ4_NL{}) && !mxfp4,
-             q6 = is(Q6_16{}), q4_16 = is(Q4_1_16{}), q2_16 = is(Q2_16{}), q3_16 = is(Q3_16{});
+             q6 = is(Q6_16{}), q4_16 = is(Q4_1_16{}), q2_16 = is(Q2_16{}), q3_16 = is(Q3_16{}),
+             grid = !super && is(GRID{}), grid_16 = !super && is(GRID_16{});
   auto sizes = [&](auto f, const char* name) {  // "codes and scales (name)" of form f at this K
     constexpr Format F = decltype(f)::value;
     return std::to_string(G * li::code_bytes<F>()) + " and " + std::to_string(scale_elems(f)) + " (" + name + ")";
   };
-  TORCH_CHECK(mxfp4 || q4 || q5 || q8 || q8_16 || iq4 || q6 || q4_16 || q2_16 || q3_16, "rowwise_linear_i8: for ", K,
+  TORCH_CHECK(mxfp4 || q4 || q5 || q8 || q8_16 || iq4 || q6 || q4_16 || q2_16 || q3_16 || grid || grid_16,
+              "rowwise_linear_i8: for ", K,
               " columns a group's codes and ", super ? "scale bytes" : "scales", " are ", sizes(Q4_1{}, "Q4_1"), ", ",
               sizes(Q5_1{}, "Q5_1"), ", ", sizes(Q8_0{}, "Q8_0"), ", ", sizes(Q8_0_16{}, "Q8_0_16"), ", ",
               sizes(IQ4_NL{}, "IQ4_NL"), ", ", sizes(Q6_16{}, "Q6_16"), ", ", sizes(Q4_1_16{}, "Q4_1_16"), ", ",
               sizes(Q2_16{}, "Q2_16"), " or ", sizes(Q3_16{}, "Q3_16"), " (or MXFP4's ",
               G * li::code_bytes<Format::MXFP4>(), " and ", G * li::scale_count<Format::MXFP4>(),
-              " uint8 exponents), got ", codes.size(1), " and ", scales.size(1));
+              " uint8 exponents; a grid form's ", li::group_code_bytes<Format::GRID>(G), " and ",
+              G * li::scale_count<Format::GRID>(), " or ", G * li::scale_count<Format::GRID_16>(),
+              " float16 or float32 scales), got ", codes.size(1), " and ", scales.size(1));
   const int64_t N = NG * li::kGroup;
   RowwiseProduct p{M, K, N, NG, li::kGroup, 1, codes.options().dtype(at::kFloat),
                    {x.buf, codes.contiguous(), scales.contiguous()}, {}};
@@ -221,9 +228,19 @@ RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tens
     else
       run(f, sc.const_data_ptr<float>());
   };
+  auto with_float_scales = [&](auto f) {  // the grid forms: float16 or float32 scales only
+    if (sc.scalar_type() == at::kHalf)
+      run(f, reinterpret_cast<const uint16_t*>(sc.const_data_ptr<at::Half>()));
+    else
+      run(f, sc.const_data_ptr<float>());
+  };
   if (mxfp4)
     run(std::integral_constant<Format, Format::MXFP4>{},
         reinterpret_cast<const li::E8M0Scale*>(sc.const_data_ptr<uint8_t>()));
+  else if (grid)
+    with_float_scales(GRID{});
+  else if (grid_16)
+    with_float_scales(GRID_16{});
   else if (q4)
     with_scales(Q4_1{});
   else if (q5)

@@ -172,7 +172,7 @@ void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
   if (M > 3) x[3 * K + K - 1] = INFINITY;
   if (M > 4)  // subnormal inputs: dx subnormal (1 / dx would overflow)
     for (int i = 0; i < 32; ++i) x[4 * K + i] *= 1e-39f;
-  std::vector<uint8_t> codes(NG * G * li::code_bytes<F>());
+  std::vector<uint8_t> codes(NG * li::group_code_bytes<F>(G));  // (grid forms: random grids, -128..127)
   for (auto& c : codes) c = static_cast<uint8_t>(byte(g));
   std::vector<S> scales(NG * li::GroupScales<F, S>::elems(G));
   for (size_t i = 0; i < scales.size(); ++i) {
@@ -210,7 +210,8 @@ void check_i8(int64_t M, int64_t K, int64_t NG, std::mt19937& g) {
                 split, NG);
   for (int64_t ng = 0; ng < NG; ++ng)
     li::group_portable<F>(q.data(), dx.data(), sm.data(), sx.data(), sx0.data(), M, K,
-                          codes.data() + ng * G * li::code_bytes<F>(), scales.data() + ng * li::GroupScales<F, S>::elems(G),
+                          codes.data() + ng * li::group_code_bytes<F>(G),
+                          scales.data() + ng * li::GroupScales<F, S>::elems(G),
                           want.data() + ng * li::kGroup, N);
   for (int64_t m = 0; m < M; ++m) {
     li::groups<F>(q.data() + m * K, dx.data() + m * G, sm.data() + m * G, sx.data() + m * G, sx0.data() + m * G, 1, K,
@@ -261,7 +262,11 @@ int main() {
         check_i8<linear_i8::Format::Q3_16, uint16_t>(M, K, NG, g);
         check_i8<linear_i8::Format::Q3_16, float>(M, K, NG, g);
         check_i8<linear_i8::Format::MXFP4, linear_i8::E8M0Scale>(M, K, NG, g);
-        cases += 19;
+        check_i8<linear_i8::Format::GRID, uint16_t>(M, K, NG, g);
+        check_i8<linear_i8::Format::GRID, float>(M, K, NG, g);
+        check_i8<linear_i8::Format::GRID_16, float>(M, K, NG, g);
+        check_i8<linear_i8::Format::GRID_16, uint16_t>(M, K, NG, g);
+        cases += 23;
       }
   for (int64_t M : {1, 2, 3, 4, 5, 9, 16, 21, 33})  // super-block scales: K a multiple of 256
     for (int64_t K : {256, 512, 2304})

@@ -284,13 +284,20 @@ def _check_i8_shapes(w_shape):
 
 
 I8_FORMATS = ("Q4_1", "Q5_1", "Q8_0", "Q8_0_16", "IQ4_NL", "Q6_16", "Q4_1_16", "Q2_16",  # packed forms (linear_i8.h)
-              "Q3_16", "MXFP4")
+              "Q3_16", "GRID", "GRID_16", "MXFP4")
 _I8_CODE_BYTES = {"Q4_1": 256, "Q5_1": 320, "Q8_0": 512, "Q8_0_16": 512, "IQ4_NL": 256,  # per block of 32 inputs
-                  "Q6_16": 384, "Q4_1_16": 256, "Q2_16": 128, "Q3_16": 192, "MXFP4": 256}  # and group of 16 rows
+                  "Q6_16": 384, "Q4_1_16": 256, "Q2_16": 128, "Q3_16": 192, "MXFP4": 256,  # and group of 16 rows
+                  "GRID": 256, "GRID_16": 256}
 _I8_SCALES = {"Q4_1": 32, "Q5_1": 32, "Q8_0": 16, "Q8_0_16": 32, "IQ4_NL": 16, "Q6_16": 32,  # per block and group
-              "Q4_1_16": 64, "Q2_16": 64, "Q3_16": 32, "MXFP4": 16}
+              "Q4_1_16": 64, "Q2_16": 64, "Q3_16": 32, "MXFP4": 16, "GRID": 16, "GRID_16": 32}
 _I8_WITH_MIN = ("Q4_1", "Q5_1", "Q4_1_16", "Q2_16")  # w = d * q + m
-_I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16", "Q3_16")  # a scale (and minimum) per 16 weights
+_I8_HALVES = ("Q8_0_16", "Q6_16", "Q4_1_16", "Q2_16", "Q3_16", "GRID_16")  # a scale (and minimum) per 16 weights
+_I8_GRIDS = ("GRID", "GRID_16")  # 4-bit indices into the tensor's own 16 values, stored after each group's codes
+
+
+def _group_code_bytes(fmt: str, G: int) -> int:
+    """Bytes of a group's codes for G blocks: the blocks', then a grid form's 16 table bytes."""
+    return G * _I8_CODE_BYTES[fmt] + (16 if fmt in _I8_GRIDS else 0)
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's grid
 # FP4 E2M1's 16 values doubled (integers; ggml's kvalues_mxfp4): MXFP4's weight of index i is 2^(e - 128) * value
 MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
@@ -331,8 +338,13 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
     ``base[..., 1] * m`` over each super-block (Q8_0_16's second halves take d's base too): a float16 value times
     an int8, exact in float32. ``scales_dtype`` is then not used.
 
-    ``three_bits=False`` keeps int8 codes in -4..3 at Q8_0_16's byte a weight (the same weights and results:
-    what GGUF Q3_K ran on before Q3_16, for comparisons)."""
+    int8 codes of at most 16 distinct values (and not Q3_16's) take a grid form, 4-bit indices into the sorted
+    values (their table stored with the codes): GRID with a scale per 32 weights, GRID_16 per 16 (float16 or
+    float32 scales; not with ``base``): half the bytes of Q8_0's, the same weights (GGUF IQ2_XXS, IQ2_XS, IQ2_S,
+    IQ3_XXS and IQ1_M, whose values are a few grid points times a sign).
+
+    ``three_bits=False`` keeps int8 codes at Q8_0's or Q8_0_16's byte a weight, neither Q3_16 nor a grid form (the
+    same weights and results: what GGUF Q3_K ran on before Q3_16, for comparisons)."""
     _check_i8_shapes(tuple(q.shape))
     N, K = q.shape
     NG, G = N // I8_GROUP, K // GROUP
@@ -367,11 +379,18 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
         if q.dtype != torch.int8:
             raise ValueError("pack_i8: Q8_0 / Q8_0_16 codes must be int8")
         sixteen = d.dim() == 2 and d.shape == (N, 2 * G)
+        byte = (q.to(torch.int16) + 128).to(torch.uint8)  # the codes as vpdpbusd's unsigned operand
+        present = torch.bincount(byte.reshape(-1).long(), minlength=256) > 0 if three_bits and base is None else None
         if three_bits and sixteen and int(q.min()) >= -4 and int(q.max()) <= 3:  # Q3_16: u = q + 4 at 3 bits
             u = (q.to(torch.int16) + 4).to(torch.uint8)
             codes = torch.cat([_two_bit_codes(u & 3, NG, G), _bit_masks(u, 2, NG, G)], -1)
+        elif present is not None and int(present.sum()) <= 16:  # GRID / GRID_16: indices, the table after each group
+            table = present.nonzero()[:, 0]  # the values + 128, in increasing order
+            index = torch.cumsum(present, 0).sub_(1).to(torch.uint8)[byte.long()]
+            table = torch.cat([table, table[-1:].expand(16 - table.numel())]).to(torch.uint8)
+            codes = torch.cat([_nibble_codes(index, NG, G).reshape(NG, -1), table.expand(NG, 16)], 1)
         else:
-            codes = (q.to(torch.int16) + 128).to(torch.uint8).reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4)
+            codes = byte.reshape(NG, I8_GROUP, G, 8, 4).permute(0, 2, 3, 1, 4)
         halves = [d[:, 0::2], d[:, 1::2]] if sixteen else [d]
     for h in halves:
         if h.shape != (N, G):
@@ -474,8 +493,9 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
           and codes.shape[1] == G * _I8_CODE_BYTES["MXFP4"] and scales.shape[1] == G * _I8_SCALES["MXFP4"])
     sup = scales.dtype == torch.uint8 and not mx
     ok = K > 0 and K % (SUPER_BLOCK if sup else GROUP) == 0 and scales.dim() == 2
-    fmt = "MXFP4" if mx else next((f for f in I8_FORMATS[:-1] if codes.shape[1] == G * _I8_CODE_BYTES[f] and (
-        scales.shape[1] == (K // SUPER_BLOCK * _super_bytes(f) if sup else G * _I8_SCALES[f]))), None) if ok else None
+    fmt = "MXFP4" if mx else next((f for f in I8_FORMATS[:-1] if codes.shape[1] == _group_code_bytes(f, G) and (
+        scales.shape[1] == (K // SUPER_BLOCK * _super_bytes(f) if sup else G * _I8_SCALES[f]))
+        and not (sup and f in _I8_GRIDS)), None) if ok else None
     if fmt is None or scales.shape[0] != NG or scales.dtype not in (torch.float16, torch.float32, torch.uint8):
         raise ValueError(f"unpack_i8: codes {list(codes.shape)} and scales {list(scales.shape)} {scales.dtype} are "
                          f"not packed blocks of {K} inputs")
@@ -494,14 +514,17 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
         q = (c & 3).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
         if fmt == "Q3_16":
             q = (q | (_unpack_masks(cb, 128, NG, G, K) << 2)) - 4
-    elif fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16", "MXFP4"):
-        cb = codes.reshape(NG, G, -1)
+    elif fmt in ("Q4_1", "Q5_1", "IQ4_NL", "Q6_16", "Q4_1_16", "MXFP4", "GRID", "GRID_16"):
+        cb = codes[:, :G * _I8_CODE_BYTES[fmt]].reshape(NG, G, -1)
         c = cb[..., :256].reshape(NG, G, 4, I8_GROUP, 4).long()
         q = torch.stack([c & 15, c >> 4], -1).permute(0, 3, 1, 5, 2, 4).reshape(NG * I8_GROUP, K)
         for i, bit in enumerate([4, 5] if fmt == "Q6_16" else [4] if fmt == "Q5_1" else []):
             q = q | (_unpack_masks(cb, 256 + 64 * i, NG, G, K) << bit)
         if fmt in ("IQ4_NL", "MXFP4"):  # indices into the grid
             q = torch.tensor(IQ4_NL_VALUES if fmt == "IQ4_NL" else MXFP4_VALUES, dtype=torch.int64)[q]
+        if fmt in _I8_GRIDS:  # indices into each group's own table (its values + 128)
+            table = codes[:, G * 256:].long() - 128  # [NG, 16]
+            q = torch.gather(table.repeat_interleave(I8_GROUP, 0), 1, q)
         if fmt == "Q6_16":
             q = q - 32
     else:
@@ -522,9 +545,9 @@ GGUF_I8_TYPES = {"Q4_1": ("Q4_1", 32, 20), "Q8_0": ("Q8_0", 32, 34), "Q4_0": ("Q
                  "Q5_0": ("Q5_1", 32, 22), "Q4_K": ("Q4_1", 256, 144), "Q6_K": ("Q6_16", 256, 210),
                  "Q3_K": ("Q3_16", 256, 110), "Q5_1": ("Q5_1", 32, 24), "Q5_K": ("Q5_1", 256, 176),
                  "IQ4_NL": ("IQ4_NL", 32, 18), "IQ4_XS": ("IQ4_NL", 256, 136), "Q2_K": ("Q2_16", 256, 84),
-                 "MXFP4": ("MXFP4", 32, 17), "IQ2_XXS": ("Q8_0", 256, 66), "IQ2_XS": ("Q8_0_16", 256, 74),
-                 "IQ2_S": ("Q8_0_16", 256, 82), "IQ3_XXS": ("Q8_0", 256, 98), "IQ3_S": ("Q4_1", 256, 110),
-                 "IQ1_S": ("Q4_1", 256, 50), "IQ1_M": ("Q8_0_16", 256, 56), "TQ1_0": ("Q2_16", 256, 54),
+                 "MXFP4": ("MXFP4", 32, 17), "IQ2_XXS": ("GRID", 256, 66), "IQ2_XS": ("GRID_16", 256, 74),
+                 "IQ2_S": ("GRID_16", 256, 82), "IQ3_XXS": ("GRID", 256, 98), "IQ3_S": ("GRID", 256, 110),
+                 "IQ1_S": ("GRID", 256, 50), "IQ1_M": ("GRID_16", 256, 56), "TQ1_0": ("Q2_16", 256, 54),
                  "TQ2_0": ("Q2_16", 256, 66)}
 # Of those, the types whose codes are read from gguf's dequantised weight and their blocks' scales (the grids of
 # the IQ1-IQ3 types and TQ1_0's base-3 digits stay gguf's own code): _gridded_parts.
@@ -564,13 +587,13 @@ def gguf_i8_blocks(kind: str, raw: torch.Tensor, in_features: int):
     - MXFP4 (gpt-oss's experts) as MXFP4: ``q`` the indices into :data:`MXFP4_VALUES`, ``d`` the blocks' E8M0
       exponents (uint8, ``scales_dtype`` uint8: for :func:`pack_mxfp4`; the weight is ``e8m0_half(d) *
       MXFP4_VALUES[q]``);
-    - the grid types, each weight its block's float32 scale times a small integer (:func:`_gridded_parts`):
-      IQ2_XXS and IQ3_XXS as Q8_0 (int8 codes: the grid value times its sign, ``d * (0.5 + ls) * 0.25`` and
-      ``* 0.5`` per 32 weights), IQ2_XS and IQ2_S as Q8_0_16 (the same per 16), IQ1_M as Q8_0_16 (codes ``8 *
-      (grid + delta)`` in -9..9, ``d * (2 s + 1) / 8`` per 16), IQ3_S as Q4_1 (its odd grid values ``2 c - 15``:
-      ``d = 2 db``, ``m = -15 db``, ``db = d * (1 + 2 ls)`` per 32), IQ1_S as Q4_1 (codes ``grid + 1`` in 0..2,
-      ``d = dl``, ``m = dl * (delta - 1)``), TQ1_0 and TQ2_0 as Q2_16 (ternary ``t`` in 0..2, ``d * t - d``;
-      TQ2_0's 2-bit field may hold 3), TQ's scales super-block ones (bases ``d`` and ``-d``, multipliers 1).
+    - the low-bit types, each weight its block's float32 scale times a small integer (:func:`_gridded_parts`):
+      int8 codes of at most 16 values, which :func:`pack_i8` packs as a grid form (4-bit indices into the
+      tensor's own values): IQ2_XXS and IQ3_XXS (the grid value times its sign; ``d * (0.5 + ls) * 0.25`` and
+      ``* 0.5`` per 32 weights), IQ3_S (``d * (1 + 2 ls)`` per 32) and IQ1_S (codes ``8 * (grid + delta)``,
+      ``d * (2 s + 1) / 8`` per 32) as GRID; IQ2_XS and IQ2_S (per 16) and IQ1_M (as IQ1_S, per 16) as GRID_16;
+      TQ1_0 and TQ2_0 as Q2_16 (ternary ``t`` in 0..2, ``d * t - d``; TQ2_0's 2-bit field may hold 3), with
+      super-block scales (bases ``d`` and ``-d``, multipliers 1).
 
     :func:`gguf_i8_pack` packs the same blocks, the K-quants' and IQ4_XS's scales factored (a smaller form)."""
     q, d, m, scales_dtype, base = _gguf_i8_parts(kind, raw, in_features)
@@ -679,9 +702,9 @@ def _gguf_i8_parts(kind: str, raw: torch.Tensor, in_features: int):
 def _gridded_parts(kind: str, raw: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None):
     """:func:`_gguf_i8_parts` for the :data:`_GRIDDED` types: each block's scales from its bytes ``b`` (``[N, K /
     256, bytes]``; ``d`` its float16 ``d`` as float32 where stored first), computed in float32 as gguf computes
-    them (each product exact), and the codes from gguf's dequantised weight: ``w / scale`` (or ``(w - m) /
-    d``), integers by construction, checked (``d * q + m`` must give back ``w``: a block whose scale is not
-    finite raises)."""
+    them (each product exact), and the codes from gguf's dequantised weight: ``w / scale`` (TQ's ``(w - m) /
+    d``), integers by construction, checked (``d * q (+ m)`` must give back ``w``: a block whose scale is not
+    finite raises). The IQ types' int8 codes take at most 16 values, so :func:`pack_i8` packs them as a grid form."""
     import gguf
 
     N, nb, _ = b.shape
@@ -717,17 +740,11 @@ def _gridded_parts(kind: str, raw: torch.Tensor, b: torch.Tensor, d: torch.Tenso
     elif kind in ("IQ2_XS", "IQ2_S"):  # 4-bit ls per 16 weights
         ls = nibbles(b[..., 66:74] if kind == "IQ2_XS" else b[..., 74:82])
         scale = d[..., None] * (0.5 + ls) * 0.25
-    elif kind == "IQ3_S":  # db = d * (1 + 2 ls) per 32; grid values odd 1..15, signed: Q4_1's 2 c - 15
-        db = (d[..., None] * (1 + 2 * nibbles(b[..., 106:110]))).reshape(N, -1)
-        q = _exact_codes(kind, w, 2 * db, -15 * db, 0, 15)
-        return q.to(torch.uint8), 2 * db, -15 * db, torch.float32, None
-    else:  # IQ1_S: qh uint16 per 32: dl = d * (2 ((qh >> 12) & 7) + 1), delta -1/8 where bit 15, else 1/8
-        qh = u16(34, 8)
-        dl = (d[..., None] * (2 * ((qh >> 12) & 7) + 1).float()).reshape(N, -1)
-        m = dl * torch.where(qh >= 0x8000, -1.125, -0.875).reshape(N, -1)  # dl * (delta - 1), exact
-        q = _exact_codes(kind, w, dl, m, 0, 2)
-        return q.to(torch.uint8), dl, m, torch.float32, None
-    scale = scale.reshape(N, -1)  # int8 codes: the grid value times its sign
+    elif kind == "IQ3_S":  # db = d * (1 + 2 ls) per 32; grid values odd 1..15, signed
+        scale = d[..., None] * (1 + 2 * nibbles(b[..., 106:110]))
+    else:  # IQ1_S: dl = d * (2 ((qh >> 12) & 7) + 1) per 32 (qh uint16); codes 8 (grid + delta), delta ±1/8
+        scale = (d[..., None] * (2 * ((u16(34, 8) >> 12) & 7) + 1).float()) * 0.125
+    scale = scale.reshape(N, -1)  # int8 codes (the grid value times its sign): a grid form
     q = _exact_codes(kind, w, scale, None, -127, 127)
     return q.to(torch.int8), scale, None, torch.float32, None
 
@@ -740,6 +757,9 @@ def _exact_codes(kind: str, w: torch.Tensor, d: torch.Tensor, m: torch.Tensor | 
     d, m = d[..., None], None if m is None else m[..., None]
     t = w if m is None else w - m
     q = torch.where(d != 0, t / torch.where(d != 0, d, 1), 0).round_().clamp_(lo, hi).nan_to_num_(0)
+    zero = (d == 0).expand_as(q)  # a zero scale: any code gives w = 0; one the tensor already has (no new value)
+    if bool(zero.any()) and not bool(zero.all()):
+        q = torch.where(zero, q[~zero][0], q)
     back = d * q if m is None else d * q + m
     q = q.reshape(N, -1)
     if not torch.equal(back, w):

@@ -1,7 +1,7 @@
 // rowwise_linear_i8 on the CPU: out = x @ w^T with GGUF weight blocks and x rounded to int8 blocks, the
 // products summed as integers: llama.cpp's class of arithmetic (it dots Q4_1 with Q8_1 and Q8_0 with Q8_0
 // blocks of x), here with its own exact definition (below), bitwise the same on every path and for every
-// row count. Ten packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
+// row count. Twelve packed forms hold GGUF's types exactly (triforce/models/quant.py maps them):
 //   Q4_1    4-bit codes, w = d * code + m per 32 weights: GGUF Q4_1 (float16 d, m), Q4_0 (m = -8 d), Q4_K
 //           (float32 d = d * sc, m = -dmin * mn of each 32-weight sub-block, both exact in float32);
 //   Q5_1    5-bit codes, w = d * code + m per 32: GGUF Q5_1 (float16 d, m), Q5_0 (m = -16 d), Q5_K (as Q4_K);
@@ -19,7 +19,11 @@
 //           code + 4, float32 d * (sc - 32) of each 16-weight sub-block, exact);
 //   MXFP4   4-bit indices into kMxfp4Values (FP4 E2M1's 16 values, doubled: integers), w = d * kMxfp4Values[index]
 //           per 32 with d = 2^(e - 128) from the block's E8M0 exponent byte e (the value's half, as ggml's
-//           e8m0_to_fp32_half): GGUF MXFP4 (gpt-oss's experts), OpenAI's MXFP4 checkpoints; IQ4_NL's arithmetic.
+//           e8m0_to_fp32_half): GGUF MXFP4 (gpt-oss's experts), OpenAI's MXFP4 checkpoints; IQ4_NL's arithmetic;
+//   GRID    4-bit indices into the tensor's own grid of 16 int8 values (stored with the codes), w = d * grid[index]
+//           per 32: weights of at most 16 integer values times a block scale (GGUF IQ2_XXS, IQ3_XXS, IQ3_S,
+//           IQ1_S); IQ4_NL's arithmetic;
+//   GRID_16 the same with a scale per 16 (GGUF IQ2_XS, IQ2_S, IQ1_M); Q8_0_16's arithmetic.
 // Torch-free; csrc/cpu/linear.cpp wraps it for ATen, triforce/models/quant.py (Int8DotLinear, gguf_i8_blocks,
 // gguf_copy(..., activations="int8")) holds the PyTorch reference and the packing.
 //
@@ -39,6 +43,7 @@
 //   Q8_0:    isum = sum_i w_i * q_i (exact int32),    term = (d * dx) * float(isum)
 //   IQ4_NL:  as Q8_0, w_i = kIq4Values[index_i]
 //   MXFP4:   as Q8_0, w_i = kMxfp4Values[index_i], d = 2^(e - 128)
+//   GRID:    as Q8_0, w_i = grid[index_i]; GRID_16: as Q8_0_16, w_i = grid[index_i]
 //   Q6_16:   as Q8_0_16, w_i = u_i - 32 (the sums of u_i * q_i corrected by -32 * the half's sum of q)
 //   Q3_16:   as Q8_0_16, w_i = u_i - 4 (likewise corrected by -4 * the half's sum of q)
 //   Q4_1_16, Q2_16: isum_h = sum_{i in half h} code_i * q_i, sx_h = the half's sum of q_i,
@@ -64,6 +69,8 @@
 //           IQ4_NL (CB 256): Q4_1's nibbles, each an index; the kernel looks the index up (vpshufb) in the
 //                            table shifted to unsigned, kIq4Values + 128, and corrects isum by -128 * sx as Q8_0;
 //           MXFP4 (CB 256): IQ4_NL's, with kMxfp4Values;
+//           GRID, GRID_16 (CB 256): IQ4_NL's, and after each group's K / 32 blocks its grid's 16 values + 128
+//                           (the same in every group: a row of codes is K / 32 * 256 + 16 bytes);
 //           Q6_16 (CB 384): Q5_1's 320 bytes for the codes' low five bits, then 8 masks of their sixth bits
 //                           (as the fifth's);
 //           Q4_1_16 (CB 256): Q4_1's;
@@ -71,9 +78,9 @@
 //           Q3_16 (CB 192): Q2_16's 128 bytes for the codes' low two bits, then 8 masks of their third bits (as
 //                           Q5_1's fifth);
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
-//          of the 16 rows then m of the 16 rows; Q8_0 and IQ4_NL (SB 16) d of the 16 rows; Q8_0_16 (SB 32) d_0
-//          of the 16 rows then d_1 of the 16 rows (Q6_16 and Q3_16 as Q8_0_16); Q4_1_16 and Q2_16 (SB 64) d_0,
-//          d_1, m_0, m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks
+//          of the 16 rows then m of the 16 rows; Q8_0, IQ4_NL and GRID (SB 16) d of the 16 rows; Q8_0_16 (SB 32)
+//          d_0 of the 16 rows then d_1 of the 16 rows (Q6_16, Q3_16 and GRID_16 as Q8_0_16); Q4_1_16 and Q2_16
+//          (SB 64) d_0, d_1, m_0, m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks
 //          float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16,
 //          Q6_16 and Q3_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16). MXFP4: uint8 [N / 16, K / 32 * 16],
 //          per block the E8M0 exponent bytes e of the 16 rows (E8M0Scale, below; any K % 32 == 0).
@@ -98,7 +105,7 @@ constexpr int64_t kBlock = 32;  // weights per block (x and w alike)
 constexpr int64_t kGroup = 16;  // output rows per group (one zmm of fp32 lanes)
 constexpr int64_t kRows = 4;    // x rows per register block
 
-enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16, Q2_16, Q3_16, MXFP4 };
+enum class Format { Q4_1, Q5_1, Q8_0, Q8_0_16, IQ4_NL, Q6_16, Q4_1_16, Q2_16, Q3_16, MXFP4, GRID, GRID_16 };
 
 // GGUF's IQ4_NL grid (ggml's kvalues_iq4nl): the weight of index i is d * kIq4Values[i].
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -114,8 +121,13 @@ constexpr GridTable grid_unsigned(const int8_t (&values)[16]) {  // values + 128
 }
 inline constexpr GridTable kIq4Unsigned = grid_unsigned(kIq4Values), kMxfp4Unsigned = grid_unsigned(kMxfp4Values);
 
+// GRID, GRID_16: the table is the tensor's own, 16 bytes (values + 128) after each group's codes
 template <Format F>
-constexpr bool grid() { return F == Format::IQ4_NL || F == Format::MXFP4; }  // 4-bit indices into a table
+constexpr bool runtime_grid() { return F == Format::GRID || F == Format::GRID_16; }
+template <Format F>
+constexpr bool grid() {  // 4-bit indices into a table
+  return F == Format::IQ4_NL || F == Format::MXFP4 || runtime_grid<F>();
+}
 template <Format F>
 constexpr const int8_t* grid_values() { return F == Format::MXFP4 ? kMxfp4Values : kIq4Values; }
 template <Format F>
@@ -134,7 +146,7 @@ constexpr bool with_min() {  // codes 0..31 and a minimum m
 template <Format F>
 constexpr bool halves() {  // a scale (and minimum) per 16 weights
   return F == Format::Q8_0_16 || F == Format::Q6_16 || F == Format::Q4_1_16 || F == Format::Q2_16 ||
-         F == Format::Q3_16;
+         F == Format::Q3_16 || F == Format::GRID_16;
 }
 template <Format F>
 constexpr bool two_bits() { return F == Format::Q2_16 || F == Format::Q3_16; }  // Q2_16's layout (and third bits)
@@ -150,6 +162,17 @@ constexpr int64_t code_bytes() {  // per block
          : F == Format::Q3_16 ? 192
          : F == Format::Q2_16 ? 128
                               : 512;
+}
+// A group's codes: G blocks of code_bytes<F>(), then (GRID, GRID_16) its table of 16 bytes.
+template <Format F>
+constexpr int64_t group_code_bytes(int64_t G) { return G * code_bytes<F>() + (runtime_grid<F>() ? 16 : 0); }
+// The table of a grid form (the values + 128) for the group whose codes start at c (G blocks).
+template <Format F>
+inline const uint8_t* grid_of(const uint8_t* c, int64_t G) {
+  if constexpr (runtime_grid<F>())
+    return c + G * code_bytes<F>();
+  else
+    return grid_table<F>().v;
 }
 template <Format F>
 constexpr int64_t scale_count() {  // per block of a group: 16 per set (d; d_1; m; m_1), in that order
@@ -317,6 +340,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
                            int64_t rows, int64_t K, const uint8_t* codes, const S* scales, float* out, int64_t ldo) {
   const int64_t G = K / kBlock;
   const GroupScales<F, S> sc{scales};
+  const uint8_t* table = grid_of<F>(codes, G);  // (grid forms)
   for (int64_t r = 0; r < rows; ++r)
     for (int j = 0; j < kGroup; ++j) {
       float acc = 0.f;
@@ -331,7 +355,7 @@ inline void group_portable(const int8_t* q, const float* dx, const float* sm, co
             const int t = (k & 15) >> 2, i = k & 3;
             const uint8_t byte = c[64 * t + 4 * j + i];
             w = k < 16 ? (byte & 15) : (byte >> 4);
-            if constexpr (grid<F>()) w = grid_values<F>()[w] + 128;
+            if constexpr (grid<F>()) w = table[w];
             if constexpr (fifth_bits<F>()) {  // bit 4j + i of mask v = k / 4
               const int bit = 4 * j + i;
               w |= ((c[256 + 8 * (k >> 2) + bit / 8] >> (bit % 8)) & 1) << 4;
@@ -419,7 +443,7 @@ inline __m512 scales16(const GroupScales<F, S>& sc, int64_t b, int k) {
 // code 4v + i of row j), as vpdpbusd's unsigned operand (Q8_0, Q8_0_16: the stored bytes; IQ4_NL, MXFP4: the grid
 // + 128; the nibble forms: their codes).
 template <Format F>
-inline void decode_block(const uint8_t* c, __m512i w[8]) {
+inline void decode_block(const uint8_t* c, __m512i w[8], const uint8_t* table = grid_table<F>().v) {
   if constexpr (nibbles<F>()) {
     const __m512i nib = _mm512_set1_epi8(0x0f);
     for (int t = 0; t < 4; ++t) {
@@ -428,9 +452,8 @@ inline void decode_block(const uint8_t* c, __m512i w[8]) {
       w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
     }
     if constexpr (grid<F>()) {  // the grid + 128 in each 128-bit lane (vpshufb looks up within lanes)
-      const __m512i table =
-          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grid_table<F>().v)));
-      for (int v = 0; v < 8; ++v) w[v] = _mm512_shuffle_epi8(table, w[v]);
+      const __m512i t = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)));
+      for (int v = 0; v < 8; ++v) w[v] = _mm512_shuffle_epi8(t, w[v]);
     }
     if constexpr (fifth_bits<F>()) {  // the fifth bits: 16 where mask v has a bit (Q6_16: sixth bits, 32)
       for (int v = 0; v < 8; ++v) {
@@ -466,12 +489,13 @@ template <Format F>
 inline void decode_group(const uint8_t* c, int64_t G, const uint8_t* next, uint8_t shift, uint8_t* out) {
   constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
   const __m512i sh = _mm512_set1_epi8(static_cast<char>(shift));
+  const uint8_t* table = grid_of<F>(c, G);
   for (int64_t b = 0; b < G; ++b) {
     if (next != nullptr)
       for (int t = 0; t < T; ++t)
         _mm_prefetch(reinterpret_cast<const char*>(next + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
     __m512i w[8];
-    decode_block<F>(c + b * code_bytes<F>(), w);
+    decode_block<F>(c + b * code_bytes<F>(), w, table);
     for (int v = 0; v < 8; ++v) _mm512_storeu_si512(out + b * 512 + 64 * v, _mm512_add_epi8(w[v], sh));
   }
 }
@@ -534,6 +558,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
   const int64_t G = K / kBlock;
   constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
   const GroupScales<F, S> sc{scales};
+  const uint8_t* table = grid_of<F>(codes, G);
   __m512 acc[ROWS];
   for (__m512& a : acc) a = _mm512_setzero_ps();
   for (int64_t b = 0; b < G; ++b) {
@@ -541,7 +566,7 @@ inline void group_vnni(const int8_t* q, const float* dx, const float* sm, const 
     if (prefetch != nullptr)
       for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(prefetch + b * code_bytes<F>() + 64 * t), _MM_HINT_T1);
     __m512i w[8];
-    decode_block<F>(c, w);
+    decode_block<F>(c, w, table);
     const __m512 d = scales16(sc, b, scale_set_d<F>(0));
     for (int r = 0; r < ROWS; ++r) {
       const int8_t* qb = q + r * K + b * kBlock;
@@ -702,7 +727,7 @@ template <Format F, typename S>
 inline void groups_amx(const int8_t* q, const float* dx, const float* sm, const int32_t* sxs, const int32_t* sx0s,
                        int64_t M, int64_t K, const uint8_t* codes, const S* scales, int64_t N, float* out, int64_t g0,
                        int64_t g1) {
-  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = GroupScales<F, S>::elems(G);
+  const int64_t G = K / kBlock, cb = group_code_bytes<F>(G), sb = GroupScales<F, S>::elems(G);
   constexpr bool plain = F == Format::Q8_0 || F == Format::Q8_0_16;  // the stored codes are the B bytes
   constexpr int T = (code_bytes<F>() + 63) / 64;  // 64-byte code lines per block
   std::vector<uint8_t> bytes(plain ? 0 : G * 512);
@@ -761,7 +786,9 @@ inline void groups_amx(const int8_t* q, const float* dx, const float* sm, const 
 // that is (u - 32) + 128, and Q3_16's u + 124, (u - 4) + 128, Q8_0_16's), and the shift added to the codes.
 template <Format F>
 constexpr Format byte_form() {
-  return grid<F>() ? Format::Q8_0 : F == Format::Q6_16 || F == Format::Q3_16 ? Format::Q8_0_16 : F;
+  return grid<F>() ? (halves<F>() ? Format::Q8_0_16 : Format::Q8_0)
+         : F == Format::Q6_16 || F == Format::Q3_16 ? Format::Q8_0_16
+                                                     : F;
 }
 template <Format F>
 constexpr uint8_t byte_shift() { return F == Format::Q6_16 || F == Format::Q3_16 ? 128 - code_offset<F>() : 0; }
@@ -785,7 +812,7 @@ inline void groups(const int8_t* q, const float* dx, const float* sm, const int3
     return;
   }
 #endif
-  const int64_t G = K / kBlock, cb = G * code_bytes<F>(), sb = GroupScales<F, S>::elems(G);
+  const int64_t G = K / kBlock, cb = group_code_bytes<F>(G), sb = GroupScales<F, S>::elems(G);
   std::vector<float> expanded;
   std::vector<uint8_t> bytes;
   for (int64_t g = g0; g < g1; ++g) {
