@@ -38,7 +38,10 @@ weights; 0.445 bytes a weight, 0.625 with float32 scales), also against the same
 (``cpu_q8_0_16``: what Q3_K ran on before, 1.07 bytes a weight); ``--dtype mxfp4_int8``: MXFP4 (gpt-oss's experts:
 4-bit indices into FP4's doubled values, an E8M0 exponent byte per 32 weights; 0.531 bytes a weight, as the GGUF file
 and OpenAI's checkpoints hold them), against the float32 kernel on the dequantised weight and ``F.linear`` (no
-float-scaled form holds its grid).
+float-scaled form holds its grid); ``--dtype iq2_xxs_int8`` / ``iq2_xs_int8``: the grid forms GRID / GRID_16 (GGUF
+IQ2_XXS's / IQ2_XS's weights: the grid values 8, 25, 43 times a sign, float32 scales per 32 / 16 weights; 0.625 /
+0.75 bytes a weight), against the same codes at a byte each (``cpu_q8_0`` / ``cpu_q8_0_16``: what they ran on
+before, 1.125 / 1.25 bytes a weight), the float32 kernel on the dequantised weight and ``F.linear``.
 These run at SmolLM2's ``down_proj`` shape (N=576, K=1536: the same weights as the MLP's other projections, K a
 whole number of super-blocks).
 
@@ -49,7 +52,7 @@ is then ``cpu_vnni`` (extra ``AMX tiles``).
 
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
     # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|
-    #        q2_k_int8|q3_k_int8|mxfp4_int8|both
+    #        q2_k_int8|q3_k_int8|mxfp4_int8|iq2_xxs_int8|iq2_xs_int8|both
     # (default both);
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
@@ -74,12 +77,13 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
                                        "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
-                                       "mxfp4_int8", "both"],
+                                       "mxfp4_int8", "iq2_xxs_int8", "iq2_xs_int8", "both"],
                    default="both",
                    help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
                         "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x); q4_1_int8 / q8_0_int8 = rowwise_linear_i8 "
                         "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8 / iq4_xs_int8 / "
-                        "q2_k_int8 / q3_k_int8: the same on the forms of the K-quants and IQ4_XS; mxfp4_int8: MXFP4")
+                        "q2_k_int8 / q3_k_int8: the same on the forms of the K-quants and IQ4_XS; mxfp4_int8: MXFP4; "
+                        "iq2_xxs_int8 / iq2_xs_int8: the grid forms GRID / GRID_16")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -90,7 +94,8 @@ def main():
     kernel = torch.ops.triforce_C.rowwise_linear
     quantised = {"int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8,
                  "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k,
-                 "q2_k_int8": bench_i8_k, "q3_k_int8": bench_i8_k, "mxfp4_int8": bench_i8_k}
+                 "q2_k_int8": bench_i8_k, "q3_k_int8": bench_i8_k, "mxfp4_int8": bench_i8_k,
+                 "iq2_xxs_int8": bench_i8_k, "iq2_xs_int8": bench_i8_k}
     if a.dtype in quantised:
         if a.many_rows:
             raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
@@ -201,6 +206,12 @@ def bench_i8_k(a, g, bw) -> None:
             q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
             supers.append(Int8DotLinear(*pack_mxfp4(q, mult(118, 131, 32).to(torch.uint8)), k))
             continue
+        if a.dtype in ("iq2_xxs_int8", "iq2_xs_int8"):  # the IQ2 grid's values times a sign: a grid form
+            q = torch.tensor([8, 25, 43, -8, -25, -43], dtype=torch.int8)[torch.randint(0, 6, (n, k), generator=g)]
+            d = torch.rand(n, k // (32 if a.dtype == "iq2_xxs_int8" else 16), generator=g) * 1e-3
+            supers.append(Int8DotLinear(*pack_i8(q, d, None, torch.float32), k))
+            bytewise.append(Int8DotLinear(*pack_i8(q, d, None, torch.float32, three_bits=False), k))
+            continue
         if a.dtype in ("q4_k_int8", "q5_k_int8"):
             q = torch.randint(0, 16 if a.dtype == "q4_k_int8" else 32, (n, k), generator=g, dtype=torch.uint8)
             d, m, nb = mult(0, 64, 32), mult(0, 64, 32), 2
@@ -231,10 +242,10 @@ def bench_i8_k(a, g, bw) -> None:
         plain = streamed([(m.codes, m.scales) for m in plains], _packed_bytes(plains[0]), _clone_all)
         others = {"cpu_f32_scales": (lambda x: [kernel(x, c, s) for c, s in plain()], _packed_bytes(plains[0])),
                   **others}
-    if bytewise:  # Q3_K's codes at a byte each, the form it ran on before Q3_16: the baseline
+    if bytewise:  # Q3_K's codes (the grid forms') at a byte each, the form they ran on before: the baseline
         wide = streamed([(m.codes, m.scales) for m in bytewise], _packed_bytes(bytewise[0]), _clone_all)
-        others = {"cpu_q8_0_16": (lambda x: [kernel(x, c, s) for c, s in wide()], _packed_bytes(bytewise[0])),
-                  **others}
+        others = {f"cpu_{bytewise[0].format.lower()}": (lambda x: [kernel(x, c, s) for c, s in wide()],
+                                                        _packed_bytes(bytewise[0])), **others}
     _bench_quantised(a, g, bw, "rowwise_linear_i8", a.dtype, _packed_bytes(supers[0]),
                      lambda x: [kernel(x, c, s) for c, s in sup()], dense_sets, others, n=n, k=k)
 
