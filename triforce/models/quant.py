@@ -340,8 +340,8 @@ def pack_i8(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
 
     int8 codes of at most 16 distinct values (and not Q3_16's) take a grid form, 4-bit indices into the sorted
     values (their table stored with the codes): GRID with a scale per 32 weights, GRID_16 per 16 (float16 or
-    float32 scales; not with ``base``): half the bytes of Q8_0's, the same weights (GGUF IQ2_XXS, IQ2_XS, IQ2_S,
-    IQ3_XXS and IQ1_M, whose values are a few grid points times a sign).
+    float32 scales; not with ``base``): half the bytes of Q8_0's, the same weights (GGUF's IQ1-IQ3 types, whose
+    values are a few grid points times a sign).
 
     ``three_bits=False`` keeps int8 codes at Q8_0's or Q8_0_16's byte a weight, neither Q3_16 nor a grid form (the
     same weights and results: what GGUF Q3_K ran on before Q3_16, for comparisons)."""
@@ -480,9 +480,10 @@ def _super_scales(halves, base: torch.Tensor, N: int, K: int, with_min: bool) ->
 
 def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
     """``(format, q, d, m)`` from packed blocks: ``q`` int64 ``[N, K]`` (Q4_1 / Q5_1 / Q4_1_16 / Q2_16 codes
-    0..15 / 0..31 / 0..15 / 0..3, or the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q3_16: for IQ4_NL the
-    grid's values, not the indices, for Q6_16 and Q3_16 the codes minus 32 and 4), ``d`` float32 ``[N, K / 32]``
-    (``[N, K / 16]`` for the forms with a scale per 16 weights: Q8_0_16, Q6_16, Q4_1_16, Q2_16, Q3_16) and ``m``
+    0..15 / 0..31 / 0..15 / 0..3, or the int8 values of Q8_0 / Q8_0_16 / IQ4_NL / Q6_16 / Q3_16 / GRID / GRID_16:
+    for IQ4_NL and the grid forms the grid's values, not the indices, for Q6_16 and Q3_16 the codes minus 32 and 4),
+    ``d`` float32 ``[N, K / 32]`` (``[N, K / 16]`` for the forms with a scale per 16 weights: Q8_0_16, Q6_16,
+    Q4_1_16, Q2_16, Q3_16, GRID_16) and ``m``
     float32 of ``d``'s shape (None
     but for Q4_1, Q5_1, Q4_1_16 and Q2_16). MXFP4 (uint8 exponents as scales): ``q`` :data:`MXFP4_VALUES`' values,
     ``d`` their :func:`e8m0_half`."""
@@ -523,7 +524,7 @@ def unpack_i8(codes: torch.Tensor, scales: torch.Tensor, in_features: int):
         if fmt in ("IQ4_NL", "MXFP4"):  # indices into the grid
             q = torch.tensor(IQ4_NL_VALUES if fmt == "IQ4_NL" else MXFP4_VALUES, dtype=torch.int64)[q]
         if fmt in _I8_GRIDS:  # indices into each group's own table (its values + 128)
-            table = codes[:, G * 256:].long() - 128  # [NG, 16]
+            table = codes[:, G * _I8_CODE_BYTES[fmt]:].long() - 128  # [NG, 16]
             q = torch.gather(table.repeat_interleave(I8_GROUP, 0), 1, q)
         if fmt == "Q6_16":
             q = q - 32

@@ -129,8 +129,6 @@ constexpr bool grid() {  // 4-bit indices into a table
   return F == Format::IQ4_NL || F == Format::MXFP4 || runtime_grid<F>();
 }
 template <Format F>
-constexpr const int8_t* grid_values() { return F == Format::MXFP4 ? kMxfp4Values : kIq4Values; }
-template <Format F>
 constexpr const GridTable& grid_table() { return F == Format::MXFP4 ? kMxfp4Unsigned : kIq4Unsigned; }
 
 template <Format F>
@@ -440,8 +438,8 @@ inline __m512 scales16(const GroupScales<F, S>& sc, int64_t b, int k) {
 }
 
 // One block's codes of a group as 8 vectors of bytes: w[v] meets x bytes 4v .. 4v + 3 of the block (byte 4j + i:
-// code 4v + i of row j), as vpdpbusd's unsigned operand (Q8_0, Q8_0_16: the stored bytes; IQ4_NL, MXFP4: the grid
-// + 128; the nibble forms: their codes).
+// code 4v + i of row j), as vpdpbusd's unsigned operand (Q8_0, Q8_0_16: the stored bytes; IQ4_NL, MXFP4, GRID,
+// GRID_16: the grid + 128, from table; the nibble forms: their codes).
 template <Format F>
 inline void decode_block(const uint8_t* c, __m512i w[8], const uint8_t* table = grid_table<F>().v) {
   if constexpr (nibbles<F>()) {
