@@ -697,6 +697,18 @@ def test_bad_inputs(tiny_models):
         triforce.generate(target, p, method="speculative", max_new_tokens=3, draft=tiny(2, vocab=32))
     with pytest.raises(ValueError, match="tree"):
         triforce.generate(target, p, method="tree", max_new_tokens=3, tree=(2, 0))
+    # TriForce's StreamingLLM draft: the full level cuts it back by up to gamma1 + gamma2 tokens, and each middle
+    # block's own forwards may have evicted gamma1 of the window's (for their speculative tokens): gamma1 4, gamma2 7
+    # need a window of 15. 14 was accepted and, on this case, rolled a row back to -1 once the window had filled
+    # (found by the engines' fuzz); it is refused now, and 15 runs the same case, lossless
+    g = torch.Generator().manual_seed(28)
+    two = [torch.randint(0, 64, (n,), generator=g) for n in torch.randint(3, 8, (2,), generator=g).tolist()]
+    opts = dict(gamma1=4, gamma2=7, sink=0, chunk_size=1, budget=3, rebuild_stride=1, recent=0, max_new_tokens=3)
+    with pytest.raises(ValueError, match="window: 'triforce' .* at least 15 tokens, got 14"):
+        triforce.generate(tiny(1), two, method="triforce", window=14, **opts)
+    got = triforce.generate(tiny(1), two, method="triforce", window=15, **opts)
+    want = triforce.generate(tiny(1), two, method="autoregressive", max_new_tokens=3)
+    assert all(torch.equal(a, b) for a, b in zip(got.tokens, want.tokens))
     # a tree of 7 nodes and a history of 4 need a window of 11: 10 is refused, 11 runs
     with pytest.raises(ValueError, match="window: 'tree' .* at least 11 tokens, got 10"):
         triforce.generate(target, p, method="tree", max_new_tokens=3, tree=(2, 2), window=10)

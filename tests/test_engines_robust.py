@@ -51,7 +51,7 @@ def cases(draw):
             min_len = 2
     elif method == "triforce":
         g1, g2 = draw(st.integers(1, 4)), draw(st.integers(1, 8))
-        opts = {"gamma1": g1, "gamma2": g2, "sink": sink, "window": g1 + g2 + 3 + draw(st.integers(0, 10)),
+        opts = {"gamma1": g1, "gamma2": g2, "sink": sink, "window": g1 + g2 + max(3, g1) + draw(st.integers(0, 10)),
                 **retrieval}
         min_len = max(3, retrieval["budget"])
     else:

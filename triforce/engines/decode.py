@@ -81,8 +81,9 @@ class Decode:
 
     @staticmethod
     def require_window(window: int, span: int, method: str) -> None:
-        """A StreamingLLM drafter rolls back up to ``span`` tokens appended over several forwards
-        (each of which may evict old tokens first), so its window must hold them all."""
+        """A StreamingLLM drafter rolls back up to ``span`` tokens appended over several forwards (each of
+        which may evict old tokens first, its own speculative ones included), so its window must hold them
+        all."""
         if window < span:
             raise ValueError(f"window: {method!r} with these options needs a StreamingLLM window of at least "
                              f"{span} tokens, got {window}")
