@@ -80,10 +80,11 @@
 //   scales [N / 16, K / 32 * SB] float16 or float32 (one dtype per tensor), per block: Q4_1, Q5_1 (SB 32) d
 //          of the 16 rows then m of the 16 rows; Q8_0, IQ4_NL and GRID (SB 16) d of the 16 rows; Q8_0_16 (SB 32)
 //          d_0 of the 16 rows then d_1 of the 16 rows (Q6_16, Q3_16 and GRID_16 as Q8_0_16); Q4_1_16 and Q2_16
-//          (SB 64) d_0, d_1, m_0, m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per super-block of 8 blocks
-//          float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and Q5_1, 288 for Q8_0_16,
-//          Q6_16 and Q3_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16). MXFP4: uint8 [N / 16, K / 32 * 16],
-//          per block the E8M0 exponent bytes e of the 16 rows (E8M0Scale, below; any K % 32 == 0).
+//          (SB 64) d_0, d_1, m_0, m_1 of the 16 rows. Or, for K % 256 == 0, uint8 [N / 16, K / 256 * SUPER]: per
+//          super-block of 8 blocks float16 bases and int8 multipliers (SuperScale, below; SUPER = 320 for Q4_1 and
+//          Q5_1, 288 for Q8_0_16, Q6_16 and Q3_16, 160 for Q8_0 and IQ4_NL, 576 for Q4_1_16 and Q2_16; not the grid
+//          forms). MXFP4: uint8 [N / 16, K / 32 * 16], per block the E8M0 exponent bytes e of the 16 rows
+//          (E8M0Scale, below; any K % 32 == 0).
 // Lane j of one vpdpbusd holds row j: four consecutive k of it against the same four bytes of x
 // (broadcast), so a group's 16 outputs stay in one register and need no horizontal sums.
 #pragma once
