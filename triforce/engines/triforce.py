@@ -127,9 +127,10 @@ def run(d: Decode, draft, *, gamma1: int, gamma2: int, budget: int, chunk_size: 
         if draft is None:
             draft = target.layer_skip(draft_layers) if draft_layers else (half_precision_copy(target) or target)
         # The full level may cut the bottom drafter back by all the middle collected but one (cap - 1) and its
-        # history by one more; and each middle block's forwards first evict to make room for up to gamma1 of
-        # their own tokens, which the block then rolls back: what stays of the window after a block is
-        # window - gamma1 of the sequence's tokens. So window - gamma1 >= cap (and >= cap + HIST - gamma1).
+        # history by one more (cap in all); and each middle block's forwards first evict room for up to gamma1
+        # of their own tokens, which the block then rolls back, so after a block with a full window only
+        # window - gamma1 of the sequence's tokens stay. Hence window >= cap + gamma1, and never below the
+        # cap + HIST the full level's history needs.
         d.require_window(window, cap + max(HIST, gamma1), "triforce")
         bottom = Drafter(draft, StreamingCache(draft.config, d.batch, sink, window, max_step=HIST,
                                                device=d.device, dtype=cache_dtype(draft),
