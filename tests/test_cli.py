@@ -457,12 +457,12 @@ def test_bench_json(hf_dir, capsys):
                         "--methods", "autoregressive", "magicdec", "--json", "--rounds", "2"], capsys)
     assert rc == 0 and [json.loads(line)["method"] for line in out.splitlines()] == ["autoregressive", "magicdec"]
     assert "running magicdec (round 2 of 2)" in err
-    # prompt lookup's row: speculative with draft="lookup", the same tokens
+    # prompt lookup's rows: speculative and tree with draft="lookup", the same tokens
     rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "200", "--batch", "2", "--max-new-tokens", "6",
-                        "--methods", "autoregressive", "speculative:lookup", "--json"], capsys)
+                        "--methods", "autoregressive", "speculative:lookup", "tree:lookup", "--json"], capsys)
     rows = [json.loads(line) for line in out.splitlines()]
-    assert rc == 0 and [r["method"] for r in rows] == ["autoregressive", "speculative:lookup"]
-    assert rows[1]["identical"] and list(rows[1]["acceptance"]) == ["lookup->full"]
+    assert rc == 0 and [r["method"] for r in rows] == ["autoregressive", "speculative:lookup", "tree:lookup"]
+    assert all(r["identical"] and list(r["acceptance"]) == ["lookup->full"] for r in rows[1:])
     # a context past the model's fails before any method runs, naming --context
     rc, out, err = run(["bench", "--model", str(hf_dir), "--context", "2045", "--max-new-tokens", "4",
                         "--methods", "autoregressive"], capsys)
@@ -625,8 +625,8 @@ def test_why_it_loses_compares_the_pass_with_an_autoregressive_step():
 
 
 def test_generate_with_prompt_lookup(hf_dir, capsys):
-    """--draft lookup: speculative decoding and TriForce with prompt lookup give autoregressive decoding's text;
-    --ngram and --lookup-length go with it only, and another method is a usage error."""
+    """--draft lookup: speculative decoding, TriForce and lookup trees give autoregressive decoding's text; --ngram
+    and --lookup-length go with it only, and another method is a usage error."""
     prompt = ["--model", str(hf_dir), "--prompt", "the cat sat on the mat, the cat sat on the", "--max-new-tokens",
               "12", "--stats"]
     rc, out, _ = run(["generate", *prompt], capsys)
@@ -643,7 +643,9 @@ def test_generate_with_prompt_lookup(hf_dir, capsys):
     rc, _, err = run(["generate", *prompt, "--method", "speculative", "--draft", "lookup", "--lookup-length",
                       "longest"], capsys)
     assert rc == 2 and "--lookup-length" in err
-    rc, _, err = run(["generate", *prompt, "--method", "tree", "--draft", "lookup"], capsys)
+    rc, out5, err = run(["generate", *prompt, "--method", "tree", "--draft", "lookup", "--tree", "3,2,1"], capsys)
+    assert rc == 0 and out5 == out and '"lookup->full"' in err, err
+    rc, _, err = run(["generate", *prompt, "--method", "magicdec", "--draft", "lookup"], capsys)
     assert rc == 2 and "--draft lookup" in err
     rc, _, err = run(["generate", *prompt, "--method", "speculative", "--ngram", "2"], capsys)
     assert rc != 0 and "ngram" in err

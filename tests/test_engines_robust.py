@@ -129,20 +129,38 @@ def test_prompt_lookup_random_batches_and_options(data):
                 "rebuild_stride": data.draw(st.integers(1, 40), label="stride")}
         min_len = opts["budget"]
     target = tiny(0, vocab)
+    prompts = lookup_prompts(data, vocab, min_len)
+    length = data.draw(st.sampled_from(["match", "gamma"]), label="lookup_length")
+    generate_and_check(data, target, prompts, vocab, method=method, draft="lookup", ngram=ngram, lookup_length=length,
+                       **opts)
+
+
+def lookup_prompts(data, vocab: int, min_len: int) -> list[torch.Tensor]:
+    """1-5 prompts of ``min_len`` to ``min_len + 30`` tokens: ragged, identical, or repeating a phrase of their
+    own (so that prompt lookup finds matches)."""
     B = data.draw(st.integers(1, 5), label="batch")
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 16), label="seed"))
     kind = data.draw(st.sampled_from(["ragged", "identical", "repeating"]), label="prompts")
     lens = data.draw(st.lists(st.integers(min_len, min_len + 30), min_size=B, max_size=B), label="lens")
     if kind == "identical":
-        prompts = [torch.randint(0, vocab, (lens[0],), generator=g)] * B
-    elif kind == "repeating":
+        return [torch.randint(0, vocab, (lens[0],), generator=g)] * B
+    if kind == "repeating":
         period = data.draw(st.integers(1, 8), label="period")
-        prompts = [torch.randint(0, vocab, (period,), generator=g).repeat(n // period + 1)[:n] for n in lens]
-    else:
-        prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
-    length = data.draw(st.sampled_from(["match", "gamma"]), label="lookup_length")
-    generate_and_check(data, target, prompts, vocab, method=method, draft="lookup", ngram=ngram, lookup_length=length,
-                       **opts)
+        return [torch.randint(0, vocab, (period,), generator=g).repeat(n // period + 1)[:n] for n in lens]
+    return [torch.randint(0, vocab, (n,), generator=g) for n in lens]
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_prompt_lookup_trees_random_batches_and_options(data):
+    """Prompt lookup's trees (method="tree", draft="lookup"): random batches, tree shapes and n-grams, EOS,
+    sampling with top-p; greedy output equals autoregressive decoding's."""
+    vocab = data.draw(st.sampled_from([16, 64]), label="vocab")
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=6), label="tree"))
+    ngram = data.draw(st.integers(1, 4), label="ngram")
+    generate_and_check(data, tiny(0, vocab), lookup_prompts(data, vocab, 1), vocab, method="tree", draft="lookup",
+                       tree=shape, ngram=ngram)
 
 
 def record_retrieval_peak(monkeypatch) -> dict:

@@ -76,6 +76,7 @@ CASES = {
     "triforce": {"gamma1": 2, "gamma2": 3, "budget": 12, "chunk_size": 4, "sink": 1, "window": 10},
     "triforce-lookup": {"gamma1": 2, "gamma2": 3, "budget": 12, "chunk_size": 4, "draft": "lookup"},
     "tree": {"tree": (2, 2, 1), "sink": 1, "window": 16},
+    "tree-lookup": {"tree": (3, 2, 1), "draft": "lookup"},
 }
 
 

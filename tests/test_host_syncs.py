@@ -82,7 +82,7 @@ def _check_budget(syncs: HostSyncs, stats: dict, *, retrieval: bool = False, mid
     found = syncs.by_function()
     expected = {"Decode.loop": passes + 1, **(extra or {})}  # the last read finds no active row
     if lookup:  # one read per proposal: per step (speculative), per middle block (triforce: <= gamma2 a step)
-        reads = found.pop("LookupDrafter.propose", 0)
+        reads = found.pop("LookupDrafter.propose", 0) + found.pop("LookupDrafter.propose_tree", 0)
         most = middle[1] if middle is not None else 1
         assert passes <= reads <= passes * most, (reads, passes, syncs.report())
     if retrieval:
@@ -124,15 +124,16 @@ def test_engine_host_syncs(audit, models, method, opts, temperature):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
-@pytest.mark.parametrize("method", ["speculative", "triforce"])
+@pytest.mark.parametrize("method", ["speculative", "triforce", "tree"])
 def test_lookup_host_syncs(audit, models, method, temperature):
     from tests.test_lookup import repetitive_prompts
 
-    opts = {"gamma": 4} if method == "speculative" else {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4}
+    opts = {"speculative": {"gamma": 4}, "tree": {"tree": (3, 2, 1, 1)},
+            "triforce": {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4}}[method]
     out = triforce.generate(models[0], repetitive_prompts(), method=method, draft="lookup", max_new_tokens=24,
                             temperature=temperature, seed=1, **opts)
     if temperature == 0:  # drafts were proposed (and some accepted)
-        assert out.stats["acceptance"]["lookup->full" if method == "speculative" else "lookup->retrieval"] > 0
+        assert out.stats["acceptance"]["lookup->retrieval" if method == "triforce" else "lookup->full"] > 0
     triforce_ = method == "triforce"
     _check_budget(audit, out.stats, lookup=True, retrieval=triforce_, middle=(2, 5) if triforce_ else None)
 

@@ -1,7 +1,8 @@
 """Prompt lookup (``draft="lookup"``, triforce/engines/lookup.py): the search against a plain-Python
 reference, greedy output equal to autoregressive decoding (tiny random models with ragged batches and
 repetitive prompts, the embedded SmolLM2-135M), a step without a match that verifies the pending token
-alone, the statistics, and the validation of its options. Its sampled distribution:
+alone, the statistics, and the validation of its options; its token trees (``method="tree"``) likewise. Its
+sampled distribution:
 tests/test_engines_sampling.py; its host syncs: tests/test_host_syncs.py."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, strategies as st
 
 import triforce
 from triforce.engines import lookup
-from triforce.engines.lookup import LookupDrafter, lookup_drafts, lookup_match_drafts
+from triforce.engines.lookup import LookupDrafter, lookup_drafts, lookup_match_drafts, lookup_tree, tree_size
 from tests.test_engines import load_smollm2, ragged_prompts, tiny
 
 
@@ -62,6 +63,45 @@ def reference_match_drafts(seq: list[int], gamma: int, ngram: int, candidates: i
     return [-1] * gamma
 
 
+def reference_tree(seq: list[int], shape: tuple[int, ...], ngram: int, candidates: int, cap: int) -> list[tuple]:
+    """The rule of lookup_tree, one row in plain Python -> [(token, parent)] of nodes 1, 2, ... (the root is 0).
+    The match rule's candidates (reference_match_drafts with gamma = depth), each with its min(depth, m) tokens,
+    are inserted into a trie in that rule's order (longest match, one that its tokens follow, the latest): a
+    candidate follows the existing nodes and adds one per token after them, and stops where a node would exceed
+    its parent's limit shape[d] or its tokens end. Numbered by depth, then in the order added."""
+    L, D = len(seq), len(shape)
+    for n in range(ngram, 0, -1):
+        if L <= n:
+            continue
+        ends = [e for e in range(n - 1, L - 1) if seq[e - n + 1:e + 1] == seq[L - n:]]
+        if not ends:
+            continue
+        ranked = []
+        for e in sorted(ends)[-candidates:]:
+            m = 0
+            while m < max(cap, ngram) and e - m >= 0 and seq[e - m] == seq[L - 1 - m]:
+                m += 1
+            take = min(D, m)
+            ranked.append(((m, e + 1 + take <= L, e), seq[e + 1: e + 1 + take]))
+        nodes, children = [], {0: []}  # nodes[i - 1] = (token, parent, depth) of the i-th node added
+        for _, toks in sorted(ranked, reverse=True):
+            at = 0
+            for d, t in enumerate(toks):
+                nxt = next((c for c in children[at] if nodes[c - 1][0] == t), None)
+                if nxt is None:
+                    if len(children[at]) == shape[d]:
+                        break
+                    nodes.append((t, at, d))
+                    nxt = len(nodes)
+                    children[at].append(nxt)
+                    children[nxt] = []
+                at = nxt
+        order = sorted(range(1, len(nodes) + 1), key=lambda i: (nodes[i - 1][2], i))
+        number = {0: 0, **{i: k + 1 for k, i in enumerate(order)}}
+        return [(nodes[i - 1][0], number[nodes[i - 1][1]]) for i in order]
+    return []
+
+
 @st.composite
 def rows(draw):
     B = draw(st.integers(1, 4))
@@ -103,6 +143,66 @@ def test_lookup_match_drafts_match_the_reference(case, limits):
     assert got.shape == (len(seqs), gamma) and got.dtype == torch.int64
     for b, s in enumerate(seqs):
         assert got[b].tolist() == reference_match_drafts(s, gamma, ngram, candidates, cap), (b, s, gamma, ngram)
+
+
+@given(rows(), st.lists(st.integers(1, 3), min_size=1, max_size=5).map(tuple),
+       st.sampled_from([(16, 32), (2, 3), (3, 1), (5, 2)]))
+def test_lookup_tree_matches_the_reference(case, shape, limits):
+    """The trie against its plain-Python statement (also with fewer candidates and a shorter cap, so that they
+    bind on these short rows), each row's nodes first and -1 after them; and, from the tensors alone, the first
+    child of every node leads along the match rule's chain proposal of the tree's depth (and on, where a later
+    candidate continues it)."""
+    seqs, width, _, ngram = case
+    candidates, cap = limits
+    buf = torch.full((len(seqs), width), -1, dtype=torch.int64)
+    for b, s in enumerate(seqs):
+        buf[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
+    length = torch.tensor([len(s) for s in seqs])
+    saved = lookup.MATCH_CANDIDATES, lookup.MATCH_CAP
+    lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = candidates, cap
+    try:
+        tokens, parents = lookup_tree(buf, length, shape, ngram)
+        chain = lookup_match_drafts(buf, length, len(shape), ngram)
+        N = tree_size(shape)
+    finally:
+        lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = saved
+    assert tokens.shape == parents.shape == (len(seqs), N) and tokens.dtype == parents.dtype == torch.int64
+    for b, s in enumerate(seqs):
+        ref = reference_tree(s, shape, ngram, candidates, cap)
+        n = len(ref)
+        assert list(zip(tokens[b, :n].tolist(), parents[b, :n].tolist())) == ref, (b, s, shape, ngram)
+        assert tokens[b, n:].eq(-1).all() and parents[b, n:].eq(0).all()
+        path, at = [], 0
+        while True:
+            kids = [i + 1 for i in range(n) if int(parents[b, i]) == at]
+            if not kids:
+                break
+            at = kids[0]
+            path.append(int(tokens[b, at - 1]))
+        proposal = [t for t in chain[b].tolist() if t >= 0]
+        assert path[:len(proposal)] == proposal, (b, s, shape)
+
+
+def test_lookup_tree_branches_where_the_candidates_differ():
+    #        0  1  2  3  4  5  6  7  8  9 10 11 12 13
+    seq = [5, 1, 2, 7, 8, 9, 3, 2, 4, 1, 2, 6, 1, 2]
+    buf, length = torch.tensor([seq]), torch.tensor([len(seq)])
+    # "1 2" ends at 2 and 10, each a match of 2 (5 and 4 stand before them, 6 before the row's last "1 2"): the
+    # latest first, "6 1", then "7 8"; each copies 2 tokens, its match's length
+    tokens, parents = lookup_tree(buf, length, (2, 2, 1, 1), 2)
+    assert tokens[0, :4].tolist() == [6, 7, 1, 8] and parents[0, :4].tolist() == [0, 0, 1, 2]
+    assert tokens[0, 4:].eq(-1).all()
+    # one child at the root: the latest's branch only
+    tokens, parents = lookup_tree(buf, length, (1, 2), 2)
+    assert tokens.tolist() == [[6, 1, -1]] and parents.tolist() == [[0, 1, 0]]
+    # ngram 1: "2" ends at 1 (a match of 2: "3 2"), 4 and 6 (1 each): the order is 1, 6, 4, copying "9 9", "9"
+    # and "4"; the second shares the first's node
+    seq = [3, 2, 9, 9, 2, 4, 2, 9, 5, 3, 2]
+    buf, length = torch.tensor([seq]), torch.tensor([len(seq)])
+    tokens, parents = lookup_tree(buf, length, (2, 2), 1)
+    assert tokens[0, :3].tolist() == [9, 4, 9] and parents[0, :3].tolist() == [0, 0, 1]
+    assert tokens[0, 3:].eq(-1).all()
+    assert tree_size((2, 2)) == 6 and tree_size((4, 4, 4)) == 4 + 16 + 16
 
 
 def test_lookup_match_drafts_copy_the_longest_match_as_far_as_it_matched():
@@ -204,6 +304,53 @@ def test_triforce_bottom_level_greedy_equals_autoregressive(target, opts, prompt
         assert out.stats["acceptance"][min(levels)] > 0
 
 
+@pytest.mark.parametrize("shape,ngram", [((2, 2, 1, 1), 3), ((4, 2, 2, 1, 1, 1, 1, 1), 3), ((3,), 1),
+                                         ((16, 1, 1), 2)])
+@pytest.mark.parametrize("prompts", ["repetitive", "random"])
+def test_tree_greedy_equals_autoregressive_tiny_ragged(target, shape, ngram, prompts):
+    """Prompt lookup's trees (method="tree", draft="lookup"): autoregressive decoding's tokens; the acceptance
+    counts each row's tree depth as offered."""
+    ps = prompt_set(prompts)
+    ref = triforce.generate(target, ps, method="autoregressive", max_new_tokens=37)
+    out = triforce.generate(target, ps, method="tree", draft="lookup", tree=shape, ngram=ngram, max_new_tokens=37)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    assert set(out.stats["acceptance"]) == {"lookup->full"} and out.stats["time_s"].keys() == {"draft", "full"}
+    if prompts == "repetitive":
+        assert out.stats["acceptance"]["lookup->full"] > 0 and out.stats["target_passes"] < 36
+
+
+@pytest.mark.parametrize("depth", [1, 3, 6])
+def test_a_chain_shaped_tree_is_the_chain(target, depth):
+    """tree=(1,) * g drafts the match rule's proposal of gamma g, continued where a later candidate continues it
+    past that rule's length: the same tokens as speculative decoding's chain with prompt lookup, and at depth 1
+    (nothing to continue) the same passes and acceptance. (Sampled, the two draw their coins in different
+    layouts; their distribution: tests/test_engines_sampling.py.)"""
+    ps = repetitive_prompts()
+    chain = triforce.generate(target, ps, method="speculative", draft="lookup", gamma=depth, max_new_tokens=37)
+    tree = triforce.generate(target, ps, method="tree", draft="lookup", tree=(1,) * depth, max_new_tokens=37)
+    assert [t.tolist() for t in tree.tokens] == [t.tolist() for t in chain.tokens]
+    if depth == 1:
+        assert tree.stats["target_passes"] == chain.stats["target_passes"]
+        assert tree.stats["acceptance"] == chain.stats["acceptance"]
+
+
+def test_tree_offers_more_where_the_occurrences_differ(target, monkeypatch):
+    """Where a row's last tokens occurred before with different continuations, the tree verifies the others' too:
+    wider passes, and at least as many tokens per pass as the chain over the same greedy output."""
+    ps = repetitive_prompts()
+    widths, forward = [], type(target).forward
+
+    def recording_forward(self, ids, *args, **kwargs):
+        widths.append(ids.shape[1])
+        return forward(self, ids, *args, **kwargs)
+
+    chain = triforce.generate(target, ps, method="speculative", draft="lookup", gamma=4, max_new_tokens=37)
+    monkeypatch.setattr(type(target), "forward", recording_forward)
+    tree = triforce.generate(target, ps, method="tree", draft="lookup", tree=(4, 2, 1, 1), max_new_tokens=37)
+    assert max(widths) > 5  # some pass verified more than a chain of 4 drafts
+    assert tree.stats["mean_accepted"] >= chain.stats["mean_accepted"]
+
+
 def test_rebase_cuts_the_middle_levels_tokens(target):
     """rebase: the row's tokens become the verifier's, of the new length, ending with the given history."""
     from triforce.engines.decode import Decode
@@ -297,9 +444,18 @@ def test_smollm2_greedy_equals_autoregressive():
 
 def test_bad_options(target):
     p = [torch.arange(10)]
-    for method, opts in (("tree", {}), ("magicdec", {}), ("autoregressive", {})):
+    for method, opts in (("magicdec", {}), ("autoregressive", {})):
         with pytest.raises(ValueError, match="draft='lookup'"):
             triforce.generate(target, p, method=method, draft="lookup", max_new_tokens=2, **opts)
+    for name in ("sink", "window"):  # a tree of lookups runs no draft model and no StreamingLLM cache
+        with pytest.raises(ValueError, match=f"{name}: .*draft='lookup' runs no draft model"):
+            triforce.generate(target, p, method="tree", draft="lookup", max_new_tokens=2, **{name: 8})
+    with pytest.raises(ValueError, match="tree_nodes"):
+        triforce.generate(target, p, method="tree", draft="lookup", tree_nodes=(2, 2), max_new_tokens=2)
+    with pytest.raises(ValueError, match="draft_vocab"):
+        triforce.generate(target, p, method="tree", draft="lookup", draft_vocab=8, max_new_tokens=2)
+    with pytest.raises(ValueError, match="ngram"):
+        triforce.generate(target, p, method="tree", ngram=2, max_new_tokens=2)
     with pytest.raises(ValueError, match="ngram"):
         triforce.generate(target, p, method="speculative", ngram=2, max_new_tokens=2)
     with pytest.raises(ValueError, match="ngram"):

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .engines.lookup import LENGTHS as LOOKUP_LENGTHS
-from .engines.methods import METHODS, OPTIONS
+from .engines.methods import LOOKUP_ROWS, METHODS, OPTIONS
 from .heads.modules import KINDS as HEAD_KINDS
 from .heads.train import LABELS as HEAD_LABELS
 from .models.hub import DTYPES, PAIR_NAMES, WEIGHTS
@@ -125,7 +125,7 @@ def _option_help(name: str) -> str:
     return f"{OPTIONS[name].help} (default {defaults})".replace("%", "%%")
 
 
-BENCH_METHODS = (*METHODS, "speculative:lookup")  # bench's methods: each method, and prompt lookup's drafts
+BENCH_METHODS = (*METHODS, *LOOKUP_ROWS)  # bench's methods: each method, and those with prompt lookup's drafts
 
 
 _TYPES = {"sink": _int(0), "recent": _int(0), "tree": _tree, "tree_nodes": _tree, "draft_cache": str,
@@ -228,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the float32 target: a cheap CPU draft) or a Hugging Face "
                         "directory / GGUF file with the target's vocabulary (default: the method's own draft); "
                         "for tree and triforce also trained heads: medusa, mlp, hidden_transfer, early_exit "
-                        "(the shipped set) or a head set's .safetensors; for speculative and triforce also 'lookup': "
-                        "prompt lookup, drafts copied from the text's own earlier tokens (no model; --ngram, "
-                        "--lookup-length)")
+                        "(the shipped set) or a head set's .safetensors; for speculative, tree and triforce also "
+                        "'lookup': prompt lookup, drafts copied from the text's own earlier tokens (no model; "
+                        "--ngram, --lookup-length; tree: a tree of them, --tree bounds the children per depth)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="generate all --max-new-tokens tokens and print them, past the end-of-sequence token")
     g.add_argument("--stats", action="store_true", help="print the statistics as JSON on stderr")
@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", metavar="B", type=_int(1), nargs="+", default=[1, 8], help="batch sizes (default: 1 8)")
     b.add_argument("--max-new-tokens", metavar="N", type=_int(1), default=32, help="tokens to generate (default: 32)")
     b.add_argument("--methods", nargs="+", choices=BENCH_METHODS, default=list(BENCH_METHODS),
-                   help="methods (default: all); speculative:lookup is speculative with prompt lookup")
+                   help="methods (default: all); speculative:lookup and tree:lookup are speculative and tree with "
+                        "prompt lookup")
     b.add_argument("--temperature", metavar="T", type=_float(0), default=0.0,
                    help="0 = greedy (default), else sampling")
     b.add_argument("--rounds", metavar="N", type=_int(1), default=1,
@@ -547,9 +548,9 @@ def cmd_generate(args) -> int:
                 raise UsageError(f"--draft {args.draft}: trained heads draft for --method tree or triforce only")
             draft = os.path.expanduser(args.draft) if args.draft not in HEAD_KINDS else args.draft
         elif args.draft == "lookup":
-            if args.method not in ("speculative", "triforce"):
-                raise UsageError("--draft lookup: prompt lookup drafts for --method speculative or triforce (its "
-                                 "bottom level) only")
+            if args.method not in ("speculative", "triforce", "tree"):
+                raise UsageError("--draft lookup: prompt lookup drafts for --method speculative, tree or triforce "
+                                 "(its bottom level) only")
             draft = "lookup"
         elif args.draft == "int8":
             from .models.quant import int8_copy

@@ -17,6 +17,7 @@ import time
 import torch
 
 from .engines import METHODS
+from .engines.methods import LOOKUP_ROWS
 from .models.hub import decode, device_of, encode, load_model, set_kv_dtype  # noqa: F401  (re-exported)
 
 # Per-method options used by the demo and the benchmark (small CPU-friendly budgets).
@@ -26,6 +27,7 @@ DEMO_OPTIONS = {
     "magicdec": {"gamma": 4, "sink": 16, "window": 240},
     "triforce": {"gamma1": 2, "gamma2": 6, "budget": 512, "chunk_size": 8, "sink": 16, "window": 240},
     "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
+    "tree:lookup": {"tree": (2, 2, 1, 1)},  # (no draft model: no StreamingLLM window)
 }
 
 _HAYSTACK: str | None = None
@@ -406,11 +408,12 @@ def _cap_budget(context: int) -> dict:
 
 
 def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: int = 4096, batches=(1, 8),
-               max_new_tokens: int = 32, methods=(*METHODS, "speculative:lookup"), temperature: float = 0.0,
+               max_new_tokens: int = 32, methods=(*METHODS, *LOOKUP_ROWS), temperature: float = 0.0,
                options: dict | None = None,
                out=None, log=None, device=None, rounds: int = 1, kv_dtype: str | None = None):
     """``triforce bench``: for each batch size, natural-text prompts of ~``context`` tokens (different
-    passages per row, lengths differing by a few tokens), every method and prompt lookup (``speculative:lookup``)
+    passages per row, lengths differing by a few tokens), every method and prompt lookup (``speculative:lookup``,
+    ``tree:lookup``)
     (``rounds`` runs each, in turn, the fastest kept: :func:`compare_methods`), one table per batch size, on
     ``device`` (default: the CPU).
     Yields one flat dict per (batch, method). ``kv_dtype``: the KV caches' dtype (:func:`set_kv_dtype`)."""

@@ -55,7 +55,8 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
             path (docs/heads.md); for ``method="speculative"`` (and ``"triforce"``'s bottom level),
             ``"lookup"``: prompt lookup, drafts copied from each sequence's own earlier tokens (no model;
             ``ngram`` its n-gram, ``lookup_length`` its proposals' length; docs/engines.md, "Prompt
-            lookup"). Defaults: ``speculative``: the
+            lookup"); for ``method="tree"``, ``"lookup"`` drafts a tree of the continuations of a sequence's
+            earlier occurrences (``tree`` bounds the children per depth). Defaults: ``speculative``: the
             target's first half of layers + head (``target.layer_skip``; ``draft_layers`` picks k);
             ``triforce``: the target itself on the StreamingLLM window (or ``layer_skip(draft_layers)``);
             ``magicdec``/``tree``: the target. Any draft keeps the output lossless; only speed depends on it.
@@ -105,9 +106,13 @@ def generate(target, prompt_ids, *, method: str, max_new_tokens: int, temperatur
         raise ValueError("lookup_length: the length rule of prompt lookup's proposals, which drafts with "
                          "draft='lookup' only")
     if is_lookup(draft):
-        if method not in ("speculative", "triforce"):
-            raise ValueError(f"draft: prompt lookup (draft='lookup') drafts for method='speculative' or 'triforce' "
-                             f"(its bottom level) only, not {method!r}")
+        if method not in ("speculative", "triforce", "tree"):
+            raise ValueError(f"draft: prompt lookup (draft='lookup') drafts for method='speculative', 'tree' or "
+                             f"'triforce' (its bottom level) only, not {method!r}")
+        for name in ("sink", "window"):
+            if method == "tree" and method_options.get(name) is not None:
+                raise ValueError(f"{name}: sizes the draft model's StreamingLLM cache; method='tree' with "
+                                 f"draft='lookup' runs no draft model")
         if method_options.get("draft_layers") is not None:
             raise ValueError("draft_layers: picks the layers of a layer-skip draft model; draft='lookup' runs none")
         if method_options.get("draft_vocab") is not None:

@@ -96,14 +96,11 @@ def lookup_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: in
     return _copy(buf, length, start, torch.full_like(start, gamma), gamma)
 
 
-def lookup_match_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: int) -> torch.Tensor:
-    """Prompt-lookup drafts, ``lookup_length="match"`` (the default): ``buf`` and ``length`` as for
-    :func:`lookup_drafts`; -> int64 ``[B, gamma]``. Per row, the occurrences of its last ``n`` tokens for the
-    largest ``n <= ngram`` that occurs earlier with a token after it; of the latest ``MATCH_CANDIDATES`` of them,
-    the one whose match runs furthest back: its match length ``m`` counts the tokens before and including its
-    end that equal the row's last tokens, in order, up to ``max(MATCH_CAP, ngram)``. Ties: one that ``min(gamma,
-    m)`` tokens follow, then the latest. The draft: the ``min(gamma, m)`` tokens after it (fewer where the row
-    ends), ``-1`` past them and for a row with no occurrence."""
+def _ranked_candidates(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: int):
+    """The match rule's candidates: per row, the latest ``MATCH_CANDIDATES`` occurrences of its last ``n``
+    tokens for the largest ``n <= ngram`` that occurs (:func:`lookup_match_drafts`) -> (``cand`` int64 ``[B, K]``:
+    the occurrences' ends, ``-1`` none; ``take``: how many tokens after each the rule copies, ``min(gamma, m)``
+    for its match length ``m``; ``key``: the rule's order, larger first and distinct, ``-1`` for none)."""
     B, C = buf.shape
     dev = buf.device
     top = _occurrences(buf, length, ngram, None)
@@ -119,9 +116,85 @@ def lookup_match_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngr
     take = m.clamp(max=gamma)
     full = cand + 1 + take <= length.long()[:, None]
     key = torch.where(cand >= 0, (m * 2 + full) * C + cand, -1)  # the longest match, one that take tokens follow,
-    best = key.argmax(1, keepdim=True)                             # the latest
+    return cand, take, key                                         # the latest
+
+
+def lookup_match_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngram: int) -> torch.Tensor:
+    """Prompt-lookup drafts, ``lookup_length="match"`` (the default): ``buf`` and ``length`` as for
+    :func:`lookup_drafts`; -> int64 ``[B, gamma]``. Per row, the occurrences of its last ``n`` tokens for the
+    largest ``n <= ngram`` that occurs earlier with a token after it; of the latest ``MATCH_CANDIDATES`` of them,
+    the one whose match runs furthest back: its match length ``m`` counts the tokens before and including its
+    end that equal the row's last tokens, in order, up to ``max(MATCH_CAP, ngram)``. Ties: one that ``min(gamma,
+    m)`` tokens follow, then the latest. The draft: the ``min(gamma, m)`` tokens after it (fewer where the row
+    ends), ``-1`` past them and for a row with no occurrence."""
+    cand, take, key = _ranked_candidates(buf, length, gamma, ngram)
+    best = key.argmax(1, keepdim=True)
     start = torch.where(key.gather(1, best) >= 0, cand.gather(1, best) + 1, -1)[:, 0]
     return _copy(buf, length, start, take.gather(1, best)[:, 0], gamma)
+
+
+def tree_size(shape: tuple[int, ...]) -> int:
+    """The most nodes (the root not counted) of a lookup tree of branching limits ``shape``
+    (:func:`lookup_tree`): at depth ``d`` at most ``prod(shape[:d])`` nodes, and at most one per candidate."""
+    n, width = 0, 1
+    for k in shape:
+        width = min(width * k, MATCH_CANDIDATES)
+        n += width
+    return n
+
+
+def lookup_tree(buf: torch.Tensor, length: torch.Tensor, shape: tuple[int, ...], ngram: int):
+    """A token tree of prompt-lookup drafts (``method="tree", draft="lookup"``): ``buf`` and ``length`` as for
+    :func:`lookup_drafts`; ``shape``: the most children of a node at each depth (its length is the tree's
+    depth). -> (``tokens`` int64 ``[B, N]``, ``parents`` int64 ``[B, N]``), ``N = tree_size(shape)``: the
+    tree's nodes past its root, numbered ``1..N`` (the root, node 0, is the row's last token), each row's own
+    nodes first and ``-1`` tokens with parent 0 after them.
+
+    The match rule's candidates (:func:`lookup_match_drafts` with ``gamma = len(shape)``: the latest
+    ``MATCH_CANDIDATES`` occurrences of the longest n-gram, each with its ``min(depth, m)`` tokens after it)
+    are inserted into a trie in that rule's order (longest match, then one that its tokens follow, then the
+    latest): a candidate's tokens follow the trie's nodes while they exist and add a node for each token
+    after, until a node would exceed its parent's limit ``shape[d]`` (its children are kept in the order they
+    were added) or the candidate's tokens end. So the first child of every node leads along the match rule's
+    own proposal (and on, where a later candidate continues it: a tree's first path starts with the chain's
+    proposal), and the other branches are the next candidates' continuations where they differ. Nodes are numbered by depth, then in the order they were added (each
+    parent before its children). All rows at once, on their device: ``[B, K, K, depth]`` compares."""
+    B, C = buf.shape
+    dev = buf.device
+    D = len(shape)
+    cand, take, key = _ranked_candidates(buf, length, D, ngram)
+    order = key.argsort(1, descending=True)  # the rule's order (keys of real candidates are distinct)
+    cand, take = cand.gather(1, order), take.gather(1, order)
+    K = cand.shape[1]
+    depth = torch.arange(D, device=dev)
+    at = cand[:, :, None] + 1 + depth  # [B, K, D]: where each candidate's tokens are
+    real = (cand[:, :, None] >= 0) & (depth < take[:, :, None]) & (at < length.long()[:, None, None])
+    tok = torch.where(real, buf.gather(1, at.clamp(0, C - 1).flatten(1)).view(B, K, D), -1)
+    # same[b, k, j, d]: candidates k and j share their first d + 1 tokens (both that long)
+    same = (tok[:, :, None] == tok[:, None, :]) & real[:, :, None] & real[:, None, :]
+    same = same.long().cumprod(-1).bool()
+    first = same.long().argmax(2)  # [B, K, D]: the first candidate with k's tokens up to depth d: the node's maker
+    idx = torch.arange(K, device=dev)
+    new = real & (first == idx[:, None])  # the candidates that add a node at depth d
+    parent = torch.cat([torch.full_like(first[:, :, :1], -1), first[:, :, :-1]], 2)  # the parent's maker
+    earlier = idx[None, :, None] < idx[:, None, None]  # [K, K, 1]: j before k
+    siblings = new[:, None] & (parent[:, None] == parent[:, :, None]) & earlier  # [B, K, K, D]
+    rank = siblings.sum(2)  # [B, K, D]: children the node's parent has before it
+    made = torch.zeros_like(new)
+    for d in range(D):
+        ok = new[:, :, d] & (rank[:, :, d] < shape[d])
+        if d:
+            ok &= made[:, :, d - 1].gather(1, parent[:, :, d].clamp(min=0))
+        made[:, :, d] = ok
+    # node numbers: by depth, then in the order added; the root is 0
+    number = made.transpose(1, 2).reshape(B, D * K).long().cumsum(1).view(B, D, K).transpose(1, 2)
+    up = torch.cat([torch.zeros_like(number[:, :, :1]), number[:, :, :-1].gather(1, parent[:, :, 1:].clamp(min=0))],
+                   2)  # the parent's number
+    N = tree_size(shape)
+    slot = torch.where(made, number - 1, N).flatten(1)  # column N: a dump for the candidates that add no node
+    tokens = torch.full((B, N + 1), -1, dtype=torch.int64, device=dev).scatter_(1, slot, tok.flatten(1))
+    parents = torch.zeros((B, N + 1), dtype=torch.int64, device=dev).scatter_(1, slot, up.flatten(1))
+    return tokens[:, :N], parents[:, :N]
 
 
 class LookupDrafter:
@@ -167,6 +240,21 @@ class LookupDrafter:
         x = torch.where(self.d.active()[:, None], x, -1)
         g = int((x >= 0).sum(1).max())  # the one read of a step: the pass's width
         return x[:, :g], None
+
+    def propose_tree(self, shape: tuple[int, ...], parents_row=None, vocab=None):
+        """A token tree (``method="tree"``; :func:`lookup_tree`) -> (tokens int64 ``[B, 1 + n]``: the pending
+        token at the root, then the row's nodes, ``-1`` past them; None: deterministic children, which the
+        tree sampler takes as None; the :class:`~triforce.models.TokenTree`), ``n``: the most nodes of an active
+        row (0: the pass verifies the pending token alone). ``parents_row`` and ``vocab`` (a static tree's) are
+        not used."""
+        from triforce.models.cache import TokenTree
+
+        x, parents = lookup_tree(self.tokens, self.seq.count, shape, self.ngram)
+        x = torch.where(self.d.active()[:, None], x, -1)
+        n = int((x >= 0).sum(1).max())  # the one read of a step: the pass's width
+        root = torch.full_like(parents[:, :1], -1)
+        # a tree by construction: every node's parent is an earlier node (padding hangs from the root)
+        return torch.cat([self.pending, x[:, :n]], 1), None, TokenTree._trusted(torch.cat([root, parents[:, :n]], 1))
 
     def commit(self, tokens: torch.Tensor, adv: torch.Tensor, width: int | None = None,
                acceptance: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:

@@ -62,7 +62,8 @@ OPTIONS: dict[str, Option] = {
                                    "with draft_cache='retrieval')"),
     "sink": Option(16, _NONNEG, "StreamingLLM attention-sink tokens"),
     "window": Option(240, _POS, "StreamingLLM recent-window tokens"),
-    "tree": Option((2, 2, 1, 1), _tree_shape, "tree: branching factors per depth, e.g. (2, 2, 1, 1)"),
+    "tree": Option((2, 2, 1, 1), _tree_shape, "tree: branching factors per depth, e.g. (2, 2, 1, 1) (with "
+                                              "draft='lookup': the most children of a node at each depth)"),
     "tree_nodes": Option(None, _optional(_tree_shape), "tree with trained heads: nodes per depth chosen by "
                                                        "cumulative probability, e.g. (4, 4, 2, 2), instead of "
                                                        "the static shape"),
@@ -73,8 +74,8 @@ OPTIONS: dict[str, Option] = {
     "draft_layers": Option(None, _optional(_POS), "layers of the layer-skip draft (speculative: default half "
                                                   "the target's layers; triforce: default none, the whole "
                                                   "target on its StreamingLLM window)"),
-    "ngram": Option(3, _POS, "speculative, triforce with draft='lookup' (prompt lookup): the longest run of a row's "
-                             "last tokens looked up in its earlier tokens (then shorter ones, down to 1)"),
+    "ngram": Option(3, _POS, "speculative, tree, triforce with draft='lookup' (prompt lookup): the longest run of a "
+                             "row's last tokens looked up in its earlier tokens (then shorter ones, down to 1)"),
     "lookup_length": Option("match", _choice(*LENGTHS),
                             "speculative, triforce with draft='lookup': how many tokens a proposal copies: "
                             "'match', as many as the row's last tokens matched where they were found (the "
@@ -118,9 +119,14 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                                     "window", "draft_layers", "recent", "draft_vocab", "ngram",
                                     "lookup_length", "sliding_layers"),
            "draft on a StreamingLLM cache -> target on a retrieval cache -> target on the full cache"),
-    Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes", "draft_vocab"),
-           "a static token tree drafted by the self-draft, verified in one tree-masked pass"),
+    Method("tree", tree.run, ("tree", "sink", "window", "tree_nodes", "draft_vocab", "ngram"),
+           "a static token tree drafted by the self-draft (or trained heads; or prompt lookup's tree: "
+           "draft='lookup'), verified in one tree-masked pass"),
 )}
+
+
+# the methods that draft with prompt lookup (draft="lookup"), as benchmark rows ("method:draft") beside the methods
+LOOKUP_ROWS = ("speculative:lookup", "tree:lookup")
 
 
 def resolve(method: str, options: dict) -> tuple[Method, dict]:

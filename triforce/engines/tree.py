@@ -5,14 +5,18 @@ verified in one target pass with the tree attention mask and the tree accept/rej
 The tree shape is a tuple of branching factors per depth: ``(2, 2, 1)`` = a root with 2 children,
 each with 2 children, each with 1: 1 + 2 + 4 + 4 = 11 nodes, depth 3. The default drafter is the
 target itself on a StreamingLLM window (MagicDec-style self-speculation); trained heads on the
-target's hidden states draft without a second model (``draft="medusa"`` etc., engines/heads.py)."""
+target's hidden states draft without a second model (``draft="medusa"`` etc., engines/heads.py); prompt lookup
+(``draft="lookup"``) drafts a tree of the continuations of a row's earlier occurrences of its last tokens, no
+model (:func:`~triforce.engines.lookup.lookup_tree`: ``tree`` then bounds the children per depth)."""
 from __future__ import annotations
 
+import torch
 
 from .decode import Decode, cache_dtype
 from .drafters import Drafter
 from .heads import HeadDrafter, heads_for, is_heads_source  # noqa: F401 (generate imports it here)
-from .steps import active_advance
+from .lookup import LOOKUP, LookupDrafter, is_lookup, tree_size
+from .steps import CHAIN_HIST, active_advance
 
 
 def tree_parents(shape) -> list[int]:
@@ -42,21 +46,23 @@ def tree_step(d: Decode, drafter, cache, active, shape, parents_row, widths=None
         base = cache.lengths.clone()
         if isinstance(drafter, HeadDrafter):
             logits = drafter.tree_pass(tree, cache, nodes)
-        else:
-            logits = target(tree, cache=cache, tree_parents=nodes)
+        else:  # (prompt lookup's padding, -1, is fed as 0 and never accepted: no token equals -1)
+            logits = target(tree.clamp(min=0), cache=cache, tree_parents=nodes)
         path, tokens, num = sampling.verify_tree(tree, nodes.parents, q, logits)
         adv = active_advance(num, active)
         cache.commit_path(base, path, num)
         cache.rollback(base + adv)  # finished rows keep nothing
     with stats.time("draft"):
         drafter.commit(tokens, adv, path=path)
-    if tree.shape[1] > 1:  # the heads' first step verifies the root alone (no drafts yet)
+    if getattr(drafter, "level", None) == LOOKUP:  # offered: the depth of the row's own tree
+        stats.accept(f"{LOOKUP}->full", num, torch.where(tree >= 0, nodes.depths, 0).amax(1), active)
+    elif tree.shape[1] > 1:  # the heads' first step verifies the root alone (no drafts yet)
         stats.accept("tree->full", num, len(widths or shape), active)
     d.emit(tokens, adv, active)
 
 
 def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree_nodes=None,
-        draft_vocab: int | None = None) -> tuple:
+        draft_vocab: int | None = None, ngram: int = 3) -> tuple:
     from triforce.models.cache import StreamingCache
 
     shape = tree
@@ -66,6 +72,8 @@ def run(d: Decode, draft, *, tree: tuple[int, ...], sink: int, window: int, tree
     if tree_nodes is not None:
         raise ValueError("tree_nodes: a tree by cumulative probability is built from trained heads "
                          "(draft='medusa', 'mlp', 'hidden_transfer', 'early_exit' or a DraftHeads)")
+    if is_lookup(draft):
+        return run_lookup(d, shape, ngram)
     hist_width = len(shape) + 2  # the drafter sits at the root after drafting; a step advances <= depth + 1
     d.setup(width=len(parents_row))
     d.require_window(window, hist_width + len(parents_row), "tree")
@@ -98,3 +106,15 @@ def run_heads(d: Decode, draft, shape, parents_row, widths, draft_vocab: int | N
     with d.timed_prefill():
         drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), 1))
     return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, parents_row, widths))
+
+
+def run_lookup(d: Decode, shape: tuple[int, ...], ngram: int) -> tuple:
+    """Prompt lookup's trees (:func:`~triforce.engines.lookup.lookup_tree`), verified by the target on its full
+    cache; no draft model, no draft cache."""
+    d.setup(width=1 + tree_size(shape))
+    cache = d.full_cache(d.target)
+    drafter = LookupDrafter(d, ngram, CHAIN_HIST)
+    d.track(drafter)
+    with d.timed_prefill():
+        drafter.prefill(d.prompts, d.start(d.target.prefill(d.prompts, cache), CHAIN_HIST))
+    return d.loop(lambda active: tree_step(d, drafter, cache, active, shape, None))
