@@ -737,6 +737,51 @@ def test_a_ragged_step_computes_each_rows_own_tokens(B, T, data, cache_kind, dty
         assert all(r is None for r in rows_seen)
 
 
+@given(B=st.integers(1, 3), T=st.integers(2, 7), data=st.data(), chunked=st.booleans(),
+       dtype=st.sampled_from(["float32", "bfloat16", "int8"]), path=st.sampled_from(["stack", "layers", "padded"]),
+       seed=st.integers(0, 2**16))
+def test_a_ragged_tree_step_computes_each_rows_own_nodes(B, T, data, chunked, dtype, path, seed):
+    """A ragged step of a token tree (``widths`` with ``tree_parents``: prompt lookup's trees, whose rows have
+    different node counts) against the same tree step unpadded: bitwise the logits of every row's real nodes, 0 at
+    the padding, the cache grown by the widths; the native stack packs exactly the real nodes."""
+    torch.manual_seed(seed)
+    model = make_model("llama-biases", seed=seed, intermediate_size=81)
+    model = int8_copy(model) if dtype == "int8" else model.to(getattr(torch, dtype))
+    cfg, cdtype = model.config, torch.float32 if dtype == "int8" else getattr(torch, dtype)
+    widths = torch.tensor(data.draw(st.lists(st.integers(1, T), min_size=B, max_size=B), label="widths"))
+    # each row its own tree in topological order; its padding hangs anywhere below its real nodes
+    parents = torch.tensor([[-1] + [data.draw(st.integers(0, t - 1), label="parent") for t in range(1, T)]
+                            for _ in range(B)])
+    prompts = [torch.randint(0, 97, (int(n),)) for n in torch.randint(4, 13, (B,))]
+    ids = torch.randint(0, 97, (B, T))
+
+    def cache():
+        c = FullCache(cfg, B, 40, dtype=cdtype, chunk_size=2 if chunked else None)
+        model.prefill(prompts, c)
+        return c
+
+    c = cache()
+    base = c.lengths.clone()
+    whole = model(ids, cache=c, tree_parents=TokenTree(parents))
+    spy = RowsSpy(torch.ops.triforce_C.decoder_layers)
+    c = cache()
+    saved = llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers
+    try:
+        torch.ops.triforce_C.decoder_layers = spy
+        if path == "layers":
+            llama_mod._STACK = False
+        if path == "padded":
+            llama_mod._packs_rows = lambda device: False
+        ragged = model(ids, cache=c, tree_parents=TokenTree(parents), widths=widths)
+    finally:
+        llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers = saved
+    assert torch.equal(c.lengths, base + widths)
+    real = torch.arange(T) < widths[:, None]
+    assert torch.equal(ragged[real], whole[real]) and not ragged[~real].any()
+    if path == "stack" and not real.all():
+        assert len(spy.rows) == 1 and torch.equal(spy.rows[0], real.flatten().nonzero()[:, 0])
+
+
 def test_ragged_step_checks(monkeypatch):
     model = make_model("llama")
     cache = FullCache(model.config, 2, 32)
@@ -750,8 +795,6 @@ def test_ragged_step_checks(monkeypatch):
             model(ids, cache=cache, widths=widths)
     with pytest.raises(ValueError, match="with cache="):
         model(ids, widths=torch.tensor([3, 1]))
-    with pytest.raises(ValueError, match="without tree_parents"):
-        model(ids, cache=cache, widths=torch.tensor([3, 1]), tree_parents=TokenTree.static([-1, 0, 0], 2))
     assert cache.lengths.tolist() == [5, 7]  # nothing ran
     step = cache.begin(3)  # the op's own checks: rows increasing, inside [0, B * T), each row's first tokens
     layers = model.model.layers

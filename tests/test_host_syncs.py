@@ -413,10 +413,11 @@ def test_forwards_on_meta_tensors_read_nothing():
     assert syncs.events == [], syncs.report()
 
 
-@pytest.mark.parametrize("method", ["speculative", "triforce"])
+@pytest.mark.parametrize("method", ["speculative", "triforce", "tree"])
 def test_host_syncs_of_ragged_passes(audit, monkeypatch, models, method):
-    """Ragged chains verified as ragged steps (``TRIFORCE_RAGGED_PASSES=1``, the GPU's opt-in) the way a GPU runs
-    them (``_packs_rows`` false: the padding computed, its logits zeroed): no sync besides the check of the
+    """Ragged chains (and prompt lookup's trees) verified as ragged steps (``TRIFORCE_RAGGED_PASSES=1``, the GPU's
+    opt-in) the way a GPU runs them (``_packs_rows`` false: the padding computed, its logits zeroed): no sync
+    besides the check of the
     widths' range, which runs on CPU tensors only (one read per ragged pass here, none on a GPU). On the CPU
     the packing's ``nonzero`` adds one per pass (its index of the real tokens)."""
     from tests.test_lookup import repetitive_prompts
@@ -431,7 +432,8 @@ def test_host_syncs_of_ragged_passes(audit, monkeypatch, models, method):
         return ragged(self, *args)
 
     monkeypatch.setattr(llama_mod.Llama, "_ragged", counted)
-    opts = {"gamma": 4} if method == "speculative" else {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4}
+    opts = {"speculative": {"gamma": 4}, "tree": {"tree": (3, 2, 1, 1)},
+            "triforce": {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4}}[method]
     out = triforce.generate(models[0], repetitive_prompts(), method=method, draft="lookup", max_new_tokens=24,
                             **opts)
     assert calls

@@ -163,7 +163,7 @@ def test_lookup_tree_matches_the_reference(case, shape, limits):
     try:
         tokens, parents = lookup_tree(buf, length, shape, ngram)
         chain = lookup_match_drafts(buf, length, len(shape), ngram)
-        N = tree_size(shape)
+        N = tree_size(shape, ngram)
     finally:
         lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = saved
     assert tokens.shape == parents.shape == (len(seqs), N) and tokens.dtype == parents.dtype == torch.int64
@@ -202,7 +202,9 @@ def test_lookup_tree_branches_where_the_candidates_differ():
     tokens, parents = lookup_tree(buf, length, (2, 2), 1)
     assert tokens[0, :3].tolist() == [9, 4, 9] and parents[0, :3].tolist() == [0, 0, 1]
     assert tokens[0, 3:].eq(-1).all()
-    assert tree_size((2, 2)) == 6 and tree_size((4, 4, 4)) == 4 + 16 + 16
+    assert tree_size((2, 2), 3) == 6 and tree_size((4, 4, 4), 3) == 4 + 16 + 16
+    # no node deeper than the longest match counted (MATCH_CAP = 32; a longer n-gram counts that far)
+    assert tree_size((1,) * 40, 3) == 32 and tree_size((1,) * 40, 35) == 35
 
 
 def test_lookup_match_drafts_copy_the_longest_match_as_far_as_it_matched():

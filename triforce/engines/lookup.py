@@ -133,11 +133,12 @@ def lookup_match_drafts(buf: torch.Tensor, length: torch.Tensor, gamma: int, ngr
     return _copy(buf, length, start, take.gather(1, best)[:, 0], gamma)
 
 
-def tree_size(shape: tuple[int, ...]) -> int:
-    """The most nodes (the root not counted) of a lookup tree of branching limits ``shape``
-    (:func:`lookup_tree`): at depth ``d`` at most ``prod(shape[:d])`` nodes, and at most one per candidate."""
+def tree_size(shape: tuple[int, ...], ngram: int) -> int:
+    """The most nodes (the root not counted) of a lookup tree of branching limits ``shape`` (:func:`lookup_tree`):
+    at depth ``d`` at most ``prod(shape[:d])`` nodes, and at most one per candidate; none deeper than the longest
+    match counted, ``max(MATCH_CAP, ngram)`` (a candidate copies at most its match's length)."""
     n, width = 0, 1
-    for k in shape:
+    for k in shape[:max(MATCH_CAP, ngram)]:
         width = min(width * k, MATCH_CANDIDATES)
         n += width
     return n
@@ -146,7 +147,7 @@ def tree_size(shape: tuple[int, ...]) -> int:
 def lookup_tree(buf: torch.Tensor, length: torch.Tensor, shape: tuple[int, ...], ngram: int):
     """A token tree of prompt-lookup drafts (``method="tree", draft="lookup"``): ``buf`` and ``length`` as for
     :func:`lookup_drafts`; ``shape``: the most children of a node at each depth (its length is the tree's
-    depth). -> (``tokens`` int64 ``[B, N]``, ``parents`` int64 ``[B, N]``), ``N = tree_size(shape)``: the
+    depth). -> (``tokens`` int64 ``[B, N]``, ``parents`` int64 ``[B, N]``), ``N = tree_size(shape, ngram)``: the
     tree's nodes past its root, numbered ``1..N`` (the root, node 0, is the row's last token), each row's own
     nodes first and ``-1`` tokens with parent 0 after them.
 
@@ -161,6 +162,7 @@ def lookup_tree(buf: torch.Tensor, length: torch.Tensor, shape: tuple[int, ...],
     parent before its children). All rows at once, on their device: ``[B, K, K, depth]`` compares."""
     B, C = buf.shape
     dev = buf.device
+    shape = shape[:max(MATCH_CAP, ngram)]  # (no candidate copies more than its match counted)
     D = len(shape)
     cand, take, key = _ranked_candidates(buf, length, D, ngram)
     order = key.argsort(1, descending=True)  # the rule's order (keys of real candidates are distinct)
@@ -190,7 +192,7 @@ def lookup_tree(buf: torch.Tensor, length: torch.Tensor, shape: tuple[int, ...],
     number = made.transpose(1, 2).reshape(B, D * K).long().cumsum(1).view(B, D, K).transpose(1, 2)
     up = torch.cat([torch.zeros_like(number[:, :, :1]), number[:, :, :-1].gather(1, parent[:, :, 1:].clamp(min=0))],
                    2)  # the parent's number
-    N = tree_size(shape)
+    N = tree_size(shape, ngram)
     slot = torch.where(made, number - 1, N).flatten(1)  # column N: a dump for the candidates that add no node
     tokens = torch.full((B, N + 1), -1, dtype=torch.int64, device=dev).scatter_(1, slot, tok.flatten(1))
     parents = torch.zeros((B, N + 1), dtype=torch.int64, device=dev).scatter_(1, slot, up.flatten(1))

@@ -16,7 +16,7 @@ from .decode import Decode, cache_dtype
 from .drafters import Drafter
 from .heads import HeadDrafter, heads_for, is_heads_source  # noqa: F401 (generate imports it here)
 from .lookup import LOOKUP, LookupDrafter, is_lookup, tree_size
-from .steps import CHAIN_HIST, active_advance
+from .steps import CHAIN_HIST, active_advance, ragged_passes
 
 
 def tree_parents(shape) -> list[int]:
@@ -47,7 +47,11 @@ def tree_step(d: Decode, drafter, cache, active, shape, parents_row, widths=None
         if isinstance(drafter, HeadDrafter):
             logits = drafter.tree_pass(tree, cache, nodes)
         else:  # (prompt lookup's padding, -1, is fed as 0 and never accepted: no token equals -1)
-            logits = target(tree.clamp(min=0), cache=cache, tree_parents=nodes)
+            # prompt lookup's rows have trees of their own sizes: where ragged passes pay (the CPU), each row's
+            # own nodes are computed (steps.ragged_passes)
+            ragged = getattr(drafter, "ragged", False) and tree.shape[1] > 1 and ragged_passes(tree.device)
+            logits = target(tree.clamp(min=0), cache=cache, tree_parents=nodes,
+                            widths=(tree >= 0).sum(1) if ragged else None)
         path, tokens, num = sampling.verify_tree(tree, nodes.parents, q, logits)
         adv = active_advance(num, active)
         cache.commit_path(base, path, num)
@@ -111,7 +115,7 @@ def run_heads(d: Decode, draft, shape, parents_row, widths, draft_vocab: int | N
 def run_lookup(d: Decode, shape: tuple[int, ...], ngram: int) -> tuple:
     """Prompt lookup's trees (:func:`~triforce.engines.lookup.lookup_tree`), verified by the target on its full
     cache; no draft model, no draft cache."""
-    d.setup(width=1 + tree_size(shape))
+    d.setup(width=1 + tree_size(shape, ngram))
     cache = d.full_cache(d.target)
     drafter = LookupDrafter(d, ngram, CHAIN_HIST)
     d.track(drafter)

@@ -1041,9 +1041,10 @@ class Llama(nn.Module):
                 tree_parents: torch.Tensor | TokenTree | None = None, widths: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """float32 logits ``[B, T, V]`` for ``input_ids`` ``[B, T]`` (see the class docstring). ``widths``: int
-        ``[B]`` in ``[1, T]`` (with a cache, for a chain): row ``b``'s tokens past ``widths[b]`` are padding; the
-        cache keeps ``widths[b]`` tokens of row ``b`` and the logits at the padding are 0. Every real token's
-        logits are those of the same forward without padding (each row of a step is computed on its own)."""
+        ``[B]`` in ``[1, T]`` (with a cache, for a chain or a tree): row ``b``'s tokens past ``widths[b]`` are
+        padding; the cache keeps ``widths[b]`` tokens of row ``b`` and the logits at the padding are 0. Every real
+        token's logits are those of the same forward without padding (each row of a step is computed on its own;
+        a tree's nodes come in topological order, so no real node descends from padding)."""
         self._check_forward(input_ids, cache, tree_parents, widths)
         if cache is None:
             with _bulk_linears():
@@ -1051,9 +1052,9 @@ class Llama(nn.Module):
         with torch.no_grad():  # cache writes must never join an autograd graph (memory would grow)
             if widths is None:
                 return self._logits(self._hidden(input_ids, cache, tree_parents))
-            return self._ragged(input_ids, cache, widths)
+            return self._ragged(input_ids, cache, widths, tree_parents)
 
-    def _ragged(self, input_ids, cache, widths) -> torch.Tensor:
+    def _ragged(self, input_ids, cache, widths, tree_parents=None) -> torch.Tensor:
         """:meth:`forward` of a ragged step. On the CPU the real tokens run packed (``[1, N]`` through the
         native layer stack where it applies, and always through the final norm and the LM head); on other
         devices (finding the rows would be a host sync) the padding is computed and its logits zeroed."""
@@ -1061,12 +1062,12 @@ class Llama(nn.Module):
         real = torch.arange(T, device=input_ids.device) < widths[:, None]  # [B, T]
         counts = widths.to(torch.int32)
         if not _packs_rows(input_ids.device):
-            logits = self._logits(self._hidden(input_ids, cache, counts=counts))
+            logits = self._logits(self._hidden(input_ids, cache, tree_parents, counts=counts))
             return logits.masked_fill_(~real[..., None], 0.0)
         rows = real.flatten().nonzero()[:, 0]
         if rows.numel() == B * T:  # nothing to skip
-            return self._logits(self._hidden(input_ids, cache, counts=counts))
-        packed = self._logits(self._hidden(input_ids, cache, counts=counts, rows=rows))[0]  # [N, V]
+            return self._logits(self._hidden(input_ids, cache, tree_parents, counts=counts))
+        packed = self._logits(self._hidden(input_ids, cache, tree_parents, counts=counts, rows=rows))[0]  # [N, V]
         return packed.new_zeros(B * T, packed.shape[-1]).index_copy_(0, rows, packed).view(B, T, -1)
 
     @torch.no_grad()
@@ -1113,9 +1114,8 @@ class Llama(nn.Module):
         self._check_ids("input_ids", input_ids)
         if widths is not None:
             B, T = input_ids.shape
-            if cache is None or tree_parents is not None:
-                raise ValueError("widths: a ragged step of a chain appended to a cache (with cache=, without "
-                                 "tree_parents)")
+            if cache is None:
+                raise ValueError("widths: a ragged step appended to a cache (with cache=)")
             if not isinstance(widths, torch.Tensor) or widths.shape != (B,) or widths.dtype not in (torch.int32,
                                                                                                    torch.int64):
                 raise ValueError(f"widths must be an int32/int64 tensor of shape [{B}] (one width per row)")
