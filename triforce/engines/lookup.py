@@ -158,8 +158,9 @@ def lookup_tree(buf: torch.Tensor, length: torch.Tensor, shape: tuple[int, ...],
     after, until a node would exceed its parent's limit ``shape[d]`` (its children are kept in the order they
     were added) or the candidate's tokens end. So the first child of every node leads along the match rule's
     own proposal (and on, where a later candidate continues it: a tree's first path starts with the chain's
-    proposal), and the other branches are the next candidates' continuations where they differ. Nodes are numbered by depth, then in the order they were added (each
-    parent before its children). All rows at once, on their device: ``[B, K, K, depth]`` compares."""
+    proposal), and the other branches are the next candidates' continuations where they differ. Nodes are
+    numbered by depth, then in the order they were added (each parent before its children). All rows at once,
+    on their device: ``[B, K, K, depth]`` compares."""
     B, C = buf.shape
     dev = buf.device
     shape = shape[:max(MATCH_CAP, ngram)]  # (no candidate copies more than its match counted)
