@@ -324,6 +324,7 @@ def test_a_finished_row_attends_to_its_own_tokens_only(tiny_models, method, opts
 LEAVING_CASES = [("autoregressive", {})] + TINY_CASES + [
     ("speculative", {"gamma": 3, "draft": "lookup"}),
     ("triforce", {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4, "draft": "lookup"}),
+    ("tree", {"tree": (3, 2, 1), "draft": "lookup"}),
 ]
 
 

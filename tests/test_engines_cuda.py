@@ -36,6 +36,24 @@ def test_greedy_equals_autoregressive_tiny_ragged_cuda(tiny_models_cuda, method,
         assert torch.equal(out.tokens[b], ref.tokens[b]), (b, out.tokens[b], ref.tokens[b])
 
 
+@pytest.mark.parametrize("method,opts", [("speculative", {"gamma": 4}), ("tree", {"tree": (3, 2, 1, 1)}),
+                                         ("triforce", {"gamma1": 2, "gamma2": 5, "budget": 12, "chunk_size": 4})])
+def test_prompt_lookup_greedy_equals_autoregressive_cuda(tiny_models_cuda, method, opts):
+    """Prompt lookup's chains and trees (and as TriForce's bottom level) on the GPU: padded passes, autoregressive
+    decoding's tokens; with ragged passes switched on (``TRIFORCE_RAGGED_PASSES=1``: the padding computed and its
+    logits zeroed on a GPU) too."""
+    from tests.test_lookup import repetitive_prompts
+
+    target, _ = tiny_models_cuda
+    prompts = [p.to(DEV) for p in repetitive_prompts()]
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=37)
+    for ragged in ("0", "1"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TRIFORCE_RAGGED_PASSES", ragged)
+            out = triforce.generate(target, prompts, method=method, draft="lookup", max_new_tokens=37, **opts)
+        assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens], ragged
+
+
 @pytest.mark.parametrize("method,opts", [c for c in TINY_CASES if c[0] != "speculative"][:4])
 def test_sampling_is_reproducible_cuda(tiny_models_cuda, method, opts):
     target, draft = tiny_models_cuda
