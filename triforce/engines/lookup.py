@@ -183,12 +183,10 @@ def lookup_tree(buf: torch.Tensor, length: torch.Tensor, shape: tuple[int, ...],
     earlier = idx[None, :, None] < idx[:, None, None]  # [K, K, 1]: j before k
     siblings = new[:, None] & (parent[:, None] == parent[:, :, None]) & earlier  # [B, K, K, D]
     rank = siblings.sum(2)  # [B, K, D]: children the node's parent has before it
-    made = torch.zeros_like(new)
-    for d in range(D):
-        ok = new[:, :, d] & (rank[:, :, d] < shape[d])
-        if d:
-            ok &= made[:, :, d - 1].gather(1, parent[:, :, d].clamp(min=0))
-        made[:, :, d] = ok
+    # a node is made when it and every node on its path fit their parents' limits: fits.gather(1, first)[b, k, d]
+    # says whether the node holding k's first d + 1 tokens (made by first[b, k, d]) does
+    fits = new & torch.stack([rank[:, :, d] < shape[d] for d in range(D)], 2)
+    made = new & fits.gather(1, first).long().cumprod(2).bool()
     # node numbers: by depth, then in the order added; the root is 0
     number = made.transpose(1, 2).reshape(B, D * K).long().cumsum(1).view(B, D, K).transpose(1, 2)
     up = torch.cat([torch.zeros_like(number[:, :, :1]), number[:, :, :-1].gather(1, parent[:, :, 1:].clamp(min=0))],
