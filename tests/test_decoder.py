@@ -737,13 +737,14 @@ def test_a_ragged_step_computes_each_rows_own_tokens(B, T, data, cache_kind, dty
         assert all(r is None for r in rows_seen)
 
 
-@given(B=st.integers(1, 3), T=st.integers(2, 7), data=st.data(), chunked=st.booleans(),
-       dtype=st.sampled_from(["float32", "bfloat16", "int8"]), path=st.sampled_from(["stack", "layers", "padded"]),
-       seed=st.integers(0, 2**16))
-def test_a_ragged_tree_step_computes_each_rows_own_nodes(B, T, data, chunked, dtype, path, seed):
+@given(B=st.integers(1, 3), T=st.integers(2, 5), data=st.data(), cache_kind=st.sampled_from(
+    ["full", "chunked", "streaming", "retrieval"]), dtype=st.sampled_from(["float32", "bfloat16", "int8"]),
+    path=st.sampled_from(["stack", "layers", "padded"]), seed=st.integers(0, 2**16))
+def test_a_ragged_tree_step_computes_each_rows_own_nodes(B, T, data, cache_kind, dtype, path, seed):
     """A ragged step of a token tree (``widths`` with ``tree_parents``: prompt lookup's trees, whose rows have
-    different node counts) against the same tree step unpadded: bitwise the logits of every row's real nodes, 0 at
-    the padding, the cache grown by the widths; the native stack packs exactly the real nodes."""
+    different node counts) against the same tree step unpadded, on every cache kind: bitwise the logits of every
+    row's real nodes, 0 at the padding, the cache grown by the widths; the native stack packs exactly the real
+    nodes."""
     torch.manual_seed(seed)
     model = make_model("llama-biases", seed=seed, intermediate_size=81)
     model = int8_copy(model) if dtype == "int8" else model.to(getattr(torch, dtype))
@@ -756,9 +757,11 @@ def test_a_ragged_tree_step_computes_each_rows_own_nodes(B, T, data, chunked, dt
     ids = torch.randint(0, 97, (B, T))
 
     def cache():
-        c = FullCache(cfg, B, 40, dtype=cdtype, chunk_size=2 if chunked else None)
+        full = FullCache(cfg, B, 40, dtype=cdtype, chunk_size=2 if cache_kind in ("chunked", "retrieval") else None)
+        c = StreamingCache(cfg, B, sink=2, window=6, max_step=5, dtype=cdtype) if cache_kind == "streaming" \
+            else full
         model.prefill(prompts, c)
-        return c
+        return RetrievalCache(cfg, full, budget=4, chunk_size=2, max_step=5) if cache_kind == "retrieval" else c
 
     c = cache()
     base = c.lengths.clone()
