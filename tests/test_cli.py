@@ -654,19 +654,24 @@ def test_generate_with_prompt_lookup(hf_dir, capsys):
 
 
 def test_demo_compares_prompt_lookup_in_every_scene():
-    """``speculative:lookup`` drafts with prompt lookup in every scene, on the CPU and the GPU, output unchanged;
-    in a batch that loses, the line on why says what sets the pace."""
+    """``speculative:lookup`` drafts with prompt lookup in every scene, on the CPU and the GPU, output unchanged (and
+    its trees, ``tree:lookup``, in the GPU's batch-1 scene); in a batch that loses, the line on why says what sets the
+    pace."""
     from tests.test_lookup import repetitive_prompts
     from tests.test_engines import tiny
 
     for device_type in ("cpu", "cuda"):
         assert all("speculative:lookup" in s["methods"] for s in demo.demo_scenes(False, device_type))
-    # and as TriForce's bottom level in the batch-1 long-context scene (CPU)
+    # and as TriForce's bottom level in the batch-1 long-context scene (CPU); its trees in the GPU's batch-1 scene
     assert [m for s in demo.demo_scenes(False, "cpu") for m in s["methods"]].count("triforce:lookup") == 1
+    assert [[m for m in s["methods"] if m == "tree:lookup"] for s in demo.demo_scenes(False, "cuda")][0] == \
+        ["tree:lookup"]
+    assert not any("tree:lookup" in s["methods"] for s in demo.demo_scenes(False, "cpu"))
     model = tiny(7)
-    rows = demo.compare_methods(model, repetitive_prompts(), ["autoregressive", "speculative:lookup"], 12,
-                                options={"speculative:lookup": demo.LOOKUP}, draft=None)
-    assert rows[1]["identical"] and "lookup->full" in rows[1]["stats"]["acceptance"]
+    rows = demo.compare_methods(model, repetitive_prompts(), ["autoregressive", "speculative:lookup", "tree:lookup"],
+                                12, options={"speculative:lookup": demo.LOOKUP, "tree:lookup": demo.LOOKUP_TREE},
+                                draft=None)
+    assert all(r["identical"] and "lookup->full" in r["stats"]["acceptance"] for r in rows[1:])
     slow = {**rows[1], "stats": {**rows[1]["stats"], "mean_accepted": 1.5}}
     line = demo.why_it_loses(slow, 10 ** 6, 10 ** 5, rows[0])
     assert line.startswith("speculative:lookup loses here") and "fewest accepted drafts" in line

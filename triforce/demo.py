@@ -273,6 +273,9 @@ DEMO_HEADS = ("hidden_transfer", (1, 1))  # the shipped head set and tree of the
 # up to gamma: 8 at batch 1, where a pass of 9 tokens costs ~1.8 decode steps on a CPU, the method's default 4
 # in a batch, where every row pays for the longest proposal (docs/engines.md, "Prompt lookup")
 LOOKUP_ONE, LOOKUP = {"gamma": 8}, {"gamma": 4}
+# prompt lookup's trees: on a GPU only, where a pass's width costs little at batch 1 (on a CPU each token a pass
+# verifies costs about a tenth of a step, and the trees lose to the chain there: docs/engines.md, "Trees of lookups")
+LOOKUP_TREE = {"tree": (4, 2, 2, 1, 1, 1, 1, 1)}
 
 
 def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch: int | None = None,
@@ -311,9 +314,10 @@ def demo_scenes(quick: bool, device_type: str, context: int | None = None, batch
     return [
         {"title": "batch 1: the weights dominate each step (a cheaper draft or a token tree pays)",
          **short, "methods": ["autoregressive", "speculative", *(["speculative:int8"] if device_type == "cpu" else []),
-                              "tree", f"tree:{DEMO_HEADS[0]}", "speculative:lookup"],
+                              "tree", f"tree:{DEMO_HEADS[0]}", "speculative:lookup",
+                              *(["tree:lookup"] if device_type == "cuda" else [])],
          "options": {"speculative": {"gamma": 3}, "speculative:int8": {"gamma": 3},
-                     "speculative:lookup": LOOKUP_ONE,
+                     "speculative:lookup": LOOKUP_ONE, "tree:lookup": LOOKUP_TREE,
                      "tree": {"tree": (2, 2, 1, 1), "sink": 16, "window": 240},
                      f"tree:{DEMO_HEADS[0]}": {"tree": DEMO_HEADS[1]}}},
         *deep_scene,
