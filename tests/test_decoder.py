@@ -662,6 +662,22 @@ def test_forward_team_not_formed_for_a_small_forward(monkeypatch):
 
 # ---- a ragged step (Llama.forward(..., widths=...)): each row's own tokens, packed through the native stack
 
+def on_path(path: str, spy, call):
+    """``call()`` with ``decoder_layers`` replaced by ``spy`` and the forward on ``path``: ``"stack"`` (the native
+    stack, as it runs), ``"layers"`` (without it: the layers one by one) or ``"padded"`` (rows not packed: another
+    device's path)."""
+    saved = llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers
+    try:
+        torch.ops.triforce_C.decoder_layers = spy
+        if path == "layers":
+            llama_mod._STACK = False
+        if path == "padded":
+            llama_mod._packs_rows = lambda device: False
+        return call()
+    finally:
+        llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers = saved
+
+
 class RowsSpy(Spy):
     """Records the ``rows`` each ``decoder_layers`` call gets (None: an unpacked step)."""
 
@@ -711,19 +727,13 @@ def test_a_ragged_step_computes_each_rows_own_tokens(B, T, data, cache_kind, dty
 
     spy = RowsSpy(torch.ops.triforce_C.decoder_layers)
     cache = caches()
-    saved = llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers
-    try:
-        torch.ops.triforce_C.decoder_layers = spy
-        if path == "layers":
-            llama_mod._STACK = False
-        if path == "padded":
-            llama_mod._packs_rows = lambda device: False
-        ragged = model(ids, cache=cache, widths=widths)
+
+    def steps():
+        out = model(ids, cache=cache, widths=widths)
         assert torch.equal(cache.lengths, base + widths)
-        rows_seen = list(spy.rows)
-        next_ragged = model(after, cache=cache)
-    finally:
-        llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers = saved
+        return out, list(spy.rows), model(after, cache=cache)
+
+    ragged, rows_seen, next_ragged = on_path(path, spy, steps)
     real = torch.arange(T) < widths[:, None]
     assert torch.equal(ragged[real], whole[real]) and not ragged[~real].any()
     assert torch.equal(next_ragged, next_whole)
@@ -768,16 +778,7 @@ def test_a_ragged_tree_step_computes_each_rows_own_nodes(B, T, data, cache_kind,
     whole = model(ids, cache=c, tree_parents=TokenTree(parents))
     spy = RowsSpy(torch.ops.triforce_C.decoder_layers)
     c = cache()
-    saved = llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers
-    try:
-        torch.ops.triforce_C.decoder_layers = spy
-        if path == "layers":
-            llama_mod._STACK = False
-        if path == "padded":
-            llama_mod._packs_rows = lambda device: False
-        ragged = model(ids, cache=c, tree_parents=TokenTree(parents), widths=widths)
-    finally:
-        llama_mod._STACK, llama_mod._packs_rows, torch.ops.triforce_C.decoder_layers = saved
+    ragged = on_path(path, spy, lambda: model(ids, cache=c, tree_parents=TokenTree(parents), widths=widths))
     assert torch.equal(c.lengths, base + widths)
     real = torch.arange(T) < widths[:, None]
     assert torch.equal(ragged[real], whole[real]) and not ragged[~real].any()

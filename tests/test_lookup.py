@@ -6,6 +6,8 @@ sampled distribution:
 tests/test_engines_sampling.py; its host syncs: tests/test_host_syncs.py."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -102,6 +104,25 @@ def reference_tree(seq: list[int], shape: tuple[int, ...], ngram: int, candidate
     return []
 
 
+def as_buffer(seqs: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' tokens as the drafter keeps them: ``[B, width]`` with -1 after each row's, and their lengths."""
+    buf = torch.full((len(seqs), width), -1, dtype=torch.int64)
+    for b, s in enumerate(seqs):
+        buf[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
+    return buf, torch.tensor([len(s) for s in seqs])
+
+
+@contextlib.contextmanager
+def match_limits(candidates: int, cap: int):
+    """The match rule's candidates and cap (module constants) set for the block."""
+    saved = lookup.MATCH_CANDIDATES, lookup.MATCH_CAP
+    lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = candidates, cap
+    try:
+        yield
+    finally:
+        lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = saved
+
+
 @st.composite
 def rows(draw):
     B = draw(st.integers(1, 4))
@@ -114,10 +135,7 @@ def rows(draw):
 @given(rows())
 def test_lookup_drafts_match_the_reference(case):
     seqs, width, gamma, ngram = case
-    buf = torch.full((len(seqs), width), -1, dtype=torch.int64)
-    for b, s in enumerate(seqs):
-        buf[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
-    length = torch.tensor([len(s) for s in seqs])
+    buf, length = as_buffer(seqs, width)
     got = lookup_drafts(buf, length, gamma, ngram)
     assert got.shape == (len(seqs), gamma) and got.dtype == torch.int64
     for b, s in enumerate(seqs):
@@ -130,16 +148,9 @@ def test_lookup_match_drafts_match_the_reference(case, limits):
     rows both bind."""
     seqs, width, gamma, ngram = case
     candidates, cap = limits
-    buf = torch.full((len(seqs), width), -1, dtype=torch.int64)
-    for b, s in enumerate(seqs):
-        buf[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
-    length = torch.tensor([len(s) for s in seqs])
-    saved = lookup.MATCH_CANDIDATES, lookup.MATCH_CAP
-    lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = candidates, cap
-    try:
+    buf, length = as_buffer(seqs, width)
+    with match_limits(candidates, cap):
         got = lookup_match_drafts(buf, length, gamma, ngram)
-    finally:
-        lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = saved
     assert got.shape == (len(seqs), gamma) and got.dtype == torch.int64
     for b, s in enumerate(seqs):
         assert got[b].tolist() == reference_match_drafts(s, gamma, ngram, candidates, cap), (b, s, gamma, ngram)
@@ -154,18 +165,11 @@ def test_lookup_tree_matches_the_reference(case, shape, limits):
     candidate continues it)."""
     seqs, width, _, ngram = case
     candidates, cap = limits
-    buf = torch.full((len(seqs), width), -1, dtype=torch.int64)
-    for b, s in enumerate(seqs):
-        buf[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
-    length = torch.tensor([len(s) for s in seqs])
-    saved = lookup.MATCH_CANDIDATES, lookup.MATCH_CAP
-    lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = candidates, cap
-    try:
+    buf, length = as_buffer(seqs, width)
+    with match_limits(candidates, cap):
         tokens, parents = lookup_tree(buf, length, shape, ngram)
         chain = lookup_match_drafts(buf, length, len(shape), ngram)
         N = tree_size(shape, ngram)
-    finally:
-        lookup.MATCH_CANDIDATES, lookup.MATCH_CAP = saved
     assert tokens.shape == parents.shape == (len(seqs), N) and tokens.dtype == parents.dtype == torch.int64
     for b, s in enumerate(seqs):
         ref = reference_tree(s, shape, ngram, candidates, cap)
