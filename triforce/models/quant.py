@@ -972,7 +972,8 @@ def _gguf_layers(blocks: dict, activations: str, path, tied: bool):
                    else _q8_0_linear(b, mod.in_features, mod.bias))
         else:  # another type, on a layer the packed groups of 16 rows do not fit: float32, as loaded
             return mod
-        if not mod.weight.is_meta and (new.weight.shape != mod.weight.shape or not torch.equal(new.weight, mod.weight)):
+        w = None if mod.weight.is_meta else new.weight  # (dequantised on each access: once here)
+        if w is not None and (w.shape != mod.weight.shape or not torch.equal(w, mod.weight)):
             raise ValueError(f"gguf_copy: {name}'s weight is not the dequantised {kind} tensor of {str(path)!r} "
                              f"(a model loaded from another file, or changed since)")
         return new
