@@ -93,7 +93,7 @@ def test_files_left_to_ggufs_reader(tmp_path):
     """Another byte order, and an array of arrays (which gguf's reader flattens), are read by gguf's reader."""
     path = every_type_file(tmp_path / "big.gguf", endianess=gguf.GGUFEndian.BIG)
     ours = GGUFFile(str(path))
-    assert ours.reader is not None
+    assert ours.reader is not None and ours.data_offset == ours.reader.data_offset
     assert_same(ours, path)
     w = gguf.GGUFWriter(str(tmp_path / "nested.gguf"), "llama")
     w.add_key_value("test.nested", [[1, 2], [3]], gguf.GGUFValueType.ARRAY)

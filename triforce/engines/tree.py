@@ -46,12 +46,14 @@ def tree_step(d: Decode, drafter, cache, active, shape, parents_row, widths=None
         base = cache.lengths.clone()
         if isinstance(drafter, HeadDrafter):
             logits = drafter.tree_pass(tree, cache, nodes)
-        else:  # (prompt lookup's padding, -1, is fed as 0 and never accepted: no token equals -1)
-            # prompt lookup's rows have trees of their own sizes: where ragged passes pay (the CPU), each row's
-            # own nodes are computed (steps.ragged_passes)
-            ragged = getattr(drafter, "ragged", False) and tree.shape[1] > 1 and ragged_passes(tree.device)
+        elif getattr(drafter, "ragged", False):  # prompt lookup: rows' trees of their own sizes, -1 padded
+            # (the padding is fed as 0 and never accepted: no token equals -1); where ragged passes pay (the CPU),
+            # each row's own nodes are computed (steps.ragged_passes)
+            ragged = tree.shape[1] > 1 and ragged_passes(tree.device)
             logits = target(tree.clamp(min=0), cache=cache, tree_parents=nodes,
                             widths=(tree >= 0).sum(1) if ragged else None)
+        else:
+            logits = target(tree, cache=cache, tree_parents=nodes)
         path, tokens, num = sampling.verify_tree(tree, nodes.parents, q, logits)
         adv = active_advance(num, active)
         cache.commit_path(base, path, num)

@@ -30,6 +30,9 @@ DEFAULT_ALIGNMENT = 32
 # GGUF value types (gguf.GGUFValueType): scalar type -> (struct code, NumPy dtype)
 _UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = \
     range(13)
+# tensor types gguf's reader gives in their own NumPy dtype (every other type: its bytes, uint8)
+_PLAIN = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "I16": np.int16, "I32": np.int32,
+          "I64": np.int64}
 _SCALARS = {_UINT8: ("<B", np.uint8), _INT8: ("<b", np.int8), _UINT16: ("<H", np.uint16), _INT16: ("<h", np.int16),
             _UINT32: ("<I", np.uint32), _INT32: ("<i", np.int32), _FLOAT32: ("<f", np.float32),
             _BOOL: ("<?", np.bool_), _UINT64: ("<Q", np.uint64), _INT64: ("<q", np.int64),
@@ -87,6 +90,7 @@ class GGUFFile:
 
             self.reader = gguf.GGUFReader(path)
             self.fields, self.tensors = self.reader.fields, self.reader.tensors
+            self.data_offset = self.reader.data_offset
 
     # -- parsing (little-endian only; everything else goes to gguf's reader)
     def _need(self, off: int, n: int) -> int:
@@ -131,7 +135,7 @@ class GGUFFile:
     def _parse(self) -> None:
         import gguf
 
-        self.buf = memoryview(self.data).cast("B") if self.data.size else b""
+        self.buf = memoryview(self.data)  # (np.memmap refuses an empty file)
         self.size = len(self.buf)
         magic, off = self._unpack("<I", 0)
         if magic != GGUF_MAGIC:
@@ -184,9 +188,7 @@ class GGUFFile:
             block, type_size = gguf.GGML_QUANT_SIZES[kind]
             n_bytes = n * type_size // block
             shape = tuple(reversed(dims.tolist()))
-            dtype = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "I16": np.int16,
-                     "I32": np.int32, "I64": np.int64}.get(kind.name)
-            count = n
+            dtype, count = _PLAIN.get(kind.name), n
             if dtype is None:
                 dtype, count, shape = np.uint8, n_bytes, gguf.quant_shape_to_byte_shape(shape, kind)
             lo = start + at
