@@ -341,7 +341,8 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
               "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3", "granite": "granite",
               "mixtral": "llama", "qwen3_moe": "qwen3moe", "granitemoe": "granitemoe", "qwen2_moe": "qwen2moe",
-              "olmoe": "olmoe", "granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss"}
+              "olmoe": "olmoe", "granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss", "olmo2": "olmo2",
+              "olmo3": "olmo2"}
 # the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
 _GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe")
 # gemma3's sandwich norms, as llama.cpp names them
@@ -377,12 +378,15 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
              if c.model_type in ("qwen2_moe", "granitemoeshared") else {}),
           **({"expert_feed_forward_length": c.experts.intermediate_size,
               "attention.sliding_window": c.extra.get("sliding_window") or 0} if c.model_type == "gpt_oss" else {}),
+          # OLMo 3: its window and its sliding layers (the converter's list; llama.cpp's pattern: every 4th full)
+          **({"attention.sliding_window": c.extra["sliding_window"],
+              "attention.sliding_window_pattern": [not r for r in c.rope_layers]} if c.model_type == "olmo3" else {}),
           **(meta or {})}
     w = gguf.GGUFWriter(str(path), arch)
     add = {str: w.add_string, bool: w.add_bool, float: w.add_float32, int: w.add_uint32}
     for k, v in kv.items():
         if k not in drop:
-            add[type(v)](f"{arch}.{k}", v)
+            (w.add_array if isinstance(v, list) else add[type(v)])(f"{arch}.{k}", v)
     for k, v in (tokenizer or {}).items():
         if isinstance(v, list):
             w.add_array(f"tokenizer.ggml.{k}", v)
@@ -406,7 +410,7 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
         else:
             _, _, i, rest = name.split(".", 3)
             module, kind = rest.rsplit(".", 1)
-            own = _GGUF_SANDWICH_OUT.get(module) if arch in ("gemma2", "gemma3") else None
+            own = _GGUF_SANDWICH_OUT.get(module) if arch in ("gemma2", "gemma3", "olmo2") else None
             if arch == "gpt-oss":  # its sinks, and the norm before the MLP as post_attention_norm
                 own = {"post_attention_layernorm": "post_attention_norm"}.get(module)
                 module, kind = (f"{module}.sinks", "weight") if kind == "sinks" else (module, kind)

@@ -8,7 +8,7 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
+``granite``, ``olmo2``, ``olmo3``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
 ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one
 model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
@@ -16,7 +16,8 @@ model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: 
 token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm``
 (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
 sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in
-its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``layer_windows`` (sliding
+its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 /
+3: norms after the attention and the MLP, none before), ``layer_windows`` (sliding
 windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits),
 ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's
 RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
@@ -72,6 +73,7 @@ class Family:
     activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh form)
     hidden_acts: tuple = ("silu",)  # hidden_act values of the family's config.json that mean `activation`
     sandwich_norms: bool = False  # Gemma 3: h + norm(attn(norm(h))), then h + norm(mlp(norm(h)))
+    post_norms: bool = False  # OLMo 2 / 3: h + norm(attn(h)), then h + norm(mlp(h)): no norm before either
     reads: tuple = ()  # of "attention_bias", "mlp_bias": the family's config has the key
     defaults: dict = field(default_factory=dict)
     # Phi-3: its checkpoints hold q, k, v as one qkv_proj and the gate and up projections as one gate_up_proj
@@ -211,6 +213,20 @@ FAMILIES["gpt_oss"] = Family("GptOssForCausalLM", activation="swiglu_clamped", f
                                  "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_alpha": 1.702,
                                  "swiglu_limit": 7.0})
 _GPT_OSS_PATTERN = 2  # GptOssConfig's layer_types by default: sliding, full, sliding, ...
+# OLMo 2 (Olmo2ForCausalLM: OLMo-2 1B / 7B / 13B / 32B): Llama's layer with its norms after the attention and the MLP
+# instead of before (h + norm(attn(h)), then h + norm(mlp(h))), an RMSNorm over each token's whole query and key
+# projections (OLMoE's), every RMSNorm's weight applied in float32 (GPT-OSS's). OLMo 3 (Olmo3ForCausalLM): OLMo 2's
+# layer with three of every four layers sliding (a window of 4096 by default); the sliding layers take plain RoPE
+# (rope_parameters' 'sliding_attention', the same base by default), the others the model's (its YaRN, say).
+_OLMO_DEFAULTS = {"vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "pad_token_id": 1,
+                  "bos_token_id": None, "eos_token_id": 50279}
+FAMILIES["olmo2"] = Family("Olmo2ForCausalLM", qk_norm=True, qk_norm_full=True, post_norms=True, float32_norm=True,
+                           reads=("attention_bias",), defaults=dict(_OLMO_DEFAULTS))
+FAMILIES["olmo3"] = Family("Olmo3ForCausalLM", qk_norm=True, qk_norm_full=True, post_norms=True, float32_norm=True,
+                           reads=("attention_bias",), defaults={**_OLMO_DEFAULTS, "rope_theta": 500000.0,
+                                                                 "sliding_window": 4096})
+_OLMO3_PATTERN = 4  # Olmo3Config's layer_types by default: every 4th layer full, the others sliding
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
@@ -283,7 +299,7 @@ _METADATA_KEYS = frozenset({
 })
 
 
-_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS: on the "
+_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS, OLMo 3: on the "
             "layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on; Qwen2-MoE: "
             "with use_sliding_window, on the layer_types' 'sliding_attention' layers, by default every other layer "
@@ -306,7 +322,8 @@ _HARMLESS_ONLY_AT = {
     # Gemma 2 / 3's: LlamaConfig.attention_scale, local_rope_theta, layer_windows
     "query_pre_attn_scalar": (lambda v, c: c.model_type in ("gemma2", "gemma3_text") and _is_number(v) and v > 0,
                               "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
-    "rope_local_base_freq": (lambda v, c: c.model_type == "gemma3_text" and _is_number(v) and v > 0,
+    # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
+    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3") and _is_number(v) and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c: c.model_type == "gemma3_text" and _is_int(v) and v >= 1,
              "an int >= 1 (Gemma 3: every n-th layer global, the others sliding)")
@@ -404,20 +421,13 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
-    if c.model_type in ("gemma2", "gemma3_text", "gpt_oss"):
+    if c.model_type in _PATTERNED:
         window = x.get("sliding_window", FAMILIES[c.model_type].defaults["sliding_window"])
-        types = x.get("layer_types")
-        if types is None:
-            pattern = {"gemma2": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN}.get(c.model_type) or x.get(
-                "sliding_window_pattern", x.get("_sliding_window_pattern", _GEMMA3_PATTERN))
-            if not _is_int(pattern) or pattern < 1:
-                return none, None  # (its own check names it)
-            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-        elif not _layer_types_ok(types, n):
-            return none, "layer_types"
-        if window is None:
-            return none, None
-        sliding = [t == "sliding_attention" for t in types]
+        sliding, bad = _sliding_layers(c)
+        if sliding is None:
+            return none, bad
+        if window is None:  # (OLMo 3: transformers' cache fails on a sliding layer without a window)
+            return none, "sliding_window" if c.model_type == "olmo3" and any(sliding) else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
         # use_sliding_window, on the NoPE layers by default
@@ -484,10 +494,30 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3",
-                            "mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss"):
+    if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3_moe",
+                            "qwen2_moe", *_PATTERNED):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
+
+
+_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3")  # layer_types, by default a fixed pattern
+
+
+def _sliding_layers(c: "LlamaConfig") -> tuple:
+    """Gemma 2 / 3, GPT-OSS, OLMo 3: per layer, whether its type is ``"sliding_attention"`` (its ``layer_types``, by
+    default the family's pattern: every n-th layer full), whatever its window; ``(None, the bad key or None)`` where
+    the keys say no such list."""
+    x, n = c.extra, c.num_hidden_layers
+    types = x.get("layer_types")
+    if types is None:
+        pattern = {"gemma2": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
+            c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", _GEMMA3_PATTERN))
+        if not _is_int(pattern) or pattern < 1:
+            return None, None  # (its own check names it)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    elif not _layer_types_ok(types, n):
+        return None, "layer_types"
+    return [t == "sliding_attention" for t in types], None
 
 
 def _layer_types_ok(types, n: int) -> bool:
@@ -696,6 +726,12 @@ class LlamaConfig:
         return FAMILIES[self.model_type].sandwich_norms
 
     @property
+    def post_norms(self) -> bool:
+        """OLMo 2 / 3's layer: ``h + post_attention_layernorm(attn(h))``, then ``h +
+        post_feedforward_layernorm(mlp(h))``: its norms after the blocks, none before them."""
+        return FAMILIES[self.model_type].post_norms
+
+    @property
     def attention_scale(self) -> float:
         """The attention scores' scale: ``head_dim ** -0.5``; Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
         if self.model_type in ("gemma2", "gemma3_text"):
@@ -755,7 +791,10 @@ class LlamaConfig:
     @property
     def local_rope_theta(self) -> float | None:
         """Gemma 3: the RoPE base of its sliding-window layers (``rope_local_base_freq``, plain RoPE; the
-        others take ``rope_theta`` and ``rope_scaling``); None for the other families (one RoPE)."""
+        others take ``rope_theta`` and ``rope_scaling``); OLMo 3: its ``sliding_attention`` layers' (plain RoPE,
+        ``rope_theta`` unless its ``rope_parameters`` give them another); None for the other families (one RoPE)."""
+        if self.model_type == "olmo3":  # its sliding layers' rope_parameters (the same base unless they say one)
+            return float(self.extra.get("rope_local_base_freq", self.rope_theta))
         if self.model_type != "gemma3_text":
             return None
         return float(self.extra.get("rope_local_base_freq", FAMILIES["gemma3_text"].defaults["rope_local_base_freq"]))
@@ -778,11 +817,15 @@ class LlamaConfig:
     @property
     def rope_layers(self) -> tuple:
         """Per layer, whether it takes the model's RoPE (``rope_theta`` with ``rope_scaling``). The others take
-        ``rope.rope_local_inv_freq``'s: Gemma 3's sliding layers their own base (``local_rope_theta``), SmolLM3's
-        NoPE layers (``no_rope_layers[i] == 0``; by default every ``no_rope_layer_interval``-th, 4) none."""
+        ``rope.rope_local_inv_freq``'s: Gemma 3's and OLMo 3's sliding layers plain RoPE with their own base
+        (``local_rope_theta``), SmolLM3's NoPE layers (``no_rope_layers[i] == 0``; by default every
+        ``no_rope_layer_interval``-th, 4) none."""
         n = self.num_hidden_layers
         if self.model_type == "gemma3_text":
             return tuple(not w for w in self.layer_windows)
+        if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
+            sliding = _sliding_layers(self)[0]
+            return (True,) * n if sliding is None else tuple(not s for s in sliding)
         if self.model_type == "smollm3":
             given = self.extra.get("no_rope_layers")
             if given is not None:
@@ -973,6 +1016,13 @@ class LlamaConfig:
         if self.model_type == "gemma2":
             for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
                 d.setdefault(k, FAMILIES["gemma2"].defaults[k])
+        if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)
+            local = d.pop("rope_local_base_freq", None)
+            if local is not None and local != self.rope_theta:
+                full = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+                d["rope_parameters"] = {"full_attention": full,
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+                del d["rope_theta"], d["rope_scaling"]
         return d
 
     def replace(self, **changes) -> "LlamaConfig":
@@ -980,23 +1030,28 @@ class LlamaConfig:
 
 
 def _split_layer_rope(d: dict) -> None:
-    """transformers 5's Gemma 3 ``rope_parameters``, one dict per layer type, in place as transformers 4 wrote
-    them: the ``full_attention`` layers' as the model's RoPE, the ``sliding_attention`` layers' base as
-    ``rope_local_base_freq`` (plain RoPE only)."""
+    """transformers 5's Gemma 3 and OLMo 3 ``rope_parameters``, one dict per layer type, in place as transformers 4
+    wrote Gemma 3's: the ``full_attention`` layers' as the model's RoPE, the ``sliding_attention`` layers' base as
+    ``rope_local_base_freq`` (plain RoPE only; :meth:`LlamaConfig.to_dict` writes OLMo 3's back per layer type)."""
+    olmo3 = d.get("model_type") == "olmo3"
+    if olmo3 and "rope_local_base_freq" in d:
+        raise ValueError("config key 'rope_local_base_freq' is Gemma 3's: transformers' Olmo3Config does not read it "
+                         "(OLMo 3's sliding layers take rope_parameters['sliding_attention'])")
     params = d.get("rope_parameters")
     if not (isinstance(params, dict) and params and set(params) <= {"full_attention", "sliding_attention"}):
         return
-    if d.get("model_type") != "gemma3_text":
+    if d.get("model_type") not in ("gemma3_text", "olmo3"):
         raise ValueError(f"config rope_parameters per layer type ({', '.join(params)}) are read for model_type "
-                         f"'gemma3_text' only, not {d.get('model_type')!r}")
+                         f"'gemma3_text' and 'olmo3' only, not {d.get('model_type')!r}")
     d["rope_parameters"] = params.get("full_attention")
     local = params.get("sliding_attention")
     if local is None:
         return
     if not isinstance(local, dict) or local.get("rope_type", "default") != "default" \
             or set(local) - {"rope_type", "rope_theta"}:
-        raise ValueError(f"config rope_parameters['sliding_attention'] = {local!r} is not supported: Gemma 3's "
-                         "sliding layers take plain RoPE with their own rope_theta only")
+        raise ValueError(f"config rope_parameters['sliding_attention'] = {local!r} is not supported: "
+                         f"{'OLMo 3' if olmo3 else 'Gemma 3'}'s sliding layers take plain RoPE with their own "
+                         "rope_theta only")
     if "rope_theta" in local:
         if d.setdefault("rope_local_base_freq", local["rope_theta"]) != local["rope_theta"]:
             raise ValueError(f"config rope_local_base_freq = {d['rope_local_base_freq']!r} differs from "

@@ -656,21 +656,29 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, layer)
         experts = config.experts
         self.mlp = SparseMoE(config) if experts is not None and experts.layers[layer] else MLP(config)
-        self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
+        post = config.post_norms
+        self.input_layernorm = nn.Identity() if post else make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         if config.sandwich_norms:  # Gemma 3: post_attention_layernorm is on the attention's output
             self.pre_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        if config.sandwich_norms or post:
             self.post_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.sandwich = config.sandwich_norms
+        self.post_norms = post
         self.residual_multiplier = config.residual_multiplier  # Granite's (1.0 elsewhere)
 
     def residual(self, h, a):
         """The stream after the attention output ``a`` and the MLP: ``h + a``, then ``+ mlp(norm(h))``; with
-        sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; Granite's blocks' outputs times
+        sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; with post norms (OLMo 2 / 3)
+        ``h + norm(a)``, then ``+ norm(mlp(h))``; Granite's blocks' outputs times
         its residual multiplier before each add."""
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        if self.post_norms:
+            h = h + self.post_attention_layernorm(a)
+            return h + self.post_feedforward_layernorm(self.mlp(h))
         m = self.residual_multiplier
         if m != 1:
             h = h + a * m
@@ -687,8 +695,8 @@ class DecoderLayer(nn.Module):
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
         norm = self.post_attention_layernorm
-        if type(norm) is RMSNorm and not self.sandwich and self.residual_multiplier == 1 and norm._kernel_ok(h) \
-                and a.shape == h.shape \
+        if type(norm) is RMSNorm and not self.sandwich and not self.post_norms and self.residual_multiplier == 1 \
+                and norm._kernel_ok(h) and a.shape == h.shape \
                 and a.dtype == h.dtype and a.is_contiguous():  # the residual add and the norm after it in one kernel
             h, x = _layer_ops().rms_norm(h, norm.weight, norm.eps, a)
             return h + self.mlp(x)
@@ -715,7 +723,7 @@ class DecoderLayer(nn.Module):
                 or att._parameters.get("sinks") is not None:
             return None  # Ministral 3's query temperature, Granite's residual multiplier, OLMoE's q/k norms and
             # clamp, GPT-OSS's attention sinks: not in the fused layer
-        if self.__dict__.get("sandwich") or not all(
+        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
         if type(mlp) is not MLP or mlp.__dict__.get("activation", "silu") != "silu":  # the fused layer's: SwiGLU

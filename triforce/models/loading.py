@@ -721,12 +721,16 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # gguf package dequantises them) or any other type, gate and up apart or as one ffn_gate_up_exps (gate first), the
 # window attention.sliding_window on every other layer from the first (llama.cpp's fixed pattern), the clamped
 # SwiGLU's alpha 1.702 and limit 7.0 (fixed there too), YaRN with its ramp ends rounded outwards (llama.cpp's).
+# olmo2: OLMo 2 (NEOX RoPE, so not permuted; post_attention_norm and post_ffw_norm after the blocks, no norm before
+# them) and, with attention.sliding_window, OLMo 3: llama.cpp slides three of every four layers (a fixed pattern; the
+# converter's sliding_window_pattern must say the same) and runs them on plain RoPE at the file's base, its scaling
+# on the others only (read_gguf).
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
-                      "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False)}
+                      "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -762,10 +766,15 @@ _GGUF_HARMLESS_ONLY_AT = {
     "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
     "attention.causal": (lambda v, c: v is True, "true"),
     # phi3: llama.cpp reads it and then runs the model without a window ("Phi SWA is currently disabled"), as here
-    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss") or v == 0
-                                 or v >= c.max_position_embeddings,
-                                 "0 or >= context_length (no sliding-window attention; gemma2 / gemma3 / gpt-oss: "
-                                 "its window)"),
+    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3")
+                                 or v == 0 or v >= c.max_position_embeddings,
+                                 "0 or >= context_length (no sliding-window attention; gemma2 / gemma3 / gpt-oss / "
+                                 "olmo2 (OLMo 3): its window)"),
+    # olmo2 (OLMo 3): llama.cpp's fixed pattern, every 4th layer full
+    "attention.sliding_window_pattern": (
+        lambda v, c: c.model_type == "olmo3" and list(v) == [not r for r in c.rope_layers],
+        "olmo2 with attention.sliding_window: three of every four layers sliding, the 4th, 8th, ... full (the "
+        "pattern llama.cpp's olmo2 applies; read_gguf)"),
     # read by _gguf_gemma for gemma2
     **{key: (lambda v, c: c.model_type == "gemma2", "absent (Gemma 2's only)")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
@@ -935,6 +944,11 @@ _GGUF_GPT_OSS_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k !=
                          "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.bias": "mlp.gate.bias",
                          "ffn_gate_up_exps.weight": "mlp.gate_up_exps",
                          **{f"ffn_{k}_exps.bias": f"mlp.{k}_exps_bias" for k in ("gate", "up", "down", "gate_up")}}
+# olmo2 (OLMo 2 / 3): its norms after the attention and the MLP, none before
+_GGUF_OLMO2_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k not in ("attn_norm.weight",
+                                                                                    "ffn_norm.weight")},
+                       "post_attention_norm.weight": "post_attention_layernorm.weight",
+                       "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 # phi3: q, k, v as one attn_qkv and the gate and up projections as one ffn_up (gate first), as its checkpoints
 # hold them (_build splits them)
 _GGUF_PHI3_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
@@ -1011,6 +1025,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         n_ff = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff
         window = int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
         extra["sliding_window"] = window or None
+    if arch == "olmo2" and int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0) > 0:
+        model_type = "olmo3"  # (llama.cpp's olmo2 with a window: OLMo 3's layers)
+        extra["sliding_window"] = int(gguf_field(reader, f"{arch}.attention.sliding_window"))
     if model_type == "qwen2_moe":  # (its q/k/v biases by its qkv_bias key: llama.cpp reads them where present)
         extra["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     config = LlamaConfig(
@@ -1179,7 +1196,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     if name.startswith("blk."):
         _, i, kind = name.split(".", 2)
         table = (_GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_PHI3_TENSORS if arch == "phi3"
-                 else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss" else _GGUF_LAYER_TENSORS)
+                 else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss" else _GGUF_OLMO2_TENSORS if arch == "olmo2"
+                 else _GGUF_LAYER_TENSORS)
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")
