@@ -134,9 +134,7 @@ def test_streaming_cache_rotates_each_layer_with_its_rope():
 def test_pseudo_tokens_training_forward_equals_decoding(family):
     """The Hidden Transfer heads' training forward runs the upper layers as decoding runs them: Gemma 3's
     sandwich norms, RoPE per layer, windows and scale, and the q/k norms (Qwen3's too)."""
-    from triforce.heads import make_heads
-
-    from .test_heads import assert_training_forward_equals_decoding
+    from .test_heads import assert_perturbed_heads_train_as_they_decode
 
     m = tiny_gemma3(0) if family == "gemma3_text" else Llama(LlamaConfig(
         model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -147,11 +145,7 @@ def test_pseudo_tokens_training_forward_equals_decoding(family):
             for name, p in m.named_parameters():
                 if "norm" in name:
                     p.normal_(1, 0.3)
-    h = make_heads("hidden_transfer", m.config, depth=3, layer=1).init_from(m)
-    with torch.no_grad():
-        for p in h.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    assert_training_forward_equals_decoding(m, h)
+    assert_perturbed_heads_train_as_they_decode(m)
 
 
 def gguf_read_as_transformers_reads_it(tmp_path, model, meta: dict, architecture: str, settings: tuple):

@@ -160,6 +160,18 @@ def test_greedy_equals_autoregressive_smollm2_shipped(smollm2, kind):
 
 
 # ---- training
+def assert_perturbed_heads_train_as_they_decode(m):
+    """Hidden Transfer heads on ``m`` (depth 3, from layer 1), initialised from it and perturbed: their training
+    forward equals decoding (:func:`assert_training_forward_equals_decoding`)."""
+    from triforce.heads import make_heads
+
+    h = make_heads("hidden_transfer", m.config, depth=3, layer=1).init_from(m)
+    with torch.no_grad():
+        for p in h.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    assert_training_forward_equals_decoding(m, h)
+
+
 def assert_training_forward_equals_decoding(m, h):
     """Hidden Transfer heads ``h`` on model ``m``: their training forward (``upper_forward`` over a text's
     features) gives, at each anchor, the pseudo tokens' hidden states that decoding computes there (a prefill

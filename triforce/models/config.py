@@ -8,16 +8,18 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
-``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one
-model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o),
+``granite``, ``olmo2``, ``olmo3``, ``glm4``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``,
+``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in
+:data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases
+on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
 (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
 token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm``
 (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
 sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in
 its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 /
-3: norms after the attention and the MLP, none before), ``layer_windows`` (sliding
+3: norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims,
+reordered on loading), ``layer_windows`` (sliding
 windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits),
 ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's
 RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
@@ -76,9 +78,14 @@ class Family:
     post_norms: bool = False  # OLMo 2 / 3: h + norm(attn(h)), then h + norm(mlp(h)): no norm before either
     reads: tuple = ()  # of "attention_bias", "mlp_bias": the family's config has the key
     defaults: dict = field(default_factory=dict)
-    # Phi-3: its checkpoints hold q, k, v as one qkv_proj and the gate and up projections as one gate_up_proj
-    # (loading.py splits them on reading and joins them on saving; the model is Llama's)
-    fused_projections: bool = False
+    # the fused projections its checkpoints hold ("qkv_proj": q, k, v as one; "gate_up_proj": the gate and up
+    # projections as one, gate first): Phi-3's both, GLM-4's gate_up_proj (loading.py splits them on reading and joins
+    # them on saving; the model is Llama's)
+    fused_projections: tuple = ()
+    # GLM-4: its checkpoints' RoPE pairs are adjacent dims (2i, 2i + 1), not i and i + r/2 (loading.py reorders the
+    # q / k dims: rotary_order); partial_rotary_factor: the family's default (the share of each head RoPE turns)
+    rope_interleaved: bool = False
+    partial_rotary_factor: float = 1.0
     float32_norm: bool = False  # RMSNorm: x_f32 * rsqrt(...) * w_f32, rounded to the dtype at the end (GPT-OSS)
     attention_sinks: bool = False  # a learned logit per query head in every softmax, on no value (GPT-OSS)
 
@@ -126,7 +133,7 @@ _GEMMA2_PATTERN = 2
 # mini 4k: 2047), RoPE on the whole head or on its first dims (Phi-4-mini's partial_rotary_factor 0.75), plain RoPE or
 # LongRoPE (Phi-3 128k, Phi-3.5: rope_scaling "longrope", also spelled "su" or "yarn", which transformers' Phi-3
 # reads as LongRoPE; its original_max_position_embeddings is a top-level key, 4096 when absent).
-FAMILIES["phi3"] = Family("Phi3ForCausalLM", fused_projections=True, defaults={
+FAMILIES["phi3"] = Family("Phi3ForCausalLM", fused_projections=("qkv_proj", "gate_up_proj"), defaults={
     "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
     "num_attention_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 1,
     "eos_token_id": 32000, "pad_token_id": 32000})
@@ -227,6 +234,17 @@ FAMILIES["olmo3"] = Family("Olmo3ForCausalLM", qk_norm=True, qk_norm_full=True, 
                            reads=("attention_bias",), defaults={**_OLMO_DEFAULTS, "rope_theta": 500000.0,
                                                                  "sliding_window": 4096})
 _OLMO3_PATTERN = 4  # Olmo3Config's layer_types by default: every 4th layer full, the others sliding
+# GLM-4 (Glm4ForCausalLM: GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): Gemma 3's four norms around the blocks (under its own
+# names: post_self_attn_layernorm after the attention, post_attention_layernorm before the MLP, post_mlp_layernorm
+# after it), Llama's RMSNorm; biases on q, k and v by attention_bias (none on o); RoPE on the first half of each head
+# (partial_rotary_factor 0.5) on adjacent pairs of dims; its checkpoints hold the gate and up projections as one.
+FAMILIES["glm4"] = Family("Glm4ForCausalLM", sandwich_norms=True, fused_projections=("gate_up_proj",),
+                          rope_interleaved=True, partial_rotary_factor=0.5, reads=("attention_bias",), defaults={
+                              "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+                              "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+                              "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
+                              "pad_token_id": 151329, "bos_token_id": None, "eos_token_id": None,
+                              "attention_bias": True})
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
@@ -299,8 +317,8 @@ _METADATA_KEYS = frozenset({
 })
 
 
-_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS, OLMo 3: on the "
-            "layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
+_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS, OLMo 3: on "
+            "the layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on; Qwen2-MoE: "
             "with use_sliding_window, on the layer_types' 'sliding_attention' layers, by default every other layer "
             "from the first below max_window_layers), a positive int or null (Qwen2-MoE: a positive int); other "
@@ -333,11 +351,11 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one)
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
        for key in ("resid_pdrop", "embd_pdrop")},
-    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type == "phi3" and _is_number(v) and 0 < v < 1
-                                                               and int(c.head_dim * v) % 2 == 0
+    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4") and _is_number(v)
+                                                               and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
-                              "1.0 (RoPE on the whole head; Phi-3 / Phi-4: a number in (0, 1] leaving an even number "
-                              ">= 2 of rotated dims, int(head_dim * factor))"),
+                              "1.0 (RoPE on the whole head; Phi-3 / Phi-4 / GLM-4: a number in (0, 1] leaving an even "
+                              "number >= 2 of rotated dims, int(head_dim * factor))"),
     # Granite's multipliers: LlamaConfig.embedding_multiplier, attention_scale, residual_multiplier, logits_scaling
     **{key: (lambda v, c: c.model_type in _GRANITES and _is_number(v) and 0 < v < float("inf"),
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
@@ -713,6 +731,16 @@ class LlamaConfig:
         return FAMILIES[self.model_type].qkv_bias or self.attention_bias
 
     @property
+    def out_bias(self) -> bool:
+        """A bias on the attention's output projection: ``attention_bias``'s, but GLM-4's (q/k/v only)."""
+        return self.attention_bias and self.model_type != "glm4"
+
+    @property
+    def rope_interleaved(self) -> bool:
+        """The checkpoint's RoPE pairs adjacent dims (GLM-4): loading.py reorders each q / k head (``rotary_order``)."""
+        return FAMILIES[self.model_type].rope_interleaved
+
+    @property
     def layer_windows(self) -> tuple:
         """Each layer's sliding window (0: none): a token at position p attends to positions p - W + 1 .. p
         only (``tk.verify_attention(..., window=W)``). Mistral's ``sliding_window``; Qwen's on its sliding
@@ -779,7 +807,7 @@ class LlamaConfig:
     def rotary_dim(self) -> int:
         """The head dims RoPE rotates: ``head_dim``, or its first ``int(head_dim * partial_rotary_factor)``
         (Phi-4-mini: 96 of 128; docs/model.md, "Partial RoPE")."""
-        f = self.extra.get("partial_rotary_factor")
+        f = self.extra.get("partial_rotary_factor", FAMILIES[self.model_type].partial_rotary_factor)
         return int(self.head_dim * f) if _is_number(f) and 0 < f < 1 else self.head_dim
 
     @property
@@ -1106,8 +1134,9 @@ def _read_rope(d: dict) -> dict:
     if inner is not None and d.get("partial_rotary_factor", inner) != inner:
         raise ValueError(f"config partial_rotary_factor = {d['partial_rotary_factor']!r} differs from the {inner!r} "
                          "inside rope_parameters / rope_scaling; keep one")
-    if inner not in (None, 1):
-        d["partial_rotary_factor"] = inner
+    family = FAMILIES.get(d.get("model_type"))
+    if inner not in (None, 1) or (inner == 1 and family is not None and family.partial_rotary_factor != 1):
+        d["partial_rotary_factor"] = inner  # (1 kept where the family's default is another: GLM-4's 0.5)
     if "max_position_embeddings" in rope:  # Ministral3Config writes the context there too; it must be the config's
         inner = rope.pop("max_position_embeddings")
         ctx = d.get("max_position_embeddings", LlamaConfig.__dataclass_fields__["max_position_embeddings"].default)

@@ -251,7 +251,8 @@ def _read_hf_dir(directory: Path):
     return config, sd
 
 
-# Phi-3's fused projections (config.Family.fused_projections): rows [q; k; v] of qkv_proj, [gate; up] of gate_up_proj
+# Phi-3's and GLM-4's fused projections (config.Family.fused_projections): rows [q; k; v] of qkv_proj, [gate; up] of
+# gate_up_proj
 _FUSED = ((".self_attn.qkv_proj.weight", (".self_attn.q_proj.weight", ".self_attn.k_proj.weight",
                                           ".self_attn.v_proj.weight")),
           (".mlp.gate_up_proj.weight", (".mlp.gate_proj.weight", ".mlp.up_proj.weight")))
@@ -294,11 +295,14 @@ def _split_projections(config: LlamaConfig, sd: dict) -> dict:
     return out
 
 
-def _join_projections(sd: dict) -> dict:
-    """The inverse of :func:`_split_projections`, for saving a Phi-3 model as its checkpoints hold it."""
+def _join_projections(config: LlamaConfig, sd: dict) -> dict:
+    """The inverse of :func:`_split_projections`, for saving a Phi-3 or GLM-4 model as its checkpoints hold it (the
+    family's ``fused_projections``)."""
     out = dict(sd)
+    joined = [(fused, parts) for fused, parts in _FUSED
+              if fused.rsplit(".", 2)[-2] in FAMILIES[config.model_type].fused_projections]
     for name in list(sd):
-        for fused, parts in _FUSED:
+        for fused, parts in joined:
             if name.endswith(parts[0]):
                 stem = name[: -len(parts[0])]
                 out[stem + fused] = torch.cat([out.pop(stem + part) for part in parts])
@@ -491,17 +495,41 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     return joined
 
 
+# GLM-4's names of Gemma 3's four norms (the model's: config.sandwich_norms): its post_attention_layernorm is the norm
+# before the MLP
+_GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
+               "post_attention_layernorm": "pre_feedforward_layernorm",
+               "post_mlp_layernorm": "post_feedforward_layernorm"}
+_LAYER_NORM_NAME = re.compile(r"(model\.layers\.\d+\.)(\w+)(\.weight)")
+
+
+def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """``sd`` with a GLM-4 checkpoint's norms under the model's names (or back with ``inverse``); ``sd`` itself for
+    every other family."""
+    if config.model_type != "glm4":
+        return sd
+    table = {v: k for k, v in _GLM4_NORMS.items()} if inverse else _GLM4_NORMS
+    out = {}
+    for name, t in sd.items():
+        m = _LAYER_NORM_NAME.fullmatch(name)
+        out[m[1] + table[m[2]] + m[3] if m and m[2] in table else name] = t
+    return out
+
+
 def rotary_order(config: LlamaConfig) -> torch.Tensor | None:
     """Partial RoPE: int64 ``[head_dim]``, the checkpoint's dim of each of the model's q / k head dims, or None
-    when RoPE rotates the whole head. A checkpoint rotates its dims ``i`` and ``i + r/2`` together (``i < r/2``,
+    when RoPE rotates the whole head. A checkpoint rotates its dims ``i`` and ``i + r/2`` together (``i < r/2``;
+    GLM-4's, ``config.rope_interleaved``: ``2i`` and ``2i + 1``, so its order is never None),
     ``r = config.rotary_dim``) and leaves ``r .. head_dim - 1`` as they are; the model's RoPE pairs ``j`` and
     ``j + head_dim/2``. So the model's dims ``j`` and ``j + head_dim/2`` hold the checkpoint's ``j`` and
     ``j + r/2`` for ``j < r/2``, and the unrotated dims, half in each half, after: the same scores (a dot
     product in another order), and the unrotated pairs take angle 0 (:func:`triforce.models.rope.rope_inv_freq`)."""
     D, r = config.head_dim, config.rotary_dim
+    h, rest = r // 2, (D - r) // 2
+    if config.rope_interleaved:  # (GLM-4: its pairs are dims 2i and 2i + 1)
+        return torch.tensor([*range(0, r, 2), *range(r, r + rest), *range(1, r, 2), *range(r + rest, D)])
     if r == D:
         return None
-    h, rest = r // 2, (D - r) // 2
     first = [*range(h), *range(r, r + rest)]
     return torch.tensor(first + [*range(h, r), *range(r + rest, D)])
 
@@ -628,7 +656,7 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
 
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
-    sd = _expert_names(config, _order_rotary_dims(config, sd))
+    sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
@@ -657,8 +685,9 @@ def save_pretrained(model, directory) -> None:
     config, sd = model.config, model.state_dict()
     # the checkpoint's layout: q / k dims in its order (partial RoPE), Phi-3's projections fused
     sd = _expert_names(config, _order_rotary_dims(config, sd, inverse=True), inverse=True)
+    sd = _norm_names(config, sd, inverse=True)
     if FAMILIES[config.model_type].fused_projections:
-        sd = _join_projections(sd)
+        sd = _join_projections(config, sd)
     _write_hf_dir(Path(directory), config, sd)
 
 
