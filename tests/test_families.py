@@ -405,17 +405,27 @@ def write_phi3_gguf(path, hf, quant=None):
         kv["rope.scaling.attn_factor"] = math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings))
         tensors["rope_factors_long.weight"] = np.array(rp["long_factor"], np.float32)
         tensors["rope_factors_short.weight"] = np.array(rp["short_factor"], np.float32)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHI3, c.num_hidden_layers)
+    return write_converted_gguf(path, hf, "phi3", kv, tensors, quant)
+
+
+def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None):
+    """A GGUF of transformers model ``hf`` as llama.cpp's converter writes its checkpoint when it neither permutes
+    nor fuses anything: every tensor under the gguf package's name map of ``arch`` (after ``tensors``, raw ones),
+    ``kv`` under ``arch``'s prefix, the config's token ids. ``quant``: as :func:`write_gguf`'s."""
+    c = hf.config
+    tensors = dict(tensors or {})
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
+                                     c.num_hidden_layers)
     for name, t in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t.detach().float().numpy()
-    w = gguf.GGUFWriter(str(path), "phi3")
+    w = gguf.GGUFWriter(str(path), arch)
     add = {float: w.add_float32, int: w.add_uint32}
     for k, v in kv.items():
-        add[type(v)](f"phi3.{k}", v)
+        add[type(v)](f"{arch}.{k}", v)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if getattr(c, k, None) is not None:
+        if isinstance(getattr(c, k, None), int):  # (a list of ids: llama.cpp's converter writes one, not needed here)
             w.add_uint32(f"tokenizer.ggml.{k.replace('pad_', 'padding_')}", getattr(c, k))
     for name, t in tensors.items():
         q, qtype = quant(name, t) if quant is not None and not name.startswith("rope_factors") else (t, None)

@@ -121,3 +121,42 @@ def test_heads_training_forward_equals_decoding():
 
     m = tiny_glm4(0)
     assert_perturbed_heads_train_as_they_decode(m)
+
+
+@pytest.mark.parametrize("kw", [{}, {"partial_rotary_factor": 1.0, "tie_word_embeddings": True}],
+                         ids=["half", "whole-head-tied"])
+def test_gguf_as_llama_cpp_writes_it(tmp_path, kw):
+    """A glm4 GGUF as llama.cpp's converter writes a Glm4ForCausalLM checkpoint (the gguf package's glm4 names: Gemma's
+    for the four norms, gate and up as one ffn_up; q / k rows as the checkpoint holds them; rope.dimension_count the
+    rotated dims) gives transformers' logits on the checkpoint; in Q8_0 / Q5_0 blocks, gguf_copy's blocks (split and
+    reordered alike) compute bitwise the loaded model, and load_gguf_int8 bitwise gguf_copy's int8 copy."""
+    import numpy as np
+
+    from triforce.models import gguf_copy
+    from triforce.models.quant import load_gguf_int8
+
+    from .test_families import QT, quantizer, write_converted_gguf
+
+    hf, _ = pair(**kw)
+    c = hf.config
+    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
+          "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
+          "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
+          "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+          "rope.dimension_count": int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 0.5)),
+          "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size}
+    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "glm4", kv)
+    ours = Llama.from_pretrained(path, cache_dir=False)
+    assert ours.config.model_type == "glm4" and ours.config.rotary_dim == kv["rope.dimension_count"]
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_converted_gguf(tmp_path / "q.gguf", hf, "glm4", kv,
+                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    loaded = Llama.from_pretrained(q, cache_dir=False)
+    with torch.no_grad():
+        want = loaded(ids)
+        assert (want - hf(ids).logits).abs().max().item() > TOL  # (the blocks round the weights)
+        assert torch.equal(gguf_copy(loaded, q)(ids), want)
+        assert torch.equal(load_gguf_int8(q)(ids), gguf_copy(loaded, q, activations="int8")(ids))

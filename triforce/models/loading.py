@@ -738,7 +738,7 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # stores Gemma's RMSNorm weights as 1 + w (the factor they apply), which read_gguf turns back into w.
 # gemma2 / gemma3: Gemma 2 and Gemma 3's language model, as llama.cpp runs them (_gguf_gemma). phi3: Phi-3 /
 # Phi-3.5 / Phi-4(-mini), NEOX RoPE, its fused attn_qkv and ffn_up (gate and up) tensors split on loading, as
-# llama.cpp runs it (_gguf_phi3_extra, _gguf_longrope; its sliding window is ignored, as llama.cpp does).
+# llama.cpp runs it (_gguf_partial_rope, _gguf_longrope; its sliding window is ignored, as llama.cpp does).
 # smollm3: SmolLM3, converted as llama (permuted q / k), every 4th layer without RoPE (llama.cpp's fixed
 # n_no_rope_layer_step, SmolLM3Config's default no_rope_layer_interval).
 # granite: IBM Granite 3.x dense, converted as llama (permuted q / k), with its four multipliers (_GGUF_GRANITE).
@@ -754,12 +754,17 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # them) and, with attention.sliding_window, OLMo 3: llama.cpp slides three of every four layers (a fixed pattern; the
 # converter's sliding_window_pattern must say the same) and runs them on plain RoPE at the file's base, its scaling
 # on the others only (read_gguf).
+# glm4: GLM-4 (Glm4ForCausalLM) as llama.cpp's converter writes it: its q / k rows as the checkpoint holds them (RoPE on
+# adjacent pairs, which llama.cpp runs as "normal" RoPE; _build reorders them as a checkpoint's: rotary_order), the
+# rotated dims rope.dimension_count (_gguf_partial_rope), Gemma's tensor names for its four norms, gate and up as one
+# ffn_up (gate first).
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
-                      "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False)}
+                      "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
+                      "glm4": ("glm4", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -921,12 +926,12 @@ def _gguf_granite(reader, arch: str, head_dim: int) -> dict:
     return out
 
 
-def _gguf_phi3_extra(reader, arch: str, path: Path, head_dim: int) -> dict:
-    """A phi3 file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less than the head
-    (Phi-4-mini: 96 of 128)."""
+def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
+    """A phi3 or glm4 file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less than the head
+    (Phi-4-mini: 96 of 128; GLM-4: half), and a glm4 file's whole-head 1.0 (its family's default is 0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
     if rotated == head_dim:
-        return {}
+        return {"partial_rotary_factor": 1.0} if arch == "glm4" else {}
     factor = rotated / head_dim
     if int(head_dim * factor) != rotated:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
@@ -978,6 +983,11 @@ _GGUF_OLMO2_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k not 
                                                                                     "ffn_norm.weight")},
                        "post_attention_norm.weight": "post_attention_layernorm.weight",
                        "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+# glm4: the four norms under gemma's names in the file, GLM's in its checkpoints (read_gguf gives a checkpoint's
+# names: _build renames them); gate and up as one ffn_up (gate first)
+_GGUF_GLM4_TENSORS = {**_GGUF_LAYER_TENSORS, "ffn_norm.weight": "post_attention_layernorm.weight",
+                      "post_attention_norm.weight": "post_self_attn_layernorm.weight",
+                      "post_ffw_norm.weight": "post_mlp_layernorm.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
 # phi3: q, k, v as one attn_qkv and the gate and up projections as one ffn_up (gate first), as its checkpoints
 # hold them (_build splits them)
 _GGUF_PHI3_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
@@ -1045,7 +1055,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.type = 'longrope' but no rope_factors "
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
-             if arch in ("gemma2", "gemma3") else _gguf_phi3_extra(reader, arch, path, head_dim) if arch == "phi3"
+             if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
+             if arch in ("phi3", "glm4")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
@@ -1226,7 +1237,7 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
         _, i, kind = name.split(".", 2)
         table = (_GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_PHI3_TENSORS if arch == "phi3"
                  else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss" else _GGUF_OLMO2_TENSORS if arch == "olmo2"
-                 else _GGUF_LAYER_TENSORS)
+                 else _GGUF_GLM4_TENSORS if arch == "glm4" else _GGUF_LAYER_TENSORS)
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")
