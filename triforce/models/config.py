@@ -8,8 +8,8 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, ``glm4``, and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``,
-``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in
+``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, and the mixtures of experts ``mixtral``, ``qwen2_moe``,
+``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in
 :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases
 on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
@@ -234,6 +234,14 @@ FAMILIES["olmo3"] = Family("Olmo3ForCausalLM", qk_norm=True, qk_norm_full=True, 
                            reads=("attention_bias",), defaults={**_OLMO_DEFAULTS, "rope_theta": 500000.0,
                                                                  "sliding_window": 4096})
 _OLMO3_PATTERN = 4  # Olmo3Config's layer_types by default: every 4th layer full, the others sliding
+# EXAONE 4 (Exaone4ForCausalLM: EXAONE-4.0-1.2B, -32B): OLMo 2's norms after the blocks (Llama's RMSNorm), Qwen3's q/k
+# norms per head; with a sliding_window, the layer_types' sliding layers (by default three of every four,
+# sliding_window_pattern) slide and take RoPE, the others neither (NoPE, SmolLM3's zero frequencies); without one, every
+# layer full with RoPE.
+FAMILIES["exaone4"] = Family("Exaone4ForCausalLM", qk_norm=True, post_norms=True, defaults={
+    "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 0,
+    "eos_token_id": 2, "pad_token_id": None, "sliding_window": 4096, "sliding_window_pattern": 4})
 # GLM-4 (Glm4ForCausalLM: GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): Gemma 3's four norms around the blocks (under its own
 # names: post_self_attn_layernorm after the attention, post_attention_layernorm before the MLP, post_mlp_layernorm
 # after it), Llama's RMSNorm; biases on q, k and v by attention_bias (none on o); RoPE on the first half of each head
@@ -343,8 +351,11 @@ _HARMLESS_ONLY_AT = {
     # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
     "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3") and _is_number(v) and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
-    **{key: (lambda v, c: c.model_type == "gemma3_text" and _is_int(v) and v >= 1,
-             "an int >= 1 (Gemma 3: every n-th layer global, the others sliding)")
+    **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
+             or (key == "sliding_window_pattern" and c.model_type == "exaone4"
+                 and (_is_int(v) and v >= 1 or v is None or "layer_types" in c.extra)),
+             "an int >= 1 (Gemma 3, EXAONE 4: every n-th layer global, the others sliding; EXAONE 4: any, with "
+             "layer_types, which transformers reads instead)")
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
@@ -444,8 +455,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         sliding, bad = _sliding_layers(c)
         if sliding is None:
             return none, bad
-        if window is None:  # (OLMo 3: transformers' cache fails on a sliding layer without a window)
-            return none, "sliding_window" if c.model_type == "olmo3" and any(sliding) else None
+        if window is None:  # (OLMo 3, EXAONE 4: transformers' cache fails on a sliding layer without a window)
+            return none, "sliding_window" if c.model_type in ("olmo3", "exaone4") and any(sliding) else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
         # use_sliding_window, on the NoPE layers by default
@@ -518,7 +529,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     return tuple(window if s else 0 for s in sliding), None
 
 
-_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3")  # layer_types, by default a fixed pattern
+_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", "exaone4")  # layer_types, by default a pattern
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -527,9 +538,12 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
     the keys say no such list."""
     x, n = c.extra, c.num_hidden_layers
     types = x.get("layer_types")
+    if types is None and c.model_type == "exaone4" and x.get("sliding_window", 4096) is None:
+        return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
     if types is None:
+        default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (Gemma 3's, EXAONE 4's)
         pattern = {"gemma2": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
-            c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", _GEMMA3_PATTERN))
+            c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", default))
         if not _is_int(pattern) or pattern < 1:
             return None, None  # (its own check names it)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
@@ -854,6 +868,11 @@ class LlamaConfig:
         if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
+        if self.model_type == "exaone4":  # with a window (any), RoPE on the sliding layers only
+            sliding = _sliding_layers(self)[0]
+            if sliding is None or self.extra.get("sliding_window", 4096) is None:
+                return (True,) * n
+            return tuple(sliding)
         if self.model_type == "smollm3":
             given = self.extra.get("no_rope_layers")
             if given is not None:
