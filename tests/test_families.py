@@ -408,6 +408,20 @@ def write_phi3_gguf(path, hf, quant=None):
     return write_converted_gguf(path, hf, "phi3", kv, tensors, quant)
 
 
+def assert_blocks_compute_the_loaded_model(path, ids):
+    """The GGUF file at ``path`` loaded (float32, dequantised): ``gguf_copy`` on its blocks gives that model's logits
+    for ``ids`` bitwise, and ``load_gguf_int8`` bitwise ``gguf_copy``'s int8 copy. -> the loaded model's logits."""
+    from triforce.models import gguf_copy
+    from triforce.models.quant import load_gguf_int8
+
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    with torch.no_grad():
+        want = loaded(ids)
+        assert torch.equal(gguf_copy(loaded, path)(ids), want)
+        assert torch.equal(load_gguf_int8(path)(ids), gguf_copy(loaded, path, activations="int8")(ids))
+    return want
+
+
 def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None):
     """A GGUF of transformers model ``hf`` as llama.cpp's converter writes its checkpoint when it neither permutes
     nor fuses anything: every tensor under the gguf package's name map of ``arch`` (after ``tensors``, raw ones),
@@ -444,9 +458,6 @@ def test_gguf_phi3_as_llama_cpp_writes_it(tmp_path, family):
     no sliding window as llama.cpp runs phi3 files (transformers' GGUF loader drops the window too, and agrees on
     the files without partial RoPE or LongRoPE, which it does not read); gguf_copy's blocks, split and reordered
     alike, compute bitwise the loaded model, and load_gguf_int8 bitwise gguf_copy's int8 copy."""
-    from triforce.models import gguf_copy
-    from triforce.models.quant import load_gguf_int8
-
     hf = hf_model(family)
     ref = hf_model(family, sliding_window=None)  # the same weights, no window
     ids = torch.randint(0, 101, (2, 80), generator=torch.Generator().manual_seed(3))
@@ -462,11 +473,8 @@ def test_gguf_phi3_as_llama_cpp_writes_it(tmp_path, family):
         if family == "phi3-window-tied":
             assert (got - hf(ids).logits).abs().max().item() > 100 * TOL  # 80 tokens, window 7
     q8 = write_phi3_gguf(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    loaded = Llama.from_pretrained(q8, cache_dir=False)
+    want = assert_blocks_compute_the_loaded_model(q8, ids)
     with torch.no_grad():
-        want = loaded(ids)
-        assert torch.equal(gguf_copy(loaded, q8)(ids), want)
-        assert torch.equal(load_gguf_int8(q8)(ids), gguf_copy(loaded, q8, activations="int8")(ids))
         if "partial" not in family:
             theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="q.gguf").eval()
             assert (want - theirs(ids).logits).abs().max().item() <= TOL

@@ -8,10 +8,10 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, and the mixtures of experts ``mixtral``, ``qwen2_moe``,
-``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image + text wrappers in
-:data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases
-on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
+``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere2``, and the mixtures of experts ``mixtral``,
+``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image +
+text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family:
+``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
 (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
 token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm``
@@ -19,7 +19,7 @@ token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the que
 sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in
 its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 /
 3: norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims,
-reordered on loading), ``layer_windows`` (sliding
+reordered on loading), ``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding
 windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits),
 ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's
 RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
@@ -86,6 +86,10 @@ class Family:
     # q / k dims: rotary_order); partial_rotary_factor: the family's default (the share of each head RoPE turns)
     rope_interleaved: bool = False
     partial_rotary_factor: float = 1.0
+    # Cohere 2: LayerNorm (the mean subtracted, no bias, the weight applied in float32) instead of RMSNorm, its eps the
+    # config's layer_norm_eps; the attention and the MLP in parallel on one normed input (h + attn(x) + mlp(x))
+    layer_norm: bool = False
+    parallel_block: bool = False
     float32_norm: bool = False  # RMSNorm: x_f32 * rsqrt(...) * w_f32, rounded to the dtype at the end (GPT-OSS)
     attention_sinks: bool = False  # a learned logit per query head in every softmax, on no value (GPT-OSS)
 
@@ -242,6 +246,17 @@ FAMILIES["exaone4"] = Family("Exaone4ForCausalLM", qk_norm=True, post_norms=True
     "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 32,
     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 0,
     "eos_token_id": 2, "pad_token_id": None, "sliding_window": 4096, "sliding_window_pattern": 4})
+# Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
+# which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
+# (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
+# head.
+FAMILIES["cohere2"] = Family("Cohere2ForCausalLM", layer_norm=True, parallel_block=True, rope_interleaved=True,
+                             reads=("attention_bias",), defaults={
+                                 "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
+                                 "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,
+                                 "rms_norm_eps": 1e-5, "pad_token_id": 0, "bos_token_id": 5, "eos_token_id": 255001,
+                                 "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 4,
+                                 "logit_scale": 0.0625})
 # GLM-4 (Glm4ForCausalLM: GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): Gemma 3's four norms around the blocks (under its own
 # names: post_self_attn_layernorm after the attention, post_attention_layernorm before the MLP, post_mlp_layernorm
 # after it), Llama's RMSNorm; biases on q, k and v by attention_bias (none on o); RoPE on the first half of each head
@@ -352,10 +367,10 @@ _HARMLESS_ONLY_AT = {
     "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3") and _is_number(v) and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
-             or (key == "sliding_window_pattern" and c.model_type == "exaone4"
+             or (key == "sliding_window_pattern" and c.model_type in ("exaone4", "cohere2")
                  and (_is_int(v) and v >= 1 or v is None or "layer_types" in c.extra)),
-             "an int >= 1 (Gemma 3, EXAONE 4: every n-th layer global, the others sliding; EXAONE 4: any, with "
-             "layer_types, which transformers reads instead)")
+             "an int >= 1 (Gemma 3, EXAONE 4, Cohere 2: every n-th layer global, the others sliding; EXAONE 4, Cohere "
+             "2: any, with layer_types, which transformers reads instead)")
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
@@ -367,6 +382,11 @@ _HARMLESS_ONLY_AT = {
                                                                and int(c.head_dim * v) >= 2),
                               "1.0 (RoPE on the whole head; Phi-3 / Phi-4 / GLM-4: a number in (0, 1] leaving an even "
                               "number >= 2 of rotated dims, int(head_dim * factor))"),
+    "logit_scale": (lambda v, c: c.model_type == "cohere2" and _is_number(v) and 0 < abs(v) < float("inf"),
+                    "absent (Cohere 2: a finite nonzero number, the logits' factor)"),
+    # Command R7B's config.json has it; transformers does not read it (RoPE on the whole head); llama.cpp's converter
+    # does: only 1.0, where the two agree
+    "rotary_pct": (lambda v, c: c.model_type == "cohere2" and v == 1, "1.0 (Cohere 2: RoPE on the whole head)"),
     # Granite's multipliers: LlamaConfig.embedding_multiplier, attention_scale, residual_multiplier, logits_scaling
     **{key: (lambda v, c: c.model_type in _GRANITES and _is_number(v) and 0 < v < float("inf"),
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
@@ -456,7 +476,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         if sliding is None:
             return none, bad
         if window is None:  # (OLMo 3, EXAONE 4: transformers' cache fails on a sliding layer without a window)
-            return none, "sliding_window" if c.model_type in ("olmo3", "exaone4") and any(sliding) else None
+            return none, "sliding_window" if c.model_type in ("olmo3", "exaone4", "cohere2") and any(sliding) else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
         # use_sliding_window, on the NoPE layers by default
@@ -529,7 +549,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     return tuple(window if s else 0 for s in sliding), None
 
 
-_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", "exaone4")  # layer_types, by default a pattern
+_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", "exaone4", "cohere2")  # layer_types, else a pattern
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -768,6 +788,24 @@ class LlamaConfig:
         return FAMILIES[self.model_type].sandwich_norms
 
     @property
+    def layer_norm(self) -> bool:
+        """Cohere 2's norms: LayerNorm without a bias (the mean subtracted; the weight applied in float32), eps
+        ``rms_norm_eps`` (its config's ``layer_norm_eps``)."""
+        return FAMILIES[self.model_type].layer_norm
+
+    @property
+    def parallel_block(self) -> bool:
+        """Cohere 2's layer: ``h + attn(x) + mlp(x)`` with ``x = input_layernorm(h)``."""
+        return FAMILIES[self.model_type].parallel_block
+
+    @property
+    def logit_scale(self) -> float:
+        """Cohere 2: the logits times ``logit_scale`` (in the model's dtype, as transformers); 1.0 elsewhere."""
+        if self.model_type != "cohere2":
+            return 1.0
+        return float(self.extra.get("logit_scale", FAMILIES["cohere2"].defaults["logit_scale"]))
+
+    @property
     def post_norms(self) -> bool:
         """OLMo 2 / 3's layer: ``h + post_attention_layernorm(attn(h))``, then ``h +
         post_feedforward_layernorm(mlp(h))``: its norms after the blocks, none before them."""
@@ -868,10 +906,10 @@ class LlamaConfig:
         if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
-        if self.model_type == "exaone4":  # with a window (any), RoPE on the sliding layers only
+        if self.model_type in ("exaone4", "cohere2"):  # with a window (any), RoPE on the sliding layers only
             sliding = _sliding_layers(self)[0]
-            if sliding is None or self.extra.get("sliding_window", 4096) is None:
-                return (True,) * n
+            if sliding is None or self.extra.get("sliding_window", 4096) is None:  # (Cohere 2's: none then)
+                return (self.model_type == "exaone4",) * n
             return tuple(sliding)
         if self.model_type == "smollm3":
             given = self.extra.get("no_rope_layers")
@@ -979,6 +1017,14 @@ class LlamaConfig:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
         _split_layer_rope(d)
+        if model_type == "cohere2":  # its norms' eps (LayerNorm's): rms_norm_eps here
+            d.pop("rms_norm_eps", None)  # (not Cohere2Config's: transformers keeps it unread)
+            if "layer_norm_eps" in d:
+                d["rms_norm_eps"] = d.pop("layer_norm_eps")
+            if d.get("head_dim", d.get("hidden_size", 8192) // d.get("num_attention_heads", 64)) != \
+                    d.get("hidden_size", 8192) // d.get("num_attention_heads", 64):
+                raise ValueError(f"config head_dim = {d['head_dim']!r}: Cohere2Config sets it to hidden_size // "
+                                 "num_attention_heads whatever the config says")
         if model_type == "phi3":
             _phi3_rope(d)
         if model_type == "ministral3" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
@@ -1063,6 +1109,8 @@ class LlamaConfig:
         if self.model_type == "gemma2":
             for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
                 d.setdefault(k, FAMILIES["gemma2"].defaults[k])
+        if self.model_type == "cohere2":  # (its norms' eps under its own key)
+            d["layer_norm_eps"] = d.pop("rms_norm_eps")
         if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)
             local = d.pop("rope_local_base_freq", None)
             if local is not None and local != self.rope_theta:

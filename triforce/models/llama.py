@@ -308,10 +308,23 @@ class Float32RMSNorm(RMSNorm):
         return (self.weight.float() * xf).to(x.dtype)
 
 
+class LayerNorm(RMSNorm):
+    """Cohere 2's norm: LayerNorm without a bias, in float32 (the row's mean subtracted, its variance about the
+    mean), the weight applied in float32, the result rounded to the input's dtype. Row by row; no fused path."""
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf - xf.mean(-1, keepdim=True)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+
 def make_norm(config: LlamaConfig, dim: int, eps: float) -> RMSNorm:
-    """The family's RMSNorm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``,
-    :class:`Float32RMSNorm` where ``config.float32_norm``."""
-    return (GemmaRMSNorm if config.gemma_norm else Float32RMSNorm if config.float32_norm else RMSNorm)(dim, eps)
+    """The family's norm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``, :class:`Float32RMSNorm`
+    where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, else :class:`RMSNorm`."""
+    kind = (GemmaRMSNorm if config.gemma_norm else Float32RMSNorm if config.float32_norm
+            else LayerNorm if config.layer_norm else RMSNorm)
+    return kind(dim, eps)
 
 
 def _layer_ops():
@@ -659,7 +672,9 @@ class DecoderLayer(nn.Module):
         # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
         post = config.post_norms
         self.input_layernorm = nn.Identity() if post else make_norm(config, config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        self.parallel = config.parallel_block  # Cohere 2: the MLP on input_layernorm's output too, no second norm
+        if not self.parallel:
+            self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         if config.sandwich_norms:  # Gemma 3: post_attention_layernorm is on the attention's output
             self.pre_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         if config.sandwich_norms or post:
@@ -670,12 +685,15 @@ class DecoderLayer(nn.Module):
 
     def residual(self, h, a):
         """The stream after the attention output ``a`` and the MLP: ``h + a``, then ``+ mlp(norm(h))``; with
-        sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; with post norms (OLMo 2 / 3)
+        sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; in parallel (Cohere 2) ``h + a +
+        mlp(norm(h))``, the attention's own norm; with post norms (OLMo 2 / 3)
         ``h + norm(a)``, then ``+ norm(mlp(h))``; Granite's blocks' outputs times
         its residual multiplier before each add."""
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        if self.parallel:  # (the norm computed again: the same row, the same bits as the attention's input)
+            return h + a + self.mlp(self.input_layernorm(h))
         if self.post_norms:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(h))
@@ -694,7 +712,7 @@ class DecoderLayer(nn.Module):
             out = att.attend(q, k, v, k_raw, cache, step)
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
-        norm = self.post_attention_layernorm
+        norm = self.__dict__["_modules"].get("post_attention_layernorm")
         if type(norm) is RMSNorm and not self.sandwich and not self.post_norms and self.residual_multiplier == 1 \
                 and norm._kernel_ok(h) and a.shape == h.shape \
                 and a.dtype == h.dtype and a.is_contiguous():  # the residual add and the norm after it in one kernel
@@ -715,6 +733,8 @@ class DecoderLayer(nn.Module):
     def _fused_layer_arguments(self, dtype: torch.dtype):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`)."""
         mods = self._modules
+        if "post_attention_layernorm" not in mods:
+            return None  # Cohere 2's parallel block: not the fused layer's
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
@@ -1110,12 +1130,15 @@ class Llama(nn.Module):
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
         """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`); Granite's
-        divided by its ``logits_scaling`` (in the model's dtype, as transformers), Gemma 2's soft-capped."""
+        divided by its ``logits_scaling`` (in the model's dtype, as transformers), Cohere 2's times its ``logit_scale``
+        (likewise), Gemma 2's soft-capped."""
         return self._head(z)
 
     def _head(self, z: torch.Tensor) -> torch.Tensor:  # (head's body: the forward's own, not replaced with head)
         logits = self.lm_head(z)
-        scaling = self.config.logits_scaling
+        scaling, scale = self.config.logits_scaling, self.config.logit_scale
+        if scale != 1:  # Cohere 2's factor (Granite's: a divisor)
+            logits = logits * scale
         return self._capped((logits if scaling == 1 else logits / scaling).float())
 
     def _check_forward(self, input_ids, cache, tree_parents, widths=None) -> None:

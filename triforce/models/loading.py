@@ -758,13 +758,16 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # adjacent pairs, which llama.cpp runs as "normal" RoPE; _build reorders them as a checkpoint's: rotary_order), the
 # rotated dims rope.dimension_count (_gguf_partial_rope), Gemma's tensor names for its four norms, gate and up as one
 # ffn_up (gate first).
+# cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
+# (attn_norm only), q / k rows as the checkpoint holds them (RoPE on consecutive pairs), the window on three of every
+# four layers (llama.cpp's fixed pattern) which alone take RoPE, logit_scale a factor on the logits.
 GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
                       "gemma": ("gemma", False), "gemma2": ("gemma2", False), "gemma3": ("gemma3_text", False),
                       "phi3": ("phi3", False), "smollm3": ("smollm3", True), "mistral3": ("llama", True),
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
-                      "glm4": ("glm4", False)}
+                      "glm4": ("glm4", False), "cohere2": ("cohere2", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -781,6 +784,7 @@ _GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_fac
 _GGUF_READ = frozenset({
     "vocab_size", "context_length", "embedding_length", "block_count", "feed_forward_length",
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.layer_norm_rms_epsilon",
+    "attention.layer_norm_epsilon",  # (cohere2's LayerNorm)
     "rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
     "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
     # qwen3moe / qwen2moe: the experts' width; qwen2moe: its shared expert's (_gguf_experts)
@@ -800,7 +804,8 @@ _GGUF_HARMLESS_ONLY_AT = {
     "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
     "attention.causal": (lambda v, c: v is True, "true"),
     # phi3: llama.cpp reads it and then runs the model without a window ("Phi SWA is currently disabled"), as here
-    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3")
+    "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3",
+                                                               "cohere2")
                                  or v == 0 or v >= c.max_position_embeddings,
                                  "0 or >= context_length (no sliding-window attention; gemma2 / gemma3 / gpt-oss / "
                                  "olmo2 (OLMo 3): its window)"),
@@ -822,7 +827,8 @@ _GGUF_HARMLESS_ONLY_AT = {
     "expert_used_count": (lambda v, c: v == (c.experts.top_k if c.experts else 0), "0 (dense MLP; MoE: read)"),
     # granite: read into its config (_GGUF_GRANITE); elsewhere only llama.cpp's defaults (attention.scale 0:
     # head_dim ** -0.5; the others 1)
-    **{key: (lambda v, c: v == 1 or c.model_type in _GGUF_GRANITE_TYPES, "1.0 (granite: any, read)")
+    **{key: (lambda v, c, key=key: v == 1 or c.model_type in _GGUF_GRANITE_TYPES
+             or (key == "logit_scale" and c.model_type == "cohere2"), "1.0 (granite, cohere2's logit_scale: any, read)")
        for key in ("logit_scale", "embedding_scale", "residual_scale")},
     "attention.scale": (lambda v, c: v == 0 or c.model_type in _GGUF_GRANITE_TYPES,
                         "0 (head_dim ** -0.5; granite: any, read)"),
@@ -1065,6 +1071,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         n_ff = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff
         window = int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
         extra["sliding_window"] = window or None
+    if arch == "cohere2":  # its window (required), llama.cpp's fixed pattern, its logit scale (a factor)
+        extra.update(sliding_window=int(need("attention.sliding_window")), sliding_window_pattern=4,
+                     logit_scale=float(need("logit_scale")))
     if arch == "olmo2" and int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0) > 0:
         model_type = "olmo3"  # (llama.cpp's olmo2 with a window: OLMo 3's layers)
         extra["sliding_window"] = int(gguf_field(reader, f"{arch}.attention.sliding_window"))
@@ -1075,7 +1084,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
-        rope_scaling=rope_scaling, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_scaling=rope_scaling, rms_norm_eps=float(need("attention.layer_norm_epsilon" if arch == "cohere2"
+                                                            else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
@@ -1251,9 +1261,9 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     quantisation ``types`` as stored (GGUF blocks, each row its own run of blocks), rows in the model's
     order (``attn_q`` / ``attn_k`` un-permuted as :func:`read_gguf` does). Row ``n`` dequantises to row
     ``n`` of :func:`read_gguf`'s float32 tensor. ``reader``: as for :func:`read_gguf`. The blocks are read-only
-    views of the file's memory map (permuted rows excepted): read them, never write to them. phi3: the fused
-    tensors' rows split into the model's projections, and q / k rows in the model's order with partial RoPE
-    (:func:`rotary_order`), as the model's weights are (copies, those)."""
+    views of the file's memory map (permuted rows excepted): read them, never write to them. phi3, glm4: the fused
+    tensors' rows split into the model's projections; q / k rows in the model's order with partial RoPE or RoPE on
+    adjacent pairs (phi3, glm4, cohere2: :func:`rotary_order`), as the model's weights are (copies, those)."""
     reader = reader if reader is not None else open_gguf(path)
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -1276,7 +1286,8 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
             blocks = torch.from_numpy(t.data).view(torch.uint8)
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     out.update(_expert_blocks(stacked))
-    if FAMILIES[GGUF_ARCHITECTURES[arch][0]].fused_projections:
+    family = FAMILIES[GGUF_ARCHITECTURES[arch][0]]
+    if family.fused_projections or family.rope_interleaved:  # (split, or q / k rows reordered: rotary_order)
         config, _ = read_gguf(path, skip=lambda *_: True, reader=reader)  # the metadata only
         kinds = {}
         for key, (kind, _) in out.items():  # each part of a fused tensor keeps its type
