@@ -164,3 +164,29 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path):
     want = assert_blocks_compute_the_loaded_model(q, ids)
     with torch.no_grad():
         assert (want - hf(ids).logits).abs().max().item() > TOL  # (the blocks round the weights)
+
+
+def test_bfloat16_rope_rounds_once_as_transformers():
+    """In bfloat16 the queries and keys are rotated in float32 and rounded once, bitwise transformers' Cohere 2
+    rotation of the same projections (Llama's rotation in bfloat16 rounds each product: other bits)."""
+    from transformers.models.cohere2.modeling_cohere2 import apply_rotary_pos_emb
+
+    from triforce.models.loading import rotary_order
+    from triforce.models.rope import apply_rope
+
+    ours = pair()[1].to(torch.bfloat16)
+    att = ours.model.layers[0].self_attn
+    x = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    pos = torch.arange(7).expand(2, 7)
+    cos, sin = ours.rope_tables(pos)[0]
+    order = rotary_order(ours.config)  # our dim j is the checkpoint's dim order[j]
+    with torch.no_grad():
+        q, k, k_raw, _ = att.project(x, cos, sin)
+        q_raw = att.q_proj(x).view(2, 7, 4, 16)
+        # the same tables in transformers' layout (adjacent pairs; its own would be computed from a bfloat16 inv_freq
+        # after .to(bfloat16), ours stay float32)
+        hcos, hsin = (t[:, :, 0, :8].repeat_interleave(2, -1) for t in (cos, sin))
+        qt, kt = apply_rotary_pos_emb(q_raw[..., torch.argsort(order)].transpose(1, 2),
+                                      k_raw[..., torch.argsort(order)].transpose(1, 2), hcos, hsin)
+    assert torch.equal(q, qt.transpose(1, 2)[..., order]) and torch.equal(k, kt.transpose(1, 2)[..., order])
+    assert not torch.equal(q, apply_rope(q_raw, cos, sin))

@@ -375,6 +375,8 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.clip = config.clip_qkv  # OLMoE's clamp of q and k (after their norms) and v, or None
+        # Cohere 2: RoPE computed in float32 (on the dtype's cos and sin) and rounded once, as transformers rotates
+        self.rope_f32 = config.model_type == "cohere2"
         # GPT-OSS: a learned logit per query head in each softmax's denominator (attention sinks), or None
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attention_sinks else None
 
@@ -399,6 +401,9 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv, self.head_dim)
         if self.clip is not None:
             q, k_raw, v = (t.clamp(-self.clip, self.clip) for t in (q, k_raw, v))
+        if self.rope_f32 and q.dtype != torch.float32:
+            cf, sf = cos.float(), sin.float()
+            return apply_rope(q.float(), cf, sf).to(q.dtype), apply_rope(k_raw.float(), cf, sf).to(q.dtype), k_raw, v
         return _rope(q, cos, sin), _rope(k_raw, cos, sin), k_raw, v
 
     def temper(self, q, positions):
