@@ -691,9 +691,8 @@ class DecoderLayer(nn.Module):
     def residual(self, h, a):
         """The stream after the attention output ``a`` and the MLP: ``h + a``, then ``+ mlp(norm(h))``; with
         sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; in parallel (Cohere 2) ``h + a +
-        mlp(norm(h))``, the attention's own norm; with post norms (OLMo 2 / 3)
-        ``h + norm(a)``, then ``+ norm(mlp(h))``; Granite's blocks' outputs times
-        its residual multiplier before each add."""
+        mlp(norm(h))`` with the attention's own norm; with post norms (OLMo 2 / 3) ``h + norm(a)``, then ``+
+        norm(mlp(h))``; Granite's blocks' outputs times its residual multiplier before each add."""
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
@@ -717,7 +716,7 @@ class DecoderLayer(nn.Module):
             out = att.attend(q, k, v, k_raw, cache, step)
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
-        norm = self.__dict__["_modules"].get("post_attention_layernorm")
+        norm = self._modules.get("post_attention_layernorm")  # (Cohere 2's parallel block has none)
         if type(norm) is RMSNorm and not self.sandwich and not self.post_norms and self.residual_multiplier == 1 \
                 and norm._kernel_ok(h) and a.shape == h.shape \
                 and a.dtype == h.dtype and a.is_contiguous():  # the residual add and the norm after it in one kernel

@@ -808,7 +808,7 @@ _GGUF_HARMLESS_ONLY_AT = {
                                                                "cohere2")
                                  or v == 0 or v >= c.max_position_embeddings,
                                  "0 or >= context_length (no sliding-window attention; gemma2 / gemma3 / gpt-oss / "
-                                 "olmo2 (OLMo 3): its window)"),
+                                 "cohere2 / olmo2 (OLMo 3): its window)"),
     # olmo2 (OLMo 3): llama.cpp's fixed pattern, every 4th layer full
     "attention.sliding_window_pattern": (
         lambda v, c: c.model_type == "olmo3" and list(v) == [not r for r in c.rope_layers],
