@@ -142,16 +142,12 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path):
     load_gguf_int8 bitwise gguf_copy's int8 copy."""
     import numpy as np
 
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
 
     hf, _ = pair()
     c = hf.config
-    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
-          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
-          "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
-          "attention.layer_norm_epsilon": float(c.layer_norm_eps), "rope.dimension_count": c.head_dim,
-          "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size,
-          "logit_scale": float(c.logit_scale), "attention.sliding_window": c.sliding_window}
+    kv = {**converted_kv(c, eps_key="attention.layer_norm_epsilon"), "logit_scale": float(c.logit_scale),
+          "attention.sliding_window": c.sliding_window}
     path = write_converted_gguf(tmp_path / "f32.gguf", hf, "cohere2", kv)
     ours = Llama.from_pretrained(path, cache_dir=False)
     assert ours.config.model_type == "cohere2" and ours.config.layer_windows == (6, 6, 6, 0, 6)

@@ -105,7 +105,7 @@ def test_greedy_equals_autoregressive_smollm2_cuda(smol_cuda, method, opts):
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "longrope", "smollm3", "ministral3", "granite", "qwen3_moe",
-                                    "olmo3", "glm4", "exaone4", "cohere2"])
+                                    "olmo3", "glm4", "exaone4", "cohere2", "seed_oss"])
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
 def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
     """Sliding windows (a tiny Mistral, window 8), soft-capped scores and logits (a tiny Gemma 2, every other
@@ -124,6 +124,8 @@ def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
         from tests.test_granite import tiny_granite as make
     elif family == "qwen3_moe":
         from tests.test_moe import tiny_moe as make
+    elif family == "seed_oss":
+        from tests.test_seed_oss import tiny_seed_oss as make
     elif family == "cohere2":
         from tests.test_cohere2 import tiny_cohere2 as make
     elif family == "exaone4":

@@ -422,6 +422,18 @@ def assert_blocks_compute_the_loaded_model(path, ids):
     return want
 
 
+def converted_kv(c, rotated=None, eps_key="attention.layer_norm_rms_epsilon") -> dict:
+    """The ``<arch>.*`` metadata llama.cpp's converter writes for transformers config ``c`` (``rotated``: the RoPE's
+    dims, default the head; ``eps_key``: where its norms' eps goes, and ``c``'s own eps key by the same rule)."""
+    eps = c.layer_norm_eps if eps_key == "attention.layer_norm_epsilon" else c.rms_norm_eps
+    return {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+            "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
+            "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
+            "attention.key_length": c.head_dim, "attention.value_length": c.head_dim, eps_key: float(eps),
+            "rope.dimension_count": c.head_dim if rotated is None else rotated,
+            "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size}
+
+
 def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None):
     """A GGUF of transformers model ``hf`` as llama.cpp's converter writes its checkpoint when it neither permutes
     nor fuses anything: every tensor under the gguf package's name map of ``arch`` (after ``tensors``, raw ones),

@@ -132,17 +132,11 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, kw):
     reordered alike) compute bitwise the loaded model, and load_gguf_int8 bitwise gguf_copy's int8 copy."""
     import numpy as np
 
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
 
     hf, _ = pair(**kw)
     c = hf.config
-    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
-          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
-          "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
-          "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
-          "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
-          "rope.dimension_count": int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 0.5)),
-          "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size}
+    kv = converted_kv(c, rotated=int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 0.5)))
     path = write_converted_gguf(tmp_path / "f32.gguf", hf, "glm4", kv)
     ours = Llama.from_pretrained(path, cache_dir=False)
     assert ours.config.model_type == "glm4" and ours.config.rotary_dim == kv["rope.dimension_count"]

@@ -8,9 +8,9 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere2``, and the mixtures of experts ``mixtral``,
-``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from the image +
-text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family:
+``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere2``, ``seed_oss``, and the mixtures of experts
+``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from
+the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family:
 ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
 (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
@@ -246,6 +246,12 @@ FAMILIES["exaone4"] = Family("Exaone4ForCausalLM", qk_norm=True, post_norms=True
     "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 32,
     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 0,
     "eos_token_id": 2, "pad_token_id": None, "sliding_window": 4096, "sliding_window_pattern": 4})
+# Seed-OSS (SeedOssForCausalLM: Seed-OSS-36B, 512K context): Llama's layer with biases on q, k and v by
+# attention_bias (default true) and on o by attention_out_bias (default false); its dropouts act in training only.
+FAMILIES["seed_oss"] = Family("SeedOssForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 155136, "hidden_size": 4096, "intermediate_size": 27648, "num_hidden_layers": 64,
+    "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 524288,
+    "rms_norm_eps": 1e-6, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "attention_bias": True})
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -373,7 +379,12 @@ _HARMLESS_ONLY_AT = {
              "2: any, with layer_types, which transformers reads instead)")
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
-    "attention_dropout": (lambda v, c: v in (0, None), "0.0"),
+    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type == "seed_oss" and _is_number(v) and 0 <= v < 1),
+                          "0.0 (Seed-OSS: any, as its configs ship 0.1: dropout acts in training only)"),
+    # Seed-OSS's: LlamaConfig.out_bias; its residual dropout (training only)
+    "attention_out_bias": (lambda v, c: c.model_type == "seed_oss" and isinstance(v, bool), "absent (Seed-OSS: a bool)"),
+    "residual_dropout": (lambda v, c: c.model_type == "seed_oss" and _is_number(v) and 0 <= v < 1,
+                         "absent (Seed-OSS: any in [0, 1), training only)"),
     # Phi-3's other dropouts (training only, as that one)
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
        for key in ("resid_pdrop", "embd_pdrop")},
@@ -766,7 +777,10 @@ class LlamaConfig:
 
     @property
     def out_bias(self) -> bool:
-        """A bias on the attention's output projection: ``attention_bias``'s, but GLM-4's (q/k/v only)."""
+        """A bias on the attention's output projection: ``attention_bias``'s, but GLM-4's (q/k/v only) and Seed-OSS's
+        (its own ``attention_out_bias``, default false)."""
+        if self.model_type == "seed_oss":
+            return bool(self.extra.get("attention_out_bias", False))
         return self.attention_bias and self.model_type != "glm4"
 
     @property

@@ -758,6 +758,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # adjacent pairs, which llama.cpp runs as "normal" RoPE; _build reorders them as a checkpoint's: rotary_order), the
 # rotated dims rope.dimension_count (_gguf_partial_rope), Gemma's tensor names for its four norms, gate and up as one
 # ffn_up (gate first).
+# seed_oss: Seed-OSS (NEOX RoPE, so not permuted; the norm before the MLP named post_attention_norm; q/k/v biases,
+# o's where the file has them).
 # cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
 # (attn_norm only), q / k rows as the checkpoint holds them (RoPE on consecutive pairs), the window on three of every
 # four layers (llama.cpp's fixed pattern) which alone take RoPE, logit_scale a factor on the logits.
@@ -767,7 +769,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
-                      "glm4": ("glm4", False), "cohere2": ("cohere2", False)}
+                      "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -994,6 +996,9 @@ _GGUF_OLMO2_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k not 
 _GGUF_GLM4_TENSORS = {**_GGUF_LAYER_TENSORS, "ffn_norm.weight": "post_attention_layernorm.weight",
                       "post_attention_norm.weight": "post_self_attn_layernorm.weight",
                       "post_ffw_norm.weight": "post_mlp_layernorm.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# seed_oss: the norm before the MLP as post_attention_norm (the gguf package's name for the checkpoint's)
+_GGUF_SEED_OSS_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
+                          "post_attention_norm.weight": "post_attention_layernorm.weight"}
 # phi3: q, k, v as one attn_qkv and the gate and up projections as one ffn_up (gate first), as its checkpoints
 # hold them (_build splits them)
 _GGUF_PHI3_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
@@ -1071,6 +1076,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         n_ff = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff
         window = int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
         extra["sliding_window"] = window or None
+    if arch == "seed_oss":  # (its o bias by its own key)
+        extra["attention_out_bias"] = "blk.0.attn_output.bias" in tensors
     if arch == "cohere2":  # its window (required), llama.cpp's fixed pattern, its logit scale (a factor)
         extra.update(sliding_window=int(need("attention.sliding_window")), sliding_window_pattern=4,
                      logit_scale=float(need("logit_scale")))
@@ -1247,7 +1254,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
         _, i, kind = name.split(".", 2)
         table = (_GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_PHI3_TENSORS if arch == "phi3"
                  else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss" else _GGUF_OLMO2_TENSORS if arch == "olmo2"
-                 else _GGUF_GLM4_TENSORS if arch == "glm4" else _GGUF_LAYER_TENSORS)
+                 else _GGUF_GLM4_TENSORS if arch == "glm4" else _GGUF_SEED_OSS_TENSORS if arch == "seed_oss"
+                 else _GGUF_LAYER_TENSORS)
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")
