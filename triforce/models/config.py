@@ -8,19 +8,19 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere2``, ``seed_oss``, and the mixtures of experts
-``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also from
-the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family:
-``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
-``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
-(Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
-token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm``
-(Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
-sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in
-its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 /
-3: norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims,
-reordered on loading), ``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding
-windows), ``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits),
+``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the mixtures of
+experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also
+from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per
+family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases
+on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over
+head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key
+projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight
+applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the
+model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form),
+``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 / 3: norms after the
+attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims, reordered on loading),
+``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows),
+``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits),
 ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's
 RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
 ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling`` (Granite's), ``experts`` (a mixture of experts'
@@ -86,6 +86,9 @@ class Family:
     # q / k dims: rotary_order); partial_rotary_factor: the family's default (the share of each head RoPE turns)
     rope_interleaved: bool = False
     partial_rotary_factor: float = 1.0
+    # transformers' RoPE in float32 for this family: "math" (Cohere 2: q and k times the dtype's cos and sin in float32,
+    # rounded once) or "tables" (ERNIE 4.5: the cos and sin tables kept in float32 too); "": the model's dtype
+    rope_float32: str = ""
     # Cohere 2: LayerNorm (the mean subtracted, no bias, the weight applied in float32) instead of RMSNorm, its eps the
     # config's layer_norm_eps; the attention and the MLP in parallel on one normed input (h + attn(x) + mlp(x))
     layer_norm: bool = False
@@ -252,12 +255,21 @@ FAMILIES["seed_oss"] = Family("SeedOssForCausalLM", reads=("attention_bias", "ml
     "vocab_size": 155136, "hidden_size": 4096, "intermediate_size": 27648, "num_hidden_layers": 64,
     "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 524288,
     "rms_norm_eps": 1e-6, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "attention_bias": True})
+# ERNIE 4.5 (Ernie4_5ForCausalLM: ERNIE-4.5-0.3B): Llama's layer with biases on every projection by its one use_bias
+# key (read as attention_bias and mlp_bias), RoPE on adjacent pairs of dims computed in float32 (its cos and sin
+# tables too) and rounded once, a tied head.
+FAMILIES["ernie4_5"] = Family("Ernie4_5ForCausalLM", rope_interleaved=True, rope_float32="tables",
+                              reads=("attention_bias", "mlp_bias"), defaults={
+                                  "vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072,
+                                  "num_hidden_layers": 18, "num_attention_heads": 16, "num_key_value_heads": 2,
+                                  "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                                  "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True})
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
 # head.
 FAMILIES["cohere2"] = Family("Cohere2ForCausalLM", layer_norm=True, parallel_block=True, rope_interleaved=True,
-                             reads=("attention_bias",), defaults={
+                             rope_float32="math", reads=("attention_bias",), defaults={
                                  "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
                                  "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,
                                  "rms_norm_eps": 1e-5, "pad_token_id": 0, "bos_token_id": 5, "eos_token_id": 255001,
@@ -693,6 +705,9 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
+        if self.model_type == "ernie4_5" and self.attention_bias != self.mlp_bias:
+            raise ValueError("model_type 'ernie4_5' has one bias switch (use_bias) for every projection: "
+                             f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
         if self.qk_norm_full and self.head_dim * self.num_attention_heads != self.hidden_size:
             raise ValueError(f"model_type {self.model_type!r} normalises each token's queries over hidden_size = "
                              f"{self.hidden_size}, so head_dim * num_attention_heads must equal it, got "
@@ -782,6 +797,12 @@ class LlamaConfig:
         if self.model_type == "seed_oss":
             return bool(self.extra.get("attention_out_bias", False))
         return self.attention_bias and self.model_type != "glm4"
+
+    @property
+    def rope_float32(self) -> str:
+        """transformers' RoPE arithmetic for the family: ``"math"`` (Cohere 2: in float32 on the dtype's cos and sin,
+        rounded once), ``"tables"`` (ERNIE 4.5: the tables in float32 too) or ``""`` (the model's dtype)."""
+        return FAMILIES[self.model_type].rope_float32
 
     @property
     def rope_interleaved(self) -> bool:
@@ -1031,6 +1052,11 @@ class LlamaConfig:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
         _split_layer_rope(d)
+        if model_type == "ernie4_5":  # its one bias key: every projection's (attention_bias and mlp_bias here)
+            for key in ("attention_bias", "mlp_bias"):
+                if key in d:
+                    raise ValueError(f"config key {key!r} is not Ernie4_5Config's: its biases are use_bias's")
+            d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", False)
         if model_type == "cohere2":  # its norms' eps (LayerNorm's): rms_norm_eps here
             d.pop("rms_norm_eps", None)  # (not Cohere2Config's: transformers keeps it unread)
             if "layer_norm_eps" in d:
@@ -1123,6 +1149,9 @@ class LlamaConfig:
         if self.model_type == "gemma2":
             for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
                 d.setdefault(k, FAMILIES["gemma2"].defaults[k])
+        if self.model_type == "ernie4_5":  # (its one bias key)
+            d["use_bias"] = d.pop("attention_bias")
+            del d["mlp_bias"]
         if self.model_type == "cohere2":  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
         if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)

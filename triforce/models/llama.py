@@ -375,8 +375,8 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.clip = config.clip_qkv  # OLMoE's clamp of q and k (after their norms) and v, or None
-        # Cohere 2: RoPE computed in float32 (on the dtype's cos and sin) and rounded once, as transformers rotates
-        self.rope_f32 = config.model_type == "cohere2"
+        # Cohere 2, ERNIE 4.5: RoPE computed in float32 and rounded once, as transformers rotates (config.rope_float32)
+        self.rope_f32 = bool(config.rope_float32)
         # GPT-OSS: a learned logit per query head in each softmax's denominator (attention sinks), or None
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attention_sinks else None
 
@@ -743,10 +743,11 @@ class DecoderLayer(nn.Module):
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \
+                or att.__dict__.get("rope_f32") \
                 or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None \
                 or att._parameters.get("sinks") is not None:
-            return None  # Ministral 3's query temperature, Granite's residual multiplier, OLMoE's q/k norms and
-            # clamp, GPT-OSS's attention sinks: not in the fused layer
+            return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
+            # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks: not in the fused layer
         if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None
@@ -950,6 +951,8 @@ class Llama(nn.Module):
         bool: every row); without it, where the row's last position is at or past ``config.rope_long_from``
         (transformers' rule for one forward, per row)."""
         dtype = dtype or self.dtype
+        if self.config.rope_float32 == "tables":  # (ERNIE 4.5: Attention.project rotates in float32 and rounds)
+            dtype = torch.float32
         inv_freq = self.inv_freq
         if self.inv_freq_long is not None:
             if rows_long is None:
