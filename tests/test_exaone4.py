@@ -22,7 +22,8 @@ def pair(**kw):
 
 
 @pytest.mark.parametrize("kw", [{}, {"layer_types": ALTERNATE, "tie_word_embeddings": True},
-                                {"sliding_window": 1000}, {"sliding_window": None, "layer_types": ["full_attention"] * 5},
+                                {"sliding_window": 1000},
+                                {"sliding_window": None, "layer_types": ["full_attention"] * 5},
                                 {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0,
                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                      "original_max_position_embeddings": 16}}],

@@ -60,8 +60,9 @@ def test_defaults_and_bad_configs():
 def tiny_seed_oss(seed):
     torch.manual_seed(seed)
     config = LlamaConfig(model_type="seed_oss", vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.3, attention_bias=True, extra={"attention_out_bias": True})
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, initializer_range=0.3, attention_bias=True,
+                         extra={"attention_out_bias": True})
     return randomize_(Llama(config), seed).eval()
 
 

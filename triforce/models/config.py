@@ -19,14 +19,14 @@ applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embe
 model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form),
 ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 / 3: norms after the
 attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims, reordered on loading),
-``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows),
-``attention_scale``, ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits),
-``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's
-RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's),
-``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling`` (Granite's), ``experts`` (a mixture of experts'
-sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp`` (GPT-OSS's), an explicit ``head_dim`` and the
-RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a config.json that leaves a key out gets that
-family's transformers default.
+``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` / ``parallel_block`` /
+``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` /
+``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its
+sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE
+ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
+(Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp``
+(GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a
+config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -394,7 +394,8 @@ _HARMLESS_ONLY_AT = {
     "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type == "seed_oss" and _is_number(v) and 0 <= v < 1),
                           "0.0 (Seed-OSS: any, as its configs ship 0.1: dropout acts in training only)"),
     # Seed-OSS's: LlamaConfig.out_bias; its residual dropout (training only)
-    "attention_out_bias": (lambda v, c: c.model_type == "seed_oss" and isinstance(v, bool), "absent (Seed-OSS: a bool)"),
+    "attention_out_bias": (lambda v, c: c.model_type == "seed_oss" and isinstance(v, bool),
+                           "absent (Seed-OSS: a bool)"),
     "residual_dropout": (lambda v, c: c.model_type == "seed_oss" and _is_number(v) and 0 <= v < 1,
                          "absent (Seed-OSS: any in [0, 1), training only)"),
     # Phi-3's other dropouts (training only, as that one)
@@ -498,7 +499,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         sliding, bad = _sliding_layers(c)
         if sliding is None:
             return none, bad
-        if window is None:  # (OLMo 3, EXAONE 4: transformers' cache fails on a sliding layer without a window)
+        if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one)
             return none, "sliding_window" if c.model_type in ("olmo3", "exaone4", "cohere2") and any(sliding) else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
@@ -576,15 +577,15 @@ _PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", "exaone4", "cohere2")
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
-    """Gemma 2 / 3, GPT-OSS, OLMo 3: per layer, whether its type is ``"sliding_attention"`` (its ``layer_types``, by
-    default the family's pattern: every n-th layer full), whatever its window; ``(None, the bad key or None)`` where
-    the keys say no such list."""
+    """Gemma 2 / 3, GPT-OSS, OLMo 3, EXAONE 4, Cohere 2: per layer, whether its type is ``"sliding_attention"`` (its
+    ``layer_types``, by default the family's pattern: every n-th layer full), whatever its window; ``(None, the bad key
+    or None)`` where the keys say no such list."""
     x, n = c.extra, c.num_hidden_layers
     types = x.get("layer_types")
     if types is None and c.model_type == "exaone4" and x.get("sliding_window", 4096) is None:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
     if types is None:
-        default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (Gemma 3's, EXAONE 4's)
+        default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
         pattern = {"gemma2": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
             c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", default))
         if not _is_int(pattern) or pattern < 1:
