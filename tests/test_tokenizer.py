@@ -597,3 +597,19 @@ def test_llama2_vocabulary_matches_reference_on_random_text(real_vocabs):
         else:
             text = "".join(rng.choice(ALPHABET + [" " * 17, " " * 33, "<s>", "</s>"]) for _ in range(30))
         assert tok.encode(text) == spm_reference(text, tokens, scores, types), text
+
+
+@pytest.mark.parametrize("pre", ["glm4", "chatglm-bpe"])
+def test_glm4_pre_tokenizer_is_llama3_split_without_bos(tmp_path, pre):
+    """GLM-4's pre-tokenizers (llama.cpp's CHATGLM4): Llama 3's split (the same pieces and ids as a dbrx file of the
+    same vocabulary), and no BOS token, not even where the file asks for one (llama.cpp drops its BOS id)."""
+    from .test_families import gguf_tokenizer
+
+    model = Llama(LlamaConfig(**{**TINY, "vocab_size": 300}))
+    glm = load_tokenizer(write_gguf(tmp_path / "g.gguf", model, tokenizer={**gguf_tokenizer(pre, 300),
+                                                                         "add_bos_token": True}), cache_dir=False)
+    dbrx = _gguf_bpe(tmp_path, "dbrx")
+    text = "It's 12345 items, i.e.\n\n  THE end's"
+    assert _splits(glm, text) == _splits(dbrx, text)
+    assert glm.encode(text) == dbrx.encode(text) and glm.decode(glm.encode(text)) == text
+    assert glm.bos_token_id is None and not glm.add_bos_token

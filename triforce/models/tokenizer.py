@@ -104,6 +104,8 @@ _GGUF_PRES = {
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
                     _Pre((_LLAMA3_SPLIT,), whole=True, bos=True)),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _Pre((_LLAMA3_SPLIT,))),  # dbrx: Phi-4's cl100k vocabulary
+    # GLM-4's: llama.cpp's CHATGLM4 split is Llama 3's regex, and it drops the file's BOS id (_GGUF_NO_BOS)
+    **dict.fromkeys(("glm4", "chatglm-bpe"), _Pre((_LLAMA3_SPLIT,))),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _Pre((_QWEN2_SPLIT,), nfc=True)),
     "qwen35": _Pre((_QWEN35_SPLIT,)),  # no NFC: its tokenizer.json keeps decomposed marks
     "tekken": _Pre((_TEKKEN_SPLIT,), whole=True, bos=True),
@@ -112,6 +114,9 @@ _GGUF_PRES = {
     "deepseek-llm": _Pre(_DEEPSEEK_LLM_SPLITS),
     "falcon": _Pre(_FALCON_SPLITS),
 }
+
+
+_GGUF_NO_BOS = ("glm4", "chatglm-bpe")  # llama.cpp's special_bos_id = LLAMA_TOKEN_NULL for these pre-tokenizers
 
 
 def _gguf_pre(pre) -> _Pre:
@@ -351,7 +356,10 @@ class Tokenizer:
         add_bos = gguf_field(reader, "tokenizer.ggml.add_bos_token")
         if add_bos is None:  # llama.cpp's default for the tokenizer
             add_bos = kind == "llama" or (kind == "gpt2" and _gguf_pre(pre).bos)
-        return cls(backend, bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
+        if kind == "gpt2" and pre in _GGUF_NO_BOS:  # llama.cpp sets no BOS id for these: it never prepends one
+            bos, add_bos = None, False
+        return cls(backend, bos_token_id=bos,
                    eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
                    chat_template=gguf_field(reader, "tokenizer.chat_template"), add_bos_token=bool(add_bos),
                    sentencepiece=sentencepiece)
