@@ -760,6 +760,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # ffn_up (gate first).
 # seed_oss: Seed-OSS (NEOX RoPE, so not permuted; the norm before the MLP named post_attention_norm; q/k/v biases,
 # o's where the file has them).
+# ernie4_5: ERNIE 4.5 as llama.cpp's converter writes it: Llama's tensor names (no biases: llama.cpp has none), q / k
+# rows as the checkpoint holds them (RoPE on consecutive pairs; _build reorders them: rotary_order).
 # cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
 # (attn_norm only), q / k rows as the checkpoint holds them (RoPE on consecutive pairs), the window on three of every
 # four layers (llama.cpp's fixed pattern) which alone take RoPE, logit_scale a factor on the logits.
@@ -769,7 +771,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "granite": ("granite", True), "qwen3moe": ("qwen3_moe", False),
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
-                      "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False)}
+                      "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
+                      "ernie4_5": ("ernie4_5", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
