@@ -107,3 +107,41 @@ def test_heads_training_forward_equals_decoding():
     from .test_heads import assert_perturbed_heads_train_as_they_decode
 
     assert_perturbed_heads_train_as_they_decode(tiny_exaone4(0))
+
+
+@pytest.mark.parametrize("layers", [64, 5])
+def test_gguf_as_llama_cpp_runs_it(tmp_path, layers):
+    """An exaone4 GGUF as llama.cpp's converter writes it (OLMo 2's tensor names, q / k rows as the checkpoint holds
+    them, the window and its pattern) runs as llama.cpp runs it, which is transformers' model where the two agree: a
+    64-layer file (EXAONE-4.0-32B's count) slides three of every four layers with RoPE and leaves the others without;
+    in any other file llama.cpp has no window and RoPE on every layer (here transformers' config with the window
+    null). Its blocks compute the loaded model bitwise; a pattern other than llama.cpp's raises."""
+    import numpy as np
+
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
+
+    windowed = layers == 64
+    kw = dict(num_hidden_layers=layers) if windowed else dict(num_hidden_layers=layers, sliding_window=None,
+                                                              layer_types=["full_attention"] * layers)
+    hf, _ = pair(**kw)
+    kv = converted_kv(hf.config)
+    if windowed:
+        kv.update({"attention.sliding_window": 6,
+                   "attention.sliding_window_pattern": [t == "sliding_attention" for t in hf.config.layer_types]})
+    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "exaone4", kv)
+    ours = Llama.from_pretrained(path, cache_dir=False)
+    c = ours.config
+    assert c.model_type == "exaone4" and c.layer_windows == tuple(6 if (i % 4 < 3 and windowed) else 0
+                                                                  for i in range(layers))
+    assert c.rope_layers == (tuple(i % 4 < 3 for i in range(layers)) if windowed else (True,) * layers)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_converted_gguf(tmp_path / "q.gguf", hf, "exaone4", kv,
+                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)
+    if windowed:
+        other = write_converted_gguf(tmp_path / "p.gguf", hf, "exaone4", {
+            **kv, "attention.sliding_window_pattern": [True, False] * (layers // 2)})
+        with pytest.raises(ValueError, match="sliding_window_pattern"):
+            Llama.from_pretrained(other, cache_dir=False)

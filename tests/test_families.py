@@ -426,11 +426,12 @@ def converted_kv(c, rotated=None, eps_key="attention.layer_norm_rms_epsilon") ->
     """The ``<arch>.*`` metadata llama.cpp's converter writes for transformers config ``c`` (``rotated``: the RoPE's
     dims, default the head; ``eps_key``: where its norms' eps goes, and ``c``'s own eps key by the same rule)."""
     eps = c.layer_norm_eps if eps_key == "attention.layer_norm_epsilon" else c.rms_norm_eps
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
             "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
             "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
-            "attention.key_length": c.head_dim, "attention.value_length": c.head_dim, eps_key: float(eps),
-            "rope.dimension_count": c.head_dim if rotated is None else rotated,
+            "attention.key_length": head_dim, "attention.value_length": head_dim, eps_key: float(eps),
+            "rope.dimension_count": head_dim if rotated is None else rotated,
             "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size}
 
 
@@ -447,7 +448,7 @@ def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None
             continue
         tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t.detach().float().numpy()
     w = gguf.GGUFWriter(str(path), arch)
-    add = {float: w.add_float32, int: w.add_uint32}
+    add = {float: w.add_float32, int: w.add_uint32, list: w.add_array}
     for k, v in kv.items():
         add[type(v)](f"{arch}.{k}", v)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):

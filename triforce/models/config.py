@@ -842,6 +842,13 @@ class LlamaConfig:
         return float(self.extra.get("logit_scale", FAMILIES["cohere2"].defaults["logit_scale"]))
 
     @property
+    def sliding_layers(self) -> tuple:
+        """Per layer, whether its type is ``"sliding_attention"`` (Gemma 2 / 3, GPT-OSS, OLMo 3, EXAONE 4, Cohere 2:
+        ``layer_types`` or the family's pattern), whatever its window; all False for the other families."""
+        sliding = _sliding_layers(self)[0] if self.model_type in _PATTERNED else None
+        return (False,) * self.num_hidden_layers if sliding is None else tuple(sliding)
+
+    @property
     def post_norms(self) -> bool:
         """OLMo 2 / 3's layer: ``h + post_attention_layernorm(attn(h))``, then ``h +
         post_feedforward_layernorm(mlp(h))``: its norms after the blocks, none before them."""

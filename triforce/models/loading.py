@@ -760,6 +760,9 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # ffn_up (gate first).
 # seed_oss: Seed-OSS (NEOX RoPE, so not permuted; the norm before the MLP named post_attention_norm; q/k/v biases,
 # o's where the file has them).
+# exaone4: EXAONE 4 as llama.cpp runs it (NEOX RoPE, so not permuted; OLMo 2's tensor names): a window only in a
+# 64-layer file (EXAONE-4.0-32B: attention.sliding_window, default 4096, on three of every four layers, llama.cpp's
+# fixed pattern), its sliding layers alone with RoPE; every other file full attention with RoPE on every layer.
 # ernie4_5: ERNIE 4.5 as llama.cpp's converter writes it: Llama's tensor names (no biases: llama.cpp has none), q / k
 # rows as the checkpoint holds them (RoPE on consecutive pairs; _build reorders them: rotary_order).
 # cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
@@ -772,7 +775,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
                       "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
-                      "ernie4_5": ("ernie4_5", False)}
+                      "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -810,15 +813,16 @@ _GGUF_HARMLESS_ONLY_AT = {
     "attention.causal": (lambda v, c: v is True, "true"),
     # phi3: llama.cpp reads it and then runs the model without a window ("Phi SWA is currently disabled"), as here
     "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3",
-                                                               "cohere2")
+                                                               "cohere2", "exaone4")
                                  or v == 0 or v >= c.max_position_embeddings,
                                  "0 or >= context_length (no sliding-window attention; gemma2 / gemma3 / gpt-oss / "
                                  "cohere2 / olmo2 (OLMo 3): its window)"),
-    # olmo2 (OLMo 3): llama.cpp's fixed pattern, every 4th layer full
+    # olmo2 (OLMo 3), exaone4: llama.cpp's fixed pattern, every 4th layer full (exaone4: in a 64-layer file; none in
+    # another)
     "attention.sliding_window_pattern": (
-        lambda v, c: c.model_type == "olmo3" and list(v) == [not r for r in c.rope_layers],
-        "olmo2 with attention.sliding_window: three of every four layers sliding, the 4th, 8th, ... full (the "
-        "pattern llama.cpp's olmo2 applies; read_gguf)"),
+        lambda v, c: c.model_type in ("olmo3", "exaone4") and tuple(v) == c.sliding_layers,
+        "olmo2 with attention.sliding_window, a 64-layer exaone4: three of every four layers sliding, the 4th, 8th, "
+        "... full; another exaone4: none (the patterns llama.cpp applies; read_gguf)"),
     # read by _gguf_gemma for gemma2
     **{key: (lambda v, c: c.model_type == "gemma2", "absent (Gemma 2's only)")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
@@ -1079,6 +1083,10 @@ def read_gguf(path: Path, skip=None, reader=None):
         n_ff = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff
         window = int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
         extra["sliding_window"] = window or None
+    if arch == "exaone4":  # llama.cpp's: a window (pattern 4) only in a 64-layer file; else none, RoPE on every layer
+        sliding = int(need("block_count")) == 64
+        extra.update(sliding_window=int(gguf_field(reader, f"{arch}.attention.sliding_window", 4096)) if sliding
+                     else None, sliding_window_pattern=4)
     if arch == "seed_oss":  # (its o bias by its own key)
         extra["attention_out_bias"] = "blk.0.attn_output.bias" in tensors
     if arch == "cohere2":  # its window (required), llama.cpp's fixed pattern, its logit scale (a factor)
@@ -1256,8 +1264,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     if name.startswith("blk."):
         _, i, kind = name.split(".", 2)
         table = (_GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_PHI3_TENSORS if arch == "phi3"
-                 else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss" else _GGUF_OLMO2_TENSORS if arch == "olmo2"
-                 else _GGUF_GLM4_TENSORS if arch == "glm4" else _GGUF_SEED_OSS_TENSORS if arch == "seed_oss"
+                 else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss"
+                 else _GGUF_OLMO2_TENSORS if arch in ("olmo2", "exaone4") else _GGUF_GLM4_TENSORS if arch == "glm4" else _GGUF_SEED_OSS_TENSORS if arch == "seed_oss"
                  else _GGUF_LAYER_TENSORS)
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
