@@ -1010,6 +1010,10 @@ _GGUF_SEED_OSS_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k !
 # hold them (_build splits them)
 _GGUF_PHI3_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
                       "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
+_GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
+                "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
+                "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1263,10 +1267,7 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
         return "lm_head.weight", None
     if name.startswith("blk."):
         _, i, kind = name.split(".", 2)
-        table = (_GGUF_SANDWICH_TENSORS if arch in ("gemma2", "gemma3") else _GGUF_PHI3_TENSORS if arch == "phi3"
-                 else _GGUF_GPT_OSS_TENSORS if arch == "gpt-oss"
-                 else _GGUF_OLMO2_TENSORS if arch in ("olmo2", "exaone4") else _GGUF_GLM4_TENSORS if arch == "glm4" else _GGUF_SEED_OSS_TENSORS if arch == "seed_oss"
-                 else _GGUF_LAYER_TENSORS)
+        table = _GGUF_TABLES.get(arch, _GGUF_LAYER_TENSORS)
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")
