@@ -140,26 +140,15 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path):
     scaling none) gives transformers' logits on the checkpoint (llama.cpp's fixed pattern: three of every four layers
     sliding, Cohere2Config's default); in Q8_0 / Q5_0 blocks gguf_copy computes bitwise the loaded model, and
     load_gguf_int8 bitwise gguf_copy's int8 copy."""
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
 
     hf, _ = pair()
     c = hf.config
     kv = {**converted_kv(c, eps_key="attention.layer_norm_epsilon"), "logit_scale": float(c.logit_scale),
           "attention.sliding_window": c.sliding_window}
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "cohere2", kv)
-    ours = Llama.from_pretrained(path, cache_dir=False)
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "cohere2", kv)
     assert ours.config.model_type == "cohere2" and ours.config.layer_windows == (6, 6, 6, 0, 6)
     assert ours.config.logit_scale == 0.25 and ours.config.rms_norm_eps == pytest.approx(1e-4)
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "cohere2", kv,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    want = assert_blocks_compute_the_loaded_model(q, ids)
-    with torch.no_grad():
-        assert (want - hf(ids).logits).abs().max().item() > TOL  # (the blocks round the weights)
 
 
 def test_bfloat16_rope_rounds_once_as_transformers():

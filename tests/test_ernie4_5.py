@@ -8,7 +8,6 @@ from triforce.models import Llama, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_, transformers_and_ours
-from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -108,18 +107,8 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path):
     """An ernie4_5 GGUF as llama.cpp's converter writes an Ernie4_5ForCausalLM checkpoint (Llama's names, q / k rows as
     the checkpoint holds them, RoPE on consecutive pairs) gives transformers' logits; its blocks (gguf_copy,
     load_gguf_int8) compute the loaded model bitwise."""
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
 
     hf, _ = pair()
-    kv = converted_kv(hf.config)
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "ernie4_5", kv)
-    ours = Llama.from_pretrained(path, cache_dir=False)
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "ernie4_5", converted_kv(hf.config))
     assert ours.config.model_type == "ernie4_5" and ours.config.tie_word_embeddings
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "ernie4_5", kv,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    assert_blocks_compute_the_loaded_model(q, ids)

@@ -130,21 +130,10 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, kw):
     for the four norms, gate and up as one ffn_up; q / k rows as the checkpoint holds them; rope.dimension_count the
     rotated dims) gives transformers' logits on the checkpoint; in Q8_0 / Q5_0 blocks, gguf_copy's blocks (split and
     reordered alike) compute bitwise the loaded model, and load_gguf_int8 bitwise gguf_copy's int8 copy."""
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
 
     hf, _ = pair(**kw)
     c = hf.config
     kv = converted_kv(c, rotated=int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 0.5)))
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "glm4", kv)
-    ours = Llama.from_pretrained(path, cache_dir=False)
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "glm4", kv)
     assert ours.config.model_type == "glm4" and ours.config.rotary_dim == kv["rope.dimension_count"]
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "glm4", kv,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    want = assert_blocks_compute_the_loaded_model(q, ids)
-    with torch.no_grad():
-        assert (want - hf(ids).logits).abs().max().item() > TOL  # (the blocks round the weights)

@@ -8,7 +8,6 @@ from triforce.models import Llama, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_, transformers_and_ours
-from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -76,19 +75,8 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, kw):
     """A seed_oss GGUF as llama.cpp's converter writes a SeedOssForCausalLM checkpoint (the gguf package's names: the
     norm before the MLP as post_attention_norm; q / k rows as the checkpoint holds them, NEOX RoPE) gives
     transformers' logits; its blocks (gguf_copy, load_gguf_int8) compute the loaded model bitwise."""
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
 
     hf, _ = pair(**kw)
-    c = hf.config
-    kv = converted_kv(c)
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "seed_oss", kv)
-    ours = Llama.from_pretrained(path, cache_dir=False)
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "seed_oss", converted_kv(hf.config))
     assert ours.config.model_type == "seed_oss" and ours.config.out_bias == kw.get("attention_out_bias", False)
-    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "seed_oss", kv,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    assert_blocks_compute_the_loaded_model(q, ids)
