@@ -8,25 +8,25 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the mixtures of
-experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and ``gpt_oss`` (also
-from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per
-family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases
-on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over
-head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key
-projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight
-applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the
-model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form),
-``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 / 3: norms after the
-attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims, reordered on loading),
-``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` / ``parallel_block`` /
-``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows), ``attention_scale``, ``attn_softcap`` /
-``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its
-sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE
-ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
-(Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp``
-(GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a
-config.json that leaves a key out gets that family's transformers default.
+``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
+mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and
+``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference,
+not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
+``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
+(Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
+token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm``
+(Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
+sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its
+tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 / 3:
+norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims,
+reordered on loading), ``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` /
+``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows), ``attention_scale``,
+``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's
+RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones,
+not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` /
+``logits_scaling`` (Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm``
+and ``swiglu_clamp`` (GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
+:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -275,6 +275,13 @@ FAMILIES["cohere2"] = Family("Cohere2ForCausalLM", layer_norm=True, parallel_blo
                                  "rms_norm_eps": 1e-5, "pad_token_id": 0, "bos_token_id": 5, "eos_token_id": 255001,
                                  "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 4,
                                  "logit_scale": 0.0625})
+# Cohere (CohereForCausalLM: Command R, Command R 08-2024, Aya 23, Aya Expanse): Cohere 2's layer without sliding
+# windows (RoPE on every layer); its per-head q/k LayerNorm (use_qk_norm: Command R+) is not read (only false loads).
+FAMILIES["cohere"] = Family("CohereForCausalLM", layer_norm=True, parallel_block=True, rope_interleaved=True,
+                            rope_float32="math", reads=("attention_bias",), defaults={
+                                **{k: v for k, v in FAMILIES["cohere2"].defaults.items()
+                                   if k not in ("sliding_window", "sliding_window_pattern")}})
+_COHERES = ("cohere", "cohere2")
 # GLM-4 (Glm4ForCausalLM: GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): Gemma 3's four norms around the blocks (under its own
 # names: post_self_attn_layernorm after the attention, post_attention_layernorm before the MLP, post_mlp_layernorm
 # after it), Llama's RMSNorm; biases on q, k and v by attention_bias (none on o); RoPE on the first half of each head
@@ -406,11 +413,13 @@ _HARMLESS_ONLY_AT = {
                                                                and int(c.head_dim * v) >= 2),
                               "1.0 (RoPE on the whole head; Phi-3 / Phi-4 / GLM-4: a number in (0, 1] leaving an even "
                               "number >= 2 of rotated dims, int(head_dim * factor))"),
-    "logit_scale": (lambda v, c: c.model_type == "cohere2" and _is_number(v) and 0 < abs(v) < float("inf"),
-                    "absent (Cohere 2: a finite nonzero number, the logits' factor)"),
+    "logit_scale": (lambda v, c: c.model_type in _COHERES and _is_number(v) and 0 < abs(v) < float("inf"),
+                    "absent (Cohere, Cohere 2: a finite nonzero number, the logits' factor)"),
+    "use_qk_norm": (lambda v, c: c.model_type == "cohere" and v in (False, None),
+                    "false (Cohere: its per-head q/k LayerNorm, Command R+'s, is not implemented)"),
     # Command R7B's config.json has it; transformers does not read it (RoPE on the whole head); llama.cpp's converter
     # does: only 1.0, where the two agree
-    "rotary_pct": (lambda v, c: c.model_type == "cohere2" and v == 1, "1.0 (Cohere 2: RoPE on the whole head)"),
+    "rotary_pct": (lambda v, c: c.model_type in _COHERES and v == 1, "1.0 (Cohere, Cohere 2: RoPE on the whole head)"),
     # Granite's multipliers: LlamaConfig.embedding_multiplier, attention_scale, residual_multiplier, logits_scaling
     **{key: (lambda v, c: c.model_type in _GRANITES and _is_number(v) and 0 < v < float("inf"),
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
@@ -836,8 +845,8 @@ class LlamaConfig:
 
     @property
     def logit_scale(self) -> float:
-        """Cohere 2: the logits times ``logit_scale`` (in the model's dtype, as transformers); 1.0 elsewhere."""
-        if self.model_type != "cohere2":
+        """Cohere, Cohere 2: the logits times ``logit_scale`` (in the model's dtype, as transformers); 1.0 elsewhere."""
+        if self.model_type not in _COHERES:
             return 1.0
         return float(self.extra.get("logit_scale", FAMILIES["cohere2"].defaults["logit_scale"]))
 
@@ -1065,10 +1074,11 @@ class LlamaConfig:
                 if key in d:
                     raise ValueError(f"config key {key!r} is not Ernie4_5Config's: its biases are use_bias's")
             d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", False)
-        if model_type == "cohere2":  # its norms' eps (LayerNorm's): rms_norm_eps here
-            d.pop("rms_norm_eps", None)  # (not Cohere2Config's: transformers keeps it unread)
+        if model_type in _COHERES:  # its norms' eps (LayerNorm's): rms_norm_eps here
+            d.pop("rms_norm_eps", None)  # (not CohereConfig's: transformers keeps it unread)
             if "layer_norm_eps" in d:
                 d["rms_norm_eps"] = d.pop("layer_norm_eps")
+        if model_type == "cohere2":
             if d.get("head_dim", d.get("hidden_size", 8192) // d.get("num_attention_heads", 64)) != \
                     d.get("hidden_size", 8192) // d.get("num_attention_heads", 64):
                 raise ValueError(f"config head_dim = {d['head_dim']!r}: Cohere2Config sets it to hidden_size // "
@@ -1160,7 +1170,7 @@ class LlamaConfig:
         if self.model_type == "ernie4_5":  # (its one bias key)
             d["use_bias"] = d.pop("attention_bias")
             del d["mlp_bias"]
-        if self.model_type == "cohere2":  # (its norms' eps under its own key)
+        if self.model_type in _COHERES:  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
         if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)
             local = d.pop("rope_local_base_freq", None)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .config import FAMILIES, WRAPPERS, LlamaConfig
+from .config import _COHERES, FAMILIES, WRAPPERS, LlamaConfig
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -765,6 +765,7 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # fixed pattern), its sliding layers alone with RoPE; every other file full attention with RoPE on every layer.
 # ernie4_5: ERNIE 4.5 as llama.cpp's converter writes it: Llama's tensor names (no biases: llama.cpp has none), q / k
 # rows as the checkpoint holds them (RoPE on consecutive pairs; _build reorders them: rotary_order).
+# command-r: Cohere (Command R, Aya) as llama.cpp runs it: cohere2's layer with RoPE on every layer and no window.
 # cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
 # (attn_norm only), q / k rows as the checkpoint holds them (RoPE on consecutive pairs), the window on three of every
 # four layers (llama.cpp's fixed pattern) which alone take RoPE, logit_scale a factor on the logits.
@@ -775,7 +776,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
                       "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
-                      "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False)}
+                      "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -837,7 +838,8 @@ _GGUF_HARMLESS_ONLY_AT = {
     # granite: read into its config (_GGUF_GRANITE); elsewhere only llama.cpp's defaults (attention.scale 0:
     # head_dim ** -0.5; the others 1)
     **{key: (lambda v, c, key=key: v == 1 or c.model_type in _GGUF_GRANITE_TYPES
-             or (key == "logit_scale" and c.model_type == "cohere2"), "1.0 (granite, cohere2's logit_scale: any, read)")
+             or (key == "logit_scale" and c.model_type in ("cohere", "cohere2")),
+             "1.0 (granite, command-r and cohere2's logit_scale: any, read)")
        for key in ("logit_scale", "embedding_scale", "residual_scale")},
     "attention.scale": (lambda v, c: v == 0 or c.model_type in _GGUF_GRANITE_TYPES,
                         "0 (head_dim ** -0.5; granite: any, read)"),
@@ -1093,9 +1095,10 @@ def read_gguf(path: Path, skip=None, reader=None):
                      else None, sliding_window_pattern=4)
     if arch == "seed_oss":  # (its o bias by its own key)
         extra["attention_out_bias"] = "blk.0.attn_output.bias" in tensors
-    if arch == "cohere2":  # its window (required), llama.cpp's fixed pattern, its logit scale (a factor)
-        extra.update(sliding_window=int(need("attention.sliding_window")), sliding_window_pattern=4,
-                     logit_scale=float(need("logit_scale")))
+    if arch == "cohere2":  # its window (required), llama.cpp's fixed pattern
+        extra.update(sliding_window=int(need("attention.sliding_window")), sliding_window_pattern=4)
+    if model_type in _COHERES:  # its logit scale (a factor)
+        extra["logit_scale"] = float(need("logit_scale"))
     if arch == "olmo2" and int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0) > 0:
         model_type = "olmo3"  # (llama.cpp's olmo2 with a window: OLMo 3's layers)
         extra["sliding_window"] = int(gguf_field(reader, f"{arch}.attention.sliding_window"))
@@ -1106,7 +1109,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
-        rope_scaling=rope_scaling, rms_norm_eps=float(need("attention.layer_norm_epsilon" if arch == "cohere2"
+        rope_scaling=rope_scaling, rms_norm_eps=float(need("attention.layer_norm_epsilon" if model_type in _COHERES
                                                             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
