@@ -105,7 +105,7 @@ def test_greedy_equals_autoregressive_smollm2_cuda(smol_cuda, method, opts):
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "longrope", "smollm3", "ministral3", "granite", "qwen3_moe",
-                                    "olmo3", "glm4", "exaone4", "cohere2", "seed_oss", "ernie4_5"])
+                                    "olmo2", "olmo3", "glm4", "exaone4", "cohere", "cohere2", "seed_oss", "ernie4_5"])
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
 def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
     """Sliding windows (a tiny Mistral, window 8), soft-capped scores and logits (a tiny Gemma 2, every other
@@ -113,7 +113,8 @@ def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
     Ministral 3's query temperature (per-layer RoPE tables and a per-position query scale in the graphs), Granite's
     multipliers (the residual one off the fused elementwise kernel), a mixture of experts (Qwen3-MoE: eager, its
     routing read on the host, the CUDA graphs declined), OLMo 3's post-norms and two RoPEs, GLM-4's half-head RoPE and
-    q/k/v biases, EXAONE 4's NoPE layers beside sliding ones, Cohere 2's parallel block and LayerNorm, Seed-OSS's
+    q/k/v biases, EXAONE 4's NoPE layers beside sliding ones, Cohere's and Cohere 2's parallel block and LayerNorm,
+    Seed-OSS's
     biases, ERNIE 4.5's float32 RoPE: the Triton
     kernels' window and cap paths through the model layer and every engine, greedy tokens equal autoregressive
     decoding's on the GPU."""
@@ -129,17 +130,19 @@ def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
         from tests.test_ernie4_5 import tiny_ernie4_5 as make
     elif family == "seed_oss":
         from tests.test_seed_oss import tiny_seed_oss as make
+    elif family == "cohere":
+        from tests.test_cohere import tiny_cohere as make
     elif family == "cohere2":
         from tests.test_cohere2 import tiny_cohere2 as make
     elif family == "exaone4":
         from tests.test_exaone4 import tiny_exaone4 as make
     elif family == "glm4":
         from tests.test_glm4 import tiny_glm4 as make
-    elif family == "olmo3":
+    elif family in ("olmo2", "olmo3"):
         from tests.test_olmo import tiny_olmo
 
         def make(seed):
-            return tiny_olmo("olmo3", seed)
+            return tiny_olmo(family, seed)
     elif family == "mistral":
         from tests.test_retrieval_windows import windowed as make
     elif family == "longrope":
