@@ -108,16 +108,14 @@ def test_greedy_equals_autoregressive_smollm2_cuda(smol_cuda, method, opts):
                                     "olmo2", "olmo3", "glm4", "exaone4", "cohere", "cohere2", "seed_oss", "ernie4_5"])
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
 def test_windowed_and_capped_models_greedy_cuda(family, method, opts):
-    """Sliding windows (a tiny Mistral, window 8), soft-capped scores and logits (a tiny Gemma 2, every other
-    layer windowed), LongRoPE (rows on either factor set, in captured CUDA graphs), SmolLM3's NoPE layers and
-    Ministral 3's query temperature (per-layer RoPE tables and a per-position query scale in the graphs), Granite's
-    multipliers (the residual one off the fused elementwise kernel), a mixture of experts (Qwen3-MoE: eager, its
-    routing read on the host, the CUDA graphs declined), OLMo 3's post-norms and two RoPEs, GLM-4's half-head RoPE and
-    q/k/v biases, EXAONE 4's NoPE layers beside sliding ones, Cohere's and Cohere 2's parallel block and LayerNorm,
-    Seed-OSS's
-    biases, ERNIE 4.5's float32 RoPE: the Triton
-    kernels' window and cap paths through the model layer and every engine, greedy tokens equal autoregressive
-    decoding's on the GPU."""
+    """Sliding windows (a tiny Mistral, window 8), soft-capped scores and logits (a tiny Gemma 2, every other layer
+    windowed), LongRoPE (rows on either factor set, in captured CUDA graphs), SmolLM3's NoPE layers and Ministral 3's
+    query temperature (per-layer RoPE tables and a per-position query scale in the graphs), Granite's multipliers (the
+    residual one off the fused elementwise kernel), a mixture of experts (Qwen3-MoE: eager, its routing read on the
+    host, the CUDA graphs declined), OLMo 3's post-norms and two RoPEs, GLM-4's half-head RoPE and q/k/v biases, EXAONE
+    4's NoPE layers beside sliding ones, Cohere's and Cohere 2's parallel block and LayerNorm, Seed-OSS's biases, ERNIE
+    4.5's float32 RoPE: the Triton kernels' window and cap paths through the model layer and every engine, greedy tokens
+    equal autoregressive decoding's on the GPU."""
     if family == "smollm3":
         from tests.test_smollm3 import tiny_smollm3 as make
     elif family == "ministral3":
