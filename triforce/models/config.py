@@ -415,8 +415,9 @@ _HARMLESS_ONLY_AT = {
                               "number >= 2 of rotated dims, int(head_dim * factor))"),
     "logit_scale": (lambda v, c: c.model_type in _COHERES and _is_number(v) and 0 < abs(v) < float("inf"),
                     "absent (Cohere, Cohere 2: a finite nonzero number, the logits' factor)"),
-    "use_qk_norm": (lambda v, c: c.model_type == "cohere" and v in (False, None),
-                    "false (Cohere: its per-head q/k LayerNorm, Command R+'s, is not implemented)"),
+    # Cohere's per-head q/k LayerNorm (Command R+): LlamaConfig.qk_norm
+    "use_qk_norm": (lambda v, c: c.model_type == "cohere" and isinstance(v, bool) or v is None,
+                    "absent (Cohere: a bool, its per-head q/k LayerNorm)"),
     # Command R7B's config.json has it; transformers does not read it (RoPE on the whole head); llama.cpp's converter
     # does: only 1.0, where the two agree
     "rotary_pct": (lambda v, c: c.model_type in _COHERES and v == 1, "1.0 (Cohere, Cohere 2: RoPE on the whole head)"),
@@ -997,8 +998,10 @@ class LlamaConfig:
     @property
     def qk_norm(self) -> bool:
         """An RMSNorm on the queries and keys before RoPE: over ``head_dim`` on every head (Qwen3), or over each
-        token's whole query and key projections where :attr:`qk_norm_full` (OLMoE)."""
-        return FAMILIES[self.model_type].qk_norm
+        token's whole query and key projections where :attr:`qk_norm_full` (OLMoE); Cohere's (``use_qk_norm``: a
+        LayerNorm over ``head_dim`` with weights of its own per head, ``[heads, head_dim]``)."""
+        family = FAMILIES[self.model_type]
+        return family.qk_norm or (self.model_type == "cohere" and bool(self.extra.get("use_qk_norm")))
 
     @property
     def qk_norm_full(self) -> bool:

@@ -548,8 +548,8 @@ def _order_rotary_dims(config: LlamaConfig, sd: dict, inverse: bool = False) -> 
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_proj.bias",
                           "self_attn.k_proj.bias")):
             out[name] = t.reshape(-1, D, *t.shape[1:])[:, order.to(t.device)].reshape(t.shape)
-        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
-            out[name] = t[order.to(t.device)]
+        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):  # ([head_dim], Cohere's [heads, ..])
+            out[name] = t[..., order.to(t.device)]
     return out
 
 
@@ -1099,6 +1099,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra.update(sliding_window=int(need("attention.sliding_window")), sliding_window_pattern=4)
     if model_type in _COHERES:  # its logit scale (a factor)
         extra["logit_scale"] = float(need("logit_scale"))
+    if arch == "command-r":  # Command R+'s per-head q / k norms where the file has them (llama.cpp applies them so)
+        extra["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "olmo2" and int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0) > 0:
         model_type = "olmo3"  # (llama.cpp's olmo2 with a window: OLMo 3's layers)
         extra["sliding_window"] = int(gguf_field(reader, f"{arch}.attention.sliding_window"))
