@@ -275,8 +275,9 @@ FAMILIES["cohere2"] = Family("Cohere2ForCausalLM", layer_norm=True, parallel_blo
                                  "rms_norm_eps": 1e-5, "pad_token_id": 0, "bos_token_id": 5, "eos_token_id": 255001,
                                  "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 4,
                                  "logit_scale": 0.0625})
-# Cohere (CohereForCausalLM: Command R, Command R 08-2024, Aya 23, Aya Expanse): Cohere 2's layer without sliding
-# windows (RoPE on every layer); its per-head q/k LayerNorm (use_qk_norm: Command R+) is not read (only false loads).
+# Cohere (CohereForCausalLM: Command R, Command R 08-2024, Command R+, Aya 23, Aya Expanse): Cohere 2's layer without
+# sliding windows (RoPE on every layer); with use_qk_norm (Command R+) a LayerNorm on every q / k head, its own weights
+# per head.
 FAMILIES["cohere"] = Family("CohereForCausalLM", layer_norm=True, parallel_block=True, rope_interleaved=True,
                             rope_float32="math", reads=("attention_bias",), defaults={
                                 **{k: v for k, v in FAMILIES["cohere2"].defaults.items()

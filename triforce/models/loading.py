@@ -548,7 +548,7 @@ def _order_rotary_dims(config: LlamaConfig, sd: dict, inverse: bool = False) -> 
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_proj.bias",
                           "self_attn.k_proj.bias")):
             out[name] = t.reshape(-1, D, *t.shape[1:])[:, order.to(t.device)].reshape(t.shape)
-        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):  # ([head_dim], Cohere's [heads, ..])
+        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):  # [head_dim]; Cohere's [heads, ..]
             out[name] = t[..., order.to(t.device)]
     return out
 
