@@ -5,10 +5,10 @@ it."""
 import pytest
 import torch
 
-from triforce.models import Llama, LlamaConfig
+from triforce.models import LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_, transformers_and_ours
+from .test_families import TINY, tiny_family, transformers_and_ours
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -57,11 +57,7 @@ def test_defaults_and_bad_configs():
 
 
 def tiny_cohere(seed):
-    torch.manual_seed(seed)
-    config = LlamaConfig(model_type="cohere", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.3, tie_word_embeddings=True, extra={"logit_scale": 0.5})
-    return randomize_(Llama(config), seed).eval()
+    return tiny_family("cohere", seed, tie_word_embeddings=True, extra={"logit_scale": 0.5})
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES[::2], ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES[::2])])

@@ -7,7 +7,7 @@ import torch
 from triforce.models import Llama, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_, transformers_and_ours
+from .test_families import TINY, tiny_family, transformers_and_ours
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -89,11 +89,7 @@ def test_defaults_and_bad_configs():
 
 
 def tiny_exaone4(seed):
-    torch.manual_seed(seed)
-    config = LlamaConfig(model_type="exaone4", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.3, extra={"sliding_window": 10, "sliding_window_pattern": 2})
-    return randomize_(Llama(config), seed).eval()
+    return tiny_family("exaone4", seed, layers=4, extra={"sliding_window": 10, "sliding_window_pattern": 2})
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])

@@ -65,6 +65,17 @@ def randomize_(model, seed=0):
     return model
 
 
+def tiny_family(model_type: str, seed: int, layers: int = 3, **kw) -> Llama:
+    """A tiny random model of ``model_type`` for the engines' tests: vocabulary 64, hidden 32 (MLP 64), 4 query and 2 KV
+    heads, context 1024, weights drawn with std 0.3 and every bias and norm randomised (``seed``); ``kw``: more
+    :class:`LlamaConfig` fields (``extra``: the family's own keys)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, initializer_range=0.3, **kw)
+    return randomize_(Llama(config), seed).eval()
+
+
 def transformers_and_ours(name: str, **kw):
     """A tiny random transformers ``<name>ForCausalLM`` (``<name>Config(**kw)``, eager attention, biases and norms
     randomised) and ours built from its config and weights."""

@@ -9,7 +9,7 @@ import triforce
 from triforce.models import Llama, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_, transformers_and_ours
+from .test_families import TINY, randomize_, tiny_family, transformers_and_ours
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -129,13 +129,8 @@ def test_defaults_and_bad_configs():
 
 
 def tiny_olmo(model_type, seed):
-    torch.manual_seed(seed)
-    olmo3 = model_type == "olmo3"
-    config = LlamaConfig(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, initializer_range=0.3, rope_theta=50000.0,
-                         extra={"sliding_window": 10, "rope_local_base_freq": 1000.0} if olmo3 else {})
-    return randomize_(Llama(config), seed).eval()
+    extra = {"sliding_window": 10, "rope_local_base_freq": 1000.0} if model_type == "olmo3" else {}
+    return tiny_family(model_type, seed, layers=4, rope_theta=50000.0, extra=extra)
 
 
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])

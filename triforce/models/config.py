@@ -1005,6 +1005,11 @@ class LlamaConfig:
         return family.qk_norm or (self.model_type == "cohere" and bool(self.extra.get("use_qk_norm")))
 
     @property
+    def qk_norm_heads(self) -> bool:
+        """The q/k norms' weights are per head, ``[heads, head_dim]`` (Cohere's), not shared across the heads."""
+        return self.model_type == "cohere"
+
+    @property
     def qk_norm_full(self) -> bool:
         """The q/k RMSNorm over each token's whole query (``hidden_size``) and key (``num_key_value_heads *
         head_dim``) projections, before the heads are split (OLMoE)."""

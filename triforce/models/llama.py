@@ -368,7 +368,7 @@ class Attention(nn.Module):
         # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE; OLMoE: over each token's whole query
         # and key projections (qk_norm_full), before the heads are split
         self.full_qk_norm = config.qk_norm_full
-        if config.qk_norm and config.model_type == "cohere":  # Cohere's: its own weights per head, [heads, head_dim]
+        if config.qk_norm and config.qk_norm_heads:  # Cohere's: its own weights per head, [heads, head_dim]
             self.q_norm = make_norm(config, (self.n_heads, self.head_dim), config.rms_norm_eps)
             self.k_norm = make_norm(config, (self.n_kv, self.head_dim), config.rms_norm_eps)
         elif config.qk_norm:
