@@ -79,7 +79,7 @@ def table1_caches(ctx: int, budget: int, new_tokens: int, sink: int = 16, window
     return {
         f"StreamingLLM ({sink} sink + {budget - sink} recent)": {"sink": sink, "window": budget - sink},
         **retrieval,
-        "full cache" + (" (a StreamingLLM cache holding every token: it attends to all, no window)"
+        "full cache" + (" (a StreamingLLM cache holding every token, its window over them)"
                         if windowed else ""): {"sink": sink, "window": ctx + new_tokens + 8},
     }
 

@@ -114,7 +114,8 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // the step's [B, T] layout with zero keys and values at the padding (written to the caches as zeros), and computes
 // the real queries only (verify_attention_ragged).
 // -> h of the rows, [1, N, H] (bitwise those rows of the unpacked forward: every row is computed on its own).
-// windows (one per layer, or none): each layer's sliding window for verify_attention (0: none).
+// windows (one per layer, or none): each layer's sliding window for verify_attention (0: none); window_leftpad
+// (int32 [B], or none): verify_attention's cache_leftpad on the layers with a window (the first slot they see).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -123,7 +124,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
-                          at::OptionalIntArrayRef windows);
+                          at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();
@@ -133,11 +134,13 @@ std::vector<int64_t> forward_team_stats();
 // multiples of 512 (a row's result is then independent of T); 1..64 cuts the longest prefix into that
 // many parts (tests and benchmarks). window > 0: each query sees only the last `window` keys it would see
 // (a sliding window; docs/design.md 3.2), 0: all. softcap > 0: every scaled score s becomes
-// softcap * tanh(s / softcap) (Gemma 2), 0: none.
+// softcap * tanh(s / softcap) (Gemma 2), 0: none. cache_leftpad (int32 [B], or none): row b's prefix starts at
+// cache_leftpad[b] (clamped to [0, cache_seqlens[b] - T]): no query sees a key below it, a window counts from it.
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
-                                                    int64_t num_splits, int64_t window, double softcap);
+                                                    int64_t num_splits, int64_t window, double softcap,
+                                                    const std::optional<at::Tensor>& cache_leftpad);
 // cap * tanh(x / cap) for a float32 tensor, elementwise, each element by the same instructions wherever it
 // lies (csrc/include/triforce/softcap.h): Gemma 2's soft-capped logits, whose rows must not depend on the batch.
 at::Tensor softcap(const at::Tensor& x, double cap);
@@ -149,7 +152,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                                            const std::optional<at::Tensor>& tree_mask,
                                                            double softmax_scale, int64_t num_splits,
                                                            const std::optional<at::Tensor>& query_lens,
-                                                           int64_t window = 0, double softcap = 0.0);
+                                                           int64_t window = 0, double softcap = 0.0,
+                                                           const std::optional<at::Tensor>& cache_leftpad = {});
 
 // ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,

@@ -15,7 +15,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "int budget_chunks, Tensor(a!) out_k, Tensor(b!) out_v, int sink_chunks, int recent_chunks) -> Tensor");
   // ---- verification attention (docs/design.md 3.2)
   m.def("verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? tree_mask, "
-        "float softmax_scale, int num_splits, int window=0, float softcap=0.0) -> (Tensor, Tensor)");
+        "float softmax_scale, int num_splits, int window=0, float softcap=0.0, Tensor? cache_leftpad=None) "
+        "-> (Tensor, Tensor)");
   m.def("softcap(Tensor x, float cap) -> Tensor");
   // ---- accept / reject sampling (docs/design.md 3.3)
   m.def("chain_speculative_sample(Tensor draft_tokens, Tensor? draft_probs, Tensor target_probs, Tensor uniforms)"
@@ -40,7 +41,7 @@ TORCH_LIBRARY(triforce_C, m) {
         "Tensor?[] scales, Tensor?[] bias, Tensor?[] qk_norm_w, float[] qk_eps, Tensor(a!)[] k_cache, "
         "Tensor(b!)[] v_cache, Tensor(c!)[] k_raw_cache, Tensor(d!)[] last_query, Tensor slots, "
         "Tensor cache_seqlens, Tensor? tree_mask, Tensor? query_index, Tensor? query_valid, Tensor? rows=None, "
-        "int[]? windows=None) -> Tensor");
+        "int[]? windows=None, Tensor? window_leftpad=None) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");

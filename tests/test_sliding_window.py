@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import triforce
-from triforce.models import FullCache, Llama, LlamaConfig
+from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import hf_model
@@ -135,3 +135,44 @@ def test_layer_skip_keeps_the_first_layers_windows():
     model = tiny_windowed(0, layers=("full_attention", "sliding_attention", "full_attention"))
     assert model.layer_skip(2).config.layer_windows == (0, 6)
     assert model.config.layer_windows == (0, 6, 0)
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["layer-stack", "per-layer"])
+@pytest.mark.parametrize("window,max_step,tree", [(3, 1, False), (6, 1, False), (8, 3, False), (12, 4, False),
+                                                  (9, 4, True)],
+                         ids=["shorter", "holds-the-window", "sorted", "sorted-longer", "sorted-tree"])
+def test_a_streaming_cache_sees_the_models_window(monkeypatch, native, window, max_step, tree):
+    """A StreamingLLM cache on a model whose every layer slides (W = 7), from a prompt long enough that no query
+    reaches the sinks: its sliding layers see no sink (``cache_leftpad``) and, where the cache holds more than
+    the window (``window + max_step > W``), count the window's last ranks over slots kept in position order.
+    So with ``window >= W - 1`` (it holds every key the model's window shows) its forwards (steps, passes of up to
+    ``max_step`` tokens, rollbacks, a tree) give the full cache's logits; with a shorter one (``shorter``: steps),
+    those of the full cache with a window of ``window + 1`` from the prompt on (its recent tokens and the query).
+    Without the left padding (``shorter``) or the order (``sorted*``) the logits differ."""
+    monkeypatch.setenv("TRIFORCE_DECODER_LAYERS", native)
+    monkeypatch.setattr(triforce.models.llama, "_STACK", None)
+    _, model = windowed_pair("mistral")
+    W = model.config.layer_windows[0]
+    assert set(model.config.layer_windows) == {W} and (window >= W - 1 or max_step == 1)
+    g = torch.Generator().manual_seed(window)
+    ids = torch.randint(0, 101, (2, 80), generator=g)
+    full = FullCache(model.config, 2, 96)
+    stream = StreamingCache(model.config, 2, sink=2, window=window, max_step=max_step)
+    assert stream._in_order == (window + max_step > W)
+    with torch.no_grad():
+        model.prefill(ids[:, :20], full)
+        stream.fill_from(full)
+        full.windows = (min(W, window + 1),) * model.config.num_hidden_layers
+        n, worst = 20, 0.0
+        while n < 70:
+            T = int(torch.randint(1, max_step + 1, (1,), generator=g))
+            parents = torch.tensor([[-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]] * 2)
+            kw = dict(tree_parents=parents) if tree and T > 1 else {}
+            toks = ids[:, n:n + T]
+            got, want = model(toks, cache=stream, **kw), model(toks, cache=full, **kw)
+            worst = max(worst, (got - want).abs().max().item())
+            keep = int(torch.randint(1, T + 1, (1,), generator=g)) if not kw else 1  # a tree keeps its root
+            for c in (stream, full):
+                c.rollback(c.lengths - T + keep)
+            n += keep
+    assert worst <= TOL, worst

@@ -26,9 +26,10 @@ register_lazy("verify_attention", "triton", "triforce_kernels.triton.verify_atte
 
 
 @register("verify_attention", "cpu")
-def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0, window=None, softcap=None):
+def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0, window=None, softcap=None,
+         cache_leftpad=None):
     return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
-                                                 softmax_scale, num_splits, window or 0, softcap or 0.0)
+                                                 softmax_scale, num_splits, window or 0, softcap or 0.0, cache_leftpad)
 
 
 def check_cache_rows(name: str, cache: torch.Tensor) -> None:
@@ -44,26 +45,36 @@ def check_cache_rows(name: str, cache: torch.Tensor) -> None:
 @custom_op("triforce::verify_attention")
 def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          cache_seqlens: torch.Tensor, tree_mask: Optional[torch.Tensor], softmax_scale: float,
-                         backend: str, window: int = 0, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1])
+                         backend: str, window: int = 0, softcap: float = 0.0,
+                         cache_leftpad: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1], cache_leftpad)
     return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale,
-                                                       window=window or None, softcap=softcap or None)
+                                                       window=window or None, softcap=softcap or None,
+                                                       cache_leftpad=cache_leftpad)
 
 
-def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int) -> None:
-    """``T <= cache_seqlens <= N``, checked only on a CPU tensor, where reading it costs nothing (a GPU
-    check would be a host synchronisation; the kernels clamp there instead). It runs inside the custom
-    op, on real tensors, so it holds under ``torch.compile`` too: in the wrapper, the read would break a
-    ``fullgraph=True`` graph."""
+def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int, cache_leftpad=None) -> None:
+    """``T <= cache_seqlens <= N`` and ``0 <= cache_leftpad <= cache_seqlens - T``, checked only on CPU tensors,
+    where reading them costs nothing (a GPU check would be a host synchronisation; the kernels clamp there
+    instead). It runs inside the custom op, on real tensors, so it holds under ``torch.compile`` too: in the
+    wrapper, the read would break a ``fullgraph=True`` graph."""
     if cache_seqlens.device.type == "cpu" and cache_seqlens.numel():
         lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
         if lo < T or hi > N:
             raise ValueError(f"cache_seqlens must be in [T, N] = [{T}, {N}] (lengths include the T new tokens), "
                              f"got values in [{lo}, {hi}]")
+        if cache_leftpad is not None:
+            bad = (cache_leftpad < 0) | (cache_leftpad > cache_seqlens - T)
+            if bool(bad.any()):
+                b = int(bad.nonzero()[0, 0])
+                raise ValueError(f"cache_leftpad must be in [0, cache_seqlens - T] (where a row's prefix starts), "
+                                 f"got {int(cache_leftpad[b])} for row {b} (cache_seqlens {int(cache_seqlens[b])}, "
+                                 f"T = {T})")
 
 
 @_verify_attention_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, window=0, softcap=0.0):
+def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, window=0, softcap=0.0,
+      cache_leftpad=None):
     B, T, Hq, D = q.shape
     return q.new_empty((B, T, Hq, D)), q.new_empty((B, Hq, T), dtype=torch.float32)
 
@@ -71,7 +82,7 @@ def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, win
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                      tree_mask: torch.Tensor | None = None, softmax_scale: float | None = None,
                      return_lse: bool = False, *, window: int | None = None, softcap: float | None = None,
-                     backend: str | None = None):
+                     cache_leftpad: torch.Tensor | None = None, backend: str | None = None):
     """Attention of ``T`` new tokens over a KV cache that already holds them at its end.
 
     With ``L = cache_seqlens[b]`` the new tokens' keys/values sit at positions ``L-T .. L-1``. Query
@@ -95,6 +106,11 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     L = 7, W = 3``, causal: query 0 sees 1 2 3, query 3 sees 4 5 6. Positions outside a query's window
     never affect it, inf and NaN included.
 
+    ``cache_leftpad`` (flash-attn's name in ``flash_attn_with_kvcache``): row ``b``'s prefix starts at
+    ``cache_leftpad[b]`` instead of 0: no query of the row sees a position below it (left padding; a
+    StreamingLLM cache's sinks that a sliding window no longer reaches), and a window counts the positions
+    from there. For ``T = 4, L = 7``, ``cache_leftpad = 2``, causal: query 0 sees 2 3, query 3 sees 2 3 4 5 6.
+
     ``softcap=c`` (Gemma 2's attention soft-capping): every scaled score s becomes ``c * tanh(s / c)`` before
     the softmax.
 
@@ -113,6 +129,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return_lse: also return the natural-log log-sum-exp of the scaled scores.
         window: a positive int (a sliding window of that many keys), or None (every key).
         softcap: a positive number (soft-capping of the scores), or None.
+        cache_leftpad: int32 ``[B]``, ``0 <= cache_leftpad[b] <= cache_seqlens[b] - T`` (the first position each
+            row's queries see), or None (0). Checked like ``cache_seqlens``: on a CPU tensor only (a GPU check
+            would be a host synchronisation: the kernels clamp it to ``[0, cache_seqlens - T]`` there).
         backend: ``"reference" | "triton" | "cpu" | None`` (automatic; see ``triforce_kernels._backend``).
 
     Returns:
@@ -150,8 +169,10 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     window = check_window(window)
     softcap = check_softcap(softcap)
+    if cache_leftpad is not None:
+        check_tensor("cache_leftpad", cache_leftpad, ndim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
     out, lse = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
-                          resolve("verify_attention", backend, dev), window, softcap)
+                          resolve("verify_attention", backend, dev), window, softcap, cache_leftpad)
     return (out, lse) if return_lse else out
 
 
@@ -180,10 +201,10 @@ def check_softcap(softcap) -> float:
 def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              cache_seqlens: torch.Tensor, tree_mask: torch.Tensor | None = None,
                              window: int = 0, scale: float | None = None, softcap: float = 0.0,
-                             return_lse: bool = False):
+                             return_lse: bool = False, cache_leftpad: torch.Tensor | None = None):
     """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, return_lse, window=window or None,
-    softcap=softcap or None)`` without the argument checks, for callers that build every argument themselves
-    (the model layer's caches: ``triforce/models/cache.py``).
+    softcap=softcap or None, cache_leftpad=cache_leftpad)`` without the argument checks, for callers that build every
+    argument themselves (the model layer's caches: ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
     ``torch.compile`` (the custom op's Python dispatch and the checks cost ~40 us per call, ~40% of a
     SmolLM2 decode layer's attention at 1000 tokens of context). Invalid arguments are not diagnosed here
@@ -193,8 +214,8 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if backend == "cpu" and not torch.compiler.is_compiling():
         out = torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0,
-                                                    window, softcap)
+                                                    window, softcap, cache_leftpad)
     else:
         out = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend, window,
-                         softcap)
+                         softcap, cache_leftpad)
     return tuple(out) if return_lse else out[0]

@@ -472,7 +472,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::TensorList last_query, const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
-                          at::OptionalIntArrayRef windows) {
+                          at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!windows.has_value() || windows->size() == L, "decoder_layers: expected one window per layer (", L,
               "), got ", windows.has_value() ? windows->size() : 0);
@@ -581,9 +581,10 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       if (!k_raw_cache.empty()) write_rows(k_raw_cache[l], k_raw, slots);
       write_rows(k_cache[l], k, slots);
       write_rows(v_cache[l], v, slots);
+      const int64_t window = windows.has_value() ? (*windows)[l] : 0;
       const at::Tensor attn =
           pack(std::get<0>(verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
-                                                   query_lens, windows.has_value() ? (*windows)[l] : 0))
+                                                   query_lens, window, 0.0, window ? window_leftpad : std::nullopt))
                    .to(x.scalar_type()));
       x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
                        {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});

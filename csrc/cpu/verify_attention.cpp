@@ -11,9 +11,10 @@
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
-                                                    int64_t num_splits, int64_t window, double softcap) {
+                                                    int64_t num_splits, int64_t window, double softcap,
+                                                    const std::optional<at::Tensor>& cache_leftpad) {
   return verify_attention_ragged(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits,
-                                 std::nullopt, window, softcap);
+                                 std::nullopt, window, softcap, cache_leftpad);
 }
 
 std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, const at::Tensor& k_cache,
@@ -21,7 +22,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                                            const std::optional<at::Tensor>& tree_mask,
                                                            double softmax_scale, int64_t num_splits,
                                                            const std::optional<at::Tensor>& query_lens,
-                                                           int64_t window, double softcap) {
+                                                           int64_t window, double softcap,
+                                                           const std::optional<at::Tensor>& cache_leftpad) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
                   cache_seqlens.device().is_cpu(),
               "verify_attention: all tensors must be on the CPU");
@@ -55,6 +57,13 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
     TORCH_CHECK(query_lens->scalar_type() == at::kInt && query_lens->dim() == 1 && query_lens->size(0) == B &&
                     query_lens->is_contiguous() && query_lens->device().is_cpu(),
                 "verify_attention: query_lens must be contiguous int32 [B] on the CPU");
+  at::Tensor leftpad;
+  if (cache_leftpad.has_value()) {
+    TORCH_CHECK(cache_leftpad->scalar_type() == at::kInt && cache_leftpad->dim() == 1 && cache_leftpad->size(0) == B &&
+                    cache_leftpad->device().is_cpu(),
+                "verify_attention: cache_leftpad must be int32 [B] on the CPU");
+    leftpad = cache_leftpad->contiguous();
+  }
   const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
   const at::Tensor lens = cache_seqlens.contiguous();
   auto out = at::empty({B, T, Hq, D}, q.options());
@@ -68,7 +77,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                    static_cast<float>(softmax_scale), B, T, Hq, Hkv, D, N, num_splits,
                                    tf_mut_ptr<scalar_t>(out), lse.data_ptr<float>(),
                                    query_lens.has_value() ? query_lens->const_data_ptr<int32_t>() : nullptr, window,
-                                   static_cast<float>(softcap));
+                                   static_cast<float>(softcap),
+                                   leftpad.defined() ? leftpad.const_data_ptr<int32_t>() : nullptr);
   });
   return {out, lse};
 }

@@ -106,6 +106,9 @@ class Step:
     tree_mask: torch.Tensor | None  # bool [B, T, T]
     query_index: torch.Tensor | None = None  # int64 [B]: token whose query is kept as last_query
     query_valid: torch.Tensor | None = None  # bool [B]
+    # int32 [B] per sliding window W: verify_attention's cache_leftpad on the layers with that window (a
+    # StreamingLLM cache's sinks that the window no longer reaches); None: every layer starts at slot 0
+    leftpad: dict | None = None
 
 
 def check_values(t: torch.Tensor) -> bool:
@@ -198,17 +201,20 @@ def _rows_long(config: LlamaConfig, batch_size: int, capacity: int, rope_long, d
 
 
 def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, sinks=None) -> torch.Tensor:
-    """``verify_attention`` of ``q`` over the buffers ``k``, ``v`` for ``step``. ``sinks`` (GPT-OSS: a logit per
+    """``verify_attention`` of ``q`` over the buffers ``k``, ``v`` for ``step`` (on a layer with a window, from the
+    step's ``leftpad`` for it where it has one). ``sinks`` (GPT-OSS: a logit per
     query head, ``[Hq]``) joins each softmax's denominator without a value: a query's output times
     ``Z / (Z + exp(sink)) = sigmoid(lse - sink)``, ``lse = ln Z`` the kernel's log-sum-exp of its scores, computed in
     float32 value by value (each query's bits its own, so a pass keeps the bits of its steps); a query that sees
     nothing stays 0."""
+    leftpad = step.leftpad.get(window) if window and step.leftpad else None
     if sinks is None:
-        return verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap)
+        return verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
+                                        cache_leftpad=leftpad)
     from .llama import _row_sigmoid
 
     out, lse = verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
-                                        return_lse=True)
+                                        return_lse=True, cache_leftpad=leftpad)
     z = lse - sinks.float()[:, None]  # [B, Hq, T]
     factor = _row_sigmoid(z).transpose(1, 2)[..., None]
     return (out.float() * factor).to(out.dtype)
@@ -240,8 +246,7 @@ class _KVCache:
         # Each layer's sliding window for verify_attention (0: none), over the ranks of the keys a query sees.
         # A cache whose ranks are in position order applies the model's: the full cache, and a retrieval
         # cache's windowed layers, which hold the most recent positions (RetrievalCache, exact_windows). A
-        # StreamingLLM cache attends to every token it holds: what it drafts is verified on the full cache,
-        # which hides what the model hides.
+        # StreamingLLM cache applies it from the first sink the window still reaches (StreamingCache._leftpads).
         self.windows = (0,) * self.num_layers
         self.scale = config.attention_scale  # the attention scores' scale
         self.softcap = config.attn_softcap or 0.0  # Gemma 2's cap on them (0: none)
@@ -616,6 +621,10 @@ class StreamingCache(_KVCache):
         self._rope_long = _rows_long(config, batch_size, self.capacity, rope_long, self.device)
         self.sink, self.window, self.max_step = sink, window, max_step
         self.keep = sink + window
+        self.windows = config.layer_windows  # from each row's leftpad (_leftpads)
+        # A window shorter than what the cache may hold past its sinks counts its last ranks among the recent
+        # tokens: they must then be in position order, so an eviction sorts them (_settle)
+        self._in_order = any(0 < w < window + max_step for w in self.windows)
         B, cap = batch_size, self.capacity
         self._ropes = _rope_groups(config, self.device)
         self._rope_of = [next(g for g, (layers, *_) in enumerate(self._ropes)
@@ -745,7 +754,8 @@ class StreamingCache(_KVCache):
     # ---- eviction
     def _settle(self) -> None:
         """Evict down to ``sink + window`` and fill the slots of evicted or rolled-back tokens with the
-        kept tokens past the new length, so that slots ``[0, lengths)`` hold exactly the kept tokens."""
+        kept tokens past the new length, so that slots ``[0, lengths)`` hold exactly the kept tokens (in
+        position order where a windowed layer needs it: ``_in_order``)."""
         n = self.lengths.long()
         L = n.clamp(max=self.keep)
         total = n + self.evicted
@@ -753,6 +763,30 @@ class StreamingCache(_KVCache):
         s, pos = self._slot, self.slot_pos
         kept = (s >= self.sink) & (pos >= lo[:, None]) & (pos < total[:, None])
         below = s < L[:, None]
+        if self._in_order:
+            self._sort_kept(kept)
+        else:
+            self._fill_holes(kept, below)
+        pos.masked_fill_(~below, _FREE)
+        self.evicted.add_(n - L)
+        self.lengths.copy_(L.to(torch.int32))
+        self._bound = min(self._bound, self.keep)
+
+    def _sort_kept(self, kept) -> None:
+        """Slots ``[sink, keep)``: the kept tokens in position order, then the others (a copy of the whole
+        window, every row at a fixed width: no host read)."""
+        s, pos = self._slot, self.slot_pos
+        # the sinks' slots are not kept: they sort after every kept token, with the free ones
+        frm = torch.where(kept, pos, _FREE).sort(dim=1, stable=True).indices[:, : self.keep - self.sink]
+        dst = s[:, self.sink: self.keep].expand_as(frm)
+        bi = self._batch_index
+        self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
+        pos[bi, dst] = pos[bi, frm]
+
+    def _fill_holes(self, kept, below) -> None:
+        """The slots of evicted or rolled-back tokens below the new length get the kept tokens past it (as
+        many moves as there are holes: the window is then in no particular order)."""
+        s, pos = self._slot, self.slot_pos
         hole = ~kept & below & (s >= self.sink)
         src = kept & ~below
         count = torch.minimum(hole.sum(1), src.sum(1))  # equal, unless lengths were set by hand
@@ -772,10 +806,6 @@ class StreamingCache(_KVCache):
                 self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
             pos[bi, dst] = pos[bi, frm]
             self._ordered = False
-        pos.masked_fill_(~below, _FREE)
-        self.evicted.add_(n - L)
-        self.lengths.copy_(L.to(torch.int32))
-        self._bound = min(self._bound, self.keep)
 
     def _sink_positions(self):
         """RoPE positions ``[B, sink]`` of the sink slots: ``slot + evicted - frame``."""
@@ -807,7 +837,7 @@ class StreamingCache(_KVCache):
         from . import graphs
         if graphs.replayed(self, ("evict", rotate_sinks, self._triton_move),
                            lambda cache, r=rotate_sinks: cache._evict_body(r)):
-            self._ordered = False  # what _settle sets on the host (at the fixed width), for a replay
+            self._ordered = self._in_order  # what _settle sets on the host (at the fixed width), for a replay
             self._bound = min(self._bound, self.keep)
 
     def _evict_body(self, rotate_sinks: bool) -> None:
@@ -826,9 +856,26 @@ class StreamingCache(_KVCache):
             step = super().begin(T, tree_parents, counts, query_index, query_valid)
             seq = self.lengths.long() + self.evicted  # the step's tokens: positions seq .. seq + T - 1
             self.slot_pos[step.batch_index, step.slots] = seq[:, None] + torch.arange(T, device=self.device)
-            return step
-        # Large forward (prefill chunk): the cache holds <= keep tokens now; work in a temporary buffer.
-        return self._big_begin(T, tree_parents, counts, query_index, query_valid)
+        else:  # Large forward (prefill chunk): the cache holds <= keep tokens now; work in a temporary buffer.
+            step = self._big_begin(T, tree_parents, counts, query_index, query_valid)
+        self._leftpads(step)
+        return step
+
+    def _leftpads(self, step: Step) -> None:
+        """``step.leftpad``: on the layers with a sliding window W, each row's first slot. The model's query at
+        position p sees positions p - W + 1 .. p; this cache holds the sinks (positions 0 .. sink - 1) right
+        before its recent tokens, which an eviction leaves any distance behind them, so the window, which
+        counts ranks, would reach sinks the model's no longer does. A row starts at the first sink its first
+        query still sees: ``p0 - W + 1`` clamped to ``[0, min(sink, lengths)]`` (``p0``: that query's position).
+        Then while ``window + max_step <= W`` a windowed layer sees exactly the model's keys, but for the few
+        steps in which the window passes over the sinks (a later query of the step may see up to ``T - 1`` sinks
+        the model's no longer sees). Device ops only."""
+        if not self.sink or not any(self.windows):
+            return
+        p0 = self.lengths.long() + self.evicted
+        hi = self.lengths.long().clamp(max=self.sink)
+        step.leftpad = {W: torch.minimum((p0 - W + 1).clamp(min=0), hi).to(torch.int32)
+                        for W in sorted(set(self.windows) - {0})}
 
     def _big_begin(self, T, tree_parents, counts, query_index, query_valid):
         bound, self._bound = self._bound, 0  # skip the capacity check: the temporary buffer has room
@@ -867,7 +914,7 @@ class StreamingCache(_KVCache):
                for buf, x in ((self.k[layer], k), (self.v[layer], v), (self.k_raw[layer], k_raw))]
         for buf, x in zip(tmp, (k, v, k_raw)):
             buf[step.batch_index, step.slots] = x
-        out = attention(q, tmp[0], tmp[1], step, 0, self.scale, self.softcap, sinks)
+        out = attention(q, tmp[0], tmp[1], step, self.windows[layer], self.scale, self.softcap, sinks)
         sel = self._big[0]
         for mine, buf in zip(self._slot_buffers(layer), tmp):
             mine[:, : self.keep] = buf[self._batch_index, sel]

@@ -807,7 +807,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         return None
     buffers = cache._native_buffers(step)
     if buffers is None or resolve("verify_attention", None, h.device) != "cpu" \
-            or cache.scale != 1.0 / math.sqrt(cache.config.head_dim) or cache.softcap:  # (decoder_layers: neither)
+            or cache.scale != 1.0 / math.sqrt(cache.config.head_dim) or cache.softcap \
+            or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: neither, one leftpad for all windows)
         return None
     k, v, k_raw, last_query = buffers
     norms, eps, w, scales, bias, qk_norms, qk_eps = [], [], [], [], [], [], []
@@ -836,7 +837,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         h, cos, sin, head_dim, norms, eps, w, scales, bias, qk_norms, qk_eps, k[lo:hi], v[lo:hi], k_raw[lo:hi],
         last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
-        list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None)
+        list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
+        next(iter(step.leftpad.values())) if step.leftpad else None)
 
 
 _STACK = None

@@ -7,7 +7,7 @@ import torch
 
 
 def visibility(cache_seqlens: torch.Tensor, T: int, N: int, tree_mask: torch.Tensor | None,
-               window: int | None = None) -> torch.Tensor:
+               window: int | None = None, cache_leftpad: torch.Tensor | None = None) -> torch.Tensor:
     """bool ``[B, T, N]``: may query ``t`` of row ``b`` attend to cache position ``n``?
 
     With ``L = cache_seqlens[b]``: ``n < L`` and (``n < L - T`` (prefix) or ``tree_mask[b, t, n - (L - T)]``;
@@ -17,7 +17,10 @@ def visibility(cache_seqlens: torch.Tensor, T: int, N: int, tree_mask: torch.Ten
     ``window`` (a sliding window of W keys): a query keeps only the last W of the positions it would see
     without it. Its positions in order are its ranks (the prefix, then the new tokens it sees: for a tree
     node its ancestors, at the positions they take once committed), so this is ``q_pos - k_pos < W`` in
-    those terms: a causal query at position p sees p - W + 1 .. p."""
+    those terms: a causal query at position p sees p - W + 1 .. p.
+
+    ``cache_leftpad`` (int32 ``[B]``): row ``b``'s prefix starts at ``cache_leftpad[b]`` (clamped to ``[0, L - T]``):
+    no query sees a position below it, and a window counts the positions from there."""
     B = cache_seqlens.shape[0]
     dev = cache_seqlens.device
     L = cache_seqlens.long().view(B, 1, 1)
@@ -28,6 +31,10 @@ def visibility(cache_seqlens: torch.Tensor, T: int, N: int, tree_mask: torch.Ten
     else:
         new_ok = tree_mask.to(dev).gather(2, rel.clamp(0, max(T - 1, 0)).expand(B, T, N))
     vis = (pos < L) & ((rel < 0) | new_ok)
+    if cache_leftpad is not None:
+        prefix = (L - T).clamp(min=0).clamp(max=N)
+        start = torch.minimum(cache_leftpad.to(dev).long().view(B, 1, 1).clamp(min=0), prefix)
+        vis = vis & (pos >= start)
     if window is not None:
         later = vis.flip(-1).long().cumsum(-1).flip(-1)  # the positions it sees at n or after
         vis = vis & (later <= window)
@@ -35,7 +42,7 @@ def visibility(cache_seqlens: torch.Tensor, T: int, N: int, tree_mask: torch.Ten
 
 
 def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None,
-                      compute_dtype=None, window=None, softcap=None):
+                      compute_dtype=None, window=None, softcap=None, cache_leftpad=None):
     """``(out, lse)`` computed in ``compute_dtype`` (default: float64 for float64 inputs, else float32).
 
     The same computation in a low precision (``compute_dtype=torch.bfloat16``) is the "PyTorch in the
@@ -46,7 +53,7 @@ def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softma
     if compute_dtype is None:
         compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
-    vis = visibility(cache_seqlens.to(q.device), T, N, tree_mask, window)  # [B, T, N]
+    vis = visibility(cache_seqlens.to(q.device), T, N, tree_mask, window, cache_leftpad)  # [B, T, N]
     in_range = vis.any(dim=1)  # [B, N]: positions some query reads (all < L)
     qc = q.to(compute_dtype).reshape(B, T, Hkv, g, D)
     kc = k_cache.to(compute_dtype).masked_fill(~in_range[:, :, None, None], 0)  # NaN beyond L never leaks
@@ -74,9 +81,9 @@ def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softma
 
 
 def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None, return_lse=False,
-                     window=None, softcap=None):
+                     window=None, softcap=None, cache_leftpad=None):
     """Reference ``tk.verify_attention``: dense masked attention over the whole cache, float32
     (float64 for float64 inputs)."""
     out, lse = _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, window=window,
-                                 softcap=softcap)
+                                 softcap=softcap, cache_leftpad=cache_leftpad)
     return (out, lse) if return_lse else out

@@ -105,15 +105,16 @@ def _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, s
 
 @triton.jit
 def _verify_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, cnt_ptr, m_ptr, l_ptr, acc_ptr,
+    q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, cnt_ptr, lp_ptr, m_ptr, l_ptr, acc_ptr,
     scale, cap, T, G, R, Hkv, N, NP, PS, D, W,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    HAS_MASK: tl.constexpr, TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, LOWP_DOT: tl.constexpr,
+    HAS_MASK: tl.constexpr, TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
+    SOFTCAP: tl.constexpr, LOWP_DOT: tl.constexpr,
     TAIL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # State of (b, h, part, row) at (bh * NP + part) * R + row of m_ptr / l_ptr, rows of D in acc_ptr.
     # anc_ptr (HAS_MASK): int32 [B, T, T], row (b, t) = the new tokens t sees, in index order, then -1;
-    # cnt_ptr (TREE and HAS_WINDOW): int32 [B, T], how many.
+    # cnt_ptr (TREE and HAS_WINDOW): int32 [B, T], how many. lp_ptr (HAS_LEFTPAD): int32 [B], each row's first rank.
     rb = tl.program_id(0)
     if TAIL:
         bh = tl.program_id(1)
@@ -141,16 +142,24 @@ def _verify_attention_split_kernel(
     k_base = k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
     state = bh * NP * R + rows  # + part * R
-    # A sliding window of W ranks: row r sees the ranks [lo, seen) (seen: all it would see without one).
-    # lo_min / lo_max: over the block's rows.
+    # A sliding window of W ranks: row r sees the ranks [lo, seen) (seen: all it would see without one),
+    # from the row's left padding on (its first rank, clamped to [0, P]). lo_min / lo_max: over the block's rows.
+    if HAS_LEFTPAD:
+        first = tl.minimum(tl.maximum(tl.load(lp_ptr + b), 0), P)
+    else:
+        first = 0
     if HAS_WINDOW:
         if TREE:
             seen = P + tl.load(cnt_ptr + b * T + t, mask=row_ok, other=0)
         else:
             seen = tl.minimum(tl.maximum(new0 + t + 1, P), Lc)
-        lo = tl.maximum(seen - W, 0)
+        lo = tl.maximum(seen - W, first)
         lo_min = tl.min(tl.where(row_ok, lo, N), 0)
         lo_max = tl.max(tl.where(row_ok, lo, 0), 0)
+    elif HAS_LEFTPAD:
+        lo = rows * 0 + first
+        lo_min = first
+        lo_max = first
     else:
         lo = rows * 0
         lo_min = 0
@@ -168,10 +177,10 @@ def _verify_attention_split_kernel(
         # their own, so that the loop over the whole tiles after them has no branch (a branch in it keeps
         # Triton from pipelining its loads: one stage of shared memory instead of three, measured with
         # compile-check on sm_90a).
-        first = tl.maximum(start, lo_min // BLOCK_N * BLOCK_N)
+        lo_tile = tl.maximum(start, lo_min // BLOCK_N * BLOCK_N)
         whole = tl.maximum(start, tl.cdiv(lo_max, BLOCK_N) * BLOCK_N)
-        if HAS_WINDOW:
-            for n0 in range(first, tl.minimum(whole, end), BLOCK_N):
+        if HAS_WINDOW or HAS_LEFTPAD:
+            for n0 in range(lo_tile, tl.minimum(whole, end), BLOCK_N):
                 pos = n0 + tl.arange(0, BLOCK_N)
                 m_i, l_i, acc, seen_bad = _tail_tile_update(
                     q, k_base, v_base, pos, pos < end, pos >= 0, row_ok[:, None] & (pos[None, :] >= lo[:, None]),
@@ -180,7 +189,7 @@ def _verify_attention_split_kernel(
             pos = n0 + tl.arange(0, BLOCK_N)
             m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn,
                                          m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
-        if HAS_WINDOW:
+        if HAS_WINDOW or HAS_LEFTPAD:
             acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
         idx = state + part * R
         tl.store(m_ptr + idx, m_i, mask=row_ok)
@@ -347,11 +356,12 @@ def _ancestor_lists(tree_mask, cache_seqlens, N, block=None, with_counts=False):
 
 @register("verify_attention", "triton")
 def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=None,
-                     block_rows=None, window=None, softcap=None):
+                     block_rows=None, window=None, softcap=None, cache_leftpad=None):
     """The launcher; ``num_splits`` and ``block_rows`` (a power of two, 16-128: query rows per program
     instead of ``_block_r``'s) are for tests and benchmarks. Any fixed ``block_rows`` keeps the rows
     independent of T; two calls compare bitwise only with the same one. ``window``: a sliding window's
-    keys, or None; ``softcap``: the scores' soft cap, or None."""
+    keys, or None; ``softcap``: the scores' soft cap, or None; ``cache_leftpad``: int32 [B], each row's first
+    position, or None."""
     B, T, Hq, D = q.shape
     N, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -385,12 +395,13 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     # Row blocks vary fastest in the grid: the blocks of one part run together and share its tiles in L2.
     for tail, grid in ((False, (row_blocks, NP, B * Hkv)), (True, (row_blocks, B * Hkv))):
         _verify_attention_split_kernel[grid](
-            q, k_cache, v_cache, cache_seqlens, anc, cnt, m, l, acc,
+            q, k_cache, v_cache, cache_seqlens, anc, cnt, cache_seqlens if cache_leftpad is None else cache_leftpad,
+            m, l, acc,
             softmax_scale, float(softcap or 1.0), T, G, R, Hkv, N, NP, PS, D, window or 0,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             HAS_MASK=tail and tree_mask is not None, TREE=tree_mask is not None, HAS_WINDOW=bool(window),
-            SOFTCAP=bool(softcap),
+            HAS_LEFTPAD=cache_leftpad is not None, SOFTCAP=bool(softcap),
             LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
             BLOCK_D=BLOCK_D, num_warps=4, enable_fp_fusion=False,
         )

@@ -1114,22 +1114,29 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                           const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
                           int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
                           T* out, float* lse, const int32_t* query_lens = nullptr, int64_t window = 0,
-                          float softcap = 0.f) {
+                          float softcap = 0.f, const int32_t* cache_leftpad = nullptr) {
   const int64_t g = Hq / Hkv, R = Tq * g;
   auto rows_of = [&](int64_t b) {  // the query rows row b computes
     return query_lens ? std::clamp<int64_t>(query_lens[b], 0, Tq) * g : R;
   };
   auto clamp_len = [&](int64_t b) { return std::min<int64_t>(std::max<int64_t>(cache_seqlens[b], 0), N); };
-  // A sliding window keeps a query's last `window` ranks (0: none); every query sees at least its prefix's
-  // ranks, so none sees a rank below prefix - window: the parts below the lowest such rank hold nothing.
+  auto prefix_of = [&](int64_t b) {
+    return std::min<int64_t>(std::max<int64_t>(cache_seqlens[b] - Tq, 0), clamp_len(b));
+  };
+  // row b's first rank: its left padding, clamped to [0, prefix]
+  auto start_of = [&](int64_t b) {
+    return cache_leftpad ? std::clamp<int64_t>(cache_leftpad[b], 0, prefix_of(b)) : int64_t{0};
+  };
+  // A sliding window keeps a query's last `window` ranks from the row's start (0: none); every query sees at
+  // least its prefix's ranks, so none sees a rank below max(start, prefix - window): the parts below the lowest
+  // such rank hold nothing.
   int64_t max_len = 0, max_prefix = 0, keys = 0, first_rank = std::numeric_limits<int64_t>::max();
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t Lc = clamp_len(b);
-    const int64_t prefix_b = std::min<int64_t>(std::max<int64_t>(cache_seqlens[b] - Tq, 0), Lc);
+    const int64_t Lc = clamp_len(b), prefix_b = prefix_of(b), start_b = start_of(b);
     max_len = std::max(max_len, Lc);
     max_prefix = std::max(max_prefix, prefix_b);
-    keys += window > 0 ? std::min<int64_t>(Lc, window + Tq) : Lc;
-    first_rank = std::min<int64_t>(first_rank, window > 0 ? std::max<int64_t>(prefix_b - window, 0) : 0);
+    keys += window > 0 ? std::min<int64_t>(Lc - start_b, window + Tq) : Lc - start_b;
+    first_rank = std::min<int64_t>(first_rank, std::max<int64_t>(window > 0 ? prefix_b - window : 0, start_b));
   }
   int64_t Z = kPartKeys;
   if (num_splits > 0) {  // forced: the longest prefix in that many parts (of whole tiles)
@@ -1217,19 +1224,20 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
             if ((vis ? vis[si] : si <= t) && p >= prefix && p < Lc) pos.push_back(p);
           }
         };
-        // Each query's ranks [lo[t], seen[t]): its last `window` (all without one). Tiles every row sees
-        // whole: [tiles_begin, tiles_end), the lowest rank all rows see rounded up to KT, up to the prefix
-        // rounded down to KT.
+        // Each query's ranks [lo[t], seen[t]): its last `window` from the row's start (all from there without
+        // one). Tiles every row sees whole: [tiles_begin, tiles_end), the lowest rank all rows see rounded up to
+        // KT, up to the prefix rounded down to KT.
         std::vector<int64_t>& seen = mine->seen;
         std::vector<int64_t>& lo = mine->lo;
+        const int64_t start = start_of(b);
         seen.assign(Tb, prefix);
-        lo.assign(Tb, 0);
-        int64_t lo_max = 0;
+        lo.assign(Tb, start);
+        int64_t lo_max = start;
         for (int64_t t = 0; t < Tb; ++t) {
           if (window > 0) {
             new_positions(t);
             seen[t] += static_cast<int64_t>(pos.size());
-            lo[t] = std::max<int64_t>(seen[t] - window, 0);
+            lo[t] = std::max<int64_t>(seen[t] - window, start);
           }
           lo_max = std::max(lo_max, lo[t]);
         }
