@@ -598,6 +598,12 @@ class StreamingCache(_KVCache):
     the positions given to RoPE would pass the model's context, so RoPE angles stay within those of
     the model's own context.
 
+    A layer with a sliding window W sees the last W positions the cache holds: no sink its step's first query
+    no longer reaches (:meth:`_leftpads`), and, where W is shorter than ``window + max_step``, the window's last
+    ranks over recent tokens kept in position order (an eviction then copies the window into order instead of
+    moving the evicted slots only: ``_in_order``). With ``window >= W - 1`` that is what the model's window
+    shows.
+
     Args:
         config, batch_size, device, dtype: as :class:`FullCache`.
         sink: attention-sink tokens kept forever (>= 0).
@@ -773,14 +779,26 @@ class StreamingCache(_KVCache):
         self._bound = min(self._bound, self.keep)
 
     def _sort_kept(self, kept) -> None:
-        """Slots ``[sink, keep)``: the kept tokens in position order, then the others (a copy of the whole
-        window, every row at a fixed width: no host read)."""
+        """Slots ``[sink, keep)``: the kept tokens in position order, then the others. On the CPU only the rows
+        whose slots change move, a row already in order by one copy of a contiguous run (its window shifted
+        down by what it evicts); elsewhere every row at a fixed width (no host read)."""
         s, pos = self._slot, self.slot_pos
         # the sinks' slots are not kept: they sort after every kept token, with the free ones
         frm = torch.where(kept, pos, _FREE).sort(dim=1, stable=True).indices[:, : self.keep - self.sink]
         dst = s[:, self.sink: self.keep].expand_as(frm)
         bi = self._batch_index
-        self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
+        if self._read_width:
+            moved = (frm != dst).any(1)
+            shift = frm[:, 0] - self.sink
+            run = (frm == dst + shift[:, None]).all(1)  # a contiguous run from sink + shift
+            for b in moved.nonzero().flatten().tolist():
+                if run[b]:
+                    e = int(shift[b])
+                    self._kvr[:, :, b, self.sink: self.keep] = self._kvr[:, :, b, self.sink + e: self.keep + e].clone()
+                else:
+                    self._kvr[:, :, b, dst[b]] = self._kvr[:, :, b, frm[b]]
+        else:
+            self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
         pos[bi, dst] = pos[bi, frm]
 
     def _fill_holes(self, kept, below) -> None:
@@ -867,9 +885,9 @@ class StreamingCache(_KVCache):
         before its recent tokens, which an eviction leaves any distance behind them, so the window, which
         counts ranks, would reach sinks the model's no longer does. A row starts at the first sink its first
         query still sees: ``p0 - W + 1`` clamped to ``[0, min(sink, lengths)]`` (``p0``: that query's position).
-        Then while ``window + max_step <= W`` a windowed layer sees exactly the model's keys, but for the few
-        steps in which the window passes over the sinks (a later query of the step may see up to ``T - 1`` sinks
-        the model's no longer sees). Device ops only."""
+        A windowed layer then sees no key the model's window hides, but in the few steps in which the window
+        passes over the sinks (a later query of the step may see up to ``T - 1`` sinks the model's no longer
+        does). Device ops only."""
         if not self.sink or not any(self.windows):
             return
         p0 = self.lengths.long() + self.evicted
