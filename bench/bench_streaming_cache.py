@@ -88,27 +88,21 @@ def main():
             extra = json.dumps({"threads": torch.get_num_threads()})
             runs = [("streaming_step", "auto", lambda: model(ids, cache=stream), full_step),
                     ("streaming_begin_end", "auto", stream_bookkeeping, full_bookkeeping)]
-            if stream._triton_move:
-                def torch_move(fn):
-                    def run():
-                        stream._triton_move = False
-                        try:
-                            fn()
-                        finally:
-                            stream._triton_move = True
-                    return run
-                runs += [("streaming_step", "torch_move", torch_move(lambda: model(ids, cache=stream)), full_step),
-                         ("streaming_begin_end", "torch_move", torch_move(stream_bookkeeping), full_bookkeeping)]
-            def sorted_eviction(fn):
+            def switched(attr, fn):
+                """``fn`` with the cache's switch ``attr`` flipped (then flipped back)."""
                 def run():
-                    stream._in_order = True
+                    setattr(stream, attr, not getattr(stream, attr))
                     try:
                         fn()
                     finally:
-                        stream._in_order = False
+                        setattr(stream, attr, not getattr(stream, attr))
                 return run
-            runs += [("streaming_step", "sorted", sorted_eviction(lambda: model(ids, cache=stream)), full_step),
-                     ("streaming_begin_end", "sorted", sorted_eviction(stream_bookkeeping), full_bookkeeping)]
+            # the PyTorch move instead of the Triton kernel; the sorted eviction instead of the hole filling (SmolLM2
+            # has no window: its caches fill holes)
+            assert not stream._in_order
+            for attr, backend in [("_triton_move", "torch_move")] * stream._triton_move + [("_in_order", "sorted")]:
+                runs += [("streaming_step", backend, switched(attr, lambda: model(ids, cache=stream)), full_step),
+                         ("streaming_begin_end", backend, switched(attr, stream_bookkeeping), full_bookkeeping)]
             with torch.no_grad():
                 for op, backend, fn, base in runs:
                     t = measure(fn, device=dev, warmup=3, reps=20)

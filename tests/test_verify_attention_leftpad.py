@@ -16,11 +16,7 @@ from triforce_kernels.reference.verify_attention import visibility
 from .helpers import DTYPES, backend_device, backends
 from .test_tree_mask import random_parents
 from .test_verify_attention import _committed, assert_one_thread_gives_the_bits, check_against_reference, make_inputs
-from .test_verify_attention_window import WINDOWS
-
-
-def _to(dev):
-    return lambda x: None if x is None else x.to(dev)
+from .test_verify_attention_window import WINDOWS, _to
 
 
 @pytest.mark.parametrize("backend", backends("verify_attention"))
