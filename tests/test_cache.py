@@ -251,25 +251,30 @@ def test_streaming_equals_attention_over_sink_and_window(sink, window, max_step,
 
 
 @given(seed=st.integers(0, 2**31 - 1), sink=st.integers(0, 4), window=st.integers(1, 14),
-       max_step=st.integers(1, 5), short_context=st.booleans(), fixed_width=st.booleans())
-@example(seed=0, sink=2, window=6, max_step=3, short_context=False, fixed_width=False)
-@example(seed=1, sink=0, window=5, max_step=2, short_context=False, fixed_width=True)
-@example(seed=3, sink=3, window=9, max_step=5, short_context=True, fixed_width=False)
-@example(seed=4, sink=1, window=1, max_step=3, short_context=False, fixed_width=False)
-@example(seed=6, sink=3, window=9, max_step=5, short_context=True, fixed_width=True)
-def test_streaming_random_steps_deep_rollbacks_and_trees(seed, sink, window, max_step, short_context, fixed_width):
+       max_step=st.integers(1, 5), short_context=st.booleans(), fixed_width=st.booleans(), in_order=st.booleans())
+@example(seed=0, sink=2, window=6, max_step=3, short_context=False, fixed_width=False, in_order=False)
+@example(seed=1, sink=0, window=5, max_step=2, short_context=False, fixed_width=True, in_order=False)
+@example(seed=3, sink=3, window=9, max_step=5, short_context=True, fixed_width=False, in_order=False)
+@example(seed=4, sink=1, window=1, max_step=3, short_context=False, fixed_width=False, in_order=False)
+@example(seed=6, sink=3, window=9, max_step=5, short_context=True, fixed_width=True, in_order=False)
+@example(seed=7, sink=2, window=6, max_step=3, short_context=False, fixed_width=False, in_order=True)
+@example(seed=8, sink=3, window=9, max_step=5, short_context=True, fixed_width=True, in_order=True)
+def test_streaming_random_steps_deep_rollbacks_and_trees(seed, sink, window, max_step, short_context, fixed_width,
+                                                         in_order):
     """Random forwards, rollbacks reaching back across several forwards (so across evictions, which
     refill evicted slots out of order), token trees kept with commit_path and prefill-sized steps: every
     forward attends exactly to the sinks and the most recent tokens, at their StreamingLLM positions.
     ``short_context`` (the model's context just above sink + window + max_step) forces re-basing the
     RoPE frame every few steps; ``fixed_width`` runs the eviction path of non-CPU devices (a fixed
-    number of slot moves, no host read)."""
+    number of slot moves, no host read); ``in_order`` the eviction that keeps the window in position order
+    (a windowed model's, ``_in_order``), which every forward then also finds: the held positions increase."""
     context = sink + window + max_step + 12 if short_context else 256
     cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context)
     B, Hq, Hkv, D = 3, 4, 2, 6
     cache = StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step)
     cache._read_width = not fixed_width
+    cache._in_order = in_order
     inv_freq = rope_inv_freq(cfg)
     held = [[] for _ in range(B)]  # reference: per row, per token, per layer (k_raw, v)
     g = torch.Generator().manual_seed(seed)
@@ -287,6 +292,11 @@ def test_streaming_random_steps_deep_rollbacks_and_trees(seed, sink, window, max
         for b in range(B):  # eviction at the start of every forward
             evict(b)
         assert cache.lengths.tolist() == [len(h) for h in held]
+        if in_order and T <= max_step:
+            for b in range(B):
+                n = int(cache.lengths[b]) + T
+                held_pos = cache.slot_pos[b, sink:n]
+                assert bool((held_pos[1:] > held_pos[:-1]).all()), held_pos
         cos, sin = rope_cos_sin(inv_freq, step.positions, torch.float32)
         q, kr, v = rand(2, B, T, Hq, D), rand(2, B, T, Hkv, D), rand(2, B, T, Hkv, D)
         outs = [cache.attend(layer, apply_rope(q[layer], cos, sin), apply_rope(kr[layer], cos, sin), v[layer],
