@@ -24,8 +24,10 @@ from .test_verify_attention_window import WINDOWS, _to
 @given(B=st.integers(1, 3), Hkv=st.sampled_from([1, 2]), g=st.sampled_from([1, 3, 4]), D=st.sampled_from([16, 64]),
        data=st.data(), slack=st.integers(0, 3), dtype=st.sampled_from(DTYPES),
        mask_kind=st.sampled_from(["causal", "tree", "random"]), window=st.sampled_from([None, None] + WINDOWS),
-       num_splits=st.sampled_from([None, None, 1, 3]), seed=st.integers(0, 2**31 - 1))
-def test_matches_reference(backend, B, Hkv, g, D, data, slack, dtype, mask_kind, window, num_splits, seed):
+       num_splits=st.sampled_from([None, None, 1, 3]), softcap=st.sampled_from([None, None, 30.0]),
+       seed=st.integers(0, 2**31 - 1))
+def test_matches_reference(backend, B, Hkv, g, D, data, slack, dtype, mask_kind, window, num_splits, softcap, seed):
+    """With a window and Gemma 2's soft cap too (a windowed soft-capped model's StreamingLLM cache)."""
     interpreted = backend == "triton" and not torch.cuda.is_available()
     T = data.draw(st.integers(1, 12 if interpreted else 40), label="T")
     prefixes = data.draw(st.lists(st.sampled_from([0, 1, 17, 31, 33, 70, 130] + ([] if interpreted else [600])),
@@ -38,11 +40,12 @@ def test_matches_reference(backend, B, Hkv, g, D, data, slack, dtype, mask_kind,
     lp = torch.tensor(starts, dtype=torch.int32, device=dev)
     if num_splits is None:  # the public op
         out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, window=window, cache_leftpad=lp,
-                                       backend=backend)
+                                       softcap=softcap, backend=backend)
     else:
         impl = implementation("verify_attention", backend)
-        out, lse = impl(q, k, v, L, mask, 1.0 / math.sqrt(D), num_splits=num_splits, window=window, cache_leftpad=lp)
-    check_against_reference(out, lse, q, k, v, L, mask, window=window, cache_leftpad=lp)
+        out, lse = impl(q, k, v, L, mask, 1.0 / math.sqrt(D), num_splits=num_splits, window=window, cache_leftpad=lp,
+                        softcap=softcap)
+    check_against_reference(out, lse, q, k, v, L, mask, window=window, softcap=softcap, cache_leftpad=lp)
 
 
 @settings(deadline=None)
