@@ -103,6 +103,38 @@ def test_streaming_cache_evicts_around_the_replays(models):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("window", [3, 12], ids=["left-padding", "sorted"])
+def test_a_windowed_streaming_step_replays_its_left_padding(window, monkeypatch, replays):
+    """On a model whose every layer slides (W = 7), a StreamingLLM cache's steps from short prompts (3 and 5
+    tokens) into the sinks' band and past it: each windowed layer's start (``step.leftpad``, 0 and then 2 as the
+    window leaves the sinks behind) is a replay's input like the step's other tensors: replayed = eager,
+    bitwise, with the shorter window (the sinks hidden) and the longer one (the sorted eviction)."""
+    from triforce.models import Llama, LlamaConfig
+    torch.manual_seed(0)
+    cfg = LlamaConfig(model_type="mistral", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.3, extra={"sliding_window": 7})
+    model = Llama(cfg).eval().to(DEV)
+    pads, leftpads = [], StreamingCache._leftpads
+
+    def recorded(self, step):
+        leftpads(self, step)
+        if step.T == 2:
+            pads.append(step.leftpad[7].tolist())
+    monkeypatch.setattr(StreamingCache, "_leftpads", recorded)
+    results = {}
+    for on in (False, True):
+        model.cuda_graphs = on
+        cache = StreamingCache(cfg, 2, sink=2, window=window, max_step=2, device=DEV)
+        model.prefill([torch.arange(3, device=DEV), torch.arange(4, 9, device=DEV)], cache)
+        results[on] = [model(torch.tensor([[i % 64, (i * 7) % 64], [(i * 3) % 64, 5]], device=DEV), cache=cache)
+                       for i in range(10)]
+    assert pads[:10] == pads[10:] and pads[0] == [0, 0] and pads[9] == [2, 2] and len(set(map(tuple, pads))) >= 3, pads
+    assert graphs.count(model) == 1 and len(replays) == 9  # the first step captures, the others replay
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("sink,window,max_step", [(2, 5, 3), (0, 3, 2), (3, 9, 4), (1, 1, 3)])
 def test_a_streaming_eviction_replayed_from_its_graph_equals_eager(sink, window, max_step, monkeypatch):
     """A StreamingLLM cache's eviction (settle and the sinks' rotation, GPU path: a fixed width) replayed

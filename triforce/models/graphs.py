@@ -81,7 +81,8 @@ class _StepGraph:
         self.ids = input_ids.clone()
         self.step = Step(step.T, step.batch_index, _static(step.slots), _static(step.positions),
                          _static(step.seqlens), _static(step.counts), _static(step.tree_mask),
-                         _static(step.query_index), _static(step.query_valid))
+                         _static(step.query_index), _static(step.query_valid),
+                         {w: _static(t) for w, t in step.leftpad.items()} if step.leftpad else None)
         if self.ids.device.type == "cuda":
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
@@ -97,13 +98,15 @@ class _StepGraph:
             mine = getattr(s, name)
             if mine is not None:
                 mine.copy_(getattr(step, name))
+        for w, mine in (s.leftpad or {}).items():  # (the same windows: part of the key)
+            mine.copy_(step.leftpad[w])
         self.graph.replay()
         return self.out
 
 
 def _key(input_ids: torch.Tensor, step: Step) -> tuple:
     return (tuple(input_ids.shape), input_ids.dtype, step.tree_mask is not None, step.query_index is not None,
-            step.batch_index.data_ptr())
+            step.batch_index.data_ptr(), tuple(step.leftpad or ()))
 
 
 def run(model, cache, input_ids: torch.Tensor, step: Step, body) -> torch.Tensor:
