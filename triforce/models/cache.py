@@ -853,7 +853,7 @@ class StreamingCache(_KVCache):
         if self._read_width:  # the width is read on the host: nothing to capture
             return self._evict_body(rotate_sinks)
         from . import graphs
-        if graphs.replayed(self, ("evict", rotate_sinks, self._triton_move),
+        if graphs.replayed(self, ("evict", rotate_sinks, self._triton_move, self._in_order),
                            lambda cache, r=rotate_sinks: cache._evict_body(r)):
             self._ordered = self._in_order  # what _settle sets on the host (at the fixed width), for a replay
             self._bound = min(self._bound, self.keep)
