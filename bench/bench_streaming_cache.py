@@ -9,9 +9,9 @@ On a GPU an eviction moves a fixed width of candidate slots (reading how many ar
 sync), and a Triton kernel copies only the real ones; the step is also timed with the PyTorch gather and
 scatter of the whole width (backend ``torch_move``), the move before that kernel. ``--context N`` adds
 the autoregressive step on a full cache of N tokens (``ar_step``): the step MagicDec's StreamingLLM
-draft replaces, so the draft step's share of it is the number that decides MagicDec's gain. Backend ``sorted``: the same with
-the eviction that keeps the window in position order (a copy of the window per eviction), which a cache takes
-on a model whose sliding window is shorter than what it holds (docs/model.md, "Sliding windows").
+draft replaces, so the draft step's share of it is the number that decides MagicDec's gain. Backend ``sorted``: the same
+with the eviction that keeps the window in position order (a copy of the window per eviction), which a cache
+takes on a model whose sliding window is shorter than what it holds (docs/model.md, "Sliding windows").
 
     python -m bench.bench_streaming_cache [--batch 1 4] [--dtype float32 bfloat16] [--threads 1]
     python -m bench.bench_streaming_cache --device cuda --model random --batch 32 256 --dtype bfloat16 --context 4000
