@@ -11,12 +11,15 @@ as its custom mask) where the ``flashinfer`` package imports, and flash-attn's f
     python -m bench.bench_verify_attention --model-shapes                                # the CPU engines' fp32 shapes
     python -m bench.bench_verify_attention --window 4096                                 # a sliding window
     python -m bench.bench_verify_attention --softcap 50                                  # Gemma 2's capped scores
+    python -m bench.bench_verify_attention --leftpad 16384                               # every row from a start
 
 With ``--window W`` every row runs ``window=W`` (each query sees its last W keys): bytes = the K/V a pass reads
 (W + T - 1 positions); the baselines are SDPA with the windowed mask, flash-attn's ``window_size=(W - 1, 0)``
 on a GPU, and ``nowindow``: our kernel without a window over a cache of just those W + T - 1 positions (the
 same bytes: what the window should cost). With ``--softcap C`` every row of ours caps its scores (``C tanh(s /
-C)``, Gemma 2's) and ``nocap`` is the same call without the cap, side by side: what the cap costs.
+C)``, Gemma 2's) and ``nocap`` is the same call without the cap, side by side: what the cap costs. With
+``--leftpad S`` every row starts at position S (``cache_leftpad``): bytes = the positions read, the baselines
+SDPA with that mask and ``cut``: our kernel over a cache of just those positions (what the start should cost).
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ MODEL_SHAPES = [(8, 6144, 9, 3, 64), (2, 4096, 12, 2, 128), (1, 16384, 12, 2, 12
 
 
 def run(device: str, full: bool, backends: list[str], quick: bool = False, model_shapes: bool = False,
-        only: tuple = (None, None, None), window: int | None = None, softcap: float | None = None) -> None:
+        only: tuple = (None, None, None), window: int | None = None, softcap: float | None = None,
+        leftpad: int | None = None) -> None:
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
     cpu = dev.type == "cpu"
@@ -74,21 +78,23 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
     for B, N, Hq, Hkv, D, dtype, T in grid:
         dname = str(dtype).replace("torch.", "")
         q, k, v, lens, tree = _inputs(B, N, Hq, Hkv, D, T, dtype, dev)
-        seen = N if window is None else min(N, window + T - 1)  # positions a pass reads
+        lp = None if leftpad is None else torch.full_like(lens, leftpad)
+        seen = N - (leftpad or 0) if window is None else min(N - (leftpad or 0), window + T - 1)  # positions read
         nbytes = 2 * B * seen * Hkv * D * k.element_size() + 2 * q.numel() * q.element_size()
-        shape = f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}" + ("" if window is None else f",W={window}")
-        win = "" if window is None else f", window {window}"
+        shape = (f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}" + ("" if window is None else f",W={window}")
+                 + ("" if leftpad is None else f",S={leftpad}"))
+        win = ("" if window is None else f", window {window}") + ("" if leftpad is None else f", from {leftpad}")
         capped = "" if softcap is None else f", softcap {softcap}"  # (ours only: SDPA has no cap)
-        vis = visibility(lens, T, N, None, window)
+        vis = visibility(lens, T, N, None, window, lp)
         peak = compute_peak(dev, dtype)
-        flops = {kind: 4 * D * Hq * int(visibility(lens, T, N, mask, window).sum()) for kind, mask in
+        flops = {kind: 4 * D * Hq * int(visibility(lens, T, N, mask, window, lp).sum()) for kind, mask in
                  (("causal", None), ("tree", tree))}  # useful multiply-adds x 2: Q K^T and P V per visible key
         sdpa_t = measure(lambda: _sdpa(q, k, v, vis), device=dev, **reps)
         record(family="attention", op="verify_attention", backend="sdpa", shape=shape, dtype=dname,
                bytes_moved=nbytes, timing=sdpa_t, bandwidth=bw, device=dev, extra="explicit mask, causal" + win,
                flops=flops["causal"], peak=peak)
         base, base_name = sdpa_t, "sdpa"
-        if flash_attn_with_kvcache is not None and not cpu:
+        if flash_attn_with_kvcache is not None and not cpu and leftpad is None:
             fa_window = (-1, -1) if window is None else (window - 1, 0)
             fa = measure(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True,
                                                          window_size=fa_window), device=dev)
@@ -98,24 +104,24 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
             if fa["median_s"] < base["median_s"]:
                 base, base_name = fa, "flash_attn"
         if cpu and B * N <= 32768:
-            ref = measure(lambda: tk.verify_attention(q, k, v, lens, backend="reference", window=window), device=dev,
-                          **reps)
+            ref = measure(lambda: tk.verify_attention(q, k, v, lens, backend="reference", window=window,
+                                                      cache_leftpad=lp), device=dev, **reps)
             record(family="attention", op="verify_attention", backend="reference", shape=shape,
                    dtype=dname, bytes_moved=nbytes, timing=ref, bandwidth=bw, device=dev, extra="causal" + win,
                    flops=flops["causal"], peak=peak)
             if ref["median_s"] < base["median_s"]:
                 base, base_name = ref, "reference"
         bases = {"causal": (base, base_name), "tree": (base, base_name)}
-        if window is not None and seen < N:  # the same bytes as a window-free cache: what the window should cost
-            kw, vw, lw = k[:, N - seen:], v[:, N - seen:], torch.full_like(lens, seen)
+        if (window is not None or leftpad) and seen < N:  # the same bytes in a cache of those positions alone: what
+            kw, vw, lw = k[:, N - seen:], v[:, N - seen:], torch.full_like(lens, seen)  # the window / start should cost
             for kind, mask in (("causal", None), ("tree", tree)):
                 t = measure(lambda: tk.verify_attention(q, kw, vw, lw, mask, backend=backends[0]), device=dev,
                             **reps)
-                record(family="attention", op="verify_attention", backend="nowindow", shape=f"{shape},{kind}",
-                       dtype=dname, bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev,
-                       extra=f"{kind}, {backends[0]} over a cache of the {seen} positions a window reads",
+                record(family="attention", op="verify_attention", backend="nowindow" if window else "cut",
+                       shape=f"{shape},{kind}", dtype=dname, bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev,
+                       extra=f"{kind}, {backends[0]} over a cache of the {seen} positions the pass reads",
                        flops=flops[kind], peak=peak)
-        for kind, mask in (() if cpu or window is not None else (("causal", None), ("tree", tree))):
+        for kind, mask in (() if cpu or window is not None or leftpad else (("causal", None), ("tree", tree))):
             fi = _flashinfer(q, k, v, lens, mask, kind, shape, dev)
             if fi is None:
                 continue
@@ -127,17 +133,18 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
         for be in backends:
             for kind, mask in (("causal", None), ("tree", tree)):
                 if softcap is not None:  # the same call without the cap, just before
-                    t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window),
-                                device=dev, **reps)
+                    t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window,
+                                                            cache_leftpad=lp), device=dev, **reps)
                     record(family="attention", op="verify_attention", backend="nocap", shape=f"{shape},{kind}",
                            dtype=dname, bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev,
                            extra=f"{kind}, {be} without the cap", flops=flops[kind], peak=peak)
                 t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window,
-                                                        softcap=softcap), device=dev, **reps)
+                                                        softcap=softcap, cache_leftpad=lp), device=dev, **reps)
                 record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype=dname,
                        bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=bases[kind][1],
                        baseline_timing=bases[kind][0], extra=kind + win + capped, flops=flops[kind], peak=peak)
-                if be == "triton" and not cpu and window is None:  # the other T-independent row block, side by side
+                if be == "triton" and not cpu and window is None and leftpad is None:  # the other T-independent
+                    # row block, side by side
                     rows16 = implementation("verify_attention", "triton")
                     t = measure(lambda: rows16(q, k, v, lens, mask, D ** -0.5, block_rows=16), device=dev)
                     record(family="attention", op="verify_attention", backend="triton_rows16",
@@ -180,10 +187,11 @@ def main() -> None:
     ap.add_argument("--widths", type=ints, default=None, help="only these query counts T (comma list)")
     ap.add_argument("--window", type=int, default=None, help="a sliding window of this many keys on every row")
     ap.add_argument("--softcap", type=float, default=None, help="soft-cap every score at this value (Gemma 2)")
+    ap.add_argument("--leftpad", type=int, default=None, help="every row starts at this position (cache_leftpad)")
     a = ap.parse_args()
     backends = a.backends.split(",") if a.backends else (["cpu"] if a.device == "cpu" else ["triton"])
     run(a.device, a.full or a.device == "cuda", backends, a.quick, a.model_shapes, (a.batch, a.context, a.widths),
-        a.window, a.softcap)
+        a.window, a.softcap, a.leftpad)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,8 @@ def test_reference_leftpad_is_the_cache_cut_at_its_start(T, prefix, data, window
 def test_a_pass_gives_the_bits_of_one_token_steps(backend, T, g, D, prefix, window, dtype, tree, data, seed):
     """Row t of a left-padded pass is bitwise the one-token step at its position with the same start, over the
     cache with t's path committed (cpu; triton in the interpreter and on a GPU)."""
-    if backend == "triton" and not torch.cuda.is_available():
-        prefix = min(prefix, 140)
+    if backend == "triton" and not torch.cuda.is_available():  # (the interpreter: a few seconds a call)
+        prefix, T = min(prefix, 140), min(T, 5)
     dev = backend_device(backend)
     B, Hkv = 2, 2
     prefixes = [prefix + 3 * b for b in range(B)]
@@ -105,8 +105,8 @@ def test_keys_below_the_start_never_reach_the_output(backend, poison, mask_kind,
     change its output; a start of 0 is no start, bitwise; a start moves the output."""
     dev = backend_device(backend)
     B, T = 3, 5
-    q, k, v, L, mask = make_inputs(B, T, 4, 2, 16, [70, 45, 9], 2, torch.float32, 7, dev, mask_kind)
-    lp = torch.tensor([37, 13, 0], dtype=torch.int32, device=dev)
+    q, k, v, L, mask = make_inputs(B, T, 4, 2, 16, [40, 25, 9], 2, torch.float32, 7, dev, mask_kind)
+    lp = torch.tensor([21, 13, 0], dtype=torch.int32, device=dev)
     want = tk.verify_attention(q, k, v, L, mask, return_lse=True, window=window, cache_leftpad=lp, backend=backend)
     k2, v2 = k.clone(), v.clone()
     for b, s in enumerate(lp.tolist()):
