@@ -7,7 +7,8 @@ Files:
     cpu        csrc/include/triforce/verify_attention.h (kernel), csrc/include/triforce/softcap.h (the scores'
                soft cap), csrc/cpu/verify_attention.cpp (launcher)
     tests      tests/test_verify_attention.py, tests/test_verify_attention_window.py,
-               tests/test_verify_attention_softcap.py, csrc/tests/test_verify_attention.cpp
+               tests/test_verify_attention_softcap.py, tests/test_verify_attention_leftpad.py,
+               csrc/tests/test_verify_attention.cpp
     benchmark  bench/bench_verify_attention.py
 """
 from __future__ import annotations
