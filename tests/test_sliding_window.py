@@ -146,8 +146,9 @@ def test_a_streaming_cache_sees_the_models_window(monkeypatch, native, window, m
     reaches the sinks: its sliding layers see no sink (``cache_leftpad``) and, where the cache holds more than
     the window (``window + max_step > W``), count the window's last ranks over slots kept in position order.
     So with ``window >= W - 1`` (it holds every key the model's window shows) its forwards (steps, passes of up to
-    ``max_step`` tokens, rollbacks, a tree) give the full cache's logits; with a shorter one (``shorter``: steps),
-    those of the full cache with a window of ``window + 1`` from the prompt on (its recent tokens and the query).
+    ``max_step`` tokens, rollbacks, a tree, then an 8-token chunk) give the full cache's logits; with a shorter one
+    (``shorter``: steps), those of the full cache with a window of ``window + 1`` from the prompt on (its recent
+    tokens and the query).
     Without the left padding (``shorter``) or the order (``sorted*``) the logits differ."""
     monkeypatch.setenv("TRIFORCE_DECODER_LAYERS", native)
     monkeypatch.setattr(triforce.models.llama, "_STACK", None)
@@ -175,4 +176,7 @@ def test_a_streaming_cache_sees_the_models_window(monkeypatch, native, window, m
             for c in (stream, full):
                 c.rollback(c.lengths - T + keep)
             n += keep
+        if window >= W - 1:  # a prefill-sized forward (a chunk longer than the window) after the steps
+            toks = ids[:, n:n + 8]
+            worst = max(worst, (model(toks, cache=stream) - model(toks, cache=full)).abs().max().item())
     assert worst <= TOL, worst

@@ -875,6 +875,11 @@ class StreamingCache(_KVCache):
             seq = self.lengths.long() + self.evicted  # the step's tokens: positions seq .. seq + T - 1
             self.slot_pos[step.batch_index, step.slots] = seq[:, None] + torch.arange(T, device=self.device)
         else:  # Large forward (prefill chunk): the cache holds <= keep tokens now; work in a temporary buffer.
+            if any(self.windows) and not self._ordered:  # a chunk longer than a window counts its ranks over
+                s, held = self._slot, self._slot < self.lengths.long()[:, None]  # the held tokens too: in
+                self._sort_kept((s >= self.sink) & held)                          # position order first
+                self.slot_pos.masked_fill_(~held, _FREE)
+                self._ordered = True
             step = self._big_begin(T, tree_parents, counts, query_index, query_valid)
         self._leftpads(step)
         return step
