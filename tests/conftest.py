@@ -160,3 +160,46 @@ def background(request) -> BackgroundJob:
         job.run()
     job.done.wait()
     return job
+
+
+# ---- opt-in: every GGUF a test loads is also run by llama.cpp (tests/llama_cpp_oracle.py)
+_oracle = None
+if os.environ.get("TRIFORCE_LLAMA_CPP") == "1":
+    try:
+        from tests import llama_cpp_oracle as _oracle
+    except ImportError:  # this conftest copied outside the repository (tests/test_background_jobs.py)
+        _oracle = None
+
+if _oracle is not None:
+    @pytest.fixture(autouse=True)
+    def _llama_cpp_oracle(monkeypatch, request):
+        """Wraps the GGUF loader: each float32 model loaded from a GGUF file is run on random ids by llama.cpp and by
+        us (``check_loaded``: our logits must be within its tolerance of llama.cpp's, or the test fails), and the
+        comparison is appended to ``$TRIFORCE_LLAMA_CPP_LOG`` (JSON lines; default ``llama_cpp_oracle.jsonl``)."""
+        import triforce.models.loading as loading
+        import triforce.models.smollm2 as smollm2
+
+        original = loading.load_pretrained
+
+        def checked(path, *args, **kwargs):
+            model = original(path, *args, **kwargs)
+            _oracle.check_loaded(path, model, request.node.nodeid)
+            return model
+
+        monkeypatch.setattr(loading, "load_pretrained", checked)
+        monkeypatch.setattr(smollm2, "load_pretrained", checked)
+
+    _LOG_START = []
+
+    def pytest_sessionstart(session):
+        _LOG_START.append(_oracle.log_path().stat().st_size if _oracle.log_path().exists() else 0)
+
+    def pytest_terminal_summary(terminalreporter):
+        if not _oracle.log_path().exists():
+            return
+        with open(_oracle.log_path()) as f:
+            f.seek(_LOG_START[0] if _LOG_START else 0)
+            lines = _oracle.summary(f.read().splitlines())
+        terminalreporter.section(f"llama.cpp oracle ({_oracle.log_path()})")
+        for line in lines or ["no GGUF file loaded"]:
+            terminalreporter.write_line(line)

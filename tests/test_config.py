@@ -2,6 +2,7 @@
 ``rope_theta`` / ``rope_scaling``, 5.x ``rope_parameters``), parity with transformers on checkpoints it
 saved itself, and a ValueError naming every key that would change the math but is not implemented."""
 import json
+import math
 import shutil
 
 import numpy as np
@@ -371,6 +372,7 @@ def write_gguf(path, model, meta=None, drop=(), tensors=None, quant=None, tokeni
           "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
           "rope.freq_base": float(c.rope_theta), "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
           "vocab_size": c.vocab_size, "rope.dimension_count": c.head_dim, "attention.key_length": c.head_dim,
+          "attention.value_length": c.head_dim,
           **({} if c.experts is None else {"expert_count": c.experts.count, "expert_used_count": c.experts.top_k}),
           **({"expert_feed_forward_length": c.experts.intermediate_size}
              if c.model_type in ("qwen3_moe", "qwen2_moe") else {}),
@@ -471,6 +473,9 @@ def test_gguf_round_trip_and_rope_scaling(tmp_path):
     assert Llama.from_pretrained(write_gguf(tmp_path / "b.gguf", model, betas), cache_dir=False).config.rope_scaling \
         == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 16.0,
             "beta_slow": 2.0}
+    # the converter's copy of the checkpoint's attention_factor, where it is YaRN's own magnitude (llama.cpp's)
+    own = write_gguf(tmp_path / "a.gguf", model, {**meta, "rope.scaling.yarn_attn_factor": 1 + 0.1 * math.log(4.0)})
+    assert torch.equal(Llama.from_pretrained(own, cache_dir=False)(ids), yarn(ids))
 
 
 @pytest.mark.parametrize("meta,drop,tensors,key", [
@@ -483,6 +488,9 @@ def test_gguf_round_trip_and_rope_scaling(tmp_path):
     ({"attention.clamp_kqv": 8.0}, (), None, "llama.attention.clamp_kqv"),
     ({"rope.dimension_count": 8}, (), None, "llama.rope.dimension_count"),
     ({"rope.scaling.attn_factor": 2.0}, (), None, "llama.rope.scaling.attn_factor"),
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.yarn_attn_factor": 1.2}, (), None,
+     "llama.rope.scaling.yarn_attn_factor"),  # (1 + 0.1 ln 4 = 1.1386: llama.cpp would run that, not 1.2)
+    ({"rope.scaling.yarn_attn_factor": 1.0}, (), None, "llama.rope.scaling.yarn_attn_factor"),  # without yarn
     ({"attention.sliding_window": 64}, (), None, "llama.attention.sliding_window"),
     ({"expert_count": 4}, (), None, "llama.expert_count"),
     ({}, ("context_length",), None, "llama.context_length"),

@@ -16,6 +16,7 @@ from triforce.models.loading import _FP4_VALUES, _build, dequantize_mxfp4
 
 from triforce.models.llama import SparseMoE, _bulk_linears, _clamped_swiglu, _clamped_swiglu_ops
 
+from .llama_cpp_oracle import rewrite_gguf
 from .test_decoder import ulps_apart
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, randomize_
@@ -472,30 +473,6 @@ def test_gguf_file_as_llama_cpp_writes_and_runs_it(tmp_path, experts):
     assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens))
 
 
-def _rewrite_gguf(src, dst, edit):
-    """A copy of the GGUF file ``src``: its metadata, its tensors passed through ``edit(dict) -> dict`` (name -> the
-    array as stored; a quantised tensor keeps its type, looked up by name, or comes back as ``(array, type)``)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        array = f.types[0] == gguf.GGUFValueType.ARRAY
-        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if array else None)
-    kinds = {t.name: t.tensor_type for t in reader.tensors}
-    for name, a in edit({t.name: np.array(t.data) for t in reader.tensors}).items():
-        a, kind = a if isinstance(a, tuple) else (a, kinds.get(name))
-        raw = kind not in (None, gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-        w.add_tensor(name, a, raw_dtype=kind if raw else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def _fuse_gate_up(src, dst):
     """A copy of the GGUF file ``src`` whose ffn_gate_exps and ffn_up_exps (weights in any type, biases) are one
     ffn_gate_up_exps, gate first, as newer converters write them."""
@@ -513,7 +490,7 @@ def _fuse_gate_up(src, dst):
                 name, a = name.replace("ffn_gate_exps", "ffn_gate_up_exps"), (np.concatenate([a, up], 1), kinds[name])
             out[name] = a
         return out
-    return _rewrite_gguf(src, dst, fuse)
+    return rewrite_gguf(src, dst, fuse)
 
 
 @needs_op
@@ -574,13 +551,13 @@ def test_gguf_gate_up_fused_or_missing(tmp_path):
                     [t[f"blk.{i}.ffn_gate_exps.{what}"], t[f"blk.{i}.ffn_up_exps.{what}"]], axis=1)
         return out
 
-    fused = Llama.from_pretrained(_rewrite_gguf(path, tmp_path / "b.gguf", fuse), cache_dir=False)
+    fused = Llama.from_pretrained(rewrite_gguf(path, tmp_path / "b.gguf", fuse), cache_dir=False)
     ids = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(fused(ids), plain(ids))
     for name, what in (("blk.1.ffn_down_exps.bias", "down_proj bias"), ("blk.0.ffn_up_exps.weight",
                                                                         "gate_up_proj weight")):
-        broken = _rewrite_gguf(path, tmp_path / "c.gguf", lambda t: {n: a for n, a in t.items() if n != name})
+        broken = rewrite_gguf(path, tmp_path / "c.gguf", lambda t: {n: a for n, a in t.items() if n != name})
         with pytest.raises(ValueError, match=what):
             Llama.from_pretrained(broken, cache_dir=False)
 

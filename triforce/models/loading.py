@@ -811,6 +811,12 @@ _GGUF_HARMLESS_ONLY_AT = {
                                                          and v == c.rope_scaling.get("attention_factor")),
                                  "1.0 (phi3 with LongRoPE factors: any)"),
     "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
+    # the converter's copy of a YaRN checkpoint's attention_factor: transformers scales cos and sin by it, llama.cpp
+    # reads it for grok only and scales by 1 + 0.1 ln factor: one model where the two agree
+    "rope.scaling.yarn_attn_factor": (
+        lambda v, c: c.rope_type == "yarn" and math.isclose(v, 1 + 0.1 * math.log(c.rope_scaling["factor"]),
+                                                             rel_tol=1e-6),
+        "1 + 0.1 ln(rope.scaling.factor) with yarn scaling (the magnitude both transformers and llama.cpp apply)"),
     "attention.causal": (lambda v, c: v is True, "true"),
     # phi3: llama.cpp reads it and then runs the model without a window ("Phi SWA is currently disabled"), as here
     "attention.sliding_window": (lambda v, c: c.model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss", "olmo3",
