@@ -105,3 +105,31 @@ def test_pseudo_tokens_training_forward_equals_decoding():
 
     m = tiny_ministral3(0)
     assert_perturbed_heads_train_as_they_decode(m)
+
+
+@pytest.mark.parametrize("log_mul", [1.0, 0.5, None])
+def test_gguf_as_llama_cpp_writes_it(tmp_path, log_mul):
+    """A Ministral 3 GGUF as llama.cpp's converter writes it: architecture ``mistral3`` (llama's tensors, q / k
+    permuted), YaRN's factor, original context and betas, ``mscale_all_dim`` as ``rope.scaling.yarn_log_multiplier``
+    (absent: YaRN's default magnitude, as llama.cpp reads a 0) and the temperature's beta as
+    ``attention.temperature_scale``: it loads with the logits of transformers' Ministral3ForCausalLM of those settings
+    (mscale 1, which the converter does not write and llama.cpp assumes) over 40 tokens (five temperature steps)."""
+    from .test_config import write_gguf
+
+    rope = {k: v for k, v in ROPE.items() if log_mul is not None or k not in ("mscale", "mscale_all_dim")}
+    hf, ours = pair(rope_parameters=rope if log_mul is None else {**rope, "mscale_all_dim": log_mul})
+    meta = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 8,
+            "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0, "attention.temperature_scale": 0.3,
+            **({} if log_mul is None else {"rope.scaling.yarn_log_multiplier": log_mul})}
+    loaded = Llama.from_pretrained(write_gguf(tmp_path / "m.gguf", ours, meta, arch="mistral3"), cache_dir=False)
+    # (the file's beta is float32's 0.3, as llama.cpp computes with it)
+    assert loaded.config.model_type == "ministral3" and loaded.config.query_temperature == (pytest.approx(0.3), 8)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    if log_mul == 0.5:  # the multiplier is read: the magnitude 1.28 instead of 1 moves the logits
+        with torch.no_grad():
+            assert (loaded(ids) - pair()[0](ids).logits).abs().max().item() > 1e-3
+    with pytest.raises(ValueError, match="mistral3.attention.temperature_scale"):
+        plain = {k: v for k, v in meta.items() if not k.startswith("rope.scaling")}
+        Llama.from_pretrained(write_gguf(tmp_path / "t.gguf", ours, plain, arch="mistral3"), cache_dir=False)

@@ -104,8 +104,8 @@ def test_the_config_mistral_ships_reads_as_transformers_reads_it():
 
 def test_a_mistral3_gguf_file_runs_as_llama(tmp_path):
     """llama.cpp's converter writes Mistral Small 3.1 / 3.2 as architecture ``mistral3``: llama's tensors, q / k
-    permuted; it loads with the logits of the model it was written from. Ministral 3's attention temperature
-    scaling (a key of that architecture) is not read, so a file with it raises naming it."""
+    permuted; it loads with the logits of the model it was written from. With attention.temperature_scale it is
+    Ministral 3 (tests/test_ministral3.py), which needs YaRN: without it the file raises naming the key."""
     from .test_config import write_gguf
     from .test_families import TINY
 

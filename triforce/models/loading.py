@@ -743,8 +743,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # n_no_rope_layer_step, SmolLM3Config's default no_rope_layer_interval).
 # granite: IBM Granite 3.x dense, converted as llama (permuted q / k), with its four multipliers (_GGUF_GRANITE).
 # mistral3: what llama.cpp's converter now writes for Mistral3ForConditionalGeneration (Mistral Small 3.1 / 3.2:
-# llama's tensors, permuted q / k, no window), run as llama; Ministral 3's keys (attention temperature scaling,
-# YaRN's log multiplier) are not read, so such a file raises naming them.
+# llama's tensors, permuted q / k, no window), run as llama; with attention.temperature_scale it is Ministral 3
+# (Ministral3ForCausalLM: the same tensors, YaRN and the query temperature; _gguf_ministral3).
 # gpt-oss: GPT-OSS as llama.cpp runs it (NEOX RoPE, so not permuted): its attention sinks (attn_sinks), the norm
 # before the MLP named post_attention_norm, the router's and the experts' biases, the experts in MXFP4 blocks (the
 # gguf package dequantises them) or any other type, gate and up apart or as one ffn_gate_up_exps (gate first), the
@@ -811,6 +811,10 @@ _GGUF_HARMLESS_ONLY_AT = {
                                                          and v == c.rope_scaling.get("attention_factor")),
                                  "1.0 (phi3 with LongRoPE factors: any)"),
     "rope.scaling.yarn_ext_factor": (lambda v, c: c.rope_type == "yarn" and v == 1, "1.0 with yarn scaling"),
+    # Ministral 3's (_gguf_ministral3: read in a mistral3 file)
+    "attention.temperature_scale": (lambda v, c: c.model_type == "ministral3", "absent (a mistral3 file's: read)"),
+    "rope.scaling.yarn_log_multiplier": (lambda v, c: c.model_type == "ministral3",
+                                         "absent (a mistral3 file with attention.temperature_scale: read)"),
     # the converter's copy of a YaRN checkpoint's attention_factor: transformers scales cos and sin by it, llama.cpp
     # reads it for grok only and scales by 1 + 0.1 ln factor: one model where the two agree
     "rope.scaling.yarn_attn_factor": (
@@ -937,6 +941,22 @@ def _gguf_longrope(reader, arch: str, path: Path, tensors: dict, rope_scaling) -
     return {"rope_type": "longrope", "short_factor": factors["rope_factors_short.weight"],
             "long_factor": factors["rope_factors_long.weight"], "original_max_position_embeddings": int(original),
             "attention_factor": float(gguf_field(reader, f"{arch}.rope.scaling.attn_factor", 1.0))}
+
+
+def _gguf_ministral3(reader, arch: str, path: Path, rope_scaling) -> dict:
+    """Ministral 3 (a ``mistral3`` file with ``attention.temperature_scale``, as llama.cpp's converter writes it and
+    llama.cpp runs it): its YaRN ``rope_scaling`` with the query temperature's beta (``llama_4_scaling_beta``, over
+    the original context) and, where the file has ``rope.scaling.yarn_log_multiplier`` (the converter's copy of
+    ``mscale_all_dim``; 0 is none, as llama.cpp reads it), YaRN's magnitude as llama.cpp computes it from it:
+    ``mscale`` 1 (the converter does not write it; llama.cpp takes 1) over ``mscale_all_dim``."""
+    if (rope_scaling or {}).get("rope_type") != "yarn":
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.attention.temperature_scale (Ministral 3's query "
+                         "temperature) without yarn RoPE scaling, which it is defined over")
+    rs = {**rope_scaling, "llama_4_scaling_beta": float(gguf_field(reader, f"{arch}.attention.temperature_scale"))}
+    log_mul = float(gguf_field(reader, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+    if log_mul:
+        rs.update(mscale=1.0, mscale_all_dim=log_mul)
+    return rs
 
 
 def _gguf_granite(reader, arch: str, head_dim: int) -> dict:
@@ -1112,6 +1132,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra["sliding_window"] = int(gguf_field(reader, f"{arch}.attention.sliding_window"))
     if model_type == "qwen2_moe":  # (its q/k/v biases by its qkv_bias key: llama.cpp reads them where present)
         extra["qkv_bias"] = "blk.0.attn_q.bias" in tensors
+    if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
+        model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
         model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=n_ff,
         num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
