@@ -148,6 +148,35 @@ def test_heads_training_forward_equals_decoding():
     assert_perturbed_heads_train_as_they_decode(m)
 
 
+def test_olmo3_gguf_with_yarn_as_newer_converters_write_it(tmp_path):
+    """OLMo 3's long-context YaRN (on its full layers only) as llama-cpp-python 0.3.36's converter writes it: the
+    rope.scaling keys with the checkpoint's attention_factor as rope.scaling.yarn_attn_factor, YaRN's own magnitude
+    1 + 0.1 ln factor: the file loads as the model it was written from, bit for bit (and, opt-in, as llama.cpp runs
+    it: tests/llama_cpp_oracle.py); with another attention factor it raises naming the key."""
+    import math
+
+    from .test_config import write_gguf
+
+    config = LlamaConfig(model_type="olmo3", vocab_size=400, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, rope_theta=500000.0, rms_norm_eps=1e-6,
+                         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+                         extra={"sliding_window": 8})
+    torch.manual_seed(0)
+    model = randomize_(Llama(config).eval())
+    meta = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 16,
+            "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0,
+            "rope.scaling.yarn_attn_factor": 1 + 0.1 * math.log(4.0)}
+    loaded = Llama.from_pretrained(write_gguf(tmp_path / "y.gguf", model, meta), cache_dir=False)
+    assert loaded.config.rope_layers == config.rope_layers == (False, False, False, True, False)
+    ids = torch.randint(0, 400, (2, 50), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+    with pytest.raises(ValueError, match="olmo2.rope.scaling.yarn_attn_factor"):
+        Llama.from_pretrained(write_gguf(tmp_path / "z.gguf", model, {**meta, "rope.scaling.yarn_attn_factor": 1.21}),
+                              cache_dir=False)
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_gguf_as_llama_cpp_writes_it(tmp_path, model_type):
     """An olmo2 GGUF as llama.cpp's converter writes OLMo 2 and OLMo 3 (NEOX RoPE, so q / k not permuted;
