@@ -175,7 +175,7 @@ if _oracle is not None:
     def _llama_cpp_oracle(monkeypatch, request):
         """Wraps the GGUF loader: each float32 model loaded from a GGUF file is run on random ids by llama.cpp and by
         us (``check_loaded``: our logits must be within its tolerance of llama.cpp's, or the test fails), and the
-        comparison is appended to ``$TRIFORCE_LLAMA_CPP_LOG`` (JSON lines; default ``llama_cpp_oracle.jsonl``)."""
+        comparison is appended to ``$TRIFORCE_LLAMA_CPP_LOG`` (JSON lines; by default in the temporary directory)."""
         import triforce.models.loading as loading
         import triforce.models.smollm2 as smollm2
 

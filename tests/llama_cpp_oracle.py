@@ -181,7 +181,10 @@ def ggml_gelu():
 
 
 def log_path() -> Path:
-    return Path(os.environ.get("TRIFORCE_LLAMA_CPP_LOG", "llama_cpp_oracle.jsonl"))
+    """``$TRIFORCE_LLAMA_CPP_LOG``, by default ``triforce_llama_cpp_oracle.jsonl`` in the temporary directory (not the
+    working tree)."""
+    default = Path(tempfile.gettempdir()) / "triforce_llama_cpp_oracle.jsonl"
+    return Path(os.environ.get("TRIFORCE_LLAMA_CPP_LOG", default))
 
 
 # Largest difference from llama.cpp's logits, relative to the largest of them, of a float32 model on a float32
