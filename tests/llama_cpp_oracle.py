@@ -204,8 +204,9 @@ def tolerance(arch: str) -> float:
 
 def check_loaded(path, model, test_id: str, length: int = 48) -> dict | None:
     """Compare ``model``, just loaded from ``path``, with llama.cpp on the same file (nothing unless ``path`` is a
-    GGUF file and the model float32): ``length`` random ids (seeded), one sequence, our forward with ggml's GELU
-    (:func:`ggml_gelu`), llama.cpp's on a float32 copy of the file where it holds other types (:func:`float32_copy`).
+    GGUF file and the model float32): ``length`` random ids (seeded), one sequence, our forward (with ggml's GELU,
+    :func:`ggml_gelu`, for :data:`GELU_ARCHS`), llama.cpp's on a float32 copy of the file where it holds other types
+    (:func:`float32_copy`).
     Appends the comparison to :func:`log_path` and raises ``AssertionError`` where our logits are further from
     llama.cpp's than :func:`tolerance`; a file llama.cpp refuses is logged (``refused``, llama.cpp's message)."""
     import gguf
@@ -225,11 +226,11 @@ def check_loaded(path, model, test_id: str, length: int = 48) -> dict | None:
         length = max(length, rs["original_max_position_embeddings"] + 8)  # original; we, where the sequence does
     T = min(length, model.config.max_position_embeddings)
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, T)
-    with torch.no_grad(), ggml_gelu():
+    arch = gguf.GGUFReader(str(p)).fields["general.architecture"].contents()
+    # ggml's GELU table where the model has a GELU; elsewhere the model as it runs (the extension's kernels)
+    with torch.no_grad(), ggml_gelu() if arch in GELU_ARCHS else contextlib.nullcontext():
         ours = model(torch.as_tensor(ids)[None].to(model.device))[0].float().cpu().numpy()
-    fields = gguf.GGUFReader(str(p)).fields
-    rec = {"test": test_id, "file": p.name, "arch": fields["general.architecture"].contents(),
-           "types": weight_types(p), "T": int(T)}
+    rec = {"test": test_id, "file": p.name, "arch": arch, "types": weight_types(p), "T": int(T)}
     try:
         with tempfile.TemporaryDirectory() as d:  # llama.cpp multiplies float32 activations by float32 weights only
             exact = p if rec["types"] == ["F32"] else float32_copy(p, Path(d) / "f32.gguf")
