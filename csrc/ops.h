@@ -155,6 +155,14 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                                            int64_t window = 0, double softcap = 0.0,
                                                            const std::optional<at::Tensor>& cache_leftpad = {});
 
+// ---- caches (triforce/models/cache.py) -------------------------------------------------------------
+// In place, buf [N, B, S, R] contiguous (any dtype), shift int64 [B] on the CPU: for every n and every b with
+// shift[b] != 0, slots [lo, hi) of buf[n, b] take what slots [lo + shift[b], hi + shift[b]) held (one memmove,
+// the ranges may overlap); every other slot keeps its bytes. Needs 0 <= lo <= hi <= S and
+// 0 <= lo + shift[b], hi + shift[b] <= S. A StreamingLLM cache's window shifted down by what an eviction drops
+// (csrc/include/triforce/slots.h).
+void shift_slots_(at::Tensor& buf, const at::Tensor& shift, int64_t lo, int64_t hi);
+
 // ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,
                                                             const std::optional<at::Tensor>& draft_probs,

@@ -45,6 +45,8 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");
+  // ---- caches: a StreamingLLM window shifted in place (csrc/ops.h)
+  m.def("shift_slots_(Tensor(a!) buf, Tensor shift, int lo, int hi) -> ()");
   // decoder_layers' thread team (csrc/include/triforce/team.h): [forwards with a team, of them stalled, indices
   // the workers ran], since the process started
   m.def("forward_team_stats() -> int[]", &forward_team_stats);
@@ -78,6 +80,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("decoder_layers", &decoder_layers);
   m.impl("tree_speculative_sample", &tree_speculative_sample);
   m.impl("tree_greedy_verify", &tree_greedy_verify);
+  m.impl("shift_slots_", &shift_slots_);
 }
 
 #ifdef TRIFORCE_WITH_CUDA

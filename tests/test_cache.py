@@ -817,3 +817,81 @@ def test_select_rows_in_place_copies_only_the_moved_rows():
     for bad in ([], [0, 0], [2], [-1], [0.5], torch.tensor([0.0]), torch.tensor([[0]]), [True]):
         with pytest.raises(ValueError, match="rows must be"):
             cache.select_rows(bad)
+
+
+# ---------------------------------------------------------------- the sorted eviction's in-place shift
+def _shift_op():
+    from triforce.models import cache as cache_module
+
+    return cache_module._shift_slots()
+
+
+needs_shift = pytest.mark.skipif(_shift_op() is None, reason="the C++ extension is not built")
+
+
+@needs_shift
+@given(data=st.data(), N=st.integers(1, 3), B=st.integers(1, 4), S=st.integers(1, 12), R=st.integers(0, 5),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.float64]))
+@example(data=None, N=2, B=3, S=10, R=4, dtype=torch.float32)
+def test_shift_slots_moves_each_row_as_a_copy_would(data, N, B, S, R, dtype):
+    """``triforce_C::shift_slots_``: slots ``[lo, hi)`` of every ``buf[n, b]`` take slots ``[lo + shift[b], hi +
+    shift[b])`` as they were (the ranges overlap: one memmove each), in either direction; rows with shift 0 and
+    slots outside ``[lo, hi)`` keep their bytes."""
+    if data is None:  # the StreamingLLM case: a window shifted down by 1, 2 and 0 slots
+        lo, hi, shift = 2, 7, [1, 3, 0]
+    else:
+        lo = data.draw(st.integers(0, S), label="lo")
+        hi = data.draw(st.integers(lo, S), label="hi")
+        shift = data.draw(st.lists(st.integers(-lo, S - hi), min_size=B, max_size=B), label="shift")
+    buf = torch.randint(-100, 100, (N, B, S, R)).to(dtype)
+    want = buf.clone()
+    for b, e in enumerate(shift):
+        want[:, b, lo:hi] = buf[:, b, lo + e: hi + e]
+    torch.ops.triforce_C.shift_slots_(buf, torch.tensor(shift, dtype=torch.int64), lo, hi)
+    assert torch.equal(buf, want)
+
+
+@needs_shift
+def test_shift_slots_checks_its_arguments():
+    op, buf, shift = torch.ops.triforce_C.shift_slots_, torch.zeros(2, 3, 8, 4), torch.zeros(3, dtype=torch.int64)
+    for bad, args, match in [
+            ("a slot past the end", (buf, torch.tensor([0, 2, 0]), 1, 7), "row 1's shift 2 reads slots \\[3, 9\\)"),
+            ("a slot before the start", (buf, torch.tensor([-2, 0, 0]), 1, 7), "row 0's shift -2"),
+            ("lo > hi", (buf, shift, 5, 4), "0 <= lo <= hi <= S"),
+            ("hi > S", (buf, shift, 0, 9), "0 <= lo <= hi <= S"),
+            ("int32 shift", (buf, shift.int(), 0, 4), "int64 \\[B\\]"),
+            ("a shift per row", (buf, shift[:2], 0, 4), "int64 \\[B\\] with B = 3"),
+            ("3-D", (buf[0], shift, 0, 4), "contiguous \\[N, B, S, R\\]"),
+            ("strided", (buf[:, :, ::2], shift, 0, 4), "not contiguous")]:
+        before = buf.clone()
+        with pytest.raises(RuntimeError, match=match):
+            op(*args)
+        assert torch.equal(buf, before), bad
+
+
+@needs_shift
+@given(seed=st.integers(0, 2**31 - 1), sink=st.integers(0, 3), window=st.integers(1, 9), max_step=st.integers(1, 4))
+@example(seed=0, sink=2, window=5, max_step=3)
+@example(seed=5, sink=0, window=1, max_step=4)
+def test_sorted_eviction_shifts_in_place_as_the_copy_does(seed, sink, window, max_step):
+    """The sorted eviction (a windowed model's StreamingLLM cache, ``_in_order``) on the CPU shifts each row's
+    window in place with the extension (``shift_slots_``): the cache ends bitwise as with PyTorch's copy through a
+    clone, after random forwards, trees kept with commit_path, prefill-sized steps and rollbacks across
+    evictions; and the in-place shift really served."""
+    from triforce.models import cache as cache_module
+
+    cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    B, Hq, Hkv, D = 3, 4, 2, 6
+    caches = [StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step) for _ in range(2)]
+    for cache, in_place in zip(caches, (False, True)):
+        cache._in_order, cache._shift_in_place = True, in_place
+    real, rows = _shift_op(), []
+    cache_module._SHIFT_SLOTS = lambda buf, shift, lo, hi: (rows.append(int((shift != 0).sum())),
+                                                            real(buf, shift, lo, hi))
+    try:
+        _random_streaming_twins(caches, torch.Generator().manual_seed(seed), B, Hq, Hkv, D, max_step,
+                                rope_inv_freq(cfg), "cpu")
+    finally:
+        cache_module._SHIFT_SLOTS = real
+    assert sum(rows) > 0

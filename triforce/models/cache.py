@@ -21,6 +21,7 @@ lengths once (and raise if it really does).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,26 @@ class TokenTree:
         if n not in self._prefixes:
             self._prefixes[n] = TokenTree._trusted(self.parents[:, :n], self.mask[:, :n, :n].contiguous())
         return self._prefixes[n]
+
+
+_SHIFT_SLOTS = None
+
+
+def _shift_slots():
+    """``triforce_C::shift_slots_`` (csrc/ops.h: slots shifted within each row in place, one memmove each), or
+    ``None`` without the extension (``TRIFORCE_SHIFT_SLOTS=0`` too: the PyTorch copy through a clone)."""
+    global _SHIFT_SLOTS
+    if _SHIFT_SLOTS is None:
+        _SHIFT_SLOTS = False
+        if os.environ.get("TRIFORCE_SHIFT_SLOTS", "1") != "0":
+            try:
+                from triforce_kernels._backend import _extension
+
+                _extension()
+                _SHIFT_SLOTS = getattr(torch.ops.triforce_C, "shift_slots_", False)
+            except Exception:  # no extension built
+                pass
+    return _SHIFT_SLOTS or None
 
 
 @dataclass
@@ -647,6 +668,8 @@ class StreamingCache(_KVCache):
         # and moves only the real ones with a Triton kernel where it runs (a PyTorch gather and scatter
         # of the fixed width would copy every padding slot onto itself: triforce_kernels/triton/slot_move.py)
         self._triton_move = self.device.type == "cuda" and tk.backend_status("triton", self.device)[0]
+        # the sorted eviction (_in_order) shifts a row's window in place with the extension where it is built
+        self._shift_in_place = True
         self._big = None  # a prefill-sized forward's selection, from _big_begin to end
         self._host_state()
 
@@ -790,13 +813,17 @@ class StreamingCache(_KVCache):
         if self._read_width:
             moved = (frm != dst).any(1)
             shift = frm[:, 0] - self.sink
-            run = (frm == dst + shift[:, None]).all(1)  # a contiguous run from sink + shift
+            run = (frm == dst + shift[:, None]).all(1) & moved  # a contiguous run from sink + shift
+            shift_slots = _shift_slots() if self._shift_in_place and self._kvr.is_contiguous() else None
+            if shift_slots is not None and bool(run.any()):  # those rows in place, one memmove per layer and row
+                shift_slots(self._kvr.view(3 * self.num_layers, self.batch_size, self._kvr.shape[3], -1),
+                            torch.where(run, shift, 0), self.sink, self.keep)
             for b in moved.nonzero().flatten().tolist():
-                if run[b]:
+                if not run[b]:
+                    self._kvr[:, :, b, dst[b]] = self._kvr[:, :, b, frm[b]]
+                elif shift_slots is None:
                     e = int(shift[b])
                     self._kvr[:, :, b, self.sink: self.keep] = self._kvr[:, :, b, self.sink + e: self.keep + e].clone()
-                else:
-                    self._kvr[:, :, b, dst[b]] = self._kvr[:, :, b, frm[b]]
         else:
             self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
         pos[bi, dst] = pos[bi, frm]
