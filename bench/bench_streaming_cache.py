@@ -11,7 +11,8 @@ scatter of the whole width (backend ``torch_move``), the move before that kernel
 the autoregressive step on a full cache of N tokens (``ar_step``): the step MagicDec's StreamingLLM
 draft replaces, so the draft step's share of it is the number that decides MagicDec's gain. Backend ``sorted``: the same
 with the eviction that keeps the window in position order (a copy of the window per eviction), which a cache
-takes on a model whose sliding window is shorter than what it holds (docs/model.md, "Sliding windows").
+takes on a model whose sliding window is shorter than what it holds (docs/model.md, "Sliding windows");
+``sorted_clone`` (CPU): that eviction copying the window through a clone, as before the in-place shift.
 
     python -m bench.bench_streaming_cache [--batch 1 4] [--dtype float32 bfloat16] [--threads 1]
     python -m bench.bench_streaming_cache --device cuda --model random --batch 32 256 --dtype bfloat16 --context 4000
@@ -88,19 +89,27 @@ def main():
             extra = json.dumps({"threads": torch.get_num_threads()})
             runs = [("streaming_step", "auto", lambda: model(ids, cache=stream), full_step),
                     ("streaming_begin_end", "auto", stream_bookkeeping, full_bookkeeping)]
-            def switched(attr, fn):
-                """``fn`` with the cache's switch ``attr`` flipped (then flipped back)."""
+            def switched(attrs, fn):
+                """``fn`` with the cache's switches ``attrs`` (comma-separated) flipped (then flipped back)."""
+                def flip():
+                    for attr in attrs.split(","):
+                        setattr(stream, attr, not getattr(stream, attr))
+
                 def run():
-                    setattr(stream, attr, not getattr(stream, attr))
+                    flip()
                     try:
                         fn()
                     finally:
-                        setattr(stream, attr, not getattr(stream, attr))
+                        flip()
                 return run
             # the PyTorch move instead of the Triton kernel; the sorted eviction instead of the hole filling (SmolLM2
-            # has no window: its caches fill holes)
+            # has no window: its caches fill holes); on the CPU, the sorted eviction's copy through a clone instead of
+            # its in-place shift (shift_slots_)
             assert not stream._in_order
-            for attr, backend in [("_triton_move", "torch_move")] * stream._triton_move + [("_in_order", "sorted")]:
+            switches = [("_triton_move", "torch_move")] * stream._triton_move + [("_in_order", "sorted")]
+            if stream._read_width and stream._shift_in_place:
+                switches.append(("_in_order,_shift_in_place", "sorted_clone"))
+            for attr, backend in switches:
                 runs += [("streaming_step", backend, switched(attr, lambda: model(ids, cache=stream)), full_step),
                          ("streaming_begin_end", backend, switched(attr, stream_bookkeeping), full_bookkeeping)]
             with torch.no_grad():
