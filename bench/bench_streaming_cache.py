@@ -12,7 +12,9 @@ the autoregressive step on a full cache of N tokens (``ar_step``): the step Magi
 draft replaces, so the draft step's share of it is the number that decides MagicDec's gain. Backend ``sorted``: the same
 with the eviction that keeps the window in position order (a copy of the window per eviction), which a cache
 takes on a model whose sliding window is shorter than what it holds (docs/model.md, "Sliding windows");
-``sorted_clone`` (CPU): that eviction copying the window through a clone, as before the in-place shift.
+``sorted_clone`` (CPU): that eviction copying the window through a clone, as before the in-place shift. Their
+bookkeeping rows count the bytes that eviction must move (each row's window of every layer's k, v and k_raw, read
+and written once) against the copy bandwidth measured in the same run.
 
     python -m bench.bench_streaming_cache [--batch 1 4] [--dtype float32 bfloat16] [--threads 1]
     python -m bench.bench_streaming_cache --device cuda --model random --batch 32 256 --dtype bfloat16 --context 4000
@@ -33,7 +35,7 @@ from triforce.models import FullCache, StreamingCache
 from triforce.models.hub import device_of
 
 from .bench_levels import build
-from .harness import measure, record
+from .harness import copy_bandwidth, measure, record
 
 def models(name, dtypes, device):
     """``{dtype: model}``: SmolLM2-135M (its float32 weights and their bfloat16 copy), or its shape with
@@ -112,12 +114,17 @@ def main():
             for attr, backend in switches:
                 runs += [("streaming_step", backend, switched(attr, lambda: model(ids, cache=stream)), full_step),
                          ("streaming_begin_end", backend, switched(attr, stream_bookkeeping), full_bookkeeping)]
+            # what the sorted eviction's bookkeeping must move: every layer's k, v and k_raw window of every row,
+            # read and written once (the hole filling moves the evicted slot only)
+            window_bytes = 2 * stream._kvr[:, :, :, stream.sink: stream.keep].numel() * stream._kvr.element_size()
             with torch.no_grad():
                 for op, backend, fn, base in runs:
                     t = measure(fn, device=dev, warmup=3, reps=20)
                     tb = measure(base, device=dev, warmup=3, reps=20)
+                    moved = window_bytes if op == "streaming_begin_end" and backend.startswith("sorted") else None
                     record(family="streaming", op=op, backend=backend, shape=shape, dtype=dtype, timing=t,
-                           baseline="full cache, same tokens", baseline_timing=tb, extra=extra, device=dev)
+                           baseline="full cache, same tokens", baseline_timing=tb, extra=extra, device=dev,
+                           bytes_moved=moved, bandwidth=copy_bandwidth(dev) if moved else None)
                 if a.context:
                     long = FullCache(model.config, B, a.context + 8, dtype=model.dtype, device=dev)
                     model.prefill(torch.randint(0, 1000, (B, a.context), generator=g).to(dev), long)
