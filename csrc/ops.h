@@ -162,6 +162,11 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
 // 0 <= lo + shift[b], hi + shift[b] <= S. A StreamingLLM cache's window shifted down by what an eviction drops
 // (csrc/include/triforce/slots.h).
 void shift_slots_(at::Tensor& buf, const at::Tensor& shift, int64_t lo, int64_t hi);
+// out [G, B, n, H, D] = x [G, B, n, H, D] rotated by cos, sin [B, n, 1, D] (RoPE's half-split pairs), all float32,
+// bitwise triforce/models/rope.py's apply_rope but for a NaN's sign; x and out of one shape, any strides with the
+// last dimension contiguous, not overlapping; cos / sin contiguous. A float32 StreamingLLM cache's sinks rotated
+// again at their new positions (csrc/include/triforce/slots.h).
+void rope_into_(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,

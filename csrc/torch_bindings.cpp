@@ -45,8 +45,9 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");
-  // ---- caches: a StreamingLLM window shifted in place (csrc/ops.h)
+  // ---- caches: a StreamingLLM window shifted in place, its sinks rotated again (csrc/ops.h)
   m.def("shift_slots_(Tensor(a!) buf, Tensor shift, int lo, int hi) -> ()");
+  m.def("rope_into_(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
   // decoder_layers' thread team (csrc/include/triforce/team.h): [forwards with a team, of them stalled, indices
   // the workers ran], since the process started
   m.def("forward_team_stats() -> int[]", &forward_team_stats);
@@ -81,6 +82,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("tree_speculative_sample", &tree_speculative_sample);
   m.impl("tree_greedy_verify", &tree_greedy_verify);
   m.impl("shift_slots_", &shift_slots_);
+  m.impl("rope_into_", &rope_into_);
 }
 
 #ifdef TRIFORCE_WITH_CUDA

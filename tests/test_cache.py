@@ -870,28 +870,82 @@ def test_shift_slots_checks_its_arguments():
 
 
 @needs_shift
-@given(seed=st.integers(0, 2**31 - 1), sink=st.integers(0, 3), window=st.integers(1, 9), max_step=st.integers(1, 4))
-@example(seed=0, sink=2, window=5, max_step=3)
-@example(seed=5, sink=0, window=1, max_step=4)
-def test_sorted_eviction_shifts_in_place_as_the_copy_does(seed, sink, window, max_step):
-    """The sorted eviction (a windowed model's StreamingLLM cache, ``_in_order``) on the CPU shifts each row's
-    window in place with the extension (``shift_slots_``): the cache ends bitwise as with PyTorch's copy through a
-    clone, after random forwards, trees kept with commit_path, prefill-sized steps and rollbacks across
-    evictions; and the in-place shift really served."""
+@given(seed=st.integers(0, 2**31 - 1), sink=st.integers(0, 3), window=st.integers(1, 9), max_step=st.integers(1, 4),
+       in_order=st.booleans())
+@example(seed=0, sink=2, window=5, max_step=3, in_order=True)
+@example(seed=5, sink=0, window=1, max_step=4, in_order=True)
+@example(seed=1, sink=3, window=6, max_step=2, in_order=False)
+def test_native_bookkeeping_leaves_the_cache_as_pytorchs_ops_do(seed, sink, window, max_step, in_order):
+    """A float32 StreamingLLM cache's bookkeeping on the CPU takes the extension's ops: the sorted eviction (a
+    windowed model's, ``_in_order``) shifts each row's window in place (``shift_slots_``) instead of copying it
+    through a clone, and the sinks' keys are rotated again in one pass (``rope_into_``) instead of through
+    ``apply_rope``. The cache ends bitwise as with PyTorch's ops, after random forwards, trees kept with
+    commit_path, prefill-sized steps and rollbacks across evictions; and the ops really served."""
     from triforce.models import cache as cache_module
 
     cfg = LlamaConfig(vocab_size=11, hidden_size=24, intermediate_size=8, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     B, Hq, Hkv, D = 3, 4, 2, 6
     caches = [StreamingCache(cfg, B, sink=sink, window=window, max_step=max_step) for _ in range(2)]
-    for cache, in_place in zip(caches, (False, True)):
-        cache._in_order, cache._shift_in_place = True, in_place
-    real, rows = _shift_op(), []
-    cache_module._SHIFT_SLOTS = lambda buf, shift, lo, hi: (rows.append(int((shift != 0).sum())),
-                                                            real(buf, shift, lo, hi))
+    assert caches[1]._shift_in_place and caches[1]._native_rope
+    caches[0]._shift_in_place = caches[0]._native_rope = False
+    for cache in caches:
+        cache._in_order = in_order
+    shift, rope, rows, rotated = _shift_op(), cache_module._cache_op("rope_into_"), [], []
+    cache_module._SHIFT_SLOTS = lambda buf, e, lo, hi: (rows.append(int((e != 0).sum())), shift(buf, e, lo, hi))
+    cache_module._CACHE_OPS["rope_into_"] = lambda out, *a: (rotated.append(out.numel()), rope(out, *a))
     try:
         _random_streaming_twins(caches, torch.Generator().manual_seed(seed), B, Hq, Hkv, D, max_step,
                                 rope_inv_freq(cfg), "cpu")
     finally:
-        cache_module._SHIFT_SLOTS = real
-    assert sum(rows) > 0
+        cache_module._SHIFT_SLOTS, cache_module._CACHE_OPS["rope_into_"] = shift, rope
+    assert sum(rows) > 0 or not in_order
+    assert sum(rotated) > 0 or sink == 0
+
+
+@needs_shift
+@given(data=st.data())
+@example(data=None)
+def test_rope_into_is_apply_rope_bitwise(data):
+    """``triforce_C::rope_into_`` (a float32 StreamingLLM cache's sinks rotated again, written into a view of its
+    keys) gives ``apply_rope``'s bits: strided views of one buffer as the cache passes them, cos / sin per row and
+    slot, values of any size (zeros, overflow to inf, NaN where inf meets inf: only where apply_rope's is)."""
+    if data is None:  # SmolLM2's sinks: 30 layers, 16 slots, 3 heads of 64
+        G, B, n, H, D, cap, scale, seed = 30, 2, 16, 3, 64, 40, 1.0, 0
+    else:
+        G, B, n, H = (data.draw(st.integers(1, 3), label=k) for k in "GBnH")
+        D = 2 * data.draw(st.integers(0, 8), label="D/2")
+        cap, seed = n + 3, data.draw(st.integers(0, 2**31 - 1), label="seed")
+        scale = data.draw(st.sampled_from([1.0, 1e20, 3e38]), label="scale")
+    g = torch.Generator().manual_seed(seed)
+    buf = torch.randn(3, G, B, cap, H, D, generator=g) * scale
+    if D:
+        buf[2, ..., 0] = 0.0
+    cos, sin = (torch.randn(B, n, 1, D, generator=g) * scale for _ in range(2))
+    x, out = buf[2, :, :, 1:n + 1], buf[0, :, :, 2:n + 2]  # k_raw's and k's slots, as the cache's _rotate
+    want = apply_rope(x, cos, sin)
+    before = buf.clone()
+    torch.ops.triforce_C.rope_into_(out, x, cos, sin)
+    nan = want.isnan()
+    assert torch.equal(out.isnan(), nan) and torch.equal(out[~nan], want[~nan])
+    buf[0, :, :, 2:n + 2] = before[0, :, :, 2:n + 2]
+    assert torch.equal(buf.nan_to_num(), before.nan_to_num())  # nothing else written
+
+
+@needs_shift
+def test_rope_into_checks_its_arguments():
+    op = torch.ops.triforce_C.rope_into_
+    buf, cos = torch.zeros(2, 2, 3, 5, 2, 4), torch.zeros(3, 5, 1, 4)
+    x, out = buf[0], buf[1]
+    for bad, args, match in [
+            ("bfloat16", (out.bfloat16(), x.bfloat16(), cos.bfloat16(), cos.bfloat16()), "float32"),
+            ("4-D", (out[0], x[0], cos, cos), "\\[G, B, n, H, D\\]"),
+            ("other shapes", (out[:, :2], x, cos, cos), "of one shape"),
+            ("cos per slot", (out, x, cos[:, :4], cos), "contiguous \\[B, n, 1, D\\]"),
+            ("odd D", (out[..., :3], x[..., :3], cos[..., :3], cos[..., :3]), "D must be even"),
+            ("strided D", (out[..., ::2], x[..., ::2], cos[..., ::2].contiguous(), cos[..., ::2].contiguous()),
+             "contiguous last dimension"),
+            ("in place", (x, x, cos, cos), "must not overlap x"),
+            ("expanded out", (out[:, :, :1].expand(2, 3, 5, 2, 4), x, cos, cos), "share memory")]:
+        with pytest.raises(RuntimeError, match=match):
+            op(*args)

@@ -1,5 +1,7 @@
-// Launcher of the caches' in-place slot shift (csrc/include/triforce/slots.h; contract in csrc/ops.h).
+// Launchers of the StreamingLLM cache's slot shift and sink rotation (csrc/include/triforce/slots.h; contracts in
+// csrc/ops.h).
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include "../ops.h"
 #include "triforce/slots.h"
@@ -23,4 +25,32 @@ void shift_slots_(at::Tensor& buf, const at::Tensor& shift_in, int64_t lo, int64
   if (buf.numel() == 0) return;
   triforce::shift_slots_cpu(static_cast<char*>(buf.data_ptr()), N, B, S, buf.size(3) * buf.element_size(), sh, lo,
                             hi);
+}
+
+void rope_into_(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(out.device().is_cpu() && x.device().is_cpu() && cos.device().is_cpu() && sin.device().is_cpu(),
+              "rope_into_: CPU tensors expected");
+  TORCH_CHECK(x.dim() == 5 && out.sizes() == x.sizes(),
+              "rope_into_: x and out must be [G, B, n, H, D] of one shape, got ", x.sizes(), " and ", out.sizes());
+  const int64_t G = x.size(0), B = x.size(1), n = x.size(2), H = x.size(3), D = x.size(4);
+  TORCH_CHECK(D % 2 == 0, "rope_into_: D must be even, got ", D);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && x.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat,
+              "rope_into_: out, x, cos and sin must be float32");
+  const std::vector<int64_t> table{B, n, 1, D};
+  TORCH_CHECK(cos.sizes() == at::IntArrayRef(table) && sin.sizes() == cos.sizes() && cos.is_contiguous() &&
+                  sin.is_contiguous(),
+              "rope_into_: cos and sin must be contiguous [B, n, 1, D] = ", at::IntArrayRef(table), ", got ",
+              cos.sizes(), " and ", sin.sizes());
+  TORCH_CHECK(D == 0 || (x.stride(4) == 1 && out.stride(4) == 1),
+              "rope_into_: x and out need a contiguous last dimension");
+  if (x.numel() == 0) return;
+  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, "rope_into_: out has elements that share memory");
+  const auto overlap = at::get_overlap_status(out, x);  // (TooHard for strided views of one buffer: not checked)
+  TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+              "rope_into_: out must not overlap x");
+  const int64_t so[4] = {out.stride(0), out.stride(1), out.stride(2), out.stride(3)};
+  const int64_t sx[4] = {x.stride(0), x.stride(1), x.stride(2), x.stride(3)};
+  triforce::rope_rows_cpu(out.data_ptr<float>(), so, x.const_data_ptr<float>(), sx, cos.const_data_ptr<float>(),
+                          sin.const_data_ptr<float>(), G, B, n, H, D);
 }

@@ -96,6 +96,7 @@ class TokenTree:
 
 
 _SHIFT_SLOTS = None
+_CACHE_OPS: dict = {}
 
 
 def _shift_slots():
@@ -103,16 +104,25 @@ def _shift_slots():
     ``None`` without the extension (``TRIFORCE_SHIFT_SLOTS=0`` too: the PyTorch copy through a clone)."""
     global _SHIFT_SLOTS
     if _SHIFT_SLOTS is None:
-        _SHIFT_SLOTS = False
+        _SHIFT_SLOTS = _cache_op("shift_slots_") or False
+    return _SHIFT_SLOTS or None
+
+
+def _cache_op(name: str):
+    """The extension's CPU op ``triforce_C::<name>`` for the StreamingLLM cache's bookkeeping (csrc/ops.h,
+    "caches"), or ``None`` without the extension or with ``TRIFORCE_SHIFT_SLOTS=0`` (PyTorch's ops, the same
+    bits). Looked up once."""
+    if name not in _CACHE_OPS:
+        _CACHE_OPS[name] = None
         if os.environ.get("TRIFORCE_SHIFT_SLOTS", "1") != "0":
             try:
                 from triforce_kernels._backend import _extension
 
                 _extension()
-                _SHIFT_SLOTS = getattr(torch.ops.triforce_C, "shift_slots_", False)
+                _CACHE_OPS[name] = getattr(torch.ops.triforce_C, name, None)
             except Exception:  # no extension built
                 pass
-    return _SHIFT_SLOTS or None
+    return _CACHE_OPS[name]
 
 
 @dataclass
@@ -668,8 +678,10 @@ class StreamingCache(_KVCache):
         # and moves only the real ones with a Triton kernel where it runs (a PyTorch gather and scatter
         # of the fixed width would copy every padding slot onto itself: triforce_kernels/triton/slot_move.py)
         self._triton_move = self.device.type == "cuda" and tk.backend_status("triton", self.device)[0]
-        # the sorted eviction (_in_order) shifts a row's window in place with the extension where it is built
+        # on the CPU, with the extension: the sorted eviction (_in_order) shifts a row's window in place, and a
+        # float32 cache's sinks are rotated again in one native pass (_rotate; 16-bit ones through apply_rope)
         self._shift_in_place = True
+        self._native_rope = self.device.type == "cpu" and self.dtype == torch.float32
         self._big = None  # a prefill-sized forward's selection, from _big_begin to end
         self._host_state()
 
@@ -861,7 +873,11 @@ class StreamingCache(_KVCache):
         for layers, inv_freq, long, scale in self._ropes:  # one group (all layers) but for Gemma 3's two RoPEs
             inv_freq = rows_inv_freq(inv_freq, long, self._rope_long)
             cos, sin = rope_cos_sin(inv_freq, positions, self.dtype, scale)  # [B, n, 1, D]: the group's layers
-            self._kvr[0, layers, :, slots] = apply_rope(self._kvr[2, layers, :, slots], cos, sin)
+            rope_into = _cache_op("rope_into_") if self._native_rope and isinstance(layers, slice) else None
+            if rope_into is not None:  # one native pass into k's slots, apply_rope's bits
+                rope_into(self._kvr[0, layers, :, slots], self._kvr[2, layers, :, slots], cos, sin)
+            else:
+                self._kvr[0, layers, :, slots] = apply_rope(self._kvr[2, layers, :, slots], cos, sin)
 
     def _rebase(self) -> None:
         """``frame = evicted``: every kept token at its StreamingLLM position, re-rotated from ``k_raw``."""
