@@ -823,7 +823,7 @@ def test_select_rows_in_place_copies_only_the_moved_rows():
 def _shift_op():
     from triforce.models import cache as cache_module
 
-    return cache_module._shift_slots()
+    return cache_module._cache_op("shift_slots_")
 
 
 needs_shift = pytest.mark.skipif(_shift_op() is None, reason="the C++ extension is not built")
@@ -892,13 +892,14 @@ def test_native_bookkeeping_leaves_the_cache_as_pytorchs_ops_do(seed, sink, wind
     for cache in caches:
         cache._in_order = in_order
     shift, rope, rows, rotated = _shift_op(), cache_module._cache_op("rope_into_"), [], []
-    cache_module._SHIFT_SLOTS = lambda buf, e, lo, hi: (rows.append(int((e != 0).sum())), shift(buf, e, lo, hi))
-    cache_module._CACHE_OPS["rope_into_"] = lambda out, *a: (rotated.append(out.numel()), rope(out, *a))
+    ops = cache_module._CACHE_OPS
+    ops["shift_slots_"] = lambda buf, e, lo, hi: (rows.append(int((e != 0).sum())), shift(buf, e, lo, hi))
+    ops["rope_into_"] = lambda out, *a: (rotated.append(out.numel()), rope(out, *a))
     try:
         _random_streaming_twins(caches, torch.Generator().manual_seed(seed), B, Hq, Hkv, D, max_step,
                                 rope_inv_freq(cfg), "cpu")
     finally:
-        cache_module._SHIFT_SLOTS, cache_module._CACHE_OPS["rope_into_"] = shift, rope
+        ops["shift_slots_"], ops["rope_into_"] = shift, rope
     assert sum(rows) > 0 or not in_order
     assert sum(rotated) > 0 or sink == 0
 

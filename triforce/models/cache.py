@@ -95,23 +95,14 @@ class TokenTree:
         return self._prefixes[n]
 
 
-_SHIFT_SLOTS = None
 _CACHE_OPS: dict = {}
-
-
-def _shift_slots():
-    """``triforce_C::shift_slots_`` (csrc/ops.h: slots shifted within each row in place, one memmove each), or
-    ``None`` without the extension (``TRIFORCE_SHIFT_SLOTS=0`` too: the PyTorch copy through a clone)."""
-    global _SHIFT_SLOTS
-    if _SHIFT_SLOTS is None:
-        _SHIFT_SLOTS = _cache_op("shift_slots_") or False
-    return _SHIFT_SLOTS or None
 
 
 def _cache_op(name: str):
     """The extension's CPU op ``triforce_C::<name>`` for the StreamingLLM cache's bookkeeping (csrc/ops.h,
-    "caches"), or ``None`` without the extension or with ``TRIFORCE_SHIFT_SLOTS=0`` (PyTorch's ops, the same
-    bits). Looked up once."""
+    "caches": ``shift_slots_``, a row's window shifted in place, one memmove per layer; ``rope_into_``, the sinks
+    rotated again in one pass), or ``None`` without the extension or with ``TRIFORCE_SHIFT_SLOTS=0`` (PyTorch's
+    ops, the same bits). Looked up once."""
     if name not in _CACHE_OPS:
         _CACHE_OPS[name] = None
         if os.environ.get("TRIFORCE_SHIFT_SLOTS", "1") != "0":
@@ -826,7 +817,7 @@ class StreamingCache(_KVCache):
             moved = (frm != dst).any(1)
             shift = frm[:, 0] - self.sink
             run = (frm == dst + shift[:, None]).all(1) & moved  # a contiguous run from sink + shift
-            shift_slots = _shift_slots() if self._shift_in_place and self._kvr.is_contiguous() else None
+            shift_slots = _cache_op("shift_slots_") if self._shift_in_place and self._kvr.is_contiguous() else None
             if shift_slots is not None and bool(run.any()):  # those rows in place, one memmove per layer and row
                 shift_slots(self._kvr.view(3 * self.num_layers, self.batch_size, self._kvr.shape[3], -1),
                             torch.where(run, shift, 0), self.sink, self.keep)

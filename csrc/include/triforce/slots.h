@@ -31,12 +31,6 @@ inline void shift_slots_cpu(char* buf, int64_t N, int64_t B, int64_t S, int64_t 
   }
 }
 
-// out[g, b, t, h, :] = x[g, b, t, h, :] rotated by cos[b, t, :] and sin[b, t, :] (D = 2 * half, cos / sin
-// contiguous [B, n, D]), as triforce/models/rope.py's apply_rope computes it in T: x1 * c1 - x2 * s1 and
-// x2 * c2 + x1 * s2 (x1, x2: the halves), each product and each sum rounded to T (float32: one float
-// operation each; 16-bit: computed in float and rounded, as ATen's ops on 16-bit tensors), never contracted
-// into an FMA. The same bits as apply_rope, but for the sign of a NaN. x and out: strides in elements per
-// dimension (the last one 1); they must not overlap. One pass over x and out instead of apply_rope's six.
 // out[g, b, t, h, :] = x[g, b, t, h, :] rotated by cos[b, t, :] and sin[b, t, :] in float32 (D = 2 * half, cos / sin
 // contiguous [B, n, D]), as triforce/models/rope.py's apply_rope computes it: x1 * c1 - x2 * s1 and
 // x2 * c2 + x1 * s2 (x1, x2: the halves), each product and each sum rounded by itself, never contracted into an
