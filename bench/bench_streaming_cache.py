@@ -12,9 +12,10 @@ the autoregressive step on a full cache of N tokens (``ar_step``): the step Magi
 draft replaces, so the draft step's share of it is the number that decides MagicDec's gain. Backend ``sorted``: the same
 with the eviction that keeps the window in position order (a copy of the window per eviction), which a cache
 takes on a model whose sliding window is shorter than what it holds (docs/model.md, "Sliding windows");
-``sorted_clone`` (CPU): that eviction copying the window through a clone, as before the in-place shift. Their
-bookkeeping rows count the bytes that eviction must move (each row's window of every layer's k, v and k_raw, read
-and written once) against the copy bandwidth measured in the same run.
+``sorted_clone`` (CPU): that eviction copying the window through a clone, as before the in-place shift;
+``apply_rope`` (CPU, float32): the sinks rotated again through PyTorch's ``apply_rope`` instead of
+``triforce_C::rope_into_``. The sorted rows' bookkeeping rows count the bytes that eviction must move (each row's
+window of every layer's k, v and k_raw, read and written once) against the copy bandwidth measured in the same run.
 
     python -m bench.bench_streaming_cache [--batch 1 4] [--dtype float32 bfloat16] [--threads 1]
     python -m bench.bench_streaming_cache --device cuda --model random --batch 32 256 --dtype bfloat16 --context 4000
@@ -106,11 +107,13 @@ def main():
                 return run
             # the PyTorch move instead of the Triton kernel; the sorted eviction instead of the hole filling (SmolLM2
             # has no window: its caches fill holes); on the CPU, the sorted eviction's copy through a clone instead of
-            # its in-place shift (shift_slots_)
+            # its in-place shift (shift_slots_), and apply_rope instead of rope_into_
             assert not stream._in_order
             switches = [("_triton_move", "torch_move")] * stream._triton_move + [("_in_order", "sorted")]
             if stream._read_width and stream._shift_in_place:
                 switches.append(("_in_order,_shift_in_place", "sorted_clone"))
+            if stream._native_rope:  # a float32 cache on the CPU: its sinks rotated through apply_rope instead
+                switches.append(("_native_rope", "apply_rope"))
             for attr, backend in switches:
                 runs += [("streaming_step", backend, switched(attr, lambda: model(ids, cache=stream)), full_step),
                          ("streaming_begin_end", backend, switched(attr, stream_bookkeeping), full_bookkeeping)]

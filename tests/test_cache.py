@@ -826,10 +826,10 @@ def _shift_op():
     return cache_module._cache_op("shift_slots_")
 
 
-needs_shift = pytest.mark.skipif(_shift_op() is None, reason="the C++ extension is not built")
+needs_extension = pytest.mark.skipif(_shift_op() is None, reason="the C++ extension is not built")
 
 
-@needs_shift
+@needs_extension
 @given(data=st.data(), N=st.integers(1, 3), B=st.integers(1, 4), S=st.integers(1, 12), R=st.integers(0, 5),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.float64]))
 @example(data=None, N=2, B=3, S=10, R=4, dtype=torch.float32)
@@ -851,7 +851,7 @@ def test_shift_slots_moves_each_row_as_a_copy_would(data, N, B, S, R, dtype):
     assert torch.equal(buf, want)
 
 
-@needs_shift
+@needs_extension
 def test_shift_slots_checks_its_arguments():
     op, buf, shift = torch.ops.triforce_C.shift_slots_, torch.zeros(2, 3, 8, 4), torch.zeros(3, dtype=torch.int64)
     for bad, args, match in [
@@ -869,7 +869,7 @@ def test_shift_slots_checks_its_arguments():
         assert torch.equal(buf, before), bad
 
 
-@needs_shift
+@needs_extension
 @given(seed=st.integers(0, 2**31 - 1), sink=st.integers(0, 3), window=st.integers(1, 9), max_step=st.integers(1, 4),
        in_order=st.booleans())
 @example(seed=0, sink=2, window=5, max_step=3, in_order=True)
@@ -904,7 +904,7 @@ def test_native_bookkeeping_leaves_the_cache_as_pytorchs_ops_do(seed, sink, wind
     assert sum(rotated) > 0 or sink == 0
 
 
-@needs_shift
+@needs_extension
 @given(data=st.data())
 @example(data=None)
 def test_rope_into_is_apply_rope_bitwise(data):
@@ -933,7 +933,7 @@ def test_rope_into_is_apply_rope_bitwise(data):
     assert torch.equal(buf.nan_to_num(), before.nan_to_num())  # nothing else written
 
 
-@needs_shift
+@needs_extension
 def test_rope_into_checks_its_arguments():
     op = torch.ops.triforce_C.rope_into_
     buf, cos = torch.zeros(2, 2, 3, 5, 2, 4), torch.zeros(3, 5, 1, 4)
