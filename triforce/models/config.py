@@ -294,7 +294,36 @@ FAMILIES["glm4"] = Family("Glm4ForCausalLM", sandwich_norms=True, fused_projecti
                               "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
                               "pad_token_id": 151329, "bos_token_id": None, "eos_token_id": None,
                               "attention_bias": True})
+# DeepSeek-V2 / V3 (DeepseekV2ForCausalLM: DeepSeek-V2, V2-Lite, V2.5, DeepSeek-Coder-V2; DeepseekV3ForCausalLM:
+# DeepSeek-V3, R1, Moonlight): multi-head latent attention (MLA: each token's keys and values are one latent of
+# kv_lora_rank, normed, and one RoPE'd key of qk_rope_head_dim shared by every head; the queries from a low-rank
+# projection where q_lora_rank is set) and, from layer first_k_dense_replace on, a mixture of experts with shared experts
+# (V2: the softmax's top k, greedy or within the top groups, times routed_scaling_factor; V3: sigmoid scores with a
+# correction bias choosing the experts within the top groups (each group's best two summed), renormalised where
+# norm_topk_prob, times routed_scaling_factor). RoPE on adjacent pairs of dims (V2's complex product in float32; V3's by
+# rope_interleave, in the dtype); the attention's scale times YaRN's mscale_all_dim factor squared.
+_DEEPSEEK_DEFAULTS = {"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                      "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                      "bos_token_id": 1, "eos_token_id": 2, "kv_lora_rank": 512, "q_lora_rank": 1536,
+                      "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
+                      "n_shared_experts": 2, "moe_intermediate_size": 1407, "routed_scaling_factor": 1.0,
+                      "first_k_dense_replace": 0, "topk_method": "greedy", "n_group": None, "topk_group": None,
+                      "norm_topk_prob": False}
+FAMILIES["deepseek_v2"] = Family("DeepseekV2ForCausalLM", rope_float32="tables", defaults=_DEEPSEEK_DEFAULTS)
+FAMILIES["deepseek_v3"] = Family("DeepseekV3ForCausalLM", defaults={  # (no topk_method: V3 computes noaux_tc)
+    **{k: v for k, v in _DEEPSEEK_DEFAULTS.items() if k != "topk_method"}, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128, "n_shared_experts": 1,
+    "n_routed_experts": 256, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3, "norm_topk_prob": True, "max_position_embeddings": 4096, "bos_token_id": 0,
+    "eos_token_id": 1, "rope_interleave": True})
+_DEEPSEEKS = ("deepseek_v2", "deepseek_v3")
+_MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+_DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",)}
+_DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
+    ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
+_ANY_MOE = (*_MOE_TYPES, *_DEEPSEEKS)
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -321,6 +350,54 @@ class Experts:
     shared_intermediate_size: int = 0
     shared_gated: bool = False
     biases: bool = False
+    # DeepSeek's routers: the chosen weights times `scale` (routed_scaling_factor, in float32); "sigmoid" scores (V3;
+    # else the softmax's), a correction bias (the router's e_score_correction_bias) added to them for the choice
+    # only; `groups` (n_group, topk_group): the experts chosen within the topk_group groups of the best scores (V2's
+    # group_limited_greedy: each group's best; V3: each group's best two summed, `group_top2`); `renormalize_eps`:
+    # added to the renormalising sum (V3's 1e-20)
+    scale: float = 1.0
+    scoring: str = "softmax"
+    correction_bias: bool = False
+    groups: tuple | None = None
+    group_top2: bool = False
+    renormalize_eps: float = 0.0
+
+
+@dataclass(frozen=True)
+class MLA:
+    """DeepSeek's multi-head latent attention (``LlamaConfig.mla``), as the model computes it, absorbed: each token's
+    keys and values are one latent ``c`` of ``kv_lora_rank`` (``kv_a_layernorm`` of ``kv_a_proj_with_mqa``'s first
+    rows) and one key ``k_pe`` of ``qk_rope_head_dim`` (its other rows, RoPE'd) shared by every head; a head's key is
+    ``[W_UK c, k_pe]`` and its value ``W_UV c`` (``kv_b_proj``'s rows), so its score is ``(W_UK^T q_nope) . c + q_pe .
+    k_pe`` and its output ``W_UV`` times the weighted sum of the ``c``. The caches hold ``[k_pe, c]`` once per token: one
+    KV head (``num_key_value_heads`` 1) of ``head_dim = kv_lora_rank + qk_rope_head_dim`` (576 for DeepSeek's), the
+    values the keys themselves; the queries ``[q_pe, W_UK^T q_nope]``. ``q_lora_rank``: the queries' low rank (None:
+    one projection); ``rope_interleaved``: the checkpoint's RoPE pairs adjacent dims (reordered on loading)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleaved: bool
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def slots(self) -> tuple:
+        """``(rope, latent)``: int64 index tensors of the RoPE'd dims and of the latent's dims in a cached key of
+        ``head_dim = kv_lora_rank + qk_rope_head_dim``: the RoPE pairs (half-split, as the model's RoPE turns
+        dims ``j`` and ``j + head_dim / 2``) at the first ``qk_rope_head_dim / 2`` dims of each half, the latent's
+        halves after them."""
+        import torch  # (config.py stays importable without torch)
+
+        r, R = self.qk_rope_head_dim, self.kv_lora_rank
+        half = (r + R) // 2
+        cpu = torch.device("cpu")  # (whatever the default device)
+        rope = torch.cat([torch.arange(r // 2, device=cpu), torch.arange(half, half + r // 2, device=cpu)])
+        latent = torch.cat([torch.arange(r // 2, half, device=cpu), torch.arange(half + r // 2, 2 * half, device=cpu)])
+        return rope, latent
 
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
@@ -444,8 +521,40 @@ _HARMLESS_ONLY_AT = {
                                "absent (GPT-OSS: an int, not read)"),
     "experts_per_token": (lambda v, c: c.model_type == "gpt_oss" and v == c.extra.get("num_experts_per_tok"),
                           "absent (GPT-OSS: num_experts_per_tok's value)"),
-    "norm_topk_prob": (lambda v, c: c.model_type in _NORM_TOPK and isinstance(v, bool),
-                       "absent (Qwen2-MoE, Qwen3-MoE, OLMoE: a bool)"),
+    "norm_topk_prob": (lambda v, c: (c.model_type in (*_NORM_TOPK, "deepseek_v3") and isinstance(v, bool))
+                       or (c.model_type == "deepseek_v2" and v is False),
+                       "absent (Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3: a bool; DeepSeek-V2: false, as its "
+                       "checkpoints have it: transformers' DeepSeek-V2 never renormalises, DeepSeek's own code does "
+                       "where it is true)"),
+    # DeepSeek-V2 / V3: LlamaConfig.mla and LlamaConfig.experts (checked together in LlamaConfig.__post_init__)
+    **{key: (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 1, "absent (DeepSeek: an int >= 1)")
+       for key in _DEEPSEEK_INTS},
+    "q_lora_rank": (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 1),
+                    "absent (DeepSeek: null or an int >= 1)"),
+    "n_shared_experts": (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 0),
+                         "absent (DeepSeek: null or an int >= 0)"),
+    "first_k_dense_replace": (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 0,
+                              "absent (DeepSeek: an int >= 0, the dense layers before the mixtures)"),
+    "routed_scaling_factor": (lambda v, c: c.model_type in _DEEPSEEKS and _is_number(v) and 0 < v < float("inf"),
+                              "absent (DeepSeek: a finite number > 0)"),
+    "topk_method": (lambda v, c: v in _DEEPSEEK_METHODS.get(c.model_type, ()),
+                    "absent (DeepSeek-V2: 'greedy' or 'group_limited_greedy'; DeepSeek-V3: 'noaux_tc')"),
+    **{key: (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 1),
+             "absent (DeepSeek: null or an int >= 1)") for key in ("n_group", "topk_group")},
+    "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid")),
+                     "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
+    "rope_interleave": (lambda v, c: c.model_type == "deepseek_v3" and isinstance(v, bool),
+                        "absent (DeepSeek-V3: a bool, its RoPE on adjacent pairs of dims)"),
+    # DeepSeek's own code makes every moe_layer_freq-th layer sparse, transformers every one: they agree at 1 only
+    "moe_layer_freq": (lambda v, c: c.model_type in _DEEPSEEKS and v == 1, "absent (DeepSeek: 1)"),
+    # DeepSeek's training and parallelism settings, and V3's multi-token prediction layers (not in the forward: their
+    # weights are skipped on loading, as transformers skips them)
+    "ep_size": (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 1, "absent (DeepSeek: an int >= 1)"),
+    "aux_loss_alpha": (lambda v, c: c.model_type in _DEEPSEEKS and _is_number(v), "absent (DeepSeek: a number)"),
+    "seq_aux": (lambda v, c: c.model_type in _DEEPSEEKS and isinstance(v, bool), "absent (DeepSeek: a bool)"),
+    **{key: (lambda v, c: c.model_type == "deepseek_v3" and _is_int(v) and v >= 0,
+             "absent (DeepSeek-V3: an int >= 0, its multi-token prediction layers, not part of the forward)")
+       for key in ("num_nextn_predict_layers", "num_mtp_layers")},
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
     "clip_qkv": (lambda v, c: v is None or (c.model_type == "olmoe" and _is_number(v) and 0 < v < float("inf")),
                  "null (OLMoE: a number > 0)"),
@@ -453,8 +562,8 @@ _HARMLESS_ONLY_AT = {
     "mlp_only_layers": (lambda v, c: c.model_type in _QWEN_MOES and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen2-MoE, Qwen3-MoE: layer indices)"),
     # the router's training loss and transformers' switch to return its logits: neither changes the logits
-    "router_aux_loss_coef": (lambda v, c: c.model_type in _MOE_TYPES and _is_number(v), "absent (MoE: a number)"),
-    "output_router_logits": (lambda v, c: c.model_type in _MOE_TYPES and isinstance(v, bool), "absent (MoE: a bool)"),
+    "router_aux_loss_coef": (lambda v, c: c.model_type in _ANY_MOE and _is_number(v), "absent (MoE: a number)"),
+    "output_router_logits": (lambda v, c: c.model_type in _ANY_MOE and isinstance(v, bool), "absent (MoE: a bool)"),
     # Mixtral's training-time noise on the router's input (transformers applies it in training mode only)
     "router_jitter_noise": (lambda v, c: c.model_type == "mixtral" and _is_number(v) and v >= 0,
                             "absent (Mixtral: a number >= 0, read in training only)"),
@@ -477,8 +586,10 @@ _HARMLESS_ONLY_AT = {
     # Microsoft's Phi-3 configs name the modeling code that transformers took in as Phi3ForCausalLM: transformers
     # reads them with its own (without trust_remote_code), as here
     "auto_map": (lambda v, c: not v or (c.model_type == "phi3" and isinstance(v, dict) and set(v.values()) <= {
-        "configuration_phi3.Phi3Config", "modeling_phi3.Phi3ForCausalLM"}),
-        "absent (the checkpoint ships its own modeling code; Phi-3's naming Phi3Config / Phi3ForCausalLM only)"),
+        "configuration_phi3.Phi3Config", "modeling_phi3.Phi3ForCausalLM"}) or (
+        c.model_type in _DEEPSEEKS and isinstance(v, dict) and set(v.values()) <= _DEEPSEEK_AUTO_MAP),
+        "absent (the checkpoint ships its own modeling code; Phi-3's naming Phi3Config / Phi3ForCausalLM only, "
+        "DeepSeek's naming its DeepseekV2 / V3 Config, Model, ForCausalLM)"),
     # transformers reads it for llama3, yarn and longrope RoPE only (from_dict moves it into rope_scaling then)
     "original_max_position_embeddings": (
         lambda v, c: c.rope_type not in ("llama3", "yarn", "longrope")
@@ -672,6 +783,8 @@ class LlamaConfig:
             if v and name not in family.reads:
                 raise ValueError(f"config key {name!r} = True is not supported for model_type {self.model_type!r}: "
                                  f"transformers' {family.architecture} has no such switch (only false is)")
+        if self.model_type in _DEEPSEEKS:  # the attention kernels' shape of MLA: one latent KV head (LlamaConfig.mla)
+            self._mla_shape()
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -717,6 +830,8 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
+        if self.model_type in _DEEPSEEKS:
+            self._check_deepseek_experts()
         if self.model_type == "ernie4_5" and self.attention_bias != self.mlp_bias:
             raise ValueError("model_type 'ernie4_5' has one bias switch (use_bias) for every projection: "
                              f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
@@ -724,6 +839,50 @@ class LlamaConfig:
             raise ValueError(f"model_type {self.model_type!r} normalises each token's queries over hidden_size = "
                              f"{self.hidden_size}, so head_dim * num_attention_heads must equal it, got "
                              f"{self.head_dim} * {self.num_attention_heads}")
+
+    def _deepseek(self, key: str):
+        """A DeepSeek config key's value (its family's default where absent)."""
+        return self.extra.get(key, FAMILIES[self.model_type].defaults.get(key))
+
+    def _mla_shape(self) -> None:
+        """DeepSeek: ``num_key_value_heads`` 1 and ``head_dim`` ``kv_lora_rank + qk_rope_head_dim`` (the latent KV
+        head the caches hold: :class:`MLA`), filled in where None; other values raise, as do MLA's sizes where the
+        latent layout cannot hold them (odd ranks)."""
+        for key in _MLA_DIMS:
+            v = self._deepseek(key)
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"config key {key!r} = {v!r} is not supported: DeepSeek's MLA needs an int >= 1")
+        R, r = self._deepseek("kv_lora_rank"), self._deepseek("qk_rope_head_dim")
+        if R % 2 or r % 2:
+            raise ValueError(f"DeepSeek's kv_lora_rank ({R}) and qk_rope_head_dim ({r}) must be even: the cached "
+                             "latent key is split in halves around the RoPE pairs (LlamaConfig.mla)")
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = 1
+        if self.head_dim is None:
+            self.head_dim = R + r
+        if (self.num_key_value_heads, self.head_dim) != (1, R + r):
+            raise ValueError(f"model_type {self.model_type!r}: LlamaConfig.num_key_value_heads and head_dim are MLA's "
+                             f"latent KV head as the caches hold it, 1 and kv_lora_rank + qk_rope_head_dim = {R + r}; "
+                             f"got {self.num_key_value_heads} and {self.head_dim} (from_dict reads a config.json's "
+                             "values, transformers' per-head ones)")
+
+    def _check_deepseek_experts(self) -> None:
+        """DeepSeek's router keys together: the experts per token within the experts, the groups dividing them."""
+        if self.extra.get("num_experts_per_tok") is None:
+            raise ValueError(f"model_type {self.model_type!r} needs config key 'num_experts_per_tok' (an int >= 1: "
+                             "the routed experts each token takes)")
+        e = self.experts
+        if e.top_k > e.count:
+            raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} routed experts")
+        if e.groups is not None:
+            groups, top_groups = e.groups
+            if e.count % groups or top_groups > groups:
+                raise ValueError(f"config n_group = {groups} and topk_group = {top_groups}: n_group must divide "
+                                 f"n_routed_experts ({e.count}) and topk_group be at most n_group")
+            if e.top_k > top_groups * (e.count // groups) or (e.group_top2 and e.count // groups < 2):
+                raise ValueError(f"config num_experts_per_tok = {e.top_k} cannot be chosen within topk_group = "
+                                 f"{top_groups} groups of {e.count // groups} experts" + (
+                                     " (DeepSeek-V3 ranks each group by its best two)" if e.group_top2 else ""))
 
     def _checked_rope_scaling(self) -> dict | None:
         """``rope_scaling`` with ``rope_type`` set and ``type`` / ``rope_theta`` / ``partial_rotary_factor``
@@ -872,6 +1031,14 @@ class LlamaConfig:
             return float(self.extra.get("query_pre_attn_scalar", 256)) ** -0.5  # (as transformers computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
+        if self.model_type in _DEEPSEEKS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
+            scale = self.mla.qk_head_dim ** (-0.5)
+            rs = self.rope_scaling or {}
+            if rs.get("mscale_all_dim"):
+                factor = rs["factor"]
+                m = 1.0 if factor <= 1 else 0.1 * rs["mscale_all_dim"] * math.log(factor) + 1.0
+                scale = scale * m * m
+            return scale
         return 1.0 / math.sqrt(self.head_dim)  # (the kernels' own default, bit for bit)
 
     def _granite(self, key: str) -> float:
@@ -913,6 +1080,8 @@ class LlamaConfig:
     def rotary_dim(self) -> int:
         """The head dims RoPE rotates: ``head_dim``, or its first ``int(head_dim * partial_rotary_factor)``
         (Phi-4-mini: 96 of 128; docs/model.md, "Partial RoPE")."""
+        if self.model_type in _DEEPSEEKS:  # (MLA's RoPE'd key; its dims in the latent head: MLA.slots)
+            return self._deepseek("qk_rope_head_dim")
         f = self.extra.get("partial_rotary_factor", FAMILIES[self.model_type].partial_rotary_factor)
         return int(self.head_dim * f) if _is_number(f) and 0 < f < 1 else self.head_dim
 
@@ -974,8 +1143,20 @@ class LlamaConfig:
         return (True,) * n
 
     @property
+    def mla(self) -> MLA | None:
+        """DeepSeek's multi-head latent attention (:class:`MLA`), or None for every other family."""
+        if self.model_type not in _DEEPSEEKS:
+            return None
+        get = self._deepseek
+        interleaved = self.model_type == "deepseek_v2" or bool(get("rope_interleave"))
+        return MLA(get("q_lora_rank"), get("kv_lora_rank"), get("qk_nope_head_dim"), get("qk_rope_head_dim"),
+                   get("v_head_dim"), interleaved)
+
+    @property
     def experts(self) -> Experts | None:
         """A mixture of experts' sparse MLP (:class:`Experts`), or None for a dense family."""
+        if self.model_type in _DEEPSEEKS:
+            return self._deepseek_experts()
         if self.model_type not in _MOE_TYPES:
             return None
         x = self.extra
@@ -995,6 +1176,21 @@ class LlamaConfig:
         return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
                        False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)),
                        shared_intermediate_size=x.get("shared_expert_intermediate_size", 0), shared_gated=True)
+
+    def _deepseek_experts(self) -> Experts:
+        """DeepSeek's mixtures: sparse from ``first_k_dense_replace`` on, ``n_shared_experts`` shared experts as one
+        MLP of ``n_shared_experts * moe_intermediate_size``, the weights kept in float32; V2's softmax (greedy, or
+        within the ``topk_group`` groups of the best expert), V3's sigmoid with the correction bias within the groups
+        of the best two, renormalised where ``norm_topk_prob``."""
+        get, v3 = self._deepseek, self.model_type == "deepseek_v3"
+        width = get("moe_intermediate_size")
+        grouped = v3 or get("topk_method") == "group_limited_greedy"
+        return Experts(get("n_routed_experts"), get("num_experts_per_tok"), width, v3 and bool(get("norm_topk_prob")),
+                       True, tuple(i >= get("first_k_dense_replace") for i in range(self.num_hidden_layers)),
+                       shared_intermediate_size=width * (get("n_shared_experts") or 0),
+                       scale=float(get("routed_scaling_factor")), scoring="sigmoid" if v3 else "softmax",
+                       correction_bias=v3, groups=(get("n_group"), get("topk_group")) if grouped else None,
+                       group_top2=v3, renormalize_eps=1e-20 if v3 else 0.0)
 
     @property
     def qk_norm(self) -> bool:
@@ -1094,6 +1290,8 @@ class LlamaConfig:
                                  "num_attention_heads whatever the config says")
         if model_type == "phi3":
             _phi3_rope(d)
+        if model_type in _DEEPSEEKS:
+            _mla_heads(d)
         if model_type == "ministral3" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
             d["rope_parameters"] = dict(_MINISTRAL3_ROPE)  # Ministral3Config's when the config has none
         if model_type == "gpt_oss" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
@@ -1181,6 +1379,8 @@ class LlamaConfig:
             del d["mlp_bias"]
         if self.model_type in _COHERES:  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
+        if self.model_type in _DEEPSEEKS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
+            d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
         if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)
             local = d.pop("rope_local_base_freq", None)
             if local is not None and local != self.rope_theta:
@@ -1192,6 +1392,27 @@ class LlamaConfig:
 
     def replace(self, **changes) -> "LlamaConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _mla_heads(d: dict) -> None:
+    """DeepSeek's ``num_key_value_heads`` and ``head_dim`` in ``d``, in place, as :class:`MLA`'s latent KV head: its
+    config.json's per-head values (``num_key_value_heads`` = ``num_attention_heads``, which transformers' DeepSeek
+    needs, and ``head_dim`` = ``qk_rope_head_dim``, as transformers writes it; ``qk_head_dim`` = ``qk_nope_head_dim +
+    qk_rope_head_dim``) checked and replaced with 1 and ``kv_lora_rank + qk_rope_head_dim``."""
+    family = FAMILIES[d["model_type"]].defaults
+    dims = {k: d.get(k, family.get(k)) for k in ("num_attention_heads", *_MLA_DIMS)}
+    for key, v in dims.items():
+        if not _is_int(v) or v < 1:
+            raise ValueError(f"config key {key!r} = {v!r} is not supported: DeepSeek needs an int >= 1")
+    heads, r = dims["num_attention_heads"], dims["qk_rope_head_dim"]
+    for key, want in (("num_key_value_heads", heads), ("head_dim", r),
+                      ("qk_head_dim", dims["qk_nope_head_dim"] + r)):
+        v = d.pop(key, None)
+        if v is not None and v != want:
+            raise ValueError(f"config {key} = {v!r} is not supported for model_type {d['model_type']!r}: MLA's keys "
+                             f"and values come per head from one latent, which transformers' DeepSeek reads with "
+                             f"{key} = {want}")
+    d["num_key_value_heads"], d["head_dim"] = 1, dims["kv_lora_rank"] + r
 
 
 def _split_layer_rope(d: dict) -> None:

@@ -232,6 +232,26 @@ def _rowwise_rows(x: torch.Tensor) -> bool:
             and (x.numel() <= ROWWISE_MAX_ROWS * x.shape[-1] or not getattr(_BULK, "active", False)))
 
 
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, b)``, through ``triforce_C::rowwise_linear`` where :class:`Linear` takes it (each row's bits
+    its own, whatever the row count)."""
+    if (x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype and _rowwise_rows(x)
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                                  or (b is not None and b.requires_grad)))
+            and _rowwise_available()):
+        y = torch.ops.triforce_C.rowwise_linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
+        return y if b is None else y.add_(b)
+    return F.linear(x, w, b)
+
+
+def per_head_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[..., H, K]`` times each head's own ``w[h]`` ``[M, K]`` -> ``[..., H, M]``: head by head through
+    :func:`linear` where its rowwise kernel serves (a row's bits its own), else one ``einsum``."""
+    if x.device.type == "cpu" and _rowwise_available():
+        return torch.stack([linear(x[..., h, :].contiguous(), w[h]) for h in range(x.shape[-2])], dim=-2)
+    return torch.einsum("...hk,hmk->...hm", x, w)
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state-dict keys) whose CPU forward in float32, bfloat16 or
     float16 (input and weight alike), without autograd, runs ``triforce_C::rowwise_linear``
@@ -242,14 +262,7 @@ class Linear(nn.Linear):
     rows go to ``F.linear`` (faster there); so does everything else."""
 
     def forward(self, x):
-        w, b = self.weight, self.bias
-        if (x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype and _rowwise_rows(x)
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
-                                                      or (b is not None and b.requires_grad)))
-                and _rowwise_available()):
-            y = torch.ops.triforce_C.rowwise_linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
-            return y if b is None else y.add_(b)
-        return F.linear(x, w, b)
+        return linear(x, self.weight, self.bias)
 
     def fused_projection(self, dtype: torch.dtype):
         """``(weight, None, bias)`` for the fused decoder layer when its rowwise path serves inputs of
@@ -459,6 +472,80 @@ def _spelled_out_attention(q, k, v, scale: float, mask, cap: float | None = None
     return torch.einsum("bhts,bshd->bthd", p, v)
 
 
+class LatentAttention(Attention):
+    """DeepSeek's multi-head latent attention (``config.mla``: :class:`~triforce.models.config.MLA`), absorbed: the
+    cache holds each token's ``[k_pe, c]`` once (one KV head of ``kv_lora_rank + qk_rope_head_dim``, the RoPE pairs at
+    ``MLA.slots``), the values are those keys, and each head's query is ``[q_pe, W_UK^T q_nope]``; each head's output
+    is ``W_UV`` times the latent part of its attention output, then ``o_proj``. The same scores and outputs as
+    transformers' DeepSeek, which expands the latent into per-head keys and values (another order of the same sums:
+    equal within rounding). Parameters under transformers' names (``q_proj`` or ``q_a_proj``, ``q_a_layernorm``,
+    ``q_b_proj``; ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``); each checkpoint row of a
+    RoPE'd dim in half-split order (loading.py reorders DeepSeek's adjacent pairs). Every product goes row by row
+    (:func:`linear`, :func:`per_head_linear`), so a verification pass computes the bits of one-token steps."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        nn.Module.__init__(self)
+        mla = config.mla
+        self.layer, self.mla = layer, mla
+        self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, 1, config.head_dim
+        h, H = config.hidden_size, self.n_heads
+        if mla.q_lora_rank is None:
+            self.q_proj = Linear(h, H * mla.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = Linear(h, mla.q_lora_rank, bias=False)
+            self.q_a_layernorm = make_norm(config, mla.q_lora_rank, 1e-6)  # (DeepSeek's: its RMSNorm's default eps)
+            self.q_b_proj = Linear(mla.q_lora_rank, H * mla.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(h, mla.kv_lora_rank + mla.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = make_norm(config, mla.kv_lora_rank, 1e-6)
+        self.kv_b_proj = Linear(mla.kv_lora_rank, H * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
+        self.o_proj = Linear(H * mla.v_head_dim, h, bias=False)
+        self.window, self.scale, self.softcap, self.temperature, self.sinks = 0, config.attention_scale, None, None, None
+        self.rope_f32 = bool(config.rope_float32)
+        self._slots = {}  # device -> (the latent's dims in a cached key, where each cached dim is in [k_pe, c])
+
+    def slots(self, device: torch.device) -> tuple:
+        """``(latent dims, layout)`` on ``device`` (not buffers: a model built on the meta device has them too)."""
+        got = self._slots.get(device)
+        if got is None:
+            rope, latent = self.mla.slots()
+            got = self._slots[device] = (latent.to(device), torch.argsort(torch.cat([rope, latent])).to(device))
+        return got
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        B, T, _ = x.shape
+        q, k, k_raw, v = self.project(x, cos, sin)
+        out = self.attend(q, k, v, k_raw, cache, step)  # [B, T, H, head_dim]: each head's weighted sum of [k_pe, c]
+        m = self.mla
+        latent = out.index_select(-1, self.slots(out.device)[0])
+        w_uv = self.kv_b_proj.weight.view(self.n_heads, -1, m.kv_lora_rank)[:, m.qk_nope_head_dim:]
+        return self.o_proj(per_head_linear(latent, w_uv).reshape(B, T, self.n_heads * m.v_head_dim))
+
+    def project(self, x, cos, sin):
+        """``(q, k, k_raw, v)``: the absorbed queries ``[B, T, H, head_dim]``, the cached keys ``[B, T, 1,
+        head_dim]`` RoPE'd and before RoPE, and the values (the keys)."""
+        B, T, _ = x.shape
+        m, H = self.mla, self.n_heads
+        if m.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(B, T, H, m.qk_head_dim)
+        q_nope, q_pe = q[..., :m.qk_nope_head_dim], q[..., m.qk_nope_head_dim:]
+        kv = self.kv_a_proj_with_mqa(x)
+        c, k_pe = self.kv_a_layernorm(kv[..., :m.kv_lora_rank]), kv[..., m.kv_lora_rank:]
+        w_uk = self.kv_b_proj.weight.view(H, -1, m.kv_lora_rank)[:, :m.qk_nope_head_dim]  # [H, nope, R]
+        q_lat = per_head_linear(q_nope, w_uk.transpose(1, 2).contiguous())  # W_UK^T q_nope: [B, T, H, R]
+        layout = self.slots(x.device)[1]
+        q = torch.cat([q_pe, q_lat], -1).index_select(-1, layout)
+        k_raw = torch.cat([k_pe, c], -1).index_select(-1, layout)[:, :, None]
+        if self.rope_f32 and q.dtype != torch.float32:  # (DeepSeek-V2: its complex product in float32, rounded once)
+            cf, sf = cos.float(), sin.float()
+            k = apply_rope(k_raw.float(), cf, sf).to(q.dtype)
+            return apply_rope(q.float(), cf, sf).to(q.dtype), k, k_raw, k
+        k = _rope(k_raw, cos, sin)
+        return _rope(q, cos, sin), k, k_raw, k
+
+
 class MLP(nn.Module):
     """The gated MLP: ``down(act(gate(x)) * up(x))``, ``act`` SiLU (SwiGLU) or GELU's tanh form (Gemma's
     GeGLU): ``config.activation``."""
@@ -550,6 +637,12 @@ class SparseMoE(nn.Module):
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
         self.activation = config.activation
+        self.deepseek = config.mla is not None  # DeepSeek's routers (_deepseek_route)
+        if self.deepseek:
+            self.scale, self.sigmoid, self.groups, self.group_top2, self.eps = (
+                spec.scale, spec.scoring == "sigmoid", spec.groups, spec.group_top2, spec.renormalize_eps)
+        if spec.correction_bias:  # (DeepSeek-V3's, transformers' name and place; zeros until loaded)
+            self.gate.register_buffer("e_score_correction_bias", torch.zeros(spec.count))
         if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             if spec.shared_gated:
@@ -557,6 +650,8 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple:
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
+        if self.deepseek:
+            return self._deepseek_route(x)
         logits = self.gate(x).float()
         if self.softmax_of_top_k:  # GraniteMoE's order: the top k logits, then their softmax
             w, index = torch.topk(logits, self.top_k, dim=-1)
@@ -568,6 +663,33 @@ class SparseMoE(nn.Module):
                 total += w[:, j]
             w = w / total[:, None]
         return (w if self.float32_weights else w.to(x.dtype)), index
+
+    def _deepseek_route(self, x: torch.Tensor) -> tuple:
+        """DeepSeek's routers, as transformers computes them: the logits in float32 (the rows and the router's weight
+        made float32), their softmax (V2) or sigmoid (V3); the experts chosen by those scores (V3: plus the
+        correction bias), within the ``topk_group`` best of ``n_group`` groups where ``groups`` (a group's rank: its
+        best score, V3 its best two summed; the other groups' scores masked: 0, V3 -inf); each chosen expert's score,
+        renormalised (V3's ``norm_topk_prob``: over their sum plus 1e-20), times ``routed_scaling_factor``; float32
+        weights."""
+        logits = linear(x.float(), self.gate.weight.float())
+        scores = _row_sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
+        bias = self.gate._buffers.get("e_score_correction_bias")
+        choice = scores if bias is None else scores + bias
+        if self.groups is not None:
+            n_group, top_groups = self.groups
+            grouped = choice.view(choice.shape[0], n_group, -1)
+            rank = grouped.topk(2, dim=-1)[0].sum(-1) if self.group_top2 else grouped.amax(-1)
+            keep = torch.zeros_like(rank, dtype=torch.bool).scatter_(1, rank.topk(top_groups, dim=-1)[1], True)
+            masked = float("-inf") if self.group_top2 else 0.0
+            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), masked)
+        index = torch.topk(choice, self.top_k, dim=-1)[1]
+        w = scores.gather(1, index)
+        if self.renormalize:
+            total = w[:, 0].clone()
+            for j in range(1, self.top_k):  # left to right, row by row (as route's)
+                total += w[:, j]
+            w = w / (total[:, None] + self.eps)
+        return w * self.scale, index
 
     def forward(self, x):
         rows = x.reshape(-1, x.shape[-1])
@@ -674,7 +796,7 @@ def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer) if config.mla is None else LatentAttention(config, layer)
         experts = config.experts
         self.mlp = SparseMoE(config) if experts is not None and experts.layers[layer] else MLP(config)
         # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
@@ -743,6 +865,8 @@ class DecoderLayer(nn.Module):
         if "post_attention_layernorm" not in mods:
             return None  # Cohere 2's parallel block: not the fused layer's
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
+        if type(att) is not Attention:
+            return None  # DeepSeek's latent attention: not the fused layer's
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \

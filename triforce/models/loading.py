@@ -456,6 +456,50 @@ def _mixtral_name(name: str, inverse: bool = False) -> str:
     return f"{m[1]}{'block_sparse_moe' if inverse else 'mlp'}.{kind}.weight"
 
 
+_DEEPSEEK_SHARED = (".mlp.shared_experts.", ".mlp.shared_expert.")  # DeepSeek's name of the shared expert, ours
+_LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _deepseek_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """DeepSeek's checkpoint names as the model's (its ``shared_experts`` our ``shared_expert``), or back with
+    ``inverse``; the multi-token prediction layers DeepSeek-V3's checkpoints hold after the model's
+    (``num_nextn_predict_layers``: ``model.layers.{n}...``, not part of the forward) dropped, as transformers drops
+    them."""
+    theirs, ours = _DEEPSEEK_SHARED[::-1] if inverse else _DEEPSEEK_SHARED
+    n = config.num_hidden_layers
+    extra = config.extra.get("num_nextn_predict_layers", config.extra.get("num_mtp_layers", 0)) or 0
+    out = {}
+    for name, t in sd.items():
+        m = _LAYER_INDEX.match(name)
+        if not inverse and m is not None and n <= int(m[1]) < n + extra:
+            continue
+        out[name.replace(theirs, ours)] = t
+    return out
+
+
+def _order_mla_rope(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """DeepSeek's RoPE'd rows in the model's order: its checkpoints pair adjacent dims (``2i``, ``2i + 1``) of each
+    head's ``qk_rope_head_dim`` query rows (``q_proj`` / ``q_b_proj``: each head's ``qk_nope_head_dim`` rows, then
+    those) and of the shared key's (``kv_a_proj_with_mqa``'s rows after the latent's); the model's RoPE pairs ``j``
+    and ``j + r/2`` (the same values: transformers' DeepSeek-V3 computes them so). ``sd`` itself where the checkpoint
+    has half-split pairs (V3's ``rope_interleave`` false); back with ``inverse``."""
+    m = config.mla
+    if not m.rope_interleaved:
+        return sd
+    r, nope, R = m.qk_rope_head_dim, m.qk_nope_head_dim, m.kv_lora_rank
+    pairs = torch.tensor([*range(0, r, 2), *range(1, r, 2)])
+    if inverse:
+        pairs = torch.argsort(pairs)
+    q_rows, kv_rows = torch.cat([torch.arange(nope), nope + pairs]), torch.cat([torch.arange(R), R + pairs])
+    out = dict(sd)
+    for name, t in sd.items():
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_b_proj.weight")):
+            out[name] = t.reshape(-1, m.qk_head_dim, t.shape[-1])[:, q_rows.to(t.device)].reshape(t.shape)
+        elif name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+            out[name] = t[kv_rows.to(t.device)]
+    return out
+
+
 def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with a mixture of experts' weights as the model holds them (above), or with ``inverse`` as its
     checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model."""
@@ -464,6 +508,9 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
     mixtral, granite = config.model_type == "mixtral", config.model_type in ("granitemoe", "granitemoeshared")
+    deepseek = config.mla is not None
+    if deepseek and not inverse:
+        sd = _deepseek_names(config, sd)
     out = {}
     if inverse and granite:
         return _granite_moe_names(sd, inverse=True)
@@ -476,7 +523,7 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
             parts = zip((f"{m[1]}gate_proj.weight", f"{m[1]}up_proj.weight"), t.chunk(2)) if m else ((name, t),)
             out.update({_mixtral_name(part, inverse=True) if mixtral else part: w.clone() if m else w
                         for part, w in parts})
-        return out
+        return _deepseek_names(config, out, inverse=True) if deepseek else out
     for name, t in sd.items():
         name = _mixtral_name(name) if mixtral else name
         if (m := _STACKED_EXPERTS.fullmatch(name)) is not None and t.dim() == 3:
@@ -537,6 +584,8 @@ def rotary_order(config: LlamaConfig) -> torch.Tensor | None:
 def _order_rotary_dims(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with each q / k head's dims (projection rows and biases, q / k norm weights) in the model's order
     (:func:`rotary_order`), or back in the checkpoint's with ``inverse``; ``sd`` itself without partial RoPE."""
+    if config.mla is not None:
+        return _order_mla_rope(config, sd, inverse)
     order = rotary_order(config)
     if order is None:
         return sd
