@@ -318,7 +318,7 @@ FAMILIES["deepseek_v3"] = Family("DeepseekV3ForCausalLM", defaults={  # (no topk
     "eos_token_id": 1, "rope_interleave": True})
 _DEEPSEEKS = ("deepseek_v2", "deepseek_v3")
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-_DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+_DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
@@ -503,11 +503,14 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type in _GRANITES and _is_number(v) and 0 < v < float("inf"),
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
     # mixtures of experts: LlamaConfig.experts (checked together there)
-    **{key: (lambda v, c: c.model_type in _MOE_TYPES and _is_int(v) and v >= 1,
-             "absent (Mixtral, Qwen3-MoE: an int >= 1)")
+    **{key: (lambda v, c, key=key: (c.model_type in _MOE_TYPES or key == "num_experts_per_tok"
+                                    and c.model_type in _DEEPSEEKS) and _is_int(v) and v >= 1,
+             "absent (Mixtral, Qwen3-MoE, DeepSeek: an int >= 1)")
        for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
-    **{key: (lambda v, c: c.model_type in _QWEN_MOES and _is_int(v) and v >= 1,
-             "absent (Qwen2-MoE, Qwen3-MoE: an int >= 1)") for key in ("moe_intermediate_size", "decoder_sparse_step")},
+    **{key: (lambda v, c, key=key: (c.model_type in _QWEN_MOES or key == "moe_intermediate_size"
+                                    and c.model_type in _DEEPSEEKS) and _is_int(v) and v >= 1,
+             "absent (Qwen2-MoE, Qwen3-MoE, DeepSeek: an int >= 1)")
+       for key in ("moe_intermediate_size", "decoder_sparse_step")},
     "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
                                         "absent (Qwen2-MoE: an int >= 1)"),
     "shared_intermediate_size": (lambda v, c: c.model_type == "granitemoeshared" and _is_int(v) and v >= 0,

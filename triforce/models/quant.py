@@ -912,12 +912,21 @@ def _copy_with_linears(model, replace):
     return clone
 
 
+def _with_buffers(new: nn.Module, old: nn.Module) -> nn.Module:
+    """``new`` (a linear layer's replacement) holding ``old``'s buffers too (DeepSeek-V3's router's correction
+    bias), shared."""
+    for key, b in old._buffers.items():
+        if key not in new._buffers and b is not None:
+            new.register_buffer(key, b)
+    return new
+
+
 def _replace_linears(module: nn.Module, name: str, replace) -> nn.Module:
     """A shallow copy of ``module`` (named ``name``) whose ``nn.Linear`` s, at any depth (a mixture of experts'
     ``experts.{e}.gate_up_proj``), are ``replace(their name, them)``; the other modules stay shared."""
     sub = copy.copy(module)
     sub._modules = {
-        n: replace(f"{name}.{n}", m) if isinstance(m, nn.Linear)
+        n: _with_buffers(replace(f"{name}.{n}", m), m) if isinstance(m, nn.Linear)
         else _replace_linears(m, f"{name}.{n}", replace) if m is not None and m._modules else m
         for n, m in module._modules.items()}
     return sub

@@ -1,0 +1,262 @@
+"""DeepSeek-V2 / V3 (``model_type="deepseek_v2"``: DeepSeek-V2, V2-Lite, V2.5, Coder-V2; ``"deepseek_v3"``: DeepSeek-V3,
+R1, Moonlight): multi-head latent attention, absorbed (triforce.models.llama.LatentAttention: the caches hold one latent
+KV head), and their routers (V2's softmax, greedy or within groups; V3's sigmoid with a correction bias within groups),
+against transformers' DeepseekV2ForCausalLM / DeepseekV3ForCausalLM on the same weights."""
+import pytest
+import torch
+
+import triforce
+from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
+from triforce.models.llama import LatentAttention, SparseMoE
+from triforce.models.quant import Q8Linear, int8_copy
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive, ragged_prompts
+from .test_families import randomize_
+from .test_model import TOL
+from .test_moe import assert_checkpoint_directories_both_ways
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+# hidden 64, 4 heads of qk 16 + 8 (RoPE) and v 12 over a latent of 32: a cached key of 32 + 8 = 40; a dense first
+# layer, then 2 of 6 experts and a shared one
+BASE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=40, first_k_dense_replace=1,
+            n_shared_experts=1, q_lora_rank=None)
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+CASES = {
+    # V2-Lite's shape: one query projection, greedy
+    "v2": ("DeepseekV2", dict(topk_method="greedy")),
+    # V2's: low-rank queries, the experts within the 2 best of 3 groups, scaled weights, 2 shared experts
+    "v2-groups": ("DeepseekV2", dict(q_lora_rank=24, topk_method="group_limited_greedy", n_group=3, topk_group=2,
+                                     routed_scaling_factor=2.0, n_shared_experts=2)),
+    # YaRN with mscale / mscale_all_dim (V2's: the scores scaled by mscale_all_dim's factor squared)
+    "v2-yarn": ("DeepseekV2", dict(rope_parameters=dict(_YARN), max_position_embeddings=64)),
+    # V3's: low-rank queries, sigmoid scores with a correction bias, 2 of 3 groups, renormalised and scaled
+    "v3": ("DeepseekV3", dict(q_lora_rank=24, n_group=3, topk_group=2, norm_topk_prob=True,
+                              routed_scaling_factor=2.5)),
+    # half-split RoPE pairs in the checkpoint, not renormalised, one group of two, two dense layers, YaRN
+    "v3-half-split": ("DeepseekV3", dict(rope_interleave=False, n_group=2, topk_group=1, norm_topk_prob=False,
+                                         first_k_dense_replace=2, num_hidden_layers=4, max_position_embeddings=64,
+                                         rope_parameters={**_YARN, "mscale": 1.0, "mscale_all_dim": 1.0})),
+}
+
+
+def pair(case, **kw):
+    """transformers' model of ``case`` with decisive routers (std 0.5; V3's correction biases random too) and ours
+    on its weights."""
+    from triforce.models.loading import _build
+
+    name, config = CASES[case]
+    torch.manual_seed(0)
+    hf_config = getattr(transformers, f"{name}Config")(**{**BASE, **config, **kw}, attn_implementation="eager")
+    hf = randomize_(getattr(transformers, f"{name}ForCausalLM")(hf_config).eval())
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if n.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        for n, b in hf.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.2)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_every_path_match_transformers(case):
+    """The plain forward, a chunked prefill, a verify pass, steps and a tree over the cache give transformers'
+    logits; the layers are latent attention and sparse where transformers' are; our config reads back in
+    transformers as the same model."""
+    hf, ours = pair(case)
+    layers = ours.model.layers
+    assert all(type(layer.self_attn) is LatentAttention for layer in layers)
+    sparse = [type(layer.mlp) is SparseMoE for layer in layers]
+    assert sparse == [i >= hf.config.first_k_dense_replace for i in range(len(layers))] and any(sparse)
+    assert_every_path_matches(hf, ours)
+    back = type(hf.config).from_dict(ours.config.to_dict())
+    for key in ("num_key_value_heads", "head_dim", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "first_k_dense_replace", "routed_scaling_factor", "n_group", "topk_group",
+                "topk_method", "norm_topk_prob", "rope_interleave", "rope_parameters"):
+        assert getattr(back, key, None) == getattr(hf.config, key, None), key
+
+
+def test_the_caches_hold_one_latent_head():
+    """A cache of the model holds one KV head of kv_lora_rank + qk_rope_head_dim per token (40 here), not the
+    heads' keys and values (4 * (24 + 12) = 144): DeepSeek-V2's 576 against 128 heads * 320 = 40960."""
+    _, ours = pair("v2")
+    c = ours.config
+    assert (c.num_key_value_heads, c.head_dim, c.rotary_dim) == (1, 40, 8)
+    cache = FullCache(c, 2, 64)
+    assert tuple(cache.k[0].shape[-2:]) == (1, 40)
+    v2 = LlamaConfig.from_dict({"model_type": "deepseek_v2", "num_experts_per_tok": 6, "num_key_value_heads": 32})
+    assert (v2.num_key_value_heads, v2.head_dim, v2.mla.qk_head_dim) == (1, 576, 192)
+
+
+def test_checkpoint_directories_both_ways(tmp_path):
+    """A checkpoint transformers saved (its experts, shared_experts, V3's correction bias, RoPE rows in adjacent
+    pairs) loads with transformers' logits; ours saves the same names, which transformers reads back bitwise as the
+    same model."""
+    assert_checkpoint_directories_both_ways(tmp_path / "v3", pair("v3")[0])
+    assert_checkpoint_directories_both_ways(tmp_path / "v2", pair("v2-groups")[0])
+
+
+def test_v3s_multi_token_prediction_layers_are_skipped(tmp_path):
+    """DeepSeek-V3's checkpoints hold num_nextn_predict_layers layers after the model's (multi-token prediction, not
+    in the forward): they load as transformers loads them, skipped; a layer past those raises."""
+    from triforce.models.loading import _build
+
+    hf, ours = pair("v3")
+    sd = dict(hf.state_dict())
+    n = hf.config.num_hidden_layers
+    extra = {k.replace(f"layers.{n - 1}.", f"layers.{n}."): t for k, t in sd.items() if f"layers.{n - 1}." in k}
+    config = LlamaConfig.from_dict({**hf.config.to_dict(), "num_nextn_predict_layers": 1})
+    model = _build(config, {**sd, **extra}, None, None)
+    ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(model(ids), ours(ids))
+    late = {k.replace(f"layers.{n}.", f"layers.{n + 1}."): t for k, t in extra.items()}
+    with pytest.raises(ValueError, match="unexpected"):
+        _build(config, {**sd, **late}, None, None)
+
+
+@pytest.mark.parametrize("case", ["v2-groups", "v3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
+    """The latent attention's per-head products, the routers and the experts read each token's own row: a 10-token
+    pass gives bitwise the logits of 10 one-token steps."""
+    assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+def test_each_part_matters():
+    """The correction bias, the groups, the renormalisation, the scaling factor, the RoPE rows' order and the
+    attention's mscale each move the logits by more than ten times the tolerance: the tests above would see any one
+    wrong."""
+    ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(2))
+    hf, ours = pair("v3")
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        for change in (lambda m: m.gate.e_score_correction_bias.zero_(), lambda m: setattr(m, "groups", None),
+                       lambda m: setattr(m, "renormalize", False), lambda m: setattr(m, "scale", 1.0)):
+            _, ours = pair("v3")
+            moes = [layer.mlp for layer in ours.model.layers if type(layer.mlp) is SparseMoE]
+            for m in moes:
+                change(m)
+            assert (ours(ids) - ref).abs().max().item() > 10 * TOL
+        for case in ("v2", "v2-yarn"):
+            hf, ours = pair(case)
+            ref = hf(ids).logits
+            if case == "v2":  # RoPE's rows not reordered: the checkpoint's adjacent pairs turned as half-split ones
+                for layer, theirs in zip(ours.model.layers, hf.model.layers):
+                    for name in ("q_proj", "kv_a_proj_with_mqa"):
+                        getattr(layer.self_attn, name).weight.copy_(getattr(theirs.self_attn, name).weight)
+            else:  # the scores without mscale_all_dim's factor
+                for layer in ours.model.layers:
+                    layer.self_attn.scale = ours.config.mla.qk_head_dim ** -0.5
+            assert (ours(ids) - ref).abs().max().item() > 10 * TOL
+
+
+def tiny_deepseek(model_type: str, seed: int) -> Llama:
+    """A tiny random DeepSeek model (3 layers, the first dense; 4 heads over a latent of 16 + 8) whose routers and
+    correction biases are decisive enough to pick varied experts."""
+    torch.manual_seed(seed)
+    extra = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=24, first_k_dense_replace=1, n_shared_experts=1,
+                 q_lora_rank=12, n_group=2, topk_group=1)
+    if model_type == "deepseek_v2":
+        extra["topk_method"] = "group_limited_greedy"
+    else:
+        extra["norm_topk_prob"] = True
+    config = LlamaConfig(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=1024,
+                         initializer_range=0.3, extra=extra)
+    model = randomize_(Llama(config), seed).eval()
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive(model_type, method, opts):
+    """Every method (StreamingLLM and retrieval drafts over the latent cache included) emits autoregressive
+    decoding's tokens."""
+    assert_greedy_equals_autoregressive(tiny_deepseek(model_type, 0), tiny_deepseek(model_type, 1), method, opts)
+
+
+def test_a_streaming_cache_rotates_the_latent_keys_rope_dims_only():
+    """In a StreamingLLM cache (its window's keys rotated at their positions, its sinks re-rotated from the unrotated
+    copies after evictions) only the RoPE'd dims of a cached latent key differ from its unrotated copy; the values
+    (the same latent keys) hold the latent unchanged."""
+    model = tiny_deepseek("deepseek_v3", 0)
+    ids = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(4))
+    cache = StreamingCache(model.config, 1, sink=2, window=10, max_step=4)
+    with torch.no_grad():
+        for i in range(30):
+            model(ids[:, i:i + 1], cache=cache)
+    rope, latent = model.config.mla.slots()
+    for layer in range(3):
+        k, k_raw, v = (t[layer][0, :12, 0] for t in (cache.k, cache.k_raw, cache.v))
+        assert torch.equal(k[:, latent], k_raw[:, latent]) and torch.equal(v[:, latent], k_raw[:, latent])
+        assert (k[:, rope] != k_raw[:, rope]).any(1).sum() >= 10  # (all but position 0's)
+
+
+def test_int8_copy_keeps_the_correction_bias_and_drafts_losslessly():
+    """The int8 draft copy replaces every linear layer (the routers too) and keeps V3's correction biases on its
+    routers; speculative decoding with it emits autoregressive decoding's tokens."""
+    model = tiny_deepseek("deepseek_v3", 0)
+    draft = int8_copy(model)
+    routers = [layer.mlp.gate for layer in draft.model.layers if type(layer.mlp) is SparseMoE]
+    assert routers and all(type(r) is Q8Linear for r in routers)
+    for r, layer in zip(routers, model.model.layers[1:]):
+        assert r.e_score_correction_bias is layer.mlp.gate.e_score_correction_bias
+    prompts = ragged_prompts()
+    ref = triforce.generate(model, prompts, method="autoregressive", max_new_tokens=20)
+    out = triforce.generate(model, prompts, method="speculative", draft=draft, gamma=3, max_new_tokens=20)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b])
+
+
+def test_bad_configs_raise():
+    v2 = {**BASE, "model_type": "deepseek_v2"}
+    v3 = {**BASE, "model_type": "deepseek_v3", "n_group": 2, "topk_group": 1}
+    LlamaConfig.from_dict(v2), LlamaConfig.from_dict(v3)
+    for base, bad, match in (
+            (v2, {"num_key_value_heads": 2}, "num_key_value_heads = 2"),
+            (v2, {"head_dim": 16}, "head_dim = 16"),
+            (v2, {"qk_head_dim": 20}, "qk_head_dim = 20"),
+            (v2, {"kv_lora_rank": 31}, "must be even"),
+            (v2, {"kv_lora_rank": "32"}, "'kv_lora_rank'"),
+            (v2, {"norm_topk_prob": True}, "'norm_topk_prob'"),
+            (v2, {"topk_method": "noaux_tc"}, "'topk_method'"),
+            (v3, {"topk_method": "greedy"}, "'topk_method'"),
+            (v2, {"scoring_func": "sigmoid"}, "'scoring_func'"),
+            (v2, {"rope_interleave": False}, "'rope_interleave'"),
+            (v2, {"moe_layer_freq": 2}, "'moe_layer_freq'"),
+            (v2, {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 1}, "must divide"),
+            (v2, {"topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 1, "num_experts_per_tok": 3},
+             "cannot be chosen"),
+            (v3, {"n_group": 3, "topk_group": 2, "num_experts_per_tok": 5}, "cannot be chosen"),
+            (v3, {"n_group": 6, "topk_group": 3}, "best two"),
+            (v2, {"num_experts_per_tok": 7}, "more than the 6"),
+            (v2, {"num_experts_per_tok": None}, "'num_experts_per_tok'"),
+            (v2, {"attention_bias": True}, "'attention_bias'"),
+            (v2, {"quantization_config": {"quant_method": "fp8"}}, "'quantization_config'"),
+            (v2, {"num_nextn_predict_layers": 1}, "'num_nextn_predict_layers'"),
+            (v2, {"auto_map": {"AutoModel": "modeling_x.XModel"}}, "'auto_map'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**base, **bad})
+    with pytest.raises(ValueError, match="latent KV head"):
+        LlamaConfig(model_type="deepseek_v2", num_attention_heads=4, hidden_size=64, num_key_value_heads=4,
+                    extra={"num_experts_per_tok": 2})
+    # DeepSeek's own config.json (its remote code's keys at the values where it and transformers agree) loads
+    ok = LlamaConfig.from_dict({**v2, "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV2Config",
+                                                   "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM"},
+                                "moe_layer_freq": 1, "scoring_func": "softmax", "aux_loss_alpha": 0.001,
+                                "seq_aux": True, "ep_size": 1, "norm_topk_prob": False})
+    assert ok.experts.scoring == "softmax"
