@@ -84,15 +84,43 @@ def test_logits_and_every_path_match_transformers(case):
 
 
 def test_the_caches_hold_one_latent_head():
-    """A cache of the model holds one KV head of kv_lora_rank + qk_rope_head_dim per token (40 here), not the
-    heads' keys and values (4 * (24 + 12) = 144): DeepSeek-V2's 576 against 128 heads * 320 = 40960."""
+    """Every cache of the model holds one KV head of kv_lora_rank + qk_rope_head_dim per token (40 here), not the
+    heads' keys and values (4 * (24 + 12) = 144; DeepSeek-V2's 576 against 128 heads * 320 = 40960), and holds it
+    once: the values are the keys (v[layer] is k[layer]), so a cache is half the size of one with both."""
     _, ours = pair("v2")
     c = ours.config
     assert (c.num_key_value_heads, c.head_dim, c.rotary_dim) == (1, 40, 8)
-    cache = FullCache(c, 2, 64)
-    assert tuple(cache.k[0].shape[-2:]) == (1, 40)
     v2 = LlamaConfig.from_dict({"model_type": "deepseek_v2", "num_experts_per_tok": 6, "num_key_value_heads": 32})
     assert (v2.num_key_value_heads, v2.head_dim, v2.mla.qk_head_dim) == (1, 576, 192)
+    caches = {"full": FullCache(c, 2, 64), "chunked": FullCache(c, 2, 64, chunk_size=4),
+              "streaming": StreamingCache(c, 2, sink=2, window=20, max_step=4)}
+    for name, cache in caches.items():
+        assert tuple(cache.k[0].shape[-2:]) == (1, 40)
+        assert all(v is k for k, v in zip(cache.k, cache.v)), name
+    latent = 3 * 2 * 64 * 40 * 4  # layers x rows x slots x dims x bytes
+    assert caches["full"].memory_bytes() == latent + 2 * 4  # (+ the lengths)
+    # k and k_raw (not v) of 26 slots, and slot_pos, evicted, frame (int64) and the lengths
+    assert caches["streaming"].memory_bytes() == 2 * 3 * 2 * 26 * 40 * 4 + 2 * 26 * 8 + 2 * 8 + 2 * 8 + 2 * 4
+
+
+@pytest.mark.parametrize("kind", ["full", "streaming"])
+def test_rows_leave_a_latent_cache(kind):
+    """select_rows (finished rows leaving the batch) keeps v the keys and the kept rows' tokens: the next step of
+    the kept rows gives the logits of the same rows in a cache that never held the others."""
+    _, ours = pair("v3")
+    ids = torch.randint(0, 101, (3, 21), generator=torch.Generator().manual_seed(5))
+
+    def make(B):
+        return FullCache(ours.config, B, 32) if kind == "full" else StreamingCache(
+            ours.config, B, sink=2, window=8, max_step=4)
+    with torch.no_grad():
+        cache, alone = make(3), make(2)
+        for i in range(20):
+            ours(ids[:, i:i + 1], cache=cache)
+            ours(ids[[2, 0], i:i + 1], cache=alone)
+        cache.select_rows([2, 0])
+        assert all(v is k for k, v in zip(cache.k, cache.v))
+        assert torch.equal(ours(ids[[2, 0], 20:], cache=cache), ours(ids[[2, 0], 20:], cache=alone))
 
 
 def test_checkpoint_directories_both_ways(tmp_path):
@@ -260,3 +288,66 @@ def test_bad_configs_raise():
                                 "moe_layer_freq": 1, "scoring_func": "softmax", "aux_loss_alpha": 0.001,
                                 "seq_aux": True, "ep_size": 1, "norm_topk_prob": False})
     assert ok.experts.scoring == "softmax"
+
+
+# the keys and values of DeepSeek-V2-Lite's and DeepSeek-V3's published config.json files (V3's FP8
+# quantization_config left out: it raises, above)
+V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV2Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV2Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": False,
+    "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 128, "vocab_size": 102400}
+V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+    "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "pretraining_tp": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 128, "vocab_size": 129280}
+
+
+def test_deepseeks_published_configs_load():
+    """DeepSeek-V2-Lite's and V3's config.json keys load (V3's FP8 quantisation raises) and read as transformers reads
+    them: the latent head, the routers, the dense layers, V2-Lite's attention scale with YaRN's mscale_all_dim."""
+    import math
+
+    lite = LlamaConfig.from_dict(V2_LITE)
+    assert (lite.num_key_value_heads, lite.head_dim, lite.rotary_dim, lite.mla.q_lora_rank) == (1, 576, 64, None)
+    e = lite.experts
+    assert (e.count, e.top_k, e.shared_intermediate_size, e.groups, e.scoring, e.renormalize) == (
+        64, 6, 2816, None, "softmax", False)
+    assert e.layers == (False,) + (True,) * 26
+    m = 0.1 * 0.707 * math.log(40) + 1
+    assert lite.attention_scale == pytest.approx(192 ** -0.5 * m * m, rel=1e-15)
+    assert lite.attention_scale == transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2Attention(
+        transformers.DeepseekV2Config.from_dict({**V2_LITE, "num_hidden_layers": 1}), 0).scaling
+    v3 = LlamaConfig.from_dict(V3)
+    e = v3.experts
+    assert (e.count, e.top_k, e.groups, e.group_top2, e.scoring, e.correction_bias, e.renormalize, e.scale) == (
+        256, 8, (8, 4), True, "sigmoid", True, True, 2.5)
+    assert e.layers == (False,) * 3 + (True,) * 58 and v3.mla.rope_interleaved and v3.mla.q_lora_rank == 1536
+    with pytest.raises(ValueError, match="'quantization_config'"):
+        LlamaConfig.from_dict({**V3, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})
+    back = LlamaConfig.from_dict(v3.to_dict())
+    assert back == v3

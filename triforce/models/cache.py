@@ -261,6 +261,9 @@ class _KVCache:
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
         shape = (batch_size, capacity, config.num_key_value_heads, config.head_dim)
+        # DeepSeek's latent attention (config.mla): its values are its cached keys (the latent, and the RoPE'd dims,
+        # whose share of the output the model drops), so v[layer] is k[layer] (one buffer, not two copies)
+        self.values_are_keys = config.mla is not None
         self.k, self.v = self._allocate(shape)
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
         self._batch_index = torch.arange(batch_size, device=self.device)[:, None]
@@ -281,13 +284,16 @@ class _KVCache:
         return self._rope_long
 
     def _allocate(self, shape):
-        """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros)."""
-        return tuple([torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
-                     for _ in range(2))
+        """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros; ``v``'s the same tensors as ``k``'s where the
+        values are the keys)."""
+        k = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
+        if self.values_are_keys:
+            return k, list(k)
+        return k, [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
 
-    # ---- buffers that move with token slots (k, v, and k_raw for the streaming cache)
+    # ---- buffers that move with token slots (k, v, and k_raw for the streaming cache; each once)
     def _slot_buffers(self, layer: int):
-        return (self.k[layer], self.v[layer])
+        return (self.k[layer],) if self.values_are_keys else (self.k[layer], self.v[layer])
 
     def memory_bytes(self) -> int:
         """Bytes held by the cache's tensors (constant after construction)."""
@@ -328,7 +334,7 @@ class _KVCache:
         upto = self._bound  # slots past every row's length are never read
         for layer in range(self.num_layers):
             self.k[layer] = _take_rows(self.k[layer], idx, moves, upto)
-            self.v[layer] = _take_rows(self.v[layer], idx, moves, upto)
+            self.v[layer] = self.k[layer] if self.values_are_keys else _take_rows(self.v[layer], idx, moves, upto)
         self.lengths = self.lengths[idx]
         if self._rope_long is not None:
             self._rope_long = self._rope_long[idx]
@@ -376,7 +382,8 @@ class _KVCache:
 
     def _write(self, layer: int, k, v, step: Step) -> None:
         self.k[layer][step.batch_index, step.slots] = k
-        self.v[layer][step.batch_index, step.slots] = v
+        if not self.values_are_keys:  # (else v holds k's values: the model passes its keys as the values)
+            self.v[layer][step.batch_index, step.slots] = v
 
     def attend(self, layer: int, q, k, v, step: Step, k_raw=None, sinks=None) -> torch.Tensor:
         """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache (each query over
@@ -682,17 +689,22 @@ class StreamingCache(_KVCache):
         self._rolled = False    # a rollback / commit_path since the last forward
 
     def _allocate(self, shape):
-        # k, v and k_raw of every layer are views of one tensor, so an eviction moves them in one op.
-        self._kvr = torch.zeros((3, self.num_layers) + tuple(shape), device=self.device, dtype=self.dtype)
+        # k, v and k_raw of every layer are views of one tensor, so an eviction moves them in one op (k and k_raw
+        # only where the values are the keys: _raw, the index of k_raw's part)
+        self._raw = 1 if self.values_are_keys else 2
+        self._kvr = torch.zeros((self._raw + 1, self.num_layers) + tuple(shape), device=self.device, dtype=self.dtype)
         k, v, self.k_raw = self._layer_views()
         return k, v
 
     def _layer_views(self):
-        """Per-layer ``k``, ``v`` and ``k_raw`` lists: views of the joint buffer."""
-        return tuple(list(self._kvr[i].unbind(0)) for i in range(3))
+        """Per-layer ``k``, ``v`` and ``k_raw`` lists: views of the joint buffer (``v``'s ``k``'s where the values
+        are the keys)."""
+        k, raw = list(self._kvr[0].unbind(0)), list(self._kvr[self._raw].unbind(0))
+        return k, list(self._kvr[1].unbind(0)) if self._raw == 2 else list(k), raw
 
     def _slot_buffers(self, layer):
-        return (self.k[layer], self.v[layer], self.k_raw[layer])
+        return (self.k[layer], self.k_raw[layer]) if self.values_are_keys else (
+            self.k[layer], self.v[layer], self.k_raw[layer])
 
     def _tensors(self):
         yield from super()._tensors()
@@ -770,7 +782,8 @@ class StreamingCache(_KVCache):
         for layer in range(self.num_layers):
             k = full.k[layer][bi, src]
             self.k[layer][:, :keep] = k
-            self.v[layer][:, :keep] = full.v[layer][bi, src]
+            if not self.values_are_keys:
+                self.v[layer][:, :keep] = full.v[layer][bi, src]
             self.k_raw[layer][:, :keep] = apply_rope(k, *inverse[self._rope_of[layer]])
         self.slot_pos[:, :keep] = torch.where(valid, pos, _FREE)
         self.evicted.copy_(evicted)
@@ -819,7 +832,7 @@ class StreamingCache(_KVCache):
             run = (frm == dst + shift[:, None]).all(1) & moved  # a contiguous run from sink + shift
             shift_slots = _cache_op("shift_slots_") if self._shift_in_place and self._kvr.is_contiguous() else None
             if shift_slots is not None and bool(run.any()):  # those rows in place, one memmove per layer and row
-                shift_slots(self._kvr.view(3 * self.num_layers, self.batch_size, self._kvr.shape[3], -1),
+                shift_slots(self._kvr.view(self._kvr.shape[0] * self.num_layers, self.batch_size, self._kvr.shape[3], -1),
                             torch.where(run, shift, 0), self.sink, self.keep)
             for b in moved.nonzero().flatten().tolist():
                 if not run[b]:
@@ -849,7 +862,7 @@ class StreamingCache(_KVCache):
             bi = self._batch_index
             if self._triton_move and not self._read_width:
                 from triforce_kernels.triton.slot_move import move_slots
-                move_slots(self._kvr.view(3 * self.num_layers, self.batch_size, cap, -1), dst, frm, count)
+                move_slots(self._kvr.view(self._kvr.shape[0] * self.num_layers, self.batch_size, cap, -1), dst, frm, count)
             else:
                 self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
             pos[bi, dst] = pos[bi, frm]
@@ -866,9 +879,9 @@ class StreamingCache(_KVCache):
             cos, sin = rope_cos_sin(inv_freq, positions, self.dtype, scale)  # [B, n, 1, D]: the group's layers
             rope_into = _cache_op("rope_into_") if self._native_rope and isinstance(layers, slice) else None
             if rope_into is not None:  # one native pass into k's slots, apply_rope's bits
-                rope_into(self._kvr[0, layers, :, slots], self._kvr[2, layers, :, slots], cos, sin)
+                rope_into(self._kvr[0, layers, :, slots], self._kvr[self._raw, layers, :, slots], cos, sin)
             else:
-                self._kvr[0, layers, :, slots] = apply_rope(self._kvr[2, layers, :, slots], cos, sin)
+                self._kvr[0, layers, :, slots] = apply_rope(self._kvr[self._raw, layers, :, slots], cos, sin)
 
     def _rebase(self) -> None:
         """``frame = evicted``: every kept token at its StreamingLLM position, re-rotated from ``k_raw``."""
@@ -973,8 +986,9 @@ class StreamingCache(_KVCache):
             buf[step.batch_index, step.slots] = x
         out = attention(q, tmp[0], tmp[1], step, self.windows[layer], self.scale, self.softcap, sinks)
         sel = self._big[0]
-        for mine, buf in zip(self._slot_buffers(layer), tmp):
-            mine[:, : self.keep] = buf[self._batch_index, sel]
+        for mine, buf in zip((self.k[layer], self.v[layer], self.k_raw[layer]), tmp):
+            if not (self.values_are_keys and mine is self.v[layer]):  # (v is k there: written once)
+                mine[:, : self.keep] = buf[self._batch_index, sel]
         return out
 
     def _native_buffers(self, step):
@@ -1139,7 +1153,8 @@ class RetrievalCache(_KVCache):
         src = p.clamp(max=full.capacity - 1)
         dst = (self.budget + lo[:, None] + j).clamp(max=self.capacity - 1)
         for layer in range(self.num_layers):
-            for mine, theirs in ((self.k[layer], full.k[layer]), (self.v[layer], full.v[layer])):
+            for mine, theirs in ((self.k[layer], full.k[layer]),) + (
+                    () if self.values_are_keys else ((self.v[layer], full.v[layer]),)):
                 cur = mine[self._batch_index, dst]
                 mine[self._batch_index, dst] = torch.where(ok[..., None, None], theirs[self._batch_index, src], cur)
         self.synced.copy_(full.lengths.long())

@@ -9,8 +9,8 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
-mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe`` and
-``gpt_oss`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference,
+mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
+``gpt_oss``, ``deepseek_v2`` and ``deepseek_v3`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference,
 not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
 (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
@@ -21,7 +21,7 @@ tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around t
 norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims,
 reordered on loading), ``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` /
 ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows), ``attention_scale``,
-``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's
+``mla`` (DeepSeek's multi-head latent attention), ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's
 RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones,
 not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` /
 ``logits_scaling`` (Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm``

@@ -502,6 +502,7 @@ class LatentAttention(Attention):
         self.window, self.scale, self.softcap, self.temperature, self.sinks = 0, config.attention_scale, None, None, None
         self.rope_f32 = bool(config.rope_float32)
         self._slots = {}  # device -> (the latent's dims in a cached key, where each cached dim is in [k_pe, c])
+        self._uk = None  # (kv_b_proj's weight's identity, W_UK^T per head): project's, made once per weight
 
     def slots(self, device: torch.device) -> tuple:
         """``(latent dims, layout)`` on ``device`` (not buffers: a model built on the meta device has them too)."""
@@ -520,6 +521,24 @@ class LatentAttention(Attention):
         w_uv = self.kv_b_proj.weight.view(self.n_heads, -1, m.kv_lora_rank)[:, m.qk_nope_head_dim:]
         return self.o_proj(per_head_linear(latent, w_uv).reshape(B, T, self.n_heads * m.v_head_dim))
 
+    def w_uk_t(self) -> torch.Tensor:
+        """``[H, kv_lora_rank, qk_nope_head_dim]``: each head's ``W_UK`` (``kv_b_proj``'s key rows) transposed,
+        contiguous (the rows :func:`per_head_linear` streams), made again only when the weight changes (a copy of a
+        third of ``kv_b_proj``: 4 MB a layer of DeepSeek-V2-Lite in float32, made at every step otherwise)."""
+        w = self.kv_b_proj.weight
+        m = self.mla
+        if torch.is_grad_enabled() and w.requires_grad:  # (autograd: a view of the weight, its gradient flows)
+            return w.view(self.n_heads, -1, m.kv_lora_rank)[:, :m.qk_nope_head_dim].transpose(1, 2)
+        try:
+            version = w._version
+        except RuntimeError:  # (an inference tensor has no version counter: made again at every call)
+            version = None
+        key = (w.data_ptr(), version, w.dtype, w.device, tuple(w.shape))
+        if self._uk is None or self._uk[0] != key or version is None:
+            w_uk = w.detach().view(self.n_heads, -1, m.kv_lora_rank)[:, :m.qk_nope_head_dim]
+            self._uk = (key, w_uk.transpose(1, 2).contiguous())
+        return self._uk[1]
+
     def project(self, x, cos, sin):
         """``(q, k, k_raw, v)``: the absorbed queries ``[B, T, H, head_dim]``, the cached keys ``[B, T, 1,
         head_dim]`` RoPE'd and before RoPE, and the values (the keys)."""
@@ -533,8 +552,7 @@ class LatentAttention(Attention):
         q_nope, q_pe = q[..., :m.qk_nope_head_dim], q[..., m.qk_nope_head_dim:]
         kv = self.kv_a_proj_with_mqa(x)
         c, k_pe = self.kv_a_layernorm(kv[..., :m.kv_lora_rank]), kv[..., m.kv_lora_rank:]
-        w_uk = self.kv_b_proj.weight.view(H, -1, m.kv_lora_rank)[:, :m.qk_nope_head_dim]  # [H, nope, R]
-        q_lat = per_head_linear(q_nope, w_uk.transpose(1, 2).contiguous())  # W_UK^T q_nope: [B, T, H, R]
+        q_lat = per_head_linear(q_nope, self.w_uk_t())  # W_UK^T q_nope: [B, T, H, R]
         layout = self.slots(x.device)[1]
         q = torch.cat([q_pe, q_lat], -1).index_select(-1, layout)
         k_raw = torch.cat([k_pe, c], -1).index_select(-1, layout)[:, :, None]
