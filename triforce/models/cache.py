@@ -832,7 +832,8 @@ class StreamingCache(_KVCache):
             run = (frm == dst + shift[:, None]).all(1) & moved  # a contiguous run from sink + shift
             shift_slots = _cache_op("shift_slots_") if self._shift_in_place and self._kvr.is_contiguous() else None
             if shift_slots is not None and bool(run.any()):  # those rows in place, one memmove per layer and row
-                shift_slots(self._kvr.view(self._kvr.shape[0] * self.num_layers, self.batch_size, self._kvr.shape[3], -1),
+                parts = self._kvr.shape[0] * self.num_layers
+                shift_slots(self._kvr.view(parts, self.batch_size, self._kvr.shape[3], -1),
                             torch.where(run, shift, 0), self.sink, self.keep)
             for b in moved.nonzero().flatten().tolist():
                 if not run[b]:
@@ -862,7 +863,8 @@ class StreamingCache(_KVCache):
             bi = self._batch_index
             if self._triton_move and not self._read_width:
                 from triforce_kernels.triton.slot_move import move_slots
-                move_slots(self._kvr.view(self._kvr.shape[0] * self.num_layers, self.batch_size, cap, -1), dst, frm, count)
+                parts = self._kvr.shape[0] * self.num_layers
+                move_slots(self._kvr.view(parts, self.batch_size, cap, -1), dst, frm, count)
             else:
                 self._kvr[:, :, bi, dst] = self._kvr[:, :, bi, frm]
             pos[bi, dst] = pos[bi, frm]

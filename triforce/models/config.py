@@ -10,23 +10,24 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
-``gpt_oss``, ``deepseek_v2`` and ``deepseek_v3`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference,
-not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
-``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
-(Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each
-token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm``
-(Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times
-sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its
-tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 / 3:
-norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims,
-reordered on loading), ``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` /
-``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows), ``attention_scale``,
-``mla`` (DeepSeek's multi-head latent attention), ``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's
-RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones,
-not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` /
-``logits_scaling`` (Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm``
-and ``swiglu_clamp`` (GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
-:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
+``gpt_oss``, ``deepseek_v2`` and ``deepseek_v3`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one
+model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too,
+by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's
+key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``:
+OLMoE's, over each token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and
+values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma:
+the embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``:
+Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP),
+``post_norms`` (OLMo 2 / 3: norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE
+pairs of adjacent dims, reordered on loading), ``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32),
+``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows),
+``attention_scale``, ``mla`` (DeepSeek's multi-head latent attention), ``attn_softcap`` / ``final_softcap`` (Gemma 2's
+soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers),
+``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones),
+``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
+(Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp``
+(GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a
+config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -297,9 +298,9 @@ FAMILIES["glm4"] = Family("Glm4ForCausalLM", sandwich_norms=True, fused_projecti
 # DeepSeek-V2 / V3 (DeepseekV2ForCausalLM: DeepSeek-V2, V2-Lite, V2.5, DeepSeek-Coder-V2; DeepseekV3ForCausalLM:
 # DeepSeek-V3, R1, Moonlight): multi-head latent attention (MLA: each token's keys and values are one latent of
 # kv_lora_rank, normed, and one RoPE'd key of qk_rope_head_dim shared by every head; the queries from a low-rank
-# projection where q_lora_rank is set) and, from layer first_k_dense_replace on, a mixture of experts with shared experts
-# (V2: the softmax's top k, greedy or within the top groups, times routed_scaling_factor; V3: sigmoid scores with a
-# correction bias choosing the experts within the top groups (each group's best two summed), renormalised where
+# projection where q_lora_rank is set) and, from layer first_k_dense_replace on, a mixture of experts with shared
+# experts (V2: the softmax's top k, greedy or within the top groups, times routed_scaling_factor; V3: sigmoid scores
+# with a correction bias choosing the experts within the top groups (each group's best two summed), renormalised where
 # norm_topk_prob, times routed_scaling_factor). RoPE on adjacent pairs of dims (V2's complex product in float32; V3's by
 # rope_interleave, in the dtype); the attention's scale times YaRN's mscale_all_dim factor squared.
 _DEEPSEEK_DEFAULTS = {"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
@@ -311,7 +312,8 @@ _DEEPSEEK_DEFAULTS = {"vocab_size": 102400, "hidden_size": 4096, "intermediate_s
                       "norm_topk_prob": False}
 FAMILIES["deepseek_v2"] = Family("DeepseekV2ForCausalLM", rope_float32="tables", defaults=_DEEPSEEK_DEFAULTS)
 FAMILIES["deepseek_v3"] = Family("DeepseekV3ForCausalLM", defaults={  # (no topk_method: V3 computes noaux_tc)
-    **{k: v for k, v in _DEEPSEEK_DEFAULTS.items() if k != "topk_method"}, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+    **{k: v for k, v in _DEEPSEEK_DEFAULTS.items() if k != "topk_method"},
+    "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
     "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128, "n_shared_experts": 1,
     "n_routed_experts": 256, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
     "first_k_dense_replace": 3, "norm_topk_prob": True, "max_position_embeddings": 4096, "bos_token_id": 0,
@@ -369,8 +371,8 @@ class MLA:
     keys and values are one latent ``c`` of ``kv_lora_rank`` (``kv_a_layernorm`` of ``kv_a_proj_with_mqa``'s first
     rows) and one key ``k_pe`` of ``qk_rope_head_dim`` (its other rows, RoPE'd) shared by every head; a head's key is
     ``[W_UK c, k_pe]`` and its value ``W_UV c`` (``kv_b_proj``'s rows), so its score is ``(W_UK^T q_nope) . c + q_pe .
-    k_pe`` and its output ``W_UV`` times the weighted sum of the ``c``. The caches hold ``[k_pe, c]`` once per token: one
-    KV head (``num_key_value_heads`` 1) of ``head_dim = kv_lora_rank + qk_rope_head_dim`` (576 for DeepSeek's), the
+    k_pe`` and its output ``W_UV`` times the weighted sum of the ``c``. The caches hold ``[k_pe, c]`` once per token:
+    one KV head (``num_key_value_heads`` 1) of ``head_dim = kv_lora_rank + qk_rope_head_dim`` (576 for DeepSeek's), the
     values the keys themselves; the queries ``[q_pe, W_UK^T q_nope]``. ``q_lora_rank``: the queries' low rank (None:
     one projection); ``rope_interleaved``: the checkpoint's RoPE pairs adjacent dims (reordered on loading)."""
 
