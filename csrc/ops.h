@@ -21,6 +21,9 @@ at::Tensor build_retrieval_cache(const at::Tensor& q, const at::Tensor& k, const
 
 // ---- model layer: x @ w^T for few rows, bitwise row-independent (csrc/cpu/linear.cpp) -------------
 at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w);
+// out [H, M, N], out[h] = x[h] @ w[h]^T (x [H, M, K], w [H, N, K]): each head's own matrix in one call, each
+// head's rows bitwise rowwise_linear(x[h], w[h]) (DeepSeek's latent attention: W_UK^T and W_UV per head)
+at::Tensor rowwise_linear_heads(const at::Tensor& x, const at::Tensor& w);
 // weight-only int8: w[n, k] = scales[n, k / 32] * q[n, k] (a draft model's format, triforce/models/quant.py)
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w);

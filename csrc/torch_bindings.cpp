@@ -23,6 +23,7 @@ TORCH_LIBRARY(triforce_C, m) {
         " -> (Tensor, Tensor)");
   m.def("chain_greedy_verify(Tensor draft_tokens, Tensor target_logits) -> (Tensor, Tensor)");
   m.def("rowwise_linear(Tensor x, Tensor w) -> Tensor");
+  m.def("rowwise_linear_heads(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_q8(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("rowwise_linear_q4_1(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_i8(Tensor x, Tensor codes, Tensor scales) -> Tensor");
@@ -69,6 +70,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("chain_speculative_sample", &chain_speculative_sample);
   m.impl("chain_greedy_verify", &chain_greedy_verify);
   m.impl("rowwise_linear", &rowwise_linear);
+  m.impl("rowwise_linear_heads", &rowwise_linear_heads);
   m.impl("rowwise_linear_q8", &rowwise_linear_q8);
   m.impl("rowwise_linear_q4_1", &rowwise_linear_q4_1);
   m.impl("rowwise_linear_i8", &rowwise_linear_i8);

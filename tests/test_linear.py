@@ -242,3 +242,37 @@ def test_model_logits_match_torch_linear(monkeypatch):
         monkeypatch.setattr("triforce.models.llama._FUSED", False)
         slow = m(ids)
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
+
+
+@given(H=st.integers(1, 6), M=st.integers(0, 300), K=st.integers(0, 90), N=st.integers(0, 40),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**31 - 1))
+@example(H=16, M=1, K=128, N=512, dtype=torch.bfloat16, seed=0)  # DeepSeek-V2-Lite's W_UK^T
+@example(H=16, M=5, K=512, N=128, dtype=torch.float32, seed=1)   # and its W_UV, a 5-token pass
+@example(H=3, M=260, K=7, N=5, dtype=torch.float32, seed=2)      # rows past a chunk, N % NR != 0
+def test_rowwise_linear_heads_is_each_heads_rowwise_linear(H, M, K, N, dtype, seed):
+    """triforce_C::rowwise_linear_heads (DeepSeek's per-head products): out[h] is bitwise rowwise_linear(x[h], w[h])
+    for every head, whatever the heads' count and the rows (the blocks of all heads shared among the threads); the
+    model's per_head_linear gives the same bits through it or head by head."""
+    from triforce.models.llama import per_head_linear
+
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(H, M, K, generator=g).to(dtype), torch.randn(H, N, K, generator=g).to(dtype)
+    out = torch.ops.triforce_C.rowwise_linear_heads(x, w)
+    assert out.shape == (H, M, N) and out.dtype == dtype and out.is_contiguous()
+    for h in range(H):
+        assert torch.equal(out[h], rowwise(x[h], w[h]))
+    if M <= ROWWISE_MAX_ROWS:
+        assert torch.equal(per_head_linear(x.transpose(0, 1), w), out.transpose(0, 1))
+
+
+def test_rowwise_linear_heads_checks_its_arguments():
+    x, w = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    for bad, match in (((x[0], w), "3-D"), ((x, w.double()), "float32, bfloat16 or float16"),
+                       ((x, torch.randn(3, 5, 4)), "same heads and columns"),
+                       ((x, torch.randn(2, 5, 3)), "same heads and columns")):
+        with pytest.raises(RuntimeError, match=match):
+            torch.ops.triforce_C.rowwise_linear_heads(*bad)
+    # strided inputs are made contiguous first: the same bits
+    xs = torch.randn(3, 2, 4).transpose(0, 1)
+    assert torch.equal(torch.ops.triforce_C.rowwise_linear_heads(xs, w),
+                       torch.ops.triforce_C.rowwise_linear_heads(xs.contiguous(), w))

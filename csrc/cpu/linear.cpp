@@ -78,6 +78,41 @@ RowwiseProduct float_product(const at::Tensor& x, const at::Tensor& w) {
 
 at::Tensor rowwise_linear(const at::Tensor& x, const at::Tensor& w) { return run_product(float_product(x, w)); }
 
+// out[h] = x[h] @ w[h]^T for every head h (DeepSeek's latent attention: each head's own W_UK^T and W_UV): one product
+// over the heads' weight blocks together (a block never straddles two heads), so the threads share all of them; each
+// head's rows are rowwise_linear_blocks' on its own matrix, bitwise rowwise_linear(x[h], w[h]).
+at::Tensor rowwise_linear_heads(const at::Tensor& x, const at::Tensor& w) {
+  using namespace triforce::linear;
+  TORCH_CHECK(x.dim() == 3 && w.dim() == 3, "rowwise_linear_heads: x [H, M, K] and w [H, N, K] must be 3-D, got ",
+              x.sizes(), " and ", w.sizes());
+  TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
+                   x.scalar_type() == at::kHalf),
+              "rowwise_linear_heads: float32, bfloat16 or float16 only (x and w alike), got ", x.scalar_type(),
+              " and ", w.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rowwise_linear_heads: CPU tensors only");
+  TORCH_CHECK(x.size(0) == w.size(0) && x.size(2) == w.size(2), "rowwise_linear_heads: x ", x.sizes(), " and w ",
+              w.sizes(), " must have the same heads and columns");
+  const int64_t H = x.size(0), M = x.size(1), K = x.size(2), N = w.size(1);
+  const int64_t per_head = rowwise_linear_num_blocks(N);
+  // (out [M, H * N] as run_product allocates it holds [H, M, N]: viewed so below)
+  RowwiseProduct p{M, K, H * N, H * per_head, NR, x.element_size(), x.options(), {x.contiguous(), w.contiguous()},
+                   {}};
+  TRIFORCE_DISPATCH_FLOAT(x.scalar_type(), "rowwise_linear_heads", [&] {
+    const scalar_t* X = tf_ptr<scalar_t>(p.keep[0]);
+    const scalar_t* W = tf_ptr<scalar_t>(p.keep[1]);
+    p.blocks = [X, W, H, M, K, N, per_head](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+      for (int64_t h = b0 / per_head; h < H && h * per_head < b1; ++h) {
+        const int64_t first = h * per_head;
+        const int64_t lo = std::max(b0, first) - first, hi = std::min(b1, first + per_head) - first;
+        rowwise_linear_blocks<scalar_t, scalar_t>(X + (h * M + m0) * K, rows, K, W + h * N * K, N,
+                                                  static_cast<scalar_t*>(out) + (h * M + m0) * N, lo, hi);
+      }
+    };
+  });
+  return run_product(p).view({H, M, N});
+}
+
 RowwiseProduct q8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
   using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && scales.dim() == 2,

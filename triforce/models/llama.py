@@ -88,6 +88,9 @@ def _register_fakes() -> None:
         return torch.empty_like(h)
 
     torch.library.register_fake("triforce_C::rowwise_linear")(rows)
+    if hasattr(ops, "rowwise_linear_heads"):
+        torch.library.register_fake("triforce_C::rowwise_linear_heads")(
+            lambda x, w: x.new_empty(x.shape[0], x.shape[1], w.shape[1]))
     if hasattr(ops, "rowwise_linear_q8"):
         torch.library.register_fake("triforce_C::rowwise_linear_q8")(lambda x, q, scales: rows(x, q))
     if hasattr(ops, "rowwise_linear_q4_1"):
@@ -245,9 +248,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
 
 def per_head_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[..., H, K]`` times each head's own ``w[h]`` ``[M, K]`` -> ``[..., H, M]``: head by head through
-    :func:`linear` where its rowwise kernel serves (a row's bits its own), else one ``einsum``."""
-    if x.device.type == "cpu" and _rowwise_available():
+    """``x`` ``[..., H, K]`` times each head's own ``w[h]`` ``[M, K]`` -> ``[..., H, M]``: where :func:`linear` takes
+    the row-wise kernel (a row's bits its own), every head in one call, ``triforce_C::rowwise_linear_heads`` (each
+    head bitwise :func:`linear` on it), or head by head without that op; else one ``einsum``."""
+    rows = x[..., 0, :]
+    if x.device.type == "cpu" and _rowwise_available() and x.dtype in _ROWWISE_DTYPES and w.dtype == x.dtype \
+            and _rowwise_rows(rows) and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        if hasattr(torch.ops.triforce_C, "rowwise_linear_heads"):
+            lead = x.shape[:-2]
+            y = torch.ops.triforce_C.rowwise_linear_heads(x.reshape(-1, *x.shape[-2:]).transpose(0, 1).contiguous(), w.contiguous())
+            return y.transpose(0, 1).reshape(*lead, *y.shape[::2])
         return torch.stack([linear(x[..., h, :].contiguous(), w[h]) for h in range(x.shape[-2])], dim=-2)
     return torch.einsum("...hk,hmk->...hm", x, w)
 
