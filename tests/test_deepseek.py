@@ -351,3 +351,17 @@ def test_deepseeks_published_configs_load():
         LlamaConfig.from_dict({**V3, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})
     back = LlamaConfig.from_dict(v3.to_dict())
     assert back == v3
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_trained_head_kinds_and_lookup_draft_for_a_deepseek_target(model_type):
+    """Every kind of draft head (random weights: any drafts) and prompt lookup drafting trees for a DeepSeek target:
+    greedy output equals autoregressive decoding's."""
+    from .test_heads import KINDS, random_heads
+
+    m = tiny_deepseek(model_type, 0)
+    prompts = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 17, 5)]
+    ref = triforce.generate(m, prompts, method="autoregressive", max_new_tokens=16)
+    for draft in [random_heads(m, kind) for kind in KINDS] + ["lookup"]:
+        out = triforce.generate(m, prompts, method="tree", draft=draft, tree=(2, 1), max_new_tokens=16)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), draft
