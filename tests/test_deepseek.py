@@ -365,3 +365,86 @@ def test_trained_head_kinds_and_lookup_draft_for_a_deepseek_target(model_type):
     for draft in [random_heads(m, kind) for kind in KINDS] + ["lookup"]:
         out = triforce.generate(m, prompts, method="tree", draft=draft, tree=(2, 1), max_new_tokens=16)
         assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), draft
+
+
+def _twin(cls):
+    """``cls`` holding the values in a buffer of their own (as every other family's cache does), for comparison."""
+    class Twin(cls):
+        def _allocate(self, shape):
+            self.values_are_keys = False
+            return super()._allocate(shape)
+    return Twin
+
+
+@pytest.mark.parametrize("kind", ["full", "streaming"])
+def test_a_latent_cache_gives_the_logits_of_one_holding_the_values_apart(kind):
+    """A cache whose values are its keys (one buffer) gives bitwise the logits of a twin holding the values in a buffer
+    of their own, over chunked prefills (a StreamingLLM cache's prefill-sized forwards, which run in a temporary
+    buffer and evict at their end), steps, verification passes, trees kept with commit_path, rollbacks and rows
+    leaving: every bookkeeping path moves the one buffer once."""
+    model = tiny_deepseek("deepseek_v3", 0)
+    ids = torch.randint(0, 64, (3, 90), generator=torch.Generator().manual_seed(6))
+
+    def make(cls):
+        return cls(model.config, 3, 96) if kind == "full" else cls(model.config, 3, sink=2, window=12, max_step=5)
+    cls = FullCache if kind == "full" else StreamingCache
+    ours, twin = make(cls), make(_twin(cls))
+    assert ours.v[0] is ours.k[0] and twin.v[0] is not twin.k[0]
+    g = torch.Generator().manual_seed(7)
+    pos, rows = 0, [0, 1, 2]
+    with torch.no_grad():
+        for i in range(14):
+            action = int(torch.randint(0, 5, (), generator=g))
+            if i == 0 or action == 0:  # a chunked prefill (prefill-sized forwards)
+                T = 11
+                outs = [model.prefill(ids[rows, pos:pos + T], c, chunk_size=7) for c in (ours, twin)]
+            elif action == 1:  # a tree, its first path kept
+                parents = torch.tensor([[-1, 0, 0, 1]] * len(rows))
+                outs = [model(ids[rows, pos:pos + 4], cache=c, tree_parents=parents) for c in (ours, twin)]
+                path, accepted = torch.tensor([[0, 1, 3]] * len(rows)), torch.full((len(rows),), 2)
+                for c in (ours, twin):  # (the 4 nodes follow what the forward's eviction left)
+                    c.commit_path(c.lengths - 4, path, accepted)
+                T = 3
+            else:  # a pass of up to 5 tokens, its last one rolled back half the time
+                T = int(torch.randint(1, 6, (), generator=g))
+                outs = [model(ids[rows, pos:pos + T], cache=c) for c in (ours, twin)]
+                if action == 2 and T > 1:
+                    for c in (ours, twin):
+                        c.rollback(c.lengths - 1)
+                    T -= 1
+            assert torch.equal(*outs), i
+            pos += T
+            if i == 8:  # a row leaves
+                for c in (ours, twin):
+                    c.select_rows([2, 0])
+                rows = [2, 0]
+        assert all(v is k for k, v in zip(ours.k, ours.v))
+
+
+def test_a_latent_retrieval_cache_gives_the_logits_of_one_holding_the_values_apart():
+    """TriForce's retrieval cache over a latent full cache (chunks retrieved by the absorbed queries' scores against
+    the latent keys' chunk means, the tail copied by sync) gives bitwise the logits of twins holding the values apart:
+    a draft cache's contents are checked here, as a wrong draft would only lower the acceptance, not change the
+    output the engines' tests compare."""
+    from triforce.models import RetrievalCache
+
+    model = tiny_deepseek("deepseek_v2", 0)
+    ids = torch.randint(0, 64, (2, 60), generator=torch.Generator().manual_seed(8))
+    caches = []
+    with torch.no_grad():
+        for full_cls, cls in ((FullCache, RetrievalCache), (_twin(FullCache), _twin(RetrievalCache))):
+            full = full_cls(model.config, 2, 80, chunk_size=4)
+            model.prefill(ids[:, :40], full)
+            caches.append((full, cls(model.config, full, budget=12, chunk_size=4, max_step=4, rebuild_stride=8)))
+        (full, ours), (full_twin, twin) = caches
+        assert ours.v[0] is ours.k[0] and twin.v[0] is not twin.k[0] and full.v[0] is full.k[0]
+        pos = 40
+        for _ in range(6):
+            drafts = [model(ids[:, pos:pos + 3], cache=c) for c in (ours, twin)]  # the draft level's pass
+            assert torch.equal(*drafts)
+            verified = [model(ids[:, pos:pos + 3], cache=c) for c in (full, full_twin)]  # the full level's
+            assert torch.equal(*verified)
+            for c in (ours, twin):
+                c.sync()  # (rebuilds every 8 tokens: retrieval again from the grown full cache)
+            pos += 3
+        assert ours.num_rebuilds == twin.num_rebuilds >= 2

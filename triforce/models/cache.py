@@ -988,8 +988,8 @@ class StreamingCache(_KVCache):
             buf[step.batch_index, step.slots] = x
         out = attention(q, tmp[0], tmp[1], step, self.windows[layer], self.scale, self.softcap, sinks)
         sel = self._big[0]
-        for mine, buf in zip((self.k[layer], self.v[layer], self.k_raw[layer]), tmp):
-            if not (self.values_are_keys and mine is self.v[layer]):  # (v is k there: written once)
+        for i, (mine, buf) in enumerate(zip((self.k[layer], self.v[layer], self.k_raw[layer]), tmp)):
+            if not (self.values_are_keys and i == 1):  # (v is k there: written once, as k)
                 mine[:, : self.keep] = buf[self._batch_index, sel]
         return out
 
