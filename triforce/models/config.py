@@ -10,21 +10,21 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
-``gpt_oss``, ``deepseek_v2`` and ``deepseek_v3`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one
-model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too,
-by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's
-key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``:
-OLMoE's, over each token's whole query and key projections), ``clip_qkv`` (OLMoE's clamp of the queries, keys and
-values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then rounded), ``embed_scale`` (Gemma:
-the embeddings times sqrt(hidden_size) in the model's dtype), ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``:
-Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after the attention and around the MLP),
-``post_norms`` (OLMo 2 / 3: norms after the attention and the MLP, none before), ``rope_interleaved`` (GLM-4's RoPE
-pairs of adjacent dims, reordered on loading), ``rope_float32`` (Cohere 2's and ERNIE 4.5's RoPE arithmetic in float32),
-``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows`` (sliding windows),
-``attention_scale``, ``mla`` (DeepSeek's multi-head latent attention), ``attn_softcap`` / ``final_softcap`` (Gemma 2's
-soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its sliding layers),
-``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE ones),
-``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
+``gpt_oss``, ``deepseek_v2``, ``deepseek_v3`` and ``glm4_moe`` (also from the image + text wrappers in
+:data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases
+on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and
+Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key
+head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections), ``clip_qkv`` (OLMoE's
+clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then
+rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype), ``activation``
+(``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after
+the attention and around the MLP), ``post_norms`` (OLMo 2 / 3: norms after the attention and the MLP, none before),
+``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims, reordered on loading), ``rope_float32`` (Cohere 2's and ERNIE
+4.5's RoPE arithmetic in float32), ``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows``
+(sliding windows), ``attention_scale``, ``mla`` (DeepSeek's multi-head latent attention), ``attn_softcap`` /
+``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its
+sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE
+ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
 (Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp``
 (GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a
 config.json that leaves a key out gets that family's transformers default.
@@ -318,14 +318,26 @@ FAMILIES["deepseek_v3"] = Family("DeepseekV3ForCausalLM", defaults={  # (no topk
     "n_routed_experts": 256, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
     "first_k_dense_replace": 3, "norm_topk_prob": True, "max_position_embeddings": 4096, "bos_token_id": 0,
     "eos_token_id": 1, "rope_interleave": True})
+# GLM-4.5 / 4.6 / 4.7 (Glm4MoeForCausalLM: GLM-4.5, GLM-4.5-Air, GLM-4.6, GLM-4.7): Llama's attention with q/k/v biases
+# by attention_bias (none on o), RoPE on the first partial_rotary_factor (0.5) of each head (half-split pairs), a
+# per-head q/k RMSNorm where use_qk_norm; from first_k_dense_replace on, DeepSeek-V3's mixture (the sigmoid router with
+# its correction bias, groups, renormalisation, routed_scaling_factor, shared experts).
+FAMILIES["glm4_moe"] = Family("Glm4MoeForCausalLM", partial_rotary_factor=0.5, reads=("attention_bias",), defaults={
+    "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944, "num_hidden_layers": 46,
+    "num_attention_heads": 96, "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1, "n_routed_experts": 128,
+    "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "norm_topk_prob": True,
+    "use_qk_norm": False})
 _DEEPSEEKS = ("deepseek_v2", "deepseek_v3")
+_V3_ROUTERS = ("deepseek_v3", "glm4_moe")  # DeepSeek-V3's router (sigmoid scores, correction bias, groups)
+_GROUPED = (*_DEEPSEEKS, "glm4_moe")  # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
-_ANY_MOE = (*_MOE_TYPES, *_DEEPSEEKS)
+_ANY_MOE = (*_MOE_TYPES, *_GROUPED)
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -356,13 +368,14 @@ class Experts:
     # else the softmax's), a correction bias (the router's e_score_correction_bias) added to them for the choice
     # only; `groups` (n_group, topk_group): the experts chosen within the topk_group groups of the best scores (V2's
     # group_limited_greedy: each group's best; V3: each group's best two summed, `group_top2`); `renormalize_eps`:
-    # added to the renormalising sum (V3's 1e-20)
+    # added to the renormalising sum (V3's 1e-20); `grouped_router`: the router is one of these
     scale: float = 1.0
     scoring: str = "softmax"
     correction_bias: bool = False
     groups: tuple | None = None
     group_top2: bool = False
     renormalize_eps: float = 0.0
+    grouped_router: bool = False  # DeepSeek's routers (V2's, V3's: GLM-4.5's too), computed as transformers does
 
 
 @dataclass(frozen=True)
@@ -488,16 +501,15 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one)
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
        for key in ("resid_pdrop", "embd_pdrop")},
-    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4") and _is_number(v)
+    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe")
+                                                               and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
-                              "1.0 (RoPE on the whole head; Phi-3 / Phi-4 / GLM-4: a number in (0, 1] leaving an even "
-                              "number >= 2 of rotated dims, int(head_dim * factor))"),
+                              "1.0 (RoPE on the whole head; Phi-3 / Phi-4 / GLM-4 / GLM-4.5: a number in (0, 1] "
+                              "leaving an even number >= 2 of rotated dims, int(head_dim * factor))"),
     "logit_scale": (lambda v, c: c.model_type in _COHERES and _is_number(v) and 0 < abs(v) < float("inf"),
                     "absent (Cohere, Cohere 2: a finite nonzero number, the logits' factor)"),
     # Cohere's per-head q/k LayerNorm (Command R+): LlamaConfig.qk_norm
-    "use_qk_norm": (lambda v, c: c.model_type == "cohere" and isinstance(v, bool) or v is None,
-                    "absent (Cohere: a bool, its per-head q/k LayerNorm)"),
     # Command R7B's config.json has it; transformers does not read it (RoPE on the whole head); llama.cpp's converter
     # does: only 1.0, where the two agree
     "rotary_pct": (lambda v, c: c.model_type in _COHERES and v == 1, "1.0 (Cohere, Cohere 2: RoPE on the whole head)"),
@@ -506,11 +518,11 @@ _HARMLESS_ONLY_AT = {
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
     # mixtures of experts: LlamaConfig.experts (checked together there)
     **{key: (lambda v, c, key=key: (c.model_type in _MOE_TYPES or key == "num_experts_per_tok"
-                                    and c.model_type in _DEEPSEEKS) and _is_int(v) and v >= 1,
+                                    and c.model_type in _GROUPED) and _is_int(v) and v >= 1,
              "absent (Mixtral, Qwen3-MoE, DeepSeek: an int >= 1)")
        for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
     **{key: (lambda v, c, key=key: (c.model_type in _QWEN_MOES or key == "moe_intermediate_size"
-                                    and c.model_type in _DEEPSEEKS) and _is_int(v) and v >= 1,
+                                    and c.model_type in _GROUPED) and _is_int(v) and v >= 1,
              "absent (Qwen2-MoE, Qwen3-MoE, DeepSeek: an int >= 1)")
        for key in ("moe_intermediate_size", "decoder_sparse_step")},
     "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
@@ -526,26 +538,29 @@ _HARMLESS_ONLY_AT = {
                                "absent (GPT-OSS: an int, not read)"),
     "experts_per_token": (lambda v, c: c.model_type == "gpt_oss" and v == c.extra.get("num_experts_per_tok"),
                           "absent (GPT-OSS: num_experts_per_tok's value)"),
-    "norm_topk_prob": (lambda v, c: (c.model_type in (*_NORM_TOPK, "deepseek_v3") and isinstance(v, bool))
+    "norm_topk_prob": (lambda v, c: (c.model_type in (*_NORM_TOPK, *_V3_ROUTERS) and isinstance(v, bool))
                        or (c.model_type == "deepseek_v2" and v is False),
                        "absent (Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3: a bool; DeepSeek-V2: false, as its "
                        "checkpoints have it: transformers' DeepSeek-V2 never renormalises, DeepSeek's own code does "
                        "where it is true)"),
     # DeepSeek-V2 / V3: LlamaConfig.mla and LlamaConfig.experts (checked together in LlamaConfig.__post_init__)
-    **{key: (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 1, "absent (DeepSeek: an int >= 1)")
-       for key in _DEEPSEEK_INTS},
+    **{key: (lambda v, c, key=key: (c.model_type in _DEEPSEEKS or key == "n_routed_experts"
+                                    and c.model_type == "glm4_moe") and _is_int(v) and v >= 1,
+             "absent (DeepSeek: an int >= 1; GLM-4.5: n_routed_experts)") for key in _DEEPSEEK_INTS},
     "q_lora_rank": (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 1),
                     "absent (DeepSeek: null or an int >= 1)"),
-    "n_shared_experts": (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 0),
+    "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and (v is None or _is_int(v) and v >= 0),
                          "absent (DeepSeek: null or an int >= 0)"),
-    "first_k_dense_replace": (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 0,
+    "first_k_dense_replace": (lambda v, c: c.model_type in _GROUPED and _is_int(v) and v >= 0,
                               "absent (DeepSeek: an int >= 0, the dense layers before the mixtures)"),
-    "routed_scaling_factor": (lambda v, c: c.model_type in _DEEPSEEKS and _is_number(v) and 0 < v < float("inf"),
+    "routed_scaling_factor": (lambda v, c: c.model_type in _GROUPED and _is_number(v) and 0 < v < float("inf"),
                               "absent (DeepSeek: a finite number > 0)"),
     "topk_method": (lambda v, c: v in _DEEPSEEK_METHODS.get(c.model_type, ()),
                     "absent (DeepSeek-V2: 'greedy' or 'group_limited_greedy'; DeepSeek-V3: 'noaux_tc')"),
-    **{key: (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 1),
-             "absent (DeepSeek: null or an int >= 1)") for key in ("n_group", "topk_group")},
+    **{key: (lambda v, c: c.model_type in _GROUPED and (v is None or _is_int(v) and v >= 1),
+             "absent (DeepSeek, GLM-4.5: null or an int >= 1)") for key in ("n_group", "topk_group")},
+    "use_qk_norm": (lambda v, c: c.model_type in ("cohere", "glm4_moe") and isinstance(v, bool) or v is None,
+                    "absent (Cohere: a bool, its per-head q/k LayerNorm; GLM-4.5: a bool, its per-head q/k RMSNorm)"),
     "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
     "rope_interleave": (lambda v, c: c.model_type == "deepseek_v3" and isinstance(v, bool),
@@ -557,8 +572,8 @@ _HARMLESS_ONLY_AT = {
     "ep_size": (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 1, "absent (DeepSeek: an int >= 1)"),
     "aux_loss_alpha": (lambda v, c: c.model_type in _DEEPSEEKS and _is_number(v), "absent (DeepSeek: a number)"),
     "seq_aux": (lambda v, c: c.model_type in _DEEPSEEKS and isinstance(v, bool), "absent (DeepSeek: a bool)"),
-    **{key: (lambda v, c: c.model_type == "deepseek_v3" and _is_int(v) and v >= 0,
-             "absent (DeepSeek-V3: an int >= 0, its multi-token prediction layers, not part of the forward)")
+    **{key: (lambda v, c: c.model_type in _V3_ROUTERS and _is_int(v) and v >= 0,
+             "absent (DeepSeek-V3, GLM-4.5: an int >= 0, its multi-token prediction layers, not part of the forward)")
        for key in ("num_nextn_predict_layers", "num_mtp_layers")},
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
     "clip_qkv": (lambda v, c: v is None or (c.model_type == "olmoe" and _is_number(v) and 0 < v < float("inf")),
@@ -835,7 +850,7 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
-        if self.model_type in _DEEPSEEKS:
+        if self.model_type in _GROUPED:
             self._check_deepseek_experts()
         if self.model_type == "ernie4_5" and self.attention_bias != self.mlp_bias:
             raise ValueError("model_type 'ernie4_5' has one bias switch (use_bias) for every projection: "
@@ -972,7 +987,7 @@ class LlamaConfig:
         (its own ``attention_out_bias``, default false)."""
         if self.model_type == "seed_oss":
             return bool(self.extra.get("attention_out_bias", False))
-        return self.attention_bias and self.model_type != "glm4"
+        return self.attention_bias and self.model_type not in ("glm4", "glm4_moe")
 
     @property
     def rope_float32(self) -> str:
@@ -1160,7 +1175,7 @@ class LlamaConfig:
     @property
     def experts(self) -> Experts | None:
         """A mixture of experts' sparse MLP (:class:`Experts`), or None for a dense family."""
-        if self.model_type in _DEEPSEEKS:
+        if self.model_type in _GROUPED:
             return self._deepseek_experts()
         if self.model_type not in _MOE_TYPES:
             return None
@@ -1187,7 +1202,7 @@ class LlamaConfig:
         MLP of ``n_shared_experts * moe_intermediate_size``, the weights kept in float32; V2's softmax (greedy, or
         within the ``topk_group`` groups of the best expert), V3's sigmoid with the correction bias within the groups
         of the best two, renormalised where ``norm_topk_prob``."""
-        get, v3 = self._deepseek, self.model_type == "deepseek_v3"
+        get, v3 = self._deepseek, self.model_type in _V3_ROUTERS
         width = get("moe_intermediate_size")
         grouped = v3 or get("topk_method") == "group_limited_greedy"
         return Experts(get("n_routed_experts"), get("num_experts_per_tok"), width, v3 and bool(get("norm_topk_prob")),
@@ -1195,7 +1210,7 @@ class LlamaConfig:
                        shared_intermediate_size=width * (get("n_shared_experts") or 0),
                        scale=float(get("routed_scaling_factor")), scoring="sigmoid" if v3 else "softmax",
                        correction_bias=v3, groups=(get("n_group"), get("topk_group")) if grouped else None,
-                       group_top2=v3, renormalize_eps=1e-20 if v3 else 0.0)
+                       group_top2=v3, renormalize_eps=1e-20 if v3 else 0.0, grouped_router=True)
 
     @property
     def qk_norm(self) -> bool:
@@ -1203,7 +1218,7 @@ class LlamaConfig:
         token's whole query and key projections where :attr:`qk_norm_full` (OLMoE); Cohere's (``use_qk_norm``: a
         LayerNorm over ``head_dim`` with weights of its own per head, ``[heads, head_dim]``)."""
         family = FAMILIES[self.model_type]
-        return family.qk_norm or (self.model_type == "cohere" and bool(self.extra.get("use_qk_norm")))
+        return family.qk_norm or (self.model_type in ("cohere", "glm4_moe") and bool(self.extra.get("use_qk_norm")))
 
     @property
     def qk_norm_heads(self) -> bool:

@@ -256,7 +256,8 @@ def per_head_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             and _rowwise_rows(rows) and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
         if hasattr(torch.ops.triforce_C, "rowwise_linear_heads"):
             lead = x.shape[:-2]
-            y = torch.ops.triforce_C.rowwise_linear_heads(x.reshape(-1, *x.shape[-2:]).transpose(0, 1).contiguous(), w.contiguous())
+            heads_first = x.reshape(-1, *x.shape[-2:]).transpose(0, 1).contiguous()
+            y = torch.ops.triforce_C.rowwise_linear_heads(heads_first, w.contiguous())
             return y.transpose(0, 1).reshape(*lead, *y.shape[::2])
         return torch.stack([linear(x[..., h, :].contiguous(), w[h]) for h in range(x.shape[-2])], dim=-2)
     return torch.einsum("...hk,hmk->...hm", x, w)
@@ -280,6 +281,24 @@ class Linear(nn.Linear):
         params = self._parameters  # not self.weight: nn.Module.__getattr__ is slow on a per-layer path
         w = params["weight"]
         return (w, None, params["bias"]) if w.dtype == dtype else None
+
+
+class Router(Linear):
+    """A router :class:`Linear` with DeepSeek-V3's ``e_score_correction_bias`` (``[experts]``, added to the scores
+    for the choice only), kept in float32 whatever the model's dtype, as transformers keeps it
+    (``_keep_in_fp32_modules_strict``): ``.to(torch.bfloat16)`` moves it, never rounds it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
+        self.register_buffer("e_score_correction_bias", torch.zeros(out_features, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        kept = self._buffers["e_score_correction_bias"]
+        out = super()._apply(fn, recurse)
+        moved = self._buffers["e_score_correction_bias"]
+        if kept is not None and moved is not None and moved.dtype != torch.float32:
+            self._buffers["e_score_correction_bias"] = kept.to(device=moved.device)
+        return out
 
 
 class RMSNorm(nn.Module):
@@ -661,17 +680,16 @@ class SparseMoE(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         spec = config.experts
-        self.gate = Linear(config.hidden_size, spec.count, bias=spec.biases)
+        # (DeepSeek-V3's router also holds its correction bias, in float32)
+        self.gate = (Router if spec.correction_bias else Linear)(config.hidden_size, spec.count, bias=spec.biases)
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
         self.activation = config.activation
-        self.deepseek = config.mla is not None  # DeepSeek's routers (_deepseek_route)
+        self.deepseek = spec.grouped_router  # DeepSeek's routers (_deepseek_route; GLM-4.5's is V3's)
         if self.deepseek:
             self.scale, self.sigmoid, self.groups, self.group_top2, self.eps = (
                 spec.scale, spec.scoring == "sigmoid", spec.groups, spec.group_top2, spec.renormalize_eps)
-        if spec.correction_bias:  # (DeepSeek-V3's, transformers' name and place; zeros until loaded)
-            self.gate.register_buffer("e_score_correction_bias", torch.zeros(spec.count))
         if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             if spec.shared_gated:

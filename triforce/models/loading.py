@@ -508,7 +508,7 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
     mixtral, granite = config.model_type == "mixtral", config.model_type in ("granitemoe", "granitemoeshared")
-    deepseek = config.mla is not None
+    deepseek = config.experts.grouped_router  # (DeepSeek's names; GLM-4.5's are the same)
     if deepseek and not inverse:
         sd = _deepseek_names(config, sd)
     out = {}
@@ -698,6 +698,9 @@ def _read_weights(f: Path, rename=None) -> dict:
     return sd
 
 
+_FLOAT32_WEIGHTS = (".e_score_correction_bias",)  # weights kept in float32 whatever the model's dtype
+
+
 def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset()):
     """The model of ``config`` holding ``sd``; parameters named in ``missing_ok`` may be absent and stay on the
     meta device (a caller that replaces their modules: ``triforce.models.quant.load_gguf_int8``)."""
@@ -719,7 +722,9 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
     for name, p in model.state_dict(keep_vars=True).items():
         if name in sd and tuple(sd[name].shape) != tuple(p.shape):
             raise ValueError(f"weight {name} has shape {list(sd[name].shape)}, the config implies {list(p.shape)}")
-    sd = {k: v.to(device=dev, dtype=dtype) for k, v in sd.items() if k in expected}
+    # (a router's correction bias stays float32, as transformers keeps it: llama.Router)
+    sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith(_FLOAT32_WEIGHTS) else dtype)
+          for k, v in sd.items() if k in expected}
     model.load_state_dict(sd, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

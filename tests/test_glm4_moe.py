@@ -1,0 +1,132 @@
+"""GLM-4.5 / 4.6 / 4.7 (``model_type="glm4_moe"``): Llama's attention with q/k/v biases, RoPE on half of each head
+(half-split pairs), an optional per-head q/k RMSNorm, and DeepSeek-V3's mixture (sigmoid router with a correction
+bias, groups, renormalisation, scaling, shared experts), against transformers' Glm4MoeForCausalLM on the same
+weights."""
+import pytest
+import torch
+
+from triforce.models import Llama, LlamaConfig
+from triforce.models.llama import Attention, SparseMoE
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import randomize_
+from .test_moe import assert_checkpoint_directories_both_ways
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+BASE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
+            first_k_dense_replace=1, n_shared_experts=1, attention_bias=True)
+CASES = {
+    # GLM-4.5's: q/k/v biases, RoPE on half of each head, one group, renormalised
+    "glm4_moe": {},
+    # q/k norms, no biases, 2 groups (the best one), not renormalised, scaled, 2 shared experts
+    "glm4_moe-qk-norm": dict(use_qk_norm=True, attention_bias=False, n_group=2, topk_group=1, norm_topk_prob=False,
+                             routed_scaling_factor=2.5, n_shared_experts=2),
+}
+
+
+def pair(case, **kw):
+    """transformers' model of ``case`` with decisive routers and random correction biases, and ours on its
+    weights."""
+    from triforce.models.loading import _build
+
+    torch.manual_seed(0)
+    config = transformers.Glm4MoeConfig(**{**BASE, **CASES[case], **kw}, attn_implementation="eager")
+    hf = randomize_(transformers.Glm4MoeForCausalLM(config).eval())
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if n.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        for n, b in hf.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.2)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_every_path_match_transformers(case):
+    """Every path gives transformers' logits (RoPE on the first half of each head's dims, q/k/v biases, no o bias);
+    the config reads back in transformers as the same model."""
+    hf, ours = pair(case)
+    c = ours.config
+    assert (c.rotary_dim, c.qkv_bias, c.out_bias, c.qk_norm) == (8, c.attention_bias, False, "qk-norm" in case)
+    assert all(type(layer.self_attn) is Attention for layer in ours.model.layers)
+    assert [type(layer.mlp) is SparseMoE for layer in ours.model.layers] == [False, True, True]
+    assert_every_path_matches(hf, ours)
+    back = transformers.Glm4MoeConfig.from_dict(c.to_dict())
+    for key in ("head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "first_k_dense_replace", "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob",
+                "use_qk_norm", "attention_bias", "rope_parameters"):
+        assert getattr(back, key, None) == getattr(hf.config, key, None), key
+
+
+def test_checkpoint_directories_both_ways(tmp_path):
+    """A checkpoint transformers saved loads with its logits (the q/k rows reordered for partial RoPE, the shared
+    experts and correction biases under its names); ours saves the same names, read back bitwise."""
+    assert_checkpoint_directories_both_ways(tmp_path, pair("glm4_moe-qk-norm")[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
+    assert_pass_equals_steps(pair("glm4_moe")[1], dtype)
+
+
+def tiny_glm4_moe(seed: int) -> Llama:
+    torch.manual_seed(seed)
+    config = LlamaConfig(model_type="glm4_moe", vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024,
+                         initializer_range=0.3, attention_bias=True,
+                         extra=dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                    n_group=2, topk_group=1, use_qk_norm=True))
+    model = randomize_(Llama(config), seed).eval()
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny_glm4_moe(0), tiny_glm4_moe(1), method, opts)
+
+
+def test_bad_configs_raise():
+    base = {**BASE, "model_type": "glm4_moe"}
+    LlamaConfig.from_dict(base)
+    for bad, match in (({"use_qk_norm": 1}, "'use_qk_norm'"), ({"mlp_bias": True}, "'mlp_bias'"),
+                       ({"partial_rotary_factor": 0.1}, "'partial_rotary_factor'"),  # (1 rotated dim: odd)
+                       ({"n_group": 4, "topk_group": 1}, "must divide"),
+                       ({"n_group": 3, "topk_group": 1, "num_experts_per_tok": 3}, "cannot be chosen"),
+                       ({"q_lora_rank": 8}, "'q_lora_rank'"), ({"topk_method": "noaux_tc"}, "'topk_method'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**base, **bad})
+    c = LlamaConfig.from_dict({**base, "num_nextn_predict_layers": 1})
+    assert c.experts.correction_bias and c.experts.group_top2 and c.mla is None
+
+
+# the keys and values of GLM-4.5-Air's published config.json
+GLM45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "pad_token_id": 151329,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "partial_rotary_factor": 0.5, "initializer_range": 0.02, "intermediate_size": 10944,
+    "max_position_embeddings": 131072, "model_type": "glm4_moe", "moe_intermediate_size": 1408,
+    "norm_topk_prob": True, "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 128,
+    "n_shared_experts": 1, "routed_scaling_factor": 1.0, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+    "num_hidden_layers": 46, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 1000000, "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.54.0", "use_cache": True, "use_qk_norm": False, "vocab_size": 151552}
+
+
+def test_glm45_airs_published_config_loads():
+    c = LlamaConfig.from_dict(GLM45_AIR)
+    e = c.experts
+    assert (c.head_dim, c.rotary_dim, c.num_key_value_heads, c.qkv_bias, c.out_bias, c.qk_norm) == (
+        128, 64, 8, True, False, False)
+    assert (e.count, e.top_k, e.intermediate_size, e.shared_intermediate_size, e.groups, e.renormalize, e.scale) == (
+        128, 8, 1408, 1408, (1, 1), True, 1.0)
+    assert e.layers == (False,) + (True,) * 45 and LlamaConfig.from_dict(c.to_dict()) == c
