@@ -51,21 +51,34 @@ CASES = {
 def pair(case, **kw):
     """transformers' model of ``case`` with decisive routers (std 0.5; V3's correction biases random too) and ours
     on its weights."""
+    name, config = CASES[case]
+    return transformers_pair(name, {**BASE, **config, **kw})
+
+
+def transformers_pair(name: str, kw: dict):
+    """transformers' ``<name>ForCausalLM`` of config ``kw`` (random weights, decisive routers: std 0.5; random
+    correction biases) and ours on its weights."""
     from triforce.models.loading import _build
 
-    name, config = CASES[case]
     torch.manual_seed(0)
-    hf_config = getattr(transformers, f"{name}Config")(**{**BASE, **config, **kw}, attn_implementation="eager")
+    hf_config = getattr(transformers, f"{name}Config")(**kw, attn_implementation="eager")
     hf = randomize_(getattr(transformers, f"{name}ForCausalLM")(hf_config).eval())
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for n, p in hf.named_parameters():
             if n.endswith("mlp.gate.weight"):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        for n, b in hf.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn(b.shape, generator=g) * 0.2)
+    random_correction_biases_(hf, g)
     return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def random_correction_biases_(model, g=None, std: float = 0.2):
+    """``model``'s routers' correction biases (DeepSeek-V3's, GLM-4.5's) drawn ~ N(0, std), in place."""
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * std)
+    return model
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -205,12 +218,7 @@ def tiny_deepseek(model_type: str, seed: int) -> Llama:
     config = LlamaConfig(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=48,
                          num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=1024,
                          initializer_range=0.3, extra=extra)
-    model = randomize_(Llama(config), seed).eval()
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0, 0.3)
-    return model
+    return random_correction_biases_(randomize_(Llama(config), seed).eval(), std=0.3)
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])

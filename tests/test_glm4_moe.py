@@ -8,6 +8,7 @@ import torch
 from triforce.models import Llama, LlamaConfig
 from triforce.models.llama import Attention, SparseMoE
 
+from .test_deepseek import random_correction_biases_, transformers_pair
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import randomize_
 from .test_moe import assert_checkpoint_directories_both_ways
@@ -30,20 +31,7 @@ CASES = {
 def pair(case, **kw):
     """transformers' model of ``case`` with decisive routers and random correction biases, and ours on its
     weights."""
-    from triforce.models.loading import _build
-
-    torch.manual_seed(0)
-    config = transformers.Glm4MoeConfig(**{**BASE, **CASES[case], **kw}, attn_implementation="eager")
-    hf = randomize_(transformers.Glm4MoeForCausalLM(config).eval())
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for n, p in hf.named_parameters():
-            if n.endswith("mlp.gate.weight"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        for n, b in hf.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn(b.shape, generator=g) * 0.2)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return transformers_pair("Glm4Moe", {**BASE, **CASES[case], **kw})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -82,12 +70,7 @@ def tiny_glm4_moe(seed: int) -> Llama:
                          initializer_range=0.3, attention_bias=True,
                          extra=dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                     n_group=2, topk_group=1, use_qk_norm=True))
-    model = randomize_(Llama(config), seed).eval()
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0, 0.3)
-    return model
+    return random_correction_biases_(randomize_(Llama(config), seed).eval(), std=0.3)
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
