@@ -113,3 +113,59 @@ def test_glm45_airs_published_config_loads():
     assert (e.count, e.top_k, e.intermediate_size, e.shared_intermediate_size, e.groups, e.renormalize, e.scale) == (
         128, 8, 1408, 1408, (1, 1), True, 1.0)
     assert e.layers == (False,) + (True,) * 45 and LlamaConfig.from_dict(c.to_dict()) == c
+
+
+# GLM-4.7-Flash (glm4_moe_lite): DeepSeek-V3's layer (latent attention, its router) under GLM's name, its MLPs' kinds
+# listed by mlp_layer_types
+LITE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=40, n_shared_experts=1, q_lora_rank=24)
+LITE_CASES = {"lite": {}, "lite-listed": dict(q_lora_rank=None, rope_interleave=False, n_group=2, topk_group=1,
+                                              mlp_layer_types=["sparse", "dense", "sparse"])}
+
+
+@pytest.mark.parametrize("case", list(LITE_CASES))
+def test_glm47_flash_matches_transformers(case, tmp_path):
+    """Every path gives transformers' Glm4MoeLiteForCausalLM's logits (latent attention, the layers' kinds as listed);
+    the config reads back the same; a checkpoint goes both ways; a pass gives the bits of its steps."""
+    from triforce.models.llama import LatentAttention
+
+    hf, ours = transformers_pair("Glm4MoeLite", {**LITE, **LITE_CASES[case]})
+    assert all(type(layer.self_attn) is LatentAttention for layer in ours.model.layers)
+    assert [type(layer.mlp) is SparseMoE for layer in ours.model.layers] == [
+        t == "sparse" for t in hf.config.mlp_layer_types]
+    assert_every_path_matches(hf, ours)
+    back = transformers.Glm4MoeLiteConfig.from_dict(ours.config.to_dict())
+    for key in ("mlp_layer_types", "kv_lora_rank", "q_lora_rank", "rope_interleave", "n_group", "topk_group"):
+        assert getattr(back, key) == getattr(hf.config, key), key
+    assert_checkpoint_directories_both_ways(tmp_path, hf)
+    assert_pass_equals_steps(ours, torch.float32)
+
+
+def test_glm47_flash_drafts_losslessly_and_its_layer_skip_cuts_the_list():
+    hf, ours = transformers_pair("Glm4MoeLite", {**LITE, **LITE_CASES["lite-listed"]})
+    draft = ours.layer_skip(2)
+    assert draft.config.extra["mlp_layer_types"] == ["sparse", "dense"]
+    for method, opts in (TINY_CASES[2], TINY_CASES[4]):  # a StreamingLLM draft; TriForce's retrieval level
+        prompts = [torch.randint(0, 101, (n,), generator=torch.Generator().manual_seed(n)) for n in (30, 41)]
+        ref = triforce_generate(ours, prompts, "autoregressive", {})
+        out = triforce_generate(ours, prompts, method, opts, draft=draft if method == "triforce" else None)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), method
+
+
+def triforce_generate(model, prompts, method, opts, draft=None):
+    import triforce
+
+    return triforce.generate(model, prompts, method=method, max_new_tokens=20, draft=draft, **opts)
+
+
+def test_glm47_flash_bad_configs_raise():
+    base = {**LITE, "model_type": "glm4_moe_lite"}
+    assert LlamaConfig.from_dict(base).experts.layers == (False, True, True)
+    for bad, match in (({"first_k_dense_replace": 1}, "'first_k_dense_replace'"),
+                       ({"mlp_layer_types": ["dense", "sparse"]}, "'mlp_layer_types'"),
+                       ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "'mlp_layer_types'"),
+                       ({"num_key_value_heads": 2}, "num_key_value_heads = 2"),
+                       ({"topk_method": "greedy"}, "'topk_method'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**base, **bad})

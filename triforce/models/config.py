@@ -10,24 +10,24 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
-``gpt_oss``, ``deepseek_v2``, ``deepseek_v3`` and ``glm4_moe`` (also from the image + text wrappers in
-:data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases
-on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and
-Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key
-head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections), ``clip_qkv`` (OLMoE's
-clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in float32, then
-rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype), ``activation``
-(``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3: a norm after
-the attention and around the MLP), ``post_norms`` (OLMo 2 / 3: norms after the attention and the MLP, none before),
-``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims, reordered on loading), ``rope_float32`` (Cohere 2's and ERNIE
-4.5's RoPE arithmetic in float32), ``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's), ``layer_windows``
-(sliding windows), ``attention_scale``, ``mla`` (DeepSeek's multi-head latent attention), ``attn_softcap`` /
-``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's RoPE base on its
-sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones, not SmolLM3's NoPE
-ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` / ``logits_scaling``
-(Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm`` and ``swiglu_clamp``
-(GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from :data:`FAMILIES`; a
-config.json that leaves a key out gets that family's transformers default.
+``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``glm4_moe`` and ``glm4_moe_lite`` (also from the image + text wrappers
+in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2:
+biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's
+and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and
+key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections), ``clip_qkv``
+(OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in
+float32, then rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype),
+``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3:
+a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 / 3: norms after the attention and the MLP, none
+before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims, reordered on loading), ``rope_float32`` (Cohere 2's
+and ERNIE 4.5's RoPE arithmetic in float32), ``layer_norm`` / ``parallel_block`` / ``logit_scale`` (Cohere 2's),
+``layer_windows`` (sliding windows), ``attention_scale``, ``mla`` (DeepSeek's multi-head latent attention),
+``attn_softcap`` / ``final_softcap`` (Gemma 2's soft-capping of the scores and logits), ``local_rope_theta`` (Gemma 3's
+RoPE base on its sliding layers), ``rope_layers`` (the layers that take the model's RoPE: not Gemma 3's sliding ones,
+not SmolLM3's NoPE ones), ``query_temperature`` (Ministral 3's), ``embedding_multiplier`` / ``residual_multiplier`` /
+``logits_scaling`` (Granite's), ``experts`` (a mixture of experts' sparse MLPs), ``attention_sinks``, ``float32_norm``
+and ``swiglu_clamp`` (GPT-OSS's), an explicit ``head_dim`` and the RoPE settings. A family's fixed switches come from
+:data:`FAMILIES`; a config.json that leaves a key out gets that family's transformers default.
 """
 from __future__ import annotations
 
@@ -328,12 +328,23 @@ FAMILIES["glm4_moe"] = Family("Glm4MoeForCausalLM", partial_rotary_factor=0.5, r
     "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1, "n_routed_experts": 128,
     "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "norm_topk_prob": True,
     "use_qk_norm": False})
-_DEEPSEEKS = ("deepseek_v2", "deepseek_v3")
-_V3_ROUTERS = ("deepseek_v3", "glm4_moe")  # DeepSeek-V3's router (sigmoid scores, correction bias, groups)
+# GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's layer (latent attention, its router, shared experts) under
+# GLM's name, its dense and sparse layers listed by mlp_layer_types (by default the first dense)
+FAMILIES["glm4_moe_lite"] = Family("Glm4MoeLiteForCausalLM", defaults={
+    **{k: v for k, v in FAMILIES["deepseek_v3"].defaults.items() if k != "first_k_dense_replace"},
+    "vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240, "moe_intermediate_size": 1536,
+    "num_hidden_layers": 47, "num_attention_heads": 20, "n_shared_experts": 1, "n_routed_experts": 64,
+    "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
+    "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1,
+    "rope_interleave": True})
+_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # the latent attention's families (LlamaConfig.mla)
+_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite")  # DeepSeek-V3's router (sigmoid, correction bias, groups)
 _GROUPED = (*_DEEPSEEKS, "glm4_moe")  # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
-_DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",)}
+_DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
+                     "glm4_moe_lite": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
@@ -551,7 +562,8 @@ _HARMLESS_ONLY_AT = {
                     "absent (DeepSeek: null or an int >= 1)"),
     "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and (v is None or _is_int(v) and v >= 0),
                          "absent (DeepSeek: null or an int >= 0)"),
-    "first_k_dense_replace": (lambda v, c: c.model_type in _GROUPED and _is_int(v) and v >= 0,
+    "first_k_dense_replace": (lambda v, c: c.model_type in _GROUPED and c.model_type != "glm4_moe_lite" and _is_int(v)
+                              and v >= 0,
                               "absent (DeepSeek: an int >= 0, the dense layers before the mixtures)"),
     "routed_scaling_factor": (lambda v, c: c.model_type in _GROUPED and _is_number(v) and 0 < v < float("inf"),
                               "absent (DeepSeek: a finite number > 0)"),
@@ -561,10 +573,15 @@ _HARMLESS_ONLY_AT = {
              "absent (DeepSeek, GLM-4.5: null or an int >= 1)") for key in ("n_group", "topk_group")},
     "use_qk_norm": (lambda v, c: c.model_type in ("cohere", "glm4_moe") and isinstance(v, bool) or v is None,
                     "absent (Cohere: a bool, its per-head q/k LayerNorm; GLM-4.5: a bool, its per-head q/k RMSNorm)"),
-    "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid")),
+    "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid"),
+                                                         ("glm4_moe_lite", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
-    "rope_interleave": (lambda v, c: c.model_type == "deepseek_v3" and isinstance(v, bool),
-                        "absent (DeepSeek-V3: a bool, its RoPE on adjacent pairs of dims)"),
+    "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite") and isinstance(v, bool),
+                        "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims)"),
+    # GLM-4.7-Flash's dense and sparse layers (LlamaConfig.experts)
+    "mlp_layer_types": (lambda v, c: c.model_type == "glm4_moe_lite" and (v is None or isinstance(v, list) and len(
+        v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}), "absent (GLM-4.7-Flash: one 'dense' or "
+        "'sparse' per layer)"),
     # DeepSeek's own code makes every moe_layer_freq-th layer sparse, transformers every one: they agree at 1 only
     "moe_layer_freq": (lambda v, c: c.model_type in _DEEPSEEKS and v == 1, "absent (DeepSeek: 1)"),
     # DeepSeek's training and parallelism settings, and V3's multi-token prediction layers (not in the forward: their
@@ -1205,8 +1222,14 @@ class LlamaConfig:
         get, v3 = self._deepseek, self.model_type in _V3_ROUTERS
         width = get("moe_intermediate_size")
         grouped = v3 or get("topk_method") == "group_limited_greedy"
+        n = self.num_hidden_layers
+        if self.model_type == "glm4_moe_lite":  # (its list, by default the first layer dense)
+            types = self.extra.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
+            layers = tuple(t == "sparse" for t in types)
+        else:
+            layers = tuple(i >= get("first_k_dense_replace") for i in range(n))
         return Experts(get("n_routed_experts"), get("num_experts_per_tok"), width, v3 and bool(get("norm_topk_prob")),
-                       True, tuple(i >= get("first_k_dense_replace") for i in range(self.num_hidden_layers)),
+                       True, layers,
                        shared_intermediate_size=width * (get("n_shared_experts") or 0),
                        scale=float(get("routed_scaling_factor")), scoring="sigmoid" if v3 else "softmax",
                        correction_bias=v3, groups=(get("n_group"), get("topk_group")) if grouped else None,

@@ -1459,7 +1459,8 @@ class Llama(nn.Module):
         draft = Llama.__new__(Llama)
         nn.Module.__init__(draft)
         extra = dict(self.config.extra)
-        for key in ("layer_types", "no_rope_layers"):  # per-layer lists (attention kinds, NoPE layers): the first k
+        # per-layer lists (attention kinds, NoPE layers, GLM-4.7-Flash's dense / sparse MLPs): the first k
+        for key in ("layer_types", "no_rope_layers", "mlp_layer_types"):
             if isinstance(extra.get(key), list):
                 extra[key] = extra[key][:k]
         if isinstance(extra.get("mlp_only_layers"), list):  # (Qwen3-MoE's dense layers: indices)
