@@ -12,6 +12,11 @@ dtype (float32 for int8 weights and float16, whose products are float32), measur
 shape's variants (the kernel and its baselines) run in turns, median of 9 (``harness.measure_alternating``:
 a drift of a shared VM's speed reaches each alike).
 
+``--heads``: ``rowwise_linear_heads`` (each head's own matrix, all heads in one call: DeepSeek's latent attention's
+``W_UK^T`` and ``W_UV``) at DeepSeek-V2-Lite's shapes (16 heads, 128 -> 512 and 512 -> 128, M = 1 and 5 rows a
+head, float32 and bfloat16), against a ``rowwise_linear`` call per head (the same bits) and one ``torch.einsum``;
+streamed as above; bytes = the heads' weights + x + out.
+
 ``--many-rows``: M = 64 .. 4096 over 4 such matrices (compute-bound), where the kernel serves
 verification passes of any size (row-independent) and torch's GEMM a prefill's chunks of more than
 ``ROWWISE_MAX_ROWS`` rows (triforce/models/llama.py); the op runs x in chunks of 256 rows.
@@ -74,6 +79,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="M = 1 and 8 only (--many-rows: 256 and 1024)")
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
+    p.add_argument("--heads", action="store_true", help="rowwise_linear_heads at DeepSeek-V2-Lite's shapes")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
                                        "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
@@ -96,6 +102,8 @@ def main():
                  "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k,
                  "q2_k_int8": bench_i8_k, "q3_k_int8": bench_i8_k, "mxfp4_int8": bench_i8_k,
                  "iq2_xxs_int8": bench_i8_k, "iq2_xs_int8": bench_i8_k}
+    if a.heads:
+        return bench_heads(a, g, bw)
     if a.dtype in quantised:
         if a.many_rows:
             raise SystemExit("--many-rows: float32, bfloat16 and float16 only")
@@ -121,6 +129,36 @@ def main():
             record(family="model", op="rowwise_linear", backend="cpu", shape=shape, dtype=name,
                    bytes_moved=nbytes, timing=t["cpu"], bandwidth=bw, flops=flops, peak=peak, baseline="torch",
                    baseline_timing=t["torch"])
+
+
+def bench_heads(a, g, bw) -> None:
+    H, sets = 16, 64  # 64 sets of a layer's 16 heads (16 x 128 x 512: 4 MB in float32), streamed
+    heads = torch.ops.triforce_C.rowwise_linear_heads
+    for name in ("float32", "bfloat16"):
+        dtype = getattr(torch, name)
+        peak = compute_peak("cpu", dtype)
+        for n, k in ((512, 128), (128, 512)):  # W_UK^T: 128 -> 512; W_UV: 512 -> 128
+            ws = [torch.randn(H, n, k, generator=g).to(dtype) for _ in range(sets)]
+            size = ws[0].element_size()
+            wsets = streamed(ws, H * n * k * size, torch.clone)
+            for M in (1,) if a.quick else (1, 5):
+                x = torch.randn(H, M, k, generator=g).to(dtype)
+                assert all(torch.equal(heads(x, ws[0])[h], torch.ops.triforce_C.rowwise_linear(x[h], ws[0][h]))
+                           for h in range(H))
+                nbytes = sets * (H * n * k + H * M * k + H * M * n) * size
+                flops = sets * 2 * H * M * n * k
+                shape = f"heads={H},M={M},N={n},K={k},sets={sets}"
+                t = measure_alternating({
+                    "torch": lambda: [torch.einsum("hmk,hnk->hmn", x, w) for w in wsets()],
+                    "cpu_per_head": lambda: [[torch.ops.triforce_C.rowwise_linear(x[h], w[h]) for h in range(H)]
+                                             for w in wsets()],
+                    "cpu": lambda: [heads(x, w) for w in wsets()]}, reps=9)
+                for backend in ("torch", "cpu_per_head", "cpu"):
+                    base = {} if backend == "torch" else {"baseline": "cpu_per_head" if backend == "cpu" else "torch",
+                                                          "baseline_timing": t["cpu_per_head" if backend == "cpu"
+                                                                               else "torch"]}
+                    record(family="model", op="rowwise_linear_heads", backend=backend, shape=shape, dtype=name,
+                           bytes_moved=nbytes, timing=t[backend], bandwidth=bw, flops=flops, peak=peak, **base)
 
 
 def bench_q8(a, g, bw) -> None:

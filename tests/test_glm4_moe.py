@@ -147,16 +147,7 @@ def test_glm47_flash_drafts_losslessly_and_its_layer_skip_cuts_the_list():
     draft = ours.layer_skip(2)
     assert draft.config.extra["mlp_layer_types"] == ["sparse", "dense"]
     for method, opts in (TINY_CASES[2], TINY_CASES[4]):  # a StreamingLLM draft; TriForce's retrieval level
-        prompts = [torch.randint(0, 101, (n,), generator=torch.Generator().manual_seed(n)) for n in (30, 41)]
-        ref = triforce_generate(ours, prompts, "autoregressive", {})
-        out = triforce_generate(ours, prompts, method, opts, draft=draft if method == "triforce" else None)
-        assert all(torch.equal(a, b) for a, b in zip(out.tokens, ref.tokens)), method
-
-
-def triforce_generate(model, prompts, method, opts, draft=None):
-    import triforce
-
-    return triforce.generate(model, prompts, method=method, max_new_tokens=20, draft=draft, **opts)
+        assert_greedy_equals_autoregressive(ours, draft, method, opts)
 
 
 def test_glm47_flash_bad_configs_raise():

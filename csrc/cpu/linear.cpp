@@ -38,6 +38,15 @@ void over_row_chunks_of(int64_t M, int64_t K, int64_t nb, int64_t nr, int64_t w_
   }
 }
 
+// x and w of one float type (float32, bfloat16, float16), on the CPU: rowwise_linear's and rowwise_linear_heads'
+void check_float_operands(const char* op, const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
+                   x.scalar_type() == at::kHalf),
+              op, ": float32, bfloat16 or float16 only (x and w alike), got ", x.scalar_type(), " and ",
+              w.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), op, ": CPU tensors only");
+}
 
 }  // namespace
 
@@ -55,12 +64,7 @@ RowwiseProduct float_product(const at::Tensor& x, const at::Tensor& w) {
   using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "rowwise_linear: x [M, K] and w [N, K] must be 2-D, got ",
               x.sizes(), " and ", w.sizes());
-  TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
-                   x.scalar_type() == at::kHalf),
-              "rowwise_linear: float32, bfloat16 or float16 only (x and w alike), got ", x.scalar_type(), " and ",
-              w.scalar_type());
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rowwise_linear: CPU tensors only");
+  check_float_operands("rowwise_linear", x, w);
   TORCH_CHECK(x.size(1) == w.size(1), "rowwise_linear: x has ", x.size(1), " columns, w ", w.size(1));
   RowwiseProduct p{x.size(0), x.size(1), w.size(0), rowwise_linear_num_blocks(w.size(0)), NR, x.element_size(),
                    x.options(), {x.contiguous(), w.contiguous()}, {}};
@@ -85,12 +89,7 @@ at::Tensor rowwise_linear_heads(const at::Tensor& x, const at::Tensor& w) {
   using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 3 && w.dim() == 3, "rowwise_linear_heads: x [H, M, K] and w [H, N, K] must be 3-D, got ",
               x.sizes(), " and ", w.sizes());
-  TORCH_CHECK(x.scalar_type() == w.scalar_type() &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
-                   x.scalar_type() == at::kHalf),
-              "rowwise_linear_heads: float32, bfloat16 or float16 only (x and w alike), got ", x.scalar_type(),
-              " and ", w.scalar_type());
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rowwise_linear_heads: CPU tensors only");
+  check_float_operands("rowwise_linear_heads", x, w);
   TORCH_CHECK(x.size(0) == w.size(0) && x.size(2) == w.size(2), "rowwise_linear_heads: x ", x.sizes(), " and w ",
               w.sizes(), " must have the same heads and columns");
   const int64_t H = x.size(0), M = x.size(1), K = x.size(2), N = w.size(1);

@@ -247,6 +247,26 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return F.linear(x, w, b)
 
 
+def derived(owner: nn.Module, slot: str, weight: torch.Tensor, make) -> torch.Tensor:
+    """``make()`` (a tensor derived from ``weight``: a transposed or float32 copy) made contiguous once and kept in
+    ``owner.<slot>`` until ``weight`` changes (another tensor, dtype, device or in-place version); under autograd
+    with ``weight`` requiring grad, ``make()`` itself (its gradient flows); made again at every call for an inference
+    tensor (no version counter)."""
+    if torch.is_grad_enabled() and weight.requires_grad:
+        return make()
+    try:
+        version = weight._version
+    except RuntimeError:
+        version = None
+    key = (weight.data_ptr(), version, weight.dtype, weight.device, tuple(weight.shape))
+    kept = owner.__dict__.get(slot)
+    if kept is None or kept[0] != key or version is None:
+        with torch.no_grad():
+            kept = (key, make().contiguous())
+        owner.__dict__[slot] = kept
+    return kept[1]
+
+
 def per_head_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x`` ``[..., H, K]`` times each head's own ``w[h]`` ``[M, K]`` -> ``[..., H, M]``: where :func:`linear` takes
     the row-wise kernel (a row's bits its own), every head in one call, ``triforce_C::rowwise_linear_heads`` (each
@@ -532,7 +552,7 @@ class LatentAttention(Attention):
         self.sinks = None
         self.rope_f32 = bool(config.rope_float32)
         self._slots = {}  # device -> (the latent's dims in a cached key, where each cached dim is in [k_pe, c])
-        self._uk = None  # (kv_b_proj's weight's identity, W_UK^T per head): project's, made once per weight
+        self._uk = self._uv = None  # (kv_b_proj's weight's identity, W_UK^T / W_UV per head): derived's
 
     def slots(self, device: torch.device) -> tuple:
         """``(latent dims, layout)`` on ``device`` (not buffers: a model built on the meta device has them too)."""
@@ -548,26 +568,24 @@ class LatentAttention(Attention):
         out = self.attend(q, k, v, k_raw, cache, step)  # [B, T, H, head_dim]: each head's weighted sum of [k_pe, c]
         m = self.mla
         latent = out.index_select(-1, self.slots(out.device)[0])
-        w_uv = self.kv_b_proj.weight.view(self.n_heads, -1, m.kv_lora_rank)[:, m.qk_nope_head_dim:]
-        return self.o_proj(per_head_linear(latent, w_uv).reshape(B, T, self.n_heads * m.v_head_dim))
+        return self.o_proj(per_head_linear(latent, self.w_uv()).reshape(B, T, self.n_heads * m.v_head_dim))
+
+    def _kv_b(self) -> torch.Tensor:
+        """``kv_b_proj``'s weight per head, ``[H, qk_nope_head_dim + v_head_dim, kv_lora_rank]``."""
+        return self.kv_b_proj.weight.view(self.n_heads, -1, self.mla.kv_lora_rank)
 
     def w_uk_t(self) -> torch.Tensor:
         """``[H, kv_lora_rank, qk_nope_head_dim]``: each head's ``W_UK`` (``kv_b_proj``'s key rows) transposed,
-        contiguous (the rows :func:`per_head_linear` streams), made again only when the weight changes (a copy of a
-        third of ``kv_b_proj``: 4 MB a layer of DeepSeek-V2-Lite in float32, made at every step otherwise)."""
-        w = self.kv_b_proj.weight
-        m = self.mla
-        if torch.is_grad_enabled() and w.requires_grad:  # (autograd: a view of the weight, its gradient flows)
-            return w.view(self.n_heads, -1, m.kv_lora_rank)[:, :m.qk_nope_head_dim].transpose(1, 2)
-        try:
-            version = w._version
-        except RuntimeError:  # (an inference tensor has no version counter: made again at every call)
-            version = None
-        key = (w.data_ptr(), version, w.dtype, w.device, tuple(w.shape))
-        if self._uk is None or self._uk[0] != key or version is None:
-            w_uk = w.detach().view(self.n_heads, -1, m.kv_lora_rank)[:, :m.qk_nope_head_dim]
-            self._uk = (key, w_uk.transpose(1, 2).contiguous())
-        return self._uk[1]
+        contiguous (the rows :func:`per_head_linear` streams), made once per weight (:func:`derived`: a third of
+        ``kv_b_proj``, 4 MB a layer of DeepSeek-V2-Lite in float32, copied at every step otherwise)."""
+        nope = self.mla.qk_nope_head_dim
+        return derived(self, "_uk", self.kv_b_proj.weight, lambda: self._kv_b()[:, :nope].transpose(1, 2))
+
+    def w_uv(self) -> torch.Tensor:
+        """``[H, v_head_dim, kv_lora_rank]``: each head's ``W_UV`` (``kv_b_proj``'s value rows), contiguous, made once
+        per weight as :meth:`w_uk_t` (the heads' slices of ``kv_b_proj`` are not one contiguous tensor)."""
+        nope = self.mla.qk_nope_head_dim
+        return derived(self, "_uv", self.kv_b_proj.weight, lambda: self._kv_b()[:, nope:])
 
     def project(self, x, cos, sin):
         """``(q, k, k_raw, v)``: the absorbed queries ``[B, T, H, head_dim]``, the cached keys ``[B, T, 1,
@@ -718,7 +736,10 @@ class SparseMoE(nn.Module):
         best score, V3 its best two summed; the other groups' scores masked: 0, V3 -inf); each chosen expert's score,
         renormalised (V3's ``norm_topk_prob``: over their sum plus 1e-20), times ``routed_scaling_factor``; float32
         weights."""
-        logits = linear(x.float(), self.gate.weight.float())
+        gate = self.gate.weight  # (float32, as transformers computes the logits; a 16-bit router's copy made once)
+        if gate.dtype != torch.float32:
+            gate = derived(self, "_gate32", gate, gate.float)
+        logits = linear(x.float(), gate)
         scores = _row_sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         bias = self.gate._buffers.get("e_score_correction_bias")
         choice = scores if bias is None else scores + bias
