@@ -282,7 +282,7 @@ def test_bad_configs_raise():
             (v2, {"num_experts_per_tok": 7}, "more than the 6"),
             (v2, {"num_experts_per_tok": None}, "'num_experts_per_tok'"),
             (v2, {"attention_bias": True}, "'attention_bias'"),
-            (v2, {"quantization_config": {"quant_method": "fp8"}}, "'quantization_config'"),
+            (v2, {"quantization_config": {"quant_method": "fp8", "fmt": "e5m2"}}, "'quantization_config'"),
             (v2, {"num_nextn_predict_layers": 1}, "'num_nextn_predict_layers'"),
             (v2, {"auto_map": {"AutoModel": "modeling_x.XModel"}}, "'auto_map'")):
         with pytest.raises(ValueError, match=match):
@@ -299,7 +299,7 @@ def test_bad_configs_raise():
 
 
 # the keys and values of DeepSeek-V2-Lite's and DeepSeek-V3's published config.json files (V3's FP8
-# quantization_config left out: it raises, above)
+# quantization_config apart: read in test_deepseeks_published_configs_load)
 V2_LITE = {
     "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
     "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV2Config",
@@ -355,10 +355,11 @@ def test_deepseeks_published_configs_load():
     assert (e.count, e.top_k, e.groups, e.group_top2, e.scoring, e.correction_bias, e.renormalize, e.scale) == (
         256, 8, (8, 4), True, "sigmoid", True, True, 2.5)
     assert e.layers == (False,) * 3 + (True,) * 58 and v3.mla.rope_interleaved and v3.mla.q_lora_rank == 1536
-    with pytest.raises(ValueError, match="'quantization_config'"):
-        LlamaConfig.from_dict({**V3, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})
     back = LlamaConfig.from_dict(v3.to_dict())
     assert back == v3
+    # as shipped: FP8 weights in 128 x 128 blocks, dequantised on loading (tests/test_fp8.py); saved float
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    assert LlamaConfig.from_dict({**V3, "quantization_config": fp8}).to_dict() == v3.to_dict()
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])

@@ -617,9 +617,12 @@ _HARMLESS_ONLY_AT = {
     "pruned_heads": (lambda v, c: not v, "{} (no pruned heads)"),
     "is_encoder_decoder": (lambda v, c: not v, "false"),
     "add_cross_attention": (lambda v, c: not v, "false"),
-    "quantization_config": (lambda v, c: v is None or (c.model_type == "gpt_oss" and _mxfp4(v)),
-                            "null (float weights; quantised HF checkpoints are not read, GGUF files are; GPT-OSS: "
-                            "OpenAI's MXFP4 experts, dequantised on loading)"),
+    "quantization_config": (lambda v, c: v is None or (c.model_type == "gpt_oss" and _mxfp4(v)) or fp8_config(v),
+                            "null (float weights), fp8 (float8 weights with weight_scale_inv per block or tensor, "
+                            "dequantised on loading: quant_method 'fp8', fmt 'e4m3', activation_scheme 'dynamic' or "
+                            "'static', weight_block_size null or [rows, columns], scale_fmt 'float' or 'ue8m0', "
+                            "expert_dtype 'fp8') or, for GPT-OSS, OpenAI's MXFP4 experts (dequantised on loading); "
+                            "other quantised HF checkpoints are not read, GGUF files are"),
     # Microsoft's Phi-3 configs name the modeling code that transformers took in as Phi3ForCausalLM: transformers
     # reads them with its own (without trust_remote_code), as here
     "auto_map": (lambda v, c: not v or (c.model_type == "phi3" and isinstance(v, dict) and set(v.values()) <= {
@@ -640,6 +643,33 @@ def _mxfp4(v) -> bool:
     which loading.py dequantises; which tensors are quantised is read from the checkpoint's names)."""
     return isinstance(v, dict) and v.get("quant_method") == "mxfp4" and set(v) <= {"quant_method",
                                                                                  "modules_to_not_convert"}
+
+
+_FP8_KEYS = {  # FineGrainedFP8Config's keys (transformers) and the values whose dequantised model is the same
+    "quant_method": lambda v: v == "fp8",
+    "fmt": lambda v: v == "e4m3",
+    # the activations' FP8 rounding (per block of a row, or by a static activation_scale) belongs to an FP8 matmul;
+    # the dequantised model, which this one is (as transformers' with dequantize = True), has none
+    "activation_scheme": lambda v: v in ("dynamic", "static"),
+    "weight_block_size": lambda v: v is None or (isinstance(v, (list, tuple)) and len(v) == 2
+                                                 and all(_is_int(b) and b > 0 for b in v)),
+    "scale_fmt": lambda v: v in ("float", "ue8m0"),  # ue8m0: powers of two, as float32 or as their exponent bytes
+    "expert_dtype": lambda v: v == "fp8",
+    "dequantize": lambda v: isinstance(v, bool),
+    # which modules are quantised is read from the weights (each float8 tensor and its *_scale_inv)
+    "modules_to_not_convert": lambda v: v is None or (isinstance(v, list) and all(isinstance(m, str) for m in v)),
+    "ignored_layers": lambda v: v is None or (isinstance(v, list) and all(isinstance(m, str) for m in v)),
+    "modules_to_convert": lambda v: v is None or (isinstance(v, list) and all(isinstance(m, str) for m in v)),
+}
+
+
+def fp8_config(v) -> bool:
+    """Whether ``quantization_config`` ``v`` is a fine-grained FP8 one (transformers' ``FineGrainedFP8Config``:
+    DeepSeek-V3 / R1, Qwen3 *-FP8, GLM-4.5-FP8, Ministral 3, ...): float8 weights, each with a ``*_scale_inv`` per
+    ``weight_block_size`` block or per tensor, which loading dequantises (:func:`triforce.models.loading
+    .dequantize_fp8`)."""
+    return isinstance(v, dict) and v.get("quant_method") == "fp8" and all(
+        k in _FP8_KEYS and _FP8_KEYS[k](x) for k, x in v.items())
 
 
 def _layer_windows(c: "LlamaConfig") -> tuple:
@@ -1373,8 +1403,8 @@ class LlamaConfig:
             raise ValueError(f"config model_type {kind!r}: its text_config's model_type must be "
                              f"{' or '.join(map(repr, types))}, got {text['model_type']!r}")
         for key, value in d.items():
-            if key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-                text.setdefault(key, value)
+            if key in ("bos_token_id", "eos_token_id", "pad_token_id", "quantization_config"):
+                text.setdefault(key, value)  # (Ministral 3's FP8 checkpoints: the wrapper's quantization_config)
             elif key not in own and key not in _METADATA_KEYS and key not in (
                     "model_type", "text_config", "tie_word_embeddings"):
                 raise ValueError(f"config key {key!r} of model_type {kind!r} (an image + text model whose "
@@ -1407,8 +1437,7 @@ class LlamaConfig:
             d.setdefault("hidden_act", family.hidden_acts[0])
         if self.rope_type == "longrope":  # Phi3Config takes the top-level key (4096 when absent) over the inner one
             d.setdefault("original_max_position_embeddings", self.rope_scaling["original_max_position_embeddings"])
-        if self.model_type == "gpt_oss":  # what it saves is float (MXFP4 experts are dequantised on loading)
-            d.pop("quantization_config", None)
+        d.pop("quantization_config", None)  # what it saves is float (MXFP4 and FP8 weights: dequantised on loading)
         if self.model_type == "mistral":  # none given: none (a config.json without the key means 4096)
             d.setdefault("sliding_window", None)
         if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own

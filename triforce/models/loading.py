@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .config import _COHERES, FAMILIES, WRAPPERS, LlamaConfig
+from .config import _COHERES, FAMILIES, WRAPPERS, LlamaConfig, fp8_config
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -222,11 +222,12 @@ def publish(directory: Path, write, last: str) -> None:
 
 # ---- Hugging Face layout
 def _load_hf_dir(directory: Path, device, dtype):
-    return _build(*_read_hf_dir(directory), device, dtype)
+    return _build(*_read_hf_dir(directory, dtype), device, dtype)
 
 
-def _read_hf_dir(directory: Path):
-    """-> (config, state dict) of a Hugging Face directory (errors name what is missing or unreadable)."""
+def _read_hf_dir(directory: Path, dtype=None):
+    """-> (config, state dict) of a Hugging Face directory (errors name what is missing or unreadable); FP8
+    weights dequantised to ``dtype`` (default float32) as each file is read (:func:`dequantize_fp8`)."""
     cfg = directory / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"{str(directory)!r} has no config.json (not a Hugging Face model directory)")
@@ -236,10 +237,10 @@ def _read_hf_dir(directory: Path):
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
     rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
-    sd, origin = {}, {}
+    sd, origin, fp8 = {}, {}, _Fp8Weights(config, dtype or torch.float32)
     split = FAMILIES[config.model_type].fused_projections
     for f in _weight_files(directory):
-        part = _read_weights(f, rename)
+        part = fp8.dequantize(_read_weights(f, rename))
         if split:  # one file's at a time: its fused tensors freed as they are split
             part = _split_projections(config, part)
         for k in part:
@@ -248,7 +249,89 @@ def _read_hf_dir(directory: Path):
                                  "which one is the model's is ambiguous; remove the other file")
             origin[k] = f
         sd.update(part)
+    fp8.check_done(directory, sd)
     return config, sd
+
+
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_SCALE_INV = "_scale_inv"  # FP8 checkpoints: weight X's scales are X_scale_inv (a multiplier, despite the name)
+_ACTIVATION_SCALE = ".activation_scale"  # (static activations: their FP8 rounding belongs to an FP8 matmul)
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block=None, dtype=torch.float32,
+                   name: str = "weight") -> torch.Tensor:
+    """``dtype`` ``q * scale`` of an FP8 weight ``q`` (float8 ``[..., R, C]``) and its ``*_scale_inv``
+    ``scale``: one per tensor (a single element), or one per ``block = (b0, b1)`` block of the last two dims
+    (``[..., ceil(R / b0), ceil(C / b1)]``; weight ``[r, c]`` takes ``scale[r // b0, c // b1]``, a partial last
+    block its own, as DeepSeek's ``weight_dequant`` has it; a single scale serves the whole tensor); each product
+    in float32, rounded once to ``dtype``, as transformers' ``Fp8Dequantize`` (which refuses partial blocks)
+    computes it. ``scale``: float32, 16-bit, or UE8M0 exponents (uint8 ``e`` or float8_e8m0fnu: ``2 ** (e - 127)``)."""
+    if q.dtype not in _FLOAT8 or q.dim() < 2:
+        raise ValueError(f"FP8 weight {name} must be float8 (e4m3fn or e5m2) with at least 2 dims, got {q.dtype} "
+                         f"{list(q.shape)}")
+    if scale.dtype == torch.uint8:
+        s = (scale.float() - 127).exp2()
+    elif scale.is_floating_point():
+        s = scale.float()
+    else:
+        raise ValueError(f"{name}{_SCALE_INV} must be floating point or uint8 (UE8M0 exponents), got {scale.dtype}")
+    R, C = q.shape[-2:]
+    if s.numel() == 1:  # one per tensor (or one block's, the same)
+        return (q.float() * s.reshape(())).to(dtype)
+    grid = None if block is None else (*q.shape[:-2], -(-R // block[0]), -(-C // block[1]))
+    if grid is None or tuple(s.shape) != grid:
+        raise ValueError(f"{name}{_SCALE_INV} has shape {list(s.shape)}: FP8 weight {name} {list(q.shape)} takes "
+                         + ("one scale (quantization_config weight_block_size null)" if block is None else
+                            f"one per {block[0]} x {block[1]} block, {list(grid)}"))
+    out = torch.empty(q.shape, dtype=dtype)
+    step = block[0] * max(1, (1 << 22) // max(1, block[0] * C))  # rows a chunk: ~4M float32 products at a time
+    for r in range(0, R, step):
+        rows = q[..., r:r + step, :].float()
+        part = s[..., r // block[0]:-(-(r + rows.shape[-2]) // block[0]), :]
+        part = part.repeat_interleave(block[0], -2)[..., :rows.shape[-2], :].repeat_interleave(block[1], -1)
+        out[..., r:r + step, :] = rows * part[..., :C]
+    return out
+
+
+class _Fp8Weights:
+    """A checkpoint's FP8 weights (``quantization_config`` fp8: config.fp8_config) dequantised file by file: each
+    float8 tensor once its ``*_scale_inv`` is read too (the two may lie in different shards); static
+    activations' ``*.activation_scale`` dropped. Without an fp8 quantization_config a float8 tensor or a scale
+    raises: its block size is not known (and a float8 weight read without its scale is silently wrong)."""
+
+    def __init__(self, config: LlamaConfig, dtype):
+        q = config.extra.get("quantization_config")
+        self.on = fp8_config(q)
+        block = q.get("weight_block_size", (128, 128)) if self.on else None  # (FineGrainedFP8Config's default)
+        self.block = None if block is None else tuple(block)
+        self.static = self.on and q.get("activation_scheme", "dynamic") == "static"
+        self.dtype, self.pending = dtype, {}
+
+    def dequantize(self, part: dict) -> dict:
+        for name in list(part):
+            t = part[name]
+            if t.dtype in _FLOAT8 or name.endswith(_SCALE_INV):
+                self.pending[name] = part.pop(name)
+            elif self.static and name.endswith(_ACTIVATION_SCALE):
+                del part[name]
+        if self.pending and not self.on:
+            name = next(iter(self.pending))
+            raise ValueError(f"weight {name} is FP8 ({self.pending[name].dtype}) but config.json has no "
+                             "quantization_config of quant_method 'fp8' saying its blocks")
+        for name in [k for k in self.pending if not k.endswith(_SCALE_INV)]:
+            if name + _SCALE_INV in self.pending:
+                part[name] = dequantize_fp8(self.pending.pop(name), self.pending.pop(name + _SCALE_INV),
+                                            self.block, self.dtype, name)
+        return part
+
+    def check_done(self, directory: Path, sd: dict) -> None:
+        """Raises naming a float8 weight or scales left without the other (``sd``: the weights read)."""
+        for name, t in self.pending.items():
+            weight = name[:-len(_SCALE_INV)]
+            raise ValueError(f"{name} in {str(directory)!r} has no "
+                             + (f"{name}{_SCALE_INV} beside it (the scales of FP8 weight {name}, {t.dtype})"
+                                if not name.endswith(_SCALE_INV) else f"float8 weight {weight} beside it"
+                                + (f" ({weight} is {sd[weight].dtype})" if weight in sd else "")))
 
 
 # Phi-3's and GLM-4's fused projections (config.Family.fused_projections): rows [q; k; v] of qkv_proj, [gate; up] of

@@ -1,0 +1,262 @@
+"""FP8 checkpoints (``quantization_config`` ``{"quant_method": "fp8", ...}``: DeepSeek-V3 / R1 as shipped, Qwen3
+*-FP8, GLM-4.5-FP8, Ministral 3): each float8 weight times its ``*_scale_inv`` (per block or per tensor) dequantised
+on loading, against transformers' dequantised models (``FineGrainedFP8Config``, which dequantises without a GPU)
+and a loop over the blocks."""
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from triforce.models import Llama, LlamaConfig
+from triforce.models.loading import _build, dequantize_fp8
+
+from .test_families import TINY, randomize_
+from .test_model import TOL
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+DEEPSEEK_V3_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                   "weight_block_size": [128, 128]}  # DeepSeek-V3's config.json
+QWEN3_FP8 = {"activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head"], "fmt": "e4m3",
+             "quant_method": "fp8", "weight_block_size": [128, 128]}  # Qwen3-8B-FP8's
+MINISTRAL3_FP8 = {"activation_scheme": "static", "dequantize": False, "quant_method": "fp8",
+                  "modules_to_not_convert": ["model.vision_tower", "model.multi_modal_projector", "lm_head",
+                                             "model.multi_modal_projector.linear_1"],
+                  "weight_block_size": None}  # Ministral 3's: per tensor, static activation scales
+
+
+def quantize_fp8(w: torch.Tensor, block=None):
+    """(float8_e4m3fn weights, float32 scales) of ``w`` ``[R, C]``: per ``block`` (the last partial) or per tensor,
+    each scale its block's largest magnitude / 448 (e4m3's largest)."""
+    if block is None:
+        s = w.abs().max().float().clamp_min(1e-12) / 448
+        return (w.float() / s).to(torch.float8_e4m3fn), s.reshape(())
+    R, C = w.shape
+    (b0, b1), gr, gc = block, -(-R // block[0]), -(-C // block[1])
+    padded = torch.zeros(gr * b0, gc * b1)
+    padded[:R, :C] = w.float()
+    s = padded.reshape(gr, b0, gc, b1).abs().amax((1, 3)).clamp_min(1e-12) / 448
+    q = (padded.reshape(gr, b0, gc, b1) / s[:, None, :, None]).reshape(gr * b0, gc * b1)[:R, :C]
+    return q.to(torch.float8_e4m3fn), s
+
+
+def dequantize_by_loop(q, s, block, dtype):
+    """``dequantize_fp8``'s reference: every weight ``[r, c]`` times ``s[r // b0, c // b1]`` (its block's scale,
+    looked up by index), rounded to ``dtype``."""
+    if s.numel() == 1:
+        return (q.float() * s.float().reshape(())).to(dtype)
+    R, C = q.shape[-2:]
+    rows, cols = torch.arange(R) // block[0], torch.arange(C) // block[1]
+    return (q.float() * s.float()[..., rows, :][..., cols]).to(dtype)
+
+
+def is_quantised(name: str, t: torch.Tensor) -> bool:
+    """Whether an FP8 checkpoint holds ``name`` in float8: every linear layer's weight but a router's (as
+    DeepSeek-V3's and Qwen3-FP8's)."""
+    return t.dim() == 2 and name.endswith("proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
+
+
+def write_fp8(directory, quantization_config, block, shards: int = 1, static: bool = False) -> dict:
+    """Replaces the float checkpoint in ``directory`` by its FP8 one (``block`` x ``block`` scales, or per tensor;
+    ``static``: an activation_scale beside each weight, as Ministral 3's), in ``shards`` files with an index
+    (each weight's scales in the next shard), the config's quantization_config set; -> the dequantised weights."""
+    path = directory / "model.safetensors"
+    sd, out, dequantised = safetensors_torch.load_file(path), {}, {}
+    for name, t in sd.items():
+        if is_quantised(name, t):
+            q, s = quantize_fp8(t, block)
+            out[name], out[name + "_scale_inv"] = q, s
+            dequantised[name] = dequantize_by_loop(q, s, block, torch.float32)
+            if static:
+                out[name[:-len("weight")] + "activation_scale"] = torch.tensor(0.02)
+        else:
+            out[name] = t
+    path.unlink()
+    names = list(out)
+    files = {name: f"model-{(i + name.endswith('_scale_inv')) % shards + 1:05d}-of-{shards:05d}.safetensors"
+             for i, name in enumerate(names)}
+    for f in set(files.values()):
+        safetensors_torch.save_file({n: out[n].contiguous() for n in names if files[n] == f}, directory / f)
+    if shards > 1:
+        (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": files}))
+    else:
+        (directory / next(iter(files.values()))).rename(path)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}))
+    return dequantised
+
+
+CASES = {
+    # DeepSeek-V3: 16 x 16 blocks; latent attention, experts each quantised, the router not
+    "deepseek_v3": ("DeepseekV3", dict(TINY, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32,
+                                       qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, q_lora_rank=32,
+                                       n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                       first_k_dense_replace=1, n_group=2, topk_group=1),
+                    {**DEEPSEEK_V3_FP8, "weight_block_size": [16, 16]}),
+    # Qwen3: 32 x 16 blocks over q/k norms
+    "qwen3": ("Qwen3", dict(TINY, head_dim=16), {**QWEN3_FP8, "weight_block_size": [32, 16]}),
+    # Qwen3-MoE: every expert's projections
+    "qwen3_moe": ("Qwen3Moe", dict(TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+                  QWEN3_FP8 | {"weight_block_size": [16, 32]}),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_fp8_checkpoint_loads_as_transformers_dequantises_it(tmp_path, case, dtype):
+    """An FP8 checkpoint (linear weights float8 with per-block scales) loads with the weights transformers'
+    FineGrainedFP8 loading dequantises, bitwise in float32 and bfloat16 (each product in float32, rounded once),
+    and (float32) with its logits; what the model saves is float, without the quantization_config."""
+    name, kw, quantization = CASES[case]
+    torch.manual_seed(0)
+    hf = randomize_(getattr(transformers, f"{name}ForCausalLM")(getattr(transformers, f"{name}Config")(**kw)))
+    hf.save_pretrained(tmp_path / "ckpt")
+    dequantised = write_fp8(tmp_path / "ckpt", quantization, quantization["weight_block_size"])
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=dtype).eval()
+    ours = Llama.from_pretrained(tmp_path / "ckpt", dtype=dtype)
+    theirs_sd = theirs.state_dict()
+    named = [key for key in dequantised if key in theirs_sd]  # (transformers stacks the experts: checked below)
+    assert len(named) >= 8
+    for key in named:  # transformers' weights: the loop's
+        assert torch.equal(theirs_sd[key], dequantised[key].to(dtype)), key
+    # ours: those of the model built on transformers' weights (DeepSeek's RoPE rows in our order), bitwise
+    want = _build(LlamaConfig.from_dict(theirs.config.to_dict()), theirs_sd, None, dtype).state_dict()
+    mine = ours.state_dict()
+    assert mine.keys() == want.keys() and all(torch.equal(mine[k], want[k]) for k in mine)
+    if dtype == torch.float32:  # (transformers' bfloat16 DeepSeek-V3 mixes dtypes in its forward on the CPU)
+        ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert (ours(ids) - theirs(input_ids=ids).logits).abs().max().item() <= TOL
+    assert "quantization_config" not in ours.config.to_dict()
+    ours.save_pretrained(tmp_path / "float")
+    back = Llama.from_pretrained(tmp_path / "float", dtype=dtype).state_dict()
+    assert all(torch.equal(back[k], mine[k]) for k in mine)
+
+
+def test_ministral3_fp8_per_tensor_with_static_activation_scales(tmp_path):
+    """Ministral 3 as Mistral ships it (a mistral3 image + text checkpoint, the wrapper's quantization_config: per
+    tensor scales, static activation scales): it loads as transformers dequantises it (the activation scales,
+    which round the activations in an FP8 matmul, dropped), with its logits; sharded, each scale in another file
+    than its weight, the same."""
+    from .test_ministral3 import MINISTRAL3
+    from .test_mistral3 import VISION
+
+    config = transformers.Mistral3Config(text_config={**MINISTRAL3, "model_type": "ministral3"}, vision_config=VISION,
+                                         image_token_index=100)
+    torch.manual_seed(0)
+    hf = randomize_(transformers.Mistral3ForConditionalGeneration(config).eval())
+    ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(1))
+    for shards in (1, 3):
+        directory = tmp_path / f"ckpt{shards}"
+        hf.save_pretrained(directory)
+        dequantised = write_fp8(directory, MINISTRAL3_FP8, None, shards=shards, static=True)
+        theirs = transformers.AutoModelForImageTextToText.from_pretrained(directory).eval()
+        ours = Llama.from_pretrained(directory)
+        assert ours.config.model_type == "ministral3"
+        for key, w in dequantised.items():
+            if key.startswith("model.language_model."):
+                assert torch.equal(ours.state_dict()["model." + key[len("model.language_model."):]], w), key
+        with torch.no_grad():
+            assert (ours(ids) - theirs(input_ids=ids).logits).abs().max().item() <= TOL
+
+
+def test_partial_blocks_take_their_own_scale(tmp_path):
+    """DeepSeek-V3's shapes are not all multiples of its 128 x 128 blocks (``kv_a_proj_with_mqa``: 576 rows, 5
+    blocks): the last block of a row or column takes its own scale, as DeepSeek's ``weight_dequant`` has it
+    (transformers refuses such shapes). Here every weight's last block is partial (12 x 12 blocks): the model
+    is the float model holding the loop's dequantised weights, bitwise."""
+    torch.manual_seed(0)
+    kw = {**CASES["deepseek_v3"][1], "kv_lora_rank": 20, "qk_rope_head_dim": 8, "moe_intermediate_size": 28}
+    hf = randomize_(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**kw)))
+    hf.save_pretrained(tmp_path)
+    dequantised = write_fp8(tmp_path, {**DEEPSEEK_V3_FP8, "weight_block_size": [12, 12]}, (12, 12))
+    assert any(w.shape[0] % 12 and w.shape[1] % 12 for w in dequantised.values())
+    ours = Llama.from_pretrained(tmp_path)
+    sd = {k: v for k, v in safetensors_torch.load_file(tmp_path / "model.safetensors").items()
+          if not k.endswith("_scale_inv")}
+    plain = _build(ours.config, {**sd, **dequantised}, None, None)
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), plain(ids))
+
+
+@given(lead=st.lists(st.integers(1, 2), max_size=1), R=st.integers(1, 20), C=st.integers(1, 20),
+       b0=st.integers(1, 8), b1=st.integers(1, 8),
+       scales=st.sampled_from(["float32", "bfloat16", "ue8m0", "float8_e8m0fnu"]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16))
+def test_dequantize_fp8_is_the_loop_over_blocks(lead, R, C, b0, b1, scales, dtype, seed):
+    """``dequantize_fp8`` = each weight times its block's scale by index (partial last blocks included, stacked weights
+    [E, R, C] block by block), rounded once to ``dtype``: float32, 16-bit and UE8M0 (exponent bytes: uint8 or
+    float8_e8m0fnu) scales; a
+    single scale serves the whole tensor."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(*lead, R, C, generator=g) * 100).to(torch.float8_e4m3fn)
+    grid = (*lead, -(-R // b0), -(-C // b1))
+    if scales in ("ue8m0", "float8_e8m0fnu"):  # exponent bytes, as uint8 or as float8_e8m0fnu
+        s = torch.randint(110, 140, grid, generator=g, dtype=torch.uint8)
+        as_float = (s.float() - 127).exp2()
+        s = s if scales == "ue8m0" else s.view(torch.float8_e8m0fnu)
+    else:
+        s = (torch.rand(grid, generator=g) + 0.01).to(getattr(torch, scales))
+        as_float = s.float()
+    assert torch.equal(dequantize_fp8(q, s, (b0, b1), dtype), dequantize_by_loop(q, as_float, (b0, b1), dtype))
+    one = as_float.flatten()[:1]
+    assert torch.equal(dequantize_fp8(q, s.flatten()[:1], (b0, b1), dtype), (q.float() * one).to(dtype))
+
+
+def test_dequantize_fp8_chunks_large_weights():
+    """A weight of more than one chunk of rows (~4M products) gives the products of one pass."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2100, 2050, generator=g).to(torch.float8_e4m3fn)
+    s = torch.rand(-(-2100 // 128), -(-2050 // 128), generator=g) + 0.5
+    full = s.repeat_interleave(128, 0)[:2100].repeat_interleave(128, 1)[:, :2050]
+    assert torch.equal(dequantize_fp8(q, s, (128, 128), torch.bfloat16), (q.float() * full).to(torch.bfloat16))
+
+
+def test_bad_fp8_checkpoints_raise(tmp_path):
+    """A weight without its scales, scales without their weight, scales of the wrong grid, float8 weights under a
+    config without an fp8 quantization_config, a float weight with scales, and quantization configs this does not
+    dequantise (other formats, FP4 experts, unknown keys) raise, naming what is wrong."""
+    torch.manual_seed(0)
+    hf = randomize_(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**TINY, head_dim=16)))
+    hf.save_pretrained(tmp_path)
+    write_fp8(tmp_path, QWEN3_FP8 | {"weight_block_size": [16, 16]}, (16, 16))
+    Llama.from_pretrained(tmp_path)
+    good = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    config = json.loads((tmp_path / "config.json").read_text())
+    w = "model.layers.1.mlp.down_proj.weight"
+
+    def raises(sd, match, quantization=config["quantization_config"]):
+        safetensors_torch.save_file(sd, tmp_path / "model.safetensors")
+        (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization}))
+        with pytest.raises(ValueError, match=match):
+            Llama.from_pretrained(tmp_path)
+
+    raises({k: v for k, v in good.items() if k != w + "_scale_inv"}, f"{w}_scale_inv beside it")
+    raises({k: v for k, v in good.items() if k != w}, f"float8 weight {w} beside it")
+    raises({**good, w + "_scale_inv": good[w + "_scale_inv"][:, :1].contiguous()}, r"one per 16 x 16 block, \[4, 6\]")
+    raises(good, "no quantization_config", None)
+    raises(good, r"one scale \(quantization_config weight_block_size null\)", {**QWEN3_FP8, "weight_block_size": None})
+    raises({**good, w: good[w].float()}, f"no float8 weight {w} beside it \\({w} is torch.float32\\)")
+    with pytest.raises(ValueError, match="must be float8"):
+        dequantize_fp8(torch.ones(2, 2), torch.ones(()))
+    for bad in ({"quant_method": "fp8", "fmt": "e5m2"}, {"quant_method": "fp8", "activation_scheme": "tensor"},
+                {"quant_method": "fp8", "weight_block_size": [128]}, {"quant_method": "fp8", "expert_dtype": "fp4"},
+                {"quant_method": "fp8", "group_size": 128}, {"quant_method": "compressed-tensors"}):
+        with pytest.raises(ValueError, match="'quantization_config'"):
+            LlamaConfig.from_dict({**config, "quantization_config": bad})
+
+
+def test_published_fp8_configs_read():
+    """The quantization_configs of DeepSeek-V3, DeepSeek-V3.1 (UE8M0 scales), Qwen3-FP8, GLM-4.5-FP8 (no block
+    size: FineGrainedFP8Config's 128 x 128), MiniMax's (``ignored_layers``) and Ministral 3 are read; the config
+    writes none back (what the model holds is float)."""
+    for q in (DEEPSEEK_V3_FP8, {**DEEPSEEK_V3_FP8, "scale_fmt": "ue8m0"}, QWEN3_FP8, MINISTRAL3_FP8,
+              {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8"},
+              {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "ignored_layers": ["lm_head"],
+               "weight_block_size": [128, 128]}):
+        c = LlamaConfig.from_dict({**TINY, "model_type": "qwen3", "quantization_config": q})
+        assert c.extra["quantization_config"] == q and "quantization_config" not in c.to_dict()
