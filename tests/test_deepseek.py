@@ -3,6 +3,7 @@ R1, Moonlight): multi-head latent attention, absorbed (triforce.models.llama.Lat
 KV head), and their routers (V2's softmax, greedy or within groups; V3's sigmoid with a correction bias within groups),
 against transformers' DeepseekV2ForCausalLM / DeepseekV3ForCausalLM on the same weights."""
 import functools
+import json
 
 import pytest
 import torch
@@ -336,8 +337,8 @@ V3 = {
 
 
 def test_deepseeks_published_configs_load():
-    """DeepSeek-V2-Lite's and V3's config.json keys load (V3's FP8 quantisation raises) and read as transformers reads
-    them: the latent head, the routers, the dense layers, V2-Lite's attention scale with YaRN's mscale_all_dim."""
+    """DeepSeek-V2-Lite's and V3's config.json keys load (V3's with its FP8 quantization_config too) and read as
+    transformers reads them: the latent head, the routers, the dense layers, V2-Lite's attention scale with YaRN's mscale_all_dim."""
     import math
 
     lite = LlamaConfig.from_dict(V2_LITE)
@@ -360,6 +361,42 @@ def test_deepseeks_published_configs_load():
     # as shipped: FP8 weights in 128 x 128 blocks, dequantised on loading (tests/test_fp8.py); saved float
     fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
     assert LlamaConfig.from_dict({**V3, "quantization_config": fp8}).to_dict() == v3.to_dict()
+
+
+# the keys and values of Kimi K2 Instruct's config.json (Moonshot: DeepSeek-V3's architecture and code, its own
+# model_type; FP8 blocks)
+KIMI_K2 = {**{k: v for k, v in V3.items() if k not in ("transformers_version", "num_nextn_predict_layers")},
+           "model_type": "kimi_k2", "bos_token_id": 163584, "eos_token_id": 163585, "first_k_dense_replace": 1,
+           "max_position_embeddings": 131072, "n_group": 1, "n_routed_experts": 384, "num_attention_heads": 64,
+           "num_key_value_heads": 64, "num_nextn_predict_layers": 0, "routed_scaling_factor": 2.827,
+           "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "original_max_position_embeddings": 4096, "type": "yarn"},
+           "rope_theta": 50000.0, "topk_group": 1, "vocab_size": 163840,
+           "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                   "weight_block_size": [128, 128]}}
+
+
+def test_kimi_k2_reads_as_deepseek_v3(tmp_path):
+    """Kimi K2's config.json (model_type kimi_k2, naming DeepseekV3ForCausalLM and DeepSeek's code) reads as
+    DeepSeek-V3 and saves as it (which transformers reads without remote code); a checkpoint directory under that
+    name loads with the logits of transformers' DeepseekV3ForCausalLM on its weights; kimi_k2 naming another
+    architecture raises."""
+    c = LlamaConfig.from_dict(KIMI_K2)
+    e = c.experts
+    assert c.model_type == "deepseek_v3" and c.to_dict()["model_type"] == "deepseek_v3"
+    assert (e.count, e.top_k, e.groups, e.scale, e.layers[:2]) == (384, 8, (1, 1), 2.827, (False, True))
+    assert (c.num_attention_heads, c.mla.kv_lora_rank, c.rope_scaling["factor"]) == (64, 512, 32.0)
+    hf, ours = pair("v3")
+    hf.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "model_type": "kimi_k2",
+                                                      "auto_map": KIMI_K2["auto_map"]}))
+    loaded = Llama.from_pretrained(tmp_path)
+    ids = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    with pytest.raises(ValueError, match="read as DeepSeek-V3"):
+        LlamaConfig.from_dict({**KIMI_K2, "architectures": ["KimiK2ForCausalLM"]})
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])

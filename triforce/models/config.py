@@ -10,8 +10,8 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
-``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``glm4_moe`` and ``glm4_moe_lite`` (also from the image + text wrappers
-in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2:
+``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``glm4_moe``, ``glm4_moe_lite`` and ``dots1`` (also from the image +
+text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2:
 biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's
 and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and
 key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections), ``clip_qkv``
@@ -338,12 +338,21 @@ FAMILIES["glm4_moe_lite"] = Family("Glm4MoeLiteForCausalLM", defaults={
     "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
     "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1,
     "rope_interleave": True})
+# dots.llm1 (Dots1ForCausalLM: dots.llm1.base / .inst): Qwen3's attention (a per-head q/k RMSNorm; Qwen's sliding
+# windows from max_window_layers on, without use_sliding_window) with DeepSeek-V3's mixture from first_k_dense_replace on
+FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_bias",), defaults={
+    "vocab_size": 152064, "hidden_size": 4608, "intermediate_size": 10944, "num_hidden_layers": 62,
+    "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "moe_intermediate_size": 1408,
+    "n_shared_experts": None, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62})
 _DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # the latent attention's families (LlamaConfig.mla)
-_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite")  # DeepSeek-V3's router (sigmoid, correction bias, groups)
-_GROUPED = (*_DEEPSEEKS, "glm4_moe")  # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
+# DeepSeek-V3's router (sigmoid, correction bias, groups)
+_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1")
+_GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1")  # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
+                     "dots1": ("noaux_tc",),
                      "glm4_moe_lite": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
@@ -556,8 +565,8 @@ _HARMLESS_ONLY_AT = {
                        "where it is true)"),
     # DeepSeek-V2 / V3: LlamaConfig.mla and LlamaConfig.experts (checked together in LlamaConfig.__post_init__)
     **{key: (lambda v, c, key=key: (c.model_type in _DEEPSEEKS or key == "n_routed_experts"
-                                    and c.model_type == "glm4_moe") and _is_int(v) and v >= 1,
-             "absent (DeepSeek: an int >= 1; GLM-4.5: n_routed_experts)") for key in _DEEPSEEK_INTS},
+                                    and c.model_type in _GROUPED) and _is_int(v) and v >= 1,
+             "absent (DeepSeek: an int >= 1; GLM-4.5, dots.llm1: n_routed_experts)") for key in _DEEPSEEK_INTS},
     "q_lora_rank": (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 1),
                     "absent (DeepSeek: null or an int >= 1)"),
     "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and (v is None or _is_int(v) and v >= 0),
@@ -574,7 +583,7 @@ _HARMLESS_ONLY_AT = {
     "use_qk_norm": (lambda v, c: c.model_type in ("cohere", "glm4_moe") and isinstance(v, bool) or v is None,
                     "absent (Cohere: a bool, its per-head q/k LayerNorm; GLM-4.5: a bool, its per-head q/k RMSNorm)"),
     "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid"),
-                                                         ("glm4_moe_lite", "sigmoid")),
+                                                         ("glm4_moe_lite", "sigmoid"), ("dots1", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
     "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite") and isinstance(v, bool),
                         "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims)"),
@@ -589,7 +598,7 @@ _HARMLESS_ONLY_AT = {
     "ep_size": (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 1, "absent (DeepSeek: an int >= 1)"),
     "aux_loss_alpha": (lambda v, c: c.model_type in _DEEPSEEKS and _is_number(v), "absent (DeepSeek: a number)"),
     "seq_aux": (lambda v, c: c.model_type in _DEEPSEEKS and isinstance(v, bool), "absent (DeepSeek: a bool)"),
-    **{key: (lambda v, c: c.model_type in _V3_ROUTERS and _is_int(v) and v >= 0,
+    **{key: (lambda v, c: c.model_type in _V3_ROUTERS and c.model_type != "dots1" and _is_int(v) and v >= 0,
              "absent (DeepSeek-V3, GLM-4.5: an int >= 0, its multi-token prediction layers, not part of the forward)")
        for key in ("num_nextn_predict_layers", "num_mtp_layers")},
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
@@ -713,6 +722,21 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         elif types is None:
             types = ["full_attention" if r else "sliding_attention" for r in c.rope_layers]
         sliding = [t == "sliding_attention" for t in types]
+    elif c.model_type == "dots1":
+        # Dots1Config: sliding_window (4096) on the layer_types' sliding layers, by default those from
+        # max_window_layers (62) on where there is a window; use_sliding_window is read by neither it nor the model
+        window, types, start = x.get("sliding_window", 4096), x.get("layer_types"), x.get("max_window_layers", 62)
+        if types is not None and not _layer_types_ok(types, n):
+            return none, "layer_types"
+        if x.get("use_sliding_window", False) not in (False, None, True):
+            return none, "use_sliding_window"
+        if types is None and not _is_int(start):
+            return none, "max_window_layers"
+        if types is None:
+            types = ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
+        sliding = [t == "sliding_attention" for t in types]
+        if window is None:  # (transformers' mask fails on a sliding layer without one)
+            return none, "sliding_window" if any(sliding) else None
     elif c.model_type == "qwen2_moe":
         # Qwen2MoeConfig: with use_sliding_window, sliding_window (4096 when absent) on the layer_types' sliding
         # layers, by default every other layer from the first below max_window_layers; without it the window is 0
@@ -757,7 +781,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
     if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3_moe",
-                            "qwen2_moe", *_PATTERNED):
+                            "qwen2_moe", "dots1", *_PATTERNED):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -943,6 +967,9 @@ class LlamaConfig:
             raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} routed experts")
         if e.groups is not None:
             groups, top_groups = e.groups
+            if groups is None or top_groups is None:
+                raise ValueError(f"config n_group = {groups} and topk_group = {top_groups}: a grouped router (topk_method "
+                                 f"{self._deepseek('topk_method')!r}) needs both as ints >= 1")
             if e.count % groups or top_groups > groups:
                 raise ValueError(f"config n_group = {groups} and topk_group = {top_groups}: n_group must divide "
                                  f"n_routed_experts ({e.count}) and topk_group be at most n_group")
@@ -1251,7 +1278,9 @@ class LlamaConfig:
         of the best two, renormalised where ``norm_topk_prob``."""
         get, v3 = self._deepseek, self.model_type in _V3_ROUTERS
         width = get("moe_intermediate_size")
-        grouped = v3 or get("topk_method") == "group_limited_greedy"
+        # (V3's router with null groups: one group of every expert, as dots.llm1's config has it; V2's grouped
+        # method without them raises in _check_deepseek_experts)
+        grouped = (v3 and get("n_group") is not None) or get("topk_method") == "group_limited_greedy"
         n = self.num_hidden_layers
         if self.model_type == "glm4_moe_lite":  # (its list, by default the first layer dense)
             types = self.extra.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
@@ -1341,6 +1370,11 @@ class LlamaConfig:
             raise ValueError(f"a config must be a JSON object, got {type(d).__name__}")
         d = dict(d)
         model_type = d.setdefault("model_type", "llama")  # a config without one: Llama's, as ever
+        if model_type == "kimi_k2":  # Kimi K2 (Moonshot): DeepSeek-V3's architecture and modeling code under its name
+            if d.get("architectures", ["DeepseekV3ForCausalLM"]) != ["DeepseekV3ForCausalLM"]:
+                raise ValueError(f"config model_type 'kimi_k2' with architectures {d['architectures']!r}: it is read "
+                                 "as DeepSeek-V3 (DeepseekV3ForCausalLM, the architecture its config.json names)")
+            model_type = d["model_type"] = "deepseek_v3"
         if model_type in WRAPPERS:
             return cls._from_wrapper(d)
         if model_type not in FAMILIES:
