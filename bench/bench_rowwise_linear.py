@@ -21,6 +21,11 @@ streamed as above; bytes = the heads' weights + x + out.
 verification passes of any size (row-independent) and torch's GEMM a prefill's chunks of more than
 ``ROWWISE_MAX_ROWS`` rows (triforce/models/llama.py); the op runs x in chunks of 256 rows.
 
+``--dtype fp8``: ``rowwise_linear_fp8`` (an FP8 checkpoint's layer on its own weights: float8_e4m3fn, a float32
+scale per row and 128 columns; 1.03 bytes a weight) against the float32 kernel on the dequantised weight
+(``cpu_float32``: what the float32 model loaded from the checkpoint runs, the same bits), the bfloat16 kernel on
+it rounded to bfloat16 (``cpu_bfloat16``: a bfloat16 model's, 2 bytes a weight; x rounded too) and ``F.linear``.
+
 ``--dtype int8`` / ``q4_1``: the weight formats of triforce/models/quant.py (the int8 draft copy, and a GGUF
 model's Q4_1 layers), float32 x; q4_1 also against the float32 kernel on the dequantised weight (the same
 bits: what the float32 model runs).
@@ -56,7 +61,7 @@ in turns with the VNNI path (the tiles forbidden, the same bits): backend ``cpu_
 is then ``cpu_vnni`` (extra ``AMX tiles``).
 
     python -m bench.bench_rowwise_linear [--quick] [--many-rows] [--threads N] [--dtype DTYPE]
-    # DTYPE: float32|bfloat16|float16|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|
+    # DTYPE: float32|bfloat16|float16|fp8|int8|q4_1|q4_1_int8|q8_0_int8|q4_k_int8|q5_k_int8|q6_k_int8|iq4_xs_int8|
     #        q2_k_int8|q3_k_int8|mxfp4_int8|iq2_xxs_int8|iq2_xs_int8|both
     # (default both);
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
@@ -81,11 +86,12 @@ def main():
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--heads", action="store_true", help="rowwise_linear_heads at DeepSeek-V2-Lite's shapes")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "fp8", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
                                        "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
                                        "mxfp4_int8", "iq2_xxs_int8", "iq2_xs_int8", "both"],
                    default="both",
-                   help="both = float32, bfloat16 and float16; int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
+                   help="both = float32, bfloat16 and float16; fp8 = rowwise_linear_fp8 (float8 weights, block scales, "
+                        "float32 x); int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
                         "q4_1 = rowwise_linear_q4_1 (Q4_1 blocks, float32 x); q4_1_int8 / q8_0_int8 = rowwise_linear_i8 "
                         "(GGUF blocks, x rounded to int8 blocks); q4_k_int8 / q5_k_int8 / q6_k_int8 / iq4_xs_int8 / "
                         "q2_k_int8 / q3_k_int8: the same on the forms of the K-quants and IQ4_XS; mxfp4_int8: MXFP4; "
@@ -98,7 +104,7 @@ def main():
     g = torch.Generator().manual_seed(0)
     bw = copy_bandwidth("cpu")
     kernel = torch.ops.triforce_C.rowwise_linear
-    quantised = {"int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8,
+    quantised = {"fp8": bench_fp8, "int8": bench_q8, "q4_1": bench_q4_1, "q4_1_int8": bench_i8, "q8_0_int8": bench_i8,
                  "q4_k_int8": bench_i8_k, "q5_k_int8": bench_i8_k, "q6_k_int8": bench_i8_k, "iq4_xs_int8": bench_i8_k,
                  "q2_k_int8": bench_i8_k, "q3_k_int8": bench_i8_k, "mxfp4_int8": bench_i8_k,
                  "iq2_xxs_int8": bench_i8_k, "iq2_xs_int8": bench_i8_k}
@@ -174,6 +180,30 @@ def bench_q8(a, g, bw) -> None:
     dense = streamed([dequantize_q8(q, s) for q, s in qs], N * K * 4, torch.clone)
     _bench_quantised(a, g, bw, "rowwise_linear_q8", "int8", weight_bytes,
                      lambda x: [kernel(x, q, s) for q, s in qsets()], dense, {})
+
+
+def bench_fp8(a, g, bw) -> None:
+    """``rowwise_linear_fp8`` (an FP8 checkpoint's weights: float8_e4m3fn, a float32 scale per row and 128 columns)
+    against the float32 kernel on the dequantised weight (``cpu_float32``: the same bits), the bfloat16 kernel on it
+    rounded (``cpu_bfloat16``) and ``F.linear`` on the float32 one; bytes = the codes + scales (or the float
+    weights) + x + out, read once."""
+    from triforce.models.loading import dequantize_fp8
+
+    bc = 128
+    qs = [((torch.randn(N, K, generator=g) * 64).to(torch.float8_e4m3fn),
+           torch.rand(N, -(-K // bc), generator=g) / 64) for _ in range(MATRICES)]
+    kernel, fp32 = torch.ops.triforce_C.rowwise_linear_fp8, torch.ops.triforce_C.rowwise_linear
+    weight_bytes = N * K + qs[0][1].numel() * 4
+    qsets = streamed(qs, weight_bytes, _clone_all)
+    dequantised = [dequantize_fp8(q, s, (1, bc)) for q, s in qs]
+    dense = streamed(dequantised, N * K * 4, torch.clone)
+    half = streamed([w.bfloat16() for w in dequantised], N * K * 2, torch.clone)
+    x0 = torch.randn(1, K, generator=g)
+    assert torch.equal(kernel(x0, *qs[0], bc), fp32(x0, dequantised[0]))  # (the same bits)
+    _bench_quantised(a, g, bw, "rowwise_linear_fp8", "fp8", weight_bytes,
+                     lambda x: [kernel(x, q, s, bc) for q, s in qsets()], dense,
+                     {"cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4),
+                      "cpu_bfloat16": (lambda x: [fp32(x.bfloat16(), w) for w in half()], N * K * 2)})
 
 
 def bench_q4_1(a, g, bw) -> None:

@@ -25,6 +25,7 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("rowwise_linear(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_heads(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_q8(Tensor x, Tensor q, Tensor scales) -> Tensor");
+  m.def("rowwise_linear_fp8(Tensor x, Tensor q, Tensor scales, int block_cols) -> Tensor");
   m.def("rowwise_linear_q4_1(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_i8(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("decoder_attn_in(Tensor h, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, Tensor?[] bias, "
@@ -72,6 +73,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("rowwise_linear", &rowwise_linear);
   m.impl("rowwise_linear_heads", &rowwise_linear_heads);
   m.impl("rowwise_linear_q8", &rowwise_linear_q8);
+  m.impl("rowwise_linear_fp8", &rowwise_linear_fp8);
   m.impl("rowwise_linear_q4_1", &rowwise_linear_q4_1);
   m.impl("rowwise_linear_i8", &rowwise_linear_i8);
   m.impl("decoder_attn_in", &decoder_attn_in);

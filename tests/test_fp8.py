@@ -6,10 +6,12 @@ import json
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from triforce.models import Llama, LlamaConfig
+import triforce
+from triforce.models import FullCache, Llama, LlamaConfig
+from triforce.models.llama import _rowwise_available
 from triforce.models.loading import _build, dequantize_fp8
 
 from .test_families import TINY, randomize_
@@ -260,3 +262,157 @@ def test_published_fp8_configs_read():
                "weight_block_size": [128, 128]}):
         c = LlamaConfig.from_dict({**TINY, "model_type": "qwen3", "quantization_config": q})
         assert c.extra["quantization_config"] == q and "quantization_config" not in c.to_dict()
+
+
+# ---- an FP8 checkpoint on its own float8 weights (quant.load_fp8, Fp8Linear, triforce_C::rowwise_linear_fp8)
+
+needs_fp8_kernel = pytest.mark.skipif(not (_rowwise_available()
+                                           and hasattr(torch.ops.triforce_C, "rowwise_linear_fp8")),
+                                      reason="the C++ extension is not built")
+FINITE_CODES = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)  # (0x7f, 0xff: NaN)
+
+
+def fp8_product(x, q, s, bc):
+    return torch.ops.triforce_C.rowwise_linear_fp8(x, q, s, bc)
+
+
+@needs_fp8_kernel
+@given(M=st.integers(0, 9), N=st.integers(0, 40), K=st.integers(1, 300), bc=st.sampled_from([16, 32, 48, 128, 0]),
+       seed=st.integers(0, 2**31 - 1))
+@example(M=1, N=1536, K=576, bc=128, seed=0)  # (a partial last block of columns: 576 = 4.5 blocks)
+@example(M=5, N=7, K=33, bc=16, seed=2)  # a masked tail, a partial block of weight rows
+def test_rowwise_linear_fp8_is_rowwise_linear_on_the_dequantised_weight(M, N, K, bc, seed):
+    """Every finite e4m3fn code (subnormals, both zeros, the largest) times its block's scale, then the float32
+    kernel's arithmetic: bitwise ``rowwise_linear`` on ``dequantize_fp8``'s float32 weight, and row m of an M-row
+    product bitwise its 1-row product; ``bc`` 0: one block a row (at least K columns, any width)."""
+    g = torch.Generator().manual_seed(seed)
+    bc = bc or K + int(torch.randint(0, 5, (1,), generator=g))
+    q = FINITE_CODES[torch.randint(0, len(FINITE_CODES), (N, K), generator=g)].view(torch.float8_e4m3fn)
+    s = torch.rand(N, -(-K // bc), generator=g) * 4 - 1  # (negative and tiny scales too)
+    x = torch.randn(M, K, generator=g)
+    out = fp8_product(x, q, s, bc)
+    want = torch.ops.triforce_C.rowwise_linear(x, dequantize_fp8(q, s, (1, bc), torch.float32))
+    assert out.shape == (M, N) and torch.equal(out, want)
+    for m in range(M):
+        assert torch.equal(fp8_product(x[m:m + 1], q, s, bc)[0], out[m])
+
+
+@needs_fp8_kernel
+def test_rowwise_linear_fp8_nan_codes_and_bad_arguments():
+    """The NaN codes (0x7f, 0xff) give NaN as torch's conversion does; scales at float32's ends (2^8 s past its
+    range, subnormal s) the products of the dequantised weight; misshapen or mistyped operands raise."""
+    for M in (2, 6):  # (one group of rows: decoded in registers; more: into a buffer)
+        x = torch.randn(M, 200)
+        q = torch.zeros(8, 200, dtype=torch.uint8)
+        q[1, 5], q[2, 130], q[7, 199] = 0x7F, 0xFF, 0x7F
+        out = fp8_product(x, q.view(torch.float8_e4m3fn), torch.ones(8, 13), 16)
+        assert out[:, [0, 3, 4, 5, 6]].eq(0).all() and out[:, [1, 2, 7]].isnan().all()
+        # scales at float32's ends (2^8 s overflowing, subnormal s), beside ordinary ones: each product one rounding
+        # of the exact one, as torch's
+        codes = FINITE_CODES[torch.arange(1600) % len(FINITE_CODES)].reshape(8, 200).view(torch.float8_e4m3fn)
+        for scale in (2.0 ** 125, 2.0 ** 127 * 1.5, 1e-40, 2.0 ** -140, 3e38):
+            ss = torch.rand(8, 13)
+            ss[::3, ::2] = scale
+            want = torch.ops.triforce_C.rowwise_linear(x, dequantize_fp8(codes, ss, (1, 16), torch.float32))
+            torch.testing.assert_close(fp8_product(x, codes, ss, 16), want, rtol=0, atol=0, equal_nan=True)  # bitwise
+    x = torch.randn(2, 32)
+    q = torch.zeros(3, 32, dtype=torch.uint8)
+    q8 = q.view(torch.float8_e4m3fn)
+    for args, match in (((x, q8, torch.ones(3, 1), 16), r"scales must be \[3, 2\]"),
+                        ((x, q8, torch.ones(3, 3), 12), "multiple of 16 or at least K"),
+                        ((x, q, torch.ones(3, 2), 16), "float8_e4m3fn"),
+                        ((x.double(), q8, torch.ones(3, 2), 16), "x float32"),
+                        ((x[:, :31], q8, torch.ones(3, 2), 16), "31 columns"),
+                        ((x, q8, torch.ones(3, 2).double(), 16), "scales float32")):
+        with pytest.raises(RuntimeError, match=match):
+            fp8_product(*args)
+
+
+def fp8_checkpoint(directory, case: str, block=(16, 16)):
+    """transformers' model of ``case`` (CASES) saved to ``directory`` as an FP8 checkpoint of ``block`` blocks."""
+    name, kw, quantization = CASES[case]
+    torch.manual_seed(0)
+    hf = randomize_(getattr(transformers, f"{name}ForCausalLM")(getattr(transformers, f"{name}Config")(**kw)))
+    hf.save_pretrained(directory)
+    write_fp8(directory, {**quantization, "weight_block_size": list(block)}, block)
+    return hf
+
+
+@needs_fp8_kernel
+@pytest.mark.parametrize("case,block", [("deepseek_v3", (16, 16)), ("qwen3", (32, 48)), ("qwen3_moe", (16, 32)),
+                                        ("deepseek_v3", (16, 128))])
+def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, case, block):
+    """``load_fp8`` (``load_model(directory, "fp8")``): every linear layer of the checkpoint an Fp8Linear on its
+    float8 weights (DeepSeek's RoPE rows reordered, experts' gate and up joined, partial column blocks), its
+    weight the float32 model's bitwise; the logits of every path and every method's tokens bitwise those of
+    ``Llama.from_pretrained`` (float32, dequantised), each layer 1 byte a weight plus its scales."""
+    from triforce.models import hub
+    from triforce.models.quant import Fp8Linear
+
+    fp8_checkpoint(tmp_path / "ckpt", case, block)
+    plain = Llama.from_pretrained(tmp_path / "ckpt")
+    ours, _ = hub.load_model(str(tmp_path / "ckpt"), "fp8")
+    layers = {n: m for n, m in ours.named_modules() if isinstance(m, Fp8Linear)}
+    floats = dict(plain.named_modules())
+    assert len(layers) >= 14 and all(m.qweight.element_size() == 1 and m.block_cols == block[1]
+                                     for m in layers.values())
+    for n, m in layers.items():
+        assert torch.equal(m.weight, floats[n].weight), n
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), plain(ids))
+        cache, ref = FullCache(ours.config, 2, 40), FullCache(plain.config, 2, 40)
+        assert torch.equal(ours(ids[:, :29], cache=cache), plain(ids[:, :29], cache=ref))
+        assert torch.equal(ours(ids[:, 29:], cache=cache), plain(ids[:, 29:], cache=ref))  # one-row steps
+    prompts = [ids[0, :9], ids[1, :17]]
+    want = triforce.generate(plain, prompts, method="autoregressive", max_new_tokens=10)
+    for method, opts in (("autoregressive", {}), ("speculative", {"gamma": 3, "draft_layers": 1}),
+                         ("magicdec", {"gamma": 2, "sink": 1, "window": 8})):
+        out = triforce.generate(ours, prompts, method=method, max_new_tokens=10, **opts)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, want.tokens)), method
+
+
+@needs_fp8_kernel
+def test_ministral3_per_tensor_fp8_runs_on_its_own_weights(tmp_path):
+    """Ministral 3's per-tensor scales (a mistral3 checkpoint, static activation scales): one block a row, the
+    float32 model's logits bitwise."""
+    from triforce.models.quant import Fp8Linear, load_fp8
+
+    from .test_ministral3 import MINISTRAL3
+    from .test_mistral3 import VISION
+
+    config = transformers.Mistral3Config(text_config={**MINISTRAL3, "model_type": "ministral3"}, vision_config=VISION,
+                                         image_token_index=100)
+    torch.manual_seed(0)
+    randomize_(transformers.Mistral3ForConditionalGeneration(config)).save_pretrained(tmp_path)
+    write_fp8(tmp_path, MINISTRAL3_FP8, None, static=True)
+    ours, plain = load_fp8(tmp_path), Llama.from_pretrained(tmp_path)
+    layers = [m for m in ours.modules() if isinstance(m, Fp8Linear)]
+    assert len(layers) == 21 and all(m.block_cols == m.in_features and m.scales.shape[1] == 1 for m in layers)
+    ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), plain(ids))
+
+
+def test_load_fp8_errors(tmp_path, monkeypatch):
+    """A directory without an fp8 quantization_config, or a GPU device, raises before anything loads; column
+    blocks the kernel cannot step through (12 wide) stay float32, dequantised."""
+    from triforce.models import hub
+    from triforce.models.quant import Fp8Linear, load_fp8
+
+    fp8_checkpoint(tmp_path / "ckpt", "qwen3", (12, 12))
+    ours, plain = load_fp8(tmp_path / "ckpt"), Llama.from_pretrained(tmp_path / "ckpt")
+    assert not any(isinstance(m, Fp8Linear) for m in ours.modules())
+    with torch.no_grad():
+        ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(1))
+        assert torch.equal(ours(ids), plain(ids))
+    plain.save_pretrained(tmp_path / "float")
+    for bad in (tmp_path / "float", tmp_path / "missing"):
+        with pytest.raises(ValueError, match="not a checkpoint directory with an fp8 quantization_config"):
+            load_fp8(bad)
+        with pytest.raises(ValueError, match="fp8 quantization_config"):
+            hub.load_model(str(bad), "fp8")
+    monkeypatch.setattr(hub, "device_of", lambda name: torch.device("cuda", 0))  # as on a machine with a GPU
+    with pytest.raises(ValueError, match="'fp8' runs on the CPU only"):
+        hub.load_model(str(tmp_path / "ckpt"), "fp8", device="cuda")
+    assert hub.load_draft(str(tmp_path / "ckpt"), "fp8").config == plain.config

@@ -154,7 +154,9 @@ def _add_common(p):
 DTYPE_HELP = ("weight dtype (default: float32); gguf: a GGUF model (smollm2 too) on its file's own Q4_1 / Q8_0 "
               "blocks, float32 activations, bitwise the float32 model, CPU only; gguf-int8: those blocks with the "
               "activations rounded to int8 blocks, integer dot products (faster, not bitwise the float32 model), "
-              "CPU only; also an MXFP4 checkpoint directory's experts (OpenAI's gpt-oss) on their blocks")
+              "CPU only; also an MXFP4 checkpoint directory's experts (OpenAI's gpt-oss) on their blocks; fp8: an FP8 "
+              "checkpoint directory (DeepSeek-V3, Qwen3-FP8, ...) on its own float8 weights, float32 activations, "
+              "bitwise the float32 model, CPU only")
 
 
 def _add_model_args(p, kv: bool = True):

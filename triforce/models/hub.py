@@ -21,9 +21,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 # with activations rounded to int8 blocks and integer dot products, the other GGUF_I8_TYPES' blocks too
 # (gguf_copy(..., activations="int8"): Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS /
 # MXFP4 / IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / TQ1_0 / TQ2_0), or an MXFP4 checkpoint
-# directory's experts (OpenAI's GPT-OSS: quant.load_mxfp4_int8)
+# directory's experts (OpenAI's GPT-OSS: quant.load_mxfp4_int8); "fp8": an FP8 checkpoint directory on its own
+# float8 weights with float32 activations (quant.load_fp8; bitwise the float32 model, on the CPU)
 GGUF_WEIGHTS = ("gguf", "gguf-int8")
-WEIGHTS = DTYPES + GGUF_WEIGHTS
+WEIGHTS = DTYPES + GGUF_WEIGHTS + ("fp8",)
+OWN_WEIGHTS = GGUF_WEIGHTS + ("fp8",)  # the formats that run a model on its file's own weights (CPU only)
 PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair
 
 
@@ -41,16 +43,20 @@ def _dtype(dtype: str | None):
         return None
     if dtype not in WEIGHTS:
         raise ValueError(f"dtype: expected one of {', '.join(WEIGHTS)}, got {dtype!r}")
-    return torch.float32 if dtype in GGUF_WEIGHTS else getattr(torch, dtype)
+    return torch.float32 if dtype in OWN_WEIGHTS else getattr(torch, dtype)
 
 
 def _check_gguf_weights(path, device, dtype: str = "gguf") -> None:
-    """``dtype="gguf"`` (or ``"gguf-int8"``) needs a GGUF file (``"gguf-int8"``: or an MXFP4 checkpoint directory)
-    and the CPU (``ValueError`` before anything loads)."""
+    """``dtype="gguf"`` (or ``"gguf-int8"``) needs a GGUF file (``"gguf-int8"``: or an MXFP4 checkpoint directory),
+    ``"fp8"`` an FP8 checkpoint directory, and each the CPU (``ValueError`` before anything loads)."""
     from .loading import _is_gguf
-    from .quant import is_mxfp4_checkpoint
+    from .quant import is_fp8_checkpoint, is_mxfp4_checkpoint
 
-    if not (_is_gguf(Path(path)) or (dtype == "gguf-int8" and is_mxfp4_checkpoint(path))):
+    if dtype == "fp8":
+        if not is_fp8_checkpoint(path):
+            raise ValueError(f"dtype 'fp8' runs an FP8 checkpoint on its own float8 weights; {str(path)!r} is not a "
+                             "directory whose config.json has an fp8 quantization_config")
+    elif not (_is_gguf(Path(path)) or (dtype == "gguf-int8" and is_mxfp4_checkpoint(path))):
         raise ValueError(f"dtype {dtype!r} runs a model on its GGUF file's own weights ('gguf-int8': or an MXFP4 "
                          f"checkpoint's); {str(path)!r} is not a GGUF file")
     if device is not None and device_of(str(device)).type != "cpu":
@@ -89,16 +95,19 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     ``"gguf-int8"`` (those blocks, and Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4 / MXFP4 ones, with
     activations rounded to int8 blocks: integer dot products, CPU only; built straight from the file's blocks,
     :func:`triforce.models.quant.load_gguf_int8`; an MXFP4 checkpoint directory, OpenAI's GPT-OSS: its experts on
-    their blocks, :func:`triforce.models.quant.load_mxfp4_int8`);
-    ``device``: where the weights go (default: the CPU)."""
+    their blocks, :func:`triforce.models.quant.load_mxfp4_int8`) or ``"fp8"`` (an FP8 checkpoint directory on its
+    own float8 weights, float32 activations, bitwise the float32 model, CPU only: :func:`triforce.models.quant
+    .load_fp8`); ``device``: where the weights go (default: the CPU)."""
     from .llama import Llama
-    from .quant import gguf_copy, is_mxfp4_checkpoint, load_gguf_int8, load_mxfp4_int8
+    from .quant import gguf_copy, is_mxfp4_checkpoint, load_fp8, load_gguf_int8, load_mxfp4_int8
     from .smollm2 import smollm2_135m, smollm2_gguf_path
 
     dt = _dtype(dtype)
     path = smollm2_gguf_path() if name == "smollm2" else model_path(name)
-    if dtype in GGUF_WEIGHTS:
+    if dtype in OWN_WEIGHTS:
         _check_gguf_weights(path, device, dtype)
+    if dtype == "fp8":
+        return load_fp8(path), load_tokenizer(path)
     if dtype == "gguf-int8":  # straight from the blocks: no float32 copy of the packed layers on the way
         if is_mxfp4_checkpoint(path):  # OpenAI's GPT-OSS checkpoints: the experts on their MXFP4 blocks
             return load_mxfp4_int8(path), load_tokenizer(path)
@@ -126,7 +135,7 @@ def load_draft(name: str, dtype: str | None = None, device=None):
     from .llama import Llama
     from .smollm2 import smollm2_135m
 
-    if dtype in GGUF_WEIGHTS:
+    if dtype in OWN_WEIGHTS:
         return load_model(name, dtype, device)[0]
     if name == "smollm2":
         return smollm2_135m(device=device, dtype=_dtype(dtype))[0]

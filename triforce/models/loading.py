@@ -225,9 +225,11 @@ def _load_hf_dir(directory: Path, device, dtype):
     return _build(*_read_hf_dir(directory, dtype), device, dtype)
 
 
-def _read_hf_dir(directory: Path, dtype=None):
+def _read_hf_dir(directory: Path, dtype=None, fp8_kept: dict | None = None):
     """-> (config, state dict) of a Hugging Face directory (errors name what is missing or unreadable); FP8
-    weights dequantised to ``dtype`` (default float32) as each file is read (:func:`dequantize_fp8`)."""
+    weights dequantised to ``dtype`` (default float32) as each file is read (:func:`dequantize_fp8`), except, with
+    ``fp8_kept`` (a dict, filled), the 2-D float8_e4m3fn ones whose column blocks ``rowwise_linear_fp8`` takes:
+    those land in ``fp8_kept`` as ``name -> (weight, its scales, (block rows, block columns))`` instead."""
     cfg = directory / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"{str(directory)!r} has no config.json (not a Hugging Face model directory)")
@@ -237,7 +239,7 @@ def _read_hf_dir(directory: Path, dtype=None):
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
     rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
-    sd, origin, fp8 = {}, {}, _Fp8Weights(config, dtype or torch.float32)
+    sd, origin, fp8 = {}, {}, _Fp8Weights(config, dtype or torch.float32, fp8_kept)
     split = FAMILIES[config.model_type].fused_projections
     for f in _weight_files(directory):
         part = fp8.dequantize(_read_weights(f, rename))
@@ -278,11 +280,7 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block=None, dtype=torch
     R, C = q.shape[-2:]
     if s.numel() == 1:  # one per tensor (or one block's, the same)
         return (q.float() * s.reshape(())).to(dtype)
-    grid = None if block is None else (*q.shape[:-2], -(-R // block[0]), -(-C // block[1]))
-    if grid is None or tuple(s.shape) != grid:
-        raise ValueError(f"{name}{_SCALE_INV} has shape {list(s.shape)}: FP8 weight {name} {list(q.shape)} takes "
-                         + ("one scale (quantization_config weight_block_size null)" if block is None else
-                            f"one per {block[0]} x {block[1]} block, {list(grid)}"))
+    check_fp8_grid(q, s, block, name)
     out = torch.empty(q.shape, dtype=dtype)
     step = block[0] * max(1, (1 << 22) // max(1, block[0] * C))  # rows a chunk: ~4M float32 products at a time
     for r in range(0, R, step):
@@ -293,19 +291,40 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block=None, dtype=torch
     return out
 
 
+def check_fp8_grid(q: torch.Tensor, scale: torch.Tensor, block, name: str = "weight") -> None:
+    """Raises unless ``scale`` is one scale, or one per ``block`` of FP8 weight ``q``'s last two dims."""
+    if scale.numel() == 1:
+        return
+    R, C = q.shape[-2:]
+    grid = None if block is None else (*q.shape[:-2], -(-R // block[0]), -(-C // block[1]))
+    if grid is None or tuple(scale.shape) != grid:
+        raise ValueError(f"{name}{_SCALE_INV} has shape {list(scale.shape)}: FP8 weight {name} {list(q.shape)} takes "
+                         + ("one scale (quantization_config weight_block_size null)" if block is None else
+                            f"one per {block[0]} x {block[1]} block, {list(grid)}"))
+
+
 class _Fp8Weights:
     """A checkpoint's FP8 weights (``quantization_config`` fp8: config.fp8_config) dequantised file by file: each
     float8 tensor once its ``*_scale_inv`` is read too (the two may lie in different shards); static
     activations' ``*.activation_scale`` dropped. Without an fp8 quantization_config a float8 tensor or a scale
     raises: its block size is not known (and a float8 weight read without its scale is silently wrong)."""
 
-    def __init__(self, config: LlamaConfig, dtype):
+    def __init__(self, config: LlamaConfig, dtype, kept: dict | None = None):
         q = config.extra.get("quantization_config")
         self.on = fp8_config(q)
         block = q.get("weight_block_size", (128, 128)) if self.on else None  # (FineGrainedFP8Config's default)
         self.block = None if block is None else tuple(block)
         self.static = self.on and q.get("activation_scheme", "dynamic") == "static"
-        self.dtype, self.pending = dtype, {}
+        self.dtype, self.pending, self.kept = dtype, {}, kept
+
+    def _keeps(self, q: torch.Tensor, scale: torch.Tensor) -> bool:
+        """Whether ``q`` and its scales go to ``kept`` as they are: a 2-D e4m3fn weight with float scales whose
+        column blocks are whole steps of rowwise_linear_fp8's 16 (or one block a row, a scale per tensor)."""
+        if self.kept is None or q.dtype != torch.float8_e4m3fn or q.dim() != 2 or not scale.is_floating_point() \
+                or scale.dtype == torch.float8_e8m0fnu:
+            return False
+        return scale.numel() == 1 or (self.block is not None and (self.block[1] % 16 == 0
+                                                                  or self.block[1] >= q.shape[1]))
 
     def dequantize(self, part: dict) -> dict:
         for name in list(part):
@@ -320,8 +339,12 @@ class _Fp8Weights:
                              "quantization_config of quant_method 'fp8' saying its blocks")
         for name in [k for k in self.pending if not k.endswith(_SCALE_INV)]:
             if name + _SCALE_INV in self.pending:
-                part[name] = dequantize_fp8(self.pending.pop(name), self.pending.pop(name + _SCALE_INV),
-                                            self.block, self.dtype, name)
+                q, scale = self.pending.pop(name), self.pending.pop(name + _SCALE_INV)
+                if self._keeps(q, scale):
+                    check_fp8_grid(q, scale, self.block, name)
+                    self.kept[name] = (q, scale, self.block)
+                else:
+                    part[name] = dequantize_fp8(q, scale, self.block, self.dtype, name)
         return part
 
     def check_done(self, directory: Path, sd: dict) -> None:
@@ -784,16 +807,25 @@ def _read_weights(f: Path, rename=None) -> dict:
 _FLOAT32_WEIGHTS = (".e_score_correction_bias",)  # weights kept in float32 whatever the model's dtype
 
 
+def model_names(config: LlamaConfig, sd: dict) -> dict:
+    """A checkpoint's weights ``sd`` under the model's names and in its layout: fused projections split, the
+    family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
+    head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
+    weights through it: quant.load_fp8)."""
+    sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
+    sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
+    if config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
 def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset()):
     """The model of ``config`` holding ``sd``; parameters named in ``missing_ok`` may be absent and stay on the
     meta device (a caller that replaces their modules: ``triforce.models.quant.load_gguf_int8``)."""
     from .llama import Llama
 
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
-    sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
-    sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
-    if config.tie_word_embeddings:
-        sd.pop("lm_head.weight", None)
+    sd = model_names(config, sd)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = sorted(expected - sd.keys() - set(missing_ok)), sorted(sd.keys() - expected)
     unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]

@@ -30,7 +30,8 @@ __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4
            "dequantize_q4_1", "Q4Linear", "gguf_copy", "pack_i8", "unpack_i8", "quantize_activations_i8",
            "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "MXFP4_VALUES",
            "pack_mxfp4", "e8m0_half", "GGUF_I8_TYPES",
-           "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8", "load_mxfp4_int8", "is_mxfp4_checkpoint"]
+           "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8", "load_mxfp4_int8", "is_mxfp4_checkpoint",
+           "Fp8Linear", "load_fp8", "is_fp8_checkpoint"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -1083,6 +1084,127 @@ def load_mxfp4_int8(path) -> Llama:
 
 
 _INT8_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+# ---- FP8 weights (an FP8 checkpoint run on its own float8 weights)
+
+def _fp8_kernel_available() -> bool:
+    return _kernel_available("rowwise_linear_fp8")
+
+
+class Fp8Linear(_FixedDtypeScales):
+    """A linear layer of an FP8 checkpoint on its own weights: ``qweight`` float8_e4m3fn ``[out, in]`` and float32
+    ``scales`` ``[out, ceil(in / block_cols)]`` (the checkpoint's block scales repeated for each row of a block:
+    weight ``[n, k]`` is ``qweight[n, k] * scales[n, k // block_cols]``, one float32 rounding, what
+    :func:`~triforce.models.loading.dequantize_fp8` computes), optional float32 ``bias``. Input and output float32
+    (other float dtypes are computed in float32 and cast back). Few-row products run
+    ``triforce_C::rowwise_linear_fp8``, bitwise ``rowwise_linear`` on the dequantised float32 weight; anything
+    else multiplies by that weight with ``F.linear``, as :class:`~triforce.models.llama.Linear` does: the layer
+    computes bitwise what the float32 model loaded from the checkpoint computes, from 1 byte a weight (and
+    ``4 / block_cols`` for the scales) instead of 4."""
+
+    _scales_dtype = torch.float32
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, block_cols: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        if qweight.dtype != torch.float8_e4m3fn or qweight.dim() != 2:
+            raise ValueError(f"Fp8Linear: qweight must be a 2-D float8_e4m3fn tensor, got {qweight.dtype} "
+                             f"{list(qweight.shape)}")
+        N, K = qweight.shape
+        if not (isinstance(block_cols, int) and block_cols >= 1 and (block_cols % 16 == 0 or block_cols >= K)):
+            raise ValueError(f"Fp8Linear: block_cols must be a multiple of 16 or at least in_features ({K}), got "
+                             f"{block_cols!r}")
+        if scales.shape != (N, -(-K // block_cols)) or scales.dtype != torch.float32:
+            raise ValueError(f"Fp8Linear: scales must be float32 [{N}, {-(-K // block_cols)}], got {scales.dtype} "
+                             f"{list(scales.shape)}")
+        self.in_features, self.out_features, self.block_cols = K, N, block_cols
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    def _apply(self, fn, recurse=True):
+        q = self._buffers["qweight"]  # (a dtype cast of the model keeps the float8 codes, as the scales)
+        out = super()._apply(fn, recurse)
+        if self._buffers["qweight"].dtype != q.dtype:
+            self._buffers["qweight"] = q.to(self._buffers["qweight"].device)
+        return out
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight (float32, computed on each access)."""
+        K = self.in_features
+        return self.qweight.float() * self.scales.repeat_interleave(self.block_cols, 1)[:, :K]
+
+    def forward(self, x):
+        return _quantised_forward(self, x, _fp8_kernel_available, lambda x2: torch.ops.triforce_C.rowwise_linear_fp8(
+            x2, self.qweight, self.scales, self.block_cols))
+
+    def fused_projection(self, dtype: torch.dtype):
+        """None: the fused decoder layer and ``moe_experts`` take float and int8 weights (a model with these layers
+        runs layer by layer; see ``triforce.models.llama.DecoderLayer.fused_arguments``)."""
+        return None
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, float8_e4m3fn, "
+                f"block_cols={self.block_cols}")
+
+
+def is_fp8_checkpoint(path) -> bool:
+    """Whether ``path`` is a Hugging Face directory whose ``config.json`` (or its image + text wrapper's) says its
+    weights are FP8 (``quantization_config`` of quant_method ``fp8``: :func:`triforce.models.config.fp8_config`)."""
+    from .config import fp8_config
+
+    cfg = Path(path) / "config.json"
+    try:
+        d = json.loads(cfg.read_text()) if cfg.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and fp8_config(d.get("quantization_config"))
+
+
+def load_fp8(path) -> Llama:
+    """An FP8 checkpoint directory's model (:func:`is_fp8_checkpoint`) with its linear layers on their own float8
+    weights (:class:`Fp8Linear`: each float8_e4m3fn weight with its block or tensor scales, the blocks' columns
+    whole steps of 16), float32 activations: bitwise what ``Llama.from_pretrained(path)`` (float32, every weight
+    dequantised) computes, from 1 byte a weight. The weights' names and rows go through the same mapping as the
+    float model's (fused projections split, experts' gate and up rows joined, RoPE rows reordered), their scales
+    repeated per row beside them; float8 weights of another kind (an embedding, e5m2, UE8M0 scales, column
+    blocks not of 16) and everything else load as the float32 model's."""
+    from .loading import _build, _read_hf_dir, model_names
+
+    path = Path(path)
+    if not is_fp8_checkpoint(path):
+        raise ValueError(f"load_fp8: {str(path)!r} is not a checkpoint directory with an fp8 quantization_config")
+    kept = {}
+    config, sd = _read_hf_dir(path, torch.float32, fp8_kept=kept)
+    block = next(iter(kept.values()))[2] if kept else None  # (the checkpoint's: one for all its weights)
+    block_cols = None if block is None else block[1]  # (None: one scale a tensor, its columns one block)
+    rows = {}  # name -> float32 [N, ceil(K / block columns)]: each row's scales
+    for name, (q, scale, _) in kept.items():
+        N, K = q.shape
+        s = scale.float()
+        rows[name] = (s.reshape(1, 1).expand(N, -(-K // (block_cols or K))) if s.numel() == 1
+                      else s.repeat_interleave(block[0], 0)[:N])
+    codes = model_names(config, {n: q.view(torch.uint8) for n, (q, _, _) in kept.items()})
+    rows = model_names(config, rows)
+    shell = Llama(config, _empty=True)
+    linears = {f"{n}.weight" for n, m in shell.named_modules() if isinstance(m, nn.Linear)}
+    for name in [n for n in codes if n not in linears]:  # (an embedding's, say: dequantised)
+        q, s = codes.pop(name).view(torch.float8_e4m3fn), rows.pop(name)
+        sd[name] = q.float() * s.repeat_interleave(block_cols or q.shape[1], 1)[:, :q.shape[1]]
+    model = _build(config, sd, "cpu", torch.float32, missing_ok=set(codes))
+
+    def replace(name, mod):
+        q = codes.get(f"{name}.weight")
+        if q is None:
+            return mod
+        q = q.view(torch.float8_e4m3fn)
+        return Fp8Linear(q, rows[f"{name}.weight"].contiguous(), block_cols or q.shape[1], mod.bias)
+
+    out = _copy_with_linears(model, replace)
+    if any(p.is_meta for p in out.parameters()):
+        raise ValueError(f"load_fp8: some weights of {str(path)!r} were neither loaded nor kept in FP8")
+    return out
 
 
 def int8_copy(model):

@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 #include <cmath>
+#include <limits>
 
 #include "triforce/common.h"
 
@@ -459,6 +460,191 @@ inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const
           }
           out[mm * N + j] = a;
         }
+#endif
+    }
+  }
+}
+
+// ---- FP8 (an FP8 checkpoint run on its own weights; triforce/models/quant.py, Fp8Linear): w[n, k] =
+// fp8(q[n, k]) * s[n, k / bc], q float8_e4m3fn bytes, s float32 per block of bc consecutive k of a row (the
+// checkpoint's per-block scales repeated for each of the block's rows), bc a multiple of 16 or at least K (one
+// scale a row). x and out are float32. Each weight is decoded exactly (e4m3fn: on AVX-512 through float16's
+// bits, fp8_dequant16; else normal codes by their exponent field moved into float32's, subnormal ones as an
+// integer times 2^-9; 0x7f / 0xff NaN), times its scale in one float32 rounding (what torch's q.float() * s computes: loading.dequantize_fp8), then enters the float32
+// kernel's lanes, steps of 16 and reduction tree: bitwise rowwise_linear of x with the dequantised float32
+// weight on AVX-512, and on the portable path too (there the block's rows are decoded into a buffer and run by
+// the portable float32 kernel). 1 byte per weight (plus 4 / bc for the scales) against 4.
+constexpr int64_t kPrefetchBlocksFp8 = 4;
+
+inline int64_t fp8_groups(int64_t K, int64_t bc) { return (K + bc - 1) / bc; }
+
+inline float fp8_e4m3fn_to_float(uint8_t b) {
+  const uint32_t mag = b & 0x7Fu, sign = uint32_t(b & 0x80u) << 24;
+  float f;
+  if (mag == 0x7Fu) {
+    f = std::numeric_limits<float>::quiet_NaN();
+  } else if (mag >= 8u) {  // normal: 2^(e - 7) * (1 + m / 8), the exponent field rebased by 120
+    const uint32_t bits = (mag << 20) + (120u << 23);
+    std::memcpy(&f, &bits, sizeof(f));
+  } else {
+    f = static_cast<float>(mag) * 0x1p-9f;  // subnormal: m * 2^-9 (exact)
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  bits |= sign;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+#if defined(__AVX512F__)
+// 16 codes to float32: each code's bits moved into a float16's (magnitude << 7: the exponent field and the 3
+// mantissa bits in place, e4m3's subnormals float16's; the sign to bit 15), converted exactly (vcvtph2ps): the
+// code's value / 2^8. The NaN codes (0x7f, 0xff) give +-480 / 2^8 here: nan_fix16 makes them NaN where they occur.
+inline __m512 fp8_to_ps16(__m128i b) {
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 7);                 // magnitude at bits 7..13, sign at 14
+  h = _mm256_add_epi16(h, _mm256_and_si256(h, _mm256_set1_epi16(0x4000)));  // the sign to bit 15
+  return _mm512_cvtph_ps(h);
+}
+
+inline __m512 nan_fix16(__m512 v, __m128i b) {
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8(char(0x80))), _mm_set1_epi8(char(0xFF)));
+  return nan ? _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())) : v;
+}
+
+inline __m128i load_codes16(const uint8_t* q, __mmask16 mk) {
+  return mk == __mmask16(0xffff) ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)) : _mm_maskz_loadu_epi8(mk, q);
+}
+
+// A row's scale as the multiplier of fp8_to_ps16's values: 2^8 s (exact: the product with the code's value / 2^8
+// is the exact product of e4m3fn(code) and s, rounded once), or, where 2^8 s overflows (s >= 2^120), s itself,
+// `wide` set: the values are then scaled by 2^8 first (exact), as fp8_dequant16 does.
+inline __m512 fp8_scale(float s, bool& wide) {
+  const float s8 = s * 256.f;
+  const bool w = std::isinf(s8) && !std::isinf(s);
+  wide = wide || w;
+  return _mm512_set1_ps(w ? s : s8);
+}
+
+// e4m3fn(q[i]) * s for 16 codes (mk: the valid ones, the others 0), every case handled (NaN codes, any s).
+inline __m512 fp8_dequant16(const uint8_t* q, float s, __mmask16 mk) {
+  const __m128i b = load_codes16(q, mk);
+  bool wide = false;
+  const __m512 sv = fp8_scale(s, wide);
+  __m512 v = nan_fix16(fp8_to_ps16(b), b);
+  if (wide) v = _mm512_mul_ps(v, _mm512_set1_ps(256.f));
+  return _mm512_mul_ps(v, sv);
+}
+
+// Whether any of rows qr[0..NR)'s codes [k, k + n) (n <= 64) is a NaN code: one 64-byte compare a row.
+inline bool fp8_any_nan(const uint8_t* const* qr, int64_t k, int64_t n) {
+  const __mmask64 valid = n >= 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
+  __mmask64 any = 0;
+  for (int j = 0; j < NR; ++j)
+    any |= _mm512_mask_cmpeq_epi8_mask(valid, _mm512_or_si512(_mm512_maskz_loadu_epi8(valid, qr[j] + k),
+                                                                _mm512_set1_epi8(char(0x80))),
+                                       _mm512_set1_epi8(char(0xFF)));
+  return any != 0;
+}
+
+// ROWS rows of x against the block's NR weight rows, decoded in registers. The scales of the rows' current column
+// block are broadcast once per block of columns; each 64 codes of the rows are checked for NaN codes once, and
+// only steps that hold one (or whose scales overflow 2^8 s) take the slower full decode: the same values.
+template <int ROWS>
+inline void block_fp8_avx512(const float* x, int64_t K, const uint8_t* q, const float* s, int64_t bc, int64_t nr,
+                             float* out, int64_t ldo, bool pf) {
+  const int64_t G = fp8_groups(K, bc), ahead = kPrefetchBlocksFp8 * NR * K;
+  const uint8_t* qr[NR];
+  const float* sr[NR];
+  for (int64_t j = 0; j < NR; ++j) {
+    qr[j] = q + (j < nr ? j : 0) * K;
+    sr[j] = s + (j < nr ? j : 0) * G;
+  }
+  __m512 acc[block_acc_count<ROWS>()];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  __m512 sv[NR];
+  bool row_wide[NR] = {}, wide = false, nan = false;
+  int64_t group_end = 0;  // the column block whose scales sv holds ends here
+  auto step = [&](int64_t k, __mmask16 mk) {
+    __m512 wv[NR];
+    if (k >= group_end) {  // (bc % 16 == 0, or one block: a step never spans two)
+      const int64_t g = k / bc;
+      group_end = (g + 1) * bc;
+      wide = false;
+      for (int j = 0; j < NR; ++j) {
+        row_wide[j] = false;
+        sv[j] = fp8_scale(sr[j][g], row_wide[j]);
+        wide = wide || row_wide[j];
+      }
+    }
+    if (k % 64 == 0) nan = fp8_any_nan(qr, k, std::min<int64_t>(64, K - k));
+    for (int j = 0; j < NR; ++j) {
+      const __m128i b = load_codes16(qr[j] + k, mk);
+      __m512 v = fp8_to_ps16(b);
+      if (nan || wide) {
+        v = nan_fix16(v, b);
+        if (row_wide[j]) v = _mm512_mul_ps(v, _mm512_set1_ps(256.f));
+      }
+      wv[j] = _mm512_mul_ps(v, sv[j]);
+    }
+    fma_rows_avx512<ROWS>(x, K, k, mk, wv, acc);
+  };
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if (pf && k % 64 == 0)  // one 64-byte line of each row per 4 steps
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(qr[j] + k + ahead), _MM_HINT_T1);
+    step(k, __mmask16(0xffff));
+  }
+  if (k < K) step(k, static_cast<__mmask16>((1u << (K - k)) - 1u));
+  reduce_store_avx512<ROWS>(acc, nr, out, ldo);
+}
+
+// The block's nr rows decoded into w [nr, K] (float32: e4m3fn(q) * s, one rounding), 16 at a time.
+inline void fp8_decode_rows(const uint8_t* q, const float* s, int64_t bc, int64_t K, int64_t nr, float* w) {
+  const int64_t G = fp8_groups(K, bc);
+  for (int64_t j = 0; j < nr; ++j)
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mk = K - k >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (K - k)) - 1u);
+      _mm512_mask_storeu_ps(w + j * K + k, mk, fp8_dequant16(q + j * K + k, s[j * G + k / bc], mk));
+    }
+}
+#endif
+
+// Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K], q [N, K] (e4m3fn bytes), s [N,
+// fp8_groups(K, bc)], out [M, N], all contiguous; bc % 16 == 0 or bc >= K. One group of MR rows decodes the
+// weights in registers (a decode step, a short verification pass); more decode each block of rows once into a
+// buffer and run the float32 kernel on it (the same bits: that kernel on the same values).
+inline void rowwise_linear_fp8_blocks(const float* x, int64_t M, int64_t K, const uint8_t* q, const float* s,
+                                      int64_t bc, int64_t N, float* out, int64_t b0, int64_t b1) {
+  const int64_t G = fp8_groups(K, bc);
+#if defined(__AVX512F__)
+  if (M <= MR) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
+      with_rows(M, [&](auto rows_c) {
+        block_fp8_avx512<decltype(rows_c)::value>(x, K, q + n * K, s + n * G, bc, nr, out + n, N, true);
+      });
+    }
+    return;
+  }
+#endif
+  std::vector<float> w(static_cast<size_t>(NR * K));  // the block's rows, decoded
+  const int64_t groups = (M + MR - 1) / MR;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
+#if defined(__AVX512F__)
+    fp8_decode_rows(q + n * K, s + n * G, bc, K, nr, w.data());
+#else
+    for (int64_t j = 0; j < nr; ++j)
+      for (int64_t k = 0; k < K; ++k)
+        w[j * K + k] = fp8_e4m3fn_to_float(q[(n + j) * K + k]) * s[(n + j) * G + k / bc];
+#endif
+    for (int64_t m = 0; m < M; m += MR) {
+      const int64_t rows = std::min<int64_t>(MR, M - m);
+#if defined(__AVX512F__)
+      block_rows(x + m * K, rows, K, w.data(), nr, out + m * N + n, N, m / MR, groups, groups > 1);
+#else
+      (void)groups;
+      block_portable(x + m * K, rows, K, w.data(), nr, out + m * N + n, N);
 #endif
     }
   }
