@@ -21,10 +21,11 @@ streamed as above; bytes = the heads' weights + x + out.
 verification passes of any size (row-independent) and torch's GEMM a prefill's chunks of more than
 ``ROWWISE_MAX_ROWS`` rows (triforce/models/llama.py); the op runs x in chunks of 256 rows.
 
-``--dtype fp8``: ``rowwise_linear_fp8`` (an FP8 checkpoint's layer on its own weights: float8_e4m3fn, a float32
-scale per row and 128 columns; 1.03 bytes a weight) against the float32 kernel on the dequantised weight
-(``cpu_float32``: what the float32 model loaded from the checkpoint runs, the same bits), the bfloat16 kernel on
-it rounded to bfloat16 (``cpu_bfloat16``: a bfloat16 model's, 2 bytes a weight; x rounded too) and ``F.linear``.
+``--dtype fp8``: ``rowwise_linear_fp8`` (an FP8 checkpoint's layer on its own weights: float8_e4m3fn codes, packed,
+rows padded to 64 codes, a float32 scale per row and 128 columns; 1.15 bytes a weight at K = 576) against the
+float32 kernel on the dequantised weight (``cpu_float32``: what the float32 model loaded from the checkpoint runs,
+the same bits), the bfloat16 kernel on it rounded to bfloat16 (``cpu_bfloat16``: a bfloat16 model's, 2 bytes a
+weight; x rounded too) and ``F.linear``.
 
 ``--dtype int8`` / ``q4_1``: the weight formats of triforce/models/quant.py (the int8 draft copy, and a GGUF
 model's Q4_1 layers), float32 x; q4_1 also against the float32 kernel on the dequantised weight (the same
@@ -86,8 +87,8 @@ def main():
     p.add_argument("--many-rows", action="store_true", help="M = 64 .. 4096 over 4 matrices")
     p.add_argument("--heads", action="store_true", help="rowwise_linear_heads at DeepSeek-V2-Lite's shapes")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "fp8", "int8", "q4_1", "q4_1_int8", "q8_0_int8",
-                                       "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "fp8", "int8", "q4_1", "q4_1_int8",
+                                       "q8_0_int8", "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
                                        "mxfp4_int8", "iq2_xxs_int8", "iq2_xs_int8", "both"],
                    default="both",
                    help="both = float32, bfloat16 and float16; fp8 = rowwise_linear_fp8 (float8 weights, block scales, "
@@ -188,14 +189,16 @@ def bench_fp8(a, g, bw) -> None:
     rounded (``cpu_bfloat16``) and ``F.linear`` on the float32 one; bytes = the codes + scales (or the float
     weights) + x + out, read once."""
     from triforce.models.loading import dequantize_fp8
+    from triforce.models.quant import pack_fp8
 
     bc = 128
-    qs = [((torch.randn(N, K, generator=g) * 64).to(torch.float8_e4m3fn),
-           torch.rand(N, -(-K // bc), generator=g) / 64) for _ in range(MATRICES)]
+    raw = [((torch.randn(N, K, generator=g) * 64).to(torch.float8_e4m3fn),
+            torch.rand(N, -(-K // bc), generator=g) / 64) for _ in range(MATRICES)]
+    qs = [(pack_fp8(q), s) for q, s in raw]  # (the codes as the kernel reads them; K = 576 padded to 640)
     kernel, fp32 = torch.ops.triforce_C.rowwise_linear_fp8, torch.ops.triforce_C.rowwise_linear
-    weight_bytes = N * K + qs[0][1].numel() * 4
+    weight_bytes = qs[0][0].numel() + qs[0][1].numel() * 4
     qsets = streamed(qs, weight_bytes, _clone_all)
-    dequantised = [dequantize_fp8(q, s, (1, bc)) for q, s in qs]
+    dequantised = [dequantize_fp8(q, s, (1, bc)) for q, s in raw]
     dense = streamed(dequantised, N * K * 4, torch.clone)
     half = streamed([w.bfloat16() for w in dequantised], N * K * 2, torch.clone)
     x0 = torch.randn(1, K, generator=g)

@@ -28,7 +28,8 @@ at::Tensor rowwise_linear_heads(const at::Tensor& x, const at::Tensor& w);
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w);
 // FP8 weights: w[n, k] = e4m3fn(q[n, k]) * scales[n, k / block_cols] (an FP8 checkpoint's own weights, its block
-// scales repeated per row; triforce/models/quant.py, Fp8Linear), bitwise rowwise_linear on the dequantised weight
+// scales repeated per row; triforce/models/quant.py, Fp8Linear), q packed (uint8 [N, K padded to 64], quant.pack_fp8:
+// linear.h's order), bitwise rowwise_linear on the dequantised weight
 at::Tensor rowwise_linear_fp8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t block_cols);
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
 // Whether rowwise_linear_i8 runs many rows on the AMX tiles (linear_i8.h; the bits are those of its other paths):

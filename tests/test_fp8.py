@@ -273,7 +273,10 @@ FINITE_CODES = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=t
 
 
 def fp8_product(x, q, s, bc):
-    return torch.ops.triforce_C.rowwise_linear_fp8(x, q, s, bc)
+    """The kernel on float8_e4m3fn ``q`` (packed here: quant.pack_fp8)."""
+    from triforce.models.quant import pack_fp8
+
+    return torch.ops.triforce_C.rowwise_linear_fp8(x, pack_fp8(q), s, bc)
 
 
 @needs_fp8_kernel
@@ -316,16 +319,24 @@ def test_rowwise_linear_fp8_nan_codes_and_bad_arguments():
             want = torch.ops.triforce_C.rowwise_linear(x, dequantize_fp8(codes, ss, (1, 16), torch.float32))
             torch.testing.assert_close(fp8_product(x, codes, ss, 16), want, rtol=0, atol=0, equal_nan=True)  # bitwise
     x = torch.randn(2, 32)
-    q = torch.zeros(3, 32, dtype=torch.uint8)
-    q8 = q.view(torch.float8_e4m3fn)
-    for args, match in (((x, q8, torch.ones(3, 1), 16), r"scales must be \[3, 2\]"),
-                        ((x, q8, torch.ones(3, 3), 12), "multiple of 16 or at least K"),
-                        ((x, q, torch.ones(3, 2), 16), "float8_e4m3fn"),
-                        ((x.double(), q8, torch.ones(3, 2), 16), "x float32"),
-                        ((x[:, :31], q8, torch.ones(3, 2), 16), "31 columns"),
-                        ((x, q8, torch.ones(3, 2).double(), 16), "scales float32")):
+    q = torch.zeros(3, 64, dtype=torch.uint8)  # (packed: 32 codes padded to 64)
+    op = torch.ops.triforce_C.rowwise_linear_fp8
+    for args, match in (((x, q, torch.ones(3, 1), 16), r"scales must be \[3, 2\]"),
+                        ((x, q, torch.ones(3, 3), 12), "multiple of 16 or at least K"),
+                        ((x, q.view(torch.int8), torch.ones(3, 2), 16), "q uint8"),
+                        ((x.double(), q, torch.ones(3, 2), 16), "x float32"),
+                        ((x, q[:, :32], torch.ones(3, 2), 16), "must be 64 bytes"),
+                        ((x, q, torch.ones(3, 2).double(), 16), "scales float32")):
         with pytest.raises(RuntimeError, match=match):
-            fp8_product(*args)
+            op(*args)
+    from triforce.models.quant import pack_fp8, unpack_fp8
+
+    codes = FINITE_CODES[torch.randint(0, len(FINITE_CODES), (3, 100))].view(torch.float8_e4m3fn)
+    packed = pack_fp8(codes)
+    at = [64 * (c // 64) + 16 * (c % 16 // 4) + 4 * (c % 64 // 16) + c % 4 for c in range(128)]  # (code c's byte)
+    assert packed.shape == (3, 128) and sorted(at) == list(range(128)) and packed[:, at[100:]].eq(0).all()
+    assert torch.equal(unpack_fp8(packed, 100).view(torch.uint8), codes.view(torch.uint8))
+    assert packed[0, 16 * 1 + 4 * 2 + 3].item() == codes[0, 16 * 2 + 4 * 1 + 3].view(torch.uint8).item()
 
 
 def fp8_checkpoint(directory, case: str, block=(16, 16)):
@@ -354,7 +365,7 @@ def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, case, block):
     ours, _ = hub.load_model(str(tmp_path / "ckpt"), "fp8")
     layers = {n: m for n, m in ours.named_modules() if isinstance(m, Fp8Linear)}
     floats = dict(plain.named_modules())
-    assert len(layers) >= 14 and all(m.qweight.element_size() == 1 and m.block_cols == block[1]
+    assert len(layers) >= 14 and all(m.codes.dtype == torch.uint8 and m.block_cols == block[1]
                                      for m in layers.values())
     for n, m in layers.items():
         assert torch.equal(m.weight, floats[n].weight), n

@@ -281,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight dtype (default: gguf-int8 on the CPU, float32 on a GPU); gguf-int8: the model "
                         "file's own Q4_1 / Q8_0 (and Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4) "
                         "blocks with activations rounded to int8 blocks, integer dot products; gguf: the Q4_1 / Q8_0 "
-                        "blocks with float32 activations, bitwise the float32 model")
+                        "blocks with float32 activations, bitwise the float32 model; fp8: an FP8 checkpoint directory "
+                        "on its own float8 weights, bitwise the float32 model")
     _add_kv_dtype(d)
     _add_device(d)
     _add_common(d)

@@ -144,16 +144,16 @@ at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at:
 RowwiseProduct fp8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t block_cols) {
   using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_fp8: x [M, K], q [N, K] and scales [N, ceil(K / block_cols)] must be 2-D, got ",
+              "rowwise_linear_fp8: x [M, K], q [N, K padded to 64] and scales [N, ceil(K / block_cols)] must be 2-D, got ",
               x.sizes(), ", ", q.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kFloat8_e4m3fn &&
-                  scales.scalar_type() == at::kFloat,
-              "rowwise_linear_fp8: x float32, q float8_e4m3fn and scales float32, got ", x.scalar_type(), ", ",
-              q.scalar_type(), " and ", scales.scalar_type());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kByte && scales.scalar_type() == at::kFloat,
+              "rowwise_linear_fp8: x float32, q uint8 (packed float8_e4m3fn codes: quant.pack_fp8) and scales float32, "
+              "got ", x.scalar_type(), ", ", q.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && q.device().is_cpu() && scales.device().is_cpu(),
               "rowwise_linear_fp8: CPU tensors only");
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
-  TORCH_CHECK(q.size(1) == K, "rowwise_linear_fp8: x has ", K, " columns, q ", q.size(1));
+  TORCH_CHECK(q.size(1) == fp8_row_bytes(K), "rowwise_linear_fp8: x has ", K, " columns, so q's rows must be ",
+              fp8_row_bytes(K), " bytes (K padded to a multiple of 64: quant.pack_fp8), got ", q.size(1));
   TORCH_CHECK(block_cols >= 1 && (block_cols % 16 == 0 || block_cols >= K),
               "rowwise_linear_fp8: block_cols must be a multiple of 16 or at least K (", K, "), got ", block_cols);
   TORCH_CHECK(scales.size(0) == N && scales.size(1) == fp8_groups(K, block_cols), "rowwise_linear_fp8: scales must be [",
@@ -161,7 +161,7 @@ RowwiseProduct fp8_product(const at::Tensor& x, const at::Tensor& q, const at::T
   RowwiseProduct p{M, K, N, rowwise_linear_num_blocks(N), NR, 1, x.options(),
                    {x.contiguous(), q.contiguous(), scales.contiguous()}, {}};
   const float* X = p.keep[0].const_data_ptr<float>();
-  const uint8_t* Q = reinterpret_cast<const uint8_t*>(p.keep[1].const_data_ptr());
+  const uint8_t* Q = p.keep[1].const_data_ptr<uint8_t>();
   const float* S = p.keep[2].const_data_ptr<float>();
   p.blocks = [X, Q, S, K, N, block_cols](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
     rowwise_linear_fp8_blocks(X + m0 * K, rows, K, Q, S, block_cols, N, static_cast<float*>(out) + m0 * N, b0, b1);

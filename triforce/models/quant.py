@@ -31,7 +31,7 @@ __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4
            "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "MXFP4_VALUES",
            "pack_mxfp4", "e8m0_half", "GGUF_I8_TYPES",
            "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8", "load_mxfp4_int8", "is_mxfp4_checkpoint",
-           "Fp8Linear", "load_fp8", "is_fp8_checkpoint"]
+           "Fp8Linear", "load_fp8", "is_fp8_checkpoint", "pack_fp8", "unpack_fp8"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -1092,16 +1092,39 @@ def _fp8_kernel_available() -> bool:
     return _kernel_available("rowwise_linear_fp8")
 
 
+FP8_CHUNK = 64  # codes a chunk of a packed row (csrc linear.h kFp8Chunk)
+
+
+def pack_fp8(q: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn ``q`` ``[N, K]`` as ``rowwise_linear_fp8`` reads it: uint8 ``[N, K padded to a multiple of 64]``
+    (zero codes after K), within each chunk of 64 code ``16t + 4L + j`` at byte ``16L + 4t + j`` (``t, L, j < 4``:
+    the order in which the kernel's table lookups and unpacking yield 16 consecutive weights a vector)."""
+    if q.dtype != torch.float8_e4m3fn or q.dim() != 2:
+        raise ValueError(f"pack_fp8: expected a 2-D float8_e4m3fn tensor, got {q.dtype} {list(q.shape)}")
+    N, K = q.shape
+    Kp = -(-K // FP8_CHUNK) * FP8_CHUNK
+    out = torch.zeros(N, Kp, dtype=torch.uint8)
+    out[:, :K] = q.view(torch.uint8)
+    return out.view(N, Kp // 64, 4, 4, 4).transpose(2, 3).reshape(N, Kp)
+
+
+def unpack_fp8(packed: torch.Tensor, K: int) -> torch.Tensor:
+    """:func:`pack_fp8`'s inverse: float8_e4m3fn ``[N, K]``."""
+    N, Kp = packed.shape
+    return packed.view(N, Kp // 64, 4, 4, 4).transpose(2, 3).reshape(N, Kp)[:, :K].contiguous().view(
+        torch.float8_e4m3fn)
+
+
 class Fp8Linear(_FixedDtypeScales):
-    """A linear layer of an FP8 checkpoint on its own weights: ``qweight`` float8_e4m3fn ``[out, in]`` and float32
-    ``scales`` ``[out, ceil(in / block_cols)]`` (the checkpoint's block scales repeated for each row of a block:
-    weight ``[n, k]`` is ``qweight[n, k] * scales[n, k // block_cols]``, one float32 rounding, what
-    :func:`~triforce.models.loading.dequantize_fp8` computes), optional float32 ``bias``. Input and output float32
-    (other float dtypes are computed in float32 and cast back). Few-row products run
+    """A linear layer of an FP8 checkpoint on its own weights: float8_e4m3fn ``qweight`` ``[out, in]``, held packed
+    (``codes``: :func:`pack_fp8`), and float32 ``scales`` ``[out, ceil(in / block_cols)]`` (the checkpoint's block
+    scales repeated for each row of a block: weight ``[n, k]`` is ``qweight[n, k] * scales[n, k // block_cols]``, one
+    float32 rounding, what :func:`~triforce.models.loading.dequantize_fp8` computes), optional float32 ``bias``.
+    Input and output float32 (other float dtypes are computed in float32 and cast back). Few-row products run
     ``triforce_C::rowwise_linear_fp8``, bitwise ``rowwise_linear`` on the dequantised float32 weight; anything
     else multiplies by that weight with ``F.linear``, as :class:`~triforce.models.llama.Linear` does: the layer
-    computes bitwise what the float32 model loaded from the checkpoint computes, from 1 byte a weight (and
-    ``4 / block_cols`` for the scales) instead of 4."""
+    computes bitwise what the float32 model loaded from the checkpoint computes, from about a byte a weight (rows
+    padded to 64 codes, and ``4 / block_cols`` for the scales) instead of 4."""
 
     _scales_dtype = torch.float32
 
@@ -1118,16 +1141,14 @@ class Fp8Linear(_FixedDtypeScales):
             raise ValueError(f"Fp8Linear: scales must be float32 [{N}, {-(-K // block_cols)}], got {scales.dtype} "
                              f"{list(scales.shape)}")
         self.in_features, self.out_features, self.block_cols = K, N, block_cols
-        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("codes", pack_fp8(qweight))
         self.register_buffer("scales", scales.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
 
-    def _apply(self, fn, recurse=True):
-        q = self._buffers["qweight"]  # (a dtype cast of the model keeps the float8 codes, as the scales)
-        out = super()._apply(fn, recurse)
-        if self._buffers["qweight"].dtype != q.dtype:
-            self._buffers["qweight"] = q.to(self._buffers["qweight"].device)
-        return out
+    @property
+    def qweight(self) -> torch.Tensor:
+        """The float8_e4m3fn weight codes ``[out, in]`` (unpacked on each access)."""
+        return unpack_fp8(self.codes, self.in_features)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -1137,7 +1158,7 @@ class Fp8Linear(_FixedDtypeScales):
 
     def forward(self, x):
         return _quantised_forward(self, x, _fp8_kernel_available, lambda x2: torch.ops.triforce_C.rowwise_linear_fp8(
-            x2, self.qweight, self.scales, self.block_cols))
+            x2, self.codes, self.scales, self.block_cols))
 
     def fused_projection(self, dtype: torch.dtype):
         """None: the fused decoder layer and ``moe_experts`` take float and int8 weights (a model with these layers

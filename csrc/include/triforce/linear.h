@@ -466,20 +466,29 @@ inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const
 }
 
 // ---- FP8 (an FP8 checkpoint run on its own weights; triforce/models/quant.py, Fp8Linear): w[n, k] =
-// fp8(q[n, k]) * s[n, k / bc], q float8_e4m3fn bytes, s float32 per block of bc consecutive k of a row (the
-// checkpoint's per-block scales repeated for each of the block's rows), bc a multiple of 16 or at least K (one
-// scale a row). x and out are float32. Each weight is decoded exactly (e4m3fn: on AVX-512 through float16's
-// bits, fp8_dequant16; else normal codes by their exponent field moved into float32's, subnormal ones as an
-// integer times 2^-9; 0x7f / 0xff NaN), times its scale in one float32 rounding (what torch's q.float() * s computes: loading.dequantize_fp8), then enters the float32
-// kernel's lanes, steps of 16 and reduction tree: bitwise rowwise_linear of x with the dequantised float32
-// weight on AVX-512, and on the portable path too (there the block's rows are decoded into a buffer and run by
-// the portable float32 kernel). 1 byte per weight (plus 4 / bc for the scales) against 4.
+// e4m3fn(q[n, k]) * s[n, k / bc], s float32 per block of bc consecutive k of a row (the checkpoint's per-block
+// scales repeated for each of the block's rows), bc a multiple of 16 or at least K (one scale a row). The codes are
+// stored packed (quant.pack_fp8): each row padded with zero codes to a whole number of chunks of 64, and within a
+// chunk code 16t + 4L + j at byte 16L + 4t + j (t, L, j < 4), the order in which two byte-table lookups and two
+// rounds of unpacking turn 64 codes into four float32 vectors of 16 consecutive weights (fp8_decode64). x and out
+// are float32. Each weight is its code's exact value (a bfloat16 from the tables: every e4m3fn value is one; 0x7f
+// / 0xff NaN) times its scale in one float32 rounding (what torch's q.float() * s computes:
+// loading.dequantize_fp8), and then enters the float32 kernel's lanes, steps of 16 and reduction tree: bitwise
+// rowwise_linear of x with the dequantised float32 weight on every path (the paths that decode into a buffer run
+// the float32 kernel itself on it). 1 byte per weight (plus 4 / bc for the scales) against 4.
+constexpr int64_t kFp8Chunk = 64;
 constexpr int64_t kPrefetchBlocksFp8 = 4;
 
 inline int64_t fp8_groups(int64_t K, int64_t bc) { return (K + bc - 1) / bc; }
+inline int64_t fp8_row_bytes(int64_t K) { return (K + kFp8Chunk - 1) / kFp8Chunk * kFp8Chunk; }
+// The byte of a packed row that holds code k.
+inline int64_t fp8_packed_index(int64_t k) {
+  const int64_t c = k % kFp8Chunk;
+  return k - c + 16 * ((c % 16) / 4) + 4 * (c / 16) + c % 4;
+}
 
 inline float fp8_e4m3fn_to_float(uint8_t b) {
-  const uint32_t mag = b & 0x7Fu, sign = uint32_t(b & 0x80u) << 24;
+  const uint32_t mag = b & 0x7Fu;
   float f;
   if (mag == 0x7Fu) {
     f = std::numeric_limits<float>::quiet_NaN();
@@ -489,139 +498,141 @@ inline float fp8_e4m3fn_to_float(uint8_t b) {
   } else {
     f = static_cast<float>(mag) * 0x1p-9f;  // subnormal: m * 2^-9 (exact)
   }
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  bits |= sign;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+  return (b & 0x80u) ? -f : f;
 }
 
-#if defined(__AVX512F__)
-// 16 codes to float32: each code's bits moved into a float16's (magnitude << 7: the exponent field and the 3
-// mantissa bits in place, e4m3's subnormals float16's; the sign to bit 15), converted exactly (vcvtph2ps): the
-// code's value / 2^8. The NaN codes (0x7f, 0xff) give +-480 / 2^8 here: nan_fix16 makes them NaN where they occur.
-inline __m512 fp8_to_ps16(__m128i b) {
-  __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 7);                 // magnitude at bits 7..13, sign at 14
-  h = _mm256_add_epi16(h, _mm256_and_si256(h, _mm256_set1_epi16(0x4000)));  // the sign to bit 15
-  return _mm512_cvtph_ps(h);
+// Every code's value, 256 floats (the portable and buffer paths' decode).
+inline const float* fp8_values() {
+  static const auto table = [] {
+    std::vector<float> t(256);
+    for (int b = 0; b < 256; ++b) t[b] = fp8_e4m3fn_to_float(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table.data();
 }
 
-inline __m512 nan_fix16(__m512 v, __m128i b) {
-  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8(char(0x80))), _mm_set1_epi8(char(0xFF)));
-  return nan ? _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())) : v;
+// The nr rows' weights, decoded into w [nr, K] (natural order): code value * scale, one float32 rounding each.
+inline void fp8_decode_rows_scalar(const uint8_t* q, const float* s, int64_t bc, int64_t K, int64_t nr, float* w) {
+  const float* values = fp8_values();
+  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K);
+  for (int64_t j = 0; j < nr; ++j)
+    for (int64_t k = 0; k < K; ++k) w[j * K + k] = values[q[j * Kp + fp8_packed_index(k)]] * s[j * G + k / bc];
 }
 
-inline __m128i load_codes16(const uint8_t* q, __mmask16 mk) {
-  return mk == __mmask16(0xffff) ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)) : _mm_maskz_loadu_epi8(mk, q);
+#if defined(__AVX512F__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+// The two byte tables of the 128 magnitudes' bfloat16 bits (high and low bytes), each as two 64-byte halves.
+struct Fp8Tables {
+  __m512i hi0, hi1, lo0, lo1;
+};
+
+inline const Fp8Tables& fp8_tables() {
+  static const Fp8Tables t = [] {
+    alignas(64) uint8_t hi[128], lo[128];
+    for (int m = 0; m < 128; ++m) {
+      const float f = fp8_e4m3fn_to_float(static_cast<uint8_t>(m));
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof(bits));
+      hi[m] = static_cast<uint8_t>(bits >> 24);
+      lo[m] = static_cast<uint8_t>(bits >> 16);
+    }
+    return Fp8Tables{_mm512_load_si512(hi), _mm512_load_si512(hi + 64), _mm512_load_si512(lo),
+                     _mm512_load_si512(lo + 64)};
+  }();
+  return t;
 }
 
-// A row's scale as the multiplier of fp8_to_ps16's values: 2^8 s (exact: the product with the code's value / 2^8
-// is the exact product of e4m3fn(code) and s, rounded once), or, where 2^8 s overflows (s >= 2^120), s itself,
-// `wide` set: the values are then scaled by 2^8 first (exact), as fp8_dequant16 does.
-inline __m512 fp8_scale(float s, bool& wide) {
-  const float s8 = s * 256.f;
-  const bool w = std::isinf(s8) && !std::isinf(s);
-  wide = wide || w;
-  return _mm512_set1_ps(w ? s : s8);
+// 64 packed codes -> f[t] = the values of codes 16t .. 16t + 15 (float32, exact): the magnitudes' bfloat16 bytes
+// by table (vpermi2b), the sign into the high byte, then bytes to words and words to float32's high halves
+// (unpack), whose 128-bit lanes the packed order makes consecutive.
+inline void fp8_decode64(const uint8_t* q, const Fp8Tables& tb, __m512 f[4]) {
+  const __m512i c = _mm512_loadu_si512(q);
+  const __m512i lo = _mm512_permutex2var_epi8(tb.lo0, c, tb.lo1);
+  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tb.hi0, c, tb.hi1), c,
+                                               _mm512_set1_epi8(char(0x80)), 0xF8);  // hi | (c & 0x80)
+  const __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi), z = _mm512_setzero_si512();
+  f[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w0));
+  f[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w0));
+  f[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w1));
+  f[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w1));
 }
 
-// e4m3fn(q[i]) * s for 16 codes (mk: the valid ones, the others 0), every case handled (NaN codes, any s).
-inline __m512 fp8_dequant16(const uint8_t* q, float s, __mmask16 mk) {
-  const __m128i b = load_codes16(q, mk);
-  bool wide = false;
-  const __m512 sv = fp8_scale(s, wide);
-  __m512 v = nan_fix16(fp8_to_ps16(b), b);
-  if (wide) v = _mm512_mul_ps(v, _mm512_set1_ps(256.f));
-  return _mm512_mul_ps(v, sv);
-}
-
-// Whether any of rows qr[0..NR)'s codes [k, k + n) (n <= 64) is a NaN code: one 64-byte compare a row.
-inline bool fp8_any_nan(const uint8_t* const* qr, int64_t k, int64_t n) {
-  const __mmask64 valid = n >= 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
-  __mmask64 any = 0;
-  for (int j = 0; j < NR; ++j)
-    any |= _mm512_mask_cmpeq_epi8_mask(valid, _mm512_or_si512(_mm512_maskz_loadu_epi8(valid, qr[j] + k),
-                                                                _mm512_set1_epi8(char(0x80))),
-                                       _mm512_set1_epi8(char(0xFF)));
-  return any != 0;
-}
-
-// ROWS rows of x against the block's NR weight rows, decoded in registers. The scales of the rows' current column
-// block are broadcast once per block of columns; each 64 codes of the rows are checked for NaN codes once, and
-// only steps that hold one (or whose scales overflow 2^8 s) take the slower full decode: the same values.
+// ROWS (1 .. MR) rows of x against the block's NR weight rows, decoded in registers a chunk of 64 at a time: for each
+// weight row its four vectors, each times its column block's scale, then every x row's multiply-adds into that
+// row's accumulators, k increasing (the accumulators' order is the float32 kernel's).
 template <int ROWS>
 inline void block_fp8_avx512(const float* x, int64_t K, const uint8_t* q, const float* s, int64_t bc, int64_t nr,
-                             float* out, int64_t ldo, bool pf) {
-  const int64_t G = fp8_groups(K, bc), ahead = kPrefetchBlocksFp8 * NR * K;
+                             float* out, int64_t ldo) {
+  const Fp8Tables& tb = fp8_tables();
+  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K), ahead = kPrefetchBlocksFp8 * NR * Kp;
   const uint8_t* qr[NR];
   const float* sr[NR];
   for (int64_t j = 0; j < NR; ++j) {
-    qr[j] = q + (j < nr ? j : 0) * K;
+    qr[j] = q + (j < nr ? j : 0) * Kp;
     sr[j] = s + (j < nr ? j : 0) * G;
   }
   __m512 acc[block_acc_count<ROWS>()];
   for (__m512& a : acc) a = _mm512_setzero_ps();
-  __m512 sv[NR];
-  bool row_wide[NR] = {}, wide = false, nan = false;
-  int64_t group_end = 0;  // the column block whose scales sv holds ends here
-  auto step = [&](int64_t k, __mmask16 mk) {
-    __m512 wv[NR];
-    if (k >= group_end) {  // (bc % 16 == 0, or one block: a step never spans two)
-      const int64_t g = k / bc;
-      group_end = (g + 1) * bc;
-      wide = false;
-      for (int j = 0; j < NR; ++j) {
-        row_wide[j] = false;
-        sv[j] = fp8_scale(sr[j][g], row_wide[j]);
-        wide = wide || row_wide[j];
-      }
+  for (int64_t k0 = 0; k0 < K; k0 += kFp8Chunk) {
+    const int64_t steps = std::min<int64_t>(4, (K - k0 + 15) / 16);
+    constexpr int XR = ROWS <= 2 ? ROWS : 1;  // x rows held in registers across the chunk (more: read at each use)
+    __m512 xv[XR][4];
+    __mmask16 mk[4];
+    int64_t g[4];  // each step's column block
+    for (int t = 0; t < 4; ++t) {
+      const int64_t k = k0 + 16 * t, left = K - k;
+      mk[t] = left >= 16 ? __mmask16(0xffff) : left > 0 ? static_cast<__mmask16>((1u << left) - 1u) : __mmask16(0);
+      g[t] = k / bc;
+      if constexpr (ROWS <= 2)
+        for (int m = 0; m < ROWS; ++m) xv[m][t] = t < steps ? load16_f32(x + m * K + k, mk[t]) : _mm512_setzero_ps();
     }
-    if (k % 64 == 0) nan = fp8_any_nan(qr, k, std::min<int64_t>(64, K - k));
     for (int j = 0; j < NR; ++j) {
-      const __m128i b = load_codes16(qr[j] + k, mk);
-      __m512 v = fp8_to_ps16(b);
-      if (nan || wide) {
-        v = nan_fix16(v, b);
-        if (row_wide[j]) v = _mm512_mul_ps(v, _mm512_set1_ps(256.f));
+      _mm_prefetch(reinterpret_cast<const char*>(qr[j] + k0 + ahead), _MM_HINT_T1);
+      __m512 f[4];
+      fp8_decode64(qr[j] + k0, tb, f);
+      for (int t = 0; t < steps; ++t) {
+        const __m512 w = _mm512_maskz_mul_ps(mk[t], f[t], _mm512_set1_ps(sr[j][g[t]]));
+        for (int m = 0; m < ROWS; ++m) {
+          const __m512 xm = ROWS <= 2 ? xv[m < XR ? m : 0][t] : load16_f32(x + m * K + k0 + 16 * t, mk[t]);
+          acc[m * NR + j] = _mm512_fmadd_ps(xm, w, acc[m * NR + j]);
+        }
       }
-      wv[j] = _mm512_mul_ps(v, sv[j]);
     }
-    fma_rows_avx512<ROWS>(x, K, k, mk, wv, acc);
-  };
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    if (pf && k % 64 == 0)  // one 64-byte line of each row per 4 steps
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(qr[j] + k + ahead), _MM_HINT_T1);
-    step(k, __mmask16(0xffff));
   }
-  if (k < K) step(k, static_cast<__mmask16>((1u << (K - k)) - 1u));
   reduce_store_avx512<ROWS>(acc, nr, out, ldo);
 }
 
-// The block's nr rows decoded into w [nr, K] (float32: e4m3fn(q) * s, one rounding), 16 at a time.
+// The block's nr rows decoded into w [nr, K] (natural order), a chunk of 64 at a time.
 inline void fp8_decode_rows(const uint8_t* q, const float* s, int64_t bc, int64_t K, int64_t nr, float* w) {
-  const int64_t G = fp8_groups(K, bc);
+  const Fp8Tables& tb = fp8_tables();
+  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K);
   for (int64_t j = 0; j < nr; ++j)
-    for (int64_t k = 0; k < K; k += 16) {
-      const __mmask16 mk = K - k >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (K - k)) - 1u);
-      _mm512_mask_storeu_ps(w + j * K + k, mk, fp8_dequant16(q + j * K + k, s[j * G + k / bc], mk));
+    for (int64_t k0 = 0; k0 < K; k0 += kFp8Chunk) {
+      __m512 f[4];
+      fp8_decode64(q + j * Kp + k0, tb, f);
+      for (int64_t t = 0; t < 4 && k0 + 16 * t < K; ++t) {
+        const int64_t k = k0 + 16 * t, left = K - k;
+        const __mmask16 mk = left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+        _mm512_mask_storeu_ps(w + j * K + k, mk, _mm512_mul_ps(f[t], _mm512_set1_ps(s[j * G + k / bc])));
+      }
     }
 }
+#define TRIFORCE_FP8_TABLES 1
 #endif
 
-// Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K], q [N, K] (e4m3fn bytes), s [N,
-// fp8_groups(K, bc)], out [M, N], all contiguous; bc % 16 == 0 or bc >= K. One group of MR rows decodes the
-// weights in registers (a decode step, a short verification pass); more decode each block of rows once into a
-// buffer and run the float32 kernel on it (the same bits: that kernel on the same values).
+// Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K], q [N, fp8_row_bytes(K)] (packed e4m3fn
+// codes), s [N, fp8_groups(K, bc)], out [M, N], all contiguous; bc % 16 == 0 or bc >= K. With the byte tables (AVX-512
+// VBMI) one or two rows of x decode the weights in registers (a decode step; the draft's); more rows decode each
+// block of weight rows once into a buffer and run the float32 kernel on it (the same bits: that kernel on the same
+// values), as every row count does elsewhere.
 inline void rowwise_linear_fp8_blocks(const float* x, int64_t M, int64_t K, const uint8_t* q, const float* s,
                                       int64_t bc, int64_t N, float* out, int64_t b0, int64_t b1) {
-  const int64_t G = fp8_groups(K, bc);
-#if defined(__AVX512F__)
+  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K);
+#if defined(TRIFORCE_FP8_TABLES)
   if (M <= MR) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
       with_rows(M, [&](auto rows_c) {
-        block_fp8_avx512<decltype(rows_c)::value>(x, K, q + n * K, s + n * G, bc, nr, out + n, N, true);
+        block_fp8_avx512<decltype(rows_c)::value>(x, K, q + n * Kp, s + n * G, bc, nr, out + n, N);
       });
     }
     return;
@@ -631,17 +642,21 @@ inline void rowwise_linear_fp8_blocks(const float* x, int64_t M, int64_t K, cons
   const int64_t groups = (M + MR - 1) / MR;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
-#if defined(__AVX512F__)
-    fp8_decode_rows(q + n * K, s + n * G, bc, K, nr, w.data());
+#if defined(TRIFORCE_FP8_TABLES)
+    // the codes of the block kPrefetchBlocksFp8 ahead, one line of each 64 (the decode below reads this block's)
+    const int64_t ahead = std::min<int64_t>(N, n + kPrefetchBlocksFp8 * NR);
+    for (int64_t r = ahead; r < std::min<int64_t>(N, ahead + NR); ++r)
+      for (int64_t c = 0; c < Kp; c += kFp8Chunk) _mm_prefetch(reinterpret_cast<const char*>(q + r * Kp + c), _MM_HINT_T1);
+    fp8_decode_rows(q + n * Kp, s + n * G, bc, K, nr, w.data());
 #else
-    for (int64_t j = 0; j < nr; ++j)
-      for (int64_t k = 0; k < K; ++k)
-        w[j * K + k] = fp8_e4m3fn_to_float(q[(n + j) * K + k]) * s[(n + j) * G + k / bc];
+    fp8_decode_rows_scalar(q + n * Kp, s + n * G, bc, K, nr, w.data());
 #endif
     for (int64_t m = 0; m < M; m += MR) {
       const int64_t rows = std::min<int64_t>(MR, M - m);
 #if defined(__AVX512F__)
-      block_rows(x + m * K, rows, K, w.data(), nr, out + m * N + n, N, m / MR, groups, groups > 1);
+      // (w is the buffer, in L1: the kernel's prefetches, which stream the next block's weights, are off: its
+      // phase is past its last step)
+      block_rows(x + m * K, rows, K, w.data(), nr, out + m * N + n, N, K / 16 + 1, groups, groups > 1);
 #else
       (void)groups;
       block_portable(x + m * K, rows, K, w.data(), nr, out + m * N + n, N);
