@@ -88,8 +88,8 @@ def main():
     p.add_argument("--heads", action="store_true", help="rowwise_linear_heads at DeepSeek-V2-Lite's shapes")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = default")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "fp8", "int8", "q4_1", "q4_1_int8",
-                                       "q8_0_int8", "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8", "q3_k_int8",
-                                       "mxfp4_int8", "iq2_xxs_int8", "iq2_xs_int8", "both"],
+                                       "q8_0_int8", "q4_k_int8", "q5_k_int8", "q6_k_int8", "iq4_xs_int8", "q2_k_int8",
+                                       "q3_k_int8", "mxfp4_int8", "iq2_xxs_int8", "iq2_xs_int8", "both"],
                    default="both",
                    help="both = float32, bfloat16 and float16; fp8 = rowwise_linear_fp8 (float8 weights, block scales, "
                         "float32 x); int8 = rowwise_linear_q8 (weight-only int8, float32 x); "
