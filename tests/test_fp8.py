@@ -427,3 +427,30 @@ def test_load_fp8_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="'fp8' runs on the CPU only"):
         hub.load_model(str(tmp_path / "ckpt"), "fp8", device="cuda")
     assert hub.load_draft(str(tmp_path / "ckpt"), "fp8").config == plain.config
+
+
+@needs_fp8_kernel
+def test_the_cli_runs_an_fp8_checkpoint_on_its_own_weights(tmp_path, capsys):
+    """``triforce generate --dtype fp8`` on an FP8 checkpoint directory prints the float32 model's text, with every
+    method (an int8 draft of it, too); ``--dtype fp8`` on a float checkpoint fails naming the directory."""
+    from .test_cli import VOCAB, _word_tokenizer, run
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256))
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 1)
+    model.save_pretrained(tmp_path / "float")
+    model.save_pretrained(tmp_path / "fp8")
+    write_fp8(tmp_path / "fp8", QWEN3_FP8 | {"weight_block_size": [16, 16]}, (16, 16))
+    for d in ("float", "fp8"):
+        _word_tokenizer().save(str(tmp_path / d / "tokenizer.json"))
+    args = ["generate", "--prompt", "the cat sat on a mat", "--max-new-tokens", "12"]
+    rc, want, _ = run([*args, "--model", str(tmp_path / "fp8")], capsys)  # (float32, dequantised)
+    assert rc == 0 and want.split()
+    for extra in ([], ["--method", "speculative", "--draft", "int8", "--gamma", "3"],
+                  ["--method", "magicdec", "--gamma", "2", "--window", "8"]):
+        rc, out, err = run([*args, "--model", str(tmp_path / "fp8"), "--dtype", "fp8", *extra], capsys)
+        assert rc == 0 and out == want, (extra, err)
+    rc, _, err = run([*args, "--model", str(tmp_path / "float"), "--dtype", "fp8"], capsys)
+    assert rc != 0 and "fp8 quantization_config" in err and "float" in err  # (as --dtype gguf on a directory)
