@@ -22,8 +22,8 @@ verification passes of any size (row-independent) and torch's GEMM a prefill's c
 ``ROWWISE_MAX_ROWS`` rows (triforce/models/llama.py); the op runs x in chunks of 256 rows.
 
 ``--dtype fp8``: ``rowwise_linear_fp8`` (an FP8 checkpoint's layer on its own weights: float8_e4m3fn codes, packed,
-rows padded to 64 codes, a float32 scale per row and 128 columns; 1.15 bytes a weight at K = 576) against the
-float32 kernel on the dequantised weight (``cpu_float32``: what the float32 model loaded from the checkpoint runs,
+rows padded to 64 codes, a float32 scale per row and 64 columns (blocks of 128); 1.18 bytes a weight at K = 576)
+against the float32 kernel on the dequantised weight (``cpu_float32``: what the float32 model loaded from the checkpoint runs,
 the same bits), the bfloat16 kernel on it rounded to bfloat16 (``cpu_bfloat16``: a bfloat16 model's, 2 bytes a
 weight; x rounded too) and ``F.linear``.
 
@@ -189,12 +189,13 @@ def bench_fp8(a, g, bw) -> None:
     rounded (``cpu_bfloat16``) and ``F.linear`` on the float32 one; bytes = the codes + scales (or the float
     weights) + x + out, read once."""
     from triforce.models.loading import dequantize_fp8
-    from triforce.models.quant import pack_fp8
+    from triforce.models.quant import fp8_chunk_scales, pack_fp8
 
     bc = 128
     raw = [((torch.randn(N, K, generator=g) * 64).to(torch.float8_e4m3fn),
             torch.rand(N, -(-K // bc), generator=g) / 64) for _ in range(MATRICES)]
-    qs = [(pack_fp8(q), s) for q, s in raw]  # (the codes as the kernel reads them; K = 576 padded to 640)
+    # (as the kernel reads them: the codes packed, K = 576 padded to 640; a scale per row and 64 columns)
+    qs = [(pack_fp8(q), fp8_chunk_scales(s, bc, K)) for q, s in raw]
     kernel, fp32 = torch.ops.triforce_C.rowwise_linear_fp8, torch.ops.triforce_C.rowwise_linear
     weight_bytes = qs[0][0].numel() + qs[0][1].numel() * 4
     qsets = streamed(qs, weight_bytes, _clone_all)
@@ -202,9 +203,9 @@ def bench_fp8(a, g, bw) -> None:
     dense = streamed(dequantised, N * K * 4, torch.clone)
     half = streamed([w.bfloat16() for w in dequantised], N * K * 2, torch.clone)
     x0 = torch.randn(1, K, generator=g)
-    assert torch.equal(kernel(x0, *qs[0], bc), fp32(x0, dequantised[0]))  # (the same bits)
+    assert torch.equal(kernel(x0, *qs[0]), fp32(x0, dequantised[0]))  # (the same bits)
     _bench_quantised(a, g, bw, "rowwise_linear_fp8", "fp8", weight_bytes,
-                     lambda x: [kernel(x, q, s, bc) for q, s in qsets()], dense,
+                     lambda x: [kernel(x, q, s) for q, s in qsets()], dense,
                      {"cpu_float32": (lambda x: [fp32(x, w) for w in dense()], N * K * 4),
                       "cpu_bfloat16": (lambda x: [fp32(x.bfloat16(), w) for w in half()], N * K * 2)})
 

@@ -27,10 +27,10 @@ at::Tensor rowwise_linear_heads(const at::Tensor& x, const at::Tensor& w);
 // weight-only int8: w[n, k] = scales[n, k / 32] * q[n, k] (a draft model's format, triforce/models/quant.py)
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 at::Tensor rowwise_linear_q4_1(const at::Tensor& x, const at::Tensor& w);
-// FP8 weights: w[n, k] = e4m3fn(q[n, k]) * scales[n, k / block_cols] (an FP8 checkpoint's own weights, its block
-// scales repeated per row; triforce/models/quant.py, Fp8Linear), q packed (uint8 [N, K padded to 64], quant.pack_fp8:
-// linear.h's order), bitwise rowwise_linear on the dequantised weight
-at::Tensor rowwise_linear_fp8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t block_cols);
+// FP8 weights: w[n, k] = e4m3fn(q[n, k]) * scales[n, k / 64] (an FP8 checkpoint's own weights, its block scales
+// repeated per row and chunk of 64 columns; triforce/models/quant.py, Fp8Linear), q packed (float8_e4m3fn [N, K padded
+// to 64], quant.pack_fp8: linear.h's order), bitwise rowwise_linear on the dequantised weight
+at::Tensor rowwise_linear_fp8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
 // Whether rowwise_linear_i8 runs many rows on the AMX tiles (linear_i8.h; the bits are those of its other paths):
 // enable given, first allows (true) or forbids (false) them for the process; then returns whether they are used
@@ -64,12 +64,12 @@ at::Tensor run_product(const RowwiseProduct& p);
 RowwiseProduct float_product(const at::Tensor& x, const at::Tensor& w);                         // rowwise_linear
 RowwiseProduct q8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);   // rowwise_linear_q8
 RowwiseProduct q4_1_product(const at::Tensor& x, const at::Tensor& w);                          // rowwise_linear_q4_1
-RowwiseProduct fp8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
-                           int64_t block_cols);                                                 // rowwise_linear_fp8
+RowwiseProduct fp8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales);  // rowwise_linear_fp8
 // rowwise_linear_i8 of rows [r0, r0 + M) of x
 RowwiseProduct i8_product(const I8Rows& x, int64_t r0, int64_t M, const at::Tensor& codes, const at::Tensor& scales);
 // The product of a model layer's projection by its weight's format: w float32 / bfloat16 / float16 like x
-// (rowwise_linear), int8 with float32 scales (rowwise_linear_q8), uint8 Q4_1 blocks without scales
+// (rowwise_linear), packed float8_e4m3fn codes with float32 scales (rowwise_linear_fp8), int8 with float32 scales
+// (rowwise_linear_q8), uint8 Q4_1 blocks without scales
 // (rowwise_linear_q4_1), or uint8 codes with scales (rowwise_linear_i8: x rounded to int8 blocks, or rows [r0, r0 +
 // x.size(0)) of xq where the caller rounded them already).
 RowwiseProduct product_of(const at::Tensor& x, const I8Rows* xq, int64_t r0, const at::Tensor& w,

@@ -25,7 +25,7 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("rowwise_linear(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_heads(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_q8(Tensor x, Tensor q, Tensor scales) -> Tensor");
-  m.def("rowwise_linear_fp8(Tensor x, Tensor q, Tensor scales, int block_cols) -> Tensor");
+  m.def("rowwise_linear_fp8(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("rowwise_linear_q4_1(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_i8(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("decoder_attn_in(Tensor h, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, Tensor?[] bias, "

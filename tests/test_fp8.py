@@ -273,17 +273,18 @@ FINITE_CODES = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=t
 
 
 def fp8_product(x, q, s, bc):
-    """The kernel on float8_e4m3fn ``q`` (packed here: quant.pack_fp8)."""
-    from triforce.models.quant import pack_fp8
+    """The kernel on float8_e4m3fn ``q`` with scales ``s`` per row and ``bc`` columns (packed here, the scales per
+    chunk of 64 columns: quant.pack_fp8, fp8_chunk_scales)."""
+    from triforce.models.quant import fp8_chunk_scales, pack_fp8
 
-    return torch.ops.triforce_C.rowwise_linear_fp8(x, pack_fp8(q), s, bc)
+    return torch.ops.triforce_C.rowwise_linear_fp8(x, pack_fp8(q), fp8_chunk_scales(s, bc, q.shape[1]))
 
 
 @needs_fp8_kernel
-@given(M=st.integers(0, 9), N=st.integers(0, 40), K=st.integers(1, 300), bc=st.sampled_from([16, 32, 48, 128, 0]),
+@given(M=st.integers(0, 9), N=st.integers(0, 40), K=st.integers(1, 300), bc=st.sampled_from([64, 128, 192, 0]),
        seed=st.integers(0, 2**31 - 1))
 @example(M=1, N=1536, K=576, bc=128, seed=0)  # (a partial last block of columns: 576 = 4.5 blocks)
-@example(M=5, N=7, K=33, bc=16, seed=2)  # a masked tail, a partial block of weight rows
+@example(M=5, N=7, K=33, bc=64, seed=2)  # a masked tail, a partial block of weight rows
 def test_rowwise_linear_fp8_is_rowwise_linear_on_the_dequantised_weight(M, N, K, bc, seed):
     """Every finite e4m3fn code (subnormals, both zeros, the largest) times its block's scale, then the float32
     kernel's arithmetic: bitwise ``rowwise_linear`` on ``dequantize_fp8``'s float32 weight, and row m of an M-row
@@ -308,31 +309,34 @@ def test_rowwise_linear_fp8_nan_codes_and_bad_arguments():
         x = torch.randn(M, 200)
         q = torch.zeros(8, 200, dtype=torch.uint8)
         q[1, 5], q[2, 130], q[7, 199] = 0x7F, 0xFF, 0x7F
-        out = fp8_product(x, q.view(torch.float8_e4m3fn), torch.ones(8, 13), 16)
+        out = fp8_product(x, q.view(torch.float8_e4m3fn), torch.ones(8, 4), 64)
         assert out[:, [0, 3, 4, 5, 6]].eq(0).all() and out[:, [1, 2, 7]].isnan().all()
         # scales at float32's ends (2^8 s overflowing, subnormal s), beside ordinary ones: each product one rounding
         # of the exact one, as torch's
         codes = FINITE_CODES[torch.arange(1600) % len(FINITE_CODES)].reshape(8, 200).view(torch.float8_e4m3fn)
         for scale in (2.0 ** 125, 2.0 ** 127 * 1.5, 1e-40, 2.0 ** -140, 3e38):
-            ss = torch.rand(8, 13)
+            ss = torch.rand(8, 4)
             ss[::3, ::2] = scale
-            want = torch.ops.triforce_C.rowwise_linear(x, dequantize_fp8(codes, ss, (1, 16), torch.float32))
-            torch.testing.assert_close(fp8_product(x, codes, ss, 16), want, rtol=0, atol=0, equal_nan=True)  # bitwise
+            want = torch.ops.triforce_C.rowwise_linear(x, dequantize_fp8(codes, ss, (1, 64), torch.float32))
+            torch.testing.assert_close(fp8_product(x, codes, ss, 64), want, rtol=0, atol=0, equal_nan=True)  # bitwise
     x = torch.randn(2, 32)
-    q = torch.zeros(3, 64, dtype=torch.uint8)  # (packed: 32 codes padded to 64)
+    q = torch.zeros(3, 64, dtype=torch.float8_e4m3fn)  # (packed: 32 codes padded to 64)
     op = torch.ops.triforce_C.rowwise_linear_fp8
-    for args, match in (((x, q, torch.ones(3, 1), 16), r"scales must be \[3, 2\]"),
-                        ((x, q, torch.ones(3, 3), 12), "multiple of 16 or at least K"),
-                        ((x, q.view(torch.int8), torch.ones(3, 2), 16), "q uint8"),
-                        ((x.double(), q, torch.ones(3, 2), 16), "x float32"),
-                        ((x, q[:, :32], torch.ones(3, 2), 16), "must be 64 bytes"),
-                        ((x, q, torch.ones(3, 2).double(), 16), "scales float32")):
+    for args, match in (((x, q, torch.ones(3, 2)), r"scales must be \[3, 1\]"),
+                        ((x, q.view(torch.uint8), torch.ones(3, 1)), "q float8_e4m3fn"),
+                        ((x.double(), q, torch.ones(3, 1)), "x float32"),
+                        ((x, q[:, :32], torch.ones(3, 1)), "must be 64 codes"),
+                        ((x, q, torch.ones(3, 1).double()), "scales float32")):
         with pytest.raises(RuntimeError, match=match):
             op(*args)
-    from triforce.models.quant import pack_fp8, unpack_fp8
+    from triforce.models.quant import fp8_chunk_scales, pack_fp8, unpack_fp8
+
+    with pytest.raises(ValueError, match="multiple of 64 or at least 100"):
+        fp8_chunk_scales(torch.ones(3, 4), 32, 100)
+    assert torch.equal(fp8_chunk_scales(torch.tensor([[1.0, 2.0]]), 128, 200), torch.tensor([[1.0, 1.0, 2.0, 2.0]]))
 
     codes = FINITE_CODES[torch.randint(0, len(FINITE_CODES), (3, 100))].view(torch.float8_e4m3fn)
-    packed = pack_fp8(codes)
+    packed = pack_fp8(codes).view(torch.uint8)
     at = [64 * (c // 64) + 16 * (c % 16 // 4) + 4 * (c % 64 // 16) + c % 4 for c in range(128)]  # (code c's byte)
     assert packed.shape == (3, 128) and sorted(at) == list(range(128)) and packed[:, at[100:]].eq(0).all()
     assert torch.equal(unpack_fp8(packed, 100).view(torch.uint8), codes.view(torch.uint8))
@@ -350,23 +354,25 @@ def fp8_checkpoint(directory, case: str, block=(16, 16)):
 
 
 @needs_fp8_kernel
-@pytest.mark.parametrize("case,block", [("deepseek_v3", (16, 16)), ("qwen3", (32, 48)), ("qwen3_moe", (16, 32)),
-                                        ("deepseek_v3", (16, 128))])
-def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, case, block):
+@pytest.mark.parametrize("case,block", [("deepseek_v3", (16, 64)), ("qwen3", (32, 64)), ("qwen3_moe", (16, 128)),
+                                        ("deepseek_v3", (48, 128))])
+def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, monkeypatch, case, block):
     """``load_fp8`` (``load_model(directory, "fp8")``): every linear layer of the checkpoint an Fp8Linear on its
     float8 weights (DeepSeek's RoPE rows reordered, experts' gate and up joined, partial column blocks), its
-    weight the float32 model's bitwise; the logits of every path and every method's tokens bitwise those of
-    ``Llama.from_pretrained`` (float32, dequantised), each layer 1 byte a weight plus its scales."""
+    weight the float32 model's bitwise; the fused CPU layer takes a dense layer's, ``moe_experts`` a sparse layer's
+    experts (one call, the bits of their modules); the logits of every path and every method's tokens bitwise those
+    of ``Llama.from_pretrained`` (float32, dequantised)."""
     from triforce.models import hub
     from triforce.models.quant import Fp8Linear
+
+    from .test_gpt_oss import assert_one_moe_experts_call
 
     fp8_checkpoint(tmp_path / "ckpt", case, block)
     plain = Llama.from_pretrained(tmp_path / "ckpt")
     ours, _ = hub.load_model(str(tmp_path / "ckpt"), "fp8")
     layers = {n: m for n, m in ours.named_modules() if isinstance(m, Fp8Linear)}
     floats = dict(plain.named_modules())
-    assert len(layers) >= 14 and all(m.codes.dtype == torch.uint8 and m.block_cols == block[1]
-                                     for m in layers.values())
+    assert len(layers) >= 14 and all(m.codes.dtype == torch.float8_e4m3fn for m in layers.values())
     for n, m in layers.items():
         assert torch.equal(m.weight, floats[n].weight), n
     ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
@@ -375,6 +381,14 @@ def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, case, block):
         cache, ref = FullCache(ours.config, 2, 40), FullCache(plain.config, 2, 40)
         assert torch.equal(ours(ids[:, :29], cache=cache), plain(ids[:, :29], cache=ref))
         assert torch.equal(ours(ids[:, 29:], cache=cache), plain(ids[:, 29:], cache=ref))  # one-row steps
+    # the fused CPU layer takes the layers of a dense model's layer; a sparse layer's experts run in one moe_experts
+    # call with the bits of their modules
+    layer = ours.model.layers[-1]
+    if getattr(layer.mlp, "experts", None) is not None:
+        assert_one_moe_experts_call(layer.mlp, monkeypatch)
+    elif ours.config.mla is None:
+        with torch.no_grad():
+            assert layer.fused_arguments(torch.zeros(1, 1, ours.config.hidden_size)) is not None
     prompts = [ids[0, :9], ids[1, :17]]
     want = triforce.generate(plain, prompts, method="autoregressive", max_new_tokens=10)
     for method, opts in (("autoregressive", {}), ("speculative", {"gamma": 3, "draft_layers": 1}),
@@ -399,7 +413,7 @@ def test_ministral3_per_tensor_fp8_runs_on_its_own_weights(tmp_path):
     write_fp8(tmp_path, MINISTRAL3_FP8, None, static=True)
     ours, plain = load_fp8(tmp_path), Llama.from_pretrained(tmp_path)
     layers = [m for m in ours.modules() if isinstance(m, Fp8Linear)]
-    assert len(layers) == 21 and all(m.block_cols == m.in_features and m.scales.shape[1] == 1 for m in layers)
+    assert len(layers) == 21 and all(m.scales.eq(m.scales[:, :1]).all() for m in layers)  # (one scale a tensor)
     ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(ours(ids), plain(ids))
@@ -407,11 +421,11 @@ def test_ministral3_per_tensor_fp8_runs_on_its_own_weights(tmp_path):
 
 def test_load_fp8_errors(tmp_path, monkeypatch):
     """A directory without an fp8 quantization_config, or a GPU device, raises before anything loads; column
-    blocks the kernel cannot step through (12 wide) stay float32, dequantised."""
+    blocks the kernel cannot take (48 wide: not whole chunks of 64) stay float32, dequantised."""
     from triforce.models import hub
     from triforce.models.quant import Fp8Linear, load_fp8
 
-    fp8_checkpoint(tmp_path / "ckpt", "qwen3", (12, 12))
+    fp8_checkpoint(tmp_path / "ckpt", "qwen3", (16, 48))
     ours, plain = load_fp8(tmp_path / "ckpt"), Llama.from_pretrained(tmp_path / "ckpt")
     assert not any(isinstance(m, Fp8Linear) for m in ours.modules())
     with torch.no_grad():
@@ -442,7 +456,7 @@ def test_the_cli_runs_an_fp8_checkpoint_on_its_own_weights(tmp_path, capsys):
         model.lm_head.weight.normal_(0, 1)
     model.save_pretrained(tmp_path / "float")
     model.save_pretrained(tmp_path / "fp8")
-    write_fp8(tmp_path / "fp8", QWEN3_FP8 | {"weight_block_size": [16, 16]}, (16, 16))
+    write_fp8(tmp_path / "fp8", QWEN3_FP8 | {"weight_block_size": [16, 64]}, (16, 64))
     for d in ("float", "fp8"):
         _word_tokenizer().save(str(tmp_path / d / "tokenizer.json"))
     args = ["generate", "--prompt", "the cat sat on a mat", "--max-new-tokens", "12"]

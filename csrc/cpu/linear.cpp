@@ -141,36 +141,34 @@ at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at:
   return run_product(q8_product(x, q, scales));
 }
 
-RowwiseProduct fp8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t block_cols) {
+RowwiseProduct fp8_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
   using namespace triforce::linear;
   TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && scales.dim() == 2,
-              "rowwise_linear_fp8: x [M, K], q [N, K padded to 64] and scales [N, ceil(K / block_cols)] must be 2-D, got ",
+              "rowwise_linear_fp8: x [M, K], q [N, K padded to 64] and scales [N, ceil(K / 64)] must be 2-D, got ",
               x.sizes(), ", ", q.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kByte && scales.scalar_type() == at::kFloat,
-              "rowwise_linear_fp8: x float32, q uint8 (packed float8_e4m3fn codes: quant.pack_fp8) and scales float32, "
-              "got ", x.scalar_type(), ", ", q.scalar_type(), " and ", scales.scalar_type());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kFloat8_e4m3fn && scales.scalar_type() == at::kFloat,
+              "rowwise_linear_fp8: x float32, q float8_e4m3fn (packed codes: quant.pack_fp8) and scales float32, got ",
+              x.scalar_type(), ", ", q.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && q.device().is_cpu() && scales.device().is_cpu(),
               "rowwise_linear_fp8: CPU tensors only");
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   TORCH_CHECK(q.size(1) == fp8_row_bytes(K), "rowwise_linear_fp8: x has ", K, " columns, so q's rows must be ",
-              fp8_row_bytes(K), " bytes (K padded to a multiple of 64: quant.pack_fp8), got ", q.size(1));
-  TORCH_CHECK(block_cols >= 1 && (block_cols % 16 == 0 || block_cols >= K),
-              "rowwise_linear_fp8: block_cols must be a multiple of 16 or at least K (", K, "), got ", block_cols);
-  TORCH_CHECK(scales.size(0) == N && scales.size(1) == fp8_groups(K, block_cols), "rowwise_linear_fp8: scales must be [",
-              N, ", ", fp8_groups(K, block_cols), "] (one per ", block_cols, " weights of a row), got ", scales.sizes());
+              fp8_row_bytes(K), " codes (K padded to a multiple of 64: quant.pack_fp8), got ", q.size(1));
+  TORCH_CHECK(scales.size(0) == N && scales.size(1) == fp8_chunks(K), "rowwise_linear_fp8: scales must be [", N, ", ",
+              fp8_chunks(K), "] (one per 64 weights of a row), got ", scales.sizes());
   RowwiseProduct p{M, K, N, rowwise_linear_num_blocks(N), NR, 1, x.options(),
                    {x.contiguous(), q.contiguous(), scales.contiguous()}, {}};
   const float* X = p.keep[0].const_data_ptr<float>();
-  const uint8_t* Q = p.keep[1].const_data_ptr<uint8_t>();
+  const uint8_t* Q = reinterpret_cast<const uint8_t*>(p.keep[1].const_data_ptr());
   const float* S = p.keep[2].const_data_ptr<float>();
-  p.blocks = [X, Q, S, K, N, block_cols](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
-    rowwise_linear_fp8_blocks(X + m0 * K, rows, K, Q, S, block_cols, N, static_cast<float*>(out) + m0 * N, b0, b1);
+  p.blocks = [X, Q, S, K, N](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    rowwise_linear_fp8_blocks(X + m0 * K, rows, K, Q, S, N, static_cast<float*>(out) + m0 * N, b0, b1);
   };
   return p;
 }
 
-at::Tensor rowwise_linear_fp8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t block_cols) {
-  return run_product(fp8_product(x, q, scales, block_cols));
+at::Tensor rowwise_linear_fp8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
+  return run_product(fp8_product(x, q, scales));
 }
 
 RowwiseProduct q4_1_product(const at::Tensor& x, const at::Tensor& w) {
@@ -334,6 +332,7 @@ at::Tensor rowwise_linear_i8_rows(const I8Rows& x, const at::Tensor& codes, cons
 
 RowwiseProduct product_of(const at::Tensor& x, const I8Rows* xq, int64_t r0, const at::Tensor& w,
                           const std::optional<at::Tensor>& scales) {
+  if (w.scalar_type() == at::kFloat8_e4m3fn && scales.has_value()) return fp8_product(x, w, *scales);
   if (w.scalar_type() == at::kByte && scales.has_value()) {
     if (xq != nullptr) return i8_product(*xq, r0, x.size(0), w, *scales);
     const I8Rows own = quantize_i8_rows(x);  // (its buffer stays in the product's keep)

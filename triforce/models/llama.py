@@ -94,7 +94,7 @@ def _register_fakes() -> None:
     if hasattr(ops, "rowwise_linear_q8"):
         torch.library.register_fake("triforce_C::rowwise_linear_q8")(lambda x, q, scales: rows(x, q))
     if hasattr(ops, "rowwise_linear_fp8"):
-        torch.library.register_fake("triforce_C::rowwise_linear_fp8")(lambda x, q, scales, block_cols: rows(x, q))
+        torch.library.register_fake("triforce_C::rowwise_linear_fp8")(lambda x, q, scales: rows(x, q))
     if hasattr(ops, "rowwise_linear_q4_1"):
         torch.library.register_fake("triforce_C::rowwise_linear_q4_1")(rows)
     for name in ("silu_mul", "gelu_tanh_mul"):

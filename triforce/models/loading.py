@@ -319,11 +319,11 @@ class _Fp8Weights:
 
     def _keeps(self, q: torch.Tensor, scale: torch.Tensor) -> bool:
         """Whether ``q`` and its scales go to ``kept`` as they are: a 2-D e4m3fn weight with float scales whose
-        column blocks are whole steps of rowwise_linear_fp8's 16 (or one block a row, a scale per tensor)."""
+        column blocks are whole chunks of rowwise_linear_fp8's 64 (or one block a row, a scale per tensor)."""
         if self.kept is None or q.dtype != torch.float8_e4m3fn or q.dim() != 2 or not scale.is_floating_point() \
                 or scale.dtype == torch.float8_e8m0fnu:
             return False
-        return scale.numel() == 1 or (self.block is not None and (self.block[1] % 16 == 0
+        return scale.numel() == 1 or (self.block is not None and (self.block[1] % 64 == 0
                                                                   or self.block[1] >= q.shape[1]))
 
     def dequantize(self, part: dict) -> dict:

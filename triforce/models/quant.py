@@ -31,7 +31,7 @@ __all__ = ["GROUP", "quantize_q8", "dequantize_q8", "Q8Linear", "int8_copy", "Q4
            "rowwise_linear_i8_reference", "Int8DotLinear", "I8_FORMATS", "IQ4_NL_VALUES", "MXFP4_VALUES",
            "pack_mxfp4", "e8m0_half", "GGUF_I8_TYPES",
            "gguf_i8_blocks", "gguf_i8_pack", "load_gguf_int8", "load_mxfp4_int8", "is_mxfp4_checkpoint",
-           "Fp8Linear", "load_fp8", "is_fp8_checkpoint", "pack_fp8", "unpack_fp8"]
+           "Fp8Linear", "load_fp8", "is_fp8_checkpoint", "pack_fp8", "unpack_fp8", "fp8_chunk_scales"]
 
 GROUP = 32  # weights per scale (csrc kQ8Group)
 
@@ -1096,8 +1096,8 @@ FP8_CHUNK = 64  # codes a chunk of a packed row (csrc linear.h kFp8Chunk)
 
 
 def pack_fp8(q: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn ``q`` ``[N, K]`` as ``rowwise_linear_fp8`` reads it: uint8 ``[N, K padded to a multiple of 64]``
-    (zero codes after K), within each chunk of 64 code ``16t + 4L + j`` at byte ``16L + 4t + j`` (``t, L, j < 4``:
+    """float8_e4m3fn ``q`` ``[N, K]`` as ``rowwise_linear_fp8`` reads it: float8_e4m3fn ``[N, K padded to a multiple
+    of 64]`` (zero codes after K), within each chunk of 64 code ``16t + 4L + j`` at ``16L + 4t + j`` (``t, L, j < 4``:
     the order in which the kernel's table lookups and unpacking yield 16 consecutive weights a vector)."""
     if q.dtype != torch.float8_e4m3fn or q.dim() != 2:
         raise ValueError(f"pack_fp8: expected a 2-D float8_e4m3fn tensor, got {q.dtype} {list(q.shape)}")
@@ -1105,26 +1105,36 @@ def pack_fp8(q: torch.Tensor) -> torch.Tensor:
     Kp = -(-K // FP8_CHUNK) * FP8_CHUNK
     out = torch.zeros(N, Kp, dtype=torch.uint8)
     out[:, :K] = q.view(torch.uint8)
-    return out.view(N, Kp // 64, 4, 4, 4).transpose(2, 3).reshape(N, Kp)
+    return out.view(N, Kp // 64, 4, 4, 4).transpose(2, 3).reshape(N, Kp).view(torch.float8_e4m3fn)
 
 
 def unpack_fp8(packed: torch.Tensor, K: int) -> torch.Tensor:
     """:func:`pack_fp8`'s inverse: float8_e4m3fn ``[N, K]``."""
     N, Kp = packed.shape
-    return packed.view(N, Kp // 64, 4, 4, 4).transpose(2, 3).reshape(N, Kp)[:, :K].contiguous().view(
-        torch.float8_e4m3fn)
+    return packed.view(torch.uint8).view(N, Kp // 64, 4, 4, 4).transpose(2, 3).reshape(N, Kp)[:, :K].contiguous(
+    ).view(torch.float8_e4m3fn)
+
+
+def fp8_chunk_scales(row_scales: torch.Tensor, block_cols: int, K: int) -> torch.Tensor:
+    """float32 ``[N, ceil(K / 64)]``: each chunk of 64 columns' scale, from ``row_scales`` ``[N, ceil(K /
+    block_cols)]`` (``block_cols`` a multiple of 64, or at least K: a chunk never spans two blocks)."""
+    if not (block_cols % FP8_CHUNK == 0 or block_cols >= K):
+        raise ValueError(f"fp8_chunk_scales: block_cols must be a multiple of {FP8_CHUNK} or at least {K}, got "
+                         f"{block_cols}")
+    return row_scales[:, torch.arange(0, K, FP8_CHUNK) // block_cols].float().contiguous()
 
 
 class Fp8Linear(_FixedDtypeScales):
     """A linear layer of an FP8 checkpoint on its own weights: float8_e4m3fn ``qweight`` ``[out, in]``, held packed
-    (``codes``: :func:`pack_fp8`), and float32 ``scales`` ``[out, ceil(in / block_cols)]`` (the checkpoint's block
-    scales repeated for each row of a block: weight ``[n, k]`` is ``qweight[n, k] * scales[n, k // block_cols]``, one
-    float32 rounding, what :func:`~triforce.models.loading.dequantize_fp8` computes), optional float32 ``bias``.
+    (``codes``: :func:`pack_fp8`), and its scales ``[out, ceil(in / block_cols)]`` (the checkpoint's block scales
+    repeated for each row of a block: weight ``[n, k]`` is ``qweight[n, k] * scales[n, k // block_cols]``, one float32
+    rounding, what :func:`~triforce.models.loading.dequantize_fp8` computes), held per chunk of 64 columns (``scales``
+    ``[out, ceil(in / 64)]`` float32: ``block_cols`` a multiple of 64 or at least ``in``), optional float32 ``bias``.
     Input and output float32 (other float dtypes are computed in float32 and cast back). Few-row products run
     ``triforce_C::rowwise_linear_fp8``, bitwise ``rowwise_linear`` on the dequantised float32 weight; anything
     else multiplies by that weight with ``F.linear``, as :class:`~triforce.models.llama.Linear` does: the layer
     computes bitwise what the float32 model loaded from the checkpoint computes, from about a byte a weight (rows
-    padded to 64 codes, and ``4 / block_cols`` for the scales) instead of 4."""
+    padded to 64 codes, and 4 / 64 for the scales) instead of 4."""
 
     _scales_dtype = torch.float32
 
@@ -1134,16 +1144,23 @@ class Fp8Linear(_FixedDtypeScales):
             raise ValueError(f"Fp8Linear: qweight must be a 2-D float8_e4m3fn tensor, got {qweight.dtype} "
                              f"{list(qweight.shape)}")
         N, K = qweight.shape
-        if not (isinstance(block_cols, int) and block_cols >= 1 and (block_cols % 16 == 0 or block_cols >= K)):
-            raise ValueError(f"Fp8Linear: block_cols must be a multiple of 16 or at least in_features ({K}), got "
-                             f"{block_cols!r}")
+        if not (isinstance(block_cols, int) and block_cols >= 1 and (block_cols % FP8_CHUNK == 0 or block_cols >= K)):
+            raise ValueError(f"Fp8Linear: block_cols must be a multiple of {FP8_CHUNK} or at least in_features ({K}), "
+                             f"got {block_cols!r}")
         if scales.shape != (N, -(-K // block_cols)) or scales.dtype != torch.float32:
             raise ValueError(f"Fp8Linear: scales must be float32 [{N}, {-(-K // block_cols)}], got {scales.dtype} "
                              f"{list(scales.shape)}")
-        self.in_features, self.out_features, self.block_cols = K, N, block_cols
+        self.in_features, self.out_features = K, N
         self.register_buffer("codes", pack_fp8(qweight))
-        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("scales", fp8_chunk_scales(scales, block_cols, K))
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+
+    def _apply(self, fn, recurse=True):
+        codes = self._buffers["codes"]  # (a dtype cast of the model keeps the float8 codes, as the scales)
+        out = super()._apply(fn, recurse)
+        if self._buffers["codes"].dtype != codes.dtype:
+            self._buffers["codes"] = codes.to(self._buffers["codes"].device)
+        return out
 
     @property
     def qweight(self) -> torch.Tensor:
@@ -1154,20 +1171,22 @@ class Fp8Linear(_FixedDtypeScales):
     def weight(self) -> torch.Tensor:
         """The dequantised weight (float32, computed on each access)."""
         K = self.in_features
-        return self.qweight.float() * self.scales.repeat_interleave(self.block_cols, 1)[:, :K]
+        return self.qweight.float() * self.scales.repeat_interleave(FP8_CHUNK, 1)[:, :K]
 
     def forward(self, x):
         return _quantised_forward(self, x, _fp8_kernel_available, lambda x2: torch.ops.triforce_C.rowwise_linear_fp8(
-            x2, self.codes, self.scales, self.block_cols))
+            x2, self.codes, self.scales))
 
     def fused_projection(self, dtype: torch.dtype):
-        """None: the fused decoder layer and ``moe_experts`` take float and int8 weights (a model with these layers
-        runs layer by layer; see ``triforce.models.llama.DecoderLayer.fused_arguments``)."""
-        return None
+        """``(codes, scales, bias)`` for the fused decoder layer and ``moe_experts`` (float32 inputs on the kernel's
+        path: their products take these by the codes' dtype), else ``None`` (see
+        ``triforce.models.llama.DecoderLayer.fused_arguments``)."""
+        if dtype != torch.float32 or not _fp8_kernel_available():
+            return None
+        return self._buffers["codes"], self._buffers["scales"], self._parameters.get("bias")
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, float8_e4m3fn, "
-                f"block_cols={self.block_cols}")
+        return f"in_features={self.in_features}, out_features={self.out_features}, float8_e4m3fn, chunk={FP8_CHUNK}"
 
 
 def is_fp8_checkpoint(path) -> bool:
@@ -1186,11 +1205,11 @@ def is_fp8_checkpoint(path) -> bool:
 def load_fp8(path) -> Llama:
     """An FP8 checkpoint directory's model (:func:`is_fp8_checkpoint`) with its linear layers on their own float8
     weights (:class:`Fp8Linear`: each float8_e4m3fn weight with its block or tensor scales, the blocks' columns
-    whole steps of 16), float32 activations: bitwise what ``Llama.from_pretrained(path)`` (float32, every weight
+    whole chunks of 64), float32 activations: bitwise what ``Llama.from_pretrained(path)`` (float32, every weight
     dequantised) computes, from 1 byte a weight. The weights' names and rows go through the same mapping as the
     float model's (fused projections split, experts' gate and up rows joined, RoPE rows reordered), their scales
     repeated per row beside them; float8 weights of another kind (an embedding, e5m2, UE8M0 scales, column
-    blocks not of 16) and everything else load as the float32 model's."""
+    blocks not of 64) and everything else load as the float32 model's."""
     from .loading import _build, _read_hf_dir, model_names
 
     path = Path(path)

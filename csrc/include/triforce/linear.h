@@ -466,10 +466,10 @@ inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const
 }
 
 // ---- FP8 (an FP8 checkpoint run on its own weights; triforce/models/quant.py, Fp8Linear): w[n, k] =
-// e4m3fn(q[n, k]) * s[n, k / bc], s float32 per block of bc consecutive k of a row (the checkpoint's per-block
-// scales repeated for each of the block's rows), bc a multiple of 16 or at least K (one scale a row). The codes are
-// stored packed (quant.pack_fp8): each row padded with zero codes to a whole number of chunks of 64, and within a
-// chunk code 16t + 4L + j at byte 16L + 4t + j (t, L, j < 4), the order in which two byte-table lookups and two
+// e4m3fn(q[n, k]) * s[n, k / 64], s float32 per chunk of 64 consecutive k of a row (the checkpoint's block scales
+// repeated for each row of a block and each chunk of its columns: its blocks' widths are multiples of 64, or one
+// block a row). The codes are stored packed (quant.pack_fp8): each row padded with zero codes to a whole number of
+// chunks of 64, and within a chunk code 16t + 4L + j at byte 16L + 4t + j (t, L, j < 4), the order in which two byte-table lookups and two
 // rounds of unpacking turn 64 codes into four float32 vectors of 16 consecutive weights (fp8_decode64). x and out
 // are float32. Each weight is its code's exact value (a bfloat16 from the tables: every e4m3fn value is one; 0x7f
 // / 0xff NaN) times its scale in one float32 rounding (what torch's q.float() * s computes:
@@ -479,7 +479,7 @@ inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const
 constexpr int64_t kFp8Chunk = 64;
 constexpr int64_t kPrefetchBlocksFp8 = 4;
 
-inline int64_t fp8_groups(int64_t K, int64_t bc) { return (K + bc - 1) / bc; }
+inline int64_t fp8_chunks(int64_t K) { return (K + kFp8Chunk - 1) / kFp8Chunk; }
 inline int64_t fp8_row_bytes(int64_t K) { return (K + kFp8Chunk - 1) / kFp8Chunk * kFp8Chunk; }
 // The byte of a packed row that holds code k.
 inline int64_t fp8_packed_index(int64_t k) {
@@ -512,11 +512,12 @@ inline const float* fp8_values() {
 }
 
 // The nr rows' weights, decoded into w [nr, K] (natural order): code value * scale, one float32 rounding each.
-inline void fp8_decode_rows_scalar(const uint8_t* q, const float* s, int64_t bc, int64_t K, int64_t nr, float* w) {
+inline void fp8_decode_rows_scalar(const uint8_t* q, const float* s, int64_t K, int64_t nr, float* w) {
   const float* values = fp8_values();
-  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K);
+  const int64_t C = fp8_chunks(K), Kp = fp8_row_bytes(K);
   for (int64_t j = 0; j < nr; ++j)
-    for (int64_t k = 0; k < K; ++k) w[j * K + k] = values[q[j * Kp + fp8_packed_index(k)]] * s[j * G + k / bc];
+    for (int64_t k = 0; k < K; ++k)
+      w[j * K + k] = values[q[j * Kp + fp8_packed_index(k)]] * s[j * C + k / kFp8Chunk];
 }
 
 #if defined(__AVX512F__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
@@ -557,13 +558,13 @@ inline void fp8_decode64(const uint8_t* q, const Fp8Tables& tb, __m512 f[4]) {
 }
 
 // ROWS (1 .. MR) rows of x against the block's NR weight rows, decoded in registers a chunk of 64 at a time: for each
-// weight row its four vectors, each times its column block's scale, then every x row's multiply-adds into that
-// row's accumulators, k increasing (the accumulators' order is the float32 kernel's).
+// weight row its four vectors times the chunk's scale, then every x row's multiply-adds into that row's
+// accumulators, k increasing (the accumulators' order is the float32 kernel's).
 template <int ROWS>
-inline void block_fp8_avx512(const float* x, int64_t K, const uint8_t* q, const float* s, int64_t bc, int64_t nr,
-                             float* out, int64_t ldo) {
+inline void block_fp8_avx512(const float* x, int64_t K, const uint8_t* q, const float* s, int64_t nr, float* out,
+                             int64_t ldo) {
   const Fp8Tables& tb = fp8_tables();
-  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K), ahead = kPrefetchBlocksFp8 * NR * Kp;
+  const int64_t G = fp8_chunks(K), Kp = fp8_row_bytes(K), ahead = kPrefetchBlocksFp8 * NR * Kp;
   const uint8_t* qr[NR];
   const float* sr[NR];
   for (int64_t j = 0; j < NR; ++j) {
@@ -577,11 +578,9 @@ inline void block_fp8_avx512(const float* x, int64_t K, const uint8_t* q, const 
     constexpr int XR = ROWS <= 2 ? ROWS : 1;  // x rows held in registers across the chunk (more: read at each use)
     __m512 xv[XR][4];
     __mmask16 mk[4];
-    int64_t g[4];  // each step's column block
     for (int t = 0; t < 4; ++t) {
       const int64_t k = k0 + 16 * t, left = K - k;
       mk[t] = left >= 16 ? __mmask16(0xffff) : left > 0 ? static_cast<__mmask16>((1u << left) - 1u) : __mmask16(0);
-      g[t] = k / bc;
       if constexpr (ROWS <= 2)
         for (int m = 0; m < ROWS; ++m) xv[m][t] = t < steps ? load16_f32(x + m * K + k, mk[t]) : _mm512_setzero_ps();
     }
@@ -589,8 +588,9 @@ inline void block_fp8_avx512(const float* x, int64_t K, const uint8_t* q, const 
       _mm_prefetch(reinterpret_cast<const char*>(qr[j] + k0 + ahead), _MM_HINT_T1);
       __m512 f[4];
       fp8_decode64(qr[j] + k0, tb, f);
+      const __m512 sv = _mm512_set1_ps(sr[j][k0 / kFp8Chunk]);
       for (int t = 0; t < steps; ++t) {
-        const __m512 w = _mm512_maskz_mul_ps(mk[t], f[t], _mm512_set1_ps(sr[j][g[t]]));
+        const __m512 w = _mm512_maskz_mul_ps(mk[t], f[t], sv);
         for (int m = 0; m < ROWS; ++m) {
           const __m512 xm = ROWS <= 2 ? xv[m < XR ? m : 0][t] : load16_f32(x + m * K + k0 + 16 * t, mk[t]);
           acc[m * NR + j] = _mm512_fmadd_ps(xm, w, acc[m * NR + j]);
@@ -602,17 +602,18 @@ inline void block_fp8_avx512(const float* x, int64_t K, const uint8_t* q, const 
 }
 
 // The block's nr rows decoded into w [nr, K] (natural order), a chunk of 64 at a time.
-inline void fp8_decode_rows(const uint8_t* q, const float* s, int64_t bc, int64_t K, int64_t nr, float* w) {
+inline void fp8_decode_rows(const uint8_t* q, const float* s, int64_t K, int64_t nr, float* w) {
   const Fp8Tables& tb = fp8_tables();
-  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K);
+  const int64_t C = fp8_chunks(K), Kp = fp8_row_bytes(K);
   for (int64_t j = 0; j < nr; ++j)
     for (int64_t k0 = 0; k0 < K; k0 += kFp8Chunk) {
       __m512 f[4];
       fp8_decode64(q + j * Kp + k0, tb, f);
+      const __m512 sv = _mm512_set1_ps(s[j * C + k0 / kFp8Chunk]);
       for (int64_t t = 0; t < 4 && k0 + 16 * t < K; ++t) {
         const int64_t k = k0 + 16 * t, left = K - k;
         const __mmask16 mk = left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
-        _mm512_mask_storeu_ps(w + j * K + k, mk, _mm512_mul_ps(f[t], _mm512_set1_ps(s[j * G + k / bc])));
+        _mm512_mask_storeu_ps(w + j * K + k, mk, _mm512_mul_ps(f[t], sv));
       }
     }
 }
@@ -620,19 +621,19 @@ inline void fp8_decode_rows(const uint8_t* q, const float* s, int64_t bc, int64_
 #endif
 
 // Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K], q [N, fp8_row_bytes(K)] (packed e4m3fn
-// codes), s [N, fp8_groups(K, bc)], out [M, N], all contiguous; bc % 16 == 0 or bc >= K. With the byte tables (AVX-512
+// codes), s [N, fp8_chunks(K)], out [M, N], all contiguous. With the byte tables (AVX-512
 // VBMI) one or two rows of x decode the weights in registers (a decode step; the draft's); more rows decode each
 // block of weight rows once into a buffer and run the float32 kernel on it (the same bits: that kernel on the same
 // values), as every row count does elsewhere.
 inline void rowwise_linear_fp8_blocks(const float* x, int64_t M, int64_t K, const uint8_t* q, const float* s,
-                                      int64_t bc, int64_t N, float* out, int64_t b0, int64_t b1) {
-  const int64_t G = fp8_groups(K, bc), Kp = fp8_row_bytes(K);
+                                      int64_t N, float* out, int64_t b0, int64_t b1) {
+  const int64_t G = fp8_chunks(K), Kp = fp8_row_bytes(K);
 #if defined(TRIFORCE_FP8_TABLES)
   if (M <= MR) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
       with_rows(M, [&](auto rows_c) {
-        block_fp8_avx512<decltype(rows_c)::value>(x, K, q + n * Kp, s + n * G, bc, nr, out + n, N);
+        block_fp8_avx512<decltype(rows_c)::value>(x, K, q + n * Kp, s + n * G, nr, out + n, N);
       });
     }
     return;
@@ -647,9 +648,9 @@ inline void rowwise_linear_fp8_blocks(const float* x, int64_t M, int64_t K, cons
     const int64_t ahead = std::min<int64_t>(N, n + kPrefetchBlocksFp8 * NR);
     for (int64_t r = ahead; r < std::min<int64_t>(N, ahead + NR); ++r)
       for (int64_t c = 0; c < Kp; c += kFp8Chunk) _mm_prefetch(reinterpret_cast<const char*>(q + r * Kp + c), _MM_HINT_T1);
-    fp8_decode_rows(q + n * Kp, s + n * G, bc, K, nr, w.data());
+    fp8_decode_rows(q + n * Kp, s + n * G, K, nr, w.data());
 #else
-    fp8_decode_rows_scalar(q + n * Kp, s + n * G, bc, K, nr, w.data());
+    fp8_decode_rows_scalar(q + n * Kp, s + n * G, K, nr, w.data());
 #endif
     for (int64_t m = 0; m < M; m += MR) {
       const int64_t rows = std::min<int64_t>(MR, M - m);
