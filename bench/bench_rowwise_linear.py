@@ -23,9 +23,9 @@ verification passes of any size (row-independent) and torch's GEMM a prefill's c
 
 ``--dtype fp8``: ``rowwise_linear_fp8`` (an FP8 checkpoint's layer on its own weights: float8_e4m3fn codes, packed,
 rows padded to 64 codes, a float32 scale per row and 64 columns (blocks of 128); 1.18 bytes a weight at K = 576)
-against the float32 kernel on the dequantised weight (``cpu_float32``: what the float32 model loaded from the checkpoint runs,
-the same bits), the bfloat16 kernel on it rounded to bfloat16 (``cpu_bfloat16``: a bfloat16 model's, 2 bytes a
-weight; x rounded too) and ``F.linear``.
+against the float32 kernel on the dequantised weight (``cpu_float32``: what the float32 model loaded from the
+checkpoint runs, the same bits), the bfloat16 kernel on it rounded to bfloat16 (``cpu_bfloat16``: a bfloat16 model's,
+2 bytes a weight; x rounded too) and ``F.linear``.
 
 ``--dtype int8`` / ``q4_1``: the weight formats of triforce/models/quant.py (the int8 draft copy, and a GGUF
 model's Q4_1 layers), float32 x; q4_1 also against the float32 kernel on the dequantised weight (the same

@@ -10,13 +10,13 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
-``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``glm4_moe``, ``glm4_moe_lite`` and ``dots1`` (also from the image +
-text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias`` (Qwen2:
-biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's
-and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and
-key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections), ``clip_qkv``
-(OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 + w`` in
-float32, then rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype),
+``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``glm4_moe``, ``glm4_moe_lite`` and ``dots1`` (also from the image + text
+wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias``
+(Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's,
+Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each
+query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections),
+``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 +
+w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype),
 ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3:
 a norm after the attention and around the MLP), ``post_norms`` (OLMo 2 / 3: norms after the attention and the MLP, none
 before), ``rope_interleaved`` (GLM-4's RoPE pairs of adjacent dims, reordered on loading), ``rope_float32`` (Cohere 2's
@@ -339,7 +339,8 @@ FAMILIES["glm4_moe_lite"] = Family("Glm4MoeLiteForCausalLM", defaults={
     "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1,
     "rope_interleave": True})
 # dots.llm1 (Dots1ForCausalLM: dots.llm1.base / .inst): Qwen3's attention (a per-head q/k RMSNorm; Qwen's sliding
-# windows from max_window_layers on, without use_sliding_window) with DeepSeek-V3's mixture from first_k_dense_replace on
+# windows from max_window_layers on, without use_sliding_window) with DeepSeek-V3's mixture from
+# first_k_dense_replace on
 FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_bias",), defaults={
     "vocab_size": 152064, "hidden_size": 4608, "intermediate_size": 10944, "num_hidden_layers": 62,
     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "moe_intermediate_size": 1408,
@@ -968,8 +969,8 @@ class LlamaConfig:
         if e.groups is not None:
             groups, top_groups = e.groups
             if groups is None or top_groups is None:
-                raise ValueError(f"config n_group = {groups} and topk_group = {top_groups}: a grouped router (topk_method "
-                                 f"{self._deepseek('topk_method')!r}) needs both as ints >= 1")
+                raise ValueError(f"config n_group = {groups} and topk_group = {top_groups}: a grouped router "
+                                 f"(topk_method {self._deepseek('topk_method')!r}) needs both as ints >= 1")
             if e.count % groups or top_groups > groups:
                 raise ValueError(f"config n_group = {groups} and topk_group = {top_groups}: n_group must divide "
                                  f"n_routed_experts ({e.count}) and topk_group be at most n_group")

@@ -323,8 +323,9 @@ class _Fp8Weights:
         if self.kept is None or q.dtype != torch.float8_e4m3fn or q.dim() != 2 or not scale.is_floating_point() \
                 or scale.dtype == torch.float8_e8m0fnu:
             return False
-        return scale.numel() == 1 or (self.block is not None and (self.block[1] % 64 == 0
-                                                                  or self.block[1] >= q.shape[1]))
+        if self.block is None:  # (one scale a tensor: its columns one block)
+            return scale.numel() == 1
+        return self.block[1] % 64 == 0 or self.block[1] >= q.shape[1]
 
     def dequantize(self, part: dict) -> dict:
         for name in list(part):
