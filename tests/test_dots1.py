@@ -8,9 +8,9 @@ import torch
 from triforce.models import Llama, LlamaConfig
 from triforce.models.llama import SparseMoE
 
-from .test_deepseek import V2_LITE, V3, random_correction_biases_, transformers_pair
+from .test_deepseek import V2_LITE, V3, transformers_pair
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import randomize_
+from .test_glm4_moe import tiny_v3_mixture
 from .test_moe import assert_checkpoint_directories_both_ways
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -65,13 +65,7 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
 
 
 def tiny_dots1(seed: int) -> Llama:
-    torch.manual_seed(seed)
-    config = LlamaConfig(model_type="dots1", vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8,
-                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, initializer_range=0.3,
-                         extra=dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
-                                    topk_group=1, n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True))
-    return random_correction_biases_(randomize_(Llama(config), seed).eval(), std=0.3)
+    return tiny_v3_mixture("dots1", seed, n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True)
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])

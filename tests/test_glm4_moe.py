@@ -62,15 +62,20 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
     assert_pass_equals_steps(pair("glm4_moe")[1], dtype)
 
 
-def tiny_glm4_moe(seed: int) -> Llama:
+def tiny_v3_mixture(model_type: str, seed: int, attention_bias: bool = False, **extra) -> Llama:
+    """A tiny random model of a family with DeepSeek-V3's mixture (GLM-4.5's, dots.llm1's): 3 layers, 2 of 4 experts
+    within the best of 2 groups, ``extra`` config keys, correction biases ~ N(0, 0.3)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(model_type="glm4_moe", vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8,
+    config = LlamaConfig(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8,
                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024,
-                         initializer_range=0.3, attention_bias=True,
-                         extra=dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
-                                    n_group=2, topk_group=1, use_qk_norm=True))
+                         max_position_embeddings=1024, initializer_range=0.3, attention_bias=attention_bias,
+                         extra=dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
+                                    topk_group=1, **extra))
     return random_correction_biases_(randomize_(Llama(config), seed).eval(), std=0.3)
+
+
+def tiny_glm4_moe(seed: int) -> Llama:
+    return tiny_v3_mixture("glm4_moe", seed, attention_bias=True, use_qk_norm=True)
 
 
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])

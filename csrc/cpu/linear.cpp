@@ -48,6 +48,24 @@ void check_float_operands(const char* op, const at::Tensor& x, const at::Tensor&
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), op, ": CPU tensors only");
 }
 
+// The product of float32 x [M, K] against N weight rows of codes q (Code elements) with float32 scales, both
+// checked by the caller: kernel(x, rows, K, q, scales, N, out, b0, b1) runs weight blocks [b0, b1)
+// (rowwise_linear_q8_blocks, rowwise_linear_fp8_blocks).
+template <typename Code, typename Kernel>
+RowwiseProduct scaled_product(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, Kernel kernel) {
+  using namespace triforce::linear;
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  RowwiseProduct p{M, K, N, rowwise_linear_num_blocks(N), NR, 1, x.options(),
+                   {x.contiguous(), q.contiguous(), scales.contiguous()}, {}};
+  const float* X = p.keep[0].const_data_ptr<float>();
+  const Code* Q = reinterpret_cast<const Code*>(p.keep[1].const_data_ptr());
+  const float* S = p.keep[2].const_data_ptr<float>();
+  p.blocks = [X, Q, S, K, N, kernel](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    kernel(X + m0 * K, rows, K, Q, S, N, static_cast<float*>(out) + m0 * N, b0, b1);
+  };
+  return p;
+}
+
 }  // namespace
 
 at::Tensor run_product(const RowwiseProduct& p) {
@@ -122,19 +140,11 @@ RowwiseProduct q8_product(const at::Tensor& x, const at::Tensor& q, const at::Te
               q.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && q.device().is_cpu() && scales.device().is_cpu(),
               "rowwise_linear_q8: CPU tensors only");
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  const int64_t K = x.size(1), N = q.size(0);
   TORCH_CHECK(q.size(1) == K, "rowwise_linear_q8: x has ", K, " columns, q ", q.size(1));
   TORCH_CHECK(scales.size(0) == N && scales.size(1) == q8_groups(K), "rowwise_linear_q8: scales must be [", N, ", ",
               q8_groups(K), "] (one per 32 weights of a row), got ", scales.sizes());
-  RowwiseProduct p{M, K, N, rowwise_linear_num_blocks(N), NR, 1, x.options(),
-                   {x.contiguous(), q.contiguous(), scales.contiguous()}, {}};
-  const float* X = p.keep[0].const_data_ptr<float>();
-  const int8_t* Q = p.keep[1].const_data_ptr<int8_t>();
-  const float* S = p.keep[2].const_data_ptr<float>();
-  p.blocks = [X, Q, S, K, N](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
-    rowwise_linear_q8_blocks(X + m0 * K, rows, K, Q, S, N, static_cast<float*>(out) + m0 * N, b0, b1);
-  };
-  return p;
+  return scaled_product<int8_t>(x, q, scales, rowwise_linear_q8_blocks);
 }
 
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
@@ -151,20 +161,12 @@ RowwiseProduct fp8_product(const at::Tensor& x, const at::Tensor& q, const at::T
               x.scalar_type(), ", ", q.scalar_type(), " and ", scales.scalar_type());
   TORCH_CHECK(x.device().is_cpu() && q.device().is_cpu() && scales.device().is_cpu(),
               "rowwise_linear_fp8: CPU tensors only");
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  const int64_t K = x.size(1), N = q.size(0);
   TORCH_CHECK(q.size(1) == fp8_row_bytes(K), "rowwise_linear_fp8: x has ", K, " columns, so q's rows must be ",
               fp8_row_bytes(K), " codes (K padded to a multiple of 64: quant.pack_fp8), got ", q.size(1));
   TORCH_CHECK(scales.size(0) == N && scales.size(1) == fp8_chunks(K), "rowwise_linear_fp8: scales must be [", N, ", ",
               fp8_chunks(K), "] (one per 64 weights of a row), got ", scales.sizes());
-  RowwiseProduct p{M, K, N, rowwise_linear_num_blocks(N), NR, 1, x.options(),
-                   {x.contiguous(), q.contiguous(), scales.contiguous()}, {}};
-  const float* X = p.keep[0].const_data_ptr<float>();
-  const uint8_t* Q = reinterpret_cast<const uint8_t*>(p.keep[1].const_data_ptr());
-  const float* S = p.keep[2].const_data_ptr<float>();
-  p.blocks = [X, Q, S, K, N](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
-    rowwise_linear_fp8_blocks(X + m0 * K, rows, K, Q, S, N, static_cast<float*>(out) + m0 * N, b0, b1);
-  };
-  return p;
+  return scaled_product<uint8_t>(x, q, scales, rowwise_linear_fp8_blocks);
 }
 
 at::Tensor rowwise_linear_fp8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {
