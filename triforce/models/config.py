@@ -37,6 +37,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from .compressed import compressed_config
+
 # rope_type -> the keys it needs (rope.py implements each). transformers' dynamic RoPE raises.
 _ROPE_TYPES = {
     "default": (),
@@ -627,11 +629,14 @@ _HARMLESS_ONLY_AT = {
     "pruned_heads": (lambda v, c: not v, "{} (no pruned heads)"),
     "is_encoder_decoder": (lambda v, c: not v, "false"),
     "add_cross_attention": (lambda v, c: not v, "false"),
-    "quantization_config": (lambda v, c: v is None or (c.model_type == "gpt_oss" and _mxfp4(v)) or fp8_config(v),
+    "quantization_config": (lambda v, c: v is None or (c.model_type == "gpt_oss" and _mxfp4(v)) or fp8_config(v)
+                            or compressed_config(v),
                             "null (float weights), fp8 (float8 weights with weight_scale_inv per block or tensor, "
                             "dequantised on loading: quant_method 'fp8', fmt 'e4m3', activation_scheme 'dynamic' or "
                             "'static', weight_block_size null or [rows, columns], scale_fmt 'float' or 'ue8m0', "
-                            "expert_dtype 'fp8') or, for GPT-OSS, OpenAI's MXFP4 experts (dequantised on loading); "
+                            "expert_dtype 'fp8'), compressed-tensors (quant_method 'compressed-tensors': FP8, INT8, "
+                            "packed INT1-8, NVFP4 and MXFP4 weights, dequantised on loading) or, for GPT-OSS, "
+                            "OpenAI's MXFP4 experts (dequantised on loading); "
                             "other quantised HF checkpoints are not read, GGUF files are"),
     # Microsoft's Phi-3 configs name the modeling code that transformers took in as Phi3ForCausalLM: transformers
     # reads them with its own (without trust_remote_code), as here

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from .compressed import CompressedWeights, compressed_config
 from .config import _COHERES, FAMILIES, WRAPPERS, LlamaConfig, fp8_config
 
 _GGUF_NAMES = {
@@ -239,7 +240,10 @@ def _read_hf_dir(directory: Path, dtype=None, fp8_kept: dict | None = None):
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
     rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
-    sd, origin, fp8 = {}, {}, _Fp8Weights(config, dtype or torch.float32, fp8_kept)
+    q = config.extra.get("quantization_config")
+    sd, origin = {}, {}
+    fp8 = (CompressedWeights(q, dtype or torch.float32) if compressed_config(q)
+           else _Fp8Weights(config, dtype or torch.float32, fp8_kept))
     split = FAMILIES[config.model_type].fused_projections
     for f in _weight_files(directory):
         part = fp8.dequantize(_read_weights(f, rename))
