@@ -184,3 +184,256 @@ def test_a_compressed_tensors_checkpoint_loads_as_transformers_dequantises_it(tm
     plain.save_pretrained(tmp_path / "float")
     back = Llama.from_pretrained(tmp_path / "float", dtype=dtype).state_dict()
     assert all(torch.equal(back[k], v) for k, v in plain.state_dict().items())
+
+
+def test_a_mixed_precision_mixture_loads_each_group_by_its_targets(tmp_path):
+    """A mixture whose config groups target modules by pattern (as Kimi K2 Thinking's INT4 experts beside FP8
+    attention): attention FP8 per channel, the experts' projections 4-bit in groups of 16 (transformers' experts take no
+    zero points), the router and the
+    head float; each module dequantised by its own group's scheme, as transformers' load gives them (bfloat16
+    and float32), the experts run in one native call."""
+    torch.manual_seed(0)
+    kw = dict(TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    hf = randomize_(transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**kw)))
+    fp8 = ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "channel"}, FP8_TOKEN)
+    int4 = ("pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 16}, None)
+    groups = {"attention": (scheme(*fp8, targets=[r"re:.*self_attn\..*"]), "self_attn"),
+              "experts": (scheme(*int4, targets=[r"re:.*mlp\.experts\..*"]), "experts")}
+    for dtype in (torch.float32, torch.bfloat16):  # (scales in the model's dtype)
+        path = tmp_path / str(dtype)
+        hf.save_pretrained(path)
+        write_compressed(path, groups, "mixed-precision", dtype)
+        sd = safetensors_torch.load_file(path / "model.safetensors")
+        assert sd["model.layers.0.mlp.experts.1.up_proj.weight_packed"].dtype == torch.int32
+        assert sd["model.layers.1.self_attn.o_proj.weight"].dtype == torch.float8_e4m3fn
+        assert sd["model.layers.0.mlp.gate.weight"].dtype == torch.float32
+        ours = Llama.from_pretrained(path, dtype=dtype)
+        ref = theirs(path, dtype)
+        want = _build(LlamaConfig.from_dict(ref.config.to_dict()), ref.state_dict(), None, dtype).state_dict()
+        assert_weights_equal(ours, want)
+        if dtype == torch.float32:
+            ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(1))
+            with torch.no_grad():
+                assert (ours(ids) - ref(input_ids=ids).logits).abs().max().item() <= TOL
+
+
+@given(bits=st.integers(1, 8), rows=st.integers(1, 5), cols=st.integers(0, 97), lead=st.integers(0, 2),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_unpack_int32_reads_what_compressed_tensors_packs(bits, rows, cols, lead, seed):
+    """Every bit width's dense packing (values crossing int32 words), as compressed-tensors' pack_to_int32
+    writes it, with leading dims (stacked experts)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (2,) * lead + (rows, cols)
+    values = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), shape, generator=g, dtype=torch.int8)
+    packed = pack_to_int32(values, bits)
+    assert packed.shape[-1] == -(-cols * bits // 32)
+    assert torch.equal(unpack_int32(packed, bits, cols), values)
+
+
+def dequantize_by_lookup(codes, scale, grid, dtype, zero=None, g_idx=None):
+    """``dequantize_compressed``'s reference: weight ``[r, c]`` minus its zero point times its scale, each looked
+    up by index (``r // grid[0]``, ``c // grid[1]`` or ``g_idx[c]``), in float64 (exact for these operands:
+    float32's product of two 24-bit significands), rounded to float32, then to ``dtype``."""
+    R, C = codes.shape[-2:]
+    rows = torch.arange(R) // grid[0]
+    cols = torch.arange(C) // grid[1] if g_idx is None else g_idx
+    s = (scale.double() - 127).exp2() if scale.dtype == torch.uint8 else scale.double()
+    v = codes.double() if zero is None else codes.double() - zero.double()[..., rows, :][..., cols]
+    return (v * s[..., rows, :][..., cols]).float().to(dtype)
+
+
+@given(lead=st.integers(0, 1), R=st.integers(1, 40), C=st.integers(1, 70), strategy=st.sampled_from(
+    ["tensor", "channel", "group", "block", "g_idx"]), b0=st.integers(1, 24), b1=st.integers(1, 24),
+    scale_dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.uint8]),
+    zero=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2 ** 31 - 1))
+def test_dequantize_compressed_is_the_lookup_of_each_weights_scale(lead, R, C, strategy, b0, b1, scale_dtype,
+                                                                   zero, dtype, seed):
+    """Any grid (one scale, one a row, groups of columns, blocks with partial last ones, activation-ordered
+    groups), any scale dtype (UE8M0 exponents too), zero points or none, three model dtypes: each product
+    in float32 rounded once to the dtype, chunked by rows or not."""
+    g = torch.Generator().manual_seed(seed)
+    E = (3,) * lead
+    codes = torch.randint(-128, 128, (*E, R, C), generator=g, dtype=torch.int8)
+    grid = {"tensor": (R, C), "channel": (1, C), "group": (1, b1), "block": (b0, b1), "g_idx": (1, b1)}[strategy]
+    groups = -(-C // b1)
+    g_idx = torch.randint(0, groups, (C,), generator=g) if strategy == "g_idx" else None
+    shape = (*E, -(-R // grid[0]), -(-C // grid[1]))
+    if scale_dtype == torch.uint8:
+        scale = torch.randint(100, 140, shape, generator=g).to(torch.uint8)
+    else:
+        scale = (torch.rand(shape, generator=g) * 0.1 + 1e-3).to(scale_dtype)
+    z = torch.randint(-8, 8, shape, generator=g, dtype=torch.int8) if zero else None
+    got = dequantize_compressed(codes, scale, grid, dtype, z, g_idx)
+    want = dequantize_by_lookup(codes, scale, grid, dtype, z, g_idx)
+    assert got.dtype == dtype and torch.equal(got, want)
+
+
+def test_dequantize_compressed_chunks_large_weights():
+    """A weight of more rows than one chunk's (4M products) takes each row's scales."""
+    R, C = 1100, 4096
+    codes = torch.randint(-8, 8, (R, C), dtype=torch.int8)
+    scale = torch.rand(R, C // 128) + 0.5
+    assert torch.equal(dequantize_compressed(codes, scale, (1, 128)),
+                       dequantize_by_lookup(codes, scale, (1, 128), torch.float32))
+
+
+def test_a_sharded_checkpoint_finds_each_weights_parts_in_any_file(tmp_path):
+    """A weight's codes, scales, zero points and shape may lie in different shards (each in the next file)."""
+    tiny_checkpoint(tmp_path / "ckpt", "w4a16_asym", torch.float32)
+    one = Llama.from_pretrained(tmp_path / "ckpt").state_dict()
+    path = tmp_path / "ckpt" / "model.safetensors"
+    sd = safetensors_torch.load_file(path)
+    path.unlink()
+    files = {name: f"model-{i % 3 + 1:05d}-of-00003.safetensors" for i, name in enumerate(sd)}
+    for f in set(files.values()):
+        safetensors_torch.save_file({n: t for n, t in sd.items() if files[n] == f}, tmp_path / "ckpt" / f)
+    (tmp_path / "ckpt" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": files}))
+    assert_weights_equal(Llama.from_pretrained(tmp_path / "ckpt"), one)
+
+
+# published configs (config.json's quantization_config), as their model cards' repositories ship them
+RED_HAT_FP8_DYNAMIC = {  # RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic
+    "config_groups": {"group_0": {
+        "input_activations": {"block_structure": None, "dynamic": True, "group_size": None, "num_bits": 8,
+                              "observer": "memoryless", "observer_kwargs": {}, "strategy": "token",
+                              "symmetric": True, "type": "float"},
+        "output_activations": None, "targets": ["Linear"],
+        "weights": {"block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
+                    "observer": "minmax", "observer_kwargs": {}, "strategy": "channel", "symmetric": True,
+                    "type": "float"}}},
+    "format": "float-quantized", "global_compression_ratio": 1.2405352996226195, "ignore": ["lm_head"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+W4A16 = {  # RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16 (GPTQ, groups of 128)
+    "config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 128, "num_bits": 4,
+                    "observer": "minmax", "observer_kwargs": {}, "strategy": "group", "symmetric": True,
+                    "type": "int"}}},
+    "format": "pack-quantized", "global_compression_ratio": 1.89, "ignore": ["lm_head"], "kv_cache_scheme": None,
+    "quant_method": "compressed-tensors", "quantization_status": "compressed", "sparsity_config": None}
+KIMI_K2_THINKING = {  # moonshotai/Kimi-K2-Thinking: the routed experts INT4 in groups of 32, the rest float
+    "config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32, "num_bits": 4,
+                    "observer": "minmax", "observer_kwargs": {}, "strategy": "group", "symmetric": True,
+                    "type": "int"}}},
+    "format": "pack-quantized", "kv_cache_scheme": None, "quant_method": "compressed-tensors",
+    "quantization_status": "compressed",
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}
+NVFP4 = {  # RedHatAI's *-NVFP4
+    "config_groups": {"group_0": {
+        "format": "nvfp4-pack-quantized",
+        "input_activations": {"actorder": None, "block_structure": None, "dynamic": "local", "group_size": 16,
+                              "num_bits": 4, "observer": "minmax", "observer_kwargs": {}, "strategy": "tensor_group",
+                              "symmetric": True, "type": "float"},
+        "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 16, "num_bits": 4,
+                    "observer": "minmax", "observer_kwargs": {}, "strategy": "tensor_group", "symmetric": True,
+                    "type": "float"}}},
+    "format": "nvfp4-pack-quantized", "global_compression_ratio": None, "ignore": ["lm_head"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
+    "sparsity_config": {}, "transform_config": {}, "version": "0.12.3.a20251009"}
+
+
+@pytest.mark.parametrize("q, want", [
+    (RED_HAT_FP8_DYNAMIC, ("float", 8, "channel", None, "float-quantized")),
+    (W4A16, ("int", 4, "group", 128, "pack-quantized")),
+    (KIMI_K2_THINKING, ("int", 4, "group", 32, "pack-quantized")),
+    (NVFP4, ("float", 4, "tensor_group", 16, "nvfp4-pack-quantized"))])
+def test_published_configs_read(q, want):
+    """The published configs read (a config of any family takes them), each as its one scheme."""
+    (s,) = schemes(q)
+    assert (s.kind, s.bits, s.strategy, s.group, s.format) == want
+    LlamaConfig.from_dict({**TINY, "model_type": "llama", "quantization_config": q})
+
+
+def test_bad_compressed_tensors_configs_raise():
+    """What is not read raises naming it: an unknown key, an uncompressed status, sparse or transformed
+    weights, unread formats and schemes, dynamic weights, a mixed-precision group without its format."""
+    good = RED_HAT_FP8_DYNAMIC
+    w = good["config_groups"]["group_0"]["weights"]
+
+    def bad(match, **change):
+        q = {**good, **change}
+        with pytest.raises(ValueError, match=match):
+            schemes(q)
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**TINY, "model_type": "llama", "quantization_config": q})
+
+    def group(**weights):
+        return {"group_0": {**good["config_groups"]["group_0"], "weights": {**w, **weights}}}
+
+    bad("'zero_point_mode'.* not understood", zero_point_mode=1)
+    bad("config_groups must be a non-empty dict, got None", config_groups=None)
+    bad("quantization_status 'frozen'", quantization_status="frozen")
+    bad("sparse weights", sparsity_config={"format": "sparse-24-bitmask"})
+    bad("transform_config", transform_config={"config_groups": {"u": {}}})
+    bad("format 'marlin-24'", format="marlin-24")
+    bad("dynamic True", config_groups=group(dynamic=True))
+    bad("strategy 'token' is not read", config_groups=group(strategy="token"))
+    bad("type 'float' num_bits 4 .* format 'float-quantized'", config_groups=group(num_bits=4))
+    bad("asymmetric float", config_groups=group(symmetric=False))
+    bad("group_size > 0", config_groups=group(strategy="group"))
+    bad("block_structure", config_groups=group(strategy="block"))
+    bad("every config group must name its format", format="mixed-precision")
+    bad("targets must be", config_groups={"g": {"targets": [], "weights": w}})
+    bad("actorder 'sideways'", config_groups=group(actorder="sideways"))
+
+
+def test_bad_compressed_tensors_checkpoints_raise(tmp_path):
+    """A checkpoint whose tensors do not match its config raises naming the tensor: a zero point, scales or a
+    shape missing or misshapen, codes of another dtype or format than the group's, a module no group (or two)
+    targets; a dense group's scales beside float weights are dropped."""
+    tiny_checkpoint(tmp_path / "ckpt", "w4a16_asym", torch.float32)
+    path, cfg = tmp_path / "ckpt" / "model.safetensors", tmp_path / "ckpt" / "config.json"
+    sd, config = safetensors_torch.load_file(path), json.loads(cfg.read_text())
+    q = config["quantization_config"]
+    m = "model.layers.1.mlp.down_proj"
+
+    def raises(match, tensors=None, quantization=None):
+        d = tmp_path / "bad"
+        d.mkdir(exist_ok=True)
+        safetensors_torch.save_file({k: v for k, v in (tensors or sd).items() if v is not None}, d / path.name)
+        (d / "config.json").write_text(json.dumps({**config, "quantization_config": quantization or q}))
+        with pytest.raises(ValueError, match=match):
+            Llama.from_pretrained(d)
+
+    raises(f"{m}.weight_packed in .* has no {m}.weight_zero_point beside it", {**sd, m + ".weight_zero_point": None})
+    raises(f"{m}.weight_packed in .* has no {m}.weight_scale, {m}.weight_shape beside",
+           {**sd, m + ".weight_scale": None, m + ".weight_shape": None})
+    raises(f"{m} in .* has .*weight_scale.* but no quantised weight", {**sd, m + ".weight_packed": None})
+    raises(rf"{m}.weight_scale has shape \[64, 2\]: weight {m} \[64, 96\] takes one scale per 1 x 32 block, "
+           r"\[64, 3\]", {**sd, m + ".weight_scale": sd[m + ".weight_scale"][:, :2].contiguous(),
+                          m + ".weight_zero_point": sd[m + ".weight_zero_point"][:, :2].contiguous()})
+    raises(rf"{m}.weight_zero_point has shape", {**sd, m + ".weight_zero_point": torch.zeros(4, 3, dtype=torch.int8)})
+    raises(rf"{m}.weight_shape \[64, 95, 1\] is not", {**sd, m + ".weight_shape": torch.tensor([64, 95, 1])})
+    raises("96 values of 4 bits take 12 int32 words a row, got 11",
+           {**sd, m + ".weight_packed": sd[m + ".weight_packed"][:, :11].contiguous()})
+    raises(f"{m} stores weight .*int8.* format 'pack-quantized'",
+           {**sd, m + ".weight_packed": None, m + ".weight": torch.zeros(64, 96, dtype=torch.int8)})
+    fp8 = {**q, "format": "float-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}
+    raises(f"{m}.weight is torch.int8, but its config group 'group_0' stores float 8-bit weights as "
+           "torch.float8_e4m3fn", {k: v for k, v in sd.items() if "proj" not in k} | {
+               m + ".weight": torch.zeros(64, 96, dtype=torch.int8), m + ".weight_scale": torch.ones(64, 1)}, fp8)
+    two = {**q, "config_groups": {"a": {**q["config_groups"]["group_0"], "targets": ["re:.*mlp.*"]},
+                                  "b": {**q["config_groups"]["group_0"], "targets": ["re:.*down_proj"]}}}
+    raises(r"module model.layers.0.mlp.down_proj is stored quantised, and config groups \['a', 'b'\] all target "
+           "it", quantization=two)
+    none = {**q, "config_groups": {"a": {**q["config_groups"]["group_0"], "targets": ["re:.*self_attn.*"]}}}
+    raises("mlp.* is stored quantised, and no config group targets it", quantization=none)
+    # a dense group (weights stored float, as a fake-quantised checkpoint's): its scales are not read
+    float_sd = safetensors_torch.load_file(tmp_path / "ckpt" / "model.safetensors")
+    dense = {**q, "format": "dense", "config_groups": {"group_0": {**q["config_groups"]["group_0"], "format": "dense"}}}
+    d = tmp_path / "dense"
+    d.mkdir()
+    ref = Llama.from_pretrained(tmp_path / "ckpt")
+    weights = {k: v for k, v in float_sd.items() if "proj" not in k}
+    for name, t in ref.state_dict().items():
+        if "proj" in name:
+            weights[name] = t
+            weights[name[:-len("weight")] + "weight_scale"] = torch.ones(1)
+    safetensors_torch.save_file(weights, d / path.name)
+    (d / "config.json").write_text(json.dumps({**config, "quantization_config": dense}))
+    assert_weights_equal(Llama.from_pretrained(d), ref.state_dict())

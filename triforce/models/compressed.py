@@ -11,6 +11,7 @@ scales, the KV cache's) belongs to a quantised matmul: the dequantised model, wh
 ``CompressedTensorsConfig(dequantize=True)``), has none, and their tensors are dropped.
 """
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -165,10 +166,9 @@ def schemes(q: dict) -> list:
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         _bad(f"config_groups must be a non-empty dict, got {groups!r}")
-    out = [s for name, g in groups.items() if (s := _scheme(name, g, top or "dense")) is not None]
     if top == "mixed-precision" and any(not (isinstance(g, dict) and g.get("format")) for g in groups.values()):
         _bad("format mixed-precision: every config group must name its format")
-    return out
+    return [s for name, g in groups.items() if (s := _scheme(name, g, top or "dense")) is not None]
 
 
 def compressed_config(v) -> bool:
@@ -210,16 +210,20 @@ def unpack_int32(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
     crossing into the next word where it must), stored plus ``2 ** (bits - 1)``."""
     if packed.dtype != torch.int32 or not 1 <= bits <= 8:
         raise ValueError(f"packed weights must be int32 words of 1- to 8-bit values, got {packed.dtype}, {bits}")
-    words = packed.shape[-1]
+    words, lead = packed.shape[-1], packed.shape[:-1]
     if words != -(-cols * bits // 32):
-        raise ValueError(f"{cols} values of {bits} bits take {-(-cols * bits // 32)} int32 words a row, got {words}")
-    lead = packed.shape[:-1]
-    w = packed.reshape(-1, words).long() & 0xFFFFFFFF
-    w = torch.cat([w, w.new_zeros(w.shape[0], 1)], 1)  # (the last value's bits never cross past it)
+        raise ValueError(f"{cols} values of {bits} bits take {-(-cols * bits // 32)} int32 words a row, "
+                         f"got {words}")
+    flat, out = packed.reshape(math.prod(lead), words), torch.empty(math.prod(lead), cols, dtype=torch.int8)
     start = torch.arange(cols) * bits
-    lo, hi = w[:, start // 32], w[:, start // 32 + 1]
-    v = (((hi << 32) | lo) >> (start % 32)) & ((1 << bits) - 1)
-    return (v - (1 << (bits - 1))).to(torch.int8).reshape(*lead, cols)
+    word, shift, mask = start // 32, start % 32, (1 << bits) - 1
+    step = max(1, (1 << 20) // max(1, cols))  # rows a chunk: ~1M values at a time
+    for r in range(0, flat.shape[0], step):
+        w = flat[r:r + step].long() & 0xFFFFFFFF
+        w = torch.cat([w, w.new_zeros(w.shape[0], 1)], 1)  # (the last value's bits never cross past it)
+        v = (((w[:, word + 1] << 32) | w[:, word]) >> shift) & mask
+        out[r:r + step] = v - (1 << (bits - 1))
+    return out.reshape(*lead, cols)
 
 
 _FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
