@@ -10,8 +10,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from triforce.models import Llama, LlamaConfig
+import triforce
+from triforce.models import FullCache, Llama, LlamaConfig
 from triforce.models.compressed import dequantize_compressed, schemes, unpack_int32
+from triforce.models.llama import _rowwise_available
 from triforce.models.loading import _build
 
 from .test_families import TINY, randomize_
@@ -437,3 +439,132 @@ def test_bad_compressed_tensors_checkpoints_raise(tmp_path):
     safetensors_torch.save_file(weights, d / path.name)
     (d / "config.json").write_text(json.dumps({**config, "quantization_config": dense}))
     assert_weights_equal(Llama.from_pretrained(d), ref.state_dict())
+
+
+needs_kernels = pytest.mark.skipif(not _rowwise_available() or not all(hasattr(torch.ops.triforce_C, k) for k in (
+    "rowwise_linear_fp8", "rowwise_linear_q8")), reason="the C++ extension is not built")
+
+# case -> the layer class a linear layer's weight runs on (None: float32, dequantised)
+OWN = {"fp8_dynamic": "Fp8Linear", "fp8_static": "Fp8Linear", "fp8_block": None,  # (40 columns a block: not 64)
+       "w8a8_int8": "Q8Linear", "int8_asym": None,  # (8-bit codes minus zero points: not int8)
+       "w4a16": None,  # (groups of 16: not 32)
+       "w4a16_asym": "Q8Linear", "w3_channel": "Q8Linear", "w8a16": "Q8Linear", "w2_tensor_asym": "Q8Linear",
+       "nvfp4": None, "mxfp4": "Q8Linear"}
+
+
+def assert_runs_as(ours, plain, vocab: int = 101):
+    """``ours`` computes bitwise what ``plain`` computes: a forward, a prefill and one-row steps, and every
+    method's tokens."""
+    ids = torch.randint(0, vocab, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), plain(ids))
+        cache, ref = FullCache(ours.config, 2, 40), FullCache(plain.config, 2, 40)
+        assert torch.equal(ours(ids[:, :29], cache=cache), plain(ids[:, :29], cache=ref))
+        assert torch.equal(ours(ids[:, 29:], cache=cache), plain(ids[:, 29:], cache=ref))
+    prompts = [ids[0, :9], ids[1, :17]]
+    want = triforce.generate(plain, prompts, method="autoregressive", max_new_tokens=10)
+    for method, opts in (("autoregressive", {}), ("speculative", {"gamma": 3, "draft_layers": 1}),
+                         ("magicdec", {"gamma": 2, "sink": 1, "window": 8})):
+        out = triforce.generate(ours, prompts, method=method, max_new_tokens=10, **opts)
+        assert all(torch.equal(a, b) for a, b in zip(out.tokens, want.tokens)), method
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", list(OWN))
+def test_a_compressed_tensors_checkpoint_runs_on_its_own_codes(tmp_path, case):
+    """``load_model(directory, "compressed")`` (``load_compressed``): FP8 weights on Fp8Linear, integer (zero
+    points subtracted from codes of up to 7 bits) and MXFP4 ones (codes twice the FP4 values) on Q8Linear,
+    each layer's weight bitwise the float32 model's (bfloat16 scales: each product in float32 either way); the
+    logits of every path and every method's tokens bitwise those of ``Llama.from_pretrained`` (float32,
+    dequantised); what the kernels cannot take (blocks or groups not whole chunks, 8-bit codes with zero points,
+    NVFP4's groups of 16) loads float32, dequantised."""
+    from triforce.models import hub, quant
+
+    tiny_checkpoint(tmp_path / "ckpt", case, torch.bfloat16)
+    plain = Llama.from_pretrained(tmp_path / "ckpt")
+    ours, _ = hub.load_model(str(tmp_path / "ckpt"), "compressed")
+    floats = dict(plain.named_modules())
+    linears = {n: m for n, m in ours.named_modules() if n.endswith("proj")}
+    assert len(linears) == 14
+    for n, m in linears.items():
+        assert type(m).__name__ == (OWN[case] or "Linear"), n
+        assert torch.equal(m.weight, floats[n].weight), n
+    if OWN[case] == "Q8Linear":
+        assert all(m.qweight.dtype == torch.int8 and m.scales.dtype == torch.float32 for m in linears.values())
+        with torch.no_grad():
+            assert ours.model.layers[0].fused_arguments(torch.zeros(1, 1, 64)) is not None
+    assert isinstance(ours.lm_head, torch.nn.Linear) and not isinstance(ours.lm_head, quant.Q8Linear)
+    assert_runs_as(ours, plain)
+
+
+@needs_kernels
+def test_a_mixed_precision_mixture_runs_on_its_own_codes(tmp_path, monkeypatch):
+    """A mixture of FP8 attention (blocks of 16 x 64) and 4-bit experts with zero points (groups of 32): the
+    attention on Fp8Linear, the experts on Q8Linear in one ``moe_experts`` call with their modules' bits; the
+    float32 model's logits and tokens bitwise."""
+    from triforce.models.quant import load_compressed
+
+    from .test_gpt_oss import assert_one_moe_experts_call
+
+    torch.manual_seed(0)
+    kw = dict(TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    randomize_(transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**kw))).save_pretrained(tmp_path)
+    fp8 = ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [16, 64]},
+           FP8_TOKEN)
+    int4 = ("pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+                               "symmetric": False}, None)
+    write_compressed(tmp_path, {"attention": (scheme(*fp8, targets=[r"re:.*self_attn\..*"]), "self_attn"),
+                                "experts": (scheme(*int4, targets=[r"re:.*mlp\.experts\..*"]), "experts")},
+                     "mixed-precision", torch.bfloat16)
+    ours, plain = load_compressed(tmp_path), Llama.from_pretrained(tmp_path)
+    kinds = {type(m).__name__ for n, m in ours.named_modules() if n.endswith("proj")}
+    assert kinds == {"Fp8Linear", "Q8Linear"}
+    assert_one_moe_experts_call(ours.model.layers[1].mlp, monkeypatch)  # (the experts' codes in one native call)
+    assert_runs_as(ours, plain)
+
+
+def test_load_compressed_errors(tmp_path, monkeypatch):
+    """A directory without a compressed-tensors quantization_config, or a GPU device, raises before anything
+    loads; scales of the wrong grid raise naming them, as on the dequantising load."""
+    from triforce.models import hub
+    from triforce.models.quant import load_compressed
+
+    tiny_checkpoint(tmp_path / "ckpt", "w4a16_asym", torch.float32)
+    Llama.from_pretrained(tmp_path / "ckpt").save_pretrained(tmp_path / "float")
+    for bad in (tmp_path / "float", tmp_path / "missing"):
+        with pytest.raises(ValueError, match="not a checkpoint directory with a compressed-tensors"):
+            load_compressed(bad)
+        with pytest.raises(ValueError, match="compressed-tensors quantization_config"):
+            hub.load_model(str(bad), "compressed")
+    sd = safetensors_torch.load_file(tmp_path / "ckpt" / "model.safetensors")
+    m = "model.layers.0.self_attn.o_proj"
+    sd[m + ".weight_scale"] = sd[m + ".weight_scale"][:, :1].contiguous()
+    safetensors_torch.save_file(sd, tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(ValueError, match=rf"{m}.weight_scale has shape \[64, 1\]: .* one scale per 1 x 32 block"):
+        load_compressed(tmp_path / "ckpt")
+    monkeypatch.setattr(hub, "device_of", lambda name: torch.device("cuda", 0))  # as on a machine with a GPU
+    with pytest.raises(ValueError, match="'compressed' runs on the CPU only"):
+        hub.load_model(str(tmp_path / "ckpt"), "compressed", device="cuda")
+
+
+@needs_kernels
+def test_the_cli_runs_a_compressed_tensors_checkpoint_on_its_own_codes(tmp_path, capsys):
+    """``triforce generate --dtype compressed`` prints the float32 model's text with every method."""
+    from .test_cli import VOCAB, _word_tokenizer, run
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256))
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 1)
+    model.save_pretrained(tmp_path)
+    int4 = ("pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}, None)
+    write_compressed(tmp_path, {"group_0": (scheme(*int4), None)}, "pack-quantized", torch.bfloat16)
+    _word_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    args = ["generate", "--prompt", "the cat sat on a mat", "--max-new-tokens", "12", "--model", str(tmp_path)]
+    rc, want, _ = run(args, capsys)  # (float32, dequantised)
+    assert rc == 0 and want.split()
+    for extra in ([], ["--method", "speculative", "--draft", "int8", "--gamma", "3"],
+                  ["--method", "magicdec", "--gamma", "2", "--window", "8"]):
+        rc, out, err = run([*args, "--dtype", "compressed", *extra], capsys)
+        assert rc == 0 and out == want, (extra, err)

@@ -156,7 +156,8 @@ DTYPE_HELP = ("weight dtype (default: float32); gguf: a GGUF model (smollm2 too)
               "activations rounded to int8 blocks, integer dot products (faster, not bitwise the float32 model), "
               "CPU only; also an MXFP4 checkpoint directory's experts (OpenAI's gpt-oss) on their blocks; fp8: an FP8 "
               "checkpoint directory (DeepSeek-V3, Qwen3-FP8, ...) on its own float8 weights, float32 activations, "
-              "bitwise the float32 model, CPU only")
+              "bitwise the float32 model, CPU only; compressed: a compressed-tensors checkpoint directory (Red Hat's "
+              "FP8 / INT8 / W4A16 models, ...) on its own codes, likewise")
 
 
 def _add_model_args(p, kv: bool = True):

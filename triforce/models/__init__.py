@@ -2,9 +2,10 @@
 from .cache import FullCache, RetrievalCache, StreamingCache, TokenTree
 from .config import LlamaConfig
 from .llama import Llama
-from .quant import Fp8Linear, Int8DotLinear, Q4Linear, gguf_copy, int8_copy, load_fp8
+from .quant import Fp8Linear, Int8DotLinear, Q4Linear, gguf_copy, int8_copy, load_compressed, load_fp8
 from .smollm2 import smollm2_135m
 from .tokenizer import Tokenizer
 
 __all__ = ["Llama", "LlamaConfig", "smollm2_135m", "Tokenizer", "FullCache", "StreamingCache", "RetrievalCache",
-           "TokenTree", "int8_copy", "gguf_copy", "Q4Linear", "Int8DotLinear", "Fp8Linear", "load_fp8"]
+           "TokenTree", "int8_copy", "gguf_copy", "Q4Linear", "Int8DotLinear", "Fp8Linear", "load_fp8",
+           "load_compressed"]

@@ -13,6 +13,7 @@ scales, the KV cache's) belongs to a quantised matmul: the dequantised model, wh
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -214,6 +215,15 @@ def unpack_int32(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
     if words != -(-cols * bits // 32):
         raise ValueError(f"{cols} values of {bits} bits take {-(-cols * bits // 32)} int32 words a row, "
                          f"got {words}")
+    if bits in (2, 4, 8) and sys.byteorder == "little":  # (whole values a byte: the bytes' bit fields in order)
+        b = packed.contiguous().view(torch.uint8)
+        if bits == 8:
+            v = (b ^ 0x80).view(torch.int8)  # (b - 128)
+        else:
+            per, mask = 8 // bits, (1 << bits) - 1
+            parts = [b & mask] + [(b >> (bits * i)) & mask for i in range(1, per - 1)] + [b >> (bits * (per - 1))]
+            v = torch.stack(parts, -1).view(torch.int8) - (1 << (bits - 1))
+        return v.reshape(*lead, -1)[..., :cols]
     flat, out = packed.reshape(math.prod(lead), words), torch.empty(math.prod(lead), cols, dtype=torch.int8)
     start = torch.arange(cols) * bits
     word, shift, mask = start // 32, start % 32, (1 << bits) - 1
@@ -229,11 +239,12 @@ def unpack_int32(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
 _FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
-def fp4_values(packed: torch.Tensor) -> torch.Tensor:
-    """float32 ``[..., 2 * bytes]`` of FP4 (e2m1) codes packed two a byte (uint8 ``[..., bytes]``): value ``2j``
+def fp4_values(packed: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """``dtype`` ``[..., 2 * bytes]`` of FP4 (e2m1) codes packed two a byte (uint8 ``[..., bytes]``): value ``2j``
     in byte ``j``'s low nibble, ``2j + 1`` in its high one."""
-    codes = torch.stack([packed & 0x0F, packed >> 4], -1).flatten(-2)
-    return torch.tensor(_FP4, dtype=torch.float32)[codes.long()]
+    lut, byte = torch.tensor(_FP4, dtype=dtype), torch.arange(256)
+    pairs = torch.stack([lut[byte & 15], lut[byte >> 4]], 1)  # byte -> (its low nibble's value, its high one's)
+    return pairs[packed.long()].flatten(-2)
 
 
 def _scales(scale: torch.Tensor, name: str) -> torch.Tensor:
@@ -244,6 +255,32 @@ def _scales(scale: torch.Tensor, name: str) -> torch.Tensor:
     return scale.float()
 
 
+def _checked_grid(lead: tuple, R: int, C: int, s: torch.Tensor, zero, grid: tuple, g_idx, name: str,
+                  stored: tuple) -> tuple:
+    """``(scales, zero points or None, grid)`` of a weight ``[*lead, R, C]`` shaped ``[*lead, rows, columns]``
+    (one per tensor or a row's ``[..., R]`` widened), the grid a single scale's ``(R, C)``; raises unless they
+    are one per ``grid`` block (or, with ``g_idx``, cover its groups)."""
+
+    def shaped(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() == 1:  # (one per tensor)
+            return t.reshape([1] * (len(lead) + 2)).expand(*lead, 1, 1)
+        return t.unsqueeze(-1) if t.dim() == len(lead) + 1 else t
+
+    s = shaped(s)
+    z = None if zero is None else shaped(zero).float()
+    if s.shape[-2:] == (1, 1):
+        grid = (R, C)
+    want = (-(-R // grid[0]), -(-C // grid[1]) if g_idx is None else int(g_idx.max()) + 1 if C else 0)
+    if s.dim() != len(lead) + 2 or s.shape[:-2] != lead or s.shape[-2] != want[0] or (
+            s.shape[-1] != want[1] if g_idx is None else s.shape[-1] < want[1] or g_idx.shape != (C,)):
+        raise ValueError(f"{name}.weight_scale has shape {list(stored)}: weight {name} {[*lead, R, C]} "
+                         f"takes one scale per {grid[0]} x {grid[1]} block, {[*lead, *want]}"
+                         + ("" if g_idx is None else f" (its weight_g_idx {list(g_idx.shape)}: {C} groups)"))
+    if z is not None and z.shape != s.shape:
+        raise ValueError(f"{name}.weight_zero_point has shape {list(zero.shape)}, its scales {list(s.shape)}")
+    return s, z, grid
+
+
 def dequantize_compressed(codes: torch.Tensor, scale: torch.Tensor, grid: tuple, dtype=torch.float32,
                           zero: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
                           name: str = "weight", decode=None, cols: int | None = None) -> torch.Tensor:
@@ -252,39 +289,36 @@ def dequantize_compressed(codes: torch.Tensor, scale: torch.Tensor, grid: tuple,
     once: ``scale[..., r // grid[0], c // grid[1]]`` for weight ``[r, c]`` (a partial last block its own; a
     single scale the whole tensor's; a row's scales ``[..., R]`` or ``[..., R, 1]``), or with ``g_idx`` (int
     ``[C]``) ``scale[..., r // grid[0], g_idx[c]]``. ``zero``: the zero points (integers), one per scale or one
-    in all. ``decode``: float32 ``[..., rows, cols]`` of rows of ``codes`` stored packed (``codes`` ``[..., R,
-    words]``), decoded a few rows at a time."""
+    in all. ``decode(rows, dtype)``: the values ``[..., rows, cols]`` in ``dtype`` of rows of ``codes`` stored
+    packed (``codes`` ``[..., R, words]``), decoded a few rows at a time."""
     R = codes.shape[-2]
     C = codes.shape[-1] if cols is None else cols
-    decode = decode or (lambda rows: rows.float())
+    decode = decode or (lambda rows, to: rows.to(to))
     lead = codes.shape[:-2]
-
-    def shaped(t: torch.Tensor) -> torch.Tensor:
-        if t.numel() == 1:  # (one per tensor)
-            return t.reshape([1] * (len(lead) + 2)).expand(*lead, 1, 1)
-        return t.unsqueeze(-1) if t.dim() == len(lead) + 1 else t
-
-    s = shaped(_scales(scale, name))
-    z = None if zero is None else shaped(zero).float()
-    if s.shape[-2:] == (1, 1):
-        grid = (R, C)
-    want = (-(-R // grid[0]), -(-C // grid[1]) if g_idx is None else int(g_idx.max()) + 1 if C else 0)
-    if s.dim() != len(lead) + 2 or s.shape[:-2] != lead or s.shape[-2] != want[0] or (
-            s.shape[-1] != want[1] if g_idx is None else s.shape[-1] < want[1] or g_idx.shape != (C,)):
-        raise ValueError(f"{name}.weight_scale has shape {list(scale.shape)}: weight {name} {[*lead, R, C]} "
-                         f"takes one scale per {grid[0]} x {grid[1]} block, {[*lead, *want]}"
-                         + ("" if g_idx is None else f" (its weight_g_idx {list(g_idx.shape)}: {C} groups)"))
-    if z is not None and z.shape != s.shape:
-        raise ValueError(f"{name}.weight_zero_point has shape {list(zero.shape)}, its scales {list(s.shape)}")
-    by_col = torch.arange(C) // grid[1] if g_idx is None else g_idx.long()
+    s, z, grid = _checked_grid(lead, R, C, _scales(scale, name), zero, grid, g_idx, name, scale.shape)
+    # 16-bit scales into that dtype: the products computed in it (torch rounds a 16-bit product of float32's
+    # once: the same bits, every operand exact there, the codes of at most 8 significant bits), in half the bytes
+    work = dtype if dtype in (torch.bfloat16, torch.float16) and scale.dtype == dtype else torch.float32
+    s, z = s.to(work), None if z is None else z.to(work)
+    if g_idx is not None:  # (each column's group looked up: the scales and zero points widened to a column each)
+        s, z, grid = s[..., g_idx.long()], None if z is None else z[..., g_idx.long()], (grid[0], 1)
+    G, g = s.shape[-1], grid[1]
     out = torch.empty(*lead, R, C, dtype=dtype)
     step = grid[0] * max(1, (1 << 22) // max(1, grid[0] * C))  # rows a chunk: ~4M float32 products at a time
     for r in range(0, R, step):
-        rows = decode(codes[..., r:r + step, :])
-        idx = torch.arange(r, r + rows.shape[-2]) // grid[0]
+        rows = decode(codes[..., r:r + step, :], work)
+        n = rows.shape[-2]
+        if G * g != C:  # (a partial last block of columns: padded, then cut)
+            rows = torch.nn.functional.pad(rows, (0, G * g - C))
+        rows = rows.view(*lead, n, G, g)
+        blocks = slice(r // grid[0], -(-(r + n) // grid[0]))
+        sr = s[..., blocks, :].repeat_interleave(grid[0], -2)[..., :n, :, None] if grid[0] > 1 \
+            else s[..., r:r + n, :, None]
         if z is not None:
-            rows = rows - z[..., idx, :][..., by_col]
-        out[..., r:r + step, :] = rows * s[..., idx, :][..., by_col]
+            zr = z[..., blocks, :].repeat_interleave(grid[0], -2)[..., :n, :, None] if grid[0] > 1 \
+                else z[..., r:r + n, :, None]
+            rows = rows - zr
+        out[..., r:r + step, :] = (rows * sr).view(*lead, n, G * g)[..., :C]
     return out
 
 
@@ -293,8 +327,8 @@ class CompressedWeights:
     loading's FP8 reader): each module's codes once every tensor its scheme stores is read (they may lie in
     different shards); the activations' and KV cache's parameters dropped."""
 
-    def __init__(self, q: dict, dtype):
-        self.schemes, self.dtype, self.pending = schemes(q), dtype, {}
+    def __init__(self, q: dict, dtype, kept: dict | None = None):
+        self.schemes, self.dtype, self.pending, self.kept = schemes(q), dtype, {}, kept
 
     @staticmethod
     def _split(name: str):
@@ -317,8 +351,39 @@ class CompressedWeights:
             s = scheme_of(self.schemes, module)
             need = self._needs(s, got, module)
             if need <= set(got):
-                part[module + ".weight"] = self._dequantize(s, self.pending.pop(module), module)
+                t = self.pending.pop(module)
+                own = None if self.kept is None else self._own(s, t, module)
+                if own is not None:
+                    self.kept[module + ".weight"] = own
+                else:
+                    part[module + ".weight"] = self._dequantize(s, t, module)
         return part
+
+    def _own(self, s: Scheme, t: dict, module: str):
+        """``(codes, scales)`` of a 2-D weight that a CPU kernel runs on its own codes, bitwise the dequantised
+        float32 weight: FP8 (float8_e4m3fn codes, float32 scales per chunk of 64 columns: ``Fp8Linear``; column
+        blocks whole chunks), or integers of at most 8 bits (7 with zero points: the codes minus their zero
+        points still int8) and MXFP4 (int8 codes twice the FP4 values, half the scales: the same products),
+        int8 codes with float32 scales per 32 columns (``Q8Linear``; column blocks whole groups); None for the
+        rest (NVFP4's groups of 16, activation-ordered groups, stacked weights: dequantised)."""
+        if s.g_idx or s.format == "nvfp4-pack-quantized" or (not s.symmetric and s.bits > 7):
+            return None
+        codes, scale, zero, _, decode, cols, grid = self._parts(s, t, module)
+        N, K = codes.shape[-2], codes.shape[-1] if cols is None else cols
+        fp8 = s.kind == "float" and s.bits == 8
+        chunk = 64 if fp8 else 32
+        if codes.dim() != 2 or not (grid[1] % chunk == 0 or grid[1] >= K):
+            return None
+        if fp8:
+            _checked_grid((), N, K, scale, None, grid, None, module, scale.shape)
+        else:  # (code - zero) * 1 in float32: exact integers, the scales' and zero points' shapes checked
+            unit = decode if s.kind == "int" else (lambda rows, to: decode(rows, to) * 2)
+            codes = dequantize_compressed(codes, torch.ones(scale.shape), grid, torch.float32, zero, None, module,
+                                          unit, cols).to(torch.int8)
+        scale = (scale.float() - 128).exp2() if s.format == "mxfp4-pack-quantized" else _scales(scale, module)
+        s2 = scale.reshape(1, 1) if scale.numel() == 1 else scale.reshape(scale.shape[0], -1)
+        rb, cb = (N, K) if s2.shape == (1, 1) else grid
+        return codes, s2.repeat_interleave(rb, 0)[:N][:, torch.arange(0, K, chunk) // cb].contiguous()
 
     def _needs(self, s: Scheme, got: dict, module: str) -> set:
         code = "weight_packed" if "weight_packed" in got else "weight"
@@ -340,6 +405,12 @@ class CompressedWeights:
         return need
 
     def _dequantize(self, s: Scheme, t: dict, module: str) -> torch.Tensor:
+        codes, scale, zero, g_idx, decode, cols, grid = self._parts(s, t, module)
+        return dequantize_compressed(codes, scale, grid, self.dtype, zero, g_idx, module, decode, cols)
+
+    def _parts(self, s: Scheme, t: dict, module: str) -> tuple:
+        """``(codes, scale, zero, g_idx, decode, cols, grid)``: :func:`dequantize_compressed`'s arguments for a
+        quantised module's tensors ``t``, checked against its scheme ``s``."""
         name = module + ".weight"
         scale, zero, g_idx = t["weight_scale"], t.get("weight_zero_point"), t.get("weight_g_idx")
         decode, cols = None, None
@@ -349,7 +420,7 @@ class CompressedWeights:
                 _bad(f"{module}.weight_shape {shape} is not the shape of {module}.weight_packed "
                      f"{list(codes.shape)} unpacked")
             cols = shape[-1]
-            decode = lambda rows: unpack_int32(rows, s.bits, cols).float()  # noqa: E731
+            decode = lambda rows, to: unpack_int32(rows, s.bits, cols).to(to)  # noqa: E731
             if zero is not None and zero.dtype == torch.int32 and s.strategy in ("group", "channel"):
                 # (asymmetric group / channel zero points: packed along the rows)
                 zero = unpack_int32(zero.transpose(-1, -2).contiguous(), s.bits, shape[-2]).transpose(-1, -2)
@@ -371,7 +442,7 @@ class CompressedWeights:
         if zero is not None and (zero.is_floating_point() or zero.dtype == torch.bool):
             _bad(f"{module}.weight_zero_point must be integers, got {zero.dtype}")
         grid = s.grid(codes.shape[-2], codes.shape[-1] if cols is None else cols)
-        return dequantize_compressed(codes, scale, grid, self.dtype, zero, g_idx, module, decode, cols)
+        return codes, scale, zero, g_idx, decode or (lambda rows, to: rows.to(to)), cols, grid
 
     def check_done(self, directory, sd: dict) -> None:
         """Raises naming a quantised module whose tensors are not all in the checkpoint."""

@@ -22,10 +22,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 # (gguf_copy(..., activations="int8"): Q4_0 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS /
 # MXFP4 / IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / TQ1_0 / TQ2_0), or an MXFP4 checkpoint
 # directory's experts (OpenAI's GPT-OSS: quant.load_mxfp4_int8); "fp8": an FP8 checkpoint directory on its own
-# float8 weights with float32 activations (quant.load_fp8; bitwise the float32 model, on the CPU)
+# float8 weights with float32 activations (quant.load_fp8; bitwise the float32 model, on the CPU); "compressed": a
+# compressed-tensors checkpoint directory on its own FP8 / integer / MXFP4 codes (quant.load_compressed; likewise)
 GGUF_WEIGHTS = ("gguf", "gguf-int8")
-WEIGHTS = DTYPES + GGUF_WEIGHTS + ("fp8",)
-OWN_WEIGHTS = GGUF_WEIGHTS + ("fp8",)  # the formats that run a model on its file's own weights (CPU only)
+WEIGHTS = DTYPES + GGUF_WEIGHTS + ("fp8", "compressed")
+OWN_WEIGHTS = GGUF_WEIGHTS + ("fp8", "compressed")  # the formats that run a model on its file's own weights (CPU)
 PAIR_NAMES = {"qwen2.5-coder-0.5b": "draft", "qwen2.5-coder-1.5b": "target"}  # -> triforce.models.pair
 
 
@@ -48,14 +49,20 @@ def _dtype(dtype: str | None):
 
 def _check_gguf_weights(path, device, dtype: str = "gguf") -> None:
     """``dtype="gguf"`` (or ``"gguf-int8"``) needs a GGUF file (``"gguf-int8"``: or an MXFP4 checkpoint directory),
-    ``"fp8"`` an FP8 checkpoint directory, and each the CPU (``ValueError`` before anything loads)."""
+    ``"fp8"`` an FP8 checkpoint directory, ``"compressed"`` a compressed-tensors one, and each the CPU
+    (``ValueError`` before anything loads)."""
     from .loading import _is_gguf
-    from .quant import is_fp8_checkpoint, is_mxfp4_checkpoint
+    from .quant import is_compressed_checkpoint, is_fp8_checkpoint, is_mxfp4_checkpoint
 
     if dtype == "fp8":
         if not is_fp8_checkpoint(path):
             raise ValueError(f"dtype 'fp8' runs an FP8 checkpoint on its own float8 weights; {str(path)!r} is not a "
                              "directory whose config.json has an fp8 quantization_config")
+    elif dtype == "compressed":
+        if not is_compressed_checkpoint(path):
+            raise ValueError(f"dtype 'compressed' runs a compressed-tensors checkpoint on its own codes; "
+                             f"{str(path)!r} is not a directory whose config.json has a compressed-tensors "
+                             "quantization_config")
     elif not (_is_gguf(Path(path)) or (dtype == "gguf-int8" and is_mxfp4_checkpoint(path))):
         raise ValueError(f"dtype {dtype!r} runs a model on its GGUF file's own weights ('gguf-int8': or an MXFP4 "
                          f"checkpoint's); {str(path)!r} is not a GGUF file")
@@ -97,17 +104,19 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     :func:`triforce.models.quant.load_gguf_int8`; an MXFP4 checkpoint directory, OpenAI's GPT-OSS: its experts on
     their blocks, :func:`triforce.models.quant.load_mxfp4_int8`) or ``"fp8"`` (an FP8 checkpoint directory on its
     own float8 weights, float32 activations, bitwise the float32 model, CPU only: :func:`triforce.models.quant
-    .load_fp8`); ``device``: where the weights go (default: the CPU)."""
+    .load_fp8`) or ``"compressed"`` (a compressed-tensors checkpoint directory on its own FP8, integer and MXFP4
+    codes, likewise: :func:`triforce.models.quant.load_compressed`); ``device``: where the weights go (default:
+    the CPU)."""
     from .llama import Llama
-    from .quant import gguf_copy, is_mxfp4_checkpoint, load_fp8, load_gguf_int8, load_mxfp4_int8
+    from .quant import gguf_copy, is_mxfp4_checkpoint, load_compressed, load_fp8, load_gguf_int8, load_mxfp4_int8
     from .smollm2 import smollm2_135m, smollm2_gguf_path
 
     dt = _dtype(dtype)
     path = smollm2_gguf_path() if name == "smollm2" else model_path(name)
     if dtype in OWN_WEIGHTS:
         _check_gguf_weights(path, device, dtype)
-    if dtype == "fp8":
-        return load_fp8(path), load_tokenizer(path)
+    if dtype in ("fp8", "compressed"):
+        return (load_fp8 if dtype == "fp8" else load_compressed)(path), load_tokenizer(path)
     if dtype == "gguf-int8":  # straight from the blocks: no float32 copy of the packed layers on the way
         if is_mxfp4_checkpoint(path):  # OpenAI's GPT-OSS checkpoints: the experts on their MXFP4 blocks
             return load_mxfp4_int8(path), load_tokenizer(path)

@@ -226,11 +226,13 @@ def _load_hf_dir(directory: Path, device, dtype):
     return _build(*_read_hf_dir(directory, dtype), device, dtype)
 
 
-def _read_hf_dir(directory: Path, dtype=None, fp8_kept: dict | None = None):
-    """-> (config, state dict) of a Hugging Face directory (errors name what is missing or unreadable); FP8
-    weights dequantised to ``dtype`` (default float32) as each file is read (:func:`dequantize_fp8`), except, with
-    ``fp8_kept`` (a dict, filled), the 2-D float8_e4m3fn ones whose column blocks ``rowwise_linear_fp8`` takes:
-    those land in ``fp8_kept`` as ``name -> (weight, its scales, (block rows, block columns))`` instead."""
+def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
+    """-> (config, state dict) of a Hugging Face directory (errors name what is missing or unreadable); quantised
+    weights (FP8: :func:`dequantize_fp8`; compressed-tensors': :mod:`.compressed`) dequantised to ``dtype``
+    (default float32) as each file is read, except, with ``kept`` (a dict, filled), those a CPU kernel runs on
+    their own codes: an FP8 checkpoint's 2-D float8_e4m3fn weights whose column blocks ``rowwise_linear_fp8``
+    takes, as ``name -> (weight, its scales, (block rows, block columns))``; a compressed-tensors checkpoint's
+    as ``name -> (codes, scales per row and chunk)`` (``CompressedWeights._own``)."""
     cfg = directory / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"{str(directory)!r} has no config.json (not a Hugging Face model directory)")
@@ -242,8 +244,8 @@ def _read_hf_dir(directory: Path, dtype=None, fp8_kept: dict | None = None):
     rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
     q = config.extra.get("quantization_config")
     sd, origin = {}, {}
-    fp8 = (CompressedWeights(q, dtype or torch.float32) if compressed_config(q)
-           else _Fp8Weights(config, dtype or torch.float32, fp8_kept))
+    fp8 = (CompressedWeights(q, dtype or torch.float32, kept) if compressed_config(q)
+           else _Fp8Weights(config, dtype or torch.float32, kept))
     split = FAMILIES[config.model_type].fused_projections
     for f in _weight_files(directory):
         part = fp8.dequantize(_read_weights(f, rename))

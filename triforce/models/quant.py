@@ -1210,40 +1210,86 @@ def load_fp8(path) -> Llama:
     float model's (fused projections split, experts' gate and up rows joined, RoPE rows reordered), their scales
     repeated per row beside them; float8 weights of another kind (an embedding, e5m2, UE8M0 scales, column
     blocks not of 64) and everything else load as the float32 model's."""
-    from .loading import _build, _read_hf_dir, model_names
+    from .loading import _read_hf_dir
 
     path = Path(path)
     if not is_fp8_checkpoint(path):
         raise ValueError(f"load_fp8: {str(path)!r} is not a checkpoint directory with an fp8 quantization_config")
     kept = {}
-    config, sd = _read_hf_dir(path, torch.float32, fp8_kept=kept)
-    block = next(iter(kept.values()))[2] if kept else None  # (the checkpoint's: one for all its weights)
-    block_cols = None if block is None else block[1]  # (None: one scale a tensor, its columns one block)
-    rows = {}  # name -> float32 [N, ceil(K / block columns)]: each row's scales
-    for name, (q, scale, _) in kept.items():
+    config, sd = _read_hf_dir(path, torch.float32, kept=kept)
+    own = {}
+    for name, (q, scale, block) in kept.items():
         N, K = q.shape
-        s = scale.float()
-        rows[name] = (s.reshape(1, 1).expand(N, -(-K // (block_cols or K))) if s.numel() == 1
-                      else s.repeat_interleave(block[0], 0)[:N])
-    codes = model_names(config, {n: q.view(torch.uint8) for n, (q, _, _) in kept.items()})
-    rows = model_names(config, rows)
+        s, cols = scale.float(), K if block is None or scale.numel() == 1 else block[1]
+        rows = s.reshape(1, 1).expand(N, 1) if s.numel() == 1 else s.repeat_interleave(block[0], 0)[:N]
+        own[name] = q, fp8_chunk_scales(rows, cols, K)
+    return _on_own_weights(path, config, sd, own, "load_fp8")
+
+
+def is_compressed_checkpoint(path) -> bool:
+    """Whether ``path`` is a Hugging Face directory whose ``config.json`` (or its image + text wrapper's) has a
+    compressed-tensors ``quantization_config`` this reads (:mod:`triforce.models.compressed`)."""
+    from .compressed import METHOD, compressed_config
+
+    cfg = Path(path) / "config.json"
+    try:
+        d = json.loads(cfg.read_text()) if cfg.is_file() else None
+    except (OSError, ValueError):
+        return False
+    q = d.get("quantization_config") if isinstance(d, dict) else None
+    if q is None and isinstance(d, dict) and isinstance(d.get("text_config"), dict):
+        q = d["text_config"].get("quantization_config")
+    return isinstance(q, dict) and q.get("quant_method") == METHOD and compressed_config(q)
+
+
+def load_compressed(path) -> Llama:
+    """A compressed-tensors checkpoint directory's model (:func:`is_compressed_checkpoint`) with its linear layers
+    on their own codes, float32 activations: FP8 weights on :class:`Fp8Linear` (column blocks whole chunks of 64),
+    integer weights of up to 8 bits (7 with zero points, subtracted from the codes) and MXFP4 ones (codes twice
+    the FP4 values, scales halved) on :class:`Q8Linear`'s int8 codes and float32 scales per 32 columns (column
+    blocks whole groups of 32): bitwise what ``Llama.from_pretrained(path)`` (float32, every weight dequantised)
+    computes, from about a byte a weight. NVFP4 (groups of 16), activation-ordered groups and everything else load
+    as the float32 model's."""
+    from .loading import _read_hf_dir
+
+    path = Path(path)
+    if not is_compressed_checkpoint(path):
+        raise ValueError(f"load_compressed: {str(path)!r} is not a checkpoint directory with a compressed-tensors "
+                         "quantization_config")
+    kept = {}
+    config, sd = _read_hf_dir(path, torch.float32, kept=kept)
+    return _on_own_weights(path, config, sd, kept, "load_compressed")
+
+
+def _on_own_weights(path: Path, config, sd: dict, own: dict, who: str) -> Llama:
+    """The model of ``config`` holding float weights ``sd`` and, on their own codes, ``own``: checkpoint name ->
+    (float8_e4m3fn codes ``[N, K]`` and float32 scales per row and chunk of 64 columns: :class:`Fp8Linear`; or
+    int8 codes and scales per 32 columns: :class:`Q8Linear`). Names and rows go through the float model's mapping
+    (``loading.model_names``); a weight that is not a linear layer's (an embedding's) is dequantised."""
+    from .loading import _build, model_names
+
+    codes = model_names(config, {n: q for n, (q, _) in own.items()})
+    scales = model_names(config, {n: s for n, (_, s) in own.items()})
     shell = Llama(config, _empty=True)
     linears = {f"{n}.weight" for n, m in shell.named_modules() if isinstance(m, nn.Linear)}
     for name in [n for n in codes if n not in linears]:  # (an embedding's, say: dequantised)
-        q, s = codes.pop(name).view(torch.float8_e4m3fn), rows.pop(name)
-        sd[name] = q.float() * s.repeat_interleave(block_cols or q.shape[1], 1)[:, :q.shape[1]]
+        q, s = codes.pop(name), scales.pop(name)
+        chunk = FP8_CHUNK if q.dtype == torch.float8_e4m3fn else GROUP
+        sd[name] = q.float() * s.repeat_interleave(chunk, 1)[:, :q.shape[1]]
     model = _build(config, sd, "cpu", torch.float32, missing_ok=set(codes))
 
     def replace(name, mod):
         q = codes.get(f"{name}.weight")
         if q is None:
             return mod
-        q = q.view(torch.float8_e4m3fn)
-        return Fp8Linear(q, rows[f"{name}.weight"].contiguous(), block_cols or q.shape[1], mod.bias)
+        s = scales[f"{name}.weight"].contiguous()
+        if q.dtype == torch.float8_e4m3fn:
+            return Fp8Linear(q, s, FP8_CHUNK, mod.bias)
+        return Q8Linear(q.contiguous(), s, mod.bias)
 
     out = _copy_with_linears(model, replace)
     if any(p.is_meta for p in out.parameters()):
-        raise ValueError(f"load_fp8: some weights of {str(path)!r} were neither loaded nor kept in FP8")
+        raise ValueError(f"{who}: some weights of {str(path)!r} were neither loaded nor kept on their codes")
     return out
 
 
