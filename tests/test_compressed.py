@@ -43,6 +43,8 @@ SCHEMES = {
                                  "actorder": "weight"}, None, None),
     "w4a16_asym": ("pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
                                       "symmetric": False}, None, None),
+    "w4a16_g32": ("pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}, None,
+                  None),
     "w3_channel": ("pack-quantized", {"num_bits": 3, "type": "int", "strategy": "channel"}, None, None),
     "w8a16": ("pack-quantized", {"num_bits": 8, "type": "int", "strategy": "channel"}, None, None),
     "w2_tensor_asym": ("pack-quantized", {"num_bits": 2, "type": "int", "strategy": "tensor", "symmetric": False},
@@ -444,12 +446,14 @@ def test_bad_compressed_tensors_checkpoints_raise(tmp_path):
 needs_kernels = pytest.mark.skipif(not _rowwise_available() or not all(hasattr(torch.ops.triforce_C, k) for k in (
     "rowwise_linear_fp8", "rowwise_linear_q8")), reason="the C++ extension is not built")
 
-# case -> the layer class a linear layer's weight runs on (None: float32, dequantised)
-OWN = {"fp8_dynamic": "Fp8Linear", "fp8_static": "Fp8Linear", "fp8_block": None,  # (40 columns a block: not 64)
-       "w8a8_int8": "Q8Linear", "int8_asym": None,  # (8-bit codes minus zero points: not int8)
+# case -> the layer classes a linear layer's weight runs on (None: float32, dequantised) with bfloat16 scales;
+# 4 bits: Q4Linear's blocks, where each scale and zero point times it is a float16 value (bfloat16 scales are;
+# (-8 - zero) * scale, 12 significant bits, may not be: then Q8Linear)
+OWN = {"fp8_dynamic": {"Fp8Linear"}, "fp8_static": {"Fp8Linear"}, "fp8_block": None,  # (40 columns a block: not 64)
+       "w8a8_int8": {"Q8Linear"}, "int8_asym": None,  # (8-bit codes minus zero points: not int8)
        "w4a16": None,  # (groups of 16: not 32)
-       "w4a16_asym": "Q8Linear", "w3_channel": "Q8Linear", "w8a16": "Q8Linear", "w2_tensor_asym": "Q8Linear",
-       "nvfp4": None, "mxfp4": "Q8Linear"}
+       "w4a16_asym": {"Q4Linear", "Q8Linear"}, "w4a16_g32": {"Q4Linear"}, "w3_channel": {"Q4Linear"},
+       "w8a16": {"Q8Linear"}, "w2_tensor_asym": {"Q4Linear", "Q8Linear"}, "nvfp4": None, "mxfp4": {"Q8Linear"}}
 
 
 def assert_runs_as(ours, plain, vocab: int = 101):
@@ -470,27 +474,31 @@ def assert_runs_as(ours, plain, vocab: int = 101):
 
 
 @needs_kernels
+@pytest.mark.parametrize("scales", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", list(OWN))
-def test_a_compressed_tensors_checkpoint_runs_on_its_own_codes(tmp_path, case):
-    """``load_model(directory, "compressed")`` (``load_compressed``): FP8 weights on Fp8Linear, integer (zero
-    points subtracted from codes of up to 7 bits) and MXFP4 ones (codes twice the FP4 values) on Q8Linear,
-    each layer's weight bitwise the float32 model's (bfloat16 scales: each product in float32 either way); the
-    logits of every path and every method's tokens bitwise those of ``Llama.from_pretrained`` (float32,
+def test_a_compressed_tensors_checkpoint_runs_on_its_own_codes(tmp_path, case, scales):
+    """``load_model(directory, "compressed")`` (``load_compressed``): FP8 weights on Fp8Linear, integers of up to
+    4 bits on Q4Linear's blocks where their scales allow (bfloat16 ones; not float32 ones, no float16 values),
+    other integers (zero points subtracted from codes of up to 7 bits) and MXFP4 ones (codes twice the FP4
+    values) on Q8Linear, each layer's weight bitwise the float32 model's (each product in float32 either way);
+    the logits of every path and every method's tokens bitwise those of ``Llama.from_pretrained`` (float32,
     dequantised); what the kernels cannot take (blocks or groups not whole chunks, 8-bit codes with zero points,
     NVFP4's groups of 16) loads float32, dequantised."""
     from triforce.models import hub, quant
 
-    tiny_checkpoint(tmp_path / "ckpt", case, torch.bfloat16)
+    tiny_checkpoint(tmp_path / "ckpt", case, scales)
     plain = Llama.from_pretrained(tmp_path / "ckpt")
     ours, _ = hub.load_model(str(tmp_path / "ckpt"), "compressed")
     floats = dict(plain.named_modules())
     linears = {n: m for n, m in ours.named_modules() if n.endswith("proj")}
-    assert len(linears) == 14
+    want = OWN[case] or {"Linear"}
+    if scales == torch.float32 and "Q4Linear" in want:
+        want = {"Q8Linear"}  # (float32 scales: not float16 values)
+    kinds = {type(m).__name__ for m in linears.values()}
+    assert len(linears) == 14 and kinds <= want and (kinds == want or "Q4Linear" in kinds), kinds
     for n, m in linears.items():
-        assert type(m).__name__ == (OWN[case] or "Linear"), n
         assert torch.equal(m.weight, floats[n].weight), n
-    if OWN[case] == "Q8Linear":
-        assert all(m.qweight.dtype == torch.int8 and m.scales.dtype == torch.float32 for m in linears.values())
+    if kinds & {"Q8Linear", "Q4Linear"}:
         with torch.no_grad():
             assert ours.model.layers[0].fused_arguments(torch.zeros(1, 1, 64)) is not None
     assert isinstance(ours.lm_head, torch.nn.Linear) and not isinstance(ours.lm_head, quant.Q8Linear)
@@ -500,8 +508,9 @@ def test_a_compressed_tensors_checkpoint_runs_on_its_own_codes(tmp_path, case):
 @needs_kernels
 def test_a_mixed_precision_mixture_runs_on_its_own_codes(tmp_path, monkeypatch):
     """A mixture of FP8 attention (blocks of 16 x 64) and 4-bit experts with zero points (groups of 32): the
-    attention on Fp8Linear, the experts on Q8Linear in one ``moe_experts`` call with their modules' bits; the
-    float32 model's logits and tokens bitwise."""
+    attention on Fp8Linear, the experts on Q4Linear's blocks (Q8Linear where a zero point times its scale is no
+    float16 value; an expert's gate and up rows, joined, one kind), in one ``moe_experts`` call with their
+    modules' bits; the float32 model's logits and tokens bitwise."""
     from triforce.models.quant import load_compressed
 
     from .test_gpt_oss import assert_one_moe_experts_call
@@ -518,7 +527,7 @@ def test_a_mixed_precision_mixture_runs_on_its_own_codes(tmp_path, monkeypatch):
                      "mixed-precision", torch.bfloat16)
     ours, plain = load_compressed(tmp_path), Llama.from_pretrained(tmp_path)
     kinds = {type(m).__name__ for n, m in ours.named_modules() if n.endswith("proj")}
-    assert kinds == {"Fp8Linear", "Q8Linear"}
+    assert {"Fp8Linear", "Q4Linear"} <= kinds <= {"Fp8Linear", "Q4Linear", "Q8Linear"}  # (joined gate and up: one)
     assert_one_moe_experts_call(ours.model.layers[1].mlp, monkeypatch)  # (the experts' codes in one native call)
     assert_runs_as(ours, plain)
 
@@ -568,3 +577,26 @@ def test_the_cli_runs_a_compressed_tensors_checkpoint_on_its_own_codes(tmp_path,
                   ["--method", "magicdec", "--gamma", "2", "--window", "8"]):
         rc, out, err = run([*args, "--dtype", "compressed", *extra], capsys)
         assert rc == 0 and out == want, (extra, err)
+
+
+@given(N=st.integers(1, 6), G=st.integers(1, 4), bits=st.integers(1, 5), zero=st.booleans(),
+       scales=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), seed=st.integers(0, 2 ** 31 - 1))
+def test_q4_1_blocks_of_codes_and_scales_hold_their_products(N, G, bits, zero, scales, seed):
+    """``q4_1_of``: Q4Linear's blocks of int8 codes minus zero points times float32 scales per 32 columns hold
+    each product bitwise (d * code + m: the exact product) where every code of the weight's own is in -8..7 and
+    every d and m a float16 value; None otherwise (5-bit codes, float32 scales of more bits, m of more bits)."""
+    from triforce.models.quant import Q4Linear, q4_1_of
+
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q = torch.randint(lo, hi + 1, (N, G, 32), generator=g, dtype=torch.int8)
+    z = torch.randint(lo, hi + 1, (N, G), generator=g).float() if zero else None
+    s = (torch.rand(N, G, generator=g) * 0.05 + 1e-3).to(scales).float()
+    codes = (q.float() - (0 if z is None else z[..., None])).to(torch.int8).reshape(N, G * 32)
+    blocks = q4_1_of(codes, s, z)
+    m = (-8 - (0 if z is None else z)) * s.double()
+    holds = bits <= 4 and torch.equal(s.half().float(), s) and torch.equal(m.half().double(), m)
+    assert (blocks is not None) == holds
+    if holds:
+        want = codes.float() * s.repeat_interleave(32, 1)
+        assert torch.equal(Q4Linear(blocks, G * 32).weight, want)

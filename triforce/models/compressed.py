@@ -360,12 +360,13 @@ class CompressedWeights:
         return part
 
     def _own(self, s: Scheme, t: dict, module: str):
-        """``(codes, scales)`` of a 2-D weight that a CPU kernel runs on its own codes, bitwise the dequantised
-        float32 weight: FP8 (float8_e4m3fn codes, float32 scales per chunk of 64 columns: ``Fp8Linear``; column
-        blocks whole chunks), or integers of at most 8 bits (7 with zero points: the codes minus their zero
-        points still int8) and MXFP4 (int8 codes twice the FP4 values, half the scales: the same products),
-        int8 codes with float32 scales per 32 columns (``Q8Linear``; column blocks whole groups); None for the
-        rest (NVFP4's groups of 16, activation-ordered groups, stacked weights: dequantised)."""
+        """``(codes, scales, zero points)`` of a 2-D weight that a CPU kernel runs on its own codes, bitwise the
+        dequantised float32 weight: FP8 (float8_e4m3fn codes, float32 scales per chunk of 64 columns:
+        ``Fp8Linear``; column blocks whole chunks; no zero points), or integers of at most 8 bits (7 with zero
+        points: the codes minus their zero points still int8) and MXFP4 (int8 codes twice the FP4 values, half
+        the scales: the same products): int8 codes with float32 scales and zero points (None: none) per 32
+        columns (``Q8Linear``, or ``Q4Linear``'s blocks: ``quant.q4_1_of``; column blocks whole groups); None
+        for the rest (NVFP4's groups of 16, activation-ordered groups, stacked weights: dequantised)."""
         if s.g_idx or s.format == "nvfp4-pack-quantized" or (not s.symmetric and s.bits > 7):
             return None
         codes, scale, zero, _, decode, cols, grid = self._parts(s, t, module)
@@ -383,7 +384,11 @@ class CompressedWeights:
         scale = (scale.float() - 128).exp2() if s.format == "mxfp4-pack-quantized" else _scales(scale, module)
         s2 = scale.reshape(1, 1) if scale.numel() == 1 else scale.reshape(scale.shape[0], -1)
         rb, cb = (N, K) if s2.shape == (1, 1) else grid
-        return codes, s2.repeat_interleave(rb, 0)[:N][:, torch.arange(0, K, chunk) // cb].contiguous()
+        def per_chunk(t: torch.Tensor) -> torch.Tensor:  # [N, ceil(K / chunk)]: each row's chunks' values
+            return t.repeat_interleave(rb, 0)[:N][:, torch.arange(0, K, chunk) // cb].contiguous()
+
+        z = None if zero is None else per_chunk(_checked_grid((), N, K, s2, zero, grid, None, module, scale.shape)[1])
+        return codes, per_chunk(s2), z
 
     def _needs(self, s: Scheme, got: dict, module: str) -> set:
         code = "weight_packed" if "weight_packed" in got else "weight"

@@ -1222,8 +1222,28 @@ def load_fp8(path) -> Llama:
         N, K = q.shape
         s, cols = scale.float(), K if block is None or scale.numel() == 1 else block[1]
         rows = s.reshape(1, 1).expand(N, 1) if s.numel() == 1 else s.repeat_interleave(block[0], 0)[:N]
-        own[name] = q, fp8_chunk_scales(rows, cols, K)
+        own[name] = q, fp8_chunk_scales(rows, cols, K), None
     return _on_own_weights(path, config, sd, own, "load_fp8")
+
+
+def q4_1_of(codes: torch.Tensor, scales: torch.Tensor, zero: torch.Tensor | None = None) -> torch.Tensor | None:
+    """:class:`Q4Linear`'s Q4_1 blocks of the weight ``codes * scales`` (int8 ``codes`` ``[N, K]``, float32
+    ``scales`` ``[N, K / 32]``), the codes those of ``bits <= 4`` minus their ``zero`` points (``[N, K / 32]``,
+    or None: none): ``d = scale``, ``m = (-8 - zero) * scale`` and the code ``codes + zero + 8`` in 0..15, so that
+    ``d * code + m`` (the kernel's FMA) is the exact product; None unless ``K`` is a multiple of 32, every such
+    code in 0..15, and every ``d`` and ``m`` a float16 value (GGUF's blocks widen float16 scales; bfloat16 scales
+    of float16's range are)."""
+    N, K = codes.shape
+    if K % Q4_1_BLOCK or codes.dtype != torch.int8:
+        return None
+    z = torch.zeros_like(scales, dtype=torch.float64) if zero is None else zero.double()
+    d, m = scales.double(), (-8 - z) * scales.double()
+    if not (torch.equal(d.half().double(), d) and torch.equal(m.half().double(), m)):
+        return None
+    q = codes.reshape(N, K // Q4_1_BLOCK, Q4_1_BLOCK).to(torch.int16) + z.to(torch.int16)[..., None] + 8
+    if q.numel() and (q.min() < 0 or q.max() > 15):
+        return None
+    return _q4_1_blocks(d.half(), m.half(), q.to(torch.uint8))
 
 
 def is_compressed_checkpoint(path) -> bool:
@@ -1247,9 +1267,11 @@ def load_compressed(path) -> Llama:
     on their own codes, float32 activations: FP8 weights on :class:`Fp8Linear` (column blocks whole chunks of 64),
     integer weights of up to 8 bits (7 with zero points, subtracted from the codes) and MXFP4 ones (codes twice
     the FP4 values, scales halved) on :class:`Q8Linear`'s int8 codes and float32 scales per 32 columns (column
-    blocks whole groups of 32): bitwise what ``Llama.from_pretrained(path)`` (float32, every weight dequantised)
-    computes, from about a byte a weight. NVFP4 (groups of 16), activation-ordered groups and everything else load
-    as the float32 model's."""
+    blocks whole groups of 32), those of up to 4 bits on :class:`Q4Linear`'s Q4_1 blocks where each scale (and
+    zero point times it) is a float16 value (as bfloat16 scales of a normal float16 magnitude are): bitwise what
+    ``Llama.from_pretrained(path)`` (float32, every weight dequantised) computes, from about a byte a weight (3/4
+    of one on 4-bit blocks). NVFP4 (groups of 16), activation-ordered groups and everything else load as the
+    float32 model's."""
     from .loading import _read_hf_dir
 
     path = Path(path)
@@ -1263,29 +1285,34 @@ def load_compressed(path) -> Llama:
 
 def _on_own_weights(path: Path, config, sd: dict, own: dict, who: str) -> Llama:
     """The model of ``config`` holding float weights ``sd`` and, on their own codes, ``own``: checkpoint name ->
-    (float8_e4m3fn codes ``[N, K]`` and float32 scales per row and chunk of 64 columns: :class:`Fp8Linear`; or
-    int8 codes and scales per 32 columns: :class:`Q8Linear`). Names and rows go through the float model's mapping
-    (``loading.model_names``); a weight that is not a linear layer's (an embedding's) is dequantised."""
+    (float8_e4m3fn codes ``[N, K]``, float32 scales per row and chunk of 64 columns, None: :class:`Fp8Linear`; or
+    int8 codes, float32 scales and zero points (or None) per 32 columns: :class:`Q4Linear` where its blocks hold
+    them (:func:`q4_1_of`), else :class:`Q8Linear`, the codes minus their zero points). Names and rows go through
+    the float model's mapping (``loading.model_names``), so that joined weights (an expert's gate and up) are one
+    kind; a weight that is not a linear layer's (an embedding's) is dequantised."""
     from .loading import _build, model_names
 
-    codes = model_names(config, {n: q for n, (q, _) in own.items()})
-    scales = model_names(config, {n: s for n, (_, s) in own.items()})
+    codes = model_names(config, {n: q for n, (q, _, _) in own.items()})
+    scales = model_names(config, {n: s for n, (_, s, _) in own.items()})
+    zeros = model_names(config, {n: z for n, (_, _, z) in own.items() if z is not None})
     shell = Llama(config, _empty=True)
     linears = {f"{n}.weight" for n, m in shell.named_modules() if isinstance(m, nn.Linear)}
+
+    def layer(name: str, bias=None) -> nn.Module:
+        q, s = codes.pop(name), scales.pop(name).contiguous()
+        if q.dtype == torch.float8_e4m3fn:
+            return Fp8Linear(q, s, FP8_CHUNK, bias)
+        blocks = q4_1_of(q, s, zeros.pop(name, None))
+        if blocks is not None:
+            return Q4Linear(blocks, q.shape[1], bias)
+        return Q8Linear(q.contiguous(), s, bias)
+
     for name in [n for n in codes if n not in linears]:  # (an embedding's, say: dequantised)
-        q, s = codes.pop(name), scales.pop(name)
-        chunk = FP8_CHUNK if q.dtype == torch.float8_e4m3fn else GROUP
-        sd[name] = q.float() * s.repeat_interleave(chunk, 1)[:, :q.shape[1]]
+        sd[name] = layer(name).weight
     model = _build(config, sd, "cpu", torch.float32, missing_ok=set(codes))
 
     def replace(name, mod):
-        q = codes.get(f"{name}.weight")
-        if q is None:
-            return mod
-        s = scales[f"{name}.weight"].contiguous()
-        if q.dtype == torch.float8_e4m3fn:
-            return Fp8Linear(q, s, FP8_CHUNK, mod.bias)
-        return Q8Linear(q.contiguous(), s, mod.bias)
+        return layer(f"{name}.weight", mod.bias) if f"{name}.weight" in codes else mod
 
     out = _copy_with_linears(model, replace)
     if any(p.is_meta for p in out.parameters()):
