@@ -8,8 +8,8 @@ load calls), outputs checked equal first. Bytes: the stored codes and scales rea
 
 ``step``: a 4-layer Qwen3-shaped model (hidden 2048, MLP 6144, 16 / 8 heads of 128, a tied float32 head of 32K; 512
 tokens cached) written as each scheme's checkpoint, then run three ways on the same inputs, in turns (the VM's
-drift): ``own`` (``load_model(directory, "compressed")``: FP8 on Fp8Linear, integers on Q8Linear, every product
-bitwise the float32 model's), ``float32`` (``Llama.from_pretrained``: dequantised) and ``bfloat16`` (the same
+drift): ``own`` (``load_model(directory, "compressed")``: FP8 on Fp8Linear, 8-bit integers on Q8Linear, 4-bit ones
+on Q4Linear's blocks, every product bitwise the float32 model's), ``float32`` (``Llama.from_pretrained``: dequantised) and ``bfloat16`` (the same
 weights rounded to bfloat16: fewer bytes, other bits), at 1 row (a decode step) and 5 rows (a verification pass of
 gamma 4). The own model's logits are checked bitwise the float32 model's first. Bytes: the linear layers' weights as
 each holds them (codes and scales, or float32 / bfloat16), the embedding row and the head.
@@ -87,14 +87,12 @@ def _checkpoint(directory: pathlib.Path, name: str, quick: bool) -> None:
 
 def _weight_bytes(model) -> int:
     """Bytes a forward reads of ``model``'s linear layers (codes and scales, or float weights) and head."""
-    from triforce.models.quant import Fp8Linear, Q8Linear
+    from triforce.models.quant import Fp8Linear, Q4Linear, Q8Linear
 
     n = 0
     for m in model.modules():
-        if isinstance(m, Fp8Linear):
-            n += m.codes.numel() + m.scales.numel() * 4
-        elif isinstance(m, Q8Linear):
-            n += m.qweight.numel() + m.scales.numel() * 4
+        if isinstance(m, (Fp8Linear, Q8Linear, Q4Linear)):
+            n += sum(b.numel() * b.element_size() for b in m.buffers())
         elif isinstance(m, torch.nn.Linear):
             n += m.weight.numel() * m.weight.element_size()
     return n

@@ -425,7 +425,8 @@ def test_bad_compressed_tensors_checkpoints_raise(tmp_path):
                                   "b": {**q["config_groups"]["group_0"], "targets": ["re:.*down_proj"]}}}
     raises(r"module model.layers.0.mlp.down_proj is stored quantised, and config groups \['a', 'b'\] all target "
            "it", quantization=two)
-    none = {**q, "config_groups": {"a": {**q["config_groups"]["group_0"], "targets": ["re:.*self_attn.*"]}}}
+    none = {**q, "config_groups": {"a": {**q["config_groups"]["group_0"], "targets": ["re:.*self_attn.*"]},
+                                   "b": {**q["config_groups"]["group_0"], "targets": ["lm_head"]}}}
     raises("mlp.* is stored quantised, and no config group targets it", quantization=none)
     # a dense group (weights stored float, as a fake-quantised checkpoint's): its scales are not read
     float_sd = safetensors_torch.load_file(tmp_path / "ckpt" / "model.safetensors")
@@ -600,3 +601,34 @@ def test_q4_1_blocks_of_codes_and_scales_hold_their_products(N, G, bits, zero, s
     if holds:
         want = codes.float() * s.repeat_interleave(32, 1)
         assert torch.equal(Q4Linear(blocks, G * 32).weight, want)
+
+
+def test_an_image_and_text_wrapper_loads_its_language_model(tmp_path):
+    """An image + text checkpoint (Mistral 3's, as Red Hat's FP8-dynamic Mistral Small 3.1 ships it: the config's
+    quantization_config at the top, the vision tower quantised too): its language model dequantised as
+    transformers' load gives it, the image side's tensors not read; on its own codes bitwise the float32 model."""
+    from triforce.models.quant import load_compressed
+
+    from .test_ministral3 import MINISTRAL3
+    from .test_mistral3 import VISION
+
+    config = transformers.Mistral3Config(text_config={**MINISTRAL3, "model_type": "ministral3"}, vision_config=VISION,
+                                         image_token_index=100)
+    torch.manual_seed(0)
+    randomize_(transformers.Mistral3ForConditionalGeneration(config)).save_pretrained(tmp_path)
+    fmt, weights, inputs, _ = SCHEMES["fp8_dynamic"]
+    write_compressed(tmp_path, {"group_0": (scheme(fmt, weights, inputs), None)}, fmt, torch.bfloat16)
+    sd = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    assert any(k.startswith("vision_tower") and k.endswith("weight_scale") for k in sd)
+    ours = Llama.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    ref = transformers.Mistral3ForConditionalGeneration.from_pretrained(
+        tmp_path, dtype=torch.bfloat16, quantization_config=transformers.CompressedTensorsConfig(dequantize=True))
+    text = {k.replace("model.language_model.", "model."): v for k, v in ref.state_dict().items()
+            if k.startswith(("model.language_model.", "lm_head."))}
+    want = _build(ours.config, text, None, torch.bfloat16).state_dict()
+    assert_weights_equal(ours, want)
+    if _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_fp8"):
+        own, plain = load_compressed(tmp_path), Llama.from_pretrained(tmp_path)
+        ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert torch.equal(own(ids), plain(ids))

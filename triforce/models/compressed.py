@@ -192,9 +192,11 @@ def _is_class(target: str) -> bool:  # ("Linear", "Embedding", "LlamaAttention":
 
 
 def scheme_of(all_schemes: list, module: str) -> Scheme:
-    """The scheme of quantised ``module`` (a checkpoint name without ``.weight``): the one config group whose
-    targets name it (by name or ``re:`` pattern), else the one that targets module classes ("Linear": each
-    quantised tensor is a linear layer's, or an embedding's)."""
+    """The scheme of quantised ``module`` (a checkpoint name without ``.weight``): the only one, or the one config
+    group whose targets name it (by name or ``re:`` pattern), else the one that targets module classes ("Linear":
+    each quantised tensor is a linear layer's, or an embedding's)."""
+    if len(all_schemes) == 1:  # (its targets may name the modules as an image + text wrapper does)
+        return all_schemes[0]
     named = [s for s in all_schemes if any(_matches(module, t) for t in s.targets)]
     if not named:
         named = [s for s in all_schemes if any(_is_class(t) for t in s.targets)]
