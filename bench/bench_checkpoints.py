@@ -9,9 +9,9 @@ load calls), outputs checked equal first. Bytes: the stored codes and scales rea
 ``step``: a 4-layer Qwen3-shaped model (hidden 2048, MLP 6144, 16 / 8 heads of 128, a tied float32 head of 32K; 512
 tokens cached) written as each scheme's checkpoint, then run three ways on the same inputs, in turns (the VM's
 drift): ``own`` (``load_model(directory, "compressed")``: FP8 on Fp8Linear, 8-bit integers on Q8Linear, 4-bit ones
-on Q4Linear's blocks, every product bitwise the float32 model's), ``float32`` (``Llama.from_pretrained``: dequantised) and ``bfloat16`` (the same
-weights rounded to bfloat16: fewer bytes, other bits), at 1 row (a decode step) and 5 rows (a verification pass of
-gamma 4). The own model's logits are checked bitwise the float32 model's first. Bytes: the linear layers' weights as
+on Q4Linear's blocks, every product bitwise the float32 model's), ``float32`` (``Llama.from_pretrained``:
+dequantised) and ``bfloat16`` (the same weights rounded to bfloat16: fewer bytes, other bits), at 1 row (a decode
+step) and 5 rows (a verification pass of gamma 4). The own model's logits are checked bitwise the float32 model's first. Bytes: the linear layers' weights as
 each holds them (codes and scales, or float32 / bfloat16), the embedding row and the head.
 
     python -m bench.bench_checkpoints [--quick] [--only load|step]

@@ -67,7 +67,8 @@ def _check_gguf_weights(path, device, dtype: str = "gguf") -> None:
         raise ValueError(f"dtype {dtype!r} runs a model on its GGUF file's own weights ('gguf-int8': or an MXFP4 "
                          f"checkpoint's); {str(path)!r} is not a GGUF file")
     if device is not None and device_of(str(device)).type != "cpu":
-        raise ValueError(f"dtype {dtype!r} runs on the CPU only (its kernels are CPU kernels), got device {str(device)!r}")
+        raise ValueError(f"dtype {dtype!r} runs on the CPU only (its kernels are CPU kernels), got device "
+                         f"{str(device)!r}")
 
 
 def device_of(name: str | None) -> torch.device:
