@@ -95,17 +95,18 @@ def is_linear(name: str, t: torch.Tensor) -> bool:
 def write_compressed(directory, groups: dict, fmt: str, dtype, kv=None, static_inputs=False) -> None:
     """Replaces the float checkpoint in ``directory`` by its compressed-tensors one: every linear layer's weight
     but the head's compressed by compressed-tensors' compressor of its config group (``groups``: name ->
-    (QuantizationScheme, regex of the module names it takes or None for all)), the scales in ``dtype``; the
+    (QuantizationScheme, a part of the module names it takes or None for all; a module no group takes stays
+    float)), the scales in ``dtype``; the
     config's quantization_config as compressed-tensors writes it. ``static_inputs``: each module's input_scale
     (and, with ``kv``, each attention's k_scale and v_scale) as the static schemes store them."""
     path = directory / "model.safetensors"
     sd, out = safetensors_torch.load_file(path), {}
     for name, t in sd.items():
-        if not is_linear(name, t):
+        module = name[:-len(".weight")]
+        scheme = next((s for s, pattern in groups.values() if pattern is None or pattern in module), None)
+        if not is_linear(name, t) or scheme is None:
             out[name] = t
             continue
-        module = name[:-len(".weight")]
-        scheme = next(s for s, pattern in groups.values() if pattern is None or pattern in module)
         scale, zero, glob = scales_of(t.float(), scheme.weights, dtype)
         state = {"weight": t.float(), "weight_scale": scale}
         if zero is not None:
@@ -632,3 +633,71 @@ def test_an_image_and_text_wrapper_loads_its_language_model(tmp_path):
         ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             assert torch.equal(own(ids), plain(ids))
+
+
+def test_activation_ordered_groups_and_unread_parts(tmp_path):
+    """An older GPTQ export's ``weight_g_idx`` (actorder "group": column ``c`` takes group ``g_idx[c]``'s scale)
+    dequantises by it; parts a scheme does not read (a symmetric weight's zero points, ``weight_g_idx`` without
+    activation order) are dropped wherever they lie, the weights unchanged."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    tiny_checkpoint(tmp_path / "ckpt", "w4a16_g32", torch.float32)
+    path, cfg = tmp_path / "ckpt" / "model.safetensors", tmp_path / "ckpt" / "config.json"
+    plain = Llama.from_pretrained(tmp_path / "ckpt").state_dict()
+    sd, config = safetensors_torch.load_file(path), json.loads(cfg.read_text())
+    g = torch.Generator().manual_seed(3)
+    extra = {}
+    for k in [k for k in sd if k.endswith(".weight_packed")]:
+        m, K = k[:-len(".weight_packed")], int(sd[k[:-len("packed")] + "shape"][1])
+        extra[m + ".weight_g_idx"] = (torch.arange(K) // 32)[torch.randperm(K, generator=g)].int()
+        extra[m + ".weight_zero_point"] = torch.zeros_like(sd[m + ".weight_scale"], dtype=torch.int8)
+    safetensors_torch.save_file(sd, path)
+    safetensors_torch.save_file(extra, tmp_path / "ckpt" / "extra.safetensors")  # (a later shard)
+    files = {**{n: "model.safetensors" for n in sd}, **{n: "extra.safetensors" for n in extra}}
+    path.rename(tmp_path / "ckpt" / "model-a.safetensors")
+    files = {n: "model-a.safetensors" if f == "model.safetensors" else f for n, f in files.items()}
+    (tmp_path / "ckpt" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": files}))
+    assert_weights_equal(Llama.from_pretrained(tmp_path / "ckpt"), plain)  # (actorder null: g_idx not read)
+    q = config["quantization_config"]
+    q["config_groups"]["group_0"]["weights"]["actorder"] = "group"
+    cfg.write_text(json.dumps(config))
+    ours = Llama.from_pretrained(tmp_path / "ckpt").state_dict()
+    m = "model.layers.1.mlp.down_proj"
+    codes = unpack_from_int32(sd[m + ".weight_packed"], 4, torch.Size(sd[m + ".weight_shape"].tolist()))
+    want = codes.float() * sd[m + ".weight_scale"].float()[:, extra[m + ".weight_g_idx"].long()]
+    assert torch.equal(ours[m + ".weight"], want) and not torch.equal(want, plain[m + ".weight"])
+
+
+def test_kimi_k2_thinking_int4_experts(tmp_path, monkeypatch):
+    """Kimi K2 Thinking as Moonshot ships it (model_type kimi_k2, DeepSeek-V3's layers; its routed experts INT4 in
+    groups of 32 with bfloat16 scales, everything else float, per its config's ignore list): dequantised as
+    transformers' load gives it (read as DeepSeek-V3), and on its own codes the experts on Q4Linear's blocks in one
+    ``moe_experts`` call, the float32 model's logits bitwise."""
+    from triforce.models.quant import Q4Linear, load_compressed
+
+    from .test_fp8 import CASES
+    from .test_gpt_oss import assert_one_moe_experts_call
+
+    _, kw, _ = CASES["deepseek_v3"]
+    torch.manual_seed(0)
+    randomize_(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**kw))).save_pretrained(tmp_path)
+    q = KIMI_K2_THINKING["config_groups"]["group_0"]
+    write_compressed(tmp_path, {"group_0": (QuantizationScheme(**{**q, "format": "pack-quantized"}), "mlp.experts.")},
+                     "pack-quantized", torch.bfloat16)
+    sd = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    quantised = {k.rsplit(".", 1)[0] for k in sd if k.endswith("weight_packed")}
+    assert quantised and all(".mlp.experts." in k for k in quantised)  # (not the shared experts, attention, ...)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "kimi_k2",
+                                                      "quantization_config": KIMI_K2_THINKING}))
+    ours = Llama.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": KIMI_K2_THINKING}))
+    ref = theirs(tmp_path, torch.bfloat16)  # (transformers reads it as DeepSeek-V3)
+    want = _build(ours.config, ref.state_dict(), None, torch.bfloat16).state_dict()
+    assert_weights_equal(ours, want)
+    if _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_q4_1"):
+        own, plain = load_compressed(tmp_path), Llama.from_pretrained(tmp_path)
+        experts = [m for n, m in own.named_modules() if ".experts." in n and n.endswith("proj")]
+        assert experts and all(isinstance(m, Q4Linear) for m in experts)
+        assert_one_moe_experts_call(own.model.layers[-1].mlp, monkeypatch)
+        assert_runs_as(own, plain)

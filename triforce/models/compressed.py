@@ -153,8 +153,8 @@ def schemes(q: dict) -> list:
         _bad(f"quantization_status {status!r}: only 'compressed' checkpoints are read (an earlier status stores "
              "float weights that compressed-tensors quantises in its forward)")
     sparse = q.get("sparsity_config")
-    if sparse and sparse.get("format", "dense") != "dense":
-        _bad(f"sparsity_config format {sparse.get('format')!r}: sparse weights are not read")
+    if sparse and (not isinstance(sparse, dict) or sparse.get("format", "dense") != "dense"):
+        _bad(f"sparsity_config {sparse!r}: sparse weights are not read")
     for key in ("transform_config", "moe_sparsity_config"):
         if q.get(key):
             _bad(f"{key} {q[key]!r} is not read (it changes the weights or which experts run)")
@@ -343,6 +343,8 @@ class CompressedWeights:
             split = self._split(name)
             if name.rpartition(".")[2] in _DROPPED:
                 del part[name]
+            elif split is not None and split[1] in _PARTS[1:] and self._unread(*split):
+                del part[name]
             elif split is not None and (split[1] != "weight" or not part[name].is_floating_point()
                                         or part[name].dtype in (torch.float8_e4m3fn, torch.float8_e5m2)):
                 self.pending.setdefault(split[0], {})[split[1]] = part.pop(name)
@@ -360,6 +362,13 @@ class CompressedWeights:
                 else:
                     part[module + ".weight"] = self._dequantize(s, t, module)
         return part
+
+    def _unread(self, module: str, part: str) -> bool:
+        """Whether ``part`` of ``module`` is not its scheme's (dropped, wherever it lies: a symmetric weight's
+        zero points, a trivial ``weight_g_idx`` of an older export without activation order, ...)."""
+        s = scheme_of(self.schemes, module)
+        return {"weight_zero_point": s.symmetric, "weight_shape": s.format != "pack-quantized",
+                "weight_global_scale": s.format != "nvfp4-pack-quantized", "weight_g_idx": not s.g_idx}[part]
 
     def _own(self, s: Scheme, t: dict, module: str):
         """``(codes, scales, zero points)`` of a 2-D weight that a CPU kernel runs on its own codes, bitwise the
