@@ -468,3 +468,30 @@ def test_the_cli_runs_an_fp8_checkpoint_on_its_own_weights(tmp_path, capsys):
         assert rc == 0 and out == want, (extra, err)
     rc, _, err = run([*args, "--model", str(tmp_path / "float"), "--dtype", "fp8"], capsys)
     assert rc != 0 and "fp8 quantization_config" in err and "float" in err  # (as --dtype gguf on a directory)
+
+
+@needs_fp8_kernel
+def test_ue8m0_scales_run_on_the_fp8_kernel(tmp_path):
+    """UE8M0 scales (DeepSeek-V3.1's ``scale_fmt`` ue8m0: exponent bytes, uint8 or float8_e8m0fnu) keep their
+    weights on Fp8Linear as the powers of two they are: the float32 model's logits bitwise."""
+    from triforce.models.quant import Fp8Linear, load_fp8
+
+    fp8_checkpoint(tmp_path, "qwen3", (16, 64))
+    path = tmp_path / "model.safetensors"
+    sd = safetensors_torch.load_file(path)
+    names = sorted(k for k in sd if k.endswith("_scale_inv"))
+    for i, k in enumerate(names):  # each scale the exponent byte of a power of two near it
+        e = (sd[k].float().log2().round() + 127).clamp(1, 254).to(torch.uint8)
+        sd[k] = e if i % 2 else e.view(torch.float8_e8m0fnu)
+    safetensors_torch.save_file(sd, path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"]["scale_fmt"] = "ue8m0"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ours, plain = load_fp8(tmp_path), Llama.from_pretrained(tmp_path)
+    layers = {n: m for n, m in ours.named_modules() if isinstance(m, Fp8Linear)}
+    assert len(layers) == 14
+    floats = dict(plain.named_modules())
+    assert all(torch.equal(m.weight, floats[n].weight) for n, m in layers.items())
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), plain(ids))

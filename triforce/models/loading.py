@@ -277,12 +277,7 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block=None, dtype=torch
     if q.dtype not in _FLOAT8 or q.dim() < 2:
         raise ValueError(f"FP8 weight {name} must be float8 (e4m3fn or e5m2) with at least 2 dims, got {q.dtype} "
                          f"{list(q.shape)}")
-    if scale.dtype == torch.uint8:
-        s = (scale.float() - 127).exp2()
-    elif scale.is_floating_point():
-        s = scale.float()
-    else:
-        raise ValueError(f"{name}{_SCALE_INV} must be floating point or uint8 (UE8M0 exponents), got {scale.dtype}")
+    s = fp8_scales(scale, name)
     R, C = q.shape[-2:]
     if s.numel() == 1:  # one per tensor (or one block's, the same)
         return (q.float() * s.reshape(())).to(dtype)
@@ -295,6 +290,16 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block=None, dtype=torch
         part = part.repeat_interleave(block[0], -2)[..., :rows.shape[-2], :].repeat_interleave(block[1], -1)
         out[..., r:r + step, :] = rows * part[..., :C]
     return out
+
+
+def fp8_scales(scale: torch.Tensor, name: str = "weight") -> torch.Tensor:
+    """float32 values of an FP8 weight's scales: float32 or 16-bit ones, or UE8M0 exponents (uint8 ``e`` or
+    float8_e8m0fnu: ``2 ** (e - 127)``)."""
+    if scale.dtype == torch.uint8:
+        return (scale.float() - 127).exp2()
+    if scale.is_floating_point():
+        return scale.float()
+    raise ValueError(f"{name}{_SCALE_INV} must be floating point or uint8 (UE8M0 exponents), got {scale.dtype}")
 
 
 def check_fp8_grid(q: torch.Tensor, scale: torch.Tensor, block, name: str = "weight") -> None:
@@ -324,10 +329,11 @@ class _Fp8Weights:
         self.dtype, self.pending, self.kept = dtype, {}, kept
 
     def _keeps(self, q: torch.Tensor, scale: torch.Tensor) -> bool:
-        """Whether ``q`` and its scales go to ``kept`` as they are: a 2-D e4m3fn weight with float scales whose
-        column blocks are whole chunks of rowwise_linear_fp8's 64 (or one block a row, a scale per tensor)."""
-        if self.kept is None or q.dtype != torch.float8_e4m3fn or q.dim() != 2 or not scale.is_floating_point() \
-                or scale.dtype == torch.float8_e8m0fnu:
+        """Whether ``q`` and its scales go to ``kept`` as they are: a 2-D e4m3fn weight with float scales (or UE8M0
+        exponents: float32 powers of two) whose column blocks are whole chunks of rowwise_linear_fp8's 64 (or one
+        block a row, a scale per tensor)."""
+        if self.kept is None or q.dtype != torch.float8_e4m3fn or q.dim() != 2 or not (
+                scale.is_floating_point() or scale.dtype == torch.uint8):
             return False
         if self.block is None:  # (one scale a tensor: its columns one block)
             return scale.numel() == 1

@@ -1208,9 +1208,9 @@ def load_fp8(path) -> Llama:
     whole chunks of 64), float32 activations: bitwise what ``Llama.from_pretrained(path)`` (float32, every weight
     dequantised) computes, from 1 byte a weight. The weights' names and rows go through the same mapping as the
     float model's (fused projections split, experts' gate and up rows joined, RoPE rows reordered), their scales
-    repeated per row beside them; float8 weights of another kind (an embedding, e5m2, UE8M0 scales, column
-    blocks not of 64) and everything else load as the float32 model's."""
-    from .loading import _read_hf_dir
+    repeated per row beside them (UE8M0 exponents as their float32 powers of two); float8 weights of another kind
+    (an embedding, e5m2, column blocks not of 64) and everything else load as the float32 model's."""
+    from .loading import _read_hf_dir, fp8_scales
 
     path = Path(path)
     if not is_fp8_checkpoint(path):
@@ -1220,7 +1220,7 @@ def load_fp8(path) -> Llama:
     own = {}
     for name, (q, scale, block) in kept.items():
         N, K = q.shape
-        s, cols = scale.float(), K if block is None or scale.numel() == 1 else block[1]
+        s, cols = fp8_scales(scale, name), K if block is None or scale.numel() == 1 else block[1]
         rows = s.reshape(1, 1).expand(N, 1) if s.numel() == 1 else s.repeat_interleave(block[0], 0)[:N]
         own[name] = q, fp8_chunk_scales(rows, cols, K), None
     return _on_own_weights(path, config, sd, own, "load_fp8")
