@@ -455,7 +455,8 @@ OWN = {"fp8_dynamic": {"Fp8Linear"}, "fp8_static": {"Fp8Linear"}, "fp8_block": N
        "w8a8_int8": {"Q8Linear"}, "int8_asym": None,  # (8-bit codes minus zero points: not int8)
        "w4a16": None,  # (groups of 16: not 32)
        "w4a16_asym": {"Q4Linear", "Q8Linear"}, "w4a16_g32": {"Q4Linear"}, "w3_channel": {"Q4Linear"},
-       "w8a16": {"Q8Linear"}, "w2_tensor_asym": {"Q4Linear", "Q8Linear"}, "nvfp4": None, "mxfp4": {"Q8Linear"}}
+       "w8a16": {"Q8Linear"}, "w2_tensor_asym": {"Q4Linear", "Q8Linear"}, "nvfp4": {"Q8Linear"},  # (per 16)
+       "mxfp4": {"Q8Linear"}}
 
 
 def assert_runs_as(ours, plain, vocab: int = 101):
@@ -481,11 +482,11 @@ def assert_runs_as(ours, plain, vocab: int = 101):
 def test_a_compressed_tensors_checkpoint_runs_on_its_own_codes(tmp_path, case, scales):
     """``load_model(directory, "compressed")`` (``load_compressed``): FP8 weights on Fp8Linear, integers of up to
     4 bits on Q4Linear's blocks where their scales allow (bfloat16 ones; not float32 ones, no float16 values),
-    other integers (zero points subtracted from codes of up to 7 bits) and MXFP4 ones (codes twice the FP4
-    values) on Q8Linear, each layer's weight bitwise the float32 model's (each product in float32 either way);
-    the logits of every path and every method's tokens bitwise those of ``Llama.from_pretrained`` (float32,
-    dequantised); what the kernels cannot take (blocks or groups not whole chunks, 8-bit codes with zero points,
-    NVFP4's groups of 16) loads float32, dequantised."""
+    other integers (zero points subtracted from codes of up to 7 bits) and FP4 ones (codes twice the FP4 values;
+    NVFP4's a scale per 16) on Q8Linear, each layer's weight bitwise the float32 model's (each product in float32
+    either way); the logits of every path and every method's tokens bitwise those of ``Llama.from_pretrained``
+    (float32, dequantised); what the kernels cannot take (blocks or groups not whole chunks, 8-bit codes with zero
+    points) loads float32, dequantised."""
     from triforce.models import hub, quant
 
     tiny_checkpoint(tmp_path / "ckpt", case, scales)
@@ -503,6 +504,8 @@ def test_a_compressed_tensors_checkpoint_runs_on_its_own_codes(tmp_path, case, s
     if kinds & {"Q8Linear", "Q4Linear"}:
         with torch.no_grad():
             assert ours.model.layers[0].fused_arguments(torch.zeros(1, 1, 64)) is not None
+    if case == "nvfp4":
+        assert all(m.group == 16 and m.scales.shape[1] == m.in_features // 16 for m in linears.values())
     assert isinstance(ours.lm_head, torch.nn.Linear) and not isinstance(ours.lm_head, quant.Q8Linear)
     assert_runs_as(ours, plain)
 

@@ -80,10 +80,31 @@ def test_kernel_rows_are_bitwise_independent(M, K, N, seed):
 
 
 @needs_kernel
+@given(M=st.integers(0, 9), K=st.integers(1, 150), N=st.integers(0, 40), group=st.sampled_from([16, 32]),
+       seed=st.integers(0, 2**31 - 1))
+@example(M=5, K=17, N=7, group=16, seed=1)  # a group of 16, then a masked step of 1 column in its own group
+def test_kernel_is_bitwise_the_float32_kernel_on_the_dequantised_weight(M, K, N, group, seed):
+    """Scales per 32 weights or per 16 (NVFP4's groups): every row count's product is bitwise ``rowwise_linear`` on
+    the dequantised weight (each weight ``q * s`` exact in float32 here, one rounding in general)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g)
+    q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    s = torch.rand(N, -(-K // group), generator=g) + 0.01
+    w = q.float() * s.repeat_interleave(group, 1)[:, :K]
+    if K > 16:
+        assert torch.equal(dequantize_q8(q, s), w) and Q8Linear(q, s).group == group
+    assert torch.equal(q8(x, q, s), torch.ops.triforce_C.rowwise_linear(x, w))
+
+
+@needs_kernel
 def test_kernel_errors():
     x, (q, s) = torch.randn(2, 40), quantize_q8(torch.randn(3, 40))
     with pytest.raises(RuntimeError, match="scales must be"):
         q8(x, q, s[:, :1])
+    with pytest.raises(RuntimeError, match=r"scales must be \[3, 2\] \(one per 32 weights of a row\) or \[3, 3\]"):
+        q8(x, q, torch.ones(3, 4))
+    with pytest.raises(ValueError, match="one per 32 weights.* or .*one per 16"):
+        Q8Linear(q, torch.ones(3, 4))
     with pytest.raises(RuntimeError, match="int8"):
         q8(x, q.float(), s)
     with pytest.raises(RuntimeError, match="columns"):

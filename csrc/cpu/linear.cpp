@@ -142,9 +142,13 @@ RowwiseProduct q8_product(const at::Tensor& x, const at::Tensor& q, const at::Te
               "rowwise_linear_q8: CPU tensors only");
   const int64_t K = x.size(1), N = q.size(0);
   TORCH_CHECK(q.size(1) == K, "rowwise_linear_q8: x has ", K, " columns, q ", q.size(1));
-  TORCH_CHECK(scales.size(0) == N && scales.size(1) == q8_groups(K), "rowwise_linear_q8: scales must be [", N, ", ",
-              q8_groups(K), "] (one per 32 weights of a row), got ", scales.sizes());
-  return scaled_product<int8_t>(x, q, scales, rowwise_linear_q8_blocks);
+  // one scale per 32 weights of a row, or per 16 (NVFP4's groups); where the two counts agree (K <= 16) the same
+  const bool per16 = scales.size(1) == q8_groups(K, 16) && scales.size(1) != q8_groups(K);
+  TORCH_CHECK(scales.size(0) == N && (scales.size(1) == q8_groups(K) || per16), "rowwise_linear_q8: scales must be [",
+              N, ", ", q8_groups(K), "] (one per 32 weights of a row) or [", N, ", ", q8_groups(K, 16),
+              "] (one per 16), got ", scales.sizes());
+  if (per16) return scaled_product<int8_t>(x, q, scales, rowwise_linear_q8_blocks<16>);
+  return scaled_product<int8_t>(x, q, scales, rowwise_linear_q8_blocks<kQ8Group>);
 }
 
 at::Tensor rowwise_linear_q8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales) {

@@ -374,16 +374,16 @@ class CompressedWeights:
         """``(codes, scales, zero points)`` of a 2-D weight that a CPU kernel runs on its own codes, bitwise the
         dequantised float32 weight: FP8 (float8_e4m3fn codes, float32 scales per chunk of 64 columns:
         ``Fp8Linear``; column blocks whole chunks; no zero points), or integers of at most 8 bits (7 with zero
-        points: the codes minus their zero points still int8) and MXFP4 (int8 codes twice the FP4 values, half
+        points: the codes minus their zero points still int8) and FP4 (int8 codes twice the FP4 values, half
         the scales: the same products): int8 codes with float32 scales and zero points (None: none) per 32
-        columns (``Q8Linear``, or ``Q4Linear``'s blocks: ``quant.q4_1_of``; column blocks whole groups); None
-        for the rest (NVFP4's groups of 16, activation-ordered groups, stacked weights: dequantised)."""
-        if s.g_idx or s.format == "nvfp4-pack-quantized" or (not s.symmetric and s.bits > 7):
+        columns, NVFP4's per 16 (``Q8Linear``, or ``Q4Linear``'s blocks: ``quant.q4_1_of``; column blocks whole
+        groups); None for the rest (activation-ordered groups, stacked weights: dequantised)."""
+        if s.g_idx or (not s.symmetric and s.bits > 7):
             return None
         codes, scale, zero, _, decode, cols, grid = self._parts(s, t, module)
         N, K = codes.shape[-2], codes.shape[-1] if cols is None else cols
         fp8 = s.kind == "float" and s.bits == 8
-        chunk = 64 if fp8 else 32
+        chunk = 64 if fp8 else 16 if s.format == "nvfp4-pack-quantized" else 32
         if codes.dim() != 2 or not (grid[1] % chunk == 0 or grid[1] >= K):
             return None
         if fp8:
@@ -392,7 +392,14 @@ class CompressedWeights:
             unit = decode if s.kind == "int" else (lambda rows, to: decode(rows, to) * 2)
             codes = dequantize_compressed(codes, torch.ones(scale.shape), grid, torch.float32, zero, None, module,
                                           unit, cols).to(torch.int8)
-        scale = (scale.float() - 128).exp2() if s.format == "mxfp4-pack-quantized" else _scales(scale, module)
+        if s.format == "mxfp4-pack-quantized":
+            scale = (scale.float() - 128).exp2()  # (halved: the codes doubled)
+        elif s.format == "nvfp4-pack-quantized":  # (its float32 scale, over the global one, halved: exact unless
+            scale, whole = scale / 2, scale  # it underflows)
+            if not torch.equal(scale * 2, whole):
+                return None
+        else:
+            scale = _scales(scale, module)
         s2 = scale.reshape(1, 1) if scale.numel() == 1 else scale.reshape(scale.shape[0], -1)
         rb, cb = (N, K) if s2.shape == (1, 1) else grid
         def per_chunk(t: torch.Tensor) -> torch.Tensor:  # [N, ceil(K / chunk)]: each row's chunks' values

@@ -53,10 +53,18 @@ def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scales.contiguous()
 
 
+def q8_group(K: int, scales: torch.Tensor) -> int | None:
+    """The weights per scale of int8 weights of ``K`` columns with ``scales`` ``[N, groups]``: 32 (``GROUP``), or
+    16 (NVFP4's groups) where the scales say so; None for neither."""
+    if scales.dim() == 2 and scales.shape[1] == -(-K // GROUP):
+        return GROUP
+    return 16 if scales.dim() == 2 and scales.shape[1] == -(-K // 16) else None
+
+
 def dequantize_q8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float32 ``[N, K]``: ``scales[n, k // 32] * q[n, k]`` (what the kernel multiplies by)."""
+    """float32 ``[N, K]``: ``scales[n, k // group] * q[n, k]`` (what the kernel multiplies by; group 32, or 16)."""
     K = q.shape[1]
-    return q.float() * scales.repeat_interleave(GROUP, 1)[:, :K]
+    return q.float() * scales.repeat_interleave(q8_group(K, scales), 1)[:, :K]
 
 
 _KERNELS: dict = {}
@@ -94,8 +102,8 @@ class _FixedDtypeScales(nn.Module):
 
 class Q8Linear(_FixedDtypeScales):
     """A linear layer with int8 weights (``qweight`` ``[out, in]``) and float32 ``scales`` ``[out, ceil(in /
-    32)]`` (buffers), optional float32 ``bias``. Input and output float32 (other float dtypes are
-    computed in float32 and cast back)."""
+    32)]``, or ``[out, ceil(in / 16)]`` (a scale per 16 weights: NVFP4's groups) (buffers), optional float32
+    ``bias``. Input and output float32 (other float dtypes are computed in float32 and cast back)."""
 
     _scales_dtype = torch.float32
 
@@ -103,9 +111,11 @@ class Q8Linear(_FixedDtypeScales):
         super().__init__()
         if qweight.dtype != torch.int8 or qweight.dim() != 2:
             raise ValueError("Q8Linear: qweight must be a 2-D int8 tensor")
-        if scales.shape != (qweight.shape[0], -(-qweight.shape[1] // GROUP)) or scales.dtype != torch.float32:
-            raise ValueError(f"Q8Linear: scales must be float32 [{qweight.shape[0]}, "
-                             f"{-(-qweight.shape[1] // GROUP)}], got {scales.dtype} {list(scales.shape)}")
+        N, K = qweight.shape
+        if scales.shape[:1] != (N,) or q8_group(K, scales) is None or scales.dtype != torch.float32:
+            raise ValueError(f"Q8Linear: scales must be float32 [{N}, {-(-K // GROUP)}] (one per 32 weights) or "
+                             f"[{N}, {-(-K // 16)}] (one per 16), got {scales.dtype} {list(scales.shape)}")
+        self.group = q8_group(K, scales)
         self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scales", scales.contiguous())
@@ -134,7 +144,7 @@ class Q8Linear(_FixedDtypeScales):
         return buffers["qweight"], buffers["scales"], self._parameters.get("bias")  # None: a plain attribute
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8, group={GROUP}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8, group={self.group}"
 
 
 def _quantised_forward(mod, x, available, kernel):
@@ -1234,7 +1244,7 @@ def q4_1_of(codes: torch.Tensor, scales: torch.Tensor, zero: torch.Tensor | None
     code in 0..15, and every ``d`` and ``m`` a float16 value (GGUF's blocks widen float16 scales; bfloat16 scales
     of float16's range are)."""
     N, K = codes.shape
-    if K % Q4_1_BLOCK or codes.dtype != torch.int8:
+    if K % Q4_1_BLOCK or codes.dtype != torch.int8 or scales.shape != (N, K // Q4_1_BLOCK):
         return None
     z = torch.zeros_like(scales, dtype=torch.float64) if zero is None else zero.double()
     d, m = scales.double(), (-8 - z) * scales.double()

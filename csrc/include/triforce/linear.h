@@ -387,7 +387,8 @@ inline void rowwise_linear_blocks(const T* x, int64_t M, int64_t K, const T* w, 
 inline int64_t rowwise_linear_num_blocks(int64_t N) { return (N + NR - 1) / NR; }
 
 // ---- weight-only int8 (a draft model's format; triforce/models/quant.py): w[n, k] = s[n, k / 32] *
-// q[n, k], q int8, s float32 per group of kQ8Group consecutive k of a row. x and out are float32. Each
+// q[n, k], q int8, s float32 per group of kQ8Group consecutive k of a row (or, G = 16, per 16: NVFP4's groups, their
+// codes doubled as int8). x and out are float32. Each
 // weight is dequantised exactly (float(q) * s, one rounding) and then enters the same per-lane fp32
 // accumulation and reduction tree as the float32 kernel, so row m of an M-row product is still bitwise
 // the 1-row product of x[m]. A 1-row product reads 1.125 bytes per weight instead of 4 (float32) or 2
@@ -395,7 +396,7 @@ inline int64_t rowwise_linear_num_blocks(int64_t N) { return (N + NR - 1) / NR; 
 constexpr int64_t kQ8Group = 32;
 constexpr int64_t kPrefetchBlocksQ8 = 4;
 
-inline int64_t q8_groups(int64_t K) { return (K + kQ8Group - 1) / kQ8Group; }
+inline int64_t q8_groups(int64_t K, int64_t G = kQ8Group) { return (K + G - 1) / G; }
 
 #if defined(__AVX512F__)
 inline __m512 dequant16(const int8_t* q, float s, __mmask16 mk) {
@@ -404,18 +405,18 @@ inline __m512 dequant16(const int8_t* q, float s, __mmask16 mk) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(s));
 }
 
-template <int ROWS>
+template <int ROWS, int64_t GROUP>
 inline void step_q8_avx512(const float* x, int64_t K, const int8_t* const* qr, const float* const* sr, int64_t k,
                            __mmask16 mk, __m512* acc) {
   __m512 wv[NR];
-  for (int j = 0; j < NR; ++j) wv[j] = dequant16(qr[j] + k, sr[j][k / kQ8Group], mk);
+  for (int j = 0; j < NR; ++j) wv[j] = dequant16(qr[j] + k, sr[j][k / GROUP], mk);
   fma_rows_avx512<ROWS>(x, K, k, mk, wv, acc);
 }
 
-template <int ROWS>
+template <int ROWS, int64_t GROUP>
 inline void block_q8_avx512(const float* x, int64_t K, const int8_t* q, const float* s, int64_t nr, float* out,
                             int64_t ldo, bool pf) {
-  const int64_t G = q8_groups(K), ahead = kPrefetchBlocksQ8 * NR * K;
+  const int64_t G = q8_groups(K, GROUP), ahead = kPrefetchBlocksQ8 * NR * K;
   const int8_t* qr[NR];
   const float* sr[NR];
   for (int64_t j = 0; j < NR; ++j) {
@@ -428,41 +429,44 @@ inline void block_q8_avx512(const float* x, int64_t K, const int8_t* q, const fl
   for (; k + 16 <= K; k += 16) {
     if (pf && k % 64 == 0)  // one 64-byte line of each row per 4 steps
       for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(qr[j] + k + ahead), _MM_HINT_T1);
-    step_q8_avx512<ROWS>(x, K, qr, sr, k, __mmask16(0xffff), acc);
+    step_q8_avx512<ROWS, GROUP>(x, K, qr, sr, k, __mmask16(0xffff), acc);
   }
-  if (k < K) step_q8_avx512<ROWS>(x, K, qr, sr, k, static_cast<__mmask16>((1u << (K - k)) - 1u), acc);
+  if (k < K) step_q8_avx512<ROWS, GROUP>(x, K, qr, sr, k, static_cast<__mmask16>((1u << (K - k)) - 1u), acc);
   reduce_store_avx512<ROWS>(acc, nr, out, ldo);
 }
 
 #endif
 
-// Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K], q [N, K], s [N, q8_groups(K)],
-// out [M, N], all contiguous.
+// Weight blocks [b0, b1) of NR rows, as rowwise_linear_blocks. x [M, K], q [N, K], s [N, q8_groups(K, GROUP)],
+// out [M, N], all contiguous. GROUP: 32 (kQ8Group) or 16 (a divisor of the 16 weights of a step).
+template <int64_t GROUP = kQ8Group>
 inline void rowwise_linear_q8_blocks(const float* x, int64_t M, int64_t K, const int8_t* q, const float* s,
                                      int64_t N, float* out, int64_t b0, int64_t b1) {
-  const int64_t G = q8_groups(K);
+  static_assert(GROUP % 16 == 0, "a step's 16 weights share one scale");
+  const int64_t G = q8_groups(K, GROUP);
+#if defined(__AVX512F__)
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
     for (int64_t m = 0; m < M; m += MR) {
-      const int64_t rows = std::min<int64_t>(MR, M - m);
-#if defined(__AVX512F__)
-      with_rows(rows, [&](auto rows_c) {
-        block_q8_avx512<decltype(rows_c)::value>(x + m * K, K, q + n * K, s + n * G, nr, out + m * N + n, N, m == 0);
+      with_rows(std::min<int64_t>(MR, M - m), [&](auto rows_c) {
+        block_q8_avx512<decltype(rows_c)::value, GROUP>(x + m * K, K, q + n * K, s + n * G, nr, out + m * N + n, N,
+                                                        m == 0);
       });
-#else
-      // portable: one fixed-order sum per output (k increasing), the same for any M
-      for (int64_t mm = m; mm < m + rows; ++mm)
-        for (int64_t j = n; j < n + nr; ++j) {
-          float a = 0.f;
-          for (int64_t k = 0; k < K; ++k) {
-            const float w = static_cast<float>(q[j * K + k]) * s[j * G + k / kQ8Group];
-            a += x[mm * K + k] * w;
-          }
-          out[mm * N + j] = a;
-        }
-#endif
     }
   }
+#else
+  // portable: the block's weights dequantised (float(q) * s, one rounding) into a buffer, then the float32
+  // kernel's portable loop on it: bitwise rowwise_linear on the dequantised weight, as the AVX-512 path
+  std::vector<float> buf(static_cast<size_t>(NR * K));
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = b * NR, nr = std::min<int64_t>(NR, N - n);
+    for (int64_t j = 0; j < nr; ++j)
+      for (int64_t k = 0; k < K; ++k)
+        buf[j * K + k] = static_cast<float>(q[(n + j) * K + k]) * s[(n + j) * G + k / GROUP];
+    for (int64_t m = 0; m < M; m += MR)
+      block_portable(x + m * K, std::min<int64_t>(MR, M - m), K, buf.data(), nr, out + m * N + n, N);
+  }
+#endif
 }
 
 // ---- FP8 (an FP8 checkpoint run on its own weights; triforce/models/quant.py, Fp8Linear): w[n, k] =
