@@ -1,18 +1,20 @@
-"""Benchmark of quantised checkpoints (compressed-tensors': llm-compressor's FP8, INT8 and W4A16 presets) on the CPU:
+"""Benchmark of quantised checkpoints (compressed-tensors': llm-compressor's FP8, INT8, W4A16, NVFP4 presets) on the CPU:
 their dequantisation on loading, and a model's decode step and verification pass on its own codes.
 
 ``load``: one 14336 x 4096 weight (Llama-3-8B's MLP width) of each scheme (FP8-dynamic, W8A8, W4A16, NVFP4), as
-compressed-tensors' own compressor writes it (bfloat16 scales; NVFP4's FP8 ones), dequantised to bfloat16: ours (``compressed.dequantize_compressed``: the packed codes
-decoded and scaled a few rows at a time) against compressed-tensors' decompressor (what transformers' dequantising
-load calls), outputs checked equal first. Bytes: the stored codes and scales read plus the bfloat16 weight written.
+compressed-tensors' own compressor writes it (bfloat16 scales; NVFP4's FP8 ones), dequantised to bfloat16: ours
+(``compressed.dequantize_compressed``: the packed codes decoded and scaled a few rows at a time) against
+compressed-tensors' decompressor (what transformers' dequantising load calls), outputs checked equal first. Bytes:
+the stored codes and scales read plus the bfloat16 weight written.
 
 ``step``: a 4-layer Qwen3-shaped model (hidden 2048, MLP 6144, 16 / 8 heads of 128, a tied float32 head of 32K; 512
 tokens cached) written as each scheme's checkpoint, then run three ways on the same inputs, in turns (the VM's
 drift): ``own`` (``load_model(directory, "compressed")``: FP8 on Fp8Linear, 8-bit integers and NVFP4 on Q8Linear,
-4-bit integers on Q4Linear's blocks, every product bitwise the float32 model's), ``float32`` (``Llama.from_pretrained``:
-dequantised) and ``bfloat16`` (the same weights rounded to bfloat16: fewer bytes, other bits), at 1 row (a decode
-step) and 5 rows (a verification pass of gamma 4). The own model's logits are checked bitwise the float32 model's first. Bytes: the linear layers' weights as
-each holds them (codes and scales, or float32 / bfloat16), the embedding row and the head.
+4-bit integers on Q4Linear's blocks, every product bitwise the float32 model's), ``float32``
+(``Llama.from_pretrained``: dequantised) and ``bfloat16`` (the same weights rounded to bfloat16: fewer bytes, other
+bits), at 1 row (a decode step) and 5 rows (a verification pass of gamma 4). The own model's logits are checked
+bitwise the float32 model's first. Bytes: the linear layers' weights as each holds them (codes and scales, or
+float32 / bfloat16), the embedding row and the head.
 
     python -m bench.bench_checkpoints [--quick] [--only load|step] [--schemes fp8_dynamic,w8a8_int8,w4a16,nvfp4]
 """
