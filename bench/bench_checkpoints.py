@@ -1,5 +1,5 @@
-"""Benchmark of quantised checkpoints (compressed-tensors': llm-compressor's FP8, INT8, W4A16, NVFP4 presets) on the CPU:
-their dequantisation on loading, and a model's decode step and verification pass on its own codes.
+"""Benchmark of quantised checkpoints (compressed-tensors': llm-compressor's FP8, INT8, W4A16, NVFP4 presets) on the
+CPU: their dequantisation on loading, and a model's decode step and verification pass on its own codes.
 
 ``load``: one 14336 x 4096 weight (Llama-3-8B's MLP width) of each scheme (FP8-dynamic, W8A8, W4A16, NVFP4), as
 compressed-tensors' own compressor writes it (bfloat16 scales; NVFP4's FP8 ones), dequantised to bfloat16: ours
