@@ -1,7 +1,7 @@
 """compressed-tensors checkpoints (llm-compressor's: FP8, INT8, packed INT1-8, NVFP4, MXFP4) load as the float
 model they dequantise to: their checkpoints written by compressed-tensors' own compressors, the weights checked
 against transformers' dequantising load (``CompressedTensorsConfig(dequantize=True)``) and compressed-tensors'
-decompressors."""
+decompressors; on their own codes (``load_compressed``: Fp8Linear, Q4Linear, Q8Linear) bitwise the float32 model."""
 
 import json
 
