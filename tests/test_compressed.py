@@ -10,13 +10,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import triforce
-from triforce.models import FullCache, Llama, LlamaConfig
+from triforce.models import Llama, LlamaConfig
 from triforce.models.compressed import dequantize_compressed, schemes, unpack_int32
 from triforce.models.llama import _rowwise_available
 from triforce.models.loading import _build
 
 from .test_families import TINY, randomize_
+from .test_fp8 import assert_runs_as
 from .test_model import TOL
 
 transformers = pytest.importorskip("transformers")
@@ -457,23 +457,6 @@ OWN = {"fp8_dynamic": {"Fp8Linear"}, "fp8_static": {"Fp8Linear"}, "fp8_block": N
        "w4a16_asym": {"Q4Linear", "Q8Linear"}, "w4a16_g32": {"Q4Linear"}, "w3_channel": {"Q4Linear"},
        "w8a16": {"Q8Linear"}, "w2_tensor_asym": {"Q4Linear", "Q8Linear"}, "nvfp4": {"Q8Linear"},  # (per 16)
        "mxfp4": {"Q8Linear"}}
-
-
-def assert_runs_as(ours, plain, vocab: int = 101):
-    """``ours`` computes bitwise what ``plain`` computes: a forward, a prefill and one-row steps, and every
-    method's tokens."""
-    ids = torch.randint(0, vocab, (2, 30), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.equal(ours(ids), plain(ids))
-        cache, ref = FullCache(ours.config, 2, 40), FullCache(plain.config, 2, 40)
-        assert torch.equal(ours(ids[:, :29], cache=cache), plain(ids[:, :29], cache=ref))
-        assert torch.equal(ours(ids[:, 29:], cache=cache), plain(ids[:, 29:], cache=ref))
-    prompts = [ids[0, :9], ids[1, :17]]
-    want = triforce.generate(plain, prompts, method="autoregressive", max_new_tokens=10)
-    for method, opts in (("autoregressive", {}), ("speculative", {"gamma": 3, "draft_layers": 1}),
-                         ("magicdec", {"gamma": 2, "sink": 1, "window": 8})):
-        out = triforce.generate(ours, prompts, method=method, max_new_tokens=10, **opts)
-        assert all(torch.equal(a, b) for a, b in zip(out.tokens, want.tokens)), method
 
 
 @needs_kernels

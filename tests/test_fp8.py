@@ -375,12 +375,6 @@ def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, monkeypatch, case, 
     assert len(layers) >= 14 and all(m.codes.dtype == torch.float8_e4m3fn for m in layers.values())
     for n, m in layers.items():
         assert torch.equal(m.weight, floats[n].weight), n
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.equal(ours(ids), plain(ids))
-        cache, ref = FullCache(ours.config, 2, 40), FullCache(plain.config, 2, 40)
-        assert torch.equal(ours(ids[:, :29], cache=cache), plain(ids[:, :29], cache=ref))
-        assert torch.equal(ours(ids[:, 29:], cache=cache), plain(ids[:, 29:], cache=ref))  # one-row steps
     # the fused CPU layer takes the layers of a dense model's layer; a sparse layer's experts run in one moe_experts
     # call with the bits of their modules
     layer = ours.model.layers[-1]
@@ -389,6 +383,18 @@ def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, monkeypatch, case, 
     elif ours.config.mla is None:
         with torch.no_grad():
             assert layer.fused_arguments(torch.zeros(1, 1, ours.config.hidden_size)) is not None
+    assert_runs_as(ours, plain)
+
+
+def assert_runs_as(ours, plain, vocab: int = 101):
+    """``ours`` computes bitwise what ``plain`` computes: a forward, a prefill and one-row steps, and every
+    method's tokens."""
+    ids = torch.randint(0, vocab, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), plain(ids))
+        cache, ref = FullCache(ours.config, 2, 40), FullCache(plain.config, 2, 40)
+        assert torch.equal(ours(ids[:, :29], cache=cache), plain(ids[:, :29], cache=ref))
+        assert torch.equal(ours(ids[:, 29:], cache=cache), plain(ids[:, 29:], cache=ref))  # one-row steps
     prompts = [ids[0, :9], ids[1, :17]]
     want = triforce.generate(plain, prompts, method="autoregressive", max_new_tokens=10)
     for method, opts in (("autoregressive", {}), ("speculative", {"gamma": 3, "draft_layers": 1}),

@@ -23,7 +23,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # MXFP4 / IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / TQ1_0 / TQ2_0), or an MXFP4 checkpoint
 # directory's experts (OpenAI's GPT-OSS: quant.load_mxfp4_int8); "fp8": an FP8 checkpoint directory on its own
 # float8 weights with float32 activations (quant.load_fp8; bitwise the float32 model, on the CPU); "compressed": a
-# compressed-tensors checkpoint directory on its own FP8 / integer / MXFP4 codes (quant.load_compressed; likewise)
+# compressed-tensors checkpoint directory on its own FP8 / integer / FP4 codes (quant.load_compressed; likewise)
 GGUF_WEIGHTS = ("gguf", "gguf-int8")
 WEIGHTS = DTYPES + GGUF_WEIGHTS + ("fp8", "compressed")
 OWN_WEIGHTS = GGUF_WEIGHTS + ("fp8", "compressed")  # the formats that run a model on its file's own weights (CPU)
@@ -105,7 +105,7 @@ def load_model(name: str = "smollm2", dtype: str | None = None, device=None):
     :func:`triforce.models.quant.load_gguf_int8`; an MXFP4 checkpoint directory, OpenAI's GPT-OSS: its experts on
     their blocks, :func:`triforce.models.quant.load_mxfp4_int8`) or ``"fp8"`` (an FP8 checkpoint directory on its
     own float8 weights, float32 activations, bitwise the float32 model, CPU only: :func:`triforce.models.quant
-    .load_fp8`) or ``"compressed"`` (a compressed-tensors checkpoint directory on its own FP8, integer and MXFP4
+    .load_fp8`) or ``"compressed"`` (a compressed-tensors checkpoint directory on its own FP8, integer and FP4
     codes, likewise: :func:`triforce.models.quant.load_compressed`); ``device``: where the weights go (default:
     the CPU)."""
     from .llama import Llama

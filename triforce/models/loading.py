@@ -232,7 +232,7 @@ def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
     (default float32) as each file is read, except, with ``kept`` (a dict, filled), those a CPU kernel runs on
     their own codes: an FP8 checkpoint's 2-D float8_e4m3fn weights whose column blocks ``rowwise_linear_fp8``
     takes, as ``name -> (weight, its scales, (block rows, block columns))``; a compressed-tensors checkpoint's
-    as ``name -> (codes, scales per row and chunk)`` (``CompressedWeights._own``)."""
+    as ``name -> (codes, scales and zero points per row and chunk)`` (``CompressedWeights._own``)."""
     cfg = directory / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"{str(directory)!r} has no config.json (not a Hugging Face model directory)")

@@ -1259,7 +1259,7 @@ def q4_1_of(codes: torch.Tensor, scales: torch.Tensor, zero: torch.Tensor | None
 def is_compressed_checkpoint(path) -> bool:
     """Whether ``path`` is a Hugging Face directory whose ``config.json`` (or its image + text wrapper's) has a
     compressed-tensors ``quantization_config`` this reads (:mod:`triforce.models.compressed`)."""
-    from .compressed import METHOD, compressed_config
+    from .compressed import compressed_config
 
     cfg = Path(path) / "config.json"
     try:
@@ -1269,18 +1269,18 @@ def is_compressed_checkpoint(path) -> bool:
     q = d.get("quantization_config") if isinstance(d, dict) else None
     if q is None and isinstance(d, dict) and isinstance(d.get("text_config"), dict):
         q = d["text_config"].get("quantization_config")
-    return isinstance(q, dict) and q.get("quant_method") == METHOD and compressed_config(q)
+    return compressed_config(q)
 
 
 def load_compressed(path) -> Llama:
     """A compressed-tensors checkpoint directory's model (:func:`is_compressed_checkpoint`) with its linear layers
     on their own codes, float32 activations: FP8 weights on :class:`Fp8Linear` (column blocks whole chunks of 64),
-    integer weights of up to 8 bits (7 with zero points, subtracted from the codes) and MXFP4 ones (codes twice
-    the FP4 values, scales halved) on :class:`Q8Linear`'s int8 codes and float32 scales per 32 columns (column
-    blocks whole groups of 32), those of up to 4 bits on :class:`Q4Linear`'s Q4_1 blocks where each scale (and
-    zero point times it) is a float16 value (as bfloat16 scales of a normal float16 magnitude are): bitwise what
-    ``Llama.from_pretrained(path)`` (float32, every weight dequantised) computes, from about a byte a weight (3/4
-    of one on 4-bit blocks). NVFP4 (groups of 16), activation-ordered groups and everything else load as the
+    integer weights of up to 8 bits (7 with zero points, subtracted from the codes) and FP4 ones (codes twice the
+    FP4 values, scales halved) on :class:`Q8Linear`'s int8 codes and float32 scales per 32 columns (column blocks
+    whole groups of 32; NVFP4's per 16), those of up to 4 bits on :class:`Q4Linear`'s Q4_1 blocks where each scale
+    (and zero point times it) is a float16 value (as bfloat16 scales of a normal float16 magnitude are): bitwise
+    what ``Llama.from_pretrained(path)`` (float32, every weight dequantised) computes, from about a byte a weight
+    (3/4 of one on 4-bit blocks). Activation-ordered groups, stacked weights and everything else load as the
     float32 model's."""
     from .loading import _read_hf_dir
 
