@@ -16,7 +16,7 @@ from triforce.models.llama import LatentAttention, SparseMoE
 from triforce.models.quant import Q8Linear, int8_copy
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive, ragged_prompts
-from .test_families import randomize_
+from .test_families import randomize_, write_gguf_file
 from .test_model import TOL
 from .test_moe import assert_checkpoint_directories_both_ways
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
@@ -506,3 +506,185 @@ def test_a_latent_retrieval_cache_gives_the_logits_of_one_holding_the_values_apa
                 c.sync()  # (rebuilds every 8 tokens: retrieval again from the grown full cache)
             pos += 3
         assert ours.num_rebuilds == twin.num_rebuilds >= 2
+
+
+# ---- GGUF files (llama.cpp's deepseek2: DeepSeek-V2 / V2.5 / V3 / R1, Kimi K2)
+
+def write_deepseek2_gguf(path, hf, layout: str = "mla", quant=None, meta=None, drop=(), omit=(), mtp: bool = False):
+    """A deepseek2 GGUF of transformers' DeepseekV2 / V3 model ``hf`` as llama.cpp's converter writes the checkpoint
+    (convert_hf_to_gguf.py's DeepseekV2Model): no permutation (llama.cpp runs the RoPE on adjacent pairs, as the
+    checkpoint holds them), the experts stacked as ffn_{gate,up,down}_exps, the correction bias as exp_probs_b.bias,
+    the router's kind as expert_gating_func (1 softmax, 2 sigmoid), expert_weights_norm only where true, YaRN's
+    mscale_all_dim as 0.1 x rope.scaling.yarn_log_multiplier. ``layout`` "mla" (the converter since 2025): one KV head,
+    key_length / value_length the latent head's, the per-head dims as key_length_mla / value_length_mla, kv_b_proj
+    split per head into attn_k_b (transposed) and attn_v_b; "kv_b" (files before): key_length / value_length the
+    per-head dims, kv_b_proj whole as attn_kv_b, head_count_kv the checkpoint's. ``quant(name, array)``: as
+    test_families.write_converted_gguf's (2-D tensors; the experts' stacks go through it per expert's Q8_0 where
+    their rows allow); ``meta`` / ``drop``: keys added / left out; ``omit``: tensors whose names end so left out;
+    ``mtp``: a multi-token prediction layer after the model's, as GLM-4.7-Flash's converter appends it (the last
+    layer's tensors again, its nextn.* ones, block_count one more, nextn_predict_layers 1)."""
+    import gguf
+    import numpy as np
+
+    c = hf.config
+    v3, rp, R, r = c.model_type == "deepseek_v3", c.rope_parameters, c.kv_lora_rank, c.qk_rope_head_dim
+    H, nope, v = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim
+    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
+          "attention.head_count": H, "attention.head_count_kv": 1 if layout == "mla" else c.num_key_value_heads,
+          "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "rope.freq_base": float(rp["rope_theta"]),
+          "vocab_size": c.vocab_size, "leading_dense_block_count": c.first_k_dense_replace,
+          "attention.kv_lora_rank": R, "expert_feed_forward_length": c.moe_intermediate_size,
+          "expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
+          "expert_shared_count": c.n_shared_experts, "expert_weights_scale": float(c.routed_scaling_factor),
+          "rope.dimension_count": r, "expert_gating_func": 2 if v3 else 1,
+          **({"attention.key_length": R + r, "attention.value_length": R, "attention.key_length_mla": nope + r,
+              "attention.value_length_mla": v} if layout == "mla" else
+             {"attention.key_length": nope + r, "attention.value_length": v})}
+    if c.q_lora_rank is not None:
+        kv["attention.q_lora_rank"] = c.q_lora_rank
+    if v3 and c.norm_topk_prob:
+        kv["expert_weights_norm"] = True
+    if v3 and c.n_group is not None:
+        kv.update({"expert_group_count": c.n_group, "expert_group_used_count": c.topk_group})
+    if rp["rope_type"] == "yarn":
+        kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(rp["factor"]),
+                   "rope.scaling.original_context_length": rp["original_max_position_embeddings"],
+                   "rope.scaling.yarn_log_multiplier": 0.1 * rp["mscale_all_dim"]})
+    kv = {k: val for k, val in {**kv, **(meta or {})}.items() if k not in drop}
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, c.num_hidden_layers)
+    tensors = {}
+    for name, t in hf.state_dict().items():
+        t = t.detach().float()
+        i = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
+            gate, up = t.chunk(2, dim=1)
+            tensors[f"blk.{i}.ffn_gate_exps.weight"], tensors[f"blk.{i}.ffn_up_exps.weight"] = gate, up
+        elif name.endswith("mlp.experts.down_proj"):
+            tensors[f"blk.{i}.ffn_down_exps.weight"] = t
+        elif name.endswith("e_score_correction_bias"):
+            tensors[f"blk.{i}.exp_probs_b.bias"] = t
+        elif name.endswith("kv_b_proj.weight") and layout == "mla":
+            k_b, v_b = t.view(H, nope + v, R).split([nope, v], dim=1)
+            tensors[f"blk.{i}.attn_k_b.weight"], tensors[f"blk.{i}.attn_v_b.weight"] = k_b.transpose(1, 2), v_b
+        else:
+            tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t
+    if mtp:
+        n = c.num_hidden_layers
+        tensors.update({name.replace(f"blk.{n - 1}.", f"blk.{n}."): t.clone() for name, t in list(tensors.items())
+                        if name.startswith(f"blk.{n - 1}.")})
+        g = torch.Generator().manual_seed(9)
+        tensors.update({f"blk.{n}.nextn.eh_proj.weight": torch.randn(c.hidden_size, 2 * c.hidden_size, generator=g),
+                        **{f"blk.{n}.nextn.{k}.weight": torch.rand(c.hidden_size, generator=g) + 0.5
+                           for k in ("enorm", "hnorm", "shared_head_norm")}})
+        kv.update({"block_count": n + 1, "nextn_predict_layers": 1})
+
+    def stored(name, a):  # (each expert's rows in Q8_0 blocks where they allow; the rest by quant)
+        if a.ndim == 3 and a.shape[-1] % 32 == 0:
+            return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+        return quant(name, a)
+
+    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in tensors.items() if not name.endswith(tuple(omit))}
+    return write_gguf_file(path, "deepseek2", kv, arrays, c, stored if quant is not None else None)
+
+
+# MLP widths of whole Q8_0 / Q5_0 blocks (32), so the quantised files hold blocks of every projection but o_proj
+_GGUF_WIDTHS = dict(moe_intermediate_size=64, intermediate_size=96)
+
+
+@pytest.mark.parametrize("case,layout", [("v2", "kv_b"), ("v2", "mla"), ("v2-yarn", "mla"), ("v3", "mla"),
+                                         ("v3", "kv_b")])
+def test_gguf_deepseek2_as_llama_cpp_writes_it(tmp_path, case, layout):
+    """A deepseek2 GGUF (llama.cpp's converter, its current layout and the one before: kv_b_proj split per head or
+    whole) loads as its checkpoint's model: transformers' logits, the config's MLA sizes, router and YaRN; its
+    conversion cache holds the family's checkpoint names (transformers reads it back); in Q8_0 / Q5_0 blocks (the
+    experts per expert in Q8_0) ``gguf_copy`` and ``load_gguf_int8`` compute the loaded model bitwise (the joined
+    kv_b_proj, 3-D in the file, stays float32)."""
+    import numpy as np
+
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+
+    hf, ours = pair(case, **_GGUF_WIDTHS)
+    path = write_deepseek2_gguf(tmp_path / "f32.gguf", hf, layout)
+    loaded = Llama.from_pretrained(path, cache_dir=tmp_path / "cache")
+    c, want = loaded.config, ours.config
+    assert (c.model_type, c.mla, c.experts, c.num_key_value_heads, c.head_dim) == (
+        want.model_type, want.mla, want.experts, 1, want.head_dim)
+    if case == "v2-yarn":  # (mscale_all_dim through the file's float32 log multiplier: 0.707 to float32 rounding)
+        got, rs = c.rope_scaling, want.rope_scaling
+        assert {k: got[k] for k in ("rope_type", "factor", "original_max_position_embeddings")} == {
+            k: rs[k] for k in ("rope_type", "factor", "original_max_position_embeddings")}
+        assert got["mscale"] == got["mscale_all_dim"] == pytest.approx(rs["mscale_all_dim"], rel=1e-6)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (loaded(ids) - ref).abs().max().item() <= TOL
+        entry = next((tmp_path / "cache").glob("gguf-*"))
+        back = type(hf).from_pretrained(entry, attn_implementation="eager").eval()
+        assert (back(ids).logits - loaded(ids)).abs().max().item() <= TOL
+    q = write_deepseek2_gguf(tmp_path / "q.gguf", hf, layout,
+                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
+
+
+def test_gguf_deepseek2_multi_token_prediction_layers_are_skipped(tmp_path):
+    """GLM-4.7-Flash's converter appends its multi-token prediction layer (nextn_predict_layers: a whole layer and its
+    nextn.* tensors, block_count counting it): the model is the layers before, as llama.cpp's forward runs it; the
+    file's blocks skip it too."""
+    import numpy as np
+
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+
+    hf, ours = pair("v3", **_GGUF_WIDTHS)
+    loaded = Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "m.gguf", hf, mtp=True), cache_dir=False)
+    assert loaded.config.num_hidden_layers == hf.config.num_hidden_layers
+    ids = torch.randint(0, 101, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_deepseek2_gguf(tmp_path / "q.gguf", hf, mtp=True, quant=quantizer(np.random.default_rng(0),
+                                                                                  types=(QT.Q8_0,)))
+    assert_blocks_compute_the_loaded_model(q, ids)
+
+
+def test_gguf_deepseek2_a_sigmoid_router_without_its_bias_takes_zeros(tmp_path):
+    """llama.cpp's exp_probs_b is optional: a sigmoid router without it chooses by the scores alone, the model of
+    zero correction biases."""
+    hf, _ = pair("v3")
+    with torch.no_grad():
+        for n, b in hf.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.zero_()
+    loaded = Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "m.gguf", hf, omit=("exp_probs_b.bias",)),
+                                   cache_dir=False)
+    ids = torch.randint(0, 101, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("case,meta,drop,match", [
+    ("v2", {"expert_group_count": 2, "expert_group_used_count": 1}, (), "softmax router"),
+    ("v2", {"expert_weights_norm": True}, (), "softmax router"),
+    ("v3", {"expert_gating_func": 3}, (), "expert_gating_func = 3"),
+    ("v3", {}, ("attention.kv_lora_rank",), "lacks metadata deepseek2.attention.kv_lora_rank"),
+    ("v3", {}, ("expert_count",), "expert_count >= 1"),
+    ("v3", {"attention.key_length": 24}, (), "latent head's"),  # (the per-head dims: the older files' meaning)
+    ("v2-yarn", {}, ("rope.scaling.yarn_log_multiplier",), "yarn_log_multiplier > 0"),
+    ("v3", {"rope.scaling.yarn_log_multiplier": 0.1}, (), "without yarn"),
+    ("v3", {"attention.key_length_mla": 8, "attention.value_length_mla": 12}, (), "more than its 8 RoPE"),
+])
+def test_gguf_deepseek2_what_is_not_supported_raises(tmp_path, case, meta, drop, match):
+    """Metadata llama.cpp would run otherwise than the model computes, or that is missing or contradicts itself,
+    raises, naming the key."""
+    hf, _ = pair(case)
+    with pytest.raises(ValueError, match=match):
+        Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "m.gguf", hf, meta=meta, drop=drop), cache_dir=False)
+
+
+def test_gguf_deepseek2_latent_halves_must_agree(tmp_path):
+    """A layer with attn_k_b but no attn_v_b, or both and attn_kv_b, raises naming the layer."""
+    hf, _ = pair("v2")
+    with pytest.raises(ValueError, match="layer 0 needs attn_k_b"):
+        Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "a.gguf", hf, omit=("0.attn_v_b.weight",)),
+                              cache_dir=False)

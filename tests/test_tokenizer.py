@@ -522,6 +522,48 @@ def test_deepseek_llm_splits(tmp_path):
     assert tok.decode(tok.encode(text)) == text and not tok.add_bos_token
 
 
+# DeepSeek-V3's tokenizer.json pre-tokenizer (as llama.cpp's deepseek-v3 copies it), written out here independently
+# of the module's: three isolated splits in turn
+_DEEPSEEK_V3 = (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def test_deepseek_v3_splits(tmp_path):
+    """DeepSeek-V3's pre-tokenizer (V3, R1, V3.1 GGUF files: tokenizer.ggml.pre deepseek-v3): digits in threes, CJK
+    and kana runs, then words (a punctuation mark may lead ASCII letters; one space or other non-letter may lead
+    letters and marks), punctuation / symbol runs with one leading space and trailing newlines, whitespace. Pieces
+    written out by hand, then random text against the `regex` package splitting by the three regexes in turn."""
+    import regex
+
+    tok = _gguf_bpe(tmp_path, "deepseek-v3")
+    text = "Hello, World! 12345\n\u65e5\u672c\u8a9e\u30c6\u30b9\u30c8 ok.x  \nna\u0069\u0308ve $5"
+    assert _splits(tok, text) == ["Hello", ",", " World", "!", " ", "123", "45", "\n",
+                                  "\u65e5\u672c\u8a9e\u30c6\u30b9\u30c8", " ok", ".x", "  \n",
+                                  "na\u0069\u0308ve", " $", "5"]
+    assert tok.decode(tok.encode(text)) == text and not tok.add_bos_token
+
+    def split(text):
+        pieces = [text]
+        for r in _DEEPSEEK_V3:
+            pattern, out = regex.compile(r), []
+            for piece in pieces:  # each match and each run between matches, in order
+                at = 0
+                for m in pattern.finditer(piece):
+                    out += [piece[at:m.start()]] if m.start() > at else []
+                    out.append(m.group())
+                    at = m.end()
+                out += [piece[at:]] if at < len(piece) else []
+            pieces = out
+        return pieces
+
+    rng = random.Random(4)
+    alphabet = list("aZx'.,!$+-_/ \t\n\r0123456789\u00e9\u0301\u4e2d\u3042\u30a2\u05d0\u0416") + ["  ", "\r\n"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 30)))
+        assert _splits(tok, text) == split(text), text
+
+
 # ---- opt-in: the real vocabularies in llama.cpp's tokenizer tests
 
 VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "deepseek-coder", "deepseek-llm", "qwen35",

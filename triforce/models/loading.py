@@ -958,7 +958,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "granitemoe": ("granitemoe", True), "qwen2moe": ("qwen2_moe", False),
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
                       "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
-                      "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False)}
+                      "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False),
+                      "deepseek2": ("deepseek_v2", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -970,6 +971,12 @@ _GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "
 # tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
 _GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
+# deepseek2's keys beyond the others' (read by _gguf_deepseek2 in a deepseek2 file; any other file raises on them)
+_GGUF_DEEPSEEK2_KEYS = ("attention.key_length", "attention.value_length", "rope.scaling.yarn_log_multiplier",
+                        "leading_dense_block_count", "expert_shared_count", "expert_weights_scale",
+                        "expert_weights_norm", "expert_gating_func", "expert_group_count", "expert_group_used_count",
+                        "attention.q_lora_rank", "attention.kv_lora_rank", "attention.key_length_mla",
+                        "attention.value_length_mla", "nextn_predict_layers")
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
 _GGUF_READ = frozenset({
@@ -1169,7 +1176,7 @@ def _check_gguf_keys(reader, config: LlamaConfig, arch: str, path: Path) -> None
         if not full.startswith(f"{arch}."):
             continue  # general.* (provenance), tokenizer.* (the tokenizer), GGUF.* (the container)
         key = full[len(arch) + 1:]
-        if key in _GGUF_READ or key in _GGUF_METADATA:
+        if key in _GGUF_READ or key in _GGUF_METADATA or (arch == "deepseek2" and key in _GGUF_DEEPSEEK2_KEYS):
             continue
         value = gguf_field(reader, full)
         if key in _GGUF_HARMLESS_ONLY_AT:
@@ -1220,10 +1227,20 @@ _GGUF_SEED_OSS_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k !
 # hold them (_build splits them)
 _GGUF_PHI3_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
                       "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# deepseek2: the latent attention's projections and norms (its kv_b_proj whole in older files, else per head as
+# attn_k_b (transposed) and attn_v_b: read_gguf joins them), the router's correction bias
+_GGUF_DEEPSEEK2_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_a.weight": "self_attn.q_a_proj.weight",
+                           "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+                           "attn_q_b.weight": "self_attn.q_b_proj.weight",
+                           "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+                           "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+                           "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+                           "attn_k_b.weight": "self_attn.k_b_proj", "attn_v_b.weight": "self_attn.v_b_proj",
+                           "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
-                "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS}
+                "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1293,6 +1310,13 @@ def read_gguf(path: Path, skip=None, reader=None):
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
         extra.update(_gguf_experts(reader, arch, path, model_type, n_ff))
+    # multi-token prediction layers after the model's (GLM-4.7-Flash's deepseek2 files): not part of the forward,
+    # skipped as llama.cpp's forward skips them
+    mtp = int(gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch == "deepseek2" else 0
+    if arch == "deepseek2":  # (its latent KV head: one of kv_lora_rank + qk_rope_head_dim, as LlamaConfig holds it)
+        model_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)
+        extra.update(mla)
+        n_kv, head_dim = 1, mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
     if model_type == "gpt_oss":  # its experts' width; its window (llama.cpp: every other layer from the first)
         n_ff = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff
         window = int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
@@ -1318,7 +1342,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
         model_type=model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=n_ff,
-        num_hidden_layers=int(need("block_count")), num_attention_heads=n_head, num_key_value_heads=n_kv,
+        num_hidden_layers=int(need("block_count")) - mtp, num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need("attention.layer_norm_epsilon" if model_type in _COHERES
@@ -1328,10 +1352,10 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)
 
-    sd, stacked = {}, {}
+    sd, stacked, latent = {}, {}, {}
     for name, t in tensors.items():
-        if name in _GGUF_ROPE_TENSORS[1:]:
-            continue  # (read into the config above)
+        if name in _GGUF_ROPE_TENSORS[1:] or (mtp and _gguf_layer(name) >= config.num_hidden_layers):
+            continue  # (read into the config above; a multi-token prediction layer)
         if skip is not None and name != "rope_freqs.weight":
             key, _ = _state_key(name, path, arch, permuted, n_head, n_kv)
             if skip(key, t.tensor_type.name, tuple(int(n) for n in reversed(t.shape))):
@@ -1351,10 +1375,123 @@ def read_gguf(path: Path, skip=None, reader=None):
         if key.endswith(("_exps", "_exps_bias")):
             stacked[key] = w
             continue
+        if key.endswith(("self_attn.k_b_proj", "self_attn.v_b_proj")):
+            latent[key] = w
+            continue
         if key.endswith("shared_expert_gate.weight") and w.dim() == 1:
             w = w[None]  # (llama.cpp's {n_embd}: the gate's one row)
         sd[key] = w if heads is None else _unpermute(w, heads)
+    if arch == "deepseek2":
+        sd = _gguf_latent_weights(config, sd, latent, path)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+def _gguf_layer(name: str) -> int:
+    """The layer a GGUF tensor belongs to (``blk.{i}.``), -1 for the others."""
+    return int(name.split(".", 2)[1]) if name.startswith("blk.") else -1
+
+
+def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
+    """(model type, rope_scaling, ``extra`` keys) of a deepseek2 GGUF file (llama.cpp's name for DeepSeek-V2 / V2.5 /
+    V3 / R1 and Kimi K2: latent attention and DeepSeek's mixtures), as llama.cpp's converter writes the checkpoint and
+    llama.cpp runs the file. The latent attention's sizes: ``attention.kv_lora_rank``, ``attention.q_lora_rank``
+    (absent: one query projection), ``rope.dimension_count`` (the RoPE'd dims), the per-head query / key and value
+    dims ``attention.key_length_mla`` / ``value_length_mla`` (files before them: ``attention.key_length`` /
+    ``value_length``, which later files give as the latent head's, ``kv_lora_rank + rope`` / ``kv_lora_rank``). The
+    mixture: ``expert_gating_func`` 2 (sigmoid: DeepSeek-V3's router, with ``exp_probs_b``, groups
+    ``expert_group_count`` / ``expert_group_used_count`` where given, renormalised by ``expert_weights_norm``) or 1
+    or absent (softmax: DeepSeek-V2's, greedy; llama.cpp ranks groups by their best two and may renormalise, which
+    V2's code does not: those raise); ``expert_weights_scale`` (absent: 1), ``expert_shared_count`` shared experts of
+    ``expert_feed_forward_length`` each, dense ``feed_forward_length`` layers before ``leading_dense_block_count``.
+    RoPE on adjacent pairs (llama.cpp's normal RoPE: the checkpoint's rows as they are). YaRN: llama.cpp scales the
+    scores by ``(1 + rope.scaling.yarn_log_multiplier * ln factor) ** 2`` and leaves cos and sin unscaled, DeepSeek's
+    ``mscale`` equal to ``mscale_all_dim`` (``yarn_log_multiplier / 0.1``; the published checkpoints' own)."""
+    def get(key, default=None):
+        return gguf_field(reader, f"{arch}.{key}", default)
+
+    def need(key):
+        v = get(key)
+        if v is None:
+            raise ValueError(f"GGUF file {str(path)!r} lacks metadata {arch}.{key} (a deepseek2 file's)")
+        return int(v)
+
+    rank, rope = need("attention.kv_lora_rank"), need("rope.dimension_count")
+    if get("attention.key_length_mla") is not None:
+        qk, v = need("attention.key_length_mla"), need("attention.value_length_mla")
+        latent = (need("attention.key_length"), need("attention.value_length"))
+        if latent != (rank + rope, rank):
+            raise ValueError(f"GGUF file {str(path)!r} has {arch}.attention.key_length / value_length = {latent}; with "
+                             f"the _mla lengths they are the latent head's, kv_lora_rank + rope.dimension_count and "
+                             f"kv_lora_rank = ({rank + rope}, {rank})")
+    else:
+        qk, v = need("attention.key_length"), need("attention.value_length")
+    if qk <= rope:
+        raise ValueError(f"GGUF file {str(path)!r}: the query / key head of {qk} dims must hold more than its "
+                         f"{rope} RoPE'd ones")
+    gating = int(get("expert_gating_func", 0) or 0)
+    if gating not in (0, 1, 2):
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_gating_func = {gating}; supported: 1 (softmax, "
+                         "DeepSeek-V2's router) and 2 (sigmoid, DeepSeek-V3's)")
+    v3 = gating == 2
+    count, used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
+    if count < 1 or not 1 <= used <= count:
+        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1 and {arch}.expert_used_count in "
+                         f"[1, expert_count], got {count} and {used} (a deepseek2 file without experts is not "
+                         "supported)")
+    groups, top_groups = (int(get(k, 0) or 0) for k in ("expert_group_count", "expert_group_used_count"))
+    norm = bool(get("expert_weights_norm", False))
+    if not v3 and (groups > 1 or norm):
+        raise ValueError(f"GGUF file {str(path)!r}: a softmax router (DeepSeek-V2's) with {arch}.expert_group_count "
+                         f"= {groups} / expert_weights_norm = {norm}: llama.cpp ranks its groups by their best two "
+                         "and renormalises where DeepSeek-V2's code does neither; not supported")
+    extra = {"kv_lora_rank": rank, "q_lora_rank": need("attention.q_lora_rank") if get("attention.q_lora_rank")
+             else None, "qk_nope_head_dim": qk - rope, "qk_rope_head_dim": rope, "v_head_dim": v,
+             "n_routed_experts": count, "num_experts_per_tok": used,
+             "moe_intermediate_size": need("expert_feed_forward_length"),
+             "n_shared_experts": int(get("expert_shared_count", 0) or 0),
+             "first_k_dense_replace": int(get("leading_dense_block_count", 0) or 0),
+             "routed_scaling_factor": float(get("expert_weights_scale", 0.0) or 1.0)}
+    if v3:
+        extra.update(norm_topk_prob=norm, n_group=groups or None, topk_group=(top_groups or None) if groups else None,
+                     rope_interleave=True)
+    else:
+        extra.update(topk_method="greedy", norm_topk_prob=False)
+    log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+    if rope_scaling is not None and rope_scaling["rope_type"] == "yarn":
+        if not log_mul > 0:
+            raise ValueError(f"GGUF file {str(path)!r} has yarn RoPE scaling without "
+                             f"{arch}.rope.scaling.yarn_log_multiplier > 0 (DeepSeek's mscale_all_dim / 10)")
+        rope_scaling = {**rope_scaling, "mscale": log_mul / 0.1, "mscale_all_dim": log_mul / 0.1}
+    elif log_mul:
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.yarn_log_multiplier = {log_mul} without "
+                         "yarn RoPE scaling")
+    return ("deepseek_v3" if v3 else "deepseek_v2"), rope_scaling, extra
+
+
+def _gguf_latent_weights(config: LlamaConfig, sd: dict, latent: dict, path: Path) -> dict:
+    """``sd`` with each layer's ``kv_b_proj`` ``[heads * (qk_nope + v), kv_lora_rank]`` (each head's key rows, then its
+    value rows) joined from the file's ``attn_k_b`` ``[heads, kv_lora_rank, qk_nope]`` (transposed by the converter)
+    and ``attn_v_b`` ``[heads, v, kv_lora_rank]``, where it holds them so; a sigmoid router's missing correction bias
+    zero (llama.cpp's: none)."""
+    m, H = config.mla, config.num_attention_heads
+    for i in range(config.num_hidden_layers):
+        stem = f"model.layers.{i}.self_attn"
+        k, v = latent.pop(f"{stem}.k_b_proj", None), latent.pop(f"{stem}.v_b_proj", None)
+        if k is None and v is None:
+            continue
+        if (k is None or v is None or k.shape != (H, m.kv_lora_rank, m.qk_nope_head_dim)
+                or v.shape != (H, m.v_head_dim, m.kv_lora_rank) or f"{stem}.kv_b_proj.weight" in sd):
+            raise ValueError(f"GGUF file {str(path)!r}: layer {i} needs attn_k_b [{H}, {m.kv_lora_rank}, "
+                             f"{m.qk_nope_head_dim}] and attn_v_b [{H}, {m.v_head_dim}, {m.kv_lora_rank}] (or one "
+                             f"attn_kv_b), got {None if k is None else tuple(k.shape)} and "
+                             f"{None if v is None else tuple(v.shape)}")
+        sd[f"{stem}.kv_b_proj.weight"] = torch.cat([k.transpose(1, 2), v], dim=1).reshape(-1, m.kv_lora_rank)
+    if config.experts.correction_bias:
+        for i, sparse in enumerate(config.experts.layers):
+            key = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
+            if sparse and key not in sd:
+                sd[key] = torch.zeros(config.experts.count)
+    return sd
 
 
 def _expert_blocks(stacked: dict) -> dict:
@@ -1423,6 +1560,8 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
         return _gguf_gpt_oss_experts(config, out, stacked, path, partial)
     for i in range(config.num_hidden_layers):
         parts = [stacked.pop(f"model.layers.{i}.mlp.{k}_exps", None) for k in ("gate", "up", "down")]
+        if not spec.layers[i] and parts == [None] * 3:
+            continue  # (a dense layer: DeepSeek's first ones)
         if any((p is None and not partial) or (p is not None and (p.dim() != 3 or p.shape[0] != spec.count))
                for p in parts):
             raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks ffn_gate_exps / ffn_up_exps / ffn_down_exps "
@@ -1508,8 +1647,12 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     n_head = int(gguf_field(reader, f"{arch}.attention.head_count"))
     n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_head))
     out, stacked = {}, {}
+    layers = int(gguf_field(reader, f"{arch}.block_count", 0) or 0) - int(
+        gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch == "deepseek2" else None
     for t in reader.tensors:
         kind = t.tensor_type.name
+        if layers is not None and _gguf_layer(t.name) >= layers:
+            continue  # (a multi-token prediction layer: read_gguf skips it)
         if kind in types and len(t.shape) == 3 and t.name.endswith("_exps.weight"):
             stacked[_state_key(t.name, path, arch, permuted, n_head, n_kv)[0]] = (kind, t.data)
             continue
@@ -1522,7 +1665,7 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     out.update(_expert_blocks(stacked))
     family = FAMILIES[GGUF_ARCHITECTURES[arch][0]]
-    if family.fused_projections or family.rope_interleaved:  # (split, or q / k rows reordered: rotary_order)
+    if family.fused_projections or family.rope_interleaved or arch == "deepseek2":  # (split, or rows reordered)
         config, _ = read_gguf(path, skip=lambda *_: True, reader=reader)  # the metadata only
         kinds = {}
         for key, (kind, _) in out.items():  # each part of a fused tensor keeps its type

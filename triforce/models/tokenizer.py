@@ -80,6 +80,13 @@ _DEEPSEEK_LLM_LETTERS = (
 _DEEPSEEK_LLM_SPLITS = (
     r"[\r\n]", _DEEPSEEK_LLM_LETTERS, r"\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
     r"\s+$", _CJK, r"\p{N}+")
+# DeepSeek-V3's (V3, R1, V3.1; llama.cpp's deepseek-v3): digits in threes; CJK and kana runs; then a word with an
+# ASCII punctuation mark before ASCII letters, or letters and marks with one leading character that is no newline,
+# letter, punctuation or symbol; punctuation / symbol runs with a leading space and trailing newlines; whitespace
+_DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Falcon: punctuation runs, then the GPT-2 split, then digits in threes
 _FALCON_SPLITS = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT, r"[0-9][0-9][0-9]")
 
@@ -112,6 +119,7 @@ _GGUF_PRES = {
     **dict.fromkeys(("gpt-4o", "llama4"), _Pre((_O200K_SPLIT,))),
     "deepseek-coder": _Pre(_DEEPSEEK_CODER_SPLITS),
     "deepseek-llm": _Pre(_DEEPSEEK_LLM_SPLITS),
+    "deepseek-v3": _Pre(_DEEPSEEK_V3_SPLITS),
     "falcon": _Pre(_FALCON_SPLITS),
 }
 
