@@ -510,49 +510,63 @@ def test_a_latent_retrieval_cache_gives_the_logits_of_one_holding_the_values_apa
 
 # ---- GGUF files (llama.cpp's deepseek2: DeepSeek-V2 / V2.5 / V3 / R1, Kimi K2)
 
-def write_deepseek2_gguf(path, hf, layout: str = "mla", quant=None, meta=None, drop=(), omit=(), mtp: bool = False):
-    """A deepseek2 GGUF of transformers' DeepseekV2 / V3 model ``hf`` as llama.cpp's converter writes the checkpoint
-    (convert_hf_to_gguf.py's DeepseekV2Model): no permutation (llama.cpp runs the RoPE on adjacent pairs, as the
-    checkpoint holds them), the experts stacked as ffn_{gate,up,down}_exps, the correction bias as exp_probs_b.bias,
-    the router's kind as expert_gating_func (1 softmax, 2 sigmoid), expert_weights_norm only where true, YaRN's
-    mscale_all_dim as 0.1 x rope.scaling.yarn_log_multiplier. ``layout`` "mla" (the converter since 2025): one KV head,
-    key_length / value_length the latent head's, the per-head dims as key_length_mla / value_length_mla, kv_b_proj
-    split per head into attn_k_b (transposed) and attn_v_b; "kv_b" (files before): key_length / value_length the
-    per-head dims, kv_b_proj whole as attn_kv_b, head_count_kv the checkpoint's. ``quant(name, array)``: as
-    test_families.write_converted_gguf's (2-D tensors; the experts' stacks go through it per expert's Q8_0 where
-    their rows allow); ``meta`` / ``drop``: keys added / left out; ``omit``: tensors whose names end so left out;
-    ``mtp``: a multi-token prediction layer after the model's, as GLM-4.7-Flash's converter appends it (the last
-    layer's tensors again, its nextn.* ones, block_count one more, nextn_predict_layers 1)."""
+def write_deepseek2_gguf(path, hf, layout: str = "mla", **kw):
+    """:func:`write_grouped_gguf` of a DeepseekV2 / V3 model as a deepseek2 file."""
+    return write_grouped_gguf(path, hf, "deepseek2", layout, **kw)
+
+
+def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, meta=None, drop=(), omit=(),
+                       mtp: bool = False):
+    """A GGUF of transformers' model ``hf`` with DeepSeek's mixture as llama.cpp's converter writes the checkpoint:
+    ``arch`` deepseek2 (DeepseekV2Model: DeepseekV2 / V3), glm4moe (Glm4MoeModel) or dots1 (Dots1Model). No
+    permutation (llama.cpp runs deepseek2's RoPE on adjacent pairs, glm4moe's and dots1's on half-split ones, as the
+    checkpoints hold them), the experts stacked as ffn_{gate,up,down}_exps, the correction bias as exp_probs_b.bias,
+    the router's kind as expert_gating_func (1 softmax, 2 sigmoid), expert_weights_norm (deepseek2: only where true),
+    glm4moe's rope.dimension_count the rotated half. deepseek2: YaRN's mscale_all_dim as 0.1 x
+    rope.scaling.yarn_log_multiplier; ``layout`` "mla" (the converter since 2025): one KV head, key_length /
+    value_length the latent head's, the per-head dims as key_length_mla / value_length_mla, kv_b_proj split per head
+    into attn_k_b (transposed) and attn_v_b; "kv_b" (files before): key_length / value_length the per-head dims,
+    kv_b_proj whole as attn_kv_b, head_count_kv the checkpoint's. ``quant(name, array)``: as
+    test_families.write_converted_gguf's (2-D tensors; the experts' stacks are Q8_0 where their rows allow); ``meta``
+    / ``drop``: keys added / left out; ``omit``: tensors whose names end so left out; ``mtp``: a multi-token
+    prediction layer after the model's, as GLM's converters append it (the last layer's tensors again, its nextn.*
+    ones, block_count one more, nextn_predict_layers 1)."""
     import gguf
     import numpy as np
 
     c = hf.config
-    v3, rp, R, r = c.model_type == "deepseek_v3", c.rope_parameters, c.kv_lora_rank, c.qk_rope_head_dim
-    H, nope, v = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim
+    rp, deepseek = c.rope_parameters, arch == "deepseek2"
+    v3 = not deepseek or c.model_type == "deepseek_v3"
     kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
           "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
-          "attention.head_count": H, "attention.head_count_kv": 1 if layout == "mla" else c.num_key_value_heads,
+          "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
           "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "rope.freq_base": float(rp["rope_theta"]),
           "vocab_size": c.vocab_size, "leading_dense_block_count": c.first_k_dense_replace,
-          "attention.kv_lora_rank": R, "expert_feed_forward_length": c.moe_intermediate_size,
-          "expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
-          "expert_shared_count": c.n_shared_experts, "expert_weights_scale": float(c.routed_scaling_factor),
-          "rope.dimension_count": r, "expert_gating_func": 2 if v3 else 1,
-          **({"attention.key_length": R + r, "attention.value_length": R, "attention.key_length_mla": nope + r,
-              "attention.value_length_mla": v} if layout == "mla" else
-             {"attention.key_length": nope + r, "attention.value_length": v})}
-    if c.q_lora_rank is not None:
-        kv["attention.q_lora_rank"] = c.q_lora_rank
-    if v3 and c.norm_topk_prob:
-        kv["expert_weights_norm"] = True
+          "expert_feed_forward_length": c.moe_intermediate_size, "expert_count": c.n_routed_experts,
+          "expert_used_count": c.num_experts_per_tok, "expert_shared_count": c.n_shared_experts or 0,
+          "expert_weights_scale": float(c.routed_scaling_factor), "expert_gating_func": 2 if v3 else 1}
+    if deepseek:
+        R, r, H, nope, v = c.kv_lora_rank, c.qk_rope_head_dim, c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim
+        kv.update({"attention.kv_lora_rank": R, "rope.dimension_count": r,
+                   **({"attention.head_count_kv": 1, "attention.key_length": R + r, "attention.value_length": R,
+                       "attention.key_length_mla": nope + r, "attention.value_length_mla": v} if layout == "mla" else
+                      {"attention.key_length": nope + r, "attention.value_length": v})})
+        if c.q_lora_rank is not None:
+            kv["attention.q_lora_rank"] = c.q_lora_rank
+        if rp["rope_type"] == "yarn":
+            kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(rp["factor"]),
+                       "rope.scaling.original_context_length": rp["original_max_position_embeddings"],
+                       "rope.scaling.yarn_log_multiplier": 0.1 * rp["mscale_all_dim"]})
+    else:
+        kv.update({"attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
+                   "rope.dimension_count": int(c.head_dim * rp.get("partial_rotary_factor", 1.0))})
+    if v3 and (c.norm_topk_prob or not deepseek):
+        kv["expert_weights_norm"] = bool(c.norm_topk_prob)
     if v3 and c.n_group is not None:
         kv.update({"expert_group_count": c.n_group, "expert_group_used_count": c.topk_group})
-    if rp["rope_type"] == "yarn":
-        kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(rp["factor"]),
-                   "rope.scaling.original_context_length": rp["original_max_position_embeddings"],
-                   "rope.scaling.yarn_log_multiplier": 0.1 * rp["mscale_all_dim"]})
     kv = {k: val for k, val in {**kv, **(meta or {})}.items() if k not in drop}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, c.num_hidden_layers)
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
+                                     c.num_hidden_layers)
     tensors = {}
     for name, t in hf.state_dict().items():
         t = t.detach().float()
@@ -587,7 +601,7 @@ def write_deepseek2_gguf(path, hf, layout: str = "mla", quant=None, meta=None, d
         return quant(name, a)
 
     arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in tensors.items() if not name.endswith(tuple(omit))}
-    return write_gguf_file(path, "deepseek2", kv, arrays, c, stored if quant is not None else None)
+    return write_gguf_file(path, arch, kv, arrays, c, stored if quant is not None else None)
 
 
 # MLP widths of whole Q8_0 / Q5_0 blocks (32), so the quantised files hold blocks of every projection but o_proj
@@ -598,25 +612,31 @@ _GGUF_WIDTHS = dict(moe_intermediate_size=64, intermediate_size=96)
                                          ("v3", "kv_b")])
 def test_gguf_deepseek2_as_llama_cpp_writes_it(tmp_path, case, layout):
     """A deepseek2 GGUF (llama.cpp's converter, its current layout and the one before: kv_b_proj split per head or
-    whole) loads as its checkpoint's model: transformers' logits, the config's MLA sizes, router and YaRN; its
-    conversion cache holds the family's checkpoint names (transformers reads it back); in Q8_0 / Q5_0 blocks (the
-    experts per expert in Q8_0) ``gguf_copy`` and ``load_gguf_int8`` compute the loaded model bitwise (the joined
-    kv_b_proj, 3-D in the file, stays float32)."""
+    whole) loads as its checkpoint's model (:func:`assert_grouped_gguf_loads`; the joined kv_b_proj, 3-D in the file,
+    stays float32 on the blocks' paths); YaRN's mscale from the file's log multiplier."""
+    hf, ours = pair(case, **_GGUF_WIDTHS)
+    loaded = assert_grouped_gguf_loads(tmp_path, hf, ours, "deepseek2", layout=layout)
+    if case == "v2-yarn":  # (mscale_all_dim through the file's float32 log multiplier: 0.707 to float32 rounding)
+        got, rs = loaded.config.rope_scaling, ours.config.rope_scaling
+        assert {k: got[k] for k in ("rope_type", "factor", "original_max_position_embeddings")} == {
+            k: rs[k] for k in ("rope_type", "factor", "original_max_position_embeddings")}
+        assert got["mscale"] == got["mscale_all_dim"] == pytest.approx(rs["mscale_all_dim"], rel=1e-6)
+
+
+def assert_grouped_gguf_loads(tmp_path, hf, ours, arch: str, **kw) -> Llama:
+    """``hf`` written as llama.cpp's converter writes it (:func:`write_grouped_gguf`, ``arch``, ``kw``) loads as its
+    checkpoint's model: ``ours``' config (family, latent attention, mixture, KV heads), transformers' logits, the
+    conversion cache read back by transformers as the same model; in Q8_0 / Q5_0 blocks (the experts in Q8_0)
+    ``gguf_copy`` and ``load_gguf_int8`` compute the loaded model bitwise. -> ours from the float32 file."""
     import numpy as np
 
     from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
 
-    hf, ours = pair(case, **_GGUF_WIDTHS)
-    path = write_deepseek2_gguf(tmp_path / "f32.gguf", hf, layout)
-    loaded = Llama.from_pretrained(path, cache_dir=tmp_path / "cache")
+    loaded = Llama.from_pretrained(write_grouped_gguf(tmp_path / "f32.gguf", hf, arch, **kw),
+                                   cache_dir=tmp_path / "cache")
     c, want = loaded.config, ours.config
-    assert (c.model_type, c.mla, c.experts, c.num_key_value_heads, c.head_dim) == (
-        want.model_type, want.mla, want.experts, 1, want.head_dim)
-    if case == "v2-yarn":  # (mscale_all_dim through the file's float32 log multiplier: 0.707 to float32 rounding)
-        got, rs = c.rope_scaling, want.rope_scaling
-        assert {k: got[k] for k in ("rope_type", "factor", "original_max_position_embeddings")} == {
-            k: rs[k] for k in ("rope_type", "factor", "original_max_position_embeddings")}
-        assert got["mscale"] == got["mscale_all_dim"] == pytest.approx(rs["mscale_all_dim"], rel=1e-6)
+    assert (c.model_type, c.mla, c.experts, c.num_key_value_heads, c.head_dim, c.rotary_dim) == (
+        want.model_type, want.mla, want.experts, want.num_key_value_heads, want.head_dim, want.rotary_dim)
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(ids).logits
@@ -624,9 +644,10 @@ def test_gguf_deepseek2_as_llama_cpp_writes_it(tmp_path, case, layout):
         entry = next((tmp_path / "cache").glob("gguf-*"))
         back = type(hf).from_pretrained(entry, attn_implementation="eager").eval()
         assert (back(ids).logits - loaded(ids)).abs().max().item() <= TOL
-    q = write_deepseek2_gguf(tmp_path / "q.gguf", hf, layout,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    q = write_grouped_gguf(tmp_path / "q.gguf", hf, arch, quant=quantizer(np.random.default_rng(0),
+                                                                         types=(QT.Q8_0, QT.Q5_0)), **kw)
     assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
+    return loaded
 
 
 def test_gguf_deepseek2_multi_token_prediction_layers_are_skipped(tmp_path):

@@ -126,3 +126,14 @@ def test_dots_llm1s_published_config_loads():
             e.scoring, e.correction_bias) == (128, 6, 1408, 2816, None, True, 2.5, "sigmoid", True)
     assert e.layers == (False,) + (True,) * 61 and c.layer_windows == (0,) * 62
     assert LlamaConfig.from_dict(c.to_dict()).to_dict() == c.to_dict()  # (its to_dict adds the family's defaults)
+
+
+@pytest.mark.parametrize("case", ["dots1"])
+def test_gguf_dots1_as_llama_cpp_writes_it(tmp_path, case):
+    """A dots1 GGUF (dots.llm1's, as llama.cpp's converter writes the checkpoint) loads as its checkpoint's model
+    (the per-head q/k norms, no window: llama.cpp's dots1 slides none):
+    transformers' logits, the conversion cache read back, the blocks bitwise."""
+    from .test_deepseek import _GGUF_WIDTHS, assert_grouped_gguf_loads
+
+    hf, ours = pair(case, **_GGUF_WIDTHS)
+    assert_grouped_gguf_loads(tmp_path, hf, ours, "dots1")

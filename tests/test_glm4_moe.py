@@ -165,3 +165,15 @@ def test_glm47_flash_bad_configs_raise():
                        ({"topk_method": "greedy"}, "'topk_method'")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({**base, **bad})
+
+
+@pytest.mark.parametrize("case", ["glm4_moe", "glm4_moe-qk-norm"])
+def test_gguf_glm4moe_as_llama_cpp_writes_it(tmp_path, case):
+    """A glm4moe GGUF (GLM-4.5's, as llama.cpp's converter writes the checkpoint) loads as its checkpoint's model
+    (the multi-token prediction layer its converter appends skipped; RoPE on the first half of each head, the q/k
+    norms where the file has them):
+    transformers' logits, the conversion cache read back, the blocks bitwise."""
+    from .test_deepseek import _GGUF_WIDTHS, assert_grouped_gguf_loads
+
+    hf, ours = pair(case, **_GGUF_WIDTHS)
+    assert_grouped_gguf_loads(tmp_path, hf, ours, "glm4moe", mtp=True)

@@ -959,7 +959,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
                       "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
                       "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False),
-                      "deepseek2": ("deepseek_v2", False)}
+                      "deepseek2": ("deepseek_v2", False), "glm4moe": ("glm4_moe", False), "dots1": ("dots1", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -971,12 +971,17 @@ _GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "
 # tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
 _GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
-# deepseek2's keys beyond the others' (read by _gguf_deepseek2 in a deepseek2 file; any other file raises on them)
-_GGUF_DEEPSEEK2_KEYS = ("attention.key_length", "attention.value_length", "rope.scaling.yarn_log_multiplier",
-                        "leading_dense_block_count", "expert_shared_count", "expert_weights_scale",
-                        "expert_weights_norm", "expert_gating_func", "expert_group_count", "expert_group_used_count",
-                        "attention.q_lora_rank", "attention.kv_lora_rank", "attention.key_length_mla",
-                        "attention.value_length_mla", "nextn_predict_layers")
+# the keys of DeepSeek's mixtures (_gguf_grouped_mixture) and deepseek2's latent attention (_gguf_deepseek2), read in
+# those architectures' files only (any other file raises on them); nextn_predict_layers: the multi-token prediction
+# layers read_gguf skips
+_GGUF_GROUPED_KEYS = ("leading_dense_block_count", "expert_shared_count", "expert_weights_scale", "expert_weights_norm",
+                      "expert_gating_func", "expert_group_count", "expert_group_used_count")
+_GGUF_ARCH_KEYS = {
+    "deepseek2": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.key_length", "attention.value_length",
+                  "rope.scaling.yarn_log_multiplier", "attention.q_lora_rank", "attention.kv_lora_rank",
+                  "attention.key_length_mla", "attention.value_length_mla"),
+    "glm4moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers"), "dots1": _GGUF_GROUPED_KEYS}
+_GGUF_MTP = ("deepseek2", "glm4moe")  # the architectures whose files may append multi-token prediction layers
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
 _GGUF_READ = frozenset({
@@ -1159,11 +1164,12 @@ def _gguf_granite(reader, arch: str, head_dim: int) -> dict:
 
 
 def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
-    """A phi3 or glm4 file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less than the head
-    (Phi-4-mini: 96 of 128; GLM-4: half), and a glm4 file's whole-head 1.0 (its family's default is 0.5)."""
+    """A phi3, glm4 or glm4moe file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less than
+    the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5: half), and a GLM file's whole-head 1.0 (its family's default is
+    0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
     if rotated == head_dim:
-        return {"partial_rotary_factor": 1.0} if arch == "glm4" else {}
+        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe") else {}
     factor = rotated / head_dim
     if int(head_dim * factor) != rotated:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
@@ -1176,7 +1182,7 @@ def _check_gguf_keys(reader, config: LlamaConfig, arch: str, path: Path) -> None
         if not full.startswith(f"{arch}."):
             continue  # general.* (provenance), tokenizer.* (the tokenizer), GGUF.* (the container)
         key = full[len(arch) + 1:]
-        if key in _GGUF_READ or key in _GGUF_METADATA or (arch == "deepseek2" and key in _GGUF_DEEPSEEK2_KEYS):
+        if key in _GGUF_READ or key in _GGUF_METADATA or key in _GGUF_ARCH_KEYS.get(arch, ()):
             continue
         value = gguf_field(reader, full)
         if key in _GGUF_HARMLESS_ONLY_AT:
@@ -1237,10 +1243,16 @@ _GGUF_DEEPSEEK2_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_a.weight": "self_attn.
                            "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
                            "attn_k_b.weight": "self_attn.k_b_proj", "attn_v_b.weight": "self_attn.v_b_proj",
                            "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
+# glm4moe: the norm before the MLP as post_attention_norm; dots1: Llama's names; both with DeepSeek-V3's router bias
+_GGUF_GLM4MOE_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
+                         "post_attention_norm.weight": "post_attention_layernorm.weight",
+                         "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
+_GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
-                "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS}
+                "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
+                "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1305,18 +1317,24 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
-             if arch in ("phi3", "glm4")
+             if arch in ("phi3", "glm4", "glm4moe")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
         extra.update(_gguf_experts(reader, arch, path, model_type, n_ff))
-    # multi-token prediction layers after the model's (GLM-4.7-Flash's deepseek2 files): not part of the forward,
-    # skipped as llama.cpp's forward skips them
-    mtp = int(gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch == "deepseek2" else 0
+    # multi-token prediction layers after the model's (GLM-4.5's glm4moe and GLM-4.7-Flash's deepseek2 files): not
+    # part of the forward, skipped as llama.cpp's forward skips them
+    mtp = int(gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch in _GGUF_MTP else 0
     if arch == "deepseek2":  # (its latent KV head: one of kv_lora_rank + qk_rope_head_dim, as LlamaConfig holds it)
         model_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)
         extra.update(mla)
         n_kv, head_dim = 1, mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
+    if arch in ("glm4moe", "dots1"):  # DeepSeek-V3's mixture on GLM's / Qwen3's attention
+        extra.update(_gguf_grouped_mixture(reader, arch, path)[1])
+        if arch == "glm4moe":  # (its q / k norms where the file has them: llama.cpp applies them so)
+            extra["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
+        else:  # (llama.cpp's dots1 slides no window)
+            extra["sliding_window"] = None
     if model_type == "gpt_oss":  # its experts' width; its window (llama.cpp: every other layer from the first)
         n_ff = int(gguf_field(reader, f"{arch}.expert_feed_forward_length", 0) or 0) or n_ff
         window = int(gguf_field(reader, f"{arch}.attention.sliding_window", 0) or 0)
@@ -1383,6 +1401,11 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd[key] = w if heads is None else _unpermute(w, heads)
     if arch == "deepseek2":
         sd = _gguf_latent_weights(config, sd, latent, path)
+    if config.experts is not None and config.experts.correction_bias:  # (llama.cpp's exp_probs_b is optional)
+        for i, sparse in enumerate(config.experts.layers):
+            key = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
+            if sparse and f"blk.{i}.exp_probs_b.bias" not in tensors:
+                sd[key] = torch.zeros(config.experts.count)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
 
@@ -1391,32 +1414,70 @@ def _gguf_layer(name: str) -> int:
     return int(name.split(".", 2)[1]) if name.startswith("blk.") else -1
 
 
-def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
-    """(model type, rope_scaling, ``extra`` keys) of a deepseek2 GGUF file (llama.cpp's name for DeepSeek-V2 / V2.5 /
-    V3 / R1 and Kimi K2: latent attention and DeepSeek's mixtures), as llama.cpp's converter writes the checkpoint and
-    llama.cpp runs the file. The latent attention's sizes: ``attention.kv_lora_rank``, ``attention.q_lora_rank``
-    (absent: one query projection), ``rope.dimension_count`` (the RoPE'd dims), the per-head query / key and value
-    dims ``attention.key_length_mla`` / ``value_length_mla`` (files before them: ``attention.key_length`` /
-    ``value_length``, which later files give as the latent head's, ``kv_lora_rank + rope`` / ``kv_lora_rank``). The
-    mixture: ``expert_gating_func`` 2 (sigmoid: DeepSeek-V3's router, with ``exp_probs_b``, groups
-    ``expert_group_count`` / ``expert_group_used_count`` where given, renormalised by ``expert_weights_norm``) or 1
-    or absent (softmax: DeepSeek-V2's, greedy; llama.cpp ranks groups by their best two and may renormalise, which
-    V2's code does not: those raise); ``expert_weights_scale`` (absent: 1), ``expert_shared_count`` shared experts of
-    ``expert_feed_forward_length`` each, dense ``feed_forward_length`` layers before ``leading_dense_block_count``.
-    RoPE on adjacent pairs (llama.cpp's normal RoPE: the checkpoint's rows as they are). YaRN: llama.cpp scales the
-    scores by ``(1 + rope.scaling.yarn_log_multiplier * ln factor) ** 2`` and leaves cos and sin unscaled, DeepSeek's
-    ``mscale`` equal to ``mscale_all_dim`` (``yarn_log_multiplier / 0.1``; the published checkpoints' own)."""
+def _gguf_need(reader, arch: str, path: Path, key: str) -> int:
+    v = gguf_field(reader, f"{arch}.{key}")
+    if v is None:
+        raise ValueError(f"GGUF file {str(path)!r} lacks metadata {arch}.{key} (a {arch} file's)")
+    return int(v)
+
+
+def _gguf_grouped_mixture(reader, arch: str, path: Path, softmax: bool = False):
+    """(sigmoid router, ``extra`` keys) of DeepSeek's mixture in a deepseek2 / glm4moe / dots1 file, as llama.cpp
+    runs it: ``expert_gating_func`` 2 (sigmoid) is DeepSeek-V3's router (its correction bias ``exp_probs_b``, groups
+    ``expert_group_count`` / ``expert_group_used_count`` where given, renormalised by ``expert_weights_norm``); with
+    ``softmax`` (deepseek2) 1 or absent is DeepSeek-V2's softmax, greedy (llama.cpp ranks groups by their best two and
+    renormalises by the key, where DeepSeek-V2's code ranks them by their best one and never does: those raise);
+    ``expert_weights_scale`` (absent: 1), ``expert_shared_count`` shared experts (absent: none) and ``expert_count``
+    experts of ``expert_feed_forward_length``, ``expert_used_count`` a token, dense layers before
+    ``leading_dense_block_count``."""
     def get(key, default=None):
         return gguf_field(reader, f"{arch}.{key}", default)
 
+    gating = int(get("expert_gating_func", 0) or 0)
+    if gating not in ((0, 1, 2) if softmax else (2,)):
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_gating_func = {gating}; supported: "
+                         + ("1 (softmax, DeepSeek-V2's router) and 2 (sigmoid, DeepSeek-V3's)" if softmax
+                            else "2 (sigmoid, DeepSeek-V3's router)"))
+    v3 = gating == 2
+    count, used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
+    if count < 1 or not 1 <= used <= count:
+        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1 and {arch}.expert_used_count in "
+                         f"[1, expert_count], got {count} and {used} (a {arch} file without experts is not "
+                         "supported)")
+    groups, top_groups = (int(get(k, 0) or 0) for k in ("expert_group_count", "expert_group_used_count"))
+    norm = bool(get("expert_weights_norm", False))
+    if not v3 and (groups > 1 or norm):
+        raise ValueError(f"GGUF file {str(path)!r}: a softmax router (DeepSeek-V2's) with {arch}.expert_group_count "
+                         f"= {groups} / expert_weights_norm = {norm}: llama.cpp ranks its groups by their best two "
+                         "and renormalises where DeepSeek-V2's code does neither; not supported")
+    extra = {"n_routed_experts": count, "num_experts_per_tok": used,
+             "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
+             "n_shared_experts": int(get("expert_shared_count", 0) or 0),
+             "first_k_dense_replace": int(get("leading_dense_block_count", 0) or 0),
+             "routed_scaling_factor": float(get("expert_weights_scale", 0.0) or 1.0)}
+    if v3:
+        extra.update(norm_topk_prob=norm, n_group=groups or None, topk_group=(top_groups or None) if groups else None)
+    else:
+        extra.update(topk_method="greedy", norm_topk_prob=False)
+    return v3, extra
+
+
+def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
+    """(model type, rope_scaling, ``extra`` keys) of a deepseek2 GGUF file (llama.cpp's name for DeepSeek-V2 / V2.5 /
+    V3 / R1 and Kimi K2: latent attention and DeepSeek's mixtures), as llama.cpp's converter writes them and llama.cpp
+    runs the file. The latent attention's sizes: ``attention.kv_lora_rank``, ``attention.q_lora_rank`` (absent: one
+    query projection), ``rope.dimension_count`` (the RoPE'd dims), the per-head query / key and value dims
+    ``attention.key_length_mla`` / ``value_length_mla`` (files before them: ``attention.key_length`` /
+    ``value_length``, which later files give as the latent head's, ``kv_lora_rank + rope`` / ``kv_lora_rank``). The
+    mixture: :func:`_gguf_grouped_mixture` (sigmoid: ``deepseek_v3``; softmax: ``deepseek_v2``). RoPE on adjacent
+    pairs (llama.cpp's normal RoPE: the checkpoint's rows as they are). YaRN: llama.cpp scales the scores by ``(1 +
+    rope.scaling.yarn_log_multiplier * ln factor) ** 2`` and leaves cos and sin unscaled, DeepSeek's ``mscale`` equal
+    to ``mscale_all_dim`` (``yarn_log_multiplier / 0.1``; the published checkpoints' own)."""
     def need(key):
-        v = get(key)
-        if v is None:
-            raise ValueError(f"GGUF file {str(path)!r} lacks metadata {arch}.{key} (a deepseek2 file's)")
-        return int(v)
+        return _gguf_need(reader, arch, path, key)
 
     rank, rope = need("attention.kv_lora_rank"), need("rope.dimension_count")
-    if get("attention.key_length_mla") is not None:
+    if gguf_field(reader, f"{arch}.attention.key_length_mla") is not None:
         qk, v = need("attention.key_length_mla"), need("attention.value_length_mla")
         latent = (need("attention.key_length"), need("attention.value_length"))
         if latent != (rank + rope, rank):
@@ -1428,35 +1489,11 @@ def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
     if qk <= rope:
         raise ValueError(f"GGUF file {str(path)!r}: the query / key head of {qk} dims must hold more than its "
                          f"{rope} RoPE'd ones")
-    gating = int(get("expert_gating_func", 0) or 0)
-    if gating not in (0, 1, 2):
-        raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_gating_func = {gating}; supported: 1 (softmax, "
-                         "DeepSeek-V2's router) and 2 (sigmoid, DeepSeek-V3's)")
-    v3 = gating == 2
-    count, used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
-    if count < 1 or not 1 <= used <= count:
-        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1 and {arch}.expert_used_count in "
-                         f"[1, expert_count], got {count} and {used} (a deepseek2 file without experts is not "
-                         "supported)")
-    groups, top_groups = (int(get(k, 0) or 0) for k in ("expert_group_count", "expert_group_used_count"))
-    norm = bool(get("expert_weights_norm", False))
-    if not v3 and (groups > 1 or norm):
-        raise ValueError(f"GGUF file {str(path)!r}: a softmax router (DeepSeek-V2's) with {arch}.expert_group_count "
-                         f"= {groups} / expert_weights_norm = {norm}: llama.cpp ranks its groups by their best two "
-                         "and renormalises where DeepSeek-V2's code does neither; not supported")
-    extra = {"kv_lora_rank": rank, "q_lora_rank": need("attention.q_lora_rank") if get("attention.q_lora_rank")
-             else None, "qk_nope_head_dim": qk - rope, "qk_rope_head_dim": rope, "v_head_dim": v,
-             "n_routed_experts": count, "num_experts_per_tok": used,
-             "moe_intermediate_size": need("expert_feed_forward_length"),
-             "n_shared_experts": int(get("expert_shared_count", 0) or 0),
-             "first_k_dense_replace": int(get("leading_dense_block_count", 0) or 0),
-             "routed_scaling_factor": float(get("expert_weights_scale", 0.0) or 1.0)}
-    if v3:
-        extra.update(norm_topk_prob=norm, n_group=groups or None, topk_group=(top_groups or None) if groups else None,
-                     rope_interleave=True)
-    else:
-        extra.update(topk_method="greedy", norm_topk_prob=False)
-    log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+    v3, extra = _gguf_grouped_mixture(reader, arch, path, softmax=True)
+    q_rank = gguf_field(reader, f"{arch}.attention.q_lora_rank")
+    extra.update(kv_lora_rank=rank, q_lora_rank=int(q_rank) if q_rank else None, qk_nope_head_dim=qk - rope,
+                 qk_rope_head_dim=rope, v_head_dim=v, **({"rope_interleave": True} if v3 else {}))
+    log_mul = float(gguf_field(reader, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
     if rope_scaling is not None and rope_scaling["rope_type"] == "yarn":
         if not log_mul > 0:
             raise ValueError(f"GGUF file {str(path)!r} has yarn RoPE scaling without "
@@ -1471,8 +1508,7 @@ def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
 def _gguf_latent_weights(config: LlamaConfig, sd: dict, latent: dict, path: Path) -> dict:
     """``sd`` with each layer's ``kv_b_proj`` ``[heads * (qk_nope + v), kv_lora_rank]`` (each head's key rows, then its
     value rows) joined from the file's ``attn_k_b`` ``[heads, kv_lora_rank, qk_nope]`` (transposed by the converter)
-    and ``attn_v_b`` ``[heads, v, kv_lora_rank]``, where it holds them so; a sigmoid router's missing correction bias
-    zero (llama.cpp's: none)."""
+    and ``attn_v_b`` ``[heads, v, kv_lora_rank]``, where it holds them so."""
     m, H = config.mla, config.num_attention_heads
     for i in range(config.num_hidden_layers):
         stem = f"model.layers.{i}.self_attn"
@@ -1486,11 +1522,6 @@ def _gguf_latent_weights(config: LlamaConfig, sd: dict, latent: dict, path: Path
                              f"attn_kv_b), got {None if k is None else tuple(k.shape)} and "
                              f"{None if v is None else tuple(v.shape)}")
         sd[f"{stem}.kv_b_proj.weight"] = torch.cat([k.transpose(1, 2), v], dim=1).reshape(-1, m.kv_lora_rank)
-    if config.experts.correction_bias:
-        for i, sparse in enumerate(config.experts.layers):
-            key = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
-            if sparse and key not in sd:
-                sd[key] = torch.zeros(config.experts.count)
     return sd
 
 
@@ -1648,7 +1679,7 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_head))
     out, stacked = {}, {}
     layers = int(gguf_field(reader, f"{arch}.block_count", 0) or 0) - int(
-        gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch == "deepseek2" else None
+        gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch in _GGUF_MTP else None
     for t in reader.tensors:
         kind = t.tensor_type.name
         if layers is not None and _gguf_layer(t.name) >= layers:
@@ -1665,7 +1696,8 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     out.update(_expert_blocks(stacked))
     family = FAMILIES[GGUF_ARCHITECTURES[arch][0]]
-    if family.fused_projections or family.rope_interleaved or arch == "deepseek2":  # (split, or rows reordered)
+    # (fused rows split; rows reordered: RoPE on adjacent pairs, partial RoPE, the latent attention's RoPE'd rows)
+    if family.fused_projections or family.rope_interleaved or arch in ("deepseek2", "glm4moe"):
         config, _ = read_gguf(path, skip=lambda *_: True, reader=reader)  # the metadata only
         kinds = {}
         for key, (kind, _) in out.items():  # each part of a fused tensor keeps its type
