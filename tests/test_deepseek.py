@@ -608,13 +608,15 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
 _GGUF_WIDTHS = dict(moe_intermediate_size=64, intermediate_size=96)
 
 
-@pytest.mark.parametrize("case,layout", [("v2", "kv_b"), ("v2", "mla"), ("v2-yarn", "mla"), ("v3", "mla"),
-                                         ("v3", "kv_b")])
-def test_gguf_deepseek2_as_llama_cpp_writes_it(tmp_path, case, layout):
+@pytest.mark.parametrize("case,layout,q_rank,layers", [
+    ("v2", "kv_b", None, 3), ("v2", "mla", 24, 3), ("v2-yarn", "mla", 24, 3), ("v2-yarn", "kv_b", None, 3),
+    ("v2", "mla", None, 27), ("v3", "mla", 24, 3), ("v3", "kv_b", 24, 3)])
+def test_gguf_deepseek2_as_llama_cpp_writes_it(tmp_path, case, layout, q_rank, layers):
     """A deepseek2 GGUF (llama.cpp's converter, its current layout and the one before: kv_b_proj split per head or
     whole) loads as its checkpoint's model (:func:`assert_grouped_gguf_loads`; the joined kv_b_proj, 3-D in the file,
-    stays float32 on the blocks' paths); YaRN's mscale from the file's log multiplier."""
-    hf, ours = pair(case, **_GGUF_WIDTHS)
+    stays float32 on the blocks' paths); YaRN's mscale from the file's log multiplier. (llama.cpp's oracle takes a
+    file without attention.q_lora_rank only at V2-Lite's 27 layers, which one case has.)"""
+    hf, ours = pair(case, q_lora_rank=q_rank, num_hidden_layers=layers, **_GGUF_WIDTHS)
     loaded = assert_grouped_gguf_loads(tmp_path, hf, ours, "deepseek2", layout=layout)
     if case == "v2-yarn":  # (mscale_all_dim through the file's float32 log multiplier: 0.707 to float32 rounding)
         got, rs = loaded.config.rope_scaling, ours.config.rope_scaling

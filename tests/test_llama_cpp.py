@@ -82,3 +82,30 @@ def test_mixtures_in_the_geometry_llama_cpp_takes(tmp_path, case, kw):
     path = write_gguf(tmp_path / "m.gguf", ours)
     r = oracle.check_loaded(path, Llama.from_pretrained(path, cache_dir=False), "direct")
     assert "refused" not in r and r["rel"] <= oracle.TOL, r
+
+
+# (qwen2 not among them: it NFC-normalises first, as Qwen2's tokenizer.json does, and llama.cpp does not, so text
+# with decomposed marks encodes otherwise there; measured with llama-cpp-python 0.3.36)
+@pytest.mark.parametrize("pre", ["deepseek-v3", "deepseek-llm", "deepseek-coder", "llama-bpe", "tekken", "gpt-4o",
+                                 "smollm", "gpt-2"])
+def test_pre_tokenizers_are_llama_cpps(tmp_path, pre):
+    """A small byte-level BPE vocabulary under each of these ``tokenizer.ggml.pre`` names, without
+    ``tokenizer.ggml.add_bos_token`` (each name's default): our token ids, BOS first where ``add_bos_token`` says so,
+    are llama.cpp's for the texts above and random mixes of letters, marks, digits, CJK, kana, punctuation and
+    whitespace."""
+    import random
+
+    from triforce.models.hub import load_tokenizer
+
+    from .test_config import write_gguf
+    from .test_families import gguf_tokenizer
+    from .test_tokenizer import TINY, LlamaConfig
+
+    path = write_gguf(tmp_path / f"{pre}.gguf", Llama(LlamaConfig(**{**TINY, "vocab_size": 300})),
+                      tokenizer=gguf_tokenizer(pre, 300))
+    tok = load_tokenizer(path, cache_dir=False)
+    rng = random.Random(5)
+    alphabet = list("aZx'.,!$+-_/ \t\n\r0123456789\u00e9\u0301\u4e2d\u3042\u30a2\u05d0\u0416") + ["  ", "\r\n", "'ll"]
+    texts = TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40))) for _ in range(200)]
+    ours = [tok.encode(t, add_special_tokens=tok.add_bos_token) for t in texts]
+    assert ours == oracle.llama_cpp_tokenize(path, texts)
