@@ -564,6 +564,33 @@ def test_deepseek_v3_splits(tmp_path):
         assert _splits(tok, text) == split(text), text
 
 
+# Kimi K2's regex as tokenization_kimi.py writes it (the `regex` package reads its class intersections with V1)
+_KIMI_K2 = (r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&"
+            r"[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+            r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def test_kimi_k2_splits(tmp_path):
+    """Kimi K2's pre-tokenizer (its GGUF files: tokenizer.ggml.pre kimi-k2): Han runs whole (a Han character never
+    joins a word), o200k's cased words with contractions, digits in threes, punctuation runs with trailing newlines
+    (a slash is punctuation: "/y"), whitespace. Pieces written out by hand, then random text against the `regex`
+    package running tokenization_kimi.py's regex."""
+    import regex
+
+    tok = _gguf_bpe(tmp_path, "kimi-k2")
+    text = "Hello\u4e2d\u6587World's 12345 x/y\n\nThe  end\u3042\u4e2d"
+    assert _splits(tok, text) == ["Hello", "\u4e2d\u6587", "World's", " ", "123", "45", " x", "/y", "\n\n", "The",
+                                  " ", " end\u3042", "\u4e2d"]
+    assert tok.decode(tok.encode(text)) == text and not tok.add_bos_token
+    pattern = regex.compile(_KIMI_K2, flags=regex.V1)
+    rng = random.Random(6)
+    alphabet = list("aAzZ'sStT dD0123456789/\n\r\t.,;+-_\u00e9\u00c9\u0301\u4e2d\u6587\u3042\u30a2\u01c5\u02b0") + ["'ll"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 30)))
+        assert _splits(tok, text) == pattern.findall(text), text
+
+
 # ---- opt-in: the real vocabularies in llama.cpp's tokenizer tests
 
 VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "deepseek-coder", "deepseek-llm", "qwen35",

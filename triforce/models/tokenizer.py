@@ -54,6 +54,13 @@ def _cased_words(suffix: str, digits: str) -> str:
 
 _TEKKEN_SPLIT = _cased_words("", r"\p{N}")
 _O200K_SPLIT = _cased_words(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", r"\p{N}{1,3}")
+# Kimi K2's (tokenization_kimi.py; llama.cpp's kimi-k2): Han runs whole, then o200k's cased words and contractions
+# without Han letters, digits in threes, punctuation runs with trailing newlines (no slashes), whitespace
+_NO_HAN_UPPER, _NO_HAN_LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_KIMI_K2_SPLIT = (rf"\p{{Han}}+|[^\r\n\p{{L}}\p{{N}}]?{_NO_HAN_UPPER}*{_NO_HAN_LOWER}+{_CONTRACTION}"
+                  rf"|[^\r\n\p{{L}}\p{{N}}]?{_NO_HAN_UPPER}+{_NO_HAN_LOWER}*{_CONTRACTION}"
+                  r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # DeepSeek-Coder: newlines, letter runs and punctuation runs (each with one leading space), runs of CJK
 # ideographs / Samaritan..CJK / Hangul, one after another; then single digits
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
@@ -120,6 +127,7 @@ _GGUF_PRES = {
     "deepseek-coder": _Pre(_DEEPSEEK_CODER_SPLITS),
     "deepseek-llm": _Pre(_DEEPSEEK_LLM_SPLITS),
     "deepseek-v3": _Pre(_DEEPSEEK_V3_SPLITS),
+    "kimi-k2": _Pre((_KIMI_K2_SPLIT,)),
     "falcon": _Pre(_FALCON_SPLITS),
 }
 
