@@ -1,7 +1,8 @@
 """DeepSeek-V2 / V3 (``model_type="deepseek_v2"``: DeepSeek-V2, V2-Lite, V2.5, Coder-V2; ``"deepseek_v3"``: DeepSeek-V3,
 R1, Moonlight): multi-head latent attention, absorbed (triforce.models.llama.LatentAttention: the caches hold one latent
 KV head), and their routers (V2's softmax, greedy or within groups; V3's sigmoid with a correction bias within groups),
-against transformers' DeepseekV2ForCausalLM / DeepseekV3ForCausalLM on the same weights."""
+against transformers' DeepseekV2ForCausalLM / DeepseekV3ForCausalLM on the same weights; GGUF files of these models (and
+of GLM-4.5's and dots.llm1's mixtures) as llama.cpp's converter writes them (``write_grouped_gguf``)."""
 import functools
 import json
 
@@ -711,3 +712,59 @@ def test_gguf_deepseek2_latent_halves_must_agree(tmp_path):
     with pytest.raises(ValueError, match="layer 0 needs attn_k_b"):
         Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "a.gguf", hf, omit=("0.attn_v_b.weight",)),
                               cache_dir=False)
+
+
+# glm4_moe's and dots1's tiny shape (their test modules' BASE: grouped K/V heads of 16)
+_GGUF_OTHER_BASE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, n_routed_experts=6, num_experts_per_tok=2,
+                        moe_intermediate_size=40)
+
+
+@given(data=st.data())
+def test_gguf_files_of_drawn_configs_load_as_their_checkpoints(data):
+    """Property: a deepseek2 / glm4moe / dots1 GGUF of a drawn tiny checkpoint (V2 or V3 router, queries low-rank or
+    not, either kv_b layout, YaRN, one or two shared experts, a dense first layer or none, groups, renormalisation,
+    scaling, q/k norms and biases, a prediction layer appended, Q8_0 blocks) loads with transformers' logits, and its
+    blocks compute the loaded model bitwise."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+
+    draw = data.draw
+    family = draw(st.sampled_from(["deepseek_v2", "deepseek_v3", "glm4_moe", "dots1"]))
+    kw = {**_GGUF_WIDTHS, "first_k_dense_replace": draw(st.integers(0, 1)),
+          "n_shared_experts": draw(st.sampled_from([1, 2]))}
+    arch = "deepseek2" if family.startswith("deepseek") else family.replace("_", "")
+    layout, mtp = "mla", False
+    if family != "deepseek_v2":  # V3's router
+        groups = draw(st.sampled_from([1, 2, 3]))
+        kw.update(n_group=groups, topk_group=draw(st.integers(1, groups)), norm_topk_prob=draw(st.booleans()),
+                  routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
+    if family.startswith("deepseek"):
+        layout = draw(st.sampled_from(["mla", "kv_b"]))
+        kw.update(q_lora_rank=draw(st.sampled_from([None, 24])))
+        if draw(st.booleans()):
+            m = draw(st.sampled_from([0.707, 1.0]))
+            kw.update(max_position_embeddings=64, rope_parameters={**_YARN, "mscale": m, "mscale_all_dim": m})
+    if family in ("deepseek_v3", "glm4_moe"):
+        mtp = draw(st.booleans())
+    if family == "glm4_moe":
+        kw.update(use_qk_norm=draw(st.booleans()), attention_bias=draw(st.booleans()))
+    if family == "dots1":
+        kw.update(attention_bias=draw(st.booleans()), num_key_value_heads=draw(st.sampled_from([2, 4])))
+    base = BASE if family.startswith("deepseek") else _GGUF_OTHER_BASE
+    hf, _ = transformers_pair({"deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe",
+                               "dots1": "Dots1"}[family], {**base, **kw})
+    quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0,)) if draw(st.booleans()) else None
+    ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4))
+    with tempfile.TemporaryDirectory() as d:
+        path = write_grouped_gguf(Path(d) / "m.gguf", hf, arch, layout, quant=quant, mtp=mtp)
+        with torch.no_grad():
+            if quant is None:
+                loaded = Llama.from_pretrained(path, cache_dir=False)
+                assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+            else:
+                assert_blocks_compute_the_loaded_model(path, ids)
