@@ -591,6 +591,87 @@ def test_kimi_k2_splits(tmp_path):
         assert _splits(tok, text) == pattern.findall(text), text
 
 
+def write_tiktoken_directory(directory, ranks: dict, specials: dict, pattern: str, module: str = "tokenization_kimi"):
+    """A Hugging Face directory as Kimi K2's holds its tokenizer: ``tiktoken.model`` (``ranks``: bytes -> rank, a
+    base64 line each), ``tokenizer_config.json`` (``auto_map`` to ``<module>.TikTokenTokenizer``, ``specials``: id
+    -> content in ``added_tokens_decoder``, ``[BOS]`` / ``[EOS]``) and the class's module with its ``pat_str`` as
+    ``"|".join`` of raw strings and ``num_reserved_special_tokens`` (the code is read, not run)."""
+    import base64
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tiktoken.model").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n"
+                                                      for t, r in sorted(ranks.items(), key=lambda kv: kv[1])))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "auto_map": {"AutoTokenizer": [f"{module}.TikTokenTokenizer", None]}, "bos_token": "[BOS]",
+        "eos_token": "[EOS]", "added_tokens_decoder": {str(i): {"content": c, "special": True}
+                                                       for i, c in specials.items()}}))
+    parts = ",\n".join(f"            r\"\"\"{p}\"\"\"" for p in pattern.split("\n"))
+    (directory / f"{module}.py").write_text(
+        "import tiktoken\n\n\nclass TikTokenTokenizer:\n    num_reserved_special_tokens = 8\n\n"
+        f"    pat_str = \"|\".join(\n        [\n{parts}\n        ]\n    )\n\n    def __init__(self):\n        raise "
+        "RuntimeError('not run')\n")
+    return directory
+
+
+def test_a_tiktoken_directory_encodes_as_tiktoken(tmp_path):
+    """A directory with Kimi K2's tokenizer files (tiktoken.model, the class's pat_str read from its source, its
+    special tokens) encodes as tiktoken itself with the same ranks, pattern and special tokens: the texts of the
+    cased-word tests and 300 random mixes of letters, marks, digits, Han, kana, punctuation, whitespace and the
+    special tokens; it decodes back; BOS / EOS are [BOS] / [EOS]; the reserved ids are named as the class names
+    them."""
+    tiktoken = pytest.importorskip("tiktoken")
+    from tiktoken._educational import bpe_train
+
+    from triforce.models.hub import load_tokenizer
+
+    rng = random.Random(0)
+    words = ["hello", "world", "the", "token", "\u4e2d\u6587", "\u5b57\u7b26", "\u65e5\u672c\u8a9e",
+             "\u30c6\u30ad\u30b9\u30c8", "CamelCase", "ALLCAPS", "don't", "I'm", "12345", "3.14", "na\u00efve",
+             "caf\u00e9", "x/y", "\n\n", "  "]
+    ranks = bpe_train(" ".join(rng.choice(words) for _ in range(600)), 330, r"\S+|\s+", visualise=None)
+    n = len(ranks)
+    specials = {n: "[BOS]", n + 1: "[EOS]", n + 3: "<|im_end|>"}
+    tok = load_tokenizer(write_tiktoken_directory(tmp_path / "kimi", ranks, specials, _KIMI_K2))
+    named = {c: i for i, c in specials.items()}
+    reserved = {f"<|reserved_token_{i}|>": i for i in range(n, n + 8) if i not in specials}
+    enc = tiktoken.Encoding("kimi", pat_str=_KIMI_K2, mergeable_ranks=ranks, special_tokens={**named, **reserved})
+    assert (tok.bos_token_id, tok.eos_token_id, tok.vocab_size) == (n, n + 1, n + 8) and not tok.add_bos_token
+    alphabet = list("aAzZ'sStT dD0123456789/\n\r\t.,;+-_\u00e9\u00c9\u0301\u4e2d\u6587\u3042\u30a2\u01c5") + [
+        "'ll", "hello", "world", " the", "[BOS]", "<|im_end|>", f"<|reserved_token_{n + 2}|>"]
+    texts = [t for t, _, _ in CASED_CASES] + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40)))
+                                              for _ in range(300)]
+    for text in texts:
+        ids = tok.encode(text)
+        assert ids == enc.encode(text, allowed_special="all"), text
+        assert tok.decode(ids) == text
+
+
+def test_a_tiktoken_directory_that_cannot_be_read_raises(tmp_path):
+    """A tiktoken.model directory whose class names no pattern, or whose pattern is no literal, or whose ranks or
+    added tokens do not fit, raises naming what."""
+    from triforce.models.hub import load_tokenizer
+
+    ranks = {bytes([b]): b for b in range(256)}
+    with pytest.raises(ValueError, match="no tokenizer class"):
+        d = write_tiktoken_directory(tmp_path / "a", ranks, {}, r"\S+")
+        (d / "tokenizer_config.json").write_text("{}")
+        load_tokenizer(d)
+    d = write_tiktoken_directory(tmp_path / "b", ranks, {}, r"\S+")
+    (d / "tokenization_kimi.py").write_text("class TikTokenTokenizer:\n    pat_str = make()\n")
+    with pytest.raises(ValueError, match="no literal pat_str"):
+        load_tokenizer(d)
+    with pytest.raises(ValueError, match="not the ids"):
+        load_tokenizer(write_tiktoken_directory(tmp_path / "c", {**ranks, b"ab": 300}, {}, r"\S+"))
+    with pytest.raises(ValueError, match="no merge of two"):
+        load_tokenizer(write_tiktoken_directory(tmp_path / "d", {**ranks, b"abc": 256}, {}, r"\S+"))
+    with pytest.raises(ValueError, match="outside the special ids"):
+        load_tokenizer(write_tiktoken_directory(tmp_path / "e", ranks, {300: "[X]"}, r"\S+"))
+    d = write_tiktoken_directory(tmp_path / "f", ranks, {}, r"\S+")
+    (d / "tiktoken.model").write_text("not base64!! 1\n")
+    with pytest.raises(ValueError, match="line 1 is not a base64 token"):
+        load_tokenizer(d)
+
+
 # ---- opt-in: the real vocabularies in llama.cpp's tokenizer tests
 
 VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "deepseek-coder", "deepseek-llm", "qwen35",

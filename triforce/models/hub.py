@@ -160,7 +160,7 @@ def load_tokenizer(path, cache_dir=None) -> Tokenizer | None:
 
     path = Path(path).expanduser()
     if path.is_dir():
-        has = (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()
+        has = any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tiktoken.model"))
         return Tokenizer.from_pretrained(path) if has else None
     if not _is_gguf(path):
         return None

@@ -1,14 +1,15 @@
 """The tokenizer of a model: a Hugging Face ``tokenizer.json`` (read with the ``tokenizers`` package), a
-SentencePiece ``tokenizer.model`` (older Llama 1/2-style directories; BPE, encoded as below), or the
+SentencePiece ``tokenizer.model`` (older Llama 1/2-style directories; BPE, encoded as below), a tiktoken
+``tiktoken.model`` (Kimi K2, Moonlight: :func:`_tiktoken_directory`), or the
 tokenizer rebuilt from a GGUF file's embedded vocabulary (no network). The GGUF tokenizers, by
 ``tokenizer.ggml.model``:
 
 ``"gpt2"``: byte-level BPE from the file's merges, split first by the pre-tokenizer that ``tokenizer.ggml.pre``
 names: llama.cpp's names, grouped as llama.cpp groups them, each group split as its models' ``tokenizer.json``
 splits (``_GGUF_PRES``: GPT-2, SmolLM / StarCoder, Llama 3, Phi-4 / DBRX, Qwen2, Qwen 3.5, Mistral's tekken,
-o200k for Phi-4-mini / Llama 4, DeepSeek-Coder, DeepSeek-LLM, Falcon). For Llama 3's names and tekken a split
-found whole in the vocabulary is that one token without merging (``ignore_merges``). Any other name raises
-(its splits would differ, so the token ids would be wrong).
+o200k for Phi-4-mini / Llama 4, DeepSeek-Coder, DeepSeek-LLM, DeepSeek-V3, Kimi K2, Falcon). For Llama 3's names and
+tekken a split found whole in the vocabulary is that one token without merging (``ignore_merges``). Any other name
+raises (its splits would differ, so the token ids would be wrong).
 
 ``"llama"``: SentencePiece BPE (Llama 1/2, TinyLlama, Mistral 7B up to v0.3, Code Llama, ...), as llama.cpp
 runs it (:class:`SentencePiece`): spaces become ``▁``, one is put in front of the text and of every stretch of
@@ -272,7 +273,8 @@ class Tokenizer:
         """The tokenizer of a Hugging Face model directory or of a GGUF file.
 
         A directory needs ``tokenizer.json``, or else a SentencePiece ``tokenizer.model`` (older Llama 1/2-style
-        checkpoints; BPE only: :func:`_read_sentencepiece_model`); ``tokenizer_config.json`` (``bos_token``,
+        checkpoints; BPE only: :func:`_read_sentencepiece_model`), or a ``tiktoken.model`` (Kimi K2, Moonlight:
+        :func:`_tiktoken_directory`); ``tokenizer_config.json`` (``bos_token``,
         ``eos_token``, ``add_bos_token``, ``chat_template``; with ``tokenizer.model`` also ``legacy`` and
         ``added_tokens_decoder``), ``chat_template.jinja``, ``generation_config.json`` and ``config.json``
         (``bos_token_id`` / ``eos_token_id``) are read when present. A directory written by :meth:`save`
@@ -299,9 +301,11 @@ class Tokenizer:
                 raise ValueError(f"cannot read {str(file)!r} with the tokenizers package: {e}") from None
         elif (path / "tokenizer.model").exists():
             backend, sentencepiece, model_ids = _sentencepiece_directory(path / "tokenizer.model", tok_cfg)
+        elif (path / "tiktoken.model").exists():
+            backend = _tiktoken_directory(path / "tiktoken.model", tok_cfg)
         else:
-            raise FileNotFoundError(f"{str(path)!r} has no tokenizer.json (nor a SentencePiece tokenizer.model): "
-                                    "copy the tokenizer files of the original checkpoint into it")
+            raise FileNotFoundError(f"{str(path)!r} has no tokenizer.json (nor a SentencePiece tokenizer.model, nor a "
+                                    "tiktoken.model): copy the tokenizer files of the original checkpoint into it")
 
         def token_id(entry):  # "</s>" or {"content": "</s>", ...} -> id
             content = entry.get("content") if isinstance(entry, dict) else entry
@@ -638,6 +642,127 @@ def _sentencepiece_directory(path: Path, tok_cfg: dict) -> tuple[_HFTokenizer, "
         sp.add_whole(content, i)
     own = {k: m[f"{k}_id"] for k in ("bos", "eos") if 0 <= m[f"{k}_id"] < len(m["tokens"])}
     return backend, sp, own
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-level alphabet (``tokenizers``' ByteLevel): the character each byte is written as."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b], extra = chr(256 + extra), extra + 1
+    return [out[b] for b in range(256)]
+
+
+def _rank_parts(ranks: dict, token: bytes, max_rank: int) -> list[bytes]:
+    """``token``'s bytes merged as tiktoken merges them, only through pieces ranked below ``max_rank``: the adjacent
+    pair whose union has the lowest rank first, until none has one."""
+    parts = [token[i:i + 1] for i in range(len(token))]
+    while len(parts) > 1:
+        best = min(((ranks.get(parts[i] + parts[i + 1]), i) for i in range(len(parts) - 1)
+                    if ranks.get(parts[i] + parts[i + 1], max_rank) < max_rank), default=None)
+        if best is None:
+            break
+        i = best[1]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+def _tiktoken_settings(directory: Path, tok_cfg: dict) -> tuple[str, int]:
+    """(``pat_str``, ``num_reserved_special_tokens``) of the tokenizer class a directory's ``tokenizer_config.json``
+    names (``auto_map.AutoTokenizer``: Kimi K2's ``tokenization_kimi.TikTokenTokenizer``, Moonlight's
+    ``tokenization_moonshot``), read from that module's source as literals (string constants, or ``"|".join`` of a
+    list of them): the remote code is not run."""
+    import ast
+
+    names = (tok_cfg.get("auto_map") or {}).get("AutoTokenizer")
+    name = names[0] if isinstance(names, list) and names else names
+    if not isinstance(name, str) or "." not in name:
+        raise ValueError(f"{str(directory)!r} has a tiktoken.model but its tokenizer_config.json names no tokenizer "
+                         "class (auto_map.AutoTokenizer) whose split pattern could be read")
+    module, cls = name.split("--")[-1].rsplit(".", 1)
+    source = directory / f"{module}.py"
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the tokenizer class {name!r} from {str(source)!r}: {e}") from None
+
+    def literal(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, int)):
+            return node.value
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+                and isinstance(node.func.value, ast.Constant) and len(node.args) == 1
+                and isinstance(node.args[0], (ast.List, ast.Tuple))):
+            items = [literal(e) for e in node.args[0].elts]
+            if all(isinstance(i, str) for i in items):
+                return node.func.value.value.join(items)
+        return None
+
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for stmt in node.body:
+                target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else (
+                    stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value is not None else None)
+                if isinstance(target, ast.Name) and target.id in ("pat_str", "num_reserved_special_tokens"):
+                    found[target.id] = literal(stmt.value)
+    pattern, reserved = found.get("pat_str"), found.get("num_reserved_special_tokens", 256)
+    if not isinstance(pattern, str) or not isinstance(reserved, int):
+        raise ValueError(f"{str(source)!r}: class {cls} has no literal pat_str (and num_reserved_special_tokens) to "
+                         "split by")
+    return pattern, reserved
+
+
+def _tiktoken_directory(path: Path, tok_cfg: dict) -> _HFTokenizer:
+    """The backend of a Hugging Face directory's tiktoken vocabulary (``tiktoken.model``: a token's bytes in base64
+    and its rank a line, the ranks the ids 0..n-1; Kimi K2's, Moonlight's), as tiktoken encodes: the text split by
+    the tokenizer class's ``pat_str`` (:func:`_tiktoken_settings`), each split that is a token whole that token
+    (``ignore_merges``, tiktoken's rule; with merges derived so, merging gives the same), else its bytes merged by
+    rank (the merges derived from the ranks, as Hugging Face's and llama.cpp's converters derive them: each token's
+    two parts where merging its bytes by lower ranks stops; a few seconds for Kimi K2's 163,840 tokens); then
+    ``num_reserved_special_tokens`` special tokens from id n on, named by ``added_tokens_decoder`` (the rest
+    ``<|reserved_token_{id}|>``, as the class names them)."""
+    import base64
+
+    ranks = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:
+            raise ValueError(f"{str(path)!r} line {n + 1} is not a base64 token and its rank") from None
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError(f"{str(path)!r}: the ranks are not the ids 0..{len(ranks) - 1}, each once")
+    pattern, reserved = _tiktoken_settings(path.parent, tok_cfg)
+    chars = _byte_chars()
+    text = lambda b: "".join(chars[x] for x in b)  # noqa: E731
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) > 1:
+            parts = _rank_parts(ranks, token, rank)
+            if len(parts) != 2:
+                raise ValueError(f"{str(path)!r}: token {rank} ({token!r}) is no merge of two lower-ranked tokens")
+            merges.append((text(parts[0]), text(parts[1])))
+    backend = _HFTokenizer(models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges, fuse_unk=False,
+                                      ignore_merges=True))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    added = {int(k): v.get("content") if isinstance(v, dict) else None
+             for k, v in (tok_cfg.get("added_tokens_decoder") or {}).items()}
+    for i in range(len(ranks), len(ranks) + reserved):
+        content = added.pop(i, None) or f"<|reserved_token_{i}|>"
+        backend.add_special_tokens([AddedToken(content, normalized=False, special=True)])
+        if backend.token_to_id(content) != i:
+            raise ValueError(f"{str(path)!r}: special token {content!r} did not get its id {i} (named twice?)")
+    if added:
+        raise ValueError(f"{str(path)!r}: tokenizer_config.json's added tokens {sorted(added)[:3]} lie outside the "
+                         f"special ids {len(ranks)}..{len(ranks) + reserved - 1}")
+    return backend
 
 
 def _read_json(path: Path) -> dict:
