@@ -517,7 +517,7 @@ def write_deepseek2_gguf(path, hf, layout: str = "mla", **kw):
 
 
 def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, meta=None, drop=(), omit=(),
-                       mtp: bool = False):
+                       mtp: bool = False, tokenizer=None):
     """A GGUF of transformers' model ``hf`` with DeepSeek's mixture as llama.cpp's converter writes the checkpoint:
     ``arch`` deepseek2 (DeepseekV2Model: DeepseekV2 / V3), glm4moe (Glm4MoeModel) or dots1 (Dots1Model). No
     permutation (llama.cpp runs deepseek2's RoPE on adjacent pairs, glm4moe's and dots1's on half-split ones, as the
@@ -531,7 +531,7 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
     test_families.write_converted_gguf's (2-D tensors; the experts' stacks are Q8_0 where their rows allow); ``meta``
     / ``drop``: keys added / left out; ``omit``: tensors whose names end so left out; ``mtp``: a multi-token
     prediction layer after the model's, as GLM's converters append it (the last layer's tensors again, its nextn.*
-    ones, block_count one more, nextn_predict_layers 1)."""
+    ones, block_count one more, nextn_predict_layers 1); ``tokenizer``: tokenizer.ggml.* keys."""
     import gguf
     import numpy as np
 
@@ -602,7 +602,7 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
         return quant(name, a)
 
     arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in tensors.items() if not name.endswith(tuple(omit))}
-    return write_gguf_file(path, arch, kv, arrays, c, stored if quant is not None else None)
+    return write_gguf_file(path, arch, kv, arrays, c, stored if quant is not None else None, tokenizer)
 
 
 # MLP widths of whole Q8_0 / Q5_0 blocks (32), so the quantised files hold blocks of every projection but o_proj
@@ -651,6 +651,26 @@ def assert_grouped_gguf_loads(tmp_path, hf, ours, arch: str, **kw) -> Llama:
                                                                          types=(QT.Q8_0, QT.Q5_0)), **kw)
     assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
     return loaded
+
+
+def test_gguf_deepseek2_generates_from_the_command_line(tmp_path, capsys):
+    """``triforce generate`` on a deepseek2 file with its tokenizer (deepseek-v3's pre-tokenizer), on its Q8_0 blocks
+    with integer dot products: TriForce and a token tree print autoregressive's text."""
+    import numpy as np
+
+    from triforce import cli
+
+    from .test_families import QT, gguf_tokenizer, quantizer
+
+    hf, _ = pair("v3", vocab_size=300, **_GGUF_WIDTHS)
+    path = write_grouped_gguf(tmp_path / "m.gguf", hf, "deepseek2", tokenizer=gguf_tokenizer("deepseek-v3", 300),
+                              quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0,)))
+    texts = {}
+    for method in ("autoregressive", "triforce", "tree"):
+        assert cli.main(["generate", "--model", str(path), "--dtype", "gguf-int8", "--method", method,
+                         "--prompt", "Hello world, the tokens 12345", "--max-new-tokens", "10"]) == 0
+        texts[method] = capsys.readouterr().out
+    assert texts["autoregressive"].strip() and len(set(texts.values())) == 1, texts
 
 
 def test_gguf_deepseek2_multi_token_prediction_layers_are_skipped(tmp_path):

@@ -478,16 +478,20 @@ def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None
     return write_gguf_file(path, arch, kv, tensors, c, quant)
 
 
-def write_gguf_file(path, arch: str, kv: dict, tensors: dict, config, quant=None):
+def write_gguf_file(path, arch: str, kv: dict, tensors: dict, config, quant=None, tokenizer=None):
     """A GGUF file of architecture ``arch``: ``kv`` under its prefix, ``config``'s token ids, ``tensors`` (GGUF name
-    -> float32 array), each through ``quant(name, array) -> (array, raw_dtype)`` where given (rope_factors never)."""
+    -> float32 array), each through ``quant(name, array) -> (array, raw_dtype)`` where given (rope_factors never);
+    ``tokenizer``: tokenizer.ggml.* keys (:func:`gguf_tokenizer`)."""
     w = gguf.GGUFWriter(str(path), arch)
     add = {float: w.add_float32, int: w.add_uint32, list: w.add_array, bool: w.add_bool, str: w.add_string}
     for k, v in kv.items():
         add[type(v)](f"{arch}.{k}", v)
+    for k, v in (tokenizer or {}).items():
+        add[type(v)](f"tokenizer.ggml.{k}", v)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if isinstance(getattr(config, k, None), int):  # (a list of ids: llama.cpp's converter writes one, not needed)
-            w.add_uint32(f"tokenizer.ggml.{k.replace('pad_', 'padding_')}", getattr(config, k))
+        key = k.replace("pad_", "padding_")
+        if isinstance(getattr(config, k, None), int) and key not in (tokenizer or {}):  # (a list of ids: not needed)
+            w.add_uint32(f"tokenizer.ggml.{key}", getattr(config, k))
     for name, t in tensors.items():
         q, qtype = quant(name, t) if quant is not None and not name.startswith("rope_factors") else (t, None)
         w.add_tensor(name, q, raw_dtype=qtype)
