@@ -537,12 +537,12 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
 
     c = hf.config
     rp, deepseek = c.rope_parameters, arch == "deepseek2"
-    v3 = not deepseek or c.model_type == "deepseek_v3"
+    v3 = c.model_type != "deepseek_v2"  # (V3's router: V3, GLM-4.7-Flash, GLM-4.5, dots.llm1)
     kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
           "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
           "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
           "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "rope.freq_base": float(rp["rope_theta"]),
-          "vocab_size": c.vocab_size, "leading_dense_block_count": c.first_k_dense_replace,
+          "vocab_size": c.vocab_size, "leading_dense_block_count": _leading_dense(c),
           "expert_feed_forward_length": c.moe_intermediate_size, "expert_count": c.n_routed_experts,
           "expert_used_count": c.num_experts_per_tok, "expert_shared_count": c.n_shared_experts or 0,
           "expert_weights_scale": float(c.routed_scaling_factor), "expert_gating_func": 2 if v3 else 1}
@@ -605,6 +605,15 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
     return write_gguf_file(path, arch, kv, arrays, c, stored if quant is not None else None, tokenizer)
 
 
+def _leading_dense(c) -> int:
+    """The converter's leading_dense_block_count: config.json's first_k_dense_replace (GLM-4.7-Flash's carries it
+    beside the mlp_layer_types transformers reads: its leading dense layers)."""
+    if getattr(c, "first_k_dense_replace", None) is not None:
+        return c.first_k_dense_replace
+    types = list(c.mlp_layer_types)
+    return types.index("sparse") if "sparse" in types else len(types)
+
+
 # MLP widths of whole Q8_0 / Q5_0 blocks (32), so the quantised files hold blocks of every projection but o_proj
 _GGUF_WIDTHS = dict(moe_intermediate_size=64, intermediate_size=96)
 
@@ -626,11 +635,14 @@ def test_gguf_deepseek2_as_llama_cpp_writes_it(tmp_path, case, layout, q_rank, l
         assert got["mscale"] == got["mscale_all_dim"] == pytest.approx(rs["mscale_all_dim"], rel=1e-6)
 
 
-def assert_grouped_gguf_loads(tmp_path, hf, ours, arch: str, **kw) -> Llama:
+def assert_grouped_gguf_loads(tmp_path, hf, ours, arch: str, model_type=None, **kw) -> Llama:
     """``hf`` written as llama.cpp's converter writes it (:func:`write_grouped_gguf`, ``arch``, ``kw``) loads as its
-    checkpoint's model: ``ours``' config (family, latent attention, mixture, KV heads), transformers' logits, the
-    conversion cache read back by transformers as the same model; in Q8_0 / Q5_0 blocks (the experts in Q8_0)
-    ``gguf_copy`` and ``load_gguf_int8`` compute the loaded model bitwise. -> ours from the float32 file."""
+    checkpoint's model: ``ours``' config (family, or ``model_type`` where the file names another; latent attention,
+    mixture, KV heads), transformers' logits, the conversion cache read back by transformers as the same model; in
+    Q8_0 / Q5_0 blocks (the experts in Q8_0) ``gguf_copy`` and ``load_gguf_int8`` compute the loaded model bitwise.
+    -> ours from the float32 file."""
+    import dataclasses
+
     import numpy as np
 
     from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
@@ -638,14 +650,16 @@ def assert_grouped_gguf_loads(tmp_path, hf, ours, arch: str, **kw) -> Llama:
     loaded = Llama.from_pretrained(write_grouped_gguf(tmp_path / "f32.gguf", hf, arch, **kw),
                                    cache_dir=tmp_path / "cache")
     c, want = loaded.config, ours.config
-    assert (c.model_type, c.mla, c.experts, c.num_key_value_heads, c.head_dim, c.rotary_dim) == (
-        want.model_type, want.mla, want.experts, want.num_key_value_heads, want.head_dim, want.rotary_dim)
+    f32 = lambda e: dataclasses.replace(e, scale=float(np.float32(e.scale)))  # noqa: E731  (the file's float32)
+    assert (c.model_type, c.mla, f32(c.experts), c.num_key_value_heads, c.head_dim, c.rotary_dim) == (
+        model_type or want.model_type, want.mla, f32(want.experts), want.num_key_value_heads, want.head_dim,
+        want.rotary_dim)
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(ids).logits
         assert (loaded(ids) - ref).abs().max().item() <= TOL
         entry = next((tmp_path / "cache").glob("gguf-*"))
-        back = type(hf).from_pretrained(entry, attn_implementation="eager").eval()
+        back = transformers.AutoModelForCausalLM.from_pretrained(entry, attn_implementation="eager").eval()
         assert (back(ids).logits - loaded(ids)).abs().max().item() <= TOL
     q = write_grouped_gguf(tmp_path / "q.gguf", hf, arch, quant=quantizer(np.random.default_rng(0),
                                                                          types=(QT.Q8_0, QT.Q5_0)), **kw)

@@ -177,3 +177,21 @@ def test_gguf_glm4moe_as_llama_cpp_writes_it(tmp_path, case):
 
     hf, ours = pair(case, **_GGUF_WIDTHS)
     assert_grouped_gguf_loads(tmp_path, hf, ours, "glm4moe", mtp=True)
+
+
+@pytest.mark.parametrize("case", list(LITE_CASES))
+def test_gguf_glm47_flash_as_llama_cpp_writes_it(tmp_path, case):
+    """GLM-4.7-Flash's GGUF (llama.cpp's converter writes it as deepseek2, its prediction layer appended) loads as
+    DeepSeek-V3's layer, the same model: transformers' Glm4MoeLiteForCausalLM's logits, the blocks bitwise (the
+    dense layers before leading_dense_block_count: its list's first one). "lite-listed" puts a dense layer after a
+    sparse one, which the file cannot say: it raises naming the layer (llama.cpp cannot load it either)."""
+    from .test_deepseek import _GGUF_WIDTHS, assert_grouped_gguf_loads, write_grouped_gguf
+
+    # (rms_norm_eps 1e-6: llama.cpp's deepseek2 takes the file's eps for the latent norms too, where the checkpoint's
+    # model (transformers', ours) keeps DeepSeek's 1e-6; at GLM-4.7-Flash's 1e-5 its logits differ by ~1e-4 there)
+    hf, ours = transformers_pair("Glm4MoeLite", {**LITE, **LITE_CASES[case], **_GGUF_WIDTHS, "rms_norm_eps": 1e-6})
+    if case == "lite":
+        assert_grouped_gguf_loads(tmp_path, hf, ours, "deepseek2", model_type="deepseek_v3", mtp=True)
+        return
+    with pytest.raises(ValueError, match="layer 1 lacks ffn_gate_exps"):
+        Llama.from_pretrained(write_grouped_gguf(tmp_path / "m.gguf", hf, "deepseek2"), cache_dir=False)
