@@ -6,6 +6,8 @@ of GLM-4.5's and dots.llm1's mixtures) as llama.cpp's converter writes them (``w
 import functools
 import json
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from hypothesis import example, given
@@ -16,8 +18,9 @@ from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
 from triforce.models.llama import LatentAttention, SparseMoE
 from triforce.models.quant import Q8Linear, int8_copy
 
-from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive, ragged_prompts
-from .test_families import randomize_, write_gguf_file
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import (QT, assert_blocks_compute_the_loaded_model, gguf_tokenizer, quantizer, randomize_,
+                            write_gguf_file)
 from .test_model import TOL
 from .test_moe import assert_checkpoint_directories_both_ways
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
@@ -532,9 +535,6 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
     / ``drop``: keys added / left out; ``omit``: tensors whose names end so left out; ``mtp``: a multi-token
     prediction layer after the model's, as GLM's converters append it (the last layer's tensors again, its nextn.*
     ones, block_count one more, nextn_predict_layers 1); ``tokenizer``: tokenizer.ggml.* keys."""
-    import gguf
-    import numpy as np
-
     c = hf.config
     rp, deepseek = c.rope_parameters, arch == "deepseek2"
     v3 = c.model_type != "deepseek_v2"  # (V3's router: V3, GLM-4.7-Flash, GLM-4.5, dots.llm1)
@@ -643,10 +643,6 @@ def assert_grouped_gguf_loads(tmp_path, hf, ours, arch: str, model_type=None, **
     -> ours from the float32 file."""
     import dataclasses
 
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
-
     loaded = Llama.from_pretrained(write_grouped_gguf(tmp_path / "f32.gguf", hf, arch, **kw),
                                    cache_dir=tmp_path / "cache")
     c, want = loaded.config, ours.config
@@ -670,11 +666,7 @@ def assert_grouped_gguf_loads(tmp_path, hf, ours, arch: str, model_type=None, **
 def test_gguf_deepseek2_generates_from_the_command_line(tmp_path, capsys):
     """``triforce generate`` on a deepseek2 file with its tokenizer (deepseek-v3's pre-tokenizer), on its Q8_0 blocks
     with integer dot products: TriForce and a token tree print autoregressive's text."""
-    import numpy as np
-
     from triforce import cli
-
-    from .test_families import QT, gguf_tokenizer, quantizer
 
     hf, _ = pair("v3", vocab_size=300, **_GGUF_WIDTHS)
     path = write_grouped_gguf(tmp_path / "m.gguf", hf, "deepseek2", tokenizer=gguf_tokenizer("deepseek-v3", 300),
@@ -691,10 +683,6 @@ def test_gguf_deepseek2_multi_token_prediction_layers_are_skipped(tmp_path):
     """GLM-4.7-Flash's converter appends its multi-token prediction layer (nextn_predict_layers: a whole layer and its
     nextn.* tensors, block_count counting it): the model is the layers before, as llama.cpp's forward runs it; the
     file's blocks skip it too."""
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
-
     hf, ours = pair("v3", **_GGUF_WIDTHS)
     loaded = Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "m.gguf", hf, mtp=True), cache_dir=False)
     assert loaded.config.num_hidden_layers == hf.config.num_hidden_layers
@@ -762,10 +750,6 @@ def test_gguf_files_of_drawn_configs_load_as_their_checkpoints(data):
     blocks compute the loaded model bitwise."""
     import tempfile
     from pathlib import Path
-
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
 
     draw = data.draw
     family = draw(st.sampled_from(["deepseek_v2", "deepseek_v3", "glm4_moe", "dots1"]))

@@ -2,7 +2,6 @@
 the program its file was made for (tests/llama_cpp_oracle.py; ``TRIFORCE_LLAMA_CPP=1`` with ``llama-cpp-python``
 installed). The same switch makes every other test that loads a GGUF compare it with llama.cpp (tests/conftest.py).
 """
-import numpy as np
 import pytest
 import torch
 
@@ -95,15 +94,9 @@ def test_pre_tokenizers_are_llama_cpps(tmp_path, pre):
     whitespace."""
     import random
 
-    from triforce.models.hub import load_tokenizer
+    from .test_tokenizer import _gguf_bpe
 
-    from .test_config import write_gguf
-    from .test_families import gguf_tokenizer
-    from .test_tokenizer import TINY, LlamaConfig
-
-    path = write_gguf(tmp_path / f"{pre}.gguf", Llama(LlamaConfig(**{**TINY, "vocab_size": 300})),
-                      tokenizer=gguf_tokenizer(pre, 300))
-    tok = load_tokenizer(path, cache_dir=False)
+    tok, path = _gguf_bpe(tmp_path, pre), tmp_path / f"{pre}.gguf"
     rng = random.Random(5)
     alphabet = list("aZx'.,!$+-_/ \t\n\r0123456789\u00e9\u0301\u4e2d\u3042\u30a2\u05d0\u0416") + ["  ", "\r\n", "'ll"]
     texts = TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40))) for _ in range(200)]

@@ -1322,9 +1322,7 @@ def read_gguf(path: Path, skip=None, reader=None):
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
         extra.update(_gguf_experts(reader, arch, path, model_type, n_ff))
-    # multi-token prediction layers after the model's (GLM-4.5's glm4moe and GLM-4.7-Flash's deepseek2 files): not
-    # part of the forward, skipped as llama.cpp's forward skips them
-    mtp = int(gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch in _GGUF_MTP else 0
+    mtp = _gguf_mtp(reader, arch)  # (layers after the model's, skipped)
     if arch == "deepseek2":  # (its latent KV head: one of kv_lora_rank + qk_rope_head_dim, as LlamaConfig holds it)
         model_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)
         extra.update(mla)
@@ -1407,6 +1405,12 @@ def read_gguf(path: Path, skip=None, reader=None):
             if sparse and f"blk.{i}.exp_probs_b.bias" not in tensors:
                 sd[key] = torch.zeros(config.experts.count)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+def _gguf_mtp(reader, arch: str) -> int:
+    """How many multi-token prediction layers a file appends after the model's (``nextn_predict_layers``: GLM-4.5's
+    glm4moe and GLM-4.7-Flash's deepseek2 files), which the model skips as llama.cpp's forward does."""
+    return int(gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch in _GGUF_MTP else 0
 
 
 def _gguf_layer(name: str) -> int:
@@ -1678,11 +1682,11 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     n_head = int(gguf_field(reader, f"{arch}.attention.head_count"))
     n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_head))
     out, stacked = {}, {}
-    layers = int(gguf_field(reader, f"{arch}.block_count", 0) or 0) - int(
-        gguf_field(reader, f"{arch}.nextn_predict_layers", 0) or 0) if arch in _GGUF_MTP else None
+    mtp = _gguf_mtp(reader, arch)
+    layers = int(gguf_field(reader, f"{arch}.block_count", 0) or 0) - mtp
     for t in reader.tensors:
         kind = t.tensor_type.name
-        if layers is not None and _gguf_layer(t.name) >= layers:
+        if mtp and _gguf_layer(t.name) >= layers:
             continue  # (a multi-token prediction layer: read_gguf skips it)
         if kind in types and len(t.shape) == 3 and t.name.endswith("_exps.weight"):
             stacked[_state_key(t.name, path, arch, permuted, n_head, n_kv)[0]] = (kind, t.data)

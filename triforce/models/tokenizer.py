@@ -145,12 +145,17 @@ def _gguf_pre(pre) -> _Pre:
     return _GGUF_PRES[pre]
 
 
+def _byte_level_splits(splits) -> pre_tokenizers.Sequence:
+    """Byte-level BPE's pre-tokenizer: the text split by each regex of ``splits`` in turn (each match and each run
+    between matches a piece), then written in the byte-level alphabet."""
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+                                   + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
 def _gguf_pre_tokenizer(pre):
     """(normalizer or None, pre-tokenizer) for llama.cpp's ``tokenizer.ggml.pre`` name."""
     spec = _gguf_pre(pre)
-    return (normalizers.NFC() if spec.nfc else None, pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in spec.splits]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
+    return normalizers.NFC() if spec.nfc else None, _byte_level_splits(spec.splits)
 
 # The version of from_gguf's rules, saved with a tokenizer: hub.load_tokenizer rebuilds a cached GGUF tokenizer
 # of another version (2: Llama 3's whole splits, SentencePiece vocabularies, llama.cpp's BOS defaults).
@@ -661,12 +666,14 @@ def _rank_parts(ranks: dict, token: bytes, max_rank: int) -> list[bytes]:
     pair whose union has the lowest rank first, until none has one."""
     parts = [token[i:i + 1] for i in range(len(token))]
     while len(parts) > 1:
-        best = min(((ranks.get(parts[i] + parts[i + 1]), i) for i in range(len(parts) - 1)
-                    if ranks.get(parts[i] + parts[i + 1], max_rank) < max_rank), default=None)
-        if best is None:
+        best, at = max_rank, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1], max_rank)
+            if rank < best:
+                best, at = rank, i
+        if at < 0:
             break
-        i = best[1]
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        parts[at:at + 2] = [parts[at] + parts[at + 1]]
     return parts
 
 
@@ -749,8 +756,7 @@ def _tiktoken_directory(path: Path, tok_cfg: dict) -> _HFTokenizer:
             merges.append((text(parts[0]), text(parts[1])))
     backend = _HFTokenizer(models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges, fuse_unk=False,
                                       ignore_merges=True))
-    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.pre_tokenizer = _byte_level_splits((pattern,))
     backend.decoder = decoders.ByteLevel()
     added = {int(k): v.get("content") if isinstance(v, dict) else None
              for k, v in (tok_cfg.get("added_tokens_decoder") or {}).items()}
