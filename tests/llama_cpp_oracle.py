@@ -228,9 +228,12 @@ def check_loaded(path, model, test_id: str, length: int = 48) -> dict | None:
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, T)
     arch = gguf.GGUFReader(str(p)).fields["general.architecture"].contents()
     # ggml's GELU table where the model has a GELU; elsewhere the model as it runs (the extension's kernels)
-    with torch.no_grad(), ggml_gelu() if arch in GELU_ARCHS else contextlib.nullcontext():
+    with torch.no_grad(), ggml_gelu() if arch in GELU_ARCHS else contextlib.nullcontext(), \
+            groups_ranked_by_best_two(model) as reranked:
         ours = model(torch.as_tensor(ids)[None].to(model.device))[0].float().cpu().numpy()
     rec = {"test": test_id, "file": p.name, "arch": arch, "types": weight_types(p), "T": int(T)}
+    if reranked:
+        rec["groups_ranked_by_best_two"] = reranked
     try:
         with tempfile.TemporaryDirectory() as d:  # llama.cpp multiplies float32 activations by float32 weights only
             exact = p if rec["types"] == ["F32"] else float32_copy(p, Path(d) / "f32.gguf")
@@ -242,6 +245,25 @@ def check_loaded(path, model, test_id: str, length: int = 48) -> dict | None:
         f.write(json.dumps(rec) + "\n")
     assert rec.get("rel", 0.0) <= tolerance(rec["arch"]), f"{p.name}: our logits are off llama.cpp's: {rec}"
     return rec
+
+
+@contextlib.contextmanager
+def groups_ranked_by_best_two(model):
+    """llama.cpp ranks every grouped router's groups by their best two scores summed (DeepSeek-V3's rule); DeepSeek-V2's
+    ``group_limited_greedy`` (a deepseek2 file's softmax router with groups) ranks them by their best one, as the
+    checkpoint's code does and our model does (docs/model.md, "GGUF"). Within this context such routers rank
+    llama.cpp's way, every other part of the model as it is; yields how many layers changed."""
+    from triforce.models.llama import SparseMoE
+
+    changed = [m for m in model.modules() if isinstance(m, SparseMoE) and getattr(m, "deepseek", False)
+               and m.groups is not None and not m.group_top2]
+    for m in changed:
+        m.group_top2 = True
+    try:
+        yield len(changed)
+    finally:
+        for m in changed:
+            m.group_top2 = False
 
 
 def summary(lines) -> list[str]:

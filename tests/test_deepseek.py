@@ -563,7 +563,7 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
                    "rope.dimension_count": int(c.head_dim * rp.get("partial_rotary_factor", 1.0))})
     if v3 and (c.norm_topk_prob or not deepseek):
         kv["expert_weights_norm"] = bool(c.norm_topk_prob)
-    if v3 and c.n_group is not None:
+    if c.n_group is not None:  # (the converter writes any checkpoint's groups: V2's group_limited_greedy too)
         kv.update({"expert_group_count": c.n_group, "expert_group_used_count": c.topk_group})
     kv = {k: val for k, val in {**kv, **(meta or {})}.items() if k not in drop}
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
@@ -620,11 +620,13 @@ _GGUF_WIDTHS = dict(moe_intermediate_size=64, intermediate_size=96)
 
 @pytest.mark.parametrize("case,layout,q_rank,layers", [
     ("v2", "kv_b", None, 3), ("v2", "mla", 24, 3), ("v2-yarn", "mla", 24, 3), ("v2-yarn", "kv_b", None, 3),
-    ("v2", "mla", None, 27), ("v3", "mla", 24, 3), ("v3", "kv_b", 24, 3)])
+    ("v2", "mla", None, 27), ("v2-groups", "mla", 24, 3), ("v2-groups", "kv_b", None, 3), ("v3", "mla", 24, 3),
+    ("v3", "kv_b", 24, 3)])
 def test_gguf_deepseek2_as_llama_cpp_writes_it(tmp_path, case, layout, q_rank, layers):
     """A deepseek2 GGUF (llama.cpp's converter, its current layout and the one before: kv_b_proj split per head or
     whole) loads as its checkpoint's model (:func:`assert_grouped_gguf_loads`; the joined kv_b_proj, 3-D in the file,
-    stays float32 on the blocks' paths); YaRN's mscale from the file's log multiplier. (llama.cpp's oracle takes a
+    stays float32 on the blocks' paths); V2's groups (DeepSeek-V2's 236B shape) and V3's; YaRN's mscale from the
+    file's log multiplier. (llama.cpp's oracle takes a
     file without attention.q_lora_rank only at V2-Lite's 27 layers, which one case has.)"""
     hf, ours = pair(case, q_lora_rank=q_rank, num_hidden_layers=layers, **_GGUF_WIDTHS)
     loaded = assert_grouped_gguf_loads(tmp_path, hf, ours, "deepseek2", layout=layout)
@@ -694,6 +696,31 @@ def test_gguf_deepseek2_multi_token_prediction_layers_are_skipped(tmp_path):
     assert_blocks_compute_the_loaded_model(q, ids)
 
 
+def test_gguf_deepseek2_v2s_groups_are_ranked_by_their_best_expert(tmp_path):
+    """DeepSeek-V2's ``group_limited_greedy`` in a deepseek2 file (the converter writes any checkpoint's n_group /
+    topk_group as expert_group_count / expert_group_used_count): the loaded model ranks the groups by their best
+    expert, as the checkpoint's code does (transformers' logits); ranked by their best two summed (llama.cpp's rule for
+    every grouped router, the oracle's view of such a file), or greedy (the file read without its groups), its logits
+    on these ids are others."""
+    from .llama_cpp_oracle import groups_ranked_by_best_two
+
+    # (the best of 3 groups of 2: with 2 of 3, the best expert's group and the second's are both kept, greedy's)
+    hf, _ = pair("v2-groups", topk_group=1, **_GGUF_WIDTHS)
+    loaded = Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "m.gguf", hf), cache_dir=False)
+    ids = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(1))
+    moes = [m for m in loaded.modules() if isinstance(m, SparseMoE)]
+    assert [m.groups for m in moes] == [(3, 1)] * 2
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (loaded(ids) - ref).abs().max().item() <= TOL
+        with groups_ranked_by_best_two(loaded) as changed:
+            assert changed == 2 and (loaded(ids) - ref).abs().max().item() > 1e-2
+        assert (loaded(ids) - ref).abs().max().item() <= TOL  # (restored)
+        for m in moes:
+            m.groups = None
+        assert (loaded(ids) - ref).abs().max().item() > 1e-2
+
+
 def test_gguf_deepseek2_a_sigmoid_router_without_its_bias_takes_zeros(tmp_path):
     """llama.cpp's exp_probs_b is optional: a sigmoid router without it chooses by the scores alone, the model of
     zero correction biases."""
@@ -710,8 +737,8 @@ def test_gguf_deepseek2_a_sigmoid_router_without_its_bias_takes_zeros(tmp_path):
 
 
 @pytest.mark.parametrize("case,meta,drop,match", [
-    ("v2", {"expert_group_count": 2, "expert_group_used_count": 1}, (), "softmax router"),
     ("v2", {"expert_weights_norm": True}, (), "softmax router"),
+    ("v2-groups", {}, ("expert_group_used_count",), "topk_group = None"),
     ("v3", {"expert_gating_func": 3}, (), "expert_gating_func = 3"),
     ("v3", {}, ("attention.kv_lora_rank",), "lacks metadata deepseek2.attention.kv_lora_rank"),
     ("v3", {}, ("expert_count",), "expert_count >= 1"),
@@ -744,10 +771,10 @@ _GGUF_OTHER_BASE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, nu
 
 @given(data=st.data())
 def test_gguf_files_of_drawn_configs_load_as_their_checkpoints(data):
-    """Property: a deepseek2 / glm4moe / dots1 GGUF of a drawn tiny checkpoint (V2 or V3 router, queries low-rank or
-    not, either kv_b layout, YaRN, one or two shared experts, a dense first layer or none, groups, renormalisation,
-    scaling, q/k norms and biases, a prediction layer appended, Q8_0 blocks) loads with transformers' logits, and its
-    blocks compute the loaded model bitwise."""
+    """Property: a deepseek2 / glm4moe / dots1 GGUF of a drawn tiny checkpoint (V2's router greedy or within groups,
+    V3's, queries low-rank or not, either kv_b layout, YaRN, one or two shared experts, a dense first layer or none,
+    groups, renormalisation, scaling, q/k norms and biases, a prediction layer appended, Q8_0 blocks) loads with
+    transformers' logits, and its blocks compute the loaded model bitwise."""
     import tempfile
     from pathlib import Path
 
@@ -761,6 +788,12 @@ def test_gguf_files_of_drawn_configs_load_as_their_checkpoints(data):
         groups = draw(st.sampled_from([1, 2, 3]))
         kw.update(n_group=groups, topk_group=draw(st.integers(1, groups)), norm_topk_prob=draw(st.booleans()),
                   routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
+    elif draw(st.booleans()):  # V2's group_limited_greedy (else greedy, V2-Lite's n_group 1 or none)
+        groups = draw(st.sampled_from([2, 3]))
+        kw.update(topk_method="group_limited_greedy", n_group=groups, topk_group=draw(st.integers(1, groups)),
+                  routed_scaling_factor=draw(st.sampled_from([1.0, 2.0])))
+    else:
+        kw.update(topk_method="greedy", **draw(st.sampled_from([{}, {"n_group": 1, "topk_group": 1}])))
     if family.startswith("deepseek"):
         layout = draw(st.sampled_from(["mla", "kv_b"]))
         kw.update(q_lora_rank=draw(st.sampled_from([None, 24])))

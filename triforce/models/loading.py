@@ -1429,8 +1429,10 @@ def _gguf_grouped_mixture(reader, arch: str, path: Path, softmax: bool = False):
     """(sigmoid router, ``extra`` keys) of DeepSeek's mixture in a deepseek2 / glm4moe / dots1 file, as llama.cpp
     runs it: ``expert_gating_func`` 2 (sigmoid) is DeepSeek-V3's router (its correction bias ``exp_probs_b``, groups
     ``expert_group_count`` / ``expert_group_used_count`` where given, renormalised by ``expert_weights_norm``); with
-    ``softmax`` (deepseek2) 1 or absent is DeepSeek-V2's softmax, greedy (llama.cpp ranks groups by their best two and
-    renormalises by the key, where DeepSeek-V2's code ranks them by their best one and never does: those raise);
+    ``softmax`` (deepseek2) 1 or absent is DeepSeek-V2's softmax: greedy, or with ``expert_group_count`` > 1 V2's
+    ``group_limited_greedy`` within ``expert_group_used_count`` groups ranked by their best expert, as the checkpoint's
+    code ranks them (llama.cpp ranks them by their best two summed, V3's way: docs/model.md); renormalised softmax
+    weights (``expert_weights_norm``) raise, as DeepSeek-V2's ``norm_topk_prob`` does in the config;
     ``expert_weights_scale`` (absent: 1), ``expert_shared_count`` shared experts (absent: none) and ``expert_count``
     experts of ``expert_feed_forward_length``, ``expert_used_count`` a token, dense layers before
     ``leading_dense_block_count``."""
@@ -1450,10 +1452,9 @@ def _gguf_grouped_mixture(reader, arch: str, path: Path, softmax: bool = False):
                          "supported)")
     groups, top_groups = (int(get(k, 0) or 0) for k in ("expert_group_count", "expert_group_used_count"))
     norm = bool(get("expert_weights_norm", False))
-    if not v3 and (groups > 1 or norm):
-        raise ValueError(f"GGUF file {str(path)!r}: a softmax router (DeepSeek-V2's) with {arch}.expert_group_count "
-                         f"= {groups} / expert_weights_norm = {norm}: llama.cpp ranks its groups by their best two "
-                         "and renormalises where DeepSeek-V2's code does neither; not supported")
+    if not v3 and norm:
+        raise ValueError(f"GGUF file {str(path)!r}: a softmax router (DeepSeek-V2's) with {arch}.expert_weights_norm "
+                         "= true: transformers' DeepSeek-V2 never renormalises its weights; not supported")
     extra = {"n_routed_experts": count, "num_experts_per_tok": used,
              "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
              "n_shared_experts": int(get("expert_shared_count", 0) or 0),
@@ -1461,6 +1462,9 @@ def _gguf_grouped_mixture(reader, arch: str, path: Path, softmax: bool = False):
              "routed_scaling_factor": float(get("expert_weights_scale", 0.0) or 1.0)}
     if v3:
         extra.update(norm_topk_prob=norm, n_group=groups or None, topk_group=(top_groups or None) if groups else None)
+    elif groups > 1:  # (V2's groups: a missing used count raises in the config, naming topk_group)
+        extra.update(topk_method="group_limited_greedy", norm_topk_prob=False, n_group=groups,
+                     topk_group=top_groups or None)
     else:
         extra.update(topk_method="greedy", norm_topk_prob=False)
     return v3, extra
