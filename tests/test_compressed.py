@@ -687,3 +687,58 @@ def test_kimi_k2_thinking_int4_experts(tmp_path, monkeypatch):
         assert experts and all(isinstance(m, Q4Linear) for m in experts)
         assert_one_moe_experts_call(own.model.layers[-1].mlp, monkeypatch)
         assert_runs_as(own, plain)
+
+
+@pytest.mark.parametrize("kind,where", [("kimi_k25", "top"), ("kimi_k25", "text_config"), ("kimi_vl", None)])
+def test_kimi_image_and_text_wrappers_load_their_language_model(tmp_path, kind, where):
+    """Moonshot's image + text checkpoints hold DeepSeek-V3's language model under ``language_model.*`` beside a
+    vision tower and a projector (Kimi K2.5: ``kimi_k25``, text_config ``kimi_k2`` with Kimi K2 Thinking's INT4
+    experts, the quantization_config at the top or in text_config; Kimi-VL: ``kimi_vl``, a float ``deepseek_v3``):
+    the language model loads as the same checkpoint without the wrapper does, bitwise (Kimi K2.5's on its own codes
+    too), the image side not read (its tensors' names are none of the model's); the wrapper's own keys read, any
+    other raising."""
+    from .test_fp8 import CASES
+
+    _, kw, _ = CASES["deepseek_v3"]
+    torch.manual_seed(0)
+    plain = tmp_path / "plain"
+    randomize_(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**kw))).save_pretrained(plain)
+    cfg = json.loads((plain / "config.json").read_text())
+    if kind == "kimi_k25":
+        q = KIMI_K2_THINKING["config_groups"]["group_0"]
+        write_compressed(plain, {"group_0": (QuantizationScheme(**{**q, "format": "pack-quantized"}),
+                                             "mlp.experts.")}, "pack-quantized", torch.bfloat16)
+        cfg = {**cfg, "model_type": "kimi_k2", "quantization_config": KIMI_K2_THINKING}
+        (plain / "config.json").write_text(json.dumps(cfg))
+    want = Llama.from_pretrained(plain, dtype=torch.bfloat16).state_dict()
+    sd = safetensors_torch.load_file(plain / "model.safetensors")
+    g = torch.Generator().manual_seed(1)
+    image = {f"vision_tower.encoder.blocks.0.{n}.weight": torch.randn(16, 16, generator=g) for n in ("wqkv", "wo")}
+    image[("mm_projector" if kind == "kimi_k25" else "multi_modal_projector") + ".proj.0.weight"] = torch.randn(
+        32, 64, generator=g)
+    wrapped = tmp_path / kind
+    wrapped.mkdir()
+    safetensors_torch.save_file({**{f"language_model.{k}": v for k, v in sd.items()}, **image},
+                                wrapped / "model.safetensors")
+    text = {k: v for k, v in cfg.items() if k != "quantization_config" or where == "text_config"}
+    wrapper = {"architectures": ["KimiK25ForConditionalGeneration" if kind == "kimi_k25"
+                                 else "KimiVLForConditionalGeneration"], "model_type": kind,
+               "auto_map": {"AutoConfig": f"configuration_{kind}.Config", "AutoModel": f"modeling_{kind}.Model"},
+               "text_config": text, "vision_config": {"patch_size": 14, "hidden_size": 16}, "ignore_index": -100,
+               "media_placeholder_token_id": 163605, "pad_token_id": 0, "torch_dtype": "bfloat16",
+               **({"use_unified_vision_chunk": True, "video_placeholder": "<|kimi_k25_video_placeholder|>"}
+                  if kind == "kimi_k25" else {}),
+               **({"quantization_config": KIMI_K2_THINKING} if where == "top" else {})}
+    (wrapped / "config.json").write_text(json.dumps(wrapper))
+    ours = Llama.from_pretrained(wrapped, dtype=torch.bfloat16)
+    assert ours.config.model_type == "deepseek_v3"
+    assert_weights_equal(ours, want)
+    if kind == "kimi_k25" and _rowwise_available() and hasattr(torch.ops.triforce_C, "rowwise_linear_q4_1"):
+        from triforce.models.quant import load_compressed
+
+        ids = torch.randint(0, 100, (1, 12), generator=g)
+        with torch.no_grad():  # (the experts on their own codes, as the unwrapped checkpoint's)
+            assert torch.equal(load_compressed(wrapped)(ids), load_compressed(plain)(ids))
+    (wrapped / "config.json").write_text(json.dumps({**wrapper, "rope_theta": 1.0}))
+    with pytest.raises(ValueError, match=f"config key 'rope_theta' of model_type '{kind}'"):
+        Llama.from_pretrained(wrapped)

@@ -456,6 +456,13 @@ WRAPPERS = {
     "mistral3": (("mistral", "ministral3"), frozenset({
         "vision_config", "image_token_index", "image_token_id", "projector_hidden_act", "vision_feature_layer",
         "multimodal_projector_bias", "spatial_merge_size"}), None),
+    # Moonshot's image + text models, DeepSeek-V3's language model under language_model.*: Kimi K2.5
+    # (KimiK25ForConditionalGeneration: Kimi K2's, text_config model_type kimi_k2; its vision tower and mm_projector
+    # not read) and Kimi-VL (KimiVLForConditionalGeneration: Kimi-VL-A3B, a Moonlight-shaped deepseek_v3)
+    **{kind: (text, frozenset({"vision_config", "ignore_index", "media_placeholder_token_id", "auto_map", *own}),
+              None) for kind, text, own in (
+        ("kimi_k25", ("kimi_k2", "deepseek_v3"), ("use_unified_vision_chunk", "video_placeholder")),
+        ("kimi_vl", ("deepseek_v3",), ()))},
 }
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never

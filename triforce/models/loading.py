@@ -770,7 +770,8 @@ def _index_shards(directory: Path, index: Path) -> list:
 # (model.language_model.*); its image side is not read.
 _LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                             ("model.language_model.", "model."))
-_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "model.vision_tower.",
+                   "model.multi_modal_projector.")
 
 
 def _language_model_name(name: str) -> str | None:
