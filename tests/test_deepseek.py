@@ -403,6 +403,54 @@ def test_kimi_k2_reads_as_deepseek_v3(tmp_path):
         LlamaConfig.from_dict({**KIMI_K2, "architectures": ["KimiK2ForCausalLM"]})
 
 
+@pytest.mark.parametrize("tie", [False, True, None])
+def test_kimi_k25_loads_its_language_model_with_transformers_logits(tmp_path, tie):
+    """Kimi K2.5 (transformers' Kimi_K25ForConditionalGeneration: DeepSeek-V3's language model beside a vision tower
+    and a projector) saved in Moonshot's layout (language_model.model.* / .lm_head, vision_tower.*, mm_projector.*;
+    text_config kimi_k2 with Kimi K2's auto_map): ours loads the language model with the logits of transformers' model
+    and of transformers' load of that directory on text tokens, the image side not read. The head: the wrapper's
+    tie_word_embeddings where given, else text_config's: the checkpoint's own head (``tie`` None; transformers 5.23
+    keeps it too, the tie of Kimi_K25Config's default refused where the two differ). transformers' save_pretrained
+    of the model loads as the same model."""
+    import safetensors.torch
+
+    torch.manual_seed(0)
+    config = transformers.Kimi_K25Config(
+        text_config={**BASE, **CASES["v3"][1]}, tie_word_embeddings=bool(tie),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
+        projection_hidden_size=32)
+    hf = randomize_(transformers.Kimi_K25ForConditionalGeneration(config).eval())
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if n.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn(p.shape) * 0.5)
+    random_correction_biases_(hf)
+    moonshot = {"model.language_model.": "language_model.model.", "lm_head.": "language_model.lm_head.",
+                "model.vision_tower.": "vision_tower.", "model.mm_projector.": "mm_projector."}
+    sd = {next(new + k[len(old):] for old, new in moonshot.items() if k.startswith(old)): v.clone()
+          for k, v in hf.state_dict().items()}
+    assert any(k.startswith("vision_tower.") for k in sd) and any(k.startswith("mm_projector.") for k in sd)
+    safetensors.torch.save_file(sd, tmp_path / "model.safetensors")
+    hf.config.save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    d["text_config"] = {**d["text_config"], "model_type": "kimi_k2", "auto_map": KIMI_K2["auto_map"]}
+    if tie is None:
+        del d["tie_word_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    loaded = Llama.from_pretrained(tmp_path)
+    assert loaded.config.model_type == "deepseek_v3" and loaded.config.tie_word_embeddings == bool(tie)
+    ids = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(1))
+    back = transformers.Kimi_K25ForConditionalGeneration.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        ours = loaded(ids)
+        assert (ours - hf(input_ids=ids).logits).abs().max().item() <= TOL
+        assert (ours - back(input_ids=ids).logits).abs().max().item() <= TOL
+    if tie is not None:  # transformers' own save (the language model's layers as language_model.model.blocks.*)
+        hf.save_pretrained(tmp_path / "saved")
+        with torch.no_grad():
+            assert torch.equal(Llama.from_pretrained(tmp_path / "saved")(ids), ours)
+
+
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
 def test_trained_head_kinds_and_lookup_draft_for_a_deepseek_target(model_type):
     """Every kind of draft head (random weights: any drafts) and prompt lookup drafting trees for a DeepSeek target:

@@ -458,10 +458,14 @@ WRAPPERS = {
         "multimodal_projector_bias", "spatial_merge_size"}), None),
     # Moonshot's image + text models, DeepSeek-V3's language model under language_model.*: Kimi K2.5
     # (KimiK25ForConditionalGeneration: Kimi K2's, text_config model_type kimi_k2; its vision tower and mm_projector
-    # not read) and Kimi-VL (KimiVLForConditionalGeneration: Kimi-VL-A3B, a Moonlight-shaped deepseek_v3)
+    # not read; Moonshot's config keys and transformers' Kimi_K25Config's) and Kimi-VL
+    # (KimiVLForConditionalGeneration: Kimi-VL-A3B, a Moonlight-shaped deepseek_v3). The head: as Mistral 3's
+    # (transformers' Kimi_K25Config defaults to tied; the checkpoints hold their own, untied in text_config)
     **{kind: (text, frozenset({"vision_config", "ignore_index", "media_placeholder_token_id", "auto_map", *own}),
               None) for kind, text, own in (
-        ("kimi_k25", ("kimi_k2", "deepseek_v3"), ("use_unified_vision_chunk", "video_placeholder")),
+        ("kimi_k25", ("kimi_k2", "deepseek_v3"), (
+            "use_unified_vision_chunk", "video_placeholder", "projection_hidden_size", "projection_layer_norm_eps",
+            "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")),
         ("kimi_vl", ("deepseek_v3",), ()))},
 }
 

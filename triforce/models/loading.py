@@ -767,11 +767,13 @@ def _index_shards(directory: Path, index: Path) -> list:
 
 # An image + text wrapper's (config.WRAPPERS) language model under the names of the text model: transformers
 # 4.x's and Google's layout (language_model.model.*, language_model.lm_head.*), transformers 5's in memory
-# (model.language_model.*); its image side is not read.
-_LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                            ("model.language_model.", "model."))
+# (model.language_model.*); its image side is not read. transformers 5.23's save_pretrained of Kimi K2.5 names the
+# language model's layers language_model.model.blocks.* (its vision tower's renaming, undone over them too), which
+# it reads back as layers: so here.
+_LANGUAGE_MODEL_PREFIXES = (("language_model.model.blocks.", "model.layers."), ("language_model.model.", "model."),
+                            ("language_model.lm_head.", "lm_head."), ("model.language_model.", "model."))
 _IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "model.vision_tower.",
-                   "model.multi_modal_projector.")
+                   "model.multi_modal_projector.", "model.mm_projector.")
 
 
 def _language_model_name(name: str) -> str | None:
