@@ -267,6 +267,22 @@ FAMILIES["ernie4_5"] = Family("Ernie4_5ForCausalLM", rope_interleaved=True, rope
                                   "num_hidden_layers": 18, "num_attention_heads": 16, "num_key_value_heads": 2,
                                   "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
                                   "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True})
+# ERNIE 4.5's mixtures (Ernie4_5_MoeForCausalLM: ERNIE-4.5-21B-A3B, ERNIE-4.5-300B-A47B): ERNIE 4.5's layer; sparse
+# where (i + 1) % moe_layer_interval == 0 from moe_layer_start_index to moe_layer_end_index (-1: the last layer), a
+# dense MLP of intermediate_size elsewhere; the router (kept in float32) takes the softmax of its logits in float32,
+# chooses the top moe_k by those probabilities plus its correction bias (moe_statics),
+# weighs them by the probabilities renormalised and rounded to the dtype; moe_num_shared_experts shared experts as
+# one MLP of that many moe_intermediate_size (with use_bias's biases) added to every token's.
+FAMILIES["ernie4_5_moe"] = Family("Ernie4_5_MoeForCausalLM", rope_interleaved=True, rope_float32="tables",
+                                  reads=("attention_bias", "mlp_bias"), defaults={
+                                      "vocab_size": 103424, "hidden_size": 2560, "intermediate_size": 12288,
+                                      "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,
+                                      "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "pad_token_id": 0,
+                                      "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True,
+                                      "rope_theta": 500000.0, "moe_intermediate_size": 1536, "moe_k": 6,
+                                      "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+                                      "moe_layer_end_index": -1, "moe_layer_interval": 1})
+_ERNIES = ("ernie4_5", "ernie4_5_moe")  # (one bias key, use_bias, for every projection)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -360,7 +376,7 @@ _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepsee
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
-_ANY_MOE = (*_MOE_TYPES, *_GROUPED)
+_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -399,6 +415,7 @@ class Experts:
     group_top2: bool = False
     renormalize_eps: float = 0.0
     grouped_router: bool = False  # DeepSeek's routers (V2's, V3's: GLM-4.5's too), computed as transformers does
+    float32_router: bool = False  # the router's weight kept in float32 whatever the model's dtype (ERNIE 4.5's)
 
 
 @dataclass(frozen=True)
@@ -556,8 +573,8 @@ _HARMLESS_ONLY_AT = {
              "absent (Mixtral, Qwen3-MoE, DeepSeek: an int >= 1)")
        for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
     **{key: (lambda v, c, key=key: (c.model_type in _QWEN_MOES or key == "moe_intermediate_size"
-                                    and c.model_type in _GROUPED) and _is_int(v) and v >= 1,
-             "absent (Qwen2-MoE, Qwen3-MoE, DeepSeek: an int >= 1)")
+                                    and c.model_type in (*_GROUPED, "ernie4_5_moe")) and _is_int(v) and v >= 1,
+             "absent (Qwen2-MoE, Qwen3-MoE, DeepSeek, ERNIE 4.5 MoE: an int >= 1)")
        for key in ("moe_intermediate_size", "decoder_sparse_step")},
     "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
                                         "absent (Qwen2-MoE: an int >= 1)"),
@@ -612,8 +629,9 @@ _HARMLESS_ONLY_AT = {
     "ep_size": (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 1, "absent (DeepSeek: an int >= 1)"),
     "aux_loss_alpha": (lambda v, c: c.model_type in _DEEPSEEKS and _is_number(v), "absent (DeepSeek: a number)"),
     "seq_aux": (lambda v, c: c.model_type in _DEEPSEEKS and isinstance(v, bool), "absent (DeepSeek: a bool)"),
-    **{key: (lambda v, c: c.model_type in _V3_ROUTERS and c.model_type != "dots1" and _is_int(v) and v >= 0,
-             "absent (DeepSeek-V3, GLM-4.5: an int >= 0, its multi-token prediction layers, not part of the forward)")
+    **{key: (lambda v, c: c.model_type in (*_V3_ROUTERS, "ernie4_5_moe") and c.model_type != "dots1" and _is_int(v)
+             and v >= 0, "absent (DeepSeek-V3, GLM-4.5, ERNIE 4.5 MoE: an int >= 0, its multi-token prediction "
+                         "layers, not part of the forward)")
        for key in ("num_nextn_predict_layers", "num_mtp_layers")},
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
     "clip_qkv": (lambda v, c: v is None or (c.model_type == "olmoe" and _is_number(v) and 0 < v < float("inf")),
@@ -621,6 +639,27 @@ _HARMLESS_ONLY_AT = {
     "qkv_bias": (lambda v, c: c.model_type == "qwen2_moe" and isinstance(v, bool), "absent (Qwen2-MoE: a bool)"),
     "mlp_only_layers": (lambda v, c: c.model_type in _QWEN_MOES and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen2-MoE, Qwen3-MoE: layer indices)"),
+    # ERNIE 4.5's mixture (LlamaConfig.experts)
+    **{key: (lambda v, c, low=low: c.model_type == "ernie4_5_moe" and _is_int(v) and v >= low,
+             f"absent (ERNIE 4.5 MoE: an int >= {low})")
+       for key, low in (("moe_num_experts", 1), ("moe_k", 1), ("moe_num_shared_experts", 0),
+                        ("moe_layer_start_index", 0), ("moe_layer_end_index", -1), ("moe_layer_interval", 1))},
+    # (transformers' ERNIE 4.5 always adds its router's correction bias, zeros where a checkpoint has none)
+    "moe_use_aux_free": (lambda v, c: c.model_type == "ernie4_5_moe" and v is True,
+                         "absent (ERNIE 4.5 MoE: true, its router's correction bias, as transformers computes it)"),
+    "moe_gate_act": (lambda v, c: c.model_type == "ernie4_5_moe" and v == "softmax",
+                     "absent (ERNIE 4.5 MoE: 'softmax', the only one transformers computes)"),
+    # the renormalising sum clamped from below: the top k's probabilities sum to at least 1 / experts, so a clamp at
+    # most that never acts (the sum itself divides, bitwise)
+    "moe_norm_min": (lambda v, c: c.model_type == "ernie4_5_moe" and _is_number(v)
+                     and 0 < v <= 1 / c.extra.get("moe_num_experts", 64),
+                     "absent (ERNIE 4.5 MoE: a number in (0, 1 / moe_num_experts])"),
+    # its training settings (tokens per expert in training; the multi-token prediction layers, not part of the
+    # forward: their weights are skipped on loading, as transformers skips them)
+    "moe_capacity": (lambda v, c: c.model_type == "ernie4_5_moe" and isinstance(v, list) and all(
+        _is_int(x) for x in v), "absent (ERNIE 4.5 MoE: a list of ints, read in training only)"),
+    "multi_token_pred_lambda": (lambda v, c: c.model_type == "ernie4_5_moe" and _is_number(v),
+                                "absent (ERNIE 4.5 MoE: a number, read in training only)"),
     # the router's training loss and transformers' switch to return its logits: neither changes the logits
     "router_aux_loss_coef": (lambda v, c: c.model_type in _ANY_MOE and _is_number(v), "absent (MoE: a number)"),
     "output_router_logits": (lambda v, c: c.model_type in _ANY_MOE and isinstance(v, bool), "absent (MoE: a bool)"),
@@ -940,8 +979,11 @@ class LlamaConfig:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
         if self.model_type in _GROUPED:
             self._check_deepseek_experts()
-        if self.model_type == "ernie4_5" and self.attention_bias != self.mlp_bias:
-            raise ValueError("model_type 'ernie4_5' has one bias switch (use_bias) for every projection: "
+        if self.model_type == "ernie4_5_moe" and self.experts.top_k > self.experts.count:
+            raise ValueError(f"config moe_k = {self.experts.top_k} is more than the {self.experts.count} experts "
+                             "(moe_num_experts)")
+        if self.model_type in _ERNIES and self.attention_bias != self.mlp_bias:
+            raise ValueError(f"model_type {self.model_type!r} has one bias switch (use_bias) for every projection: "
                              f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
         if self.qk_norm_full and self.head_dim * self.num_attention_heads != self.hidden_size:
             raise ValueError(f"model_type {self.model_type!r} normalises each token's queries over hidden_size = "
@@ -1063,6 +1105,11 @@ class LlamaConfig:
         raise ValueError(f"config key {key!r} is not understood by triforce.models.Llama and could change the "
                          "model's math (silently wrong logits if ignored); if you know it only labels the "
                          "checkpoint, delete it from config.json")
+
+    @property
+    def head_bias(self) -> bool:
+        """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none)."""
+        return self.model_type == "ernie4_5_moe" and self.mlp_bias
 
     @property
     def qkv_bias(self) -> bool:
@@ -1268,6 +1315,8 @@ class LlamaConfig:
         """A mixture of experts' sparse MLP (:class:`Experts`), or None for a dense family."""
         if self.model_type in _GROUPED:
             return self._deepseek_experts()
+        if self.model_type == "ernie4_5_moe":
+            return self._ernie_experts()
         if self.model_type not in _MOE_TYPES:
             return None
         x = self.extra
@@ -1287,6 +1336,21 @@ class LlamaConfig:
         return Experts(count, x["num_experts_per_tok"], x["moe_intermediate_size"], x.get("norm_topk_prob", False),
                        False, tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)),
                        shared_intermediate_size=x.get("shared_expert_intermediate_size", 0), shared_gated=True)
+
+    def _ernie_experts(self) -> Experts:
+        """ERNIE 4.5's mixture (transformers' Ernie4_5_MoeSparseMoeBlock) on DeepSeek's router path: the softmax of
+        the logits in float32 (the router's weight float32), the top ``moe_k`` chosen by the probabilities plus the
+        correction bias (``moe_statics``), weighted by the probabilities renormalised (``moe_norm_min``'s clamp
+        never acts: checked) and rounded to the dtype; ``moe_num_shared_experts`` shared experts as one MLP."""
+        get = self._deepseek
+        n, every = self.num_hidden_layers, get("moe_layer_interval")
+        start, end = get("moe_layer_start_index"), get("moe_layer_end_index")
+        end = n - 1 if end == -1 else end
+        width = get("moe_intermediate_size")
+        return Experts(get("moe_num_experts"), get("moe_k"), width, True, False,
+                       tuple((i + 1) % every == 0 and start <= i <= end for i in range(n)),
+                       shared_intermediate_size=width * get("moe_num_shared_experts"),
+                       correction_bias=True, grouped_router=True, float32_router=True)
 
     def _deepseek_experts(self) -> Experts:
         """DeepSeek's mixtures: sparse from ``first_k_dense_replace`` on, ``n_shared_experts`` shared experts as one
@@ -1398,11 +1462,18 @@ class LlamaConfig:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
         _split_layer_rope(d)
-        if model_type == "ernie4_5":  # its one bias key: every projection's (attention_bias and mlp_bias here)
+        if model_type in _ERNIES:  # its one bias key: every projection's (attention_bias and mlp_bias here)
             for key in ("attention_bias", "mlp_bias"):
                 if key in d:
                     raise ValueError(f"config key {key!r} is not Ernie4_5Config's: its biases are use_bias's")
             d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", False)
+        if model_type == "ernie4_5_moe":  # (transformers' aliases of its keys: attribute_map)
+            for alias, key in (("num_experts", "moe_num_experts"), ("num_experts_per_tok", "moe_k")):
+                if alias in d:
+                    if key in d and d[key] != d[alias]:
+                        raise ValueError(f"config keys {alias!r} = {d[alias]!r} and {key!r} = {d[key]!r} (its alias "
+                                         "in transformers' Ernie4_5_MoeConfig) disagree")
+                    d[key] = d.pop(alias)
         if model_type in _COHERES:  # its norms' eps (LayerNorm's): rms_norm_eps here
             d.pop("rms_norm_eps", None)  # (not CohereConfig's: transformers keeps it unread)
             if "layer_norm_eps" in d:
@@ -1497,7 +1568,7 @@ class LlamaConfig:
         if self.model_type == "gemma2":
             for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
                 d.setdefault(k, FAMILIES["gemma2"].defaults[k])
-        if self.model_type == "ernie4_5":  # (its one bias key)
+        if self.model_type in _ERNIES:  # (its one bias key)
             d["use_bias"] = d.pop("attention_bias")
             del d["mlp_bias"]
         if self.model_type in _COHERES:  # (its norms' eps under its own key)

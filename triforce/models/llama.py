@@ -308,18 +308,25 @@ class Linear(nn.Linear):
 class Router(Linear):
     """A router :class:`Linear` with DeepSeek-V3's ``e_score_correction_bias`` (``[experts]``, added to the scores
     for the choice only), kept in float32 whatever the model's dtype, as transformers keeps it
-    (``_keep_in_fp32_modules_strict``): ``.to(torch.bfloat16)`` moves it, never rounds it."""
+    (``_keep_in_fp32_modules_strict``): ``.to(torch.bfloat16)`` moves it, never rounds it; with ``float32_weight``
+    (ERNIE 4.5's router) its weight too."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, float32_weight: bool = False):
         super().__init__(in_features, out_features, bias=bias)
         self.register_buffer("e_score_correction_bias", torch.zeros(out_features, dtype=torch.float32))
+        self.float32_weight = float32_weight
 
     def _apply(self, fn, recurse=True):
-        kept = self._buffers["e_score_correction_bias"]
+        kept = {"e_score_correction_bias": self._buffers["e_score_correction_bias"]}
+        if self.float32_weight:  # (its data: _apply converts a parameter in place)
+            kept["weight"] = self._parameters["weight"].data
         out = super()._apply(fn, recurse)
-        moved = self._buffers["e_score_correction_bias"]
-        if kept is not None and moved is not None and moved.dtype != torch.float32:
-            self._buffers["e_score_correction_bias"] = kept.to(device=moved.device)
+        for name, old in kept.items():
+            table = self._buffers if name in self._buffers else self._parameters
+            moved = table[name]
+            if old is not None and moved is not None and moved.dtype != torch.float32:
+                new = old.detach().to(device=moved.device)
+                table[name] = new if table is self._buffers else nn.Parameter(new, requires_grad=moved.requires_grad)
         return out
 
 
@@ -701,7 +708,8 @@ class SparseMoE(nn.Module):
         super().__init__()
         spec = config.experts
         # (DeepSeek-V3's router also holds its correction bias, in float32)
-        self.gate = (Router if spec.correction_bias else Linear)(config.hidden_size, spec.count, bias=spec.biases)
+        self.gate = (Router(config.hidden_size, spec.count, bias=spec.biases, float32_weight=spec.float32_router)
+                     if spec.correction_bias else Linear(config.hidden_size, spec.count, bias=spec.biases))
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
@@ -737,7 +745,7 @@ class SparseMoE(nn.Module):
         correction bias), within the ``topk_group`` best of ``n_group`` groups where ``groups`` (a group's rank: its
         best score, V3 its best two summed; the other groups' scores masked: 0, V3 -inf); each chosen expert's score,
         renormalised (V3's ``norm_topk_prob``: over their sum plus 1e-20), times ``routed_scaling_factor``; float32
-        weights."""
+        weights (ERNIE 4.5's: its softmax and correction bias choosing, renormalised, rounded to the dtype)."""
         gate = self.gate.weight  # (float32, as transformers computes the logits; a 16-bit router's copy made once)
         if gate.dtype != torch.float32:
             gate = derived(self, "_gate32", gate, gate.float)
@@ -759,7 +767,8 @@ class SparseMoE(nn.Module):
             for j in range(1, self.top_k):  # left to right, row by row (as route's)
                 total += w[:, j]
             w = w / (total[:, None] + self.eps)
-        return w * self.scale, index
+        w = w * self.scale
+        return (w if self.float32_weights else w.to(x.dtype)), index
 
     def forward(self, x):
         rows = x.reshape(-1, x.shape[-1])
@@ -1096,7 +1105,7 @@ class Llama(nn.Module):
         # cores, up to ~11 s on busier ones) to compute nothing; nn.Linear's init has a native meta kernel.
         with torch.device("meta") if _empty else contextlib.nullcontext():
             self.model = LlamaModel(config, init=not _empty)
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=config.head_bias)
             inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
             local = None if all(config.rope_layers) else (
                 torch.empty(config.head_dim // 2) if _empty else rope_local_inv_freq(config))

@@ -587,13 +587,26 @@ def _deepseek_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     theirs, ours = _DEEPSEEK_SHARED[::-1] if inverse else _DEEPSEEK_SHARED
     n = config.num_hidden_layers
     extra = config.extra.get("num_nextn_predict_layers", config.extra.get("num_mtp_layers", 0)) or 0
+    ernie = config.model_type == "ernie4_5_moe"
     out = {}
     for name, t in sd.items():
         m = _LAYER_INDEX.match(name)
         if not inverse and m is not None and n <= int(m[1]) < n + extra:
             continue
+        if ernie and not inverse and name.startswith(_ERNIE_MTP):
+            continue
+        if ernie and name.endswith(_ERNIE_BIAS[inverse:]):  # (its [1, experts] moe_statics: one group)
+            name = _LAYER_INDEX.match(name)[0] + (_ERNIE_BIAS[0] if inverse else _ERNIE_BIAS[2])[1:]
+            t = t[None] if inverse else t.reshape(-1)
         out[name.replace(theirs, ours)] = t
     return out
+
+
+# ERNIE 4.5's correction biases: its checkpoints', transformers' in memory, the model's; its multi-token prediction
+# weights (not part of the forward: dropped, as transformers drops them)
+_ERNIE_BIAS = (".mlp.moe_statics.e_score_correction_bias", ".mlp.gate.moe_statics.e_score_correction_bias",
+               ".mlp.gate.e_score_correction_bias")
+_ERNIE_MTP = ("model.mtp_", "mtp_")
 
 
 def _order_mla_rope(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
@@ -853,8 +866,10 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
     for name, p in model.state_dict(keep_vars=True).items():
         if name in sd and tuple(sd[name].shape) != tuple(p.shape):
             raise ValueError(f"weight {name} has shape {list(sd[name].shape)}, the config implies {list(p.shape)}")
-    # (a router's correction bias stays float32, as transformers keeps it: llama.Router)
-    sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith(_FLOAT32_WEIGHTS) else dtype)
+    # (a router's correction bias stays float32, as transformers keeps it: llama.Router; ERNIE 4.5's router weight)
+    kept = _FLOAT32_WEIGHTS + ((".mlp.gate.weight",) if config.experts is not None and config.experts.float32_router
+                               else ())
+    sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith(kept) else dtype)
           for k, v in sd.items() if k in expected}
     model.load_state_dict(sd, strict=False, assign=True)
     if config.tie_word_embeddings:
