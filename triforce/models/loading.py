@@ -964,7 +964,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # 64-layer file (EXAONE-4.0-32B: attention.sliding_window, default 4096, on three of every four layers, llama.cpp's
 # fixed pattern), its sliding layers alone with RoPE; every other file full attention with RoPE on every layer.
 # ernie4_5: ERNIE 4.5 as llama.cpp's converter writes it: Llama's tensor names (no biases: llama.cpp has none), q / k
-# rows as the checkpoint holds them (RoPE on consecutive pairs; _build reorders them: rotary_order).
+# rows as the checkpoint holds them (RoPE on consecutive pairs; _build reorders them: rotary_order). ernie4_5-moe: the
+# same with its mixtures (_gguf_ernie_moe), the router's correction bias as exp_probs_b.
 # command-r: Cohere (Command R, Aya) as llama.cpp runs it: cohere2's layer with RoPE on every layer and no window.
 # cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
 # (attn_norm only), q / k rows as the checkpoint holds them (RoPE on consecutive pairs), the window on three of every
@@ -977,7 +978,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "olmoe": ("olmoe", False), "gpt-oss": ("gpt_oss", False), "olmo2": ("olmo2", False),
                       "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
                       "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False),
-                      "deepseek2": ("deepseek_v2", False), "glm4moe": ("glm4_moe", False), "dots1": ("dots1", False)}
+                      "deepseek2": ("deepseek_v2", False), "glm4moe": ("glm4_moe", False), "dots1": ("dots1", False),
+                      "ernie4_5-moe": ("ernie4_5_moe", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -998,7 +1000,8 @@ _GGUF_ARCH_KEYS = {
     "deepseek2": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.key_length", "attention.value_length",
                   "rope.scaling.yarn_log_multiplier", "attention.q_lora_rank", "attention.kv_lora_rank",
                   "attention.key_length_mla", "attention.value_length_mla"),
-    "glm4moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers"), "dots1": _GGUF_GROUPED_KEYS}
+    "glm4moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers"), "dots1": _GGUF_GROUPED_KEYS,
+    "ernie4_5-moe": ("leading_dense_block_count", "expert_shared_count", "interleave_moe_layer_step")}
 _GGUF_MTP = ("deepseek2", "glm4moe")  # the architectures whose files may append multi-token prediction layers
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
@@ -1265,12 +1268,12 @@ _GGUF_DEEPSEEK2_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_a.weight": "self_attn.
 _GGUF_GLM4MOE_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
                          "post_attention_norm.weight": "post_attention_layernorm.weight",
                          "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
-_GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
+_GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}  # ernie4_5-moe
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
                 "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
-                "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS}
+                "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1345,6 +1348,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         model_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)
         extra.update(mla)
         n_kv, head_dim = 1, mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
+    if arch == "ernie4_5-moe":
+        extra.update(_gguf_ernie_moe(reader, arch, path))
     if arch in ("glm4moe", "dots1"):  # DeepSeek-V3's mixture on GLM's / Qwen3's attention
         extra.update(_gguf_grouped_mixture(reader, arch, path)[1])
         if arch == "glm4moe":  # (its q / k norms where the file has them: llama.cpp applies them so)
@@ -1414,6 +1419,8 @@ def read_gguf(path: Path, skip=None, reader=None):
             continue
         if key.endswith("shared_expert_gate.weight") and w.dim() == 1:
             w = w[None]  # (llama.cpp's {n_embd}: the gate's one row)
+        if key.endswith("e_score_correction_bias"):
+            w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
         sd[key] = w if heads is None else _unpermute(w, heads)
     if arch == "deepseek2":
         sd = _gguf_latent_weights(config, sd, latent, path)
@@ -1423,6 +1430,25 @@ def read_gguf(path: Path, skip=None, reader=None):
             if sparse and f"blk.{i}.exp_probs_b.bias" not in tensors:
                 sd[key] = torch.zeros(config.experts.count)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+def _gguf_ernie_moe(reader, arch: str, path: Path) -> dict:
+    """The ``extra`` keys of an ernie4_5-moe file (ERNIE 4.5's mixtures, as llama.cpp's converter writes the checkpoint
+    and llama.cpp runs the file): ``expert_count`` experts of ``expert_feed_forward_length``, ``expert_used_count`` a
+    token, ``expert_shared_count`` shared experts of that width; sparse from ``leading_dense_block_count`` on, every
+    ``interleave_moe_layer_step``-th layer, to the last (llama.cpp's rule: the file has no end index); the softmax
+    router choosing by its probabilities plus ``exp_probs_b`` (zeros where absent), renormalised (read_gguf)."""
+    def get(key):
+        return int(gguf_field(reader, f"{arch}.{key}", 0) or 0)
+
+    count, used, step = get("expert_count"), get("expert_used_count"), get("interleave_moe_layer_step")
+    if count < 1 or not 1 <= used <= count or step < 1:
+        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1, expert_used_count in [1, "
+                         f"expert_count] and interleave_moe_layer_step >= 1, got {count}, {used} and {step}")
+    return {"moe_num_experts": count, "moe_k": used, "moe_layer_interval": step,
+            "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
+            "moe_num_shared_experts": get("expert_shared_count"),
+            "moe_layer_start_index": get("leading_dense_block_count")}
 
 
 def _gguf_mtp(reader, arch: str) -> int:
