@@ -58,7 +58,8 @@ def dequantize_by_loop(q, s, block, dtype):
 def is_quantised(name: str, t: torch.Tensor) -> bool:
     """Whether an FP8 checkpoint holds ``name`` in float8: every linear layer's weight but a router's (as
     DeepSeek-V3's and Qwen3-FP8's)."""
-    return t.dim() == 2 and name.endswith("proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
+    return t.dim() == 2 and name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")) or name.endswith(
+        "kv_a_proj_with_mqa.weight")  # (Mixtral's names of the experts' projections: MiniMax-M2's)
 
 
 def write_fp8(directory, quantization_config, block, shards: int = 1, static: bool = False) -> dict:
@@ -103,6 +104,12 @@ CASES = {
     # Qwen3-MoE: every expert's projections
     "qwen3_moe": ("Qwen3Moe", dict(TINY, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
                   QWEN3_FP8 | {"weight_block_size": [16, 32]}),
+    # MiniMax-M2: its experts under Mixtral's names (w1 / w3 / w2), the router and its correction bias float, as its
+    # published quantization_config has them (fmt float8_e4m3fn, modules_to_not_convert)
+    "minimax_m2": ("MiniMaxM2", dict(TINY, head_dim=16, num_local_experts=4, num_experts_per_tok=2, rotary_dim=8),
+                   {"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8",
+                    "weight_block_size": [16, 16], "modules_to_not_convert": ["gate", "e_score_correction_bias",
+                                                                              "lm_head"]}),
 }
 
 
@@ -355,7 +362,7 @@ def fp8_checkpoint(directory, case: str, block=(16, 16)):
 
 @needs_fp8_kernel
 @pytest.mark.parametrize("case,block", [("deepseek_v3", (16, 64)), ("qwen3", (32, 64)), ("qwen3_moe", (16, 128)),
-                                        ("deepseek_v3", (48, 128))])
+                                        ("deepseek_v3", (48, 128)), ("minimax_m2", (16, 64))])
 def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, monkeypatch, case, block):
     """``load_fp8`` (``load_model(directory, "fp8")``): every linear layer of the checkpoint an Fp8Linear on its
     float8 weights (DeepSeek's RoPE rows reordered, experts' gate and up joined, partial column blocks), its

@@ -283,6 +283,17 @@ FAMILIES["ernie4_5_moe"] = Family("Ernie4_5_MoeForCausalLM", rope_interleaved=Tr
                                       "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
                                       "moe_layer_end_index": -1, "moe_layer_interval": 1})
 _ERNIES = ("ernie4_5", "ernie4_5_moe")  # (one bias key, use_bias, for every projection)
+# MiniMax-M2 (MiniMaxM2ForCausalLM: MiniMax-M2, M2.1, M2.5): Llama's attention with an RMSNorm over each token's whole
+# query and key projections (OLMoE's, heads x head_dim wide) and RoPE on the first partial_rotary_factor of each head
+# (its checkpoints' rotary_dim: 64 of 128, half-split pairs); every layer a mixture of num_local_experts experts of
+# intermediate_size (Mixtral's names), num_experts_per_tok of them chosen by the sigmoid of the router's logits
+# (computed in the model's dtype, the sigmoid in float32) plus a correction bias, weighted by those sigmoids
+# renormalised, kept in float32.
+FAMILIES["minimax_m2"] = Family("MiniMaxM2ForCausalLM", qk_norm=True, qk_norm_full=True, defaults={
+    "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536, "num_hidden_layers": 62,
+    "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 196608,
+    "rms_norm_eps": 1e-6, "pad_token_id": None, "bos_token_id": 200034, "eos_token_id": 200020,
+    "rope_theta": 5000000.0, "num_local_experts": 256, "num_experts_per_tok": 8})
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -376,7 +387,7 @@ _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepsee
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
-_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe")
+_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -416,6 +427,7 @@ class Experts:
     renormalize_eps: float = 0.0
     grouped_router: bool = False  # DeepSeek's routers (V2's, V3's: GLM-4.5's too), computed as transformers does
     float32_router: bool = False  # the router's weight kept in float32 whatever the model's dtype (ERNIE 4.5's)
+    logits_in_dtype: bool = False  # the router's logits in the model's dtype, then float32 (MiniMax-M2's)
 
 
 @dataclass(frozen=True)
@@ -552,7 +564,8 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one)
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
        for key in ("resid_pdrop", "embd_pdrop")},
-    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe")
+    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe",
+                                                                               "minimax_m2")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -569,8 +582,10 @@ _HARMLESS_ONLY_AT = {
              "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
     # mixtures of experts: LlamaConfig.experts (checked together there)
     **{key: (lambda v, c, key=key: (c.model_type in _MOE_TYPES or key == "num_experts_per_tok"
-                                    and c.model_type in _GROUPED) and _is_int(v) and v >= 1,
-             "absent (Mixtral, Qwen3-MoE, DeepSeek: an int >= 1)")
+                                    and c.model_type in _GROUPED
+                                    or key in ("num_local_experts", "num_experts_per_tok")
+                                    and c.model_type == "minimax_m2") and _is_int(v) and v >= 1,
+             "absent (Mixtral, Qwen3-MoE, DeepSeek, MiniMax-M2: an int >= 1)")
        for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
     **{key: (lambda v, c, key=key: (c.model_type in _QWEN_MOES or key == "moe_intermediate_size"
                                     and c.model_type in (*_GROUPED, "ernie4_5_moe")) and _is_int(v) and v >= 1,
@@ -578,8 +593,9 @@ _HARMLESS_ONLY_AT = {
        for key in ("moe_intermediate_size", "decoder_sparse_step")},
     "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
                                         "absent (Qwen2-MoE: an int >= 1)"),
-    "shared_intermediate_size": (lambda v, c: c.model_type == "granitemoeshared" and _is_int(v) and v >= 0,
-                                 "absent (GraniteMoeShared: an int >= 0)"),
+    "shared_intermediate_size": (lambda v, c: c.model_type == "granitemoeshared" and _is_int(v) and v >= 0
+                                 or c.model_type == "minimax_m2" and v == 0,
+                                 "absent (GraniteMoeShared: an int >= 0; MiniMax-M2: 0, no shared expert)"),
     # GPT-OSS's clamped SwiGLU (LlamaConfig.swiglu_clamp)
     **{key: (lambda v, c: c.model_type == "gpt_oss" and _is_number(v) and 0 < v < float("inf"),
              "absent (GPT-OSS: a finite number > 0)") for key in ("swiglu_alpha", "swiglu_limit")},
@@ -611,10 +627,13 @@ _HARMLESS_ONLY_AT = {
                     "absent (DeepSeek-V2: 'greedy' or 'group_limited_greedy'; DeepSeek-V3: 'noaux_tc')"),
     **{key: (lambda v, c: c.model_type in _GROUPED and (v is None or _is_int(v) and v >= 1),
              "absent (DeepSeek, GLM-4.5: null or an int >= 1)") for key in ("n_group", "topk_group")},
-    "use_qk_norm": (lambda v, c: c.model_type in ("cohere", "glm4_moe") and isinstance(v, bool) or v is None,
-                    "absent (Cohere: a bool, its per-head q/k LayerNorm; GLM-4.5: a bool, its per-head q/k RMSNorm)"),
+    "use_qk_norm": (lambda v, c: c.model_type in ("cohere", "glm4_moe") and isinstance(v, bool) or v is None
+                    or c.model_type == "minimax_m2" and v is True,
+                    "absent (Cohere: a bool, its per-head q/k LayerNorm; GLM-4.5: a bool, its per-head q/k RMSNorm; "
+                    "MiniMax-M2: true)"),
     "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid"),
-                                                         ("glm4_moe_lite", "sigmoid"), ("dots1", "sigmoid")),
+                                                         ("glm4_moe_lite", "sigmoid"), ("dots1", "sigmoid"),
+                                                         ("minimax_m2", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
     "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite") and isinstance(v, bool),
                         "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims)"),
@@ -664,8 +683,23 @@ _HARMLESS_ONLY_AT = {
     "router_aux_loss_coef": (lambda v, c: c.model_type in _ANY_MOE and _is_number(v), "absent (MoE: a number)"),
     "output_router_logits": (lambda v, c: c.model_type in _ANY_MOE and isinstance(v, bool), "absent (MoE: a bool)"),
     # Mixtral's training-time noise on the router's input (transformers applies it in training mode only)
-    "router_jitter_noise": (lambda v, c: c.model_type == "mixtral" and _is_number(v) and v >= 0,
-                            "absent (Mixtral: a number >= 0, read in training only)"),
+    "router_jitter_noise": (lambda v, c: c.model_type in ("mixtral", "minimax_m2") and _is_number(v) and v >= 0,
+                            "absent (Mixtral, MiniMax-M2: a number >= 0, read in training only)"),
+    # MiniMax-M2's checkpoints' keys from MiniMax-Text-01's code, read at the values its model has (transformers'
+    # MiniMaxM2Config reads none): every layer full attention (attn_type_list 1; 0 was Text-01's linear attention),
+    # its q/k norm over each token's whole projections, its routing bias; the multi-token prediction modules (not
+    # part of the forward, and not in the released weights)
+    "attn_type_list": (lambda v, c: c.model_type == "minimax_m2" and isinstance(v, list)
+                       and len(v) == c.num_hidden_layers and all(x == 1 for x in v),
+                       "absent (MiniMax-M2: a 1 per layer, full attention)"),
+    "qk_norm_type": (lambda v, c: c.model_type == "minimax_m2" and v == "per_layer",
+                     "absent (MiniMax-M2: 'per_layer', one RMSNorm over each token's whole q / k projections)"),
+    "use_routing_bias": (lambda v, c: c.model_type == "minimax_m2" and v is True,
+                         "absent (MiniMax-M2: true, its router's correction bias)"),
+    "use_mtp": (lambda v, c: c.model_type == "minimax_m2" and isinstance(v, bool), "absent (MiniMax-M2: a bool)"),
+    **{key: (lambda v, c: c.model_type == "minimax_m2" and _is_int(v) and v >= 0,
+             "absent (MiniMax-M2: an int >= 0, its multi-token prediction modules)")
+       for key in ("num_mtp_modules", "mtp_transformer_layers")},
     # SmolLM3's NoPE layers: LlamaConfig.rope_layers
     "no_rope_layers": (lambda v, c: c.model_type == "smollm3" and isinstance(v, list)
                        and len(v) == c.num_hidden_layers and all(x in (0, 1) for x in v),
@@ -692,9 +726,12 @@ _HARMLESS_ONLY_AT = {
     # reads them with its own (without trust_remote_code), as here
     "auto_map": (lambda v, c: not v or (c.model_type == "phi3" and isinstance(v, dict) and set(v.values()) <= {
         "configuration_phi3.Phi3Config", "modeling_phi3.Phi3ForCausalLM"}) or (
-        c.model_type in _DEEPSEEKS and isinstance(v, dict) and set(v.values()) <= _DEEPSEEK_AUTO_MAP),
+        c.model_type in _DEEPSEEKS and isinstance(v, dict) and set(v.values()) <= _DEEPSEEK_AUTO_MAP) or (
+        c.model_type == "minimax_m2" and isinstance(v, dict) and set(v.values()) <= {
+            "configuration_minimax_m2.MiniMaxM2Config", "modeling_minimax_m2.MiniMaxM2ForCausalLM"}),
         "absent (the checkpoint ships its own modeling code; Phi-3's naming Phi3Config / Phi3ForCausalLM only, "
-        "DeepSeek's naming its DeepseekV2 / V3 Config, Model, ForCausalLM)"),
+        "DeepSeek's naming its DeepseekV2 / V3 Config, Model, ForCausalLM, MiniMax-M2's its MiniMaxM2Config / "
+        "MiniMaxM2ForCausalLM, which transformers reads as its own)"),
     # transformers reads it for llama3, yarn and longrope RoPE only (from_dict moves it into rope_scaling then)
     "original_max_position_embeddings": (
         lambda v, c: c.rope_type not in ("llama3", "yarn", "longrope")
@@ -712,7 +749,7 @@ def _mxfp4(v) -> bool:
 
 _FP8_KEYS = {  # FineGrainedFP8Config's keys (transformers) and the values whose dequantised model is the same
     "quant_method": lambda v: v == "fp8",
-    "fmt": lambda v: v == "e4m3",
+    "fmt": lambda v: v in ("e4m3", "float8_e4m3fn"),  # (MiniMax-M2's: torch's name of the same format)
     # the activations' FP8 rounding (per block of a row, or by a static activation_scale) belongs to an FP8 matmul;
     # the dequantised model, which this one is (as transformers' with dequantize = True), has none
     "activation_scheme": lambda v: v in ("dynamic", "static"),
@@ -979,13 +1016,14 @@ class LlamaConfig:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
         if self.model_type in _GROUPED:
             self._check_deepseek_experts()
-        if self.model_type == "ernie4_5_moe" and self.experts.top_k > self.experts.count:
-            raise ValueError(f"config moe_k = {self.experts.top_k} is more than the {self.experts.count} experts "
-                             "(moe_num_experts)")
+        if self.model_type in ("ernie4_5_moe", "minimax_m2") and self.experts.top_k > self.experts.count:
+            raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
+                             f"{self.experts.count} experts")
         if self.model_type in _ERNIES and self.attention_bias != self.mlp_bias:
             raise ValueError(f"model_type {self.model_type!r} has one bias switch (use_bias) for every projection: "
                              f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
-        if self.qk_norm_full and self.head_dim * self.num_attention_heads != self.hidden_size:
+        if self.qk_norm_full and self.model_type != "minimax_m2" and \
+                self.head_dim * self.num_attention_heads != self.hidden_size:
             raise ValueError(f"model_type {self.model_type!r} normalises each token's queries over hidden_size = "
                              f"{self.hidden_size}, so head_dim * num_attention_heads must equal it, got "
                              f"{self.head_dim} * {self.num_attention_heads}")
@@ -1317,6 +1355,11 @@ class LlamaConfig:
             return self._deepseek_experts()
         if self.model_type == "ernie4_5_moe":
             return self._ernie_experts()
+        if self.model_type == "minimax_m2":  # (DeepSeek's router path: the sigmoid, the correction bias)
+            get = self._deepseek
+            return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, True, True,
+                           (True,) * self.num_hidden_layers, scoring="sigmoid", correction_bias=True,
+                           grouped_router=True, logits_in_dtype=True)
         if self.model_type not in _MOE_TYPES:
             return None
         x = self.extra
@@ -1467,6 +1510,11 @@ class LlamaConfig:
                 if key in d:
                     raise ValueError(f"config key {key!r} is not Ernie4_5Config's: its biases are use_bias's")
             d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", False)
+        if model_type == "minimax_m2" and "rotary_dim" in d:  # (its checkpoints' name of partial RoPE: transformers
+            rotary, head = d.pop("rotary_dim"), d.get("head_dim", FAMILIES[model_type].defaults["head_dim"])  # reads
+            if not (_is_int(rotary) and _is_int(head) and 0 < rotary <= head):  # it as the factor)
+                raise ValueError(f"config rotary_dim = {rotary!r} must be an int in [1, head_dim = {head!r}]")
+            d.setdefault("partial_rotary_factor", rotary / head)
         if model_type == "ernie4_5_moe":  # (transformers' aliases of its keys: attribute_map)
             for alias, key in (("num_experts", "moe_num_experts"), ("num_experts_per_tok", "moe_k")):
                 if alias in d:

@@ -718,6 +718,7 @@ class SparseMoE(nn.Module):
         if self.deepseek:
             self.scale, self.sigmoid, self.groups, self.group_top2, self.eps = (
                 spec.scale, spec.scoring == "sigmoid", spec.groups, spec.group_top2, spec.renormalize_eps)
+            self.logits_in_dtype = spec.logits_in_dtype
         if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             if spec.shared_gated:
@@ -745,11 +746,15 @@ class SparseMoE(nn.Module):
         correction bias), within the ``topk_group`` best of ``n_group`` groups where ``groups`` (a group's rank: its
         best score, V3 its best two summed; the other groups' scores masked: 0, V3 -inf); each chosen expert's score,
         renormalised (V3's ``norm_topk_prob``: over their sum plus 1e-20), times ``routed_scaling_factor``; float32
-        weights (ERNIE 4.5's: its softmax and correction bias choosing, renormalised, rounded to the dtype)."""
-        gate = self.gate.weight  # (float32, as transformers computes the logits; a 16-bit router's copy made once)
-        if gate.dtype != torch.float32:
-            gate = derived(self, "_gate32", gate, gate.float)
-        logits = linear(x.float(), gate)
+        weights (ERNIE 4.5's: its softmax and correction bias choosing, renormalised, rounded to the dtype; MiniMax-M2's
+        logits in the model's dtype)."""
+        if self.logits_in_dtype:  # (MiniMax-M2's: in the model's dtype, then float32)
+            logits = self.gate(x).float()
+        else:
+            gate = self.gate.weight  # (float32, as transformers computes the logits; a 16-bit router's copy made once)
+            if gate.dtype != torch.float32:
+                gate = derived(self, "_gate32", gate, gate.float)
+            logits = linear(x.float(), gate)
         scores = _row_sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         bias = self.gate._buffers.get("e_score_correction_bias")
         choice = scores if bias is None else scores + bias

@@ -587,7 +587,7 @@ def _deepseek_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     theirs, ours = _DEEPSEEK_SHARED[::-1] if inverse else _DEEPSEEK_SHARED
     n = config.num_hidden_layers
     extra = config.extra.get("num_nextn_predict_layers", config.extra.get("num_mtp_layers", 0)) or 0
-    ernie = config.model_type == "ernie4_5_moe"
+    ernie, minimax = config.model_type == "ernie4_5_moe", config.model_type == "minimax_m2"
     out = {}
     for name, t in sd.items():
         m = _LAYER_INDEX.match(name)
@@ -598,8 +598,15 @@ def _deepseek_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
         if ernie and name.endswith(_ERNIE_BIAS[inverse:]):  # (its [1, experts] moe_statics: one group)
             name = _LAYER_INDEX.match(name)[0] + (_ERNIE_BIAS[0] if inverse else _ERNIE_BIAS[2])[1:]
             t = t[None] if inverse else t.reshape(-1)
+        if minimax and name.endswith(_MINIMAX_BIAS[inverse:]):
+            name = _LAYER_INDEX.match(name)[0] + (_MINIMAX_BIAS[0] if inverse else _MINIMAX_BIAS[2])[1:]
         out[name.replace(theirs, ours)] = t
     return out
+
+
+# MiniMax-M2's correction biases: its checkpoints', transformers' in memory, the model's
+_MINIMAX_BIAS = (".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias",
+                 ".mlp.gate.e_score_correction_bias")
 
 
 # ERNIE 4.5's correction biases: its checkpoints', transformers' in memory, the model's; its multi-token prediction
@@ -639,7 +646,8 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return sd
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
-    mixtral, granite = config.model_type == "mixtral", config.model_type in ("granitemoe", "granitemoeshared")
+    mixtral = config.model_type in ("mixtral", "minimax_m2")  # (Mixtral's names: block_sparse_moe, w1 / w3 / w2)
+    granite = config.model_type in ("granitemoe", "granitemoeshared")
     deepseek = config.experts.grouped_router  # (DeepSeek's names; GLM-4.5's are the same)
     if deepseek and not inverse:
         sd = _deepseek_names(config, sd)
@@ -729,8 +737,9 @@ def _order_rotary_dims(config: LlamaConfig, sd: dict, inverse: bool = False) -> 
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_proj.bias",
                           "self_attn.k_proj.bias")):
             out[name] = t.reshape(-1, D, *t.shape[1:])[:, order.to(t.device)].reshape(t.shape)
-        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):  # [head_dim]; Cohere's [heads, ..]
-            out[name] = t[..., order.to(t.device)]
+        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            # [head_dim]; Cohere's [heads, head_dim]; MiniMax-M2's over the whole projection, [heads * head_dim]
+            out[name] = t.reshape(-1, D)[:, order.to(t.device)].reshape(t.shape)
     return out
 
 
@@ -1660,7 +1669,8 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
         for proj, t in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
             for e in range(spec.count if t is not None else 0):  # (each its own copy: saved apart)
                 name = f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"
-                out[_mixtral_name(name, inverse=True) if config.model_type == "mixtral" else name] = t[e].clone()
+                mixtral = config.model_type in ("mixtral", "minimax_m2")
+                out[_mixtral_name(name, inverse=True) if mixtral else name] = t[e].clone()
     if stacked:
         raise ValueError(f"unexpected GGUF tensors {sorted(stacked)[:3]} in {str(path)!r}")
     return out
