@@ -485,9 +485,10 @@ CASED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("pre", ["tekken", "gpt-4o", "llama4"])
+@pytest.mark.parametrize("pre", ["tekken", "gpt-4o", "llama4", "minimax-m2"])
 def test_cased_word_splits(tmp_path, pre):
-    """Mistral's tekken (Nemo, Small 3, Ministral) and tiktoken's o200k (gpt-4o, llama4: Phi-4-mini, Llama 4)
+    """Mistral's tekken (Nemo, Small 3, Ministral) and tiktoken's o200k (gpt-4o, llama4, minimax-m2: Phi-4-mini, Llama
+    4, MiniMax-M2, whose tokenizer.json has o200k's regex)
     split words at a lower-to-upper case change, keep slashes and newlines with punctuation; o200k attaches
     contractions and keeps digits in threes, tekken takes single digits. Pieces written out by hand, then random
     text against the `regex` package running the tokenizer.json regex."""

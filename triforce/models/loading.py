@@ -988,7 +988,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
                       "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False),
                       "deepseek2": ("deepseek_v2", False), "glm4moe": ("glm4_moe", False), "dots1": ("dots1", False),
-                      "ernie4_5-moe": ("ernie4_5_moe", False)}
+                      "ernie4_5-moe": ("ernie4_5_moe", False), "minimax-m2": ("minimax_m2", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1010,7 +1010,8 @@ _GGUF_ARCH_KEYS = {
                   "rope.scaling.yarn_log_multiplier", "attention.q_lora_rank", "attention.kv_lora_rank",
                   "attention.key_length_mla", "attention.value_length_mla"),
     "glm4moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers"), "dots1": _GGUF_GROUPED_KEYS,
-    "ernie4_5-moe": ("leading_dense_block_count", "expert_shared_count", "interleave_moe_layer_step")}
+    "ernie4_5-moe": ("leading_dense_block_count", "expert_shared_count", "interleave_moe_layer_step"),
+    "minimax-m2": ("expert_gating_func",)}
 _GGUF_MTP = ("deepseek2", "glm4moe")  # the architectures whose files may append multi-token prediction layers
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
@@ -1277,12 +1278,14 @@ _GGUF_DEEPSEEK2_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_a.weight": "self_attn.
 _GGUF_GLM4MOE_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
                          "post_attention_norm.weight": "post_attention_layernorm.weight",
                          "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
-_GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}  # ernie4_5-moe
+# (ernie4_5-moe's and minimax-m2's too)
+_GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
                 "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
-                "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS}
+                "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
+                "minimax-m2": _GGUF_DOTS1_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1347,7 +1350,7 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
-             if arch in ("phi3", "glm4", "glm4moe")
+             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
@@ -1359,6 +1362,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         n_kv, head_dim = 1, mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
     if arch == "ernie4_5-moe":
         extra.update(_gguf_ernie_moe(reader, arch, path))
+    if arch == "minimax-m2":  # (every layer sparse; the experts' width the model's intermediate_size)
+        extra.update(_gguf_minimax_m2(reader, arch, path))
+        n_ff = _gguf_need(reader, arch, path, "expert_feed_forward_length")
     if arch in ("glm4moe", "dots1"):  # DeepSeek-V3's mixture on GLM's / Qwen3's attention
         extra.update(_gguf_grouped_mixture(reader, arch, path)[1])
         if arch == "glm4moe":  # (its q / k norms where the file has them: llama.cpp applies them so)
@@ -1458,6 +1464,23 @@ def _gguf_ernie_moe(reader, arch: str, path: Path) -> dict:
             "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
             "moe_num_shared_experts": get("expert_shared_count"),
             "moe_layer_start_index": get("leading_dense_block_count")}
+
+
+def _gguf_minimax_m2(reader, arch: str, path: Path) -> dict:
+    """The ``extra`` keys of a minimax-m2 file (MiniMax-M2 as llama.cpp's converter writes the checkpoint and llama.cpp
+    runs the file): ``expert_count`` experts of ``expert_feed_forward_length`` (the model's intermediate_size),
+    ``expert_used_count`` a token, on every layer, chosen by the sigmoid (``expert_gating_func`` 2, the only one its
+    checkpoints have) plus ``exp_probs_b``, renormalised; RoPE on ``rope.dimension_count`` of each head
+    (:func:`_gguf_partial_rope`), the q / k norms over the whole projections."""
+    gating = int(gguf_field(reader, f"{arch}.expert_gating_func", 0) or 0)
+    if gating != 2:
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_gating_func = {gating}; supported: 2 (sigmoid, "
+                         "MiniMax-M2's router)")
+    count, used = (int(gguf_field(reader, f"{arch}.{k}", 0) or 0) for k in ("expert_count", "expert_used_count"))
+    if count < 1 or not 1 <= used <= count:
+        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1 and expert_used_count in [1, "
+                         f"expert_count], got {count} and {used}")
+    return {"num_local_experts": count, "num_experts_per_tok": used}
 
 
 def _gguf_mtp(reader, arch: str) -> int:
@@ -1729,8 +1752,9 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     order (``attn_q`` / ``attn_k`` un-permuted as :func:`read_gguf` does). Row ``n`` dequantises to row
     ``n`` of :func:`read_gguf`'s float32 tensor. ``reader``: as for :func:`read_gguf`. The blocks are read-only
     views of the file's memory map (permuted rows excepted): read them, never write to them. phi3, glm4: the fused
-    tensors' rows split into the model's projections; q / k rows in the model's order with partial RoPE or RoPE on
-    adjacent pairs (phi3, glm4, cohere2: :func:`rotary_order`), as the model's weights are (copies, those)."""
+    tensors' rows split into the model's projections; q / k rows in the model's order with partial RoPE (a file's
+    rope.dimension_count below its heads') or RoPE on adjacent pairs (phi3, glm4, glm4moe, minimax-m2, cohere2,
+    deepseek2's latent attention: :func:`rotary_order`), as the model's weights are (copies, those)."""
     reader = reader if reader is not None else open_gguf(path)
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -1758,8 +1782,12 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     out.update(_expert_blocks(stacked))
     family = FAMILIES[GGUF_ARCHITECTURES[arch][0]]
-    # (fused rows split; rows reordered: RoPE on adjacent pairs, partial RoPE, the latent attention's RoPE'd rows)
-    if family.fused_projections or family.rope_interleaved or arch in ("deepseek2", "glm4moe"):
+    # (fused rows split; rows reordered: RoPE on adjacent pairs, partial RoPE (fewer RoPE'd dims than a key's: GLM-4.5,
+    # MiniMax-M2, the latent attention's RoPE'd rows))
+    head = int(gguf_field(reader, f"{arch}.attention.key_length", 0) or 0) or int(
+        gguf_field(reader, f"{arch}.embedding_length")) // n_head
+    if family.fused_projections or family.rope_interleaved or int(
+            gguf_field(reader, f"{arch}.rope.dimension_count", head) or head) < head:
         config, _ = read_gguf(path, skip=lambda *_: True, reader=reader)  # the metadata only
         kinds = {}
         for key, (kind, _) in out.items():  # each part of a fused tensor keeps its type

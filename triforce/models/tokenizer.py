@@ -124,7 +124,7 @@ _GGUF_PRES = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _Pre((_QWEN2_SPLIT,), nfc=True)),
     "qwen35": _Pre((_QWEN35_SPLIT,)),  # no NFC: its tokenizer.json keeps decomposed marks
     "tekken": _Pre((_TEKKEN_SPLIT,), whole=True, bos=True),
-    **dict.fromkeys(("gpt-4o", "llama4"), _Pre((_O200K_SPLIT,))),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "kanana2", "talkie"), _Pre((_O200K_SPLIT,))),
     "deepseek-coder": _Pre(_DEEPSEEK_CODER_SPLITS),
     "deepseek-llm": _Pre(_DEEPSEEK_LLM_SPLITS),
     "deepseek-v3": _Pre(_DEEPSEEK_V3_SPLITS),
