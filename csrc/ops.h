@@ -87,6 +87,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim);
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                                 at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
+// DeepSeek's latent attention between its products (triforce.models.llama.LatentAttention.project), bitwise its ATen
+// ops: q [B, T, H, nope + r] (the query projection, its RoPE'd dims last), q_lat [B, T, H, R] (W_UK^T q_nope), kv
+// [B, T, R + r] (kv_a_proj_with_mqa's output), norm_w [R] / eps (kv_a_layernorm's RMSNorm of kv's first R dims, c),
+// cos / sin [B, T, 1, R + r], layout int64 [R + r] (a cached key's dim d holds [pe, latent]'s dim layout[d]) ->
+// (queries [B, T, H, R + r] = RoPE([q_pe, q_lat] by layout), keys [B, T, 1, R + r] = RoPE(k_raw), k_raw = [k_pe, c]
+// by layout); RoPE in float32, rounded once, where rope_f32 and the tensors are 16-bit.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const at::Tensor& q_lat, const at::Tensor& kv,
+                                                      const at::Tensor& norm_w, double eps, const at::Tensor& cos,
+                                                      const at::Tensor& sin, const at::Tensor& layout, bool rope_f32);
 // act(gate) * up as the modules round it (the activation in float32 rounded to the dtype, the product rounded),
 // float32, bfloat16 or float16, every element by the same arithmetic whatever the shape and the threads
 // (csrc/include/triforce/glu.h: ATen's SiLU and GELU are not): the model layer's MLP on the CPU. SiLU (SwiGLU);

@@ -33,6 +33,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def("decoder_attn_out_mlp(Tensor h, Tensor attn, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, "
         "Tensor?[] bias) -> Tensor");
+  m.def("mla_qk(Tensor q, Tensor q_lat, Tensor kv, Tensor norm_w, float eps, Tensor cos, Tensor sin, Tensor layout, "
+        "bool rope_f32) -> (Tensor, Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("swiglu_clamped_mul(Tensor gate, Tensor up, float alpha, float limit) -> Tensor");
@@ -77,6 +79,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("rowwise_linear_q4_1", &rowwise_linear_q4_1);
   m.impl("rowwise_linear_i8", &rowwise_linear_i8);
   m.impl("decoder_attn_in", &decoder_attn_in);
+  m.impl("mla_qk", &mla_qk);
   m.impl("decoder_attn_out_mlp", &decoder_attn_out_mlp);
   m.impl("silu_mul", &silu_mul);
   m.impl("gelu_tanh_mul", &gelu_tanh_mul);

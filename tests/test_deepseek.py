@@ -180,6 +180,41 @@ def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
     assert_pass_equals_steps(pair(case)[1], dtype)
 
 
+@pytest.mark.skipif(not hasattr(torch.ops.triforce_C, "mla_qk"), reason="the extension's mla_qk is not built")
+@pytest.mark.parametrize("case,kw", [("v2", {}), ("v2-yarn", {}), ("v3", {}), ("v3-half-split", {}),
+                                     ("v2", dict(q_lora_rank=24, qk_rope_head_dim=16))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_query_and_key_step_is_the_modules(case, kw, dtype, monkeypatch):
+    """``triforce_C::mla_qk`` (csrc/cpu/decoder.cpp: the latent attention's norm, gather by slots and RoPE between
+    its products, one call where the fused layer's rows are few) gives bitwise the queries, keys and keys before RoPE
+    of the modules' ATen ops (DeepSeek-V2's float32 RoPE in bfloat16 included), on ordinary rows and on rows with
+    values that overflow, infinities and NaNs."""
+    import triforce.models.llama as llama
+
+    _, ours = pair(case, **kw)
+    ours = ours.to(dtype)
+    att = ours.model.layers[0].self_attn
+    calls = []
+    real = torch.ops.triforce_C.mla_qk
+    monkeypatch.setattr(torch.ops.triforce_C, "mla_qk", lambda *a: calls.append(1) or real(*a), raising=False)
+    g = torch.Generator().manual_seed(5)
+    for scale in (1.0, 1e30):
+        x = (torch.randn(2, 3, 64, generator=g) * scale).to(dtype)
+        x[0, 1, 3], x[1, 2, 7] = float("inf"), float("nan")
+        pos = torch.arange(3).expand(2, 3) + torch.tensor([[5], [900]])
+        cos, sin = ours.rope_tables(pos)[0]
+        with torch.no_grad():
+            native = att.project(x, cos, sin)
+            monkeypatch.setattr(llama, "_fused_path", lambda h: False)
+            modules = att.project(x, cos, sin)
+            monkeypatch.undo()
+            monkeypatch.setattr(torch.ops.triforce_C, "mla_qk", lambda *a: calls.append(1) or real(*a), raising=False)
+        for a, b in zip(native, modules):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan())
+            assert torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0))
+    assert len(calls) == 2
+
+
 def test_each_part_matters():
     """The correction bias, the groups, the renormalisation, the scaling factor, the RoPE rows' order and the
     attention's mscale each move the logits by more than ten times the tolerance: the tests above would see any one

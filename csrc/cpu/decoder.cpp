@@ -445,6 +445,73 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
   return attn_out_mlp(h, attn, norm_w, eps, {w.data(), scales.data(), bias.data()});
 }
 
+// DeepSeek's latent attention between its products (triforce.models.llama.LatentAttention.project): c the RMSNorm of
+// kv's first R dims, the queries [q_pe, q_lat] and the keys [k_pe, c] gathered by layout, RoPE on both (in float32,
+// rounded once, where rope_f32 and the tensors are 16-bit). Bitwise the module's ATen ops, as attn_in is.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const at::Tensor& q_lat, const at::Tensor& kv,
+                                                      const at::Tensor& norm_w, double eps, const at::Tensor& cos,
+                                                      const at::Tensor& sin, const at::Tensor& layout, bool rope_f32) {
+  TORCH_CHECK(q.device().is_cpu() && q_lat.device().is_cpu() && kv.device().is_cpu() && layout.device().is_cpu(),
+              "mla_qk: CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && q_lat.dim() == 4 && kv.dim() == 3, "mla_qk: q and q_lat must be [B, T, H, *] and kv "
+              "[B, T, R + r], got ", q.sizes(), ", ", q_lat.sizes(), " and ", kv.sizes());
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), R = q_lat.size(3), D = kv.size(2), r = D - R;
+  TORCH_CHECK(q_lat.size(0) == B && q_lat.size(1) == T && q_lat.size(2) == H && kv.size(0) == B && kv.size(1) == T &&
+                  r > 0 && r % 2 == 0 && q.size(3) > r,
+              "mla_qk: q [B, T, H, nope + r], q_lat [B, T, H, R] and kv [B, T, R + r] (r even) disagree: ", q.sizes(),
+              ", ", q_lat.sizes(), " and ", kv.sizes());
+  TORCH_CHECK(q.scalar_type() == q_lat.scalar_type() && kv.scalar_type() == q.scalar_type(),
+              "mla_qk: q, q_lat and kv must have one dtype");
+  TORCH_CHECK(layout.scalar_type() == at::kLong && layout.dim() == 1 && layout.size(0) == D,
+              "mla_qk: layout must be int64 [R + r] = [", D, "], got ", layout.scalar_type(), " ", layout.sizes());
+  const at::Tensor lay = layout.contiguous();
+  const int64_t* src = lay.const_data_ptr<int64_t>();
+  for (int64_t d = 0; d < D; ++d)
+    TORCH_CHECK(0 <= src[d] && src[d] < D, "mla_qk: layout[", d, "] = ", src[d], " is outside [0, ", D, ")");
+  const int64_t nope = q.size(3) - r;
+  const at::Tensor c = rms_norm(kv.slice(-1, 0, R), norm_w, eps).contiguous();
+  const at::Tensor qc = q.contiguous(), lc = q_lat.contiguous(), kc = kv.contiguous();
+  at::Tensor q_asm = at::empty({B, T, H, D}, q.options()), k_raw = at::empty({B, T, 1, D}, q.options());
+  const int64_t es = q.element_size(), rows = B * T;
+  const char* qp = static_cast<const char*>(qc.const_data_ptr());
+  const char* lp = static_cast<const char*>(lc.const_data_ptr());
+  const char* kp = static_cast<const char*>(kc.const_data_ptr());
+  const char* cp = static_cast<const char*>(c.const_data_ptr());
+  char* qo = static_cast<char*>(q_asm.data_ptr());
+  char* ko = static_cast<char*>(k_raw.data_ptr());
+  // dim d of a key or query head is [pe, latent]'s dim src[d]: the layout as runs of consecutive dims of one part
+  // (DeepSeek's: four), each one memcpy
+  struct Run {
+    int64_t d, from, n;
+    bool pe;
+  };
+  std::vector<Run> runs;
+  for (int64_t d = 0; d < D; ++d) {
+    const bool pe = src[d] < r;
+    const int64_t from = pe ? src[d] : src[d] - r;
+    if (!runs.empty() && runs.back().pe == pe && runs.back().from + runs.back().n == from &&
+        runs.back().d + runs.back().n == d)
+      ++runs.back().n;
+    else
+      runs.push_back({d, from, 1, pe});
+  }
+  const int64_t qw = nope + r;
+  const auto gather = [&](char* o, const char* pe, const char* lat) {
+    for (const Run& run : runs) std::memcpy(o + run.d * es, (run.pe ? pe : lat) + run.from * es, run.n * es);
+  };
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t h = 0; h < H; ++h)
+      gather(qo + (m * H + h) * D * es, qp + ((m * H + h) * qw + nope) * es, lp + (m * H + h) * R * es);
+    gather(ko + m * D * es, kp + (m * D + R) * es, cp + m * R * es);
+  }
+  if (rope_f32 && q.scalar_type() != at::kFloat) {  // (DeepSeek-V2's complex product in float32, rounded once)
+    const at::Tensor cf = cos.to(at::kFloat), sf = sin.to(at::kFloat);
+    return {rope(q_asm.to(at::kFloat), cf, sf).to(q.scalar_type()),
+            rope(k_raw.to(at::kFloat), cf, sf).to(q.scalar_type()), k_raw};
+  }
+  return {rope(q_asm, cos, sin), rope(k_raw, cos, sin), k_raw};
+}
+
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return glu_op<triforce::Act::kSilu>("silu_mul", gate, up);
 }

@@ -608,9 +608,15 @@ class LatentAttention(Attention):
         q = q.view(B, T, H, m.qk_head_dim)
         q_nope, q_pe = q[..., :m.qk_nope_head_dim], q[..., m.qk_nope_head_dim:]
         kv = self.kv_a_proj_with_mqa(x)
-        c, k_pe = self.kv_a_layernorm(kv[..., :m.kv_lora_rank]), kv[..., m.kv_lora_rank:]
         q_lat = per_head_linear(q_nope, self.w_uk_t())  # W_UK^T q_nope: [B, T, H, R]
         layout = self.slots(x.device)[1]
+        norm = self._modules["kv_a_layernorm"]
+        if _fused_path(x) and type(norm) is RMSNorm and not _hooked(norm) and kv.dtype == q.dtype == q_lat.dtype \
+                and hasattr(torch.ops.triforce_C, "mla_qk"):  # (the rest below in one native call, same bits)
+            q, k, k_raw = torch.ops.triforce_C.mla_qk(q, q_lat, kv, norm.weight, norm.eps, cos, sin, layout,
+                                                      self.rope_f32)
+            return q, k, k_raw, k
+        c, k_pe = norm(kv[..., :m.kv_lora_rank]), kv[..., m.kv_lora_rank:]
         q = torch.cat([q_pe, q_lat], -1).index_select(-1, layout)
         k_raw = torch.cat([k_pe, c], -1).index_select(-1, layout)[:, :, None]
         if self.rope_f32 and q.dtype != torch.float32:  # (DeepSeek-V2: its complex product in float32, rounded once)
