@@ -26,6 +26,9 @@ CASES = {
     "decoder_attn_in (Tensor?[] args, head_dim check)":
         "ops.decoder_attn_in(torch.zeros(1, 1, 8), torch.ones(8), 1e-5, [torch.zeros(8, 8)] * 3, [None] * 3,"
         " [None] * 3, None, None, 0.0, torch.zeros(1, 1, 1, 3), torch.zeros(1, 1, 1, 3), 3)",
+    "mla_qk (layout check)":
+        "ops.mla_qk(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 6), torch.zeros(1, 1, 10), torch.ones(6), 1e-6,"
+        " torch.zeros(1, 1, 1, 10), torch.zeros(1, 1, 1, 10), torch.arange(9), False)",
     "verify_attention (Tensor? arg)":
         "ops.verify_attention(torch.zeros(1, 2, 3, 4), torch.zeros(1, 3, 2, 4), torch.zeros(1, 3, 2, 4),"
         " torch.tensor([3], dtype=torch.int32), None, 1.0, 0)",

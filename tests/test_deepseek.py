@@ -215,6 +215,30 @@ def test_the_native_query_and_key_step_is_the_modules(case, kw, dtype, monkeypat
     assert len(calls) == 2
 
 
+@pytest.mark.skipif(not hasattr(torch.ops.triforce_C, "mla_qk"), reason="the extension's mla_qk is not built")
+def test_mla_qk_checks_its_arguments():
+    """Shapes that disagree, a layout of another length, dtype or out of range, mixed dtypes raise, naming the
+    argument (not a crash, not a silent read out of bounds)."""
+    op = torch.ops.triforce_C.mla_qk
+    B, T, H, nope, r, R = 1, 2, 2, 4, 4, 6
+
+    def call(q=(B, T, H, nope + r), lat=(B, T, H, R), kv=(B, T, R + r), layout=None, dtype=torch.float32):
+        t = torch.zeros(B, T, 1, R + r)
+        return op(torch.zeros(q), torch.zeros(lat, dtype=dtype), torch.zeros(kv), torch.ones(R), 1e-6, t, t,
+                  torch.arange(R + r) if layout is None else layout, False)
+
+    q, k, k_raw = call()
+    assert q.shape == (B, T, H, R + r) and k.shape == k_raw.shape == (B, T, 1, R + r)
+    for kw, match in ((dict(q=(B, T, H)), "must be \\[B, T, H, \\*\\]"), (dict(lat=(B, T, H + 1, R)), "disagree"),
+                      (dict(kv=(B, T, R + 3)), "disagree"), (dict(q=(B, T, H, r)), "disagree"),
+                      (dict(layout=torch.arange(R + r - 1)), "layout must be int64"),
+                      (dict(layout=torch.arange(R + r).int()), "layout must be int64"),
+                      (dict(layout=torch.arange(R + r) + 1), "is outside"),
+                      (dict(dtype=torch.bfloat16), "one dtype")):
+        with pytest.raises(RuntimeError, match=match):
+            call(**kw)
+
+
 def test_each_part_matters():
     """The correction bias, the groups, the renormalisation, the scaling factor, the RoPE rows' order and the
     attention's mscale each move the logits by more than ten times the tolerance: the tests above would see any one
