@@ -6,7 +6,6 @@ of GLM-4.5's and dots.llm1's mixtures) as llama.cpp's converter writes them (``w
 import functools
 import json
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -20,7 +19,7 @@ from triforce.models.quant import Q8Linear, int8_copy
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import (QT, assert_blocks_compute_the_loaded_model, gguf_tokenizer, quantizer, randomize_,
-                            write_gguf_file)
+                            stacked_expert_tensors, write_stacked_experts_gguf)
 from .test_model import TOL
 from .test_moe import assert_checkpoint_directories_both_ways
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
@@ -673,26 +672,13 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
     if c.n_group is not None:  # (the converter writes any checkpoint's groups: V2's group_limited_greedy too)
         kv.update({"expert_group_count": c.n_group, "expert_group_used_count": c.topk_group})
     kv = {k: val for k, val in {**kv, **(meta or {})}.items() if k not in drop}
-    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
-                                     c.num_hidden_layers)
-    tensors = {}
-    for name, t in hf.state_dict().items():
-        t = t.detach().float()
-        i = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
-            gate, up = t.chunk(2, dim=1)
-            tensors[f"blk.{i}.ffn_gate_exps.weight"], tensors[f"blk.{i}.ffn_up_exps.weight"] = gate, up
-        elif name.endswith("mlp.experts.down_proj"):
-            tensors[f"blk.{i}.ffn_down_exps.weight"] = t
-        elif name.endswith("e_score_correction_bias"):
-            tensors[f"blk.{i}.exp_probs_b.bias"] = t
-        elif name.endswith("kv_b_proj.weight") and layout == "mla":
-            k_b, v_b = t.view(H, nope + v, R).split([nope, v], dim=1)
-            tensors[f"blk.{i}.attn_k_b.weight"], tensors[f"blk.{i}.attn_v_b.weight"] = k_b.transpose(1, 2), v_b
-        else:
-            tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t
+    def latent_halves(name, t, i):  # (the current layout: kv_b_proj per head as attn_k_b (transposed), attn_v_b)
+        if not (name.endswith("kv_b_proj.weight") and layout == "mla"):
+            return None
+        k_b, v_b = t.view(H, nope + v, R).split([nope, v], dim=1)
+        return {f"blk.{i}.attn_k_b.weight": k_b.transpose(1, 2), f"blk.{i}.attn_v_b.weight": v_b}
+
+    tensors = stacked_expert_tensors(hf, arch, latent_halves)
     if mtp:
         n = c.num_hidden_layers
         tensors.update({name.replace(f"blk.{n - 1}.", f"blk.{n}."): t.clone() for name, t in list(tensors.items())
@@ -702,14 +688,7 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
                         **{f"blk.{n}.nextn.{k}.weight": torch.rand(c.hidden_size, generator=g) + 0.5
                            for k in ("enorm", "hnorm", "shared_head_norm")}})
         kv.update({"block_count": n + 1, "nextn_predict_layers": 1})
-
-    def stored(name, a):  # (each expert's rows in Q8_0 blocks where they allow; the rest by quant)
-        if a.ndim == 3 and a.shape[-1] % 32 == 0:
-            return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
-        return quant(name, a)
-
-    arrays = {name: np.ascontiguousarray(t.numpy()) for name, t in tensors.items() if not name.endswith(tuple(omit))}
-    return write_gguf_file(path, arch, kv, arrays, c, stored if quant is not None else None, tokenizer)
+    return write_stacked_experts_gguf(path, hf, arch, kv, quant, omit, tensors, tokenizer)
 
 
 def _leading_dense(c) -> int:
@@ -831,16 +810,9 @@ def test_gguf_deepseek2_v2s_groups_are_ranked_by_their_best_expert(tmp_path):
 def test_gguf_deepseek2_a_sigmoid_router_without_its_bias_takes_zeros(tmp_path):
     """llama.cpp's exp_probs_b is optional: a sigmoid router without it chooses by the scores alone, the model of
     zero correction biases."""
-    hf, _ = pair("v3")
-    with torch.no_grad():
-        for n, b in hf.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.zero_()
-    loaded = Llama.from_pretrained(write_deepseek2_gguf(tmp_path / "m.gguf", hf, omit=("exp_probs_b.bias",)),
-                                   cache_dir=False)
-    ids = torch.randint(0, 101, (1, 16), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    from .test_families import assert_missing_router_biases_are_zeros
+
+    assert_missing_router_biases_are_zeros(tmp_path, pair("v3")[0], write_deepseek2_gguf)
 
 
 @pytest.mark.parametrize("case,meta,drop,match", [

@@ -194,46 +194,19 @@ def test_bad_configs_raise():
 # ---- GGUF files (llama.cpp's ernie4_5-moe)
 
 def write_ernie_moe_gguf(path, hf, quant=None, omit=()):
-    """A GGUF of transformers' model ``hf`` as llama.cpp's converter (Ernie4_5MoeModel) writes the checkpoint: the
-    gguf package's names, q / k rows as the checkpoint holds them (RoPE on adjacent pairs: llama.cpp's normal RoPE),
-    each layer's experts stacked as ffn_{gate,up,down}_exps, the correction bias as exp_probs_b.bias (its
-    ``[1, experts]``), expert_count / expert_used_count / interleave_moe_layer_step / leading_dense_block_count /
-    expert_feed_forward_length / expert_shared_count, and expert_shared_feed_forward_length as the converter computes
-    it (intermediate_size // num_key_value_heads). ``quant``: as test_families.write_converted_gguf's (the 3-D
-    stacks in Q8_0 where their rows allow); ``omit``: tensors whose names end so left out."""
-    import gguf
-    import numpy as np
-
-    from .test_families import converted_kv, write_gguf_file
+    """A GGUF of transformers' model ``hf`` as llama.cpp's converter (Ernie4_5MoeModel) writes the checkpoint
+    (test_families.write_stacked_experts_gguf: q / k rows as the checkpoint holds them, llama.cpp's normal RoPE;
+    the correction bias as its ``[1, experts]``): expert_count / expert_used_count / interleave_moe_layer_step /
+    leading_dense_block_count / expert_feed_forward_length / expert_shared_count, and expert_shared_feed_forward_length
+    as the converter computes it (intermediate_size // num_key_value_heads)."""
+    from .test_families import converted_kv, write_stacked_experts_gguf
 
     c = hf.config
     kv = {**converted_kv(c), "expert_count": c.moe_num_experts, "expert_used_count": c.moe_k,
           "interleave_moe_layer_step": c.moe_layer_interval, "leading_dense_block_count": c.moe_layer_start_index,
           "expert_feed_forward_length": c.moe_intermediate_size, "expert_shared_count": c.moe_num_shared_experts,
           "expert_shared_feed_forward_length": c.intermediate_size // c.num_key_value_heads}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.ERNIE4_5_MOE, c.num_hidden_layers)
-    tensors = {}
-    for name, t in hf.state_dict().items():
-        t = t.detach().float()
-        i = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
-            tensors[f"blk.{i}.ffn_gate_exps.weight"], tensors[f"blk.{i}.ffn_up_exps.weight"] = t.chunk(2, dim=1)
-        elif name.endswith("mlp.experts.down_proj"):
-            tensors[f"blk.{i}.ffn_down_exps.weight"] = t
-        elif name.endswith("e_score_correction_bias"):
-            tensors[f"blk.{i}.exp_probs_b.bias"] = t  # ([1, E], as the checkpoint's moe_statics)
-        else:
-            tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t
-
-    def stored(name, a):
-        if a.ndim == 3 and a.shape[-1] % 32 == 0:
-            return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
-        return quant(name, a)
-
-    arrays = {n: np.ascontiguousarray(t.numpy()) for n, t in tensors.items() if not n.endswith(tuple(omit))}
-    return write_gguf_file(path, "ernie4_5-moe", kv, arrays, c, stored if quant is not None else None)
+    return write_stacked_experts_gguf(path, hf, "ernie4_5-moe", kv, quant, omit)
 
 
 # MLP widths of whole Q8_0 blocks (32), so the quantised files hold blocks of the experts too; the dense MLP's width
@@ -250,35 +223,13 @@ def test_gguf_ernie4_5_moe_as_llama_cpp_writes_it(tmp_path, case):
     (The file has no end index: llama.cpp's sparse layers run to the last, as the checkpoints' do. llama.cpp refuses
     the "interval" file: its loader wants experts in every layer from leading_dense_block_count on, whatever
     interleave_moe_layer_step, which its forward reads; ERNIE 4.5's published mixtures have an interval of 1.)"""
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+    from .test_families import assert_mixture_gguf_loads
 
     hf, ours = pair(case, moe_layer_end_index=-1, **_GGUF_WIDTHS)
-    loaded = Llama.from_pretrained(write_ernie_moe_gguf(tmp_path / "f32.gguf", hf), cache_dir=tmp_path / "cache")
-    assert loaded.config.model_type == "ernie4_5_moe" and loaded.config.experts == ours.config.experts
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        ref = hf(ids).logits
-        assert (loaded(ids) - ref).abs().max().item() <= TOL
-        back = transformers.AutoModelForCausalLM.from_pretrained(next((tmp_path / "cache").glob("gguf-*")),
-                                                                 attn_implementation="eager").eval()
-        assert (back(ids).logits - ref).abs().max().item() <= TOL
-    q = write_ernie_moe_gguf(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0),
-                                                                      types=(QT.Q8_0, QT.Q5_0)))
-    assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
+    assert_mixture_gguf_loads(tmp_path, hf, ours, write_ernie_moe_gguf)
 
 
 def test_gguf_ernie4_5_moe_without_router_biases_takes_zeros(tmp_path):
-    """llama.cpp's exp_probs_b is optional: a file without it chooses by the probabilities alone, the model of zero
-    correction biases."""
-    hf, _ = pair("a3b", **_GGUF_WIDTHS)
-    with torch.no_grad():
-        for n, p in hf.named_parameters():
-            if n.endswith("e_score_correction_bias"):
-                p.zero_()
-    loaded = Llama.from_pretrained(write_ernie_moe_gguf(tmp_path / "m.gguf", hf, omit=("exp_probs_b.bias",)),
-                                   cache_dir=False)
-    ids = torch.randint(0, 101, (1, 16), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    from .test_families import assert_missing_router_biases_are_zeros
+
+    assert_missing_router_biases_are_zeros(tmp_path, pair("a3b", **_GGUF_WIDTHS)[0], write_ernie_moe_gguf)

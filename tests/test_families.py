@@ -478,6 +478,86 @@ def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None
     return write_gguf_file(path, arch, kv, tensors, c, quant)
 
 
+def stacked_expert_tensors(hf, arch: str, special=None) -> dict:
+    """GGUF name -> float32 tensor of transformers' mixture ``hf`` (its experts stacked in memory:
+    ``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, gate rows first, and ``down_proj``) as llama.cpp's converters write
+    the checkpoint (DeepSeek's, GLM-4.5's, ERNIE 4.5's, MiniMax-M2's): each layer's experts as ffn_{gate,up,down}_exps,
+    the router's correction bias as exp_probs_b.bias (in the checkpoint's shape), every other tensor under the gguf
+    package's names of ``arch`` (a tied head left out). ``special(name, tensor, layer)``: the GGUF tensors of a weight
+    the family's converter writes otherwise, or None."""
+    c = hf.config
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
+                                     c.num_hidden_layers)
+    tensors = {}
+    for name, t in hf.state_dict().items():
+        t = t.detach().float()
+        i = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        own = special(name, t, i) if special is not None else None
+        if own is not None:
+            tensors.update(own)
+        elif name.endswith("mlp.experts.gate_up_proj"):
+            tensors[f"blk.{i}.ffn_gate_exps.weight"], tensors[f"blk.{i}.ffn_up_exps.weight"] = t.chunk(2, dim=1)
+        elif name.endswith("mlp.experts.down_proj"):
+            tensors[f"blk.{i}.ffn_down_exps.weight"] = t
+        elif name.endswith("e_score_correction_bias"):
+            tensors[f"blk.{i}.exp_probs_b.bias"] = t
+        else:
+            tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t
+    return tensors
+
+
+def write_stacked_experts_gguf(path, hf, arch: str, kv: dict, quant=None, omit=(), tensors=None, tokenizer=None):
+    """A GGUF of ``tensors`` (default :func:`stacked_expert_tensors` of transformers' mixture ``hf``), ``kv`` under
+    ``arch``'s prefix. ``quant``: as :func:`write_converted_gguf`'s (the 3-D stacks in Q8_0 where their rows allow);
+    ``omit``: tensors whose names end so left out; ``tokenizer``: tokenizer.ggml.* keys."""
+    tensors = stacked_expert_tensors(hf, arch) if tensors is None else tensors
+
+    def stored(name, a):
+        if a.ndim == 3 and a.shape[-1] % 32 == 0:
+            return gguf.quants.quantize(a, QT.Q8_0), QT.Q8_0
+        return quant(name, a)
+
+    arrays = {n: np.ascontiguousarray(t.numpy()) for n, t in tensors.items() if not n.endswith(tuple(omit))}
+    return write_gguf_file(path, arch, kv, arrays, hf.config, stored if quant is not None else None, tokenizer)
+
+
+def assert_mixture_gguf_loads(tmp_path, hf, ours, write) -> Llama:
+    """``write(path, hf, quant=None)``'s GGUF of transformers' mixture ``hf`` loads as its checkpoint's model: ``ours``'
+    family, RoPE'd dims and experts, transformers' logits, the conversion cache read back by transformers as the same
+    model; in Q8_0 / Q5_0 blocks (the experts in Q8_0) ``gguf_copy`` and ``load_gguf_int8`` compute the loaded model
+    bitwise. -> ours from the float32 file."""
+    import transformers
+
+    loaded = Llama.from_pretrained(write(tmp_path / "f32.gguf", hf), cache_dir=tmp_path / "cache")
+    c, want = loaded.config, ours.config
+    assert (c.model_type, c.rotary_dim, c.experts) == (want.model_type, want.rotary_dim, want.experts)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (loaded(ids) - ref).abs().max().item() <= TOL
+        back = transformers.AutoModelForCausalLM.from_pretrained(next((tmp_path / "cache").glob("gguf-*")),
+                                                                 attn_implementation="eager").eval()
+        assert (back(ids).logits - ref).abs().max().item() <= TOL
+    q = write(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
+    return loaded
+
+
+def assert_missing_router_biases_are_zeros(tmp_path, hf, write) -> None:
+    """llama.cpp's exp_probs_b is optional: ``write(path, hf, omit=...)``'s file without it loads as ``hf`` with zero
+    correction biases (its routers choosing by their scores alone)."""
+    with torch.no_grad():
+        for n, t in [*hf.named_parameters(), *hf.named_buffers()]:
+            if n.endswith("e_score_correction_bias"):
+                t.zero_()
+    loaded = Llama.from_pretrained(write(tmp_path / "m.gguf", hf, omit=("exp_probs_b.bias",)), cache_dir=False)
+    ids = torch.randint(0, 101, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+
+
 def write_gguf_file(path, arch: str, kv: dict, tensors: dict, config, quant=None, tokenizer=None):
     """A GGUF file of architecture ``arch``: ``kv`` under its prefix, ``config``'s token ids, ``tensors`` (GGUF name
     -> float32 array), each through ``quant(name, array) -> (array, raw_dtype)`` where given (rope_factors never);

@@ -145,43 +145,18 @@ def test_bad_configs_raise():
 
 # ---- GGUF files (llama.cpp's minimax-m2)
 
-def write_minimax_m2_gguf(path, hf, quant=None):
-    """A GGUF of transformers' model ``hf`` as llama.cpp's converter (MiniMaxM2Model) writes the checkpoint: the gguf
-    package's names (q / k rows as the checkpoint holds them: llama.cpp's NEOX RoPE on the first rope.dimension_count
-    dims, its rotary_dim), each layer's experts stacked as ffn_{gate,up,down}_exps, the correction bias as
-    exp_probs_b.bias, expert_feed_forward_length the model's intermediate_size, expert_gating_func 2 (its
-    scoring_func sigmoid). ``quant``: as test_families.write_converted_gguf's (the stacks in Q8_0 where their rows
-    allow)."""
-    import gguf
-    import numpy as np
-
-    from .test_families import converted_kv, write_gguf_file
+def write_minimax_m2_gguf(path, hf, quant=None, omit=()):
+    """A GGUF of transformers' model ``hf`` as llama.cpp's converter (MiniMaxM2Model) writes the checkpoint
+    (test_families.write_stacked_experts_gguf: q / k rows as the checkpoint holds them, llama.cpp's NEOX RoPE on the
+    first rope.dimension_count dims, its rotary_dim): expert_feed_forward_length the model's intermediate_size,
+    expert_gating_func 2 (its scoring_func sigmoid)."""
+    from .test_families import converted_kv, write_stacked_experts_gguf
 
     c = hf.config
     kv = {**converted_kv(c, rotated=int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0))),
           "expert_count": c.num_local_experts, "expert_used_count": c.num_experts_per_tok,
           "expert_feed_forward_length": c.intermediate_size, "expert_gating_func": 2}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MINIMAXM2, c.num_hidden_layers)
-    tensors = {}
-    for name, t in hf.state_dict().items():
-        t = t.detach().float()
-        i = name.split(".")[2] if name.startswith("model.layers.") else None
-        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
-            tensors[f"blk.{i}.ffn_gate_exps.weight"], tensors[f"blk.{i}.ffn_up_exps.weight"] = t.chunk(2, dim=1)
-        elif name.endswith("mlp.experts.down_proj"):
-            tensors[f"blk.{i}.ffn_down_exps.weight"] = t
-        elif name.endswith("e_score_correction_bias"):
-            tensors[f"blk.{i}.exp_probs_b.bias"] = t
-        else:
-            tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t
-
-    def stored(name, a):
-        if a.ndim == 3 and a.shape[-1] % 32 == 0:
-            return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
-        return quant(name, a)
-
-    arrays = {n: np.ascontiguousarray(t.numpy()) for n, t in tensors.items()}
-    return write_gguf_file(path, "minimax-m2", kv, arrays, c, stored if quant is not None else None)
+    return write_stacked_experts_gguf(path, hf, "minimax-m2", kv, quant, omit)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -190,24 +165,9 @@ def test_gguf_minimax_m2_as_llama_cpp_writes_it(tmp_path, case):
     projections' q / k norms, the router's correction bias): transformers' logits, the conversion cache read back by
     transformers as the same model; in Q8_0 / Q5_0 blocks (the experts in Q8_0) ``gguf_copy`` and
     ``load_gguf_int8`` compute the loaded model bitwise."""
-    import numpy as np
+    from .test_families import assert_mixture_gguf_loads
 
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
-
-    hf, ours = pair(case, intermediate_size=64)
-    loaded = Llama.from_pretrained(write_minimax_m2_gguf(tmp_path / "f32.gguf", hf), cache_dir=tmp_path / "cache")
-    assert (loaded.config.model_type, loaded.config.rotary_dim, loaded.config.experts) == (
-        "minimax_m2", ours.config.rotary_dim, ours.config.experts)
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        ref = hf(ids).logits
-        assert (loaded(ids) - ref).abs().max().item() <= TOL
-        back = transformers.AutoModelForCausalLM.from_pretrained(next((tmp_path / "cache").glob("gguf-*")),
-                                                                 attn_implementation="eager").eval()
-        assert (back(ids).logits - ref).abs().max().item() <= TOL
-    q = write_minimax_m2_gguf(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0),
-                                                                        types=(QT.Q8_0, QT.Q5_0)))
-    assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
+    assert_mixture_gguf_loads(tmp_path, *pair(case, intermediate_size=64), write_minimax_m2_gguf)
 
 
 def test_gguf_minimax_m2_other_gating_raises(tmp_path):
