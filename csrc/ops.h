@@ -93,9 +93,10 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 // cos / sin [B, T, 1, R + r], layout int64 [R + r] (a cached key's dim d holds [pe, latent]'s dim layout[d]) ->
 // (queries [B, T, H, R + r] = RoPE([q_pe, q_lat] by layout), keys [B, T, 1, R + r] = RoPE(k_raw), k_raw = [k_pe, c]
 // by layout); RoPE in float32, rounded once, where rope_f32 and the tensors are 16-bit.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const at::Tensor& q_lat, const at::Tensor& kv,
-                                                      const at::Tensor& norm_w, double eps, const at::Tensor& cos,
-                                                      const at::Tensor& sin, const at::Tensor& layout, bool rope_f32);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const at::Tensor& q_lat,
+                                                      const at::Tensor& kv, const at::Tensor& norm_w, double eps,
+                                                      const at::Tensor& cos, const at::Tensor& sin,
+                                                      const at::Tensor& layout, bool rope_f32);
 // act(gate) * up as the modules round it (the activation in float32 rounded to the dtype, the product rounded),
 // float32, bfloat16 or float16, every element by the same arithmetic whatever the shape and the threads
 // (csrc/include/triforce/glu.h: ATen's SiLU and GELU are not): the model layer's MLP on the CPU. SiLU (SwiGLU);

@@ -448,9 +448,10 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 // DeepSeek's latent attention between its products (triforce.models.llama.LatentAttention.project): c the RMSNorm of
 // kv's first R dims, the queries [q_pe, q_lat] and the keys [k_pe, c] gathered by layout, RoPE on both (in float32,
 // rounded once, where rope_f32 and the tensors are 16-bit). Bitwise the module's ATen ops, as attn_in is.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const at::Tensor& q_lat, const at::Tensor& kv,
-                                                      const at::Tensor& norm_w, double eps, const at::Tensor& cos,
-                                                      const at::Tensor& sin, const at::Tensor& layout, bool rope_f32) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const at::Tensor& q_lat,
+                                                      const at::Tensor& kv, const at::Tensor& norm_w, double eps,
+                                                      const at::Tensor& cos, const at::Tensor& sin,
+                                                      const at::Tensor& layout, bool rope_f32) {
   TORCH_CHECK(q.device().is_cpu() && q_lat.device().is_cpu() && kv.device().is_cpu() && layout.device().is_cpu(),
               "mla_qk: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && q_lat.dim() == 4 && kv.dim() == 3, "mla_qk: q and q_lat must be [B, T, H, *] and kv "
