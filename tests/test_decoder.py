@@ -811,3 +811,50 @@ def test_ragged_step_checks(monkeypatch):
                 llama_mod._native_layers(layers, 0, len(layers), h, cos, sin, cache, step, rows)
         good = llama_mod._native_layers(layers, 0, len(layers), h, cos, sin, cache, step, torch.tensor([0, 1, 3]))
     assert good.shape == (1, 3, model.config.hidden_size)
+
+
+# ---- triforce_C::rms_norm: RMSNorm's forward on the CPU (the fused layer's norm), against the ATen ops it replaces
+
+def aten_rms_norm(x, w, eps):
+    """triforce.models.llama.RMSNorm's ATen composite: float32 statistics, the weight applied in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.triforce_C, "rms_norm"), reason="the extension's rms_norm is not built")
+@given(lead=st.lists(st.integers(0, 3), max_size=3), H=st.sampled_from([1, 2, 7, 64, 576, 1000, 2049]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), eps=st.sampled_from([1e-6, 1e-5, 0.0]),
+       scale=st.sampled_from([1e-20, 1.0, 1e19, 1e30]), special=st.booleans(), seed=st.integers(0, 2 ** 16),
+       strided=st.booleans())
+def test_rms_norm_op_is_the_aten_composite(lead, H, dtype, eps, scale, special, seed, strided):
+    """``triforce_C::rms_norm`` (what :class:`RMSNorm` runs on the CPU) gives bitwise the ATen composite it replaced,
+    any shape, float32 and bfloat16, rows that overflow or underflow their sum of squares, infinities and NaNs, a
+    strided input; the module takes it (and its ATen path stays the composite)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*lead, H * (2 if strided else 1), generator=g) * scale).to(dtype)
+    x = x[..., ::2] if strided else x
+    if special and x.numel():
+        flat = x.reshape(-1) if x.is_contiguous() else None
+        if flat is not None:
+            flat[torch.randint(0, flat.numel(), (3,), generator=g)] = torch.tensor([float("inf"), float("nan"),
+                                                                                   -float("inf")]).to(dtype)
+    w = (torch.randn(H, generator=g) + 1).to(dtype)
+    got, want = torch.ops.triforce_C.rms_norm(x, w, eps), aten_rms_norm(x, w, eps)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+    norm = llama_mod.RMSNorm(H, eps).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        assert torch.equal(norm(x).nan_to_num(0.0), want.nan_to_num(0.0))
+
+
+def test_rms_norm_op_checks_and_the_modules_fallbacks():
+    with pytest.raises(RuntimeError, match="w must be"):
+        torch.ops.triforce_C.rms_norm(torch.zeros(2, 4), torch.ones(3), 1e-6)
+    norm = llama_mod.RMSNorm(4, 1e-6)
+    x = torch.randn(2, 4, requires_grad=True)
+    norm(x).sum().backward()  # (autograd: the ATen composite, which has gradients)
+    assert x.grad is not None and norm.weight.grad is not None
+    half = torch.randn(2, 4).half()  # (float16: the ATen composite)
+    assert torch.equal(norm.half()(half), aten_rms_norm(half, norm.weight, 1e-6))

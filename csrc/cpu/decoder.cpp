@@ -513,6 +513,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const
   return {rope(q_asm, cos, sin), rope(k_raw, cos, sin), k_raw};
 }
 
+at::Tensor rms_norm_op(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rms_norm: CPU tensors only");
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1),
+              "rms_norm: w must be [H] for x [..., H], got ", w.sizes(), " and ", x.sizes());
+  return rms_norm(x, w, eps);
+}
+
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return glu_op<triforce::Act::kSilu>("silu_mul", gate, up);
 }

@@ -339,6 +339,8 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         if self._kernel_ok(x):
             return _layer_ops().rms_norm(x, self.weight, self.eps)[1]
+        if _native_norm(x, self.weight):  # (the CPU's: one call instead of seven ATen ops, the same bits)
+            return torch.ops.triforce_C.rms_norm(x, self.weight, self.eps)
         # fp32 statistics whatever the model dtype (as HF), weight applied in the model dtype.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -871,6 +873,17 @@ def _row_sigmoid(z: torch.Tensor) -> torch.Tensor:
     flat = F.pad(flat, (0, -n % _SIGMOID_LANES))
     out = torch.cat([torch.sigmoid(flat[i:i + _SIGMOID_SLICE]) for i in range(0, flat.numel(), _SIGMOID_SLICE)])
     return out[:n].view(z.shape)
+
+
+def _native_norm(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """:class:`RMSNorm` on the CPU goes through ``triforce_C::rms_norm`` (csrc/cpu/decoder.cpp: the fused layer's
+    norm, bitwise the ATen ops below it): float32 or bfloat16 rows and weight of one dtype, without autograd or
+    ``torch.compile``, the extension on (``TRIFORCE_ROWWISE_LINEAR`` not ``0``)."""
+    return (x.device.type == "cpu" and x.dtype in _FUSED_DTYPES and w.dtype == x.dtype and x.dim() >= 1
+            and w.dim() == 1 and w.shape[0] == x.shape[-1] and x.shape[-1] > 0 and w.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            and not torch.compiler.is_compiling() and _rowwise_available()
+            and hasattr(torch.ops.triforce_C, "rms_norm"))
 
 
 def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
