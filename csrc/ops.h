@@ -87,9 +87,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim);
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                                 at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
-// triforce.models.llama.RMSNorm's forward (float32 statistics, the weight applied in the input dtype), bitwise its ATen
-// ops (the sum of squares by at::sum, the rest by loops rounding as ATen's kernels): the module's on the CPU. x [..., H],
-// w [H] of x's dtype (other dtypes or layouts: the ATen composite itself).
+// triforce.models.llama.RMSNorm's forward (float32 statistics, the weight applied in the input dtype), bitwise its
+// ATen ops (the sum of squares by at::sum, the rest by loops rounding as ATen's kernels): the module's on the CPU.
+// x [..., H], w [H] of x's dtype (other dtypes or layouts: the ATen composite itself).
 at::Tensor rms_norm_op(const at::Tensor& x, const at::Tensor& w, double eps);
 // DeepSeek's latent attention between its products (triforce.models.llama.LatentAttention.project), bitwise its ATen
 // ops: q [B, T, H, nope + r] (the query projection, its RoPE'd dims last), q_lat [B, T, H, R] (W_UK^T q_nope), kv
