@@ -16,7 +16,10 @@ are not) run as backend ``cpu`` against ``F.silu(gate) * up`` / ``F.gelu(gate, a
 float32 and bfloat16, in turns (the VM's drift), median of 21; GPT-OSS's clamped SwiGLU
 (``swiglu_clamped_mul``) against the model layer's PyTorch form of it at gpt-oss-20b's width.
 
-    python -m bench.bench_layer_ops [--quick] [--cpu]
+``--rms-norm``: the CPU's ``triforce_C::rms_norm`` (RMSNorm's forward on its module path) against the module's
+ATen composite, float32 and bfloat16, in turns.
+
+    python -m bench.bench_layer_ops [--quick] [--cpu] [--rms-norm]
 """
 from __future__ import annotations
 
@@ -94,6 +97,31 @@ def bench_cpu_glu(model: str, rows: int, dtype=torch.float32, act: str = "silu",
            timing=t["cpu"], bandwidth=bw, device="cpu", baseline="torch", baseline_timing=t["torch"])
 
 
+def bench_cpu_rms_norm(model: str, rows: int, dtype=torch.float32, reps: int = 21) -> None:
+    """``triforce_C::rms_norm`` (RMSNorm's forward on the CPU, backend ``cpu``) against the module's ATen composite it
+    replaced (7 ops), on ``[rows, hidden]``, in turns."""
+    from triforce.models.llama import _rowwise_available
+    if not _rowwise_available():
+        print("bench_layer_ops: the C++ extension is not built; no CPU rows")
+        return
+    hidden = MODELS[model][0]
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(rows, hidden, generator=g).to(dtype), torch.randn(hidden, generator=g).to(dtype)
+
+    def aten():
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+
+    op = torch.ops.triforce_C.rms_norm
+    t = measure_alternating({"torch": aten, "cpu": lambda: op(x, w, 1e-6)}, reps=reps)
+    nbytes, bw, dt = (2 * rows + 1) * hidden * x.element_size(), copy_bandwidth("cpu"), str(dtype).replace("torch.", "")
+    shape = f"model={model},rows={rows}"
+    record(family="layer_ops", op="rms_norm", backend="torch", shape=shape, dtype=dt, bytes_moved=nbytes,
+           timing=t["torch"], bandwidth=bw, device="cpu")
+    record(family="layer_ops", op="rms_norm", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
+           timing=t["cpu"], bandwidth=bw, device="cpu", baseline="torch", baseline_timing=t["torch"])
+
+
 def bench_cpu_softcap(rows: int, vocab: int = 256000, cap: float = 30.0, reps: int = 21) -> None:
     """``triforce_C::softcap`` (Gemma 2's capped logits, backend ``cpu``) against PyTorch's
     ``tanh(x / cap) * cap`` on float32 logits ``[rows, vocab]``, in turns."""
@@ -116,10 +144,16 @@ def main():
     p.add_argument("--quick", action="store_true", help="SmolLM2's widths at 32 rows only")
     p.add_argument("--softcap", action="store_true", help="only the CPU's softcap rows (Gemma 2's capped logits)")
     p.add_argument("--cpu", action="store_true", help="the CPU's silu_mul rows even where a GPU is present")
+    p.add_argument("--rms-norm", action="store_true", help="only the CPU's rms_norm rows (RMSNorm's module path)")
     a = p.parse_args()
     if a.softcap:
         for rows in (1, 8, 64):
             bench_cpu_softcap(rows)
+        return
+    if a.rms_norm:
+        for model, rows in (("gemma-2b", 1), ("llama3-8b", 1), ("llama3-8b", 5), ("llama3-8b", 64)):
+            for dtype in (torch.float32, torch.bfloat16):
+                bench_cpu_rms_norm(model, rows, dtype)
         return
     if a.cpu or not torch.cuda.is_available():
         shapes = [("silu", "smollm2-135m", 32)] if a.quick else [

@@ -93,10 +93,10 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 at::Tensor rms_norm_op(const at::Tensor& x, const at::Tensor& w, double eps);
 // DeepSeek's latent attention between its products (triforce.models.llama.LatentAttention.project), bitwise its ATen
 // ops: q [B, T, H, nope + r] (the query projection, its RoPE'd dims last), q_lat [B, T, H, R] (W_UK^T q_nope), kv
-// [B, T, R + r] (kv_a_proj_with_mqa's output), norm_w [R] / eps (kv_a_layernorm's RMSNorm of kv's first R dims, c),
-// cos / sin [B, T, 1, R + r], layout int64 [R + r] (a cached key's dim d holds [pe, latent]'s dim layout[d]) ->
-// (queries [B, T, H, R + r] = RoPE([q_pe, q_lat] by layout), keys [B, T, 1, R + r] = RoPE(k_raw), k_raw = [k_pe, c]
-// by layout); RoPE in float32, rounded once, where rope_f32 and the tensors are 16-bit.
+// [B, T, R + r] (kv_a_proj_with_mqa's output; R and r even), norm_w [R] / eps (kv_a_layernorm's RMSNorm of kv's
+// first R dims, c), cos / sin [B, T, 1, R + r], layout int64 [R + r] (a cached key's dim d holds [pe, latent]'s dim
+// layout[d]) -> (queries [B, T, H, R + r] = RoPE([q_pe, q_lat] by layout), keys [B, T, 1, R + r] = RoPE(k_raw),
+// k_raw = [k_pe, c] by layout); RoPE in float32, rounded once, where rope_f32 and the tensors are 16-bit.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const at::Tensor& q_lat,
                                                       const at::Tensor& kv, const at::Tensor& norm_w, double eps,
                                                       const at::Tensor& cos, const at::Tensor& sin,

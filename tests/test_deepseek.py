@@ -215,6 +215,39 @@ def test_the_native_query_and_key_step_is_the_modules(case, kw, dtype, monkeypat
 
 
 @pytest.mark.skipif(not hasattr(torch.ops.triforce_C, "mla_qk"), reason="the extension's mla_qk is not built")
+@given(data=st.data())
+def test_mla_qk_is_its_reference_for_any_layout(data):
+    """Property: ``mla_qk`` against its reference written out (RMSNorm's ATen composite of kv's first R dims, the
+    gather ``cat([pe, latent])[..., layout]``, apply_rope in the dtype, or in float32 rounded once) for drawn shapes,
+    any permutation as the layout (runs of every length, not only DeepSeek's four), float32 / bfloat16 tables and
+    values, both RoPE modes: bitwise."""
+    from triforce.models.rope import apply_rope
+
+    draw = data.draw
+    B, T, H = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    nope, r, R = draw(st.integers(1, 8)), 2 * draw(st.integers(1, 4)), 2 * draw(st.integers(1, 6))
+    D, dtype, f32 = R + r, draw(st.sampled_from([torch.float32, torch.bfloat16])), draw(st.booleans())
+    perm = draw(st.permutations(list(range(D))))
+    layout = torch.tensor(perm if draw(st.booleans()) else sorted(perm))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 16)))
+    rnd = lambda *shape, s=1.0: (torch.randn(*shape, generator=g) * s).to(dtype)  # noqa: E731
+    q, q_lat, kv, w = rnd(B, T, H, nope + r), rnd(B, T, H, R), rnd(B, T, D, s=3.0), rnd(R) + 1
+    tables = torch.float32 if f32 else dtype
+    cos, sin = (torch.rand(B, T, 1, D, generator=g).to(tables) for _ in range(2))
+    got = torch.ops.triforce_C.mla_qk(q, q_lat, kv, w, 1e-6, cos, sin, layout, f32)
+    c = kv[..., :R].float()
+    c = w * (c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    q_asm = torch.cat([q[..., nope:], q_lat], -1)[..., layout]
+    k_raw = torch.cat([kv[..., R:], c], -1)[..., layout][:, :, None]
+    if f32 and dtype != torch.float32:
+        want = [apply_rope(t.float(), cos.float(), sin.float()).to(dtype) for t in (q_asm, k_raw)]
+    else:
+        want = [apply_rope(t, cos, sin) for t in (q_asm, k_raw)]
+    for a, b in zip(got, (*want, k_raw)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.triforce_C, "mla_qk"), reason="the extension's mla_qk is not built")
 def test_mla_qk_checks_its_arguments():
     """Shapes that disagree, a layout of another length, dtype or out of range, mixed dtypes raise, naming the
     argument (not a crash, not a silent read out of bounds)."""
@@ -230,6 +263,7 @@ def test_mla_qk_checks_its_arguments():
     assert q.shape == (B, T, H, R + r) and k.shape == k_raw.shape == (B, T, 1, R + r)
     for kw, match in ((dict(q=(B, T, H)), "must be \\[B, T, H, \\*\\]"), (dict(lat=(B, T, H + 1, R)), "disagree"),
                       (dict(kv=(B, T, R + 3)), "disagree"), (dict(q=(B, T, H, r)), "disagree"),
+                      (dict(lat=(B, T, H, R - 1), kv=(B, T, R - 1 + r)), "disagree"),  # (an odd R)
                       (dict(layout=torch.arange(R + r - 1)), "layout must be int64"),
                       (dict(layout=torch.arange(R + r).int()), "layout must be int64"),
                       (dict(layout=torch.arange(R + r) + 1), "is outside"),

@@ -458,9 +458,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const
               "[B, T, R + r], got ", q.sizes(), ", ", q_lat.sizes(), " and ", kv.sizes());
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), R = q_lat.size(3), D = kv.size(2), r = D - R;
   TORCH_CHECK(q_lat.size(0) == B && q_lat.size(1) == T && q_lat.size(2) == H && kv.size(0) == B && kv.size(1) == T &&
-                  r > 0 && r % 2 == 0 && q.size(3) > r,
-              "mla_qk: q [B, T, H, nope + r], q_lat [B, T, H, R] and kv [B, T, R + r] (r even) disagree: ", q.sizes(),
-              ", ", q_lat.sizes(), " and ", kv.sizes());
+                  r > 0 && r % 2 == 0 && R % 2 == 0 && q.size(3) > r,
+              "mla_qk: q [B, T, H, nope + r], q_lat [B, T, H, R] and kv [B, T, R + r] (R, r even) disagree: ",
+              q.sizes(), ", ", q_lat.sizes(), " and ", kv.sizes());
   TORCH_CHECK(q.scalar_type() == q_lat.scalar_type() && kv.scalar_type() == q.scalar_type(),
               "mla_qk: q, q_lat and kv must have one dtype");
   TORCH_CHECK(layout.scalar_type() == at::kLong && layout.dim() == 1 && layout.size(0) == D,

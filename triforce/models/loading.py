@@ -1447,6 +1447,16 @@ def read_gguf(path: Path, skip=None, reader=None):
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
 
+def _gguf_expert_counts(reader, arch: str, path: Path) -> tuple[int, int]:
+    """A mixture's ``(expert_count, expert_used_count)`` (raises unless 1 <= used <= count)."""
+    count, used = (int(gguf_field(reader, f"{arch}.{k}", 0) or 0) for k in ("expert_count", "expert_used_count"))
+    if count < 1 or not 1 <= used <= count:
+        raise ValueError(f"GGUF file {str(path)!r} of architecture {arch!r} needs {arch}.expert_count >= 1 and "
+                         f"{arch}.expert_used_count in [1, expert_count], got {count} and {used} (a file without "
+                         "experts is not supported)")
+    return count, used
+
+
 def _gguf_ernie_moe(reader, arch: str, path: Path) -> dict:
     """The ``extra`` keys of an ernie4_5-moe file (ERNIE 4.5's mixtures, as llama.cpp's converter writes the checkpoint
     and llama.cpp runs the file): ``expert_count`` experts of ``expert_feed_forward_length``, ``expert_used_count`` a
@@ -1456,10 +1466,9 @@ def _gguf_ernie_moe(reader, arch: str, path: Path) -> dict:
     def get(key):
         return int(gguf_field(reader, f"{arch}.{key}", 0) or 0)
 
-    count, used, step = get("expert_count"), get("expert_used_count"), get("interleave_moe_layer_step")
-    if count < 1 or not 1 <= used <= count or step < 1:
-        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1, expert_used_count in [1, "
-                         f"expert_count] and interleave_moe_layer_step >= 1, got {count}, {used} and {step}")
+    (count, used), step = _gguf_expert_counts(reader, arch, path), get("interleave_moe_layer_step")
+    if step < 1:
+        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.interleave_moe_layer_step >= 1, got {step}")
     return {"moe_num_experts": count, "moe_k": used, "moe_layer_interval": step,
             "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
             "moe_num_shared_experts": get("expert_shared_count"),
@@ -1476,10 +1485,7 @@ def _gguf_minimax_m2(reader, arch: str, path: Path) -> dict:
     if gating != 2:
         raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_gating_func = {gating}; supported: 2 (sigmoid, "
                          "MiniMax-M2's router)")
-    count, used = (int(gguf_field(reader, f"{arch}.{k}", 0) or 0) for k in ("expert_count", "expert_used_count"))
-    if count < 1 or not 1 <= used <= count:
-        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1 and expert_used_count in [1, "
-                         f"expert_count], got {count} and {used}")
+    count, used = _gguf_expert_counts(reader, arch, path)
     return {"num_local_experts": count, "num_experts_per_tok": used}
 
 
@@ -1521,11 +1527,7 @@ def _gguf_grouped_mixture(reader, arch: str, path: Path, softmax: bool = False):
                          + ("1 (softmax, DeepSeek-V2's router) and 2 (sigmoid, DeepSeek-V3's)" if softmax
                             else "2 (sigmoid, DeepSeek-V3's router)"))
     v3 = gating == 2
-    count, used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
-    if count < 1 or not 1 <= used <= count:
-        raise ValueError(f"GGUF file {str(path)!r} needs {arch}.expert_count >= 1 and {arch}.expert_used_count in "
-                         f"[1, expert_count], got {count} and {used} (a {arch} file without experts is not "
-                         "supported)")
+    count, used = _gguf_expert_counts(reader, arch, path)
     groups, top_groups = (int(get(k, 0) or 0) for k in ("expert_group_count", "expert_group_used_count"))
     norm = bool(get("expert_weights_norm", False))
     if not v3 and norm:
@@ -1639,10 +1641,7 @@ def _gguf_experts(reader, arch: str, path: Path, model_type: str, n_ff: int) -> 
     over the experts per token); qwen2moe: not renormalised (llama.cpp's ``norm_w`` off), and a shared expert of
     width ``expert_shared_feed_forward_length`` (else ``feed_forward_length``); olmoe: not renormalised, its experts
     of width ``feed_forward_length``."""
-    count, used = (int(gguf_field(reader, f"{arch}.{k}", 0) or 0) for k in ("expert_count", "expert_used_count"))
-    if count < 1 or not 1 <= used <= count:
-        raise ValueError(f"GGUF file {str(path)!r} of architecture {arch!r} needs {arch}.expert_count >= 1 and "
-                         f"{arch}.expert_used_count in [1, expert_count], got {count} and {used}")
+    count, used = _gguf_expert_counts(reader, arch, path)
     if model_type == "granitemoeshared":
         return {"num_local_experts": count, "num_experts_per_tok": used, "shared_intermediate_size": int(
             gguf_field(reader, f"{arch}.expert_shared_feed_forward_length"))}
