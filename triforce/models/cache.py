@@ -242,6 +242,57 @@ def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, si
     return (out.float() * factor).to(out.dtype)
 
 
+def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: int, n: int, scale: float,
+                      softcap: float) -> torch.Tensor:
+    """DeepSeek-V3.2's sparse attention: each query of ``q`` ``[B, T, H, D]`` over its ``topk`` best keys of the
+    buffer ``k`` ``[B, >= n, 1, D]`` (the values are the keys: the latent attention's) by the indexer's score, and
+    over every key it sees where it sees at most ``topk``. Query ``t`` of row ``b`` sees the keys before the step's
+    (slots below ``prefix[b]``) and the step's keys at ``prefix[b] + j`` for ``j <= t`` (``tree_mask``, bool
+    ``[B, T, T]``: its ancestors-or-self), all below ``n`` (a host-side bound). The score of key ``s`` for query
+    ``t``: ``sum_h weights[b, t, h] * relu(index_q[b, t, h] . index_k[b, s] / sqrt(index_head_dim))`` in float32,
+    as transformers' DeepseekV32Indexer computes it; its best ``topk`` are kept (on equal scores the earlier slot,
+    where transformers' ``topk`` picks either), and the query attends to them in slot order through
+    ``verify_attention`` (each query a row of its own: a query's bits are those of a one-token step over the same
+    keys, whatever the pass; over every key it sees, those of the dense attention). The queries go in blocks that
+    keep the scores and the gathered keys to some 256 MB."""
+    B, T, H, D = q.shape
+    n_heads, Dh = index_q.shape[2], index_q.shape[3]
+    K = min(topk, n)
+    dev = q.device
+    keys = index_k[:, :n].float()
+    slot = torch.arange(n, device=dev)
+    block = max(1, min(T, (1 << 26) // max(1, B * n_heads * n), (1 << 26) // max(1, B * K * D)))
+    out = []
+    rows = torch.arange(B, device=dev)[:, None, None]
+    for t0 in range(0, T, block):
+        t1 = min(T, t0 + block)
+        qi = index_q[:, t0:t1].float()
+        s = torch.stack([_linear(qi[b].reshape(-1, Dh), keys[b]) for b in range(B)]).view(B, t1 - t0, n_heads, n)
+        score = (s.mul_(Dh ** -0.5).relu_() * weights[:, t0:t1, :, None]).sum(2)  # [B, t, n]
+        j = slot - prefix[:, None, None]  # the step's key j at slot prefix + j
+        t = torch.arange(t0, t1, device=dev)[None, :, None]
+        if tree_mask is None:
+            seen = j <= t
+        else:
+            seen = tree_mask[:, t0:t1].gather(-1, j.clamp(0, T - 1).expand(B, t1 - t0, n)) & (j < T)
+        seen = seen | (j < 0)
+        score = score.masked_fill(~seen, float("-inf"))
+        best = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :K]
+        kept = seen.gather(-1, best)
+        chosen = torch.where(kept, best, n).sort(-1).values.clamp(max=n - 1)  # slot order, the unseen last
+        gathered = k[rows, chosen].reshape(B * (t1 - t0), K, 1, D)
+        o = verify_attention_trusted(q[:, t0:t1].reshape(B * (t1 - t0), 1, H, D), gathered, gathered,
+                                     kept.sum(-1).reshape(-1).to(torch.int32), None, 0, scale, softcap)
+        out.append(o.view(B, t1 - t0, H, D))
+    return out[0] if len(out) == 1 else torch.cat(out, 1)
+
+
+def _linear(x, w):
+    from .llama import linear
+
+    return linear(x, w)
+
+
 class _KVCache:
     """Shared machinery: per-layer k/v ``[B, capacity, Hkv, D]``, lengths, rollback, commit_path."""
 
@@ -511,6 +562,10 @@ class FullCache(_KVCache):
         self.max_len = max_len
         self.chunk_size = chunk_size
         self.chunk_keys = self.last_query = None
+        # DeepSeek-V3.2's sparse attention (config.dsa): each token's indexer key per layer, [B, max_len, head_dim]
+        self.index_k = None if config.dsa is None else [
+            torch.zeros(batch_size, max_len, config.dsa.head_dim, device=self.device, dtype=self.dtype)
+            for _ in range(self.num_layers)]
         if chunk_size is not None:
             if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= max_len:
                 raise ValueError(f"chunk_size must be an int in [1, max_len={max_len}], got {chunk_size!r}")
@@ -533,8 +588,14 @@ class FullCache(_KVCache):
             yield from self._chunk_store
             yield from self.last_query
 
+    def _slot_buffers(self, layer: int):
+        own = super()._slot_buffers(layer)
+        return own if self.index_k is None else (*own, self.index_k[layer])
+
     def _select_rows(self, idx, moves) -> None:
         super()._select_rows(idx, moves)
+        if self.index_k is not None:
+            self.index_k = [_take_rows(t, idx, moves, self._bound) for t in self.index_k]
         if self.chunk_size is not None:
             C = self.max_len // self.chunk_size
             upto = min(self._bound // self.chunk_size + 1, C)
@@ -542,7 +603,11 @@ class FullCache(_KVCache):
             self.chunk_keys = [t[:, :C] for t in self._chunk_store]
             self.last_query = [t[idx] for t in self.last_query]
 
-    def attend(self, layer, q, k, v, step, k_raw=None, sinks=None):
+    def attend(self, layer, q, k, v, step, k_raw=None, sinks=None, index=None):
+        """:meth:`_KVCache.attend`, recording ``last_query``; ``index``: DeepSeek-V3.2's indexer's ``(q, k, w)``
+        (``llama.Indexer``): its keys written to ``index_k`` and each query attending to its ``topk`` best keys
+        (:func:`indexed_attention`; while no query can see more than ``topk`` keys, the dense attention over
+        them all)."""
         if self.chunk_size is not None:
             lq = self.last_query[layer]
             if step.query_index is None:
@@ -550,7 +615,16 @@ class FullCache(_KVCache):
             else:
                 picked = q[self._batch_index[:, 0], step.query_index]
                 lq.copy_(torch.where(step.query_valid[:, None, None], picked, lq))
-        return super().attend(layer, q, k, v, step, sinks=sinks)
+        if index is None:
+            return super().attend(layer, q, k, v, step, sinks=sinks)
+        index_q, index_k, weights = index
+        self.index_k[layer][step.batch_index, step.slots] = index_k
+        topk, n = self.config.dsa.topk, min(self._bound + step.T, self.capacity)
+        if n <= topk:
+            return super().attend(layer, q, k, v, step, sinks=sinks)
+        self._write(layer, k, v, step)
+        return indexed_attention(q, self.k[layer], self.index_k[layer], index_q, weights, self.lengths.long(),
+                                 step.tree_mask, topk, n, self.scale, self.softcap)
 
     def _native_buffers(self, step):
         if self._changed(FullCache):

@@ -347,6 +347,13 @@ FAMILIES["deepseek_v3"] = Family("DeepseekV3ForCausalLM", defaults={  # (no topk
     "n_routed_experts": 256, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
     "first_k_dense_replace": 3, "norm_topk_prob": True, "max_position_embeddings": 4096, "bos_token_id": 0,
     "eos_token_id": 1, "rope_interleave": True})
+# DeepSeek-V3.2 (DeepseekV32ForCausalLM: V3.2-Exp, V3.2, V3.2-Speciale): V3's layer with DeepSeek's sparse attention
+# (DSA, LlamaConfig.dsa): each layer's lightning indexer scores every key a query sees, and the query attends to the
+# index_topk best only. transformers' V3.2 always pairs adjacent RoPE dims in the latent attention (no rope_interleave
+# switch); the dense layers are mlp_layer_types' (by default first_k_dense_replace's)
+FAMILIES["deepseek_v32"] = Family("DeepseekV32ForCausalLM", defaults={
+    **FAMILIES["deepseek_v3"].defaults, "max_position_embeddings": 163840, "index_topk": 2048, "index_head_dim": 128,
+    "index_n_heads": 64})
 # GLM-4.5 / 4.6 / 4.7 (Glm4MoeForCausalLM: GLM-4.5, GLM-4.5-Air, GLM-4.6, GLM-4.7): Llama's attention with q/k/v biases
 # by attention_bias (none on o), RoPE on the first partial_rotary_factor (0.5) of each head (half-split pairs), a
 # per-head q/k RMSNorm where use_qk_norm; from first_k_dense_replace on, DeepSeek-V3's mixture (the sigmoid router with
@@ -375,16 +382,17 @@ FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_b
     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "moe_intermediate_size": 1408,
     "n_shared_experts": None, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": False,
     "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62})
-_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # the latent attention's families (LlamaConfig.mla)
+_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32")  # the latent attention's families (LlamaConfig.mla)
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
-_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1")
+_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32")
+_DSAS = ("deepseek_v32",)  # DeepSeek's sparse attention (LlamaConfig.dsa)
 _GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1")  # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
                      "dots1": ("noaux_tc",),
-                     "glm4_moe_lite": ("noaux_tc",)}
-_DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3") for kind, cls in (
+                     "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",)}
+_DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3", "V32") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2")
@@ -465,6 +473,21 @@ class MLA:
         rope = torch.cat([torch.arange(r // 2, device=cpu), torch.arange(half, half + r // 2, device=cpu)])
         latent = torch.cat([torch.arange(r // 2, half, device=cpu), torch.arange(half + r // 2, 2 * half, device=cpu)])
         return rope, latent
+
+
+@dataclass(frozen=True)
+class DSA:
+    """DeepSeek's sparse attention (``LlamaConfig.dsa``: DeepSeek-V3.2), on top of :class:`MLA`: each layer's lightning
+    indexer (``self_attn.indexer``) gives every key ``s`` a query ``t`` sees the score ``sum_h w_h(x_t) relu(q_h(t) .
+    k(s) / sqrt(head_dim))`` over its ``n_heads`` heads (``q_h``: ``wq_b`` of the queries' low-rank latent, ``k``: the
+    LayerNorm ``k_norm`` of ``wk(x)``, both RoPE'd on their first ``qk_rope_head_dim`` dims, half-split pairs;
+    ``w``: ``weights_proj(x)`` in float32 over ``sqrt(n_heads)``), and the query attends to its ``topk`` best keys
+    only (every key it sees while it sees at most ``topk``). The caches hold each token's indexer key ``k`` beside
+    its latent (``FullCache.index_k``)."""
+
+    n_heads: int
+    head_dim: int
+    topk: int
 
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
@@ -633,14 +656,21 @@ _HARMLESS_ONLY_AT = {
                     "MiniMax-M2: true)"),
     "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid"),
                                                          ("glm4_moe_lite", "sigmoid"), ("dots1", "sigmoid"),
+                                                         ("deepseek_v32", "sigmoid"),
                                                          ("minimax_m2", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
-    "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite") and isinstance(v, bool),
-                        "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims)"),
-    # GLM-4.7-Flash's dense and sparse layers (LlamaConfig.experts)
-    "mlp_layer_types": (lambda v, c: c.model_type == "glm4_moe_lite" and (v is None or isinstance(v, list) and len(
-        v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}), "absent (GLM-4.7-Flash: one 'dense' or "
-        "'sparse' per layer)"),
+    "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite") and isinstance(v, bool)
+                        or c.model_type == "deepseek_v32" and v is True,
+                        "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims; "
+                        "DeepSeek-V3.2: true, as transformers always pairs them)"),
+    # GLM-4.7-Flash's and DeepSeek-V3.2's dense and sparse layers (LlamaConfig.experts)
+    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "deepseek_v32") and (
+        v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
+        "absent (GLM-4.7-Flash, DeepSeek-V3.2: one 'dense' or 'sparse' per layer)"),
+    # DeepSeek's sparse attention (LlamaConfig.dsa; checked together there)
+    **{key: (lambda v, c: c.model_type in _DSAS and _is_int(v) and v >= 1,
+             "absent (DeepSeek-V3.2: an int >= 1, its indexer's)") for key in ("index_topk", "index_head_dim",
+                                                                               "index_n_heads")},
     # DeepSeek's own code makes every moe_layer_freq-th layer sparse, transformers every one: they agree at 1 only
     "moe_layer_freq": (lambda v, c: c.model_type in _DEEPSEEKS and v == 1, "absent (DeepSeek: 1)"),
     # DeepSeek's training and parallelism settings, and V3's multi-token prediction layers (not in the forward: their
@@ -863,7 +893,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         for key in ("use_sliding_window", "max_window_layers"):  # Qwen's keys in a family that does not read them
             if key in x:
                 return none, key
-        if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
+        if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"} and not (
+                c.model_type in _DSAS and x["layer_types"] == ["indexed_attention"] * n):  # (DSA's: LlamaConfig.dsa)
             return none, "layer_types"
         window = x.get("sliding_window")
         if window is None:
@@ -1016,6 +1047,8 @@ class LlamaConfig:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
         if self.model_type in _GROUPED:
             self._check_deepseek_experts()
+        if self.model_type in _DSAS:
+            self._check_dsa()
         if self.model_type in ("ernie4_5_moe", "minimax_m2") and self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
@@ -1053,6 +1086,17 @@ class LlamaConfig:
                              f"latent KV head as the caches hold it, 1 and kv_lora_rank + qk_rope_head_dim = {R + r}; "
                              f"got {self.num_key_value_heads} and {self.head_dim} (from_dict reads a config.json's "
                              "values, transformers' per-head ones)")
+
+    def _check_dsa(self) -> None:
+        """DeepSeek-V3.2's indexer: its queries come from the low-rank query latent, and it RoPEs its first
+        ``qk_rope_head_dim`` dims."""
+        d, m = self.dsa, self.mla
+        if m.q_lora_rank is None:
+            raise ValueError("DeepSeek-V3.2's sparse attention needs q_lora_rank (an int >= 1): its indexer's queries "
+                             "are projected from the queries' low-rank latent")
+        if d.head_dim < m.qk_rope_head_dim:
+            raise ValueError(f"config index_head_dim = {d.head_dim} must be at least qk_rope_head_dim = "
+                             f"{m.qk_rope_head_dim} (the indexer RoPEs that many of its dims)")
 
     def _check_deepseek_experts(self) -> None:
         """DeepSeek's router keys together: the experts per token within the experts, the groups dividing them."""
@@ -1344,9 +1388,17 @@ class LlamaConfig:
         if self.model_type not in _DEEPSEEKS:
             return None
         get = self._deepseek
-        interleaved = self.model_type == "deepseek_v2" or bool(get("rope_interleave"))
+        interleaved = self.model_type in ("deepseek_v2", "deepseek_v32") or bool(get("rope_interleave"))
         return MLA(get("q_lora_rank"), get("kv_lora_rank"), get("qk_nope_head_dim"), get("qk_rope_head_dim"),
                    get("v_head_dim"), interleaved)
+
+    @property
+    def dsa(self) -> DSA | None:
+        """DeepSeek's sparse attention (:class:`DSA`), or None for every other family."""
+        if self.model_type not in _DSAS:
+            return None
+        get = self._deepseek
+        return DSA(get("index_n_heads"), get("index_head_dim"), get("index_topk"))
 
     @property
     def experts(self) -> Experts | None:
@@ -1409,6 +1461,8 @@ class LlamaConfig:
         if self.model_type == "glm4_moe_lite":  # (its list, by default the first layer dense)
             types = self.extra.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
             layers = tuple(t == "sparse" for t in types)
+        elif self.extra.get("mlp_layer_types") is not None:  # (DeepSeek-V3.2's list, else first_k_dense_replace's)
+            layers = tuple(t == "sparse" for t in self.extra["mlp_layer_types"])
         else:
             layers = tuple(i >= get("first_k_dense_replace") for i in range(n))
         return Experts(get("n_routed_experts"), get("num_experts_per_tok"), width, v3 and bool(get("norm_topk_prob")),

@@ -317,17 +317,33 @@ class Router(Linear):
         self.float32_weight = float32_weight
 
     def _apply(self, fn, recurse=True):
-        kept = {"e_score_correction_bias": self._buffers["e_score_correction_bias"]}
-        if self.float32_weight:  # (its data: _apply converts a parameter in place)
-            kept["weight"] = self._parameters["weight"].data
-        out = super()._apply(fn, recurse)
-        for name, old in kept.items():
-            table = self._buffers if name in self._buffers else self._parameters
-            moved = table[name]
-            if old is not None and moved is not None and moved.dtype != torch.float32:
-                new = old.detach().to(device=moved.device)
-                table[name] = new if table is self._buffers else nn.Parameter(new, requires_grad=moved.requires_grad)
-        return out
+        names = ("e_score_correction_bias", "weight") if self.float32_weight else ("e_score_correction_bias",)
+        return _apply_in_float32(self, super()._apply, fn, recurse, names)
+
+
+def _apply_in_float32(module: nn.Module, apply, fn, recurse, names) -> nn.Module:
+    """``apply(fn, recurse)`` (``module``'s ``nn.Module._apply``: ``.to``, ``.half()``, ...) with the float32 tensors
+    ``names`` (its parameters or buffers) moved but never cast: they stay float32, as transformers keeps them."""
+    tables = {n: module._buffers if n in module._buffers else module._parameters for n in names}
+    kept = {n: t[n].data if t[n] is not None else None for n, t in tables.items()}  # (in place for a parameter)
+    out = apply(fn, recurse)
+    for name, table in tables.items():
+        old, moved = kept[name], table[name]
+        if old is not None and moved is not None and moved.dtype != torch.float32:
+            new = old.detach().to(device=moved.device)
+            table[name] = new if table is module._buffers else nn.Parameter(new, requires_grad=moved.requires_grad)
+    return out
+
+
+class Float32Linear(Linear):
+    """A :class:`Linear` whose weight stays float32 whatever the model's dtype, its input cast to float32 and its
+    output float32 (transformers' ``_keep_in_fp32_modules``: DeepSeek-V3.2's indexer's ``weights_proj``)."""
+
+    def forward(self, x):
+        return linear(x.float(), self.weight, self.bias)
+
+    def _apply(self, fn, recurse=True):
+        return _apply_in_float32(self, super()._apply, fn, recurse, ("weight",))
 
 
 class RMSNorm(nn.Module):
@@ -490,9 +506,10 @@ class Attention(nn.Module):
         scale = 1 + beta * torch.log(1 + torch.floor(positions / original))
         return q * scale[:, :, None, None].to(q.dtype)
 
-    def attend(self, q, k, v, k_raw, cache: _KVCache | None, step: Step | None) -> torch.Tensor:
+    def attend(self, q, k, v, k_raw, cache: _KVCache | None, step: Step | None, index=None) -> torch.Tensor:
         """Attention of the RoPE'd ``q``, ``k`` and ``v`` ``[B, T, H, D]``: causal among themselves without a
-        cache, else written to ``cache`` and attended over it -> ``[B, T, Hq, D]``."""
+        cache, else written to ``cache`` and attended over it -> ``[B, T, Hq, D]``; ``index``: DeepSeek-V3.2's
+        indexer's ``(q, k, w)`` (:class:`Indexer`), for a full cache that holds its keys."""
         if cache is None:
             T = q.shape[1]
             mask = None
@@ -507,6 +524,8 @@ class Attention(nn.Module):
                                                   enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
         kv = cache.dtype
         sinks = {} if self.sinks is None else {"sinks": self.sinks}  # (a cache's attend takes them where they are)
+        if index is not None:
+            sinks["index"] = index if index[1].dtype == kv else (index[0], index[1].to(kv), index[2])
         if q.dtype != kv:  # a cache in another dtype (Llama.kv_dtype): attention runs in the cache's dtype
             out = cache.attend(self.layer, q.to(kv), k.to(kv), v.to(kv), step,
                                k_raw=None if k_raw is None else k_raw.to(kv), **sinks)
@@ -564,19 +583,26 @@ class LatentAttention(Attention):
         self.rope_f32 = bool(config.rope_float32)
         self._slots = {}  # device -> (the latent's dims in a cached key, where each cached dim is in [k_pe, c])
         self._uk = self._uv = None  # (kv_b_proj's weight's identity, W_UK^T / W_UV per head): derived's
+        if config.dsa is not None:  # DeepSeek-V3.2's sparse attention
+            self.indexer = Indexer(config)
 
     def slots(self, device: torch.device) -> tuple:
-        """``(latent dims, layout)`` on ``device`` (not buffers: a model built on the meta device has them too)."""
+        """``(latent dims, layout, RoPE'd dims)`` on ``device`` (not buffers: a model built on the meta device has
+        them too)."""
         got = self._slots.get(device)
         if got is None:
             rope, latent = self.mla.slots()
-            got = self._slots[device] = (latent.to(device), torch.argsort(torch.cat([rope, latent])).to(device))
+            got = self._slots[device] = (latent.to(device), torch.argsort(torch.cat([rope, latent])).to(device),
+                                         rope.to(device))
         return got
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
-        q, k, k_raw, v = self.project(x, cos, sin)
-        out = self.attend(q, k, v, k_raw, cache, step)  # [B, T, H, head_dim]: each head's weighted sum of [k_pe, c]
+        q, k, k_raw, v, q_latent = self._project(x, cos, sin)
+        if "indexer" in self._modules:  # DeepSeek-V3.2: each query's keys chosen by the indexer
+            out = self._indexed(x, q_latent, q, k, k_raw, cos, sin, cache, step)
+        else:
+            out = self.attend(q, k, v, k_raw, cache, step)  # [B, T, H, head_dim]: each head's weighted sum of [k_pe, c]
         m = self.mla
         latent = out.index_select(-1, self.slots(out.device)[0])
         return self.o_proj(per_head_linear(latent, self.w_uv()).reshape(B, T, self.n_heads * m.v_head_dim))
@@ -598,15 +624,39 @@ class LatentAttention(Attention):
         nope = self.mla.qk_nope_head_dim
         return derived(self, "_uv", self.kv_b_proj.weight, lambda: self._kv_b()[:, nope:])
 
+    def _indexed(self, x, q_latent, q, k, k_raw, cos, sin, cache: _KVCache | None, step: Step | None):
+        """DeepSeek-V3.2's sparse attention (``config.dsa``): the indexer's queries, keys and head weights of ``x``
+        (:class:`Indexer`); without a cache each query attends to its ``topk`` best keys among the forward's
+        (:func:`~triforce.models.cache.indexed_attention`); a full cache holds the indexer's keys and chooses over
+        every key a query sees (``FullCache.attend``); a draft's cache without them (StreamingLLM, retrieval)
+        attends to every key it holds (a draft's approximation, as those caches are)."""
+        rope = self.slots(x.device)[2]
+        index = self.indexer(x, q_latent, cos.index_select(-1, rope), sin.index_select(-1, rope))
+        if cache is None:
+            T, topk = x.shape[1], self.indexer.topk
+            if T <= topk:  # (every query sees at most topk keys: all of them)
+                return self.attend(q, k, k, k_raw, None, None)
+            prefix = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+            return _cache.indexed_attention(q, k, index[1], index[0], index[2], prefix, None, topk, T, self.scale,
+                                            0.0)
+        if getattr(cache, "index_k", None) is None:
+            return self.attend(q, k, k, k_raw, cache, step)
+        return self.attend(q, k, k, k_raw, cache, step, index=index)
+
     def project(self, x, cos, sin):
         """``(q, k, k_raw, v)``: the absorbed queries ``[B, T, H, head_dim]``, the cached keys ``[B, T, 1,
         head_dim]`` RoPE'd and before RoPE, and the values (the keys)."""
+        return self._project(x, cos, sin)[:4]
+
+    def _project(self, x, cos, sin):
+        """:meth:`project`'s, and the queries' low-rank latent ``q_a_layernorm(q_a_proj(x))`` (None without)."""
         B, T, _ = x.shape
         m, H = self.mla, self.n_heads
         if m.q_lora_rank is None:
-            q = self.q_proj(x)
+            q, q_latent = self.q_proj(x), None
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q_latent = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_latent)
         q = q.view(B, T, H, m.qk_head_dim)
         q_nope, q_pe = q[..., :m.qk_nope_head_dim], q[..., m.qk_nope_head_dim:]
         kv = self.kv_a_proj_with_mqa(x)
@@ -617,16 +667,44 @@ class LatentAttention(Attention):
                 and hasattr(torch.ops.triforce_C, "mla_qk"):  # (the rest below in one native call, same bits)
             q, k, k_raw = torch.ops.triforce_C.mla_qk(q, q_lat, kv, norm.weight, norm.eps, cos, sin, layout,
                                                       self.rope_f32)
-            return q, k, k_raw, k
+            return q, k, k_raw, k, q_latent
         c, k_pe = norm(kv[..., :m.kv_lora_rank]), kv[..., m.kv_lora_rank:]
         q = torch.cat([q_pe, q_lat], -1).index_select(-1, layout)
         k_raw = torch.cat([k_pe, c], -1).index_select(-1, layout)[:, :, None]
         if self.rope_f32 and q.dtype != torch.float32:  # (DeepSeek-V2: its complex product in float32, rounded once)
             cf, sf = cos.float(), sin.float()
             k = apply_rope(k_raw.float(), cf, sf).to(q.dtype)
-            return apply_rope(q.float(), cf, sf).to(q.dtype), k, k_raw, k
+            return apply_rope(q.float(), cf, sf).to(q.dtype), k, k_raw, k, q_latent
         k = _rope(k_raw, cos, sin)
-        return _rope(q, cos, sin), k, k_raw, k
+        return _rope(q, cos, sin), k, k_raw, k, q_latent
+
+
+class Indexer(nn.Module):
+    """DeepSeek-V3.2's lightning indexer (``config.dsa``: :class:`~triforce.models.config.DSA`), under transformers'
+    names: ``wq_b`` (the queries' low-rank latent to ``n_heads`` queries of ``head_dim``), ``wk`` (the layer's input
+    to one key), ``k_norm`` (a LayerNorm with a bias, eps 1e-6), ``weights_proj`` (each head's weight, float32).
+    Called with the latent attention's input, its query latent and the RoPE tables of its ``qk_rope_head_dim``
+    RoPE'd dims; gives ``(q [B, T, n_heads, head_dim], k [B, T, head_dim], w [B, T, n_heads] float32)``: the queries
+    and the key RoPE'd on their first ``qk_rope_head_dim`` dims (half-split pairs), ``w`` already over
+    ``sqrt(n_heads)``. Scores, choice and attention: :func:`~triforce.models.cache.indexed_attention`."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        d, m = config.dsa, config.mla
+        self.n_heads, self.head_dim, self.topk, self.rope_dim = d.n_heads, d.head_dim, d.topk, m.qk_rope_head_dim
+        self.wq_b = Linear(m.q_lora_rank, d.n_heads * d.head_dim, bias=False)
+        self.wk = Linear(config.hidden_size, d.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(d.head_dim, eps=1e-6)
+        self.weights_proj = Float32Linear(config.hidden_size, d.n_heads, bias=False)
+
+    def forward(self, x, q_latent, cos, sin):
+        B, T, _ = x.shape
+        r = self.rope_dim
+        q = self.wq_b(q_latent).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_norm(self.wk(x))[:, :, None]
+        q = torch.cat([_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], -1)
+        k = torch.cat([_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], -1)[:, :, 0]
+        return q, k, self.weights_proj(x) * self.n_heads ** -0.5
 
 
 class MLP(nn.Module):
