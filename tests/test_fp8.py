@@ -58,8 +58,10 @@ def dequantize_by_loop(q, s, block, dtype):
 def is_quantised(name: str, t: torch.Tensor) -> bool:
     """Whether an FP8 checkpoint holds ``name`` in float8: every linear layer's weight but a router's (as
     DeepSeek-V3's and Qwen3-FP8's)."""
-    return t.dim() == 2 and name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")) or name.endswith(
-        "kv_a_proj_with_mqa.weight")  # (Mixtral's names of the experts' projections: MiniMax-M2's)
+    return t.dim() == 2 and name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight",
+                                           "indexer.wq_b.weight", "indexer.wk.weight")) \
+        and not name.endswith("weights_proj.weight") \
+        or name.endswith("kv_a_proj_with_mqa.weight")  # (Mixtral's names: MiniMax-M2's; DeepSeek-V3.2's indexer)
 
 
 def write_fp8(directory, quantization_config, block, shards: int = 1, static: bool = False) -> dict:
@@ -99,6 +101,14 @@ CASES = {
                                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                        first_k_dense_replace=1, n_group=2, topk_group=1),
                     {**DEEPSEEK_V3_FP8, "weight_block_size": [16, 16]}),
+    # DeepSeek-V3.2: V3's, the indexer's query and key projections quantised too (its head weights not); 16 heads
+    # (with few, a key every head scores 0 is common: equal scores, which transformers' topk picks either of)
+    "deepseek_v32": ("DeepseekV32", dict(TINY, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32,
+                                         qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, q_lora_rank=32,
+                                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         first_k_dense_replace=1, n_group=2, topk_group=1, index_topk=6,
+                                         index_head_dim=32, index_n_heads=16),
+                     {**DEEPSEEK_V3_FP8, "weight_block_size": [16, 16], "scale_fmt": "ue8m0"}),
     # Qwen3: 32 x 16 blocks over q/k norms
     "qwen3": ("Qwen3", dict(TINY, head_dim=16), {**QWEN3_FP8, "weight_block_size": [32, 16]}),
     # Qwen3-MoE: every expert's projections
@@ -362,7 +372,8 @@ def fp8_checkpoint(directory, case: str, block=(16, 16)):
 
 @needs_fp8_kernel
 @pytest.mark.parametrize("case,block", [("deepseek_v3", (16, 64)), ("qwen3", (32, 64)), ("qwen3_moe", (16, 128)),
-                                        ("deepseek_v3", (48, 128)), ("minimax_m2", (16, 64))])
+                                        ("deepseek_v3", (48, 128)), ("minimax_m2", (16, 64)),
+                                        ("deepseek_v32", (16, 32))])
 def test_an_fp8_checkpoint_runs_on_its_own_weights(tmp_path, monkeypatch, case, block):
     """``load_fp8`` (``load_model(directory, "fp8")``): every linear layer of the checkpoint an Fp8Linear on its
     float8 weights (DeepSeek's RoPE rows reordered, experts' gate and up joined, partial column blocks), its

@@ -250,8 +250,8 @@ def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: 
     (slots below ``prefix[b]``) and the step's keys at ``prefix[b] + j`` for ``j <= t`` (``tree_mask``, bool
     ``[B, T, T]``: its ancestors-or-self), all below ``n`` (a host-side bound). The score of key ``s`` for query
     ``t``: ``sum_h weights[b, t, h] * relu(index_q[b, t, h] . index_k[b, s] / sqrt(index_head_dim))`` in float32,
-    as transformers' DeepseekV32Indexer computes it; its best ``topk`` are kept (on equal scores the earlier slot,
-    where transformers' ``topk`` picks either), and the query attends to them in slot order through
+    as transformers' DeepseekV32Indexer computes it; its best ``topk`` are kept (on equal scores the earlier slots,
+    where transformers' ``topk`` picks any), and the query attends to them in slot order through
     ``verify_attention`` (each query a row of its own: a query's bits are those of a one-token step over the same
     keys, whatever the pass; over every key it sees, those of the dense attention). The queries go in blocks that
     keep the scores and the gathered keys to some 256 MB."""
@@ -266,9 +266,13 @@ def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: 
     rows = torch.arange(B, device=dev)[:, None, None]
     for t0 in range(0, T, block):
         t1 = min(T, t0 + block)
-        qi = index_q[:, t0:t1].float()
-        s = torch.stack([_linear(qi[b].reshape(-1, Dh), keys[b]) for b in range(B)]).view(B, t1 - t0, n_heads, n)
-        score = (s.mul_(Dh ** -0.5).relu_() * weights[:, t0:t1, :, None]).sum(2)  # [B, t, n]
+        qi, w = index_q[:, t0:t1].float(), weights[:, t0:t1, :, None]
+        score = torch.empty(B, t1 - t0, n, device=dev)
+        for s0 in range(0, n, _KEY_BLOCK):  # (a block's scores stay in the caches)
+            s1 = min(n, s0 + _KEY_BLOCK)
+            for b in range(B):
+                s = _linear(qi[b].reshape(-1, Dh), keys[b, s0:s1]).view(t1 - t0, n_heads, s1 - s0)
+                torch.sum(s.mul_(Dh ** -0.5).relu_().mul_(w[b]), 1, out=score[b, :, s0:s1])
         j = slot - prefix[:, None, None]  # the step's key j at slot prefix + j
         t = torch.arange(t0, t1, device=dev)[None, :, None]
         if tree_mask is None:
@@ -277,14 +281,23 @@ def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: 
             seen = tree_mask[:, t0:t1].gather(-1, j.clamp(0, T - 1).expand(B, t1 - t0, n)) & (j < T)
         seen = seen | (j < 0)
         score = score.masked_fill(~seen, float("-inf"))
-        best = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :K]
-        kept = seen.gather(-1, best)
-        chosen = torch.where(kept, best, n).sort(-1).values.clamp(max=n - 1)  # slot order, the unseen last
-        gathered = k[rows, chosen].reshape(B * (t1 - t0), K, 1, D)
+        # the K best: those above the K-th best score, then the earliest of those equal to it (topk's values are
+        # the same whichever of equal scores it picks); where a query sees fewer, every key it sees
+        kth = torch.topk(score, K, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+        take = score > kth
+        tie = (score == kth) & seen
+        take |= tie & (tie.cumsum(-1) <= K - take.sum(-1, keepdim=True))
+        count = take.sum(-1)
+        chosen = torch.zeros(B, t1 - t0, K + 1, dtype=torch.long, device=dev)  # (column K: the others' write-off)
+        chosen.scatter_(-1, torch.where(take, take.cumsum(-1) - 1, K), slot.expand(B, t1 - t0, n))
+        gathered = k[rows, chosen[..., :K]].reshape(B * (t1 - t0), K, 1, D)  # each query's keys in slot order
         o = verify_attention_trusted(q[:, t0:t1].reshape(B * (t1 - t0), 1, H, D), gathered, gathered,
-                                     kept.sum(-1).reshape(-1).to(torch.int32), None, 0, scale, softcap)
+                                     count.reshape(-1).to(torch.int32), None, 0, scale, softcap)
         out.append(o.view(B, t1 - t0, H, D))
     return out[0] if len(out) == 1 else torch.cat(out, 1)
+
+
+_KEY_BLOCK = 8192  # keys scored at a time by indexed_attention
 
 
 def _linear(x, w):

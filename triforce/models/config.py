@@ -10,8 +10,9 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
-``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``glm4_moe``, ``glm4_moe_lite`` and ``dots1`` (also from the image + text
-wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias``
+``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` (with DeepSeek's sparse attention, :class:`DSA`),
+``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe`` and ``minimax_m2`` (also from the image + text wrappers in
+:data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias``
 (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's,
 Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each
 query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections),
@@ -382,7 +383,8 @@ FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_b
     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "moe_intermediate_size": 1408,
     "n_shared_experts": None, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": False,
     "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62})
-_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32")  # the latent attention's families (LlamaConfig.mla)
+# the latent attention's families (LlamaConfig.mla)
+_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32")
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
 _V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32")
 _DSAS = ("deepseek_v32",)  # DeepSeek's sparse attention (LlamaConfig.dsa)
@@ -893,8 +895,10 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         for key in ("use_sliding_window", "max_window_layers"):  # Qwen's keys in a family that does not read them
             if key in x:
                 return none, key
-        if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"} and not (
-                c.model_type in _DSAS and x["layer_types"] == ["indexed_attention"] * n):  # (DSA's: LlamaConfig.dsa)
+        if c.model_type in _DSAS:  # (every layer DSA's: LlamaConfig.dsa)
+            if x.get("layer_types") not in (None, ["indexed_attention"] * n):
+                return none, "layer_types"
+        elif "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
             return none, "layer_types"
         window = x.get("sliding_window")
         if window is None:

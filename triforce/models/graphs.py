@@ -22,7 +22,8 @@ variable ``TRIFORCE_CUDA_GRAPHS=0`` turns it off. A capture that fails turns it 
 ``RuntimeWarning`` (the step that tried it keeps its eager result). Not captured: CPU forwards (their layers run in one
 native call already), the prefill's chunks, steps of over ``MAX_TOKENS`` tokens a row, forwards with a
 draft head's tap, under autograd or ``torch.compile``, a mixture of experts' (Mixtral, Qwen3-MoE, GraniteMoE:
-which experts run is read on the host). The graphs of a cache go with it (weak references), and
+which experts run is read on the host), DeepSeek-V3.2's sparse attention (its keys' count is the cache's host-side
+bound). The graphs of a cache go with it (weak references), and
 ``model.to(...)`` drops the model's.
 """
 from __future__ import annotations
@@ -44,8 +45,9 @@ def enabled(model, cache, input_ids: torch.Tensor, tap) -> bool:
         return False
     if input_ids.shape[1] > MAX_TOKENS or input_ids.shape[1] > getattr(cache, "max_step", MAX_TOKENS):
         return False
-    # a mixture of experts reads its routing on the host (triforce.models.llama.SparseMoE): not capturable
-    return (input_ids.device.type == "cuda" or _EMULATE) and model.config.experts is None
+    # a mixture of experts reads its routing on the host (triforce.models.llama.SparseMoE), DeepSeek-V3.2's sparse
+    # attention sizes its choice by the cache's host-side bound (cache.indexed_attention): neither is capturable
+    return (input_ids.device.type == "cuda" or _EMULATE) and model.config.experts is None and model.config.dsa is None
 
 
 def _switched_on(owner) -> bool:

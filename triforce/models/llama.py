@@ -317,33 +317,17 @@ class Router(Linear):
         self.float32_weight = float32_weight
 
     def _apply(self, fn, recurse=True):
-        names = ("e_score_correction_bias", "weight") if self.float32_weight else ("e_score_correction_bias",)
-        return _apply_in_float32(self, super()._apply, fn, recurse, names)
-
-
-def _apply_in_float32(module: nn.Module, apply, fn, recurse, names) -> nn.Module:
-    """``apply(fn, recurse)`` (``module``'s ``nn.Module._apply``: ``.to``, ``.half()``, ...) with the float32 tensors
-    ``names`` (its parameters or buffers) moved but never cast: they stay float32, as transformers keeps them."""
-    tables = {n: module._buffers if n in module._buffers else module._parameters for n in names}
-    kept = {n: t[n].data if t[n] is not None else None for n, t in tables.items()}  # (in place for a parameter)
-    out = apply(fn, recurse)
-    for name, table in tables.items():
-        old, moved = kept[name], table[name]
-        if old is not None and moved is not None and moved.dtype != torch.float32:
-            new = old.detach().to(device=moved.device)
-            table[name] = new if table is module._buffers else nn.Parameter(new, requires_grad=moved.requires_grad)
-    return out
-
-
-class Float32Linear(Linear):
-    """A :class:`Linear` whose weight stays float32 whatever the model's dtype, its input cast to float32 and its
-    output float32 (transformers' ``_keep_in_fp32_modules``: DeepSeek-V3.2's indexer's ``weights_proj``)."""
-
-    def forward(self, x):
-        return linear(x.float(), self.weight, self.bias)
-
-    def _apply(self, fn, recurse=True):
-        return _apply_in_float32(self, super()._apply, fn, recurse, ("weight",))
+        kept = {"e_score_correction_bias": self._buffers["e_score_correction_bias"]}
+        if self.float32_weight:  # (its data: _apply converts a parameter in place)
+            kept["weight"] = self._parameters["weight"].data
+        out = super()._apply(fn, recurse)
+        for name, old in kept.items():
+            table = self._buffers if name in self._buffers else self._parameters
+            moved = table[name]
+            if old is not None and moved is not None and moved.dtype != torch.float32:
+                new = old.detach().to(device=moved.device)
+                table[name] = new if table is self._buffers else nn.Parameter(new, requires_grad=moved.requires_grad)
+        return out
 
 
 class RMSNorm(nn.Module):
@@ -682,11 +666,12 @@ class LatentAttention(Attention):
 class Indexer(nn.Module):
     """DeepSeek-V3.2's lightning indexer (``config.dsa``: :class:`~triforce.models.config.DSA`), under transformers'
     names: ``wq_b`` (the queries' low-rank latent to ``n_heads`` queries of ``head_dim``), ``wk`` (the layer's input
-    to one key), ``k_norm`` (a LayerNorm with a bias, eps 1e-6), ``weights_proj`` (each head's weight, float32).
+    to one key), ``k_norm`` (a LayerNorm with a bias, eps 1e-6), ``weights_proj`` (each head's weight).
     Called with the latent attention's input, its query latent and the RoPE tables of its ``qk_rope_head_dim``
     RoPE'd dims; gives ``(q [B, T, n_heads, head_dim], k [B, T, head_dim], w [B, T, n_heads] float32)``: the queries
-    and the key RoPE'd on their first ``qk_rope_head_dim`` dims (half-split pairs), ``w`` already over
-    ``sqrt(n_heads)``. Scores, choice and attention: :func:`~triforce.models.cache.indexed_attention`."""
+    and the key RoPE'd on their first ``qk_rope_head_dim`` dims (half-split pairs), ``w`` in ``weights_proj``'s
+    dtype, then float32 over ``sqrt(n_heads)``. Scores, choice and attention:
+    :func:`~triforce.models.cache.indexed_attention`."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -695,7 +680,7 @@ class Indexer(nn.Module):
         self.wq_b = Linear(m.q_lora_rank, d.n_heads * d.head_dim, bias=False)
         self.wk = Linear(config.hidden_size, d.head_dim, bias=False)
         self.k_norm = nn.LayerNorm(d.head_dim, eps=1e-6)
-        self.weights_proj = Float32Linear(config.hidden_size, d.n_heads, bias=False)
+        self.weights_proj = Linear(config.hidden_size, d.n_heads, bias=False)
 
     def forward(self, x, q_latent, cos, sin):
         B, T, _ = x.shape
@@ -704,7 +689,8 @@ class Indexer(nn.Module):
         k = self.k_norm(self.wk(x))[:, :, None]
         q = torch.cat([_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], -1)
         k = torch.cat([_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], -1)[:, :, 0]
-        return q, k, self.weights_proj(x) * self.n_heads ** -0.5
+        w = self.weights_proj.weight  # (float32 in a float16 model loaded from a checkpoint, as transformers keeps it)
+        return q, k, self.weights_proj(x.to(w.dtype)).float() * self.n_heads ** -0.5
 
 
 class MLP(nn.Module):

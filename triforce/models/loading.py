@@ -877,7 +877,9 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
             raise ValueError(f"weight {name} has shape {list(sd[name].shape)}, the config implies {list(p.shape)}")
     # (a router's correction bias stays float32, as transformers keeps it: llama.Router; ERNIE 4.5's router weight)
     kept = _FLOAT32_WEIGHTS + ((".mlp.gate.weight",) if config.experts is not None and config.experts.float32_router
-                               else ()) + ((".self_attn.indexer.weights_proj.weight",) if config.dsa is not None else ())
+                               else ())
+    if config.dsa is not None and dtype == torch.float16:  # (transformers' _keep_in_fp32_modules: in float16 only)
+        kept += (".self_attn.indexer.weights_proj.weight",)
     sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith(kept) else dtype)
           for k, v in sd.items() if k in expected}
     model.load_state_dict(sd, strict=False, assign=True)
