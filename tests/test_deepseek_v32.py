@@ -12,9 +12,8 @@ from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
 from triforce.models.cache import indexed_attention
 from triforce.models.llama import Indexer, LatentAttention
 
-from .test_deepseek import V3, random_correction_biases_, tiny_deepseek
+from .test_deepseek import V3, tiny_deepseek, transformers_pair
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import randomize_
 from .test_model import TOL
 from .test_moe import assert_checkpoint_directories_both_ways
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
@@ -42,18 +41,7 @@ CASES = {
 def pair(case="topk-8", **kw):
     """transformers' DeepseekV32ForCausalLM of ``case`` (random weights, decisive routers: std 0.5; random correction
     biases) and ours on its weights."""
-    from triforce.models.loading import _build
-
-    torch.manual_seed(0)
-    config = transformers.DeepseekV32Config(**{**BASE, **CASES[case], **kw}, attn_implementation="eager")
-    hf = randomize_(transformers.DeepseekV32ForCausalLM(config).eval())
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for n, p in hf.named_parameters():
-            if n.endswith("mlp.gate.weight"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    random_correction_biases_(hf, g)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return transformers_pair("DeepseekV32", {**BASE, **CASES[case], **kw})
 
 
 @pytest.mark.parametrize("case", list(CASES))
