@@ -483,7 +483,7 @@ class DSA:
     indexer (``self_attn.indexer``) gives every key ``s`` a query ``t`` sees the score ``sum_h w_h(x_t) relu(q_h(t) .
     k(s) / sqrt(head_dim))`` over its ``n_heads`` heads (``q_h``: ``wq_b`` of the queries' low-rank latent, ``k``: the
     LayerNorm ``k_norm`` of ``wk(x)``, both RoPE'd on their first ``qk_rope_head_dim`` dims, half-split pairs;
-    ``w``: ``weights_proj(x)`` in float32 over ``sqrt(n_heads)``), and the query attends to its ``topk`` best keys
+    ``w``: ``weights_proj(x)``, made float32, over ``sqrt(n_heads)``), and the query attends to its ``topk`` best keys
     only (every key it sees while it sees at most ``topk``). The caches hold each token's indexer key ``k`` beside
     its latent (``FullCache.index_k``)."""
 
