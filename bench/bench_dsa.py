@@ -43,7 +43,7 @@ def _calls(N: int, T: int, dtype: torch.dtype, topk: int = TOPK):
     seqlens = torch.tensor([N], dtype=torch.int32)
 
     def dsa():
-        return indexed_attention(q, k, index_k, index_q, weights, prefix, None, topk, N, scale, 0.0)
+        return indexed_attention(q, k, index_k, index_q, weights, prefix, None, topk, N, scale, 0.0)[0]
 
     def dense():
         return verify_attention_trusted(q, k, k, seqlens, None, 0, scale, 0.0)

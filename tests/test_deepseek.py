@@ -312,8 +312,10 @@ def tiny_deepseek(model_type: str, seed: int) -> Llama:
         extra["topk_method"] = "group_limited_greedy"
     else:
         extra["norm_topk_prob"] = True
-    if model_type == "deepseek_v32":  # (each query over its 8 best keys: the prompts and their tokens are longer)
+    if model_type in ("deepseek_v32", "glm_moe_dsa"):  # (each query over its 8 best keys: the prompts are longer)
         extra.update(index_topk=8, index_head_dim=12, index_n_heads=8)
+    if model_type == "glm_moe_dsa":  # (its last layer attends to the keys the second chose)
+        extra.update(indexer_types=["full", "full", "shared"])
     config = LlamaConfig(model_type=model_type, vocab_size=64, hidden_size=32, intermediate_size=48,
                          num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=1024,
                          initializer_range=0.3, extra=extra)

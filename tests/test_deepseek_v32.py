@@ -193,9 +193,12 @@ def test_indexed_attention_is_its_reference(data):
                 i = parents[i]
         tree_mask = m.expand(B, T, T).contiguous()
     scale = D ** -0.5
-    got = indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk, n, scale, 0.0)
+    got, choice = indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk, n, scale, 0.0)
     want = reference_indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk, scale)
     assert (got.double() - want).abs().max().item() <= 1e-5
+    # the choice given back (GLM-5's shared layers) gives the same output bitwise, the indexer's inputs unread
+    again, _ = indexed_attention(q, k, None, None, None, prefix, tree_mask, topk, n, scale, 0.0, choice=choice)
+    assert torch.equal(again, got)
 
 
 # The keys and values of DeepSeek-V3.2-Exp's config.json: V3's with the indexer's (FP8 blocks with ue8m0 scales)

@@ -243,7 +243,7 @@ def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, si
 
 
 def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: int, n: int, scale: float,
-                      softcap: float) -> torch.Tensor:
+                      softcap: float, choice=None) -> tuple:
     """DeepSeek-V3.2's sparse attention: each query of ``q`` ``[B, T, H, D]`` over its ``topk`` best keys of the
     buffer ``k`` ``[B, >= n, 1, D]`` (the values are the keys: the latent attention's) by the indexer's score, and
     over every key it sees where it sees at most ``topk``. Query ``t`` of row ``b`` sees the keys before the step's
@@ -254,47 +254,66 @@ def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: 
     where transformers' ``topk`` picks any), and the query attends to them in slot order through
     ``verify_attention`` (each query a row of its own: a query's bits are those of a one-token step over the same
     keys, whatever the pass; over every key it sees, those of the dense attention). The queries go in blocks that
-    keep the scores and the gathered keys to some 256 MB."""
+    keep the scores and the gathered keys to some 256 MB. -> ``(output [B, T, H, D], choice)``: ``choice`` the
+    chosen slots (int64 ``[B, T, K]``, in slot order, ``K = min(topk, n)``) and their count per query (``[B, T]``);
+    given as ``choice`` (GLM-5's layers that share the previous layer's), the indexer's arguments are not read."""
     B, T, H, D = q.shape
-    n_heads, Dh = index_q.shape[2], index_q.shape[3]
     K = min(topk, n)
     dev = q.device
-    keys = index_k[:, :n].float()
-    slot = torch.arange(n, device=dev)
-    block = max(1, min(T, (1 << 26) // max(1, B * n_heads * n), (1 << 26) // max(1, B * K * D)))
-    out = []
+    block = max(1, min(T, (1 << 26) // max(1, B * K * D)))
+    if choice is None:
+        block = max(1, min(block, (1 << 26) // max(1, B * index_q.shape[2] * n)))
+    out, chosen_all, counts = [], [], []
     rows = torch.arange(B, device=dev)[:, None, None]
+    keys = None if choice is not None else index_k[:, :n].float()
     for t0 in range(0, T, block):
         t1 = min(T, t0 + block)
-        qi, w = index_q[:, t0:t1].float(), weights[:, t0:t1, :, None]
-        score = torch.empty(B, t1 - t0, n, device=dev)
-        for s0 in range(0, n, _KEY_BLOCK):  # (a block's scores stay in the caches)
-            s1 = min(n, s0 + _KEY_BLOCK)
-            for b in range(B):
-                s = _linear(qi[b].reshape(-1, Dh), keys[b, s0:s1]).view(t1 - t0, n_heads, s1 - s0)
-                torch.sum(s.mul_(Dh ** -0.5).relu_().mul_(w[b]), 1, out=score[b, :, s0:s1])
-        j = slot - prefix[:, None, None]  # the step's key j at slot prefix + j
-        t = torch.arange(t0, t1, device=dev)[None, :, None]
-        if tree_mask is None:
-            seen = j <= t
+        if choice is None:
+            chosen, count = _choose(keys, index_q, weights, prefix, tree_mask, K, t0, t1)
         else:
-            seen = tree_mask[:, t0:t1].gather(-1, j.clamp(0, T - 1).expand(B, t1 - t0, n)) & (j < T)
-        seen = seen | (j < 0)
-        score = score.masked_fill(~seen, float("-inf"))
-        # the K best: those above the K-th best score, then the earliest of those equal to it (topk's values are
-        # the same whichever of equal scores it picks); where a query sees fewer, every key it sees
-        kth = torch.topk(score, K, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-        take = score > kth
-        tie = (score == kth) & seen
-        take |= tie & (tie.cumsum(-1) <= K - take.sum(-1, keepdim=True))
-        count = take.sum(-1)
-        chosen = torch.zeros(B, t1 - t0, K + 1, dtype=torch.long, device=dev)  # (column K: the others' write-off)
-        chosen.scatter_(-1, torch.where(take, take.cumsum(-1) - 1, K), slot.expand(B, t1 - t0, n))
-        gathered = k[rows, chosen[..., :K]].reshape(B * (t1 - t0), K, 1, D)  # each query's keys in slot order
+            chosen, count = choice[0][:, t0:t1], choice[1][:, t0:t1]
+        gathered = k[rows, chosen].reshape(B * (t1 - t0), K, 1, D)  # each query's keys in slot order
         o = verify_attention_trusted(q[:, t0:t1].reshape(B * (t1 - t0), 1, H, D), gathered, gathered,
                                      count.reshape(-1).to(torch.int32), None, 0, scale, softcap)
         out.append(o.view(B, t1 - t0, H, D))
-    return out[0] if len(out) == 1 else torch.cat(out, 1)
+        chosen_all.append(chosen)
+        counts.append(count)
+    if len(out) == 1:
+        return out[0], (chosen_all[0], counts[0])
+    return torch.cat(out, 1), (torch.cat(chosen_all, 1), torch.cat(counts, 1))
+
+
+def _choose(keys, index_q, weights, prefix, tree_mask, K: int, t0: int, t1: int) -> tuple:
+    """:func:`indexed_attention`'s choice for the step's queries ``t0 .. t1 - 1`` over the float32 index ``keys``
+    ``[B, n, Dh]``: ``(slots [B, t, K], count [B, t])``, the first ``count`` slots chosen, in slot order (the others
+    0)."""
+    B, T, n_heads, Dh = index_q.shape
+    n, dev = keys.shape[1], index_q.device
+    slot = torch.arange(n, device=dev)
+    qi, w = index_q[:, t0:t1].float(), weights[:, t0:t1, :, None]
+    score = torch.empty(B, t1 - t0, n, device=dev)
+    for s0 in range(0, n, _KEY_BLOCK):  # (a block's scores stay in the caches)
+        s1 = min(n, s0 + _KEY_BLOCK)
+        for b in range(B):
+            s = _linear(qi[b].reshape(-1, Dh), keys[b, s0:s1]).view(t1 - t0, n_heads, s1 - s0)
+            torch.sum(s.mul_(Dh ** -0.5).relu_().mul_(w[b]), 1, out=score[b, :, s0:s1])
+    j = slot - prefix[:, None, None]  # the step's key j at slot prefix + j
+    t = torch.arange(t0, t1, device=dev)[None, :, None]
+    if tree_mask is None:
+        seen = j <= t
+    else:
+        seen = tree_mask[:, t0:t1].gather(-1, j.clamp(0, T - 1).expand(B, t1 - t0, n)) & (j < T)
+    seen = seen | (j < 0)
+    score = score.masked_fill(~seen, float("-inf"))
+    # the K best: those above the K-th best score, then the earliest of those equal to it (topk's values are
+    # the same whichever of equal scores it picks); where a query sees fewer, every key it sees
+    kth = torch.topk(score, K, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    take = score > kth
+    tie = (score == kth) & seen
+    take |= tie & (tie.cumsum(-1) <= K - take.sum(-1, keepdim=True))
+    chosen = torch.zeros(B, t1 - t0, K + 1, dtype=torch.long, device=dev)  # (column K: the others' write-off)
+    chosen.scatter_(-1, torch.where(take, take.cumsum(-1) - 1, K), slot.expand(B, t1 - t0, n))
+    return chosen[..., :K], take.sum(-1)
 
 
 _KEY_BLOCK = 8192  # keys scored at a time by indexed_attention
@@ -576,9 +595,11 @@ class FullCache(_KVCache):
         self.chunk_size = chunk_size
         self.chunk_keys = self.last_query = None
         # DeepSeek-V3.2's sparse attention (config.dsa): each token's indexer key per layer, [B, max_len, head_dim]
+        # (None on GLM-5's layers that share the previous layer's choice)
         self.index_k = None if config.dsa is None else [
-            torch.zeros(batch_size, max_len, config.dsa.head_dim, device=self.device, dtype=self.dtype)
-            for _ in range(self.num_layers)]
+            None if shared else torch.zeros(batch_size, max_len, config.dsa.head_dim, device=self.device,
+                                            dtype=self.dtype) for shared in config.dsa.shared]
+        self._choice = None  # GLM-5: (step, the last full layer's choice) for the shared layers after it
         if chunk_size is not None:
             if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= max_len:
                 raise ValueError(f"chunk_size must be an int in [1, max_len={max_len}], got {chunk_size!r}")
@@ -603,12 +624,12 @@ class FullCache(_KVCache):
 
     def _slot_buffers(self, layer: int):
         own = super()._slot_buffers(layer)
-        return own if self.index_k is None else (*own, self.index_k[layer])
+        return own if self.index_k is None or self.index_k[layer] is None else (*own, self.index_k[layer])
 
     def _select_rows(self, idx, moves) -> None:
         super()._select_rows(idx, moves)
         if self.index_k is not None:
-            self.index_k = [_take_rows(t, idx, moves, self._bound) for t in self.index_k]
+            self.index_k = [None if t is None else _take_rows(t, idx, moves, self._bound) for t in self.index_k]
         if self.chunk_size is not None:
             C = self.max_len // self.chunk_size
             upto = min(self._bound // self.chunk_size + 1, C)
@@ -630,14 +651,25 @@ class FullCache(_KVCache):
                 lq.copy_(torch.where(step.query_valid[:, None, None], picked, lq))
         if index is None:
             return super().attend(layer, q, k, v, step, sinks=sinks)
-        index_q, index_k, weights = index
-        self.index_k[layer][step.batch_index, step.slots] = index_k
+        shared = isinstance(index, str)  # GLM-5's "shared": the previous full layer's choice
+        if not shared:
+            self.index_k[layer][step.batch_index, step.slots] = index[1]
         topk, n = self.config.dsa.topk, min(self._bound + step.T, self.capacity)
         if n <= topk:
             return super().attend(layer, q, k, v, step, sinks=sinks)
         self._write(layer, k, v, step)
-        return indexed_attention(q, self.k[layer], self.index_k[layer], index_q, weights, self.lengths.long(),
-                                 step.tree_mask, topk, n, self.scale, self.softcap)
+        lengths = self.lengths.long()
+        if shared:
+            if self._choice is None or self._choice[0] is not step:
+                raise RuntimeError(f"layer {layer} shares the previous full layer's choice of keys (GLM-5's "
+                                   "indexer_types), which this forward has not made (a draft head's tap between them)")
+            return indexed_attention(q, self.k[layer], None, None, None, lengths, step.tree_mask, topk, n,
+                                     self.scale, self.softcap, choice=self._choice[1])[0]
+        out, choice = indexed_attention(q, self.k[layer], self.index_k[layer], index[0], index[2], lengths,
+                                        step.tree_mask, topk, n, self.scale, self.softcap)
+        if any(self.config.dsa.shared):
+            self._choice = (step, choice)
+        return out
 
     def _native_buffers(self, step):
         if self._changed(FullCache):

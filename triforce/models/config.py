@@ -10,9 +10,9 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
-``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` (with DeepSeek's sparse attention, :class:`DSA`),
-``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe`` and ``minimax_m2`` (also from the image + text wrappers in
-:data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias``
+``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
+sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe`` and ``minimax_m2``
+(also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a copy per family: ``qkv_bias``
 (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``), ``attention_bias`` (biases on q/k/v/o: Llama's,
 Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm`` (Qwen3, Gemma 3: an RMSNorm over head_dim on each
 query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections),
@@ -355,6 +355,14 @@ FAMILIES["deepseek_v3"] = Family("DeepseekV3ForCausalLM", defaults={  # (no topk
 FAMILIES["deepseek_v32"] = Family("DeepseekV32ForCausalLM", defaults={
     **FAMILIES["deepseek_v3"].defaults, "max_position_embeddings": 163840, "index_topk": 2048, "index_head_dim": 128,
     "index_n_heads": 64})
+# GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3.2's layer (the latent attention, DSA, V3's router) under GLM's name, its
+# indexer's RoPE on adjacent pairs of dims; layers whose indexer_types are "shared" attend to the keys the previous
+# "full" layer chose (no indexer of their own)
+FAMILIES["glm_moe_dsa"] = Family("GlmMoeDsaForCausalLM", defaults={
+    **FAMILIES["deepseek_v32"].defaults, "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 78, "num_attention_heads": 64, "n_routed_experts": 256,
+    "kv_lora_rank": 512, "q_lora_rank": 2048, "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192,
+    "n_group": 1, "topk_group": 1, "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "index_n_heads": 32})
 # GLM-4.5 / 4.6 / 4.7 (Glm4MoeForCausalLM: GLM-4.5, GLM-4.5-Air, GLM-4.6, GLM-4.7): Llama's attention with q/k/v biases
 # by attention_bias (none on o), RoPE on the first partial_rotary_factor (0.5) of each head (half-split pairs), a
 # per-head q/k RMSNorm where use_qk_norm; from first_k_dense_replace on, DeepSeek-V3's mixture (the sigmoid router with
@@ -384,16 +392,16 @@ FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_b
     "n_shared_experts": None, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": False,
     "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62})
 # the latent attention's families (LlamaConfig.mla)
-_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32")
+_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa")
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
-_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32")
-_DSAS = ("deepseek_v32",)  # DeepSeek's sparse attention (LlamaConfig.dsa)
+_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa")
+_DSAS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek's sparse attention (LlamaConfig.dsa)
 _GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1")  # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
                      "dots1": ("noaux_tc",),
-                     "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",)}
+                     "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",), "glm_moe_dsa": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3", "V32") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
@@ -490,6 +498,10 @@ class DSA:
     n_heads: int
     head_dim: int
     topk: int
+    # GLM-5: the indexer's RoPE pairs adjacent dims in its checkpoints (reordered on loading, as MLA's); per layer,
+    # whether it attends to the keys the previous full layer chose (its indexer_types' "shared": no indexer)
+    rope_interleaved: bool = False
+    shared: tuple = ()
 
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
@@ -658,21 +670,28 @@ _HARMLESS_ONLY_AT = {
                     "MiniMax-M2: true)"),
     "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid"),
                                                          ("glm4_moe_lite", "sigmoid"), ("dots1", "sigmoid"),
-                                                         ("deepseek_v32", "sigmoid"),
+                                                         ("deepseek_v32", "sigmoid"), ("glm_moe_dsa", "sigmoid"),
                                                          ("minimax_m2", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
     "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite") and isinstance(v, bool)
-                        or c.model_type == "deepseek_v32" and v is True,
+                        or c.model_type in _DSAS and v is True,
                         "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims; "
-                        "DeepSeek-V3.2: true, as transformers always pairs them)"),
-    # GLM-4.7-Flash's and DeepSeek-V3.2's dense and sparse layers (LlamaConfig.experts)
-    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "deepseek_v32") and (
+                        "DeepSeek-V3.2, GLM-5: true, as transformers always pairs them)"),
+    # GLM-4.7-Flash's, DeepSeek-V3.2's and GLM-5's dense and sparse layers (LlamaConfig.experts)
+    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", *_DSAS) and (
         v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
-        "absent (GLM-4.7-Flash, DeepSeek-V3.2: one 'dense' or 'sparse' per layer)"),
+        "absent (GLM-4.7-Flash, DeepSeek-V3.2, GLM-5: one 'dense' or 'sparse' per layer)"),
     # DeepSeek's sparse attention (LlamaConfig.dsa; checked together there)
     **{key: (lambda v, c: c.model_type in _DSAS and _is_int(v) and v >= 1,
-             "absent (DeepSeek-V3.2: an int >= 1, its indexer's)") for key in ("index_topk", "index_head_dim",
-                                                                               "index_n_heads")},
+             "absent (DeepSeek-V3.2, GLM-5: an int >= 1, its indexer's)") for key in ("index_topk", "index_head_dim",
+                                                                                      "index_n_heads")},
+    # GLM-5's layers sharing the previous full layer's choice (LlamaConfig.dsa: _indexer_types)
+    "indexer_types": (lambda v, c: c.model_type == "glm_moe_dsa" and (v is None or isinstance(v, list)),
+                      "absent (GLM-5: one 'full' or 'shared' per layer, the first 'full')"),
+    "index_topk_pattern": (lambda v, c: c.model_type == "glm_moe_dsa" and (v is None or isinstance(v, (str, list))),
+                           "absent (GLM-5: 'F' or 'S' per layer, or a list of 'full' / 'shared')"),
+    **{key: (lambda v, c: c.model_type == "glm_moe_dsa" and _is_int(v), "absent (GLM-5: an int)")
+       for key in ("index_topk_freq", "index_skip_topk_offset")},
     # DeepSeek's own code makes every moe_layer_freq-th layer sparse, transformers every one: they agree at 1 only
     "moe_layer_freq": (lambda v, c: c.model_type in _DEEPSEEKS and v == 1, "absent (DeepSeek: 1)"),
     # DeepSeek's training and parallelism settings, and V3's multi-token prediction layers (not in the forward: their
@@ -1093,10 +1112,18 @@ class LlamaConfig:
 
     def _check_dsa(self) -> None:
         """DeepSeek-V3.2's indexer: its queries come from the low-rank query latent, and it RoPEs its first
-        ``qk_rope_head_dim`` dims."""
+        ``qk_rope_head_dim`` dims; GLM-5's layers each full or shared, the first full."""
+        if self.model_type == "glm_moe_dsa":
+            types = self._indexer_types()
+            if not (isinstance(types, list) and len(types) == self.num_hidden_layers
+                    and set(types) <= {"full", "shared"} and types[0] == "full"):
+                raise ValueError(f"GLM-5's indexer_types (or index_topk_pattern / index_topk_freq / "
+                                 f"index_skip_topk_offset) must give one 'full' or 'shared' per layer "
+                                 f"({self.num_hidden_layers}), the first 'full' (a shared layer attends to the keys "
+                                 f"the previous full layer chose), got {types!r}")
         d, m = self.dsa, self.mla
         if m.q_lora_rank is None:
-            raise ValueError("DeepSeek-V3.2's sparse attention needs q_lora_rank (an int >= 1): its indexer's queries "
+            raise ValueError("DeepSeek's sparse attention needs q_lora_rank (an int >= 1): its indexer's queries "
                              "are projected from the queries' low-rank latent")
         if d.head_dim < m.qk_rope_head_dim:
             raise ValueError(f"config index_head_dim = {d.head_dim} must be at least qk_rope_head_dim = "
@@ -1392,7 +1419,7 @@ class LlamaConfig:
         if self.model_type not in _DEEPSEEKS:
             return None
         get = self._deepseek
-        interleaved = self.model_type in ("deepseek_v2", "deepseek_v32") or bool(get("rope_interleave"))
+        interleaved = self.model_type in ("deepseek_v2", *_DSAS) or bool(get("rope_interleave"))
         return MLA(get("q_lora_rank"), get("kv_lora_rank"), get("qk_nope_head_dim"), get("qk_rope_head_dim"),
                    get("v_head_dim"), interleaved)
 
@@ -1402,7 +1429,24 @@ class LlamaConfig:
         if self.model_type not in _DSAS:
             return None
         get = self._deepseek
-        return DSA(get("index_n_heads"), get("index_head_dim"), get("index_topk"))
+        glm = self.model_type == "glm_moe_dsa"
+        shared = tuple(t == "shared" for t in self._indexer_types()) if glm else (False,) * self.num_hidden_layers
+        return DSA(get("index_n_heads"), get("index_head_dim"), get("index_topk"), glm, shared)
+
+    def _indexer_types(self) -> list:
+        """GLM-5's ``indexer_types`` as GlmMoeDsaConfig reads them: the list, else ``index_topk_pattern`` (``F`` /
+        ``S`` per layer, or a list), else every ``index_topk_freq``-th layer full from ``index_skip_topk_offset - 1``
+        on (those before full too)."""
+        x, n = self.extra, self.num_hidden_layers
+        if x.get("indexer_types") is not None:
+            return x["indexer_types"]
+        pattern = x.get("index_topk_pattern")
+        if pattern is not None:
+            if isinstance(pattern, str) and set(pattern) <= {"F", "S"}:
+                return [{"F": "full", "S": "shared"}[c] for c in pattern]
+            return list(pattern)
+        freq, offset = max(x.get("index_topk_freq", 1), 1), x.get("index_skip_topk_offset", 2)
+        return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
 
     @property
     def experts(self) -> Experts | None:

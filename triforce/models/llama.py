@@ -508,8 +508,9 @@ class Attention(nn.Module):
                                                   enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
         kv = cache.dtype
         sinks = {} if self.sinks is None else {"sinks": self.sinks}  # (a cache's attend takes them where they are)
-        if index is not None:
-            sinks["index"] = index if index[1].dtype == kv else (index[0], index[1].to(kv), index[2])
+        if index is not None:  # (DeepSeek-V3.2's indexer: its keys in the cache's dtype; GLM-5's "shared")
+            sinks["index"] = index if isinstance(index, str) or index[1].dtype == kv else (
+                index[0], index[1].to(kv), index[2])
         if q.dtype != kv:  # a cache in another dtype (Llama.kv_dtype): attention runs in the cache's dtype
             out = cache.attend(self.layer, q.to(kv), k.to(kv), v.to(kv), step,
                                k_raw=None if k_raw is None else k_raw.to(kv), **sinks)
@@ -567,7 +568,10 @@ class LatentAttention(Attention):
         self.rope_f32 = bool(config.rope_float32)
         self._slots = {}  # device -> (the latent's dims in a cached key, where each cached dim is in [k_pe, c])
         self._uk = self._uv = None  # (kv_b_proj's weight's identity, W_UK^T / W_UV per head): derived's
-        if config.dsa is not None:  # DeepSeek-V3.2's sparse attention
+        self.dsa = config.dsa is not None  # DeepSeek-V3.2's sparse attention (GLM-5's too)
+        self.topk = config.dsa.topk if self.dsa else 0
+        self.shares_choice = self.dsa and config.dsa.shared[layer]  # (GLM-5: the previous full layer's keys)
+        if self.dsa and not self.shares_choice:
             self.indexer = Indexer(config)
 
     def slots(self, device: torch.device) -> tuple:
@@ -583,7 +587,7 @@ class LatentAttention(Attention):
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
         q, k, k_raw, v, q_latent = self._project(x, cos, sin)
-        if "indexer" in self._modules:  # DeepSeek-V3.2: each query's keys chosen by the indexer
+        if self.dsa:  # DeepSeek-V3.2: each query's keys chosen by the indexer
             out = self._indexed(x, q_latent, q, k, k_raw, cos, sin, cache, step)
         else:
             out = self.attend(q, k, v, k_raw, cache, step)  # [B, T, H, head_dim]: each head's weighted sum of [k_pe, c]
@@ -613,16 +617,22 @@ class LatentAttention(Attention):
         (:class:`Indexer`); without a cache each query attends to its ``topk`` best keys among the forward's
         (:func:`~triforce.models.cache.indexed_attention`); a full cache holds the indexer's keys and chooses over
         every key a query sees (``FullCache.attend``); a draft's cache without them (StreamingLLM, retrieval)
-        attends to every key it holds (a draft's approximation, as those caches are)."""
-        rope = self.slots(x.device)[2]
-        index = self.indexer(x, q_latent, cos.index_select(-1, rope), sin.index_select(-1, rope))
+        attends to every key it holds (a draft's approximation, as those caches are). GLM-5's shared layers
+        (``index`` ``"shared"``) attend to the keys the previous full layer chose in the same forward."""
+        if self.shares_choice:
+            index = "shared"
+        else:
+            rope = self.slots(x.device)[2]
+            index = self.indexer(x, q_latent, cos.index_select(-1, rope), sin.index_select(-1, rope))
         if cache is None:
-            T, topk = x.shape[1], self.indexer.topk
+            T, topk = x.shape[1], self.topk
             if T <= topk:  # (every query sees at most topk keys: all of them)
                 return self.attend(q, k, k, k_raw, None, None)
+            if self.shares_choice:  # (Llama runs such forwards through a full cache, which keeps the choice)
+                raise RuntimeError("a layer sharing the previous layer's choice of keys needs a cache to find it")
             prefix = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
             return _cache.indexed_attention(q, k, index[1], index[0], index[2], prefix, None, topk, T, self.scale,
-                                            0.0)
+                                            0.0)[0]
         if getattr(cache, "index_k", None) is None:
             return self.attend(q, k, k, k_raw, cache, step)
         return self.attend(q, k, k, k_raw, cache, step, index=index)
@@ -1311,6 +1321,11 @@ class Llama(nn.Module):
         """The residual stream after the layers, ``[B, T, H]``; with ``rows`` (a ragged step's real tokens, flat
         indices into ``[B, T]``; ``counts`` their count per row) the stream of those rows, ``[1, N, H]``."""
         B, T = input_ids.shape
+        dsa = self.config.dsa
+        if cache is None and dsa is not None and any(dsa.shared) and T > dsa.topk:
+            # GLM-5's shared layers read the previous layer's choice of keys, which a full cache keeps for them
+            cache = _cache.FullCache(self.config, B, T, input_ids.device, self.kv_dtype, speculative_slack=T)
+            graph = False
         if cache is None:
             return self._layers(input_ids, torch.arange(T, device=input_ids.device).expand(B, T))[0]
         step = cache.begin(T, tree_parents, counts, query_index, query_valid)

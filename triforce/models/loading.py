@@ -622,7 +622,7 @@ def _order_mla_rope(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     those) and of the shared key's (``kv_a_proj_with_mqa``'s rows after the latent's); the model's RoPE pairs ``j``
     and ``j + r/2`` (the same values: transformers' DeepSeek-V3 computes them so). ``sd`` itself where the checkpoint
     has half-split pairs (V3's ``rope_interleave`` false); back with ``inverse``."""
-    m = config.mla
+    m, d = config.mla, config.dsa
     if not m.rope_interleaved:
         return sd
     r, nope, R = m.qk_rope_head_dim, m.qk_nope_head_dim, m.kv_lora_rank
@@ -630,12 +630,19 @@ def _order_mla_rope(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     if inverse:
         pairs = torch.argsort(pairs)
     q_rows, kv_rows = torch.cat([torch.arange(nope), nope + pairs]), torch.cat([torch.arange(R), R + pairs])
+    # GLM-5's indexer: its queries' and key's first qk_rope_head_dim dims too (their k_norm's entries with them)
+    index_rows = None if d is None or not d.rope_interleaved else torch.cat([pairs, torch.arange(r, d.head_dim)])
     out = dict(sd)
     for name, t in sd.items():
         if name.endswith(("self_attn.q_proj.weight", "self_attn.q_b_proj.weight")):
             out[name] = t.reshape(-1, m.qk_head_dim, t.shape[-1])[:, q_rows.to(t.device)].reshape(t.shape)
         elif name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
             out[name] = t[kv_rows.to(t.device)]
+        elif index_rows is not None and name.endswith("self_attn.indexer.wq_b.weight"):
+            out[name] = t.reshape(-1, d.head_dim, t.shape[-1])[:, index_rows.to(t.device)].reshape(t.shape)
+        elif index_rows is not None and name.endswith(("self_attn.indexer.wk.weight", "self_attn.indexer.k_norm.weight",
+                                                       "self_attn.indexer.k_norm.bias")):
+            out[name] = t[index_rows.to(t.device)]
     return out
 
 
