@@ -15,7 +15,8 @@ sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``e
 (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a
 copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
-(Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over each token's whole query and key projections),
+(Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over
+each token's whole query and key projections),
 ``clip_qkv`` (OLMoE's clamp of the queries, keys and values), ``gemma_norm`` (Gemma: RMSNorm's weight applied as ``1 +
 w`` in float32, then rounded), ``embed_scale`` (Gemma: the embeddings times sqrt(hidden_size) in the model's dtype),
 ``activation`` (``"silu"``: SwiGLU; ``"gelu_tanh"``: Gemma's GeGLU, GELU in its tanh form), ``sandwich_norms`` (Gemma 3:
