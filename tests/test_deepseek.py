@@ -666,7 +666,8 @@ def write_deepseek2_gguf(path, hf, layout: str = "mla", **kw):
 def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, meta=None, drop=(), omit=(),
                        mtp: bool = False, tokenizer=None):
     """A GGUF of transformers' model ``hf`` with DeepSeek's mixture as llama.cpp's converter writes the checkpoint:
-    ``arch`` deepseek2 (DeepseekV2Model: DeepseekV2 / V3), glm4moe (Glm4MoeModel) or dots1 (Dots1Model). No
+    ``arch`` deepseek2 (DeepseekV2Model: DeepseekV2 / V3), deepseek32 (DeepseekV32Model) or glm-dsa (GlmMoeDsaModel:
+    deepseek2's with the indexer's tensors and attention.indexer.* keys), glm4moe (Glm4MoeModel) or dots1 (Dots1Model). No
     permutation (llama.cpp runs deepseek2's RoPE on adjacent pairs, glm4moe's and dots1's on half-split ones, as the
     checkpoints hold them), the experts stacked as ffn_{gate,up,down}_exps, the correction bias as exp_probs_b.bias,
     the router's kind as expert_gating_func (1 softmax, 2 sigmoid), expert_weights_norm (deepseek2: only where true),
@@ -680,7 +681,7 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
     prediction layer after the model's, as GLM's converters append it (the last layer's tensors again, its nextn.*
     ones, block_count one more, nextn_predict_layers 1); ``tokenizer``: tokenizer.ggml.* keys."""
     c = hf.config
-    rp, deepseek = c.rope_parameters, arch == "deepseek2"
+    rp, deepseek = c.rope_parameters, arch in ("deepseek2", "deepseek32", "glm-dsa")
     v3 = c.model_type != "deepseek_v2"  # (V3's router: V3, GLM-4.7-Flash, GLM-4.5, dots.llm1)
     kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
           "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
@@ -698,6 +699,11 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
                       {"attention.key_length": nope + r, "attention.value_length": v})})
         if c.q_lora_rank is not None:
             kv["attention.q_lora_rank"] = c.q_lora_rank
+        if arch != "deepseek2":  # DeepSeek-V3.2's / GLM-5's indexer (GLM-5's converter: its layers' kinds)
+            kv.update({"attention.indexer.head_count": c.index_n_heads, "attention.indexer.key_length":
+                       c.index_head_dim, "attention.indexer.top_k": c.index_topk})
+            if arch == "glm-dsa":
+                kv["attention.indexer.types"] = [t == "full" for t in c.indexer_types]
         if rp["rope_type"] == "yarn":
             kv.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(rp["factor"]),
                        "rope.scaling.original_context_length": rp["original_max_position_embeddings"],

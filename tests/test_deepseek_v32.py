@@ -238,3 +238,31 @@ def test_bad_configs_raise(change, match):
     RoPE pairs are always adjacent (transformers reads no switch) and its layers all indexed."""
     with pytest.raises(ValueError, match=match):
         LlamaConfig.from_dict({**V32, **change})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_deepseek32_as_llama_cpp_writes_it(tmp_path, case):
+    """A deepseek32 GGUF (llama.cpp's converter: deepseek2's tensors and keys in its latent layout, the indexer's
+    blk.N.indexer.* tensors and attention.indexer.* keys) loads as its checkpoint's model: transformers' logits, the
+    conversion cache read back by transformers as the same model, the file's blocks computing the loaded model
+    bitwise."""
+    from .test_deepseek import _GGUF_WIDTHS, assert_grouped_gguf_loads
+
+    # (index_head_dim a multiple of 64: llama.cpp's Hadamard rotation of the indexer's; the dense layers leading, as
+    # the file's leading_dense_block_count can say only)
+    hf, ours = pair(case, **_GGUF_WIDTHS, index_head_dim=64, mlp_layer_types=None)
+    loaded = assert_grouped_gguf_loads(tmp_path, hf, ours, "deepseek32")
+    assert loaded.config.dsa == ours.config.dsa
+
+
+def test_gguf_deepseek32_what_is_not_supported_raises(tmp_path):
+    """A deepseek32 file without its indexer's keys, or with a softmax router, raises naming the key."""
+    from triforce.models.loading import read_gguf
+
+    from .test_deepseek import _GGUF_WIDTHS, write_grouped_gguf
+
+    hf, _ = pair(**_GGUF_WIDTHS)
+    with pytest.raises(ValueError, match="attention.indexer.top_k"):
+        read_gguf(write_grouped_gguf(tmp_path / "a.gguf", hf, "deepseek32", drop=("attention.indexer.top_k",)))
+    with pytest.raises(ValueError, match="softmax router"):
+        read_gguf(write_grouped_gguf(tmp_path / "b.gguf", hf, "deepseek32", meta={"expert_gating_func": 1}))

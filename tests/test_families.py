@@ -486,7 +486,8 @@ def stacked_expert_tensors(hf, arch: str, special=None) -> dict:
     package's names of ``arch`` (a tied head left out). ``special(name, tensor, layer)``: the GGUF tensors of a weight
     the family's converter writes otherwise, or None."""
     c = hf.config
-    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
+    known = {"deepseek32": "glm-dsa"}.get(arch, arch)  # (the gguf package predates deepseek32: glm-dsa's names are its)
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == known),
                                      c.num_hidden_layers)
     tensors = {}
     for name, t in hf.state_dict().items():

@@ -128,3 +128,33 @@ def test_bad_indexer_types_raise(change):
     """One 'full' or 'shared' per layer, the first full (a shared layer needs a choice before it)."""
     with pytest.raises(ValueError, match="indexer_types"):
         LlamaConfig.from_dict({**GLM5, **change})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_glm_dsa_as_llama_cpp_writes_it(tmp_path, case):
+    """A glm-dsa GGUF (llama.cpp's converter: deepseek2's tensors, the indexer's, its layers' kinds as
+    attention.indexer.types) loads as its checkpoint's model (the indexer's RoPE rows in the file's adjacent pairs,
+    reordered on loading): transformers' logits, the conversion cache read back, the blocks bitwise."""
+    from .test_deepseek import _GGUF_WIDTHS, assert_grouped_gguf_loads
+
+    # (index_head_dim a multiple of 64: llama.cpp's Hadamard rotation of the indexer's; rms_norm_eps 1e-6: llama.cpp
+    # takes the file's eps for the latent norms too, the checkpoint's model DeepSeek's 1e-6, docs/model.md, as for
+    # GLM-4.7-Flash's deepseek2 files: at GLM-5's 1e-5 llama.cpp's logits differ by ~1e-4, every key or a choice)
+    hf, ours = pair(case, **_GGUF_WIDTHS, index_head_dim=64, rms_norm_eps=1e-6)
+    loaded = assert_grouped_gguf_loads(tmp_path, hf, ours, "glm-dsa")
+    assert loaded.config.dsa == ours.config.dsa
+
+
+def test_gguf_glm_dsa_without_its_indexer_types_reads_llama_cpps(tmp_path):
+    """A glm-dsa file without attention.indexer.types: every layer full below a 1M context (GLM-5, 5.1), GLM-5.2's
+    published pattern from 1M on (its first two layers and every fourth from the third), as llama.cpp reads them."""
+    from triforce.models.loading import read_gguf
+
+    from .test_deepseek import _GGUF_WIDTHS, write_grouped_gguf
+
+    hf, _ = pair(num_hidden_layers=7, indexer_types=None, **_GGUF_WIDTHS)
+    config, _ = read_gguf(write_grouped_gguf(tmp_path / "a.gguf", hf, "glm-dsa", drop=("attention.indexer.types",)))
+    assert config.dsa.shared == (False,) * 7
+    config, _ = read_gguf(write_grouped_gguf(tmp_path / "b.gguf", hf, "glm-dsa", drop=("attention.indexer.types",),
+                                             meta={"context_length": 1 << 20}))
+    assert config.dsa.shared == (False, False, False, True, True, True, False)

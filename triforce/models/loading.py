@@ -997,7 +997,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "glm4": ("glm4", False), "cohere2": ("cohere2", False), "seed_oss": ("seed_oss", False),
                       "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False),
                       "deepseek2": ("deepseek_v2", False), "glm4moe": ("glm4_moe", False), "dots1": ("dots1", False),
-                      "ernie4_5-moe": ("ernie4_5_moe", False), "minimax-m2": ("minimax_m2", False)}
+                      "ernie4_5-moe": ("ernie4_5_moe", False), "minimax-m2": ("minimax_m2", False),
+                      "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1014,14 +1015,20 @@ _GGUF_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_fac
 # layers read_gguf skips
 _GGUF_GROUPED_KEYS = ("leading_dense_block_count", "expert_shared_count", "expert_weights_scale", "expert_weights_norm",
                       "expert_gating_func", "expert_group_count", "expert_group_used_count")
+_GGUF_LATENT_KEYS = (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.key_length", "attention.value_length",
+                     "rope.scaling.yarn_log_multiplier", "attention.q_lora_rank", "attention.kv_lora_rank",
+                     "attention.key_length_mla", "attention.value_length_mla")
+# deepseek32 (DeepSeek-V3.2) and glm-dsa (GLM-5): deepseek2's with DeepSeek's sparse attention (_gguf_dsa)
+_GGUF_DSA = ("deepseek32", "glm-dsa")
+_GGUF_INDEXER_KEYS = ("attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k")
 _GGUF_ARCH_KEYS = {
-    "deepseek2": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.key_length", "attention.value_length",
-                  "rope.scaling.yarn_log_multiplier", "attention.q_lora_rank", "attention.kv_lora_rank",
-                  "attention.key_length_mla", "attention.value_length_mla"),
+    "deepseek2": _GGUF_LATENT_KEYS, "deepseek32": (*_GGUF_LATENT_KEYS, *_GGUF_INDEXER_KEYS),
+    "glm-dsa": (*_GGUF_LATENT_KEYS, *_GGUF_INDEXER_KEYS, "attention.indexer.types"),
     "glm4moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers"), "dots1": _GGUF_GROUPED_KEYS,
     "ernie4_5-moe": ("leading_dense_block_count", "expert_shared_count", "interleave_moe_layer_step"),
     "minimax-m2": ("expert_gating_func",)}
-_GGUF_MTP = ("deepseek2", "glm4moe")  # the architectures whose files may append multi-token prediction layers
+# the architectures whose files may append multi-token prediction layers
+_GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA)
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
 _GGUF_READ = frozenset({
@@ -1283,6 +1290,13 @@ _GGUF_DEEPSEEK2_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_a.weight": "self_attn.
                            "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
                            "attn_k_b.weight": "self_attn.k_b_proj", "attn_v_b.weight": "self_attn.v_b_proj",
                            "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
+# deepseek32, glm-dsa: deepseek2's and the indexer's (its query and key projections, its key's LayerNorm, its head
+# weights)
+_GGUF_DSA_TENSORS = {**_GGUF_DEEPSEEK2_TENSORS, "indexer.attn_q_b.weight": "self_attn.indexer.wq_b.weight",
+                     "indexer.attn_k.weight": "self_attn.indexer.wk.weight",
+                     "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
+                     "indexer.k_norm.bias": "self_attn.indexer.k_norm.bias",
+                     "indexer.proj.weight": "self_attn.indexer.weights_proj.weight"}
 # glm4moe: the norm before the MLP as post_attention_norm; dots1: Llama's names; both with DeepSeek-V3's router bias
 _GGUF_GLM4MOE_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
                          "post_attention_norm.weight": "post_attention_layernorm.weight",
@@ -1294,7 +1308,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
                 "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
-                "minimax-m2": _GGUF_DOTS1_TENSORS}
+                "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS)}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1365,10 +1379,15 @@ def read_gguf(path: Path, skip=None, reader=None):
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
         extra.update(_gguf_experts(reader, arch, path, model_type, n_ff))
     mtp = _gguf_mtp(reader, arch)  # (layers after the model's, skipped)
-    if arch == "deepseek2":  # (its latent KV head: one of kv_lora_rank + qk_rope_head_dim, as LlamaConfig holds it)
-        model_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)
+    if arch in ("deepseek2", *_GGUF_DSA):  # (its latent KV head: one of kv_lora_rank + qk_rope_head_dim)
+        dense_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)
         extra.update(mla)
         n_kv, head_dim = 1, mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
+        if arch in _GGUF_DSA:
+            extra.update(_gguf_dsa(reader, arch, path, dense_type, int(need("block_count")) - mtp,
+                                   int(need("context_length"))))
+        else:
+            model_type = dense_type
     if arch == "ernie4_5-moe":
         extra.update(_gguf_ernie_moe(reader, arch, path))
     if arch == "minimax-m2":  # (every layer sparse; the experts' width the model's intermediate_size)
@@ -1446,7 +1465,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         if key.endswith("e_score_correction_bias"):
             w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
         sd[key] = w if heads is None else _unpermute(w, heads)
-    if arch == "deepseek2":
+    if arch in ("deepseek2", *_GGUF_DSA):
         sd = _gguf_latent_weights(config, sd, latent, path)
     if config.experts is not None and config.experts.correction_bias:  # (llama.cpp's exp_probs_b is optional)
         for i, sparse in enumerate(config.experts.layers):
@@ -1598,6 +1617,28 @@ def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
         raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.yarn_log_multiplier = {log_mul} without "
                          "yarn RoPE scaling")
     return ("deepseek_v3" if v3 else "deepseek_v2"), rope_scaling, extra
+
+
+def _gguf_dsa(reader, arch: str, path: Path, dense_type: str, layers: int, context: int) -> dict:
+    """The ``extra`` keys of DeepSeek's sparse attention in a deepseek32 (DeepSeek-V3.2) or glm-dsa (GLM-5) file, as
+    llama.cpp's converter writes them: ``attention.indexer.head_count`` / ``key_length`` / ``top_k``; glm-dsa's
+    ``attention.indexer.types`` (per layer, true where the layer has its own indexer), which llama.cpp takes, where
+    a file lacks it, as every layer's below a 1M context and GLM-5.2's published pattern from 1M on (its first two
+    layers and every fourth from the third: so here too). Their mixture must be DeepSeek-V3's (sigmoid)."""
+    if dense_type != "deepseek_v3":
+        raise ValueError(f"GGUF file {str(path)!r} of architecture {arch!r} has a softmax router "
+                         f"({arch}.expert_gating_func); DeepSeek's sparse attention comes with V3's sigmoid router")
+    extra = {key: _gguf_need(reader, arch, path, f"attention.indexer.{name}") for key, name in (
+        ("index_n_heads", "head_count"), ("index_head_dim", "key_length"), ("index_topk", "top_k"))}
+    if arch == "glm-dsa":
+        full = gguf_field(reader, f"{arch}.attention.indexer.types")
+        if full is None:
+            full = [context < 1048576 or i < 2 or (i < 78 and (i - 2) % 4 == 0) for i in range(layers)]
+        elif not isinstance(full, list) or len(full) != layers:
+            raise ValueError(f"GGUF file {str(path)!r} has {arch}.attention.indexer.types = {full!r}; it needs one "
+                             f"bool per layer ({layers})")
+        extra["indexer_types"] = ["full" if f else "shared" for f in full]
+    return extra
 
 
 def _gguf_latent_weights(config: LlamaConfig, sd: dict, latent: dict, path: Path) -> dict:
