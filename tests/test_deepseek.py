@@ -669,9 +669,9 @@ def write_grouped_gguf(path, hf, arch: str, layout: str = "mla", quant=None, met
     ``arch`` deepseek2 (DeepseekV2Model: DeepseekV2 / V3), deepseek32 (DeepseekV32Model) or glm-dsa (GlmMoeDsaModel:
     deepseek2's with the indexer's tensors and attention.indexer.* keys), glm4moe (Glm4MoeModel) or dots1
     (Dots1Model). No permutation (llama.cpp runs deepseek2's RoPE on adjacent pairs, glm4moe's and dots1's on
-    half-split ones, as the checkpoints hold them), the experts stacked as ffn_{gate,up,down}_exps, the correction bias as exp_probs_b.bias,
-    the router's kind as expert_gating_func (1 softmax, 2 sigmoid), expert_weights_norm (deepseek2: only where true),
-    glm4moe's rope.dimension_count the rotated half. deepseek2: YaRN's mscale_all_dim as 0.1 x
+    half-split ones, as the checkpoints hold them), the experts stacked as ffn_{gate,up,down}_exps, the correction bias
+    as exp_probs_b.bias, the router's kind as expert_gating_func (1 softmax, 2 sigmoid), expert_weights_norm (deepseek2:
+    only where true), glm4moe's rope.dimension_count the rotated half. deepseek2: YaRN's mscale_all_dim as 0.1 x
     rope.scaling.yarn_log_multiplier; ``layout`` "mla" (the converter since 2025): one KV head, key_length /
     value_length the latent head's, the per-head dims as key_length_mla / value_length_mla, kv_b_proj split per head
     into attn_k_b (transposed) and attn_v_b; "kv_b" (files before): key_length / value_length the per-head dims,
