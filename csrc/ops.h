@@ -91,6 +91,10 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
 // ATen ops (the sum of squares by at::sum, the rest by loops rounding as ATen's kernels): the module's on the CPU.
 // x [..., H], w [H] of x's dtype (other dtypes or layouts: the ATen composite itself).
 at::Tensor rms_norm_op(const at::Tensor& x, const at::Tensor& w, double eps);
+// DeepSeek-V3.2's lightning indexer scores (csrc/cpu/dsa.cpp): q float32 [M, H, D], k [n, D] (float32, bfloat16 or
+// float16), w float32 [M, H] -> float32 [M, n], out[m, s] = sum_h w[m, h] * relu(scale * (q[m, h] . k[s])), each
+// output's arithmetic fixed whatever M, n and the threads.
+at::Tensor index_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, double scale);
 // DeepSeek's latent attention between its products (triforce.models.llama.LatentAttention.project), bitwise its ATen
 // ops: q [B, T, H, nope + r] (the query projection, its RoPE'd dims last), q_lat [B, T, H, R] (W_UK^T q_nope), kv
 // [B, T, R + r] (kv_a_proj_with_mqa's output; R and r even), norm_w [R] / eps (kv_a_layernorm's RMSNorm of kv's

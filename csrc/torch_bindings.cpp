@@ -36,6 +36,7 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("mla_qk(Tensor q, Tensor q_lat, Tensor kv, Tensor norm_w, float eps, Tensor cos, Tensor sin, Tensor layout, "
         "bool rope_f32) -> (Tensor, Tensor, Tensor)");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("index_scores(Tensor q, Tensor k, Tensor w, float scale) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("swiglu_clamped_mul(Tensor gate, Tensor up, float alpha, float limit) -> Tensor");
@@ -82,6 +83,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("decoder_attn_in", &decoder_attn_in);
   m.impl("mla_qk", &mla_qk);
   m.impl("rms_norm", &rms_norm_op);
+  m.impl("index_scores", &index_scores);
   m.impl("decoder_attn_out_mlp", &decoder_attn_out_mlp);
   m.impl("silu_mul", &silu_mul);
   m.impl("gelu_tanh_mul", &gelu_tanh_mul);

@@ -29,6 +29,8 @@ CASES = {
     "mla_qk (layout check)":
         "ops.mla_qk(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 6), torch.zeros(1, 1, 10), torch.ones(6), 1e-6,"
         " torch.zeros(1, 1, 1, 10), torch.zeros(1, 1, 1, 10), torch.arange(9), False)",
+    "index_scores (shape check)":
+        "ops.index_scores(torch.zeros(2, 3, 8), torch.zeros(5, 4), torch.zeros(2, 3), 0.5)",
     "verify_attention (Tensor? arg)":
         "ops.verify_attention(torch.zeros(1, 2, 3, 4), torch.zeros(1, 3, 2, 4), torch.zeros(1, 3, 2, 4),"
         " torch.tensor([3], dtype=torch.int32), None, 1.0, 0)",

@@ -266,3 +266,41 @@ def test_gguf_deepseek32_what_is_not_supported_raises(tmp_path):
         read_gguf(write_grouped_gguf(tmp_path / "a.gguf", hf, "deepseek32", drop=("attention.indexer.top_k",)))
     with pytest.raises(ValueError, match="softmax router"):
         read_gguf(write_grouped_gguf(tmp_path / "b.gguf", hf, "deepseek32", meta={"expert_gating_func": 1}))
+
+
+_NATIVE = hasattr(torch.ops.triforce_C, "index_scores")
+
+
+@pytest.mark.skipif(not _NATIVE, reason="the extension's index_scores is not built")
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_index_scores_is_its_reference_and_each_scores_bits_its_own(data):
+    """``triforce_C::index_scores`` (the indexer's scores in one pass: csrc/cpu/dsa.cpp) is ``sum_h w_h relu(scale *
+    q_h . k)`` (float64 written out: within float32 rounding), for float32, bfloat16 and float16 keys, any shapes
+    (tiles of 32 keys, 4 heads at a time, with their tails); a score's bits are the same in any subset of the queries
+    and any prefix of the keys (a pass's queries and a step's, a longer cache)."""
+    M, H = data.draw(st.integers(1, 5), label="M"), data.draw(st.integers(1, 9), label="H")
+    D, n = data.draw(st.integers(1, 40), label="D"), data.draw(st.integers(1, 100), label="n")
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), label="keys' dtype")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    q, k, w = torch.randn(M, H, D, generator=g), torch.randn(n, D, generator=g).to(dtype), torch.randn(M, H, generator=g)
+    scale = D ** -0.5
+    got = torch.ops.triforce_C.index_scores(q, k, w, scale)
+    want = (w.double()[:, :, None] * torch.relu(scale * torch.einsum("mhd,nd->mhn", q.double(), k.double()))).sum(1)
+    bound = (w.double().abs()[:, :, None] * (scale * torch.einsum("mhd,nd->mhn", q.double().abs(),
+                                                                   k.double().abs()))).sum(1)
+    assert ((got.double() - want).abs() <= 1e-5 * bound + 1e-30).all()
+    m0 = data.draw(st.integers(0, M - 1), label="a query")
+    n0 = data.draw(st.integers(1, n), label="a prefix of the keys")
+    assert torch.equal(torch.ops.triforce_C.index_scores(q[m0:m0 + 1], k[:n0], w[m0:m0 + 1], scale), got[m0:m0 + 1, :n0])
+
+
+@pytest.mark.skipif(not _NATIVE, reason="the extension's index_scores is not built")
+def test_index_scores_checks_its_arguments():
+    q, k, w = torch.zeros(2, 3, 8), torch.zeros(5, 8), torch.zeros(2, 3)
+    for args, match in [((q, k[:, :4], w), "must agree"), ((q, k, w[:, :2]), "must agree"),
+                        ((q[0], k, w), r"q \[M, H, D\]"), ((q.double(), k, w), "float32"),
+                        ((q, k.double(), w), "unsupported dtype")]:
+        with pytest.raises(RuntimeError, match=match):
+            torch.ops.triforce_C.index_scores(*args, 0.5)
+    assert torch.ops.triforce_C.index_scores(q, k[:0], w, 0.5).shape == (2, 0)

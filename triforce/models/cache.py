@@ -98,14 +98,14 @@ class TokenTree:
 _CACHE_OPS: dict = {}
 
 
-def _cache_op(name: str):
+def _cache_op(name: str, switch: str = "TRIFORCE_SHIFT_SLOTS"):
     """The extension's CPU op ``triforce_C::<name>`` for the StreamingLLM cache's bookkeeping (csrc/ops.h,
     "caches": ``shift_slots_``, a row's window shifted in place, one memmove per layer; ``rope_into_``, the sinks
-    rotated again in one pass), or ``None`` without the extension or with ``TRIFORCE_SHIFT_SLOTS=0`` (PyTorch's
-    ops, the same bits). Looked up once."""
+    rotated again in one pass) and DeepSeek-V3.2's indexer (``index_scores``), or ``None`` without the extension or
+    with the environment variable ``switch`` at ``0`` (PyTorch's ops). Looked up once."""
     if name not in _CACHE_OPS:
         _CACHE_OPS[name] = None
-        if os.environ.get("TRIFORCE_SHIFT_SLOTS", "1") != "0":
+        if os.environ.get(switch, "1") != "0":
             try:
                 from triforce_kernels._backend import _extension
 
@@ -265,7 +265,7 @@ def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: 
         block = max(1, min(block, (1 << 26) // max(1, B * index_q.shape[2] * n)))
     out, chosen_all, counts = [], [], []
     rows = torch.arange(B, device=dev)[:, None, None]
-    keys = None if choice is not None else index_k[:, :n].float()
+    keys = None if choice is not None else index_k[:, :n]
     for t0 in range(0, T, block):
         t1 = min(T, t0 + block)
         if choice is None:
@@ -283,20 +283,15 @@ def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: 
     return torch.cat(out, 1), (torch.cat(chosen_all, 1), torch.cat(counts, 1))
 
 
+@torch.no_grad()
 def _choose(keys, index_q, weights, prefix, tree_mask, K: int, t0: int, t1: int) -> tuple:
-    """:func:`indexed_attention`'s choice for the step's queries ``t0 .. t1 - 1`` over the float32 index ``keys``
-    ``[B, n, Dh]``: ``(slots [B, t, K], count [B, t])``, the first ``count`` slots chosen, in slot order (the others
-    0)."""
+    """:func:`indexed_attention`'s choice for the step's queries ``t0 .. t1 - 1`` over the index ``keys`` ``[B, n,
+    Dh]``: ``(slots [B, t, K], count [B, t])``, the first ``count`` slots chosen, in slot order (the others 0). No
+    gradient: a choice (as transformers' indexer, under ``no_grad``)."""
     B, T, n_heads, Dh = index_q.shape
     n, dev = keys.shape[1], index_q.device
     slot = torch.arange(n, device=dev)
-    qi, w = index_q[:, t0:t1].float(), weights[:, t0:t1, :, None]
-    score = torch.empty(B, t1 - t0, n, device=dev)
-    for s0 in range(0, n, _KEY_BLOCK):  # (a block's scores stay in the caches)
-        s1 = min(n, s0 + _KEY_BLOCK)
-        for b in range(B):
-            s = _linear(qi[b].reshape(-1, Dh), keys[b, s0:s1]).view(t1 - t0, n_heads, s1 - s0)
-            torch.sum(s.mul_(Dh ** -0.5).relu_().mul_(w[b]), 1, out=score[b, :, s0:s1])
+    score = _index_scores(keys, index_q[:, t0:t1].float(), weights[:, t0:t1].float(), Dh ** -0.5)
     j = slot - prefix[:, None, None]  # the step's key j at slot prefix + j
     t = torch.arange(t0, t1, device=dev)[None, :, None]
     if tree_mask is None:
@@ -316,7 +311,28 @@ def _choose(keys, index_q, weights, prefix, tree_mask, K: int, t0: int, t1: int)
     return chosen[..., :K], take.sum(-1)
 
 
-_KEY_BLOCK = 8192  # keys scored at a time by indexed_attention
+def _index_scores(keys, q, w, scale: float) -> torch.Tensor:
+    """The indexer's scores ``[B, t, n]`` (float32) of the queries ``q`` ``[B, t, heads, Dh]`` (float32) with head
+    weights ``w`` ``[B, t, heads]`` against ``keys`` ``[B, n, Dh]``: ``sum_h w_h relu(scale * q_h . k)``. On the CPU
+    with the extension, ``triforce_C::index_scores`` (csrc/cpu/dsa.cpp: one pass over the keys, a 16-bit cache's
+    converted on the fly; ``TRIFORCE_INDEX_SCORES=0`` turns it off); else the products by :func:`linear` over blocks
+    of ``_KEY_BLOCK`` keys made float32, then the ATen ops, as transformers' DeepseekV32Indexer orders them. Either
+    way a score's bits are its query's and key's alone, whatever the pass."""
+    B, t, n_heads, Dh = q.shape
+    n = keys.shape[1]
+    native = _cache_op("index_scores", "TRIFORCE_INDEX_SCORES") if keys.device.type == "cpu" else None
+    if native is not None:
+        return torch.stack([native(q[b], keys[b], w[b], scale) for b in range(B)]).view(B, t, n)
+    score = torch.empty(B, t, n, device=q.device)
+    for s0 in range(0, n, _KEY_BLOCK):  # (a block's scores stay in the caches)
+        s1 = min(n, s0 + _KEY_BLOCK)
+        for b in range(B):
+            s = _linear(q[b].reshape(-1, Dh), keys[b, s0:s1].float()).view(t, n_heads, s1 - s0)
+            torch.sum(s.mul_(scale).relu_().mul_(w[b, :, :, None]), 1, out=score[b, :, s0:s1])
+    return score
+
+
+_KEY_BLOCK = 8192  # keys scored at a time by _index_scores' ATen path
 
 
 def _linear(x, w):
