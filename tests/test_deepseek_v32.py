@@ -5,7 +5,7 @@ against transformers' DeepseekV32ForCausalLM on the same weights, and the attent
 written out."""
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from triforce.models import FullCache, Llama, LlamaConfig, StreamingCache
@@ -167,7 +167,6 @@ def reference_indexed_attention(q, k, index_k, index_q, weights, prefix, tree_ma
     return out
 
 
-@settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_indexed_attention_is_its_reference(data):
     """Any batch, step, prefix per row, tree or chain, top-k and widths: each query's output is the softmax over its
@@ -272,7 +271,6 @@ _NATIVE = hasattr(torch.ops.triforce_C, "index_scores")
 
 
 @pytest.mark.skipif(not _NATIVE, reason="the extension's index_scores is not built")
-@settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_index_scores_is_its_reference_and_each_scores_bits_its_own(data):
     """``triforce_C::index_scores`` (the indexer's scores in one pass: csrc/cpu/dsa.cpp) is ``sum_h w_h relu(scale *
@@ -304,3 +302,15 @@ def test_index_scores_checks_its_arguments():
         with pytest.raises(RuntimeError, match=match):
             torch.ops.triforce_C.index_scores(*args, 0.5)
     assert torch.ops.triforce_C.index_scores(q, k[:0], w, 0.5).shape == (2, 0)
+
+
+def test_an_int8_copy_drafts_losslessly():
+    """The int8 draft copy replaces the indexer's linear layers too (its head weights' dtype read from the copy's
+    weight) and drafts for the model with autoregressive decoding's tokens."""
+    from triforce.models.quant import Q8Linear, int8_copy
+
+    model = tiny_deepseek("deepseek_v32", 0)
+    draft = int8_copy(model)
+    indexer = draft.model.layers[0].self_attn.indexer
+    assert all(type(m) is Q8Linear for m in (indexer.wq_b, indexer.wk, indexer.weights_proj))
+    assert_greedy_equals_autoregressive(model, draft, "speculative", {"gamma": 3})
