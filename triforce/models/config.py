@@ -11,9 +11,9 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
-sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe`` and ``minimax_m2``
-(also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per difference, not a
-copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
+sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
+``exaone_moe`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per
+difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
 (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over
 each token's whole query and key projections),
@@ -254,6 +254,16 @@ FAMILIES["exaone4"] = Family("Exaone4ForCausalLM", qk_norm=True, post_norms=True
     "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 32,
     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 0,
     "eos_token_id": 2, "pad_token_id": None, "sliding_window": 4096, "sliding_window_pattern": 4})
+# EXAONE MoE (ExaoneMoeForCausalLM: K-EXAONE-236B-A23B): EXAONE 4's attention (q/k norms per head, the layer_types'
+# sliding layers taking RoPE and a window, the others neither) in Llama's pre-norm layer, from first_k_dense_replace on
+# (or by mlp_layer_types) DeepSeek-V3's mixture under EXAONE's keys (num_experts, num_shared_experts); its
+# multi-token prediction weights (mtp.*) skipped on loading, as transformers skips them.
+FAMILIES["exaone_moe"] = Family("ExaoneMoeForCausalLM", qk_norm=True, defaults={
+    "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+    "eos_token_id": 53, "pad_token_id": 0, "sliding_window": 4096, "sliding_window_pattern": 4,
+    "moe_intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8, "num_shared_experts": 1,
+    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1})
 # Seed-OSS (SeedOssForCausalLM: Seed-OSS-36B, 512K context): Llama's layer with biases on q, k and v by
 # attention_bias (default true) and on o by attention_out_bias (default false); its dropouts act in training only.
 FAMILIES["seed_oss"] = Family("SeedOssForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
@@ -395,9 +405,10 @@ FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_b
 # the latent attention's families (LlamaConfig.mla)
 _DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa")
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
-_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa")
+_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa", "exaone_moe")
 _DSAS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek's sparse attention (LlamaConfig.dsa)
-_GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1")  # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
+# the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
+_GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1", "exaone_moe")
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
@@ -586,7 +597,7 @@ _HARMLESS_ONLY_AT = {
     "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3") and _is_number(v) and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
-             or (key == "sliding_window_pattern" and c.model_type in ("exaone4", "cohere2")
+             or (key == "sliding_window_pattern" and c.model_type in ("exaone4", "exaone_moe", "cohere2")
                  and (_is_int(v) and v >= 1 or v is None or "layer_types" in c.extra)),
              "an int >= 1 (Gemma 3, EXAONE 4, Cohere 2: every n-th layer global, the others sliding; EXAONE 4, Cohere "
              "2: any, with layer_types, which transformers reads instead)")
@@ -622,8 +633,9 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c, key=key: (c.model_type in _MOE_TYPES or key == "num_experts_per_tok"
                                     and c.model_type in _GROUPED
                                     or key in ("num_local_experts", "num_experts_per_tok")
-                                    and c.model_type == "minimax_m2") and _is_int(v) and v >= 1,
-             "absent (Mixtral, Qwen3-MoE, DeepSeek, MiniMax-M2: an int >= 1)")
+                                    and c.model_type == "minimax_m2"
+                                    or key == "num_experts" and c.model_type == "exaone_moe") and _is_int(v) and v >= 1,
+             "absent (Mixtral, Qwen3-MoE, DeepSeek, MiniMax-M2, EXAONE MoE: an int >= 1)")
        for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
     **{key: (lambda v, c, key=key: (c.model_type in _QWEN_MOES or key == "moe_intermediate_size"
                                     and c.model_type in (*_GROUPED, "ernie4_5_moe")) and _is_int(v) and v >= 1,
@@ -654,8 +666,10 @@ _HARMLESS_ONLY_AT = {
              "absent (DeepSeek: an int >= 1; GLM-4.5, dots.llm1: n_routed_experts)") for key in _DEEPSEEK_INTS},
     "q_lora_rank": (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 1),
                     "absent (DeepSeek: null or an int >= 1)"),
-    "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and (v is None or _is_int(v) and v >= 0),
-                         "absent (DeepSeek: null or an int >= 0)"),
+    "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and c.model_type != "exaone_moe"
+                         and (v is None or _is_int(v) and v >= 0), "absent (DeepSeek: null or an int >= 0)"),
+    "num_shared_experts": (lambda v, c: c.model_type == "exaone_moe" and _is_int(v) and v >= 0,
+                           "absent (EXAONE MoE: an int >= 0)"),
     "first_k_dense_replace": (lambda v, c: c.model_type in _GROUPED and c.model_type != "glm4_moe_lite" and _is_int(v)
                               and v >= 0,
                               "absent (DeepSeek: an int >= 0, the dense layers before the mixtures)"),
@@ -679,7 +693,7 @@ _HARMLESS_ONLY_AT = {
                         "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims; "
                         "DeepSeek-V3.2, GLM-5: true, as transformers always pairs them)"),
     # GLM-4.7-Flash's, DeepSeek-V3.2's and GLM-5's dense and sparse layers (LlamaConfig.experts)
-    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", *_DSAS) and (
+    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "exaone_moe", *_DSAS) and (
         v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
         "absent (GLM-4.7-Flash, DeepSeek-V3.2, GLM-5: one 'dense' or 'sparse' per layer)"),
     # DeepSeek's sparse attention (LlamaConfig.dsa; checked together there)
@@ -843,7 +857,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         if sliding is None:
             return none, bad
         if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one)
-            return none, "sliding_window" if c.model_type in ("olmo3", "exaone4", "cohere2") and any(sliding) else None
+            return none, "sliding_window" if c.model_type in ("olmo3", *_EXAONES, "cohere2") and any(sliding) else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
         # use_sliding_window, on the NoPE layers by default
@@ -934,7 +948,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     return tuple(window if s else 0 for s in sliding), None
 
 
-_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", "exaone4", "cohere2")  # layer_types, else a pattern
+_EXAONES = ("exaone4", "exaone_moe")
+_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2")  # layer_types, else a pattern
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -943,7 +958,7 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
     or None)`` where the keys say no such list."""
     x, n = c.extra, c.num_hidden_layers
     types = x.get("layer_types")
-    if types is None and c.model_type == "exaone4" and x.get("sliding_window", 4096) is None:
+    if types is None and c.model_type in _EXAONES and x.get("sliding_window", 4096) is None:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
     if types is None:
         default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
@@ -1401,10 +1416,10 @@ class LlamaConfig:
         if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
-        if self.model_type in ("exaone4", "cohere2"):  # with a window (any), RoPE on the sliding layers only
+        if self.model_type in (*_EXAONES, "cohere2"):  # with a window (any), RoPE on the sliding layers only
             sliding = _sliding_layers(self)[0]
             if sliding is None or self.extra.get("sliding_window", 4096) is None:  # (Cohere 2's: none then)
-                return (self.model_type == "exaone4",) * n
+                return (self.model_type in _EXAONES,) * n
             return tuple(sliding)
         if self.model_type == "smollm3":
             given = self.extra.get("no_rope_layers")
@@ -1514,9 +1529,12 @@ class LlamaConfig:
             layers = tuple(t == "sparse" for t in self.extra["mlp_layer_types"])
         else:
             layers = tuple(i >= get("first_k_dense_replace") for i in range(n))
-        return Experts(get("n_routed_experts"), get("num_experts_per_tok"), width, v3 and bool(get("norm_topk_prob")),
+        exaone = self.model_type == "exaone_moe"  # (its keys' names)
+        count, shared = get("num_experts" if exaone else "n_routed_experts"), get(
+            "num_shared_experts" if exaone else "n_shared_experts")
+        return Experts(count, get("num_experts_per_tok"), width, v3 and bool(get("norm_topk_prob")),
                        True, layers,
-                       shared_intermediate_size=width * (get("n_shared_experts") or 0),
+                       shared_intermediate_size=width * (shared or 0),
                        scale=float(get("routed_scaling_factor")), scoring="sigmoid" if v3 else "softmax",
                        correction_bias=v3, groups=(get("n_group"), get("topk_group")) if grouped else None,
                        group_top2=v3, renormalize_eps=1e-20 if v3 else 0.0, grouped_router=True)

@@ -588,18 +588,21 @@ def _deepseek_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     n = config.num_hidden_layers
     extra = config.extra.get("num_nextn_predict_layers", config.extra.get("num_mtp_layers", 0)) or 0
     ernie, minimax = config.model_type == "ernie4_5_moe", config.model_type == "minimax_m2"
+    exaone = config.model_type == "exaone_moe"
     out = {}
     for name, t in sd.items():
         m = _LAYER_INDEX.match(name)
         if not inverse and m is not None and n <= int(m[1]) < n + extra:
             continue
-        if ernie and not inverse and name.startswith(_ERNIE_MTP):
-            continue
+        if ernie and not inverse and name.startswith(_ERNIE_MTP) or exaone and not inverse and name.startswith("mtp."):
+            continue  # (ERNIE 4.5's and EXAONE MoE's multi-token prediction weights)
         if ernie and name.endswith(_ERNIE_BIAS[inverse:]):  # (its [1, experts] moe_statics: one group)
             name = _LAYER_INDEX.match(name)[0] + (_ERNIE_BIAS[0] if inverse else _ERNIE_BIAS[2])[1:]
             t = t[None] if inverse else t.reshape(-1)
         if minimax and name.endswith(_MINIMAX_BIAS[inverse:]):
             name = _LAYER_INDEX.match(name)[0] + (_MINIMAX_BIAS[0] if inverse else _MINIMAX_BIAS[2])[1:]
+        if exaone and name.endswith(_EXAONE_BIAS[inverse:]):
+            name = _LAYER_INDEX.match(name)[0] + _EXAONE_BIAS[0 if inverse else 1][1:]
         out[name.replace(theirs, ours)] = t
     return out
 
@@ -607,6 +610,10 @@ def _deepseek_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
 # MiniMax-M2's correction biases: its checkpoints', transformers' in memory, the model's
 _MINIMAX_BIAS = (".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias",
                  ".mlp.gate.e_score_correction_bias")
+
+
+# EXAONE MoE's correction biases: its checkpoints' (beside the router, as transformers renames them), the model's
+_EXAONE_BIAS = (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias")
 
 
 # ERNIE 4.5's correction biases: its checkpoints', transformers' in memory, the model's; its multi-token prediction
