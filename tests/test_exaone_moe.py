@@ -146,3 +146,56 @@ def test_transformers_defaults_read_as_transformers_reads_them():
 def test_bad_configs_raise(change, match):
     with pytest.raises(ValueError, match=match):
         LlamaConfig.from_dict({"model_type": "exaone_moe", **BASE, **change})
+
+
+def write_exaone_moe_gguf(path, hf, quant=None, meta=None, drop=()):
+    """A GGUF of transformers' ExaoneMoeForCausalLM ``hf`` as llama.cpp's converter writes the checkpoint
+    (ExaoneMoEModel: Exaone4Model's keys, its window and per-layer pattern, the experts stacked, the shared experts'
+    count and width, the router's bias as exp_probs_b; NEOX RoPE, the rows as they are). ``meta`` / ``drop``: keys
+    added / left out."""
+    from .test_families import write_stacked_experts_gguf
+
+    c = hf.config
+    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
+          "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
+          "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
+          "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "rope.dimension_count": c.head_dim,
+          "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size,
+          "expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+          "expert_feed_forward_length": c.moe_intermediate_size, "expert_shared_count": c.num_shared_experts,
+          "expert_shared_feed_forward_length": c.moe_intermediate_size * c.num_shared_experts,
+          "expert_weights_scale": float(c.routed_scaling_factor), "expert_weights_norm": bool(c.norm_topk_prob),
+          "expert_gating_func": 2, "leading_dense_block_count": c.first_k_dense_replace, "nextn_predict_layers": 0,
+          "attention.sliding_window": c.sliding_window,
+          "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types]}
+    if c.n_group is not None:  # (the converter writes any checkpoint's groups)
+        kv.update({"expert_group_count": c.n_group, "expert_group_used_count": c.topk_group})
+    kv = {k: v for k, v in {**kv, **(meta or {})}.items() if k not in drop}
+    return write_stacked_experts_gguf(path, hf, "exaone-moe", kv, quant)
+
+
+def test_gguf_exaone_moe_as_llama_cpp_writes_it(tmp_path):
+    """An exaone-moe GGUF loads as its checkpoint's model: transformers' logits (the window and RoPE on the pattern's
+    sliding layers, the mixture within its groups), the conversion cache read back by transformers, Q8_0 / Q5_0 blocks
+    bitwise."""
+    from .test_families import assert_mixture_gguf_loads
+
+    hf, ours = pair(intermediate_size=96, moe_intermediate_size=64)
+    loaded = assert_mixture_gguf_loads(tmp_path, hf, ours, write_exaone_moe_gguf)
+    assert (loaded.config.layer_windows, loaded.config.rope_layers) == (ours.config.layer_windows,
+                                                                        ours.config.rope_layers)
+
+
+def test_gguf_exaone_moe_reads_an_int_pattern_and_checks_its_keys(tmp_path):
+    """The pattern as an int (every n-th layer full) reads as the list; a shared width that is not the shared experts'
+    and a sliding layers' RoPE base of their own raise naming the key."""
+    from triforce.models.loading import read_gguf
+
+    hf, ours = pair()
+    config, _ = read_gguf(write_exaone_moe_gguf(tmp_path / "a.gguf", hf, meta={"attention.sliding_window_pattern": 2}))
+    assert (config.layer_windows, config.rope_layers) == (ours.config.layer_windows, ours.config.rope_layers)
+    for meta, match in (({"expert_shared_feed_forward_length": 8}, "expert_shared_feed_forward_length"),
+                        ({"rope.freq_base_swa": 500.0}, "freq_base_swa")):
+        with pytest.raises(ValueError, match=match):
+            read_gguf(write_exaone_moe_gguf(tmp_path / "b.gguf", hf, meta=meta))

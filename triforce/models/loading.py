@@ -1005,7 +1005,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "ernie4_5": ("ernie4_5", False), "exaone4": ("exaone4", False), "command-r": ("cohere", False),
                       "deepseek2": ("deepseek_v2", False), "glm4moe": ("glm4_moe", False), "dots1": ("dots1", False),
                       "ernie4_5-moe": ("ernie4_5_moe", False), "minimax-m2": ("minimax_m2", False),
-                      "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False)}
+                      "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False),
+                      "exaone-moe": ("exaone_moe", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1033,9 +1034,11 @@ _GGUF_ARCH_KEYS = {
     "glm-dsa": (*_GGUF_LATENT_KEYS, *_GGUF_INDEXER_KEYS, "attention.indexer.types"),
     "glm4moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers"), "dots1": _GGUF_GROUPED_KEYS,
     "ernie4_5-moe": ("leading_dense_block_count", "expert_shared_count", "interleave_moe_layer_step"),
-    "minimax-m2": ("expert_gating_func",)}
+    "minimax-m2": ("expert_gating_func",),
+    "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
+                   "attention.sliding_window_pattern", "rope.freq_base_swa")}
 # the architectures whose files may append multi-token prediction layers
-_GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA)
+_GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA, "exaone-moe")
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
 _GGUF_READ = frozenset({
@@ -1315,7 +1318,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
                 "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
-                "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS)}
+                "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
+                "exaone-moe": _GGUF_DOTS1_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1397,6 +1401,8 @@ def read_gguf(path: Path, skip=None, reader=None):
             model_type = dense_type
     if arch == "ernie4_5-moe":
         extra.update(_gguf_ernie_moe(reader, arch, path))
+    if arch == "exaone-moe":
+        extra.update(_gguf_exaone_moe(reader, arch, path, int(need("block_count")) - mtp))
     if arch == "minimax-m2":  # (every layer sparse; the experts' width the model's intermediate_size)
         extra.update(_gguf_minimax_m2(reader, arch, path))
         n_ff = _gguf_need(reader, arch, path, "expert_feed_forward_length")
@@ -1522,6 +1528,37 @@ def _gguf_minimax_m2(reader, arch: str, path: Path) -> dict:
                          "MiniMax-M2's router)")
     count, used = _gguf_expert_counts(reader, arch, path)
     return {"num_local_experts": count, "num_experts_per_tok": used}
+
+
+def _gguf_exaone_moe(reader, arch: str, path: Path, layers: int) -> dict:
+    """The ``extra`` keys of an exaone-moe file (K-EXAONE, as llama.cpp's converter writes the checkpoint and llama.cpp
+    runs it): DeepSeek-V3's mixture (:func:`_gguf_grouped_mixture`, under EXAONE's keys ``num_experts`` /
+    ``num_shared_experts``; ``expert_shared_feed_forward_length`` must be their product's width), the window
+    ``attention.sliding_window`` on the sliding layers of ``attention.sliding_window_pattern`` (a bool per layer, or
+    every n-th layer full; absent: 4), which alone take RoPE (at ``rope.freq_base``: a ``rope.freq_base_swa`` of
+    another value raises)."""
+    _, extra = _gguf_grouped_mixture(reader, arch, path)
+    extra["num_experts"], extra["num_shared_experts"] = extra.pop("n_routed_experts"), extra.pop("n_shared_experts")
+    width = extra["moe_intermediate_size"] * extra["num_shared_experts"]
+    shared = gguf_field(reader, f"{arch}.expert_shared_feed_forward_length")
+    if shared is not None and width and int(shared) != width:
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_shared_feed_forward_length = {shared}; its "
+                         f"{extra['num_shared_experts']} shared experts of {extra['moe_intermediate_size']} are "
+                         f"{width} wide")
+    base, swa = (gguf_field(reader, f"{arch}.{k}") for k in ("rope.freq_base", "rope.freq_base_swa"))
+    if swa is not None and swa != (10000.0 if base is None else base):
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.freq_base_swa = {swa}, not rope.freq_base: EXAONE's "
+                         "sliding layers take the model's RoPE")
+    pattern = gguf_field(reader, f"{arch}.attention.sliding_window_pattern", 4)
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ValueError(f"GGUF file {str(path)!r} has {arch}.attention.sliding_window_pattern of {len(pattern)} "
+                             f"entries for {layers} layers")
+        extra["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        extra["sliding_window_pattern"] = int(pattern)
+    extra["sliding_window"] = _gguf_need(reader, arch, path, "attention.sliding_window")
+    return extra
 
 
 def _gguf_mtp(reader, arch: str) -> int:
