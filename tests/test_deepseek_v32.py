@@ -314,3 +314,48 @@ def test_an_int8_copy_drafts_losslessly():
     indexer = draft.model.layers[0].self_attn.indexer
     assert all(type(m) is Q8Linear for m in (indexer.wq_b, indexer.wk, indexer.weights_proj))
     assert_greedy_equals_autoregressive(model, draft, "speculative", {"gamma": 3})
+
+
+@given(data=st.data())
+def test_gguf_files_of_drawn_dsa_configs_load_as_their_checkpoints(data):
+    """Property: a deepseek32 / glm-dsa GGUF of a drawn tiny checkpoint (top-k from 1 past the 24 tokens, 16 or 24
+    indexer heads, V3.2's with YaRN or not, groups, renormalisation, GLM-5's shared layers drawn, a prediction layer
+    appended, Q8_0 blocks) loads with transformers' logits, and its blocks compute the loaded model bitwise (with
+    ``TRIFORCE_LLAMA_CPP=1`` llama.cpp runs every file too). (With 4 indexer heads, keys every head scores 0 are
+    common, and transformers, llama.cpp and this model each break such ties their own way; llama.cpp's glm-dsa reads
+    no rope.scaling.yarn_log_multiplier, so with YaRN it scales the scores otherwise than the checkpoint: docs/model.md;
+    GLM-5 has no YaRN.)"""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from .test_deepseek import _GGUF_WIDTHS, _YARN, write_grouped_gguf
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+
+    draw = data.draw
+    glm = draw(st.booleans(), label="GLM-5")
+    groups = draw(st.sampled_from([1, 2, 3]), label="groups")
+    kw = {**_GGUF_WIDTHS, "index_topk": draw(st.integers(1, 30), label="top-k"), "index_head_dim": 64,
+          "index_n_heads": draw(st.sampled_from([16, 24]), label="indexer heads"), "mlp_layer_types": None,
+          "n_group": groups, "topk_group": draw(st.integers(1, groups), label="top groups"),
+          "norm_topk_prob": draw(st.booleans(), label="renormalised"), "rms_norm_eps": 1e-6,
+          "first_k_dense_replace": draw(st.integers(0, 1), label="dense first")}
+    if not glm and draw(st.booleans(), label="YaRN"):  # (llama.cpp's glm-dsa reads no yarn_log_multiplier: below)
+        kw.update(max_position_embeddings=64, rope_parameters={**_YARN, "mscale": 1.0, "mscale_all_dim": 1.0})
+    if glm:
+        n = kw["num_hidden_layers"] = draw(st.integers(2, 4), label="layers")
+        kw["indexer_types"] = ["full"] + [draw(st.sampled_from(["full", "shared"]), label=f"layer {i}")
+                                          for i in range(1, n)]
+    hf, _ = transformers_pair("GlmMoeDsa" if glm else "DeepseekV32", {**BASE, **kw})
+    quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0,)) if draw(st.booleans(), label="Q8_0") else None
+    ids = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(4))
+    with tempfile.TemporaryDirectory() as d:
+        path = write_grouped_gguf(Path(d) / "m.gguf", hf, "glm-dsa" if glm else "deepseek32", quant=quant,
+                                  mtp=draw(st.booleans(), label="prediction layer"))
+        with torch.no_grad():
+            if quant is None:
+                loaded = Llama.from_pretrained(path, cache_dir=False)
+                assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+            else:
+                assert_blocks_compute_the_loaded_model(path, ids)
