@@ -9,7 +9,8 @@ absorbed latent attention: the values are the keys), an indexer of 64 heads of 1
 drafts); float32 and bfloat16; random inputs. First checked: with the top-k at the context the op is the dense
 attention, bitwise. Bytes: the indexer's keys (128 values a token) and the chosen latents (2048 x 576) for DSA,
 every latent for the dense; FLOPs: the indexer's scores (2 x 64 x 128 a key), and the attention's (4 x 576 a head
-and key it reads).
+and key it reads). Beside them, the indexer's scores alone: ``triforce_C::index_scores`` against the ATen path
+(``index_scores`` rows; float32 peak: the scores are float32 multiply-adds whatever the keys' dtype).
 
     python -m bench.bench_dsa [--quick]
 """
@@ -75,6 +76,41 @@ def bench(N: int, T: int, dtype: torch.dtype, reps: int) -> None:
            flops=dsa_flops, peak=peak)
 
 
+def bench_scores(N: int, T: int, dtype: torch.dtype, reps: int) -> None:
+    """The indexer's scores alone: ``triforce_C::index_scores`` against the ATen path (``linear`` over blocks of
+    keys made float32, then ReLU, the head weights and their sum), the same scores within rounding."""
+    from triforce.models import cache
+
+    _, _, index_q, index_k, weights = _inputs(N, T, dtype)
+    q, keys, scale = index_q.float(), index_k, INDEX_DIM ** -0.5
+    native = cache._cache_op("index_scores", "TRIFORCE_INDEX_SCORES")  # (loads the extension)
+    if native is None:
+        raise SystemExit("bench_dsa: the extension's index_scores is not built (or TRIFORCE_INDEX_SCORES=0)")
+
+    def ours():
+        return torch.stack([native(q[b], keys[b], weights[b], scale) for b in range(q.shape[0])])
+
+    def aten():
+        saved = cache._CACHE_OPS.get("index_scores")
+        cache._CACHE_OPS["index_scores"] = None  # (the path without the extension)
+        try:
+            return cache._index_scores(keys, q, weights, scale)
+        finally:
+            cache._CACHE_OPS["index_scores"] = saved
+    a, b = ours(), aten()
+    assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
+    es = torch.finfo(dtype).bits // 8
+    t = measure_alternating({"aten": aten, "cpu": ours}, reps=reps, warmup=1)
+    bw, peak, dt = copy_bandwidth("cpu"), compute_peak("cpu", torch.float32), str(dtype).replace("torch.", "")
+    shape = f"model=deepseek-v3.2-indexer,B=1,N={N},T={T}"
+    nbytes, flops = N * INDEX_DIM * es, 2 * T * INDEX_HEADS * INDEX_DIM * N
+    record(family="model", op="index_scores", backend="aten", shape=shape, dtype=dt, bytes_moved=nbytes,
+           timing=t["aten"], bandwidth=bw, device="cpu", flops=flops, peak=peak)
+    record(family="model", op="index_scores", backend="cpu", shape=shape, dtype=dt, bytes_moved=nbytes,
+           timing=t["cpu"], bandwidth=bw, device="cpu", baseline="aten", baseline_timing=t["aten"], flops=flops,
+           peak=peak)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="context 4K only, fewer repetitions")
@@ -84,6 +120,7 @@ def main(argv=None) -> None:
         for N in (4096,) if args.quick else (4096, 16384, 32768):
             for T in (1, 4):
                 bench(N, T, dtype, reps=3 if args.quick else 5)
+                bench_scores(N, T, dtype, reps=3 if args.quick else 5)
 
 
 if __name__ == "__main__":

@@ -898,9 +898,6 @@ def test_gguf_files_of_drawn_configs_load_as_their_checkpoints(data):
     V3's, queries low-rank or not, either kv_b layout, YaRN, one or two shared experts, a dense first layer or none,
     groups, renormalisation, scaling, q/k norms and biases, a prediction layer appended, Q8_0 blocks) loads with
     transformers' logits, and its blocks compute the loaded model bitwise."""
-    import tempfile
-    from pathlib import Path
-
     draw = data.draw
     family = draw(st.sampled_from(["deepseek_v2", "deepseek_v3", "glm4_moe", "dots1"]))
     kw = {**_GGUF_WIDTHS, "first_k_dense_replace": draw(st.integers(0, 1)),
@@ -933,9 +930,19 @@ def test_gguf_files_of_drawn_configs_load_as_their_checkpoints(data):
     hf, _ = transformers_pair({"deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3", "glm4_moe": "Glm4Moe",
                                "dots1": "Dots1"}[family], {**base, **kw})
     quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0,)) if draw(st.booleans()) else None
-    ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4))
+    assert_drawn_gguf_loads(hf, arch, 12, quant, layout=layout, mtp=mtp)
+
+
+def assert_drawn_gguf_loads(hf, arch: str, length: int, quant, **kw) -> None:
+    """``hf`` written as :func:`write_grouped_gguf` writes it (``arch``, ``quant``, ``kw``) into a temporary file: in
+    float32 it loads with transformers' logits on ``length`` tokens, in blocks the blocks compute the loaded model
+    bitwise."""
+    import tempfile
+    from pathlib import Path
+
+    ids = torch.randint(0, 101, (1, length), generator=torch.Generator().manual_seed(4))
     with tempfile.TemporaryDirectory() as d:
-        path = write_grouped_gguf(Path(d) / "m.gguf", hf, arch, layout, quant=quant, mtp=mtp)
+        path = write_grouped_gguf(Path(d) / "m.gguf", hf, arch, quant=quant, **kw)
         with torch.no_grad():
             if quant is None:
                 loaded = Llama.from_pretrained(path, cache_dir=False)

@@ -325,13 +325,10 @@ def test_gguf_files_of_drawn_dsa_configs_load_as_their_checkpoints(data):
     common, and transformers, llama.cpp and this model each break such ties their own way; llama.cpp's glm-dsa reads
     no rope.scaling.yarn_log_multiplier, so with YaRN it scales the scores otherwise than the checkpoint: docs/model.md;
     GLM-5 has no YaRN.)"""
-    import tempfile
-    from pathlib import Path
-
     import numpy as np
 
-    from .test_deepseek import _GGUF_WIDTHS, _YARN, write_grouped_gguf
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+    from .test_deepseek import _GGUF_WIDTHS, _YARN, assert_drawn_gguf_loads
+    from .test_families import QT, quantizer
 
     draw = data.draw
     glm = draw(st.booleans(), label="GLM-5")
@@ -349,13 +346,5 @@ def test_gguf_files_of_drawn_dsa_configs_load_as_their_checkpoints(data):
                                           for i in range(1, n)]
     hf, _ = transformers_pair("GlmMoeDsa" if glm else "DeepseekV32", {**BASE, **kw})
     quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0,)) if draw(st.booleans(), label="Q8_0") else None
-    ids = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(4))
-    with tempfile.TemporaryDirectory() as d:
-        path = write_grouped_gguf(Path(d) / "m.gguf", hf, "glm-dsa" if glm else "deepseek32", quant=quant,
-                                  mtp=draw(st.booleans(), label="prediction layer"))
-        with torch.no_grad():
-            if quant is None:
-                loaded = Llama.from_pretrained(path, cache_dir=False)
-                assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
-            else:
-                assert_blocks_compute_the_loaded_model(path, ids)
+    assert_drawn_gguf_loads(hf, "glm-dsa" if glm else "deepseek32", 24, quant,
+                            mtp=draw(st.booleans(), label="prediction layer"))

@@ -612,9 +612,10 @@ class FullCache(_KVCache):
         self.chunk_keys = self.last_query = None
         # DeepSeek-V3.2's sparse attention (config.dsa): each token's indexer key per layer, [B, max_len, head_dim]
         # (None on GLM-5's layers that share the previous layer's choice)
-        self.index_k = None if config.dsa is None else [
-            None if shared else torch.zeros(batch_size, max_len, config.dsa.head_dim, device=self.device,
-                                            dtype=self.dtype) for shared in config.dsa.shared]
+        self._dsa = config.dsa  # (read once: every layer's attend reads it)
+        self.index_k = None if self._dsa is None else [
+            None if shared else torch.zeros(batch_size, max_len, self._dsa.head_dim, device=self.device,
+                                            dtype=self.dtype) for shared in self._dsa.shared]
         self._choice = None  # GLM-5: (step, the last full layer's choice) for the shared layers after it
         if chunk_size is not None:
             if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= max_len:
@@ -670,7 +671,7 @@ class FullCache(_KVCache):
         shared = isinstance(index, str)  # GLM-5's "shared": the previous full layer's choice
         if not shared:
             self.index_k[layer][step.batch_index, step.slots] = index[1]
-        topk, n = self.config.dsa.topk, min(self._bound + step.T, self.capacity)
+        topk, n = self._dsa.topk, min(self._bound + step.T, self.capacity)
         if n <= topk:
             return super().attend(layer, q, k, v, step, sinks=sinks)
         self._write(layer, k, v, step)
@@ -683,7 +684,7 @@ class FullCache(_KVCache):
                                      self.scale, self.softcap, choice=self._choice[1])[0]
         out, choice = indexed_attention(q, self.k[layer], self.index_k[layer], index[0], index[2], lengths,
                                         step.tree_mask, topk, n, self.scale, self.softcap)
-        if any(self.config.dsa.shared):
+        if any(self._dsa.shared):
             self._choice = (step, choice)
         return out
 

@@ -619,22 +619,20 @@ class LatentAttention(Attention):
         every key a query sees (``FullCache.attend``); a draft's cache without them (StreamingLLM, retrieval)
         attends to every key it holds (a draft's approximation, as those caches are). GLM-5's shared layers
         (``index`` ``"shared"``) attend to the keys the previous full layer chose in the same forward."""
+        T, topk = x.shape[1], self.topk
+        if cache is None and T <= topk or cache is not None and getattr(cache, "index_k", None) is None:
+            return self.attend(q, k, k, k_raw, cache, step)  # (every key: the indexer is not run)
         if self.shares_choice:
             index = "shared"
         else:
             rope = self.slots(x.device)[2]
             index = self.indexer(x, q_latent, cos.index_select(-1, rope), sin.index_select(-1, rope))
         if cache is None:
-            T, topk = x.shape[1], self.topk
-            if T <= topk:  # (every query sees at most topk keys: all of them)
-                return self.attend(q, k, k, k_raw, None, None)
             if self.shares_choice:  # (Llama runs such forwards through a full cache, which keeps the choice)
                 raise RuntimeError("a layer sharing the previous layer's choice of keys needs a cache to find it")
             prefix = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
             return _cache.indexed_attention(q, k, index[1], index[0], index[2], prefix, None, topk, T, self.scale,
                                             0.0)[0]
-        if getattr(cache, "index_k", None) is None:
-            return self.attend(q, k, k, k_raw, cache, step)
         return self.attend(q, k, k, k_raw, cache, step, index=index)
 
     def project(self, x, cos, sin):
