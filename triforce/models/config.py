@@ -12,7 +12,8 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2``
 mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
-``exaone_moe`` (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per
+``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
+RoPE of a fixed NTK alpha) (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per
 difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
 (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over
@@ -41,9 +42,11 @@ from dataclasses import dataclass, field
 
 from .compressed import compressed_config
 
-# rope_type -> the keys it needs (rope.py implements each). transformers' dynamic RoPE raises.
+# rope_type -> the keys it needs (rope.py implements each). transformers' dynamic RoPE raises, but Hunyuan's (its
+# 'dynamic' with a fixed 'alpha': the base stretched once, whatever the length)
 _ROPE_TYPES = {
     "default": (),
+    "dynamic": ("alpha",),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
@@ -62,6 +65,8 @@ _ROPE_OPTIONAL = {
     # longrope: factor (else max_position_embeddings / original_max_position_embeddings) sets the default
     # attention_factor, sqrt(1 + ln(factor) / ln(original_max_position_embeddings))
     "longrope": ("factor", "attention_factor"),
+    # Hunyuan's: transformers' NTK-alpha RoPE reads alpha alone (its checkpoints' YaRN-looking keys are not read)
+    "dynamic": ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
 }
 
 
@@ -100,6 +105,8 @@ class Family:
     parallel_block: bool = False
     float32_norm: bool = False  # RMSNorm: x_f32 * rsqrt(...) * w_f32, rounded to the dtype at the end (GPT-OSS)
     attention_sinks: bool = False  # a learned logit per query head in every softmax, on no value (GPT-OSS)
+    # Hunyuan: the per-head q/k RMSNorm after RoPE, not before (LlamaConfig.qk_norm_after_rope)
+    qk_norm_after_rope: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -306,6 +313,20 @@ FAMILIES["minimax_m2"] = Family("MiniMaxM2ForCausalLM", qk_norm=True, qk_norm_fu
     "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 196608,
     "rms_norm_eps": 1e-6, "pad_token_id": None, "bos_token_id": 200034, "eos_token_id": 200020,
     "rope_theta": 5000000.0, "num_local_experts": 256, "num_experts_per_tok": 8})
+# Hunyuan (HunYuanDenseV1ForCausalLM: Hunyuan-0.5B / 1.8B / 4B / 7B, Hunyuan-MT; HunYuanMoEV1ForCausalLM:
+# Hunyuan-A13B): Llama's layer with a per-head q/k RMSNorm after RoPE (query_layernorm, key_layernorm), RoPE of a fixed
+# NTK alpha (rope_scaling 'dynamic' with 'alpha': the base times alpha ** (head_dim / (head_dim - 2)), whatever the
+# length); the mixture: every layer sparse, the router's weight kept in float32 (mlp.gate.wg), the softmax's top
+# moe_topk renormalised, kept in float32, and a shared expert of width intermediate_size (mlp.shared_mlp) added as it is.
+_HUNYUAN_DEFAULTS = {"vocab_size": 290943, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+                     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+FAMILIES["hunyuan_v1_dense"] = Family("HunYuanDenseV1ForCausalLM", qk_norm=True, qk_norm_after_rope=True,
+                                      reads=("attention_bias",), defaults=dict(_HUNYUAN_DEFAULTS))
+FAMILIES["hunyuan_v1_moe"] = Family("HunYuanMoEV1ForCausalLM", qk_norm=True, qk_norm_after_rope=True,
+                                    reads=("attention_bias",), defaults={**_HUNYUAN_DEFAULTS, "num_experts": 1,
+                                                                         "moe_topk": 1})
+_HUNYUANS = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -417,7 +438,7 @@ _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepsee
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3", "V32") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
-_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2")
+_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -806,6 +827,80 @@ _HARMLESS_ONLY_AT = {
 }
 
 
+def _per_layer(v, ok) -> bool:
+    """``v`` a value ``ok`` accepts, or a non-empty list of one per layer, all equal and accepted (Hunyuan's keys that
+    may be per layer, which transformers reads only where they are one value)."""
+    if isinstance(v, list):
+        return bool(v) and all(x == v[0] for x in v) and ok(v[0])
+    return ok(v)
+
+
+def _first(v):
+    """A per-layer key's one value (:func:`_per_layer`)."""
+    return v[0] if isinstance(v, list) else v
+
+
+# Hunyuan's config.json keys (its checkpoints' remote code and transformers' HunYuan classes): what the model reads
+# and the values where its keys are harmless
+_HUNYUAN_IDS = ("eod_token_id", "pad_id", "im_start_id", "im_end_id", "im_newline_id", "mask_init_id", "text_start_id",
+                "text_end_id")
+_HARMLESS_ONLY_AT.update({
+    # cross-layer attention (keys shared by layers) is Hunyuan-Large's, off in these models
+    "use_cla": (lambda v, c: c.model_type in _HUNYUANS and v in (False, None), "absent (Hunyuan: false)"),
+    "cla_share_factor": (lambda v, c: c.model_type in _HUNYUANS and (v is None or _is_int(v)),
+                         "absent (Hunyuan: an int, read only with use_cla, which must be false)"),
+    "use_rotary_pos_emb": (lambda v, c: c.model_type in _HUNYUANS and v is True, "absent (Hunyuan: true)"),
+    "norm_type": (lambda v, c: c.model_type in _HUNYUANS and v == "rms", "absent (Hunyuan: 'rms')"),
+    "attention_head_dim": (lambda v, c: c.model_type in _HUNYUANS and v == c.head_dim,
+                           "absent (Hunyuan: head_dim's value)"),
+    # a classification head on the last token (reward models): not the language model's
+    "add_classification_head": (lambda v, c: c.model_type in _HUNYUANS and v in (False, None),
+                                "absent (Hunyuan: false)"),
+    **{key: (lambda v, c: c.model_type in _HUNYUANS and not c.extra.get("add_classification_head"),
+             "absent (Hunyuan without add_classification_head: any, not read)")
+       for key in ("class_num", "pool_type", "dense_list")},
+    "org_vocab_size": (lambda v, c: c.model_type in _HUNYUANS and _is_int(v), "absent (Hunyuan: an int, not read)"),
+    **{key: (lambda v, c: c.model_type in _HUNYUANS and (v is None or _is_int(v)),
+             "absent (Hunyuan: a token id, not read)") for key in _HUNYUAN_IDS},
+    # the mixture (LlamaConfig.experts): one value per model, transformers' shared expert (use_mixed_mlp_moe, one
+    # of intermediate_size) and experts of intermediate_size
+    "moe_topk": (lambda v, c: c.model_type == "hunyuan_v1_moe" and _per_layer(v, lambda x: _is_int(x) and x >= 1),
+                 "absent (Hunyuan MoE: an int >= 1, or one per layer, all equal)"),
+    "num_shared_expert": (lambda v, c: c.model_type == "hunyuan_v1_moe" and _per_layer(v, lambda x: x == 1),
+                          "absent (Hunyuan MoE: 1, or 1 per layer)"),
+    "use_mixed_mlp_moe": (lambda v, c: c.model_type == "hunyuan_v1_moe" and v is True,
+                          "absent (Hunyuan MoE: true, its shared expert)"),
+    # token dropping beyond an expert's capacity: training only
+    **{key: (lambda v, c: c.model_type == "hunyuan_v1_moe" and v is False, "absent (Hunyuan MoE: false)")
+       for key in ("moe_drop_tokens", "moe_random_routing_dropped_token", "group_limited_greedy")},
+    "capacity_factor": (lambda v, c: c.model_type == "hunyuan_v1_moe" and (v is None or _is_number(v)),
+                        "absent (Hunyuan MoE: a number, read only with moe_drop_tokens)"),
+    "moe_layer_num_skipped": (lambda v, c: c.model_type == "hunyuan_v1_moe" and v == 0,
+                              "absent (Hunyuan MoE: 0, every layer sparse)"),
+    "use_mla": (lambda v, c: c.model_type in _HUNYUANS and v in (False, None), "absent (Hunyuan: false)"),
+})
+
+
+def _also(key: str, ok, what: str) -> None:
+    """``_HARMLESS_ONLY_AT[key]`` accepting what ``ok(v, c)`` accepts too (described by ``what``)."""
+    old, text = _HARMLESS_ONLY_AT[key]
+    _HARMLESS_ONLY_AT[key] = (lambda v, c: old(v, c) or ok(v, c), f"{text}; {what}")
+
+
+_also("use_qk_norm", lambda v, c: c.model_type in _HUNYUANS and v is True, "Hunyuan: true")
+_also("attention_dropout", lambda v, c: c.model_type in _HUNYUANS and _is_number(v) and 0 <= v < 1,
+      "Hunyuan: any in [0, 1), as its configs ship 0.1")
+_also("num_experts", lambda v, c: (c.model_type == "hunyuan_v1_moe" and _per_layer(v, lambda x: _is_int(x) and x >= 1))
+      or (c.model_type == "hunyuan_v1_dense" and v == 1), "Hunyuan MoE: an int >= 1 (or one per layer, all equal); "
+      "dense Hunyuan: 1")
+_also("moe_intermediate_size", lambda v, c: c.model_type == "hunyuan_v1_moe" and _per_layer(
+    v, lambda x: x == c.intermediate_size), "Hunyuan MoE: intermediate_size (or it per layer), its experts' width")
+_also("norm_topk_prob", lambda v, c: c.model_type == "hunyuan_v1_moe" and v is True, "Hunyuan MoE: true")
+_also("routed_scaling_factor", lambda v, c: c.model_type == "hunyuan_v1_moe" and v == 1, "Hunyuan MoE: 1.0")
+for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
+    _also(_key, lambda v, c: c.model_type in _HUNYUANS and v is None, "Hunyuan: null")
+
+
 def _mxfp4(v) -> bool:
     """Whether ``quantization_config`` ``v`` is OpenAI's MXFP4 one (GPT-OSS: its experts' weights in MXFP4 blocks,
     which loading.py dequantises; which tensors are quantised is read from the checkpoint's names)."""
@@ -1088,7 +1183,8 @@ class LlamaConfig:
             self._check_deepseek_experts()
         if self.model_type in _DSAS:
             self._check_dsa()
-        if self.model_type in ("ernie4_5_moe", "minimax_m2") and self.experts.top_k > self.experts.count:
+        if self.model_type in ("ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe") and \
+                self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
         if self.model_type in _ERNIES and self.attention_bias != self.mlp_bias:
@@ -1183,6 +1279,10 @@ class LlamaConfig:
             raise ValueError(f"rope_type {kind!r} (rope_scaling / rope_parameters) is not supported: "
                              f"LlamaConfig.rope_scaling implements {', '.join(_SUPPORTED_ROPE_TYPES)}; "
                              "use a checkpoint with one of those RoPE types")
+        if kind == "dynamic" and ("alpha" not in rs or self.model_type not in _HUNYUANS):
+            raise ValueError(f"rope_type 'dynamic' without a fixed alpha (transformers' dynamic NTK RoPE, its "
+                             f"frequencies changing with the sequence's length) is not supported, nor in model_type "
+                             f"{self.model_type!r}: only Hunyuan's (an 'alpha' stretching the base once) is")
         if "rope_theta" in rs:
             theta = rs.pop("rope_theta")
             if theta != self.rope_theta:
@@ -1476,6 +1576,11 @@ class LlamaConfig:
             return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, True, True,
                            (True,) * self.num_hidden_layers, scoring="sigmoid", correction_bias=True,
                            grouped_router=True, logits_in_dtype=True)
+        if self.model_type == "hunyuan_v1_moe":  # (the router's weight kept in float32; transformers' shared expert)
+            get = self._deepseek
+            return Experts(_first(get("num_experts")), _first(get("moe_topk")), self.intermediate_size, True, True,
+                           (True,) * self.num_hidden_layers, shared_intermediate_size=self.intermediate_size,
+                           float32_router=True)
         if self.model_type not in _MOE_TYPES:
             return None
         x = self.extra
@@ -1546,6 +1651,14 @@ class LlamaConfig:
         LayerNorm over ``head_dim`` with weights of its own per head, ``[heads, head_dim]``)."""
         family = FAMILIES[self.model_type]
         return family.qk_norm or (self.model_type in ("cohere", "glm4_moe") and bool(self.extra.get("use_qk_norm")))
+
+    @property
+    def qk_norm_after_rope(self) -> bool:
+        """The per-head q/k RMSNorm applied after RoPE (Hunyuan), not before. The model computes it as the same
+        scores in a form RoPE commutes with: each key divided by its RMS before RoPE (which keeps a row's RMS) and
+        the key norm's weight moved onto the queries (``q . (w * k) = (w * q) . k``), so that a cache re-rotates its
+        keys as any family's (:class:`~triforce.models.llama.Attention`)."""
+        return FAMILIES[self.model_type].qk_norm_after_rope
 
     @property
     def qk_norm_heads(self) -> bool:

@@ -307,17 +307,19 @@ class Linear(nn.Linear):
 
 class Router(Linear):
     """A router :class:`Linear` with DeepSeek-V3's ``e_score_correction_bias`` (``[experts]``, added to the scores
-    for the choice only), kept in float32 whatever the model's dtype, as transformers keeps it
-    (``_keep_in_fp32_modules_strict``): ``.to(torch.bfloat16)`` moves it, never rounds it; with ``float32_weight``
-    (ERNIE 4.5's router) its weight too."""
+    for the choice only; none without ``correction_bias``), kept in float32 whatever the model's dtype, as
+    transformers keeps it (``_keep_in_fp32_modules_strict``): ``.to(torch.bfloat16)`` moves it, never rounds it; with
+    ``float32_weight`` (ERNIE 4.5's router, Hunyuan's) its weight too."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, float32_weight: bool = False):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, float32_weight: bool = False,
+                 correction_bias: bool = True):
         super().__init__(in_features, out_features, bias=bias)
-        self.register_buffer("e_score_correction_bias", torch.zeros(out_features, dtype=torch.float32))
+        if correction_bias:  # (Hunyuan's router has none: a float32 weight alone)
+            self.register_buffer("e_score_correction_bias", torch.zeros(out_features, dtype=torch.float32))
         self.float32_weight = float32_weight
 
     def _apply(self, fn, recurse=True):
-        kept = {"e_score_correction_bias": self._buffers["e_score_correction_bias"]}
+        kept = {k: v for k, v in self._buffers.items() if k == "e_score_correction_bias"}
         if self.float32_weight:  # (its data: _apply converts a parameter in place)
             kept["weight"] = self._parameters["weight"].data
         out = super()._apply(fn, recurse)
@@ -450,6 +452,8 @@ class Attention(nn.Module):
             self.k_norm = make_norm(config, self.head_dim * (self.n_kv if wide else 1), config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        # Hunyuan: the q/k norms after RoPE, computed so that RoPE commutes with them (config.qk_norm_after_rope)
+        self.after_rope = config.qk_norm_after_rope
         self.clip = config.clip_qkv  # OLMoE's clamp of q and k (after their norms) and v, or None
         # Cohere 2, ERNIE 4.5: RoPE computed in float32 and rounded once, as transformers rotates (config.rope_float32)
         self.rope_f32 = bool(config.rope_float32)
@@ -469,6 +473,8 @@ class Attention(nn.Module):
         the family has them, and RoPE (``k_raw``: the keys before it)."""
         B, T, _ = x.shape
         q, k_raw, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.after_rope:
+            return self._norms_after_rope(q, k_raw, v, cos, sin)
         if self.full_qk_norm:
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
         q, k_raw = q.view(B, T, self.n_heads, self.head_dim), k_raw.view(B, T, self.n_kv, self.head_dim)
@@ -481,6 +487,19 @@ class Attention(nn.Module):
             cf, sf = cos.float(), sin.float()
             return apply_rope(q.float(), cf, sf).to(q.dtype), apply_rope(k_raw.float(), cf, sf).to(q.dtype), k_raw, v
         return _rope(q, cos, sin), _rope(k_raw, cos, sin), k_raw, v
+
+    def _norms_after_rope(self, q, k, v, cos, sin):
+        """Hunyuan's ``(q, k, k_raw, v)``: transformers computes ``q_norm(rope(q))`` and ``k_norm(rope(k))``. RoPE keeps
+        each head's RMS, so ``k_norm(rope(k)) = w_k * rope(k / rms(k))``, and a score ``q . (w_k * k)`` is ``(w_k * q)
+        . k``: the cached key is ``rope(k / rms(k))`` (``k_raw``: the unit-RMS key before RoPE, which a cache
+        re-rotates as any family's) and the query ``w_k * q_norm(rope(q))``. The same scores; the roundings differ
+        from transformers' in the last bits."""
+        B, T, _ = q.shape
+        q, k, v = (t.view(B, T, -1, self.head_dim) for t in (q, k, v))
+        kf = k.float()  # (RMSNorm's statistics, weight 1)
+        k_raw = (kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + self.k_norm.eps)).to(k.dtype)
+        q = self.q_norm(_rope(q, cos, sin)) * self.k_norm.weight
+        return q, _rope(k_raw, cos, sin), k_raw, v
 
     def temper(self, q, positions):
         """Ministral 3's query temperature (``config.query_temperature``): the RoPE'd queries ``[B, T, H, D]`` of
@@ -788,8 +807,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         spec = config.experts
         # (DeepSeek-V3's router also holds its correction bias, in float32)
-        self.gate = (Router(config.hidden_size, spec.count, bias=spec.biases, float32_weight=spec.float32_router)
-                     if spec.correction_bias else Linear(config.hidden_size, spec.count, bias=spec.biases))
+        self.gate = (Router(config.hidden_size, spec.count, bias=spec.biases, float32_weight=spec.float32_router,
+                            correction_bias=spec.correction_bias)
+                     if spec.correction_bias or spec.float32_router
+                     else Linear(config.hidden_size, spec.count, bias=spec.biases))
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
@@ -808,7 +829,11 @@ class SparseMoE(nn.Module):
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
         if self.deepseek:
             return self._deepseek_route(x)
-        logits = self.gate(x).float()
+        gate = self.gate.weight
+        # (Hunyuan's float32 router: the rows made float32, as transformers computes its logits)
+        bias = self.gate.bias
+        logits = (linear(x.float(), gate, None if bias is None else bias.float())
+                  if gate.dtype == torch.float32 != x.dtype else self.gate(x).float())
         if self.softmax_of_top_k:  # GraniteMoE's order: the top k logits, then their softmax
             w, index = torch.topk(logits, self.top_k, dim=-1)
             return torch.softmax(w, dim=-1).to(x.dtype), index
@@ -1047,9 +1072,10 @@ class DecoderLayer(nn.Module):
         if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \
                 or att.__dict__.get("rope_f32") \
                 or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None \
-                or att._parameters.get("sinks") is not None:
+                or att._parameters.get("sinks") is not None or att.__dict__.get("after_rope"):
             return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
-            # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks: not in the fused layer
+            # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE: not in the fused
+            # layer
         if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .compressed import CompressedWeights, compressed_config
-from .config import _COHERES, FAMILIES, WRAPPERS, LlamaConfig, fp8_config
+from .config import _COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, fp8_config
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -704,9 +704,26 @@ _GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
 _LAYER_NORM_NAME = re.compile(r"(model\.layers\.\d+\.)(\w+)(\.weight)")
 
 
+# Hunyuan's names (its checkpoints' and transformers'): the q / k norms, the router, the shared expert -> the model's
+_HUNYUAN_NAMES = {".self_attn.query_layernorm.": ".self_attn.q_norm.", ".self_attn.key_layernorm.": ".self_attn.k_norm.",
+                  ".mlp.gate.wg.": ".mlp.gate.", ".mlp.shared_mlp.": ".mlp.shared_expert."}
+
+
+def _renamed(sd: dict, pairs) -> dict:
+    """``sd`` with each ``(old, new)`` of ``pairs`` replaced in every name."""
+    out = {}
+    for name, t in sd.items():
+        for old, new in pairs:
+            name = name.replace(old, new)
+        out[name] = t
+    return out
+
+
 def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
-    """``sd`` with a GLM-4 checkpoint's norms under the model's names (or back with ``inverse``); ``sd`` itself for
-    every other family."""
+    """``sd`` with a GLM-4 checkpoint's norms (a Hunyuan checkpoint's q / k norms, router and shared expert) under the
+    model's names, or back with ``inverse``; ``sd`` itself for every other family."""
+    if config.model_type in _HUNYUANS:
+        return _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _HUNYUAN_NAMES.items()])
     if config.model_type != "glm4":
         return sd
     table = {v: k for k, v in _GLM4_NORMS.items()} if inverse else _GLM4_NORMS
@@ -1006,7 +1023,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "deepseek2": ("deepseek_v2", False), "glm4moe": ("glm4_moe", False), "dots1": ("dots1", False),
                       "ernie4_5-moe": ("ernie4_5_moe", False), "minimax-m2": ("minimax_m2", False),
                       "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False),
-                      "exaone-moe": ("exaone_moe", False)}
+                      "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
+                      "hunyuan-moe": ("hunyuan_v1_moe", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1036,7 +1054,8 @@ _GGUF_ARCH_KEYS = {
     "ernie4_5-moe": ("leading_dense_block_count", "expert_shared_count", "interleave_moe_layer_step"),
     "minimax-m2": ("expert_gating_func",),
     "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
-                   "attention.sliding_window_pattern", "rope.freq_base_swa")}
+                   "attention.sliding_window_pattern", "rope.freq_base_swa"),
+    "hunyuan-moe": ("expert_shared_count",)}
 # the architectures whose files may append multi-token prediction layers
 _GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA, "exaone-moe")
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
@@ -1313,13 +1332,19 @@ _GGUF_GLM4MOE_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k !=
                          "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # (ernie4_5-moe's and minimax-m2's too)
 _GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
+# hunyuan-dense, hunyuan-moe: Hunyuan's checkpoint names (the q / k norms, the router, the shared expert: _build
+# renames them)
+_GGUF_HUNYUAN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_norm.weight": "self_attn.query_layernorm.weight",
+                         "attn_k_norm.weight": "self_attn.key_layernorm.weight", "ffn_gate_inp.weight": "mlp.gate.wg.weight",
+                         **{f"ffn_{k}_shexp.weight": f"mlp.shared_mlp.{k}_proj.weight" for k in ("gate", "up", "down")}}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
                 "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
-                "exaone-moe": _GGUF_DOTS1_TENSORS}
+                "exaone-moe": _GGUF_DOTS1_TENSORS, "hunyuan-dense": _GGUF_HUNYUAN_TENSORS,
+                "hunyuan-moe": _GGUF_HUNYUAN_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1403,6 +1428,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra.update(_gguf_ernie_moe(reader, arch, path))
     if arch == "exaone-moe":
         extra.update(_gguf_exaone_moe(reader, arch, path, int(need("block_count")) - mtp))
+    if arch == "hunyuan-moe":
+        extra.update(_gguf_hunyuan_moe(reader, arch, path, n_ff))
     if arch == "minimax-m2":  # (every layer sparse; the experts' width the model's intermediate_size)
         extra.update(_gguf_minimax_m2(reader, arch, path))
         n_ff = _gguf_need(reader, arch, path, "expert_feed_forward_length")
@@ -1486,6 +1513,24 @@ def read_gguf(path: Path, skip=None, reader=None):
             if sparse and f"blk.{i}.exp_probs_b.bias" not in tensors:
                 sd[key] = torch.zeros(config.experts.count)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+def _gguf_hunyuan_moe(reader, arch: str, path: Path, n_ff: int) -> dict:
+    """A hunyuan-moe file's mixture, as llama.cpp runs it (every layer sparse, the softmax's top k renormalised, one
+    shared expert added) and as transformers' Hunyuan MoE computes it: its experts and its shared expert
+    (``expert_feed_forward_length``, ``expert_shared_feed_forward_length``) of ``feed_forward_length``, one shared
+    expert (``expert_shared_count``); other widths raise."""
+    count, used = _gguf_expert_counts(reader, arch, path)
+    for key in ("expert_feed_forward_length", "expert_shared_feed_forward_length"):
+        width = int(gguf_field(reader, f"{arch}.{key}", n_ff) or 0)
+        if width != n_ff:
+            raise ValueError(f"GGUF file {str(path)!r} has {arch}.{key} = {width}, not feed_forward_length ({n_ff}): "
+                             "Hunyuan's mixture (transformers') has its experts and its shared expert of that width")
+    shared = gguf_field(reader, f"{arch}.expert_shared_count", 1)
+    if shared != 1:
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_shared_count = {shared!r}; Hunyuan's mixture "
+                         "has one shared expert")
+    return {"num_experts": count, "moe_topk": used}
 
 
 def _gguf_expert_counts(reader, arch: str, path: Path) -> tuple[int, int]:
@@ -1874,6 +1919,8 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
             blocks = torch.from_numpy(t.data).view(torch.uint8)
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     out.update(_expert_blocks(stacked))
+    if GGUF_ARCHITECTURES[arch][0] in _HUNYUANS:  # (the file's tensors under Hunyuan's checkpoint names: the model's)
+        out = _renamed(out, _HUNYUAN_NAMES.items())
     family = FAMILIES[GGUF_ARCHITECTURES[arch][0]]
     # (fused rows split; rows reordered: RoPE on adjacent pairs, partial RoPE (fewer RoPE'd dims than a key's: GLM-4.5,
     # MiniMax-M2, the latent attention's RoPE'd rows))

@@ -24,7 +24,10 @@ def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch
                                device=device)
         return _still_pairs(config, 1.0 / (factors * config.rope_theta ** (
             torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim)))
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+    base = config.rope_theta
+    if kind == "dynamic":  # Hunyuan's NTK alpha: the base stretched once (as transformers computes it, in Python)
+        base = base * config.rope_scaling["alpha"] ** (config.head_dim / (config.head_dim - 2))
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
     if kind == "linear":
         inv_freq = inv_freq / config.rope_scaling["factor"]
     elif kind == "llama3":
