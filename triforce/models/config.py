@@ -13,8 +13,9 @@ mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, `
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
-RoPE of a fixed NTK alpha) (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch per
-difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by ``attention_bias``),
+RoPE of a fixed NTK alpha) (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch
+per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by
+``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
 (Qwen3, Gemma 3: an RMSNorm over head_dim on each query and key head before RoPE; ``qk_norm_full``: OLMoE's, over
 each token's whole query and key projections),
@@ -317,7 +318,8 @@ FAMILIES["minimax_m2"] = Family("MiniMaxM2ForCausalLM", qk_norm=True, qk_norm_fu
 # Hunyuan-A13B): Llama's layer with a per-head q/k RMSNorm after RoPE (query_layernorm, key_layernorm), RoPE of a fixed
 # NTK alpha (rope_scaling 'dynamic' with 'alpha': the base times alpha ** (head_dim / (head_dim - 2)), whatever the
 # length); the mixture: every layer sparse, the router's weight kept in float32 (mlp.gate.wg), the softmax's top
-# moe_topk renormalised, kept in float32, and a shared expert of width intermediate_size (mlp.shared_mlp) added as it is.
+# moe_topk renormalised, kept in float32, and a shared expert of width intermediate_size (mlp.shared_mlp) added as it
+# is.
 _HUNYUAN_DEFAULTS = {"vocab_size": 290943, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                      "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
                      "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}

@@ -705,8 +705,9 @@ _LAYER_NORM_NAME = re.compile(r"(model\.layers\.\d+\.)(\w+)(\.weight)")
 
 
 # Hunyuan's names (its checkpoints' and transformers'): the q / k norms, the router, the shared expert -> the model's
-_HUNYUAN_NAMES = {".self_attn.query_layernorm.": ".self_attn.q_norm.", ".self_attn.key_layernorm.": ".self_attn.k_norm.",
-                  ".mlp.gate.wg.": ".mlp.gate.", ".mlp.shared_mlp.": ".mlp.shared_expert."}
+_HUNYUAN_NAMES = {".self_attn.query_layernorm.": ".self_attn.q_norm.",
+                  ".self_attn.key_layernorm.": ".self_attn.k_norm.", ".mlp.gate.wg.": ".mlp.gate.",
+                  ".mlp.shared_mlp.": ".mlp.shared_expert."}
 
 
 def _renamed(sd: dict, pairs) -> dict:
@@ -1335,7 +1336,8 @@ _GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_sc
 # hunyuan-dense, hunyuan-moe: Hunyuan's checkpoint names (the q / k norms, the router, the shared expert: _build
 # renames them)
 _GGUF_HUNYUAN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_norm.weight": "self_attn.query_layernorm.weight",
-                         "attn_k_norm.weight": "self_attn.key_layernorm.weight", "ffn_gate_inp.weight": "mlp.gate.wg.weight",
+                         "attn_k_norm.weight": "self_attn.key_layernorm.weight",
+                         "ffn_gate_inp.weight": "mlp.gate.wg.weight",
                          **{f"ffn_{k}_shexp.weight": f"mlp.shared_mlp.{k}_proj.weight" for k in ("gate", "up", "down")}}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
