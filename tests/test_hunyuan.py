@@ -6,6 +6,8 @@ it. The norms after RoPE are computed in a form RoPE commutes with (keys divided
 norm's weight moved onto the queries): the same scores, and a StreamingLLM cache re-rotates its keys as any family's."""
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from triforce.models import Llama, LlamaConfig, StreamingCache
 from triforce.models.llama import SparseMoE
@@ -30,12 +32,17 @@ CASES = {
 
 
 def pair(case="dense-alpha", **kw):
-    """transformers' Hunyuan model of ``case`` (random weights, norms randomised, decisive routers: std 0.5) and ours
-    on its weights."""
+    """transformers' Hunyuan model of ``case`` and ours on its weights (:func:`hunyuan_pair`)."""
+    name, own = CASES[case]
+    return hunyuan_pair(name, **{**BASE, **own, **kw})
+
+
+def hunyuan_pair(name: str, **kw):
+    """transformers' ``<name>ForCausalLM`` of config ``kw`` (random weights, norms randomised, decisive routers: std
+    0.5) and ours on its weights."""
     from triforce.models.loading import _build
 
-    name, own = CASES[case]
-    hf, _ = transformers_and_ours(name, **{**BASE, **own, **kw})
+    hf, _ = transformers_and_ours(name, **kw)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for n, p in hf.named_parameters():
@@ -305,3 +312,48 @@ def test_gguf_moe_of_other_widths_raises(tmp_path, key, value):
     path = write_hunyuan_moe_gguf(tmp_path / "m.gguf", hf, kv={**hunyuan_kv(hf.config), key: value})
     with pytest.raises(ValueError, match=key):
         Llama.from_pretrained(path, cache_dir=False)
+
+
+@given(data=st.data())
+def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data):
+    """Property: a drawn tiny Hunyuan checkpoint (dense or a mixture of 1-6 experts, 1-3 of them a token; head_dim 8 /
+    16 / 32 over 1, 2 or 4 KV heads; an NTK alpha or none; biases, a tied head) gives transformers' logits on 32 tokens,
+    a 6-token pass the bits of its steps, and its GGUF as llama.cpp's converter writes it (float32, or Q8_0 / Q5_0
+    blocks) loads with transformers' logits or, in blocks, computes the loaded model bitwise."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+
+    draw = data.draw
+    moe = draw(st.booleans())
+    head_dim, kv = draw(st.sampled_from([8, 16, 32])), draw(st.sampled_from([1, 2, 4]))
+    kw = dict(BASE, num_hidden_layers=2, head_dim=head_dim, num_key_value_heads=kv,
+              attention_bias=draw(st.booleans()) and not moe, tie_word_embeddings=draw(st.booleans()))
+    alpha = draw(st.sampled_from([None, 1.5, 50.0, 1000.0]))
+    if alpha is not None:
+        kw["rope_parameters"] = {"rope_type": "dynamic", "alpha": alpha, "factor": 1.0, "rope_theta": 10000.0}
+    if moe:
+        count = draw(st.integers(1, 6))
+        kw.update(num_experts=count, moe_topk=draw(st.integers(1, min(3, count))))
+    hf, ours = hunyuan_pair("HunYuanMoEV1" if moe else "HunYuanDenseV1", **kw)
+    ids = torch.randint(0, 101, (2, 32), generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+    assert_pass_equals_steps(ours, torch.float32, tokens=6)
+    quant = draw(st.sampled_from([None, "blocks"]))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "m.gguf"
+        q = None if quant is None else quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0))
+        if moe:
+            write_hunyuan_moe_gguf(path, hf, quant=q)
+        else:
+            write_converted_gguf(path, hf, "hunyuan-dense", hunyuan_kv(hf.config), quant=q)
+        if quant is None:
+            with torch.no_grad():
+                assert (Llama.from_pretrained(path, cache_dir=False)(ids) - ref).abs().max().item() <= TOL
+        else:
+            assert_blocks_compute_the_loaded_model(path, ids)

@@ -127,7 +127,9 @@ _GGUF_PRES = {
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "kanana2", "talkie"), _Pre((_O200K_SPLIT,))),
     "deepseek-coder": _Pre(_DEEPSEEK_CODER_SPLITS),
     "deepseek-llm": _Pre(_DEEPSEEK_LLM_SPLITS),
-    "deepseek-v3": _Pre(_DEEPSEEK_V3_SPLITS),
+    # (Hunyuan's dense models: DeepSeek-V3's split; Hunyuan-A13B's tiktoken vocabulary: Qwen2's regex, no normaliser)
+    **dict.fromkeys(("deepseek-v3", "hunyuan-dense"), _Pre(_DEEPSEEK_V3_SPLITS)),
+    "hunyuan": _Pre((_QWEN2_SPLIT,)),
     "kimi-k2": _Pre((_KIMI_K2_SPLIT,)),
     "falcon": _Pre(_FALCON_SPLITS),
 }
