@@ -27,9 +27,25 @@ import torch
 import triton
 import triton.language as tl
 
-from .._backend import register
+from .._backend import _interpreting, register
 from . import _target
 from ..verify_attention import check_cache_rows
+
+# Under the interpreter tl.dot is numpy's matmul, and a BLAS may round a row by its place in the block (OpenBLAS's
+# Haswell / Zen kernels do: on an AMD EPYC Zen 5 VM 10 of 16 rows of a [16, 32] x [32, 32] product differ from the
+# same row computed first), which would make a pass's rows differ from its steps' there: the interpreter sums each
+# row's products itself instead (_dot). A GPU's dot computes a row alone.
+_ROWWISE_DOTS = tl.constexpr(_interpreting())
+
+
+@triton.jit
+def _dot(a, b):
+    """``a [M, K] @ b [K, N]`` in float32 (16-bit operands' products are exact there), as ``tl.dot`` with IEEE
+    precision; under the interpreter each row summed over K alone (``_ROWWISE_DOTS``)."""
+    if _ROWWISE_DOTS:
+        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
+    else:
+        return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -54,9 +70,9 @@ def _softcap(s, cap):
 def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
     """One tile of the online softmax for a block of rows; the same code on every path."""
     if LOWP_DOT:  # fp16/bf16 operands, fp32 accumulation (products of 16-bit floats are exact)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k)) if not _ROWWISE_DOTS else _dot(q, tl.trans(k))
     else:  # fp32 inputs, and bf16 under the interpreter (its bf16 dot is wrong)
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        s = _dot(q, tl.trans(k.to(tl.float32)))
     s = s * scale
     if SOFTCAP:
         s = _softcap(s, cap)
@@ -67,9 +83,9 @@ def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT: tl.constexpr
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if LOWP_DOT:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + (tl.dot(p.to(v.dtype), v) if not _ROWWISE_DOTS else _dot(p.to(v.dtype), v))
     else:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * alpha[:, None] + _dot(p, v.to(tl.float32))
     return m_new, l_i, acc
 
 
