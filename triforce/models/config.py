@@ -8,8 +8,9 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, and the
-mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
+``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
+``starcoder2`` and ``arcee`` (ungated MLPs: ``gated_mlp``; StarCoder 2's LayerNorm with a bias:
+``torch_layer_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
@@ -108,6 +109,10 @@ class Family:
     attention_sinks: bool = False  # a learned logit per query head in every softmax, on no value (GPT-OSS)
     # Hunyuan: the per-head q/k RMSNorm after RoPE, not before (LlamaConfig.qk_norm_after_rope)
     qk_norm_after_rope: bool = False
+    # StarCoder 2, Arcee: the MLP ungated, down(act(up(x))) (LlamaConfig.gated_mlp)
+    gated_mlp: bool = True
+    # StarCoder 2: torch's LayerNorm with a bias (nn.LayerNorm: in the model's dtype), not RMSNorm
+    torch_layer_norm: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -302,7 +307,8 @@ FAMILIES["ernie4_5_moe"] = Family("Ernie4_5_MoeForCausalLM", rope_interleaved=Tr
                                       "rope_theta": 500000.0, "moe_intermediate_size": 1536, "moe_k": 6,
                                       "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
                                       "moe_layer_end_index": -1, "moe_layer_interval": 1})
-_ERNIES = ("ernie4_5", "ernie4_5_moe")  # (one bias key, use_bias, for every projection)
+_ERNIES = ("ernie4_5", "ernie4_5_moe")
+_USE_BIAS = (*_ERNIES, "starcoder2")  # (one bias key, use_bias, for every projection)
 # MiniMax-M2 (MiniMaxM2ForCausalLM: MiniMax-M2, M2.1, M2.5): Llama's attention with an RMSNorm over each token's whole
 # query and key projections (OLMoE's, heads x head_dim wide) and RoPE on the first partial_rotary_factor of each head
 # (its checkpoints' rotary_dim: 64 of 128, half-split pairs); every layer a mixture of num_local_experts experts of
@@ -314,6 +320,22 @@ FAMILIES["minimax_m2"] = Family("MiniMaxM2ForCausalLM", qk_norm=True, qk_norm_fu
     "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 196608,
     "rms_norm_eps": 1e-6, "pad_token_id": None, "bos_token_id": 200034, "eos_token_id": 200020,
     "rope_theta": 5000000.0, "num_local_experts": 256, "num_experts_per_tok": 8})
+# StarCoder 2 (Starcoder2ForCausalLM: starcoder2-3b / 7b / 15b): torch's LayerNorm with a bias (norm_epsilon), biases
+# on every projection by its one use_bias key, an ungated MLP (c_fc, GELU's tanh form, c_proj), a sliding window on
+# every layer where its config sets one, a tied head. Arcee (ArceeForCausalLM: AFM-4.5B): Llama's layer with an
+# ungated MLP of ReLU squared (up_proj, down_proj).
+FAMILIES["starcoder2"] = Family("Starcoder2ForCausalLM", activation="gelu_tanh", hidden_acts=("gelu_pytorch_tanh",),
+                                gated_mlp=False, torch_layer_norm=True, reads=("attention_bias", "mlp_bias"), defaults={
+                                    "vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288,
+                                    "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2,
+                                    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 50256,
+                                    "eos_token_id": 50256, "tie_word_embeddings": True, "attention_bias": True,
+                                    "mlp_bias": True})
+FAMILIES["arcee"] = Family("ArceeForCausalLM", activation="relu2", hidden_acts=("relu2",), gated_mlp=False,
+                           reads=("attention_bias", "mlp_bias"), defaults={
+                               "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 18432,
+                               "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
+                               "rms_norm_eps": 1e-5, "bos_token_id": 128000, "eos_token_id": 128001})
 # Hunyuan (HunYuanDenseV1ForCausalLM: Hunyuan-0.5B / 1.8B / 4B / 7B, Hunyuan-MT; HunYuanMoEV1ForCausalLM:
 # Hunyuan-A13B): Llama's layer with a per-head q/k RMSNorm after RoPE (query_layernorm, key_layernorm), RoPE of a fixed
 # NTK alpha (rope_scaling 'dynamic' with 'alpha': the base times alpha ** (head_dim / (head_dim - 2)), whatever the
@@ -631,8 +653,10 @@ _HARMLESS_ONLY_AT = {
     # Seed-OSS's: LlamaConfig.out_bias; its residual dropout (training only)
     "attention_out_bias": (lambda v, c: c.model_type == "seed_oss" and isinstance(v, bool),
                            "absent (Seed-OSS: a bool)"),
-    "residual_dropout": (lambda v, c: c.model_type == "seed_oss" and _is_number(v) and 0 <= v < 1,
-                         "absent (Seed-OSS: any in [0, 1), training only)"),
+    "residual_dropout": (lambda v, c: c.model_type in ("seed_oss", "starcoder2") and _is_number(v) and 0 <= v < 1,
+                         "absent (Seed-OSS, StarCoder 2: any in [0, 1), training only)"),
+    "embedding_dropout": (lambda v, c: c.model_type == "starcoder2" and _is_number(v) and 0 <= v < 1,
+                          "absent (StarCoder 2: any in [0, 1), training only)"),
     # Phi-3's other dropouts (training only, as that one)
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
        for key in ("resid_pdrop", "embd_pdrop")},
@@ -890,6 +914,8 @@ def _also(key: str, ok, what: str) -> None:
 
 
 _also("use_qk_norm", lambda v, c: c.model_type in _HUNYUANS and v is True, "Hunyuan: true")
+_also("attention_dropout", lambda v, c: c.model_type == "starcoder2" and _is_number(v) and 0 <= v < 1,
+      "StarCoder 2: any in [0, 1), as its configs ship 0.1")
 _also("attention_dropout", lambda v, c: c.model_type in _HUNYUANS and _is_number(v) and 0 <= v < 1,
       "Hunyuan: any in [0, 1), as its configs ship 0.1")
 _also("num_experts", lambda v, c: (c.model_type == "hunyuan_v1_moe" and _per_layer(v, lambda x: _is_int(x) and x >= 1))
@@ -1040,7 +1066,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
     if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3_moe",
-                            "qwen2_moe", "dots1", *_PATTERNED):
+                            "qwen2_moe", "dots1", "starcoder2", *_PATTERNED):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
 
@@ -1189,7 +1215,7 @@ class LlamaConfig:
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
-        if self.model_type in _ERNIES and self.attention_bias != self.mlp_bias:
+        if self.model_type in _USE_BIAS and self.attention_bias != self.mlp_bias:
             raise ValueError(f"model_type {self.model_type!r} has one bias switch (use_bias) for every projection: "
                              f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
         if self.qk_norm_full and self.model_type != "minimax_m2" and \
@@ -1712,9 +1738,20 @@ class LlamaConfig:
 
     @property
     def activation(self) -> str:
-        """The gated MLP's activation: ``"silu"`` (SwiGLU), ``"gelu_tanh"`` (GeGLU) or ``"swiglu_clamped"`` (GPT-OSS's
-        experts: :attr:`swiglu_clamp`)."""
+        """The MLP's activation: ``"silu"`` (SwiGLU), ``"gelu_tanh"`` (GeGLU; StarCoder 2's ungated GELU),
+        ``"swiglu_clamped"`` (GPT-OSS's experts: :attr:`swiglu_clamp`) or ``"relu2"`` (Arcee's ungated ReLU
+        squared)."""
         return FAMILIES[self.model_type].activation
+
+    @property
+    def gated_mlp(self) -> bool:
+        """The MLP is gated, ``down(act(gate(x)) * up(x))``; else ``down(act(up(x)))`` (StarCoder 2, Arcee)."""
+        return FAMILIES[self.model_type].gated_mlp
+
+    @property
+    def torch_layer_norm(self) -> bool:
+        """The norms are torch's LayerNorm with a bias (StarCoder 2's ``nn.LayerNorm``, in the model's dtype)."""
+        return FAMILIES[self.model_type].torch_layer_norm
 
     @property
     def rope_type(self) -> str:
@@ -1741,11 +1778,16 @@ class LlamaConfig:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
         _split_layer_rope(d)
-        if model_type in _ERNIES:  # its one bias key: every projection's (attention_bias and mlp_bias here)
+        if model_type in _USE_BIAS:  # its one bias key: every projection's (attention_bias and mlp_bias here)
             for key in ("attention_bias", "mlp_bias"):
                 if key in d:
-                    raise ValueError(f"config key {key!r} is not Ernie4_5Config's: its biases are use_bias's")
-            d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", False)
+                    raise ValueError(f"config key {key!r} is not read for model_type {model_type!r}: its biases "
+                                     "are use_bias's (one key for every projection)")
+            d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", model_type == "starcoder2")
+        if model_type == "starcoder2":  # its norms' eps (LayerNorm's): rms_norm_eps here
+            d.pop("rms_norm_eps", None)  # (not Starcoder2Config's: transformers keeps it unread)
+            if "norm_epsilon" in d:
+                d["rms_norm_eps"] = d.pop("norm_epsilon")
         if model_type == "minimax_m2" and "rotary_dim" in d:  # (its checkpoints' name of partial RoPE: transformers
             rotary, head = d.pop("rotary_dim"), d.get("head_dim", FAMILIES[model_type].defaults["head_dim"])  # reads
             if not (_is_int(rotary) and _is_int(head) and 0 < rotary <= head):  # it as the factor)
@@ -1852,9 +1894,11 @@ class LlamaConfig:
         if self.model_type == "gemma2":
             for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
                 d.setdefault(k, FAMILIES["gemma2"].defaults[k])
-        if self.model_type in _ERNIES:  # (its one bias key)
+        if self.model_type in _USE_BIAS:  # (its one bias key)
             d["use_bias"] = d.pop("attention_bias")
             del d["mlp_bias"]
+        if self.model_type == "starcoder2":  # (its norms' eps under its own key)
+            d["norm_epsilon"] = d.pop("rms_norm_eps")
         if self.model_type in _COHERES:  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
         if self.model_type in _DEEPSEEKS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)

@@ -121,7 +121,8 @@ _ROWWISE = None
 
 # The gated MLP's activations in PyTorch ops, by LlamaConfig.activation: the modules' path off the CPU (and
 # without the extension), and the values the native ops' gradients are taken at.
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+               "relu2": lambda x: torch.square(F.relu(x))}  # (relu2: Arcee's ungated MLP; exact, so row by row)
 
 
 def _glu_setup(ctx, inputs, output):
@@ -394,11 +395,25 @@ class LayerNorm(RMSNorm):
         return (self.weight.float() * xf).to(x.dtype)
 
 
+class BiasLayerNorm(RMSNorm):
+    """StarCoder 2's norm: torch's LayerNorm with a weight and a bias (``nn.LayerNorm``, in the input's dtype, its
+    statistics in float32 as ATen computes them), the same op as transformers'. ATen's kernel normalises each row
+    alone. No fused or Triton path."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
 def make_norm(config: LlamaConfig, dim: int, eps: float) -> RMSNorm:
     """The family's norm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``, :class:`Float32RMSNorm`
-    where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, else :class:`RMSNorm`."""
+    where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, :class:`BiasLayerNorm` where
+    ``config.torch_layer_norm``, else :class:`RMSNorm`."""
     kind = (GemmaRMSNorm if config.gemma_norm else Float32RMSNorm if config.float32_norm
-            else LayerNorm if config.layer_norm else RMSNorm)
+            else LayerNorm if config.layer_norm else BiasLayerNorm if config.torch_layer_norm else RMSNorm)
     return kind(dim, eps)
 
 
@@ -737,6 +752,34 @@ class MLP(nn.Module):
         return self.down_proj(_gated(self.activation, self.gate_proj(x), self.up_proj(x)))
 
 
+class FeedForward(nn.Module):
+    """The ungated MLP: ``down(act(up(x)))`` (``config.gated_mlp`` false): StarCoder 2's GELU in its tanh form
+    (its checkpoints' ``c_fc`` / ``c_proj``, renamed on loading), Arcee's ReLU squared. The activation takes each
+    row alone (:func:`_activated`)."""
+
+    def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
+        super().__init__()
+        h, bias = config.hidden_size, config.mlp_bias
+        i = config.intermediate_size if intermediate_size is None else intermediate_size
+        self.up_proj = Linear(h, i, bias=bias)
+        self.down_proj = Linear(i, h, bias=bias)
+        self.activation = config.activation
+
+    def forward(self, x):
+        return self.down_proj(_activated(self.activation, self.up_proj(x)))
+
+
+def _activated(activation: str, x: torch.Tensor) -> torch.Tensor:
+    """``act(x)``, each row alone: ReLU squared is exact; GELU's tanh form on the CPU through the native
+    ``gelu_tanh_mul`` times ones (ATen's rounds a row's elements by where they fall in the tensor: :func:`_native_glu`;
+    the product by 1 is exact)."""
+    if activation == "relu2":
+        return ACTIVATIONS["relu2"](x)
+    if _native_glu(x, x):
+        return _gated(activation, x, torch.ones_like(x))
+    return ACTIVATIONS[activation](x)
+
+
 def _gated(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``act(gate) * up``: the GPU's Triton kernel (SiLU), the CPU's native op, else PyTorch's."""
     if activation == "silu" and _elementwise_kernels(gate) and gate.is_contiguous() and up.is_contiguous() \
@@ -998,7 +1041,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(config, layer) if config.mla is None else LatentAttention(config, layer)
         experts = config.experts
-        self.mlp = SparseMoE(config) if experts is not None and experts.layers[layer] else MLP(config)
+        self.mlp = (SparseMoE(config) if experts is not None and experts.layers[layer]
+                    else MLP(config) if config.gated_mlp else FeedForward(config))
         # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
         post = config.post_norms
         self.input_layernorm = nn.Identity() if post else make_norm(config, config.hidden_size, config.rms_norm_eps)

@@ -720,11 +720,17 @@ def _renamed(sd: dict, pairs) -> dict:
     return out
 
 
+# family -> its checkpoints' names of the model's modules (Hunyuan's; StarCoder 2's ungated MLP: c_fc, c_proj)
+_FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
+                 "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."}}
+
+
 def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
-    """``sd`` with a GLM-4 checkpoint's norms (a Hunyuan checkpoint's q / k norms, router and shared expert) under the
-    model's names, or back with ``inverse``; ``sd`` itself for every other family."""
-    if config.model_type in _HUNYUANS:
-        return _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _HUNYUAN_NAMES.items()])
+    """``sd`` with a GLM-4 checkpoint's norms (a Hunyuan checkpoint's q / k norms, router and shared expert; a
+    StarCoder 2 checkpoint's MLP) under the model's names, or back with ``inverse``; ``sd`` itself for every other
+    family."""
+    if config.model_type in _FAMILY_NAMES:
+        return _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _FAMILY_NAMES[config.model_type].items()])
     if config.model_type != "glm4":
         return sd
     table = {v: k for k, v in _GLM4_NORMS.items()} if inverse else _GLM4_NORMS
@@ -1025,7 +1031,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "ernie4_5-moe": ("ernie4_5_moe", False), "minimax-m2": ("minimax_m2", False),
                       "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False),
                       "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
-                      "hunyuan-moe": ("hunyuan_v1_moe", False)}
+                      "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
+                      "arcee": ("arcee", True)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1339,6 +1346,12 @@ _GGUF_HUNYUAN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_norm.weight": "self_attn
                          "attn_k_norm.weight": "self_attn.key_layernorm.weight",
                          "ffn_gate_inp.weight": "mlp.gate.wg.weight",
                          **{f"ffn_{k}_shexp.weight": f"mlp.shared_mlp.{k}_proj.weight" for k in ("gate", "up", "down")}}
+# starcoder2: its LayerNorms' biases, the ungated MLP under its checkpoints' names (ffn_up: c_fc, ffn_down: c_proj), the
+# biases of every projection
+_GGUF_STARCODER2_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_layernorm.bias",
+                            "ffn_norm.bias": "post_attention_layernorm.bias",
+                            **{f"{k}.{w}": f"mlp.{v}.{w}" for k, v in (("ffn_up", "c_fc"), ("ffn_down", "c_proj"))
+                               for w in ("weight", "bias")}}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -1346,7 +1359,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "hunyuan-dense": _GGUF_HUNYUAN_TENSORS,
-                "hunyuan-moe": _GGUF_HUNYUAN_TENSORS}
+                "hunyuan-moe": _GGUF_HUNYUAN_TENSORS, "starcoder2": _GGUF_STARCODER2_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1469,9 +1482,11 @@ def read_gguf(path: Path, skip=None, reader=None):
         num_hidden_layers=int(need("block_count")) - mtp, num_attention_heads=n_head, num_key_value_heads=n_kv,
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
-        rope_scaling=rope_scaling, rms_norm_eps=float(need("attention.layer_norm_epsilon" if model_type in _COHERES
-                                                            else "attention.layer_norm_rms_epsilon")),
+        rope_scaling=rope_scaling, rms_norm_eps=float(need(
+            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2")
+            else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
+        mlp_bias=model_type == "starcoder2" and "blk.0.ffn_up.bias" in tensors,  # (one bias key: use_bias)
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)
@@ -1871,8 +1886,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     """(HF state-dict key, the head count to un-permute its rows by or ``None``) of GGUF tensor ``name``."""
     if name == "token_embd.weight":
         return "model.embed_tokens.weight", None
-    if name == "output_norm.weight":
-        return "model.norm.weight", None
+    if name in ("output_norm.weight", "output_norm.bias"):  # (StarCoder 2's LayerNorm has a bias)
+        return f"model.norm.{name.split('.')[1]}", None
     if name == "output.weight":
         return "lm_head.weight", None
     if name.startswith("blk."):
@@ -1921,8 +1936,8 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
             blocks = torch.from_numpy(t.data).view(torch.uint8)
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     out.update(_expert_blocks(stacked))
-    if GGUF_ARCHITECTURES[arch][0] in _HUNYUANS:  # (the file's tensors under Hunyuan's checkpoint names: the model's)
-        out = _renamed(out, _HUNYUAN_NAMES.items())
+    if GGUF_ARCHITECTURES[arch][0] in _FAMILY_NAMES:  # (the file's tensors under the checkpoints' names: the model's)
+        out = _renamed(out, _FAMILY_NAMES[GGUF_ARCHITECTURES[arch][0]].items())
     family = FAMILIES[GGUF_ARCHITECTURES[arch][0]]
     # (fused rows split; rows reordered: RoPE on adjacent pairs, partial RoPE (fewer RoPE'd dims than a key's: GLM-4.5,
     # MiniMax-M2, the latent attention's RoPE'd rows))
