@@ -68,3 +68,15 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path):
     with torch.no_grad():
         assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
     assert loaded.config.rope_scaling["rope_type"] == "yarn" and type(loaded.model.layers[0].mlp) is FeedForward
+
+
+def test_int8_drafts_and_trained_heads_see_the_model():
+    """The int8 draft copy drafts losslessly; Hidden Transfer heads' training forward runs the upper layers (the
+    ungated ReLU-squared MLP) as decoding runs them."""
+    from triforce.models.quant import int8_copy
+
+    from .test_heads import assert_perturbed_heads_train_as_they_decode
+
+    model = tiny_family("arcee", 0)
+    assert_greedy_equals_autoregressive(model, int8_copy(model), "speculative", {"gamma": 3})
+    assert_perturbed_heads_train_as_they_decode(model)

@@ -357,3 +357,16 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
                 assert (Llama.from_pretrained(path, cache_dir=False)(ids) - ref).abs().max().item() <= TOL
         else:
             assert_blocks_compute_the_loaded_model(path, ids)
+
+
+@pytest.mark.parametrize("model_type", ["hunyuan_v1_dense", "hunyuan_v1_moe"])
+def test_int8_drafts_and_trained_heads_see_the_model(model_type):
+    """The int8 draft copy (every linear, the float32 router too) drafts losslessly; Hidden Transfer heads' training
+    forward runs the upper layers as decoding runs them (the norms after RoPE included)."""
+    from triforce.models.quant import int8_copy
+
+    from .test_heads import assert_perturbed_heads_train_as_they_decode
+
+    model = tiny_hunyuan(model_type, 0)
+    assert_greedy_equals_autoregressive(model, int8_copy(model), "speculative", {"gamma": 3})
+    assert_perturbed_heads_train_as_they_decode(model)

@@ -97,3 +97,15 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
     kv["attention.layer_norm_epsilon"] = float(kv.pop("attention.layer_norm_rms_epsilon"))
     ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "starcoder2", kv)
     assert ours.config.model_type == "starcoder2" and ours.config.mlp_bias and not any(ours.config.layer_windows)
+
+
+def test_int8_drafts_and_trained_heads_see_the_model():
+    """The int8 draft copy (the ungated MLP's projections too) drafts losslessly; Hidden Transfer heads' training
+    forward runs the upper layers (LayerNorms, ungated MLP) as decoding runs them."""
+    from triforce.models.quant import int8_copy
+
+    from .test_heads import assert_perturbed_heads_train_as_they_decode
+
+    model = tiny_starcoder2(0)
+    assert_greedy_equals_autoregressive(model, int8_copy(model), "speculative", {"gamma": 3})
+    assert_perturbed_heads_train_as_they_decode(model)
