@@ -9,8 +9,9 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
-``starcoder2`` and ``arcee`` (ungated MLPs: ``gated_mlp``; StarCoder 2's LayerNorm with a bias:
-``torch_layer_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
+``starcoder2``, ``arcee`` and ``nemotron`` (ungated MLPs: ``gated_mlp``; StarCoder 2's and Nemotron's LayerNorm with
+a bias: ``torch_layer_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
+``granitemoeshared``, ``olmoe``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
@@ -111,8 +112,9 @@ class Family:
     qk_norm_after_rope: bool = False
     # StarCoder 2, Arcee: the MLP ungated, down(act(up(x))) (LlamaConfig.gated_mlp)
     gated_mlp: bool = True
-    # StarCoder 2: torch's LayerNorm with a bias (nn.LayerNorm: in the model's dtype), not RMSNorm
-    torch_layer_norm: bool = False
+    # torch's LayerNorm with a bias (in the model's dtype), not RMSNorm: "plain" (StarCoder 2's nn.LayerNorm) or "1p"
+    # (Nemotron's LayerNorm1P: the weight stored as an offset from 1, applied as 1 + w in the weight's dtype)
+    torch_layer_norm: str = ""
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -325,7 +327,8 @@ FAMILIES["minimax_m2"] = Family("MiniMaxM2ForCausalLM", qk_norm=True, qk_norm_fu
 # every layer where its config sets one, a tied head. Arcee (ArceeForCausalLM: AFM-4.5B): Llama's layer with an
 # ungated MLP of ReLU squared (up_proj, down_proj).
 FAMILIES["starcoder2"] = Family("Starcoder2ForCausalLM", activation="gelu_tanh", hidden_acts=("gelu_pytorch_tanh",),
-                                gated_mlp=False, torch_layer_norm=True, reads=("attention_bias", "mlp_bias"), defaults={
+                                gated_mlp=False, torch_layer_norm="plain", reads=("attention_bias", "mlp_bias"),
+                                defaults={
                                     "vocab_size": 49152, "hidden_size": 3072, "intermediate_size": 12288,
                                     "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2,
                                     "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 50256,
@@ -336,6 +339,15 @@ FAMILIES["arcee"] = Family("ArceeForCausalLM", activation="relu2", hidden_acts=(
                                "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 18432,
                                "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
                                "rms_norm_eps": 1e-5, "bos_token_id": 128000, "eos_token_id": 128001})
+# Nemotron (NemotronForCausalLM: Nemotron-Mini-4B, Minitron-4B / 8B, Nemotron-4): LayerNorm1P (torch's LayerNorm with
+# a bias, its weight applied as 1 + w; norm_eps), RoPE on the first half of each head (partial_rotary_factor 0.5), an
+# ungated MLP of ReLU squared
+FAMILIES["nemotron"] = Family("NemotronForCausalLM", activation="relu2", hidden_acts=("relu2",), gated_mlp=False,
+                              torch_layer_norm="1p", partial_rotary_factor=0.5, reads=("attention_bias", "mlp_bias"),
+                              defaults={"vocab_size": 256000, "hidden_size": 6144, "intermediate_size": 24576,
+                                        "num_hidden_layers": 32, "num_attention_heads": 48,
+                                        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 2,
+                                        "eos_token_id": 3})
 # Hunyuan (HunYuanDenseV1ForCausalLM: Hunyuan-0.5B / 1.8B / 4B / 7B, Hunyuan-MT; HunYuanMoEV1ForCausalLM:
 # Hunyuan-A13B): Llama's layer with a per-head q/k RMSNorm after RoPE (query_layernorm, key_layernorm), RoPE of a fixed
 # NTK alpha (rope_scaling 'dynamic' with 'alpha': the base times alpha ** (head_dim / (head_dim - 2)), whatever the
@@ -351,6 +363,7 @@ FAMILIES["hunyuan_v1_moe"] = Family("HunYuanMoEV1ForCausalLM", qk_norm=True, qk_
                                     reads=("attention_bias",), defaults={**_HUNYUAN_DEFAULTS, "num_experts": 1,
                                                                          "moe_topk": 1})
 _HUNYUANS = ("hunyuan_v1_dense", "hunyuan_v1_moe")
+_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -661,7 +674,7 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
        for key in ("resid_pdrop", "embd_pdrop")},
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe",
-                                                                               "minimax_m2")
+                                                                               "minimax_m2", "nemotron")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -1749,8 +1762,9 @@ class LlamaConfig:
         return FAMILIES[self.model_type].gated_mlp
 
     @property
-    def torch_layer_norm(self) -> bool:
-        """The norms are torch's LayerNorm with a bias (StarCoder 2's ``nn.LayerNorm``, in the model's dtype)."""
+    def torch_layer_norm(self) -> str:
+        """The norms are torch's LayerNorm with a bias, in the model's dtype: ``"plain"`` (StarCoder 2's
+        ``nn.LayerNorm``), ``"1p"`` (Nemotron's LayerNorm1P: the weight applied as ``1 + w``); ``""``: not."""
         return FAMILIES[self.model_type].torch_layer_norm
 
     @property
@@ -1784,10 +1798,10 @@ class LlamaConfig:
                     raise ValueError(f"config key {key!r} is not read for model_type {model_type!r}: its biases "
                                      "are use_bias's (one key for every projection)")
             d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", model_type == "starcoder2")
-        if model_type == "starcoder2":  # its norms' eps (LayerNorm's): rms_norm_eps here
-            d.pop("rms_norm_eps", None)  # (not Starcoder2Config's: transformers keeps it unread)
-            if "norm_epsilon" in d:
-                d["rms_norm_eps"] = d.pop("norm_epsilon")
+        if model_type in _NORM_EPS_KEY:  # its norms' eps (LayerNorm's): rms_norm_eps here
+            d.pop("rms_norm_eps", None)  # (not its config's: transformers keeps it unread)
+            if _NORM_EPS_KEY[model_type] in d:
+                d["rms_norm_eps"] = d.pop(_NORM_EPS_KEY[model_type])
         if model_type == "minimax_m2" and "rotary_dim" in d:  # (its checkpoints' name of partial RoPE: transformers
             rotary, head = d.pop("rotary_dim"), d.get("head_dim", FAMILIES[model_type].defaults["head_dim"])  # reads
             if not (_is_int(rotary) and _is_int(head) and 0 < rotary <= head):  # it as the factor)
@@ -1897,8 +1911,8 @@ class LlamaConfig:
         if self.model_type in _USE_BIAS:  # (its one bias key)
             d["use_bias"] = d.pop("attention_bias")
             del d["mlp_bias"]
-        if self.model_type == "starcoder2":  # (its norms' eps under its own key)
-            d["norm_epsilon"] = d.pop("rms_norm_eps")
+        if self.model_type in _NORM_EPS_KEY:  # (its norms' eps under its own key)
+            d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
         if self.model_type in _COHERES:  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
         if self.model_type in _DEEPSEEKS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)

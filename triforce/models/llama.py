@@ -408,12 +408,26 @@ class BiasLayerNorm(RMSNorm):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
+class LayerNorm1P(BiasLayerNorm):
+    """Nemotron's norm: :class:`BiasLayerNorm` with the weight stored as an offset from 1 (zeros: the identity
+    scaling) and applied as ``1 + w`` in the weight's dtype, as transformers' NemotronLayerNorm1P."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight + 1.0, self.bias, self.eps)
+
+
 def make_norm(config: LlamaConfig, dim: int, eps: float) -> RMSNorm:
     """The family's norm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``, :class:`Float32RMSNorm`
-    where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, :class:`BiasLayerNorm` where
-    ``config.torch_layer_norm``, else :class:`RMSNorm`."""
+    where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, :class:`BiasLayerNorm` or
+    :class:`LayerNorm1P` by ``config.torch_layer_norm``, else :class:`RMSNorm`."""
     kind = (GemmaRMSNorm if config.gemma_norm else Float32RMSNorm if config.float32_norm
-            else LayerNorm if config.layer_norm else BiasLayerNorm if config.torch_layer_norm else RMSNorm)
+            else LayerNorm if config.layer_norm else {"plain": BiasLayerNorm, "1p": LayerNorm1P}.get(
+                config.torch_layer_norm, RMSNorm))
     return kind(dim, eps)
 
 

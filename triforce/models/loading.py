@@ -1032,7 +1032,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False),
                       "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
                       "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
-                      "arcee": ("arcee", True)}
+                      "arcee": ("arcee", True), "nemotron": ("nemotron", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1252,8 +1252,8 @@ def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
     the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5: half), and a GLM file's whole-head 1.0 (its family's default is
     0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rotated == head_dim:
-        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe") else {}
+    if rotated == head_dim:  # (GLM's and Nemotron's families default to half)
+        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron") else {}
     factor = rotated / head_dim
     if int(head_dim * factor) != rotated:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
@@ -1346,12 +1346,13 @@ _GGUF_HUNYUAN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_norm.weight": "self_attn
                          "attn_k_norm.weight": "self_attn.key_layernorm.weight",
                          "ffn_gate_inp.weight": "mlp.gate.wg.weight",
                          **{f"ffn_{k}_shexp.weight": f"mlp.shared_mlp.{k}_proj.weight" for k in ("gate", "up", "down")}}
-# starcoder2: its LayerNorms' biases, the ungated MLP under its checkpoints' names (ffn_up: c_fc, ffn_down: c_proj), the
-# biases of every projection
-_GGUF_STARCODER2_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_layernorm.bias",
-                            "ffn_norm.bias": "post_attention_layernorm.bias",
-                            **{f"{k}.{w}": f"mlp.{v}.{w}" for k, v in (("ffn_up", "c_fc"), ("ffn_down", "c_proj"))
-                               for w in ("weight", "bias")}}
+# nemotron: its LayerNorms' biases and the ungated MLP's (up_proj, down_proj); starcoder2: the same with the MLP under
+# its checkpoints' names (ffn_up: c_fc, ffn_down: c_proj)
+_GGUF_NEMOTRON_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_layernorm.bias",
+                          "ffn_norm.bias": "post_attention_layernorm.bias", "ffn_up.bias": "mlp.up_proj.bias",
+                          "ffn_down.bias": "mlp.down_proj.bias"}
+_GGUF_STARCODER2_TENSORS = {**_GGUF_NEMOTRON_TENSORS, **{
+    f"{k}.{w}": f"mlp.{v}.{w}" for k, v in (("ffn_up", "c_fc"), ("ffn_down", "c_proj")) for w in ("weight", "bias")}}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -1359,7 +1360,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "hunyuan-dense": _GGUF_HUNYUAN_TENSORS,
-                "hunyuan-moe": _GGUF_HUNYUAN_TENSORS, "starcoder2": _GGUF_STARCODER2_TENSORS}
+                "hunyuan-moe": _GGUF_HUNYUAN_TENSORS, "starcoder2": _GGUF_STARCODER2_TENSORS,
+                "nemotron": _GGUF_NEMOTRON_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1424,7 +1426,7 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
-             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2")
+             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
@@ -1483,10 +1485,10 @@ def read_gguf(path: Path, skip=None, reader=None):
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
-            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2")
+            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
-        mlp_bias=model_type == "starcoder2" and "blk.0.ffn_up.bias" in tensors,  # (one bias key: use_bias)
+        mlp_bias=model_type in ("starcoder2", "nemotron") and "blk.0.ffn_up.bias" in tensors,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)
@@ -1509,8 +1511,9 @@ def read_gguf(path: Path, skip=None, reader=None):
             config = config.replace(rope_scaling=_rope_from_freq_factors(config, w, path))
             continue
         key, heads = _state_key(name, path, arch, permuted, n_head, n_kv)
-        if config.gemma_norm and key.endswith("norm.weight"):
-            w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm adds the 1 back (exact for factors in [0.5, 2^24))
+        if (config.gemma_norm or config.torch_layer_norm == "1p") and key.endswith("norm.weight"):
+            w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm (LayerNorm1P) adds the 1 back (exact for factors in
+            # [0.5, 2^24))
         if key.endswith(("_exps", "_exps_bias")):
             stacked[key] = w
             continue
