@@ -81,22 +81,16 @@ def test_int8_drafts_and_trained_heads_see_the_model():
     assert_perturbed_heads_train_as_they_decode(model)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
-    """A nemotron GGUF as llama.cpp's converter writes it (the norms' weights as 1 + w, their biases beside them;
-    rope.dimension_count the RoPE'd dims, NEOX RoPE so q / k rows as the checkpoint holds them; the LayerNorms' eps as
-    attention.layer_norm_epsilon) gives transformers' logits; its blocks compute the loaded model bitwise."""
+def write_nemotron_gguf(path, hf, rotary_dim: int, quant=None):
+    """A nemotron GGUF of transformers' NemotronForCausalLM ``hf`` as llama.cpp's converter writes it: the norms'
+    weights as ``1 + w`` (its layernorm1p), the gguf package's names, ``rotary_dim`` as rope.dimension_count, the
+    LayerNorms' eps as attention.layer_norm_epsilon; ``quant``: as :func:`write_gguf_file`'s."""
     import gguf
-    import numpy as np
 
-    from .test_families import (QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer,
-                                write_gguf_file)
-    from triforce.models import Llama
-    from .test_model import TOL
+    from .test_families import converted_kv, write_gguf_file
 
-    hf, ours = pair(case)
     c = hf.config
-    kv = converted_kv(c, rotated=ours.config.rotary_dim)
+    kv = converted_kv(c, rotated=rotary_dim)
     kv["attention.layer_norm_epsilon"] = float(kv.pop("attention.layer_norm_rms_epsilon"))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.NEMOTRON, c.num_hidden_layers)
     tensors = {}
@@ -105,13 +99,29 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
             continue
         t = t.detach().float() + (1 if name.endswith("norm.weight") else 0)  # (the converter's layernorm1p)
         tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t.numpy()
+    return write_gguf_file(path, "nemotron", kv, tensors, c, quant)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """A nemotron GGUF as llama.cpp's converter writes it (the norms' weights as 1 + w, their biases beside them;
+    rope.dimension_count the RoPE'd dims, NEOX RoPE so q / k rows as the checkpoint holds them; the LayerNorms' eps as
+    attention.layer_norm_epsilon) gives transformers' logits; its blocks compute the loaded model bitwise."""
+    import numpy as np
+
+    from triforce.models import Llama
+
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+    from .test_model import TOL
+
+    hf, ours = pair(case)
+    rotary = ours.config.rotary_dim
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
-    path = write_gguf_file(tmp_path / "f32.gguf", "nemotron", kv, tensors, c)
-    loaded = Llama.from_pretrained(path, cache_dir=False)
+    loaded = Llama.from_pretrained(write_nemotron_gguf(tmp_path / "f32.gguf", hf, rotary), cache_dir=False)
     with torch.no_grad():
         ref = hf(ids).logits
         assert (loaded(ids) - ref).abs().max().item() <= TOL
-    q = write_gguf_file(tmp_path / "q.gguf", "nemotron", kv, tensors, c,
-                        quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    q = write_nemotron_gguf(tmp_path / "q.gguf", hf, rotary, quantizer(np.random.default_rng(0),
+                                                                      types=(QT.Q8_0, QT.Q5_0)))
     assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
-    assert loaded.config.rotary_dim == ours.config.rotary_dim and type(loaded.model.norm) is LayerNorm1P
+    assert loaded.config.rotary_dim == rotary and type(loaded.model.norm) is LayerNorm1P

@@ -90,12 +90,10 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
     c_fc as ffn_up, c_proj as ffn_down, the norms' biases beside their weights, output_norm.bias; the LayerNorms' eps
     as attention.layer_norm_epsilon; NEOX RoPE, so q / k rows as the checkpoint holds them) gives transformers'
     logits; its blocks (gguf_copy, load_gguf_int8) compute the loaded model bitwise."""
-    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
+    from .test_families import assert_converted_gguf_is_the_checkpoint
 
     hf, _ = pair(case)
-    kv = converted_kv(hf.config)
-    kv["attention.layer_norm_epsilon"] = float(kv.pop("attention.layer_norm_rms_epsilon"))
-    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "starcoder2", kv)
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "starcoder2", starcoder2_kv(hf.config))
     assert ours.config.model_type == "starcoder2" and ours.config.mlp_bias and not any(ours.config.layer_windows)
 
 
@@ -109,3 +107,13 @@ def test_int8_drafts_and_trained_heads_see_the_model():
     model = tiny_starcoder2(0)
     assert_greedy_equals_autoregressive(model, int8_copy(model), "speculative", {"gamma": 3})
     assert_perturbed_heads_train_as_they_decode(model)
+
+
+def starcoder2_kv(c) -> dict:
+    """The ``starcoder2.*`` metadata llama.cpp's converter writes for transformers' Starcoder2Config ``c`` (the
+    LayerNorms' eps as attention.layer_norm_epsilon; no window)."""
+    from .test_families import converted_kv
+
+    kv = converted_kv(c)
+    kv["attention.layer_norm_epsilon"] = float(kv.pop("attention.layer_norm_rms_epsilon"))
+    return kv

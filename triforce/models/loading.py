@@ -1280,7 +1280,8 @@ def _check_gguf_keys(reader, config: LlamaConfig, arch: str, path: Path) -> None
 
 
 _GGUF_LAYER_TENSORS = {**{f"{k}.weight": f"{v}.weight" for k, v in _GGUF_NAMES.items()},
-                       **{f"{k}.bias": f"{_GGUF_NAMES[k]}.bias" for k in ("attn_q", "attn_k", "attn_v", "attn_output")},
+                       **{f"{k}.bias": f"{_GGUF_NAMES[k]}.bias" for k in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                          "ffn_gate", "ffn_up", "ffn_down")},
                        "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
                        # a mixture of experts' router and its experts' stacked projections (read_gguf splits them)
                        "ffn_gate_inp.weight": "mlp.gate.weight", **{f"ffn_{k}_exps.weight": f"mlp.{k}_exps"
@@ -1349,8 +1350,7 @@ _GGUF_HUNYUAN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_norm.weight": "self_attn
 # nemotron: its LayerNorms' biases and the ungated MLP's (up_proj, down_proj); starcoder2: the same with the MLP under
 # its checkpoints' names (ffn_up: c_fc, ffn_down: c_proj)
 _GGUF_NEMOTRON_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_layernorm.bias",
-                          "ffn_norm.bias": "post_attention_layernorm.bias", "ffn_up.bias": "mlp.up_proj.bias",
-                          "ffn_down.bias": "mlp.down_proj.bias"}
+                          "ffn_norm.bias": "post_attention_layernorm.bias"}
 _GGUF_STARCODER2_TENSORS = {**_GGUF_NEMOTRON_TENSORS, **{
     f"{k}.{w}": f"mlp.{v}.{w}" for k, v in (("ffn_up", "c_fc"), ("ffn_down", "c_proj")) for w in ("weight", "bias")}}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
@@ -1488,7 +1488,8 @@ def read_gguf(path: Path, skip=None, reader=None):
             "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
-        mlp_bias=model_type in ("starcoder2", "nemotron") and "blk.0.ffn_up.bias" in tensors,
+        # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
+        mlp_bias="mlp_bias" in FAMILIES[model_type].reads and "blk.0.ffn_up.bias" in tensors,
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)

@@ -1,0 +1,75 @@
+"""The families with an ungated MLP (``config.gated_mlp`` false): StarCoder 2 (LayerNorm with biases, GELU), Arcee
+(ReLU squared, YaRN), Nemotron (LayerNorm1P, partial RoPE, ReLU squared), drawn: against transformers' models and
+from their GGUF files as llama.cpp's converter writes them."""
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from triforce.models import Llama
+
+from .test_families import (QT, TINY, assert_blocks_compute_the_loaded_model, quantizer, transformers_and_ours,
+                            write_converted_gguf)
+from .test_model import TOL
+from .test_sliding_window import assert_pass_equals_steps
+
+pytest.importorskip("transformers")
+
+
+@given(data=st.data())
+def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data):
+    """Property: a drawn tiny StarCoder 2 (biases or none, a window or none), Arcee (YaRN or plain RoPE, biases) or
+    Nemotron (RoPE on a quarter, half or all of each head, biases) checkpoint, head_dim 8 / 16 / 32 over 1, 2 or 4 KV
+    heads, tied or not, gives transformers' logits on 32 tokens, a 6-token pass the bits of its steps, and its GGUF
+    (float32: transformers' logits, a window dropped as llama.cpp runs starcoder2; Q8_0 / Q5_0 blocks: the loaded
+    model bitwise)."""
+    from .test_config import write_gguf
+    from .test_nemotron import write_nemotron_gguf
+    from .test_starcoder2 import starcoder2_kv
+
+    draw = data.draw
+    family = draw(st.sampled_from(["Starcoder2", "Arcee", "Nemotron"]))
+    kw = dict(TINY, num_hidden_layers=2, head_dim=draw(st.sampled_from([8, 16, 32])),
+              num_key_value_heads=draw(st.sampled_from([1, 2, 4])), tie_word_embeddings=draw(st.booleans()))
+    bias = draw(st.booleans())
+    window = None
+    if family == "Starcoder2":
+        window = draw(st.sampled_from([None, 5, 12]))
+        kw.update(use_bias=bias, sliding_window=window, bos_token_id=0, eos_token_id=0)
+    else:
+        kw.update(attention_bias=bias, mlp_bias=draw(st.booleans()))
+    if family == "Arcee" and draw(st.booleans()):
+        kw["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16,
+                                 "rope_theta": 10000.0}
+    if family == "Nemotron":
+        kw["partial_rotary_factor"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
+    hf, ours = transformers_and_ours(family, **kw)
+    ids = torch.randint(0, 101, (2, 32), generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+    assert_pass_equals_steps(ours, torch.float32, tokens=6)
+    quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)) if draw(st.booleans()) else None
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "m.gguf"
+        if family == "Starcoder2":
+            write_converted_gguf(path, hf, "starcoder2", starcoder2_kv(hf.config), quant=quant)
+        elif family == "Nemotron":
+            write_nemotron_gguf(path, hf, ours.config.rotary_dim, quant=quant)
+        else:
+            rs = ours.config.rope_scaling
+            meta = {} if rs is None else {"rope.scaling.type": "yarn", "rope.scaling.factor": rs["factor"],
+                                          "rope.scaling.original_context_length": rs["original_max_position_embeddings"]}
+            write_gguf(path, ours, meta=meta, arch="arcee", quant=quant)
+        if quant is not None:
+            assert_blocks_compute_the_loaded_model(path, ids)
+            return
+        loaded = Llama.from_pretrained(path, cache_dir=False)
+        with torch.no_grad():
+            want = ref if window is None else transformers_and_ours(family, **{**kw, "sliding_window": None})[0](
+                ids).logits
+            assert (loaded(ids) - want).abs().max().item() <= TOL
