@@ -8,7 +8,7 @@ from triforce.models import Llama, LlamaConfig
 from triforce.models.llama import FeedForward
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, tiny_family, transformers_and_ours
+from .test_families import TINY, assert_saved_reads_back, tiny_family, transformers_and_ours
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -31,10 +31,7 @@ def test_logits_and_every_path_match_transformers(tmp_path, case):
     hf, ours = pair(case)
     assert type(ours.model.layers[0].mlp) is FeedForward and ours.config.activation == "relu2"
     assert_every_path_matches(hf, ours)
-    ours.save_pretrained(tmp_path)
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(back).__name__ == "ArceeForCausalLM"
-    assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
+    assert_saved_reads_back(tmp_path, hf, ours)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -87,6 +87,15 @@ def transformers_and_ours(name: str, **kw):
     return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
 
 
+def assert_saved_reads_back(tmp_path, hf, ours) -> None:
+    """``ours`` saved (``save_pretrained``) reads back in transformers as ``hf``'s class with ``hf``'s weights,
+    bitwise."""
+    ours.save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(back) is type(hf)
+    assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
+
+
 def hf_model(family, **extra):
     config_cls, model_cls, kw = FAMILIES[family]
     torch.manual_seed(0)

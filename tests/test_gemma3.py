@@ -113,8 +113,20 @@ def test_streaming_cache_rotates_each_layer_with_its_rope():
 
     model = tiny_gemma3(0)
     cfg = model.config
+    cache, n, pos = streaming_after_evictions(model)
+    for layer in range(cfg.num_hidden_layers):
+        local = cfg.layer_rope_theta(layer) is not None
+        inv_freq = rope_local_inv_freq(cfg) if local else rope_inv_freq(cfg)
+        cos, sin = rope_cos_sin(inv_freq, pos[None], torch.float32)
+        want = apply_rope(cache.k_raw[layer][:, :n], cos, sin)
+        assert (cache.k[layer][:, :n] - want).abs().max() <= TOL, layer
+
+
+def streaming_after_evictions(model) -> tuple:
+    """``(cache, n, positions)``: a StreamingLLM cache (2 sinks, a window of 9, steps of 3) after 40 tokens of
+    ``model`` (evictions, re-rotated sinks), the tokens it holds and each one's StreamingLLM position ``[n]``."""
     ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(5))
-    cache = StreamingCache(cfg, 1, sink=2, window=9, max_step=4)
+    cache = StreamingCache(model.config, 1, sink=2, window=9, max_step=4)
     with torch.no_grad():
         for i in range(0, 40, 3):
             model(ids[:, i:i + 3], cache=cache)
@@ -122,12 +134,7 @@ def test_streaming_cache_rotates_each_layer_with_its_rope():
     n = int(cache.lengths[0])
     s = torch.arange(n)
     pos = torch.where(s < cache.sink, s + cache.evicted[0] - cache.frame[0], cache.slot_pos[0, :n] - cache.frame[0])
-    for layer in range(cfg.num_hidden_layers):
-        local = cfg.layer_rope_theta(layer) is not None
-        inv_freq = rope_local_inv_freq(cfg) if local else rope_inv_freq(cfg)
-        cos, sin = rope_cos_sin(inv_freq, pos[None], torch.float32)
-        want = apply_rope(cache.k_raw[layer][:, :n], cos, sin)
-        assert (cache.k[layer][:, :n] - want).abs().max() <= TOL, layer
+    return cache, n, pos
 
 
 @pytest.mark.parametrize("family", ["gemma3_text", "qwen3"])

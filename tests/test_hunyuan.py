@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from triforce.models import Llama, LlamaConfig, StreamingCache
+from triforce.models import Llama, LlamaConfig
 from triforce.models.llama import SparseMoE
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
@@ -151,17 +151,11 @@ def test_a_streaming_cache_keeps_each_key_rotated_from_its_unit_copy():
     unit-RMS un-rotated copy rotated at the token's StreamingLLM position: Hunyuan's keys move as any family's."""
     from triforce.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
+    from .test_gemma3 import streaming_after_evictions
+
     model = tiny_hunyuan("hunyuan_v1_dense", 0)
     cfg = model.config
-    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(5))
-    cache = StreamingCache(cfg, 1, sink=2, window=9, max_step=4)
-    with torch.no_grad():
-        for i in range(0, 40, 3):
-            model(ids[:, i:i + 3], cache=cache)
-    assert int(cache.evicted[0]) > 0
-    n = int(cache.lengths[0])
-    s = torch.arange(n)
-    pos = torch.where(s < cache.sink, s + cache.evicted[0] - cache.frame[0], cache.slot_pos[0, :n] - cache.frame[0])
+    cache, n, pos = streaming_after_evictions(model)
     cos, sin = rope_cos_sin(rope_inv_freq(cfg), pos[None], torch.float32)
     for layer in range(cfg.num_hidden_layers):
         raw = cache.k_raw[layer][:, :n]

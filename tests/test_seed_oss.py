@@ -7,7 +7,7 @@ import torch
 from triforce.models import LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, tiny_family, transformers_and_ours
+from .test_families import TINY, assert_saved_reads_back, tiny_family, transformers_and_ours
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -30,10 +30,7 @@ def test_logits_and_every_path_match_transformers(tmp_path, kw):
     assert c.qkv_bias == kw.get("attention_bias", True) and c.out_bias == kw.get("attention_out_bias", False)
     assert (ours.model.layers[0].self_attn.o_proj.bias is None) != c.out_bias
     assert_every_path_matches(hf, ours)
-    ours.save_pretrained(tmp_path)
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(back).__name__ == "SeedOssForCausalLM"
-    assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
+    assert_saved_reads_back(tmp_path, hf, ours)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -755,15 +755,22 @@ class MLP(nn.Module):
 
     def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
         super().__init__()
-        h, bias = config.hidden_size, config.mlp_bias
-        i = config.intermediate_size if intermediate_size is None else intermediate_size
-        self.gate_proj = Linear(h, i, bias=bias)
-        self.up_proj = Linear(h, i, bias=bias)
-        self.down_proj = Linear(i, h, bias=bias)
-        self.activation = config.activation
+        _add_projections(self, config, intermediate_size, gated=True)
 
     def forward(self, x):
         return self.down_proj(_gated(self.activation, self.gate_proj(x), self.up_proj(x)))
+
+
+def _add_projections(mlp: nn.Module, config: LlamaConfig, intermediate_size: int | None, gated: bool) -> None:
+    """``mlp``'s ``gate_proj`` (where ``gated``), ``up_proj`` and ``down_proj`` (of ``intermediate_size``, by default
+    the config's; biases by ``mlp_bias``) and its activation."""
+    h, bias = config.hidden_size, config.mlp_bias
+    i = config.intermediate_size if intermediate_size is None else intermediate_size
+    if gated:
+        mlp.gate_proj = Linear(h, i, bias=bias)
+    mlp.up_proj = Linear(h, i, bias=bias)
+    mlp.down_proj = Linear(i, h, bias=bias)
+    mlp.activation = config.activation
 
 
 class FeedForward(nn.Module):
@@ -773,11 +780,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
         super().__init__()
-        h, bias = config.hidden_size, config.mlp_bias
-        i = config.intermediate_size if intermediate_size is None else intermediate_size
-        self.up_proj = Linear(h, i, bias=bias)
-        self.down_proj = Linear(i, h, bias=bias)
-        self.activation = config.activation
+        _add_projections(self, config, intermediate_size, gated=False)
 
     def forward(self, x):
         return self.down_proj(_activated(self.activation, self.up_proj(x)))
