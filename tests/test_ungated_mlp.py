@@ -73,3 +73,14 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
             want = ref if window is None else transformers_and_ours(family, **{**kw, "sliding_window": None})[0](
                 ids).logits
             assert (loaded(ids) - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("family", ["Starcoder2", "Nemotron"])
+def test_bfloat16_layer_norms_are_transformers(family):
+    """In bfloat16 the LayerNorms are torch's op on the same weights as transformers' (StarCoder 2's nn.LayerNorm;
+    Nemotron's LayerNorm1P, its 1 added in the weight's dtype): bitwise their output."""
+    hf, ours = transformers_and_ours(family, **{**TINY, "num_hidden_layers": 2, "bos_token_id": 0, "eos_token_id": 0})
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    mine, theirs = ours.model.layers[1].input_layernorm, hf.model.layers[1].input_layernorm
+    with torch.no_grad():
+        assert torch.equal(mine.to(torch.bfloat16)(x), theirs.to(torch.bfloat16)(x))
