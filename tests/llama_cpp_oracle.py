@@ -189,12 +189,12 @@ def log_path() -> Path:
 
 # Largest difference from llama.cpp's logits, relative to the largest of them, of a float32 model on a float32
 # copy of its file. Measured over the test suite's files (23 architectures; docs/model.md, "llama.cpp as an oracle"):
-# up to 2.3e-6. Gemma's three architectures and starcoder2 take ggml's GELU table (:func:`ggml_gelu`), whose float16
-# steps turn a last-bit difference of a layer's input into a step of 2^-11 of its output: one layer matches to 2e-7 at
-# one token and 6e-5 at 48, seven layers up to 7.6e-4 of the largest logit.
+# up to 2.3e-6. Gemma's three architectures, starcoder2 and phi2 take ggml's GELU table (:func:`ggml_gelu`), whose
+# float16 steps turn a last-bit difference of a layer's input into a step of 2^-11 of its output: one layer matches to
+# 2e-7 at one token and 6e-5 at 48, seven layers up to 7.6e-4 of the largest logit.
 TOL = 1e-5
 TOL_GELU_TABLE = 2e-3
-GELU_ARCHS = ("gemma", "gemma2", "gemma3", "starcoder2")
+GELU_ARCHS = ("gemma", "gemma2", "gemma3", "starcoder2", "phi2")
 _DONE: dict = {}  # (file, size, mtime, dtype) -> its record: a file the tests load again is compared once
 
 

@@ -1,5 +1,6 @@
 """The families with an ungated MLP (``config.gated_mlp`` false): StarCoder 2 (LayerNorm with biases, GELU), Arcee
-(ReLU squared, YaRN), Nemotron (LayerNorm1P, partial RoPE, ReLU squared), drawn: against transformers' models and
+(ReLU squared, YaRN), Nemotron (LayerNorm1P, partial RoPE, ReLU squared), Phi-2 (the parallel block, partial RoPE, the
+head's bias), drawn: against transformers' models and
 from their GGUF files as llama.cpp's converter writes them."""
 import tempfile
 from pathlib import Path
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 
 from triforce.models import Llama
 
-from .test_families import (QT, TINY, assert_blocks_compute_the_loaded_model, quantizer, transformers_and_ours,
-                            write_converted_gguf)
+from .test_families import (QT, TINY, assert_blocks_compute_the_loaded_model, converted_kv, quantizer,
+                            transformers_and_ours, write_converted_gguf)
 from .test_model import TOL
 from .test_sliding_window import assert_pass_equals_steps
 
@@ -22,8 +23,9 @@ pytest.importorskip("transformers")
 
 @given(data=st.data())
 def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data):
-    """Property: a drawn tiny StarCoder 2 (biases or none, a window or none), Arcee (YaRN or plain RoPE, biases) or
-    Nemotron (RoPE on a quarter, half or all of each head, biases) checkpoint, head_dim 8 / 16 / 32 over 1, 2 or 4 KV
+    """Property: a drawn tiny StarCoder 2 (biases or none, a window or none), Arcee (YaRN or plain RoPE, biases),
+    Nemotron (RoPE on a quarter, half or all of each head, biases) or Phi-2 (RoPE on a quarter, 0.4, half or all)
+    checkpoint, head_dim 8 / 16 / 32 over 1, 2 or 4 KV
     heads, tied or not, gives transformers' logits on 32 tokens, a 6-token pass the bits of its steps, and its GGUF
     (float32: transformers' logits, a window dropped as llama.cpp runs starcoder2; Q8_0 / Q5_0 blocks: the loaded
     model bitwise)."""
@@ -32,12 +34,17 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
     from .test_starcoder2 import starcoder2_kv
 
     draw = data.draw
-    family = draw(st.sampled_from(["Starcoder2", "Arcee", "Nemotron"]))
-    kw = dict(TINY, num_hidden_layers=2, head_dim=draw(st.sampled_from([8, 16, 32])),
-              num_key_value_heads=draw(st.sampled_from([1, 2, 4])), tie_word_embeddings=draw(st.booleans()))
+    family = draw(st.sampled_from(["Starcoder2", "Arcee", "Nemotron", "Phi"]))
+    head_dim = draw(st.sampled_from([8, 16, 32]))
+    kw = dict(TINY, num_hidden_layers=2, head_dim=head_dim, num_key_value_heads=draw(st.sampled_from([1, 2, 4])),
+              tie_word_embeddings=draw(st.booleans()))
     bias = draw(st.booleans())
     window = None
-    if family == "Starcoder2":
+    if family == "Phi":  # (its head_dim is hidden / heads; biases everywhere)
+        del kw["head_dim"], kw["rms_norm_eps"]
+        kw.update(num_attention_heads=64 // head_dim, num_key_value_heads=min(kw["num_key_value_heads"], 64 // head_dim),
+                  partial_rotary_factor=draw(st.sampled_from([0.25, 0.5, 1.0] + ([0.4] if head_dim > 8 else []))))
+    elif family == "Starcoder2":
         window = draw(st.sampled_from([None, 5, 12]))
         kw.update(use_bias=bias, sliding_window=window, bos_token_id=0, eos_token_id=0)
     else:
@@ -60,6 +67,9 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
             write_converted_gguf(path, hf, "starcoder2", starcoder2_kv(hf.config), quant=quant)
         elif family == "Nemotron":
             write_nemotron_gguf(path, hf, ours.config.rotary_dim, quant=quant)
+        elif family == "Phi":
+            write_converted_gguf(path, hf, "phi2", converted_kv(hf.config, rotated=ours.config.rotary_dim,
+                                                                eps_key="attention.layer_norm_epsilon"), quant=quant)
         else:
             rs = ours.config.rope_scaling
             meta = {} if rs is None else {"rope.scaling.type": "yarn", "rope.scaling.factor": rs["factor"],

@@ -9,9 +9,9 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
-``starcoder2``, ``arcee`` and ``nemotron`` (ungated MLPs: ``gated_mlp``; StarCoder 2's and Nemotron's LayerNorm with
-a bias: ``torch_layer_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``,
-``granitemoeshared``, ``olmoe``,
+``starcoder2``, ``arcee``, ``nemotron`` and ``phi`` (ungated MLPs: ``gated_mlp``; StarCoder 2's, Nemotron's and
+Phi-2's LayerNorm with a bias: ``torch_layer_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``,
+``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
@@ -339,6 +339,16 @@ FAMILIES["arcee"] = Family("ArceeForCausalLM", activation="relu2", hidden_acts=(
                                "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 18432,
                                "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
                                "rms_norm_eps": 1e-5, "bos_token_id": 128000, "eos_token_id": 128001})
+# Phi-2 (PhiForCausalLM: phi-1, phi-1.5, phi-2): one torch LayerNorm (with a bias) before the attention and the MLP,
+# which run in parallel on it (Cohere 2's block); biases on every projection and on the LM head, always; RoPE on the
+# first partial_rotary_factor (0.5; phi-2: 0.4) of each head; an ungated MLP of GELU's tanh form (fc1, fc2); the
+# checkpoints' names self_attn.dense, mlp.fc1 / fc2 and model.final_layernorm (renamed on loading)
+FAMILIES["phi"] = Family("PhiForCausalLM", activation="gelu_tanh", hidden_acts=("gelu_new",), gated_mlp=False,
+                         torch_layer_norm="plain", parallel_block=True, partial_rotary_factor=0.5,
+                         reads=("attention_bias", "mlp_bias"), defaults={
+                             "vocab_size": 51200, "hidden_size": 2048, "intermediate_size": 8192,
+                             "num_hidden_layers": 24, "num_attention_heads": 32, "max_position_embeddings": 2048,
+                             "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2})
 # Nemotron (NemotronForCausalLM: Nemotron-Mini-4B, Minitron-4B / 8B, Nemotron-4): LayerNorm1P (torch's LayerNorm with
 # a bias, its weight applied as 1 + w; norm_eps), RoPE on the first half of each head (partial_rotary_factor 0.5), an
 # ungated MLP of ReLU squared
@@ -363,7 +373,7 @@ FAMILIES["hunyuan_v1_moe"] = Family("HunYuanMoEV1ForCausalLM", qk_norm=True, qk_
                                     reads=("attention_bias",), defaults={**_HUNYUAN_DEFAULTS, "num_experts": 1,
                                                                          "moe_topk": 1})
 _HUNYUANS = ("hunyuan_v1_dense", "hunyuan_v1_moe")
-_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps"}  # (the LayerNorm families' own eps keys)
+_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps"}  # (their eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -671,10 +681,13 @@ _HARMLESS_ONLY_AT = {
     "embedding_dropout": (lambda v, c: c.model_type == "starcoder2" and _is_number(v) and 0 <= v < 1,
                           "absent (StarCoder 2: any in [0, 1), training only)"),
     # Phi-3's other dropouts (training only, as that one)
-    **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None), "0.0 (Phi-3)")
+    **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None)
+             or c.model_type == "phi" and _is_number(v) and 0 <= v < 1, "0.0 (Phi-3; Phi-2: any in [0, 1))")
        for key in ("resid_pdrop", "embd_pdrop")},
+    # Phi-2's per-head q / k LayerNorm: off in phi-1, phi-1.5 and phi-2
+    "qk_layernorm": (lambda v, c: c.model_type == "phi" and v is False, "absent (Phi-2: false)"),
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe",
-                                                                               "minimax_m2", "nemotron")
+                                                                               "minimax_m2", "nemotron", "phi")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -1378,8 +1391,8 @@ class LlamaConfig:
 
     @property
     def head_bias(self) -> bool:
-        """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none)."""
-        return self.model_type == "ernie4_5_moe" and self.mlp_bias
+        """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none), Phi-2's."""
+        return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type == "phi"
 
     @property
     def qkv_bias(self) -> bool:
@@ -1798,6 +1811,11 @@ class LlamaConfig:
                     raise ValueError(f"config key {key!r} is not read for model_type {model_type!r}: its biases "
                                      "are use_bias's (one key for every projection)")
             d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", model_type == "starcoder2")
+        if model_type == "phi":  # (biases on every projection and the head, always: no key says so)
+            for key in ("attention_bias", "mlp_bias"):
+                if key in d:
+                    raise ValueError(f"config key {key!r} is not PhiConfig's: Phi-2 has biases everywhere")
+            d["attention_bias"] = d["mlp_bias"] = True
         if model_type in _NORM_EPS_KEY:  # its norms' eps (LayerNorm's): rms_norm_eps here
             d.pop("rms_norm_eps", None)  # (not its config's: transformers keeps it unread)
             if _NORM_EPS_KEY[model_type] in d:
@@ -1913,6 +1931,8 @@ class LlamaConfig:
             del d["mlp_bias"]
         if self.model_type in _NORM_EPS_KEY:  # (its norms' eps under its own key)
             d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
+        if self.model_type == "phi":  # (always biased: not its config's keys)
+            del d["attention_bias"], d["mlp_bias"]
         if self.model_type in _COHERES:  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
         if self.model_type in _DEEPSEEKS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)

@@ -722,7 +722,9 @@ def _renamed(sd: dict, pairs) -> dict:
 
 # family -> its checkpoints' names of the model's modules (Hunyuan's; StarCoder 2's ungated MLP: c_fc, c_proj)
 _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
-                 "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."}}
+                 "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
+                 "phi": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
+                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}}
 
 
 def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
@@ -1032,7 +1034,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False),
                       "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
                       "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
-                      "arcee": ("arcee", True), "nemotron": ("nemotron", False)}
+                      "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1252,8 +1254,8 @@ def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
     the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5: half), and a GLM file's whole-head 1.0 (its family's default is
     0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rotated == head_dim:  # (GLM's and Nemotron's families default to half)
-        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron") else {}
+    if rotated == head_dim:  # (GLM's, Nemotron's and Phi-2's families default to half)
+        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron", "phi2") else {}
     factor = rotated / head_dim
     if int(head_dim * factor) != rotated:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
@@ -1361,7 +1363,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "hunyuan-dense": _GGUF_HUNYUAN_TENSORS,
                 "hunyuan-moe": _GGUF_HUNYUAN_TENSORS, "starcoder2": _GGUF_STARCODER2_TENSORS,
-                "nemotron": _GGUF_NEMOTRON_TENSORS}
+                "nemotron": _GGUF_NEMOTRON_TENSORS, "phi2": _GGUF_NEMOTRON_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1426,7 +1428,7 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
-             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron")
+             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
@@ -1485,7 +1487,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
-            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron")
+            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
@@ -1533,6 +1535,8 @@ def read_gguf(path: Path, skip=None, reader=None):
             key = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
             if sparse and f"blk.{i}.exp_probs_b.bias" not in tensors:
                 sd[key] = torch.zeros(config.experts.count)
+    if model_type in _FAMILY_NAMES:  # (the checkpoints' names where the family's differ: Phi-2's final norm)
+        sd = _renamed(sd, [(v, k) for k, v in _FAMILY_NAMES[model_type].items()])
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
 
@@ -1892,8 +1896,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
         return "model.embed_tokens.weight", None
     if name in ("output_norm.weight", "output_norm.bias"):  # (StarCoder 2's LayerNorm has a bias)
         return f"model.norm.{name.split('.')[1]}", None
-    if name == "output.weight":
-        return "lm_head.weight", None
+    if name in ("output.weight", "output.bias"):  # (Phi-2's head has a bias)
+        return f"lm_head.{name.split('.')[1]}", None
     if name.startswith("blk."):
         _, i, kind = name.split(".", 2)
         table = _GGUF_TABLES.get(arch, _GGUF_LAYER_TENSORS)
