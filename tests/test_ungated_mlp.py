@@ -42,7 +42,8 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
     window = None
     if family == "Phi":  # (its head_dim is hidden / heads; biases everywhere)
         del kw["head_dim"], kw["rms_norm_eps"]
-        kw.update(num_attention_heads=64 // head_dim, num_key_value_heads=min(kw["num_key_value_heads"], 64 // head_dim),
+        heads = 64 // head_dim
+        kw.update(num_attention_heads=heads, num_key_value_heads=min(kw["num_key_value_heads"], heads),
                   partial_rotary_factor=draw(st.sampled_from([0.25, 0.5, 1.0] + ([0.4] if head_dim > 8 else []))))
     elif family == "Starcoder2":
         window = draw(st.sampled_from([None, 5, 12]))
