@@ -9,9 +9,9 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
-``starcoder2``, ``arcee``, ``nemotron`` and ``phi`` (ungated MLPs: ``gated_mlp``; StarCoder 2's, Nemotron's and
-Phi-2's LayerNorm with a bias: ``torch_layer_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``,
-``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
+``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``nemotron`` and ``phi``
+(ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's), and the mixtures of experts ``mixtral``,
+``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
@@ -349,6 +349,13 @@ FAMILIES["phi"] = Family("PhiForCausalLM", activation="gelu_tanh", hidden_acts=(
                              "vocab_size": 51200, "hidden_size": 2048, "intermediate_size": 8192,
                              "num_hidden_layers": 24, "num_attention_heads": 32, "max_position_embeddings": 2048,
                              "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2})
+# StableLM (StableLmForCausalLM: stablelm-2-1_6b / zephyr, stablelm-3b-4e1t, stablelm-zephyr-3b): Llama's gated MLP on
+# torch's LayerNorm with a bias (layer_norm_eps), RoPE on the first partial_rotary_factor (0.25) of each head, biases on
+# q / k / v by use_qkv_bias, and with use_parallel_residual the attention and the MLP in parallel on the one norm
+FAMILIES["stablelm"] = Family("StableLmForCausalLM", torch_layer_norm="plain", partial_rotary_factor=0.25, defaults={
+    "vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+    "bos_token_id": 0, "eos_token_id": 0})
 # Nemotron (NemotronForCausalLM: Nemotron-Mini-4B, Minitron-4B / 8B, Nemotron-4): LayerNorm1P (torch's LayerNorm with
 # a bias, its weight applied as 1 + w; norm_eps), RoPE on the first half of each head (partial_rotary_factor 0.5), an
 # ungated MLP of ReLU squared
@@ -373,7 +380,8 @@ FAMILIES["hunyuan_v1_moe"] = Family("HunYuanMoEV1ForCausalLM", qk_norm=True, qk_
                                     reads=("attention_bias",), defaults={**_HUNYUAN_DEFAULTS, "num_experts": 1,
                                                                          "moe_topk": 1})
 _HUNYUANS = ("hunyuan_v1_dense", "hunyuan_v1_moe")
-_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps"}  # (their eps keys)
+_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
+                 "stablelm": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -684,10 +692,18 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None)
              or c.model_type == "phi" and _is_number(v) and 0 <= v < 1, "0.0 (Phi-3; Phi-2: any in [0, 1))")
        for key in ("resid_pdrop", "embd_pdrop")},
-    # Phi-2's per-head q / k LayerNorm: off in phi-1, phi-1.5 and phi-2
-    "qk_layernorm": (lambda v, c: c.model_type == "phi" and v is False, "absent (Phi-2: false)"),
+    # Phi-2's and StableLM's per-head q / k LayerNorm: off in phi-1, phi-1.5, phi-2 and StableLM up to 3B (StableLM 2
+    # 12B's is not implemented)
+    "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and v is False,
+                     "absent (Phi-2, StableLM: false)"),
+    # StableLM's q / k / v biases (LlamaConfig.qkv_bias) and parallel block (LlamaConfig.parallel_block)
+    **{key: (lambda v, c: c.model_type == "stablelm" and isinstance(v, bool), "absent (StableLM: a bool)")
+       for key in ("use_qkv_bias", "use_parallel_residual")},
+    "hidden_dropout": (lambda v, c: c.model_type == "stablelm" and _is_number(v) and 0 <= v < 1,
+                       "absent (StableLM: any in [0, 1), training only)"),
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe",
-                                                                               "minimax_m2", "nemotron", "phi")
+                                                                               "minimax_m2", "nemotron", "phi",
+                                                                               "stablelm")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -940,8 +956,8 @@ def _also(key: str, ok, what: str) -> None:
 
 
 _also("use_qk_norm", lambda v, c: c.model_type in _HUNYUANS and v is True, "Hunyuan: true")
-_also("attention_dropout", lambda v, c: c.model_type == "starcoder2" and _is_number(v) and 0 <= v < 1,
-      "StarCoder 2: any in [0, 1), as its configs ship 0.1")
+_also("attention_dropout", lambda v, c: c.model_type in ("starcoder2", "stablelm") and _is_number(v) and 0 <= v < 1,
+      "StarCoder 2, StableLM: any in [0, 1), as their configs may ship 0.1 (training only)")
 _also("attention_dropout", lambda v, c: c.model_type in _HUNYUANS and _is_number(v) and 0 <= v < 1,
       "Hunyuan: any in [0, 1), as its configs ship 0.1")
 _also("num_experts", lambda v, c: (c.model_type == "hunyuan_v1_moe" and _per_layer(v, lambda x: _is_int(x) and x >= 1))
@@ -1400,6 +1416,8 @@ class LlamaConfig:
         anyone's with ``attention_bias``)."""
         if self.model_type == "qwen2_moe":
             return bool(self.extra.get("qkv_bias", True))
+        if self.model_type == "stablelm":  # (its use_qkv_bias; none on o)
+            return bool(self.extra.get("use_qkv_bias", False))
         return FAMILIES[self.model_type].qkv_bias or self.attention_bias
 
     @property
@@ -1442,8 +1460,10 @@ class LlamaConfig:
 
     @property
     def parallel_block(self) -> bool:
-        """Cohere 2's layer: ``h + attn(x) + mlp(x)`` with ``x = input_layernorm(h)``."""
-        return FAMILIES[self.model_type].parallel_block
+        """Cohere 2's layer: ``h + attn(x) + mlp(x)`` with ``x = input_layernorm(h)`` (Phi-2's; StableLM's with
+        ``use_parallel_residual``)."""
+        return FAMILIES[self.model_type].parallel_block or (
+            self.model_type == "stablelm" and bool(self.extra.get("use_parallel_residual", False)))
 
     @property
     def logit_scale(self) -> float:

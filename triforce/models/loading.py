@@ -1034,7 +1034,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "deepseek32": ("deepseek_v32", False), "glm-dsa": ("glm_moe_dsa", False),
                       "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
                       "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
-                      "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False)}
+                      "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False),
+                      "stablelm": ("stablelm", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1117,7 +1118,8 @@ _GGUF_HARMLESS_ONLY_AT = {
     # read by _gguf_gemma for gemma2
     **{key: (lambda v, c: c.model_type == "gemma2", "absent (Gemma 2's only)")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
-    "use_parallel_residual": (lambda v, c: v is False, "false"),
+    "use_parallel_residual": (lambda v, c: v is False or c.model_type == "stablelm" and v == c.parallel_block,
+                              "false (stablelm: the layers' own, no ffn_norm where true)"),
     # the original YaRN code's flag for its dynamic variant, which static yarn ignores; llama.cpp's granite and
     # granitemoe run without RoPE where it is false
     "rope.scaling.finetuned": (lambda v, c: v is True or c.model_type not in _GGUF_GRANITE_TYPES,
@@ -1254,8 +1256,8 @@ def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
     the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5: half), and a GLM file's whole-head 1.0 (its family's default is
     0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rotated == head_dim:  # (GLM's, Nemotron's and Phi-2's families default to half)
-        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron", "phi2") else {}
+    if rotated == head_dim:  # (GLM's, Nemotron's and Phi-2's families default to half, StableLM's to a quarter)
+        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron", "phi2", "stablelm") else {}
     factor = rotated / head_dim
     if int(head_dim * factor) != rotated:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
@@ -1363,7 +1365,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "hunyuan-dense": _GGUF_HUNYUAN_TENSORS,
                 "hunyuan-moe": _GGUF_HUNYUAN_TENSORS, "starcoder2": _GGUF_STARCODER2_TENSORS,
-                "nemotron": _GGUF_NEMOTRON_TENSORS, "phi2": _GGUF_NEMOTRON_TENSORS}
+                "nemotron": _GGUF_NEMOTRON_TENSORS, "phi2": _GGUF_NEMOTRON_TENSORS, "stablelm": _GGUF_NEMOTRON_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1419,7 +1421,7 @@ def read_gguf(path: Path, skip=None, reader=None):
     head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", 0)) or hidden // n_head
     tok = lambda k: gguf_field(reader, f"tokenizer.ggml.{k}")  # noqa: E731
     # Qwen2: q/k/v biases always; llama / qwen3: biases on q/k/v/o if the file has them (attention_bias)
-    attention_bias = model_type not in ("qwen2", "qwen2_moe") and "blk.0.attn_q.bias" in tensors
+    attention_bias = model_type not in ("qwen2", "qwen2_moe", "stablelm") and "blk.0.attn_q.bias" in tensors
     rope_scaling = _gguf_rope_scaling(reader, arch, path, int(need("context_length")))
     if any(name in tensors for name in _GGUF_ROPE_TENSORS[1:]):
         rope_scaling = _gguf_longrope(reader, arch, path, tensors, rope_scaling)
@@ -1428,7 +1430,7 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
-             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2")
+             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2", "stablelm")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
@@ -1479,6 +1481,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra["sliding_window"] = int(gguf_field(reader, f"{arch}.attention.sliding_window"))
     if model_type == "qwen2_moe":  # (its q/k/v biases by its qkv_bias key: llama.cpp reads them where present)
         extra["qkv_bias"] = "blk.0.attn_q.bias" in tensors
+    if model_type == "stablelm":  # (its q/k/v biases where present; parallel where the layers have no ffn_norm, as
+        extra["use_qkv_bias"] = "blk.0.attn_q.bias" in tensors  # llama.cpp decides)
+        extra["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in tensors
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -1487,7 +1492,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
-            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi")
+            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)

@@ -1,0 +1,80 @@
+"""StableLM (``model_type="stablelm"``: stablelm-2-1_6b / zephyr, stablelm-3b-4e1t, stablelm-zephyr-3b): Llama's gated
+MLP on torch's LayerNorm with a bias, RoPE on the first ``partial_rotary_factor`` (0.25) of each head, q / k / v biases
+by ``use_qkv_bias``, the attention and the MLP in parallel on one norm with ``use_parallel_residual``. Against
+transformers' StableLmForCausalLM, and from GGUF as llama.cpp's converter writes it."""
+import pytest
+import torch
+
+from triforce.models import LlamaConfig
+from triforce.models.llama import MLP, BiasLayerNorm
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import TINY, assert_saved_reads_back, tiny_family, transformers_and_ours
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+BASE = {k: v for k, v in TINY.items() if k != "rms_norm_eps"} | {"num_hidden_layers": 3}
+CASES = {"quarter-rope": {}, "qkv-bias-parallel-half": dict(use_qkv_bias=True, use_parallel_residual=True,
+                                                            partial_rotary_factor=0.5),
+         "tied": dict(tie_word_embeddings=True)}
+
+
+def pair(case="quarter-rope", **kw):
+    """transformers' StableLmForCausalLM of ``case`` (random weights, biases and norms randomised) and ours."""
+    return transformers_and_ours("StableLm", **{**BASE, **CASES[case], **kw})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_every_path_match_transformers(tmp_path, case):
+    """Every path gives transformers' logits (the LayerNorms, partial RoPE, the q / k / v biases, the parallel block);
+    the checkpoint we save reads back in transformers as the same model."""
+    hf, ours = pair(case)
+    c, layer = ours.config, ours.model.layers[0]
+    assert type(layer.mlp) is MLP and type(layer.input_layernorm) is BiasLayerNorm
+    assert (c.qkv_bias, c.out_bias, c.parallel_block) == (hf.config.use_qkv_bias, False,
+                                                          hf.config.use_parallel_residual)
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path, hf, ours)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
+    assert_pass_equals_steps(pair("qkv-bias-parallel-half")[1], dtype)
+
+
+def test_defaults_and_bad_configs():
+    """A config without the keys takes StableLmConfig's (a quarter of each head RoPE'd, no biases, two norms a layer,
+    eps by layer_norm_eps); its per-head q / k LayerNorm (StableLM 2 12B's) and other bias keys raise."""
+    c = LlamaConfig.from_dict({**BASE, "model_type": "stablelm", "layer_norm_eps": 1e-6, "hidden_dropout": 0.1})
+    assert (c.rotary_dim, c.rms_norm_eps, c.qkv_bias, c.parallel_block) == (4, 1e-6, False, False)
+    assert LlamaConfig.from_dict(c.to_dict()).to_dict() == c.to_dict()
+    for bad, match in (({"qk_layernorm": True}, "'qk_layernorm'"), ({"attention_bias": True}, "'attention_bias'"),
+                       ({"use_parallel_residual": 1}, "'use_parallel_residual'")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**BASE, "model_type": "stablelm", **bad})
+
+
+def tiny_stablelm(seed):
+    return tiny_family("stablelm", seed, extra={"use_qkv_bias": True, "use_parallel_residual": seed == 0})
+
+
+@pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
+def test_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny_stablelm(0), tiny_stablelm(1), method, opts)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """A stablelm GGUF as llama.cpp's converter writes it (the LayerNorms' biases; q / k / v biases where the checkpoint
+    has them; rope.dimension_count the RoPE'd dims, NEOX RoPE; use_parallel_residual, and no ffn_norm where it is
+    true, which is what llama.cpp reads) gives transformers' logits; its blocks compute the loaded model bitwise."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
+
+    hf, ours = pair(case)
+    kv = converted_kv(hf.config, rotated=ours.config.rotary_dim, eps_key="attention.layer_norm_epsilon")
+    kv["use_parallel_residual"] = hf.config.use_parallel_residual
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "stablelm", kv)
+    c = loaded.config
+    assert (c.model_type, c.rotary_dim, c.qkv_bias, c.parallel_block) == (
+        "stablelm", ours.config.rotary_dim, ours.config.qkv_bias, ours.config.parallel_block)
