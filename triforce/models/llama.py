@@ -396,9 +396,9 @@ class LayerNorm(RMSNorm):
 
 
 class BiasLayerNorm(RMSNorm):
-    """StarCoder 2's norm: torch's LayerNorm with a weight and a bias (``nn.LayerNorm``, in the input's dtype, its
-    statistics in float32 as ATen computes them), the same op as transformers'. ATen's kernel normalises each row
-    alone. No fused or Triton path."""
+    """StarCoder 2's, StableLM's and Phi-2's norm: torch's LayerNorm with a weight and a bias (``nn.LayerNorm``, in
+    the input's dtype, its statistics in float32 as ATen computes them), the same op as transformers'. ATen's kernel
+    normalises each row alone. No fused or Triton path."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__(dim, eps)
@@ -774,9 +774,9 @@ def _add_projections(mlp: nn.Module, config: LlamaConfig, intermediate_size: int
 
 
 class FeedForward(nn.Module):
-    """The ungated MLP: ``down(act(up(x)))`` (``config.gated_mlp`` false): StarCoder 2's GELU in its tanh form
-    (its checkpoints' ``c_fc`` / ``c_proj``, renamed on loading), Arcee's ReLU squared. The activation takes each
-    row alone (:func:`_activated`)."""
+    """The ungated MLP: ``down(act(up(x)))`` (``config.gated_mlp`` false): StarCoder 2's and Phi-2's GELU in its
+    tanh form (their checkpoints' ``c_fc`` / ``c_proj`` and ``fc1`` / ``fc2``, renamed on loading), Arcee's and
+    Nemotron's ReLU squared. The activation takes each row alone (:func:`_activated`)."""
 
     def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
         super().__init__()
