@@ -1345,27 +1345,18 @@ _GGUF_GLM4MOE_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k !=
                          "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # (ernie4_5-moe's and minimax-m2's too)
 _GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
-# hunyuan-dense, hunyuan-moe: Hunyuan's checkpoint names (the q / k norms, the router, the shared expert: _build
-# renames them)
-_GGUF_HUNYUAN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_q_norm.weight": "self_attn.query_layernorm.weight",
-                         "attn_k_norm.weight": "self_attn.key_layernorm.weight",
-                         "ffn_gate_inp.weight": "mlp.gate.wg.weight",
-                         **{f"ffn_{k}_shexp.weight": f"mlp.shared_mlp.{k}_proj.weight" for k in ("gate", "up", "down")}}
-# nemotron: its LayerNorms' biases and the ungated MLP's (up_proj, down_proj); starcoder2: the same with the MLP under
-# its checkpoints' names (ffn_up: c_fc, ffn_down: c_proj)
-_GGUF_NEMOTRON_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_layernorm.bias",
-                          "ffn_norm.bias": "post_attention_layernorm.bias"}
-_GGUF_STARCODER2_TENSORS = {**_GGUF_NEMOTRON_TENSORS, **{
-    f"{k}.{w}": f"mlp.{v}.{w}" for k, v in (("ffn_up", "c_fc"), ("ffn_down", "c_proj")) for w in ("weight", "bias")}}
+# the LayerNorms' biases (nemotron, starcoder2, phi2, stablelm; the ungated MLP as ffn_up / ffn_down). The model's names
+# here, as for every architecture; read_gguf gives the family's checkpoint names where they differ (_FAMILY_NAMES)
+_GGUF_LAYER_NORM_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_layernorm.bias",
+                            "ffn_norm.bias": "post_attention_layernorm.bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
                 "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
-                "exaone-moe": _GGUF_DOTS1_TENSORS, "hunyuan-dense": _GGUF_HUNYUAN_TENSORS,
-                "hunyuan-moe": _GGUF_HUNYUAN_TENSORS, "starcoder2": _GGUF_STARCODER2_TENSORS,
-                "nemotron": _GGUF_NEMOTRON_TENSORS, "phi2": _GGUF_NEMOTRON_TENSORS, "stablelm": _GGUF_NEMOTRON_TENSORS}
+                "exaone-moe": _GGUF_DOTS1_TENSORS,
+                **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm"), _GGUF_LAYER_NORM_TENSORS)}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1540,7 +1531,7 @@ def read_gguf(path: Path, skip=None, reader=None):
             key = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
             if sparse and f"blk.{i}.exp_probs_b.bias" not in tensors:
                 sd[key] = torch.zeros(config.experts.count)
-    if model_type in _FAMILY_NAMES:  # (the checkpoints' names where the family's differ: Phi-2's final norm)
+    if model_type in _FAMILY_NAMES:  # (the family's checkpoint names where they differ from the model's)
         sd = _renamed(sd, [(v, k) for k, v in _FAMILY_NAMES[model_type].items()])
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -1949,8 +1940,6 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
             blocks = torch.from_numpy(t.data).view(torch.uint8)
         out[key] = (kind, blocks if heads is None else _unpermute(blocks, heads).contiguous())
     out.update(_expert_blocks(stacked))
-    if GGUF_ARCHITECTURES[arch][0] in _FAMILY_NAMES:  # (the file's tensors under the checkpoints' names: the model's)
-        out = _renamed(out, _FAMILY_NAMES[GGUF_ARCHITECTURES[arch][0]].items())
     family = FAMILIES[GGUF_ARCHITECTURES[arch][0]]
     # (fused rows split; rows reordered: RoPE on adjacent pairs, partial RoPE (fewer RoPE'd dims than a key's: GLM-4.5,
     # MiniMax-M2, the latent attention's RoPE'd rows))
