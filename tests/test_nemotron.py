@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from triforce.models import LlamaConfig
-from triforce.models.llama import FeedForward, LayerNorm1P
+from triforce.models.llama import FeedForward, LayerNorm1P, RMSNorm
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, assert_saved_reads_back, tiny_family, transformers_and_ours
@@ -66,6 +66,12 @@ def test_int8_drafts_and_trained_heads_see_the_model():
     model = tiny_family("nemotron", 0)
     assert_greedy_equals_autoregressive(model, int8_copy(model), "speculative", {"gamma": 3})
     assert_perturbed_heads_train_as_they_decode(model)
+    # untrained heads' norms start at the final norm's factor, 1 + w (LayerNorm1P stores w)
+    from triforce.heads import make_heads
+
+    heads = make_heads("mlp", model.config, depth=2).init_from(model)
+    norms = [m for m in heads.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(torch.equal(m.weight, model.model.norm.weight.float() + 1) for m in norms)
 
 
 def write_nemotron_gguf(path, hf, rotary_dim: int, quant=None):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triforce.models.llama import GemmaRMSNorm, RMSNorm
+from triforce.models.llama import GemmaRMSNorm, LayerNorm1P, RMSNorm
 
 KINDS = ("medusa", "mlp", "hidden_transfer", "early_exit")
 FORMAT = 1
@@ -110,11 +110,12 @@ class DraftHeads(nn.Module):
 
     def init_from(self, model) -> "DraftHeads":
         """Copy what starts from the target (norm weights) so an untrained set predicts as its head. A Gemma
-        target's final norm scales by ``1 + w`` (:class:`~triforce.models.llama.GemmaRMSNorm`): the heads' norms,
-        which scale by their weight, start at that factor."""
+        target's final norm scales by ``1 + w`` (:class:`~triforce.models.llama.GemmaRMSNorm`), as a Nemotron one's
+        (:class:`~triforce.models.llama.LayerNorm1P`): the heads' norms, which scale by their weight, start at that
+        factor."""
         self.check_target(model)
         norm = model.model.norm
-        factor = norm.weight.float() + (1.0 if isinstance(norm, GemmaRMSNorm) else 0.0)
+        factor = norm.weight.float() + (1.0 if isinstance(norm, (GemmaRMSNorm, LayerNorm1P)) else 0.0)
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, RMSNorm):
