@@ -110,10 +110,11 @@ class Family:
     attention_sinks: bool = False  # a learned logit per query head in every softmax, on no value (GPT-OSS)
     # Hunyuan: the per-head q/k RMSNorm after RoPE, not before (LlamaConfig.qk_norm_after_rope)
     qk_norm_after_rope: bool = False
-    # StarCoder 2, Arcee: the MLP ungated, down(act(up(x))) (LlamaConfig.gated_mlp)
+    # StarCoder 2, Arcee, Nemotron, Phi-2: the MLP ungated, down(act(up(x))) (LlamaConfig.gated_mlp)
     gated_mlp: bool = True
-    # torch's LayerNorm with a bias (in the model's dtype), not RMSNorm: "plain" (StarCoder 2's nn.LayerNorm) or "1p"
-    # (Nemotron's LayerNorm1P: the weight stored as an offset from 1, applied as 1 + w in the weight's dtype)
+    # torch's LayerNorm with a bias (in the model's dtype), not RMSNorm: "plain" (StarCoder 2's, StableLM's and Phi-2's
+    # nn.LayerNorm) or "1p" (Nemotron's LayerNorm1P: the weight stored as an offset from 1, applied as 1 + w in the
+    # weight's dtype)
     torch_layer_norm: str = ""
 
 
