@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import strategies as st
 
 from triforce.models import FullCache, Llama, LlamaConfig
 
@@ -85,6 +86,32 @@ def transformers_and_ours(name: str, **kw):
     config = getattr(transformers, f"{name}Config")(**kw, attn_implementation="eager")
     hf = randomize_(getattr(transformers, f"{name}ForCausalLM")(config).eval())
     return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def assert_drawn_checkpoint_loads(draw, hf, ours, write, want=None) -> None:
+    """A drawn-checkpoint property's checks of transformers' ``hf`` and ``ours`` on its weights: transformers' logits on
+    32 tokens (ids drawn), a 6-token pass bitwise its steps, and the GGUF that ``write(path, quant)`` writes in
+    float32 or (drawn) in Q8_0 / Q5_0 blocks: in float32 it loads with the logits of ``want(ids)`` (default
+    transformers'), in blocks they compute the loaded model bitwise."""
+    import tempfile
+    from pathlib import Path
+
+    from .test_sliding_window import assert_pass_equals_steps
+
+    ids = torch.randint(0, 101, (2, 32), generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+    assert_pass_equals_steps(ours, torch.float32, tokens=6)
+    quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)) if draw(st.booleans()) else None
+    with tempfile.TemporaryDirectory() as d:
+        path = write(Path(d) / "m.gguf", quant)
+        if quant is not None:
+            assert_blocks_compute_the_loaded_model(path, ids)
+            return
+        with torch.no_grad():
+            target = ref if want is None else want(ids)
+            assert (Llama.from_pretrained(path, cache_dir=False)(ids) - target).abs().max().item() <= TOL
 
 
 def assert_saved_reads_back(tmp_path, hf, ours) -> None:

@@ -314,12 +314,7 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
     16 / 32 over 1, 2 or 4 KV heads; an NTK alpha or none; biases, a tied head) gives transformers' logits on 32 tokens,
     a 6-token pass the bits of its steps, and its GGUF as llama.cpp's converter writes it (float32, or Q8_0 / Q5_0
     blocks) loads with transformers' logits or, in blocks, computes the loaded model bitwise."""
-    import tempfile
-    from pathlib import Path
-
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+    from .test_families import assert_drawn_checkpoint_loads, write_converted_gguf
 
     draw = data.draw
     moe = draw(st.booleans())
@@ -333,24 +328,13 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
         count = draw(st.integers(1, 6))
         kw.update(num_experts=count, moe_topk=draw(st.integers(1, min(3, count))))
     hf, ours = hunyuan_pair("HunYuanMoEV1" if moe else "HunYuanDenseV1", **kw)
-    ids = torch.randint(0, 101, (2, 32), generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
-    with torch.no_grad():
-        ref = hf(ids).logits
-        assert (ours(ids) - ref).abs().max().item() <= TOL
-    assert_pass_equals_steps(ours, torch.float32, tokens=6)
-    quant = draw(st.sampled_from([None, "blocks"]))
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "m.gguf"
-        q = None if quant is None else quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0))
+
+    def write(path, quant):
         if moe:
-            write_hunyuan_moe_gguf(path, hf, quant=q)
-        else:
-            write_converted_gguf(path, hf, "hunyuan-dense", hunyuan_kv(hf.config), quant=q)
-        if quant is None:
-            with torch.no_grad():
-                assert (Llama.from_pretrained(path, cache_dir=False)(ids) - ref).abs().max().item() <= TOL
-        else:
-            assert_blocks_compute_the_loaded_model(path, ids)
+            return write_hunyuan_moe_gguf(path, hf, quant=quant)
+        return write_converted_gguf(path, hf, "hunyuan-dense", hunyuan_kv(hf.config), quant=quant)
+
+    assert_drawn_checkpoint_loads(draw, hf, ours, write)
 
 
 @pytest.mark.parametrize("model_type", ["hunyuan_v1_dense", "hunyuan_v1_moe"])

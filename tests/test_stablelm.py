@@ -88,15 +88,7 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
     2 or 4 KV heads; q / k / v biases or none; the parallel block or two norms; tied or not) gives transformers'
     logits on 32 tokens, a 6-token pass the bits of its steps, and its GGUF (float32: transformers' logits; Q8_0 /
     Q5_0 blocks: the loaded model bitwise)."""
-    import tempfile
-    from pathlib import Path
-
-    import numpy as np
-
-    from triforce.models import Llama
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, converted_kv, quantizer, write_converted_gguf
-    from .test_model import TOL
+    from .test_families import assert_drawn_checkpoint_loads, converted_kv, write_converted_gguf
 
     draw = data.draw
     heads = 64 // draw(st.sampled_from([8, 16, 32]))
@@ -104,18 +96,7 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
               partial_rotary_factor=draw(st.sampled_from([0.25, 0.5, 1.0])), use_qkv_bias=draw(st.booleans()),
               use_parallel_residual=draw(st.booleans()), tie_word_embeddings=draw(st.booleans()), num_hidden_layers=2)
     hf, ours = transformers_and_ours("StableLm", **kw)
-    ids = torch.randint(0, 101, (2, 32), generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
-    with torch.no_grad():
-        ref = hf(ids).logits
-        assert (ours(ids) - ref).abs().max().item() <= TOL
-    assert_pass_equals_steps(ours, torch.float32, tokens=6)
-    quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)) if draw(st.booleans()) else None
     kv = converted_kv(hf.config, rotated=ours.config.rotary_dim, eps_key="attention.layer_norm_epsilon")
     kv["use_parallel_residual"] = hf.config.use_parallel_residual
-    with tempfile.TemporaryDirectory() as d:
-        path = write_converted_gguf(Path(d) / "m.gguf", hf, "stablelm", kv, quant=quant)
-        if quant is not None:
-            assert_blocks_compute_the_loaded_model(path, ids)
-            return
-        with torch.no_grad():
-            assert (Llama.from_pretrained(path, cache_dir=False)(ids) - ref).abs().max().item() <= TOL
+    assert_drawn_checkpoint_loads(draw, hf, ours,
+                                  lambda path, quant: write_converted_gguf(path, hf, "stablelm", kv, quant=quant))
