@@ -889,11 +889,12 @@ class SparseMoE(nn.Module):
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
         if self.deepseek:
             return self._deepseek_route(x)
-        gate = self.gate.weight
-        # (Hunyuan's float32 router: the rows made float32, as transformers computes its logits)
-        bias = self.gate.bias
+        # (Hunyuan's float32 router: the rows made float32, as transformers computes its logits; the module dict read
+        # directly, nn.Module.__getattr__ being slow on a per-layer path)
+        params = self.gate._parameters
+        gate, bias = params.get("weight"), params.get("bias")
         logits = (linear(x.float(), gate, None if bias is None else bias.float())
-                  if gate.dtype == torch.float32 != x.dtype else self.gate(x).float())
+                  if gate is not None and gate.dtype == torch.float32 != x.dtype else self.gate(x).float())
         if self.softmax_of_top_k:  # GraniteMoE's order: the top k logits, then their softmax
             w, index = torch.topk(logits, self.top_k, dim=-1)
             return torch.softmax(w, dim=-1).to(x.dtype), index
