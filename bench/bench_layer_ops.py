@@ -10,10 +10,11 @@ Per shape (rows = batch x tokens of a step, a model's widths):
 Bytes are those reads and writes once; the fraction is of the copy bandwidth measured in the run. At a
 decode step's few rows both sides are launch-bound: the row says what one call costs on the device.
 
-On a CPU (no GPU, or ``--cpu``) the CPU's own gated activations (``triforce_C::silu_mul`` and Gemma's
-``gelu_tanh_mul``, csrc/include/triforce/glu.h: every element by the same arithmetic, which ATen's SiLU and GELU
-are not) run as backend ``cpu`` against ``F.silu(gate) * up`` / ``F.gelu(gate, approximate="tanh") * up`` in
-float32 and bfloat16, in turns (the VM's drift), median of 21; GPT-OSS's clamped SwiGLU
+On a CPU (no GPU, or ``--cpu``) the CPU's own gated activations (``triforce_C::silu_mul``, Gemma's
+``gelu_tanh_mul`` and GPT-NeoX's exact ``gelu_mul``, csrc/include/triforce/glu.h: every element by the same
+arithmetic, which ATen's SiLU and GELU are not) run as backend ``cpu`` against ``F.silu(gate) * up`` /
+``F.gelu(gate, approximate="tanh") * up`` / ``F.gelu(gate) * up`` in float32 and bfloat16, in turns (the VM's
+drift), median of 21; GPT-OSS's clamped SwiGLU
 (``swiglu_clamped_mul``) against the model layer's PyTorch form of it at gpt-oss-20b's width.
 
 ``--rms-norm``: the CPU's ``triforce_C::rms_norm`` (RMSNorm's forward on its module path) against the module's
@@ -34,7 +35,7 @@ from .harness import copy_bandwidth, measure, measure_alternating, record
 
 # (name, hidden, query heads, head dim, intermediate)
 MODELS = {"smollm2-135m": (576, 9, 64, 1536), "llama3-8b": (4096, 32, 128, 14336), "gemma-2b": (2048, 8, 256, 16384),
-          "gpt-oss-20b": (2880, 64, 64, 2880)}
+          "gpt-oss-20b": (2880, 64, 64, 2880), "pythia-1.4b": (2048, 16, 128, 8192)}
 SWIGLU_CLAMP = (1.702, 7.0)  # GPT-OSS's (alpha, limit)
 
 
@@ -71,8 +72,8 @@ def bench_shape(device, model: str, rows: int, dtype=torch.bfloat16, **measure_k
 
 
 def bench_cpu_glu(model: str, rows: int, dtype=torch.float32, act: str = "silu", reps: int = 21) -> None:
-    """``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (backend ``cpu``) against PyTorch's ``act(gate) * up`` on
-    the CPU, in turns; ``act="swiglu_clamped"``: GPT-OSS's ``triforce_C::swiglu_clamped_mul`` against the model
+    """``triforce_C::silu_mul`` / ``gelu_tanh_mul`` / ``gelu_mul`` (backend ``cpu``) against PyTorch's ``act(gate) *
+    up`` on the CPU, in turns; ``act="swiglu_clamped"``: GPT-OSS's ``triforce_C::swiglu_clamped_mul`` against the model
     layer's PyTorch form of it (``_clamped_swiglu_ops``, 7 ops) at :data:`SWIGLU_CLAMP`."""
     from triforce.models.llama import ACTIVATIONS, _clamped_swiglu_ops, _rowwise_available
     if not _rowwise_available():
@@ -160,7 +161,8 @@ def main():
             ("silu", "smollm2-135m", 1), ("silu", "smollm2-135m", 8), ("silu", "smollm2-135m", 32),
             ("silu", "smollm2-135m", 128), ("silu", "smollm2-135m", 2048), ("silu", "llama3-8b", 1),
             ("silu", "llama3-8b", 8), ("gelu_tanh", "gemma-2b", 1), ("gelu_tanh", "gemma-2b", 8),
-            ("gelu_tanh", "gemma-2b", 128), ("swiglu_clamped", "gpt-oss-20b", 1), ("swiglu_clamped", "gpt-oss-20b", 8),
+            ("gelu_tanh", "gemma-2b", 128), ("gelu", "pythia-1.4b", 1), ("gelu", "pythia-1.4b", 8),
+            ("gelu", "pythia-1.4b", 128), ("swiglu_clamped", "gpt-oss-20b", 1), ("swiglu_clamped", "gpt-oss-20b", 8),
             ("swiglu_clamped", "gpt-oss-20b", 128)]
         for act, model, rows in shapes:
             for dtype in (torch.float32, torch.bfloat16):

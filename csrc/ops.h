@@ -108,9 +108,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_qk(const at::Tensor& q, const
 // act(gate) * up as the modules round it (the activation in float32 rounded to the dtype, the product rounded),
 // float32, bfloat16 or float16, every element by the same arithmetic whatever the shape and the threads
 // (csrc/include/triforce/glu.h: ATen's SiLU and GELU are not): the model layer's MLP on the CPU. SiLU (SwiGLU);
-// GELU's tanh form, gelu(approximate="tanh") (Gemma's GeGLU).
+// GELU's tanh form, gelu(approximate="tanh") (Gemma's GeGLU); the exact GELU, gelu() (GPT-NeoX's ungated MLP, with
+// up = 1), within a few ulp of the exact value where ATen's 1 + erf loses the negative tail (glu.h).
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up);
 // GPT-OSS's experts' clamped SwiGLU: (clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha)), g = min(gate,
 // limit), each step rounded to the dtype as transformers' ops round it, every element by the same arithmetic (glu.h);
 // alpha finite, limit finite and > 0.

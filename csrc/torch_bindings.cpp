@@ -39,6 +39,7 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("index_scores(Tensor q, Tensor k, Tensor w, float scale) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("gelu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("swiglu_clamped_mul(Tensor gate, Tensor up, float alpha, float limit) -> Tensor");
   m.def("moe_experts(Tensor x, Tensor index, Tensor weight, Tensor?[] gate_up, Tensor?[] gate_up_scales, "
         "Tensor?[] down, Tensor?[] down_scales, str activation, Tensor?[]? gate_up_bias=None, "
@@ -87,6 +88,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("decoder_attn_out_mlp", &decoder_attn_out_mlp);
   m.impl("silu_mul", &silu_mul);
   m.impl("gelu_tanh_mul", &gelu_tanh_mul);
+  m.impl("gelu_mul", &gelu_mul);
   m.impl("swiglu_clamped_mul", &swiglu_clamped_mul);
   m.impl("moe_experts", &moe_experts);
   m.impl("decoder_layers", &decoder_layers);

@@ -528,6 +528,10 @@ at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up) {
   return glu_op<triforce::Act::kGeluTanh>("gelu_tanh_mul", gate, up);
 }
 
+at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  return glu_op<triforce::Act::kGelu>("gelu_mul", gate, up);
+}
+
 void check_swiglu_clamp(const char* name, double alpha, double limit) {
   TORCH_CHECK(std::isfinite(alpha) && std::isfinite(limit) && limit > 0, name,
               ": alpha must be finite and limit finite and > 0, got ", alpha, " and ", limit);

@@ -1,4 +1,5 @@
-// Torch-free unit test of act(gate) * up (csrc/include/triforce/glu.h, ctest), for SiLU and GELU's tanh form:
+// Torch-free unit test of act(gate) * up (csrc/include/triforce/glu.h, ctest), for SiLU, GELU's tanh form and the
+// exact GELU:
 // the AVX-512 form gives the scalar form's bits for every float tried (a sweep of bit patterns, the clamp's
 // edges, inf, NaN) and, per element type, for every row length 0-70 (the masked last lanes), nothing written
 // past a row; the activations within a few ulp of the exact value; the special values; each step rounded to
@@ -115,7 +116,7 @@ int64_t lanes_differ() {
     check();
   }
   for (float edge : {kExpMin, kSiluExpMax, 88.7228f, -88.7228f, 88.72284f, -88.72284f, 87.33654f, -87.33654f,
-                     -9.8f, -10.f, -10.2f, 9.8f}) {
+                     -9.8f, -10.f, -10.2f, 9.8f, kGeluSplit, -kGeluSplit, kGeluTop, -kGeluTop, 13.217f, -13.217f}) {
     for (int j = 0; j < 16; ++j) x[j] = std::nextafter(edge, j < 8 ? -inf : inf) + (j % 8) * 1e-5f;
     check();
   }
@@ -192,6 +193,29 @@ int main() {
               static_cast<long long>(worst_near), worst_far);
   EXPECT(worst_near <= 12);
   EXPECT(worst_far <= std::ldexp(1.0, -22));
+  // the exact GELU: within 6 ulp of x erfc(-x / sqrt 2) / 2 wherever that is a normal float (x >= -13.1; the
+  // polynomials' 5.1 ulp in scripts/fit_gelu_erf.py's model, e^x's one more); -0 from the tail's end on
+  int64_t worst_erf = 0, erf_not_zero = 0;
+  for (float x = -14.f; x <= 30.f; x += 0.0009f) {
+    const float got = act_f32<Act::kGelu>(x);
+    if (x <= -kGeluTop) {
+      erf_not_zero += !(got == 0.f && std::signbit(got));
+      continue;
+    }
+    const long double xl = x, want = xl * std::erfc(-xl / std::sqrt(2.0L)) / 2;
+    if (std::fabs(static_cast<double>(want)) < 1e-37) continue;  // (subnormal results: no ulp measure)
+    const int64_t u = ulps(got, static_cast<float>(want));
+    worst_erf = u > worst_erf ? u : worst_erf;
+  }
+  std::printf("exact GELU: at most %lld ulp from the exact value\n", static_cast<long long>(worst_erf));
+  EXPECT(worst_erf <= 6);
+  EXPECT(erf_not_zero == 0);
+  EXPECT(act_f32<Act::kGelu>(0.f) == 0.f && !std::signbit(act_f32<Act::kGelu>(0.f)));
+  EXPECT(act_f32<Act::kGelu>(inf) == inf);
+  EXPECT(std::isnan(act_f32<Act::kGelu>(-inf)));  // -inf * 0, as PyTorch's
+  EXPECT(std::isnan(act_f32<Act::kGelu>(qnan)));
+  EXPECT(act_f32<Act::kGelu>(20.f) == 20.f && act_f32<Act::kGelu>(1e30f) == 1e30f);
+  EXPECT(act_f32<Act::kGelu>(-8.f) < 0.f);  // the tail: -8 * 6.2e-16, where PyTorch's 1 + erf is 0
   // special values as PyTorch's: SiLU's x / (1 + exp(-x)); GELU -0 far below 0, x far above
   EXPECT(act_f32<Act::kSilu>(0.f) == 0.f);
   EXPECT(act_f32<Act::kSilu>(inf) == inf);
@@ -232,7 +256,7 @@ int main() {
   EXPECT(swiglu(-100.f, 1.f) == 0.f && std::signbit(swiglu(-100.f, 1.f)));  // -100 * sigmoid(-170.2) = -0
   EXPECT(swiglu(3.f, -1.f) == 0.f);                                          // up + 1 = 0
 #if defined(__AVX512F__)
-  const int64_t differ = lanes_differ<Act::kSilu>() + lanes_differ<Act::kGeluTanh>();
+  const int64_t differ = lanes_differ<Act::kSilu>() + lanes_differ<Act::kGeluTanh>() + lanes_differ<Act::kGelu>();
   std::printf("AVX-512 against scalar: %lld lanes differ\n", static_cast<long long>(differ));
   EXPECT(differ == 0);
   int64_t swiglu_differ = 0;
@@ -251,6 +275,9 @@ int main() {
   EXPECT((rows_check<Act::kGeluTanh, float>(rng)) == 0);
   EXPECT((rows_check<Act::kGeluTanh, bf16>(rng)) == 0);
   EXPECT((rows_check<Act::kGeluTanh, f16>(rng)) == 0);
+  EXPECT((rows_check<Act::kGelu, float>(rng)) == 0);
+  EXPECT((rows_check<Act::kGelu, bf16>(rng)) == 0);
+  EXPECT((rows_check<Act::kGelu, f16>(rng)) == 0);
   for (SwigluClamp c : {gpt_oss, SwigluClamp{0.5f, 0.3f}}) {  // (0.3 rounds to 16 bits otherwise than in float32)
     EXPECT((rows_check<Act::kSwigluClamped, float>(rng, c)) == 0);
     EXPECT((rows_check<Act::kSwigluClamped, bf16>(rng, c)) == 0);

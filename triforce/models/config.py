@@ -9,8 +9,9 @@ anyway would give silently wrong logits.
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
-``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``nemotron`` and ``phi``
-(ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's), and the mixtures of experts ``mixtral``,
+``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``nemotron``, ``phi``
+and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's; GPT-NeoX's exact GELU and its
+parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``mixtral``,
 ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
@@ -116,6 +117,9 @@ class Family:
     # nn.LayerNorm) or "1p" (Nemotron's LayerNorm1P: the weight stored as an offset from 1, applied as 1 + w in the
     # weight's dtype)
     torch_layer_norm: str = ""
+    # GPT-NeoX: its parallel block's MLP on a norm of its own, h + attn(norm1(h)) + mlp(norm2(h))
+    # (LlamaConfig.parallel_norms)
+    parallel_norms: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -381,8 +385,28 @@ FAMILIES["hunyuan_v1_moe"] = Family("HunYuanMoEV1ForCausalLM", qk_norm=True, qk_
                                     reads=("attention_bias",), defaults={**_HUNYUAN_DEFAULTS, "num_experts": 1,
                                                                          "moe_topk": 1})
 _HUNYUANS = ("hunyuan_v1_dense", "hunyuan_v1_moe")
+# GPT-NeoX (GPTNeoXForCausalLM: Pythia 14M-12B, GPT-NeoX-20B, Dolly v2, RedPajama-INCITE, StableLM-Alpha): torch's
+# LayerNorm with a bias (layer_norm_eps), by default (use_parallel_residual) the attention and the MLP in parallel,
+# each on its own norm of the block's input (h + attn(norm1(h)) + mlp(norm2(h))); multi-head attention (no KV groups)
+# with q, k and v as one per-head interleaved query_key_value (rows [q_h; k_h; v_h] for each head h), biases on it
+# and on dense by attention_bias; RoPE on the first rotary_pct (0.25) of each head at base rotary_emb_base; an
+# ungated MLP of the exact GELU (dense_h_to_4h, dense_4h_to_h, biased) or, by hidden_act, GELU's tanh form
+# (GPT-NeoX-20B's gelu_fast); an untied head (embed_out). Its checkpoints' names under gpt_neox.* (renamed on
+# loading).
+FAMILIES["gpt_neox"] = Family("GPTNeoXForCausalLM", activation="gelu",
+                              hidden_acts=("gelu", "gelu_fast", "gelu_new", "gelu_pytorch_tanh"), gated_mlp=False,
+                              torch_layer_norm="plain", parallel_block=True, parallel_norms=True,
+                              partial_rotary_factor=0.25, fused_projections=("query_key_value",),
+                              reads=("attention_bias", "mlp_bias"), defaults={
+                                  "vocab_size": 50432, "hidden_size": 6144, "intermediate_size": 24576,
+                                  "num_hidden_layers": 44, "num_attention_heads": 64, "max_position_embeddings": 2048,
+                                  "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 2,
+                                  "attention_bias": True})
+# GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
+# must agree)
+_NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
-                 "stablelm": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
+                 "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -680,8 +704,10 @@ _HARMLESS_ONLY_AT = {
              "2: any, with layer_types, which transformers reads instead)")
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
-    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type == "seed_oss" and _is_number(v) and 0 <= v < 1),
-                          "0.0 (Seed-OSS: any, as its configs ship 0.1: dropout acts in training only)"),
+    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox") and _is_number(v)
+                                                          and 0 <= v < 1),
+                          "0.0 (Seed-OSS, GPT-NeoX: any, as Seed-OSS's configs ship 0.1: dropout acts in training "
+                          "only)"),
     # Seed-OSS's: LlamaConfig.out_bias; its residual dropout (training only)
     "attention_out_bias": (lambda v, c: c.model_type == "seed_oss" and isinstance(v, bool),
                            "absent (Seed-OSS: a bool)"),
@@ -697,14 +723,18 @@ _HARMLESS_ONLY_AT = {
     # 12B's is not implemented)
     "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and v is False,
                      "absent (Phi-2, StableLM: false)"),
-    # StableLM's q / k / v biases (LlamaConfig.qkv_bias) and parallel block (LlamaConfig.parallel_block)
-    **{key: (lambda v, c: c.model_type == "stablelm" and isinstance(v, bool), "absent (StableLM: a bool)")
-       for key in ("use_qkv_bias", "use_parallel_residual")},
-    "hidden_dropout": (lambda v, c: c.model_type == "stablelm" and _is_number(v) and 0 <= v < 1,
-                       "absent (StableLM: any in [0, 1), training only)"),
+    # StableLM's q / k / v biases (LlamaConfig.qkv_bias) and parallel block (LlamaConfig.parallel_block; GPT-NeoX's)
+    "use_qkv_bias": (lambda v, c: c.model_type == "stablelm" and isinstance(v, bool), "absent (StableLM: a bool)"),
+    "use_parallel_residual": (lambda v, c: c.model_type in ("stablelm", "gpt_neox") and isinstance(v, bool),
+                              "absent (StableLM, GPT-NeoX: a bool)"),
+    "hidden_dropout": (lambda v, c: c.model_type in ("stablelm", "gpt_neox") and _is_number(v) and 0 <= v < 1,
+                       "absent (StableLM, GPT-NeoX: any in [0, 1), training only)"),
+    # GPT-NeoX's dropout of its sequence-classification head (not a causal LM's)
+    "classifier_dropout": (lambda v, c: c.model_type == "gpt_neox" and (v is None or _is_number(v) and 0 <= v < 1),
+                           "absent (GPT-NeoX: null or any in [0, 1), its classifier's)"),
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe",
                                                                                "minimax_m2", "nemotron", "phi",
-                                                                               "stablelm")
+                                                                               "stablelm", "gpt_neox")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -1258,6 +1288,11 @@ class LlamaConfig:
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
+        if self.model_type == "gpt_neox" and (not self.mlp_bias or self.num_key_value_heads != self.num_attention_heads
+                                              or self.head_dim * self.num_attention_heads != self.hidden_size):
+            raise ValueError("model_type 'gpt_neox' is multi-head attention of head_dim hidden_size // heads with "
+                             f"biased MLPs: got {self.num_key_value_heads} KV heads of {self.num_attention_heads}, "
+                             f"head_dim {self.head_dim} of hidden_size {self.hidden_size}, mlp_bias {self.mlp_bias}")
         if self.model_type in _USE_BIAS and self.attention_bias != self.mlp_bias:
             raise ValueError(f"model_type {self.model_type!r} has one bias switch (use_bias) for every projection: "
                              f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
@@ -1462,9 +1497,17 @@ class LlamaConfig:
     @property
     def parallel_block(self) -> bool:
         """Cohere 2's layer: ``h + attn(x) + mlp(x)`` with ``x = input_layernorm(h)`` (Phi-2's; StableLM's with
-        ``use_parallel_residual``)."""
-        return FAMILIES[self.model_type].parallel_block or (
-            self.model_type == "stablelm" and bool(self.extra.get("use_parallel_residual", False)))
+        ``use_parallel_residual``; GPT-NeoX's unless ``use_parallel_residual`` is false, with
+        :attr:`parallel_norms`)."""
+        if self.model_type in ("stablelm", "gpt_neox"):
+            return bool(self.extra.get("use_parallel_residual", FAMILIES[self.model_type].parallel_block))
+        return FAMILIES[self.model_type].parallel_block
+
+    @property
+    def parallel_norms(self) -> bool:
+        """GPT-NeoX's parallel block: the MLP on a norm of its own (``post_attention_layernorm``) of the block's input,
+        ``h + attn(input_layernorm(h)) + mlp(post_attention_layernorm(h))``."""
+        return self.parallel_block and FAMILIES[self.model_type].parallel_norms
 
     @property
     def logit_scale(self) -> float:
@@ -1786,8 +1829,10 @@ class LlamaConfig:
     @property
     def activation(self) -> str:
         """The MLP's activation: ``"silu"`` (SwiGLU), ``"gelu_tanh"`` (GeGLU; StarCoder 2's ungated GELU),
-        ``"swiglu_clamped"`` (GPT-OSS's experts: :attr:`swiglu_clamp`) or ``"relu2"`` (Arcee's ungated ReLU
-        squared)."""
+        ``"swiglu_clamped"`` (GPT-OSS's experts: :attr:`swiglu_clamp`), ``"relu2"`` (Arcee's ungated ReLU
+        squared) or ``"gelu"`` (GPT-NeoX's exact GELU; its ``gelu_fast`` and ``gelu_new``: ``"gelu_tanh"``)."""
+        if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
+            return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
         return FAMILIES[self.model_type].activation
 
     @property
@@ -1837,6 +1882,8 @@ class LlamaConfig:
                 if key in d:
                     raise ValueError(f"config key {key!r} is not PhiConfig's: Phi-2 has biases everywhere")
             d["attention_bias"] = d["mlp_bias"] = True
+        if model_type == "gpt_neox":
+            _gpt_neox_keys(d)
         if model_type in _NORM_EPS_KEY:  # its norms' eps (LayerNorm's): rms_norm_eps here
             d.pop("rms_norm_eps", None)  # (not its config's: transformers keeps it unread)
             if _NORM_EPS_KEY[model_type] in d:
@@ -1954,6 +2001,10 @@ class LlamaConfig:
             d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
         if self.model_type == "phi":  # (always biased: not its config's keys)
             del d["attention_bias"], d["mlp_bias"]
+        if self.model_type == "gpt_neox":  # its own keys (MHA, one head_dim, biased MLPs: none of its config's)
+            del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
+            d["rotary_emb_base"] = d.pop("rope_theta")
+            d["rotary_pct"] = d.pop("partial_rotary_factor", FAMILIES["gpt_neox"].partial_rotary_factor)
         if self.model_type in _COHERES:  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
         if self.model_type in _DEEPSEEKS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
@@ -1969,6 +2020,29 @@ class LlamaConfig:
 
     def replace(self, **changes) -> "LlamaConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _gpt_neox_keys(d: dict) -> None:
+    """A GPT-NeoX config's keys in ``d`` under the model's names, in place: rotary_pct and rotary_emb_base as
+    partial_rotary_factor and rope_theta (each may be given once), its MLP's biases (always: mlp_bias); the keys
+    GPTNeoXConfig does not read and the model would (mlp_bias, num_key_value_heads or head_dim other than MHA's)
+    raise."""
+    heads = d.get("num_attention_heads", FAMILIES["gpt_neox"].defaults["num_attention_heads"])
+    hidden = d.get("hidden_size", FAMILIES["gpt_neox"].defaults["hidden_size"])
+    per_head = hidden // heads if _is_int(heads) and _is_int(hidden) and heads > 0 else None
+    for key, want in (("num_key_value_heads", heads), ("head_dim", per_head)):
+        if key in d and d[key] != want:
+            raise ValueError(f"config {key} = {d[key]!r} is not GPTNeoXConfig's: GPT-NeoX is multi-head attention of "
+                             f"head_dim hidden_size // num_attention_heads ({want!r})")
+    if "mlp_bias" in d:
+        raise ValueError("config key 'mlp_bias' is not GPTNeoXConfig's: its MLP always has biases")
+    d["mlp_bias"] = True
+    for old, new in _NEOX_ROPE_KEYS.items():
+        if old in d:
+            if new in d and d[new] != d[old]:
+                raise ValueError(f"config {old} = {d[old]!r} and {new} = {d[new]!r} disagree (GPT-NeoX's name and "
+                                 "the common one of one setting); keep one")
+            d[new] = d.pop(old)
 
 
 def _mla_heads(d: dict) -> None:

@@ -97,7 +97,7 @@ def _register_fakes() -> None:
         torch.library.register_fake("triforce_C::rowwise_linear_fp8")(lambda x, q, scales: rows(x, q))
     if hasattr(ops, "rowwise_linear_q4_1"):
         torch.library.register_fake("triforce_C::rowwise_linear_q4_1")(rows)
-    for name in ("silu_mul", "gelu_tanh_mul"):
+    for name in ("silu_mul", "gelu_tanh_mul", "gelu_mul"):
         if hasattr(ops, name):
             torch.library.register_fake(f"triforce_C::{name}")(
                 lambda gate, up: torch.empty_like(gate, memory_format=torch.contiguous_format))
@@ -121,7 +121,7 @@ _ROWWISE = None
 
 # The gated MLP's activations in PyTorch ops, by LlamaConfig.activation: the modules' path off the CPU (and
 # without the extension), and the values the native ops' gradients are taken at.
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu,
                "relu2": lambda x: torch.square(F.relu(x))}  # (relu2: Arcee's ungated MLP; exact, so row by row)
 
 
@@ -130,14 +130,15 @@ def _glu_setup(ctx, inputs, output):
 
 
 def _glu_backward(name: str):
-    """The gradients of ``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (act(gate) * up) through ATen's own
-    derivatives, so that the MLP gives the same forward bits with autograd on as off."""
+    """The gradients of ``triforce_C::silu_mul`` / ``gelu_tanh_mul`` / ``gelu_mul`` (act(gate) * up) through
+    ATen's own derivatives, so that the MLP gives the same forward bits with autograd on as off."""
     activation = name.removesuffix("_mul")
 
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
         d_gate = (torch.ops.aten.silu_backward(grad * up, gate) if activation == "silu" else
-                  torch.ops.aten.gelu_backward(grad * up, gate, approximate="tanh"))
+                  torch.ops.aten.gelu_backward(grad * up, gate, approximate="tanh" if activation == "gelu_tanh"
+                                               else "none"))
         return d_gate, grad * ACTIVATIONS[activation](gate)
     return backward
 
@@ -775,8 +776,9 @@ def _add_projections(mlp: nn.Module, config: LlamaConfig, intermediate_size: int
 
 class FeedForward(nn.Module):
     """The ungated MLP: ``down(act(up(x)))`` (``config.gated_mlp`` false): StarCoder 2's and Phi-2's GELU in its
-    tanh form (their checkpoints' ``c_fc`` / ``c_proj`` and ``fc1`` / ``fc2``, renamed on loading), Arcee's and
-    Nemotron's ReLU squared. The activation takes each row alone (:func:`_activated`)."""
+    tanh form (their checkpoints' ``c_fc`` / ``c_proj`` and ``fc1`` / ``fc2``, renamed on loading), GPT-NeoX's exact
+    GELU (``dense_h_to_4h`` / ``dense_4h_to_h``), Arcee's and Nemotron's ReLU squared. The activation takes each row
+    alone (:func:`_activated`)."""
 
     def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
         super().__init__()
@@ -787,9 +789,9 @@ class FeedForward(nn.Module):
 
 
 def _activated(activation: str, x: torch.Tensor) -> torch.Tensor:
-    """``act(x)``, each row alone: ReLU squared is exact; GELU's tanh form on the CPU through the native
-    ``gelu_tanh_mul`` times ones (ATen's rounds a row's elements by where they fall in the tensor: :func:`_native_glu`;
-    the product by 1 is exact)."""
+    """``act(x)``, each row alone: ReLU squared is exact; GELU (the tanh form, the exact one) on the CPU through the
+    native ``gelu_tanh_mul`` / ``gelu_mul`` times ones (ATen's rounds a row's elements by where they fall in the
+    tensor: :func:`_native_glu`; the product by 1 is exact)."""
     if activation == "relu2":
         return ACTIVATIONS["relu2"](x)
     if _native_glu(x, x):
@@ -1045,13 +1047,13 @@ def _native_norm(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
-    """act(gate) * up on the CPU goes through ``triforce_C::silu_mul`` / ``gelu_tanh_mul`` (the fused layer's,
-    same bits): ATen's SiLU and GELU round a row's elements by where they fall in the flattened tensor and the
-    threads' shares of it, so their rows are not independent (csrc/include/triforce/glu.h). With autograd too
+    """act(gate) * up on the CPU goes through ``triforce_C::silu_mul`` / ``gelu_tanh_mul`` / ``gelu_mul`` (the
+    fused layer's, same bits): ATen's SiLU and GELU round a row's elements by where they fall in the flattened tensor
+    and the threads' shares of it, so their rows are not independent (csrc/include/triforce/glu.h). With autograd too
     (the ops' gradients are ATen's: :func:`_glu_backward`); PyTorch's ops where the extension is off
     (``TRIFORCE_ROWWISE_LINEAR=0``)."""
     return (gate.device.type == "cpu" and gate.dtype in _ROWWISE_DTYPES and up.dtype == gate.dtype
-            and up.shape == gate.shape and _rowwise_available() and hasattr(torch.ops.triforce_C, "gelu_tanh_mul"))
+            and up.shape == gate.shape and _rowwise_available() and hasattr(torch.ops.triforce_C, "gelu_mul"))
 
 
 class DecoderLayer(nn.Module):
@@ -1064,8 +1066,9 @@ class DecoderLayer(nn.Module):
         # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
         post = config.post_norms
         self.input_layernorm = nn.Identity() if post else make_norm(config, config.hidden_size, config.rms_norm_eps)
-        self.parallel = config.parallel_block  # Cohere 2: the MLP on input_layernorm's output too, no second norm
-        if not self.parallel:
+        # Cohere 2: the MLP on input_layernorm's output too, no second norm; GPT-NeoX: on its own norm of h
+        self.parallel = config.parallel_block
+        if not self.parallel or config.parallel_norms:
             self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         if config.sandwich_norms:  # Gemma 3: post_attention_layernorm is on the attention's output
             self.pre_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
@@ -1078,13 +1081,14 @@ class DecoderLayer(nn.Module):
     def residual(self, h, a):
         """The stream after the attention output ``a`` and the MLP: ``h + a``, then ``+ mlp(norm(h))``; with
         sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; in parallel (Cohere 2) ``h + a +
-        mlp(norm(h))`` with the attention's own norm; with post norms (OLMo 2 / 3) ``h + norm(a)``, then ``+
+        mlp(norm(h))`` with the attention's own norm (GPT-NeoX: with the MLP's, ``post_attention_layernorm``); with
+        post norms (OLMo 2 / 3) ``h + norm(a)``, then ``+
         norm(mlp(h))``; Granite's blocks' outputs times its residual multiplier before each add."""
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         if self.parallel:  # (the norm computed again: the same row, the same bits as the attention's input)
-            return h + a + self.mlp(self.input_layernorm(h))
+            return h + a + self.mlp(self._modules.get("post_attention_layernorm", self.input_layernorm)(h))
         if self.post_norms:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(h))
@@ -1104,7 +1108,8 @@ class DecoderLayer(nn.Module):
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
         norm = self._modules.get("post_attention_layernorm")  # (Cohere 2's parallel block has none)
-        if type(norm) is RMSNorm and not self.sandwich and not self.post_norms and self.residual_multiplier == 1 \
+        if type(norm) is RMSNorm and not self.parallel and not self.sandwich and not self.post_norms \
+                and self.residual_multiplier == 1 \
                 and norm._kernel_ok(h) and a.shape == h.shape \
                 and a.dtype == h.dtype and a.is_contiguous():  # the residual add and the norm after it in one kernel
             h, x = _layer_ops().rms_norm(h, norm.weight, norm.eps, a)
@@ -1124,8 +1129,8 @@ class DecoderLayer(nn.Module):
     def _fused_layer_arguments(self, dtype: torch.dtype):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`)."""
         mods = self._modules
-        if "post_attention_layernorm" not in mods:
-            return None  # Cohere 2's parallel block: not the fused layer's
+        if "post_attention_layernorm" not in mods or self.__dict__.get("parallel"):
+            return None  # Cohere 2's and GPT-NeoX's parallel blocks: not the fused layer's
         att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
         if type(att) is not Attention:
             return None  # DeepSeek's latent attention: not the fused layer's

@@ -371,15 +371,31 @@ class _Fp8Weights:
 
 
 # Phi-3's and GLM-4's fused projections (config.Family.fused_projections): rows [q; k; v] of qkv_proj, [gate; up] of
-# gate_up_proj
-_FUSED = ((".self_attn.qkv_proj.weight", (".self_attn.q_proj.weight", ".self_attn.k_proj.weight",
-                                          ".self_attn.v_proj.weight")),
-          (".mlp.gate_up_proj.weight", (".mlp.gate_proj.weight", ".mlp.up_proj.weight")))
+# gate_up_proj; GPT-NeoX's query_key_value (weight and bias): per head, rows [q_h; k_h; v_h] (_NEOX_QKV: interleaved)
+_QKV = tuple(f".self_attn.{p}_proj.weight" for p in "qkv")
+_FUSED = ((".self_attn.qkv_proj.weight", _QKV),
+          (".mlp.gate_up_proj.weight", (".mlp.gate_proj.weight", ".mlp.up_proj.weight")),
+          (".attention.query_key_value.weight", _QKV),
+          (".attention.query_key_value.bias", tuple(p.replace(".weight", ".bias") for p in _QKV)))
+_NEOX_QKV = (".attention.query_key_value.weight", ".attention.query_key_value.bias")
 
 
 def _fused_match(key: str):
     """``(fused suffix, part suffixes)`` of :data:`_FUSED` that ``key`` ends with, or None."""
     return next(((fused, parts) for fused, parts in _FUSED if key.endswith(fused)), None)
+
+
+def neox_qkv_split(t: torch.Tensor, heads: int) -> list:
+    """GPT-NeoX's ``query_key_value`` rows (``[heads * 3 * D, ...]``, per head ``[q_h; k_h; v_h]``) as the q, k and v
+    projections' (each ``[heads * D, ...]``, copies)."""
+    per = t.reshape(heads, 3, -1, *t.shape[1:])
+    return [per[:, i].reshape(-1, *t.shape[1:]).clone() for i in range(3)]
+
+
+def neox_qkv_join(parts, heads: int) -> torch.Tensor:
+    """The inverse of :func:`neox_qkv_split`: q, k and v rows (``[heads * D, ...]`` each) interleaved per head."""
+    q = parts[0]
+    return torch.stack([p.reshape(heads, -1, *q.shape[1:]) for p in parts], 1).reshape(-1, *q.shape[1:])
 
 
 def fused_parts(key: str) -> list | None:
@@ -390,7 +406,7 @@ def fused_parts(key: str) -> list | None:
 
 def _fused_rows(config: LlamaConfig, fused: str) -> tuple:
     D = config.head_dim
-    if fused == _FUSED[0][0]:
+    if fused in (_FUSED[0][0], *_NEOX_QKV):
         return (config.num_attention_heads * D, config.num_key_value_heads * D, config.num_key_value_heads * D)
     return (config.intermediate_size,) * 2
 
@@ -407,10 +423,12 @@ def _split_projections(config: LlamaConfig, sd: dict) -> dict:
             out[name] = t
             continue
         rows = _fused_rows(config, match[0])
-        if t.dim() != 2 or t.shape[0] != sum(rows):
+        if t.dim() != (1 if match[0].endswith(".bias") else 2) or t.shape[0] != sum(rows):
             raise ValueError(f"weight {name} has shape {list(t.shape)}: the config implies {sum(rows)} rows "
                              f"({' + '.join(map(str, rows))})")
-        out.update({part: piece.clone() for part, piece in zip(fused_parts(name), t.split(rows))})
+        pieces = (neox_qkv_split(t, config.num_attention_heads) if match[0] in _NEOX_QKV
+                  else [piece.clone() for piece in t.split(rows)])
+        out.update(zip(fused_parts(name), pieces))
     return out
 
 
@@ -424,7 +442,9 @@ def _join_projections(config: LlamaConfig, sd: dict) -> dict:
         for fused, parts in joined:
             if name.endswith(parts[0]):
                 stem = name[: -len(parts[0])]
-                out[stem + fused] = torch.cat([out.pop(stem + part) for part in parts])
+                pieces = [out.pop(stem + part) for part in parts]
+                out[stem + fused] = (neox_qkv_join(pieces, config.num_attention_heads) if fused in _NEOX_QKV
+                                     else torch.cat(pieces))
     return out
 
 
@@ -720,8 +740,13 @@ def _renamed(sd: dict, pairs) -> dict:
     return out
 
 
-# family -> its checkpoints' names of the model's modules (Hunyuan's; StarCoder 2's ungated MLP: c_fc, c_proj)
+# family -> its checkpoints' names of the model's modules (Hunyuan's; StarCoder 2's ungated MLP: c_fc, c_proj;
+# GPT-NeoX's every name but its norms', its query_key_value split first: _FUSED)
 _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
+                 "gpt_neox": {"gpt_neox.embed_in.": "model.embed_tokens.", "gpt_neox.layers.": "model.layers.",
+                              "gpt_neox.final_layer_norm.": "model.norm.", "embed_out.": "lm_head.",
+                              ".attention.dense.": ".self_attn.o_proj.", ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
+                              ".mlp.dense_4h_to_h.": ".mlp.down_proj."},
                  "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
                  "phi": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                          ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}}
@@ -883,6 +908,7 @@ def _read_weights(f: Path, rename=None) -> dict:
 
 
 _FLOAT32_WEIGHTS = (".e_score_correction_bias",)  # weights kept in float32 whatever the model's dtype
+_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias")
 
 
 def model_names(config: LlamaConfig, sd: dict) -> dict:
@@ -890,6 +916,8 @@ def model_names(config: LlamaConfig, sd: dict) -> dict:
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8)."""
+    if config.model_type == "gpt_neox":  # (old checkpoints' attention buffers: a causal mask, its fill; transformers
+        sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # drops them too)
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
     sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
     if config.tie_word_embeddings:
@@ -934,6 +962,8 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
 
 def save_pretrained(model, directory) -> None:
     config, sd = model.config, model.state_dict()
+    if config.tie_word_embeddings:  # (the embeddings' tensor again; not in a tied checkpoint)
+        sd.pop("lm_head.weight", None)
     # the checkpoint's layout: q / k dims in its order (partial RoPE), Phi-3's projections fused
     sd = _expert_names(config, _order_rotary_dims(config, sd, inverse=True), inverse=True)
     sd = _norm_names(config, sd, inverse=True)
@@ -1018,6 +1048,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # rows as the checkpoint holds them (RoPE on consecutive pairs; _build reorders them: rotary_order). ernie4_5-moe: the
 # same with its mixtures (_gguf_ernie_moe), the router's correction bias as exp_probs_b.
 # command-r: Cohere (Command R, Aya) as llama.cpp runs it: cohere2's layer with RoPE on every layer and no window.
+# gptneox: GPT-NeoX / Pythia (NEOX RoPE, not permuted): its attn_qkv rows [q; k; v] re-interleaved per head as its
+# checkpoints hold them (_gguf_neox_qkv), use_parallel_residual read, the MLP's biases always.
 # cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
 # (attn_norm only), q / k rows as the checkpoint holds them (RoPE on consecutive pairs), the window on three of every
 # four layers (llama.cpp's fixed pattern) which alone take RoPE, logit_scale a factor on the logits.
@@ -1035,7 +1067,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
                       "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
                       "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False),
-                      "stablelm": ("stablelm", False)}
+                      "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1118,8 +1150,9 @@ _GGUF_HARMLESS_ONLY_AT = {
     # read by _gguf_gemma for gemma2
     **{key: (lambda v, c: c.model_type == "gemma2", "absent (Gemma 2's only)")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
-    "use_parallel_residual": (lambda v, c: v is False or c.model_type == "stablelm" and v == c.parallel_block,
-                              "false (stablelm: the layers' own, no ffn_norm where true)"),
+    "use_parallel_residual": (lambda v, c: v is False or c.model_type in ("stablelm", "gpt_neox")
+                              and v == c.parallel_block,
+                              "false (stablelm: the layers' own, no ffn_norm where true; gptneox: read)"),
     # the original YaRN code's flag for its dynamic variant, which static yarn ignores; llama.cpp's granite and
     # granitemoe run without RoPE where it is false
     "rope.scaling.finetuned": (lambda v, c: v is True or c.model_type not in _GGUF_GRANITE_TYPES,
@@ -1257,7 +1290,8 @@ def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
     0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
     if rotated == head_dim:  # (GLM's, Nemotron's and Phi-2's families default to half, StableLM's to a quarter)
-        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron", "phi2", "stablelm") else {}
+        return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron", "phi2", "stablelm",
+                                                           "gptneox") else {}
     factor = rotated / head_dim
     if int(head_dim * factor) != rotated:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
@@ -1349,6 +1383,10 @@ _GGUF_DOTS1_TENSORS = {**_GGUF_LAYER_TENSORS, "exp_probs_b.bias": "mlp.gate.e_sc
 # here, as for every architecture; read_gguf gives the family's checkpoint names where they differ (_FAMILY_NAMES)
 _GGUF_LAYER_NORM_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_layernorm.bias",
                             "ffn_norm.bias": "post_attention_layernorm.bias"}
+# gptneox: q, k, v as one attn_qkv, rows [q; k; v] (llama.cpp's converter undoes the checkpoint's per-head interleave;
+# read_gguf interleaves them again), with its bias
+_GGUF_NEOX_TENSORS = {**_GGUF_LAYER_NORM_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                      "attn_qkv.bias": "self_attn.qkv_proj.bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -1356,7 +1394,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS,
-                **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm"), _GGUF_LAYER_NORM_TENSORS)}
+                **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm"), _GGUF_LAYER_NORM_TENSORS),
+                "gptneox": _GGUF_NEOX_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1412,7 +1451,8 @@ def read_gguf(path: Path, skip=None, reader=None):
     head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", 0)) or hidden // n_head
     tok = lambda k: gguf_field(reader, f"tokenizer.ggml.{k}")  # noqa: E731
     # Qwen2: q/k/v biases always; llama / qwen3: biases on q/k/v/o if the file has them (attention_bias)
-    attention_bias = model_type not in ("qwen2", "qwen2_moe", "stablelm") and "blk.0.attn_q.bias" in tensors
+    attention_bias = model_type not in ("qwen2", "qwen2_moe", "stablelm") and (
+        "blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors)
     rope_scaling = _gguf_rope_scaling(reader, arch, path, int(need("context_length")))
     if any(name in tensors for name in _GGUF_ROPE_TENSORS[1:]):
         rope_scaling = _gguf_longrope(reader, arch, path, tensors, rope_scaling)
@@ -1421,7 +1461,7 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
-             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2", "stablelm")
+             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2", "stablelm", "gptneox")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
@@ -1475,6 +1515,8 @@ def read_gguf(path: Path, skip=None, reader=None):
     if model_type == "stablelm":  # (its q/k/v biases where present; parallel where the layers have no ffn_norm, as
         extra["use_qkv_bias"] = "blk.0.attn_q.bias" in tensors  # llama.cpp decides)
         extra["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in tensors
+    if arch == "gptneox":  # (llama.cpp requires the key)
+        extra["use_parallel_residual"] = bool(need("use_parallel_residual"))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -1483,11 +1525,14 @@ def read_gguf(path: Path, skip=None, reader=None):
         head_dim=head_dim, max_position_embeddings=int(need("context_length")),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
-            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm")
+            "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm",
+                                                             "gpt_neox")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
-        mlp_bias="mlp_bias" in FAMILIES[model_type].reads and "blk.0.ffn_up.bias" in tensors,
+        # (GPT-NeoX's always: llama.cpp requires them)
+        mlp_bias=model_type == "gpt_neox" or ("mlp_bias" in FAMILIES[model_type].reads
+                                              and "blk.0.ffn_up.bias" in tensors),
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)
@@ -1531,9 +1576,24 @@ def read_gguf(path: Path, skip=None, reader=None):
             key = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
             if sparse and f"blk.{i}.exp_probs_b.bias" not in tensors:
                 sd[key] = torch.zeros(config.experts.count)
+    if arch == "gptneox":  # (its checkpoints' query_key_value: interleaved per head)
+        sd = _gguf_neox_qkv(config, sd)
     if model_type in _FAMILY_NAMES:  # (the family's checkpoint names where they differ from the model's)
         sd = _renamed(sd, [(v, k) for k, v in _FAMILY_NAMES[model_type].items()])
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+def _gguf_neox_qkv(config: LlamaConfig, sd: dict) -> dict:
+    """A gptneox file's attn_qkv weights and biases (rows [q; k; v]) as its checkpoints' query_key_value (per head
+    [q_h; k_h; v_h]: :func:`neox_qkv_join`), under the model's layer names."""
+    out = {}
+    for name, t in sd.items():
+        if name.endswith((".self_attn.qkv_proj.weight", ".self_attn.qkv_proj.bias")):
+            stem, kind = name.rsplit(".self_attn.qkv_proj.", 1)
+            name, t = f"{stem}.attention.query_key_value.{kind}", neox_qkv_join(
+                t.split(_fused_rows(config, _NEOX_QKV[0])), config.num_attention_heads)
+        out[name] = t
+    return out
 
 
 def _gguf_hunyuan_moe(reader, arch: str, path: Path, n_ff: int) -> dict:
