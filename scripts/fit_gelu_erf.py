@@ -1,29 +1,24 @@
 """The coefficients of the exact (erf) GELU in csrc/include/triforce/glu.h, and their float32 error.
 
 GELU(x) = x * Phi(x), Phi the standard normal's distribution function. With a = |x|:
-  a < 1:  Phi(x) = 1/2 +- a * P(a^2)           (P: degree 6, fitted to (Phi(a) - 1/2) / a)
-  a >= 1: Phi(x) = Q or 1 - Q, Q = e^(-a^2/2) * R(t), t = 3 / (3 + a)   (R: degree 10, fitted to Q(a) e^(a^2/2))
-Q(a) = erfc(a / sqrt 2) / 2 is the upper tail, so the negative side (Phi = Q) has no cancellation. Each fit is a
-least-squares fit of the relative error at Chebyshev points (40-digit mpmath values), rounded to float32. Run
+  Phi(x) = Q (x < 0) or 1 - Q, Q = e^(-a^2/2) * R(t), t = 3 / (3 + a)   (R: degree 11, fitted to Q(a) e^(a^2/2))
+Q(a) = erfc(a / sqrt 2) / 2 is the upper tail (1/2 at 0), so the negative side (Phi = Q) has no cancellation and the
+positive one none either (1 - Q >= 1/2). The fit is a least-squares fit of the relative error at Chebyshev points of
+[0, 13.25] (40-digit mpmath values), rounded to float32. Run
 `python scripts/fit_gelu_erf.py` to print the C++ constants and the worst error of the float32 evaluation (each
 step rounded to float32, as the kernel's; e^x exact here) against mpmath, in ulp of the result.
 """
 import numpy as np
-from mpmath import erf, erfc, exp, mp, mpf, sqrt
+from mpmath import erfc, exp, mp, mpf, sqrt
 
 mp.dps = 40
-SPLIT, TOP, C = 1.0, 13.25, 3.0  # (e^(-a^2/2) is under float's smallest normal from a = 13.22 on: Q = 0 there)
+TOP, C, DEGREE = 13.25, 3.0, 11  # (e^(-a^2/2) is under float's smallest normal from a = 13.22 on: Q = 0 there)
 f32 = np.float32
 
 
 def tail_ratio(a):  # Q(a) e^(a^2/2)
     a = mpf(a)
     return float(erfc(a / sqrt(2)) / 2 * exp(a * a / 2))
-
-
-def centre_slope(a):  # (Phi(a) - 1/2) / a
-    a = mpf(a)
-    return float(erf(a / sqrt(2)) / 2 / a)
 
 
 def fit(x, y, degree):
@@ -47,12 +42,9 @@ def horner(coef, x):
     return p
 
 
-def gelu(x, P, R):
+def gelu(x, R):
     x = f32(x)
     a = f32(abs(x))
-    if a < SPLIT:
-        h = f32(a * horner(P, f32(a * a)))
-        return f32(x * f32(f32(0.5) - h if x < 0 else f32(0.5) + h))
     hi = f32(a * a)
     lo = fma(a, a, -hi)
     e = f32(np.exp(np.float64(f32(-0.5) * hi)))
@@ -62,10 +54,8 @@ def gelu(x, P, R):
 
 
 def main():
-    a = chebyshev(0, SPLIT)
-    P = fit(a * a, np.array([centre_slope(v) if v > 0 else float(1 / sqrt(2 * mp.pi)) for v in a]), 6)
-    a = chebyshev(SPLIT, TOP)
-    R = fit(C / (C + a), np.array([tail_ratio(v) for v in a]), 10)
+    a = chebyshev(0, TOP)
+    R = fit(C / (C + a), np.array([tail_ratio(v) for v in a]), DEGREE)
     rng = np.random.default_rng(0)
     xs = np.concatenate([rng.uniform(-13.2, 13.2, 20000), rng.normal(0, 1, 20000), rng.uniform(-1.2, 1.2, 5000)])
     worst = 0.0
@@ -73,9 +63,8 @@ def main():
         want = mpf(float(x)) * erfc(-mpf(float(x)) / sqrt(2)) / 2
         if abs(want) < 1e-36:  # (subnormal results: ulp is no measure there)
             continue
-        worst = max(worst, abs(float(gelu(x, P, R)) - float(want)) / float(np.spacing(f32(abs(float(want))))))
-    for name, coef in (("kGeluCentre", P), ("kGeluTail", R)):
-        print(f"constexpr float {name}[{len(coef)}] = {{" + ", ".join(f"{float(c):.9g}f" for c in coef) + "};")
+        worst = max(worst, abs(float(gelu(x, R)) - float(want)) / float(np.spacing(f32(abs(float(want))))))
+    print(f"constexpr float kGeluTail[{len(R)}] = {{" + ", ".join(f"{float(c):.9g}f" for c in R) + "};")
     print(f"worst error of the float32 evaluation: {worst:.2f} ulp")
 
 

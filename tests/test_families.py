@@ -482,18 +482,18 @@ def converted_kv(c, rotated=None, eps_key="attention.layer_norm_rms_epsilon") ->
             "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size}
 
 
-def assert_converted_gguf_is_the_checkpoint(tmp_path, hf, arch: str, kv: dict, convert=None):
-    """``hf`` written as llama.cpp's converter writes it (:func:`write_converted_gguf`, ``kv``, ``convert``): in float32
-    the file loads with transformers' logits (2 rows of 40 tokens); in Q8_0 / Q5_0 blocks it loads off them (the blocks
-    round the weights), and its blocks compute that model bitwise (:func:`assert_blocks_compute_the_loaded_model`). ->
-    ours from the float32 file."""
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, arch, kv, convert=convert)
+def assert_converted_gguf_is_the_checkpoint(tmp_path, hf, arch: str, kv: dict, convert=None, tensors=None):
+    """``hf`` written as llama.cpp's converter writes it (:func:`write_converted_gguf`: ``kv``, ``convert``,
+    ``tensors``): in float32 the file loads with transformers' logits (2 rows of 40 tokens); in Q8_0 / Q5_0 blocks it
+    loads off them (the blocks round the weights), and its blocks compute that model bitwise
+    (:func:`assert_blocks_compute_the_loaded_model`). -> ours from the float32 file."""
+    path = write_converted_gguf(tmp_path / "f32.gguf", hf, arch, kv, convert=convert, tensors=tensors)
     ours = Llama.from_pretrained(path, cache_dir=False)
     ids = torch.randint(0, hf.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(ids).logits
         assert (ours(ids) - ref).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, arch, kv, convert=convert,
+    q = write_converted_gguf(tmp_path / "q.gguf", hf, arch, kv, convert=convert, tensors=tensors,
                              quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
     assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
     return ours
@@ -503,7 +503,8 @@ def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None
     """A GGUF of transformers model ``hf`` as llama.cpp's converter writes its checkpoint when it neither permutes
     nor fuses anything: every tensor under the gguf package's name map of ``arch`` (after ``tensors``, raw ones),
     ``kv`` under ``arch``'s prefix, the config's token ids. ``quant``: as :func:`write_gguf`'s; ``convert(name,
-    tensor)``: the tensor as the family's converter rewrites it (GPT-NeoX's query_key_value), or it unchanged."""
+    tensor)``: the tensor as the family's converter rewrites it (GPT-NeoX's query_key_value), or it unchanged, or None
+    for one the converter writes otherwise (in ``tensors``: StableLM's stacked per-head norms)."""
     c = hf.config
     tensors = dict(tensors or {})
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
@@ -512,7 +513,8 @@ def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         t = t.detach().float() if convert is None else convert(name, t.detach().float())
-        tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t.numpy()
+        if t is not None:
+            tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t.numpy()
     return write_gguf_file(path, arch, kv, tensors, c, quant)
 
 

@@ -143,14 +143,16 @@ def test_int8_drafts_and_trained_heads_see_the_model():
 
 def converted(hf):
     """The ``gptneox.*`` metadata llama.cpp's converter writes for ``hf`` (no KV head count, key length or RoPE base:
-    llama.cpp's defaults, MHA and 10000), and its rewrite of query_key_value (rows [q; k; v], as converted)."""
+    llama.cpp's defaults, MHA and 10000; the vocabulary's size, which its tokens give), and its rewrite of
+    query_key_value (rows [q; k; v], as converted)."""
     c = hf.config
     kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
           "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
           "rope.dimension_count": int(c.hidden_size // c.num_attention_heads
                                       * c.rope_parameters["partial_rotary_factor"]),
           "attention.head_count": c.num_attention_heads, "use_parallel_residual": c.use_parallel_residual,
-          "attention.layer_norm_epsilon": float(c.layer_norm_eps)}
+          "attention.layer_norm_epsilon": float(c.layer_norm_eps),
+          "vocab_size": c.vocab_size}  # (the converter writes the tokens instead: llama.cpp's n_vocab either way)
 
     def convert(name, t):
         return torch.cat(neox_qkv_split(t, c.num_attention_heads)) if "query_key_value" in name else t

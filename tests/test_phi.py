@@ -1,7 +1,8 @@
 """Phi-2 (``model_type="phi"``: phi-1, phi-1.5, phi-2): one LayerNorm (with a bias) before the attention and the MLP,
 which run in parallel on it; biases on every projection and on the LM head; RoPE on the first
-``partial_rotary_factor`` of each head; an ungated MLP of GELU's tanh form (``fc1``, ``fc2``). Against transformers'
-PhiForCausalLM, and from GGUF as llama.cpp's converter writes it (``phi2``)."""
+``partial_rotary_factor`` of each head; an ungated MLP of GELU's tanh form (``fc1``, ``fc2``); with ``qk_layernorm`` a
+LayerNorm (with a bias) over each query and key head, shared by the heads. Against transformers' PhiForCausalLM, and
+from GGUF as llama.cpp's converter writes it (``phi2``)."""
 import pytest
 import torch
 
@@ -16,7 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 BASE = {k: v for k, v in TINY.items() if k != "rms_norm_eps"} | {"num_hidden_layers": 3}
 CASES = {"phi-2-rope": dict(partial_rotary_factor=0.4, num_key_value_heads=4), "gqa-half-rope": {},
-         "tied-dropouts": dict(tie_word_embeddings=True, resid_pdrop=0.1, embd_pdrop=0.1)}
+         "tied-dropouts": dict(tie_word_embeddings=True, resid_pdrop=0.1, embd_pdrop=0.1),
+         "qk-layernorm": dict(qk_layernorm=True, partial_rotary_factor=0.4)}
 
 
 def pair(case="phi-2-rope", **kw):
@@ -34,6 +36,8 @@ def test_logits_and_every_path_match_transformers(tmp_path, case):
     assert type(layer.mlp) is FeedForward and type(layer.input_layernorm) is BiasLayerNorm
     assert "post_attention_layernorm" not in layer._modules and ours.lm_head.bias is not None
     assert ours.config.rotary_dim == int(16 * hf.config.rope_parameters["partial_rotary_factor"]) // 2 * 2
+    q_norm = layer.self_attn.q_norm  # (the checkpoint's q_layernorm: its weight and bias reordered with RoPE's dims)
+    assert (q_norm is None) == (not hf.config.qk_layernorm) and (q_norm is None or type(q_norm) is BiasLayerNorm)
     assert_every_path_matches(hf, ours)
     assert_saved_reads_back(tmp_path, hf, ours)
 
@@ -45,12 +49,13 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype):
 
 def test_defaults_and_bad_configs():
     """A config without the keys takes PhiConfig's (half of each head RoPE'd, biases everywhere, eps 1e-5 by
-    layer_norm_eps); bias keys (not PhiConfig's) and its q / k LayerNorm raise."""
+    layer_norm_eps, no q / k LayerNorm); bias keys (not PhiConfig's) raise."""
     c = LlamaConfig.from_dict({**BASE, "model_type": "phi", "layer_norm_eps": 1e-6, "resid_pdrop": 0.1})
     assert (c.rotary_dim, c.rms_norm_eps, c.qkv_bias, c.out_bias, c.mlp_bias, c.head_bias) == (8, 1e-6, True, True,
                                                                                                 True, True)
     assert LlamaConfig.from_dict(c.to_dict()).to_dict() == c.to_dict() and "attention_bias" not in c.to_dict()
-    for bad, match in (({"attention_bias": True}, "'attention_bias'"), ({"qk_layernorm": True}, "'qk_layernorm'"),
+    assert not c.qk_norm and LlamaConfig.from_dict({**BASE, "model_type": "phi", "qk_layernorm": True}).qk_norm
+    for bad, match in (({"attention_bias": True}, "'attention_bias'"), ({"qk_layernorm": "yes"}, "'qk_layernorm'"),
                        ({"hidden_act": "gelu"}, "'hidden_act'")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({**BASE, "model_type": "phi", **bad})

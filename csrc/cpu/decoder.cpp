@@ -137,12 +137,13 @@ at::Tensor residual_add(at::Tensor a, const at::Tensor& b) {
 // per row (csrc/include/triforce/glu.h: every element the same instructions, so a row's bits do not depend on
 // the other rows or the threads), the rows split among the threads. Compute-bound: an element costs ~0.6 ns
 // (float32) to ~1.1 ns (bfloat16) on one core of this project's VM, what streaming ~32 bytes takes, so that is
-// the work it counts (parallel_min_bytes).
+// the work it counts (parallel_min_bytes); the exact GELU (a division, e^x and a degree-11 polynomial) about four
+// times that.
 template <triforce::Act A>
 void glu_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out, triforce::SwigluClamp c = {}) {
   const int64_t W = gate.dim() == 0 ? 1 : gate.size(-1);
   if (gate.numel() == 0) return;
-  const int64_t rows = gate.numel() / W, row_work = 32 * W;
+  const int64_t rows = gate.numel() / W, row_work = (A == triforce::Act::kGelu ? 128 : 32) * W;
   TRIFORCE_DISPATCH_FLOAT(gate.scalar_type(), "glu", [&] {
     const scalar_t* g = tf_ptr<scalar_t>(gate);
     const scalar_t* u = tf_ptr<scalar_t>(up);

@@ -354,9 +354,10 @@ FAMILIES["phi"] = Family("PhiForCausalLM", activation="gelu_tanh", hidden_acts=(
                              "vocab_size": 51200, "hidden_size": 2048, "intermediate_size": 8192,
                              "num_hidden_layers": 24, "num_attention_heads": 32, "max_position_embeddings": 2048,
                              "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2})
-# StableLM (StableLmForCausalLM: stablelm-2-1_6b / zephyr, stablelm-3b-4e1t, stablelm-zephyr-3b): Llama's gated MLP on
-# torch's LayerNorm with a bias (layer_norm_eps), RoPE on the first partial_rotary_factor (0.25) of each head, biases on
-# q / k / v by use_qkv_bias, and with use_parallel_residual the attention and the MLP in parallel on the one norm
+# StableLM (StableLmForCausalLM: stablelm-2-1_6b / zephyr, stablelm-2-12b, stablelm-3b-4e1t, stablelm-zephyr-3b): Llama's
+# gated MLP on torch's LayerNorm with a bias (layer_norm_eps), RoPE on the first partial_rotary_factor (0.25) of each
+# head, biases on q / k / v by use_qkv_bias, with use_parallel_residual the attention and the MLP in parallel on the
+# one norm, with qk_layernorm (12B) a LayerNorm without a bias on each q / k head, weights of its own per head
 FAMILIES["stablelm"] = Family("StableLmForCausalLM", torch_layer_norm="plain", partial_rotary_factor=0.25, defaults={
     "vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
@@ -719,10 +720,10 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None)
              or c.model_type == "phi" and _is_number(v) and 0 <= v < 1, "0.0 (Phi-3; Phi-2: any in [0, 1))")
        for key in ("resid_pdrop", "embd_pdrop")},
-    # Phi-2's and StableLM's per-head q / k LayerNorm: off in phi-1, phi-1.5, phi-2 and StableLM up to 3B (StableLM 2
-    # 12B's is not implemented)
-    "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and v is False,
-                     "absent (Phi-2, StableLM: false)"),
+    # Phi-2's and StableLM's q / k LayerNorm over head_dim (LlamaConfig.qk_norm): off in phi-1, phi-1.5, phi-2 and
+    # StableLM up to 3B, on in StableLM 2 12B (weights of its own per head, no bias)
+    "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and isinstance(v, bool),
+                     "absent (Phi-2, StableLM: a bool)"),
     # StableLM's q / k / v biases (LlamaConfig.qkv_bias) and parallel block (LlamaConfig.parallel_block; GPT-NeoX's)
     "use_qkv_bias": (lambda v, c: c.model_type == "stablelm" and isinstance(v, bool), "absent (StableLM: a bool)"),
     "use_parallel_residual": (lambda v, c: c.model_type in ("stablelm", "gpt_neox") and isinstance(v, bool),
@@ -1766,9 +1767,12 @@ class LlamaConfig:
     def qk_norm(self) -> bool:
         """An RMSNorm on the queries and keys before RoPE: over ``head_dim`` on every head (Qwen3), or over each
         token's whole query and key projections where :attr:`qk_norm_full` (OLMoE); Cohere's (``use_qk_norm``: a
-        LayerNorm over ``head_dim`` with weights of its own per head, ``[heads, head_dim]``)."""
+        LayerNorm over ``head_dim`` with weights of its own per head, ``[heads, head_dim]``; StableLM 2 12B's too, its
+        ``qk_layernorm``); Phi's ``qk_layernorm``: torch's LayerNorm with a bias over ``head_dim``, shared by the
+        heads."""
         family = FAMILIES[self.model_type]
-        return family.qk_norm or (self.model_type in ("cohere", "glm4_moe") and bool(self.extra.get("use_qk_norm")))
+        return family.qk_norm or (self.model_type in ("cohere", "glm4_moe") and bool(self.extra.get("use_qk_norm"))) \
+            or (self.model_type in ("phi", "stablelm") and bool(self.extra.get("qk_layernorm")))
 
     @property
     def qk_norm_after_rope(self) -> bool:
@@ -1780,8 +1784,9 @@ class LlamaConfig:
 
     @property
     def qk_norm_heads(self) -> bool:
-        """The q/k norms' weights are per head, ``[heads, head_dim]`` (Cohere's), not shared across the heads."""
-        return self.model_type == "cohere"
+        """The q/k norms' weights are per head, ``[heads, head_dim]`` (Cohere's, StableLM's: LayerNorms without a
+        bias), not shared across the heads."""
+        return self.model_type in ("cohere", "stablelm")
 
     @property
     def qk_norm_full(self) -> bool:

@@ -387,7 +387,9 @@ class Float32RMSNorm(RMSNorm):
 
 class LayerNorm(RMSNorm):
     """Cohere 2's norm: LayerNorm without a bias, in float32 (the row's mean subtracted, its variance about the
-    mean), the weight applied in float32, the result rounded to the input's dtype. Row by row; no fused path."""
+    mean), the weight applied in float32, the result rounded to the input's dtype. Row by row; no fused path. Cohere's
+    and StableLM 2 12B's per-head q / k norms too (a weight ``[heads, head_dim]``, each head's row normalised over
+    ``head_dim``: StableLM's torch LayerNorm computes in float32 and rounds once as well)."""
 
     def forward(self, x):
         xf = x.float()
@@ -473,9 +475,10 @@ class Attention(nn.Module):
         # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE; OLMoE: over each token's whole query
         # and key projections (qk_norm_full), before the heads are split
         self.full_qk_norm = config.qk_norm_full
-        if config.qk_norm and config.qk_norm_heads:  # Cohere's: its own weights per head, [heads, head_dim]
-            self.q_norm = make_norm(config, (self.n_heads, self.head_dim), config.rms_norm_eps)
-            self.k_norm = make_norm(config, (self.n_kv, self.head_dim), config.rms_norm_eps)
+        if config.qk_norm and config.qk_norm_heads:  # Cohere's, StableLM's: LayerNorms (no bias) of their own per
+            # head, [heads, head_dim]
+            self.q_norm = LayerNorm((self.n_heads, self.head_dim), config.rms_norm_eps)
+            self.k_norm = LayerNorm((self.n_kv, self.head_dim), config.rms_norm_eps)
         elif config.qk_norm:
             wide = self.full_qk_norm
             self.q_norm = make_norm(config, self.head_dim * (self.n_heads if wide else 1), config.rms_norm_eps)

@@ -749,13 +749,39 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                               ".mlp.dense_4h_to_h.": ".mlp.down_proj."},
                  "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
                  "phi": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
-                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}}
+                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm.",
+                         ".self_attn.q_layernorm.": ".self_attn.q_norm.",
+                         ".self_attn.k_layernorm.": ".self_attn.k_norm."}}
+# StableLM 2 12B's per-head q / k LayerNorms: self_attn.{q,k}_layernorm.norms.{h}.weight, one [head_dim] per head; the
+# model's self_attn.{q,k}_norm.weight, [heads, head_dim] (llama.cpp's converter stacks them so too)
+_STABLELM_HEAD_NORM = re.compile(r"(.*\.self_attn\.)([qk])_layernorm\.norms\.(\d+)\.weight")
+_STABLELM_STACKED_NORM = re.compile(r"(.*\.self_attn\.)([qk])_norm\.weight")
+
+
+def _stablelm_head_norms(sd: dict, inverse: bool = False) -> dict:
+    """``sd`` with a StableLM checkpoint's per-head q / k norms stacked as the model's (or, with ``inverse``, the
+    model's split back); ``sd`` itself where it has none."""
+    out, stacks = {}, {}
+    for name, t in sd.items():
+        if inverse and (m := _STABLELM_STACKED_NORM.fullmatch(name)) is not None:
+            out.update({f"{m[1]}{m[2]}_layernorm.norms.{h}.weight": row.clone() for h, row in enumerate(t)})
+        elif not inverse and (m := _STABLELM_HEAD_NORM.fullmatch(name)) is not None:
+            stacks.setdefault(f"{m[1]}{m[2]}_norm.weight", {})[int(m[3])] = t
+        else:
+            out[name] = t
+    for name, rows in stacks.items():
+        if sorted(rows) != list(range(len(rows))):
+            raise ValueError(f"{name}: the checkpoint's per-head norms are heads {sorted(rows)}, not 0..{len(rows) - 1}")
+        out[name] = torch.stack([rows[h] for h in range(len(rows))])
+    return out
 
 
 def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with a GLM-4 checkpoint's norms (a Hunyuan checkpoint's q / k norms, router and shared expert; a
-    StarCoder 2 checkpoint's MLP) under the model's names, or back with ``inverse``; ``sd`` itself for every other
-    family."""
+    StarCoder 2 checkpoint's MLP; StableLM's per-head q / k norms) under the model's names, or back with ``inverse``;
+    ``sd`` itself for every other family."""
+    if config.model_type == "stablelm":
+        return _stablelm_head_norms(sd, inverse)
     if config.model_type in _FAMILY_NAMES:
         return _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _FAMILY_NAMES[config.model_type].items()])
     if config.model_type != "glm4":
@@ -802,8 +828,10 @@ def _order_rotary_dims(config: LlamaConfig, sd: dict, inverse: bool = False) -> 
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_proj.bias",
                           "self_attn.k_proj.bias")):
             out[name] = t.reshape(-1, D, *t.shape[1:])[:, order.to(t.device)].reshape(t.shape)
-        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
-            # [head_dim]; Cohere's [heads, head_dim]; MiniMax-M2's over the whole projection, [heads * head_dim]
+        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.q_norm.bias",
+                            "self_attn.k_norm.bias")):
+            # [head_dim]; Cohere's [heads, head_dim]; MiniMax-M2's over the whole projection, [heads * head_dim]; Phi's
+            # LayerNorm's bias
             out[name] = t.reshape(-1, D)[:, order.to(t.device)].reshape(t.shape)
     return out
 
@@ -1513,8 +1541,9 @@ def read_gguf(path: Path, skip=None, reader=None):
     if model_type == "qwen2_moe":  # (its q/k/v biases by its qkv_bias key: llama.cpp reads them where present)
         extra["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     if model_type == "stablelm":  # (its q/k/v biases where present; parallel where the layers have no ffn_norm, as
-        extra["use_qkv_bias"] = "blk.0.attn_q.bias" in tensors  # llama.cpp decides)
-        extra["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in tensors
+        extra["use_qkv_bias"] = "blk.0.attn_q.bias" in tensors  # llama.cpp decides; its per-head q / k norms where
+        extra["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in tensors  # present)
+        extra["qk_layernorm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "gptneox":  # (llama.cpp requires the key)
         extra["use_parallel_residual"] = bool(need("use_parallel_residual"))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
@@ -1578,8 +1607,8 @@ def read_gguf(path: Path, skip=None, reader=None):
                 sd[key] = torch.zeros(config.experts.count)
     if arch == "gptneox":  # (its checkpoints' query_key_value: interleaved per head)
         sd = _gguf_neox_qkv(config, sd)
-    if model_type in _FAMILY_NAMES:  # (the family's checkpoint names where they differ from the model's)
-        sd = _renamed(sd, [(v, k) for k, v in _FAMILY_NAMES[model_type].items()])
+    if model_type in _FAMILY_NAMES or model_type == "stablelm":  # (the family's checkpoint names where they differ
+        sd = _norm_names(config, sd, inverse=True)  # from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
 

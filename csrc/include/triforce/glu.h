@@ -21,12 +21,12 @@
 // and GELU of x < -10). NaN propagates through the division, +inf gives +inf and -inf NaN, as PyTorch's.
 //
 // The exact GELU, x * Phi(x) (Phi the standard normal's distribution function; PyTorch's x / 2 (1 + erf(x /
-// sqrt 2))), with a = |x|: for a < 1, Phi = 1/2 +- a P(a^2); else Phi = Q or 1 - Q by the sign, Q = e^(-a^2/2)
-// R(3 / (3 + a)) the upper tail, so the negative side has no cancellation (PyTorch's 1 + erf(x / sqrt 2) is 0
-// in float from x = -5.9 on; here GELU is the tail's value down to x = -13.2, then -0). P and R are fitted by
-// scripts/fit_gelu_erf.py (within 5.1 ulp of the exact value in its float32 model; test_glu.cpp checks the
-// kernel's); e^(-a^2/2) takes a^2 as hi + lo (fma) so that its rounding does not scale the exponent's error by
-// a^2. a >= 13.25 (inf too) gives Q = 0: GELU(+inf) = inf, GELU(-inf) = -inf * 0 = NaN, as PyTorch's.
+// sqrt 2))), with a = |x|: Phi = Q (x < 0) or 1 - Q, Q = e^(-a^2/2) R(3 / (3 + a)) the upper tail (1/2 at 0), so
+// the negative side has no cancellation (PyTorch's 1 + erf(x / sqrt 2) is 0 in float from x = -5.9 on; here GELU
+// is the tail's value down to x = -13.2, then -0). R is fitted by scripts/fit_gelu_erf.py (within 5.6 ulp of the
+// exact value in its float32 model; test_glu.cpp measures 5 for the kernel); e^(-a^2/2) takes a^2 as hi + lo (fma) so
+// that its rounding does not scale the exponent's error by a^2. a >= 13.25 (inf too) gives Q = 0: GELU(+inf) =
+// inf, GELU(-inf) = -inf * 0 = NaN (PyTorch's scalar loop's values; its vectorised one gives NaN for +inf).
 //
 // Rounding as the modules' act(gate) * up: the activation in float32 rounded to the element type, times up in
 // float32, rounded to the element type (bfloat16 and float16 to nearest even).
@@ -63,14 +63,11 @@ inline float div_one_plus_exp(float x, float t) {
 
 enum class Act { kSilu, kGeluTanh, kSwigluClamped, kGelu };
 
-// The exact GELU's fits (scripts/fit_gelu_erf.py prints them): P(a^2) for a < kGeluSplit and the tail's R(t),
-// highest power first
-constexpr float kGeluSplit = 1.f, kGeluTop = 13.25f, kGeluTailC = 3.f;
-constexpr float kGeluCentre[7] = {5.3845929e-07f, -9.27824749e-06f, 0.000115325478f, -0.00118729146f,
-                                  0.00997355115f, -0.066490382f, 0.398942292f};
-constexpr float kGeluTail[11] = {-0.0268702991f, 0.10219226f, -0.121854924f, 0.0149628874f, 0.016749246f,
-                                 0.038026657f, 0.0936984494f, 0.116949521f, 0.133165956f, 0.132965565f,
-                                 5.35161007e-07f};
+// The exact GELU's fit (scripts/fit_gelu_erf.py prints it): the tail's R(t), highest power first
+constexpr float kGeluTop = 13.25f, kGeluTailC = 3.f;
+constexpr float kGeluTail[12] = {0.0182230584f, -0.112874605f, 0.28164804f,    -0.339921743f,
+                                 0.186044842f,  -0.0740252212f, 0.071181111f,  0.0853860751f,
+                                 0.11834693f,   0.133016557f,   0.132974654f,  2.98919417e-07f};
 
 // c[0] x^(N-1) + ... + c[N-1] by Horner's rule, one fma a step (the same bits on a float and on 16 lanes)
 template <int N>
@@ -83,15 +80,12 @@ inline float horner(const float (&c)[N], float x) {
 // x * Phi(x) (see the top of the file): the same steps as the AVX-512 form below, one for one
 inline float gelu_f32(float x) {
   const float a = std::fabs(x);
-  const float h = a * horner(kGeluCentre, a * a);
-  const float centre = x < 0.f ? 0.5f - h : 0.5f + h;
   const float ac = a < kGeluTop ? a : kGeluTop;  // (inf and NaN: the tail's value unused below)
   const float hi = ac * ac, lo = std::fma(ac, ac, -hi);
   const float e = exp_f32(-0.5f * hi);
   const float r = horner(kGeluTail, kGeluTailC / (kGeluTailC + ac));
   const float q = a < kGeluTop ? std::fma(e, -0.5f * lo, e) * r : 0.f;
-  const float tail = x < 0.f ? q : 1.f - q;
-  return x * (a < kGeluSplit ? centre : tail);
+  return x * (x < 0.f ? q : 1.f - q);
 }
 
 // Act::kSwigluClamped's constants (unused by the others)
@@ -144,12 +138,10 @@ inline __m512 horner(const float (&c)[N], __m512 x) {
 }
 
 inline __m512 gelu_f32(__m512 x) {
-  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f), top = _mm512_set1_ps(kGeluTop);
+  const __m512 one = _mm512_set1_ps(1.f), top = _mm512_set1_ps(kGeluTop);
   const __m512 a = _mm512_abs_ps(x);
   const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
   const __mmask16 below_top = _mm512_cmp_ps_mask(a, top, _CMP_LT_OQ);
-  const __m512 h = _mm512_mul_ps(a, horner(kGeluCentre, _mm512_mul_ps(a, a)));
-  const __m512 centre = _mm512_mask_sub_ps(_mm512_add_ps(half, h), neg, half, h);
   const __m512 ac = _mm512_mask_mov_ps(top, below_top, a);
   const __m512 hi = _mm512_mul_ps(ac, ac), lo = _mm512_fmsub_ps(ac, ac, hi);
   const __m512 e = exp_f32(_mm512_mul_ps(_mm512_set1_ps(-0.5f), hi));
@@ -157,9 +149,7 @@ inline __m512 gelu_f32(__m512 x) {
   const __m512 r = horner(kGeluTail, _mm512_div_ps(tc, _mm512_add_ps(tc, ac)));
   const __m512 q = _mm512_maskz_mov_ps(
       below_top, _mm512_mul_ps(_mm512_fmadd_ps(e, _mm512_mul_ps(_mm512_set1_ps(-0.5f), lo), e), r));
-  const __m512 tail = _mm512_mask_mov_ps(_mm512_sub_ps(one, q), neg, q);
-  const __mmask16 centre_lanes = _mm512_cmp_ps_mask(a, _mm512_set1_ps(kGeluSplit), _CMP_LT_OQ);
-  return _mm512_mul_ps(x, _mm512_mask_mov_ps(tail, centre_lanes, centre));
+  return _mm512_mul_ps(x, _mm512_mask_mov_ps(_mm512_sub_ps(one, q), neg, q));
 }
 
 template <Act A>
