@@ -40,7 +40,8 @@ def test_logits_and_every_path_match_transformers(tmp_path, case):
     att = layer.self_attn
     assert (att.q_norm is None) == (not hf.config.qk_layernorm)
     if att.q_norm is not None:
-        assert type(att.q_norm) is LayerNorm and (att.q_norm.weight.shape, att.k_norm.weight.shape) == ((4, 16), (2, 16))
+        assert type(att.q_norm) is LayerNorm
+        assert (att.q_norm.weight.shape, att.k_norm.weight.shape) == ((4, 16), (2, 16))
     assert (c.qkv_bias, c.out_bias, c.parallel_block) == (hf.config.use_qkv_bias, False,
                                                           hf.config.use_parallel_residual)
     assert_every_path_matches(hf, ours)

@@ -771,7 +771,8 @@ def _stablelm_head_norms(sd: dict, inverse: bool = False) -> dict:
             out[name] = t
     for name, rows in stacks.items():
         if sorted(rows) != list(range(len(rows))):
-            raise ValueError(f"{name}: the checkpoint's per-head norms are heads {sorted(rows)}, not 0..{len(rows) - 1}")
+            raise ValueError(f"{name}: the checkpoint's per-head norms are heads {sorted(rows)}, not "
+                             f"0..{len(rows) - 1}")
         out[name] = torch.stack([rows[h] for h in range(len(rows))])
     return out
 
