@@ -355,9 +355,9 @@ FAMILIES["phi"] = Family("PhiForCausalLM", activation="gelu_tanh", hidden_acts=(
                              "num_hidden_layers": 24, "num_attention_heads": 32, "max_position_embeddings": 2048,
                              "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2})
 # StableLM (StableLmForCausalLM: stablelm-2-1_6b / zephyr, stablelm-2-12b, stablelm-3b-4e1t, stablelm-zephyr-3b):
-# Llama's gated MLP on torch's LayerNorm with a bias (layer_norm_eps), RoPE on the first partial_rotary_factor (0.25) of each
-# head, biases on q / k / v by use_qkv_bias, with use_parallel_residual the attention and the MLP in parallel on the
-# one norm, with qk_layernorm (12B) a LayerNorm without a bias on each q / k head, weights of its own per head
+# Llama's gated MLP on torch's LayerNorm with a bias (layer_norm_eps), RoPE on the first partial_rotary_factor (0.25)
+# of each head, biases on q / k / v by use_qkv_bias, with use_parallel_residual the attention and the MLP in parallel
+# on the one norm, with qk_layernorm (12B) a LayerNorm without a bias on each q / k head, weights of its own per head
 FAMILIES["stablelm"] = Family("StableLmForCausalLM", torch_layer_norm="plain", partial_rotary_factor=0.25, defaults={
     "vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
