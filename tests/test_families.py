@@ -306,7 +306,7 @@ def quantizer(rng, types=(QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q5_0)):
     counter = iter(range(10 ** 6))
 
     def quant(name, t):
-        if t.ndim != 2:
+        if t.ndim != 2 or "_norm." in name:  # (llama.cpp's quantize skips "_norm.weight": StableLM's 2-D q / k norms)
             return t, None
         qtype = types[next(counter) % len(types)]
         block = gguf.GGML_QUANT_SIZES[qtype][0]

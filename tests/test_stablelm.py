@@ -122,3 +122,25 @@ def test_drawn_checkpoints_and_their_gguf_files_load_as_transformers_model(data)
     kv, convert, tensors = converted(hf, ours)
     assert_drawn_checkpoint_loads(draw, hf, ours, lambda path, quant: write_converted_gguf(
         path, hf, "stablelm", kv, quant=quant, convert=convert, tensors=tensors))
+
+
+def test_gguf_norms_stored_in_blocks(tmp_path):
+    """A file whose per-head q / k norms are themselves in Q8_0 blocks (llama.cpp's quantize keeps norms in float;
+    another tool might not): the norms load dequantised, and gguf_copy takes blocks of the projections only, which
+    compute the loaded model bitwise (a norm's blocks taken as a projection's rows raised before)."""
+    import gguf
+
+    from .test_families import assert_blocks_compute_the_loaded_model, write_converted_gguf
+
+    hf, ours = pair("12b-qk-layernorm", hidden_size=128)  # (head_dim 32: a norm's row is one Q8_0 block)
+
+    def quant(name, t):
+        if t.ndim == 2 and t.shape[1] % 32 == 0:
+            return gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+        return t, None
+    kv, convert, tensors = converted(hf, ours)
+    path = write_converted_gguf(tmp_path / "q.gguf", hf, "stablelm", kv, quant=quant, convert=convert, tensors=tensors)
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert kinds["blk.0.attn_q_norm.weight"] == kinds["blk.0.attn_k_norm.weight"] == "Q8_0"
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(2))
+    assert_blocks_compute_the_loaded_model(path, ids)

@@ -2022,8 +2022,8 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
         if kind in types and len(t.shape) == 3 and t.name.endswith("_exps.weight"):
             stacked[_state_key(t.name, path, arch, permuted, n_head, n_kv)[0]] = (kind, t.data)
             continue
-        if kind not in types or len(t.shape) != 2 or t.name in _GGUF_ROPE_TENSORS:
-            continue
+        if kind not in types or len(t.shape) != 2 or t.name in _GGUF_ROPE_TENSORS or "norm." in t.name:
+            continue  # (a norm's weight is no matmul's, even 2-D and in blocks: StableLM's per-head q / k norms)
         key, heads = _state_key(t.name, path, arch, permuted, n_head, n_kv)
         with warnings.catch_warnings():  # a read-only view of the mapped file, no copy: nothing writes to it
             warnings.simplefilter("ignore", UserWarning)
