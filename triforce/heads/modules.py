@@ -112,10 +112,11 @@ class DraftHeads(nn.Module):
         """Copy what starts from the target (norm weights) so an untrained set predicts as its head. A Gemma
         target's final norm scales by ``1 + w`` (:class:`~triforce.models.llama.GemmaRMSNorm`), as a Nemotron one's
         (:class:`~triforce.models.llama.LayerNorm1P`): the heads' norms, which scale by their weight, start at that
-        factor."""
+        factor; OLMo's has no weight (:class:`~triforce.models.llama.BareLayerNorm`): 1."""
         self.check_target(model)
         norm = model.model.norm
-        factor = norm.weight.float() + (1.0 if isinstance(norm, (GemmaRMSNorm, LayerNorm1P)) else 0.0)
+        w = norm._parameters.get("weight")
+        factor = (1.0 if w is None else w.float()) + (1.0 if isinstance(norm, (GemmaRMSNorm, LayerNorm1P)) else 0.0)
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, RMSNorm):

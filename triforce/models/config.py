@@ -8,7 +8,8 @@ anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
-``granite``, ``olmo2``, ``olmo3``, ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
+``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
+``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
 ``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``nemotron``, ``phi``
 and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's; GPT-NeoX's exact GELU and its
 parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``mixtral``,
@@ -115,7 +116,7 @@ class Family:
     gated_mlp: bool = True
     # torch's LayerNorm with a bias (in the model's dtype), not RMSNorm: "plain" (StarCoder 2's, StableLM's and Phi-2's
     # nn.LayerNorm) or "1p" (Nemotron's LayerNorm1P: the weight stored as an offset from 1, applied as 1 + w in the
-    # weight's dtype)
+    # weight's dtype); "bare": OLMo's, no weight and no bias, in float32
     torch_layer_norm: str = ""
     # GPT-NeoX: its parallel block's MLP on a norm of its own, h + attn(norm1(h)) + mlp(norm2(h))
     # (LlamaConfig.parallel_norms)
@@ -260,6 +261,11 @@ _GPT_OSS_PATTERN = 2  # GptOssConfig's layer_types by default: sliding, full, sl
 _OLMO_DEFAULTS = {"vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                   "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "pad_token_id": 1,
                   "bos_token_id": None, "eos_token_id": 50279}
+# OLMo (OlmoForCausalLM: OLMo-1B-hf, OLMo-7B-hf, OLMo-7B-0424-hf, OLMo-1.7-7B-hf): Llama's layer with a LayerNorm of
+# no weight and no bias (in float32, eps 1e-5 fixed: its config has no eps key) before the attention, the MLP and the
+# head, and with clip_qkv the queries, keys and values clamped (OLMoE's clamp)
+FAMILIES["olmo"] = Family("OlmoForCausalLM", torch_layer_norm="bare", reads=("attention_bias",),
+                          defaults=dict(_OLMO_DEFAULTS))
 FAMILIES["olmo2"] = Family("Olmo2ForCausalLM", qk_norm=True, qk_norm_full=True, post_norms=True, float32_norm=True,
                            reads=("attention_bias",), defaults=dict(_OLMO_DEFAULTS))
 FAMILIES["olmo3"] = Family("Olmo3ForCausalLM", qk_norm=True, qk_norm_full=True, post_norms=True, float32_norm=True,
@@ -840,8 +846,9 @@ _HARMLESS_ONLY_AT = {
                          "layers, not part of the forward)")
        for key in ("num_nextn_predict_layers", "num_mtp_layers")},
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
-    "clip_qkv": (lambda v, c: v is None or (c.model_type == "olmoe" and _is_number(v) and 0 < v < float("inf")),
-                 "null (OLMoE: a number > 0)"),
+    "clip_qkv": (lambda v, c: v is None or (c.model_type in ("olmoe", "olmo") and _is_number(v)
+                                            and 0 < v < float("inf")),
+                 "null (OLMoE, OLMo: a number > 0)"),
     "qkv_bias": (lambda v, c: c.model_type == "qwen2_moe" and isinstance(v, bool), "absent (Qwen2-MoE: a bool)"),
     "mlp_only_layers": (lambda v, c: c.model_type in _QWEN_MOES and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen2-MoE, Qwen3-MoE: layer indices)"),
@@ -1289,6 +1296,8 @@ class LlamaConfig:
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
+        if self.model_type == "olmo":  # (OlmoLayerNorm's eps is fixed: no key of its config sets another)
+            self.rms_norm_eps = 1e-5
         if self.model_type == "gpt_neox" and (not self.mlp_bias or self.num_key_value_heads != self.num_attention_heads
                                               or self.head_dim * self.num_attention_heads != self.hidden_size):
             raise ValueError("model_type 'gpt_neox' is multi-head attention of head_dim hidden_size // heads with "
@@ -1796,7 +1805,7 @@ class LlamaConfig:
 
     @property
     def clip_qkv(self) -> float | None:
-        """OLMoE: the queries (after their norm), keys (after theirs) and values clamped to ``[-c, c]``; None:
+        """OLMoE, OLMo: the queries (after their norm), keys (after theirs) and values clamped to ``[-c, c]``; None:
         no clamp."""
         c = self.extra.get("clip_qkv")
         return None if c is None else float(c)
@@ -1848,7 +1857,8 @@ class LlamaConfig:
     @property
     def torch_layer_norm(self) -> str:
         """The norms are torch's LayerNorm with a bias, in the model's dtype: ``"plain"`` (StarCoder 2's
-        ``nn.LayerNorm``), ``"1p"`` (Nemotron's LayerNorm1P: the weight applied as ``1 + w``); ``""``: not."""
+        ``nn.LayerNorm``), ``"1p"`` (Nemotron's LayerNorm1P: the weight applied as ``1 + w``); ``"bare"``: OLMo's, with
+        no weight and no bias, in float32; ``""``: not."""
         return FAMILIES[self.model_type].torch_layer_norm
 
     @property
@@ -1889,6 +1899,8 @@ class LlamaConfig:
             d["attention_bias"] = d["mlp_bias"] = True
         if model_type == "gpt_neox":
             _gpt_neox_keys(d)
+        if model_type == "olmo":  # (OlmoLayerNorm's eps is fixed; its config has no key for it: one is not read)
+            d.pop("rms_norm_eps", None)
         if model_type in _NORM_EPS_KEY:  # its norms' eps (LayerNorm's): rms_norm_eps here
             d.pop("rms_norm_eps", None)  # (not its config's: transformers keeps it unread)
             if _NORM_EPS_KEY[model_type] in d:
@@ -2006,6 +2018,8 @@ class LlamaConfig:
             d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
         if self.model_type == "phi":  # (always biased: not its config's keys)
             del d["attention_bias"], d["mlp_bias"]
+        if self.model_type == "olmo":  # (fixed: not its config's)
+            del d["rms_norm_eps"]
         if self.model_type == "gpt_neox":  # its own keys (MHA, one head_dim, biased MLPs: none of its config's)
             del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
             d["rotary_emb_base"] = d.pop("rope_theta")

@@ -424,13 +424,25 @@ class LayerNorm1P(BiasLayerNorm):
         return F.layer_norm(x, self.weight.shape, self.weight + 1.0, self.bias, self.eps)
 
 
-def make_norm(config: LlamaConfig, dim: int, eps: float) -> RMSNorm:
+class BareLayerNorm(nn.Module):
+    """OLMo's norm: LayerNorm with no weight and no bias, computed in float32 and rounded to the input's dtype (as
+    transformers' OlmoLayerNorm). No parameters; row by row; no fused path."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x):
+        return F.layer_norm(x.float(), (self.dim,), None, None, self.eps).to(x.dtype)
+
+
+def make_norm(config: LlamaConfig, dim: int, eps: float) -> nn.Module:
     """The family's norm over ``dim``: :class:`GemmaRMSNorm` where ``config.gemma_norm``, :class:`Float32RMSNorm`
-    where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, :class:`BiasLayerNorm` or
-    :class:`LayerNorm1P` by ``config.torch_layer_norm``, else :class:`RMSNorm`."""
+    where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, :class:`BiasLayerNorm`,
+    :class:`LayerNorm1P` or :class:`BareLayerNorm` by ``config.torch_layer_norm``, else :class:`RMSNorm`."""
     kind = (GemmaRMSNorm if config.gemma_norm else Float32RMSNorm if config.float32_norm
-            else LayerNorm if config.layer_norm else {"plain": BiasLayerNorm, "1p": LayerNorm1P}.get(
-                config.torch_layer_norm, RMSNorm))
+            else LayerNorm if config.layer_norm else {"plain": BiasLayerNorm, "1p": LayerNorm1P,
+                                                      "bare": BareLayerNorm}.get(config.torch_layer_norm, RMSNorm))
     return kind(dim, eps)
 
 

@@ -1079,6 +1079,8 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 # command-r: Cohere (Command R, Aya) as llama.cpp runs it: cohere2's layer with RoPE on every layer and no window.
 # gptneox: GPT-NeoX / Pythia (NEOX RoPE, not permuted): its attn_qkv rows [q; k; v] re-interleaved per head as its
 # checkpoints hold them (_gguf_neox_qkv), use_parallel_residual read, the MLP's biases always.
+# olmo: OLMo 1 as llama.cpp's converter writes it (llama's permuted q / k rows, no norm tensors: its LayerNorms have
+# no weights; attention.clamp_kqv its clip_qkv).
 # cohere2: Cohere 2 (Command R7B) as llama.cpp runs it: LayerNorm (attention.layer_norm_epsilon), the parallel block
 # (attn_norm only), q / k rows as the checkpoint holds them (RoPE on consecutive pairs), the window on three of every
 # four layers (llama.cpp's fixed pattern) which alone take RoPE, logit_scale a factor on the logits.
@@ -1096,7 +1098,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
                       "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
                       "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False),
-                      "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False)}
+                      "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
@@ -1127,7 +1129,7 @@ _GGUF_ARCH_KEYS = {
     "minimax-m2": ("expert_gating_func",),
     "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
                    "attention.sliding_window_pattern", "rope.freq_base_swa"),
-    "hunyuan-moe": ("expert_shared_count",)}
+    "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",)}
 # the architectures whose files may append multi-token prediction layers
 _GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA, "exaone-moe")
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
@@ -1547,6 +1549,12 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra["qk_layernorm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "gptneox":  # (llama.cpp requires the key)
         extra["use_parallel_residual"] = bool(need("use_parallel_residual"))
+    if arch == "olmo" and gguf_field(reader, f"{arch}.attention.clamp_kqv") is not None:  # (its clip_qkv)
+        extra["clip_qkv"] = float(gguf_field(reader, f"{arch}.attention.clamp_kqv"))
+    if arch == "olmo" and not math.isclose(float(need("attention.layer_norm_epsilon")), 1e-5, rel_tol=1e-6):
+        # (OLMo's, fixed: the converter's, a float32 in the file)
+        raise ValueError(f"GGUF file {str(path)!r}: olmo.attention.layer_norm_epsilon = "
+                         f"{need('attention.layer_norm_epsilon')}; OLMo's LayerNorm eps is 1e-5")
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -1556,7 +1564,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
             "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm",
-                                                             "gpt_neox")
+                                                             "gpt_neox", "olmo")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
