@@ -1097,8 +1097,8 @@ class DecoderLayer(nn.Module):
         """The stream after the attention output ``a`` and the MLP: ``h + a``, then ``+ mlp(norm(h))``; with
         sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; in parallel (Cohere 2) ``h + a +
         mlp(norm(h))`` with the attention's own norm (GPT-NeoX: with the MLP's, ``post_attention_layernorm``); with
-        post norms (OLMo 2 / 3) ``h + norm(a)``, then ``+
-        norm(mlp(h))``; Granite's blocks' outputs times its residual multiplier before each add."""
+        post norms (OLMo 2 / 3) ``h + norm(a)``, then ``+ norm(mlp(h))``; Granite's blocks' outputs times its residual
+        multiplier before each add."""
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
