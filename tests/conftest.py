@@ -29,6 +29,57 @@ if not torch.cuda.is_available():
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+
+def _patch_triton_language_once():
+    """Triton's interpreter patches ``triton.language`` for each launch (restored after it) and again, never
+    restored, at every call of a ``@triton.jit`` helper inside a kernel: a scan of the whole language per
+    call, a third of an interpreted verification pass's time. A helper's patch is a no-op when the launch (or an
+    earlier helper of it) already patched the ``triton.language`` modules the helper sees, so it is skipped then;
+    nothing a kernel computes changes. Only under the interpreter, and only where the interpreter has the
+    function this wraps (another Triton version runs unchanged)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = getattr(interpreter, "_patch_lang", None)
+    if original is None or getattr(original, "_triforce_once", False):
+        return
+    patched: list = []  # the modules the running launch patched, while it runs
+    seen: dict = {}  # function -> the ids of the triton.language modules among its globals
+
+    class _Skipped:
+        def restore(self):
+            pass
+
+    def patch_lang(fn):
+        langs = seen.get(fn)
+        if langs is None:
+            langs = seen[fn] = {id(v) for v in fn.__globals__.values()
+                                if isinstance(v, type(tl)) and v in (tl, tl.core)}
+        if patched and langs <= patched[0]:
+            return _Skipped()
+        scope = original(fn)
+        if patched:  # a helper seeing other modules (Triton's own, under ``core``): patched until the launch ends
+            patched[0] |= langs
+        else:  # the launch's own patch: forgotten when it is restored
+            patched.append(set(langs))
+            restore = scope.restore
+
+            def restore_and_forget():
+                patched.clear()
+                restore()
+            scope.restore = restore_and_forget
+        return scope
+
+    patch_lang._triforce_once = True
+    interpreter._patch_lang = patch_lang
+
+
+_patch_triton_language_once()
+
 settings.register_profile(
     "ci",
     derandomize=True,
