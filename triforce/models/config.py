@@ -653,6 +653,41 @@ WRAPPERS = {
             "use_unified_vision_chunk", "video_placeholder", "projection_hidden_size", "projection_layer_norm_eps",
             "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")),
         ("kimi_vl", ("deepseek_v3",), ()))},
+    # Qwen's image + text models: Qwen2-VL and Qwen2.5-VL (Qwen2's language model), Qwen3-VL (Qwen3's) and
+    # Qwen3-VL-MoE (Qwen3-MoE's), their text configs (_QWEN_VL_TEXTS) read as those families'. Qwen2(.5)-VL's
+    # checkpoints ship a flat config (the language model's keys at the top, as transformers 4 wrote it; transformers 5
+    # moves them into text_config) and a head tied where either the wrapper's or the text_config's
+    # tie_word_embeddings says so ("either": transformers 5's Qwen2VLConfig); Qwen3-VL's text_config may hold the key
+    # too, which transformers 5 does not read ("wrapper": the wrapper's, default false, decides).
+    **{kind: ((text,), frozenset({"vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
+                                  "vision_end_token_id", "vision_token_id"}), tie)
+       for kind, text, tie in (("qwen2_vl", "qwen2_vl_text", "either"), ("qwen2_5_vl", "qwen2_5_vl_text", "either"),
+                               ("qwen3_vl", "qwen3_vl_text", "wrapper"),
+                               ("qwen3_vl_moe", "qwen3_vl_moe_text", "wrapper"))},
+}
+_FLAT_WRAPPERS = ("qwen2_vl", "qwen2_5_vl")  # configs whose language model's keys may sit at the top level
+# Qwen's image + text models' language-model configs: the family each is read as (the same layer and weights) and
+# transformers' defaults of its config class (Qwen2VLTextConfig, Qwen2_5_VLTextConfig, Qwen3VLTextConfig). Their
+# RoPE is M-RoPE: each head's frequencies split into mrope_section's three parts (interleaved in Qwen3-VL), turned by
+# a token's temporal, height and width positions. A text token's three positions are its one position (transformers'
+# get_rope_index: the same arange for the three where no image or video is in the input), so on text M-RoPE is the
+# family's RoPE at any sections: the sections are read (three ints; mrope_interleaved a bool) and not kept.
+_QWEN2_VL_TEXT = {"vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+                  "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+                  "rms_norm_eps": 1e-5, "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 80,
+                  "rope_theta": 1000000.0, "bos_token_id": 151643, "eos_token_id": 151645}
+_QWEN_VL_TEXTS = {
+    "qwen2_vl_text": ("qwen2", _QWEN2_VL_TEXT), "qwen2_5_vl_text": ("qwen2", _QWEN2_VL_TEXT),
+    # (Qwen3VLTextConfig and Qwen3VLMoeTextConfig have no sliding window: those keys raise unless they say none)
+    "qwen3_vl_text": ("qwen3", {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+                                "num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 128,
+                                "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 500000.0}),
+    # (Qwen3-MoE's router with its top k probabilities always renormalised: norm_topk_prob, which it has no key for)
+    "qwen3_vl_moe_text": ("qwen3_moe", {
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
+        "rope_theta": 500000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "num_experts_per_tok": 4,
+        "num_experts": 60, "mlp_only_layers": []}),
 }
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
@@ -1882,6 +1917,8 @@ class LlamaConfig:
             model_type = d["model_type"] = "deepseek_v3"
         if model_type in WRAPPERS:
             return cls._from_wrapper(d)
+        if model_type in _QWEN_VL_TEXTS:
+            model_type = _qwen_vl_text(d)
         if model_type not in FAMILIES:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
@@ -1956,6 +1993,11 @@ class LlamaConfig:
         and its ``tie_word_embeddings`` (given or its default) must agree with the text model's."""
         kind = d["model_type"]
         text_type, own, tie_default = WRAPPERS[kind]
+        if "text_config" not in d and kind in _FLAT_WRAPPERS:  # the language model's keys at the top level
+            d = {k: v for k, v in d.items() if k in own or k in _METADATA_KEYS or k in ("model_type",
+                                                                                      "tie_word_embeddings")} | {
+                "text_config": {k: v for k, v in d.items() if not (k in own or k in _METADATA_KEYS or k in (
+                    "model_type", "tie_word_embeddings"))}}
         if "text_config" not in d:  # transformers would build one of its own defaults (Mistral3's: Mistral Small's)
             raise ValueError(f"config model_type {kind!r} has no text_config: the language model's keys are not "
                              "in it")
@@ -1977,8 +2019,12 @@ class LlamaConfig:
                                  f"its language model's keys belong in text_config")
         if tie_default is None and "tie_word_embeddings" in d:  # the wrapper's key decides (transformers 5)
             text["tie_word_embeddings"] = d["tie_word_embeddings"]
+        if tie_default == "either":  # tied where either key says so (transformers 5's Qwen2VLConfig)
+            text["tie_word_embeddings"] = d.pop("tie_word_embeddings", False) or text.get("tie_word_embeddings", False)
+        elif tie_default == "wrapper":  # the wrapper's key (default false); text_config's is not read (Qwen3VLConfig)
+            text["tie_word_embeddings"] = d.pop("tie_word_embeddings", False)
         config = cls.from_dict(text)
-        tie = d.get("tie_word_embeddings", config.tie_word_embeddings if tie_default is None else tie_default)
+        tie = d.get("tie_word_embeddings", tie_default if isinstance(tie_default, bool) else config.tie_word_embeddings)
         if tie != config.tie_word_embeddings:
             raise ValueError(f"config model_type {kind!r}: tie_word_embeddings = {tie!r} (the wrapper's, which "
                              f"transformers follows) disagrees with its text_config's ({config.tie_word_embeddings})")
@@ -2132,6 +2178,51 @@ def _phi3_rope(d: dict) -> None:
                              "transformers' Phi-3 reads plain RoPE and LongRoPE ('longrope', 'su', 'yarn') only")
         if kind == "longrope":
             d.setdefault("original_max_position_embeddings", _PHI3_ORIGINAL_CONTEXT)
+
+
+def _qwen_vl_text(d: dict) -> str:
+    """Read a Qwen VL language model's config ``d`` (``_QWEN_VL_TEXTS``) in place as its family's: the M-RoPE keys
+    checked and dropped (on text M-RoPE is the family's RoPE), transformers' defaults of its text config filled in,
+    ``model_type`` set to the family's, which is returned."""
+    kind = d["model_type"]
+    family, defaults = _QWEN_VL_TEXTS[kind]
+    interleaved = kind != "qwen2_vl_text" and kind != "qwen2_5_vl_text"  # (Qwen3-VL's)
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = d.get(key)
+        if not isinstance(rope, dict):
+            continue  # (null; anything else raises in _read_rope)
+        rope = dict(rope)
+        section = rope.pop("mrope_section", None)
+        if section is not None and not (isinstance(section, list) and len(section) == 3
+                                        and all(_is_int(x) and x >= 0 for x in section)):
+            raise ValueError(f"config {key} mrope_section = {section!r} must be a list of three ints >= 0 (the "
+                             "temporal, height and width parts of each head's RoPE frequencies)")
+        if interleaved and rope.get("mrope_interleaved", True) not in (True, False):
+            raise ValueError(f"config {key} mrope_interleaved = {rope['mrope_interleaved']!r} must be a bool")
+        if interleaved:
+            rope.pop("mrope_interleaved", None)
+        if rope.get("type") == "mrope":  # (transformers reads it as the default RoPE, and keeps the key beside
+            rope.pop("type")  # its rope_type "default")
+            rope.setdefault("rope_type", "default")
+        if rope.get("rope_type") == "mrope":
+            rope["rope_type"] = "default"
+        d[key] = rope
+    if interleaved:  # Qwen3VLTextConfig has no sliding window; the model attends to every key
+        for key in ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"):
+            if d.get(key) not in (None, False):
+                raise ValueError(f"config key {key!r} = {d[key]!r}: transformers' Qwen3-VL language model has no "
+                                 "sliding window and does not read it")
+            d.pop(key, None)
+    if kind == "qwen3_vl_moe_text" and d.setdefault("norm_topk_prob", True) is not True:
+        raise ValueError(f"config norm_topk_prob = {d['norm_topk_prob']!r}: Qwen3-VL-MoE's router always "
+                         "renormalises its top k probabilities (transformers' Qwen3VLMoeTextTopKRouter)")
+    inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
+    counted = any(k in d for k in _EXPERT_COUNT_KEYS)  # (transformers 5 writes num_experts as num_local_experts)
+    for k, v in defaults.items():
+        if not (k == "rope_theta" and inner) and not (k in _EXPERT_COUNT_KEYS and counted):
+            d.setdefault(k, v)
+    d["model_type"] = family
+    return family
 
 
 def _read_rope(d: dict) -> dict:

@@ -242,6 +242,7 @@ def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
     rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
+    qwen3_vl_moe = raw.get("model_type") == "qwen3_vl_moe"
     q = config.extra.get("quantization_config")
     sd, origin = {}, {}
     fp8 = (CompressedWeights(q, dtype or torch.float32, kept) if compressed_config(q)
@@ -249,6 +250,8 @@ def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
     split = FAMILIES[config.model_type].fused_projections
     for f in _weight_files(directory):
         part = fp8.dequantize(_read_weights(f, rename))
+        if qwen3_vl_moe:
+            part = _qwen3_vl_moe_experts(config, part)
         if split:  # one file's at a time: its fused tensors freed as they are split
             part = _split_projections(config, part)
         for k in part:
@@ -888,8 +891,21 @@ def _index_shards(directory: Path, index: Path) -> list:
 # it reads back as layers: so here.
 _LANGUAGE_MODEL_PREFIXES = (("language_model.model.blocks.", "model.layers."), ("language_model.model.", "model."),
                             ("language_model.lm_head.", "lm_head."), ("model.language_model.", "model."))
-_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "model.vision_tower.",
-                   "model.multi_modal_projector.", "model.mm_projector.")
+_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "visual.", "model.vision_tower.",
+                   "model.multi_modal_projector.", "model.mm_projector.", "model.visual.")
+
+
+def _qwen3_vl_moe_experts(config: LlamaConfig, sd: dict) -> dict:
+    """A Qwen3-VL-MoE checkpoint's weights with each layer's stacked experts as transformers 5's modules hold them
+    (:func:`_expert_names` reads that layout: ``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj``
+    ``[E, H, I]``). Qwen's files hold each as its transpose (``[E, H, 2I]``, ``x @ W``, the gate's columns first;
+    ``[E, I, H]``), transformers 5's ``save_pretrained`` as the modules: as transformers' conversion mapping reads
+    them, a tensor of the module's shape is taken as it is (so a square one, ``H == 2I`` or ``H == I``, too), any
+    other transposed."""
+    h, i = config.hidden_size, config.experts.intermediate_size if config.experts else 0
+    shapes = {"gate_up_proj": (2 * i, h), "down_proj": (h, i)}
+    return {name: t.transpose(1, 2) if t.dim() == 3 and (m := _STACKED_EXPERTS.fullmatch(name)) is not None
+            and tuple(t.shape[1:]) != shapes[m[2]] else t for name, t in sd.items()}
 
 
 def _language_model_name(name: str) -> str | None:
