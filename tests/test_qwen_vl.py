@@ -190,8 +190,8 @@ QWEN3_VL_8B = {"architectures": ["Qwen3VLForConditionalGeneration"], "image_toke
                "vision_config": {"deepstack_visual_indexes": [8, 16, 24], "depth": 27,
                                  "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "in_channels": 3,
                                  "initializer_range": 0.02, "intermediate_size": 4304, "model_type": "qwen3_vl",
-                                 "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 4096, "patch_size": 16,
-                                 "spatial_merge_size": 2, "temporal_patch_size": 2},
+                                 "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 4096,
+                                 "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2},
                "vision_end_token_id": 151653, "vision_start_token_id": 151652}
 QWEN3_VL_30B = {**QWEN3_VL_8B, "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
                 "text_config": {**QWEN3_TEXT, "model_type": "qwen3_vl_moe_text", "hidden_size": 2048,
