@@ -193,14 +193,19 @@ def log_path() -> Path:
 # up to 2.3e-6. Gemma's three architectures, starcoder2, phi2 and gptneox take ggml's GELU table (:func:`ggml_gelu`),
 # whose float16 steps turn a last-bit difference of a layer's input into a step of 2^-11 of its output: one layer
 # matches to 2e-7 at one token and 6e-5 at 48, seven layers up to 7.6e-4 of the largest logit.
+# llama.cpp's qwen2vl runs the same file less exactly than its qwen2 (Qwen2's layer, M-RoPE whose sections cover
+# every pair: plain RoPE on text): one layer, head_dim 64, 48 tokens, against our model in float64, its qwen2 is within
+# 2.6e-6 of the logits and its qwen2vl within 5.4e-4 (1.1e-4 of the largest; 1.1e-4 already at the first token, where
+# RoPE turns nothing), while ours is within 1e-6; its qwen3vl gives its qwen3's logits bit for bit.
 TOL = 1e-5
 TOL_GELU_TABLE = 2e-3
+TOL_QWEN2VL = 5e-4
 GELU_ARCHS = ("gemma", "gemma2", "gemma3", "starcoder2", "phi2", "gptneox")
 _DONE: dict = {}  # (file, size, mtime, dtype) -> its record: a file the tests load again is compared once
 
 
 def tolerance(arch: str) -> float:
-    return TOL_GELU_TABLE if arch in GELU_ARCHS else TOL
+    return TOL_GELU_TABLE if arch in GELU_ARCHS else TOL_QWEN2VL if arch == "qwen2vl" else TOL
 
 
 def check_loaded(path, model, test_id: str, length: int = 48) -> dict | None:

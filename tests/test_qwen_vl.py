@@ -247,3 +247,74 @@ def test_what_transformers_would_not_read_so_raises():
         LlamaConfig.from_dict({k: v for k, v in QWEN3_VL_8B.items() if k != "text_config"})
     with pytest.raises(ValueError, match="'not_a_key' is not understood"):  # a flat config's: its language model's
         LlamaConfig.from_dict({**QWEN2_5_VL_7B, "not_a_key": 1})
+
+
+# ---- GGUF: llama.cpp's qwen2vl (Qwen2-VL, Qwen2.5-VL), qwen3vl (Qwen3-VL) and qwen3vlmoe (Qwen3-VL-MoE)
+def _gguf(tmp_path, arch, sections, model_type, head_dim=16, **kw):
+    from .test_config import write_gguf
+    from .test_families import tiny_family
+
+    # (llama.cpp's qwen2vl takes head_dim as hidden / heads: 64 / 4)
+    model = tiny_family(model_type, 0, layers=2, head_dim=head_dim, rope_theta=100.0,
+                        **({"hidden_size": 64} if arch == "qwen2vl" else {}), **kw)
+    meta = {} if sections is None else {"rope.dimension_sections": sections}
+    if arch != "qwen2vl":
+        meta["n_deepstack_layers"] = 3
+    return model, write_gguf(tmp_path / f"{arch}.gguf", model, meta, arch=arch)
+
+
+@pytest.mark.parametrize("arch, model_type, kw", [
+    ("qwen2vl", "qwen2", {}), ("qwen3vl", "qwen3", {}),
+    ("qwen3vlmoe", "qwen3_moe", {"extra": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                                           "norm_topk_prob": True}})])
+def test_gguf_whose_sections_cover_every_pair_runs_plain_rope(tmp_path, arch, model_type, kw):
+    """Sections that give every RoPE pair one of the first three streams (Qwen2.5-VL's [16, 24, 24, 0] over 64 pairs,
+    here [2, 3, 3, 0] over 8; interleaved, [3, 3, 2, 0]): on text, M-RoPE is the family's RoPE, and the file loads
+    with the logits of the model it was written from (and, under TRIFORCE_LLAMA_CPP=1, llama.cpp's)."""
+    sections = [2, 3, 3, 0] if arch == "qwen2vl" else [3, 3, 2, 0]
+    model, path = _gguf(tmp_path, arch, sections, model_type, **kw)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    assert loaded.config.model_type == model_type and "rope_still_pairs" not in loaded.config.extra
+    ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (loaded(ids) - model(ids)).abs().max().item() <= TOL
+
+
+def test_gguf_m_rope_pairs_on_the_fourth_stream_stay_still(tmp_path):
+    """llama.cpp gives a text token's fourth M-RoPE position 0: the pairs its sections put on that stream are never
+    turned. Qwen3-VL's interleaved [24, 20, 20, 0] over 64 pairs leaves pairs 61 and 62 so (3 * 20 = 60 covers the
+    height and width streams' pairs to 59); here [4, 2, 2, 0] over 8 pairs leaves pair 7 (7 mod 3 = 1, past 3 * 2),
+    and qwen2vl's [2, 2, 2, 2] the last two pairs. The loaded model turns those pairs by frequency 0 (its other
+    pairs as before); under TRIFORCE_LLAMA_CPP=1 its logits are llama.cpp's."""
+    from triforce.models.loading import _gguf_mrope
+
+    class Reader:
+        def __init__(self, **fields):
+            self.fields = fields
+
+    from unittest import mock
+
+    with mock.patch("triforce.models.loading.gguf_field", lambda r, k, d=None: r.fields.get(k.split(".", 1)[1], d)):
+        assert _gguf_mrope(Reader(**{"rope.dimension_sections": [24, 20, 20, 0]}), "qwen3vl", "f", 128) == {
+            "rope_still_pairs": [61, 62]}
+        assert _gguf_mrope(Reader(**{"rope.dimension_sections": [16, 24, 24, 0]}), "qwen2vl", "f", 128) == {}
+    for arch, model_type, sections, still in (("qwen3vl", "qwen3", [4, 2, 2, 0], [7]),
+                                              ("qwen2vl", "qwen2", [2, 2, 2, 2], [6, 7])):
+        model, path = _gguf(tmp_path, arch, sections, model_type)
+        loaded = Llama.from_pretrained(path, cache_dir=False)
+        assert loaded.config.extra["rope_still_pairs"] == still
+        keep = [i for i in range(8) if i not in still]
+        assert torch.equal(loaded.inv_freq[keep], model.inv_freq[keep]) and not loaded.inv_freq[still].any()
+        ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert (loaded(ids) - model(ids)).abs().max().item() > 1e-3  # (those pairs turned would differ)
+        cached = Llama.from_pretrained(path, cache_dir=tmp_path / "cache")  # (through the converted directory)
+        assert cached.config.extra["rope_still_pairs"] == still and torch.equal(cached.inv_freq, loaded.inv_freq)
+
+
+def test_gguf_m_rope_sections_llama_cpp_would_not_read_raise(tmp_path):
+    for sections, match in ((None, "lacks metadata qwen3vl.rope.dimension_sections"),
+                            ([4, 2, 2], "must be four ints"), ([0, 0, 0, 0], "must be four ints")):
+        _, path = _gguf(tmp_path, "qwen3vl", sections, "qwen3")
+        with pytest.raises(ValueError, match=match):
+            Llama.from_pretrained(path, cache_dir=False)

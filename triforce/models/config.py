@@ -885,6 +885,11 @@ _HARMLESS_ONLY_AT = {
                                             and 0 < v < float("inf")),
                  "null (OLMoE, OLMo: a number > 0)"),
     "qkv_bias": (lambda v, c: c.model_type == "qwen2_moe" and isinstance(v, bool), "absent (Qwen2-MoE: a bool)"),
+    # llama.cpp's M-RoPE on text (GGUF qwen2vl / qwen3vl / qwen3vlmoe: loading._gguf_mrope): the RoPE pairs it turns
+    # by a text token's fourth position, 0, and so leaves as they are (rope.rope_inv_freq: frequency 0)
+    "rope_still_pairs": (lambda v, c: c.model_type in ("qwen2", "qwen3", "qwen3_moe") and isinstance(v, list)
+                         and len(set(v)) == len(v) and all(_is_int(i) and 0 <= i < c.rotary_dim // 2 for i in v),
+                         "absent (Qwen2 / Qwen3 / Qwen3-MoE: distinct RoPE pair indices, from llama.cpp's M-RoPE)"),
     "mlp_only_layers": (lambda v, c: c.model_type in _QWEN_MOES and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Qwen2-MoE, Qwen3-MoE: layer indices)"),
     # ERNIE 4.5's mixture (LlamaConfig.experts)

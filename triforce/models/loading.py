@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .compressed import CompressedWeights, compressed_config
-from .config import _COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, fp8_config
+from .config import _COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, fp8_config
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -1114,10 +1114,11 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "exaone-moe": ("exaone_moe", False), "hunyuan-dense": ("hunyuan_v1_dense", False),
                       "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
                       "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False),
-                      "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True)}
+                      "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True),
+                      "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
-             "olmoe": "olmoe", "gpt-oss": "gpt_oss"}
+             "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
 _GGUF_GRANITE_TYPES = ("granite", "granitemoe", "granitemoeshared")  # the model types of granite / granitemoe files
@@ -1145,7 +1146,11 @@ _GGUF_ARCH_KEYS = {
     "minimax-m2": ("expert_gating_func",),
     "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
                    "attention.sliding_window_pattern", "rope.freq_base_swa"),
-    "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",)}
+    "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",),
+    # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
+    # layers (image embeddings added to the first layers' input: never on text)
+    "qwen2vl": ("rope.dimension_sections",), "qwen3vl": ("rope.dimension_sections", "n_deepstack_layers"),
+    "qwen3vlmoe": ("rope.dimension_sections", "n_deepstack_layers")}
 # the architectures whose files may append multi-token prediction layers
 _GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA, "exaone-moe")
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
@@ -1571,6 +1576,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         # (OLMo's, fixed: the converter's, a float32 in the file)
         raise ValueError(f"GGUF file {str(path)!r}: olmo.attention.layer_norm_epsilon = "
                          f"{need('attention.layer_norm_epsilon')}; OLMo's LayerNorm eps is 1e-5")
+    if arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):
+        extra.update(_gguf_mrope(reader, arch, path, head_dim))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -1906,6 +1913,36 @@ def _expert_blocks(stacked: dict) -> dict:
             out.update({f"{stem}.experts.{e}.gate_up_proj.weight": (kind, torch.cat([g, u]))
                         for e, (g, u) in enumerate(zip(blocks, up))})
     return out
+
+
+def _gguf_mrope(reader, arch: str, path: Path, head_dim: int) -> dict:
+    """The ``extra`` of a qwen2vl / qwen3vl / qwen3vlmoe file's M-RoPE as llama.cpp runs it on text. Its
+    ``rope.dimension_sections`` (four ints: the temporal, height, width and a fourth part of each head's
+    RoPE pairs) give each pair a position stream: in order (qwen2vl's M-RoPE: pair ``i`` in part ``i mod (sum of
+    the sections)``), or interleaved (qwen3vl's: ``s = i mod sum``; height where ``s mod 3 == 1`` and ``s < 3 h``,
+    width where ``s mod 3 == 2`` and ``s < 3 w``, temporal where ``s mod 3 == 0`` and ``s < 3 t``, else the fourth).
+    A text token's first three positions are its position and its fourth is 0: the pairs on the fourth stream are
+    never turned (``rope_still_pairs``; none in Qwen2-VL's and Qwen2.5-VL's files, two of 64 in Qwen3-VL's, where
+    transformers turns every pair by the token's position)."""
+    sections = gguf_field(reader, f"{arch}.rope.dimension_sections")
+    if sections is None:  # (llama.cpp requires it)
+        raise ValueError(f"GGUF file {str(path)!r} lacks metadata {arch}.rope.dimension_sections")
+    sections = list(sections) if isinstance(sections, (list, tuple)) else [sections]
+    if not (len(sections) == 4 and all(_is_int(x) and x >= 0 for x in sections) and sum(sections) > 0):
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_sections = {sections!r} must be four ints "
+                         ">= 0, not all 0 (as llama.cpp reads it)")
+    t, h, w, _ = sections
+    pairs = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)) // 2
+    still = []
+    for i in range(pairs):
+        s = i % sum(sections)
+        if arch == "qwen2vl":
+            fourth = s >= t + h + w
+        else:
+            fourth = not (s % 3 == 1 and s < 3 * h or s % 3 == 2 and s < 3 * w or s % 3 == 0 and s < 3 * t)
+        if fourth:
+            still.append(i)
+    return {"rope_still_pairs": still} if still else {}
 
 
 def _gguf_experts(reader, arch: str, path: Path, model_type: str, n_ff: int) -> dict:

@@ -50,8 +50,12 @@ def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch
 def _still_pairs(config: LlamaConfig, inv_freq: torch.Tensor) -> torch.Tensor:
     """Partial RoPE (``config.rotary_dim < head_dim``): the rotated pairs' frequencies, then a 0 for each pair of
     the dims RoPE leaves as they are (angle 0: cos 1 and sin 0, which leave a value exactly as it is). The loader
-    orders each head's q and k dims so that those pairs are the ones (docs/model.md, "Partial RoPE")."""
+    orders each head's q and k dims so that those pairs are the ones (docs/model.md, "Partial RoPE"). A 0 too for
+    the pairs ``config.extra["rope_still_pairs"]`` names (llama.cpp's M-RoPE on text: docs/model.md)."""
     still = config.head_dim // 2 - inv_freq.numel()
+    if config.extra.get("rope_still_pairs"):
+        inv_freq = inv_freq.clone()
+        inv_freq[config.extra["rope_still_pairs"]] = 0.0
     return inv_freq if still == 0 else torch.cat([inv_freq, inv_freq.new_zeros(still)])
 
 
