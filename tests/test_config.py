@@ -4,6 +4,7 @@ saved itself, and a ValueError naming every key that would change the math but i
 import json
 import math
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -224,6 +225,35 @@ def test_pytorch_bin_checkpoints_load_as_transformers(tmp_path):
     (missing / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"a": "gone.bin"}}))
     with pytest.raises(FileNotFoundError, match="gone.bin"):
         Llama.from_pretrained(missing)
+
+
+def test_a_tied_config_over_a_head_of_its_own_loads_as_transformers_5(tmp_path):
+    """A config that ties the head, over a checkpoint holding a head of other values, is wrong about the checkpoint:
+    transformers 5 keeps that head, untied, and warns; so here. A head equal to the embeddings (a PyTorch ``.bin``
+    holds both, one storage) loads tied."""
+    hf = hf_checkpoint(tmp_path / "own", transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    cfg = json.loads((tmp_path / "own" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False
+    (tmp_path / "own" / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    ids = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(1))
+    back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "own", attn_implementation="eager").eval()
+    assert back.lm_head.weight.data_ptr() != back.model.embed_tokens.weight.data_ptr()
+    with pytest.warns(UserWarning, match="loaded untied"):
+        ours = Llama.from_pretrained(tmp_path / "own")
+    assert not ours.config.tie_word_embeddings
+    with torch.no_grad():
+        assert (ours(ids) - back(ids).logits).abs().max().item() <= TOL
+        assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
+    tied = hf_checkpoint(tmp_path / "tied", transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                         tie_word_embeddings=True)
+    (tmp_path / "tied" / "model.safetensors").unlink()
+    torch.save(tied.state_dict(), tmp_path / "tied" / "pytorch_model.bin")  # (both keys, one storage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = Llama.from_pretrained(tmp_path / "tied")
+    assert ours.config.tie_word_embeddings and ours.lm_head.weight is ours.model.embed_tokens.weight
+    with torch.no_grad():
+        assert (ours(ids) - tied(ids).logits).abs().max().item() <= TOL
 
 
 def test_transformers_saved_yarn_config_reads_as_transformers(tmp_path):

@@ -150,6 +150,17 @@ def test_the_tied_head_as_transformers_5_ties_it(tmp_path):
              **({} if wrapper is None else {"tie_word_embeddings": wrapper})}
         want = getattr(transformers, config_class).from_dict(d).tie_word_embeddings
         assert want == tied and LlamaConfig.from_dict(d).tie_word_embeddings == tied, (kind, wrapper, text)
+    hf = hf_vl("qwen2_5_vl")  # a head of its own under a config that ties it: kept, untied (transformers 5 warns)
+    hf.save_pretrained(tmp_path / "own")
+    d = json.loads((tmp_path / "own" / "config.json").read_text())
+    d["text_config"]["tie_word_embeddings"] = True
+    (tmp_path / "own" / "config.json").write_text(json.dumps(d))
+    assert LlamaConfig.from_dict(d).tie_word_embeddings
+    with pytest.warns(UserWarning, match="loaded untied"):
+        ours = Llama.from_pretrained(tmp_path / "own")
+    assert not ours.config.tie_word_embeddings
+    with torch.no_grad():
+        assert (ours(ids()) - hf_from(tmp_path / "own")(input_ids=ids()).logits).abs().max().item() <= TOL
     hf = hf_vl("qwen2_5_vl", tie_word_embeddings=True)  # tied by its text_config (Qwen2.5-VL-3B's): no head saved
     assert hf.lm_head.weight is hf.model.language_model.embed_tokens.weight
     hf.save_pretrained(tmp_path)

@@ -18,6 +18,7 @@ marks an entry complete last, so readers never see a partial file and the weight
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -956,18 +957,33 @@ _FLOAT32_WEIGHTS = (".e_score_correction_bias",)  # weights kept in float32 what
 _NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias")
 
 
-def model_names(config: LlamaConfig, sd: dict) -> dict:
+def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     """A checkpoint's weights ``sd`` under the model's names and in its layout: fused projections split, the
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
-    weights through it: quant.load_fp8)."""
+    weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
     if config.model_type == "gpt_neox":  # (old checkpoints' attention buffers: a causal mask, its fill; transformers
         sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # drops them too)
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
     sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings and not keep_head:
         sd.pop("lm_head.weight", None)
     return sd
+
+
+def _untie_a_head_of_its_own(config: LlamaConfig, sd: dict) -> LlamaConfig:
+    """``config``, untied where it ties the head to the embeddings but the weights ``sd`` (the model's names) hold a
+    head of other values: as transformers 5 loads such a checkpoint (``PreTrainedModel.tie_weights``: the config is
+    wrong about the checkpoint, whose head is kept; it warns, and so does this). A head equal to the embeddings (a
+    PyTorch ``.bin`` file holds both, one storage) leaves the model tied."""
+    head, embed = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
+    if not config.tie_word_embeddings or head is None or embed is None or (
+            head.shape == embed.shape and torch.equal(head, embed.to(head.dtype))):
+        return config
+    warnings.warn("the config ties the head to the embeddings (tie_word_embeddings), but the checkpoint holds "
+                  "lm_head.weight of other values: loaded untied, with the checkpoint's head, as transformers 5 loads "
+                  "it", stacklevel=3)
+    return dataclasses.replace(config, tie_word_embeddings=False)
 
 
 def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset()):
@@ -975,8 +991,11 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
     meta device (a caller that replaces their modules: ``triforce.models.quant.load_gguf_int8``)."""
     from .llama import Llama
 
+    sd = model_names(config, sd, keep_head=True)
+    config = _untie_a_head_of_its_own(config, sd)
+    if config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
     model = Llama(config, _empty=True)  # meta tensors, nothing drawn: every weight is assigned below
-    sd = model_names(config, sd)
     expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = sorted(expected - sd.keys() - set(missing_ok)), sorted(sd.keys() - expected)
     unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]
