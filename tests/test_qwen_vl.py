@@ -60,19 +60,26 @@ def test_the_checkpoint_transformers_5_saves_loads_with_its_logits(tmp_path, kin
     """Every path (the plain forward, a chunked prefill, a verify pass, one-token steps, a tree) gives the wrapper's
     logits on text; the image side is not read; our save is the language model, which transformers reads back with
     the same logits."""
-    hf = hf_vl(kind)
+    ours = assert_loads_as_its_language_model(hf_vl(kind), tmp_path, kind, KINDS[kind][4])
+    assert not ours.config.tie_word_embeddings and not any("visual" in name for name in ours.state_dict())
+
+
+def assert_loads_as_its_language_model(hf, tmp_path, kind: str, family: str) -> Llama:
+    """An image + text model ``hf`` (transformers') saved by transformers loads as its ``family`` language model, its
+    head tied as transformers ties it, with its logits on text on every path; our save of it, read back by
+    transformers' CausalLM of that family, gives them too. -> ours."""
     hf.save_pretrained(tmp_path / "hf")
     saved = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert saved["model_type"] == kind and "text_config" in saved
     ours = Llama.from_pretrained(tmp_path / "hf")
-    assert ours.config.model_type == KINDS[kind][4] and not ours.config.tie_word_embeddings
-    assert not any("visual" in name for name in ours.state_dict())
+    assert ours.config.model_type == family and ours.config.tie_word_embeddings == hf.config.tie_word_embeddings
     ids, ref = assert_every_path_matches(hf, ours)
     ours.save_pretrained(tmp_path / "ours")
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
-    assert type(back).__name__ == FAMILIES[KINDS[kind][4]].architecture
+    assert type(back).__name__ == FAMILIES[family].architecture
     with torch.no_grad():
         assert (back(ids).logits - ref).abs().max().item() <= TOL
+    return ours
 
 
 def test_m_rope_sections_do_not_change_text():

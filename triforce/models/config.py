@@ -626,10 +626,15 @@ class DSA:
 
 _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # Image + text checkpoints whose text model is one of the families: the wrapper's model_type -> (its
-# text_config's model_type (or the ones it may be, the first by default), the wrapper's own keys: the image
-# side's, which a text-only forward never reads, and the wrapper's tie_word_embeddings default: transformers 5
-# ties the head by the wrapper's key, whatever the text_config says; None: a wrapper without the key takes its
-# text_config's). Its language model is what loads (LlamaConfig.from_dict; loading.py renames its weights).
+# text_config's model_type (or the ones it may be, the first by default; "*" among them: any family's), the
+# wrapper's own keys: the image side's, which a text-only forward never reads, and how its head is tied: a bool,
+# the wrapper's tie_word_embeddings default (transformers 5 ties the head by the wrapper's key; a text_config
+# that says otherwise raises); None: a wrapper without the key takes its text_config's; "either": tied where
+# either says so; ("wrapper", default): the wrapper's key alone, the text_config's not read). Its language model
+# is what loads (LlamaConfig.from_dict; loading.py renames its weights).
+# LLaVA's image side's keys (transformers' LlavaConfig; ignore_index and vocab_size: its 4.3x configs', not read)
+_LLAVA_KEYS = ("image_token_index", "image_seq_length", "projector_hidden_act", "vision_feature_select_strategy",
+               "vision_feature_layer", "multimodal_projector_bias", "ignore_index", "vocab_size")
 WRAPPERS = {
     "gemma3": ("gemma3_text", frozenset({  # Gemma3ForConditionalGeneration: gemma-3-4b / 12b / 27b
         "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
@@ -658,12 +663,29 @@ WRAPPERS = {
     # checkpoints ship a flat config (the language model's keys at the top, as transformers 4 wrote it; transformers 5
     # moves them into text_config) and a head tied where either the wrapper's or the text_config's
     # tie_word_embeddings says so ("either": transformers 5's Qwen2VLConfig); Qwen3-VL's text_config may hold the key
-    # too, which transformers 5 does not read ("wrapper": the wrapper's, default false, decides).
+    # too, which transformers 5 does not read (("wrapper", False): the wrapper's, default false, decides).
     **{kind: ((text,), frozenset({"vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
                                   "vision_end_token_id", "vision_token_id"}), tie)
        for kind, text, tie in (("qwen2_vl", "qwen2_vl_text", "either"), ("qwen2_5_vl", "qwen2_5_vl_text", "either"),
-                               ("qwen3_vl", "qwen3_vl_text", "wrapper"),
-                               ("qwen3_vl_moe", "qwen3_vl_moe_text", "wrapper"))},
+                               ("qwen3_vl", "qwen3_vl_text", ("wrapper", False)),
+                               ("qwen3_vl_moe", "qwen3_vl_moe_text", ("wrapper", False)))},
+    # Image + text models whose text_config may be any language model (transformers' AutoConfig; "*": any family
+    # read here, the first its default): LLaVA 1.5 (llava: Llama / Vicuna, Mistral, ...), LLaVA-NeXT (llava_next),
+    # LLaVA-OneVision (llava_onevision: Qwen2), InternVL 3 / 3.5 in transformers' layout (internvl: Qwen2.5 / Qwen3),
+    # Idefics3 and SmolVLM (Llama / SmolLM2), Aya Vision (aya_vision: Cohere 2). The head: LLaVA's and OneVision's tied
+    # where either key says so (transformers 5's back-compatibility); the others by the wrapper's key alone, at
+    # its default where absent (InternVL's and Aya Vision's: tied), the text_config's not read.
+    **{kind: (text, frozenset({"vision_config", *own}), tie) for kind, text, own, tie in (
+        ("llava", ("llama", "*"), _LLAVA_KEYS, "either"),
+        ("llava_next", ("llama", "*"), (*_LLAVA_KEYS, "image_grid_pinpoints"), ("wrapper", False)),
+        ("llava_onevision", ("qwen2", "*"), (*_LLAVA_KEYS, "image_grid_pinpoints", "video_token_index",
+                                            "vision_aspect_ratio"), "either"),
+        ("internvl", ("qwen2", "*"), ("image_token_id", "image_seq_length", "downsample_ratio", "projector_hidden_act",
+                                      "vision_feature_layer", "vision_feature_select_strategy"), ("wrapper", True)),
+        ("idefics3", ("llama", "*"), ("image_token_id", "scale_factor", "_pad_token_id"), ("wrapper", False)),
+        ("smolvlm", ("llama", "*"), ("image_token_id", "scale_factor", "_pad_token_id"), ("wrapper", False)),
+        ("aya_vision", ("cohere2", "*"), ("image_token_index", "vision_feature_layer", "vision_feature_select_strategy",
+                                         "downsample_factor", "adapter_layer_norm_eps"), ("wrapper", True)))},
 }
 _FLAT_WRAPPERS = ("qwen2_vl", "qwen2_5_vl")  # configs whose language model's keys may sit at the top level
 # Qwen's image + text models' language-model configs: the family each is read as (the same layer and weights) and
@@ -2011,7 +2033,10 @@ class LlamaConfig:
             raise ValueError(f"config model_type {kind!r}: text_config must be a JSON object, got {text!r}")
         text = dict(text)
         types = text_type if isinstance(text_type, tuple) else (text_type,)
-        if text.setdefault("model_type", types[0]) not in types:
+        if "*" in types and text.setdefault("model_type", types[0]) in WRAPPERS:  # (any language model's)
+            raise ValueError(f"config model_type {kind!r}: its text_config's model_type must be a language model's, "
+                             f"got {text['model_type']!r}")
+        if "*" not in types and text.setdefault("model_type", types[0]) not in types:
             raise ValueError(f"config model_type {kind!r}: its text_config's model_type must be "
                              f"{' or '.join(map(repr, types))}, got {text['model_type']!r}")
         for key, value in d.items():
@@ -2024,10 +2049,13 @@ class LlamaConfig:
                                  f"its language model's keys belong in text_config")
         if tie_default is None and "tie_word_embeddings" in d:  # the wrapper's key decides (transformers 5)
             text["tie_word_embeddings"] = d["tie_word_embeddings"]
-        if tie_default == "either":  # tied where either key says so (transformers 5's Qwen2VLConfig)
-            text["tie_word_embeddings"] = d.pop("tie_word_embeddings", False) or text.get("tie_word_embeddings", False)
-        elif tie_default == "wrapper":  # the wrapper's key (default false); text_config's is not read (Qwen3VLConfig)
-            text["tie_word_embeddings"] = d.pop("tie_word_embeddings", False)
+        if tie_default == "either" and d.pop("tie_word_embeddings", False):  # tied where either key (or the text
+            text["tie_word_embeddings"] = True  # model's default) says so (transformers 5's Qwen2VLConfig, LlavaConfig)
+        elif isinstance(tie_default, tuple):  # the wrapper's key (at its default); text_config's is not read
+            text["tie_word_embeddings"] = d.pop("tie_word_embeddings", tie_default[1])
+        if kind == "aya_vision" and text["model_type"] in _COHERES:  # transformers' AyaVisionForConditionalGeneration
+            text["logit_scale"] = 1.0  # takes the head's logits as they are, without the text model's logit_scale
+            # (vLLM's Aya Vision applies it)
         config = cls.from_dict(text)
         tie = d.get("tie_word_embeddings", tie_default if isinstance(tie_default, bool) else config.tie_word_embeddings)
         if tie != config.tie_word_embeddings:

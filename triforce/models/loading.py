@@ -891,9 +891,11 @@ def _index_shards(directory: Path, index: Path) -> list:
 # language model's layers language_model.model.blocks.* (its vision tower's renaming, undone over them too), which
 # it reads back as layers: so here.
 _LANGUAGE_MODEL_PREFIXES = (("language_model.model.blocks.", "model.layers."), ("language_model.model.", "model."),
-                            ("language_model.lm_head.", "lm_head."), ("model.language_model.", "model."))
-_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "visual.", "model.vision_tower.",
-                   "model.multi_modal_projector.", "model.mm_projector.", "model.visual.")
+                            ("language_model.lm_head.", "lm_head."), ("model.language_model.", "model."),
+                            ("model.text_model.", "model."))  # (Idefics3's and SmolVLM's)
+_IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "visual.", "image_newline",
+                   "model.vision_tower.", "model.multi_modal_projector.", "model.mm_projector.", "model.visual.",
+                   "model.image_newline", "model.vision_model.", "model.connector.")
 
 
 def _qwen3_vl_moe_experts(config: LlamaConfig, sd: dict) -> dict:

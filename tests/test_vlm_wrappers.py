@@ -1,0 +1,111 @@
+"""Image + text checkpoints whose text_config is any language model (LLaVA 1.5, LLaVA-NeXT, LLaVA-OneVision,
+InternVL, Idefics3, SmolVLM, Aya Vision) load as that language model, against transformers' wrappers on text."""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from triforce.models import LlamaConfig  # noqa: E402
+
+from .test_families import randomize_  # noqa: E402
+from .test_qwen_vl import assert_loads_as_its_language_model  # noqa: E402
+
+TEXT = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
+CLIP = {"model_type": "clip_vision_model", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "image_size": 28, "patch_size": 14, "projection_dim": 16}
+SIGLIP = {"model_type": "siglip_vision_model", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+SMALL = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "image_size": 28, "patch_size": 14}
+INTERNVL = {**SMALL, "image_size": [28, 28], "patch_size": [14, 14]}
+# model_type -> (config class, model class, its kwargs, the text model's family); the language models drawn from
+# several families (a window in Mistral's and Cohere 2's, past which assert_every_path_matches runs)
+KINDS = {
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", dict(
+        vision_config=CLIP, image_token_index=127,
+        text_config={**TEXT, "model_type": "mistral", "sliding_window": 7}), "mistral"),
+    "llava_next": ("LlavaNextConfig", "LlavaNextForConditionalGeneration", dict(
+        vision_config=CLIP, image_token_index=127, image_grid_pinpoints=[[28, 28]],
+        text_config={**TEXT, "model_type": "llama"}), "llama"),
+    "llava_onevision": ("LlavaOnevisionConfig", "LlavaOnevisionForConditionalGeneration", dict(
+        vision_config=SIGLIP, image_token_index=127, video_token_index=126, image_grid_pinpoints=[[28, 28]],
+        text_config={**TEXT, "model_type": "qwen2"}), "qwen2"),
+    "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", dict(
+        vision_config=INTERNVL, image_token_id=127, text_config={**TEXT, "model_type": "qwen3", "head_dim": 16}),
+        "qwen3"),
+    "idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration", dict(
+        vision_config=SMALL, image_token_id=127, text_config={**TEXT, "model_type": "llama"}), "llama"),
+    "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", dict(
+        vision_config=SMALL, image_token_id=127, text_config={**TEXT, "model_type": "llama", "rms_norm_eps": 1e-5}),
+        "llama"),
+    "aya_vision": ("AyaVisionConfig", "AyaVisionForConditionalGeneration", dict(
+        vision_config=SIGLIP, image_token_index=127,
+        text_config={**TEXT, "model_type": "cohere2", "sliding_window": 7, "logit_scale": 0.5}), "cohere2"),
+}
+
+
+def hf_wrapper(kind, **kw):
+    config_class, model_class, base, _ = KINDS[kind]
+    config = getattr(transformers, config_class)(**{**base, **kw}, attn_implementation="eager")
+    torch.manual_seed(0)
+    return randomize_(getattr(transformers, model_class)(config).eval())
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_checkpoint_transformers_5_saves_loads_with_its_logits(tmp_path, kind):
+    """Every path (the plain forward, a chunked prefill, a verify pass, one-token steps, a tree) gives the wrapper's
+    logits on text; the image side is not read; our save is the language model, which transformers reads back."""
+    assert_loads_as_its_language_model(hf_wrapper(kind), tmp_path, kind, KINDS[kind][3])
+
+
+def test_the_tied_head_as_transformers_5_ties_it():
+    """LLaVA and LLaVA-OneVision: tied where the wrapper's or the text_config's key (or its family's default) says
+    so; LLaVA-NeXT, Idefics3, SmolVLM: the wrapper's key alone (default untied); InternVL, Aya Vision: the wrapper's
+    key alone, tied by default. Each against transformers' config class."""
+    for kind in KINDS:
+        config_class, _, base, _ = KINDS[kind]
+        for wrapper in (None, True, False):
+            for text in (None, True, False):
+                d = {"model_type": kind, **{k: v for k, v in base.items() if k != "vision_config"},
+                     "text_config": {**base["text_config"], **({} if text is None else {"tie_word_embeddings": text})},
+                     **({} if wrapper is None else {"tie_word_embeddings": wrapper})}
+                want = getattr(transformers, config_class).from_dict(copy.deepcopy(d)).tie_word_embeddings
+                assert LlamaConfig.from_dict(d).tie_word_embeddings == want, (kind, wrapper, text)
+    # a text model tied by its family's default (Gemma's), no key anywhere: LLaVA ties (transformers 5)
+    d = {"model_type": "llava", "text_config": {**TEXT, "model_type": "gemma", "head_dim": 8}}
+    assert transformers.LlavaConfig.from_dict(copy.deepcopy(d)).tie_word_embeddings
+    assert LlamaConfig.from_dict(d).tie_word_embeddings
+
+
+LLAVA_1_5_7B = {  # llava-hf/llava-1.5-7b-hf's config.json (transformers 4.36), the vision side cut short
+    "architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100, "image_token_index": 32000,
+    "model_type": "llava", "pad_token_id": 32001, "projector_hidden_act": "gelu",
+    "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                    "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05,
+                    "torch_dtype": "float16", "vocab_size": 32064},
+    "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.36.0.dev0",
+    "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                      "model_type": "clip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 24,
+                      "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+    "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "vocab_size": 32064}
+
+
+def test_a_config_shaped_as_llava_1_5s_reads_as_transformers_reads_it():
+    c = LlamaConfig.from_dict(LLAVA_1_5_7B)
+    want = transformers.LlavaConfig.from_dict(copy.deepcopy(LLAVA_1_5_7B)).text_config
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps"):
+        assert getattr(c, name) == getattr(want, name), name
+    assert c.model_type == "llama" and not c.tie_word_embeddings and c.pad_token_id == 32001
+
+
+def test_what_would_not_be_read_so_raises():
+    with pytest.raises(ValueError, match="must be a language model's"):
+        LlamaConfig.from_dict({**LLAVA_1_5_7B, "text_config": {"model_type": "llava"}})
+    with pytest.raises(ValueError, match="'hidden_size' of model_type 'llava'"):
+        LlamaConfig.from_dict({**LLAVA_1_5_7B, "hidden_size": 8})
+    with pytest.raises(ValueError, match="not supported"):  # a language model no family here reads
+        LlamaConfig.from_dict({**LLAVA_1_5_7B, "text_config": {"model_type": "falcon"}})
