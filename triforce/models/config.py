@@ -46,6 +46,8 @@ import os
 from dataclasses import dataclass, field
 
 from .compressed import compressed_config
+from .gptq_awq import check_config as _check_gptq_awq
+from .gptq_awq import gptq_awq_config
 
 # rope_type -> the keys it needs (rope.py implements each). transformers' dynamic RoPE raises, but Hunyuan's (its
 # 'dynamic' with a fixed 'alpha': the base stretched once, whatever the length)
@@ -970,12 +972,14 @@ _HARMLESS_ONLY_AT = {
     "is_encoder_decoder": (lambda v, c: not v, "false"),
     "add_cross_attention": (lambda v, c: not v, "false"),
     "quantization_config": (lambda v, c: v is None or (c.model_type == "gpt_oss" and _mxfp4(v)) or fp8_config(v)
-                            or compressed_config(v),
+                            or compressed_config(v) or _check_gptq_awq(v) or gptq_awq_config(v),
                             "null (float weights), fp8 (float8 weights with weight_scale_inv per block or tensor, "
                             "dequantised on loading: quant_method 'fp8', fmt 'e4m3', activation_scheme 'dynamic' or "
                             "'static', weight_block_size null or [rows, columns], scale_fmt 'float' or 'ue8m0', "
                             "expert_dtype 'fp8'), compressed-tensors (quant_method 'compressed-tensors': FP8, INT8, "
-                            "packed INT1-8, NVFP4 and MXFP4 weights, dequantised on loading) or, for GPT-OSS, "
+                            "packed INT1-8, NVFP4 and MXFP4 weights, dequantised on loading), GPTQ (quant_method "
+                            "'gptq': 2, 4 or 8 bits, checkpoint_format 'gptq' or 'gptq_v2') or AWQ (quant_method "
+                            "'awq': 4 bits, version 'gemm', zero points), dequantised on loading, or, for GPT-OSS, "
                             "OpenAI's MXFP4 experts (dequantised on loading); "
                             "other quantised HF checkpoints are not read, GGUF files are"),
     # Microsoft's Phi-3 configs name the modeling code that transformers took in as Phi3ForCausalLM: transformers

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from .compressed import CompressedWeights, compressed_config
+from .gptq_awq import GptqAwqWeights, gptq_awq_config
 from .config import _COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, fp8_config
 
 _GGUF_NAMES = {
@@ -248,9 +249,13 @@ def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
     sd, origin = {}, {}
     fp8 = (CompressedWeights(q, dtype or torch.float32, kept) if compressed_config(q)
            else _Fp8Weights(config, dtype or torch.float32, kept))
+    packed = GptqAwqWeights(q, dtype or torch.float32) if gptq_awq_config(q) else None
     split = FAMILIES[config.model_type].fused_projections
-    for f in _weight_files(directory):
+    files = _weight_files(directory)
+    for f in files:
         part = fp8.dequantize(_read_weights(f, rename))
+        if packed is not None:  # (its layers dequantised once every file is read: finish)
+            part = packed.take(part)
         if qwen3_vl_moe:
             part = _qwen3_vl_moe_experts(config, part)
         if split:  # one file's at a time: its fused tensors freed as they are split
@@ -262,6 +267,15 @@ def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
             origin[k] = f
         sd.update(part)
     fp8.check_done(directory, sd)
+    if packed is not None:
+        part = packed.finish(directory)
+        if qwen3_vl_moe:
+            part = _qwen3_vl_moe_experts(config, part)
+        for k in part:  # (fused projections are split in _build, as any)
+            if k in sd:
+                raise ValueError(f"weight {k} in {str(directory)!r} is both quantised ({k[:-len('weight')]}qweight) "
+                                 "and in float: which one is the model's is ambiguous")
+        sd.update(part)
     return config, sd
 
 
