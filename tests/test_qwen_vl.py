@@ -1,5 +1,6 @@
-"""Qwen's image + text checkpoints (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) load as their Qwen2 / Qwen3 /
-Qwen3-MoE language model, against transformers' ...ForConditionalGeneration on text tokens."""
+"""Image + text checkpoints with M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V) load as
+their Qwen2 / Qwen3 / Qwen3-MoE / GLM-4 / GLM-4.5 language model, against transformers' ...ForConditionalGeneration on
+text tokens; their GGUF files as llama.cpp runs them."""
 import copy
 import dataclasses
 import json
@@ -27,6 +28,9 @@ QWEN3_VISION = {"depth": 1, "hidden_size": 16, "num_heads": 2, "out_hidden_size"
 QWEN2_ROPE = {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 1e6}
 QWEN3_ROPE = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True, "rope_theta": 5e6}
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1)
+GLM_ROPE = {"rope_type": "default", "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5, "rope_theta": 1e4}
+GLM_VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64,
+              "patch_size": 14, "image_size": 28}
 KINDS = {  # model_type -> (config class, model class, text_config, vision_config, the family it reads as)
     "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", {**TEXT, "rope_parameters": QWEN2_ROPE},
                  QWEN2_VISION, "qwen2"),
@@ -36,6 +40,12 @@ KINDS = {  # model_type -> (config class, model class, text_config, vision_confi
                  {**TEXT, "head_dim": 16, "rope_parameters": QWEN3_ROPE}, QWEN3_VISION, "qwen3"),
     "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration",
                      {**TEXT, **MOE, "head_dim": 16, "rope_parameters": QWEN3_ROPE}, QWEN3_VISION, "qwen3_moe"),
+    # GLM-4.1V (GLM-4's layer: adjacent RoPE pairs over half of each head) and GLM-4.5V (GLM-4.5's mixture)
+    "glm4v": ("Glm4vConfig", "Glm4vForConditionalGeneration", {**TEXT, "hidden_size": 64, "rope_parameters": GLM_ROPE},
+              GLM_VISION, "glm4"),
+    "glm4v_moe": ("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", {
+        **TEXT, "hidden_size": 64, "head_dim": 16, "moe_intermediate_size": 24, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "rope_parameters": GLM_ROPE}, GLM_VISION, "glm4_moe"),
 }
 
 
@@ -151,7 +161,8 @@ def test_the_tied_head_as_transformers_5_ties_it(tmp_path):
     not read."""
     for kind, wrapper, text, tied in (("qwen2_5_vl", False, True, True), ("qwen2_5_vl", True, None, True),
                                       ("qwen2_vl", None, None, False), ("qwen3_vl", None, True, False),
-                                      ("qwen3_vl", True, False, True), ("qwen3_vl_moe", None, None, False)):
+                                      ("qwen3_vl", True, False, True), ("qwen3_vl_moe", None, None, False),
+                                      ("glm4v", False, True, True), ("glm4v_moe", None, None, False)):
         config_class, _, base, vision, _ = KINDS[kind]
         d = {"model_type": kind, "text_config": {**base, **({} if text is None else {"tie_word_embeddings": text})},
              **({} if wrapper is None else {"tie_word_embeddings": wrapper})}
@@ -221,7 +232,29 @@ QWEN3_VL_30B = {**QWEN3_VL_8B, "architectures": ["Qwen3VLMoeForConditionalGenera
                                   "out_hidden_size": 2048}}
 
 
-@pytest.mark.parametrize("d", [QWEN2_5_VL_7B, QWEN3_VL_8B, QWEN3_VL_30B], ids=["2.5-7B", "3-8B", "3-30B-A3B"])
+GLM_4_1V_9B = {  # shaped as zai-org/GLM-4.1V-9B-Thinking's (transformers 4.53), the vision side cut short
+    "architectures": ["Glm4vForConditionalGeneration"], "model_type": "glm4v", "image_token_id": 151343,
+    "video_token_id": 151344, "image_start_token_id": 151339, "image_end_token_id": 151340,
+    "video_start_token_id": 151341, "video_end_token_id": 151342, "torch_dtype": "bfloat16",
+    "transformers_version": "4.53.0.dev0",
+    "text_config": {"model_type": "glm4v_text", "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+                    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+                    "max_position_embeddings": 65536, "rms_norm_eps": 1e-05, "rope_theta": 10000,
+                    "partial_rotary_factor": 0.5, "attention_bias": True, "attention_dropout": 0.0,
+                    "hidden_act": "silu", "initializer_range": 0.02, "pad_token_id": 151329,
+                    "eos_token_id": [151329, 151336, 151338], "rope_scaling": {"type": "default",
+                                                                                "mrope_section": [8, 12, 12]},
+                    "torch_dtype": "bfloat16", "use_cache": True, "tie_word_embeddings": False},
+    "vision_config": {"depth": 24, "hidden_size": 1536, "model_type": "glm4v", "out_hidden_size": 4096}}
+
+
+GLM_WHOLE_HEAD = {**GLM_4_1V_9B, "text_config": {  # (no partial_rotary_factor: RoPE on the whole head, not GLM-4's half)
+    **{k: v for k, v in GLM_4_1V_9B["text_config"].items() if k != "partial_rotary_factor"},
+    "rope_scaling": {"type": "default", "mrope_section": [16, 24, 24]}}}
+
+
+@pytest.mark.parametrize("d", [QWEN2_5_VL_7B, QWEN3_VL_8B, QWEN3_VL_30B, GLM_4_1V_9B, GLM_WHOLE_HEAD],
+                         ids=["2.5-7B", "3-8B", "3-30B-A3B", "GLM-4.1V-9B", "GLM-4.1V-whole-head"])
 def test_the_configs_qwen_ships_read_as_transformers_reads_them(d):
     c = LlamaConfig.from_dict(d)
     want = transformers.AutoConfig.for_model(**copy.deepcopy(d)).text_config  # (it changes the dicts it reads)
@@ -230,6 +263,7 @@ def test_the_configs_qwen_ships_read_as_transformers_reads_them(d):
         assert getattr(c, name) == getattr(want, name), name
     assert c.head_dim == getattr(want, "head_dim", want.hidden_size // want.num_attention_heads)
     assert c.rope_theta == want.rope_parameters["rope_theta"] and c.rope_scaling is None
+    assert c.rotary_dim == int(c.head_dim * want.rope_parameters.get("partial_rotary_factor", 1.0))
     assert c.layer_windows == (0,) * c.num_hidden_layers and not c.tie_word_embeddings
     if c.experts is not None:
         assert (c.experts.count, c.experts.top_k, c.experts.intermediate_size) == (128, 8, 768)
@@ -263,6 +297,13 @@ def test_what_transformers_would_not_read_so_raises():
         LlamaConfig.from_dict({**QWEN3_VL_8B, "text_config": {**QWEN3_TEXT, "model_type": "qwen3"}})
     with pytest.raises(ValueError, match="has no text_config"):
         LlamaConfig.from_dict({k: v for k, v in QWEN3_VL_8B.items() if k != "text_config"})
+    with pytest.raises(ValueError, match="must sum to the 64 RoPE frequencies"):  # (transformers splits by them)
+        LlamaConfig.from_dict({**QWEN2_5_VL_7B, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 16]}})
+    glm = GLM_4_1V_9B["text_config"]
+    with pytest.raises(ValueError, match="must sum to the 64 RoPE frequencies"):  # (over the whole head)
+        LlamaConfig.from_dict({**GLM_4_1V_9B, "text_config": {**glm, "partial_rotary_factor": 1.0}})
+    with pytest.raises(ValueError, match="'attention_bias' = False"):
+        LlamaConfig.from_dict({**GLM_4_1V_9B, "text_config": {**glm, "attention_bias": False}})
     with pytest.raises(ValueError, match="'not_a_key' is not understood"):  # a flat config's: its language model's
         LlamaConfig.from_dict({**QWEN2_5_VL_7B, "not_a_key": 1})
 

@@ -661,7 +661,7 @@ WRAPPERS = {
             "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")),
         ("kimi_vl", ("deepseek_v3",), ()))},
     # Qwen's image + text models: Qwen2-VL and Qwen2.5-VL (Qwen2's language model), Qwen3-VL (Qwen3's) and
-    # Qwen3-VL-MoE (Qwen3-MoE's), their text configs (_QWEN_VL_TEXTS) read as those families'. Qwen2(.5)-VL's
+    # Qwen3-VL-MoE (Qwen3-MoE's), their text configs (_VL_TEXTS) read as those families'. Qwen2(.5)-VL's
     # checkpoints ship a flat config (the language model's keys at the top, as transformers 4 wrote it; transformers 5
     # moves them into text_config) and a head tied where either the wrapper's or the text_config's
     # tie_word_embeddings says so ("either": transformers 5's Qwen2VLConfig); Qwen3-VL's text_config may hold the key
@@ -671,6 +671,11 @@ WRAPPERS = {
        for kind, text, tie in (("qwen2_vl", "qwen2_vl_text", "either"), ("qwen2_5_vl", "qwen2_5_vl_text", "either"),
                                ("qwen3_vl", "qwen3_vl_text", ("wrapper", False)),
                                ("qwen3_vl_moe", "qwen3_vl_moe_text", ("wrapper", False)))},
+    # GLM-4.1V-Thinking (glm4v: GLM-4's language model) and GLM-4.5V (glm4v_moe: GLM-4.5's), M-RoPE as Qwen2-VL's;
+    # tied where either key says so (transformers 5's back-compatibility)
+    **{kind: ((text,), frozenset({"vision_config", "image_token_id", "video_token_id", "image_start_token_id",
+                                  "image_end_token_id", "video_start_token_id", "video_end_token_id"}), "either")
+       for kind, text in (("glm4v", "glm4v_text"), ("glm4v_moe", "glm4v_moe_text"))},
     # Image + text models whose text_config may be any language model (transformers' AutoConfig; "*": any family
     # read here, the first its default): LLaVA 1.5 (llava: Llama / Vicuna, Mistral, ...), LLaVA-NeXT (llava_next),
     # LLaVA-OneVision (llava_onevision: Qwen2), InternVL 3 / 3.5 in transformers' layout (internvl: Qwen2.5 / Qwen3),
@@ -690,17 +695,18 @@ WRAPPERS = {
                                          "downsample_factor", "adapter_layer_norm_eps"), ("wrapper", True)))},
 }
 _FLAT_WRAPPERS = ("qwen2_vl", "qwen2_5_vl")  # configs whose language model's keys may sit at the top level
-# Qwen's image + text models' language-model configs: the family each is read as (the same layer and weights) and
-# transformers' defaults of its config class (Qwen2VLTextConfig, Qwen2_5_VLTextConfig, Qwen3VLTextConfig). Their
-# RoPE is M-RoPE: each head's frequencies split into mrope_section's three parts (interleaved in Qwen3-VL), turned by
-# a token's temporal, height and width positions. A text token's three positions are its one position (transformers'
-# get_rope_index: the same arange for the three where no image or video is in the input), so on text M-RoPE is the
-# family's RoPE at any sections: the sections are read (three ints; mrope_interleaved a bool) and not kept.
+# Qwen's and GLM's image + text models' language-model configs: the family each is read as (the same layer and
+# weights) and transformers' defaults of its config class (Qwen2VLTextConfig, Qwen2_5_VLTextConfig, Qwen3VLTextConfig,
+# Glm4vTextConfig, ...). Their RoPE is M-RoPE: each head's frequencies split into mrope_section's three parts
+# (interleaved in Qwen3-VL), turned by a token's temporal, height and width positions. A text token's three positions
+# are its one position (transformers' get_rope_index: the same arange for the three where no image or video is in the
+# input), so on text M-RoPE is the family's RoPE at any sections: the sections are read (three ints that cover the
+# frequencies where transformers splits them by it; mrope_interleaved a bool) and not kept.
 _QWEN2_VL_TEXT = {"vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
                   "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 32768,
                   "rms_norm_eps": 1e-5, "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 80,
                   "rope_theta": 1000000.0, "bos_token_id": 151643, "eos_token_id": 151645}
-_QWEN_VL_TEXTS = {
+_VL_TEXTS = {
     "qwen2_vl_text": ("qwen2", _QWEN2_VL_TEXT), "qwen2_5_vl_text": ("qwen2", _QWEN2_VL_TEXT),
     # (Qwen3VLTextConfig and Qwen3VLMoeTextConfig have no sliding window: those keys raise unless they say none)
     "qwen3_vl_text": ("qwen3", {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
@@ -712,6 +718,19 @@ _QWEN_VL_TEXTS = {
         "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
         "rope_theta": 500000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "num_experts_per_tok": 4,
         "num_experts": 60, "mlp_only_layers": []}),
+    # GLM-4.1V's (Glm4vTextConfig): GLM-4's layer, its q / k / v biases always and head_dim hidden / heads (it has
+    # neither key), RoPE on adjacent pairs over partial_rotary_factor of each head (1 where the config gives none)
+    "glm4v_text": ("glm4", {"vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+                            "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+                            "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "pad_token_id": None}),
+    # GLM-4.5V's (Glm4vMoeTextConfig): GLM-4.5's layer without q / k norms (no key), RoPE over partial_rotary_factor
+    # (1 where none is given)
+    "glm4v_moe_text": ("glm4_moe", {
+        "vocab_size": 151424, "hidden_size": 4096, "intermediate_size": 10944, "num_hidden_layers": 46,
+        "num_attention_heads": 96, "num_key_value_heads": 8, "max_position_embeddings": 65536, "rms_norm_eps": 1e-5,
+        "attention_bias": True, "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
+        "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+        "first_k_dense_replace": 1, "norm_topk_prob": True}),
 }
 
 # Keys that never change the logits of a forward: provenance, special token ids (the forward never
@@ -1948,8 +1967,8 @@ class LlamaConfig:
             model_type = d["model_type"] = "deepseek_v3"
         if model_type in WRAPPERS:
             return cls._from_wrapper(d)
-        if model_type in _QWEN_VL_TEXTS:
-            model_type = _qwen_vl_text(d)
+        if model_type in _VL_TEXTS:
+            model_type = _vl_text(d)
         if model_type not in FAMILIES:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
@@ -2217,13 +2236,14 @@ def _phi3_rope(d: dict) -> None:
             d.setdefault("original_max_position_embeddings", _PHI3_ORIGINAL_CONTEXT)
 
 
-def _qwen_vl_text(d: dict) -> str:
-    """Read a Qwen VL language model's config ``d`` (``_QWEN_VL_TEXTS``) in place as its family's: the M-RoPE keys
+def _vl_text(d: dict) -> str:
+    """Read a Qwen / GLM VL language model's config ``d`` (``_VL_TEXTS``) in place as its family's: the M-RoPE keys
     checked and dropped (on text M-RoPE is the family's RoPE), transformers' defaults of its text config filled in,
     ``model_type`` set to the family's, which is returned."""
     kind = d["model_type"]
-    family, defaults = _QWEN_VL_TEXTS[kind]
-    interleaved = kind != "qwen2_vl_text" and kind != "qwen2_5_vl_text"  # (Qwen3-VL's)
+    family, defaults = _VL_TEXTS[kind]
+    interleaved = kind in ("qwen3_vl_text", "qwen3_vl_moe_text")  # (Qwen3-VL's)
+    sections = []
     for key in ("rope_parameters", "rope_scaling"):
         rope = d.get(key)
         if not isinstance(rope, dict):
@@ -2234,6 +2254,7 @@ def _qwen_vl_text(d: dict) -> str:
                                         and all(_is_int(x) and x >= 0 for x in section)):
             raise ValueError(f"config {key} mrope_section = {section!r} must be a list of three ints >= 0 (the "
                              "temporal, height and width parts of each head's RoPE frequencies)")
+        sections += [] if section is None else [section]
         if interleaved and rope.get("mrope_interleaved", True) not in (True, False):
             raise ValueError(f"config {key} mrope_interleaved = {rope['mrope_interleaved']!r} must be a bool")
         if interleaved:
@@ -2250,6 +2271,17 @@ def _qwen_vl_text(d: dict) -> str:
                 raise ValueError(f"config key {key!r} = {d[key]!r}: transformers' Qwen3-VL language model has no "
                                  "sliding window and does not read it")
             d.pop(key, None)
+    if kind in ("glm4v_text", "glm4v_moe_text"):
+        _glm4v_text(d, kind)
+    if sections and not interleaved:  # (transformers splits the frequencies by them: they must cover them exactly)
+        head = d.get("head_dim") or (d.get("hidden_size", defaults["hidden_size"])
+                                     // d.get("num_attention_heads", defaults["num_attention_heads"]))
+        factor = d.get("partial_rotary_factor", next((r["partial_rotary_factor"] for r in (
+            d.get("rope_parameters"), d.get("rope_scaling")) if isinstance(r, dict) and "partial_rotary_factor" in r),
+            1.0))
+        if sum(sections[0]) != int(head * factor) // 2:
+            raise ValueError(f"config mrope_section = {sections[0]!r} must sum to the {int(head * factor) // 2} RoPE "
+                             "frequencies of a head (transformers splits them by it)")
     if kind == "qwen3_vl_moe_text" and d.setdefault("norm_topk_prob", True) is not True:
         raise ValueError(f"config norm_topk_prob = {d['norm_topk_prob']!r}: Qwen3-VL-MoE's router always "
                          "renormalises its top k probabilities (transformers' Qwen3VLMoeTextTopKRouter)")
@@ -2260,6 +2292,28 @@ def _qwen_vl_text(d: dict) -> str:
             d.setdefault(k, v)
     d["model_type"] = family
     return family
+
+
+def _glm4v_text(d: dict, kind: str) -> None:
+    """GLM-4.1V's / GLM-4.5V's language model's keys as transformers' Glm4vText / Glm4vMoeText read them, in ``d``:
+    RoPE over the whole head where no partial_rotary_factor is given (GLM-4's family default is 0.5); GLM-4.1V's q / k
+    / v biases always and head_dim hidden / heads (its config has neither key); GLM-4.5V's head_dim hidden / heads
+    where absent, no q / k norms (no key)."""
+    inner = [r for r in (d.get("rope_parameters"), d.get("rope_scaling")) if isinstance(r, dict)]
+    if "partial_rotary_factor" not in d and not any("partial_rotary_factor" in r for r in inner):
+        d["partial_rotary_factor"] = 1.0
+    heads = d.get("num_attention_heads", _VL_TEXTS[kind][1]["num_attention_heads"])
+    head_dim = d.get("hidden_size", _VL_TEXTS[kind][1]["hidden_size"]) // heads
+    if kind == "glm4v_text":
+        for key, value in (("attention_bias", True), ("head_dim", head_dim)):
+            if d.setdefault(key, value) != value:
+                raise ValueError(f"config key {key!r} = {d[key]!r}: transformers' GLM-4.1V language model does not "
+                                 f"read it and takes {value!r}")
+    else:
+        d.setdefault("head_dim", head_dim)
+        if d.setdefault("use_qk_norm", False) is not False:
+            raise ValueError(f"config use_qk_norm = {d['use_qk_norm']!r}: transformers' GLM-4.5V language model has "
+                             "no q / k norms and does not read it")
 
 
 def _read_rope(d: dict) -> dict:
