@@ -303,6 +303,19 @@ def spm_directory(tmp_path, name, tok_cfg=None):
     return d
 
 
+def test_the_chat_template_from_each_file_a_directory_may_hold_it_in(tmp_path):
+    """tokenizer_config.json's, else chat_template.jinja, else chat_template.json's (an image + text model's
+    processor template: LLaVA's, Qwen2-VL's repositories)."""
+    one = "A{{ messages[0]['content'] }}"
+    d = spm_directory(tmp_path, "json", {})
+    (d / "chat_template.json").write_text(json.dumps({"chat_template": one}))
+    assert Tokenizer.from_pretrained(d).apply_chat_template([{"role": "user", "content": "x"}]) == "Ax"
+    (d / "chat_template.jinja").write_text("B{{ messages[0]['content'] }}")
+    assert Tokenizer.from_pretrained(d).chat_template.startswith("B")
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "C"}))
+    assert Tokenizer.from_pretrained(d).chat_template == "C"
+
+
 def test_sentencepiece_model_file_matches_the_sentencepiece_library(tmp_path):
     """A directory whose tokenizer is a SentencePiece tokenizer.model (older Llama 1/2-style checkpoints)
     encodes as the SentencePiece library itself does: tests/data/spm_bpe.json holds 240 texts and the ids that

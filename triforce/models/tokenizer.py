@@ -283,7 +283,8 @@ class Tokenizer:
         checkpoints; BPE only: :func:`_read_sentencepiece_model`), or a ``tiktoken.model`` (Kimi K2, Moonlight:
         :func:`_tiktoken_directory`); ``tokenizer_config.json`` (``bos_token``,
         ``eos_token``, ``add_bos_token``, ``chat_template``; with ``tokenizer.model`` also ``legacy`` and
-        ``added_tokens_decoder``), ``chat_template.jinja``, ``generation_config.json`` and ``config.json``
+        ``added_tokens_decoder``), ``chat_template.jinja`` (else ``chat_template.json``: an image + text model's
+        processor template), ``generation_config.json`` and ``config.json``
         (``bos_token_id`` / ``eos_token_id``) are read when present. A directory written by :meth:`save`
         (``tokenizer_meta.json``) loads as saved.
 
@@ -337,6 +338,9 @@ class Tokenizer:
             template = named.get("default", next(iter(named.values()), None))
         if template is None and (path / "chat_template.jinja").exists():
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        if template is None:  # (an image + text model's processor template, as transformers 4.4x saved it)
+            template = _read_json(path / "chat_template.json").get("chat_template")
+            template = template if isinstance(template, str) else None
         return cls(backend, bos_token_id=bos, eos_token_id=eos, chat_template=template, add_bos_token=add_bos,
                    sentencepiece=sentencepiece)
 
