@@ -109,3 +109,48 @@ def test_what_would_not_be_read_so_raises():
         LlamaConfig.from_dict({**LLAVA_1_5_7B, "hidden_size": 8})
     with pytest.raises(ValueError, match="not supported"):  # a language model no family here reads
         LlamaConfig.from_dict({**LLAVA_1_5_7B, "text_config": {"model_type": "falcon"}})
+
+
+MLLAMA_TEXT = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=5, num_attention_heads=4,
+                   num_key_value_heads=2, cross_attention_layers=[1, 3], bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                   rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 16})
+MLLAMA_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_global_layers": 1,
+                 "attention_heads": 2, "image_size": 28, "patch_size": 14, "vision_output_dim": 32,
+                 "intermediate_layers_indices": [0]}
+
+
+def test_llama_3_2_vision_loads_as_the_llama_of_its_self_attention_layers(tmp_path):
+    """A text-only forward of Llama 3.2 Vision skips its cross-attention layers (transformers' MllamaTextModel): its
+    language model is the Llama of the other layers, renumbered, its embeddings' 8 image-token rows past the
+    vocabulary not read. Every path gives the wrapper's logits (Llama 3.1's RoPE, past its original context)."""
+    torch.manual_seed(0)
+    hf = randomize_(transformers.MllamaForConditionalGeneration(transformers.MllamaConfig(
+        text_config=MLLAMA_TEXT, vision_config=MLLAMA_VISION, attn_implementation="eager")).eval())
+    assert hf.model.language_model.embed_tokens.weight.shape[0] == 128 + 8
+    ours = assert_loads_as_its_language_model(hf, tmp_path, "mllama", "llama")
+    assert ours.config.num_hidden_layers == 3 and ours.config.rope_type == "llama3"
+    layers = hf.model.language_model.layers
+    for i, j in ((0, 0), (2, 1), (4, 2)):  # (the self-attention layers, in order)
+        assert torch.equal(ours.model.layers[j].self_attn.q_proj.weight, layers[i].self_attn.q_proj.weight)
+
+
+def test_llama_3_2_vision_configs_and_what_raises(tmp_path):
+    d = {"model_type": "mllama", "image_token_index": 128256, "architectures": ["MllamaForConditionalGeneration"],
+         "text_config": {"model_type": "mllama_text_model", "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38],
+                         "num_hidden_layers": 40, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0,
+                                                                   "low_freq_factor": 1.0,
+                                                                   "original_max_position_embeddings": 8192,
+                                                                   "rope_type": "llama3"},
+                         "rope_theta": 500000.0, "tie_word_embeddings": False, "dropout": 0}}
+    c = LlamaConfig.from_dict(d)  # (shaped as Llama-3.2-11B-Vision-Instruct's)
+    want = transformers.MllamaConfig.from_dict(copy.deepcopy(d)).text_config
+    assert c.num_hidden_layers == want.num_hidden_layers - len(want.cross_attention_layers) == 32
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                 "max_position_embeddings", "rms_norm_eps"):
+        assert getattr(c, name) == getattr(want, name), name
+    assert c.rope_scaling["factor"] == 8.0 and not c.tie_word_embeddings
+    for cross in ([3, 3], [40], "3"):
+        with pytest.raises(ValueError, match="cross_attention_layers"):
+            LlamaConfig.from_dict({**d, "text_config": {**d["text_config"], "cross_attention_layers": cross}})

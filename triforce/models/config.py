@@ -676,6 +676,9 @@ WRAPPERS = {
     **{kind: ((text,), frozenset({"vision_config", "image_token_id", "video_token_id", "image_start_token_id",
                                   "image_end_token_id", "video_start_token_id", "video_end_token_id"}), "either")
        for kind, text in (("glm4v", "glm4v_text"), ("glm4v_moe", "glm4v_moe_text"))},
+    # Llama 3.2 Vision (mllama: 11B / 90B): its language model without its cross-attention layers (loading.py
+    # renumbers the others and drops the 8 image tokens' embedding rows; text_config's tie_word_embeddings)
+    "mllama": (("mllama_text_model",), frozenset({"vision_config", "image_token_index", "image_token_id"}), None),
     # Image + text models whose text_config may be any language model (transformers' AutoConfig; "*": any family
     # read here, the first its default): LLaVA 1.5 (llava: Llama / Vicuna, Mistral, ...), LLaVA-NeXT (llava_next),
     # LLaVA-OneVision (llava_onevision: Qwen2), InternVL 3 / 3.5 in transformers' layout (internvl: Qwen2.5 / Qwen3),
@@ -718,6 +721,12 @@ _VL_TEXTS = {
         "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
         "rope_theta": 500000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "num_experts_per_tok": 4,
         "num_experts": 60, "mlp_only_layers": []}),
+    # Llama 3.2 Vision's (MllamaTextConfig): Llama 3.1's layers with cross-attention layers among them, which a
+    # text-only forward skips (MllamaTextModel: no image states, no cached ones): read as the Llama of its other layers
+    "mllama_text_model": ("llama", {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+                                    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                                    "bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 128004}),
     # GLM-4.1V's (Glm4vTextConfig): GLM-4's layer, its q / k / v biases always and head_dim hidden / heads (it has
     # neither key), RoPE on adjacent pairs over partial_rotary_factor of each head (1 where the config gives none)
     "glm4v_text": ("glm4", {"vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
@@ -2273,6 +2282,13 @@ def _vl_text(d: dict) -> str:
             d.pop(key, None)
     if kind in ("glm4v_text", "glm4v_moe_text"):
         _glm4v_text(d, kind)
+    if kind == "mllama_text_model":  # (the cross-attention layers a text-only forward skips: not read)
+        cross = mllama_cross_layers(d)
+        d.pop("cross_attention_layers", None)
+        d["num_hidden_layers"] = d.get("num_hidden_layers", defaults["num_hidden_layers"]) - len(cross)
+        if not (_is_number(d.get("dropout", 0.0)) and 0 <= d.get("dropout", 0.0) < 1):  # (training only)
+            raise ValueError(f"config dropout = {d['dropout']!r} must be a number in [0, 1)")
+        d.pop("dropout", None)
     if sections and not interleaved:  # (transformers splits the frequencies by them: they must cover them exactly)
         head = d.get("head_dim") or (d.get("hidden_size", defaults["hidden_size"])
                                      // d.get("num_attention_heads", defaults["num_attention_heads"]))
@@ -2292,6 +2308,22 @@ def _vl_text(d: dict) -> str:
             d.setdefault(k, v)
     d["model_type"] = family
     return family
+
+
+_MLLAMA_CROSS = [3, 8, 13, 18, 23, 28, 33, 38]  # MllamaTextConfig's cross_attention_layers when it has none
+
+
+def mllama_cross_layers(text: dict) -> list:
+    """Llama 3.2 Vision's language model's cross-attention layers (its ``text_config`` ``text``; checked: distinct
+    layer indices, fewer than the layers)."""
+    cross = text.get("cross_attention_layers")
+    cross = list(_MLLAMA_CROSS) if cross is None else cross
+    layers = text.get("num_hidden_layers", _VL_TEXTS["mllama_text_model"][1]["num_hidden_layers"])
+    if not (isinstance(cross, list) and len(set(cross)) == len(cross) < layers
+            and all(_is_int(i) and 0 <= i < layers for i in cross)):
+        raise ValueError(f"config cross_attention_layers = {cross!r} must be distinct layer indices in [0, {layers}), "
+                         "fewer than the layers")
+    return sorted(cross)
 
 
 def _glm4v_text(d: dict, kind: str) -> None:

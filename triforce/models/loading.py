@@ -35,7 +35,7 @@ import torch
 
 from .compressed import CompressedWeights, compressed_config
 from .gptq_awq import GptqAwqWeights, gptq_awq_config
-from .config import _COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, fp8_config
+from .config import _COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, fp8_config, mllama_cross_layers
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -245,6 +245,8 @@ def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
         raise ValueError(f"{str(cfg)!r} is not a valid Llama config: {e}") from None
     rename = _language_model_name if raw.get("model_type") in WRAPPERS else None
     qwen3_vl_moe = raw.get("model_type") == "qwen3_vl_moe"
+    if raw.get("model_type") == "mllama":  # (its self-attention layers renumbered, the cross-attention ones dropped)
+        rename = _mllama_names(config, raw.get("text_config") or {})
     q = config.extra.get("quantization_config")
     sd, origin = {}, {}
     fp8 = (CompressedWeights(q, dtype or torch.float32, kept) if compressed_config(q)
@@ -258,6 +260,8 @@ def _read_hf_dir(directory: Path, dtype=None, kept: dict | None = None):
             part = packed.take(part)
         if qwen3_vl_moe:
             part = _qwen3_vl_moe_experts(config, part)
+        if raw.get("model_type") == "mllama":
+            part = _mllama_embeddings(config, part)
         if split:  # one file's at a time: its fused tensors freed as they are split
             part = _split_projections(config, part)
         for k in part:
@@ -909,7 +913,39 @@ _LANGUAGE_MODEL_PREFIXES = (("language_model.model.blocks.", "model.layers."), (
                             ("model.text_model.", "model."))  # (Idefics3's and SmolVLM's)
 _IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "visual.", "image_newline",
                    "model.vision_tower.", "model.multi_modal_projector.", "model.mm_projector.", "model.visual.",
-                   "model.image_newline", "model.vision_model.", "model.connector.")
+                   "model.image_newline", "model.vision_model.", "model.connector.", "vision_model.")
+
+
+_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.*)")
+
+
+def _mllama_names(config: LlamaConfig, text: dict):
+    """Llama 3.2 Vision's weight names -> its language model's without the cross-attention layers (``text``: its
+    text_config): the wrapper's names as any wrapper's, each self-attention layer renumbered among them (the layers a
+    text-only forward runs), a cross-attention layer's tensors (``None``) not read. Its embeddings' 8 image-token rows
+    past the vocabulary are cut by :func:`_mllama_embeddings`."""
+    cross = mllama_cross_layers(text)
+
+    def rename(name: str) -> str | None:
+        new = _language_model_name(name)
+        m = _LAYER_NAME.fullmatch(new) if new is not None else None
+        if m is None:
+            return new
+        i = int(m[1])
+        return None if i in cross else f"model.layers.{i - sum(c < i for c in cross)}.{m[2]}"
+    return rename
+
+
+def _mllama_embeddings(config: LlamaConfig, sd: dict) -> dict:
+    """Llama 3.2 Vision's embeddings (``vocab_size + 8`` rows: the image tokens' past the vocabulary, which a text
+    forward never looks up) cut to the vocabulary."""
+    e = sd.get("model.embed_tokens.weight")
+    if e is not None:
+        if e.shape[0] != config.vocab_size + 8:
+            raise ValueError(f"Llama 3.2 Vision's model.embed_tokens.weight has {e.shape[0]} rows: vocab_size + 8 "
+                             f"({config.vocab_size + 8}) expected")
+        sd["model.embed_tokens.weight"] = e[:config.vocab_size].clone()
+    return sd
 
 
 def _qwen3_vl_moe_experts(config: LlamaConfig, sd: dict) -> dict:
