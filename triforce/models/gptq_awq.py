@@ -34,7 +34,7 @@ _GPTQ_LABELS = {
     "block_name_to_quantize", "modules_in_block_to_quantize", "backend", "meta", "quantizer", "lm_head", "mse",
     "modules_to_not_convert", "disable_exllama", "use_marlin", "pack_dtype", "dynamic", "is_marlin_format", "v2",
     "v2_alpha", "act_group_aware", "hyb_act", "adapter", "rotation", "offload_to_disk", "offload_to_disk_path",
-    "pack_impl", "fail_safe", "device", "sym_asym"}
+    "pack_impl", "fail_safe", "device", "sym_asym", "model_seqlen"}
 _AWQ_READ = {"quant_method", "bits", "group_size", "zero_point", "version"}
 _AWQ_LABELS = {"modules_to_not_convert", "backend", "do_fuse", "fuse_max_seq_len", "modules_to_fuse",
                "exllama_config", "quant_type"}
