@@ -1,5 +1,6 @@
-"""Image + text checkpoints whose text_config is any language model (LLaVA 1.5, LLaVA-NeXT, LLaVA-OneVision,
-InternVL, Idefics3, SmolVLM, Aya Vision) load as that language model, against transformers' wrappers on text."""
+"""Image (or audio) + text checkpoints whose text_config is any language model (LLaVA 1.5, LLaVA-NeXT,
+LLaVA-NeXT-Video, LLaVA-OneVision, InternVL, Idefics3, SmolVLM, Aya Vision, Qwen2-Audio) load as that language model,
+against transformers' wrappers on text; Llama 3.2 Vision as the Llama of its self-attention layers."""
 import copy
 
 import pytest
@@ -44,6 +45,13 @@ KINDS = {
     "aya_vision": ("AyaVisionConfig", "AyaVisionForConditionalGeneration", dict(
         vision_config=SIGLIP, image_token_index=127,
         text_config={**TEXT, "model_type": "cohere2", "sliding_window": 7, "logit_scale": 0.5}), "cohere2"),
+    "llava_next_video": ("LlavaNextVideoConfig", "LlavaNextVideoForConditionalGeneration", dict(
+        vision_config=CLIP, image_token_index=127, video_token_index=126, image_grid_pinpoints=[[28, 28]],
+        text_config={**TEXT, "model_type": "llama"}), "llama"),
+    "qwen2_audio": ("Qwen2AudioConfig", "Qwen2AudioForConditionalGeneration", dict(
+        audio_config={"d_model": 16, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32,
+                      "num_mel_bins": 8, "max_source_positions": 16}, audio_token_index=127,
+        text_config={**TEXT, "model_type": "qwen2"}), "qwen2"),
 }
 
 
@@ -66,13 +74,18 @@ def test_the_tied_head_as_transformers_5_ties_it():
     so; LLaVA-NeXT, Idefics3, SmolVLM: the wrapper's key alone (default untied); InternVL, Aya Vision: the wrapper's
     key alone, tied by default. Each against transformers' config class."""
     for kind in KINDS:
-        config_class, _, base, _ = KINDS[kind]
+        config_class, model_class, base, _ = KINDS[kind]
         for wrapper in (None, True, False):
             for text in (None, True, False):
-                d = {"model_type": kind, **{k: v for k, v in base.items() if k != "vision_config"},
+                d = {"model_type": kind, **base,
                      "text_config": {**base["text_config"], **({} if text is None else {"tie_word_embeddings": text})},
                      **({} if wrapper is None else {"tie_word_embeddings": wrapper})}
-                want = getattr(transformers, config_class).from_dict(copy.deepcopy(d)).tie_word_embeddings
+                config = getattr(transformers, config_class).from_dict(copy.deepcopy(d))
+                if hasattr(config, "tie_word_embeddings"):
+                    want = config.tie_word_embeddings
+                else:  # (Qwen2-Audio's has no key: its model says)
+                    model = getattr(transformers, model_class)(config)
+                    want = model.get_output_embeddings().weight is model.get_input_embeddings().weight
                 assert LlamaConfig.from_dict(d).tie_word_embeddings == want, (kind, wrapper, text)
     # a text model tied by its family's default (Gemma's), no key anywhere: LLaVA ties (transformers 5)
     d = {"model_type": "llava", "text_config": {**TEXT, "model_type": "gemma", "head_dim": 8}}

@@ -682,7 +682,8 @@ WRAPPERS = {
     # Image + text models whose text_config may be any language model (transformers' AutoConfig; "*": any family
     # read here, the first its default): LLaVA 1.5 (llava: Llama / Vicuna, Mistral, ...), LLaVA-NeXT (llava_next),
     # LLaVA-OneVision (llava_onevision: Qwen2), InternVL 3 / 3.5 in transformers' layout (internvl: Qwen2.5 / Qwen3),
-    # Idefics3 and SmolVLM (Llama / SmolLM2), Aya Vision (aya_vision: Cohere 2). The head: LLaVA's and OneVision's tied
+    # Idefics3 and SmolVLM (Llama / SmolLM2), Aya Vision (aya_vision: Cohere 2), LLaVA-NeXT-Video, Qwen2-Audio (its
+    # audio side as an image side). The head: LLaVA's and OneVision's tied
     # where either key says so (transformers 5's back-compatibility); the others by the wrapper's key alone, at
     # its default where absent (InternVL's and Aya Vision's: tied), the text_config's not read.
     **{kind: (text, frozenset({"vision_config", *own}), tie) for kind, text, own, tie in (
@@ -695,7 +696,11 @@ WRAPPERS = {
         ("idefics3", ("llama", "*"), ("image_token_id", "scale_factor", "_pad_token_id"), ("wrapper", False)),
         ("smolvlm", ("llama", "*"), ("image_token_id", "scale_factor", "_pad_token_id"), ("wrapper", False)),
         ("aya_vision", ("cohere2", "*"), ("image_token_index", "vision_feature_layer", "vision_feature_select_strategy",
-                                         "downsample_factor", "adapter_layer_norm_eps"), ("wrapper", True)))},
+                                         "downsample_factor", "adapter_layer_norm_eps"), ("wrapper", True)),
+        ("llava_next_video", ("llama", "*"), (*_LLAVA_KEYS, "image_grid_pinpoints", "video_token_index",
+                                             "spatial_pool_mode", "spatial_pool_stride", "video_seq_length"), "either"),
+        # Qwen2-Audio (Qwen2's language model; its head never tied: transformers' model ties it by no key)
+        ("qwen2_audio", ("qwen2", "*"), ("audio_config", "audio_token_index"), ("wrapper", False)))},
 }
 _FLAT_WRAPPERS = ("qwen2_vl", "qwen2_5_vl")  # configs whose language model's keys may sit at the top level
 # Qwen's and GLM's image + text models' language-model configs: the family each is read as (the same layer and
