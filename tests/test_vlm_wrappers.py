@@ -2,6 +2,7 @@
 LLaVA-NeXT-Video, LLaVA-OneVision, InternVL, Idefics3, SmolVLM, Aya Vision, Qwen2-Audio) load as that language model,
 against transformers' wrappers on text; Llama 3.2 Vision as the Llama of its self-attention layers."""
 import copy
+import json
 
 import pytest
 import torch
@@ -167,3 +168,41 @@ def test_llama_3_2_vision_configs_and_what_raises(tmp_path):
     for cross in ([3, 3], [40], "3"):
         with pytest.raises(ValueError, match="cross_attention_layers"):
             LlamaConfig.from_dict({**d, "text_config": {**d["text_config"], "cross_attention_layers": cross}})
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_internvls_own_checkpoints_load_as_their_language_model(tmp_path, tied):
+    """InternVL's checkpoints in its own layout (``internvl_chat``: its modeling code's InternVLChatModel, no class in
+    transformers): the language model is ``AutoModelForCausalLM`` of ``llm_config``, under ``language_model.*``, tied
+    by ``llm_config``'s key alone (InternVL3-1B's Qwen2.5-0.5B: tied, beside a top-level ``tie_word_embeddings`` false);
+    it loads bitwise as that model, the image side (``vision_model.*``, ``mlp1.*``) not read."""
+    from safetensors.torch import load_file, save_file
+
+    from triforce.models import Llama
+
+    from .test_families import tiny_family
+
+    model = tiny_family("qwen2", 0, tie_word_embeddings=tied)
+    model.save_pretrained(tmp_path / "llm")
+    llm_config = json.loads((tmp_path / "llm" / "config.json").read_text())
+    sd = {f"language_model.{k}": v for k, v in load_file(tmp_path / "llm" / "model.safetensors").items()}
+    sd.update({"vision_model.embeddings.patch_embedding.weight": torch.zeros(8, 3, 2, 2),
+               "mlp1.1.weight": torch.zeros(32, 8)})
+    d = tmp_path / "internvl"
+    d.mkdir()
+    save_file(sd, d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["InternVLChatModel"], "model_type": "internvl_chat", "llm_config": llm_config,
+        "auto_map": {"AutoConfig": "configuration_internvl_chat.InternVLChatConfig",
+                     "AutoModel": "modeling_internvl_chat.InternVLChatModel"},
+        "downsample_ratio": 0.5, "dynamic_image_size": True, "force_image_size": 448, "hidden_size": 32,
+        "max_dynamic_patch": 12, "min_dynamic_patch": 1, "pad2square": False, "ps_version": "v2", "select_layer": -1,
+        "template": "internvl2_5", "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_backbone_lora": 0,
+        "use_llm_lora": 0, "use_thumbnail": True, "vision_config": {"model_type": "intern_vit_6b", "hidden_size": 8}}))
+    ours = Llama.from_pretrained(d)
+    assert ours.config.model_type == "qwen2" and ours.config.tie_word_embeddings == tied
+    ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), model(ids))
+    with pytest.raises(ValueError, match="both llm_config and text_config"):
+        LlamaConfig.from_dict({**json.loads((d / "config.json").read_text()), "text_config": llm_config})

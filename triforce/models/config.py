@@ -632,7 +632,8 @@ _MODEL_TYPES = ", ".join(repr(t) for t in FAMILIES)
 # wrapper's own keys: the image side's, which a text-only forward never reads, and how its head is tied: a bool,
 # the wrapper's tie_word_embeddings default (transformers 5 ties the head by the wrapper's key; a text_config
 # that says otherwise raises); None: a wrapper without the key takes its text_config's; "either": tied where
-# either says so; ("wrapper", default): the wrapper's key alone, the text_config's not read). Its language model
+# either says so; ("wrapper", default): the wrapper's key alone, the text_config's not read; "text": the
+# text_config's alone). Its language model
 # is what loads (LlamaConfig.from_dict; loading.py renames its weights).
 # LLaVA's image side's keys (transformers' LlavaConfig; ignore_index and vocab_size: its 4.3x configs', not read)
 _LLAVA_KEYS = ("image_token_index", "image_seq_length", "projector_hidden_act", "vision_feature_select_strategy",
@@ -700,7 +701,14 @@ WRAPPERS = {
         ("llava_next_video", ("llama", "*"), (*_LLAVA_KEYS, "image_grid_pinpoints", "video_token_index",
                                              "spatial_pool_mode", "spatial_pool_stride", "video_seq_length"), "either"),
         # Qwen2-Audio (Qwen2's language model; its head never tied: transformers' model ties it by no key)
-        ("qwen2_audio", ("qwen2", "*"), ("audio_config", "audio_token_index"), ("wrapper", False)))},
+        ("qwen2_audio", ("qwen2", "*"), ("audio_config", "audio_token_index"), ("wrapper", False)),
+        # InternVL's own checkpoints (internvl_chat: InternVL 2 / 2.5 / 3 / 3.5, their modeling code's
+        # InternVLChatModel): the language model is AutoModelForCausalLM of its llm_config (read as text_config), tied
+        # by llm_config's key alone ("text"); the image side (InternViT, mlp1) and its settings not read
+        ("internvl_chat", ("qwen2", "*"), (
+            "auto_map", "template", "select_layer", "downsample_ratio", "dynamic_image_size", "use_thumbnail",
+            "ps_version", "min_dynamic_patch", "max_dynamic_patch", "force_image_size", "pad2square",
+            "use_backbone_lora", "use_llm_lora", "hidden_size", "image_fold", "system_message"), "text"))},
 }
 _FLAT_WRAPPERS = ("qwen2_vl", "qwen2_5_vl")  # configs whose language model's keys may sit at the top level
 # Qwen's and GLM's image + text models' language-model configs: the family each is read as (the same layer and
@@ -2057,6 +2065,11 @@ class LlamaConfig:
         and its ``tie_word_embeddings`` (given or its default) must agree with the text model's."""
         kind = d["model_type"]
         text_type, own, tie_default = WRAPPERS[kind]
+        if kind == "internvl_chat" and "llm_config" in d:  # (its language model's config, under its own name)
+            if "text_config" in d:
+                raise ValueError("config model_type 'internvl_chat' has both llm_config and text_config; keep one")
+            d = {**d, "text_config": d["llm_config"]}
+            del d["llm_config"]
         if "text_config" not in d and kind in _FLAT_WRAPPERS:  # the language model's keys at the top level
             d = {k: v for k, v in d.items() if k in own or k in _METADATA_KEYS or k in ("model_type",
                                                                                       "tie_word_embeddings")} | {
@@ -2090,6 +2103,8 @@ class LlamaConfig:
             text["tie_word_embeddings"] = True  # model's default) says so (transformers 5's Qwen2VLConfig, LlavaConfig)
         elif isinstance(tie_default, tuple):  # the wrapper's key (at its default); text_config's is not read
             text["tie_word_embeddings"] = d.pop("tie_word_embeddings", tie_default[1])
+        elif tie_default == "text":  # the language model's key alone; the wrapper's is not read
+            d.pop("tie_word_embeddings", None)
         if kind == "aya_vision" and text["model_type"] in _COHERES:  # transformers' AyaVisionForConditionalGeneration
             text["logit_scale"] = 1.0  # takes the head's logits as they are, without the text model's logit_scale
             # (vLLM's Aya Vision applies it)

@@ -914,7 +914,7 @@ _LANGUAGE_MODEL_PREFIXES = (("language_model.model.blocks.", "model.layers."), (
 _IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "visual.", "image_newline",
                    "model.vision_tower.", "model.multi_modal_projector.", "model.mm_projector.", "model.visual.",
                    "model.image_newline", "model.vision_model.", "model.connector.", "vision_model.", "audio_tower.",
-                   "model.audio_tower.")
+                   "model.audio_tower.", "mlp1.")
 
 
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.*)")
