@@ -1,6 +1,7 @@
 """GLM-4 (``model_type="glm4"``): Gemma 3's four norms around the blocks under GLM's names, Llama's RMSNorm, biases on
 q, k and v only, RoPE on the first half of each head on adjacent pairs of dims (the checkpoint's q / k dims reordered on
-loading, back on saving), the gate and up projections fused in the checkpoint. Against transformers' Glm4ForCausalLM."""
+loading, back on saving), the gate and up projections fused in the checkpoint. Against transformers' Glm4ForCausalLM;
+GLM-4 of 2024 (``glm``: the same layer with Llama's two norms) against GlmForCausalLM."""
 import pytest
 import torch
 
@@ -133,3 +134,37 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, kw):
     kv = converted_kv(c, rotated=int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 0.5)))
     ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "glm4", kv)
     assert ours.config.model_type == "glm4" and ours.config.rotary_dim == kv["rope.dimension_count"]
+
+
+# ---- GLM-4 of 2024 (model_type "glm": glm-4-9b-hf, glm-4-9b-chat-hf, glm-edge): GLM-4's layer with Llama's two norms
+def glm_pair(**kw):
+    return transformers_and_ours("Glm", **{**GLM4, "pad_token_id": 0, **kw})
+
+
+@pytest.mark.parametrize("kw", [{}, {"attention_bias": False, "tie_word_embeddings": True}],
+                         ids=["default", "no-bias-tied"])
+def test_glm_2024_every_path_matches_transformers(tmp_path, kw):
+    """GlmForCausalLM: every path gives transformers' logits; our save reads back as GlmForCausalLM, bit for bit."""
+    hf, ours = glm_pair(**kw)
+    c = ours.config
+    assert c.model_type == "glm" and not c.sandwich_norms and c.rope_interleaved and c.rotary_dim == 8
+    assert c.qkv_bias == kw.get("attention_bias", True) and not c.out_bias
+    assert_every_path_matches(hf, ours)
+    ours.save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(back).__name__ == "GlmForCausalLM"
+    assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
+    d = LlamaConfig.from_dict({"model_type": "glm"})  # (GlmConfig's defaults: glm-4-9b's shape)
+    assert (d.num_key_value_heads, d.head_dim, d.rotary_dim, d.attention_bias) == (2, 128, 64, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_glm_2024_pass_gives_the_bits_of_one_token_steps(dtype):
+    assert_pass_equals_steps(glm_pair()[1], dtype)
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 3, 4, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 3, 4, 6)])
+def test_glm_2024_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny_family("glm", 0, head_dim=16, attention_bias=True),
+                                        tiny_family("glm", 1, head_dim=16, attention_bias=True), method, opts)

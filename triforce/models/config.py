@@ -446,6 +446,11 @@ FAMILIES["glm4"] = Family("Glm4ForCausalLM", sandwich_norms=True, fused_projecti
                               "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
                               "pad_token_id": 151329, "bos_token_id": None, "eos_token_id": None,
                               "attention_bias": True})
+# GLM-4 of 2024 (GlmForCausalLM: glm-4-9b-hf, glm-4-9b-chat-hf, glm-edge): GLM-4's layer with Llama's two norms (not
+# its four), the same biases, RoPE and fused gate / up projections
+FAMILIES["glm"] = Family("GlmForCausalLM", fused_projections=("gate_up_proj",), rope_interleaved=True,
+                         partial_rotary_factor=0.5, reads=("attention_bias",), defaults=dict(FAMILIES["glm4"].defaults))
+_GLMS = ("glm", "glm4", "glm4_moe")  # (GLM's attention_bias: q, k and v only)
 # DeepSeek-V2 / V3 (DeepseekV2ForCausalLM: DeepSeek-V2, V2-Lite, V2.5, DeepSeek-Coder-V2; DeepseekV3ForCausalLM:
 # DeepSeek-V3, R1, Moonlight): multi-head latent attention (MLA: each token's keys and values are one latent of
 # kv_lora_rank, normed, and one RoPE'd key of qk_rope_head_dim shared by every head; the queries from a low-rank
@@ -839,7 +844,7 @@ _HARMLESS_ONLY_AT = {
     # GPT-NeoX's dropout of its sequence-classification head (not a causal LM's)
     "classifier_dropout": (lambda v, c: c.model_type == "gpt_neox" and (v is None or _is_number(v) and 0 <= v < 1),
                            "absent (GPT-NeoX: null or any in [0, 1), its classifier's)"),
-    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", "glm4", "glm4_moe",
+    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
                                                                                "stablelm", "gpt_neox")
                                                                and _is_number(v)
@@ -1579,7 +1584,7 @@ class LlamaConfig:
         (its own ``attention_out_bias``, default false)."""
         if self.model_type == "seed_oss":
             return bool(self.extra.get("attention_out_bias", False))
-        return self.attention_bias and self.model_type not in ("glm4", "glm4_moe")
+        return self.attention_bias and self.model_type not in _GLMS
 
     @property
     def rope_float32(self) -> str:
