@@ -34,6 +34,9 @@ FAMILIES = {  # name -> (transformers config class, model class, config kwargs)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
     "qwen3-bias": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8, attention_bias=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    # Ministral 8B: Mistral's layer, its window on the layer_types' sliding layers (its config needs head_dim, and
+    # transformers' model a window: one the length of the context masks nothing)
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", dict(sliding_window=512, head_dim=16)),
     # Gemma 1: GeGLU (GELU's tanh form), RMSNorm's 1 + w in float32, embeddings times sqrt(hidden)
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=32)),
     "gemma-untied-bias": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16, tie_word_embeddings=False,

@@ -19,6 +19,8 @@ WINDOWED = {  # name -> (family of test_families, transformers config kwargs)
     "qwen2-sliding-layer-1": ("qwen2", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
     "qwen3-layer-types": ("qwen3", dict(use_sliding_window=True, sliding_window=5,
                                         layer_types=["sliding_attention", "full_attention"])),
+    "ministral-layer-types": ("ministral", dict(sliding_window=7, layer_types=["full_attention", "sliding_attention"])),
+    "ministral-every-layer": ("ministral", dict(sliding_window=6)),
 }
 
 
@@ -77,6 +79,7 @@ def test_a_pass_gives_the_bits_of_one_token_steps(monkeypatch, dtype, native):
     monkeypatch.setenv("TRIFORCE_DECODER_LAYERS", native)
     monkeypatch.setattr(triforce.models.llama, "_STACK", None)
     assert_pass_equals_steps(windowed_pair("qwen2-sliding-layer-1")[1], dtype)
+    assert_pass_equals_steps(windowed_pair("ministral-layer-types")[1], dtype)
 
 
 def assert_pass_equals_steps(model, dtype, tokens=10):

@@ -446,6 +446,9 @@ FAMILIES["glm4"] = Family("Glm4ForCausalLM", sandwich_norms=True, fused_projecti
                               "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
                               "pad_token_id": 151329, "bos_token_id": None, "eos_token_id": None,
                               "attention_bias": True})
+# Ministral 8B (MinistralForCausalLM: Ministral-8B-Instruct-2410): Mistral's layer with its window on the layer_types'
+# sliding layers (every layer by default)
+FAMILIES["ministral"] = Family("MinistralForCausalLM", defaults=dict(FAMILIES["mistral"].defaults))
 # GLM-4 of 2024 (GlmForCausalLM: glm-4-9b-hf, glm-4-9b-chat-hf, glm-edge): GLM-4's layer with Llama's two norms (not
 # its four), the same biases, RoPE and fused gate / up projections
 FAMILIES["glm"] = Family("GlmForCausalLM", fused_projections=("gate_up_proj",), rope_interleaved=True,
@@ -1232,6 +1235,15 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
                 return none, "max_window_layers"
             types = ["sliding_attention" if i % 2 == 0 and i < start else "full_attention" for i in range(n)]
         sliding = [t == "sliding_attention" for t in types]
+    elif c.model_type == "ministral":
+        # MinistralConfig: sliding_window (Mistral's 4096 when absent; null: none) on the layer_types' sliding layers,
+        # by default every layer where there is a window
+        window, types = x.get("sliding_window", FAMILIES["ministral"].defaults["sliding_window"]), x.get("layer_types")
+        if types is not None and not _layer_types_ok(types, n):
+            return none, "layer_types"
+        sliding = [t == "sliding_attention" for t in types] if types is not None else [window is not None] * n
+        if window is None:  # (transformers' mask fails on a sliding layer without one)
+            return none, "sliding_window" if any(sliding) else None
     elif c.model_type == "qwen3_moe":  # Qwen3MoeConfig: sliding_window on every layer with use_sliding_window
         if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
             return none, "layer_types"  # (not read by Qwen3-MoE, nor max_window_layers)
@@ -1258,7 +1270,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral3", "phi3", "qwen2", "qwen3", "smollm3", "mixtral", "qwen3_moe",
+    if c.model_type not in ("mistral", "ministral", "ministral3", "phi3", "qwen2", "qwen3", "smollm3", "mixtral",
+                            "qwen3_moe",
                             "qwen2_moe", "dots1", "starcoder2", *_PATTERNED):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
