@@ -446,6 +446,14 @@ FAMILIES["glm4"] = Family("Glm4ForCausalLM", sandwich_norms=True, fused_projecti
                               "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
                               "pad_token_id": 151329, "bos_token_id": None, "eos_token_id": None,
                               "attention_bias": True})
+# Helium (HeliumForCausalLM: Kyutai's Helium-1 2B): Llama's layer with RoPE on adjacent pairs of dims (reordered on
+# loading) and its RMSNorm's weight applied in float32 (rounded to the dtype at the end)
+FAMILIES["helium"] = Family("HeliumForCausalLM", rope_interleaved=True, float32_norm=True,
+                            reads=("attention_bias", "mlp_bias"), defaults={
+                                "vocab_size": 48000, "hidden_size": 2560, "intermediate_size": 7040,
+                                "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
+                                "head_dim": 128, "max_position_embeddings": 4096, "rms_norm_eps": 1e-8,
+                                "rope_theta": 100000.0, "pad_token_id": 3, "eos_token_id": 2, "bos_token_id": 1})
 # Ministral 8B (MinistralForCausalLM: Ministral-8B-Instruct-2410): Mistral's layer with its window on the layer_types'
 # sliding layers (every layer by default)
 FAMILIES["ministral"] = Family("MinistralForCausalLM", defaults=dict(FAMILIES["mistral"].defaults))
@@ -1593,11 +1601,11 @@ class LlamaConfig:
 
     @property
     def out_bias(self) -> bool:
-        """A bias on the attention's output projection: ``attention_bias``'s, but GLM-4's (q/k/v only) and Seed-OSS's
-        (its own ``attention_out_bias``, default false)."""
+        """A bias on the attention's output projection: ``attention_bias``'s, but GLM's and Helium's (q/k/v only) and
+        Seed-OSS's (its own ``attention_out_bias``, default false)."""
         if self.model_type == "seed_oss":
             return bool(self.extra.get("attention_out_bias", False))
-        return self.attention_bias and self.model_type not in _GLMS
+        return self.attention_bias and self.model_type not in (*_GLMS, "helium")
 
     @property
     def rope_float32(self) -> str:
