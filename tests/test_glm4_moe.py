@@ -195,3 +195,34 @@ def test_gguf_glm47_flash_as_llama_cpp_writes_it(tmp_path, case):
         return
     with pytest.raises(ValueError, match="layer 1 lacks ffn_gate_exps"):
         Llama.from_pretrained(write_grouped_gguf(tmp_path / "m.gguf", hf, "deepseek2"), cache_dir=False)
+
+
+# ---- Solar Open (model_type "solar_open"): GLM-4.5's mixture on every layer under Llama's attention
+SOLAR = dict(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=40, n_shared_experts=1,
+             attention_bias=True)
+
+
+def test_solar_open_reads_as_glm45_with_every_layer_sparse_and_whole_head_rope(tmp_path):
+    """SolarOpenForCausalLM: every path gives its logits (RoPE on the whole head, every layer sparse, q/k/v biases);
+    its checkpoint loads with them; our save (a glm4_moe config over the same names) is read back by transformers'
+    Glm4MoeForCausalLM with the same logits. Keys its config does not have, at another value, raise."""
+    from .test_model import TOL
+
+    hf, ours = transformers_pair("SolarOpen", SOLAR)
+    c = ours.config
+    assert (c.model_type, c.rotary_dim, c.qkv_bias, c.out_bias, c.qk_norm) == ("glm4_moe", 16, True, False, False)
+    assert all(type(layer.mlp) is SparseMoE for layer in ours.model.layers)
+    ids, ref = assert_every_path_matches(hf, ours)
+    hf.save_pretrained(tmp_path / "hf")
+    loaded = Llama.from_pretrained(tmp_path / "hf")
+    loaded.save_pretrained(tmp_path / "ours")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
+    assert type(back).__name__ == "Glm4MoeForCausalLM"
+    with torch.no_grad():
+        assert (loaded(ids) - ref).abs().max().item() <= TOL
+        assert (back(ids).logits - ref).abs().max().item() <= TOL
+    for key, value in (("first_k_dense_replace", 1), ("use_qk_norm", True), ("partial_rotary_factor", 0.5)):
+        with pytest.raises(ValueError, match=f"'{key}'"):
+            LlamaConfig.from_dict({"model_type": "solar_open", **SOLAR, key: value})
+    assert_pass_equals_steps(ours, torch.float32)

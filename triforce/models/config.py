@@ -750,6 +750,14 @@ _VL_TEXTS = {
         "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
         "rope_theta": 500000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "num_experts_per_tok": 4,
         "num_experts": 60, "mlp_only_layers": []}),
+    # Solar Open (SolarOpenForCausalLM: Upstage's Solar-Open-100B): GLM-4.5's mixture on every layer (no dense ones)
+    # under Llama's attention (RoPE on the whole head, half-split pairs; no q / k norms): read as glm4_moe so
+    "solar_open": ("glm4_moe", {
+        "vocab_size": 196608, "hidden_size": 4096, "num_hidden_layers": 48, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0, "attention_bias": False, "moe_intermediate_size": 1280, "num_experts_per_tok": 8,
+        "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+        "norm_topk_prob": True, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}),
     # Llama 3.2 Vision's (MllamaTextConfig): Llama 3.1's layers with cross-attention layers among them, which a
     # text-only forward skips (MllamaTextModel: no image states, no cached ones): read as the Llama of its other layers
     "mllama_text_model": ("llama", {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -2328,6 +2336,13 @@ def _vl_text(d: dict) -> str:
             d.pop(key, None)
     if kind in ("glm4v_text", "glm4v_moe_text"):
         _glm4v_text(d, kind)
+    if kind == "solar_open":  # (keys SolarOpenConfig does not have: its model has no dense layers, no q / k norms and
+        for key, none in (("first_k_dense_replace", 0), ("use_qk_norm", False), ("partial_rotary_factor", 1.0)):
+            inner = [r.get(key, none) for r in (d.get("rope_parameters"), d.get("rope_scaling")) if isinstance(r, dict)]
+            if d.get(key, none) != none or any(v != none for v in inner):  # RoPE on the whole head)
+                raise ValueError(f"config key {key!r} = {d.get(key, inner)!r}: Solar Open's model does not read it "
+                                 f"and has {none!r}")
+            d.setdefault(key, none)
     if kind == "mllama_text_model":  # (the cross-attention layers a text-only forward skips: not read)
         cross = mllama_cross_layers(d)
         d.pop("cross_attention_layers", None)
