@@ -198,7 +198,13 @@ FAMILIES["granite"] = Family("GraniteForCausalLM", reads=("attention_bias", "mlp
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2})
 _GRANITE_SCALES = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
 _GRANITE_MOES = ("granitemoe", "granitemoeshared")
-_GRANITES = ("granite", *_GRANITE_MOES)  # the families with Granite's four multipliers
+# HyperCLOVA X SEED (HyperCLOVAXForCausalLM: HyperCLOVAX-SEED-Think-14B): Granite's layer with Peri-LN, a norm after
+# each block's output before its multiplier and residual add (use_post_norm: Gemma 3's four norms, under its names
+# post_norm1 / post_norm2 around its post_attention_layernorm before the MLP), the logits *times* logits_scaling (not
+# divided), the attention scaled by attention_multiplier or head_dim ** -0.5 where it is null
+FAMILIES["hyperclovax"] = Family("HyperCLOVAXForCausalLM", reads=("attention_bias", "mlp_bias"),
+                                 defaults=dict(FAMILIES["granite"].defaults))
+_GRANITES = ("granite", *_GRANITE_MOES, "hyperclovax")  # the families with Granite's four multipliers
 # Mixtures of experts: each sparse layer's MLP is a router (one logit per expert: softmax in float32, the top
 # num_experts_per_tok experts, their probabilities renormalised to sum 1 or not) and that many of its experts (gated
 # MLPs), summed by the router's weights. Mixtral (MixtralForCausalLM: Mixtral 8x7B / 8x22B): Mistral's layer, every
@@ -878,8 +884,12 @@ _HARMLESS_ONLY_AT = {
     # does: only 1.0, where the two agree
     "rotary_pct": (lambda v, c: c.model_type in _COHERES and v == 1, "1.0 (Cohere, Cohere 2: RoPE on the whole head)"),
     # Granite's multipliers: LlamaConfig.embedding_multiplier, attention_scale, residual_multiplier, logits_scaling
-    **{key: (lambda v, c: c.model_type in _GRANITES and _is_number(v) and 0 < v < float("inf"),
-             "absent (Granite: a finite number > 0)") for key in _GRANITE_SCALES},
+    **{key: (lambda v, c, key=key: c.model_type in _GRANITES and _is_number(v) and 0 < v < float("inf") or (
+        key == "attention_multiplier" and c.model_type == "hyperclovax" and v is None),
+             "absent (Granite: a finite number > 0; HyperCLOVA X's attention_multiplier: null too)")
+       for key in _GRANITE_SCALES},
+    "use_post_norm": (lambda v, c: c.model_type == "hyperclovax" and isinstance(v, bool),
+                      "absent (HyperCLOVA X: a bool, its Peri-LN norms)"),
     # mixtures of experts: LlamaConfig.experts (checked together there)
     **{key: (lambda v, c, key=key: (c.model_type in _MOE_TYPES or key == "num_experts_per_tok"
                                     and c.model_type in _GROUPED
@@ -1637,7 +1647,8 @@ class LlamaConfig:
     def sandwich_norms(self) -> bool:
         """Gemma 3's layer: ``h + post_attention_layernorm(attn(input_layernorm(h)))``, then
         ``h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``."""
-        return FAMILIES[self.model_type].sandwich_norms
+        return FAMILIES[self.model_type].sandwich_norms or (self.model_type == "hyperclovax"
+                                                            and self.extra.get("use_post_norm", True) is True)
 
     @property
     def layer_norm(self) -> bool:
@@ -1663,6 +1674,8 @@ class LlamaConfig:
     @property
     def logit_scale(self) -> float:
         """Cohere, Cohere 2: the logits times ``logit_scale`` (in the model's dtype, as transformers); 1.0 elsewhere."""
+        if self.model_type == "hyperclovax":  # (its logits_scaling: a factor)
+            return float(self.extra.get("logits_scaling", 1.0))
         if self.model_type not in _COHERES:
             return 1.0
         return float(self.extra.get("logit_scale", FAMILIES["cohere2"].defaults["logit_scale"]))
@@ -1685,6 +1698,8 @@ class LlamaConfig:
         """The attention scores' scale: ``head_dim ** -0.5``; Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
         if self.model_type in ("gemma2", "gemma3_text"):
             return float(self.extra.get("query_pre_attn_scalar", 256)) ** -0.5  # (as transformers computes it)
+        if self.model_type == "hyperclovax" and self.extra.get("attention_multiplier") is None:
+            return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
         if self.model_type in _DEEPSEEKS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
@@ -1713,8 +1728,9 @@ class LlamaConfig:
 
     @property
     def logits_scaling(self) -> float:
-        """Granite: the logits divided by this (in the model's dtype, as transformers divides); 1.0 elsewhere."""
-        return self._granite("logits_scaling")
+        """Granite: the logits divided by this (in the model's dtype, as transformers divides); 1.0 elsewhere
+        (HyperCLOVA X's multiplies: :attr:`logit_scale`)."""
+        return 1.0 if self.model_type == "hyperclovax" else self._granite("logits_scaling")
 
     @property
     def attn_softcap(self) -> float | None:

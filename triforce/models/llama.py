@@ -1099,6 +1099,10 @@ class DecoderLayer(nn.Module):
         mlp(norm(h))`` with the attention's own norm (GPT-NeoX: with the MLP's, ``post_attention_layernorm``); with
         post norms (OLMo 2 / 3) ``h + norm(a)``, then ``+ norm(mlp(h))``; Granite's blocks' outputs times its residual
         multiplier before each add."""
+        if self.sandwich and self.residual_multiplier != 1:  # (HyperCLOVA X's Peri-LN under Granite's multiplier)
+            m = self.residual_multiplier
+            h = h + self.post_attention_layernorm(a) * m
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))) * m
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))

@@ -743,6 +743,10 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
 _GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
                "post_attention_layernorm": "pre_feedforward_layernorm",
                "post_mlp_layernorm": "post_feedforward_layernorm"}
+# HyperCLOVA X's Peri-LN norms (use_post_norm): post_norm1 after the attention, post_norm2 after the MLP, its
+# post_attention_layernorm the norm before the MLP
+_HYPERCLOVAX_NORMS = {"post_norm1": "post_attention_layernorm", "post_attention_layernorm": "pre_feedforward_layernorm",
+                      "post_norm2": "post_feedforward_layernorm"}
 _LAYER_NORM_NAME = re.compile(r"(model\.layers\.\d+\.)(\w+)(\.weight)")
 
 
@@ -807,9 +811,13 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _stablelm_head_norms(sd, inverse)
     if config.model_type in _FAMILY_NAMES:
         return _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _FAMILY_NAMES[config.model_type].items()])
-    if config.model_type != "glm4":
+    if config.model_type == "hyperclovax" and config.sandwich_norms:
+        table = _HYPERCLOVAX_NORMS
+    elif config.model_type == "glm4":
+        table = _GLM4_NORMS
+    else:
         return sd
-    table = {v: k for k, v in _GLM4_NORMS.items()} if inverse else _GLM4_NORMS
+    table = {v: k for k, v in table.items()} if inverse else table
     out = {}
     for name, t in sd.items():
         m = _LAYER_NORM_NAME.fullmatch(name)
