@@ -49,6 +49,11 @@ KINDS = {
     "llava_next_video": ("LlavaNextVideoConfig", "LlavaNextVideoForConditionalGeneration", dict(
         vision_config=CLIP, image_token_index=127, video_token_index=126, image_grid_pinpoints=[[28, 28]],
         text_config={**TEXT, "model_type": "llama"}), "llama"),
+    "exaone4_5": ("Exaone4_5_Config", "Exaone4_5_ForConditionalGeneration", dict(
+        vision_config={"depth": 1, "hidden_size": 16, "num_heads": 2, "out_hidden_size": 32, "intermediate_size": 32,
+                       "fullatt_block_indexes": [0]},
+        text_config={**TEXT, "model_type": "exaone4", "num_hidden_layers": 4, "sliding_window": 7,
+                     "sliding_window_pattern": 4}), "exaone4"),
     "qwen2_audio": ("Qwen2AudioConfig", "Qwen2AudioForConditionalGeneration", dict(
         audio_config={"d_model": 16, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32,
                       "num_mel_bins": 8, "max_source_positions": 16}, audio_token_index=127,
@@ -114,6 +119,14 @@ def test_a_config_shaped_as_llava_1_5s_reads_as_transformers_reads_it():
                  "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps"):
         assert getattr(c, name) == getattr(want, name), name
     assert c.model_type == "llama" and not c.tie_word_embeddings and c.pad_token_id == 32001
+
+
+def test_exaone_4_5s_first_text_model_type_reads_as_exaone4():
+    d = {"model_type": "exaone4_5", "text_config": {**TEXT, "model_type": "exaone4_5_text", "sliding_window": 7,
+                                                    "num_hidden_layers": 4, "sliding_window_pattern": 4}}
+    c, want = LlamaConfig.from_dict(d), transformers.Exaone4_5_Config.from_dict(copy.deepcopy(d)).text_config
+    assert c.model_type == want.model_type == "exaone4"
+    assert c.layer_windows == tuple(7 if t == "sliding_attention" else 0 for t in want.layer_types) == (7, 7, 7, 0)
 
 
 def test_what_would_not_be_read_so_raises():

@@ -724,6 +724,9 @@ WRAPPERS = {
                                              "spatial_pool_mode", "spatial_pool_stride", "video_seq_length"), "either"),
         # Qwen2-Audio (Qwen2's language model; its head never tied: transformers' model ties it by no key)
         ("qwen2_audio", ("qwen2", "*"), ("audio_config", "audio_token_index"), ("wrapper", False)),
+        # EXAONE 4.5 (exaone4_5: EXAONE 4's language model, its text_config exaone4, first released as exaone4_5_text;
+        # Qwen2.5-VL's image side, plain RoPE on text)
+        ("exaone4_5", ("exaone4", "exaone4_5_text"), ("image_token_id", "video_token_id"), ("wrapper", False)),
         # InternVL's own checkpoints (internvl_chat: InternVL 2 / 2.5 / 3 / 3.5, their modeling code's
         # InternVLChatModel): the language model is AutoModelForCausalLM of its llm_config (read as text_config), tied
         # by llm_config's key alone ("text"); the image side (InternViT, mlp1) and its settings not read
@@ -764,6 +767,8 @@ _VL_TEXTS = {
         "rope_theta": 1000000.0, "attention_bias": False, "moe_intermediate_size": 1280, "num_experts_per_tok": 8,
         "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
         "norm_topk_prob": True, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}),
+    # EXAONE 4.5's first releases' name of its EXAONE 4 text model (transformers reads it as exaone4)
+    "exaone4_5_text": ("exaone4", {}),
     # Llama 3.2 Vision's (MllamaTextConfig): Llama 3.1's layers with cross-attention layers among them, which a
     # text-only forward skips (MllamaTextModel: no image states, no cached ones): read as the Llama of its other layers
     "mllama_text_model": ("llama", {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
