@@ -6,7 +6,7 @@ or supported only at one harmless value (``_HARMLESS_ONLY_AT``, checked by value
 raises ``ValueError`` naming the key: a key we do not understand may change the math, and loading it
 anyway would give silently wrong logits.
 
-Families (``model_type``): ``llama`` (Llama 2/3, SmolLM), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
+Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` under its own defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
 ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
@@ -468,6 +468,13 @@ FAMILIES["ministral"] = Family("MinistralForCausalLM", defaults=dict(FAMILIES["m
 FAMILIES["glm"] = Family("GlmForCausalLM", fused_projections=("gate_up_proj",), rope_interleaved=True,
                          partial_rotary_factor=0.5, reads=("attention_bias",), defaults=dict(FAMILIES["glm4"].defaults))
 _GLMS = ("glm", "glm4", "glm4_moe")  # (GLM's attention_bias: q, k and v only)
+# IQuest-Coder-V1 (model_type iquestcoder: IQuest-Coder-V1-40B Base / Instruct; transformers runs it as
+# LlamaForCausalLM): Llama's layer with IQuestCoderConfig's defaults (its 40B shape, head_dim 128); its original code's
+# clip_qkv and sliding window are refused, as transformers refuses them (no released checkpoint sets them)
+FAMILIES["iquestcoder"] = Family("LlamaForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 76800, "hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 80,
+    "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2})
 # DeepSeek-V2 / V3 (DeepseekV2ForCausalLM: DeepSeek-V2, V2-Lite, V2.5, DeepSeek-Coder-V2; DeepseekV3ForCausalLM:
 # DeepSeek-V3, R1, Moonlight): multi-head latent attention (MLA: each token's keys and values are one latent of
 # kv_lora_rank, normed, and one RoPE'd key of qk_rope_head_dim shared by every head; the queries from a low-rank
@@ -817,7 +824,8 @@ _WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every la
             "the layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on; Qwen2-MoE: "
             "with use_sliding_window, on the layer_types' 'sliding_attention' layers, by default every other layer "
-            "from the first below max_window_layers), a positive int or null (Qwen2-MoE: a positive int); other "
+            "from the first below max_window_layers), a positive int or null (Qwen2-MoE: a positive int); IQuest-Coder: "
+            "use_sliding_window false, its window keys then not read; other "
             "families: none, or one at least max_position_embeddings long")
 
 # key -> (harmless(value, config), the value we implement). Any other value raises.
@@ -1285,6 +1293,12 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             return none, None
         sliding = [True] * n
     else:
+        if c.model_type == "iquestcoder":  # its original code's window, off (transformers refuses it on): then its
+            if x.get("use_sliding_window", False) is not False:  # sliding_window and max_window_layers are not read
+                return none, "use_sliding_window"
+            if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
+                return none, "layer_types"
+            return none, None
         for key in ("use_sliding_window", "max_window_layers"):  # Qwen's keys in a family that does not read them
             if key in x:
                 return none, key
