@@ -10,7 +10,8 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` under i
 ``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
 ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
-``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``nemotron``, ``phi``
+``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``jais2``, ``nemotron``,
+``phi``
 and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's; GPT-NeoX's exact GELU and its
 parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``mixtral``,
 ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
@@ -358,6 +359,13 @@ FAMILIES["arcee"] = Family("ArceeForCausalLM", activation="relu2", hidden_acts=(
                                "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 18432,
                                "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
                                "rms_norm_eps": 1e-5, "bos_token_id": 128000, "eos_token_id": 128001})
+# Jais 2 (Jais2ForCausalLM: Jais-2-8B-Chat, Jais-2-70B-Chat): Arcee's ungated MLP of ReLU squared on torch's LayerNorm
+# with a bias (layer_norm_eps), biases on every projection by attention_bias and mlp_bias (both true by default)
+FAMILIES["jais2"] = Family("Jais2ForCausalLM", activation="relu2", hidden_acts=("relu2",), gated_mlp=False,
+                           torch_layer_norm="plain", reads=("attention_bias", "mlp_bias"), defaults={
+                               "vocab_size": 150272, "hidden_size": 3328, "intermediate_size": 26624,
+                               "num_attention_heads": 26, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+                               "bos_token_id": 0, "eos_token_id": 150024, "attention_bias": True, "mlp_bias": True})
 # Phi-2 (PhiForCausalLM: phi-1, phi-1.5, phi-2): one torch LayerNorm (with a bias) before the attention and the MLP,
 # which run in parallel on it (Cohere 2's block); biases on every projection and on the LM head, always; RoPE on the
 # first partial_rotary_factor (0.5; phi-2: 0.4) of each head; an ungated MLP of GELU's tanh form (fc1, fc2); the
@@ -420,7 +428,7 @@ FAMILIES["gpt_neox"] = Family("GPTNeoXForCausalLM", activation="gelu",
 # GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
 # must agree)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
-_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
+_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps", "jais2": "layer_norm_eps",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
