@@ -7,7 +7,8 @@ raises ``ValueError`` naming the key: a key we do not understand may change the 
 anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` under its own defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
-``gemma`` (Gemma 1), ``gemma2``, ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
+``gemma`` (Gemma 1), ``gemma2``, ``vaultgemma`` (Gemma 2 without its post-norms),
+``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
 ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
 ``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``jais2``, ``nemotron``,
@@ -164,6 +165,11 @@ FAMILIES["gemma2"] = Family(
         "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096, "query_pre_attn_scalar": 256,
         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0})
 _GEMMA2_PATTERN = 2
+# VaultGemma (VaultGemmaForCausalLM: vaultgemma-1b, trained with differential privacy): Gemma 2's layer without its
+# norms after the attention and the MLP (Gemma's two norms before them), under Gemma2Config's keys and defaults
+FAMILIES["vaultgemma"] = dataclasses.replace(FAMILIES["gemma2"], architecture="VaultGemmaForCausalLM",
+                                             sandwich_norms=False)
+_GEMMA2S = ("gemma2", "vaultgemma")  # (Gemma 2's keys: soft-caps, query_pre_attn_scalar, every other layer sliding)
 # Phi-3 / Phi-4 (Phi3ForCausalLM: Phi-3-mini / medium, Phi-4 14B): Llama's layer with fused q/k/v and gate/up
 # projections in its checkpoints, no biases, a sliding window on every layer where the config sets one (Phi-3
 # mini 4k: 2047), RoPE on the whole head or on its first dims (Phi-4-mini's partial_rotary_factor 0.75), plain RoPE or
@@ -841,16 +847,16 @@ _HARMLESS_ONLY_AT = {
     "hidden_act": (lambda v, c: v in FAMILIES[c.model_type].hidden_acts,
                    "the family's activation ('silu': SwiGLU; Gemma's 'gelu_pytorch_tanh' or its legacy 'gelu')"),
     # transformers 4.x Gemma's key (it overrode hidden_act); 5.x reads hidden_act only
-    "hidden_activation": (lambda v, c: c.model_type in ("gemma", "gemma2", "gemma3_text")
+    "hidden_activation": (lambda v, c: c.model_type in ("gemma", *_GEMMA2S, "gemma3_text")
                           and v in (None, "gelu_pytorch_tanh"),
                           "'gelu_pytorch_tanh' (Gemma)"),
     "use_bidirectional_attention": (lambda v, c: not v, "false or null (causal attention)"),
     # Gemma 2's soft-capping (LlamaConfig.attn_softcap, final_softcap; Gemma 3 keeps the keys, null)
-    **{key: (lambda v, c: v is None or (c.model_type == "gemma2" and _is_number(v) and 0 < v < float("inf")),
+    **{key: (lambda v, c: v is None or (c.model_type in _GEMMA2S and _is_number(v) and 0 < v < float("inf")),
              "null (Gemma 2: a number > 0, the cap of cap * tanh(x / cap))")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
     # Gemma 2 / 3's: LlamaConfig.attention_scale, local_rope_theta, layer_windows
-    "query_pre_attn_scalar": (lambda v, c: c.model_type in ("gemma2", "gemma3_text") and _is_number(v) and v > 0,
+    "query_pre_attn_scalar": (lambda v, c: c.model_type in (*_GEMMA2S, "gemma3_text") and _is_number(v) and v > 0,
                               "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
     # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
     "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3") and _is_number(v) and v > 0,
@@ -1331,7 +1337,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
 
 
 _EXAONES = ("exaone4", "exaone_moe")
-_PATTERNED = ("gemma2", "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2")  # layer_types, else a pattern
+_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2")  # layer_types, else a pattern
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -1344,7 +1350,7 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
     if types is None:
         default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
-        pattern = {"gemma2": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
+        pattern = {"gemma2": _GEMMA2_PATTERN, "vaultgemma": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
             c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", default))
         if not _is_int(pattern) or pattern < 1:
             return None, None  # (its own check names it)
@@ -1723,7 +1729,7 @@ class LlamaConfig:
     @property
     def attention_scale(self) -> float:
         """The attention scores' scale: ``head_dim ** -0.5``; Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
-        if self.model_type in ("gemma2", "gemma3_text"):
+        if self.model_type in (*_GEMMA2S, "gemma3_text"):
             return float(self.extra.get("query_pre_attn_scalar", 256)) ** -0.5  # (as transformers computes it)
         if self.model_type == "hyperclovax" and self.extra.get("attention_multiplier") is None:
             return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
@@ -1770,9 +1776,9 @@ class LlamaConfig:
         return self._softcap("final_logit_softcapping")
 
     def _softcap(self, key: str) -> float | None:
-        if self.model_type != "gemma2":
+        if self.model_type not in _GEMMA2S:
             return None
-        v = self.extra.get(key, FAMILIES["gemma2"].defaults[key])
+        v = self.extra.get(key, FAMILIES[self.model_type].defaults[key])
         return None if v is None else float(v)
 
     @property
@@ -2216,9 +2222,9 @@ class LlamaConfig:
         if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own
             for k in ("sliding_window", "query_pre_attn_scalar", "rope_local_base_freq"):
                 d.setdefault(k, FAMILIES["gemma3_text"].defaults[k])
-        if self.model_type == "gemma2":
+        if self.model_type in _GEMMA2S:
             for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
-                d.setdefault(k, FAMILIES["gemma2"].defaults[k])
+                d.setdefault(k, FAMILIES[self.model_type].defaults[k])
         if self.model_type in _USE_BIAS:  # (its one bias key)
             d["use_bias"] = d.pop("attention_bias")
             del d["mlp_bias"]

@@ -767,13 +767,15 @@ def _renamed(sd: dict, pairs) -> dict:
 
 
 # family -> its checkpoints' names of the model's modules (Hunyuan's; StarCoder 2's ungated MLP: c_fc, c_proj;
-# GPT-NeoX's every name but its norms', its query_key_value split first: _FUSED)
+# VaultGemma's norm before the MLP; GPT-NeoX's every name but its norms', its query_key_value split first: _FUSED)
 _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  "gpt_neox": {"gpt_neox.embed_in.": "model.embed_tokens.", "gpt_neox.layers.": "model.layers.",
                               "gpt_neox.final_layer_norm.": "model.norm.", "embed_out.": "lm_head.",
                               ".attention.dense.": ".self_attn.o_proj.", ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
                               ".mlp.dense_4h_to_h.": ".mlp.down_proj."},
                  "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
+                 # VaultGemma: Gemma 2's norm before the MLP, its only one there (Llama's post_attention_layernorm)
+                 "vaultgemma": {".pre_feedforward_layernorm.": ".post_attention_layernorm."},
                  "phi": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                          ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm.",
                          ".self_attn.q_layernorm.": ".self_attn.q_norm.",
