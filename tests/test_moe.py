@@ -50,6 +50,11 @@ CASES = {
     "olmoe": ("Olmoe", dict(TINY, num_experts=6, num_experts_per_tok=3, intermediate_size=40)),
     "olmoe-clip": ("Olmoe", dict(TINY, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, attention_bias=True,
                                  clip_qkv=0.4, num_key_value_heads=4)),
+    # FlexOlmo: OLMo 2's layer (norms after the blocks, in float32) with OLMoE's mixture; renormalised, tied, GQA
+    "flex_olmo": ("FlexOlmo", dict(TINY, num_experts=6, num_experts_per_tok=3, intermediate_size=40, pad_token_id=0,
+                                   eos_token_id=1)),
+    "flex_olmo-renorm": ("FlexOlmo", dict(TINY, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                                          tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)),
 }
 
 
@@ -103,7 +108,8 @@ def test_qwen2_moe_sliding_windows_match_transformers(types):
     assert plain.layer_windows == (0,) * 4
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared",
+                                  "flex_olmo"])
 def test_checkpoint_directories_both_ways(tmp_path, case):
     """A checkpoint transformers saved (Mixtral's block_sparse_moe / w1 w2 w3 names, Qwen3-MoE's per-expert
     projections, GraniteMoE's stacked experts) loads with transformers' logits; ours saves the same names, which
@@ -133,7 +139,7 @@ def assert_checkpoint_directories_both_ways(tmp_path, hf):
 
 
 @pytest.mark.parametrize("case", ["mixtral", "qwen3_moe-step-window", "granitemoe", "qwen2_moe", "olmoe-clip",
-                                  "granitemoeshared"])
+                                  "granitemoeshared", "flex_olmo-renorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
     """Routing, experts and their sum read each token's own row: a 10-token pass gives bitwise the logits of 10
@@ -189,6 +195,20 @@ def tiny_moe(seed, dense=(2,)):
 @pytest.mark.parametrize("method,opts", TINY_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(TINY_CASES)])
 def test_greedy_equals_autoregressive(method, opts):
     assert_greedy_equals_autoregressive(tiny_moe(0), tiny_moe(1), method, opts)
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 3, 4, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 3, 4, 6)])
+def test_greedy_equals_autoregressive_flex_olmo(method, opts):
+    """FlexOlmo (OLMo 2's norms after the blocks around OLMoE's mixture): greedy tokens equal autoregressive's."""
+    def tiny(seed):
+        torch.manual_seed(seed)
+        config = LlamaConfig(model_type="flex_olmo", vocab_size=64, hidden_size=32, intermediate_size=24,
+                             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=1024, initializer_range=0.3,
+                             extra=dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=True))
+        return randomize_(Llama(config), seed).eval()
+    assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
 
 
 def test_int8_copy_quantises_every_expert_and_drafts_losslessly():
@@ -625,3 +645,16 @@ def test_moe_experts_rejects_bad_arguments():
     for args, message in bad:
         with pytest.raises(RuntimeError, match=message):
             op(*args)
+
+
+def test_flex_olmo_defaults():
+    """A FlexOlmo config without the keys takes FlexOlmoConfig's (FlexOlmo-7x7B's shape: 5 of 7 experts, not
+    renormalised, RoPE base 5e5, MHA)."""
+    c, want = LlamaConfig.from_dict({"model_type": "flex_olmo"}), transformers.FlexOlmoConfig()
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings"):
+        assert getattr(c, name) == getattr(want, name), name
+    e = c.experts
+    assert (e.count, e.top_k, e.renormalize, e.intermediate_size) == (want.num_experts, want.num_experts_per_tok,
+                                                                      want.norm_topk_prob, want.intermediate_size)
+    assert c.rope_theta == want.rope_parameters["rope_theta"] and c.post_norms and c.float32_norm

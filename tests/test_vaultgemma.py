@@ -6,7 +6,7 @@ VaultGemmaForCausalLM."""
 import pytest
 import torch
 
-from triforce.models import Llama, LlamaConfig
+from triforce.models import LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_gemma2 import GEMMA2

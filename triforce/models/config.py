@@ -6,7 +6,8 @@ or supported only at one harmless value (``_HARMLESS_ONLY_AT``, checked by value
 raises ``ValueError`` naming the key: a key we do not understand may change the math, and loading it
 anyway would give silently wrong logits.
 
-Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` under its own defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
+Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` under its own defaults), ``mistral``,
+``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``vaultgemma`` (Gemma 2 without its post-norms),
 ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
@@ -15,7 +16,7 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` under i
 ``phi``
 and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's; GPT-NeoX's exact GELU and its
 parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``mixtral``,
-``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``,
+``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
@@ -287,6 +288,16 @@ FAMILIES["olmo3"] = Family("Olmo3ForCausalLM", qk_norm=True, qk_norm_full=True, 
                            reads=("attention_bias",), defaults={**_OLMO_DEFAULTS, "rope_theta": 500000.0,
                                                                  "sliding_window": 4096})
 _OLMO3_PATTERN = 4  # Olmo3Config's layer_types by default: every 4th layer full, the others sliding
+# FlexOlmo (FlexOlmoForCausalLM: FlexOlmo-7x7B-1T, -RT): OLMo 2's layer (the q / k RMSNorm over each token's whole
+# projections, norms after the blocks, RMSNorm's weight in float32) whose MLP is OLMoE's mixture on every layer (the
+# softmax's top num_experts_per_tok of num_experts, renormalised where norm_topk_prob)
+FAMILIES["flex_olmo"] = Family("FlexOlmoForCausalLM", qk_norm=True, qk_norm_full=True, post_norms=True,
+                               float32_norm=True, reads=("attention_bias",), defaults={
+                                   "vocab_size": 100352, "hidden_size": 4096, "intermediate_size": 11008,
+                                   "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 4096,
+                                   "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "pad_token_id": 100277,
+                                   "bos_token_id": None, "eos_token_id": 100257, "num_experts": 7,
+                                   "num_experts_per_tok": 5})
 # EXAONE 4 (Exaone4ForCausalLM: EXAONE-4.0-1.2B, -32B): OLMo 2's norms after the blocks (Llama's RMSNorm), Qwen3's q/k
 # norms per head; with a sliding_window, the layer_types' sliding layers (by default three of every four,
 # sliding_window_pattern) slide and take RoPE, the others neither (NoPE, SmolLM3's zero frequencies); without one, every
@@ -434,7 +445,8 @@ FAMILIES["gpt_neox"] = Family("GPTNeoXForCausalLM", activation="gelu",
 # GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
 # must agree)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
-_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps", "jais2": "layer_norm_eps",
+_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
+                 "jais2": "layer_norm_eps",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
@@ -569,10 +581,10 @@ _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepsee
                      "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",), "glm_moe_dsa": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3", "V32") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
-_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "granitemoeshared", "gpt_oss")
+_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo", "granitemoeshared", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
-_NORM_TOPK = (*_QWEN_MOES, "olmoe")  # the families whose norm_topk_prob chooses renormalisation
+_NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
 
 
@@ -838,8 +850,8 @@ _WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every la
             "the layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on; Qwen2-MoE: "
             "with use_sliding_window, on the layer_types' 'sliding_attention' layers, by default every other layer "
-            "from the first below max_window_layers), a positive int or null (Qwen2-MoE: a positive int); IQuest-Coder: "
-            "use_sliding_window false, its window keys then not read; other "
+            "from the first below max_window_layers), a positive int or null (Qwen2-MoE: a positive int); "
+            "IQuest-Coder: use_sliding_window false, its window keys then not read; other "
             "families: none, or one at least max_position_embeddings long")
 
 # key -> (harmless(value, config), the value we implement). Any other value raises.
@@ -1350,7 +1362,7 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
     if types is None:
         default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
-        pattern = {"gemma2": _GEMMA2_PATTERN, "vaultgemma": _GEMMA2_PATTERN, "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
+        pattern = {**dict.fromkeys(_GEMMA2S, _GEMMA2_PATTERN), "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
             c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", default))
         if not _is_int(pattern) or pattern < 1:
             return None, None  # (its own check names it)
@@ -1460,7 +1472,7 @@ class LlamaConfig:
         for key, value in self.extra.items():
             self._check_extra_key(key, value)
         if self.model_type in _MOE_TYPES:
-            qwen = self.model_type in (*_QWEN_MOES, "olmoe")  # (their count key: num_experts)
+            qwen = self.model_type in (*_QWEN_MOES, "olmoe", "flex_olmo")  # (their count key: num_experts)
             need = ("num_experts_per_tok",) + (("moe_intermediate_size",) if self.model_type in _QWEN_MOES else ()) + (
                 ("shared_expert_intermediate_size",) if self.model_type == "qwen2_moe" else ())
             missing = [k for k in need if k not in self.extra]
@@ -1908,7 +1920,7 @@ class LlamaConfig:
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, not granite,
                            (True,) * self.num_hidden_layers, softmax_of_top_k=granite,
                            shared_intermediate_size=x.get("shared_intermediate_size", 0))
-        if self.model_type == "olmoe":
+        if self.model_type in ("olmoe", "flex_olmo"):
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, x.get("norm_topk_prob", False),
                            False, (True,) * self.num_hidden_layers)
         if self.model_type == "gpt_oss":
