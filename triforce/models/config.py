@@ -20,7 +20,7 @@ parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``m
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
-RoPE of a fixed NTK alpha) (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch
+RoPE of a fixed NTK alpha), ``nanochat`` (its q/k norms after RoPE too; ``embed_norm``) (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch
 per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by
 ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
@@ -126,6 +126,13 @@ class Family:
     # GPT-NeoX: its parallel block's MLP on a norm of its own, h + attn(norm1(h)) + mlp(norm2(h))
     # (LlamaConfig.parallel_norms)
     parallel_norms: bool = False
+    # NanoChat: the final norm applied to the embeddings too, before the first layer (LlamaConfig.embed_norm); its
+    # RMSNorms have no weight in its checkpoints (loading.py gives them ones, exact: w * x is x; saving drops them)
+    embed_norm: bool = False
+    weightless_norms: bool = False
+    # NanoChat: RoPE by -angle (its rotate_half's signs flipped), read as RoPE by +angle on each q / k head's halves
+    # swapped (loading.rotary_order; the scores are the same dot products)
+    rope_reversed: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -478,6 +485,19 @@ FAMILIES["glm4"] = Family("Glm4ForCausalLM", sandwich_norms=True, fused_projecti
                               "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
                               "pad_token_id": 151329, "bos_token_id": None, "eos_token_id": None,
                               "attention_bias": True})
+# NanoChat (NanoChatForCausalLM: Karpathy's nanochat d20 / d32 as transformers converts them): RMSNorms without weights
+# (Llama 4's L2 norm: x * rsqrt(mean(x^2) + eps)) before the attention and the MLP, at the end and also on the
+# embeddings before the first layer; Qwen3's attention with its per-head q / k norms after RoPE (Hunyuan's order) and
+# RoPE by -angle (its rotate_half's signs flipped: read as RoPE on each q / k head's halves swapped); an
+# ungated MLP (fc1, hidden_act, fc2; ReLU squared); the logits soft-capped (final_logit_softcapping, 15).
+FAMILIES["nanochat"] = Family("NanoChatForCausalLM", activation="relu2", hidden_acts=("relu2",), gated_mlp=False,
+                              qk_norm=True, qk_norm_after_rope=True, embed_norm=True, weightless_norms=True,
+                              rope_reversed=True,
+                              reads=("attention_bias",), defaults={
+                                  "vocab_size": 50304, "hidden_size": 768, "intermediate_size": 8192,
+                                  "num_hidden_layers": 12, "num_attention_heads": 6, "max_position_embeddings": 2048,
+                                  "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
+                                  "final_logit_softcapping": 15.0})
 # Helium (HeliumForCausalLM: Kyutai's Helium-1 2B): Llama's layer with RoPE on adjacent pairs of dims (reordered on
 # loading) and its RMSNorm's weight applied in float32 (rounded to the dtype at the end)
 FAMILIES["helium"] = Family("HeliumForCausalLM", rope_interleaved=True, float32_norm=True,
@@ -863,9 +883,11 @@ _HARMLESS_ONLY_AT = {
                           and v in (None, "gelu_pytorch_tanh"),
                           "'gelu_pytorch_tanh' (Gemma)"),
     "use_bidirectional_attention": (lambda v, c: not v, "false or null (causal attention)"),
-    # Gemma 2's soft-capping (LlamaConfig.attn_softcap, final_softcap; Gemma 3 keeps the keys, null)
-    **{key: (lambda v, c: v is None or (c.model_type in _GEMMA2S and _is_number(v) and 0 < v < float("inf")),
-             "null (Gemma 2: a number > 0, the cap of cap * tanh(x / cap))")
+    # Gemma 2's soft-capping (LlamaConfig.attn_softcap, final_softcap; Gemma 3 keeps the keys, null; NanoChat caps
+    # the logits only)
+    **{key: (lambda v, c, key=key: v is None or (c.model_type in (*_GEMMA2S, *(("nanochat",) if key[0] == "f" else ()))
+                                                 and _is_number(v) and 0 < v < float("inf")),
+             "null (Gemma 2, and NanoChat's logits: a number > 0, the cap of cap * tanh(x / cap))")
        for key in ("attn_logit_softcapping", "final_logit_softcapping")},
     # Gemma 2 / 3's: LlamaConfig.attention_scale, local_rope_theta, layer_windows
     "query_pre_attn_scalar": (lambda v, c: c.model_type in (*_GEMMA2S, "gemma3_text") and _is_number(v) and v > 0,
@@ -1788,7 +1810,7 @@ class LlamaConfig:
         return self._softcap("final_logit_softcapping")
 
     def _softcap(self, key: str) -> float | None:
-        if self.model_type not in _GEMMA2S:
+        if self.model_type not in _GEMMA2S and (self.model_type, key) != ("nanochat", "final_logit_softcapping"):
             return None
         v = self.extra.get(key, FAMILIES[self.model_type].defaults[key])
         return None if v is None else float(v)
@@ -2036,6 +2058,11 @@ class LlamaConfig:
     def gemma_norm(self) -> bool:
         """RMSNorm's weight applied as ``1 + w`` in float32 before rounding to the dtype (Gemma)."""
         return FAMILIES[self.model_type].gemma_norm
+
+    @property
+    def embed_norm(self) -> bool:
+        """The final norm applied to the embeddings too, before the first layer (NanoChat)."""
+        return FAMILIES[self.model_type].embed_norm
 
     @property
     def embed_scale(self) -> bool:

@@ -1387,10 +1387,12 @@ class Llama(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of ``input_ids`` (the residual stream's start): ``embed_tokens``, times
         sqrt(hidden_size) where ``config.embed_scale`` (Gemma), the factor rounded to the dtype first as
-        transformers does."""
+        transformers does; normed by the final norm where ``config.embed_norm`` (NanoChat)."""
         h = self.model.embed_tokens(input_ids)
         if self.config.embed_scale:
             h = h * float(torch.tensor(self.config.hidden_size ** 0.5).to(h.dtype))
+        if self.config.embed_norm:  # (NanoChat's: the final norm, weightless, on the embeddings too)
+            h = self.model.norm(h)
         m = self.config.embedding_multiplier  # Granite's
         return h if m == 1 else h * m
 

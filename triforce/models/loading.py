@@ -776,6 +776,7 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
                  # VaultGemma: Gemma 2's norm before the MLP, its only one there (Llama's post_attention_layernorm)
                  "vaultgemma": {".pre_feedforward_layernorm.": ".post_attention_layernorm."},
+                 "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
                  "phi": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                          ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm.",
                          ".self_attn.q_layernorm.": ".self_attn.q_norm.",
@@ -805,6 +806,35 @@ def _stablelm_head_norms(sd: dict, inverse: bool = False) -> dict:
     return out
 
 
+def _weightless_norm_shapes(config: LlamaConfig) -> dict:
+    """NanoChat's norms (none has a weight in its checkpoints): the model's norm weights' names and shapes."""
+    h, d = config.hidden_size, config.head_dim
+    names = {"model.norm.weight": h}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names.update({p + "input_layernorm.weight": h, p + "post_attention_layernorm.weight": h,
+                      p + "self_attn.q_norm.weight": d, p + "self_attn.k_norm.weight": d})
+    return names
+
+
+def _weightless_norms(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """``sd`` with a weight of ones for each of a NanoChat checkpoint's weightless norms (``w * x`` is ``x``: exact), in
+    the embeddings' dtype; with ``inverse``, the model's dropped, which must be all ones (a norm weight of other values
+    has no place in such a checkpoint: raises naming it)."""
+    shapes = _weightless_norm_shapes(config)
+    if inverse:
+        for name in shapes:
+            if name in sd and not bool((sd[name] == 1).all()):
+                raise ValueError(f"{name}: a {config.model_type} checkpoint's norms have no weight, but this model's "
+                                 "is not all ones: it cannot be saved in that layout")
+        return {k: v for k, v in sd.items() if k not in shapes}
+    if there := [k for k in shapes if k in sd]:
+        raise ValueError(f"a {config.model_type} checkpoint's norms have no weight, but it holds {there[0]}")
+    ref = sd.get("model.embed_tokens.weight")
+    dtype = torch.float32 if ref is None else ref.dtype
+    return {**sd, **{k: torch.ones(n, dtype=dtype) for k, n in shapes.items()}}
+
+
 def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with a GLM-4 checkpoint's norms (a Hunyuan checkpoint's q / k norms, router and shared expert; a
     StarCoder 2 checkpoint's MLP; StableLM's per-head q / k norms) under the model's names, or back with ``inverse``;
@@ -812,7 +842,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type == "stablelm":
         return _stablelm_head_norms(sd, inverse)
     if config.model_type in _FAMILY_NAMES:
-        return _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _FAMILY_NAMES[config.model_type].items()])
+        sd = _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _FAMILY_NAMES[config.model_type].items()])
+        return _weightless_norms(config, sd, inverse) if FAMILIES[config.model_type].weightless_norms else sd
     if config.model_type == "hyperclovax" and config.sandwich_norms:
         table = _HYPERCLOVAX_NORMS
     elif config.model_type == "glm4":
@@ -834,9 +865,14 @@ def rotary_order(config: LlamaConfig) -> torch.Tensor | None:
     ``r = config.rotary_dim``) and leaves ``r .. head_dim - 1`` as they are; the model's RoPE pairs ``j`` and
     ``j + head_dim/2``. So the model's dims ``j`` and ``j + head_dim/2`` hold the checkpoint's ``j`` and
     ``j + r/2`` for ``j < r/2``, and the unrotated dims, half in each half, after: the same scores (a dot
-    product in another order), and the unrotated pairs take angle 0 (:func:`triforce.models.rope.rope_inv_freq`)."""
+    product in another order), and the unrotated pairs take angle 0 (:func:`triforce.models.rope.rope_inv_freq`).
+    NanoChat's RoPE turns the other way (``config`` family's ``rope_reversed``): its halves swapped."""
     D, r = config.head_dim, config.rotary_dim
     h, rest = r // 2, (D - r) // 2
+    if FAMILIES[config.model_type].rope_reversed:  # (NanoChat: RoPE by -angle on (i, i + D/2) is RoPE by +angle on
+        if r != D:  # (i + D/2, i): its halves swapped)
+            raise ValueError(f"model_type {config.model_type!r} turns the whole head (rotary_dim {r} != {D})")
+        return torch.tensor([*range(h, D), *range(h)])
     if config.rope_interleaved:  # (GLM-4: its pairs are dims 2i and 2i + 1)
         return torch.tensor([*range(0, r, 2), *range(r, r + rest), *range(1, r, 2), *range(r + rest, D)])
     if r == D:
