@@ -117,7 +117,7 @@ def rope(cfg, **changes):
 
 @pytest.mark.parametrize("mutate,key", [
     (lambda c: rope(c, rope_type="yarn"), "not understood for rope_type 'yarn'"),  # llama3's keys left in
-    (lambda c: {**c, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+    (lambda c: {**c, "rope_parameters": {"rope_type": "dynamic"}}, "rope_type 'dynamic' needs factor"),
     (lambda c: {**without(v4_spelling(c), "rope_scaling"), "rope_scaling": {"type": "longrope", "factor": 4.0}},
      "rope_type 'longrope' needs short_factor"),
     (lambda c: {**c, "logits_scaling": 2.0}, "'logits_scaling'"),

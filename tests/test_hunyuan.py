@@ -28,6 +28,10 @@ CASES = {
     "dense-bias-tied": ("HunYuanDenseV1", dict(head_dim=8, attention_bias=True, tie_word_embeddings=True)),
     "moe-alpha": ("HunYuanMoEV1", dict(num_experts=5, moe_topk=2, rope_parameters=ALPHA)),
     "moe-top1-tied": ("HunYuanMoEV1", dict(num_experts=3, moe_topk=1, tie_word_embeddings=True)),
+    # 'dynamic' without alpha: transformers' dynamic NTK RoPE, at its starting base within the context
+    # (tests/test_internlm3.py: this factor and base move the frequencies' bits)
+    "dense-dynamic-ntk": ("HunYuanDenseV1", dict(max_position_embeddings=96, rope_parameters={
+        "rope_type": "dynamic", "factor": 1.334, "rope_theta": 10000.0 + 2.0 ** -11})),
 }
 
 
@@ -58,7 +62,8 @@ def test_logits_and_every_path_match_transformers(case):
     as the same model (its NTK alpha included)."""
     hf, ours = pair(case)
     c = ours.config
-    assert c.qk_norm and c.qk_norm_after_rope and c.rope_type == ("dynamic" if "alpha" in case else "default")
+    assert c.qk_norm and c.qk_norm_after_rope and c.rope_type == ("dynamic" if "alpha" in case or "dynamic" in case
+                                                                  else "default")
     moe = case.startswith("moe")
     assert all((type(layer.mlp) is SparseMoE) == moe for layer in ours.model.layers)
     assert_every_path_matches(hf, ours)
@@ -232,7 +237,7 @@ def test_the_published_configs_load():
 
 @pytest.mark.parametrize("change,match", [
     ({"use_cla": True}, "'use_cla'"), ({"use_qk_norm": False}, "'use_qk_norm'"),
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "dynamic"), ({"norm_type": "layer"}, "'norm_type'"),
+    ({"rope_scaling": {"type": "dynamic"}}, "dynamic"), ({"norm_type": "layer"}, "'norm_type'"),
     ({"attention_head_dim": 64}, "'attention_head_dim'"), ({"add_classification_head": True}, "'add_classification"),
     ({"mlp_bias": True}, "'mlp_bias'"), ({"num_experts": 2}, "'num_experts'"),
     ({"model_type": "hunyuan_v1_moe", "moe_intermediate_size": 1024}, "'moe_intermediate_size'"),
@@ -244,7 +249,7 @@ def test_the_published_configs_load():
     ({"model_type": "llama", "rope_scaling": {"type": "dynamic", "alpha": 1000.0}}, "dynamic"),
 ])
 def test_what_it_does_not_implement_raises(change, match):
-    """Cross-layer attention, no q/k norms, transformers' length-dependent dynamic RoPE (and Hunyuan's alpha in another
+    """Cross-layer attention, no q/k norms, a dynamic RoPE with neither alpha nor factor (and Hunyuan's alpha in another
     family), a LayerNorm, a classification head, an MLP bias (transformers' Hunyuan has none), per-layer mixture values
     that differ, other widths or shared-expert counts, token dropping: each raises naming what it is."""
     with pytest.raises(ValueError, match=match):

@@ -6,7 +6,8 @@ or supported only at one harmless value (``_HARMLESS_ONLY_AT``, checked by value
 raises ``ValueError`` naming the key: a key we do not understand may change the math, and loading it
 anyway would give silently wrong logits.
 
-Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` under its own defaults), ``mistral``,
+Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` and ``internlm3`` under their own
+defaults), ``mistral``,
 ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
 ``gemma`` (Gemma 1), ``gemma2``, ``vaultgemma`` (Gemma 2 without its post-norms),
 ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
@@ -20,7 +21,8 @@ parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``m
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
 sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
-RoPE of a fixed NTK alpha), ``nanochat`` (its q/k norms after RoPE too; ``embed_norm``) (also from the image + text wrappers in :data:`WRAPPERS`). They are one model with a switch
+RoPE of a fixed NTK alpha), ``nanochat`` (its q/k norms after RoPE too; ``embed_norm``) (also from the image + text
+wrappers in :data:`WRAPPERS`). They are one model with a switch
 per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by
 ``attention_bias``),
 ``attention_bias`` (biases on q/k/v/o: Llama's, Qwen3's and Gemma's key), ``mlp_bias`` (Llama's key), ``qk_norm``
@@ -52,11 +54,12 @@ from .compressed import compressed_config
 from .gptq_awq import check_config as _check_gptq_awq
 from .gptq_awq import gptq_awq_config
 
-# rope_type -> the keys it needs (rope.py implements each). transformers' dynamic RoPE raises, but Hunyuan's (its
-# 'dynamic' with a fixed 'alpha': the base stretched once, whatever the length)
+# rope_type -> the keys it needs (rope.py implements each). 'dynamic': Hunyuan's with a fixed 'alpha' (the base
+# stretched once, whatever the length), or transformers' dynamic NTK RoPE by its 'factor', which within the context
+# (the positions every cache here holds) is plain RoPE at the base transformers computes at its start
 _ROPE_TYPES = {
     "default": (),
-    "dynamic": ("alpha",),
+    "dynamic": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
@@ -75,8 +78,10 @@ _ROPE_OPTIONAL = {
     # longrope: factor (else max_position_embeddings / original_max_position_embeddings) sets the default
     # attention_factor, sqrt(1 + ln(factor) / ln(original_max_position_embeddings))
     "longrope": ("factor", "attention_factor"),
-    # Hunyuan's: transformers' NTK-alpha RoPE reads alpha alone (its checkpoints' YaRN-looking keys are not read)
-    "dynamic": ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
+    # Hunyuan's: transformers' NTK-alpha RoPE reads alpha alone (its checkpoints' YaRN-looking keys are not read);
+    # transformers' dynamic NTK RoPE reads factor (original_max_position_embeddings: not read, as transformers 5)
+    "dynamic": ("alpha", "factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                "original_max_position_embeddings"),
 }
 
 
@@ -514,6 +519,17 @@ FAMILIES["ministral"] = Family("MinistralForCausalLM", defaults=dict(FAMILIES["m
 FAMILIES["glm"] = Family("GlmForCausalLM", fused_projections=("gate_up_proj",), rope_interleaved=True,
                          partial_rotary_factor=0.5, reads=("attention_bias",), defaults=dict(FAMILIES["glm4"].defaults))
 _GLMS = ("glm", "glm4", "glm4_moe")  # (GLM's attention_bias: q, k and v only)
+# InternLM3 (model_type internlm3: internlm3-8b-instruct; transformers runs it as LlamaForCausalLM): Llama's layer
+# under InternLM3Config's defaults, its biases by the keys qkv_bias (q, k, v, o: Llama's attention_bias) and bias (the
+# MLP's), which must agree (InternLM3Config refuses them apart); its checkpoints' dynamic NTK RoPE (factor 6)
+FAMILIES["internlm3"] = Family("LlamaForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 128512, "hidden_size": 4096, "intermediate_size": 10240, "num_hidden_layers": 48,
+    "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5, "pad_token_id": 2, "bos_token_id": 1, "eos_token_id": 2})
+_BIAS_ALIASES = {"qkv_bias": "attention_bias", "bias": "mlp_bias"}  # (InternLM3Config.attribute_map)
+# the remote code their checkpoints name (auto_map), which transformers runs as its own (LlamaForCausalLM)
+_OWN_CODE = {t: {f"configuration_{t}.{n}Config", f"modeling_{t}.{n}Model", f"modeling_{t}.{n}ForCausalLM"}
+             for t, n in (("internlm3", "InternLM3"), ("iquestcoder", "IQuestCoder"))}
 # IQuest-Coder-V1 (model_type iquestcoder: IQuest-Coder-V1-40B Base / Instruct; transformers runs it as
 # LlamaForCausalLM): Llama's layer with IQuestCoderConfig's defaults (its 40B shape, head_dim 128); its original code's
 # clip_qkv and sliding window are refused, as transformers refuses them (no released checkpoint sets them)
@@ -1124,10 +1140,12 @@ _HARMLESS_ONLY_AT = {
         "configuration_phi3.Phi3Config", "modeling_phi3.Phi3ForCausalLM"}) or (
         c.model_type in _DEEPSEEKS and isinstance(v, dict) and set(v.values()) <= _DEEPSEEK_AUTO_MAP) or (
         c.model_type == "minimax_m2" and isinstance(v, dict) and set(v.values()) <= {
-            "configuration_minimax_m2.MiniMaxM2Config", "modeling_minimax_m2.MiniMaxM2ForCausalLM"}),
+            "configuration_minimax_m2.MiniMaxM2Config", "modeling_minimax_m2.MiniMaxM2ForCausalLM"}) or (
+        c.model_type in _OWN_CODE and isinstance(v, dict) and set(v.values()) <= _OWN_CODE[c.model_type]),
         "absent (the checkpoint ships its own modeling code; Phi-3's naming Phi3Config / Phi3ForCausalLM only, "
         "DeepSeek's naming its DeepseekV2 / V3 Config, Model, ForCausalLM, MiniMax-M2's its MiniMaxM2Config / "
-        "MiniMaxM2ForCausalLM, which transformers reads as its own)"),
+        "MiniMaxM2ForCausalLM, InternLM3's and IQuest-Coder's their Config, Model, ForCausalLM, which transformers "
+        "reads as its own)"),
     # transformers reads it for llama3, yarn and longrope RoPE only (from_dict moves it into rope_scaling then)
     "original_max_position_embeddings": (
         lambda v, c: c.rope_type not in ("llama3", "yarn", "longrope")
@@ -1384,7 +1402,8 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
     if types is None:
         default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
-        pattern = {**dict.fromkeys(_GEMMA2S, _GEMMA2_PATTERN), "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}.get(
+        patterns = {**dict.fromkeys(_GEMMA2S, _GEMMA2_PATTERN), "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}
+        pattern = patterns.get(
             c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", default))
         if not _is_int(pattern) or pattern < 1:
             return None, None  # (its own check names it)
@@ -1613,10 +1632,12 @@ class LlamaConfig:
             raise ValueError(f"rope_type {kind!r} (rope_scaling / rope_parameters) is not supported: "
                              f"LlamaConfig.rope_scaling implements {', '.join(_SUPPORTED_ROPE_TYPES)}; "
                              "use a checkpoint with one of those RoPE types")
-        if kind == "dynamic" and ("alpha" not in rs or self.model_type not in _HUNYUANS):
-            raise ValueError(f"rope_type 'dynamic' without a fixed alpha (transformers' dynamic NTK RoPE, its "
-                             f"frequencies changing with the sequence's length) is not supported, nor in model_type "
-                             f"{self.model_type!r}: only Hunyuan's (an 'alpha' stretching the base once) is")
+        if kind == "dynamic" and "alpha" in rs and self.model_type not in _HUNYUANS:
+            raise ValueError(f"rope_type 'dynamic' with an 'alpha' (NTK alpha, the base stretched once) is Hunyuan's; "
+                             f"model_type {self.model_type!r} does not read it")
+        if kind == "dynamic" and "alpha" not in rs and "factor" not in rs:
+            raise ValueError("rope_scaling of rope_type 'dynamic' needs factor (transformers' dynamic NTK RoPE) or, "
+                             "in Hunyuan, alpha")
         if "rope_theta" in rs:
             theta = rs.pop("rope_theta")
             if theta != self.rope_theta:
@@ -2130,6 +2151,16 @@ class LlamaConfig:
             d["attention_bias"] = d["mlp_bias"] = True
         if model_type == "gpt_neox":
             _gpt_neox_keys(d)
+        if model_type == "internlm3":  # (its config's names of Llama's two bias keys: read as transformers reads them)
+            for alias, key in _BIAS_ALIASES.items():
+                if alias in d:
+                    if key in d and d[key] != d[alias]:
+                        raise ValueError(f"config keys {alias!r} = {d[alias]!r} and {key!r} = {d[key]!r} disagree "
+                                         f"(InternLM3: {alias!r} is {key!r})")
+                    d[key] = d.pop(alias)
+            if d.get("attention_bias", False) != d.get("mlp_bias", False):
+                raise ValueError("config: InternLM3's qkv_bias and bias must agree (transformers' InternLM3Config "
+                                 "refuses them apart: Llama's attention_bias is on q, k, v and o)")
         if model_type == "olmo":  # (OlmoLayerNorm's eps is fixed; its config has no key for it: one is not read)
             d.pop("rms_norm_eps", None)
         if model_type in _NORM_EPS_KEY:  # its norms' eps (LayerNorm's): rms_norm_eps here

@@ -25,8 +25,14 @@ def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch
         return _still_pairs(config, 1.0 / (factors * config.rope_theta ** (
             torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim)))
     base = config.rope_theta
-    if kind == "dynamic":  # Hunyuan's NTK alpha: the base stretched once (as transformers computes it, in Python)
-        base = base * config.rope_scaling["alpha"] ** (config.head_dim / (config.head_dim - 2))
+    if kind == "dynamic" and "alpha" in config.rope_scaling:  # Hunyuan's NTK alpha: the base stretched once (as
+        alpha = config.rope_scaling["alpha"]  # transformers computes it, in Python)
+        base = base * alpha ** (config.head_dim / (config.head_dim - 2))
+    elif kind == "dynamic":  # transformers' dynamic NTK RoPE, at a length within the context: the base its start
+        # computes for the context's length M, in Python as it does (base times 1 unless factor * M / M rounds away from
+        # factor); it grows the base only past M, where no cache here reaches (docs/model.md, "Dynamic RoPE")
+        factor, m = config.rope_scaling["factor"], config.max_position_embeddings
+        base = base * ((factor * m / m) - (factor - 1)) ** (dim / (dim - 2))
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
     if kind == "linear":
         inv_freq = inv_freq / config.rope_scaling["factor"]
