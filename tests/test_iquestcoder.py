@@ -69,3 +69,15 @@ def test_the_original_codes_window_and_clamp(extra, reads):
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert (ours(ids) - hf(ids).logits).abs().max().item() <= TOL
+
+
+def test_its_own_code_named_in_auto_map_reads_as_transformers_runs_it():
+    """IQuest-Coder's config.json names its remote code (IQuestCoderConfig, IQuestCoderForCausalLM): transformers runs
+    it as LlamaForCausalLM, so the key reads; another class there raises."""
+    own = {"AutoConfig": "configuration_iquestcoder.IQuestCoderConfig",
+           "AutoModelForCausalLM": "modeling_iquestcoder.IQuestCoderForCausalLM"}
+    c = LlamaConfig.from_dict({"model_type": "iquestcoder", "architectures": ["IQuestCoderForCausalLM"], "auto_map": own})
+    assert c.extra["auto_map"] == own
+    with pytest.raises(ValueError, match="auto_map"):
+        LlamaConfig.from_dict({"model_type": "iquestcoder", "auto_map": {
+            **own, "AutoModelForCausalLM": "modeling_iquestcoder.IQuestLoopCoderForCausalLM"}})
