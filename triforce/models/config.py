@@ -395,6 +395,17 @@ FAMILIES["jais2"] = Family("Jais2ForCausalLM", activation="relu2", hidden_acts=(
                                "vocab_size": 150272, "hidden_size": 3328, "intermediate_size": 26624,
                                "num_attention_heads": 26, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
                                "bos_token_id": 0, "eos_token_id": 150024, "attention_bias": True, "mlp_bias": True})
+# Apertus (ApertusForCausalLM: Swiss AI's Apertus-8B / 70B, Base and Instruct): Llama's layer with Qwen3's per-head q/k
+# RMSNorms before RoPE, its two norms named attention_layernorm / feedforward_layernorm (renamed on loading), and an
+# ungated MLP (up_proj, down_proj, no biases) of xIELU with learned numbers per layer (mlp.act_fn.alpha_p / alpha_n /
+# beta / eps: llama.XIELU); Llama 3.1's RoPE at base 1.2e7 where its config gives no RoPE dict
+FAMILIES["apertus"] = Family("ApertusForCausalLM", activation="xielu", hidden_acts=("xielu",), gated_mlp=False,
+                             qk_norm=True, reads=("attention_bias",), defaults={
+                                 "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336,
+                                 "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 65536,
+                                 "rms_norm_eps": 1e-5, "pad_token_id": 3, "bos_token_id": 1, "eos_token_id": 2})
+_APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "original_max_position_embeddings": 8192,
+                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 # Phi-2 (PhiForCausalLM: phi-1, phi-1.5, phi-2): one torch LayerNorm (with a bias) before the attention and the MLP,
 # which run in parallel on it (Cohere 2's block); biases on every projection and on the LM head, always; RoPE on the
 # first partial_rotary_factor (0.5; phi-2: 0.4) of each head; an ungated MLP of GELU's tanh form (fc1, fc2); the
@@ -2094,7 +2105,8 @@ class LlamaConfig:
     def activation(self) -> str:
         """The MLP's activation: ``"silu"`` (SwiGLU), ``"gelu_tanh"`` (GeGLU; StarCoder 2's ungated GELU),
         ``"swiglu_clamped"`` (GPT-OSS's experts: :attr:`swiglu_clamp`), ``"relu2"`` (Arcee's ungated ReLU
-        squared) or ``"gelu"`` (GPT-NeoX's exact GELU; its ``gelu_fast`` and ``gelu_new``: ``"gelu_tanh"``)."""
+        squared), ``"gelu"`` (GPT-NeoX's exact GELU; its ``gelu_fast`` and ``gelu_new``: ``"gelu_tanh"``) or
+        ``"xielu"`` (Apertus's ungated xIELU, with its learned numbers: llama.XIELU)."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
         return FAMILIES[self.model_type].activation
@@ -2196,6 +2208,13 @@ class LlamaConfig:
             d["rope_parameters"] = dict(_MINISTRAL3_ROPE)  # Ministral3Config's when the config has none
         if model_type == "gpt_oss" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
             d["rope_parameters"] = dict(_GPT_OSS_ROPE)  # GptOssConfig's
+        if model_type == "apertus" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
+            theta = d.pop("rope_theta", _APERTUS_ROPE["rope_theta"])  # ApertusConfig's, whose base it keeps
+            if theta != _APERTUS_ROPE["rope_theta"]:  # (transformers would not read this one: say so)
+                raise ValueError(f"config rope_theta = {theta!r} without a RoPE dict: ApertusConfig then takes Llama "
+                                 f"3.1's RoPE at base {_APERTUS_ROPE['rope_theta']} and not this base; give "
+                                 "rope_scaling")
+            d["rope_parameters"] = dict(_APERTUS_ROPE)
         # transformers 5 writes the RoPE base inside rope_parameters: the family's default then does not apply
         inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
         counts = [k for k in _EXPERT_COUNT_KEYS if k in d]

@@ -792,15 +792,39 @@ def _add_projections(mlp: nn.Module, config: LlamaConfig, intermediate_size: int
 class FeedForward(nn.Module):
     """The ungated MLP: ``down(act(up(x)))`` (``config.gated_mlp`` false): StarCoder 2's and Phi-2's GELU in its
     tanh form (their checkpoints' ``c_fc`` / ``c_proj`` and ``fc1`` / ``fc2``, renamed on loading), GPT-NeoX's exact
-    GELU (``dense_h_to_4h`` / ``dense_4h_to_h``), Arcee's and Nemotron's ReLU squared. The activation takes each row
-    alone (:func:`_activated`)."""
+    GELU (``dense_h_to_4h`` / ``dense_4h_to_h``), Arcee's and Nemotron's ReLU squared, Apertus's xIELU (its learned
+    numbers in ``act_fn``: :class:`XIELU`). The activation takes each row alone (:func:`_activated`)."""
 
     def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
         super().__init__()
         _add_projections(self, config, intermediate_size, gated=False)
+        if self.activation == "xielu":
+            self.act_fn = XIELU()
 
     def forward(self, x):
-        return self.down_proj(_activated(self.activation, self.up_proj(x)))
+        u = self.up_proj(x)
+        return self.down_proj(self.act_fn(u) if self.activation == "xielu" else _activated(self.activation, u))
+
+
+class XIELU(nn.Module):
+    """Apertus's xIELU: ``alpha_p * x * x + beta * x`` for ``x > 0``, else ``(expm1(min(x, eps)) - x) * alpha_n +
+    beta * x``, with ``alpha_p = softplus(a_p)`` and ``alpha_n = beta + softplus(a_n)`` of its learned ``alpha_p`` /
+    ``alpha_n`` (``[1]`` each) and its ``beta`` and ``eps`` (scalars), in the dtype of the model, op by op as
+    transformers' XIELUActivation computes it (its Python form); ``expm1`` value by value (:func:`_lanewise`), so each
+    row's bits are its own. The defaults are transformers' (0.8, 0.8, 0.5, -1e-6)."""
+
+    def __init__(self, alpha_p: float = 0.8, alpha_n: float = 0.8, beta: float = 0.5, eps: float = -1e-6):
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.log(torch.expm1(torch.tensor(alpha_p))).unsqueeze(0))
+        self.alpha_n = nn.Parameter(torch.log(torch.expm1(torch.tensor(alpha_n - beta))).unsqueeze(0))
+        self.register_buffer("beta", torch.tensor(beta))
+        self.register_buffer("eps", torch.tensor(eps))
+
+    def forward(self, x):
+        alpha_p = F.softplus(self.alpha_p)
+        alpha_n = self.beta + F.softplus(self.alpha_n)
+        negative = (_lanewise(torch.expm1, torch.min(x, self.eps)) - x) * alpha_n + self.beta * x
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x, negative)
 
 
 def _activated(activation: str, x: torch.Tensor) -> torch.Tensor:
@@ -1034,19 +1058,25 @@ _SIGMOID_LANES, _SIGMOID_SLICE = 64, 16384
 
 
 def _row_sigmoid(z: torch.Tensor) -> torch.Tensor:
-    """``sigmoid(z)`` with each value's bits its own, whatever the tensor's shape and the value's place in it. ATen's
-    CPU sigmoid computes an element in its vector loop (two vectors a step) or in its scalar tail by where it falls
-    in the tensor, and splits large tensors among threads at any element, so one value's bits may depend on its
-    neighbours' count (as its SiLU's: csrc/include/triforce/glu.h): a verification pass's rows would not be its
-    steps'. Here the values run flat, padded to a multiple of ``_SIGMOID_LANES`` (64: whole two-vector steps in every
-    dtype), in slices of ``_SIGMOID_SLICE`` (a multiple of it, below ATen's grain: one thread), so every value takes
-    the vector loop, whose lanes are independent."""
+    """``sigmoid(z)`` with each value's bits its own, whatever the tensor's shape and the value's place in it
+    (:func:`_lanewise`)."""
+    return _lanewise(torch.sigmoid, z)
+
+
+def _lanewise(fn, z: torch.Tensor) -> torch.Tensor:
+    """``fn(z)`` of an ATen elementwise ``fn`` (sigmoid, expm1) with each value's bits its own, whatever the tensor's
+    shape and the value's place in it. ATen's CPU kernels compute an element in their vector loop (two vectors a step)
+    or in their scalar tail by where it falls in the tensor, and split large tensors among threads at any element, so
+    one value's bits may depend on its neighbours' count (as its SiLU's: csrc/include/triforce/glu.h): a verification
+    pass's rows would not be its steps'. Here the values run flat, padded to a multiple of ``_SIGMOID_LANES`` (64:
+    whole two-vector steps in every dtype), in slices of ``_SIGMOID_SLICE`` (a multiple of it, below ATen's grain: one
+    thread), so every value takes the vector loop, whose lanes are independent."""
     if z.device.type != "cpu" or z.numel() == 0:
-        return torch.sigmoid(z)
+        return fn(z)
     flat = z.reshape(-1)
     n = flat.numel()
     flat = F.pad(flat, (0, -n % _SIGMOID_LANES))
-    out = torch.cat([torch.sigmoid(flat[i:i + _SIGMOID_SLICE]) for i in range(0, flat.numel(), _SIGMOID_SLICE)])
+    out = torch.cat([fn(flat[i:i + _SIGMOID_SLICE]) for i in range(0, flat.numel(), _SIGMOID_SLICE)])
     return out[:n].view(z.shape)
 
 

@@ -777,6 +777,8 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  # VaultGemma: Gemma 2's norm before the MLP, its only one there (Llama's post_attention_layernorm)
                  "vaultgemma": {".pre_feedforward_layernorm.": ".post_attention_layernorm."},
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
+                 "apertus": {".attention_layernorm.": ".input_layernorm.",
+                             ".feedforward_layernorm.": ".post_attention_layernorm."},
                  "phi": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                          ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm.",
                          ".self_attn.q_layernorm.": ".self_attn.q_norm.",
