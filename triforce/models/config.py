@@ -13,8 +13,8 @@ defaults), ``mistral``,
 ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
 ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
-``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``jais2``, ``nemotron``,
-``phi``
+``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``,
+``nemotron``, ``phi``
 and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's; GPT-NeoX's exact GELU and its
 parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``mixtral``,
 ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``,
@@ -404,8 +404,8 @@ FAMILIES["apertus"] = Family("ApertusForCausalLM", activation="xielu", hidden_ac
                                  "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336,
                                  "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 65536,
                                  "rms_norm_eps": 1e-5, "pad_token_id": 3, "bos_token_id": 1, "eos_token_id": 2})
-_APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "original_max_position_embeddings": 8192,
-                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+_APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0,
+                 "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 # Phi-2 (PhiForCausalLM: phi-1, phi-1.5, phi-2): one torch LayerNorm (with a bias) before the attention and the MLP,
 # which run in parallel on it (Cohere 2's block); biases on every projection and on the LM head, always; RoPE on the
 # first partial_rotary_factor (0.5; phi-2: 0.4) of each head; an ungated MLP of GELU's tanh form (fc1, fc2); the
