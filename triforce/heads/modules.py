@@ -240,7 +240,8 @@ class HiddenTransfer(DraftHeads):
         near = pos[0][:, None] - torch.arange(S, device=h.device)[None, :]  # query position - real position
         for j, layer in enumerate(model.model.layers[self.layer:]):
             att = layer.self_attn
-            q, kk, _, vv = att.project(layer.input_layernorm(x), *ropes[self.layer + j])
+            xn = layer.input_layernorm(x)
+            q, kk, _, vv = att.project(xn, *ropes[self.layer + j])
             if att.temperature is not None:  # Ministral 3's query temperature, at the queries' positions
                 q = att.temper(q, pos)
             K = torch.cat([keys[j][None].to(kk.dtype), kk], 1)
@@ -250,7 +251,7 @@ class HiddenTransfer(DraftHeads):
                 m = torch.cat([real & (near < att.window), own & (idx[:, None] - idx[None, :] < att.window)], 1)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2),
                                                attn_mask=m, scale=att.scale, enable_gqa=att.n_heads != att.n_kv)
-            x = layer.residual(x, att.o_proj(o.transpose(1, 2).reshape(1, A * k_n, -1)))
+            x = layer.residual(x, att.output(o.transpose(1, 2).reshape(1, A * k_n, -1), xn))
         return model.model.norm(x).view(A, k_n, -1)
 
 

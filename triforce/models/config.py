@@ -19,9 +19,9 @@ and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee'
 parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``mixtral``,
 ``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``,
 ``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
-sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2`` and
-``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``;
-RoPE of a fixed NTK alpha), ``nanochat`` (its q/k norms after RoPE too; ``embed_norm``) (also from the image + text
+sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe``
+(its attention's output gated, ``attn_output_gate``) and ``exaone_moe``, ``hunyuan_v1_dense`` and
+``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``; RoPE of a fixed NTK alpha), ``nanochat`` (its q/k norms after RoPE too; ``embed_norm``) (also from the image + text
 wrappers in :data:`WRAPPERS`). They are one model with a switch
 per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by
 ``attention_bias``),
@@ -138,6 +138,9 @@ class Family:
     # NanoChat: RoPE by -angle (its rotate_half's signs flipped), read as RoPE by +angle on each q / k head's halves
     # swapped (loading.rotary_order; the scores are the same dot products)
     rope_reversed: bool = False
+    # AFMoE: the heads' output times the sigmoid of a projection of the layer's input (self_attn.gate_proj), before
+    # o_proj (LlamaConfig.attn_output_gate)
+    attn_output_gate: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -628,8 +631,24 @@ _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepsee
                      "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",), "glm_moe_dsa": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3", "V32") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
+# AFMoE (AfmoeForCausalLM: Arcee's Trinity Nano / Mini / Large): Gemma 3's four norms around the blocks (named
+# post_attention_layernorm, pre_mlp_layernorm, post_mlp_layernorm), RMSNorm's weight in float32, per-head q / k norms
+# before RoPE, the attention's output gated by the sigmoid of its own projection of the layer's input, its
+# layer_types' sliding layers (every global_attn_every_n_layers-th full) slide and take RoPE, the full ones none
+# (NoPE); from num_dense_layers on a mixture: sigmoid scores, the top k chosen by them plus a correction bias
+# (mlp.expert_bias), renormalised (+1e-20) and times route_scale, num_shared_experts shared experts as one MLP; with
+# mup_enabled the embeddings times sqrt(hidden_size).
+FAMILIES["afmoe"] = Family("AfmoeForCausalLM", qk_norm=True, sandwich_norms=True, float32_norm=True,
+                           attn_output_gate=True, reads=("attention_bias",), defaults={
+                               "vocab_size": 200192, "hidden_size": 2048, "intermediate_size": 6144,
+                               "num_hidden_layers": 32, "num_attention_heads": 16, "head_dim": 128,
+                               "max_position_embeddings": 16384, "rms_norm_eps": 1e-5, "bos_token_id": None,
+                               "eos_token_id": None, "pad_token_id": None, "moe_intermediate_size": 1408,
+                               "num_dense_layers": 1, "num_experts": 64, "num_experts_per_tok": 6,
+                               "num_shared_experts": 2, "route_scale": 1.0, "global_attn_every_n_layers": 4,
+                               "sliding_window": 1024, "mup_enabled": False})
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo", "granitemoeshared", "gpt_oss")
-_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe")
+_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1239,6 +1258,21 @@ _also("norm_topk_prob", lambda v, c: c.model_type == "hunyuan_v1_moe" and v is T
 _also("routed_scaling_factor", lambda v, c: c.model_type == "hunyuan_v1_moe" and v == 1, "Hunyuan MoE: 1.0")
 for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
     _also(_key, lambda v, c: c.model_type in _HUNYUANS and v is None, "Hunyuan: null")
+# AFMoE's mixture and layers (LlamaConfig.experts, layer_windows, rope_layers, embedding_multiplier; the counts checked
+# together in LlamaConfig._check_afmoe)
+for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1, "AFMoE: an int >= 1")
+_also("num_shared_experts", lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 0, "AFMoE: an int >= 0")
+_HARMLESS_ONLY_AT.update({
+    "num_dense_layers": (lambda v, c: c.model_type == "afmoe" and _is_int(v) and 0 <= v <= c.num_hidden_layers,
+                         "absent (AFMoE: an int in [0, num_hidden_layers], the dense layers before the mixture's)"),
+    "global_attn_every_n_layers": (lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1,
+                                   "absent (AFMoE: an int >= 1, every n-th layer full, the others sliding)"),
+    "route_scale": (lambda v, c: c.model_type == "afmoe" and _is_number(v) and 0 < v < float("inf"),
+                    "absent (AFMoE: a number > 0, the chosen experts' weights' factor)"),
+    "mup_enabled": (lambda v, c: c.model_type == "afmoe" and isinstance(v, bool),
+                    "absent (AFMoE: a bool, the embeddings times sqrt(hidden_size))"),
+})
 
 
 def _mxfp4(v) -> bool:
@@ -1291,8 +1325,10 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         sliding, bad = _sliding_layers(c)
         if sliding is None:
             return none, bad
-        if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one)
-            return none, "sliding_window" if c.model_type in ("olmo3", *_EXAONES, "cohere2") and any(sliding) else None
+        if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one;
+            # AFMoE: refused too)
+            refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe") and any(sliding)
+            return none, "sliding_window" if refused else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
         # use_sliding_window, on the NoPE layers by default
@@ -1400,7 +1436,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
 
 
 _EXAONES = ("exaone4", "exaone_moe")
-_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2")  # layer_types, else a pattern
+# layer_types, else a pattern
+_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe")
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -1414,8 +1451,9 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
     if types is None:
         default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
         patterns = {**dict.fromkeys(_GEMMA2S, _GEMMA2_PATTERN), "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}
-        pattern = patterns.get(
-            c.model_type) or x.get("sliding_window_pattern", x.get("_sliding_window_pattern", default))
+        pattern = patterns.get(c.model_type) or (x.get("global_attn_every_n_layers", 4) if c.model_type == "afmoe"
+                                                 else x.get("sliding_window_pattern",
+                                                            x.get("_sliding_window_pattern", default)))
         if not _is_int(pattern) or pattern < 1:
             return None, None  # (its own check names it)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
@@ -1536,6 +1574,9 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
+        if self.model_type == "afmoe" and self.experts.top_k > self.experts.count:
+            raise ValueError(f"config num_experts_per_tok = {self.experts.top_k} is more than the "
+                             f"{self.experts.count} experts")
         if self.model_type in _GROUPED:
             self._check_deepseek_experts()
         if self.model_type in _DSAS:
@@ -1817,8 +1858,16 @@ class LlamaConfig:
 
     @property
     def embedding_multiplier(self) -> float:
-        """Granite: the embeddings' factor (``embedding_multiplier``); 1.0 elsewhere (Gemma's is ``embed_scale``)."""
+        """Granite: the embeddings' factor (``embedding_multiplier``); AFMoE's with ``mup_enabled``: sqrt(hidden_size)
+        (a Python float, as transformers multiplies); 1.0 elsewhere (Gemma's is ``embed_scale``, rounded first)."""
+        if self.model_type == "afmoe":
+            return self.hidden_size ** 0.5 if self._deepseek("mup_enabled") else 1.0
         return self._granite("embedding_multiplier")
+
+    @property
+    def attn_output_gate(self) -> bool:
+        """The heads' output times the sigmoid of its own projection of the layer's input before ``o_proj`` (AFMoE)."""
+        return FAMILIES[self.model_type].attn_output_gate
 
     @property
     def residual_multiplier(self) -> float:
@@ -1900,6 +1949,8 @@ class LlamaConfig:
         if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
+        if self.model_type == "afmoe":  # RoPE on its sliding layers only, whatever the window
+            return tuple(_sliding_layers(self)[0] or (True,) * n)
         if self.model_type in (*_EXAONES, "cohere2"):  # with a window (any), RoPE on the sliding layers only
             sliding = _sliding_layers(self)[0]
             if sliding is None or self.extra.get("sliding_window", 4096) is None:  # (Cohere 2's: none then)
@@ -1955,6 +2006,14 @@ class LlamaConfig:
             return self._deepseek_experts()
         if self.model_type == "ernie4_5_moe":
             return self._ernie_experts()
+        if self.model_type == "afmoe":  # (DeepSeek's router path: the sigmoid of logits in the dtype, the correction
+            get = self._deepseek  # bias, renormalised with V3's 1e-20, times route_scale; the weights in float32)
+            width = get("moe_intermediate_size")
+            return Experts(get("num_experts"), get("num_experts_per_tok"), width, True, True,
+                           tuple(i >= get("num_dense_layers") for i in range(self.num_hidden_layers)),
+                           shared_intermediate_size=width * get("num_shared_experts"), scale=float(get("route_scale")),
+                           scoring="sigmoid", correction_bias=True, renormalize_eps=1e-20, grouped_router=True,
+                           logits_in_dtype=True)
         if self.model_type == "minimax_m2":  # (DeepSeek's router path: the sigmoid, the correction bias)
             get = self._deepseek
             return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, True, True,

@@ -504,6 +504,8 @@ class Attention(nn.Module):
         self.rope_f32 = bool(config.rope_float32)
         # GPT-OSS: a learned logit per query head in each softmax's denominator (attention sinks), or None
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attention_sinks else None
+        # AFMoE: the heads' output times the sigmoid of a projection of the layer's input, before o_proj, or None
+        self.gate_proj = Linear(h, self.n_heads * self.head_dim, bias=False) if config.attn_output_gate else None
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
@@ -511,7 +513,15 @@ class Attention(nn.Module):
         if self.temperature is not None:
             q = self.temper(q, step.positions if step is not None else torch.arange(T, device=x.device).expand(B, T))
         out = self.attend(q, k, v, k_raw, cache, step)
-        return self.o_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+        return self.output(out.reshape(B, T, self.n_heads * self.head_dim), x)
+
+    def output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``o_proj`` of the heads' output ``out`` ``[..., heads * head_dim]``, gated where the family gates it
+        (AFMoE: ``out * sigmoid(gate_proj(x))`` of the layer's input ``x``, as transformers computes it in the dtype;
+        the sigmoid value by value, :func:`_row_sigmoid`)."""
+        if self.gate_proj is not None:
+            out = out * _row_sigmoid(self.gate_proj(x))
+        return self.o_proj(out)
 
     def project(self, x, cos, sin):
         """``(q, k, k_raw, v)`` ``[B, T, H, D]`` of the layer's input ``x``: the projections, the q/k norms where
@@ -947,6 +957,17 @@ class SparseMoE(nn.Module):
             w = w / total[:, None]
         return (w if self.float32_weights else w.to(x.dtype)), index
 
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``[N, experts]`` logits of DeepSeek's routers for the rows ``x`` ``[N, H]``: the rows and the
+        router's weight made float32, as transformers computes them (DeepSeek's), or in the model's dtype, then made
+        float32 (``logits_in_dtype``: MiniMax-M2's, AFMoE's)."""
+        if self.logits_in_dtype:
+            return self.gate(x).float()
+        gate = self.gate.weight  # (float32, as transformers computes the logits; a 16-bit router's copy made once)
+        if gate.dtype != torch.float32:
+            gate = derived(self, "_gate32", gate, gate.float)
+        return linear(x.float(), gate)
+
     def _deepseek_route(self, x: torch.Tensor) -> tuple:
         """DeepSeek's routers, as transformers computes them: the logits in float32 (the rows and the router's weight
         made float32), their softmax (V2) or sigmoid (V3); the experts chosen by those scores (V3: plus the
@@ -955,13 +976,7 @@ class SparseMoE(nn.Module):
         renormalised (V3's ``norm_topk_prob``: over their sum plus 1e-20), times ``routed_scaling_factor``; float32
         weights (ERNIE 4.5's: its softmax and correction bias choosing, renormalised, rounded to the dtype; MiniMax-M2's
         logits in the model's dtype)."""
-        if self.logits_in_dtype:  # (MiniMax-M2's: in the model's dtype, then float32)
-            logits = self.gate(x).float()
-        else:
-            gate = self.gate.weight  # (float32, as transformers computes the logits; a 16-bit router's copy made once)
-            if gate.dtype != torch.float32:
-                gate = derived(self, "_gate32", gate, gate.float)
-            logits = linear(x.float(), gate)
+        logits = self.router_logits(x)
         scores = _row_sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         bias = self.gate._buffers.get("e_score_correction_bias")
         choice = scores if bias is None else scores + bias
@@ -1188,10 +1203,11 @@ class DecoderLayer(nn.Module):
         if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \
                 or att.__dict__.get("rope_f32") \
                 or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None \
-                or att._parameters.get("sinks") is not None or att.__dict__.get("after_rope"):
+                or att._parameters.get("sinks") is not None or att.__dict__.get("after_rope") \
+                or a.get("gate_proj") is not None:
             return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
-            # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE: not in the fused
-            # layer
+            # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
+            # output: not in the fused layer
         if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or not all(
                 type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
             return None

@@ -779,6 +779,11 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
                  "apertus": {".attention_layernorm.": ".input_layernorm.",
                              ".feedforward_layernorm.": ".post_attention_layernorm."},
+                 # AFMoE: Gemma 3's norms around the MLP, its router and correction bias (the bias first: back, the
+                 # router's rule would take its name)
+                 "afmoe": {".pre_mlp_layernorm.": ".pre_feedforward_layernorm.",
+                           ".post_mlp_layernorm.": ".post_feedforward_layernorm.",
+                           ".mlp.expert_bias": ".mlp.gate.e_score_correction_bias", ".mlp.router.gate.": ".mlp.gate."},
                  "phi": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                          ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm.",
                          ".self_attn.q_layernorm.": ".self_attn.q_norm.",
