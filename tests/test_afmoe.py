@@ -162,3 +162,34 @@ def test_experts_dataclass_unchanged():
     """(The router's fields AFMoE sets, as a guard against a silent rename.)"""
     names = {f.name for f in dataclasses.fields(LlamaConfig.from_dict({"model_type": "afmoe"}).experts)}
     assert {"scale", "correction_bias", "renormalize_eps", "logits_in_dtype"} <= names
+
+
+# arcee-ai/Trinity-Nano-Preview's config.json (its own code named in auto_map, the router settings that code reads)
+TRINITY_NANO = {
+    "architectures": ["AfmoeForCausalLM"], "attention_dropout": 0.0, "auto_map": {
+        "AutoConfig": "configuration_afmoe.AfmoeConfig", "AutoModel": "modeling_afmoe.AfmoeModel",
+        "AutoModelForCausalLM": "modeling_afmoe.AfmoeForCausalLM"}, "dtype": "bfloat16",
+    "global_attn_every_n_layers": 4,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 131072, "model_type": "afmoe", "moe_intermediate_size": 256, "mup_enabled": True,
+    "n_group": 1, "num_attention_heads": 8, "num_dense_layers": 2, "num_expert_groups": 1, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 56, "num_key_value_heads": 2, "num_limited_groups": 1,
+    "num_shared_experts": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000, "route_norm": True,
+    "route_scale": 2.826, "score_func": "sigmoid", "sliding_window": 2048, "tie_word_embeddings": False,
+    "topk_group": 1, "transformers_version": "4.57.3", "use_cache": True, "use_grouped_mm": True, "vocab_size": 200192}
+
+
+def test_trinity_nanos_config_reads_as_transformers_reads_it():
+    """Trinity Nano's config.json reads as transformers reads it (56 layers, every 4th full, 2 dense, 8 of 128 experts
+    times 2.826, muP); its own code's router settings read only at the values transformers computes."""
+    c = LlamaConfig.from_dict(TRINITY_NANO)
+    want = transformers.AfmoeConfig.from_dict({k: v for k, v in TRINITY_NANO.items() if k != "auto_map"})
+    assert c.layer_windows == tuple(2048 if t == "sliding_attention" else 0 for t in want.layer_types)
+    assert c.rope_layers == tuple(t == "sliding_attention" for t in want.layer_types)
+    e = c.experts
+    assert (e.count, e.top_k, e.scale, e.groups) == (128, 8, 2.826, None)
+    assert e.layers == tuple(i >= want.num_dense_layers for i in range(56))
+    assert (c.num_key_value_heads, c.head_dim, c.embedding_multiplier) == (2, 128, 1024 ** 0.5)
+    for bad in ({"route_norm": False}, {"score_func": "softmax"}, {"n_group": 2}, {"num_limited_groups": 2}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LlamaConfig.from_dict({**TRINITY_NANO, **bad})

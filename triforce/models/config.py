@@ -543,7 +543,7 @@ FAMILIES["internlm3"] = Family("LlamaForCausalLM", reads=("attention_bias", "mlp
 _BIAS_ALIASES = {"qkv_bias": "attention_bias", "bias": "mlp_bias"}  # (InternLM3Config.attribute_map)
 # the remote code their checkpoints name (auto_map), which transformers runs as its own (LlamaForCausalLM)
 _OWN_CODE = {t: {f"configuration_{t}.{n}Config", f"modeling_{t}.{n}Model", f"modeling_{t}.{n}ForCausalLM"}
-             for t, n in (("internlm3", "InternLM3"), ("iquestcoder", "IQuestCoder"))}
+             for t, n in (("internlm3", "InternLM3"), ("iquestcoder", "IQuestCoder"), ("afmoe", "Afmoe"))}
 # IQuest-Coder-V1 (model_type iquestcoder: IQuest-Coder-V1-40B Base / Instruct; transformers runs it as
 # LlamaForCausalLM): Llama's layer with IQuestCoderConfig's defaults (its 40B shape, head_dim 128); its original code's
 # clip_qkv and sliding window are refused, as transformers refuses them (no released checkpoint sets them)
@@ -1174,8 +1174,8 @@ _HARMLESS_ONLY_AT = {
         c.model_type in _OWN_CODE and isinstance(v, dict) and set(v.values()) <= _OWN_CODE[c.model_type]),
         "absent (the checkpoint ships its own modeling code; Phi-3's naming Phi3Config / Phi3ForCausalLM only, "
         "DeepSeek's naming its DeepseekV2 / V3 Config, Model, ForCausalLM, MiniMax-M2's its MiniMaxM2Config / "
-        "MiniMaxM2ForCausalLM, InternLM3's and IQuest-Coder's their Config, Model, ForCausalLM, which transformers "
-        "reads as its own)"),
+        "MiniMaxM2ForCausalLM, InternLM3's, IQuest-Coder's and AFMoE's their Config, Model, ForCausalLM, which "
+        "transformers reads as its own)"),
     # transformers reads it for llama3, yarn and longrope RoPE only (from_dict moves it into rope_scaling then)
     "original_max_position_embeddings": (
         lambda v, c: c.rope_type not in ("llama3", "yarn", "longrope")
@@ -1272,7 +1272,17 @@ _HARMLESS_ONLY_AT.update({
                     "absent (AFMoE: a number > 0, the chosen experts' weights' factor)"),
     "mup_enabled": (lambda v, c: c.model_type == "afmoe" and isinstance(v, bool),
                     "absent (AFMoE: a bool, the embeddings times sqrt(hidden_size))"),
+    # Arcee's own code's router settings in Trinity's configs, at the values transformers' AFMoE computes (it reads
+    # none of them): renormalised sigmoid scores, one group of every expert; use_grouped_mm its kernels' choice
+    "route_norm": (lambda v, c: c.model_type == "afmoe" and v is True, "absent (AFMoE: true, renormalised weights)"),
+    "score_func": (lambda v, c: c.model_type == "afmoe" and v == "sigmoid", "absent (AFMoE: 'sigmoid')"),
+    **{key: (lambda v, c: c.model_type == "afmoe" and v in (1, None), "absent (AFMoE: 1 or null, one group)")
+       for key in ("num_expert_groups", "num_limited_groups")},
+    "use_grouped_mm": (lambda v, c: c.model_type == "afmoe" and isinstance(v, bool),
+                       "absent (AFMoE: a bool, its kernels' choice)"),
 })
+for _key in ("n_group", "topk_group"):
+    _also(_key, lambda v, c: c.model_type == "afmoe" and v in (1, None), "AFMoE: 1 or null (one group)")
 
 
 def _mxfp4(v) -> bool:
