@@ -7,21 +7,19 @@ raises ``ValueError`` naming the key: a key we do not understand may change the 
 anyway would give silently wrong logits.
 
 Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` and ``internlm3`` under their own
-defaults), ``mistral``,
-``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``,
-``gemma`` (Gemma 1), ``gemma2``, ``vaultgemma`` (Gemma 2 without its post-norms),
-``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
+defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``vaultgemma``
+(Gemma 2 without its post-norms), ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
-``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``,
-``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``,
-``nemotron``, ``phi``
-and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's; GPT-NeoX's exact GELU and its
-parallel block's two norms, ``parallel_norms``), and the mixtures of experts ``mixtral``,
-``qwen2_moe``, ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``,
-``gpt_oss``, ``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's
-sparse attention, :class:`DSA`), ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe``
-(its attention's output gated, ``attn_output_gate``) and ``exaone_moe``, ``hunyuan_v1_dense`` and
-``hunyuan_v1_moe`` (Hunyuan: q/k norms after RoPE, ``qk_norm_after_rope``; RoPE of a fixed NTK alpha), ``nanochat`` (its q/k norms after RoPE too; ``embed_norm``) (also from the image + text
+``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` (DeepSeek's latent attention,
+:class:`MLA`, with dense MLPs), ``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``,
+``arcee``, ``apertus``, ``jais2``, ``nemotron``, ``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms
+with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
+``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``,
+``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
+``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
+``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output
+gated, ``attn_output_gate``) and ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
+after RoPE, ``qk_norm_after_rope``; RoPE of a fixed NTK alpha) (also from the image + text
 wrappers in :data:`WRAPPERS`). They are one model with a switch
 per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by
 ``attention_bias``),
@@ -619,6 +617,14 @@ FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_b
     "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62})
 # the latent attention's families (LlamaConfig.mla)
 _DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa")
+# Youtu (YoutuForCausalLM: Tencent's Youtu-LLM 2B): DeepSeek-V3's multi-head latent attention (RoPE on adjacent pairs
+# by rope_interleave, default true) with Llama's dense MLP on every layer, a tied head
+FAMILIES["youtu"] = Family("YoutuForCausalLM", defaults={
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 32,
+    "num_attention_heads": 16, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "bos_token_id": 128000,
+    "eos_token_id": 128001, "tie_word_embeddings": True, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rope_interleave": True})
+_MLAS = (*_DEEPSEEKS, "youtu")  # the families of multi-head latent attention (LlamaConfig.mla)
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
 _V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa", "exaone_moe")
 _DSAS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek's sparse attention (LlamaConfig.dsa)
@@ -1030,9 +1036,13 @@ _HARMLESS_ONLY_AT = {
                        "where it is true)"),
     # DeepSeek-V2 / V3: LlamaConfig.mla and LlamaConfig.experts (checked together in LlamaConfig.__post_init__)
     **{key: (lambda v, c, key=key: (c.model_type in _DEEPSEEKS or key == "n_routed_experts"
-                                    and c.model_type in _GROUPED) and _is_int(v) and v >= 1,
+                                    and c.model_type in _GROUPED or key in _MLA_DIMS and c.model_type == "youtu")
+             and _is_int(v) and v >= 1,
              "absent (DeepSeek: an int >= 1; GLM-4.5, dots.llm1: n_routed_experts)") for key in _DEEPSEEK_INTS},
-    "q_lora_rank": (lambda v, c: c.model_type in _DEEPSEEKS and (v is None or _is_int(v) and v >= 1),
+    # Youtu's initialiser of its embeddings (training only)
+    "embedding_initializer_range": (lambda v, c: c.model_type == "youtu" and (v is None or _is_number(v)),
+                                    "absent (Youtu: null or a number, its embeddings' initialiser)"),
+    "q_lora_rank": (lambda v, c: c.model_type in _MLAS and (v is None or _is_int(v) and v >= 1),
                     "absent (DeepSeek: null or an int >= 1)"),
     "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and c.model_type != "exaone_moe"
                          and (v is None or _is_int(v) and v >= 0), "absent (DeepSeek: null or an int >= 0)"),
@@ -1056,9 +1066,9 @@ _HARMLESS_ONLY_AT = {
                                                          ("deepseek_v32", "sigmoid"), ("glm_moe_dsa", "sigmoid"),
                                                          ("minimax_m2", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
-    "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite") and isinstance(v, bool)
-                        or c.model_type in _DSAS and v is True,
-                        "absent (DeepSeek-V3, GLM-4.7-Flash: a bool, its RoPE on adjacent pairs of dims; "
+    "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite", "youtu")
+                        and isinstance(v, bool) or c.model_type in _DSAS and v is True,
+                        "absent (DeepSeek-V3, GLM-4.7-Flash, Youtu: a bool, its RoPE on adjacent pairs of dims; "
                         "DeepSeek-V3.2, GLM-5: true, as transformers always pairs them)"),
     # GLM-4.7-Flash's, DeepSeek-V3.2's and GLM-5's dense and sparse layers (LlamaConfig.experts)
     "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "exaone_moe", *_DSAS) and (
@@ -1537,7 +1547,7 @@ class LlamaConfig:
             if v and name not in family.reads:
                 raise ValueError(f"config key {name!r} = True is not supported for model_type {self.model_type!r}: "
                                  f"transformers' {family.architecture} has no such switch (only false is)")
-        if self.model_type in _DEEPSEEKS:  # the attention kernels' shape of MLA: one latent KV head (LlamaConfig.mla)
+        if self.model_type in _MLAS:  # the attention kernels' shape of MLA: one latent KV head (LlamaConfig.mla)
             self._mla_shape()
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
@@ -1852,7 +1862,7 @@ class LlamaConfig:
             return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
-        if self.model_type in _DEEPSEEKS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
+        if self.model_type in _MLAS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
             scale = self.mla.qk_head_dim ** (-0.5)
             rs = self.rope_scaling or {}
             if rs.get("mscale_all_dim"):
@@ -1910,7 +1920,7 @@ class LlamaConfig:
     def rotary_dim(self) -> int:
         """The head dims RoPE rotates: ``head_dim``, or its first ``int(head_dim * partial_rotary_factor)``
         (Phi-4-mini: 96 of 128; docs/model.md, "Partial RoPE")."""
-        if self.model_type in _DEEPSEEKS:  # (MLA's RoPE'd key; its dims in the latent head: MLA.slots)
+        if self.model_type in _MLAS:  # (MLA's RoPE'd key; its dims in the latent head: MLA.slots)
             return self._deepseek("qk_rope_head_dim")
         f = self.extra.get("partial_rotary_factor", FAMILIES[self.model_type].partial_rotary_factor)
         return int(self.head_dim * f) if _is_number(f) and 0 < f < 1 else self.head_dim
@@ -1977,7 +1987,7 @@ class LlamaConfig:
     @property
     def mla(self) -> MLA | None:
         """DeepSeek's multi-head latent attention (:class:`MLA`), or None for every other family."""
-        if self.model_type not in _DEEPSEEKS:
+        if self.model_type not in _MLAS:
             return None
         get = self._deepseek
         interleaved = self.model_type in ("deepseek_v2", *_DSAS) or bool(get("rope_interleave"))
@@ -2271,7 +2281,7 @@ class LlamaConfig:
                                  "num_attention_heads whatever the config says")
         if model_type == "phi3":
             _phi3_rope(d)
-        if model_type in _DEEPSEEKS:
+        if model_type in _MLAS:
             _mla_heads(d)
         if model_type == "ministral3" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
             d["rope_parameters"] = dict(_MINISTRAL3_ROPE)  # Ministral3Config's when the config has none
@@ -2398,7 +2408,7 @@ class LlamaConfig:
             d["rotary_pct"] = d.pop("partial_rotary_factor", FAMILIES["gpt_neox"].partial_rotary_factor)
         if self.model_type in _COHERES:  # (its norms' eps under its own key)
             d["layer_norm_eps"] = d.pop("rms_norm_eps")
-        if self.model_type in _DEEPSEEKS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
+        if self.model_type in _MLAS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
             d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
         if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)
             local = d.pop("rope_local_base_freq", None)
