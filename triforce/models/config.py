@@ -10,9 +10,9 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` and ``i
 defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``vaultgemma``
 (Gemma 2 without its post-norms), ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
-``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` (DeepSeek's latent attention,
-:class:`MLA`, with dense MLPs), ``stablelm`` (torch's LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``,
-``arcee``, ``apertus``, ``jais2``, ``nemotron``, ``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms
+``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
+(DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
+LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``, ``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms
 with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
@@ -624,7 +624,16 @@ FAMILIES["youtu"] = Family("YoutuForCausalLM", defaults={
     "num_attention_heads": 16, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "bos_token_id": 128000,
     "eos_token_id": 128001, "tie_word_embeddings": True, "kv_lora_rank": 512, "q_lora_rank": 1536,
     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rope_interleave": True})
-_MLAS = (*_DEEPSEEKS, "youtu")  # the families of multi-head latent attention (LlamaConfig.mla)
+# MiniCPM3 (MiniCPM3ForCausalLM: openbmb's MiniCPM3-4B): DeepSeek-V2's multi-head latent attention with half-split RoPE
+# pairs, Llama's MLP, and three numbers: the embeddings times scale_emb (rounded to the dtype first), each block's
+# output times scale_depth / sqrt(num_hidden_layers) before its residual add, the final hidden states divided by
+# hidden_size / dim_model_base before the head; a tied head
+FAMILIES["minicpm3"] = Family("MiniCPM3ForCausalLM", reads=("mlp_bias",), defaults={
+    "vocab_size": 73448, "hidden_size": 2560, "intermediate_size": 6400, "num_hidden_layers": 62,
+    "num_attention_heads": 40, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+    "kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "scale_emb": 12,
+    "scale_depth": 1.4, "dim_model_base": 256})
+_MLAS = (*_DEEPSEEKS, "youtu", "minicpm3")  # the families of multi-head latent attention (LlamaConfig.mla)
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
 _V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa", "exaone_moe")
 _DSAS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek's sparse attention (LlamaConfig.dsa)
@@ -1036,9 +1045,15 @@ _HARMLESS_ONLY_AT = {
                        "where it is true)"),
     # DeepSeek-V2 / V3: LlamaConfig.mla and LlamaConfig.experts (checked together in LlamaConfig.__post_init__)
     **{key: (lambda v, c, key=key: (c.model_type in _DEEPSEEKS or key == "n_routed_experts"
-                                    and c.model_type in _GROUPED or key in _MLA_DIMS and c.model_type == "youtu")
+                                    and c.model_type in _GROUPED
+                                    or key in _MLA_DIMS and c.model_type in ("youtu", "minicpm3"))
              and _is_int(v) and v >= 1,
              "absent (DeepSeek: an int >= 1; GLM-4.5, dots.llm1: n_routed_experts)") for key in _DEEPSEEK_INTS},
+    # MiniCPM3's three numbers (LlamaConfig.rounded_embed_factor, residual_multiplier, head_divisor; null: 1)
+    "scale_emb": (lambda v, c: c.model_type == "minicpm3" and _is_number(v) and 0 < abs(v) < float("inf"),
+                  "absent (MiniCPM3: a number, the embeddings' factor)"),
+    **{key: (lambda v, c: c.model_type == "minicpm3" and (v is None or _is_number(v) and 0 < v < float("inf")),
+             "absent (MiniCPM3: null or a number > 0)") for key in ("scale_depth", "dim_model_base")},
     # Youtu's initialiser of its embeddings (training only)
     "embedding_initializer_range": (lambda v, c: c.model_type == "youtu" and (v is None or _is_number(v)),
                                     "absent (Youtu: null or a number, its embeddings' initialiser)"),
@@ -1872,6 +1887,27 @@ class LlamaConfig:
             return scale
         return 1.0 / math.sqrt(self.head_dim)  # (the kernels' own default, bit for bit)
 
+    def _minicpm3(self, key: str) -> float:
+        """MiniCPM3's ``key`` (its default where absent; null: the value that scales by 1)."""
+        v = self.extra.get(key, FAMILIES["minicpm3"].defaults[key])
+        if key == "scale_depth":
+            return float(math.sqrt(self.num_hidden_layers) if v is None else v)
+        return float(self.hidden_size if v is None else v)
+
+    @property
+    def rounded_embed_factor(self) -> float | None:
+        """The embeddings' factor, rounded to the model's dtype before the product as transformers rounds it: Gemma's
+        sqrt(hidden_size) (``embed_scale``), MiniCPM3's ``scale_emb``; None elsewhere."""
+        if self.embed_scale:
+            return self.hidden_size ** 0.5
+        return self._minicpm3("scale_emb") if self.model_type == "minicpm3" else None
+
+    @property
+    def head_divisor(self) -> float:
+        """MiniCPM3: the final hidden states divided by ``hidden_size / dim_model_base`` before the head; 1.0
+        elsewhere."""
+        return self.hidden_size / self._minicpm3("dim_model_base") if self.model_type == "minicpm3" else 1.0
+
     def _granite(self, key: str) -> float:
         """Granite's ``key`` (GraniteConfig's default 1.0); 1.0 for the other families."""
         return float(self.extra.get(key, 1.0)) if self.model_type in _GRANITES else 1.0
@@ -1891,7 +1927,10 @@ class LlamaConfig:
 
     @property
     def residual_multiplier(self) -> float:
-        """Granite: each block's output times this before its residual add; 1.0 elsewhere."""
+        """Granite: each block's output times this before its residual add; MiniCPM3's ``scale_depth /
+        sqrt(num_hidden_layers)``; 1.0 elsewhere."""
+        if self.model_type == "minicpm3":
+            return self._minicpm3("scale_depth") / math.sqrt(self.num_hidden_layers)
         return self._granite("residual_multiplier")
 
     @property
@@ -2281,6 +2320,10 @@ class LlamaConfig:
                                  "num_attention_heads whatever the config says")
         if model_type == "phi3":
             _phi3_rope(d)
+        if model_type == "minicpm3" and d.get("v_head_dim") is None:  # (MiniCPM3Config's: hidden / heads)
+            family = FAMILIES[model_type].defaults
+            d["v_head_dim"] = d.get("hidden_size", family["hidden_size"]) // d.get("num_attention_heads",
+                                                                                   family["num_attention_heads"])
         if model_type in _MLAS:
             _mla_heads(d)
         if model_type == "ministral3" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:

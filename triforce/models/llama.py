@@ -1432,11 +1432,12 @@ class Llama(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of ``input_ids`` (the residual stream's start): ``embed_tokens``, times
-        sqrt(hidden_size) where ``config.embed_scale`` (Gemma), the factor rounded to the dtype first as
-        transformers does; normed by the final norm where ``config.embed_norm`` (NanoChat)."""
+        ``config.rounded_embed_factor`` (Gemma's sqrt(hidden_size), MiniCPM3's ``scale_emb``), the factor rounded to
+        the dtype first as transformers does; normed by the final norm where ``config.embed_norm`` (NanoChat)."""
         h = self.model.embed_tokens(input_ids)
-        if self.config.embed_scale:
-            h = h * float(torch.tensor(self.config.hidden_size ** 0.5).to(h.dtype))
+        f = self.config.rounded_embed_factor  # (Gemma's sqrt(hidden_size), MiniCPM3's scale_emb)
+        if f is not None:
+            h = h * float(torch.tensor(f).to(h.dtype))
         if self.config.embed_norm:  # (NanoChat's: the final norm, weightless, on the embeddings too)
             h = self.model.norm(h)
         m = self.config.embedding_multiplier  # Granite's
@@ -1607,11 +1608,12 @@ class Llama(nn.Module):
     def head(self, z: torch.Tensor) -> torch.Tensor:
         """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`); Granite's
         divided by its ``logits_scaling`` (in the model's dtype, as transformers), Cohere 2's times its ``logit_scale``
-        (likewise), Gemma 2's soft-capped."""
+        (likewise), Gemma 2's soft-capped; MiniCPM3's ``z`` divided by ``config.head_divisor`` first."""
         return self._head(z)
 
     def _head(self, z: torch.Tensor) -> torch.Tensor:  # (head's body: the forward's own, not replaced with head)
-        logits = self.lm_head(z)
+        d = self.config.head_divisor  # (MiniCPM3's, before the head)
+        logits = self.lm_head(z if d == 1 else z / d)
         scaling, scale = self.config.logits_scaling, self.config.logit_scale
         if scale != 1:  # Cohere 2's factor (Granite's: a divisor)
             logits = logits * scale
