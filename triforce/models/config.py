@@ -13,7 +13,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
-``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
+``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
+GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
