@@ -16,7 +16,8 @@ LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apert
 ``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
 GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``,
-``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
+``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
+dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
 ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output
 gated, ``attn_output_gate``) and ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
@@ -226,7 +227,16 @@ _GRANITE_MOES = ("granitemoe", "granitemoeshared")
 # divided), the attention scaled by attention_multiplier or head_dim ** -0.5 where it is null
 FAMILIES["hyperclovax"] = Family("HyperCLOVAXForCausalLM", reads=("attention_bias", "mlp_bias"),
                                  defaults=dict(FAMILIES["granite"].defaults))
-_GRANITES = ("granite", *_GRANITE_MOES, "hyperclovax")  # the families with Granite's four multipliers
+# Granite 4.0's attention-only checkpoints (GraniteMoeHybridForCausalLM with no Mamba layer: granite-4.0-micro, -1b,
+# -350m): Granite's layer and multipliers, its MLP the shared one (shared_mlp: input_linear holding the gate and up
+# rows, output_linear; shared_intermediate_size wide), with num_local_experts > 0 GraniteMoeShared's mixture beside it;
+# RoPE only where position_embedding_type is 'rope' (else none at all: NoPE). Its Mamba layers are not read (a
+# 'linear_attention' layer raises).
+FAMILIES["granitemoehybrid"] = Family("GraniteMoeHybridForCausalLM", reads=("attention_bias",), defaults={
+    "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "shared_intermediate_size": 1024})
+_GRANITES = ("granite", *_GRANITE_MOES, "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
+_HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
 # Mixtures of experts: each sparse layer's MLP is a router (one logit per expert: softmax in float32, the top
 # num_experts_per_tok experts, their probabilities renormalised to sum 1 or not) and that many of its experts (gated
 # MLPs), summed by the router's weights. Mixtral (MixtralForCausalLM: Mixtral 8x7B / 8x22B): Mistral's layer, every
@@ -664,7 +674,7 @@ FAMILIES["afmoe"] = Family("AfmoeForCausalLM", qk_norm=True, sandwich_norms=True
                                "num_shared_experts": 2, "route_scale": 1.0, "global_attn_every_n_layers": 4,
                                "sliding_window": 1024, "mup_enabled": False})
 _MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo", "granitemoeshared", "gpt_oss")
-_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe")
+_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1055,6 +1065,23 @@ _HARMLESS_ONLY_AT = {
                   "absent (MiniCPM3: a number, the embeddings' factor)"),
     **{key: (lambda v, c: c.model_type == "minicpm3" and (v is None or _is_number(v) and 0 < v < float("inf")),
              "absent (MiniCPM3: null or a number > 0)") for key in ("scale_depth", "dim_model_base")},
+    # Granite 4.0 (granitemoehybrid): its mixture's keys, its RoPE switch, its Mamba layers' keys (none is read: a Mamba
+    # layer raises through layer_types)
+    "position_embedding_type": (lambda v, c: c.model_type == "granitemoehybrid" and v in (None, "rope", "nope"),
+                                "absent (Granite 4.0: 'rope', or null / 'nope': no RoPE)"),
+    # (Granite 4.0's configs: its training initialiser, its norm)
+    "init_method": (lambda v, c: c.model_type == "granitemoehybrid" and isinstance(v, str),
+                    "absent (Granite 4.0: a string, its training's initialiser)"),
+    "normalization_function": (lambda v, c: c.model_type == "granitemoehybrid" and v == "rmsnorm",
+                               "absent (Granite 4.0: 'rmsnorm')"),
+    "layers_block_type": (lambda v, c: c.model_type == "granitemoehybrid"
+                          and _layer_windows(c)[1] != "layers_block_type",
+                          "absent (Granite 4.0: one of 'attention' / 'full_attention' per layer; its Mamba layers, "
+                          "'linear_attention', are not read)"),
+    **{key: (lambda v, c: c.model_type == "granitemoehybrid", "absent (Granite 4.0: any, its Mamba layers' setting, "
+                                                              "read by none of its attention-only layers)")
+       for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv", "mamba_expand",
+                   "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit")},
     # Youtu's initialiser of its embeddings (training only)
     "embedding_initializer_range": (lambda v, c: c.model_type == "youtu" and (v is None or _is_number(v)),
                                     "absent (Youtu: null or a number, its embeddings' initialiser)"),
@@ -1288,6 +1315,12 @@ for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
 # together in LlamaConfig._check_afmoe)
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1, "AFMoE: an int >= 1")
+_also("num_local_experts", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 0,
+      "Granite 4.0: an int >= 0 (0: dense)")
+_also("num_experts_per_tok", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v)
+      and v >= (1 if c.experts is not None else 0), "Granite 4.0: an int >= 1 (its dense checkpoints': 0 too)")
+_also("shared_intermediate_size", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 1,
+      "Granite 4.0: an int >= 1, its MLP's width")
 _also("num_shared_experts", lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 0, "AFMoE: an int >= 0")
 _HARMLESS_ONLY_AT.update({
     "num_dense_layers": (lambda v, c: c.model_type == "afmoe" and _is_int(v) and 0 <= v <= c.num_hidden_layers,
@@ -1442,6 +1475,12 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             return none, None
         sliding = [True] * n
     else:
+        if c.model_type == "granitemoehybrid":  # (its layer_types: attention, or Mamba's linear_attention, not read)
+            types = x.get("layer_types", x.get("layers_block_type"))
+            if types is None or len(types) != n or not set(types) <= set(_HYBRID_ATTENTION):
+                named = "layer_types" in x or "layers_block_type" not in x
+                return none, "layer_types" if named else "layers_block_type"
+            return none, None
         if c.model_type == "iquestcoder":  # its original code's window, off (transformers refuses it on): then its
             if x.get("use_sliding_window", False) is not False:  # sliding_window and max_window_layers are not read
                 return none, "use_sliding_window"
@@ -1610,7 +1649,14 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
-        if self.model_type == "afmoe" and self.experts.top_k > self.experts.count:
+        if self.model_type == "granitemoehybrid" and _layer_windows(self)[1] is not None:
+            x = self.extra
+            raise ValueError(f"model_type 'granitemoehybrid' with layer types "
+                             f"{x.get('layer_types', x.get('layers_block_type'))!r}: only its attention-only "
+                             f"checkpoints are read (one of {_HYBRID_ATTENTION} per layer; none given means "
+                             "GraniteMoeHybridConfig's Mamba layers, 'linear_attention', which are not read here)")
+        if self.model_type in ("afmoe", "granitemoehybrid") and self.experts is not None \
+                and self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
         if self.model_type in _GROUPED:
@@ -1904,6 +1950,15 @@ class LlamaConfig:
         return self._minicpm3("scale_emb") if self.model_type == "minicpm3" else None
 
     @property
+    def dense_intermediate_size(self) -> int:
+        """The dense MLP's width (and Granite 4.0's shared MLP's beside a mixture): ``intermediate_size``, Granite
+        4.0's ``shared_intermediate_size``."""
+        if self.model_type == "granitemoehybrid":
+            return int(self.extra.get("shared_intermediate_size",
+                                      FAMILIES["granitemoehybrid"].defaults["shared_intermediate_size"]))
+        return self.intermediate_size
+
+    @property
     def head_divisor(self) -> float:
         """MiniCPM3: the final hidden states divided by ``hidden_size / dim_model_base`` before the head; 1.0
         elsewhere."""
@@ -2009,6 +2064,8 @@ class LlamaConfig:
         if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
+        if self.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type 'rope' (else NoPE)
+            return (self.extra.get("position_embedding_type") == "rope",) * n
         if self.model_type == "afmoe":  # RoPE on its sliding layers only, whatever the window
             return tuple(_sliding_layers(self)[0] or (True,) * n)
         if self.model_type in (*_EXAONES, "cohere2"):  # with a window (any), RoPE on the sliding layers only
@@ -2066,6 +2123,14 @@ class LlamaConfig:
             return self._deepseek_experts()
         if self.model_type == "ernie4_5_moe":
             return self._ernie_experts()
+        if self.model_type == "granitemoehybrid":  # (GraniteMoeShared's mixture, where it has experts)
+            x = self.extra
+            count = x.get("num_local_experts", FAMILIES["granitemoehybrid"].defaults["num_local_experts"])
+            if count == 0:
+                return None
+            return Experts(count, x.get("num_experts_per_tok", 2), self.intermediate_size, True, False,
+                           (True,) * self.num_hidden_layers, softmax_of_top_k=True,
+                           shared_intermediate_size=self.dense_intermediate_size)
         if self.model_type == "afmoe":  # (DeepSeek's router path: the sigmoid of logits in the dtype, the correction
             get = self._deepseek  # bias, renormalised with V3's 1e-20, times route_scale; the weights in float32)
             width = get("moe_intermediate_size")

@@ -1121,8 +1121,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(config, layer) if config.mla is None else LatentAttention(config, layer)
         experts = config.experts
+        width = config.dense_intermediate_size  # (Granite 4.0's shared MLP's; intermediate_size elsewhere)
         self.mlp = (SparseMoE(config) if experts is not None and experts.layers[layer]
-                    else MLP(config) if config.gated_mlp else FeedForward(config))
+                    else MLP(config, width) if config.gated_mlp else FeedForward(config, width))
         # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
         post = config.post_norms
         self.input_layernorm = nn.Identity() if post else make_norm(config, config.hidden_size, config.rms_norm_eps)

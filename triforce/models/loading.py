@@ -703,7 +703,7 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
     mixtral = config.model_type in ("mixtral", "minimax_m2")  # (Mixtral's names: block_sparse_moe, w1 / w3 / w2)
-    granite = config.model_type in ("granitemoe", "granitemoeshared")
+    granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoehybrid")
     deepseek = config.experts.grouped_router  # (DeepSeek's names; GLM-4.5's are the same)
     if deepseek and not inverse:
         sd = _deepseek_names(config, sd)
@@ -813,6 +813,30 @@ def _stablelm_head_norms(sd: dict, inverse: bool = False) -> dict:
     return out
 
 
+_DENSE_MLP = re.compile(r"(.*\.)mlp\.(gate|up|down)_proj\.weight")
+
+
+def _granite_dense_names(sd: dict, inverse: bool = False) -> dict:
+    """Granite 4.0's dense checkpoints (granitemoehybrid without experts): its MLP, ``shared_mlp.input_linear`` (the
+    gate's rows, then the up's) and ``output_linear``, as the model's ``mlp.gate_proj`` / ``up_proj`` / ``down_proj``,
+    or with ``inverse`` back (a half without the other is left as it is: reported as unexpected)."""
+    out = {}
+    for name, t in sd.items():
+        if not inverse and (m := _GRANITE_SHARED.fullmatch(name)) is not None:
+            parts = zip(("gate", "up"), t.chunk(2)) if m[2] == "input" else (("down", t),)
+            out.update({f"{m[1]}mlp.{p}_proj.weight": w.clone() for p, w in parts})
+        elif inverse and (m := _DENSE_MLP.fullmatch(name)) is not None:
+            if m[2] == "down":
+                out[f"{m[1]}shared_mlp.output_linear.weight"] = t
+            elif m[2] == "gate" and f"{m[1]}mlp.up_proj.weight" in sd:
+                out[f"{m[1]}shared_mlp.input_linear.weight"] = torch.cat([t, sd[f"{m[1]}mlp.up_proj.weight"]])
+            elif f"{m[1]}mlp.gate_proj.weight" not in sd:
+                out[name] = t
+        else:
+            out[name] = t
+    return out
+
+
 def _weightless_norm_shapes(config: LlamaConfig) -> dict:
     """NanoChat's norms (none has a weight in its checkpoints): the model's norm weights' names and shapes."""
     h, d = config.hidden_size, config.head_dim
@@ -848,6 +872,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     ``sd`` itself for every other family."""
     if config.model_type == "stablelm":
         return _stablelm_head_norms(sd, inverse)
+    if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
+        return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type in _FAMILY_NAMES:
         sd = _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _FAMILY_NAMES[config.model_type].items()])
         return _weightless_norms(config, sd, inverse) if FAMILIES[config.model_type].weightless_norms else sd
