@@ -15,7 +15,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
 ``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
 GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
-``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``qwen2_moe``,
+``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
+(SparseMixer's routing), ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
@@ -673,7 +674,18 @@ FAMILIES["afmoe"] = Family("AfmoeForCausalLM", qk_norm=True, sandwich_norms=True
                                "num_dense_layers": 1, "num_experts": 64, "num_experts_per_tok": 6,
                                "num_shared_experts": 2, "route_scale": 1.0, "global_attn_every_n_layers": 4,
                                "sliding_window": 1024, "mup_enabled": False})
-_MOE_TYPES = ("mixtral", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo", "granitemoeshared", "gpt_oss")
+# PhiMoE (PhimoeForCausalLM: Phi-3.5-MoE-instruct, Phi-mini-MoE): Mixtral's mixture on torch's LayerNorm with a bias
+# (eps rms_norm_eps), biases on q, k, v, o by attention_bias, on the head by lm_head_bias, routed by SparseMixer (its
+# inference form: the best expert, then the best of the rest, each weighted by the softmax of the logits within
+# 2 * router_jitter_noise of it, relatively, in the model's dtype), LongRoPE with its short_mscale / long_mscale as the
+# attention factor (equal: other values raise), a window on every layer where sliding_window is set (Mixtral's)
+FAMILIES["phimoe"] = Family("PhimoeForCausalLM", torch_layer_norm="plain", reads=("attention_bias",), defaults={
+    "vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 6400, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 16, "num_experts_per_tok": 2,
+    "router_jitter_noise": 0.01})
+_MOE_TYPES = ("mixtral", "phimoe", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo", "granitemoeshared",
+              "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
@@ -714,6 +726,8 @@ class Experts:
     renormalize_eps: float = 0.0
     grouped_router: bool = False  # DeepSeek's routers (V2's, V3's: GLM-4.5's too), computed as transformers does
     float32_router: bool = False  # the router's weight kept in float32 whatever the model's dtype (ERNIE 4.5's)
+    # PhiMoE: SparseMixer's choice of two experts (scoring "sparsemixer"), its jitter (router_jitter_noise)
+    jitter_eps: float = 0.0
     logits_in_dtype: bool = False  # the router's logits in the model's dtype, then float32 (MiniMax-M2's)
 
 
@@ -1082,6 +1096,11 @@ _HARMLESS_ONLY_AT = {
                                                               "read by none of its attention-only layers)")
        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv", "mamba_expand",
                    "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit")},
+    # PhiMoE's: SparseMixer's jitter (LlamaConfig.experts), its input jitter (training only), its head's bias
+    "input_jitter_noise": (lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
+                           "absent (PhiMoE: a number >= 0, training only)"),
+    "lm_head_bias": (lambda v, c: c.model_type == "phimoe" and isinstance(v, bool),
+                     "absent (PhiMoE: a bool, the head's bias)"),
     # Youtu's initialiser of its embeddings (training only)
     "embedding_initializer_range": (lambda v, c: c.model_type == "youtu" and (v is None or _is_number(v)),
                                     "absent (Youtu: null or a number, its embeddings' initialiser)"),
@@ -1315,6 +1334,8 @@ for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
 # together in LlamaConfig._check_afmoe)
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1, "AFMoE: an int >= 1")
+_also("router_jitter_noise", lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
+      "PhiMoE: a number >= 0, SparseMixer's jitter")
 _also("num_local_experts", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 0,
       "Granite 4.0: an int >= 0 (0: dense)")
 _also("num_experts_per_tok", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v)
@@ -1504,6 +1525,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
     if c.model_type not in ("mistral", "ministral", "ministral3", "phi3", "qwen2", "qwen3", "smollm3", "mixtral",
+                            "phimoe",
                             "qwen3_moe",
                             "qwen2_moe", "dots1", "starcoder2", *_PATTERNED):
         return none, "sliding_window"  # a window that masks, in a family without one
@@ -1826,8 +1848,10 @@ class LlamaConfig:
 
     @property
     def head_bias(self) -> bool:
-        """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none), Phi-2's."""
-        return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type == "phi"
+        """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none), Phi-2's, PhiMoE's
+        by ``lm_head_bias``."""
+        return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type == "phi" or (
+            self.model_type == "phimoe" and bool(self.extra.get("lm_head_bias", False)))
 
     @property
     def qkv_bias(self) -> bool:
@@ -2153,6 +2177,10 @@ class LlamaConfig:
             return None
         x = self.extra
         count = next(x[k] for k in _EXPERT_COUNT_KEYS if k in x)
+        if self.model_type == "phimoe":  # (SparseMixer: two experts, its weights in the model's dtype)
+            return Experts(count, x["num_experts_per_tok"], self.intermediate_size, False, False,
+                           (True,) * self.num_hidden_layers, scoring="sparsemixer",
+                           jitter_eps=float(x.get("router_jitter_noise", 0.01)))
         if self.model_type in ("mixtral", *_GRANITE_MOES):
             granite = self.model_type != "mixtral"
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, not granite,
@@ -2386,6 +2414,8 @@ class LlamaConfig:
                                  "num_attention_heads whatever the config says")
         if model_type == "phi3":
             _phi3_rope(d)
+        if model_type == "phimoe":
+            _phimoe_rope(d)
         if model_type == "minicpm3" and d.get("v_head_dim") is None:  # (MiniCPM3Config's: hidden / heads)
             family = FAMILIES[model_type].defaults
             d["v_head_dim"] = d.get("hidden_size", family["hidden_size"]) // d.get("num_attention_heads",
@@ -2499,6 +2529,9 @@ class LlamaConfig:
         if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own
             for k in ("sliding_window", "query_pre_attn_scalar", "rope_local_base_freq"):
                 d.setdefault(k, FAMILIES["gemma3_text"].defaults[k])
+        if self.model_type == "phimoe" and self.rope_type == "longrope" and "attention_factor" in self.rope_scaling:
+            rope = d["rope_scaling"] = dict(self.rope_scaling)  # (its mscales, which PhimoeConfig needs)
+            rope["short_mscale"] = rope["long_mscale"] = rope.pop("attention_factor")
         if self.model_type in _GEMMA2S:
             for k in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
                 d.setdefault(k, FAMILIES[self.model_type].defaults[k])
@@ -2623,6 +2656,32 @@ def _phi3_rope(d: dict) -> None:
                              "transformers' Phi-3 reads plain RoPE and LongRoPE ('longrope', 'su', 'yarn') only")
         if kind == "longrope":
             d.setdefault("original_max_position_embeddings", _PHI3_ORIGINAL_CONTEXT)
+
+
+def _phimoe_rope(d: dict) -> None:
+    """PhiMoE's LongRoPE in ``d``, in place: its ``short_mscale`` and ``long_mscale`` (the factor on cos and sin below
+    and past the original context) read as LongRoPE's ``attention_factor`` where they are equal (other values raise);
+    its ``original_max_position_embeddings`` (4096, as Phi-3's, when absent)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = d.get(key)
+        if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) in (None, "default"):
+            continue
+        rope = d[key] = dict(rope)
+        short, long = rope.pop("short_mscale", None), rope.pop("long_mscale", None)
+        if short is None and rope.get("rope_type", rope.get("type")) == "longrope" and "attention_factor" not in rope:
+            raise ValueError(f"config {key} of rope_type 'longrope' needs short_mscale and long_mscale (PhimoeConfig "
+                             "requires them: its factor on cos and sin)")
+        if short != long or (short is not None and not (_is_number(short) and short > 0)):
+            raise ValueError(f"config {key}'s short_mscale = {short!r} and long_mscale = {long!r}: PhiMoE's attention "
+                             "factor is read where they are one number > 0 (the factor on cos and sin at any length)")
+        if short is not None:
+            if rope.get("attention_factor") not in (None, short):
+                raise ValueError(f"config {key}'s attention_factor = {rope['attention_factor']!r} and its mscale = "
+                                 f"{short!r} differ")
+            rope["attention_factor"] = short
+        if rope.get("rope_type", rope.get("type")) == "longrope":
+            rope.setdefault("original_max_position_embeddings",
+                            d.get("original_max_position_embeddings", _PHI3_ORIGINAL_CONTEXT))
 
 
 def _vl_text(d: dict) -> str:

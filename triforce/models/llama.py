@@ -927,6 +927,7 @@ class SparseMoE(nn.Module):
         self.softmax_of_top_k = spec.softmax_of_top_k
         self.activation = config.activation
         self.deepseek = spec.grouped_router  # DeepSeek's routers (_deepseek_route; GLM-4.5's is V3's)
+        self.sparsemixer = spec.jitter_eps if spec.scoring == "sparsemixer" else None  # PhiMoE's (_sparsemixer)
         if self.deepseek:
             self.scale, self.sigmoid, self.groups, self.group_top2, self.eps = (
                 spec.scale, spec.scoring == "sigmoid", spec.groups, spec.group_top2, spec.renormalize_eps)
@@ -940,6 +941,8 @@ class SparseMoE(nn.Module):
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
         if self.deepseek:
             return self._deepseek_route(x)
+        if self.sparsemixer is not None:  # (PhiMoE: the logits in the model's dtype, as transformers computes them)
+            return _sparsemixer(self.gate(x), self.sparsemixer)
         # (Hunyuan's float32 router: the rows made float32, as transformers computes its logits; the module dict read
         # directly, nn.Module.__getattr__ being slow on a per-layer path)
         params = self.gate._parameters
@@ -1070,6 +1073,22 @@ class SparseMoE(nn.Module):
 
 
 _SIGMOID_LANES, _SIGMOID_SLICE = 64, 16384
+
+
+def _sparsemixer(scores: torch.Tensor, eps: float) -> tuple:
+    """PhiMoE's SparseMixer at inference, op by op as transformers computes it in the logits' dtype: ``(weights
+    [N, 2], expert indices [N, 2])`` of the router's logits ``scores`` ``[N, experts]``. The first expert is the best;
+    its weight is the softmax, at it, of the logits that are within ``2 * eps`` of the best relatively (``(best - s) /
+    max(|s|, best)``; the others masked to -inf). The second is the best of the rest, weighted likewise among the rest
+    (the same relative test against it, the first one masked). Ties take ``max``'s index, as transformers'."""
+    best, first = scores.max(dim=-1, keepdim=True)
+    far = ((best - scores) / scores.abs().clamp(min=best)) > 2 * eps
+    w1 = torch.softmax(scores.masked_fill(far, float("-inf")), dim=-1).gather(-1, first)
+    rest = torch.scatter(scores, -1, first, float("-inf"))
+    best2, second = rest.max(dim=-1, keepdim=True)
+    far2 = ((best2 - scores) / scores.abs().clamp(min=best2)) > 2 * eps
+    w2 = torch.softmax(rest.masked_fill(far2, float("-inf")), dim=-1).gather(-1, second)
+    return torch.cat((w1, w2), dim=-1), torch.cat((first, second), dim=-1)
 
 
 def _row_sigmoid(z: torch.Tensor) -> torch.Tensor:

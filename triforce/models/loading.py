@@ -702,7 +702,8 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return sd
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
-    mixtral = config.model_type in ("mixtral", "minimax_m2")  # (Mixtral's names: block_sparse_moe, w1 / w3 / w2)
+    mixtral = config.model_type in ("mixtral", "minimax_m2", "phimoe")  # (Mixtral's names: block_sparse_moe, w1 / w3 /
+    # w2)
     granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoehybrid")
     deepseek = config.experts.grouped_router  # (DeepSeek's names; GLM-4.5's are the same)
     if deepseek and not inverse:
@@ -777,6 +778,8 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  # VaultGemma: Gemma 2's norm before the MLP, its only one there (Llama's post_attention_layernorm)
                  "vaultgemma": {".pre_feedforward_layernorm.": ".post_attention_layernorm."},
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
+                 # PhiMoE: transformers 5's name of its router (its checkpoints': Mixtral's block_sparse_moe.gate)
+                 "phimoe": {".mlp.router.weight": ".mlp.gate.weight"},
                  "apertus": {".attention_layernorm.": ".input_layernorm.",
                              ".feedforward_layernorm.": ".post_attention_layernorm."},
                  # AFMoE: Gemma 3's norms around the MLP, its router and correction bias (the bias first: back, the
