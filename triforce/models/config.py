@@ -838,6 +838,21 @@ WRAPPERS = {
     **{kind: ((text,), frozenset({"vision_config", "image_token_id", "video_token_id", "image_start_token_id",
                                   "image_end_token_id", "video_start_token_id", "video_end_token_id"}), "either")
        for kind, text in (("glm4v", "glm4v_text"), ("glm4v_moe", "glm4v_moe_text"))},
+    # Qwen's omni models (Qwen2.5-Omni 3B / 7B, Qwen3-Omni-30B-A3B): the language model of their thinker (its
+    # text_config: _VL_TEXTS), tied by the thinker's key alone (default false); the whole model's config holds the
+    # thinker's under thinker_config beside its talker's and speech decoder's (not read)
+    **{kind: ((text,), frozenset({"audio_config", "vision_config", "audio_token_index", "image_token_index",
+                                  "video_token_index", "audio_token_id", "image_token_id", "video_token_id",
+                                  "position_id_per_seconds", "seconds_per_chunk", "audio_start_token_id",
+                                  "audio_end_token_id", "user_token_id", "initializer_range", "vision_start_token_id",
+                                  "vision_end_token_id"}), ("wrapper", False))
+       for kind, text in (("qwen2_5_omni_thinker", "qwen2_5_omni_text"),
+                          ("qwen3_omni_moe_thinker", "qwen3_omni_moe_text"))},
+    **{kind: ((thinker,), frozenset({"talker_config", "token2wav_config", "code2wav_config", "enable_audio_output",
+                                     "im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id",
+                                     "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id",
+                                     "initializer_range"}), "text")
+       for kind, thinker in (("qwen2_5_omni", "qwen2_5_omni_thinker"), ("qwen3_omni_moe", "qwen3_omni_moe_thinker"))},
     # Llama 3.2 Vision (mllama: 11B / 90B): its language model without its cross-attention layers (loading.py
     # renumbers the others and drops the 8 image tokens' embedding rows; text_config's tie_word_embeddings)
     "mllama": (("mllama_text_model",), frozenset({"vision_config", "image_token_index", "image_token_id"}), None),
@@ -898,6 +913,17 @@ _VL_TEXTS = {
         "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
         "rope_theta": 500000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "num_experts_per_tok": 4,
         "num_experts": 60, "mlp_only_layers": []}),
+    # Qwen's omni models' thinkers' language models (Qwen2_5OmniTextConfig: Qwen2's, M-RoPE; Qwen3OmniMoeTextConfig:
+    # Qwen3-MoE's, interleaved M-RoPE, its router always renormalising, head_dim hidden / heads where absent)
+    "qwen2_5_omni_text": ("qwen2", {**_QWEN2_VL_TEXT, "hidden_size": 3584, "intermediate_size": 18944,
+                                    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                                    "rms_norm_eps": 1e-6, "max_window_layers": 28, "bos_token_id": None,
+                                    "eos_token_id": None}),
+    "qwen3_omni_moe_text": ("qwen3_moe", {
+        "vocab_size": 3584, "hidden_size": 2048, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts_per_tok": 8,
+        "num_experts": 128, "mlp_only_layers": [], "bos_token_id": None, "eos_token_id": None}),
     # Solar Open (SolarOpenForCausalLM: Upstage's Solar-Open-100B): GLM-4.5's mixture on every layer (no dense ones)
     # under Llama's attention (RoPE on the whole head, half-split pairs; no q / k norms): read as glm4_moe so
     "solar_open": ("glm4_moe", {
@@ -2460,6 +2486,11 @@ class LlamaConfig:
                 raise ValueError("config model_type 'internvl_chat' has both llm_config and text_config; keep one")
             d = {**d, "text_config": d["llm_config"]}
             del d["llm_config"]
+        if kind in ("qwen2_5_omni", "qwen3_omni_moe"):  # (its thinker's config, a wrapper of the language model's)
+            if "text_config" in d:
+                raise ValueError(f"config model_type {kind!r}: its language model is its thinker's, under "
+                                 "thinker_config, not text_config")
+            d = {**{k: v for k, v in d.items() if k != "thinker_config"}, "text_config": d.get("thinker_config")}
         if "text_config" not in d and kind in _FLAT_WRAPPERS:  # the language model's keys at the top level
             d = {k: v for k, v in d.items() if k in own or k in _METADATA_KEYS or k in ("model_type",
                                                                                       "tie_word_embeddings")} | {
@@ -2690,7 +2721,7 @@ def _vl_text(d: dict) -> str:
     ``model_type`` set to the family's, which is returned."""
     kind = d["model_type"]
     family, defaults = _VL_TEXTS[kind]
-    interleaved = kind in ("qwen3_vl_text", "qwen3_vl_moe_text")  # (Qwen3-VL's)
+    interleaved = kind in ("qwen3_vl_text", "qwen3_vl_moe_text", "qwen3_omni_moe_text")  # (Qwen3-VL's, -Omni's)
     sections = []
     for key in ("rope_parameters", "rope_scaling"):
         rope = d.get(key)
@@ -2707,6 +2738,10 @@ def _vl_text(d: dict) -> str:
             raise ValueError(f"config {key} mrope_interleaved = {rope['mrope_interleaved']!r} must be a bool")
         if interleaved:
             rope.pop("mrope_interleaved", None)
+            if kind == "qwen3_omni_moe_text" and rope.get("interleaved", True) not in (True, False):
+                raise ValueError(f"config {key} interleaved = {rope['interleaved']!r} must be a bool")
+            if kind == "qwen3_omni_moe_text":  # (Qwen3-Omni's second name of it)
+                rope.pop("interleaved", None)
         if rope.get("type") == "mrope":  # (transformers reads it as the default RoPE, and keeps the key beside
             rope.pop("type")  # its rope_type "default")
             rope.setdefault("rope_type", "default")
@@ -2744,9 +2779,12 @@ def _vl_text(d: dict) -> str:
         if sum(sections[0]) != int(head * factor) // 2:
             raise ValueError(f"config mrope_section = {sections[0]!r} must sum to the {int(head * factor) // 2} RoPE "
                              "frequencies of a head (transformers splits them by it)")
-    if kind == "qwen3_vl_moe_text" and d.setdefault("norm_topk_prob", True) is not True:
-        raise ValueError(f"config norm_topk_prob = {d['norm_topk_prob']!r}: Qwen3-VL-MoE's router always "
-                         "renormalises its top k probabilities (transformers' Qwen3VLMoeTextTopKRouter)")
+    if kind in ("qwen3_vl_moe_text", "qwen3_omni_moe_text") and d.setdefault("norm_topk_prob", True) is not True:
+        raise ValueError(f"config norm_topk_prob = {d['norm_topk_prob']!r}: Qwen3-VL-MoE's and Qwen3-Omni's routers "
+                         "always renormalise their top k probabilities (transformers' Qwen3VLMoeTextTopKRouter)")
+    if kind == "qwen3_omni_moe_text":  # (Qwen3OmniMoeTextConfig has no head_dim: its attention's fallback)
+        d.setdefault("head_dim", d.get("hidden_size", defaults["hidden_size"])
+                     // d.get("num_attention_heads", defaults["num_attention_heads"]))
     inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
     counted = any(k in d for k in _EXPERT_COUNT_KEYS)  # (transformers 5 writes num_experts as num_local_experts)
     for k, v in defaults.items():

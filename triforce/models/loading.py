@@ -990,13 +990,16 @@ def _index_shards(directory: Path, index: Path) -> list:
 # (model.language_model.*); its image side is not read. transformers 5.23's save_pretrained of Kimi K2.5 names the
 # language model's layers language_model.model.blocks.* (its vision tower's renaming, undone over them too), which
 # it reads back as layers: so here.
-_LANGUAGE_MODEL_PREFIXES = (("language_model.model.blocks.", "model.layers."), ("language_model.model.", "model."),
+_LANGUAGE_MODEL_PREFIXES = (("thinker.model.language_model.", "model."), ("thinker.model.", "model."),
+                            ("thinker.lm_head.", "lm_head."),  # (Qwen's omni models: their thinker's)
+                            ("language_model.model.blocks.", "model.layers."), ("language_model.model.", "model."),
                             ("language_model.lm_head.", "lm_head."), ("model.language_model.", "model."),
                             ("model.text_model.", "model."))  # (Idefics3's and SmolVLM's)
 _IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "visual.", "image_newline",
                    "model.vision_tower.", "model.multi_modal_projector.", "model.mm_projector.", "model.visual.",
                    "model.image_newline", "model.vision_model.", "model.connector.", "vision_model.", "audio_tower.",
-                   "model.audio_tower.", "mlp1.")
+                   "model.audio_tower.", "mlp1.", "thinker.visual.", "thinker.audio_tower.", "thinker.model.visual.",
+                   "thinker.model.audio_tower.", "talker.", "token2wav.", "code2wav.")
 
 
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.*)")
