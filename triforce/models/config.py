@@ -13,7 +13,7 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 ``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
-``phi`` and ``gpt_neox`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
+``phi``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
 GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``qwen2_moe``,
@@ -478,11 +478,26 @@ FAMILIES["gpt_neox"] = Family("GPTNeoXForCausalLM", activation="gelu",
                                   "num_hidden_layers": 44, "num_attention_heads": 64, "max_position_embeddings": 2048,
                                   "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 2,
                                   "attention_bias": True})
+# Falcon (FalconForCausalLM: falcon-7b / 40b / 180b, their instruct models, Falcon-RW without ALiBi): torch's LayerNorm
+# with a bias (layer_norm_epsilon), an ungated MLP of the exact GELU (dense_h_to_4h, dense_4h_to_h; ffn_hidden_size,
+# 4 * hidden by default), one bias key for every projection (bias), RoPE over the whole head, a tied head; q, k and v
+# as one query_key_value in one of three layouts: new_decoder_architecture (40b, 180b: per KV group its queries, then
+# its key and value; num_kv_heads groups), multi_query (7b: every query head, then one key and one value) or per head
+# q, k, v (GPT-NeoX's); the attention and the MLP in parallel (parallel_attn; the new architecture always), on one norm
+# or, with the new architecture's num_ln_in_parallel_attn 2 (its default), each on its own (ln_attn, ln_mlp)
+FAMILIES["falcon"] = Family("FalconForCausalLM", activation="gelu", hidden_acts=("gelu",), gated_mlp=False,
+                            torch_layer_norm="plain", parallel_block=True, parallel_norms=True,
+                            reads=("attention_bias", "mlp_bias"), defaults={
+                                "vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32,
+                                "num_attention_heads": 71, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+                                "bos_token_id": 11, "eos_token_id": 11, "tie_word_embeddings": True})
+_FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "num_kv_heads",
+                  "num_ln_in_parallel_attn", "ffn_hidden_size", "activation", "alibi", "bias")
 # GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
 # must agree)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
-                 "jais2": "layer_norm_eps",
+                 "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
@@ -552,8 +567,11 @@ FAMILIES["internlm3"] = Family("LlamaForCausalLM", reads=("attention_bias", "mlp
     "rms_norm_eps": 1e-5, "pad_token_id": 2, "bos_token_id": 1, "eos_token_id": 2})
 _BIAS_ALIASES = {"qkv_bias": "attention_bias", "bias": "mlp_bias"}  # (InternLM3Config.attribute_map)
 # the remote code their checkpoints name (auto_map), which transformers runs as its own (LlamaForCausalLM)
-_OWN_CODE = {t: {f"configuration_{t}.{n}Config", f"modeling_{t}.{n}Model", f"modeling_{t}.{n}ForCausalLM"}
-             for t, n in (("internlm3", "InternLM3"), ("iquestcoder", "IQuestCoder"), ("afmoe", "Afmoe"))}
+_OWN_CODE = {t: {f"configuration_{t}.{n}Config", f"modeling_{t}.{n}Model", f"modeling_{t}.{n}ForCausalLM",
+                 *(f"modeling_{t}.{n}For{task}" for task in ("SequenceClassification", "TokenClassification",
+                                                            "QuestionAnswering"))}
+             for t, n in (("internlm3", "InternLM3"), ("iquestcoder", "IQuestCoder"), ("afmoe", "Afmoe"),
+                          ("falcon", "Falcon"))}
 # IQuest-Coder-V1 (model_type iquestcoder: IQuest-Coder-V1-40B Base / Instruct; transformers runs it as
 # LlamaForCausalLM): Llama's layer with IQuestCoderConfig's defaults (its 40B shape, head_dim 128); its original code's
 # clip_qkv and sliding window are refused, as transformers refuses them (no released checkpoint sets them)
@@ -1037,8 +1055,8 @@ _HARMLESS_ONLY_AT = {
     "use_qkv_bias": (lambda v, c: c.model_type == "stablelm" and isinstance(v, bool), "absent (StableLM: a bool)"),
     "use_parallel_residual": (lambda v, c: c.model_type in ("stablelm", "gpt_neox") and isinstance(v, bool),
                               "absent (StableLM, GPT-NeoX: a bool)"),
-    "hidden_dropout": (lambda v, c: c.model_type in ("stablelm", "gpt_neox") and _is_number(v) and 0 <= v < 1,
-                       "absent (StableLM, GPT-NeoX: any in [0, 1), training only)"),
+    "hidden_dropout": (lambda v, c: c.model_type in ("stablelm", "gpt_neox", "falcon") and _is_number(v) and 0 <= v < 1,
+                       "absent (StableLM, GPT-NeoX, Falcon: any in [0, 1), training only)"),
     # GPT-NeoX's dropout of its sequence-classification head (not a causal LM's)
     "classifier_dropout": (lambda v, c: c.model_type == "gpt_neox" and (v is None or _is_number(v) and 0 <= v < 1),
                            "absent (GPT-NeoX: null or any in [0, 1), its classifier's)"),
@@ -1122,6 +1140,12 @@ _HARMLESS_ONLY_AT = {
                                                               "read by none of its attention-only layers)")
        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv", "mamba_expand",
                    "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit")},
+    # (the RW code's, before transformers had Falcon: false in Falcon's checkpoints, and transformers does not read it)
+    "apply_residual_connection_post_layernorm": (lambda v, c: c.model_type == "falcon" and v is False,
+                                                 "absent (Falcon: false)"),
+    # Falcon's layout keys (read by _falcon_keys and falcon_layout; kept, and written back, as they are)
+    **{key: (lambda v, c: c.model_type == "falcon", "absent (Falcon: its layout, read as the model's fields)")
+       for key in _FALCON_LAYOUT},
     # PhiMoE's: SparseMixer's jitter (LlamaConfig.experts), its input jitter (training only), its head's bias
     "input_jitter_noise": (lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
                            "absent (PhiMoE: a number >= 0, training only)"),
@@ -1935,12 +1959,16 @@ class LlamaConfig:
         :attr:`parallel_norms`)."""
         if self.model_type in ("stablelm", "gpt_neox"):
             return bool(self.extra.get("use_parallel_residual", FAMILIES[self.model_type].parallel_block))
+        if self.model_type == "falcon":
+            return falcon_layout(self.extra, self.num_attention_heads)[2]
         return FAMILIES[self.model_type].parallel_block
 
     @property
     def parallel_norms(self) -> bool:
         """GPT-NeoX's parallel block: the MLP on a norm of its own (``post_attention_layernorm``) of the block's input,
         ``h + attn(input_layernorm(h)) + mlp(post_attention_layernorm(h))``."""
+        if self.model_type == "falcon":
+            return falcon_layout(self.extra, self.num_attention_heads)[3]
         return self.parallel_block and FAMILIES[self.model_type].parallel_norms
 
     @property
@@ -2401,6 +2429,8 @@ class LlamaConfig:
             d["attention_bias"] = d["mlp_bias"] = True
         if model_type == "gpt_neox":
             _gpt_neox_keys(d)
+        if model_type == "falcon":
+            _falcon_keys(d)
         if model_type == "internlm3":  # (its config's names of Llama's two bias keys: read as transformers reads them)
             for alias, key in _BIAS_ALIASES.items():
                 if alias in d:
@@ -2575,6 +2605,12 @@ class LlamaConfig:
             del d["attention_bias"], d["mlp_bias"]
         if self.model_type == "olmo":  # (fixed: not its config's)
             del d["rms_norm_eps"]
+        if self.model_type == "falcon":  # (its layout keys, in extra, say these)
+            for key in ("num_key_value_heads", "head_dim", "intermediate_size", "attention_bias", "mlp_bias",
+                        "hidden_act"):
+                d.pop(key, None)
+            d["ffn_hidden_size"] = self.intermediate_size
+            d["bias"] = self.attention_bias
         if self.model_type == "gpt_neox":  # its own keys (MHA, one head_dim, biased MLPs: none of its config's)
             del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
             d["rotary_emb_base"] = d.pop("rope_theta")
@@ -2617,6 +2653,53 @@ def _gpt_neox_keys(d: dict) -> None:
                 raise ValueError(f"config {old} = {d[old]!r} and {new} = {d[new]!r} disagree (GPT-NeoX's name and "
                                  "the common one of one setting); keep one")
             d[new] = d.pop(old)
+
+
+def falcon_layout(x: dict, heads: int) -> tuple:
+    """A Falcon config's (``extra`` ``x``, ``heads`` query heads) ``(query_key_value's layout, KV heads, parallel
+    block, its MLP on a norm of its own)``: layout ``"grouped"`` (new_decoder_architecture), ``"multi_query"`` or
+    ``"per_head"`` (GPT-NeoX's)."""
+    new = bool(x.get("new_decoder_architecture", False))
+    if new:
+        kv = x.get("num_kv_heads") or heads
+        norms = x.get("num_ln_in_parallel_attn") in (None, 2)
+        return "grouped", kv, True, norms
+    if x.get("multi_query", True):
+        return "multi_query", 1, bool(x.get("parallel_attn", True)), False
+    return "per_head", heads, bool(x.get("parallel_attn", True)), False
+
+
+def _falcon_keys(d: dict) -> None:
+    """A Falcon config ``d``'s keys read in place: its layout keys kept (``extra``: :func:`falcon_layout`, written back
+    as they were), the model's fields derived from them (``num_key_value_heads``, ``head_dim`` hidden / heads,
+    ``intermediate_size`` from ``ffn_hidden_size``, the biases from ``bias``); ALiBi, another activation, a sequential
+    block in the new architecture, or the model's own names for what those keys say raise."""
+    fam = FAMILIES["falcon"].defaults
+    for key in ("num_key_value_heads", "head_dim", "intermediate_size", "attention_bias", "mlp_bias", "hidden_act"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not FalconConfig's (its own keys say it: {_FALCON_LAYOUT})")
+    if d.get("alibi", False) is not False:
+        raise ValueError("config alibi = true: Falcon's ALiBi (Falcon-RW's positions) is not implemented; RoPE is")
+    if d.get("activation", "gelu") != "gelu":
+        raise ValueError(f"config activation = {d['activation']!r}: Falcon's MLP is read with the exact GELU only")
+    for key in ("new_decoder_architecture", "multi_query", "parallel_attn", "bias"):
+        if not isinstance(d.get(key, False), bool):
+            raise ValueError(f"config {key} = {d[key]!r} must be a bool")
+    if d.get("new_decoder_architecture") and d.get("parallel_attn", True) is False:
+        raise ValueError("config new_decoder_architecture with parallel_attn false: transformers' Falcon runs the "
+                         "new architecture's block in parallel only (its sequential norms are never built)")
+    if d.get("num_ln_in_parallel_attn") not in (None, 1, 2):
+        raise ValueError(f"config num_ln_in_parallel_attn = {d['num_ln_in_parallel_attn']!r} must be 1, 2 or null")
+    heads, hidden = d.get("num_attention_heads", fam["num_attention_heads"]), d.get("hidden_size", fam["hidden_size"])
+    kv = d.get("num_kv_heads")
+    if kv is not None and not (_is_int(kv) and kv >= 1):
+        raise ValueError(f"config num_kv_heads = {kv!r} must be a positive int or null")
+    ffn = d.get("ffn_hidden_size")
+    if ffn is not None and not (_is_int(ffn) and ffn >= 1):
+        raise ValueError(f"config ffn_hidden_size = {ffn!r} must be a positive int or null")
+    _, d["num_key_value_heads"], _, _ = falcon_layout(d, heads)
+    d["intermediate_size"] = ffn or 4 * hidden
+    d["attention_bias"] = d["mlp_bias"] = bool(d.get("bias", False))
 
 
 def _mla_heads(d: dict) -> None:

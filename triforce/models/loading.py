@@ -35,7 +35,8 @@ import torch
 
 from .compressed import CompressedWeights, compressed_config
 from .gptq_awq import GptqAwqWeights, gptq_awq_config
-from .config import _COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, fp8_config, mllama_cross_layers
+from .config import (_COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, falcon_layout, fp8_config,
+                     mllama_cross_layers)
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -840,6 +841,70 @@ def _granite_dense_names(sd: dict, inverse: bool = False) -> dict:
     return out
 
 
+# Falcon's checkpoint names (transformer.*) -> the model's; its query_key_value split by falcon_qkv_split
+_FALCON_NAMES = (("transformer.word_embeddings.", "model.embed_tokens."), ("transformer.h.", "model.layers."),
+                 ("transformer.ln_f.", "model.norm."), (".self_attention.dense.", ".self_attn.o_proj."),
+                 (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."))
+_FALCON_NORMS = ((".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."))
+_FALCON_QKV = re.compile(r"(.*\.)self_attention\.query_key_value\.(weight|bias)")
+_OWN_QKV = re.compile(r"(.*\.)self_attn\.q_proj\.(weight|bias)")
+
+
+def falcon_qkv_split(config: LlamaConfig, t: torch.Tensor) -> list:
+    """Falcon's ``query_key_value`` rows (weight or bias) as the q, k and v projections' (copies), by its layout
+    (:func:`~triforce.models.config.falcon_layout`): per KV group its queries, its key and its value (the new
+    architecture); every query, one key, one value (multi-query); per head q, k, v (GPT-NeoX's)."""
+    layout, kv, _, _ = falcon_layout(config.extra, config.num_attention_heads)
+    D, heads = config.head_dim, config.num_attention_heads
+    if layout == "per_head":
+        return neox_qkv_split(t, heads)
+    if layout == "multi_query":
+        return [p.clone() for p in t.split((heads * D, D, D))]
+    per = t.reshape(kv, heads // kv + 2, D, *t.shape[1:])
+    return [p.reshape(-1, *t.shape[1:]).clone() for p in (per[:, :-2], per[:, -2], per[:, -1])]
+
+
+def falcon_qkv_join(config: LlamaConfig, parts) -> torch.Tensor:
+    """The inverse of :func:`falcon_qkv_split`."""
+    layout, kv, _, _ = falcon_layout(config.extra, config.num_attention_heads)
+    D, heads = config.head_dim, config.num_attention_heads
+    if layout == "per_head":
+        return neox_qkv_join(parts, heads)
+    if layout == "multi_query":
+        return torch.cat(parts)
+    q, k, v = parts
+    rest = q.shape[1:]
+    return torch.cat([q.reshape(kv, heads // kv, D, *rest), k.reshape(kv, 1, D, *rest), v.reshape(kv, 1, D, *rest)],
+                     1).reshape(-1, *rest)
+
+
+def _falcon_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """A Falcon checkpoint's weights under the model's names (its query_key_value split into q, k and v; its parallel
+    block's two norms, ln_attn and ln_mlp, as the model's two), or with ``inverse`` back (a projection missing from a
+    q / k / v triple is left as it is: reported as unexpected)."""
+    pairs = _FALCON_NAMES + (_FALCON_NORMS if config.parallel_norms else ())
+    out = {}
+    if not inverse:
+        for name, t in _renamed(sd, pairs).items():
+            if (m := _FALCON_QKV.fullmatch(name)) is not None:
+                q, k, v = falcon_qkv_split(config, t)
+                out.update({f"{m[1]}self_attn.{p}_proj.{m[2]}": w for p, w in zip("qkv", (q, k, v))})
+            else:
+                out[name] = t
+        return out
+    for name, t in sd.items():
+        if (m := _OWN_QKV.fullmatch(name)) is not None and all(
+                f"{m[1]}self_attn.{p}_proj.{m[2]}" in sd for p in "kv"):
+            out[f"{m[1]}self_attention.query_key_value.{m[2]}"] = falcon_qkv_join(
+                config, [sd[f"{m[1]}self_attn.{p}_proj.{m[2]}"] for p in "qkv"])
+        elif re.fullmatch(r".*\.self_attn\.[kv]_proj\.(weight|bias)", name) and \
+                name.replace(".k_proj.", ".q_proj.").replace(".v_proj.", ".q_proj.") in sd:
+            continue  # (joined with its q)
+        else:
+            out[name] = t
+    return _renamed(out, [(new, old) for old, new in pairs])
+
+
 def _weightless_norm_shapes(config: LlamaConfig) -> dict:
     """NanoChat's norms (none has a weight in its checkpoints): the model's norm weights' names and shapes."""
     h, d = config.hidden_size, config.head_dim
@@ -875,6 +940,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     ``sd`` itself for every other family."""
     if config.model_type == "stablelm":
         return _stablelm_head_norms(sd, inverse)
+    if config.model_type == "falcon":
+        return _falcon_names(config, sd, inverse)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type in _FAMILY_NAMES:

@@ -1,0 +1,114 @@
+"""Falcon (``model_type="falcon"``: falcon-7b / 40b / 180b and their instruct models): torch's LayerNorm with a bias,
+an ungated MLP of the exact GELU, one ``bias`` key for every projection, RoPE over the whole head, q / k / v as one
+``query_key_value`` in one of three layouts (the new architecture's KV groups, multi-query, per head), the attention
+and the MLP in parallel on one norm or two (or in sequence). Against transformers' FalconForCausalLM."""
+import pytest
+import torch
+
+from triforce.models import LlamaConfig
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import TINY, assert_saved_reads_back, tiny_family, transformers_and_ours
+from .test_model import TOL
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+BASE = {k: v for k, v in TINY.items() if k not in ("intermediate_size", "num_key_value_heads", "rms_norm_eps")}
+CASES = {  # name -> (config keys, KV heads, parallel block, two norms)
+    "7b-multi-query": ({}, 1, True, False),
+    "mha-biases": (dict(multi_query=False, bias=True), 4, True, False),
+    "40b-grouped-two-norms": (dict(new_decoder_architecture=True, num_kv_heads=2, bias=True), 2, True, True),
+    "grouped-one-norm": (dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1), 2, True,
+                         False),
+    "sequential-untied": (dict(parallel_attn=False, ffn_hidden_size=96, tie_word_embeddings=False), 1, False, False),
+}
+
+
+def pair(case):
+    return transformers_and_ours("Falcon", **{**BASE, "layer_norm_epsilon": 1e-3, **CASES[case][0]})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_path_and_our_save_match_transformers(tmp_path, case):
+    hf, ours = pair(case)
+    _, kv, parallel, norms = CASES[case]
+    c = ours.config
+    assert (c.num_key_value_heads, c.parallel_block, c.parallel_norms) == (kv, parallel, norms)
+    assert c.activation == "gelu" and not c.gated_mlp and c.rms_norm_eps == 1e-3
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path, hf, ours)
+
+
+@pytest.mark.parametrize("case", ["7b-multi-query", "mha-biases", "40b-grouped-two-norms"])
+def test_query_key_value_splits_and_joins_back(case):
+    """Each layout's split of query_key_value (weight and bias) joins back bitwise (our save's rows are the
+    checkpoint's)."""
+    from triforce.models.loading import falcon_qkv_join, falcon_qkv_split
+
+    hf, ours = pair(case)
+    for name, t in hf.state_dict().items():
+        if "query_key_value" in name:
+            assert torch.equal(falcon_qkv_join(ours.config, falcon_qkv_split(ours.config, t)), t)
+
+
+def test_the_second_norm_matters():
+    """The new architecture's two norms are read apart: with the MLP's norm (ln_mlp) in the attention's place too, the
+    logits move."""
+    from triforce.models.loading import _build
+
+    hf, ours = pair("40b-grouped-two-norms")
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(2))
+    theirs = hf.state_dict()
+    sd = {k: theirs[k.replace(".ln_attn.", ".ln_mlp.")] for k in theirs}  # (the attention's norm: the MLP's)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (_build(ours.config, sd, None, None)(ids) - ref).abs().max().item() > 10 * TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["7b-multi-query", "40b-grouped-two-norms"])
+def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
+    assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+# falcon-7b's config.json as TII ships it (its own code named in auto_map; the RW code's residual switch, false)
+FALCON_7B = {
+    "alibi": False, "apply_residual_connection_post_layernorm": False, "architectures": ["FalconForCausalLM"],
+    "attention_dropout": 0.0, "auto_map": {"AutoConfig": "configuration_falcon.FalconConfig",
+                                           "AutoModel": "modeling_falcon.FalconModel",
+                                           "AutoModelForCausalLM": "modeling_falcon.FalconForCausalLM"},
+    "bias": False, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0, "hidden_size": 4544,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon", "multi_query": True,
+    "new_decoder_architecture": False, "num_attention_heads": 71, "num_hidden_layers": 32, "parallel_attn": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.27.4", "use_cache": True, "vocab_size": 65024}
+
+
+@pytest.mark.parametrize("d", [FALCON_7B, {**FALCON_7B, "new_decoder_architecture": True, "num_kv_heads": 8,
+                                           "hidden_size": 8192, "num_attention_heads": 128, "num_hidden_layers": 60}],
+                         ids=["falcon-7b", "40b-shaped"])
+def test_falcons_configs_read_as_transformers_reads_them(d):
+    c = LlamaConfig.from_dict(d)
+    want = transformers.FalconConfig.from_dict({k: v for k, v in d.items() if k != "auto_map"})
+    kv = want.num_kv_heads if want.new_decoder_architecture else 1
+    assert (c.num_key_value_heads, c.head_dim, c.intermediate_size) == (kv, want.head_dim, want.ffn_hidden_size)
+    assert (c.tie_word_embeddings, c.rms_norm_eps, c.attention_bias) == (True, want.layer_norm_epsilon, want.bias)
+    assert c.parallel_norms == bool(want.new_decoder_architecture)
+
+
+@pytest.mark.parametrize("bad,match", [({"alibi": True}, "alibi"), ({"activation": "relu"}, "activation"),
+                                       ({"num_key_value_heads": 8}, "num_key_value_heads"),
+                                       ({"new_decoder_architecture": True, "parallel_attn": False}, "parallel"),
+                                       ({"apply_residual_connection_post_layernorm": True}, "apply_residual")])
+def test_what_it_does_not_read_raises(bad, match):
+    with pytest.raises(ValueError, match=match):
+        LlamaConfig.from_dict({**FALCON_7B, **bad})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 4, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 4, 6)])
+def test_greedy_equals_autoregressive(method, opts):
+    def tiny(seed):
+        return tiny_family("falcon", seed, num_key_value_heads=2, attention_bias=True, mlp_bias=True, extra=dict(
+            new_decoder_architecture=True, num_kv_heads=2))
+    assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
