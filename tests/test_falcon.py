@@ -112,3 +112,34 @@ def test_greedy_equals_autoregressive(method, opts):
         return tiny_family("falcon", seed, num_key_value_heads=2, attention_bias=True, mlp_bias=True, extra=dict(
             new_decoder_architecture=True, num_kv_heads=2))
     assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+def falcon_kv(c) -> dict:
+    """The ``falcon.*`` metadata llama.cpp's converter writes for transformers' FalconConfig ``c``: its KV heads (the
+    new architecture's groups, else 1: multi-query), the LayerNorms' eps as attention.layer_norm_epsilon."""
+    kv = c.num_kv_heads if c.new_decoder_architecture else 1
+    return {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+            "feed_forward_length": c.ffn_hidden_size, "block_count": c.num_hidden_layers,
+            "attention.head_count": c.num_attention_heads, "attention.head_count_kv": kv,
+            "attention.layer_norm_epsilon": float(c.layer_norm_epsilon), "vocab_size": c.vocab_size}
+
+
+@pytest.mark.parametrize("keys,kv,norms", [({}, 1, False),
+                                            (dict(new_decoder_architecture=True, num_kv_heads=2), 2, True)],
+                         ids=["7b", "40b"])
+def test_gguf_as_llama_cpp_writes_it(tmp_path, keys, kv, norms):
+    """A falcon GGUF as llama.cpp's converter writes the checkpoint (query_key_value regrouped as every query, then
+    every key, then every value; the 40b layers' ln_attn as attn_norm_2 and ln_mlp as attn_norm; no biases: llama.cpp's
+    falcon has none) gives transformers' logits; its blocks compute the loaded model bitwise."""
+    from triforce.models.loading import falcon_qkv_split
+
+    from .test_families import assert_converted_gguf_is_the_checkpoint
+
+    hf, ours = transformers_and_ours("Falcon", **{**BASE, "layer_norm_epsilon": 1e-3, **keys})
+
+    def convert(name, t):
+        return torch.cat(falcon_qkv_split(ours.config, t)) if "query_key_value" in name else t
+
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "falcon", falcon_kv(hf.config), convert=convert)
+    assert loaded.config.model_type == "falcon" and loaded.config.parallel_norms == norms
+    assert loaded.config.num_key_value_heads == kv

@@ -68,3 +68,17 @@ def test_defaults_and_bad_configs():
                          ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 3, 4, 6)])
 def test_greedy_equals_autoregressive(method, opts):
     assert_greedy_equals_autoregressive(tiny_family("jais2", 0), tiny_family("jais2", 1), method, opts)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """A jais2 GGUF as llama.cpp's converter writes a Jais2ForCausalLM checkpoint (its TextModel: the gguf package's
+    names, the rows as the checkpoint holds them, every bias; the LayerNorms' eps as attention.layer_norm_epsilon) gives
+    transformers' logits; its blocks compute the loaded model bitwise."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
+
+    hf, _ = pair(case)
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "jais2", converted_kv(
+        hf.config, eps_key="attention.layer_norm_epsilon"))
+    c = ours.config
+    assert c.model_type == "jais2" and (c.attention_bias, c.mlp_bias) == (hf.config.attention_bias,) * 2

@@ -1339,7 +1339,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "hunyuan-moe": ("hunyuan_v1_moe", False), "starcoder2": ("starcoder2", False),
                       "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False),
                       "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True),
-                      "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False)}
+                      "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False),
+                      "jais2": ("jais2", False), "falcon": ("falcon", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe"}
@@ -1663,6 +1664,11 @@ _GGUF_LAYER_NORM_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_norm.bias": "input_laye
 # read_gguf interleaves them again), with its bias
 _GGUF_NEOX_TENSORS = {**_GGUF_LAYER_NORM_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
                       "attn_qkv.bias": "self_attn.qkv_proj.bias"}
+# falcon: q, k, v as one attn_qkv, rows [q; k; v] (llama.cpp's converter regroups the checkpoint's; read_gguf splits
+# them), attn_norm the MLP's norm (and the attention's, but where the file has attn_norm_2: the 40b / 180b layers' two)
+_GGUF_FALCON_TENSORS = {**_GGUF_LAYER_NORM_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                        "attn_qkv.bias": "self_attn.qkv_proj.bias", "attn_norm_2.weight": "attn_norm_2.weight",
+                        "attn_norm_2.bias": "attn_norm_2.bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -1670,8 +1676,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS,
-                **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm"), _GGUF_LAYER_NORM_TENSORS),
-                "gptneox": _GGUF_NEOX_TENSORS}
+                **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
+                "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1802,6 +1808,10 @@ def read_gguf(path: Path, skip=None, reader=None):
                          f"{need('attention.layer_norm_epsilon')}; OLMo's LayerNorm eps is 1e-5")
     if arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):
         extra.update(_gguf_mrope(reader, arch, path, head_dim))
+    if arch == "falcon":  # (llama.cpp runs every falcon file as the new architecture's parallel block: its KV heads,
+        # one norm, or two where the layers have attn_norm_2; q / k / v contiguous in the file)
+        extra.update(new_decoder_architecture=True, num_kv_heads=n_kv, bias=attention_bias,
+                     num_ln_in_parallel_attn=2 if "blk.0.attn_norm_2.weight" in tensors else 1)
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -1811,7 +1821,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
             "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm",
-                                                             "gpt_neox", "olmo")
+                                                             "gpt_neox", "olmo", "jais2", "falcon")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
@@ -1863,9 +1873,29 @@ def read_gguf(path: Path, skip=None, reader=None):
                 sd[key] = torch.zeros(config.experts.count)
     if arch == "gptneox":  # (its checkpoints' query_key_value: interleaved per head)
         sd = _gguf_neox_qkv(config, sd)
+    if arch == "falcon":
+        sd = _gguf_falcon(config, sd)
     if model_type in _FAMILY_NAMES or model_type == "stablelm":  # (the family's checkpoint names where they differ
         sd = _norm_names(config, sd, inverse=True)  # from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+def _gguf_falcon(config: LlamaConfig, sd: dict) -> dict:
+    """A falcon file's tensors under the model's names: attn_qkv's rows ([q; k; v], contiguous) as q, k and v; with
+    attn_norm_2 (the attention's norm in the 40b / 180b layers) the file's attn_norm is the MLP's norm."""
+    out = {}
+    rows = (config.num_attention_heads * config.head_dim, *(config.num_key_value_heads * config.head_dim,) * 2)
+    for name, t in sd.items():
+        if name.endswith((".self_attn.qkv_proj.weight", ".self_attn.qkv_proj.bias")):
+            stem, kind = name.rsplit(".self_attn.qkv_proj.", 1)
+            out.update({f"{stem}.self_attn.{p}_proj.{kind}": w.clone() for p, w in zip("qkv", t.split(rows))})
+        elif ".attn_norm_2." in name:
+            out[name.replace(".attn_norm_2.", ".input_layernorm.")] = t
+        elif ".input_layernorm." in name and name.replace(".input_layernorm.", ".attn_norm_2.") in sd:
+            out[name.replace(".input_layernorm.", ".post_attention_layernorm.")] = t
+        else:
+            out[name] = t
+    return out
 
 
 def _gguf_neox_qkv(config: LlamaConfig, sd: dict) -> dict:
