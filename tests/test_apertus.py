@@ -113,3 +113,30 @@ def test_greedy_equals_autoregressive(method, opts):
                 layer.mlp.act_fn.alpha_n.normal_(0, 0.5)
         return model
     assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """An apertus GGUF as llama.cpp's converter writes the checkpoint (its LlamaModel without the q / k permutation;
+    Llama 3.1's RoPE as rope_freqs; each layer's xIELU numbers, as learned, in the metadata arrays xielu.alpha_p /
+    alpha_n / beta / eps) gives transformers' logits; its blocks compute the loaded model bitwise."""
+    from triforce.models.rope import rope_inv_freq
+
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
+
+    hf, ours = pair(case)
+    sd = hf.state_dict()
+    n = ours.config.num_hidden_layers
+    raw = {f"xielu.{k}": [float(sd[f"model.layers.{i}.mlp.act_fn.{k}"].reshape(())) for i in range(n)]
+           for k in ("alpha_p", "alpha_n", "beta", "eps")}
+    tensors = {}
+    if ours.config.rope_type == "llama3":  # (the converter's rope_freqs: each pair's factor on its frequency)
+        plain = ours.config.replace(rope_scaling=None)
+        tensors["rope_freqs.weight"] = (rope_inv_freq(plain) / rope_inv_freq(ours.config)).numpy()
+
+    def convert(name, t):
+        return None if ".act_fn." in name else t
+
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "apertus", converted_kv(hf.config),
+                                                     convert=convert, tensors=tensors, raw_kv=raw)
+    assert loaded.config.model_type == "apertus" and loaded.config.activation == "xielu"

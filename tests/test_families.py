@@ -485,29 +485,31 @@ def converted_kv(c, rotated=None, eps_key="attention.layer_norm_rms_epsilon") ->
             "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size}
 
 
-def assert_converted_gguf_is_the_checkpoint(tmp_path, hf, arch: str, kv: dict, convert=None, tensors=None):
+def assert_converted_gguf_is_the_checkpoint(tmp_path, hf, arch: str, kv: dict, convert=None, tensors=None,
+                                           raw_kv=None):
     """``hf`` written as llama.cpp's converter writes it (:func:`write_converted_gguf`: ``kv``, ``convert``,
-    ``tensors``): in float32 the file loads with transformers' logits (2 rows of 40 tokens); in Q8_0 / Q5_0 blocks it
-    loads off them (the blocks round the weights), and its blocks compute that model bitwise
+    ``tensors``, ``raw_kv``): in float32 the file loads with transformers' logits (2 rows of 40 tokens); in Q8_0 / Q5_0
+    blocks it loads off them (the blocks round the weights), and its blocks compute that model bitwise
     (:func:`assert_blocks_compute_the_loaded_model`). -> ours from the float32 file."""
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, arch, kv, convert=convert, tensors=tensors)
+    path = write_converted_gguf(tmp_path / "f32.gguf", hf, arch, kv, convert=convert, tensors=tensors, raw_kv=raw_kv)
     ours = Llama.from_pretrained(path, cache_dir=False)
     ids = torch.randint(0, hf.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(ids).logits
         assert (ours(ids) - ref).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, arch, kv, convert=convert, tensors=tensors,
+    q = write_converted_gguf(tmp_path / "q.gguf", hf, arch, kv, convert=convert, tensors=tensors, raw_kv=raw_kv,
                              quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
     assert (assert_blocks_compute_the_loaded_model(q, ids) - ref).abs().max().item() > TOL
     return ours
 
 
-def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None, convert=None):
+def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None, convert=None, raw_kv=None):
     """A GGUF of transformers model ``hf`` as llama.cpp's converter writes its checkpoint when it neither permutes
     nor fuses anything: every tensor under the gguf package's name map of ``arch`` (after ``tensors``, raw ones),
     ``kv`` under ``arch``'s prefix, the config's token ids. ``quant``: as :func:`write_gguf`'s; ``convert(name,
     tensor)``: the tensor as the family's converter rewrites it (GPT-NeoX's query_key_value), or it unchanged, or None
-    for one the converter writes otherwise (in ``tensors``: StableLM's stacked per-head norms)."""
+    for one the converter writes otherwise (in ``tensors``: StableLM's stacked per-head norms); ``raw_kv``: keys written
+    without the architecture's prefix (Apertus's xielu.*)."""
     c = hf.config
     tensors = dict(tensors or {})
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
@@ -518,7 +520,7 @@ def write_converted_gguf(path, hf, arch: str, kv: dict, tensors=None, quant=None
         t = t.detach().float() if convert is None else convert(name, t.detach().float())
         if t is not None:
             tensors[names.get_name(name, try_suffixes=(".weight", ".bias"))] = t.numpy()
-    return write_gguf_file(path, arch, kv, tensors, c, quant)
+    return write_gguf_file(path, arch, kv, tensors, c, quant, raw_kv=raw_kv)
 
 
 def stacked_expert_tensors(hf, arch: str, special=None) -> dict:
@@ -602,14 +604,16 @@ def assert_missing_router_biases_are_zeros(tmp_path, hf, write) -> None:
         assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
 
 
-def write_gguf_file(path, arch: str, kv: dict, tensors: dict, config, quant=None, tokenizer=None):
+def write_gguf_file(path, arch: str, kv: dict, tensors: dict, config, quant=None, tokenizer=None, raw_kv=None):
     """A GGUF file of architecture ``arch``: ``kv`` under its prefix, ``config``'s token ids, ``tensors`` (GGUF name
     -> float32 array), each through ``quant(name, array) -> (array, raw_dtype)`` where given (rope_factors never);
-    ``tokenizer``: tokenizer.ggml.* keys (:func:`gguf_tokenizer`)."""
+    ``tokenizer``: tokenizer.ggml.* keys (:func:`gguf_tokenizer`); ``raw_kv``: keys without the prefix."""
     w = gguf.GGUFWriter(str(path), arch)
     add = {float: w.add_float32, int: w.add_uint32, list: w.add_array, bool: w.add_bool, str: w.add_string}
     for k, v in kv.items():
         add[type(v)](f"{arch}.{k}", v)
+    for k, v in (raw_kv or {}).items():
+        add[type(v)](k, v)
     for k, v in (tokenizer or {}).items():
         add[type(v)](f"tokenizer.ggml.{k}", v)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):

@@ -1340,7 +1340,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False),
                       "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True),
                       "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False),
-                      "jais2": ("jais2", False), "falcon": ("falcon", False)}
+                      "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe"}
@@ -1875,9 +1875,33 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_neox_qkv(config, sd)
     if arch == "falcon":
         sd = _gguf_falcon(config, sd)
+    if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
+        sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type == "stablelm":  # (the family's checkpoint names where they differ
         sd = _norm_names(config, sd, inverse=True)  # from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
+
+
+_XIELU_KEYS = ("alpha_p", "alpha_n", "beta", "eps")
+
+
+def _gguf_xielu(reader, path: Path, layers: int) -> dict:
+    """An apertus file's xIELU numbers as each layer's ``mlp.act_fn`` tensors (:class:`~triforce.models.llama.XIELU`):
+    ``xielu.alpha_p`` / ``alpha_n`` / ``beta`` / ``eps``, one per layer as llama.cpp's converter writes them (the
+    checkpoint's learned ``alpha_p`` / ``alpha_n`` as they are: the softplus is the model's), or one number for every
+    layer (llama.cpp broadcasts it)."""
+    out = {}
+    for key in _XIELU_KEYS:
+        v = gguf_field(reader, f"xielu.{key}")
+        if v is None:
+            raise ValueError(f"GGUF file {str(path)!r} (apertus) lacks metadata xielu.{key}: its MLP's xIELU numbers")
+        values = [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)] * layers
+        if len(values) != layers:
+            raise ValueError(f"GGUF file {str(path)!r} has {len(values)} xielu.{key} values for {layers} layers")
+        for i, x in enumerate(values):
+            t = torch.tensor(x)
+            out[f"model.layers.{i}.mlp.act_fn.{key}"] = t[None] if key in ("alpha_p", "alpha_n") else t
+    return out
 
 
 def _gguf_falcon(config: LlamaConfig, sd: dict) -> dict:
