@@ -2,6 +2,7 @@
 half-split RoPE pairs (LongRoPE in its checkpoints), Llama's MLP, the embeddings times ``scale_emb`` (rounded to the
 dtype first), each block's output times ``scale_depth / sqrt(num_hidden_layers)``, the final hidden states divided by
 ``hidden_size / dim_model_base`` before the head. Against transformers' MiniCPM3ForCausalLM."""
+import numpy as np
 import pytest
 import torch
 
@@ -84,3 +85,33 @@ def test_greedy_equals_autoregressive(method, opts):
         return tiny_family("minicpm3", seed, num_key_value_heads=None, head_dim=None, extra=dict(
             kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, dim_model_base=16))
     assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+@pytest.mark.parametrize("case", ["default", "longrope"])
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """A minicpm3 GGUF as llama.cpp's converter writes the checkpoint (DeepSeek-V2's latent attention tensors, the
+    rows as they are: half-split RoPE pairs; LongRoPE's factors as rope_factors_long / short, over the file's whole
+    context, which llama.cpp takes as LongRoPE's original one: the converter writes none; MiniCPM3's three numbers
+    not in the file: llama.cpp fixes MiniCPM3-4B's, which the model here must have) gives transformers' logits; its
+    blocks compute the loaded model bitwise (with llama.cpp as the oracle, the LongRoPE file at its whole context of
+    512 tokens, which llama.cpp does not pad past: the short factors in both)."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
+
+    # (the value head: llama.cpp's hidden / heads; LongRoPE over an original context of the whole context, as
+    # MiniCPM3-4B's: the file has no original context, which llama.cpp takes as the trained one)
+    keys = {"rope_parameters": {**LONGROPE, "original_max_position_embeddings": 512},
+            "max_position_embeddings": 512} if case == "longrope" else {}
+    hf, _ = transformers_and_ours("MiniCPM3", **{**TINY, "num_hidden_layers": 3, **MLA, "scale_emb": 12,
+                                                 "scale_depth": 1.4, "dim_model_base": 256, "v_head_dim": None, **keys})
+    c = hf.config
+    kv = {**converted_kv(c), "attention.key_length": c.qk_nope_head_dim + c.qk_rope_head_dim,
+          "rope.dimension_count": c.qk_rope_head_dim, "attention.q_lora_rank": c.q_lora_rank,
+          "attention.kv_lora_rank": c.kv_lora_rank}
+    del kv["attention.value_length"]  # (the converter writes none: hidden / heads)
+    tensors = {}
+    rs = c.rope_parameters
+    if rs.get("rope_type") == "longrope":
+        tensors = {"rope_factors_long.weight": np.array(rs["long_factor"], np.float32),
+                   "rope_factors_short.weight": np.array(rs["short_factor"], np.float32)}
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "minicpm3", kv, tensors=tensors)
+    assert ours.config.model_type == "minicpm3" and ours.config.mla.v_head_dim == 64 // 4

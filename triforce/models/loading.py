@@ -1340,7 +1340,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "arcee": ("arcee", True), "nemotron": ("nemotron", False), "phi2": ("phi", False),
                       "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True),
                       "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False),
-                      "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False)}
+                      "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
+                      "minicpm3": ("minicpm3", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe"}
@@ -1372,6 +1373,7 @@ _GGUF_ARCH_KEYS = {
     "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
                    "attention.sliding_window_pattern", "rope.freq_base_swa"),
     "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",),
+    "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
     "qwen2vl": ("rope.dimension_sections",), "qwen3vl": ("rope.dimension_sections", "n_deepstack_layers"),
@@ -1517,14 +1519,16 @@ def _gguf_longrope(reader, arch: str, path: Path, tensors: dict, rope_scaling) -
     ``rope.scaling.attn_factor`` on cos and sin (1.0 when absent, llama.cpp's default)."""
     import gguf
 
-    if arch != "phi3":
+    if arch not in ("phi3", "minicpm3"):
         raise ValueError(f"GGUF file {str(path)!r} has LongRoPE factor tensors in a {arch!r} file; they are read "
-                         "for architecture 'phi3' only")
+                         "for architectures 'phi3' and 'minicpm3' only")
     have = [name for name in _GGUF_ROPE_TENSORS[1:] if name in tensors]
     if len(have) != 2 or rope_scaling is not None or "rope_freqs.weight" in tensors:
         raise ValueError(f"GGUF file {str(path)!r} has {', '.join(have)}: LongRoPE needs both rope_factors_long and "
                          "rope_factors_short, and no other RoPE scaling")
     original = gguf_field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is None and arch == "minicpm3":  # (its converter writes none: llama.cpp takes the trained context)
+        original = gguf_field(reader, f"{arch}.context_length")
     if original is None:
         raise ValueError(f"GGUF file {str(path)!r} has LongRoPE factors but no {arch}.rope.scaling.original_context_"
                          "length (the length past which the long factors apply)")
@@ -1675,7 +1679,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "glm4": _GGUF_GLM4_TENSORS, "seed_oss": _GGUF_SEED_OSS_TENSORS, "deepseek2": _GGUF_DEEPSEEK2_TENSORS,
                 "glm4moe": _GGUF_GLM4MOE_TENSORS, "dots1": _GGUF_DOTS1_TENSORS, "ernie4_5-moe": _GGUF_DOTS1_TENSORS,
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
-                "exaone-moe": _GGUF_DOTS1_TENSORS,
+                "exaone-moe": _GGUF_DOTS1_TENSORS, "minicpm3": _GGUF_DEEPSEEK2_TENSORS,
                 **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
                 "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS}
 
@@ -1758,6 +1762,9 @@ def read_gguf(path: Path, skip=None, reader=None):
                                    int(need("context_length"))))
         else:
             model_type = dense_type
+    if arch == "minicpm3":  # (its latent KV head: one of kv_lora_rank + qk_rope_head_dim)
+        extra.update(_gguf_minicpm3(reader, arch, path, hidden // n_head))
+        n_kv, head_dim = 1, extra["kv_lora_rank"] + extra["qk_rope_head_dim"]
     if arch == "ernie4_5-moe":
         extra.update(_gguf_ernie_moe(reader, arch, path))
     if arch == "exaone-moe":
@@ -2126,6 +2133,26 @@ def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
         raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.scaling.yarn_log_multiplier = {log_mul} without "
                          "yarn RoPE scaling")
     return ("deepseek_v3" if v3 else "deepseek_v2"), rope_scaling, extra
+
+
+def _gguf_minicpm3(reader, arch: str, path: Path, per_head: int) -> dict:
+    """The ``extra`` keys of a minicpm3 file as llama.cpp's converter writes it and llama.cpp runs it: DeepSeek-V2's
+    latent attention's sizes (``attention.kv_lora_rank``, ``attention.q_lora_rank`` where the queries have a low
+    rank, ``attention.key_length`` the query / key head, ``rope.dimension_count`` its RoPE'd dims, the value head
+    ``attention.value_length`` or hidden / heads), RoPE on half-split pairs, and MiniCPM3's three numbers, which
+    llama.cpp fixes at MiniCPM3-4B's (scale_emb 12, scale_depth 1.4, dim_model_base 256; the file has no key for
+    them)."""
+    def need(key):
+        return int(_gguf_need(reader, arch, path, key))
+
+    rank, rope, qk = need("attention.kv_lora_rank"), need("rope.dimension_count"), need("attention.key_length")
+    if qk <= rope:
+        raise ValueError(f"GGUF file {str(path)!r}: the query / key head of {qk} dims must hold more than its "
+                         f"{rope} RoPE'd ones")
+    q_rank = gguf_field(reader, f"{arch}.attention.q_lora_rank")
+    return {"kv_lora_rank": rank, "q_lora_rank": int(q_rank) if q_rank else None, "qk_nope_head_dim": qk - rope,
+            "qk_rope_head_dim": rope, "v_head_dim": int(gguf_field(reader, f"{arch}.attention.value_length", 0) or 0)
+            or per_head, "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256}
 
 
 def _gguf_dsa(reader, arch: str, path: Path, dense_type: str, layers: int, context: int) -> dict:
