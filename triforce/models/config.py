@@ -16,7 +16,7 @@ LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apert
 ``phi``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
 GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
-(SparseMixer's routing), ``qwen2_moe``,
+(SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
@@ -127,7 +127,7 @@ class Family:
     gated_mlp: bool = True
     # torch's LayerNorm with a bias (in the model's dtype), not RMSNorm: "plain" (StarCoder 2's, StableLM's and Phi-2's
     # nn.LayerNorm) or "1p" (Nemotron's LayerNorm1P: the weight stored as an offset from 1, applied as 1 + w in the
-    # weight's dtype); "bare": OLMo's, no weight and no bias, in float32
+    # weight's dtype); "bare": OLMo's, no weight and no bias, in float32; "nobias": DBRX's, a weight and no bias
     torch_layer_norm: str = ""
     # GPT-NeoX: its parallel block's MLP on a norm of its own, h + attn(norm1(h)) + mlp(norm2(h))
     # (LlamaConfig.parallel_norms)
@@ -702,8 +702,19 @@ FAMILIES["phimoe"] = Family("PhimoeForCausalLM", torch_layer_norm="plain", reads
     "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
     "rope_theta": 1000000.0, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 16, "num_experts_per_tok": 2,
     "router_jitter_noise": 0.01})
-_MOE_TYPES = ("mixtral", "phimoe", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo", "granitemoeshared",
-              "gpt_oss")
+# DBRX (DbrxForCausalLM: dbrx-base, dbrx-instruct): its own config names (d_model, n_heads, n_layers, max_seq_len; an
+# attn_config with kv_n_heads, clip_qkv and its RoPE base; an ffn_config with the mixture's), torch's LayerNorm
+# without a bias (eps 1e-5), q, k and v as one Wqkv (rows [q; k; v]) clamped by clip_qkv, every layer a mixture: the
+# softmax's top moe_top_k of moe_num_experts, normalised by their moe_normalize_expert_weights-norm (1: their sum; null: not) in
+# the model's dtype, SwiGLU experts (w1 gate, v1 up, w2 down) stacked in its checkpoints
+FAMILIES["dbrx"] = Family("DbrxForCausalLM", torch_layer_norm="nobias", defaults={
+    "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 3584, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 1, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+    "bos_token_id": None, "eos_token_id": None, "num_local_experts": 4, "num_experts_per_tok": 1})
+_DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+             "max_seq_len": "max_position_embeddings"}
+_MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
+              "granitemoeshared", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
@@ -1146,6 +1157,11 @@ _HARMLESS_ONLY_AT = {
     # Falcon's layout keys (read by _falcon_keys and falcon_layout; kept, and written back, as they are)
     **{key: (lambda v, c: c.model_type == "falcon", "absent (Falcon: its layout, read as the model's fields)")
        for key in _FALCON_LAYOUT},
+    # DBRX's (read by _dbrx_keys: its router weights' normalisation; its dropouts, training only)
+    "moe_normalize_expert_weights": (lambda v, c: c.model_type == "dbrx" and v in (1, 1.0, None),
+                                     "absent (DBRX: 1 or null)"),
+    **{key: (lambda v, c: c.model_type == "dbrx" and _is_number(v) and 0 <= v < 1, "absent (DBRX: in [0, 1))")
+       for key in ("emb_pdrop", "resid_pdrop")},
     # PhiMoE's: SparseMixer's jitter (LlamaConfig.experts), its input jitter (training only), its head's bias
     "input_jitter_noise": (lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
                            "absent (PhiMoE: a number >= 0, training only)"),
@@ -1209,7 +1225,7 @@ _HARMLESS_ONLY_AT = {
                          "layers, not part of the forward)")
        for key in ("num_nextn_predict_layers", "num_mtp_layers")},
     # OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv] (LlamaConfig.clip_qkv)
-    "clip_qkv": (lambda v, c: v is None or (c.model_type in ("olmoe", "olmo") and _is_number(v)
+    "clip_qkv": (lambda v, c: v is None or (c.model_type in ("olmoe", "olmo", "dbrx") and _is_number(v)
                                             and 0 < v < float("inf")),
                  "null (OLMoE, OLMo: a number > 0)"),
     "qkv_bias": (lambda v, c: c.model_type == "qwen2_moe" and isinstance(v, bool), "absent (Qwen2-MoE: a bool)"),
@@ -2231,6 +2247,10 @@ class LlamaConfig:
             return None
         x = self.extra
         count = next(x[k] for k in _EXPERT_COUNT_KEYS if k in x)
+        if self.model_type == "dbrx":  # (its top k of the softmax, normalised by their sum or not; the dtype's weights)
+            return Experts(count, x["num_experts_per_tok"], self.intermediate_size,
+                           x.get("moe_normalize_expert_weights", 1.0) is not None, False,
+                           (True,) * self.num_hidden_layers)
         if self.model_type == "phimoe":  # (SparseMixer: two experts, its weights in the model's dtype)
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, False, False,
                            (True,) * self.num_hidden_layers, scoring="sparsemixer",
@@ -2431,6 +2451,8 @@ class LlamaConfig:
             _gpt_neox_keys(d)
         if model_type == "falcon":
             _falcon_keys(d)
+        if model_type == "dbrx":
+            _dbrx_keys(d)
         if model_type == "internlm3":  # (its config's names of Llama's two bias keys: read as transformers reads them)
             for alias, key in _BIAS_ALIASES.items():
                 if alias in d:
@@ -2605,6 +2627,18 @@ class LlamaConfig:
             del d["attention_bias"], d["mlp_bias"]
         if self.model_type == "olmo":  # (fixed: not its config's)
             del d["rms_norm_eps"]
+        if self.model_type == "dbrx":  # (its own names, its attn_config and ffn_config)
+            x = self.extra
+            d["attn_config"] = {"kv_n_heads": self.num_key_value_heads, "clip_qkv": self.clip_qkv,
+                                "rope_theta": self.rope_theta}
+            d["ffn_config"] = {"ffn_hidden_size": self.intermediate_size, "moe_num_experts": self.experts.count,
+                               "moe_top_k": self.experts.top_k, "ffn_act_fn": {"name": "silu"},
+                               "moe_normalize_expert_weights": x.get("moe_normalize_expert_weights", 1.0)}
+            for theirs, ours in _DBRX_TOP.items():
+                d[theirs] = d.pop(ours)
+            for key in ("num_key_value_heads", "head_dim", "intermediate_size", "num_local_experts", "hidden_act",
+                        "num_experts_per_tok", "clip_qkv", "moe_normalize_expert_weights", "rms_norm_eps"):
+                d.pop(key, None)
         if self.model_type == "falcon":  # (its layout keys, in extra, say these)
             for key in ("num_key_value_heads", "head_dim", "intermediate_size", "attention_bias", "mlp_bias",
                         "hidden_act"):
@@ -2653,6 +2687,65 @@ def _gpt_neox_keys(d: dict) -> None:
                 raise ValueError(f"config {old} = {d[old]!r} and {new} = {d[new]!r} disagree (GPT-NeoX's name and "
                                  "the common one of one setting); keep one")
             d[new] = d.pop(old)
+
+
+def _dbrx_keys(d: dict) -> None:
+    """A DBRX config ``d``'s keys read in place as the model's: its top-level names, its attn_config's (kv_n_heads;
+    clip_qkv; its RoPE base rope_theta, DBRX's own and transformers 4's reading: transformers 5.23 keeps it unread and
+    runs its top-level rope_parameters, 1e4 by default; both given and different raise) and its ffn_config's
+    (ffn_hidden_size, the mixture's; SiLU only; moe_normalize_expert_weights 1 or null; its training keys not read)."""
+    for ours in _DBRX_TOP.values():
+        if ours in d:
+            raise ValueError(f"config key {ours!r} is not DbrxConfig's (its own names: {list(_DBRX_TOP)})")
+    for theirs, ours in _DBRX_TOP.items():
+        if theirs in d:
+            d[ours] = d.pop(theirs)
+    attn, ffn = dict(d.pop("attn_config", None) or {}), dict(d.pop("ffn_config", None) or {})
+    for sub in (attn, ffn):  # (a sub-config's own PreTrainedConfig keys, as transformers writes them: unread)
+        for key in ("model_type", *_METADATA_KEYS):
+            sub.pop(key, None)
+        for key in ("is_encoder_decoder", "problem_type", "tie_word_embeddings", "add_cross_attention"):
+            if sub.pop(key, None):
+                raise ValueError(f"config key {key!r} of DBRX's attn_config / ffn_config must be false or null")
+    if "kv_n_heads" in attn:
+        d["num_key_value_heads"] = attn.pop("kv_n_heads")
+    elif "num_key_value_heads" not in d:
+        d["num_key_value_heads"] = 1  # (DbrxAttentionConfig's)
+    if attn.get("clip_qkv") is not None:
+        d["clip_qkv"] = attn.pop("clip_qkv")
+    attn.pop("clip_qkv", None)
+    if not _is_number(attn.pop("attn_pdrop", 0.0)):
+        raise ValueError("config attn_config.attn_pdrop must be a number (training only)")
+    if "rope_theta" in attn:
+        theta = attn.pop("rope_theta")
+        rope = next((d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict)), None)
+        given = d.get("rope_theta", (rope or {}).get("rope_theta"))
+        if given is not None and given != theta:
+            raise ValueError(f"config attn_config.rope_theta = {theta!r} and rope_theta = {given!r} differ (DBRX's own "
+                             "code reads the first; transformers 5.23 the second): keep one")
+        d["rope_theta"] = theta
+    if attn:
+        raise ValueError(f"config attn_config key {next(iter(attn))!r} is not understood (DbrxAttentionConfig's: "
+                         "kv_n_heads, clip_qkv, attn_pdrop, rope_theta)")
+    if ffn.get("hidden_size", d.get("hidden_size")) != d.get("hidden_size", FAMILIES["dbrx"].defaults["hidden_size"]):
+        raise ValueError("config ffn_config.hidden_size must be d_model (transformers sets it so)")
+    ffn.pop("hidden_size", None)
+    act = ffn.pop("ffn_act_fn", None) or {"name": "silu"}
+    if act != {"name": "silu"}:
+        raise ValueError(f"config ffn_config.ffn_act_fn = {act!r}: DBRX's experts are read with SiLU only")
+    for key in ("moe_jitter_eps", "moe_loss_weight"):  # (training only)
+        ffn.pop(key, None)
+    for theirs, ours in (("ffn_hidden_size", "intermediate_size"), ("moe_num_experts", "num_local_experts"),
+                         ("moe_top_k", "num_experts_per_tok")):
+        if theirs in ffn:
+            d[ours] = ffn.pop(theirs)
+    norm = ffn.pop("moe_normalize_expert_weights", 1.0)
+    if norm not in (1, 1.0, None):
+        raise ValueError(f"config ffn_config.moe_normalize_expert_weights = {norm!r}: DBRX's router weights are read "
+                         "normalised by their sum (1) or not at all (null)")
+    d["moe_normalize_expert_weights"] = norm
+    if ffn:
+        raise ValueError(f"config ffn_config key {next(iter(ffn))!r} is not understood (DbrxFFNConfig's)")
 
 
 def falcon_layout(x: dict, heads: int) -> tuple:

@@ -411,6 +411,14 @@ class BiasLayerNorm(RMSNorm):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
+class NoBiasLayerNorm(RMSNorm):
+    """DBRX's norm: torch's LayerNorm with a weight and no bias (``nn.LayerNorm(bias=False)``, in the input's dtype, its
+    statistics in float32 as ATen computes them), the same op as transformers'."""
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, None, self.eps)
+
+
 class LayerNorm1P(BiasLayerNorm):
     """Nemotron's norm: :class:`BiasLayerNorm` with the weight stored as an offset from 1 (zeros: the identity
     scaling) and applied as ``1 + w`` in the weight's dtype, as transformers' NemotronLayerNorm1P."""
@@ -441,8 +449,8 @@ def make_norm(config: LlamaConfig, dim: int, eps: float) -> nn.Module:
     where ``config.float32_norm``, :class:`LayerNorm` where ``config.layer_norm``, :class:`BiasLayerNorm`,
     :class:`LayerNorm1P` or :class:`BareLayerNorm` by ``config.torch_layer_norm``, else :class:`RMSNorm`."""
     kind = (GemmaRMSNorm if config.gemma_norm else Float32RMSNorm if config.float32_norm
-            else LayerNorm if config.layer_norm else {"plain": BiasLayerNorm, "1p": LayerNorm1P,
-                                                      "bare": BareLayerNorm}.get(config.torch_layer_norm, RMSNorm))
+            else LayerNorm if config.layer_norm else {"plain": BiasLayerNorm, "1p": LayerNorm1P, "bare": BareLayerNorm,
+                                                      "nobias": NoBiasLayerNorm}.get(config.torch_layer_norm, RMSNorm))
     return kind(dim, eps)
 
 

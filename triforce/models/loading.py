@@ -905,6 +905,53 @@ def _falcon_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     return _renamed(out, [(new, old) for old, new in pairs])
 
 
+# DBRX's checkpoint names (transformer.*) -> the model's; its Wqkv split, its stacked experts (w1 gate, v1 up, w2 down
+# as [experts * width, hidden]: each expert's down projection transposed) per expert
+_DBRX_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.norm_f.", "model.norm."),
+               ("transformer.blocks.", "model.layers."), (".norm_attn_norm.norm_1.", ".input_layernorm."),
+               (".norm_attn_norm.norm_2.", ".post_attention_layernorm."),
+               (".norm_attn_norm.attn.out_proj.", ".self_attn.o_proj."), (".ffn.router.layer.", ".mlp.gate."))
+_DBRX_QKV = re.compile(r"(.*\.)norm_attn_norm\.attn\.Wqkv\.weight")
+_DBRX_EXPERTS = re.compile(r"(.*\.)ffn\.experts\.mlp\.(w1|v1|w2)")
+_DBRX_OWN_EXPERT = re.compile(r"(.*\.)mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+def _dbrx_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """A DBRX checkpoint's weights under the model's names (its Wqkv split into q, k and v; its stacked experts one by
+    one as Mixtral's are read), or with ``inverse`` back."""
+    D, kv, E = config.head_dim, config.num_key_value_heads, config.experts.count
+    rows = (config.num_attention_heads * D, kv * D, kv * D)
+    if not inverse:
+        out = {}
+        for name, t in _renamed(sd, _DBRX_NAMES).items():
+            if (m := _DBRX_QKV.fullmatch(name)) is not None:
+                out.update({f"{m[1]}self_attn.{p}_proj.weight": w.clone() for p, w in zip("qkv", t.split(rows))})
+            elif (m := _DBRX_EXPERTS.fullmatch(name)) is not None:
+                kind = {"w1": "gate", "v1": "up", "w2": "down"}[m[2]]
+                for e, w in enumerate(t.reshape(E, -1, t.shape[-1])):
+                    out[f"{m[1]}mlp.experts.{e}.{kind}_proj.weight"] = (w.t() if kind == "down" else w).contiguous()
+            else:
+                out[name] = t
+        return out
+    out, stacks = {}, {}
+    for name, t in sd.items():
+        if (m := _DBRX_OWN_EXPERT.fullmatch(name)) is not None:
+            stacks.setdefault((m[1], m[3]), {})[int(m[2])] = t.t() if m[3] == "down" else t
+        elif re.fullmatch(r".*\.self_attn\.[qkv]_proj\.weight", name):
+            stem = name.rsplit(".self_attn.", 1)[0]
+            if name.endswith("q_proj.weight") and all(f"{stem}.self_attn.{p}_proj.weight" in sd for p in "kv"):
+                out[f"{stem}.norm_attn_norm.attn.Wqkv.weight"] = torch.cat(
+                    [sd[f"{stem}.self_attn.{p}_proj.weight"] for p in "qkv"])
+            elif not all(f"{stem}.self_attn.{p}_proj.weight" in sd for p in "qkv"):
+                out[name] = t
+        else:
+            out[name] = t
+    for (stem, kind), parts in stacks.items():
+        w = {"gate": "w1", "up": "v1", "down": "w2"}[kind]
+        out[f"{stem}ffn.experts.mlp.{w}"] = torch.cat([parts[e] for e in range(len(parts))]).contiguous()
+    return _renamed(out, [(new, old) for old, new in _DBRX_NAMES])
+
+
 def _weightless_norm_shapes(config: LlamaConfig) -> dict:
     """NanoChat's norms (none has a weight in its checkpoints): the model's norm weights' names and shapes."""
     h, d = config.hidden_size, config.head_dim
@@ -942,6 +989,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _stablelm_head_norms(sd, inverse)
     if config.model_type == "falcon":
         return _falcon_names(config, sd, inverse)
+    if config.model_type == "dbrx":
+        return _dbrx_names(config, sd, inverse)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type in _FAMILY_NAMES:
