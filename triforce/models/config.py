@@ -705,8 +705,8 @@ FAMILIES["phimoe"] = Family("PhimoeForCausalLM", torch_layer_norm="plain", reads
 # DBRX (DbrxForCausalLM: dbrx-base, dbrx-instruct): its own config names (d_model, n_heads, n_layers, max_seq_len; an
 # attn_config with kv_n_heads, clip_qkv and its RoPE base; an ffn_config with the mixture's), torch's LayerNorm
 # without a bias (eps 1e-5), q, k and v as one Wqkv (rows [q; k; v]) clamped by clip_qkv, every layer a mixture: the
-# softmax's top moe_top_k of moe_num_experts, normalised by their moe_normalize_expert_weights-norm (1: their sum; null: not) in
-# the model's dtype, SwiGLU experts (w1 gate, v1 up, w2 down) stacked in its checkpoints
+# softmax's top moe_top_k of moe_num_experts, normalised by their moe_normalize_expert_weights-norm (1: their sum;
+# null: not) in the model's dtype, SwiGLU experts (w1 gate, v1 up, w2 down) stacked in its checkpoints
 FAMILIES["dbrx"] = Family("DbrxForCausalLM", torch_layer_norm="nobias", defaults={
     "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 3584, "num_hidden_layers": 24,
     "num_attention_heads": 16, "num_key_value_heads": 1, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
