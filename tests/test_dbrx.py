@@ -122,3 +122,32 @@ def test_greedy_equals_autoregressive(method, opts):
                                         "ffn_config": {"ffn_hidden_size": 24, "moe_num_experts": 4, "moe_top_k": 2}})
         return randomize_(Llama(config.replace(initializer_range=0.3)), seed).eval()
     assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+def test_gguf_as_llama_cpp_writes_it(tmp_path):
+    """A dbrx GGUF as llama.cpp's converter writes the checkpoint (Wqkv as attn_qkv as it is, norm_2 as
+    attn_output_norm, the experts as [experts, width, hidden] stacks, w2's transposed; clip_qkv as
+    attention.clamp_kqv, the RoPE base from attn_config, eps 1e-5) gives transformers' logits; its blocks compute the
+    loaded model bitwise."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint
+
+    hf, ours = pair()
+    c, E = ours.config, ours.config.experts.count
+    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
+          "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
+          "rope.freq_base": float(c.rope_theta), "attention.clamp_kqv": float(c.clip_qkv), "expert_count": E,
+          "expert_used_count": c.experts.top_k, "attention.layer_norm_epsilon": 1e-5, "vocab_size": c.vocab_size}
+    tensors = {}
+    for name, t in hf.state_dict().items():
+        if ".ffn.experts.mlp." in name:
+            i, w = int(name.split(".")[2]), name.rsplit(".", 1)[1]
+            t = t.float().reshape(E, -1, c.hidden_size)
+            kind = {"w1": "gate", "v1": "up", "w2": "down"}[w]
+            tensors[f"blk.{i}.ffn_{kind}_exps.weight"] = (t.transpose(1, 2) if w == "w2" else t).contiguous().numpy()
+
+    def convert(name, t):
+        return None if ".ffn.experts.mlp." in name else t
+
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "dbrx", kv, convert=convert, tensors=tensors)
+    assert loaded.config.model_type == "dbrx" and loaded.config.clip_qkv == c.clip_qkv

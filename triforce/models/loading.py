@@ -1390,10 +1390,10 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True),
                       "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False),
                       "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
-                      "minicpm3": ("minicpm3", False)}
+                      "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
-             "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe"}
+             "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe", "dbrx": "dbrx"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
 _GGUF_GRANITE_TYPES = ("granite", "granitemoe", "granitemoeshared")  # the model types of granite / granitemoe files
@@ -1421,7 +1421,7 @@ _GGUF_ARCH_KEYS = {
     "minimax-m2": ("expert_gating_func",),
     "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
                    "attention.sliding_window_pattern", "rope.freq_base_swa"),
-    "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",),
+    "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",), "dbrx": ("attention.clamp_kqv",),
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -1722,6 +1722,11 @@ _GGUF_NEOX_TENSORS = {**_GGUF_LAYER_NORM_TENSORS, "attn_qkv.weight": "self_attn.
 _GGUF_FALCON_TENSORS = {**_GGUF_LAYER_NORM_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
                         "attn_qkv.bias": "self_attn.qkv_proj.bias", "attn_norm_2.weight": "attn_norm_2.weight",
                         "attn_norm_2.bias": "attn_norm_2.bias"}
+# dbrx: q, k, v as one attn_qkv (rows [q; k; v], as its checkpoints hold them), the norm before the MLP as
+# attn_output_norm, no ffn_norm
+_GGUF_DBRX_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
+                      "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                      "attn_output_norm.weight": "post_attention_layernorm.weight"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -1730,7 +1735,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "minicpm3": _GGUF_DEEPSEEK2_TENSORS,
                 **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
-                "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS}
+                "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -1856,6 +1861,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra["qk_layernorm"] = "blk.0.attn_q_norm.weight" in tensors
     if arch == "gptneox":  # (llama.cpp requires the key)
         extra["use_parallel_residual"] = bool(need("use_parallel_residual"))
+    if arch == "dbrx" and gguf_field(reader, f"{arch}.attention.clamp_kqv") is not None:  # (its clip_qkv)
+        extra["clip_qkv"] = float(gguf_field(reader, f"{arch}.attention.clamp_kqv"))
     if arch == "olmo" and gguf_field(reader, f"{arch}.attention.clamp_kqv") is not None:  # (its clip_qkv)
         extra["clip_qkv"] = float(gguf_field(reader, f"{arch}.attention.clamp_kqv"))
     if arch == "olmo" and not math.isclose(float(need("attention.layer_norm_epsilon")), 1e-5, rel_tol=1e-6):
@@ -1877,7 +1884,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
             "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm",
-                                                             "gpt_neox", "olmo", "jais2", "falcon")
+                                                             "gpt_neox", "olmo", "jais2", "falcon", "dbrx")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
@@ -1931,6 +1938,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_neox_qkv(config, sd)
     if arch == "falcon":
         sd = _gguf_falcon(config, sd)
+    if arch == "dbrx":  # (its attn_qkv's rows: q, k, v)
+        sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type == "stablelm":  # (the family's checkpoint names where they differ
@@ -1960,16 +1969,25 @@ def _gguf_xielu(reader, path: Path, layers: int) -> dict:
     return out
 
 
-def _gguf_falcon(config: LlamaConfig, sd: dict) -> dict:
-    """A falcon file's tensors under the model's names: attn_qkv's rows ([q; k; v], contiguous) as q, k and v; with
-    attn_norm_2 (the attention's norm in the 40b / 180b layers) the file's attn_norm is the MLP's norm."""
+def _gguf_split_qkv(config: LlamaConfig, sd: dict) -> dict:
+    """``sd`` with a file's attn_qkv (read as ``self_attn.qkv_proj``; rows [q; k; v], contiguous) as q, k and v."""
     out = {}
     rows = (config.num_attention_heads * config.head_dim, *(config.num_key_value_heads * config.head_dim,) * 2)
     for name, t in sd.items():
         if name.endswith((".self_attn.qkv_proj.weight", ".self_attn.qkv_proj.bias")):
             stem, kind = name.rsplit(".self_attn.qkv_proj.", 1)
             out.update({f"{stem}.self_attn.{p}_proj.{kind}": w.clone() for p, w in zip("qkv", t.split(rows))})
-        elif ".attn_norm_2." in name:
+        else:
+            out[name] = t
+    return out
+
+
+def _gguf_falcon(config: LlamaConfig, sd: dict) -> dict:
+    """A falcon file's tensors under the model's names: attn_qkv's rows ([q; k; v], contiguous) as q, k and v; with
+    attn_norm_2 (the attention's norm in the 40b / 180b layers) the file's attn_norm is the MLP's norm."""
+    out = {}
+    for name, t in _gguf_split_qkv(config, sd).items():
+        if ".attn_norm_2." in name:
             out[name.replace(".attn_norm_2.", ".input_layernorm.")] = t
         elif ".input_layernorm." in name and name.replace(".input_layernorm.", ".attn_norm_2.") in sd:
             out[name.replace(".input_layernorm.", ".post_attention_layernorm.")] = t
