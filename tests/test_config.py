@@ -532,3 +532,47 @@ def test_gguf_unsupported_metadata_raises_naming_the_key(tmp_path, meta, drop, t
     path = write_gguf(tmp_path / "m.gguf", tiny_model(), meta, drop, tensors)
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         Llama.from_pretrained(path, cache_dir=False)
+
+
+def test_no_dict_literal_in_the_config_module_names_a_key_twice():
+    """A dict literal naming a key twice keeps the last entry only: DBRX's resid_pdrop once replaced Phi-2's and
+    Phi-3's in ``_HARMLESS_ONLY_AT`` (their configs then raised). Every dict literal of triforce/models/config.py,
+    its ``**{key: ... for key in KEYS}`` expansions included, names each key once."""
+    import ast
+    import collections
+
+    import triforce.models.config as module
+
+    tree = ast.parse(open(module.__file__).read())
+    checked = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        keys = []
+        for k, v in zip(node.keys, node.values):
+            if k is None and isinstance(v, ast.DictComp) and len(v.generators) == 1:
+                try:  # (a module-level expansion: its keys; one inside a function is not a table)
+                    keys += list(eval(ast.unparse(v.generators[0].iter), vars(module)))
+                except NameError:
+                    pass
+            elif isinstance(k, ast.Constant):
+                keys.append(k.value)
+        checked += len(keys)
+        assert not [k for k, n in collections.Counter(keys).items() if n > 1], node.lineno
+    assert checked > 500
+
+
+@pytest.mark.parametrize("model_type,key,value,reads", [
+    ("phi3", "resid_pdrop", 0.0, True), ("phi3", "resid_pdrop", 0.1, False), ("phi", "resid_pdrop", 0.1, True),
+    ("dbrx", "resid_pdrop", 0.1, True), ("phi3", "embd_pdrop", 0.0, True), ("dbrx", "emb_pdrop", 0.1, True),
+    ("llama", "resid_pdrop", 0.0, False)])
+def test_the_dropouts_each_family_reads(model_type, key, value, reads):
+    """Training-only dropouts read where the family has them (Phi-3's at 0 only: its configs say 0.0)."""
+    from .test_dbrx import DBRX_INSTRUCT
+
+    d = {**(DBRX_INSTRUCT if model_type == "dbrx" else {"model_type": model_type}), key: value}
+    if reads:
+        assert LlamaConfig.from_dict(d).extra[key] == value
+    else:
+        with pytest.raises(ValueError, match=key):
+            LlamaConfig.from_dict(d)

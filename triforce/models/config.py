@@ -1054,10 +1054,13 @@ _HARMLESS_ONLY_AT = {
                          "absent (Seed-OSS, StarCoder 2: any in [0, 1), training only)"),
     "embedding_dropout": (lambda v, c: c.model_type == "starcoder2" and _is_number(v) and 0 <= v < 1,
                           "absent (StarCoder 2: any in [0, 1), training only)"),
-    # Phi-3's other dropouts (training only, as that one)
-    **{key: (lambda v, c: c.model_type == "phi3" and v in (0, None)
-             or c.model_type == "phi" and _is_number(v) and 0 <= v < 1, "0.0 (Phi-3; Phi-2: any in [0, 1))")
-       for key in ("resid_pdrop", "embd_pdrop")},
+    # Phi-3's other dropouts (training only, as that one); DBRX's resid_pdrop (one key, one entry: a second of the same
+    # name would replace this one)
+    "embd_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
+                   or c.model_type == "phi" and _is_number(v) and 0 <= v < 1, "0.0 (Phi-3; Phi-2: any in [0, 1))"),
+    "resid_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
+                    or c.model_type in ("phi", "dbrx") and _is_number(v) and 0 <= v < 1,
+                    "0.0 (Phi-3; Phi-2, DBRX: any in [0, 1))"),
     # Phi-2's and StableLM's q / k LayerNorm over head_dim (LlamaConfig.qk_norm): off in phi-1, phi-1.5, phi-2 and
     # StableLM up to 3B, on in StableLM 2 12B (weights of its own per head, no bias)
     "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and isinstance(v, bool),
@@ -1160,8 +1163,7 @@ _HARMLESS_ONLY_AT = {
     # DBRX's (read by _dbrx_keys: its router weights' normalisation; its dropouts, training only)
     "moe_normalize_expert_weights": (lambda v, c: c.model_type == "dbrx" and v in (1, 1.0, None),
                                      "absent (DBRX: 1 or null)"),
-    **{key: (lambda v, c: c.model_type == "dbrx" and _is_number(v) and 0 <= v < 1, "absent (DBRX: in [0, 1))")
-       for key in ("emb_pdrop", "resid_pdrop")},
+    "emb_pdrop": (lambda v, c: c.model_type == "dbrx" and _is_number(v) and 0 <= v < 1, "absent (DBRX: in [0, 1))"),
     # PhiMoE's: SparseMixer's jitter (LlamaConfig.experts), its input jitter (training only), its head's bias
     "input_jitter_noise": (lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
                            "absent (PhiMoE: a number >= 0, training only)"),
