@@ -10,7 +10,7 @@ Families (``model_type``): ``llama`` (Llama 2/3, SmolLM; ``iquestcoder`` and ``i
 defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gemma 1), ``gemma2``, ``vaultgemma``
 (Gemma 2 without its post-norms), ``gemma3_text`` (Gemma 3's language model), ``phi3``, ``smollm3``, ``ministral3``,
 ``granite``, ``olmo`` (OLMo 1: LayerNorms without weights, ``torch_layer_norm`` ``"bare"``), ``olmo2``, ``olmo3``,
-``exaone4``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
+``exaone4``, ``cwm``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
 ``phi``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
@@ -550,6 +550,19 @@ FAMILIES["helium"] = Family("HeliumForCausalLM", rope_interleaved=True, float32_
                                 "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 20,
                                 "head_dim": 128, "max_position_embeddings": 4096, "rms_norm_eps": 1e-8,
                                 "rope_theta": 100000.0, "pad_token_id": 3, "eos_token_id": 2, "bos_token_id": 1})
+# CWM (CwmForCausalLM: Meta's Code World Model, cwm 32B): Llama's layer with Llama 3.1's RoPE (CwmConfig's: base 1e6,
+# factor 16 over 8192 positions, when the config has no RoPE dict) and sliding_window (8192) on the layer_types'
+# sliding layers, by default three of every four (layer 0 full, then every fourth); no attention biases
+FAMILIES["cwm"] = Family("CwmForCausalLM", reads=("mlp_bias",), defaults={
+    "vocab_size": 128256, "hidden_size": 6144, "intermediate_size": 21504, "num_hidden_layers": 64,
+    "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "pad_token_id": None,
+    "sliding_window": 8192})
+_CWM_ROPE = {"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 8192,
+             "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+_OWN_LLAMA3_ROPE = {"apertus": ("ApertusConfig", _APERTUS_ROPE), "cwm": ("CwmConfig", _CWM_ROPE)}  # (with no RoPE
+# dict in the config: its config's Llama 3.1 RoPE, which ignores a top-level rope_theta)
+_CWM_PATTERN = 4  # CwmConfig's layer_types by default: layer 0 full, then every fourth (i % 4 == 0)
 # Ministral 8B (MinistralForCausalLM: Ministral-8B-Instruct-2410): Mistral's layer with its window on the layer_types'
 # sliding layers (every layer by default)
 FAMILIES["ministral"] = Family("MinistralForCausalLM", defaults=dict(FAMILIES["mistral"].defaults))
@@ -1554,6 +1567,19 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         sliding = [t == "sliding_attention" for t in types] if types is not None else [window is not None] * n
         if window is None:  # (transformers' mask fails on a sliding layer without one)
             return none, "sliding_window" if any(sliding) else None
+    elif c.model_type == "cwm":
+        # CwmConfig: sliding_window (8192; it must be an int >= 1: 0 and null fail CwmConfig) on the layer_types'
+        # sliding layers, by default all but every fourth from layer 0
+        window, types = x.get("sliding_window", FAMILIES["cwm"].defaults["sliding_window"]), x.get("layer_types")
+        if types is not None and not _layer_types_ok(types, n):
+            return none, "layer_types"
+        for key in ("use_sliding_window", "max_window_layers"):  # (Qwen's keys: CwmConfig keeps them unread)
+            if key in x:
+                return none, key
+        if window is None:
+            return none, "sliding_window"
+        sliding = [t == "sliding_attention" for t in types] if types is not None else \
+            [i % _CWM_PATTERN != 0 for i in range(n)]
     elif c.model_type == "qwen3_moe":  # Qwen3MoeConfig: sliding_window on every layer with use_sliding_window
         if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
             return none, "layer_types"  # (not read by Qwen3-MoE, nor max_window_layers)
@@ -1592,7 +1618,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral", "ministral3", "phi3", "qwen2", "qwen3", "smollm3", "mixtral",
+    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", "phi3", "qwen2", "qwen3", "smollm3", "mixtral",
                             "phimoe",
                             "qwen3_moe",
                             "qwen2_moe", "dots1", "starcoder2", *_PATTERNED):
@@ -2506,13 +2532,13 @@ class LlamaConfig:
             d["rope_parameters"] = dict(_MINISTRAL3_ROPE)  # Ministral3Config's when the config has none
         if model_type == "gpt_oss" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
             d["rope_parameters"] = dict(_GPT_OSS_ROPE)  # GptOssConfig's
-        if model_type == "apertus" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
-            theta = d.pop("rope_theta", _APERTUS_ROPE["rope_theta"])  # ApertusConfig's, whose base it keeps
-            if theta != _APERTUS_ROPE["rope_theta"]:  # (transformers would not read this one: say so)
-                raise ValueError(f"config rope_theta = {theta!r} without a RoPE dict: ApertusConfig then takes Llama "
-                                 f"3.1's RoPE at base {_APERTUS_ROPE['rope_theta']} and not this base; give "
-                                 "rope_scaling")
-            d["rope_parameters"] = dict(_APERTUS_ROPE)
+        if model_type in _OWN_LLAMA3_ROPE and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
+            name, rope = _OWN_LLAMA3_ROPE[model_type]  # its config's, whose base it keeps
+            theta = d.pop("rope_theta", rope["rope_theta"])
+            if theta != rope["rope_theta"]:  # (transformers would not read this one: say so)
+                raise ValueError(f"config rope_theta = {theta!r} without a RoPE dict: {name} then takes Llama "
+                                 f"3.1's RoPE at base {rope['rope_theta']} and not this base; give rope_scaling")
+            d["rope_parameters"] = dict(rope)
         # transformers 5 writes the RoPE base inside rope_parameters: the family's default then does not apply
         inner = any(isinstance(d.get(k), dict) and "rope_theta" in d[k] for k in ("rope_parameters", "rope_scaling"))
         counts = [k for k in _EXPERT_COUNT_KEYS if k in d]
