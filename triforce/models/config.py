@@ -17,7 +17,8 @@ LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apert
 GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
-``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
+``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
+attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
 ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output
@@ -221,7 +222,7 @@ FAMILIES["ministral3"] = Family("Ministral3ForCausalLM", defaults={
 FAMILIES["granite"] = Family("GraniteForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2})
 _GRANITE_SCALES = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
-_GRANITE_MOES = ("granitemoe", "granitemoeshared")
+_GRANITE_MOES = ("granitemoe", "granitemoeshared", "granitemoe_swa")
 # HyperCLOVA X SEED (HyperCLOVAXForCausalLM: HyperCLOVAX-SEED-Think-14B): Granite's layer with Peri-LN, a norm after
 # each block's output before its multiplier and residual add (use_post_norm: Gemma 3's four norms, under its names
 # post_norm1 / post_norm2 around its post_attention_layernorm before the MLP), the logits *times* logits_scaling (not
@@ -236,7 +237,8 @@ FAMILIES["hyperclovax"] = Family("HyperCLOVAXForCausalLM", reads=("attention_bia
 FAMILIES["granitemoehybrid"] = Family("GraniteMoeHybridForCausalLM", reads=("attention_bias",), defaults={
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 8,
     "num_experts_per_tok": 2, "shared_intermediate_size": 1024})
-_GRANITES = ("granite", *_GRANITE_MOES, "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
+_GRANITE_SWAS = ("granite_swa", "granitemoe_swa")
+_GRANITES = ("granite", *_GRANITE_MOES, "granite_swa", "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
 _HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
 # Mixtures of experts: each sparse layer's MLP is a router (one logit per expert: softmax in float32, the top
 # num_experts_per_tok experts, their probabilities renormalised to sum 1 or not) and that many of its experts (gated
@@ -262,6 +264,20 @@ FAMILIES["granitemoe"] = Family("GraniteMoeForCausalLM", reads=("attention_bias"
 # shared_intermediate_size (0: none) added to the experts' sum, no gate of its own
 FAMILIES["granitemoeshared"] = Family("GraniteMoeSharedForCausalLM", reads=("attention_bias",), defaults={
     **FAMILIES["granitemoe"].defaults, "shared_intermediate_size": 0})
+# Granite SWA (GraniteSWAForCausalLM: granite-swash-2b; GraniteMoeSWAForCausalLM: granite-swash-3b-a600m, GraniteMoE's
+# mixture with GraniteMoeShared's shared expert, none by default): Granite's layer and multipliers with GPT-OSS's sinks
+# (a learned logit per query head in every softmax: the heads' output times sigmoid(logsumexp(scores) - sink)),
+# sliding_window (128) on the layer_types' sliding layers (by default all but every fourth from layer 0), and a RoPE
+# base per layer (layer_rope_theta; 0: none, NoPE), read where the layers take at most two RoPEs: rope_theta's (with
+# its rope_parameters) and NoPE, or with plain RoPE a second base (LlamaConfig.rope_layers, local_rope_theta)
+FAMILIES["granite_swa"] = Family("GraniteSWAForCausalLM", attention_sinks=True, reads=("attention_bias", "mlp_bias"),
+                                 defaults={
+                                     "vocab_size": 100352, "hidden_size": 2560, "intermediate_size": 8192,
+                                     "num_hidden_layers": 24, "num_attention_heads": 20, "num_key_value_heads": 4,
+                                     "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "bos_token_id": 100257,
+                                     "eos_token_id": 100257, "tie_word_embeddings": True, "sliding_window": 128})
+FAMILIES["granitemoe_swa"] = Family("GraniteMoeSWAForCausalLM", attention_sinks=True, reads=("attention_bias",),
+                                    defaults={**FAMILIES["granitemoeshared"].defaults, "sliding_window": 128})
 # Qwen2-MoE (Qwen2MoeForCausalLM: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's layer (q/k/v biases, its qkv_bias key)
 # whose sparse MLP adds a shared expert (width shared_expert_intermediate_size) times the sigmoid of its own gate
 FAMILIES["qwen2_moe"] = Family("Qwen2MoeForCausalLM", qkv_bias=True, defaults={
@@ -562,7 +578,7 @@ _CWM_ROPE = {"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 16.0, "or
              "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 _OWN_LLAMA3_ROPE = {"apertus": ("ApertusConfig", _APERTUS_ROPE), "cwm": ("CwmConfig", _CWM_ROPE)}  # (with no RoPE
 # dict in the config: its config's Llama 3.1 RoPE, which ignores a top-level rope_theta)
-_CWM_PATTERN = 4  # CwmConfig's layer_types by default: layer 0 full, then every fourth (i % 4 == 0)
+_CWM_PATTERN = 4  # CwmConfig's and GraniteSWAConfig's layer_types by default: layer 0 full, then every fourth
 # Ministral 8B (MinistralForCausalLM: Ministral-8B-Instruct-2410): Mistral's layer with its window on the layer_types'
 # sliding layers (every layer by default)
 FAMILIES["ministral"] = Family("MinistralForCausalLM", defaults=dict(FAMILIES["mistral"].defaults))
@@ -727,7 +743,7 @@ FAMILIES["dbrx"] = Family("DbrxForCausalLM", torch_layer_norm="nobias", defaults
 _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
              "max_seq_len": "max_position_embeddings"}
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
-              "granitemoeshared", "gpt_oss")
+              "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
@@ -1020,8 +1036,9 @@ _METADATA_KEYS = frozenset({
 })
 
 
-_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS, OLMo 3: on "
-            "the layer_types' 'sliding_attention' layers; Qwen2/3: with use_sliding_window, "
+_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS, OLMo 3, CWM, "
+            "Granite SWA: on the layer_types' 'sliding_attention' layers, CWM's and Granite SWA's a positive int; "
+            "Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on; Qwen2-MoE: "
             "with use_sliding_window, on the layer_types' 'sliding_attention' layers, by default every other layer "
             "from the first below max_window_layers), a positive int or null (Qwen2-MoE: a positive int); "
@@ -1122,7 +1139,11 @@ _HARMLESS_ONLY_AT = {
        for key in ("moe_intermediate_size", "decoder_sparse_step")},
     "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
                                         "absent (Qwen2-MoE: an int >= 1)"),
-    "shared_intermediate_size": (lambda v, c: c.model_type == "granitemoeshared" and _is_int(v) and v >= 0
+    # Granite SWA's RoPE base per layer (0: NoPE): LlamaConfig.rope_layers, local_rope_theta
+    "layer_rope_theta": (lambda v, c: c.model_type in _GRANITE_SWAS and _granite_swa_thetas(c, v) is not None,
+                         "absent (Granite SWA: one number >= 0 per layer, at most two RoPEs: rope_theta's and NoPE "
+                         "(0), or, with plain RoPE over the whole head, rope_theta's and one other base)"),
+    "shared_intermediate_size": (lambda v, c: c.model_type in ("granitemoeshared", "granitemoe_swa") and _is_int(v) and v >= 0
                                  or c.model_type == "minimax_m2" and v == 0,
                                  "absent (GraniteMoeShared: an int >= 0; MiniMax-M2: 0, no shared expert)"),
     # GPT-OSS's clamped SwiGLU (LlamaConfig.swiglu_clamp)
@@ -1567,13 +1588,13 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         sliding = [t == "sliding_attention" for t in types] if types is not None else [window is not None] * n
         if window is None:  # (transformers' mask fails on a sliding layer without one)
             return none, "sliding_window" if any(sliding) else None
-    elif c.model_type == "cwm":
-        # CwmConfig: sliding_window (8192; it must be an int >= 1: 0 and null fail CwmConfig) on the layer_types'
-        # sliding layers, by default all but every fourth from layer 0
-        window, types = x.get("sliding_window", FAMILIES["cwm"].defaults["sliding_window"]), x.get("layer_types")
+    elif c.model_type in ("cwm", *_GRANITE_SWAS):
+        # CwmConfig, GraniteSWAConfig: sliding_window (8192, 128; an int >= 1: 0 and null fail CwmConfig, null fails
+        # GraniteSWA's mask) on the layer_types' sliding layers, by default all but every fourth from layer 0
+        window, types = x.get("sliding_window", FAMILIES[c.model_type].defaults["sliding_window"]), x.get("layer_types")
         if types is not None and not _layer_types_ok(types, n):
             return none, "layer_types"
-        for key in ("use_sliding_window", "max_window_layers"):  # (Qwen's keys: CwmConfig keeps them unread)
+        for key in ("use_sliding_window", "max_window_layers"):  # (Qwen's keys: their configs keep them unread)
             if key in x:
                 return none, key
         if window is None:
@@ -1618,7 +1639,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", "phi3", "qwen2", "qwen3", "smollm3", "mixtral",
+    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", *_GRANITE_SWAS, "phi3", "qwen2", "qwen3", "smollm3", "mixtral",
                             "phimoe",
                             "qwen3_moe",
                             "qwen2_moe", "dots1", "starcoder2", *_PATTERNED):
@@ -1651,6 +1672,22 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
     elif not _layer_types_ok(types, n):
         return None, "layer_types"
     return [t == "sliding_attention" for t in types], None
+
+
+def _granite_swa_thetas(c: "LlamaConfig", v="absent") -> list | None:
+    """Granite SWA: each layer's RoPE base (``layer_rope_theta``, by default ``rope_theta`` everywhere; 0: NoPE), or
+    None where the layers would take more than two RoPEs: besides ``rope_theta``'s (with its ``rope_scaling``), either
+    NoPE or, with plain RoPE over the whole head, one other base."""
+    n = c.num_hidden_layers
+    v = c.extra.get("layer_rope_theta") if v == "absent" else v
+    if v is None:
+        return [c.rope_theta] * n
+    if not (isinstance(v, list) and len(v) == n and all(_is_number(t) and 0 <= t < float("inf") for t in v)):
+        return None
+    others = {t for t in v if t and t != c.rope_theta}
+    if others and (len(others) > 1 or 0 in v or c.rope_scaling is not None or c.rotary_dim != c.head_dim):
+        return None
+    return [float(t) for t in v]
 
 
 def _layer_types_ok(types, n: int) -> bool:
@@ -2152,9 +2189,12 @@ class LlamaConfig:
     def local_rope_theta(self) -> float | None:
         """Gemma 3: the RoPE base of its sliding-window layers (``rope_local_base_freq``, plain RoPE; the
         others take ``rope_theta`` and ``rope_scaling``); OLMo 3: its ``sliding_attention`` layers' (plain RoPE,
-        ``rope_theta`` unless its ``rope_parameters`` give them another); None for the other families (one RoPE)."""
+        ``rope_theta`` unless its ``rope_parameters`` give them another); Granite SWA: its ``layer_rope_theta``'s other
+        base (plain RoPE; None where its other layers take none); None for the other families (one RoPE)."""
         if self.model_type == "olmo3":  # its sliding layers' rope_parameters (the same base unless they say one)
             return float(self.extra.get("rope_local_base_freq", self.rope_theta))
+        if self.model_type in _GRANITE_SWAS:  # its layers' other base (None: NoPE)
+            return next((t for t in _granite_swa_thetas(self) or () if t and t != self.rope_theta), None)
         if self.model_type != "gemma3_text":
             return None
         return float(self.extra.get("rope_local_base_freq", FAMILIES["gemma3_text"].defaults["rope_local_base_freq"]))
@@ -2188,6 +2228,8 @@ class LlamaConfig:
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
         if self.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type 'rope' (else NoPE)
             return (self.extra.get("position_embedding_type") == "rope",) * n
+        if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
+            return tuple(t == self.rope_theta for t in _granite_swa_thetas(self) or (self.rope_theta,) * n)
         if self.model_type == "afmoe":  # RoPE on its sliding layers only, whatever the window
             return tuple(_sliding_layers(self)[0] or (True,) * n)
         if self.model_type in (*_EXAONES, "cohere2"):  # with a window (any), RoPE on the sliding layers only

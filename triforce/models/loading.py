@@ -494,9 +494,11 @@ _SHARED_EXPERT = re.compile(r"(.*\.)mlp\.shared_expert\.(gate|up|down)_proj\.wei
 _STACKED_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate_up_proj|down_proj)\.weight")
 
 
-def _granite_moe_names(sd: dict, inverse: bool = False) -> dict:
+def _granite_moe_names(sd: dict, inverse: bool = False, modules: bool = False) -> dict:
     """A GraniteMoE checkpoint's weights under the names :func:`_expert_names` reads (its stacked experts as
-    transformers 5's), or with ``inverse`` the model's (per expert) back under the checkpoint's names, stacked."""
+    transformers 5's), or with ``inverse`` the model's (per expert) back under the checkpoint's names, stacked; with
+    ``modules`` under transformers 5's module names (Granite SWA's checkpoints: transformers converts none of its
+    names, so they are the modules')."""
     out, stacks = {}, {}
     for name, t in sd.items():
         if not inverse:
@@ -517,10 +519,12 @@ def _granite_moe_names(sd: dict, inverse: bool = False) -> dict:
             elif f"{m[1]}mlp.shared_expert.gate_proj.weight" not in sd:
                 out[name] = t  # a half without the other: reported as unexpected
         else:
-            out[re.sub(r"\.mlp\.gate\.weight$", ".block_sparse_moe.router.layer.weight", name)] = t
+            router = ".block_sparse_moe.router.weight" if modules else ".block_sparse_moe.router.layer.weight"
+            out[re.sub(r"\.mlp\.gate\.weight$", router, name)] = t
     for (stem, kind), parts in stacks.items():
-        linear = "input_linear" if kind == "gate_up_proj" else "output_linear"
-        out[f"{stem[:-len('mlp.experts')]}block_sparse_moe.{linear}.weight"] = torch.stack(
+        linear = f"experts.{kind}" if modules else "input_linear.weight" if kind == "gate_up_proj" \
+            else "output_linear.weight"
+        out[f"{stem[:-len('mlp.experts')]}block_sparse_moe.{linear}"] = torch.stack(
             [parts[e] for e in range(len(parts))])
     return out
 
@@ -705,13 +709,13 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _gpt_oss_names(sd, inverse)
     mixtral = config.model_type in ("mixtral", "minimax_m2", "phimoe")  # (Mixtral's names: block_sparse_moe, w1 / w3 /
     # w2)
-    granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoehybrid")
+    granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
     deepseek = config.experts.grouped_router  # (DeepSeek's names; GLM-4.5's are the same)
     if deepseek and not inverse:
         sd = _deepseek_names(config, sd)
     out = {}
     if inverse and granite:
-        return _granite_moe_names(sd, inverse=True)
+        return _granite_moe_names(sd, inverse=True, modules=config.model_type == "granitemoe_swa")
     if granite:
         sd = _granite_moe_names(sd)
     if inverse:
