@@ -22,7 +22,8 @@ attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
 ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output
-gated, ``attn_output_gate``) and ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
+gated, ``attn_output_gate``), ``kolibri1`` (its router's choice by the logits plus the correction bias) and
+``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
 after RoPE, ``qk_norm_after_rope``; RoPE of a fixed NTK alpha) (also from the image + text
 wrappers in :data:`WRAPPERS`). They are one model with a switch
 per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by
@@ -357,6 +358,19 @@ FAMILIES["exaone_moe"] = Family("ExaoneMoeForCausalLM", qk_norm=True, defaults={
     "eos_token_id": 53, "pad_token_id": 0, "sliding_window": 4096, "sliding_window_pattern": 4,
     "moe_intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8, "num_shared_experts": 1,
     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1})
+# Kolibri-1 (Kolibri1ForCausalLM: Aleph Alpha's Kolibri-1): EXAONE 4's attention (q/k RMSNorms per head before RoPE;
+# with a window, RoPE and the window on the layer_types' sliding layers only, by default four of every five, the
+# others neither) in GLM-4's layer (four norms: post_self_attn_layernorm, post_attention_layernorm before the MLP,
+# post_mlp_layernorm), every MLP a mixture: the router's float32 logits, the top k of the logits plus a correction
+# bias chosen, the chosen logits' sigmoid as weights (renormalised where norm_topk_prob), in float32, and an ungated
+# shared expert (shared_expert_intermediate_size) added. A window always (transformers' model fails without one).
+FAMILIES["kolibri1"] = Family("Kolibri1ForCausalLM", qk_norm=True, sandwich_norms=True, defaults={
+    "vocab_size": 128000, "hidden_size": 2560, "num_hidden_layers": 50, "num_attention_heads": 48,
+    "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+    "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "sliding_window": 513,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts_per_tok": 6,
+    "num_experts": 384, "norm_topk_prob": False})
+_KOLIBRI_PATTERN = 5  # Kolibri1Config's layer_types by default: every fifth layer full, the others sliding
 # Seed-OSS (SeedOssForCausalLM: Seed-OSS-36B, 512K context): Llama's layer with biases on q, k and v by
 # attention_bias (default true) and on o by attention_out_bias (default false); its dropouts act in training only.
 FAMILIES["seed_oss"] = Family("SeedOssForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
@@ -744,7 +758,8 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
              "max_seq_len": "max_position_embeddings"}
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
-_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid")
+_ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
+            "kolibri1")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -787,6 +802,7 @@ class Experts:
     # PhiMoE: SparseMixer's choice of two experts (scoring "sparsemixer"), its jitter (router_jitter_noise)
     jitter_eps: float = 0.0
     logits_in_dtype: bool = False  # the router's logits in the model's dtype, then float32 (MiniMax-M2's)
+    bias_on_logits: bool = False  # the correction bias added to the logits for the choice, not the scores (Kolibri-1)
 
 
 @dataclass(frozen=True)
@@ -1436,6 +1452,12 @@ for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
 # together in LlamaConfig._check_afmoe)
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1, "AFMoE: an int >= 1")
+# Kolibri-1's mixture (LlamaConfig.experts; its count under either name, as transformers reads it)
+for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "kolibri1" and _is_int(v) and v >= 1, "Kolibri-1: an int >= 1")
+_also("shared_expert_intermediate_size", lambda v, c: c.model_type == "kolibri1" and _is_int(v) and v >= 0,
+      "Kolibri-1: an int >= 0, its ungated shared expert's width")
+_also("norm_topk_prob", lambda v, c: c.model_type == "kolibri1" and isinstance(v, bool), "Kolibri-1: a bool")
 _also("router_jitter_noise", lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
       "PhiMoE: a number >= 0, SparseMixer's jitter")
 _also("num_local_experts", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 0,
@@ -1519,7 +1541,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             return none, bad
         if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one;
             # AFMoE: refused too)
-            refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe") and any(sliding)
+            refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe") and any(sliding) or \
+                c.model_type == "kolibri1"  # (its model builds a sliding mask from it whatever the layers)
             return none, "sliding_window" if refused else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
@@ -1649,7 +1672,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
 
 _EXAONES = ("exaone4", "exaone_moe")
 # layer_types, else a pattern
-_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe")
+_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe", "kolibri1")
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -1662,7 +1685,8 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
     if types is None:
         default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
-        patterns = {**dict.fromkeys(_GEMMA2S, _GEMMA2_PATTERN), "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN}
+        patterns = {**dict.fromkeys(_GEMMA2S, _GEMMA2_PATTERN), "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN,
+                    "kolibri1": _KOLIBRI_PATTERN}
         pattern = patterns.get(c.model_type) or (x.get("global_attn_every_n_layers", 4) if c.model_type == "afmoe"
                                                  else x.get("sliding_window_pattern",
                                                             x.get("_sliding_window_pattern", default)))
@@ -2232,8 +2256,8 @@ class LlamaConfig:
             return tuple(t == self.rope_theta for t in _granite_swa_thetas(self) or (self.rope_theta,) * n)
         if self.model_type == "afmoe":  # RoPE on its sliding layers only, whatever the window
             return tuple(_sliding_layers(self)[0] or (True,) * n)
-        if self.model_type in (*_EXAONES, "cohere2"):  # with a window (any), RoPE on the sliding layers only
-            sliding = _sliding_layers(self)[0]
+        if self.model_type in (*_EXAONES, "cohere2", "kolibri1"):  # with a window (any), RoPE on the sliding layers
+            sliding = _sliding_layers(self)[0]  # only (Kolibri-1's: a window, always)
             if sliding is None or self.extra.get("sliding_window", 4096) is None:  # (Cohere 2's: none then)
                 return (self.model_type in _EXAONES,) * n
             return tuple(sliding)
@@ -2308,6 +2332,12 @@ class LlamaConfig:
             return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, True, True,
                            (True,) * self.num_hidden_layers, scoring="sigmoid", correction_bias=True,
                            grouped_router=True, logits_in_dtype=True)
+        if self.model_type == "kolibri1":  # (DeepSeek's router path: the top k of the logits plus the correction bias,
+            x = self.extra  # their sigmoid; an ungated shared expert)
+            return Experts(next(x[k] for k in _EXPERT_COUNT_KEYS if k in x), x["num_experts_per_tok"],
+                           x["moe_intermediate_size"], bool(x["norm_topk_prob"]), True, (True,) * self.num_hidden_layers,
+                           shared_intermediate_size=x["shared_expert_intermediate_size"], scoring="sigmoid",
+                           correction_bias=True, grouped_router=True, bias_on_logits=True)
         if self.model_type == "hunyuan_v1_moe":  # (the router's weight kept in float32; transformers' shared expert)
             get = self._deepseek
             return Experts(_first(get("num_experts")), _first(get("moe_topk")), self.intermediate_size, True, True,

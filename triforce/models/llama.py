@@ -939,7 +939,7 @@ class SparseMoE(nn.Module):
         if self.deepseek:
             self.scale, self.sigmoid, self.groups, self.group_top2, self.eps = (
                 spec.scale, spec.scoring == "sigmoid", spec.groups, spec.group_top2, spec.renormalize_eps)
-            self.logits_in_dtype = spec.logits_in_dtype
+            self.logits_in_dtype, self.bias_on_logits = spec.logits_in_dtype, spec.bias_on_logits
         if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             if spec.shared_gated:
@@ -984,13 +984,14 @@ class SparseMoE(nn.Module):
         made float32), their softmax (V2) or sigmoid (V3); the experts chosen by those scores (V3: plus the
         correction bias), within the ``topk_group`` best of ``n_group`` groups where ``groups`` (a group's rank: its
         best score, V3 its best two summed; the other groups' scores masked: 0, V3 -inf); each chosen expert's score,
-        renormalised (V3's ``norm_topk_prob``: over their sum plus 1e-20), times ``routed_scaling_factor``; float32
+        renormalised (V3's ``norm_topk_prob``: over their sum plus 1e-20), times ``routed_scaling_factor`` (Kolibri-1:
+        the correction bias added to the logits for the choice, ``bias_on_logits``); float32
         weights (ERNIE 4.5's: its softmax and correction bias choosing, renormalised, rounded to the dtype; MiniMax-M2's
         logits in the model's dtype)."""
         logits = self.router_logits(x)
         scores = _row_sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         bias = self.gate._buffers.get("e_score_correction_bias")
-        choice = scores if bias is None else scores + bias
+        choice = scores if bias is None else (logits if self.bias_on_logits else scores) + bias
         if self.groups is not None:
             n_group, top_groups = self.groups
             grouped = choice.view(choice.shape[0], n_group, -1)

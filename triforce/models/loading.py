@@ -749,6 +749,15 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
 _GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
                "post_attention_layernorm": "pre_feedforward_layernorm",
                "post_mlp_layernorm": "post_feedforward_layernorm"}
+# Kolibri-1's checkpoints: GLM-4's four norms under names of their own (post_attn_norm after the attention,
+# post_ffn_norm after the MLP; transformers' modules GLM-4's names, read too), its router's correction bias as
+# moe.router.expert_bias; saved as its checkpoints hold them
+_KOLIBRI_NORMS = {**_GLM4_NORMS, "post_attn_norm": "post_attention_layernorm",
+                  "post_ffn_norm": "post_feedforward_layernorm"}
+_KOLIBRI_NORMS_BACK = {"post_attention_layernorm": "post_attn_norm",
+                       "pre_feedforward_layernorm": "post_attention_layernorm",
+                       "post_feedforward_layernorm": "post_ffn_norm"}
+_KOLIBRI_BIAS = (".moe.router.expert_bias", ".mlp.gate.e_score_correction_bias")
 # HyperCLOVA X's Peri-LN norms (use_post_norm): post_norm1 after the attention, post_norm2 after the MLP, its
 # post_attention_layernorm the norm before the MLP
 _HYPERCLOVAX_NORMS = {"post_norm1": "post_attention_layernorm", "post_attention_layernorm": "pre_feedforward_layernorm",
@@ -1004,9 +1013,17 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         table = _HYPERCLOVAX_NORMS
     elif config.model_type == "glm4":
         table = _GLM4_NORMS
+    elif config.model_type == "kolibri1":  # (its tables one per direction: two names of each norm are read)
+        theirs, ours = _KOLIBRI_BIAS
+        sd = _renamed(sd, [(ours, theirs) if inverse else (theirs, ours)])
+        return _layer_norms_renamed(sd, _KOLIBRI_NORMS_BACK if inverse else _KOLIBRI_NORMS)
     else:
         return sd
-    table = {v: k for k, v in table.items()} if inverse else table
+    return _layer_norms_renamed(sd, {v: k for k, v in table.items()} if inverse else table)
+
+
+def _layer_norms_renamed(sd: dict, table: dict) -> dict:
+    """``sd`` with each layer's norm named a key of ``table`` renamed to its value."""
     out = {}
     for name, t in sd.items():
         m = _LAYER_NORM_NAME.fullmatch(name)
