@@ -4,11 +4,11 @@ layer 0), against transformers' CwmForCausalLM."""
 import pytest
 import torch
 
-from triforce.models import Llama, LlamaConfig
+from triforce.models import LlamaConfig
 from triforce.models.config import _CWM_ROPE
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import LLAMA3, TINY, randomize_, tiny_family
+from .test_families import LLAMA3, TINY, assert_our_save_reads_back, model_type_and_ours, tiny_family
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches
 
@@ -16,14 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 
 def cwm(**kw):
-    """A tiny random transformers CwmForCausalLM (eager attention) and ours from its config and weights."""
-    from triforce.models.loading import _build
-
-    torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model("cwm", **{**TINY, "head_dim": 16, "num_hidden_layers": 5,
-                                                         "sliding_window": 6, **kw}, attn_implementation="eager")
-    hf = randomize_(transformers.AutoModelForCausalLM.from_config(config).eval())
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    """A tiny random transformers CwmForCausalLM and ours."""
+    return model_type_and_ours("cwm", **{**TINY, "head_dim": 16, "num_hidden_layers": 5, "sliding_window": 6, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, {"mlp_bias": True, "tie_word_embeddings": True, "rope_parameters": LLAMA3,
@@ -36,14 +30,8 @@ def test_every_path_and_our_save_match_transformers(tmp_path, kw):
     assert ours.config.layer_windows == tuple(6 if t == "sliding_attention" else 0 for t in hf.config.layer_types)
     assert sum(w > 0 for w in ours.config.layer_windows) == 3
     assert_every_path_matches(hf, ours)
-    ours.save_pretrained(tmp_path)
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(back).__name__ == "CwmForCausalLM" and back.config.layer_types == hf.config.layer_types
-    assert back.config.rope_parameters == hf.config.rope_parameters
-    assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
+    back = assert_our_save_reads_back(tmp_path, hf, ours)
+    assert back.layer_types == hf.config.layer_types and back.rope_parameters == hf.config.rope_parameters
 
 
 def test_the_window_and_the_rope_matter():

@@ -80,6 +80,37 @@ def tiny_family(model_type: str, seed: int, layers: int = 3, **kw) -> Llama:
     return randomize_(Llama(config), seed).eval()
 
 
+def model_type_and_ours(model_type: str, draw: tuple = (), **kw):
+    """A tiny random transformers model of ``model_type`` (``AutoConfig.for_model(model_type, **kw)``, eager attention,
+    biases and norms randomised; the parameters and buffers whose names end with one of ``draw`` drawn from N(0, 1),
+    where transformers initialises them to 0: sinks, correction biases) and ours built from its config and weights."""
+    from triforce.models.loading import _build
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(model_type, **kw, attn_implementation="eager")
+    hf = randomize_(transformers.AutoModelForCausalLM.from_config(config).eval())
+    with torch.no_grad():
+        for name, t in [*hf.named_parameters(), *hf.named_buffers()]:
+            if name.endswith(draw):
+                t.normal_(0, 1)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def assert_saved_names_are_transformers(tmp_path, hf, ours, names) -> None:
+    """transformers saves ``hf`` under its checkpoints' names (``names`` among them): ours reads such a file to the
+    same logits, and writes the same names."""
+    import safetensors.torch
+
+    hf.save_pretrained(tmp_path / "hf")
+    theirs = set(safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors"))
+    assert set(names) <= theirs
+    ours.save_pretrained(tmp_path / "ours")
+    assert set(safetensors.torch.load_file(tmp_path / "ours" / "model.safetensors")) == theirs
+    ids = torch.randint(0, hf.config.vocab_size, (2, 30), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(Llama.from_pretrained(tmp_path / "hf")(ids), ours(ids))
+
+
 def transformers_and_ours(name: str, **kw):
     """A tiny random transformers ``<name>ForCausalLM`` (``<name>Config(**kw)``, eager attention, biases and norms
     randomised) and ours built from its config and weights."""
@@ -124,6 +155,16 @@ def assert_saved_reads_back(tmp_path, hf, ours) -> None:
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert type(back) is type(hf)
     assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
+
+
+def assert_our_save_reads_back(tmp_path, hf, ours):
+    """:func:`assert_saved_reads_back`, and ours reads its save back to the same logits, bitwise; -> transformers'
+    config of the save."""
+    assert_saved_reads_back(tmp_path, hf, ours)
+    ids = torch.randint(0, hf.config.vocab_size, (2, 30), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
+    return transformers.AutoConfig.from_pretrained(tmp_path)
 
 
 def hf_model(family, **extra):

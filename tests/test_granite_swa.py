@@ -5,10 +5,10 @@ GraniteSWAForCausalLM and GraniteMoeSWAForCausalLM."""
 import pytest
 import torch
 
-from triforce.models import Llama, LlamaConfig
+from triforce.models import LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_, tiny_family
+from .test_families import TINY, assert_our_save_reads_back, model_type_and_ours, tiny_family
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches
 
@@ -34,20 +34,10 @@ CASES = {
 
 
 def granite_swa(model_type, **kw):
-    """A tiny random transformers model of ``model_type`` (eager attention; its sinks drawn from N(0, 1), as
-    transformers initialises them to 0) and ours from its config and weights."""
-    from triforce.models.loading import _build
-
-    torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(model_type, **{
+    """A tiny random transformers model of ``model_type`` (its sinks drawn from N(0, 1)) and ours."""
+    return model_type_and_ours(model_type, ("sinks",), **{
         **TINY, "head_dim": 16, "num_hidden_layers": 5, "sliding_window": 6, "bos_token_id": 1, "eos_token_id": 2,
-        **kw}, attn_implementation="eager")
-    hf = randomize_(transformers.AutoModelForCausalLM.from_config(config).eval())
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("sinks"):
-                p.normal_(0, 1)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+        **kw})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -60,15 +50,9 @@ def test_every_path_and_our_save_match_transformers(tmp_path, case):
     assert c.rope_layers == tuple(t == c.rope_theta for t in hf.config.layer_rope_theta)
     assert (c.experts is not None) == (model_type == "granitemoe_swa")
     assert_every_path_matches(hf, ours)
-    ours.save_pretrained(tmp_path)
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(back) is type(hf)
+    back = assert_our_save_reads_back(tmp_path, hf, ours)
     for key in ("layer_types", "layer_rope_theta", "sliding_window", "rope_parameters"):
-        assert getattr(back.config, key) == getattr(hf.config, key), key
-    assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
+        assert getattr(back, key) == getattr(hf.config, key), key
 
 
 @pytest.mark.parametrize("change", [{"layer_types": ["full_attention"] * 5}, {"layer_rope_theta": [1e4] * 5},

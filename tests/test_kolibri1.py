@@ -5,10 +5,11 @@ Kolibri1ForCausalLM."""
 import pytest
 import torch
 
-from triforce.models import Llama, LlamaConfig
+from triforce.models import LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import TINY, randomize_, tiny_family
+from .test_families import (TINY, assert_our_save_reads_back, assert_saved_names_are_transformers,
+                            model_type_and_ours, tiny_family)
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches
 
@@ -21,20 +22,10 @@ CASES = {"default": {}, "renormalised-types-tied": {
 
 
 def kolibri(**kw):
-    """A tiny random transformers Kolibri1ForCausalLM (eager attention; its correction biases drawn from N(0, 1), as
-    transformers initialises them to 0) and ours from its config and weights."""
-    from triforce.models.loading import _build
-
-    torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model("kolibri1", **{
+    """A tiny random transformers Kolibri1ForCausalLM (its correction biases drawn from N(0, 1)) and ours."""
+    return model_type_and_ours("kolibri1", ("e_score_correction_bias",), **{
         **{k: v for k, v in TINY.items() if k != "intermediate_size"}, "head_dim": 16, "num_hidden_layers": 5,
-        "sliding_window": 6, **MOE, **kw}, attn_implementation="eager")
-    hf = randomize_(transformers.AutoModelForCausalLM.from_config(config).eval())
-    with torch.no_grad():
-        for name, b in hf.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0, 1)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+        "sliding_window": 6, **MOE, **kw})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -45,29 +36,16 @@ def test_every_path_and_our_save_match_transformers(tmp_path, case):
     assert c.layer_windows == tuple(6 if s else 0 for s in sliding) and c.rope_layers == sliding
     assert c.experts.bias_on_logits and c.experts.renormalize == hf.config.norm_topk_prob
     assert_every_path_matches(hf, ours)
-    ours.save_pretrained(tmp_path)
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(back).__name__ == "Kolibri1ForCausalLM" and back.config.layer_types == hf.config.layer_types
-    assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
+    back = assert_our_save_reads_back(tmp_path, hf, ours)
+    assert back.layer_types == hf.config.layer_types
 
 
 def test_its_checkpoint_names_read_and_are_written(tmp_path):
     """transformers saves Kolibri-1 under its checkpoints' names (post_attn_norm, post_ffn_norm, moe.router.expert_bias,
     the experts one by one): read from such a file, and ours written with the same names."""
-    import safetensors.torch
-
-    hf, ours = kolibri()
-    hf.save_pretrained(tmp_path / "hf")
-    theirs = set(safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors"))
-    assert "model.layers.0.moe.router.expert_bias" in theirs and "model.layers.0.post_ffn_norm.weight" in theirs
-    ours.save_pretrained(tmp_path / "ours")
-    assert set(safetensors.torch.load_file(tmp_path / "ours" / "model.safetensors")) == theirs
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(6))
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path / "hf")(ids), ours(ids))
+    assert_saved_names_are_transformers(tmp_path, *kolibri(), ["model.layers.0.moe.router.expert_bias",
+                                                              "model.layers.0.post_attn_norm.weight",
+                                                              "model.layers.0.post_ffn_norm.weight"])
 
 
 def test_the_router_the_window_and_the_rope_layers_matter():

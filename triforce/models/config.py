@@ -22,7 +22,8 @@ attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
 ``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output
-gated, ``attn_output_gate``), ``kolibri1`` (its router's choice by the logits plus the correction bias) and
+gated, ``attn_output_gate``), ``kolibri1`` (its router's choice by the logits plus the correction bias), ``flint``
+(GPT-OSS's sinks, NoPE full layers) and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
 after RoPE, ``qk_norm_after_rope``; RoPE of a fixed NTK alpha) (also from the image + text
 wrappers in :data:`WRAPPERS`). They are one model with a switch
@@ -123,6 +124,7 @@ class Family:
     parallel_block: bool = False
     float32_norm: bool = False  # RMSNorm: x_f32 * rsqrt(...) * w_f32, rounded to the dtype at the end (GPT-OSS)
     attention_sinks: bool = False  # a learned logit per query head in every softmax, on no value (GPT-OSS)
+    float32_sinks: bool = False  # the sinks kept in float32 whatever the model's dtype (Flint's, as transformers keeps)
     # Hunyuan: the per-head q/k RMSNorm after RoPE, not before (LlamaConfig.qk_norm_after_rope)
     qk_norm_after_rope: bool = False
     # StarCoder 2, Arcee, Nemotron, Phi-2: the MLP ungated, down(act(up(x))) (LlamaConfig.gated_mlp)
@@ -371,6 +373,21 @@ FAMILIES["kolibri1"] = Family("Kolibri1ForCausalLM", qk_norm=True, sandwich_norm
     "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts_per_tok": 6,
     "num_experts": 384, "norm_topk_prob": False})
 _KOLIBRI_PATTERN = 5  # Kolibri1Config's layer_types by default: every fifth layer full, the others sliding
+# Flint (FlintForCausalLM: RecursiveSI's Flint): Qwen3's attention (q/k RMSNorms per head) with GPT-OSS's sinks and
+# RMSNorm (the weight applied in float32); RoPE and sliding_window (513) on the layer_types' sliding layers only (by
+# default all but layers 0, 1, every fourth from 1 and the last), the others NoPE; Qwen2-MoE's mixture from the layers
+# not in mlp_only_layers ([0, 1]): the router's float32 logits (its weight kept in float32), the top k of their
+# sigmoid, renormalised where norm_topk_prob, in float32, and an ungated shared expert (shared_expert_intermediate_size)
+# added. A window always (FlintConfig's is an int).
+FAMILIES["flint"] = Family("FlintForCausalLM", qk_norm=True, float32_norm=True, attention_sinks=True,
+                           float32_sinks=True, reads=("attention_bias",), defaults={
+                               "vocab_size": 150144, "hidden_size": 2048, "intermediate_size": 6144,
+                               "num_hidden_layers": 49, "num_attention_heads": 32, "num_key_value_heads": 4,
+                               "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+                               "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "sliding_window": 513,
+                               "moe_intermediate_size": 512, "shared_expert_intermediate_size": 1024,
+                               "num_experts_per_tok": 6, "num_experts": 256, "norm_topk_prob": True,
+                               "mlp_only_layers": [0, 1], "decoder_sparse_step": 1})
 # Seed-OSS (SeedOssForCausalLM: Seed-OSS-36B, 512K context): Llama's layer with biases on q, k and v by
 # attention_bias (default true) and on o by attention_out_bias (default false); its dropouts act in training only.
 FAMILIES["seed_oss"] = Family("SeedOssForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
@@ -759,7 +776,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1")
+            "kolibri1", "flint")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1052,8 +1069,8 @@ _METADATA_KEYS = frozenset({
 })
 
 
-_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS, OLMo 3, CWM, "
-            "Granite SWA: on the layer_types' 'sliding_attention' layers, CWM's and Granite SWA's a positive int; "
+_WINDOWS = ("a sliding window as transformers reads it (Mistral, Phi-3: every layer; Gemma 2 / 3, GPT-OSS, OLMo 3, "
+            "CWM, Granite SWA: on the layer_types' 'sliding_attention' layers, CWM's and Granite SWA's a positive int; "
             "Qwen2/3: with use_sliding_window, "
             "on the layer_types' 'sliding_attention' layers, by default those from max_window_layers on; Qwen2-MoE: "
             "with use_sliding_window, on the layer_types' 'sliding_attention' layers, by default every other layer "
@@ -1159,7 +1176,8 @@ _HARMLESS_ONLY_AT = {
     "layer_rope_theta": (lambda v, c: c.model_type in _GRANITE_SWAS and _granite_swa_thetas(c, v) is not None,
                          "absent (Granite SWA: one number >= 0 per layer, at most two RoPEs: rope_theta's and NoPE "
                          "(0), or, with plain RoPE over the whole head, rope_theta's and one other base)"),
-    "shared_intermediate_size": (lambda v, c: c.model_type in ("granitemoeshared", "granitemoe_swa") and _is_int(v) and v >= 0
+    "shared_intermediate_size": (lambda v, c: c.model_type in ("granitemoeshared", "granitemoe_swa")
+                                 and _is_int(v) and v >= 0
                                  or c.model_type == "minimax_m2" and v == 0,
                                  "absent (GraniteMoeShared: an int >= 0; MiniMax-M2: 0, no shared expert)"),
     # GPT-OSS's clamped SwiGLU (LlamaConfig.swiglu_clamp)
@@ -1452,12 +1470,17 @@ for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
 # together in LlamaConfig._check_afmoe)
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1, "AFMoE: an int >= 1")
-# Kolibri-1's mixture (LlamaConfig.experts; its count under either name, as transformers reads it)
+# Kolibri-1's and Flint's mixtures (LlamaConfig.experts; the count under either name, as transformers reads it)
 for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
-    _also(_key, lambda v, c: c.model_type == "kolibri1" and _is_int(v) and v >= 1, "Kolibri-1: an int >= 1")
-_also("shared_expert_intermediate_size", lambda v, c: c.model_type == "kolibri1" and _is_int(v) and v >= 0,
-      "Kolibri-1: an int >= 0, its ungated shared expert's width")
-_also("norm_topk_prob", lambda v, c: c.model_type == "kolibri1" and isinstance(v, bool), "Kolibri-1: a bool")
+    _also(_key, lambda v, c: c.model_type in ("kolibri1", "flint") and _is_int(v) and v >= 1,
+          "Kolibri-1, Flint: an int >= 1")
+_also("shared_expert_intermediate_size", lambda v, c: c.model_type in ("kolibri1", "flint") and _is_int(v) and v >= 0,
+      "Kolibri-1, Flint: an int >= 0, the ungated shared expert's width")
+_also("norm_topk_prob", lambda v, c: c.model_type in ("kolibri1", "flint") and isinstance(v, bool),
+      "Kolibri-1, Flint: a bool")
+_also("decoder_sparse_step", lambda v, c: c.model_type == "flint" and _is_int(v) and v >= 1, "Flint: an int >= 1")
+_also("mlp_only_layers", lambda v, c: c.model_type == "flint" and (v is None or isinstance(v, list) and all(
+    _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "Flint: layer indices")
 _also("router_jitter_noise", lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
       "PhiMoE: a number >= 0, SparseMixer's jitter")
 _also("num_local_experts", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 0,
@@ -1542,7 +1565,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one;
             # AFMoE: refused too)
             refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe") and any(sliding) or \
-                c.model_type == "kolibri1"  # (its model builds a sliding mask from it whatever the layers)
+                c.model_type in ("kolibri1", "flint")  # (Kolibri-1's model builds a sliding mask from it whatever
+            # the layers; FlintConfig's window is an int)
             return none, "sliding_window" if refused else None
     elif c.model_type in ("qwen2", "qwen3", "smollm3"):
         # Qwen2/3: with use_sliding_window, from max_window_layers on by default; SmolLM3Config: with
@@ -1662,7 +1686,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", *_GRANITE_SWAS, "phi3", "qwen2", "qwen3", "smollm3", "mixtral",
+    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", *_GRANITE_SWAS, "phi3", "qwen2", "qwen3",
+                            "smollm3", "mixtral",
                             "phimoe",
                             "qwen3_moe",
                             "qwen2_moe", "dots1", "starcoder2", *_PATTERNED):
@@ -1672,7 +1697,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
 
 _EXAONES = ("exaone4", "exaone_moe")
 # layer_types, else a pattern
-_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe", "kolibri1")
+_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe", "kolibri1", "flint")
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -1683,6 +1708,8 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
     types = x.get("layer_types")
     if types is None and c.model_type in _EXAONES and x.get("sliding_window", 4096) is None:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
+    if types is None and c.model_type == "flint":  # (FlintConfig's: full on layers 0, 1, every fourth from 1, the last)
+        return [not (i < 2 or i % 4 == 1 or i == n - 1) for i in range(n)], None
     if types is None:
         default = FAMILIES[c.model_type].defaults.get("sliding_window_pattern", _GEMMA3_PATTERN)  # (EXAONE 4's: 4)
         patterns = {**dict.fromkeys(_GEMMA2S, _GEMMA2_PATTERN), "gpt_oss": _GPT_OSS_PATTERN, "olmo3": _OLMO3_PATTERN,
@@ -2254,7 +2281,7 @@ class LlamaConfig:
             return (self.extra.get("position_embedding_type") == "rope",) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
             return tuple(t == self.rope_theta for t in _granite_swa_thetas(self) or (self.rope_theta,) * n)
-        if self.model_type == "afmoe":  # RoPE on its sliding layers only, whatever the window
+        if self.model_type in ("afmoe", "flint"):  # RoPE on its sliding layers only, whatever the window
             return tuple(_sliding_layers(self)[0] or (True,) * n)
         if self.model_type in (*_EXAONES, "cohere2", "kolibri1"):  # with a window (any), RoPE on the sliding layers
             sliding = _sliding_layers(self)[0]  # only (Kolibri-1's: a window, always)
@@ -2332,12 +2359,18 @@ class LlamaConfig:
             return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, True, True,
                            (True,) * self.num_hidden_layers, scoring="sigmoid", correction_bias=True,
                            grouped_router=True, logits_in_dtype=True)
-        if self.model_type == "kolibri1":  # (DeepSeek's router path: the top k of the logits plus the correction bias,
-            x = self.extra  # their sigmoid; an ungated shared expert)
-            return Experts(next(x[k] for k in _EXPERT_COUNT_KEYS if k in x), x["num_experts_per_tok"],
-                           x["moe_intermediate_size"], bool(x["norm_topk_prob"]), True, (True,) * self.num_hidden_layers,
-                           shared_intermediate_size=x["shared_expert_intermediate_size"], scoring="sigmoid",
-                           correction_bias=True, grouped_router=True, bias_on_logits=True)
+        if self.model_type in ("kolibri1", "flint"):  # (DeepSeek's router path: Kolibri-1's the top k of the logits
+            # plus the correction bias, Flint's of the float32 logits' sigmoid, its router's weight in float32; their
+            # sigmoid as the weights; an ungated shared expert; Flint's dense layers Qwen2-MoE's)
+            get, x = self._deepseek, self.extra
+            flint = self.model_type == "flint"
+            dense, step = set((get("mlp_only_layers") or ()) if flint else ()), get("decoder_sparse_step") or 1
+            return Experts(next((x[k] for k in _EXPERT_COUNT_KEYS if k in x), get("num_experts")),
+                           get("num_experts_per_tok"), get("moe_intermediate_size"), bool(get("norm_topk_prob")), True,
+                           tuple(i not in dense and (i + 1) % step == 0 for i in range(self.num_hidden_layers)),
+                           shared_intermediate_size=get("shared_expert_intermediate_size"), scoring="sigmoid",
+                           correction_bias=not flint, grouped_router=True, bias_on_logits=not flint,
+                           float32_router=flint)
         if self.model_type == "hunyuan_v1_moe":  # (the router's weight kept in float32; transformers' shared expert)
             get = self._deepseek
             return Experts(_first(get("num_experts")), _first(get("moe_topk")), self.intermediate_size, True, True,
@@ -2461,6 +2494,12 @@ class LlamaConfig:
     def attention_sinks(self) -> bool:
         """A learned sink logit per query head (``self_attn.sinks``) in each softmax's denominator (GPT-OSS)."""
         return FAMILIES[self.model_type].attention_sinks
+
+    @property
+    def float32_sinks(self) -> bool:
+        """The attention sinks kept in float32 whatever the model's dtype, as transformers keeps Flint's
+        (``_keep_in_fp32_modules_strict``)."""
+        return FAMILIES[self.model_type].float32_sinks
 
     @property
     def swiglu_clamp(self) -> tuple | None:

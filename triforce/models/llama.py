@@ -512,8 +512,21 @@ class Attention(nn.Module):
         self.rope_f32 = bool(config.rope_float32)
         # GPT-OSS: a learned logit per query head in each softmax's denominator (attention sinks), or None
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attention_sinks else None
+        self.float32_sinks = config.float32_sinks  # (Flint's: kept in float32 whatever the model's dtype)
         # AFMoE: the heads' output times the sigmoid of a projection of the layer's input, before o_proj, or None
         self.gate_proj = Linear(h, self.n_heads * self.head_dim, bias=False) if config.attn_output_gate else None
+
+    def _apply(self, fn, recurse=True):
+        # Flint's sinks: float32 whatever the model's dtype, as transformers keeps them (_keep_in_fp32_modules_strict):
+        # .to(torch.bfloat16) moves them, never rounds them (the attention reads them as float32 either way)
+        sinks = self._parameters.get("sinks") if self.__dict__.get("float32_sinks") else None
+        kept = None if sinks is None else sinks.data
+        out = super()._apply(fn, recurse)
+        moved = self._parameters.get("sinks")
+        if kept is not None and moved is not None and moved.dtype != torch.float32 and not moved.is_meta:
+            self._parameters["sinks"] = nn.Parameter(kept.detach().to(device=moved.device),
+                                                     requires_grad=moved.requires_grad)
+        return out
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape

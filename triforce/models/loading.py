@@ -710,7 +710,8 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     mixtral = config.model_type in ("mixtral", "minimax_m2", "phimoe")  # (Mixtral's names: block_sparse_moe, w1 / w3 /
     # w2)
     granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
-    deepseek = config.experts.grouped_router  # (DeepSeek's names; GLM-4.5's are the same)
+    # (DeepSeek's names; GLM-4.5's are the same; Flint's router is DeepSeek's path but its names Qwen2-MoE's)
+    deepseek = config.experts.grouped_router and config.model_type != "flint"
     if deepseek and not inverse:
         sd = _deepseek_names(config, sd)
     out = {}
@@ -792,6 +793,8 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  # VaultGemma: Gemma 2's norm before the MLP, its only one there (Llama's post_attention_layernorm)
                  "vaultgemma": {".pre_feedforward_layernorm.": ".post_attention_layernorm."},
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
+                 # Flint: its checkpoints' name of the attention sinks
+                 "flint": {".self_attn.softmax_offset": ".self_attn.sinks"},
                  # PhiMoE: transformers 5's name of its router (its checkpoints': Mixtral's block_sparse_moe.gate)
                  "phimoe": {".mlp.router.weight": ".mlp.gate.weight"},
                  "apertus": {".attention_layernorm.": ".input_layernorm.",
@@ -1287,6 +1290,8 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
                                else ())
     if config.dsa is not None and dtype == torch.float16:  # (transformers' _keep_in_fp32_modules: in float16 only)
         kept += (".self_attn.indexer.weights_proj.weight",)
+    if config.float32_sinks:  # (Flint's attention sinks: llama.Attention keeps them so too)
+        kept += (".self_attn.sinks",)
     sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith(kept) else dtype)
           for k, v in sd.items() if k in expected}
     model.load_state_dict(sd, strict=False, assign=True)
