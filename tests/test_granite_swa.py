@@ -124,3 +124,13 @@ def test_greedy_equals_autoregressive(method, opts):
     assert target.config.layer_windows == (0, 6, 6, 6, 0) and target.config.rope_layers == (False, True, True, True,
                                                                                              False)
     assert_greedy_equals_autoregressive(target, tiny(1), method, opts)
+
+
+def test_a_layer_skip_draft_cuts_its_bases_and_drafts_losslessly():
+    """A draft of the first layers (layer_skip) keeps their RoPE bases (layer_rope_theta cut to them) and drafts for
+    the whole model losslessly."""
+    _, ours = granite_swa("granite_swa", **CASES["nope-full-scales"][1])
+    draft = ours.layer_skip(3)
+    assert draft.config.extra["layer_rope_theta"] == [0, 1e4, 1e4] and draft.config.rope_layers == (False, True, True)
+    for method, opts in (TINY_CASES[2], TINY_CASES[4]):  # a StreamingLLM draft; TriForce's retrieval level
+        assert_greedy_equals_autoregressive(ours, draft, method, opts)

@@ -21,9 +21,9 @@ GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
-``glm4_moe``, ``glm4_moe_lite``, ``dots1``, ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output
-gated, ``attn_output_gate``), ``kolibri1`` (its router's choice by the logits plus the correction bias), ``flint``
-(GPT-OSS's sinks, NoPE full layers) and
+``glm4_moe``, ``glm4_moe_lite``, ``axk1`` (DeepSeek-V3's layer with a norm on its mixtures' output), ``dots1``,
+``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output gated, ``attn_output_gate``), ``kolibri1``
+(its router's choice by the logits plus the correction bias), ``flint`` (GPT-OSS's sinks, NoPE full layers) and
 ``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
 after RoPE, ``qk_norm_after_rope``; RoPE of a fixed NTK alpha) (also from the image + text
 wrappers in :data:`WRAPPERS`). They are one model with a switch
@@ -705,8 +705,20 @@ FAMILIES["dots1"] = Family("Dots1ForCausalLM", qk_norm=True, reads=("attention_b
     "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "moe_intermediate_size": 1408,
     "n_shared_experts": None, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "norm_topk_prob": False,
     "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62})
+# A.X-K1 (AXK1ForCausalLM: SK Telecom's A.X-K1): DeepSeek-V3's layer (the latent attention, always with q_lora_rank;
+# its router, shared experts) with an RMSNorm on each sparse MLP's output (mlp.post_mlp_layernorm; its checkpoints'
+# post_mlp_layernorm), its dense and sparse layers by mlp_layer_types (by default first_k_dense_replace's, 1, and
+# moe_layer_freq's, 1)
+FAMILIES["axk1"] = Family("AXK1ForCausalLM", defaults={
+    **{k: v for k, v in FAMILIES["deepseek_v3"].defaults.items() if k != "first_k_dense_replace"},
+    "vocab_size": 163840, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61, "num_attention_heads": 64, "n_shared_experts": 1, "n_routed_experts": 192,
+    "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "bos_token_id": 163691, "eos_token_id": 163691, "norm_topk_prob": True,
+    "rope_interleave": True})
 # the latent attention's families (LlamaConfig.mla)
-_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa")
+_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "axk1")
 # Youtu (YoutuForCausalLM: Tencent's Youtu-LLM 2B): DeepSeek-V3's multi-head latent attention (RoPE on adjacent pairs
 # by rope_interleave, default true) with Llama's dense MLP on every layer, a tied head
 FAMILIES["youtu"] = Family("YoutuForCausalLM", defaults={
@@ -725,7 +737,8 @@ FAMILIES["minicpm3"] = Family("MiniCPM3ForCausalLM", reads=("mlp_bias",), defaul
     "scale_depth": 1.4, "dim_model_base": 256})
 _MLAS = (*_DEEPSEEKS, "youtu", "minicpm3")  # the families of multi-head latent attention (LlamaConfig.mla)
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
-_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa", "exaone_moe")
+_V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa", "exaone_moe",
+               "axk1")
 _DSAS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek's sparse attention (LlamaConfig.dsa)
 # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
 _GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1", "exaone_moe")
@@ -733,7 +746,8 @@ _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
                      "dots1": ("noaux_tc",),
-                     "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",), "glm_moe_dsa": ("noaux_tc",)}
+                     "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",), "glm_moe_dsa": ("noaux_tc",),
+                     "axk1": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3", "V32") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 # AFMoE (AfmoeForCausalLM: Arcee's Trinity Nano / Mini / Large): Gemma 3's four norms around the blocks (named
@@ -1240,8 +1254,9 @@ _HARMLESS_ONLY_AT = {
     # Youtu's initialiser of its embeddings (training only)
     "embedding_initializer_range": (lambda v, c: c.model_type == "youtu" and (v is None or _is_number(v)),
                                     "absent (Youtu: null or a number, its embeddings' initialiser)"),
-    "q_lora_rank": (lambda v, c: c.model_type in _MLAS and (v is None or _is_int(v) and v >= 1),
-                    "absent (DeepSeek: null or an int >= 1)"),
+    "q_lora_rank": (lambda v, c: c.model_type in _MLAS and (v is None and c.model_type != "axk1"
+                                                           or _is_int(v) and v >= 1),
+                    "absent (DeepSeek: null or an int >= 1; A.X-K1: an int >= 1)"),
     "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and c.model_type != "exaone_moe"
                          and (v is None or _is_int(v) and v >= 0), "absent (DeepSeek: null or an int >= 0)"),
     "num_shared_experts": (lambda v, c: c.model_type == "exaone_moe" and _is_int(v) and v >= 0,
@@ -1262,14 +1277,14 @@ _HARMLESS_ONLY_AT = {
     "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid"),
                                                          ("glm4_moe_lite", "sigmoid"), ("dots1", "sigmoid"),
                                                          ("deepseek_v32", "sigmoid"), ("glm_moe_dsa", "sigmoid"),
-                                                         ("minimax_m2", "sigmoid")),
+                                                         ("minimax_m2", "sigmoid"), ("axk1", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
-    "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite", "youtu")
+    "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite", "youtu", "axk1")
                         and isinstance(v, bool) or c.model_type in _DSAS and v is True,
                         "absent (DeepSeek-V3, GLM-4.7-Flash, Youtu: a bool, its RoPE on adjacent pairs of dims; "
                         "DeepSeek-V3.2, GLM-5: true, as transformers always pairs them)"),
     # GLM-4.7-Flash's, DeepSeek-V3.2's and GLM-5's dense and sparse layers (LlamaConfig.experts)
-    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "exaone_moe", *_DSAS) and (
+    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "exaone_moe", "axk1", *_DSAS) and (
         v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
         "absent (GLM-4.7-Flash, DeepSeek-V3.2, GLM-5: one 'dense' or 'sparse' per layer)"),
     # DeepSeek's sparse attention (LlamaConfig.dsa; checked together there)
@@ -1284,7 +1299,9 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type == "glm_moe_dsa" and _is_int(v), "absent (GLM-5: an int)")
        for key in ("index_topk_freq", "index_skip_topk_offset")},
     # DeepSeek's own code makes every moe_layer_freq-th layer sparse, transformers every one: they agree at 1 only
-    "moe_layer_freq": (lambda v, c: c.model_type in _DEEPSEEKS and v == 1, "absent (DeepSeek: 1)"),
+    "moe_layer_freq": (lambda v, c: c.model_type in _DEEPSEEKS and v == 1
+                       or c.model_type == "axk1" and _is_int(v) and v >= 1,
+                       "absent (DeepSeek: 1; A.X-K1: an int >= 1, every n-th layer sparse past the dense ones)"),
     # DeepSeek's training and parallelism settings, and V3's multi-token prediction layers (not in the forward: their
     # weights are skipped on loading, as transformers skips them)
     "ep_size": (lambda v, c: c.model_type in _DEEPSEEKS and _is_int(v) and v >= 1, "absent (DeepSeek: an int >= 1)"),
@@ -2435,6 +2452,9 @@ class LlamaConfig:
             layers = tuple(t == "sparse" for t in types)
         elif self.extra.get("mlp_layer_types") is not None:  # (DeepSeek-V3.2's list, else first_k_dense_replace's)
             layers = tuple(t == "sparse" for t in self.extra["mlp_layer_types"])
+        elif self.model_type == "axk1":  # (AXK1Config's list from its legacy keys: the first k dense, then every n-th)
+            k, every = self.extra.get("first_k_dense_replace", 1), self.extra.get("moe_layer_freq", 1)
+            layers = tuple(i >= k and i % every == 0 for i in range(n))
         else:
             layers = tuple(i >= get("first_k_dense_replace") for i in range(n))
         exaone = self.model_type == "exaone_moe"  # (its keys' names)
@@ -2494,6 +2514,12 @@ class LlamaConfig:
     def attention_sinks(self) -> bool:
         """A learned sink logit per query head (``self_attn.sinks``) in each softmax's denominator (GPT-OSS)."""
         return FAMILIES[self.model_type].attention_sinks
+
+    @property
+    def moe_output_norm(self) -> bool:
+        """An RMSNorm on each sparse MLP's output, the shared experts' included (A.X-K1's
+        ``mlp.post_mlp_layernorm``)."""
+        return self.model_type == "axk1"
 
     @property
     def float32_sinks(self) -> bool:

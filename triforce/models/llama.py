@@ -957,6 +957,8 @@ class SparseMoE(nn.Module):
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             if spec.shared_gated:
                 self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
+        if config.moe_output_norm:  # A.X-K1's norm on the mixture's output
+            self.post_mlp_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
 
     def route(self, x: torch.Tensor) -> tuple:
         """``(weights [N, k], expert indices int64 [N, k])`` of the rows of ``x`` ``[N, H]``."""
@@ -1036,6 +1038,8 @@ class SparseMoE(nn.Module):
             if "shared_expert_gate" in self._modules:
                 shared = _row_sigmoid(self.shared_expert_gate(rows)) * shared
             out = out + shared
+        if "post_mlp_layernorm" in self._modules:
+            out = self._modules["post_mlp_layernorm"](out)
         return out.view(x.shape)
 
     def _native_weights(self, rows: torch.Tensor, index: torch.Tensor):
@@ -1796,8 +1800,9 @@ class Llama(nn.Module):
         draft = Llama.__new__(Llama)
         nn.Module.__init__(draft)
         extra = dict(self.config.extra)
-        # per-layer lists (attention kinds, NoPE layers, GLM-4.7-Flash's dense / sparse MLPs): the first k
-        for key in ("layer_types", "no_rope_layers", "mlp_layer_types"):
+        # per-layer lists (attention kinds, NoPE layers, GLM-4.7-Flash's dense / sparse MLPs, Granite SWA's RoPE
+        # bases): the first k
+        for key in ("layer_types", "no_rope_layers", "mlp_layer_types", "layer_rope_theta"):
             if isinstance(extra.get(key), list):
                 extra[key] = extra[key][:k]
         if isinstance(extra.get("mlp_only_layers"), list):  # (Qwen3-MoE's dense layers: indices)

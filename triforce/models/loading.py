@@ -997,12 +997,33 @@ def _weightless_norms(config: LlamaConfig, sd: dict, inverse: bool = False) -> d
     return {**sd, **{k: torch.ones(n, dtype=dtype) for k, n in shapes.items()}}
 
 
+_AXK1_NORM = re.compile(r"(model\.layers\.(\d+)\.)(mlp\.)?post_mlp_layernorm\.weight")
+
+
+def _axk1_norms(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """A.X-K1's checkpoints hold each sparse MLP's output norm as its layer's ``post_mlp_layernorm`` (transformers'
+    module and the model's: ``mlp.post_mlp_layernorm``), or back with ``inverse``. A dense layer's, which transformers'
+    model has no module for (it ignores the weight on loading), is dropped likewise."""
+    sparse, out = config.experts.layers, {}
+    for name, t in sd.items():
+        m = _AXK1_NORM.fullmatch(name)
+        if m is None or int(m[2]) >= len(sparse):
+            out[name] = t
+        elif inverse:
+            out[f"{m[1]}post_mlp_layernorm.weight"] = t
+        elif sparse[int(m[2])]:
+            out[f"{m[1]}mlp.post_mlp_layernorm.weight"] = t
+    return out
+
+
 def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with a GLM-4 checkpoint's norms (a Hunyuan checkpoint's q / k norms, router and shared expert; a
     StarCoder 2 checkpoint's MLP; StableLM's per-head q / k norms) under the model's names, or back with ``inverse``;
     ``sd`` itself for every other family."""
     if config.model_type == "stablelm":
         return _stablelm_head_norms(sd, inverse)
+    if config.model_type == "axk1":
+        return _axk1_norms(config, sd, inverse)
     if config.model_type == "falcon":
         return _falcon_names(config, sd, inverse)
     if config.model_type == "dbrx":
