@@ -24,7 +24,7 @@ dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``glm4_moe``, ``glm4_moe_lite``, ``axk1`` (DeepSeek-V3's layer with a norm on its mixtures' output), ``dots1``,
 ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output gated, ``attn_output_gate``), ``kolibri1``
 (its router's choice by the logits plus the correction bias), ``flint`` (GPT-OSS's sinks, NoPE full layers) and
-``exaone_moe``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
+``exaone_moe``, ``hy_v3``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
 after RoPE, ``qk_norm_after_rope``; RoPE of a fixed NTK alpha) (also from the image + text
 wrappers in :data:`WRAPPERS`). They are one model with a switch
 per difference, not a copy per family: ``qkv_bias`` (Qwen2: biases on q/k/v, none on o; GLM-4 too, by
@@ -388,6 +388,18 @@ FAMILIES["flint"] = Family("FlintForCausalLM", qk_norm=True, float32_norm=True, 
                                "moe_intermediate_size": 512, "shared_expert_intermediate_size": 1024,
                                "num_experts_per_tok": 6, "num_experts": 256, "norm_topk_prob": True,
                                "mlp_only_layers": [0, 1], "decoder_sparse_step": 1})
+# Hunyuan V3 (HYV3ForCausalLM: Tencent's Hy3): Apertus's attention (Llama's with a q/k RMSNorm per head before RoPE)
+# in Llama's layer, its dense and sparse layers by mlp_layer_types (by default the first dense); a sparse layer's
+# mixture DeepSeek-V3's router without groups (the float32 logits' sigmoid, the correction bias added for the choice,
+# renormalised over their sum plus 1e-20, times router_scaling_factor) with num_shared_experts ungated shared experts
+# of moe_intermediate_size; its multi-token prediction layer (model.layers.{n}) dropped on loading, as transformers
+# drops it
+FAMILIES["hy_v3"] = Family("HYV3ForCausalLM", qk_norm=True, reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 120832, "hidden_size": 4096, "intermediate_size": 13312, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "rope_theta": 11158840.0, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+    "num_experts": 192, "num_experts_per_tok": 8, "num_shared_experts": 1, "moe_intermediate_size": 1536,
+    "router_scaling_factor": 2.826})
 # Seed-OSS (SeedOssForCausalLM: Seed-OSS-36B, 512K context): Llama's layer with biases on q, k and v by
 # attention_bias (default true) and on o by attention_out_bias (default false); its dropouts act in training only.
 FAMILIES["seed_oss"] = Family("SeedOssForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
@@ -790,7 +802,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1", "flint")
+            "kolibri1", "flint", "hy_v3")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1496,6 +1508,20 @@ _also("shared_expert_intermediate_size", lambda v, c: c.model_type in ("kolibri1
 _also("norm_topk_prob", lambda v, c: c.model_type in ("kolibri1", "flint") and isinstance(v, bool),
       "Kolibri-1, Flint: a bool")
 _also("decoder_sparse_step", lambda v, c: c.model_type == "flint" and _is_int(v) and v >= 1, "Flint: an int >= 1")
+# Hunyuan V3's mixture (LlamaConfig.experts; enable_moe_fp32_combine's float32 sum of the routed and shared outputs
+# rounds as the dtype's sum of the two rounds: either value reads)
+for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "hy_v3" and _is_int(v) and v >= 1, "Hunyuan V3: an int >= 1")
+_also("num_shared_experts", lambda v, c: c.model_type == "hy_v3" and _is_int(v) and v >= 0,
+      "Hunyuan V3: an int >= 0")
+_also("mlp_layer_types", lambda v, c: c.model_type == "hy_v3" and (
+    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
+    "Hunyuan V3: one 'dense' or 'sparse' per layer")
+_HARMLESS_ONLY_AT.update({
+    "router_scaling_factor": (lambda v, c: c.model_type == "hy_v3" and _is_number(v) and 0 < v < float("inf"),
+                              "absent (Hunyuan V3: a finite number > 0, the chosen weights' factor)"),
+    "enable_moe_fp32_combine": (lambda v, c: c.model_type == "hy_v3" and isinstance(v, bool),
+                                "absent (Hunyuan V3: a bool)")})
 _also("mlp_only_layers", lambda v, c: c.model_type == "flint" and (v is None or isinstance(v, list) and all(
     _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "Flint: layer indices")
 _also("router_jitter_noise", lambda v, c: c.model_type == "phimoe" and _is_number(v) and 0 <= v < float("inf"),
@@ -2388,6 +2414,15 @@ class LlamaConfig:
                            shared_intermediate_size=get("shared_expert_intermediate_size"), scoring="sigmoid",
                            correction_bias=not flint, grouped_router=True, bias_on_logits=not flint,
                            float32_router=flint)
+        if self.model_type == "hy_v3":  # (DeepSeek's router path: V3's without groups, renormalised always)
+            get, x = self._deepseek, self.extra
+            types = get("mlp_layer_types") or ["dense"] + ["sparse"] * (self.num_hidden_layers - 1)
+            width = get("moe_intermediate_size")
+            return Experts(next((x[k] for k in _EXPERT_COUNT_KEYS if k in x), get("num_experts")),
+                           get("num_experts_per_tok"), width, True, True, tuple(t == "sparse" for t in types),
+                           shared_intermediate_size=width * get("num_shared_experts"),
+                           scale=float(get("router_scaling_factor")), scoring="sigmoid", correction_bias=True,
+                           renormalize_eps=1e-20, grouped_router=True)
         if self.model_type == "hunyuan_v1_moe":  # (the router's weight kept in float32; transformers' shared expert)
             get = self._deepseek
             return Experts(_first(get("num_experts")), _first(get("moe_topk")), self.intermediate_size, True, True,

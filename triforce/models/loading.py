@@ -1016,6 +1016,26 @@ def _axk1_norms(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     return out
 
 
+# Hunyuan V3's checkpoints: its router (mlp.router.gate), correction bias (mlp.expert_bias; transformers' module:
+# mlp.e_score_correction_bias) and shared experts (mlp.shared_mlp) -> DeepSeek's names (then _deepseek_names: the
+# model's)
+_HY_V3_NAMES = ((".mlp.router.gate.weight", ".mlp.gate.weight"),
+                (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+                (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),
+                (".mlp.shared_mlp.", ".mlp.shared_experts."))
+
+
+def _hy_v3_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """Hunyuan V3's checkpoint names as DeepSeek's (:data:`_HY_V3_NAMES`), its multi-token prediction layer (the
+    layers past the model's) dropped as transformers drops it; or back with ``inverse``."""
+    if inverse:
+        return _renamed(sd, [(ours, theirs) for theirs, ours in _HY_V3_NAMES
+                             if theirs != ".mlp.e_score_correction_bias"])
+    n = config.num_hidden_layers
+    kept = {k: t for k, t in sd.items() if (m := _LAYER_INDEX.match(k)) is None or int(m[1]) < n}
+    return _renamed(kept, _HY_V3_NAMES)
+
+
 def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with a GLM-4 checkpoint's norms (a Hunyuan checkpoint's q / k norms, router and shared expert; a
     StarCoder 2 checkpoint's MLP; StableLM's per-head q / k norms) under the model's names, or back with ``inverse``;
@@ -1024,6 +1044,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _stablelm_head_norms(sd, inverse)
     if config.model_type == "axk1":
         return _axk1_norms(config, sd, inverse)
+    if config.model_type == "hy_v3":
+        return _hy_v3_names(config, sd, inverse)
     if config.model_type == "falcon":
         return _falcon_names(config, sd, inverse)
     if config.model_type == "dbrx":
