@@ -21,7 +21,8 @@ GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
-``glm4_moe``, ``glm4_moe_lite``, ``axk1`` (DeepSeek-V3's layer with a norm on its mixtures' output), ``dots1``,
+``cohere2_moe`` (Cohere 2's parallel layer with a mixture), ``glm4_moe``, ``glm4_moe_lite``, ``axk1`` (DeepSeek-V3's
+layer with a norm on its mixtures' output), ``dots1``,
 ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output gated, ``attn_output_gate``), ``kolibri1``
 (its router's choice by the logits plus the correction bias), ``flint`` (GPT-OSS's sinks, NoPE full layers) and
 ``exaone_moe``, ``hy_v3``, ``hunyuan_v1_dense`` and ``hunyuan_v1_moe`` (Hunyuan: q/k norms
@@ -577,6 +578,23 @@ FAMILIES["cohere"] = Family("CohereForCausalLM", layer_norm=True, parallel_block
                                 **{k: v for k, v in FAMILIES["cohere2"].defaults.items()
                                    if k not in ("sliding_window", "sliding_window_pattern")}})
 _COHERES = ("cohere", "cohere2")
+# Cohere 2's mixture (Cohere2MoeForCausalLM: Command A+): Cohere 2's parallel layer (one norm before the attention and
+# the MLP: its LayerNorm without a bias of layer_norm_eps, or, where rms_norm_eps is set, Llama's RMSNorm; RoPE on
+# adjacent pairs of dims, in float32, on the layer_types' sliding layers only, and on the dense layers too where
+# prefix_dense_sliding_window_pattern is 1; the window on the sliding layers; head_dim its own), the logits times
+# logit_scale; its mlp_layer_types' sparse layers a mixture of num_experts of intermediate_size: the router's top
+# num_experts_per_tok logits, their softmax (expert_selection_fn 'softmax') or their sigmoid (renormalised where
+# norm_topk_prob), in the dtype, with num_shared_experts shared experts as one MLP summed with the routed output or
+# averaged with it (shared_expert_combination_strategy); the dense layers' MLPs prefix_dense_intermediate_size wide
+# (null: intermediate_size). Its layer lists by default (AXK1's way) from first_k_dense_replace (a legacy key, 0):
+# those dense, their types by prefix_dense_sliding_window_pattern, the rest by sliding_window_pattern.
+FAMILIES["cohere2_moe"] = Family("Cohere2MoeForCausalLM", layer_norm=True, parallel_block=True, rope_interleaved=True,
+                                 rope_float32="math", reads=("attention_bias",), defaults={
+                                     **FAMILIES["cohere2"].defaults, "head_dim": 128, "num_experts": 8,
+                                     "num_experts_per_tok": 2, "num_shared_experts": 0,
+                                     "shared_expert_combination_strategy": "average",
+                                     "expert_selection_fn": "softmax", "prefix_dense_sliding_window_pattern": 1,
+                                     "norm_topk_prob": True, "first_k_dense_replace": 0})
 # GLM-4 (Glm4ForCausalLM: GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): Gemma 3's four norms around the blocks (under its own
 # names: post_self_attn_layernorm after the attention, post_attention_layernorm before the MLP, post_mlp_layernorm
 # after it), Llama's RMSNorm; biases on q, k and v by attention_bias (none on o); RoPE on the first half of each head
@@ -802,7 +820,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1", "flint", "hy_v3")
+            "kolibri1", "flint", "hy_v3", "cohere2_moe")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -846,6 +864,7 @@ class Experts:
     jitter_eps: float = 0.0
     logits_in_dtype: bool = False  # the router's logits in the model's dtype, then float32 (MiniMax-M2's)
     bias_on_logits: bool = False  # the correction bias added to the logits for the choice, not the scores (Kolibri-1)
+    shared_average: bool = False  # the routed and shared outputs averaged, not summed (Cohere 2 MoE's 'average')
 
 
 @dataclass(frozen=True)
@@ -1126,7 +1145,8 @@ _HARMLESS_ONLY_AT = {
     "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3") and _is_number(v) and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
-             or (key == "sliding_window_pattern" and c.model_type in ("exaone4", "exaone_moe", "cohere2")
+             or (key == "sliding_window_pattern"
+                 and c.model_type in ("exaone4", "exaone_moe", "cohere2", "cohere2_moe")
                  and (_is_int(v) and v >= 1 or v is None or "layer_types" in c.extra)),
              "an int >= 1 (Gemma 3, EXAONE 4, Cohere 2: every n-th layer global, the others sliding; EXAONE 4, Cohere "
              "2: any, with layer_types, which transformers reads instead)")
@@ -1171,7 +1191,8 @@ _HARMLESS_ONLY_AT = {
                                                                and int(c.head_dim * v) >= 2),
                               "1.0 (RoPE on the whole head; Phi-3 / Phi-4 / GLM-4 / GLM-4.5: a number in (0, 1] "
                               "leaving an even number >= 2 of rotated dims, int(head_dim * factor))"),
-    "logit_scale": (lambda v, c: c.model_type in _COHERES and _is_number(v) and 0 < abs(v) < float("inf"),
+    "logit_scale": (lambda v, c: c.model_type in (*_COHERES, "cohere2_moe") and _is_number(v)
+                    and 0 < abs(v) < float("inf"),
                     "absent (Cohere, Cohere 2: a finite nonzero number, the logits' factor)"),
     # Cohere's per-head q/k LayerNorm (Command R+): LlamaConfig.qk_norm
     # Command R7B's config.json has it; transformers does not read it (RoPE on the whole head); llama.cpp's converter
@@ -1517,6 +1538,30 @@ _also("num_shared_experts", lambda v, c: c.model_type == "hy_v3" and _is_int(v) 
 _also("mlp_layer_types", lambda v, c: c.model_type == "hy_v3" and (
     v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
     "Hunyuan V3: one 'dense' or 'sparse' per layer")
+# Cohere 2 MoE's mixture and layers (LlamaConfig.experts, layer_windows, rope_layers, layer_norm,
+# dense_intermediate_size)
+for _key in ("num_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "cohere2_moe" and _is_int(v) and v >= 1, "Cohere 2 MoE: an int >= 1")
+_also("num_shared_experts", lambda v, c: c.model_type == "cohere2_moe" and _is_int(v) and v >= 0,
+      "Cohere 2 MoE: an int >= 0")
+_also("norm_topk_prob", lambda v, c: c.model_type == "cohere2_moe" and isinstance(v, bool), "Cohere 2 MoE: a bool")
+_also("mlp_layer_types", lambda v, c: c.model_type == "cohere2_moe" and (
+    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
+    "Cohere 2 MoE: one 'dense' or 'sparse' per layer")
+_also("first_k_dense_replace", lambda v, c: c.model_type == "cohere2_moe" and _is_int(v)
+      and 0 <= v <= c.num_hidden_layers, "Cohere 2 MoE: an int in [0, num_hidden_layers], its dense prefix")
+_HARMLESS_ONLY_AT.update({
+    "shared_expert_combination_strategy": (lambda v, c: c.model_type == "cohere2_moe" and v in ("sum", "average"),
+                                           "absent (Cohere 2 MoE: 'sum' or 'average')"),
+    "expert_selection_fn": (lambda v, c: c.model_type == "cohere2_moe" and v in ("softmax", "sigmoid"),
+                            "absent (Cohere 2 MoE: 'softmax' or 'sigmoid')"),
+    "prefix_dense_sliding_window_pattern": (lambda v, c: c.model_type == "cohere2_moe" and _is_int(v) and v >= 1,
+                                            "absent (Cohere 2 MoE: an int >= 1)"),
+    "prefix_dense_intermediate_size": (lambda v, c: c.model_type == "cohere2_moe" and (v is None or _is_int(v)
+                                                                                       and v >= 1),
+                                       "absent (Cohere 2 MoE: null or an int >= 1, its dense layers' width)"),
+    "layer_norm_eps": (lambda v, c: c.model_type == "cohere2_moe" and _is_number(v) and 0 < v < float("inf"),
+                       "absent (Cohere 2 MoE: a number > 0, beside rms_norm_eps, unread)")})
 _HARMLESS_ONLY_AT.update({
     "router_scaling_factor": (lambda v, c: c.model_type == "hy_v3" and _is_number(v) and 0 < v < float("inf"),
                               "absent (Hunyuan V3: a finite number > 0, the chosen weights' factor)"),
@@ -1607,7 +1652,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             return none, bad
         if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one;
             # AFMoE: refused too)
-            refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe") and any(sliding) or \
+            refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe", "cohere2_moe") and any(sliding) or \
                 c.model_type in ("kolibri1", "flint")  # (Kolibri-1's model builds a sliding mask from it whatever
             # the layers; FlintConfig's window is an int)
             return none, "sliding_window" if refused else None
@@ -1740,7 +1785,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
 
 _EXAONES = ("exaone4", "exaone_moe")
 # layer_types, else a pattern
-_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe", "kolibri1", "flint")
+_PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe", "kolibri1", "flint",
+              "cohere2_moe")
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -1751,6 +1797,12 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
     types = x.get("layer_types")
     if types is None and c.model_type in _EXAONES and x.get("sliding_window", 4096) is None:
         return [False] * n, None  # (Exaone4Config's pattern 0 then: no sliding layer)
+    if types is None and c.model_type == "cohere2_moe":  # (Cohere2MoeConfig's: its dense prefix by its own pattern)
+        k, prefix = x.get("first_k_dense_replace", 0), x.get("prefix_dense_sliding_window_pattern", 1)
+        every = x.get("sliding_window_pattern", 4)
+        if not all(_is_int(v) and v >= 1 for v in (prefix, every)) or not (_is_int(k) and 0 <= k <= n):
+            return None, None  # (its own check names it)
+        return [(i + 1) % prefix != 0 if i < k else (i - k + 1) % every != 0 for i in range(n)], None
     if types is None and c.model_type == "flint":  # (FlintConfig's: full on layers 0, 1, every fourth from 1, the last)
         return [not (i < 2 or i % 4 == 1 or i == n - 1) for i in range(n)], None
     if types is None:
@@ -2124,7 +2176,10 @@ class LlamaConfig:
     @property
     def layer_norm(self) -> bool:
         """Cohere 2's norms: LayerNorm without a bias (the mean subtracted; the weight applied in float32), eps
-        ``rms_norm_eps`` (its config's ``layer_norm_eps``)."""
+        ``rms_norm_eps`` (its config's ``layer_norm_eps``). Cohere 2 MoE's where its config's ``rms_norm_eps`` is null
+        (then ``layer_norm_eps`` is not in ``extra``: from_dict moved it to ``rms_norm_eps``); else Llama's RMSNorm."""
+        if self.model_type == "cohere2_moe":
+            return "layer_norm_eps" not in self.extra
         return FAMILIES[self.model_type].layer_norm
 
     @property
@@ -2151,7 +2206,7 @@ class LlamaConfig:
         """Cohere, Cohere 2: the logits times ``logit_scale`` (in the model's dtype, as transformers); 1.0 elsewhere."""
         if self.model_type == "hyperclovax":  # (its logits_scaling: a factor)
             return float(self.extra.get("logits_scaling", 1.0))
-        if self.model_type not in _COHERES:
+        if self.model_type not in (*_COHERES, "cohere2_moe"):
             return 1.0
         return float(self.extra.get("logit_scale", FAMILIES["cohere2"].defaults["logit_scale"]))
 
@@ -2209,6 +2264,8 @@ class LlamaConfig:
         if self.model_type == "granitemoehybrid":
             return int(self.extra.get("shared_intermediate_size",
                                       FAMILIES["granitemoehybrid"].defaults["shared_intermediate_size"]))
+        if self.model_type == "cohere2_moe":  # (its dense prefix's width)
+            return int(self.extra.get("prefix_dense_intermediate_size") or self.intermediate_size)
         return self.intermediate_size
 
     @property
@@ -2324,6 +2381,10 @@ class LlamaConfig:
             return (self.extra.get("position_embedding_type") == "rope",) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
             return tuple(t == self.rope_theta for t in _granite_swa_thetas(self) or (self.rope_theta,) * n)
+        if self.model_type == "cohere2_moe":  # RoPE on the sliding layers, and on the dense ones with a prefix pattern
+            sliding = _sliding_layers(self)[0] or (False,) * n  # of 1 (force_rope)
+            force = self._deepseek("prefix_dense_sliding_window_pattern") == 1
+            return tuple(s or (force and not sparse) for s, sparse in zip(sliding, self.experts.layers))
         if self.model_type in ("afmoe", "flint"):  # RoPE on its sliding layers only, whatever the window
             return tuple(_sliding_layers(self)[0] or (True,) * n)
         if self.model_type in (*_EXAONES, "cohere2", "kolibri1"):  # with a window (any), RoPE on the sliding layers
@@ -2414,6 +2475,18 @@ class LlamaConfig:
                            shared_intermediate_size=get("shared_expert_intermediate_size"), scoring="sigmoid",
                            correction_bias=not flint, grouped_router=True, bias_on_logits=not flint,
                            float32_router=flint)
+        if self.model_type == "cohere2_moe":  # (the top k logits' softmax, GraniteMoE's way, or their sigmoid through
+            get, x = self._deepseek, self.extra  # DeepSeek's router path, its logits in the dtype; in the dtype)
+            k = get("first_k_dense_replace")
+            types = get("mlp_layer_types") or ["dense" if i < k else "sparse" for i in range(self.num_hidden_layers)]
+            kind = dict(softmax_of_top_k=True) if get("expert_selection_fn") == "softmax" else dict(
+                scoring="sigmoid", grouped_router=True, logits_in_dtype=True)
+            return Experts(next((x[k] for k in _EXPERT_COUNT_KEYS if k in x), get("num_experts")),
+                           get("num_experts_per_tok"), self.intermediate_size,
+                           bool(get("norm_topk_prob")) or "softmax_of_top_k" in kind, False,
+                           tuple(t == "sparse" for t in types),
+                           shared_intermediate_size=self.intermediate_size * get("num_shared_experts"),
+                           shared_average=get("shared_expert_combination_strategy") == "average", **kind)
         if self.model_type == "hy_v3":  # (DeepSeek's router path: V3's without groups, renormalised always)
             get, x = self._deepseek, self.extra
             types = get("mlp_layer_types") or ["dense"] + ["sparse"] * (self.num_hidden_layers - 1)
@@ -2681,6 +2754,11 @@ class LlamaConfig:
                         raise ValueError(f"config keys {alias!r} = {d[alias]!r} and {key!r} = {d[key]!r} (its alias "
                                          "in transformers' Ernie4_5_MoeConfig) disagree")
                     d[key] = d.pop(alias)
+        if model_type == "cohere2_moe":  # RMSNorm where rms_norm_eps is set (layer_norm_eps kept, unread: its presence
+            if d.get("rms_norm_eps") is None:  # says so, LlamaConfig.layer_norm), else LayerNorm of layer_norm_eps
+                d["rms_norm_eps"] = d.pop("layer_norm_eps", 1e-5)
+            else:
+                d.setdefault("layer_norm_eps", 1e-5)
         if model_type in _COHERES:  # its norms' eps (LayerNorm's): rms_norm_eps here
             d.pop("rms_norm_eps", None)  # (not CohereConfig's: transformers keeps it unread)
             if "layer_norm_eps" in d:
@@ -2849,8 +2927,10 @@ class LlamaConfig:
             del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
             d["rotary_emb_base"] = d.pop("rope_theta")
             d["rotary_pct"] = d.pop("partial_rotary_factor", FAMILIES["gpt_neox"].partial_rotary_factor)
-        if self.model_type in _COHERES:  # (its norms' eps under its own key)
-            d["layer_norm_eps"] = d.pop("rms_norm_eps")
+        if self.model_type in _COHERES or self.model_type == "cohere2_moe" and self.layer_norm:  # (its norms' eps
+            d["layer_norm_eps"] = d.pop("rms_norm_eps")  # under its own key)
+            if self.model_type == "cohere2_moe":
+                d["rms_norm_eps"] = None
         if self.model_type in _MLAS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
             d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
         if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)

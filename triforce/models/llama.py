@@ -957,6 +957,7 @@ class SparseMoE(nn.Module):
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             if spec.shared_gated:
                 self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
+        self.shared_average = spec.shared_average  # (Cohere 2 MoE's: the routed and shared outputs averaged)
         if config.moe_output_norm:  # A.X-K1's norm on the mixture's output
             self.post_mlp_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
 
@@ -1037,7 +1038,7 @@ class SparseMoE(nn.Module):
             shared = self.shared_expert(rows)
             if "shared_expert_gate" in self._modules:
                 shared = _row_sigmoid(self.shared_expert_gate(rows)) * shared
-            out = out + shared
+            out = (out + shared) / 2 if self.shared_average else out + shared
         if "post_mlp_layernorm" in self._modules:
             out = self._modules["post_mlp_layernorm"](out)
         return out.view(x.shape)

@@ -793,6 +793,8 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  # VaultGemma: Gemma 2's norm before the MLP, its only one there (Llama's post_attention_layernorm)
                  "vaultgemma": {".pre_feedforward_layernorm.": ".post_attention_layernorm."},
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
+                 # Cohere 2 MoE: its shared experts' name
+                 "cohere2_moe": {".mlp.shared_experts.": ".mlp.shared_expert."},
                  # Flint: its checkpoints' name of the attention sinks
                  "flint": {".self_attn.softmax_offset": ".self_attn.sinks"},
                  # PhiMoE: transformers 5's name of its router (its checkpoints': Mixtral's block_sparse_moe.gate)
