@@ -21,7 +21,8 @@ GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
-``cohere2_moe`` (Cohere 2's parallel layer with a mixture), ``glm4_moe``, ``glm4_moe_lite``, ``axk1`` (DeepSeek-V3's
+``cohere2_moe`` (Cohere 2's parallel layer with a mixture), ``mellum`` (Qwen3-MoE's layer with windows and a RoPE
+per layer type), ``glm4_moe``, ``glm4_moe_lite``, ``axk1`` (DeepSeek-V3's
 layer with a norm on its mixtures' output), ``dots1``,
 ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output gated, ``attn_output_gate``), ``kolibri1``
 (its router's choice by the logits plus the correction bias), ``flint`` (GPT-OSS's sinks, NoPE full layers) and
@@ -374,6 +375,19 @@ FAMILIES["kolibri1"] = Family("Kolibri1ForCausalLM", qk_norm=True, sandwich_norm
     "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts_per_tok": 6,
     "num_experts": 384, "norm_topk_prob": False})
 _KOLIBRI_PATTERN = 5  # Kolibri1Config's layer_types by default: every fifth layer full, the others sliding
+# Mellum 2 (MellumForCausalLM: JetBrains' Mellum2-12B-A2.5B): Qwen3-MoE's layer (q/k RMSNorms per head; the top k of the
+# softmax, renormalised where norm_topk_prob, rounded to the dtype) with its window (1024) on the layer_types' sliding
+# layers (none by default) and a RoPE per layer type (rope_parameters: the full layers' with its scaling, by default
+# base 5e5; the sliding layers' plain, by default base 1e4: OLMo 3's way); its dense and sparse layers by
+# mlp_layer_types (every layer sparse by default); its multi-token prediction weights (mtp.*) skipped on loading, as
+# transformers skips them
+FAMILIES["mellum"] = Family("MellumForCausalLM", qk_norm=True, reads=("attention_bias",), defaults={
+    "vocab_size": 98304, "hidden_size": 2304, "intermediate_size": 7168, "num_hidden_layers": 28,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "sliding_window": 1024,
+    "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896, "norm_topk_prob": True})
+_MELLUM_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # (MellumConfig's by default)
 # Flint (FlintForCausalLM: RecursiveSI's Flint): Qwen3's attention (q/k RMSNorms per head) with GPT-OSS's sinks and
 # RMSNorm (the weight applied in float32); RoPE and sliding_window (513) on the layer_types' sliding layers only (by
 # default all but layers 0, 1, every fourth from 1 and the last), the others NoPE; Qwen2-MoE's mixture from the layers
@@ -820,7 +834,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1", "flint", "hy_v3", "cohere2_moe")
+            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1142,7 +1156,8 @@ _HARMLESS_ONLY_AT = {
     "query_pre_attn_scalar": (lambda v, c: c.model_type in (*_GEMMA2S, "gemma3_text") and _is_number(v) and v > 0,
                               "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
     # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
-    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3") and _is_number(v) and v > 0,
+    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum") and _is_number(v)
+                             and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
              or (key == "sliding_window_pattern"
@@ -1538,6 +1553,20 @@ _also("num_shared_experts", lambda v, c: c.model_type == "hy_v3" and _is_int(v) 
 _also("mlp_layer_types", lambda v, c: c.model_type == "hy_v3" and (
     v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
     "Hunyuan V3: one 'dense' or 'sparse' per layer")
+# Mellum 2's mixture (LlamaConfig.experts; its count under either name) and its multi-token prediction head's keys
+# (not part of the forward: its weights are skipped)
+for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "mellum" and _is_int(v) and v >= 1, "Mellum: an int >= 1")
+_also("norm_topk_prob", lambda v, c: c.model_type == "mellum" and isinstance(v, bool), "Mellum: a bool")
+_also("mlp_layer_types", lambda v, c: c.model_type == "mellum" and (
+    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
+    "Mellum: one 'dense' or 'sparse' per layer")
+_HARMLESS_ONLY_AT.update({
+    **{key: (lambda v, c: c.model_type == "mellum" and (v is None or isinstance(v, list)),
+             "absent (Mellum: its prediction head's, null or a list)") for key in ("mtp_layer_types",
+                                                                                  "mtp_mlp_layer_types")}})
+_also("num_nextn_predict_layers", lambda v, c: c.model_type == "mellum" and (v is None or v in (0, 1)),
+      "Mellum: null, 0 or 1 (its prediction head, not run)")
 # Cohere 2 MoE's mixture and layers (LlamaConfig.experts, layer_windows, rope_layers, layer_norm,
 # dense_intermediate_size)
 for _key in ("num_experts", "num_experts_per_tok"):
@@ -1714,6 +1743,15 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
                 return none, "max_window_layers"
             types = ["sliding_attention" if i % 2 == 0 and i < start else "full_attention" for i in range(n)]
         sliding = [t == "sliding_attention" for t in types]
+    elif c.model_type == "mellum":
+        # MellumConfig: sliding_window (1024) on the layer_types' sliding layers (none by default); a sliding layer
+        # without one fails transformers' mask
+        window, types = x.get("sliding_window", FAMILIES["mellum"].defaults["sliding_window"]), x.get("layer_types")
+        if types is not None and not _layer_types_ok(types, n):
+            return none, "layer_types"
+        sliding = [t == "sliding_attention" for t in types] if types is not None else [False] * n
+        if window is None:
+            return none, "sliding_window" if any(sliding) else None
     elif c.model_type == "ministral":
         # MinistralConfig: sliding_window (Mistral's 4096 when absent; null: none) on the layer_types' sliding layers,
         # by default every layer where there is a window
@@ -1774,7 +1812,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", *_GRANITE_SWAS, "phi3", "qwen2", "qwen3",
+    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", *_GRANITE_SWAS, "mellum", "phi3", "qwen2",
+                            "qwen3",
                             "smollm3", "mixtral",
                             "phimoe",
                             "qwen3_moe",
@@ -2342,8 +2381,8 @@ class LlamaConfig:
         others take ``rope_theta`` and ``rope_scaling``); OLMo 3: its ``sliding_attention`` layers' (plain RoPE,
         ``rope_theta`` unless its ``rope_parameters`` give them another); Granite SWA: its ``layer_rope_theta``'s other
         base (plain RoPE; None where its other layers take none); None for the other families (one RoPE)."""
-        if self.model_type == "olmo3":  # its sliding layers' rope_parameters (the same base unless they say one)
-            return float(self.extra.get("rope_local_base_freq", self.rope_theta))
+        if self.model_type in ("olmo3", "mellum"):  # its sliding layers' rope_parameters (the same base unless they
+            return float(self.extra.get("rope_local_base_freq", self.rope_theta))  # say one)
         if self.model_type in _GRANITE_SWAS:  # its layers' other base (None: NoPE)
             return next((t for t in _granite_swa_thetas(self) or () if t and t != self.rope_theta), None)
         if self.model_type != "gemma3_text":
@@ -2377,6 +2416,9 @@ class LlamaConfig:
         if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
+        if self.model_type == "mellum":  # by layer type (its list, else every layer full)
+            types = self.extra.get("layer_types")
+            return (True,) * n if not _layer_types_ok(types, n) else tuple(t == "full_attention" for t in types)
         if self.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type 'rope' (else NoPE)
             return (self.extra.get("position_embedding_type") == "rope",) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
@@ -2475,6 +2517,12 @@ class LlamaConfig:
                            shared_intermediate_size=get("shared_expert_intermediate_size"), scoring="sigmoid",
                            correction_bias=not flint, grouped_router=True, bias_on_logits=not flint,
                            float32_router=flint)
+        if self.model_type == "mellum":  # (Qwen3-MoE's, its sparse layers listed)
+            get, x = self._deepseek, self.extra
+            types = get("mlp_layer_types") or ["sparse"] * self.num_hidden_layers
+            return Experts(next((x[k] for k in _EXPERT_COUNT_KEYS if k in x), get("num_experts")),
+                           get("num_experts_per_tok"), get("moe_intermediate_size"), bool(get("norm_topk_prob")), False,
+                           tuple(t == "sparse" for t in types))
         if self.model_type == "cohere2_moe":  # (the top k logits' softmax, GraniteMoE's way, or their sigmoid through
             get, x = self._deepseek, self.extra  # DeepSeek's router path, its logits in the dtype; in the dtype)
             k = get("first_k_dense_replace")
@@ -2933,9 +2981,10 @@ class LlamaConfig:
                 d["rms_norm_eps"] = None
         if self.model_type in _MLAS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
             d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
-        if self.model_type == "olmo3":  # its sliding layers' own base: rope_parameters per layer type (Olmo3Config's)
-            local = d.pop("rope_local_base_freq", None)
-            if local is not None and local != self.rope_theta:
+        if self.model_type in ("olmo3", "mellum"):  # its sliding layers' own base: rope_parameters per layer type
+            local = d.pop("rope_local_base_freq", None)  # (Olmo3Config's; MellumConfig's always)
+            if self.model_type == "mellum" or local is not None and local != self.rope_theta:
+                local = self.rope_theta if local is None else local
                 full = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
                 d["rope_parameters"] = {"full_attention": full,
                                         "sliding_attention": {"rope_type": "default", "rope_theta": local}}
@@ -3096,20 +3145,30 @@ def _mla_heads(d: dict) -> None:
     d["num_key_value_heads"], d["head_dim"] = 1, dims["kv_lora_rank"] + r
 
 
+_NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum"}  # (the families of a RoPE per layer type but Gemma 3)
+
+
 def _split_layer_rope(d: dict) -> None:
     """transformers 5's Gemma 3 and OLMo 3 ``rope_parameters``, one dict per layer type, in place as transformers 4
     wrote Gemma 3's: the ``full_attention`` layers' as the model's RoPE, the ``sliding_attention`` layers' base as
     ``rope_local_base_freq`` (plain RoPE only; :meth:`LlamaConfig.to_dict` writes OLMo 3's back per layer type)."""
-    olmo3 = d.get("model_type") == "olmo3"
+    olmo3 = d.get("model_type") in ("olmo3", "mellum")
     if olmo3 and "rope_local_base_freq" in d:
-        raise ValueError("config key 'rope_local_base_freq' is Gemma 3's: transformers' Olmo3Config does not read it "
-                         "(OLMo 3's sliding layers take rope_parameters['sliding_attention'])")
+        raise ValueError(f"config key 'rope_local_base_freq' is Gemma 3's: transformers' {d['model_type']} config does "
+                         "not read it (its sliding layers take rope_parameters['sliding_attention'])")
+    if d.get("model_type") == "mellum":  # (MellumConfig's own when absent; its rotary reads them per layer type only)
+        if d.get("rope_parameters") is None and d.get("rope_scaling") is None:
+            d["rope_parameters"] = {kind: dict(rope) for kind, rope in _MELLUM_ROPE.items()}
+        params = d.get("rope_parameters", d.get("rope_scaling"))
+        if not (isinstance(params, dict) and "full_attention" in params):
+            raise ValueError(f"config rope_parameters = {params!r}: Mellum's RoPE is one dict per layer type "
+                             "('full_attention', 'sliding_attention'), as MellumConfig's rotary embedding reads it")
     params = d.get("rope_parameters")
     if not (isinstance(params, dict) and params and set(params) <= {"full_attention", "sliding_attention"}):
         return
-    if d.get("model_type") not in ("gemma3_text", "olmo3"):
+    if d.get("model_type") not in ("gemma3_text", "olmo3", "mellum"):
         raise ValueError(f"config rope_parameters per layer type ({', '.join(params)}) are read for model_type "
-                         f"'gemma3_text' and 'olmo3' only, not {d.get('model_type')!r}")
+                         f"'gemma3_text', 'olmo3' and 'mellum' only, not {d.get('model_type')!r}")
     d["rope_parameters"] = params.get("full_attention")
     local = params.get("sliding_attention")
     if local is None:
@@ -3117,8 +3176,8 @@ def _split_layer_rope(d: dict) -> None:
     if not isinstance(local, dict) or local.get("rope_type", "default") != "default" \
             or set(local) - {"rope_type", "rope_theta"}:
         raise ValueError(f"config rope_parameters['sliding_attention'] = {local!r} is not supported: "
-                         f"{'OLMo 3' if olmo3 else 'Gemma 3'}'s sliding layers take plain RoPE with their own "
-                         "rope_theta only")
+                         f"{_NAMES_PER_TYPE.get(d['model_type'], 'Gemma 3')}'s sliding layers take plain RoPE with "
+                         "their own rope_theta only")
     if "rope_theta" in local:
         if d.setdefault("rope_local_base_freq", local["rope_theta"]) != local["rope_theta"]:
             raise ValueError(f"config rope_local_base_freq = {d['rope_local_base_freq']!r} differs from "

@@ -1048,6 +1048,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _axk1_norms(config, sd, inverse)
     if config.model_type == "hy_v3":
         return _hy_v3_names(config, sd, inverse)
+    if config.model_type == "mellum" and not inverse:  # (its prediction head: skipped, as transformers skips it)
+        return {k: t for k, t in sd.items() if not k.startswith("mtp.")}
     if config.model_type == "falcon":
         return _falcon_names(config, sd, inverse)
     if config.model_type == "dbrx":
