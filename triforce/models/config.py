@@ -13,8 +13,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 ``exaone4``, ``cwm``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
-``phi``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and Apertus's;
-GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
+``phi``, ``gptj``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and
+Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -552,6 +552,21 @@ FAMILIES["gpt_neox"] = Family("GPTNeoXForCausalLM", activation="gelu",
                                   "num_hidden_layers": 44, "num_attention_heads": 64, "max_position_embeddings": 2048,
                                   "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 2,
                                   "attention_bias": True})
+# GPT-J (GPTJForCausalLM: gpt-j-6b, GPT-JT, its fine-tunes): Phi-2's parallel block (one torch LayerNorm with a bias,
+# ln_1, before the attention and the MLP) without attention biases: q, k, v and out_proj unbiased, an ungated MLP of
+# GELU's tanh form (activation_function gelu_new; fc_in, fc_out, biased), a biased head; RoPE at base 10000 on the
+# first rotary_dim (64) dims of each head on adjacent pairs (rotate_every_two), its cos and sin in float32; its config's
+# names (n_embd, n_layer, n_head, n_positions, n_inner: 4 * n_embd when null) and checkpoints' (transformer.*)
+FAMILIES["gptj"] = Family("GPTJForCausalLM", activation="gelu_tanh", hidden_acts=("gelu_new",), gated_mlp=False,
+                          torch_layer_norm="plain", parallel_block=True, rope_interleaved=True, rope_float32="tables",
+                          reads=("mlp_bias",), defaults={
+                              "vocab_size": 50400, "hidden_size": 4096, "num_hidden_layers": 28,
+                              "num_attention_heads": 16, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+                              "bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None})
+_GPTJ_ROTARY = 64  # GPTJConfig's rotary_dim
+_GPTJ_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+               "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
+               "activation_function": "hidden_act"}  # (GPTJConfig's names -> the model's)
 # Falcon (FalconForCausalLM: falcon-7b / 40b / 180b, their instruct models, Falcon-RW without ALiBi): torch's LayerNorm
 # with a bias (layer_norm_epsilon), an ungated MLP of the exact GELU (dense_h_to_4h, dense_4h_to_h; ffn_hidden_size,
 # 4 * hidden by default), one bias key for every projection (bias), RoPE over the whole head, a tied head; q, k and v
@@ -571,6 +586,7 @@ _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "n
 # must agree)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
+                 "gptj": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
@@ -1181,10 +1197,13 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one); DBRX's resid_pdrop (one key, one entry: a second of the same
     # name would replace this one)
     "embd_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                   or c.model_type == "phi" and _is_number(v) and 0 <= v < 1, "0.0 (Phi-3; Phi-2: any in [0, 1))"),
+                   or c.model_type in ("phi", "gptj") and _is_number(v) and 0 <= v < 1,
+                   "0.0 (Phi-3; Phi-2, GPT-J: any in [0, 1))"),
     "resid_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                    or c.model_type in ("phi", "dbrx") and _is_number(v) and 0 <= v < 1,
-                    "0.0 (Phi-3; Phi-2, DBRX: any in [0, 1))"),
+                    or c.model_type in ("phi", "dbrx", "gptj") and _is_number(v) and 0 <= v < 1,
+                    "0.0 (Phi-3; Phi-2, DBRX, GPT-J: any in [0, 1))"),
+    "attn_pdrop": (lambda v, c: c.model_type == "gptj" and _is_number(v) and 0 <= v < 1,
+                   "absent (GPT-J: any in [0, 1), training only)"),
     # Phi-2's and StableLM's q / k LayerNorm over head_dim (LlamaConfig.qk_norm): off in phi-1, phi-1.5, phi-2 and
     # StableLM up to 3B, on in StableLM 2 12B (weights of its own per head, no bias)
     "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and isinstance(v, bool),
@@ -1200,7 +1219,7 @@ _HARMLESS_ONLY_AT = {
                            "absent (GPT-NeoX: null or any in [0, 1), its classifier's)"),
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
-                                                                               "stablelm", "gpt_neox")
+                                                                               "stablelm", "gpt_neox", "gptj")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -2007,10 +2026,12 @@ class LlamaConfig:
                              f"{self.experts.count} experts")
         if self.model_type == "olmo":  # (OlmoLayerNorm's eps is fixed: no key of its config sets another)
             self.rms_norm_eps = 1e-5
-        if self.model_type == "gpt_neox" and (not self.mlp_bias or self.num_key_value_heads != self.num_attention_heads
-                                              or self.head_dim * self.num_attention_heads != self.hidden_size):
-            raise ValueError("model_type 'gpt_neox' is multi-head attention of head_dim hidden_size // heads with "
-                             f"biased MLPs: got {self.num_key_value_heads} KV heads of {self.num_attention_heads}, "
+        if self.model_type in ("gpt_neox", "gptj") and (
+                not self.mlp_bias or self.num_key_value_heads != self.num_attention_heads
+                or self.head_dim * self.num_attention_heads != self.hidden_size):
+            raise ValueError(f"model_type {self.model_type!r} is multi-head attention of head_dim hidden_size // heads "
+                             f"with biased MLPs: got {self.num_key_value_heads} KV heads of "
+                             f"{self.num_attention_heads}, "
                              f"head_dim {self.head_dim} of hidden_size {self.hidden_size}, mlp_bias {self.mlp_bias}")
         if self.model_type in _USE_BIAS and self.attention_bias != self.mlp_bias:
             raise ValueError(f"model_type {self.model_type!r} has one bias switch (use_bias) for every projection: "
@@ -2166,7 +2187,7 @@ class LlamaConfig:
     def head_bias(self) -> bool:
         """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none), Phi-2's, PhiMoE's
         by ``lm_head_bias``."""
-        return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type == "phi" or (
+        return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type in ("phi", "gptj") or (
             self.model_type == "phimoe" and bool(self.extra.get("lm_head_bias", False)))
 
     @property
@@ -2770,6 +2791,8 @@ class LlamaConfig:
             d["attention_bias"] = d["mlp_bias"] = True
         if model_type == "gpt_neox":
             _gpt_neox_keys(d)
+        if model_type == "gptj":
+            _gptj_keys(d)
         if model_type == "falcon":
             _falcon_keys(d)
         if model_type == "dbrx":
@@ -2971,6 +2994,16 @@ class LlamaConfig:
                 d.pop(key, None)
             d["ffn_hidden_size"] = self.intermediate_size
             d["bias"] = self.attention_bias
+        if self.model_type == "gptj":  # its own keys (GPTJConfig's names; MHA, one head_dim, biased MLPs, RoPE's dims)
+            for old, new in _GPTJ_NAMES.items():
+                if new in d:
+                    d[old] = d.pop(new)
+            if d["n_inner"] == 4 * d["n_embd"]:  # (GPTJConfig's null, as its configs write it)
+                d["n_inner"] = None
+            for key in ("num_key_value_heads", "head_dim", "mlp_bias", "attention_bias", "rope_theta", "rope_scaling"):
+                d.pop(key, None)
+            d["rotary_dim"] = self.rotary_dim
+            d.pop("partial_rotary_factor", None)
         if self.model_type == "gpt_neox":  # its own keys (MHA, one head_dim, biased MLPs: none of its config's)
             del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
             d["rotary_emb_base"] = d.pop("rope_theta")
@@ -3010,12 +3043,45 @@ def _gpt_neox_keys(d: dict) -> None:
     if "mlp_bias" in d:
         raise ValueError("config key 'mlp_bias' is not GPTNeoXConfig's: its MLP always has biases")
     d["mlp_bias"] = True
-    for old, new in _NEOX_ROPE_KEYS.items():
+    _own_names(d, _NEOX_ROPE_KEYS, "GPT-NeoX")
+
+
+def _own_names(d: dict, names: dict, family: str) -> None:
+    """``d``'s keys under a family's own names (``names``: its name -> the model's) renamed in place; a setting given
+    under both names must agree."""
+    for old, new in names.items():
         if old in d:
             if new in d and d[new] != d[old]:
-                raise ValueError(f"config {old} = {d[old]!r} and {new} = {d[new]!r} disagree (GPT-NeoX's name and "
+                raise ValueError(f"config {old} = {d[old]!r} and {new} = {d[new]!r} disagree ({family}'s name and "
                                  "the common one of one setting); keep one")
             d[new] = d.pop(old)
+
+
+def _gptj_keys(d: dict) -> None:
+    """A GPT-J config's keys in ``d`` under the model's names, in place (:data:`_GPTJ_NAMES`; each given once):
+    ``n_inner`` null as 4 * ``n_embd``, ``rotary_dim`` as ``partial_rotary_factor``, its MLP's
+    biases (always). Keys GPTJConfig does not read and the model would (a RoPE base or scaling, KV heads, head_dim,
+    biases) raise."""
+    _own_names(d, _GPTJ_NAMES, "GPT-J")
+    for key in ("rope_theta", "rope_scaling", "rope_parameters", "num_key_value_heads", "head_dim", "mlp_bias",
+                "attention_bias", "partial_rotary_factor"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not GPTJConfig's: GPT-J is multi-head attention of head_dim "
+                             "hidden_size // n_head, RoPE at base 10000 on rotary_dim dims, biased MLPs, unbiased "
+                             "attention")
+    family = FAMILIES["gptj"].defaults
+    hidden, heads = d.get("hidden_size", family["hidden_size"]), d.get("num_attention_heads",
+                                                                     family["num_attention_heads"])
+    if d.get("intermediate_size") is None and _is_int(hidden):
+        d["intermediate_size"] = 4 * hidden
+    d["mlp_bias"] = True
+    rotary = d.pop("rotary_dim", _GPTJ_ROTARY)
+    if _is_int(hidden) and _is_int(heads) and heads > 0 and hidden % heads == 0:
+        head = hidden // heads
+        if not (_is_int(rotary) and 0 < rotary <= head and rotary % 2 == 0):  # (GPTJConfig's: an int)
+            raise ValueError(f"config rotary_dim = {rotary!r} must be an even int in [2, head_dim = {head}]")
+        if rotary < head:
+            d["partial_rotary_factor"] = rotary / head
 
 
 def _dbrx_keys(d: dict) -> None:

@@ -795,6 +795,11 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
                  # Cohere 2 MoE: its shared experts' name
                  "cohere2_moe": {".mlp.shared_experts.": ".mlp.shared_expert."},
+                 "gptj": {"transformer.wte.": "model.embed_tokens.", "transformer.h.": "model.layers.",
+                          "transformer.ln_f.": "model.norm.", ".ln_1.": ".input_layernorm.",
+                          ".attn.q_proj.": ".self_attn.q_proj.", ".attn.k_proj.": ".self_attn.k_proj.",
+                          ".attn.v_proj.": ".self_attn.v_proj.", ".attn.out_proj.": ".self_attn.o_proj.",
+                          ".mlp.fc_in.": ".mlp.up_proj.", ".mlp.fc_out.": ".mlp.down_proj."},
                  # Flint: its checkpoints' name of the attention sinks
                  "flint": {".self_attn.softmax_offset": ".self_attn.sinks"},
                  # PhiMoE: transformers 5's name of its router (its checkpoints': Mixtral's block_sparse_moe.gate)
@@ -1279,7 +1284,7 @@ def _read_weights(f: Path, rename=None) -> dict:
 
 
 _FLOAT32_WEIGHTS = (".e_score_correction_bias",)  # weights kept in float32 whatever the model's dtype
-_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias")
+_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attn.bias", ".attn.masked_bias")  # (GPT-J's too)
 
 
 def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
@@ -1287,8 +1292,8 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
-    if config.model_type == "gpt_neox":  # (old checkpoints' attention buffers: a causal mask, its fill; transformers
-        sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # drops them too)
+    if config.model_type in ("gpt_neox", "gptj"):  # (old checkpoints' attention buffers: a causal mask, its fill;
+        sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # transformers drops or ignores them)
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
     sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
     if config.tie_word_embeddings and not keep_head:
