@@ -13,8 +13,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 ``exaone4``, ``cwm``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
-``phi``, ``gptj``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but Arcee's and
-Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
+``phi``, ``gptj``, ``codegen``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but
+Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -564,6 +564,13 @@ FAMILIES["gptj"] = Family("GPTJForCausalLM", activation="gelu_tanh", hidden_acts
                               "num_attention_heads": 16, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
                               "bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None})
 _GPTJ_ROTARY = 64  # GPTJConfig's rotary_dim
+# CodeGen (CodeGenForCausalLM: Salesforce's codegen-350M / 2B / 6B / 16B, mono / multi / nl): GPT-J's layer and config
+# with q, k and v as one unbiased qkv_proj in its model-parallel layout (4 blocks, each its heads' q, then v, then k:
+# split on loading, joined on saving)
+FAMILIES["codegen"] = Family("CodeGenForCausalLM", activation="gelu_tanh", hidden_acts=("gelu_new",), gated_mlp=False,
+                             torch_layer_norm="plain", parallel_block=True, rope_interleaved=True,
+                             rope_float32="tables", reads=("mlp_bias",), defaults=dict(FAMILIES["gptj"].defaults))
+_GPTJS = ("gptj", "codegen")
 _GPTJ_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
                "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
                "activation_function": "hidden_act"}  # (GPTJConfig's names -> the model's)
@@ -586,7 +593,7 @@ _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "n
 # must agree)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
-                 "gptj": "layer_norm_epsilon",
+                 "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
@@ -1197,13 +1204,15 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one); DBRX's resid_pdrop (one key, one entry: a second of the same
     # name would replace this one)
     "embd_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                   or c.model_type in ("phi", "gptj") and _is_number(v) and 0 <= v < 1,
+                   or c.model_type in ("phi", *_GPTJS) and _is_number(v) and 0 <= v < 1,
                    "0.0 (Phi-3; Phi-2, GPT-J: any in [0, 1))"),
     "resid_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                    or c.model_type in ("phi", "dbrx", "gptj") and _is_number(v) and 0 <= v < 1,
+                    or c.model_type in ("phi", "dbrx", *_GPTJS) and _is_number(v) and 0 <= v < 1,
                     "0.0 (Phi-3; Phi-2, DBRX, GPT-J: any in [0, 1))"),
-    "attn_pdrop": (lambda v, c: c.model_type == "gptj" and _is_number(v) and 0 <= v < 1,
-                   "absent (GPT-J: any in [0, 1), training only)"),
+    "attn_pdrop": (lambda v, c: c.model_type in _GPTJS and _is_number(v) and 0 <= v < 1,
+                   "absent (GPT-J, CodeGen: any in [0, 1), training only)"),
+    "n_ctx": (lambda v, c: c.model_type == "codegen" and _is_int(v) and v >= 1,
+              "absent (CodeGen: an int >= 1, not read by transformers' model)"),
     # Phi-2's and StableLM's q / k LayerNorm over head_dim (LlamaConfig.qk_norm): off in phi-1, phi-1.5, phi-2 and
     # StableLM up to 3B, on in StableLM 2 12B (weights of its own per head, no bias)
     "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and isinstance(v, bool),
@@ -1219,7 +1228,7 @@ _HARMLESS_ONLY_AT = {
                            "absent (GPT-NeoX: null or any in [0, 1), its classifier's)"),
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
-                                                                               "stablelm", "gpt_neox", "gptj")
+                                                                               "stablelm", "gpt_neox", *_GPTJS)
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -2026,7 +2035,7 @@ class LlamaConfig:
                              f"{self.experts.count} experts")
         if self.model_type == "olmo":  # (OlmoLayerNorm's eps is fixed: no key of its config sets another)
             self.rms_norm_eps = 1e-5
-        if self.model_type in ("gpt_neox", "gptj") and (
+        if self.model_type in ("gpt_neox", *_GPTJS) and (
                 not self.mlp_bias or self.num_key_value_heads != self.num_attention_heads
                 or self.head_dim * self.num_attention_heads != self.hidden_size):
             raise ValueError(f"model_type {self.model_type!r} is multi-head attention of head_dim hidden_size // heads "
@@ -2187,7 +2196,7 @@ class LlamaConfig:
     def head_bias(self) -> bool:
         """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none), Phi-2's, PhiMoE's
         by ``lm_head_bias``."""
-        return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type in ("phi", "gptj") or (
+        return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type in ("phi", *_GPTJS) or (
             self.model_type == "phimoe" and bool(self.extra.get("lm_head_bias", False)))
 
     @property
@@ -2791,7 +2800,7 @@ class LlamaConfig:
             d["attention_bias"] = d["mlp_bias"] = True
         if model_type == "gpt_neox":
             _gpt_neox_keys(d)
-        if model_type == "gptj":
+        if model_type in _GPTJS:
             _gptj_keys(d)
         if model_type == "falcon":
             _falcon_keys(d)
@@ -2994,7 +3003,7 @@ class LlamaConfig:
                 d.pop(key, None)
             d["ffn_hidden_size"] = self.intermediate_size
             d["bias"] = self.attention_bias
-        if self.model_type == "gptj":  # its own keys (GPTJConfig's names; MHA, one head_dim, biased MLPs, RoPE's dims)
+        if self.model_type in _GPTJS:  # its own keys (GPTJConfig's names; MHA, one head_dim, biased MLPs, RoPE's dims)
             for old, new in _GPTJ_NAMES.items():
                 if new in d:
                     d[old] = d.pop(new)

@@ -901,6 +901,37 @@ def falcon_qkv_join(config: LlamaConfig, parts) -> torch.Tensor:
                      1).reshape(-1, *rest)
 
 
+_CODEGEN_MP = 4  # CodeGen's qkv_proj: this many model-parallel blocks, each its heads' [q; v; k]
+_CODEGEN_QKV = re.compile(r"(.*\.)self_attn\.qkv_proj\.weight")
+
+
+def _codegen_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """A CodeGen checkpoint's weights under the model's names (GPT-J's, its ``qkv_proj`` split: rows of 4 blocks,
+    each ``[q; v; k]`` of its quarter of the heads), or with ``inverse`` back (joined)."""
+    pairs = list(_FAMILY_NAMES["gptj"].items()) + [(".attn.qkv_proj.", ".self_attn.qkv_proj.")]
+    out = {}
+    if not inverse:
+        for name, t in _renamed(sd, pairs).items():
+            if (m := _CODEGEN_QKV.fullmatch(name)) is not None:
+                q, v, k = t.reshape(_CODEGEN_MP, 3, -1, t.shape[-1]).unbind(1)
+                out.update({f"{m[1]}self_attn.{p}_proj.weight": w.reshape(-1, t.shape[-1]).clone()
+                            for p, w in zip("qkv", (q, k, v))})
+            else:
+                out[name] = t
+        return out
+    for name, t in sd.items():
+        m = re.fullmatch(r"(.*\.)self_attn\.([qkv])_proj\.weight", name)
+        if m is None:
+            out[name] = t
+        elif m[2] == "q" and all(f"{m[1]}self_attn.{p}_proj.weight" in sd for p in "kv"):
+            q, k, v = (sd[f"{m[1]}self_attn.{p}_proj.weight"] for p in "qkv")
+            blocks = [w.reshape(_CODEGEN_MP, -1, w.shape[-1]) for w in (q, v, k)]
+            out[f"{m[1]}self_attn.qkv_proj.weight"] = torch.stack(blocks, 1).reshape(-1, q.shape[-1])
+        elif not all(f"{m[1]}self_attn.{p}_proj.weight" in sd for p in "qkv"):
+            out[name] = t  # (a projection without the others: reported as unexpected)
+    return _renamed(out, [(new, old) for old, new in pairs])
+
+
 def _falcon_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """A Falcon checkpoint's weights under the model's names (its query_key_value split into q, k and v; its parallel
     block's two norms, ln_attn and ln_mlp, as the model's two), or with ``inverse`` back (a projection missing from a
@@ -1051,6 +1082,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _stablelm_head_norms(sd, inverse)
     if config.model_type == "axk1":
         return _axk1_norms(config, sd, inverse)
+    if config.model_type == "codegen":
+        return _codegen_names(config, sd, inverse)
     if config.model_type == "hy_v3":
         return _hy_v3_names(config, sd, inverse)
     if config.model_type == "mellum" and not inverse:  # (its prediction head: skipped, as transformers skips it)
@@ -1292,8 +1325,9 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
-    if config.model_type in ("gpt_neox", "gptj"):  # (old checkpoints' attention buffers: a causal mask, its fill;
-        sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # transformers drops or ignores them)
+    if config.model_type in ("gpt_neox", "gptj", "codegen"):  # (old checkpoints' attention buffers: a causal mask,
+        sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # its fill; transformers drops or ignores
+        # them)
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
     sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
     if config.tie_word_embeddings and not keep_head:
