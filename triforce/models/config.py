@@ -13,8 +13,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 ``exaone4``, ``cwm``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
-``phi``, ``gptj``, ``codegen``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with a bias but
-Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
+``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with
+a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -571,6 +571,19 @@ FAMILIES["codegen"] = Family("CodeGenForCausalLM", activation="gelu_tanh", hidde
                              torch_layer_norm="plain", parallel_block=True, rope_interleaved=True,
                              rope_float32="tables", reads=("mlp_bias",), defaults=dict(FAMILIES["gptj"].defaults))
 _GPTJS = ("gptj", "codegen")
+# Persimmon (PersimmonForCausalLM: Adept's persimmon-8b-base / -chat; Fuyu's language model): torch's LayerNorm with a
+# bias before the attention and the MLP (sequential); q, k and v as one per-head query_key_value (GPT-NeoX's layout),
+# biases everywhere but the head; a LayerNorm with a bias over head_dim shared by the heads on q and k
+# (qk_layernorm, on by default: Phi's); RoPE on the first half of each head (partial_rotary_factor 0.5); an ungated MLP
+# of ReLU squared (dense_h_to_4h, dense_4h_to_h)
+FAMILIES["persimmon"] = Family("PersimmonForCausalLM", activation="relu2", hidden_acts=("relu2",), gated_mlp=False,
+                               torch_layer_norm="plain", partial_rotary_factor=0.5,
+                               fused_projections=("query_key_value",), reads=("attention_bias", "mlp_bias"),
+                               defaults={
+                                   "vocab_size": 262144, "hidden_size": 4096, "intermediate_size": 16384,
+                                   "num_hidden_layers": 36, "num_attention_heads": 64,
+                                   "max_position_embeddings": 16384, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+                                   "eos_token_id": 2, "pad_token_id": None, "qk_layernorm": True})
 _GPTJ_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
                "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
                "activation_function": "hidden_act"}  # (GPTJConfig's names -> the model's)
@@ -593,6 +606,7 @@ _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "n
 # must agree)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
+                 "persimmon": "layer_norm_eps",
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
@@ -1049,6 +1063,9 @@ WRAPPERS = {
                                          "downsample_factor", "adapter_layer_norm_eps"), ("wrapper", True)),
         ("llava_next_video", ("llama", "*"), (*_LLAVA_KEYS, "image_grid_pinpoints", "video_token_index",
                                              "spatial_pool_mode", "spatial_pool_stride", "video_seq_length"), "either"),
+        # Fuyu (fuyu: Adept's fuyu-8b: Persimmon's language model; its image patches' linear embedding not read)
+        ("fuyu", ("persimmon", "*"), ("image_size", "patch_size", "num_channels", "image_token_id",
+                                      "initializer_range"), ("wrapper", False)),
         # Qwen2-Audio (Qwen2's language model; its head never tied: transformers' model ties it by no key)
         ("qwen2_audio", ("qwen2", "*"), ("audio_config", "audio_token_index"), ("wrapper", False)),
         # EXAONE 4.5 (exaone4_5: EXAONE 4's language model, its text_config exaone4, first released as exaone4_5_text;
@@ -1190,7 +1207,8 @@ _HARMLESS_ONLY_AT = {
              "2: any, with layer_types, which transformers reads instead)")
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
-    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox") and _is_number(v)
+    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox", "persimmon")
+                                                          and _is_number(v)
                                                           and 0 <= v < 1),
                           "0.0 (Seed-OSS, GPT-NeoX: any, as Seed-OSS's configs ship 0.1: dropout acts in training "
                           "only)"),
@@ -1215,20 +1233,22 @@ _HARMLESS_ONLY_AT = {
               "absent (CodeGen: an int >= 1, not read by transformers' model)"),
     # Phi-2's and StableLM's q / k LayerNorm over head_dim (LlamaConfig.qk_norm): off in phi-1, phi-1.5, phi-2 and
     # StableLM up to 3B, on in StableLM 2 12B (weights of its own per head, no bias)
-    "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm") and isinstance(v, bool),
+    "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm", "persimmon") and isinstance(v, bool),
                      "absent (Phi-2, StableLM: a bool)"),
     # StableLM's q / k / v biases (LlamaConfig.qkv_bias) and parallel block (LlamaConfig.parallel_block; GPT-NeoX's)
     "use_qkv_bias": (lambda v, c: c.model_type == "stablelm" and isinstance(v, bool), "absent (StableLM: a bool)"),
     "use_parallel_residual": (lambda v, c: c.model_type in ("stablelm", "gpt_neox") and isinstance(v, bool),
                               "absent (StableLM, GPT-NeoX: a bool)"),
-    "hidden_dropout": (lambda v, c: c.model_type in ("stablelm", "gpt_neox", "falcon") and _is_number(v) and 0 <= v < 1,
+    "hidden_dropout": (lambda v, c: c.model_type in ("stablelm", "gpt_neox", "falcon", "persimmon") and _is_number(v)
+                       and 0 <= v < 1,
                        "absent (StableLM, GPT-NeoX, Falcon: any in [0, 1), training only)"),
     # GPT-NeoX's dropout of its sequence-classification head (not a causal LM's)
     "classifier_dropout": (lambda v, c: c.model_type == "gpt_neox" and (v is None or _is_number(v) and 0 <= v < 1),
                            "absent (GPT-NeoX: null or any in [0, 1), its classifier's)"),
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
-                                                                               "stablelm", "gpt_neox", *_GPTJS)
+                                                                               "stablelm", "gpt_neox", *_GPTJS,
+                                                                               "persimmon")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -2662,7 +2682,7 @@ class LlamaConfig:
         heads."""
         family = FAMILIES[self.model_type]
         return family.qk_norm or (self.model_type in ("cohere", "glm4_moe") and bool(self.extra.get("use_qk_norm"))) \
-            or (self.model_type in ("phi", "stablelm") and bool(self.extra.get("qk_layernorm")))
+            or (self.model_type in ("phi", "stablelm", "persimmon") and bool(self.extra.get("qk_layernorm")))
 
     @property
     def qk_norm_after_rope(self) -> bool:
@@ -2793,10 +2813,10 @@ class LlamaConfig:
                     raise ValueError(f"config key {key!r} is not read for model_type {model_type!r}: its biases "
                                      "are use_bias's (one key for every projection)")
             d["attention_bias"] = d["mlp_bias"] = d.pop("use_bias", model_type == "starcoder2")
-        if model_type == "phi":  # (biases on every projection and the head, always: no key says so)
-            for key in ("attention_bias", "mlp_bias"):
+        if model_type in ("phi", "persimmon"):  # (biases on every projection (Phi-2: and the head), always: no key
+            for key in ("attention_bias", "mlp_bias"):  # says so)
                 if key in d:
-                    raise ValueError(f"config key {key!r} is not PhiConfig's: Phi-2 has biases everywhere")
+                    raise ValueError(f"config key {key!r} is not {model_type}'s config's: it has biases everywhere")
             d["attention_bias"] = d["mlp_bias"] = True
         if model_type == "gpt_neox":
             _gpt_neox_keys(d)
@@ -2981,7 +3001,7 @@ class LlamaConfig:
             del d["mlp_bias"]
         if self.model_type in _NORM_EPS_KEY:  # (its norms' eps under its own key)
             d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
-        if self.model_type == "phi":  # (always biased: not its config's keys)
+        if self.model_type in ("phi", "persimmon"):  # (always biased: not its config's keys)
             del d["attention_bias"], d["mlp_bias"]
         if self.model_type == "olmo":  # (fixed: not its config's)
             del d["rms_norm_eps"]

@@ -401,6 +401,7 @@ _FUSED = ((".self_attn.qkv_proj.weight", _QKV),
           (".attention.query_key_value.weight", _QKV),
           (".attention.query_key_value.bias", tuple(p.replace(".weight", ".bias") for p in _QKV)))
 _NEOX_QKV = (".attention.query_key_value.weight", ".attention.query_key_value.bias")
+_PERSIMMON_QKV = (".self_attn.query_key_value.", ".attention.query_key_value.")  # (Persimmon's name of GPT-NeoX's)
 
 
 def _fused_match(key: str):
@@ -800,6 +801,10 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                           ".attn.q_proj.": ".self_attn.q_proj.", ".attn.k_proj.": ".self_attn.k_proj.",
                           ".attn.v_proj.": ".self_attn.v_proj.", ".attn.out_proj.": ".self_attn.o_proj.",
                           ".mlp.fc_in.": ".mlp.up_proj.", ".mlp.fc_out.": ".mlp.down_proj."},
+                 "persimmon": {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
+                               ".mlp.dense_4h_to_h.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm.",
+                               ".self_attn.q_layernorm.": ".self_attn.q_norm.",
+                               ".self_attn.k_layernorm.": ".self_attn.k_norm."},
                  # Flint: its checkpoints' name of the attention sinks
                  "flint": {".self_attn.softmax_offset": ".self_attn.sinks"},
                  # PhiMoE: transformers 5's name of its router (its checkpoints': Mixtral's block_sparse_moe.gate)
@@ -1224,7 +1229,8 @@ _IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "
                    "model.vision_tower.", "model.multi_modal_projector.", "model.mm_projector.", "model.visual.",
                    "model.image_newline", "model.vision_model.", "model.connector.", "vision_model.", "audio_tower.",
                    "model.audio_tower.", "mlp1.", "thinker.visual.", "thinker.audio_tower.", "thinker.model.visual.",
-                   "thinker.model.audio_tower.", "talker.", "token2wav.", "code2wav.")
+                   "thinker.model.audio_tower.", "talker.", "token2wav.", "code2wav.", "vision_embed_tokens.",
+                   "model.vision_embed_tokens.")  # (the last two: Fuyu's patch embedding)
 
 
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.*)")
@@ -1328,6 +1334,8 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     if config.model_type in ("gpt_neox", "gptj", "codegen"):  # (old checkpoints' attention buffers: a causal mask,
         sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # its fill; transformers drops or ignores
         # them)
+    if config.model_type == "persimmon":  # (its query_key_value is GPT-NeoX's, under its attention's name)
+        sd = _renamed(sd, [_PERSIMMON_QKV])
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
     sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
     if config.tie_word_embeddings and not keep_head:
@@ -1399,6 +1407,8 @@ def save_pretrained(model, directory) -> None:
     sd = _norm_names(config, sd, inverse=True)
     if FAMILIES[config.model_type].fused_projections:
         sd = _join_projections(config, sd)
+    if config.model_type == "persimmon":
+        sd = _renamed(sd, [_PERSIMMON_QKV[::-1]])
     _write_hf_dir(Path(directory), config, sd)
 
 
