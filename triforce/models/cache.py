@@ -625,8 +625,8 @@ class FullCache(_KVCache):
             self._chunk_store = [torch.zeros(kv, device=self.device, dtype=torch.float32)
                                  for _ in range(self.num_layers)]
             self.chunk_keys = [t[:, :C] for t in self._chunk_store]
-            self.last_query = [torch.zeros(batch_size, config.num_attention_heads, config.head_dim,
-                                           device=self.device, dtype=dtype) for _ in range(self.num_layers)]
+            self.last_query = [torch.zeros(batch_size, config.layer_heads(i), config.head_dim,
+                                           device=self.device, dtype=dtype) for i in range(self.num_layers)]
 
     @property
     def num_chunks(self) -> torch.Tensor:

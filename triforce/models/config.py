@@ -22,7 +22,8 @@ attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 
 dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
 ``cohere2_moe`` (Cohere 2's parallel layer with a mixture), ``mellum`` (Qwen3-MoE's layer with windows and a RoPE
-per layer type), ``glm4_moe``, ``glm4_moe_lite``, ``axk1`` (DeepSeek-V3's
+per layer type), ``laguna`` (query heads per layer, a softplus output gate), ``glm4_moe``, ``glm4_moe_lite``,
+``axk1`` (DeepSeek-V3's
 layer with a norm on its mixtures' output), ``dots1``,
 ``ernie4_5_moe``, ``minimax_m2``, ``afmoe`` (its attention's output gated, ``attn_output_gate``), ``kolibri1``
 (its router's choice by the logits plus the correction bias), ``flint`` (GPT-OSS's sinks, NoPE full layers) and
@@ -386,6 +387,22 @@ FAMILIES["mellum"] = Family("MellumForCausalLM", qk_norm=True, reads=("attention
     "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 131072,
     "rms_norm_eps": 1e-6, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "sliding_window": 1024,
     "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 896, "norm_topk_prob": True})
+# Laguna (LagunaForCausalLM): AFMoE's attention (q/k RMSNorms per head; its window on the layer_types'
+# sliding layers, none by default) with a query head count per layer (num_attention_heads_per_layer; the KV heads
+# shared), the heads' output times the softplus of its own projection of the layer's input (g_proj: one gate per head,
+# gating true or 'per-head', else one per dim), a RoPE per layer type (the full layers' on the first
+# partial_rotary_factor, 0.5, of each head at base 5e5, the sliding layers' on all of it at 1e4); its mlp_layer_types'
+# sparse layers (by default all but the first) a mixture: the router's logits in the dtype, soft-capped by
+# moe_router_logit_softcapping where > 0, their sigmoid plus the correction bias choosing, renormalised, in the dtype,
+# the routed output times moe_routed_scaling_factor, plus an ungated shared expert (shared_expert_intermediate_size)
+FAMILIES["laguna"] = Family("LagunaForCausalLM", qk_norm=True, reads=("attention_bias",), defaults={
+    "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+    "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "sliding_window": 512,
+    "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "gating": True, "moe_routed_scaling_factor": 1.0, "moe_router_logit_softcapping": 0.0})
+_LAGUNA_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
 _MELLUM_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # (MellumConfig's by default)
 # Flint (FlintForCausalLM: RecursiveSI's Flint): Qwen3's attention (q/k RMSNorms per head) with GPT-OSS's sinks and
@@ -871,7 +888,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum")
+            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -916,6 +933,7 @@ class Experts:
     logits_in_dtype: bool = False  # the router's logits in the model's dtype, then float32 (MiniMax-M2's)
     bias_on_logits: bool = False  # the correction bias added to the logits for the choice, not the scores (Kolibri-1)
     shared_average: bool = False  # the routed and shared outputs averaged, not summed (Cohere 2 MoE's 'average')
+    logit_softcap: float = 0.0  # the router's logits as tanh(l / c) * c where c > 0 (Laguna's)
 
 
 @dataclass(frozen=True)
@@ -1196,7 +1214,7 @@ _HARMLESS_ONLY_AT = {
     "query_pre_attn_scalar": (lambda v, c: c.model_type in (*_GEMMA2S, "gemma3_text") and _is_number(v) and v > 0,
                               "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
     # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
-    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum") and _is_number(v)
+    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum", "laguna") and _is_number(v)
                              and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
@@ -1248,7 +1266,7 @@ _HARMLESS_ONLY_AT = {
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
                                                                                "stablelm", "gpt_neox", *_GPTJS,
-                                                                               "persimmon")
+                                                                               "persimmon", "laguna")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -1601,6 +1619,27 @@ _also("num_shared_experts", lambda v, c: c.model_type == "hy_v3" and _is_int(v) 
 _also("mlp_layer_types", lambda v, c: c.model_type == "hy_v3" and (
     v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
     "Hunyuan V3: one 'dense' or 'sparse' per layer")
+# Laguna's mixture, attention and layers (LlamaConfig.experts, layer_heads, output_gate)
+for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "laguna" and _is_int(v) and v >= 1, "Laguna: an int >= 1")
+_also("shared_expert_intermediate_size", lambda v, c: c.model_type == "laguna" and _is_int(v) and v >= 0,
+      "Laguna: an int >= 0, the ungated shared expert's width")
+_also("mlp_layer_types", lambda v, c: c.model_type == "laguna" and (
+    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
+    "Laguna: one 'dense' or 'sparse' per layer")
+_HARMLESS_ONLY_AT.update({
+    "gating": (lambda v, c: c.model_type == "laguna" and (isinstance(v, bool) or v in ("per-head", "per-element")),
+               "absent (Laguna: a bool, 'per-head' or 'per-element', its output gate's granularity)"),
+    "num_attention_heads_per_layer": (lambda v, c: c.model_type == "laguna" and (
+        v is None or isinstance(v, list) and len(v) == c.num_hidden_layers
+        and all(_is_int(h) and h >= 1 and h % c.num_key_value_heads == 0 for h in v)),
+        "absent (Laguna: one query head count per layer, each a multiple of num_key_value_heads)"),
+    "moe_routed_scaling_factor": (lambda v, c: c.model_type == "laguna" and _is_number(v) and 0 < v < float("inf"),
+                                  "absent (Laguna: a finite number > 0)"),
+    "moe_router_logit_softcapping": (lambda v, c: c.model_type == "laguna" and _is_number(v) and 0 <= v < float("inf"),
+                                     "absent (Laguna: a number >= 0, 0 none)"),
+    "moe_apply_router_weight_on_input": (lambda v, c: c.model_type == "laguna" and v is False,
+                                         "absent (Laguna: false; transformers refuses true)")})
 # Mellum 2's mixture (LlamaConfig.experts; its count under either name) and its multi-token prediction head's keys
 # (not part of the forward: its weights are skipped)
 for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
@@ -1791,10 +1830,10 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
                 return none, "max_window_layers"
             types = ["sliding_attention" if i % 2 == 0 and i < start else "full_attention" for i in range(n)]
         sliding = [t == "sliding_attention" for t in types]
-    elif c.model_type == "mellum":
-        # MellumConfig: sliding_window (1024) on the layer_types' sliding layers (none by default); a sliding layer
-        # without one fails transformers' mask
-        window, types = x.get("sliding_window", FAMILIES["mellum"].defaults["sliding_window"]), x.get("layer_types")
+    elif c.model_type in ("mellum", "laguna"):
+        # MellumConfig, LagunaConfig: sliding_window (1024, 512) on the layer_types' sliding layers (none by default);
+        # a sliding layer without one fails transformers' mask
+        window, types = x.get("sliding_window", FAMILIES[c.model_type].defaults["sliding_window"]), x.get("layer_types")
         if types is not None and not _layer_types_ok(types, n):
             return none, "layer_types"
         sliding = [t == "sliding_attention" for t in types] if types is not None else [False] * n
@@ -1860,7 +1899,8 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         return none, "sliding_window"
     if window >= c.max_position_embeddings or not any(sliding):
         return none, None
-    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", *_GRANITE_SWAS, "mellum", "phi3", "qwen2",
+    if c.model_type not in ("mistral", "ministral", "ministral3", "cwm", *_GRANITE_SWAS, "mellum", "laguna", "phi3",
+                            "qwen2",
                             "qwen3",
                             "smollm3", "mixtral",
                             "phimoe",
@@ -2431,8 +2471,8 @@ class LlamaConfig:
         others take ``rope_theta`` and ``rope_scaling``); OLMo 3: its ``sliding_attention`` layers' (plain RoPE,
         ``rope_theta`` unless its ``rope_parameters`` give them another); Granite SWA: its ``layer_rope_theta``'s other
         base (plain RoPE; None where its other layers take none); None for the other families (one RoPE)."""
-        if self.model_type in ("olmo3", "mellum"):  # its sliding layers' rope_parameters (the same base unless they
-            return float(self.extra.get("rope_local_base_freq", self.rope_theta))  # say one)
+        if self.model_type in ("olmo3", "mellum", "laguna"):  # its sliding layers' rope_parameters (the same base
+            return float(self.extra.get("rope_local_base_freq", self.rope_theta))  # unless they say one)
         if self.model_type in _GRANITE_SWAS:  # its layers' other base (None: NoPE)
             return next((t for t in _granite_swa_thetas(self) or () if t and t != self.rope_theta), None)
         if self.model_type != "gemma3_text":
@@ -2466,7 +2506,7 @@ class LlamaConfig:
         if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
-        if self.model_type == "mellum":  # by layer type (its list, else every layer full)
+        if self.model_type in ("mellum", "laguna"):  # by layer type (its list, else every layer full)
             types = self.extra.get("layer_types")
             return (True,) * n if not _layer_types_ok(types, n) else tuple(t == "full_attention" for t in types)
         if self.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type 'rope' (else NoPE)
@@ -2567,6 +2607,16 @@ class LlamaConfig:
                            shared_intermediate_size=get("shared_expert_intermediate_size"), scoring="sigmoid",
                            correction_bias=not flint, grouped_router=True, bias_on_logits=not flint,
                            float32_router=flint)
+        if self.model_type == "laguna":  # (DeepSeek's router path: the logits in the dtype, soft-capped; their sigmoid
+            get, x = self._deepseek, self.extra  # plus the correction bias choosing; renormalised, in the dtype)
+            types = get("mlp_layer_types") or ["dense"] + ["sparse"] * (self.num_hidden_layers - 1)
+            return Experts(next((x[k] for k in _EXPERT_COUNT_KEYS if k in x), get("num_experts")),
+                           get("num_experts_per_tok"), get("moe_intermediate_size"), True, False,
+                           tuple(t == "sparse" for t in types),
+                           shared_intermediate_size=get("shared_expert_intermediate_size"),
+                           scale=float(get("moe_routed_scaling_factor")), scoring="sigmoid", correction_bias=True,
+                           grouped_router=True, logits_in_dtype=True,
+                           logit_softcap=float(get("moe_router_logit_softcapping") or 0.0))
         if self.model_type == "mellum":  # (Qwen3-MoE's, its sparse layers listed)
             get, x = self._deepseek, self.extra
             types = get("mlp_layer_types") or ["sparse"] * self.num_hidden_layers
@@ -2720,6 +2770,21 @@ class LlamaConfig:
     def attention_sinks(self) -> bool:
         """A learned sink logit per query head (``self_attn.sinks``) in each softmax's denominator (GPT-OSS)."""
         return FAMILIES[self.model_type].attention_sinks
+
+    def layer_heads(self, layer: int) -> int:
+        """The query heads of ``layer``: ``num_attention_heads``; Laguna's ``num_attention_heads_per_layer``'s where
+        given."""
+        per = self.extra.get("num_attention_heads_per_layer") if self.model_type == "laguna" else None
+        return int(per[layer]) if per else self.num_attention_heads
+
+    @property
+    def softplus_gate(self) -> str | None:
+        """Laguna's output gate: the heads' output times the softplus of ``g_proj`` of the layer's input, one gate per
+        head (``"head"``: its ``gating`` true or ``"per-head"``) or per dim (``"dim"``); None for the other families."""
+        if self.model_type != "laguna":
+            return None
+        gating = self.extra.get("gating", FAMILIES["laguna"].defaults["gating"])
+        return "head" if gating is True or gating == "per-head" else "dim"
 
     @property
     def moe_output_norm(self) -> bool:
@@ -3043,13 +3108,17 @@ class LlamaConfig:
                 d["rms_norm_eps"] = None
         if self.model_type in _MLAS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
             d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
-        if self.model_type in ("olmo3", "mellum"):  # its sliding layers' own base: rope_parameters per layer type
-            local = d.pop("rope_local_base_freq", None)  # (Olmo3Config's; MellumConfig's always)
-            if self.model_type == "mellum" or local is not None and local != self.rope_theta:
+        if self.model_type in ("olmo3", "mellum", "laguna"):  # its sliding layers' own base: rope_parameters per layer
+            local = d.pop("rope_local_base_freq", None)  # type (Olmo3Config's; MellumConfig's, LagunaConfig's always)
+            if self.model_type in ("mellum", "laguna") or local is not None and local != self.rope_theta:
                 local = self.rope_theta if local is None else local
                 full = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+                if "partial_rotary_factor" in d:  # (Laguna's full layers': inside their dict)
+                    full["partial_rotary_factor"] = d.pop("partial_rotary_factor")
                 d["rope_parameters"] = {"full_attention": full,
                                         "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+                if self.model_type == "laguna":  # (LagunaConfig's form: its sliding layers' whole head)
+                    d["rope_parameters"]["sliding_attention"]["partial_rotary_factor"] = 1.0
                 del d["rope_theta"], d["rope_scaling"]
         return d
 
@@ -3240,34 +3309,39 @@ def _mla_heads(d: dict) -> None:
     d["num_key_value_heads"], d["head_dim"] = 1, dims["kv_lora_rank"] + r
 
 
-_NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum"}  # (the families of a RoPE per layer type but Gemma 3)
+# (the families of a RoPE per layer type but Gemma 3)
+_NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum", "laguna": "Laguna"}
 
 
 def _split_layer_rope(d: dict) -> None:
     """transformers 5's Gemma 3 and OLMo 3 ``rope_parameters``, one dict per layer type, in place as transformers 4
     wrote Gemma 3's: the ``full_attention`` layers' as the model's RoPE, the ``sliding_attention`` layers' base as
     ``rope_local_base_freq`` (plain RoPE only; :meth:`LlamaConfig.to_dict` writes OLMo 3's back per layer type)."""
-    olmo3 = d.get("model_type") in ("olmo3", "mellum")
+    olmo3 = d.get("model_type") in ("olmo3", "mellum", "laguna")
     if olmo3 and "rope_local_base_freq" in d:
         raise ValueError(f"config key 'rope_local_base_freq' is Gemma 3's: transformers' {d['model_type']} config does "
                          "not read it (its sliding layers take rope_parameters['sliding_attention'])")
-    if d.get("model_type") == "mellum":  # (MellumConfig's own when absent; its rotary reads them per layer type only)
-        if d.get("rope_parameters") is None and d.get("rope_scaling") is None:
-            d["rope_parameters"] = {kind: dict(rope) for kind, rope in _MELLUM_ROPE.items()}
+    if d.get("model_type") in ("mellum", "laguna"):  # (its config's own when absent; its rotary reads them per layer
+        if d.get("rope_parameters") is None and d.get("rope_scaling") is None:  # type only)
+            own = _MELLUM_ROPE if d["model_type"] == "mellum" else _LAGUNA_ROPE
+            d["rope_parameters"] = {kind: dict(rope) for kind, rope in own.items()}
         params = d.get("rope_parameters", d.get("rope_scaling"))
         if not (isinstance(params, dict) and "full_attention" in params):
-            raise ValueError(f"config rope_parameters = {params!r}: Mellum's RoPE is one dict per layer type "
-                             "('full_attention', 'sliding_attention'), as MellumConfig's rotary embedding reads it")
+            raise ValueError(f"config rope_parameters = {params!r}: {_NAMES_PER_TYPE[d['model_type']]}'s RoPE is one "
+                             "dict per layer type ('full_attention', 'sliding_attention'), as its config's rotary "
+                             "embedding reads it")
     params = d.get("rope_parameters")
     if not (isinstance(params, dict) and params and set(params) <= {"full_attention", "sliding_attention"}):
         return
-    if d.get("model_type") not in ("gemma3_text", "olmo3", "mellum"):
+    if d.get("model_type") not in ("gemma3_text", "olmo3", "mellum", "laguna"):
         raise ValueError(f"config rope_parameters per layer type ({', '.join(params)}) are read for model_type "
-                         f"'gemma3_text', 'olmo3' and 'mellum' only, not {d.get('model_type')!r}")
+                         f"'gemma3_text', 'olmo3', 'mellum' and 'laguna' only, not {d.get('model_type')!r}")
     d["rope_parameters"] = params.get("full_attention")
     local = params.get("sliding_attention")
     if local is None:
         return
+    if isinstance(local, dict) and d.get("model_type") == "laguna" and local.get("partial_rotary_factor", 1.0) == 1.0:
+        local = {k: v for k, v in local.items() if k != "partial_rotary_factor"}  # (Laguna's: RoPE on the whole head)
     if not isinstance(local, dict) or local.get("rope_type", "default") != "default" \
             or set(local) - {"rope_type", "rope_theta"}:
         raise ValueError(f"config rope_parameters['sliding_attention'] = {local!r} is not supported: "

@@ -482,7 +482,7 @@ class Attention(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.n_heads, self.n_kv, self.head_dim = config.layer_heads(layer), config.num_key_value_heads, config.head_dim
         h, qkv_bias = config.hidden_size, config.qkv_bias
         self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
@@ -515,6 +515,10 @@ class Attention(nn.Module):
         self.float32_sinks = config.float32_sinks  # (Flint's: kept in float32 whatever the model's dtype)
         # AFMoE: the heads' output times the sigmoid of a projection of the layer's input, before o_proj, or None
         self.gate_proj = Linear(h, self.n_heads * self.head_dim, bias=False) if config.attn_output_gate else None
+        # Laguna: the heads' output times the softplus of g_proj of the layer's input (one gate per head, or per dim)
+        self.softplus_gate = config.softplus_gate
+        if self.softplus_gate is not None:
+            self.g_proj = Linear(h, self.n_heads * (1 if self.softplus_gate == "head" else self.head_dim), bias=False)
 
     def _apply(self, fn, recurse=True):
         # Flint's sinks: float32 whatever the model's dtype, as transformers keeps them (_keep_in_fp32_modules_strict):
@@ -542,6 +546,11 @@ class Attention(nn.Module):
         the sigmoid value by value, :func:`_row_sigmoid`)."""
         if self.gate_proj is not None:
             out = out * _row_sigmoid(self.gate_proj(x))
+        if self.softplus_gate is not None:  # (Laguna's: the softplus in float32, rounded to the dtype; value by value)
+            gate = _lanewise(F.softplus, self.g_proj(x).float()).to(out.dtype)
+            if self.softplus_gate == "head":
+                gate = gate.repeat_interleave(self.head_dim, dim=-1)
+            out = out * gate
         return self.o_proj(out)
 
     def project(self, x, cos, sin):
@@ -953,6 +962,7 @@ class SparseMoE(nn.Module):
             self.scale, self.sigmoid, self.groups, self.group_top2, self.eps = (
                 spec.scale, spec.scoring == "sigmoid", spec.groups, spec.group_top2, spec.renormalize_eps)
             self.logits_in_dtype, self.bias_on_logits = spec.logits_in_dtype, spec.bias_on_logits
+            self.softcap = spec.logit_softcap  # (Laguna's; 0: none)
         if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
             if spec.shared_gated:
@@ -1005,6 +1015,8 @@ class SparseMoE(nn.Module):
         weights (ERNIE 4.5's: its softmax and correction bias choosing, renormalised, rounded to the dtype; MiniMax-M2's
         logits in the model's dtype)."""
         logits = self.router_logits(x)
+        if self.softcap > 0:
+            logits = _lanewise(torch.tanh, logits / self.softcap) * self.softcap  # (value by value)
         scores = _row_sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         bias = self.gate._buffers.get("e_score_correction_bias")
         choice = scores if bias is None else (logits if self.bias_on_logits else scores) + bias
@@ -1125,11 +1137,11 @@ def _row_sigmoid(z: torch.Tensor) -> torch.Tensor:
 
 
 def _lanewise(fn, z: torch.Tensor) -> torch.Tensor:
-    """``fn(z)`` of an ATen elementwise ``fn`` (sigmoid, expm1) with each value's bits its own, whatever the tensor's
-    shape and the value's place in it. ATen's CPU kernels compute an element in their vector loop (two vectors a step)
-    or in their scalar tail by where it falls in the tensor, and split large tensors among threads at any element, so
-    one value's bits may depend on its neighbours' count (as its SiLU's: csrc/include/triforce/glu.h): a verification
-    pass's rows would not be its steps'. Here the values run flat, padded to a multiple of ``_SIGMOID_LANES`` (64:
+    """``fn(z)`` of an ATen elementwise ``fn`` (sigmoid, expm1, softplus, tanh) with each value's bits its own, whatever
+    the tensor's shape and the value's place in it. ATen's CPU kernels compute an element in their vector loop (two
+    vectors a step) or in their scalar tail by where it falls in the tensor, and split large tensors among threads at
+    any element, so one value's bits may depend on its neighbours' count (as its SiLU's: csrc/include/triforce/glu.h):
+    a verification pass's rows would not be its steps'. Here the values run flat, padded to a multiple of ``_SIGMOID_LANES`` (64:
     whole two-vector steps in every dtype), in slices of ``_SIGMOID_SLICE`` (a multiple of it, below ATen's grain: one
     thread), so every value takes the vector loop, whose lanes are independent."""
     if z.device.type != "cpu" or z.numel() == 0:
@@ -1251,7 +1263,7 @@ class DecoderLayer(nn.Module):
                 or att.__dict__.get("rope_f32") \
                 or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None \
                 or att._parameters.get("sinks") is not None or att.__dict__.get("after_rope") \
-                or a.get("gate_proj") is not None:
+                or a.get("gate_proj") is not None or a.get("g_proj") is not None:
             return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
             # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
             # output: not in the fused layer
@@ -1803,7 +1815,8 @@ class Llama(nn.Module):
         extra = dict(self.config.extra)
         # per-layer lists (attention kinds, NoPE layers, GLM-4.7-Flash's dense / sparse MLPs, Granite SWA's RoPE
         # bases): the first k
-        for key in ("layer_types", "no_rope_layers", "mlp_layer_types", "layer_rope_theta"):
+        for key in ("layer_types", "no_rope_layers", "mlp_layer_types", "layer_rope_theta",
+                    "num_attention_heads_per_layer"):
             if isinstance(extra.get(key), list):
                 extra[key] = extra[key][:k]
         if isinstance(extra.get("mlp_only_layers"), list):  # (Qwen3-MoE's dense layers: indices)

@@ -712,7 +712,7 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     # w2)
     granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
     # (DeepSeek's names; GLM-4.5's are the same; Flint's router is DeepSeek's path but its names Qwen2-MoE's)
-    deepseek = config.experts.grouped_router and config.model_type != "flint"
+    deepseek = config.experts.grouped_router and config.model_type not in ("flint", "laguna")
     if deepseek and not inverse:
         sd = _deepseek_names(config, sd)
     out = {}
@@ -1091,6 +1091,10 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _codegen_names(config, sd, inverse)
     if config.model_type == "hy_v3":
         return _hy_v3_names(config, sd, inverse)
+    if config.model_type == "laguna":  # (its correction bias under its experts; transformers' shared_experts read too)
+        pairs = [(".mlp.experts.e_score_correction_bias", ".mlp.gate.e_score_correction_bias")]
+        return _renamed(sd, [(b, a) for a, b in pairs] if inverse else pairs + [(".mlp.shared_experts.",
+                                                                                ".mlp.shared_expert.")])
     if config.model_type == "mellum" and not inverse:  # (its prediction head: skipped, as transformers skips it)
         return {k: t for k, t in sd.items() if not k.startswith("mtp.")}
     if config.model_type == "falcon":
@@ -1160,6 +1164,10 @@ def _order_rotary_dims(config: LlamaConfig, sd: dict, inverse: bool = False) -> 
     D = config.head_dim
     out = dict(sd)
     for name, t in sd.items():
+        m = _LAYER_INDEX.match(name)  # (Laguna: its sliding layers' RoPE turns the whole head: their dims as they are)
+        if config.model_type == "laguna" and m is not None and int(m[1]) < len(config.rope_layers) \
+                and not config.rope_layers[int(m[1])]:
+            continue
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_proj.bias",
                           "self_attn.k_proj.bias")):
             out[name] = t.reshape(-1, D, *t.shape[1:])[:, order.to(t.device)].reshape(t.shape)
