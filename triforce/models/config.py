@@ -1601,32 +1601,34 @@ for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
 # together in LlamaConfig._check_afmoe)
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1, "AFMoE: an int >= 1")
-# Kolibri-1's and Flint's mixtures (LlamaConfig.experts; the count under either name, as transformers reads it)
+# This session's mixtures (LlamaConfig.experts): per family, its mixture's int keys (each >= 1; the count under either
+# name where transformers reads both), whether its config has norm_topk_prob (a bool), its shared expert's width key
+# (an int >= 0) and its dense / sparse layer list (one per layer)
+_NEW_MOES = {  # family -> (int keys, norm_topk_prob, shared width key, mlp_layer_types)
+    "kolibri1": (("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"), True,
+                 "shared_expert_intermediate_size", False),
+    "flint": (("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"), True,
+              "shared_expert_intermediate_size", False),
+    "hy_v3": (("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"), False,
+              "num_shared_experts", True),
+    "laguna": (("moe_intermediate_size", "num_experts", "num_experts_per_tok"), False,
+               "shared_expert_intermediate_size", True),
+    "mellum": (("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"), True, None, True),
+    "cohere2_moe": (("num_experts", "num_experts_per_tok"), True, "num_shared_experts", True)}
 for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
-    _also(_key, lambda v, c: c.model_type in ("kolibri1", "flint") and _is_int(v) and v >= 1,
-          "Kolibri-1, Flint: an int >= 1")
-_also("shared_expert_intermediate_size", lambda v, c: c.model_type in ("kolibri1", "flint") and _is_int(v) and v >= 0,
-      "Kolibri-1, Flint: an int >= 0, the ungated shared expert's width")
-_also("norm_topk_prob", lambda v, c: c.model_type in ("kolibri1", "flint") and isinstance(v, bool),
-      "Kolibri-1, Flint: a bool")
+    _also(_key, lambda v, c, key=_key: key in _NEW_MOES.get(c.model_type, ((),))[0] and _is_int(v) and v >= 1,
+          "Kolibri-1, Flint, Hunyuan V3, Laguna, Mellum, Cohere 2 MoE: an int >= 1")
+_also("norm_topk_prob", lambda v, c: _NEW_MOES.get(c.model_type, (0, False))[1] and isinstance(v, bool),
+      "Kolibri-1, Flint, Mellum, Cohere 2 MoE: a bool")
+for _key in ("shared_expert_intermediate_size", "num_shared_experts"):
+    _also(_key, lambda v, c, key=_key: _NEW_MOES.get(c.model_type, (0, 0, None))[2] == key and _is_int(v) and v >= 0,
+          "Kolibri-1, Flint, Laguna: an int >= 0, the ungated shared expert's width; Hunyuan V3, Cohere 2 MoE: the "
+          "shared experts' count")
+_also("mlp_layer_types", lambda v, c: _NEW_MOES.get(c.model_type, (0, 0, 0, False))[3] and (
+    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
+    "Hunyuan V3, Laguna, Mellum, Cohere 2 MoE: one 'dense' or 'sparse' per layer")
 _also("decoder_sparse_step", lambda v, c: c.model_type == "flint" and _is_int(v) and v >= 1, "Flint: an int >= 1")
-# Hunyuan V3's mixture (LlamaConfig.experts; enable_moe_fp32_combine's float32 sum of the routed and shared outputs
-# rounds as the dtype's sum of the two rounds: either value reads)
-for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
-    _also(_key, lambda v, c: c.model_type == "hy_v3" and _is_int(v) and v >= 1, "Hunyuan V3: an int >= 1")
-_also("num_shared_experts", lambda v, c: c.model_type == "hy_v3" and _is_int(v) and v >= 0,
-      "Hunyuan V3: an int >= 0")
-_also("mlp_layer_types", lambda v, c: c.model_type == "hy_v3" and (
-    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
-    "Hunyuan V3: one 'dense' or 'sparse' per layer")
-# Laguna's mixture, attention and layers (LlamaConfig.experts, layer_heads, output_gate)
-for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
-    _also(_key, lambda v, c: c.model_type == "laguna" and _is_int(v) and v >= 1, "Laguna: an int >= 1")
-_also("shared_expert_intermediate_size", lambda v, c: c.model_type == "laguna" and _is_int(v) and v >= 0,
-      "Laguna: an int >= 0, the ungated shared expert's width")
-_also("mlp_layer_types", lambda v, c: c.model_type == "laguna" and (
-    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
-    "Laguna: one 'dense' or 'sparse' per layer")
+# Laguna's attention and router (LlamaConfig.layer_heads, softplus_gate, experts)
 _HARMLESS_ONLY_AT.update({
     "gating": (lambda v, c: c.model_type == "laguna" and (isinstance(v, bool) or v in ("per-head", "per-element")),
                "absent (Laguna: a bool, 'per-head' or 'per-element', its output gate's granularity)"),
@@ -1640,30 +1642,15 @@ _HARMLESS_ONLY_AT.update({
                                      "absent (Laguna: a number >= 0, 0 none)"),
     "moe_apply_router_weight_on_input": (lambda v, c: c.model_type == "laguna" and v is False,
                                          "absent (Laguna: false; transformers refuses true)")})
-# Mellum 2's mixture (LlamaConfig.experts; its count under either name) and its multi-token prediction head's keys
-# (not part of the forward: its weights are skipped)
-for _key in ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok"):
-    _also(_key, lambda v, c: c.model_type == "mellum" and _is_int(v) and v >= 1, "Mellum: an int >= 1")
-_also("norm_topk_prob", lambda v, c: c.model_type == "mellum" and isinstance(v, bool), "Mellum: a bool")
-_also("mlp_layer_types", lambda v, c: c.model_type == "mellum" and (
-    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
-    "Mellum: one 'dense' or 'sparse' per layer")
+# Mellum 2's multi-token prediction head's keys (not part of the forward: its weights are skipped)
 _HARMLESS_ONLY_AT.update({
     **{key: (lambda v, c: c.model_type == "mellum" and (v is None or isinstance(v, list)),
              "absent (Mellum: its prediction head's, null or a list)") for key in ("mtp_layer_types",
                                                                                   "mtp_mlp_layer_types")}})
 _also("num_nextn_predict_layers", lambda v, c: c.model_type == "mellum" and (v is None or v in (0, 1)),
       "Mellum: null, 0 or 1 (its prediction head, not run)")
-# Cohere 2 MoE's mixture and layers (LlamaConfig.experts, layer_windows, rope_layers, layer_norm,
+# Cohere 2 MoE's layers and mixture (LlamaConfig.experts, layer_windows, rope_layers, layer_norm,
 # dense_intermediate_size)
-for _key in ("num_experts", "num_experts_per_tok"):
-    _also(_key, lambda v, c: c.model_type == "cohere2_moe" and _is_int(v) and v >= 1, "Cohere 2 MoE: an int >= 1")
-_also("num_shared_experts", lambda v, c: c.model_type == "cohere2_moe" and _is_int(v) and v >= 0,
-      "Cohere 2 MoE: an int >= 0")
-_also("norm_topk_prob", lambda v, c: c.model_type == "cohere2_moe" and isinstance(v, bool), "Cohere 2 MoE: a bool")
-_also("mlp_layer_types", lambda v, c: c.model_type == "cohere2_moe" and (
-    v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
-    "Cohere 2 MoE: one 'dense' or 'sparse' per layer")
 _also("first_k_dense_replace", lambda v, c: c.model_type == "cohere2_moe" and _is_int(v)
       and 0 <= v <= c.num_hidden_layers, "Cohere 2 MoE: an int in [0, num_hidden_layers], its dense prefix")
 _HARMLESS_ONLY_AT.update({
@@ -1678,6 +1665,8 @@ _HARMLESS_ONLY_AT.update({
                                        "absent (Cohere 2 MoE: null or an int >= 1, its dense layers' width)"),
     "layer_norm_eps": (lambda v, c: c.model_type == "cohere2_moe" and _is_number(v) and 0 < v < float("inf"),
                        "absent (Cohere 2 MoE: a number > 0, beside rms_norm_eps, unread)")})
+# Hunyuan V3's router (enable_moe_fp32_combine's float32 sum of the routed and shared outputs rounds as the dtype's
+# sum of the two rounds: either value reads)
 _HARMLESS_ONLY_AT.update({
     "router_scaling_factor": (lambda v, c: c.model_type == "hy_v3" and _is_number(v) and 0 < v < float("inf"),
                               "absent (Hunyuan V3: a finite number > 0, the chosen weights' factor)"),
