@@ -13,8 +13,9 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 ``exaone4``, ``cwm``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
-``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox`` and ``falcon`` (ungated MLPs: ``gated_mlp``; LayerNorms with
-a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms, ``parallel_norms``),
+``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
+LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
+``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -149,6 +150,10 @@ class Family:
     # AFMoE: the heads' output times the sigmoid of a projection of the layer's input (self_attn.gate_proj), before
     # o_proj (LlamaConfig.attn_output_gate)
     attn_output_gate: bool = False
+    # GPT-2: learned absolute position embeddings added to the token embeddings (model.embed_positions, its rows
+    # max_position_embeddings + position_offset; position p reads row p + position_offset: OPT's 2), no RoPE
+    learned_positions: bool = False
+    position_offset: int = 0
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -603,7 +608,22 @@ FAMILIES["persimmon"] = Family("PersimmonForCausalLM", activation="relu2", hidde
                                    "eos_token_id": 2, "pad_token_id": None, "qk_layernorm": True})
 _GPTJ_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
                "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
-               "activation_function": "hidden_act"}  # (GPTJConfig's names -> the model's)
+               "activation_function": "hidden_act"}  # (GPTJConfig's names -> the model's; GPT2Config's too)
+# GPT-2 (GPT2LMHeadModel: gpt2 to gpt2-xl, distilgpt2, DialoGPT, Cerebras-GPT, their fine-tunes): learned absolute
+# position embeddings (wpe) added to the token embeddings, no RoPE; torch's LayerNorm with a bias before the attention
+# and the MLP (ln_1, ln_2); multi-head attention with q, k and v as one biased c_attn, scaled by head_dim ** -0.5 (1
+# where scale_attn_weights is false); an ungated MLP (c_fc, c_proj; n_inner, 4 * n_embd when null) of GELU's tanh form
+# (activation_function gelu_new; gelu exact, relu by its key); a tied head; GPTJConfig's names (n_embd, n_layer,
+# n_head, n_positions, n_inner, layer_norm_epsilon). Its checkpoints' transformer.* (or unprefixed, as gpt2's own)
+# with Conv1D weights ([in, out]: transposed on loading and saving) and q, k, v as one c_attn (split, joined)
+FAMILIES["gpt2"] = Family("GPT2LMHeadModel", activation="gelu_tanh",
+                          hidden_acts=("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu", "relu"), gated_mlp=False,
+                          torch_layer_norm="plain", learned_positions=True, reads=("attention_bias", "mlp_bias"),
+                          defaults={
+                              "vocab_size": 50257, "hidden_size": 768, "num_hidden_layers": 12,
+                              "num_attention_heads": 12, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5,
+                              "bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None,
+                              "tie_word_embeddings": True})
 # Falcon (FalconForCausalLM: falcon-7b / 40b / 180b, their instruct models, Falcon-RW without ALiBi): torch's LayerNorm
 # with a bias (layer_norm_epsilon), an ungated MLP of the exact GELU (dense_h_to_4h, dense_4h_to_h; ffn_hidden_size,
 # 4 * hidden by default), one bias key for every projection (bias), RoPE over the whole head, a tied head; q, k and v
@@ -624,7 +644,7 @@ _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "n
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
-                 "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon",
+                 "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
@@ -1240,15 +1260,25 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one); DBRX's resid_pdrop (one key, one entry: a second of the same
     # name would replace this one)
     "embd_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                   or c.model_type in ("phi", *_GPTJS) and _is_number(v) and 0 <= v < 1,
-                   "0.0 (Phi-3; Phi-2, GPT-J: any in [0, 1))"),
+                   or c.model_type in ("phi", *_GPTJS, "gpt2") and _is_number(v) and 0 <= v < 1,
+                   "0.0 (Phi-3; Phi-2, GPT-J, GPT-2: any in [0, 1))"),
     "resid_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                    or c.model_type in ("phi", "dbrx", *_GPTJS) and _is_number(v) and 0 <= v < 1,
-                    "0.0 (Phi-3; Phi-2, DBRX, GPT-J: any in [0, 1))"),
-    "attn_pdrop": (lambda v, c: c.model_type in _GPTJS and _is_number(v) and 0 <= v < 1,
-                   "absent (GPT-J, CodeGen: any in [0, 1), training only)"),
-    "n_ctx": (lambda v, c: c.model_type == "codegen" and _is_int(v) and v >= 1,
-              "absent (CodeGen: an int >= 1, not read by transformers' model)"),
+                    or c.model_type in ("phi", "dbrx", *_GPTJS, "gpt2") and _is_number(v) and 0 <= v < 1,
+                    "0.0 (Phi-3; Phi-2, DBRX, GPT-J, GPT-2: any in [0, 1))"),
+    "attn_pdrop": (lambda v, c: c.model_type in (*_GPTJS, "gpt2") and _is_number(v) and 0 <= v < 1,
+                   "absent (GPT-J, CodeGen, GPT-2: any in [0, 1), training only)"),
+    "n_ctx": (lambda v, c: c.model_type in ("codegen", "gpt2") and _is_int(v) and v >= 1,
+              "absent (CodeGen, GPT-2: an int >= 1, not read by transformers' model)"),
+    # GPT-2's: its attention's scale (LlamaConfig.attention_scale), its float32 scores (ours are: either reads), its
+    # double-heads model's summary head (not a causal LM's: not read)
+    "scale_attn_weights": (lambda v, c: c.model_type == "gpt2" and isinstance(v, bool), "absent (GPT-2: a bool)"),
+    "scale_attn_by_inverse_layer_idx": (lambda v, c: c.model_type == "gpt2" and v is False,
+                                        "absent (GPT-2: false; a scale per layer is not implemented)"),
+    "reorder_and_upcast_attn": (lambda v, c: c.model_type == "gpt2" and isinstance(v, bool),
+                                "absent (GPT-2: a bool; the scores are float32 either way)"),
+    **{key: (lambda v, c: c.model_type == "gpt2", "absent (GPT-2: any, its double-heads model's summary head)")
+       for key in ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+                   "summary_first_dropout")},
     # Phi-2's and StableLM's q / k LayerNorm over head_dim (LlamaConfig.qk_norm): off in phi-1, phi-1.5, phi-2 and
     # StableLM up to 3B, on in StableLM 2 12B (weights of its own per head, no bias)
     "qk_layernorm": (lambda v, c: c.model_type in ("phi", "stablelm", "persimmon") and isinstance(v, bool),
@@ -2084,13 +2114,15 @@ class LlamaConfig:
                              f"{self.experts.count} experts")
         if self.model_type == "olmo":  # (OlmoLayerNorm's eps is fixed: no key of its config sets another)
             self.rms_norm_eps = 1e-5
-        if self.model_type in ("gpt_neox", *_GPTJS) and (
+        if self.model_type in ("gpt_neox", *_GPTJS, "gpt2") and (
                 not self.mlp_bias or self.num_key_value_heads != self.num_attention_heads
                 or self.head_dim * self.num_attention_heads != self.hidden_size):
             raise ValueError(f"model_type {self.model_type!r} is multi-head attention of head_dim hidden_size // heads "
                              f"with biased MLPs: got {self.num_key_value_heads} KV heads of "
                              f"{self.num_attention_heads}, "
                              f"head_dim {self.head_dim} of hidden_size {self.hidden_size}, mlp_bias {self.mlp_bias}")
+        if self.model_type == "gpt2" and not self.attention_bias:
+            raise ValueError("model_type 'gpt2' has biases on every projection: attention_bias must be true")
         if self.model_type in _USE_BIAS and self.attention_bias != self.mlp_bias:
             raise ValueError(f"model_type {self.model_type!r} has one bias switch (use_bias) for every projection: "
                              f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
@@ -2350,6 +2382,8 @@ class LlamaConfig:
             return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
+        if self.model_type == "gpt2" and not self.extra.get("scale_attn_weights", True):
+            return 1.0  # (GPT-2's scores unscaled)
         if self.model_type in _MLAS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
             scale = self.mla.qk_head_dim ** (-0.5)
             rs = self.rope_scaling or {}
@@ -2513,6 +2547,8 @@ class LlamaConfig:
             if sliding is None or self.extra.get("sliding_window", 4096) is None:  # (Cohere 2's: none then)
                 return (self.model_type in _EXAONES,) * n
             return tuple(sliding)
+        if self.model_type == "gpt2":  # (learned positions: no RoPE at all)
+            return (False,) * n
         if self.model_type == "smollm3":
             given = self.extra.get("no_rope_layers")
             if given is not None:
@@ -2520,6 +2556,13 @@ class LlamaConfig:
             every = self.extra.get("no_rope_layer_interval", _SMOLLM3_INTERVAL)
             return tuple((i + 1) % every != 0 for i in range(n))
         return (True,) * n
+
+    @property
+    def position_offset(self) -> int | None:
+        """Learned absolute position embeddings (GPT-2's ``wpe``): the row of position 0 in ``model.embed_positions``
+        (its rows ``max_position_embeddings`` + this); None for the families without (RoPE's, NoPE's)."""
+        family = FAMILIES[self.model_type]
+        return family.position_offset if family.learned_positions else None
 
     @property
     def mla(self) -> MLA | None:
@@ -2817,9 +2860,12 @@ class LlamaConfig:
         """The MLP's activation: ``"silu"`` (SwiGLU), ``"gelu_tanh"`` (GeGLU; StarCoder 2's ungated GELU),
         ``"swiglu_clamped"`` (GPT-OSS's experts: :attr:`swiglu_clamp`), ``"relu2"`` (Arcee's ungated ReLU
         squared), ``"gelu"`` (GPT-NeoX's exact GELU; its ``gelu_fast`` and ``gelu_new``: ``"gelu_tanh"``) or
-        ``"xielu"`` (Apertus's ungated xIELU, with its learned numbers: llama.XIELU)."""
+        ``"xielu"`` (Apertus's ungated xIELU, with its learned numbers: llama.XIELU); GPT-2's ``"relu"`` by its
+        key."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
+        if self.model_type == "gpt2" and self.extra.get("hidden_act") in ("gelu", "relu"):
+            return self.extra["hidden_act"]  # (GPT-2's exact GELU or ReLU by its key; else the tanh form)
         return FAMILIES[self.model_type].activation
 
     @property
@@ -2876,6 +2922,8 @@ class LlamaConfig:
             _gpt_neox_keys(d)
         if model_type in _GPTJS:
             _gptj_keys(d)
+        if model_type == "gpt2":
+            _gpt2_keys(d)
         if model_type == "falcon":
             _falcon_keys(d)
         if model_type == "dbrx":
@@ -3077,15 +3125,16 @@ class LlamaConfig:
                 d.pop(key, None)
             d["ffn_hidden_size"] = self.intermediate_size
             d["bias"] = self.attention_bias
-        if self.model_type in _GPTJS:  # its own keys (GPTJConfig's names; MHA, one head_dim, biased MLPs, RoPE's dims)
-            for old, new in _GPTJ_NAMES.items():
+        if self.model_type in (*_GPTJS, "gpt2"):  # its own keys (GPTJConfig's names, GPT2Config's too; MHA, one
+            for old, new in _GPTJ_NAMES.items():  # head_dim, biased MLPs; GPT-J's RoPE's dims, GPT-2's none)
                 if new in d:
                     d[old] = d.pop(new)
-            if d["n_inner"] == 4 * d["n_embd"]:  # (GPTJConfig's null, as its configs write it)
+            if d["n_inner"] == 4 * d["n_embd"]:  # (their configs' null, as they write it)
                 d["n_inner"] = None
             for key in ("num_key_value_heads", "head_dim", "mlp_bias", "attention_bias", "rope_theta", "rope_scaling"):
                 d.pop(key, None)
-            d["rotary_dim"] = self.rotary_dim
+            if self.model_type in _GPTJS:
+                d["rotary_dim"] = self.rotary_dim
             d.pop("partial_rotary_factor", None)
         if self.model_type == "gpt_neox":  # its own keys (MHA, one head_dim, biased MLPs: none of its config's)
             del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
@@ -3169,6 +3218,22 @@ def _gptj_keys(d: dict) -> None:
             raise ValueError(f"config rotary_dim = {rotary!r} must be an even int in [2, head_dim = {head}]")
         if rotary < head:
             d["partial_rotary_factor"] = rotary / head
+
+
+def _gpt2_keys(d: dict) -> None:
+    """A GPT-2 config's keys in ``d`` under the model's names, in place (:data:`_GPTJ_NAMES`, GPT2Config's too; each
+    given once): ``n_inner`` null as 4 * ``n_embd``, biases everywhere (always). Keys GPT2Config does not read and the
+    model would (RoPE's, KV heads, head_dim, the bias switches) raise."""
+    _own_names(d, _GPTJ_NAMES, "GPT-2")
+    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
+                "head_dim", "mlp_bias", "attention_bias"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not GPT2Config's: GPT-2 is multi-head attention of head_dim "
+                             "n_embd // n_head with learned positions (no RoPE) and biases on every projection")
+    hidden = d.get("hidden_size", FAMILIES["gpt2"].defaults["hidden_size"])
+    if d.get("intermediate_size") is None and _is_int(hidden):
+        d["intermediate_size"] = 4 * hidden
+    d["attention_bias"] = d["mlp_bias"] = True
 
 
 def _dbrx_keys(d: dict) -> None:

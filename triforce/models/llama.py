@@ -122,7 +122,8 @@ _ROWWISE = None
 # The gated MLP's activations in PyTorch ops, by LlamaConfig.activation: the modules' path off the CPU (and
 # without the extension), and the values the native ops' gradients are taken at.
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu,
-               "relu2": lambda x: torch.square(F.relu(x))}  # (relu2: Arcee's ungated MLP; exact, so row by row)
+               "relu2": lambda x: torch.square(F.relu(x)),  # (relu2: Arcee's ungated MLP; exact, so row by row)
+               "relu": F.relu}  # (GPT-2's by its key; exact too)
 
 
 def _glu_setup(ctx, inputs, output):
@@ -868,11 +869,11 @@ class XIELU(nn.Module):
 
 
 def _activated(activation: str, x: torch.Tensor) -> torch.Tensor:
-    """``act(x)``, each row alone: ReLU squared is exact; GELU (the tanh form, the exact one) on the CPU through the
+    """``act(x)``, each row alone: ReLU and ReLU squared are exact; GELU (the tanh form, the exact one) on the CPU through the
     native ``gelu_tanh_mul`` / ``gelu_mul`` times ones (ATen's rounds a row's elements by where they fall in the
     tensor: :func:`_native_glu`; the product by 1 is exact)."""
-    if activation == "relu2":
-        return ACTIVATIONS["relu2"](x)
+    if activation in ("relu2", "relu"):
+        return ACTIVATIONS[activation](x)
     if _native_glu(x, x):
         return _gated(activation, x, torch.ones_like(x))
     return ACTIVATIONS[activation](x)
@@ -1379,6 +1380,10 @@ class LlamaModel(nn.Module):
         # init=False: nn.Embedding is given its (empty) weight instead of drawing one (see Llama's _empty).
         weight = None if init else torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
+        if config.position_offset is not None:  # GPT-2's learned absolute positions (wpe)
+            rows = config.max_position_embeddings + config.position_offset
+            self.embed_positions = nn.Embedding(rows, config.hidden_size, _weight=None if init else torch.empty(
+                rows, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps)
 
@@ -1489,11 +1494,18 @@ class Llama(nn.Module):
         local = rope_cos_sin(self.inv_freq_local, positions, dtype)
         return [main if r else local for r in self.config.rope_layers]  # (Gemma 3's sliding, SmolLM3's NoPE)
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The input embeddings of ``input_ids`` (the residual stream's start): ``embed_tokens``, times
-        ``config.rounded_embed_factor`` (Gemma's sqrt(hidden_size), MiniCPM3's ``scale_emb``), the factor rounded to
-        the dtype first as transformers does; normed by the final norm where ``config.embed_norm`` (NanoChat)."""
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of ``input_ids`` at int ``positions`` (both ``[B, T]``; the residual stream's start):
+        ``embed_tokens``, plus GPT-2's learned ``embed_positions`` (``config.position_offset``; a position past the
+        context reads the last row: only a speculative tail's tokens, never emitted, have one, see
+        ``FullCache``'s ``speculative_slack``), times ``config.rounded_embed_factor`` (Gemma's sqrt(hidden_size),
+        MiniCPM3's ``scale_emb``), the factor rounded to the dtype first as transformers does; normed by the final
+        norm where ``config.embed_norm`` (NanoChat)."""
         h = self.model.embed_tokens(input_ids)
+        offset = self.config.position_offset
+        if offset is not None:  # (no host sync: the clamp instead of a check)
+            last = self.config.max_position_embeddings - 1
+            h = h + self.model.embed_positions(positions.clamp(0, last) + offset)
         f = self.config.rounded_embed_factor  # (Gemma's sqrt(hidden_size), MiniCPM3's scale_emb)
         if f is not None:
             h = h * float(torch.tensor(f).to(h.dtype))
@@ -1570,7 +1582,7 @@ class Llama(nn.Module):
         rows_long = None if cache is None else cache.rope_long
         ropes = self.rope_tables(positions, rows_long=rows_long)
         cos, sin = ropes[0]
-        h = self.embed(input_ids)
+        h = self.embed(input_ids, positions)
         layers = self.model.layers
         bounds = (0, len(layers)) if tap is None else (0, tap.layer, len(layers))
         for lo, hi in zip(bounds, bounds[1:]):
@@ -1825,6 +1837,8 @@ class Llama(nn.Module):
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)
         draft.model.embed_tokens = self.model.embed_tokens
+        if "embed_positions" in self.model._modules:  # (GPT-2's learned positions)
+            draft.model.embed_positions = self.model.embed_positions
         draft.model.layers = nn.ModuleList(self.model.layers[:k])
         draft.model.norm = self.model.norm
         draft.lm_head = self.lm_head

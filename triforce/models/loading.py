@@ -924,17 +924,61 @@ def _codegen_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict
             else:
                 out[name] = t
         return out
+    def join(q, k, v):  # (4 blocks of [q; v; k])
+        blocks = [w.reshape(_CODEGEN_MP, -1, w.shape[-1]) for w in (q, v, k)]
+        return torch.stack(blocks, 1).reshape(-1, q.shape[-1])
+
+    return _renamed(_qkv_joined(sd, join, "weight"), [(new, old) for old, new in pairs])
+
+
+def _qkv_joined(sd: dict, join, kinds: str) -> dict:
+    """``sd`` with each layer's ``self_attn.{q,k,v}_proj.{kind}`` (``kind`` of ``kinds``, a regex alternative) as one
+    ``self_attn.qkv_proj.{kind}``, ``join(q, k, v)``; a projection without the other two kept as it is (reported as
+    unexpected)."""
+    out = {}
     for name, t in sd.items():
-        m = re.fullmatch(r"(.*\.)self_attn\.([qkv])_proj\.weight", name)
+        m = re.fullmatch(rf"(.*\.)self_attn\.([qkv])_proj\.({kinds})", name)
         if m is None:
             out[name] = t
-        elif m[2] == "q" and all(f"{m[1]}self_attn.{p}_proj.weight" in sd for p in "kv"):
-            q, k, v = (sd[f"{m[1]}self_attn.{p}_proj.weight"] for p in "qkv")
-            blocks = [w.reshape(_CODEGEN_MP, -1, w.shape[-1]) for w in (q, v, k)]
-            out[f"{m[1]}self_attn.qkv_proj.weight"] = torch.stack(blocks, 1).reshape(-1, q.shape[-1])
-        elif not all(f"{m[1]}self_attn.{p}_proj.weight" in sd for p in "qkv"):
-            out[name] = t  # (a projection without the others: reported as unexpected)
-    return _renamed(out, [(new, old) for old, new in pairs])
+            continue
+        parts = [f"{m[1]}self_attn.{p}_proj.{m[3]}" for p in "qkv"]
+        if not all(part in sd for part in parts):
+            out[name] = t
+        elif m[2] == "q":
+            out[f"{m[1]}self_attn.qkv_proj.{m[3]}"] = join(*(sd[part] for part in parts))
+    return out
+
+
+# GPT-2's checkpoints' names -> the model's (c_attn: q, k and v as one, split below); its Conv1D weights ([in, out])
+_GPT2_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.wpe.", "model.embed_positions."),
+               ("transformer.h.", "model.layers."), ("transformer.ln_f.", "model.norm."),
+               (".ln_1.", ".input_layernorm."), (".ln_2.", ".post_attention_layernorm."),
+               (".attn.c_attn.", ".self_attn.qkv_proj."), (".attn.c_proj.", ".self_attn.o_proj."),
+               (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
+_GPT2_CONV1D = re.compile(r".*\.(self_attn\.(qkv|o)_proj|mlp\.(up|down)_proj)\.weight")
+_GPT2_UNPREFIXED = ("wte.", "wpe.", "h.", "ln_f.")  # (gpt2's own checkpoints: GPT2Model's names, no transformer.)
+
+
+def _gpt2_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """A GPT-2 checkpoint's weights under the model's names (unprefixed ones, as gpt2's own, read as under
+    ``transformer.``; its Conv1D weights transposed; its ``c_attn`` split into q, k and v, rows and bias), or with
+    ``inverse`` back (transformers' names and layout)."""
+    out = {}
+    if not inverse:
+        sd = {(f"transformer.{k}" if k.startswith(_GPT2_UNPREFIXED) else k): t for k, t in sd.items()}
+        for name, t in _renamed(sd, _GPT2_NAMES).items():
+            if _GPT2_CONV1D.fullmatch(name):
+                t = t.t().contiguous()
+            if (m := re.fullmatch(r"(.*\.)self_attn\.qkv_proj\.(weight|bias)", name)) is not None:
+                if t.shape[0] % 3:
+                    raise ValueError(f"GPT-2's {name} has {t.shape[0]} rows: q, k and v must be three equal parts")
+                out.update({f"{m[1]}self_attn.{p}_proj.{m[2]}": w.clone() for p, w in zip("qkv", t.chunk(3, 0))})
+            else:
+                out[name] = t
+        return out
+    out = _qkv_joined(sd, lambda q, k, v: torch.cat([q, k, v]), "weight|bias")
+    out = {name: t.t().contiguous() if _GPT2_CONV1D.fullmatch(name) else t for name, t in out.items()}
+    return _renamed(out, [(new, old) for old, new in _GPT2_NAMES])
 
 
 def _falcon_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
@@ -1089,6 +1133,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _axk1_norms(config, sd, inverse)
     if config.model_type == "codegen":
         return _codegen_names(config, sd, inverse)
+    if config.model_type == "gpt2":
+        return _gpt2_names(config, sd, inverse)
     if config.model_type == "hy_v3":
         return _hy_v3_names(config, sd, inverse)
     if config.model_type == "laguna":  # (its correction bias under its experts; transformers' shared_experts read too)
@@ -1339,7 +1385,7 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
-    if config.model_type in ("gpt_neox", "gptj", "codegen"):  # (old checkpoints' attention buffers: a causal mask,
+    if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2"):  # (old checkpoints' attention buffers: a causal mask,
         sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # its fill; transformers drops or ignores
         # them)
     if config.model_type == "persimmon":  # (its query_key_value is GPT-NeoX's, under its attention's name)
