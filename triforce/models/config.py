@@ -15,7 +15,7 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
 ``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
 LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
-``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``),
+``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``opt`` (learned positions, ReLU),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -641,6 +641,22 @@ _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "n
                   "num_ln_in_parallel_attn", "ffn_hidden_size", "activation", "alibi", "bias")
 # GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
 # must agree)
+# OPT (OPTForCausalLM: facebook's opt-125m, 1.3b, 2.7b, 6.7b, 13b, 30b, 66b, their fine-tunes, Galactica's layout is
+# not OPT's): GPT-2's learned positions with an offset (position p reads row p + 2), torch's LayerNorm with a bias
+# (its eps fixed, 1e-5) before the attention and the MLP (self_attn_layer_norm, final_layer_norm) and at the end;
+# multi-head attention (q, k, v, out_proj) with its queries scaled before the scores (the same scale: rounding only);
+# an ungated MLP (fc1, fc2; ffn_dim) of ReLU (activation_function); biases on every projection by enable_bias; a tied
+# head. Its checkpoints' names under model.decoder.* (or decoder.*, as facebook's own). opt-350m's post-norm layers
+# (do_layer_norm_before false) and projected embeddings (word_embed_proj_dim) are not implemented: they raise
+FAMILIES["opt"] = Family("OPTForCausalLM", activation="relu", hidden_acts=("relu", "gelu", "gelu_new"),
+                         gated_mlp=False, torch_layer_norm="plain", learned_positions=True, position_offset=2,
+                         reads=("attention_bias", "mlp_bias"), defaults={
+                             "vocab_size": 50272, "hidden_size": 768, "intermediate_size": 3072,
+                             "num_hidden_layers": 12, "num_attention_heads": 12, "max_position_embeddings": 2048,
+                             "rms_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2,
+                             "tie_word_embeddings": True})
+_OPT_NAMES = {"ffn_dim": "intermediate_size", "activation_function": "hidden_act",
+              "init_std": "initializer_range"}  # (OPTConfig's names -> the model's)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
@@ -1245,11 +1261,11 @@ _HARMLESS_ONLY_AT = {
              "2: any, with layer_types, which transformers reads instead)")
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
-    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox", "persimmon")
+    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox", "persimmon", "opt")
                                                           and _is_number(v)
                                                           and 0 <= v < 1),
-                          "0.0 (Seed-OSS, GPT-NeoX: any, as Seed-OSS's configs ship 0.1: dropout acts in training "
-                          "only)"),
+                          "0.0 (Seed-OSS, GPT-NeoX, Persimmon, OPT: any, as Seed-OSS's configs ship 0.1: dropout acts "
+                          "in training only)"),
     # Seed-OSS's: LlamaConfig.out_bias; its residual dropout (training only)
     "attention_out_bias": (lambda v, c: c.model_type == "seed_oss" and isinstance(v, bool),
                            "absent (Seed-OSS: a bool)"),
@@ -1269,6 +1285,17 @@ _HARMLESS_ONLY_AT = {
                    "absent (GPT-J, CodeGen, GPT-2: any in [0, 1), training only)"),
     "n_ctx": (lambda v, c: c.model_type in ("codegen", "gpt2") and _is_int(v) and v >= 1,
               "absent (CodeGen, GPT-2: an int >= 1, not read by transformers' model)"),
+    # OPT's dropouts (training only) and its layouts: what opt-350m alone changes is not implemented
+    **{key: (lambda v, c: c.model_type == "opt" and _is_number(v) and 0 <= v < 1,
+             "absent (OPT: any in [0, 1), training only)") for key in ("dropout", "activation_dropout", "layerdrop")},
+    "do_layer_norm_before": (lambda v, c: c.model_type == "opt" and v is True,
+                             "absent (OPT: true; opt-350m's post-norm layers, false, are not implemented)"),
+    "_remove_final_layer_norm": (lambda v, c: c.model_type == "opt" and v is False,
+                                 "absent (OPT: false; a model without its final norm is not implemented)"),
+    "word_embed_proj_dim": (lambda v, c: c.model_type == "opt" and (v is None or v == c.hidden_size),
+                            "absent (OPT: null or hidden_size; opt-350m's projected embeddings are not implemented)"),
+    "layer_norm_elementwise_affine": (lambda v, c: c.model_type == "opt" and v is True,
+                                      "absent (OPT: true; LayerNorms without weights are not implemented)"),
     # GPT-2's: its attention's scale (LlamaConfig.attention_scale), its float32 scores (ours are: either reads), its
     # double-heads model's summary head (not a causal LM's: not read)
     "scale_attn_weights": (lambda v, c: c.model_type == "gpt2" and isinstance(v, bool), "absent (GPT-2: a bool)"),
@@ -2112,13 +2139,17 @@ class LlamaConfig:
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
-        if self.model_type == "olmo":  # (OlmoLayerNorm's eps is fixed: no key of its config sets another)
-            self.rms_norm_eps = 1e-5
-        if self.model_type in ("gpt_neox", *_GPTJS, "gpt2") and (
-                not self.mlp_bias or self.num_key_value_heads != self.num_attention_heads
+        if self.model_type in ("olmo", "opt"):  # (OlmoLayerNorm's and OPT's eps are fixed: no key of their configs
+            self.rms_norm_eps = 1e-5  # sets another)
+        if self.model_type == "opt" and self.attention_bias != self.mlp_bias:
+            raise ValueError("model_type 'opt' has one bias switch (enable_bias) for every projection: attention_bias "
+                             f"{self.attention_bias} and mlp_bias {self.mlp_bias} must agree")
+        if self.model_type in ("gpt_neox", *_GPTJS, "gpt2", "opt") and (
+                not self.mlp_bias and self.model_type != "opt" or self.num_key_value_heads != self.num_attention_heads
                 or self.head_dim * self.num_attention_heads != self.hidden_size):
-            raise ValueError(f"model_type {self.model_type!r} is multi-head attention of head_dim hidden_size // heads "
-                             f"with biased MLPs: got {self.num_key_value_heads} KV heads of "
+            mlps = "" if self.model_type == "opt" else " with biased MLPs"
+            raise ValueError(f"model_type {self.model_type!r} is multi-head attention of head_dim hidden_size // heads"
+                             f"{mlps}: got {self.num_key_value_heads} KV heads of "
                              f"{self.num_attention_heads}, "
                              f"head_dim {self.head_dim} of hidden_size {self.hidden_size}, mlp_bias {self.mlp_bias}")
         if self.model_type == "gpt2" and not self.attention_bias:
@@ -2547,7 +2578,7 @@ class LlamaConfig:
             if sliding is None or self.extra.get("sliding_window", 4096) is None:  # (Cohere 2's: none then)
                 return (self.model_type in _EXAONES,) * n
             return tuple(sliding)
-        if self.model_type == "gpt2":  # (learned positions: no RoPE at all)
+        if FAMILIES[self.model_type].learned_positions:  # (GPT-2's, OPT's: no RoPE at all)
             return (False,) * n
         if self.model_type == "smollm3":
             given = self.extra.get("no_rope_layers")
@@ -2864,8 +2895,9 @@ class LlamaConfig:
         key."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
-        if self.model_type == "gpt2" and self.extra.get("hidden_act") in ("gelu", "relu"):
-            return self.extra["hidden_act"]  # (GPT-2's exact GELU or ReLU by its key; else the tanh form)
+        if self.model_type in ("gpt2", "opt"):  # (the exact GELU or ReLU by their key; else GELU's tanh form)
+            act = self.extra.get("hidden_act", FAMILIES[self.model_type].hidden_acts[0])
+            return act if act in ("gelu", "relu") else "gelu_tanh"
         return FAMILIES[self.model_type].activation
 
     @property
@@ -2924,6 +2956,8 @@ class LlamaConfig:
             _gptj_keys(d)
         if model_type == "gpt2":
             _gpt2_keys(d)
+        if model_type == "opt":
+            _opt_keys(d)
         if model_type == "falcon":
             _falcon_keys(d)
         if model_type == "dbrx":
@@ -3105,8 +3139,15 @@ class LlamaConfig:
             d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
         if self.model_type in ("phi", "persimmon"):  # (always biased: not its config's keys)
             del d["attention_bias"], d["mlp_bias"]
-        if self.model_type == "olmo":  # (fixed: not its config's)
+        if self.model_type in ("olmo", "opt"):  # (fixed: not its config's)
             del d["rms_norm_eps"]
+        if self.model_type == "opt":  # (OPTConfig's names, its one bias switch; MHA, one head_dim, no RoPE)
+            for old, new in _OPT_NAMES.items():
+                d[old] = d.pop(new)
+            d["enable_bias"] = d.pop("attention_bias")
+            for key in ("mlp_bias", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
+                        "partial_rotary_factor"):
+                d.pop(key, None)
         if self.model_type == "dbrx":  # (its own names, its attn_config and ffn_config)
             x = self.extra
             d["attn_config"] = {"kv_n_heads": self.num_key_value_heads, "clip_qkv": self.clip_qkv,
@@ -3234,6 +3275,23 @@ def _gpt2_keys(d: dict) -> None:
     if d.get("intermediate_size") is None and _is_int(hidden):
         d["intermediate_size"] = 4 * hidden
     d["attention_bias"] = d["mlp_bias"] = True
+
+
+def _opt_keys(d: dict) -> None:
+    """An OPT config's keys in ``d`` under the model's names, in place (:data:`_OPT_NAMES`; each given once):
+    ``enable_bias`` as both bias switches (default true). Keys OPTConfig does not read and the model would (RoPE's, KV
+    heads, head_dim, the bias switches, a norm eps: OPT's is fixed) raise."""
+    _own_names(d, _OPT_NAMES, "OPT")
+    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
+                "head_dim", "mlp_bias", "attention_bias", "rms_norm_eps", "layer_norm_eps"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not OPTConfig's: OPT is multi-head attention of head_dim "
+                             "hidden_size // num_attention_heads with learned positions (no RoPE), its LayerNorms' "
+                             "eps 1e-5 and one bias switch, enable_bias")
+    bias = d.pop("enable_bias", True)
+    if not isinstance(bias, bool):
+        raise ValueError(f"config enable_bias must be true or false, got {bias!r}")
+    d["attention_bias"] = d["mlp_bias"] = bias
 
 
 def _dbrx_keys(d: dict) -> None:

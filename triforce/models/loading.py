@@ -796,6 +796,14 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
                  # Cohere 2 MoE: its shared experts' name
                  "cohere2_moe": {".mlp.shared_experts.": ".mlp.shared_expert."},
+                 # OPT: its decoder's names (the final norm's before the layers' norm of the same name)
+                 "opt": {"model.decoder.final_layer_norm.": "model.norm.", "model.decoder.layers.": "model.layers.",
+                         "model.decoder.embed_tokens.": "model.embed_tokens.",
+                         "model.decoder.embed_positions.": "model.embed_positions.",
+                         ".self_attn_layer_norm.": ".input_layernorm.",
+                         ".final_layer_norm.": ".post_attention_layernorm.",
+                         ".self_attn.out_proj.": ".self_attn.o_proj.", ".fc1.": ".mlp.up_proj.",
+                         ".fc2.": ".mlp.down_proj."},
                  "gptj": {"transformer.wte.": "model.embed_tokens.", "transformer.h.": "model.layers.",
                           "transformer.ln_f.": "model.norm.", ".ln_1.": ".input_layernorm.",
                           ".attn.q_proj.": ".self_attn.q_proj.", ".attn.k_proj.": ".self_attn.k_proj.",
@@ -1135,6 +1143,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _codegen_names(config, sd, inverse)
     if config.model_type == "gpt2":
         return _gpt2_names(config, sd, inverse)
+    if config.model_type == "opt" and not inverse:  # (facebook's own checkpoints: OPTModel's names, no model.)
+        sd = {(f"model.{k}" if k.startswith("decoder.") else k): t for k, t in sd.items()}
     if config.model_type == "hy_v3":
         return _hy_v3_names(config, sd, inverse)
     if config.model_type == "laguna":  # (its correction bias under its experts; transformers' shared_experts read too)
