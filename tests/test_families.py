@@ -157,14 +157,17 @@ def assert_saved_reads_back(tmp_path, hf, ours) -> None:
     assert all(torch.equal(t, hf.state_dict()[k]) for k, t in back.state_dict().items())
 
 
-def assert_our_save_reads_back(tmp_path, hf, ours):
-    """:func:`assert_saved_reads_back`, and ours reads its save back to the same logits, bitwise; -> transformers'
-    config of the save."""
+def assert_our_save_reads_back(tmp_path, hf, ours, keys=()):
+    """:func:`assert_saved_reads_back`, and ours reads its save back to the same logits, bitwise; transformers' config
+    of the save has ``hf``'s values of ``keys``; -> that config."""
     assert_saved_reads_back(tmp_path, hf, ours)
     ids = torch.randint(0, hf.config.vocab_size, (2, 30), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
-    return transformers.AutoConfig.from_pretrained(tmp_path)
+    back = transformers.AutoConfig.from_pretrained(tmp_path)
+    for key in keys:
+        assert getattr(back, key) == getattr(hf.config, key), key
+    return back
 
 
 def hf_model(family, **extra):

@@ -15,7 +15,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
 ``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
 LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
-``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``opt`` (learned positions, ReLU),
+``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``gpt_bigcode`` (GPT-2's, multi-query),
+``opt`` (learned positions, ReLU),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -641,6 +642,15 @@ _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "n
                   "num_ln_in_parallel_attn", "ffn_hidden_size", "activation", "alibi", "bias")
 # GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
 # must agree)
+# GPT-BigCode (GPTBigCodeForCausalLM: StarCoder, StarCoderBase, SantaCoder in transformers' layout, tiny_starcoder_py,
+# WizardCoder, OctoCoder): GPT-2's layer, config names and learned positions with nn.Linear weights and, by default
+# (multi_query), one key / value head (c_attn's rows [q; k; v]); without it multi-head attention, c_attn's rows per head
+# [q_h; k_h; v_h]; GELU's tanh form (gelu_pytorch_tanh) by default
+FAMILIES["gpt_bigcode"] = Family("GPTBigCodeForCausalLM", activation="gelu_tanh",
+                                 hidden_acts=("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu", "relu"),
+                                 gated_mlp=False, torch_layer_norm="plain", learned_positions=True,
+                                 reads=("attention_bias", "mlp_bias"), defaults=dict(FAMILIES["gpt2"].defaults))
+_GPT2S = ("gpt2", "gpt_bigcode")
 # OPT (OPTForCausalLM: facebook's opt-125m, 1.3b, 2.7b, 6.7b, 13b, 30b, 66b, their fine-tunes, Galactica's layout is
 # not OPT's): GPT-2's learned positions with an offset (position p reads row p + 2), torch's LayerNorm with a bias
 # (its eps fixed, 1e-5) before the attention and the MLP (self_attn_layer_norm, final_layer_norm) and at the end;
@@ -661,6 +671,7 @@ _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "ro
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
+                 "gpt_bigcode": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
@@ -1276,12 +1287,12 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one); DBRX's resid_pdrop (one key, one entry: a second of the same
     # name would replace this one)
     "embd_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                   or c.model_type in ("phi", *_GPTJS, "gpt2") and _is_number(v) and 0 <= v < 1,
+                   or c.model_type in ("phi", *_GPTJS, *_GPT2S) and _is_number(v) and 0 <= v < 1,
                    "0.0 (Phi-3; Phi-2, GPT-J, GPT-2: any in [0, 1))"),
     "resid_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                    or c.model_type in ("phi", "dbrx", *_GPTJS, "gpt2") and _is_number(v) and 0 <= v < 1,
+                    or c.model_type in ("phi", "dbrx", *_GPTJS, *_GPT2S) and _is_number(v) and 0 <= v < 1,
                     "0.0 (Phi-3; Phi-2, DBRX, GPT-J, GPT-2: any in [0, 1))"),
-    "attn_pdrop": (lambda v, c: c.model_type in (*_GPTJS, "gpt2") and _is_number(v) and 0 <= v < 1,
+    "attn_pdrop": (lambda v, c: c.model_type in (*_GPTJS, *_GPT2S) and _is_number(v) and 0 <= v < 1,
                    "absent (GPT-J, CodeGen, GPT-2: any in [0, 1), training only)"),
     "n_ctx": (lambda v, c: c.model_type in ("codegen", "gpt2") and _is_int(v) and v >= 1,
               "absent (CodeGen, GPT-2: an int >= 1, not read by transformers' model)"),
@@ -1296,9 +1307,17 @@ _HARMLESS_ONLY_AT = {
                             "absent (OPT: null or hidden_size; opt-350m's projected embeddings are not implemented)"),
     "layer_norm_elementwise_affine": (lambda v, c: c.model_type == "opt" and v is True,
                                       "absent (OPT: true; LayerNorms without weights are not implemented)"),
-    # GPT-2's: its attention's scale (LlamaConfig.attention_scale), its float32 scores (ours are: either reads), its
-    # double-heads model's summary head (not a causal LM's: not read)
-    "scale_attn_weights": (lambda v, c: c.model_type == "gpt2" and isinstance(v, bool), "absent (GPT-2: a bool)"),
+    # GPT-2's (GPT-BigCode's): its attention's scale (LlamaConfig.attention_scale), its float32 scores (ours are: either
+    # reads), its double-heads model's summary head (not a causal LM's: not read)
+    "scale_attn_weights": (lambda v, c: c.model_type in _GPT2S and isinstance(v, bool),
+                           "absent (GPT-2, GPT-BigCode: a bool)"),
+    **{key: (lambda v, c: c.model_type == "gpt_bigcode" and isinstance(v, bool),
+             "absent (GPT-BigCode: a bool; the softmax is float32 either way)")
+       for key in ("attention_softmax_in_fp32", "scale_attention_softmax_in_fp32")},
+    # (GPT-BigCode's first configs' keys for Megatron's inference runner: transformers reads none)
+    **{key: (lambda v, c: c.model_type == "gpt_bigcode", "absent (GPT-BigCode: any, an inference runner's, unread)")
+       for key in ("inference_runner", "max_batch_size", "max_sequence_length", "pad_key_length",
+                   "pre_allocate_kv_cache", "validate_runner_input")},
     "scale_attn_by_inverse_layer_idx": (lambda v, c: c.model_type == "gpt2" and v is False,
                                         "absent (GPT-2: false; a scale per layer is not implemented)"),
     "reorder_and_upcast_attn": (lambda v, c: c.model_type == "gpt2" and isinstance(v, bool),
@@ -2144,16 +2163,19 @@ class LlamaConfig:
         if self.model_type == "opt" and self.attention_bias != self.mlp_bias:
             raise ValueError("model_type 'opt' has one bias switch (enable_bias) for every projection: attention_bias "
                              f"{self.attention_bias} and mlp_bias {self.mlp_bias} must agree")
-        if self.model_type in ("gpt_neox", *_GPTJS, "gpt2", "opt") and (
-                not self.mlp_bias and self.model_type != "opt" or self.num_key_value_heads != self.num_attention_heads
+        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt") and (
+                not self.mlp_bias and self.model_type != "opt"
+                or self.num_key_value_heads not in (self.num_attention_heads,
+                                                    *((1,) if self.model_type == "gpt_bigcode" else ()))
                 or self.head_dim * self.num_attention_heads != self.hidden_size):
             mlps = "" if self.model_type == "opt" else " with biased MLPs"
             raise ValueError(f"model_type {self.model_type!r} is multi-head attention of head_dim hidden_size // heads"
                              f"{mlps}: got {self.num_key_value_heads} KV heads of "
                              f"{self.num_attention_heads}, "
                              f"head_dim {self.head_dim} of hidden_size {self.hidden_size}, mlp_bias {self.mlp_bias}")
-        if self.model_type == "gpt2" and not self.attention_bias:
-            raise ValueError("model_type 'gpt2' has biases on every projection: attention_bias must be true")
+        if self.model_type in _GPT2S and not self.attention_bias:
+            raise ValueError(f"model_type {self.model_type!r} has biases on every projection: attention_bias must be "
+                             "true")
         if self.model_type in _USE_BIAS and self.attention_bias != self.mlp_bias:
             raise ValueError(f"model_type {self.model_type!r} has one bias switch (use_bias) for every projection: "
                              f"attention_bias and mlp_bias must agree, got {self.attention_bias} and {self.mlp_bias}")
@@ -2413,7 +2435,7 @@ class LlamaConfig:
             return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
-        if self.model_type == "gpt2" and not self.extra.get("scale_attn_weights", True):
+        if self.model_type in _GPT2S and not self.extra.get("scale_attn_weights", True):
             return 1.0  # (GPT-2's scores unscaled)
         if self.model_type in _MLAS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
             scale = self.mla.qk_head_dim ** (-0.5)
@@ -2895,7 +2917,7 @@ class LlamaConfig:
         key."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
-        if self.model_type in ("gpt2", "opt"):  # (the exact GELU or ReLU by their key; else GELU's tanh form)
+        if self.model_type in (*_GPT2S, "opt"):  # (the exact GELU or ReLU by their key; else GELU's tanh form)
             act = self.extra.get("hidden_act", FAMILIES[self.model_type].hidden_acts[0])
             return act if act in ("gelu", "relu") else "gelu_tanh"
         return FAMILIES[self.model_type].activation
@@ -2954,7 +2976,7 @@ class LlamaConfig:
             _gpt_neox_keys(d)
         if model_type in _GPTJS:
             _gptj_keys(d)
-        if model_type == "gpt2":
+        if model_type in _GPT2S:
             _gpt2_keys(d)
         if model_type == "opt":
             _opt_keys(d)
@@ -3166,7 +3188,7 @@ class LlamaConfig:
                 d.pop(key, None)
             d["ffn_hidden_size"] = self.intermediate_size
             d["bias"] = self.attention_bias
-        if self.model_type in (*_GPTJS, "gpt2"):  # its own keys (GPTJConfig's names, GPT2Config's too; MHA, one
+        if self.model_type in (*_GPTJS, *_GPT2S):  # its own keys (GPTJConfig's names, GPT2Config's too; MHA, one
             for old, new in _GPTJ_NAMES.items():  # head_dim, biased MLPs; GPT-J's RoPE's dims, GPT-2's none)
                 if new in d:
                     d[old] = d.pop(new)
@@ -3176,6 +3198,8 @@ class LlamaConfig:
                 d.pop(key, None)
             if self.model_type in _GPTJS:
                 d["rotary_dim"] = self.rotary_dim
+            if self.model_type == "gpt_bigcode":  # (its one KV head, or every head's own)
+                d["multi_query"] = self.num_key_value_heads == 1
             d.pop("partial_rotary_factor", None)
         if self.model_type == "gpt_neox":  # its own keys (MHA, one head_dim, biased MLPs: none of its config's)
             del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
@@ -3262,12 +3286,24 @@ def _gptj_keys(d: dict) -> None:
 
 
 def _gpt2_keys(d: dict) -> None:
-    """A GPT-2 config's keys in ``d`` under the model's names, in place (:data:`_GPTJ_NAMES`, GPT2Config's too; each
-    given once): ``n_inner`` null as 4 * ``n_embd``, biases everywhere (always). Keys GPT2Config does not read and the
-    model would (RoPE's, KV heads, head_dim, the bias switches) raise."""
+    """A GPT-2 or GPT-BigCode config's keys in ``d`` under the model's names, in place (:data:`_GPTJ_NAMES`, GPT2Config's
+    too; each given once): ``n_inner`` null as 4 * ``n_embd``, biases everywhere (always), GPT-BigCode's
+    ``multi_query`` (default true) as one KV head (its config's num_key_value_heads, written by transformers, must
+    agree). Keys GPT2Config does not read and the model would (RoPE's, KV heads, head_dim, the bias switches) raise."""
     _own_names(d, _GPTJ_NAMES, "GPT-2")
-    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
-                "head_dim", "mlp_bias", "attention_bias"):
+    if d["model_type"] == "gpt_bigcode":
+        mq = d.pop("multi_query", True)
+        heads = d.get("num_attention_heads", FAMILIES["gpt2"].defaults["num_attention_heads"])
+        if not isinstance(mq, bool):
+            raise ValueError(f"config multi_query must be true or false, got {mq!r}")
+        kv = d.pop("num_key_value_heads", 1 if mq else heads)
+        if kv != (1 if mq else heads):
+            raise ValueError(f"config num_key_value_heads = {kv!r} disagrees with multi_query = {mq} (GPT-BigCode: one "
+                             "KV head with it, every head's own without)")
+        d["num_key_value_heads"] = kv
+    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+                *(("num_key_value_heads",) if d["model_type"] == "gpt2" else ()), "head_dim", "mlp_bias",
+                "attention_bias"):
         if key in d:
             raise ValueError(f"config key {key!r} is not GPT2Config's: GPT-2 is multi-head attention of head_dim "
                              "n_embd // n_head with learned positions (no RoPE) and biases on every projection")

@@ -957,7 +957,8 @@ def _qkv_joined(sd: dict, join, kinds: str) -> dict:
     return out
 
 
-# GPT-2's checkpoints' names -> the model's (c_attn: q, k and v as one, split below); its Conv1D weights ([in, out])
+# GPT-2's and GPT-BigCode's checkpoints' names -> the model's (c_attn: q, k and v as one, split below); GPT-2's Conv1D
+# weights ([in, out])
 _GPT2_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.wpe.", "model.embed_positions."),
                ("transformer.h.", "model.layers."), ("transformer.ln_f.", "model.norm."),
                (".ln_1.", ".input_layernorm."), (".ln_2.", ".post_attention_layernorm."),
@@ -968,24 +969,37 @@ _GPT2_UNPREFIXED = ("wte.", "wpe.", "h.", "ln_f.")  # (gpt2's own checkpoints: G
 
 
 def _gpt2_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
-    """A GPT-2 checkpoint's weights under the model's names (unprefixed ones, as gpt2's own, read as under
-    ``transformer.``; its Conv1D weights transposed; its ``c_attn`` split into q, k and v, rows and bias), or with
-    ``inverse`` back (transformers' names and layout)."""
+    """A GPT-2 or GPT-BigCode checkpoint's weights under the model's names (unprefixed ones, as gpt2's own, read as
+    under ``transformer.``; GPT-2's Conv1D weights transposed; ``c_attn`` split into q, k and v, rows and bias: GPT-2's
+    and GPT-BigCode's multi-query ``[q; k; v]``, GPT-BigCode's multi-head per head), or with ``inverse`` back
+    (transformers' names and layout)."""
+    conv1d = config.model_type == "gpt2"  # (GPT-BigCode's are nn.Linear's)
+    H, KV, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    per_head = config.model_type == "gpt_bigcode" and KV == H > 1
     out = {}
     if not inverse:
         sd = {(f"transformer.{k}" if k.startswith(_GPT2_UNPREFIXED) else k): t for k, t in sd.items()}
         for name, t in _renamed(sd, _GPT2_NAMES).items():
-            if _GPT2_CONV1D.fullmatch(name):
+            if conv1d and _GPT2_CONV1D.fullmatch(name):
                 t = t.t().contiguous()
             if (m := re.fullmatch(r"(.*\.)self_attn\.qkv_proj\.(weight|bias)", name)) is not None:
-                if t.shape[0] % 3:
-                    raise ValueError(f"GPT-2's {name} has {t.shape[0]} rows: q, k and v must be three equal parts")
-                out.update({f"{m[1]}self_attn.{p}_proj.{m[2]}": w.clone() for p, w in zip("qkv", t.chunk(3, 0))})
+                if t.shape[0] != (H + 2 * KV) * D:
+                    raise ValueError(f"{name} has {t.shape[0]} rows: {H} query and 2 x {KV} key / value heads of "
+                                     f"{D} expected")
+                parts = t.unflatten(0, (H, 3, D)).unbind(1) if per_head else t.split((H * D, KV * D, KV * D))
+                out.update({f"{m[1]}self_attn.{p}_proj.{m[2]}": w.reshape(-1, *t.shape[1:]).clone()
+                            for p, w in zip("qkv", parts)})
             else:
                 out[name] = t
         return out
-    out = _qkv_joined(sd, lambda q, k, v: torch.cat([q, k, v]), "weight|bias")
-    out = {name: t.t().contiguous() if _GPT2_CONV1D.fullmatch(name) else t for name, t in out.items()}
+
+    def join(q, k, v):  # (GPT-BigCode's multi-head layout: per head [q_h; k_h; v_h]; else [q; k; v])
+        return torch.stack([w.unflatten(0, (H, D)) for w in (q, k, v)], 1).flatten(0, 2) if per_head else \
+            torch.cat([q, k, v])
+
+    out = _qkv_joined(sd, join, "weight|bias")
+    if conv1d:
+        out = {name: t.t().contiguous() if _GPT2_CONV1D.fullmatch(name) else t for name, t in out.items()}
     return _renamed(out, [(new, old) for old, new in _GPT2_NAMES])
 
 
@@ -1141,7 +1155,7 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _axk1_norms(config, sd, inverse)
     if config.model_type == "codegen":
         return _codegen_names(config, sd, inverse)
-    if config.model_type == "gpt2":
+    if config.model_type in ("gpt2", "gpt_bigcode"):
         return _gpt2_names(config, sd, inverse)
     if config.model_type == "opt" and not inverse:  # (facebook's own checkpoints: OPTModel's names, no model.)
         sd = {(f"model.{k}" if k.startswith("decoder.") else k): t for k, t in sd.items()}
