@@ -15,8 +15,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
 ``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
 LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
-``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``gpt_bigcode`` (GPT-2's, multi-query),
-``opt`` (learned positions, ReLU),
+``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``gpt_bigcode`` (GPT-2's,
+multi-query), ``gpt_neo`` (GPT-2's, local windows, unscaled), ``opt`` (learned positions, ReLU),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -651,6 +651,21 @@ FAMILIES["gpt_bigcode"] = Family("GPTBigCodeForCausalLM", activation="gelu_tanh"
                                  gated_mlp=False, torch_layer_norm="plain", learned_positions=True,
                                  reads=("attention_bias", "mlp_bias"), defaults=dict(FAMILIES["gpt2"].defaults))
 _GPT2S = ("gpt2", "gpt_bigcode")
+# GPT-Neo (GPTNeoForCausalLM: EleutherAI's gpt-neo-125m / 1.3B / 2.7B, the TinyStories models, their fine-tunes):
+# GPT-2's learned positions and layer with separate unbiased q, k, v (out_proj biased), unscaled scores (scale 1), a
+# window of window_size (256) tokens on the attention_types' local layers (by default every other layer from the
+# second: [[["global", "local"], 12]]); its config's names (num_layers, num_heads; intermediate_size, 4 * hidden when
+# null), its checkpoints' transformer.* (attn.attention.*)
+FAMILIES["gpt_neo"] = Family("GPTNeoForCausalLM", activation="gelu_tanh",
+                             hidden_acts=("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu", "relu"),
+                             gated_mlp=False, torch_layer_norm="plain", learned_positions=True, reads=("mlp_bias",),
+                             defaults={"vocab_size": 50257, "hidden_size": 2048, "num_hidden_layers": 24,
+                                       "num_attention_heads": 16, "max_position_embeddings": 2048,
+                                       "rms_norm_eps": 1e-5, "bos_token_id": 50256, "eos_token_id": 50256,
+                                       "pad_token_id": None, "tie_word_embeddings": True})
+_GPT_NEO_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                  "activation_function": "hidden_act"}  # (GPTNeoConfig's names -> the model's)
+_GPT_NEO_TYPES = [[["global", "local"], 12]]  # GPTNeoConfig's attention_types
 # OPT (OPTForCausalLM: facebook's opt-125m, 1.3b, 2.7b, 6.7b, 13b, 30b, 66b, their fine-tunes, Galactica's layout is
 # not OPT's): GPT-2's learned positions with an offset (position p reads row p + 2), torch's LayerNorm with a bias
 # (its eps fixed, 1e-5) before the attention and the MLP (self_attn_layer_norm, final_layer_norm) and at the end;
@@ -671,7 +686,7 @@ _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "ro
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
-                 "gpt_bigcode": "layer_norm_epsilon",
+                 "gpt_bigcode": "layer_norm_epsilon", "gpt_neo": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
@@ -1272,7 +1287,8 @@ _HARMLESS_ONLY_AT = {
              "2: any, with layer_types, which transformers reads instead)")
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
-    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox", "persimmon", "opt")
+    "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox", "persimmon", "opt",
+                                                                           "gpt_neo")
                                                           and _is_number(v)
                                                           and 0 <= v < 1),
                           "0.0 (Seed-OSS, GPT-NeoX, Persimmon, OPT: any, as Seed-OSS's configs ship 0.1: dropout acts "
@@ -1337,8 +1353,16 @@ _HARMLESS_ONLY_AT = {
                        and 0 <= v < 1,
                        "absent (StableLM, GPT-NeoX, Falcon: any in [0, 1), training only)"),
     # GPT-NeoX's dropout of its sequence-classification head (not a causal LM's)
-    "classifier_dropout": (lambda v, c: c.model_type == "gpt_neox" and (v is None or _is_number(v) and 0 <= v < 1),
-                           "absent (GPT-NeoX: null or any in [0, 1), its classifier's)"),
+    "classifier_dropout": (lambda v, c: c.model_type in ("gpt_neox", "gpt_neo")
+                           and (v is None or _is_number(v) and 0 <= v < 1),
+                           "absent (GPT-NeoX, GPT-Neo: null or any in [0, 1), its classifier's)"),
+    # GPT-Neo's dropouts (training only) and its windows (LlamaConfig.layer_windows, _layer_windows)
+    **{key: (lambda v, c: c.model_type == "gpt_neo" and _is_number(v) and 0 <= v < 1,
+             "absent (GPT-Neo: any in [0, 1), training only)") for key in ("embed_dropout", "resid_dropout")},
+    **{key: (lambda v, c, key=key: c.model_type == "gpt_neo" and _layer_windows(c)[1] != key,
+             "absent (GPT-Neo: window_size an int >= 1; attention_types a list of [[kinds 'global' / 'local'], "
+             "repeats] one kind per layer in all; attention_layers, as transformers writes it, their expansion)")
+       for key in ("window_size", "attention_types", "attention_layers")},
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
                                                                                "stablelm", "gpt_neox", *_GPTJS,
@@ -1926,6 +1950,15 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             return none, "sliding_window"
         sliding = [t == "sliding_attention" for t in types] if types is not None else \
             [i % _CWM_PATTERN != 0 for i in range(n)]
+    elif c.model_type == "gpt_neo":  # GPTNeoConfig: window_size on the attention_types' local layers
+        window, layers = x.get("window_size", 256), _gpt_neo_layers(c)
+        if isinstance(layers, str):
+            return none, layers
+        if not _is_int(window) or window < 1:
+            return none, "window_size"
+        if window >= c.max_position_embeddings:
+            return none, None
+        return tuple(window if kind == "local" else 0 for kind in layers), None
     elif c.model_type == "qwen3_moe":  # Qwen3MoeConfig: sliding_window on every layer with use_sliding_window
         if "layer_types" in x and set(x["layer_types"] or ()) - {"full_attention"}:
             return none, "layer_types"  # (not read by Qwen3-MoE, nor max_window_layers)
@@ -1973,6 +2006,24 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
                             "qwen2_moe", "dots1", "starcoder2", *_PATTERNED):
         return none, "sliding_window"  # a window that masks, in a family without one
     return tuple(window if s else 0 for s in sliding), None
+
+
+def _gpt_neo_layers(c: "LlamaConfig") -> list | str:
+    """GPT-Neo's attention kind per layer (``"global"`` or ``"local"``): its ``attention_types`` expanded (each
+    ``[kinds, repeats]``: the kinds repeated; GPTNeoConfig's by default), one per layer; the bad key where there is
+    none such (``attention_layers``, which transformers writes beside it, must be that expansion)."""
+    types = c.extra.get("attention_types", _GPT_NEO_TYPES)
+    layers = []
+    for item in types if isinstance(types, (list, tuple)) else [None]:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (list, tuple))
+                and set(item[0]) <= {"global", "local"} and _is_int(item[1]) and item[1] >= 0):
+            return "attention_types"
+        layers += list(item[0]) * item[1]
+    if len(layers) != c.num_hidden_layers:
+        return "attention_types"
+    if list(c.extra.get("attention_layers", layers)) != layers:
+        return "attention_layers"
+    return layers
 
 
 _EXAONES = ("exaone4", "exaone_moe")
@@ -2163,7 +2214,7 @@ class LlamaConfig:
         if self.model_type == "opt" and self.attention_bias != self.mlp_bias:
             raise ValueError("model_type 'opt' has one bias switch (enable_bias) for every projection: attention_bias "
                              f"{self.attention_bias} and mlp_bias {self.mlp_bias} must agree")
-        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt") and (
+        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt", "gpt_neo") and (
                 not self.mlp_bias and self.model_type != "opt"
                 or self.num_key_value_heads not in (self.num_attention_heads,
                                                     *((1,) if self.model_type == "gpt_bigcode" else ()))
@@ -2346,9 +2397,11 @@ class LlamaConfig:
     @property
     def out_bias(self) -> bool:
         """A bias on the attention's output projection: ``attention_bias``'s, but GLM's and Helium's (q/k/v only) and
-        Seed-OSS's (its own ``attention_out_bias``, default false)."""
+        Seed-OSS's (its own ``attention_out_bias``, default false); GPT-Neo's always (none on q / k / v)."""
         if self.model_type == "seed_oss":
             return bool(self.extra.get("attention_out_bias", False))
+        if self.model_type == "gpt_neo":
+            return True
         return self.attention_bias and self.model_type not in (*_GLMS, "helium")
 
     @property
@@ -2435,8 +2488,8 @@ class LlamaConfig:
             return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
-        if self.model_type in _GPT2S and not self.extra.get("scale_attn_weights", True):
-            return 1.0  # (GPT-2's scores unscaled)
+        if self.model_type in _GPT2S and not self.extra.get("scale_attn_weights", True) or self.model_type == "gpt_neo":
+            return 1.0  # (GPT-2's scores unscaled; GPT-Neo's always)
         if self.model_type in _MLAS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
             scale = self.mla.qk_head_dim ** (-0.5)
             rs = self.rope_scaling or {}
@@ -2917,7 +2970,8 @@ class LlamaConfig:
         key."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
-        if self.model_type in (*_GPT2S, "opt"):  # (the exact GELU or ReLU by their key; else GELU's tanh form)
+        if self.model_type in (*_GPT2S, "opt", "gpt_neo"):  # (the exact GELU or ReLU by their key; else GELU's tanh
+            # form)
             act = self.extra.get("hidden_act", FAMILIES[self.model_type].hidden_acts[0])
             return act if act in ("gelu", "relu") else "gelu_tanh"
         return FAMILIES[self.model_type].activation
@@ -2980,6 +3034,8 @@ class LlamaConfig:
             _gpt2_keys(d)
         if model_type == "opt":
             _opt_keys(d)
+        if model_type == "gpt_neo":
+            _gpt_neo_keys(d)
         if model_type == "falcon":
             _falcon_keys(d)
         if model_type == "dbrx":
@@ -3163,6 +3219,14 @@ class LlamaConfig:
             del d["attention_bias"], d["mlp_bias"]
         if self.model_type in ("olmo", "opt"):  # (fixed: not its config's)
             del d["rms_norm_eps"]
+        if self.model_type == "gpt_neo":  # (GPTNeoConfig's names; MHA, one head_dim, biased MLPs, no RoPE)
+            for old, new in _GPT_NEO_NAMES.items():
+                d[old] = d.pop(new)
+            if d["intermediate_size"] == 4 * self.hidden_size:  # (its config's null, as they write it)
+                d["intermediate_size"] = None
+            for key in ("mlp_bias", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
+                        "partial_rotary_factor"):
+                d.pop(key, None)
         if self.model_type == "opt":  # (OPTConfig's names, its one bias switch; MHA, one head_dim, no RoPE)
             for old, new in _OPT_NAMES.items():
                 d[old] = d.pop(new)
@@ -3286,8 +3350,8 @@ def _gptj_keys(d: dict) -> None:
 
 
 def _gpt2_keys(d: dict) -> None:
-    """A GPT-2 or GPT-BigCode config's keys in ``d`` under the model's names, in place (:data:`_GPTJ_NAMES`, GPT2Config's
-    too; each given once): ``n_inner`` null as 4 * ``n_embd``, biases everywhere (always), GPT-BigCode's
+    """A GPT-2 or GPT-BigCode config's keys in ``d`` under the model's names, in place (:data:`_GPTJ_NAMES`,
+    GPT2Config's too; each given once): ``n_inner`` null as 4 * ``n_embd``, biases everywhere (always), GPT-BigCode's
     ``multi_query`` (default true) as one KV head (its config's num_key_value_heads, written by transformers, must
     agree). Keys GPT2Config does not read and the model would (RoPE's, KV heads, head_dim, the bias switches) raise."""
     _own_names(d, _GPTJ_NAMES, "GPT-2")
@@ -3311,6 +3375,23 @@ def _gpt2_keys(d: dict) -> None:
     if d.get("intermediate_size") is None and _is_int(hidden):
         d["intermediate_size"] = 4 * hidden
     d["attention_bias"] = d["mlp_bias"] = True
+
+
+def _gpt_neo_keys(d: dict) -> None:
+    """A GPT-Neo config's keys in ``d`` under the model's names, in place (:data:`_GPT_NEO_NAMES`; each given once):
+    ``intermediate_size`` null as 4 * ``hidden_size``, its MLP's biases (always). Keys GPTNeoConfig does not read and
+    the model would (RoPE's, KV heads, head_dim, the bias switches) raise."""
+    _own_names(d, _GPT_NEO_NAMES, "GPT-Neo")
+    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
+                "head_dim", "mlp_bias", "attention_bias"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not GPTNeoConfig's: GPT-Neo is multi-head attention of head_dim "
+                             "hidden_size // num_heads with learned positions (no RoPE), unbiased q / k / v and biases "
+                             "on the rest")
+    hidden = d.get("hidden_size", FAMILIES["gpt_neo"].defaults["hidden_size"])
+    if d.get("intermediate_size") is None and _is_int(hidden):
+        d["intermediate_size"] = 4 * hidden
+    d["mlp_bias"] = True
 
 
 def _opt_keys(d: dict) -> None:

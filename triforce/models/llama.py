@@ -1833,6 +1833,10 @@ class Llama(nn.Module):
                 extra[key] = extra[key][:k]
         if isinstance(extra.get("mlp_only_layers"), list):  # (Qwen3-MoE's dense layers: indices)
             extra["mlp_only_layers"] = [i for i in extra["mlp_only_layers"] if i < k]
+        if self.config.model_type == "gpt_neo":  # (its attention kinds, as [[kinds, repeats]]: the first k)
+            from .config import _gpt_neo_layers
+            kinds = _gpt_neo_layers(self.config)[:k]
+            extra["attention_types"], extra["attention_layers"] = [[kinds, 1]], kinds
         draft.config = self.config.replace(num_hidden_layers=k, extra=extra)
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)

@@ -804,6 +804,12 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                          ".final_layer_norm.": ".post_attention_layernorm.",
                          ".self_attn.out_proj.": ".self_attn.o_proj.", ".fc1.": ".mlp.up_proj.",
                          ".fc2.": ".mlp.down_proj."},
+                 # GPT-Neo: GPT-2's names, its attention's under attn.attention
+                 "gpt_neo": {"transformer.wte.": "model.embed_tokens.", "transformer.wpe.": "model.embed_positions.",
+                             "transformer.h.": "model.layers.", "transformer.ln_f.": "model.norm.",
+                             ".ln_1.": ".input_layernorm.", ".ln_2.": ".post_attention_layernorm.",
+                             ".attn.attention.out_proj.": ".self_attn.o_proj.", ".attn.attention.": ".self_attn.",
+                             ".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
                  "gptj": {"transformer.wte.": "model.embed_tokens.", "transformer.h.": "model.layers.",
                           "transformer.ln_f.": "model.norm.", ".ln_1.": ".input_layernorm.",
                           ".attn.q_proj.": ".self_attn.q_proj.", ".attn.k_proj.": ".self_attn.k_proj.",
@@ -1401,7 +1407,8 @@ def _read_weights(f: Path, rename=None) -> dict:
 
 
 _FLOAT32_WEIGHTS = (".e_score_correction_bias",)  # weights kept in float32 whatever the model's dtype
-_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attn.bias", ".attn.masked_bias")  # (GPT-J's too)
+_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attn.bias", ".attn.masked_bias")  # (GPT-J's, GPT-2's,
+# GPT-Neo's too)
 
 
 def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
@@ -1409,7 +1416,7 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
-    if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2"):  # (old checkpoints' attention buffers: a causal mask,
+    if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2", "gpt_neo"):  # (old checkpoints' attention buffers: a causal mask,
         sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # its fill; transformers drops or ignores
         # them)
     if config.model_type == "persimmon":  # (its query_key_value is GPT-NeoX's, under its attention's name)
