@@ -111,6 +111,26 @@ def assert_saved_names_are_transformers(tmp_path, hf, ours, names) -> None:
         assert torch.equal(Llama.from_pretrained(tmp_path / "hf")(ids), ours(ids))
 
 
+def assert_edited_save_reads_the_same(tmp_path, ours, edit) -> None:
+    """transformers' save of the model under ``tmp_path / "hf"`` (:func:`assert_saved_names_are_transformers`'s),
+    its tensors edited by ``edit`` (a dict -> the dict written back: an old checkpoint's buffers added, its names
+    spelled another way), reads to ``ours``' logits, bitwise."""
+    import safetensors.torch
+
+    path = tmp_path / "hf" / "model.safetensors"
+    safetensors.torch.save_file(edit(safetensors.torch.load_file(path)), path, metadata={"format": "pt"})
+    ids = torch.randint(0, ours.config.vocab_size, (2, 30), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert torch.equal(Llama.from_pretrained(tmp_path / "hf")(ids), ours(ids))
+
+
+def old_attention_buffers(prefix: str, context: int = 512) -> dict:
+    """An old checkpoint's attention buffers under ``prefix`` (``transformer.h.0.attn.``: its causal mask ``bias``
+    and that mask's fill ``masked_bias``), which transformers ignores."""
+    return {f"{prefix}bias": torch.tril(torch.ones(context, context, dtype=torch.bool))[None, None],
+            f"{prefix}masked_bias": torch.tensor(-1e9)}
+
+
 def transformers_and_ours(name: str, **kw):
     """A tiny random transformers ``<name>ForCausalLM`` (``<name>Config(**kw)``, eager attention, biases and norms
     randomised) and ours built from its config and weights."""

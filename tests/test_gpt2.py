@@ -4,10 +4,11 @@ embeddings instead of RoPE, Conv1D weights with q, k and v as one ``c_attn``, it
 import pytest
 import torch
 
-from triforce.models import FullCache, Llama, LlamaConfig
+from triforce.models import FullCache, LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import assert_our_save_reads_back, assert_saved_names_are_transformers, model_type_and_ours
+from .test_families import (assert_edited_save_reads_the_same, assert_our_save_reads_back,
+                            assert_saved_names_are_transformers, model_type_and_ours, old_attention_buffers)
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -48,23 +49,19 @@ def test_its_checkpoint_names_read_and_are_written_unprefixed_ones_read_and_old_
     """Its checkpoints' names (transformer.wpe, transformer.h.*.attn.c_attn, mlp.c_fc, ln_1, ln_2, ln_f; Conv1D
     weights, [in, out]) read and written; gpt2's own checkpoints' unprefixed names (GPT2Model's: wte, wpe, h.*,
     ln_f) read the same; an old checkpoint's attention buffers (attn.bias, attn.masked_bias) dropped."""
-    import safetensors.torch
-
     hf, ours = gpt2()
     assert_saved_names_are_transformers(tmp_path, hf, ours, ["transformer.wpe.weight",
                                                             "transformer.h.0.attn.c_attn.weight",
                                                             "transformer.h.0.attn.c_attn.bias",
                                                             "transformer.h.0.mlp.c_fc.weight",
                                                             "transformer.h.0.ln_2.bias"])
-    path = tmp_path / "hf" / "model.safetensors"
-    sd = {k.removeprefix("transformer."): t for k, t in safetensors.torch.load_file(path).items()}
-    assert "wpe.weight" in sd and "h.2.attn.c_proj.weight" in sd
-    sd["h.0.attn.bias"] = torch.tril(torch.ones(512, 512, dtype=torch.bool))[None, None]
-    sd["h.0.attn.masked_bias"] = torch.tensor(-1e4)
-    safetensors.torch.save_file(sd, path, metadata={"format": "pt"})
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path / "hf")(ids), ours(ids))
+
+    def unprefixed(sd):  # (gpt2's own checkpoint: GPT2Model's names, an old one's buffers)
+        sd = {k.removeprefix("transformer."): t for k, t in sd.items()}
+        assert "wpe.weight" in sd and "h.2.attn.c_proj.weight" in sd
+        return {**sd, **old_attention_buffers("h.0.attn.")}
+
+    assert_edited_save_reads_the_same(tmp_path, ours, unprefixed)
 
 
 def test_the_positions_and_the_weights_layout_matter(monkeypatch):

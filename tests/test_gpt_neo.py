@@ -7,7 +7,8 @@ import torch
 from triforce.models import LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import assert_our_save_reads_back, assert_saved_names_are_transformers, model_type_and_ours
+from .test_families import (assert_edited_save_reads_the_same, assert_our_save_reads_back,
+                            assert_saved_names_are_transformers, model_type_and_ours, old_attention_buffers)
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -49,23 +50,13 @@ def test_a_pass_gives_the_bits_of_one_token_steps_in_bfloat16():
 def test_its_checkpoint_names_read_and_are_written_and_old_buffers_dropped(tmp_path):
     """Its checkpoints' names (transformer.h.*.attn.attention.{q,k,v,out}_proj, mlp.c_fc, ln_1, ln_2, wpe) read and
     written; an old checkpoint's attention buffers (attn.attention.bias, masked_bias) dropped."""
-    import safetensors.torch
-
-    from triforce.models import Llama
-
     hf, ours = gpt_neo(**CASES["global-local-local"])
     assert_saved_names_are_transformers(tmp_path, hf, ours, ["transformer.wpe.weight",
                                                             "transformer.h.0.attn.attention.q_proj.weight",
                                                             "transformer.h.1.attn.attention.out_proj.bias",
                                                             "transformer.h.2.mlp.c_fc.bias"])
-    path = tmp_path / "hf" / "model.safetensors"
-    sd = safetensors.torch.load_file(path)
-    sd["transformer.h.1.attn.attention.bias"] = torch.tril(torch.ones(512, 512, dtype=torch.bool))[None, None]
-    sd["transformer.h.1.attn.attention.masked_bias"] = torch.tensor(-1e9)
-    safetensors.torch.save_file(sd, path, metadata={"format": "pt"})
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path / "hf")(ids), ours(ids))
+    assert_edited_save_reads_the_same(
+        tmp_path, ours, lambda sd: {**sd, **old_attention_buffers("transformer.h.1.attn.attention.")})
 
 
 def test_the_windows_and_the_unscaled_scores_matter(monkeypatch):

@@ -4,10 +4,11 @@ against transformers' GPTJForCausalLM."""
 import pytest
 import torch
 
-from triforce.models import Llama, LlamaConfig
+from triforce.models import LlamaConfig
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
-from .test_families import assert_our_save_reads_back, assert_saved_names_are_transformers, model_type_and_ours
+from .test_families import (assert_edited_save_reads_the_same, assert_our_save_reads_back,
+                            assert_saved_names_are_transformers, model_type_and_ours, old_attention_buffers)
 from .test_model import TOL
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
@@ -41,19 +42,11 @@ def test_its_checkpoint_names_read_and_are_written_and_old_buffers_dropped(tmp_p
     """Its checkpoints' names (transformer.h.*.attn.*, mlp.fc_in / fc_out, ln_1, ln_f) read and written; an old
     checkpoint's attention buffers (attn.bias, attn.masked_bias: a causal mask and its fill) dropped, as transformers
     ignores them."""
-    import safetensors.torch
-
     hf, ours = gptj()
     assert_saved_names_are_transformers(tmp_path, hf, ours, ["transformer.h.0.attn.out_proj.weight",
                                                             "transformer.h.0.mlp.fc_in.bias", "lm_head.bias"])
-    path = tmp_path / "hf" / "model.safetensors"
-    sd = safetensors.torch.load_file(path)
-    sd["transformer.h.0.attn.bias"] = torch.tril(torch.ones(512, 512, dtype=torch.bool))[None, None]
-    sd["transformer.h.0.attn.masked_bias"] = torch.tensor(-1e9)
-    safetensors.torch.save_file(sd, path, metadata={"format": "pt"})
-    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path / "hf")(ids), ours(ids))
+    assert_edited_save_reads_the_same(tmp_path, ours,
+                                      lambda sd: {**sd, **old_attention_buffers("transformer.h.0.attn.")})
 
 
 def test_the_rotary_dims_and_their_pairs_matter(monkeypatch):
