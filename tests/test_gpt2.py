@@ -66,7 +66,8 @@ def test_its_checkpoint_names_read_and_are_written_unprefixed_ones_read_and_old_
 
 def test_the_positions_and_the_weights_layout_matter(monkeypatch):
     """The learned positions zeroed, or the attention's output projection (c_proj, square) read without Conv1D's
-    transpose, move the logits past TOL (the tests above can fail)."""
+    transpose, move the logits past TOL (the tests above can fail); ``embed`` without positions takes a plain
+    forward's."""
     import re
 
     from triforce.models import loading
@@ -75,6 +76,9 @@ def test_the_positions_and_the_weights_layout_matter(monkeypatch):
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids).logits
+        at = torch.arange(40).expand(2, 40)  # (embed's default positions: a plain forward's)
+        assert torch.equal(ours.embed(ids), ours.embed(ids, at)) and not torch.equal(ours.embed(ids), ours.embed(
+            ids, at + 1))
         ours.model.embed_positions.weight.zero_()
         assert (ours(ids) - ref).abs().max().item() > 100 * TOL
         without_o = re.compile(r".*\.(self_attn\.qkv_proj|mlp\.(up|down)_proj)\.weight")  # (not o_proj)
@@ -95,6 +99,29 @@ def test_a_speculative_tail_past_the_context_reads_the_last_position():
         out = ours(ids[:, 45:52], cache=cache)
         assert (out[:, :3] - ref[:, 45:48]).abs().max().item() <= TOL
         assert torch.isfinite(out).all()
+
+
+def gguf_kv(c) -> dict:
+    """A gpt2 / starcoder GGUF's metadata of transformers config ``c``, as llama.cpp's converter writes it."""
+    return {"context_length": c.n_positions, "embedding_length": c.n_embd,
+            "feed_forward_length": c.n_inner or 4 * c.n_embd, "block_count": c.n_layer, "attention.head_count": c.n_head,
+            "attention.head_count_kv": getattr(c, "num_key_value_heads", c.n_head),
+            "attention.layer_norm_epsilon": float(c.layer_norm_epsilon), "vocab_size": c.vocab_size}
+
+
+def test_gguf_as_llama_cpp_writes_it(tmp_path):
+    """A gpt2 GGUF as llama.cpp's converter writes the checkpoint (its Conv1D weights transposed to nn.Linear's
+    layout; attn_qkv's rows [q; k; v]; position_embd) gives transformers' logits; its blocks compute the loaded model
+    bitwise (with TRIFORCE_LLAMA_CPP=1, llama.cpp's logits on the file too)."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint
+
+    hf, _ = gpt2()
+
+    def convert(name, t):
+        return t.t() if name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")) else t
+
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "gpt2", gguf_kv(hf.config), convert=convert)
+    assert loaded.config.model_type == "gpt2" and loaded.config.position_offset == 0
 
 
 def test_defaults():

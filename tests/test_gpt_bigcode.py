@@ -82,6 +82,18 @@ def test_the_multi_head_layout_matters():
         assert (other(ids) - hf(ids).logits).abs().max().item() > 100 * TOL
 
 
+def test_gguf_as_llama_cpp_writes_it(tmp_path):
+    """A starcoder GGUF (llama.cpp's name for GPT-BigCode) as llama.cpp's converter writes the multi-query checkpoint
+    (attn_qkv's rows [q; k; v] as they are; position_embd) gives transformers' logits; its blocks compute the loaded
+    model bitwise (with TRIFORCE_LLAMA_CPP=1, llama.cpp's logits on the file too)."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint
+    from .test_gpt2 import gguf_kv
+
+    hf, _ = bigcode()
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "starcoder", gguf_kv(hf.config))
+    assert (loaded.config.model_type, loaded.config.num_key_value_heads) == ("gpt_bigcode", 1)
+
+
 def test_defaults():
     """A config without the keys takes GPTBigCodeConfig's (one KV head; GELU's tanh form; tied)."""
     c, want = LlamaConfig.from_dict({"model_type": "gpt_bigcode"}), transformers.AutoConfig.for_model("gpt_bigcode")

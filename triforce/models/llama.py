@@ -1494,8 +1494,9 @@ class Llama(nn.Module):
         local = rope_cos_sin(self.inv_freq_local, positions, dtype)
         return [main if r else local for r in self.config.rope_layers]  # (Gemma 3's sliding, SmolLM3's NoPE)
 
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The input embeddings of ``input_ids`` at int ``positions`` (both ``[B, T]``; the residual stream's start):
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The input embeddings of ``input_ids`` at int ``positions`` (both ``[B, T]``; by default each row's ``0 ..
+        T - 1``, a plain forward's; the residual stream's start):
         ``embed_tokens``, plus GPT-2's learned ``embed_positions`` (``config.position_offset``; a position past the
         context reads the last row: only a speculative tail's tokens, never emitted, have one, see
         ``FullCache``'s ``speculative_slack``), times ``config.rounded_embed_factor`` (Gemma's sqrt(hidden_size),
@@ -1504,6 +1505,8 @@ class Llama(nn.Module):
         h = self.model.embed_tokens(input_ids)
         offset = self.config.position_offset
         if offset is not None:  # (no host sync: the clamp instead of a check)
+            if positions is None:
+                positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
             last = self.config.max_position_embeddings - 1
             h = h + self.model.embed_positions(positions.clamp(0, last) + offset)
         f = self.config.rounded_embed_factor  # (Gemma's sqrt(hidden_size), MiniCPM3's scale_emb)

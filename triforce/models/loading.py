@@ -1597,7 +1597,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "stablelm": ("stablelm", False), "gptneox": ("gpt_neox", False), "olmo": ("olmo", True),
                       "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False),
                       "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
-                      "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False)}
+                      "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False), "gpt2": ("gpt2", False),
+                      "starcoder": ("gpt_bigcode", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe", "dbrx": "dbrx"}
@@ -1934,6 +1935,10 @@ _GGUF_FALCON_TENSORS = {**_GGUF_LAYER_NORM_TENSORS, "attn_qkv.weight": "self_att
 _GGUF_DBRX_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
                       "attn_qkv.weight": "self_attn.qkv_proj.weight",
                       "attn_output_norm.weight": "post_attention_layernorm.weight"}
+# gpt2, starcoder (GPT-BigCode): q, k, v as one attn_qkv, rows [q; k; v] (llama.cpp's converter transposes GPT-2's
+# Conv1D weights: every weight in nn.Linear's layout), biased, on LayerNorms with biases; the learned positions are
+# position_embd (_state_key)
+_GGUF_GPT2_TENSORS = {**_GGUF_NEOX_TENSORS}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -1942,7 +1947,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "minimax-m2": _GGUF_DOTS1_TENSORS, **dict.fromkeys(_GGUF_DSA, _GGUF_DSA_TENSORS),
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "minicpm3": _GGUF_DEEPSEEK2_TENSORS,
                 **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
-                "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS}
+                "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS,
+                **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS)}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2091,7 +2097,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),  # llama.cpp's default too
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
             "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm",
-                                                             "gpt_neox", "olmo", "jais2", "falcon", "dbrx")
+                                                             "gpt_neox", "olmo", "jais2", "falcon", "dbrx",
+                                                             "gpt2", "gpt_bigcode")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
@@ -2145,12 +2152,12 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_neox_qkv(config, sd)
     if arch == "falcon":
         sd = _gguf_falcon(config, sd)
-    if arch == "dbrx":  # (its attn_qkv's rows: q, k, v)
+    if arch in ("dbrx", "gpt2", "starcoder"):  # (their attn_qkv's rows: q, k, v)
         sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
-    if model_type in _FAMILY_NAMES or model_type == "stablelm":  # (the family's checkpoint names where they differ
-        sd = _norm_names(config, sd, inverse=True)  # from the model's)
+    if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode"):
+        sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
 
@@ -2620,6 +2627,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     """(HF state-dict key, the head count to un-permute its rows by or ``None``) of GGUF tensor ``name``."""
     if name == "token_embd.weight":
         return "model.embed_tokens.weight", None
+    if name == "position_embd.weight":  # (gpt2's, starcoder's learned positions)
+        return "model.embed_positions.weight", None
     if name in ("output_norm.weight", "output_norm.bias"):  # (StarCoder 2's LayerNorm has a bias)
         return f"model.norm.{name.split('.')[1]}", None
     if name in ("output.weight", "output.bias"):  # (Phi-2's head has a bias)
