@@ -1598,7 +1598,11 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False),
                       "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
                       "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False), "gpt2": ("gpt2", False),
-                      "starcoder": ("gpt_bigcode", False)}
+                      "starcoder": ("gpt_bigcode", False),
+                      # files of models transformers runs only by their own code, which llama.cpp runs as llama:
+                      # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
+                      # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
+                      "internlm2": ("llama", True), "xverse": ("llama", True), "exaone": ("llama", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe", "dbrx": "dbrx"}
