@@ -158,6 +158,35 @@ def test_glm_2024_every_path_matches_transformers(tmp_path, kw):
     assert (d.num_key_value_heads, d.head_dim, d.rotary_dim, d.attention_bias) == (2, 128, 64, True)
 
 
+@pytest.mark.parametrize("kw", [{}, {"partial_rotary_factor": 1.0, "attention_bias": False,
+                                 "tie_word_embeddings": True}], ids=["half-biased", "whole-head-tied"])
+def test_glm_2024_chatglm_gguf_as_llama_cpp_writes_it(tmp_path, kw):
+    """A chatglm GGUF (llama.cpp's architecture for ChatGLM2 / 3 and glm-4-9b-chat in THUDM's layout: q, k, v as one
+    attn_qkv, rows [q; k; v] with their biases; gate and up as one ffn_up; rope.dimension_count the rotated dims)
+    written from a GlmForCausalLM's weights gives transformers' logits on them, read as glm; its blocks compute the
+    loaded model bitwise (with TRIFORCE_LLAMA_CPP=1 llama.cpp runs each file too)."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint, converted_kv
+
+    hf, ours = glm_pair(**kw)
+    c = hf.config
+    sd = {k: t.detach().float() for k, t in hf.state_dict().items()}
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
+               **({} if c.tie_word_embeddings else {"output.weight": sd["lm_head.weight"]})}
+    for i in range(c.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for kind in ("weight", "bias") if c.attention_bias else ("weight",):
+            tensors[f"{b}attn_qkv.{kind}"] = torch.cat([sd[f"{p}self_attn.{x}_proj.{kind}"] for x in "qkv"])
+        for theirs, mine in (("attn_norm", "input_layernorm"), ("attn_output", "self_attn.o_proj"),
+                             ("ffn_norm", "post_attention_layernorm"), ("ffn_up", "mlp.gate_up_proj"),
+                             ("ffn_down", "mlp.down_proj")):
+            tensors[f"{b}{theirs}.weight"] = sd[f"{p}{mine}.weight"]
+    kv = converted_kv(c, rotated=ours.config.rotary_dim)
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "chatglm", kv, convert=lambda name, t: None,
+                                                     tensors={k: t.numpy() for k, t in tensors.items()})
+    assert loaded.config.model_type == "glm" and loaded.config.rotary_dim == ours.config.rotary_dim
+    assert loaded.config.attention_bias == c.attention_bias
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_glm_2024_pass_gives_the_bits_of_one_token_steps(dtype):
     assert_pass_equals_steps(glm_pair()[1], dtype)

@@ -1602,7 +1602,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
-                      "internlm2": ("llama", True), "xverse": ("llama", True), "exaone": ("llama", False)}
+                      "internlm2": ("llama", True), "xverse": ("llama", True), "exaone": ("llama", False),
+                      # ChatGLM2 / 3 and GLM-4 of 2024 in THUDM's own layout (glm-4-9b-chat): GLM-4 of 2024's layer
+                      "chatglm": ("glm", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe", "dbrx": "dbrx"}
@@ -1827,13 +1829,13 @@ def _gguf_granite(reader, arch: str, head_dim: int) -> dict:
 
 
 def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
-    """A phi3, glm4 or glm4moe file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less than
-    the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5: half), and a GLM file's whole-head 1.0 (its family's default is
-    0.5)."""
+    """A phi3, glm4, glm4moe or chatglm file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less
+    than the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5, ChatGLM: half), and a GLM file's whole-head 1.0 (its family's
+    default is 0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
     if rotated == head_dim:  # (GLM's, Nemotron's and Phi-2's families default to half, StableLM's to a quarter)
         return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron", "phi2", "stablelm",
-                                                           "gptneox") else {}
+                                                           "gptneox", "chatglm") else {}
     factor = rotated / head_dim
     if int(head_dim * factor) != rotated:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.rope.dimension_count = {rotated} of head_dim {head_dim} is "
@@ -1939,6 +1941,10 @@ _GGUF_FALCON_TENSORS = {**_GGUF_LAYER_NORM_TENSORS, "attn_qkv.weight": "self_att
 _GGUF_DBRX_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
                       "attn_qkv.weight": "self_attn.qkv_proj.weight",
                       "attn_output_norm.weight": "post_attention_layernorm.weight"}
+# chatglm (read as glm): q, k, v as one attn_qkv (rows [q; k; v], biased), the gate and up projections as one ffn_up
+# (gate first), Llama's two norms
+_GGUF_CHATGLM_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                         "attn_qkv.bias": "self_attn.qkv_proj.bias", "ffn_up.weight": "mlp.gate_up_proj.weight"}
 # gpt2, starcoder (GPT-BigCode): q, k, v as one attn_qkv, rows [q; k; v] (llama.cpp's converter transposes GPT-2's
 # Conv1D weights: every weight in nn.Linear's layout), biased, on LayerNorms with biases; the learned positions are
 # position_embd (_state_key)
@@ -1952,7 +1958,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "minicpm3": _GGUF_DEEPSEEK2_TENSORS,
                 **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
                 "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS,
-                **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS)}
+                **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2018,7 +2024,8 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "tensors")
     extra = (_gguf_gemma(reader, arch, hidden, n_head, head_dim, int(need("block_count")))
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
-             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2", "stablelm", "gptneox")
+             if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2", "stablelm", "gptneox",
+                         "chatglm")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
@@ -2156,7 +2163,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_neox_qkv(config, sd)
     if arch == "falcon":
         sd = _gguf_falcon(config, sd)
-    if arch in ("dbrx", "gpt2", "starcoder"):  # (their attn_qkv's rows: q, k, v)
+    if arch in ("dbrx", "gpt2", "starcoder", "chatglm"):  # (their attn_qkv's rows: q, k, v)
         sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
