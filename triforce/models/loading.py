@@ -1604,7 +1604,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
                       "internlm2": ("llama", True), "xverse": ("llama", True), "exaone": ("llama", False),
                       # ChatGLM2 / 3 and GLM-4 of 2024 in THUDM's own layout (glm-4-9b-chat): GLM-4 of 2024's layer
-                      "chatglm": ("glm", False)}
+                      "chatglm": ("glm", False),
+                      # Qwen (1) in its own layout (Qwen-1.8B / 7B / 14B / 72B and their chat models): Qwen2's layer
+                      "qwen": ("qwen2", False)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe", "dbrx": "dbrx"}
@@ -1945,6 +1947,10 @@ _GGUF_DBRX_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "f
 # (gate first), Llama's two norms
 _GGUF_CHATGLM_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
                          "attn_qkv.bias": "self_attn.qkv_proj.bias", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# qwen (Qwen 1, read as qwen2): q, k, v as one attn_qkv (rows [q; k; v], biased); its feed_forward_length twice the
+# MLP's width (QWenConfig's intermediate_size, halved by its model: read_gguf halves it)
+_GGUF_QWEN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                      "attn_qkv.bias": "self_attn.qkv_proj.bias"}
 # gpt2, starcoder (GPT-BigCode): q, k, v as one attn_qkv, rows [q; k; v] (llama.cpp's converter transposes GPT-2's
 # Conv1D weights: every weight in nn.Linear's layout), biased, on LayerNorms with biases; the learned positions are
 # position_embd (_state_key)
@@ -1958,7 +1964,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "exaone-moe": _GGUF_DOTS1_TENSORS, "minicpm3": _GGUF_DEEPSEEK2_TENSORS,
                 **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
                 "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS,
-                **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS}
+                **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
+                "qwen": _GGUF_QWEN_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2028,6 +2035,11 @@ def read_gguf(path: Path, skip=None, reader=None):
                          "chatglm")
              else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
     n_ff = int(need("feed_forward_length"))
+    if arch == "qwen":  # (QWenConfig's intermediate_size, which llama.cpp's converter writes: twice the MLP's width)
+        if n_ff % 2:
+            raise ValueError(f"GGUF file {str(path)!r}: qwen.feed_forward_length = {n_ff} is odd (Qwen's MLP is half "
+                             "of it)")
+        n_ff //= 2
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
         extra.update(_gguf_experts(reader, arch, path, model_type, n_ff))
     mtp = _gguf_mtp(reader, arch)  # (layers after the model's, skipped)
@@ -2163,7 +2175,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_neox_qkv(config, sd)
     if arch == "falcon":
         sd = _gguf_falcon(config, sd)
-    if arch in ("dbrx", "gpt2", "starcoder", "chatglm"):  # (their attn_qkv's rows: q, k, v)
+    if arch in ("dbrx", "gpt2", "starcoder", "chatglm", "qwen"):  # (their attn_qkv's rows: q, k, v)
         sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
