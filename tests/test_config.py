@@ -375,7 +375,8 @@ _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "
               "olmoe": "olmoe", "granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss", "olmo2": "olmo2",
               "olmo3": "olmo2"}
 # the architectures whose q / k rows llama.cpp's converter permutes for interleaved RoPE pairs (its LlamaModel's)
-_GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe", "arcee", "internlm2", "xverse")
+_GGUF_PERMUTED = ("llama", "smollm3", "mistral3", "granite", "granitemoe", "arcee", "internlm2", "xverse",
+                  "minicpm")
 # gemma3's sandwich norms, as llama.cpp names them
 _GGUF_SANDWICH_OUT = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"}

@@ -1,7 +1,7 @@
 """GGUF files of models that transformers runs only by their own code, which llama.cpp runs as a family of ours:
 InternLM2 / 2.5 and XVERSE (q / k permuted as llama's by their converters), EXAONE 3 / 3.5 (q / k in the checkpoint's
 order, RoPE on halves) as llama; Qwen (1) as Qwen2 (q, k, v as one biased attn_qkv, its feed_forward_length twice the
-MLP's width). Each loads as the model its tensors are; with ``TRIFORCE_LLAMA_CPP=1`` every file loaded is also run by
+MLP's width); MiniCPM (1 / 2) as Granite (its three scales). Each loads as the model its tensors are; with ``TRIFORCE_LLAMA_CPP=1`` every file loaded is also run by
 llama.cpp (tests/llama_cpp_oracle.py)."""
 import pytest
 import torch
@@ -74,3 +74,28 @@ def test_a_qwen_file_loads_as_the_qwen2_model_it_holds(tmp_path, tied):
     loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "qwen", kv, convert=lambda name, t: None,
                                                      tensors={k: t.numpy() for k, t in tensors.items()})
     assert (loaded.config.model_type, loaded.config.intermediate_size) == ("qwen2", c.intermediate_size)
+
+
+def test_a_minicpm_file_loads_as_the_granite_model_it_holds(tmp_path):
+    """A minicpm GGUF (MiniCPM 1 / 2: llama's tensors, q / k permuted, its scale_emb, scale_depth / sqrt(layers) and
+    hidden / dim_model_base as embedding_scale, residual_scale and logit_scale; no attention scale: head_dim ** -0.5)
+    loads as the granite model of those multipliers, bitwise that model's granite file; a file without one of the
+    three scales raises naming it (llama.cpp's built-in numbers for older files are not read)."""
+    from .test_granite import tiny_granite
+
+    base = tiny_granite(0)
+    model = Llama(base.config.replace(extra={**base.config.extra, "attention_multiplier": 8 ** -0.5})).eval()
+    model.load_state_dict(base.state_dict())
+    scales = {"embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0}
+    loaded = Llama.from_pretrained(write_gguf(tmp_path / "m.gguf", model, scales, arch="minicpm"), cache_dir=False)
+    granite = Llama.from_pretrained(write_gguf(tmp_path / "g.gguf", model, {**scales, "attention.scale": 0.0}),
+                                    cache_dir=False)
+    assert loaded.config.model_type == "granite"
+    assert loaded.config.attention_scale == granite.config.attention_scale == pytest.approx(8 ** -0.5, rel=1e-15)
+    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), granite(ids))
+        assert (loaded(ids) - model(ids)).abs().max().item() <= 1e-4  # (residual_scale: a float32 in the file)
+    with pytest.raises(ValueError, match="minicpm.residual_scale"):
+        Llama.from_pretrained(write_gguf(tmp_path / "o.gguf", model, {**scales, "residual_scale": None},
+                                         drop=("residual_scale",), arch="minicpm"), cache_dir=False)

@@ -1606,7 +1606,11 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       # ChatGLM2 / 3 and GLM-4 of 2024 in THUDM's own layout (glm-4-9b-chat): GLM-4 of 2024's layer
                       "chatglm": ("glm", False),
                       # Qwen (1) in its own layout (Qwen-1.8B / 7B / 14B / 72B and their chat models): Qwen2's layer
-                      "qwen": ("qwen2", False)}
+                      "qwen": ("qwen2", False),
+                      # MiniCPM (1 / 2: MiniCPM-1B, MiniCPM-2B and their fine-tunes): llama's tensors (permuted q / k)
+                      # with Granite's three multipliers (its scale_emb, scale_depth / sqrt(layers), hidden /
+                      # dim_model_base: the file's embedding_scale, residual_scale, logit_scale, each required)
+                      "minicpm": ("granite", True)}
 # mixtures of experts: llama with experts is Mixtral (llama.cpp's name for it); qwen3moe and granitemoe must have them
 _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granitemoe", "qwen2moe": "qwen2_moe",
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe", "dbrx": "dbrx"}
@@ -1820,10 +1824,13 @@ def _gguf_ministral3(reader, arch: str, path: Path, rope_scaling) -> dict:
     return rs
 
 
-def _gguf_granite(reader, arch: str, head_dim: int) -> dict:
-    """A granite file's ``extra``: its multipliers as GraniteConfig names them (llama.cpp's defaults where absent:
-    1.0, and head_dim ** -0.5 for an attention scale of 0)."""
+def _gguf_granite(reader, arch: str, head_dim: int, path: Path) -> dict:
+    """A granite or minicpm file's ``extra``: its multipliers as GraniteConfig names them (llama.cpp's defaults where
+    absent: 1.0, and head_dim ** -0.5 for an attention scale of 0; a minicpm file's three scales required: files older
+    than its converter's keys ran on llama.cpp's built-in MiniCPM numbers, which are not read here)."""
     out = {}
+    for key in ("embedding_scale", "residual_scale", "logit_scale") if arch == "minicpm" else ():
+        _gguf_need(reader, arch, path, key)
     for key, name in _GGUF_GRANITE.items():
         v = float(gguf_field(reader, f"{arch}.{key}", 0.0 if key == "attention.scale" else 1.0))
         out[name] = 1.0 / math.sqrt(head_dim) if key == "attention.scale" and v == 0 else v
@@ -2033,7 +2040,8 @@ def read_gguf(path: Path, skip=None, reader=None):
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
              if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2", "stablelm", "gptneox",
                          "chatglm")
-             else _gguf_granite(reader, arch, head_dim) if arch in ("granite", "granitemoe") else {})
+             else _gguf_granite(reader, arch, head_dim, path) if arch in ("granite", "granitemoe", "minicpm")
+             else {})
     n_ff = int(need("feed_forward_length"))
     if arch == "qwen":  # (QWenConfig's intermediate_size, which llama.cpp's converter writes: twice the MLP's width)
         if n_ff % 2:
