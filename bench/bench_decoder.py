@@ -26,6 +26,11 @@ computed and zeroed) and the batch's one-token step (``step``, the floor), in tu
 natural text at batch 8 and 16 (most rows propose nothing or 1-2 tokens), and on the demo's pass-key batch of 4.
 Its FLOPs count the real tokens (``padded``: all of the batch's rows times T).
 
+``--family gpt2|opt|starcoder2``: instead of the embedded model, random weights of that family at its smallest
+published shape (gpt2's 124M: 12 layers of 768, learned positions, LayerNorms, GELU; opt-125m's: the same with ReLU;
+a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU), float32 or bfloat16: the families whose layers only
+the one-call path fuses (their per-layer path is the modules'; ``per_layer`` equals ``modules`` there).
+
 Bytes = the weights read once (every linear layer and the LM head) + the KV cache read + the step's keys
 and values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the
 linear layers' weights (the LM head included) + 4 x head_dim per query head, visible key and layer
@@ -63,6 +68,8 @@ def main():
                    help="passes of 160 and 320 rows: the linears on the kernel against torch's GEMM")
     p.add_argument("--ragged", action="store_true",
                    help="passes whose rows verify different numbers of tokens: packed against padded")
+    p.add_argument("--family", choices=["smollm2", *FAMILY_SHAPES], default="smollm2",
+                   help="the embedded model, or random weights of another family's smallest shape")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -80,7 +87,7 @@ def main():
             weight_bytes = sum(sum(b.numel() * b.element_size() for b in m.buffers()) for m in quantised)
         else:
             dtype = getattr(torch, name)
-            model, _ = load_model("smollm2", dtype=name)
+            model = load_model("smollm2", dtype=name)[0] if a.family == "smollm2" else family_model(a.family, dtype)
             weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
             weight_bytes = weights * dtype.itemsize
         cfg = model.config
@@ -90,6 +97,7 @@ def main():
             continue
         shapes = MANY_ROWS if a.many_rows else SHAPES
         for B, ctx, T in (shapes[:1] if a.quick and a.many_rows else shapes[:2] if a.quick else shapes):
+            ctx = min(ctx, cfg.max_position_embeddings - T)  # (gpt2's and opt's contexts: 1024, 2048)
             cache = FullCache(cfg, B, ctx + T, dtype=dtype)
             cache.lengths.fill_(ctx)  # a context of zeros: the attention reads it all the same
             ids = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
@@ -116,7 +124,7 @@ def main():
             nbytes = weight_bytes + B * (ctx + T) * kv_token
             visible = B * (T * ctx + T * (T + 1) // 2)  # (query token, key) pairs per head and layer, causal
             flops = 2 * B * T * weights + 4 * cfg.head_dim * cfg.num_attention_heads * visible * cfg.num_hidden_layers
-            shape = f"model=smollm2,B={B},ctx={ctx},T={T}"
+            shape = f"model={a.family},B={B},ctx={ctx},T={T}"
             if a.many_rows:
                 assert B * T > llama_mod.ROWWISE_MAX_ROWS
                 t = measure_alternating({"gemm": run_linears(True), "kernel": run_linears(False)},
@@ -144,6 +152,21 @@ def main():
                 record(family="model", op="model_step", backend=backend, shape=shape, dtype=name,
                        bytes_moved=nbytes, timing=t[key], bandwidth=bw, flops=flops, peak=peak, baseline="modules",
                        baseline_timing=t["modules"], extra=extra)
+
+
+# family -> config.json keys of its smallest published shape (random weights: the speed does not depend on them)
+FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
+                 "starcoder2": {"model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 768,
+                                "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                                "num_key_value_heads": 4, "use_bias": True}}
+
+
+def family_model(family: str, dtype: torch.dtype):
+    """A model of ``family``'s smallest shape (:data:`FAMILY_SHAPES`), random weights, in ``dtype``."""
+    from triforce.models import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    return Llama(LlamaConfig.from_dict(dict(FAMILY_SHAPES[family]))).eval().to(dtype)
 
 
 def _bench_ragged(model, name, dtype, weights, weight_bytes, peak, bw, quick) -> None:

@@ -26,9 +26,23 @@ FAMILIES = {
 }
 
 
+# the families whose layers only the native stack fuses (decoder_layers' norm_bias and mlp): torch's LayerNorm (with
+# a bias, or DBRX's without) and ungated MLPs; their per-layer calls are the modules
+STACK_FAMILIES = {
+    "starcoder2": dict(model_type="starcoder2", attention_bias=True, mlp_bias=True),  # LayerNorm, GELU (tanh form)
+    "stablelm": dict(model_type="stablelm"),  # LayerNorm, SwiGLU, partial RoPE
+    "gpt2": dict(model_type="gpt2", attention_bias=True, mlp_bias=True, num_key_value_heads=4),  # NoPE, learned
+    "opt": dict(model_type="opt", attention_bias=True, mlp_bias=True, num_key_value_heads=4),  # ReLU, positions
+    "gpt_neox-sequential": dict(model_type="gpt_neox", num_key_value_heads=4, attention_bias=True, mlp_bias=True,
+                                extra={"use_parallel_residual": False}),  # the exact GELU, partial RoPE
+    "arcee": dict(model_type="arcee"),  # RMSNorm, ReLU squared
+    "jais2": dict(model_type="jais2", attention_bias=True, mlp_bias=True),  # LayerNorm, ReLU squared
+}
+
+
 def make_model(family="llama", dtype=torch.float32, seed=0, **sizes):
     torch.manual_seed(seed)
-    m = Llama(LlamaConfig(**{**BASE, **sizes}, **FAMILIES[family])).eval()
+    m = Llama(LlamaConfig(**{**BASE, **{**FAMILIES, **STACK_FAMILIES}[family], **sizes})).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # random biases and norm weights: a skipped bias or norm must show
         for name, p in m.named_parameters():
@@ -421,6 +435,38 @@ def test_native_stack_equals_the_per_layer_calls(cache_kind, family, dtype, monk
 
 
 @pytest.mark.parametrize("cache_kind", ["full", "streaming", "retrieval"])
+@pytest.mark.parametrize("family", list(STACK_FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_stack_runs_layer_norms_and_ungated_mlps(cache_kind, family, dtype, monkeypatch):
+    """The stack's LayerNorms (torch's, ATen's op) and ungated MLPs (GELU's two forms, ReLU, ReLU squared: the
+    module's own ops): one native call for all layers gives bitwise the logits and every cache buffer of the modules
+    run one by one (chain and tree steps, a NoPE model's learned positions and a partial RoPE among them), and it
+    runs where the per-layer fused calls do not (those take RMSNorm and SwiGLU only)."""
+    model = make_model(family, dtype)
+    modules = run(model, False, monkeypatch, cache_kind)
+    per_layer, stacked, layers = run_both(model, monkeypatch, cache_kind)
+    assert_bitwise(modules, stacked)
+    assert_bitwise(per_layer, stacked)
+    assert layers == 5 * model.config.num_hidden_layers
+    ids = torch.randint(0, 97, (2, 3))
+    monkeypatch.setattr(llama_mod, "_STACK", False)
+    assert count_fused_calls(model, monkeypatch, ids) == 0
+
+
+def test_native_stack_steps_aside_for_other_norms_and_mlps(monkeypatch):
+    """Layers the stack does not run stay on the modules: Nemotron's LayerNorm1P, Apertus's xIELU, a mixture of
+    norm or MLP kinds among one call's layers (the stack takes one of each)."""
+    ids = torch.randint(0, 97, (2, 3))
+    for kw in (dict(model_type="nemotron"), dict(model_type="apertus")):
+        model = make_model("llama", **kw)
+        assert count_fused_calls(model, monkeypatch, ids) == 0
+    model = make_model("gpt2")
+    assert count_fused_calls(model, monkeypatch, ids) == model.config.num_hidden_layers
+    model.model.layers[1].mlp.activation = "relu"  # (one layer's MLP of another kind than GELU's: the whole call
+    assert count_fused_calls(model, monkeypatch, ids) == 0  # steps aside)
+
+
+@pytest.mark.parametrize("cache_kind", ["full", "streaming", "retrieval"])
 @pytest.mark.parametrize("dtype,kv", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
                                       (torch.bfloat16, torch.float32), ("int8", torch.bfloat16)])
 def test_caches_in_another_dtype(cache_kind, dtype, kv, monkeypatch):
@@ -598,6 +644,26 @@ def test_native_stack_checks_before_writing(monkeypatch):
         with pytest.raises(RuntimeError, match="expected 14 projections"):
             torch.ops.triforce_C.decoder_layers(h, cos, sin, 16, [], [], [], [], [], [], [], cache.k, cache.v, [], [],
                                                 step.slots, step.seqlens, None, None, None)
+
+
+def test_native_stack_checks_its_kinds(monkeypatch):
+    """An MLP the stack does not know, or norm biases other than two per layer, raise naming them before any buffer
+    is written."""
+    model = make_model("gpt2")
+    real, calls = torch.ops.triforce_C.decoder_layers, []
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a: calls.append(a) or real(*a), raising=False)
+    cache = FullCache(model.config, 2, 16)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (2, 3)), cache=cache)
+    args = list(calls[0])
+    assert args[-1] == "gelu_tanh" and len(args[-2]) == 2 * model.config.num_hidden_layers
+    cache.rollback(torch.zeros(2, dtype=torch.int32))
+    before = [t.clone() for t in cache.k + cache.v]
+    with pytest.raises(RuntimeError, match="mlp must be 'silu'"):
+        real(*args[:-1], "swish")
+    with pytest.raises(RuntimeError, match="expected 2 norm biases"):
+        real(*args[:-2], args[-2][:-1], args[-1])
+    assert_bitwise(before, cache.k + cache.v)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])

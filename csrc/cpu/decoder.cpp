@@ -115,6 +115,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x.scalar_type() == at::kFloat ? rms_norm_loops<float>(xc, wc, eps) : rms_norm_loops<at::BFloat16>(xc, wc, eps);
 }
 
+// A layer's norm: RMSNorm (rms_norm), or where layer_norm torch's LayerNorm with the weight and the bias (none:
+// DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone).
+at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps,
+                bool layer_norm) {
+  if (!layer_norm) return rms_norm(x, w, eps);
+  return at::layer_norm(x, {x.size(-1)}, w, b, eps);
+}
+
 // a + b (the residual adds), rounding as ATen's add (commutative bitwise). Where the loop applies the result is
 // written over a: callers pass a tensor of their own that nothing else holds.
 template <typename S>
@@ -168,6 +176,21 @@ at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up
   at::Tensor out = at::empty_like(g, at::MemoryFormat::Contiguous);
   glu_into<A>(g, u, out, c);
   return out;
+}
+
+// The MLP of a layer: Llama's gated SwiGLU, down(SiLU(gate(x)) * up(x)), or an ungated down(act(up(x)))
+// (triforce.models.llama.FeedForward): GELU's tanh form and the exact GELU as the module's _activated computes them
+// on the CPU (the native act(x) * 1: the product by one is exact), ReLU and ReLU squared as its ATen ops.
+enum class Mlp { kSwiGlu, kGeluTanh, kGelu, kRelu, kRelu2 };
+
+Mlp mlp_kind(const std::string& name) {
+  if (name == "silu") return Mlp::kSwiGlu;
+  if (name == "gelu_tanh") return Mlp::kGeluTanh;
+  if (name == "gelu") return Mlp::kGelu;
+  if (name == "relu") return Mlp::kRelu;
+  if (name == "relu2") return Mlp::kRelu2;
+  TORCH_CHECK(false, "decoder_layers: mlp must be 'silu' (gated) or 'gelu_tanh', 'gelu', 'relu', 'relu2' (ungated), "
+              "got '", name, "'");
 }
 
 // RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
@@ -253,13 +276,14 @@ struct Projections {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
-    const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim) {
+    const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
+    bool layer_norm = false) {
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
   TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
   const int64_t B = h.size(0), T = h.size(1);
-  const at::Tensor x = rms_norm(h, norm_w, eps).reshape({B * T, h.size(2)});
+  const at::Tensor x = norm(h, norm_w, norm_b, eps, layer_norm).reshape({B * T, h.size(2)});
   auto [qp, kp, vp] = p.many<3>({0, 1, 2}, x);
   at::Tensor q = qp.view({B, T, -1, head_dim});
   at::Tensor k_raw = kp.view({B, T, -1, head_dim});
@@ -272,19 +296,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
 }
 
 at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
-                        const Projections& p) {
+                        const Projections& p, const std::optional<at::Tensor>& norm_b = {}, bool layer_norm = false,
+                        Mlp mlp = Mlp::kSwiGlu) {
   TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
               "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
               attn.sizes());
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
-  // project's results are fresh tensors of this call; the residual adds and SiLU(gate) * up are written
-  // over them: h2 = o + h in o, SiLU(gate) * up in gate, down + h2 in down.
+  // project's results are fresh tensors of this call; the residual adds and the activations are written
+  // over them: h2 = o + h in o, SiLU(gate) * up in gate (act(up) in up), down + h2 in down.
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
   const at::Tensor h2 = residual_add(o, h);
-  const at::Tensor x = rms_norm(h2, norm_w, eps).reshape({B * T, H});
-  auto [gate, up] = p.many<2>({1, 2}, x);
-  glu_into<triforce::Act::kSilu>(gate, up, gate);
-  const at::Tensor down = p(3, gate);
+  const at::Tensor x = norm(h2, norm_w, norm_b, eps, layer_norm).reshape({B * T, H});
+  at::Tensor act;
+  if (mlp == Mlp::kSwiGlu) {
+    auto [gate, up] = p.many<2>({1, 2}, x);
+    glu_into<triforce::Act::kSilu>(gate, up, gate);
+    act = gate;
+  } else {  // (projection 1, the gate, is not read)
+    act = p(2, x);
+    if (mlp == Mlp::kGeluTanh)
+      glu_into<triforce::Act::kGeluTanh>(act, at::ones_like(act), act);
+    else if (mlp == Mlp::kGelu)
+      glu_into<triforce::Act::kGelu>(act, at::ones_like(act), act);
+    else
+      act = mlp == Mlp::kRelu ? at::relu(act) : at::square(at::relu(act));
+  }
+  const at::Tensor down = p(3, act);
   return residual_add(down.view({B, T, -1}), h2);
 }
 
@@ -552,8 +589,16 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::TensorList last_query, const at::Tensor& slots, const at::Tensor& cache_seqlens,
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
-                          at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad) {
+                          at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
+                          const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name) {
   const size_t L = k_cache.size();
+  const Mlp mlp = mlp_kind(mlp_name);
+  // LayerNorms (their biases given, one per norm: none for a norm without) or RMSNorms (none given)
+  const bool layer_norm = norm_bias_list.has_value();
+  const std::vector<std::optional<at::Tensor>> norm_bias =
+      layer_norm ? norm_bias_list->vec() : std::vector<std::optional<at::Tensor>>(2 * L);
+  TORCH_CHECK(norm_bias.size() == 2 * L, "decoder_layers: for ", L, " layers expected 2 norm biases (or none), got ",
+              norm_bias.size());
   TORCH_CHECK(!windows.has_value() || windows->size() == L, "decoder_layers: expected one window per layer (", L,
               "), got ", windows.has_value() ? windows->size() : 0);
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec(),
@@ -647,7 +692,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
     const at::Tensor cos_rows = pack(cos), sin_rows = pack(sin);
     for (size_t l = 0; l < L; ++l) {
       auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
-                                      qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos_rows, sin_rows, head_dim);
+                                      qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos_rows, sin_rows, head_dim,
+                                      norm_bias[2 * l], layer_norm);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
       // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
       const at::ScalarType kv = k_cache[l].scalar_type();
@@ -667,7 +713,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                                                    query_lens, window, 0.0, window ? window_leftpad : std::nullopt))
                    .to(x.scalar_type()));
       x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
-                       {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]});
+                       {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]}, norm_bias[2 * l + 1], layer_norm, mlp);
     }
     return x;
   });

@@ -1247,11 +1247,17 @@ class DecoderLayer(nn.Module):
         take (``ROWWISE_MAX_ROWS``), with autograd on, or with a module the fused path does not know
         (the norms must be :class:`RMSNorm`; each projection must offer ``fused_projection``:
         :class:`Linear` and ``Q8Linear`` do). Runs per layer and forward, so it reads the module dicts
-        directly (``nn.Module.__getattr__`` costs ~25 us a layer here)."""
-        return self._fused_layer_arguments(h.dtype) if _fused_path(h) else None
+        directly (``nn.Module.__getattr__`` costs ~25 us a layer here). The two calls take RMSNorm and Llama's
+        SwiGLU MLP only: a layer of LayerNorms or an ungated MLP runs fused in the native stack alone
+        (:func:`_native_layers`)."""
+        fused = self._fused_layer_arguments(h.dtype) if _fused_path(h) else None
+        return None if fused is None or fused[3] != _PLAIN_LAYER else fused[:3]
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
-        """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`)."""
+        """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), and the layer's kind:
+        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP)`` (:data:`_PLAIN_LAYER`: RMSNorms and Llama's gated
+        SwiGLU; with torch's LayerNorm, a bias or None each, True; an ungated MLP by its activation, ``"gelu_tanh"``,
+        ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty placeholder)."""
         mods = self._modules
         if "post_attention_layernorm" not in mods or self.__dict__.get("parallel"):
             return None  # Cohere 2's and GPT-NeoX's parallel blocks: not the fused layer's
@@ -1268,17 +1274,24 @@ class DecoderLayer(nn.Module):
             return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
             # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
             # output: not in the fused layer
-        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or not all(
-                type(n) is RMSNorm for n in (norm_in, norm_out) + ((q_norm, k_norm) if q_norm is not None else ())):
+        layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))  # (StarCoder 2's, GPT-2's, DBRX's)
+        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or not (layer_norm or all(
+                type(n) is RMSNorm for n in (norm_in, norm_out))) or (q_norm is not None and not (
+                    type(q_norm) is RMSNorm and type(k_norm) is RMSNorm)):
             return None
-        if type(mlp) is not MLP or mlp.__dict__.get("activation", "silu") != "silu":  # the fused layer's: SwiGLU
-            return None
+        act = mlp.__dict__.get("activation", "silu")
+        if not (type(mlp) is MLP and act == "silu" or type(mlp) is FeedForward and act in _UNGATED_NATIVE):
+            return None  # the fused layer's: SwiGLU, or an ungated MLP of those activations
         if q_norm is not None and q_norm.eps != k_norm.eps:  # the native call takes one eps for both
             return None
         projections = []
-        for group in ((a["q_proj"], a["k_proj"], a["v_proj"]), (a["o_proj"], m["gate_proj"], m["up_proj"], m["down_proj"])):
+        for group in ((a["q_proj"], a["k_proj"], a["v_proj"]), (a["o_proj"], m.get("gate_proj"), m["up_proj"],
+                                                                  m["down_proj"])):
             found = []
             for mod in group:
+                if mod is None:  # (an ungated MLP's gate: a placeholder, not read)
+                    found.append((torch.empty(0, dtype=dtype), None, None))
+                    continue
                 get = getattr(type(mod), "fused_projection", None)
                 p = get(mod, dtype) if get is not None else None
                 if p is None:
@@ -1288,7 +1301,14 @@ class DecoderLayer(nn.Module):
         qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"], q_norm.eps)
         args_in = (norm_in._parameters["weight"], norm_in.eps, *projections[0], *qk)
         args_out = (norm_out._parameters["weight"], norm_out.eps, *projections[1])
-        return att, args_in, args_out
+        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act) if layer_norm else (
+            None, None, False, act)
+        return att, args_in, args_out, kind
+
+
+_LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm)  # torch's LayerNorm (F.layer_norm), as decoder_layers calls it
+_PLAIN_LAYER = (None, None, False, "silu")  # RMSNorms and Llama's SwiGLU: the per-layer fused calls' layer
+_UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
 
 def _fused_path(h: torch.Tensor) -> bool:
@@ -1312,7 +1332,9 @@ def _hooked(module: nn.Module) -> bool:
 def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step: Step, rows=None):
     """``h`` after ``layers[lo:hi]`` of a cached forward in one native call, ``triforce_C::decoder_layers``
     (csrc/cpu/decoder.cpp): each layer's two fused calls with the cache's side in between (its rows written,
-    ``verify_attention`` over its buffers), bitwise what the layers called one by one give. ``None`` where
+    ``verify_attention`` over its buffers), bitwise what the layers called one by one give; besides RMSNorm and
+    SwiGLU, torch's LayerNorms and the ungated MLPs of :data:`_UNGATED_NATIVE` (one kind for all the call's
+    layers: :meth:`DecoderLayer._fused_layer_arguments`). ``None`` where
     that path does not apply: a layer off the fused path (see :meth:`DecoderLayer.fused_arguments`) or with
     forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
@@ -1328,16 +1350,18 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
             or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: neither, one leftpad for all windows)
         return None
     k, v, k_raw, last_query = buffers
-    norms, eps, w, scales, bias, qk_norms, qk_eps = [], [], [], [], [], [], []
-    head_dim = None
+    norms, eps, w, scales, bias, qk_norms, qk_eps, norm_bias = [], [], [], [], [], [], [], []
+    head_dim = kind = None
     for i in range(lo, hi):
         layer = layers[i]
         if type(layer) is not DecoderLayer or _hooked(layer):
             return None
         fused = layer._fused_layer_arguments(h.dtype)
-        if fused is None:
+        if fused is None or kind not in (None, fused[3][2:]):  # (one kind of norm and MLP for the call's layers)
             return None
-        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out) = fused
+        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), layer_kind = fused
+        kind = layer_kind[2:]
+        norm_bias += layer_kind[:2]
         if type(att).attend is not Attention.attend or head_dim not in (None, att.head_dim):
             return None
         head_dim = att.head_dim
@@ -1355,7 +1379,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
         list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
-        next(iter(step.leftpad.values())) if step.leftpad else None)
+        next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1])
 
 
 _STACK = None
@@ -1597,8 +1621,8 @@ class Llama(nn.Module):
                     step = cache.begin(h.shape[1], parents)
                     ropes = self.rope_tables(step.positions, rows_long=rows_long)
                     cos, sin = ropes[0]
-            native = None if cache is None or self.inv_freq_local is not None else _native_layers(
-                layers, lo, hi, h, cos, sin, cache, step, rows)  # (one RoPE for all its layers)
+            native = None if cache is None or any(r is not ropes[0] for r in ropes) else _native_layers(
+                layers, lo, hi, h, cos, sin, cache, step, rows)  # (one RoPE for all its layers: NoPE's too)
             if native is not None:
                 h = native
                 continue
