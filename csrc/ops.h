@@ -148,7 +148,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // norm_bias (two per layer, each a bias or none; or none): given, the norms are torch's LayerNorm with those biases
 // (StarCoder 2's, StableLM's, GPT-2's, OPT's; DBRX's without), else RMSNorm. mlp: "silu" (Llama's gated SwiGLU:
 // gate, up, down) or an ungated down(act(up(x))) of "gelu_tanh", "gelu", "relu", "relu2" (the gate's projection
-// slot then not read).
+// slot then not read). attention_scale: the scores' scale (none: 1 / sqrt(head_dim)).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -158,7 +158,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
-                          const std::optional<OptionalTensorList>& norm_bias, const std::string& mlp);
+                          const std::optional<OptionalTensorList>& norm_bias, const std::string& mlp,
+                          std::optional<double> attention_scale);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

@@ -48,7 +48,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "Tensor?[] scales, Tensor?[] bias, Tensor?[] qk_norm_w, float[] qk_eps, Tensor(a!)[] k_cache, "
         "Tensor(b!)[] v_cache, Tensor(c!)[] k_raw_cache, Tensor(d!)[] last_query, Tensor slots, "
         "Tensor cache_seqlens, Tensor? tree_mask, Tensor? query_index, Tensor? query_valid, Tensor? rows=None, "
-        "int[]? windows=None, Tensor? window_leftpad=None, Tensor?[]? norm_bias=None, str mlp='silu') -> Tensor");
+        "int[]? windows=None, Tensor? window_leftpad=None, Tensor?[]? norm_bias=None, str mlp='silu', "
+        "float? attention_scale=None) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");

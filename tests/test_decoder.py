@@ -37,6 +37,9 @@ STACK_FAMILIES = {
                                 extra={"use_parallel_residual": False}),  # the exact GELU, partial RoPE
     "arcee": dict(model_type="arcee"),  # RMSNorm, ReLU squared
     "jais2": dict(model_type="jais2", attention_bias=True, mlp_bias=True),  # LayerNorm, ReLU squared
+    # unscaled scores (the stack's attention_scale) and a window on its local layers
+    "gpt_neo": dict(model_type="gpt_neo", mlp_bias=True, num_key_value_heads=4,
+                    extra={"attention_types": [[["global", "local"], 1]], "window_size": 5}),
 }
 
 
@@ -647,22 +650,24 @@ def test_native_stack_checks_before_writing(monkeypatch):
 
 
 def test_native_stack_checks_its_kinds(monkeypatch):
-    """An MLP the stack does not know, or norm biases other than two per layer, raise naming them before any buffer
-    is written."""
+    """An MLP the stack does not know, norm biases other than two per layer or an attention scale that is no finite
+    positive number raise naming them before any buffer is written."""
     model = make_model("gpt2")
     real, calls = torch.ops.triforce_C.decoder_layers, []
     monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a: calls.append(a) or real(*a), raising=False)
     cache = FullCache(model.config, 2, 16)
     with torch.no_grad():
         model(torch.randint(0, 97, (2, 3)), cache=cache)
-    args = list(calls[0])
-    assert args[-1] == "gelu_tanh" and len(args[-2]) == 2 * model.config.num_hidden_layers
+    *args, norm_bias, mlp, scale = calls[0]
+    assert mlp == "gelu_tanh" and len(norm_bias) == 2 * model.config.num_hidden_layers and scale == 16 ** -0.5
     cache.rollback(torch.zeros(2, dtype=torch.int32))
     before = [t.clone() for t in cache.k + cache.v]
-    with pytest.raises(RuntimeError, match="mlp must be 'silu'"):
-        real(*args[:-1], "swish")
-    with pytest.raises(RuntimeError, match="expected 2 norm biases"):
-        real(*args[:-2], args[-2][:-1], args[-1])
+    for bad, match in (((norm_bias, "swish", scale), "mlp must be 'silu'"),
+                       ((norm_bias[:-1], mlp, scale), "expected 2 norm biases"),
+                       ((norm_bias, mlp, 0.0), "attention_scale must be finite and > 0"),
+                       ((norm_bias, mlp, float("nan")), "attention_scale must be finite")):
+        with pytest.raises(RuntimeError, match=match):
+            real(*args, *bad)
     assert_bitwise(before, cache.k + cache.v)
 
 

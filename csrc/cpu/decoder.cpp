@@ -590,7 +590,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& tree_mask, const std::optional<at::Tensor>& query_index,
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
-                          const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name) {
+                          const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
+                          std::optional<double> attention_scale) {
   const size_t L = k_cache.size();
   const Mlp mlp = mlp_kind(mlp_name);
   // LayerNorms (their biases given, one per norm: none for a norm without) or RMSNorms (none given)
@@ -656,8 +657,10 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                   *hi, "] are outside a cache buffer of ", buf.size(1), " slots");
     }
   }
-  // the model layer's attention scale, computed as Python computes it (1.0 / math.sqrt(D))
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // the model layer's attention scale: the caller's (GPT-Neo's 1), else computed as Python computes it
+  // (1.0 / math.sqrt(D))
+  const double scale = attention_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "decoder_layers: attention_scale must be finite and > 0, got ", scale);
   // what the forward streams: its weights, and each row's visible keys and values in every layer
   auto forward_bytes = [&] {
     int64_t bytes = 0;

@@ -1345,8 +1345,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     if not (hi > lo and _fused_path(h) and _native_stack_available()) or torch.compiler.is_compiling():
         return None
     buffers = cache._native_buffers(step)
-    if buffers is None or resolve("verify_attention", None, h.device) != "cpu" \
-            or cache.scale != 1.0 / math.sqrt(cache.config.head_dim) or cache.softcap \
+    if buffers is None or resolve("verify_attention", None, h.device) != "cpu" or cache.softcap \
             or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: neither, one leftpad for all windows)
         return None
     k, v, k_raw, last_query = buffers
@@ -1379,7 +1378,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
         list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
-        next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1])
+        next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1],
+        cache.scale)
 
 
 _STACK = None
