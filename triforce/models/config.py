@@ -16,7 +16,7 @@ LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apert
 ``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
 LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
 ``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``gpt_bigcode`` (GPT-2's,
-multi-query), ``gpt_neo`` (GPT-2's, local windows, unscaled), ``opt`` (learned positions, ReLU),
+multi-query), ``gpt_neo`` (GPT-2's, local windows, unscaled), ``opt`` (learned positions, ReLU), ``biogpt`` (OPT's, scaled embeddings),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -680,6 +680,14 @@ FAMILIES["opt"] = Family("OPTForCausalLM", activation="relu", hidden_acts=("relu
                              "num_hidden_layers": 12, "num_attention_heads": 12, "max_position_embeddings": 2048,
                              "rms_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2,
                              "tie_word_embeddings": True})
+# BioGPT (BioGptForCausalLM: microsoft's biogpt, BioGPT-Large and their fine-tunes): OPT's layer (learned positions at
+# offset 2, LayerNorms of eps 1e-5 whatever its layer_norm_eps says: its modules never pass it) with the exact GELU,
+# the embeddings times sqrt(hidden_size) where scale_embedding (its default), a tied head (output_projection); its
+# checkpoints' biogpt.* names
+FAMILIES["biogpt"] = dataclasses.replace(
+    FAMILIES["opt"], architecture="BioGptForCausalLM", activation="gelu", hidden_acts=("gelu", "gelu_new", "relu"),
+    defaults={**FAMILIES["opt"].defaults, "vocab_size": 42384, "hidden_size": 1024, "intermediate_size": 4096,
+              "num_hidden_layers": 24, "num_attention_heads": 16, "max_position_embeddings": 1024, "bos_token_id": 0})
 _OPT_NAMES = {"ffn_dim": "intermediate_size", "activation_function": "hidden_act",
               "init_std": "initializer_range"}  # (OPTConfig's names -> the model's)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
@@ -1312,9 +1320,17 @@ _HARMLESS_ONLY_AT = {
                    "absent (GPT-J, CodeGen, GPT-2: any in [0, 1), training only)"),
     "n_ctx": (lambda v, c: c.model_type in ("codegen", "gpt2") and _is_int(v) and v >= 1,
               "absent (CodeGen, GPT-2: an int >= 1, not read by transformers' model)"),
+    # BioGPT's: its dropouts (training only), its embeddings' scale (LlamaConfig.rounded_embed_factor), its
+    # layer_norm_eps (its modules' LayerNorms never read it: 1e-5)
+    **{key: (lambda v, c: c.model_type == "biogpt" and _is_number(v) and 0 <= v < 1,
+             "absent (BioGPT: any in [0, 1), training only)")
+       for key in ("hidden_dropout_prob", "attention_probs_dropout_prob")},
+    "scale_embedding": (lambda v, c: c.model_type == "biogpt" and isinstance(v, bool), "absent (BioGPT: a bool)"),
     # OPT's dropouts (training only) and its layouts: what opt-350m alone changes is not implemented
-    **{key: (lambda v, c: c.model_type == "opt" and _is_number(v) and 0 <= v < 1,
-             "absent (OPT: any in [0, 1), training only)") for key in ("dropout", "activation_dropout", "layerdrop")},
+    **{key: (lambda v, c: c.model_type == "opt" and _is_number(v) and 0 <= v < 1
+             or c.model_type == "biogpt" and key != "dropout" and _is_number(v) and 0 <= v < 1,
+             "absent (OPT: any in [0, 1), training only; BioGPT: activation_dropout, layerdrop)")
+       for key in ("dropout", "activation_dropout", "layerdrop")},
     "do_layer_norm_before": (lambda v, c: c.model_type == "opt" and v is True,
                              "absent (OPT: true; opt-350m's post-norm layers, false, are not implemented)"),
     "_remove_final_layer_norm": (lambda v, c: c.model_type == "opt" and v is False,
@@ -1765,6 +1781,8 @@ _HARMLESS_ONLY_AT.update({
                                        "absent (Cohere 2 MoE: null or an int >= 1, its dense layers' width)"),
     "layer_norm_eps": (lambda v, c: c.model_type == "cohere2_moe" and _is_number(v) and 0 < v < float("inf"),
                        "absent (Cohere 2 MoE: a number > 0, beside rms_norm_eps, unread)")})
+_also("layer_norm_eps", lambda v, c: c.model_type == "biogpt" and _is_number(v) and 0 < v < float("inf"),
+      "BioGPT: a number > 0, unread (its LayerNorms take 1e-5)")
 # Hunyuan V3's router (enable_moe_fp32_combine's float32 sum of the routed and shared outputs rounds as the dtype's
 # sum of the two rounds: either value reads)
 _HARMLESS_ONLY_AT.update({
@@ -2209,12 +2227,12 @@ class LlamaConfig:
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
-        if self.model_type in ("olmo", "opt"):  # (OlmoLayerNorm's and OPT's eps are fixed: no key of their configs
-            self.rms_norm_eps = 1e-5  # sets another)
+        if self.model_type in ("olmo", "opt", "biogpt"):  # (OlmoLayerNorm's, OPT's and BioGPT's eps are fixed: no key
+            self.rms_norm_eps = 1e-5  # of their configs sets another)
         if self.model_type == "opt" and self.attention_bias != self.mlp_bias:
             raise ValueError("model_type 'opt' has one bias switch (enable_bias) for every projection: attention_bias "
                              f"{self.attention_bias} and mlp_bias {self.mlp_bias} must agree")
-        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt", "gpt_neo") and (
+        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt", "gpt_neo", "biogpt") and (
                 not self.mlp_bias and self.model_type != "opt"
                 or self.num_key_value_heads not in (self.num_attention_heads,
                                                     *((1,) if self.model_type == "gpt_bigcode" else ()))
@@ -2224,7 +2242,7 @@ class LlamaConfig:
                              f"{mlps}: got {self.num_key_value_heads} KV heads of "
                              f"{self.num_attention_heads}, "
                              f"head_dim {self.head_dim} of hidden_size {self.hidden_size}, mlp_bias {self.mlp_bias}")
-        if self.model_type in _GPT2S and not self.attention_bias:
+        if self.model_type in (*_GPT2S, "biogpt") and not self.attention_bias:
             raise ValueError(f"model_type {self.model_type!r} has biases on every projection: attention_bias must be "
                              "true")
         if self.model_type in _USE_BIAS and self.attention_bias != self.mlp_bias:
@@ -2511,8 +2529,8 @@ class LlamaConfig:
     def rounded_embed_factor(self) -> float | None:
         """The embeddings' factor, rounded to the model's dtype before the product as transformers rounds it: Gemma's
         sqrt(hidden_size) (``embed_scale``), MiniCPM3's ``scale_emb``; None elsewhere."""
-        if self.embed_scale:
-            return self.hidden_size ** 0.5
+        if self.embed_scale or self.model_type == "biogpt" and self.extra.get("scale_embedding", True):
+            return self.hidden_size ** 0.5  # (BioGPT's by its scale_embedding)
         return self._minicpm3("scale_emb") if self.model_type == "minicpm3" else None
 
     @property
@@ -2970,8 +2988,8 @@ class LlamaConfig:
         key."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
-        if self.model_type in (*_GPT2S, "opt", "gpt_neo"):  # (the exact GELU or ReLU by their key; else GELU's tanh
-            # form)
+        if self.model_type in (*_GPT2S, "opt", "gpt_neo", "biogpt"):  # (the exact GELU or ReLU by their key; else
+            # GELU's tanh form)
             act = self.extra.get("hidden_act", FAMILIES[self.model_type].hidden_acts[0])
             return act if act in ("gelu", "relu") else "gelu_tanh"
         return FAMILIES[self.model_type].activation
@@ -3034,6 +3052,8 @@ class LlamaConfig:
             _gpt2_keys(d)
         if model_type == "opt":
             _opt_keys(d)
+        if model_type == "biogpt":
+            _biogpt_keys(d)
         if model_type == "gpt_neo":
             _gpt_neo_keys(d)
         if model_type == "falcon":
@@ -3217,8 +3237,12 @@ class LlamaConfig:
             d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
         if self.model_type in ("phi", "persimmon"):  # (always biased: not its config's keys)
             del d["attention_bias"], d["mlp_bias"]
-        if self.model_type in ("olmo", "opt"):  # (fixed: not its config's)
+        if self.model_type in ("olmo", "opt", "biogpt"):  # (fixed: not its config's)
             del d["rms_norm_eps"]
+        if self.model_type == "biogpt":  # (biases everywhere, MHA, one head_dim, no RoPE: none of its config's keys)
+            for key in ("attention_bias", "mlp_bias", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
+                        "partial_rotary_factor"):
+                d.pop(key, None)
         if self.model_type == "gpt_neo":  # (GPTNeoConfig's names; MHA, one head_dim, biased MLPs, no RoPE)
             for old, new in _GPT_NEO_NAMES.items():
                 d[old] = d.pop(new)
@@ -3392,6 +3416,19 @@ def _gpt_neo_keys(d: dict) -> None:
     if d.get("intermediate_size") is None and _is_int(hidden):
         d["intermediate_size"] = 4 * hidden
     d["mlp_bias"] = True
+
+
+def _biogpt_keys(d: dict) -> None:
+    """A BioGPT config's keys in ``d`` read as the model's, in place: biases everywhere (always; its ``layer_norm_eps``
+    is kept, unread: BioGptDecoderLayer's LayerNorms take torch's default, 1e-5). Keys BioGptConfig does
+    not read and the model would (RoPE's, KV heads, head_dim, the bias switches, rms_norm_eps) raise."""
+    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
+                "head_dim", "mlp_bias", "attention_bias", "rms_norm_eps"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not BioGptConfig's: BioGPT is multi-head attention of head_dim "
+                             "hidden_size // num_attention_heads with learned positions (no RoPE), biases everywhere "
+                             "and LayerNorms of eps 1e-5")
+    d["attention_bias"] = d["mlp_bias"] = True
 
 
 def _opt_keys(d: dict) -> None:

@@ -1521,21 +1521,21 @@ class Llama(nn.Module):
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """The input embeddings of ``input_ids`` at int ``positions`` (both ``[B, T]``; by default each row's ``0 ..
         T - 1``, a plain forward's; the residual stream's start):
-        ``embed_tokens``, plus GPT-2's learned ``embed_positions`` (``config.position_offset``; a position past the
-        context reads the last row: only a speculative tail's tokens, never emitted, have one, see
-        ``FullCache``'s ``speculative_slack``), times ``config.rounded_embed_factor`` (Gemma's sqrt(hidden_size),
-        MiniCPM3's ``scale_emb``), the factor rounded to the dtype first as transformers does; normed by the final
-        norm where ``config.embed_norm`` (NanoChat)."""
+        ``embed_tokens`` times ``config.rounded_embed_factor`` (Gemma's sqrt(hidden_size), MiniCPM3's ``scale_emb``,
+        BioGPT's sqrt(hidden_size)), the factor rounded to the dtype first as transformers does; plus GPT-2's learned
+        ``embed_positions`` (``config.position_offset``; a position past the context reads the last row: only a
+        speculative tail's tokens, never emitted, have one, see ``FullCache``'s ``speculative_slack``); normed by the
+        final norm where ``config.embed_norm`` (NanoChat)."""
         h = self.model.embed_tokens(input_ids)
+        f = self.config.rounded_embed_factor  # (Gemma's sqrt(hidden_size), MiniCPM3's scale_emb, BioGPT's)
+        if f is not None:
+            h = h * float(torch.tensor(f).to(h.dtype))
         offset = self.config.position_offset
         if offset is not None:  # (no host sync: the clamp instead of a check)
             if positions is None:
                 positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
             last = self.config.max_position_embeddings - 1
             h = h + self.model.embed_positions(positions.clamp(0, last) + offset)
-        f = self.config.rounded_embed_factor  # (Gemma's sqrt(hidden_size), MiniCPM3's scale_emb)
-        if f is not None:
-            h = h * float(torch.tensor(f).to(h.dtype))
         if self.config.embed_norm:  # (NanoChat's: the final norm, weightless, on the embeddings too)
             h = self.model.norm(h)
         m = self.config.embedding_multiplier  # Granite's

@@ -796,6 +796,14 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  "nanochat": {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."},
                  # Cohere 2 MoE: its shared experts' name
                  "cohere2_moe": {".mlp.shared_experts.": ".mlp.shared_expert."},
+                 # BioGPT: OPT's layer names under biogpt.*, its final norm layer_norm, its head output_projection
+                 "biogpt": {"biogpt.layer_norm.": "model.norm.", "biogpt.layers.": "model.layers.",
+                            "biogpt.embed_tokens.": "model.embed_tokens.",
+                            "biogpt.embed_positions.": "model.embed_positions.", "output_projection.": "lm_head.",
+                            ".self_attn_layer_norm.": ".input_layernorm.",
+                            ".final_layer_norm.": ".post_attention_layernorm.",
+                            ".self_attn.out_proj.": ".self_attn.o_proj.", ".fc1.": ".mlp.up_proj.",
+                            ".fc2.": ".mlp.down_proj."},
                  # OPT: its decoder's names (the final norm's before the layers' norm of the same name)
                  "opt": {"model.decoder.final_layer_norm.": "model.norm.", "model.decoder.layers.": "model.layers.",
                          "model.decoder.embed_tokens.": "model.embed_tokens.",
