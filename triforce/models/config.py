@@ -16,7 +16,8 @@ LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apert
 ``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
 LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
 ``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``gpt_bigcode`` (GPT-2's,
-multi-query), ``gpt_neo`` (GPT-2's, local windows, unscaled), ``opt`` (learned positions, ReLU), ``biogpt`` (OPT's, scaled embeddings),
+multi-query), ``gpt_neo`` (GPT-2's, local windows, unscaled), ``opt`` (learned positions, ReLU), ``biogpt`` (OPT's,
+scaled embeddings), ``xglm`` (BioGPT's, sinusoidal positions),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -155,6 +156,8 @@ class Family:
     # max_position_embeddings + position_offset; position p reads row p + position_offset: OPT's 2), no RoPE
     learned_positions: bool = False
     position_offset: int = 0
+    # XGLM: those positions fixed, a sinusoid (computed: no checkpoint holds them; LlamaConfig.sinusoidal_positions)
+    sinusoidal_positions: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -688,6 +691,17 @@ FAMILIES["biogpt"] = dataclasses.replace(
     FAMILIES["opt"], architecture="BioGptForCausalLM", activation="gelu", hidden_acts=("gelu", "gelu_new", "relu"),
     defaults={**FAMILIES["opt"].defaults, "vocab_size": 42384, "hidden_size": 1024, "intermediate_size": 4096,
               "num_hidden_layers": 24, "num_attention_heads": 16, "max_position_embeddings": 1024, "bos_token_id": 0})
+# XGLM (XGLMForCausalLM: facebook's xglm-564M / 1.7B / 2.9B / 4.5B / 7.5B): BioGPT's layer with fixed sinusoidal
+# positions at offset 2 (fairseq's table: sin then cos of position x 10000 ** (-i / (d/2 - 1)); computed, in no
+# checkpoint), the embeddings times sqrt(d_model) by scale_embedding; its config's names (d_model, num_layers,
+# attention_heads, ffn_dim, activation_function)
+FAMILIES["xglm"] = dataclasses.replace(
+    FAMILIES["biogpt"], architecture="XGLMForCausalLM", sinusoidal_positions=True,
+    defaults={**FAMILIES["opt"].defaults, "vocab_size": 256008, "hidden_size": 1024, "intermediate_size": 4096,
+              "num_hidden_layers": 24, "num_attention_heads": 16, "max_position_embeddings": 2048, "bos_token_id": 0})
+_XGLM_NAMES = {"d_model": "hidden_size", "num_layers": "num_hidden_layers", "attention_heads": "num_attention_heads",
+               "ffn_dim": "intermediate_size", "activation_function": "hidden_act",
+               "init_std": "initializer_range"}  # (XGLMConfig's names -> the model's)
 _OPT_NAMES = {"ffn_dim": "intermediate_size", "activation_function": "hidden_act",
               "init_std": "initializer_range"}  # (OPTConfig's names -> the model's)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
@@ -1296,7 +1310,7 @@ _HARMLESS_ONLY_AT = {
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox", "persimmon", "opt",
-                                                                           "gpt_neo")
+                                                                           "gpt_neo", "xglm")
                                                           and _is_number(v)
                                                           and 0 <= v < 1),
                           "0.0 (Seed-OSS, GPT-NeoX, Persimmon, OPT: any, as Seed-OSS's configs ship 0.1: dropout acts "
@@ -1325,11 +1339,12 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type == "biogpt" and _is_number(v) and 0 <= v < 1,
              "absent (BioGPT: any in [0, 1), training only)")
        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob")},
-    "scale_embedding": (lambda v, c: c.model_type == "biogpt" and isinstance(v, bool), "absent (BioGPT: a bool)"),
+    "scale_embedding": (lambda v, c: c.model_type in ("biogpt", "xglm") and isinstance(v, bool),
+                        "absent (BioGPT, XGLM: a bool)"),
     # OPT's dropouts (training only) and its layouts: what opt-350m alone changes is not implemented
-    **{key: (lambda v, c: c.model_type == "opt" and _is_number(v) and 0 <= v < 1
+    **{key: (lambda v, c: c.model_type in ("opt", "xglm") and _is_number(v) and 0 <= v < 1
              or c.model_type == "biogpt" and key != "dropout" and _is_number(v) and 0 <= v < 1,
-             "absent (OPT: any in [0, 1), training only; BioGPT: activation_dropout, layerdrop)")
+             "absent (OPT, XGLM: any in [0, 1), training only; BioGPT: activation_dropout, layerdrop)")
        for key in ("dropout", "activation_dropout", "layerdrop")},
     "do_layer_norm_before": (lambda v, c: c.model_type == "opt" and v is True,
                              "absent (OPT: true; opt-350m's post-norm layers, false, are not implemented)"),
@@ -2227,12 +2242,12 @@ class LlamaConfig:
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
-        if self.model_type in ("olmo", "opt", "biogpt"):  # (OlmoLayerNorm's, OPT's and BioGPT's eps are fixed: no key
-            self.rms_norm_eps = 1e-5  # of their configs sets another)
+        if self.model_type in ("olmo", "opt", "biogpt", "xglm"):  # (OlmoLayerNorm's, OPT's, BioGPT's and XGLM's eps
+            self.rms_norm_eps = 1e-5  # are fixed: no key of their configs sets another)
         if self.model_type == "opt" and self.attention_bias != self.mlp_bias:
             raise ValueError("model_type 'opt' has one bias switch (enable_bias) for every projection: attention_bias "
                              f"{self.attention_bias} and mlp_bias {self.mlp_bias} must agree")
-        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt", "gpt_neo", "biogpt") and (
+        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt", "gpt_neo", "biogpt", "xglm") and (
                 not self.mlp_bias and self.model_type != "opt"
                 or self.num_key_value_heads not in (self.num_attention_heads,
                                                     *((1,) if self.model_type == "gpt_bigcode" else ()))
@@ -2242,7 +2257,7 @@ class LlamaConfig:
                              f"{mlps}: got {self.num_key_value_heads} KV heads of "
                              f"{self.num_attention_heads}, "
                              f"head_dim {self.head_dim} of hidden_size {self.hidden_size}, mlp_bias {self.mlp_bias}")
-        if self.model_type in (*_GPT2S, "biogpt") and not self.attention_bias:
+        if self.model_type in (*_GPT2S, "biogpt", "xglm") and not self.attention_bias:
             raise ValueError(f"model_type {self.model_type!r} has biases on every projection: attention_bias must be "
                              "true")
         if self.model_type in _USE_BIAS and self.attention_bias != self.mlp_bias:
@@ -2529,7 +2544,7 @@ class LlamaConfig:
     def rounded_embed_factor(self) -> float | None:
         """The embeddings' factor, rounded to the model's dtype before the product as transformers rounds it: Gemma's
         sqrt(hidden_size) (``embed_scale``), MiniCPM3's ``scale_emb``; None elsewhere."""
-        if self.embed_scale or self.model_type == "biogpt" and self.extra.get("scale_embedding", True):
+        if self.embed_scale or self.model_type in ("biogpt", "xglm") and self.extra.get("scale_embedding", True):
             return self.hidden_size ** 0.5  # (BioGPT's by its scale_embedding)
         return self._minicpm3("scale_emb") if self.model_type == "minicpm3" else None
 
@@ -2687,6 +2702,12 @@ class LlamaConfig:
         (its rows ``max_position_embeddings`` + this); None for the families without (RoPE's, NoPE's)."""
         family = FAMILIES[self.model_type]
         return family.position_offset if family.learned_positions else None
+
+    @property
+    def sinusoidal_positions(self) -> bool:
+        """XGLM: ``model.embed_positions`` is fairseq's fixed sinusoid (:func:`sinusoidal_table`), computed, in no
+        checkpoint."""
+        return FAMILIES[self.model_type].sinusoidal_positions
 
     @property
     def mla(self) -> MLA | None:
@@ -2988,8 +3009,8 @@ class LlamaConfig:
         key."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
-        if self.model_type in (*_GPT2S, "opt", "gpt_neo", "biogpt"):  # (the exact GELU or ReLU by their key; else
-            # GELU's tanh form)
+        if self.model_type in (*_GPT2S, "opt", "gpt_neo", "biogpt", "xglm"):  # (the exact GELU or ReLU by their key;
+            # else GELU's tanh form)
             act = self.extra.get("hidden_act", FAMILIES[self.model_type].hidden_acts[0])
             return act if act in ("gelu", "relu") else "gelu_tanh"
         return FAMILIES[self.model_type].activation
@@ -3052,7 +3073,9 @@ class LlamaConfig:
             _gpt2_keys(d)
         if model_type == "opt":
             _opt_keys(d)
-        if model_type == "biogpt":
+        if model_type == "xglm":
+            _own_names(d, _XGLM_NAMES, "XGLM")
+        if model_type in ("biogpt", "xglm"):
             _biogpt_keys(d)
         if model_type == "gpt_neo":
             _gpt_neo_keys(d)
@@ -3237,9 +3260,13 @@ class LlamaConfig:
             d[_NORM_EPS_KEY[self.model_type]] = d.pop("rms_norm_eps")
         if self.model_type in ("phi", "persimmon"):  # (always biased: not its config's keys)
             del d["attention_bias"], d["mlp_bias"]
-        if self.model_type in ("olmo", "opt", "biogpt"):  # (fixed: not its config's)
+        if self.model_type in ("olmo", "opt", "biogpt", "xglm"):  # (fixed: not its config's)
             del d["rms_norm_eps"]
-        if self.model_type == "biogpt":  # (biases everywhere, MHA, one head_dim, no RoPE: none of its config's keys)
+        if self.model_type == "xglm":  # (XGLMConfig's names)
+            for old, new in _XGLM_NAMES.items():
+                d[old] = d.pop(new)
+        if self.model_type in ("biogpt", "xglm"):  # (biases everywhere, MHA, one head_dim, no RoPE: none of its
+            # config's keys)
             for key in ("attention_bias", "mlp_bias", "num_key_value_heads", "head_dim", "rope_theta", "rope_scaling",
                         "partial_rotary_factor"):
                 d.pop(key, None)
@@ -3416,6 +3443,24 @@ def _gpt_neo_keys(d: dict) -> None:
     if d.get("intermediate_size") is None and _is_int(hidden):
         d["intermediate_size"] = 4 * hidden
     d["mlp_bias"] = True
+
+
+def sinusoidal_table(config: "LlamaConfig") -> "torch.Tensor":
+    """XGLM's fixed positions, float32 ``[max_position_embeddings + 2, hidden]``: row ``p`` (position ``p - 2``) is
+    ``[sin(p f_i), cos(p f_i)]`` with ``f_i = exp(-i ln(10000) / (d/2 - 1))``, ``i < d/2`` (a zero column appended for
+    an odd width), the pad token's row zeros, computed op by op as XGLMSinusoidalPositionalEmbedding does."""
+    import torch
+
+    n, d = config.max_position_embeddings + 2, config.hidden_size
+    half = d // 2
+    f = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+    args = torch.arange(n, dtype=torch.int64).float().unsqueeze(1) * f.unsqueeze(0)
+    table = torch.cat([torch.sin(args), torch.cos(args)], dim=1).view(n, -1)
+    if d % 2:
+        table = torch.cat([table, torch.zeros(n, 1)], dim=1)
+    if config.pad_token_id is not None and 0 <= config.pad_token_id < n:
+        table[config.pad_token_id, :] = 0
+    return table
 
 
 def _biogpt_keys(d: dict) -> None:

@@ -1472,6 +1472,10 @@ class Llama(nn.Module):
                 nn.init.zeros_(m.bias)
             if isinstance(m, Attention) and m.sinks is not None:  # (as transformers' GPT-OSS)
                 nn.init.normal_(m.sinks, mean=0.0, std=std)
+        if self.config.sinusoidal_positions:  # (XGLM's fixed table, not drawn)
+            from .config import sinusoidal_table
+            with torch.no_grad():
+                self.model.embed_positions.weight.copy_(sinusoidal_table(self.config))
 
     # a cached forward on CUDA is replayed from a CUDA graph per (cache, shape): triforce/models/graphs.py
     cuda_graphs = True

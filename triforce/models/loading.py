@@ -36,7 +36,7 @@ import torch
 from .compressed import CompressedWeights, compressed_config
 from .gptq_awq import GptqAwqWeights, gptq_awq_config
 from .config import (_COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, falcon_layout, fp8_config,
-                     mllama_cross_layers)
+                     mllama_cross_layers, sinusoidal_table)
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -804,6 +804,11 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                             ".final_layer_norm.": ".post_attention_layernorm.",
                             ".self_attn.out_proj.": ".self_attn.o_proj.", ".fc1.": ".mlp.up_proj.",
                             ".fc2.": ".mlp.down_proj."},
+                 # XGLM: OPT's layer names under model.*, its final norm layer_norm (its positions: _norm_names)
+                 "xglm": {"model.layer_norm.": "model.norm.", ".self_attn_layer_norm.": ".input_layernorm.",
+                          ".final_layer_norm.": ".post_attention_layernorm.",
+                          ".self_attn.out_proj.": ".self_attn.o_proj.", ".fc1.": ".mlp.up_proj.",
+                          ".fc2.": ".mlp.down_proj."},
                  # OPT: its decoder's names (the final norm's before the layers' norm of the same name)
                  "opt": {"model.decoder.final_layer_norm.": "model.norm.", "model.decoder.layers.": "model.layers.",
                          "model.decoder.embed_tokens.": "model.embed_tokens.",
@@ -1171,6 +1176,12 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _codegen_names(config, sd, inverse)
     if config.model_type in ("gpt2", "gpt_bigcode"):
         return _gpt2_names(config, sd, inverse)
+    if config.model_type == "xglm":  # (its sinusoidal positions: computed on loading, never saved)
+        pairs = list(_FAMILY_NAMES["xglm"].items())
+        sd = {k: t for k, t in sd.items() if not k.startswith("model.embed_positions.")}
+        if inverse:
+            return _renamed(sd, [(new, old) for old, new in pairs])
+        return {**_renamed(sd, pairs), "model.embed_positions.weight": sinusoidal_table(config)}
     if config.model_type == "opt" and not inverse:  # (facebook's own checkpoints: OPTModel's names, no model.)
         sd = {(f"model.{k}" if k.startswith("decoder.") else k): t for k, t in sd.items()}
     if config.model_type == "hy_v3":
