@@ -26,10 +26,11 @@ computed and zeroed) and the batch's one-token step (``step``, the floor), in tu
 natural text at batch 8 and 16 (most rows propose nothing or 1-2 tokens), and on the demo's pass-key batch of 4.
 Its FLOPs count the real tokens (``padded``: all of the batch's rows times T).
 
-``--family gpt2|opt|starcoder2``: instead of the embedded model, random weights of that family at its smallest
+``--family gpt2|opt|starcoder2|pythia``: instead of the embedded model, random weights of that family at its smallest
 published shape (gpt2's 124M: 12 layers of 768, learned positions, LayerNorms, GELU; opt-125m's: the same with ReLU;
-a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU), float32 or bfloat16: the families whose layers only
-the one-call path fuses (their per-layer path is the modules'; ``per_layer`` equals ``modules`` there).
+a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU; pythia-160m's: GPT-NeoX's parallel block), float32
+or bfloat16: the families whose layers only the one-call path fuses (their per-layer path is the modules';
+``per_layer`` equals ``modules`` there).
 
 Bytes = the weights read once (every linear layer and the LM head) + the KV cache read + the step's keys
 and values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the
@@ -158,7 +159,11 @@ def main():
 FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
                  "starcoder2": {"model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 768,
                                 "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-                                "num_key_value_heads": 4, "use_bias": True}}
+                                "num_key_value_heads": 4, "use_bias": True},
+                 # pythia-160m's: GPT-NeoX's parallel block (each half on its own norm), RoPE on a quarter of each head
+                 "pythia": {"model_type": "gpt_neox", "vocab_size": 50304, "hidden_size": 768,
+                            "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                            "max_position_embeddings": 2048}}
 
 
 def family_model(family: str, dtype: torch.dtype):

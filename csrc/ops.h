@@ -148,7 +148,9 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // norm_bias (two per layer, each a bias or none; or none): given, the norms are torch's LayerNorm with those biases
 // (StarCoder 2's, StableLM's, GPT-2's, OPT's; DBRX's without), else RMSNorm. mlp: "silu" (Llama's gated SwiGLU:
 // gate, up, down) or an ungated down(act(up(x))) of "gelu_tanh", "gelu", "relu", "relu2" (the gate's projection
-// slot then not read). attention_scale: the scores' scale (none: 1 / sqrt(head_dim)).
+// slot then not read). attention_scale: the scores' scale (none: 1 / sqrt(head_dim)). parallel: each layer's MLP on
+// its second norm of the layer's input, h + attn + mlp(norm(h)) (GPT-NeoX's, Phi-2's, Falcon's block; a block of one
+// norm passes it twice), not on h + attn.
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -159,7 +161,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias, const std::string& mlp,
-                          std::optional<double> attention_scale);
+                          std::optional<double> attention_scale, bool parallel);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

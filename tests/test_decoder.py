@@ -37,6 +37,12 @@ STACK_FAMILIES = {
                                 extra={"use_parallel_residual": False}),  # the exact GELU, partial RoPE
     "arcee": dict(model_type="arcee"),  # RMSNorm, ReLU squared
     "jais2": dict(model_type="jais2", attention_bias=True, mlp_bias=True),  # LayerNorm, ReLU squared
+    # parallel blocks (the stack's parallel): the MLP's own norm (GPT-NeoX's default), the attention's (Phi-2's),
+    # Falcon 40b's grouped keys and two norms
+    "gpt_neox-parallel": dict(model_type="gpt_neox", num_key_value_heads=4, attention_bias=True, mlp_bias=True),
+    "phi": dict(model_type="phi", num_key_value_heads=4),
+    "falcon-40b": dict(model_type="falcon", extra={"new_decoder_architecture": True, "num_kv_heads": 2,
+                                                   "bias": False}),
     # unscaled scores (the stack's attention_scale) and a window on its local layers
     "gpt_neo": dict(model_type="gpt_neo", mlp_bias=True, num_key_value_heads=4,
                     extra={"attention_types": [[["global", "local"], 1]], "window_size": 5}),
@@ -441,10 +447,11 @@ def test_native_stack_equals_the_per_layer_calls(cache_kind, family, dtype, monk
 @pytest.mark.parametrize("family", list(STACK_FAMILIES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_stack_runs_layer_norms_and_ungated_mlps(cache_kind, family, dtype, monkeypatch):
-    """The stack's LayerNorms (torch's, ATen's op) and ungated MLPs (GELU's two forms, ReLU, ReLU squared: the
-    module's own ops): one native call for all layers gives bitwise the logits and every cache buffer of the modules
-    run one by one (chain and tree steps, a NoPE model's learned positions and a partial RoPE among them), and it
-    runs where the per-layer fused calls do not (those take RMSNorm and SwiGLU only)."""
+    """The stack's LayerNorms (torch's, ATen's op), ungated MLPs (GELU's two forms, ReLU, ReLU squared: the
+    module's own ops) and parallel blocks: one native call for all layers gives bitwise the logits and every cache
+    buffer of the modules run one by one (chain and tree steps, a NoPE model's learned positions and a partial RoPE
+    among them), and it runs where the per-layer fused calls do not (those take RMSNorm and SwiGLU in sequence
+    only)."""
     model = make_model(family, dtype)
     modules = run(model, False, monkeypatch, cache_kind)
     per_layer, stacked, layers = run_both(model, monkeypatch, cache_kind)
@@ -658,8 +665,9 @@ def test_native_stack_checks_its_kinds(monkeypatch):
     cache = FullCache(model.config, 2, 16)
     with torch.no_grad():
         model(torch.randint(0, 97, (2, 3)), cache=cache)
-    *args, norm_bias, mlp, scale = calls[0]
+    *args, norm_bias, mlp, scale, parallel = calls[0]
     assert mlp == "gelu_tanh" and len(norm_bias) == 2 * model.config.num_hidden_layers and scale == 16 ** -0.5
+    assert parallel is False
     cache.rollback(torch.zeros(2, dtype=torch.int32))
     before = [t.clone() for t in cache.k + cache.v]
     for bad, match in (((norm_bias, "swish", scale), "mlp must be 'silu'"),
@@ -667,7 +675,7 @@ def test_native_stack_checks_its_kinds(monkeypatch):
                        ((norm_bias, mlp, 0.0), "attention_scale must be finite and > 0"),
                        ((norm_bias, mlp, float("nan")), "attention_scale must be finite")):
         with pytest.raises(RuntimeError, match=match):
-            real(*args, *bad)
+            real(*args, *bad, parallel)
     assert_bitwise(before, cache.k + cache.v)
 
 

@@ -297,16 +297,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
 
 at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                         const Projections& p, const std::optional<at::Tensor>& norm_b = {}, bool layer_norm = false,
-                        Mlp mlp = Mlp::kSwiGlu) {
+                        Mlp mlp = Mlp::kSwiGlu, bool parallel = false) {
   TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
               "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
               attn.sizes());
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
   // project's results are fresh tensors of this call; the residual adds and the activations are written
-  // over them: h2 = o + h in o, SiLU(gate) * up in gate (act(up) in up), down + h2 in down.
+  // over them: h2 = o + h in o, SiLU(gate) * up in gate (act(up) in up), down + h2 in down. parallel (GPT-NeoX's,
+  // Phi-2's, Falcon's block): the MLP on the norm of h itself, h + attn + mlp(norm(h)), the sum in that order
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
-  const at::Tensor h2 = residual_add(o, h);
-  const at::Tensor x = norm(h2, norm_w, norm_b, eps, layer_norm).reshape({B * T, H});
+  const at::Tensor h2 = residual_add(o, h);  // (over o: h stays the layer's input)
+  const at::Tensor x = norm(parallel ? h : h2, norm_w, norm_b, eps, layer_norm).reshape({B * T, H});
   at::Tensor act;
   if (mlp == Mlp::kSwiGlu) {
     auto [gate, up] = p.many<2>({1, 2}, x);
@@ -591,7 +592,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
-                          std::optional<double> attention_scale) {
+                          std::optional<double> attention_scale, bool parallel) {
   const size_t L = k_cache.size();
   const Mlp mlp = mlp_kind(mlp_name);
   // LayerNorms (their biases given, one per norm: none for a norm without) or RMSNorms (none given)
@@ -716,7 +717,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                                                    query_lens, window, 0.0, window ? window_leftpad : std::nullopt))
                    .to(x.scalar_type()));
       x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
-                       {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]}, norm_bias[2 * l + 1], layer_norm, mlp);
+                       {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]}, norm_bias[2 * l + 1], layer_norm, mlp,
+                       parallel);
     }
     return x;
   });

@@ -1255,13 +1255,17 @@ class DecoderLayer(nn.Module):
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), and the layer's kind:
-        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP)`` (:data:`_PLAIN_LAYER`: RMSNorms and Llama's gated
-        SwiGLU; with torch's LayerNorm, a bias or None each, True; an ungated MLP by its activation, ``"gelu_tanh"``,
-        ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty placeholder)."""
+        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP, parallel)`` (:data:`_PLAIN_LAYER`: RMSNorms and
+        Llama's gated SwiGLU in sequence; with torch's LayerNorm, a bias or None each, True; an ungated MLP by its
+        activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty
+        placeholder; a parallel block, ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's norm: its
+        own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's))."""
         mods = self._modules
-        if "post_attention_layernorm" not in mods or self.__dict__.get("parallel"):
-            return None  # Cohere 2's and GPT-NeoX's parallel blocks: not the fused layer's
-        att, mlp, norm_in, norm_out = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
+        parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
+        if "post_attention_layernorm" not in mods and not parallel:
+            return None
+        att, mlp, norm_in = mods["self_attn"], mods["mlp"], mods["input_layernorm"]
+        norm_out = mods.get("post_attention_layernorm", norm_in)
         if type(att) is not Attention:
             return None  # DeepSeek's latent attention: not the fused layer's
         a, m = att._modules, mlp._modules
@@ -1301,13 +1305,14 @@ class DecoderLayer(nn.Module):
         qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"], q_norm.eps)
         args_in = (norm_in._parameters["weight"], norm_in.eps, *projections[0], *qk)
         args_out = (norm_out._parameters["weight"], norm_out.eps, *projections[1])
-        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act) if layer_norm else (
-            None, None, False, act)
+        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act, parallel) if layer_norm \
+            else (None, None, False, act, parallel)
         return att, args_in, args_out, kind
 
 
 _LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm)  # torch's LayerNorm (F.layer_norm), as decoder_layers calls it
-_PLAIN_LAYER = (None, None, False, "silu")  # RMSNorms and Llama's SwiGLU: the per-layer fused calls' layer
+_PLAIN_LAYER = (None, None, False, "silu", False)  # RMSNorms, Llama's SwiGLU, in sequence: the per-layer fused calls'
+# layer
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
 
@@ -1379,7 +1384,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
         list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
         next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1],
-        cache.scale)
+        cache.scale, kind[2])
 
 
 _STACK = None
