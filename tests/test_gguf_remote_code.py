@@ -1,8 +1,8 @@
 """GGUF files of models that transformers runs only by their own code, which llama.cpp runs as a family of ours:
 InternLM2 / 2.5 and XVERSE (q / k permuted as llama's by their converters), EXAONE 3 / 3.5 (q / k in the checkpoint's
 order, RoPE on halves) as llama; Qwen (1) as Qwen2 (q, k, v as one biased attn_qkv, its feed_forward_length twice the
-MLP's width); MiniCPM (1 / 2) as Granite (its three scales). Each loads as the model its tensors are; with ``TRIFORCE_LLAMA_CPP=1`` every file loaded is also run by
-llama.cpp (tests/llama_cpp_oracle.py)."""
+MLP's width); MiniCPM (1 / 2) as Granite (its three scales). Each loads as the model its tensors are; with
+``TRIFORCE_LLAMA_CPP=1`` every file loaded is also run by llama.cpp (tests/llama_cpp_oracle.py)."""
 import pytest
 import torch
 

@@ -104,7 +104,8 @@ def test_a_speculative_tail_past_the_context_reads_the_last_position():
 def gguf_kv(c) -> dict:
     """A gpt2 / starcoder GGUF's metadata of transformers config ``c``, as llama.cpp's converter writes it."""
     return {"context_length": c.n_positions, "embedding_length": c.n_embd,
-            "feed_forward_length": c.n_inner or 4 * c.n_embd, "block_count": c.n_layer, "attention.head_count": c.n_head,
+            "feed_forward_length": c.n_inner or 4 * c.n_embd, "block_count": c.n_layer,
+            "attention.head_count": c.n_head,
             "attention.head_count_kv": getattr(c, "num_key_value_heads", c.n_head),
             "attention.layer_norm_epsilon": float(c.layer_norm_epsilon), "vocab_size": c.vocab_size}
 

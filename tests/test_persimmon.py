@@ -1,6 +1,6 @@
 """Persimmon (``model_type="persimmon"``: Adept's persimmon-8b; Fuyu's language model): LayerNorms with a bias,
-GPT-NeoX's per-head query_key_value, Phi's shared q / k LayerNorm, RoPE on half of each head, an ungated ReLU-squared MLP; against
-transformers' PersimmonForCausalLM."""
+GPT-NeoX's per-head query_key_value, Phi's shared q / k LayerNorm, RoPE on half of each head, an ungated ReLU-squared
+MLP; against transformers' PersimmonForCausalLM."""
 import pytest
 import torch
 

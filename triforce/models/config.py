@@ -1732,7 +1732,8 @@ for _key in (*_MLA_DIMS, "q_lora_rank", "n_group", "topk_group"):
 # together in LlamaConfig._check_afmoe)
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1, "AFMoE: an int >= 1")
-# This session's mixtures (LlamaConfig.experts): per family, its mixture's int keys (each >= 1; the count under either
+# Kolibri-1's, Flint's, Hunyuan V3's, Laguna's, Mellum's and Cohere 2 MoE's mixtures (LlamaConfig.experts): per
+# family, its mixture's int keys (each >= 1; the count under either
 # name where transformers reads both), whether its config has norm_topk_prob (a bool), its shared expert's width key
 # (an int >= 0) and its dense / sparse layer list (one per layer)
 _NEW_MOES = {  # family -> (int keys, norm_topk_prob, shared width key, mlp_layer_types)
@@ -3373,23 +3374,38 @@ def _own_names(d: dict, names: dict, family: str) -> None:
             d[new] = d.pop(old)
 
 
+# keys the configs of GPT-J, GPT-2, GPT-Neo, OPT, BioGPT and XGLM do not have, which the model would read: a RoPE's,
+# head_dim, the bias switches (each family refuses them, and its own more: _refuse_keys)
+_NOT_READ_HERE = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "head_dim", "mlp_bias",
+                  "attention_bias")
+
+
+def _refuse_keys(d: dict, keys, config: str, why: str) -> None:
+    """Raise naming the first of ``keys`` in ``d``: not a key of ``config`` (its transformers class), ``why``."""
+    for key in keys:
+        if key in d:
+            raise ValueError(f"config key {key!r} is not {config}'s: {why}")
+
+
+def _four_times_hidden(d: dict, family: str):
+    """``d``'s ``intermediate_size``, 4 x ``hidden_size`` where null or absent (GPT-J's, GPT-2's, GPT-Neo's rule), set
+    in place; -> ``d``'s hidden size (``family``'s default where absent)."""
+    hidden = d.get("hidden_size", FAMILIES[family].defaults["hidden_size"])
+    if d.get("intermediate_size") is None and _is_int(hidden):
+        d["intermediate_size"] = 4 * hidden
+    return hidden
+
+
 def _gptj_keys(d: dict) -> None:
     """A GPT-J config's keys in ``d`` under the model's names, in place (:data:`_GPTJ_NAMES`; each given once):
     ``n_inner`` null as 4 * ``n_embd``, ``rotary_dim`` as ``partial_rotary_factor``, its MLP's
     biases (always). Keys GPTJConfig does not read and the model would (a RoPE base or scaling, KV heads, head_dim,
     biases) raise."""
     _own_names(d, _GPTJ_NAMES, "GPT-J")
-    for key in ("rope_theta", "rope_scaling", "rope_parameters", "num_key_value_heads", "head_dim", "mlp_bias",
-                "attention_bias", "partial_rotary_factor"):
-        if key in d:
-            raise ValueError(f"config key {key!r} is not GPTJConfig's: GPT-J is multi-head attention of head_dim "
-                             "hidden_size // n_head, RoPE at base 10000 on rotary_dim dims, biased MLPs, unbiased "
-                             "attention")
+    _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads"), "GPTJConfig", "GPT-J is multi-head attention of head_dim "
+                 "hidden_size // n_head, RoPE at base 10000 on rotary_dim dims, biased MLPs, unbiased attention")
     family = FAMILIES["gptj"].defaults
-    hidden, heads = d.get("hidden_size", family["hidden_size"]), d.get("num_attention_heads",
-                                                                     family["num_attention_heads"])
-    if d.get("intermediate_size") is None and _is_int(hidden):
-        d["intermediate_size"] = 4 * hidden
+    hidden, heads = _four_times_hidden(d, "gptj"), d.get("num_attention_heads", family["num_attention_heads"])
     d["mlp_bias"] = True
     rotary = d.pop("rotary_dim", _GPTJ_ROTARY)
     if _is_int(hidden) and _is_int(heads) and heads > 0 and hidden % heads == 0:
@@ -3416,15 +3432,10 @@ def _gpt2_keys(d: dict) -> None:
             raise ValueError(f"config num_key_value_heads = {kv!r} disagrees with multi_query = {mq} (GPT-BigCode: one "
                              "KV head with it, every head's own without)")
         d["num_key_value_heads"] = kv
-    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
-                *(("num_key_value_heads",) if d["model_type"] == "gpt2" else ()), "head_dim", "mlp_bias",
-                "attention_bias"):
-        if key in d:
-            raise ValueError(f"config key {key!r} is not GPT2Config's: GPT-2 is multi-head attention of head_dim "
-                             "n_embd // n_head with learned positions (no RoPE) and biases on every projection")
-    hidden = d.get("hidden_size", FAMILIES["gpt2"].defaults["hidden_size"])
-    if d.get("intermediate_size") is None and _is_int(hidden):
-        d["intermediate_size"] = 4 * hidden
+    _refuse_keys(d, (*_NOT_READ_HERE, *(("num_key_value_heads",) if d["model_type"] == "gpt2" else ())),
+                 "GPT2Config", "GPT-2 is multi-head attention of head_dim n_embd // n_head with learned positions (no "
+                 "RoPE) and biases on every projection")
+    _four_times_hidden(d, "gpt2")
     d["attention_bias"] = d["mlp_bias"] = True
 
 
@@ -3433,15 +3444,10 @@ def _gpt_neo_keys(d: dict) -> None:
     ``intermediate_size`` null as 4 * ``hidden_size``, its MLP's biases (always). Keys GPTNeoConfig does not read and
     the model would (RoPE's, KV heads, head_dim, the bias switches) raise."""
     _own_names(d, _GPT_NEO_NAMES, "GPT-Neo")
-    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
-                "head_dim", "mlp_bias", "attention_bias"):
-        if key in d:
-            raise ValueError(f"config key {key!r} is not GPTNeoConfig's: GPT-Neo is multi-head attention of head_dim "
-                             "hidden_size // num_heads with learned positions (no RoPE), unbiased q / k / v and biases "
-                             "on the rest")
-    hidden = d.get("hidden_size", FAMILIES["gpt_neo"].defaults["hidden_size"])
-    if d.get("intermediate_size") is None and _is_int(hidden):
-        d["intermediate_size"] = 4 * hidden
+    _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads"), "GPTNeoConfig", "GPT-Neo is multi-head attention of "
+                 "head_dim hidden_size // num_heads with learned positions (no RoPE), unbiased q / k / v and biases on "
+                 "the rest")
+    _four_times_hidden(d, "gpt_neo")
     d["mlp_bias"] = True
 
 
@@ -3464,15 +3470,13 @@ def sinusoidal_table(config: "LlamaConfig") -> "torch.Tensor":
 
 
 def _biogpt_keys(d: dict) -> None:
-    """A BioGPT config's keys in ``d`` read as the model's, in place: biases everywhere (always; its ``layer_norm_eps``
-    is kept, unread: BioGptDecoderLayer's LayerNorms take torch's default, 1e-5). Keys BioGptConfig does
-    not read and the model would (RoPE's, KV heads, head_dim, the bias switches, rms_norm_eps) raise."""
-    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
-                "head_dim", "mlp_bias", "attention_bias", "rms_norm_eps"):
-        if key in d:
-            raise ValueError(f"config key {key!r} is not BioGptConfig's: BioGPT is multi-head attention of head_dim "
-                             "hidden_size // num_attention_heads with learned positions (no RoPE), biases everywhere "
-                             "and LayerNorms of eps 1e-5")
+    """A BioGPT or XGLM config's keys in ``d`` read as the model's, in place: biases everywhere (always; BioGPT's
+    ``layer_norm_eps`` is kept, unread: BioGptDecoderLayer's LayerNorms take torch's default, 1e-5). Keys their
+    configs do not read and the model would (RoPE's, KV heads, head_dim, the bias switches, rms_norm_eps) raise."""
+    name = "XGLMConfig" if d["model_type"] == "xglm" else "BioGptConfig"
+    _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads", "rms_norm_eps"), name, "a multi-head attention of "
+                 "head_dim hidden_size // num_attention_heads with fixed or learned positions (no RoPE), biases "
+                 "everywhere and LayerNorms of eps 1e-5")
     d["attention_bias"] = d["mlp_bias"] = True
 
 
@@ -3481,12 +3485,9 @@ def _opt_keys(d: dict) -> None:
     ``enable_bias`` as both bias switches (default true). Keys OPTConfig does not read and the model would (RoPE's, KV
     heads, head_dim, the bias switches, a norm eps: OPT's is fixed) raise."""
     _own_names(d, _OPT_NAMES, "OPT")
-    for key in ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "num_key_value_heads",
-                "head_dim", "mlp_bias", "attention_bias", "rms_norm_eps", "layer_norm_eps"):
-        if key in d:
-            raise ValueError(f"config key {key!r} is not OPTConfig's: OPT is multi-head attention of head_dim "
-                             "hidden_size // num_attention_heads with learned positions (no RoPE), its LayerNorms' "
-                             "eps 1e-5 and one bias switch, enable_bias")
+    _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads", "rms_norm_eps", "layer_norm_eps"), "OPTConfig",
+                 "OPT is multi-head attention of head_dim hidden_size // num_attention_heads with learned positions "
+                 "(no RoPE), its LayerNorms' eps 1e-5 and one bias switch, enable_bias")
     bias = d.pop("enable_bias", True)
     if not isinstance(bias, bool):
         raise ValueError(f"config enable_bias must be true or false, got {bias!r}")

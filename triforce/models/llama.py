@@ -10,7 +10,7 @@ every family load as they are.
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
 import os
 import threading
 import weakref
@@ -869,9 +869,9 @@ class XIELU(nn.Module):
 
 
 def _activated(activation: str, x: torch.Tensor) -> torch.Tensor:
-    """``act(x)``, each row alone: ReLU and ReLU squared are exact; GELU (the tanh form, the exact one) on the CPU through the
-    native ``gelu_tanh_mul`` / ``gelu_mul`` times ones (ATen's rounds a row's elements by where they fall in the
-    tensor: :func:`_native_glu`; the product by 1 is exact)."""
+    """``act(x)``, each row alone: ReLU and ReLU squared are exact; GELU (the tanh form, the exact one) on the CPU
+    through the native ``gelu_tanh_mul`` / ``gelu_mul`` times ones (ATen's rounds a row's elements by where they fall in
+    the tensor: :func:`_native_glu`; the product by 1 is exact)."""
     if activation in ("relu2", "relu"):
         return ACTIVATIONS[activation](x)
     if _native_glu(x, x):
@@ -1141,10 +1141,10 @@ def _lanewise(fn, z: torch.Tensor) -> torch.Tensor:
     """``fn(z)`` of an ATen elementwise ``fn`` (sigmoid, expm1, softplus, tanh) with each value's bits its own, whatever
     the tensor's shape and the value's place in it. ATen's CPU kernels compute an element in their vector loop (two
     vectors a step) or in their scalar tail by where it falls in the tensor, and split large tensors among threads at
-    any element, so one value's bits may depend on its neighbours' count (as its SiLU's: csrc/include/triforce/glu.h):
-    a verification pass's rows would not be its steps'. Here the values run flat, padded to a multiple of ``_SIGMOID_LANES`` (64:
-    whole two-vector steps in every dtype), in slices of ``_SIGMOID_SLICE`` (a multiple of it, below ATen's grain: one
-    thread), so every value takes the vector loop, whose lanes are independent."""
+    any element, so one value's bits may depend on its neighbours' count (as its SiLU's: csrc/include/triforce/glu.h): a
+    verification pass's rows would not be its steps'. Here the values run flat, padded to a multiple of
+    ``_SIGMOID_LANES`` (64: whole two-vector steps in every dtype), in slices of ``_SIGMOID_SLICE`` (a multiple of it,
+    below ATen's grain: one thread), so every value takes the vector loop, whose lanes are independent."""
     if z.device.type != "cpu" or z.numel() == 0:
         return fn(z)
     flat = z.reshape(-1)
@@ -1294,7 +1294,7 @@ class DecoderLayer(nn.Module):
             found = []
             for mod in group:
                 if mod is None:  # (an ungated MLP's gate: a placeholder, not read)
-                    found.append((torch.empty(0, dtype=dtype), None, None))
+                    found.append((_placeholder(dtype), None, None))
                     continue
                 get = getattr(type(mod), "fused_projection", None)
                 p = get(mod, dtype) if get is not None else None
@@ -1314,6 +1314,13 @@ _LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm)  # torch's LayerNorm (F.layer_no
 _PLAIN_LAYER = (None, None, False, "silu", False)  # RMSNorms, Llama's SwiGLU, in sequence: the per-layer fused calls'
 # layer
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
+
+
+@functools.cache
+def _placeholder(dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor of ``dtype``: an ungated MLP's gate projection slot in decoder_layers (never read), one per
+    dtype rather than one per layer and forward."""
+    return torch.empty(0, dtype=dtype)
 
 
 def _fused_path(h: torch.Tensor) -> bool:
@@ -1338,8 +1345,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     """``h`` after ``layers[lo:hi]`` of a cached forward in one native call, ``triforce_C::decoder_layers``
     (csrc/cpu/decoder.cpp): each layer's two fused calls with the cache's side in between (its rows written,
     ``verify_attention`` over its buffers), bitwise what the layers called one by one give; besides RMSNorm and
-    SwiGLU, torch's LayerNorms and the ungated MLPs of :data:`_UNGATED_NATIVE` (one kind for all the call's
-    layers: :meth:`DecoderLayer._fused_layer_arguments`). ``None`` where
+    SwiGLU, torch's LayerNorms, the ungated MLPs of :data:`_UNGATED_NATIVE` and parallel blocks (one kind for all the
+    call's layers: :meth:`DecoderLayer._fused_layer_arguments`), at the cache's attention scale. ``None`` where
     that path does not apply: a layer off the fused path (see :meth:`DecoderLayer.fused_arguments`) or with
     forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or

@@ -1435,9 +1435,9 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
-    if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2", "gpt_neo"):  # (old checkpoints' attention buffers: a causal mask,
-        sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # its fill; transformers drops or ignores
-        # them)
+    if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2", "gpt_neo"):  # (old checkpoints' attention
+        sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # buffers: a causal mask, its fill;
+        # transformers drops or ignores them)
     if config.model_type == "persimmon":  # (its query_key_value is GPT-NeoX's, under its attention's name)
         sd = _renamed(sd, [_PERSIMMON_QKV])
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
@@ -1857,9 +1857,9 @@ def _gguf_granite(reader, arch: str, head_dim: int, path: Path) -> dict:
 
 
 def _gguf_partial_rope(reader, arch: str, path: Path, head_dim: int) -> dict:
-    """A phi3, glm4, glm4moe or chatglm file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is less
-    than the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5, ChatGLM: half), and a GLM file's whole-head 1.0 (its family's
-    default is 0.5)."""
+    """A phi3, glm4, glm4moe or chatglm file's ``extra``: ``partial_rotary_factor`` where ``rope.dimension_count`` is
+    less than the head (Phi-4-mini: 96 of 128; GLM-4, GLM-4.5, ChatGLM: half), and a GLM file's whole-head 1.0 (its
+    family's default is 0.5)."""
     rotated = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
     if rotated == head_dim:  # (GLM's, Nemotron's and Phi-2's families default to half, StableLM's to a quarter)
         return {"partial_rotary_factor": 1.0} if arch in ("glm4", "glm4moe", "nemotron", "phi2", "stablelm",
