@@ -14,7 +14,9 @@ The roundings are PyTorch's. A PyTorch op on 16-bit tensors computes in float32 
 to the tensor's dtype; these kernels round where it does: the residual sum, each RoPE product and their
 sum, SiLU's result and its product, the normalised row before the weight. So the residual sum and
 ``rope`` give PyTorch's bits exactly, ``rms_norm`` differs only by the order of the sum of squares
-inside a row (the mean), ``silu_mul`` by SiLU's exp. Floating-point contraction is off
+inside a row (the mean), ``silu_mul`` only where the exp differs: on a GPU it takes CUDA's ``expf`` and an
+IEEE division, as PyTorch's CUDA SiLU does (libdevice's ``expf`` flushes subnormal intermediates, which
+cannot change ``1 + e^-x``), in the interpreter numpy's. Floating-point contraction is off
 (``enable_fp_fusion=False``) so float32 rounds as PyTorch does too. Every row is computed alone: a row's
 result does not depend on the number of rows (a verification pass and a one-token step give it the
 same bits).
@@ -26,6 +28,9 @@ expressions by ``tests/test_layer_ops.py`` (in the interpreter on a CPU) and in 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+from ._target import interpreting
 
 MAX_HIDDEN = 16384  # widest row rms_norm takes in one block (wider: the caller's PyTorch path)
 
@@ -70,13 +75,21 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, D, HALF, BLOCK_H: tl.const
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr, PRECISE: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=m, other=0.0).to(tl.float32)
     ty = out_ptr.dtype.element_ty
-    act = (g / (1.0 + tl.exp(-g))).to(ty).to(tl.float32)
+    if PRECISE:
+        # PyTorch's CUDA SiLU: x / (1 + expf(-x)) with CUDA's expf and an IEEE division. Triton's own
+        # tl.exp (ex2.approx of x * log2 e) and '/' (div.full) are each some float32 units off, and
+        # x * e^x for a very negative x carries exp's whole error: rounding x * log2 e alone puts it up to
+        # 28 units off at x = -24 (emulated in numpy); GPU run 5's test failed on it
+        act = tl.math.div_rn(g, 1.0 + libdevice.exp(-g))
+    else:  # the interpreter: numpy's exp and division, which have no libdevice there
+        act = g / (1.0 + tl.exp(-g))
+    act = act.to(ty).to(tl.float32)
     tl.store(out_ptr + offs, (act * u).to(ty), mask=m)
 
 
@@ -116,5 +129,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = out.numel()
     if n:
         BLOCK = 1024
-        _silu_mul_kernel[(triton.cdiv(n, BLOCK),)](gate, up, out, n, BLOCK=BLOCK, enable_fp_fusion=False)
+        _silu_mul_kernel[(triton.cdiv(n, BLOCK),)](gate, up, out, n, BLOCK=BLOCK, PRECISE=not interpreting(),
+                                                   enable_fp_fusion=False)
     return out
