@@ -411,9 +411,32 @@ def test_triton_gpu_launch_plan_in_the_interpreter(dtype, mask_kind):
     q, k, v, L, mask = make_inputs(B, T, g * Hkv, Hkv, D, [4091, 0], 0, dtype, 7, torch.device("cpu"), mask_kind)
     with _target.plan_for(132):
         assert _block_n(D, _target.interpreting()) == 64
-        assert _part_keys(B, Hkv, k.shape[1], 64, q.device) == 512 and k.shape[1] // 512 == 8
+        assert _part_keys(Hkv, k.shape[1], 64, q.device) == 512 and k.shape[1] // 512 == 8
         out, lse = tk.verify_attention(q, k, v, L, mask, return_lse=True, backend="triton")
     check_against_reference(out, lse, q, k, v, L, mask)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not tk.backend_status("triton", "cpu")[0],
+                    reason="runs a GPU launch plan in the Triton interpreter (on a GPU it is the plan anyway)")
+@pytest.mark.parametrize("tree", [False, True], ids=["causal", "tree"])
+def test_triton_gpu_plan_rows_keep_their_bits_in_any_batch(tree):
+    """A row's output and lse are bitwise the same alone and in a batch of 4, under the launch plan of a GPU
+    with 8 SMs (small enough that the parts of a 4100-key cache would differ between 1 and 4 rows had
+    they followed the batch size: 512 against 2048 keys). GPU run 5: MagicDec's greedy output on the
+    H200 changed once finished rows left the batch (TRIFORCE_COMPACT_ROWS=1), the parts being B's."""
+    from triforce_kernels.triton import _target
+
+    B, T, Hkv, g, D = 4, 3, 1, 2, 64
+    q, k, v, L, mask = make_inputs(B, T, g * Hkv, Hkv, D, [4100, 2500, 4090, 700], 3, torch.float16, 5,
+                                   torch.device("cpu"), "tree" if tree else "causal")
+    impl = implementation("verify_attention", "triton")
+    with _target.plan_for(8):
+        out, lse = impl(q, k, v, L, mask, 0.125)
+        for b in (0, 2):
+            one = slice(b, b + 1)
+            o1, l1 = impl(q[one], k[one], v[one], L[one], None if mask is None else mask[one], 0.125)
+            assert torch.equal(o1[0], out[b]) and torch.equal(l1[0], lse[b]), f"row {b} alone differs"
+    check_against_reference(out, lse, q, k, v, L, mask, 0.125)
 
 
 def _ancestor_lists_oracle(mask, L, N):
@@ -450,21 +473,22 @@ def test_triton_ancestor_lists(backend, T, block, density, slack, seed):
 
 
 def test_triton_part_keys_follow_neither_T_nor_L():
-    """The Triton parts are cut at fixed ranks: their size depends on the cache's N, B, Hkv and the GPU
-    only (a size that followed T or the prefix length would change a row's bits with T). Powers of two,
-    multiples of the tile, >= 512 keys on a GPU, at most MAX_PARTS parts."""
+    """The Triton parts are cut at fixed ranks: their size depends on the cache's N, Hkv and the GPU
+    only (a size that followed T or the prefix length would change a row's bits with T; one that followed
+    the batch size, a row's bits when rows leave the batch). Powers of two, multiples of the tile, >= 512
+    keys on a GPU, at most MAX_PARTS parts."""
     from triforce_kernels.triton import _target
     from triforce_kernels.triton.verify_attention import MAX_PARTS, _part_keys
 
     cpu = torch.device("cpu")
     with _target.plan_for(132):
-        for B, Hkv, N in [(1, 8, 131072), (8, 8, 131072), (1, 8, 32768), (32, 3, 4096), (1, 1, 10 ** 6), (4, 2, 100)]:
-            keys = _part_keys(B, Hkv, N, 64, cpu)
+        for Hkv, N in [(8, 131072), (8, 32768), (3, 4096), (1, 10 ** 6), (2, 100)]:
+            keys = _part_keys(Hkv, N, 64, cpu)
             assert keys % 64 == 0 and keys >= 512 and -(-N // keys) <= MAX_PARTS
-        assert _part_keys(1, 8, 131072, 64, cpu) == 4096  # 32 parts: 256 programs at T = 1
-        assert _part_keys(1, 8, 100000, 64, cpu) == 4096  # a power of two: nearby capacities share it
-    assert _part_keys(1, 1, 1000, 32, cpu, num_splits=64) == 32  # forced: about that many parts, tile-sized
-    assert _part_keys(1, 1, 10, 32, cpu) == 32
+        assert _part_keys(8, 131072, 64, cpu) == 4096  # 32 parts: 256 programs at T = 1
+        assert _part_keys(8, 100000, 64, cpu) == 4096  # a power of two: nearby capacities share it
+    assert _part_keys(1, 1000, 32, cpu, num_splits=64) == 32  # forced: about that many parts, tile-sized
+    assert _part_keys(1, 10, 32, cpu) == 32
 
 
 def _committed(k, v, L, T, parents, b, t):

@@ -1,13 +1,14 @@
 """Triton backend of ``tk.verify_attention``: split-K at fixed key ranks, then a log-sum-exp merge.
 
-A row's result depends only on the keys it sees, never on T or on the prefix length, so row t of a pass
-of T tokens is bitwise the one-token step at its position (docs/attention.md, "Independent of T"):
+A row's result depends only on the keys it sees, never on T, the prefix length or the batch, so row t of a
+pass of T tokens is bitwise the one-token step at its position (docs/attention.md, "Independent of T"), and
+a row gives the same bits in any batch:
 
 - Ranks. A query takes its keys in rank order: the prefix, then the new tokens it sees in index order.
   Causal: rank = position. Tree: the new tokens a row sees take ranks L-T, L-T+1, ..., the positions they
   get once committed (``_ancestor_lists``).
 - Parts. The ranks are cut into parts of ``_part_keys`` (a power of two, a multiple of the tile; it
-  depends on the cache's N, the batch, Hkv and the GPU, never on T or L). Each part runs its online
+  depends on the cache's N, Hkv and the GPU, never on T, L or the batch size). Each part runs its online
   softmax from a fresh state; the merge combines the parts' states by log-sum-exp, in one fixed order.
 - Tiles of BLOCK_N ranks start at multiples of BLOCK_N. Below the prefix rounded down to BLOCK_N
   (``Pf``) every row sees every key of a tile: the prefix launch (``TAIL=False``, grid (row block, part,
@@ -310,19 +311,21 @@ def _block_n(D, interpret):
     return 32 if interpret else (64 if D <= 128 else 32)
 
 
-def _part_keys(B, Hkv, N, block_n, device, num_splits=None):
-    """Keys per part, a multiple of the tile. It follows the cache's N, B, Hkv and the GPU, never T or
-    L (which would change a row's bits with T), and is a power of two, so that caches of nearly the
-    same capacity (an autoregressive run's and a speculative one's) usually get the same parts (unless
-    N / the wanted part count crosses a power of two between them). GPU: about 2 waves of prefix
-    programs over the SMs with a full cache, >= 512 keys a part. At most MAX_PARTS parts.
+def _part_keys(Hkv, N, block_n, device, num_splits=None):
+    """Keys per part, a multiple of the tile. It follows the cache's N, Hkv and the GPU, never T or L
+    (which would change a row's bits with T) nor the batch size (which would change them when rows leave
+    the batch: GPU run 5 found MagicDec's output changed with TRIFORCE_COMPACT_ROWS=1 while the parts
+    followed B), and is a power of two, so that caches of nearly the same capacity (an autoregressive
+    run's and a speculative one's) usually get the same parts (unless N / the wanted part count crosses a
+    power of two between them). GPU: about 2 waves of prefix programs over the SMs for one row with a full
+    cache (more rows: more waves), >= 512 keys a part. At most MAX_PARTS parts.
     ``num_splits`` (tests, benchmarks): about that many parts over N instead."""
     N = max(N, 1)
     if num_splits:
         keys = triton.cdiv(triton.cdiv(N, num_splits), block_n) * block_n
     else:
         sms = _target.sm_count(device)
-        want = triton.cdiv(2 * sms, B * Hkv) if sms is not None else 3  # interpreter: a few parts
+        want = triton.cdiv(2 * sms, Hkv) if sms is not None else 3  # interpreter: a few parts
         keys = triton.next_power_of_2(triton.cdiv(N, want))
         if sms is not None:
             keys = max(keys, 512)
@@ -400,7 +403,7 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     BLOCK_N = _block_n(D, interpret)
     BLOCK_D = max(16, triton.next_power_of_2(D))
     row_blocks = triton.cdiv(R, BLOCK_R)
-    PS = _part_keys(B, Hkv, N, BLOCK_N, q.device, num_splits)
+    PS = _part_keys(Hkv, N, BLOCK_N, q.device, num_splits)
     NP = max(1, triton.cdiv(N, PS))
     m = torch.empty((B * Hkv * NP * R,), device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
