@@ -379,6 +379,32 @@ def test_finished_rows_leave_the_batch(tiny_models, method, opts, monkeypatch):
 
 
 @pytest.mark.parametrize("method,opts", LEAVING_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(LEAVING_CASES)])
+def test_finished_rows_leave_by_halves_off_the_cpu(tiny_models, method, opts, monkeypatch):
+    """Off the CPU (``TRIFORCE_COMPACT_ROWS=1``; its rule driven here on the CPU) the finished rows ride along
+    retired until at most half the batch is running, then leave together: each new batch size at most half the
+    one before (a GPU captures its graphs once per size), and the output is still autoregressive decoding's."""
+    from triforce.engines import decode as decode_module
+
+    monkeypatch.delenv("TRIFORCE_COMPACT_ROWS", raising=False)
+    monkeypatch.setattr(decode_module, "compact_share", lambda device: 0.5)
+    target, draft = tiny_models
+    prompts = ragged_prompts()
+    free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
+    eos = int(free.tokens[0][1])  # row 0 stops at its second new token (or its first): 3 of 4 still run
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30, eos_token_id=eos)
+    seen = _batches_seen(monkeypatch, target)
+    opts = dict(opts)
+    d = opts.pop("draft", draft if method in ("speculative", "triforce") else None)
+    out = triforce.generate(target, prompts, method=method, max_new_tokens=30, eos_token_id=eos, draft=d, **opts)
+    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
+    assert out.lengths == ref.lengths
+    decode = seen[1:]
+    sizes = sorted(set(decode), reverse=True)
+    assert decode == sorted(decode, reverse=True) and decode.count(4) > 2, decode  # row 0 rode along, retired
+    assert all(b <= a // 2 for a, b in zip(sizes, sizes[1:])), decode
+
+
+@pytest.mark.parametrize("method,opts", LEAVING_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(LEAVING_CASES)])
 def test_the_caches_are_freed_as_generate_returns(tiny_models, method, opts):
     """No reference cycle keeps a call's caches alive after it returns (they may hold gigabytes; a cycle would
     keep them until the next garbage collection): with the collector off, none is left. (A first call in the
