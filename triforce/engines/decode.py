@@ -153,11 +153,12 @@ class Decode:
 
     def _retire(self, active: torch.Tensor) -> None:
         """Empty the full caches' rows that are done (finished or at ``max_new``: a row never becomes active
-        again), where they do not leave the batch (``compact`` off, or off the CPU until the batch halves). Such a row still rides in every forward as
-        padding; with no keys it attends to its own new tokens only, which a pass writes at slots ``0..T-1`` and
-        the verification rolls back (``adv`` 0), instead of reading its whole context: at batch x long context a
-        finished row otherwise costs a pass as much as a live one. Not a cache that a retrieval cache reads (``chunk_size`` set: TriForce, MagicDec
-        with ``draft_cache="retrieval"``), whose rebuilds need the rows' contexts. On the device, no sync."""
+        again), where they do not leave the batch (``compact`` off, or off the CPU until the batch halves). Such a
+        row still rides in every forward as padding; with no keys it attends to its own new tokens only, which a
+        pass writes at slots ``0..T-1`` and the verification rolls back (``adv`` 0), instead of reading its whole
+        context: at batch x long context a finished row otherwise costs a pass as much as a live one. Not a cache
+        that a retrieval cache reads (``chunk_size`` set: TriForce, MagicDec with ``draft_cache="retrieval"``),
+        whose rebuilds need the rows' contexts. On the device, no sync."""
         for cache in self.caches:
             if cache.chunk_size is None:
                 cache.rollback(torch.where(active, cache.lengths, 0))

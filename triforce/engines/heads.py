@@ -297,8 +297,11 @@ class _DraftVocab:
         self.V = V
         self.linear = Linear(weight.shape[1], size, bias=False, device=weight.device, dtype=weight.dtype)
         self.linear.weight = torch.nn.Parameter(weight.detach()[self.ids].contiguous(), requires_grad=False)
+        self.project_out = target.model._modules.get("project_out")  # (opt-350m's, before its head)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.project_out is not None:
+            x = self.project_out(x)
         sub = self.linear(x).float()
         out = sub.new_full((*sub.shape[:-1], self.V), float("-inf"))
         out[..., self.ids] = sub

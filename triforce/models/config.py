@@ -674,8 +674,10 @@ _GPT_NEO_TYPES = [[["global", "local"], 12]]  # GPTNeoConfig's attention_types
 # (its eps fixed, 1e-5) before the attention and the MLP (self_attn_layer_norm, final_layer_norm) and at the end;
 # multi-head attention (q, k, v, out_proj) with its queries scaled before the scores (the same scale: rounding only);
 # an ungated MLP (fc1, fc2; ffn_dim) of ReLU (activation_function); biases on every projection by enable_bias; a tied
-# head. Its checkpoints' names under model.decoder.* (or decoder.*, as facebook's own). opt-350m's post-norm layers
-# (do_layer_norm_before false) and projected embeddings (word_embed_proj_dim) are not implemented: they raise
+# head. Its checkpoints' names under model.decoder.* (or decoder.*, as facebook's own). opt-350m's layout: its norms
+# after each block's residual add (do_layer_norm_before false: LlamaConfig.norm_after_residual) and no final norm,
+# its embeddings narrower than the layers (word_embed_proj_dim, LlamaConfig.embed_dim: project_in after the token
+# embedding, project_out before the head); _remove_final_layer_norm drops the final norm of a pre-norm model
 FAMILIES["opt"] = Family("OPTForCausalLM", activation="relu", hidden_acts=("relu", "gelu", "gelu_new"),
                          gated_mlp=False, torch_layer_norm="plain", learned_positions=True, position_offset=2,
                          reads=("attention_bias", "mlp_bias"), defaults={
@@ -1341,17 +1343,17 @@ _HARMLESS_ONLY_AT = {
        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob")},
     "scale_embedding": (lambda v, c: c.model_type in ("biogpt", "xglm") and isinstance(v, bool),
                         "absent (BioGPT, XGLM: a bool)"),
-    # OPT's dropouts (training only) and its layouts: what opt-350m alone changes is not implemented
+    # OPT's dropouts (training only) and its layouts (opt-350m's: norms after the residual adds, projected embeddings)
     **{key: (lambda v, c: c.model_type in ("opt", "xglm") and _is_number(v) and 0 <= v < 1
              or c.model_type == "biogpt" and key != "dropout" and _is_number(v) and 0 <= v < 1,
              "absent (OPT, XGLM: any in [0, 1), training only; BioGPT: activation_dropout, layerdrop)")
        for key in ("dropout", "activation_dropout", "layerdrop")},
-    "do_layer_norm_before": (lambda v, c: c.model_type == "opt" and v is True,
-                             "absent (OPT: true; opt-350m's post-norm layers, false, are not implemented)"),
-    "_remove_final_layer_norm": (lambda v, c: c.model_type == "opt" and v is False,
-                                 "absent (OPT: false; a model without its final norm is not implemented)"),
-    "word_embed_proj_dim": (lambda v, c: c.model_type == "opt" and (v is None or v == c.hidden_size),
-                            "absent (OPT: null or hidden_size; opt-350m's projected embeddings are not implemented)"),
+    "do_layer_norm_before": (lambda v, c: c.model_type == "opt" and isinstance(v, bool),
+                             "absent (OPT: a bool; false: opt-350m's norms after the residual adds)"),
+    "_remove_final_layer_norm": (lambda v, c: c.model_type == "opt" and isinstance(v, bool),
+                                 "absent (OPT: a bool)"),
+    "word_embed_proj_dim": (lambda v, c: c.model_type == "opt" and (v is None or _is_int(v) and v >= 1),
+                            "absent (OPT: null or a positive int, the embeddings' width: opt-350m's 512)"),
     "layer_norm_elementwise_affine": (lambda v, c: c.model_type == "opt" and v is True,
                                       "absent (OPT: true; LayerNorms without weights are not implemented)"),
     # GPT-2's (GPT-BigCode's): its attention's scale (LlamaConfig.attention_scale), its float32 scores (ours are: either
@@ -2506,6 +2508,27 @@ class LlamaConfig:
         ``layer_types`` or the family's pattern), whatever its window; all False for the other families."""
         sliding = _sliding_layers(self)[0] if self.model_type in _PATTERNED else None
         return (False,) * self.num_hidden_layers if sliding is None else tuple(sliding)
+
+    @property
+    def norm_after_residual(self) -> bool:
+        """opt-350m's layer (OPT's ``do_layer_norm_before`` false): ``h = input_layernorm(h + attn(h))``, then
+        ``post_attention_layernorm(h + mlp(h))``: each norm after its block's residual add, none before a block."""
+        return self.model_type == "opt" and self.extra.get("do_layer_norm_before", True) is False
+
+    @property
+    def final_norm(self) -> bool:
+        """Whether the last layer's output is normed before the head (OPT's: only a pre-norm model's, and not with
+        ``_remove_final_layer_norm``)."""
+        return not (self.model_type == "opt" and (self.norm_after_residual
+                                                  or self.extra.get("_remove_final_layer_norm", False)))
+
+    @property
+    def embed_dim(self) -> int:
+        """The token embeddings' (and the tied head's) width: ``hidden_size``, or OPT's ``word_embed_proj_dim``
+        (opt-350m's 512 under 1024-wide layers: ``model.project_in`` after the embedding, ``model.project_out``
+        before the head)."""
+        given = self.extra.get("word_embed_proj_dim") if self.model_type == "opt" else None
+        return self.hidden_size if given is None else int(given)
 
     @property
     def post_norms(self) -> bool:

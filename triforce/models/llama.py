@@ -1196,6 +1196,7 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.sandwich = config.sandwich_norms
         self.post_norms = post
+        self.norm_after = config.norm_after_residual  # opt-350m's: each norm after its block's residual add
         self.residual_multiplier = config.residual_multiplier  # Granite's (1.0 elsewhere)
 
     def residual(self, h, a):
@@ -1203,7 +1204,11 @@ class DecoderLayer(nn.Module):
         sandwich norms (Gemma 3) ``h + norm(a)``, then ``+ norm(mlp(norm(h)))``; in parallel (Cohere 2) ``h + a +
         mlp(norm(h))`` with the attention's own norm (GPT-NeoX: with the MLP's, ``post_attention_layernorm``); with
         post norms (OLMo 2 / 3) ``h + norm(a)``, then ``+ norm(mlp(h))``; Granite's blocks' outputs times its residual
-        multiplier before each add."""
+        multiplier before each add; with norms after the residual adds (opt-350m) ``norm(h + a)``, then ``norm'(h +
+        mlp(h))``."""
+        if self.norm_after:
+            h = self.input_layernorm(h + a)
+            return self.post_attention_layernorm(h + self.mlp(h))
         if self.sandwich and self.residual_multiplier != 1:  # (HyperCLOVA X's Peri-LN under Granite's multiplier)
             m = self.residual_multiplier
             h = h + self.post_attention_layernorm(a) * m
@@ -1230,9 +1235,10 @@ class DecoderLayer(nn.Module):
             q, k, k_raw, v = torch.ops.triforce_C.decoder_attn_in(h, *args_in, cos, sin, att.head_dim)
             out = att.attend(q, k, v, k_raw, cache, step)
             return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
-        a = self.self_attn(self.input_layernorm(h), cos, sin, cache, step)
+        a = self.self_attn(h if self.norm_after else self.input_layernorm(h), cos, sin, cache, step)
         norm = self._modules.get("post_attention_layernorm")  # (Cohere 2's parallel block has none)
         if type(norm) is RMSNorm and not self.parallel and not self.sandwich and not self.post_norms \
+                and not self.norm_after \
                 and self.residual_multiplier == 1 \
                 and norm._kernel_ok(h) and a.shape == h.shape \
                 and a.dtype == h.dtype and a.is_contiguous():  # the residual add and the norm after it in one kernel
@@ -1279,7 +1285,8 @@ class DecoderLayer(nn.Module):
             # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
             # output: not in the fused layer
         layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))  # (StarCoder 2's, GPT-2's, DBRX's)
-        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or not (layer_norm or all(
+        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or self.__dict__.get("norm_after") \
+                or not (layer_norm or all(
                 type(n) is RMSNorm for n in (norm_in, norm_out))) or (q_norm is not None and not (
                     type(q_norm) is RMSNorm and type(k_norm) is RMSNorm)):
             return None
@@ -1414,14 +1421,18 @@ class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, init: bool = True):
         super().__init__()
         # init=False: nn.Embedding is given its (empty) weight instead of drawing one (see Llama's _empty).
-        weight = None if init else torch.empty(config.vocab_size, config.hidden_size)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
+        e = config.embed_dim  # (hidden_size but for opt-350m's narrower embeddings, projected in and out)
+        weight = None if init else torch.empty(config.vocab_size, e)
+        self.embed_tokens = nn.Embedding(config.vocab_size, e, _weight=weight)
+        if e != config.hidden_size:
+            self.project_in = Linear(e, config.hidden_size, bias=False)
+            self.project_out = Linear(config.hidden_size, e, bias=False)
         if config.position_offset is not None:  # GPT-2's learned absolute positions (wpe)
             rows = config.max_position_embeddings + config.position_offset
             self.embed_positions = nn.Embedding(rows, config.hidden_size, _weight=None if init else torch.empty(
                 rows, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps) if config.final_norm else nn.Identity()
 
 
 class Llama(nn.Module):
@@ -1459,7 +1470,7 @@ class Llama(nn.Module):
         # cores, up to ~11 s on busier ones) to compute nothing; nn.Linear's init has a native meta kernel.
         with torch.device("meta") if _empty else contextlib.nullcontext():
             self.model = LlamaModel(config, init=not _empty)
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=config.head_bias)
+            self.lm_head = Linear(config.embed_dim, config.vocab_size, bias=config.head_bias)
             inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
             local = None if all(config.rope_layers) else (
                 torch.empty(config.head_dim // 2) if _empty else rope_local_inv_freq(config))
@@ -1546,6 +1557,9 @@ class Llama(nn.Module):
         f = self.config.rounded_embed_factor  # (Gemma's sqrt(hidden_size), MiniCPM3's scale_emb, BioGPT's)
         if f is not None:
             h = h * float(torch.tensor(f).to(h.dtype))
+        project_in = self.model._modules.get("project_in")  # (opt-350m's: its embeddings narrower than the layers)
+        if project_in is not None:
+            h = project_in(h)
         offset = self.config.position_offset
         if offset is not None:  # (no host sync: the clamp instead of a check)
             if positions is None:
@@ -1726,6 +1740,9 @@ class Llama(nn.Module):
         return self._head(z)
 
     def _head(self, z: torch.Tensor) -> torch.Tensor:  # (head's body: the forward's own, not replaced with head)
+        project_out = self.model._modules.get("project_out")  # (opt-350m's: back to the embeddings' width)
+        if project_out is not None:
+            z = project_out(z)
         d = self.config.head_divisor  # (MiniCPM3's, before the head)
         logits = self.lm_head(z if d == 1 else z / d)
         scaling, scale = self.config.logits_scaling, self.config.logit_scale
@@ -1884,8 +1901,9 @@ class Llama(nn.Module):
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)
         draft.model.embed_tokens = self.model.embed_tokens
-        if "embed_positions" in self.model._modules:  # (GPT-2's learned positions)
-            draft.model.embed_positions = self.model.embed_positions
+        for name in ("embed_positions", "project_in", "project_out"):  # (GPT-2's learned positions, opt-350m's)
+            if name in self.model._modules:
+                setattr(draft.model, name, self.model._modules[name])
         draft.model.layers = nn.ModuleList(self.model.layers[:k])
         draft.model.norm = self.model.norm
         draft.lm_head = self.lm_head

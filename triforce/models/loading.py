@@ -813,6 +813,8 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                  "opt": {"model.decoder.final_layer_norm.": "model.norm.", "model.decoder.layers.": "model.layers.",
                          "model.decoder.embed_tokens.": "model.embed_tokens.",
                          "model.decoder.embed_positions.": "model.embed_positions.",
+                         "model.decoder.project_in.": "model.project_in.",  # (opt-350m's)
+                         "model.decoder.project_out.": "model.project_out.",
                          ".self_attn_layer_norm.": ".input_layernorm.",
                          ".final_layer_norm.": ".post_attention_layernorm.",
                          ".self_attn.out_proj.": ".self_attn.o_proj.", ".fc1.": ".mlp.up_proj.",
