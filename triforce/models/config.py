@@ -16,8 +16,9 @@ LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apert
 ``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
 LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
 ``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``gpt_bigcode`` (GPT-2's,
-multi-query), ``gpt_neo`` (GPT-2's, local windows, unscaled), ``opt`` (learned positions, ReLU), ``biogpt`` (OPT's,
-scaled embeddings), ``xglm`` (BioGPT's, sinusoidal positions),
+multi-query), ``openai-gpt`` (GPT-2's, norms after the residual adds: ``norm_after_residual``), ``gpt_neo`` (GPT-2's,
+local windows, unscaled), ``opt`` (learned positions, ReLU; opt-350m's norms after the residual adds and projected
+embeddings, ``embed_dim``), ``biogpt`` (OPT's, scaled embeddings), ``xglm`` (BioGPT's, sinusoidal positions),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
@@ -654,6 +655,17 @@ FAMILIES["gpt_bigcode"] = Family("GPTBigCodeForCausalLM", activation="gelu_tanh"
                                  gated_mlp=False, torch_layer_norm="plain", learned_positions=True,
                                  reads=("attention_bias", "mlp_bias"), defaults=dict(FAMILIES["gpt2"].defaults))
 _GPT2S = ("gpt2", "gpt_bigcode")
+# GPT-1 (OpenAIGPTLMHeadModel: openai-community/openai-gpt): GPT-2's embeddings, learned positions (offset 0) and
+# Conv1D layer names, its norms after each block's residual add (h = ln_1(h + attn(h)), then ln_2(h + mlp(h)):
+# LlamaConfig.norm_after_residual) and no final norm, an ungated MLP of 4 x n_embd (afn: "gelu" is GELU's tanh form,
+# "relu"), biases everywhere, scaled scores, a tied head; its config's names (n_embd, n_layer, n_head, n_positions,
+# afn, layer_norm_epsilon); its checkpoints' transformer.* (tokens_embed, positions_embed, h.*), or unprefixed
+FAMILIES["openai-gpt"] = dataclasses.replace(
+    FAMILIES["gpt2"], architecture="OpenAIGPTLMHeadModel", hidden_acts=("gelu", "relu"),
+    defaults={**FAMILIES["gpt2"].defaults, "vocab_size": 40478, "max_position_embeddings": 512,
+              "bos_token_id": None, "eos_token_id": None})
+_OPENAI_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+                 "n_positions": "max_position_embeddings", "afn": "hidden_act"}  # (OpenAIGPTConfig's -> the model's)
 # GPT-Neo (GPTNeoForCausalLM: EleutherAI's gpt-neo-125m / 1.3B / 2.7B, the TinyStories models, their fine-tunes):
 # GPT-2's learned positions and layer with separate unbiased q, k, v (out_proj biased), unscaled scores (scale 1), a
 # window of window_size (256) tokens on the attention_types' local layers (by default every other layer from the
@@ -710,6 +722,7 @@ _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "ro
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
+                 "openai-gpt": "layer_norm_epsilon",
                  "gpt_bigcode": "layer_norm_epsilon", "gpt_neo": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
@@ -1327,15 +1340,20 @@ _HARMLESS_ONLY_AT = {
     # Phi-3's other dropouts (training only, as that one); DBRX's resid_pdrop (one key, one entry: a second of the same
     # name would replace this one)
     "embd_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                   or c.model_type in ("phi", *_GPTJS, *_GPT2S) and _is_number(v) and 0 <= v < 1,
-                   "0.0 (Phi-3; Phi-2, GPT-J, GPT-2: any in [0, 1))"),
+                   or c.model_type in ("phi", *_GPTJS, *_GPT2S, "openai-gpt") and _is_number(v) and 0 <= v < 1,
+                   "0.0 (Phi-3; Phi-2, GPT-J, GPT-2, GPT-1: any in [0, 1))"),
     "resid_pdrop": (lambda v, c: c.model_type == "phi3" and v in (0, None)
-                    or c.model_type in ("phi", "dbrx", *_GPTJS, *_GPT2S) and _is_number(v) and 0 <= v < 1,
-                    "0.0 (Phi-3; Phi-2, DBRX, GPT-J, GPT-2: any in [0, 1))"),
-    "attn_pdrop": (lambda v, c: c.model_type in (*_GPTJS, *_GPT2S) and _is_number(v) and 0 <= v < 1,
-                   "absent (GPT-J, CodeGen, GPT-2: any in [0, 1), training only)"),
-    "n_ctx": (lambda v, c: c.model_type in ("codegen", "gpt2") and _is_int(v) and v >= 1,
-              "absent (CodeGen, GPT-2: an int >= 1, not read by transformers' model)"),
+                    or c.model_type in ("phi", "dbrx", *_GPTJS, *_GPT2S, "openai-gpt") and _is_number(v) and 0 <= v < 1,
+                    "0.0 (Phi-3; Phi-2, DBRX, GPT-J, GPT-2, GPT-1: any in [0, 1))"),
+    "attn_pdrop": (lambda v, c: c.model_type in (*_GPTJS, *_GPT2S, "openai-gpt") and _is_number(v) and 0 <= v < 1,
+                   "absent (GPT-J, CodeGen, GPT-2, GPT-1: any in [0, 1), training only)"),
+    "n_ctx": (lambda v, c: c.model_type in ("codegen", "gpt2", "openai-gpt") and _is_int(v) and v >= 1,
+              "absent (CodeGen, GPT-2, GPT-1: an int >= 1, not read by transformers' model)"),
+    # GPT-1's first config's keys (openai-gpt's config.json), which transformers' model does not read
+    "n_special": (lambda v, c: c.model_type == "openai-gpt" and v == 0,
+                  "absent (GPT-1: 0; special tokens' rows past vocab_size are not read)"),
+    "predict_special_tokens": (lambda v, c: c.model_type == "openai-gpt" and isinstance(v, bool),
+                               "absent (GPT-1: a bool, not read)"),
     # BioGPT's: its dropouts (training only), its embeddings' scale (LlamaConfig.rounded_embed_factor), its
     # layer_norm_eps (its modules' LayerNorms never read it: 1e-5)
     **{key: (lambda v, c: c.model_type == "biogpt" and _is_number(v) and 0 <= v < 1,
@@ -1371,7 +1389,8 @@ _HARMLESS_ONLY_AT = {
                                         "absent (GPT-2: false; a scale per layer is not implemented)"),
     "reorder_and_upcast_attn": (lambda v, c: c.model_type == "gpt2" and isinstance(v, bool),
                                 "absent (GPT-2: a bool; the scores are float32 either way)"),
-    **{key: (lambda v, c: c.model_type == "gpt2", "absent (GPT-2: any, its double-heads model's summary head)")
+    **{key: (lambda v, c: c.model_type in ("gpt2", "openai-gpt"),
+             "absent (GPT-2, GPT-1: any, their double-heads models' summary head)")
        for key in ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
                    "summary_first_dropout")},
     # Phi-2's and StableLM's q / k LayerNorm over head_dim (LlamaConfig.qk_norm): off in phi-1, phi-1.5, phi-2 and
@@ -2511,16 +2530,17 @@ class LlamaConfig:
 
     @property
     def norm_after_residual(self) -> bool:
-        """opt-350m's layer (OPT's ``do_layer_norm_before`` false): ``h = input_layernorm(h + attn(h))``, then
+        """opt-350m's layer (OPT's ``do_layer_norm_before`` false; GPT-1's): ``h = input_layernorm(h + attn(h))``, then
         ``post_attention_layernorm(h + mlp(h))``: each norm after its block's residual add, none before a block."""
-        return self.model_type == "opt" and self.extra.get("do_layer_norm_before", True) is False
+        return self.model_type == "opt" and self.extra.get("do_layer_norm_before", True) is False \
+            or self.model_type == "openai-gpt"
 
     @property
     def final_norm(self) -> bool:
         """Whether the last layer's output is normed before the head (OPT's: only a pre-norm model's, and not with
-        ``_remove_final_layer_norm``)."""
-        return not (self.model_type == "opt" and (self.norm_after_residual
-                                                  or self.extra.get("_remove_final_layer_norm", False)))
+        ``_remove_final_layer_norm``; GPT-1's: never)."""
+        return not (self.model_type == "openai-gpt" or self.model_type == "opt" and (
+            self.norm_after_residual or self.extra.get("_remove_final_layer_norm", False)))
 
     @property
     def embed_dim(self) -> int:
@@ -3033,6 +3053,8 @@ class LlamaConfig:
         key."""
         if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
+        if self.model_type == "openai-gpt":  # (its "gelu" is GELU's tanh form, transformers' gelu_new)
+            return "relu" if self.extra.get("hidden_act", "gelu") == "relu" else "gelu_tanh"
         if self.model_type in (*_GPT2S, "opt", "gpt_neo", "biogpt", "xglm"):  # (the exact GELU or ReLU by their key;
             # else GELU's tanh form)
             act = self.extra.get("hidden_act", FAMILIES[self.model_type].hidden_acts[0])
@@ -3095,6 +3117,8 @@ class LlamaConfig:
             _gptj_keys(d)
         if model_type in _GPT2S:
             _gpt2_keys(d)
+        if model_type == "openai-gpt":
+            _openai_gpt_keys(d)
         if model_type == "opt":
             _opt_keys(d)
         if model_type == "xglm":
@@ -3327,6 +3351,12 @@ class LlamaConfig:
                 d.pop(key, None)
             d["ffn_hidden_size"] = self.intermediate_size
             d["bias"] = self.attention_bias
+        if self.model_type == "openai-gpt":  # (OpenAIGPTConfig's names; MHA, 4 x n_embd, biases, no RoPE: not keys)
+            for old, new in _OPENAI_NAMES.items():
+                d[old] = d.pop(new)
+            for key in ("intermediate_size", "num_key_value_heads", "head_dim", "mlp_bias", "attention_bias",
+                        "rope_theta", "rope_scaling", "partial_rotary_factor"):
+                d.pop(key, None)
         if self.model_type in (*_GPTJS, *_GPT2S):  # its own keys (GPTJConfig's names, GPT2Config's too; MHA, one
             for old, new in _GPTJ_NAMES.items():  # head_dim, biased MLPs; GPT-J's RoPE's dims, GPT-2's none)
                 if new in d:
@@ -3459,6 +3489,18 @@ def _gpt2_keys(d: dict) -> None:
                  "GPT2Config", "GPT-2 is multi-head attention of head_dim n_embd // n_head with learned positions (no "
                  "RoPE) and biases on every projection")
     _four_times_hidden(d, "gpt2")
+    d["attention_bias"] = d["mlp_bias"] = True
+
+
+def _openai_gpt_keys(d: dict) -> None:
+    """A GPT-1 config's keys in ``d`` under the model's names, in place (:data:`_OPENAI_NAMES`; each given once): an
+    MLP of 4 x ``n_embd`` (its config has no key for it), biases everywhere. Keys OpenAIGPTConfig does not read and
+    the model would (RoPE's, KV heads, head_dim, the MLP's width, the bias switches) raise."""
+    _own_names(d, _OPENAI_NAMES, "GPT-1")
+    _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads", "intermediate_size"), "OpenAIGPTConfig",
+                 "GPT-1 is multi-head attention of head_dim n_embd // n_head with learned positions (no RoPE), an MLP "
+                 "of 4 x n_embd and biases on every projection")
+    _four_times_hidden(d, "openai-gpt")
     d["attention_bias"] = d["mlp_bias"] = True
 
 

@@ -987,20 +987,28 @@ _GPT2_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.wpe.",
                (".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj."))
 _GPT2_CONV1D = re.compile(r".*\.(self_attn\.(qkv|o)_proj|mlp\.(up|down)_proj)\.weight")
 _GPT2_UNPREFIXED = ("wte.", "wpe.", "h.", "ln_f.")  # (gpt2's own checkpoints: GPT2Model's names, no transformer.)
+# GPT-1's: GPT-2's layer names, its embeddings' own, no final norm (OpenAIGPTModel's unprefixed too)
+_OPENAI_NAMES = (("transformer.tokens_embed.", "model.embed_tokens."),
+                 ("transformer.positions_embed.", "model.embed_positions."), *_GPT2_NAMES[2:3],
+                 *_GPT2_NAMES[4:])
+_OPENAI_UNPREFIXED = ("tokens_embed.", "positions_embed.", "h.")
 
 
 def _gpt2_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
-    """A GPT-2 or GPT-BigCode checkpoint's weights under the model's names (unprefixed ones, as gpt2's own, read as
-    under ``transformer.``; GPT-2's Conv1D weights transposed; ``c_attn`` split into q, k and v, rows and bias: GPT-2's
-    and GPT-BigCode's multi-query ``[q; k; v]``, GPT-BigCode's multi-head per head), or with ``inverse`` back
+    """A GPT-2, GPT-1 or GPT-BigCode checkpoint's weights under the model's names (unprefixed ones, as gpt2's own,
+    read as under ``transformer.``; GPT-2's and GPT-1's Conv1D weights transposed; ``c_attn`` split into q, k and v,
+    rows and bias: GPT-2's, GPT-1's and GPT-BigCode's multi-query ``[q; k; v]``, GPT-BigCode's multi-head per head),
+    or with ``inverse`` back
     (transformers' names and layout)."""
-    conv1d = config.model_type == "gpt2"  # (GPT-BigCode's are nn.Linear's)
+    conv1d = config.model_type in ("gpt2", "openai-gpt")  # (GPT-BigCode's are nn.Linear's)
+    names, unprefixed = (_OPENAI_NAMES, _OPENAI_UNPREFIXED) if config.model_type == "openai-gpt" else (
+        _GPT2_NAMES, _GPT2_UNPREFIXED)
     H, KV, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     per_head = config.model_type == "gpt_bigcode" and KV == H > 1
     out = {}
     if not inverse:
-        sd = {(f"transformer.{k}" if k.startswith(_GPT2_UNPREFIXED) else k): t for k, t in sd.items()}
-        for name, t in _renamed(sd, _GPT2_NAMES).items():
+        sd = {(f"transformer.{k}" if k.startswith(unprefixed) else k): t for k, t in sd.items()}
+        for name, t in _renamed(sd, names).items():
             if conv1d and _GPT2_CONV1D.fullmatch(name):
                 t = t.t().contiguous()
             if (m := re.fullmatch(r"(.*\.)self_attn\.qkv_proj\.(weight|bias)", name)) is not None:
@@ -1021,7 +1029,7 @@ def _gpt2_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     out = _qkv_joined(sd, join, "weight|bias")
     if conv1d:
         out = {name: t.t().contiguous() if _GPT2_CONV1D.fullmatch(name) else t for name, t in out.items()}
-    return _renamed(out, [(new, old) for old, new in _GPT2_NAMES])
+    return _renamed(out, [(new, old) for old, new in names])
 
 
 def _falcon_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
@@ -1176,7 +1184,7 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _axk1_norms(config, sd, inverse)
     if config.model_type == "codegen":
         return _codegen_names(config, sd, inverse)
-    if config.model_type in ("gpt2", "gpt_bigcode"):
+    if config.model_type in ("gpt2", "gpt_bigcode", "openai-gpt"):
         return _gpt2_names(config, sd, inverse)
     if config.model_type == "xglm":  # (its sinusoidal positions: computed on loading, never saved)
         pairs = list(_FAMILY_NAMES["xglm"].items())
@@ -1437,7 +1445,8 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     family's norm and expert names, partial RoPE's and DeepSeek's rows reordered, gate and up rows joined; a tied
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
-    if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2", "gpt_neo"):  # (old checkpoints' attention
+    if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2", "gpt_neo",
+                             "openai-gpt"):  # (old checkpoints' attention
         sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # buffers: a causal mask, its fill;
         # transformers drops or ignores them)
     if config.model_type == "persimmon":  # (its query_key_value is GPT-NeoX's, under its attention's name)
