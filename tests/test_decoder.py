@@ -46,6 +46,11 @@ STACK_FAMILIES = {
     # unscaled scores (the stack's attention_scale) and a window on its local layers
     "gpt_neo": dict(model_type="gpt_neo", mlp_bias=True, num_key_value_heads=4,
                     extra={"attention_types": [[["global", "local"], 1]], "window_size": 5}),
+    # each norm after its block's residual add (the stack's norm_after): opt-350m's (and its projected embeddings,
+    # outside the stack), GPT-1's
+    "opt-350m": dict(model_type="opt", attention_bias=True, mlp_bias=True, num_key_value_heads=4,
+                     extra={"do_layer_norm_before": False, "word_embed_proj_dim": 48}),
+    "openai-gpt": dict(model_type="openai-gpt", attention_bias=True, mlp_bias=True, num_key_value_heads=4),
 }
 
 
@@ -198,9 +203,9 @@ class Spy:
 class LayerSpy(Spy):
     """Counts the layers a ``decoder_layers`` call runs (one per KV cache buffer it is given)."""
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):  # (kwargs: norm_after, by name)
         self.calls += len(args[11])
-        return self.real(*args)
+        return self.real(*args, **kwargs)
 
 
 def count_fused_calls(model, monkeypatch, ids, **kw):
@@ -679,6 +684,25 @@ def test_native_stack_checks_its_kinds(monkeypatch):
                        ((norm_bias, mlp, float("nan")), "attention_scale must be finite")):
         with pytest.raises(RuntimeError, match=match):
             real(*args, *bad, parallel)
+    assert_bitwise(before, cache.k + cache.v)
+
+
+def test_native_stack_takes_norms_after_the_adds_by_name(monkeypatch):
+    """opt-350m's and GPT-1's layers reach the stack with ``norm_after`` set (by name: the other families' calls keep
+    their arguments), and the stack refuses it together with ``parallel`` (two layouts) before any buffer is written."""
+    model = make_model("openai-gpt")
+    real, calls = torch.ops.triforce_C.decoder_layers, []
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a, **k: calls.append((a, k)) or real(*a, **k),
+                        raising=False)
+    cache = FullCache(model.config, 2, 16)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (2, 3)), cache=cache)
+    (args, kwargs), = calls
+    assert kwargs == {"norm_after": True} and args[-1] is False  # (parallel)
+    cache.rollback(torch.zeros(2, dtype=torch.int32))
+    before = [t.clone() for t in cache.k + cache.v]
+    with pytest.raises(RuntimeError, match="two layouts"):
+        real(*args[:-1], True, norm_after=True)
     assert_bitwise(before, cache.k + cache.v)
 
 

@@ -277,13 +277,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    bool layer_norm = false) {
+    bool layer_norm = false, bool norm_after = false) {
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
   TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
   const int64_t B = h.size(0), T = h.size(1);
-  const at::Tensor x = norm(h, norm_w, norm_b, eps, layer_norm).reshape({B * T, h.size(2)});
+  // (norm_after: the attention on h itself, its norm after the residual add: attn_out_mlp_after)
+  const at::Tensor x = (norm_after ? h : norm(h, norm_w, norm_b, eps, layer_norm)).reshape({B * T, h.size(2)});
   auto [qp, kp, vp] = p.many<3>({0, 1, 2}, x);
   at::Tensor q = qp.view({B, T, -1, head_dim});
   at::Tensor k_raw = kp.view({B, T, -1, head_dim});
@@ -293,6 +294,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
   }
   const at::Tensor v = vp.view({B, T, -1, head_dim});
   return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
+}
+
+// The MLP of a layer (projections 1-3 of p) on x [N, H] -> down's output [N, H], a fresh tensor: SiLU(gate) * up
+// written over gate, or act(up) over up (an ungated MLP: the gate's projection is not read)
+at::Tensor mlp_out(const at::Tensor& x, const Projections& p, Mlp mlp) {
+  at::Tensor act;
+  if (mlp == Mlp::kSwiGlu) {
+    auto [gate, up] = p.many<2>({1, 2}, x);
+    glu_into<triforce::Act::kSilu>(gate, up, gate);
+    act = gate;
+  } else {  // (projection 1, the gate, is not read)
+    act = p(2, x);
+    if (mlp == Mlp::kGeluTanh)
+      glu_into<triforce::Act::kGeluTanh>(act, at::ones_like(act), act);
+    else if (mlp == Mlp::kGelu)
+      glu_into<triforce::Act::kGelu>(act, at::ones_like(act), act);
+    else
+      act = mlp == Mlp::kRelu ? at::relu(act) : at::square(at::relu(act));
+  }
+  return p(3, act);
 }
 
 at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
@@ -308,23 +329,21 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::T
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
   const at::Tensor h2 = residual_add(o, h);  // (over o: h stays the layer's input)
   const at::Tensor x = norm(parallel ? h : h2, norm_w, norm_b, eps, layer_norm).reshape({B * T, H});
-  at::Tensor act;
-  if (mlp == Mlp::kSwiGlu) {
-    auto [gate, up] = p.many<2>({1, 2}, x);
-    glu_into<triforce::Act::kSilu>(gate, up, gate);
-    act = gate;
-  } else {  // (projection 1, the gate, is not read)
-    act = p(2, x);
-    if (mlp == Mlp::kGeluTanh)
-      glu_into<triforce::Act::kGeluTanh>(act, at::ones_like(act), act);
-    else if (mlp == Mlp::kGelu)
-      glu_into<triforce::Act::kGelu>(act, at::ones_like(act), act);
-    else
-      act = mlp == Mlp::kRelu ? at::relu(act) : at::square(at::relu(act));
-  }
-  const at::Tensor down = p(3, act);
-  return residual_add(down.view({B, T, -1}), h2);
+  return residual_add(mlp_out(x, p, mlp).view({B, T, -1}), h2);
 }
+
+// opt-350m's and GPT-1's layer after its attention, each norm after its block's residual add: h2 = norm_in(h + o),
+// then norm_out(h2 + mlp(h2)), as the modules compute it (DecoderLayer.residual)
+at::Tensor attn_out_mlp_after(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& in_w, double in_eps,
+                              const std::optional<at::Tensor>& in_b, const at::Tensor& out_w, double out_eps,
+                              const std::optional<at::Tensor>& out_b, const Projections& p, bool layer_norm, Mlp mlp) {
+  const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
+  const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
+  const at::Tensor h2 = norm(residual_add(o, h), in_w, in_b, in_eps, layer_norm);
+  const at::Tensor down = mlp_out(h2.reshape({B * T, H}), p, mlp);
+  return norm(residual_add(down.view({B, T, -1}), h2), out_w, out_b, out_eps, layer_norm);
+}
+
 
 // ---- the KV cache's side of a layer (decoder_layers): what the model layer's caches do in Python
 // (triforce/models/cache.py), for the caches whose attend is "write, then attend over the buffers".
@@ -592,8 +611,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
-                          std::optional<double> attention_scale, bool parallel) {
+                          std::optional<double> attention_scale, bool parallel, bool norm_after) {
   const size_t L = k_cache.size();
+  TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   const Mlp mlp = mlp_kind(mlp_name);
   // LayerNorms (their biases given, one per norm: none for a norm without) or RMSNorms (none given)
   const bool layer_norm = norm_bias_list.has_value();
@@ -697,7 +717,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
     for (size_t l = 0; l < L; ++l) {
       auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
                                       qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos_rows, sin_rows, head_dim,
-                                      norm_bias[2 * l], layer_norm);
+                                      norm_bias[2 * l], layer_norm, norm_after);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
       // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
       const at::ScalarType kv = k_cache[l].scalar_type();
@@ -716,9 +736,11 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
           pack(std::get<0>(verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
                                                    query_lens, window, 0.0, window ? window_leftpad : std::nullopt))
                    .to(x.scalar_type()));
-      x = attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1],
-                       {&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]}, norm_bias[2 * l + 1], layer_norm, mlp,
-                       parallel);
+      const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
+      x = norm_after ? attn_out_mlp_after(x, attn, norm_w[2 * l], eps[2 * l], norm_bias[2 * l], norm_w[2 * l + 1],
+                                          eps[2 * l + 1], norm_bias[2 * l + 1], out, layer_norm, mlp)
+                     : attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1], out, norm_bias[2 * l + 1], layer_norm,
+                                    mlp, parallel);
     }
     return x;
   });

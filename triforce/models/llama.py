@@ -1261,11 +1261,12 @@ class DecoderLayer(nn.Module):
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), and the layer's kind:
-        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP, parallel)`` (:data:`_PLAIN_LAYER`: RMSNorms and
-        Llama's gated SwiGLU in sequence; with torch's LayerNorm, a bias or None each, True; an ungated MLP by its
+        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP, parallel, norms after)`` (:data:`_PLAIN_LAYER`: RMSNorms
+        and Llama's gated SwiGLU in sequence; with torch's LayerNorm, a bias or None each, True; an ungated MLP by its
         activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty
         placeholder; a parallel block, ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's norm: its
-        own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's))."""
+        own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's); each norm after its block's residual add,
+        opt-350m's and GPT-1's ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True)."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1285,7 +1286,8 @@ class DecoderLayer(nn.Module):
             # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
             # output: not in the fused layer
         layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))  # (StarCoder 2's, GPT-2's, DBRX's)
-        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or self.__dict__.get("norm_after") \
+        norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
+        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or (norm_after and parallel) \
                 or not (layer_norm or all(
                 type(n) is RMSNorm for n in (norm_in, norm_out))) or (q_norm is not None and not (
                     type(q_norm) is RMSNorm and type(k_norm) is RMSNorm)):
@@ -1312,14 +1314,14 @@ class DecoderLayer(nn.Module):
         qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"], q_norm.eps)
         args_in = (norm_in._parameters["weight"], norm_in.eps, *projections[0], *qk)
         args_out = (norm_out._parameters["weight"], norm_out.eps, *projections[1])
-        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act, parallel) if layer_norm \
-            else (None, None, False, act, parallel)
+        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act, parallel, norm_after) \
+            if layer_norm else (None, None, False, act, parallel, norm_after)
         return att, args_in, args_out, kind
 
 
 _LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm)  # torch's LayerNorm (F.layer_norm), as decoder_layers calls it
-_PLAIN_LAYER = (None, None, False, "silu", False)  # RMSNorms, Llama's SwiGLU, in sequence: the per-layer fused calls'
-# layer
+_PLAIN_LAYER = (None, None, False, "silu", False, False)  # RMSNorms, Llama's SwiGLU, in sequence, each norm before its
+# block: the per-layer fused calls' layer
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
 
@@ -1352,8 +1354,9 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     """``h`` after ``layers[lo:hi]`` of a cached forward in one native call, ``triforce_C::decoder_layers``
     (csrc/cpu/decoder.cpp): each layer's two fused calls with the cache's side in between (its rows written,
     ``verify_attention`` over its buffers), bitwise what the layers called one by one give; besides RMSNorm and
-    SwiGLU, torch's LayerNorms, the ungated MLPs of :data:`_UNGATED_NATIVE` and parallel blocks (one kind for all the
-    call's layers: :meth:`DecoderLayer._fused_layer_arguments`), at the cache's attention scale. ``None`` where
+    SwiGLU, torch's LayerNorms, the ungated MLPs of :data:`_UNGATED_NATIVE`, parallel blocks and norms after the
+    residual adds (opt-350m's, GPT-1's; one kind for all the call's layers: :meth:`DecoderLayer._fused_layer_arguments`),
+    at the cache's attention scale. ``None`` where
     that path does not apply: a layer off the fused path (see :meth:`DecoderLayer.fused_arguments`) or with
     forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
@@ -1398,7 +1401,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
         list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
         next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1],
-        cache.scale, kind[2])
+        cache.scale, kind[2], **({"norm_after": True} if kind[3] else {}))
 
 
 _STACK = None
