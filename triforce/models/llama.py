@@ -1261,8 +1261,8 @@ class DecoderLayer(nn.Module):
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), and the layer's kind:
-        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP, parallel, norms after)`` (:data:`_PLAIN_LAYER`: RMSNorms
-        and Llama's gated SwiGLU in sequence; with torch's LayerNorm, a bias or None each, True; an ungated MLP by its
+        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP, parallel, norms after)`` (:data:`_PLAIN_LAYER`:
+        RMSNorms and Llama's gated SwiGLU in sequence; with torch's LayerNorm, a bias or None each, True; an ungated MLP by its
         activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty
         placeholder; a parallel block, ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's norm: its
         own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's); each norm after its block's residual add,
@@ -1355,8 +1355,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     (csrc/cpu/decoder.cpp): each layer's two fused calls with the cache's side in between (its rows written,
     ``verify_attention`` over its buffers), bitwise what the layers called one by one give; besides RMSNorm and
     SwiGLU, torch's LayerNorms, the ungated MLPs of :data:`_UNGATED_NATIVE`, parallel blocks and norms after the
-    residual adds (opt-350m's, GPT-1's; one kind for all the call's layers: :meth:`DecoderLayer._fused_layer_arguments`),
-    at the cache's attention scale. ``None`` where
+    residual adds (opt-350m's, GPT-1's; one kind for all the call's layers:
+    :meth:`DecoderLayer._fused_layer_arguments`), at the cache's attention scale. ``None`` where
     that path does not apply: a layer off the fused path (see :meth:`DecoderLayer.fused_arguments`) or with
     forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
