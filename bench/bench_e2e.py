@@ -53,8 +53,8 @@ def e2e(args) -> None:
         timing = {"median_s": per_token, "p10_s": per_token, "p90_s": per_token}
         if row["method"] == "autoregressive":
             base[row["batch"]] = timing
-        extra = {k: row[k] for k in ("acceptance", "mean_accepted", "target_passes", "time_s", "prefill_s",
-                                     "identical")}
+        extra = {k: row[k] for k in ("acceptance", "mean_accepted", "target_passes", "row_passes", "time_s",
+                                     "prefill_s", "identical")}
         extra["tokens_per_s"] = row["tokens_per_s"]
         record(family="e2e", op=f"generate:{row['method']}", backend="auto",
                shape=f"B={row['batch']},ctx={row['context']},new={args.max_new_tokens}"

@@ -491,6 +491,24 @@ def test_stats(tiny_models):
     assert tf["new_tokens"] == 75
 
 
+@pytest.mark.parametrize("compact", ["0", "1"])
+def test_row_passes_count_each_rows_verifications(tiny_models, compact, monkeypatch):
+    """``row_passes``: the full-cache verifications counted once per row still decoding in them (rows kept or leaving
+    the batch alike): every row in every pass for autoregressive decoding; for a speculative method with ragged
+    acceptance, the sum of the histogram, at least the slowest row's ``target_passes`` and at most a batch of them,
+    and ``new_tokens`` less the prefill's first tokens over it is the mean accepted."""
+    monkeypatch.setenv("TRIFORCE_COMPACT_ROWS", compact)
+    target, draft = tiny_models
+    p = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(7))
+    ar = triforce.generate(target, p, method="autoregressive", max_new_tokens=9).stats
+    assert ar["row_passes"] == 3 * ar["target_passes"] == 24
+    sd = triforce.generate(target, p, method="speculative", max_new_tokens=25, draft=draft, gamma=3).stats
+    assert sd["row_passes"] == sum(sd["accepted_hist"])
+    assert sd["target_passes"] <= sd["row_passes"] <= 3 * sd["target_passes"]
+    assert sd["mean_accepted"] == pytest.approx(sum(i * c for i, c in enumerate(sd["accepted_hist"]))
+                                                / sd["row_passes"])
+
+
 def _perturbed(model, rel_std: float, seed: int):
     """A copy of ``model`` with Gaussian noise of ``rel_std`` x each tensor's std on every weight."""
     d = copy.deepcopy(model)

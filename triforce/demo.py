@@ -445,5 +445,6 @@ def bench_rows(model_name: str = "smollm2", dtype: str | None = None, context: i
             s = r["stats"]
             yield {"batch": batch, "context": context, "method": r["method"], "tokens_per_s": s["tokens_per_s"],
                    "speedup": r["speedup"], "acceptance": s["acceptance"], "mean_accepted": s["mean_accepted"],
-                   "target_passes": s["target_passes"], "decode_s": s["decode_s"], "prefill_s": s["prefill_s"],
+                   "target_passes": s["target_passes"], "row_passes": s["row_passes"], "decode_s": s["decode_s"],
+                   "prefill_s": s["prefill_s"],
                    "time_s": s["time_s"], "identical": r["identical"], "new_tokens": s["new_tokens"]}

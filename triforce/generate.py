@@ -17,7 +17,9 @@ class GenerationOutput:
     ``stats``: ``prefill_s``, ``decode_s`` (wall seconds), ``tokens_per_s`` (new tokens of the whole
     batch / ``decode_s``), ``acceptance`` (per level, ``"drafter->verifier"``: accepted / offered
     drafts), ``mean_accepted`` (tokens emitted per full-cache target verification and sequence),
-    ``target_passes`` (full-cache target forwards after prefill), ``time_s`` (wall seconds per level:
+    ``target_passes`` (full-cache target forwards after prefill: as many as the slowest sequence needs),
+    ``row_passes`` (those forwards counted once per sequence still decoding in them: over the batch size, the
+    passes a sequence needed on average), ``time_s`` (wall seconds per level:
     ``draft``, ``retrieval``, ``full``) and ``accepted_hist`` (count of verifications that advanced a
     sequence by i tokens), ``lengths`` (real new tokens per sequence: ``max_new_tokens``, or up to and
     including its first EOS id).

@@ -334,6 +334,9 @@ class Stats:
             "acceptance": acc,
             "mean_accepted": self.emitted.item() / rows if rows else 1.0,
             "target_passes": self.target_passes,
+            # (row-verifications: the passes each row was active in, summed over the rows; over the batch size, the
+            # passes a row needed on average, against target_passes, the batch's: its slowest row's)
+            "row_passes": rows,
             "time_s": dict(self.times),
             "accepted_hist": self.hist.tolist(),
             "acceptance_by_window": by_window,  # per level: rate in output tokens [512 i, 512 (i + 1))
