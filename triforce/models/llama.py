@@ -1285,7 +1285,8 @@ class DecoderLayer(nn.Module):
             return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
             # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
             # output: not in the fused layer
-        layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))  # (StarCoder 2's, GPT-2's, DBRX's)
+        # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes)
+        layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
         if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or (norm_after and parallel) \
                 or not (layer_norm or all(
@@ -1312,14 +1313,22 @@ class DecoderLayer(nn.Module):
                 found.append(p)
             projections.append(tuple(zip(*found)))  # (weights, scales, biases)
         qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"], q_norm.eps)
-        args_in = (norm_in._parameters["weight"], norm_in.eps, *projections[0], *qk)
-        args_out = (norm_out._parameters["weight"], norm_out.eps, *projections[1])
+        args_in = (_norm_weight(norm_in), norm_in.eps, *projections[0], *qk)
+        args_out = (_norm_weight(norm_out), norm_out.eps, *projections[1])
         kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act, parallel, norm_after) \
             if layer_norm else (None, None, False, act, parallel, norm_after)
         return att, args_in, args_out, kind
 
 
-_LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm)  # torch's LayerNorm (F.layer_norm), as decoder_layers calls it
+_LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm, LayerNorm1P)  # torch's LayerNorm (F.layer_norm), as decoder_layers
+# calls it
+
+
+def _norm_weight(norm: nn.Module) -> torch.Tensor:
+    """The weight a norm's op takes: its parameter, or LayerNorm1P's ``weight + 1`` (computed as its forward computes
+    it, in the weight's dtype: the same tensor, the same bits)."""
+    w = norm._parameters["weight"]
+    return w + 1.0 if type(norm) is LayerNorm1P else w
 _PLAIN_LAYER = (None, None, False, "silu", False, False)  # RMSNorms, Llama's SwiGLU, in sequence, each norm before its
 # block: the per-layer fused calls' layer
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
