@@ -1264,9 +1264,9 @@ class DecoderLayer(nn.Module):
         ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP, parallel, norms after)`` (:data:`_PLAIN_LAYER`:
         RMSNorms and Llama's gated SwiGLU in sequence; with torch's LayerNorm, a bias or None each, True; an ungated
         MLP by its activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an
-        empty placeholder; a parallel block, ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's norm: its
-        own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's); each norm after its block's residual add,
-        opt-350m's and GPT-1's ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True)."""
+        empty placeholder; a parallel block, ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's
+        norm: its own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's); each norm after its block's residual
+        add, opt-350m's and GPT-1's ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True)."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
