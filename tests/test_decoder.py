@@ -53,6 +53,8 @@ STACK_FAMILIES = {
     "openai-gpt": dict(model_type="openai-gpt", attention_bias=True, mlp_bias=True, num_key_value_heads=4),
     # Nemotron's LayerNorm1P (its weight applied as 1 + w), ReLU squared, RoPE on half of each head
     "nemotron": dict(model_type="nemotron", attention_bias=True),
+    # OLMo 1's weightless LayerNorm (in float32, rounded), SwiGLU
+    "olmo": dict(model_type="olmo"),
 }
 
 

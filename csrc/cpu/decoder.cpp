@@ -116,10 +116,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 }
 
 // A layer's norm: RMSNorm (rms_norm), or where layer_norm torch's LayerNorm with the weight and the bias (none:
-// DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone).
+// DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone); with
+// an empty weight OLMo's weightless one, computed in float32 and rounded to x's dtype as its module (BareLayerNorm).
 at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps,
                 bool layer_norm) {
   if (!layer_norm) return rms_norm(x, w, eps);
+  if (w.numel() == 0) return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, {}, {}, eps).to(x.scalar_type());
   return at::layer_norm(x, {x.size(-1)}, w, b, eps);
 }
 

@@ -1285,7 +1285,8 @@ class DecoderLayer(nn.Module):
             return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
             # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
             # output: not in the fused layer
-        # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes)
+        # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
+        # OLMo's weightless one, an empty weight: _norm_weight)
         layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
         if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or (norm_after and parallel) \
@@ -1320,13 +1321,16 @@ class DecoderLayer(nn.Module):
         return att, args_in, args_out, kind
 
 
-_LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm, LayerNorm1P)  # torch's LayerNorm (F.layer_norm), as decoder_layers
-# calls it
+_LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm, LayerNorm1P, BareLayerNorm)  # torch's LayerNorm (F.layer_norm), as
+# decoder_layers calls it
 
 
 def _norm_weight(norm: nn.Module) -> torch.Tensor:
-    """The weight a norm's op takes: its parameter, or LayerNorm1P's ``weight + 1`` (computed as its forward computes
-    it, in the weight's dtype: the same tensor, the same bits)."""
+    """The weight a norm's op takes: its parameter, LayerNorm1P's ``weight + 1`` (computed as its forward computes
+    it, in the weight's dtype: the same tensor, the same bits), or for OLMo's weightless BareLayerNorm an empty
+    tensor (decoder_layers then computes it as its module: in float32, rounded)."""
+    if type(norm) is BareLayerNorm:
+        return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
 _PLAIN_LAYER = (None, None, False, "silu", False, False)  # RMSNorms, Llama's SwiGLU, in sequence, each norm before its
