@@ -6,15 +6,7 @@ R=/tmp/r; mkdir -p $R /tmp/m
 END=$((SECONDS + ${BUDGET:-400}))
 cp .gpu1/gguf.a /tmp/m/ &
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu1/gguf-*.whl && export PYTHONPATH=/tmp/site
-step() {  # step NAME LIMIT CMD...: skipped when the call's budget would not cover it
-  local name=$1 lim=$2; shift 2
-  local left=$((END - SECONDS - 15)); [ $left -lt 10 ] && { echo "== $name: skipped (no time)"; return; }
-  [ $lim -gt $left ] && lim=$left
-  echo "== $name ($lim s) $(date -u +%T)"; local t0=$SECONDS
-  timeout -k 5 $lim "$@" > $R/$name.log 2>&1; echo "== $name rc=$? $((SECONDS - t0)) s"
-  grep -E "(FAILED|ERROR) tests/|Error|error:" $R/$name.log | grep -v "^E  " | head -12 | cut -c1-250
-  tail -n ${TAILN:-6} $R/$name.log | cut -c1-250
-}
+. "$(dirname "${BASH_SOURCE[0]}")/_step.sh"
 STAGE_TIMEOUT=120 bash scripts/gpu_check.sh $R/gc build
 TAILN=4 step tests 110 env OMP_NUM_THREADS=1 TRIFORCE_NUM_THREADS=1 TRIFORCE_REQUIRE_BACKENDS=reference,triton,cpu,cuda \
   python3 -m pytest -q -ra -n 14 --timeout 100 -p no:cacheprovider tests/test_cuda_graph_steps.py tests/test_cache.py \

