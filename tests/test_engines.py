@@ -351,12 +351,10 @@ def _same_drafts_as_with_rows_kept(monkeypatch, out, *args, **kwargs) -> None:
         assert out.stats[key] == kept.stats[key], (key, out.stats[key], kept.stats[key])
 
 
-@pytest.mark.parametrize("method,opts", LEAVING_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(LEAVING_CASES)])
-def test_finished_rows_leave_the_batch(tiny_models, method, opts, monkeypatch):
-    """On the CPU (the default) a row that finished leaves the batch: the target's passes carry only the rows
-    still running (the batch shrinks as rows end at EOS or at max_new_tokens, never grows), and the output is
-    autoregressive decoding's, each row in the caller's order, padded after its EOS, with its own length."""
-    monkeypatch.delenv("TRIFORCE_COMPACT_ROWS", raising=False)
+def _rows_ending_early(tiny_models, method, opts, monkeypatch):
+    """``method`` with ``opts`` over four ragged prompts where row 0 stops at EOS after a token or two and the others
+    run to 30 tokens, its output checked against autoregressive decoding's (tokens and lengths) -> ``(target,
+    prompts, eos, draft, opts without the draft, output, the batch of every full-cache forward)``."""
     target, draft = tiny_models
     prompts = ragged_prompts()
     free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
@@ -369,6 +367,16 @@ def test_finished_rows_leave_the_batch(tiny_models, method, opts, monkeypatch):
     out = triforce.generate(target, prompts, method=method, max_new_tokens=30, eos_token_id=eos, draft=d, **opts)
     assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
     assert out.lengths == ref.lengths
+    return target, prompts, eos, d, opts, out, seen
+
+
+@pytest.mark.parametrize("method,opts", LEAVING_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(LEAVING_CASES)])
+def test_finished_rows_leave_the_batch(tiny_models, method, opts, monkeypatch):
+    """On the CPU (the default) a row that finished leaves the batch: the target's passes carry only the rows
+    still running (the batch shrinks as rows end at EOS or at max_new_tokens, never grows), and the output is
+    autoregressive decoding's, each row in the caller's order, padded after its EOS, with its own length."""
+    monkeypatch.delenv("TRIFORCE_COMPACT_ROWS", raising=False)
+    target, prompts, eos, d, opts, out, seen = _rows_ending_early(tiny_models, method, opts, monkeypatch)
     assert seen[0] == 4, seen  # the prefill
     decode = seen[1:]
     assert decode == sorted(decode, reverse=True) and decode.count(4) <= 2, decode  # row 0 gone after a pass or two
@@ -387,17 +395,7 @@ def test_finished_rows_leave_by_halves_off_the_cpu(tiny_models, method, opts, mo
 
     monkeypatch.delenv("TRIFORCE_COMPACT_ROWS", raising=False)
     monkeypatch.setattr(decode_module, "compact_share", lambda device: 0.5)
-    target, draft = tiny_models
-    prompts = ragged_prompts()
-    free = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30)
-    eos = int(free.tokens[0][1])  # row 0 stops at its second new token (or its first): 3 of 4 still run
-    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=30, eos_token_id=eos)
-    seen = _batches_seen(monkeypatch, target)
-    opts = dict(opts)
-    d = opts.pop("draft", draft if method in ("speculative", "triforce") else None)
-    out = triforce.generate(target, prompts, method=method, max_new_tokens=30, eos_token_id=eos, draft=d, **opts)
-    assert [t.tolist() for t in out.tokens] == [t.tolist() for t in ref.tokens]
-    assert out.lengths == ref.lengths
+    *_, seen = _rows_ending_early(tiny_models, method, opts, monkeypatch)
     decode = seen[1:]
     sizes = sorted(set(decode), reverse=True)
     assert decode == sorted(decode, reverse=True) and decode.count(4) > 2, decode  # row 0 rode along, retired
