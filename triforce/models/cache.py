@@ -222,9 +222,11 @@ def _rows_long(config: LlamaConfig, batch_size: int, capacity: int, rope_long, d
     return rope_long.to(device).clone()
 
 
-def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, sinks=None) -> torch.Tensor:
+def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, sinks=None, alibi=None) -> torch.Tensor:
     """``verify_attention`` of ``q`` over the buffers ``k``, ``v`` for ``step`` (on a layer with a window, from the
-    step's ``leftpad`` for it where it has one). ``sinks`` (GPT-OSS: a logit per
+    step's ``leftpad`` for it where it has one; ``alibi``: its ``alibi_slopes``, float32 ``[Hq]``, or None; over a
+    cache that holds chosen slots, a StreamingLLM or retrieval cache, the distances are those of the slots a query
+    sees, as StreamingLLM runs ALiBi). ``sinks`` (GPT-OSS: a logit per
     query head, ``[Hq]``) joins each softmax's denominator without a value: a query's output times
     ``Z / (Z + exp(sink)) = sigmoid(lse - sink)``, ``lse = ln Z`` the kernel's log-sum-exp of its scores, computed in
     float32 value by value (each query's bits its own, so a pass keeps the bits of its steps); a query that sees
@@ -232,11 +234,11 @@ def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, si
     leftpad = step.leftpad.get(window) if window and step.leftpad else None
     if sinks is None:
         return verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
-                                        cache_leftpad=leftpad)
+                                        cache_leftpad=leftpad, alibi_slopes=alibi)
     from .llama import _row_sigmoid
 
     out, lse = verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
-                                        return_lse=True, cache_leftpad=leftpad)
+                                        return_lse=True, cache_leftpad=leftpad, alibi_slopes=alibi)
     z = lse - sinks.float()[:, None]  # [B, Hq, T]
     factor = _row_sigmoid(z).transpose(1, 2)[..., None]
     return (out.float() * factor).to(out.dtype)
@@ -374,6 +376,8 @@ class _KVCache:
         self.windows = (0,) * self.num_layers
         self.scale = config.attention_scale  # the attention scores' scale
         self.softcap = config.attn_softcap or 0.0  # Gemma 2's cap on them (0: none)
+        slopes = config.alibi_slopes  # ALiBi's (BLOOM, MPT, Falcon-RW): verify_attention's alibi_slopes, or None
+        self.alibi = None if slopes is None else torch.tensor(slopes, dtype=torch.float32, device=self.device)
         self._rope_long = None  # LongRoPE's choice per row: a full or StreamingLLM cache's own (_rows_long)
 
     @property
@@ -488,7 +492,8 @@ class _KVCache:
         """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache (each query over
         the last ``windows[layer]`` positions it sees, where that is not 0; ``sinks``: :func:`attention`'s)."""
         self._write(layer, k, v, step)
-        return attention(q, self.k[layer], self.v[layer], step, self.windows[layer], self.scale, self.softcap, sinks)
+        return attention(q, self.k[layer], self.v[layer], step, self.windows[layer], self.scale, self.softcap, sinks,
+                         self.alibi)
 
     def _native_buffers(self, step: Step):
         """``(k, v, k_raw, last_query)``, lists of per-layer buffers (``[]`` where the cache keeps none), when
@@ -1122,7 +1127,7 @@ class StreamingCache(_KVCache):
                for buf, x in ((self.k[layer], k), (self.v[layer], v), (self.k_raw[layer], k_raw))]
         for buf, x in zip(tmp, (k, v, k_raw)):
             buf[step.batch_index, step.slots] = x
-        out = attention(q, tmp[0], tmp[1], step, self.windows[layer], self.scale, self.softcap, sinks)
+        out = attention(q, tmp[0], tmp[1], step, self.windows[layer], self.scale, self.softcap, sinks, self.alibi)
         sel = self._big[0]
         for i, (mine, buf) in enumerate(zip((self.k[layer], self.v[layer], self.k_raw[layer]), tmp)):
             if not (self.values_are_keys and i == 1):  # (v is k there: written once, as k)

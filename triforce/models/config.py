@@ -56,6 +56,7 @@ and ``swiglu_clamp`` (GPT-OSS's), an explicit ``head_dim`` and the RoPE settings
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -159,6 +160,11 @@ class Family:
     position_offset: int = 0
     # XGLM: those positions fixed, a sinusoid (computed: no checkpoint holds them; LlamaConfig.sinusoidal_positions)
     sinusoidal_positions: bool = False
+    # ALiBi instead of RoPE, its slopes by this rule (BLOOM's "bloom", MPT's "mpt"; Falcon-RW's by its alibi key:
+    # LlamaConfig.alibi_slopes); "": none
+    alibi: str = ""
+    # BLOOM: a LayerNorm with a bias on the embeddings, before the first layer (model.embed_layernorm)
+    embed_layernorm: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -644,6 +650,34 @@ FAMILIES["falcon"] = Family("FalconForCausalLM", activation="gelu", hidden_acts=
                                 "bos_token_id": 11, "eos_token_id": 11, "tie_word_embeddings": True})
 _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "num_kv_heads",
                   "num_ln_in_parallel_attn", "ffn_hidden_size", "activation", "alibi", "bias")
+# BLOOM (BloomForCausalLM: bigscience's bloom-560m / 1b1 / 1b7 / 3b / 7b1 / 176b, bloomz, their fine-tunes): ALiBi (no
+# RoPE; slopes 2 ** (-8 k / n) as BloomModel computes them), a LayerNorm with a bias on the embeddings
+# (word_embeddings_layernorm), torch's LayerNorm with a bias (layer_norm_epsilon) before the attention and the MLP,
+# multi-head attention with q, k and v as one per-head query_key_value (GPT-NeoX's layout), an ungated MLP of 4 x
+# hidden_size of GELU's tanh form, biases on every projection, a tied head; its config's names (n_layer, n_head; n_embed
+# in old ones), its checkpoints' transformer.* (or unprefixed, as bigscience's own)
+FAMILIES["bloom"] = Family("BloomForCausalLM", activation="gelu_tanh", hidden_acts=("gelu_tanh",), gated_mlp=False,
+                           torch_layer_norm="plain", alibi="bloom", embed_layernorm=True,
+                           reads=("attention_bias", "mlp_bias"), defaults={
+                               "vocab_size": 250880, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
+                               "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+                               "eos_token_id": 2, "pad_token_id": None, "tie_word_embeddings": True})
+_BLOOM_NAMES = {"n_embed": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads"}
+# MPT (MptForCausalLM: mosaicml's mpt-7b / 30b and their instruct / chat models): ALiBi (no RoPE; slopes 1 / 2 ** (k *
+# alibi_bias_max / n), attn_config's), torch's LayerNorm without a bias (layer_norm_epsilon) before the attention and
+# the MLP and at the end, multi-head attention with q, k and v as one Wqkv ([q; k; v]), optionally clamped (attn_config's
+# clip_qkv), its scores scaled by attn_config's softmax_scale (default head_dim ** -0.5), an ungated MLP of 4 x d_model
+# of the exact GELU, no biases (no_bias), a tied head; its config's names (d_model, n_heads, n_layers, max_seq_len,
+# attn_config), its checkpoints' transformer.* (wte, blocks, norm_f)
+FAMILIES["mpt"] = Family("MptForCausalLM", activation="gelu", hidden_acts=("gelu",), gated_mlp=False,
+                         torch_layer_norm="nobias", alibi="mpt", defaults={
+                             "vocab_size": 50368, "hidden_size": 2048, "num_hidden_layers": 24,
+                             "num_attention_heads": 16, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+                             "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+                             "tie_word_embeddings": True})
+_MPT_NAMES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+              "max_seq_len": "max_position_embeddings"}  # (MptConfig's names -> the model's)
+_MPT_ATTN = ("clip_qkv", "softmax_scale", "alibi_bias_max")  # (its attn_config's keys the model reads: in extra)
 # GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
 # must agree)
 # GPT-BigCode (GPTBigCodeForCausalLM: StarCoder, StarCoderBase, SantaCoder in transformers' layout, tiny_starcoder_py,
@@ -724,7 +758,8 @@ _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "l
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
                  "openai-gpt": "layer_norm_epsilon",
                  "gpt_bigcode": "layer_norm_epsilon", "gpt_neo": "layer_norm_epsilon",
-                 "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon",
+                 "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon", "bloom": "layer_norm_epsilon",
+                 "mpt": "layer_norm_epsilon",
                  "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
@@ -828,7 +863,7 @@ _OWN_CODE = {t: {f"configuration_{t}.{n}Config", f"modeling_{t}.{n}Model", f"mod
                  *(f"modeling_{t}.{n}For{task}" for task in ("SequenceClassification", "TokenClassification",
                                                             "QuestionAnswering"))}
              for t, n in (("internlm3", "InternLM3"), ("iquestcoder", "IQuestCoder"), ("afmoe", "Afmoe"),
-                          ("falcon", "Falcon"))}
+                          ("falcon", "Falcon"), ("mpt", "MPT"))}
 # IQuest-Coder-V1 (model_type iquestcoder: IQuest-Coder-V1-40B Base / Instruct; transformers runs it as
 # LlamaForCausalLM): Llama's layer with IQuestCoderConfig's defaults (its 40B shape, head_dim 128); its original code's
 # clip_qkv and sliding window are refused, as transformers refuses them (no released checkpoint sets them)
@@ -1740,6 +1775,50 @@ _also("attention_dropout", lambda v, c: c.model_type in ("starcoder2", "stablelm
       "StarCoder 2, StableLM: any in [0, 1), as their configs may ship 0.1 (training only)")
 _also("attention_dropout", lambda v, c: c.model_type in _HUNYUANS and _is_number(v) and 0 <= v < 1,
       "Hunyuan: any in [0, 1), as its configs ship 0.1")
+# BLOOM's (LlamaConfig.alibi_slopes; its dropouts, training only; Megatron-DeepSpeed's kernel fusions and tensor
+# parallel slices, the same math; its keys that transformers' BloomModel does not read)
+_also("hidden_dropout", lambda v, c: c.model_type == "bloom" and _is_number(v) and 0 <= v < 1,
+      "BLOOM: any in [0, 1), training only")
+_also("attention_dropout", lambda v, c: c.model_type == "bloom" and _is_number(v) and 0 <= v < 1,
+      "BLOOM: any in [0, 1), training only")
+_also("apply_residual_connection_post_layernorm", lambda v, c: c.model_type == "bloom" and v is False,
+      "BLOOM: false (the residual from the normed input, true, is not implemented)")
+_HARMLESS_ONLY_AT.update({
+    **{key: (lambda v, c: c.model_type == "bloom" and isinstance(v, bool),
+             "absent (BLOOM: a bool, Megatron-DeepSpeed's kernels' choice or tensor-parallel slices: the same math; "
+             "the softmax in float32 either way)")
+       for key in ("slow_but_exact", "attention_softmax_in_fp32", "masked_softmax_fusion", "bias_dropout_fusion",
+                   "skip_bias_add", "skip_bias_add_qkv")},
+    "offset_alibi": (lambda v, c: c.model_type == "bloom" and _is_int(v), "absent (BLOOM: an int, not read)"),
+    "n_inner": (lambda v, c: c.model_type == "bloom" and v in (None, 4 * c.hidden_size),
+                "absent (BLOOM: null or 4 x hidden_size, its MLP's width whatever it says)")})
+# MPT's (its attn_config's read keys, in extra: LlamaConfig.clip_qkv, attention_scale, alibi_slopes; its dropouts and
+# initialisation, training only; the keys transformers' MptModel does not read, at the values it computes)
+_also("clip_qkv", lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 < v < float("inf"),
+      "MPT: attn_config's, a number > 0")
+_also("emb_pdrop", lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 <= v < 1, "MPT: in [0, 1)")
+_also("resid_pdrop", lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 <= v < 1, "MPT: in [0, 1)")
+_also("norm_type", lambda v, c: c.model_type == "mpt" and v in ("low_precision_layernorm", "layernorm"),
+      "MPT: 'low_precision_layernorm' or 'layernorm' (torch's LayerNorm in the dtype)")
+_also("logit_scale", lambda v, c: c.model_type == "mpt" and v is None,
+      "MPT: null (transformers' MPT does not scale its logits; MosaicML's code would)")
+_HARMLESS_ONLY_AT.update({
+    "softmax_scale": (lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 < v < float("inf"),
+                      "absent (MPT: attn_config's, a number > 0)"),
+    "alibi_bias_max": (lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 < v < float("inf"),
+                       "absent (MPT: attn_config's, a number > 0)"),
+    "expansion_ratio": (lambda v, c: c.model_type == "mpt" and v == 4,
+                        "absent (MPT: 4; transformers' MptMLP is 4 x d_model whatever it says)"),
+    "no_bias": (lambda v, c: c.model_type == "mpt" and v is True, "absent (MPT: true; transformers' MPT has no biases)"),
+    "learned_pos_emb": (lambda v, c: c.model_type == "mpt" and isinstance(v, bool),
+                        "absent (MPT: a bool, not read: ALiBi, no position embeddings)"),
+    "embedding_fraction": (lambda v, c: c.model_type == "mpt" and _is_number(v),
+                           "absent (MPT: a number, its embeddings' gradient scale: training only)"),
+    "init_device": (lambda v, c: c.model_type == "mpt" and isinstance(v, str), "absent (MPT: a device name)"),
+    "init_config": (lambda v, c: c.model_type == "mpt" and isinstance(v, dict),
+                    "absent (MPT: its initialisation's settings)"),
+    "tokenizer_name": (lambda v, c: c.model_type == "mpt" and isinstance(v, str), "absent (MPT: a name)"),
+    "verbose": (lambda v, c: c.model_type == "mpt" and _is_int(v), "absent (MPT: an int)")})
 _also("num_experts", lambda v, c: (c.model_type == "hunyuan_v1_moe" and _per_layer(v, lambda x: _is_int(x) and x >= 1))
       or (c.model_type == "hunyuan_v1_dense" and v == 1), "Hunyuan MoE: an int >= 1 (or one per layer, all equal); "
       "dense Hunyuan: 1")
@@ -2565,6 +2644,8 @@ class LlamaConfig:
             return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
+        if self.model_type == "mpt" and self.extra.get("softmax_scale") is not None:  # (attn_config's)
+            return float(self.extra["softmax_scale"])
         if self.model_type in _GPT2S and not self.extra.get("scale_attn_weights", True) or self.model_type == "gpt_neo":
             return 1.0  # (GPT-2's scores unscaled; GPT-Neo's always)
         if self.model_type in _MLAS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
@@ -2730,7 +2811,7 @@ class LlamaConfig:
             if sliding is None or self.extra.get("sliding_window", 4096) is None:  # (Cohere 2's: none then)
                 return (self.model_type in _EXAONES,) * n
             return tuple(sliding)
-        if FAMILIES[self.model_type].learned_positions:  # (GPT-2's, OPT's: no RoPE at all)
+        if FAMILIES[self.model_type].learned_positions or self.alibi:  # (GPT-2's, OPT's, ALiBi's: no RoPE at all)
             return (False,) * n
         if self.model_type == "smollm3":
             given = self.extra.get("no_rope_layers")
@@ -2746,6 +2827,27 @@ class LlamaConfig:
         (its rows ``max_position_embeddings`` + this); None for the families without (RoPE's, NoPE's)."""
         family = FAMILIES[self.model_type]
         return family.position_offset if family.learned_positions else None
+
+    @property
+    def alibi(self) -> str:
+        """ALiBi's rule for the slopes (:func:`alibi_slopes`): ``"bloom"``, ``"mpt"``, ``"falcon"`` (Falcon-RW's, by its
+        ``alibi`` key), or ``""`` where the family has none."""
+        if self.model_type == "falcon":
+            return "falcon" if self.extra.get("alibi") else ""
+        return FAMILIES[self.model_type].alibi
+
+    @property
+    def alibi_slopes(self) -> tuple | None:
+        """ALiBi (BLOOM, MPT, Falcon-RW): per query head the slope ``m`` of ``verify_attention``'s ``alibi_slopes``
+        (a score of a key ``d`` positions before its query gains ``-m * d``), float32 values; None without ALiBi."""
+        kind = self.alibi
+        return alibi_slopes(kind, self.num_attention_heads, float(self.extra.get("alibi_bias_max", 8)),
+                            self.head_dim) if kind else None
+
+    @property
+    def embed_layernorm(self) -> bool:
+        """BLOOM: a LayerNorm with a bias on the embeddings before the first layer (``model.embed_layernorm``)."""
+        return FAMILIES[self.model_type].embed_layernorm
 
     @property
     def sinusoidal_positions(self) -> bool:
@@ -3129,6 +3231,10 @@ class LlamaConfig:
             _gpt_neo_keys(d)
         if model_type == "falcon":
             _falcon_keys(d)
+        if model_type == "bloom":
+            _bloom_keys(d)
+        if model_type == "mpt":
+            _mpt_keys(d)
         if model_type == "dbrx":
             _dbrx_keys(d)
         if model_type == "internlm3":  # (its config's names of Llama's two bias keys: read as transformers reads them)
@@ -3351,6 +3457,16 @@ class LlamaConfig:
                 d.pop(key, None)
             d["ffn_hidden_size"] = self.intermediate_size
             d["bias"] = self.attention_bias
+        if self.model_type in ("bloom", "mpt"):  # (their configs' names; MHA, 4 x hidden, ALiBi: not their keys)
+            for old, new in (_BLOOM_NAMES if self.model_type == "bloom" else _MPT_NAMES).items():
+                if new in d:
+                    d[old] = d.pop(new)
+            for key in ("intermediate_size", "num_key_value_heads", "head_dim", "mlp_bias", "attention_bias",
+                        "rope_theta", "rope_scaling", "partial_rotary_factor", "hidden_act"):
+                d.pop(key, None)
+        if self.model_type == "mpt":  # (its attn_config, the read keys from extra)
+            d["attn_config"] = {"alibi": True, **{key: d.pop(key, None) for key in _MPT_ATTN}}
+            d["attn_config"]["alibi_bias_max"] = d["attn_config"]["alibi_bias_max"] or 8
         if self.model_type == "openai-gpt":  # (OpenAIGPTConfig's names; MHA, 4 x n_embd, biases, no RoPE: not keys)
             for old, new in _OPENAI_NAMES.items():
                 d[old] = d.pop(new)
@@ -3570,13 +3686,7 @@ def _dbrx_keys(d: dict) -> None:
     for theirs, ours in _DBRX_TOP.items():
         if theirs in d:
             d[ours] = d.pop(theirs)
-    attn, ffn = dict(d.pop("attn_config", None) or {}), dict(d.pop("ffn_config", None) or {})
-    for sub in (attn, ffn):  # (a sub-config's own PreTrainedConfig keys, as transformers writes them: unread)
-        for key in ("model_type", *_METADATA_KEYS):
-            sub.pop(key, None)
-        for key in ("is_encoder_decoder", "problem_type", "tie_word_embeddings", "add_cross_attention"):
-            if sub.pop(key, None):
-                raise ValueError(f"config key {key!r} of DBRX's attn_config / ffn_config must be false or null")
+    attn, ffn = _sub_config(d, "attn_config", "DBRX"), _sub_config(d, "ffn_config", "DBRX")
     if "kv_n_heads" in attn:
         d["num_key_value_heads"] = attn.pop("kv_n_heads")
     elif "num_key_value_heads" not in d:
@@ -3618,6 +3728,100 @@ def _dbrx_keys(d: dict) -> None:
         raise ValueError(f"config ffn_config key {next(iter(ffn))!r} is not understood (DbrxFFNConfig's)")
 
 
+@functools.cache
+def alibi_slopes(kind: str, heads: int, bias_max: float = 8.0, head_dim: int = 1) -> tuple:
+    """ALiBi's slope per query head (float32 values), computed as transformers computes them: ``"bloom"``'s and
+    ``"falcon"``'s ``2 ** (-8 k / p)`` for k = 1 .. p (p the largest power of 2 <= ``heads``), then the odd powers of
+    ``2 ** (-4 / p)`` for the other heads (BloomModel's ``_get_alibi_slopes``); Falcon-RW's rounded to bfloat16 and
+    divided by sqrt(``head_dim``), as its scores' scale multiplies its bias too; ``"mpt"``'s ``1 / 2 ** (k * bias_max /
+    p)`` for k = 1 .. p (p the smallest power of 2 >= ``heads``), the odd k first where p > ``heads``
+    (``build_mpt_alibi_tensor``)."""
+    import torch
+
+    cpu = torch.device("cpu")  # (on the CPU whatever device is the default: a meta one builds empty models)
+    if kind == "mpt":
+        p = 2 ** math.ceil(math.log2(heads))
+        s = 1.0 / torch.pow(2, torch.arange(1, p + 1, dtype=torch.int64, device=cpu).float() * (bias_max / p))
+        return tuple((s if p == heads else torch.cat([s[1::2], s[::2]])[:heads]).tolist())
+    p = 2 ** math.floor(math.log2(heads))
+    s = torch.pow(torch.full((), 2 ** (-(2 ** -(math.log2(p) - 3))), dtype=torch.float32, device=cpu),
+                  torch.arange(1, 1 + p, dtype=torch.int32, device=cpu))
+    if p != heads:
+        extra = torch.full((), 2 ** (-(2 ** -(math.log2(2 * p) - 3))), dtype=torch.float32, device=cpu)
+        s = torch.cat([s, torch.pow(extra, torch.arange(1, 1 + 2 * min(p, heads - p), 2, dtype=torch.int32,
+                                                        device=cpu))])
+    if kind == "falcon":
+        s = s.bfloat16().float() / math.sqrt(head_dim)
+    return tuple(s.tolist())
+
+
+def _sub_config(d: dict, key: str, family: str) -> dict:
+    """``d``'s sub-config ``key`` (DBRX's, MPT's ``attn_config``), popped, as a new dict without the keys of its own
+    PreTrainedConfig that transformers writes in it (unread); those that would mean something raise unless false."""
+    sub = dict(d.pop(key, None) or {})
+    for name in ("model_type", *_METADATA_KEYS):
+        sub.pop(name, None)
+    for name in ("is_encoder_decoder", "problem_type", "tie_word_embeddings", "add_cross_attention"):
+        if sub.pop(name, None):
+            raise ValueError(f"config key {name!r} of {family}'s {key} must be false or null")
+    return sub
+
+
+def _bloom_keys(d: dict) -> None:
+    """A BLOOM config's keys in ``d`` under the model's names, in place (:data:`_BLOOM_NAMES`; each given once): an MLP
+    of 4 x ``hidden_size``, biases everywhere. Keys BloomConfig does not read and the model would (RoPE's, KV heads,
+    head_dim, the MLP's width and activation, the bias switches) raise, as does the residual from the normed input
+    (``apply_residual_connection_post_layernorm`` true: not implemented)."""
+    _own_names(d, _BLOOM_NAMES, "BLOOM")
+    _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads", "intermediate_size", "hidden_act"), "BloomConfig",
+                 "BLOOM is multi-head attention of head_dim hidden_size // n_head with ALiBi (no RoPE), an MLP of 4 x "
+                 "hidden_size of GELU's tanh form and biases on every projection")
+    if d.get("apply_residual_connection_post_layernorm", False) is not False:
+        raise ValueError(f"config apply_residual_connection_post_layernorm = "
+                         f"{d['apply_residual_connection_post_layernorm']!r}: BLOOM's residual from the normed input "
+                         "(true) is not implemented; every released BLOOM has false")
+    _four_times_hidden(d, "bloom")
+    d["attention_bias"] = d["mlp_bias"] = True
+
+
+def _mpt_keys(d: dict) -> None:
+    """An MPT config's keys in ``d`` under the model's names, in place (:data:`_MPT_NAMES`; each given once), its
+    ``attn_config``'s read keys (:data:`_MPT_ATTN`) moved into ``d`` (``extra``), an MLP of 4 x ``d_model``. What
+    transformers' MPT does not run as the checkpoint's own code would raise naming the key: ALiBi off, another
+    attention type, a prefix LM, q / k LayerNorms, biases, a logit scale, another MLP width (the keys it does not read
+    are checked in ``_HARMLESS_ONLY_AT``); so do the model's own names for what its keys say."""
+    _own_names(d, _MPT_NAMES, "MPT")
+    _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads", "intermediate_size", "hidden_act", *_MPT_ATTN),
+                 "MptConfig", "MPT is multi-head attention of head_dim d_model // n_heads with ALiBi (no RoPE), an MLP "
+                 "of 4 x d_model of the exact GELU, no biases; its attention's settings are attn_config's")
+    attn = _sub_config(d, "attn_config", "MPT")
+    for key, want in (("alibi", True), ("attn_type", "multihead_attention"), ("prefix_lm", False), ("qk_ln", False)):
+        if attn.get(key, want) != want:
+            raise ValueError(f"config attn_config.{key} = {attn[key]!r} is not supported: transformers' MPT runs "
+                             f"{key} = {want!r} whatever the config says (the checkpoint's own code would not)")
+        attn.pop(key, None)
+    if attn.pop("attn_impl", "torch") not in ("torch", "flash", "triton"):
+        raise ValueError("config attn_config.attn_impl must be 'torch', 'flash' or 'triton' (the same attention)")
+    if not (_is_number(attn.get("attn_pdrop", 0)) and 0 <= attn.pop("attn_pdrop", 0) < 1):
+        raise ValueError("config attn_config.attn_pdrop must be a number in [0, 1) (training only)")
+    if not isinstance(attn.pop("attn_uses_sequence_id", False), bool):  # (with token_type_ids only: never here)
+        raise ValueError("config attn_config.attn_uses_sequence_id must be a bool")
+    d["alibi_bias_max"] = attn.pop("alibi_bias_max", 8)
+    for key in ("clip_qkv", "softmax_scale"):
+        if attn.get(key) is not None:
+            d[key] = attn[key]
+        attn.pop(key, None)
+    if attn:
+        raise ValueError(f"config attn_config key {next(iter(attn))!r} is not understood (MptAttentionConfig's: "
+                         "attn_type, attn_pdrop, attn_impl, clip_qkv, softmax_scale, prefix_lm, qk_ln, "
+                         "attn_uses_sequence_id, alibi, alibi_bias_max)")
+    for key, want in (("expansion_ratio", 4), ("no_bias", True), ("logit_scale", None)):
+        if d.get(key, want) != want:
+            raise ValueError(f"config {key} = {d[key]!r} is not supported: transformers' MPT runs {key} = {want!r} "
+                             "whatever the config says (the checkpoint's own code would not)")
+    _four_times_hidden(d, "mpt")
+
+
 def falcon_layout(x: dict, heads: int) -> tuple:
     """A Falcon config's (``extra`` ``x``, ``heads`` query heads) ``(query_key_value's layout, KV heads, parallel
     block, its MLP on a norm of its own)``: layout ``"grouped"`` (new_decoder_architecture), ``"multi_query"`` or
@@ -3635,8 +3839,9 @@ def falcon_layout(x: dict, heads: int) -> tuple:
 def _falcon_keys(d: dict) -> None:
     """A Falcon config ``d``'s keys read in place: its layout keys kept (``extra``: :func:`falcon_layout`, written back
     as they were), the model's fields derived from them (``num_key_value_heads``, ``head_dim`` hidden / heads,
-    ``intermediate_size`` from ``ffn_hidden_size``, the biases from ``bias``); ALiBi, another activation, a sequential
-    block in the new architecture, or the model's own names for what those keys say raise."""
+    ``intermediate_size`` from ``ffn_hidden_size``, the biases from ``bias``; ALiBi, Falcon-RW's, by ``alibi``:
+    LlamaConfig.alibi_slopes); another activation, a sequential block in the new architecture, or the model's own names
+    for what those keys say raise."""
     fam = FAMILIES["falcon"].defaults
     for key in ("num_key_value_heads", "head_dim", "intermediate_size", "attention_bias", "mlp_bias", "hidden_act"):
         if key in d:
@@ -3645,7 +3850,7 @@ def _falcon_keys(d: dict) -> None:
         raise ValueError("config alibi = true: Falcon's ALiBi (Falcon-RW's positions) is not implemented; RoPE is")
     if d.get("activation", "gelu") != "gelu":
         raise ValueError(f"config activation = {d['activation']!r}: Falcon's MLP is read with the exact GELU only")
-    for key in ("new_decoder_architecture", "multi_query", "parallel_attn", "bias"):
+    for key in ("new_decoder_architecture", "multi_query", "parallel_attn", "bias", "alibi"):
         if not isinstance(d.get(key, False), bool):
             raise ValueError(f"config {key} = {d[key]!r} must be a bool")
     if d.get("new_decoder_architecture") and d.get("parallel_attn", True) is False:

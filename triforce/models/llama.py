@@ -492,6 +492,7 @@ class Attention(nn.Module):
         self.window = config.layer_windows[layer]  # a sliding window (0: none), here for the cache-free forward
         self.scale = config.attention_scale  # (the caches apply the same, from the config)
         self.softcap = config.attn_softcap  # Gemma 2's cap on the scores, or None
+        self.alibi = config.alibi_slopes  # ALiBi's slope per query head (BLOOM, MPT, Falcon-RW), or None
         self.temperature = config.query_temperature  # Ministral 3's (beta, original), or None
         # Qwen3, Gemma 3: per-head RMSNorm of queries and keys, before RoPE; OLMoE: over each token's whole query
         # and key projections (qk_norm_full), before the heads are split
@@ -606,8 +607,9 @@ class Attention(nn.Module):
                 d = torch.arange(T, device=q.device)
                 d = d[:, None] - d[None, :]
                 mask = (d >= 0) & (d < self.window)
-            if self.softcap is not None or self.sinks is not None:  # not SDPA's: the scores spelled out
-                return _spelled_out_attention(q, k, v, self.scale, mask, self.softcap, self.sinks)
+            if self.softcap is not None or self.sinks is not None or self.alibi is not None:  # not SDPA's: the
+                return _spelled_out_attention(q, k, v, self.scale, mask, self.softcap, self.sinks,  # scores spelled
+                                              self.alibi)  # out
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                   enable_gqa=self.n_heads != self.n_kv).transpose(1, 2)
@@ -623,15 +625,22 @@ class Attention(nn.Module):
         return cache.attend(self.layer, q, k, v, step, k_raw=k_raw, **sinks)
 
 
-def _spelled_out_attention(q, k, v, scale: float, mask, cap: float | None = None, sinks=None) -> torch.Tensor:
+def _spelled_out_attention(q, k, v, scale: float, mask, cap: float | None = None, sinks=None,
+                           alibi=None) -> torch.Tensor:
     """Causal attention of ``q`` ``[B, T, Hq, D]`` over ``k``, ``v`` ``[B, T, Hkv, D]`` (``mask``: the visible keys
     ``[T, T]``, or None: causal), the softmax in float32: with soft-capped scores (``cap``), as transformers' eager
-    Gemma 2, and with a sink logit per head in each softmax (``sinks`` ``[Hq]``, dropped after it), as its GPT-OSS."""
+    Gemma 2, with a sink logit per head in each softmax (``sinks`` ``[Hq]``, dropped after it), as its GPT-OSS, and
+    with ALiBi (``alibi``: a slope per query head; a key ``d`` positions before its query scores ``-slope * d`` more,
+    in float32), as ``verify_attention``'s ``alibi_slopes``."""
     T, g = q.shape[1], q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
     s = torch.einsum("bthd,bshd->bhts", q, k) * scale
     if cap is not None:
         s = torch.tanh(s / cap) * cap
+    if alibi is not None:
+        d = torch.arange(T, device=q.device)
+        slopes = torch.tensor(alibi, dtype=torch.float32, device=q.device)[:, None, None]
+        s = s.float() - slopes * (d[:, None] - d[None, :]).clamp(min=0)
     if mask is None:
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     s = s.masked_fill(~mask, float("-inf"))
@@ -1381,7 +1390,9 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         return None
     buffers = cache._native_buffers(step)
     if buffers is None or resolve("verify_attention", None, h.device) != "cpu" or cache.softcap \
-            or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: neither, one leftpad for all windows)
+            or cache.alibi is not None \
+            or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: none of the three, one leftpad for all
+        # windows)
         return None
     k, v, k_raw, last_query = buffers
     norms, eps, w, scales, bias, qk_norms, qk_eps, norm_bias = [], [], [], [], [], [], [], []
@@ -1447,6 +1458,8 @@ class LlamaModel(nn.Module):
             rows = config.max_position_embeddings + config.position_offset
             self.embed_positions = nn.Embedding(rows, config.hidden_size, _weight=None if init else torch.empty(
                 rows, config.hidden_size))
+        if config.embed_layernorm:  # (BLOOM's word_embeddings_layernorm)
+            self.embed_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps) if config.final_norm else nn.Identity()
 
@@ -1568,7 +1581,7 @@ class Llama(nn.Module):
         BioGPT's sqrt(hidden_size)), the factor rounded to the dtype first as transformers does; plus GPT-2's learned
         ``embed_positions`` (``config.position_offset``; a position past the context reads the last row: only a
         speculative tail's tokens, never emitted, have one, see ``FullCache``'s ``speculative_slack``); normed by the
-        final norm where ``config.embed_norm`` (NanoChat)."""
+        final norm where ``config.embed_norm`` (NanoChat), by ``embed_layernorm`` where the model has one (BLOOM)."""
         h = self.model.embed_tokens(input_ids)
         f = self.config.rounded_embed_factor  # (Gemma's sqrt(hidden_size), MiniCPM3's scale_emb, BioGPT's)
         if f is not None:
@@ -1584,6 +1597,9 @@ class Llama(nn.Module):
             h = h + self.model.embed_positions(positions.clamp(0, last) + offset)
         if self.config.embed_norm:  # (NanoChat's: the final norm, weightless, on the embeddings too)
             h = self.model.norm(h)
+        norm = self.model._modules.get("embed_layernorm")  # (BLOOM's own norm of the embeddings)
+        if norm is not None:
+            h = norm(h)
         m = self.config.embedding_multiplier  # Granite's
         return h if m == 1 else h * m
 
@@ -1917,7 +1933,8 @@ class Llama(nn.Module):
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)
         draft.model.embed_tokens = self.model.embed_tokens
-        for name in ("embed_positions", "project_in", "project_out"):  # (GPT-2's learned positions, opt-350m's)
+        for name in ("embed_positions", "project_in", "project_out", "embed_layernorm"):  # (GPT-2's learned
+            # positions, opt-350m's projections, BLOOM's norm of the embeddings)
             if name in self.model._modules:
                 setattr(draft.model, name, self.model._modules[name])
         draft.model.layers = nn.ModuleList(self.model.layers[:k])

@@ -903,27 +903,51 @@ _FALCON_NAMES = (("transformer.word_embeddings.", "model.embed_tokens."), ("tran
                  ("transformer.ln_f.", "model.norm."), (".self_attention.dense.", ".self_attn.o_proj."),
                  (".mlp.dense_h_to_4h.", ".mlp.up_proj."), (".mlp.dense_4h_to_h.", ".mlp.down_proj."))
 _FALCON_NORMS = ((".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."))
-_FALCON_QKV = re.compile(r"(.*\.)self_attention\.query_key_value\.(weight|bias)")
-_OWN_QKV = re.compile(r"(.*\.)self_attn\.q_proj\.(weight|bias)")
+# family -> (its checkpoints' names -> the model's, its one q / k / v tensor as self_attn.qkv_proj (split by
+# falcon_qkv_split); the prefixes of its unprefixed checkpoints' names)
+_QKV_NAMES = {
+    "falcon": (_FALCON_NAMES + ((".self_attention.query_key_value.", ".self_attn.qkv_proj."),), ()),
+    # BLOOM: Falcon's names, its embeddings' norm; bigscience's checkpoints unprefixed (BloomModel's names)
+    "bloom": (_FALCON_NAMES + (("transformer.word_embeddings_layernorm.", "model.embed_layernorm."),
+                               (".self_attention.query_key_value.", ".self_attn.qkv_proj.")),
+              ("word_embeddings.", "word_embeddings_layernorm.", "h.", "ln_f.")),
+    "mpt": ((("transformer.wte.", "model.embed_tokens."), ("transformer.blocks.", "model.layers."),
+             ("transformer.norm_f.", "model.norm."), (".norm_1.", ".input_layernorm."),
+             (".norm_2.", ".post_attention_layernorm."), (".attn.Wqkv.", ".self_attn.qkv_proj."),
+             (".attn.out_proj.", ".self_attn.o_proj."), (".ffn.", ".mlp.")), ()),
+}
+
+
+def _qkv_layout(config: LlamaConfig) -> tuple:
+    """``(layout, KV heads)`` of the family's one q / k / v tensor: Falcon's by its keys
+    (:func:`~triforce.models.config.falcon_layout`), BLOOM's per head (GPT-NeoX's), MPT's ``[q; k; v]`` of every
+    head (``"multi_query"``'s rows with as many KV heads as query heads)."""
+    if config.model_type == "bloom":
+        return "per_head", config.num_attention_heads
+    if config.model_type == "mpt":
+        return "multi_query", config.num_key_value_heads
+    layout, kv, _, _ = falcon_layout(config.extra, config.num_attention_heads)
+    return layout, kv
 
 
 def falcon_qkv_split(config: LlamaConfig, t: torch.Tensor) -> list:
-    """Falcon's ``query_key_value`` rows (weight or bias) as the q, k and v projections' (copies), by its layout
-    (:func:`~triforce.models.config.falcon_layout`): per KV group its queries, its key and its value (the new
-    architecture); every query, one key, one value (multi-query); per head q, k, v (GPT-NeoX's)."""
-    layout, kv, _, _ = falcon_layout(config.extra, config.num_attention_heads)
+    """Falcon's ``query_key_value`` rows (weight or bias; BLOOM's too, MPT's ``Wqkv``) as the q, k and v projections'
+    (copies), by its layout (:func:`_qkv_layout`): per KV group its queries, its key and its value (the new
+    architecture); every query, then the keys, then the values (multi-query: one key, one value; MPT's: every head's);
+    per head q, k, v (GPT-NeoX's)."""
+    layout, kv = _qkv_layout(config)
     D, heads = config.head_dim, config.num_attention_heads
     if layout == "per_head":
         return neox_qkv_split(t, heads)
     if layout == "multi_query":
-        return [p.clone() for p in t.split((heads * D, D, D))]
+        return [p.clone() for p in t.split((heads * D, kv * D, kv * D))]
     per = t.reshape(kv, heads // kv + 2, D, *t.shape[1:])
     return [p.reshape(-1, *t.shape[1:]).clone() for p in (per[:, :-2], per[:, -2], per[:, -1])]
 
 
 def falcon_qkv_join(config: LlamaConfig, parts) -> torch.Tensor:
     """The inverse of :func:`falcon_qkv_split`."""
-    layout, kv, _, _ = falcon_layout(config.extra, config.num_attention_heads)
+    layout, kv = _qkv_layout(config)
     D, heads = config.head_dim, config.num_attention_heads
     if layout == "per_head":
         return neox_qkv_join(parts, heads)
@@ -1033,29 +1057,23 @@ def _gpt2_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
 
 
 def _falcon_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
-    """A Falcon checkpoint's weights under the model's names (its query_key_value split into q, k and v; its parallel
-    block's two norms, ln_attn and ln_mlp, as the model's two), or with ``inverse`` back (a projection missing from a
-    q / k / v triple is left as it is: reported as unexpected)."""
-    pairs = _FALCON_NAMES + (_FALCON_NORMS if config.parallel_norms else ())
+    """A Falcon, BLOOM or MPT checkpoint's weights under the model's names (:data:`_QKV_NAMES`: its one q / k / v
+    tensor split by :func:`falcon_qkv_split`; Falcon's parallel block's two norms, ln_attn and ln_mlp, as the model's
+    two; BLOOM's unprefixed names, as bigscience's own, read as under ``transformer.``), or with ``inverse`` back (a
+    projection missing from a q / k / v triple is left as it is: reported as unexpected)."""
+    pairs, unprefixed = _QKV_NAMES[config.model_type]
+    pairs += _FALCON_NORMS if config.model_type == "falcon" and config.parallel_norms else ()
     out = {}
     if not inverse:
+        sd = {(f"transformer.{k}" if k.startswith(unprefixed) else k): t for k, t in sd.items()}
         for name, t in _renamed(sd, pairs).items():
-            if (m := _FALCON_QKV.fullmatch(name)) is not None:
+            if (m := re.fullmatch(r"(.*\.)self_attn\.qkv_proj\.(weight|bias)", name)) is not None:
                 q, k, v = falcon_qkv_split(config, t)
                 out.update({f"{m[1]}self_attn.{p}_proj.{m[2]}": w for p, w in zip("qkv", (q, k, v))})
             else:
                 out[name] = t
         return out
-    for name, t in sd.items():
-        if (m := _OWN_QKV.fullmatch(name)) is not None and all(
-                f"{m[1]}self_attn.{p}_proj.{m[2]}" in sd for p in "kv"):
-            out[f"{m[1]}self_attention.query_key_value.{m[2]}"] = falcon_qkv_join(
-                config, [sd[f"{m[1]}self_attn.{p}_proj.{m[2]}"] for p in "qkv"])
-        elif re.fullmatch(r".*\.self_attn\.[kv]_proj\.(weight|bias)", name) and \
-                name.replace(".k_proj.", ".q_proj.").replace(".v_proj.", ".q_proj.") in sd:
-            continue  # (joined with its q)
-        else:
-            out[name] = t
+    out = _qkv_joined(sd, lambda *parts: falcon_qkv_join(config, parts), "weight|bias")
     return _renamed(out, [(new, old) for old, new in pairs])
 
 
@@ -1202,7 +1220,7 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
                                                                                 ".mlp.shared_expert.")])
     if config.model_type == "mellum" and not inverse:  # (its prediction head: skipped, as transformers skips it)
         return {k: t for k, t in sd.items() if not k.startswith("mtp.")}
-    if config.model_type == "falcon":
+    if config.model_type in _QKV_NAMES:
         return _falcon_names(config, sd, inverse)
     if config.model_type == "dbrx":
         return _dbrx_names(config, sd, inverse)
