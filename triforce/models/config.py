@@ -664,7 +664,7 @@ FAMILIES["bloom"] = Family("BloomForCausalLM", activation="gelu_tanh", hidden_ac
                                "eos_token_id": 2, "pad_token_id": None, "tie_word_embeddings": True})
 _BLOOM_NAMES = {"n_embed": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads"}
 # MPT (MptForCausalLM: mosaicml's mpt-7b / 30b and their instruct / chat models): ALiBi (no RoPE; slopes 1 / 2 ** (k *
-# alibi_bias_max / n), attn_config's), torch's LayerNorm without a bias (layer_norm_epsilon) before the attention and
+# 8 / n), attn_config's alibi_bias_max 8), torch's LayerNorm without a bias (layer_norm_epsilon) before the attention and
 # the MLP and at the end, multi-head attention with q, k and v as one Wqkv ([q; k; v]), optionally clamped (attn_config's
 # clip_qkv), its scores scaled by attn_config's softmax_scale (default head_dim ** -0.5), an ungated MLP of 4 x d_model
 # of the exact GELU, no biases (no_bias), a tied head; its config's names (d_model, n_heads, n_layers, max_seq_len,
@@ -677,7 +677,7 @@ FAMILIES["mpt"] = Family("MptForCausalLM", activation="gelu", hidden_acts=("gelu
                              "tie_word_embeddings": True})
 _MPT_NAMES = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
               "max_seq_len": "max_position_embeddings"}  # (MptConfig's names -> the model's)
-_MPT_ATTN = ("clip_qkv", "softmax_scale", "alibi_bias_max")  # (its attn_config's keys the model reads: in extra)
+_MPT_ATTN = ("clip_qkv", "softmax_scale")  # (its attn_config's keys the model reads: in extra)
 # GPT-NeoX's names for the RoPE keys (transformers 5 moves them into rope_parameters, where its own win: here the two
 # must agree)
 # GPT-BigCode (GPTBigCodeForCausalLM: StarCoder, StarCoderBase, SantaCoder in transformers' layout, tiny_starcoder_py,
@@ -1792,7 +1792,7 @@ _HARMLESS_ONLY_AT.update({
     "offset_alibi": (lambda v, c: c.model_type == "bloom" and _is_int(v), "absent (BLOOM: an int, not read)"),
     "n_inner": (lambda v, c: c.model_type == "bloom" and v in (None, 4 * c.hidden_size),
                 "absent (BLOOM: null or 4 x hidden_size, its MLP's width whatever it says)")})
-# MPT's (its attn_config's read keys, in extra: LlamaConfig.clip_qkv, attention_scale, alibi_slopes; its dropouts and
+# MPT's (its attn_config's read keys, in extra: LlamaConfig.clip_qkv, attention_scale; its dropouts and
 # initialisation, training only; the keys transformers' MptModel does not read, at the values it computes)
 _also("clip_qkv", lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 < v < float("inf"),
       "MPT: attn_config's, a number > 0")
@@ -1805,8 +1805,6 @@ _also("logit_scale", lambda v, c: c.model_type == "mpt" and v is None,
 _HARMLESS_ONLY_AT.update({
     "softmax_scale": (lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 < v < float("inf"),
                       "absent (MPT: attn_config's, a number > 0)"),
-    "alibi_bias_max": (lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 < v < float("inf"),
-                       "absent (MPT: attn_config's, a number > 0)"),
     "expansion_ratio": (lambda v, c: c.model_type == "mpt" and v == 4,
                         "absent (MPT: 4; transformers' MptMLP is 4 x d_model whatever it says)"),
     "no_bias": (lambda v, c: c.model_type == "mpt" and v is True, "absent (MPT: true; transformers' MPT has no biases)"),
@@ -2644,8 +2642,9 @@ class LlamaConfig:
             return self.head_dim ** -0.5  # (HyperCLOVAXConfig's when null, computed as it computes it)
         if self.model_type in _GRANITES:
             return self._granite("attention_multiplier")
-        if self.model_type == "mpt" and self.extra.get("softmax_scale") is not None:  # (attn_config's)
-            return float(self.extra["softmax_scale"])
+        if self.model_type == "mpt":  # (attn_config's softmax_scale, else as MptAttention computes its default)
+            scale = self.extra.get("softmax_scale")
+            return 1 / math.sqrt(self.hidden_size / self.num_attention_heads) if scale is None else float(scale)
         if self.model_type in _GPT2S and not self.extra.get("scale_attn_weights", True) or self.model_type == "gpt_neo":
             return 1.0  # (GPT-2's scores unscaled; GPT-Neo's always)
         if self.model_type in _MLAS:  # qk_head_dim ** -0.5, times YaRN's mscale_all_dim factor squared
@@ -2840,9 +2839,8 @@ class LlamaConfig:
     def alibi_slopes(self) -> tuple | None:
         """ALiBi (BLOOM, MPT, Falcon-RW): per query head the slope ``m`` of ``verify_attention``'s ``alibi_slopes``
         (a score of a key ``d`` positions before its query gains ``-m * d``), float32 values; None without ALiBi."""
-        kind = self.alibi
-        return alibi_slopes(kind, self.num_attention_heads, float(self.extra.get("alibi_bias_max", 8)),
-                            self.head_dim) if kind else None
+        kind = self.alibi  # (MPT's alibi_bias_max: 8, as transformers' MptModel builds them)
+        return alibi_slopes(kind, self.num_attention_heads, 8.0, self.head_dim) if kind else None
 
     @property
     def embed_layernorm(self) -> bool:
@@ -3465,8 +3463,7 @@ class LlamaConfig:
                         "rope_theta", "rope_scaling", "partial_rotary_factor", "hidden_act"):
                 d.pop(key, None)
         if self.model_type == "mpt":  # (its attn_config, the read keys from extra)
-            d["attn_config"] = {"alibi": True, **{key: d.pop(key, None) for key in _MPT_ATTN}}
-            d["attn_config"]["alibi_bias_max"] = d["attn_config"]["alibi_bias_max"] or 8
+            d["attn_config"] = {"alibi": True, "alibi_bias_max": 8, **{key: d.pop(key, None) for key in _MPT_ATTN}}
         if self.model_type == "openai-gpt":  # (OpenAIGPTConfig's names; MHA, 4 x n_embd, biases, no RoPE: not keys)
             for old, new in _OPENAI_NAMES.items():
                 d[old] = d.pop(new)
@@ -3789,13 +3786,15 @@ def _mpt_keys(d: dict) -> None:
     ``attn_config``'s read keys (:data:`_MPT_ATTN`) moved into ``d`` (``extra``), an MLP of 4 x ``d_model``. What
     transformers' MPT does not run as the checkpoint's own code would raise naming the key: ALiBi off, another
     attention type, a prefix LM, q / k LayerNorms, biases, a logit scale, another MLP width (the keys it does not read
-    are checked in ``_HARMLESS_ONLY_AT``); so do the model's own names for what its keys say."""
+    are checked in ``_HARMLESS_ONLY_AT``), an ``alibi_bias_max`` other than 8 (transformers' MptModel builds its slopes
+    at 8 whatever it says); so do the model's own names for what its keys say."""
     _own_names(d, _MPT_NAMES, "MPT")
     _refuse_keys(d, (*_NOT_READ_HERE, "num_key_value_heads", "intermediate_size", "hidden_act", *_MPT_ATTN),
                  "MptConfig", "MPT is multi-head attention of head_dim d_model // n_heads with ALiBi (no RoPE), an MLP "
                  "of 4 x d_model of the exact GELU, no biases; its attention's settings are attn_config's")
     attn = _sub_config(d, "attn_config", "MPT")
-    for key, want in (("alibi", True), ("attn_type", "multihead_attention"), ("prefix_lm", False), ("qk_ln", False)):
+    for key, want in (("alibi", True), ("attn_type", "multihead_attention"), ("prefix_lm", False), ("qk_ln", False),
+                      ("alibi_bias_max", 8)):  # (transformers' MptModel builds its slopes at 8 whatever it says)
         if attn.get(key, want) != want:
             raise ValueError(f"config attn_config.{key} = {attn[key]!r} is not supported: transformers' MPT runs "
                              f"{key} = {want!r} whatever the config says (the checkpoint's own code would not)")
@@ -3806,8 +3805,7 @@ def _mpt_keys(d: dict) -> None:
         raise ValueError("config attn_config.attn_pdrop must be a number in [0, 1) (training only)")
     if not isinstance(attn.pop("attn_uses_sequence_id", False), bool):  # (with token_type_ids only: never here)
         raise ValueError("config attn_config.attn_uses_sequence_id must be a bool")
-    d["alibi_bias_max"] = attn.pop("alibi_bias_max", 8)
-    for key in ("clip_qkv", "softmax_scale"):
+    for key in _MPT_ATTN:
         if attn.get(key) is not None:
             d[key] = attn[key]
         attn.pop(key, None)
