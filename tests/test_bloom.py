@@ -1,7 +1,8 @@
-"""BLOOM (``model_type="bloom"``: bigscience's bloom-560m ... bloom, bloomz): ALiBi instead of RoPE (``verify_attention``'s
-``alibi_slopes``), a LayerNorm on the embeddings, torch's LayerNorm with a bias, a per-head ``query_key_value``, an
-ungated MLP of GELU's tanh form, biases everywhere, a tied head; its config's names (``n_layer``, ``n_head``) and
-checkpoints' names (``transformer.*``, bigscience's unprefixed ones too); against transformers' BloomForCausalLM."""
+"""BLOOM (``model_type="bloom"``: bigscience's bloom-560m ... bloom, bloomz): ALiBi instead of RoPE
+(``verify_attention``'s ``alibi_slopes``), a LayerNorm on the embeddings, torch's LayerNorm with a bias, a per-head
+``query_key_value``, an ungated MLP of GELU's tanh form, biases everywhere, a tied head; its config's names
+(``n_layer``, ``n_head``) and checkpoints' names (``transformer.*``, bigscience's unprefixed ones too); against
+transformers' BloomForCausalLM."""
 import pytest
 import torch
 

@@ -1,7 +1,8 @@
 """Falcon (``model_type="falcon"``: falcon-7b / 40b / 180b and their instruct models): torch's LayerNorm with a bias,
 an ungated MLP of the exact GELU, one ``bias`` key for every projection, RoPE over the whole head, q / k / v as one
 ``query_key_value`` in one of three layouts (the new architecture's KV groups, multi-query, per head), the attention
-and the MLP in parallel on one norm or two (or in sequence). Against transformers' FalconForCausalLM."""
+and the MLP in parallel on one norm or two (or in sequence); Falcon-RW's ALiBi instead of RoPE (``alibi``). Against
+transformers' FalconForCausalLM."""
 import pytest
 import torch
 
@@ -25,8 +26,19 @@ CASES = {  # name -> (config keys, KV heads, parallel block, two norms)
 }
 
 
+# Falcon-RW (alibi: ALiBi instead of RoPE): falcon-rw-1b's layout (per head, sequential, biases), and ALiBi on the 7b's
+# multi-query parallel block (6 heads: slopes whose products with the positions bfloat16 holds exactly, as
+# transformers rounds them). Against transformers' SDPA path: its eager one adds the bias twice (in the attention and
+# in the mask it builds), which the RW code and the SDPA path do not
+RW_CASES = {"rw-1b": (dict(alibi=True, multi_query=False, parallel_attn=False, bias=True), 4, False, False),
+            "rw-multi-query-parallel-6-heads": (dict(alibi=True, hidden_size=48, num_attention_heads=6), 1, True,
+                                                False)}
+CASES.update(RW_CASES)
+
+
 def pair(case):
-    return transformers_and_ours("Falcon", **{**BASE, "layer_norm_epsilon": 1e-3, **CASES[case][0]})
+    sdpa = {"attn_implementation": "sdpa"} if case in RW_CASES else {}
+    return transformers_and_ours("Falcon", **{**BASE, "layer_norm_epsilon": 1e-3, **CASES[case][0], **sdpa})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -36,6 +48,7 @@ def test_every_path_and_our_save_match_transformers(tmp_path, case):
     c = ours.config
     assert (c.num_key_value_heads, c.parallel_block, c.parallel_norms) == (kv, parallel, norms)
     assert c.activation == "gelu" and not c.gated_mlp and c.rms_norm_eps == 1e-3
+    assert (c.alibi_slopes is not None) == (case in RW_CASES) and all(c.rope_layers) == (case not in RW_CASES)
     assert_every_path_matches(hf, ours)
     assert_saved_reads_back(tmp_path, hf, ours)
 
@@ -67,9 +80,36 @@ def test_the_second_norm_matters():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", ["7b-multi-query", "40b-grouped-two-norms"])
+@pytest.mark.parametrize("case", ["7b-multi-query", "40b-grouped-two-norms", "rw-1b"])
 def test_a_pass_gives_the_bits_of_one_token_steps(case, dtype):
     assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 4, 5, 6, 12, 16, 32, 64, 71])
+def test_falcon_rws_slopes_are_transformers(heads):
+    """Falcon-RW's slope per head, bitwise what transformers' SDPA path adds per position (its build_alibi_tensor, the
+    slopes rounded to bfloat16, at position 1, divided by sqrt(head_dim)): its bias is added before its scores' scale
+    multiplies both."""
+    import math
+
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    c = LlamaConfig.from_dict({**FALCON_7B, "alibi": True, "hidden_size": 8 * heads, "num_attention_heads": heads})
+    want = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), heads, torch.float32)[:, 0, 1] / math.sqrt(8)
+    assert torch.equal(torch.tensor(c.alibi_slopes), want)
+
+
+def test_falcon_rws_alibi_matters():
+    """Without ALiBi, or with BLOOM's slopes (not divided by sqrt(head_dim)), Falcon-RW's logits move past TOL."""
+    hf, ours = pair("rw-1b")
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max().item() <= TOL
+        for slopes in (None, LlamaConfig.from_dict({"model_type": "bloom", "n_head": 4}).alibi_slopes):
+            for layer in ours.model.layers:
+                layer.self_attn.alibi = slopes
+            assert (ours(ids) - ref).abs().max().item() > 10 * TOL
 
 
 # falcon-7b's config.json as TII ships it (its own code named in auto_map; the RW code's residual switch, false)
@@ -96,7 +136,7 @@ def test_falcons_configs_read_as_transformers_reads_them(d):
     assert c.parallel_norms == bool(want.new_decoder_architecture)
 
 
-@pytest.mark.parametrize("bad,match", [({"alibi": True}, "alibi"), ({"activation": "relu"}, "activation"),
+@pytest.mark.parametrize("bad,match", [({"alibi": 1}, "alibi"), ({"activation": "relu"}, "activation"),
                                        ({"num_key_value_heads": 8}, "num_key_value_heads"),
                                        ({"new_decoder_architecture": True, "parallel_attn": False}, "parallel"),
                                        ({"apply_residual_connection_post_layernorm": True}, "apply_residual")])
@@ -112,6 +152,16 @@ def test_greedy_equals_autoregressive(method, opts):
         return tiny_family("falcon", seed, num_key_value_heads=2, attention_bias=True, mlp_bias=True, extra=dict(
             new_decoder_architecture=True, num_kv_heads=2))
     assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 3, 4, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 3, 4, 6)])
+def test_falcon_rw_greedy_equals_autoregressive(method, opts):
+    """The engines over a Falcon-RW model (ALiBi) give its greedy tokens (a layer-skip draft for the two-model
+    methods)."""
+    target = tiny_family("falcon", 0, num_key_value_heads=4, attention_bias=True, mlp_bias=True, extra=dict(
+        alibi=True, multi_query=False, parallel_attn=False))
+    assert_greedy_equals_autoregressive(target, target.layer_skip(2), method, opts)
 
 
 def falcon_kv(c) -> dict:

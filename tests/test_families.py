@@ -131,13 +131,13 @@ def old_attention_buffers(prefix: str, context: int = 512) -> dict:
             f"{prefix}masked_bias": torch.tensor(-1e9)}
 
 
-def transformers_and_ours(name: str, **kw):
-    """A tiny random transformers ``<name>ForCausalLM`` (``<name>Config(**kw)``, eager attention, biases and norms
-    randomised) and ours built from its config and weights."""
+def transformers_and_ours(name: str, attn_implementation: str = "eager", **kw):
+    """A tiny random transformers ``<name>ForCausalLM`` (``<name>Config(**kw)``, eager attention unless
+    ``attn_implementation`` says another, biases and norms randomised) and ours built from its config and weights."""
     from triforce.models.loading import _build
 
     torch.manual_seed(0)
-    config = getattr(transformers, f"{name}Config")(**kw, attn_implementation="eager")
+    config = getattr(transformers, f"{name}Config")(**kw, attn_implementation=attn_implementation)
     hf = randomize_(getattr(transformers, f"{name}ForCausalLM")(config).eval())
     return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
 

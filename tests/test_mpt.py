@@ -139,10 +139,10 @@ def test_mpt_7b_config_reads_as_transformers_reads_it():
                                          ({"rope_theta": 5e5}, "rope_theta"),
                                          ({"intermediate_size": 80}, "intermediate_size")])
 def test_what_transformers_does_not_run_so_raises(extra, match):
-    """What transformers' MPT does not run as the checkpoint's own code would (ALiBi off, multi-query, a prefix LM, q / k
-    LayerNorms, slopes by another alibi_bias_max, biases, a logit scale, another MLP width or norm), what MptAttentionConfig has no key for, a clamp out
-    of range, the model's names for its attn_config's keys or for what it has no key for (RoPE, an MLP width), a name
-    given twice apart: each raises naming the key."""
+    """What transformers' MPT does not run as the checkpoint's own code would (ALiBi off, multi-query, a prefix LM, q /
+    k LayerNorms, slopes by another alibi_bias_max, biases, a logit scale, another MLP width or norm), what
+    MptAttentionConfig has no key for, a clamp out of range, the model's names for its attn_config's keys or for what it
+    has no key for (RoPE, an MLP width), a name given twice apart: each raises naming the key."""
     with pytest.raises(ValueError, match=match):
         LlamaConfig.from_dict({"model_type": "mpt", **BASE, **extra})
 

@@ -635,13 +635,14 @@ FAMILIES["gpt2"] = Family("GPT2LMHeadModel", activation="gelu_tanh",
                               "num_attention_heads": 12, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5,
                               "bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None,
                               "tie_word_embeddings": True})
-# Falcon (FalconForCausalLM: falcon-7b / 40b / 180b, their instruct models, Falcon-RW without ALiBi): torch's LayerNorm
-# with a bias (layer_norm_epsilon), an ungated MLP of the exact GELU (dense_h_to_4h, dense_4h_to_h; ffn_hidden_size,
-# 4 * hidden by default), one bias key for every projection (bias), RoPE over the whole head, a tied head; q, k and v
-# as one query_key_value in one of three layouts: new_decoder_architecture (40b, 180b: per KV group its queries, then
-# its key and value; num_kv_heads groups), multi_query (7b: every query head, then one key and one value) or per head
-# q, k, v (GPT-NeoX's); the attention and the MLP in parallel (parallel_attn; the new architecture always), on one norm
-# or, with the new architecture's num_ln_in_parallel_attn 2 (its default), each on its own (ln_attn, ln_mlp)
+# Falcon (FalconForCausalLM: falcon-7b / 40b / 180b, their instruct models, Falcon-RW: ALiBi by alibi): torch's
+# LayerNorm with a bias (layer_norm_epsilon), an ungated MLP of the exact GELU (dense_h_to_4h, dense_4h_to_h;
+# ffn_hidden_size, 4 * hidden by default), one bias key for every projection (bias), RoPE over the whole head, a tied
+# head; q, k and v as one query_key_value in one of three layouts: new_decoder_architecture (40b, 180b: per KV group
+# its queries, then its key and value; num_kv_heads groups), multi_query (7b: every query head, then one key and one
+# value) or per head q, k, v (GPT-NeoX's); the attention and the MLP in parallel (parallel_attn; the new architecture
+# always), on one norm or, with the new architecture's num_ln_in_parallel_attn 2 (its default), each on its own
+# (ln_attn, ln_mlp)
 FAMILIES["falcon"] = Family("FalconForCausalLM", activation="gelu", hidden_acts=("gelu",), gated_mlp=False,
                             torch_layer_norm="plain", parallel_block=True, parallel_norms=True,
                             reads=("attention_bias", "mlp_bias"), defaults={
@@ -659,14 +660,16 @@ _FALCON_LAYOUT = ("new_decoder_architecture", "multi_query", "parallel_attn", "n
 FAMILIES["bloom"] = Family("BloomForCausalLM", activation="gelu_tanh", hidden_acts=("gelu_tanh",), gated_mlp=False,
                            torch_layer_norm="plain", alibi="bloom", embed_layernorm=True,
                            reads=("attention_bias", "mlp_bias"), defaults={
-                               "vocab_size": 250880, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
-                               "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 1,
-                               "eos_token_id": 2, "pad_token_id": None, "tie_word_embeddings": True})
+                               "vocab_size": 250880, "hidden_size": 64, "num_hidden_layers": 2,
+                               "num_attention_heads": 8, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+                               "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None,
+                               "tie_word_embeddings": True})
 _BLOOM_NAMES = {"n_embed": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads"}
-# MPT (MptForCausalLM: mosaicml's mpt-7b / 30b and their instruct / chat models): ALiBi (no RoPE; slopes 1 / 2 ** (k *
-# 8 / n), attn_config's alibi_bias_max 8), torch's LayerNorm without a bias (layer_norm_epsilon) before the attention and
-# the MLP and at the end, multi-head attention with q, k and v as one Wqkv ([q; k; v]), optionally clamped (attn_config's
-# clip_qkv), its scores scaled by attn_config's softmax_scale (default head_dim ** -0.5), an ungated MLP of 4 x d_model
+# MPT (MptForCausalLM: mosaicml's mpt-7b / 30b and their instruct / chat models): ALiBi (no RoPE; slopes 1 / 2 ** (k
+# * 8 / n), attn_config's alibi_bias_max 8), torch's LayerNorm without a bias (layer_norm_epsilon) before the attention
+# and the MLP and at the end, multi-head attention with q, k and v as one Wqkv ([q; k; v]), optionally clamped
+# (attn_config's clip_qkv), its scores scaled by attn_config's softmax_scale (default head_dim ** -0.5), an ungated MLP
+# of 4 x d_model
 # of the exact GELU, no biases (no_bias), a tied head; its config's names (d_model, n_heads, n_layers, max_seq_len,
 # attn_config), its checkpoints' transformer.* (wte, blocks, norm_f)
 FAMILIES["mpt"] = Family("MptForCausalLM", activation="gelu", hidden_acts=("gelu",), gated_mlp=False,
@@ -1807,7 +1810,8 @@ _HARMLESS_ONLY_AT.update({
                       "absent (MPT: attn_config's, a number > 0)"),
     "expansion_ratio": (lambda v, c: c.model_type == "mpt" and v == 4,
                         "absent (MPT: 4; transformers' MptMLP is 4 x d_model whatever it says)"),
-    "no_bias": (lambda v, c: c.model_type == "mpt" and v is True, "absent (MPT: true; transformers' MPT has no biases)"),
+    "no_bias": (lambda v, c: c.model_type == "mpt" and v is True,
+                "absent (MPT: true; transformers' MPT has no biases)"),
     "learned_pos_emb": (lambda v, c: c.model_type == "mpt" and isinstance(v, bool),
                         "absent (MPT: a bool, not read: ALiBi, no position embeddings)"),
     "embedding_fraction": (lambda v, c: c.model_type == "mpt" and _is_number(v),
@@ -3844,8 +3848,6 @@ def _falcon_keys(d: dict) -> None:
     for key in ("num_key_value_heads", "head_dim", "intermediate_size", "attention_bias", "mlp_bias", "hidden_act"):
         if key in d:
             raise ValueError(f"config key {key!r} is not FalconConfig's (its own keys say it: {_FALCON_LAYOUT})")
-    if d.get("alibi", False) is not False:
-        raise ValueError("config alibi = true: Falcon's ALiBi (Falcon-RW's positions) is not implemented; RoPE is")
     if d.get("activation", "gelu") != "gelu":
         raise ValueError(f"config activation = {d['activation']!r}: Falcon's MLP is read with the exact GELU only")
     for key in ("new_decoder_architecture", "multi_query", "parallel_attn", "bias", "alibi"):
