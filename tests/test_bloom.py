@@ -138,6 +138,14 @@ def test_what_would_not_be_read_so_raises(extra, match):
         LlamaConfig.from_dict({"model_type": "bloom", **BASE, **extra})
 
 
+def test_hidden_transfer_heads_train_as_they_decode():
+    """Hidden Transfer heads' training forward (its own attention over the cached keys) adds ALiBi's bias as the
+    decoding tap's cache does."""
+    from .test_heads import assert_perturbed_heads_train_as_they_decode
+
+    assert_perturbed_heads_train_as_they_decode(bloom(vocab_size=64)[1])
+
+
 @pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 3, 4, 6)],
                          ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 3, 4, 6)])
 def test_greedy_equals_autoregressive(method, opts):

@@ -249,6 +249,11 @@ class HiddenTransfer(DraftHeads):
             m = mask
             if att.window:  # a sliding window: the real positions of the query's last W (its pseudo ones are nearer)
                 m = torch.cat([real & (near < att.window), own & (idx[:, None] - idx[None, :] < att.window)], 1)
+            if att.alibi is not None:  # ALiBi (BLOOM, MPT, Falcon-RW): -slope x the key's distance from its query,
+                # as verify_attention's alibi_slopes (a pseudo key i' of the query's anchor is i - i' before it)
+                dist = torch.cat([near, (idx[:, None] - idx[None, :]).expand(-1, A * k_n)], 1).clamp(min=0)
+                slopes = torch.tensor(att.alibi, dtype=torch.float32, device=h.device)[:, None, None]
+                m = (-slopes * dist).masked_fill(~m, float("-inf")).to(q.dtype)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2),
                                                attn_mask=m, scale=att.scale, enable_gqa=att.n_heads != att.n_kv)
             x = layer.residual(x, att.output(o.transpose(1, 2).reshape(1, A * k_n, -1), xn))
