@@ -1786,12 +1786,13 @@ _also("attention_dropout", lambda v, c: c.model_type == "bloom" and _is_number(v
       "BLOOM: any in [0, 1), training only")
 _also("apply_residual_connection_post_layernorm", lambda v, c: c.model_type == "bloom" and v is False,
       "BLOOM: false (the residual from the normed input, true, is not implemented)")
+_also("attention_softmax_in_fp32", lambda v, c: c.model_type == "bloom" and isinstance(v, bool),
+      "BLOOM: a bool, the softmax in float32 either way")
 _HARMLESS_ONLY_AT.update({
     **{key: (lambda v, c: c.model_type == "bloom" and isinstance(v, bool),
-             "absent (BLOOM: a bool, Megatron-DeepSpeed's kernels' choice or tensor-parallel slices: the same math; "
-             "the softmax in float32 either way)")
-       for key in ("slow_but_exact", "attention_softmax_in_fp32", "masked_softmax_fusion", "bias_dropout_fusion",
-                   "skip_bias_add", "skip_bias_add_qkv")},
+             "absent (BLOOM: a bool, Megatron-DeepSpeed's kernels' choice or tensor-parallel slices: the same math)")
+       for key in ("slow_but_exact", "masked_softmax_fusion", "bias_dropout_fusion", "skip_bias_add",
+                   "skip_bias_add_qkv")},
     "offset_alibi": (lambda v, c: c.model_type == "bloom" and _is_int(v), "absent (BLOOM: an int, not read)"),
     "n_inner": (lambda v, c: c.model_type == "bloom" and v in (None, 4 * c.hidden_size),
                 "absent (BLOOM: null or 4 x hidden_size, its MLP's width whatever it says)")})

@@ -678,6 +678,7 @@ class LatentAttention(Attention):
         self.kv_b_proj = Linear(mla.kv_lora_rank, H * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.o_proj = Linear(H * mla.v_head_dim, h, bias=False)
         self.window, self.scale, self.softcap, self.temperature = 0, config.attention_scale, None, None
+        self.alibi = None  # (no ALiBi in DeepSeek's latent attention)
         self.sinks = None
         self.rope_f32 = bool(config.rope_float32)
         self._slots = {}  # device -> (the latent's dims in a cached key, where each cached dim is in [k_pe, c])
