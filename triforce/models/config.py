@@ -19,6 +19,8 @@ LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its 
 multi-query), ``openai-gpt`` (GPT-2's, norms after the residual adds: ``norm_after_residual``), ``gpt_neo`` (GPT-2's,
 local windows, unscaled), ``opt`` (learned positions, ReLU; opt-350m's norms after the residual adds and projected
 embeddings, ``embed_dim``), ``biogpt`` (OPT's, scaled embeddings), ``xglm`` (BioGPT's, sinusoidal positions),
+``bloom`` and ``mpt`` (ALiBi instead of RoPE: ``alibi_slopes``, as Falcon-RW's by its ``alibi`` key; BLOOM's norm of
+the embeddings, ``embed_layernorm``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
