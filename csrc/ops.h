@@ -174,11 +174,14 @@ std::vector<int64_t> forward_team_stats();
 // (a sliding window; docs/design.md 3.2), 0: all. softcap > 0: every scaled score s becomes
 // softcap * tanh(s / softcap) (Gemma 2), 0: none. cache_leftpad (int32 [B], or none): row b's prefix starts at
 // cache_leftpad[b] (clamped to [0, cache_seqlens[b] - T]): no query sees a key below it, a window counts from it.
+// alibi_slopes (float32 [Hq] or [B, Hq], or none): query head h of row b adds -slope * d to the score of a key it
+// sees (after the soft cap), d = how many of the positions it sees lie after that key (ALiBi).
 std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
                                                     int64_t num_splits, int64_t window, double softcap,
-                                                    const std::optional<at::Tensor>& cache_leftpad);
+                                                    const std::optional<at::Tensor>& cache_leftpad,
+                                                    const std::optional<at::Tensor>& alibi_slopes);
 // cap * tanh(x / cap) for a float32 tensor, elementwise, each element by the same instructions wherever it
 // lies (csrc/include/triforce/softcap.h): Gemma 2's soft-capped logits, whose rows must not depend on the batch.
 at::Tensor softcap(const at::Tensor& x, double cap);
@@ -191,7 +194,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                                            double softmax_scale, int64_t num_splits,
                                                            const std::optional<at::Tensor>& query_lens,
                                                            int64_t window = 0, double softcap = 0.0,
-                                                           const std::optional<at::Tensor>& cache_leftpad = {});
+                                                           const std::optional<at::Tensor>& cache_leftpad = {},
+                                                           const std::optional<at::Tensor>& alibi_slopes = {});
 
 // ---- caches (triforce/models/cache.py) -------------------------------------------------------------
 // In place, buf [N, B, S, R] contiguous (any dtype), shift int64 [B] on the CPU: for every n and every b with

@@ -15,8 +15,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "int budget_chunks, Tensor(a!) out_k, Tensor(b!) out_v, int sink_chunks, int recent_chunks) -> Tensor");
   // ---- verification attention (docs/design.md 3.2)
   m.def("verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? tree_mask, "
-        "float softmax_scale, int num_splits, int window=0, float softcap=0.0, Tensor? cache_leftpad=None) "
-        "-> (Tensor, Tensor)");
+        "float softmax_scale, int num_splits, int window=0, float softcap=0.0, Tensor? cache_leftpad=None, "
+        "Tensor? alibi_slopes=None) -> (Tensor, Tensor)");
   m.def("softcap(Tensor x, float cap) -> Tensor");
   // ---- accept / reject sampling (docs/design.md 3.3)
   m.def("chain_speculative_sample(Tensor draft_tokens, Tensor? draft_probs, Tensor target_probs, Tensor uniforms)"

@@ -39,15 +39,16 @@ def make_inputs(B, T, Hq, Hkv, D, prefixes, slack, dtype, seed, device, mask_kin
 
 
 def check_against_reference(out, lse, q, k, v, lengths, mask, scale=None, window=None, softcap=None,
-                            cache_leftpad=None):
+                            cache_leftpad=None, alibi_slopes=None):
     """out: flash-attn rule (<= 2x the error of PyTorch in q's precision, vs float64); lse: the same
     rule against PyTorch in float32 (every backend accumulates in float32); -inf exactly where the
     float64 reference has -inf. ``window``: a sliding window's keys (None: every key); ``softcap``: the scores'
-    soft cap (None: none); ``cache_leftpad``: each row's first position (None: 0)."""
+    soft cap (None: none); ``cache_leftpad``: each row's first position (None: 0); ``alibi_slopes``: ALiBi's
+    slopes (None: none)."""
     cpu = lambda x: None if x is None else x.cpu()
     q, k, v, lengths, mask, out, lse = map(cpu, (q, k, v, lengths, mask, out, lse))
     assert not torch.isnan(out).any(), "NaN in output (a position >= L leaked, or an unwritten element)"
-    kw = dict(window=window, softcap=softcap, cache_leftpad=None if cache_leftpad is None else cache_leftpad.cpu())
+    kw = dict(window=window, softcap=softcap, cache_leftpad=cpu(cache_leftpad), alibi_slopes=cpu(alibi_slopes))
     exact, exact_lse = reference(q.double(), k.double(), v.double(), lengths, mask, scale, **kw)
     same, _ = reference(q, k, v, lengths, mask, scale, compute_dtype=q.dtype, **kw)
     _, lse32 = reference(q, k, v, lengths, mask, scale, compute_dtype=torch.float32, **kw)

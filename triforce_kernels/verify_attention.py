@@ -28,9 +28,9 @@ register_lazy("verify_attention", "triton", "triforce_kernels.triton.verify_atte
 
 @register("verify_attention", "cpu")
 def _cpu(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=0, window=None, softcap=None,
-         cache_leftpad=None):
-    return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask,
-                                                 softmax_scale, num_splits, window or 0, softcap or 0.0, cache_leftpad)
+         cache_leftpad=None, alibi_slopes=None):
+    return torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale,
+                                                 num_splits, window or 0, softcap or 0.0, cache_leftpad, alibi_slopes)
 
 
 def check_cache_rows(name: str, cache: torch.Tensor) -> None:
@@ -47,15 +47,17 @@ def check_cache_rows(name: str, cache: torch.Tensor) -> None:
 def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          cache_seqlens: torch.Tensor, tree_mask: Optional[torch.Tensor], softmax_scale: float,
                          backend: str, window: int = 0, softcap: float = 0.0,
-                         cache_leftpad: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1], cache_leftpad)
+                         cache_leftpad: Optional[torch.Tensor] = None,
+                         alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1], cache_leftpad, alibi_slopes)
     return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale,
                                                        window=window or None, softcap=softcap or None,
-                                                       cache_leftpad=cache_leftpad)
+                                                       cache_leftpad=cache_leftpad, alibi_slopes=alibi_slopes)
 
 
-def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int, cache_leftpad=None) -> None:
-    """``T <= cache_seqlens <= N`` and ``0 <= cache_leftpad <= cache_seqlens - T``, checked only on CPU tensors,
+def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int, cache_leftpad=None, alibi_slopes=None) -> None:
+    """``T <= cache_seqlens <= N``, ``0 <= cache_leftpad <= cache_seqlens - T`` and finite ``alibi_slopes``, checked
+    only on CPU tensors,
     where reading them costs nothing (a GPU check would be a host synchronisation; the kernels clamp there
     instead). It runs inside the custom op, on real tensors, so it holds under ``torch.compile`` too: in the
     wrapper, the read would break a ``fullgraph=True`` graph."""
@@ -71,11 +73,13 @@ def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int, cache_lef
                 raise ValueError(f"cache_leftpad must be in [0, cache_seqlens - T] (where a row's prefix starts), "
                                  f"got {int(cache_leftpad[b])} for row {b} (cache_seqlens {int(cache_seqlens[b])}, "
                                  f"T = {T})")
+    if alibi_slopes is not None and alibi_slopes.device.type == "cpu" and not bool(alibi_slopes.isfinite().all()):
+        raise ValueError("alibi_slopes must be finite (each head's slope)")
 
 
 @_verify_attention_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, window=0, softcap=0.0,
-      cache_leftpad=None):
+      cache_leftpad=None, alibi_slopes=None):
     B, T, Hq, D = q.shape
     return q.new_empty((B, T, Hq, D)), q.new_empty((B, Hq, T), dtype=torch.float32)
 
@@ -83,7 +87,8 @@ def _(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, backend, win
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                      tree_mask: torch.Tensor | None = None, softmax_scale: float | None = None,
                      return_lse: bool = False, *, window: int | None = None, softcap: float | None = None,
-                     cache_leftpad: torch.Tensor | None = None, backend: str | None = None):
+                     cache_leftpad: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+                     backend: str | None = None):
     """Attention of ``T`` new tokens over a KV cache that already holds them at its end.
 
     With ``L = cache_seqlens[b]`` the new tokens' keys/values sit at positions ``L-T .. L-1``. Query
@@ -115,6 +120,12 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``softcap=c`` (Gemma 2's attention soft-capping): every scaled score s becomes ``c * tanh(s / c)`` before
     the softmax.
 
+    ``alibi_slopes`` (ALiBi: BLOOM's, MPT's, Falcon-RW's positions; flash-attn's name): query head h of row b
+    adds ``-alibi_slopes[b, h] * d`` to the score of a key it sees, after the soft cap, where d is the number
+    of positions the query sees after that key: ``q_pos - k_pos`` for a causal query (0 for its own key), in
+    committed positions for a tree node; left padding and a window's start do not change it. For ``T = 4,
+    L = 7``, causal, query 1 (position 4) adds ``-slope * (4, 3, 2, 1, 0)`` over positions 0 .. 4.
+
     Args:
         q: ``[B, T, Hq, D]`` float32/float16/bfloat16 (after RoPE), any strides.
         k_cache, v_cache: ``[B, N, Hkv, D]`` ("NHD"), same dtype as ``q``; any strides over B, N and
@@ -133,6 +144,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         cache_leftpad: int32 ``[B]``, ``0 <= cache_leftpad[b] <= cache_seqlens[b] - T`` (the first position each
             row's queries see), or None (0). Checked like ``cache_seqlens``: on a CPU tensor only (a GPU check
             would be a host synchronisation: the kernels clamp it to ``[0, cache_seqlens - T]`` there).
+        alibi_slopes: float32 ``[Hq]`` (every row) or ``[B, Hq]``, or None (no ALiBi). Finiteness is checked on a
+            CPU tensor only (as the lengths; a non-finite slope on a GPU gives non-finite rows).
         backend: ``"reference" | "triton" | "cpu" | None`` (automatic; see ``triforce_kernels._backend``).
 
     Returns:
@@ -172,8 +185,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     softcap = check_softcap(softcap)
     if cache_leftpad is not None:
         check_tensor("cache_leftpad", cache_leftpad, ndim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
+    alibi_slopes = check_alibi_slopes(alibi_slopes, B, Hq, dev)
     out, lse = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, float(softmax_scale),
-                          resolve("verify_attention", backend, dev), window, softcap, cache_leftpad)
+                          resolve("verify_attention", backend, dev), window, softcap, cache_leftpad, alibi_slopes)
     return (out, lse) if return_lse else out
 
 
@@ -186,6 +200,20 @@ def check_window(window) -> int:
     if not 1 <= window < 2 ** 31:
         raise ValueError(f"window must be in [1, 2^31) (the keys a query sees, its own included), got {window}")
     return window
+
+
+def check_alibi_slopes(alibi_slopes, B: int, Hq: int, device) -> torch.Tensor | None:
+    """``alibi_slopes`` as the ops take it: None, or float32 ``[Hq]`` / ``[B, Hq]`` on ``device`` with a unit last
+    stride (a ``[B, Hq]`` view with another last stride is made contiguous: Hq floats)."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a float32 tensor or None, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.ndim == 1:
+        check_tensor("alibi_slopes", alibi_slopes, ndim=1, dtypes=(torch.float32,), device=device, shape=(Hq,))
+    else:
+        check_tensor("alibi_slopes", alibi_slopes, ndim=2, dtypes=(torch.float32,), device=device, shape=(B, Hq))
+    return alibi_slopes if alibi_slopes.stride(-1) == 1 or Hq == 1 else alibi_slopes.contiguous()
 
 
 def check_softcap(softcap) -> float:
@@ -202,9 +230,10 @@ def check_softcap(softcap) -> float:
 def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              cache_seqlens: torch.Tensor, tree_mask: torch.Tensor | None = None,
                              window: int = 0, scale: float | None = None, softcap: float = 0.0,
-                             return_lse: bool = False, cache_leftpad: torch.Tensor | None = None):
+                             return_lse: bool = False, cache_leftpad: torch.Tensor | None = None,
+                             alibi_slopes: torch.Tensor | None = None):
     """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, return_lse, window=window or None,
-    softcap=softcap or None, cache_leftpad=cache_leftpad)`` without the argument checks, for callers that build every
+    softcap=softcap or None, cache_leftpad=cache_leftpad, alibi_slopes=alibi_slopes)`` without the argument checks, for callers that build every
     argument themselves (the model layer's caches: ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
     ``torch.compile`` (the custom op's Python dispatch and the checks cost ~40 us per call, ~40% of a
@@ -215,8 +244,8 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if backend == "cpu" and not torch.compiler.is_compiling():
         out = torch.ops.triforce_C.verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, 0,
-                                                    window, softcap, cache_leftpad)
+                                                    window, softcap, cache_leftpad, alibi_slopes)
     else:
         out = eager_call(_verify_attention_op, q, k_cache, v_cache, cache_seqlens, tree_mask, scale, backend, window,
-                         softcap, cache_leftpad)
+                         softcap, cache_leftpad, alibi_slopes)
     return tuple(out) if return_lse else out[0]

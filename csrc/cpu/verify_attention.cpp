@@ -12,9 +12,10 @@ std::tuple<at::Tensor, at::Tensor> verify_attention(const at::Tensor& q, const a
                                                     const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
                                                     const std::optional<at::Tensor>& tree_mask, double softmax_scale,
                                                     int64_t num_splits, int64_t window, double softcap,
-                                                    const std::optional<at::Tensor>& cache_leftpad) {
+                                                    const std::optional<at::Tensor>& cache_leftpad,
+                                                    const std::optional<at::Tensor>& alibi_slopes) {
   return verify_attention_ragged(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits,
-                                 std::nullopt, window, softcap, cache_leftpad);
+                                 std::nullopt, window, softcap, cache_leftpad, alibi_slopes);
 }
 
 std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, const at::Tensor& k_cache,
@@ -23,7 +24,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                                            double softmax_scale, int64_t num_splits,
                                                            const std::optional<at::Tensor>& query_lens,
                                                            int64_t window, double softcap,
-                                                           const std::optional<at::Tensor>& cache_leftpad) {
+                                                           const std::optional<at::Tensor>& cache_leftpad,
+                                                           const std::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
                   cache_seqlens.device().is_cpu(),
               "verify_attention: all tensors must be on the CPU");
@@ -64,6 +66,14 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                 "verify_attention: cache_leftpad must be int32 [B] on the CPU");
     leftpad = cache_leftpad->contiguous();
   }
+  at::Tensor slopes;
+  if (alibi_slopes.has_value()) {
+    TORCH_CHECK(alibi_slopes->scalar_type() == at::kFloat && alibi_slopes->device().is_cpu() &&
+                    ((alibi_slopes->dim() == 1 && alibi_slopes->size(0) == Hq) ||
+                     (alibi_slopes->dim() == 2 && alibi_slopes->size(0) == B && alibi_slopes->size(1) == Hq)),
+                "verify_attention: alibi_slopes must be float32 [Hq] or [B, Hq] on the CPU");
+    slopes = alibi_slopes->dim() == 1 ? alibi_slopes->contiguous().unsqueeze(0) : alibi_slopes->contiguous();
+  }
   const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
   const at::Tensor lens = cache_seqlens.contiguous();
   auto out = at::empty({B, T, Hq, D}, q.options());
@@ -78,7 +88,9 @@ std::tuple<at::Tensor, at::Tensor> verify_attention_ragged(const at::Tensor& q, 
                                    tf_mut_ptr<scalar_t>(out), lse.data_ptr<float>(),
                                    query_lens.has_value() ? query_lens->const_data_ptr<int32_t>() : nullptr, window,
                                    static_cast<float>(softcap),
-                                   leftpad.defined() ? leftpad.const_data_ptr<int32_t>() : nullptr);
+                                   leftpad.defined() ? leftpad.const_data_ptr<int32_t>() : nullptr,
+                                   slopes.defined() ? slopes.const_data_ptr<float>() : nullptr,
+                                   slopes.defined() && slopes.size(0) > 1 ? Hq : 0);
   });
   return {out, lse};
 }

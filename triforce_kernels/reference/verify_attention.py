@@ -41,8 +41,16 @@ def visibility(cache_seqlens: torch.Tensor, T: int, N: int, tree_mask: torch.Ten
     return vis
 
 
+def alibi_distances(vis: torch.Tensor) -> torch.Tensor:
+    """int64 ``[B, T, N]``: for each position a query sees, how many positions it sees after it (its distance in
+    the query's ranks: ``q_pos - k_pos`` for a causal query, in committed positions for a tree node); 0 where
+    it does not see the position."""
+    later = vis.flip(-1).long().cumsum(-1).flip(-1)  # the positions it sees at n or after
+    return torch.where(vis, later - 1, torch.zeros((), dtype=torch.long, device=vis.device))
+
+
 def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None,
-                      compute_dtype=None, window=None, softcap=None, cache_leftpad=None):
+                      compute_dtype=None, window=None, softcap=None, cache_leftpad=None, alibi_slopes=None):
     """``(out, lse)`` computed in ``compute_dtype`` (default: float64 for float64 inputs, else float32).
 
     The same computation in a low precision (``compute_dtype=torch.bfloat16``) is the "PyTorch in the
@@ -61,6 +69,9 @@ def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softma
     scores = torch.einsum("btkgd,bnkd->bkgtn", qc, kc) * scale
     if softcap:  # Gemma 2's soft-capping of the scaled scores
         scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:  # ALiBi: -slope x the key's distance from the query, after the cap
+        slopes = alibi_slopes.to(q.device, compute_dtype).expand(B, Hq).reshape(B, Hkv, g, 1, 1)
+        scores = scores - slopes * alibi_distances(vis)[:, None, None].to(compute_dtype)
     scores = scores.masked_fill(~vis[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores.to(torch.float32 if compute_dtype != torch.float64 else compute_dtype), dim=-1)
     finite = torch.isfinite(lse)[..., None]
@@ -81,9 +92,9 @@ def _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softma
 
 
 def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask=None, softmax_scale=None, return_lse=False,
-                     window=None, softcap=None, cache_leftpad=None):
+                     window=None, softcap=None, cache_leftpad=None, alibi_slopes=None):
     """Reference ``tk.verify_attention``: dense masked attention over the whole cache, float32
     (float64 for float64 inputs)."""
     out, lse = _verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, window=window,
-                                 softcap=softcap, cache_leftpad=cache_leftpad)
+                                 softcap=softcap, cache_leftpad=cache_leftpad, alibi_slopes=alibi_slopes)
     return (out, lse) if return_lse else out

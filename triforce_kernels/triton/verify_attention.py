@@ -68,8 +68,11 @@ def _softcap(s, cap):
 
 
 @triton.jit
-def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
-    """One tile of the online softmax for a block of rows; the same code on every path."""
+def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, mods, rank, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr,
+                 ALIBI: tl.constexpr):
+    """One tile of the online softmax for a block of rows; the same code on every path. ``mods`` (ALIBI): the
+    rows' slopes and their queries' last ranks; ``rank``: the tile's keys' ranks. ALiBi adds
+    ``slope * (rank - last)`` to a score after the cap (a rounded product, then a rounded sum: no contraction)."""
     if LOWP_DOT:  # fp16/bf16 operands, fp32 accumulation (products of 16-bit floats are exact)
         s = tl.dot(q, tl.trans(k)) if not _ROWWISE_DOTS else _dot(q, tl.trans(k))
     else:  # fp32 inputs, and bf16 under the interpreter (its bf16 dot is wrong)
@@ -77,6 +80,9 @@ def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT: tl.constexpr
     s = s * scale
     if SOFTCAP:
         s = _softcap(s, cap)
+    if ALIBI:
+        slope, last = mods
+        s = s + slope[:, None] * (rank[None, :] - last[:, None]).to(tl.float32)
     s = tl.where(vis, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -91,9 +97,10 @@ def _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT: tl.constexpr
 
 
 @triton.jit
-def _tail_tile_update(q, k_base, v_base, pos, lane_ok, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn,
-                      m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
-    """A tail tile: keys at ``pos`` (lanes ``lane_ok``), seen by the rows ``rows_see`` ([R, 1] or
+def _tail_tile_update(q, k_base, v_base, pos, rank, lane_ok, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn,
+                      m_i, l_i, acc, seen_bad, scale, cap, mods, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr,
+                      ALIBI: tl.constexpr):
+    """A tail tile: keys at ``pos`` (lanes ``lane_ok``; ranks ``rank``), seen by the rows ``rows_see`` ([R, 1] or
     [R, N]). A query multiplies the values it may not see by 0, and 0 * NaN would leak them: the new
     tokens' inf/NaN values count as 0, and ``seen_bad`` flags a row that sees one."""
     ld = lane_ok[:, None] & d_ok[None, :]
@@ -105,33 +112,34 @@ def _tail_tile_update(q, k_base, v_base, pos, lane_ok, is_new, rows_see, offs_d,
     vis = rows_see & lane_ok[None, :]
     key_bad = tl.max(bad.to(tl.int32), 1)
     seen_bad = tl.maximum(seen_bad, tl.max(tl.where(vis, key_bad[None, :], 0), 1))
-    m_i, l_i, acc = _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
+    m_i, l_i, acc = _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, mods, rank, LOWP_DOT, SOFTCAP, ALIBI)
     return m_i, l_i, acc, seen_bad
 
 
 @triton.jit
 def _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, scale,
-                 cap, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr):
+                 cap, mods, LOWP_DOT: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
     """A prefix tile (keys ``pos`` below ``end``) that every row of the block sees whole: no masking."""
     ld = (pos < end)[:, None] & d_ok[None, :]
     k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=ld, other=0.0)
     v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=ld, other=0.0)
     vis = row_ok[:, None] & (pos < end)[None, :]
-    return _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
+    return _tile_update(q, k, v, vis, m_i, l_i, acc, scale, cap, mods, pos, LOWP_DOT, SOFTCAP, ALIBI)
 
 
 @triton.jit
 def _verify_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, cnt_ptr, lp_ptr, m_ptr, l_ptr, acc_ptr,
-    scale, cap, T, G, R, Hkv, N, NP, PS, D, W,
+    q_ptr, k_ptr, v_ptr, seqlens_ptr, anc_ptr, cnt_ptr, lp_ptr, slopes_ptr, m_ptr, l_ptr, acc_ptr,
+    scale, cap, T, G, R, Hkv, N, NP, PS, D, W, stride_sb,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     HAS_MASK: tl.constexpr, TREE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
-    SOFTCAP: tl.constexpr, LOWP_DOT: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, LOWP_DOT: tl.constexpr,
     TAIL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # State of (b, h, part, row) at (bh * NP + part) * R + row of m_ptr / l_ptr, rows of D in acc_ptr.
     # anc_ptr (HAS_MASK): int32 [B, T, T], row (b, t) = the new tokens t sees, in index order, then -1;
-    # cnt_ptr (TREE and HAS_WINDOW): int32 [B, T], how many. lp_ptr (HAS_LEFTPAD): int32 [B], each row's first rank.
+    # cnt_ptr (TREE and HAS_WINDOW or ALIBI): int32 [B, T], how many. lp_ptr (HAS_LEFTPAD): int32 [B], each row's
+    # first rank. slopes_ptr (ALIBI): float32, query head hq of row b's slope at b * stride_sb + hq.
     rb = tl.program_id(0)
     if TAIL:
         bh = tl.program_id(1)
@@ -165,11 +173,19 @@ def _verify_attention_split_kernel(
         first = tl.minimum(tl.maximum(tl.load(lp_ptr + b), 0), P)
     else:
         first = 0
-    if HAS_WINDOW:
+    if HAS_WINDOW or ALIBI:
         if TREE:
             seen = P + tl.load(cnt_ptr + b * T + t, mask=row_ok, other=0)
         else:
             seen = tl.minimum(tl.maximum(new0 + t + 1, P), Lc)
+    else:
+        seen = rows * 0
+    # ALiBi: each row's slope and its query's last rank (its distance to a key: last - rank)
+    if ALIBI:
+        mods = (tl.load(slopes_ptr + b * stride_sb + h * G + rows % G, mask=row_ok, other=0.0), seen - 1)
+    else:
+        mods = (scale, seen)  # (unused)
+    if HAS_WINDOW:
         lo = tl.maximum(seen - W, first)
         lo_min = tl.min(tl.where(row_ok, lo, N), 0)
         lo_max = tl.max(tl.where(row_ok, lo, 0), 0)
@@ -200,12 +216,13 @@ def _verify_attention_split_kernel(
             for n0 in range(lo_tile, tl.minimum(whole, end), BLOCK_N):
                 pos = n0 + tl.arange(0, BLOCK_N)
                 m_i, l_i, acc, seen_bad = _tail_tile_update(
-                    q, k_base, v_base, pos, pos < end, pos >= 0, row_ok[:, None] & (pos[None, :] >= lo[:, None]),
-                    offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT, SOFTCAP)
+                    q, k_base, v_base, pos, pos, pos < end, pos >= 0, row_ok[:, None] & (pos[None, :] >= lo[:, None]),
+                    offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, mods, LOWP_DOT, SOFTCAP,
+                    ALIBI)
         for n0 in range(whole, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             m_i, l_i, acc = _prefix_tile(q, k_base, v_base, pos, end, row_ok, offs_d, d_ok, stride_kn, stride_vn,
-                                         m_i, l_i, acc, scale, cap, LOWP_DOT, SOFTCAP)
+                                         m_i, l_i, acc, scale, cap, mods, LOWP_DOT, SOFTCAP, ALIBI)
         if HAS_WINDOW or HAS_LEFTPAD:
             acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
         idx = state + part * R
@@ -243,16 +260,16 @@ def _verify_attention_split_kernel(
                         lane_ok = tl.where(is_new, sel >= 0, rank < Lc) & (pos >= 0) & (pos < Lc)
                         if tl.max(lane_ok.to(tl.int32), 0) > 0:
                             m_i, l_i, acc, seen_bad = _tail_tile_update(
-                                q, k_base, v_base, pos, lane_ok, is_new | (rank < lo_max),
+                                q, k_base, v_base, pos, rank, lane_ok, is_new | (rank < lo_max),
                                 (row_ok & (t == zero + tt))[:, None] & (rank[None, :] >= lo[:, None]),
-                                offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT,
-                                SOFTCAP)
+                                offs_d, d_ok, stride_kn, stride_vn, m_i, l_i, acc, seen_bad, scale, cap, mods,
+                                LOWP_DOT, SOFTCAP, ALIBI)
                 else:  # rank = position; new token rank - new0 is seen by query t iff rank - new0 <= t
                     rows_see = row_ok[:, None] & ((rank - new0)[None, :] <= t[:, None]) & (rank[None, :] >= lo[:, None])
                     is_new = is_new | (rank < lo_max)  # and a window hides some prefix key of the tile
                     m_i, l_i, acc, seen_bad = _tail_tile_update(
-                        q, k_base, v_base, rank, rank < Lc, is_new, rows_see, offs_d, d_ok, stride_kn, stride_vn,
-                        m_i, l_i, acc, seen_bad, scale, cap, LOWP_DOT, SOFTCAP)
+                        q, k_base, v_base, rank, rank, rank < Lc, is_new, rows_see, offs_d, d_ok, stride_kn,
+                        stride_vn, m_i, l_i, acc, seen_bad, scale, cap, mods, LOWP_DOT, SOFTCAP, ALIBI)
             acc = tl.where(seen_bad[:, None] > 0, float("nan"), acc)
             tl.store(m_ptr + idx, m_i, mask=row_ok)
             tl.store(l_ptr + idx, l_i, mask=row_ok)
@@ -375,12 +392,12 @@ def _ancestor_lists(tree_mask, cache_seqlens, N, block=None, with_counts=False):
 
 @register("verify_attention", "triton")
 def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale, num_splits=None,
-                     block_rows=None, window=None, softcap=None, cache_leftpad=None):
+                     block_rows=None, window=None, softcap=None, cache_leftpad=None, alibi_slopes=None):
     """The launcher; ``num_splits`` and ``block_rows`` (a power of two, 16-128: query rows per program
     instead of ``_block_r``'s) are for tests and benchmarks. Any fixed ``block_rows`` keeps the rows
     independent of T; two calls compare bitwise only with the same one. ``window``: a sliding window's
     keys, or None; ``softcap``: the scores' soft cap, or None; ``cache_leftpad``: int32 [B], each row's first
-    position, or None."""
+    position, or None; ``alibi_slopes``: float32 [Hq] or [B, Hq] with a unit last stride, or None."""
     B, T, Hq, D = q.shape
     N, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -415,12 +432,13 @@ def verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scal
     for tail, grid in ((False, (row_blocks, NP, B * Hkv)), (True, (row_blocks, B * Hkv))):
         _verify_attention_split_kernel[grid](
             q, k_cache, v_cache, cache_seqlens, anc, cnt, cache_seqlens if cache_leftpad is None else cache_leftpad,
-            m, l, acc,
+            lse if alibi_slopes is None else alibi_slopes, m, l, acc,
             softmax_scale, float(softcap or 1.0), T, G, R, Hkv, N, NP, PS, D, window or 0,
+            alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             HAS_MASK=tail and tree_mask is not None, TREE=tree_mask is not None, HAS_WINDOW=bool(window),
-            HAS_LEFTPAD=cache_leftpad is not None, SOFTCAP=bool(softcap),
+            HAS_LEFTPAD=cache_leftpad is not None, SOFTCAP=bool(softcap), ALIBI=alibi_slopes is not None,
             LOWP_DOT=lowp, TAIL=tail, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
             BLOCK_D=BLOCK_D, num_warps=4, enable_fp_fusion=False,
         )

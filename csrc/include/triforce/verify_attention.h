@@ -230,6 +230,46 @@ inline float madd(float a, float b, float c) {
 #endif
 }
 
+// What a tile's scaled scores become before the softmax: the soft cap (Gemma 2's; 0: none), then ALiBi's bias
+// (slope null: none): row r adds slope[r] * (rank - qlast[r]) to the score of the key at `rank`, qlast[r] being
+// the last rank its query sees (the bias is -slope x the positions it sees after the key: 0 for its own). The
+// bias is one multiply-add of the score (madd), computed alike on every path, so a row keeps the bits it has
+// in any pass. A call's keys [start, end) sit at ranks rank0 + start .. (the walk's calls start at 0 over a
+// query's copied keys).
+struct ScoreMods {
+  float softcap = 0.f;
+  const float* slope = nullptr;    // per row of the call: its head's slope
+  const int64_t* qlast = nullptr;  // per row of the call: its query's last rank
+  int64_t rank0 = 0;
+  ScoreMods rows_from(int64_t r0) const {  // the same for rows r0.. of the call
+    ScoreMods m = *this;
+    if (slope) m.slope += r0, m.qlast += r0;
+    return m;
+  }
+};
+
+// The mods on s[r * ld + j] for rows r < R and keys j < n at ranks rank .. rank + n - 1.
+inline void apply_mods_rows(float* s, int64_t ld, int64_t R, int64_t n, int64_t rank, const ScoreMods& mods) {
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = s + r * ld;
+    if (mods.softcap > 0.f) softcap_inplace(sr, n, mods.softcap);
+    if (mods.slope) {
+      const float slope = mods.slope[r];
+      const int64_t d0 = rank - mods.qlast[r];
+      for (int64_t j = 0; j < n; ++j) sr[j] = madd(slope, static_cast<float>(d0 + j), sr[j]);
+    }
+  }
+}
+
+// The same on the rows-in-lanes layout: row r of key j at st[j * RP + r].
+inline void apply_mods_lanes(float* st, int64_t RP, int64_t R, int64_t n, int64_t rank, const ScoreMods& mods) {
+  if (mods.softcap > 0.f) softcap_inplace(st, n * RP, mods.softcap);  // (elementwise: the layout does not matter)
+  if (mods.slope)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t r = 0; r < R; ++r)
+        st[j * RP + r] = madd(mods.slope[r], static_cast<float>(rank + j - mods.qlast[r]), st[j * RP + r]);
+}
+
 // s[i][j] = q_i . K[:, j] for ROWS query rows and all KT keys of the transposed tile, vectorised over
 // the keys. Each score is one multiply-add chain over d = 0 .. D-1 (madd: the order of the other fp32
 // paths, so that a score does not depend on which path or row block computed it).
@@ -718,11 +758,11 @@ inline void softmax_lanes_avx512(float* st, int64_t n, int64_t R, float* m, floa
 template <int NV, typename E>
 inline void tile_lanes_avx512(const float* qt, int64_t R, int64_t D, const float* k, int64_t ks, const E* v,
                               int64_t vs, int64_t n, float* m, float* l, float* acc, float* st, RowPrefetch* rows,
-                              float softcap) {
+                              const ScoreMods& mods, int64_t rank) {
   constexpr int64_t RP = 16 * NV;
   constexpr int KB = lanes_kb(NV);
   scores_lanes_avx512<NV, KB>(qt, D, k, ks, n, st, rows);
-  if (softcap > 0.f) softcap_inplace(st, n * RP, softcap);  // (elementwise: the layout does not matter)
+  apply_mods_lanes(st, RP, R, n, rank, mods);
   if (rows) rows->step();
   softmax_lanes_avx512<NV>(st, n, R, m, l, acc, D);
   pv_tile(st, R, n, D, v, vs, acc, RP);
@@ -783,7 +823,7 @@ inline void amx_pack_queries(const bf16* q, int64_t R, int64_t D, uint16_t* qa) 
 // queries; m, l, acc its rows' state. start is a multiple of KT in the caller's ranks.
 inline void attend_range_amx(const uint16_t* qa, int64_t R, int64_t D, const bf16* k, int64_t skn, const bf16* v,
                              int64_t svn, int64_t start, int64_t end, float* m, float* l, float* acc, Scratch& sc,
-                             RowPrefetch* rows, float scale, float softcap) {
+                             RowPrefetch* rows, float scale, const ScoreMods& mods) {
   float* st = sc.kt.data();  // S^T [KT][16], as the tiles store it
   float* sr = sc.s.data();   // S [R][KT]
   float* a16 = sc.acc16.data();
@@ -836,8 +876,8 @@ inline void attend_range_amx(const uint16_t* qa, int64_t R, int64_t D, const bf1
     for (int64_t r = 0; r < R; ++r) {
       _mm512_storeu_ps(sr + r * KT, _mm512_mul_ps(x[r], sc16));
       _mm512_storeu_ps(sr + r * KT + 16, _mm512_mul_ps(y[r], sc16));
-      if (softcap > 0.f) softcap_inplace(sr + r * KT, n, softcap);
     }
+    apply_mods_rows(sr, KT, R, n, mods.rank0 + p0, mods);
     softmax_update_rows(sr, n, R, m, l, a16, D);
     for (int64_t r = 0; r < R; ++r)
       _mm512_storeu_si512(pb + r * KT, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + r * KT + 16),
@@ -938,13 +978,13 @@ template <typename T>
 void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn, const T* v, int64_t svn,
                   int64_t start, int64_t end, float* m, float* l, float* acc, Scratch& sc,
                   RowPrefetch* rows = nullptr, const T* qb = nullptr, float scale = 1.f,
-                  const float* qt = nullptr, const uint16_t* qa = nullptr, float softcap = 0.f) {
+                  const float* qt = nullptr, const uint16_t* qa = nullptr, const ScoreMods& mods = {}) {
 #if defined(TRIFORCE_VA_AMX)
   if constexpr (std::is_same_v<T, bf16>)
     if (qa) {  // the tiles (use_tiles): blocks of 16 rows
       for (int64_t r0 = 0; r0 < R; r0 += 16)
         attend_range_amx(qa + r0 / 16 * amx_block_words(D), std::min<int64_t>(16, R - r0), D, k, skn, v, svn,
-                         start, end, m + r0, l + r0, acc + r0 * D, sc, rows, scale, softcap);
+                         start, end, m + r0, l + r0, acc + r0 * D, sc, rows, scale, mods.rows_from(r0));
       return;
     }
 #endif
@@ -963,7 +1003,7 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
       if (qt) {
         auto tile = [&](auto nvc) {
           tile_lanes_avx512<decltype(nvc)::value>(qt, R, D, k + p0 * skn, skn, v + p0 * svn, svn, n, m, l, acc, s,
-                                                  rows, softcap);
+                                                  rows, mods, mods.rank0 + p0);
         };
         switch (lanes_vectors<T>(R, D)) {
           case 1: tile(std::integral_constant<int, 1>{}); break;
@@ -977,8 +1017,7 @@ void attend_range(const float* q, int64_t R, int64_t D, const T* k, int64_t skn,
     // Pads and online softmax; softmax_pv then adds P V from the value rows vr (vs apart).
     auto softmax = [&] {
       if (rows) rows->step();  // the second half of this tile's share, between the scores and P V
-      if (softcap > 0.f)
-        for (int64_t r = 0; r < R; ++r) softcap_inplace(s + r * KT, n, softcap);
+      apply_mods_rows(s, KT, R, n, mods.rank0 + p0, mods);
       softmax_update_rows(s, n, R, m, l, acc, D);
     };
     auto softmax_pv = [&](const auto* vr, int64_t vs) {
@@ -1114,7 +1153,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                           const int32_t* cache_seqlens, const bool* tree_mask, float scale, int64_t B,
                           int64_t Tq, int64_t Hq, int64_t Hkv, int64_t D, int64_t N, int64_t num_splits,
                           T* out, float* lse, const int32_t* query_lens = nullptr, int64_t window = 0,
-                          float softcap = 0.f, const int32_t* cache_leftpad = nullptr) {
+                          float softcap = 0.f, const int32_t* cache_leftpad = nullptr,
+                          const float* alibi_slopes = nullptr, int64_t alibi_stride_b = 0) {
   const int64_t g = Hq / Hkv, R = Tq * g;
   auto rows_of = [&](int64_t b) {  // the query rows row b computes
     return query_lens ? std::clamp<int64_t>(query_lens[b], 0, Tq) * g : R;
@@ -1184,6 +1224,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
     std::vector<float> qtg;   // one query's g rows transposed
     std::vector<int64_t> pos;  // one query's new-token positions
     std::vector<int64_t> seen, lo;  // each query's ranks: [lo[t], seen[t])
+    std::vector<float> slope;       // ALiBi: each row's slope, per head of the item ([HG][R])
+    std::vector<int64_t> qlast;     // and its query's last rank ([R])
     std::vector<T> kc, vc;     // one query's keys and values when not consecutive
     std::vector<uint16_t> qa, qag;  // the tiles' packed queries: the R rows of each head, one query's g rows
     ItemScratch(int64_t R, int64_t D, int64_t HG, bool raw, int64_t lanes_nv, int64_t lanes_g, int64_t tile_words)
@@ -1234,13 +1276,32 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
         lo.assign(Tb, start);
         int64_t lo_max = start;
         for (int64_t t = 0; t < Tb; ++t) {
-          if (window > 0) {
+          if (window > 0 || alibi_slopes) {
             new_positions(t);
             seen[t] += static_cast<int64_t>(pos.size());
-            lo[t] = std::max<int64_t>(seen[t] - window, start);
           }
+          if (window > 0) lo[t] = std::max<int64_t>(seen[t] - window, start);
           lo_max = std::max(lo_max, lo[t]);
         }
+        va::ScoreMods mods{softcap};
+        if (alibi_slopes) {
+          std::vector<float>& sl = mine->slope;
+          std::vector<int64_t>& ql = mine->qlast;
+          sl.resize(HG * R);
+          ql.resize(R);
+          for (int64_t r = 0; r < Rb; ++r) {
+            ql[r] = seen[r / g] - 1;
+            for (int64_t hh = 0; hh < HG; ++hh) sl[hh * R + r] = alibi_slopes[b * alibi_stride_b + (h0 + hh) * g + r % g];
+          }
+          mods.slope = sl.data(), mods.qlast = ql.data();
+        }
+        // the mods of head h0 + hh's rows r0.., keys at ranks rank0 + ...
+        auto mods_of = [&](int64_t hh, int64_t r0, int64_t rank0) {
+          va::ScoreMods m = mods.rows_from(r0);
+          if (m.slope) m.slope += hh * R;
+          m.rank0 = rank0;
+          return m;
+        };
         const int64_t tiles_begin = (lo_max + va::KT - 1) / va::KT * va::KT;
         const int64_t tiles_end = std::max(tiles_begin, prefix / va::KT * va::KT);
         const int64_t run_shared_end = std::min({part_hi * Z, Lc, tiles_end});
@@ -1312,7 +1373,8 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                 const T* vp = in_place ? v + b * svb + at(r0) * svn + (h0 + hh) * svh : vc.data() + hh * D;
                 va::attend_range(qg, g, D, kp, in_place ? skn : HG * D, vp, in_place ? svn : HG * D, 0, n, m, l,
                                  acc, sc, nullptr, raw ? qraw.data() + (hh * R + t * g) * D : nullptr, scale,
-                                 lanes_g ? qtg.data() : nullptr, tiles ? mine->qag.data() : nullptr, softcap);
+                                 lanes_g ? qtg.data() : nullptr, tiles ? mine->qag.data() : nullptr,
+                                 mods_of(hh, t * g, r0));
               }
             }
           };
@@ -1341,7 +1403,7 @@ void verify_attention_cpu(const T* q, int64_t sqb, int64_t sqt, int64_t sqh, con
                                v + b * svb + (h0 + hh) * svh, svn, c0, c1, m, l, acc, sc, grouped ? &rows : nullptr,
                                raw ? qraw.data() + hh * R * D : nullptr, scale,
                                lanes_nv ? qt.data() + hh * D * 16 * lanes_cap : nullptr,
-                               tiles ? mine->qa.data() + hh * qa_head : nullptr, softcap);
+                               tiles ? mine->qa.data() + hh * qa_head : nullptr, mods_of(hh, 0, 0));
             }
           }
           if (shared_end < e)
