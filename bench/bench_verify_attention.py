@@ -12,6 +12,7 @@ as its custom mask) where the ``flashinfer`` package imports, and flash-attn's f
     python -m bench.bench_verify_attention --window 4096                                 # a sliding window
     python -m bench.bench_verify_attention --softcap 50                                  # Gemma 2's capped scores
     python -m bench.bench_verify_attention --leftpad 16384                               # every row from a start
+    python -m bench.bench_verify_attention --alibi                                       # BLOOM's ALiBi slopes
 
 With ``--window W`` every row runs ``window=W`` (each query sees its last W keys): bytes = the K/V a pass reads
 (W + T - 1 positions); the baselines are SDPA with the windowed mask, flash-attn's ``window_size=(W - 1, 0)``
@@ -20,6 +21,9 @@ same bytes: what the window should cost). With ``--softcap C`` every row of ours
 C)``, Gemma 2's) and ``nocap`` is the same call without the cap, side by side: what the cap costs. With
 ``--leftpad S`` every row starts at position S (``cache_leftpad``): bytes = the positions read, the baselines
 SDPA with that mask and ``cut``: our kernel over a cache of just those positions (what the start should cost).
+With ``--alibi`` every row of ours adds ALiBi's bias (BLOOM's slopes for Hq heads); the baselines are SDPA with the
+bias as a float mask (``sdpa_bias``: [B, Hq, T, N] floats, as transformers' BLOOM builds it) and ``noalibi``, the same
+call without the bias (with ``--softcap`` too: without either): what the bias costs.
 """
 from __future__ import annotations
 
@@ -59,7 +63,7 @@ MODEL_SHAPES = [(8, 6144, 9, 3, 64), (2, 4096, 12, 2, 128), (1, 16384, 12, 2, 12
 
 def run(device: str, full: bool, backends: list[str], quick: bool = False, model_shapes: bool = False,
         only: tuple = (None, None, None), window: int | None = None, softcap: float | None = None,
-        leftpad: int | None = None) -> None:
+        leftpad: int | None = None, alibi: bool = False) -> None:
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
     cpu = dev.type == "cpu"
@@ -84,7 +88,8 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
         shape = (f"B={B},N={N},Hq={Hq},Hkv={Hkv},D={D},T={T}" + ("" if window is None else f",W={window}")
                  + ("" if leftpad is None else f",S={leftpad}"))
         win = ("" if window is None else f", window {window}") + ("" if leftpad is None else f", from {leftpad}")
-        capped = "" if softcap is None else f", softcap {softcap}"  # (ours only: SDPA has no cap)
+        capped = ("" if softcap is None else f", softcap {softcap}") + (", alibi" if alibi else "")  # (ours only)
+        slopes = _bloom_slopes(Hq).to(dev) if alibi else None
         vis = visibility(lens, T, N, None, window, lp)
         peak = compute_peak(dev, dtype)
         flops = {kind: 4 * D * Hq * int(visibility(lens, T, N, mask, window, lp).sum()) for kind, mask in
@@ -94,6 +99,16 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
                bytes_moved=nbytes, timing=sdpa_t, bandwidth=bw, device=dev, extra="explicit mask, causal" + win,
                flops=flops["causal"], peak=peak)
         base, base_name = sdpa_t, "sdpa"
+        if alibi:  # the bias written out as a float mask (its bytes not counted: ours never builds it)
+            bias = _alibi_mask(vis, slopes, T, N, q.dtype)
+            sdpa_b = measure(lambda: F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias,
+                enable_gqa=True).transpose(1, 2), device=dev, **reps)
+            record(family="attention", op="verify_attention", backend="sdpa_bias", shape=shape, dtype=dname,
+                   bytes_moved=nbytes, timing=sdpa_b, bandwidth=bw, device=dev,
+                   extra="ALiBi as a float mask [B, Hq, T, N], causal" + win, flops=flops["causal"], peak=peak)
+            base, base_name = sdpa_b, "sdpa_bias"
+            del bias
         if flash_attn_with_kvcache is not None and not cpu and leftpad is None:
             fa_window = (-1, -1) if window is None else (window - 1, 0)
             fa = measure(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True,
@@ -132,14 +147,16 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
                 bases[kind] = (fi, "flashinfer")
         for be in backends:
             for kind, mask in (("causal", None), ("tree", tree)):
-                if softcap is not None:  # the same call without the cap, just before
+                if softcap is not None or alibi:  # the same call without the cap and the bias, just before
                     t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window,
                                                             cache_leftpad=lp), device=dev, **reps)
-                    record(family="attention", op="verify_attention", backend="nocap", shape=f"{shape},{kind}",
+                    plain = "noalibi" if softcap is None else "nocap" if not alibi else "nocap_noalibi"
+                    record(family="attention", op="verify_attention", backend=plain, shape=f"{shape},{kind}",
                            dtype=dname, bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev,
-                           extra=f"{kind}, {be} without the cap", flops=flops[kind], peak=peak)
+                           extra=f"{kind}, {be} without{capped[1:]}", flops=flops[kind], peak=peak)
                 t = measure(lambda: tk.verify_attention(q, k, v, lens, mask, backend=be, window=window,
-                                                        softcap=softcap, cache_leftpad=lp), device=dev, **reps)
+                                                        softcap=softcap, cache_leftpad=lp, alibi_slopes=slopes),
+                            device=dev, **reps)
                 record(family="attention", op="verify_attention", backend=be, shape=f"{shape},{kind}", dtype=dname,
                        bytes_moved=nbytes, timing=t, bandwidth=bw, device=dev, baseline=bases[kind][1],
                        baseline_timing=bases[kind][0], extra=kind + win + capped, flops=flops[kind], peak=peak)
@@ -152,6 +169,21 @@ def run(device: str, full: bool, backends: list[str], quick: bool = False, model
                            device=dev, baseline=bases[kind][1], baseline_timing=bases[kind][0],
                            extra=f"{kind}, 16-row blocks", flops=flops[kind], peak=peak)
         del q, k, v, vis
+
+
+def _bloom_slopes(heads: int) -> torch.Tensor:
+    """ALiBi's slopes for ``heads`` heads, as BLOOM builds them (float32)."""
+    from triforce.models.config import alibi_slopes
+
+    return torch.tensor(alibi_slopes("bloom", heads), dtype=torch.float32)
+
+
+def _alibi_mask(vis, slopes, T, N, dtype):
+    """[B, Hq, T, N] in ``dtype``: ``slope * (k_pos - q_pos)`` where a causal query sees a key, -inf elsewhere."""
+    B = vis.shape[0]
+    dist = (torch.arange(N, device=vis.device)[None, :] - (N - T + torch.arange(T, device=vis.device))[:, None])
+    bias = slopes.view(1, -1, 1, 1) * dist.to(torch.float32)[None, None]
+    return bias.masked_fill(~vis[:, None], float("-inf")).to(dtype).expand(B, -1, -1, -1)
 
 
 def _flashinfer(q, k, v, lens, mask, kind, shape, dev):
@@ -188,10 +220,11 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=None, help="a sliding window of this many keys on every row")
     ap.add_argument("--softcap", type=float, default=None, help="soft-cap every score at this value (Gemma 2)")
     ap.add_argument("--leftpad", type=int, default=None, help="every row starts at this position (cache_leftpad)")
+    ap.add_argument("--alibi", action="store_true", help="ALiBi's bias on every row (BLOOM's slopes)")
     a = ap.parse_args()
     backends = a.backends.split(",") if a.backends else (["cpu"] if a.device == "cpu" else ["triton"])
     run(a.device, a.full or a.device == "cuda", backends, a.quick, a.model_shapes, (a.batch, a.context, a.widths),
-        a.window, a.softcap, a.leftpad)
+        a.window, a.softcap, a.leftpad, a.alibi)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,7 @@ def test_triton_kernels_compile_for_h100(triton_version, background):
             and "LOWP_DOT=True" in x["signature"]]
     assert bf16 and all(x["hgmma"] + x["hmma"] > 0 for x in bf16)
     assert any(x["hgmma"] > 0 for x in bf16)
+    assert any("ALIBI=True" in x["signature"] for x in bf16), "ALiBi's specialisation was not compiled"
     # the prefix loop pipelines its loads (num_stages buffers of shared memory) with a sliding window too:
     # a branch in that loop had cut the windowed kernel to one stage's worth
     prefix = {}

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import triforce_kernels as tk
+from triforce.models.config import alibi_slopes
 from triforce_kernels._backend import implementation
 from triforce_kernels.reference.verify_attention import verify_attention as reference
 
@@ -22,14 +23,8 @@ from .test_verify_attention_window import WINDOWS
 
 
 def bloom_slopes(heads: int) -> torch.Tensor:
-    """ALiBi's geometric slopes (the paper's, as BLOOM builds them): 2^(-8 i / n) for the largest power of two
-    n <= heads, then the odd powers of the next one's base for the remaining heads."""
-    n = 2 ** math.floor(math.log2(heads))
-    base = 2.0 ** (-8.0 / n)
-    slopes = [base ** i for i in range(1, n + 1)]
-    extra = 2.0 ** (-4.0 / n)
-    slopes += [extra ** i for i in range(1, 2 * (heads - n), 2)]
-    return torch.tensor(slopes, dtype=torch.float32)
+    """ALiBi's geometric slopes for ``heads`` heads, as BLOOM builds them (the model layer's)."""
+    return torch.tensor(alibi_slopes("bloom", heads), dtype=torch.float32)
 
 
 def draw_slopes(data, B, Hq, dev):

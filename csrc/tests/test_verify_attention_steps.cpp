@@ -4,7 +4,7 @@
 // to consecutive positions). fp32, bf16 and fp16; D 16, 64 and 128 (the keys-in-lanes, rows-in-lanes,
 // transposed-tile and dot paths); GQA 1, 3 and 12; prefixes across the 32-key tiles and the 512-key
 // parts; causal and random trees; interleaved and head-major caches; two sequences of different lengths;
-// the parts folded across waves (one part per wave). And a ragged pass (query_lens: each row's first queries
+// the parts folded across waves (one part per wave); windows, soft caps and ALiBi. And a ragged pass (query_lens: each row's first queries
 // only) against the whole one.
 #include <cstring>
 #include <limits>
@@ -21,8 +21,11 @@ using namespace triforce;
 
 template <typename T>
 void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool tree, bool interleaved, unsigned seed,
-           int64_t window = 0, float softcap = 0.f) {
+           int64_t window = 0, float softcap = 0.f, bool alibi = false) {
   const int64_t B = 2, Hq = Hkv * g, N = prefix + Tq + 8;
+  std::vector<float> slopes(Hq);  // ALiBi: one slope per query head (a key's bias follows its distance in ranks)
+  for (int64_t h = 0; h < Hq; ++h) slopes[h] = 0.5f / static_cast<float>(h + 1);
+  const float* sl = alibi ? slopes.data() : nullptr;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   std::vector<T> q(B * Tq * Hq * D), k(B * N * Hkv * D), v(B * N * Hkv * D);
@@ -41,7 +44,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
   std::vector<float> lse(B * Hq * Tq);
   verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
                           tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N, 0,
-                          out.data(), lse.data(), nullptr, window, softcap);
+                          out.data(), lse.data(), nullptr, window, softcap, nullptr, sl);
   // A ragged pass (query_lens): the first queries of each row, bitwise those of the whole pass; 0 and -inf after
   {
     const int32_t lens[B] = {static_cast<int32_t>(Tq), static_cast<int32_t>((Tq + 1) / 2)};
@@ -49,7 +52,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
     std::vector<float> rlse(lse.size());
     verify_attention_cpu<T>(q.data(), Tq * Hq * D, Hq * D, D, k.data(), skb, skn, skh, v.data(), skb, skn, skh, L,
                             tree ? reinterpret_cast<const bool*>(mask.data()) : nullptr, 0.125f, B, Tq, Hq, Hkv, D, N,
-                            0, rout.data(), rlse.data(), lens, window, softcap);
+                            0, rout.data(), rlse.data(), lens, window, softcap, nullptr, sl);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < Tq; ++t)
         for (int64_t h = 0; h < Hq; ++h) {
@@ -80,7 +83,7 @@ void check(int64_t Hkv, int64_t g, int64_t D, int64_t Tq, int64_t prefix, bool t
       std::vector<float> l1(Hq);
       verify_attention_cpu<T>(q.data() + (b * Tq + t) * Hq * D, Hq * D, Hq * D, D, k1.data(), skb, skn, skh, v1.data(),
                               skb, skn, skh, &L1, nullptr, 0.125f, 1, 1, Hq, Hkv, D, N, 0, o1.data(), l1.data(),
-                              nullptr, window, softcap);
+                              nullptr, window, softcap, nullptr, sl);
       EXPECT(std::memcmp(o1.data(), out.data() + (b * Tq + t) * Hq * D, Hq * D * sizeof(T)) == 0);
       for (int64_t h = 0; h < Hq; ++h) EXPECT(std::memcmp(&l1[h], &lse[(b * Hq + h) * Tq + t], sizeof(float)) == 0);
     }
@@ -122,6 +125,16 @@ int main() {
           check<f16>(2, 4, 16, T, 70, tree, false, seed++, window, cap);
           cases += 3;
         }
+  // ALiBi (every path, as the cap's cases), with a window and a cap too.
+  for (int64_t window : {0, 40})
+    for (int64_t T : {1, 5, 12})
+      for (int tree = 0; tree < 2; ++tree) {
+        check<float>(2, 3, 64, T, 530, tree, true, seed++, window, 0.f, true);
+        check<bf16>(2, 3, 64, T, 530, tree, true, seed++, window, window ? 20.f : 0.f, true);
+        check<f16>(2, 4, 16, T, 70, tree, false, seed++, window, 0.f, true);
+        check<float>(2, 12, 64, T, 33, tree, false, seed++, window, 0.f, true);  // 12+ rows in lanes
+        cases += 4;
+      }
   if (failures) return 1;
   std::printf("test_verify_attention_steps: ok (%d cases)\n", cases);
   return 0;

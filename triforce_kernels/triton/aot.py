@@ -235,26 +235,30 @@ def _attention_cases(quick: bool):
                             va(q, k, v, lens, mask, D ** -0.5)
 
                         yield name, run
-    # sliding windows, soft-capped scores and left padding (Mistral / Gemma 2 / Gemma 3, a StreamingLLM cache's
-    # windowed layers): their own specialisations (HAS_WINDOW, SOFTCAP, HAS_LEFTPAD), at those models' heads
-    # (Gemma's D = 256)
-    quick_variants = [(1024, 50.0, False), (1024, 50.0, True)]  # (Gemma 2's soft cap)
-    variants = [(4096, None, False), (4096, None, True), (None, 50.0, False)] + quick_variants
-    for (Hq, Hkv, D), dtype, T, tree, (window, cap, leftpad) in itertools.product(
+    # sliding windows, soft-capped scores, left padding and ALiBi (Mistral / Gemma 2 / Gemma 3, a StreamingLLM cache's
+    # windowed layers, BLOOM / MPT / Falcon-RW): their own specialisations (HAS_WINDOW, SOFTCAP, HAS_LEFTPAD, ALIBI),
+    # at those models' heads (Gemma's D = 256)
+    quick_variants = [(1024, 50.0, False, False), (1024, 50.0, True, False),  # (Gemma 2's soft cap)
+                      (None, None, False, True)]  # (ALiBi)
+    variants = [(4096, None, False, False), (4096, None, True, False), (None, 50.0, False, False),
+                (4096, None, True, True)] + quick_variants
+    for (Hq, Hkv, D), dtype, T, tree, (window, cap, leftpad, alibi) in itertools.product(
             [(32, 8, 128), (8, 4, 256)] if quick else [(32, 8, 128), (8, 4, 256), (16, 8, 256), (9, 3, 64)],
             [torch.bfloat16] if quick else [torch.bfloat16, torch.float16, torch.float32],
             (16,) if quick else (1, 7, 16, 64), (False, True), quick_variants if quick else variants):
-        def run_w(Hq=Hq, Hkv=Hkv, D=D, T=T, dtype=dtype, tree=tree, window=window, cap=cap, leftpad=leftpad):
+        def run_w(Hq=Hq, Hkv=Hkv, D=D, T=T, dtype=dtype, tree=tree, window=window, cap=cap, leftpad=leftpad,
+                  alibi=alibi):
             q = torch.empty(1, T, Hq, D, dtype=dtype)
             k = torch.empty(1, 32768, Hkv, D, dtype=dtype)
             lens = torch.full((1,), 32768, dtype=torch.int32)
             mask = torch.ones(1, T, T, dtype=torch.bool).tril() if tree else None
             va(q, k, k, lens, mask, D ** -0.5, window=window, softcap=cap,
-               cache_leftpad=torch.full((1,), 16, dtype=torch.int32) if leftpad else None)
+               cache_leftpad=torch.full((1,), 16, dtype=torch.int32) if leftpad else None,
+               alibi_slopes=torch.ones(Hq) if alibi else None)
 
         yield (f"verify_attention B=1 N=32768 Hq={Hq} Hkv={Hkv} D={D} T={T} {str(dtype)[6:]} "
                f"{'tree' if tree else 'causal'} window={window} softcap={cap}"
-               f"{' leftpad' if leftpad else ''}"), run_w
+               f"{' leftpad' if leftpad else ''}{' alibi' if alibi else ''}"), run_w
     if not quick:  # the benchmark's other T-independent row block (bench_verify_attention: triton_rows16)
         for T in (1, 7, 16, 64):
             for tree in (False, True):
