@@ -151,7 +151,8 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // slot then not read). attention_scale: the scores' scale (none: 1 / sqrt(head_dim)). parallel: each layer's MLP on
 // its second norm of the layer's input, h + attn + mlp(norm(h)) (GPT-NeoX's, Phi-2's, Falcon's block; a block of one
 // norm passes it twice), not on h + attn. norm_after (opt-350m's, GPT-1's layer): the attention on h itself and each
-// norm after its block's residual add, h2 = norm_in(h + attn), then norm_out(h2 + mlp(h2)).
+// norm after its block's residual add, h2 = norm_in(h + attn), then norm_out(h2 + mlp(h2)). alibi_slopes (float32
+// [Hq], or none): every layer's verify_attention adds ALiBi's bias with them (BLOOM's, MPT's, Falcon-RW's layers).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -162,7 +163,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias, const std::string& mlp,
-                          std::optional<double> attention_scale, bool parallel, bool norm_after);
+                          std::optional<double> attention_scale, bool parallel, bool norm_after,
+                          const std::optional<at::Tensor>& alibi_slopes);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

@@ -55,6 +55,12 @@ STACK_FAMILIES = {
     "nemotron": dict(model_type="nemotron", attention_bias=True),
     # OLMo 1's weightless LayerNorm (in float32, rounded), SwiGLU
     "olmo": dict(model_type="olmo"),
+    # ALiBi (the stack's alibi_slopes), no RoPE: BLOOM's (its embeddings' LayerNorm outside the stack, GELU's tanh
+    # form), MPT's (LayerNorms without biases, the exact GELU), Falcon-RW's (its slopes over sqrt(head_dim))
+    "bloom": dict(model_type="bloom", attention_bias=True, mlp_bias=True, num_key_value_heads=4),
+    "mpt": dict(model_type="mpt", num_key_value_heads=4),
+    "falcon-rw": dict(model_type="falcon", num_key_value_heads=4,
+                      extra={"alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}),
 }
 
 
@@ -506,12 +512,12 @@ def test_caches_in_another_dtype(cache_kind, dtype, kv, monkeypatch):
 @given(B=st.integers(1, 3), T=st.integers(1, 5), n_kv=st.integers(1, 3), group=st.integers(1, 2),
        head_dim=st.sampled_from([2, 4, 8, 16]), cache_kind=st.sampled_from(["full", "chunked", "streaming", "retrieval"]),
        dtype=st.sampled_from(["float32", "bfloat16", "int8"]), tree=st.booleans(), seed=st.integers(0, 2**16),
-       family=st.sampled_from(["llama", "starcoder2", "arcee", "opt-350m", "openai-gpt"]))
+       family=st.sampled_from(["llama", "starcoder2", "arcee", "opt-350m", "openai-gpt", "bloom"]))
 def test_property_native_stack_equals_the_per_layer_calls(B, T, n_kv, group, head_dim, cache_kind, dtype, tree, seed,
                                                           family):
     """Random shapes, ragged prompts, every cache kind, chain or random tree, RMSNorm with SwiGLU or the stack's
     other kinds (StarCoder 2's LayerNorms, biases and GELU; Arcee's ReLU squared; opt-350m's and GPT-1's norms after
-    the residual adds, multi-head): one forward after a prefill gives bitwise the logits and every buffer (k, v, k_raw,
+    the residual adds, multi-head; BLOOM's ALiBi): one forward after a prefill gives bitwise the logits and every buffer (k, v, k_raw,
     last queries) of the per-layer calls (the modules, for those)."""
     torch.manual_seed(seed)
     fam = dict(STACK_FAMILIES.get(family, {}))

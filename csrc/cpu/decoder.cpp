@@ -613,7 +613,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& query_valid, const std::optional<at::Tensor>& rows,
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
-                          std::optional<double> attention_scale, bool parallel, bool norm_after) {
+                          std::optional<double> attention_scale, bool parallel, bool norm_after,
+                          const std::optional<at::Tensor>& alibi_slopes) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   const Mlp mlp = mlp_kind(mlp_name);
@@ -684,6 +685,10 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   // (1.0 / math.sqrt(D))
   const double scale = attention_scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
   TORCH_CHECK(std::isfinite(scale) && scale > 0, "decoder_layers: attention_scale must be finite and > 0, got ", scale);
+  // (checked before any row is written; its length, one per query head, by verify_attention)
+  TORCH_CHECK(!alibi_slopes.has_value() || (alibi_slopes->scalar_type() == at::kFloat &&
+                                            alibi_slopes->device().is_cpu() && alibi_slopes->dim() == 1),
+              "decoder_layers: alibi_slopes must be float32 [Hq] on the CPU");
   // what the forward streams: its weights, and each row's visible keys and values in every layer
   auto forward_bytes = [&] {
     int64_t bytes = 0;
@@ -736,7 +741,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       const int64_t window = windows.has_value() ? (*windows)[l] : 0;
       const at::Tensor attn =
           pack(std::get<0>(verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
-                                                   query_lens, window, 0.0, window ? window_leftpad : std::nullopt))
+                                                   query_lens, window, 0.0, window ? window_leftpad : std::nullopt,
+                                                   alibi_slopes))
                    .to(x.scalar_type()));
       const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
       x = norm_after ? attn_out_mlp_after(x, attn, norm_w[2 * l], eps[2 * l], norm_bias[2 * l], norm_w[2 * l + 1],

@@ -1379,7 +1379,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     ``verify_attention`` over its buffers), bitwise what the layers called one by one give; besides RMSNorm and
     SwiGLU, torch's LayerNorms, the ungated MLPs of :data:`_UNGATED_NATIVE`, parallel blocks and norms after the
     residual adds (opt-350m's, GPT-1's; one kind for all the call's layers:
-    :meth:`DecoderLayer._fused_layer_arguments`), at the cache's attention scale. ``None`` where
+    :meth:`DecoderLayer._fused_layer_arguments`), at the cache's attention scale, with its ALiBi slopes (BLOOM's,
+    MPT's, Falcon-RW's). ``None`` where
     that path does not apply: a layer off the fused path (see :meth:`DecoderLayer.fused_arguments`) or with
     forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
@@ -1391,8 +1392,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         return None
     buffers = cache._native_buffers(step)
     if buffers is None or resolve("verify_attention", None, h.device) != "cpu" or cache.softcap \
-            or cache.alibi is not None \
-            or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: none of the three, one leftpad for all
+            or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: no soft cap, one leftpad for all
         # windows)
         return None
     k, v, k_raw, last_query = buffers
@@ -1426,7 +1426,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
         list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
         next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1],
-        cache.scale, kind[2], **({"norm_after": True} if kind[3] else {}))
+        cache.scale, kind[2], **({"norm_after": True} if kind[3] else {}),
+        **({} if cache.alibi is None else {"alibi_slopes": cache.alibi}))
 
 
 _STACK = None
