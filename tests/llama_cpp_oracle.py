@@ -200,7 +200,8 @@ def log_path() -> Path:
 TOL = 1e-5
 TOL_GELU_TABLE = 2e-3
 TOL_QWEN2VL = 5e-4
-GELU_ARCHS = ("gemma", "gemma2", "gemma3", "starcoder2", "phi2", "gptneox", "falcon", "gpt2", "starcoder")
+GELU_ARCHS = ("gemma", "gemma2", "gemma3", "starcoder2", "phi2", "gptneox", "falcon", "gpt2", "starcoder", "bloom",
+              "mpt")
 _DONE: dict = {}  # (file, size, mtime, dtype) -> its record: a file the tests load again is compared once
 
 

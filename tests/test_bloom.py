@@ -3,6 +3,7 @@
 ``query_key_value``, an ungated MLP of GELU's tanh form, biases everywhere, a tied head; its config's names
 (``n_layer``, ``n_head``) and checkpoints' names (``transformer.*``, bigscience's unprefixed ones too); against
 transformers' BloomForCausalLM."""
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +154,69 @@ def test_greedy_equals_autoregressive(method, opts):
     StreamingLLM and retrieval drafts attend by the distances of the slots they hold)."""
     _, ours = bloom(**CASES["six-heads-untied"])
     assert_greedy_equals_autoregressive(ours, ours.layer_skip(2), method, opts)
+
+
+def bloom_kv(c) -> dict:
+    """The ``bloom.*`` metadata llama.cpp's converter writes for transformers' BloomConfig ``c`` (its context 2048:
+    BloomConfig has none)."""
+    return {"context_length": 2048, "embedding_length": c.hidden_size, "feed_forward_length": 4 * c.hidden_size,
+            "block_count": c.n_layer, "attention.head_count": c.n_head, "attention.head_count_kv": c.n_head,
+            "attention.layer_norm_epsilon": float(c.layer_norm_epsilon), "vocab_size": c.vocab_size}
+
+
+def bloom_gguf_tensors(hf, config, tensors=None) -> dict:
+    """``write_converted_gguf``'s ``convert`` and ``tensors`` for transformers' BLOOM ``hf`` as llama.cpp's converter
+    writes it: query_key_value's rows regrouped as every query, then every key, then every value; the embeddings'
+    LayerNorm as token_embd_norm and each layer's post_attention_layernorm as ffn_norm (the converter strips
+    ``transformer.`` first: the gguf package maps those names only so)."""
+    from triforce.models.loading import falcon_qkv_split
+
+    own = {"transformer.word_embeddings_layernorm.": "token_embd_norm."}
+    own.update({f"transformer.h.{i}.post_attention_layernorm.": f"blk.{i}.ffn_norm."
+                for i in range(config.num_hidden_layers)})
+    tensors = {**(tensors or {}), **{own[k.rsplit(".", 1)[0] + "."] + k.rsplit(".", 1)[1]: t.detach().float().numpy()
+               for k, t in hf.state_dict().items() if k.rsplit(".", 1)[0] + "." in own}}
+
+    def convert(name, t):
+        if name.rsplit(".", 1)[0] + "." in own:
+            return None
+        return torch.cat(falcon_qkv_split(config, t)) if "query_key_value" in name else t
+
+    return {"convert": convert, "tensors": tensors}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """A bloom GGUF as llama.cpp's converter writes the checkpoint (query_key_value regrouped from per head [q_h; k_h;
+    v_h] to every query, then every key, then every value; the embeddings' LayerNorm as token_embd_norm) gives
+    transformers' logits; its blocks compute the loaded model bitwise; its metadata read."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint
+
+    hf, ours = bloom(**CASES[case])
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "bloom", bloom_kv(hf.config),
+                                                     **bloom_gguf_tensors(hf, ours.config))
+    c = loaded.config
+    assert (c.model_type, c.alibi, c.embed_layernorm, c.attention_bias, c.mlp_bias) == ("bloom", "bloom", True, True,
+                                                                                       True)
+    assert c.rms_norm_eps == torch.tensor(1e-3).item()  # (a float32 in the file)
+    assert c.alibi_slopes == ours.config.alibi_slopes and c.tie_word_embeddings == hf.config.tie_word_embeddings
+    assert (c.num_attention_heads, c.num_key_value_heads, c.max_position_embeddings) == (
+        hf.config.n_head, hf.config.n_head, 2048)
+
+
+@pytest.mark.parametrize("kv,match", [({"attn_q_norm": 1}, "q_norm"),
+                                      ({"attention.max_alibi_bias": 8.0}, "max_alibi_bias"),
+                                      ({"attention.head_count": None}, "head_count")])
+def test_gguf_what_raises(tmp_path, kv, match):
+    """A bloom file with a key llama.cpp's bloom does not read (the ALiBi bias: fixed at 8 there), a tensor the model
+    has not (q / k norms) or without its heads raises naming it."""
+    from triforce.models import Llama
+
+    from .test_families import write_converted_gguf
+
+    hf, ours = bloom()
+    keys = {k: v for k, v in {**bloom_kv(hf.config), **kv}.items() if v is not None and k != "attn_q_norm"}
+    norm = {"blk.0.attn_q_norm.weight": np.ones(16, np.float32)} if "attn_q_norm" in kv else {}
+    path = write_converted_gguf(tmp_path / "f.gguf", hf, "bloom", keys, **bloom_gguf_tensors(hf, ours.config, norm))
+    with pytest.raises(ValueError, match=match):
+        Llama.from_pretrained(path, cache_dir=False)

@@ -5,6 +5,7 @@ biases, a tied head; its config's names (``d_model``, ``n_heads``, ``n_layers``,
 checkpoints' names (``transformer.wte``, ``blocks``, ``norm_f``); against transformers' MptForCausalLM."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +154,53 @@ def test_greedy_equals_autoregressive(method, opts):
     """The engines over an MPT model give its greedy tokens (a layer-skip draft for the two-model methods)."""
     _, ours = mpt(**CASES["six-heads-clipped-scaled-untied"], max_seq_len=512)
     assert_greedy_equals_autoregressive(ours, ours.layer_skip(2), method, opts)
+
+
+def mpt_kv(c) -> dict:
+    """The ``mpt.*`` metadata llama.cpp's converter writes for transformers' MptConfig ``c``: its ALiBi bias, its
+    clamp where ``attn_config.clip_qkv`` (no head_count_kv: no kv_n_heads)."""
+    kv = {"context_length": c.max_seq_len, "embedding_length": c.d_model, "feed_forward_length": 4 * c.d_model,
+          "block_count": c.n_layers, "attention.head_count": c.n_heads, "attention.max_alibi_bias": 8.0,
+          "attention.layer_norm_epsilon": float(c.layer_norm_epsilon), "vocab_size": c.vocab_size}
+    clip = c.attn_config.clip_qkv
+    return kv if clip is None else {**kv, "attention.clamp_kqv": float(clip)}
+
+
+GGUF_CASES = {"four-heads": {}, "eight-heads-clipped-untied": {"n_heads": 8, "tie_word_embeddings": False,
+                                                               "attn_config": {"clip_qkv": 0.5}}}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """An mpt GGUF as llama.cpp's converter writes the checkpoint (Wqkv as it is: every query, then every key, then
+    every value; the clamp as attention.clamp_kqv) gives transformers' logits; its blocks compute the loaded model
+    bitwise; its metadata read (its slopes MPT's: llama.cpp's at 8 where the head count is a power of 2)."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint
+
+    hf, ours = mpt(**GGUF_CASES[case])
+    loaded = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "mpt", mpt_kv(hf.config))
+    c = loaded.config
+    assert (c.model_type, c.alibi, c.attention_bias, c.mlp_bias, c.torch_layer_norm, c.clip_qkv) == (
+        "mpt", "mpt", False, False, "nobias", ours.config.clip_qkv)
+    assert c.alibi_slopes == ours.config.alibi_slopes and c.attention_scale == ours.config.attention_scale
+    assert c.rms_norm_eps == torch.tensor(1e-3).item() and c.max_position_embeddings == 64  # (a float32 in the file)
+    assert c.tie_word_embeddings == hf.config.tie_word_embeddings
+
+
+@pytest.mark.parametrize("kv,match", [({"attention.head_count": 6}, "no power of 2"),
+                                      ({"attention.max_alibi_bias": 6.0}, "max_alibi_bias"),
+                                      ({"attn_q_norm": 1}, "q_norm"),
+                                      ({"attention.layer_norm_epsilon": None}, "layer_norm_epsilon")])
+def test_gguf_what_raises(tmp_path, kv, match):
+    """An mpt file with a head count no power of 2 (llama.cpp runs it with BLOOM's slopes, which are not MPT's), another
+    ALiBi bias than 8, a tensor the model has not (q / k norms: MPT's qk_ln) or without its eps raises naming it."""
+    from triforce.models import Llama
+
+    from .test_families import write_converted_gguf
+
+    hf, _ = mpt(**({"d_model": 48, "n_heads": 6} if kv.get("attention.head_count") == 6 else {}))
+    keys = {k: v for k, v in {**mpt_kv(hf.config), **kv}.items() if v is not None and k != "attn_q_norm"}
+    norm = {"blk.0.attn_q_norm.weight": np.ones(16, np.float32)} if "attn_q_norm" in kv else {}
+    path = write_converted_gguf(tmp_path / "f.gguf", hf, "mpt", keys, tensors=norm)
+    with pytest.raises(ValueError, match=match):
+        Llama.from_pretrained(path, cache_dir=False)

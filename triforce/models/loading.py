@@ -1646,7 +1646,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "qwen2vl": ("qwen2", False), "qwen3vl": ("qwen3", False), "qwen3vlmoe": ("qwen3_moe", False),
                       "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
                       "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False), "gpt2": ("gpt2", False),
-                      "starcoder": ("gpt_bigcode", False),
+                      "starcoder": ("gpt_bigcode", False), "bloom": ("bloom", False), "mpt": ("mpt", False),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1690,6 +1690,7 @@ _GGUF_ARCH_KEYS = {
     "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
                    "attention.sliding_window_pattern", "rope.freq_base_swa"),
     "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",), "dbrx": ("attention.clamp_kqv",),
+    "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -2010,6 +2011,10 @@ _GGUF_QWEN_TENSORS = {**_GGUF_LAYER_TENSORS, "attn_qkv.weight": "self_attn.qkv_p
 # Conv1D weights: every weight in nn.Linear's layout), biased, on LayerNorms with biases; the learned positions are
 # position_embd (_state_key)
 _GGUF_GPT2_TENSORS = {**_GGUF_NEOX_TENSORS}
+# bloom, mpt: q, k, v as one attn_qkv, rows [q; k; v] (llama.cpp's converter regroups BLOOM's per-head
+# query_key_value so; MPT's Wqkv is so already), biased where the file has biases (BLOOM's), on LayerNorms; BLOOM's
+# embeddings' LayerNorm token_embd_norm (_state_key)
+_GGUF_ALIBI_TENSORS = {**_GGUF_NEOX_TENSORS}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -2020,7 +2025,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
                 "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS,
                 **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
-                "qwen": _GGUF_QWEN_TENSORS}
+                "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2155,6 +2160,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra["use_parallel_residual"] = bool(need("use_parallel_residual"))
     if arch == "dbrx" and gguf_field(reader, f"{arch}.attention.clamp_kqv") is not None:  # (its clip_qkv)
         extra["clip_qkv"] = float(gguf_field(reader, f"{arch}.attention.clamp_kqv"))
+    if arch == "mpt":  # (its clip_qkv; its slopes, checked)
+        extra.update(_gguf_mpt(reader, path, n_head))
     if arch == "olmo" and gguf_field(reader, f"{arch}.attention.clamp_kqv") is not None:  # (its clip_qkv)
         extra["clip_qkv"] = float(gguf_field(reader, f"{arch}.attention.clamp_kqv"))
     if arch == "olmo" and not math.isclose(float(need("attention.layer_norm_epsilon")), 1e-5, rel_tol=1e-6):
@@ -2177,12 +2184,12 @@ def read_gguf(path: Path, skip=None, reader=None):
         rope_scaling=rope_scaling, rms_norm_eps=float(need(
             "attention.layer_norm_epsilon" if model_type in (*_COHERES, "starcoder2", "nemotron", "phi", "stablelm",
                                                              "gpt_neox", "olmo", "jais2", "falcon", "dbrx",
-                                                             "gpt2", "gpt_bigcode")
+                                                             "gpt2", "gpt_bigcode", "bloom", "mpt")
             else "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
         # (GPT-NeoX's always: llama.cpp requires them)
-        mlp_bias=model_type == "gpt_neox" or ("mlp_bias" in FAMILIES[model_type].reads
+        mlp_bias=model_type in ("gpt_neox", "bloom") or ("mlp_bias" in FAMILIES[model_type].reads
                                               and "blk.0.ffn_up.bias" in tensors),
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
@@ -2231,7 +2238,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_neox_qkv(config, sd)
     if arch == "falcon":
         sd = _gguf_falcon(config, sd)
-    if arch in ("dbrx", "gpt2", "starcoder", "chatglm", "qwen"):  # (their attn_qkv's rows: q, k, v)
+    if arch in ("dbrx", "gpt2", "starcoder", "chatglm", "qwen", "bloom", "mpt"):  # (their attn_qkv's rows: q, k, v)
         sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
@@ -2273,6 +2280,21 @@ def _gguf_split_qkv(config: LlamaConfig, sd: dict) -> dict:
         else:
             out[name] = t
     return out
+
+
+def _gguf_mpt(reader, path: Path, n_head: int) -> dict:
+    """An mpt file's ``extra``: ``attention.clamp_kqv`` as its ``clip_qkv``. llama.cpp runs its ALiBi with BLOOM's
+    slopes at ``attention.max_alibi_bias`` (``2 ** (-b k / p)``, p the largest power of 2 <= heads, the odd powers
+    of ``2 ** (-b / 2p)`` for the other heads), which are MPT's (``1 / 2 ** (k b / p)``) where the head count is a
+    power of 2; another head count, or another bias than 8 (MptModel's, whatever its config says), raises."""
+    bias = gguf_field(reader, "mpt.attention.max_alibi_bias", 8.0)
+    if not math.isclose(float(bias), 8.0):
+        raise ValueError(f"GGUF file {str(path)!r} has mpt.attention.max_alibi_bias = {bias}; MPT's ALiBi is at 8")
+    if n_head & (n_head - 1):
+        raise ValueError(f"GGUF file {str(path)!r} has mpt.attention.head_count = {n_head}, no power of 2: llama.cpp "
+                         "runs it with BLOOM's ALiBi slopes, MPT's checkpoints with their own (they differ there)")
+    clamp = gguf_field(reader, "mpt.attention.clamp_kqv")
+    return {} if clamp is None else {"clip_qkv": float(clamp)}
 
 
 def _gguf_falcon(config: LlamaConfig, sd: dict) -> dict:
@@ -2706,6 +2728,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     """(HF state-dict key, the head count to un-permute its rows by or ``None``) of GGUF tensor ``name``."""
     if name == "token_embd.weight":
         return "model.embed_tokens.weight", None
+    if name in ("token_embd_norm.weight", "token_embd_norm.bias"):  # (BLOOM's LayerNorm on the embeddings)
+        return f"model.embed_layernorm.{name.split('.')[1]}", None
     if name == "position_embd.weight":  # (gpt2's, starcoder's learned positions)
         return "model.embed_positions.weight", None
     if name in ("output_norm.weight", "output_norm.bias"):  # (StarCoder 2's LayerNorm has a bias)
