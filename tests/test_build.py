@@ -179,18 +179,23 @@ def _check_one_tile_arithmetic(dump):
         tiles = _tile_updates(open(path).read())
         # one tile update, or two where a sliding window's first tiles take the tail's masked update
         assert 1 <= len(tiles) <= 2, f"{path}: {len(tiles)} tile updates"
+        alibi = "arith.sitofp" in open(path).read()  # (ALiBi's distances, converted to float: its only sitofp)
         for tile in tiles:
-            # the first dot's shapes and dtypes, and whether the scores are soft-capped (its tanh divides)
-            key = (" ".join(re.findall(r"<(\d+x\d+x\w+)", tile[0])), any("arith.divf" in op for op in tile))
+            # the first dot's shapes and dtypes, whether the scores are soft-capped (its tanh divides), ALiBi
+            key = (" ".join(re.findall(r"<(\d+x\d+x\w+)", tile[0])), any("arith.divf" in op for op in tile), alibi)
             groups.setdefault(key, []).append((path, tile))
         ptx = open(path[:-len("ttgir")] + "ptx").read()
         assert not re.search(r"\b(mul|add|sub)\.f32\b", ptx), f"{path}: f32 arithmetic ptxas may contract"
     sizes = {k: len(g) for k, g in groups.items()}
     # bf16 and fp32, D = 128 and 64: prefix, prefix at T = 1, causal and tree tails (each also at T = 1)
-    assert sum(not capped for _, capped in groups) == 4 and all(
-        n >= 6 for (_, capped), n in sizes.items() if not capped), sizes
+    plain = [n for (_, capped, alibi), n in sizes.items() if not (capped or alibi)]
+    assert len(plain) == 4 and all(n >= 6 for n in plain), sizes
     # soft-capped with a window, bf16, D = 128 and 256: the prefix's two updates, the causal and tree tails
-    assert sum(capped for _, capped in groups) == 2 and all(n >= 4 for (_, capped), n in sizes.items() if capped), sizes
+    capped = [n for (_, cap, _), n in sizes.items() if cap]
+    assert len(capped) == 2 and all(n >= 4 for n in capped), sizes
+    # ALiBi, bf16, D = 128 and 256: the causal and tree prefixes and tails
+    alibi = [n for (_, _, ali), n in sizes.items() if ali]
+    assert len(alibi) == 2 and all(n >= 4 for n in alibi), sizes
     for group in groups.values():
         first_path, first = group[0]
         for path, tiles in group[1:]:
