@@ -26,12 +26,12 @@ computed and zeroed) and the batch's one-token step (``step``, the floor), in tu
 natural text at batch 8 and 16 (most rows propose nothing or 1-2 tokens), and on the demo's pass-key batch of 4.
 Its FLOPs count the real tokens (``padded``: all of the batch's rows times T).
 
-``--family gpt2|opt|starcoder2|pythia|nemotron|olmo|opt-350m|bloom``: instead of the embedded model, random weights of that
-family at its smallest published shape (gpt2's 124M: 12 layers of 768, learned positions, LayerNorms, GELU;
-opt-125m's: the same with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU; pythia-160m's:
-GPT-NeoX's parallel block; 12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU squared; weightless
-LayerNorms, SwiGLU; opt-350m's: 24 layers of 1024 with each norm after its residual add, a popular draft model;
-bloom-560m's: 24 layers of 1024 with ALiBi, a 250880-token head),
+``--family gpt2|opt|starcoder2|pythia|nemotron|olmo|olmo-clip|opt-350m|bloom``: instead of the embedded model,
+random weights of that family at its smallest published shape (gpt2's 124M: 12 layers of 768, learned positions,
+LayerNorms, GELU; opt-125m's: the same with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU;
+pythia-160m's: GPT-NeoX's parallel block; 12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU squared;
+weightless LayerNorms, SwiGLU (``olmo-clip``: q, k and v clamped); opt-350m's: 24 layers of 1024 with each norm
+after its residual add, a popular draft model; bloom-560m's: 24 layers of 1024 with ALiBi, a 250880-token head),
 float32 or bfloat16: the families whose layers only the one-call path fuses (their per-layer path is the modules';
 ``per_layer`` equals ``modules`` there).
 
@@ -175,6 +175,10 @@ FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
                  # a 12-layer, 768-wide OLMo 1 (its smallest, OLMo-1B, is 16 x 2048): weightless LayerNorms, SwiGLU
                  "olmo": {"model_type": "olmo", "vocab_size": 50304, "hidden_size": 768, "intermediate_size": 2048,
                           "num_hidden_layers": 12, "num_attention_heads": 12},
+                 # the same with OLMo-7B-0424's clamp of q, k and v at 8 (the stack's clip_qkv)
+                 "olmo-clip": {"model_type": "olmo", "vocab_size": 50304, "hidden_size": 768,
+                               "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
+                               "clip_qkv": 8.0},
                  # opt-350m's: 24 layers of 1024, each norm after its residual add, 512-wide embeddings projected
                  "opt-350m": {"model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
                               "num_attention_heads": 16, "do_layer_norm_before": False, "word_embed_proj_dim": 512},

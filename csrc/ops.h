@@ -153,6 +153,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // norm passes it twice), not on h + attn. norm_after (opt-350m's, GPT-1's layer): the attention on h itself and each
 // norm after its block's residual add, h2 = norm_in(h + attn), then norm_out(h2 + mlp(h2)). alibi_slopes (float32
 // [Hq], or none): every layer's verify_attention adds ALiBi's bias with them (BLOOM's, MPT's, Falcon-RW's layers).
+// clip_qkv > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the q/k norms, before RoPE (OLMo's, MPT's); 0: none.
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -164,7 +165,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias, const std::string& mlp,
                           std::optional<double> attention_scale, bool parallel, bool norm_after,
-                          const std::optional<at::Tensor>& alibi_slopes);
+                          const std::optional<at::Tensor>& alibi_slopes, double clip_qkv);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

@@ -49,7 +49,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "Tensor(b!)[] v_cache, Tensor(c!)[] k_raw_cache, Tensor(d!)[] last_query, Tensor slots, "
         "Tensor cache_seqlens, Tensor? tree_mask, Tensor? query_index, Tensor? query_valid, Tensor? rows=None, "
         "int[]? windows=None, Tensor? window_leftpad=None, Tensor?[]? norm_bias=None, str mlp='silu', "
-        "float? attention_scale=None, bool parallel=False, bool norm_after=False, Tensor? alibi_slopes=None) -> Tensor");
+        "float? attention_scale=None, bool parallel=False, bool norm_after=False, Tensor? alibi_slopes=None, "
+        "float clip_qkv=0.0) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");

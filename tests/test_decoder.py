@@ -61,6 +61,9 @@ STACK_FAMILIES = {
     "mpt": dict(model_type="mpt", num_key_value_heads=4),
     "falcon-rw": dict(model_type="falcon", num_key_value_heads=4,
                       extra={"alibi": True, "multi_query": False, "parallel_attn": False, "bias": True}),
+    # the clamp of q, k and v (the stack's clip_qkv): OLMo 1's (OLMo-7B-0424's), MPT's
+    "olmo-clip": dict(model_type="olmo", extra={"clip_qkv": 0.4}),
+    "mpt-clip": dict(model_type="mpt", num_key_value_heads=4, extra={"clip_qkv": 0.4}),
 }
 
 

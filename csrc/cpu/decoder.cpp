@@ -279,7 +279,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    bool layer_norm = false, bool norm_after = false) {
+    bool layer_norm = false, bool norm_after = false, double clip = 0.0) {
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
@@ -294,7 +294,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     q = rms_norm(q, *q_norm_w, qk_eps);
     k_raw = rms_norm(k_raw, *k_norm_w, qk_eps);
   }
-  const at::Tensor v = vp.view({B, T, -1, head_dim});
+  at::Tensor v = vp.view({B, T, -1, head_dim});
+  if (clip > 0) {  // OLMo's / MPT's clamp of q, k and v (clip_qkv), after the q/k norms, before RoPE: ATen's clamp
+    q = q.clamp(-clip, clip);
+    k_raw = k_raw.clamp(-clip, clip);
+    v = v.clamp(-clip, clip);
+  }
   return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
 }
 
@@ -614,7 +619,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
                           std::optional<double> attention_scale, bool parallel, bool norm_after,
-                          const std::optional<at::Tensor>& alibi_slopes) {
+                          const std::optional<at::Tensor>& alibi_slopes, double clip_qkv) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   const Mlp mlp = mlp_kind(mlp_name);
@@ -689,6 +694,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   TORCH_CHECK(!alibi_slopes.has_value() || (alibi_slopes->scalar_type() == at::kFloat &&
                                             alibi_slopes->device().is_cpu() && alibi_slopes->dim() == 1),
               "decoder_layers: alibi_slopes must be float32 [Hq] on the CPU");
+  TORCH_CHECK(clip_qkv >= 0 && std::isfinite(clip_qkv), "decoder_layers: clip_qkv must be finite and >= 0 (0: none), "
+              "got ", clip_qkv);
   // what the forward streams: its weights, and each row's visible keys and values in every layer
   auto forward_bytes = [&] {
     int64_t bytes = 0;
@@ -724,7 +731,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
     for (size_t l = 0; l < L; ++l) {
       auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
                                       qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos_rows, sin_rows, head_dim,
-                                      norm_bias[2 * l], layer_norm, norm_after);
+                                      norm_bias[2 * l], layer_norm, norm_after, clip_qkv);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
       // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
       const at::ScalarType kv = k_cache[l].scalar_type();

@@ -1276,7 +1276,8 @@ class DecoderLayer(nn.Module):
         MLP by its activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an
         empty placeholder; a parallel block, ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's
         norm: its own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's); each norm after its block's residual
-        add, opt-350m's and GPT-1's ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True)."""
+        add, opt-350m's and GPT-1's ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True; OLMo's and MPT's
+        clamp of q, k and v, ``clip_qkv``, or None)."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1289,12 +1290,12 @@ class DecoderLayer(nn.Module):
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \
                 or att.__dict__.get("rope_f32") \
-                or att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None \
+                or att.__dict__.get("full_qk_norm") \
                 or att._parameters.get("sinks") is not None or att.__dict__.get("after_rope") \
                 or a.get("gate_proj") is not None or a.get("g_proj") is not None:
             return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
-            # OLMoE's q/k norms and clamp, GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated
-            # output: not in the fused layer
+            # OLMoE's q/k norms over whole projections, GPT-OSS's attention sinks, Hunyuan's norms after RoPE,
+            # AFMoE's gated output: not in the fused layer
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
         layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))
@@ -1326,8 +1327,9 @@ class DecoderLayer(nn.Module):
         qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"], q_norm.eps)
         args_in = (_norm_weight(norm_in), norm_in.eps, *projections[0], *qk)
         args_out = (_norm_weight(norm_out), norm_out.eps, *projections[1])
-        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act, parallel, norm_after) \
-            if layer_norm else (None, None, False, act, parallel, norm_after)
+        clip = att.__dict__.get("clip")  # (OLMo's, MPT's clamp of q, k and v: the stack's clip_qkv)
+        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act, parallel, norm_after,
+                clip) if layer_norm else (None, None, False, act, parallel, norm_after, clip)
         return att, args_in, args_out, kind
 
 
@@ -1343,8 +1345,8 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
         return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
-_PLAIN_LAYER = (None, None, False, "silu", False, False)  # RMSNorms, Llama's SwiGLU, in sequence, each norm before its
-# block: the per-layer fused calls' layer
+_PLAIN_LAYER = (None, None, False, "silu", False, False, None)  # RMSNorms, Llama's SwiGLU, in sequence, each norm
+# before its block, no clamp: the per-layer fused calls' layer
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
 
@@ -1427,7 +1429,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
         next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1],
         cache.scale, kind[2], **({"norm_after": True} if kind[3] else {}),
-        **({} if cache.alibi is None else {"alibi_slopes": cache.alibi}))
+        **({} if cache.alibi is None else {"alibi_slopes": cache.alibi}),
+        **({} if kind[4] is None else {"clip_qkv": float(kind[4])}))
 
 
 _STACK = None
