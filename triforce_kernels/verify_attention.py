@@ -49,17 +49,16 @@ def _verify_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          backend: str, window: int = 0, softcap: float = 0.0,
                          cache_leftpad: Optional[torch.Tensor] = None,
                          alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_lengths_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1], cache_leftpad, alibi_slopes)
+    _check_values_on_cpu(cache_seqlens, q.shape[1], k_cache.shape[1], cache_leftpad, alibi_slopes)
     return implementation("verify_attention", backend)(q, k_cache, v_cache, cache_seqlens, tree_mask, softmax_scale,
                                                        window=window or None, softcap=softcap or None,
                                                        cache_leftpad=cache_leftpad, alibi_slopes=alibi_slopes)
 
 
-def _check_lengths_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int, cache_leftpad=None, alibi_slopes=None) -> None:
+def _check_values_on_cpu(cache_seqlens: torch.Tensor, T: int, N: int, cache_leftpad=None, alibi_slopes=None) -> None:
     """``T <= cache_seqlens <= N``, ``0 <= cache_leftpad <= cache_seqlens - T`` and finite ``alibi_slopes``, checked
-    only on CPU tensors,
-    where reading them costs nothing (a GPU check would be a host synchronisation; the kernels clamp there
-    instead). It runs inside the custom op, on real tensors, so it holds under ``torch.compile`` too: in the
+    only on CPU tensors, where reading them costs nothing (a GPU check would be a host synchronisation; the kernels
+    clamp there instead). It runs inside the custom op, on real tensors, so it holds under ``torch.compile`` too: in the
     wrapper, the read would break a ``fullgraph=True`` graph."""
     if cache_seqlens.device.type == "cpu" and cache_seqlens.numel():
         lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
@@ -233,8 +232,8 @@ def verify_attention_trusted(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              return_lse: bool = False, cache_leftpad: torch.Tensor | None = None,
                              alibi_slopes: torch.Tensor | None = None):
     """``verify_attention(q, k_cache, v_cache, cache_seqlens, tree_mask, scale, return_lse, window=window or None,
-    softcap=softcap or None, cache_leftpad=cache_leftpad, alibi_slopes=alibi_slopes)`` without the argument checks, for callers that build every
-    argument themselves (the model layer's caches: ``triforce/models/cache.py``).
+    softcap=softcap or None, cache_leftpad=cache_leftpad, alibi_slopes=alibi_slopes)`` without the argument checks,
+    for callers that build every argument themselves (the model layer's caches: ``triforce/models/cache.py``).
     The same backend choice and the same kernels; the CPU kernel is called directly outside
     ``torch.compile`` (the custom op's Python dispatch and the checks cost ~40 us per call, ~40% of a
     SmolLM2 decode layer's attention at 1000 tokens of context). Invalid arguments are not diagnosed here
