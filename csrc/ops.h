@@ -154,6 +154,13 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // norm after its block's residual add, h2 = norm_in(h + attn), then norm_out(h2 + mlp(h2)). alibi_slopes (float32
 // [Hq], or none): every layer's verify_attention adds ALiBi's bias with them (BLOOM's, MPT's, Falcon-RW's layers).
 // clip_qkv > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after the q/k norms, before RoPE (OLMo's, MPT's); 0: none.
+// sandwich (Gemma 2 / 3's, GLM-4's layer): four norms a layer, [input, post_attention, pre_feedforward,
+// post_feedforward], h2 = h + norm_1(attn), then h2 + norm_3(mlp(norm_2(h2))). gemma_norm: every norm (the q/k norms
+// too) is Gemma's RMSNorm, its weight applied as 1 + w in float32 (triforce.models.llama.GemmaRMSNorm). mlp
+// "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up. softcap > 0: every layer's
+// verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of (together, or neither): more RoPE tables,
+// [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's
+// local and global layers).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -165,7 +172,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias, const std::string& mlp,
                           std::optional<double> attention_scale, bool parallel, bool norm_after,
-                          const std::optional<at::Tensor>& alibi_slopes, double clip_qkv);
+                          const std::optional<at::Tensor>& alibi_slopes, double clip_qkv, bool sandwich,
+                          bool gemma_norm, double softcap, std::optional<at::TensorList> ropes,
+                          at::OptionalIntArrayRef rope_of);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

@@ -64,6 +64,16 @@ STACK_FAMILIES = {
     # the clamp of q, k and v (the stack's clip_qkv): OLMo 1's (OLMo-7B-0424's), MPT's
     "olmo-clip": dict(model_type="olmo", extra={"clip_qkv": 0.4}),
     "mpt-clip": dict(model_type="mpt", num_key_value_heads=4, extra={"clip_qkv": 0.4}),
+    # Gemma's norms (the weight applied as 1 + w in float32) and GeGLU (the stack's gemma_norm, gelu_tanh_glu);
+    # Gemma 2's sandwich norms, windows on every other layer and soft-capped scores (sandwich, softcap); Gemma 3's
+    # q/k norms (Gemma's) and its local layers' own RoPE (the stack's ropes, rope_of); VaultGemma's two norms;
+    # GLM-4's sandwich of RMSNorms
+    "gemma": dict(model_type="gemma", head_dim=16),
+    "gemma2": dict(model_type="gemma2", head_dim=16, extra={"sliding_window": 5, "attn_logit_softcapping": 2.0}),
+    "gemma3": dict(model_type="gemma3_text", head_dim=16, extra={
+        "sliding_window": 5, "rope_local_base_freq": 100.0, "layer_types": ["sliding_attention", "full_attention"]}),
+    "vaultgemma": dict(model_type="vaultgemma", head_dim=16),
+    "glm4": dict(model_type="glm4"),
 }
 
 
@@ -481,6 +491,23 @@ def test_native_stack_runs_layer_norms_and_ungated_mlps(cache_kind, family, dtyp
     assert count_fused_calls(model, monkeypatch, ids) == 0
 
 
+@pytest.mark.parametrize("cache_kind", ["full", "streaming", "retrieval"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_stack_runs_each_layers_rope(cache_kind, dtype, monkeypatch):
+    """Layers of different RoPE tables in one native call (decoder_layers' ropes and rope_of): SmolLM3's NoPE layers
+    (theirs the identity's, cos 1 and sin 0) among its RoPE layers, which until 2026-12-04 ran as two fused calls per
+    layer; bitwise the modules and the per-layer calls, chain and tree steps. (Gemma 3's local layers' own RoPE:
+    STACK_FAMILIES' gemma3.)"""
+    model = make_model("llama", dtype, model_type="smollm3", extra={"no_rope_layers": [1, 0, 1]}, num_hidden_layers=3)
+    ropes = model.rope_tables(torch.zeros(1, 1, dtype=torch.long))
+    assert ropes[0] is ropes[2] and ropes[1] is not ropes[0]  # (two tables, the second a NoPE layer's)
+    modules = run(model, False, monkeypatch, cache_kind)
+    per_layer, stacked, layers = run_both(model, monkeypatch, cache_kind)
+    assert_bitwise(modules, stacked)
+    assert_bitwise(per_layer, stacked)
+    assert layers == 5 * model.config.num_hidden_layers
+
+
 def test_native_stack_steps_aside_for_other_norms_and_mlps(monkeypatch):
     """Layers the stack does not run stay on the modules: Apertus's xIELU, a mixture of norm or MLP kinds among one
     call's layers (the stack takes one of each). (Nemotron's LayerNorm1P stepped aside too until 2026-12-04: it runs
@@ -515,13 +542,15 @@ def test_caches_in_another_dtype(cache_kind, dtype, kv, monkeypatch):
 @given(B=st.integers(1, 3), T=st.integers(1, 5), n_kv=st.integers(1, 3), group=st.integers(1, 2),
        head_dim=st.sampled_from([2, 4, 8, 16]), cache_kind=st.sampled_from(["full", "chunked", "streaming", "retrieval"]),
        dtype=st.sampled_from(["float32", "bfloat16", "int8"]), tree=st.booleans(), seed=st.integers(0, 2**16),
-       family=st.sampled_from(["llama", "starcoder2", "arcee", "opt-350m", "openai-gpt", "bloom"]))
+       family=st.sampled_from(["llama", "starcoder2", "arcee", "opt-350m", "openai-gpt", "bloom", "gemma2",
+                               "gemma3"]))
 def test_property_native_stack_equals_the_per_layer_calls(B, T, n_kv, group, head_dim, cache_kind, dtype, tree, seed,
                                                           family):
     """Random shapes, ragged prompts, every cache kind, chain or random tree, RMSNorm with SwiGLU or the stack's
     other kinds (StarCoder 2's LayerNorms, biases and GELU; Arcee's ReLU squared; opt-350m's and GPT-1's norms after
-    the residual adds, multi-head; BLOOM's ALiBi): one forward after a prefill gives bitwise the logits and every buffer (k, v, k_raw,
-    last queries) of the per-layer calls (the modules, for those)."""
+    the residual adds, multi-head; BLOOM's ALiBi; Gemma 2's sandwich norms, windows and soft cap; Gemma 3's two
+    RoPEs): one forward after a prefill gives bitwise the logits and every buffer (k, v, k_raw, last queries) of the
+    per-layer calls (the modules, for those)."""
     torch.manual_seed(seed)
     fam = dict(STACK_FAMILIES.get(family, {}))
     if "num_key_value_heads" in fam:  # (a multi-head family: a key / value head per query head, hidden / heads wide)
@@ -723,6 +752,51 @@ def test_native_stack_takes_norms_after_the_adds_by_name(monkeypatch):
     with pytest.raises(RuntimeError, match="two layouts"):
         real(*args[:-1], True, norm_after=True)
     assert_bitwise(before, cache.k + cache.v)
+
+
+def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
+    """Gemma 3's layers reach the stack with ``sandwich``, ``gemma_norm``, ``mlp="gelu_tanh_glu"``, its two RoPEs
+    (``ropes``, ``rope_of``) and Gemma 2's ``softcap`` by name, four norms a layer; the stack refuses, before any
+    buffer is written: a norm count other than four a layer, sandwich with parallel or norm_after or with LayerNorms,
+    ropes without rope_of or not in pairs, a rope_of outside the tables, a negative or infinite soft cap."""
+    model = make_model("gemma3")
+    real, calls = torch.ops.triforce_C.decoder_layers, []
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a, **k: calls.append((a, k)) or real(*a, **k),
+                        raising=False)
+    cache = FullCache(model.config, 2, 16)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (2, 3)), cache=cache)
+    (args, kwargs), = calls
+    L = model.config.num_hidden_layers
+    assert set(kwargs) == {"sandwich", "gemma_norm", "ropes", "rope_of"} and kwargs["rope_of"] == [0, 1]
+    assert len(args[4]) == len(args[5]) == 4 * L and args[24] == "gelu_tanh_glu"
+    cache.rollback(torch.zeros(2, dtype=torch.int32))
+    before = [t.clone() for t in cache.k + cache.v]
+    norms, eps, ropes = args[4], args[5], kwargs["ropes"]
+    no_bias = [None] * (2 * L)  # (a norm_bias list: LayerNorms)
+    for match, positional, named in (
+            ("expected 4 norms, 4 eps", {4: norms[:-1], 5: eps[:-1]}, {}),
+            ("expected 2 norms, 2 eps", {}, dict(sandwich=False)),
+            ("a layout of their own", {26: True}, {}),  # (parallel)
+            ("a layout of their own", {}, dict(norm_after=True)),
+            ("take no norm_bias", {23: no_bias}, {}),
+            ("take no norm_bias", {23: no_bias}, dict(sandwich=False)),  # (gemma_norm)
+            ("go together", {}, dict(rope_of=None)), ("go together", {}, dict(ropes=ropes[:1])),
+            ("rope_of 2 is not one of the 2", {}, dict(rope_of=[0, 2])),
+            ("rope_of -1 is not one of", {}, dict(rope_of=[-1, 0])),
+            ("expected one rope_of a layer", {}, dict(rope_of=[0])),
+            ("softcap must be finite and >= 0", {}, dict(softcap=-1.0)),
+            ("softcap must be finite", {}, dict(softcap=float("inf")))):
+        a = [positional.get(i, v) for i, v in enumerate(args)]
+        with pytest.raises(RuntimeError, match=match):
+            real(*a, **{**kwargs, **named})
+    assert_bitwise(before, cache.k + cache.v)
+    model = make_model("gemma2")  # Gemma 2's cap reaches it by name
+    calls.clear()
+    with torch.no_grad():
+        model(torch.randint(0, 97, (2, 3)), cache=FullCache(model.config, 2, 16))
+    (args, kwargs), = calls
+    assert kwargs == {"sandwich": True, "gemma_norm": True, "softcap": 2.0} and args[24] == "gelu_tanh_glu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])

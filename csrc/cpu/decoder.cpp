@@ -90,7 +90,25 @@ TRIFORCE_NO_FP_CONTRACT void rms_norm_rows(const S* x, const S* w, const float* 
   }
 }
 
+// Rows of Gemma's RMSNorm given each row's sum of squares: S((x * (1 / sqrt(ss / H + float(eps)))) * (1 + w)), every
+// step in float32 (the weight an offset from 1, added in float32), rounded to S once at the end.
 template <typename S>
+TRIFORCE_NO_FP_CONTRACT void gemma_rms_norm_rows(const S* x, const S* w, const float* ss, float eps, S* out, int64_t M,
+                                                 int64_t H) {
+  const float n = static_cast<float>(H);
+  for (int64_t m = 0; m < M; ++m) {
+    const float r = 1.f / std::sqrt(ss[m] / n + eps);
+    const S* xr = x + m * H;
+    S* o = out + m * H;
+    for (int64_t i = 0; i < H; ++i) {
+      const float xn = fl(xr[i]) * r;
+      o[i] = S(xn * (1.f + fl(w[i])));
+    }
+  }
+}
+
+// RMSNorm's rows (Gemma's where gemma) of x, contiguous, with w of x's dtype
+template <typename S, bool gemma = false>
 at::Tensor rms_norm_loops(const at::Tensor& x, const at::Tensor& w, double eps) {
   const int64_t H = x.size(-1);
   at::Tensor sq = at::empty(x.sizes(), x.options().dtype(at::kFloat));
@@ -98,8 +116,9 @@ at::Tensor rms_norm_loops(const at::Tensor& x, const at::Tensor& w, double eps) 
   // mean(-1, keepdim=True)'s sum: ATen's reduction order, [..., 1] contiguous
   const at::Tensor ss = at::sum(sq, {-1}, /*keepdim=*/true);
   at::Tensor out = at::empty_like(x);
-  rms_norm_rows(x.const_data_ptr<S>(), w.const_data_ptr<S>(), ss.const_data_ptr<float>(), static_cast<float>(eps),
-                out.data_ptr<S>(), x.numel() / H, H);
+  (gemma ? gemma_rms_norm_rows<S> : rms_norm_rows<S>)(x.const_data_ptr<S>(), w.const_data_ptr<S>(),
+                                                      ss.const_data_ptr<float>(), static_cast<float>(eps),
+                                                      out.data_ptr<S>(), x.numel() / H, H);
   return out;
 }
 
@@ -115,12 +134,31 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x.scalar_type() == at::kFloat ? rms_norm_loops<float>(xc, wc, eps) : rms_norm_loops<at::BFloat16>(xc, wc, eps);
 }
 
-// A layer's norm: RMSNorm (rms_norm), or where layer_norm torch's LayerNorm with the weight and the bias (none:
-// DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone); with
-// an empty weight OLMo's weightless one, computed in float32 and rounded to x's dtype as its module (BareLayerNorm).
-at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps,
-                bool layer_norm) {
-  if (!layer_norm) return rms_norm(x, w, eps);
+// Gemma's RMSNorm as triforce.models.llama.GemmaRMSNorm computes it: (x_f32 * rsqrt(mean(x_f32^2) + eps)) * (1 +
+// w_f32), rounded to x's dtype.
+at::Tensor gemma_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  if (!(native_dtype(x) && w.scalar_type() == x.scalar_type() && w.dim() == 1 && w.size(0) == x.size(-1) &&
+        x.size(-1) > 0)) {
+    at::Tensor xf = x.to(at::kFloat);
+    xf = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+    return (xf * (w.to(at::kFloat) + 1.0)).to(x.scalar_type());
+  }
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  return x.scalar_type() == at::kFloat ? rms_norm_loops<float, true>(xc, wc, eps)
+                                       : rms_norm_loops<at::BFloat16, true>(xc, wc, eps);
+}
+
+// The kinds of norm a layer's norms are (one for all of a decoder_layers call's norms, its layers' q/k norms too):
+// RMSNorm (rms_norm), torch's LayerNorm, Gemma's RMSNorm (gemma_rms_norm).
+enum class Norm { kRms, kLayer, kGemma };
+
+// A layer's norm: RMSNorm (rms_norm), Gemma's (gemma_rms_norm), or torch's LayerNorm with the weight and the bias
+// (none: DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone);
+// with an empty weight OLMo's weightless one, computed in float32 and rounded to x's dtype as its module
+// (BareLayerNorm).
+at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps, Norm kind) {
+  if (kind == Norm::kRms) return rms_norm(x, w, eps);
+  if (kind == Norm::kGemma) return gemma_rms_norm(x, w, eps);
   if (w.numel() == 0) return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, {}, {}, eps).to(x.scalar_type());
   return at::layer_norm(x, {x.size(-1)}, w, b, eps);
 }
@@ -180,19 +218,21 @@ at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up
   return out;
 }
 
-// The MLP of a layer: Llama's gated SwiGLU, down(SiLU(gate(x)) * up(x)), or an ungated down(act(up(x)))
+// The MLP of a layer: Llama's gated SwiGLU, down(SiLU(gate(x)) * up(x)), Gemma's GeGLU (GELU's tanh form for SiLU),
+// or an ungated down(act(up(x)))
 // (triforce.models.llama.FeedForward): GELU's tanh form and the exact GELU as the module's _activated computes them
 // on the CPU (the native act(x) * 1: the product by one is exact), ReLU and ReLU squared as its ATen ops.
-enum class Mlp { kSwiGlu, kGeluTanh, kGelu, kRelu, kRelu2 };
+enum class Mlp { kSwiGlu, kGeGluTanh, kGeluTanh, kGelu, kRelu, kRelu2 };
 
 Mlp mlp_kind(const std::string& name) {
   if (name == "silu") return Mlp::kSwiGlu;
+  if (name == "gelu_tanh_glu") return Mlp::kGeGluTanh;
   if (name == "gelu_tanh") return Mlp::kGeluTanh;
   if (name == "gelu") return Mlp::kGelu;
   if (name == "relu") return Mlp::kRelu;
   if (name == "relu2") return Mlp::kRelu2;
-  TORCH_CHECK(false, "decoder_layers: mlp must be 'silu' (gated) or 'gelu_tanh', 'gelu', 'relu', 'relu2' (ungated), "
-              "got '", name, "'");
+  TORCH_CHECK(false, "decoder_layers: mlp must be 'silu' or 'gelu_tanh_glu' (gated), or 'gelu_tanh', 'gelu', 'relu', "
+              "'relu2' (ungated), got '", name, "'");
 }
 
 // RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
@@ -279,20 +319,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    bool layer_norm = false, bool norm_after = false, double clip = 0.0) {
+    Norm kind = Norm::kRms, bool norm_after = false, double clip = 0.0) {
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
   TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
   const int64_t B = h.size(0), T = h.size(1);
   // (norm_after: the attention on h itself, its norm after the residual add: attn_out_mlp_after)
-  const at::Tensor x = (norm_after ? h : norm(h, norm_w, norm_b, eps, layer_norm)).reshape({B * T, h.size(2)});
+  const at::Tensor x = (norm_after ? h : norm(h, norm_w, norm_b, eps, kind)).reshape({B * T, h.size(2)});
   auto [qp, kp, vp] = p.many<3>({0, 1, 2}, x);
   at::Tensor q = qp.view({B, T, -1, head_dim});
   at::Tensor k_raw = kp.view({B, T, -1, head_dim});
-  if (q_norm_w.has_value()) {  // Qwen3: per-head RMSNorm of queries and keys, before RoPE
-    q = rms_norm(q, *q_norm_w, qk_eps);
-    k_raw = rms_norm(k_raw, *k_norm_w, qk_eps);
+  if (q_norm_w.has_value()) {  // Qwen3 (Gemma 3: Gemma's): per-head RMSNorm of queries and keys, before RoPE
+    const Norm qk = kind == Norm::kGemma ? Norm::kGemma : Norm::kRms;
+    q = norm(q, *q_norm_w, {}, qk_eps, qk);
+    k_raw = norm(k_raw, *k_norm_w, {}, qk_eps, qk);
   }
   at::Tensor v = vp.view({B, T, -1, head_dim});
   if (clip > 0) {  // OLMo's / MPT's clamp of q, k and v (clip_qkv), after the q/k norms, before RoPE: ATen's clamp
@@ -303,13 +344,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
   return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
 }
 
-// The MLP of a layer (projections 1-3 of p) on x [N, H] -> down's output [N, H], a fresh tensor: SiLU(gate) * up
+// The MLP of a layer (projections 1-3 of p) on x [N, H] -> down's output [N, H], a fresh tensor: act(gate) * up
 // written over gate, or act(up) over up (an ungated MLP: the gate's projection is not read)
 at::Tensor mlp_out(const at::Tensor& x, const Projections& p, Mlp mlp) {
   at::Tensor act;
-  if (mlp == Mlp::kSwiGlu) {
+  if (mlp == Mlp::kSwiGlu || mlp == Mlp::kGeGluTanh) {
     auto [gate, up] = p.many<2>({1, 2}, x);
-    glu_into<triforce::Act::kSilu>(gate, up, gate);
+    if (mlp == Mlp::kSwiGlu)
+      glu_into<triforce::Act::kSilu>(gate, up, gate);
+    else
+      glu_into<triforce::Act::kGeluTanh>(gate, up, gate);
     act = gate;
   } else {  // (projection 1, the gate, is not read)
     act = p(2, x);
@@ -324,7 +368,7 @@ at::Tensor mlp_out(const at::Tensor& x, const Projections& p, Mlp mlp) {
 }
 
 at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
-                        const Projections& p, const std::optional<at::Tensor>& norm_b = {}, bool layer_norm = false,
+                        const Projections& p, const std::optional<at::Tensor>& norm_b = {}, Norm kind = Norm::kRms,
                         Mlp mlp = Mlp::kSwiGlu, bool parallel = false) {
   TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
               "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
@@ -335,7 +379,7 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::T
   // Phi-2's, Falcon's block): the MLP on the norm of h itself, h + attn + mlp(norm(h)), the sum in that order
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
   const at::Tensor h2 = residual_add(o, h);  // (over o: h stays the layer's input)
-  const at::Tensor x = norm(parallel ? h : h2, norm_w, norm_b, eps, layer_norm).reshape({B * T, H});
+  const at::Tensor x = norm(parallel ? h : h2, norm_w, norm_b, eps, kind).reshape({B * T, H});
   return residual_add(mlp_out(x, p, mlp).view({B, T, -1}), h2);
 }
 
@@ -343,12 +387,24 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::T
 // then norm_out(h2 + mlp(h2)), as the modules compute it (DecoderLayer.residual)
 at::Tensor attn_out_mlp_after(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& in_w, double in_eps,
                               const std::optional<at::Tensor>& in_b, const at::Tensor& out_w, double out_eps,
-                              const std::optional<at::Tensor>& out_b, const Projections& p, bool layer_norm, Mlp mlp) {
+                              const std::optional<at::Tensor>& out_b, const Projections& p, Norm kind, Mlp mlp) {
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
-  const at::Tensor h2 = norm(residual_add(o, h), in_w, in_b, in_eps, layer_norm);
+  const at::Tensor h2 = norm(residual_add(o, h), in_w, in_b, in_eps, kind);
   const at::Tensor down = mlp_out(h2.reshape({B * T, H}), p, mlp);
-  return norm(residual_add(down.view({B, T, -1}), h2), out_w, out_b, out_eps, layer_norm);
+  return norm(residual_add(down.view({B, T, -1}), h2), out_w, out_b, out_eps, kind);
+}
+
+// A layer of sandwich norms (Gemma 2 / 3's, GLM-4's) after its attention: h2 = h + norm_a(o), then h2 +
+// norm_d(mlp(norm_c(h2))), the norms w[0..2] (post_attention_layernorm, pre_feedforward_layernorm,
+// post_feedforward_layernorm), as DecoderLayer.residual computes it
+at::Tensor attn_out_mlp_sandwich(const at::Tensor& h, const at::Tensor& attn, const at::Tensor* w, const double* eps,
+                                 const Projections& p, Norm kind, Mlp mlp) {
+  const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
+  const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
+  const at::Tensor h2 = residual_add(norm(o, w[0], {}, eps[0], kind), h);
+  const at::Tensor x = norm(h2, w[1], {}, eps[1], kind).reshape({B * T, H});
+  return residual_add(norm(mlp_out(x, p, mlp).view({B, T, -1}), w[2], {}, eps[2], kind), h2);
 }
 
 
@@ -619,25 +675,47 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::OptionalIntArrayRef windows, const std::optional<at::Tensor>& window_leftpad,
                           const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
                           std::optional<double> attention_scale, bool parallel, bool norm_after,
-                          const std::optional<at::Tensor>& alibi_slopes, double clip_qkv) {
+                          const std::optional<at::Tensor>& alibi_slopes, double clip_qkv, bool sandwich,
+                          bool gemma_norm, double softcap, std::optional<at::TensorList> ropes,
+                          at::OptionalIntArrayRef rope_of) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
+  TORCH_CHECK(!(sandwich && (parallel || norm_after)), "decoder_layers: sandwich norms are a layout of their own, "
+              "not with parallel or norm_after");
   const Mlp mlp = mlp_kind(mlp_name);
-  // LayerNorms (their biases given, one per norm: none for a norm without) or RMSNorms (none given)
+  // LayerNorms (their biases given, one per norm: none for a norm without), Gemma's RMSNorms or RMSNorms (none given)
   const bool layer_norm = norm_bias_list.has_value();
+  TORCH_CHECK(!(layer_norm && (gemma_norm || sandwich)), "decoder_layers: Gemma's norms and sandwich norms are "
+              "RMSNorms: they take no norm_bias");
+  const Norm kind = layer_norm ? Norm::kLayer : gemma_norm ? Norm::kGemma : Norm::kRms;
+  const size_t per_layer = sandwich ? 4 : 2;  // norms a layer: its two, or sandwich's four
   const std::vector<std::optional<at::Tensor>> norm_bias =
       layer_norm ? norm_bias_list->vec() : std::vector<std::optional<at::Tensor>>(2 * L);
   TORCH_CHECK(norm_bias.size() == 2 * L, "decoder_layers: for ", L, " layers expected 2 norm biases (or none), got ",
               norm_bias.size());
+  TORCH_CHECK(softcap >= 0 && std::isfinite(softcap), "decoder_layers: softcap must be finite and >= 0 (0: none), "
+              "got ", softcap);
+  // each layer's RoPE tables: (cos, sin), or with rope_of the pair rope_of[l] of [(cos, sin), ropes' pairs...]
+  const size_t n_ropes = 1 + (ropes.has_value() ? ropes->size() / 2 : 0);
+  TORCH_CHECK(ropes.has_value() == rope_of.has_value() && (!ropes.has_value() || ropes->size() % 2 == 0),
+              "decoder_layers: ropes (pairs of cos and sin) and rope_of (one index a layer) go together");
+  TORCH_CHECK(!rope_of.has_value() || rope_of->size() == L, "decoder_layers: expected one rope_of a layer (", L,
+              "), got ", rope_of.has_value() ? rope_of->size() : 0);
+  if (rope_of.has_value())
+    for (const int64_t r : *rope_of)
+      TORCH_CHECK(r >= 0 && r < static_cast<int64_t>(n_ropes), "decoder_layers: rope_of ", r, " is not one of the ",
+                  n_ropes, " RoPE tables");
   TORCH_CHECK(!windows.has_value() || windows->size() == L, "decoder_layers: expected one window per layer (", L,
               "), got ", windows.has_value() ? windows->size() : 0);
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec(),
                                                qk_norm = qk_norm_list.vec();
   check_projections("decoder_layers", w.size(), scales.size(), bias.size(), 7 * L);
-  TORCH_CHECK(norm_w.size() == 2 * L && eps.size() == 2 * L && qk_norm.size() == 2 * L && qk_eps.size() == L &&
+  TORCH_CHECK(norm_w.size() == per_layer * L && eps.size() == per_layer * L && qk_norm.size() == 2 * L &&
+                  qk_eps.size() == L &&
                   v_cache.size() == L && (k_raw_cache.empty() || k_raw_cache.size() == L) &&
                   (last_query.empty() || last_query.size() == L),
-              "decoder_layers: for ", L, " layers expected 2 norms, 2 eps, 2 q/k norms, 1 q/k eps, one buffer of each "
+              "decoder_layers: for ", L, " layers expected ", per_layer, " norms, ", per_layer, " eps, 2 q/k norms, "
+              "1 q/k eps, one buffer of each "
               "cache kind per layer; got ", norm_w.size(), ", ", eps.size(), ", ", qk_norm.size(), ", ", qk_eps.size(),
               ", ", v_cache.size(), " v, ", k_raw_cache.size(), " k_raw, ", last_query.size(), " last_query");
   TORCH_CHECK(h.dim() == 3 && slots.scalar_type() == at::kLong && slots.dim() == 2 && slots.size(0) == h.size(0) &&
@@ -727,11 +805,15 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   };
   return with_team(forward_bytes, [&] {
     at::Tensor x = pack(h);
-    const at::Tensor cos_rows = pack(cos), sin_rows = pack(sin);
+    std::vector<at::Tensor> tables{pack(cos), pack(sin)};  // (cos, sin) of each RoPE, packed
+    if (ropes.has_value())
+      for (const at::Tensor& t : *ropes) tables.push_back(pack(t));
     for (size_t l = 0; l < L; ++l) {
-      auto [q, k, k_raw, v] = attn_in(x, norm_w[2 * l], eps[2 * l], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
-                                      qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], cos_rows, sin_rows, head_dim,
-                                      norm_bias[2 * l], layer_norm, norm_after, clip_qkv);
+      const size_t r = rope_of.has_value() ? static_cast<size_t>((*rope_of)[l]) : 0;
+      const size_t n = per_layer * l;  // the layer's first norm
+      auto [q, k, k_raw, v] = attn_in(x, norm_w[n], eps[n], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
+                                      qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], tables[2 * r], tables[2 * r + 1],
+                                      head_dim, norm_bias[2 * l], kind, norm_after, clip_qkv);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
       // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
       const at::ScalarType kv = k_cache[l].scalar_type();
@@ -748,14 +830,15 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       const int64_t window = windows.has_value() ? (*windows)[l] : 0;
       const at::Tensor attn =
           pack(std::get<0>(verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
-                                                   query_lens, window, 0.0, window ? window_leftpad : std::nullopt,
+                                                   query_lens, window, softcap, window ? window_leftpad : std::nullopt,
                                                    alibi_slopes))
                    .to(x.scalar_type()));
       const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
-      x = norm_after ? attn_out_mlp_after(x, attn, norm_w[2 * l], eps[2 * l], norm_bias[2 * l], norm_w[2 * l + 1],
-                                          eps[2 * l + 1], norm_bias[2 * l + 1], out, layer_norm, mlp)
-                     : attn_out_mlp(x, attn, norm_w[2 * l + 1], eps[2 * l + 1], out, norm_bias[2 * l + 1], layer_norm,
-                                    mlp, parallel);
+      x = sandwich     ? attn_out_mlp_sandwich(x, attn, &norm_w[n + 1], &eps[n + 1], out, kind, mlp)
+          : norm_after ? attn_out_mlp_after(x, attn, norm_w[n], eps[n], norm_bias[2 * l], norm_w[n + 1], eps[n + 1],
+                                            norm_bias[2 * l + 1], out, kind, mlp)
+                       : attn_out_mlp(x, attn, norm_w[n + 1], eps[n + 1], out, norm_bias[2 * l + 1], kind, mlp,
+                                      parallel);
     }
     return x;
   });

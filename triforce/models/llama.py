@@ -1270,14 +1270,17 @@ class DecoderLayer(nn.Module):
         return None if fused is None or fused[3] != _PLAIN_LAYER else fused[:3]
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
-        """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), and the layer's kind:
-        ``(norm_in's bias, norm_out's bias, LayerNorms, the MLP, parallel, norms after)`` (:data:`_PLAIN_LAYER`:
-        RMSNorms and Llama's gated SwiGLU in sequence; with torch's LayerNorm, a bias or None each, True; an ungated
-        MLP by its activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an
-        empty placeholder; a parallel block, ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's
-        norm: its own (GPT-NeoX's) or the attention's (Phi-2's, Falcon 7b's); each norm after its block's residual
-        add, opt-350m's and GPT-1's ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True; OLMo's and MPT's
-        clamp of q, k and v, ``clip_qkv``, or None)."""
+        """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), the layer's kind:
+        ``(norm_in's bias, norm_out's bias, the norms' kind, the MLP, parallel, norms after, clip_qkv, sandwich)``
+        (:data:`_PLAIN_LAYER`: RMSNorms and Llama's gated SwiGLU in sequence; the norms' kind ``"rms"``, torch's
+        LayerNorm ``"layer"`` with a bias or None each, Gemma's RMSNorm ``"gemma"``; the MLP as decoder_layers names
+        it: ``"silu"``, Gemma's GeGLU ``"gelu_tanh_glu"``, an ungated MLP by its activation, ``"gelu_tanh"``,
+        ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty placeholder; a parallel block,
+        ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's norm: its own (GPT-NeoX's) or the
+        attention's (Phi-2's, Falcon 7b's); each norm after its block's residual add, opt-350m's and GPT-1's
+        ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True; OLMo's and MPT's clamp of q, k and v,
+        ``clip_qkv``, or None; sandwich norms, Gemma 2 / 3's and GLM-4's, True), and a sandwich layer's two norms
+        around its MLP, ``((weight, eps), (weight, eps))`` (otherwise ``()``)."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1298,16 +1301,24 @@ class DecoderLayer(nn.Module):
             # AFMoE's gated output: not in the fused layer
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
-        layer_norm = all(type(n) in _LAYER_NORMS for n in (norm_in, norm_out))
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
-        if self.__dict__.get("sandwich") or self.__dict__.get("post_norms") or (norm_after and parallel) \
-                or not (layer_norm or all(
-                type(n) is RMSNorm for n in (norm_in, norm_out))) or (q_norm is not None and not (
-                    type(q_norm) is RMSNorm and type(k_norm) is RMSNorm)):
+        sandwich = bool(self.__dict__.get("sandwich"))  # (Gemma 2 / 3's, GLM-4's: the stack's sandwich)
+        norms = (norm_in, norm_out, mods["pre_feedforward_layernorm"], mods["post_feedforward_layernorm"]) \
+            if sandwich else (norm_in, norm_out)
+        kinds = {_NORM_KINDS.get(type(n)) for n in norms}
+        norm_kind = kinds.pop() if len(kinds) == 1 else None
+        if self.__dict__.get("post_norms") or (norm_after and parallel) or norm_kind is None \
+                or (sandwich and (norm_kind == "layer" or parallel or norm_after)) \
+                or (q_norm is not None and not (type(q_norm) is type(k_norm) is (
+                    GemmaRMSNorm if norm_kind == "gemma" else RMSNorm))):
             return None
         act = mlp.__dict__.get("activation", "silu")
-        if not (type(mlp) is MLP and act == "silu" or type(mlp) is FeedForward and act in _UNGATED_NATIVE):
-            return None  # the fused layer's: SwiGLU, or an ungated MLP of those activations
+        if type(mlp) is MLP and act in _GATED_NATIVE:
+            mlp_name = _GATED_NATIVE[act]
+        elif type(mlp) is FeedForward and act in _UNGATED_NATIVE:
+            mlp_name = act
+        else:
+            return None  # the fused layer's: SwiGLU, GeGLU, or an ungated MLP of those activations
         if q_norm is not None and q_norm.eps != k_norm.eps:  # the native call takes one eps for both
             return None
         projections = []
@@ -1328,9 +1339,11 @@ class DecoderLayer(nn.Module):
         args_in = (_norm_weight(norm_in), norm_in.eps, *projections[0], *qk)
         args_out = (_norm_weight(norm_out), norm_out.eps, *projections[1])
         clip = att.__dict__.get("clip")  # (OLMo's, MPT's clamp of q, k and v: the stack's clip_qkv)
-        kind = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias"), True, act, parallel, norm_after,
-                clip) if layer_norm else (None, None, False, act, parallel, norm_after, clip)
-        return att, args_in, args_out, kind
+        biases = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias")) if norm_kind == "layer" \
+            else (None, None)
+        kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich)
+        extra = tuple((n._parameters["weight"], n.eps) for n in norms[2:])
+        return att, args_in, args_out, kind, extra
 
 
 _LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm, LayerNorm1P, BareLayerNorm)  # torch's LayerNorm (F.layer_norm), as
@@ -1345,8 +1358,10 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
         return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
-_PLAIN_LAYER = (None, None, False, "silu", False, False, None)  # RMSNorms, Llama's SwiGLU, in sequence, each norm
-# before its block, no clamp: the per-layer fused calls' layer
+_PLAIN_LAYER = (None, None, "rms", "silu", False, False, None, False)  # RMSNorms, Llama's SwiGLU, in sequence, each
+# norm before its block, no clamp: the per-layer fused calls' layer
+_NORM_KINDS = {RMSNorm: "rms", GemmaRMSNorm: "gemma", **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms
+_GATED_NATIVE = {"silu": "silu", "gelu_tanh": "gelu_tanh_glu"}  # the gated MLPs decoder_layers runs, by its names
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
 
@@ -1375,14 +1390,16 @@ def _hooked(module: nn.Module) -> bool:
                 or _nn_module._global_forward_pre_hooks)
 
 
-def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step: Step, rows=None):
+def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step: Step, rows=None, ropes=None):
     """``h`` after ``layers[lo:hi]`` of a cached forward in one native call, ``triforce_C::decoder_layers``
     (csrc/cpu/decoder.cpp): each layer's two fused calls with the cache's side in between (its rows written,
     ``verify_attention`` over its buffers), bitwise what the layers called one by one give; besides RMSNorm and
     SwiGLU, torch's LayerNorms, the ungated MLPs of :data:`_UNGATED_NATIVE`, parallel blocks and norms after the
     residual adds (opt-350m's, GPT-1's; one kind for all the call's layers:
-    :meth:`DecoderLayer._fused_layer_arguments`), at the cache's attention scale, with its ALiBi slopes (BLOOM's,
-    MPT's, Falcon-RW's). ``None`` where
+    :meth:`DecoderLayer._fused_layer_arguments`), Gemma's norms, GeGLU and sandwich norms, at the cache's attention
+    scale and soft cap, with its ALiBi slopes (BLOOM's, MPT's, Falcon-RW's), each layer's RoPE tables: ``ropes[i]``
+    for layer ``i`` (``Llama.rope_tables``: Gemma 3's two, SmolLM3's NoPE layers' identity), by default ``(cos,
+    sin)`` for all. ``None`` where
     that path does not apply: a layer off the fused path (see :meth:`DecoderLayer.fused_arguments`) or with
     forward hooks, a cache whose ``attend`` is more than write-and-attend (``_KVCache._native_buffers``),
     another backend chosen for ``verify_attention``, the switch ``TRIFORCE_DECODER_LAYERS=0``, or
@@ -1393,9 +1410,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     if not (hi > lo and _fused_path(h) and _native_stack_available()) or torch.compiler.is_compiling():
         return None
     buffers = cache._native_buffers(step)
-    if buffers is None or resolve("verify_attention", None, h.device) != "cpu" or cache.softcap \
-            or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: no soft cap, one leftpad for all
-        # windows)
+    if buffers is None or resolve("verify_attention", None, h.device) != "cpu" \
+            or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: one leftpad for all windows)
         return None
     k, v, k_raw, last_query = buffers
     norms, eps, w, scales, bias, qk_norms, qk_eps, norm_bias = [], [], [], [], [], [], [], []
@@ -1407,14 +1423,14 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         fused = layer._fused_layer_arguments(h.dtype)
         if fused is None or kind not in (None, fused[3][2:]):  # (one kind of norm and MLP for the call's layers)
             return None
-        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), layer_kind = fused
+        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), layer_kind, extra = fused
         kind = layer_kind[2:]
         norm_bias += layer_kind[:2]
         if type(att).attend is not Attention.attend or head_dim not in (None, att.head_dim):
             return None
         head_dim = att.head_dim
-        norms += (n_in, n_out)
-        eps += (e_in, e_out)
+        norms += (n_in, n_out, *(n for n, _ in extra))
+        eps += (e_in, e_out, *(e for _, e in extra))
         w += w_in + w_out
         scales += s_in + s_out
         bias += b_in + b_out
@@ -1422,15 +1438,24 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         qk_eps.append(qe)
     record = bool(last_query)
     qi = step.query_index if record else None
+    norm_kind, mlp, parallel, norm_after, clip, sandwich = kind
+    ropes = [(cos, sin)] * len(layers) if ropes is None else ropes
+    tables = list({id(r): r for r in ropes[lo:hi]}.values())  # (the distinct tables, in their first layer's order)
+    cos, sin = tables[0]
     return torch.ops.triforce_C.decoder_layers(
         h, cos, sin, head_dim, norms, eps, w, scales, bias, qk_norms, qk_eps, k[lo:hi], v[lo:hi], k_raw[lo:hi],
         last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
         list(cache.windows[lo:hi]) if any(cache.windows[lo:hi]) else None,
-        next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if kind[0] else None, kind[1],
-        cache.scale, kind[2], **({"norm_after": True} if kind[3] else {}),
+        next(iter(step.leftpad.values())) if step.leftpad else None, norm_bias if norm_kind == "layer" else None, mlp,
+        cache.scale, parallel, **({"norm_after": True} if norm_after else {}),
         **({} if cache.alibi is None else {"alibi_slopes": cache.alibi}),
-        **({} if kind[4] is None else {"clip_qkv": float(kind[4])}))
+        **({} if clip is None else {"clip_qkv": float(clip)}), **({"sandwich": True} if sandwich else {}),
+        **({"gemma_norm": True} if norm_kind == "gemma" else {}),
+        **({"softcap": float(cache.softcap)} if cache.softcap else {}),
+        **({} if len(tables) == 1 else {"ropes": [t for pair in tables[1:] for t in pair],
+                                        "rope_of": [next(j for j, t in enumerate(tables) if t is r)
+                                                    for r in ropes[lo:hi]]}))
 
 
 _STACK = None
@@ -1675,7 +1700,6 @@ class Llama(nn.Module):
         compute every token, then the real ones are taken)."""
         rows_long = None if cache is None else cache.rope_long
         ropes = self.rope_tables(positions, rows_long=rows_long)
-        cos, sin = ropes[0]
         h = self.embed(input_ids, positions)
         layers = self.model.layers
         bounds = (0, len(layers)) if tap is None else (0, tap.layer, len(layers))
@@ -1687,9 +1711,8 @@ class Llama(nn.Module):
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
                     step = cache.begin(h.shape[1], parents)
                     ropes = self.rope_tables(step.positions, rows_long=rows_long)
-                    cos, sin = ropes[0]
-            native = None if cache is None or any(r is not ropes[0] for r in ropes) else _native_layers(
-                layers, lo, hi, h, cos, sin, cache, step, rows)  # (one RoPE for all its layers: NoPE's too)
+            native = None if cache is None else _native_layers(layers, lo, hi, h, *ropes[lo], cache, step, rows,
+                                                               ropes)
             if native is not None:
                 h = native
                 continue
