@@ -362,7 +362,8 @@ class RMSNorm(nn.Module):
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: the weight ``w`` is stored as an offset from 1 (zeros: the identity scaling) and
     applied as ``1 + w`` in float32 before the result is rounded to the input's dtype (Llama's applies ``w`` in
-    the model's dtype after rounding). Row by row, like :class:`RMSNorm`; no fused or Triton path."""
+    the model's dtype after rounding). Row by row, like :class:`RMSNorm`; no Triton path, and on the CPU fused only in
+    the native layer stack (``decoder_layers``' ``gemma_norm``: the same bits)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__(dim, eps)
