@@ -64,7 +64,7 @@ STACK_FAMILIES = {
     # the clamp of q, k and v (the stack's clip_qkv): OLMo 1's (OLMo-7B-0424's), MPT's
     "olmo-clip": dict(model_type="olmo", extra={"clip_qkv": 0.4}),
     "mpt-clip": dict(model_type="mpt", num_key_value_heads=4, extra={"clip_qkv": 0.4}),
-    # Gemma's norms (the weight applied as 1 + w in float32) and GeGLU (the stack's gemma_norm, gelu_tanh_glu);
+    # Gemma's norms (the weight applied as 1 + w in float32) and GeGLU (the stack's rms_norm "gemma", mlp "gelu_tanh_glu");
     # Gemma 2's sandwich norms, windows on every other layer and soft-capped scores (sandwich, softcap); Gemma 3's
     # q/k norms (Gemma's) and its local layers' own RoPE (the stack's ropes, rope_of); VaultGemma's two norms;
     # GLM-4's sandwich of RMSNorms
@@ -74,6 +74,18 @@ STACK_FAMILIES = {
         "sliding_window": 5, "rope_local_base_freq": 100.0, "layer_types": ["sliding_attention", "full_attention"]}),
     "vaultgemma": dict(model_type="vaultgemma", head_dim=16),
     "glm4": dict(model_type="glm4"),
+    # norms after the blocks, none before (the stack's post_norms): OLMo 2's (its RMSNorm's weight in float32, q/k
+    # norms over whole projections: rms_norm "float32", qk_norm_full), OLMo 3's windows, EXAONE 4's (Llama's RMSNorm,
+    # q/k norms per head; RoPE and a window on its sliding layers, NoPE on the others); Granite's multipliers (the
+    # stack's residual_multiplier; its attention multiplier the scale), HyperCLOVA X's with sandwich norms
+    "olmo2": dict(model_type="olmo2"),
+    "olmo3": dict(model_type="olmo3", extra={"sliding_window": 5, "layer_types": ["sliding_attention",
+                                                                                   "full_attention"]}),
+    "exaone4": dict(model_type="exaone4", extra={"sliding_window": 5, "layer_types": ["sliding_attention",
+                                                                                     "full_attention"]}),
+    "granite": dict(model_type="granite", extra={"residual_multiplier": 0.22, "attention_multiplier": 0.3,
+                                                 "embedding_multiplier": 12.0, "logits_scaling": 8.0}),
+    "hyperclovax": dict(model_type="hyperclovax", extra={"residual_multiplier": 0.7, "attention_multiplier": 0.3}),
 }
 
 
@@ -755,7 +767,7 @@ def test_native_stack_takes_norms_after_the_adds_by_name(monkeypatch):
 
 
 def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
-    """Gemma 3's layers reach the stack with ``sandwich``, ``gemma_norm``, ``mlp="gelu_tanh_glu"``, its two RoPEs
+    """Gemma 3's layers reach the stack with ``sandwich``, ``rms_norm="gemma"``, ``mlp="gelu_tanh_glu"``, its two RoPEs
     (``ropes``, ``rope_of``) and Gemma 2's ``softcap`` by name, four norms a layer; the stack refuses, before any
     buffer is written: a norm count other than four a layer, sandwich with parallel or norm_after or with LayerNorms,
     ropes without rope_of or not in pairs, a rope_of outside the tables, a negative or infinite soft cap."""
@@ -768,7 +780,8 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
         model(torch.randint(0, 97, (2, 3)), cache=cache)
     (args, kwargs), = calls
     L = model.config.num_hidden_layers
-    assert set(kwargs) == {"sandwich", "gemma_norm", "ropes", "rope_of"} and kwargs["rope_of"] == [0, 1]
+    assert set(kwargs) == {"sandwich", "rms_norm", "ropes", "rope_of"} and kwargs["rope_of"] == [0, 1]
+    assert kwargs["rms_norm"] == "gemma"
     assert len(args[4]) == len(args[5]) == 4 * L and args[24] == "gelu_tanh_glu"
     cache.rollback(torch.zeros(2, dtype=torch.int32))
     before = [t.clone() for t in cache.k + cache.v]
@@ -777,10 +790,13 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
     for match, positional, named in (
             ("expected 4 norms, 4 eps", {4: norms[:-1], 5: eps[:-1]}, {}),
             ("expected 2 norms, 2 eps", {}, dict(sandwich=False)),
-            ("a layout of their own", {26: True}, {}),  # (parallel)
-            ("a layout of their own", {}, dict(norm_after=True)),
+            ("layouts of their own", {26: True}, {}),  # (parallel)
+            ("layouts of their own", {}, dict(norm_after=True)),
+            ("layouts of their own", {}, dict(post_norms=True)),
             ("take no norm_bias", {23: no_bias}, {}),
-            ("take no norm_bias", {23: no_bias}, dict(sandwich=False)),  # (gemma_norm)
+            ("take no norm_bias", {23: no_bias}, dict(sandwich=False)),  # (Gemma's norms)
+            ("rms_norm must be 'llama', 'gemma' or 'float32'", {}, dict(rms_norm="layer")),
+            ("residual_multiplier must be finite", {}, dict(residual_multiplier=float("nan"))),
             ("go together", {}, dict(rope_of=None)), ("go together", {}, dict(ropes=ropes[:1])),
             ("rope_of 2 is not one of the 2", {}, dict(rope_of=[0, 2])),
             ("rope_of -1 is not one of", {}, dict(rope_of=[-1, 0])),
@@ -796,7 +812,39 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
     with torch.no_grad():
         model(torch.randint(0, 97, (2, 3)), cache=FullCache(model.config, 2, 16))
     (args, kwargs), = calls
-    assert kwargs == {"sandwich": True, "gemma_norm": True, "softcap": 2.0} and args[24] == "gelu_tanh_glu"
+    assert kwargs == {"sandwich": True, "rms_norm": "gemma", "softcap": 2.0} and args[24] == "gelu_tanh_glu"
+
+
+def test_native_stack_takes_norms_after_the_blocks_and_multipliers_by_name(monkeypatch):
+    """OLMo 2's layers reach the stack with ``post_norms``, ``rms_norm="float32"`` and ``qk_norm_full``, two norms a
+    layer (after the attention, after the MLP); Granite's with its ``residual_multiplier`` (and its attention
+    multiplier as the scale); the stack refuses a multiplier with post_norms, parallel or norm_after (the modules'
+    layers of those layouts have none) before any buffer is written."""
+    real, calls = torch.ops.triforce_C.decoder_layers, []
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a, **k: calls.append((a, k)) or real(*a, **k),
+                        raising=False)
+    seen = {}
+    for family in ("olmo2", "granite"):
+        model = make_model(family)
+        cache = FullCache(model.config, 2, 16)
+        with torch.no_grad():
+            model(torch.randint(0, 97, (2, 3)), cache=cache)
+        (args, kwargs), = calls
+        calls.clear()
+        seen[family] = args, kwargs, cache
+    args, kwargs, cache = seen["olmo2"]
+    layer = make_model("olmo2").model.layers[0]
+    assert kwargs == {"rms_norm": "float32", "post_norms": True, "qk_norm_full": True}
+    assert len(args[4]) == 2 * 2 and args[4][0].shape == (64,) and args[9][0].shape == (64,)  # (whole q norms)
+    assert type(layer.post_attention_layernorm) is llama_mod.Float32RMSNorm
+    args, kwargs, cache = seen["granite"]
+    assert kwargs == {"residual_multiplier": 0.22} and args[25] == 0.3  # (attention_scale)
+    cache.rollback(torch.zeros(2, dtype=torch.int32))
+    before = [t.clone() for t in cache.k + cache.v]
+    for named in (dict(post_norms=True), dict(norm_after=True), dict(parallel=True)):
+        with pytest.raises(RuntimeError, match="residual_multiplier must be finite, and 1 with parallel"):
+            real(*args, **{**kwargs, **named}) if "parallel" not in named else real(*args[:26], True, **kwargs)
+    assert_bitwise(before, cache.k + cache.v)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])

@@ -90,11 +90,16 @@ TRIFORCE_NO_FP_CONTRACT void rms_norm_rows(const S* x, const S* w, const float* 
   }
 }
 
-// Rows of Gemma's RMSNorm given each row's sum of squares: S((x * (1 / sqrt(ss / H + float(eps)))) * (1 + w)), every
-// step in float32 (the weight an offset from 1, added in float32), rounded to S once at the end.
-template <typename S>
-TRIFORCE_NO_FP_CONTRACT void gemma_rms_norm_rows(const S* x, const S* w, const float* ss, float eps, S* out, int64_t M,
-                                                 int64_t H) {
+// The kinds of norm a layer's norms are (one for all of a decoder_layers call's norms, its layers' q/k norms too):
+// RMSNorm (rms_norm), torch's LayerNorm, Gemma's RMSNorm (the weight an offset from 1) and GPT-OSS's / OLMo 2's
+// (the weight applied in float32): weighted_rms_norm.
+enum class Norm { kRms, kLayer, kGemma, kFloat32 };
+
+// Rows of Gemma's RMSNorm (kGemma) or OLMo 2's (kFloat32) given each row's sum of squares: S((x * (1 / sqrt(ss / H +
+// float(eps)))) * (1 + w)) or S(w * (x * ...)), every step in float32, rounded to S once at the end.
+template <typename S, Norm kind>
+TRIFORCE_NO_FP_CONTRACT void weighted_rms_norm_rows(const S* x, const S* w, const float* ss, float eps, S* out,
+                                                    int64_t M, int64_t H) {
   const float n = static_cast<float>(H);
   for (int64_t m = 0; m < M; ++m) {
     const float r = 1.f / std::sqrt(ss[m] / n + eps);
@@ -102,13 +107,13 @@ TRIFORCE_NO_FP_CONTRACT void gemma_rms_norm_rows(const S* x, const S* w, const f
     S* o = out + m * H;
     for (int64_t i = 0; i < H; ++i) {
       const float xn = fl(xr[i]) * r;
-      o[i] = S(xn * (1.f + fl(w[i])));
+      o[i] = S(kind == Norm::kGemma ? xn * (1.f + fl(w[i])) : fl(w[i]) * xn);
     }
   }
 }
 
-// RMSNorm's rows (Gemma's where gemma) of x, contiguous, with w of x's dtype
-template <typename S, bool gemma = false>
+// RMSNorm's rows of x (kRms, kGemma or kFloat32), contiguous, with w of x's dtype
+template <typename S, Norm kind = Norm::kRms>
 at::Tensor rms_norm_loops(const at::Tensor& x, const at::Tensor& w, double eps) {
   const int64_t H = x.size(-1);
   at::Tensor sq = at::empty(x.sizes(), x.options().dtype(at::kFloat));
@@ -116,9 +121,12 @@ at::Tensor rms_norm_loops(const at::Tensor& x, const at::Tensor& w, double eps) 
   // mean(-1, keepdim=True)'s sum: ATen's reduction order, [..., 1] contiguous
   const at::Tensor ss = at::sum(sq, {-1}, /*keepdim=*/true);
   at::Tensor out = at::empty_like(x);
-  (gemma ? gemma_rms_norm_rows<S> : rms_norm_rows<S>)(x.const_data_ptr<S>(), w.const_data_ptr<S>(),
-                                                      ss.const_data_ptr<float>(), static_cast<float>(eps),
-                                                      out.data_ptr<S>(), x.numel() / H, H);
+  if constexpr (kind == Norm::kRms)
+    rms_norm_rows(x.const_data_ptr<S>(), w.const_data_ptr<S>(), ss.const_data_ptr<float>(), static_cast<float>(eps),
+                  out.data_ptr<S>(), x.numel() / H, H);
+  else
+    weighted_rms_norm_rows<S, kind>(x.const_data_ptr<S>(), w.const_data_ptr<S>(), ss.const_data_ptr<float>(),
+                                    static_cast<float>(eps), out.data_ptr<S>(), x.numel() / H, H);
   return out;
 }
 
@@ -134,31 +142,29 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x.scalar_type() == at::kFloat ? rms_norm_loops<float>(xc, wc, eps) : rms_norm_loops<at::BFloat16>(xc, wc, eps);
 }
 
-// Gemma's RMSNorm as triforce.models.llama.GemmaRMSNorm computes it: (x_f32 * rsqrt(mean(x_f32^2) + eps)) * (1 +
-// w_f32), rounded to x's dtype.
-at::Tensor gemma_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+// Gemma's RMSNorm (kGemma) as triforce.models.llama.GemmaRMSNorm computes it, (x_f32 * rsqrt(mean(x_f32^2) + eps)) *
+// (1 + w_f32), or Float32RMSNorm's (kFloat32), w_f32 * (x_f32 * rsqrt(...)), rounded to x's dtype.
+template <Norm kind>
+at::Tensor weighted_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   if (!(native_dtype(x) && w.scalar_type() == x.scalar_type() && w.dim() == 1 && w.size(0) == x.size(-1) &&
         x.size(-1) > 0)) {
     at::Tensor xf = x.to(at::kFloat);
     xf = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
-    return (xf * (w.to(at::kFloat) + 1.0)).to(x.scalar_type());
+    return (kind == Norm::kGemma ? xf * (w.to(at::kFloat) + 1.0) : w.to(at::kFloat) * xf).to(x.scalar_type());
   }
   const at::Tensor xc = x.contiguous(), wc = w.contiguous();
-  return x.scalar_type() == at::kFloat ? rms_norm_loops<float, true>(xc, wc, eps)
-                                       : rms_norm_loops<at::BFloat16, true>(xc, wc, eps);
+  return x.scalar_type() == at::kFloat ? rms_norm_loops<float, kind>(xc, wc, eps)
+                                       : rms_norm_loops<at::BFloat16, kind>(xc, wc, eps);
 }
 
-// The kinds of norm a layer's norms are (one for all of a decoder_layers call's norms, its layers' q/k norms too):
-// RMSNorm (rms_norm), torch's LayerNorm, Gemma's RMSNorm (gemma_rms_norm).
-enum class Norm { kRms, kLayer, kGemma };
-
-// A layer's norm: RMSNorm (rms_norm), Gemma's (gemma_rms_norm), or torch's LayerNorm with the weight and the bias
-// (none: DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone);
+// A layer's norm: RMSNorm (rms_norm), Gemma's or Float32RMSNorm's (weighted_rms_norm), or torch's LayerNorm with the
+// weight and the bias (none: DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone);
 // with an empty weight OLMo's weightless one, computed in float32 and rounded to x's dtype as its module
 // (BareLayerNorm).
 at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps, Norm kind) {
   if (kind == Norm::kRms) return rms_norm(x, w, eps);
-  if (kind == Norm::kGemma) return gemma_rms_norm(x, w, eps);
+  if (kind == Norm::kGemma) return weighted_rms_norm<Norm::kGemma>(x, w, eps);
+  if (kind == Norm::kFloat32) return weighted_rms_norm<Norm::kFloat32>(x, w, eps);
   if (w.numel() == 0) return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, {}, {}, eps).to(x.scalar_type());
   return at::layer_norm(x, {x.size(-1)}, w, b, eps);
 }
@@ -319,19 +325,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    Norm kind = Norm::kRms, bool norm_after = false, double clip = 0.0) {
+    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, bool qk_full = false) {
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
   TORCH_CHECK(q_norm_w.has_value() == k_norm_w.has_value(), "decoder_attn_in: q_norm_w and k_norm_w go together");
   const int64_t B = h.size(0), T = h.size(1);
-  // (norm_after: the attention on h itself, its norm after the residual add: attn_out_mlp_after)
-  const at::Tensor x = (norm_after ? h : norm(h, norm_w, norm_b, eps, kind)).reshape({B * T, h.size(2)});
+  // (bare: the attention on h itself, no norm before it: opt-350m's norm after the residual add, attn_out_mlp_after;
+  // OLMo 2's norm after the attention, attn_out_mlp_normed)
+  const at::Tensor x = (bare ? h : norm(h, norm_w, norm_b, eps, kind)).reshape({B * T, h.size(2)});
   auto [qp, kp, vp] = p.many<3>({0, 1, 2}, x);
+  // the q/k norms: RMSNorms of the layers' kind (a LayerNorm layer's, Qwen3-like: RMSNorm), each query and key head
+  // before RoPE (Qwen3's, Gemma 3's), or where qk_full each token's whole projections (OLMo 2's)
+  const Norm qk = kind == Norm::kLayer ? Norm::kRms : kind;
+  if (q_norm_w.has_value() && qk_full) {
+    qp = norm(qp, *q_norm_w, {}, qk_eps, qk);
+    kp = norm(kp, *k_norm_w, {}, qk_eps, qk);
+  }
   at::Tensor q = qp.view({B, T, -1, head_dim});
   at::Tensor k_raw = kp.view({B, T, -1, head_dim});
-  if (q_norm_w.has_value()) {  // Qwen3 (Gemma 3: Gemma's): per-head RMSNorm of queries and keys, before RoPE
-    const Norm qk = kind == Norm::kGemma ? Norm::kGemma : Norm::kRms;
+  if (q_norm_w.has_value() && !qk_full) {
     q = norm(q, *q_norm_w, {}, qk_eps, qk);
     k_raw = norm(k_raw, *k_norm_w, {}, qk_eps, qk);
   }
@@ -367,20 +380,37 @@ at::Tensor mlp_out(const at::Tensor& x, const Projections& p, Mlp mlp) {
   return p(3, act);
 }
 
+// t * m in place (t a fresh tensor of the caller's), as ATen multiplies a tensor by a Python float: m rounded to
+// float32, each product rounded to t's dtype (Granite's residual multiplier); t itself where m is 1
+TRIFORCE_NO_FP_CONTRACT at::Tensor scaled(at::Tensor t, double m) {
+  if (m == 1.0) return t;
+  if (!(native_dtype(t) && t.is_contiguous())) return t * m;
+  const float mf = static_cast<float>(m);
+  if (t.scalar_type() == at::kFloat) {
+    float* x = t.data_ptr<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) x[i] = x[i] * mf;
+  } else {
+    at::BFloat16* x = t.data_ptr<at::BFloat16>();
+    for (int64_t i = 0; i < t.numel(); ++i) x[i] = at::BFloat16(fl(x[i]) * mf);
+  }
+  return t;
+}
+
 at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                         const Projections& p, const std::optional<at::Tensor>& norm_b = {}, Norm kind = Norm::kRms,
-                        Mlp mlp = Mlp::kSwiGlu, bool parallel = false) {
+                        Mlp mlp = Mlp::kSwiGlu, bool parallel = false, double multiplier = 1.0) {
   TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
               "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
               attn.sizes());
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
   // project's results are fresh tensors of this call; the residual adds and the activations are written
   // over them: h2 = o + h in o, SiLU(gate) * up in gate (act(up) in up), down + h2 in down. parallel (GPT-NeoX's,
-  // Phi-2's, Falcon's block): the MLP on the norm of h itself, h + attn + mlp(norm(h)), the sum in that order
+  // Phi-2's, Falcon's block): the MLP on the norm of h itself, h + attn + mlp(norm(h)), the sum in that order.
+  // multiplier (Granite's; sequential only): each block's output times it before its residual add
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
-  const at::Tensor h2 = residual_add(o, h);  // (over o: h stays the layer's input)
+  const at::Tensor h2 = residual_add(scaled(o, multiplier), h);  // (over o: h stays the layer's input)
   const at::Tensor x = norm(parallel ? h : h2, norm_w, norm_b, eps, kind).reshape({B * T, H});
-  return residual_add(mlp_out(x, p, mlp).view({B, T, -1}), h2);
+  return residual_add(scaled(mlp_out(x, p, mlp).view({B, T, -1}), multiplier), h2);
 }
 
 // opt-350m's and GPT-1's layer after its attention, each norm after its block's residual add: h2 = norm_in(h + o),
@@ -395,16 +425,19 @@ at::Tensor attn_out_mlp_after(const at::Tensor& h, const at::Tensor& attn, const
   return norm(residual_add(down.view({B, T, -1}), h2), out_w, out_b, out_eps, kind);
 }
 
-// A layer of sandwich norms (Gemma 2 / 3's, GLM-4's) after its attention: h2 = h + norm_a(o), then h2 +
-// norm_d(mlp(norm_c(h2))), the norms w[0..2] (post_attention_layernorm, pre_feedforward_layernorm,
-// post_feedforward_layernorm), as DecoderLayer.residual computes it
-at::Tensor attn_out_mlp_sandwich(const at::Tensor& h, const at::Tensor& attn, const at::Tensor* w, const double* eps,
-                                 const Projections& p, Norm kind, Mlp mlp) {
+// A layer with norms after its blocks, as DecoderLayer.residual computes it: sandwich norms (Gemma 2 / 3's,
+// GLM-4's; HyperCLOVA X's with a multiplier), h2 = h + norm_a(o) * m, then h2 + norm_c(mlp(norm_b(h2))) * m, the
+// norms w[0..2] (post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm); or where !pre
+// (OLMo 2's, EXAONE 4's: no norm before either block) h2 = h + norm_a(o), then h2 + norm_c(mlp(h2)), the norms w[0]
+// and w[1]
+at::Tensor attn_out_mlp_normed(const at::Tensor& h, const at::Tensor& attn, const at::Tensor* w, const double* eps,
+                               const Projections& p, Norm kind, Mlp mlp, bool pre, double multiplier) {
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
-  const at::Tensor h2 = residual_add(norm(o, w[0], {}, eps[0], kind), h);
-  const at::Tensor x = norm(h2, w[1], {}, eps[1], kind).reshape({B * T, H});
-  return residual_add(norm(mlp_out(x, p, mlp).view({B, T, -1}), w[2], {}, eps[2], kind), h2);
+  const at::Tensor h2 = residual_add(scaled(norm(o, w[0], {}, eps[0], kind), multiplier), h);
+  const at::Tensor x = (pre ? norm(h2, w[1], {}, eps[1], kind) : h2).reshape({B * T, H});
+  const int c = pre ? 2 : 1;
+  return residual_add(scaled(norm(mlp_out(x, p, mlp).view({B, T, -1}), w[c], {}, eps[c], kind), multiplier), h2);
 }
 
 
@@ -676,18 +709,31 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
                           std::optional<double> attention_scale, bool parallel, bool norm_after,
                           const std::optional<at::Tensor>& alibi_slopes, double clip_qkv, bool sandwich,
-                          bool gemma_norm, double softcap, std::optional<at::TensorList> ropes,
-                          at::OptionalIntArrayRef rope_of) {
+                          const std::string& rms_norm_name, double softcap, std::optional<at::TensorList> ropes,
+                          at::OptionalIntArrayRef rope_of, bool post_norms, bool qk_norm_full,
+                          double residual_multiplier) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
-  TORCH_CHECK(!(sandwich && (parallel || norm_after)), "decoder_layers: sandwich norms are a layout of their own, "
-              "not with parallel or norm_after");
+  TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
+              "decoder_layers: sandwich and post_norms are layouts of their own, not with parallel, norm_after or "
+              "each other");
+  TORCH_CHECK(std::isfinite(residual_multiplier) && (residual_multiplier == 1.0 || !(parallel || norm_after ||
+                                                                                      post_norms)),
+              "decoder_layers: residual_multiplier must be finite, and 1 with parallel, norm_after or post_norms "
+              "(their layers have none), got ", residual_multiplier);
   const Mlp mlp = mlp_kind(mlp_name);
-  // LayerNorms (their biases given, one per norm: none for a norm without), Gemma's RMSNorms or RMSNorms (none given)
+  // LayerNorms (their biases given, one per norm: none for a norm without), else RMSNorms of rms_norm's kind:
+  // Llama's, Gemma's (1 + w in float32), Float32RMSNorm's (w in float32)
   const bool layer_norm = norm_bias_list.has_value();
-  TORCH_CHECK(!(layer_norm && (gemma_norm || sandwich)), "decoder_layers: Gemma's norms and sandwich norms are "
-              "RMSNorms: they take no norm_bias");
-  const Norm kind = layer_norm ? Norm::kLayer : gemma_norm ? Norm::kGemma : Norm::kRms;
+  TORCH_CHECK(rms_norm_name == "llama" || rms_norm_name == "gemma" || rms_norm_name == "float32",
+              "decoder_layers: rms_norm must be 'llama', 'gemma' or 'float32', got '", rms_norm_name, "'");
+  TORCH_CHECK(!(layer_norm && (rms_norm_name != "llama" || sandwich || post_norms)),
+              "decoder_layers: Gemma's and float32 norms, sandwich norms and post_norms are RMSNorms: they take no "
+              "norm_bias");
+  const Norm kind = layer_norm                 ? Norm::kLayer
+                    : rms_norm_name == "gemma" ? Norm::kGemma
+                    : rms_norm_name == "float32" ? Norm::kFloat32
+                                               : Norm::kRms;
   const size_t per_layer = sandwich ? 4 : 2;  // norms a layer: its two, or sandwich's four
   const std::vector<std::optional<at::Tensor>> norm_bias =
       layer_norm ? norm_bias_list->vec() : std::vector<std::optional<at::Tensor>>(2 * L);
@@ -813,7 +859,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       const size_t n = per_layer * l;  // the layer's first norm
       auto [q, k, k_raw, v] = attn_in(x, norm_w[n], eps[n], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
                                       qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], tables[2 * r], tables[2 * r + 1],
-                                      head_dim, norm_bias[2 * l], kind, norm_after, clip_qkv);
+                                      head_dim, norm_bias[2 * l], kind, norm_after || post_norms, clip_qkv,
+                                      qk_norm_full);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
       // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
       const at::ScalarType kv = k_cache[l].scalar_type();
@@ -834,11 +881,14 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                                                    alibi_slopes))
                    .to(x.scalar_type()));
       const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
-      x = sandwich     ? attn_out_mlp_sandwich(x, attn, &norm_w[n + 1], &eps[n + 1], out, kind, mlp)
+      // (post_norms' two norms: post_attention, post_feedforward; the attention ran on x itself)
+      x = sandwich     ? attn_out_mlp_normed(x, attn, &norm_w[n + 1], &eps[n + 1], out, kind, mlp, true,
+                                             residual_multiplier)
+          : post_norms ? attn_out_mlp_normed(x, attn, &norm_w[n], &eps[n], out, kind, mlp, false, 1.0)
           : norm_after ? attn_out_mlp_after(x, attn, norm_w[n], eps[n], norm_bias[2 * l], norm_w[n + 1], eps[n + 1],
                                             norm_bias[2 * l + 1], out, kind, mlp)
                        : attn_out_mlp(x, attn, norm_w[n + 1], eps[n + 1], out, norm_bias[2 * l + 1], kind, mlp,
-                                      parallel);
+                                      parallel, residual_multiplier);
     }
     return x;
   });

@@ -1272,34 +1272,38 @@ class DecoderLayer(nn.Module):
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), the layer's kind:
-        ``(norm_in's bias, norm_out's bias, the norms' kind, the MLP, parallel, norms after, clip_qkv, sandwich)``
-        (:data:`_PLAIN_LAYER`: RMSNorms and Llama's gated SwiGLU in sequence; the norms' kind ``"rms"``, torch's
-        LayerNorm ``"layer"`` with a bias or None each, Gemma's RMSNorm ``"gemma"``; the MLP as decoder_layers names
+        ``(norm_in's bias, norm_out's bias, the norms' kind, the MLP, parallel, norms after, clip_qkv, sandwich,
+        post_norms, whole q/k norms, residual multiplier)`` (:data:`_PLAIN_LAYER`: RMSNorms and Llama's gated SwiGLU
+        in sequence; the norms' kind ``"llama"``, torch's LayerNorm ``"layer"`` with a bias or None each, Gemma's
+        RMSNorm ``"gemma"``, :class:`Float32RMSNorm` ``"float32"``; the MLP as decoder_layers names
         it: ``"silu"``, Gemma's GeGLU ``"gelu_tanh_glu"``, an ungated MLP by its activation, ``"gelu_tanh"``,
         ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty placeholder; a parallel block,
         ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's norm: its own (GPT-NeoX's) or the
         attention's (Phi-2's, Falcon 7b's); each norm after its block's residual add, opt-350m's and GPT-1's
         ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True; OLMo's and MPT's clamp of q, k and v,
-        ``clip_qkv``, or None; sandwich norms, Gemma 2 / 3's and GLM-4's, True), and a sandwich layer's two norms
-        around its MLP, ``((weight, eps), (weight, eps))`` (otherwise ``()``)."""
+        ``clip_qkv``, or None; sandwich norms, Gemma 2 / 3's and GLM-4's, True; norms after the blocks and none
+        before, OLMo 2 / 3's and EXAONE 4's, True, ``norm_in`` and ``norm_out`` then the norms after the attention
+        and after the MLP; q/k norms over whole projections, OLMo 2's, True; Granite's residual multiplier, 1.0
+        elsewhere), and a sandwich layer's two norms around its MLP, ``((weight, eps), (weight, eps))`` (otherwise
+        ``()``)."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
             return None
+        post_norms = bool(self.__dict__.get("post_norms"))  # (the stack's post_norms: no norm before either block)
         att, mlp, norm_in = mods["self_attn"], mods["mlp"], mods["input_layernorm"]
         norm_out = mods.get("post_attention_layernorm", norm_in)
+        if post_norms:
+            norm_in, norm_out = norm_out, mods["post_feedforward_layernorm"]
         if type(att) is not Attention:
             return None  # DeepSeek's latent attention: not the fused layer's
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
-        if att.__dict__.get("temperature") is not None or self.__dict__.get("residual_multiplier", 1) != 1 \
-                or att.__dict__.get("rope_f32") \
-                or att.__dict__.get("full_qk_norm") \
+        if att.__dict__.get("temperature") is not None or att.__dict__.get("rope_f32") \
                 or att._parameters.get("sinks") is not None or att.__dict__.get("after_rope") \
                 or a.get("gate_proj") is not None or a.get("g_proj") is not None:
-            return None  # Ministral 3's query temperature, Granite's residual multiplier, float32 RoPE (ERNIE 4.5),
-            # OLMoE's q/k norms over whole projections, GPT-OSS's attention sinks, Hunyuan's norms after RoPE,
-            # AFMoE's gated output: not in the fused layer
+            return None  # Ministral 3's query temperature, float32 RoPE (ERNIE 4.5), GPT-OSS's attention sinks,
+            # Hunyuan's norms after RoPE, AFMoE's gated output: not in the fused layer
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
@@ -1308,10 +1312,11 @@ class DecoderLayer(nn.Module):
             if sandwich else (norm_in, norm_out)
         kinds = {_NORM_KINDS.get(type(n)) for n in norms}
         norm_kind = kinds.pop() if len(kinds) == 1 else None
-        if self.__dict__.get("post_norms") or (norm_after and parallel) or norm_kind is None \
-                or (sandwich and (norm_kind == "layer" or parallel or norm_after)) \
-                or (q_norm is not None and not (type(q_norm) is type(k_norm) is (
-                    GemmaRMSNorm if norm_kind == "gemma" else RMSNorm))):
+        multiplier = self.__dict__.get("residual_multiplier", 1.0)  # (Granite's, HyperCLOVA X's)
+        if (norm_after and parallel) or norm_kind is None \
+                or ((sandwich or post_norms) and (norm_kind == "layer" or parallel or norm_after)) \
+                or (multiplier != 1 and (parallel or norm_after or post_norms)) \
+                or (q_norm is not None and not (type(q_norm) is type(k_norm) is _QK_NORMS[norm_kind])):
             return None
         act = mlp.__dict__.get("activation", "silu")
         if type(mlp) is MLP and act in _GATED_NATIVE:
@@ -1342,7 +1347,8 @@ class DecoderLayer(nn.Module):
         clip = att.__dict__.get("clip")  # (OLMo's, MPT's clamp of q, k and v: the stack's clip_qkv)
         biases = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias")) if norm_kind == "layer" \
             else (None, None)
-        kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich)
+        kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich, post_norms,
+                bool(att.__dict__.get("full_qk_norm")), float(multiplier))
         extra = tuple((n._parameters["weight"], n.eps) for n in norms[2:])
         return att, args_in, args_out, kind, extra
 
@@ -1359,9 +1365,12 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
         return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
-_PLAIN_LAYER = (None, None, "rms", "silu", False, False, None, False)  # RMSNorms, Llama's SwiGLU, in sequence, each
-# norm before its block, no clamp: the per-layer fused calls' layer
-_NORM_KINDS = {RMSNorm: "rms", GemmaRMSNorm: "gemma", **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms
+_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0)  # RMSNorms, Llama's SwiGLU,
+# in sequence, each norm before its block, no clamp, q/k norms per head, no multiplier: the per-layer fused calls' layer
+_NORM_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32",
+               **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms (rms_norm's names, or LayerNorms)
+_QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32": Float32RMSNorm}  # the q/k norms
+# of a layer of each kind that decoder_layers runs
 _GATED_NATIVE = {"silu": "silu", "gelu_tanh": "gelu_tanh_glu"}  # the gated MLPs decoder_layers runs, by its names
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
@@ -1439,7 +1448,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         qk_eps.append(qe)
     record = bool(last_query)
     qi = step.query_index if record else None
-    norm_kind, mlp, parallel, norm_after, clip, sandwich = kind
+    norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier = kind
     ropes = [(cos, sin)] * len(layers) if ropes is None else ropes
     tables = list({id(r): r for r in ropes[lo:hi]}.values())  # (the distinct tables, in their first layer's order)
     cos, sin = tables[0]
@@ -1452,7 +1461,9 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         cache.scale, parallel, **({"norm_after": True} if norm_after else {}),
         **({} if cache.alibi is None else {"alibi_slopes": cache.alibi}),
         **({} if clip is None else {"clip_qkv": float(clip)}), **({"sandwich": True} if sandwich else {}),
-        **({"gemma_norm": True} if norm_kind == "gemma" else {}),
+        **({"rms_norm": norm_kind} if norm_kind in ("gemma", "float32") else {}),
+        **({"post_norms": True} if post_norms else {}), **({"qk_norm_full": True} if qk_full else {}),
+        **({"residual_multiplier": multiplier} if multiplier != 1 else {}),
         **({"softcap": float(cache.softcap)} if cache.softcap else {}),
         **({} if len(tables) == 1 else {"ropes": [t for pair in tables[1:] for t in pair],
                                         "rope_of": [next(j for j, t in enumerate(tables) if t is r)
