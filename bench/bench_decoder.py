@@ -26,12 +26,13 @@ computed and zeroed) and the batch's one-token step (``step``, the floor), in tu
 natural text at batch 8 and 16 (most rows propose nothing or 1-2 tokens), and on the demo's pass-key batch of 4.
 Its FLOPs count the real tokens (``padded``: all of the batch's rows times T).
 
-``--family gpt2|opt|starcoder2|pythia|nemotron|olmo|olmo-clip|opt-350m|bloom|gemma3``: instead of the embedded model,
-random weights of that family at its smallest published shape (gpt2's 124M: 12 layers of 768, learned positions,
-LayerNorms, GELU; opt-125m's: the same with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU;
-pythia-160m's: GPT-NeoX's parallel block; 12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU squared;
-weightless LayerNorms, SwiGLU (``olmo-clip``: q, k and v clamped); opt-350m's: 24 layers of 1024 with each norm
-after its residual add, a popular draft model; bloom-560m's: 24 layers of 1024 with ALiBi, a 250880-token head;
+``--family gpt2|opt|starcoder2|pythia|nemotron|olmo|olmo-clip|olmo2|granite|opt-350m|bloom|gemma3``: instead of the
+embedded model, random weights of that family at its smallest published shape (gpt2's 124M: 12 layers of 768, learned
+positions, LayerNorms, GELU; opt-125m's: the same with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped
+keys, GELU; pythia-160m's: GPT-NeoX's parallel block; 12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU
+squared; weightless LayerNorms, SwiGLU (``olmo-clip``: q, k and v clamped); 12-layer, 768-wide OLMo 2 and Granite
+models: norms after the blocks, Granite's multipliers; opt-350m's: 24 layers of 1024 with each norm after its residual
+add, a popular draft model; bloom-560m's: 24 layers of 1024 with ALiBi, a 250880-token head;
 gemma-3-270m's: 18 layers of 640 with Gemma's four norms a layer, GeGLU, local and global layers, a 262144-token head),
 float32 or bfloat16: the families whose layers only the one-call path fuses (their per-layer path is the modules';
 ``per_layer`` equals ``modules`` there).
@@ -187,6 +188,15 @@ FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
                  # a 250880-token tied head
                  "bloom": {"model_type": "bloom", "vocab_size": 250880, "hidden_size": 1024, "n_layer": 24,
                            "n_head": 16},
+                 # 12-layer, 768-wide OLMo 2 (OLMo-2-0425-1B is 16 x 2048): norms after the blocks (the weight in
+                 # float32), q/k norms over whole projections; and Granite (granite-3.3-2b is 40 x 2048): its
+                 # multipliers (granite-3.3-2b's residual 0.22, attention 1/64)
+                 "olmo2": {"model_type": "olmo2", "vocab_size": 100352, "hidden_size": 768, "intermediate_size": 2048,
+                           "num_hidden_layers": 12, "num_attention_heads": 12},
+                 "granite": {"model_type": "granite", "vocab_size": 49155, "hidden_size": 768,
+                             "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
+                             "num_key_value_heads": 4, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+                             "embedding_multiplier": 12.0, "logits_scaling": 8.0},
                  # gemma-3-270m's: 18 layers of 640, Gemma's norms (four a layer, sandwich) and q/k norms, GeGLU,
                  # 4 query heads of 256 over one key head, five local layers (a 512-token window, their own RoPE)
                  # to one global, a 262144-token tied head
