@@ -157,11 +157,14 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // sandwich (Gemma 2 / 3's, GLM-4's layer): four norms a layer, [input, post_attention, pre_feedforward,
 // post_feedforward], h2 = h + norm_1(attn), then h2 + norm_3(mlp(norm_2(h2))). post_norms (OLMo 2 / 3's, EXAONE 4's
 // layer): two norms a layer, [post_attention, post_feedforward], none before the blocks: h2 = h + norm_0(attn(h)),
-// then h2 + norm_1(mlp(h2)). rms_norm (without norm_bias): every norm's kind, the q/k norms' too: "llama"
+// then h2 + norm_1(mlp(h2)). norm_kind (without norm_bias): every norm's kind, the q/k norms' too: "llama"
 // (triforce.models.llama.RMSNorm), "gemma" (GemmaRMSNorm: the weight applied as 1 + w in float32), "float32"
-// (Float32RMSNorm: the weight applied in float32). qk_norm_full: the q/k norms over each token's whole q and k
-// projections (OLMo 2's), not per head. residual_multiplier (Granite's, HyperCLOVA X's; sequential and sandwich
-// layers only): each block's output times it before its residual add. mlp
+// (Float32RMSNorm: the weight applied in float32), "cohere" (Cohere's LayerNorm without a bias, in float32; its q/k
+// norms' weights [heads, head_dim]). qk_norm_full: the q/k norms over each token's whole q and k projections (OLMo
+// 2's), not per head. residual_multiplier (Granite's, HyperCLOVA X's; sequential and sandwich layers only): each
+// block's output times it before its residual add. rope_float32: RoPE on 16-bit q and k in float32, rounded once
+// (Cohere's, GPT-J's, ERNIE 4.5's). query_scale ([B, T] in h's dtype, or none): the RoPE'd queries times each
+// token's scale (Ministral 3's query temperature). mlp
 // "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up. softcap > 0: every layer's
 // verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of (together, or neither): more RoPE tables,
 // [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's
@@ -178,9 +181,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<OptionalTensorList>& norm_bias, const std::string& mlp,
                           std::optional<double> attention_scale, bool parallel, bool norm_after,
                           const std::optional<at::Tensor>& alibi_slopes, double clip_qkv, bool sandwich,
-                          const std::string& rms_norm, double softcap, std::optional<at::TensorList> ropes,
+                          const std::string& norm_kind, double softcap, std::optional<at::TensorList> ropes,
                           at::OptionalIntArrayRef rope_of, bool post_norms, bool qk_norm_full,
-                          double residual_multiplier);
+                          double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

@@ -50,8 +50,9 @@ TORCH_LIBRARY(triforce_C, m) {
         "Tensor cache_seqlens, Tensor? tree_mask, Tensor? query_index, Tensor? query_valid, Tensor? rows=None, "
         "int[]? windows=None, Tensor? window_leftpad=None, Tensor?[]? norm_bias=None, str mlp='silu', "
         "float? attention_scale=None, bool parallel=False, bool norm_after=False, Tensor? alibi_slopes=None, "
-        "float clip_qkv=0.0, bool sandwich=False, str rms_norm='llama', float softcap=0.0, Tensor[]? ropes=None, "
-        "int[]? rope_of=None, bool post_norms=False, bool qk_norm_full=False, float residual_multiplier=1.0) -> Tensor");
+        "float clip_qkv=0.0, bool sandwich=False, str norm_kind='llama', float softcap=0.0, Tensor[]? ropes=None, "
+        "int[]? rope_of=None, bool post_norms=False, bool qk_norm_full=False, float residual_multiplier=1.0, "
+        "bool rope_float32=False, Tensor? query_scale=None) -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");

@@ -64,10 +64,10 @@ STACK_FAMILIES = {
     # the clamp of q, k and v (the stack's clip_qkv): OLMo 1's (OLMo-7B-0424's), MPT's
     "olmo-clip": dict(model_type="olmo", extra={"clip_qkv": 0.4}),
     "mpt-clip": dict(model_type="mpt", num_key_value_heads=4, extra={"clip_qkv": 0.4}),
-    # Gemma's norms (the weight applied as 1 + w in float32) and GeGLU (the stack's rms_norm "gemma", mlp "gelu_tanh_glu");
-    # Gemma 2's sandwich norms, windows on every other layer and soft-capped scores (sandwich, softcap); Gemma 3's
-    # q/k norms (Gemma's) and its local layers' own RoPE (the stack's ropes, rope_of); VaultGemma's two norms;
-    # GLM-4's sandwich of RMSNorms
+    # Gemma's norms (the weight applied as 1 + w in float32) and GeGLU (the stack's norm_kind "gemma", mlp
+    # "gelu_tanh_glu"); Gemma 2's sandwich norms, windows on every other layer and soft-capped scores (sandwich,
+    # softcap); Gemma 3's q/k norms (Gemma's) and its local layers' own RoPE (the stack's ropes, rope_of); VaultGemma's
+    # two norms; GLM-4's sandwich of RMSNorms
     "gemma": dict(model_type="gemma", head_dim=16),
     "gemma2": dict(model_type="gemma2", head_dim=16, extra={"sliding_window": 5, "attn_logit_softcapping": 2.0}),
     "gemma3": dict(model_type="gemma3_text", head_dim=16, extra={
@@ -75,7 +75,7 @@ STACK_FAMILIES = {
     "vaultgemma": dict(model_type="vaultgemma", head_dim=16),
     "glm4": dict(model_type="glm4"),
     # norms after the blocks, none before (the stack's post_norms): OLMo 2's (its RMSNorm's weight in float32, q/k
-    # norms over whole projections: rms_norm "float32", qk_norm_full), OLMo 3's windows, EXAONE 4's (Llama's RMSNorm,
+    # norms over whole projections: norm_kind "float32", qk_norm_full), OLMo 3's windows, EXAONE 4's (Llama's RMSNorm,
     # q/k norms per head; RoPE and a window on its sliding layers, NoPE on the others); Granite's multipliers (the
     # stack's residual_multiplier; its attention multiplier the scale), HyperCLOVA X's with sandwich norms
     "olmo2": dict(model_type="olmo2"),
@@ -86,6 +86,20 @@ STACK_FAMILIES = {
     "granite": dict(model_type="granite", extra={"residual_multiplier": 0.22, "attention_multiplier": 0.3,
                                                  "embedding_multiplier": 12.0, "logits_scaling": 8.0}),
     "hyperclovax": dict(model_type="hyperclovax", extra={"residual_multiplier": 0.7, "attention_multiplier": 0.3}),
+    # Cohere's LayerNorm without a bias (the stack's norm_kind "cohere"; Command R+'s per-head q/k LayerNorms) in a
+    # parallel block, and RoPE in float32 (rope_float32): Cohere's, Cohere 2's (RoPE on its sliding layer only),
+    # GPT-J's and CodeGen's (on half of each head; torch's LayerNorm, GELU), ERNIE 4.5's (its tables in float32);
+    # Ministral 3's query temperature (the stack's query_scale; an original context of 8 positions, so that it bites)
+    "cohere": dict(model_type="cohere"),
+    "cohere-qk": dict(model_type="cohere", extra={"use_qk_norm": True}),
+    "cohere2": dict(model_type="cohere2", extra={"sliding_window": 5, "layer_types": ["sliding_attention",
+                                                                                     "full_attention"]}),
+    "gptj": dict(model_type="gptj", num_key_value_heads=4, mlp_bias=True, extra={"partial_rotary_factor": 0.5}),
+    "codegen": dict(model_type="codegen", num_key_value_heads=4, mlp_bias=True, extra={"partial_rotary_factor": 0.5}),
+    "ernie4_5": dict(model_type="ernie4_5"),
+    "ministral3": dict(model_type="ministral3", head_dim=16, rope_theta=1e6, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.3}),
 }
 
 
@@ -767,7 +781,7 @@ def test_native_stack_takes_norms_after_the_adds_by_name(monkeypatch):
 
 
 def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
-    """Gemma 3's layers reach the stack with ``sandwich``, ``rms_norm="gemma"``, ``mlp="gelu_tanh_glu"``, its two RoPEs
+    """Gemma 3's layers reach the stack with ``sandwich``, ``norm_kind="gemma"``, ``mlp="gelu_tanh_glu"``, its two RoPEs
     (``ropes``, ``rope_of``) and Gemma 2's ``softcap`` by name, four norms a layer; the stack refuses, before any
     buffer is written: a norm count other than four a layer, sandwich with parallel or norm_after or with LayerNorms,
     ropes without rope_of or not in pairs, a rope_of outside the tables, a negative or infinite soft cap."""
@@ -780,8 +794,8 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
         model(torch.randint(0, 97, (2, 3)), cache=cache)
     (args, kwargs), = calls
     L = model.config.num_hidden_layers
-    assert set(kwargs) == {"sandwich", "rms_norm", "ropes", "rope_of"} and kwargs["rope_of"] == [0, 1]
-    assert kwargs["rms_norm"] == "gemma"
+    assert set(kwargs) == {"sandwich", "norm_kind", "ropes", "rope_of"} and kwargs["rope_of"] == [0, 1]
+    assert kwargs["norm_kind"] == "gemma"
     assert len(args[4]) == len(args[5]) == 4 * L and args[24] == "gelu_tanh_glu"
     cache.rollback(torch.zeros(2, dtype=torch.int32))
     before = [t.clone() for t in cache.k + cache.v]
@@ -795,7 +809,7 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
             ("layouts of their own", {}, dict(post_norms=True)),
             ("take no norm_bias", {23: no_bias}, {}),
             ("take no norm_bias", {23: no_bias}, dict(sandwich=False)),  # (Gemma's norms)
-            ("rms_norm must be 'llama', 'gemma' or 'float32'", {}, dict(rms_norm="layer")),
+            ("norm_kind must be 'llama', 'gemma', 'float32' or 'cohere'", {}, dict(norm_kind="layer")),
             ("residual_multiplier must be finite", {}, dict(residual_multiplier=float("nan"))),
             ("go together", {}, dict(rope_of=None)), ("go together", {}, dict(ropes=ropes[:1])),
             ("rope_of 2 is not one of the 2", {}, dict(rope_of=[0, 2])),
@@ -812,11 +826,11 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
     with torch.no_grad():
         model(torch.randint(0, 97, (2, 3)), cache=FullCache(model.config, 2, 16))
     (args, kwargs), = calls
-    assert kwargs == {"sandwich": True, "rms_norm": "gemma", "softcap": 2.0} and args[24] == "gelu_tanh_glu"
+    assert kwargs == {"sandwich": True, "norm_kind": "gemma", "softcap": 2.0} and args[24] == "gelu_tanh_glu"
 
 
 def test_native_stack_takes_norms_after_the_blocks_and_multipliers_by_name(monkeypatch):
-    """OLMo 2's layers reach the stack with ``post_norms``, ``rms_norm="float32"`` and ``qk_norm_full``, two norms a
+    """OLMo 2's layers reach the stack with ``post_norms``, ``norm_kind="float32"`` and ``qk_norm_full``, two norms a
     layer (after the attention, after the MLP); Granite's with its ``residual_multiplier`` (and its attention
     multiplier as the scale); the stack refuses a multiplier with post_norms, parallel or norm_after (the modules'
     layers of those layouts have none) before any buffer is written."""
@@ -834,7 +848,7 @@ def test_native_stack_takes_norms_after_the_blocks_and_multipliers_by_name(monke
         seen[family] = args, kwargs, cache
     args, kwargs, cache = seen["olmo2"]
     layer = make_model("olmo2").model.layers[0]
-    assert kwargs == {"rms_norm": "float32", "post_norms": True, "qk_norm_full": True}
+    assert kwargs == {"norm_kind": "float32", "post_norms": True, "qk_norm_full": True}
     assert len(args[4]) == 2 * 2 and args[4][0].shape == (64,) and args[9][0].shape == (64,)  # (whole q norms)
     assert type(layer.post_attention_layernorm) is llama_mod.Float32RMSNorm
     args, kwargs, cache = seen["granite"]

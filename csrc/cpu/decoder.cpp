@@ -92,8 +92,8 @@ TRIFORCE_NO_FP_CONTRACT void rms_norm_rows(const S* x, const S* w, const float* 
 
 // The kinds of norm a layer's norms are (one for all of a decoder_layers call's norms, its layers' q/k norms too):
 // RMSNorm (rms_norm), torch's LayerNorm, Gemma's RMSNorm (the weight an offset from 1) and GPT-OSS's / OLMo 2's
-// (the weight applied in float32): weighted_rms_norm.
-enum class Norm { kRms, kLayer, kGemma, kFloat32 };
+// (the weight applied in float32): weighted_rms_norm; Cohere's LayerNorm (cohere_norm).
+enum class Norm { kRms, kLayer, kGemma, kFloat32, kCohere };
 
 // Rows of Gemma's RMSNorm (kGemma) or OLMo 2's (kFloat32) given each row's sum of squares: S((x * (1 / sqrt(ss / H +
 // float(eps)))) * (1 + w)) or S(w * (x * ...)), every step in float32, rounded to S once at the end.
@@ -157,12 +157,23 @@ at::Tensor weighted_rms_norm(const at::Tensor& x, const at::Tensor& w, double ep
                                        : rms_norm_loops<at::BFloat16, kind>(xc, wc, eps);
 }
 
-// A layer's norm: RMSNorm (rms_norm), Gemma's or Float32RMSNorm's (weighted_rms_norm), or torch's LayerNorm with the
-// weight and the bias (none: DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it (BiasLayerNorm: F.layer_norm; each row alone);
-// with an empty weight OLMo's weightless one, computed in float32 and rounded to x's dtype as its module
-// (BareLayerNorm).
+// Cohere's LayerNorm as triforce.models.llama.LayerNorm computes it, by the same ATen ops: no bias, in float32 (the
+// row's mean subtracted, its variance about the mean), the weight applied in float32 (its q/k norms' weight [heads,
+// head_dim], one row per head), rounded to x's dtype.
+at::Tensor cohere_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  xf = xf - xf.mean({-1}, /*keepdim=*/true);
+  xf = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  return (w.to(at::kFloat) * xf).to(x.scalar_type());
+}
+
+// A layer's norm: RMSNorm (rms_norm), Gemma's or Float32RMSNorm's (weighted_rms_norm), Cohere's (cohere_norm), or
+// torch's LayerNorm with the weight and the bias (none: DBRX's NoBiasLayerNorm), ATen's own op, as the modules call it
+// (BiasLayerNorm: F.layer_norm; each row alone); with an empty weight OLMo's weightless one, computed in float32 and
+// rounded to x's dtype as its module (BareLayerNorm).
 at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps, Norm kind) {
   if (kind == Norm::kRms) return rms_norm(x, w, eps);
+  if (kind == Norm::kCohere) return cohere_norm(x, w, eps);
   if (kind == Norm::kGemma) return weighted_rms_norm<Norm::kGemma>(x, w, eps);
   if (kind == Norm::kFloat32) return weighted_rms_norm<Norm::kFloat32>(x, w, eps);
   if (w.numel() == 0) return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, {}, {}, eps).to(x.scalar_type());
@@ -325,7 +336,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, bool qk_full = false) {
+    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, bool qk_full = false, bool rope_f32 = false) {
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
@@ -353,6 +364,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     q = q.clamp(-clip, clip);
     k_raw = k_raw.clamp(-clip, clip);
     v = v.clamp(-clip, clip);
+  }
+  if (rope_f32 && q.scalar_type() != at::kFloat) {  // (Cohere's, GPT-J's, ERNIE 4.5's: in float32, rounded once)
+    const at::Tensor cf = cos.to(at::kFloat), sf = sin.to(at::kFloat);
+    return {rope(q.to(at::kFloat), cf, sf).to(q.scalar_type()), rope(k_raw.to(at::kFloat), cf, sf).to(q.scalar_type()),
+            k_raw, v};
   }
   return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
 }
@@ -709,9 +725,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<OptionalTensorList>& norm_bias_list, const std::string& mlp_name,
                           std::optional<double> attention_scale, bool parallel, bool norm_after,
                           const std::optional<at::Tensor>& alibi_slopes, double clip_qkv, bool sandwich,
-                          const std::string& rms_norm_name, double softcap, std::optional<at::TensorList> ropes,
+                          const std::string& norm_name, double softcap, std::optional<at::TensorList> ropes,
                           at::OptionalIntArrayRef rope_of, bool post_norms, bool qk_norm_full,
-                          double residual_multiplier) {
+                          double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
@@ -722,18 +738,23 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
               "decoder_layers: residual_multiplier must be finite, and 1 with parallel, norm_after or post_norms "
               "(their layers have none), got ", residual_multiplier);
   const Mlp mlp = mlp_kind(mlp_name);
-  // LayerNorms (their biases given, one per norm: none for a norm without), else RMSNorms of rms_norm's kind:
-  // Llama's, Gemma's (1 + w in float32), Float32RMSNorm's (w in float32)
+  // torch's LayerNorms (their biases given, one per norm: none for a norm without), else norms of norm_kind's kind:
+  // Llama's RMSNorm, Gemma's (1 + w in float32), Float32RMSNorm's (w in float32), Cohere's LayerNorm (no bias)
   const bool layer_norm = norm_bias_list.has_value();
-  TORCH_CHECK(rms_norm_name == "llama" || rms_norm_name == "gemma" || rms_norm_name == "float32",
-              "decoder_layers: rms_norm must be 'llama', 'gemma' or 'float32', got '", rms_norm_name, "'");
-  TORCH_CHECK(!(layer_norm && (rms_norm_name != "llama" || sandwich || post_norms)),
-              "decoder_layers: Gemma's and float32 norms, sandwich norms and post_norms are RMSNorms: they take no "
-              "norm_bias");
-  const Norm kind = layer_norm                 ? Norm::kLayer
-                    : rms_norm_name == "gemma" ? Norm::kGemma
-                    : rms_norm_name == "float32" ? Norm::kFloat32
-                                               : Norm::kRms;
+  TORCH_CHECK(norm_name == "llama" || norm_name == "gemma" || norm_name == "float32" || norm_name == "cohere",
+              "decoder_layers: norm_kind must be 'llama', 'gemma', 'float32' or 'cohere', got '", norm_name, "'");
+  TORCH_CHECK(!(layer_norm && (norm_name != "llama" || sandwich || post_norms)),
+              "decoder_layers: norm_kind's norms, sandwich norms and post_norms take no norm_bias");
+  const Norm kind = layer_norm                ? Norm::kLayer
+                    : norm_name == "gemma"   ? Norm::kGemma
+                    : norm_name == "float32" ? Norm::kFloat32
+                    : norm_name == "cohere"  ? Norm::kCohere
+                                             : Norm::kRms;
+  TORCH_CHECK(!query_scale.has_value() || (query_scale->dim() == 2 && query_scale->size(0) == h.size(0) &&
+                                           query_scale->size(1) == h.size(1) &&
+                                           query_scale->scalar_type() == h.scalar_type()),
+              "decoder_layers: query_scale must be [B, T] in h's dtype, got ",
+              query_scale.has_value() ? query_scale->sizes() : at::IntArrayRef{});
   const size_t per_layer = sandwich ? 4 : 2;  // norms a layer: its two, or sandwich's four
   const std::vector<std::optional<at::Tensor>> norm_bias =
       layer_norm ? norm_bias_list->vec() : std::vector<std::optional<at::Tensor>>(2 * L);
@@ -852,6 +873,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   return with_team(forward_bytes, [&] {
     at::Tensor x = pack(h);
     std::vector<at::Tensor> tables{pack(cos), pack(sin)};  // (cos, sin) of each RoPE, packed
+    const at::Tensor scale_rows = query_scale.has_value() ? pack(*query_scale) : at::Tensor();  // [B, T] or [1, N]
     if (ropes.has_value())
       for (const at::Tensor& t : *ropes) tables.push_back(pack(t));
     for (size_t l = 0; l < L; ++l) {
@@ -860,7 +882,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       auto [q, k, k_raw, v] = attn_in(x, norm_w[n], eps[n], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
                                       qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], tables[2 * r], tables[2 * r + 1],
                                       head_dim, norm_bias[2 * l], kind, norm_after || post_norms, clip_qkv,
-                                      qk_norm_full);
+                                      qk_norm_full, rope_float32);
+      // Ministral 3's query temperature: the RoPE'd queries times each token's scale, as Attention.temper
+      if (query_scale.has_value()) q = q * scale_rows.unsqueeze(-1).unsqueeze(-1);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
       // Attention.attend rounds them in Python (Tensor.to: round to nearest even)
       const at::ScalarType kv = k_cache[l].scalar_type();

@@ -593,9 +593,12 @@ class Attention(nn.Module):
         """Ministral 3's query temperature (``config.query_temperature``): the RoPE'd queries ``[B, T, H, D]`` of
         int ``positions`` ``[B, T]`` times ``1 + beta * ln(1 + floor(position / original))``, computed in float32
         and rounded to the queries' dtype, as transformers computes it (1 below ``original``)."""
+        return q * self.temper_scale(positions, q.dtype)[:, :, None, None]
+
+    def temper_scale(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`temper`'s scale of each token, ``[B, T]`` in ``dtype`` (the native layer stack's ``query_scale``)."""
         beta, original = self.temperature
-        scale = 1 + beta * torch.log(1 + torch.floor(positions / original))
-        return q * scale[:, :, None, None].to(q.dtype)
+        return (1 + beta * torch.log(1 + torch.floor(positions / original))).to(dtype)
 
     def attend(self, q, k, v, k_raw, cache: _KVCache | None, step: Step | None, index=None) -> torch.Tensor:
         """Attention of the RoPE'd ``q``, ``k`` and ``v`` ``[B, T, H, D]``: causal among themselves without a
@@ -1271,21 +1274,31 @@ class DecoderLayer(nn.Module):
         return None if fused is None or fused[3] != _PLAIN_LAYER else fused[:3]
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
-        """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`), the layer's kind:
-        ``(norm_in's bias, norm_out's bias, the norms' kind, the MLP, parallel, norms after, clip_qkv, sandwich,
-        post_norms, whole q/k norms, residual multiplier)`` (:data:`_PLAIN_LAYER`: RMSNorms and Llama's gated SwiGLU
-        in sequence; the norms' kind ``"llama"``, torch's LayerNorm ``"layer"`` with a bias or None each, Gemma's
-        RMSNorm ``"gemma"``, :class:`Float32RMSNorm` ``"float32"``; the MLP as decoder_layers names
-        it: ``"silu"``, Gemma's GeGLU ``"gelu_tanh_glu"``, an ungated MLP by its activation, ``"gelu_tanh"``,
-        ``"gelu"``, ``"relu"`` or ``"relu2"``, its gate's projection slot an empty placeholder; a parallel block,
-        ``h + attn(norm(h)) + mlp(norm'(h))``, True, ``norm_out`` its MLP's norm: its own (GPT-NeoX's) or the
-        attention's (Phi-2's, Falcon 7b's); each norm after its block's residual add, opt-350m's and GPT-1's
-        ``norm_in(h + attn(h))`` then ``norm_out(h + mlp(h))``, True; OLMo's and MPT's clamp of q, k and v,
-        ``clip_qkv``, or None; sandwich norms, Gemma 2 / 3's and GLM-4's, True; norms after the blocks and none
-        before, OLMo 2 / 3's and EXAONE 4's, True, ``norm_in`` and ``norm_out`` then the norms after the attention
-        and after the MLP; q/k norms over whole projections, OLMo 2's, True; Granite's residual multiplier, 1.0
-        elsewhere), and a sandwich layer's two norms around its MLP, ``((weight, eps), (weight, eps))`` (otherwise
-        ``()``)."""
+        """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`) -> ``(attention module,
+        args_in, args_out, kind, extra)``, or None. ``kind`` (one for all of a native stack call's layers):
+        ``(norm_in's bias, norm_out's bias, norms, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full,
+        multiplier, rope_f32, temperature)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's gated SwiGLU in sequence
+        (the per-layer fused calls' layer):
+
+        - ``norms``: ``"llama"`` (:class:`RMSNorm`), torch's LayerNorm ``"layer"`` (the two biases then a bias or None
+          each), ``"gemma"`` (:class:`GemmaRMSNorm`), ``"float32"`` (:class:`Float32RMSNorm`), ``"cohere"`` (Cohere's
+          :class:`LayerNorm`);
+        - ``mlp`` as decoder_layers names it: ``"silu"``, Gemma's GeGLU ``"gelu_tanh_glu"``, an ungated MLP by its
+          activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"`` (its gate's projection slot an empty
+          placeholder);
+        - ``parallel``: ``h + attn(norm(h)) + mlp(norm'(h))``, ``norm_out`` its MLP's norm: its own (GPT-NeoX's) or
+          the attention's (Phi-2's, Falcon 7b's);
+        - ``norm_after``: each norm after its block's residual add, opt-350m's and GPT-1's ``norm_in(h + attn(h))``
+          then ``norm_out(h + mlp(h))``;
+        - ``clip``: OLMo's and MPT's clamp of q, k and v, ``clip_qkv``, or None;
+        - ``sandwich``: Gemma 2 / 3's and GLM-4's four norms (``extra``: the two around the MLP, ``((weight, eps),
+          (weight, eps))``; ``()`` otherwise);
+        - ``post_norms``: norms after the blocks and none before, OLMo 2 / 3's and EXAONE 4's (``norm_in`` and
+          ``norm_out`` then the norms after the attention and after the MLP);
+        - ``qk_full``: q/k norms over whole projections (OLMo 2's);
+        - ``multiplier``: Granite's residual multiplier, 1.0 elsewhere;
+        - ``rope_f32``: RoPE in float32 (Cohere's, GPT-J's, ERNIE 4.5's);
+        - ``temperature``: Ministral 3's query temperature ``(beta, original)``, or None."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1299,11 +1312,10 @@ class DecoderLayer(nn.Module):
             return None  # DeepSeek's latent attention: not the fused layer's
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
-        if att.__dict__.get("temperature") is not None or att.__dict__.get("rope_f32") \
-                or att._parameters.get("sinks") is not None or att.__dict__.get("after_rope") \
+        if att._parameters.get("sinks") is not None or att.__dict__.get("after_rope") \
                 or a.get("gate_proj") is not None or a.get("g_proj") is not None:
-            return None  # Ministral 3's query temperature, float32 RoPE (ERNIE 4.5), GPT-OSS's attention sinks,
-            # Hunyuan's norms after RoPE, AFMoE's gated output: not in the fused layer
+            return None  # GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated output: not in the
+            # fused layer
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
@@ -1348,7 +1360,8 @@ class DecoderLayer(nn.Module):
         biases = (norm_in._parameters.get("bias"), norm_out._parameters.get("bias")) if norm_kind == "layer" \
             else (None, None)
         kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich, post_norms,
-                bool(att.__dict__.get("full_qk_norm")), float(multiplier))
+                bool(att.__dict__.get("full_qk_norm")), float(multiplier), bool(att.__dict__.get("rope_f32")),
+                att.__dict__.get("temperature"))
         extra = tuple((n._parameters["weight"], n.eps) for n in norms[2:])
         return att, args_in, args_out, kind, extra
 
@@ -1365,12 +1378,13 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
         return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
-_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0)  # RMSNorms, Llama's SwiGLU,
-# in sequence, each norm before its block, no clamp, q/k norms per head, no multiplier: the per-layer fused calls' layer
-_NORM_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32",
-               **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms (rms_norm's names, or LayerNorms)
-_QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32": Float32RMSNorm}  # the q/k norms
-# of a layer of each kind that decoder_layers runs
+_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None)  # RMSNorms,
+# Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head, no multiplier, RoPE in the
+# dtype, no query temperature: the per-layer fused calls' layer
+_NORM_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32", LayerNorm: "cohere",
+               **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms (norm_kind's names, or torch's LayerNorms)
+_QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32": Float32RMSNorm,
+             "cohere": LayerNorm}  # the q/k norms of a layer of each kind that decoder_layers runs
 _GATED_NATIVE = {"silu": "silu", "gelu_tanh": "gelu_tanh_glu"}  # the gated MLPs decoder_layers runs, by its names
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
@@ -1448,7 +1462,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         qk_eps.append(qe)
     record = bool(last_query)
     qi = step.query_index if record else None
-    norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier = kind
+    norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature = kind
     ropes = [(cos, sin)] * len(layers) if ropes is None else ropes
     tables = list({id(r): r for r in ropes[lo:hi]}.values())  # (the distinct tables, in their first layer's order)
     cos, sin = tables[0]
@@ -1461,9 +1475,11 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         cache.scale, parallel, **({"norm_after": True} if norm_after else {}),
         **({} if cache.alibi is None else {"alibi_slopes": cache.alibi}),
         **({} if clip is None else {"clip_qkv": float(clip)}), **({"sandwich": True} if sandwich else {}),
-        **({"rms_norm": norm_kind} if norm_kind in ("gemma", "float32") else {}),
+        **({"norm_kind": norm_kind} if norm_kind in ("gemma", "float32", "cohere") else {}),
         **({"post_norms": True} if post_norms else {}), **({"qk_norm_full": True} if qk_full else {}),
         **({"residual_multiplier": multiplier} if multiplier != 1 else {}),
+        **({"rope_float32": True} if rope_f32 else {}),
+        **({} if temperature is None else {"query_scale": layers[lo].self_attn.temper_scale(step.positions, h.dtype)}),
         **({"softcap": float(cache.softcap)} if cache.softcap else {}),
         **({} if len(tables) == 1 else {"ropes": [t for pair in tables[1:] for t in pair],
                                         "rope_of": [next(j for j, t in enumerate(tables) if t is r)
