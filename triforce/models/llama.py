@@ -363,7 +363,7 @@ class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: the weight ``w`` is stored as an offset from 1 (zeros: the identity scaling) and
     applied as ``1 + w`` in float32 before the result is rounded to the input's dtype (Llama's applies ``w`` in
     the model's dtype after rounding). Row by row, like :class:`RMSNorm`; no Triton path, and on the CPU fused only in
-    the native layer stack (``decoder_layers``' ``gemma_norm``: the same bits)."""
+    the native layer stack (``decoder_layers``' ``norm_kind="gemma"``: the same bits)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__(dim, eps)
@@ -379,7 +379,7 @@ class GemmaRMSNorm(RMSNorm):
 class Float32RMSNorm(RMSNorm):
     """GPT-OSS's RMSNorm: the weight applied in float32 to the float32 normalised row, then the result rounded to
     the input's dtype (transformers keeps these weights in float32; Llama's rounds the row first). Row by row; no
-    fused or Triton path."""
+    Triton path; on the CPU fused only in the native layer stack (``decoder_layers``' ``norm_kind="float32"``)."""
 
     def forward(self, x):
         xf = x.float()
@@ -389,7 +389,8 @@ class Float32RMSNorm(RMSNorm):
 
 class LayerNorm(RMSNorm):
     """Cohere 2's norm: LayerNorm without a bias, in float32 (the row's mean subtracted, its variance about the
-    mean), the weight applied in float32, the result rounded to the input's dtype. Row by row; no fused path. Cohere's
+    mean), the weight applied in float32, the result rounded to the input's dtype. Row by row; on the CPU fused only in
+    the native layer stack (``decoder_layers``' ``norm_kind="cohere"``, by the same ATen ops). Cohere's
     and StableLM 2 12B's per-head q / k norms too (a weight ``[heads, head_dim]``, each head's row normalised over
     ``head_dim``: StableLM's torch LayerNorm computes in float32 and rounds once as well)."""
 
