@@ -569,14 +569,15 @@ def test_caches_in_another_dtype(cache_kind, dtype, kv, monkeypatch):
        head_dim=st.sampled_from([2, 4, 8, 16]), cache_kind=st.sampled_from(["full", "chunked", "streaming", "retrieval"]),
        dtype=st.sampled_from(["float32", "bfloat16", "int8"]), tree=st.booleans(), seed=st.integers(0, 2**16),
        family=st.sampled_from(["llama", "starcoder2", "arcee", "opt-350m", "openai-gpt", "bloom", "gemma2",
-                               "gemma3"]))
+                               "gemma3", "olmo2", "granite", "cohere2", "ministral3"]))
 def test_property_native_stack_equals_the_per_layer_calls(B, T, n_kv, group, head_dim, cache_kind, dtype, tree, seed,
                                                           family):
     """Random shapes, ragged prompts, every cache kind, chain or random tree, RMSNorm with SwiGLU or the stack's
     other kinds (StarCoder 2's LayerNorms, biases and GELU; Arcee's ReLU squared; opt-350m's and GPT-1's norms after
     the residual adds, multi-head; BLOOM's ALiBi; Gemma 2's sandwich norms, windows and soft cap; Gemma 3's two
-    RoPEs): one forward after a prefill gives bitwise the logits and every buffer (k, v, k_raw, last queries) of the
-    per-layer calls (the modules, for those)."""
+    RoPEs; OLMo 2's norms after the blocks; Granite's multipliers; Cohere 2's norm, parallel block and float32 RoPE;
+    Ministral 3's query temperature): one forward after a prefill gives bitwise the logits and every buffer (k, v,
+    k_raw, last queries) of the per-layer calls (the modules, for those)."""
     torch.manual_seed(seed)
     fam = dict(STACK_FAMILIES.get(family, {}))
     if "num_key_value_heads" in fam:  # (a multi-head family: a key / value head per query head, hidden / heads wide)
@@ -584,6 +585,8 @@ def test_property_native_stack_equals_the_per_layer_calls(B, T, n_kv, group, hea
         del fam["num_key_value_heads"]
     kw = {**BASE, "num_attention_heads": n_kv * group, "num_key_value_heads": n_kv, "head_dim": head_dim,
           "hidden_size": 8 * n_kv * group, **fam}
+    if family == "olmo2":  # (its q norm over the whole projection: hidden_size = heads * head_dim)
+        kw["hidden_size"] = kw["num_attention_heads"] * kw["head_dim"]
     model = Llama(LlamaConfig(**kw)).eval()
     model = int8_copy(model) if dtype == "int8" else model.to(getattr(torch, dtype))
     cfg, cdtype = model.config, (torch.float32 if dtype == "int8" else getattr(torch, dtype))
