@@ -100,6 +100,10 @@ STACK_FAMILIES = {
     "ministral3": dict(model_type="ministral3", head_dim=16, rope_theta=1e6, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
         "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.3}),
+    # the q/k norms after RoPE (the stack's qk_norm_after_rope): Hunyuan's (dense), NanoChat's (weightless norms,
+    # RoPE by -angle, ReLU squared)
+    "hunyuan": dict(model_type="hunyuan_v1_dense"),
+    "nanochat": dict(model_type="nanochat", num_key_value_heads=4),
 }
 
 
@@ -814,6 +818,8 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
             ("take no norm_bias", {23: no_bias}, dict(sandwich=False)),  # (Gemma's norms)
             ("norm_kind must be 'llama', 'gemma', 'float32' or 'cohere'", {}, dict(norm_kind="layer")),
             ("residual_multiplier must be finite", {}, dict(residual_multiplier=float("nan"))),
+            ("qk_norm_after_rope .* goes with neither", {}, dict(qk_norm_after_rope=True, rope_float32=True)),
+            ("query_scale must be \\[B, T\\] in h's dtype", {}, dict(query_scale=torch.ones(2, 3, 1))),
             ("go together", {}, dict(rope_of=None)), ("go together", {}, dict(ropes=ropes[:1])),
             ("rope_of 2 is not one of the 2", {}, dict(rope_of=[0, 2])),
             ("rope_of -1 is not one of", {}, dict(rope_of=[-1, 0])),

@@ -336,7 +336,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, bool qk_full = false, bool rope_f32 = false) {
+    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, bool qk_full = false, bool rope_f32 = false,
+    bool qk_after_rope = false) {
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
@@ -349,6 +350,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
   // the q/k norms: RMSNorms of the layers' kind (a LayerNorm layer's, Qwen3-like: RMSNorm), each query and key head
   // before RoPE (Qwen3's, Gemma 3's), or where qk_full each token's whole projections (OLMo 2's)
   const Norm qk = kind == Norm::kLayer ? Norm::kRms : kind;
+  if (q_norm_w.has_value() && qk_after_rope) {  // Hunyuan's, NanoChat's order: Attention._norms_after_rope's ops
+    const at::Tensor q = qp.view({B, T, -1, head_dim}), k = kp.view({B, T, -1, head_dim});
+    const at::Tensor kf = k.to(at::kFloat);  // (the key's RMSNorm statistics, weight 1: the unit-RMS key)
+    const at::Tensor k_raw = (kf * at::rsqrt(kf.pow(2).mean({-1}, /*keepdim=*/true) + qk_eps)).to(k.scalar_type());
+    return {norm(rope(q, cos, sin), *q_norm_w, {}, qk_eps, qk) * *k_norm_w, rope(k_raw, cos, sin), k_raw,
+            vp.view({B, T, -1, head_dim})};
+  }
   if (q_norm_w.has_value() && qk_full) {
     qp = norm(qp, *q_norm_w, {}, qk_eps, qk);
     kp = norm(kp, *k_norm_w, {}, qk_eps, qk);
@@ -727,7 +735,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::optional<at::Tensor>& alibi_slopes, double clip_qkv, bool sandwich,
                           const std::string& norm_name, double softcap, std::optional<at::TensorList> ropes,
                           at::OptionalIntArrayRef rope_of, bool post_norms, bool qk_norm_full,
-                          double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale) {
+                          double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
+                          bool qk_norm_after_rope) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
@@ -750,6 +759,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                     : norm_name == "float32" ? Norm::kFloat32
                     : norm_name == "cohere"  ? Norm::kCohere
                                              : Norm::kRms;
+  TORCH_CHECK(!qk_norm_after_rope || !(qk_norm_full || clip_qkv > 0 || rope_float32),
+              "decoder_layers: qk_norm_after_rope (Hunyuan's order) goes with neither qk_norm_full, clip_qkv nor "
+              "rope_float32");
   TORCH_CHECK(!query_scale.has_value() || (query_scale->dim() == 2 && query_scale->size(0) == h.size(0) &&
                                            query_scale->size(1) == h.size(1) &&
                                            query_scale->scalar_type() == h.scalar_type()),
@@ -882,7 +894,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       auto [q, k, k_raw, v] = attn_in(x, norm_w[n], eps[n], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
                                       qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], tables[2 * r], tables[2 * r + 1],
                                       head_dim, norm_bias[2 * l], kind, norm_after || post_norms, clip_qkv,
-                                      qk_norm_full, rope_float32);
+                                      qk_norm_full, rope_float32, qk_norm_after_rope);
       // Ministral 3's query temperature: the RoPE'd queries times each token's scale, as Attention.temper
       if (query_scale.has_value()) q = q * scale_rows.unsqueeze(-1).unsqueeze(-1);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as

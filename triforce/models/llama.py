@@ -1278,8 +1278,8 @@ class DecoderLayer(nn.Module):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`) -> ``(attention module,
         args_in, args_out, kind, extra)``, or None. ``kind`` (one for all of a native stack call's layers):
         ``(norm_in's bias, norm_out's bias, norms, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full,
-        multiplier, rope_f32, temperature)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's gated SwiGLU in sequence
-        (the per-layer fused calls' layer):
+        multiplier, rope_f32, temperature, after_rope)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's gated SwiGLU in
+        sequence (the per-layer fused calls' layer):
 
         - ``norms``: ``"llama"`` (:class:`RMSNorm`), torch's LayerNorm ``"layer"`` (the two biases then a bias or None
           each), ``"gemma"`` (:class:`GemmaRMSNorm`), ``"float32"`` (:class:`Float32RMSNorm`), ``"cohere"`` (Cohere's
@@ -1299,7 +1299,8 @@ class DecoderLayer(nn.Module):
         - ``qk_full``: q/k norms over whole projections (OLMo 2's);
         - ``multiplier``: Granite's residual multiplier, 1.0 elsewhere;
         - ``rope_f32``: RoPE in float32 (Cohere's, GPT-J's, ERNIE 4.5's);
-        - ``temperature``: Ministral 3's query temperature ``(beta, original)``, or None."""
+        - ``temperature``: Ministral 3's query temperature ``(beta, original)``, or None;
+        - ``after_rope``: the q/k norms after RoPE (Hunyuan's, NanoChat's order)."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1313,10 +1314,11 @@ class DecoderLayer(nn.Module):
             return None  # DeepSeek's latent attention: not the fused layer's
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
-        if att._parameters.get("sinks") is not None or att.__dict__.get("after_rope") \
-                or a.get("gate_proj") is not None or a.get("g_proj") is not None:
-            return None  # GPT-OSS's attention sinks, Hunyuan's norms after RoPE, AFMoE's gated output: not in the
-            # fused layer
+        after_rope = bool(att.__dict__.get("after_rope"))  # (Hunyuan's, NanoChat's q/k norms after RoPE)
+        if att._parameters.get("sinks") is not None or a.get("gate_proj") is not None or a.get("g_proj") is not None \
+                or (after_rope and (att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None
+                                    or att.__dict__.get("rope_f32"))):
+            return None  # GPT-OSS's attention sinks, AFMoE's and Laguna's gated outputs: not in the fused layer
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
@@ -1362,7 +1364,7 @@ class DecoderLayer(nn.Module):
             else (None, None)
         kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich, post_norms,
                 bool(att.__dict__.get("full_qk_norm")), float(multiplier), bool(att.__dict__.get("rope_f32")),
-                att.__dict__.get("temperature"))
+                att.__dict__.get("temperature"), after_rope)
         extra = tuple((n._parameters["weight"], n.eps) for n in norms[2:])
         return att, args_in, args_out, kind, extra
 
@@ -1379,9 +1381,9 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
         return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
-_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None)  # RMSNorms,
-# Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head, no multiplier, RoPE in the
-# dtype, no query temperature: the per-layer fused calls' layer
+_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None, False)  #
+# RMSNorms, Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head before RoPE, no
+# multiplier, RoPE in the dtype, no query temperature: the per-layer fused calls' layer
 _NORM_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32", LayerNorm: "cohere",
                **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms (norm_kind's names, or torch's LayerNorms)
 _QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32": Float32RMSNorm,
@@ -1463,7 +1465,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         qk_eps.append(qe)
     record = bool(last_query)
     qi = step.query_index if record else None
-    norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature = kind
+    norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature, \
+        after_rope = kind
     ropes = [(cos, sin)] * len(layers) if ropes is None else ropes
     tables = list({id(r): r for r in ropes[lo:hi]}.values())  # (the distinct tables, in their first layer's order)
     cos, sin = tables[0]
@@ -1479,7 +1482,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         **({"norm_kind": norm_kind} if norm_kind in ("gemma", "float32", "cohere") else {}),
         **({"post_norms": True} if post_norms else {}), **({"qk_norm_full": True} if qk_full else {}),
         **({"residual_multiplier": multiplier} if multiplier != 1 else {}),
-        **({"rope_float32": True} if rope_f32 else {}),
+        **({"rope_float32": True} if rope_f32 else {}), **({"qk_norm_after_rope": True} if after_rope else {}),
         **({} if temperature is None else {"query_scale": layers[lo].self_attn.temper_scale(step.positions, h.dtype)}),
         **({"softcap": float(cache.softcap)} if cache.softcap else {}),
         **({} if len(tables) == 1 else {"ropes": [t for pair in tables[1:] for t in pair],
