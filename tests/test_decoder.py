@@ -104,6 +104,11 @@ STACK_FAMILIES = {
     # RoPE by -angle, ReLU squared)
     "hunyuan": dict(model_type="hunyuan_v1_dense"),
     "nanochat": dict(model_type="nanochat", num_key_value_heads=4),
+    # Apertus's xIELU (the stack's mlp "xielu" with each layer's numbers); attention sinks (the stack's sinks): Granite
+    # SWA's (in the model's dtype), Flint's (float32, its norms' weights in float32, NoPE on its full layers)
+    "apertus": dict(model_type="apertus"),
+    "granite_swa": dict(model_type="granite_swa"),
+    "flint": dict(model_type="flint"),
 }
 
 
@@ -539,13 +544,10 @@ def test_native_stack_runs_each_layers_rope(cache_kind, dtype, monkeypatch):
 
 
 def test_native_stack_steps_aside_for_other_norms_and_mlps(monkeypatch):
-    """Layers the stack does not run stay on the modules: Apertus's xIELU, a mixture of norm or MLP kinds among one
-    call's layers (the stack takes one of each). (Nemotron's LayerNorm1P stepped aside too until 2026-12-04: it runs
+    """Layers the stack does not run stay on the modules: a mixture of norm or MLP kinds among one call's layers (the
+    stack takes one of each). (Nemotron's LayerNorm1P and Apertus's xIELU stepped aside too until 2026-12-04: they run
     in the stack since, STACK_FAMILIES.)"""
     ids = torch.randint(0, 97, (2, 3))
-    for kw in (dict(model_type="apertus"),):
-        model = make_model("llama", **kw)
-        assert count_fused_calls(model, monkeypatch, ids) == 0
     model = make_model("gpt2")
     assert count_fused_calls(model, monkeypatch, ids) == model.config.num_hidden_layers
     model.model.layers[1].mlp.activation = "relu"  # (one layer's MLP of another kind than GELU's: the whole call
@@ -819,6 +821,9 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
             ("norm_kind must be 'llama', 'gemma', 'float32' or 'cohere'", {}, dict(norm_kind="layer")),
             ("residual_multiplier must be finite", {}, dict(residual_multiplier=float("nan"))),
             ("qk_norm_after_rope .* goes with neither", {}, dict(qk_norm_after_rope=True, rope_float32=True)),
+            ("mlp 'xielu' takes xielu", {}, dict(xielu=[torch.ones(1)] * 8)),  # (GeGLU's layers)
+            ("mlp 'xielu' takes xielu", {24: "xielu"}, {}),
+            ("expected one sinks tensor a layer", {}, dict(sinks=[torch.zeros(4)])),
             ("query_scale must be \\[B, T\\] in h's dtype", {}, dict(query_scale=torch.ones(2, 3, 1))),
             ("go together", {}, dict(rope_of=None)), ("go together", {}, dict(ropes=ropes[:1])),
             ("rope_of 2 is not one of the 2", {}, dict(rope_of=[0, 2])),

@@ -239,7 +239,15 @@ at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up
 // or an ungated down(act(up(x)))
 // (triforce.models.llama.FeedForward): GELU's tanh form and the exact GELU as the module's _activated computes them
 // on the CPU (the native act(x) * 1: the product by one is exact), ReLU and ReLU squared as its ATen ops.
-enum class Mlp { kSwiGlu, kGeGluTanh, kGeluTanh, kGelu, kRelu, kRelu2 };
+enum class Mlp { kSwiGlu, kGeGluTanh, kGeluTanh, kGelu, kRelu, kRelu2, kXielu };
+
+// A layer's MLP: its kind, and for xIELU (Apertus's) its four numbers [alpha_p, alpha_n, beta, eps] as the module
+// computes them (XIELU.forward: the softplus of its parameters, as 1-element tensors of its dtype)
+struct MlpSpec {
+  Mlp kind;
+  const at::Tensor* xielu;
+  MlpSpec(Mlp k = Mlp::kSwiGlu, const at::Tensor* x = nullptr) : kind(k), xielu(x) {}  // NOLINT: implicit from Mlp
+};
 
 Mlp mlp_kind(const std::string& name) {
   if (name == "silu") return Mlp::kSwiGlu;
@@ -248,8 +256,9 @@ Mlp mlp_kind(const std::string& name) {
   if (name == "gelu") return Mlp::kGelu;
   if (name == "relu") return Mlp::kRelu;
   if (name == "relu2") return Mlp::kRelu2;
+  if (name == "xielu") return Mlp::kXielu;
   TORCH_CHECK(false, "decoder_layers: mlp must be 'silu' or 'gelu_tanh_glu' (gated), or 'gelu_tanh', 'gelu', 'relu', "
-              "'relu2' (ungated), got '", name, "'");
+              "'relu2', 'xielu' (ungated), got '", name, "'");
 }
 
 // RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
@@ -381,10 +390,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
   return {rope(q, cos, sin), rope(k_raw, cos, sin), k_raw, v};
 }
 
+// fn of z's values with each value's bits its own, as triforce.models.llama._lanewise computes it: flat, zero-padded
+// to a multiple of 64 (whole vector steps), in slices of 16384 (one thread each), ATen's fn on each
+template <typename F>
+at::Tensor lanewise(F&& fn, const at::Tensor& z) {
+  constexpr int64_t kLanes = 64, kSlice = 16384;  // (_SIGMOID_LANES, _SIGMOID_SLICE)
+  const int64_t n = z.numel();
+  if (!z.device().is_cpu() || n == 0) return fn(z);
+  const at::Tensor flat = at::constant_pad_nd(z.reshape(-1), {0, (kLanes - n % kLanes) % kLanes});
+  std::vector<at::Tensor> parts;
+  for (int64_t i = 0; i < flat.numel(); i += kSlice) parts.push_back(fn(flat.slice(0, i, i + kSlice)));
+  return at::cat(parts).slice(0, 0, n).view(z.sizes());
+}
+
+// Apertus's xIELU of x with its numbers a = [alpha_p, alpha_n, beta, eps] (MlpSpec), op by op as XIELU.forward
+at::Tensor xielu(const at::Tensor& x, const at::Tensor* a) {
+  const at::Tensor negative =
+      (lanewise([](const at::Tensor& t) { return at::expm1(t); }, at::minimum(x, a[3])) - x) * a[1] + a[2] * x;
+  return at::where(x > 0, a[0] * x * x + a[2] * x, negative);
+}
+
 // The MLP of a layer (projections 1-3 of p) on x [N, H] -> down's output [N, H], a fresh tensor: act(gate) * up
 // written over gate, or act(up) over up (an ungated MLP: the gate's projection is not read)
-at::Tensor mlp_out(const at::Tensor& x, const Projections& p, Mlp mlp) {
+at::Tensor mlp_out(const at::Tensor& x, const Projections& p, const MlpSpec& spec) {
   at::Tensor act;
+  const Mlp mlp = spec.kind;
   if (mlp == Mlp::kSwiGlu || mlp == Mlp::kGeGluTanh) {
     auto [gate, up] = p.many<2>({1, 2}, x);
     if (mlp == Mlp::kSwiGlu)
@@ -398,6 +428,8 @@ at::Tensor mlp_out(const at::Tensor& x, const Projections& p, Mlp mlp) {
       glu_into<triforce::Act::kGeluTanh>(act, at::ones_like(act), act);
     else if (mlp == Mlp::kGelu)
       glu_into<triforce::Act::kGelu>(act, at::ones_like(act), act);
+    else if (mlp == Mlp::kXielu)
+      act = xielu(act, spec.xielu);
     else
       act = mlp == Mlp::kRelu ? at::relu(act) : at::square(at::relu(act));
   }
@@ -422,7 +454,7 @@ TRIFORCE_NO_FP_CONTRACT at::Tensor scaled(at::Tensor t, double m) {
 
 at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                         const Projections& p, const std::optional<at::Tensor>& norm_b = {}, Norm kind = Norm::kRms,
-                        Mlp mlp = Mlp::kSwiGlu, bool parallel = false, double multiplier = 1.0) {
+                        const MlpSpec& mlp = Mlp::kSwiGlu, bool parallel = false, double multiplier = 1.0) {
   TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
               "decoder_attn_out_mlp: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ",
               attn.sizes());
@@ -441,7 +473,8 @@ at::Tensor attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::T
 // then norm_out(h2 + mlp(h2)), as the modules compute it (DecoderLayer.residual)
 at::Tensor attn_out_mlp_after(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& in_w, double in_eps,
                               const std::optional<at::Tensor>& in_b, const at::Tensor& out_w, double out_eps,
-                              const std::optional<at::Tensor>& out_b, const Projections& p, Norm kind, Mlp mlp) {
+                              const std::optional<at::Tensor>& out_b, const Projections& p, Norm kind,
+                              const MlpSpec& mlp) {
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
   const at::Tensor h2 = norm(residual_add(o, h), in_w, in_b, in_eps, kind);
@@ -455,7 +488,7 @@ at::Tensor attn_out_mlp_after(const at::Tensor& h, const at::Tensor& attn, const
 // (OLMo 2's, EXAONE 4's: no norm before either block) h2 = h + norm_a(o), then h2 + norm_c(mlp(h2)), the norms w[0]
 // and w[1]
 at::Tensor attn_out_mlp_normed(const at::Tensor& h, const at::Tensor& attn, const at::Tensor* w, const double* eps,
-                               const Projections& p, Norm kind, Mlp mlp, bool pre, double multiplier) {
+                               const Projections& p, Norm kind, const MlpSpec& mlp, bool pre, double multiplier) {
   const int64_t B = h.size(0), T = h.size(1), H = h.size(2);
   const at::Tensor o = p(0, attn.reshape({B * T, -1})).view({B, T, -1});
   const at::Tensor h2 = residual_add(scaled(norm(o, w[0], {}, eps[0], kind), multiplier), h);
@@ -736,7 +769,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           const std::string& norm_name, double softcap, std::optional<at::TensorList> ropes,
                           at::OptionalIntArrayRef rope_of, bool post_norms, bool qk_norm_full,
                           double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
-                          bool qk_norm_after_rope) {
+                          bool qk_norm_after_rope, std::optional<at::TensorList> sinks,
+                          std::optional<at::TensorList> xielu) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
@@ -747,6 +781,11 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
               "decoder_layers: residual_multiplier must be finite, and 1 with parallel, norm_after or post_norms "
               "(their layers have none), got ", residual_multiplier);
   const Mlp mlp = mlp_kind(mlp_name);
+  TORCH_CHECK((mlp == Mlp::kXielu) == xielu.has_value() && (!xielu.has_value() || xielu->size() == 4 * L),
+              "decoder_layers: mlp 'xielu' takes xielu, its four numbers [alpha_p, alpha_n, beta, eps] a layer (", 4 * L,
+              "), and no other mlp does; got ", xielu.has_value() ? xielu->size() : 0);
+  TORCH_CHECK(!sinks.has_value() || sinks->size() == L, "decoder_layers: expected one sinks tensor a layer (", L,
+              "), got ", sinks.has_value() ? sinks->size() : 0);
   // torch's LayerNorms (their biases given, one per norm: none for a norm without), else norms of norm_kind's kind:
   // Llama's RMSNorm, Gemma's (1 + w in float32), Float32RMSNorm's (w in float32), Cohere's LayerNorm (no bias)
   const bool layer_norm = norm_bias_list.has_value();
@@ -911,19 +950,24 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       write_rows(k_cache[l], k, slots);
       write_rows(v_cache[l], v, slots);
       const int64_t window = windows.has_value() ? (*windows)[l] : 0;
-      const at::Tensor attn =
-          pack(std::get<0>(verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
-                                                   query_lens, window, softcap, window ? window_leftpad : std::nullopt,
-                                                   alibi_slopes))
-                   .to(x.scalar_type()));
+      auto [o, lse] = verify_attention_ragged(q, k_cache[l], v_cache[l], cache_seqlens, tree_mask, scale, 0,
+                                              query_lens, window, softcap, window ? window_leftpad : std::nullopt,
+                                              alibi_slopes);
+      if (sinks.has_value()) {  // GPT-OSS's sinks, as the caches' attention applies them: o * sigmoid(lse - sink)
+        const at::Tensor z = lse - (*sinks)[l].to(at::kFloat).unsqueeze(-1);  // [B, Hq, T]
+        const at::Tensor factor = lanewise([](const at::Tensor& t) { return at::sigmoid(t); }, z).transpose(1, 2);
+        o = (o.to(at::kFloat) * factor.unsqueeze(-1)).to(o.scalar_type());
+      }
+      const at::Tensor attn = pack(o.to(x.scalar_type()));
       const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
+      const MlpSpec spec(mlp, xielu.has_value() ? &(*xielu)[4 * l] : nullptr);
       // (post_norms' two norms: post_attention, post_feedforward; the attention ran on x itself)
-      x = sandwich     ? attn_out_mlp_normed(x, attn, &norm_w[n + 1], &eps[n + 1], out, kind, mlp, true,
+      x = sandwich     ? attn_out_mlp_normed(x, attn, &norm_w[n + 1], &eps[n + 1], out, kind, spec, true,
                                              residual_multiplier)
-          : post_norms ? attn_out_mlp_normed(x, attn, &norm_w[n], &eps[n], out, kind, mlp, false, 1.0)
+          : post_norms ? attn_out_mlp_normed(x, attn, &norm_w[n], &eps[n], out, kind, spec, false, 1.0)
           : norm_after ? attn_out_mlp_after(x, attn, norm_w[n], eps[n], norm_bias[2 * l], norm_w[n + 1], eps[n + 1],
-                                            norm_bias[2 * l + 1], out, kind, mlp)
-                       : attn_out_mlp(x, attn, norm_w[n + 1], eps[n + 1], out, norm_bias[2 * l + 1], kind, mlp,
+                                            norm_bias[2 * l + 1], out, kind, spec)
+                       : attn_out_mlp(x, attn, norm_w[n + 1], eps[n + 1], out, norm_bias[2 * l + 1], kind, spec,
                                       parallel, residual_multiplier);
     }
     return x;

@@ -862,6 +862,12 @@ class FeedForward(nn.Module):
         return self.down_proj(self.act_fn(u) if self.activation == "xielu" else _activated(self.activation, u))
 
 
+def _xielu_numbers(act: "XIELU") -> tuple:
+    """``[alpha_p, alpha_n, beta, eps]`` of an :class:`XIELU` as its forward computes them (the native layer stack's
+    ``xielu``)."""
+    return F.softplus(act.alpha_p), act.beta + F.softplus(act.alpha_n), act.beta, act.eps
+
+
 class XIELU(nn.Module):
     """Apertus's xIELU: ``alpha_p * x * x + beta * x`` for ``x > 0``, else ``(expm1(min(x, eps)) - x) * alpha_n +
     beta * x``, with ``alpha_p = softplus(a_p)`` and ``alpha_n = beta + softplus(a_n)`` of its learned ``alpha_p`` /
@@ -877,8 +883,7 @@ class XIELU(nn.Module):
         self.register_buffer("eps", torch.tensor(eps))
 
     def forward(self, x):
-        alpha_p = F.softplus(self.alpha_p)
-        alpha_n = self.beta + F.softplus(self.alpha_n)
+        alpha_p, alpha_n, _, _ = _xielu_numbers(self)
         negative = (_lanewise(torch.expm1, torch.min(x, self.eps)) - x) * alpha_n + self.beta * x
         return torch.where(x > 0, alpha_p * x * x + self.beta * x, negative)
 
@@ -1278,15 +1283,15 @@ class DecoderLayer(nn.Module):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`) -> ``(attention module,
         args_in, args_out, kind, extra)``, or None. ``kind`` (one for all of a native stack call's layers):
         ``(norm_in's bias, norm_out's bias, norms, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full,
-        multiplier, rope_f32, temperature, after_rope)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's gated SwiGLU in
-        sequence (the per-layer fused calls' layer):
+        multiplier, rope_f32, temperature, after_rope, sinks)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's gated
+        SwiGLU in sequence (the per-layer fused calls' layer):
 
         - ``norms``: ``"llama"`` (:class:`RMSNorm`), torch's LayerNorm ``"layer"`` (the two biases then a bias or None
           each), ``"gemma"`` (:class:`GemmaRMSNorm`), ``"float32"`` (:class:`Float32RMSNorm`), ``"cohere"`` (Cohere's
           :class:`LayerNorm`);
         - ``mlp`` as decoder_layers names it: ``"silu"``, Gemma's GeGLU ``"gelu_tanh_glu"``, an ungated MLP by its
-          activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"`` or ``"relu2"`` (its gate's projection slot an empty
-          placeholder);
+          activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"``, ``"relu2"`` or ``"xielu"`` (its gate's projection slot an
+          empty placeholder);
         - ``parallel``: ``h + attn(norm(h)) + mlp(norm'(h))``, ``norm_out`` its MLP's norm: its own (GPT-NeoX's) or
           the attention's (Phi-2's, Falcon 7b's);
         - ``norm_after``: each norm after its block's residual add, opt-350m's and GPT-1's ``norm_in(h + attn(h))``
@@ -1300,7 +1305,8 @@ class DecoderLayer(nn.Module):
         - ``multiplier``: Granite's residual multiplier, 1.0 elsewhere;
         - ``rope_f32``: RoPE in float32 (Cohere's, GPT-J's, ERNIE 4.5's);
         - ``temperature``: Ministral 3's query temperature ``(beta, original)``, or None;
-        - ``after_rope``: the q/k norms after RoPE (Hunyuan's, NanoChat's order)."""
+        - ``after_rope``: the q/k norms after RoPE (Hunyuan's, NanoChat's order);
+        - ``sinks``: attention sinks (GPT-OSS's, Granite SWA's, Flint's)."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1315,10 +1321,10 @@ class DecoderLayer(nn.Module):
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         after_rope = bool(att.__dict__.get("after_rope"))  # (Hunyuan's, NanoChat's q/k norms after RoPE)
-        if att._parameters.get("sinks") is not None or a.get("gate_proj") is not None or a.get("g_proj") is not None \
+        if a.get("gate_proj") is not None or a.get("g_proj") is not None \
                 or (after_rope and (att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None
                                     or att.__dict__.get("rope_f32"))):
-            return None  # GPT-OSS's attention sinks, AFMoE's and Laguna's gated outputs: not in the fused layer
+            return None  # AFMoE's and Laguna's gated outputs: not in the fused layer
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
@@ -1336,7 +1342,7 @@ class DecoderLayer(nn.Module):
         act = mlp.__dict__.get("activation", "silu")
         if type(mlp) is MLP and act in _GATED_NATIVE:
             mlp_name = _GATED_NATIVE[act]
-        elif type(mlp) is FeedForward and act in _UNGATED_NATIVE:
+        elif type(mlp) is FeedForward and (act in _UNGATED_NATIVE or act == "xielu" and type(m["act_fn"]) is XIELU):
             mlp_name = act
         else:
             return None  # the fused layer's: SwiGLU, GeGLU, or an ungated MLP of those activations
@@ -1364,7 +1370,7 @@ class DecoderLayer(nn.Module):
             else (None, None)
         kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich, post_norms,
                 bool(att.__dict__.get("full_qk_norm")), float(multiplier), bool(att.__dict__.get("rope_f32")),
-                att.__dict__.get("temperature"), after_rope)
+                att.__dict__.get("temperature"), after_rope, att._parameters.get("sinks") is not None)
         extra = tuple((n._parameters["weight"], n.eps) for n in norms[2:])
         return att, args_in, args_out, kind, extra
 
@@ -1381,9 +1387,9 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
         return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
-_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None, False)  #
-# RMSNorms, Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head before RoPE, no
-# multiplier, RoPE in the dtype, no query temperature: the per-layer fused calls' layer
+_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None, False, False)
+# (RMSNorms, Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head before RoPE, no
+# multiplier, RoPE in the dtype, no query temperature, no sinks: the per-layer fused calls' layer)
 _NORM_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32", LayerNorm: "cohere",
                **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms (norm_kind's names, or torch's LayerNorms)
 _QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32": Float32RMSNorm,
@@ -1466,7 +1472,12 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     record = bool(last_query)
     qi = step.query_index if record else None
     norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature, \
-        after_rope = kind
+        after_rope, sinks = kind
+    extra = {}
+    if sinks:  # (GPT-OSS's, each layer's own)
+        extra["sinks"] = [layers[i].self_attn._parameters["sinks"] for i in range(lo, hi)]
+    if mlp == "xielu":  # (Apertus's: each layer's numbers as XIELU.forward computes them)
+        extra["xielu"] = [t for i in range(lo, hi) for t in _xielu_numbers(layers[i].mlp._modules["act_fn"])]
     ropes = [(cos, sin)] * len(layers) if ropes is None else ropes
     tables = list({id(r): r for r in ropes[lo:hi]}.values())  # (the distinct tables, in their first layer's order)
     cos, sin = tables[0]
@@ -1483,6 +1494,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         **({"post_norms": True} if post_norms else {}), **({"qk_norm_full": True} if qk_full else {}),
         **({"residual_multiplier": multiplier} if multiplier != 1 else {}),
         **({"rope_float32": True} if rope_f32 else {}), **({"qk_norm_after_rope": True} if after_rope else {}),
+        **extra,
         **({} if temperature is None else {"query_scale": layers[lo].self_attn.temper_scale(step.positions, h.dtype)}),
         **({"softcap": float(cache.softcap)} if cache.softcap else {}),
         **({} if len(tables) == 1 else {"ropes": [t for pair in tables[1:] for t in pair],
