@@ -86,7 +86,7 @@ def test_mixtures_in_the_geometry_llama_cpp_takes(tmp_path, case, kw):
 # (qwen2 not among them: it NFC-normalises first, as Qwen2's tokenizer.json does, and llama.cpp does not, so text
 # with decomposed marks encodes otherwise there; measured with llama-cpp-python 0.3.36)
 @pytest.mark.parametrize("pre", ["deepseek-v3", "kimi-k2", "deepseek-llm", "deepseek-coder", "llama-bpe", "tekken",
-                                 "gpt-4o", "minimax-m2", "smollm", "gpt-2", "hunyuan-dense", "hunyuan"])
+                                 "gpt-4o", "minimax-m2", "smollm", "gpt-2", "hunyuan-dense", "hunyuan", "bloom"])
 def test_pre_tokenizers_are_llama_cpps(tmp_path, pre):
     """A small byte-level BPE vocabulary under each of these ``tokenizer.ggml.pre`` names, without
     ``tokenizer.ggml.add_bos_token`` (each name's default): our token ids, BOS first where ``add_bos_token`` says so,

@@ -524,6 +524,31 @@ def test_cased_word_splits(tmp_path, pre):
     assert tok.backend.model.ignore_merges == (pre == "tekken")
 
 
+# bloom's tokenizer.json pre-tokenizer regex, its nested class as written there, independently of the module's form
+_BLOOM_JSON = " ?[^(\\s|[.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c])]+"
+
+
+@pytest.mark.parametrize("pre", ["bloom", "poro-chat", "gpt3-finnish"])
+def test_bloom_splits(tmp_path, pre):
+    """BLOOM's pre-tokenizer (``bloom``; llama.cpp's ``poro-chat`` and ``gpt3-finnish`` split alike): runs of anything
+    but whitespace and ``( | ) . , ! ? … 。 ， 、 । ۔ ،``, each with one leading space; those marks and the other
+    whitespace in pieces between. Pieces written out by hand, then random text against tokenizers' own Split by
+    bloom's tokenizer.json regex."""
+    from tokenizers import Regex, pre_tokenizers
+
+    tok = _gguf_bpe(tmp_path, pre)
+    text = "Hello, world! (a|b)  x\u2026y\u3002\n12"
+    assert _splits(tok, text) == ["Hello", ",", " world", "! (", "a", "|", "b", ") ", " x", "\u2026", "y",
+                                  "\u3002\n", "12"]
+    assert tok.decode(tok.encode(text)) == text and not tok.add_bos_token
+    reference = pre_tokenizers.Split(Regex(_BLOOM_JSON), behavior="isolated")
+    rng = random.Random(2)
+    alphabet = list("aZx'.,!?()|$ \t\n0123456789\u00e9\u4e2d\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c") + ["  "]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 30)))
+        assert _splits(tok, text) == [p for p, _ in reference.pre_tokenize_str(text)], text
+
+
 def test_deepseek_llm_splits(tmp_path):
     """DeepSeek-LLM's pre-tokenizer: newlines; runs of cased letters (not CJK, not Lo letters such as Hebrew)
     and of ASCII / full-width punctuation, each with one leading space; trailing whitespace; CJK runs; digit

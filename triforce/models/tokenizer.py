@@ -97,6 +97,9 @@ _DEEPSEEK_V3_SPLITS = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Falcon: punctuation runs, then the GPT-2 split, then digits in threes
 _FALCON_SPLITS = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT, r"[0-9][0-9][0-9]")
+# BLOOM's (and Poro's, GPT-3 Finnish's): runs of anything but whitespace and these marks of punctuation, one leading
+# space each (llama.cpp's form of bloom's tokenizer.json regex, whose nested class is the same set)
+_BLOOM_SPLIT = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
 
 class _Pre(NamedTuple):
@@ -132,6 +135,7 @@ _GGUF_PRES = {
     "hunyuan": _Pre((_QWEN2_SPLIT,)),
     "kimi-k2": _Pre((_KIMI_K2_SPLIT,)),
     "falcon": _Pre(_FALCON_SPLITS),
+    **dict.fromkeys(("bloom", "poro-chat", "gpt3-finnish"), _Pre((_BLOOM_SPLIT,))),
 }
 
 
