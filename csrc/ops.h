@@ -87,6 +87,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decoder_attn_in(
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim);
 at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w, double eps,
                                 at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
+// The layer after its attention up to its MLP, for a layer whose MLP runs in Python (a mixture of experts):
+// (h2, x) = (h + o_proj(attn), RMSNorm(h2)), bitwise decoder_attn_out_mlp's first half (w, scales, bias: o's).
+std::tuple<at::Tensor, at::Tensor> decoder_attn_out(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w,
+                                                    double eps, at::TensorList w, const OptionalTensorList& scales,
+                                                    const OptionalTensorList& bias);
 // triforce.models.llama.RMSNorm's forward (float32 statistics, the weight applied in the input dtype), bitwise its
 // ATen ops (the sum of squares by at::sum, the rest by loops rounding as ATen's kernels): the module's on the CPU.
 // x [..., H], w [H] of x's dtype (other dtypes or layouts: the ATen composite itself).

@@ -33,6 +33,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def("decoder_attn_out_mlp(Tensor h, Tensor attn, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, "
         "Tensor?[] bias) -> Tensor");
+  m.def("decoder_attn_out(Tensor h, Tensor attn, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, "
+        "Tensor?[] bias) -> (Tensor, Tensor)");
   m.def("mla_qk(Tensor q, Tensor q_lat, Tensor kv, Tensor norm_w, float eps, Tensor cos, Tensor sin, Tensor layout, "
         "bool rope_f32) -> (Tensor, Tensor, Tensor)");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
@@ -91,6 +93,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("rms_norm", &rms_norm_op);
   m.impl("index_scores", &index_scores);
   m.impl("decoder_attn_out_mlp", &decoder_attn_out_mlp);
+  m.impl("decoder_attn_out", &decoder_attn_out);
   m.impl("silu_mul", &silu_mul);
   m.impl("gelu_tanh_mul", &gelu_tanh_mul);
   m.impl("gelu_mul", &gelu_mul);

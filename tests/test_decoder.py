@@ -543,6 +543,39 @@ def test_native_stack_runs_each_layers_rope(cache_kind, dtype, monkeypatch):
     assert layers == 5 * model.config.num_hidden_layers
 
 
+# mixtures of experts on the plain layer: the attention's side in native calls (decoder_attn_in, the cache,
+# decoder_attn_out), the mixture in Python; a dense layer among them (mlp_only_layers) takes the two calls
+MOE_FAMILIES = {
+    "mixtral": dict(model_type="mixtral", extra=dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=8, extra=dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen2_moe": dict(model_type="qwen2_moe", extra=dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                                         shared_expert_intermediate_size=40)),
+}
+
+
+@pytest.mark.parametrize("cache_kind", ["full", "streaming", "retrieval"])
+@pytest.mark.parametrize("family", list(MOE_FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])
+def test_mixture_layers_take_the_native_attention(cache_kind, family, dtype, monkeypatch):
+    """A layer whose MLP is a mixture of experts (Mixtral's, Qwen3-MoE's, Qwen2-MoE's with its shared expert) and whose
+    rest is the plain layer runs its attention's side natively (``decoder_attn_in``, the cache's attend,
+    ``decoder_attn_out``: o_proj, the residual add and the norm before the mixture), the mixture in Python: bitwise
+    the modules (logits, every cache buffer; chain and tree steps, every cache kind, float32 / bfloat16 / the int8
+    copy), and every layer takes the native attention (the stack does not take the call: one of its layers is a
+    mixture)."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(**{**BASE, **MOE_FAMILIES[family]})).eval()
+    model = int8_copy(model) if dtype == "int8" else model.to(dtype)
+    assert_bitwise(run(model, False, monkeypatch, cache_kind), run(model, True, monkeypatch, cache_kind))
+    spy = Spy(torch.ops.triforce_C.decoder_attn_out)
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_attn_out", spy, raising=False)
+    sparse = sum(type(layer.mlp) is llama_mod.SparseMoE for layer in model.model.layers)
+    assert sparse >= 1 and count_fused_calls(model, monkeypatch, torch.randint(0, 97, (2, 3))) == \
+        model.config.num_hidden_layers
+    assert spy.calls == sparse
+
+
 def test_native_stack_steps_aside_for_other_norms_and_mlps(monkeypatch):
     """Layers the stack does not run stay on the modules: a mixture of norm or MLP kinds among one call's layers (the
     stack takes one of each). (Nemotron's LayerNorm1P and Apertus's xIELU stepped aside too until 2026-12-04: they run

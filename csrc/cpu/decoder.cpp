@@ -656,6 +656,19 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
   return attn_out_mlp(h, attn, norm_w, eps, {w.data(), scales.data(), bias.data()});
 }
 
+std::tuple<at::Tensor, at::Tensor> decoder_attn_out(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w,
+                                                    double eps, at::TensorList w, const OptionalTensorList& scales_list,
+                                                    const OptionalTensorList& bias_list) {
+  const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec();
+  check_projections("decoder_attn_out", w.size(), scales.size(), bias.size(), 1);
+  TORCH_CHECK(h.dim() == 3 && attn.dim() == 4 && attn.size(0) == h.size(0) && attn.size(1) == h.size(1),
+              "decoder_attn_out: h must be [B, T, H] and attn [B, T, Hq, D], got ", h.sizes(), " and ", attn.sizes());
+  const Projections p{w.data(), scales.data(), bias.data()};
+  const int64_t B = h.size(0), T = h.size(1);
+  const at::Tensor h2 = residual_add(p(0, attn.reshape({B * T, -1})).view({B, T, -1}), h);
+  return {h2, rms_norm(h2, norm_w, eps)};
+}
+
 // DeepSeek's latent attention between its products (triforce.models.llama.LatentAttention.project): c the RMSNorm of
 // kv's first R dims, the queries [q_pe, q_lat] and the keys [k_pe, c] gathered by layout, RoPE on both (in float32,
 // rounded once, where rope_f32 and the tensors are 16-bit). Bitwise the module's ATen ops, as attn_in is.

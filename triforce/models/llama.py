@@ -114,6 +114,9 @@ def _register_fakes() -> None:
     if hasattr(ops, "decoder_attn_in"):
         torch.library.register_fake("triforce_C::decoder_attn_in")(attn_in)
         torch.library.register_fake("triforce_C::decoder_attn_out_mlp")(attn_out_mlp)
+    if hasattr(ops, "decoder_attn_out"):
+        torch.library.register_fake("triforce_C::decoder_attn_out")(
+            lambda h, attn, norm_w, eps, w, scales, bias: (torch.empty_like(h), torch.empty_like(h)))
 
 
 _ROWWISE = None
@@ -1249,12 +1252,16 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward(self, h, cos, sin, cache, step):
-        fused = self.fused_arguments(h)
-        if fused is not None:  # two native calls around the cache, bitwise the modules' result
-            att, args_in, args_out = fused
+        fused = self._fused_layer_arguments(h.dtype) if _fused_path(h) else None
+        kind = None if fused is None else fused[3]
+        if kind == _PLAIN_LAYER or kind == _MOE_LAYER:  # native calls around the cache, bitwise the modules' result
+            att, args_in, args_out = fused[:3]
             q, k, k_raw, v = torch.ops.triforce_C.decoder_attn_in(h, *args_in, cos, sin, att.head_dim)
             out = att.attend(q, k, v, k_raw, cache, step)
-            return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
+            if kind == _PLAIN_LAYER:
+                return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
+            h, x = torch.ops.triforce_C.decoder_attn_out(h, out, *args_out)  # (a mixture: its MLP in Python)
+            return h + self.mlp(x)
         a = self.self_attn(h if self.norm_after else self.input_layernorm(h), cos, sin, cache, step)
         norm = self._modules.get("post_attention_layernorm")  # (Cohere 2's parallel block has none)
         if type(norm) is RMSNorm and not self.parallel and not self.sandwich and not self.post_norms \
@@ -1291,7 +1298,8 @@ class DecoderLayer(nn.Module):
           :class:`LayerNorm`);
         - ``mlp`` as decoder_layers names it: ``"silu"``, Gemma's GeGLU ``"gelu_tanh_glu"``, an ungated MLP by its
           activation, ``"gelu_tanh"``, ``"gelu"``, ``"relu"``, ``"relu2"`` or ``"xielu"`` (its gate's projection slot an
-          empty placeholder);
+          empty placeholder); ``"moe"``, a :class:`SparseMoE` (:data:`_MOE_LAYER`: ``args_out`` then o_proj's alone;
+          not the stack's);
         - ``parallel``: ``h + attn(norm(h)) + mlp(norm'(h))``, ``norm_out`` its MLP's norm: its own (GPT-NeoX's) or
           the attention's (Phi-2's, Falcon 7b's);
         - ``norm_after``: each norm after its block's residual add, opt-350m's and GPT-1's ``norm_in(h + attn(h))``
@@ -1340,7 +1348,9 @@ class DecoderLayer(nn.Module):
                 or (q_norm is not None and not (type(q_norm) is type(k_norm) is _QK_NORMS[norm_kind])):
             return None
         act = mlp.__dict__.get("activation", "silu")
-        if type(mlp) is MLP and act in _GATED_NATIVE:
+        if type(mlp) is SparseMoE:  # (the per-layer calls' attention, the mixture in Python: _MOE_LAYER)
+            mlp_name = "moe"
+        elif type(mlp) is MLP and act in _GATED_NATIVE:
             mlp_name = _GATED_NATIVE[act]
         elif type(mlp) is FeedForward and (act in _UNGATED_NATIVE or act == "xielu" and type(m["act_fn"]) is XIELU):
             mlp_name = act
@@ -1349,8 +1359,9 @@ class DecoderLayer(nn.Module):
         if q_norm is not None and q_norm.eps != k_norm.eps:  # the native call takes one eps for both
             return None
         projections = []
-        for group in ((a["q_proj"], a["k_proj"], a["v_proj"]), (a["o_proj"], m.get("gate_proj"), m["up_proj"],
-                                                                  m["down_proj"])):
+        out_group = (a["o_proj"],) if mlp_name == "moe" else (a["o_proj"], m.get("gate_proj"), m["up_proj"],
+                                                               m["down_proj"])
+        for group in ((a["q_proj"], a["k_proj"], a["v_proj"]), out_group):
             found = []
             for mod in group:
                 if mod is None:  # (an ungated MLP's gate: a placeholder, not read)
@@ -1390,6 +1401,8 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
 _PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None, False, False)
 # (RMSNorms, Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head before RoPE, no
 # multiplier, RoPE in the dtype, no query temperature, no sinks: the per-layer fused calls' layer)
+_MOE_LAYER = (*_PLAIN_LAYER[:3], "moe", *_PLAIN_LAYER[4:])  # the plain layer with a mixture of experts for its MLP:
+# decoder_attn_in, the cache, decoder_attn_out, then the mixture in Python (DecoderLayer.forward)
 _NORM_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32", LayerNorm: "cohere",
                **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms (norm_kind's names, or torch's LayerNorms)
 _QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32": Float32RMSNorm,
@@ -1454,7 +1467,8 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         if type(layer) is not DecoderLayer or _hooked(layer):
             return None
         fused = layer._fused_layer_arguments(h.dtype)
-        if fused is None or kind not in (None, fused[3][2:]):  # (one kind of norm and MLP for the call's layers)
+        if fused is None or kind not in (None, fused[3][2:]) or fused[3][3] == "moe":  # (one kind of norm and MLP
+            # for the call's layers; a mixture of experts runs in Python, layer by layer)
             return None
         att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), layer_kind, extra = fused
         kind = layer_kind[2:]
