@@ -173,7 +173,10 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // rope(k / rms(k)) and the query k_norm_w * q_norm(rope(q)) (Attention._norms_after_rope: the same scores). sinks (one
 // [Hq] tensor a layer, or none): GPT-OSS's attention sinks, each query's output times sigmoid(lse - sink) in float32
 // (the caches' attention). mlp "xielu" (ungated, Apertus's) with xielu: each layer's [alpha_p, alpha_n, beta, eps] as
-// XIELU.forward computes them (the softplus of its parameters). mlp
+// XIELU.forward computes them (the softplus of its parameters). qk_norm_kind: the q/k norms' kind where it is not the
+// layers' ("" by default: RMSNorms of the layers' kind, Llama's for LayerNorm layers): norm_kind's names, or "layer"
+// (torch's LayerNorm, with qk_norm_bias: two a layer, each a bias or none; Persimmon's); "cohere" takes StableLM 2
+// 12B's per-head weights [heads, head_dim]. mlp
 // "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up. softcap > 0: every layer's
 // verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of (together, or neither): more RoPE tables,
 // [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's
@@ -194,7 +197,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::OptionalIntArrayRef rope_of, bool post_norms, bool qk_norm_full,
                           double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
                           bool qk_norm_after_rope, std::optional<at::TensorList> sinks,
-                          std::optional<at::TensorList> xielu);
+                          std::optional<at::TensorList> xielu, const std::string& qk_norm_kind,
+                          const std::optional<OptionalTensorList>& qk_norm_bias);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

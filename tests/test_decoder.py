@@ -109,6 +109,11 @@ STACK_FAMILIES = {
     "apertus": dict(model_type="apertus"),
     "granite_swa": dict(model_type="granite_swa"),
     "flint": dict(model_type="flint"),
+    # q/k norms of another kind than the layers' (the stack's qk_norm_kind): StableLM 2 12B's per-head LayerNorms
+    # without biases (Cohere's, weights [heads, head_dim]) under torch's LayerNorms, Persimmon's torch LayerNorms with
+    # biases (qk_norm_bias; ReLU squared, RoPE on half of each head)
+    "stablelm-qk": dict(model_type="stablelm", extra={"qk_layernorm": True}),
+    "persimmon": dict(model_type="persimmon", num_key_value_heads=4, extra={"qk_layernorm": True}),
 }
 
 
@@ -857,6 +862,9 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
             ("mlp 'xielu' takes xielu", {}, dict(xielu=[torch.ones(1)] * 8)),  # (GeGLU's layers)
             ("mlp 'xielu' takes xielu", {24: "xielu"}, {}),
             ("expected one sinks tensor a layer", {}, dict(sinks=[torch.zeros(4)])),
+            ("qk_norm_kind must be", {}, dict(qk_norm_kind="rms")),
+            ("qk_norm_bias goes with qk_norm_kind 'layer'", {}, dict(qk_norm_bias=[None] * 4)),
+            ("expected 2 q/k norm biases", {}, dict(qk_norm_kind="layer", qk_norm_bias=[None] * 3)),
             ("query_scale must be \\[B, T\\] in h's dtype", {}, dict(query_scale=torch.ones(2, 3, 1))),
             ("go together", {}, dict(rope_of=None)), ("go together", {}, dict(ropes=ropes[:1])),
             ("rope_of 2 is not one of the 2", {}, dict(rope_of=[0, 2])),

@@ -341,12 +341,21 @@ struct Projections {
   }
 };
 
+// A layer's q/k norms: their kind (none: RMSNorms of the layers' kind, Llama's RMSNorm for LayerNorm layers), over
+// each token's whole projections (OLMo 2's) or each head, after RoPE (Hunyuan's order), their biases (torch's
+// LayerNorm: Persimmon's)
+struct QkNorms {
+  std::optional<Norm> kind;
+  bool full = false, after_rope = false;
+  std::optional<at::Tensor> q_bias, k_bias;
+};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, bool qk_full = false, bool rope_f32 = false,
-    bool qk_after_rope = false) {
+    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, const QkNorms& qkn = {}, bool rope_f32 = false) {
+  const bool qk_full = qkn.full, qk_after_rope = qkn.after_rope;
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
               head_dim);
@@ -356,25 +365,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
   // OLMo 2's norm after the attention, attn_out_mlp_normed)
   const at::Tensor x = (bare ? h : norm(h, norm_w, norm_b, eps, kind)).reshape({B * T, h.size(2)});
   auto [qp, kp, vp] = p.many<3>({0, 1, 2}, x);
-  // the q/k norms: RMSNorms of the layers' kind (a LayerNorm layer's, Qwen3-like: RMSNorm), each query and key head
-  // before RoPE (Qwen3's, Gemma 3's), or where qk_full each token's whole projections (OLMo 2's)
-  const Norm qk = kind == Norm::kLayer ? Norm::kRms : kind;
+  // the q/k norms (QkNorms): each query and key head before RoPE (Qwen3's, Gemma 3's), or where qk_full each token's
+  // whole projections (OLMo 2's)
+  const Norm qk = qkn.kind.value_or(kind == Norm::kLayer ? Norm::kRms : kind);
   if (q_norm_w.has_value() && qk_after_rope) {  // Hunyuan's, NanoChat's order: Attention._norms_after_rope's ops
     const at::Tensor q = qp.view({B, T, -1, head_dim}), k = kp.view({B, T, -1, head_dim});
     const at::Tensor kf = k.to(at::kFloat);  // (the key's RMSNorm statistics, weight 1: the unit-RMS key)
     const at::Tensor k_raw = (kf * at::rsqrt(kf.pow(2).mean({-1}, /*keepdim=*/true) + qk_eps)).to(k.scalar_type());
-    return {norm(rope(q, cos, sin), *q_norm_w, {}, qk_eps, qk) * *k_norm_w, rope(k_raw, cos, sin), k_raw,
+    return {norm(rope(q, cos, sin), *q_norm_w, qkn.q_bias, qk_eps, qk) * *k_norm_w, rope(k_raw, cos, sin), k_raw,
             vp.view({B, T, -1, head_dim})};
   }
   if (q_norm_w.has_value() && qk_full) {
-    qp = norm(qp, *q_norm_w, {}, qk_eps, qk);
-    kp = norm(kp, *k_norm_w, {}, qk_eps, qk);
+    qp = norm(qp, *q_norm_w, qkn.q_bias, qk_eps, qk);
+    kp = norm(kp, *k_norm_w, qkn.k_bias, qk_eps, qk);
   }
   at::Tensor q = qp.view({B, T, -1, head_dim});
   at::Tensor k_raw = kp.view({B, T, -1, head_dim});
   if (q_norm_w.has_value() && !qk_full) {
-    q = norm(q, *q_norm_w, {}, qk_eps, qk);
-    k_raw = norm(k_raw, *k_norm_w, {}, qk_eps, qk);
+    q = norm(q, *q_norm_w, qkn.q_bias, qk_eps, qk);
+    k_raw = norm(k_raw, *k_norm_w, qkn.k_bias, qk_eps, qk);
   }
   at::Tensor v = vp.view({B, T, -1, head_dim});
   if (clip > 0) {  // OLMo's / MPT's clamp of q, k and v (clip_qkv), after the q/k norms, before RoPE: ATen's clamp
@@ -783,7 +792,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           at::OptionalIntArrayRef rope_of, bool post_norms, bool qk_norm_full,
                           double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
                           bool qk_norm_after_rope, std::optional<at::TensorList> sinks,
-                          std::optional<at::TensorList> xielu) {
+                          std::optional<at::TensorList> xielu, const std::string& qk_norm_name,
+                          const std::optional<OptionalTensorList>& qk_norm_bias_list) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
@@ -814,6 +824,24 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   TORCH_CHECK(!qk_norm_after_rope || !(qk_norm_full || clip_qkv > 0 || rope_float32),
               "decoder_layers: qk_norm_after_rope (Hunyuan's order) goes with neither qk_norm_full, clip_qkv nor "
               "rope_float32");
+  // the q/k norms' kind where it is not the layers' ("": RMSNorms of the layers' kind), and their biases (torch's
+  // LayerNorm, "layer": two a layer, each a bias or none)
+  TORCH_CHECK(qk_norm_name.empty() || qk_norm_name == "llama" || qk_norm_name == "gemma" || qk_norm_name == "float32" ||
+                  qk_norm_name == "cohere" || qk_norm_name == "layer",
+              "decoder_layers: qk_norm_kind must be '', 'llama', 'gemma', 'float32', 'cohere' or 'layer', got '",
+              qk_norm_name, "'");
+  const std::optional<Norm> qk_kind = qk_norm_name.empty()          ? std::nullopt
+                                      : qk_norm_name == "llama"   ? std::optional<Norm>(Norm::kRms)
+                                      : qk_norm_name == "gemma"   ? std::optional<Norm>(Norm::kGemma)
+                                      : qk_norm_name == "float32" ? std::optional<Norm>(Norm::kFloat32)
+                                      : qk_norm_name == "cohere"  ? std::optional<Norm>(Norm::kCohere)
+                                                                  : std::optional<Norm>(Norm::kLayer);
+  TORCH_CHECK(!qk_norm_bias_list.has_value() || qk_kind == Norm::kLayer,
+              "decoder_layers: qk_norm_bias goes with qk_norm_kind 'layer' (torch's LayerNorm)");
+  const std::vector<std::optional<at::Tensor>> qk_norm_bias =
+      qk_norm_bias_list.has_value() ? qk_norm_bias_list->vec() : std::vector<std::optional<at::Tensor>>(2 * L);
+  TORCH_CHECK(qk_norm_bias.size() == 2 * L, "decoder_layers: for ", L, " layers expected 2 q/k norm biases (or none), "
+              "got ", qk_norm_bias.size());
   TORCH_CHECK(!query_scale.has_value() || (query_scale->dim() == 2 && query_scale->size(0) == h.size(0) &&
                                            query_scale->size(1) == h.size(1) &&
                                            query_scale->scalar_type() == h.scalar_type()),
@@ -946,7 +974,9 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       auto [q, k, k_raw, v] = attn_in(x, norm_w[n], eps[n], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
                                       qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], tables[2 * r], tables[2 * r + 1],
                                       head_dim, norm_bias[2 * l], kind, norm_after || post_norms, clip_qkv,
-                                      qk_norm_full, rope_float32, qk_norm_after_rope);
+                                      {qk_kind, qk_norm_full, qk_norm_after_rope, qk_norm_bias[2 * l],
+                                       qk_norm_bias[2 * l + 1]},
+                                      rope_float32);
       // Ministral 3's query temperature: the RoPE'd queries times each token's scale, as Attention.temper
       if (query_scale.has_value()) q = q * scale_rows.unsqueeze(-1).unsqueeze(-1);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as

@@ -1290,8 +1290,8 @@ class DecoderLayer(nn.Module):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`) -> ``(attention module,
         args_in, args_out, kind, extra)``, or None. ``kind`` (one for all of a native stack call's layers):
         ``(norm_in's bias, norm_out's bias, norms, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full,
-        multiplier, rope_f32, temperature, after_rope, sinks)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's gated
-        SwiGLU in sequence (the per-layer fused calls' layer):
+        multiplier, rope_f32, temperature, after_rope, sinks, qk_kind)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's
+        gated SwiGLU in sequence (the per-layer fused calls' layer):
 
         - ``norms``: ``"llama"`` (:class:`RMSNorm`), torch's LayerNorm ``"layer"`` (the two biases then a bias or None
           each), ``"gemma"`` (:class:`GemmaRMSNorm`), ``"float32"`` (:class:`Float32RMSNorm`), ``"cohere"`` (Cohere's
@@ -1314,7 +1314,8 @@ class DecoderLayer(nn.Module):
         - ``rope_f32``: RoPE in float32 (Cohere's, GPT-J's, ERNIE 4.5's);
         - ``temperature``: Ministral 3's query temperature ``(beta, original)``, or None;
         - ``after_rope``: the q/k norms after RoPE (Hunyuan's, NanoChat's order);
-        - ``sinks``: attention sinks (GPT-OSS's, Granite SWA's, Flint's)."""
+        - ``sinks``: attention sinks (GPT-OSS's, Granite SWA's, Flint's);
+        - ``qk_kind``: the q/k norms' kind where it is not the layers' default one (:data:`_QK_KINDS`), or None."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1345,8 +1346,10 @@ class DecoderLayer(nn.Module):
         if (norm_after and parallel) or norm_kind is None \
                 or ((sandwich or post_norms) and (norm_kind == "layer" or parallel or norm_after)) \
                 or (multiplier != 1 and (parallel or norm_after or post_norms)) \
-                or (q_norm is not None and not (type(q_norm) is type(k_norm) is _QK_NORMS[norm_kind])):
+                or (q_norm is not None and not (type(q_norm) is type(k_norm) and type(q_norm) in _QK_KINDS)):
             return None
+        # the q/k norms' kind where it is not the layers' (decoder_layers' qk_norm_kind; None: RMSNorms of theirs)
+        qk_kind = None if q_norm is None or type(q_norm) is _QK_NORMS[norm_kind] else _QK_KINDS[type(q_norm)]
         act = mlp.__dict__.get("activation", "silu")
         if type(mlp) is SparseMoE:  # (the per-layer calls' attention, the mixture in Python: _MOE_LAYER)
             mlp_name = "moe"
@@ -1381,7 +1384,7 @@ class DecoderLayer(nn.Module):
             else (None, None)
         kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich, post_norms,
                 bool(att.__dict__.get("full_qk_norm")), float(multiplier), bool(att.__dict__.get("rope_f32")),
-                att.__dict__.get("temperature"), after_rope, att._parameters.get("sinks") is not None)
+                att.__dict__.get("temperature"), after_rope, att._parameters.get("sinks") is not None, qk_kind)
         extra = tuple((n._parameters["weight"], n.eps) for n in norms[2:])
         return att, args_in, args_out, kind, extra
 
@@ -1398,7 +1401,8 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
         return _placeholder(torch.float32)
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
-_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None, False, False)
+_PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None, False, False,
+                None)
 # (RMSNorms, Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head before RoPE, no
 # multiplier, RoPE in the dtype, no query temperature, no sinks: the per-layer fused calls' layer)
 _MOE_LAYER = (*_PLAIN_LAYER[:3], "moe", *_PLAIN_LAYER[4:])  # the plain layer with a mixture of experts for its MLP:
@@ -1406,7 +1410,10 @@ _MOE_LAYER = (*_PLAIN_LAYER[:3], "moe", *_PLAIN_LAYER[4:])  # the plain layer wi
 _NORM_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32", LayerNorm: "cohere",
                **{t: "layer" for t in _LAYER_NORMS}}  # decoder_layers' norms (norm_kind's names, or torch's LayerNorms)
 _QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32": Float32RMSNorm,
-             "cohere": LayerNorm}  # the q/k norms of a layer of each kind that decoder_layers runs
+             "cohere": LayerNorm}  # the q/k norms of a layer of each kind that decoder_layers runs by default
+_QK_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32", LayerNorm: "cohere",
+             BiasLayerNorm: "layer"}  # decoder_layers' qk_norm_kind of each q/k norm (StableLM 2 12B's Cohere-like
+# per-head LayerNorms, Persimmon's torch LayerNorms with biases)
 _GATED_NATIVE = {"silu": "silu", "gelu_tanh": "gelu_tanh_glu"}  # the gated MLPs decoder_layers runs, by its names
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
@@ -1486,8 +1493,11 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     record = bool(last_query)
     qi = step.query_index if record else None
     norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature, \
-        after_rope, sinks = kind
-    extra = {}
+        after_rope, sinks, qk_kind = kind
+    extra = {} if qk_kind is None else {"qk_norm_kind": qk_kind}
+    if qk_kind == "layer":  # (Persimmon's: each q / k norm's bias)
+        extra["qk_norm_bias"] = [norm._parameters.get("bias") for i in range(lo, hi)
+                                 for norm in (layers[i].self_attn.q_norm, layers[i].self_attn.k_norm)]
     if sinks:  # (GPT-OSS's, each layer's own)
         extra["sinks"] = [layers[i].self_attn._parameters["sinks"] for i in range(lo, hi)]
     if mlp == "xielu":  # (Apertus's: each layer's numbers as XIELU.forward computes them)
