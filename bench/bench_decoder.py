@@ -130,9 +130,10 @@ def main():
                 return f
 
             kv_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
-            nbytes = weight_bytes + B * (ctx + T) * kv_token
+            read, used = _expert_weights(model, B * T)  # (a mixture's: only the chosen experts' weights move)
+            nbytes = weight_bytes - (weights - read) * dtype.itemsize + B * (ctx + T) * kv_token
             visible = B * (T * ctx + T * (T + 1) // 2)  # (query token, key) pairs per head and layer, causal
-            flops = 2 * B * T * weights + 4 * cfg.head_dim * cfg.num_attention_heads * visible * cfg.num_hidden_layers
+            flops = 2 * B * T * used + 4 * cfg.head_dim * cfg.num_attention_heads * visible * cfg.num_hidden_layers
             shape = f"model={a.family},B={B},ctx={ctx},T={T}"
             if a.many_rows:
                 assert B * T > llama_mod.ROWWISE_MAX_ROWS
@@ -226,6 +227,21 @@ FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
                             "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
                             "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 512,
                             "max_position_embeddings": 32768, "rope_local_base_freq": 10000.0}}
+
+
+def _expert_weights(model, rows: int) -> tuple:
+    """``(weights read, weights a row multiplies)`` of ``model``'s linear layers in a forward of ``rows`` tokens: every
+    weight, except a mixture of experts' (``SparseMoE``), whose experts count by how many the rows choose, expected
+    ``E * (1 - (1 - k / E) ** rows)`` of ``E`` experts read and ``k`` a row multiplied (random weights route about
+    uniformly)."""
+    read = used = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    for moe in model.modules():
+        if isinstance(moe, llama_mod.SparseMoE):
+            E, k = len(moe.experts), moe.top_k
+            expert = sum(m.weight.numel() for m in moe.experts[0].modules() if isinstance(m, torch.nn.Linear))
+            read -= E * expert - round(E * (1 - (1 - k / E) ** rows)) * expert
+            used -= (E - k) * expert
+    return read, used
 
 
 def family_model(family: str, dtype: torch.dtype):
