@@ -89,9 +89,9 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
                                 at::TensorList w, const OptionalTensorList& scales, const OptionalTensorList& bias);
 // The layer after its attention up to its MLP, for a layer whose MLP runs in Python (a mixture of experts):
 // (h2, x) = (h + o_proj(attn), RMSNorm(h2)), bitwise decoder_attn_out_mlp's first half (w, scales, bias: o's).
-std::tuple<at::Tensor, at::Tensor> decoder_attn_out(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w,
-                                                    double eps, at::TensorList w, const OptionalTensorList& scales,
-                                                    const OptionalTensorList& bias);
+std::tuple<at::Tensor, at::Tensor> decoder_attn_out(const at::Tensor& h, const at::Tensor& attn,
+                                                    const at::Tensor& norm_w, double eps, at::TensorList w,
+                                                    const OptionalTensorList& scales, const OptionalTensorList& bias);
 // triforce.models.llama.RMSNorm's forward (float32 statistics, the weight applied in the input dtype), bitwise its
 // ATen ops (the sum of squares by at::sum, the rest by loops rounding as ATen's kernels): the module's on the CPU.
 // x [..., H], w [H] of x's dtype (other dtypes or layouts: the ATen composite itself).
@@ -176,7 +176,9 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // XIELU.forward computes them (the softplus of its parameters). qk_norm_kind: the q/k norms' kind where it is not the
 // layers' ("" by default: RMSNorms of the layers' kind, Llama's for LayerNorm layers): norm_kind's names, or "layer"
 // (torch's LayerNorm, with qk_norm_bias: two a layer, each a bias or none; Persimmon's); "cohere" takes StableLM 2
-// 12B's per-head weights [heads, head_dim]. mlp
+// 12B's per-head weights [heads, head_dim]. mixture_last: the last layer's MLP is a mixture of experts, which the
+// caller runs: the call stops after that layer's attention and returns [h2, norm(h2)] stacked ([2, B, T, H]), h2 = h
+// + o_proj(attn) * residual_multiplier (a layer in sequence; its gate/up/down slots placeholders). mlp
 // "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up. softcap > 0: every layer's
 // verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of (together, or neither): more RoPE tables,
 // [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's
@@ -198,7 +200,7 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
                           bool qk_norm_after_rope, std::optional<at::TensorList> sinks,
                           std::optional<at::TensorList> xielu, const std::string& qk_norm_kind,
-                          const std::optional<OptionalTensorList>& qk_norm_bias);
+                          const std::optional<OptionalTensorList>& qk_norm_bias, bool mixture_last);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

@@ -556,6 +556,12 @@ MOE_FAMILIES = {
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[1])),
     "qwen2_moe": dict(model_type="qwen2_moe", extra=dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                                          shared_expert_intermediate_size=40)),
+    # mixtures under the stack's other layer kinds (the stack alone runs their attention): Granite's multipliers,
+    # OLMoE's q/k norms over whole projections
+    "granitemoe": dict(model_type="granitemoe", extra=dict(num_local_experts=4, num_experts_per_tok=2,
+                                                           residual_multiplier=0.375, attention_multiplier=0.03125,
+                                                           embedding_multiplier=12.0, logits_scaling=8.0)),
+    "olmoe": dict(model_type="olmoe", extra=dict(num_experts=4, num_experts_per_tok=2)),
 }
 
 
@@ -563,22 +569,29 @@ MOE_FAMILIES = {
 @pytest.mark.parametrize("family", list(MOE_FAMILIES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])
 def test_mixture_layers_take_the_native_attention(cache_kind, family, dtype, monkeypatch):
-    """A layer whose MLP is a mixture of experts (Mixtral's, Qwen3-MoE's, Qwen2-MoE's with its shared expert) and whose
-    rest is the plain layer runs its attention's side natively (``decoder_attn_in``, the cache's attend,
-    ``decoder_attn_out``: o_proj, the residual add and the norm before the mixture), the mixture in Python: bitwise
-    the modules (logits, every cache buffer; chain and tree steps, every cache kind, float32 / bfloat16 / the int8
-    copy), and every layer takes the native attention (the stack does not take the call: one of its layers is a
-    mixture)."""
+    """A layer whose MLP is a mixture of experts runs its attention's side natively, the mixture in Python: in the stack
+    (``decoder_layers``' ``mixture_last``: a call stops before the last layer's mixture; a model's layers as runs
+    ending at each mixture, any layer kind the stack runs in sequence: Granite's multipliers, OLMoE's whole-projection
+    q/k norms) and, with the stack off, on the plain layer's per-layer calls (``decoder_attn_in``, the cache's
+    attend, ``decoder_attn_out``: o_proj, the residual add and the norm before the mixture). Both bitwise the modules
+    (logits, every cache buffer; chain and tree steps, every cache kind, float32 / bfloat16 / the int8 copy;
+    Mixtral's, Qwen3-MoE's with a dense layer, Qwen2-MoE's with its shared expert), every layer in the stack."""
     torch.manual_seed(0)
     model = Llama(LlamaConfig(**{**BASE, **MOE_FAMILIES[family]})).eval()
     model = int8_copy(model) if dtype == "int8" else model.to(dtype)
-    assert_bitwise(run(model, False, monkeypatch, cache_kind), run(model, True, monkeypatch, cache_kind))
+    modules = run(model, False, monkeypatch, cache_kind)
+    per_layer, stacked, layers = run_both(model, monkeypatch, cache_kind)
+    assert_bitwise(modules, stacked)
+    assert_bitwise(modules, per_layer)
+    assert layers == 5 * model.config.num_hidden_layers  # (the stack: every layer, each call up to a mixture)
+    sparse = sum(type(layer.mlp) is llama_mod.SparseMoE for layer in model.model.layers)
+    plain = LlamaConfig(**{**BASE, **MOE_FAMILIES[family]}).model_type in ("mixtral", "qwen3_moe", "qwen2_moe")
     spy = Spy(torch.ops.triforce_C.decoder_attn_out)
     monkeypatch.setattr(torch.ops.triforce_C, "decoder_attn_out", spy, raising=False)
-    sparse = sum(type(layer.mlp) is llama_mod.SparseMoE for layer in model.model.layers)
+    monkeypatch.setattr(llama_mod, "_STACK", False)  # (the per-layer calls: the plain layer's mixtures only)
     assert sparse >= 1 and count_fused_calls(model, monkeypatch, torch.randint(0, 97, (2, 3))) == \
-        model.config.num_hidden_layers
-    assert spy.calls == sparse
+        (model.config.num_hidden_layers if plain else 0)
+    assert spy.calls == (sparse if plain else 0)
 
 
 def test_native_stack_steps_aside_for_other_norms_and_mlps(monkeypatch):

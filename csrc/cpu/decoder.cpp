@@ -665,8 +665,9 @@ at::Tensor decoder_attn_out_mlp(const at::Tensor& h, const at::Tensor& attn, con
   return attn_out_mlp(h, attn, norm_w, eps, {w.data(), scales.data(), bias.data()});
 }
 
-std::tuple<at::Tensor, at::Tensor> decoder_attn_out(const at::Tensor& h, const at::Tensor& attn, const at::Tensor& norm_w,
-                                                    double eps, at::TensorList w, const OptionalTensorList& scales_list,
+std::tuple<at::Tensor, at::Tensor> decoder_attn_out(const at::Tensor& h, const at::Tensor& attn,
+                                                    const at::Tensor& norm_w, double eps, at::TensorList w,
+                                                    const OptionalTensorList& scales_list,
                                                     const OptionalTensorList& bias_list) {
   const std::vector<std::optional<at::Tensor>> scales = scales_list.vec(), bias = bias_list.vec();
   check_projections("decoder_attn_out", w.size(), scales.size(), bias.size(), 1);
@@ -793,20 +794,23 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
                           bool qk_norm_after_rope, std::optional<at::TensorList> sinks,
                           std::optional<at::TensorList> xielu, const std::string& qk_norm_name,
-                          const std::optional<OptionalTensorList>& qk_norm_bias_list) {
+                          const std::optional<OptionalTensorList>& qk_norm_bias_list, bool mixture_last) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
               "decoder_layers: sandwich and post_norms are layouts of their own, not with parallel, norm_after or "
               "each other");
+  TORCH_CHECK(!mixture_last || !(parallel || norm_after || sandwich || post_norms),
+              "decoder_layers: mixture_last takes a layer in sequence (not parallel, norm_after, sandwich or "
+              "post_norms)");
   TORCH_CHECK(std::isfinite(residual_multiplier) && (residual_multiplier == 1.0 || !(parallel || norm_after ||
                                                                                       post_norms)),
               "decoder_layers: residual_multiplier must be finite, and 1 with parallel, norm_after or post_norms "
               "(their layers have none), got ", residual_multiplier);
   const Mlp mlp = mlp_kind(mlp_name);
   TORCH_CHECK((mlp == Mlp::kXielu) == xielu.has_value() && (!xielu.has_value() || xielu->size() == 4 * L),
-              "decoder_layers: mlp 'xielu' takes xielu, its four numbers [alpha_p, alpha_n, beta, eps] a layer (", 4 * L,
-              "), and no other mlp does; got ", xielu.has_value() ? xielu->size() : 0);
+              "decoder_layers: mlp 'xielu' takes xielu, its four numbers [alpha_p, alpha_n, beta, eps] a layer (",
+              4 * L, "), and no other mlp does; got ", xielu.has_value() ? xielu->size() : 0);
   TORCH_CHECK(!sinks.has_value() || sinks->size() == L, "decoder_layers: expected one sinks tensor a layer (", L,
               "), got ", sinks.has_value() ? sinks->size() : 0);
   // torch's LayerNorms (their biases given, one per norm: none for a norm without), else norms of norm_kind's kind:
@@ -1003,6 +1007,12 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       }
       const at::Tensor attn = pack(o.to(x.scalar_type()));
       const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
+      if (mixture_last && l + 1 == L) {  // (its mixture of experts runs in Python: h2 and its norm, stacked)
+        const int64_t N = x.size(0) * x.size(1);
+        const at::Tensor o_h = out(0, attn.reshape({N, -1})).view({x.size(0), x.size(1), -1});
+        const at::Tensor h2 = residual_add(scaled(o_h, residual_multiplier), x);
+        return at::stack({h2, norm(h2, norm_w[n + 1], norm_bias[2 * l + 1], eps[n + 1], kind)});
+      }
       const MlpSpec spec(mlp, xielu.has_value() ? &(*xielu)[4 * l] : nullptr);
       // (post_norms' two norms: post_attention, post_feedforward; the attention ran on x itself)
       x = sandwich     ? attn_out_mlp_normed(x, attn, &norm_w[n + 1], &eps[n + 1], out, kind, spec, true,

@@ -1469,16 +1469,29 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     k, v, k_raw, last_query = buffers
     norms, eps, w, scales, bias, qk_norms, qk_eps, norm_bias = [], [], [], [], [], [], [], []
     head_dim = kind = None
+    mlps = set()
     for i in range(lo, hi):
         layer = layers[i]
         if type(layer) is not DecoderLayer or _hooked(layer):
             return None
         fused = layer._fused_layer_arguments(h.dtype)
-        if fused is None or kind not in (None, fused[3][2:]) or fused[3][3] == "moe":  # (one kind of norm and MLP
-            # for the call's layers; a mixture of experts runs in Python, layer by layer)
+        if fused is None:
             return None
-        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), layer_kind, extra = fused
-        kind = layer_kind[2:]
+        layer_kind = fused[3]
+        # (one kind of norm and layout for the call's layers, one MLP kind; a mixture of experts only as the last
+        # layer of a call, in sequence: the call stops before it, which runs in Python)
+        moe = layer_kind[3] == "moe"
+        if kind not in (None, layer_kind[2:3] + layer_kind[4:]) or (moe and (i != hi - 1 or any(layer_kind[4:6])
+                                                                          or any(layer_kind[7:9]))):
+            return None
+        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), _, extra = fused
+        kind = layer_kind[2:3] + layer_kind[4:]
+        if moe:  # (gate, up and down: placeholders, not read)
+            w_out, s_out, b_out = w_out + (_placeholder(h.dtype),) * 3, s_out + (None,) * 3, b_out + (None,) * 3
+        else:
+            mlps.add(layer_kind[3])
+        if len(mlps) > 1:
+            return None
         norm_bias += layer_kind[:2]
         if type(att).attend is not Attention.attend or head_dim not in (None, att.head_dim):
             return None
@@ -1492,8 +1505,10 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         qk_eps.append(qe)
     record = bool(last_query)
     qi = step.query_index if record else None
-    norm_kind, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature, \
+    norm_kind, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature, \
         after_rope, sinks, qk_kind = kind
+    mlp = mlps.pop() if mlps else "silu"  # (a call of one mixture's layer: no MLP of the stack's runs)
+    moe = type(layers[hi - 1]._modules.get("mlp")) is SparseMoE
     extra = {} if qk_kind is None else {"qk_norm_kind": qk_kind}
     if qk_kind == "layer":  # (Persimmon's: each q / k norm's bias)
         extra["qk_norm_bias"] = [norm._parameters.get("bias") for i in range(lo, hi)
@@ -1505,7 +1520,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     ropes = [(cos, sin)] * len(layers) if ropes is None else ropes
     tables = list({id(r): r for r in ropes[lo:hi]}.values())  # (the distinct tables, in their first layer's order)
     cos, sin = tables[0]
-    return torch.ops.triforce_C.decoder_layers(
+    out = torch.ops.triforce_C.decoder_layers(
         h, cos, sin, head_dim, norms, eps, w, scales, bias, qk_norms, qk_eps, k[lo:hi], v[lo:hi], k_raw[lo:hi],
         last_query[lo:hi], step.slots.contiguous(), step.seqlens, step.tree_mask,
         None if qi is None else qi.long().contiguous(), None if qi is None else step.query_valid.contiguous(), rows,
@@ -1523,7 +1538,21 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         **({"softcap": float(cache.softcap)} if cache.softcap else {}),
         **({} if len(tables) == 1 else {"ropes": [t for pair in tables[1:] for t in pair],
                                         "rope_of": [next(j for j, t in enumerate(tables) if t is r)
-                                                    for r in ropes[lo:hi]]}))
+                                                    for r in ropes[lo:hi]]}),
+        **({"mixture_last": True} if moe else {}))
+    if not moe:
+        return out
+    h, x = out.unbind(0)  # (the last layer's mixture, as DecoderLayer.residual runs it)
+    y = layers[hi - 1]._modules["mlp"](x)
+    return h + (y if multiplier == 1 else y * multiplier)
+
+
+def _stack_runs(layers, lo: int, hi: int) -> list:
+    """``layers[lo:hi]`` as the runs the native stack takes in one call each: cut after each mixture of experts (a call
+    stops before the last layer's mixture, which runs in Python: ``decoder_layers``' ``mixture_last``)."""
+    cuts = [i + 1 for i in range(lo, hi - 1) if type(layers[i]._modules.get("mlp")) is SparseMoE]
+    edges = [lo, *cuts, hi]
+    return list(zip(edges, edges[1:]))
 
 
 _STACK = None
@@ -1779,15 +1808,23 @@ class Llama(nn.Module):
                     h = torch.cat([h, extra_h.to(h.dtype)], 1)
                     step = cache.begin(h.shape[1], parents)
                     ropes = self.rope_tables(step.positions, rows_long=rows_long)
-            native = None if cache is None else _native_layers(layers, lo, hi, h, *ropes[lo], cache, step, rows,
-                                                               ropes)
-            if native is not None:
+            if rows is not None:  # (a ragged step: one call or none, its stream packed)
+                native = None if cache is None else _native_layers(layers, lo, hi, h, *ropes[lo], cache, step, rows,
+                                                                   ropes)
+                if native is None:
+                    for i in range(lo, hi):
+                        h = layers[i](h, *ropes[i], cache, step)
+                    native = h.flatten(0, 1)[rows][None]
                 h = native
                 continue
-            for i in range(lo, hi):
-                h = layers[i](h, *ropes[i], cache, step)
-            if rows is not None:
-                h = h.flatten(0, 1)[rows][None]
+            for a, b in _stack_runs(layers, lo, hi) if cache is not None else ((lo, hi),):
+                native = None if cache is None else _native_layers(layers, a, b, h, *ropes[a], cache, step,
+                                                                   ropes=ropes)
+                if native is not None:
+                    h = native
+                    continue
+                for i in range(a, b):
+                    h = layers[i](h, *ropes[i], cache, step)
         return h, step
 
     def _logits(self, h):
