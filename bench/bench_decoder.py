@@ -215,7 +215,7 @@ FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
                              "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
                              "num_key_value_heads": 4},
                  # a 12-layer, 768-wide Qwen3-MoE (Qwen3-30B-A3B is 48 x 2048, 128 experts): 32 experts of 384, 4 a
-                 # token (the bytes count every expert's weights, so its roofline column undercounts the speed)
+                 # token (its bytes and FLOPs count the experts the rows choose: _expert_weights)
                  "qwen3_moe": {"model_type": "qwen3_moe", "vocab_size": 32000, "hidden_size": 768,
                                "intermediate_size": 2048, "moe_intermediate_size": 384, "num_experts": 32,
                                "num_experts_per_tok": 4, "norm_topk_prob": True, "num_hidden_layers": 12,

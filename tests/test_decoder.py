@@ -840,19 +840,28 @@ def test_native_stack_takes_norms_after_the_adds_by_name(monkeypatch):
     assert_bitwise(before, cache.k + cache.v)
 
 
-def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
-    """Gemma 3's layers reach the stack with ``sandwich``, ``norm_kind="gemma"``, ``mlp="gelu_tanh_glu"``, its two RoPEs
-    (``ropes``, ``rope_of``) and Gemma 2's ``softcap`` by name, four norms a layer; the stack refuses, before any
-    buffer is written: a norm count other than four a layer, sandwich with parallel or norm_after or with LayerNorms,
-    ropes without rope_of or not in pairs, a rope_of outside the tables, a negative or infinite soft cap."""
-    model = make_model("gemma3")
+def stack_call(model, monkeypatch):
+    """``(args, kwargs, cache)`` of the one ``decoder_layers`` call a cached forward of ``model`` makes (batch 2, three
+    tokens, a full cache of 16 slots)."""
     real, calls = torch.ops.triforce_C.decoder_layers, []
     monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a, **k: calls.append((a, k)) or real(*a, **k),
                         raising=False)
     cache = FullCache(model.config, 2, 16)
     with torch.no_grad():
         model(torch.randint(0, 97, (2, 3)), cache=cache)
+    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", real, raising=False)
     (args, kwargs), = calls
+    return args, kwargs, cache
+
+
+def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
+    """Gemma 3's layers reach the stack with ``sandwich``, ``norm_kind="gemma"``, ``mlp="gelu_tanh_glu"``, its two RoPEs
+    (``ropes``, ``rope_of``) and Gemma 2's ``softcap`` by name, four norms a layer; the stack refuses, before any
+    buffer is written: a norm count other than four a layer, sandwich with parallel or norm_after or with LayerNorms,
+    ropes without rope_of or not in pairs, a rope_of outside the tables, a negative or infinite soft cap."""
+    model = make_model("gemma3")
+    real = torch.ops.triforce_C.decoder_layers
+    args, kwargs, cache = stack_call(model, monkeypatch)
     L = model.config.num_hidden_layers
     assert set(kwargs) == {"sandwich", "norm_kind", "ropes", "rope_of"} and kwargs["rope_of"] == [0, 1]
     assert kwargs["norm_kind"] == "gemma"
@@ -889,11 +898,7 @@ def test_native_stack_takes_gemmas_layers_by_name(monkeypatch):
         with pytest.raises(RuntimeError, match=match):
             real(*a, **{**kwargs, **named})
     assert_bitwise(before, cache.k + cache.v)
-    model = make_model("gemma2")  # Gemma 2's cap reaches it by name
-    calls.clear()
-    with torch.no_grad():
-        model(torch.randint(0, 97, (2, 3)), cache=FullCache(model.config, 2, 16))
-    (args, kwargs), = calls
+    args, kwargs, _ = stack_call(make_model("gemma2"), monkeypatch)  # Gemma 2's cap reaches it by name
     assert kwargs == {"sandwich": True, "norm_kind": "gemma", "softcap": 2.0} and args[24] == "gelu_tanh_glu"
 
 
@@ -902,24 +907,13 @@ def test_native_stack_takes_norms_after_the_blocks_and_multipliers_by_name(monke
     layer (after the attention, after the MLP); Granite's with its ``residual_multiplier`` (and its attention
     multiplier as the scale); the stack refuses a multiplier with post_norms, parallel or norm_after (the modules'
     layers of those layouts have none) before any buffer is written."""
-    real, calls = torch.ops.triforce_C.decoder_layers, []
-    monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a, **k: calls.append((a, k)) or real(*a, **k),
-                        raising=False)
-    seen = {}
-    for family in ("olmo2", "granite"):
-        model = make_model(family)
-        cache = FullCache(model.config, 2, 16)
-        with torch.no_grad():
-            model(torch.randint(0, 97, (2, 3)), cache=cache)
-        (args, kwargs), = calls
-        calls.clear()
-        seen[family] = args, kwargs, cache
-    args, kwargs, cache = seen["olmo2"]
+    real = torch.ops.triforce_C.decoder_layers
+    args, kwargs, _ = stack_call(make_model("olmo2"), monkeypatch)
     layer = make_model("olmo2").model.layers[0]
     assert kwargs == {"norm_kind": "float32", "post_norms": True, "qk_norm_full": True}
     assert len(args[4]) == 2 * 2 and args[4][0].shape == (64,) and args[9][0].shape == (64,)  # (whole q norms)
     assert type(layer.post_attention_layernorm) is llama_mod.Float32RMSNorm
-    args, kwargs, cache = seen["granite"]
+    args, kwargs, cache = stack_call(make_model("granite"), monkeypatch)
     assert kwargs == {"residual_multiplier": 0.22} and args[25] == 0.3  # (attention_scale)
     cache.rollback(torch.zeros(2, dtype=torch.int32))
     before = [t.clone() for t in cache.k + cache.v]
