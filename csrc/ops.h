@@ -177,8 +177,10 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // layers' ("" by default: RMSNorms of the layers' kind, Llama's for LayerNorm layers): norm_kind's names, or "layer"
 // (torch's LayerNorm, with qk_norm_bias: two a layer, each a bias or none; Persimmon's); "cohere" takes StableLM 2
 // 12B's per-head weights [heads, head_dim]. mixture_last: the last layer's MLP is a mixture of experts, which the
-// caller runs: the call stops after that layer's attention and returns [h2, norm(h2)] stacked ([2, B, T, H]), h2 = h
-// + o_proj(attn) * residual_multiplier (a layer in sequence; its gate/up/down slots placeholders). mlp
+// caller runs: the call stops after that layer's attention and returns [h2, the mixture's input] stacked ([2, B, T,
+// H]), h2 = h + o_proj(attn) * residual_multiplier (sandwich, post_norms: h + norm(o_proj(attn)) * residual_multiplier)
+// and the input norm(h2) (sandwich: its third norm; parallel: the MLP's norm of h; post_norms: h2 itself), not with
+// norm_after; the caller adds the mixture's output (sandwich, post_norms: normed) to h2; gate/up/down placeholders. mlp
 // "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up. softcap > 0: every layer's
 // verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of (together, or neither): more RoPE tables,
 // [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's

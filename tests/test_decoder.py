@@ -562,6 +562,16 @@ MOE_FAMILIES = {
                                                            residual_multiplier=0.375, attention_multiplier=0.03125,
                                                            embedding_multiplier=12.0, logits_scaling=8.0)),
     "olmoe": dict(model_type="olmoe", extra=dict(num_experts=4, num_experts_per_tok=2)),
+    # mixtures in the other layouts (the call returns h2 and the mixture's input; Python adds the mixture, normed after
+    # the blocks): Cohere 2 MoE's parallel block (the mixture on the layer input's norm; a dense first layer), Kolibri's
+    # four norms (its router's correction bias, a shared expert), FlexOlmo's norms after the blocks
+    "cohere2_moe": dict(model_type="cohere2_moe", head_dim=16, extra=dict(
+        num_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"])),
+    "kolibri1": dict(model_type="kolibri1", head_dim=16, extra=dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+        sliding_window=5, layer_types=["sliding_attention", "full_attention"])),
+    "flex_olmo": dict(model_type="flex_olmo", extra=dict(num_experts=4, num_experts_per_tok=2)),
 }
 
 
@@ -570,12 +580,13 @@ MOE_FAMILIES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])
 def test_mixture_layers_take_the_native_attention(cache_kind, family, dtype, monkeypatch):
     """A layer whose MLP is a mixture of experts runs its attention's side natively, the mixture in Python: in the stack
-    (``decoder_layers``' ``mixture_last``: a call stops before the last layer's mixture; a model's layers as runs
-    ending at each mixture, any layer kind the stack runs in sequence: Granite's multipliers, OLMoE's whole-projection
-    q/k norms) and, with the stack off, on the plain layer's per-layer calls (``decoder_attn_in``, the cache's
-    attend, ``decoder_attn_out``: o_proj, the residual add and the norm before the mixture). Both bitwise the modules
-    (logits, every cache buffer; chain and tree steps, every cache kind, float32 / bfloat16 / the int8 copy;
-    Mixtral's, Qwen3-MoE's with a dense layer, Qwen2-MoE's with its shared expert), every layer in the stack."""
+    (``decoder_layers``' ``mixture_last``: a call stops before the last layer's mixture; a model's layers as runs ending
+    at each mixture, any layer kind the stack runs: Granite's multipliers, OLMoE's whole-projection q/k norms; Cohere 2
+    MoE's parallel block, Kolibri's four norms, FlexOlmo's norms after the blocks) and, with the stack off, on the plain
+    layer's per-layer calls (``decoder_attn_in``, the cache's attend, ``decoder_attn_out``: o_proj, the residual add and
+    the norm before the mixture). Both bitwise the modules (logits, every cache buffer; chain and tree steps, every
+    cache kind, float32 / bfloat16 / the int8 copy; Mixtral's, Qwen3-MoE's with a dense layer, Qwen2-MoE's with its
+    shared expert), every layer in the stack."""
     torch.manual_seed(0)
     model = Llama(LlamaConfig(**{**BASE, **MOE_FAMILIES[family]})).eval()
     model = int8_copy(model) if dtype == "int8" else model.to(dtype)
@@ -823,7 +834,8 @@ def test_native_stack_checks_its_kinds(monkeypatch):
 
 def test_native_stack_takes_norms_after_the_adds_by_name(monkeypatch):
     """opt-350m's and GPT-1's layers reach the stack with ``norm_after`` set (by name: the other families' calls keep
-    their arguments), and the stack refuses it together with ``parallel`` (two layouts) before any buffer is written."""
+    their arguments), and the stack refuses it together with ``parallel`` (two layouts) or ``mixture_last`` before any
+    buffer is written."""
     model = make_model("openai-gpt")
     real, calls = torch.ops.triforce_C.decoder_layers, []
     monkeypatch.setattr(torch.ops.triforce_C, "decoder_layers", lambda *a, **k: calls.append((a, k)) or real(*a, **k),
@@ -837,6 +849,8 @@ def test_native_stack_takes_norms_after_the_adds_by_name(monkeypatch):
     before = [t.clone() for t in cache.k + cache.v]
     with pytest.raises(RuntimeError, match="two layouts"):
         real(*args[:-1], True, norm_after=True)
+    with pytest.raises(RuntimeError, match="mixture_last takes a layer whose norms come before"):
+        real(*args, norm_after=True, mixture_last=True)  # (no mixture runs after a norm after its add)
     assert_bitwise(before, cache.k + cache.v)
 
 
@@ -1189,3 +1203,71 @@ def test_rms_norm_op_checks_and_the_modules_fallbacks():
     assert x.grad is not None and norm.weight.grad is not None
     half = torch.randn(2, 4).half()  # (float16: the ATen composite)
     assert torch.equal(norm.half()(half), aten_rms_norm(half, norm.weight, 1e-6))
+
+
+# the stack's arithmetic on special values: each family's native pieces (Gemma's and float32 RMSNorms, Cohere's
+# LayerNorm, the soft cap, the multipliers, xIELU, the sinks' sigmoid, the q/k norms' kinds, ALiBi) against the
+# modules' ATen ops where rows hold infinities, NaNs, or values whose squares overflow or underflow
+SPECIAL_FAMILIES = ("llama", "starcoder2", "bloom", "gemma2", "gemma3", "olmo2", "granite", "cohere-qk", "cohere2",
+                    "ministral3", "hunyuan", "apertus", "granite_swa", "flint", "stablelm-qk", "persimmon")
+SPECIAL_TOKENS = (90, 91, 92, 93, 94)
+
+
+def poison_embeddings(model):
+    """Tokens 90-94 embed as a row with +inf, -inf or NaN in one lane, a row of values whose squares overflow float32
+    (and bfloat16), one whose squares underflow; the model's head untied first (else every logit row holds them)."""
+    emb = model.model.embed_tokens.weight
+    if model.lm_head.weight is emb:
+        model.lm_head.weight = torch.nn.Parameter(emb.detach().clone())
+    with torch.no_grad():
+        emb[90, 3], emb[91, 5], emb[92, 1] = float("inf"), float("-inf"), float("nan")
+        emb[93] = emb[93].float().sign() * 1e25
+        emb[94] = emb[94].float() * 1e-30
+    return model
+
+
+@given(family=st.sampled_from(SPECIAL_FAMILIES), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       cache_kind=st.sampled_from(["full", "streaming", "retrieval"]), T=st.integers(1, 5), data=st.data(),
+       seed=st.integers(0, 2 ** 16))
+def test_property_native_stack_special_values(family, dtype, cache_kind, T, data, seed):
+    """Prompts and steps whose tokens embed as rows holding infinities, NaNs, squares that overflow or underflow:
+    the stack gives what the modules give, value by value (the same NaNs, the same infinities, every other value
+    bitwise), in the logits and every cache buffer; a row without special tokens stays finite."""
+    model = poison_embeddings(make_model(family, dtype, seed=seed % 7))
+    cfg, B = model.config, 3
+    g = torch.Generator().manual_seed(seed)
+    clean = data.draw(st.integers(0, B - 1), label="clean row")
+    specials = st.lists(st.sampled_from(SPECIAL_TOKENS), min_size=1, max_size=3)
+
+    def tokens(n, row):
+        ids = torch.randint(0, 90, (n,), generator=g)
+        if row != clean:
+            for tok in data.draw(specials, label="special tokens"):
+                ids[data.draw(st.integers(0, n - 1), label="where")] = tok
+        return ids
+
+    prompts = [tokens(int(torch.randint(8, 15, (), generator=g)), b) for b in range(B)]
+    ids = torch.stack([tokens(T, b) for b in range(B)])
+    outs, spy = [], LayerSpy(torch.ops.triforce_C.decoder_layers)
+    for fused, stack in ((False, False), (None, None)):
+        llama_mod._FUSED, llama_mod._STACK = fused, stack
+        torch.ops.triforce_C.decoder_layers = spy
+        try:
+            full = FullCache(cfg, B, 40, dtype=dtype, chunk_size=4 if cache_kind == "retrieval" else None)
+            cache = full
+            if cache_kind == "streaming":
+                cache = StreamingCache(cfg, B, sink=2, window=8, max_step=5, dtype=dtype)
+            with torch.no_grad():
+                logits = [model.prefill(prompts, cache)]
+                if cache_kind == "retrieval":
+                    cache = RetrievalCache(cfg, full, budget=8, chunk_size=4, max_step=5)
+                logits.append(model(ids, cache=cache))
+            outs.append(logits + list(cache.k) + list(cache.v) + list(getattr(cache, "k_raw", None) or []))
+        finally:
+            llama_mod._FUSED = llama_mod._STACK = None
+            torch.ops.triforce_C.decoder_layers = spy.real
+    assert spy.calls == cfg.num_hidden_layers * (1 if cache_kind == "streaming" else 2)  # (the step; the prefill too)
+    for i, (a, b) in enumerate(zip(*outs)):
+        assert torch.equal(a.isnan(), b.isnan()), f"output {i}: NaNs differ"
+        assert torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)), f"output {i} differs"
+    assert outs[1][0][clean].isfinite().all() and outs[1][1][clean].isfinite().all()

@@ -800,9 +800,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
   TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
               "decoder_layers: sandwich and post_norms are layouts of their own, not with parallel, norm_after or "
               "each other");
-  TORCH_CHECK(!mixture_last || !(parallel || norm_after || sandwich || post_norms),
-              "decoder_layers: mixture_last takes a layer in sequence (not parallel, norm_after, sandwich or "
-              "post_norms)");
+  TORCH_CHECK(!mixture_last || !norm_after,
+              "decoder_layers: mixture_last takes a layer whose norms come before its blocks' adds (not norm_after)");
   TORCH_CHECK(std::isfinite(residual_multiplier) && (residual_multiplier == 1.0 || !(parallel || norm_after ||
                                                                                       post_norms)),
               "decoder_layers: residual_multiplier must be finite, and 1 with parallel, norm_after or post_norms "
@@ -1007,11 +1006,19 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
       }
       const at::Tensor attn = pack(o.to(x.scalar_type()));
       const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
-      if (mixture_last && l + 1 == L) {  // (its mixture of experts runs in Python: h2 and its norm, stacked)
+      if (mixture_last && l + 1 == L) {  // (its mixture of experts runs in Python: h2 and the mixture's input)
         const int64_t N = x.size(0) * x.size(1);
-        const at::Tensor o_h = out(0, attn.reshape({N, -1})).view({x.size(0), x.size(1), -1});
+        at::Tensor o_h = out(0, attn.reshape({N, -1})).view({x.size(0), x.size(1), -1});
+        if (sandwich || post_norms)  // (the norm after the attention: sandwich's second, post_norms' first)
+          o_h = norm(o_h, norm_w[n + int(sandwich)], {}, eps[n + int(sandwich)], kind);
         const at::Tensor h2 = residual_add(scaled(o_h, residual_multiplier), x);
-        return at::stack({h2, norm(h2, norm_w[n + 1], norm_bias[2 * l + 1], eps[n + 1], kind)});
+        // the mixture's input: the norm of h2 (in sequence; sandwich's third norm), of the layer's input (parallel),
+        // or h2 itself (post_norms); the caller adds the mixture (and post_feedforward_layernorm's norm of it) to h2
+        const at::Tensor& normed = parallel ? x : h2;
+        const at::Tensor m = post_norms ? h2
+                             : sandwich ? norm(h2, norm_w[n + 2], {}, eps[n + 2], kind)
+                                        : norm(normed, norm_w[n + 1], norm_bias[2 * l + 1], eps[n + 1], kind);
+        return at::stack({h2, m});
       }
       const MlpSpec spec(mlp, xielu.has_value() ? &(*xielu)[4 * l] : nullptr);
       // (post_norms' two norms: post_attention, post_feedforward; the attention ran on x itself)

@@ -1479,10 +1479,9 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
             return None
         layer_kind = fused[3]
         # (one kind of norm and layout for the call's layers, one MLP kind; a mixture of experts only as the last
-        # layer of a call, in sequence: the call stops before it, which runs in Python)
+        # layer of a call, its norms before the residual adds: the call stops before it, which runs in Python)
         moe = layer_kind[3] == "moe"
-        if kind not in (None, layer_kind[2:3] + layer_kind[4:]) or (moe and (i != hi - 1 or any(layer_kind[4:6])
-                                                                          or any(layer_kind[7:9]))):
+        if kind not in (None, layer_kind[2:3] + layer_kind[4:]) or (moe and (i != hi - 1 or layer_kind[5])):
             return None
         att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), _, extra = fused
         kind = layer_kind[2:3] + layer_kind[4:]
@@ -1543,7 +1542,10 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
     if not moe:
         return out
     h, x = out.unbind(0)  # (the last layer's mixture, as DecoderLayer.residual runs it)
-    y = layers[hi - 1]._modules["mlp"](x)
+    mods = layers[hi - 1]._modules
+    y = mods["mlp"](x)
+    if sandwich or post_norms:  # (Kolibri's, FlexOlmo's norm of the mixture's output)
+        y = mods["post_feedforward_layernorm"](y)
     return h + (y if multiplier == 1 else y * multiplier)
 
 
