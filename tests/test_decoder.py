@@ -35,6 +35,7 @@ STACK_FAMILIES = {
     "opt": dict(model_type="opt", attention_bias=True, mlp_bias=True, num_key_value_heads=4),  # ReLU, positions
     "gpt_neox-sequential": dict(model_type="gpt_neox", num_key_value_heads=4, attention_bias=True, mlp_bias=True,
                                 extra={"use_parallel_residual": False}),  # the exact GELU, partial RoPE
+    "gpt_neox_japanese": dict(model_type="gpt_neox_japanese", num_key_value_heads=4),  # the last layer's o bias only
     "arcee": dict(model_type="arcee"),  # RMSNorm, ReLU squared
     "jais2": dict(model_type="jais2", attention_bias=True, mlp_bias=True),  # LayerNorm, ReLU squared
     # parallel blocks (the stack's parallel): the MLP's own norm (GPT-NeoX's default), the attention's (Phi-2's),

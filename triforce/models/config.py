@@ -13,7 +13,8 @@ defaults), ``mistral``, ``qwen2`` (Qwen2 and Qwen2.5), ``qwen3``, ``gemma`` (Gem
 ``exaone4``, ``cwm``, ``glm4``, ``cohere``, ``cohere2``, ``seed_oss``, ``ernie4_5``, ``youtu`` and ``minicpm3``
 (DeepSeek's latent attention, :class:`MLA`, with dense MLPs; MiniCPM3's three scales), ``stablelm`` (torch's
 LayerNorm with a bias: ``torch_layer_norm``), ``starcoder2``, ``arcee``, ``apertus``, ``jais2``, ``nemotron``,
-``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
+``phi``, ``persimmon``, ``gptj``, ``codegen``, ``gpt_neox``, ``gpt_neox_japanese`` (its last layer's output bias:
+``layer_out_bias``), ``falcon`` and ``gpt2`` (ungated MLPs: ``gated_mlp``;
 LayerNorms with a bias but Arcee's and Apertus's; GPT-NeoX's exact GELU and its parallel block's two norms,
 ``parallel_norms``; GPT-2's learned absolute positions, ``position_offset``), ``gpt_bigcode`` (GPT-2's,
 multi-query), ``openai-gpt`` (GPT-2's, norms after the residual adds: ``norm_after_residual``), ``gpt_neo`` (GPT-2's,
@@ -587,6 +588,19 @@ FAMILIES["gpt_neox"] = Family("GPTNeoXForCausalLM", activation="gelu",
                                   "num_hidden_layers": 44, "num_attention_heads": 64, "max_position_embeddings": 2048,
                                   "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 2,
                                   "attention_bias": True})
+# GPT-NeoX Japanese (GPTNeoXJapaneseForCausalLM: abeja's gpt-neox-japanese-2.7b): GPT-NeoX's layer in sequence (h +
+# attn(norm1(h)), then + mlp(norm2(.)); torch's LayerNorms with biases, layer_norm_eps), its per-head interleaved
+# query_key_value and dense without biases, but for the last layer's attention: a bias on its output (dense_bias,
+# added before the residual; LlamaConfig.layer_out_bias); RoPE on the first rotary_pct (1.0) of each head at base
+# rotary_emb_base; an ungated MLP of the exact GELU, hidden_size * intermediate_multiple_size wide, unbiased; a tied
+# head by default (embed_out). Its checkpoints' names under gpt_neox_japanese.* (renamed on loading).
+FAMILIES["gpt_neox_japanese"] = dataclasses.replace(
+    FAMILIES["gpt_neox"], architecture="GPTNeoXJapaneseForCausalLM", parallel_block=False, parallel_norms=False,
+    partial_rotary_factor=1.0, reads=(), defaults={
+        "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 31996,
+        "eos_token_id": 31999, "tie_word_embeddings": True})
+_NEOX_JA_WIDTH = 4  # GPTNeoXJapaneseConfig's intermediate_multiple_size: the MLP's width over hidden_size
 # GPT-J (GPTJForCausalLM: gpt-j-6b, GPT-JT, its fine-tunes): Phi-2's parallel block (one torch LayerNorm with a bias,
 # ln_1, before the attention and the MLP) without attention biases: q, k, v and out_proj unbiased, an ungated MLP of
 # GELU's tanh form (activation_function gelu_new; fc_in, fc_out, biased), a biased head; RoPE at base 10000 on the
@@ -765,7 +779,7 @@ _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "l
                  "gpt_bigcode": "layer_norm_epsilon", "gpt_neo": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon", "bloom": "layer_norm_epsilon",
                  "mpt": "layer_norm_epsilon",
-                 "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
+                 "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps", "gpt_neox_japanese": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -1365,11 +1379,11 @@ _HARMLESS_ONLY_AT = {
        for key in ("sliding_window_pattern", "_sliding_window_pattern")},
     # the model has no dropout; transformers applies this one in training mode
     "attention_dropout": (lambda v, c: v in (0, None) or (c.model_type in ("seed_oss", "gpt_neox", "persimmon", "opt",
-                                                                           "gpt_neo", "xglm")
+                                                                           "gpt_neo", "xglm", "gpt_neox_japanese")
                                                           and _is_number(v)
                                                           and 0 <= v < 1),
-                          "0.0 (Seed-OSS, GPT-NeoX, Persimmon, OPT: any, as Seed-OSS's configs ship 0.1: dropout acts "
-                          "in training only)"),
+                          "0.0 (Seed-OSS, GPT-NeoX (Japanese), Persimmon, OPT: any, as Seed-OSS's configs ship 0.1: "
+                          "dropout acts in training only)"),
     # Seed-OSS's: LlamaConfig.out_bias; its residual dropout (training only)
     "attention_out_bias": (lambda v, c: c.model_type == "seed_oss" and isinstance(v, bool),
                            "absent (Seed-OSS: a bool)"),
@@ -1441,9 +1455,9 @@ _HARMLESS_ONLY_AT = {
     "use_qkv_bias": (lambda v, c: c.model_type == "stablelm" and isinstance(v, bool), "absent (StableLM: a bool)"),
     "use_parallel_residual": (lambda v, c: c.model_type in ("stablelm", "gpt_neox") and isinstance(v, bool),
                               "absent (StableLM, GPT-NeoX: a bool)"),
-    "hidden_dropout": (lambda v, c: c.model_type in ("stablelm", "gpt_neox", "falcon", "persimmon") and _is_number(v)
-                       and 0 <= v < 1,
-                       "absent (StableLM, GPT-NeoX, Falcon: any in [0, 1), training only)"),
+    "hidden_dropout": (lambda v, c: c.model_type in ("stablelm", "gpt_neox", "falcon", "persimmon",
+                                                     "gpt_neox_japanese") and _is_number(v) and 0 <= v < 1,
+                       "absent (StableLM, GPT-NeoX (Japanese), Falcon: any in [0, 1), training only)"),
     # GPT-NeoX's dropout of its sequence-classification head (not a causal LM's)
     "classifier_dropout": (lambda v, c: c.model_type in ("gpt_neox", "gpt_neo")
                            and (v is None or _is_number(v) and 0 <= v < 1),
@@ -1458,7 +1472,8 @@ _HARMLESS_ONLY_AT = {
     "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
                                                                                "stablelm", "gpt_neox", *_GPTJS,
-                                                                               "persimmon", "laguna")
+                                                                               "persimmon", "laguna",
+                                                                               "gpt_neox_japanese")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -2353,12 +2368,13 @@ class LlamaConfig:
         if self.model_type == "opt" and self.attention_bias != self.mlp_bias:
             raise ValueError("model_type 'opt' has one bias switch (enable_bias) for every projection: attention_bias "
                              f"{self.attention_bias} and mlp_bias {self.mlp_bias} must agree")
-        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt", "gpt_neo", "biogpt", "xglm") and (
-                not self.mlp_bias and self.model_type != "opt"
+        if self.model_type in ("gpt_neox", *_GPTJS, *_GPT2S, "opt", "gpt_neo", "biogpt", "xglm",
+                               "gpt_neox_japanese") and (
+                not self.mlp_bias and self.model_type not in ("opt", "gpt_neox_japanese")
                 or self.num_key_value_heads not in (self.num_attention_heads,
                                                     *((1,) if self.model_type == "gpt_bigcode" else ()))
                 or self.head_dim * self.num_attention_heads != self.hidden_size):
-            mlps = "" if self.model_type == "opt" else " with biased MLPs"
+            mlps = "" if self.model_type in ("opt", "gpt_neox_japanese") else " with biased MLPs"
             raise ValueError(f"model_type {self.model_type!r} is multi-head attention of head_dim hidden_size // heads"
                              f"{mlps}: got {self.num_key_value_heads} KV heads of "
                              f"{self.num_attention_heads}, "
@@ -2532,6 +2548,11 @@ class LlamaConfig:
         if self.model_type == "stablelm":  # (its use_qkv_bias; none on o)
             return bool(self.extra.get("use_qkv_bias", False))
         return FAMILIES[self.model_type].qkv_bias or self.attention_bias
+
+    def layer_out_bias(self, layer: int) -> bool:
+        """A bias on layer ``layer``'s attention output projection: :attr:`out_bias`, and GPT-NeoX Japanese's last
+        layer's (its ``dense_bias``, that layer's only)."""
+        return self.out_bias or (self.model_type == "gpt_neox_japanese" and layer == self.num_hidden_layers - 1)
 
     @property
     def out_bias(self) -> bool:
@@ -3158,7 +3179,7 @@ class LlamaConfig:
         squared), ``"gelu"`` (GPT-NeoX's exact GELU; its ``gelu_fast`` and ``gelu_new``: ``"gelu_tanh"``) or
         ``"xielu"`` (Apertus's ungated xIELU, with its learned numbers: llama.XIELU); GPT-2's ``"relu"`` by its
         key."""
-        if self.model_type == "gpt_neox" and self.extra.get("hidden_act", "gelu") != "gelu":
+        if self.model_type in ("gpt_neox", "gpt_neox_japanese") and self.extra.get("hidden_act", "gelu") != "gelu":
             return "gelu_tanh"  # (GPT-NeoX-20B's gelu_fast: the tanh form)
         if self.model_type == "openai-gpt":  # (its "gelu" is GELU's tanh form, transformers' gelu_new)
             return "relu" if self.extra.get("hidden_act", "gelu") == "relu" else "gelu_tanh"
@@ -3220,6 +3241,8 @@ class LlamaConfig:
             d["attention_bias"] = d["mlp_bias"] = True
         if model_type == "gpt_neox":
             _gpt_neox_keys(d)
+        if model_type == "gpt_neox_japanese":
+            _gpt_neox_japanese_keys(d)
         if model_type in _GPTJS:
             _gptj_keys(d)
         if model_type in _GPT2S:
@@ -3490,10 +3513,15 @@ class LlamaConfig:
             if self.model_type == "gpt_bigcode":  # (its one KV head, or every head's own)
                 d["multi_query"] = self.num_key_value_heads == 1
             d.pop("partial_rotary_factor", None)
-        if self.model_type == "gpt_neox":  # its own keys (MHA, one head_dim, biased MLPs: none of its config's)
-            del d["num_key_value_heads"], d["head_dim"], d["mlp_bias"]
+        if self.model_type in ("gpt_neox", "gpt_neox_japanese"):  # its own keys (MHA, one head_dim, the MLP's
+            del d["num_key_value_heads"], d["head_dim"]  # biases: none of its config's)
+            d.pop("mlp_bias", None)
             d["rotary_emb_base"] = d.pop("rope_theta")
-            d["rotary_pct"] = d.pop("partial_rotary_factor", FAMILIES["gpt_neox"].partial_rotary_factor)
+            d["rotary_pct"] = d.pop("partial_rotary_factor", FAMILIES[self.model_type].partial_rotary_factor)
+        if self.model_type == "gpt_neox_japanese":  # (its MLP's width as a multiple of hidden_size)
+            width = d.pop("intermediate_size")
+            d["intermediate_multiple_size"] = width // self.hidden_size if width % self.hidden_size == 0 \
+                else width / self.hidden_size
         if self.model_type in _COHERES or self.model_type == "cohere2_moe" and self.layer_norm:  # (its norms' eps
             d["layer_norm_eps"] = d.pop("rms_norm_eps")  # under its own key)
             if self.model_type == "cohere2_moe":
@@ -3534,6 +3562,31 @@ def _gpt_neox_keys(d: dict) -> None:
         raise ValueError("config key 'mlp_bias' is not GPTNeoXConfig's: its MLP always has biases")
     d["mlp_bias"] = True
     _own_names(d, _NEOX_ROPE_KEYS, "GPT-NeoX")
+
+
+def _gpt_neox_japanese_keys(d: dict) -> None:
+    """A GPT-NeoX Japanese config's keys in ``d`` under the model's names, in place: rotary_pct and rotary_emb_base
+    as GPT-NeoX's, intermediate_multiple_size as intermediate_size (hidden_size times it, as its MLP's width); the
+    keys GPTNeoXJapaneseConfig does not read and the model would (biases: it has none but the last layer's output
+    one; KV heads or a head_dim other than multi-head attention's; a width of its own) raise."""
+    family = FAMILIES["gpt_neox_japanese"]
+    heads = d.get("num_attention_heads", family.defaults["num_attention_heads"])
+    hidden = d.get("hidden_size", family.defaults["hidden_size"])
+    per_head = hidden // heads if _is_int(heads) and _is_int(hidden) and heads > 0 else None
+    for key, want in (("num_key_value_heads", heads), ("head_dim", per_head)):
+        if key in d and d[key] != want:
+            raise ValueError(f"config {key} = {d[key]!r} is not GPTNeoXJapaneseConfig's: it is multi-head attention "
+                             f"of head_dim hidden_size // num_attention_heads ({want!r})")
+    _refuse_keys(d, ("attention_bias", "mlp_bias", "intermediate_size"), "GPTNeoXJapaneseConfig",
+                 "its projections are unbiased (the last layer's output bias aside), its MLP hidden_size * "
+                 "intermediate_multiple_size wide")
+    multiple = d.pop("intermediate_multiple_size", _NEOX_JA_WIDTH)
+    if not (_is_number(multiple) and multiple > 0 and _is_int(hidden) and int(hidden * multiple) >= 1):
+        raise ValueError(f"config intermediate_multiple_size = {multiple!r} must be a number > 0 (the MLP is "
+                         "int(hidden_size * it) wide)")
+    d["intermediate_size"] = int(hidden * multiple)  # (as GPTNeoXJapaneseMLP computes it)
+    d["attention_bias"] = d["mlp_bias"] = False
+    _own_names(d, _NEOX_ROPE_KEYS, "GPT-NeoX Japanese")
 
 
 def _own_names(d: dict, names: dict, family: str) -> None:

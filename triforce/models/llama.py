@@ -493,7 +493,7 @@ class Attention(nn.Module):
         self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
         self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
-        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=config.out_bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=config.layer_out_bias(layer))
         self.window = config.layer_windows[layer]  # a sliding window (0: none), here for the cache-free forward
         self.scale = config.attention_scale  # (the caches apply the same, from the config)
         self.softcap = config.attn_softcap  # Gemma 2's cap on the scores, or None

@@ -790,6 +790,14 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                               "gpt_neox.final_layer_norm.": "model.norm.", "embed_out.": "lm_head.",
                               ".attention.dense.": ".self_attn.o_proj.", ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
                               ".mlp.dense_4h_to_h.": ".mlp.down_proj."},
+                 # GPT-NeoX Japanese: GPT-NeoX's names under gpt_neox_japanese.*, its last layer's output bias
+                 # dense_bias (before o_proj's pair: saving renames the bias first)
+                 "gpt_neox_japanese": {
+                     "gpt_neox_japanese.embed_in.": "model.embed_tokens.",
+                     "gpt_neox_japanese.layers.": "model.layers.",
+                     "gpt_neox_japanese.final_layer_norm.": "model.norm.", "embed_out.": "lm_head.",
+                     ".attention.dense_bias": ".self_attn.o_proj.bias", ".attention.dense.": ".self_attn.o_proj.",
+                     ".mlp.dense_h_to_4h.": ".mlp.up_proj.", ".mlp.dense_4h_to_h.": ".mlp.down_proj."},
                  "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
                  # VaultGemma: Gemma 2's norm before the MLP, its only one there (Llama's post_attention_layernorm)
                  "vaultgemma": {".pre_feedforward_layernorm.": ".post_attention_layernorm."},
@@ -1464,7 +1472,7 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
     head's weight dropped. Row operations only (the per-row scales of an FP8 checkpoint's weights follow their
     weights through it: quant.load_fp8); ``keep_head``: a tied head's weight kept too."""
     if config.model_type in ("gpt_neox", "gptj", "codegen", "gpt2", "gpt_neo",
-                             "openai-gpt"):  # (old checkpoints' attention
+                             "openai-gpt", "gpt_neox_japanese"):  # (old checkpoints' attention
         sd = {k: v for k, v in sd.items() if not k.endswith(_NEOX_BUFFERS)}  # buffers: a causal mask, its fill;
         # transformers drops or ignores them)
     if config.model_type == "persimmon":  # (its query_key_value is GPT-NeoX's, under its attention's name)
