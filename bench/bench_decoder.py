@@ -27,18 +27,20 @@ natural text at batch 8 and 16 (most rows propose nothing or 1-2 tokens), and on
 Its FLOPs count the real tokens (``padded``: all of the batch's rows times T).
 
 ``--family F`` (F one of gpt2, opt, starcoder2, pythia, nemotron, olmo, olmo-clip, olmo2, granite, cohere2, hunyuan,
-apertus, qwen3_moe, flex_olmo, opt-350m, bloom, gemma3): instead of the embedded model, random weights of that family at
-its smallest published shape (gpt2's 124M: 12 layers of 768, learned positions, LayerNorms, GELU; opt-125m's: the same
-with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU; pythia-160m's: GPT-NeoX's parallel block;
-12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU squared; weightless LayerNorms, SwiGLU (``olmo-clip``:
-q, k and v clamped); 12-layer, 768-wide OLMo 2 and Granite models: norms after the blocks, Granite's multipliers; a
-12-layer, 768-wide Cohere 2 (its LayerNorm, parallel block, float32 RoPE, a 256000-token head); a 12-layer, 1024-wide
-Hunyuan (q/k norms after RoPE); a 12-layer, 768-wide Apertus (xIELU); a 12-layer, 768-wide Qwen3-MoE (its attention's
-side native, its mixture in Python, layer by layer) and FlexOlmo (the same under norms after the blocks); opt-350m's: 24
-layers of 1024 with each norm after its residual add, a popular draft model; bloom-560m's: 24 layers of 1024 with ALiBi,
-a 250880-token head; gemma-3-270m's: 18 layers of 640 with Gemma's four norms a layer, GeGLU, local and global layers, a
-262144-token head), float32 or bfloat16: the families whose layers only the one-call path fuses (their per-layer path is
-the modules'; ``per_layer`` equals ``modules`` there; Qwen3-MoE's per-layer path is its only fused one).
+apertus, qwen3_moe, flex_olmo, ettin, opt-350m, bloom, gemma3): instead of the embedded model, random weights of that
+family at its smallest published shape (gpt2's 124M: 12 layers of 768, learned positions, LayerNorms, GELU; opt-125m's:
+the same with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU; pythia-160m's: GPT-NeoX's parallel
+block; 12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU squared; weightless LayerNorms, SwiGLU
+(``olmo-clip``: q, k and v clamped); 12-layer, 768-wide OLMo 2 and Granite models: norms after the blocks, Granite's
+multipliers; a 12-layer, 768-wide Cohere 2 (its LayerNorm, parallel block, float32 RoPE, a 256000-token head); a
+12-layer, 1024-wide Hunyuan (q/k norms after RoPE); a 12-layer, 768-wide Apertus (xIELU); a 12-layer, 768-wide Qwen3-MoE
+(its attention's side native, its mixture in Python, layer by layer) and FlexOlmo (the same under norms after the
+blocks); ettin-decoder-150m's (ModernBERT decoder: 22 layers of 768, a gated exact GELU, a prediction head); opt-350m's:
+24 layers of 1024 with each norm after its residual add, a popular draft model; bloom-560m's: 24 layers of 1024 with
+ALiBi, a 250880-token head; gemma-3-270m's: 18 layers of 640 with Gemma's four norms a layer, GeGLU, local and global
+layers, a 262144-token head), float32 or bfloat16: the families whose layers only the one-call path fuses (their
+per-layer path is the modules'; ``per_layer`` equals ``modules`` there; Qwen3-MoE's per-layer path is its only fused
+one).
 
 Bytes = the weights read once (every linear layer and the LM head) + the KV cache read + the step's keys
 and values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the
@@ -225,6 +227,10 @@ FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
                  "flex_olmo": {"model_type": "flex_olmo", "vocab_size": 100352, "hidden_size": 768,
                                "intermediate_size": 1024, "num_experts": 16, "num_experts_per_tok": 2,
                                "num_hidden_layers": 12, "num_attention_heads": 12},
+                 # ettin-decoder-150m's (ModernBERT decoder): 22 layers of 768, LayerNorms, multi-head attention,
+                 # two global layers of three sliding over 64 tokens, a gated exact GELU, a prediction head; its first
+                 # layer on the modules, the others in the stack
+                 "ettin": {"model_type": "modernbert-decoder"},
                  # gemma-3-270m's: 18 layers of 640, Gemma's norms (four a layer, sandwich) and q/k norms, GeGLU,
                  # 4 query heads of 256 over one key head, five local layers (a 512-token window, their own RoPE)
                  # to one global, a 262144-token tied head

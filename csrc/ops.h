@@ -181,10 +181,10 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // H]), h2 = h + o_proj(attn) * residual_multiplier (sandwich, post_norms: h + norm(o_proj(attn)) * residual_multiplier)
 // and the input norm(h2) (sandwich: its third norm; parallel: the MLP's norm of h; post_norms: h2 itself), not with
 // norm_after; the caller adds the mixture's output (sandwich, post_norms: normed) to h2; gate/up/down placeholders. mlp
-// "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up. softcap > 0: every layer's
-// verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of (together, or neither): more RoPE tables,
-// [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's
-// local and global layers).
+// "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up ("gelu_glu": the exact GELU's; ModernBERT
+// decoder's). softcap > 0: every layer's verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of
+// (together, or neither): more RoPE tables, [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into
+// [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's local and global layers).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,

@@ -239,7 +239,7 @@ at::Tensor glu_op(const char* name, const at::Tensor& gate, const at::Tensor& up
 // or an ungated down(act(up(x)))
 // (triforce.models.llama.FeedForward): GELU's tanh form and the exact GELU as the module's _activated computes them
 // on the CPU (the native act(x) * 1: the product by one is exact), ReLU and ReLU squared as its ATen ops.
-enum class Mlp { kSwiGlu, kGeGluTanh, kGeluTanh, kGelu, kRelu, kRelu2, kXielu };
+enum class Mlp { kSwiGlu, kGeGluTanh, kGeGlu, kGeluTanh, kGelu, kRelu, kRelu2, kXielu };
 
 // A layer's MLP: its kind, and for xIELU (Apertus's) its four numbers [alpha_p, alpha_n, beta, eps] as the module
 // computes them (XIELU.forward: the softplus of its parameters, as 1-element tensors of its dtype)
@@ -252,13 +252,14 @@ struct MlpSpec {
 Mlp mlp_kind(const std::string& name) {
   if (name == "silu") return Mlp::kSwiGlu;
   if (name == "gelu_tanh_glu") return Mlp::kGeGluTanh;
+  if (name == "gelu_glu") return Mlp::kGeGlu;
   if (name == "gelu_tanh") return Mlp::kGeluTanh;
   if (name == "gelu") return Mlp::kGelu;
   if (name == "relu") return Mlp::kRelu;
   if (name == "relu2") return Mlp::kRelu2;
   if (name == "xielu") return Mlp::kXielu;
-  TORCH_CHECK(false, "decoder_layers: mlp must be 'silu' or 'gelu_tanh_glu' (gated), or 'gelu_tanh', 'gelu', 'relu', "
-              "'relu2', 'xielu' (ungated), got '", name, "'");
+  TORCH_CHECK(false, "decoder_layers: mlp must be 'silu', 'gelu_tanh_glu' or 'gelu_glu' (gated), or 'gelu_tanh', "
+              "'gelu', 'relu', 'relu2', 'xielu' (ungated), got '", name, "'");
 }
 
 // RoPE in one loop, elementwise exactly as ATen evaluates the composite below: each product and the sum
@@ -424,12 +425,14 @@ at::Tensor xielu(const at::Tensor& x, const at::Tensor* a) {
 at::Tensor mlp_out(const at::Tensor& x, const Projections& p, const MlpSpec& spec) {
   at::Tensor act;
   const Mlp mlp = spec.kind;
-  if (mlp == Mlp::kSwiGlu || mlp == Mlp::kGeGluTanh) {
+  if (mlp == Mlp::kSwiGlu || mlp == Mlp::kGeGluTanh || mlp == Mlp::kGeGlu) {
     auto [gate, up] = p.many<2>({1, 2}, x);
     if (mlp == Mlp::kSwiGlu)
       glu_into<triforce::Act::kSilu>(gate, up, gate);
-    else
+    else if (mlp == Mlp::kGeGluTanh)
       glu_into<triforce::Act::kGeluTanh>(gate, up, gate);
+    else
+      glu_into<triforce::Act::kGelu>(gate, up, gate);
     act = gate;
   } else {  // (projection 1, the gate, is not read)
     act = p(2, x);

@@ -600,6 +600,22 @@ FAMILIES["gpt_neox_japanese"] = dataclasses.replace(
         "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
         "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 31996,
         "eos_token_id": 31999, "tie_word_embeddings": True})
+# ModernBERT decoder (ModernBertDecoderForCausalLM: the Ettin decoders, 17M-1B): torch's LayerNorm (a bias by
+# norm_bias, default none; eps norm_eps) on the embeddings and before each block but the first layer's attention;
+# multi-head attention (q_proj, k_proj, v_proj, Wo; biases by attention_bias), every global_attn_every_n_layers-th layer
+# (from the first) global at RoPE base 160000, the others sliding over local_attention // 2 tokens at base 10000
+# (rope_parameters per layer type); a gated MLP of the exact GELU, its gate and up projections one Wi (rows [gate;
+# up]); the final norm, then a prediction head norm(gelu(dense(h))) (LlamaConfig.head_transform) before the tied
+# decoder (a bias by decoder_bias, default true). Its checkpoints' names renamed on loading (loading.py).
+FAMILIES["modernbert-decoder"] = Family(
+    "ModernBertDecoderForCausalLM", activation="gelu", hidden_acts=("gelu",), torch_layer_norm="nobias",
+    embed_layernorm=True, fused_projections=("gate_up_proj",), reads=("attention_bias", "mlp_bias"), defaults={
+        "vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
+        "num_attention_heads": 12, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 160000.0,
+        "bos_token_id": 50281, "eos_token_id": 50282, "pad_token_id": 50283, "tie_word_embeddings": True,
+        "sliding_window": 64})
+# ModernBertDecoderConfig's local_attention, global_attn_every_n_layers and its sliding layers' RoPE base
+_MODERNBERT_LOCAL, _MODERNBERT_EVERY, _MODERNBERT_LOCAL_THETA = 128, 3, 10000.0
 _NEOX_JA_WIDTH = 4  # GPTNeoXJapaneseConfig's intermediate_multiple_size: the MLP's width over hidden_size
 # GPT-J (GPTJForCausalLM: gpt-j-6b, GPT-JT, its fine-tunes): Phi-2's parallel block (one torch LayerNorm with a bias,
 # ln_1, before the attention and the MLP) without attention biases: q, k, v and out_proj unbiased, an ungated MLP of
@@ -779,7 +795,8 @@ _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "l
                  "gpt_bigcode": "layer_norm_epsilon", "gpt_neo": "layer_norm_epsilon",
                  "jais2": "layer_norm_eps", "falcon": "layer_norm_epsilon", "bloom": "layer_norm_epsilon",
                  "mpt": "layer_norm_epsilon",
-                 "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps", "gpt_neox_japanese": "layer_norm_eps"}  # (the LayerNorm families' own eps keys)
+                 "stablelm": "layer_norm_eps", "gpt_neox": "layer_norm_eps", "gpt_neox_japanese": "layer_norm_eps",
+                 "modernbert-decoder": "norm_eps"}  # (the LayerNorm families' own eps keys)
 # Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm (no bias) before the attention and the MLP,
 # which run in parallel on it (h + attn(x) + mlp(x)); the logits times logit_scale; the layer_types' sliding layers
 # (three of every four by default) slide and take RoPE on adjacent pairs of dims, the others take none (NoPE); a tied
@@ -1367,7 +1384,8 @@ _HARMLESS_ONLY_AT = {
     "query_pre_attn_scalar": (lambda v, c: c.model_type in (*_GEMMA2S, "gemma3_text") and _is_number(v) and v > 0,
                               "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
     # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
-    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum", "laguna") and _is_number(v)
+    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum", "laguna",
+                                                                       "modernbert-decoder") and _is_number(v)
                              and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
@@ -1791,6 +1809,25 @@ def _also(key: str, ok, what: str) -> None:
 
 
 _also("use_qk_norm", lambda v, c: c.model_type in _HUNYUANS and v is True, "Hunyuan: true")
+# ModernBERT decoder's (its norms' and heads' biases: LlamaConfig.torch_layer_norm, head_bias, head_transform_bias; its
+# prediction head's GELU; its window's key, local_attention // 2; its dropouts, training only; its initialisation)
+for _key in ("attention_dropout", "classifier_dropout"):
+    _also(_key, lambda v, c: c.model_type == "modernbert-decoder" and _is_number(v) and 0 <= v < 1,
+          "ModernBERT decoder: any in [0, 1), training only")
+_HARMLESS_ONLY_AT.update({
+    **{key: (lambda v, c: c.model_type == "modernbert-decoder" and _is_number(v) and 0 <= v < 1,
+             "absent (ModernBERT decoder: any in [0, 1), training only)")
+       for key in ("embedding_dropout", "mlp_dropout")},
+    **{key: (lambda v, c: c.model_type == "modernbert-decoder" and isinstance(v, bool),
+             "absent (ModernBERT decoder: a bool)") for key in ("decoder_bias", "classifier_bias", "norm_bias")},
+    "classifier_activation": (lambda v, c: c.model_type == "modernbert-decoder" and v == "gelu",
+                              "absent (ModernBERT decoder: 'gelu', its prediction head's exact GELU)"),
+    "local_attention": (lambda v, c: c.model_type == "modernbert-decoder" and _is_int(v) and v >= 2,
+                        "absent (ModernBERT decoder: an int >= 2, its sliding layers' window twice over)"),
+    "initializer_cutoff_factor": (lambda v, c: c.model_type == "modernbert-decoder" and _is_number(v),
+                                  "absent (ModernBERT decoder: a number, its initialisation's)"),
+    "cls_token_id": (lambda v, c: c.model_type == "modernbert-decoder" and (v is None or _is_int(v)),
+                     "absent (ModernBERT decoder: an id, not read)")})
 _also("attention_dropout", lambda v, c: c.model_type in ("starcoder2", "stablelm") and _is_number(v) and 0 <= v < 1,
       "StarCoder 2, StableLM: any in [0, 1), as their configs may ship 0.1 (training only)")
 _also("attention_dropout", lambda v, c: c.model_type in _HUNYUANS and _is_number(v) and 0 <= v < 1,
@@ -2006,6 +2043,11 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     none = (0,) * n
     if c.model_type in _PATTERNED:
         window = x.get("sliding_window", FAMILIES[c.model_type].defaults["sliding_window"])
+        if c.model_type == "modernbert-decoder":  # (its window local_attention // 2, as its config computes it)
+            local = x.get("local_attention", _MODERNBERT_LOCAL)
+            if not (_is_int(local) and local >= 2) or x.get("sliding_window", local // 2) != local // 2:
+                return none, "sliding_window"
+            window = local // 2
         sliding, bad = _sliding_layers(c)
         if sliding is None:
             return none, bad
@@ -2183,7 +2225,7 @@ def _gpt_neo_layers(c: "LlamaConfig") -> list | str:
 _EXAONES = ("exaone4", "exaone_moe")
 # layer_types, else a pattern
 _PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe", "kolibri1", "flint",
-              "cohere2_moe")
+              "cohere2_moe", "modernbert-decoder")
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -2200,6 +2242,11 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
         if not all(_is_int(v) and v >= 1 for v in (prefix, every)) or not (_is_int(k) and 0 <= k <= n):
             return None, None  # (its own check names it)
         return [(i + 1) % prefix != 0 if i < k else (i - k + 1) % every != 0 for i in range(n)], None
+    if types is None and c.model_type == "modernbert-decoder":  # (its config's: every n-th from the first global)
+        every = x.get("global_attn_every_n_layers", _MODERNBERT_EVERY)
+        if not (_is_int(every) and every >= 1):
+            return None, None  # (its own check names it)
+        return [i % every != 0 for i in range(n)], None
     if types is None and c.model_type == "flint":  # (FlintConfig's: full on layers 0, 1, every fourth from 1, the last)
         return [not (i < 2 or i % 4 == 1 or i == n - 1) for i in range(n)], None
     if types is None:
@@ -2536,6 +2583,8 @@ class LlamaConfig:
     def head_bias(self) -> bool:
         """A bias on the LM head: ERNIE 4.5 MoE's by ``use_bias`` (its dense sibling's head has none), Phi-2's, PhiMoE's
         by ``lm_head_bias``."""
+        if self.model_type == "modernbert-decoder":  # (its decoder's, by decoder_bias)
+            return bool(self.extra.get("decoder_bias", True))
         return self.model_type == "ernie4_5_moe" and self.mlp_bias or self.model_type in ("phi", *_GPTJS) or (
             self.model_type == "phimoe" and bool(self.extra.get("lm_head_bias", False)))
 
@@ -2787,6 +2836,8 @@ class LlamaConfig:
         base (plain RoPE; None where its other layers take none); None for the other families (one RoPE)."""
         if self.model_type in ("olmo3", "mellum", "laguna"):  # its sliding layers' rope_parameters (the same base
             return float(self.extra.get("rope_local_base_freq", self.rope_theta))  # unless they say one)
+        if self.model_type == "modernbert-decoder":  # (its local layers' base, 10000 unless it says another)
+            return float(self.extra.get("rope_local_base_freq", _MODERNBERT_LOCAL_THETA))
         if self.model_type in _GRANITE_SWAS:  # its layers' other base (None: NoPE)
             return next((t for t in _granite_swa_thetas(self) or () if t and t != self.rope_theta), None)
         if self.model_type != "gemma3_text":
@@ -2817,7 +2868,8 @@ class LlamaConfig:
         n = self.num_hidden_layers
         if self.model_type == "gemma3_text":
             return tuple(not w for w in self.layer_windows)
-        if self.model_type == "olmo3":  # by layer type, whatever the window (none, or one past the context)
+        if self.model_type in ("olmo3", "modernbert-decoder"):  # by layer type, whatever the window (none, or one
+            # past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
         if self.model_type in ("mellum", "laguna"):  # by layer type (its list, else every layer full)
@@ -3198,8 +3250,28 @@ class LlamaConfig:
     def torch_layer_norm(self) -> str:
         """The norms are torch's LayerNorm with a bias, in the model's dtype: ``"plain"`` (StarCoder 2's
         ``nn.LayerNorm``), ``"1p"`` (Nemotron's LayerNorm1P: the weight applied as ``1 + w``); ``"bare"``: OLMo's, with
-        no weight and no bias, in float32; ``""``: not."""
+        no weight and no bias, in float32; ``"nobias"``: a weight and no bias (DBRX's; ModernBERT decoder's unless
+        ``norm_bias``); ``""``: not."""
+        if self.model_type == "modernbert-decoder" and self.extra.get("norm_bias", False):
+            return "plain"
         return FAMILIES[self.model_type].torch_layer_norm
+
+    @property
+    def first_attention_norm(self) -> bool:
+        """A norm before the first layer's attention (False: ModernBERT decoder's, whose embeddings' norm is just
+        before it)."""
+        return self.model_type != "modernbert-decoder"
+
+    @property
+    def head_transform(self) -> str | None:
+        """ModernBERT decoder's prediction head before the logits, ``norm(act(dense(z)))`` (``model.head_dense``,
+        ``model.head_norm``): the activation's name (``classifier_activation``, the exact GELU); None: none."""
+        return "gelu" if self.model_type == "modernbert-decoder" else None
+
+    @property
+    def head_transform_bias(self) -> bool:
+        """A bias on :attr:`head_transform`'s dense layer (ModernBERT decoder's ``classifier_bias``)."""
+        return bool(self.extra.get("classifier_bias", False))
 
     @property
     def rope_type(self) -> str:
@@ -3227,6 +3299,8 @@ class LlamaConfig:
         if model_type not in FAMILIES:
             raise ValueError(f"config model_type {model_type!r} is not supported: triforce.models.Llama reads "
                              f"{_MODEL_TYPES} configs")
+        if model_type == "modernbert-decoder":
+            _modernbert_keys(d)
         _split_layer_rope(d)
         if model_type in _USE_BIAS:  # its one bias key: every projection's (attention_bias and mlp_bias here)
             for key in ("attention_bias", "mlp_bias"):
@@ -3518,6 +3592,9 @@ class LlamaConfig:
             d.pop("mlp_bias", None)
             d["rotary_emb_base"] = d.pop("rope_theta")
             d["rotary_pct"] = d.pop("partial_rotary_factor", FAMILIES[self.model_type].partial_rotary_factor)
+        if self.model_type == "modernbert-decoder":  # (MHA, one head_dim: not its config's keys; its activation's key)
+            del d["num_key_value_heads"], d["head_dim"]
+            d["hidden_activation"] = d.pop("hidden_act")
         if self.model_type == "gpt_neox_japanese":  # (its MLP's width as a multiple of hidden_size)
             width = d.pop("intermediate_size")
             d["intermediate_multiple_size"] = width // self.hidden_size if width % self.hidden_size == 0 \
@@ -3528,10 +3605,13 @@ class LlamaConfig:
                 d["rms_norm_eps"] = None
         if self.model_type in _MLAS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
             d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
-        if self.model_type in ("olmo3", "mellum", "laguna"):  # its sliding layers' own base: rope_parameters per layer
-            local = d.pop("rope_local_base_freq", None)  # type (Olmo3Config's; MellumConfig's, LagunaConfig's always)
-            if self.model_type in ("mellum", "laguna") or local is not None and local != self.rope_theta:
-                local = self.rope_theta if local is None else local
+        if self.model_type in ("olmo3", "mellum", "laguna", "modernbert-decoder"):  # its sliding layers' own base:
+            local = d.pop("rope_local_base_freq", None)  # rope_parameters per layer type (Olmo3Config's;
+            # MellumConfig's, LagunaConfig's, ModernBertDecoderConfig's always)
+            if self.model_type in ("mellum", "laguna", "modernbert-decoder") or local is not None \
+                    and local != self.rope_theta:
+                local = (self.local_rope_theta if self.model_type == "modernbert-decoder" else self.rope_theta) \
+                    if local is None else local
                 full = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
                 if "partial_rotary_factor" in d:  # (Laguna's full layers': inside their dict)
                     full["partial_rotary_factor"] = d.pop("partial_rotary_factor")
@@ -3587,6 +3667,46 @@ def _gpt_neox_japanese_keys(d: dict) -> None:
     d["intermediate_size"] = int(hidden * multiple)  # (as GPTNeoXJapaneseMLP computes it)
     d["attention_bias"] = d["mlp_bias"] = False
     _own_names(d, _NEOX_ROPE_KEYS, "GPT-NeoX Japanese")
+
+
+def _modernbert_keys(d: dict) -> None:
+    """A ModernBERT decoder config's keys in ``d`` under the model's, in place, as ModernBertDecoderConfig reads them:
+    multi-head attention (KV heads or a head_dim other than its own raise), hidden_activation as hidden_act, its
+    sliding window local_attention // 2 (a sliding_window key is not read: transformers computes it), its RoPE bases
+    global_rope_theta / local_rope_theta (transformers 4.x's) as rope_parameters per layer type, its
+    global_attn_every_n_layers as layer_types."""
+    family = FAMILIES["modernbert-decoder"]
+    heads = d.get("num_attention_heads", family.defaults["num_attention_heads"])
+    hidden = d.get("hidden_size", family.defaults["hidden_size"])
+    per_head = hidden // heads if _is_int(heads) and _is_int(hidden) and heads > 0 else None
+    for key, want in (("num_key_value_heads", heads), ("head_dim", per_head)):
+        if key in d and d[key] != want:
+            raise ValueError(f"config {key} = {d[key]!r} is not ModernBertDecoderConfig's: it is multi-head attention "
+                             f"of head_dim hidden_size // num_attention_heads ({want!r})")
+    _own_names(d, {"hidden_activation": "hidden_act"}, "ModernBERT decoder")
+    local = d.pop("local_attention", _MODERNBERT_LOCAL)
+    if not (_is_int(local) and local >= 2):
+        raise ValueError(f"config local_attention = {local!r} must be an int >= 2 (its sliding layers see "
+                         "local_attention // 2 tokens)")
+    d["local_attention"], d["sliding_window"] = local, local // 2  # (its config's own, whatever sliding_window says)
+    if "layer_types" not in d:
+        every = d.pop("global_attn_every_n_layers", _MODERNBERT_EVERY)
+        if not (_is_int(every) and every >= 1):
+            raise ValueError(f"config global_attn_every_n_layers = {every!r} must be an int >= 1")
+        n = d.get("num_hidden_layers", family.defaults["num_hidden_layers"])
+        if _is_int(n) and n >= 1:
+            d["layer_types"] = ["sliding_attention" if i % every else "full_attention" for i in range(n)]
+    else:
+        d.pop("global_attn_every_n_layers", None)  # (layer_types say it)
+    theta = {"full_attention": d.pop("global_rope_theta", None), "sliding_attention": d.pop("local_rope_theta", None)}
+    params = d.get("rope_parameters")
+    if params is None and d.get("rope_scaling") is None:
+        defaults = {"full_attention": family.defaults["rope_theta"], "sliding_attention": _MODERNBERT_LOCAL_THETA}
+        d["rope_parameters"] = {kind: {"rope_type": "default", "rope_theta": defaults[kind] if t is None else t}
+                                for kind, t in theta.items()}
+    elif any(t is not None for t in theta.values()):
+        raise ValueError("config: global_rope_theta / local_rope_theta (transformers 4.x's) with rope_parameters or "
+                         "rope_scaling: give one")
 
 
 def _own_names(d: dict, names: dict, family: str) -> None:
@@ -3948,14 +4068,15 @@ def _mla_heads(d: dict) -> None:
 
 
 # (the families of a RoPE per layer type but Gemma 3)
-_NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum", "laguna": "Laguna"}
+_NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum", "laguna": "Laguna",
+                   "modernbert-decoder": "ModernBERT decoder"}
 
 
 def _split_layer_rope(d: dict) -> None:
     """transformers 5's Gemma 3 and OLMo 3 ``rope_parameters``, one dict per layer type, in place as transformers 4
     wrote Gemma 3's: the ``full_attention`` layers' as the model's RoPE, the ``sliding_attention`` layers' base as
     ``rope_local_base_freq`` (plain RoPE only; :meth:`LlamaConfig.to_dict` writes OLMo 3's back per layer type)."""
-    olmo3 = d.get("model_type") in ("olmo3", "mellum", "laguna")
+    olmo3 = d.get("model_type") in ("olmo3", "mellum", "laguna", "modernbert-decoder")
     if olmo3 and "rope_local_base_freq" in d:
         raise ValueError(f"config key 'rope_local_base_freq' is Gemma 3's: transformers' {d['model_type']} config does "
                          "not read it (its sliding layers take rope_parameters['sliding_attention'])")
@@ -3971,9 +4092,10 @@ def _split_layer_rope(d: dict) -> None:
     params = d.get("rope_parameters")
     if not (isinstance(params, dict) and params and set(params) <= {"full_attention", "sliding_attention"}):
         return
-    if d.get("model_type") not in ("gemma3_text", "olmo3", "mellum", "laguna"):
+    if d.get("model_type") not in ("gemma3_text", "olmo3", "mellum", "laguna", "modernbert-decoder"):
         raise ValueError(f"config rope_parameters per layer type ({', '.join(params)}) are read for model_type "
-                         f"'gemma3_text', 'olmo3', 'mellum' and 'laguna' only, not {d.get('model_type')!r}")
+                         f"'gemma3_text', 'olmo3', 'mellum', 'laguna' and 'modernbert-decoder' only, not "
+                         f"{d.get('model_type')!r}")
     d["rope_parameters"] = params.get("full_attention")
     local = params.get("sliding_attention")
     if local is None:

@@ -1208,7 +1208,11 @@ class DecoderLayer(nn.Module):
                     else MLP(config, width) if config.gated_mlp else FeedForward(config, width))
         # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
         post = config.post_norms
-        self.input_layernorm = nn.Identity() if post else make_norm(config, config.hidden_size, config.rms_norm_eps)
+        # ModernBERT decoder: no norm before its first layer's attention (the embeddings' norm is just before it;
+        # bare_input: the native stack's calls start after such a layer, _stack_runs)
+        self.bare_input = layer == 0 and not config.first_attention_norm
+        self.input_layernorm = nn.Identity() if post or self.bare_input else make_norm(config, config.hidden_size,
+                                                                                         config.rms_norm_eps)
         # Cohere 2: the MLP on input_layernorm's output too, no second norm; GPT-NeoX: on its own norm of h
         self.parallel = config.parallel_block
         if not self.parallel or config.parallel_norms:
@@ -1414,7 +1418,8 @@ _QK_NORMS = {"llama": RMSNorm, "layer": RMSNorm, "gemma": GemmaRMSNorm, "float32
 _QK_KINDS = {RMSNorm: "llama", GemmaRMSNorm: "gemma", Float32RMSNorm: "float32", LayerNorm: "cohere",
              BiasLayerNorm: "layer"}  # decoder_layers' qk_norm_kind of each q/k norm (StableLM 2 12B's Cohere-like
 # per-head LayerNorms, Persimmon's torch LayerNorms with biases)
-_GATED_NATIVE = {"silu": "silu", "gelu_tanh": "gelu_tanh_glu"}  # the gated MLPs decoder_layers runs, by its names
+_GATED_NATIVE = {"silu": "silu", "gelu_tanh": "gelu_tanh_glu", "gelu": "gelu_glu"}  # the gated MLPs decoder_layers
+# runs, by its names
 _UNGATED_NATIVE = ("gelu_tanh", "gelu", "relu", "relu2")  # the ungated MLPs decoder_layers runs
 
 
@@ -1551,8 +1556,11 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
 
 def _stack_runs(layers, lo: int, hi: int) -> list:
     """``layers[lo:hi]`` as the runs the native stack takes in one call each: cut after each mixture of experts (a call
-    stops before the last layer's mixture, which runs in Python: ``decoder_layers``' ``mixture_last``)."""
-    cuts = [i + 1 for i in range(lo, hi - 1) if type(layers[i]._modules.get("mlp")) is SparseMoE]
+    stops before the last layer's mixture, which runs in Python: ``decoder_layers``' ``mixture_last``) and after a
+    layer without a norm before its attention (``bare_input``: ModernBERT decoder's first, which the stack does not
+    run, so that the others take it)."""
+    cuts = [i + 1 for i in range(lo, hi - 1) if type(layers[i]._modules.get("mlp")) is SparseMoE
+            or layers[i].__dict__.get("bare_input")]  # (ModernBERT decoder's first layer: on the modules)
     edges = [lo, *cuts, hi]
     return list(zip(edges, edges[1:]))
 
@@ -1591,6 +1599,9 @@ class LlamaModel(nn.Module):
             self.embed_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps) if config.final_norm else nn.Identity()
+        if config.head_transform:  # ModernBERT decoder's prediction head before the logits: norm(act(dense(z)))
+            self.head_dense = Linear(config.hidden_size, config.hidden_size, bias=config.head_transform_bias)
+            self.head_norm = make_norm(config, config.hidden_size, config.rms_norm_eps)
 
 
 class Llama(nn.Module):
@@ -1910,6 +1921,9 @@ class Llama(nn.Module):
         project_out = self.model._modules.get("project_out")  # (opt-350m's: back to the embeddings' width)
         if project_out is not None:
             z = project_out(z)
+        dense = self.model._modules.get("head_dense")  # (ModernBERT decoder's prediction head)
+        if dense is not None:
+            z = self.model._modules["head_norm"](_activated(self.config.head_transform, dense(z)))
         d = self.config.head_divisor  # (MiniCPM3's, before the head)
         logits = self.lm_head(z if d == 1 else z / d)
         scaling, scale = self.config.logits_scaling, self.config.logit_scale
@@ -2068,8 +2082,9 @@ class Llama(nn.Module):
         draft.model = LlamaModel.__new__(LlamaModel)
         nn.Module.__init__(draft.model)
         draft.model.embed_tokens = self.model.embed_tokens
-        for name in ("embed_positions", "project_in", "project_out", "embed_layernorm"):  # (GPT-2's learned
-            # positions, opt-350m's projections, BLOOM's norm of the embeddings)
+        for name in ("embed_positions", "project_in", "project_out", "embed_layernorm", "head_dense", "head_norm"):
+            # (GPT-2's learned positions, opt-350m's projections, BLOOM's norm of the embeddings, ModernBERT
+            # decoder's prediction head)
             if name in self.model._modules:
                 setattr(draft.model, name, self.model._modules[name])
         draft.model.layers = nn.ModuleList(self.model.layers[:k])

@@ -399,9 +399,21 @@ _QKV = tuple(f".self_attn.{p}_proj.weight" for p in "qkv")
 _FUSED = ((".self_attn.qkv_proj.weight", _QKV),
           (".mlp.gate_up_proj.weight", (".mlp.gate_proj.weight", ".mlp.up_proj.weight")),
           (".attention.query_key_value.weight", _QKV),
-          (".attention.query_key_value.bias", tuple(p.replace(".weight", ".bias") for p in _QKV)))
+          (".attention.query_key_value.bias", tuple(p.replace(".weight", ".bias") for p in _QKV)),
+          (".mlp.gate_up_proj.bias", (".mlp.gate_proj.bias", ".mlp.up_proj.bias")))  # (ModernBERT decoder's Wi's)
 _NEOX_QKV = (".attention.query_key_value.weight", ".attention.query_key_value.bias")
 _PERSIMMON_QKV = (".self_attn.query_key_value.", ".attention.query_key_value.")  # (Persimmon's name of GPT-NeoX's)
+_MODERNBERT_WI = (".mlp.Wi.", ".mlp.gate_up_proj.")  # (ModernBERT decoder's MLP: rows [input; gate], act(input) * gate)
+# ModernBERT decoder's checkpoint names -> the model's, in the order they are replaced (its head's dense and norm
+# before decoder, its q/k/v after Wo), and the model's -> its (lm_head first: its prediction head is lm_head.*)
+_MODERNBERT_NAMES = (("model.embeddings.tok_embeddings.", "model.embed_tokens."),
+                     ("model.embeddings.norm.", "model.embed_layernorm."), ("model.final_norm.", "model.norm."),
+                     (".attn_norm.", ".input_layernorm."), (".mlp_norm.", ".post_attention_layernorm."),
+                     (".attn.Wo.", ".self_attn.o_proj."), (".attn.", ".self_attn."), (".mlp.Wo.", ".mlp.down_proj."),
+                     ("lm_head.dense.", "model.head_dense."), ("lm_head.norm.", "model.head_norm."),
+                     ("decoder.", "lm_head."))
+_MODERNBERT_BACK = (("lm_head.", "decoder."), *((new, old) for old, new in _MODERNBERT_NAMES[:-1]
+                                                if old != ".attn."), (".self_attn.", ".attn."))
 
 
 def _fused_match(key: str):
@@ -1234,6 +1246,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _dbrx_names(config, sd, inverse)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
+    if config.model_type == "modernbert-decoder":
+        return _renamed(sd, _MODERNBERT_BACK if inverse else _MODERNBERT_NAMES)
     if config.model_type in _FAMILY_NAMES:
         sd = _renamed(sd, [(v, k) if inverse else (k, v) for k, v in _FAMILY_NAMES[config.model_type].items()])
         return _weightless_norms(config, sd, inverse) if FAMILIES[config.model_type].weightless_norms else sd
@@ -1477,6 +1491,8 @@ def model_names(config: LlamaConfig, sd: dict, keep_head: bool = False) -> dict:
         # transformers drops or ignores them)
     if config.model_type == "persimmon":  # (its query_key_value is GPT-NeoX's, under its attention's name)
         sd = _renamed(sd, [_PERSIMMON_QKV])
+    if config.model_type == "modernbert-decoder":  # (its Wi, [gate; up]: split as GLM-4's gate_up_proj)
+        sd = _renamed(sd, [_MODERNBERT_WI])
     sd = _split_projections(config, dict(sd)) if FAMILIES[config.model_type].fused_projections else dict(sd)
     sd = _expert_names(config, _order_rotary_dims(config, _norm_names(config, sd)))
     if config.tie_word_embeddings and not keep_head:
@@ -1550,6 +1566,8 @@ def save_pretrained(model, directory) -> None:
         sd = _join_projections(config, sd)
     if config.model_type == "persimmon":
         sd = _renamed(sd, [_PERSIMMON_QKV[::-1]])
+    if config.model_type == "modernbert-decoder":
+        sd = _renamed(sd, [_MODERNBERT_WI[::-1]])
     _write_hf_dir(Path(directory), config, sd)
 
 
