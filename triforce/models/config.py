@@ -3626,18 +3626,25 @@ class LlamaConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _multi_head_keys(d: dict, model_type: str, config: str):
+    """Raise where ``d`` gives KV heads or a head_dim other than multi-head attention's (a family whose ``config`` class
+    has neither key: every head its own keys, hidden_size // num_attention_heads wide); -> its hidden_size."""
+    defaults = FAMILIES[model_type].defaults
+    heads, hidden = (d.get(k, defaults[k]) for k in ("num_attention_heads", "hidden_size"))
+    per_head = hidden // heads if _is_int(heads) and _is_int(hidden) and heads > 0 else None
+    for key, want in (("num_key_value_heads", heads), ("head_dim", per_head)):
+        if key in d and d[key] != want:
+            raise ValueError(f"config {key} = {d[key]!r} is not {config}'s: it is multi-head attention of head_dim "
+                             f"hidden_size // num_attention_heads ({want!r})")
+    return hidden
+
+
 def _gpt_neox_keys(d: dict) -> None:
     """A GPT-NeoX config's keys in ``d`` under the model's names, in place: rotary_pct and rotary_emb_base as
     partial_rotary_factor and rope_theta (each may be given once), its MLP's biases (always: mlp_bias); the keys
     GPTNeoXConfig does not read and the model would (mlp_bias, num_key_value_heads or head_dim other than MHA's)
     raise."""
-    heads = d.get("num_attention_heads", FAMILIES["gpt_neox"].defaults["num_attention_heads"])
-    hidden = d.get("hidden_size", FAMILIES["gpt_neox"].defaults["hidden_size"])
-    per_head = hidden // heads if _is_int(heads) and _is_int(hidden) and heads > 0 else None
-    for key, want in (("num_key_value_heads", heads), ("head_dim", per_head)):
-        if key in d and d[key] != want:
-            raise ValueError(f"config {key} = {d[key]!r} is not GPTNeoXConfig's: GPT-NeoX is multi-head attention of "
-                             f"head_dim hidden_size // num_attention_heads ({want!r})")
+    _multi_head_keys(d, "gpt_neox", "GPTNeoXConfig")
     if "mlp_bias" in d:
         raise ValueError("config key 'mlp_bias' is not GPTNeoXConfig's: its MLP always has biases")
     d["mlp_bias"] = True
@@ -3649,14 +3656,7 @@ def _gpt_neox_japanese_keys(d: dict) -> None:
     as GPT-NeoX's, intermediate_multiple_size as intermediate_size (hidden_size times it, as its MLP's width); the
     keys GPTNeoXJapaneseConfig does not read and the model would (biases: it has none but the last layer's output
     one; KV heads or a head_dim other than multi-head attention's; a width of its own) raise."""
-    family = FAMILIES["gpt_neox_japanese"]
-    heads = d.get("num_attention_heads", family.defaults["num_attention_heads"])
-    hidden = d.get("hidden_size", family.defaults["hidden_size"])
-    per_head = hidden // heads if _is_int(heads) and _is_int(hidden) and heads > 0 else None
-    for key, want in (("num_key_value_heads", heads), ("head_dim", per_head)):
-        if key in d and d[key] != want:
-            raise ValueError(f"config {key} = {d[key]!r} is not GPTNeoXJapaneseConfig's: it is multi-head attention "
-                             f"of head_dim hidden_size // num_attention_heads ({want!r})")
+    hidden = _multi_head_keys(d, "gpt_neox_japanese", "GPTNeoXJapaneseConfig")
     _refuse_keys(d, ("attention_bias", "mlp_bias", "intermediate_size"), "GPTNeoXJapaneseConfig",
                  "its projections are unbiased (the last layer's output bias aside), its MLP hidden_size * "
                  "intermediate_multiple_size wide")
@@ -3676,13 +3676,7 @@ def _modernbert_keys(d: dict) -> None:
     global_rope_theta / local_rope_theta (transformers 4.x's) as rope_parameters per layer type, its
     global_attn_every_n_layers as layer_types."""
     family = FAMILIES["modernbert-decoder"]
-    heads = d.get("num_attention_heads", family.defaults["num_attention_heads"])
-    hidden = d.get("hidden_size", family.defaults["hidden_size"])
-    per_head = hidden // heads if _is_int(heads) and _is_int(hidden) and heads > 0 else None
-    for key, want in (("num_key_value_heads", heads), ("head_dim", per_head)):
-        if key in d and d[key] != want:
-            raise ValueError(f"config {key} = {d[key]!r} is not ModernBertDecoderConfig's: it is multi-head attention "
-                             f"of head_dim hidden_size // num_attention_heads ({want!r})")
+    _multi_head_keys(d, "modernbert-decoder", "ModernBertDecoderConfig")
     _own_names(d, {"hidden_activation": "hidden_act"}, "ModernBERT decoder")
     local = d.pop("local_attention", _MODERNBERT_LOCAL)
     if not (_is_int(local) and local >= 2):
