@@ -577,3 +577,16 @@ def test_the_dropouts_each_family_reads(model_type, key, value, reads):
     else:
         with pytest.raises(ValueError, match=key):
             LlamaConfig.from_dict(d)
+
+
+def test_a_familys_key_check_never_replaces_anothers():
+    """A key's check is added once (config._add_checks raises for a key it has: the bug that refused StarCoder 2's
+    embedding_dropout when ModernBERT decoder's replaced it); a second family's values go through _also, and both
+    families' values pass."""
+    from triforce.models import config as config_mod
+
+    with pytest.raises(RuntimeError, match="exist already"):
+        config_mod._add_checks({"embedding_dropout": (lambda v, c: True, "anything")})
+    for model_type in ("starcoder2", "modernbert-decoder"):
+        assert LlamaConfig.from_dict({"model_type": model_type, "embedding_dropout": 0.1}).extra["embedding_dropout"] \
+            == 0.1

@@ -1761,11 +1761,20 @@ def _first(v):
     return v[0] if isinstance(v, list) else v
 
 
+def _add_checks(checks: dict) -> None:
+    """New keys' checks into ``_HARMLESS_ONLY_AT``; a key it has already raises (a second family's values of a key go
+    through :func:`_also`: replacing its check would refuse the first family's)."""
+    taken = sorted(set(checks) & set(_HARMLESS_ONLY_AT))
+    if taken:
+        raise RuntimeError(f"config checks for {taken} exist already: add a family's values with _also")
+    _HARMLESS_ONLY_AT.update(checks)
+
+
 # Hunyuan's config.json keys (its checkpoints' remote code and transformers' HunYuan classes): what the model reads
 # and the values where its keys are harmless
 _HUNYUAN_IDS = ("eod_token_id", "pad_id", "im_start_id", "im_end_id", "im_newline_id", "mask_init_id", "text_start_id",
                 "text_end_id")
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     # cross-layer attention (keys shared by layers) is Hunyuan-Large's, off in these models
     "use_cla": (lambda v, c: c.model_type in _HUNYUANS and v in (False, None), "absent (Hunyuan: false)"),
     "cla_share_factor": (lambda v, c: c.model_type in _HUNYUANS and (v is None or _is_int(v)),
@@ -1811,13 +1820,12 @@ def _also(key: str, ok, what: str) -> None:
 _also("use_qk_norm", lambda v, c: c.model_type in _HUNYUANS and v is True, "Hunyuan: true")
 # ModernBERT decoder's (its norms' and heads' biases: LlamaConfig.torch_layer_norm, head_bias, head_transform_bias; its
 # prediction head's GELU; its window's key, local_attention // 2; its dropouts, training only; its initialisation)
-for _key in ("attention_dropout", "classifier_dropout"):
+for _key in ("attention_dropout", "classifier_dropout", "embedding_dropout"):  # (others' keys too)
     _also(_key, lambda v, c: c.model_type == "modernbert-decoder" and _is_number(v) and 0 <= v < 1,
           "ModernBERT decoder: any in [0, 1), training only")
-_HARMLESS_ONLY_AT.update({
-    **{key: (lambda v, c: c.model_type == "modernbert-decoder" and _is_number(v) and 0 <= v < 1,
-             "absent (ModernBERT decoder: any in [0, 1), training only)")
-       for key in ("embedding_dropout", "mlp_dropout")},
+_add_checks({
+    "mlp_dropout": (lambda v, c: c.model_type == "modernbert-decoder" and _is_number(v) and 0 <= v < 1,
+                    "absent (ModernBERT decoder: any in [0, 1), training only)"),
     **{key: (lambda v, c: c.model_type == "modernbert-decoder" and isinstance(v, bool),
              "absent (ModernBERT decoder: a bool)") for key in ("decoder_bias", "classifier_bias", "norm_bias")},
     "classifier_activation": (lambda v, c: c.model_type == "modernbert-decoder" and v == "gelu",
@@ -1842,7 +1850,7 @@ _also("apply_residual_connection_post_layernorm", lambda v, c: c.model_type == "
       "BLOOM: false (the residual from the normed input, true, is not implemented)")
 _also("attention_softmax_in_fp32", lambda v, c: c.model_type == "bloom" and isinstance(v, bool),
       "BLOOM: a bool, the softmax in float32 either way")
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     **{key: (lambda v, c: c.model_type == "bloom" and isinstance(v, bool),
              "absent (BLOOM: a bool, Megatron-DeepSpeed's kernels' choice or tensor-parallel slices: the same math)")
        for key in ("slow_but_exact", "masked_softmax_fusion", "bias_dropout_fusion", "skip_bias_add",
@@ -1860,7 +1868,7 @@ _also("norm_type", lambda v, c: c.model_type == "mpt" and v in ("low_precision_l
       "MPT: 'low_precision_layernorm' or 'layernorm' (torch's LayerNorm in the dtype)")
 _also("logit_scale", lambda v, c: c.model_type == "mpt" and v is None,
       "MPT: null (transformers' MPT does not scale its logits; MosaicML's code would)")
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     "softmax_scale": (lambda v, c: c.model_type == "mpt" and _is_number(v) and 0 < v < float("inf"),
                       "absent (MPT: attn_config's, a number > 0)"),
     "expansion_ratio": (lambda v, c: c.model_type == "mpt" and v == 4,
@@ -1918,7 +1926,7 @@ _also("mlp_layer_types", lambda v, c: _NEW_MOES.get(c.model_type, (0, 0, 0, Fals
     "Hunyuan V3, Laguna, Mellum, Cohere 2 MoE: one 'dense' or 'sparse' per layer")
 _also("decoder_sparse_step", lambda v, c: c.model_type == "flint" and _is_int(v) and v >= 1, "Flint: an int >= 1")
 # Laguna's attention and router (LlamaConfig.layer_heads, softplus_gate, experts)
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     "gating": (lambda v, c: c.model_type == "laguna" and (isinstance(v, bool) or v in ("per-head", "per-element")),
                "absent (Laguna: a bool, 'per-head' or 'per-element', its output gate's granularity)"),
     "num_attention_heads_per_layer": (lambda v, c: c.model_type == "laguna" and (
@@ -1932,7 +1940,7 @@ _HARMLESS_ONLY_AT.update({
     "moe_apply_router_weight_on_input": (lambda v, c: c.model_type == "laguna" and v is False,
                                          "absent (Laguna: false; transformers refuses true)")})
 # Mellum 2's multi-token prediction head's keys (not part of the forward: its weights are skipped)
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     **{key: (lambda v, c: c.model_type == "mellum" and (v is None or isinstance(v, list)),
              "absent (Mellum: its prediction head's, null or a list)") for key in ("mtp_layer_types",
                                                                                   "mtp_mlp_layer_types")}})
@@ -1942,7 +1950,7 @@ _also("num_nextn_predict_layers", lambda v, c: c.model_type == "mellum" and (v i
 # dense_intermediate_size)
 _also("first_k_dense_replace", lambda v, c: c.model_type == "cohere2_moe" and _is_int(v)
       and 0 <= v <= c.num_hidden_layers, "Cohere 2 MoE: an int in [0, num_hidden_layers], its dense prefix")
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     "shared_expert_combination_strategy": (lambda v, c: c.model_type == "cohere2_moe" and v in ("sum", "average"),
                                            "absent (Cohere 2 MoE: 'sum' or 'average')"),
     "expert_selection_fn": (lambda v, c: c.model_type == "cohere2_moe" and v in ("softmax", "sigmoid"),
@@ -1958,7 +1966,7 @@ _also("layer_norm_eps", lambda v, c: c.model_type == "biogpt" and _is_number(v) 
       "BioGPT: a number > 0, unread (its LayerNorms take 1e-5)")
 # Hunyuan V3's router (enable_moe_fp32_combine's float32 sum of the routed and shared outputs rounds as the dtype's
 # sum of the two rounds: either value reads)
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     "router_scaling_factor": (lambda v, c: c.model_type == "hy_v3" and _is_number(v) and 0 < v < float("inf"),
                               "absent (Hunyuan V3: a finite number > 0, the chosen weights' factor)"),
     "enable_moe_fp32_combine": (lambda v, c: c.model_type == "hy_v3" and isinstance(v, bool),
@@ -1974,7 +1982,7 @@ _also("num_experts_per_tok", lambda v, c: c.model_type == "granitemoehybrid" and
 _also("shared_intermediate_size", lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 1,
       "Granite 4.0: an int >= 1, its MLP's width")
 _also("num_shared_experts", lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 0, "AFMoE: an int >= 0")
-_HARMLESS_ONLY_AT.update({
+_add_checks({
     "num_dense_layers": (lambda v, c: c.model_type == "afmoe" and _is_int(v) and 0 <= v <= c.num_hidden_layers,
                          "absent (AFMoE: an int in [0, num_hidden_layers], the dense layers before the mixture's)"),
     "global_attn_every_n_layers": (lambda v, c: c.model_type == "afmoe" and _is_int(v) and v >= 1,
