@@ -27,20 +27,20 @@ natural text at batch 8 and 16 (most rows propose nothing or 1-2 tokens), and on
 Its FLOPs count the real tokens (``padded``: all of the batch's rows times T).
 
 ``--family F`` (F one of gpt2, opt, starcoder2, pythia, nemotron, olmo, olmo-clip, olmo2, granite, cohere2, hunyuan,
-apertus, qwen3_moe, flex_olmo, ettin, opt-350m, bloom, gemma3): instead of the embedded model, random weights of that
-family at its smallest published shape (gpt2's 124M: 12 layers of 768, learned positions, LayerNorms, GELU; opt-125m's:
-the same with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU; pythia-160m's: GPT-NeoX's parallel
-block; 12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU squared; weightless LayerNorms, SwiGLU
-(``olmo-clip``: q, k and v clamped); 12-layer, 768-wide OLMo 2 and Granite models: norms after the blocks, Granite's
-multipliers; a 12-layer, 768-wide Cohere 2 (its LayerNorm, parallel block, float32 RoPE, a 256000-token head); a
-12-layer, 1024-wide Hunyuan (q/k norms after RoPE); a 12-layer, 768-wide Apertus (xIELU); a 12-layer, 768-wide Qwen3-MoE
-(its attention's side native, its mixture in Python, layer by layer) and FlexOlmo (the same under norms after the
-blocks); ettin-decoder-150m's (ModernBERT decoder: 22 layers of 768, a gated exact GELU, a prediction head); opt-350m's:
-24 layers of 1024 with each norm after its residual add, a popular draft model; bloom-560m's: 24 layers of 1024 with
-ALiBi, a 250880-token head; gemma-3-270m's: 18 layers of 640 with Gemma's four norms a layer, GeGLU, local and global
-layers, a 262144-token head), float32 or bfloat16: the families whose layers only the one-call path fuses (their
-per-layer path is the modules'; ``per_layer`` equals ``modules`` there; Qwen3-MoE's per-layer path is its only fused
-one).
+apertus, qwen3_moe, flex_olmo, afmoe, ettin, opt-350m, bloom, gemma3): instead of the embedded model, random weights of
+that family at its smallest published shape (gpt2's 124M: 12 layers of 768, learned positions, LayerNorms, GELU;
+opt-125m's: the same with ReLU; a 12-layer, 768-wide StarCoder 2: LayerNorms, grouped keys, GELU; pythia-160m's:
+GPT-NeoX's parallel block; 12-layer, 768-wide Nemotron and OLMo 1 models: LayerNorm1P, ReLU squared; weightless
+LayerNorms, SwiGLU (``olmo-clip``: q, k and v clamped); 12-layer, 768-wide OLMo 2 and Granite models: norms after the
+blocks, Granite's multipliers; a 12-layer, 768-wide Cohere 2 (its LayerNorm, parallel block, float32 RoPE, a
+256000-token head); a 12-layer, 1024-wide Hunyuan (q/k norms after RoPE); a 12-layer, 768-wide Apertus (xIELU); a
+12-layer, 768-wide Qwen3-MoE (its attention's side native, its mixture in Python, layer by layer) and FlexOlmo (the same
+under norms after the blocks) and AFMoE (four float32 norms, a gated attention output); ettin-decoder-150m's (ModernBERT
+decoder: 22 layers of 768, a gated exact GELU, a prediction head); opt-350m's: 24 layers of 1024 with each norm after
+its residual add, a popular draft model; bloom-560m's: 24 layers of 1024 with ALiBi, a 250880-token head;
+gemma-3-270m's: 18 layers of 640 with Gemma's four norms a layer, GeGLU, local and global layers, a 262144-token head),
+float32 or bfloat16: the families whose layers only the one-call path fuses (their per-layer path is the modules';
+``per_layer`` equals ``modules`` there; Qwen3-MoE's per-layer path is its only fused one).
 
 Bytes = the weights read once (every linear layer and the LM head) + the KV cache read + the step's keys
 and values written; GB/s against the copy bandwidth measured in the same run. FLOPs = 2 x rows x the
@@ -227,6 +227,13 @@ FAMILY_SHAPES = {"gpt2": {"model_type": "gpt2"}, "opt": {"model_type": "opt"},
                  "flex_olmo": {"model_type": "flex_olmo", "vocab_size": 100352, "hidden_size": 768,
                                "intermediate_size": 1024, "num_experts": 16, "num_experts_per_tok": 2,
                                "num_hidden_layers": 12, "num_attention_heads": 12},
+                 # a 12-layer, 768-wide AFMoE (Arcee's Trinity: its layer at a small width, a 32000-token head):
+                 # four float32 norms, the heads' output gated by a sigmoid, NoPE global layers, 32 experts of 384, 4 a
+                 # token, the first layer dense
+                 "afmoe": {"model_type": "afmoe", "vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048,
+                           "moe_intermediate_size": 384, "num_experts": 32, "num_experts_per_tok": 4,
+                           "num_shared_experts": 1, "num_hidden_layers": 12, "num_attention_heads": 12,
+                           "num_key_value_heads": 4, "head_dim": 64, "sliding_window": 512},
                  # ettin-decoder-150m's (ModernBERT decoder): 22 layers of 768, LayerNorms, multi-head attention,
                  # two global layers of three sliding over 64 tokens, a gated exact GELU, a prediction head; its first
                  # layer on the modules, the others in the stack

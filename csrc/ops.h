@@ -184,7 +184,9 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& index, const at::T
 // "gelu_tanh_glu": Gemma's gated GeGLU, GELU's tanh form of the gate times up ("gelu_glu": the exact GELU's; ModernBERT
 // decoder's). softcap > 0: every layer's verify_attention caps its scores (Gemma 2's); 0: none. ropes and rope_of
 // (together, or neither): more RoPE tables, [cos_1, sin_1, cos_2, sin_2, ...], and each layer's, an index into
-// [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's local and global layers).
+// [(cos, sin), (cos_1, sin_1), ...] (Gemma 3's local and global layers). attn_gate_kind with attn_gate ([weight,
+// scales, bias] a layer): the heads' output times a gate of a projection of the attention's input before o_proj,
+// "sigmoid" (AFMoE's), "softplus_head" / "softplus_dim" (Laguna's, in float32 rounded: one a head or a dim).
 at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                           at::TensorList norm_w, at::ArrayRef<double> eps, at::TensorList w,
                           const OptionalTensorList& scales, const OptionalTensorList& bias,
@@ -202,7 +204,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
                           bool qk_norm_after_rope, std::optional<at::TensorList> sinks,
                           std::optional<at::TensorList> xielu, const std::string& qk_norm_kind,
-                          const std::optional<OptionalTensorList>& qk_norm_bias, bool mixture_last);
+                          const std::optional<OptionalTensorList>& qk_norm_bias, bool mixture_last,
+                          const std::optional<OptionalTensorList>& attn_gate, const std::string& attn_gate_kind);
 // decoder_layers' thread team (csrc/include/triforce/team.h), since the process started: forwards run with a
 // team, those of them that stalled, indices of the kernels' loops that the workers ran.
 std::vector<int64_t> forward_team_stats();

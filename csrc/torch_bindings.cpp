@@ -55,7 +55,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "float clip_qkv=0.0, bool sandwich=False, str norm_kind='llama', float softcap=0.0, Tensor[]? ropes=None, "
         "int[]? rope_of=None, bool post_norms=False, bool qk_norm_full=False, float residual_multiplier=1.0, "
         "bool rope_float32=False, Tensor? query_scale=None, bool qk_norm_after_rope=False, Tensor[]? sinks=None, "
-        "Tensor[]? xielu=None, str qk_norm_kind='', Tensor?[]? qk_norm_bias=None, bool mixture_last=False) -> Tensor");
+        "Tensor[]? xielu=None, str qk_norm_kind='', Tensor?[]? qk_norm_bias=None, bool mixture_last=False, "
+        "Tensor?[]? attn_gate=None, str attn_gate_kind='') -> Tensor");
   m.def("tree_speculative_sample(Tensor tree_tokens, Tensor parents, Tensor? draft_probs, Tensor target_probs,"
         " Tensor uniforms) -> (Tensor, Tensor, Tensor)");
   m.def("tree_greedy_verify(Tensor tree_tokens, Tensor parents, Tensor target_logits) -> (Tensor, Tensor, Tensor)");

@@ -573,6 +573,19 @@ MOE_FAMILIES = {
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40,
         sliding_window=5, layer_types=["sliding_attention", "full_attention"])),
     "flex_olmo": dict(model_type="flex_olmo", extra=dict(num_experts=4, num_experts_per_tok=2)),
+    # gates on the heads' output (decoder_layers' attn_gate_kind): AFMoE's sigmoid (four float32 norms, NoPE global
+    # layers), Laguna's softplus per head, and per dim with layers of their own head counts
+    "afmoe": dict(model_type="afmoe", head_dim=16, extra=dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=1, sliding_window=5,
+        global_attn_every_n_layers=2)),
+    "laguna": dict(model_type="laguna", head_dim=16, extra=dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=24,
+        sliding_window=5)),
+    "laguna-dims": dict(model_type="laguna", head_dim=16, num_hidden_layers=3, extra=dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=24,
+        sliding_window=5, gating="per-element", num_attention_heads_per_layer=[4, 2, 6],
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"])),
 }
 
 

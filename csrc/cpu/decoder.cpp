@@ -355,7 +355,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
     const at::Tensor& h, const at::Tensor& norm_w, double eps, const Projections& p,
     const std::optional<at::Tensor>& q_norm_w, const std::optional<at::Tensor>& k_norm_w, double qk_eps,
     const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim, const std::optional<at::Tensor>& norm_b = {},
-    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, const QkNorms& qkn = {}, bool rope_f32 = false) {
+    Norm kind = Norm::kRms, bool bare = false, double clip = 0.0, const QkNorms& qkn = {}, bool rope_f32 = false,
+    at::Tensor* normed = nullptr) {
   const bool qk_full = qkn.full, qk_after_rope = qkn.after_rope;
   TORCH_CHECK(h.dim() == 3, "decoder_attn_in: h must be [B, T, H], got ", h.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "decoder_attn_in: head_dim must be even and positive, got ",
@@ -365,6 +366,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attn_in(
   // (bare: the attention on h itself, no norm before it: opt-350m's norm after the residual add, attn_out_mlp_after;
   // OLMo 2's norm after the attention, attn_out_mlp_normed)
   const at::Tensor x = (bare ? h : norm(h, norm_w, norm_b, eps, kind)).reshape({B * T, h.size(2)});
+  if (normed != nullptr) *normed = x;  // (the attention's input [B * T, H]: an output gate's, decoder_layers)
   auto [qp, kp, vp] = p.many<3>({0, 1, 2}, x);
   // the q/k norms (QkNorms): each query and key head before RoPE (Qwen3's, Gemma 3's), or where qk_full each token's
   // whole projections (OLMo 2's)
@@ -797,7 +799,8 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
                           double residual_multiplier, bool rope_float32, const std::optional<at::Tensor>& query_scale,
                           bool qk_norm_after_rope, std::optional<at::TensorList> sinks,
                           std::optional<at::TensorList> xielu, const std::string& qk_norm_name,
-                          const std::optional<OptionalTensorList>& qk_norm_bias_list, bool mixture_last) {
+                          const std::optional<OptionalTensorList>& qk_norm_bias_list, bool mixture_last,
+                          const std::optional<OptionalTensorList>& attn_gate_list, const std::string& attn_gate_kind) {
   const size_t L = k_cache.size();
   TORCH_CHECK(!(parallel && norm_after), "decoder_layers: parallel and norm_after are two layouts, not one");
   TORCH_CHECK(int(parallel) + int(norm_after) + int(sandwich) + int(post_norms) <= 1 || !(sandwich || post_norms),
@@ -815,6 +818,25 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
               4 * L, "), and no other mlp does; got ", xielu.has_value() ? xielu->size() : 0);
   TORCH_CHECK(!sinks.has_value() || sinks->size() == L, "decoder_layers: expected one sinks tensor a layer (", L,
               "), got ", sinks.has_value() ? sinks->size() : 0);
+  // the heads' output gated before o_proj by a projection of the attention's input: AFMoE's sigmoid of it, Laguna's
+  // softplus (in float32, rounded) per head or per dim; attn_gate: [weight, scales, bias] a layer
+  TORCH_CHECK(attn_gate_kind.empty() || attn_gate_kind == "sigmoid" || attn_gate_kind == "softplus_head" ||
+                  attn_gate_kind == "softplus_dim",
+              "decoder_layers: attn_gate_kind must be '', 'sigmoid', 'softplus_head' or 'softplus_dim', got '",
+              attn_gate_kind, "'");
+  TORCH_CHECK(attn_gate_list.has_value() == !attn_gate_kind.empty() &&
+                  (!attn_gate_list.has_value() || attn_gate_list->size() == 3 * L),
+              "decoder_layers: attn_gate (weight, scales, bias a layer: ", 3 * L, ") goes with attn_gate_kind; got ",
+              attn_gate_list.has_value() ? attn_gate_list->size() : 0, " with '", attn_gate_kind, "'");
+  std::vector<at::Tensor> gate_w;
+  std::vector<std::optional<at::Tensor>> gate_s, gate_b;
+  for (size_t i = 0; attn_gate_list.has_value() && i < L; ++i) {
+    const std::optional<at::Tensor> gw = attn_gate_list->get(3 * i);
+    TORCH_CHECK(gw.has_value(), "decoder_layers: attn_gate's layer ", i, " has no weight");
+    gate_w.push_back(*gw);
+    gate_s.push_back(attn_gate_list->get(3 * i + 1));
+    gate_b.push_back(attn_gate_list->get(3 * i + 2));
+  }
   // torch's LayerNorms (their biases given, one per norm: none for a norm without), else norms of norm_kind's kind:
   // Llama's RMSNorm, Gemma's (1 + w in float32), Float32RMSNorm's (w in float32), Cohere's LayerNorm (no bias)
   const bool layer_norm = norm_bias_list.has_value();
@@ -977,12 +999,13 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
     for (size_t l = 0; l < L; ++l) {
       const size_t r = rope_of.has_value() ? static_cast<size_t>((*rope_of)[l]) : 0;
       const size_t n = per_layer * l;  // the layer's first norm
+      at::Tensor attn_input;  // (an output gate's input)
       auto [q, k, k_raw, v] = attn_in(x, norm_w[n], eps[n], {&w[7 * l], &scales[7 * l], &bias[7 * l]},
                                       qk_norm[2 * l], qk_norm[2 * l + 1], qk_eps[l], tables[2 * r], tables[2 * r + 1],
                                       head_dim, norm_bias[2 * l], kind, norm_after || post_norms, clip_qkv,
                                       {qk_kind, qk_norm_full, qk_norm_after_rope, qk_norm_bias[2 * l],
                                        qk_norm_bias[2 * l + 1]},
-                                      rope_float32);
+                                      rope_float32, gate_w.empty() ? nullptr : &attn_input);
       // Ministral 3's query temperature: the RoPE'd queries times each token's scale, as Attention.temper
       if (query_scale.has_value()) q = q * scale_rows.unsqueeze(-1).unsqueeze(-1);
       // a cache in another dtype (Llama.kv_dtype): its rows and the attention in its dtype, as
@@ -1007,7 +1030,23 @@ at::Tensor decoder_layers(const at::Tensor& h, const at::Tensor& cos, const at::
         const at::Tensor factor = lanewise([](const at::Tensor& t) { return at::sigmoid(t); }, z).transpose(1, 2);
         o = (o.to(at::kFloat) * factor.unsqueeze(-1)).to(o.scalar_type());
       }
-      const at::Tensor attn = pack(o.to(x.scalar_type()));
+      at::Tensor attn = pack(o.to(x.scalar_type()));
+      if (!gate_w.empty()) {  // Attention.output's gate, op by op: AFMoE's out * sigmoid(g), Laguna's out * softplus(g)
+        const at::Tensor g = Projections{&gate_w[l], &gate_s[l], &gate_b[l]}(0, attn_input);  // [N, Hq * D or Hq]
+        const int64_t N = attn_input.size(0);
+        const at::Tensor heads = attn.reshape({N, -1});
+        at::Tensor gated;
+        if (attn_gate_kind == "sigmoid") {
+          gated = heads * lanewise([](const at::Tensor& t) { return at::sigmoid(t); }, g);
+        } else {
+          const at::Tensor gate =
+              lanewise([](const at::Tensor& t) { return at::softplus(t); }, g.to(at::kFloat)).to(heads.scalar_type());
+          gated = attn_gate_kind == "softplus_dim"
+                      ? heads * gate
+                      : (heads.view({N, g.size(1), -1}) * gate.unsqueeze(-1)).reshape({N, -1});
+        }
+        attn = gated.view(attn.sizes());
+      }
       const Projections out{&w[7 * l + 3], &scales[7 * l + 3], &bias[7 * l + 3]};
       if (mixture_last && l + 1 == L) {  // (its mixture of experts runs in Python: h2 and the mixture's input)
         const int64_t N = x.size(0) * x.size(1);

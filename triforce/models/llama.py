@@ -1292,10 +1292,10 @@ class DecoderLayer(nn.Module):
 
     def _fused_layer_arguments(self, dtype: torch.dtype):
         """:meth:`fused_arguments` past the checks of the input ``h`` (:func:`_fused_path`) -> ``(attention module,
-        args_in, args_out, kind, extra)``, or None. ``kind`` (one for all of a native stack call's layers):
+        args_in, args_out, kind, extra, gate)``, or None. ``kind`` (one for all of a native stack call's layers):
         ``(norm_in's bias, norm_out's bias, norms, mlp, parallel, norm_after, clip, sandwich, post_norms, qk_full,
-        multiplier, rope_f32, temperature, after_rope, sinks, qk_kind)``, :data:`_PLAIN_LAYER` for RMSNorms and Llama's
-        gated SwiGLU in sequence (the per-layer fused calls' layer):
+        multiplier, rope_f32, temperature, after_rope, sinks, qk_kind, gate_kind)``, :data:`_PLAIN_LAYER` for RMSNorms
+        and Llama's gated SwiGLU in sequence (the per-layer fused calls' layer):
 
         - ``norms``: ``"llama"`` (:class:`RMSNorm`), torch's LayerNorm ``"layer"`` (the two biases then a bias or None
           each), ``"gemma"`` (:class:`GemmaRMSNorm`), ``"float32"`` (:class:`Float32RMSNorm`), ``"cohere"`` (Cohere's
@@ -1319,7 +1319,10 @@ class DecoderLayer(nn.Module):
         - ``temperature``: Ministral 3's query temperature ``(beta, original)``, or None;
         - ``after_rope``: the q/k norms after RoPE (Hunyuan's, NanoChat's order);
         - ``sinks``: attention sinks (GPT-OSS's, Granite SWA's, Flint's);
-        - ``qk_kind``: the q/k norms' kind where it is not the layers' default one (:data:`_QK_KINDS`), or None."""
+        - ``qk_kind``: the q/k norms' kind where it is not the layers' default one (:data:`_QK_KINDS`), or None;
+        - ``gate_kind``: the gate on the heads' output before o_proj (decoder_layers' ``attn_gate_kind``: AFMoE's
+          ``"sigmoid"``, Laguna's ``"softplus_head"`` / ``"softplus_dim"``), or None; ``gate`` its projection's
+          ``(weight, scales, bias)``, or None."""
         mods = self._modules
         parallel = bool(self.__dict__.get("parallel"))  # (the MLP's norm: its own, GPT-NeoX's, else the attention's)
         if "post_attention_layernorm" not in mods and not parallel:
@@ -1334,10 +1337,13 @@ class DecoderLayer(nn.Module):
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         after_rope = bool(att.__dict__.get("after_rope"))  # (Hunyuan's, NanoChat's q/k norms after RoPE)
-        if a.get("gate_proj") is not None or a.get("g_proj") is not None \
-                or (after_rope and (att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None
-                                    or att.__dict__.get("rope_f32"))):
-            return None  # AFMoE's and Laguna's gated outputs: not in the fused layer
+        if after_rope and (att.__dict__.get("full_qk_norm") or att.__dict__.get("clip") is not None
+                           or att.__dict__.get("rope_f32")):
+            return None
+        # AFMoE's and Laguna's gates on the heads' output (decoder_layers' attn_gate_kind), with their projection
+        gate_mod = a.get("gate_proj") if a.get("gate_proj") is not None else a.get("g_proj")
+        gate_kind = None if gate_mod is None else "sigmoid" if a.get("gate_proj") is not None \
+            else f"softplus_{att.__dict__['softplus_gate']}"
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
@@ -1380,7 +1386,14 @@ class DecoderLayer(nn.Module):
                     return None
                 found.append(p)
             projections.append(tuple(zip(*found)))  # (weights, scales, biases)
-        qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"], q_norm.eps)
+        gate = None
+        if gate_mod is not None:
+            get = getattr(type(gate_mod), "fused_projection", None)
+            gate = get(gate_mod, dtype) if get is not None else None
+            if gate is None:
+                return None
+        qk = (None, None, 0.0) if q_norm is None else (q_norm._parameters["weight"], k_norm._parameters["weight"],
+                                                       q_norm.eps)
         args_in = (_norm_weight(norm_in), norm_in.eps, *projections[0], *qk)
         args_out = (_norm_weight(norm_out), norm_out.eps, *projections[1])
         clip = att.__dict__.get("clip")  # (OLMo's, MPT's clamp of q, k and v: the stack's clip_qkv)
@@ -1388,9 +1401,10 @@ class DecoderLayer(nn.Module):
             else (None, None)
         kind = (*biases, norm_kind, mlp_name, parallel, norm_after, clip, sandwich, post_norms,
                 bool(att.__dict__.get("full_qk_norm")), float(multiplier), bool(att.__dict__.get("rope_f32")),
-                att.__dict__.get("temperature"), after_rope, att._parameters.get("sinks") is not None, qk_kind)
+                att.__dict__.get("temperature"), after_rope, att._parameters.get("sinks") is not None, qk_kind,
+                gate_kind)
         extra = tuple((n._parameters["weight"], n.eps) for n in norms[2:])
-        return att, args_in, args_out, kind, extra
+        return att, args_in, args_out, kind, extra, gate
 
 
 _LAYER_NORMS = (BiasLayerNorm, NoBiasLayerNorm, LayerNorm1P, BareLayerNorm)  # torch's LayerNorm (F.layer_norm), as
@@ -1406,7 +1420,7 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
     w = norm._parameters["weight"]
     return w + 1.0 if type(norm) is LayerNorm1P else w
 _PLAIN_LAYER = (None, None, "llama", "silu", False, False, None, False, False, False, 1.0, False, None, False, False,
-                None)
+                None, None)
 # (RMSNorms, Llama's SwiGLU, in sequence, each norm before its block, no clamp, q/k norms per head before RoPE, no
 # multiplier, RoPE in the dtype, no query temperature, no sinks: the per-layer fused calls' layer)
 _MOE_LAYER = (*_PLAIN_LAYER[:3], "moe", *_PLAIN_LAYER[4:])  # the plain layer with a mixture of experts for its MLP:
@@ -1472,7 +1486,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
             or (step.leftpad and len(step.leftpad) > 1):  # (decoder_layers: one leftpad for all windows)
         return None
     k, v, k_raw, last_query = buffers
-    norms, eps, w, scales, bias, qk_norms, qk_eps, norm_bias = [], [], [], [], [], [], [], []
+    norms, eps, w, scales, bias, qk_norms, qk_eps, norm_bias, gates = [], [], [], [], [], [], [], [], []
     head_dim = kind = None
     mlps = set()
     for i in range(lo, hi):
@@ -1488,7 +1502,7 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         moe = layer_kind[3] == "moe"
         if kind not in (None, layer_kind[2:3] + layer_kind[4:]) or (moe and (i != hi - 1 or layer_kind[5])):
             return None
-        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), _, extra = fused
+        att, (n_in, e_in, w_in, s_in, b_in, qn, kn, qe), (n_out, e_out, w_out, s_out, b_out), _, extra, gate = fused
         kind = layer_kind[2:3] + layer_kind[4:]
         if moe:  # (gate, up and down: placeholders, not read)
             w_out, s_out, b_out = w_out + (_placeholder(h.dtype),) * 3, s_out + (None,) * 3, b_out + (None,) * 3
@@ -1507,16 +1521,19 @@ def _native_layers(layers, lo: int, hi: int, h, cos, sin, cache: _KVCache, step:
         bias += b_in + b_out
         qk_norms += (qn, kn)
         qk_eps.append(qe)
+        gates += gate or ()
     record = bool(last_query)
     qi = step.query_index if record else None
     norm_kind, parallel, norm_after, clip, sandwich, post_norms, qk_full, multiplier, rope_f32, temperature, \
-        after_rope, sinks, qk_kind = kind
+        after_rope, sinks, qk_kind, gate_kind = kind
     mlp = mlps.pop() if mlps else "silu"  # (a call of one mixture's layer: no MLP of the stack's runs)
     moe = type(layers[hi - 1]._modules.get("mlp")) is SparseMoE
     extra = {} if qk_kind is None else {"qk_norm_kind": qk_kind}
     if qk_kind == "layer":  # (Persimmon's: each q / k norm's bias)
         extra["qk_norm_bias"] = [norm._parameters.get("bias") for i in range(lo, hi)
                                  for norm in (layers[i].self_attn.q_norm, layers[i].self_attn.k_norm)]
+    if gate_kind is not None:  # (AFMoE's, Laguna's: each layer's gate projection, weight, scales, bias)
+        extra["attn_gate"], extra["attn_gate_kind"] = gates, gate_kind
     if sinks:  # (GPT-OSS's, each layer's own)
         extra["sinks"] = [layers[i].self_attn._parameters["sinks"] for i in range(lo, hi)]
     if mlp == "xielu":  # (Apertus's: each layer's numbers as XIELU.forward computes them)
