@@ -1285,3 +1285,26 @@ def test_property_native_stack_special_values(family, dtype, cache_kind, T, data
         assert torch.equal(a.isnan(), b.isnan()), f"output {i}: NaNs differ"
         assert torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)), f"output {i} differs"
     assert outs[1][0][clean].isfinite().all() and outs[1][1][clean].isfinite().all()
+
+
+def test_native_stack_takes_gated_outputs_by_name(monkeypatch):
+    """AFMoE's layers reach the stack with ``attn_gate`` (each layer's gate projection: weight, scales, bias) and
+    ``attn_gate_kind="sigmoid"`` by name; the stack refuses, before any buffer is written, a kind it does not know, a
+    gate list of another length than three a layer, and either without the other."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(**{**BASE, **MOE_FAMILIES["afmoe"], "num_hidden_layers": 1,
+                                 "extra": {**MOE_FAMILIES["afmoe"]["extra"], "num_dense_layers": 1}})).eval()
+    args, kwargs, cache = stack_call(model, monkeypatch)
+    gate = model.model.layers[0].self_attn.gate_proj
+    assert kwargs["attn_gate_kind"] == "sigmoid" and len(kwargs["attn_gate"]) == 3
+    assert kwargs["attn_gate"][0] is gate.weight and kwargs["attn_gate"][1:] == [None, None]
+    cache.rollback(torch.zeros(2, dtype=torch.int32))
+    before = [t.clone() for t in cache.k + cache.v]
+    real = torch.ops.triforce_C.decoder_layers
+    for match, change in (("attn_gate_kind must be", dict(attn_gate_kind="tanh")),
+                          ("goes with attn_gate_kind", dict(attn_gate=kwargs["attn_gate"][:2])),
+                          ("goes with attn_gate_kind", dict(attn_gate_kind="")),
+                          ("has no weight", dict(attn_gate=[None, None, None]))):
+        with pytest.raises(RuntimeError, match=match):
+            real(*args, **{**kwargs, **change})
+    assert_bitwise(before, cache.k + cache.v)
