@@ -645,7 +645,9 @@ def test_streaming_eviction_moves_with_the_triton_kernel(seed, sink, window, max
         _random_streaming_twins(caches, g, B, Hq, Hkv, D, max_step, inv_freq, dev)
     finally:
         slot_move.move_slots = real
-    assert sum(moved) > 0  # real moves went through the kernel
+    assert moved  # every eviction went through the kernel
+    if (seed, sink, window, max_step) in ((0, 2, 5, 3), (5, 0, 1, 4)):  # (the examples: real moves among them; a
+        assert sum(moved) > 0  # drawn case may move none, e.g. seed 47818, no sink, a window of 8, steps of 3)
 
 
 def _random_streaming_twins(caches, g, B, Hq, Hkv, D, max_step, inv_freq, dev):
