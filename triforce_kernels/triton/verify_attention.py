@@ -37,6 +37,22 @@ from ..verify_attention import check_cache_rows
 # same row computed first), which would make a pass's rows differ from its steps' there: the interpreter sums each
 # row's products itself instead (_dot). A GPU's dot computes a row alone.
 _ROWWISE_DOTS = tl.constexpr(_interpreting())
+# The interpreter's float32 -> bfloat16 cast truncates (Triton 3.9; even with fp_downcast_rounding="rtne"), where a
+# GPU's rounds to nearest even: an output one ulp off the GPU's and PyTorch's. Under it the output is rounded
+# explicitly (_downcast).
+_ROUND_BF16 = tl.constexpr(_interpreting())
+
+
+@triton.jit
+def _downcast(x, ty: tl.constexpr):
+    """``x.to(ty)`` of float32 ``x``, to nearest even in bfloat16 under the interpreter too (``_ROUND_BF16``): the bits'
+    rounding added below the kept half, so that the truncation keeps the nearest value (NaNs kept)."""
+    if _ROUND_BF16:
+        if ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            up = (bits + 0x7FFF + ((bits >> 16) & 1)).to(tl.float32, bitcast=True)
+            x = tl.where(x != x, x, up)
+    return x.to(ty)
 
 
 @triton.jit
@@ -306,7 +322,7 @@ def _verify_attention_merge_kernel(
     dead = M == float("-inf")
     o = tl.where(dead, 0.0, o / tl.where(dead, 1.0, total))
     lse = tl.where(dead, float("-inf"), M_safe + tl.log(tl.where(dead, 1.0, total)))
-    tl.store(out_ptr + ((b.to(tl.int64) * T + t) * Hq + hq) * D + offs_d, o.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + ((b.to(tl.int64) * T + t) * Hq + hq) * D + offs_d, _downcast(o, out_ptr.dtype.element_ty),
              mask=offs_d < D)
     tl.store(lse_ptr + (b * Hq + hq) * T + t, lse)
 
