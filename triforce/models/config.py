@@ -607,15 +607,15 @@ FAMILIES["gpt_neox_japanese"] = dataclasses.replace(
 # (rope_parameters per layer type); a gated MLP of the exact GELU, its gate and up projections one Wi (rows [gate;
 # up]); the final norm, then a prediction head norm(gelu(dense(h))) (LlamaConfig.head_transform) before the tied
 # decoder (a bias by decoder_bias, default true). Its checkpoints' names renamed on loading (loading.py).
+# ModernBertDecoderConfig's local_attention, global_attn_every_n_layers and its sliding layers' RoPE base
+_MODERNBERT_LOCAL, _MODERNBERT_EVERY, _MODERNBERT_LOCAL_THETA = 128, 3, 10000.0
 FAMILIES["modernbert-decoder"] = Family(
     "ModernBertDecoderForCausalLM", activation="gelu", hidden_acts=("gelu",), torch_layer_norm="nobias",
     embed_layernorm=True, fused_projections=("gate_up_proj",), reads=("attention_bias", "mlp_bias"), defaults={
         "vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
         "num_attention_heads": 12, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 160000.0,
         "bos_token_id": 50281, "eos_token_id": 50282, "pad_token_id": 50283, "tie_word_embeddings": True,
-        "sliding_window": 64})
-# ModernBertDecoderConfig's local_attention, global_attn_every_n_layers and its sliding layers' RoPE base
-_MODERNBERT_LOCAL, _MODERNBERT_EVERY, _MODERNBERT_LOCAL_THETA = 128, 3, 10000.0
+        "sliding_window": _MODERNBERT_LOCAL // 2})
 _NEOX_JA_WIDTH = 4  # GPTNeoXJapaneseConfig's intermediate_multiple_size: the MLP's width over hidden_size
 # GPT-J (GPTJForCausalLM: gpt-j-6b, GPT-JT, its fine-tunes): Phi-2's parallel block (one torch LayerNorm with a bias,
 # ln_1, before the attention and the MLP) without attention biases: q, k, v and out_proj unbiased, an ungated MLP of

@@ -1341,9 +1341,10 @@ class DecoderLayer(nn.Module):
                            or att.__dict__.get("rope_f32")):
             return None
         # AFMoE's and Laguna's gates on the heads' output (decoder_layers' attn_gate_kind), with their projection
-        gate_mod = a.get("gate_proj") if a.get("gate_proj") is not None else a.get("g_proj")
-        gate_kind = None if gate_mod is None else "sigmoid" if a.get("gate_proj") is not None \
-            else f"softplus_{att.__dict__['softplus_gate']}"
+        gate_mod, gate_kind = a.get("gate_proj"), "sigmoid"
+        if gate_mod is None:
+            gate_mod, gate_kind = a.get("g_proj"), f"softplus_{att.__dict__.get('softplus_gate')}"
+        gate_kind = None if gate_mod is None else gate_kind
         # (StarCoder 2's, GPT-2's, DBRX's; Nemotron's LayerNorm1P, its weight + 1 passed as the one F.layer_norm takes;
         # OLMo's weightless one, an empty weight: _norm_weight)
         norm_after = bool(self.__dict__.get("norm_after"))  # (opt-350m's, GPT-1's: the stack's norm_after)
