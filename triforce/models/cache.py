@@ -222,7 +222,11 @@ def _rows_long(config: LlamaConfig, batch_size: int, capacity: int, rope_long, d
     return rope_long.to(device).clone()
 
 
-def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, sinks=None, alibi=None) -> torch.Tensor:
+_STEPS = object()  # (attention's tree_mask default: the step's)
+
+
+def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, sinks=None, alibi=None, *,
+              seqlens=None, tree_mask=_STEPS, leftpad=None) -> torch.Tensor:
     """``verify_attention`` of ``q`` over the buffers ``k``, ``v`` for ``step`` (on a layer with a window, from the
     step's ``leftpad`` for it where it has one; ``alibi``: its ``alibi_slopes``, float32 ``[Hq]``, or None; over a
     cache that holds chosen slots, a StreamingLLM or retrieval cache, the distances are those of the slots a query
@@ -230,18 +234,62 @@ def attention(q, k, v, step: Step, window: int, scale: float, softcap: float, si
     query head, ``[Hq]``) joins each softmax's denominator without a value: a query's output times
     ``Z / (Z + exp(sink)) = sigmoid(lse - sink)``, ``lse = ln Z`` the kernel's log-sum-exp of its scores, computed in
     float32 value by value (each query's bits its own, so a pass keeps the bits of its steps); a query that sees
-    nothing stays 0."""
-    leftpad = step.leftpad.get(window) if window and step.leftpad else None
+    nothing stays 0. ``seqlens``, ``tree_mask`` and ``leftpad``: the step's replaced (:func:`chunked_attention`)."""
+    if leftpad is None:
+        leftpad = step.leftpad.get(window) if window and step.leftpad else None
+    seqlens = step.seqlens if seqlens is None else seqlens
+    tree_mask = step.tree_mask if tree_mask is _STEPS else tree_mask
     if sinks is None:
-        return verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
+        return verify_attention_trusted(q, k, v, seqlens, tree_mask, window, scale, softcap,
                                         cache_leftpad=leftpad, alibi_slopes=alibi)
     from .llama import _row_sigmoid
 
-    out, lse = verify_attention_trusted(q, k, v, step.seqlens, step.tree_mask, window, scale, softcap,
+    out, lse = verify_attention_trusted(q, k, v, seqlens, tree_mask, window, scale, softcap,
                                         return_lse=True, cache_leftpad=leftpad, alibi_slopes=alibi)
     z = lse - sinks.float()[:, None]  # [B, Hq, T]
     factor = _row_sigmoid(z).transpose(1, 2)[..., None]
     return (out.float() * factor).to(out.dtype)
+
+
+def chunked_attention(q, k, v, step: Step, chunk: int, scale: float, softcap: float, sinks=None,
+                      alibi=None) -> torch.Tensor:
+    """:func:`attention` on a layer of chunks of ``chunk`` positions over a cache whose slots are the positions (a
+    full cache): the query at position p sees ``p - p % chunk .. p`` only (Llama 4's chunked layers, transformers'
+    chunked mask). Where every query of a row is in the chunk of the row's first new token (a step that crosses no
+    chunk boundary), one call from that chunk's start (``cache_leftpad``). Otherwise (a read of the step's chunks on
+    the host: a synchronisation on a GPU, as a mixture's layer has anyway) the queries of each later chunk are
+    computed apart: for a causal step whose rows start at one position (a prefill), each chunk's run of queries over
+    the slots up to its end, from its start (no mask, no wasted work); else (tree steps, rows of different lengths)
+    every query again over the new tokens of that chunk alone (the step's mask narrowed, no prefix), each query's
+    output taken from its own chunk's call."""
+    T = step.T
+    start = step.seqlens - T  # int32 [B]: each row's first new position (slot = position)
+    first = torch.div(start, chunk, rounding_mode="floor")
+    lo = first * chunk
+    if T == 1:
+        return attention(q, k, v, step, 0, scale, softcap, sinks, alibi, leftpad=lo)
+    ahead = torch.div(step.positions, chunk, rounding_mode="floor") - first[:, None]  # [B, T]: chunks past the first
+    spans = int(ahead.max())
+    if spans <= 0:
+        return attention(q, k, v, step, 0, scale, softcap, sinks, alibi, leftpad=lo)
+    if step.tree_mask is None and bool((start == start[0]).all()):  # one run of queries per chunk, as its own step
+        s0, outs, t = int(start[0]), [], 0
+        while t < T:
+            begin = (s0 + t) - (s0 + t) % chunk
+            t1 = min(T, begin + chunk - s0)
+            outs.append(attention(q[:, t:t1], k, v, step, 0, scale, softcap, sinks, alibi, seqlens=start + t1,
+                                  leftpad=torch.full_like(start, begin)))
+            t = t1
+        return torch.cat(outs, 1)
+    out = attention(q, k, v, step, 0, scale, softcap, sinks, alibi, leftpad=lo)
+    base = step.tree_mask if step.tree_mask is not None else torch.ones(
+        T, T, dtype=torch.bool, device=q.device).tril().expand(q.shape[0], T, T)
+    for m in range(1, spans + 1):
+        mine = (ahead == m)  # [B, T]: the queries (and the new keys) of the m-th chunk past the first
+        got = attention(q, k, v, step, 0, scale, softcap, sinks, alibi, tree_mask=base & mine[:, None, :],
+                        leftpad=start)
+        out = torch.where(mine[:, :, None, None], got, out)
+    return out
 
 
 def indexed_attention(q, k, index_k, index_q, weights, prefix, tree_mask, topk: int, n: int, scale: float,
@@ -374,6 +422,9 @@ class _KVCache:
         # cache's windowed layers, which hold the most recent positions (RetrievalCache, exact_windows). A
         # StreamingLLM cache applies it from the first sink the window still reaches (StreamingCache._leftpads).
         self.windows = (0,) * self.num_layers
+        # Each layer's chunk of positions (Llama 4's chunked layers; 0: none), applied where slots are positions (the
+        # full cache); the other caches' layers see what they hold, as a draft's (docs/model.md, "Llama 4")
+        self.chunks = (0,) * self.num_layers
         self.scale = config.attention_scale  # the attention scores' scale
         self.softcap = config.attn_softcap or 0.0  # Gemma 2's cap on them (0: none)
         slopes = config.alibi_slopes  # ALiBi's (BLOOM, MPT, Falcon-RW): verify_attention's alibi_slopes, or None
@@ -492,6 +543,9 @@ class _KVCache:
         """Write the step's keys/values at ``lengths .. lengths+T-1`` and attend over the cache (each query over
         the last ``windows[layer]`` positions it sees, where that is not 0; ``sinks``: :func:`attention`'s)."""
         self._write(layer, k, v, step)
+        if self.chunks[layer]:
+            return chunked_attention(q, self.k[layer], self.v[layer], step, self.chunks[layer], self.scale,
+                                     self.softcap, sinks, self.alibi)
         return attention(q, self.k[layer], self.v[layer], step, self.windows[layer], self.scale, self.softcap, sinks,
                          self.alibi)
 
@@ -612,6 +666,7 @@ class FullCache(_KVCache):
         super().__init__(config, batch_size, max_len, device, dtype)
         self._rope_long = _rows_long(config, batch_size, max_len, rope_long, self.device)
         self.windows = config.layer_windows  # slot = position: the model's sliding windows apply
+        self.chunks = config.layer_chunks  # (and Llama 4's chunks)
         self.max_len = max_len
         self.chunk_size = chunk_size
         self.chunk_keys = self.last_query = None

@@ -241,6 +241,28 @@ FAMILIES["ministral3"] = Family("Ministral3ForCausalLM", defaults={
     "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 34,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 262144,
     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11})
+# Llama 4's language model (Llama4ForCausalLM, model_type llama4_text: the text half of Llama 4 Scout / Maverick,
+# Llama4ForConditionalGeneration's text_config: WRAPPERS["llama4"]): Llama's layer (no biases but attention_bias's)
+# with RoPE on adjacent pairs of dims (transformers' complex product in float32 of float32 tables, rounded once;
+# reordered on loading as GLM-4's). Its RoPE layers (no_rope_layers[i] == 1: by default all but every
+# no_rope_layer_interval-th, 4) attend in chunks of attention_chunk_size positions (a token sees the earlier tokens of
+# its own chunk only: LlamaConfig.layer_chunks) and, with use_qk_norm, L2-normalise q and k after RoPE (an RMSNorm
+# without a weight, rms_norm_eps: LlamaConfig.l2_qk_norm); its NoPE layers see every earlier token and, with
+# attn_temperature_tuning, scale each query by 1 + attn_scale * ln(1 + floor((position + 1) / floor_scale))
+# (LlamaConfig.nope_temperature). Every interleave_moe_layer_step-th layer (or moe_layers') is a mixture: the top
+# num_experts_per_tok of num_local_experts router logits chosen, each chosen expert fed the token times the sigmoid of
+# its logit (Experts.scaled_inputs; experts of intermediate_size), plus a shared expert of intermediate_size; the
+# other layers a dense MLP of intermediate_size_mlp.
+FAMILIES["llama4_text"] = Family("Llama4ForCausalLM", rope_interleaved=True, rope_float32="tables",
+                                 reads=("attention_bias",), defaults={
+                                     "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+                                     "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+                                     "head_dim": 128, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+                                     "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2,
+                                     "intermediate_size_mlp": 16384, "num_local_experts": 16,
+                                     "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "use_qk_norm": True,
+                                     "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
+                                     "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1})
 # Granite (GraniteForCausalLM: IBM Granite 3.x dense): Llama's layer with four numbers: the embeddings times
 # embedding_multiplier, the attention scores scaled by attention_multiplier (instead of head_dim ** -0.5), each
 # block's output times residual_multiplier before its residual add, and the logits divided by logits_scaling.
@@ -1058,7 +1080,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna")
+            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna", "llama4_text")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1104,6 +1126,9 @@ class Experts:
     bias_on_logits: bool = False  # the correction bias added to the logits for the choice, not the scores (Kolibri-1)
     shared_average: bool = False  # the routed and shared outputs averaged, not summed (Cohere 2 MoE's 'average')
     logit_softcap: float = 0.0  # the router's logits as tanh(l / c) * c where c > 0 (Laguna's)
+    # Llama 4: each chosen expert fed the token times its weight (in the dtype), its output added unweighted; the
+    # weights (scoring "top_k_sigmoid") the sigmoid of the top k router logits (computed in the dtype), in the dtype
+    scaled_inputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -1228,6 +1253,10 @@ WRAPPERS = {
                                      "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id",
                                      "initializer_range"}), "text")
        for kind, thinker in (("qwen2_5_omni", "qwen2_5_omni_thinker"), ("qwen3_omni_moe", "qwen3_omni_moe_thinker"))},
+    # Llama 4 (Llama4ForConditionalGeneration: Scout, Maverick): its language model (text_config llama4_text), tied
+    # by the wrapper's key alone (default false); its vision model and projector not read
+    "llama4": (("llama4_text",), frozenset({"vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
+                                             "boi_token_id", "eoi_token_id", "image_token_id"}), ("wrapper", False)),
     # Llama 3.2 Vision (mllama: 11B / 90B): its language model without its cross-attention layers (loading.py
     # renumbers the others and drops the 8 image tokens' embedding rows; text_config's tie_word_embeddings)
     "mllama": (("mllama_text_model",), frozenset({"vision_config", "image_token_index", "image_token_id"}), None),
@@ -1818,6 +1847,36 @@ def _also(key: str, ok, what: str) -> None:
 
 
 _also("use_qk_norm", lambda v, c: c.model_type in _HUNYUANS and v is True, "Hunyuan: true")
+# Llama 4's keys (LlamaConfig.experts, rope_layers, layer_chunks, l2_qk_norm, nope_temperature; its layer_types:
+# _layer_windows)
+_also("use_qk_norm", lambda v, c: c.model_type == "llama4_text" and isinstance(v, bool),
+      "Llama 4: a bool, its q/k L2 norms on the RoPE layers")
+for _key in ("num_local_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1, "Llama 4: an int >= 1")
+_also("no_rope_layers", lambda v, c: c.model_type == "llama4_text" and (
+    v is None or isinstance(v, list) and (not v or len(v) >= c.num_hidden_layers and all(
+        x in (0, 1) for x in v))), "Llama 4: null, [] or a 0 or 1 per layer (at least one per layer; 1: RoPE)")
+_also("no_rope_layer_interval", lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1,
+      "Llama 4: an int >= 1 (every n-th layer NoPE, where no_rope_layers is empty)")
+_also("router_jitter_noise", lambda v, c: c.model_type == "llama4_text" and _is_number(v) and v >= 0,
+      "Llama 4: a number >= 0 (its router does not read it)")
+_add_checks({
+    "intermediate_size_mlp": (lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1,
+                              "absent (Llama 4: an int >= 1, the dense layers' MLP width)"),
+    "moe_layers": (lambda v, c: c.model_type == "llama4_text" and (v is None or isinstance(v, list) and all(
+        _is_int(x) and 0 <= x < c.num_hidden_layers for x in v) and len(set(v)) == len(v)),
+                   "absent (Llama 4: null or distinct layer indices, the mixtures' layers)"),
+    "interleave_moe_layer_step": (lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1,
+                                  "absent (Llama 4: an int >= 1, every n-th layer a mixture where moe_layers is null)"),
+    "attention_chunk_size": (lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1,
+                             "absent (Llama 4: an int >= 1, the RoPE layers' chunks of positions)"),
+    "attn_temperature_tuning": (lambda v, c: c.model_type == "llama4_text" and isinstance(v, bool),
+                                "absent (Llama 4: a bool, the NoPE layers' query temperature)"),
+    "floor_scale": (lambda v, c: c.model_type == "llama4_text" and _is_number(v) and 0 < v < float("inf"),
+                    "absent (Llama 4: a finite number > 0, the temperature's step in positions)"),
+    "attn_scale": (lambda v, c: c.model_type == "llama4_text" and _is_number(v) and abs(v) < float("inf"),
+                   "absent (Llama 4: a finite number, the temperature's factor)"),
+})
 # ModernBERT decoder's (its norms' and heads' biases: LlamaConfig.torch_layer_norm, head_bias, head_transform_bias; its
 # prediction head's GELU; its window's key, local_attention // 2; its dropouts, training only; its initialisation)
 for _key in ("attention_dropout", "classifier_dropout", "embedding_dropout"):  # (others' keys too)
@@ -2049,6 +2108,14 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
+    if c.model_type == "llama4_text":  # no window; its layer_types (transformers' masks: chunked or full) as
+        types = x.get("layer_types")  # LlamaConfig.layer_chunks reads them
+        if types is not None and not (isinstance(types, list) and len(types) == n
+                                      and set(types) <= {"chunked_attention", "full_attention"}):
+            return none, "layer_types"
+        bad = next((k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None),
+                   None)
+        return none, bad
     if c.model_type in _PATTERNED:
         window = x.get("sliding_window", FAMILIES[c.model_type].defaults["sliding_window"])
         if c.model_type == "modernbert-decoder":  # (its window local_attention // 2, as its config computes it)
@@ -2414,7 +2481,7 @@ class LlamaConfig:
             self._check_deepseek_experts()
         if self.model_type in _DSAS:
             self._check_dsa()
-        if self.model_type in ("ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe") and \
+        if self.model_type in ("ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "llama4_text") and \
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
@@ -2766,6 +2833,8 @@ class LlamaConfig:
                                       FAMILIES["granitemoehybrid"].defaults["shared_intermediate_size"]))
         if self.model_type == "cohere2_moe":  # (its dense prefix's width)
             return int(self.extra.get("prefix_dense_intermediate_size") or self.intermediate_size)
+        if self.model_type == "llama4_text":  # (its dense layers' own width)
+            return int(self._deepseek("intermediate_size_mlp"))
         return self.intermediate_size
 
     @property
@@ -2868,6 +2937,37 @@ class LlamaConfig:
         return None if beta is None else (float(beta), int(rs["original_max_position_embeddings"]))
 
     @property
+    def layer_chunks(self) -> tuple:
+        """Each layer's chunk of positions (0: none): Llama 4's chunked layers (its ``layer_types``'
+        ``"chunked_attention"``, by default its RoPE layers) attend from the start of the query's chunk of
+        ``attention_chunk_size`` positions, ``p - p % C .. p``, as transformers' chunked mask (a full or pass-through
+        cache applies it: ``cache.chunked_attention``)."""
+        n = self.num_hidden_layers
+        if self.model_type != "llama4_text":
+            return (0,) * n
+        types = self.extra.get("layer_types")
+        chunked = self.rope_layers if types is None else tuple(t == "chunked_attention" for t in types)
+        size = int(self._deepseek("attention_chunk_size"))
+        return tuple(size if c else 0 for c in chunked)
+
+    @property
+    def l2_qk_norm(self) -> tuple:
+        """Per layer, Llama 4's L2 norm of q and k after RoPE (an RMSNorm without a weight, in float32, rounded; eps
+        ``rms_norm_eps``) where ``use_qk_norm``, on its RoPE layers; all False for the other families."""
+        if self.model_type != "llama4_text" or not self._deepseek("use_qk_norm"):
+            return (False,) * self.num_hidden_layers
+        return self.rope_layers
+
+    @property
+    def nope_temperature(self) -> tuple | None:
+        """Llama 4 with ``attn_temperature_tuning``: ``(attn_scale, floor_scale)``, each query of a NoPE layer (not
+        :attr:`rope_layers`') times ``1 + attn_scale * ln(1 + floor((position + 1) / floor_scale))``, computed in
+        float32 and applied in float32, rounded once (transformers' Llama4TextAttention); None otherwise."""
+        if self.model_type != "llama4_text" or not self._deepseek("attn_temperature_tuning"):
+            return None
+        return float(self._deepseek("attn_scale")), float(self._deepseek("floor_scale"))
+
+    @property
     def rope_layers(self) -> tuple:
         """Per layer, whether it takes the model's RoPE (``rope_theta`` with ``rope_scaling``). The others take
         ``rope.rope_local_inv_freq``'s: Gemma 3's and OLMo 3's sliding layers plain RoPE with their own base
@@ -2900,10 +3000,10 @@ class LlamaConfig:
             return tuple(sliding)
         if FAMILIES[self.model_type].learned_positions or self.alibi:  # (GPT-2's, OPT's, ALiBi's: no RoPE at all)
             return (False,) * n
-        if self.model_type == "smollm3":
-            given = self.extra.get("no_rope_layers")
-            if given is not None:
-                return tuple(bool(x) for x in given)
+        if self.model_type in ("smollm3", "llama4_text"):  # (Llama 4: an empty list is none, one longer than the
+            given = self.extra.get("no_rope_layers")  # layers read as far as they go)
+            if given:
+                return tuple(bool(x) for x in given[:n])
             every = self.extra.get("no_rope_layer_interval", _SMOLLM3_INTERVAL)
             return tuple((i + 1) % every != 0 for i in range(n))
         return (True,) * n
@@ -3053,6 +3153,13 @@ class LlamaConfig:
                            shared_intermediate_size=width * get("num_shared_experts"),
                            scale=float(get("router_scaling_factor")), scoring="sigmoid", correction_bias=True,
                            renormalize_eps=1e-20, grouped_router=True)
+        if self.model_type == "llama4_text":  # (the sigmoid of the top k logits, the chosen experts' inputs scaled by
+            get, n = self._deepseek, self.num_hidden_layers  # it; a shared expert of intermediate_size)
+            given, step = get("moe_layers"), get("interleave_moe_layer_step")
+            sparse = set(given) if given is not None else set(range(step - 1, n, step))
+            return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, False, False,
+                           tuple(i in sparse for i in range(n)), shared_intermediate_size=self.intermediate_size,
+                           scoring="top_k_sigmoid", scaled_inputs=True)
         if self.model_type == "hunyuan_v1_moe":  # (the router's weight kept in float32; transformers' shared expert)
             get = self._deepseek
             return Experts(_first(get("num_experts")), _first(get("moe_topk")), self.intermediate_size, True, True,

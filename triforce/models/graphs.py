@@ -23,7 +23,7 @@ variable ``TRIFORCE_CUDA_GRAPHS=0`` turns it off. A capture that fails turns it 
 native call already), the prefill's chunks, steps of over ``MAX_TOKENS`` tokens a row, forwards with a
 draft head's tap, under autograd or ``torch.compile``, a mixture of experts' (Mixtral, Qwen3-MoE, GraniteMoE:
 which experts run is read on the host), DeepSeek-V3.2's sparse attention (its keys' count is the cache's host-side
-bound). The graphs of a cache go with it (weak references), and
+bound), Llama 4's chunked layers (a step's chunks read on the host). The graphs of a cache go with it (weak references), and
 ``model.to(...)`` drops the model's.
 """
 from __future__ import annotations
@@ -46,8 +46,11 @@ def enabled(model, cache, input_ids: torch.Tensor, tap) -> bool:
     if input_ids.shape[1] > MAX_TOKENS or input_ids.shape[1] > getattr(cache, "max_step", MAX_TOKENS):
         return False
     # a mixture of experts reads its routing on the host (triforce.models.llama.SparseMoE), DeepSeek-V3.2's sparse
-    # attention sizes its choice by the cache's host-side bound (cache.indexed_attention): neither is capturable
-    return (input_ids.device.type == "cuda" or _EMULATE) and model.config.experts is None and model.config.dsa is None
+    # attention sizes its choice by the cache's host-side bound (cache.indexed_attention), Llama 4's chunked layers
+    # read which chunks a step spans (cache.chunked_attention): none is capturable
+    c = model.config
+    return (input_ids.device.type == "cuda" or _EMULATE) and c.experts is None and c.dsa is None \
+        and not any(c.layer_chunks)
 
 
 def _switched_on(owner) -> bool:

@@ -514,6 +514,12 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         # Hunyuan: the q/k norms after RoPE, computed so that RoPE commutes with them (config.qk_norm_after_rope)
         self.after_rope = config.qk_norm_after_rope
+        # Llama 4: q and k L2-normalised after RoPE on its RoPE layers (the norm's eps, or None), its NoPE layers'
+        # query temperature ((attn_scale, floor_scale), or None) and its chunked layers' chunk (0: none)
+        self.l2_eps = config.rms_norm_eps if config.l2_qk_norm[layer] else None
+        temperature = config.nope_temperature
+        self.nope_temperature = None if config.rope_layers[layer] else temperature
+        self.chunk = config.layer_chunks[layer]
         self.clip = config.clip_qkv  # OLMoE's clamp of q and k (after their norms) and v, or None
         # Cohere 2, ERNIE 4.5: RoPE computed in float32 and rounded once, as transformers rotates (config.rope_float32)
         self.rope_f32 = bool(config.rope_float32)
@@ -542,8 +548,9 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         B, T, _ = x.shape
         q, k, k_raw, v = self.project(x, cos, sin)
-        if self.temperature is not None:
-            q = self.temper(q, step.positions if step is not None else torch.arange(T, device=x.device).expand(B, T))
+        if self.temperature is not None or self.nope_temperature is not None:
+            positions = step.positions if step is not None else torch.arange(T, device=x.device).expand(B, T)
+            q = self.temper(q, positions) if self.temperature is not None else self.temper_nope(q, positions)
         out = self.attend(q, k, v, k_raw, cache, step)
         return self.output(out.reshape(B, T, self.n_heads * self.head_dim), x)
 
@@ -567,6 +574,8 @@ class Attention(nn.Module):
         q, k_raw, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.after_rope:
             return self._norms_after_rope(q, k_raw, v, cos, sin)
+        if self.l2_eps is not None:
+            return self._l2_after_rope(q, k_raw, v, cos, sin)
         if self.full_qk_norm:
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
         q, k_raw = q.view(B, T, self.n_heads, self.head_dim), k_raw.view(B, T, self.n_kv, self.head_dim)
@@ -575,10 +584,23 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv, self.head_dim)
         if self.clip is not None:
             q, k_raw, v = (t.clamp(-self.clip, self.clip) for t in (q, k_raw, v))
-        if self.rope_f32 and q.dtype != torch.float32:
-            cf, sf = cos.float(), sin.float()
-            return apply_rope(q.float(), cf, sf).to(q.dtype), apply_rope(k_raw.float(), cf, sf).to(q.dtype), k_raw, v
-        return _rope(q, cos, sin), _rope(k_raw, cos, sin), k_raw, v
+        return self._rotate(q, cos, sin), self._rotate(k_raw, cos, sin), k_raw, v
+
+    def _rotate(self, x, cos, sin):
+        """RoPE of ``x`` ``[B, T, H, D]``: in float32, rounded once, where the family rotates so (``rope_f32``)."""
+        if self.rope_f32 and x.dtype != torch.float32:
+            return apply_rope(x.float(), cos.float(), sin.float()).to(x.dtype)
+        return _rope(x, cos, sin)
+
+    def _l2_after_rope(self, q, k, v, cos, sin):
+        """Llama 4's ``(q, k, k_raw, v)`` on a layer with q/k L2 norms: transformers computes ``l2(rope(q))`` and
+        ``l2(rope(k))``. RoPE keeps a head's RMS, so the key is computed as ``rope(l2(k))`` (``k_raw`` the unit-RMS
+        key before RoPE, which a cache re-rotates as any family's; the rounding differs from transformers' in the last
+        bits), the query as transformers does."""
+        B, T, _ = q.shape
+        q, k, v = (t.view(B, T, -1, self.head_dim) for t in (q, k, v))
+        k_raw = _l2_norm(k, self.l2_eps)
+        return _l2_norm(self._rotate(q, cos, sin), self.l2_eps), self._rotate(k_raw, cos, sin), k_raw, v
 
     def _norms_after_rope(self, q, k, v, cos, sin):
         """Hunyuan's ``(q, k, k_raw, v)``: transformers computes ``q_norm(rope(q))`` and ``k_norm(rope(k))``. RoPE keeps
@@ -604,6 +626,15 @@ class Attention(nn.Module):
         beta, original = self.temperature
         return (1 + beta * torch.log(1 + torch.floor(positions / original))).to(dtype)
 
+    def temper_nope(self, q, positions):
+        """Llama 4's query temperature on its NoPE layers (``config.nope_temperature``): the queries ``[B, T, H, D]``
+        of int ``positions`` ``[B, T]`` times ``1 + attn_scale * ln(1 + floor((position + 1) / floor_scale))``, the
+        factor and the product in float32, rounded once, as transformers computes them (1 below ``floor_scale - 1``;
+        the logarithm value by value, :func:`_lanewise`, so a pass keeps the bits of its steps)."""
+        attn_scale, floor_scale = self.nope_temperature
+        scale = _lanewise(torch.log1p, torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        return (q * scale[:, :, None, None]).to(q.dtype)
+
     def attend(self, q, k, v, k_raw, cache: _KVCache | None, step: Step | None, index=None) -> torch.Tensor:
         """Attention of the RoPE'd ``q``, ``k`` and ``v`` ``[B, T, H, D]``: causal among themselves without a
         cache, else written to ``cache`` and attended over it -> ``[B, T, Hq, D]``; ``index``: DeepSeek-V3.2's
@@ -611,10 +642,14 @@ class Attention(nn.Module):
         if cache is None:
             T = q.shape[1]
             mask = None
-            if self.window and self.window < T:  # a sliding window: query i sees keys i - W + 1 .. i
-                d = torch.arange(T, device=q.device)
-                d = d[:, None] - d[None, :]
-                mask = (d >= 0) & (d < self.window)
+            if self.window and self.window < T or self.chunk and self.chunk < T:
+                i = torch.arange(T, device=q.device)
+                d = i[:, None] - i[None, :]
+                mask = d >= 0
+                if self.window:  # a sliding window: query i sees keys i - W + 1 .. i
+                    mask &= d < self.window
+                if self.chunk:  # Llama 4's chunks: query i sees the keys of its own chunk of positions
+                    mask &= (i[:, None] // self.chunk) == (i[None, :] // self.chunk)
             if self.softcap is not None or self.sinks is not None or self.alibi is not None:  # not SDPA's: the
                 return _spelled_out_attention(q, k, v, self.scale, mask, self.softcap, self.sinks,  # scores spelled
                                               self.alibi)  # out
@@ -631,6 +666,13 @@ class Attention(nn.Module):
                                k_raw=None if k_raw is None else k_raw.to(kv), **sinks)
             return out.to(q.dtype)
         return cache.attend(self.layer, q, k, v, step, k_raw=k_raw, **sinks)
+
+
+def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama 4's L2 norm of ``x`` over its last dim: ``x * rsqrt(mean(x^2) + eps)`` in float32, rounded to the dtype
+    (an RMSNorm without a weight, as transformers' Llama4TextL2Norm)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _spelled_out_attention(q, k, v, scale: float, mask, cap: float | None = None, sinks=None,
@@ -686,6 +728,7 @@ class LatentAttention(Attention):
         self.kv_b_proj = Linear(mla.kv_lora_rank, H * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.o_proj = Linear(H * mla.v_head_dim, h, bias=False)
         self.window, self.scale, self.softcap, self.temperature = 0, config.attention_scale, None, None
+        self.chunk, self.l2_eps, self.nope_temperature = 0, None, None  # (Llama 4's: none here)
         self.alibi = None  # (no ALiBi in DeepSeek's latent attention)
         self.sinks = None
         self.rope_f32 = bool(config.rope_float32)
@@ -979,6 +1022,8 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
+        self.scaled_inputs = spec.scaled_inputs  # (Llama 4's: the chosen experts' inputs scaled by their weights)
+        self.top_k_sigmoid = spec.scoring == "top_k_sigmoid"
         self.activation = config.activation
         self.deepseek = spec.grouped_router  # DeepSeek's routers (_deepseek_route; GLM-4.5's is V3's)
         self.sparsemixer = spec.jitter_eps if spec.scoring == "sparsemixer" else None  # PhiMoE's (_sparsemixer)
@@ -1007,6 +1052,9 @@ class SparseMoE(nn.Module):
         gate, bias = params.get("weight"), params.get("bias")
         logits = (linear(x.float(), gate, None if bias is None else bias.float())
                   if gate is not None and gate.dtype == torch.float32 != x.dtype else self.gate(x).float())
+        if self.top_k_sigmoid:  # Llama 4's: the top k logits (computed in the dtype), their sigmoid in the dtype
+            w, index = torch.topk(logits, self.top_k, dim=-1)
+            return _row_sigmoid(w).to(x.dtype), index
         if self.softmax_of_top_k:  # GraniteMoE's order: the top k logits, then their softmax
             w, index = torch.topk(logits, self.top_k, dim=-1)
             return torch.softmax(w, dim=-1).to(x.dtype), index
@@ -1064,12 +1112,14 @@ class SparseMoE(nn.Module):
     def forward(self, x):
         rows = x.reshape(-1, x.shape[-1])
         w, index = self.route(rows)
-        native = self._native_weights(rows, index)
-        if native is not None:
-            weights, biases, clamp = native
-            out = torch.ops.triforce_C.moe_experts(rows, index, w, *weights, self.activation, *biases, **clamp)
+        if self.scaled_inputs:  # (Llama 4: expert(x * w), one chosen expert of each row at a time, added in order)
+            out = None
+            for j in range(self.top_k):
+                scaled, ones = rows * w[:, j, None], torch.ones_like(w[:, j:j + 1])
+                y = self._experts(scaled, ones, index[:, j:j + 1])
+                out = y if out is None else out + y
         else:
-            out = self._experts_one_by_one(rows, w, index)
+            out = self._experts(rows, w, index)
         if "shared_expert" in self._modules:
             shared = self.shared_expert(rows)
             if "shared_expert_gate" in self._modules:
@@ -1078,6 +1128,15 @@ class SparseMoE(nn.Module):
         if "post_mlp_layernorm" in self._modules:
             out = self._modules["post_mlp_layernorm"](out)
         return out.view(x.shape)
+
+    def _experts(self, rows: torch.Tensor, w: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The sum over each row's chosen experts ``index`` ``[N, k]`` of their outputs times ``w`` ``[N, k]``: in one
+        native call where :meth:`_native_weights` allows, else one expert at a time (the same bits)."""
+        native = self._native_weights(rows, index)
+        if native is None:
+            return self._experts_one_by_one(rows, w, index)
+        weights, biases, clamp = native
+        return torch.ops.triforce_C.moe_experts(rows, index, w, *weights, self.activation, *biases, **clamp)
 
     def _native_weights(self, rows: torch.Tensor, index: torch.Tensor):
         """``((gate_up, gate_up_scales, down, down_scales), (gate_up_bias, down_bias), clamp)``: lists of one entry per
@@ -1334,6 +1393,9 @@ class DecoderLayer(nn.Module):
             norm_in, norm_out = norm_out, mods["post_feedforward_layernorm"]
         if type(att) is not Attention:
             return None  # DeepSeek's latent attention: not the fused layer's
+        d = att.__dict__
+        if d.get("l2_eps") is not None or d.get("nope_temperature") is not None or d.get("chunk"):
+            return None  # Llama 4's q/k L2 norms, NoPE temperature and chunks: the modules'
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         after_rope = bool(att.__dict__.get("after_rope"))  # (Hunyuan's, NanoChat's q/k norms after RoPE)

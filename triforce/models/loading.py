@@ -713,6 +713,36 @@ def _order_mla_rope(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     return out
 
 
+# Llama 4's checkpoints (and transformers' Llama4ForCausalLM): each layer's MLP under feed_forward (a dense one's
+# gate_proj / up_proj / down_proj, a mixture's router and shared_expert), its experts stacked as Llama4TextExperts
+# holds them, x @ W: feed_forward.experts.gate_up_proj [E, H, 2I] (gate's columns, then up's) and
+# feed_forward.experts.down_proj [E, I, H]
+_LLAMA4_EXPERTS = re.compile(r"(.*\.)feed_forward\.experts\.(gate_up_proj|down_proj)")
+_LLAMA4_EXPERT = re.compile(r"(.*\.)mlp\.experts\.(\d+)\.(gate_up_proj|down_proj)\.weight")
+
+
+def _llama4_names(sd: dict, inverse: bool = False) -> dict:
+    """A Llama 4 checkpoint's weights (above) under the model's names (mlp.*, the router as mlp.gate, each expert's
+    projections its own, ``gate_up_proj`` rows [gate; up]), or with ``inverse`` the model's back under its names,
+    stacked."""
+    out, stacks = {}, {}
+    for name, t in sd.items():
+        if inverse:
+            if (m := _LLAMA4_EXPERT.fullmatch(name)) is not None:
+                stacks.setdefault((m[1], m[3]), {})[int(m[2])] = t
+                continue
+            out[re.sub(r"\.mlp\.gate\.weight$", ".mlp.router.weight", name).replace(".mlp.", ".feed_forward.")] = t
+        elif (m := _LLAMA4_EXPERTS.fullmatch(name)) is not None and t.dim() == 3:
+            out.update({f"{m[1]}mlp.experts.{e}.{m[2]}.weight": w.T.contiguous() for e, w in enumerate(t)})
+        else:
+            out[re.sub(r"\.mlp\.router\.weight$", ".mlp.gate.weight", name.replace(".feed_forward.", ".mlp."))] = t
+    for (stem, kind), parts in stacks.items():
+        if sorted(parts) != list(range(len(parts))):
+            raise ValueError(f"{stem}mlp.experts: the model's experts are {sorted(parts)}, not 0..{len(parts) - 1}")
+        out[f"{stem}feed_forward.experts.{kind}"] = torch.stack([parts[e].T for e in range(len(parts))]).contiguous()
+    return out
+
+
 def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with a mixture of experts' weights as the model holds them (above), or with ``inverse`` as its
     checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model."""
@@ -720,6 +750,8 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return sd
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
+    if config.model_type == "llama4_text":
+        return _llama4_names(sd, inverse)
     mixtral = config.model_type in ("mixtral", "minimax_m2", "phimoe")  # (Mixtral's names: block_sparse_moe, w1 / w3 /
     # w2)
     granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
