@@ -65,6 +65,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from .bitnet import bitnet_config
 from .compressed import compressed_config
 from .gptq_awq import check_config as _check_gptq_awq
 from .gptq_awq import gptq_awq_config
@@ -168,6 +169,9 @@ class Family:
     alibi: str = ""
     # BLOOM: a LayerNorm with a bias on the embeddings, before the first layer (model.embed_layernorm)
     embed_layernorm: bool = False
+    # BitNet: an RMSNorm on the heads' output before o_proj (self_attn.attn_sub_norm) and on the gated product before
+    # down_proj (mlp.ffn_sub_norm) (LlamaConfig.sub_norms)
+    sub_norms: bool = False
 
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
@@ -528,6 +532,16 @@ FAMILIES["starcoder2"] = Family("Starcoder2ForCausalLM", activation="gelu_tanh",
                                     "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 50256,
                                     "eos_token_id": 50256, "tie_word_embeddings": True, "attention_bias": True,
                                     "mlp_bias": True})
+# BitNet b1.58 (BitNetForCausalLM: microsoft/bitnet-b1.58-2B-4T and its -bf16 master weights): Llama's layer with an
+# RMSNorm on the heads' output before o_proj and one on the gated MLP's product before down_proj (sub_norms), the MLP
+# gated by ReLU squared; with quantization_config "bitnet" its projections ternary with int8 activations
+# (triforce/models/bitnet.py), else float as its master weights compute.
+FAMILIES["bitnet"] = Family("BitNetForCausalLM", activation="relu2", hidden_acts=("relu2",), sub_norms=True,
+                            reads=("attention_bias",), defaults={
+                                "vocab_size": 128256, "hidden_size": 2560, "intermediate_size": 6912,
+                                "num_hidden_layers": 30, "num_attention_heads": 20, "num_key_value_heads": 5,
+                                "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                                "bos_token_id": 128000, "eos_token_id": 128001})
 FAMILIES["arcee"] = Family("ArceeForCausalLM", activation="relu2", hidden_acts=("relu2",), gated_mlp=False,
                            reads=("attention_bias", "mlp_bias"), defaults={
                                "vocab_size": 32000, "hidden_size": 2560, "intermediate_size": 18432,
@@ -1747,6 +1761,7 @@ _HARMLESS_ONLY_AT = {
     "is_encoder_decoder": (lambda v, c: not v, "false"),
     "add_cross_attention": (lambda v, c: not v, "false"),
     "quantization_config": (lambda v, c: v is None or (c.model_type == "gpt_oss" and _mxfp4(v)) or fp8_config(v)
+                            or (c.model_type == "bitnet" and bitnet_config(v))
                             or compressed_config(v) or _check_gptq_awq(v) or gptq_awq_config(v),
                             "null (float weights), fp8 (float8 weights with weight_scale_inv per block or tensor, "
                             "dequantised on loading: quant_method 'fp8', fmt 'e4m3', activation_scheme 'dynamic' or "
@@ -1755,7 +1770,9 @@ _HARMLESS_ONLY_AT = {
                             "packed INT1-8, NVFP4 and MXFP4 weights, dequantised on loading), GPTQ (quant_method "
                             "'gptq': 2, 4 or 8 bits, checkpoint_format 'gptq' or 'gptq_v2') or AWQ (quant_method "
                             "'awq': 4 bits, version 'gemm', zero points), dequantised on loading, or, for GPT-OSS, "
-                            "OpenAI's MXFP4 experts (dequantised on loading); "
+                            "OpenAI's MXFP4 experts (dequantised on loading), for BitNet its ternary linear layers "
+                            "(quant_method 'bitnet': linear_class 'bitlinear' offline, or 'autobitlinear' offline or "
+                            "online, without use_rms_norm, modules_to_not_convert null or ['lm_head']); "
                             "other quantised HF checkpoints are not read, GGUF files are"),
     # Microsoft's Phi-3 configs name the modeling code that transformers took in as Phi3ForCausalLM: transformers
     # reads them with its own (without trust_remote_code), as here
@@ -3251,6 +3268,19 @@ class LlamaConfig:
             or (self.model_type in ("phi", "stablelm", "persimmon") and bool(self.extra.get("qk_layernorm")))
 
     @property
+    def sub_norms(self) -> bool:
+        """BitNet's RMSNorms on the heads' output before ``o_proj`` and on the gated MLP's product before
+        ``down_proj``."""
+        return FAMILIES[self.model_type].sub_norms
+
+    @property
+    def bitnet(self) -> dict | None:
+        """BitNet's ``quantization_config`` (its projections ternary, its activations int8: triforce/models/bitnet.py),
+        or None (float projections)."""
+        q = self.extra.get("quantization_config")
+        return q if self.model_type == "bitnet" and isinstance(q, dict) and q.get("quant_method") == "bitnet" else None
+
+    @property
     def qk_norm_after_rope(self) -> bool:
         """The per-head q/k RMSNorm applied after RoPE (Hunyuan), not before. The model computes it as the same
         scores in a form RoPE commutes with: each key divided by its RMS before RoPE (which keeps a row's RMS) and
@@ -3612,7 +3642,8 @@ class LlamaConfig:
             d.setdefault("hidden_act", family.hidden_acts[0])
         if self.rope_type == "longrope":  # Phi3Config takes the top-level key (4096 when absent) over the inner one
             d.setdefault("original_max_position_embeddings", self.rope_scaling["original_max_position_embeddings"])
-        d.pop("quantization_config", None)  # what it saves is float (MXFP4 and FP8 weights: dequantised on loading)
+        if self.bitnet is None:  # what it saves is float (MXFP4 and FP8 weights: dequantised on loading); BitNet's
+            d.pop("quantization_config", None)  # ternary layers are saved as they are loaded
         if self.model_type == "mistral":  # none given: none (a config.json without the key means 4096)
             d.setdefault("sliding_window", None)
         if self.model_type == "gemma3_text":  # the values this config reads where it has none of its own

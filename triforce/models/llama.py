@@ -530,6 +530,9 @@ class Attention(nn.Module):
         self.gate_proj = Linear(h, self.n_heads * self.head_dim, bias=False) if config.attn_output_gate else None
         # Laguna: the heads' output times the softplus of g_proj of the layer's input (one gate per head, or per dim)
         self.softplus_gate = config.softplus_gate
+        # BitNet: an RMSNorm on the heads' output before o_proj
+        if config.sub_norms:
+            self.attn_sub_norm = make_norm(config, self.n_heads * self.head_dim, config.rms_norm_eps)
         if self.softplus_gate is not None:
             self.g_proj = Linear(h, self.n_heads * (1 if self.softplus_gate == "head" else self.head_dim), bias=False)
 
@@ -565,7 +568,8 @@ class Attention(nn.Module):
             if self.softplus_gate == "head":
                 gate = gate.repeat_interleave(self.head_dim, dim=-1)
             out = out * gate
-        return self.o_proj(out)
+        sub = self._modules.get("attn_sub_norm")  # (BitNet's)
+        return self.o_proj(out if sub is None else sub(out))
 
     def project(self, x, cos, sin):
         """``(q, k, k_raw, v)`` ``[B, T, H, D]`` of the layer's input ``x``: the projections, the q/k norms where
@@ -874,9 +878,14 @@ class MLP(nn.Module):
     def __init__(self, config: LlamaConfig, intermediate_size: int | None = None):
         super().__init__()
         _add_projections(self, config, intermediate_size, gated=True)
+        if config.sub_norms:  # BitNet's RMSNorm on the gated product before down_proj
+            i = config.intermediate_size if intermediate_size is None else intermediate_size
+            self.ffn_sub_norm = make_norm(config, i, config.rms_norm_eps)
 
     def forward(self, x):
-        return self.down_proj(_gated(self.activation, self.gate_proj(x), self.up_proj(x)))
+        y = _gated(self.activation, self.gate_proj(x), self.up_proj(x))
+        sub = self._modules.get("ffn_sub_norm")
+        return self.down_proj(y if sub is None else sub(y))
 
 
 def _add_projections(mlp: nn.Module, config: LlamaConfig, intermediate_size: int | None, gated: bool) -> None:
@@ -950,9 +959,12 @@ def _gated(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tenso
     if activation == "silu" and _elementwise_kernels(gate) and gate.is_contiguous() and up.is_contiguous() \
             and gate.dtype == up.dtype and gate.shape == up.shape:
         return _layer_ops().silu_mul(gate, up)
-    if _native_glu(gate, up):
+    if activation in _NATIVE_GLUS and _native_glu(gate, up):
         return getattr(torch.ops.triforce_C, f"{activation}_mul")(gate, up)
-    return ACTIVATIONS[activation](gate) * up
+    return ACTIVATIONS[activation](gate) * up  # (BitNet's ReLU squared: exact elementwise ops, each row its own)
+
+
+_NATIVE_GLUS = ("silu", "gelu_tanh", "gelu")  # the gated activations of triforce_C's *_mul ops
 
 
 class Expert(nn.Module):
@@ -1396,6 +1408,8 @@ class DecoderLayer(nn.Module):
         d = att.__dict__
         if d.get("l2_eps") is not None or d.get("nope_temperature") is not None or d.get("chunk"):
             return None  # Llama 4's q/k L2 norms, NoPE temperature and chunks: the modules'
+        if "attn_sub_norm" in att._modules or "ffn_sub_norm" in mlp._modules:
+            return None  # BitNet's norms inside the blocks: the modules'
         a, m = att._modules, mlp._modules
         q_norm, k_norm = a.get("q_norm"), a.get("k_norm")  # Qwen3's; absent from _modules when None
         after_rope = bool(att.__dict__.get("after_rope"))  # (Hunyuan's, NanoChat's q/k norms after RoPE)
@@ -1720,6 +1734,10 @@ class Llama(nn.Module):
         with torch.device("meta") if _empty else contextlib.nullcontext():
             self.model = LlamaModel(config, init=not _empty)
             self.lm_head = Linear(config.embed_dim, config.vocab_size, bias=config.head_bias)
+            if config.bitnet is not None:  # (BitNet's ternary projections, with int8 activations)
+                from .bitnet import use_bit_linears
+
+                use_bit_linears(self, config.bitnet)
             inv_freq = torch.empty(config.head_dim // 2) if _empty else rope_inv_freq(config)
             local = None if all(config.rope_layers) else (
                 torch.empty(config.head_dim // 2) if _empty else rope_local_inv_freq(config))

@@ -1553,6 +1553,11 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
     from .llama import Llama
 
     sd = model_names(config, sd, keep_head=True)
+    if config.bitnet is not None and config.bitnet.get("linear_class") == "autobitlinear":  # (its weights ternary in
+        from .bitnet import unpack_ternary  # the dtype, or packed as bitlinear's: unpacked, as transformers does)
+
+        sd = {k: unpack_ternary(v, torch.float32) if v.dtype == torch.uint8 and k.endswith("_proj.weight") else v
+              for k, v in sd.items()}
     config = _untie_a_head_of_its_own(config, sd)
     if config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
@@ -1575,7 +1580,9 @@ def _build(config: LlamaConfig, sd: dict, device, dtype, missing_ok=frozenset())
         kept += (".self_attn.indexer.weights_proj.weight",)
     if config.float32_sinks:  # (Flint's attention sinks: llama.Attention keeps them so too)
         kept += (".self_attn.sinks",)
-    sd = {k: v.to(device=dev, dtype=torch.float32 if k.endswith(kept) else dtype)
+    packed = config.bitnet is not None  # (BitNet's packed ternary weights stay uint8: triforce/models/bitnet.py)
+    sd = {k: v.to(device=dev, dtype=v.dtype if packed and v.dtype == torch.uint8
+                  else torch.float32 if k.endswith(kept) else dtype)
           for k, v in sd.items() if k in expected}
     model.load_state_dict(sd, strict=False, assign=True)
     if config.tie_word_embeddings:
