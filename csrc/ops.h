@@ -36,6 +36,9 @@ at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const
 // enable given, first allows (true) or forbids (false) them for the process; then returns whether they are used
 // (the CPU has them, Linux grants them, TRIFORCE_AMX is not 0, and they are allowed).
 bool rowwise_linear_i8_tiles(std::optional<bool> enable);
+// BitNet b1.58's ternary projection as integers: out int32 [M, N] = q int8 [M, K] @ w^T, w ternary, packed four output
+// rows a byte as transformers packs them (packed uint8 [N / 4, K]; triforce/models/bitnet.py), each sum exact
+at::Tensor ternary_linear(const at::Tensor& q, const at::Tensor& packed);
 // rowwise_linear_i8 in two halves, so that projections of the same x round it once (csrc/cpu/decoder.cpp):
 // x [M, K] float32 rounded to int8 blocks (linear_i8.h's quantize_rows) in one buffer, then the product.
 struct I8Rows {

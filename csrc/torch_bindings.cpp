@@ -28,6 +28,7 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("rowwise_linear_fp8(Tensor x, Tensor q, Tensor scales) -> Tensor");
   m.def("rowwise_linear_q4_1(Tensor x, Tensor w) -> Tensor");
   m.def("rowwise_linear_i8(Tensor x, Tensor codes, Tensor scales) -> Tensor");
+  m.def("ternary_linear(Tensor q, Tensor packed) -> Tensor");
   m.def("decoder_attn_in(Tensor h, Tensor norm_w, float eps, Tensor[] w, Tensor?[] scales, Tensor?[] bias, "
         "Tensor? q_norm_w, Tensor? k_norm_w, float qk_eps, Tensor cos, Tensor sin, int head_dim) "
         "-> (Tensor, Tensor, Tensor, Tensor)");
@@ -89,6 +90,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("rowwise_linear_fp8", &rowwise_linear_fp8);
   m.impl("rowwise_linear_q4_1", &rowwise_linear_q4_1);
   m.impl("rowwise_linear_i8", &rowwise_linear_i8);
+  m.impl("ternary_linear", &ternary_linear);
   m.impl("decoder_attn_in", &decoder_attn_in);
   m.impl("mla_qk", &mla_qk);
   m.impl("rms_norm", &rms_norm_op);

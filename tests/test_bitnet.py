@@ -172,3 +172,50 @@ def test_config_keys_and_defaults():
             LlamaConfig.from_dict({"model_type": "bitnet", "quantization_config": {"quant_method": "bitnet", **bad}})
     with pytest.raises(ValueError, match="quantization_config"):  # (another family's projections are not BitNet's)
         LlamaConfig.from_dict({"model_type": "llama", "quantization_config": q})
+
+
+def _ternary_op():
+    from triforce.models.bitnet import _has_op
+
+    if not _has_op():
+        pytest.skip("the extension's ternary_linear is not built")
+    return torch.ops.triforce_C.ternary_linear
+
+
+@settings(deadline=None)
+@given(M=st.integers(0, 9), K=st.sampled_from([1, 5, 63, 64, 65, 130, 300]), R=st.integers(1, 9),
+       seed=st.integers(0, 2**31 - 1))
+def test_ternary_linear_is_the_exact_integer_product(M, K, R, seed):
+    """triforce_C::ternary_linear (csrc/cpu/linear.cpp: AVX-512 VNNI where built, a loop elsewhere) gives the exact
+    integer product of int8 rows (their extremes -128 and 127 included) and the packed ternary weights, for row counts
+    across its blocks of four and columns across its vectors of 64 (masked tails)."""
+    op = _ternary_op()
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-128, 128, (M, K), generator=g, dtype=torch.int8)
+    if M and K > 2:
+        q[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    w = torch.randint(-1, 2, (4 * R, K), generator=g).float()
+    out = op(q, pack_ternary(w))
+    assert out.dtype == torch.int32 and out.shape == (M, 4 * R)
+    assert torch.equal(out.long(), (q.long()[:, None, :] * w.long()[None]).sum(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_integer_path_has_the_float_products_bits(monkeypatch, dtype):
+    """A packed BitLinear on the integer product gives the float product's bits (one rounding of the same exact sum),
+    for a pass of many rows and for one; and reads the 2-bit weights only (no unpacked copy made)."""
+    _ternary_op()
+    g = torch.Generator().manual_seed(1)
+    layer = BitLinear(300, 64, True, "bitlinear", dtype)
+    layer.weight.copy_(pack_ternary(torch.randint(-1, 2, (64, 300), generator=g).float()))
+    layer.weight_scale.fill_(0.05)
+    with torch.no_grad():
+        layer.bias.copy_(torch.randn(64, generator=g))
+    x = (torch.randn(2, 9, 300, generator=g) * 3).to(dtype)
+    with torch.no_grad():
+        fast = layer(x)
+        assert layer._ternary is None
+        monkeypatch.setenv("TRIFORCE_TERNARY_LINEAR", "0")
+        slow = layer(x)
+        assert layer._ternary is not None
+    assert torch.equal(fast, slow) and torch.equal(layer(x[:1, :1]), fast[:1, :1])

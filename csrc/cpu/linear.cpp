@@ -362,3 +362,76 @@ bool rowwise_linear_i8_tiles(std::optional<bool> enable) {
 at::Tensor rowwise_linear_i8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   return rowwise_linear_i8_rows(quantize_i8_rows(x), codes, scales);
 }
+
+// ---- BitNet b1.58's ternary projection (triforce/models/bitnet.py): out[m, j * R + i] = sum_k w * q[m, k], w =
+// ((packed[i, k] >> 2j) & 3) - 1 (transformers' packing: four output rows a byte, the stored value w + 1), summed
+// as integers: sum_k code * q - sum_k q, each exact in int32 (|q| <= 128, codes <= 2). On AVX-512 VNNI one vpdpbusd
+// multiplies 64 unsigned codes by 64 signed q and sums them in fours, so a byte row of weights, loaded once, serves
+// four output rows and up to four input rows; elsewhere the same sums in a loop. Exact either way: the bits do not
+// depend on the path, the row count or the threads.
+namespace {
+
+constexpr int64_t kTernaryBlock = 4;  // byte rows (16 output rows) a weight block
+
+void ternary_blocks(const int8_t* Q, const int32_t* qsum, int64_t rows, int64_t K, const uint8_t* P, int64_t R,
+                    int32_t* out, int64_t N, int64_t b0, int64_t b1) {
+  const int64_t i0 = b0 * kTernaryBlock, i1 = std::min(R, b1 * kTernaryBlock);
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const __m512i three = _mm512_set1_epi8(3);
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint8_t* row = P + i * K;
+    for (int64_t m0 = 0; m0 < rows; m0 += 4) {
+      const int64_t mr = std::min<int64_t>(4, rows - m0);
+      __m512i acc[4][4];
+      for (int mm = 0; mm < 4; ++mm)
+        for (int j = 0; j < 4; ++j) acc[mm][j] = _mm512_setzero_si512();
+      for (int64_t k = 0; k < K; k += 64) {
+        const __mmask64 mask = K - k >= 64 ? ~__mmask64(0) : ((__mmask64(1) << (K - k)) - 1);
+        const __m512i b = _mm512_maskz_loadu_epi8(mask, row + k);
+        __m512i w[4];
+        for (int j = 0; j < 4; ++j) w[j] = _mm512_and_si512(_mm512_srli_epi16(b, 2 * j), three);
+        for (int mm = 0; mm < mr; ++mm) {
+          const __m512i x = _mm512_maskz_loadu_epi8(mask, Q + (m0 + mm) * K + k);
+          for (int j = 0; j < 4; ++j) acc[mm][j] = _mm512_dpbusd_epi32(acc[mm][j], w[j], x);
+        }
+      }
+      for (int mm = 0; mm < mr; ++mm)
+        for (int j = 0; j < 4; ++j)
+          out[(m0 + mm) * N + j * R + i] = _mm512_reduce_add_epi32(acc[mm][j]) - qsum[m0 + mm];
+    }
+  }
+#else
+  for (int64_t i = i0; i < i1; ++i)
+    for (int64_t m = 0; m < rows; ++m)
+      for (int j = 0; j < 4; ++j) {
+        int32_t s = 0;
+        for (int64_t k = 0; k < K; ++k) s += int32_t((P[i * K + k] >> (2 * j)) & 3) * Q[m * K + k];
+        out[m * N + j * R + i] = s - qsum[m];
+      }
+#endif
+}
+
+}  // namespace
+
+at::Tensor ternary_linear(const at::Tensor& q, const at::Tensor& packed) {
+  TORCH_CHECK(q.dim() == 2 && packed.dim() == 2, "ternary_linear: q [M, K] and packed [N / 4, K] must be 2-D, got ",
+              q.sizes(), " and ", packed.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kChar && packed.scalar_type() == at::kByte,
+              "ternary_linear: q int8 and packed uint8, got ", q.scalar_type(), " and ", packed.scalar_type());
+  TORCH_CHECK(q.device().is_cpu() && packed.device().is_cpu(), "ternary_linear: CPU tensors only");
+  TORCH_CHECK(q.size(1) == packed.size(1), "ternary_linear: q has ", q.size(1), " columns, packed ", packed.size(1));
+  const int64_t M = q.size(0), K = q.size(1), R = packed.size(0), N = 4 * R;
+  const at::Tensor qc = q.contiguous(), pc = packed.contiguous();
+  const int8_t* Q = qc.const_data_ptr<int8_t>();
+  std::vector<int32_t> qsum(M, 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) qsum[m] += Q[m * K + k];
+  RowwiseProduct p{M, K, N, (R + kTernaryBlock - 1) / kTernaryBlock, 4 * kTernaryBlock, 1,
+                   qc.options().dtype(at::kInt), {qc, pc}, {}};
+  const uint8_t* P = pc.const_data_ptr<uint8_t>();
+  const int32_t* S = qsum.data();
+  p.blocks = [Q, S, K, P, R, N](void* out, int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    ternary_blocks(Q + m0 * K, S + m0, rows, K, P, R, static_cast<int32_t*>(out) + m0 * N, N, b0, b1);
+  };
+  return run_product(p);
+}

@@ -16,8 +16,13 @@ one of (:func:`bitnet_config` says which; the embeddings and the head stay float
   1e-5), no ``weight_scale``.
 
 Each output row depends on its input row only (:func:`triforce.models.llama.linear`'s row-wise kernels on the CPU), so
-a verification pass computes what its one-token steps compute."""
+a verification pass computes what its one-token steps compute. On the CPU a packed layer's integer sums run as
+integers on its 2-bit weights (``triforce_C::ternary_linear``: AVX-512 VNNI, a quarter of int8's bytes, an eighth of
+bfloat16's), bitwise the float product."""
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 from torch import nn
@@ -92,7 +97,11 @@ class BitLinear(nn.Module):
             dtype = self.weight_scale.dtype
             s = 127 / x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
             q = (x * s).round().clamp(-128, 127).to(torch.int8)
-            y = linear(q.to(dtype), self.ternary(dtype))
+            if _integer_path(q, self.in_features):  # (the exact sums as integers: the same bits, 2-bit weights read)
+                flat = torch.ops.triforce_C.ternary_linear(q.reshape(-1, self.in_features), self.weight)
+                y = flat.view(*q.shape[:-1], self.out_features).to(torch.float32).to(dtype)
+            else:
+                y = linear(q.to(dtype), self.ternary(dtype))
             y = y / (self.weight_scale * s)
             return y if bias is None else y + bias
         xf = x.float()  # (AutoBitLinear's ActQuant: in float32, divided back, rounded once)
@@ -105,6 +114,24 @@ class BitLinear(nn.Module):
             w = ((wf * scale).round().clamp(-1, 1) / scale).to(w.dtype)
         y = linear(xq, w.to(x.dtype), bias)
         return y if self.kind == "autobitlinear-online" else y * self.weight_scale
+
+
+def _integer_path(q: torch.Tensor, in_features: int) -> bool:
+    """Whether a packed BitLinear's product runs as integers (``triforce_C::ternary_linear``, csrc/cpu/linear.cpp): on
+    the CPU with the extension, outside ``torch.compile`` and autograd, where every sum fits float32 exactly (fewer than
+    2^24 / 128 inputs: then the float product's one rounding of the exact sum is the integer's, bitwise);
+    ``TRIFORCE_TERNARY_LINEAR=0`` turns it off."""
+    return (q.device.type == "cpu" and in_features * 128 < 2 ** 24 and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling() and os.environ.get("TRIFORCE_TERNARY_LINEAR", "1") != "0"
+            and _has_op())
+
+
+@functools.cache
+def _has_op() -> bool:
+    """The extension is built and has ``ternary_linear`` (read once: an op lookup costs microseconds a layer)."""
+    from .llama import _rowwise_available
+
+    return _rowwise_available() and hasattr(torch.ops.triforce_C, "ternary_linear")
 
 
 _PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
