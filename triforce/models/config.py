@@ -267,6 +267,15 @@ FAMILIES["llama4_text"] = Family("Llama4ForCausalLM", rope_interleaved=True, rop
                                      "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "use_qk_norm": True,
                                      "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
                                      "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1})
+# Aria's language model (AriaTextForCausalLM, model_type aria_text: rhymes-ai's Aria, AriaForConditionalGeneration's
+# text_config: WRAPPERS["aria"]): Llama's attention, every layer a mixture: the softmax of the top moe_topk of
+# moe_num_experts router logits (GraniteMoE's order, in the dtype), SwiGLU experts of intermediate_size without biases
+# (stacked as x @ W in its checkpoints, as Llama 4's), plus moe_num_shared_experts shared experts as one MLP of that
+# many intermediate_size (biased by mlp_bias, activated by hidden_act).
+FAMILIES["aria_text"] = Family("AriaTextForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "pad_token_id": 2,
+    "bos_token_id": 1, "eos_token_id": 2, "moe_num_experts": 8, "moe_topk": 2, "moe_num_shared_experts": 2})
 # Granite (GraniteForCausalLM: IBM Granite 3.x dense): Llama's layer with four numbers: the embeddings times
 # embedding_multiplier, the attention scores scaled by attention_multiplier (instead of head_dim ** -0.5), each
 # block's output times residual_multiplier before its residual add, and the logits divided by logits_scaling.
@@ -1094,7 +1103,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna", "llama4_text")
+            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna", "llama4_text", "aria_text")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1267,6 +1276,11 @@ WRAPPERS = {
                                      "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id",
                                      "initializer_range"}), "text")
        for kind, thinker in (("qwen2_5_omni", "qwen2_5_omni_thinker"), ("qwen3_omni_moe", "qwen3_omni_moe_thinker"))},
+    # Aria (AriaForConditionalGeneration: rhymes-ai's Aria): its language model (text_config aria_text), tied by the
+    # wrapper's key alone (default false); its vision tower and projector not read
+    "aria": (("aria_text",), frozenset({"vision_config", "vision_feature_layer", "projector_patch_to_query_dict",
+                                        "max_value_projector_patch_to_query_dict",
+                                        "image_token_index", "image_token_id", "initializer_range"}), ("wrapper", False)),
     # Llama 4 (Llama4ForConditionalGeneration: Scout, Maverick): its language model (text_config llama4_text), tied
     # by the wrapper's key alone (default false); its vision model and projector not read
     "llama4": (("llama4_text",), frozenset({"vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
@@ -1877,6 +1891,8 @@ _also("no_rope_layer_interval", lambda v, c: c.model_type == "llama4_text" and _
       "Llama 4: an int >= 1 (every n-th layer NoPE, where no_rope_layers is empty)")
 _also("router_jitter_noise", lambda v, c: c.model_type == "llama4_text" and _is_number(v) and v >= 0,
       "Llama 4: a number >= 0 (its router does not read it)")
+for _key, _lo in (("moe_num_experts", 1), ("moe_topk", 1), ("moe_num_shared_experts", 0)):  # Aria's mixture
+    _also(_key, lambda v, c, lo=_lo: c.model_type == "aria_text" and _is_int(v) and v >= lo, f"Aria: an int >= {_lo}")
 _add_checks({
     "intermediate_size_mlp": (lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1,
                               "absent (Llama 4: an int >= 1, the dense layers' MLP width)"),
@@ -2498,7 +2514,7 @@ class LlamaConfig:
             self._check_deepseek_experts()
         if self.model_type in _DSAS:
             self._check_dsa()
-        if self.model_type in ("ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "llama4_text") and \
+        if self.model_type in ("ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "llama4_text", "aria_text") and \
                 self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
@@ -3170,6 +3186,11 @@ class LlamaConfig:
                            shared_intermediate_size=width * get("num_shared_experts"),
                            scale=float(get("router_scaling_factor")), scoring="sigmoid", correction_bias=True,
                            renormalize_eps=1e-20, grouped_router=True)
+        if self.model_type == "aria_text":  # (the softmax of the top k logits, GraniteMoE's way; its shared experts as
+            get = self._deepseek  # one MLP)
+            return Experts(get("moe_num_experts"), get("moe_topk"), self.intermediate_size, True, False,
+                           (True,) * self.num_hidden_layers, softmax_of_top_k=True,
+                           shared_intermediate_size=self.intermediate_size * get("moe_num_shared_experts"))
         if self.model_type == "llama4_text":  # (the sigmoid of the top k logits, the chosen experts' inputs scaled by
             get, n = self._deepseek, self.num_hidden_layers  # it; a shared expert of intermediate_size)
             given, step = get("moe_layers"), get("interleave_moe_layer_step")

@@ -713,33 +713,44 @@ def _order_mla_rope(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     return out
 
 
-# Llama 4's checkpoints (and transformers' Llama4ForCausalLM): each layer's MLP under feed_forward (a dense one's
-# gate_proj / up_proj / down_proj, a mixture's router and shared_expert), its experts stacked as Llama4TextExperts
-# holds them, x @ W: feed_forward.experts.gate_up_proj [E, H, 2I] (gate's columns, then up's) and
-# feed_forward.experts.down_proj [E, I, H]
-_LLAMA4_EXPERTS = re.compile(r"(.*\.)feed_forward\.experts\.(gate_up_proj|down_proj)")
-_LLAMA4_EXPERT = re.compile(r"(.*\.)mlp\.experts\.(\d+)\.(gate_up_proj|down_proj)\.weight")
+# Llama 4's and Aria's checkpoints (transformers' Llama4ForCausalLM, AriaTextForCausalLM): each layer's experts stacked
+# as x @ W, experts.gate_up_proj [E, H, 2I] (gate's columns, then up's) and experts.down_proj [E, I, H], its router
+# router.weight, under the MLP's own name (Llama 4's feed_forward, its shared expert shared_expert and its dense layers'
+# gate_proj / up_proj / down_proj; Aria's mlp, its shared experts as one MLP shared_experts, its stacks experts.fc1.weight
+# and experts.fc2.weight in its checkpoints, transformers' in-memory names read too)
+_TRANSPOSED_EXPERTS = {"llama4_text": ("feed_forward", "shared_expert", ("gate_up_proj", "down_proj")),
+                       "aria_text": ("mlp", "shared_experts", ("fc1.weight", "fc2.weight"))}
+_TRANSPOSED_STACK = re.compile(r"(.*\.)mlp\.experts\.(gate_up_proj|down_proj|fc1\.weight|fc2\.weight)")
+_STACK_KIND = {"fc1.weight": "gate_up_proj", "fc2.weight": "down_proj"}
+_TRANSPOSED_EXPERT = re.compile(r"(.*\.)mlp\.experts\.(\d+)\.(gate_up_proj|down_proj)\.weight")
 
 
-def _llama4_names(sd: dict, inverse: bool = False) -> dict:
-    """A Llama 4 checkpoint's weights (above) under the model's names (mlp.*, the router as mlp.gate, each expert's
-    projections its own, ``gate_up_proj`` rows [gate; up]), or with ``inverse`` the model's back under its names,
-    stacked."""
+def _transposed_expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """Llama 4's or Aria's checkpoint weights (above) under the model's names (mlp.*, the router as mlp.gate, the
+    shared expert as mlp.shared_expert, each expert's projections its own, ``gate_up_proj`` rows [gate; up]), or with
+    ``inverse`` the model's back under the checkpoint's, stacked."""
+    block, shared, stacked = _TRANSPOSED_EXPERTS[config.model_type]
+    theirs, ours = (f".{block}.", f".{block}.{shared}."), (".mlp.", ".mlp.shared_expert.")
     out, stacks = {}, {}
     for name, t in sd.items():
         if inverse:
-            if (m := _LLAMA4_EXPERT.fullmatch(name)) is not None:
+            if (m := _TRANSPOSED_EXPERT.fullmatch(name)) is not None:
                 stacks.setdefault((m[1], m[3]), {})[int(m[2])] = t
                 continue
-            out[re.sub(r"\.mlp\.gate\.weight$", ".mlp.router.weight", name).replace(".mlp.", ".feed_forward.")] = t
-        elif (m := _LLAMA4_EXPERTS.fullmatch(name)) is not None and t.dim() == 3:
-            out.update({f"{m[1]}mlp.experts.{e}.{m[2]}.weight": w.T.contiguous() for e, w in enumerate(t)})
+            name = re.sub(r"\.mlp\.gate\.weight$", ".mlp.router.weight", name)
+            out[name.replace(ours[1], theirs[1]).replace(ours[0], theirs[0])] = t
+            continue
+        name = name.replace(theirs[1], ours[1]).replace(theirs[0], ours[0])
+        if (m := _TRANSPOSED_STACK.fullmatch(name)) is not None and t.dim() == 3:
+            kind = _STACK_KIND.get(m[2], m[2])
+            out.update({f"{m[1]}mlp.experts.{e}.{kind}.weight": w.T.contiguous() for e, w in enumerate(t)})
         else:
-            out[re.sub(r"\.mlp\.router\.weight$", ".mlp.gate.weight", name.replace(".feed_forward.", ".mlp."))] = t
+            out[re.sub(r"\.mlp\.router\.weight$", ".mlp.gate.weight", name)] = t
     for (stem, kind), parts in stacks.items():
         if sorted(parts) != list(range(len(parts))):
             raise ValueError(f"{stem}mlp.experts: the model's experts are {sorted(parts)}, not 0..{len(parts) - 1}")
-        out[f"{stem}feed_forward.experts.{kind}"] = torch.stack([parts[e].T for e in range(len(parts))]).contiguous()
+        name = stacked[0] if kind == "gate_up_proj" else stacked[1]
+        out[f"{stem}{block}.experts.{name}"] = torch.stack([parts[e].T for e in range(len(parts))]).contiguous()
     return out
 
 
@@ -750,8 +761,8 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return sd
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
-    if config.model_type == "llama4_text":
-        return _llama4_names(sd, inverse)
+    if config.model_type in _TRANSPOSED_EXPERTS:
+        return _transposed_expert_names(config, sd, inverse)
     mixtral = config.model_type in ("mixtral", "minimax_m2", "phimoe")  # (Mixtral's names: block_sparse_moe, w1 / w3 /
     # w2)
     granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
