@@ -168,6 +168,18 @@ def assert_drawn_checkpoint_loads(draw, hf, ours, write, want=None) -> None:
             assert (Llama.from_pretrained(path, cache_dir=False)(ids) - target).abs().max().item() <= TOL
 
 
+_COMMON_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "bos_token_id",
+                "eos_token_id", "tie_word_embeddings")
+
+
+def assert_common_defaults(ours: LlamaConfig, theirs, **renamed) -> None:
+    """``ours`` holds the common settings of ``theirs`` (a transformers config; ``renamed``: our field -> its
+    attribute where the family names it otherwise)."""
+    for key in _COMMON_KEYS:
+        assert getattr(ours, key) == getattr(theirs, renamed.get(key, key)), key
+
+
 def assert_saved_reads_back(tmp_path, hf, ours) -> None:
     """``ours`` saved (``save_pretrained``) reads back in transformers as ``hf``'s class with ``hf``'s weights,
     bitwise."""

@@ -65,7 +65,7 @@ def check_retrieval_draft(draft, target) -> None:
     target's keys and values (RoPE applied at the target's positions), so the draft needs the target's
     layers, KV heads, head size, vocabulary and RoPE, and the target's dtype (the cache's)."""
     a, b = draft.config, target.config
-    names = ("num_hidden_layers", "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
+    names = ("num_hidden_layers", "kv_heads_per_layer", "head_dim", "vocab_size", "max_position_embeddings",
              "rope_theta", "rope_scaling")
     diff = [n for n in names if getattr(a, n) != getattr(b, n)]
     if diff:

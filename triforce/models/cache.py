@@ -409,11 +409,12 @@ class _KVCache:
         self.device = as_device(device if device is not None else "cpu")
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
-        shape = (batch_size, capacity, config.num_key_value_heads, config.head_dim)
+        # each layer's [B, capacity, Hkv, D] (Hkv: the layer's own, MiMo-V2-Flash's sliding layers twice the others')
+        shapes = [(batch_size, capacity, config.layer_kv_heads(i), config.head_dim) for i in range(self.num_layers)]
         # DeepSeek's latent attention (config.mla): its values are its cached keys (the latent, and the RoPE'd dims,
         # whose share of the output the model drops), so v[layer] is k[layer] (one buffer, not two copies)
         self.values_are_keys = config.mla is not None
-        self.k, self.v = self._allocate(shape)
+        self.k, self.v = self._allocate(shapes)
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=self.device)
         self._batch_index = torch.arange(batch_size, device=self.device)[:, None]
         self._bound = 0  # host-side upper bound of max(lengths)
@@ -437,13 +438,13 @@ class _KVCache:
         "LongRoPE"); None for every other RoPE."""
         return self._rope_long
 
-    def _allocate(self, shape):
-        """Per-layer ``k`` and ``v`` buffers of ``shape`` (zeros; ``v``'s the same tensors as ``k``'s where the
-        values are the keys)."""
-        k = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
+    def _allocate(self, shapes):
+        """Per-layer ``k`` and ``v`` buffers, layer i's of ``shapes[i]`` (zeros; ``v``'s the same tensors as ``k``'s
+        where the values are the keys)."""
+        k = [torch.zeros(shape, device=self.device, dtype=self.dtype) for shape in shapes]
         if self.values_are_keys:
             return k, list(k)
-        return k, [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in range(self.num_layers)]
+        return k, [torch.zeros(shape, device=self.device, dtype=self.dtype) for shape in shapes]
 
     # ---- buffers that move with token slots (k, v, and k_raw for the streaming cache; each once)
     def _slot_buffers(self, layer: int):
@@ -681,9 +682,9 @@ class FullCache(_KVCache):
             if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= max_len:
                 raise ValueError(f"chunk_size must be an int in [1, max_len={max_len}], got {chunk_size!r}")
             C = max_len // chunk_size
-            kv = (batch_size, C + 1, config.num_key_value_heads, config.head_dim)  # +1: write-off slot
-            self._chunk_store = [torch.zeros(kv, device=self.device, dtype=torch.float32)
-                                 for _ in range(self.num_layers)]
+            self._chunk_store = [torch.zeros(batch_size, C + 1, config.layer_kv_heads(i), config.head_dim,  # +1:
+                                             device=self.device, dtype=torch.float32)  # the write-off slot
+                                 for i in range(self.num_layers)]
             self.chunk_keys = [t[:, :C] for t in self._chunk_store]
             self.last_query = [torch.zeros(batch_size, config.layer_heads(i), config.head_dim,
                                            device=self.device, dtype=dtype) for i in range(self.num_layers)]
@@ -884,26 +885,31 @@ class StreamingCache(_KVCache):
         self._ordered = True    # slots hold the tokens in sequence order (no eviction has reordered them)
         self._rolled = False    # a rollback / commit_path since the last forward
 
-    def _allocate(self, shape):
+    def _allocate(self, shapes):
         # k, v and k_raw of every layer are views of one tensor, so an eviction moves them in one op (k and k_raw
-        # only where the values are the keys: _raw, the index of k_raw's part)
+        # only where the values are the keys: _raw, the index of k_raw's part); layers of fewer KV heads than the
+        # most (MiMo-V2-Flash's full layers) view their first heads of it (strided over H, as verify_attention reads)
         self._raw = 1 if self.values_are_keys else 2
-        self._kvr = torch.zeros((self._raw + 1, self.num_layers) + tuple(shape), device=self.device, dtype=self.dtype)
+        self._heads = [shape[2] for shape in shapes]
+        widest = max(shapes, key=lambda shape: shape[2])
+        self._kvr = torch.zeros((self._raw + 1, self.num_layers) + tuple(widest), device=self.device, dtype=self.dtype)
         k, v, self.k_raw = self._layer_views()
         return k, v
 
     def _layer_views(self):
         """Per-layer ``k``, ``v`` and ``k_raw`` lists: views of the joint buffer (``v``'s ``k``'s where the values
-        are the keys)."""
-        k, raw = list(self._kvr[0].unbind(0)), list(self._kvr[self._raw].unbind(0))
-        return k, list(self._kvr[1].unbind(0)) if self._raw == 2 else list(k), raw
+        are the keys), each of its layer's KV heads."""
+        def views(part):
+            return [t if t.shape[2] == h else t[:, :, :h] for t, h in zip(part.unbind(0), self._heads)]
+        k, raw = views(self._kvr[0]), views(self._kvr[self._raw])
+        return k, views(self._kvr[1]) if self._raw == 2 else list(k), raw
 
     def _slot_buffers(self, layer):
         return (self.k[layer], self.k_raw[layer]) if self.values_are_keys else (
             self.k[layer], self.v[layer], self.k_raw[layer])
 
     def _tensors(self):
-        yield from super()._tensors()
+        yield from (self.lengths, self._kvr)  # (the joint buffer: the layers' views may leave heads out of it)
         yield from (self.slot_pos, self.evicted, self.frame)
 
     def reset(self) -> None:
@@ -952,8 +958,8 @@ class StreamingCache(_KVCache):
         if not isinstance(full, FullCache):
             raise TypeError(f"full must be a FullCache, got {type(full).__name__}")
         c, fc = self.config, full.config
-        if (c.num_hidden_layers, c.num_key_value_heads, c.head_dim) != (
-                fc.num_hidden_layers, fc.num_key_value_heads, fc.head_dim):
+        if (c.num_hidden_layers, c.kv_heads_per_layer, c.head_dim) != (
+                fc.num_hidden_layers, fc.kv_heads_per_layer, fc.head_dim):
             raise ValueError("full was built for a different model config (layers / KV heads / head_dim)")
         if (full.batch_size, full.dtype, full.device) != (self.batch_size, self.dtype, self.device):
             raise ValueError(f"full holds {full.batch_size} sequences in {full.dtype} on {full.device}; this cache "
@@ -1255,7 +1261,7 @@ class RetrievalCache(_KVCache):
             raise ValueError(f"full_cache must be built with chunk_size={chunk_size} (it has "
                              f"{full_cache.chunk_size}) so that it keeps chunk-mean keys")
         if full_cache.config.num_hidden_layers != config.num_hidden_layers or \
-                full_cache.config.num_key_value_heads != config.num_key_value_heads:
+                full_cache.config.kv_heads_per_layer != config.kv_heads_per_layer:
             raise ValueError("full_cache was built for a different model config")
         for name, v, lo in (("budget", budget, 1), ("max_step", max_step, 1), ("sink_chunks", sink_chunks, 0),
                             ("rebuild_stride", rebuild_stride, 1), ("acceptance_window", acceptance_window, 1)):
@@ -1318,15 +1324,18 @@ class RetrievalCache(_KVCache):
         if lo < self.budget_chunks:
             raise ValueError(f"budget {self.budget} exceeds a sequence's complete chunks ({lo} x {self.chunk_size} "
                              f"tokens): lower the budget to at most the shortest prompt")
-        recent = None
+        recent = {}  # (per KV head count)
         for layer in range(self.num_layers):
             if self.windows[layer]:  # the last budget_chunks complete chunks (every row has that many)
-                if recent is None:
+                heads = self.k[layer].shape[2]
+                if heads not in recent:
                     first = num_chunks[:, None, None] - self.budget_chunks
-                    recent = (first + torch.arange(self.budget_chunks, device=self.device, dtype=torch.int32)).expand(
-                        self.batch_size, self.config.num_key_value_heads, self.budget_chunks).contiguous()
-                tk.gather_chunks(full.k[layer], full.v[layer], recent, self.chunk_size, self.k[layer], self.v[layer])
-                self.chunk_idx[layer] = recent
+                    recent[heads] = (first + torch.arange(self.budget_chunks, device=self.device,
+                                                          dtype=torch.int32)).expand(
+                        self.batch_size, heads, self.budget_chunks).contiguous()
+                tk.gather_chunks(full.k[layer], full.v[layer], recent[heads], self.chunk_size, self.k[layer],
+                                 self.v[layer])
+                self.chunk_idx[layer] = recent[heads]
                 continue
             self.chunk_idx[layer] = tk.build_retrieval_cache(
                 full.last_query[layer], full.k[layer], full.v[layer], full.chunk_keys[layer], num_chunks,

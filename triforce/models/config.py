@@ -459,6 +459,35 @@ _LAGUNA_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
 _MELLUM_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # (MellumConfig's by default)
+# MiMo-V2-Flash (MiMoV2FlashForCausalLM: Xiaomi's MiMo-V2-Flash): Llama's layer whose layer_types' sliding layers
+# (by default all but layer 0 and every sixth) take twice num_key_value_heads, a window of sliding_window keys (129; its
+# checkpoints' sliding_window_size + 1) and GPT-OSS's sinks, the others neither; keys of head_dim (192) and values of
+# v_head_dim (128), the values times attention_value_scale; a RoPE per layer type on the first partial_rotary_factor
+# (0.334) of each head (the full layers' at base 5e6, the sliding layers' at 1e4); its mlp_layer_types' sparse layers
+# (by default all but the first) DeepSeek-V3's mixture without shared experts (n_routed_experts, stacked experts).
+FAMILIES["mimo_v2_flash"] = Family("MiMoV2FlashForCausalLM", attention_sinks=True, partial_rotary_factor=0.334,
+                                   reads=("attention_bias",), defaults={
+    "vocab_size": 152576, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 48,
+    "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": None, "pad_token_id": None, "sliding_window": 129,
+    "v_head_dim": 128, "attention_value_scale": 0.707, "moe_intermediate_size": 2048, "num_experts_per_tok": 8,
+    "n_routed_experts": 256, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "norm_topk_prob": True})
+_MIMO_ROPE = {kind: {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.334}
+              for kind, theta in (("full_attention", 5000000.0), ("sliding_attention", 10000.0))}
+_MIMO_PATTERN = 6  # MiMoV2FlashConfig: layer 0 and every sixth full, the others sliding
+# JetMoE (JetMoeForCausalLM: jetmoe-8b): Llama's pre-norm layer (the layers' RMSNorms at eps 1e-6 whatever rms_norm_eps,
+# which the final norm takes) whose attention is a mixture (MoA): the router's top num_experts_per_tok of
+# num_local_experts logits through a softmax (float32, rounded to the dtype, GraniteMoE's), each chosen expert's query
+# projection giving num_key_value_heads heads of kv_channels over the shared keys and values (kv_proj), its output
+# projection taking them back, the outputs times the weights summed, plus a bias; its MLP GraniteMoE's mixture of the
+# same router rule plus a bias; every projection unbiased. num_attention_heads is num_key_value_heads * top k.
+FAMILIES["jetmoe"] = Family("JetMoeForCausalLM", defaults={
+    "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 12,
+    "num_key_value_heads": 16, "head_dim": 128, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None, "tie_word_embeddings": True, "num_local_experts": 8,
+    "num_experts_per_tok": 2})
+_JETMOE_NAMES = {"kv_channels": "head_dim", "activation_function": "hidden_act"}  # (its config's -> ours)
+_JETMOE_LAYER_EPS = 1e-6  # JetMoeRMSNorm's default: the layers' norms take it (transformers passes no eps to them)
 # Flint (FlintForCausalLM: RecursiveSI's Flint): Qwen3's attention (q/k RMSNorms per head) with GPT-OSS's sinks and
 # RMSNorm (the weight applied in float32); RoPE and sliding_window (513) on the layer_types' sliding layers only (by
 # default all but layers 0, 1, every fourth from 1 and the last), the others NoPE; Qwen2-MoE's mixture from the layers
@@ -1051,10 +1080,10 @@ FAMILIES["minicpm3"] = Family("MiniCPM3ForCausalLM", reads=("mlp_bias",), defaul
 _MLAS = (*_DEEPSEEKS, "youtu", "minicpm3")  # the families of multi-head latent attention (LlamaConfig.mla)
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
 _V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa", "exaone_moe",
-               "axk1")
+               "axk1", "mimo_v2_flash")
 _DSAS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek's sparse attention (LlamaConfig.dsa)
 # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
-_GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1", "exaone_moe")
+_GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1", "exaone_moe", "mimo_v2_flash")
 _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_intermediate_size: as other mixtures')
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
@@ -1101,7 +1130,7 @@ FAMILIES["dbrx"] = Family("DbrxForCausalLM", torch_layer_norm="nobias", defaults
 _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
              "max_seq_len": "max_position_embeddings"}
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
-              "granitemoeshared", "granitemoe_swa", "gpt_oss")
+              "granitemoeshared", "granitemoe_swa", "gpt_oss", "jetmoe")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
             "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna", "llama4_text", "aria_text")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
@@ -1152,6 +1181,7 @@ class Experts:
     # Llama 4: each chosen expert fed the token times its weight (in the dtype), its output added unweighted; the
     # weights (scoring "top_k_sigmoid") the sigmoid of the top k router logits (computed in the dtype), in the dtype
     scaled_inputs: bool = False
+    output_bias: bool = False  # JetMoE: a bias (mlp.bias) added to the mixture's output
 
 
 @dataclass(frozen=True)
@@ -1442,7 +1472,8 @@ _HARMLESS_ONLY_AT = {
                               "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
     # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
     "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum", "laguna",
-                                                                       "modernbert-decoder") and _is_number(v)
+                                                                       "mimo_v2_flash", "modernbert-decoder")
+                             and _is_number(v)
                              and v > 0,
                              "a number > 0 (Gemma 3: the RoPE base of its sliding layers)"),
     **{key: (lambda v, c, key=key: (c.model_type == "gemma3_text" and _is_int(v) and v >= 1)
@@ -1548,6 +1579,7 @@ _HARMLESS_ONLY_AT = {
                                                                                "minimax_m2", "nemotron", "phi",
                                                                                "stablelm", "gpt_neox", *_GPTJS,
                                                                                "persimmon", "laguna",
+                                                                               "mimo_v2_flash",
                                                                                "gpt_neox_japanese")
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
@@ -1607,9 +1639,11 @@ _HARMLESS_ONLY_AT = {
     # DeepSeek-V2 / V3: LlamaConfig.mla and LlamaConfig.experts (checked together in LlamaConfig.__post_init__)
     **{key: (lambda v, c, key=key: (c.model_type in _DEEPSEEKS or key == "n_routed_experts"
                                     and c.model_type in _GROUPED
-                                    or key in _MLA_DIMS and c.model_type in ("youtu", "minicpm3"))
+                                    or key in _MLA_DIMS and c.model_type in ("youtu", "minicpm3")
+                                    or key == "v_head_dim" and c.model_type == "mimo_v2_flash")
              and _is_int(v) and v >= 1,
-             "absent (DeepSeek: an int >= 1; GLM-4.5, dots.llm1: n_routed_experts)") for key in _DEEPSEEK_INTS},
+             "absent (DeepSeek: an int >= 1; GLM-4.5, dots.llm1, MiMo-V2-Flash: n_routed_experts; MiMo-V2-Flash: "
+             "v_head_dim)") for key in _DEEPSEEK_INTS},
     # MiniCPM3's three numbers (LlamaConfig.rounded_embed_factor, residual_multiplier, head_divisor; null: 1)
     "scale_emb": (lambda v, c: c.model_type == "minicpm3" and _is_number(v) and 0 < abs(v) < float("inf"),
                   "absent (MiniCPM3: a number, the embeddings' factor)"),
@@ -1653,15 +1687,18 @@ _HARMLESS_ONLY_AT = {
     "q_lora_rank": (lambda v, c: c.model_type in _MLAS and (v is None and c.model_type != "axk1"
                                                            or _is_int(v) and v >= 1),
                     "absent (DeepSeek: null or an int >= 1; A.X-K1: an int >= 1)"),
-    "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and c.model_type != "exaone_moe"
+    "n_shared_experts": (lambda v, c: c.model_type in _GROUPED and c.model_type not in ("exaone_moe", "mimo_v2_flash")
                          and (v is None or _is_int(v) and v >= 0), "absent (DeepSeek: null or an int >= 0)"),
     "num_shared_experts": (lambda v, c: c.model_type == "exaone_moe" and _is_int(v) and v >= 0,
                            "absent (EXAONE MoE: an int >= 0)"),
-    "first_k_dense_replace": (lambda v, c: c.model_type in _GROUPED and c.model_type != "glm4_moe_lite" and _is_int(v)
+    "first_k_dense_replace": (lambda v, c: c.model_type in _GROUPED and c.model_type not in ("glm4_moe_lite",
+                                                                                            "mimo_v2_flash")
+                              and _is_int(v)
                               and v >= 0,
                               "absent (DeepSeek: an int >= 0, the dense layers before the mixtures)"),
-    "routed_scaling_factor": (lambda v, c: c.model_type in _GROUPED and _is_number(v) and 0 < v < float("inf"),
-                              "absent (DeepSeek: a finite number > 0)"),
+    "routed_scaling_factor": (lambda v, c: c.model_type in _GROUPED and _is_number(v) and 0 < v < float("inf")
+                              or c.model_type == "mimo_v2_flash" and v is None,
+                              "absent (DeepSeek: a finite number > 0; MiMo-V2-Flash: or null, 1)"),
     "topk_method": (lambda v, c: v in _DEEPSEEK_METHODS.get(c.model_type, ()),
                     "absent (DeepSeek-V2: 'greedy' or 'group_limited_greedy'; DeepSeek-V3: 'noaux_tc')"),
     **{key: (lambda v, c: c.model_type in _GROUPED and (v is None or _is_int(v) and v >= 1),
@@ -1680,7 +1717,8 @@ _HARMLESS_ONLY_AT = {
                         "absent (DeepSeek-V3, GLM-4.7-Flash, Youtu: a bool, its RoPE on adjacent pairs of dims; "
                         "DeepSeek-V3.2, GLM-5: true, as transformers always pairs them)"),
     # GLM-4.7-Flash's, DeepSeek-V3.2's and GLM-5's dense and sparse layers (LlamaConfig.experts)
-    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "exaone_moe", "axk1", *_DSAS) and (
+    "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "exaone_moe", "axk1", "mimo_v2_flash",
+                                                     *_DSAS) and (
         v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
         "absent (GLM-4.7-Flash, DeepSeek-V3.2, GLM-5: one 'dense' or 'sparse' per layer)"),
     # DeepSeek's sparse attention (LlamaConfig.dsa; checked together there)
@@ -1742,6 +1780,7 @@ _HARMLESS_ONLY_AT = {
                                 "absent (ERNIE 4.5 MoE: a number, read in training only)"),
     # the router's training loss and transformers' switch to return its logits: neither changes the logits
     "router_aux_loss_coef": (lambda v, c: c.model_type in _ANY_MOE and _is_number(v), "absent (MoE: a number)"),
+    "aux_loss_coef": (lambda v, c: c.model_type == "jetmoe" and _is_number(v), "absent (JetMoE: a number, training only)"),
     "output_router_logits": (lambda v, c: c.model_type in _ANY_MOE and isinstance(v, bool), "absent (MoE: a bool)"),
     # Mixtral's training-time noise on the router's input (transformers applies it in training mode only)
     "router_jitter_noise": (lambda v, c: c.model_type in ("mixtral", "minimax_m2") and _is_number(v) and v >= 0,
@@ -2031,6 +2070,13 @@ _add_checks({
                                      "absent (Laguna: a number >= 0, 0 none)"),
     "moe_apply_router_weight_on_input": (lambda v, c: c.model_type == "laguna" and v is False,
                                          "absent (Laguna: false; transformers refuses true)")})
+# MiMo-V2-Flash's values (LlamaConfig.value_head_dim, value_scale) and its checkpoints' window (_layer_windows)
+_add_checks({
+    "attention_value_scale": (lambda v, c: c.model_type == "mimo_v2_flash" and (
+        v is None or _is_number(v) and 0 < abs(v) < float("inf")),
+        "absent (MiMo-V2-Flash: null or a finite nonzero number, the values' factor)"),
+    "sliding_window_size": (lambda v, c: c.model_type == "mimo_v2_flash" and _layer_windows(c)[1] != "sliding_window_size",
+                            "absent (MiMo-V2-Flash: an int >= 0, the keys a sliding layer sees before a query's own)")})
 # Mellum 2's multi-token prediction head's keys (not part of the forward: its weights are skipped)
 _add_checks({
     **{key: (lambda v, c: c.model_type == "mellum" and (v is None or isinstance(v, list)),
@@ -2156,12 +2202,18 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             if not (_is_int(local) and local >= 2) or x.get("sliding_window", local // 2) != local // 2:
                 return none, "sliding_window"
             window = local // 2
+        if c.model_type == "mimo_v2_flash" and x.get("sliding_window_size") is not None:  # (its checkpoints' key:
+            size = x["sliding_window_size"]  # the keys before the query's own, as MiMoV2FlashConfig reads it)
+            if not _is_int(size) or size < 0:
+                return none, "sliding_window_size"
+            window = size + 1
         sliding, bad = _sliding_layers(c)
         if sliding is None:
             return none, bad
         if window is None:  # (OLMo 3, EXAONE 4, Cohere 2: transformers' cache fails on a sliding layer without one;
             # AFMoE: refused too)
-            refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe", "cohere2_moe") and any(sliding) or \
+            refused = c.model_type in ("olmo3", *_EXAONES, "cohere2", "afmoe", "cohere2_moe", "mimo_v2_flash") \
+                and any(sliding) or \
                 c.model_type in ("kolibri1", "flint")  # (Kolibri-1's model builds a sliding mask from it whatever
             # the layers; FlintConfig's window is an int)
             return none, "sliding_window" if refused else None
@@ -2333,7 +2385,7 @@ def _gpt_neo_layers(c: "LlamaConfig") -> list | str:
 _EXAONES = ("exaone4", "exaone_moe")
 # layer_types, else a pattern
 _PATTERNED = (*_GEMMA2S, "gemma3_text", "gpt_oss", "olmo3", *_EXAONES, "cohere2", "afmoe", "kolibri1", "flint",
-              "cohere2_moe", "modernbert-decoder")
+              "cohere2_moe", "modernbert-decoder", "mimo_v2_flash")
 
 
 def _sliding_layers(c: "LlamaConfig") -> tuple:
@@ -2355,6 +2407,8 @@ def _sliding_layers(c: "LlamaConfig") -> tuple:
         if not (_is_int(every) and every >= 1):
             return None, None  # (its own check names it)
         return [i % every != 0 for i in range(n)], None
+    if types is None and c.model_type == "mimo_v2_flash":  # (MiMoV2FlashConfig's: layer 0 and every sixth full)
+        return [not (i == 0 or (i + 1) % _MIMO_PATTERN == 0) for i in range(n)], None
     if types is None and c.model_type == "flint":  # (FlintConfig's: full on layers 0, 1, every fourth from 1, the last)
         return [not (i < 2 or i % 4 == 1 or i == n - 1) for i in range(n)], None
     if types is None:
@@ -2512,6 +2566,12 @@ class LlamaConfig:
                              f"{self.experts.count} experts")
         if self.model_type in _GROUPED:
             self._check_deepseek_experts()
+        if self.model_type == "mimo_v2_flash" and self.value_head_dim > self.head_dim:
+            raise ValueError(f"config v_head_dim = {self.value_head_dim} is more than head_dim = {self.head_dim}: the "
+                             "caches hold each value in a key's width (a narrower one padded), not a wider one")
+        if self.model_type == "mimo_v2_flash" and self.rope_scaling is not None:
+            raise ValueError(f"config rope_parameters of rope_type {self.rope_type!r}: MiMo-V2-Flash is read with its "
+                             "default RoPE only (its rotary's own, on partial_rotary_factor of each head)")
         if self.model_type in _DSAS:
             self._check_dsa()
         if self.model_type in ("ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "llama4_text", "aria_text") and \
@@ -2714,12 +2774,13 @@ class LlamaConfig:
     @property
     def out_bias(self) -> bool:
         """A bias on the attention's output projection: ``attention_bias``'s, but GLM's and Helium's (q/k/v only) and
-        Seed-OSS's (its own ``attention_out_bias``, default false); GPT-Neo's always (none on q / k / v)."""
+        Seed-OSS's (its own ``attention_out_bias``, default false) and MiMo-V2-Flash's (q/k/v only); GPT-Neo's always
+        (none on q / k / v)."""
         if self.model_type == "seed_oss":
             return bool(self.extra.get("attention_out_bias", False))
         if self.model_type == "gpt_neo":
             return True
-        return self.attention_bias and self.model_type not in (*_GLMS, "helium")
+        return self.attention_bias and self.model_type not in (*_GLMS, "helium", "mimo_v2_flash")
 
     @property
     def rope_float32(self) -> str:
@@ -2933,6 +2994,12 @@ class LlamaConfig:
         return int(self.head_dim * f) if _is_number(f) and 0 < f < 1 else self.head_dim
 
     @property
+    def local_rotary_dim(self) -> int:
+        """The head dims RoPE rotates on the layers of ``rope.rope_local_inv_freq``: the whole head; MiMo-V2-Flash's
+        :attr:`rotary_dim` (its sliding layers take the full layers' share)."""
+        return self.rotary_dim if self.model_type == "mimo_v2_flash" else self.head_dim
+
+    @property
     def rope_long_from(self) -> int | None:
         """LongRoPE: the sequence length past which its long factors apply (``original_max_position_embeddings``;
         docs/model.md, "LongRoPE"); None for every other RoPE."""
@@ -2944,8 +3011,8 @@ class LlamaConfig:
         others take ``rope_theta`` and ``rope_scaling``); OLMo 3: its ``sliding_attention`` layers' (plain RoPE,
         ``rope_theta`` unless its ``rope_parameters`` give them another); Granite SWA: its ``layer_rope_theta``'s other
         base (plain RoPE; None where its other layers take none); None for the other families (one RoPE)."""
-        if self.model_type in ("olmo3", "mellum", "laguna"):  # its sliding layers' rope_parameters (the same base
-            return float(self.extra.get("rope_local_base_freq", self.rope_theta))  # unless they say one)
+        if self.model_type in ("olmo3", *_OWN_ROPES):  # its sliding layers' rope_parameters (the same base unless
+            return float(self.extra.get("rope_local_base_freq", self.rope_theta))  # they say one)
         if self.model_type == "modernbert-decoder":  # (its local layers' base, 10000 unless it says another)
             return float(self.extra.get("rope_local_base_freq", _MODERNBERT_LOCAL_THETA))
         if self.model_type in _GRANITE_SWAS:  # its layers' other base (None: NoPE)
@@ -3016,6 +3083,8 @@ class LlamaConfig:
         if self.model_type in ("mellum", "laguna"):  # by layer type (its list, else every layer full)
             types = self.extra.get("layer_types")
             return (True,) * n if not _layer_types_ok(types, n) else tuple(t == "full_attention" for t in types)
+        if self.model_type == "mimo_v2_flash":  # by layer type (its list, else its pattern), whatever the window
+            return tuple(not s for s in _sliding_layers(self)[0] or (False,) * n)
         if self.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type 'rope' (else NoPE)
             return (self.extra.get("position_embedding_type") == "rope",) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
@@ -3215,11 +3284,12 @@ class LlamaConfig:
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, False, False,
                            (True,) * self.num_hidden_layers, scoring="sparsemixer",
                            jitter_eps=float(x.get("router_jitter_noise", 0.01)))
-        if self.model_type in ("mixtral", *_GRANITE_MOES):
+        if self.model_type in ("mixtral", *_GRANITE_MOES, "jetmoe"):
             granite = self.model_type != "mixtral"
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, True, not granite,
                            (True,) * self.num_hidden_layers, softmax_of_top_k=granite,
-                           shared_intermediate_size=x.get("shared_intermediate_size", 0))
+                           shared_intermediate_size=x.get("shared_intermediate_size", 0),
+                           output_bias=self.model_type == "jetmoe")
         if self.model_type in ("olmoe", "flex_olmo"):
             return Experts(count, x["num_experts_per_tok"], self.intermediate_size, x.get("norm_topk_prob", False),
                            False, (True,) * self.num_hidden_layers)
@@ -3257,7 +3327,7 @@ class LlamaConfig:
         # method without them raises in _check_deepseek_experts)
         grouped = (v3 and get("n_group") is not None) or get("topk_method") == "group_limited_greedy"
         n = self.num_hidden_layers
-        if self.model_type == "glm4_moe_lite":  # (its list, by default the first layer dense)
+        if self.model_type in ("glm4_moe_lite", "mimo_v2_flash"):  # (its list, by default the first layer dense)
             types = self.extra.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
             layers = tuple(t == "sparse" for t in types)
         elif self.extra.get("mlp_layer_types") is not None:  # (DeepSeek-V3.2's list, else first_k_dense_replace's)
@@ -3273,7 +3343,7 @@ class LlamaConfig:
         return Experts(count, get("num_experts_per_tok"), width, v3 and bool(get("norm_topk_prob")),
                        True, layers,
                        shared_intermediate_size=width * (shared or 0),
-                       scale=float(get("routed_scaling_factor")), scoring="sigmoid" if v3 else "softmax",
+                       scale=float(get("routed_scaling_factor") or 1.0), scoring="sigmoid" if v3 else "softmax",
                        correction_bias=v3, groups=(get("n_group"), get("topk_group")) if grouped else None,
                        group_top2=v3, renormalize_eps=1e-20 if v3 else 0.0, grouped_router=True)
 
@@ -3343,6 +3413,50 @@ class LlamaConfig:
         given."""
         per = self.extra.get("num_attention_heads_per_layer") if self.model_type == "laguna" else None
         return int(per[layer]) if per else self.num_attention_heads
+
+    @property
+    def attention_experts(self) -> tuple | None:
+        """JetMoE's mixture of attention heads: ``(experts, top_k)``, each token's query and output projections those
+        of its router's top k experts (:class:`~triforce.models.llama.MixtureOfAttention`); None for the others."""
+        if self.model_type != "jetmoe":
+            return None
+        return self.experts.count, self.experts.top_k
+
+    @property
+    def layer_rms_eps(self) -> float:
+        """The eps of the decoder layers' norms: ``rms_norm_eps``; JetMoE's 1e-6 (its final norm takes the key's)."""
+        return _JETMOE_LAYER_EPS if self.model_type == "jetmoe" else self.rms_norm_eps
+
+    def layer_sinks(self, layer: int) -> bool:
+        """Whether ``layer``'s attention has :attr:`attention_sinks` (MiMo-V2-Flash: its sliding layers only)."""
+        if self.model_type == "mimo_v2_flash":
+            return bool((_sliding_layers(self)[0] or [False] * (layer + 1))[layer])
+        return self.attention_sinks
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """The KV heads of ``layer``: ``num_key_value_heads``; twice that on MiMo-V2-Flash's sliding layers."""
+        if self.model_type == "mimo_v2_flash" and (_sliding_layers(self)[0] or [False] * (layer + 1))[layer]:
+            return 2 * self.num_key_value_heads
+        return self.num_key_value_heads
+
+    @property
+    def kv_heads_per_layer(self) -> tuple:
+        """Each layer's KV heads (:meth:`layer_kv_heads`): the caches' layout with ``head_dim``."""
+        return tuple(self.layer_kv_heads(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def value_head_dim(self) -> int:
+        """The width of a head's value and output: ``head_dim``; MiMo-V2-Flash's ``v_head_dim`` (128 of 192). The
+        caches hold values ``head_dim`` wide, a narrower value padded with zeros (docs/model.md, "MiMo-V2-Flash")."""
+        return int(self._deepseek("v_head_dim")) if self.model_type == "mimo_v2_flash" else self.head_dim
+
+    @property
+    def value_scale(self) -> float | None:
+        """MiMo-V2-Flash's ``attention_value_scale``: each value times it (in the dtype) before the cache; None: 1."""
+        if self.model_type != "mimo_v2_flash":
+            return None
+        v = self._deepseek("attention_value_scale")
+        return None if v is None else float(v)
 
     @property
     def softplus_gate(self) -> str | None:
@@ -3493,6 +3607,8 @@ class LlamaConfig:
             _opt_keys(d)
         if model_type == "xglm":
             _own_names(d, _XGLM_NAMES, "XGLM")
+        if model_type == "jetmoe":
+            _jetmoe_keys(d)
         if model_type in ("biogpt", "xglm"):
             _biogpt_keys(d)
         if model_type == "gpt_neo":
@@ -3762,6 +3878,9 @@ class LlamaConfig:
         if self.model_type == "modernbert-decoder":  # (MHA, one head_dim: not its config's keys; its activation's key)
             del d["num_key_value_heads"], d["head_dim"]
             d["hidden_activation"] = d.pop("hidden_act")
+        if self.model_type == "jetmoe":  # (its config's names of the head width and the activation)
+            for ours, theirs in ((v, k) for k, v in _JETMOE_NAMES.items()):
+                d[theirs] = d.pop(ours)
         if self.model_type == "gpt_neox_japanese":  # (its MLP's width as a multiple of hidden_size)
             width = d.pop("intermediate_size")
             d["intermediate_multiple_size"] = width // self.hidden_size if width % self.hidden_size == 0 \
@@ -3772,10 +3891,10 @@ class LlamaConfig:
                 d["rms_norm_eps"] = None
         if self.model_type in _MLAS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
             d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
-        if self.model_type in ("olmo3", "mellum", "laguna", "modernbert-decoder"):  # its sliding layers' own base:
+        if self.model_type in ("olmo3", *_OWN_ROPES, "modernbert-decoder"):  # its sliding layers' own base:
             local = d.pop("rope_local_base_freq", None)  # rope_parameters per layer type (Olmo3Config's;
-            # MellumConfig's, LagunaConfig's, ModernBertDecoderConfig's always)
-            if self.model_type in ("mellum", "laguna", "modernbert-decoder") or local is not None \
+            # MellumConfig's, LagunaConfig's, MiMoV2FlashConfig's, ModernBertDecoderConfig's always)
+            if self.model_type in (*_OWN_ROPES, "modernbert-decoder") or local is not None \
                     and local != self.rope_theta:
                 local = (self.local_rope_theta if self.model_type == "modernbert-decoder" else self.rope_theta) \
                     if local is None else local
@@ -3786,6 +3905,9 @@ class LlamaConfig:
                                         "sliding_attention": {"rope_type": "default", "rope_theta": local}}
                 if self.model_type == "laguna":  # (LagunaConfig's form: its sliding layers' whole head)
                     d["rope_parameters"]["sliding_attention"]["partial_rotary_factor"] = 1.0
+                if self.model_type == "mimo_v2_flash":  # (its one share, in both: 0.334 where a dict has none)
+                    share = full.setdefault("partial_rotary_factor", FAMILIES["mimo_v2_flash"].partial_rotary_factor)
+                    d["rope_parameters"]["sliding_attention"]["partial_rotary_factor"] = share
                 del d["rope_theta"], d["rope_scaling"]
         return d
 
@@ -3868,6 +3990,20 @@ def _modernbert_keys(d: dict) -> None:
     elif any(t is not None for t in theta.values()):
         raise ValueError("config: global_rope_theta / local_rope_theta (transformers 4.x's) with rope_parameters or "
                          "rope_scaling: give one")
+
+
+def _jetmoe_keys(d: dict) -> None:
+    """JetMoE's keys as the model's, in ``d``: ``kv_channels`` (head_dim) and ``activation_function`` (hidden_act, SiLU
+    only: its MLP and attention experts' gate); ``num_attention_heads`` the query heads of its attention's chosen
+    experts, ``num_key_value_heads * num_experts_per_tok`` (as JetMoeConfig sets it; another raises)."""
+    if "head_dim" in d:
+        raise ValueError("config key 'head_dim' is not JetMoE's: its heads' width is kv_channels")
+    _own_names(d, _JETMOE_NAMES, "JetMoE")
+    defaults = FAMILIES["jetmoe"].defaults
+    kv, k = (d.get(key, defaults[key]) for key in ("num_key_value_heads", "num_experts_per_tok"))
+    if _is_int(kv) and _is_int(k) and d.setdefault("num_attention_heads", kv * k) != kv * k:
+        raise ValueError(f"config num_attention_heads = {d['num_attention_heads']!r}: JetMoE's are its chosen attention "
+                         f"experts' heads, num_key_value_heads * num_experts_per_tok = {kv * k}")
 
 
 def _own_names(d: dict, names: dict, family: str) -> None:
@@ -4230,21 +4366,21 @@ def _mla_heads(d: dict) -> None:
 
 # (the families of a RoPE per layer type but Gemma 3)
 _NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum", "laguna": "Laguna",
-                   "modernbert-decoder": "ModernBERT decoder"}
+                   "modernbert-decoder": "ModernBERT decoder", "mimo_v2_flash": "MiMo-V2-Flash"}
+_OWN_ROPES = {"mellum": _MELLUM_ROPE, "laguna": _LAGUNA_ROPE, "mimo_v2_flash": _MIMO_ROPE}  # (their configs' own)
 
 
 def _split_layer_rope(d: dict) -> None:
     """transformers 5's Gemma 3 and OLMo 3 ``rope_parameters``, one dict per layer type, in place as transformers 4
     wrote Gemma 3's: the ``full_attention`` layers' as the model's RoPE, the ``sliding_attention`` layers' base as
     ``rope_local_base_freq`` (plain RoPE only; :meth:`LlamaConfig.to_dict` writes OLMo 3's back per layer type)."""
-    olmo3 = d.get("model_type") in ("olmo3", "mellum", "laguna", "modernbert-decoder")
+    olmo3 = d.get("model_type") in ("olmo3", *_OWN_ROPES, "modernbert-decoder")
     if olmo3 and "rope_local_base_freq" in d:
         raise ValueError(f"config key 'rope_local_base_freq' is Gemma 3's: transformers' {d['model_type']} config does "
                          "not read it (its sliding layers take rope_parameters['sliding_attention'])")
-    if d.get("model_type") in ("mellum", "laguna"):  # (its config's own when absent; its rotary reads them per layer
-        if d.get("rope_parameters") is None and d.get("rope_scaling") is None:  # type only)
-            own = _MELLUM_ROPE if d["model_type"] == "mellum" else _LAGUNA_ROPE
-            d["rope_parameters"] = {kind: dict(rope) for kind, rope in own.items()}
+    if d.get("model_type") in _OWN_ROPES:  # (its config's own when absent; its rotary reads them per layer type only)
+        if d.get("rope_parameters") is None and d.get("rope_scaling") is None:
+            d["rope_parameters"] = {kind: dict(rope) for kind, rope in _OWN_ROPES[d["model_type"]].items()}
         params = d.get("rope_parameters", d.get("rope_scaling"))
         if not (isinstance(params, dict) and "full_attention" in params):
             raise ValueError(f"config rope_parameters = {params!r}: {_NAMES_PER_TYPE[d['model_type']]}'s RoPE is one "
@@ -4253,16 +4389,22 @@ def _split_layer_rope(d: dict) -> None:
     params = d.get("rope_parameters")
     if not (isinstance(params, dict) and params and set(params) <= {"full_attention", "sliding_attention"}):
         return
-    if d.get("model_type") not in ("gemma3_text", "olmo3", "mellum", "laguna", "modernbert-decoder"):
+    if d.get("model_type") not in ("gemma3_text", "olmo3", *_OWN_ROPES, "modernbert-decoder"):
         raise ValueError(f"config rope_parameters per layer type ({', '.join(params)}) are read for model_type "
-                         f"'gemma3_text', 'olmo3', 'mellum', 'laguna' and 'modernbert-decoder' only, not "
-                         f"{d.get('model_type')!r}")
+                         f"'gemma3_text', 'olmo3', 'mellum', 'laguna', 'mimo_v2_flash' and 'modernbert-decoder' only, "
+                         f"not {d.get('model_type')!r}")
     d["rope_parameters"] = params.get("full_attention")
     local = params.get("sliding_attention")
     if local is None:
         return
     if isinstance(local, dict) and d.get("model_type") == "laguna" and local.get("partial_rotary_factor", 1.0) == 1.0:
         local = {k: v for k, v in local.items() if k != "partial_rotary_factor"}  # (Laguna's: RoPE on the whole head)
+    if isinstance(local, dict) and d.get("model_type") == "mimo_v2_flash":  # (MiMo-V2-Flash's: on the full layers'
+        full = d["rope_parameters"] if isinstance(d["rope_parameters"], dict) else {}  # share of the head, which
+        if local.get("partial_rotary_factor", 0.334) != full.get("partial_rotary_factor", 0.334):  # from_dict reads)
+            raise ValueError(f"config rope_parameters' partial_rotary_factor differs per layer type ({full!r}, "
+                             f"{local!r}): MiMo-V2-Flash's layers are read with one share of the head rotated")
+        local = {k: v for k, v in local.items() if k != "partial_rotary_factor"}
     if not isinstance(local, dict) or local.get("rope_type", "default") != "default" \
             or set(local) - {"rope_type", "rope_theta"}:
         raise ValueError(f"config rope_parameters['sliding_attention'] = {local!r} is not supported: "

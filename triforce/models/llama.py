@@ -488,12 +488,15 @@ class Attention(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads, self.n_kv, self.head_dim = config.layer_heads(layer), config.num_key_value_heads, config.head_dim
+        self.n_heads, self.n_kv, self.head_dim = config.layer_heads(layer), config.layer_kv_heads(layer), config.head_dim
+        # MiMo-V2-Flash: values (and the heads' output) narrower than the keys, padded with zeros to head_dim for the
+        # attention (so its output's last dims are zeros, dropped), and scaled (value_scale, in the dtype), or None
+        self.v_dim, self.v_scale = config.value_head_dim, config.value_scale
         h, qkv_bias = config.hidden_size, config.qkv_bias
         self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
-        self.v_proj = Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
-        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=config.layer_out_bias(layer))
+        self.v_proj = Linear(h, self.n_kv * self.v_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.n_heads * self.v_dim, h, bias=config.layer_out_bias(layer))
         self.window = config.layer_windows[layer]  # a sliding window (0: none), here for the cache-free forward
         self.scale = config.attention_scale  # (the caches apply the same, from the config)
         self.softcap = config.attn_softcap  # Gemma 2's cap on the scores, or None
@@ -524,7 +527,7 @@ class Attention(nn.Module):
         # Cohere 2, ERNIE 4.5: RoPE computed in float32 and rounded once, as transformers rotates (config.rope_float32)
         self.rope_f32 = bool(config.rope_float32)
         # GPT-OSS: a learned logit per query head in each softmax's denominator (attention sinks), or None
-        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attention_sinks else None
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.layer_sinks(layer) else None
         self.float32_sinks = config.float32_sinks  # (Flint's: kept in float32 whatever the model's dtype)
         # AFMoE: the heads' output times the sigmoid of a projection of the layer's input, before o_proj, or None
         self.gate_proj = Linear(h, self.n_heads * self.head_dim, bias=False) if config.attn_output_gate else None
@@ -554,6 +557,9 @@ class Attention(nn.Module):
         if self.temperature is not None or self.nope_temperature is not None:
             positions = step.positions if step is not None else torch.arange(T, device=x.device).expand(B, T)
             q = self.temper(q, positions) if self.temperature is not None else self.temper_nope(q, positions)
+        if self.v_dim != self.head_dim:  # (MiMo-V2-Flash's values: padded to the keys' width, the output cut back)
+            out = self.attend(q, k, F.pad(v, (0, self.head_dim - self.v_dim)), k_raw, cache, step)[..., :self.v_dim]
+            return self.output(out.reshape(B, T, self.n_heads * self.v_dim), x)
         out = self.attend(q, k, v, k_raw, cache, step)
         return self.output(out.reshape(B, T, self.n_heads * self.head_dim), x)
 
@@ -585,7 +591,9 @@ class Attention(nn.Module):
         q, k_raw = q.view(B, T, self.n_heads, self.head_dim), k_raw.view(B, T, self.n_kv, self.head_dim)
         if self.q_norm is not None and not self.full_qk_norm:
             q, k_raw = self.q_norm(q), self.k_norm(k_raw)
-        v = v.view(B, T, self.n_kv, self.head_dim)
+        v = v.view(B, T, self.n_kv, self.v_dim)
+        if self.v_scale is not None:  # (MiMo-V2-Flash's, in the dtype as transformers scales them)
+            v = v * self.v_scale
         if self.clip is not None:
             q, k_raw, v = (t.clamp(-self.clip, self.clip) for t in (q, k_raw, v))
         return self._rotate(q, cos, sin), self._rotate(k_raw, cos, sin), k_raw, v
@@ -702,6 +710,48 @@ def _spelled_out_attention(q, k, v, scale: float, mask, cap: float | None = None
         s = torch.cat([s.float(), sinks.float()[:, None, None].expand(*s.shape[:3], 1)], -1)
     p = torch.softmax(s, dim=-1, dtype=torch.float32)[..., :T].to(q.dtype)
     return torch.einsum("bhts,bshd->bthd", p, v)
+
+
+class MixtureOfAttention(Attention):
+    """JetMoE's mixture of attention heads (``config.attention_experts``: ``(experts, top_k)``): a router (one logit per
+    expert, ``router``) chooses each token's top k experts, their softmax (float32, rounded to the dtype) its weights;
+    chosen expert ``e`` (rank r) projects the token's queries, ``n_kv`` heads (``q_experts[e]``), which attend to the
+    shared keys and values (``k_proj``, ``v_proj``: KV head h serves each rank's head h); its output projection
+    (``o_experts[e]``) takes that rank's heads back, times its weight; the outputs summed from zero in increasing expert
+    order, plus ``o_bias``, in the dtype, as transformers' JetMoeMoA computes them. The cache holds ``n_kv`` heads and
+    sees ``top_k * n_kv`` query heads, ordered so that its query head ``j`` reads KV head ``j // top_k`` (rank
+    ``j % top_k``). Each expert's rows go through :func:`linear` (row-wise on the CPU), so a verification pass computes
+    the bits of one-token steps."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__(config, layer)
+        del self.q_proj, self.o_proj  # (the experts' own)
+        count, self.top_k = config.attention_experts
+        width, h = self.n_kv * self.head_dim, config.hidden_size
+        self.router = Linear(h, count, bias=False)
+        self.q_experts = nn.ModuleList(Linear(h, width, bias=False) for _ in range(count))
+        self.o_experts = nn.ModuleList(Linear(width, h, bias=False) for _ in range(count))
+        self.o_bias = nn.Parameter(torch.zeros(h))
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        B, T, H = x.shape
+        k, heads, D = self.top_k, self.n_kv, self.head_dim
+        rows = x.reshape(-1, H)
+        w, index = torch.topk(self.router(rows).float(), k, dim=-1)
+        w = torch.softmax(w, dim=-1).to(x.dtype)
+        chosen = [(e, *torch.nonzero(index == e, as_tuple=True)) for e in torch.unique(index).tolist()]
+        q = rows.new_empty(rows.shape[0], k, heads * D)
+        for e, r, j in chosen:
+            q[r, j] = self.q_experts[e](rows[r])
+        # (heads as the cache's GQA reads them: j = h * k + rank)
+        q = q.view(B, T, k, heads, D).transpose(2, 3).reshape(B, T, heads * k, D)
+        k_raw, v = self.k_proj(x).view(B, T, heads, D), self.v_proj(x).view(B, T, heads, D)
+        out = self.attend(self._rotate(q, cos, sin), self._rotate(k_raw, cos, sin), v, k_raw, cache, step)
+        out = out.view(-1, heads, k, D).transpose(1, 2).reshape(-1, k, heads * D)
+        y = torch.zeros_like(rows)
+        for e, r, j in chosen:
+            y.index_add_(0, r, self.o_experts[e](out[r, j]) * w[r, j, None])
+        return (y + self.o_bias).view(B, T, H)
 
 
 class LatentAttention(Attention):
@@ -1049,6 +1099,8 @@ class SparseMoE(nn.Module):
             if spec.shared_gated:
                 self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
         self.shared_average = spec.shared_average  # (Cohere 2 MoE's: the routed and shared outputs averaged)
+        if spec.output_bias:  # JetMoE's bias on the mixture's output
+            self.bias = nn.Parameter(torch.zeros(config.hidden_size))
         if config.moe_output_norm:  # A.X-K1's norm on the mixture's output
             self.post_mlp_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
 
@@ -1132,6 +1184,8 @@ class SparseMoE(nn.Module):
                 out = y if out is None else out + y
         else:
             out = self._experts(rows, w, index)
+        if "bias" in self._parameters:  # (JetMoE's, in the dtype)
+            out = out + self._parameters["bias"]
         if "shared_expert" in self._modules:
             shared = self.shared_expert(rows)
             if "shared_expert_gate" in self._modules:
@@ -1272,7 +1326,8 @@ def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
-        self.self_attn = Attention(config, layer) if config.mla is None else LatentAttention(config, layer)
+        self.self_attn = (LatentAttention if config.mla is not None else MixtureOfAttention
+                          if config.attention_experts is not None else Attention)(config, layer)
         experts = config.experts
         width = config.dense_intermediate_size  # (Granite 4.0's shared MLP's; intermediate_size elsewhere)
         self.mlp = (SparseMoE(config) if experts is not None and experts.layers[layer]
@@ -1282,12 +1337,12 @@ class DecoderLayer(nn.Module):
         # ModernBERT decoder: no norm before its first layer's attention (the embeddings' norm is just before it;
         # bare_input: the native stack's calls start after such a layer, _stack_runs)
         self.bare_input = layer == 0 and not config.first_attention_norm
-        self.input_layernorm = nn.Identity() if post or self.bare_input else make_norm(config, config.hidden_size,
-                                                                                         config.rms_norm_eps)
+        eps = config.layer_rms_eps  # (rms_norm_eps; JetMoE's layers' own)
+        self.input_layernorm = nn.Identity() if post or self.bare_input else make_norm(config, config.hidden_size, eps)
         # Cohere 2: the MLP on input_layernorm's output too, no second norm; GPT-NeoX: on its own norm of h
         self.parallel = config.parallel_block
         if not self.parallel or config.parallel_norms:
-            self.post_attention_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+            self.post_attention_layernorm = make_norm(config, config.hidden_size, eps)
         if config.sandwich_norms:  # Gemma 3: post_attention_layernorm is on the attention's output
             self.pre_feedforward_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         if config.sandwich_norms or post:
@@ -1408,6 +1463,8 @@ class DecoderLayer(nn.Module):
         d = att.__dict__
         if d.get("l2_eps") is not None or d.get("nope_temperature") is not None or d.get("chunk"):
             return None  # Llama 4's q/k L2 norms, NoPE temperature and chunks: the modules'
+        if d.get("v_dim", att.head_dim) != att.head_dim or d.get("v_scale") is not None:
+            return None  # MiMo-V2-Flash's narrower, scaled values: the modules'
         if "attn_sub_norm" in att._modules or "ffn_sub_norm" in mlp._modules:
             return None  # BitNet's norms inside the blocks: the modules'
         a, m = att._modules, mlp._modules
@@ -2123,8 +2180,8 @@ class Llama(nn.Module):
         if cache.device != self.device:
             raise ValueError(f"cache is on {cache.device}, the model on {self.device}")
         c = cache.config
-        if (c.num_hidden_layers, c.num_key_value_heads, c.head_dim) != (
-                self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim):
+        if (c.num_hidden_layers, c.kv_heads_per_layer, c.head_dim) != (
+                self.config.num_hidden_layers, self.config.kv_heads_per_layer, self.config.head_dim):
             raise ValueError("cache was built for a different model config (layers / KV heads / head_dim)")
 
     def _pad_prompts(self, prompts):

@@ -648,14 +648,15 @@ def _deepseek_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
     n = config.num_hidden_layers
     extra = config.extra.get("num_nextn_predict_layers", config.extra.get("num_mtp_layers", 0)) or 0
     ernie, minimax = config.model_type == "ernie4_5_moe", config.model_type == "minimax_m2"
-    exaone = config.model_type == "exaone_moe"
+    exaone, mimo = config.model_type == "exaone_moe", config.model_type == "mimo_v2_flash"
     out = {}
     for name, t in sd.items():
         m = _LAYER_INDEX.match(name)
         if not inverse and m is not None and n <= int(m[1]) < n + extra:
             continue
-        if ernie and not inverse and name.startswith(_ERNIE_MTP) or exaone and not inverse and name.startswith("mtp."):
-            continue  # (ERNIE 4.5's and EXAONE MoE's multi-token prediction weights)
+        if not inverse and (ernie and name.startswith(_ERNIE_MTP) or exaone and name.startswith("mtp.")
+                            or mimo and name.startswith("model.mtp.")):
+            continue  # (ERNIE 4.5's, EXAONE MoE's and MiMo-V2-Flash's multi-token prediction weights)
         if ernie and name.endswith(_ERNIE_BIAS[inverse:]):  # (its [1, experts] moe_statics: one group)
             name = _LAYER_INDEX.match(name)[0] + (_ERNIE_BIAS[0] if inverse else _ERNIE_BIAS[2])[1:]
             t = t[None] if inverse else t.reshape(-1)
@@ -765,7 +766,7 @@ def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _transposed_expert_names(config, sd, inverse)
     mixtral = config.model_type in ("mixtral", "minimax_m2", "phimoe")  # (Mixtral's names: block_sparse_moe, w1 / w3 /
     # w2)
-    granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
+    granite = config.model_type in ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid", "jetmoe")
     # (DeepSeek's names; GLM-4.5's are the same; Flint's router is DeepSeek's path but its names Qwen2-MoE's)
     deepseek = config.experts.grouped_router and config.model_type not in ("flint", "laguna")
     if deepseek and not inverse:
@@ -899,6 +900,8 @@ _FAMILY_NAMES = {**dict.fromkeys(_HUNYUANS, _HUNYUAN_NAMES),
                                ".self_attn.k_layernorm.": ".self_attn.k_norm."},
                  # Flint: its checkpoints' name of the attention sinks
                  "flint": {".self_attn.softmax_offset": ".self_attn.sinks"},
+                 # MiMo-V2-Flash: its checkpoints' name of the sliding layers' attention sinks
+                 "mimo_v2_flash": {".self_attn.attention_sink_bias": ".self_attn.sinks"},
                  # PhiMoE: transformers 5's name of its router (its checkpoints': Mixtral's block_sparse_moe.gate)
                  "phimoe": {".mlp.router.weight": ".mlp.gate.weight"},
                  "apertus": {".attention_layernorm.": ".input_layernorm.",
@@ -1244,6 +1247,53 @@ _HY_V3_NAMES = ((".mlp.router.gate.weight", ".mlp.gate.weight"),
                 (".mlp.shared_mlp.", ".mlp.shared_experts."))
 
 
+# JetMoE's checkpoint names: its attention's (self_attention: kv_proj, k's rows then v's; its experts' query and output
+# projections stacked, [E, heads * head_dim, H] and [E, H, heads * head_dim], their router and bias) and its MLP's
+# mixture (GraniteMoE's names without block_sparse_moe: _expert_names reads them as GraniteMoE's)
+_JETMOE_ATTENTION = re.compile(r"(.*\.)self_attention\.(kv_proj\.weight|experts\.(input_linear\.weight|"
+                               r"output_linear\.weight|router\.layer\.weight|bias))")
+_JETMOE_MLP = re.compile(r"(.*\.)(mlp|block_sparse_moe)\.(input_linear\.weight|output_linear\.weight|"
+                         r"router\.layer\.weight)")
+_JETMOE_OURS = re.compile(r"(.*\.)self_attn\.(k_proj\.weight|v_proj\.weight|q_experts\.(\d+)\.weight|"
+                          r"o_experts\.(\d+)\.weight|router\.weight|o_bias)")
+
+
+def _jetmoe_names(sd: dict, inverse: bool = False) -> dict:
+    """A JetMoE checkpoint's weights under the model's names (:class:`~triforce.models.llama.MixtureOfAttention`'s
+    ``k_proj`` / ``v_proj``, ``q_experts.{e}`` / ``o_experts.{e}``, ``router``, ``o_bias``; its MLP's under GraniteMoE's
+    checkpoint names), or with ``inverse`` back (the experts stacked, ``kv_proj`` joined)."""
+    out, stacks = {}, {}
+    for name, t in sd.items():
+        if not inverse and (m := _JETMOE_ATTENTION.fullmatch(name)) is not None:
+            stem, part = f"{m[1]}self_attn.", m[2]
+            if part == "kv_proj.weight":
+                out[f"{stem}k_proj.weight"], out[f"{stem}v_proj.weight"] = (w.clone() for w in t.chunk(2))
+            elif part in ("experts.input_linear.weight", "experts.output_linear.weight"):
+                kind = "q" if part == "experts.input_linear.weight" else "o"
+                out.update({f"{stem}{kind}_experts.{e}.weight": w.clone() for e, w in enumerate(t)})
+            else:
+                out[stem + ("router.weight" if part == "experts.router.layer.weight" else "o_bias")] = t
+        elif (m := _JETMOE_MLP.fullmatch(name)) is not None:
+            out[f"{m[1]}{'mlp' if inverse else 'block_sparse_moe'}.{m[3]}"] = t
+        elif inverse and (m := _JETMOE_OURS.fullmatch(name)) is not None:
+            stem, part = f"{m[1]}self_attention.", m[2]
+            if part in ("k_proj.weight", "v_proj.weight"):
+                stacks.setdefault((stem, "kv"), {})[part[0]] = t
+            elif m[3] is not None or m[4] is not None:
+                stacks.setdefault((stem, "q" if m[3] is not None else "o"), {})[int(m[3] or m[4])] = t
+            else:
+                out[stem + ("experts.router.layer.weight" if part == "router.weight" else "experts.bias")] = t
+        else:
+            out[name] = t
+    for (stem, kind), parts in stacks.items():
+        if kind == "kv":
+            out[f"{stem}kv_proj.weight"] = torch.cat([parts["k"], parts["v"]])
+        else:
+            linear = "input_linear" if kind == "q" else "output_linear"
+            out[f"{stem}experts.{linear}.weight"] = torch.stack([parts[e] for e in range(len(parts))])
+    return out
+
+
 def _hy_v3_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """Hunyuan V3's checkpoint names as DeepSeek's (:data:`_HY_V3_NAMES`), its multi-token prediction layer (the
     layers past the model's) dropped as transformers drops it; or back with ``inverse``."""
@@ -1287,6 +1337,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _falcon_names(config, sd, inverse)
     if config.model_type == "dbrx":
         return _dbrx_names(config, sd, inverse)
+    if config.model_type == "jetmoe":
+        return _jetmoe_names(sd, inverse)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type == "modernbert-decoder":

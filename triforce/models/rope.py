@@ -73,10 +73,11 @@ def rope_local_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor | None
     if all(config.rope_layers):
         return None
     theta = config.local_rope_theta
-    dim = config.head_dim
+    dim = config.local_rotary_dim
     if theta is None:  # NoPE
-        return torch.zeros(dim // 2, device=device)
-    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+        return torch.zeros(config.head_dim // 2, device=device)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+    return inv_freq if dim == config.head_dim else _still_pairs(config, inv_freq)
 
 
 def _yarn_inv_freq(config: LlamaConfig, device=None) -> torch.Tensor:
