@@ -177,6 +177,9 @@ def assert_common_defaults(ours: LlamaConfig, theirs, **renamed) -> None:
     """``ours`` holds the common settings of ``theirs`` (a transformers config; ``renamed``: our field -> its
     attribute where the family names it otherwise)."""
     for key in _COMMON_KEYS:
+        if key == "head_dim" and not hasattr(theirs, renamed.get(key, key)):  # (a config without the key: its heads'
+            assert ours.head_dim == theirs.hidden_size // theirs.num_attention_heads  # width hidden / heads)
+            continue
         assert getattr(ours, key) == getattr(theirs, renamed.get(key, key)), key
 
 

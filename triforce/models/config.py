@@ -1318,6 +1318,10 @@ WRAPPERS = {
     # Llama 3.2 Vision (mllama: 11B / 90B): its language model without its cross-attention layers (loading.py
     # renumbers the others and drops the 8 image tokens' embedding rows; text_config's tie_word_embeddings)
     "mllama": (("mllama_text_model",), frozenset({"vision_config", "image_token_index", "image_token_id"}), None),
+    # Emu3 (Emu3ForConditionalGeneration: Emu3-Chat-hf, Emu3-Gen-hf): its language model (model.text_model.*; text_config
+    # emu3_text_model), tied by the wrapper's key (default false); its VQ-VAE (vq_config, model.vqmodel.*) not read
+    "emu3": (("emu3_text_model",), frozenset({"vq_config", "vocabulary_map", "image_token_id", "is_encoder_decoder"}),
+             ("wrapper", False)),
     # Image + text models whose text_config may be any language model (transformers' AutoConfig; "*": any family
     # read here, the first its default): LLaVA 1.5 (llava: Llama / Vicuna, Mistral, ...), LLaVA-NeXT (llava_next),
     # LLaVA-OneVision (llava_onevision: Qwen2), InternVL 3 / 3.5 in transformers' layout (internvl: Qwen2.5 / Qwen3),
@@ -1405,6 +1409,12 @@ _VL_TEXTS = {
                                     "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
                                     "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
                                     "bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 128004}),
+    # Emu3's (Emu3TextConfig: BAAI's Emu3-Chat / Emu3-Gen): Llama's layer (its vocabulary holds the image tokens'
+    # codes; its attention_dropout, 0.1 by default, training only): read as Llama
+    "emu3_text_model": ("llama", {"vocab_size": 184622, "hidden_size": 4096, "intermediate_size": 14336,
+                                  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                  "max_position_embeddings": 9216, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+                                  "bos_token_id": 151849, "eos_token_id": 151850, "pad_token_id": 151643}),
     # GLM-4.1V's (Glm4vTextConfig): GLM-4's layer, its q / k / v biases always and head_dim hidden / heads (it has
     # neither key), RoPE on adjacent pairs over partial_rotary_factor of each head (1 where the config gives none)
     "glm4v_text": ("glm4", {"vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
@@ -4510,6 +4520,10 @@ def _vl_text(d: dict) -> str:
                 raise ValueError(f"config key {key!r} = {d.get(key, inner)!r}: Solar Open's model does not read it "
                                  f"and has {none!r}")
             d.setdefault(key, none)
+    if kind == "emu3_text_model":  # (its dropout: training only, 0.1 by default, as transformers' model applies it)
+        if not (_is_number(d.get("attention_dropout", 0.1)) and 0 <= d.get("attention_dropout", 0.1) < 1):
+            raise ValueError(f"config attention_dropout = {d['attention_dropout']!r} must be a number in [0, 1)")
+        d.pop("attention_dropout", None)
     if kind == "mllama_text_model":  # (the cross-attention layers a text-only forward skips: not read)
         cross = mllama_cross_layers(d)
         d.pop("cross_attention_layers", None)

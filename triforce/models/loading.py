@@ -1472,13 +1472,15 @@ _LANGUAGE_MODEL_PREFIXES = (("thinker.model.language_model.", "model."), ("think
                             ("thinker.lm_head.", "lm_head."),  # (Qwen's omni models: their thinker's)
                             ("language_model.model.blocks.", "model.layers."), ("language_model.model.", "model."),
                             ("language_model.lm_head.", "lm_head."), ("model.language_model.", "model."),
-                            ("model.text_model.", "model."))  # (Idefics3's and SmolVLM's)
+                            ("model.text_model.", "model."),  # (Idefics3's and SmolVLM's)
+                            ("text_model.model.", "model."), ("text_model.lm_head.", "lm_head."))  # (Emu3's files)
 _IMAGE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.", "visual.", "image_newline",
                    "model.vision_tower.", "model.multi_modal_projector.", "model.mm_projector.", "model.visual.",
                    "model.image_newline", "model.vision_model.", "model.connector.", "vision_model.", "audio_tower.",
                    "model.audio_tower.", "mlp1.", "thinker.visual.", "thinker.audio_tower.", "thinker.model.visual.",
                    "thinker.model.audio_tower.", "talker.", "token2wav.", "code2wav.", "vision_embed_tokens.",
-                   "model.vision_embed_tokens.")  # (the last two: Fuyu's patch embedding)
+                   "model.vision_embed_tokens.",  # (the last two: Fuyu's patch embedding)
+                   "vqmodel.", "model.vqmodel.")  # (Emu3's VQ-VAE)
 
 
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.*)")
