@@ -187,3 +187,27 @@ def test_greedy_equals_autoregressive(method, opts):
     target, draft = (tiny_family("mimo_v2_flash", seed, extra=extra) for seed in (0, 1))
     assert [t.self_attn.n_kv for t in target.model.layers] == [2, 4, 4]
     assert_greedy_equals_autoregressive(target, draft, method, opts)
+
+
+def test_a_streaming_caches_unviewed_heads_are_never_read():
+    """The full layers' heads of a StreamingLLM cache's joint buffer past their own (the sliding layers' width) hold
+    NaN through a prefill, steps past the window (evictions, the sinks re-rotated) and a rollback: every
+    logit is bitwise that of the same cache without them, and the NaNs stay where they were."""
+    model = pair()[1]
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(8))
+    outs = []
+    for poison in (False, True):
+        cache = StreamingCache(model.config, 2, sink=2, window=10, max_step=6)
+        if poison:
+            cache._kvr[:, 0, :, :, 1:] = float("nan")  # (layer 0: one KV head of the buffer's two)
+        got = []
+        with torch.no_grad():
+            got.append(model.prefill(ids[:, :12], cache))
+            for i in range(12, 30, 3):
+                got.append(model(ids[:, i:i + 3], cache=cache))
+            cache.rollback(cache.lengths - 2)
+            got.append(model(ids[:, 28:34], cache=cache))
+        if poison:
+            assert torch.isnan(cache._kvr[:, 0, :, :, 1:]).all() and not torch.isnan(cache._kvr[:, 1:]).any()
+        outs.append(torch.cat([g.reshape(-1) for g in got]))
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
