@@ -1,6 +1,6 @@
-"""Aria's language model (``model_type="aria_text"``: AriaTextForCausalLM, and AriaForConditionalGeneration's checkpoints
-read text-only): Llama's attention, every layer a mixture routed by the softmax of the top k router logits, its experts
-stacked as ``x @ W`` in its checkpoints, shared experts as one MLP; against transformers."""
+"""Aria's language model (``model_type="aria_text"``: AriaTextForCausalLM, and AriaForConditionalGeneration's
+checkpoints read text-only): Llama's attention, every layer a mixture routed by the softmax of the top k router
+logits, its experts stacked as ``x @ W`` in its checkpoints, shared experts as one MLP; against transformers."""
 import json
 
 import pytest

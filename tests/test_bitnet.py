@@ -43,7 +43,8 @@ def test_float_weights_match_transformers(tmp_path, case):
     """The master weights' model (no quantization_config): every path gives transformers' logits (the two sub-norms,
     ReLU squared's gate); our save reads back in transformers as the same model."""
     hf, ours = transformers_and_ours("BitNet", **{**BASE, **CASES[case]})
-    assert ours.model.layers[0].self_attn.attn_sub_norm is not None and ours.model.layers[0].mlp.ffn_sub_norm is not None
+    layer = ours.model.layers[0]
+    assert layer.self_attn.attn_sub_norm is not None and layer.mlp.ffn_sub_norm is not None
     assert_every_path_matches(hf, ours)
     assert_saved_reads_back(tmp_path, hf, ours)
 

@@ -74,5 +74,5 @@ def check_retrieval_draft(draft, target) -> None:
                          f"weights (triforce.models.int8_copy(target)), or draft=None (the target itself)")
     if model_dtype(draft) != model_dtype(target):
         raise ValueError(f"draft: with draft_cache='retrieval' the draft computes on the target's "
-                         f"{model_dtype(target)} cache, but it is {model_dtype(draft)}: use triforce.models.int8_copy(target) (float32 "
-                         f"activations), or draft=None (the target itself)")
+                         f"{model_dtype(target)} cache, but it is {model_dtype(draft)}: use "
+                         f"triforce.models.int8_copy(target) (float32 activations), or draft=None (the target itself)")

@@ -1,14 +1,15 @@
-"""BitNet b1.58's linear layers (``quantization_config`` quant_method ``"bitnet"``): ternary weights and int8 activations.
+"""BitNet b1.58's linear layers (``quantization_config`` quant_method ``"bitnet"``): ternary weights, int8 activations.
 
 A ``bitnet`` checkpoint quantised as transformers' BitNet integration reads it holds each decoder layer's projection as
 one of (:func:`bitnet_config` says which; the embeddings and the head stay float):
 
 - ``linear_class`` ``"bitlinear"`` (microsoft/bitnet-b1.58-2B-4T): ``weight`` uint8 ``[out / 4, in]``, four ternary
-  weights a byte (:func:`unpack_ternary`: row ``i`` of block ``j`` in bits ``2j, 2j + 1`` of row ``i``, stored ``w + 1``)
-  and ``weight_scale`` ``[1]``; the input quantised per token to int8 in the model's dtype, ``q = round(x * s)`` with
-  ``s = 127 / max|x|`` (the maximum clamped at 1e-5), and ``y = (q @ W^T) / (weight_scale * s)``. Every product is an
-  integer and every sum of them exact (in float32, up to 2^24: 132k inputs), so ``q @ W^T`` is one rounding of the
-  exact integer in any order, as transformers' ``F.linear`` gives it.
+  weights a byte (:func:`unpack_ternary`: row ``i`` of block ``j`` in bits ``2j, 2j + 1`` of row ``i``, stored
+  ``w + 1``) and ``weight_scale`` ``[1]``; the input quantised per token to int8 in the model's dtype,
+  ``q = round(x * s)`` with ``s = 127 / max|x|`` (the maximum clamped at 1e-5), and
+  ``y = (q @ W^T) / (weight_scale * s)``. Every product is an integer and every sum of them exact (in float32, up to
+  2^24: 132k inputs), so ``q @ W^T`` is one rounding of the exact integer in any order, as transformers' ``F.linear``
+  gives it.
 - ``"autobitlinear"`` ``"offline"``: ternary ``weight`` in the model's dtype (or packed as above, unpacked on loading)
   and ``weight_scale``: ``y = linear(fake_quant(x), W) * weight_scale``, ``fake_quant(x)`` the int8 rounding in float32
   divided back (``round(x * s).clamp(-128, 127) / s``, rounded to the dtype); ``"online"``: the float ``weight``

@@ -613,7 +613,8 @@ class _KVCache:
     def _check_commit(self, base, path, num_accepted, j) -> None:
         P = path.shape[1]
         if bool(((num_accepted < 0) | (num_accepted >= P)).any()):
-            raise ValueError(f"num_accepted must be in [0, {P - 1}] (path has {P} entries), got {num_accepted.tolist()}")
+            raise ValueError(f"num_accepted must be in [0, {P - 1}] (path has {P} entries), "
+                             f"got {num_accepted.tolist()}")
         appended = self.lengths.long() - base
         if bool(((base < 0) | (num_accepted + 1 > appended)).any()):
             raise ValueError(f"base_lengths + num_accepted + 1 must be <= lengths (the nodes the tree forward "

@@ -1310,7 +1310,8 @@ WRAPPERS = {
     # wrapper's key alone (default false); its vision tower and projector not read
     "aria": (("aria_text",), frozenset({"vision_config", "vision_feature_layer", "projector_patch_to_query_dict",
                                         "max_value_projector_patch_to_query_dict",
-                                        "image_token_index", "image_token_id", "initializer_range"}), ("wrapper", False)),
+                                        "image_token_index", "image_token_id", "initializer_range"}),
+             ("wrapper", False)),
     # Llama 4 (Llama4ForConditionalGeneration: Scout, Maverick): its language model (text_config llama4_text), tied
     # by the wrapper's key alone (default false); its vision model and projector not read
     "llama4": (("llama4_text",), frozenset({"vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
@@ -1318,8 +1319,9 @@ WRAPPERS = {
     # Llama 3.2 Vision (mllama: 11B / 90B): its language model without its cross-attention layers (loading.py
     # renumbers the others and drops the 8 image tokens' embedding rows; text_config's tie_word_embeddings)
     "mllama": (("mllama_text_model",), frozenset({"vision_config", "image_token_index", "image_token_id"}), None),
-    # Emu3 (Emu3ForConditionalGeneration: Emu3-Chat-hf, Emu3-Gen-hf): its language model (model.text_model.*; text_config
-    # emu3_text_model), tied by the wrapper's key (default false); its VQ-VAE (vq_config, model.vqmodel.*) not read
+    # Emu3 (Emu3ForConditionalGeneration: Emu3-Chat-hf, Emu3-Gen-hf): its language model (model.text_model.*;
+    # text_config emu3_text_model), tied by the wrapper's key (default false); its VQ-VAE (vq_config, model.vqmodel.*)
+    # not read
     "emu3": (("emu3_text_model",), frozenset({"vq_config", "vocabulary_map", "image_token_id", "is_encoder_decoder"}),
              ("wrapper", False)),
     # Image + text models whose text_config may be any language model (transformers' AutoConfig; "*": any family
@@ -1790,7 +1792,8 @@ _HARMLESS_ONLY_AT = {
                                 "absent (ERNIE 4.5 MoE: a number, read in training only)"),
     # the router's training loss and transformers' switch to return its logits: neither changes the logits
     "router_aux_loss_coef": (lambda v, c: c.model_type in _ANY_MOE and _is_number(v), "absent (MoE: a number)"),
-    "aux_loss_coef": (lambda v, c: c.model_type == "jetmoe" and _is_number(v), "absent (JetMoE: a number, training only)"),
+    "aux_loss_coef": (lambda v, c: c.model_type == "jetmoe" and _is_number(v),
+                      "absent (JetMoE: a number, training only)"),
     "output_router_logits": (lambda v, c: c.model_type in _ANY_MOE and isinstance(v, bool), "absent (MoE: a bool)"),
     # Mixtral's training-time noise on the router's input (transformers applies it in training mode only)
     "router_jitter_noise": (lambda v, c: c.model_type in ("mixtral", "minimax_m2") and _is_number(v) and v >= 0,
@@ -2085,7 +2088,8 @@ _add_checks({
     "attention_value_scale": (lambda v, c: c.model_type == "mimo_v2_flash" and (
         v is None or _is_number(v) and 0 < abs(v) < float("inf")),
         "absent (MiMo-V2-Flash: null or a finite nonzero number, the values' factor)"),
-    "sliding_window_size": (lambda v, c: c.model_type == "mimo_v2_flash" and _layer_windows(c)[1] != "sliding_window_size",
+    "sliding_window_size": (lambda v, c: c.model_type == "mimo_v2_flash"
+                            and _layer_windows(c)[1] != "sliding_window_size",
                             "absent (MiMo-V2-Flash: an int >= 0, the keys a sliding layer sees before a query's own)")})
 # Mellum 2's multi-token prediction head's keys (not part of the forward: its weights are skipped)
 _add_checks({
@@ -4012,8 +4016,8 @@ def _jetmoe_keys(d: dict) -> None:
     defaults = FAMILIES["jetmoe"].defaults
     kv, k = (d.get(key, defaults[key]) for key in ("num_key_value_heads", "num_experts_per_tok"))
     if _is_int(kv) and _is_int(k) and d.setdefault("num_attention_heads", kv * k) != kv * k:
-        raise ValueError(f"config num_attention_heads = {d['num_attention_heads']!r}: JetMoE's are its chosen attention "
-                         f"experts' heads, num_key_value_heads * num_experts_per_tok = {kv * k}")
+        raise ValueError(f"config num_attention_heads = {d['num_attention_heads']!r}: JetMoE's are its chosen "
+                         f"attention experts' heads, num_key_value_heads * num_experts_per_tok = {kv * k}")
 
 
 def _own_names(d: dict, names: dict, family: str) -> None:

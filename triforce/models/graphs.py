@@ -23,8 +23,8 @@ variable ``TRIFORCE_CUDA_GRAPHS=0`` turns it off. A capture that fails turns it 
 native call already), the prefill's chunks, steps of over ``MAX_TOKENS`` tokens a row, forwards with a
 draft head's tap, under autograd or ``torch.compile``, a mixture of experts' (Mixtral, Qwen3-MoE, GraniteMoE:
 which experts run is read on the host), DeepSeek-V3.2's sparse attention (its keys' count is the cache's host-side
-bound), Llama 4's chunked layers (a step's chunks read on the host). The graphs of a cache go with it (weak references), and
-``model.to(...)`` drops the model's.
+bound), Llama 4's chunked layers (a step's chunks read on the host). The graphs of a cache go with it (weak
+references), and ``model.to(...)`` drops the model's.
 """
 from __future__ import annotations
 

@@ -488,7 +488,8 @@ class Attention(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads, self.n_kv, self.head_dim = config.layer_heads(layer), config.layer_kv_heads(layer), config.head_dim
+        self.n_heads, self.n_kv = config.layer_heads(layer), config.layer_kv_heads(layer)
+        self.head_dim = config.head_dim
         # MiMo-V2-Flash: values (and the heads' output) narrower than the keys, padded with zeros to head_dim for the
         # attention (so its output's last dims are zeros, dropped), and scaled (value_scale, in the dtype), or None
         self.v_dim, self.v_scale = config.value_head_dim, config.value_scale
@@ -2108,8 +2109,8 @@ class Llama(nn.Module):
             parents = tree_parents.parents if isinstance(tree_parents, TokenTree) else tree_parents
             if not isinstance(parents, torch.Tensor) or parents.shape != input_ids.shape \
                     or parents.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"tree_parents must be an int tensor of shape {list(input_ids.shape)} (like input_ids) "
-                                 f"or a TokenTree of that shape")
+                raise ValueError(f"tree_parents must be an int tensor of shape {list(input_ids.shape)} (like "
+                                 f"input_ids) or a TokenTree of that shape")
             if parents.device != input_ids.device:
                 raise ValueError(f"tree_parents is on {parents.device} but input_ids is on {input_ids.device}")
         elif cache is None and input_ids.shape[1] > self.config.max_position_embeddings:

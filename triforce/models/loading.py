@@ -717,8 +717,8 @@ def _order_mla_rope(config: LlamaConfig, sd: dict, inverse: bool = False) -> dic
 # Llama 4's and Aria's checkpoints (transformers' Llama4ForCausalLM, AriaTextForCausalLM): each layer's experts stacked
 # as x @ W, experts.gate_up_proj [E, H, 2I] (gate's columns, then up's) and experts.down_proj [E, I, H], its router
 # router.weight, under the MLP's own name (Llama 4's feed_forward, its shared expert shared_expert and its dense layers'
-# gate_proj / up_proj / down_proj; Aria's mlp, its shared experts as one MLP shared_experts, its stacks experts.fc1.weight
-# and experts.fc2.weight in its checkpoints, transformers' in-memory names read too)
+# gate_proj / up_proj / down_proj; Aria's mlp, its shared experts as one MLP shared_experts, its stacks
+# experts.fc1.weight and experts.fc2.weight in its checkpoints, transformers' in-memory names read too)
 _TRANSPOSED_EXPERTS = {"llama4_text": ("feed_forward", "shared_expert", ("gate_up_proj", "down_proj")),
                        "aria_text": ("mlp", "shared_experts", ("fc1.weight", "fc2.weight"))}
 _TRANSPOSED_STACK = re.compile(r"(.*\.)mlp\.experts\.(gate_up_proj|down_proj|fc1\.weight|fc2\.weight)")
@@ -1699,7 +1699,8 @@ def open_gguf(path: Path):
     try:
         reader = GGUFFile(str(path))
     except Exception as e:  # the readers raise ValueError/struct.error/IndexError on garbage
-        raise ValueError(f"cannot read GGUF file {str(path)!r} (corrupt or truncated): {type(e).__name__}: {e}") from None
+        raise ValueError(f"cannot read GGUF file {str(path)!r} (corrupt or truncated): "
+                         f"{type(e).__name__}: {e}") from None
     return reader
 
 
@@ -2872,7 +2873,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
         if kind not in table:
             raise ValueError(f"unexpected GGUF tensor {name} in {str(path)!r} (triforce.models.Llama has no "
                              f"such parameter for architecture {arch!r})")
-        heads = (n_head if kind.startswith("attn_q.") else n_kv if kind.startswith("attn_k.") else None) if permuted else None
+        heads = (n_head if kind.startswith("attn_q.") else n_kv if kind.startswith("attn_k.") else None) \
+            if permuted else None
         return f"model.layers.{int(i)}.{table[kind]}", heads
     raise ValueError(f"unexpected GGUF tensor {name}")
 
