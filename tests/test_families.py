@@ -183,6 +183,16 @@ def assert_common_defaults(ours: LlamaConfig, theirs, **renamed) -> None:
         assert getattr(ours, key) == getattr(theirs, renamed.get(key, key)), key
 
 
+def assert_save_loads(hf, directory, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' ``hf`` saved to ``directory`` loads (``Llama.from_pretrained``) with its logits on ``ids``; -> those
+    logits."""
+    hf.save_pretrained(directory)
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+        assert (Llama.from_pretrained(directory)(ids) - ref).abs().max().item() <= TOL
+    return ref
+
+
 def assert_saved_reads_back(tmp_path, hf, ours) -> None:
     """``ours`` saved (``save_pretrained``) reads back in transformers as ``hf``'s class with ``hf``'s weights,
     bitwise."""
