@@ -35,6 +35,11 @@ CASES = {
                                     rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                      "original_max_position_embeddings": 16}),
+    # MobileLLM-R1's shape (llama4_text, dense): no experts, no mixture layer, every layer full attention with RoPE
+    # and q/k norms, no temperature
+    "dense-mobilellm": dict(num_local_experts=0, num_experts_per_tok=0, moe_layers=[], interleave_moe_layer_step=0,
+                            layer_types=["full_attention"] * 4, no_rope_layers=[1] * 4, attn_temperature_tuning=False,
+                            tie_word_embeddings=True),
 }
 
 
@@ -177,9 +182,14 @@ def test_config_keys_and_defaults():
                          ({"attention_chunk_size": None}, "attention_chunk_size"),
                          ({"sliding_window": 4096}, "sliding_window"), ({"moe_layers": [48]}, "moe_layers"),
                          ({"no_rope_layers": [1, 0]}, "no_rope_layers"), ({"num_experts_per_tok": 17}, "17"),
-                         ({"mlp_bias": True}, "mlp_bias"), ({"floor_scale": 0}, "floor_scale")):
+                         ({"mlp_bias": True}, "mlp_bias"), ({"floor_scale": 0}, "floor_scale"),
+                         ({"num_local_experts": 0}, "num_local_experts"),  # (0 experts with mixture layers)
+                         ({"interleave_moe_layer_step": 0}, "interleave_moe_layer_step")):  # (0 without moe_layers)
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({"model_type": "llama4_text", **extra})
+    dense = LlamaConfig.from_dict({"model_type": "llama4_text", "num_local_experts": 0, "num_experts_per_tok": 0,
+                                   "moe_layers": [], "interleave_moe_layer_step": 0})  # (MobileLLM-R1's: dense)
+    assert dense.experts is None and dense.dense_intermediate_size == want.intermediate_size_mlp
 
 
 @pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 3, 4, 6)],
@@ -191,6 +201,18 @@ def test_greedy_equals_autoregressive(method, opts):
     target, draft = (tiny_family("llama4_text", seed, extra=extra)
                      for seed in (0, 1))
     assert any(target.config.layer_chunks) and target.model.layers[2].self_attn.nope_temperature is not None
+    assert_greedy_equals_autoregressive(target, draft, method, opts)
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 4)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 4)])
+def test_dense_greedy_equals_autoregressive(method, opts):
+    """MobileLLM-R1's shape (no experts, full attention with RoPE and q/k norms on every layer): lossless too."""
+    extra = {"intermediate_size_mlp": 48, "num_local_experts": 0, "num_experts_per_tok": 0, "moe_layers": [],
+             "interleave_moe_layer_step": 0, "layer_types": ["full_attention"] * 3, "no_rope_layers": [1] * 3,
+             "attn_temperature_tuning": False}
+    target, draft = (tiny_family("llama4_text", seed, extra=extra) for seed in (0, 1))
+    assert target.config.experts is None and not any(target.config.layer_chunks)
     assert_greedy_equals_autoregressive(target, draft, method, opts)
 
 

@@ -1934,8 +1934,9 @@ _also("use_qk_norm", lambda v, c: c.model_type in _HUNYUANS and v is True, "Huny
 # _layer_windows)
 _also("use_qk_norm", lambda v, c: c.model_type == "llama4_text" and isinstance(v, bool),
       "Llama 4: a bool, its q/k L2 norms on the RoPE layers")
-for _key in ("num_local_experts", "num_experts_per_tok"):
-    _also(_key, lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1, "Llama 4: an int >= 1")
+for _key in ("num_local_experts", "num_experts_per_tok"):  # (MobileLLM-R1's: 0 experts, no mixture layer)
+    _also(_key, lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= (0 if c.experts is None else 1),
+          "Llama 4: an int >= 1 (0 where no layer is a mixture: MobileLLM-R1's)")
 _also("no_rope_layers", lambda v, c: c.model_type == "llama4_text" and (
     v is None or isinstance(v, list) and (not v or len(v) >= c.num_hidden_layers and all(
         x in (0, 1) for x in v))), "Llama 4: null, [] or a 0 or 1 per layer (at least one per layer; 1: RoPE)")
@@ -1951,8 +1952,9 @@ _add_checks({
     "moe_layers": (lambda v, c: c.model_type == "llama4_text" and (v is None or isinstance(v, list) and all(
         _is_int(x) and 0 <= x < c.num_hidden_layers for x in v) and len(set(v)) == len(v)),
                    "absent (Llama 4: null or distinct layer indices, the mixtures' layers)"),
-    "interleave_moe_layer_step": (lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1,
-                                  "absent (Llama 4: an int >= 1, every n-th layer a mixture where moe_layers is null)"),
+    "interleave_moe_layer_step": (lambda v, c: c.model_type == "llama4_text" and _is_int(v) and (
+        v >= 1 or v == 0 and c.extra.get("moe_layers") is not None),
+        "absent (Llama 4: an int >= 1, every n-th layer a mixture where moe_layers is null; 0 with moe_layers)"),
     "attention_chunk_size": (lambda v, c: c.model_type == "llama4_text" and _is_int(v) and v >= 1,
                              "absent (Llama 4: an int >= 1, the RoPE layers' chunks of positions)"),
     "attn_temperature_tuning": (lambda v, c: c.model_type == "llama4_text" and isinstance(v, bool),
@@ -2589,7 +2591,7 @@ class LlamaConfig:
         if self.model_type in _DSAS:
             self._check_dsa()
         if self.model_type in ("ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "llama4_text", "aria_text") and \
-                self.experts.top_k > self.experts.count:
+                self.experts is not None and self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok (ERNIE's moe_k) = {self.experts.top_k} is more than the "
                              f"{self.experts.count} experts")
         if self.model_type in ("olmo", "opt", "biogpt", "xglm"):  # (OlmoLayerNorm's, OPT's, BioGPT's and XGLM's eps
@@ -3277,7 +3279,9 @@ class LlamaConfig:
         if self.model_type == "llama4_text":  # (the sigmoid of the top k logits, the chosen experts' inputs scaled by
             get, n = self._deepseek, self.num_hidden_layers  # it; a shared expert of intermediate_size)
             given, step = get("moe_layers"), get("interleave_moe_layer_step")
-            sparse = set(given) if given is not None else set(range(step - 1, n, step))
+            sparse = set(given) if given is not None else set(range(step - 1, n, step)) if step >= 1 else set()
+            if not sparse:  # (every layer dense: MobileLLM-R1's)
+                return None
             return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, False, False,
                            tuple(i in sparse for i in range(n)), shared_intermediate_size=self.intermediate_size,
                            scoring="top_k_sigmoid", scaled_inputs=True)

@@ -757,8 +757,9 @@ def _transposed_expert_names(config: LlamaConfig, sd: dict, inverse: bool = Fals
 
 def _expert_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """``sd`` with a mixture of experts' weights as the model holds them (above), or with ``inverse`` as its
-    checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model."""
-    if config.experts is None:
+    checkpoints do (the family's names, gate and up apart); ``sd`` itself for a dense model (but Llama 4's, whose MLPs
+    its checkpoints name feed_forward: MobileLLM-R1's)."""
+    if config.experts is None and config.model_type != "llama4_text":
         return sd
     if config.model_type == "gpt_oss":
         return _gpt_oss_names(sd, inverse)
