@@ -234,3 +234,77 @@ def test_transformers_directories_load(tmp_path):
     with torch.no_grad():
         ref = hf2(ids).logits
         assert (Llama.from_pretrained(tmp_path / "wrapped")(ids) - ref).abs().max().item() <= TOL
+
+
+def write_llama4_gguf(path, hf, quant=None, meta=None):
+    """A GGUF of transformers' Llama4ForCausalLM ``hf`` as llama.cpp's converter writes the checkpoint (Llama4Model:
+    llama's keys with the dense MLP's width as feed_forward_length, interleave_moe_layer_step and the experts' width;
+    the stacked experts transposed into ffn_{gate,up,down}_exps [E, out, in]; q / k rows as they are). ``meta``: keys
+    added."""
+    from .test_families import write_stacked_experts_gguf
+
+    c = hf.config
+
+    def special(name, t, i):
+        if name.endswith("feed_forward.experts.gate_up_proj"):
+            gate, up = t.transpose(-1, -2).chunk(2, dim=1)
+            return {f"blk.{i}.ffn_gate_exps.weight": gate, f"blk.{i}.ffn_up_exps.weight": up}
+        if name.endswith("feed_forward.experts.down_proj"):
+            return {f"blk.{i}.ffn_down_exps.weight": t.transpose(-1, -2)}
+        return None
+
+    from .test_families import converted_kv, stacked_expert_tensors
+
+    kv = {**converted_kv(c), "feed_forward_length": c.intermediate_size_mlp,
+          "expert_count": c.num_local_experts, "expert_used_count": c.num_experts_per_tok,
+          "expert_feed_forward_length": c.intermediate_size, "interleave_moe_layer_step": c.interleave_moe_layer_step,
+          **(meta or {})}
+    tensors = stacked_expert_tensors(hf, "llama4", special)
+    ours = LlamaConfig.from_dict(c.to_dict())
+    if ours.rope_type == "llama3":  # (the converter's rope_freqs: each pair's factor on its frequency)
+        from triforce.models.rope import rope_inv_freq
+
+        tensors["rope_freqs.weight"] = rope_inv_freq(ours.replace(rope_scaling=None)) / rope_inv_freq(ours)
+    return write_stacked_experts_gguf(path, hf, "llama4", kv, quant, tensors=tensors)
+
+
+@pytest.mark.parametrize("rope", ["default", "llama3"])
+def test_gguf_llama4_as_llama_cpp_writes_and_runs_it(tmp_path, rope):
+    """A llama4 GGUF loads as llama.cpp runs it, which is transformers' Scout: its settings the file does not carry
+    (chunks and the temperature's floor of 8192, the temperature's 0.1, every fourth layer NoPE, three of every four
+    chunked, q/k norms unless 128 experts) as Llama4TextConfig's defaults; transformers' logits; the conversion cache
+    read back by transformers; Q8_0 / Q5_0 blocks bitwise."""
+    from .test_families import assert_mixture_gguf_loads
+
+    scout = dict(attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1, no_rope_layers=None, layer_types=None,
+                 interleave_moe_layer_step=2, use_qk_norm=True, attn_temperature_tuning=True, intermediate_size=64,
+                 intermediate_size_mlp=96, num_hidden_layers=8)
+    if rope == "llama3":  # (Scout's: its rope_freqs tensor in the file)
+        scout["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                                    "original_max_position_embeddings": 8192}
+    hf, ours = pair(**scout)
+    loaded = assert_mixture_gguf_loads(tmp_path, hf, ours, write_llama4_gguf)
+    c, want = loaded.config, ours.config
+    assert (c.layer_chunks, c.rope_layers, c.l2_qk_norm, c.nope_temperature, c.experts.layers) == (
+        want.layer_chunks, want.rope_layers, want.l2_qk_norm, want.nope_temperature, want.experts.layers)
+    default = transformers.Llama4TextConfig()
+    assert c.nope_temperature == (default.attn_scale, default.floor_scale)
+    assert c.layer_chunks[0] == default.attention_chunk_size and not c.layer_chunks[3]
+
+
+def test_gguf_llama4_reads_its_other_forms_and_refuses_others(tmp_path):
+    """128 experts (Maverick): no q/k norms; sliding_window 0: no chunk, the last layer NoPE, no temperature (as
+    llama.cpp runs such a file); a pattern of 2; a chunked layers' RoPE base of their own and no experts raise."""
+    from triforce.models.loading import read_gguf
+
+    hf, _ = pair(num_local_experts=4, interleave_moe_layer_step=2, intermediate_size=64, intermediate_size_mlp=96,
+                 no_rope_layers=None, layer_types=None)
+    config, _ = read_gguf(write_llama4_gguf(tmp_path / "a.gguf", hf, meta={"attention.sliding_window": 0}))
+    assert not any(config.layer_chunks) and config.rope_layers == (True, True, True, False)
+    assert config.nope_temperature is None
+    config, _ = read_gguf(write_llama4_gguf(tmp_path / "b.gguf", hf, meta={"attention.sliding_window_pattern": 2}))
+    assert [bool(x) for x in config.layer_chunks] == [True, False, True, False]
+    for meta, match in (({"rope.freq_base_swa": 10.0}, "freq_base_swa"), ({"expert_count": 0}, "expert_count")):
+        with pytest.raises(ValueError, match=match):
+            read_gguf(write_llama4_gguf(tmp_path / "c.gguf", hf, meta=meta))

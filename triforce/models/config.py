@@ -2745,8 +2745,6 @@ class LlamaConfig:
         for k in flags:
             if k in optional and rs.get(k) is not None and not isinstance(rs[k], bool):
                 raise ValueError(f"rope_scaling[{k!r}] must be true or false, got {rs[k]!r}")
-        if kind == "llama3" and rs["low_freq_factor"] == rs["high_freq_factor"]:
-            raise ValueError("rope_scaling low_freq_factor must differ from high_freq_factor (llama3 blends between)")
         return None if kind == "default" else {"rope_type": kind, **rs}
 
     def _check_extra_key(self, key, value):

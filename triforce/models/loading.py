@@ -1779,6 +1779,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
                       "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False), "gpt2": ("gpt2", False),
                       "starcoder": ("gpt_bigcode", False), "bloom": ("bloom", False), "mpt": ("mpt", False),
+                      "llama4": ("llama4_text", False),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1822,6 +1823,8 @@ _GGUF_ARCH_KEYS = {
     "exaone-moe": (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.sliding_window",
                    "attention.sliding_window_pattern", "rope.freq_base_swa"),
     "hunyuan-moe": ("expert_shared_count",), "olmo": ("attention.clamp_kqv",), "dbrx": ("attention.clamp_kqv",),
+    "llama4": ("interleave_moe_layer_step", "attention.sliding_window", "attention.sliding_window_pattern",
+               "rope.freq_base_swa"),  # (_gguf_llama4)
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
@@ -1938,8 +1941,8 @@ def _gguf_rope_scaling(reader, arch: str, path: Path, context: int):
 # llama3 RoPE settings tried against a GGUF's rope_freqs tensor (llama.cpp's converter bakes Llama 3.1 /
 # 3.2's rope_scaling into it and keeps no other trace): (low_freq_factor, high_freq_factor,
 # original_max_position_embeddings); the factor is the tensor's largest entry.
-_LLAMA3_CANDIDATES = [(lo, hi, ctx) for ctx in (8192, 4096, 2048, 16384, 32768, 131072)
-                      for lo, hi in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0))]
+_LLAMA3_CANDIDATES = [(lo, hi, ctx) for ctx in (8192, 4096, 2048, 16384, 32768, 131072)  # ((1, 1): Llama 4 Scout's)
+                      for lo, hi in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0), (1.0, 1.0))]
 
 
 def _rope_from_freq_factors(config: LlamaConfig, factors: torch.Tensor, path: Path) -> dict:
@@ -2254,6 +2257,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra.update(_gguf_exaone_moe(reader, arch, path, int(need("block_count")) - mtp))
     if arch == "hunyuan-moe":
         extra.update(_gguf_hunyuan_moe(reader, arch, path, n_ff))
+    if arch == "llama4":  # (the experts' and the shared expert's width the model's intermediate_size)
+        extra.update(_gguf_llama4(reader, arch, path, int(need("block_count")), n_ff))
+        n_ff = _gguf_need(reader, arch, path, "expert_feed_forward_length")
     if arch == "minimax-m2":  # (every layer sparse; the experts' width the model's intermediate_size)
         extra.update(_gguf_minimax_m2(reader, arch, path))
         n_ff = _gguf_need(reader, arch, path, "expert_feed_forward_length")
@@ -2500,6 +2506,48 @@ def _gguf_ernie_moe(reader, arch: str, path: Path) -> dict:
             "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
             "moe_num_shared_experts": get("expert_shared_count"),
             "moe_layer_start_index": get("leading_dense_block_count")}
+
+
+_LLAMA4_CHUNK = 8192  # llama.cpp's llama4: its chunks, and its temperature's floor (hardcoded: no key carries them)
+_LLAMA4_TEMPERATURE = 0.1
+_LLAMA4_NO_ROPE_STEP = 4
+
+
+def _gguf_llama4(reader, arch: str, path: Path, layers: int, n_ff: int) -> dict:
+    """The ``extra`` keys of a llama4 file (Llama 4 Scout / Maverick, as llama.cpp's converter writes the checkpoint and
+    llama.cpp runs the file, which carries few of its settings and fixes the others): ``expert_count`` experts (0
+    raises, as llama.cpp refuses it) of ``expert_feed_forward_length``, ``expert_used_count`` a token, on every
+    ``interleave_moe_layer_step``-th layer beside a shared expert of that width, the other layers' MLP of
+    ``feed_forward_length``; every fourth layer NoPE (its query temperature: floor 8192, scale 0.1), the RoPE layers'
+    q / k L2-normalised unless the file has 128 experts (Maverick's), chunks of 8192 positions on the chunked layers of
+    ``attention.sliding_window_pattern`` (every n-th layer full; 4 where absent). A ``attention.sliding_window`` of 0
+    (llama.cpp: no chunks, its no-RoPE step the layer count) reads so: no chunk, the last layer NoPE, no temperature.
+    A ``rope.freq_base_swa`` other than ``rope.freq_base`` raises (one RoPE here)."""
+    count, used = _gguf_expert_counts(reader, arch, path)
+    step = _gguf_need(reader, arch, path, "interleave_moe_layer_step")
+    base, swa = (gguf_field(reader, f"{arch}.{k}") for k in ("rope.freq_base", "rope.freq_base_swa"))
+    if swa is not None and swa != (10000.0 if base is None else base):
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.rope.freq_base_swa = {swa}, not rope.freq_base: its "
+                         "chunked layers' RoPE base of their own is not read here")
+    extra = {"num_local_experts": count, "num_experts_per_tok": used, "interleave_moe_layer_step": step,
+             "intermediate_size_mlp": n_ff, "use_qk_norm": count != 128, "floor_scale": _LLAMA4_CHUNK,
+             "attn_scale": _LLAMA4_TEMPERATURE}
+    window = gguf_field(reader, f"{arch}.attention.sliding_window")
+    if window is not None and int(window) == 0:
+        return {**extra, "layer_types": ["full_attention"] * layers, "attn_temperature_tuning": False,
+                "no_rope_layers": [int((i + 1) % layers != 0) for i in range(layers)]}
+    pattern = gguf_field(reader, f"{arch}.attention.sliding_window_pattern", _LLAMA4_NO_ROPE_STEP)
+    if isinstance(pattern, list):  # (one bool per layer: chunked where true)
+        if len(pattern) != layers:
+            raise ValueError(f"GGUF file {str(path)!r} has {arch}.attention.sliding_window_pattern of {len(pattern)} "
+                             f"entries for {layers} layers")
+        chunked = [bool(p) for p in pattern]
+    else:  # (llama.cpp's set_swa_pattern: the last of every n full; 0: every layer chunked)
+        period = int(pattern)
+        chunked = [period == 0 or i % period < period - 1 for i in range(layers)]
+    return {**extra, "attention_chunk_size": _LLAMA4_CHUNK, "attn_temperature_tuning": True,
+            "layer_types": ["chunked_attention" if c else "full_attention" for c in chunked],
+            "no_rope_layers": [int((i + 1) % _LLAMA4_NO_ROPE_STEP != 0) for i in range(layers)]}
 
 
 def _gguf_minimax_m2(reader, arch: str, path: Path) -> dict:
@@ -2811,6 +2859,14 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
             raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks ffn_gate_exps / ffn_up_exps / ffn_down_exps "
                              f"of {spec.count} experts each")
         gate, up, down = parts
+        if config.model_type in _TRANSPOSED_EXPERTS:  # (Llama 4's: stacked as x @ W, [E, H, 2I] and [E, I, H])
+            block, _, (gate_up, down_name) = _TRANSPOSED_EXPERTS[config.model_type]
+            stem = f"model.layers.{i}.{block}.experts"
+            if gate is not None and up is not None:
+                out[f"{stem}.{gate_up}"] = torch.cat([gate, up], dim=1).transpose(1, 2).contiguous()
+            if down is not None:
+                out[f"{stem}.{down_name}"] = down.transpose(1, 2).contiguous()
+            continue
         if config.model_type in _GGUF_GRANITE_TYPES[1:]:  # stacked in its checkpoints: [E, 2I, H] (gate; up), [E, H, I]
             stem = f"model.layers.{i}.block_sparse_moe"
             if gate is not None and up is not None:

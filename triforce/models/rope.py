@@ -47,7 +47,12 @@ def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch
         smooth = (old_ctx / wavelen - lo) / (hi - lo)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+        # (low_freq_factor == high_freq_factor, Llama 4 Scout's: no band to blend, its 0 / 0 never chosen, as
+        # transformers computes it; a pair exactly at the one wavelength would be: raised below)
         inv_freq = torch.where(is_medium, smoothed, scaled)
+        if not bool(torch.isfinite(inv_freq).all()):
+            raise ValueError(f"rope_scaling {rs!r}: a pair's frequency lies on the blend's empty band (0 / 0); "
+                             "transformers would compute NaN for it")
     elif kind == "yarn":
         inv_freq = _yarn_inv_freq(config, device)
     return _still_pairs(config, inv_freq)
