@@ -3451,14 +3451,15 @@ class LlamaConfig:
 
     def layer_kv_heads(self, layer: int) -> int:
         """The KV heads of ``layer``: ``num_key_value_heads``; twice that on MiMo-V2-Flash's sliding layers."""
-        if self.model_type == "mimo_v2_flash" and (_sliding_layers(self)[0] or [False] * (layer + 1))[layer]:
-            return 2 * self.num_key_value_heads
-        return self.num_key_value_heads
+        return self.kv_heads_per_layer[layer]
 
     @property
     def kv_heads_per_layer(self) -> tuple:
         """Each layer's KV heads (:meth:`layer_kv_heads`): the caches' layout with ``head_dim``."""
-        return tuple(self.layer_kv_heads(i) for i in range(self.num_hidden_layers))
+        n, kv = self.num_hidden_layers, self.num_key_value_heads
+        if self.model_type != "mimo_v2_flash":
+            return (kv,) * n
+        return tuple(2 * kv if s else kv for s in _sliding_layers(self)[0] or [False] * n)
 
     @property
     def value_head_dim(self) -> int:
