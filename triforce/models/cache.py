@@ -131,6 +131,35 @@ class Step:
     # int32 [B] per sliding window W: verify_attention's cache_leftpad on the layers with that window (a
     # StreamingLLM cache's sinks that the window no longer reaches); None: every layer starts at slot 0
     leftpad: dict | None = None
+    # the convolution layers' plan (_KVCache._conv_plan), made by the first of them and reused by the others
+    conv: tuple | None = None
+
+
+# The tokens a cache can roll back over LFM2's convolution layers (config.conv_layers): each such layer keeps its
+# inputs of the last CONV_HISTORY + conv_kernel positions (fewer where the cache holds fewer) in a ring (docs/model.md,
+# "LFM2"); a rollback or commit_path deeper than that raises on the CPU
+CONV_HISTORY = 512
+
+
+def short_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """LFM2's causal depthwise convolution of each token's window ``win`` ``[B, T, K, C]`` (its ``K - 1``
+    predecessors, oldest first, then itself) with ``weight`` ``[C, 1, K]`` (``nn.Conv1d``'s) and ``bias`` ``[C]`` or
+    None: the products summed in float32 in tap order, rounded once to ``win``'s dtype. Token by token the same
+    arithmetic whatever the step's length, so a pass keeps the bits of its steps."""
+    w = weight.reshape(weight.shape[0], -1).float()
+    acc = win[:, :, 0].float() * w[:, 0]
+    for k in range(1, w.shape[1]):
+        acc = acc + win[:, :, k].float() * w[:, k]
+    if bias is not None:
+        acc = acc + bias.float()
+    return acc.to(win.dtype)
+
+
+def conv_windows(x: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Each token's window ``[B, T, kernel, C]`` of ``x`` ``[B, T, C]`` with nothing before it (zeros): the
+    cache-free forward's."""
+    ext = torch.nn.functional.pad(x, (0, 0, kernel - 1, 0))
+    return ext.unfold(1, kernel, 1).transpose(-1, -2)
 
 
 def check_values(t: torch.Tensor) -> bool:
@@ -431,12 +460,103 @@ class _KVCache:
         slopes = config.alibi_slopes  # ALiBi's (BLOOM, MPT, Falcon-RW): verify_attention's alibi_slopes, or None
         self.alibi = None if slopes is None else torch.tensor(slopes, dtype=torch.float32, device=self.device)
         self._rope_long = None  # LongRoPE's choice per row: a full or StreamingLLM cache's own (_rows_long)
+        # LFM2's convolution layers: each one's inputs [B, ring + 1, hidden] (None on the other layers), the input of
+        # the token at position p of its sequence at p % ring (the last slot takes the writes that keep nothing); per
+        # row the positions whose inputs the ring holds, [conv_lo, conv_hi) less what the ring overwrote
+        self.conv_kernel = config.conv_kernel
+        self.conv_ring = min(capacity, CONV_HISTORY) + self.conv_kernel
+        self.conv = [torch.zeros(batch_size, self.conv_ring + 1, config.hidden_size, device=self.device, dtype=dtype)
+                     if c else None for c in config.conv_layers]
+        self._conv_span = torch.zeros(2, batch_size, dtype=torch.int64, device=self.device) \
+            if self.conv_kernel else None
 
     @property
     def rope_long(self) -> torch.Tensor | None:
         """LongRoPE: bool ``[B]``, the rows whose tokens the model rotates with the long factors (docs/model.md,
         "LongRoPE"); None for every other RoPE."""
         return self._rope_long
+
+    # ---- LFM2's convolution layers (config.conv_layers)
+    def _seq_offset(self):
+        """The sequence position of slot 0 (int64 ``[B]``), or None where slots are positions (a full cache)."""
+        return None
+
+    def _seq_lengths(self) -> torch.Tensor:
+        off = self._seq_offset()
+        return self.lengths.long() if off is None else self.lengths.long() + off
+
+    def _conv_plan(self, step: Step) -> tuple:
+        """``(history slots [B, K-1], history present [B, K-1], windows [B, T, K], write slots [B, T])`` of a step:
+        the ring slots of the inputs of the ``K - 1`` positions before the step, each token's window as indices into
+        those and the step's tokens (its ancestors along a tree, oldest first, then itself), and where each token's
+        input goes (the ring's last slot for padding and, in a step longer than the ring, what it would overwrite)."""
+        K, R, dev = self.conv_kernel, self.conv_ring, self.device
+        B, T = step.slots.shape
+        off = self._seq_offset()
+        seq0 = step.slots[:, 0] if off is None else step.slots[:, 0] + off
+        hp = seq0[:, None] + torch.arange(1 - K, 0, device=dev)
+        present = hp >= 0
+        hist = torch.where(present, hp % R, R)
+        back = torch.arange(K - 1, -1, -1, device=dev)  # steps back, oldest first
+        t = torch.arange(T, device=dev)
+        if step.tree_mask is None:
+            win = (t[:, None] - back).expand(B, T, K)
+        else:  # the ancestor at each depth: one of the token's ancestors-or-self; before the tree: -1, -2, ...
+            mask = step.tree_mask
+            depth = mask.sum(-1) - 1
+            want = depth[:, :, None] - back  # [B, T, K]
+            hit = mask[:, :, None, :] & (depth[:, None, None, :] == want[..., None])
+            win = torch.where(want >= 0, hit.to(torch.uint8).argmax(-1), want)
+        counts = step.counts.long()[:, None]
+        kept = (t < counts) & (t >= counts - R)
+        write = torch.where(kept, (seq0[:, None] + t) % R, R)
+        return hist, present, win + (K - 1), write
+
+    def convolve(self, layer: int, x: torch.Tensor, step: Step, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+        """LFM2's convolution of the step's inputs ``x`` ``[B, T, hidden]`` at layer ``layer`` over each token's
+        window (:func:`short_conv`): the inputs before the step from this layer's ring, which then takes the step's
+        (in the cache's dtype, in which it computes, as :meth:`attend`)."""
+        if step.conv is None:
+            step.conv = self._conv_plan(step)
+        hist, present, win, write = step.conv
+        ring = self.conv[layer]
+        xin = x.to(ring.dtype)
+        before = torch.where(present[..., None], ring[self._batch_index, hist], 0)
+        ext = torch.cat([before, xin], 1)
+        out = short_conv(ext[self._batch_index[:, :, None], win], weight, bias)
+        ring[self._batch_index, write] = xin
+        return out.to(x.dtype)
+
+    def _conv_reach(self, targets: torch.Tensor) -> None:
+        """Raise (a CPU cache: the values are read for free there) where a row's next forward at sequence length
+        ``targets`` would read inputs its rings no longer hold (a rollback deeper than they keep)."""
+        if self._conv_span is None or not check_values(targets):
+            return
+        lo, hi = self._conv_span
+        start = (targets - (self.conv_kernel - 1)).clamp(min=0)
+        bad = (targets > 0) & ((start < lo) | (hi - start > self.conv_ring) | (start > hi))
+        if bool(bad.any()):
+            raise ValueError(f"{type(self).__name__}: a row would go back to {targets[bad].tolist()} tokens, but its "
+                             f"convolution layers hold the inputs of positions {lo[bad].tolist()} .. "
+                             f"{hi[bad].tolist()} less what their ring of {self.conv_ring} overwrote: roll back at "
+                             f"most {CONV_HISTORY} tokens (triforce.models.cache.CONV_HISTORY)")
+
+    def _conv_copy(self, src: "_KVCache", upto: torch.Tensor) -> None:
+        """The inputs of positions ``upto - K + 1 .. upto - 1`` (int64 ``[B]``) from ``src``'s rings into this
+        cache's; the rows then hold ``[upto - K + 1, upto)`` (and go on from ``upto``)."""
+        if self._conv_span is None:
+            return
+        K = self.conv_kernel
+        p = upto[:, None] + torch.arange(1 - K, 0, device=self.device)
+        ok = p >= 0
+        dst = torch.where(ok, p % self.conv_ring, self.conv_ring)
+        srcs = torch.where(ok, p % src.conv_ring, src.conv_ring)
+        for mine, theirs in zip(self.conv, src.conv):
+            if mine is not None:
+                mine[self._batch_index, dst] = theirs[self._batch_index, srcs]
+        self._conv_span[0] = (upto - (K - 1)).clamp(min=0)
+        self._conv_span[1] = upto
 
     def _allocate(self, shapes):
         """Per-layer ``k`` and ``v`` buffers, layer i's of ``shapes[i]`` (zeros; ``v``'s the same tensors as ``k``'s
@@ -458,11 +578,19 @@ class _KVCache:
         yield self.lengths
         for layer in range(self.num_layers):
             yield from self._slot_buffers(layer)
+        yield from self._conv_tensors()
+
+    def _conv_tensors(self):
+        yield from (t for t in self.conv if t is not None)
+        if self._conv_span is not None:
+            yield self._conv_span
 
     def reset(self) -> None:
         """Forget every token (lengths = 0); buffers are kept."""
         self.lengths.zero_()
         self._bound = 0
+        if self._conv_span is not None:
+            self._conv_span.zero_()
 
     # ---- rows leaving the batch
     def select_rows(self, rows) -> None:
@@ -493,6 +621,12 @@ class _KVCache:
         self.lengths = self.lengths[idx]
         if self._rope_long is not None:
             self._rope_long = self._rope_long[idx]
+        self._select_conv(idx)
+
+    def _select_conv(self, idx: torch.Tensor) -> None:
+        self.conv = [None if t is None else t[idx] for t in self.conv]
+        if self._conv_span is not None:
+            self._conv_span = self._conv_span[:, idx]
 
     # ---- capacity
     def _room(self) -> int:
@@ -568,6 +702,12 @@ class _KVCache:
     def end(self, step: Step) -> None:
         self.lengths.add_(step.counts)
         self._bound += step.T
+        self._conv_end()
+
+    def _conv_end(self) -> None:
+        """After a forward: the rows' rings hold their inputs up to their length (and those they held)."""
+        if self._conv_span is not None:
+            torch.maximum(self._conv_span[1], self._seq_lengths(), out=self._conv_span[1])
 
     # ---- speculative bookkeeping
     def rollback(self, new_lengths: torch.Tensor) -> None:
@@ -576,6 +716,10 @@ class _KVCache:
         _check_lengths("new_lengths", new_lengths, self.batch_size, self.device)
         if check_values(new_lengths) and bool((new_lengths < 0).any()):
             raise ValueError(f"new_lengths must be >= 0, got {new_lengths.tolist()}")
+        if self._conv_span is not None:
+            target = torch.minimum(self.lengths.long(), new_lengths.long().clamp(0, self.capacity))
+            off = self._seq_offset()
+            self._conv_reach(target if off is None else target + off)
         torch.minimum(self.lengths, new_lengths.clamp(0, self.capacity).to(torch.int32), out=self.lengths)
 
     def commit_path(self, base_lengths: torch.Tensor, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
@@ -598,6 +742,16 @@ class _KVCache:
         base_lengths, num_accepted = base_lengths.clamp(min=0), num_accepted.clamp(0, P - 1)
         base = base_lengths.long()[:, None]
         keep = (j[None] <= num_accepted.long()[:, None]) & (path >= 0)
+        if self._conv_span is not None:  # (the kept nodes' inputs, as their keys: node path[j] to position base + j)
+            off = self._seq_offset()
+            seq = base if off is None else base + off[:, None]
+            self._conv_reach(seq[:, 0])
+            R = self.conv_ring
+            fro = (seq + path.long().clamp(min=0)) % R
+            to = torch.where(keep, (seq + j) % R, R)
+            for ring in self.conv:
+                if ring is not None:
+                    ring[self._batch_index, to] = ring[self._batch_index, fro]
         src = base + path.long().clamp(min=0)
         # An entry not kept repeats entry 0's move (the same value to the same slot), so no two entries
         # ever write different values to one slot (a clamped slot index past the capacity could).
@@ -776,6 +930,8 @@ class FullCache(_KVCache):
         dst = torch.where(valid, cidx, C)  # invalid -> write-off slot C
         pos = (first[:, None] * cs + torch.arange(n * cs, device=self.device)).clamp(max=self.capacity - 1)
         for layer in range(self.num_layers):
+            if not self.k[layer].shape[2]:  # (a layer without keys: LFM2's convolutions)
+                continue
             gathered = self.k[layer][self._batch_index, pos]  # [B, n*cs, Hkv, D]: the new chunks only
             self._chunk_store[layer][self._batch_index, dst] = tk.chunk_mean_keys(gathered, cs)
 
@@ -912,6 +1068,7 @@ class StreamingCache(_KVCache):
     def _tensors(self):
         yield from (self.lengths, self._kvr)  # (the joint buffer: the layers' views may leave heads out of it)
         yield from (self.slot_pos, self.evicted, self.frame)
+        yield from self._conv_tensors()
 
     def reset(self) -> None:
         super().reset()
@@ -933,6 +1090,7 @@ class StreamingCache(_KVCache):
             t[idx] for t in (self.lengths, self.slot_pos, self.evicted, self.frame))
         if self._rope_long is not None:
             self._rope_long = self._rope_long[idx]
+        self._select_conv(idx)
 
     def _after_commit(self, base_lengths, new_lengths, max_new: int) -> None:
         # the kept path now fills slots base .. base + num_accepted in sequence order; the other nodes'
@@ -946,6 +1104,9 @@ class StreamingCache(_KVCache):
 
     def _position_offset(self):
         return self.evicted - self.frame
+
+    def _seq_offset(self):
+        return self.evicted
 
     def fill_from(self, full: "FullCache", lengths: torch.Tensor | None = None) -> None:
         """Load the cache from a prefilled :class:`FullCache` of the same model instead of prefilling it:
@@ -991,6 +1152,9 @@ class StreamingCache(_KVCache):
         self.slot_pos[:, :keep] = torch.where(valid, pos, _FREE)
         self.evicted.copy_(evicted)
         self.lengths.copy_(kept.to(torch.int32))
+        if self._conv_span is not None:  # (the convolution layers' last inputs: full's, which must hold them)
+            full._conv_reach(n)
+            self._conv_copy(full, n)
         self._bound = min(keep, full._bound)
         self._next_bound = full._bound  # frame 0: the next position is at most full's longest row
         if sink:  # rows that evicted tokens see their sinks just before the window (_sink_positions)
@@ -1210,6 +1374,7 @@ class StreamingCache(_KVCache):
         self.evicted.add_(dropped)
         self.lengths.add_(step.counts).clamp_(max=self.keep)
         self._bound = self.keep
+        self._conv_end()
         self._ordered = True
         self._big = None
         if self.sink:
@@ -1302,6 +1467,9 @@ class RetrievalCache(_KVCache):
     def _position_offset(self):
         return self.base_pos - self.budget
 
+    def _seq_offset(self):
+        return self.base_pos - self.budget
+
     @property
     def rope_long(self) -> torch.Tensor | None:
         """Its full cache's (the keys it holds were rotated so)."""
@@ -1327,6 +1495,8 @@ class RetrievalCache(_KVCache):
                              f"tokens): lower the budget to at most the shortest prompt")
         recent = {}  # (per KV head count)
         for layer in range(self.num_layers):
+            if not self.k[layer].shape[2]:  # (a layer without keys: LFM2's convolutions, their inputs: _copy_tail)
+                continue
             if self.windows[layer]:  # the last budget_chunks complete chunks (every row has that many)
                 heads = self.k[layer].shape[2]
                 if heads not in recent:
@@ -1367,6 +1537,7 @@ class RetrievalCache(_KVCache):
                 mine[self._batch_index, dst] = torch.where(ok[..., None, None], theirs[self._batch_index, src], cur)
         self.synced.copy_(full.lengths.long())
         self.lengths.copy_((self.budget + self.synced - self.base_pos).to(torch.int32))
+        self._conv_copy(full, self.synced)  # (the convolution layers' last inputs)
 
     def sync(self) -> bool:
         """After a full-level verification: copy the tokens the full cache gained since the last sync into

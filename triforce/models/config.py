@@ -488,6 +488,21 @@ FAMILIES["jetmoe"] = Family("JetMoeForCausalLM", defaults={
     "num_experts_per_tok": 2})
 _JETMOE_NAMES = {"kv_channels": "head_dim", "activation_function": "hidden_act"}  # (its config's -> ours)
 _JETMOE_LAYER_EPS = 1e-6  # JetMoeRMSNorm's default: the layers' norms take it (transformers passes no eps to them)
+# LFM2 (Lfm2ForCausalLM: Liquid AI's LFM2-350M / 700M / 1.2B / 2.6B, LFM2.5): Llama's pre-norm layers, some of
+# whose mixers are not attention but a gated short convolution (layer_types' "conv": in_proj to B, C and x, a causal
+# depthwise convolution of B * x over the last conv_L_cache tokens, C times it, out_proj; every conv projection biased
+# where conv_bias); its attention layers Qwen3's (q/k RMSNorms per head, here q_layernorm / k_layernorm); its MLP's
+# width intermediate_size, or with block_auto_adjust_ff_dim 2/3 of it times block_ffn_dim_multiplier rounded up to
+# block_multiple_of; its norms' eps norm_eps; the final norm named embedding_norm. LlamaConfig.conv_layers says which
+# layers convolve (layer_types, or full_attn_idxs' complement; neither: every layer attention, as Lfm2Config reads)
+FAMILIES["lfm2"] = Family("Lfm2ForCausalLM", qk_norm=True, defaults={
+    "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 128000, "rms_norm_eps": 1e-5,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+    "conv_bias": False, "conv_L_cache": 3, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+    "block_auto_adjust_ff_dim": True})
+# its config's other names (Lfm2Config reads block_ff_dim as intermediate_size, tie_embedding as tie_word_embeddings)
+_LFM2_NAMES = {"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"}
 # Flint (FlintForCausalLM: RecursiveSI's Flint): Qwen3's attention (q/k RMSNorms per head) with GPT-OSS's sinks and
 # RMSNorm (the weight applied in float32); RoPE and sliding_window (513) on the layer_types' sliding layers only (by
 # default all but layers 0, 1, every fourth from 1 and the last), the others NoPE; Qwen2-MoE's mixture from the layers
@@ -862,7 +877,7 @@ _XGLM_NAMES = {"d_model": "hidden_size", "num_layers": "num_hidden_layers", "att
 _OPT_NAMES = {"ffn_dim": "intermediate_size", "activation_function": "hidden_act",
               "init_std": "initializer_range"}  # (OPTConfig's names -> the model's)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
-_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "phi": "layer_norm_eps",
+_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "lfm2": "norm_eps", "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
                  "openai-gpt": "layer_norm_epsilon",
@@ -1882,6 +1897,52 @@ def _add_checks(checks: dict) -> None:
     _HARMLESS_ONLY_AT.update(checks)
 
 
+# LFM2's keys (LlamaConfig.conv_layers, conv_kernel, conv_bias, dense_intermediate_size) and its hub configs' older
+# ones, which Lfm2Config does not read: the same widths again, init settings
+_add_checks({
+    "conv_L_cache": (lambda v, c: c.model_type == "lfm2" and _is_int(v) and v >= 1,
+                     "absent (LFM2: an int >= 1, the convolution's taps)"),
+    "conv_bias": (lambda v, c: c.model_type == "lfm2" and isinstance(v, bool), "absent (LFM2: a bool)"),
+    "full_attn_idxs": (lambda v, c: c.model_type == "lfm2" and _lfm2_conv_layers(c) is not None,
+                       "absent (LFM2: null or a list of layer indices, the attention layers)"),
+    "block_multiple_of": (lambda v, c: c.model_type == "lfm2" and _is_int(v) and v >= 1,
+                          "absent (LFM2: an int >= 1)"),
+    "block_ffn_dim_multiplier": (lambda v, c: c.model_type == "lfm2" and (v is None or _is_number(v) and v > 0),
+                                 "absent (LFM2: null or a number > 0)"),
+    "block_auto_adjust_ff_dim": (lambda v, c: c.model_type == "lfm2" and isinstance(v, bool), "absent (LFM2: a bool)"),
+    **{key: (lambda v, c: c.model_type == "lfm2" and v == c.hidden_size, "absent (LFM2: hidden_size, not read)")
+       for key in ("block_dim", "conv_dim", "conv_dim_out")},
+    "num_heads": (lambda v, c: c.model_type == "lfm2" and v == c.num_attention_heads,
+                  "absent (LFM2: num_attention_heads, not read)"),
+    "theta": (lambda v, c: c.model_type == "lfm2" and v == c.rope_theta, "absent (LFM2: rope_theta, not read)"),
+    **{key: (lambda v, c: c.model_type == "lfm2" and v is True, "absent (LFM2: true, not read)")
+       for key in ("block_use_swiglu", "use_pos_enc")},
+    **{key: (lambda v, c: c.model_type == "lfm2" and (v is None or isinstance(v, bool) or _is_number(v)),
+             "absent (LFM2: a number or a bool, an initialisation's, not read)")
+       for key in ("block_norm_eps", "block_mlp_init_scale", "block_out_init_scale", "block_use_xavier_init",
+                   "conv_use_xavier_init")}})
+
+
+def _lfm2_conv_layers(c: "LlamaConfig") -> tuple | None:
+    """LFM2's convolution layers, a bool per layer, as Lfm2Config reads its keys: ``layer_types`` (``"conv"`` or
+    ``"full_attention"`` each), else every layer not in ``full_attn_idxs``, else none; None where the keys say
+    something else."""
+    n, x = c.num_hidden_layers, c.extra
+    types, idxs = x.get("layer_types"), x.get("full_attn_idxs")
+    if types is not None:
+        if not (isinstance(types, list) and len(types) == n and set(types) <= {"conv", "full_attention"}):
+            return None
+        if idxs is not None and (not isinstance(idxs, list) or sorted(idxs) != [
+                i for i, t in enumerate(types) if t == "full_attention"]):
+            return None  # (both given: they must agree; Lfm2Config reads layer_types)
+        return tuple(t == "conv" for t in types)
+    if idxs is None:
+        return (False,) * n
+    if not (isinstance(idxs, list) and all(_is_int(i) and 0 <= i < n for i in idxs)):
+        return None
+    return tuple(i not in idxs for i in range(n))
+
+
 # Hunyuan's config.json keys (its checkpoints' remote code and transformers' HunYuan classes): what the model reads
 # and the values where its keys are harmless
 _HUNYUAN_IDS = ("eod_token_id", "pad_id", "im_start_id", "im_end_id", "im_newline_id", "mask_init_id", "text_start_id",
@@ -2203,6 +2264,9 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
+    if c.model_type == "lfm2":  # no window; its layer_types (conv or full attention) as LlamaConfig.conv_layers
+        return none, "layer_types" if _lfm2_conv_layers(c) is None else next(  # reads them
+            (k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None), None)
     if c.model_type == "llama4_text":  # no window; its layer_types (transformers' masks: chunked or full) as
         types = x.get("layer_types")  # LlamaConfig.layer_chunks reads them
         if types is not None and not (isinstance(types, list) and len(types) == n
@@ -2570,6 +2634,11 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
+        if self.model_type == "lfm2" and _lfm2_conv_layers(self) is None:
+            x = self.extra
+            raise ValueError(f"config layer_types {x.get('layer_types')!r} / full_attn_idxs {x.get('full_attn_idxs')!r}: "
+                             "LFM2 takes one of 'conv' / 'full_attention' per layer, or the attention layers' indices "
+                             "(both given: they must agree)")
         if self.model_type == "granitemoehybrid" and _layer_windows(self)[1] is not None:
             x = self.extra
             raise ValueError(f"model_type 'granitemoehybrid' with layer types "
@@ -2943,6 +3012,14 @@ class LlamaConfig:
             return int(self.extra.get("prefix_dense_intermediate_size") or self.intermediate_size)
         if self.model_type == "llama4_text":  # (its dense layers' own width)
             return int(self._deepseek("intermediate_size_mlp"))
+        if self.model_type == "lfm2" and self.extra.get("block_auto_adjust_ff_dim", True):  # (Lfm2MLP's width)
+            width = int(2 * self.intermediate_size / 3)
+            multiplier = self.extra.get("block_ffn_dim_multiplier", 1.0)
+            if multiplier is not None:
+                step = int(self.extra.get("block_multiple_of", 256))
+                width = int(multiplier * width)
+                width = step * ((width + step - 1) // step)
+            return width
         return self.intermediate_size
 
     @property
@@ -3455,11 +3532,32 @@ class LlamaConfig:
 
     @property
     def kv_heads_per_layer(self) -> tuple:
-        """Each layer's KV heads (:meth:`layer_kv_heads`): the caches' layout with ``head_dim``."""
+        """Each layer's KV heads (:meth:`layer_kv_heads`): the caches' layout with ``head_dim``; 0 on a layer that
+        holds no keys (LFM2's convolutions: :attr:`conv_layers`)."""
         n, kv = self.num_hidden_layers, self.num_key_value_heads
+        if self.model_type == "lfm2":
+            return tuple(0 if conv else kv for conv in self.conv_layers)
         if self.model_type != "mimo_v2_flash":
             return (kv,) * n
         return tuple(2 * kv if s else kv for s in _sliding_layers(self)[0] or [False] * n)
+
+    @property
+    def conv_layers(self) -> tuple:
+        """A bool per layer: whether its mixer is LFM2's gated short convolution (:class:`~triforce.models.llama.
+        ShortConv`) instead of attention; the caches hold such a layer's last inputs (docs/model.md, "LFM2")."""
+        if self.model_type != "lfm2":
+            return (False,) * self.num_hidden_layers
+        return _lfm2_conv_layers(self)
+
+    @property
+    def conv_kernel(self) -> int:
+        """The convolution's taps (LFM2's ``conv_L_cache``); 0 where no layer convolves."""
+        return int(self.extra.get("conv_L_cache", 3)) if any(self.conv_layers) else 0
+
+    @property
+    def conv_bias(self) -> bool:
+        """LFM2's ``conv_bias``: biases on a convolution layer's projections and its convolution."""
+        return bool(self.extra.get("conv_bias", False))
 
     @property
     def value_head_dim(self) -> int:
@@ -3626,6 +3724,8 @@ class LlamaConfig:
             _own_names(d, _XGLM_NAMES, "XGLM")
         if model_type == "jetmoe":
             _jetmoe_keys(d)
+        if model_type == "lfm2":
+            _own_names(d, _LFM2_NAMES, "LFM2")
         if model_type in ("biogpt", "xglm"):
             _biogpt_keys(d)
         if model_type == "gpt_neo":

@@ -681,6 +681,33 @@ class Attention(nn.Module):
         return cache.attend(self.layer, q, k, v, step, k_raw=k_raw, **sinks)
 
 
+class ShortConv(nn.Module):
+    """LFM2's gated short convolution, a layer's mixer in place of attention (``config.conv_layers``): ``in_proj`` of
+    the input into thirds ``b``, ``c`` and ``u``; a causal depthwise convolution (``conv``, ``nn.Conv1d``'s weight
+    ``[hidden, 1, K]``, ``K = config.conv_kernel``) of ``b * u`` over each token's last ``K`` inputs (its ancestors
+    along a tree); ``out_proj(c * conv)``. A cache keeps each row's last inputs (:meth:`~triforce.models.cache.
+    _KVCache.convolve`); without one the tokens before the first are zeros, as transformers' Lfm2ShortConv."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        h, bias = config.hidden_size, config.conv_bias
+        self.kernel = config.conv_kernel
+        self.in_proj = Linear(h, 3 * h, bias=bias)
+        self.conv = nn.Conv1d(h, h, self.kernel, groups=h, bias=bias, padding=self.kernel - 1)  # (its weights only)
+        self.out_proj = Linear(h, h, bias=bias)
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        b, c, u = self.in_proj(x).chunk(3, dim=-1)
+        bu = b * u
+        weight, bias = self.conv.weight, self.conv.bias
+        if cache is None:
+            y = _cache.short_conv(_cache.conv_windows(bu, self.kernel), weight, bias)
+        else:
+            y = cache.convolve(self.layer, bu, step, weight, bias)
+        return self.out_proj(c * y)
+
+
 def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama 4's L2 norm of ``x`` over its last dim: ``x * rsqrt(mean(x^2) + eps)`` in float32, rounded to the dtype
     (an RMSNorm without a weight, as transformers' Llama4TextL2Norm)."""
@@ -1327,8 +1354,8 @@ def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
-        self.self_attn = (LatentAttention if config.mla is not None else MixtureOfAttention
-                          if config.attention_experts is not None else Attention)(config, layer)
+        self.self_attn = (ShortConv if config.conv_layers[layer] else LatentAttention if config.mla is not None
+                          else MixtureOfAttention if config.attention_experts is not None else Attention)(config, layer)
         experts = config.experts
         width = config.dense_intermediate_size  # (Granite 4.0's shared MLP's; intermediate_size elsewhere)
         self.mlp = (SparseMoE(config) if experts is not None and experts.layers[layer]

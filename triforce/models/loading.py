@@ -1295,6 +1295,16 @@ def _jetmoe_names(sd: dict, inverse: bool = False) -> dict:
     return out
 
 
+# LFM2's checkpoint names -> the model's, in this order (saving: the pairs reversed, in the reverse order, so that its
+# attention's out_proj, the model's o_proj, goes back before the convolutions' out_proj takes that name)
+_LFM2_PAIRS = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
+               (".ffn_norm.", ".post_attention_layernorm."), (".feed_forward.w1.", ".mlp.gate_proj."),
+               (".feed_forward.w3.", ".mlp.up_proj."), (".feed_forward.w2.", ".mlp.down_proj."),
+               (".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+               (".self_attn.k_layernorm.", ".self_attn.k_norm."), (".conv.in_proj.", ".self_attn.in_proj."),
+               (".conv.conv.", ".self_attn.conv."), (".conv.out_proj.", ".self_attn.out_proj."))
+
+
 def _hy_v3_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     """Hunyuan V3's checkpoint names as DeepSeek's (:data:`_HY_V3_NAMES`), its multi-token prediction layer (the
     layers past the model's) dropped as transformers drops it; or back with ``inverse``."""
@@ -1340,6 +1350,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _dbrx_names(config, sd, inverse)
     if config.model_type == "jetmoe":
         return _jetmoe_names(sd, inverse)
+    if config.model_type == "lfm2":
+        return _renamed(sd, [(b, a) for a, b in reversed(_LFM2_PAIRS)] if inverse else _LFM2_PAIRS)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type == "modernbert-decoder":
