@@ -1903,8 +1903,11 @@ _add_checks({
     "conv_L_cache": (lambda v, c: c.model_type == "lfm2" and _is_int(v) and v >= 1,
                      "absent (LFM2: an int >= 1, the convolution's taps)"),
     "conv_bias": (lambda v, c: c.model_type == "lfm2" and isinstance(v, bool), "absent (LFM2: a bool)"),
-    "full_attn_idxs": (lambda v, c: c.model_type == "lfm2" and _lfm2_conv_layers(c) is not None,
-                       "absent (LFM2: null or a list of layer indices, the attention layers)"),
+    "full_attn_idxs": (lambda v, c: c.model_type == "lfm2" and (v is None or isinstance(v, list) and all(
+        _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)) and (_lfm2_conv_layers(c) is not None or not (
+            isinstance(types := c.extra.get("layer_types"), list) and len(types) == c.num_hidden_layers
+            and set(types) <= {"conv", "full_attention"})),
+        "absent (LFM2: null or a list of layer indices, the attention layers; with layer_types, theirs)"),
     "block_multiple_of": (lambda v, c: c.model_type == "lfm2" and _is_int(v) and v >= 1,
                           "absent (LFM2: an int >= 1)"),
     "block_ffn_dim_multiplier": (lambda v, c: c.model_type == "lfm2" and (v is None or _is_number(v) and v > 0),

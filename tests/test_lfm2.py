@@ -1,0 +1,246 @@
+"""LFM2 (``model_type="lfm2"``: Lfm2ForCausalLM): Llama's layers, some of whose mixers are a gated short convolution
+(:class:`~triforce.models.llama.ShortConv`) whose last inputs every cache keeps in a ring per layer; against
+transformers, and the caches' convolution state through steps, trees, rollbacks, evictions and retrieval."""
+import pytest
+import torch
+
+import triforce.models.cache as cache_module
+from triforce.models import Llama, LlamaConfig
+from triforce.models.cache import FullCache, RetrievalCache, StreamingCache
+from triforce.models.llama import Attention, ShortConv
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import (TOL, assert_common_defaults, assert_save_loads, assert_saved_reads_back, randomize_,
+                            tiny_family)
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+BASE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, block_multiple_of=16)
+CASES = {"hybrid": dict(layer_types=["conv", "full_attention", "conv", "conv"]),
+         # (biased convolutions of 4 taps, the attention layers by index, an MLP of intermediate_size itself, untied)
+         "biased-k4-untied": dict(full_attn_idxs=[0, 2], conv_bias=True, conv_L_cache=4, block_auto_adjust_ff_dim=False,
+                                  tie_word_embeddings=False, norm_eps=1e-6)}
+
+
+def pair(case="hybrid"):
+    """transformers' Lfm2ForCausalLM of ``case`` (random weights, the convolution layers' drawn larger than
+    transformers' initialisation so that they count; biases and norms randomised) and ours."""
+    from triforce.models.loading import _build
+
+    torch.manual_seed(0)
+    config = transformers.Lfm2Config(**{**BASE, **CASES[case]}, attn_implementation="eager")
+    hf = randomize_(transformers.Lfm2ForCausalLM(config).eval())
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".conv." in name and name.endswith("weight"):
+                p.normal_(0, 0.3)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def tiny(seed, types=("conv", "full_attention", "conv"), **extra):
+    return tiny_family("lfm2", seed, layers=len(types), extra={"layer_types": list(types), "conv_bias": True,
+                                                                **extra})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_every_path_match_transformers(tmp_path, case):
+    """Every path (the plain forward, a chunked prefill, a verify pass, one-token steps, a tree whose branches
+    convolve over their own ancestors) gives transformers' logits; our save reads back in transformers as the same
+    model."""
+    hf, ours = pair(case)
+    kinds = [type(layer.self_attn) for layer in ours.model.layers]
+    assert kinds == [ShortConv if t == "conv" else Attention for t in hf.config.layer_types]
+    mlp = ours.model.layers[0].mlp
+    assert mlp.gate_proj.weight.shape[0] == hf.model.layers[0].feed_forward.w1.weight.shape[0]
+    assert ours.config.kv_heads_per_layer == tuple(0 if t == "conv" else 2 for t in hf.config.layer_types)
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path, hf, ours)
+
+
+def test_transformers_directory_loads(tmp_path):
+    hf, ours = pair("biased-k4-untied")
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
+    assert_save_loads(hf, tmp_path, ids)
+    with torch.no_grad():
+        assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
+
+
+def test_each_part_moves_the_logits():
+    """The convolution's taps (its oldest too) and bias, and each third of in_proj count; so does the history a cached
+    step reads: the ring's inputs zeroed, the next step's logits move."""
+    hf, ours = pair("biased-k4-untied")
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    conv = ours.model.layers[1].self_attn
+    assert type(conv) is ShortConv
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max() <= TOL
+        for t in (conv.conv.weight[:, :, 0], conv.conv.weight[:, :, -1], conv.conv.bias, conv.in_proj.weight[:64],
+                  conv.in_proj.weight[64:128], conv.in_proj.weight[128:]):
+            kept = t.clone()
+            t.mul_(-2)
+            assert (ours(ids) - ref).abs().max() > 1e-3
+            t.copy_(kept)
+        cache = FullCache(ours.config, 2, 32)
+        ours(ids[:, :15], cache=cache)
+        cache.conv[1].zero_()
+        assert (ours(ids[:, 15:], cache=cache)[:, 0] - ref[:, 15]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype, case):
+    assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+def _steps(model, cache, ids, sizes):
+    """Logits of ``ids`` run through ``cache`` in steps of ``sizes``, concatenated."""
+    out, i = [], 0
+    for n in sizes:
+        out.append(model(ids[:, i:i + n], cache=cache))
+        i += n
+    return torch.cat(out, 1)
+
+
+def test_rollback_and_commit_path_restore_the_state():
+    """After a verify pass the cache rolls back to any accepted length (and a tree commits a path): the next steps'
+    logits are bitwise those of a cache that only ever saw the accepted tokens."""
+    model = tiny(0)
+    ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = FullCache(model.config, 2, 64)
+        want = _steps(model, ref, ids, [12] + [1] * 8)
+        for accepted in (0, 1, 3):
+            cache = FullCache(model.config, 2, 64)
+            model(ids[:, :12], cache=cache)
+            model(torch.randint(0, 64, (2, 5)), cache=cache)  # (a rejected draft)
+            cache.rollback(torch.full((2,), 12, dtype=torch.int32))
+            got = _steps(model, cache, ids[:, 12:], [accepted + 1] + [1] * (7 - accepted))
+            assert torch.equal(got, want[:, 12:])
+        # a tree: the accepted path (nodes 0, 2, 4 of a tree whose node 1 is a rival branch) then one more step
+        cache = FullCache(model.config, 2, 64)
+        model(ids[:, :12], cache=cache)
+        toks = torch.stack([ids[:, 12], ids[:, 13] * 0 + 7, ids[:, 13], ids[:, 14] * 0 + 9, ids[:, 14]], 1)
+        parents = torch.tensor([[-1, 0, 0, 1, 2]] * 2)
+        tree = model(toks, cache=cache, tree_parents=parents)
+        assert torch.equal(tree[:, [0, 2, 4]], want[:, 12:15])
+        path = torch.tensor([[0, 2, 4]] * 2)
+        cache.commit_path(torch.full((2,), 12, dtype=torch.int32), path, torch.full((2,), 2, dtype=torch.int32))
+        assert torch.equal(_steps(model, cache, ids[:, 15:], [1, 2]), want[:, 15:18])
+
+
+def test_a_rollback_deeper_than_the_ring_raises(monkeypatch):
+    """A rollback past what the rings hold raises (on the CPU) instead of reading overwritten inputs; one within them
+    does not."""
+    monkeypatch.setattr(cache_module, "CONV_HISTORY", 4)
+    model = tiny(0)
+    cache = FullCache(model.config, 1, 64)
+    assert cache.conv_ring == 4 + 3
+    ids = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model(ids, cache=cache)
+        cache.rollback(torch.tensor([27], dtype=torch.int32))  # (needs positions 25, 26: held)
+        with pytest.raises(ValueError, match="CONV_HISTORY"):
+            cache.rollback(torch.tensor([20], dtype=torch.int32))
+        assert int(cache.lengths[0]) == 27
+        # a StreamingLLM cache filled from a full one holds only the last inputs: it cannot go back before them
+        s = StreamingCache(model.config, 1, sink=1, window=8, max_step=4)
+        s.fill_from(cache)
+        with pytest.raises(ValueError, match="CONV_HISTORY"):
+            s.rollback(torch.tensor([5], dtype=torch.int32))
+
+
+def test_drafts_caches_convolve_exactly():
+    """On a model of convolutions only (nothing for a draft cache to drop), a StreamingLLM cache (prefilled, or filled
+    from a full one; through evictions, a rollback and a large step) and a retrieval cache (through its own steps, a
+    rollback and syncs) give the full cache's logits bitwise."""
+    model = tiny(3, types=("conv", "conv"))
+    ids = torch.randint(0, 64, (2, 60), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        full = FullCache(model.config, 2, 96, chunk_size=4)
+        want = _steps(model, full, ids, [20, 3, 1, 4, 1, 12, 1, 2])
+        for fill in (False, True):
+            s = StreamingCache(model.config, 2, sink=2, window=6, max_step=4)
+            if fill:
+                f = FullCache(model.config, 2, 96)
+                model(ids[:, :20], cache=f)
+                s.fill_from(f)
+            else:
+                assert torch.equal(model(ids[:, :20], cache=s), want[:, :20])
+            got = _steps(model, s, ids[:, 20:], [3, 1, 4])
+            s.rollback(s.lengths - 2)  # (the last two dropped, then taken again)
+            got = torch.cat([got[:, :-2], _steps(model, s, ids[:, 26:], [2, 1, 12, 1, 2])], 1)
+            assert torch.equal(got, want[:, 20:])
+        full = FullCache(model.config, 2, 96, chunk_size=4)
+        model(ids[:, :20], cache=full)
+        r = RetrievalCache(model.config, full, budget=8, chunk_size=4, max_step=8)
+        assert torch.equal(model(ids[:, 20:23], cache=r), want[:, 20:23])
+        model(ids[:, 23:25], cache=r)
+        r.rollback(r.lengths - 2)
+        assert torch.equal(model(ids[:, 23:24], cache=r), want[:, 23:24])
+        model(ids[:, 20:28], cache=full)
+        r.sync()
+        assert torch.equal(model(ids[:, 28:33], cache=r), want[:, 28:33])
+
+
+def test_ragged_rows_and_row_selection_keep_each_rows_history():
+    """A ragged step (padding after a row's real tokens) and dropping a row keep each row's inputs: the logits are those
+    of the rows run alone."""
+    model = tiny(0)
+    ids = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        alone = []
+        for b in range(3):
+            c = FullCache(model.config, 1, 32)
+            alone.append(_steps(model, c, ids[b:b + 1], [10, 2 + b, 1]))
+        cache = FullCache(model.config, 3, 32)
+        model(ids[:, :10], cache=cache)
+        widths = torch.tensor([2, 3, 4])
+        out = model(ids[:, 10:14], cache=cache, widths=widths)
+        for b in range(3):
+            assert torch.equal(out[b, :2 + b], alone[b][0, 10:12 + b])
+        cache.select_rows([2, 0])
+        nxt = model(torch.stack([ids[2, 14:15], ids[0, 12:13]]), cache=cache)
+        assert torch.equal(nxt[0], alone[2][0, -1:]) and torch.equal(nxt[1], alone[0][0, -1:])
+
+
+def test_config_keys_and_defaults():
+    """Lfm2Config's defaults read (every layer attention without layer_types or full_attn_idxs); the MLP's width as
+    Lfm2MLP computes it; its hub configs' older keys at their harmless values; refusals."""
+    c, want = LlamaConfig.from_dict({"model_type": "lfm2"}), transformers.Lfm2Config()
+    assert_common_defaults(c, want, rms_norm_eps="norm_eps")
+    assert c.conv_layers == tuple(t == "conv" for t in want.layer_types) and c.conv_kernel == 0
+    width = transformers.Lfm2ForCausalLM._from_config  # (the MLP's width: built on the meta device)
+    with torch.device("meta"):
+        hf = width(transformers.Lfm2Config(num_hidden_layers=2, layer_types=["conv", "full_attention"]))
+    ours = LlamaConfig.from_dict(transformers.Lfm2Config(num_hidden_layers=2,
+                                                         layer_types=["conv", "full_attention"]).to_dict())
+    assert ours.dense_intermediate_size == hf.model.layers[0].feed_forward.w1.out_features
+    assert ours.conv_kernel == 3 and ours.conv_layers == (True, False)
+    for d in (ours.to_dict(), c.to_dict()):
+        assert LlamaConfig.from_dict(d).to_dict() == d and d["norm_eps"] == 1e-5 and "rms_norm_eps" not in d
+    assert d["architectures"] == ["Lfm2ForCausalLM"]
+    hub = {"model_type": "lfm2", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2,
+           "full_attn_idxs": [1], "block_ff_dim": 96, "tie_embedding": True, "block_dim": 64, "conv_dim": 64,
+           "conv_dim_out": 64, "num_heads": 4, "theta": 1000000.0, "block_use_swiglu": True, "use_pos_enc": True,
+           "block_norm_eps": 1e-5, "block_mlp_init_scale": 1.0, "conv_use_xavier_init": True}
+    read = LlamaConfig.from_dict(hub)
+    assert read.conv_layers == (True, False, True) and read.intermediate_size == 96 and read.tie_word_embeddings
+    for extra, match in (({"layer_types": ["conv", "mamba", "conv"], "full_attn_idxs": None}, "layer_types"),
+                         ({"layer_types": ["conv"] * 3, "full_attn_idxs": [1]}, "full_attn_idxs"),
+                         ({"full_attn_idxs": [5]}, "full_attn_idxs"), ({"conv_dim": 32}, "conv_dim"),
+                         ({"conv_L_cache": 0}, "conv_L_cache"), ({"block_use_swiglu": False}, "block_use_swiglu"),
+                         ({"block_ff_dim": 80, "intermediate_size": 96}, "block_ff_dim"),
+                         ({"sliding_window": 16}, "sliding_window")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**hub, **extra})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 3, 4, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 3, 4, 6)])
+def test_greedy_equals_autoregressive(method, opts):
+    target, draft = tiny(0), tiny(1)
+    assert_greedy_equals_autoregressive(target, draft, method, opts)
