@@ -183,13 +183,15 @@ def assert_common_defaults(ours: LlamaConfig, theirs, **renamed) -> None:
         assert getattr(ours, key) == getattr(theirs, renamed.get(key, key)), key
 
 
-def assert_save_loads(hf, directory, ids: torch.Tensor) -> torch.Tensor:
-    """transformers' ``hf`` saved to ``directory`` loads (``Llama.from_pretrained``) with its logits on ``ids``; -> those
-    logits."""
+def assert_save_loads(hf, directory, ids: torch.Tensor, ours=None) -> torch.Tensor:
+    """transformers' ``hf`` saved to ``directory`` loads (``Llama.from_pretrained``) with its logits on ``ids`` (and,
+    given ``ours``, the model built from ``hf``'s weights, with its logits bitwise); -> transformers' logits."""
     hf.save_pretrained(directory)
     with torch.no_grad():
         ref = hf(input_ids=ids).logits
-        assert (Llama.from_pretrained(directory)(ids) - ref).abs().max().item() <= TOL
+        loaded = Llama.from_pretrained(directory)(ids)
+        assert (loaded - ref).abs().max().item() <= TOL
+        assert ours is None or torch.equal(loaded, ours(ids))
     return ref
 
 

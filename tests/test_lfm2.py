@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import triforce.models.cache as cache_module
-from triforce.models import Llama, LlamaConfig
+from triforce.models import LlamaConfig
 from triforce.models.cache import FullCache, RetrievalCache, StreamingCache
 from triforce.models.llama import Attention, ShortConv
 
@@ -62,9 +62,7 @@ def test_logits_and_every_path_match_transformers(tmp_path, case):
 def test_transformers_directory_loads(tmp_path):
     hf, ours = pair("biased-k4-untied")
     ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
-    assert_save_loads(hf, tmp_path, ids)
-    with torch.no_grad():
-        assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
+    assert_save_loads(hf, tmp_path, ids, ours)
 
 
 def test_each_part_moves_the_logits():
@@ -93,6 +91,31 @@ def test_each_part_moves_the_logits():
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_pass_gives_the_bits_of_one_token_steps(dtype, case):
     assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+def test_the_layer_stack_runs_the_attention_layers_between_the_convolutions(monkeypatch):
+    """On the CPU the attention layers run in the native layer stack, each convolution layer as modules between its
+    calls: the logits of a prefill and a pass are bitwise those of every layer as modules."""
+    import triforce.models.llama as llama
+
+    model = tiny(0, types=("conv", "full_attention", "full_attention", "conv", "full_attention"))
+    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(9))
+    out, calls, available = {}, [], None
+    for native in ("1", "0"):
+        monkeypatch.setenv("TRIFORCE_DECODER_LAYERS", native)
+        monkeypatch.setattr(llama, "_STACK", None)
+        available = llama._native_stack_available() if available is None else available
+        cache = FullCache(model.config, 2, 32)
+        with torch.no_grad():
+            model.prefill(ids[:, :18], cache)
+            real = llama._native_layers
+            monkeypatch.setattr(llama, "_native_layers", lambda *a, **k: calls.append(native) or real(*a, **k))
+            out[native] = model(ids[:, 18:], cache=cache)
+            monkeypatch.setattr(llama, "_native_layers", real)
+    assert torch.equal(out["1"], out["0"])
+    if available:  # (the runs: [conv], [attention, attention], [conv], [attention])
+        assert calls.count("1") == 4 and llama._stack_runs(model.model.layers, 0, 5) == [(0, 1), (1, 3), (3, 4),
+                                                                                       (4, 5)]
 
 
 def _steps(model, cache, ids, sizes):

@@ -2639,9 +2639,9 @@ class LlamaConfig:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
         if self.model_type == "lfm2" and _lfm2_conv_layers(self) is None:
             x = self.extra
-            raise ValueError(f"config layer_types {x.get('layer_types')!r} / full_attn_idxs {x.get('full_attn_idxs')!r}: "
-                             "LFM2 takes one of 'conv' / 'full_attention' per layer, or the attention layers' indices "
-                             "(both given: they must agree)")
+            raise ValueError(f"config layer_types {x.get('layer_types')!r} / full_attn_idxs "
+                             f"{x.get('full_attn_idxs')!r}: LFM2 takes one of 'conv' / 'full_attention' per layer, or "
+                             "the attention layers' indices (both given: they must agree)")
         if self.model_type == "granitemoehybrid" and _layer_windows(self)[1] is not None:
             x = self.extra
             raise ValueError(f"model_type 'granitemoehybrid' with layer types "

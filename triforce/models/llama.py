@@ -1737,10 +1737,14 @@ def _stack_runs(layers, lo: int, hi: int) -> list:
     """``layers[lo:hi]`` as the runs the native stack takes in one call each: cut after each mixture of experts (a call
     stops before the last layer's mixture, which runs in Python: ``decoder_layers``' ``mixture_last``) and after a
     layer without a norm before its attention (``bare_input``: ModernBERT decoder's first, which the stack does not
-    run, so that the others take it)."""
+    run, so that the others take it); each of LFM2's convolution layers a run of its own (which the stack declines: it
+    runs in Python, the attention layers between them in the stack)."""
     cuts = [i + 1 for i in range(lo, hi - 1) if type(layers[i]._modules.get("mlp")) is SparseMoE
             or layers[i].__dict__.get("bare_input")]  # (ModernBERT decoder's first layer: on the modules)
-    edges = [lo, *cuts, hi]
+    # LFM2's convolution layers, which the stack does not run: each alone, so that the attention layers between them
+    # run in the stack
+    convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) is ShortConv]
+    edges = sorted({lo, *cuts, *convs, *(i + 1 for i in convs if i + 1 < hi), hi})
     return list(zip(edges, edges[1:]))
 
 
