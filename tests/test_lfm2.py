@@ -267,3 +267,71 @@ def test_config_keys_and_defaults():
 def test_greedy_equals_autoregressive(method, opts):
     target, draft = tiny(0), tiny(1)
     assert_greedy_equals_autoregressive(target, draft, method, opts)
+
+
+
+def _squeeze_conv(name, t):
+    """A tensor as llama.cpp's LFM2 converter writes it: the convolution's weight squeezed to [hidden, taps]."""
+    return t.squeeze(1) if name.endswith(".conv.conv.weight") else t
+
+
+def gguf_kv(c) -> dict:
+    """The lfm2.* metadata llama.cpp's converter (LFM2Model) writes for transformers config ``c``: the KV heads per
+    layer, 0 on the convolution layers; the MLP's adjusted width; shortconv.l_cache."""
+    head_dim = c.hidden_size // c.num_attention_heads
+    width = LlamaConfig.from_dict(c.to_dict()).dense_intermediate_size
+    return {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+            "feed_forward_length": width, "block_count": c.num_hidden_layers,
+            "attention.head_count": c.num_attention_heads,
+            "attention.head_count_kv": [0 if t == "conv" else c.num_key_value_heads for t in c.layer_types],
+            "attention.key_length": head_dim, "attention.value_length": head_dim,
+            "attention.layer_norm_rms_epsilon": float(c.norm_eps),
+            "rope.freq_base": float(c.rope_parameters["rope_theta"]), "vocab_size": c.vocab_size,
+            "shortconv.l_cache": c.conv_L_cache}
+
+
+def gguf_pair(**case):
+    """transformers' Lfm2ForCausalLM of the hybrid case with ``case`` (unbiased: llama.cpp reads no bias; the
+    convolution layers drawn larger)."""
+    torch.manual_seed(0)
+    hf = randomize_(transformers.Lfm2ForCausalLM(transformers.Lfm2Config(**BASE, **CASES["hybrid"], **case)).eval())
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".conv." in name:
+                p.normal_(0, 0.3)
+    return hf
+
+
+@pytest.mark.parametrize("untied", [False, True])
+def test_gguf_lfm2_as_llama_cpp_writes_it(tmp_path, untied):
+    """An lfm2 GGUF, as llama.cpp's converter writes the checkpoint (its per-layer KV heads saying which layers
+    convolve, the final norm as token_embd_norm), loads with transformers' logits; in Q8_0 / Q5_0 blocks its blocks
+    compute the loaded model bitwise (gguf_copy, and the int8 path)."""
+    from .test_families import assert_converted_gguf_is_the_checkpoint
+
+    hf = gguf_pair(tie_word_embeddings=not untied, conv_L_cache=4 if untied else 3)
+    c = hf.config
+    ours = assert_converted_gguf_is_the_checkpoint(tmp_path, hf, "lfm2", gguf_kv(c), convert=_squeeze_conv)
+    assert ours.config.conv_layers == tuple(t == "conv" for t in c.layer_types)
+    assert ours.config.conv_kernel == c.conv_L_cache and ours.config.tie_word_embeddings == (not untied)
+
+
+def test_gguf_lfm2_refusals(tmp_path):
+    """Two attention KV counts, no shortconv.l_cache, a key llama.cpp's lfm2 graph would read otherwise (a sliding
+    window) and a convolution bias (which llama.cpp never reads) raise."""
+    from triforce.models.loading import read_gguf
+
+    from .test_families import write_converted_gguf
+
+    hf = gguf_pair()
+    kv = gguf_kv(hf.config)
+    read_gguf(write_converted_gguf(tmp_path / "ok.gguf", hf, "lfm2", kv, convert=_squeeze_conv))
+    for i, (meta, match) in enumerate(((
+            {"attention.head_count_kv": [0, 2, 0, 1]}, "head_count_kv"), ({"shortconv.l_cache": None}, "l_cache"),
+            ({"attention.sliding_window": 16}, "sliding_window"))):
+        bad = {k: v for k, v in {**kv, **meta}.items() if v is not None}
+        with pytest.raises(ValueError, match=match):
+            read_gguf(write_converted_gguf(tmp_path / f"{i}.gguf", hf, "lfm2", bad, convert=_squeeze_conv))
+    biased = gguf_pair(conv_bias=True)
+    with pytest.raises(ValueError, match="shortconv"):
+        read_gguf(write_converted_gguf(tmp_path / "b.gguf", biased, "lfm2", kv, convert=_squeeze_conv))

@@ -1791,7 +1791,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
                       "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False), "gpt2": ("gpt2", False),
                       "starcoder": ("gpt_bigcode", False), "bloom": ("bloom", False), "mpt": ("mpt", False),
-                      "llama4": ("llama4_text", False),
+                      "llama4": ("llama4_text", False), "lfm2": ("lfm2", False),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1838,6 +1838,7 @@ _GGUF_ARCH_KEYS = {
     "llama4": ("interleave_moe_layer_step", "attention.sliding_window", "attention.sliding_window_pattern",
                "rope.freq_base_swa"),  # (_gguf_llama4)
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
+    "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -2162,6 +2163,10 @@ _GGUF_GPT2_TENSORS = {**_GGUF_NEOX_TENSORS}
 # query_key_value so; MPT's Wqkv is so already), biased where the file has biases (BLOOM's), on LayerNorms; BLOOM's
 # embeddings' LayerNorm token_embd_norm (_state_key)
 _GGUF_ALIBI_TENSORS = {**_GGUF_NEOX_TENSORS}
+# lfm2: llama's layer tensors (attn_output its attention's out_proj, attn_norm / ffn_norm its operator_norm / ffn_norm)
+# and its convolution layers' (token_embd_norm, its final norm: _state_key)
+_GGUF_LFM2_TENSORS = {**_GGUF_LAYER_TENSORS, **{f"shortconv.{k}.weight": f"self_attn.{k}.weight"
+                                                for k in ("conv", "in_proj", "out_proj")}}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -2172,7 +2177,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 **dict.fromkeys(("starcoder2", "nemotron", "phi2", "stablelm", "jais2"), _GGUF_LAYER_NORM_TENSORS),
                 "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS,
                 **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
-                "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS}
+                "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
+                "lfm2": _GGUF_LFM2_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2219,8 +2225,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         return v
 
     tensors = {t.name: t for t in reader.tensors}
-    n_head, n_kv = int(need("attention.head_count")), int(gguf_field(reader, f"{arch}.attention.head_count_kv",
-                                                                  need("attention.head_count")))
+    n_head = int(need("attention.head_count"))
+    n_kv = _gguf_kv_heads(reader, arch, path, n_head)
     hidden = int(need("embedding_length"))
     if "token_embd.weight" not in tensors:
         raise ValueError(f"GGUF file {str(path)!r} has no token_embd.weight")
@@ -2324,6 +2330,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         # one norm, or two where the layers have attn_norm_2; q / k / v contiguous in the file)
         extra.update(new_decoder_architecture=True, num_kv_heads=n_kv, bias=attention_bias,
                      num_ln_in_parallel_attn=2 if "blk.0.attn_norm_2.weight" in tensors else 1)
+    if arch == "lfm2":
+        extra.update(_gguf_lfm2(reader, arch, path, int(need("block_count"))))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -2376,6 +2384,8 @@ def read_gguf(path: Path, skip=None, reader=None):
             w = w[None]  # (llama.cpp's {n_embd}: the gate's one row)
         if key.endswith("e_score_correction_bias"):
             w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
+        if key.endswith("self_attn.conv.weight"):
+            w = w[:, None]  # (LFM2's convolution: the converter's [hidden, taps], nn.Conv1d's [hidden, 1, taps])
         sd[key] = w if heads is None else _unpermute(w, heads)
     if arch in ("deepseek2", *_GGUF_DSA):
         sd = _gguf_latent_weights(config, sd, latent, path)
@@ -2392,7 +2402,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
-    if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode"):
+    if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2"):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -2523,6 +2533,33 @@ def _gguf_ernie_moe(reader, arch: str, path: Path) -> dict:
 _LLAMA4_CHUNK = 8192  # llama.cpp's llama4: its chunks, and its temperature's floor (hardcoded: no key carries them)
 _LLAMA4_TEMPERATURE = 0.1
 _LLAMA4_NO_ROPE_STEP = 4
+
+
+def _gguf_kv_heads(reader, arch: str, path: Path, n_head: int) -> int:
+    """``attention.head_count_kv`` (default ``n_head``); lfm2's may be a list, one per layer, 0 on its convolution
+    layers (:func:`_gguf_lfm2`): the attention layers' count then, one for all."""
+    v = gguf_field(reader, f"{arch}.attention.head_count_kv", n_head)
+    if not isinstance(v, (list, tuple)):
+        return int(v)
+    heads = {int(x) for x in v} - {0}
+    if arch != "lfm2" or len(heads) != 1:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv = {list(v)!r}; a count per layer is "
+                         "read in lfm2 files only, one count for every attention layer (0 on the others)")
+    return heads.pop()
+
+
+def _gguf_lfm2(reader, arch: str, path: Path, layers: int) -> dict:
+    """The ``extra`` keys of an lfm2 GGUF's config, as llama.cpp runs the file (src/models/lfm2.cpp): a layer with 0 KV
+    heads in ``attention.head_count_kv`` a convolution of ``shortconv.l_cache`` taps (unbiased: llama.cpp reads no
+    bias), the others attention; ``feed_forward_length`` the MLP's width (the converter's adjusted one)."""
+    v = gguf_field(reader, f"{arch}.attention.head_count_kv", 1)
+    kv = list(v) if isinstance(v, (list, tuple)) else [v] * layers
+    if len(kv) != layers:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv has {len(kv)} entries for "
+                         f"{layers} layers")
+    return {"layer_types": ["conv" if int(x) == 0 else "full_attention" for x in kv],
+            "conv_L_cache": _gguf_need(reader, arch, path, "shortconv.l_cache"), "conv_bias": False,
+            "block_auto_adjust_ff_dim": False}
 
 
 def _gguf_llama4(reader, arch: str, path: Path, layers: int, n_ff: int) -> dict:
@@ -2928,6 +2965,8 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     """(HF state-dict key, the head count to un-permute its rows by or ``None``) of GGUF tensor ``name``."""
     if name == "token_embd.weight":
         return "model.embed_tokens.weight", None
+    if name == "token_embd_norm.weight" and arch == "lfm2":  # (LFM2's final norm: its checkpoints' embedding_norm)
+        return "model.norm.weight", None
     if name in ("token_embd_norm.weight", "token_embd_norm.bias"):  # (BLOOM's LayerNorm on the embeddings)
         return f"model.embed_layernorm.{name.split('.')[1]}", None
     if name == "position_embd.weight":  # (gpt2's, starcoder's learned positions)
@@ -2964,7 +3003,7 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
                          f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)}")
     permuted = GGUF_ARCHITECTURES[arch][1]
     n_head = int(gguf_field(reader, f"{arch}.attention.head_count"))
-    n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_head))
+    n_kv = _gguf_kv_heads(reader, arch, path, n_head)
     out, stacked = {}, {}
     mtp = _gguf_mtp(reader, arch)
     layers = int(gguf_field(reader, f"{arch}.block_count", 0) or 0) - mtp
