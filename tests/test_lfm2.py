@@ -335,3 +335,144 @@ def test_gguf_lfm2_refusals(tmp_path):
     biased = gguf_pair(conv_bias=True)
     with pytest.raises(ValueError, match="shortconv"):
         read_gguf(write_converted_gguf(tmp_path / "b.gguf", biased, "lfm2", kv, convert=_squeeze_conv))
+
+
+MOE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
+           num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention", "conv", "conv"],
+           num_dense_layers=1, num_experts=6, num_experts_per_tok=2, max_position_embeddings=256)
+MOE_CASES = {"default": {}, "unbiased-scaled-unnormalised": dict(use_expert_bias=False, routed_scaling_factor=2.5,
+                                                                  norm_topk_prob=False, num_experts_per_tok=3)}
+
+
+def moe_pair(case="default"):
+    """transformers' Lfm2MoeForCausalLM of ``case`` (the experts, the router, its expert bias and the convolutions
+    drawn; biases and norms randomised) and ours."""
+    from triforce.models.loading import _build
+
+    torch.manual_seed(0)
+    config = transformers.Lfm2MoeConfig(**{**MOE, **MOE_CASES[case]}, attn_implementation="eager")
+    hf = randomize_(transformers.Lfm2MoeForCausalLM(config).eval())
+    with torch.no_grad():
+        for name, t in [*hf.named_parameters(), *hf.named_buffers()]:
+            if any(part in name for part in ("experts", "expert_bias", ".conv.", ".gate.")):
+                t.normal_(0, 0.3)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("case", list(MOE_CASES))
+def test_moe_every_path_matches_transformers(tmp_path, case):
+    """LFM2-MoE: every path gives transformers' logits; our save reads back in transformers; its hub checkpoints'
+    experts one by one (w1 / w3 / w2) read as its stacked ones."""
+    hf, ours = moe_pair(case)
+    c = hf.config
+    assert [type(layer.mlp).__name__ for layer in ours.model.layers] == ["MLP"] + ["SparseMoE"] * 3
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path, hf, ours)
+    hub = {}
+    for name, t in hf.state_dict().items():
+        if name.endswith("experts.gate_up_proj"):
+            for e, w in enumerate(t):
+                gate, up = w.chunk(2)
+                hub[name.replace("gate_up_proj", f"{e}.w1.weight")] = gate
+                hub[name.replace("gate_up_proj", f"{e}.w3.weight")] = up
+        elif name.endswith("experts.down_proj"):
+            hub.update({name.replace("down_proj", f"{e}.w2.weight"): w for e, w in enumerate(t)})
+        else:
+            hub[name] = t
+    from triforce.models.loading import _build
+
+    again = _build(LlamaConfig.from_dict(c.to_dict()), hub, None, None)
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(again(ids), ours(ids))
+
+
+def test_moe_router_is_transformers_bitwise_in_bfloat16():
+    """The router's weights and choices are transformers' bit for bit in bfloat16 (the sigmoid, the renormalisation
+    and the scale in the dtype, the expert bias in float32); the MLP's output within bfloat16's roundings."""
+    for case in MOE_CASES:
+        hf, ours = moe_pair(case)
+        hf, ours = hf.to(torch.bfloat16), ours.to(torch.bfloat16)
+        x = torch.randn(7, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        block, mine = hf.model.layers[2].feed_forward, ours.model.layers[2].mlp
+        with torch.no_grad():
+            _, w, index = block.gate(x, block.expert_bias if block.use_expert_bias else None)
+            got_w, got_index = mine.route(x)
+            assert torch.equal(got_index, index) and torch.equal(got_w, w) and got_w.dtype == torch.bfloat16
+            theirs = block(x[None])
+            assert (mine(x[None]) - theirs).abs().max() <= 2 ** -6 * theirs.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_a_pass_gives_the_bits_of_one_token_steps(dtype):
+    assert_pass_equals_steps(moe_pair()[1], dtype)
+
+
+def test_moe_config_keys_and_defaults():
+    """Lfm2MoeConfig's defaults (layer_types required: its model indexes them); its keys checked."""
+    types = ["conv", "full_attention"] * 16
+    c, want = LlamaConfig.from_dict({"model_type": "lfm2_moe", "layer_types": types}), transformers.Lfm2MoeConfig()
+    assert_common_defaults(c, want, rms_norm_eps="norm_eps")
+    e = c.experts
+    assert (e.count, e.top_k, e.intermediate_size, e.renormalize, e.scale, e.correction_bias) == (
+        want.num_experts, want.num_experts_per_tok, want.moe_intermediate_size, want.norm_topk_prob,
+        want.routed_scaling_factor, want.use_expert_bias)
+    assert e.layers == tuple(i >= want.num_dense_layers for i in range(32)) and c.dense_intermediate_size == 7168
+    d = c.to_dict()
+    assert LlamaConfig.from_dict(d).to_dict() == d and d["architectures"] == ["Lfm2MoeForCausalLM"]
+    for extra, match in (({"layer_types": None}, "layer_types"), ({"num_dense_layers": 40}, "num_dense_layers"),
+                         ({"use_expert_bias": 1}, "use_expert_bias"), ({"full_attn_idxs": [1]}, "full_attn_idxs"),
+                         ({"block_multiple_of": 256}, "block_multiple_of")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({"model_type": "lfm2_moe", "layer_types": types, **extra})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)], ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 6)])
+def test_moe_greedy_equals_autoregressive(method, opts):
+    extra = {"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1, "num_experts": 4,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    target, draft = (tiny_family("lfm2_moe", seed, extra=extra) for seed in (0, 1))
+    assert_greedy_equals_autoregressive(target, draft, method, opts)
+
+
+def write_lfm2moe_gguf(path, hf, quant=None, omit=()):
+    """A GGUF of transformers' Lfm2MoeForCausalLM ``hf`` as llama.cpp's converter writes the checkpoint (LFM2MoeModel:
+    lfm2's keys with the dense MLPs' width as feed_forward_length, the experts' count, use and width, the dense layers'
+    count, the sigmoid gating; each layer's experts merged into ffn_{gate,up,down}_exps [E, out, in], the expert bias
+    as exp_probs_b)."""
+    from .test_families import stacked_expert_tensors, write_stacked_experts_gguf
+
+    c = hf.config
+
+    def special(name, t, i):
+        if name.endswith("feed_forward.experts.gate_up_proj"):
+            gate, up = t.chunk(2, dim=1)
+            return {f"blk.{i}.ffn_gate_exps.weight": gate, f"blk.{i}.ffn_up_exps.weight": up}
+        if name.endswith("feed_forward.experts.down_proj"):
+            return {f"blk.{i}.ffn_down_exps.weight": t}
+        if name.endswith("feed_forward.expert_bias"):
+            return {f"blk.{i}.exp_probs_b.bias": t}
+        if name.endswith(".conv.conv.weight"):
+            return {f"blk.{i}.shortconv.conv.weight": t.squeeze(1)}
+        return None
+
+    kv = {**gguf_kv(c), "expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+          "expert_feed_forward_length": c.moe_intermediate_size, "leading_dense_block_count": c.num_dense_layers,
+          "expert_gating_func": 2}
+    return write_stacked_experts_gguf(path, hf, "lfm2moe", kv, quant, omit=omit,
+                                      tensors=stacked_expert_tensors(hf, "lfm2moe", special))
+
+
+def test_gguf_lfm2moe_as_llama_cpp_writes_it(tmp_path):
+    """An lfm2moe GGUF loads as its checkpoint (transformers' logits, the conversion cache read back by transformers);
+    in Q8_0 / Q5_0 blocks gguf_copy computes the loaded model bitwise; a file without exp_probs_b routes by the
+    sigmoid alone."""
+    from .test_families import assert_missing_router_biases_are_zeros, assert_mixture_gguf_loads
+
+    hf, ours = moe_pair()
+    loaded = assert_mixture_gguf_loads(tmp_path, hf, ours, write_lfm2moe_gguf)
+    assert loaded.config.conv_layers == ours.config.conv_layers
+    for layer in hf.model.layers[1:]:  # (the helper zeroes DeepSeek's name of it)
+        layer.feed_forward.expert_bias.zero_()
+    (tmp_path / "nobias").mkdir()
+    assert_missing_router_biases_are_zeros(tmp_path / "nobias", hf, write_lfm2moe_gguf)

@@ -501,7 +501,21 @@ FAMILIES["lfm2"] = Family("Lfm2ForCausalLM", qk_norm=True, defaults={
     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": True, "rope_theta": 1000000.0,
     "conv_bias": False, "conv_L_cache": 3, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
     "block_auto_adjust_ff_dim": True})
-# its config's other names (Lfm2Config reads block_ff_dim as intermediate_size, tie_embedding as tie_word_embeddings)
+# LFM2-MoE (Lfm2MoeForCausalLM: LFM2-8B-A1B): LFM2's layers (layer_types required) whose MLPs from num_dense_layers on
+# are a mixture: the router's logits in the dtype, their sigmoid (in the dtype) plus expert_bias (a float32 buffer,
+# where use_expert_bias) choosing the top num_experts_per_tok, those sigmoids renormalised over their sum + 1e-6 where
+# norm_topk_prob and times routed_scaling_factor, in the dtype; experts of moe_intermediate_size; the dense MLPs of
+# intermediate_size as it is
+FAMILIES["lfm2_moe"] = Family("Lfm2MoeForCausalLM", qk_norm=True, defaults={
+    "vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 128000, "rms_norm_eps": 1e-5,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+    "conv_bias": False, "conv_L_cache": 3, "moe_intermediate_size": 1792, "num_dense_layers": 2,
+    "num_experts_per_tok": 4, "num_experts": 32, "use_expert_bias": True, "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True})
+_LFM2S = ("lfm2", "lfm2_moe")
+# their configs' other names (Lfm2Config reads block_ff_dim as intermediate_size; both tie_embedding as
+# tie_word_embeddings)
 _LFM2_NAMES = {"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"}
 # Flint (FlintForCausalLM: RecursiveSI's Flint): Qwen3's attention (q/k RMSNorms per head) with GPT-OSS's sinks and
 # RMSNorm (the weight applied in float32); RoPE and sliding_window (513) on the layer_types' sliding layers only (by
@@ -877,7 +891,8 @@ _XGLM_NAMES = {"d_model": "hidden_size", "num_layers": "num_hidden_layers", "att
 _OPT_NAMES = {"ffn_dim": "intermediate_size", "activation_function": "hidden_act",
               "init_std": "initializer_range"}  # (OPTConfig's names -> the model's)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
-_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "lfm2": "norm_eps", "phi": "layer_norm_eps",
+_NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "lfm2": "norm_eps", "lfm2_moe": "norm_eps",
+                 "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
                  "openai-gpt": "layer_norm_epsilon",
@@ -1147,7 +1162,7 @@ _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_laye
 _MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
               "granitemoeshared", "granitemoe_swa", "gpt_oss", "jetmoe")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
-            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna", "llama4_text", "aria_text")
+            "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna", "llama4_text", "aria_text", "lfm2_moe")
 _QWEN_MOES = ("qwen3_moe", "qwen2_moe")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
@@ -1197,6 +1212,9 @@ class Experts:
     # weights (scoring "top_k_sigmoid") the sigmoid of the top k router logits (computed in the dtype), in the dtype
     scaled_inputs: bool = False
     output_bias: bool = False  # JetMoE: a bias (mlp.bias) added to the mixture's output
+    # LFM2-MoE: DeepSeek's router path with the sigmoid, the renormalisation and the scale in the model's dtype (the
+    # renormalising sum in float32, rounded once, as torch sums a 16-bit tensor)
+    scores_in_dtype: bool = False
 
 
 @dataclass(frozen=True)
@@ -1900,9 +1918,11 @@ def _add_checks(checks: dict) -> None:
 # LFM2's keys (LlamaConfig.conv_layers, conv_kernel, conv_bias, dense_intermediate_size) and its hub configs' older
 # ones, which Lfm2Config does not read: the same widths again, init settings
 _add_checks({
-    "conv_L_cache": (lambda v, c: c.model_type == "lfm2" and _is_int(v) and v >= 1,
+    "conv_L_cache": (lambda v, c: c.model_type in _LFM2S and _is_int(v) and v >= 1,
                      "absent (LFM2: an int >= 1, the convolution's taps)"),
-    "conv_bias": (lambda v, c: c.model_type == "lfm2" and isinstance(v, bool), "absent (LFM2: a bool)"),
+    "conv_bias": (lambda v, c: c.model_type in _LFM2S and isinstance(v, bool), "absent (LFM2: a bool)"),
+    "use_expert_bias": (lambda v, c: c.model_type == "lfm2_moe" and isinstance(v, bool), "absent (LFM2-MoE: a bool)"),
+
     "full_attn_idxs": (lambda v, c: c.model_type == "lfm2" and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)) and (_lfm2_conv_layers(c) is not None or not (
             isinstance(types := c.extra.get("layer_types"), list) and len(types) == c.num_hidden_layers
@@ -1931,7 +1951,9 @@ def _lfm2_conv_layers(c: "LlamaConfig") -> tuple | None:
     ``"full_attention"`` each), else every layer not in ``full_attn_idxs``, else none; None where the keys say
     something else."""
     n, x = c.num_hidden_layers, c.extra
-    types, idxs = x.get("layer_types"), x.get("full_attn_idxs")
+    types, idxs = x.get("layer_types"), x.get("full_attn_idxs") if c.model_type == "lfm2" else None
+    if c.model_type == "lfm2_moe" and types is None:  # (Lfm2MoeConfig has no default: its model indexes them)
+        return None
     if types is not None:
         if not (isinstance(types, list) and len(types) == n and set(types) <= {"conv", "full_attention"}):
             return None
@@ -2218,6 +2240,13 @@ _add_checks({
     "use_grouped_mm": (lambda v, c: c.model_type == "afmoe" and isinstance(v, bool),
                        "absent (AFMoE: a bool, its kernels' choice)"),
 })
+_also("num_dense_layers", lambda v, c: c.model_type == "lfm2_moe" and _is_int(v) and 0 <= v <= c.num_hidden_layers,
+      "LFM2-MoE: an int in [0, num_hidden_layers], the first layers' dense MLPs")
+for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "lfm2_moe" and _is_int(v) and v >= 1, "LFM2-MoE: an int >= 1")
+_also("routed_scaling_factor", lambda v, c: c.model_type == "lfm2_moe" and _is_number(v) and 0 < v < float("inf"),
+      "LFM2-MoE: a number > 0")
+_also("norm_topk_prob", lambda v, c: c.model_type == "lfm2_moe" and isinstance(v, bool), "LFM2-MoE: a bool")
 for _key in ("n_group", "topk_group"):
     _also(_key, lambda v, c: c.model_type == "afmoe" and v in (1, None), "AFMoE: 1 or null (one group)")
 
@@ -2267,7 +2296,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
-    if c.model_type == "lfm2":  # no window; its layer_types (conv or full attention) as LlamaConfig.conv_layers
+    if c.model_type in _LFM2S:  # no window; its layer_types (conv or full attention) as LlamaConfig.conv_layers
         return none, "layer_types" if _lfm2_conv_layers(c) is None else next(  # reads them
             (k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None), None)
     if c.model_type == "llama4_text":  # no window; its layer_types (transformers' masks: chunked or full) as
@@ -2637,7 +2666,7 @@ class LlamaConfig:
             e = self.experts
             if e.top_k > e.count:
                 raise ValueError(f"config num_experts_per_tok = {e.top_k} is more than the {e.count} experts")
-        if self.model_type == "lfm2" and _lfm2_conv_layers(self) is None:
+        if self.model_type in _LFM2S and _lfm2_conv_layers(self) is None:
             x = self.extra
             raise ValueError(f"config layer_types {x.get('layer_types')!r} / full_attn_idxs "
                              f"{x.get('full_attn_idxs')!r}: LFM2 takes one of 'conv' / 'full_attention' per layer, or "
@@ -3277,6 +3306,14 @@ class LlamaConfig:
         """A mixture of experts' sparse MLP (:class:`Experts`), or None for a dense family."""
         if self.model_type in _GROUPED:
             return self._deepseek_experts()
+        if self.model_type == "lfm2_moe":  # (DeepSeek's router path: the logits and their sigmoid in the dtype, the
+            get = self._deepseek  # expert bias choosing, renormalised over the sum + 1e-6, times the scale, in the dtype)
+            return Experts(get("num_experts"), get("num_experts_per_tok"), get("moe_intermediate_size"),
+                           bool(get("norm_topk_prob")), False,
+                           tuple(i >= get("num_dense_layers") for i in range(self.num_hidden_layers)),
+                           scale=float(get("routed_scaling_factor")), scoring="sigmoid",
+                           correction_bias=bool(get("use_expert_bias")), renormalize_eps=1e-6, grouped_router=True,
+                           logits_in_dtype=True, scores_in_dtype=True)
         if self.model_type == "ernie4_5_moe":
             return self._ernie_experts()
         if self.model_type == "granitemoehybrid":  # (GraniteMoeShared's mixture, where it has experts)
@@ -3538,7 +3575,7 @@ class LlamaConfig:
         """Each layer's KV heads (:meth:`layer_kv_heads`): the caches' layout with ``head_dim``; 0 on a layer that
         holds no keys (LFM2's convolutions: :attr:`conv_layers`)."""
         n, kv = self.num_hidden_layers, self.num_key_value_heads
-        if self.model_type == "lfm2":
+        if self.model_type in _LFM2S:
             return tuple(0 if conv else kv for conv in self.conv_layers)
         if self.model_type != "mimo_v2_flash":
             return (kv,) * n
@@ -3548,7 +3585,7 @@ class LlamaConfig:
     def conv_layers(self) -> tuple:
         """A bool per layer: whether its mixer is LFM2's gated short convolution (:class:`~triforce.models.llama.
         ShortConv`) instead of attention; the caches hold such a layer's last inputs (docs/model.md, "LFM2")."""
-        if self.model_type != "lfm2":
+        if self.model_type not in _LFM2S:
             return (False,) * self.num_hidden_layers
         return _lfm2_conv_layers(self)
 
@@ -3727,8 +3764,8 @@ class LlamaConfig:
             _own_names(d, _XGLM_NAMES, "XGLM")
         if model_type == "jetmoe":
             _jetmoe_keys(d)
-        if model_type == "lfm2":
-            _own_names(d, _LFM2_NAMES, "LFM2")
+        if model_type in _LFM2S:
+            _own_names(d, _LFM2_NAMES if model_type == "lfm2" else {"tie_embedding": "tie_word_embeddings"}, "LFM2")
         if model_type in ("biogpt", "xglm"):
             _biogpt_keys(d)
         if model_type == "gpt_neo":

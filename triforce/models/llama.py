@@ -1121,6 +1121,7 @@ class SparseMoE(nn.Module):
             self.scale, self.sigmoid, self.groups, self.group_top2, self.eps = (
                 spec.scale, spec.scoring == "sigmoid", spec.groups, spec.group_top2, spec.renormalize_eps)
             self.logits_in_dtype, self.bias_on_logits = spec.logits_in_dtype, spec.bias_on_logits
+            self.scores_in_dtype = spec.scores_in_dtype  # (LFM2-MoE's)
             self.softcap = spec.logit_softcap  # (Laguna's; 0: none)
         if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
             self.shared_expert = MLP(config, spec.shared_intermediate_size)
@@ -1178,6 +1179,8 @@ class SparseMoE(nn.Module):
         the correction bias added to the logits for the choice, ``bias_on_logits``); float32
         weights (ERNIE 4.5's: its softmax and correction bias choosing, renormalised, rounded to the dtype; MiniMax-M2's
         logits in the model's dtype)."""
+        if self.scores_in_dtype:
+            return self._dtype_route(x)
         logits = self.router_logits(x)
         if self.softcap > 0:
             logits = _lanewise(torch.tanh, logits / self.softcap) * self.softcap  # (value by value)
@@ -1200,6 +1203,22 @@ class SparseMoE(nn.Module):
             w = w / (total[:, None] + self.eps)
         w = w * self.scale
         return (w if self.float32_weights else w.to(x.dtype)), index
+
+    def _dtype_route(self, x: torch.Tensor) -> tuple:
+        """LFM2-MoE's router, as transformers computes it: the logits and their sigmoid in the model's dtype (value by
+        value), the top k of the sigmoid plus the float32 correction bias (``expert_bias``) chosen, their sigmoids
+        renormalised over their sum (in float32, left to right, rounded once, as torch sums a 16-bit row of k) plus
+        ``renormalize_eps`` and times the scale, in the dtype."""
+        scores = _row_sigmoid(self.gate(x))
+        bias = self.gate._buffers.get("e_score_correction_bias")
+        index = torch.topk(scores if bias is None else scores.float() + bias, self.top_k, dim=-1)[1]
+        w = scores.gather(1, index)
+        if self.renormalize:
+            total = w[:, 0].to(torch.float32, copy=True)
+            for j in range(1, self.top_k):  # left to right, row by row (as route's)
+                total += w[:, j].float()
+            w = w / (total.to(w.dtype)[:, None] + self.eps)
+        return w * self.scale, index
 
     def forward(self, x):
         rows = x.reshape(-1, x.shape[-1])

@@ -1297,9 +1297,12 @@ def _jetmoe_names(sd: dict, inverse: bool = False) -> dict:
 
 # LFM2's checkpoint names -> the model's, in this order (saving: the pairs reversed, in the reverse order, so that its
 # attention's out_proj, the model's o_proj, goes back before the convolutions' out_proj takes that name)
+# (LFM2-MoE's: its mixtures under feed_forward too, their router gate, expert_bias the router's correction bias, its
+# hub checkpoints' experts one by one of w1 / w3 / w2)
 _LFM2_PAIRS = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
-               (".ffn_norm.", ".post_attention_layernorm."), (".feed_forward.w1.", ".mlp.gate_proj."),
-               (".feed_forward.w3.", ".mlp.up_proj."), (".feed_forward.w2.", ".mlp.down_proj."),
+               (".ffn_norm.", ".post_attention_layernorm."), (".feed_forward.", ".mlp."),
+               (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"), (".w1.", ".gate_proj."),
+               (".w3.", ".up_proj."), (".w2.", ".down_proj."),
                (".self_attn.out_proj.", ".self_attn.o_proj."), (".self_attn.q_layernorm.", ".self_attn.q_norm."),
                (".self_attn.k_layernorm.", ".self_attn.k_norm."), (".conv.in_proj.", ".self_attn.in_proj."),
                (".conv.conv.", ".self_attn.conv."), (".conv.out_proj.", ".self_attn.out_proj."))
@@ -1350,7 +1353,7 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _dbrx_names(config, sd, inverse)
     if config.model_type == "jetmoe":
         return _jetmoe_names(sd, inverse)
-    if config.model_type == "lfm2":
+    if config.model_type in ("lfm2", "lfm2_moe"):
         return _renamed(sd, [(b, a) for a, b in reversed(_LFM2_PAIRS)] if inverse else _LFM2_PAIRS)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
@@ -1791,7 +1794,7 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "jais2": ("jais2", False), "falcon": ("falcon", False), "apertus": ("apertus", False),
                       "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False), "gpt2": ("gpt2", False),
                       "starcoder": ("gpt_bigcode", False), "bloom": ("bloom", False), "mpt": ("mpt", False),
-                      "llama4": ("llama4_text", False), "lfm2": ("lfm2", False),
+                      "llama4": ("llama4_text", False), "lfm2": ("lfm2", False), "lfm2moe": ("lfm2_moe", False),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1839,6 +1842,7 @@ _GGUF_ARCH_KEYS = {
                "rope.freq_base_swa"),  # (_gguf_llama4)
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
+    "lfm2moe": ("shortconv.l_cache", "expert_gating_func", "leading_dense_block_count"),  # (_gguf_lfm2)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -2167,6 +2171,8 @@ _GGUF_ALIBI_TENSORS = {**_GGUF_NEOX_TENSORS}
 # and its convolution layers' (token_embd_norm, its final norm: _state_key)
 _GGUF_LFM2_TENSORS = {**_GGUF_LAYER_TENSORS, **{f"shortconv.{k}.weight": f"self_attn.{k}.weight"
                                                 for k in ("conv", "in_proj", "out_proj")}}
+# lfm2moe: lfm2's, its mixtures' router's expert bias as exp_probs_b
+_GGUF_LFM2MOE_TENSORS = {**_GGUF_LFM2_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
 _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSORS, "phi3": _GGUF_PHI3_TENSORS,
                 "gpt-oss": _GGUF_GPT_OSS_TENSORS, "olmo2": _GGUF_OLMO2_TENSORS, "exaone4": _GGUF_OLMO2_TENSORS,
@@ -2178,7 +2184,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS,
                 **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
-                "lfm2": _GGUF_LFM2_TENSORS}
+                "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2330,7 +2336,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         # one norm, or two where the layers have attn_norm_2; q / k / v contiguous in the file)
         extra.update(new_decoder_architecture=True, num_kv_heads=n_kv, bias=attention_bias,
                      num_ln_in_parallel_attn=2 if "blk.0.attn_norm_2.weight" in tensors else 1)
-    if arch == "lfm2":
+    if arch in ("lfm2", "lfm2moe"):
         extra.update(_gguf_lfm2(reader, arch, path, int(need("block_count"))))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
@@ -2402,7 +2408,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
-    if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2"):
+    if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe"):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -2536,30 +2542,44 @@ _LLAMA4_NO_ROPE_STEP = 4
 
 
 def _gguf_kv_heads(reader, arch: str, path: Path, n_head: int) -> int:
-    """``attention.head_count_kv`` (default ``n_head``); lfm2's may be a list, one per layer, 0 on its convolution
-    layers (:func:`_gguf_lfm2`): the attention layers' count then, one for all."""
+    """``attention.head_count_kv`` (default ``n_head``); lfm2's / lfm2moe's may be a list, one per layer, 0 on their
+    convolution layers (:func:`_gguf_lfm2`): the attention layers' count then, one for all."""
     v = gguf_field(reader, f"{arch}.attention.head_count_kv", n_head)
     if not isinstance(v, (list, tuple)):
         return int(v)
     heads = {int(x) for x in v} - {0}
-    if arch != "lfm2" or len(heads) != 1:
+    if arch not in ("lfm2", "lfm2moe") or len(heads) != 1:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv = {list(v)!r}; a count per layer is "
-                         "read in lfm2 files only, one count for every attention layer (0 on the others)")
+                         "read in lfm2 / lfm2moe files only, one count for every attention layer (0 on the others)")
     return heads.pop()
 
 
 def _gguf_lfm2(reader, arch: str, path: Path, layers: int) -> dict:
-    """The ``extra`` keys of an lfm2 GGUF's config, as llama.cpp runs the file (src/models/lfm2.cpp): a layer with 0 KV
-    heads in ``attention.head_count_kv`` a convolution of ``shortconv.l_cache`` taps (unbiased: llama.cpp reads no
-    bias), the others attention; ``feed_forward_length`` the MLP's width (the converter's adjusted one)."""
+    """The ``extra`` keys of an lfm2 / lfm2moe GGUF's config, as llama.cpp runs the file (src/models/lfm2.cpp): a layer
+    with 0 KV heads in ``attention.head_count_kv`` a convolution of ``shortconv.l_cache`` taps (unbiased: llama.cpp
+    reads no bias), the others attention; ``feed_forward_length`` the (dense) MLP's width (lfm2: the converter's
+    adjusted one). lfm2moe: ``expert_count`` experts of ``expert_feed_forward_length``, ``expert_used_count`` a token,
+    from layer ``leading_dense_block_count`` on, chosen by their sigmoid (``expert_gating_func`` 2) plus
+    ``exp_probs_b`` (zeros where absent), renormalised, unscaled (llama.cpp's ``build_moe_ffn`` with ``norm_w`` and
+    no scale: Lfm2MoeConfig's ``norm_topk_prob`` true and ``routed_scaling_factor`` 1)."""
     v = gguf_field(reader, f"{arch}.attention.head_count_kv", 1)
     kv = list(v) if isinstance(v, (list, tuple)) else [v] * layers
     if len(kv) != layers:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv has {len(kv)} entries for "
                          f"{layers} layers")
-    return {"layer_types": ["conv" if int(x) == 0 else "full_attention" for x in kv],
-            "conv_L_cache": _gguf_need(reader, arch, path, "shortconv.l_cache"), "conv_bias": False,
-            "block_auto_adjust_ff_dim": False}
+    out = {"layer_types": ["conv" if int(x) == 0 else "full_attention" for x in kv],
+           "conv_L_cache": _gguf_need(reader, arch, path, "shortconv.l_cache"), "conv_bias": False}
+    if arch == "lfm2":
+        return {**out, "block_auto_adjust_ff_dim": False}
+    gating = int(gguf_field(reader, f"{arch}.expert_gating_func", 0) or 0)
+    if gating != 2:
+        raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_gating_func = {gating}; supported: 2 (sigmoid, "
+                         "LFM2-MoE's router)")
+    count, used = _gguf_expert_counts(reader, arch, path)
+    return {**out, "num_experts": count, "num_experts_per_tok": used,
+            "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
+            "num_dense_layers": _gguf_need(reader, arch, path, "leading_dense_block_count"), "use_expert_bias": True,
+            "norm_topk_prob": True, "routed_scaling_factor": 1.0}
 
 
 def _gguf_llama4(reader, arch: str, path: Path, layers: int, n_ff: int) -> dict:
@@ -2926,6 +2946,8 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
         for proj, t in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
             for e in range(spec.count if t is not None else 0):  # (each its own copy: saved apart)
                 name = f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"
+                if config.model_type == "lfm2_moe":  # (its hub checkpoints' names: feed_forward, w1 / w3 / w2)
+                    name = _renamed({name: None}, [(b, a) for a, b in reversed(_LFM2_PAIRS)]).popitem()[0]
                 mixtral = config.model_type in ("mixtral", "minimax_m2")
                 out[_mixtral_name(name, inverse=True) if mixtral else name] = t[e].clone()
     if stacked:
@@ -2965,7 +2987,7 @@ def _state_key(name: str, path: Path, arch: str, permuted: bool, n_head: int, n_
     """(HF state-dict key, the head count to un-permute its rows by or ``None``) of GGUF tensor ``name``."""
     if name == "token_embd.weight":
         return "model.embed_tokens.weight", None
-    if name == "token_embd_norm.weight" and arch == "lfm2":  # (LFM2's final norm: its checkpoints' embedding_norm)
+    if name == "token_embd_norm.weight" and arch in ("lfm2", "lfm2moe"):  # (LFM2's final norm: embedding_norm)
         return "model.norm.weight", None
     if name in ("token_embd_norm.weight", "token_embd_norm.bias"):  # (BLOOM's LayerNorm on the embeddings)
         return f"model.embed_layernorm.{name.split('.')[1]}", None
