@@ -427,7 +427,8 @@ def test_moe_config_keys_and_defaults():
             LlamaConfig.from_dict({"model_type": "lfm2_moe", "layer_types": types, **extra})
 
 
-@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)], ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 6)])
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 6)])
 def test_moe_greedy_equals_autoregressive(method, opts):
     extra = {"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1, "num_experts": 4,
              "num_experts_per_tok": 2, "moe_intermediate_size": 16}

@@ -3307,7 +3307,7 @@ class LlamaConfig:
         if self.model_type in _GROUPED:
             return self._deepseek_experts()
         if self.model_type == "lfm2_moe":  # (DeepSeek's router path: the logits and their sigmoid in the dtype, the
-            get = self._deepseek  # expert bias choosing, renormalised over the sum + 1e-6, times the scale, in the dtype)
+            get = self._deepseek  # expert bias choosing, renormalised over the sum + 1e-6, times the scale; the dtype)
             return Experts(get("num_experts"), get("num_experts_per_tok"), get("moe_intermediate_size"),
                            bool(get("norm_topk_prob")), False,
                            tuple(i >= get("num_dense_layers") for i in range(self.num_hidden_layers)),
