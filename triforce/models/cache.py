@@ -155,6 +155,25 @@ def short_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return acc.to(win.dtype)
 
 
+# The Mamba-2 layers' states a cache keeps to go back to (config.mamba): the state at the start of each of its last
+# SSM_CHECKPOINTS forwards; a rollback before the oldest raises on the CPU (docs/model.md, "Mamba-2")
+SSM_CHECKPOINTS = 8
+
+
+def ssm_update(state, x, B, dt, decay):
+    """One token of a Mamba-2 layer's state space model, in float32: ``state`` ``[b, H, P, N]`` times ``decay``
+    (``exp(dt A)``, ``[b, H]``) plus ``dt B x`` (``x`` ``[b, H, P]``, ``B`` ``[b, H, N]``: its group's, per head;
+    ``dt`` ``[b, H]``), the products in transformers' order. Token by token the same arithmetic wherever it runs (a
+    step, a tree's node, a replay), so a pass keeps the bits of its steps."""
+    return state * decay[:, :, None, None] + (dt[:, :, None] * B)[:, :, None, :] * x[..., None]
+
+
+def ssm_readout(state, C, D, x):
+    """A Mamba-2 layer's output of one token from its state ``[b, H, P, N]``: ``state C + D x`` (``C`` ``[b, H,
+    N]``, ``D`` ``[H]``, ``x`` ``[b, H, P]``), float32."""
+    return (state * C[:, :, None, :]).sum(-1) + D[:, None] * x
+
+
 def conv_windows(x: torch.Tensor, kernel: int) -> torch.Tensor:
     """Each token's window ``[B, T, kernel, C]`` of ``x`` ``[B, T, C]`` with nothing before it (zeros): the
     cache-free forward's."""
@@ -465,10 +484,26 @@ class _KVCache:
         # row the positions whose inputs the ring holds, [conv_lo, conv_hi) less what the ring overwrote
         self.conv_kernel = config.conv_kernel
         self.conv_ring = min(capacity, CONV_HISTORY) + self.conv_kernel
-        self.conv = [torch.zeros(batch_size, self.conv_ring + 1, config.hidden_size, device=self.device, dtype=dtype)
-                     if c else None for c in config.conv_layers]
+        self.conv = [torch.zeros(batch_size, self.conv_ring + 1, config.conv_width(i), device=self.device, dtype=dtype)
+                     if c else None for i, c in enumerate(config.conv_layers)]
         self._conv_span = torch.zeros(2, batch_size, dtype=torch.int64, device=self.device) \
             if self.conv_kernel else None
+        # Mamba-2's layers (config.mamba): each one's state [B, H, P, N] (float32) at sequence position ssm_at (-1:
+        # none: after a tree, or a rollback, the next forward rebuilds it), the states at the start of the last
+        # SSM_CHECKPOINTS forwards (and their positions), and a ring as the convolution's of each token's x, B and dt
+        # (float32), from which a rollback's state is replayed from the checkpoint before it
+        m = config.mamba
+        self.mamba = m
+        if m is not None:
+            shape = (batch_size, m.heads, m.head_dim, m.state)
+            self.ssm = [torch.zeros(shape, device=self.device) if c else None for c in m.layers]
+            self.ssm_in = [torch.zeros(batch_size, self.conv_ring + 1, m.inner + m.groups * m.state + 2 * m.heads,
+                                       device=self.device) if c else None for c in m.layers]
+            self.ssm_at = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
+            self._ckpt = [torch.zeros((SSM_CHECKPOINTS,) + shape, device=self.device) if c else None
+                          for c in m.layers]
+            self._ckpt_pos = torch.full((SSM_CHECKPOINTS, batch_size), -1, dtype=torch.int64, device=self.device)
+            self._ckpt_next = 0
 
     @property
     def rope_long(self) -> torch.Tensor | None:
@@ -530,17 +565,125 @@ class _KVCache:
 
     def _conv_reach(self, targets: torch.Tensor) -> None:
         """Raise (a CPU cache: the values are read for free there) where a row's next forward at sequence length
-        ``targets`` would read inputs its rings no longer hold (a rollback deeper than they keep)."""
+        ``targets`` would read inputs its rings no longer hold (a rollback deeper than they keep), or, with Mamba's
+        layers, where no checkpoint of their states at or before it remains, or its replay's inputs are gone."""
         if self._conv_span is None or not check_values(targets):
             return
         lo, hi = self._conv_span
         start = (targets - (self.conv_kernel - 1)).clamp(min=0)
+        if self.mamba is not None:  # (the replay reads from the checkpoint on)
+            best = self._best_checkpoint(targets)[0]
+            moved = targets != self.ssm_at
+            if bool((moved & (best < 0)).any()):
+                raise ValueError(f"{type(self).__name__}: a row would go back to {targets.tolist()} tokens, before "
+                                 f"every checkpoint of its Mamba layers' states ({self._ckpt_pos.tolist()}): roll "
+                                 f"back within the last {SSM_CHECKPOINTS} forwards "
+                                 "(triforce.models.cache.SSM_CHECKPOINTS)")
+            start = torch.where(moved, torch.minimum(start, best.clamp(min=0)), start)
         bad = (targets > 0) & ((start < lo) | (hi - start > self.conv_ring) | (start > hi))
         if bool(bad.any()):
             raise ValueError(f"{type(self).__name__}: a row would go back to {targets[bad].tolist()} tokens, but its "
                              f"convolution layers hold the inputs of positions {lo[bad].tolist()} .. "
                              f"{hi[bad].tolist()} less what their ring of {self.conv_ring} overwrote: roll back at "
                              f"most {CONV_HISTORY} tokens (triforce.models.cache.CONV_HISTORY)")
+
+    # ---- Mamba-2's layers (config.mamba)
+    def _best_checkpoint(self, targets: torch.Tensor) -> tuple:
+        """``(position, index)`` per row of its latest checkpoint at or before ``targets`` (position -1: none)."""
+        pos = self._ckpt_pos
+        best = torch.where((pos >= 0) & (pos <= targets[None]), pos, -1).max(0)
+        return best.values, best.indices
+
+    def _ssm_materialize(self, targets: torch.Tensor) -> None:
+        """Each Mamba layer's state at sequence length ``targets`` (int64 ``[B]``): kept where it is there, else the
+        latest checkpoint at or before it with the ring's tokens from there replayed (:func:`ssm_update`). One host
+        read (the replay's length)."""
+        need = self.ssm_at != targets
+        if not bool(need.any()):
+            return
+        self._conv_reach(targets)
+        best, j = self._best_checkpoint(targets)
+        start = best.clamp(min=0)
+        n = torch.where(need, targets - start, 0)
+        R, m, B = self.conv_ring, self.mamba, self.batch_size
+        rows = torch.arange(B, device=self.device)
+        gn = m.groups * m.state
+        for layer, ring in enumerate(self.ssm_in):
+            if ring is None:
+                continue
+            state = self._ckpt[layer][j, rows]
+            for t in range(int(n.max())):
+                act = t < n
+                token = ring[self._batch_index, torch.where(act, (start + t) % R, R)[:, None]][:, 0]
+                x, bg, dt, decay = token.split([m.inner, gn, m.heads, m.heads], dim=-1)
+                new = ssm_update(state, x.view(B, m.heads, m.head_dim),
+                                 bg.view(B, m.groups, m.state).repeat_interleave(m.heads // m.groups, dim=1), dt, decay)
+                state = torch.where(act[:, None, None, None], new, state)
+            self.ssm[layer].copy_(torch.where(need[:, None, None, None], state, self.ssm[layer]))
+        self.ssm_at.copy_(torch.where(need, targets, self.ssm_at))
+
+    def _ssm_checkpoint(self, positions: torch.Tensor) -> None:
+        """The states (at ``positions``) into the next checkpoint, unless the latest is of these positions already."""
+        last = (self._ckpt_next - 1) % SSM_CHECKPOINTS
+        if self._ckpt_next and torch.equal(self._ckpt_pos[last], positions):
+            return
+        slot = self._ckpt_next % SSM_CHECKPOINTS
+        for ckpt, state in zip(self._ckpt, self.ssm):
+            if ckpt is not None:
+                ckpt[slot].copy_(state)
+        self._ckpt_pos[slot] = positions
+        self._ckpt_next += 1
+
+    def _ssm_begin(self, step: Step) -> None:
+        """A forward's start: the states at its first token's position, checkpointed."""
+        off = self._seq_offset()
+        start = step.slots[:, 0] if off is None else step.slots[:, 0] + off
+        self._ssm_materialize(start)
+        self._ssm_checkpoint(start)
+
+    def _ssm_take(self, src: "_KVCache", positions: torch.Tensor) -> None:
+        """``src``'s states at ``positions`` (rebuilt there where they are not) as this cache's, checkpointed."""
+        src._ssm_materialize(positions)
+        for mine, theirs in zip(self.ssm, src.ssm):
+            if mine is not None:
+                mine.copy_(theirs)
+        self.ssm_at.copy_(positions)
+        self._ssm_checkpoint(positions)
+
+    def scan(self, layer: int, x, B, C, dt, decay, D, step: Step) -> torch.Tensor:
+        """A Mamba-2 layer's state space model over the step's tokens (float32: ``x`` ``[b, T, H, P]``, ``B`` and
+        ``C`` ``[b, T, G, N]``, ``dt`` and ``decay`` ``[b, T, H]``, ``D`` ``[H]``) from its state at the step's start,
+        each token from its parent's state along a tree -> ``[b, T, H, P]``. A chain's rows advance the layer's state
+        over their real tokens; each token's x, B, dt and decay go to the layer's ring (the convolution's slots,
+        ``step.conv``) for a later rollback's replay."""
+        m = self.mamba
+        b, T = x.shape[:2]
+        rep = m.heads // m.groups
+        write = step.conv[3]
+        self.ssm_in[layer][self._batch_index, write] = torch.cat(
+            [x.reshape(b, T, -1), B.reshape(b, T, -1), dt, decay], -1)
+        Bh, Ch = (t.repeat_interleave(rep, dim=2) for t in (B, C))
+        state, out = self.ssm[layer], []
+        if step.tree_mask is None:
+            real = torch.arange(T, device=x.device)[None] < step.counts.long()[:, None]
+            for t in range(T):
+                new = ssm_update(state, x[:, t], Bh[:, t], dt[:, t], decay[:, t])
+                state = torch.where(real[:, t, None, None, None], new, state)
+                out.append(ssm_readout(state, Ch[:, t], D, x[:, t]))
+            self.ssm[layer].copy_(state)
+            return torch.stack(out, 1)
+        mask = step.tree_mask
+        depth = mask.sum(-1) - 1
+        parent = torch.where(depth > 0, (mask & (depth[:, None, :] == depth[..., None] - 1)).to(torch.uint8).argmax(-1),
+                             -1)
+        nodes = state.new_empty((b, T) + tuple(state.shape[1:]))
+        rows = torch.arange(b, device=x.device)
+        for t in range(T):
+            p = parent[:, t]
+            before = torch.where((p < 0)[:, None, None, None], state, nodes[rows, p.clamp(min=0)])
+            nodes[:, t] = ssm_update(before, x[:, t], Bh[:, t], dt[:, t], decay[:, t])
+            out.append(ssm_readout(nodes[:, t], Ch[:, t], D, x[:, t]))
+        return torch.stack(out, 1)
 
     def _conv_copy(self, src: "_KVCache", upto: torch.Tensor) -> None:
         """The inputs of positions ``upto - K + 1 .. upto - 1`` (int64 ``[B]``) from ``src``'s rings into this
@@ -584,6 +727,10 @@ class _KVCache:
         yield from (t for t in self.conv if t is not None)
         if self._conv_span is not None:
             yield self._conv_span
+        if self.mamba is not None:
+            for part in (self.ssm, self.ssm_in, self._ckpt):
+                yield from (t for t in part if t is not None)
+            yield from (self.ssm_at, self._ckpt_pos)
 
     def reset(self) -> None:
         """Forget every token (lengths = 0); buffers are kept."""
@@ -591,6 +738,12 @@ class _KVCache:
         self._bound = 0
         if self._conv_span is not None:
             self._conv_span.zero_()
+        if self.mamba is not None:
+            for t in self.ssm:
+                if t is not None:
+                    t.zero_()
+            self.ssm_at.zero_()
+            self._ckpt_pos.fill_(-1)
 
     # ---- rows leaving the batch
     def select_rows(self, rows) -> None:
@@ -627,6 +780,10 @@ class _KVCache:
         self.conv = [None if t is None else t[idx] for t in self.conv]
         if self._conv_span is not None:
             self._conv_span = self._conv_span[:, idx]
+        if self.mamba is not None:
+            self.ssm, self.ssm_in = ([None if t is None else t[idx] for t in part] for part in (self.ssm, self.ssm_in))
+            self._ckpt = [None if t is None else t[:, idx] for t in self._ckpt]
+            self.ssm_at, self._ckpt_pos = self.ssm_at[idx], self._ckpt_pos[:, idx]
 
     # ---- capacity
     def _room(self) -> int:
@@ -666,8 +823,11 @@ class _KVCache:
             positions = positions + off[:, None]
         if counts is None:
             counts = torch.full((self.batch_size,), T, dtype=torch.int32, device=self.device)
-        return Step(T, self._batch_index, slots, positions, self.lengths + T, counts, tree_mask,
-                    query_index, query_valid)
+        step = Step(T, self._batch_index, slots, positions, self.lengths + T, counts, tree_mask, query_index,
+                    query_valid)
+        if self.mamba is not None:
+            self._ssm_begin(step)
+        return step
 
     def _write(self, layer: int, k, v, step: Step) -> None:
         self.k[layer][step.batch_index, step.slots] = k
@@ -702,12 +862,15 @@ class _KVCache:
     def end(self, step: Step) -> None:
         self.lengths.add_(step.counts)
         self._bound += step.T
-        self._conv_end()
+        self._conv_end(step)
 
-    def _conv_end(self) -> None:
-        """After a forward: the rows' rings hold their inputs up to their length (and those they held)."""
+    def _conv_end(self, step: Step) -> None:
+        """After a forward: the rows' rings hold their inputs up to their length (and those they held); Mamba's states
+        are at that length after a chain, at none after a tree (the next forward rebuilds them)."""
         if self._conv_span is not None:
             torch.maximum(self._conv_span[1], self._seq_lengths(), out=self._conv_span[1])
+        if self.mamba is not None:
+            self.ssm_at.copy_(self._seq_lengths() if step.tree_mask is None else torch.full_like(self.ssm_at, -1))
 
     # ---- speculative bookkeeping
     def rollback(self, new_lengths: torch.Tensor) -> None:
@@ -749,7 +912,7 @@ class _KVCache:
             R = self.conv_ring
             fro = (seq + path.long().clamp(min=0)) % R
             to = torch.where(keep, (seq + j) % R, R)
-            for ring in self.conv:
+            for ring in (*self.conv, *(self.ssm_in if self.mamba is not None else ())):
                 if ring is not None:
                     ring[self._batch_index, to] = ring[self._batch_index, fro]
         src = base + path.long().clamp(min=0)
@@ -1155,6 +1318,8 @@ class StreamingCache(_KVCache):
         if self._conv_span is not None:  # (the convolution layers' last inputs: full's, which must hold them)
             full._conv_reach(n)
             self._conv_copy(full, n)
+        if self.mamba is not None:  # (and Mamba's states there)
+            self._ssm_take(full, n)
         self._bound = min(keep, full._bound)
         self._next_bound = full._bound  # frame 0: the next position is at most full's longest row
         if sink:  # rows that evicted tokens see their sinks just before the window (_sink_positions)
@@ -1374,7 +1539,7 @@ class StreamingCache(_KVCache):
         self.evicted.add_(dropped)
         self.lengths.add_(step.counts).clamp_(max=self.keep)
         self._bound = self.keep
-        self._conv_end()
+        self._conv_end(step)
         self._ordered = True
         self._big = None
         if self.sink:
@@ -1537,7 +1702,9 @@ class RetrievalCache(_KVCache):
                 mine[self._batch_index, dst] = torch.where(ok[..., None, None], theirs[self._batch_index, src], cur)
         self.synced.copy_(full.lengths.long())
         self.lengths.copy_((self.budget + self.synced - self.base_pos).to(torch.int32))
-        self._conv_copy(full, self.synced)  # (the convolution layers' last inputs)
+        self._conv_copy(full, self.synced)  # (the convolution layers' last inputs; Mamba's states)
+        if self.mamba is not None:
+            self._ssm_take(full, self.synced)
 
     def sync(self) -> bool:
         """After a full-level verification: copy the tokens the full cache gained since the last sync into

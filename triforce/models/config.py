@@ -300,6 +300,10 @@ FAMILIES["granitemoehybrid"] = Family("GraniteMoeHybridForCausalLM", reads=("att
 _GRANITE_SWAS = ("granite_swa", "granitemoe_swa")
 _GRANITES = ("granite", *_GRANITE_MOES, "granite_swa", "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
 _HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
+_MAMBA_TYPES = ("linear_attention", "mamba")  # (its layer_types' Mamba layers: transformers' name, the hub's older one)
+# GraniteMoeHybridConfig's Mamba settings where a config leaves them out (mamba_d_head "auto": inner / heads)
+_MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_head": "auto",
+                   "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False}
 # Mixtures of experts: each sparse layer's MLP is a router (one logit per expert: softmax in float32, the top
 # num_experts_per_tok experts, their probabilities renormalised to sum 1 or not) and that many of its experts (gated
 # MLPs), summed by the router's weights. Mixtral (MixtralForCausalLM: Mixtral 8x7B / 8x22B): Mistral's layer, every
@@ -1218,6 +1222,31 @@ class Experts:
 
 
 @dataclass(frozen=True)
+class Mamba:
+    """Mamba-2 layers (``LlamaConfig.mamba``: Granite 4.0's), as transformers' GraniteMoeHybridMambaLayer computes them:
+    ``in_proj`` of the layer's input into a gate ``z`` (``inner``), ``xBC`` (``conv_dim = inner + 2 groups state``)
+    and ``dt`` (``heads``); a causal depthwise convolution of ``xBC`` over ``kernel`` tokens (biased where
+    ``conv_bias``), SiLU; per head h its ``head_dim`` channels of x, and per group B and C of ``state``; the state
+    ``S_h`` (``head_dim x state``) ``S_h * exp(dt_h A_h) + dt_h x_h B^T`` with ``dt_h = softplus(dt + dt_bias)`` and
+    ``A_h = -exp(A_log_h)``, the output ``S_h C + D_h x_h``; a grouped RMSNorm of it times ``silu(z)``; ``out_proj``
+    (biased where ``proj_bias``, as ``in_proj``). ``layers``: per layer, whether it is one."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state: int
+    kernel: int
+    inner: int
+    conv_bias: bool
+    proj_bias: bool
+    layers: tuple
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.groups * self.state
+
+
+@dataclass(frozen=True)
 class MLA:
     """DeepSeek's multi-head latent attention (``LlamaConfig.mla``), as the model computes it, absorbed: each token's
     keys and values are one latent ``c`` of ``kv_lora_rank`` (``kv_a_layernorm`` of ``kv_a_proj_with_mqa``'s first
@@ -1694,8 +1723,7 @@ _HARMLESS_ONLY_AT = {
                   "absent (MiniCPM3: a number, the embeddings' factor)"),
     **{key: (lambda v, c: c.model_type == "minicpm3" and (v is None or _is_number(v) and 0 < v < float("inf")),
              "absent (MiniCPM3: null or a number > 0)") for key in ("scale_depth", "dim_model_base")},
-    # Granite 4.0 (granitemoehybrid): its mixture's keys, its RoPE switch, its Mamba layers' keys (none is read: a Mamba
-    # layer raises through layer_types)
+    # Granite 4.0 (granitemoehybrid): its mixture's keys, its RoPE switch, its Mamba layers' keys (LlamaConfig.mamba)
     "position_embedding_type": (lambda v, c: c.model_type == "granitemoehybrid" and v in (None, "rope", "nope"),
                                 "absent (Granite 4.0: 'rope', or null / 'nope': no RoPE)"),
     # (Granite 4.0's configs: its training initialiser, its norm)
@@ -1705,12 +1733,20 @@ _HARMLESS_ONLY_AT = {
                                "absent (Granite 4.0: 'rmsnorm')"),
     "layers_block_type": (lambda v, c: c.model_type == "granitemoehybrid"
                           and _layer_windows(c)[1] != "layers_block_type",
-                          "absent (Granite 4.0: one of 'attention' / 'full_attention' per layer; its Mamba layers, "
-                          "'linear_attention', are not read)"),
-    **{key: (lambda v, c: c.model_type == "granitemoehybrid", "absent (Granite 4.0: any, its Mamba layers' setting, "
-                                                              "read by none of its attention-only layers)")
-       for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_head", "mamba_d_conv", "mamba_expand",
-                   "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_limit")},
+                          "absent (Granite 4.0: one of 'attention' / 'full_attention' / 'linear_attention' / 'mamba' "
+                          "per layer)"),
+    **{key: (lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 1,
+             "absent (Granite 4.0: an int >= 1)")
+       for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
+                   "mamba_chunk_size")},
+    "mamba_d_head": (lambda v, c: c.model_type == "granitemoehybrid" and (v == "auto" or _is_int(v) and v >= 1),
+                     "absent (Granite 4.0: 'auto' or an int >= 1)"),
+    **{key: (lambda v, c: c.model_type == "granitemoehybrid" and isinstance(v, bool), "absent (Granite 4.0: a bool)")
+       for key in ("mamba_conv_bias", "mamba_proj_bias")},
+    # (its recurrent form clamps no time step while its chunked form would: only the limit that clamps nothing)
+    "time_step_limit": (lambda v, c: c.model_type == "granitemoehybrid" and (v is None or isinstance(v, (list, tuple))
+                                                                            and list(v) == [0.0, float("inf")]),
+                        "absent (Granite 4.0: null or [0.0, inf], no clamp)"),
     # (the RW code's, before transformers had Falcon: false in Falcon's checkpoints, and transformers does not read it)
     "apply_residual_connection_post_layernorm": (lambda v, c: c.model_type == "falcon" and v is False,
                                                  "absent (Falcon: false)"),
@@ -2437,9 +2473,10 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
             return none, None
         sliding = [True] * n
     else:
-        if c.model_type == "granitemoehybrid":  # (its layer_types: attention, or Mamba's linear_attention, not read)
-            types = x.get("layer_types", x.get("layers_block_type"))
-            if types is None or len(types) != n or not set(types) <= set(_HYBRID_ATTENTION):
+        if c.model_type == "granitemoehybrid":  # (its layer_types: attention, or Mamba's: LlamaConfig.mamba)
+            types = x.get("layer_types", x.get("layers_block_type", ["linear_attention"] * n))
+            if not isinstance(types, list) or len(types) != n or not set(types) <= {*_HYBRID_ATTENTION,
+                                                                                      *_MAMBA_TYPES}:
                 named = "layer_types" in x or "layers_block_type" not in x
                 return none, "layer_types" if named else "layers_block_type"
             return none, None
@@ -2674,9 +2711,10 @@ class LlamaConfig:
         if self.model_type == "granitemoehybrid" and _layer_windows(self)[1] is not None:
             x = self.extra
             raise ValueError(f"model_type 'granitemoehybrid' with layer types "
-                             f"{x.get('layer_types', x.get('layers_block_type'))!r}: only its attention-only "
-                             f"checkpoints are read (one of {_HYBRID_ATTENTION} per layer; none given means "
-                             "GraniteMoeHybridConfig's Mamba layers, 'linear_attention', which are not read here)")
+                             f"{x.get('layer_types', x.get('layers_block_type'))!r}: one of "
+                             f"{(*_HYBRID_ATTENTION, *_MAMBA_TYPES)} per layer")
+        if self.model_type == "granitemoehybrid" and self.mamba is not None:
+            self._check_mamba()
         if self.model_type in ("afmoe", "granitemoehybrid") and self.experts is not None \
                 and self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok = {self.experts.top_k} is more than the "
@@ -3575,7 +3613,7 @@ class LlamaConfig:
         """Each layer's KV heads (:meth:`layer_kv_heads`): the caches' layout with ``head_dim``; 0 on a layer that
         holds no keys (LFM2's convolutions: :attr:`conv_layers`)."""
         n, kv = self.num_hidden_layers, self.num_key_value_heads
-        if self.model_type in _LFM2S:
+        if self.model_type in _LFM2S or self.mamba is not None:
             return tuple(0 if conv else kv for conv in self.conv_layers)
         if self.model_type != "mimo_v2_flash":
             return (kv,) * n
@@ -3583,16 +3621,49 @@ class LlamaConfig:
 
     @property
     def conv_layers(self) -> tuple:
-        """A bool per layer: whether its mixer is LFM2's gated short convolution (:class:`~triforce.models.llama.
-        ShortConv`) instead of attention; the caches hold such a layer's last inputs (docs/model.md, "LFM2")."""
+        """A bool per layer: whether its mixer convolves its inputs instead of attending: LFM2's gated short convolution
+        (:class:`~triforce.models.llama.ShortConv`) or a Mamba-2 layer (:attr:`mamba`, whose convolution feeds its
+        state space model); the caches hold such a layer's last inputs (docs/model.md, "LFM2", "Mamba-2")."""
+        if self.mamba is not None:
+            return self.mamba.layers
         if self.model_type not in _LFM2S:
             return (False,) * self.num_hidden_layers
         return _lfm2_conv_layers(self)
 
     @property
     def conv_kernel(self) -> int:
-        """The convolution's taps (LFM2's ``conv_L_cache``); 0 where no layer convolves."""
+        """The convolution's taps (LFM2's ``conv_L_cache``, Mamba's ``mamba_d_conv``); 0 where no layer convolves."""
+        if self.mamba is not None:
+            return self.mamba.kernel
         return int(self.extra.get("conv_L_cache", 3)) if any(self.conv_layers) else 0
+
+    def conv_width(self, layer: int) -> int:
+        """The channels a convolution layer convolves: LFM2's ``hidden_size``, Mamba's ``conv_dim``."""
+        return self.mamba.conv_dim if self.mamba is not None else self.hidden_size
+
+    @property
+    def mamba(self) -> "Mamba | None":
+        """Granite 4.0's Mamba-2 layers (:class:`Mamba`: its ``layer_types``' ``"linear_attention"`` / ``"mamba"``
+        layers), or None where no layer is one."""
+        if self.model_type != "granitemoehybrid":
+            return None
+        x = self.extra
+        types = x.get("layer_types", x.get("layers_block_type", ["linear_attention"] * self.num_hidden_layers))
+        layers = tuple(t in _MAMBA_TYPES for t in types) if isinstance(types, list) else ()
+        if not any(layers):
+            return None
+        get = lambda k: x.get(k, _MAMBA_DEFAULTS[k])  # noqa: E731
+        heads, inner = get("mamba_n_heads"), get("mamba_expand") * self.hidden_size
+        head_dim = get("mamba_d_head")
+        return Mamba(heads, inner // heads if head_dim == "auto" else head_dim, get("mamba_n_groups"),
+                     get("mamba_d_state"), get("mamba_d_conv"), inner, bool(get("mamba_conv_bias")),
+                     bool(get("mamba_proj_bias")), layers)
+
+    def _check_mamba(self) -> None:
+        m = self.mamba
+        if m.heads * m.head_dim != m.inner or m.heads % m.groups:
+            raise ValueError(f"config: Mamba's mamba_n_heads ({m.heads}) x mamba_d_head ({m.head_dim}) must be "
+                             f"mamba_expand x hidden_size ({m.inner}), and mamba_n_groups ({m.groups}) divide the heads")
 
     @property
     def conv_bias(self) -> bool:

@@ -708,6 +708,60 @@ class ShortConv(nn.Module):
         return self.out_proj(c * y)
 
 
+class Mamba2Mixer(nn.Module):
+    """A Mamba-2 layer (``config.mamba``: Granite 4.0's), a layer's mixer in place of attention, as transformers'
+    GraniteMoeHybridMambaLayer computes it (:class:`~triforce.models.config.Mamba`): ``in_proj`` into the gate ``z``,
+    ``xBC`` and ``dt``; the causal depthwise convolution of ``xBC`` (a cache's ring: :meth:`~triforce.models.cache.
+    _KVCache.convolve`), SiLU; the state space model over the tokens (:meth:`~triforce.models.cache._KVCache.scan`:
+    float32, token by token; without a cache from a zero state), ``dt = softplus(dt + dt_bias)``, ``A = -exp(A_log)``;
+    its output rounded to the dtype, times ``silu(z)`` and normalised per group (RMS, float32), times ``norm.weight``;
+    ``out_proj``. Every elementwise function value by value (:func:`_lanewise`), so a pass keeps the bits of its
+    steps."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        m = self.spec = config.mamba
+        self.layer, h = layer, config.hidden_size
+        self.in_proj = Linear(h, m.inner + m.conv_dim + m.heads, bias=m.proj_bias)
+        self.conv1d = nn.Conv1d(m.conv_dim, m.conv_dim, m.kernel, groups=m.conv_dim, bias=m.conv_bias,
+                                padding=m.kernel - 1)  # (its weights only)
+        self.dt_bias = nn.Parameter(torch.ones(m.heads))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, m.heads + 1, dtype=torch.float32)))
+        self.D = nn.Parameter(torch.ones(m.heads))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(m.inner))
+        self.eps = config.rms_norm_eps
+        self.out_proj = Linear(m.inner, h, bias=m.proj_bias)
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        m = self.spec
+        b, T, _ = x.shape
+        z, xbc, dt = self.in_proj(x).split([m.inner, m.conv_dim, m.heads], dim=-1)
+        weight, bias = self.conv1d.weight, self.conv1d.bias
+        conv = (_cache.short_conv(_cache.conv_windows(xbc, m.kernel), weight, bias) if cache is None
+                else cache.convolve(self.layer, xbc, step, weight, bias))
+        xs, B, C = _lanewise(F.silu, conv).split([m.inner, m.groups * m.state, m.groups * m.state], dim=-1)
+        dt = _lanewise(F.softplus, dt.float() + self.dt_bias.float())
+        decay = _lanewise(torch.exp, dt * -torch.exp(self.A_log.float()))
+        xs = xs.float().view(b, T, m.heads, m.head_dim)
+        B, C = (t.float().view(b, T, m.groups, m.state) for t in (B, C))
+        D = self.D.float()
+        if cache is not None:
+            y = cache.scan(self.layer, xs, B, C, dt, decay, D, step)
+        else:  # (from a zero state, as a cache's chain)
+            rep = m.heads // m.groups
+            Bh, Ch = (t.repeat_interleave(rep, dim=2) for t in (B, C))
+            state, out = xs.new_zeros(b, m.heads, m.head_dim, m.state), []
+            for t in range(T):
+                state = _cache.ssm_update(state, xs[:, t], Bh[:, t], dt[:, t], decay[:, t])
+                out.append(_cache.ssm_readout(state, Ch[:, t], D, xs[:, t]))
+            y = torch.stack(out, 1)
+        y = y.reshape(b, T, m.inner).to(x.dtype).float() * _lanewise(F.silu, z.float())
+        groups = y.view(b, T, m.groups, -1)
+        groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.out_proj(self.norm.weight * groups.view(b, T, m.inner).to(x.dtype))
+
+
 def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama 4's L2 norm of ``x`` over its last dim: ``x * rsqrt(mean(x^2) + eps)`` in float32, rounded to the dtype
     (an RMSNorm without a weight, as transformers' Llama4TextL2Norm)."""
@@ -1373,7 +1427,9 @@ def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
-        self.self_attn = (ShortConv if config.conv_layers[layer] else LatentAttention if config.mla is not None
+        mamba = config.mamba is not None and config.mamba.layers[layer]
+        self.self_attn = (Mamba2Mixer if mamba else ShortConv if config.conv_layers[layer]
+                          else LatentAttention if config.mla is not None
                           else MixtureOfAttention if config.attention_experts is not None else Attention)(config, layer)
         experts = config.experts
         width = config.dense_intermediate_size  # (Granite 4.0's shared MLP's; intermediate_size elsewhere)
@@ -1762,7 +1818,7 @@ def _stack_runs(layers, lo: int, hi: int) -> list:
             or layers[i].__dict__.get("bare_input")]  # (ModernBERT decoder's first layer: on the modules)
     # LFM2's convolution layers, which the stack does not run: each alone, so that the attention layers between them
     # run in the stack
-    convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) is ShortConv]
+    convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) in (ShortConv, Mamba2Mixer)]
     edges = sorted({lo, *cuts, *convs, *(i + 1 for i in convs if i + 1 < hi), hi})
     return list(zip(edges, edges[1:]))
 

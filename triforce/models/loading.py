@@ -944,6 +944,10 @@ def _stablelm_head_norms(sd: dict, inverse: bool = False) -> dict:
 _DENSE_MLP = re.compile(r"(.*\.)mlp\.(gate|up|down)_proj\.weight")
 
 
+# Granite 4.0's Mamba layers' weights under the model's self_attn (triforce.models.llama.Mamba2Mixer), back to mamba
+_MAMBA_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|dt_bias$|A_log$|D$|norm\.weight$|out_proj\.)")
+
+
 def _granite_dense_names(sd: dict, inverse: bool = False) -> dict:
     """Granite 4.0's dense checkpoints (granitemoehybrid without experts): its MLP, ``shared_mlp.input_linear`` (the
     gate's rows, then the up's) and ``output_linear``, as the model's ``mlp.gate_proj`` / ``up_proj`` / ``down_proj``,
@@ -1355,6 +1359,9 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _jetmoe_names(sd, inverse)
     if config.model_type in ("lfm2", "lfm2_moe"):
         return _renamed(sd, [(b, a) for a, b in reversed(_LFM2_PAIRS)] if inverse else _LFM2_PAIRS)
+    if config.model_type == "granitemoehybrid" and config.mamba is not None:  # (its Mamba layers' module: mamba)
+        sd = {(_MAMBA_OURS.sub(r"\1.mamba.\2", k) if inverse else k.replace(".mamba.", ".self_attn.")): t
+              for k, t in sd.items()}
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type == "modernbert-decoder":
