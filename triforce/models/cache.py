@@ -155,9 +155,12 @@ def short_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return acc.to(win.dtype)
 
 
-# The Mamba-2 layers' states a cache keeps to go back to (config.mamba): the state at the start of each of its last
-# SSM_CHECKPOINTS forwards; a rollback before the oldest raises on the CPU (docs/model.md, "Mamba-2")
+# The Mamba-2 layers' states a cache keeps to go back to (config.mamba): SSM_CHECKPOINTS of them, taken at the start of a
+# forward at least SSM_CHECKPOINT_STRIDE tokens after the last one (or before it, after a rollback): a rollback within
+# about SSM_CHECKPOINTS x SSM_CHECKPOINT_STRIDE tokens replays at most a stride and a forward's tokens; one before the
+# oldest raises on the CPU (docs/model.md, "Mamba-2")
 SSM_CHECKPOINTS = 8
+SSM_CHECKPOINT_STRIDE = 16
 
 
 def ssm_update(state, x, B, dt, decay):
@@ -483,7 +486,9 @@ class _KVCache:
         # the token at position p of its sequence at p % ring (the last slot takes the writes that keep nothing); per
         # row the positions whose inputs the ring holds, [conv_lo, conv_hi) less what the ring overwrote
         self.conv_kernel = config.conv_kernel
-        self.conv_ring = min(capacity, CONV_HISTORY) + self.conv_kernel
+        # (Mamba's layers: and the tokens a replay may go back over, from the oldest checkpoint)
+        self.conv_ring = min(capacity, CONV_HISTORY) + self.conv_kernel + (
+            SSM_CHECKPOINTS * SSM_CHECKPOINT_STRIDE if config.mamba is not None else 0)
         self.conv = [torch.zeros(batch_size, self.conv_ring + 1, config.conv_width(i), device=self.device, dtype=dtype)
                      if c else None for i, c in enumerate(config.conv_layers)]
         self._conv_span = torch.zeros(2, batch_size, dtype=torch.int64, device=self.device) \
@@ -577,8 +582,8 @@ class _KVCache:
             if bool((moved & (best < 0)).any()):
                 raise ValueError(f"{type(self).__name__}: a row would go back to {targets.tolist()} tokens, before "
                                  f"every checkpoint of its Mamba layers' states ({self._ckpt_pos.tolist()}): roll "
-                                 f"back within the last {SSM_CHECKPOINTS} forwards "
-                                 "(triforce.models.cache.SSM_CHECKPOINTS)")
+                                 f"back at most ~{SSM_CHECKPOINTS * SSM_CHECKPOINT_STRIDE} tokens "
+                                 "(triforce.models.cache.SSM_CHECKPOINTS, SSM_CHECKPOINT_STRIDE)")
             start = torch.where(moved, torch.minimum(start, best.clamp(min=0)), start)
         bad = (targets > 0) & ((start < lo) | (hi - start > self.conv_ring) | (start > hi))
         if bool(bad.any()):
@@ -622,10 +627,12 @@ class _KVCache:
             self.ssm[layer].copy_(torch.where(need[:, None, None, None], state, self.ssm[layer]))
         self.ssm_at.copy_(torch.where(need, targets, self.ssm_at))
 
-    def _ssm_checkpoint(self, positions: torch.Tensor) -> None:
-        """The states (at ``positions``) into the next checkpoint, unless the latest is of these positions already."""
-        last = (self._ckpt_next - 1) % SSM_CHECKPOINTS
-        if self._ckpt_next and torch.equal(self._ckpt_pos[last], positions):
+    def _ssm_checkpoint(self, positions: torch.Tensor, always: bool = False) -> None:
+        """The states (at ``positions``) into the next checkpoint where the latest is at or before every row's position
+        by less than :data:`SSM_CHECKPOINT_STRIDE` tokens (and ``always`` is not set), else none."""
+        last = self._ckpt_pos[(self._ckpt_next - 1) % SSM_CHECKPOINTS]
+        if not always and self._ckpt_next and bool(((last >= 0) & (last <= positions)
+                                                    & (positions - last < SSM_CHECKPOINT_STRIDE)).all()):
             return
         slot = self._ckpt_next % SSM_CHECKPOINTS
         for ckpt, state in zip(self._ckpt, self.ssm):
@@ -648,7 +655,7 @@ class _KVCache:
             if mine is not None:
                 mine.copy_(theirs)
         self.ssm_at.copy_(positions)
-        self._ssm_checkpoint(positions)
+        self._ssm_checkpoint(positions, always=True)
 
     def scan(self, layer: int, x, B, C, dt, decay, D, step: Step) -> torch.Tensor:
         """A Mamba-2 layer's state space model over the step's tokens (float32: ``x`` ``[b, T, H, P]``, ``B`` and

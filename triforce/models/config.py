@@ -300,6 +300,7 @@ FAMILIES["granitemoehybrid"] = Family("GraniteMoeHybridForCausalLM", reads=("att
 _GRANITE_SWAS = ("granite_swa", "granitemoe_swa")
 _GRANITES = ("granite", *_GRANITE_MOES, "granite_swa", "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
 _HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
+_JSON_INF = {"__float__": "Infinity"}  # (transformers' config.json spelling of an infinite float)
 _MAMBA_TYPES = ("linear_attention", "mamba")  # (its layer_types' Mamba layers: transformers' name, the hub's older one)
 # GraniteMoeHybridConfig's Mamba settings where a config leaves them out (mamba_d_head "auto": inner / heads)
 _MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_head": "auto",
@@ -1745,7 +1746,8 @@ _HARMLESS_ONLY_AT = {
        for key in ("mamba_conv_bias", "mamba_proj_bias")},
     # (its recurrent form clamps no time step while its chunked form would: only the limit that clamps nothing)
     "time_step_limit": (lambda v, c: c.model_type == "granitemoehybrid" and (v is None or isinstance(v, (list, tuple))
-                                                                            and list(v) == [0.0, float("inf")]),
+                                                                            and len(v) == 2 and v[0] == 0
+                                                                            and v[1] in (float("inf"), _JSON_INF)),
                         "absent (Granite 4.0: null or [0.0, inf], no clamp)"),
     # (the RW code's, before transformers had Falcon: false in Falcon's checkpoints, and transformers does not read it)
     "apply_residual_connection_post_layernorm": (lambda v, c: c.model_type == "falcon" and v is False,
@@ -2474,7 +2476,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
         sliding = [True] * n
     else:
         if c.model_type == "granitemoehybrid":  # (its layer_types: attention, or Mamba's: LlamaConfig.mamba)
-            types = x.get("layer_types", x.get("layers_block_type", ["linear_attention"] * n))
+            types = x.get("layer_types") or x.get("layers_block_type") or ["linear_attention"] * n  # (none: Mamba)
             if not isinstance(types, list) or len(types) != n or not set(types) <= {*_HYBRID_ATTENTION,
                                                                                       *_MAMBA_TYPES}:
                 named = "layer_types" in x or "layers_block_type" not in x
@@ -3647,8 +3649,8 @@ class LlamaConfig:
         layers), or None where no layer is one."""
         if self.model_type != "granitemoehybrid":
             return None
-        x = self.extra
-        types = x.get("layer_types", x.get("layers_block_type", ["linear_attention"] * self.num_hidden_layers))
+        x = self.extra  # (no layer_types, or null: GraniteMoeHybridConfig's, every layer Mamba)
+        types = x.get("layer_types") or x.get("layers_block_type") or ["linear_attention"] * self.num_hidden_layers
         layers = tuple(t in _MAMBA_TYPES for t in types) if isinstance(types, list) else ()
         if not any(layers):
             return None

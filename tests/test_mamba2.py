@@ -1,0 +1,212 @@
+"""Granite 4.0's Mamba-2 layers (``model_type="granitemoehybrid"`` with ``"mamba"`` / ``"linear_attention"`` layers:
+granite-4.0-h-*): :class:`~triforce.models.llama.Mamba2Mixer` against transformers' GraniteMoeHybridForCausalLM, and
+the caches' state space model states through steps, trees, rollbacks (replayed from a checkpoint), evictions and
+retrieval."""
+import pytest
+import torch
+
+import triforce.models.cache as cache_module
+from triforce.models import LlamaConfig
+from triforce.models.cache import FullCache, RetrievalCache, StreamingCache
+from triforce.models.llama import Attention, Mamba2Mixer
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import TINY, assert_save_loads, assert_saved_reads_back, tiny_family, transformers_and_ours
+from .test_granite4 import MICRO
+from .test_lfm2 import _steps
+from .test_model import TOL
+from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+HYBRID = dict(TINY, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], shared_intermediate_size=48,
+              mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=8,
+              embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0)
+CASES = {"dense-rope-two-groups": dict(num_local_experts=0, num_experts_per_tok=0, position_embedding_type="rope"),
+         # (a mixture; its Mamba layers by transformers' name, with biased projections and an unbiased convolution, one
+         # group, state 8, 3 taps, NoPE)
+         "moe-nope-biased": dict(num_local_experts=4, num_experts_per_tok=2, mamba_n_groups=1, mamba_d_state=8,
+                                 mamba_d_conv=3, mamba_proj_bias=True, mamba_conv_bias=False,
+                                 layer_types=["linear_attention", "attention", "linear_attention"])}
+EXTRA = {"layer_types": ["mamba", "attention", "mamba"], "mamba_n_heads": 4, "mamba_d_state": 8, "mamba_n_groups": 2,
+         "num_local_experts": 0, "num_experts_per_tok": 0, "shared_intermediate_size": 48,
+         "position_embedding_type": "rope"}
+
+
+def pair(case="dense-rope-two-groups"):
+    """transformers' GraniteMoeHybridForCausalLM of ``case`` (the Mamba layers' projections and convolution drawn larger
+    than transformers' initialisation, so that they count; biases and norms randomised) and ours."""
+    hf, _ = transformers_and_ours("GraniteMoeHybrid", **{**HYBRID, **CASES[case]})
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".mamba." in name and name.endswith("weight") and "norm" not in name:
+                p.normal_(0, 0.2)
+            if name.endswith(("A_log", ".D")):
+                p.add_(torch.randn_like(p) * 0.3)
+    from triforce.models.loading import _build
+
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def tiny(seed, types=("mamba", "attention", "mamba")):
+    return tiny_family("granitemoehybrid", seed, layers=len(types), extra={**EXTRA, "layer_types": list(types)})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_path_and_our_save_match_transformers(tmp_path, case):
+    """Every path (the plain forward, a chunked prefill, a verify pass, one-token steps, a tree whose branches each run
+    the state from their own parent) gives transformers' logits; our save reads back in transformers."""
+    hf, ours = pair(case)
+    kinds = [type(layer.self_attn) for layer in ours.model.layers]
+    assert kinds == [Mamba2Mixer, Attention, Mamba2Mixer]
+    assert ours.config.kv_heads_per_layer == (0, 2, 0)
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path, hf, ours)
+
+
+def test_transformers_directory_loads(tmp_path):
+    hf, ours = pair("moe-nope-biased")
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
+    assert_save_loads(hf, tmp_path, ids, ours)
+
+
+def test_each_part_moves_the_logits():
+    """A_log, dt_bias, D, the convolution, the gated norm's weight, the gate's share of in_proj count; so does the state
+    a cached step starts from: zeroed, the next step's logits move."""
+    hf, ours = pair()
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    m = ours.model.layers[2].self_attn
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (ours(ids) - ref).abs().max() <= TOL
+        for t in (m.A_log, m.dt_bias, m.D, m.conv1d.weight, m.norm.weight, m.in_proj.weight[:128]):
+            kept = t.clone()
+            t.mul_(-2)
+            assert (ours(ids) - ref).abs().max() > 1e-3
+            t.copy_(kept)
+        cache = FullCache(ours.config, 2, 32)
+        ours(ids[:, :15], cache=cache)
+        cache.ssm[2].zero_()
+        assert (ours(ids[:, 15:], cache=cache)[:, 0] - ref[:, 15]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype, case):
+    assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+def test_rollback_and_commit_path_rebuild_the_state():
+    """Rolled back to any accepted length after a pass, over several forwards, or past a checkpoint (the state replayed
+    from the last one before it), and after a tree's commit_path, the next steps' logits are bitwise those of a cache
+    that only ever saw the accepted tokens."""
+    model = tiny(0)
+    ids = torch.randint(0, 64, (2, 60), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = FullCache(model.config, 2, 96)
+        want = _steps(model, ref, ids, [12] + [1] * 30)
+        for accepted in (0, 1, 3):
+            cache = FullCache(model.config, 2, 96)
+            model(ids[:, :12], cache=cache)
+            model(torch.randint(0, 64, (2, 5)), cache=cache)  # (a rejected draft)
+            cache.rollback(torch.full((2,), 12, dtype=torch.int32))
+            got = _steps(model, cache, ids[:, 12:], [accepted + 1] + [1] * (7 - accepted))
+            assert torch.equal(got, want[:, 12:20])
+        cache = FullCache(model.config, 2, 96)  # (many one-token forwards, then back over all of them)
+        _steps(model, cache, ids, [12] + [1] * 25)
+        cache.rollback(torch.full((2,), 15, dtype=torch.int32))
+        assert torch.equal(_steps(model, cache, ids[:, 15:], [3, 1]), want[:, 15:19])
+        cache = FullCache(model.config, 2, 96)  # (a tree: the path 0, 2, 4; node 1 a rival branch)
+        model(ids[:, :12], cache=cache)
+        toks = torch.stack([ids[:, 12], ids[:, 13] * 0 + 7, ids[:, 13], ids[:, 14] * 0 + 9, ids[:, 14]], 1)
+        tree = model(toks, cache=cache, tree_parents=torch.tensor([[-1, 0, 0, 1, 2]] * 2))
+        assert torch.equal(tree[:, [0, 2, 4]], want[:, 12:15])
+        cache.commit_path(torch.full((2,), 12, dtype=torch.int32), torch.tensor([[0, 2, 4]] * 2),
+                          torch.full((2,), 2, dtype=torch.int32))
+        assert torch.equal(_steps(model, cache, ids[:, 15:], [1, 2]), want[:, 15:18])
+
+
+def test_a_rollback_before_every_checkpoint_raises(monkeypatch):
+    """With two checkpoints a token apart, a rollback before the older raises (on the CPU) instead of replaying from
+    a state it does not have; one after it does not."""
+    monkeypatch.setattr(cache_module, "SSM_CHECKPOINTS", 2)
+    monkeypatch.setattr(cache_module, "SSM_CHECKPOINT_STRIDE", 1)
+    model = tiny(0)
+    cache = FullCache(model.config, 1, 64)
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _steps(model, cache, ids, [10, 4, 3, 3])  # (checkpoints at 14 and 17)
+        cache.rollback(torch.tensor([15], dtype=torch.int32))
+        with pytest.raises(ValueError, match="SSM_CHECKPOINTS"):
+            cache.rollback(torch.tensor([12], dtype=torch.int32))
+
+
+def test_drafts_caches_run_the_state_exactly():
+    """On a model of Mamba layers only (nothing for a draft cache to drop), a StreamingLLM cache (prefilled, or filled
+    from a full one; through evictions, a rollback and a large step) and a retrieval cache (its steps, a rollback, a
+    sync) give the full cache's logits bitwise."""
+    model = tiny(3, types=("mamba", "mamba"))
+    ids = torch.randint(0, 64, (2, 60), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        full = FullCache(model.config, 2, 96, chunk_size=4)
+        want = _steps(model, full, ids, [20, 3, 1, 4, 1, 12, 1, 2])
+        for fill in (False, True):
+            s = StreamingCache(model.config, 2, sink=2, window=6, max_step=4)
+            if fill:
+                f = FullCache(model.config, 2, 96)
+                model(ids[:, :20], cache=f)
+                s.fill_from(f)
+            else:
+                assert torch.equal(model(ids[:, :20], cache=s), want[:, :20])
+            got = _steps(model, s, ids[:, 20:], [3, 1, 4])
+            s.rollback(s.lengths - 2)
+            got = torch.cat([got[:, :-2], _steps(model, s, ids[:, 26:], [2, 1, 12, 1, 2])], 1)
+            assert torch.equal(got, want[:, 20:])
+        full = FullCache(model.config, 2, 96, chunk_size=4)
+        model(ids[:, :20], cache=full)
+        r = RetrievalCache(model.config, full, budget=8, chunk_size=4, max_step=8)
+        assert torch.equal(model(ids[:, 20:23], cache=r), want[:, 20:23])
+        model(ids[:, 23:25], cache=r)
+        r.rollback(r.lengths - 2)
+        assert torch.equal(model(ids[:, 23:24], cache=r), want[:, 23:24])
+        model(ids[:, 20:28], cache=full)
+        r.sync()
+        assert torch.equal(model(ids[:, 28:33], cache=r), want[:, 28:33])
+
+
+def test_ragged_rows_and_row_selection_keep_each_rows_state():
+    model = tiny(0)
+    ids = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        alone = [_steps(model, FullCache(model.config, 1, 32), ids[b:b + 1], [10, 2 + b, 1]) for b in range(3)]
+        cache = FullCache(model.config, 3, 32)
+        model(ids[:, :10], cache=cache)
+        out = model(ids[:, 10:14], cache=cache, widths=torch.tensor([2, 3, 4]))
+        for b in range(3):
+            assert torch.equal(out[b, :2 + b], alone[b][0, 10:12 + b])
+        cache.select_rows([2, 0])
+        nxt = model(torch.stack([ids[2, 14:15], ids[0, 12:13]]), cache=cache)
+        assert torch.equal(nxt[0], alone[2][0, -1:]) and torch.equal(nxt[1], alone[0][0, -1:])
+
+
+def test_config_reads_mamba_layers_as_transformers_reads_them():
+    """GraniteMoeHybridConfig's defaults (no layer_types, or null: every layer Mamba; mamba_d_head 'auto'); a
+    granite-4.0-h-shaped config; refusals."""
+    c, want = LlamaConfig.from_dict({"model_type": "granitemoehybrid"}), transformers.GraniteMoeHybridConfig()
+    m = c.mamba
+    assert m.layers == (True,) * 32 and (m.heads, m.head_dim, m.groups, m.state, m.kernel, m.conv_bias) == (
+        want.mamba_n_heads, want.mamba_d_head, want.mamba_n_groups, want.mamba_d_state, want.mamba_d_conv,
+        want.mamba_conv_bias)
+    h = LlamaConfig.from_dict({**MICRO, "layer_types": ["mamba"] * 9 + ["attention"] + ["mamba"] * 30})
+    assert h.mamba.layers.count(False) == 1 and h.mamba.inner == 5120 and h.kv_heads_per_layer[9] == 8
+    assert LlamaConfig.from_dict({**MICRO, "layer_types": None}).mamba.layers == (True,) * 40
+    for bad, match in (({"mamba_d_head": 64}, "mamba_d_head"), ({"time_step_limit": [0.0, 1.0]}, "time_step_limit"),
+                       ({"mamba_n_groups": 3}, "mamba_n_groups"), ({"mamba_conv_bias": 1}, "mamba_conv_bias")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**MICRO, "layer_types": ["mamba"] * 40, **bad})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 3, 4, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 3, 4, 6)])
+def test_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
