@@ -124,6 +124,12 @@ def test_rollback_and_commit_path_rebuild_the_state():
         cache.commit_path(torch.full((2,), 12, dtype=torch.int32), torch.tensor([[0, 2, 4]] * 2),
                           torch.full((2,), 2, dtype=torch.int32))
         assert torch.equal(_steps(model, cache, ids[:, 15:], [1, 2]), want[:, 15:18])
+        cache = FullCache(model.config, 2, 96)  # (a tree that is a chain, every node accepted: its length as a chain's)
+        model(ids[:, :12], cache=cache)
+        model(ids[:, 12:15], cache=cache, tree_parents=torch.tensor([[-1, 0, 1]] * 2))
+        cache.commit_path(torch.full((2,), 12, dtype=torch.int32), torch.tensor([[0, 1, 2]] * 2),
+                          torch.full((2,), 2, dtype=torch.int32))
+        assert torch.equal(_steps(model, cache, ids[:, 15:], [1, 2]), want[:, 15:18])
 
 
 def test_a_rollback_before_every_checkpoint_raises(monkeypatch):

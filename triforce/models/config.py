@@ -25,8 +25,8 @@ the embeddings, ``embed_layernorm``),
 ``nanochat`` (its q/k norms after RoPE, ``embed_norm``), and the mixtures of experts ``mixtral``, ``phimoe``
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
-attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 4.0 without Mamba layers,
-dense or not), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
+attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 4.0, dense or not, its Mamba-2
+layers: :class:`Mamba`), ``lfm2`` and ``lfm2_moe`` (LFM2's convolution layers), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
 ``cohere2_moe`` (Cohere 2's parallel layer with a mixture), ``mellum`` (Qwen3-MoE's layer with windows and a RoPE
 per layer type), ``laguna`` (query heads per layer, a softplus output gate), ``glm4_moe``, ``glm4_moe_lite``,
@@ -289,11 +289,10 @@ _GRANITE_MOES = ("granitemoe", "granitemoeshared", "granitemoe_swa")
 # divided), the attention scaled by attention_multiplier or head_dim ** -0.5 where it is null
 FAMILIES["hyperclovax"] = Family("HyperCLOVAXForCausalLM", reads=("attention_bias", "mlp_bias"),
                                  defaults=dict(FAMILIES["granite"].defaults))
-# Granite 4.0's attention-only checkpoints (GraniteMoeHybridForCausalLM with no Mamba layer: granite-4.0-micro, -1b,
-# -350m): Granite's layer and multipliers, its MLP the shared one (shared_mlp: input_linear holding the gate and up
-# rows, output_linear; shared_intermediate_size wide), with num_local_experts > 0 GraniteMoeShared's mixture beside it;
-# RoPE only where position_embedding_type is 'rope' (else none at all: NoPE). Its Mamba layers are not read (a
-# 'linear_attention' layer raises).
+# Granite 4.0 (GraniteMoeHybridForCausalLM: granite-4.0-micro, -1b, -350m attention only; granite-4.0-h-* with Mamba-2
+# layers, LlamaConfig.mamba): Granite's layer and multipliers, its MLP the shared one (shared_mlp: input_linear holding
+# the gate and up rows, output_linear; shared_intermediate_size wide), with num_local_experts > 0 GraniteMoeShared's
+# mixture beside it; RoPE only where position_embedding_type is 'rope' (else none at all: NoPE).
 FAMILIES["granitemoehybrid"] = Family("GraniteMoeHybridForCausalLM", reads=("attention_bias",), defaults={
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 8,
     "num_experts_per_tok": 2, "shared_intermediate_size": 1024})
