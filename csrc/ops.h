@@ -255,6 +255,14 @@ void shift_slots_(at::Tensor& buf, const at::Tensor& shift, int64_t lo, int64_t 
 // last dimension contiguous, not overlapping; cos / sin contiguous. A float32 StreamingLLM cache's sinks rotated
 // again at their new positions (csrc/include/triforce/slots.h).
 void rope_into_(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// Mamba-2's state space model over T tokens (csrc/cpu/ssm.cpp), all float32 contiguous CPU tensors: state
+// [b, H, P, N] updated in place over each row's first counts[b] tokens (default T; the others leave it), x
+// [b, T, H, P], B and C [b, T, G, N] (head h reads group h / (H / G)), dt and decay [b, T, H], D [H]; per state row
+// and token s = s * decay + (dt * B) * x and y = s . C + D x (the dot in 16 lanes of the dims n % 16, each in order,
+// summed in order) -> y [b, T, H, P]. Each state row is one thread's: the bits never depend on the threads or on T.
+at::Tensor ssm_scan_(at::Tensor& state, const at::Tensor& x, const at::Tensor& B, const at::Tensor& C,
+                     const at::Tensor& dt, const at::Tensor& decay, const at::Tensor& D,
+                     const std::optional<at::Tensor>& counts);
 
 // ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,

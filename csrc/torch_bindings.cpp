@@ -64,6 +64,8 @@ TORCH_LIBRARY(triforce_C, m) {
   // ---- caches: a StreamingLLM window shifted in place, its sinks rotated again (csrc/ops.h)
   m.def("shift_slots_(Tensor(a!) buf, Tensor shift, int lo, int hi) -> ()");
   m.def("rope_into_(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
+  m.def("ssm_scan_(Tensor(a!) state, Tensor x, Tensor B, Tensor C, Tensor dt, Tensor decay, Tensor D, "
+        "Tensor? counts=None) -> Tensor");
   // decoder_layers' thread team (csrc/include/triforce/team.h): [forwards with a team, of them stalled, indices
   // the workers ran], since the process started
   m.def("forward_team_stats() -> int[]", &forward_team_stats);
@@ -107,6 +109,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("tree_greedy_verify", &tree_greedy_verify);
   m.impl("shift_slots_", &shift_slots_);
   m.impl("rope_into_", &rope_into_);
+  m.impl("ssm_scan_", &ssm_scan_);
 }
 
 #ifdef TRIFORCE_WITH_CUDA

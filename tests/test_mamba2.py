@@ -216,3 +216,50 @@ def test_config_reads_mamba_layers_as_transformers_reads_them():
                          ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 3, 4, 6)])
 def test_greedy_equals_autoregressive(method, opts):
     assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+def _scan_inputs(b, T, H, P, G, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, B, C = (torch.randn(shape, generator=g) for shape in ((b, T, H, P), (b, T, G, N), (b, T, G, N)))
+    dt = torch.rand(b, T, H, generator=g) * 0.5
+    decay = torch.exp(-dt * (1 + torch.rand(H, generator=g)))
+    return torch.randn(b, H, P, N, generator=g), x, B, C, dt, decay, torch.randn(H, generator=g)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 4, 8, 2, 16), (1, 3, 6, 5, 3, 21), (3, 1, 2, 4, 1, 40)])
+def test_ssm_scan_is_the_recurrence(shape):
+    """``ssm_scan`` (the extension's kernel where built, else PyTorch's ops) against the recurrence in float64; a T-token
+    call bitwise T one-token calls and the same with one thread; tokens past a row's count leave its state."""
+    from triforce.models.cache import ssm_scan
+
+    b, T, H, P, G, N = shape
+    state, x, B, C, dt, decay, D = _scan_inputs(*shape, seed=sum(shape))
+    s64, want = state.double(), []
+    Bh, Ch = (t.double().repeat_interleave(H // G, dim=2) for t in (B, C))
+    for t in range(T):
+        s64 = s64 * decay[:, t, :, None, None].double() + (dt[:, t, :, None].double() * Bh[:, t])[:, :, None, :] \
+            * x[:, t, ..., None].double()
+        want.append((s64 * Ch[:, t, :, None, :]).sum(-1) + D[:, None].double() * x[:, t].double())
+    got_state = state.clone()
+    y = ssm_scan(got_state, x, B, C, dt, decay, D)
+    assert torch.allclose(y.double(), torch.stack(want, 1), atol=1e-4, rtol=1e-4)
+    assert torch.allclose(got_state.double(), s64, atol=1e-4, rtol=1e-4)
+    steps, one = state.clone(), []
+    for t in range(T):
+        one.append(ssm_scan(steps, x[:, t:t + 1], B[:, t:t + 1], C[:, t:t + 1], dt[:, t:t + 1], decay[:, t:t + 1], D))
+    assert torch.equal(torch.cat(one, 1), y) and torch.equal(steps, got_state)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = state.clone()
+        assert torch.equal(ssm_scan(single, x, B, C, dt, decay, D), y) and torch.equal(single, got_state)
+    finally:
+        torch.set_num_threads(threads)
+    counts = torch.arange(b) % (T + 1)
+    part = state.clone()
+    ssm_scan(part, x, B, C, dt, decay, D, counts)
+    for i in range(b):
+        ref = state[i:i + 1].clone()
+        k = int(counts[i])
+        ssm_scan(ref, x[i:i + 1, :k], B[i:i + 1, :k], C[i:i + 1, :k], dt[i:i + 1, :k], decay[i:i + 1, :k], D)
+        assert torch.equal(part[i:i + 1], ref)

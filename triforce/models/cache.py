@@ -165,16 +165,41 @@ SSM_CHECKPOINT_STRIDE = 16
 
 def ssm_update(state, x, B, dt, decay):
     """One token of a Mamba-2 layer's state space model, in float32: ``state`` ``[b, H, P, N]`` times ``decay``
-    (``exp(dt A)``, ``[b, H]``) plus ``dt B x`` (``x`` ``[b, H, P]``, ``B`` ``[b, H, N]``: its group's, per head;
-    ``dt`` ``[b, H]``), the products in transformers' order. Token by token the same arithmetic wherever it runs (a
-    step, a tree's node, a replay), so a pass keeps the bits of its steps."""
-    return state * decay[:, :, None, None] + (dt[:, :, None] * B)[:, :, None, :] * x[..., None]
+    (``exp(dt A)``, ``[b, H]``) plus ``(dt B) x`` (``x`` ``[b, H, P]``, ``B`` ``[b, H, N]``: its group's, per head;
+    ``dt`` ``[b, H]``; one ``addcmul``). Token by token the same arithmetic wherever it runs (a step, a tree's node, a
+    replay), so a pass keeps the bits of its steps."""
+    return torch.addcmul(state * decay[:, :, None, None], (dt[:, :, None] * B)[:, :, None, :], x[..., None])
 
 
 def ssm_readout(state, C, D, x):
     """A Mamba-2 layer's output of one token from its state ``[b, H, P, N]``: ``state C + D x`` (``C`` ``[b, H,
     N]``, ``D`` ``[H]``, ``x`` ``[b, H, P]``), float32."""
     return (state * C[:, :, None, :]).sum(-1) + D[:, None] * x
+
+
+def ssm_scan(state, x, B, C, dt, decay, D, counts=None) -> torch.Tensor:
+    """A Mamba-2 layer's state space model over T tokens, float32: ``state`` ``[b, H, P, N]`` advanced in place over
+    each row's first ``counts[b]`` tokens (None: all), ``x`` ``[b, T, H, P]``, ``B`` and ``C`` ``[b, T, G, N]``,
+    ``dt`` and ``decay`` ``[b, T, H]``, ``D`` ``[H]`` -> the outputs ``[b, T, H, P]``. On the CPU with the extension
+    ``triforce_C::ssm_scan_`` (csrc/cpu/ssm.cpp: each state row read once for all T tokens; its own arithmetic, the
+    same for every T and every thread count); else :func:`ssm_update` and :func:`ssm_readout` token by token. Every
+    path of the model layer (a step, a tree's node, a replay, the cache-free forward) goes through it, so a process's
+    bits are one implementation's."""
+    op = _cache_op("ssm_scan_", "TRIFORCE_SSM_SCAN")
+    if op is not None and state.device.type == "cpu" and not torch.compiler.is_compiling():
+        return op(state, x.contiguous(), B.contiguous(), C.contiguous(), dt.contiguous(), decay.contiguous(),
+                  D.contiguous(), counts)
+    b, T = x.shape[:2]
+    rep = x.shape[2] // B.shape[2]
+    Bh, Ch = (t.repeat_interleave(rep, dim=2) for t in (B, C))
+    real = None if counts is None else torch.arange(T, device=x.device)[None] < counts.long()[:, None]
+    now, out = state, []
+    for t in range(T):
+        new = ssm_update(now, x[:, t], Bh[:, t], dt[:, t], decay[:, t])
+        now = new if real is None else torch.where(real[:, t, None, None, None], new, now)
+        out.append(ssm_readout(now, Ch[:, t], D, x[:, t]))
+    state.copy_(now)
+    return torch.stack(out, 1) if out else x.new_empty(x.shape)
 
 
 def conv_windows(x: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -613,18 +638,23 @@ class _KVCache:
         R, m, B = self.conv_ring, self.mamba, self.batch_size
         rows = torch.arange(B, device=self.device)
         gn = m.groups * m.state
+        span = torch.arange(int(n.max()), device=self.device)
+        at = torch.where(span[None] < n[:, None], (start[:, None] + span) % R, R)  # [B, steps] ring slots
+        zeros = torch.zeros(m.heads, device=self.device)
+        # (every row from one checkpoint, the engines' case: replayed in place; else gathered and merged)
+        whole = check_values(j) and bool(need.all()) and bool((j == j[0]).all())
         for layer, ring in enumerate(self.ssm_in):
             if ring is None:
                 continue
-            state = self._ckpt[layer][j, rows]
-            for t in range(int(n.max())):
-                act = t < n
-                token = ring[self._batch_index, torch.where(act, (start + t) % R, R)[:, None]][:, 0]
-                x, bg, dt, decay = token.split([m.inner, gn, m.heads, m.heads], dim=-1)
-                new = ssm_update(state, x.view(B, m.heads, m.head_dim),
-                                 bg.view(B, m.groups, m.state).repeat_interleave(m.heads // m.groups, dim=1), dt, decay)
-                state = torch.where(act[:, None, None, None], new, state)
-            self.ssm[layer].copy_(torch.where(need[:, None, None, None], state, self.ssm[layer]))
+            if whole:
+                state = self.ssm[layer].copy_(self._ckpt[layer][int(j[0])])
+            else:
+                state = self._ckpt[layer][j, rows]  # (a copy: the checkpoint stays)
+            x, bg, dt, decay = ring[self._batch_index, at].split([m.inner, gn, m.heads, m.heads], dim=-1)
+            bg = bg.reshape(B, -1, m.groups, m.state)
+            ssm_scan(state, x.reshape(B, -1, m.heads, m.head_dim), bg, torch.zeros_like(bg), dt, decay, zeros, n)
+            if not whole:
+                self.ssm[layer].copy_(torch.where(need[:, None, None, None], state, self.ssm[layer]))
         self.ssm_at.copy_(torch.where(need, targets, self.ssm_at))
 
     def _ssm_checkpoint(self, positions: torch.Tensor, always: bool = False) -> None:
@@ -663,33 +693,25 @@ class _KVCache:
         each token from its parent's state along a tree -> ``[b, T, H, P]``. A chain's rows advance the layer's state
         over their real tokens; each token's x, B, dt and decay go to the layer's ring (the convolution's slots,
         ``step.conv``) for a later rollback's replay."""
-        m = self.mamba
         b, T = x.shape[:2]
-        rep = m.heads // m.groups
         write = step.conv[3]
         self.ssm_in[layer][self._batch_index, write] = torch.cat(
             [x.reshape(b, T, -1), B.reshape(b, T, -1), dt, decay], -1)
-        Bh, Ch = (t.repeat_interleave(rep, dim=2) for t in (B, C))
         state, out = self.ssm[layer], []
         if step.tree_mask is None:
-            real = torch.arange(T, device=x.device)[None] < step.counts.long()[:, None]
-            for t in range(T):
-                new = ssm_update(state, x[:, t], Bh[:, t], dt[:, t], decay[:, t])
-                state = torch.where(real[:, t, None, None, None], new, state)
-                out.append(ssm_readout(state, Ch[:, t], D, x[:, t]))
-            self.ssm[layer].copy_(state)
-            return torch.stack(out, 1)
+            return ssm_scan(state, x, B, C, dt, decay, D, step.counts)
         mask = step.tree_mask
         depth = mask.sum(-1) - 1
         parent = torch.where(depth > 0, (mask & (depth[:, None, :] == depth[..., None] - 1)).to(torch.uint8).argmax(-1),
                              -1)
         nodes = state.new_empty((b, T) + tuple(state.shape[1:]))
         rows = torch.arange(b, device=x.device)
-        for t in range(T):
+        for t in range(T):  # (each node from its parent's state, a copy)
             p = parent[:, t]
-            before = torch.where((p < 0)[:, None, None, None], state, nodes[rows, p.clamp(min=0)])
-            nodes[:, t] = ssm_update(before, x[:, t], Bh[:, t], dt[:, t], decay[:, t])
-            out.append(ssm_readout(nodes[:, t], Ch[:, t], D, x[:, t]))
+            node = torch.where((p < 0)[:, None, None, None], state, nodes[rows, p.clamp(min=0)])
+            out.append(ssm_scan(node, x[:, t:t + 1], B[:, t:t + 1], C[:, t:t + 1], dt[:, t:t + 1],
+                                decay[:, t:t + 1], D)[:, 0])
+            nodes[:, t] = node
         return torch.stack(out, 1)
 
     def _conv_copy(self, src: "_KVCache", upto: torch.Tensor) -> None:

@@ -749,13 +749,7 @@ class Mamba2Mixer(nn.Module):
         if cache is not None:
             y = cache.scan(self.layer, xs, B, C, dt, decay, D, step)
         else:  # (from a zero state, as a cache's chain)
-            rep = m.heads // m.groups
-            Bh, Ch = (t.repeat_interleave(rep, dim=2) for t in (B, C))
-            state, out = xs.new_zeros(b, m.heads, m.head_dim, m.state), []
-            for t in range(T):
-                state = _cache.ssm_update(state, xs[:, t], Bh[:, t], dt[:, t], decay[:, t])
-                out.append(_cache.ssm_readout(state, Ch[:, t], D, xs[:, t]))
-            y = torch.stack(out, 1)
+            y = _cache.ssm_scan(xs.new_zeros(b, m.heads, m.head_dim, m.state), xs, B, C, dt, decay, D)
         y = y.reshape(b, T, m.inner).to(x.dtype).float() * _lanewise(F.silu, z.float())
         groups = y.view(b, T, m.groups, -1)
         groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
