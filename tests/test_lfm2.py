@@ -72,18 +72,27 @@ def test_each_part_moves_the_logits():
     ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
     conv = ours.model.layers[1].self_attn
     assert type(conv) is ShortConv
+    w = conv.in_proj.weight
+    assert_parts_count(hf, ours, ids, (conv.conv.weight[:, :, 0], conv.conv.weight[:, :, -1], conv.conv.bias,
+                                       w[:64], w[64:128], w[128:]), lambda cache: cache.conv[1].zero_())
+
+
+def assert_parts_count(hf, ours, ids, parts, clear):
+    """Each tensor of ``parts`` (views of ``ours``' weights) moves ``ours``' logits on ``ids`` when negated and doubled,
+    and restored they are transformers' again; so does the recurrent state a cached step starts from (``clear(cache)``
+    zeroes it after 15 tokens)."""
     with torch.no_grad():
         ref = hf(ids).logits
         assert (ours(ids) - ref).abs().max() <= TOL
-        for t in (conv.conv.weight[:, :, 0], conv.conv.weight[:, :, -1], conv.conv.bias, conv.in_proj.weight[:64],
-                  conv.in_proj.weight[64:128], conv.in_proj.weight[128:]):
+        for t in parts:
             kept = t.clone()
             t.mul_(-2)
             assert (ours(ids) - ref).abs().max() > 1e-3
             t.copy_(kept)
+        assert (ours(ids) - ref).abs().max() <= TOL
         cache = FullCache(ours.config, 2, 32)
         ours(ids[:, :15], cache=cache)
-        cache.conv[1].zero_()
+        clear(cache)
         assert (ours(ids[:, 15:], cache=cache)[:, 0] - ref[:, 15]).abs().max() > 1e-3
 
 
@@ -127,23 +136,22 @@ def _steps(model, cache, ids, sizes):
     return torch.cat(out, 1)
 
 
-def test_rollback_and_commit_path_restore_the_state():
-    """After a verify pass the cache rolls back to any accepted length (and a tree commits a path): the next steps'
-    logits are bitwise those of a cache that only ever saw the accepted tokens."""
-    model = tiny(0)
-    ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(6))
+def assert_rollbacks_restore_the_state(model, length=30):
+    """After a verify pass ``model``'s cache rolls back to any accepted length (and a tree commits a path): the next
+    steps' logits are bitwise those of a cache that only ever saw the accepted tokens. -> (ids, those logits)."""
+    ids = torch.randint(0, 64, (2, length), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
-        ref = FullCache(model.config, 2, 64)
-        want = _steps(model, ref, ids, [12] + [1] * 8)
+        ref = FullCache(model.config, 2, length + 36)
+        want = _steps(model, ref, ids, [12] + [1] * (length - 12))
         for accepted in (0, 1, 3):
-            cache = FullCache(model.config, 2, 64)
+            cache = FullCache(model.config, 2, length + 36)
             model(ids[:, :12], cache=cache)
             model(torch.randint(0, 64, (2, 5)), cache=cache)  # (a rejected draft)
             cache.rollback(torch.full((2,), 12, dtype=torch.int32))
             got = _steps(model, cache, ids[:, 12:], [accepted + 1] + [1] * (7 - accepted))
-            assert torch.equal(got, want[:, 12:])
+            assert torch.equal(got, want[:, 12:20])
         # a tree: the accepted path (nodes 0, 2, 4 of a tree whose node 1 is a rival branch) then one more step
-        cache = FullCache(model.config, 2, 64)
+        cache = FullCache(model.config, 2, length + 36)
         model(ids[:, :12], cache=cache)
         toks = torch.stack([ids[:, 12], ids[:, 13] * 0 + 7, ids[:, 13], ids[:, 14] * 0 + 9, ids[:, 14]], 1)
         parents = torch.tensor([[-1, 0, 0, 1, 2]] * 2)
@@ -152,6 +160,11 @@ def test_rollback_and_commit_path_restore_the_state():
         path = torch.tensor([[0, 2, 4]] * 2)
         cache.commit_path(torch.full((2,), 12, dtype=torch.int32), path, torch.full((2,), 2, dtype=torch.int32))
         assert torch.equal(_steps(model, cache, ids[:, 15:], [1, 2]), want[:, 15:18])
+    return ids, want
+
+
+def test_rollback_and_commit_path_restore_the_state():
+    assert_rollbacks_restore_the_state(tiny(0))
 
 
 def test_a_rollback_deeper_than_the_ring_raises(monkeypatch):
@@ -175,11 +188,10 @@ def test_a_rollback_deeper_than_the_ring_raises(monkeypatch):
             s.rollback(torch.tensor([5], dtype=torch.int32))
 
 
-def test_drafts_caches_convolve_exactly():
-    """On a model of convolutions only (nothing for a draft cache to drop), a StreamingLLM cache (prefilled, or filled
-    from a full one; through evictions, a rollback and a large step) and a retrieval cache (through its own steps, a
-    rollback and syncs) give the full cache's logits bitwise."""
-    model = tiny(3, types=("conv", "conv"))
+def assert_draft_caches_exact(model):
+    """On ``model`` (its recurrent layers only: nothing for a draft cache to drop), a StreamingLLM cache (prefilled, or
+    filled from a full one; through evictions, a rollback and a large step) and a retrieval cache (through its own
+    steps, a rollback and syncs) give the full cache's logits bitwise."""
     ids = torch.randint(0, 64, (2, 60), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         full = FullCache(model.config, 2, 96, chunk_size=4)
@@ -208,10 +220,13 @@ def test_drafts_caches_convolve_exactly():
         assert torch.equal(model(ids[:, 28:33], cache=r), want[:, 28:33])
 
 
-def test_ragged_rows_and_row_selection_keep_each_rows_history():
-    """A ragged step (padding after a row's real tokens) and dropping a row keep each row's inputs: the logits are those
-    of the rows run alone."""
-    model = tiny(0)
+def test_drafts_caches_convolve_exactly():
+    assert_draft_caches_exact(tiny(3, types=("conv", "conv")))
+
+
+def assert_rows_kept_apart(model):
+    """A ragged step (padding after a row's real tokens) and dropping a row keep each row's recurrent state: the
+    logits are those of the rows run alone."""
     ids = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         alone = []
@@ -227,6 +242,10 @@ def test_ragged_rows_and_row_selection_keep_each_rows_history():
         cache.select_rows([2, 0])
         nxt = model(torch.stack([ids[2, 14:15], ids[0, 12:13]]), cache=cache)
         assert torch.equal(nxt[0], alone[2][0, -1:]) and torch.equal(nxt[1], alone[0][0, -1:])
+
+
+def test_ragged_rows_and_row_selection_keep_each_rows_history():
+    assert_rows_kept_apart(tiny(0))
 
 
 def test_config_keys_and_defaults():

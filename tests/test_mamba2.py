@@ -7,14 +7,14 @@ import torch
 
 import triforce.models.cache as cache_module
 from triforce.models import LlamaConfig
-from triforce.models.cache import FullCache, RetrievalCache, StreamingCache
+from triforce.models.cache import FullCache
 from triforce.models.llama import Attention, Mamba2Mixer
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TINY, assert_save_loads, assert_saved_reads_back, tiny_family, transformers_and_ours
 from .test_granite4 import MICRO
-from .test_lfm2 import _steps
-from .test_model import TOL
+from .test_lfm2 import (_steps, assert_draft_caches_exact, assert_parts_count,
+                        assert_rollbacks_restore_the_state, assert_rows_kept_apart)
 from .test_sliding_window import assert_every_path_matches, assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -76,18 +76,8 @@ def test_each_part_moves_the_logits():
     hf, ours = pair()
     ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
     m = ours.model.layers[2].self_attn
-    with torch.no_grad():
-        ref = hf(ids).logits
-        assert (ours(ids) - ref).abs().max() <= TOL
-        for t in (m.A_log, m.dt_bias, m.D, m.conv1d.weight, m.norm.weight, m.in_proj.weight[:128]):
-            kept = t.clone()
-            t.mul_(-2)
-            assert (ours(ids) - ref).abs().max() > 1e-3
-            t.copy_(kept)
-        cache = FullCache(ours.config, 2, 32)
-        ours(ids[:, :15], cache=cache)
-        cache.ssm[2].zero_()
-        assert (ours(ids[:, 15:], cache=cache)[:, 0] - ref[:, 15]).abs().max() > 1e-3
+    assert_parts_count(hf, ours, ids, (m.A_log, m.dt_bias, m.D, m.conv1d.weight, m.norm.weight,
+                                       m.in_proj.weight[:128]), lambda cache: cache.ssm[2].zero_())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -98,32 +88,15 @@ def test_a_pass_gives_the_bits_of_one_token_steps(dtype, case):
 
 def test_rollback_and_commit_path_rebuild_the_state():
     """Rolled back to any accepted length after a pass, over several forwards, or past a checkpoint (the state replayed
-    from the last one before it), and after a tree's commit_path, the next steps' logits are bitwise those of a cache
-    that only ever saw the accepted tokens."""
+    from the last one before it), and after a tree's commit_path (a chain-shaped tree fully accepted too), the next
+    steps' logits are bitwise those of a cache that only ever saw the accepted tokens."""
     model = tiny(0)
-    ids = torch.randint(0, 64, (2, 60), generator=torch.Generator().manual_seed(6))
+    ids, want = assert_rollbacks_restore_the_state(model, length=42)
     with torch.no_grad():
-        ref = FullCache(model.config, 2, 96)
-        want = _steps(model, ref, ids, [12] + [1] * 30)
-        for accepted in (0, 1, 3):
-            cache = FullCache(model.config, 2, 96)
-            model(ids[:, :12], cache=cache)
-            model(torch.randint(0, 64, (2, 5)), cache=cache)  # (a rejected draft)
-            cache.rollback(torch.full((2,), 12, dtype=torch.int32))
-            got = _steps(model, cache, ids[:, 12:], [accepted + 1] + [1] * (7 - accepted))
-            assert torch.equal(got, want[:, 12:20])
         cache = FullCache(model.config, 2, 96)  # (many one-token forwards, then back over all of them)
         _steps(model, cache, ids, [12] + [1] * 25)
         cache.rollback(torch.full((2,), 15, dtype=torch.int32))
         assert torch.equal(_steps(model, cache, ids[:, 15:], [3, 1]), want[:, 15:19])
-        cache = FullCache(model.config, 2, 96)  # (a tree: the path 0, 2, 4; node 1 a rival branch)
-        model(ids[:, :12], cache=cache)
-        toks = torch.stack([ids[:, 12], ids[:, 13] * 0 + 7, ids[:, 13], ids[:, 14] * 0 + 9, ids[:, 14]], 1)
-        tree = model(toks, cache=cache, tree_parents=torch.tensor([[-1, 0, 0, 1, 2]] * 2))
-        assert torch.equal(tree[:, [0, 2, 4]], want[:, 12:15])
-        cache.commit_path(torch.full((2,), 12, dtype=torch.int32), torch.tensor([[0, 2, 4]] * 2),
-                          torch.full((2,), 2, dtype=torch.int32))
-        assert torch.equal(_steps(model, cache, ids[:, 15:], [1, 2]), want[:, 15:18])
         cache = FullCache(model.config, 2, 96)  # (a tree that is a chain, every node accepted: its length as a chain's)
         model(ids[:, :12], cache=cache)
         model(ids[:, 12:15], cache=cache, tree_parents=torch.tensor([[-1, 0, 1]] * 2))
@@ -148,51 +121,13 @@ def test_a_rollback_before_every_checkpoint_raises(monkeypatch):
 
 
 def test_drafts_caches_run_the_state_exactly():
-    """On a model of Mamba layers only (nothing for a draft cache to drop), a StreamingLLM cache (prefilled, or filled
-    from a full one; through evictions, a rollback and a large step) and a retrieval cache (its steps, a rollback, a
-    sync) give the full cache's logits bitwise."""
-    model = tiny(3, types=("mamba", "mamba"))
-    ids = torch.randint(0, 64, (2, 60), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        full = FullCache(model.config, 2, 96, chunk_size=4)
-        want = _steps(model, full, ids, [20, 3, 1, 4, 1, 12, 1, 2])
-        for fill in (False, True):
-            s = StreamingCache(model.config, 2, sink=2, window=6, max_step=4)
-            if fill:
-                f = FullCache(model.config, 2, 96)
-                model(ids[:, :20], cache=f)
-                s.fill_from(f)
-            else:
-                assert torch.equal(model(ids[:, :20], cache=s), want[:, :20])
-            got = _steps(model, s, ids[:, 20:], [3, 1, 4])
-            s.rollback(s.lengths - 2)
-            got = torch.cat([got[:, :-2], _steps(model, s, ids[:, 26:], [2, 1, 12, 1, 2])], 1)
-            assert torch.equal(got, want[:, 20:])
-        full = FullCache(model.config, 2, 96, chunk_size=4)
-        model(ids[:, :20], cache=full)
-        r = RetrievalCache(model.config, full, budget=8, chunk_size=4, max_step=8)
-        assert torch.equal(model(ids[:, 20:23], cache=r), want[:, 20:23])
-        model(ids[:, 23:25], cache=r)
-        r.rollback(r.lengths - 2)
-        assert torch.equal(model(ids[:, 23:24], cache=r), want[:, 23:24])
-        model(ids[:, 20:28], cache=full)
-        r.sync()
-        assert torch.equal(model(ids[:, 28:33], cache=r), want[:, 28:33])
+    """On a model of Mamba layers only, StreamingLLM and retrieval caches give the full cache's logits bitwise (their
+    states copied from it where they are filled from it)."""
+    assert_draft_caches_exact(tiny(3, types=("mamba", "mamba")))
 
 
 def test_ragged_rows_and_row_selection_keep_each_rows_state():
-    model = tiny(0)
-    ids = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(8))
-    with torch.no_grad():
-        alone = [_steps(model, FullCache(model.config, 1, 32), ids[b:b + 1], [10, 2 + b, 1]) for b in range(3)]
-        cache = FullCache(model.config, 3, 32)
-        model(ids[:, :10], cache=cache)
-        out = model(ids[:, 10:14], cache=cache, widths=torch.tensor([2, 3, 4]))
-        for b in range(3):
-            assert torch.equal(out[b, :2 + b], alone[b][0, 10:12 + b])
-        cache.select_rows([2, 0])
-        nxt = model(torch.stack([ids[2, 14:15], ids[0, 12:13]]), cache=cache)
-        assert torch.equal(nxt[0], alone[2][0, -1:]) and torch.equal(nxt[1], alone[0][0, -1:])
+    assert_rows_kept_apart(tiny(0))
 
 
 def test_config_reads_mamba_layers_as_transformers_reads_them():
@@ -228,8 +163,8 @@ def _scan_inputs(b, T, H, P, G, N, seed):
 
 @pytest.mark.parametrize("shape", [(2, 5, 4, 8, 2, 16), (1, 3, 6, 5, 3, 21), (3, 1, 2, 4, 1, 40)])
 def test_ssm_scan_is_the_recurrence(shape):
-    """``ssm_scan`` (the extension's kernel where built, else PyTorch's ops) against the recurrence in float64; a T-token
-    call bitwise T one-token calls and the same with one thread; tokens past a row's count leave its state."""
+    """``ssm_scan`` (the extension's kernel where built, else PyTorch's ops) against the recurrence in float64; a
+    T-token call bitwise T one-token calls and the same with one thread; tokens past a row's count leave its state."""
     from triforce.models.cache import ssm_scan
 
     b, T, H, P, G, N = shape

@@ -155,8 +155,8 @@ def short_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return acc.to(win.dtype)
 
 
-# The Mamba-2 layers' states a cache keeps to go back to (config.mamba): SSM_CHECKPOINTS of them, taken at the start of a
-# forward at least SSM_CHECKPOINT_STRIDE tokens after the last one (or before it, after a rollback): a rollback within
+# The Mamba-2 layers' states a cache keeps to go back to (config.mamba): SSM_CHECKPOINTS of them, taken at the start of
+# a forward at least SSM_CHECKPOINT_STRIDE tokens after the last one (or before it, after a rollback): a rollback within
 # about SSM_CHECKPOINTS x SSM_CHECKPOINT_STRIDE tokens replays at most a stride and a forward's tokens; one before the
 # oldest raises on the CPU (docs/model.md, "Mamba-2")
 SSM_CHECKPOINTS = 8

@@ -26,7 +26,8 @@ the embeddings, ``embed_layernorm``),
 (SparseMixer's routing), ``dbrx``, ``qwen2_moe``,
 ``qwen3_moe``, ``granitemoe``, ``granitemoeshared``, ``granitemoe_swa`` (and ``granite_swa``, its dense sibling:
 attention sinks, windows, a RoPE base per layer), ``granitemoehybrid`` (Granite 4.0, dense or not, its Mamba-2
-layers: :class:`Mamba`), ``lfm2`` and ``lfm2_moe`` (LFM2's convolution layers), ``olmoe``, ``flex_olmo``, ``gpt_oss``, ``deepseek_v2``,
+layers: :class:`Mamba`), ``lfm2`` and ``lfm2_moe`` (LFM2's convolution layers), ``olmoe``, ``flex_olmo``,
+``gpt_oss``, ``deepseek_v2``,
 ``deepseek_v3``, ``deepseek_v32`` and ``glm_moe_dsa`` (GLM-5; both with DeepSeek's sparse attention, :class:`DSA`),
 ``cohere2_moe`` (Cohere 2's parallel layer with a mixture), ``mellum`` (Qwen3-MoE's layer with windows and a RoPE
 per layer type), ``laguna`` (query heads per layer, a softplus output gate), ``glm4_moe``, ``glm4_moe_lite``,
@@ -3664,7 +3665,8 @@ class LlamaConfig:
         m = self.mamba
         if m.heads * m.head_dim != m.inner or m.heads % m.groups:
             raise ValueError(f"config: Mamba's mamba_n_heads ({m.heads}) x mamba_d_head ({m.head_dim}) must be "
-                             f"mamba_expand x hidden_size ({m.inner}), and mamba_n_groups ({m.groups}) divide the heads")
+                             f"mamba_expand x hidden_size ({m.inner}), and mamba_n_groups ({m.groups}) divide the "
+                             "heads")
 
     @property
     def conv_bias(self) -> bool:
