@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import triforce.models.cache as cache_module
-from triforce.models import LlamaConfig
+from triforce.models import Llama, LlamaConfig
 from triforce.models.cache import FullCache
 from triforce.models.llama import Attention, Mamba2Mixer
 
@@ -198,3 +198,107 @@ def test_ssm_scan_is_the_recurrence(shape):
         k = int(counts[i])
         ssm_scan(ref, x[i:i + 1, :k], B[i:i + 1, :k], C[i:i + 1, :k], dt[i:i + 1, :k], decay[i:i + 1, :k], D)
         assert torch.equal(part[i:i + 1], ref)
+
+
+def write_granitehybrid_gguf(path, hf, quant=None, meta=None):
+    """A GGUF of transformers' GraniteMoeHybridForCausalLM ``hf`` as llama.cpp's converter writes it
+    (GraniteHybridModel): granite's keys and multipliers, the KV heads per layer (0 on the Mamba layers), ssm.* keys,
+    rope.scaling.finetuned for RoPE; q / k rows permuted as llama's; A as -exp(A_log) [H, 1], D [H, 1], the norm
+    [groups, inner / groups], the convolution squeezed, dt_bias as ssm_dt.bias; the shared MLP's rows split into
+    ffn_gate / ffn_up (ffn_*_shexp beside experts), the experts' stacks into ffn_*_exps."""
+    from .test_families import write_converted_gguf
+
+    c = hf.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    moe = c.num_local_experts > 0
+    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
+          "attention.head_count": c.num_attention_heads,
+          "attention.head_count_kv": [0 if t in ("mamba", "linear_attention") else c.num_key_value_heads
+                                      for t in c.layers_block_type],
+          "rope.dimension_count": head_dim, "rope.freq_base": float(c.rope_parameters["rope_theta"]),
+          "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "vocab_size": c.vocab_size,
+          "embedding_scale": float(c.embedding_multiplier), "residual_scale": float(c.residual_multiplier),
+          "attention.scale": float(c.attention_multiplier), "logit_scale": float(c.logits_scaling),
+          "rope.scaling.finetuned": c.position_embedding_type == "rope",
+          "expert_shared_feed_forward_length": c.shared_intermediate_size, "ssm.conv_kernel": c.mamba_d_conv,
+          "ssm.state_size": c.mamba_d_state, "ssm.group_count": c.mamba_n_groups,
+          "ssm.inner_size": c.mamba_expand * c.hidden_size, "ssm.time_step_rank": c.mamba_n_heads,
+          **({"expert_count": c.num_local_experts, "expert_used_count": c.num_experts_per_tok} if moe else {})}
+    kv.update(meta or {})
+    inner = c.mamba_expand * c.hidden_size
+
+    def permute(t, heads):  # (llama.cpp's: each head's rows in interleaved RoPE pairs)
+        return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+    tensors = {}
+
+    def convert(name, t):
+        i = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith("q_proj.weight"):
+            return permute(t, c.num_attention_heads)
+        if name.endswith("k_proj.weight"):
+            return permute(t, c.num_key_value_heads)
+        if name.endswith("mamba.A_log"):
+            return -torch.exp(t)[:, None]
+        if name.endswith("mamba.D"):
+            return t[:, None]
+        if name.endswith("mamba.norm.weight"):
+            return t.reshape(c.mamba_n_groups, inner // c.mamba_n_groups)
+        if name.endswith("mamba.conv1d.weight"):
+            return t.squeeze(1)
+        if name.endswith("mamba.dt_bias"):
+            tensors[f"blk.{i}.ssm_dt.bias"] = t.numpy()
+            return None
+        if name.endswith("shared_mlp.input_linear.weight"):
+            gate, up = t.chunk(2)
+            suffix = "_shexp" if moe else ""
+            tensors.update({f"blk.{i}.ffn_gate{suffix}.weight": gate.numpy(),
+                            f"blk.{i}.ffn_up{suffix}.weight": up.numpy()})
+            return None
+        if name.endswith("shared_mlp.output_linear.weight"):
+            tensors[f"blk.{i}.ffn_down{'_shexp' if moe else ''}.weight"] = t.numpy()
+            return None
+        if name.endswith("block_sparse_moe.experts.gate_up_proj"):  # (transformers 5's stacks: [E, 2I, H], [E, H, I])
+            gate, up = t.chunk(2, dim=1)
+            tensors.update({f"blk.{i}.ffn_gate_exps.weight": gate.numpy(), f"blk.{i}.ffn_up_exps.weight": up.numpy()})
+            return None
+        if name.endswith("block_sparse_moe.experts.down_proj"):
+            tensors[f"blk.{i}.ffn_down_exps.weight"] = t.numpy()
+            return None
+        if name.endswith("block_sparse_moe.router.weight"):
+            tensors[f"blk.{i}.ffn_gate_inp.weight"] = t.numpy()
+            return None
+        return t
+
+    for name, t in hf.state_dict().items():  # (the tensors written otherwise: into tensors first)
+        convert(name, t.detach().float())
+    return write_converted_gguf(path, hf, "granitehybrid", kv, tensors=tensors, quant=quant, convert=convert)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_granitehybrid_as_llama_cpp_writes_it(tmp_path, case):
+    """A granitehybrid GGUF (dense with RoPE; a mixture without) loads as the checkpoint (A read back as
+    log(-A)): transformers' logits; in Q8_0 / Q5_0 blocks its blocks compute the loaded model bitwise; an inner size
+    its heads do not divide raises."""
+    import numpy as np
+
+    from triforce.models.loading import read_gguf
+
+    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer
+
+    hf, ours = pair(case)
+    path = write_granitehybrid_gguf(tmp_path / "f32.gguf", hf)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    c = loaded.config
+    assert c.mamba == ours.config.mamba and c.rope_layers == ours.config.rope_layers
+    assert (c.experts is None) == (ours.config.experts is None)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        assert (loaded(ids) - ref).abs().max().item() <= TOL
+    q = write_granitehybrid_gguf(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0),
+                                                                          types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)
+    with pytest.raises(ValueError, match="time_step_rank"):
+        read_gguf(write_granitehybrid_gguf(tmp_path / "bad.gguf", hf, meta={"ssm.time_step_rank": 7}))

@@ -1802,6 +1802,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "minicpm3": ("minicpm3", False), "dbrx": ("dbrx", False), "gpt2": ("gpt2", False),
                       "starcoder": ("gpt_bigcode", False), "bloom": ("bloom", False), "mpt": ("mpt", False),
                       "llama4": ("llama4_text", False), "lfm2": ("lfm2", False), "lfm2moe": ("lfm2_moe", False),
+                      # Granite 4.0's hybrids (granite-4.0-h-*: Mamba-2 and attention layers; q / k permuted as llama's)
+                      "granitehybrid": ("granitemoehybrid", True),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1819,7 +1821,8 @@ _GGUF_MOE = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "granitemoe": "granite
              "olmoe": "olmoe", "gpt-oss": "gpt_oss", "qwen3vlmoe": "qwen3_moe", "dbrx": "dbrx"}
 # granite's multipliers: GGUF key -> GraniteConfig key (llama.cpp's defaults where absent: 1.0; attention 0, i.e.
 # head_dim ** -0.5)
-_GGUF_GRANITE_TYPES = ("granite", "granitemoe", "granitemoeshared")  # the model types of granite / granitemoe files
+_GGUF_GRANITE_TYPES = ("granite", "granitemoe", "granitemoeshared",  # the model types of granite / granitemoe /
+                       "granitemoehybrid")  # granitehybrid files
 _GGUF_GRANITE = {"embedding_scale": "embedding_multiplier", "attention.scale": "attention_multiplier",
                  "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}
 # tensors that are not weights: read into the config (rope_freqs: llama3 RoPE; rope_factors_*: LongRoPE)
@@ -1850,6 +1853,8 @@ _GGUF_ARCH_KEYS = {
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
     "lfm2moe": ("shortconv.l_cache", "expert_gating_func", "leading_dense_block_count"),  # (_gguf_lfm2)
+    "granitehybrid": ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size",
+                      "ssm.time_step_rank"),  # (_gguf_granite_hybrid)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -1911,8 +1916,9 @@ _GGUF_HARMLESS_ONLY_AT = {
                               "false (stablelm: the layers' own, no ffn_norm where true; gptneox: read)"),
     # the original YaRN code's flag for its dynamic variant, which static yarn ignores; llama.cpp's granite and
     # granitemoe run without RoPE where it is false
-    "rope.scaling.finetuned": (lambda v, c: v is True or c.model_type not in _GGUF_GRANITE_TYPES,
-                               "any (granite, granitemoe: true, RoPE on)"),
+    "rope.scaling.finetuned": (lambda v, c: v is True or c.model_type not in _GGUF_GRANITE_TYPES
+                               or c.model_type == "granitemoehybrid",
+                               "any (granite, granitemoe: true, RoPE on; granitehybrid: read)"),
     # read by _gguf_experts (llama with experts: Mixtral; qwen3moe, granitemoe)
     "expert_count": (lambda v, c: v == (c.experts.count if c.experts else 0), "0 (dense MLP; MoE: read)"),
     "expert_used_count": (lambda v, c: v == (c.experts.top_k if c.experts else 0), "0 (dense MLP; MoE: read)"),
@@ -2178,6 +2184,11 @@ _GGUF_ALIBI_TENSORS = {**_GGUF_NEOX_TENSORS}
 # and its convolution layers' (token_embd_norm, its final norm: _state_key)
 _GGUF_LFM2_TENSORS = {**_GGUF_LAYER_TENSORS, **{f"shortconv.{k}.weight": f"self_attn.{k}.weight"
                                                 for k in ("conv", "in_proj", "out_proj")}}
+# granitehybrid: granitemoe's (a dense one's MLP llama's ffn_*), its Mamba-2 layers' ssm_* (read_gguf reshapes them)
+_GGUF_GRANITE_HYBRID_TENSORS = {**_GGUF_LAYER_TENSORS, **{f"ssm_{k}.{b}": f"self_attn.{v}.{b}" for k, v in (
+    ("in", "in_proj"), ("conv1d", "conv1d"), ("out", "out_proj")) for b in ("weight", "bias")},
+    "ssm_dt.bias": "self_attn.dt_bias", "ssm_a": "self_attn.A_log", "ssm_d": "self_attn.D",
+    "ssm_norm.weight": "self_attn.norm.weight"}
 # lfm2moe: lfm2's, its mixtures' router's expert bias as exp_probs_b
 _GGUF_LFM2MOE_TENSORS = {**_GGUF_LFM2_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
@@ -2191,7 +2202,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "gptneox": _GGUF_NEOX_TENSORS, "falcon": _GGUF_FALCON_TENSORS, "dbrx": _GGUF_DBRX_TENSORS,
                 **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
-                "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS}
+                "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
+                "granitehybrid": _GGUF_GRANITE_HYBRID_TENSORS}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2259,7 +2271,8 @@ def read_gguf(path: Path, skip=None, reader=None):
              if arch in ("gemma2", "gemma3") else _gguf_partial_rope(reader, arch, path, head_dim)
              if arch in ("phi3", "glm4", "glm4moe", "minimax-m2", "nemotron", "phi2", "stablelm", "gptneox",
                          "chatglm")
-             else _gguf_granite(reader, arch, head_dim, path) if arch in ("granite", "granitemoe", "minicpm")
+             else _gguf_granite(reader, arch, head_dim, path) if arch in ("granite", "granitemoe", "minicpm",
+                                                                          "granitehybrid")
              else {})
     n_ff = int(need("feed_forward_length"))
     if arch == "qwen":  # (QWenConfig's intermediate_size, which llama.cpp's converter writes: twice the MLP's width)
@@ -2345,6 +2358,8 @@ def read_gguf(path: Path, skip=None, reader=None):
                      num_ln_in_parallel_attn=2 if "blk.0.attn_norm_2.weight" in tensors else 1)
     if arch in ("lfm2", "lfm2moe"):
         extra.update(_gguf_lfm2(reader, arch, path, int(need("block_count"))))
+    if arch == "granitehybrid":
+        extra.update(_gguf_granite_hybrid(reader, arch, path, int(need("block_count")), hidden, tensors, n_ff))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -2397,8 +2412,11 @@ def read_gguf(path: Path, skip=None, reader=None):
             w = w[None]  # (llama.cpp's {n_embd}: the gate's one row)
         if key.endswith("e_score_correction_bias"):
             w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
-        if key.endswith("self_attn.conv.weight"):
-            w = w[:, None]  # (LFM2's convolution: the converter's [hidden, taps], nn.Conv1d's [hidden, 1, taps])
+        if key.endswith(("self_attn.conv.weight", "self_attn.conv1d.weight")):
+            w = w[:, None]  # (LFM2's, Mamba's convolution: the converter's [channels, taps], nn.Conv1d's [.., 1, ..])
+        if key.endswith(("self_attn.A_log", "self_attn.D", "self_attn.norm.weight")):  # (Mamba's, as its converter
+            w = w.reshape(-1)  # wrote them: A [H, 1] as -exp(A_log), D [H, 1], the norm [groups, inner / groups])
+            w = torch.log(-w) if key.endswith("A_log") else w
         sd[key] = w if heads is None else _unpermute(w, heads)
     if arch in ("deepseek2", *_GGUF_DSA):
         sd = _gguf_latent_weights(config, sd, latent, path)
@@ -2415,7 +2433,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_split_qkv(config, sd)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
-    if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe"):
+    if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
+                                                     "granitemoehybrid"):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -2555,7 +2574,7 @@ def _gguf_kv_heads(reader, arch: str, path: Path, n_head: int) -> int:
     if not isinstance(v, (list, tuple)):
         return int(v)
     heads = {int(x) for x in v} - {0}
-    if arch not in ("lfm2", "lfm2moe") or len(heads) != 1:
+    if arch not in ("lfm2", "lfm2moe", "granitehybrid") or len(heads) != 1:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv = {list(v)!r}; a count per layer is "
                          "read in lfm2 / lfm2moe files only, one count for every attention layer (0 on the others)")
     return heads.pop()
@@ -2587,6 +2606,36 @@ def _gguf_lfm2(reader, arch: str, path: Path, layers: int) -> dict:
             "moe_intermediate_size": _gguf_need(reader, arch, path, "expert_feed_forward_length"),
             "num_dense_layers": _gguf_need(reader, arch, path, "leading_dense_block_count"), "use_expert_bias": True,
             "norm_topk_prob": True, "routed_scaling_factor": 1.0}
+
+
+def _gguf_granite_hybrid(reader, arch: str, path: Path, layers: int, hidden: int, tensors: dict, n_ff: int) -> dict:
+    """The ``extra`` keys of a granitehybrid GGUF's config (Granite 4.0's hybrids as llama.cpp's converter writes them:
+    GraniteHybridModel), as GraniteMoeHybridConfig names them: a layer with 0 KV heads in ``attention.head_count_kv``
+    a Mamba-2 layer of ``ssm.time_step_rank`` heads, ``ssm.state_size``, ``ssm.group_count``, ``ssm.conv_kernel`` taps
+    and ``ssm.inner_size`` channels, biased where the file's tensors are; RoPE where ``rope.scaling.finetuned`` is true
+    (the converter's sign of it: Bamba's, an all-attention file's), else none; ``expert_count`` experts beside the
+    shared MLP of ``expert_shared_feed_forward_length`` (else ``feed_forward_length``), or none (dense); granite's
+    multipliers (:func:`_gguf_granite`)."""
+    v = gguf_field(reader, f"{arch}.attention.head_count_kv", 1)
+    kv = list(v) if isinstance(v, (list, tuple)) else [v] * layers
+    if len(kv) != layers:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv has {len(kv)} entries for "
+                         f"{layers} layers")
+    heads, inner = (_gguf_need(reader, arch, path, f"ssm.{k}") for k in ("time_step_rank", "inner_size"))
+    if inner % hidden or inner % heads:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.ssm.inner_size = {inner} must be a multiple of the "
+                         f"embedding length ({hidden}) and of ssm.time_step_rank ({heads})")
+    count = int(gguf_field(reader, f"{arch}.expert_count", 0) or 0)
+    used = int(gguf_field(reader, f"{arch}.expert_used_count", 0) or 0)
+    shared = int(gguf_field(reader, f"{arch}.expert_shared_feed_forward_length", 0) or 0) or n_ff
+    return {"layer_types": ["mamba" if int(x) == 0 else "attention" for x in kv],
+            "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
+            **{f"mamba_{k}": _gguf_need(reader, arch, path, f"ssm.{g}")
+               for k, g in (("d_state", "state_size"), ("n_groups", "group_count"), ("d_conv", "conv_kernel"))},
+            "mamba_conv_bias": any(n.endswith("ssm_conv1d.bias") for n in tensors),
+            "mamba_proj_bias": any(n.endswith("ssm_in.bias") for n in tensors),
+            "position_embedding_type": "rope" if gguf_field(reader, f"{arch}.rope.scaling.finetuned") else "nope",
+            "num_local_experts": count, "num_experts_per_tok": used, "shared_intermediate_size": shared}
 
 
 def _gguf_llama4(reader, arch: str, path: Path, layers: int, n_ff: int) -> dict:
