@@ -496,3 +496,26 @@ def test_gguf_lfm2moe_as_llama_cpp_writes_it(tmp_path):
         layer.feed_forward.expert_bias.zero_()
     (tmp_path / "nobias").mkdir()
     assert_missing_router_biases_are_zeros(tmp_path / "nobias", hf, write_lfm2moe_gguf)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_lfm2_vl_reads_its_language_model(tmp_path, tied):
+    """LFM2-VL's image + text checkpoints (Lfm2VlForConditionalGeneration) read text-only: its LFM2 language model
+    (model.language_model.*) gives the wrapper's logits on text, tied by the wrapper's key; its SigLIP2 tower and
+    projector not read."""
+    from triforce.models import Llama
+
+    torch.manual_seed(0)
+    text = dict(BASE, **CASES["hybrid"])
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, patch_size=16,
+                  num_patches=16)
+    config = transformers.Lfm2VlConfig(text_config=text, vision_config=vision, projector_hidden_size=32,
+                                       image_token_id=5, tie_word_embeddings=tied)
+    hf = transformers.Lfm2VlForConditionalGeneration(config).eval()
+    hf.save_pretrained(tmp_path)
+    ours = Llama.from_pretrained(tmp_path)
+    assert ours.config.model_type == "lfm2" and ours.config.tie_word_embeddings == tied
+    assert ours.config.conv_layers == (True, False, True, True)
+    ids = torch.randint(6, 101, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(ids) - hf(input_ids=ids).logits).abs().max().item() <= TOL

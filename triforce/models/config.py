@@ -1369,6 +1369,14 @@ WRAPPERS = {
                                      "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id",
                                      "initializer_range"}), "text")
        for kind, thinker in (("qwen2_5_omni", "qwen2_5_omni_thinker"), ("qwen3_omni_moe", "qwen3_omni_moe_thinker"))},
+    # LFM2-VL (Lfm2VlForConditionalGeneration: LiquidAI's LFM2-VL-450M / 1.6B / 3B, LFM2.5-VL): its LFM2 language model
+    # (model.language_model.*), tied by the wrapper's key (default true); its SigLIP2 tower and projector not read
+    "lfm2_vl": (("lfm2",), frozenset({
+        "vision_config", "image_token_id", "image_token_index", "projector_hidden_act", "projector_hidden_size",
+        "projector_bias", "projector_use_layernorm", "downsample_factor", "vision_feature_layer", "encoder_patch_size",
+        "max_image_tokens", "min_image_tokens", "max_num_patches", "max_tiles", "min_tiles", "tile_size",
+        "max_pixels_tolerance", "use_image_special_tokens", "use_thumbnail", "do_image_splitting",
+        "initializer_range"}), ("wrapper", True)),
     # Aria (AriaForConditionalGeneration: rhymes-ai's Aria): its language model (text_config aria_text), tied by the
     # wrapper's key alone (default false); its vision tower and projector not read
     "aria": (("aria_text",), frozenset({"vision_config", "vision_feature_layer", "projector_patch_to_query_dict",
