@@ -302,3 +302,56 @@ def test_gguf_granitehybrid_as_llama_cpp_writes_it(tmp_path, case):
     assert_blocks_compute_the_loaded_model(q, ids)
     with pytest.raises(ValueError, match="time_step_rank"):
         read_gguf(write_granitehybrid_gguf(tmp_path / "bad.gguf", hf, meta={"ssm.time_step_rank": 7}))
+
+
+BAMBA = dict(TINY, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2,
+             mamba_chunk_size=8)
+
+
+def bamba_pair(**kw):
+    """transformers' BambaForCausalLM (the Mamba layers drawn larger, biases and norms randomised) and ours."""
+    from triforce.models.loading import _build
+
+    hf, _ = transformers_and_ours("Bamba", **{**BAMBA, **kw})
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".mamba." in name and name.endswith("weight") and "norm" not in name:
+                p.normal_(0, 0.2)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
+                                         mamba_proj_bias=True)], ids=["plain", "biased-tied"])
+def test_bamba_every_path_and_saves_match_transformers(tmp_path, kw):
+    """Bamba (BambaForCausalLM): its Mamba-2 layers and the attention layers of attn_layer_indices (RoPE on half of
+    each head), every path against transformers, our save read back by it and its save by us; a pass bitwise its
+    steps."""
+    hf, ours = bamba_pair(**kw)
+    c = ours.config
+    assert c.mamba.layers == (True, False, True) and c.rotary_dim == c.head_dim // 2
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path / "ours", hf, ours)
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
+    assert_save_loads(hf, tmp_path / "theirs", ids, ours)
+    assert_pass_equals_steps(ours, torch.float32)
+
+
+def test_bamba_config_defaults_and_refusals():
+    c, want = LlamaConfig.from_dict({"model_type": "bamba"}), transformers.BambaConfig()
+    assert c.mamba.layers == (True,) * 32 and c.mamba.heads == want.mamba_n_heads and c.rotary_dim == 64
+    assert (c.vocab_size, c.hidden_size, c.num_key_value_heads, c.max_position_embeddings) == (
+        want.vocab_size, want.hidden_size, want.num_key_value_heads, want.max_position_embeddings)
+    for bad, match in (({"partial_rotary_factor": 1.0}, "partial_rotary_factor"),
+                       ({"attn_layer_indices": [40]}, "attn_layer_indices"),
+                       ({"time_step_limit": [0.0, 2.0]}, "time_step_limit")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({"model_type": "bamba", **bad})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 6)])
+def test_bamba_greedy_equals_autoregressive(method, opts):
+    def tiny_bamba(seed):
+        extra = {"attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_state": 8, "mamba_n_groups": 2}
+        return tiny_family("bamba", seed, extra=extra)
+    assert_greedy_equals_autoregressive(tiny_bamba(0), tiny_bamba(1), method, opts)

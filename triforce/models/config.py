@@ -297,6 +297,17 @@ FAMILIES["hyperclovax"] = Family("HyperCLOVAXForCausalLM", reads=("attention_bia
 FAMILIES["granitemoehybrid"] = Family("GraniteMoeHybridForCausalLM", reads=("attention_bias",), defaults={
     "vocab_size": 32000, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2, "num_local_experts": 8,
     "num_experts_per_tok": 2, "shared_intermediate_size": 1024})
+# Bamba (BambaForCausalLM: IBM's Bamba-9B): Mamba-2 layers (LlamaConfig.mamba) beside the attention layers of
+# attn_layer_indices (none: every layer Mamba), RoPE on the first half of each head (BambaConfig fixes
+# partial_rotary_factor 0.5 whatever a config says), a SwiGLU MLP (feed_forward) after pre_ff_layernorm; the final norm
+# final_layernorm; attention_bias / mlp_bias as Llama's
+FAMILIES["bamba"] = Family("BambaForCausalLM", partial_rotary_factor=0.5, reads=("attention_bias", "mlp_bias"),
+                           defaults={"vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336,
+                                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                     "max_position_embeddings": 262144, "rms_norm_eps": 1e-5, "pad_token_id": 0,
+                                     "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+                                     "rope_theta": 10000.0})
+_MAMBA_FAMILIES = ("granitemoehybrid", "bamba")
 _GRANITE_SWAS = ("granite_swa", "granitemoe_swa")
 _GRANITES = ("granite", *_GRANITE_MOES, "granite_swa", "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
 _HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
@@ -1658,7 +1669,9 @@ _HARMLESS_ONLY_AT = {
              "absent (GPT-Neo: window_size an int >= 1; attention_types a list of [[kinds 'global' / 'local'], "
              "repeats] one kind per layer in all; attention_layers, as transformers writes it, their expansion)")
        for key in ("window_size", "attention_types", "attention_layers")},
-    "partial_rotary_factor": (lambda v, c: v in (1, None) or (c.model_type in ("phi3", *_GLMS,
+    "partial_rotary_factor": (lambda v, c: v in (1, None) and c.model_type != "bamba" or (c.model_type == "bamba"
+                                                                                         and v == 0.5)
+                              or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
                                                                                "stablelm", "gpt_neox", *_GPTJS,
                                                                                "persimmon", "laguna",
@@ -1744,16 +1757,23 @@ _HARMLESS_ONLY_AT = {
                           and _layer_windows(c)[1] != "layers_block_type",
                           "absent (Granite 4.0: one of 'attention' / 'full_attention' / 'linear_attention' / 'mamba' "
                           "per layer)"),
-    **{key: (lambda v, c: c.model_type == "granitemoehybrid" and _is_int(v) and v >= 1,
-             "absent (Granite 4.0: an int >= 1)")
+    **{key: (lambda v, c: c.model_type in _MAMBA_FAMILIES and _is_int(v) and v >= 1,
+             "absent (Granite 4.0, Bamba: an int >= 1)")
        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
                    "mamba_chunk_size")},
-    "mamba_d_head": (lambda v, c: c.model_type == "granitemoehybrid" and (v == "auto" or _is_int(v) and v >= 1),
-                     "absent (Granite 4.0: 'auto' or an int >= 1)"),
-    **{key: (lambda v, c: c.model_type == "granitemoehybrid" and isinstance(v, bool), "absent (Granite 4.0: a bool)")
-       for key in ("mamba_conv_bias", "mamba_proj_bias")},
+    "mamba_d_head": (lambda v, c: c.model_type in _MAMBA_FAMILIES and (v == "auto" or _is_int(v) and v >= 1),
+                     "absent (Granite 4.0, Bamba: 'auto' or an int >= 1)"),
+    **{key: (lambda v, c: c.model_type in _MAMBA_FAMILIES and isinstance(v, bool),
+             "absent (Granite 4.0, Bamba: a bool)") for key in ("mamba_conv_bias", "mamba_proj_bias")},
+    # Bamba's attention layers; its training-only z-loss; its generate's logits to keep (every logit is computed here)
+    "attn_layer_indices": (lambda v, c: c.model_type == "bamba" and (v is None or isinstance(v, list) and all(
+        _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Bamba: null or a list of layer indices)"),
+    "z_loss_coefficient": (lambda v, c: c.model_type == "bamba" and (v is None or _is_number(v)),
+                           "absent (Bamba: a number, training only)"),
+    "num_logits_to_keep": (lambda v, c: c.model_type == "bamba" and (v is None or _is_int(v)),
+                           "absent (Bamba: an int, generate's)"),
     # (its recurrent form clamps no time step while its chunked form would: only the limit that clamps nothing)
-    "time_step_limit": (lambda v, c: c.model_type == "granitemoehybrid" and (v is None or isinstance(v, (list, tuple))
+    "time_step_limit": (lambda v, c: c.model_type in _MAMBA_FAMILIES and (v is None or isinstance(v, (list, tuple))
                                                                             and len(v) == 2 and v[0] == 0
                                                                             and v[1] in (float("inf"), _JSON_INF)),
                         "absent (Granite 4.0: null or [0.0, inf], no clamp)"),
@@ -2723,7 +2743,7 @@ class LlamaConfig:
             raise ValueError(f"model_type 'granitemoehybrid' with layer types "
                              f"{x.get('layer_types', x.get('layers_block_type'))!r}: one of "
                              f"{(*_HYBRID_ATTENTION, *_MAMBA_TYPES)} per layer")
-        if self.model_type == "granitemoehybrid" and self.mamba is not None:
+        if self.model_type in _MAMBA_FAMILIES and self.mamba is not None:
             self._check_mamba()
         if self.model_type in ("afmoe", "granitemoehybrid") and self.experts is not None \
                 and self.experts.top_k > self.experts.count:
@@ -3655,10 +3675,14 @@ class LlamaConfig:
     def mamba(self) -> "Mamba | None":
         """Granite 4.0's Mamba-2 layers (:class:`Mamba`: its ``layer_types``' ``"linear_attention"`` / ``"mamba"``
         layers), or None where no layer is one."""
-        if self.model_type != "granitemoehybrid":
+        if self.model_type not in _MAMBA_FAMILIES:
             return None
         x = self.extra  # (no layer_types, or null: GraniteMoeHybridConfig's, every layer Mamba)
-        types = x.get("layer_types") or x.get("layers_block_type") or ["linear_attention"] * self.num_hidden_layers
+        if self.model_type == "bamba":  # (its attention layers by index; none: every layer Mamba)
+            attention = x.get("attn_layer_indices") or []
+            types = ["attention" if i in attention else "mamba" for i in range(self.num_hidden_layers)]
+        else:
+            types = x.get("layer_types") or x.get("layers_block_type") or ["linear_attention"] * self.num_hidden_layers
         layers = tuple(t in _MAMBA_TYPES for t in types) if isinstance(types, list) else ()
         if not any(layers):
             return None

@@ -944,6 +944,8 @@ def _stablelm_head_norms(sd: dict, inverse: bool = False) -> dict:
 _DENSE_MLP = re.compile(r"(.*\.)mlp\.(gate|up|down)_proj\.weight")
 
 
+_BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
+                (".feed_forward.", ".mlp."))
 # Granite 4.0's Mamba layers' weights under the model's self_attn (triforce.models.llama.Mamba2Mixer), back to mamba
 _MAMBA_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|dt_bias$|A_log$|D$|norm\.weight$|out_proj\.)")
 
@@ -1359,9 +1361,11 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _jetmoe_names(sd, inverse)
     if config.model_type in ("lfm2", "lfm2_moe"):
         return _renamed(sd, [(b, a) for a, b in reversed(_LFM2_PAIRS)] if inverse else _LFM2_PAIRS)
-    if config.model_type == "granitemoehybrid" and config.mamba is not None:  # (its Mamba layers' module: mamba)
-        sd = {(_MAMBA_OURS.sub(r"\1.mamba.\2", k) if inverse else k.replace(".mamba.", ".self_attn.")): t
+    if config.model_type in ("granitemoehybrid", "bamba") and config.mamba is not None:  # (its Mamba layers' module:
+        sd = {(_MAMBA_OURS.sub(r"\1.mamba.\2", k) if inverse else k.replace(".mamba.", ".self_attn.")): t  # mamba)
               for k, t in sd.items()}
+    if config.model_type == "bamba":  # (its MLP feed_forward after pre_ff_layernorm; its final norm final_layernorm)
+        return _renamed(sd, [(b, a) for a, b in reversed(_BAMBA_PAIRS)] if inverse else _BAMBA_PAIRS)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type == "modernbert-decoder":
