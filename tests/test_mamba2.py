@@ -355,3 +355,17 @@ def test_bamba_greedy_equals_autoregressive(method, opts):
         extra = {"attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_state": 8, "mamba_n_groups": 2}
         return tiny_family("bamba", seed, extra=extra)
     assert_greedy_equals_autoregressive(tiny_bamba(0), tiny_bamba(1), method, opts)
+
+
+@pytest.mark.parametrize("family", ["lfm2", "mamba"])
+def test_the_gpus_path_of_the_recurrent_state_is_exact(monkeypatch, family):
+    """With the caches' value checks off (a GPU's path: no reads for checks, the padding's masks and the merges of
+    replayed rows taken always), rollbacks, a tree's commit_path, the draft caches and ragged rows stay bitwise."""
+    from .test_lfm2 import tiny as tiny_lfm2
+
+    monkeypatch.setattr(cache_module, "check_values", lambda t: False)
+    model = tiny(0) if family == "mamba" else tiny_lfm2(0)
+    assert_rollbacks_restore_the_state(model, length=42)
+    assert_rows_kept_apart(model)
+    only = tiny(3, types=("mamba", "mamba")) if family == "mamba" else tiny_lfm2(3, types=("conv", "conv"))
+    assert_draft_caches_exact(only)
