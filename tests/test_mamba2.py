@@ -369,3 +369,32 @@ def test_the_gpus_path_of_the_recurrent_state_is_exact(monkeypatch, family):
     assert_rows_kept_apart(model)
     only = tiny(3, types=("mamba", "mamba")) if family == "mamba" else tiny_lfm2(3, types=("conv", "conv"))
     assert_draft_caches_exact(only)
+
+
+LAYER_SKIPS = {
+    "lfm2-by-index": ("lfm2", {"full_attn_idxs": [2], "conv_bias": True}),
+    "lfm2_moe-dense-first": ("lfm2_moe", {"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 2,
+                                          "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}),
+    "granite-h": ("granitemoehybrid", EXTRA),
+    "bamba": ("bamba", {"attn_layer_indices": [2], "mamba_n_heads": 4, "mamba_d_state": 8}),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYER_SKIPS))
+def test_layer_skip_drafts_of_the_recurrent_families(name):
+    """A layer-skip draft keeps the layer indices and counts its first layers hold (LFM2's full_attn_idxs, Bamba's
+    attn_layer_indices, LFM2-MoE's num_dense_layers: they were refused past its last layer), and speculative decoding
+    with it (``draft_layers``) is greedy lossless."""
+    import triforce
+
+    from .test_engines import ragged_prompts
+
+    model_type, extra = LAYER_SKIPS[name]
+    target = tiny_family(model_type, 0, extra=extra)
+    draft = target.layer_skip(1)
+    assert draft.config.kv_heads_per_layer == target.config.kv_heads_per_layer[:1]
+    prompts = ragged_prompts()
+    ref = triforce.generate(target, prompts, method="autoregressive", max_new_tokens=20)
+    out = triforce.generate(target, prompts, method="speculative", max_new_tokens=20, draft_layers=1, gamma=3)
+    for b in range(len(prompts)):
+        assert torch.equal(out.tokens[b], ref.tokens[b])

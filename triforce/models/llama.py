@@ -2328,8 +2328,12 @@ class Llama(nn.Module):
                     "num_attention_heads_per_layer"):
             if isinstance(extra.get(key), list):
                 extra[key] = extra[key][:k]
-        if isinstance(extra.get("mlp_only_layers"), list):  # (Qwen3-MoE's dense layers: indices)
-            extra["mlp_only_layers"] = [i for i in extra["mlp_only_layers"] if i < k]
+        for key in ("mlp_only_layers", "full_attn_idxs", "attn_layer_indices"):  # (layer indices: Qwen3-MoE's dense
+            if isinstance(extra.get(key), list):  # layers, LFM2's and Bamba's attention layers)
+                extra[key] = [i for i in extra[key] if i < k]
+        for key in ("num_dense_layers",):  # (a count of leading layers: AFMoE's, LFM2-MoE's dense ones)
+            if isinstance(extra.get(key), int) and extra[key] > k:
+                extra[key] = k
         if self.config.model_type == "gpt_neo":  # (its attention kinds, as [[kinds, repeats]]: the first k)
             from .config import _gpt_neo_layers
             kinds = _gpt_neo_layers(self.config)[:k]
