@@ -398,3 +398,61 @@ def test_layer_skip_drafts_of_the_recurrent_families(name):
     out = triforce.generate(target, prompts, method="speculative", max_new_tokens=20, draft_layers=1, gamma=3)
     for b in range(len(prompts)):
         assert torch.equal(out.tokens[b], ref.tokens[b])
+
+
+MAMBA2 = dict(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, state_size=16, n_groups=2,
+              chunk_size=8)
+
+
+def mamba2_pair(**kw):
+    """transformers' Mamba2ForCausalLM (its mixers drawn larger, norms and biases randomised) and ours."""
+    from triforce.models.loading import _build
+
+    hf, _ = transformers_and_ours("Mamba2", attn_implementation=None, **{**MAMBA2, **kw})
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".mixer." in name and name.endswith("weight") and "norm" not in name:
+                p.normal_(0, 0.2)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(use_bias=True, use_conv_bias=False, tie_word_embeddings=True, n_groups=1,
+                                         residual_in_fp32=False)], ids=["plain", "biased-tied-one-group"])
+def test_mamba2_every_path_and_saves_match_transformers(tmp_path, kw):
+    """Mamba-2 itself (Mamba2ForCausalLM: every layer a mixer after one norm, no MLP, no attention), every path
+    against transformers, our save read back by it and its save by us; a pass bitwise its steps (bfloat16 with its
+    float32 residual stream too)."""
+    from triforce.models.llama import MixerLayer
+
+    hf, ours = mamba2_pair(**kw)
+    assert all(type(layer) is MixerLayer for layer in ours.model.layers) and ours.config.kv_heads_per_layer == (0, 0)
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path / "ours", hf, ours)
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
+    assert_save_loads(hf, tmp_path / "theirs", ids, ours)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_pass_equals_steps(mamba2_pair(**kw)[1], dtype)
+
+
+def test_mamba2_config_defaults_and_refusals():
+    c, want = LlamaConfig.from_dict({"model_type": "mamba2"}), transformers.Mamba2Config()
+    m = c.mamba
+    assert (m.heads, m.head_dim, m.state, m.groups, m.kernel, m.inner) == (
+        want.num_heads, want.head_dim, want.state_size, want.n_groups, want.conv_kernel, want.expand * want.hidden_size)
+    assert c.rms_norm_eps == want.layer_norm_epsilon and c.extra["residual_in_fp32"] is True
+    d = c.to_dict()
+    assert LlamaConfig.from_dict(d).to_dict() == d and "num_attention_heads" not in d and d["num_heads"] == 128
+    for bad, match in (({"num_attention_heads": 8}, "num_attention_heads"), ({"rms_norm": False}, "rms_norm"),
+                       ({"head_dim": 48}, "mamba_d_head"), ({"residual_in_fp32": "yes"}, "residual_in_fp32")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({"model_type": "mamba2", **bad})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 6)])
+def test_mamba2_greedy_equals_autoregressive(method, opts):
+    def tiny_mamba2(seed):
+        extra = {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2,
+                 "residual_in_fp32": True}
+        return tiny_family("mamba2", seed, layers=2, extra=extra)
+    assert_greedy_equals_autoregressive(tiny_mamba2(0), tiny_mamba2(1), method, opts)

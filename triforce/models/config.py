@@ -307,7 +307,20 @@ FAMILIES["bamba"] = Family("BambaForCausalLM", partial_rotary_factor=0.5, reads=
                                      "max_position_embeddings": 262144, "rms_norm_eps": 1e-5, "pad_token_id": 0,
                                      "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
                                      "rope_theta": 10000.0})
-_MAMBA_FAMILIES = ("granitemoehybrid", "bamba")
+# Mamba-2 (Mamba2ForCausalLM: state-spaces' mamba2-*, Mamba-Codestral-7B): every layer a Mamba-2 mixer after one norm,
+# no MLP (triforce.models.llama.MixerLayer), its residual stream in float32 where residual_in_fp32; its config's names
+# (_MAMBA2_NAMES) as the hybrids'; no attention (the model's attention fields placeholders, not written back)
+FAMILIES["mamba2"] = Family("Mamba2ForCausalLM", defaults={
+    "vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "rms_norm_eps": 1e-5, "pad_token_id": 1,
+    "bos_token_id": 0, "eos_token_id": 2, "tie_word_embeddings": False, "mamba_n_heads": 128, "mamba_d_head": 64,
+    "mamba_d_state": 128, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_n_groups": 8, "mamba_proj_bias": False,
+    "mamba_conv_bias": True, "residual_in_fp32": True, "num_attention_heads": 1, "num_key_value_heads": 1,
+    "intermediate_size": 1, "max_position_embeddings": 1 << 20})
+_MAMBA2_NAMES = {"num_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state_size": "mamba_d_state",
+                 "expand": "mamba_expand", "conv_kernel": "mamba_d_conv", "n_groups": "mamba_n_groups",
+                 "use_bias": "mamba_proj_bias", "use_conv_bias": "mamba_conv_bias", "chunk_size": "mamba_chunk_size",
+                 "layer_norm_epsilon": "rms_norm_eps"}
+_MAMBA_FAMILIES = ("granitemoehybrid", "bamba", "mamba2")
 _GRANITE_SWAS = ("granite_swa", "granitemoe_swa")
 _GRANITES = ("granite", *_GRANITE_MOES, "granite_swa", "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
 _HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
@@ -1766,6 +1779,13 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type in _MAMBA_FAMILIES and isinstance(v, bool),
              "absent (Granite 4.0, Bamba: a bool)") for key in ("mamba_conv_bias", "mamba_proj_bias")},
     # Bamba's attention layers; its training-only z-loss; its generate's logits to keep (every logit is computed here)
+    "residual_in_fp32": (lambda v, c: c.model_type == "mamba2" and isinstance(v, bool),
+                         "absent (Mamba-2: a bool, its residual stream in float32)"),
+    **{key: (lambda v, c: c.model_type == "mamba2" and (v is None or v == "auto" or _is_number(v)),
+             "absent (Mamba-2: a number or 'auto', an initialisation's)")
+       for key in ("time_step_rank", "time_step_min", "time_step_max", "time_step_floor")},
+    "rescale_prenorm_residual": (lambda v, c: c.model_type == "mamba2" and isinstance(v, bool),
+                                 "absent (Mamba-2: a bool, an initialisation's)"),
     "attn_layer_indices": (lambda v, c: c.model_type == "bamba" and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Bamba: null or a list of layer indices)"),
     "z_loss_coefficient": (lambda v, c: c.model_type == "bamba" and (v is None or _is_number(v)),
@@ -2010,6 +2030,18 @@ _add_checks({
              "absent (LFM2: a number or a bool, an initialisation's, not read)")
        for key in ("block_norm_eps", "block_mlp_init_scale", "block_out_init_scale", "block_use_xavier_init",
                    "conv_use_xavier_init")}})
+
+
+def _mamba2_keys(d: dict) -> None:
+    """A Mamba2Config's keys in ``d`` under the model's names, in place (:data:`_MAMBA2_NAMES`); its attention fields
+    (none: the model's placeholders, one head of hidden_size) and its MLP's (none) refused."""
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps", "mamba_n_heads",
+                "mamba_d_head"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not Mamba2Config's (its names: {sorted(_MAMBA2_NAMES)})")
+    _own_names(d, _MAMBA2_NAMES, "Mamba-2")
+    if d.pop("rms_norm", True) is not True:
+        raise ValueError("config rms_norm = false: Mamba-2 is read with its RMSNorms only (transformers' too)")
 
 
 def _lfm2_conv_layers(c: "LlamaConfig") -> tuple | None:
@@ -3678,7 +3710,7 @@ class LlamaConfig:
         if self.model_type not in _MAMBA_FAMILIES:
             return None
         x = self.extra  # (no layer_types, or null: GraniteMoeHybridConfig's, every layer Mamba)
-        if self.model_type == "bamba":  # (its attention layers by index; none: every layer Mamba)
+        if self.model_type in ("bamba", "mamba2"):  # (its attention layers by index; none: every layer Mamba)
             attention = x.get("attn_layer_indices") or []
             types = ["attention" if i in attention else "mamba" for i in range(self.num_hidden_layers)]
         else:
@@ -3872,6 +3904,8 @@ class LlamaConfig:
             _jetmoe_keys(d)
         if model_type in _LFM2S:
             _own_names(d, _LFM2_NAMES if model_type == "lfm2" else {"tie_embedding": "tie_word_embeddings"}, "LFM2")
+        if model_type == "mamba2":
+            _mamba2_keys(d)
         if model_type in ("biogpt", "xglm"):
             _biogpt_keys(d)
         if model_type == "gpt_neo":
@@ -4144,6 +4178,13 @@ class LlamaConfig:
         if self.model_type == "jetmoe":  # (its config's names of the head width and the activation)
             for ours, theirs in ((v, k) for k, v in _JETMOE_NAMES.items()):
                 d[theirs] = d.pop(ours)
+        if self.model_type == "mamba2":  # (Mamba2Config's names; no attention, no MLP, no positions: not its keys)
+            for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim",
+                        "max_position_embeddings", "rope_theta", "rope_scaling", "partial_rotary_factor"):
+                d.pop(key, None)
+            for theirs, ours in _MAMBA2_NAMES.items():
+                if ours in d:
+                    d[theirs] = d.pop(ours)
         if self.model_type == "gpt_neox_japanese":  # (its MLP's width as a multiple of hidden_size)
             width = d.pop("intermediate_size")
             d["intermediate_multiple_size"] = width // self.hidden_size if width % self.hidden_size == 0 \

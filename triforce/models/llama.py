@@ -1418,6 +1418,23 @@ def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
             and up.shape == gate.shape and _rowwise_available() and hasattr(torch.ops.triforce_C, "gelu_mul"))
 
 
+class MixerLayer(nn.Module):
+    """Mamba-2's layer (``model_type`` ``"mamba2"``): ``h + mixer(norm(h))`` (:class:`Mamba2Mixer`), no MLP; the norm
+    reads the stream in the weights' dtype, and where ``residual_in_fp32`` the stream is kept in float32, as
+    transformers' Mamba2Block computes it. The native layer stack does not run it (:func:`_native_layers`)."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        self.self_attn = Mamba2Mixer(config, layer)
+        self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
+        self.float32_residual = bool(config.extra.get("residual_in_fp32", True))
+
+    def forward(self, h, cos, sin, cache, step):
+        norm = self.input_layernorm
+        out = self.self_attn(norm(h.to(norm.weight.dtype)), cos, sin, cache, step)
+        return (h.float() if self.float32_residual else h) + out
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
@@ -1849,7 +1866,8 @@ class LlamaModel(nn.Module):
                 rows, config.hidden_size))
         if config.embed_layernorm:  # (BLOOM's word_embeddings_layernorm)
             self.embed_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        layer = MixerLayer if config.model_type == "mamba2" else DecoderLayer
+        self.layers = nn.ModuleList(layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps) if config.final_norm else nn.Identity()
         if config.head_transform:  # ModernBERT decoder's prediction head before the logits: norm(act(dense(z)))
             self.head_dense = Linear(config.hidden_size, config.hidden_size, bias=config.head_transform_bias)
@@ -2097,7 +2115,13 @@ class Llama(nn.Module):
         return h, step
 
     def _logits(self, h):
-        return self._head(self.model.norm(h))
+        return self._head(self._final_norm(h))
+
+    def _final_norm(self, h):
+        """The final norm of the residual stream ``h``, in the model's dtype (Mamba-2's stream may be float32:
+        ``residual_in_fp32``; its norm computes on it, the head reads it rounded, as transformers')."""
+        z = self.model.norm(h)
+        return z if z.dtype == self.dtype else z.to(self.dtype)
 
     def _capped(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 ``logits`` after Gemma 2's soft-capping (``config.final_softcap``; others: as they are)."""
@@ -2165,7 +2189,7 @@ class Llama(nn.Module):
                 raise TypeError("forward_hidden: a tap needs a FullCache or RetrievalCache, not a StreamingCache")
             if isinstance(tap.layer, bool) or not isinstance(tap.layer, int) or not 1 <= tap.layer < n:
                 raise ValueError(f"tap.layer must be an int in [1, {n - 1}], got {tap.layer!r}")
-        return self.model.norm(self._hidden(input_ids, cache, tree_parents, tap=tap))
+        return self._final_norm(self._hidden(input_ids, cache, tree_parents, tap=tap))
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
         """float32 logits from final-normed hidden states ``z`` (the output of :meth:`forward_hidden`); Granite's

@@ -944,6 +944,14 @@ def _stablelm_head_norms(sd: dict, inverse: bool = False) -> dict:
 _DENSE_MLP = re.compile(r"(.*\.)mlp\.(gate|up|down)_proj\.weight")
 
 
+# Mamba-2's checkpoint names (backbone.*) -> the model's, as regular expressions (its layers' norm and its mixer's own
+# are both .norm.: told apart by where they are)
+_MAMBA2_NAMES = ((r"^backbone\.embeddings\.", "model.embed_tokens."), (r"^backbone\.norm_f\.", "model.norm."),
+                 (r"^backbone\.layers\.(\d+)\.norm\.", r"model.layers.\1.input_layernorm."),
+                 (r"^backbone\.layers\.(\d+)\.mixer\.", r"model.layers.\1.self_attn."))
+_MAMBA2_BACK = ((r"^model\.embed_tokens\.", "backbone.embeddings."), (r"^model\.norm\.", "backbone.norm_f."),
+                (r"^model\.layers\.(\d+)\.input_layernorm\.", r"backbone.layers.\1.norm."),
+                (r"^model\.layers\.(\d+)\.self_attn\.", r"backbone.layers.\1.mixer."))
 _BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                 (".feed_forward.", ".mlp."))
 # Granite 4.0's Mamba layers' weights under the model's self_attn (triforce.models.llama.Mamba2Mixer), back to mamba
@@ -1364,6 +1372,14 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type in ("granitemoehybrid", "bamba") and config.mamba is not None:  # (its Mamba layers' module:
         sd = {(_MAMBA_OURS.sub(r"\1.mamba.\2", k) if inverse else k.replace(".mamba.", ".self_attn.")): t  # mamba)
               for k, t in sd.items()}
+    if config.model_type == "mamba2":  # (backbone.*: its embeddings, layers' norm and mixer, final norm_f)
+        table = _MAMBA2_BACK if inverse else _MAMBA2_NAMES
+        out = {}
+        for name, t in sd.items():
+            for pattern, repl in table:
+                name = re.sub(pattern, repl, name)
+            out[name] = t
+        return out
     if config.model_type == "bamba":  # (its MLP feed_forward after pre_ff_layernorm; its final norm final_layernorm)
         return _renamed(sd, [(b, a) for a, b in reversed(_BAMBA_PAIRS)] if inverse else _BAMBA_PAIRS)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
