@@ -377,6 +377,7 @@ LAYER_SKIPS = {
                                           "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}),
     "granite-h": ("granitemoehybrid", EXTRA),
     "bamba": ("bamba", {"attn_layer_indices": [2], "mamba_n_heads": 4, "mamba_d_state": 8}),
+    "mamba2": ("mamba2", {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2}),
 }
 
 
