@@ -457,3 +457,43 @@ def test_mamba2_greedy_equals_autoregressive(method, opts):
                  "residual_in_fp32": True}
         return tiny_family("mamba2", seed, layers=2, extra=extra)
     assert_greedy_equals_autoregressive(tiny_mamba2(0), tiny_mamba2(1), method, opts)
+
+
+def test_gguf_mamba2_as_llama_cpp_writes_it(tmp_path):
+    """A mamba2 GGUF (Mamba2Model's converter: no attention keys but head_count 0, ssm.*, the mixers' tensors as
+    granitehybrid's, the layers' norm as attn_norm) loads with transformers' logits; Q8_0 / Q5_0 blocks bitwise."""
+    import numpy as np
+
+    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+
+    hf, ours = mamba2_pair(vocab_size=112)  # (its converter pads the vocabulary to a multiple of 16)
+    c = hf.config
+    inner = c.expand * c.hidden_size
+    kv = {"context_length": 1 << 20, "embedding_length": c.hidden_size, "feed_forward_length": 0,
+          "attention.head_count": 0, "block_count": c.num_hidden_layers, "ssm.conv_kernel": c.conv_kernel,
+          "ssm.inner_size": inner, "ssm.state_size": c.state_size, "ssm.time_step_rank": c.num_heads,
+          "ssm.group_count": c.n_groups, "attention.layer_norm_rms_epsilon": float(c.layer_norm_epsilon),
+          "vocab_size": c.vocab_size}
+    tensors = {f"blk.{i}.ssm_dt.bias": hf.backbone.layers[i].mixer.dt_bias.detach().numpy()
+               for i in range(c.num_hidden_layers)}
+
+    def convert(name, t):
+        if name.endswith("mixer.A_log"):
+            return -torch.exp(t)[:, None]
+        if name.endswith("mixer.D"):
+            return t[:, None]
+        if name.endswith("mixer.norm.weight"):
+            return t.reshape(c.n_groups, inner // c.n_groups)
+        if name.endswith("mixer.conv1d.weight"):
+            return t.squeeze(1)
+        return None if name.endswith("mixer.dt_bias") else t
+
+    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "mamba2", kv, tensors=tensors, convert=convert)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    assert loaded.config.model_type == "mamba2" and loaded.config.mamba == ours.config.mamba
+    ids = torch.randint(0, 112, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_converted_gguf(tmp_path / "q.gguf", hf, "mamba2", kv, tensors=tensors, convert=convert,
+                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)

@@ -1824,6 +1824,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "llama4": ("llama4_text", False), "lfm2": ("lfm2", False), "lfm2moe": ("lfm2_moe", False),
                       # Granite 4.0's hybrids (granite-4.0-h-*: Mamba-2 and attention layers; q / k permuted as llama's)
                       "granitehybrid": ("granitemoehybrid", True),
+                      # Mamba-2 itself (mamba2-*, Mamba-Codestral): no attention, no MLP
+                      "mamba2": ("mamba2", False),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1873,8 +1875,8 @@ _GGUF_ARCH_KEYS = {
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
     "lfm2moe": ("shortconv.l_cache", "expert_gating_func", "leading_dense_block_count"),  # (_gguf_lfm2)
-    "granitehybrid": ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size",
-                      "ssm.time_step_rank"),  # (_gguf_granite_hybrid)
+    **dict.fromkeys(("granitehybrid", "mamba2"), ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
+                                                  "ssm.inner_size", "ssm.time_step_rank")),  # (_gguf_mamba)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -2223,7 +2225,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
-                "granitehybrid": _GGUF_GRANITE_HYBRID_TENSORS}
+                **dict.fromkeys(("granitehybrid", "mamba2"), _GGUF_GRANITE_HYBRID_TENSORS)}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2270,13 +2272,16 @@ def read_gguf(path: Path, skip=None, reader=None):
         return v
 
     tensors = {t.name: t for t in reader.tensors}
-    n_head = int(need("attention.head_count"))
-    n_kv = _gguf_kv_heads(reader, arch, path, n_head)
     hidden = int(need("embedding_length"))
+    if arch == "mamba2":  # (no attention: the model's placeholders, one head of the hidden width)
+        n_head = n_kv = 1
+    else:
+        n_head = int(need("attention.head_count"))
+        n_kv = _gguf_kv_heads(reader, arch, path, n_head)
     if "token_embd.weight" not in tensors:
         raise ValueError(f"GGUF file {str(path)!r} has no token_embd.weight")
     vocab = int(gguf_field(reader, f"{arch}.vocab_size", 0)) or int(tensors["token_embd.weight"].shape[1])
-    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", 0)) or hidden // n_head
+    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", 0) or 0) or hidden // n_head
     tok = lambda k: gguf_field(reader, f"tokenizer.ggml.{k}")  # noqa: E731
     # Qwen2: q/k/v biases always; llama / qwen3: biases on q/k/v/o if the file has them (attention_bias)
     attention_bias = model_type not in ("qwen2", "qwen2_moe", "stablelm") and (
@@ -2380,6 +2385,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra.update(_gguf_lfm2(reader, arch, path, int(need("block_count"))))
     if arch == "granitehybrid":
         extra.update(_gguf_granite_hybrid(reader, arch, path, int(need("block_count")), hidden, tensors, n_ff))
+    if arch == "mamba2":  # (its MLP's width: none, the placeholder 1; its residual stream in float32, as llama.cpp's)
+        extra.update(_gguf_mamba(reader, arch, path, hidden, tensors), residual_in_fp32=True)
+        n_ff = 1
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -2454,7 +2462,7 @@ def read_gguf(path: Path, skip=None, reader=None):
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
-                                                     "granitemoehybrid"):
+                                                     "granitemoehybrid", "mamba2"):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -2641,21 +2649,28 @@ def _gguf_granite_hybrid(reader, arch: str, path: Path, layers: int, hidden: int
     if len(kv) != layers:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv has {len(kv)} entries for "
                          f"{layers} layers")
+    count = int(gguf_field(reader, f"{arch}.expert_count", 0) or 0)
+    used = int(gguf_field(reader, f"{arch}.expert_used_count", 0) or 0)
+    shared = int(gguf_field(reader, f"{arch}.expert_shared_feed_forward_length", 0) or 0) or n_ff
+    return {"layer_types": ["mamba" if int(x) == 0 else "attention" for x in kv], **_gguf_mamba(
+                reader, arch, path, hidden, tensors),
+            "position_embedding_type": "rope" if gguf_field(reader, f"{arch}.rope.scaling.finetuned") else "nope",
+            "num_local_experts": count, "num_experts_per_tok": used, "shared_intermediate_size": shared}
+
+
+def _gguf_mamba(reader, arch: str, path: Path, hidden: int, tensors: dict) -> dict:
+    """A granitehybrid or mamba2 file's Mamba-2 settings (``ssm.*``: ``time_step_rank`` heads, ``inner_size``
+    channels, ``state_size``, ``group_count``, ``conv_kernel``; biases where the tensors are) under the hybrids'
+    config names."""
     heads, inner = (_gguf_need(reader, arch, path, f"ssm.{k}") for k in ("time_step_rank", "inner_size"))
     if inner % hidden or inner % heads:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.ssm.inner_size = {inner} must be a multiple of the "
                          f"embedding length ({hidden}) and of ssm.time_step_rank ({heads})")
-    count = int(gguf_field(reader, f"{arch}.expert_count", 0) or 0)
-    used = int(gguf_field(reader, f"{arch}.expert_used_count", 0) or 0)
-    shared = int(gguf_field(reader, f"{arch}.expert_shared_feed_forward_length", 0) or 0) or n_ff
-    return {"layer_types": ["mamba" if int(x) == 0 else "attention" for x in kv],
-            "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
+    return {"mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
             **{f"mamba_{k}": _gguf_need(reader, arch, path, f"ssm.{g}")
                for k, g in (("d_state", "state_size"), ("n_groups", "group_count"), ("d_conv", "conv_kernel"))},
             "mamba_conv_bias": any(n.endswith("ssm_conv1d.bias") for n in tensors),
-            "mamba_proj_bias": any(n.endswith("ssm_in.bias") for n in tensors),
-            "position_embedding_type": "rope" if gguf_field(reader, f"{arch}.rope.scaling.finetuned") else "nope",
-            "num_local_experts": count, "num_experts_per_tok": used, "shared_intermediate_size": shared}
+            "mamba_proj_bias": any(n.endswith("ssm_in.bias") for n in tensors)}
 
 
 def _gguf_llama4(reader, arch: str, path: Path, layers: int, n_ff: int) -> dict:
@@ -3100,7 +3115,7 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
         raise ValueError(f"GGUF file {str(path)!r} has architecture {arch!r}; supported: "
                          f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)}")
     permuted = GGUF_ARCHITECTURES[arch][1]
-    n_head = int(gguf_field(reader, f"{arch}.attention.head_count"))
+    n_head = int(gguf_field(reader, f"{arch}.attention.head_count")) or 1  # (mamba2's 0: no attention)
     n_kv = _gguf_kv_heads(reader, arch, path, n_head)
     out, stacked = {}, {}
     mtp = _gguf_mtp(reader, arch)

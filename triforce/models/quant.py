@@ -915,7 +915,8 @@ def _copy_with_linears(model, replace):
             new = copy.copy(layer)
             new._modules = dict(layer._modules)
             for part in ("self_attn", "mlp"):
-                new._modules[part] = _replace_linears(getattr(layer, part), f"model.layers.{i}.{part}", replace)
+                if part in layer._modules:  # (Mamba-2's layers have no MLP)
+                    new._modules[part] = _replace_linears(layer._modules[part], f"model.layers.{i}.{part}", replace)
             layers.append(new)
         clone.model._modules["layers"] = layers
         clone._parameters = dict(model._parameters)
