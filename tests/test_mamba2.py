@@ -378,6 +378,8 @@ LAYER_SKIPS = {
     "granite-h": ("granitemoehybrid", EXTRA),
     "bamba": ("bamba", {"attn_layer_indices": [2], "mamba_n_heads": 4, "mamba_d_state": 8}),
     "mamba2": ("mamba2", {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2}),
+    "nemotron_h": ("nemotron_h", {"layers_block_type": ["linear_attention", "full_attention", "mlp"],
+                                  "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2}),
 }
 
 
@@ -497,3 +499,62 @@ def test_gguf_mamba2_as_llama_cpp_writes_it(tmp_path):
     q = write_converted_gguf(tmp_path / "q.gguf", hf, "mamba2", kv, tensors=tensors, convert=convert,
                              quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
     assert_blocks_compute_the_loaded_model(q, ids)
+
+
+NEMOTRON_H = dict(vocab_size=101, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=96, hybrid_override_pattern="M*-M", mamba_num_heads=8,
+                  mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=8)
+
+
+def nemotron_h_pair(**kw):
+    """transformers' NemotronHForCausalLM (its mixers drawn larger, norms and biases randomised) and ours."""
+    from triforce.models.loading import _build
+
+    hf, _ = transformers_and_ours("NemotronH", **{**NEMOTRON_H, **kw})
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".mixer." in name and name.endswith("weight") and "norm" not in name:
+                p.normal_(0, 0.2)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(hybrid_override_pattern="*M-M-", num_hidden_layers=5, use_bias=True,
+                                         attention_bias=True, mlp_bias=True, residual_in_fp32=True,
+                                         time_step_min=0.05)], ids=["plain", "biased-fp32"])
+def test_nemotron_h_every_path_and_saves_match_transformers(tmp_path, kw):
+    """Nemotron-H (NemotronHForCausalLM): its Mamba-2, attention (no RoPE) and ReLU-squared MLP blocks each after one
+    norm, every path against transformers (dt clamped at time_step_min everywhere, as its chunked form clamps), saves
+    both ways, a pass bitwise its steps."""
+    from triforce.models.llama import MixerLayer
+
+    hf, ours = nemotron_h_pair(**kw)
+    c = ours.config
+    assert all(type(layer) is MixerLayer for layer in ours.model.layers) and not any(c.rope_layers)
+    assert c.mamba.dt_min == hf.config.time_step_min
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path / "ours", hf, ours)
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
+    assert_save_loads(hf, tmp_path / "theirs", ids, ours)
+    assert_pass_equals_steps(ours, torch.float32)
+
+
+def test_nemotron_h_config_and_refusals():
+    c = LlamaConfig.from_dict(transformers.NemotronHConfig(**NEMOTRON_H).to_dict())
+    assert c.block_types == ("linear_attention", "full_attention", "mlp", "linear_attention")
+    assert c.kv_heads_per_layer == (0, 2, 0, 0) and c.mamba.layers == (True, False, False, True)
+    d = c.to_dict()
+    assert LlamaConfig.from_dict(d).to_dict() == d and d["mamba_num_heads"] == 8 and "rope_theta" not in d
+    for bad, match in (({"hybrid_override_pattern": "M*E-"}, "mixture"),
+                       ({"hybrid_override_pattern": "M*X-"}, "M, \\*")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({**{k: v for k, v in NEMOTRON_H.items()}, "model_type": "nemotron_h", **bad})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 6)])
+def test_nemotron_h_greedy_equals_autoregressive(method, opts):
+    def tiny_nemotron(seed):
+        extra = {"layers_block_type": ["linear_attention", "full_attention", "mlp"], "mamba_n_heads": 4,
+                 "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2}
+        return tiny_family("nemotron_h", seed, head_dim=8, extra=extra)
+    assert_greedy_equals_autoregressive(tiny_nemotron(0), tiny_nemotron(1), method, opts)

@@ -320,7 +320,26 @@ _MAMBA2_NAMES = {"num_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "stat
                  "expand": "mamba_expand", "conv_kernel": "mamba_d_conv", "n_groups": "mamba_n_groups",
                  "use_bias": "mamba_proj_bias", "use_conv_bias": "mamba_conv_bias", "chunk_size": "mamba_chunk_size",
                  "layer_norm_epsilon": "rms_norm_eps"}
-_MAMBA_FAMILIES = ("granitemoehybrid", "bamba", "mamba2")
+# Nemotron-H (NemotronHForCausalLM: NVIDIA's Nemotron-H, Nemotron Nano 2): each layer one block after one RMSNorm, h +
+# block(norm(h)): a Mamba-2 mixer, an attention (no RoPE) or an ungated ReLU-squared MLP, by layers_block_type (or the
+# hybrid_override_pattern's M / * / -); its mixtures' blocks (E, "moe") are not read; its config's names
+# (_NEMOTRON_H_NAMES)
+FAMILIES["nemotron_h"] = Family("NemotronHForCausalLM", activation="relu2", hidden_acts=("relu2",), gated_mlp=False,
+                                reads=("mlp_bias",), defaults={
+                                    "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 21504,
+                                    "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                    "head_dim": 128, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                                    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                                    "tie_word_embeddings": False, "mamba_d_state": 128, "mamba_n_heads": 128,
+                                    "mamba_d_head": 64, "mamba_n_groups": 8, "mamba_d_conv": 4, "mamba_expand": 2,
+                                    "mamba_conv_bias": True, "mamba_proj_bias": False, "residual_in_fp32": False})
+_NEMOTRON_H_NAMES = {"ssm_state_size": "mamba_d_state", "mamba_num_heads": "mamba_n_heads",
+                     "mamba_head_dim": "mamba_d_head", "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+                     "expand": "mamba_expand", "use_conv_bias": "mamba_conv_bias", "chunk_size": "mamba_chunk_size",
+                     "layer_norm_epsilon": "rms_norm_eps", "mlp_hidden_act": "hidden_act",
+                     "use_bias": "mamba_proj_bias"}  # (its Mamba projections' biases; its mamba_proj_bias unread)
+_NEMOTRON_H_BLOCKS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+_MAMBA_FAMILIES = ("granitemoehybrid", "bamba", "mamba2", "nemotron_h")
 _GRANITE_SWAS = ("granite_swa", "granitemoe_swa")
 _GRANITES = ("granite", *_GRANITE_MOES, "granite_swa", "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
 _HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
@@ -1265,6 +1284,7 @@ class Mamba:
     conv_bias: bool
     proj_bias: bool
     layers: tuple
+    dt_min: float = 0.0  # dt clamped below at it (Nemotron-H's time_step_min, as transformers' chunked form clamps)
 
     @property
     def conv_dim(self) -> int:
@@ -1779,19 +1799,19 @@ _HARMLESS_ONLY_AT = {
     **{key: (lambda v, c: c.model_type in _MAMBA_FAMILIES and isinstance(v, bool),
              "absent (Granite 4.0, Bamba: a bool)") for key in ("mamba_conv_bias", "mamba_proj_bias")},
     # Bamba's attention layers; its training-only z-loss; its generate's logits to keep (every logit is computed here)
-    "residual_in_fp32": (lambda v, c: c.model_type == "mamba2" and isinstance(v, bool),
-                         "absent (Mamba-2: a bool, its residual stream in float32)"),
-    **{key: (lambda v, c: c.model_type == "mamba2" and (v is None or v == "auto" or _is_number(v)),
-             "absent (Mamba-2: a number or 'auto', an initialisation's)")
+    "residual_in_fp32": (lambda v, c: c.model_type in ("mamba2", "nemotron_h") and isinstance(v, bool),
+                         "absent (Mamba-2, Nemotron-H: a bool, the residual stream in float32)"),
+    **{key: (lambda v, c: c.model_type in ("mamba2", "nemotron_h") and (v is None or v == "auto" or _is_number(v)),
+             "absent (Mamba-2, Nemotron-H: a number or 'auto', an initialisation's)")
        for key in ("time_step_rank", "time_step_min", "time_step_max", "time_step_floor")},
-    "rescale_prenorm_residual": (lambda v, c: c.model_type == "mamba2" and isinstance(v, bool),
-                                 "absent (Mamba-2: a bool, an initialisation's)"),
+    "rescale_prenorm_residual": (lambda v, c: c.model_type in ("mamba2", "nemotron_h") and isinstance(v, bool),
+                                 "absent (Mamba-2, Nemotron-H: a bool, an initialisation's)"),
     "attn_layer_indices": (lambda v, c: c.model_type == "bamba" and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Bamba: null or a list of layer indices)"),
     "z_loss_coefficient": (lambda v, c: c.model_type == "bamba" and (v is None or _is_number(v)),
                            "absent (Bamba: a number, training only)"),
-    "num_logits_to_keep": (lambda v, c: c.model_type == "bamba" and (v is None or _is_int(v)),
-                           "absent (Bamba: an int, generate's)"),
+    "num_logits_to_keep": (lambda v, c: c.model_type in ("bamba", "nemotron_h") and (v is None or _is_int(v)),
+                           "absent (Bamba, Nemotron-H: an int, generate's)"),
     # (its recurrent form clamps no time step while its chunked form would: only the limit that clamps nothing)
     "time_step_limit": (lambda v, c: c.model_type in _MAMBA_FAMILIES and (v is None or isinstance(v, (list, tuple))
                                                                             and len(v) == 2 and v[0] == 0
@@ -2042,6 +2062,36 @@ def _mamba2_keys(d: dict) -> None:
     _own_names(d, _MAMBA2_NAMES, "Mamba-2")
     if d.pop("rms_norm", True) is not True:
         raise ValueError("config rms_norm = false: Mamba-2 is read with its RMSNorms only (transformers' too)")
+
+
+def _nemotron_h_keys(d: dict) -> None:
+    """A NemotronHConfig's keys in ``d`` under the model's names, in place (:data:`_NEMOTRON_H_NAMES`; its ``mamba_*``
+    aliases are the model's names already); its ``hybrid_override_pattern`` (M / * / - / E per layer) as
+    ``layers_block_type`` (which wins where both are given, as NemotronHConfig reads them; ``layer_types`` its
+    alias); blocks other than Mamba, attention and MLP (its mixtures') raise."""
+    for key in ("mamba_proj_bias", "attention_bias"):  # (NemotronHConfig's keys its model does not read: use_bias
+        unread = d.pop(key, None)  # is its Mamba projections' bias; its attention is unbiased)
+        if unread not in (None, False, True):
+            raise ValueError(f"config {key} = {unread!r} must be a bool (Nemotron-H does not read it)")
+    _own_names(d, {**_NEMOTRON_H_NAMES, "layer_types": "layers_block_type"}, "Nemotron-H")
+    pattern = d.pop("hybrid_override_pattern", None)
+    if d.get("layers_block_type") is None:
+        if pattern is not None:
+            if not isinstance(pattern, str) or set(pattern) - set(_NEMOTRON_H_BLOCKS):
+                raise ValueError(f"config hybrid_override_pattern = {pattern!r}: one of M, *, -, E per layer")
+            d["layers_block_type"] = [_NEMOTRON_H_BLOCKS[c] for c in pattern]
+        else:
+            d["layers_block_type"] = ["linear_attention", "moe", "full_attention", "mlp"]  # (NemotronHConfig's)
+    types = d["layers_block_type"]
+    if not isinstance(types, list) or set(types) - {"linear_attention", "full_attention", "mlp", "moe", "mamba",
+                                                     "attention"}:
+        raise ValueError(f"config layers_block_type = {types!r}: Nemotron-H's blocks are 'linear_attention', "
+                         "'full_attention', 'mlp' and 'moe'")
+    if "moe" in types:
+        raise ValueError("config layers_block_type: Nemotron-H's mixture blocks ('moe', its pattern's E: Nemotron 3) "
+                         "are not read here")
+    d["layers_block_type"] = [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t) for t in types]
+    d.setdefault("num_hidden_layers", len(d["layers_block_type"]))
 
 
 def _lfm2_conv_layers(c: "LlamaConfig") -> tuple | None:
@@ -2340,6 +2390,22 @@ _add_checks({
 })
 _also("num_dense_layers", lambda v, c: c.model_type == "lfm2_moe" and _is_int(v) and 0 <= v <= c.num_hidden_layers,
       "LFM2-MoE: an int in [0, num_hidden_layers], the first layers' dense MLPs")
+# Nemotron-H's blocks (LlamaConfig.block_types, checked by _nemotron_h_keys), and its kernels', mixtures' and training's
+# settings (its mixture blocks, 'moe', raise: none of these is read)
+_also("layers_block_type", lambda v, c: c.model_type == "nemotron_h" and isinstance(v, list)
+      and len(v) == c.num_hidden_layers, "Nemotron-H: one 'linear_attention' / 'full_attention' / 'mlp' per layer")
+_NEMOTRON_H_UNREAD = ("n_routed_experts", "moe_intermediate_size", "num_experts_per_tok", "routed_scaling_factor",
+                      "norm_topk_prob", "output_router_logits", "n_group", "topk_group", "n_shared_experts",
+                      "hidden_dropout", "num_nextn_predict_layers")
+for _key in _NEMOTRON_H_UNREAD:
+    _also(_key, lambda v, c: c.model_type == "nemotron_h" and (v is None or isinstance(v, (bool, int, float))),
+          "Nemotron-H: any (its mixtures' or training's setting, read by none of its read blocks)")
+_add_checks({key: (lambda v, c: c.model_type == "nemotron_h" and (v is None or isinstance(v, (bool, int, float, str,
+                                                                                              list))),
+                   "absent (Nemotron-H: its kernels' / mixtures' / training's setting, not read)")
+             for key in ("use_mamba_kernels", "mamba_hidden_act", "mamba_ssm_cache_dtype",
+                         "moe_shared_expert_intermediate_size", "moe_latent_size", "moe_shared_expert_overlap",
+                         "mtp_layers_block_type")})
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "lfm2_moe" and _is_int(v) and v >= 1, "LFM2-MoE: an int >= 1")
 _also("routed_scaling_factor", lambda v, c: c.model_type == "lfm2_moe" and _is_number(v) and 0 < v < float("inf"),
@@ -3310,6 +3376,8 @@ class LlamaConfig:
             return tuple(not s for s in _sliding_layers(self)[0] or (False,) * n)
         if self.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type 'rope' (else NoPE)
             return (self.extra.get("position_embedding_type") == "rope",) * n
+        if self.model_type == "nemotron_h":  # (its attention takes no RoPE)
+            return (False,) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
             return tuple(t == self.rope_theta for t in _granite_swa_thetas(self) or (self.rope_theta,) * n)
         if self.model_type == "cohere2_moe":  # RoPE on the sliding layers, and on the dense ones with a prefix pattern
@@ -3675,6 +3743,8 @@ class LlamaConfig:
         """Each layer's KV heads (:meth:`layer_kv_heads`): the caches' layout with ``head_dim``; 0 on a layer that
         holds no keys (LFM2's convolutions: :attr:`conv_layers`)."""
         n, kv = self.num_hidden_layers, self.num_key_value_heads
+        if self.model_type == "nemotron_h":  # (its attention blocks' only)
+            return tuple(kv if t == "full_attention" else 0 for t in self.block_types)
         if self.model_type in _LFM2S or self.mamba is not None:
             return tuple(0 if conv else kv for conv in self.conv_layers)
         if self.model_type != "mimo_v2_flash":
@@ -3691,6 +3761,15 @@ class LlamaConfig:
         if self.model_type not in _LFM2S:
             return (False,) * self.num_hidden_layers
         return _lfm2_conv_layers(self)
+
+    @property
+    def block_types(self) -> tuple:
+        """Nemotron-H's blocks, one per layer: ``"linear_attention"`` (a Mamba-2 mixer), ``"full_attention"`` or
+        ``"mlp"`` (its layers_block_type); ``()`` for the other families (a layer is attention and MLP)."""
+        if self.model_type != "nemotron_h":
+            return ()
+        types = self.extra.get("layers_block_type")
+        return tuple(types) if isinstance(types, list) else ()
 
     @property
     def conv_kernel(self) -> int:
@@ -3710,7 +3789,9 @@ class LlamaConfig:
         if self.model_type not in _MAMBA_FAMILIES:
             return None
         x = self.extra  # (no layer_types, or null: GraniteMoeHybridConfig's, every layer Mamba)
-        if self.model_type in ("bamba", "mamba2"):  # (its attention layers by index; none: every layer Mamba)
+        if self.model_type == "nemotron_h":  # (its blocks: Mamba, attention or MLP, each after its own norm)
+            types = ["mamba" if t in _MAMBA_TYPES else t for t in self.block_types]
+        elif self.model_type in ("bamba", "mamba2"):  # (its attention layers by index; none: every layer Mamba)
             attention = x.get("attn_layer_indices") or []
             types = ["attention" if i in attention else "mamba" for i in range(self.num_hidden_layers)]
         else:
@@ -3721,9 +3802,12 @@ class LlamaConfig:
         get = lambda k: x.get(k, _MAMBA_DEFAULTS[k])  # noqa: E731
         heads, inner = get("mamba_n_heads"), get("mamba_expand") * self.hidden_size
         head_dim = get("mamba_d_head")
+        if self.model_type == "nemotron_h":  # (its inner width: the heads', not expand's)
+            inner = heads * head_dim
+        dt_min = float(x.get("time_step_min", 0.001)) if self.model_type == "nemotron_h" else 0.0
         return Mamba(heads, inner // heads if head_dim == "auto" else head_dim, get("mamba_n_groups"),
                      get("mamba_d_state"), get("mamba_d_conv"), inner, bool(get("mamba_conv_bias")),
-                     bool(get("mamba_proj_bias")), layers)
+                     bool(get("mamba_proj_bias")), layers, dt_min)
 
     def _check_mamba(self) -> None:
         m = self.mamba
@@ -3906,6 +3990,8 @@ class LlamaConfig:
             _own_names(d, _LFM2_NAMES if model_type == "lfm2" else {"tie_embedding": "tie_word_embeddings"}, "LFM2")
         if model_type == "mamba2":
             _mamba2_keys(d)
+        if model_type == "nemotron_h":
+            _nemotron_h_keys(d)
         if model_type in ("biogpt", "xglm"):
             _biogpt_keys(d)
         if model_type == "gpt_neo":
@@ -4178,6 +4264,12 @@ class LlamaConfig:
         if self.model_type == "jetmoe":  # (its config's names of the head width and the activation)
             for ours, theirs in ((v, k) for k, v in _JETMOE_NAMES.items()):
                 d[theirs] = d.pop(ours)
+        if self.model_type == "nemotron_h":  # (NemotronHConfig's names; no RoPE: not its keys)
+            for key in ("rope_theta", "rope_scaling", "partial_rotary_factor", "intermediate_size_mlp"):
+                d.pop(key, None)
+            for theirs, ours in _NEMOTRON_H_NAMES.items():
+                if ours in d:
+                    d[theirs] = d.pop(ours)
         if self.model_type == "mamba2":  # (Mamba2Config's names; no attention, no MLP, no positions: not its keys)
             for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim",
                         "max_position_embeddings", "rope_theta", "rope_scaling", "partial_rotary_factor"):

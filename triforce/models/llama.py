@@ -742,6 +742,8 @@ class Mamba2Mixer(nn.Module):
                 else cache.convolve(self.layer, xbc, step, weight, bias))
         xs, B, C = _lanewise(F.silu, conv).split([m.inner, m.groups * m.state, m.groups * m.state], dim=-1)
         dt = _lanewise(F.softplus, dt.float() + self.dt_bias.float())
+        if m.dt_min > 0:  # (Nemotron-H's floor, everywhere: transformers clamps in its chunked form only)
+            dt = dt.clamp(min=m.dt_min)
         decay = _lanewise(torch.exp, dt * -torch.exp(self.A_log.float()))
         xs = xs.float().view(b, T, m.heads, m.head_dim)
         B, C = (t.float().view(b, T, m.groups, m.state) for t in (B, C))
@@ -1419,19 +1421,27 @@ def _native_glu(gate: torch.Tensor, up: torch.Tensor) -> bool:
 
 
 class MixerLayer(nn.Module):
-    """Mamba-2's layer (``model_type`` ``"mamba2"``): ``h + mixer(norm(h))`` (:class:`Mamba2Mixer`), no MLP; the norm
-    reads the stream in the weights' dtype, and where ``residual_in_fp32`` the stream is kept in float32, as
-    transformers' Mamba2Block computes it. The native layer stack does not run it (:func:`_native_layers`)."""
+    """A layer of one block after one norm, ``h + block(norm(h))``: Mamba-2's (``model_type`` ``"mamba2"``: a
+    :class:`Mamba2Mixer`) and Nemotron-H's (``config.block_types``: a Mamba-2 mixer, an :class:`Attention` or an
+    ungated MLP, :class:`FeedForward`, as ``mlp``); the norm reads the stream in the weights' dtype, and where
+    ``residual_in_fp32`` the stream is kept in float32, as transformers' Mamba2Block / NemotronHBlock compute it. The
+    native layer stack does not run it (:func:`_native_layers`)."""
 
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
-        self.self_attn = Mamba2Mixer(config, layer)
+        kind = config.block_types[layer] if config.block_types else "linear_attention"
+        if kind == "mlp":
+            self.mlp = (MLP if config.gated_mlp else FeedForward)(config, config.intermediate_size)
+        else:
+            self.self_attn = (Mamba2Mixer if kind == "linear_attention" else Attention)(config, layer)
         self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
         self.float32_residual = bool(config.extra.get("residual_in_fp32", True))
 
     def forward(self, h, cos, sin, cache, step):
         norm = self.input_layernorm
-        out = self.self_attn(norm(h.to(norm.weight.dtype)), cos, sin, cache, step)
+        x = norm(h.to(norm.weight.dtype))
+        block = self._modules.get("self_attn")
+        out = self._modules["mlp"](x) if block is None else block(x, cos, sin, cache, step)
         return (h.float() if self.float32_residual else h) + out
 
 
@@ -1866,7 +1876,7 @@ class LlamaModel(nn.Module):
                 rows, config.hidden_size))
         if config.embed_layernorm:  # (BLOOM's word_embeddings_layernorm)
             self.embed_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
-        layer = MixerLayer if config.model_type == "mamba2" else DecoderLayer
+        layer = MixerLayer if config.model_type in ("mamba2", "nemotron_h") else DecoderLayer
         self.layers = nn.ModuleList(layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps) if config.final_norm else nn.Identity()
         if config.head_transform:  # ModernBERT decoder's prediction head before the logits: norm(act(dense(z)))
@@ -2349,7 +2359,7 @@ class Llama(nn.Module):
         # per-layer lists (attention kinds, NoPE layers, GLM-4.7-Flash's dense / sparse MLPs, Granite SWA's RoPE
         # bases): the first k
         for key in ("layer_types", "no_rope_layers", "mlp_layer_types", "layer_rope_theta",
-                    "num_attention_heads_per_layer"):
+                    "num_attention_heads_per_layer", "layers_block_type"):
             if isinstance(extra.get(key), list):
                 extra[key] = extra[key][:k]
         for key in ("mlp_only_layers", "full_attn_idxs", "attn_layer_indices"):  # (layer indices: Qwen3-MoE's dense

@@ -946,12 +946,14 @@ _DENSE_MLP = re.compile(r"(.*\.)mlp\.(gate|up|down)_proj\.weight")
 
 # Mamba-2's checkpoint names (backbone.*) -> the model's, as regular expressions (its layers' norm and its mixer's own
 # are both .norm.: told apart by where they are)
-_MAMBA2_NAMES = ((r"^backbone\.embeddings\.", "model.embed_tokens."), (r"^backbone\.norm_f\.", "model.norm."),
-                 (r"^backbone\.layers\.(\d+)\.norm\.", r"model.layers.\1.input_layernorm."),
-                 (r"^backbone\.layers\.(\d+)\.mixer\.", r"model.layers.\1.self_attn."))
-_MAMBA2_BACK = ((r"^model\.embed_tokens\.", "backbone.embeddings."), (r"^model\.norm\.", "backbone.norm_f."),
-                (r"^model\.layers\.(\d+)\.input_layernorm\.", r"backbone.layers.\1.norm."),
-                (r"^model\.layers\.(\d+)\.self_attn\.", r"backbone.layers.\1.mixer."))
+# (Nemotron-H's: the same under model.*, as transformers 5 names them)
+_MAMBA2_NAMES = ((r"^(?:backbone|model)\.embeddings\.", "model.embed_tokens."),
+                 (r"^(?:backbone|model)\.norm_f\.", "model.norm."),
+                 (r"^(?:backbone|model)\.layers\.(\d+)\.norm\.", r"model.layers.\1.input_layernorm."),
+                 (r"^(?:backbone|model)\.layers\.(\d+)\.mixer\.", r"model.layers.\1.self_attn."))
+_MAMBA2_BACK = ((r"^model\.embed_tokens\.", "PREFIX.embeddings."), (r"^model\.norm\.", "PREFIX.norm_f."),
+                (r"^model\.layers\.(\d+)\.input_layernorm\.", r"PREFIX.layers.\1.norm."),
+                (r"^model\.layers\.(\d+)\.self_attn\.", r"PREFIX.layers.\1.mixer."))
 _BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                 (".feed_forward.", ".mlp."))
 # Granite 4.0's Mamba layers' weights under the model's self_attn (triforce.models.llama.Mamba2Mixer), back to mamba
@@ -1372,12 +1374,20 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type in ("granitemoehybrid", "bamba") and config.mamba is not None:  # (its Mamba layers' module:
         sd = {(_MAMBA_OURS.sub(r"\1.mamba.\2", k) if inverse else k.replace(".mamba.", ".self_attn.")): t  # mamba)
               for k, t in sd.items()}
-    if config.model_type == "mamba2":  # (backbone.*: its embeddings, layers' norm and mixer, final norm_f)
-        table = _MAMBA2_BACK if inverse else _MAMBA2_NAMES
+    if config.model_type in ("mamba2", "nemotron_h"):  # (backbone.*: its embeddings, layers' norm and mixer, final
+        prefix = "backbone" if config.model_type == "mamba2" else "model"  # norm_f; Nemotron-H's MLP blocks' mixer
+        table = [(a, b.replace("PREFIX", prefix)) for a, b in _MAMBA2_BACK] if inverse else _MAMBA2_NAMES  # our mlp)
+        mlps = {i for i, t in enumerate(config.block_types) if t == "mlp"}
         out = {}
         for name, t in sd.items():
+            m = _LAYER_INDEX.match(name)
+            if inverse and m is not None and int(m[1]) in mlps:
+                name = name.replace(".mlp.", ".self_attn.")
             for pattern, repl in table:
                 name = re.sub(pattern, repl, name)
+            m = _LAYER_INDEX.match(name)
+            if not inverse and m is not None and int(m[1]) in mlps:
+                name = name.replace(".self_attn.", ".mlp.")
             out[name] = t
         return out
     if config.model_type == "bamba":  # (its MLP feed_forward after pre_ff_layernorm; its final norm final_layernorm)
