@@ -33,19 +33,34 @@ EXTRA = {"layer_types": ["mamba", "attention", "mamba"], "mamba_n_heads": 4, "ma
          "position_embedding_type": "rope"}
 
 
-def pair(case="dense-rope-two-groups"):
-    """transformers' GraniteMoeHybridForCausalLM of ``case`` (the Mamba layers' projections and convolution drawn larger
-    than transformers' initialisation, so that they count; biases and norms randomised) and ours."""
-    hf, _ = transformers_and_ours("GraniteMoeHybrid", **{**HYBRID, **CASES[case]})
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if ".mamba." in name and name.endswith("weight") and "norm" not in name:
-                p.normal_(0, 0.2)
-            if name.endswith(("A_log", ".D")):
-                p.add_(torch.randn_like(p) * 0.3)
+def assert_matches_both_ways(tmp_path, hf, ours):
+    """Every path of ``ours`` gives transformers' ``hf``'s logits; our save reads back in transformers, its save in
+    ours (bitwise ours)."""
+    assert_every_path_matches(hf, ours)
+    assert_saved_reads_back(tmp_path / "ours", hf, ours)
+    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
+    assert_save_loads(hf, tmp_path / "theirs", ids, ours)
+
+
+def drawn_pair(name: str, module: str, attn_implementation="eager", **config):
+    """transformers' ``<name>ForCausalLM`` of ``config`` (its recurrent layers' projections and convolution, the
+    weights under ``.<module>.``, drawn larger than transformers' initialisation so that they count; A_log and D moved;
+    biases and norms randomised) and ours built from its config and weights."""
     from triforce.models.loading import _build
 
+    hf, _ = transformers_and_ours(name, attn_implementation=attn_implementation, **config)
+    with torch.no_grad():
+        for key, p in hf.named_parameters():
+            if f".{module}." in key and key.endswith("weight") and "norm" not in key:
+                p.normal_(0, 0.2)
+            if key.endswith(("A_log", ".D")):
+                p.add_(torch.randn_like(p) * 0.3)
     return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def pair(case="dense-rope-two-groups"):
+    """transformers' GraniteMoeHybridForCausalLM of ``case`` and ours (:func:`drawn_pair`)."""
+    return drawn_pair("GraniteMoeHybrid", "mamba", **{**HYBRID, **CASES[case]})
 
 
 def tiny(seed, types=("mamba", "attention", "mamba")):
@@ -200,6 +215,20 @@ def test_ssm_scan_is_the_recurrence(shape):
         assert torch.equal(part[i:i + 1], ref)
 
 
+def mamba_gguf_tensor(name: str, t: torch.Tensor, groups: int, inner: int):
+    """A Mamba-2 layer's tensor as llama.cpp's converters write it (Mamba2Model): A as -exp(A_log) [H, 1], D [H, 1],
+    the norm [groups, inner / groups], the convolution squeezed; None for every other tensor."""
+    if name.endswith("A_log"):
+        return -torch.exp(t)[:, None]
+    if name.endswith(".D"):
+        return t[:, None]
+    if name.endswith(("mamba.norm.weight", "mixer.norm.weight")):
+        return t.reshape(groups, inner // groups)
+    if name.endswith("conv1d.weight"):
+        return t.squeeze(1)
+    return None
+
+
 def write_granitehybrid_gguf(path, hf, quant=None, meta=None):
     """A GGUF of transformers' GraniteMoeHybridForCausalLM ``hf`` as llama.cpp's converter writes it
     (GraniteHybridModel): granite's keys and multipliers, the KV heads per layer (0 on the Mamba layers), ssm.* keys,
@@ -239,14 +268,9 @@ def write_granitehybrid_gguf(path, hf, quant=None, meta=None):
             return permute(t, c.num_attention_heads)
         if name.endswith("k_proj.weight"):
             return permute(t, c.num_key_value_heads)
-        if name.endswith("mamba.A_log"):
-            return -torch.exp(t)[:, None]
-        if name.endswith("mamba.D"):
-            return t[:, None]
-        if name.endswith("mamba.norm.weight"):
-            return t.reshape(c.mamba_n_groups, inner // c.mamba_n_groups)
-        if name.endswith("mamba.conv1d.weight"):
-            return t.squeeze(1)
+        mamba = mamba_gguf_tensor(name, t, c.mamba_n_groups, inner)
+        if mamba is not None:
+            return mamba
         if name.endswith("mamba.dt_bias"):
             tensors[f"blk.{i}.ssm_dt.bias"] = t.numpy()
             return None
@@ -309,15 +333,7 @@ BAMBA = dict(TINY, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=8,
 
 
 def bamba_pair(**kw):
-    """transformers' BambaForCausalLM (the Mamba layers drawn larger, biases and norms randomised) and ours."""
-    from triforce.models.loading import _build
-
-    hf, _ = transformers_and_ours("Bamba", **{**BAMBA, **kw})
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if ".mamba." in name and name.endswith("weight") and "norm" not in name:
-                p.normal_(0, 0.2)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return drawn_pair("Bamba", "mamba", **{**BAMBA, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True,
@@ -329,10 +345,7 @@ def test_bamba_every_path_and_saves_match_transformers(tmp_path, kw):
     hf, ours = bamba_pair(**kw)
     c = ours.config
     assert c.mamba.layers == (True, False, True) and c.rotary_dim == c.head_dim // 2
-    assert_every_path_matches(hf, ours)
-    assert_saved_reads_back(tmp_path / "ours", hf, ours)
-    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
-    assert_save_loads(hf, tmp_path / "theirs", ids, ours)
+    assert_matches_both_ways(tmp_path, hf, ours)
     assert_pass_equals_steps(ours, torch.float32)
 
 
@@ -408,15 +421,7 @@ MAMBA2 = dict(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_heads=8, 
 
 
 def mamba2_pair(**kw):
-    """transformers' Mamba2ForCausalLM (its mixers drawn larger, norms and biases randomised) and ours."""
-    from triforce.models.loading import _build
-
-    hf, _ = transformers_and_ours("Mamba2", attn_implementation=None, **{**MAMBA2, **kw})
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if ".mixer." in name and name.endswith("weight") and "norm" not in name:
-                p.normal_(0, 0.2)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return drawn_pair("Mamba2", "mixer", attn_implementation=None, **{**MAMBA2, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, dict(use_bias=True, use_conv_bias=False, tie_word_embeddings=True, n_groups=1,
@@ -429,10 +434,7 @@ def test_mamba2_every_path_and_saves_match_transformers(tmp_path, kw):
 
     hf, ours = mamba2_pair(**kw)
     assert all(type(layer) is MixerLayer for layer in ours.model.layers) and ours.config.kv_heads_per_layer == (0, 0)
-    assert_every_path_matches(hf, ours)
-    assert_saved_reads_back(tmp_path / "ours", hf, ours)
-    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
-    assert_save_loads(hf, tmp_path / "theirs", ids, ours)
+    assert_matches_both_ways(tmp_path, hf, ours)
     for dtype in (torch.float32, torch.bfloat16):
         assert_pass_equals_steps(mamba2_pair(**kw)[1], dtype)
 
@@ -480,14 +482,9 @@ def test_gguf_mamba2_as_llama_cpp_writes_it(tmp_path):
                for i in range(c.num_hidden_layers)}
 
     def convert(name, t):
-        if name.endswith("mixer.A_log"):
-            return -torch.exp(t)[:, None]
-        if name.endswith("mixer.D"):
-            return t[:, None]
-        if name.endswith("mixer.norm.weight"):
-            return t.reshape(c.n_groups, inner // c.n_groups)
-        if name.endswith("mixer.conv1d.weight"):
-            return t.squeeze(1)
+        mamba = mamba_gguf_tensor(name, t, c.n_groups, inner)
+        if mamba is not None:
+            return mamba
         return None if name.endswith("mixer.dt_bias") else t
 
     path = write_converted_gguf(tmp_path / "f32.gguf", hf, "mamba2", kv, tensors=tensors, convert=convert)
@@ -507,15 +504,7 @@ NEMOTRON_H = dict(vocab_size=101, hidden_size=64, num_hidden_layers=4, num_atten
 
 
 def nemotron_h_pair(**kw):
-    """transformers' NemotronHForCausalLM (its mixers drawn larger, norms and biases randomised) and ours."""
-    from triforce.models.loading import _build
-
-    hf, _ = transformers_and_ours("NemotronH", **{**NEMOTRON_H, **kw})
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if ".mixer." in name and name.endswith("weight") and "norm" not in name:
-                p.normal_(0, 0.2)
-    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+    return drawn_pair("NemotronH", "mixer", **{**NEMOTRON_H, **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, dict(hybrid_override_pattern="*M-M-", num_hidden_layers=5, use_bias=True,
@@ -531,10 +520,7 @@ def test_nemotron_h_every_path_and_saves_match_transformers(tmp_path, kw):
     c = ours.config
     assert all(type(layer) is MixerLayer for layer in ours.model.layers) and not any(c.rope_layers)
     assert c.mamba.dt_min == hf.config.time_step_min
-    assert_every_path_matches(hf, ours)
-    assert_saved_reads_back(tmp_path / "ours", hf, ours)
-    ids = torch.randint(0, 101, (2, 24), generator=torch.Generator().manual_seed(5))
-    assert_save_loads(hf, tmp_path / "theirs", ids, ours)
+    assert_matches_both_ways(tmp_path, hf, ours)
     assert_pass_equals_steps(ours, torch.float32)
 
 
