@@ -123,9 +123,14 @@ def test_rollback_and_commit_path_rebuild_the_state():
 def test_a_rollback_before_every_checkpoint_raises(monkeypatch):
     """With two checkpoints a token apart, a rollback before the older raises (on the CPU) instead of replaying from
     a state it does not have; one after it does not."""
+    assert_rollback_before_the_checkpoints_raises(monkeypatch, tiny(0))
+
+
+def assert_rollback_before_the_checkpoints_raises(monkeypatch, model):
+    """With two checkpoints a token apart, a rollback of ``model``'s cache before the older raises (on the CPU); one
+    after it does not."""
     monkeypatch.setattr(cache_module, "SSM_CHECKPOINTS", 2)
     monkeypatch.setattr(cache_module, "SSM_CHECKPOINT_STRIDE", 1)
-    model = tiny(0)
     cache = FullCache(model.config, 1, 64)
     ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -393,6 +398,9 @@ LAYER_SKIPS = {
     "mamba2": ("mamba2", {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2}),
     "nemotron_h": ("nemotron_h", {"layers_block_type": ["linear_attention", "full_attention", "mlp"],
                                   "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2}),
+    "qwen3_5": ("qwen3_5_text", {"layer_types": ["linear_attention", "linear_attention", "full_attention"],
+                                 "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+                                 "linear_value_head_dim": 8}),
 }
 
 

@@ -29,7 +29,7 @@ import torch
 import triforce_kernels as tk
 from triforce_kernels.tree_mask import tree_attention_mask_trusted
 from triforce_kernels.verify_attention import verify_attention_trusted
-from .config import LlamaConfig
+from .config import DeltaNet, LlamaConfig
 from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq, rows_inv_freq
 
 __all__ = ["FullCache", "StreamingCache", "RetrievalCache", "TokenTree"]
@@ -155,7 +155,8 @@ def short_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return acc.to(win.dtype)
 
 
-# The Mamba-2 layers' states a cache keeps to go back to (config.mamba): SSM_CHECKPOINTS of them, taken at the start of
+# The recurrent layers' states a cache keeps to go back to (config.recurrent: Mamba-2's, gated DeltaNet's):
+# SSM_CHECKPOINTS of them, taken at the start of
 # a forward at least SSM_CHECKPOINT_STRIDE tokens after the last one (or before it, after a rollback): a rollback within
 # about SSM_CHECKPOINTS x SSM_CHECKPOINT_STRIDE tokens replays at most a stride and a forward's tokens; one before the
 # oldest raises on the CPU (docs/model.md, "Mamba-2")
@@ -200,6 +201,45 @@ def ssm_scan(state, x, B, C, dt, decay, D, counts=None) -> torch.Tensor:
         out.append(ssm_readout(now, Ch[:, t], D, x[:, t]))
     state.copy_(now)
     return torch.stack(out, 1) if out else x.new_empty(x.shape)
+
+
+def delta_update(state, k, v, beta, decay):
+    """One token of a gated DeltaNet layer's state, in float32: ``state`` ``[b, H, K, V]`` times ``decay`` (``exp(g)``,
+    ``[b, H]``), then the delta rule with its key ``k`` ``[b, H, K]`` (L2-normalised), value ``v`` ``[b, H, V]`` and
+    ``beta`` ``[b, H]``: ``S + k (beta (v - S^T k))^T``. Token by token the same arithmetic wherever it runs."""
+    s = state * decay[:, :, None, None]
+    delta = (v - (s * k[..., None]).sum(-2)) * beta[..., None]
+    return torch.addcmul(s, k[..., None], delta[:, :, None, :])
+
+
+def delta_scan(state, q, k, v, beta, decay, counts=None) -> torch.Tensor | None:
+    """A gated DeltaNet layer over T tokens, float32: ``state`` ``[b, Hv, K, V]`` advanced in place over each row's
+    first ``counts[b]`` tokens (None: all) with the keys ``k`` ``[b, T, Hk, K]`` (each key head serving ``Hv / Hk``
+    consecutive value heads), values ``v`` ``[b, T, Hv, V]``, ``beta`` and ``decay`` ``[b, T, Hv]`` -> the outputs
+    ``S^T q`` ``[b, T, Hv, V]`` of the queries ``q`` (as ``k``, scaled), or None without queries (a replay). On the CPU
+    with the extension ``triforce_C::delta_scan_`` (csrc/cpu/delta.cpp: each head's state read once for all T tokens,
+    the same arithmetic for every T and thread count); else :func:`delta_update` token by token. Every path of the
+    model layer goes through it."""
+    op = _cache_op("delta_scan_", "TRIFORCE_DELTA_SCAN")
+    if op is not None and state.device.type == "cpu" and not torch.compiler.is_compiling():
+        out = op(state, None if q is None else q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
+                 decay.contiguous(), counts)
+        return out if q is not None else None
+    b, T = k.shape[:2]
+    rep = v.shape[2] // k.shape[2]
+    kh = k.repeat_interleave(rep, dim=2)
+    qh = None if q is None else q.repeat_interleave(rep, dim=2)
+    real = None if counts is None else torch.arange(T, device=k.device)[None] < counts.long()[:, None]
+    now, out = state, []
+    for t in range(T):
+        new = delta_update(now, kh[:, t], v[:, t], beta[:, t], decay[:, t])
+        now = new if real is None else torch.where(real[:, t, None, None, None], new, now)
+        if qh is not None:
+            out.append((now * qh[:, t, ..., None]).sum(-2))
+    state.copy_(now)
+    if q is None:
+        return None
+    return torch.stack(out, 1) if out else v.new_empty(v.shape)
 
 
 def conv_windows(x: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -513,25 +553,25 @@ class _KVCache:
         self.conv_kernel = config.conv_kernel
         # (Mamba's layers: and the tokens a replay may go back over, from the oldest checkpoint)
         self.conv_ring = min(capacity, CONV_HISTORY) + self.conv_kernel + (
-            SSM_CHECKPOINTS * SSM_CHECKPOINT_STRIDE if config.mamba is not None else 0)
+            SSM_CHECKPOINTS * SSM_CHECKPOINT_STRIDE if config.recurrent is not None else 0)
         self.conv = [torch.zeros(batch_size, self.conv_ring + 1, config.conv_width(i), device=self.device, dtype=dtype)
                      if c else None for i, c in enumerate(config.conv_layers)]
         self._conv_span = torch.zeros(2, batch_size, dtype=torch.int64, device=self.device) \
             if self.conv_kernel else None
-        # Mamba-2's layers (config.mamba): each one's state [B, H, P, N] (float32) at sequence position ssm_at (-1:
-        # none: after a tree, or a rollback, the next forward rebuilds it), the states at the start of the last
-        # SSM_CHECKPOINTS forwards (and their positions), and a ring as the convolution's of each token's x, B and dt
-        # (float32), from which a rollback's state is replayed from the checkpoint before it
-        m = config.mamba
-        self.mamba = m
-        if m is not None:
-            shape = (batch_size, m.heads, m.head_dim, m.state)
-            self.ssm = [torch.zeros(shape, device=self.device) if c else None for c in m.layers]
-            self.ssm_in = [torch.zeros(batch_size, self.conv_ring + 1, m.inner + m.groups * m.state + 2 * m.heads,
-                                       device=self.device) if c else None for c in m.layers]
+        # The recurrent layers (config.recurrent: Mamba-2's, gated DeltaNet's): each one's state [B, *state_shape]
+        # (float32) at sequence position ssm_at (-1: none: after a tree, or a rollback, the next forward rebuilds it),
+        # the states at the start of the last SSM_CHECKPOINTS forwards (and their positions), and a ring as the
+        # convolution's of what each token adds to the state (float32: Mamba's x, B, dt and decay; DeltaNet's key,
+        # value, beta and decay), from which a rollback's state is replayed from the checkpoint before it
+        r = self.recurrent = config.recurrent
+        if r is not None:
+            shape = (batch_size,) + r.state_shape
+            self.ssm = [torch.zeros(shape, device=self.device) if c else None for c in r.layers]
+            self.ssm_in = [torch.zeros(batch_size, self.conv_ring + 1, r.ring_width, device=self.device) if c else None
+                           for c in r.layers]
             self.ssm_at = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
             self._ckpt = [torch.zeros((SSM_CHECKPOINTS,) + shape, device=self.device) if c else None
-                          for c in m.layers]
+                          for c in r.layers]
             self._ckpt_pos = torch.full((SSM_CHECKPOINTS, batch_size), -1, dtype=torch.int64, device=self.device)
             self._ckpt_next = 0
 
@@ -595,18 +635,18 @@ class _KVCache:
 
     def _conv_reach(self, targets: torch.Tensor) -> None:
         """Raise (a CPU cache: the values are read for free there) where a row's next forward at sequence length
-        ``targets`` would read inputs its rings no longer hold (a rollback deeper than they keep), or, with Mamba's
+        ``targets`` would read inputs its rings no longer hold (a rollback deeper than they keep), or, with recurrent
         layers, where no checkpoint of their states at or before it remains, or its replay's inputs are gone."""
         if self._conv_span is None or not check_values(targets):
             return
         lo, hi = self._conv_span
         start = (targets - (self.conv_kernel - 1)).clamp(min=0)
-        if self.mamba is not None:  # (the replay reads from the checkpoint on)
+        if self.recurrent is not None:  # (the replay reads from the checkpoint on)
             best = self._best_checkpoint(targets)[0]
             moved = targets != self.ssm_at
             if bool((moved & (best < 0)).any()):
                 raise ValueError(f"{type(self).__name__}: a row would go back to {targets.tolist()} tokens, before "
-                                 f"every checkpoint of its Mamba layers' states ({self._ckpt_pos.tolist()}): roll "
+                                 f"every checkpoint of its recurrent layers' states ({self._ckpt_pos.tolist()}): roll "
                                  f"back at most ~{SSM_CHECKPOINTS * SSM_CHECKPOINT_STRIDE} tokens "
                                  "(triforce.models.cache.SSM_CHECKPOINTS, SSM_CHECKPOINT_STRIDE)")
             start = torch.where(moved, torch.minimum(start, best.clamp(min=0)), start)
@@ -617,7 +657,7 @@ class _KVCache:
                              f"{hi[bad].tolist()} less what their ring of {self.conv_ring} overwrote: roll back at "
                              f"most {CONV_HISTORY} tokens (triforce.models.cache.CONV_HISTORY)")
 
-    # ---- Mamba-2's layers (config.mamba)
+    # ---- the recurrent layers (config.recurrent: Mamba-2's, gated DeltaNet's)
     def _best_checkpoint(self, targets: torch.Tensor) -> tuple:
         """``(position, index)`` per row of its latest checkpoint at or before ``targets`` (position -1: none)."""
         pos = self._ckpt_pos
@@ -625,9 +665,9 @@ class _KVCache:
         return best.values, best.indices
 
     def _ssm_materialize(self, targets: torch.Tensor) -> None:
-        """Each Mamba layer's state at sequence length ``targets`` (int64 ``[B]``): kept where it is there, else the
-        latest checkpoint at or before it with the ring's tokens from there replayed (:func:`ssm_update`). One host
-        read (the replay's length)."""
+        """Each recurrent layer's state at sequence length ``targets`` (int64 ``[B]``): kept where it is there, else the
+        latest checkpoint at or before it with the ring's tokens from there replayed (:meth:`_replay`). One host read
+        (the replay's length)."""
         need = self.ssm_at != targets
         if not bool(need.any()):
             return
@@ -635,12 +675,10 @@ class _KVCache:
         best, j = self._best_checkpoint(targets)
         start = best.clamp(min=0)
         n = torch.where(need, targets - start, 0)
-        R, m, B = self.conv_ring, self.mamba, self.batch_size
+        R, B = self.conv_ring, self.batch_size
         rows = torch.arange(B, device=self.device)
-        gn = m.groups * m.state
         span = torch.arange(int(n.max()), device=self.device)
         at = torch.where(span[None] < n[:, None], (start[:, None] + span) % R, R)  # [B, steps] ring slots
-        zeros = torch.zeros(m.heads, device=self.device)
         # (every row from one checkpoint, the engines' case: replayed in place; else gathered and merged)
         whole = check_values(j) and bool(need.all()) and bool((j == j[0]).all())
         for layer, ring in enumerate(self.ssm_in):
@@ -650,12 +688,24 @@ class _KVCache:
                 state = self.ssm[layer].copy_(self._ckpt[layer][int(j[0])])
             else:
                 state = self._ckpt[layer][j, rows]  # (a copy: the checkpoint stays)
-            x, bg, dt, decay = ring[self._batch_index, at].split([m.inner, gn, m.heads, m.heads], dim=-1)
-            bg = bg.reshape(B, -1, m.groups, m.state)
-            ssm_scan(state, x.reshape(B, -1, m.heads, m.head_dim), bg, torch.zeros_like(bg), dt, decay, zeros, n)
+            self._replay(state, ring[self._batch_index, at], n)
             if not whole:
                 self.ssm[layer].copy_(torch.where(need[:, None, None, None], state, self.ssm[layer]))
         self.ssm_at.copy_(torch.where(need, targets, self.ssm_at))
+
+    def _replay(self, state: torch.Tensor, saved: torch.Tensor, n: torch.Tensor) -> None:
+        """Advance ``state`` (one layer's, ``[B, *state_shape]``) in place over each row's first ``n[b]`` tokens of
+        ``saved`` ``[B, steps, ring_width]`` (what :meth:`_recur` kept of them), through the layer's own scan."""
+        r, B = self.recurrent, state.shape[0]
+        if isinstance(r, DeltaNet):
+            k, v, beta, decay = saved.split([r.k_heads * r.k_dim, r.v_heads * r.v_dim, r.v_heads, r.v_heads], dim=-1)
+            delta_scan(state, None, k.reshape(B, -1, r.k_heads, r.k_dim), v.reshape(B, -1, r.v_heads, r.v_dim), beta,
+                       decay, n)
+            return
+        x, bg, dt, decay = saved.split([r.inner, r.groups * r.state, r.heads, r.heads], dim=-1)
+        bg = bg.reshape(B, -1, r.groups, r.state)
+        ssm_scan(state, x.reshape(B, -1, r.heads, r.head_dim), bg, torch.zeros_like(bg), dt, decay,
+                 torch.zeros(r.heads, device=state.device), n)
 
     def _ssm_checkpoint(self, positions: torch.Tensor, always: bool = False) -> None:
         """The states (at ``positions``) into the next checkpoint where the latest is at or before every row's position
@@ -689,28 +739,43 @@ class _KVCache:
 
     def scan(self, layer: int, x, B, C, dt, decay, D, step: Step) -> torch.Tensor:
         """A Mamba-2 layer's state space model over the step's tokens (float32: ``x`` ``[b, T, H, P]``, ``B`` and
-        ``C`` ``[b, T, G, N]``, ``dt`` and ``decay`` ``[b, T, H]``, ``D`` ``[H]``) from its state at the step's start,
-        each token from its parent's state along a tree -> ``[b, T, H, P]``. A chain's rows advance the layer's state
-        over their real tokens; each token's x, B, dt and decay go to the layer's ring (the convolution's slots,
-        ``step.conv``) for a later rollback's replay."""
+        ``C`` ``[b, T, G, N]``, ``dt`` and ``decay`` ``[b, T, H]``, ``D`` ``[H]``; :func:`ssm_scan`) -> ``[b, T, H, P]``
+        (:meth:`_recur`: each token's x, B, dt and decay kept for a replay)."""
         b, T = x.shape[:2]
-        write = step.conv[3]
-        self.ssm_in[layer][self._batch_index, write] = torch.cat(
-            [x.reshape(b, T, -1), B.reshape(b, T, -1), dt, decay], -1)
+        saved = torch.cat([x.reshape(b, T, -1), B.reshape(b, T, -1), dt, decay], -1)
+        return self._recur(layer, saved, step, lambda state, t, n: ssm_scan(
+            state, x[:, t], B[:, t], C[:, t], dt[:, t], decay[:, t], D, n))
+
+    def delta_rule(self, layer: int, q, k, v, beta, decay, step: Step) -> torch.Tensor:
+        """A gated DeltaNet layer over the step's tokens (float32: ``q``, ``k`` ``[b, T, Hk, K]``, ``v`` ``[b, T, Hv,
+        V]``, ``beta`` and ``decay`` ``[b, T, Hv]``; :func:`delta_scan`) -> ``[b, T, Hv, V]`` (:meth:`_recur`: each
+        token's key, value, beta and decay kept for a replay)."""
+        b, T = k.shape[:2]
+        saved = torch.cat([k.reshape(b, T, -1), v.reshape(b, T, -1), beta, decay], -1)
+        return self._recur(layer, saved, step, lambda state, t, n: delta_scan(
+            state, q[:, t], k[:, t], v[:, t], beta[:, t], decay[:, t], n))
+
+    def _recur(self, layer: int, saved: torch.Tensor, step: Step, run) -> torch.Tensor:
+        """A recurrent layer over the step's tokens from its state at the step's start, each token from its parent's
+        state along a tree: ``run(state, tokens, counts)`` advances ``state`` in place over the step's ``tokens`` (a
+        slice) and returns their outputs. A chain's rows advance the layer's state over their real tokens; ``saved``
+        ``[b, T, ring_width]`` goes to the layer's ring (the convolution's slots, ``step.conv``) for a later rollback's
+        replay (:meth:`_replay`)."""
+        b, T = saved.shape[:2]
+        self.ssm_in[layer][self._batch_index, step.conv[3]] = saved
         state, out = self.ssm[layer], []
         if step.tree_mask is None:
-            return ssm_scan(state, x, B, C, dt, decay, D, step.counts)
+            return run(state, slice(None), step.counts)
         mask = step.tree_mask
         depth = mask.sum(-1) - 1
         parent = torch.where(depth > 0, (mask & (depth[:, None, :] == depth[..., None] - 1)).to(torch.uint8).argmax(-1),
                              -1)
         nodes = state.new_empty((b, T) + tuple(state.shape[1:]))
-        rows = torch.arange(b, device=x.device)
+        rows = torch.arange(b, device=saved.device)
         for t in range(T):  # (each node from its parent's state, a copy)
             p = parent[:, t]
             node = torch.where((p < 0)[:, None, None, None], state, nodes[rows, p.clamp(min=0)])
-            out.append(ssm_scan(node, x[:, t:t + 1], B[:, t:t + 1], C[:, t:t + 1], dt[:, t:t + 1],
-                                decay[:, t:t + 1], D)[:, 0])
+            out.append(run(node, slice(t, t + 1), None)[:, 0])
             nodes[:, t] = node
         return torch.stack(out, 1)
 
@@ -756,7 +821,7 @@ class _KVCache:
         yield from (t for t in self.conv if t is not None)
         if self._conv_span is not None:
             yield self._conv_span
-        if self.mamba is not None:
+        if self.recurrent is not None:
             for part in (self.ssm, self.ssm_in, self._ckpt):
                 yield from (t for t in part if t is not None)
             yield from (self.ssm_at, self._ckpt_pos)
@@ -767,7 +832,7 @@ class _KVCache:
         self._bound = 0
         if self._conv_span is not None:
             self._conv_span.zero_()
-        if self.mamba is not None:
+        if self.recurrent is not None:
             for t in self.ssm:
                 if t is not None:
                     t.zero_()
@@ -809,7 +874,7 @@ class _KVCache:
         self.conv = [None if t is None else t[idx] for t in self.conv]
         if self._conv_span is not None:
             self._conv_span = self._conv_span[:, idx]
-        if self.mamba is not None:
+        if self.recurrent is not None:
             self.ssm, self.ssm_in = ([None if t is None else t[idx] for t in part] for part in (self.ssm, self.ssm_in))
             self._ckpt = [None if t is None else t[:, idx] for t in self._ckpt]
             self.ssm_at, self._ckpt_pos = self.ssm_at[idx], self._ckpt_pos[:, idx]
@@ -854,7 +919,7 @@ class _KVCache:
             counts = torch.full((self.batch_size,), T, dtype=torch.int32, device=self.device)
         step = Step(T, self._batch_index, slots, positions, self.lengths + T, counts, tree_mask, query_index,
                     query_valid)
-        if self.mamba is not None:
+        if self.recurrent is not None:
             self._ssm_begin(step)
         return step
 
@@ -894,11 +959,11 @@ class _KVCache:
         self._conv_end(step)
 
     def _conv_end(self, step: Step) -> None:
-        """After a forward: the rows' rings hold their inputs up to their length (and those they held); Mamba's states
-        are at that length after a chain, at none after a tree (the next forward rebuilds them)."""
+        """After a forward: the rows' rings hold their inputs up to their length (and those they held); the recurrent
+        layers' states are at that length after a chain, at none after a tree (the next forward rebuilds them)."""
         if self._conv_span is not None:
             torch.maximum(self._conv_span[1], self._seq_lengths(), out=self._conv_span[1])
-        if self.mamba is not None:
+        if self.recurrent is not None:
             self.ssm_at.copy_(self._seq_lengths() if step.tree_mask is None else torch.full_like(self.ssm_at, -1))
 
     # ---- speculative bookkeeping
@@ -941,7 +1006,7 @@ class _KVCache:
             R = self.conv_ring
             fro = (seq + path.long().clamp(min=0)) % R
             to = torch.where(keep, (seq + j) % R, R)
-            for ring in (*self.conv, *(self.ssm_in if self.mamba is not None else ())):
+            for ring in (*self.conv, *(self.ssm_in if self.recurrent is not None else ())):
                 if ring is not None:
                     ring[self._batch_index, to] = ring[self._batch_index, fro]
         src = base + path.long().clamp(min=0)
@@ -1347,7 +1412,7 @@ class StreamingCache(_KVCache):
         if self._conv_span is not None:  # (the convolution layers' last inputs: full's, which must hold them)
             full._conv_reach(n)
             self._conv_copy(full, n)
-        if self.mamba is not None:  # (and Mamba's states there)
+        if self.recurrent is not None:  # (and the recurrent layers' states there)
             self._ssm_take(full, n)
         self._bound = min(keep, full._bound)
         self._next_bound = full._bound  # frame 0: the next position is at most full's longest row
@@ -1731,8 +1796,8 @@ class RetrievalCache(_KVCache):
                 mine[self._batch_index, dst] = torch.where(ok[..., None, None], theirs[self._batch_index, src], cur)
         self.synced.copy_(full.lengths.long())
         self.lengths.copy_((self.budget + self.synced - self.base_pos).to(torch.int32))
-        self._conv_copy(full, self.synced)  # (the convolution layers' last inputs; Mamba's states)
-        if self.mamba is not None:
+        self._conv_copy(full, self.synced)  # (the convolution layers' last inputs; the recurrent layers' states)
+        if self.recurrent is not None:
             self._ssm_take(full, self.synced)
 
     def sync(self) -> bool:

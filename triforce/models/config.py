@@ -177,6 +177,9 @@ class Family:
 
 _QWEN_DEFAULT_WINDOW = 4096  # Qwen2Config/Qwen3Config: the window when use_sliding_window is set
 _QWEN_DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "max_position_embeddings": 32768}
+# transformers' defaults of the gated DeltaNet layers' keys (Qwen3NextConfig's, Qwen3_5TextConfig's)
+_DELTA_DEFAULTS = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                   "linear_num_key_heads": 16, "linear_num_value_heads": 32}
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", reads=("attention_bias", "mlp_bias")),
     "mistral": Family("MistralForCausalLM", defaults={
@@ -392,6 +395,18 @@ FAMILIES["qwen2_moe"] = Family("Qwen2MoeForCausalLM", qkv_bias=True, defaults={
     **_QWEN_DEFAULTS, "intermediate_size": 5632, "hidden_size": 2048, "num_hidden_layers": 24,
     "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
     "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632})
+# Qwen3.5 (Qwen3_5ForCausalLM: Qwen3.5-0.8B ... 27B; its image + text model's language model, WRAPPERS["qwen3_5"]):
+# gated DeltaNet layers (LlamaConfig.delta: layer_types' "linear_attention", by default all but every fourth) beside
+# Qwen3's attention with its heads' output gated (q_proj's rows per head: the query, then a gate, whose sigmoid the
+# output is multiplied by: attn_output_gate), RoPE on the first quarter of each head (partial_rotary_factor 0.25; its
+# M-RoPE on text is that RoPE), every RMSNorm's weight applied as 1 + w (gemma_norm), a SwiGLU MLP
+FAMILIES["qwen3_5_text"] = Family("Qwen3_5ForCausalLM", qk_norm=True, gemma_norm=True, attn_output_gate=True,
+                                  partial_rotary_factor=0.25, reads=("attention_bias",), defaults={
+                                      "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+                                      "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+                                      "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                                      "tie_word_embeddings": False, "rope_theta": 10000.0, **_DELTA_DEFAULTS})
+_DELTA_FAMILIES = ("qwen3_5_text",)
 # OLMoE (OlmoeForCausalLM: OLMoE-1B-7B): Llama's layer with an RMSNorm over each token's whole query and key
 # projections (before the heads are split and RoPE'd) and an optional clamp of q, k and v (clip_qkv); every layer
 # sparse, Qwen3-MoE's routing (the softmax in float32, the top k, renormalised where norm_topk_prob, rounded to the
@@ -1290,6 +1305,50 @@ class Mamba:
     def conv_dim(self) -> int:
         return self.inner + 2 * self.groups * self.state
 
+    @property
+    def state_shape(self) -> tuple:
+        """A row's state of one layer: ``(heads, head_dim, state)``, float32."""
+        return (self.heads, self.head_dim, self.state)
+
+    @property
+    def ring_width(self) -> int:
+        """The floats a cache keeps per token to replay the state: its x, B, dt and decay."""
+        return self.inner + self.groups * self.state + 2 * self.heads
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """Gated DeltaNet layers (``LlamaConfig.delta``: Qwen3-Next's and Qwen3.5's ``"linear_attention"`` layers), as
+    transformers' Qwen3NextGatedDeltaNet computes them: projections of the layer's input into ``qkv`` (``k_heads``
+    query and key heads of ``k_dim``, ``v_heads`` value heads of ``v_dim``), the gate ``z`` (``v_heads x v_dim``),
+    ``b`` and ``a`` (``v_heads``); a causal depthwise convolution of ``qkv`` over ``kernel`` tokens (no bias), SiLU;
+    q and k L2-normalised (float32), q times ``k_dim ** -0.5``; per value head h (its key head ``h // (v_heads /
+    k_heads)``) the state ``S_h`` (``k_dim x v_dim``, float32) decayed by ``exp(g)`` with ``g = -exp(A_log) *
+    softplus(a + dt_bias)``, then moved by the delta rule ``S += k (beta (v - S^T k))^T`` with ``beta =
+    sigmoid(b)``, the output ``S^T q``; an RMSNorm per head times ``silu(z)``; ``out_proj``. ``layers``: per layer,
+    whether it is one."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    kernel: int
+    layers: tuple
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    @property
+    def state_shape(self) -> tuple:
+        """A row's state of one layer: ``(v_heads, k_dim, v_dim)``, float32."""
+        return (self.v_heads, self.k_dim, self.v_dim)
+
+    @property
+    def ring_width(self) -> int:
+        """The floats a cache keeps per token to replay the state: its key, value, beta and decay."""
+        return self.k_heads * self.k_dim + self.v_heads * self.v_dim + 2 * self.v_heads
+
 
 @dataclass(frozen=True)
 class MLA:
@@ -1392,7 +1451,10 @@ WRAPPERS = {
                                   "vision_end_token_id", "vision_token_id"}), tie)
        for kind, text, tie in (("qwen2_vl", "qwen2_vl_text", "either"), ("qwen2_5_vl", "qwen2_5_vl_text", "either"),
                                ("qwen3_vl", "qwen3_vl_text", ("wrapper", False)),
-                               ("qwen3_vl_moe", "qwen3_vl_moe_text", ("wrapper", False)))},
+                               ("qwen3_vl_moe", "qwen3_vl_moe_text", ("wrapper", False)),
+                               # Qwen3.5 (Qwen3_5ForConditionalGeneration: every Qwen3.5 checkpoint), its language
+                               # model's text_config qwen3_5_text
+                               ("qwen3_5", "qwen3_5_text", ("wrapper", False)))},
     # GLM-4.1V-Thinking (glm4v: GLM-4's language model) and GLM-4.5V (glm4v_moe: GLM-4.5's), M-RoPE as Qwen2-VL's;
     # tied where either key says so (transformers 5's back-compatibility)
     **{kind: ((text,), frozenset({"vision_config", "image_token_id", "video_token_id", "image_start_token_id",
@@ -1499,6 +1561,8 @@ _VL_TEXTS = {
         "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
         "rope_theta": 500000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "num_experts_per_tok": 4,
         "num_experts": 60, "mlp_only_layers": []}),
+    # Qwen3.5's language model (its family's own: FAMILIES["qwen3_5_text"]; interleaved M-RoPE)
+    "qwen3_5_text": ("qwen3_5_text", {}),
     # Qwen's omni models' thinkers' language models (Qwen2_5OmniTextConfig: Qwen2's, M-RoPE; Qwen3OmniMoeTextConfig:
     # Qwen3-MoE's, interleaved M-RoPE, its router always renormalising, head_dim hidden / heads where absent)
     "qwen2_5_omni_text": ("qwen2", {**_QWEN2_VL_TEXT, "hidden_size": 3584, "intermediate_size": 18944,
@@ -1709,7 +1773,7 @@ _HARMLESS_ONLY_AT = {
                                                                                "stablelm", "gpt_neox", *_GPTJS,
                                                                                "persimmon", "laguna",
                                                                                "mimo_v2_flash",
-                                                                               "gpt_neox_japanese")
+                                                                               "gpt_neox_japanese", *_DELTA_FAMILIES)
                                                                and _is_number(v)
                                                                and 0 < v < 1 and int(c.head_dim * v) % 2 == 0
                                                                and int(c.head_dim * v) >= 2),
@@ -2021,6 +2085,23 @@ def _add_checks(checks: dict) -> None:
     _HARMLESS_ONLY_AT.update(checks)
 
 
+# Qwen3-Next's and Qwen3.5's gated DeltaNet keys (LlamaConfig.delta), the interval its configs' layer_types come from,
+# its attention's output gate (always on: attn_output_gate), its multi-token prediction layers (not read: the
+# checkpoints' mtp.* weights are dropped, as transformers drops them)
+_add_checks({
+    **{key: (lambda v, c: c.model_type in _DELTA_FAMILIES and _is_int(v) and v >= 1,
+             "absent (Qwen3-Next, Qwen3.5: an int >= 1)") for key in _DELTA_DEFAULTS},
+    "full_attention_interval": (lambda v, c: c.model_type in _DELTA_FAMILIES and _is_int(v) and v >= 1,
+                                "absent (Qwen3-Next, Qwen3.5: an int >= 1)"),
+    "attn_output_gate": (lambda v, c: c.model_type in _DELTA_FAMILIES and v is True,
+                         "absent (Qwen3-Next, Qwen3.5: true, their attention's output always gated)"),
+    "mtp_num_hidden_layers": (lambda v, c: c.model_type in _DELTA_FAMILIES and _is_int(v) and v >= 0,
+                              "absent (Qwen3-Next, Qwen3.5: an int >= 0, the multi-token prediction layers, not read)"),
+    "mtp_use_dedicated_embeddings": (lambda v, c: c.model_type in _DELTA_FAMILIES and isinstance(v, bool),
+                                     "absent (Qwen3.5: a bool, of its multi-token prediction layers, not read)"),
+})
+
+
 # LFM2's keys (LlamaConfig.conv_layers, conv_kernel, conv_bias, dense_intermediate_size) and its hub configs' older
 # ones, which Lfm2Config does not read: the same widths again, init settings
 _add_checks({
@@ -2092,6 +2173,21 @@ def _nemotron_h_keys(d: dict) -> None:
                          "are not read here")
     d["layers_block_type"] = [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t) for t in types]
     d.setdefault("num_hidden_layers", len(d["layers_block_type"]))
+
+
+def _delta_layer_types(c: "LlamaConfig") -> list | None:
+    """Qwen3-Next's / Qwen3.5's layer types as their configs read them: ``layer_types`` (``"linear_attention"`` or
+    ``"full_attention"`` each), by default every ``full_attention_interval``-th (4) layer attention, the others gated
+    DeltaNet; None where the key says something else."""
+    n, x = c.num_hidden_layers, c.extra
+    types = x.get("layer_types")
+    if types is None:
+        every = x.get("full_attention_interval", 4)
+        return None if not (_is_int(every) and every >= 1) else [
+            "linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    if isinstance(types, list) and len(types) == n and set(types) <= {"linear_attention", "full_attention"}:
+        return types
+    return None
 
 
 def _lfm2_conv_layers(c: "LlamaConfig") -> tuple | None:
@@ -2462,6 +2558,9 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     none = (0,) * n
     if c.model_type in _LFM2S:  # no window; its layer_types (conv or full attention) as LlamaConfig.conv_layers
         return none, "layer_types" if _lfm2_conv_layers(c) is None else next(  # reads them
+            (k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None), None)
+    if c.model_type in _DELTA_FAMILIES:  # no window; its layer_types as LlamaConfig.delta reads them
+        return none, "layer_types" if _delta_layer_types(c) is None else next(
             (k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None), None)
     if c.model_type == "llama4_text":  # no window; its layer_types (transformers' masks: chunked or full) as
         types = x.get("layer_types")  # LlamaConfig.layer_chunks reads them
@@ -2843,6 +2942,14 @@ class LlamaConfig:
                              f"{(*_HYBRID_ATTENTION, *_MAMBA_TYPES)} per layer")
         if self.model_type in _MAMBA_FAMILIES and self.mamba is not None:
             self._check_mamba()
+        if self.model_type in _DELTA_FAMILIES:
+            if _delta_layer_types(self) is None:
+                raise ValueError(f"config layer_types = {self.extra.get('layer_types')!r}: {self.model_type} takes "
+                                 f"one of 'linear_attention' / 'full_attention' per layer ({self.num_hidden_layers})")
+            d = self.delta
+            if d is not None and d.v_heads % d.k_heads:
+                raise ValueError(f"config linear_num_value_heads ({d.v_heads}) must be a multiple of "
+                                 f"linear_num_key_heads ({d.k_heads})")
         if self.model_type in ("afmoe", "granitemoehybrid") and self.experts is not None \
                 and self.experts.top_k > self.experts.count:
             raise ValueError(f"config num_experts_per_tok = {self.experts.top_k} is more than the "
@@ -3240,8 +3347,15 @@ class LlamaConfig:
 
     @property
     def attn_output_gate(self) -> bool:
-        """The heads' output times the sigmoid of its own projection of the layer's input before ``o_proj`` (AFMoE)."""
+        """The heads' output times the sigmoid of its own projection of the layer's input before ``o_proj`` (AFMoE;
+        Qwen3-Next's and Qwen3.5's, their q_proj's gate rows)."""
         return FAMILIES[self.model_type].attn_output_gate
+
+    @property
+    def attn_gate_bias(self) -> bool:
+        """A bias on that projection: Qwen3-Next's and Qwen3.5's with ``attention_bias`` (the gate's share of q_proj's
+        bias); AFMoE's has none."""
+        return self.model_type in _DELTA_FAMILIES and self.qkv_bias
 
     @property
     def residual_multiplier(self) -> float:
@@ -3745,7 +3859,7 @@ class LlamaConfig:
         n, kv = self.num_hidden_layers, self.num_key_value_heads
         if self.model_type == "nemotron_h":  # (its attention blocks' only)
             return tuple(kv if t == "full_attention" else 0 for t in self.block_types)
-        if self.model_type in _LFM2S or self.mamba is not None:
+        if self.model_type in _LFM2S or self.recurrent is not None:
             return tuple(0 if conv else kv for conv in self.conv_layers)
         if self.model_type != "mimo_v2_flash":
             return (kv,) * n
@@ -3756,8 +3870,8 @@ class LlamaConfig:
         """A bool per layer: whether its mixer convolves its inputs instead of attending: LFM2's gated short convolution
         (:class:`~triforce.models.llama.ShortConv`) or a Mamba-2 layer (:attr:`mamba`, whose convolution feeds its
         state space model); the caches hold such a layer's last inputs (docs/model.md, "LFM2", "Mamba-2")."""
-        if self.mamba is not None:
-            return self.mamba.layers
+        if self.recurrent is not None:
+            return self.recurrent.layers
         if self.model_type not in _LFM2S:
             return (False,) * self.num_hidden_layers
         return _lfm2_conv_layers(self)
@@ -3774,13 +3888,33 @@ class LlamaConfig:
     @property
     def conv_kernel(self) -> int:
         """The convolution's taps (LFM2's ``conv_L_cache``, Mamba's ``mamba_d_conv``); 0 where no layer convolves."""
-        if self.mamba is not None:
-            return self.mamba.kernel
+        if self.recurrent is not None:
+            return self.recurrent.kernel
         return int(self.extra.get("conv_L_cache", 3)) if any(self.conv_layers) else 0
 
     def conv_width(self, layer: int) -> int:
-        """The channels a convolution layer convolves: LFM2's ``hidden_size``, Mamba's ``conv_dim``."""
-        return self.mamba.conv_dim if self.mamba is not None else self.hidden_size
+        """The channels a convolution layer convolves: LFM2's ``hidden_size``, Mamba's and gated DeltaNet's
+        ``conv_dim``."""
+        return self.recurrent.conv_dim if self.recurrent is not None else self.hidden_size
+
+    @property
+    def recurrent(self) -> "Mamba | DeltaNet | None":
+        """The layers whose state the caches carry from token to token (:attr:`mamba` or :attr:`delta`; a model has
+        one kind), or None."""
+        return self.mamba if self.mamba is not None else self.delta
+
+    @property
+    def delta(self) -> "DeltaNet | None":
+        """Qwen3-Next's and Qwen3.5's gated DeltaNet layers (:class:`DeltaNet`: its ``layer_types``'
+        ``"linear_attention"`` layers), or None where no layer is one."""
+        if self.model_type not in _DELTA_FAMILIES:
+            return None
+        layers = tuple(t == "linear_attention" for t in _delta_layer_types(self) or ())
+        if not any(layers):
+            return None
+        get = lambda k: int(self.extra.get(k, _DELTA_DEFAULTS[k]))  # noqa: E731
+        return DeltaNet(get("linear_num_key_heads"), get("linear_num_value_heads"), get("linear_key_head_dim"),
+                        get("linear_value_head_dim"), get("linear_conv_kernel_dim"), layers)
 
     @property
     def mamba(self) -> "Mamba | None":
@@ -4864,7 +4998,8 @@ def _vl_text(d: dict) -> str:
     ``model_type`` set to the family's, which is returned."""
     kind = d["model_type"]
     family, defaults = _VL_TEXTS[kind]
-    interleaved = kind in ("qwen3_vl_text", "qwen3_vl_moe_text", "qwen3_omni_moe_text")  # (Qwen3-VL's, -Omni's)
+    interleaved = kind in ("qwen3_vl_text", "qwen3_vl_moe_text", "qwen3_omni_moe_text",  # (Qwen3-VL's, -Omni's,
+                           *_DELTA_FAMILIES)  # Qwen3.5's)
     sections = []
     for key in ("rope_parameters", "rope_scaling"):
         rope = d.get(key)
@@ -4891,7 +5026,8 @@ def _vl_text(d: dict) -> str:
         if rope.get("rope_type") == "mrope":
             rope["rope_type"] = "default"
         d[key] = rope
-    if interleaved:  # Qwen3VLTextConfig has no sliding window; the model attends to every key
+    if interleaved and kind not in _DELTA_FAMILIES:  # Qwen3VLTextConfig has no sliding window; the model attends to
+        # every key
         for key in ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"):
             if d.get(key) not in (None, False):
                 raise ValueError(f"config key {key!r} = {d[key]!r}: transformers' Qwen3-VL language model has no "

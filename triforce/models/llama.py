@@ -531,7 +531,8 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.layer_sinks(layer) else None
         self.float32_sinks = config.float32_sinks  # (Flint's: kept in float32 whatever the model's dtype)
         # AFMoE: the heads' output times the sigmoid of a projection of the layer's input, before o_proj, or None
-        self.gate_proj = Linear(h, self.n_heads * self.head_dim, bias=False) if config.attn_output_gate else None
+        self.gate_proj = Linear(h, self.n_heads * self.head_dim, bias=config.attn_gate_bias) \
+            if config.attn_output_gate else None
         # Laguna: the heads' output times the softplus of g_proj of the layer's input (one gate per head, or per dim)
         self.softplus_gate = config.softplus_gate
         # BitNet: an RMSNorm on the heads' output before o_proj
@@ -699,13 +700,16 @@ class ShortConv(nn.Module):
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         b, c, u = self.in_proj(x).chunk(3, dim=-1)
-        bu = b * u
-        weight, bias = self.conv.weight, self.conv.bias
-        if cache is None:
-            y = _cache.short_conv(_cache.conv_windows(bu, self.kernel), weight, bias)
-        else:
-            y = cache.convolve(self.layer, bu, step, weight, bias)
-        return self.out_proj(c * y)
+        return self.out_proj(c * _causal_conv(b * u, self.conv, self.layer, cache, step))
+
+
+def _causal_conv(x: torch.Tensor, conv: nn.Conv1d, layer: int, cache: _KVCache | None, step: Step | None):
+    """The causal depthwise convolution ``conv`` (its weight ``[C, 1, K]`` and bias) of ``x`` ``[B, T, C]`` over each
+    token's last ``K`` inputs: a cache's ring (:meth:`~triforce.models.cache._KVCache.convolve`), else zeros before the
+    first token (:func:`~triforce.models.cache.short_conv`)."""
+    if cache is None:
+        return _cache.short_conv(_cache.conv_windows(x, conv.weight.shape[-1]), conv.weight, conv.bias)
+    return cache.convolve(layer, x, step, conv.weight, conv.bias)
 
 
 class Mamba2Mixer(nn.Module):
@@ -737,9 +741,7 @@ class Mamba2Mixer(nn.Module):
         m = self.spec
         b, T, _ = x.shape
         z, xbc, dt = self.in_proj(x).split([m.inner, m.conv_dim, m.heads], dim=-1)
-        weight, bias = self.conv1d.weight, self.conv1d.bias
-        conv = (_cache.short_conv(_cache.conv_windows(xbc, m.kernel), weight, bias) if cache is None
-                else cache.convolve(self.layer, xbc, step, weight, bias))
+        conv = _causal_conv(xbc, self.conv1d, self.layer, cache, step)
         xs, B, C = _lanewise(F.silu, conv).split([m.inner, m.groups * m.state, m.groups * m.state], dim=-1)
         dt = _lanewise(F.softplus, dt.float() + self.dt_bias.float())
         if m.dt_min > 0:  # (Nemotron-H's floor, everywhere: transformers clamps in its chunked form only)
@@ -756,6 +758,64 @@ class Mamba2Mixer(nn.Module):
         groups = y.view(b, T, m.groups, -1)
         groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.out_proj(self.norm.weight * groups.view(b, T, m.inner).to(x.dtype))
+
+
+class GatedDeltaNet(nn.Module):
+    """A gated DeltaNet layer (``config.delta``: Qwen3-Next's and Qwen3.5's ``linear_attention`` layers), a layer's
+    mixer in place of attention, as transformers' Qwen3_5GatedDeltaNet computes it (:class:`~triforce.models.config.
+    DeltaNet`): ``in_proj_qkv`` (Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba`` are split into these on loading),
+    the causal depthwise convolution of ``qkv`` (a cache's ring: :meth:`~triforce.models.cache._KVCache.convolve`),
+    SiLU; q and k L2-normalised in float32 (eps 1e-6), q divided by ``sqrt(k_dim)``; ``beta = sigmoid(b)`` (in the
+    dtype), ``g = -exp(A_log) softplus(a + dt_bias)`` (float32); the delta rule over the tokens (:meth:`~triforce.
+    models.cache._KVCache.delta_rule`: float32, token by token; without a cache from a zero state); its output rounded
+    to the dtype, RMS-normalised per head (float32), times ``norm.weight`` in the dtype and ``silu(z)`` in float32;
+    ``out_proj``. Every elementwise function value by value (:func:`_lanewise`), so a pass keeps the bits of its
+    steps."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        d = self.spec = config.delta
+        self.layer, h = layer, config.hidden_size
+        self.key_dim, self.value_dim = d.k_heads * d.k_dim, d.v_heads * d.v_dim
+        self.in_proj_qkv = Linear(h, d.conv_dim, bias=False)
+        self.in_proj_z = Linear(h, self.value_dim, bias=False)
+        self.in_proj_b = Linear(h, d.v_heads, bias=False)
+        self.in_proj_a = Linear(h, d.v_heads, bias=False)
+        self.conv1d = nn.Conv1d(d.conv_dim, d.conv_dim, d.kernel, groups=d.conv_dim, bias=False,
+                                padding=d.kernel - 1)  # (its weights only)
+        self.dt_bias = nn.Parameter(torch.ones(d.v_heads))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, d.v_heads + 1, dtype=torch.float32)))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(d.v_dim))
+        self.eps = config.rms_norm_eps
+        self.out_proj = Linear(self.value_dim, h, bias=False)
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        d = self.spec
+        b, T, _ = x.shape
+        qkv = self.in_proj_qkv(x)
+        conv = _causal_conv(qkv, self.conv1d, self.layer, cache, step)
+        q, k, v = _lanewise(F.silu, conv).float().split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k = (_unit(t.view(b, T, d.k_heads, d.k_dim)) for t in (q, k))
+        q = q / d.k_dim ** 0.5
+        v = v.view(b, T, d.v_heads, d.v_dim)
+        beta = _lanewise(torch.sigmoid, self.in_proj_b(x)).float()
+        g = -torch.exp(self.A_log.float()) * _lanewise(F.softplus, self.in_proj_a(x).float() + self.dt_bias.float())
+        decay = _lanewise(torch.exp, g)
+        if cache is not None:
+            y = cache.delta_rule(self.layer, q, k, v, beta, decay, step)
+        else:  # (from a zero state, as a cache's chain)
+            y = _cache.delta_scan(v.new_zeros((b,) + d.state_shape), q, k, v, beta, decay)
+        y = y.to(x.dtype).float()
+        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        z = _lanewise(F.silu, self.in_proj_z(x).float()).view(b, T, d.v_heads, d.v_dim)
+        return self.out_proj(((self.norm.weight * y) * z).to(x.dtype).reshape(b, T, self.value_dim))
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """Gated DeltaNet's L2 norm of float32 ``x`` over its last dim: ``x * rsqrt(sum(x^2) + 1e-6)`` (FLA's, as
+    transformers' l2norm)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
 def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -1449,7 +1509,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
         mamba = config.mamba is not None and config.mamba.layers[layer]
-        self.self_attn = (Mamba2Mixer if mamba else ShortConv if config.conv_layers[layer]
+        delta = config.delta is not None and config.delta.layers[layer]
+        self.self_attn = (Mamba2Mixer if mamba else GatedDeltaNet if delta else ShortConv if config.conv_layers[layer]
                           else LatentAttention if config.mla is not None
                           else MixtureOfAttention if config.attention_experts is not None else Attention)(config, layer)
         experts = config.experts
@@ -1839,7 +1900,8 @@ def _stack_runs(layers, lo: int, hi: int) -> list:
             or layers[i].__dict__.get("bare_input")]  # (ModernBERT decoder's first layer: on the modules)
     # LFM2's convolution layers, which the stack does not run: each alone, so that the attention layers between them
     # run in the stack
-    convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) in (ShortConv, Mamba2Mixer)]
+    convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) in (ShortConv, Mamba2Mixer,
+                                                                                          GatedDeltaNet)]
     edges = sorted({lo, *cuts, *convs, *(i + 1 for i in convs if i + 1 < hi), hi})
     return list(zip(edges, edges[1:]))
 

@@ -35,8 +35,8 @@ import torch
 
 from .compressed import CompressedWeights, compressed_config
 from .gptq_awq import GptqAwqWeights, gptq_awq_config
-from .config import (_COHERES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, falcon_layout, fp8_config,
-                     mllama_cross_layers, sinusoidal_table)
+from .config import (_COHERES, _DELTA_FAMILIES, _HUNYUANS, FAMILIES, WRAPPERS, LlamaConfig, _is_int, falcon_layout,
+                     fp8_config, mllama_cross_layers, sinusoidal_table)
 
 _GGUF_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -960,6 +960,36 @@ _BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm."
 _MAMBA_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|dt_bias$|A_log$|D$|norm\.weight$|out_proj\.)")
 
 
+# Qwen3.5's gated DeltaNet layers' weights under the model's self_attn (triforce.models.llama.GatedDeltaNet), back to
+# linear_attn
+_DELTA_OURS = re.compile(r"(.*)\.self_attn\.(in_proj_(?:qkv|z|b|a)\.|conv1d\.|dt_bias$|A_log$|norm\.weight$"
+                         r"|out_proj\.)")
+
+
+def _delta_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """Qwen3.5's checkpoint names and layout as the model's, or back with ``inverse``: its gated DeltaNet layers'
+    ``linear_attn`` as ``self_attn``; its attention's ``q_proj``, each head's query rows then its gate's rows, split
+    into ``q_proj`` and ``gate_proj`` (and joined); its multi-token prediction layers (``mtp.*``, not part of the
+    forward) dropped, as transformers drops them."""
+    H, D = config.num_attention_heads, config.head_dim
+    out = {}
+    for name, t in sd.items():
+        if inverse:
+            out[_DELTA_OURS.sub(r"\1.linear_attn.\2", name)] = t
+        elif not name.startswith("mtp."):
+            out[name.replace(".linear_attn.", ".self_attn.")] = t
+    for name in [k for k in out if k.endswith((".self_attn.q_proj.weight", ".self_attn.q_proj.bias"))]:
+        gate = name.replace(".q_proj.", ".gate_proj.")
+        if inverse and gate in out:
+            q, g = out[name], out.pop(gate)
+            out[name] = torch.cat([q.reshape(H, D, *q.shape[1:]), g.reshape(H, D, *g.shape[1:])], 1).reshape(
+                2 * H * D, *q.shape[1:])
+        elif not inverse and out[name].shape[0] == 2 * H * D:
+            both = out[name].reshape(H, 2 * D, *out[name].shape[1:])
+            out[name], out[gate] = (both[:, i * D:(i + 1) * D].reshape(H * D, *both.shape[2:]) for i in (0, 1))
+    return out
+
+
 def _granite_dense_names(sd: dict, inverse: bool = False) -> dict:
     """Granite 4.0's dense checkpoints (granitemoehybrid without experts): its MLP, ``shared_mlp.input_linear`` (the
     gate's rows, then the up's) and ``output_linear``, as the model's ``mlp.gate_proj`` / ``up_proj`` / ``down_proj``,
@@ -1369,6 +1399,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _dbrx_names(config, sd, inverse)
     if config.model_type == "jetmoe":
         return _jetmoe_names(sd, inverse)
+    if config.model_type in _DELTA_FAMILIES:
+        return _delta_names(config, sd, inverse)
     if config.model_type in ("lfm2", "lfm2_moe"):
         return _renamed(sd, [(b, a) for a, b in reversed(_LFM2_PAIRS)] if inverse else _LFM2_PAIRS)
     if config.model_type in ("granitemoehybrid", "bamba") and config.mamba is not None:  # (its Mamba layers' module:

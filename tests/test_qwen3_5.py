@@ -1,0 +1,257 @@
+"""Qwen3.5 (``model_type="qwen3_5_text"``: Qwen3_5ForCausalLM; Qwen3_5ForConditionalGeneration read text-only): its
+gated DeltaNet layers (:class:`~triforce.models.llama.GatedDeltaNet`) and gated attention against transformers, and
+the caches' DeltaNet states through steps, trees, rollbacks (replayed from a checkpoint), evictions and retrieval."""
+import pytest
+import torch
+
+import triforce.models.cache as cache_module
+from triforce.models import Llama, LlamaConfig
+from triforce.models.cache import FullCache
+from triforce.models.llama import Attention, GatedDeltaNet
+
+from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
+from .test_families import TOL, TINY, assert_save_loads, randomize_, tiny_family
+from .test_lfm2 import (_steps, assert_draft_caches_exact, assert_parts_count, assert_rollbacks_restore_the_state,
+                        assert_rows_kept_apart)
+from .test_mamba2 import assert_matches_both_ways, assert_rollback_before_the_checkpoints_raises
+from .test_sliding_window import assert_pass_equals_steps
+
+transformers = pytest.importorskip("transformers")
+
+# The DeltaNet layers' projections' draw: at 0.1 float32's rounding moves the logits by a few 1e-6 in either
+# implementation (ours, transformers' chunked or recurrent form, each against transformers in float64); at 0.2 by ~2e-5
+# in each, past TOL, which test_as_close_to_float64_as_transformers covers
+STD = 0.1
+TYPES = ["linear_attention", "full_attention", "linear_attention"]
+QWEN3_5 = dict(TINY, num_hidden_layers=3, head_dim=16, layer_types=TYPES, linear_num_key_heads=2,
+               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=4)
+CASES = {"untied": {},
+         # (a bias on every attention projection, the gate's share of q_proj's too; one value head per key head; 3 taps;
+         # tied; its M-RoPE keys, which on text are its RoPE)
+         "biased-tied": dict(attention_bias=True, tie_word_embeddings=True, linear_num_value_heads=2,
+                             linear_conv_kernel_dim=3, rope_parameters={
+                                 "rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})}
+EXTRA = {"layer_types": TYPES, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+         "linear_value_head_dim": 8}
+
+
+def delta_pair(config_class="Qwen3_5TextConfig", model_class="Qwen3_5ForCausalLM", std=STD, **kw):
+    """transformers' model of ``config`` (eager attention; the DeltaNet layers' projections and convolution drawn larger
+    than its initialisation so that they count, A_log moved, biases and norms randomised) and ours built from its
+    config and weights."""
+    from triforce.models.loading import _build
+
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**kw, attn_implementation="eager")
+    hf = randomize_(getattr(transformers, model_class)(config).eval())
+    with torch.no_grad():
+        for key, p in hf.named_parameters():
+            if ".linear_attn." in key and key.endswith("weight") and "norm" not in key:
+                p.normal_(0, std)
+            if key.endswith("A_log"):
+                p.add_(torch.randn_like(p) * 0.3)
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+def pair(case="untied"):
+    return delta_pair(**{**QWEN3_5, **CASES[case]})
+
+
+def tiny(seed, types=tuple(TYPES)):
+    return tiny_family("qwen3_5_text", seed, layers=len(types), head_dim=8, extra={**EXTRA, "layer_types": list(types)})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_path_and_saves_match_transformers(tmp_path, case):
+    """Every path (the plain forward, a chunked prefill, a verify pass, one-token steps, a tree whose branches each run
+    the state from their own parent) gives transformers' logits; our save reads back in transformers, its save in
+    ours."""
+    hf, ours = pair(case)
+    assert [type(layer.self_attn) for layer in ours.model.layers] == [GatedDeltaNet, Attention, GatedDeltaNet]
+    assert ours.config.kv_heads_per_layer == (0, 2, 0)
+    assert_matches_both_ways(tmp_path, hf, ours)
+
+
+def test_as_close_to_float64_as_transformers():
+    """With weights large enough that float32's rounding alone moves the logits past TOL, ours stay as close to
+    transformers' model in float64 as transformers' own float32 forward (its chunked form, and its one-token recurrent
+    form run over the whole input), within a factor of 1.5."""
+    import copy
+
+    import transformers.models.qwen3_5.modeling_qwen3_5 as theirs
+
+    hf, ours = delta_pair(std=0.2, **QWEN3_5)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = copy.deepcopy(hf).double()(ids).logits
+        errors = [(hf(ids).logits.double() - exact).abs().max().item()]
+        chunked = theirs.torch_chunk_gated_delta_rule
+        try:
+            theirs.torch_chunk_gated_delta_rule = theirs.torch_recurrent_gated_delta_rule
+            errors.append((hf(ids).logits.double() - exact).abs().max().item())
+        finally:
+            theirs.torch_chunk_gated_delta_rule = chunked
+        ours_error = (ours(ids).double() - exact).abs().max().item()
+    assert min(errors) > 1e-5 and ours_error <= 1.5 * min(errors), (ours_error, errors)
+
+
+def test_each_part_moves_the_logits():
+    """A_log, dt_bias, the convolution, the gated norm's weight, the z, b and a projections and the attention's gate
+    count; so does the state a cached step starts from: zeroed, the next step's logits move."""
+    hf, ours = pair()
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    m = ours.model.layers[2].self_attn
+    assert_parts_count(hf, ours, ids, (m.A_log, m.dt_bias, m.conv1d.weight, m.norm.weight, m.in_proj_z.weight,
+                                       m.in_proj_b.weight, m.in_proj_a.weight,
+                                       ours.model.layers[1].self_attn.gate_proj.weight),
+                       lambda cache: cache.ssm[2].zero_())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_pass_gives_the_bits_of_one_token_steps(dtype, case):
+    assert_pass_equals_steps(pair(case)[1], dtype)
+
+
+def test_rollback_and_commit_path_rebuild_the_state():
+    """Rolled back to any accepted length after a pass, over several forwards, past a checkpoint (the state replayed
+    from the last one before it), and after a tree's commit_path, the next steps' logits are bitwise those of a cache
+    that only ever saw the accepted tokens."""
+    model = tiny(0)
+    ids, want = assert_rollbacks_restore_the_state(model, length=42)
+    with torch.no_grad():
+        cache = FullCache(model.config, 2, 96)  # (many one-token forwards, then back over all of them)
+        _steps(model, cache, ids, [12] + [1] * 25)
+        cache.rollback(torch.full((2,), 15, dtype=torch.int32))
+        assert torch.equal(_steps(model, cache, ids[:, 15:], [3, 1]), want[:, 15:19])
+
+
+def test_a_rollback_before_every_checkpoint_raises(monkeypatch):
+    assert_rollback_before_the_checkpoints_raises(monkeypatch, tiny(0))
+
+
+def test_drafts_caches_run_the_state_exactly():
+    """On a model of DeltaNet layers only, StreamingLLM and retrieval caches give the full cache's logits bitwise."""
+    assert_draft_caches_exact(tiny(3, types=("linear_attention", "linear_attention")))
+
+
+def test_ragged_rows_and_row_selection_keep_each_rows_state():
+    assert_rows_kept_apart(tiny(0))
+
+
+def test_the_gpus_path_of_the_state_is_exact(monkeypatch):
+    """With the caches' value checks off (a GPU's path), rollbacks, commit_path, the draft caches and ragged rows stay
+    bitwise."""
+    monkeypatch.setattr(cache_module, "check_values", lambda t: False)
+    assert_rollbacks_restore_the_state(tiny(0), length=42)
+    assert_rows_kept_apart(tiny(0))
+    assert_draft_caches_exact(tiny(3, types=("linear_attention", "linear_attention")))
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 3, 4, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 3, 4, 6)])
+def test_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+def test_config_reads_its_layers_as_transformers_reads_them():
+    """Qwen3_5TextConfig's defaults (every fourth layer attention; its DeltaNet widths; RoPE on a quarter of each
+    head); its layer_types from full_attention_interval; refusals."""
+    want = transformers.Qwen3_5TextConfig()
+    c = LlamaConfig.from_dict({"model_type": "qwen3_5_text"})
+    d = c.delta
+    assert d.layers == tuple(t == "linear_attention" for t in want.layer_types) and d.layers.count(False) == 8
+    assert (d.k_heads, d.v_heads, d.k_dim, d.v_dim, d.kernel) == (
+        want.linear_num_key_heads, want.linear_num_value_heads, want.linear_key_head_dim, want.linear_value_head_dim,
+        want.linear_conv_kernel_dim)
+    assert c.rotary_dim == 64 and c.head_dim == 256 and c.gemma_norm and c.attn_output_gate
+    assert c.kv_heads_per_layer == tuple(0 if t else 4 for t in d.layers)
+    c = LlamaConfig.from_dict({"model_type": "qwen3_5_text", "num_hidden_layers": 6, "full_attention_interval": 3})
+    assert c.delta.layers == (True, True, False, True, True, False)
+    for bad, match in (({"layer_types": ["linear_attention", "sliding_attention"]}, "layer_types"),
+                       ({"linear_num_key_heads": 3}, "linear_num_value_heads"),
+                       ({"attn_output_gate": False}, "attn_output_gate"),
+                       ({"linear_key_head_dim": 0}, "linear_key_head_dim"),
+                       ({"use_sliding_window": True}, "use_sliding_window")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({"model_type": "qwen3_5_text", "num_hidden_layers": 2, **bad})
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_qwen3_5_image_text_checkpoints_read_their_language_model(tmp_path, tied):
+    """Qwen3.5's checkpoints (Qwen3_5ForConditionalGeneration: model.language_model.*, a vision tower not read) give
+    the wrapper's logits on text, tied by the wrapper's key."""
+    torch.manual_seed(0)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    config = transformers.Qwen3_5Config(text_config=QWEN3_5, vision_config=vision, tie_word_embeddings=tied)
+    hf = randomize_(transformers.Qwen3_5ForConditionalGeneration(config).eval())
+    hf.save_pretrained(tmp_path)
+    ours = Llama.from_pretrained(tmp_path)
+    assert ours.config.model_type == "qwen3_5_text" and ours.config.tie_word_embeddings == tied
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(ids) - hf(input_ids=ids).logits).abs().max().item() <= TOL
+
+
+def test_mtp_weights_are_dropped(tmp_path):
+    """Its checkpoints' multi-token prediction weights (mtp.*) are not part of the forward: dropped on loading, as
+    transformers drops them."""
+    from safetensors.torch import load_file, save_file
+
+    hf, ours = pair()
+    hf.save_pretrained(tmp_path)
+    path = next(tmp_path.glob("*.safetensors"))
+    sd = load_file(path)
+    sd["mtp.fc.weight"] = torch.zeros(64, 128)
+    save_file(sd, path, metadata={"format": "pt"})
+    ids = torch.randint(0, 101, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(Llama.from_pretrained(tmp_path)(ids), ours(ids))
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 2, 4, 8, 6), (1, 3, 1, 3, 5, 7), (3, 1, 2, 2, 16, 4)])
+def test_delta_scan_is_the_recurrence(shape):
+    """``delta_scan`` against the gated delta rule in float64; a T-token call bitwise T one-token calls and the same
+    with one thread; tokens past a row's count leave its state; a replay (no queries) moves the state alike."""
+    from triforce.models.cache import delta_scan
+
+    b, T, Hk, Hv, K, V = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    q, k = (torch.nn.functional.normalize(torch.randn(b, T, Hk, K, generator=g), dim=-1) for _ in range(2))
+    v = torch.randn(b, T, Hv, V, generator=g)
+    beta, decay = torch.rand(b, T, Hv, generator=g), torch.exp(-torch.rand(b, T, Hv, generator=g))
+    state = torch.randn(b, Hv, K, V, generator=g)
+    s64, want = state.double(), []
+    qh, kh = (t.double().repeat_interleave(Hv // Hk, dim=2) for t in (q, k))
+    for t in range(T):
+        s64 = s64 * decay[:, t, :, None, None].double()
+        delta = (v[:, t].double() - torch.einsum("bhkv,bhk->bhv", s64, kh[:, t])) * beta[:, t, :, None].double()
+        s64 = s64 + kh[:, t, ..., None] * delta[:, :, None, :]
+        want.append(torch.einsum("bhkv,bhk->bhv", s64, qh[:, t]))
+    got = state.clone()
+    y = delta_scan(got, q, k, v, beta, decay)
+    assert torch.allclose(y.double(), torch.stack(want, 1), atol=1e-4, rtol=1e-4)
+    assert torch.allclose(got.double(), s64, atol=1e-4, rtol=1e-4)
+    steps, one = state.clone(), []
+    for t in range(T):
+        sl = slice(t, t + 1)
+        one.append(delta_scan(steps, q[:, sl], k[:, sl], v[:, sl], beta[:, sl], decay[:, sl]))
+    assert torch.equal(torch.cat(one, 1), y) and torch.equal(steps, got)
+    replay = state.clone()
+    assert delta_scan(replay, None, k, v, beta, decay) is None and torch.equal(replay, got)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = state.clone()
+        assert torch.equal(delta_scan(single, q, k, v, beta, decay), y) and torch.equal(single, got)
+    finally:
+        torch.set_num_threads(threads)
+    counts = torch.arange(b) % (T + 1)
+    part = state.clone()
+    delta_scan(part, q, k, v, beta, decay, counts)
+    for i in range(b):
+        ref, n = state[i:i + 1].clone(), int(counts[i])
+        delta_scan(ref, q[i:i + 1, :n], k[i:i + 1, :n], v[i:i + 1, :n], beta[i:i + 1, :n], decay[i:i + 1, :n])
+        assert torch.equal(part[i:i + 1], ref)
