@@ -73,15 +73,26 @@ def test_every_path_and_saves_match_transformers(tmp_path, case):
     assert_matches_both_ways(tmp_path, hf, ours)
 
 
-def test_as_close_to_float64_as_transformers():
+FLOAT64_CASES = {"qwen3_5": ("qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", 0.2, "QWEN3_5"),
+                 # (Qwen3-Next's mixture at the draw of 0.1: one token's logits 4.6e-5 off float64 in transformers'
+                 # float32, which is why its every-path tests draw 0.05)
+                 "qwen3_next": ("qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM", 0.1, "NEXT")}
+
+
+@pytest.mark.parametrize("case", list(FLOAT64_CASES))
+def test_as_close_to_float64_as_transformers(case):
     """With weights large enough that float32's rounding alone moves the logits past TOL, ours stay as close to
     transformers' model in float64 as transformers' own float32 forward (its chunked form, and its one-token recurrent
     form run over the whole input), within a factor of 1.5."""
     import copy
+    import importlib
 
-    import transformers.models.qwen3_5.modeling_qwen3_5 as theirs
-
-    hf, ours = delta_pair(std=0.2, **QWEN3_5)
+    module, config_class, model_class, std, kw = FLOAT64_CASES[case]
+    theirs = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    hf, ours = delta_pair(config_class, model_class, std=std, **globals()[kw])
+    for m in hf.modules():  # (its experts' loop: float64 has no grouped matmul)
+        if hasattr(m, "config"):
+            m.config._experts_implementation = "eager"
     ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         exact = copy.deepcopy(hf).double()(ids).logits
@@ -255,3 +266,69 @@ def test_delta_scan_is_the_recurrence(shape):
         ref, n = state[i:i + 1].clone(), int(counts[i])
         delta_scan(ref, q[i:i + 1, :n], k[i:i + 1, :n], v[i:i + 1, :n], beta[i:i + 1, :n], decay[i:i + 1, :n])
         assert torch.equal(part[i:i + 1], ref)
+
+
+NEXT = dict(QWEN3_5, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+            shared_expert_intermediate_size=32)
+NEXT_CASES = {"sparse": {},
+              # (a dense layer by mlp_only_layers, the others sparse every step; not renormalised; biases; tied)
+              "dense-layer-biased": dict(mlp_only_layers=[1], norm_topk_prob=False, attention_bias=True,
+                                         tie_word_embeddings=True, linear_num_value_heads=2)}
+
+
+def next_pair(**kw):
+    """transformers' Qwen3NextForCausalLM and ours, the DeltaNet projections drawn at 0.05 (at 0.1 transformers' own
+    float32 strays: test_as_close_to_float64_as_transformers)."""
+    return delta_pair("Qwen3NextConfig", "Qwen3NextForCausalLM", std=0.05, **{**NEXT, **kw})
+
+
+@pytest.mark.parametrize("case", list(NEXT_CASES))
+def test_qwen3_next_every_path_and_saves_match_transformers(tmp_path, case):
+    """Qwen3-Next (Qwen3NextForCausalLM): Qwen3.5's layers with Qwen2-MoE's mixture routed as Qwen3-MoE's; its fused
+    DeltaNet projections (in_proj_qkvz, in_proj_ba, grouped by key head) split on loading and joined on saving."""
+    hf, ours = next_pair(**NEXT_CASES[case])
+    assert [type(layer.self_attn) for layer in ours.model.layers] == [GatedDeltaNet, Attention, GatedDeltaNet]
+    assert ours.config.experts.layers == ((True, False, True) if case != "sparse" else (True,) * 3)
+    assert_matches_both_ways(tmp_path, hf, ours)
+
+
+def test_qwen3_next_each_part_moves_the_logits():
+    """Each of the fused projections' parts counts: the query, key, value and gate rows of in_proj_qkvz, the b and a
+    rows of in_proj_ba (split into the model's projections), the shared expert's gate."""
+    hf, ours = next_pair()
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    m = ours.model.layers[0].self_attn
+    kd = m.key_dim
+    assert_parts_count(hf, ours, ids, (m.in_proj_qkv.weight[:kd], m.in_proj_qkv.weight[kd:2 * kd],
+                                       m.in_proj_qkv.weight[2 * kd:], m.in_proj_z.weight, m.in_proj_b.weight,
+                                       m.in_proj_a.weight, ours.model.layers[0].mlp.shared_expert_gate.weight),
+                       lambda cache: cache.ssm[0].zero_())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen3_next_pass_gives_the_bits_of_one_token_steps(dtype):
+    assert_pass_equals_steps(next_pair()[1], dtype)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_qwen3_5_moe_every_path_and_image_text_checkpoints(tmp_path, tied):
+    """Qwen3.5-MoE (Qwen3_5MoeForCausalLM): every layer Qwen3-Next's mixture, always renormalised; its image + text
+    checkpoints (Qwen3_5MoeForConditionalGeneration) read text-only, tied by the wrapper's key."""
+    kw = dict(NEXT)
+    hf, ours = delta_pair("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", **kw)
+    assert ours.config.experts.renormalize and ours.config.experts.layers == (True,) * 3
+    assert_matches_both_ways(tmp_path / "text", hf, ours)
+    torch.manual_seed(0)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    config = transformers.Qwen3_5MoeConfig(text_config=kw, vision_config=vision, tie_word_embeddings=tied)
+    wrapped = randomize_(transformers.Qwen3_5MoeForConditionalGeneration(config).eval())
+    wrapped.save_pretrained(tmp_path / "wrapped")
+    loaded = Llama.from_pretrained(tmp_path / "wrapped")
+    assert loaded.config.model_type == "qwen3_5_moe_text" and loaded.config.tie_word_embeddings == tied
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (loaded(ids) - wrapped(input_ids=ids).logits).abs().max().item() <= TOL
+    for bad, match in (({"norm_topk_prob": False}, "norm_topk_prob"), ({"decoder_sparse_step": 2}, "decoder_sparse")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 4, **bad})

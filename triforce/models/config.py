@@ -406,7 +406,30 @@ FAMILIES["qwen3_5_text"] = Family("Qwen3_5ForCausalLM", qk_norm=True, gemma_norm
                                       "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
                                       "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
                                       "tie_word_embeddings": False, "rope_theta": 10000.0, **_DELTA_DEFAULTS})
-_DELTA_FAMILIES = ("qwen3_5_text",)
+# Qwen3-Next (Qwen3NextForCausalLM: Qwen3-Next-80B-A3B): Qwen3.5's layers with Qwen2-MoE's mixture (its shared expert
+# times the sigmoid of its own gate; sparse off mlp_only_layers and by decoder_sparse_step) routed as Qwen3-MoE's
+# (renormalised where norm_topk_prob, by default); its DeltaNet projections fused in its checkpoints (in_proj_qkvz and
+# in_proj_ba, grouped by key head: loading.py splits and joins them)
+FAMILIES["qwen3_next"] = Family("Qwen3NextForCausalLM", qk_norm=True, gemma_norm=True, attn_output_gate=True,
+                                partial_rotary_factor=0.25, reads=("attention_bias",), defaults={
+                                    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+                                    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+                                    "head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                                    "tie_word_embeddings": False, "rope_theta": 10000.0, "decoder_sparse_step": 1,
+                                    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                                    "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True,
+                                    "mlp_only_layers": [], **_DELTA_DEFAULTS})
+# Qwen3.5-MoE (Qwen3_5MoeForCausalLM: Qwen3.5-35B-A3B ... 397B-A17B; its image + text model, WRAPPERS["qwen3_5_moe"]):
+# Qwen3.5's layers, every one's MLP Qwen3-Next's mixture, its router always renormalising (no keys for the rest)
+FAMILIES["qwen3_5_moe_text"] = Family("Qwen3_5MoeForCausalLM", qk_norm=True, gemma_norm=True, attn_output_gate=True,
+                                      partial_rotary_factor=0.25, reads=("attention_bias",), defaults={
+                                          "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+                                          "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                                          "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                                          "tie_word_embeddings": False, "rope_theta": 10000.0,
+                                          "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                                          "num_experts_per_tok": 8, "num_experts": 256, **_DELTA_DEFAULTS})
+_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text")
 # OLMoE (OlmoeForCausalLM: OLMoE-1B-7B): Llama's layer with an RMSNorm over each token's whole query and key
 # projections (before the heads are split and RoPE'd) and an optional clamp of q, k and v (clip_qkv); every layer
 # sparse, Qwen3-MoE's routing (the softmax in float32, the top k, renormalised where norm_topk_prob, rounded to the
@@ -1222,11 +1245,11 @@ FAMILIES["dbrx"] = Family("DbrxForCausalLM", torch_layer_norm="nobias", defaults
     "bos_token_id": None, "eos_token_id": None, "num_local_experts": 4, "num_experts_per_tok": 1})
 _DBRX_TOP = {"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
              "max_seq_len": "max_position_embeddings"}
-_MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "olmoe", "flex_olmo",
-              "granitemoeshared", "granitemoe_swa", "gpt_oss", "jetmoe")
+_MOE_TYPES = ("mixtral", "phimoe", "dbrx", "qwen3_moe", "granitemoe", "qwen2_moe", "qwen3_next", "qwen3_5_moe_text",
+              "olmoe", "flex_olmo", "granitemoeshared", "granitemoe_swa", "gpt_oss", "jetmoe")
 _ANY_MOE = (*_MOE_TYPES, *_GROUPED, "ernie4_5_moe", "minimax_m2", "hunyuan_v1_moe", "afmoe", "granitemoehybrid",
             "kolibri1", "flint", "hy_v3", "cohere2_moe", "mellum", "laguna", "llama4_text", "aria_text", "lfm2_moe")
-_QWEN_MOES = ("qwen3_moe", "qwen2_moe")
+_QWEN_MOES = ("qwen3_moe", "qwen2_moe", "qwen3_next")
 _NORM_TOPK = (*_QWEN_MOES, "olmoe", "flex_olmo")  # the families whose norm_topk_prob chooses renormalisation
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # (transformers reads one as the other)
 
@@ -1454,7 +1477,8 @@ WRAPPERS = {
                                ("qwen3_vl_moe", "qwen3_vl_moe_text", ("wrapper", False)),
                                # Qwen3.5 (Qwen3_5ForConditionalGeneration: every Qwen3.5 checkpoint), its language
                                # model's text_config qwen3_5_text
-                               ("qwen3_5", "qwen3_5_text", ("wrapper", False)))},
+                               ("qwen3_5", "qwen3_5_text", ("wrapper", False)),
+                               ("qwen3_5_moe", "qwen3_5_moe_text", ("wrapper", False)))},
     # GLM-4.1V-Thinking (glm4v: GLM-4's language model) and GLM-4.5V (glm4v_moe: GLM-4.5's), M-RoPE as Qwen2-VL's;
     # tied where either key says so (transformers 5's back-compatibility)
     **{kind: ((text,), frozenset({"vision_config", "image_token_id", "video_token_id", "image_start_token_id",
@@ -1562,7 +1586,7 @@ _VL_TEXTS = {
         "rope_theta": 500000.0, "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "num_experts_per_tok": 4,
         "num_experts": 60, "mlp_only_layers": []}),
     # Qwen3.5's language model (its family's own: FAMILIES["qwen3_5_text"]; interleaved M-RoPE)
-    "qwen3_5_text": ("qwen3_5_text", {}),
+    "qwen3_5_text": ("qwen3_5_text", {}), "qwen3_5_moe_text": ("qwen3_5_moe_text", {}),
     # Qwen's omni models' thinkers' language models (Qwen2_5OmniTextConfig: Qwen2's, M-RoPE; Qwen3OmniMoeTextConfig:
     # Qwen3-MoE's, interleaved M-RoPE, its router always renormalising, head_dim hidden / heads where absent)
     "qwen2_5_omni_text": ("qwen2", {**_QWEN2_VL_TEXT, "hidden_size": 3584, "intermediate_size": 18944,
@@ -1802,11 +1826,13 @@ _HARMLESS_ONLY_AT = {
              "absent (Mixtral, Qwen3-MoE, DeepSeek, MiniMax-M2, EXAONE MoE: an int >= 1)")
        for key in (*_EXPERT_COUNT_KEYS, "num_experts_per_tok")},
     **{key: (lambda v, c, key=key: (c.model_type in _QWEN_MOES or key == "moe_intermediate_size"
-                                    and c.model_type in (*_GROUPED, "ernie4_5_moe")) and _is_int(v) and v >= 1,
+                                    and c.model_type in (*_GROUPED, "ernie4_5_moe", "qwen3_5_moe_text"))
+             and _is_int(v) and v >= 1,
              "absent (Qwen2-MoE, Qwen3-MoE, DeepSeek, ERNIE 4.5 MoE: an int >= 1)")
        for key in ("moe_intermediate_size", "decoder_sparse_step")},
-    "shared_expert_intermediate_size": (lambda v, c: c.model_type == "qwen2_moe" and _is_int(v) and v >= 1,
-                                        "absent (Qwen2-MoE: an int >= 1)"),
+    "shared_expert_intermediate_size": (lambda v, c: c.model_type in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text")
+                                        and _is_int(v) and v >= 1,
+                                        "absent (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE: an int >= 1)"),
     # Granite SWA's RoPE base per layer (0: NoPE): LlamaConfig.rope_layers, local_rope_theta
     "layer_rope_theta": (lambda v, c: c.model_type in _GRANITE_SWAS and _granite_swa_thetas(c, v) is not None,
                          "absent (Granite SWA: one number >= 0 per layer, at most two RoPEs: rope_theta's and NoPE "
@@ -1825,7 +1851,8 @@ _HARMLESS_ONLY_AT = {
     "experts_per_token": (lambda v, c: c.model_type == "gpt_oss" and v == c.extra.get("num_experts_per_tok"),
                           "absent (GPT-OSS: num_experts_per_tok's value)"),
     "norm_topk_prob": (lambda v, c: (c.model_type in (*_NORM_TOPK, *_V3_ROUTERS) and isinstance(v, bool))
-                       or (c.model_type == "deepseek_v2" and v is False),
+                       or (c.model_type == "deepseek_v2" and v is False)
+                       or (c.model_type == "qwen3_5_moe_text" and v is True),
                        "absent (Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3: a bool; DeepSeek-V2: false, as its "
                        "checkpoints have it: transformers' DeepSeek-V2 never renormalises, DeepSeek's own code does "
                        "where it is true)"),
@@ -2920,7 +2947,7 @@ class LlamaConfig:
         if self.model_type in _MOE_TYPES:
             qwen = self.model_type in (*_QWEN_MOES, "olmoe", "flex_olmo")  # (their count key: num_experts)
             need = ("num_experts_per_tok",) + (("moe_intermediate_size",) if self.model_type in _QWEN_MOES else ()) + (
-                ("shared_expert_intermediate_size",) if self.model_type == "qwen2_moe" else ())
+                ("shared_expert_intermediate_size",) if self.model_type in ("qwen2_moe", "qwen3_next") else ())
             missing = [k for k in need if k not in self.extra]
             if not any(k in self.extra for k in _EXPERT_COUNT_KEYS):
                 missing.insert(0, _EXPERT_COUNT_KEYS[qwen])
@@ -5062,9 +5089,11 @@ def _vl_text(d: dict) -> str:
         if sum(sections[0]) != int(head * factor) // 2:
             raise ValueError(f"config mrope_section = {sections[0]!r} must sum to the {int(head * factor) // 2} RoPE "
                              "frequencies of a head (transformers splits them by it)")
-    if kind in ("qwen3_vl_moe_text", "qwen3_omni_moe_text") and d.setdefault("norm_topk_prob", True) is not True:
-        raise ValueError(f"config norm_topk_prob = {d['norm_topk_prob']!r}: Qwen3-VL-MoE's and Qwen3-Omni's routers "
-                         "always renormalise their top k probabilities (transformers' Qwen3VLMoeTextTopKRouter)")
+    if kind in ("qwen3_vl_moe_text", "qwen3_omni_moe_text", "qwen3_5_moe_text") \
+            and d.setdefault("norm_topk_prob", True) is not True:
+        raise ValueError(f"config norm_topk_prob = {d['norm_topk_prob']!r}: Qwen3-VL-MoE's, Qwen3-Omni's and "
+                         "Qwen3.5-MoE's routers always renormalise their top k probabilities (transformers' "
+                         "Qwen3VLMoeTextTopKRouter, Qwen3_5MoeTopKRouter)")
     if kind == "qwen3_omni_moe_text":  # (Qwen3OmniMoeTextConfig has no head_dim: its attention's fallback)
         d.setdefault("head_dim", d.get("hidden_size", defaults["hidden_size"])
                      // d.get("num_attention_heads", defaults["num_attention_heads"]))

@@ -960,8 +960,8 @@ _BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm."
 _MAMBA_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|dt_bias$|A_log$|D$|norm\.weight$|out_proj\.)")
 
 
-# Qwen3.5's gated DeltaNet layers' weights under the model's self_attn (triforce.models.llama.GatedDeltaNet), back to
-# linear_attn
+# Qwen3.5's (Qwen3-Next's) gated DeltaNet layers' weights under the model's self_attn (triforce.models.llama.
+# GatedDeltaNet), back to linear_attn
 _DELTA_OURS = re.compile(r"(.*)\.self_attn\.(in_proj_(?:qkv|z|b|a)\.|conv1d\.|dt_bias$|A_log$|norm\.weight$"
                          r"|out_proj\.)")
 
@@ -978,6 +978,8 @@ def _delta_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
             out[_DELTA_OURS.sub(r"\1.linear_attn.\2", name)] = t
         elif not name.startswith("mtp."):
             out[name.replace(".linear_attn.", ".self_attn.")] = t
+    if config.model_type == "qwen3_next":
+        out = _qwen3_next_projections(config, out, inverse)
     for name in [k for k in out if k.endswith((".self_attn.q_proj.weight", ".self_attn.q_proj.bias"))]:
         gate = name.replace(".q_proj.", ".gate_proj.")
         if inverse and gate in out:
@@ -987,6 +989,39 @@ def _delta_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         elif not inverse and out[name].shape[0] == 2 * H * D:
             both = out[name].reshape(H, 2 * D, *out[name].shape[1:])
             out[name], out[gate] = (both[:, i * D:(i + 1) * D].reshape(H * D, *both.shape[2:]) for i in (0, 1))
+    return out
+
+
+def _qwen3_next_projections(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """Qwen3-Next's fused DeltaNet projections as Qwen3.5's (the model's), or back with ``inverse``: ``in_proj_qkvz``
+    holds per key head its query rows, its key rows, then the value rows and the gate rows of the ``r = v_heads /
+    k_heads`` value heads it serves; ``in_proj_ba`` per key head its r b rows, then its r a rows. The model's
+    ``in_proj_qkv`` holds every query row, every key row, every value row; ``in_proj_z``, ``in_proj_b`` and
+    ``in_proj_a`` theirs, value head by value head."""
+    d = config.delta
+    if d is None:
+        return sd
+    Hk, K, r, V = d.k_heads, d.k_dim, d.v_heads // d.k_heads, d.v_dim
+    out = dict(sd)
+    suffix = ".linear_attn.in_proj_qkv.weight" if inverse else ".self_attn.in_proj_qkvz.weight"
+    for name in [k for k in sd if k.endswith(suffix)]:
+        base = name.rsplit(".in_proj_", 1)[0]
+        if inverse:
+            qkv, z = out.pop(f"{base}.in_proj_qkv.weight"), out.pop(f"{base}.in_proj_z.weight")
+            b, a = out.pop(f"{base}.in_proj_b.weight"), out.pop(f"{base}.in_proj_a.weight")
+            q, k, v = qkv.split([Hk * K, Hk * K, Hk * r * V])
+            parts = [t.reshape(Hk, -1, t.shape[-1]) for t in (q, k, v, z)]
+            out[f"{base}.in_proj_qkvz.weight"] = torch.cat(parts, 1).reshape(-1, qkv.shape[-1])
+            out[f"{base}.in_proj_ba.weight"] = torch.cat([b.reshape(Hk, r, -1), a.reshape(Hk, r, -1)], 1).reshape(
+                -1, b.shape[-1])
+            continue
+        qkvz = out.pop(name).reshape(Hk, 2 * K + 2 * r * V, -1)
+        q, k, v, z = (t.reshape(-1, qkvz.shape[-1]) for t in qkvz.split([K, K, r * V, r * V], dim=1))
+        out[f"{base}.in_proj_qkv.weight"] = torch.cat([q, k, v])
+        out[f"{base}.in_proj_z.weight"] = z
+        ba = out.pop(f"{base}.in_proj_ba.weight").reshape(Hk, 2 * r, -1)
+        out[f"{base}.in_proj_b.weight"], out[f"{base}.in_proj_a.weight"] = (
+            t.reshape(-1, ba.shape[-1]) for t in ba.split([r, r], dim=1))
     return out
 
 
