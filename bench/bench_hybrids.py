@@ -2,8 +2,10 @@
 shape (``--model lfm2``: 1024 wide, 16 layers of which 10 gated short convolutions and 6 attention layers of 16 query
 and 8 KV heads, an MLP of 4608, its 65536-token tied head) and a Granite 4.0 H-shaped stack (``--model granite-h``:
 1536 wide, 12 layers of which 10 Mamba-2 layers of 48 heads of 64 with a state of 128, one group, 4 taps, and 2
-attention layers of 12 query and 4 KV heads, a dense MLP of 4096, a 100352-token head; not a published config),
-random weights, over a full cache of ``--context`` tokens; batch 1, T = 1 (a decode step) and T = 5 (a verification
+attention layers of 12 query and 4 KV heads, a dense MLP of 4096, a 100352-token head; not a published config) and a
+Qwen3.5-0.8B-like stack (``--model qwen3.5``: 1024 wide, 12 layers of which 9 gated DeltaNet layers of 16 key and 16
+value heads of 128, 4 taps, and 3 gated attention layers of 8 query and 2 KV heads of 256, RoPE on a quarter of each,
+an MLP of 3584, a 248320-token tied head; half of Qwen3.5-0.8B's 24 layers, as we read its config), random weights, over a full cache of ``--context`` tokens; batch 1, T = 1 (a decode step) and T = 5 (a verification
 pass).
 
 Ours: the attention layers in the native layer stack between the recurrent layers (which run as modules, their
@@ -11,12 +13,13 @@ state in the cache), and every layer as modules (``TRIFORCE_DECODER_LAYERS=0``);
 (eager attention) stepping its own cache (its convolution and state space model states and KV cache) from the same
 context, T tokens a call (its cache grows by ~60 tokens over the run: noise beside the context). One call of each in
 turns. Bytes = every weight read once (the head's included) + the KV cache read (+ the Mamba layers' states read and
-written once); GB/s against the copy bandwidth measured in the same run.
+written once, the DeltaNet layers' alike); GB/s against the copy bandwidth measured in the same run.
 
-    python -m bench.bench_hybrids [--model lfm2|granite-h] [--quick] [--context N] [--dtype bfloat16|float32]
+    python -m bench.bench_hybrids [--model lfm2|granite-h|qwen3.5] [--quick] [--context N] [--dtype bfloat16|float32]
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
+import math
 import os
 import tempfile
 
@@ -40,7 +43,14 @@ SHAPES = {
         "num_attention_heads": 12, "num_key_value_heads": 4, "position_embedding_type": "rope",
         "layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 5 + ["attention"], "mamba_n_heads": 48,
         "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_expand": 2,
-        "max_position_embeddings": 131072})}
+        "max_position_embeddings": 131072}),
+    "qwen3.5": ("qwen3.5-0.8b-shape-12-layers", "delta_net_forward", "Qwen3_5ForCausalLM", {
+        "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 1024, "intermediate_size": 3584,
+        "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 3, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "tie_word_embeddings": True, "max_position_embeddings": 262144,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}})}
 
 
 def transformers_step(config: LlamaConfig, model: Llama, context: int, T: int, cls: str):
@@ -79,9 +89,9 @@ def main():
     weights = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                   if isinstance(m, torch.nn.Linear))
     kv = sum(2 * h * cfg.head_dim * a.context * dtype.itemsize for h in cfg.kv_heads_per_layer)
-    m = cfg.mamba
-    if m is not None:  # (each Mamba layer's float32 state, read and written once a step)
-        kv += sum(m.layers) * 2 * 4 * m.heads * m.head_dim * m.state
+    r = cfg.recurrent
+    if r is not None:  # (each Mamba or DeltaNet layer's float32 state, read and written once a step)
+        kv += sum(r.layers) * 2 * 4 * math.prod(r.state_shape)
     for T in (1, 5):
         ours = forward_step(model, 1, a.context, T)
         theirs = transformers_step(cfg, model, a.context, T, cls)

@@ -123,7 +123,8 @@ def forward_step(model, batch: int, length: int, T: int) -> Callable[[], object]
         cache.v[layer].normal_()
     base = torch.full((batch,), length, dtype=torch.int32, device=dev)
     cache.lengths.copy_(base)
-    if cache.mamba is not None:  # (its Mamba layers' states taken as at that length: zeros, like its keys random)
+    if cache.recurrent is not None:  # (its recurrent layers' states taken as at that length: zeros, like its keys
+        # random)
         cache.ssm_at.copy_(base)
     ids = torch.randint(0, model.config.vocab_size, (batch, T), device=dev)
 
