@@ -332,3 +332,54 @@ def test_qwen3_5_moe_every_path_and_image_text_checkpoints(tmp_path, tied):
     for bad, match in (({"norm_topk_prob": False}, "norm_topk_prob"), ({"decoder_sparse_step": 2}, "decoder_sparse")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({"model_type": "qwen3_5_moe_text", "num_hidden_layers": 4, **bad})
+
+
+OLMO_HYBRID = dict(TINY, num_hidden_layers=3, layer_types=TYPES, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=8, linear_value_head_dim=12, pad_token_id=0, eos_token_id=1)
+OLMO_HYBRID_CASES = {"negative-eigenvalues": {},
+                     # (beta in (0, 1); biased attention projections; tied; one value head per key head; 3 taps)
+                     "plain-biased-tied": dict(linear_allow_neg_eigval=False, attention_bias=True,
+                                               tie_word_embeddings=True, linear_num_value_heads=2,
+                                               linear_conv_kernel_dim=3)}
+
+
+@pytest.mark.parametrize("case", list(OLMO_HYBRID_CASES))
+def test_olmo_hybrid_every_path_and_saves_match_transformers(tmp_path, case):
+    """OLMo Hybrid (OlmoHybridForCausalLM): OLMo 3's post-norm attention layers beside pre-norm gated DeltaNet layers
+    (separate q / k / v, g, a, b and o projections; beta doubled where linear_allow_neg_eigval; its output norm's eps
+    1e-5), every path against transformers, saves both ways."""
+    hf, ours = delta_pair("OlmoHybridConfig", "OlmoHybridForCausalLM", **{**OLMO_HYBRID, **OLMO_HYBRID_CASES[case]})
+    layers = ours.model.layers
+    assert [type(layer.self_attn) for layer in layers] == [GatedDeltaNet, Attention, GatedDeltaNet]
+    assert [layer.post_norms for layer in layers] == [False, True, False]
+    assert layers[0].self_attn.spec.beta_scale == (2.0 if case == "negative-eigenvalues" else 1.0)
+    assert_matches_both_ways(tmp_path, hf, ours)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_olmo_hybrid_pass_gives_the_bits_of_one_token_steps(dtype):
+    assert_pass_equals_steps(delta_pair("OlmoHybridConfig", "OlmoHybridForCausalLM", **OLMO_HYBRID)[1], dtype)
+
+
+def test_olmo_hybrid_config_defaults_and_refusals():
+    """OlmoHybridConfig's defaults: its DeltaNet widths from the attention's (heads, 0.75 hidden / heads, twice that),
+    every fourth layer attention (the last where fewer than four); its NoPE mode raises."""
+    want = transformers.OlmoHybridConfig()
+    d = LlamaConfig.from_dict({"model_type": "olmo_hybrid"}).delta
+    assert (d.k_heads, d.v_heads, d.k_dim, d.v_dim, d.kernel, d.beta_scale, d.norm_eps) == (
+        want.linear_num_key_heads, want.linear_num_value_heads, want.linear_key_head_dim, want.linear_value_head_dim,
+        want.linear_conv_kernel_dim, 2.0, 1e-5)
+    assert d.layers == tuple(t == "linear_attention" for t in want.layer_types)
+    short = transformers.OlmoHybridConfig(num_hidden_layers=3)
+    assert LlamaConfig.from_dict({"model_type": "olmo_hybrid", "num_hidden_layers": 3}).delta.layers == tuple(
+        t == "linear_attention" for t in short.layer_types)
+    with pytest.raises(ValueError, match="NoPE"):
+        LlamaConfig.from_dict({"model_type": "olmo_hybrid", "rope_parameters": None})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 6)])
+def test_olmo_hybrid_greedy_equals_autoregressive(method, opts):
+    def tiny_olmo(seed):
+        return tiny_family("olmo_hybrid", seed, layers=3, extra={**EXTRA, "linear_allow_neg_eigval": True})
+    assert_greedy_equals_autoregressive(tiny_olmo(0), tiny_olmo(1), method, opts)

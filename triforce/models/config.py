@@ -429,7 +429,7 @@ FAMILIES["qwen3_5_moe_text"] = Family("Qwen3_5MoeForCausalLM", qk_norm=True, gem
                                           "tie_word_embeddings": False, "rope_theta": 10000.0,
                                           "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
                                           "num_experts_per_tok": 8, "num_experts": 256, **_DELTA_DEFAULTS})
-_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text")
+_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text", "olmo_hybrid")
 # OLMoE (OlmoeForCausalLM: OLMoE-1B-7B): Llama's layer with an RMSNorm over each token's whole query and key
 # projections (before the heads are split and RoPE'd) and an optional clamp of q, k and v (clip_qkv); every layer
 # sparse, Qwen3-MoE's routing (the softmax in float32, the top k, renormalised where norm_topk_prob, rounded to the
@@ -475,6 +475,20 @@ FAMILIES["olmo3"] = Family("Olmo3ForCausalLM", qk_norm=True, qk_norm_full=True, 
                            reads=("attention_bias",), defaults={**_OLMO_DEFAULTS, "rope_theta": 500000.0,
                                                                  "sliding_window": 4096})
 _OLMO3_PATTERN = 4  # Olmo3Config's layer_types by default: every 4th layer full, the others sliding
+# OLMo Hybrid (OlmoHybridForCausalLM): OLMo 3's attention layers (norms after the blocks, the q / k RMSNorm over each
+# token's whole projections, RMSNorm's weight in float32; no window) beside gated DeltaNet layers (LlamaConfig.delta:
+# layer_types' "linear_attention", by default all but every fourth), which are pre-norm layers (input_layernorm, then
+# post_attention_layernorm before the MLP); its DeltaNet's projections separate (q / k / v, g, a, b, o), its output
+# norm's eps 1e-5, beta doubled where linear_allow_neg_eigval (default true); its widths by default from the attention's
+# (key heads = value heads = num_attention_heads, key dim int(0.75 hidden / heads), value dim twice that)
+FAMILIES["olmo_hybrid"] = Family("OlmoHybridForCausalLM", qk_norm=True, qk_norm_full=True, post_norms=True,
+                                 float32_norm=True, reads=("attention_bias",), defaults={
+                                     "vocab_size": 100352, "hidden_size": 3840, "intermediate_size": 11008,
+                                     "num_hidden_layers": 32, "num_attention_heads": 30,
+                                     "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "pad_token_id": 100277,
+                                     "bos_token_id": None, "eos_token_id": 100257, "tie_word_embeddings": False,
+                                     "rope_theta": 10000.0, "linear_conv_kernel_dim": 4,
+                                     "linear_allow_neg_eigval": True})
 # FlexOlmo (FlexOlmoForCausalLM: FlexOlmo-7x7B-1T, -RT): OLMo 2's layer (the q / k RMSNorm over each token's whole
 # projections, norms after the blocks, RMSNorm's weight in float32) whose MLP is OLMoE's mixture on every layer (the
 # softmax's top num_experts_per_tok of num_experts, renormalised where norm_topk_prob)
@@ -1357,6 +1371,8 @@ class DeltaNet:
     v_dim: int
     kernel: int
     layers: tuple
+    beta_scale: float = 1.0  # beta times it (OLMo Hybrid's linear_allow_neg_eigval: 2, beta in (0, 2))
+    norm_eps: float | None = None  # its output norm's eps (OLMo Hybrid's 1e-5); None: rms_norm_eps
 
     @property
     def conv_dim(self) -> int:
@@ -2115,17 +2131,25 @@ def _add_checks(checks: dict) -> None:
 # Qwen3-Next's and Qwen3.5's gated DeltaNet keys (LlamaConfig.delta), the interval its configs' layer_types come from,
 # its attention's output gate (always on: attn_output_gate), its multi-token prediction layers (not read: the
 # checkpoints' mtp.* weights are dropped, as transformers drops them)
+_QWEN_DELTAS = ("qwen3_5_text", "qwen3_next", "qwen3_5_moe_text")
 _add_checks({
-    **{key: (lambda v, c: c.model_type in _DELTA_FAMILIES and _is_int(v) and v >= 1,
-             "absent (Qwen3-Next, Qwen3.5: an int >= 1)") for key in _DELTA_DEFAULTS},
-    "full_attention_interval": (lambda v, c: c.model_type in _DELTA_FAMILIES and _is_int(v) and v >= 1,
+    **{key: (lambda v, c, key=key: c.model_type in _DELTA_FAMILIES and _is_int(v) and v >= 1
+             or c.model_type == "olmo_hybrid" and v is None and key != "linear_conv_kernel_dim",
+             "absent (Qwen3-Next, Qwen3.5, OLMo Hybrid: an int >= 1; OLMo Hybrid's widths: null, its default)")
+       for key in _DELTA_DEFAULTS},
+    "full_attention_interval": (lambda v, c: c.model_type in _QWEN_DELTAS and _is_int(v) and v >= 1,
                                 "absent (Qwen3-Next, Qwen3.5: an int >= 1)"),
-    "attn_output_gate": (lambda v, c: c.model_type in _DELTA_FAMILIES and v is True,
+    "attn_output_gate": (lambda v, c: c.model_type in _QWEN_DELTAS and v is True,
                          "absent (Qwen3-Next, Qwen3.5: true, their attention's output always gated)"),
-    "mtp_num_hidden_layers": (lambda v, c: c.model_type in _DELTA_FAMILIES and _is_int(v) and v >= 0,
+    "mtp_num_hidden_layers": (lambda v, c: c.model_type in _QWEN_DELTAS and _is_int(v) and v >= 0,
                               "absent (Qwen3-Next, Qwen3.5: an int >= 0, the multi-token prediction layers, not read)"),
-    "mtp_use_dedicated_embeddings": (lambda v, c: c.model_type in _DELTA_FAMILIES and isinstance(v, bool),
+    "mtp_use_dedicated_embeddings": (lambda v, c: c.model_type in _QWEN_DELTAS and isinstance(v, bool),
                                      "absent (Qwen3.5: a bool, of its multi-token prediction layers, not read)"),
+    # OLMo Hybrid's: beta doubled (LlamaConfig.delta's beta_scale); its DeltaNet's initialisation ranges, not read
+    "linear_allow_neg_eigval": (lambda v, c: c.model_type == "olmo_hybrid" and isinstance(v, bool),
+                                "absent (OLMo Hybrid: a bool)"),
+    **{key: (lambda v, c: c.model_type == "olmo_hybrid" and _is_number(v), "absent (OLMo Hybrid: a number, init only)")
+       for key in ("linear_a_log_min", "linear_a_log_max", "linear_dt_min", "linear_dt_max", "linear_dt_init_floor")},
 })
 
 
@@ -2208,6 +2232,8 @@ def _delta_layer_types(c: "LlamaConfig") -> list | None:
     DeltaNet; None where the key says something else."""
     n, x = c.num_hidden_layers, c.extra
     types = x.get("layer_types")
+    if types is None and c.model_type == "olmo_hybrid":  # (every fourth attention, else the last)
+        types = ["full_attention" if i % 4 == 3 or (n < 4 and i == n - 1) else "linear_attention" for i in range(n)]
     if types is None:
         every = x.get("full_attention_interval", 4)
         return None if not (_is_int(every) and every >= 1) else [
@@ -3939,7 +3965,15 @@ class LlamaConfig:
         layers = tuple(t == "linear_attention" for t in _delta_layer_types(self) or ())
         if not any(layers):
             return None
-        get = lambda k: int(self.extra.get(k, _DELTA_DEFAULTS[k]))  # noqa: E731
+        x = self.extra
+        if self.model_type == "olmo_hybrid":  # (its widths' defaults from the attention's, as its config sets them)
+            k_heads, v_heads = (x.get(k) or self.num_attention_heads for k in ("linear_num_key_heads",
+                                                                                "linear_num_value_heads"))
+            k_dim = x.get("linear_key_head_dim") or int(0.75 * self.hidden_size / k_heads)
+            return DeltaNet(k_heads, v_heads, k_dim, x.get("linear_value_head_dim") or 2 * k_dim,
+                            x.get("linear_conv_kernel_dim", 4), layers,
+                            2.0 if x.get("linear_allow_neg_eigval", True) else 1.0, 1e-5)
+        get = lambda k: int(x.get(k, _DELTA_DEFAULTS[k]))  # noqa: E731
         return DeltaNet(get("linear_num_key_heads"), get("linear_num_value_heads"), get("linear_key_head_dim"),
                         get("linear_value_head_dim"), get("linear_conv_kernel_dim"), layers)
 
@@ -4237,6 +4271,10 @@ class LlamaConfig:
         for k, v in FAMILIES[model_type].defaults.items():
             if not (k == "rope_theta" and inner) and not (k in _EXPERT_COUNT_KEYS and counts):
                 d.setdefault(k, v)
+        if model_type == "olmo_hybrid" and any(k in d and (not isinstance(d[k], dict) or d[k].get("rope_theta") is None)
+                                               for k in ("rope_parameters",)):
+            raise ValueError(f"config rope_parameters = {d['rope_parameters']!r}: OLMo Hybrid without RoPE (its NoPE "
+                             "mode, rope_parameters or its rope_theta null) is not read here")
         d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}

@@ -787,7 +787,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d.v_heads + 1, dtype=torch.float32)))
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.ones(d.v_dim))
-        self.eps = config.rms_norm_eps
+        self.eps = config.rms_norm_eps if d.norm_eps is None else d.norm_eps
         self.out_proj = Linear(self.value_dim, h, bias=False)
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
@@ -799,7 +799,8 @@ class GatedDeltaNet(nn.Module):
         q, k = (_unit(t.view(b, T, d.k_heads, d.k_dim)) for t in (q, k))
         q = q / d.k_dim ** 0.5
         v = v.view(b, T, d.v_heads, d.v_dim)
-        beta = _lanewise(torch.sigmoid, self.in_proj_b(x)).float()
+        beta = _lanewise(torch.sigmoid, self.in_proj_b(x))
+        beta = (beta if d.beta_scale == 1 else beta * d.beta_scale).float()  # (OLMo Hybrid's 2, in the dtype)
         g = -torch.exp(self.A_log.float()) * _lanewise(F.softplus, self.in_proj_a(x).float() + self.dt_bias.float())
         decay = _lanewise(torch.exp, g)
         if cache is not None:
@@ -1517,8 +1518,9 @@ class DecoderLayer(nn.Module):
         width = config.dense_intermediate_size  # (Granite 4.0's shared MLP's; intermediate_size elsewhere)
         self.mlp = (SparseMoE(config) if experts is not None and experts.layers[layer]
                     else MLP(config, width) if config.gated_mlp else FeedForward(config, width))
-        # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP
-        post = config.post_norms
+        # OLMo 2 / 3 (post_norms): no norm before the attention (the identity here), none before the MLP; OLMo Hybrid's
+        # DeltaNet layers are pre-norm ones
+        post = config.post_norms and not delta
         # ModernBERT decoder: no norm before its first layer's attention (the embeddings' norm is just before it;
         # bare_input: the native stack's calls start after such a layer, _stack_runs)
         self.bare_input = layer == 0 and not config.first_attention_norm

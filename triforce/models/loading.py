@@ -972,6 +972,8 @@ def _delta_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     into ``q_proj`` and ``gate_proj`` (and joined); its multi-token prediction layers (``mtp.*``, not part of the
     forward) dropped, as transformers drops them."""
     H, D = config.num_attention_heads, config.head_dim
+    if config.model_type == "olmo_hybrid" and not inverse:
+        sd = _olmo_hybrid_projections(config, _renamed(sd, _OLMO_HYBRID_NORMS))
     out = {}
     for name, t in sd.items():
         if inverse:
@@ -980,6 +982,8 @@ def _delta_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
             out[name.replace(".linear_attn.", ".self_attn.")] = t
     if config.model_type == "qwen3_next":
         out = _qwen3_next_projections(config, out, inverse)
+    if config.model_type == "olmo_hybrid" and inverse:
+        return _renamed(_olmo_hybrid_projections(config, out, inverse), [(b, a) for a, b in _OLMO_HYBRID_NORMS])
     for name in [k for k in out if k.endswith((".self_attn.q_proj.weight", ".self_attn.q_proj.bias"))]:
         gate = name.replace(".q_proj.", ".gate_proj.")
         if inverse and gate in out:
@@ -990,6 +994,58 @@ def _delta_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
             both = out[name].reshape(H, 2 * D, *out[name].shape[1:])
             out[name], out[gate] = (both[:, i * D:(i + 1) * D].reshape(H * D, *both.shape[2:]) for i in (0, 1))
     return out
+
+
+# OLMo Hybrid's checkpoints' norm names (its DeltaNet layers' before the mixer and the MLP; its attention layers' after
+# the attention: the second) and the model's
+_OLMO_HYBRID_NORMS = ((".attention_layer_norm.", ".input_layernorm."),
+                      (".feedforward_layer_norm.", ".post_attention_layernorm."))
+# OLMo Hybrid's DeltaNet names (its linear_attn's) and Qwen3.5's (the model's), q / k / v joined as in_proj_qkv (and
+# their convolutions, q_conv1d / k_conv1d / v_conv1d, as conv1d)
+_OLMO_HYBRID_DELTA = (("g_proj.", "in_proj_z."), ("a_proj.", "in_proj_a."), ("b_proj.", "in_proj_b."),
+                      ("o_proj.", "out_proj."), ("o_norm.", "norm."))
+
+
+def _olmo_hybrid_projections(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """OLMo Hybrid's DeltaNet projections (under ``linear_attn``: ``q_proj``, ``k_proj``, ``v_proj``, ``g_proj``,
+    ``a_proj``, ``b_proj``, ``o_proj``, ``o_norm``; its checkpoints' convolutions ``q_conv1d``, ``k_conv1d``,
+    ``v_conv1d``) as Qwen3.5's (``in_proj_qkv``, the three joined, ``in_proj_z``, ``in_proj_a``, ``in_proj_b``,
+    ``out_proj``, ``norm``; ``conv1d``, the three joined), or back with ``inverse`` (the convolution split by the
+    key, key and value widths: transformers 5.23 writes its three thirds, which it joins back; so do we)."""
+    d = config.delta
+    widths = [d.k_heads * d.k_dim] * 2 + [d.v_heads * d.v_dim]
+    out = {}
+    for name, t in sd.items():
+        if ".linear_attn." not in name:
+            out[name] = t
+            continue
+        base, part = name.split(".linear_attn.")
+        for joined, parts in (("in_proj_qkv.", ("q_proj.", "k_proj.", "v_proj.")),
+                              ("conv1d.", ("q_conv1d.", "k_conv1d.", "v_conv1d."))):
+            if inverse and part.startswith(joined):
+                for each, rows in zip(parts, t.split(widths)):
+                    out[f"{base}.linear_attn.{each}{part[len(joined):]}"] = rows
+                break
+            if not inverse and part.startswith(parts):
+                rest = part[part.index(".") + 1:]
+                three = [sd.get(f"{base}.linear_attn.{each}{rest}") for each in parts]
+                if any(p is None for p in three):
+                    out[name] = t  # (one without the others: reported as unexpected)
+                elif part.startswith(parts[0]):
+                    out[f"{base}.linear_attn.{joined}{rest}"] = torch.cat(three)
+                break
+        else:
+            out[f"{base}.linear_attn.{_olmo_hybrid_part(part, inverse)}"] = t
+    return out
+
+
+def _olmo_hybrid_part(part: str, inverse: bool) -> str:
+    """One of OLMo Hybrid's DeltaNet names after ``linear_attn.`` as the model's (or back)."""
+    for theirs, ours in _OLMO_HYBRID_DELTA:
+        a, b = (ours, theirs) if inverse else (theirs, ours)
+        if part.startswith(a):
+            return b + part[len(a):]
+    return part
 
 
 def _qwen3_next_projections(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
