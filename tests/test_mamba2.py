@@ -234,6 +234,19 @@ def mamba_gguf_tensor(name: str, t: torch.Tensor, groups: int, inner: int):
     return None
 
 
+def stacked_experts_gguf(tensors: dict, name: str, t: torch.Tensor, i) -> bool:
+    """Layer ``i``'s experts as transformers 5 stacks them (``experts.gate_up_proj`` ``[E, 2I, H]``, the gate's rows
+    first; ``experts.down_proj`` ``[E, H, I]``) into ``tensors`` as llama.cpp's ffn_*_exps; whether ``name`` was one."""
+    if name.endswith("experts.gate_up_proj"):
+        gate, up = t.chunk(2, dim=1)
+        tensors.update({f"blk.{i}.ffn_gate_exps.weight": gate.numpy(), f"blk.{i}.ffn_up_exps.weight": up.numpy()})
+        return True
+    if name.endswith("experts.down_proj"):
+        tensors[f"blk.{i}.ffn_down_exps.weight"] = t.numpy()
+        return True
+    return False
+
+
 def write_granitehybrid_gguf(path, hf, quant=None, meta=None):
     """A GGUF of transformers' GraniteMoeHybridForCausalLM ``hf`` as llama.cpp's converter writes it
     (GraniteHybridModel): granite's keys and multipliers, the KV heads per layer (0 on the Mamba layers), ssm.* keys,
@@ -288,12 +301,7 @@ def write_granitehybrid_gguf(path, hf, quant=None, meta=None):
         if name.endswith("shared_mlp.output_linear.weight"):
             tensors[f"blk.{i}.ffn_down{'_shexp' if moe else ''}.weight"] = t.numpy()
             return None
-        if name.endswith("block_sparse_moe.experts.gate_up_proj"):  # (transformers 5's stacks: [E, 2I, H], [E, H, I])
-            gate, up = t.chunk(2, dim=1)
-            tensors.update({f"blk.{i}.ffn_gate_exps.weight": gate.numpy(), f"blk.{i}.ffn_up_exps.weight": up.numpy()})
-            return None
-        if name.endswith("block_sparse_moe.experts.down_proj"):
-            tensors[f"blk.{i}.ffn_down_exps.weight"] = t.numpy()
+        if stacked_experts_gguf(tensors, name, t, i):
             return None
         if name.endswith("block_sparse_moe.router.weight"):
             tensors[f"blk.{i}.ffn_gate_inp.weight"] = t.numpy()

@@ -13,7 +13,7 @@ from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TOL, TINY, assert_save_loads, randomize_, tiny_family
 from .test_lfm2 import (_steps, assert_draft_caches_exact, assert_parts_count, assert_rollbacks_restore_the_state,
                         assert_rows_kept_apart)
-from .test_mamba2 import assert_matches_both_ways, assert_rollback_before_the_checkpoints_raises
+from .test_mamba2 import assert_matches_both_ways, assert_rollback_before_the_checkpoints_raises, stacked_experts_gguf
 from .test_sliding_window import assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -383,3 +383,126 @@ def test_olmo_hybrid_greedy_equals_autoregressive(method, opts):
     def tiny_olmo(seed):
         return tiny_family("olmo_hybrid", seed, layers=3, extra={**EXTRA, "linear_allow_neg_eigval": True})
     assert_greedy_equals_autoregressive(tiny_olmo(0), tiny_olmo(1), method, opts)
+
+
+def write_delta_gguf(path, hf, arch: str, quant=None, legacy=False, meta=None):
+    """A GGUF of transformers' ``hf`` (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) as llama.cpp's converter writes it
+    (Qwen3_5TextModel, Qwen3_5MoeTextModel, Qwen3NextModel): every norm but the DeltaNet's gated one stored as 1 + w,
+    A as -exp(A_log), dt_bias as ssm_dt.bias, the convolution squeezed; qwen35's value heads tiled where key heads serve
+    several (value head j of key head g at j * k_heads + g); qwen3next's in_proj_qkvz split into attn_qkv and attn_gate
+    (``legacy``: kept as ssm_in, as its first files did); the experts stacked as ffn_*_exps; ssm.* keys and the layer
+    interval."""
+    import numpy as np
+
+    from .test_families import converted_kv, write_converted_gguf
+
+    c = hf.config
+    head_dim = c.head_dim
+    kv = {**converted_kv(c, rotated=int(head_dim * c.rope_parameters.get("partial_rotary_factor", 0.25))),
+          "ssm.conv_kernel": c.linear_conv_kernel_dim, "ssm.state_size": c.linear_key_head_dim,
+          "ssm.group_count": c.linear_num_key_heads, "ssm.time_step_rank": c.linear_num_value_heads,
+          "ssm.inner_size": c.linear_value_head_dim * c.linear_num_value_heads,
+          "full_attention_interval": c.layer_types.index("full_attention") + 1}
+    if arch != "qwen35":
+        kv.update({"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
+                   "expert_feed_forward_length": c.moe_intermediate_size,
+                   "expert_shared_feed_forward_length": c.shared_expert_intermediate_size})
+    if arch != "qwen3next":
+        kv["rope.dimension_sections"] = [11, 11, 10, 0]
+    kv.update(meta or {})
+    nk, nv = c.linear_num_key_heads, c.linear_num_value_heads
+    key_dim, r = nk * c.linear_key_head_dim, nv // nk
+
+    def tiled(t, width=1, dim=0):  # (the converter's _LinearAttentionVReorderBase: grouped -> tiled value heads)
+        if arch == "qwen3next" or r == 1:
+            return t
+        shape = list(t.shape)
+        t = t.reshape(shape[:dim] + [nk, r, width] + shape[dim + 1:][:0] + shape[dim + 1:])
+        return t.transpose(dim, dim + 1).reshape(shape)
+
+    tensors = {}
+
+    def convert(name, t):
+        i = name.split(".")[2] if name.startswith("model.layers.") else None
+        if ".linear_attn." in name:
+            part = name.split(".linear_attn.")[1]
+            if part in ("in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias"):
+                t = tiled(t, c.linear_value_head_dim if part == "in_proj_z.weight" else 1)
+            elif part in ("in_proj_qkv.weight", "conv1d.weight"):
+                t = torch.cat([t[:2 * key_dim], tiled(t[2 * key_dim:], c.linear_value_head_dim)])
+            elif part == "out_proj.weight":
+                t = tiled(t, c.linear_value_head_dim, dim=1)
+            if part == "in_proj_qkvz.weight" and not legacy:
+                qkvz = t.reshape(nk, -1, t.shape[-1])
+                q, k, v, z = (x.reshape(-1, t.shape[-1]) for x in qkvz.split(
+                    [c.linear_key_head_dim] * 2 + [r * c.linear_value_head_dim] * 2, dim=1))
+                tensors[f"blk.{i}.attn_qkv.weight"] = torch.cat([q, k, v]).numpy()
+                tensors[f"blk.{i}.attn_gate.weight"] = z.numpy()
+                return None
+            if part == "A_log":
+                return -torch.exp(t)
+            if part == "dt_bias":
+                tensors[f"blk.{i}.ssm_dt.bias"] = t.numpy()
+                return None
+            if part == "conv1d.weight":
+                return t.squeeze(1)
+            return t
+        if name.endswith("norm.weight"):
+            return t + 1
+        return None if stacked_experts_gguf(tensors, name, t, i) else t
+
+    for name, t in hf.state_dict().items():  # (the tensors written otherwise: into tensors first)
+        convert(name, t.detach().float())
+    assert all(isinstance(a, np.ndarray) for a in tensors.values())
+    return write_converted_gguf(path, hf, arch, kv, tensors=tensors, quant=quant, convert=convert)
+
+
+GGUF_CASES = {"qwen35": ("qwen35", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN3_5, False),
+              "qwen35moe": ("qwen35moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", NEXT, False),
+              "qwen3next": ("qwen3next", "Qwen3NextConfig", "Qwen3NextForCausalLM", NEXT, False),
+              "qwen3next-ssm_in": ("qwen3next", "Qwen3NextConfig", "Qwen3NextForCausalLM", NEXT, True),
+              # (value heads of 32: ssm_out in blocks, its tiled heads moved block by block)
+              "qwen35-block-heads": ("qwen35", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+                                     dict(QWEN3_5, linear_value_head_dim=32), False)}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
+    """qwen35 / qwen35moe / qwen3next files (value heads tiled, norms as 1 + w, A as -exp(A_log), qwen3next's fused
+    rows, its older ssm_in) load as the checkpoint: transformers' logits; in Q8_0 / Q5_0 blocks the blocks compute the
+    loaded model bitwise; metadata that contradicts itself raises."""
+    from triforce.models.loading import read_gguf
+
+    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer
+
+    arch, config_class, model_class, kw, legacy = GGUF_CASES[case]
+    hf, ours = delta_pair(config_class, model_class, std=0.05, **kw)
+    path = write_delta_gguf(tmp_path / "f32.gguf", hf, arch, legacy=legacy)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    assert loaded.config.delta == ours.config.delta and loaded.config.rotary_dim == ours.config.rotary_dim
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    import numpy as np
+    q = write_delta_gguf(tmp_path / "q.gguf", hf, arch, legacy=legacy,
+                         quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)
+    with pytest.raises(ValueError, match="inner_size"):
+        read_gguf(write_delta_gguf(tmp_path / "bad.gguf", hf, arch, meta={"ssm.inner_size": 47}))
+
+
+def test_gguf_qwen35_heads_inside_blocks_raise_in_blocks(tmp_path):
+    """qwen35's tiled value heads in a quantised ssm_out whose heads are not whole blocks (16 columns of 32) cannot be
+    put back in their order in the blocks: gguf_copy raises naming the way out; the float load reads them."""
+    import numpy as np
+
+    from triforce.models import gguf_copy
+
+    from .test_families import QT, quantizer
+
+    hf, _ = delta_pair(std=0.05, **dict(QWEN3_5, linear_value_head_dim=16))
+    path = write_delta_gguf(tmp_path / "q.gguf", hf, "qwen35", quant=quantizer(np.random.default_rng(0),
+                                                                                types=(QT.Q8_0,)))
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    with pytest.raises(ValueError, match="whole Q8_0 blocks"):
+        gguf_copy(loaded, path)

@@ -1075,7 +1075,9 @@ def _qwen3_next_projections(config: LlamaConfig, sd: dict, inverse: bool = False
         q, k, v, z = (t.reshape(-1, qkvz.shape[-1]) for t in qkvz.split([K, K, r * V, r * V], dim=1))
         out[f"{base}.in_proj_qkv.weight"] = torch.cat([q, k, v])
         out[f"{base}.in_proj_z.weight"] = z
-        ba = out.pop(f"{base}.in_proj_ba.weight").reshape(Hk, 2 * r, -1)
+    for name in [] if inverse else [k for k in sd if k.endswith(".self_attn.in_proj_ba.weight")]:
+        ba = out.pop(name).reshape(Hk, 2 * r, -1)
+        base = name.rsplit(".in_proj_", 1)[0]
         out[f"{base}.in_proj_b.weight"], out[f"{base}.in_proj_a.weight"] = (
             t.reshape(-1, ba.shape[-1]) for t in ba.split([r, r], dim=1))
     return out
@@ -1959,6 +1961,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "granitehybrid": ("granitemoehybrid", True),
                       # Mamba-2 itself (mamba2-*, Mamba-Codestral): no attention, no MLP
                       "mamba2": ("mamba2", False),
+                      # Qwen3-Next, Qwen3.5 (dense and MoE): gated DeltaNet and gated attention layers (_gguf_delta)
+                      "qwen3next": ("qwen3_next", False), "qwen35": ("qwen3_5_text", False),
+                      "qwen35moe": ("qwen3_5_moe_text", False),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1991,6 +1996,8 @@ _GGUF_GROUPED_KEYS = ("leading_dense_block_count", "expert_shared_count", "exper
 _GGUF_LATENT_KEYS = (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.key_length", "attention.value_length",
                      "rope.scaling.yarn_log_multiplier", "attention.q_lora_rank", "attention.kv_lora_rank",
                      "attention.key_length_mla", "attention.value_length_mla")
+_GGUF_DELTA_KEYS = ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank",
+                    "full_attention_interval", "attention.recurrent_layers", "attention.value_length")
 # deepseek32 (DeepSeek-V3.2) and glm-dsa (GLM-5): deepseek2's with DeepSeek's sparse attention (_gguf_dsa)
 _GGUF_DSA = ("deepseek32", "glm-dsa")
 _GGUF_INDEXER_KEYS = ("attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k")
@@ -2014,9 +2021,12 @@ _GGUF_ARCH_KEYS = {
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
     "qwen2vl": ("rope.dimension_sections",), "qwen3vl": ("rope.dimension_sections", "n_deepstack_layers"),
-    "qwen3vlmoe": ("rope.dimension_sections", "n_deepstack_layers")}
+    "qwen3vlmoe": ("rope.dimension_sections", "n_deepstack_layers"),
+    # gated DeltaNet (_gguf_delta); Qwen3.5's M-RoPE sections (text: its RoPE) and multi-token prediction layers
+    "qwen3next": _GGUF_DELTA_KEYS,
+    **dict.fromkeys(("qwen35", "qwen35moe"), (*_GGUF_DELTA_KEYS, "rope.dimension_sections", "nextn_predict_layers"))}
 # the architectures whose files may append multi-token prediction layers
-_GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA, "exaone-moe")
+_GGUF_MTP = ("deepseek2", "glm4moe", *_GGUF_DSA, "exaone-moe", "qwen35", "qwen35moe")
 # <arch>.* GGUF metadata: what read_gguf reads, what never changes the logits, and what is supported at
 # one value only (key -> (harmless(value, config), the value we implement)). Any other <arch>.* key raises.
 _GGUF_READ = frozenset({
@@ -2344,6 +2354,20 @@ _GGUF_GRANITE_HYBRID_TENSORS = {**_GGUF_LAYER_TENSORS, **{f"ssm_{k}.{b}": f"self
     ("in", "in_proj"), ("conv1d", "conv1d"), ("out", "out_proj")) for b in ("weight", "bias")},
     "ssm_dt.bias": "self_attn.dt_bias", "ssm_a": "self_attn.A_log", "ssm_d": "self_attn.D",
     "ssm_norm.weight": "self_attn.norm.weight"}
+# qwen3next / qwen35 / qwen35moe: the norm after the attention is the one before the MLP (post_attention_norm); the
+# DeltaNet layers' tensors (Qwen3.5's projections; qwen3next's b and a rows as one ssm_ba, its older files' q, k, v
+# and z as one ssm_in: read_gguf splits them); the attention's attn_q holds its gate rows, as the checkpoint's q_proj
+_GGUF_DELTA_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "ffn_norm.weight"},
+                       "post_attention_norm.weight": "post_attention_layernorm.weight",
+                       "attn_qkv.weight": "self_attn.in_proj_qkv.weight",
+                       "attn_gate.weight": "self_attn.in_proj_z.weight",
+                       "ssm_beta.weight": "self_attn.in_proj_b.weight",
+                       "ssm_alpha.weight": "self_attn.in_proj_a.weight",
+                       "ssm_ba.weight": "self_attn.in_proj_ba.weight",
+                       "ssm_in.weight": "self_attn.in_proj_qkvz.weight",
+                       "ssm_conv1d.weight": "self_attn.conv1d.weight", "ssm_dt.bias": "self_attn.dt_bias",
+                       "ssm_a": "self_attn.A_log", "ssm_norm.weight": "self_attn.norm.weight",
+                       "ssm_out.weight": "self_attn.out_proj.weight"}
 # lfm2moe: lfm2's, its mixtures' router's expert bias as exp_probs_b
 _GGUF_LFM2MOE_TENSORS = {**_GGUF_LFM2_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
@@ -2358,7 +2382,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
-                **dict.fromkeys(("granitehybrid", "mamba2"), _GGUF_GRANITE_HYBRID_TENSORS)}
+                **dict.fromkeys(("granitehybrid", "mamba2"), _GGUF_GRANITE_HYBRID_TENSORS),
+                **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
 
 
 def _gguf_gemma(reader, arch: str, hidden: int, n_head: int, head_dim: int, layers: int) -> dict:
@@ -2521,6 +2546,8 @@ def read_gguf(path: Path, skip=None, reader=None):
     if arch == "mamba2":  # (its MLP's width: none, the placeholder 1; its residual stream in float32, as llama.cpp's)
         extra.update(_gguf_mamba(reader, arch, path, hidden, tensors), residual_in_fp32=True)
         n_ff = 1
+    if arch in ("qwen3next", "qwen35", "qwen35moe"):
+        extra.update(_gguf_delta(reader, arch, path, int(need("block_count")) - mtp, head_dim, n_ff))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
         model_type, rope_scaling = "ministral3", _gguf_ministral3(reader, arch, path, rope_scaling)
     config = LlamaConfig(
@@ -2560,7 +2587,8 @@ def read_gguf(path: Path, skip=None, reader=None):
             config = config.replace(rope_scaling=_rope_from_freq_factors(config, w, path))
             continue
         key, heads = _state_key(name, path, arch, permuted, n_head, n_kv)
-        if (config.gemma_norm or config.torch_layer_norm == "1p") and key.endswith("norm.weight"):
+        if (config.gemma_norm or config.torch_layer_norm == "1p") and key.endswith("norm.weight") and not (
+                config.delta is not None and key.endswith("self_attn.norm.weight")):  # (DeltaNet's gated norm: w)
             w = w - 1  # stored as the factor 1 + w; GemmaRMSNorm (LayerNorm1P) adds the 1 back (exact for factors in
             # [0.5, 2^24))
         if key.endswith(("_exps", "_exps_bias")):
@@ -2592,10 +2620,12 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd = _gguf_falcon(config, sd)
     if arch in ("dbrx", "gpt2", "starcoder", "chatglm", "qwen", "bloom", "mpt"):  # (their attn_qkv's rows: q, k, v)
         sd = _gguf_split_qkv(config, sd)
+    if config.delta is not None:  # (qwen3next's fused rows split; qwen35's value heads back in the checkpoint's order)
+        sd = _gguf_delta_rows(config, sd, arch)
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
-                                                     "granitemoehybrid", "mamba2"):
+                                                     "granitemoehybrid", "mamba2", *_DELTA_FAMILIES):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -2886,6 +2916,79 @@ def _gguf_exaone_moe(reader, arch: str, path: Path, layers: int) -> dict:
         extra["sliding_window_pattern"] = int(pattern)
     extra["sliding_window"] = _gguf_need(reader, arch, path, "attention.sliding_window")
     return extra
+
+
+def _gguf_delta(reader, arch: str, path: Path, layers: int, head_dim: int, n_ff: int) -> dict:
+    """A qwen3next / qwen35 / qwen35moe file's ``extra`` (the DeltaNet layers' settings, the layer types, RoPE's share
+    of each head, the mixture's), as llama.cpp runs it: ``ssm.group_count`` key heads and ``ssm.time_step_rank`` value
+    heads, the keys ``ssm.state_size`` wide, the values ``ssm.inner_size`` / value heads (llama.cpp runs only files
+    where the two are one width; its converter writes each), ``ssm.conv_kernel`` taps; every
+    ``full_attention_interval``-th (4) layer attention, or those ``attention.recurrent_layers`` (a bool per layer)
+    does not name; ``rope.dimension_count`` of ``attention.key_length``
+    RoPE'd; qwen3next's and qwen35moe's experts of ``expert_feed_forward_length``, a shared expert of
+    ``expert_shared_feed_forward_length``, always renormalised (llama.cpp's)."""
+    need = lambda key: _gguf_need(reader, arch, path, key)  # noqa: E731
+    k_heads, v_heads, width, inner = (need(k) for k in ("ssm.group_count", "ssm.time_step_rank", "ssm.state_size",
+                                                        "ssm.inner_size"))
+    if inner % v_heads or v_heads % k_heads:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.ssm.inner_size = {inner} must be a multiple of "
+                         f"ssm.time_step_rank ({v_heads}), and ssm.group_count ({k_heads}) divide the latter")
+    recurrent = gguf_field(reader, f"{arch}.attention.recurrent_layers")
+    if recurrent is not None:
+        if len(recurrent) < layers:
+            raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.recurrent_layers has {len(recurrent)} values "
+                             f"for {layers} layers")
+        types = ["linear_attention" if r else "full_attention" for r in list(recurrent)[:layers]]
+    else:
+        every = int(gguf_field(reader, f"{arch}.full_attention_interval", 4))
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+    extra = {"layer_types": types, "linear_num_key_heads": k_heads, "linear_num_value_heads": v_heads,
+             "linear_key_head_dim": width, "linear_value_head_dim": inner // v_heads, "linear_conv_kernel_dim":
+             need("ssm.conv_kernel"), **_gguf_partial_rope(reader, arch, path, head_dim)}
+    extra.setdefault("partial_rotary_factor", 1.0)
+    if arch != "qwen35":
+        count, used = _gguf_expert_counts(reader, arch, path)
+        extra.update(num_experts=count, num_experts_per_tok=used, norm_topk_prob=True,
+                     moe_intermediate_size=need("expert_feed_forward_length"),
+                     shared_expert_intermediate_size=need("expert_shared_feed_forward_length"))
+    return extra
+
+
+def _gguf_delta_rows(config: LlamaConfig, sd: dict, arch: str, blocks: dict | None = None) -> dict:
+    """A DeltaNet file's tensors (read under the model's names) in the checkpoint's layout: qwen3next's ``ssm_ba``
+    (per key head its b rows, then its a rows) and its older files' ``ssm_in`` (the checkpoint's ``in_proj_qkvz``)
+    split into the model's projections (:func:`_qwen3_next_projections`); qwen35's value heads, which its converter
+    tiles where key heads serve several (value head ``j`` of key head ``g`` at ``j * k_heads + g``, as ggml
+    broadcasts), put back in the checkpoint's grouped order (``g * r + j``) in every tensor indexed by them.
+    ``blocks``: ``sd`` holds quantised rows (:func:`read_gguf_blocks`; key -> type name), whose columns move only as
+    whole blocks: ``ssm_out``'s value heads then must each be whole blocks (else ``ValueError``)."""
+    d = config.delta
+    if arch == "qwen3next":
+        return _qwen3_next_projections(config, sd)
+    r = d.v_heads // d.k_heads
+    if arch not in ("qwen35", "qwen35moe") or r == 1:
+        return sd
+    grouped = torch.arange(d.v_heads).reshape(r, d.k_heads).t().reshape(-1)  # (grouped head -> its tiled index)
+    out = {}
+    for name, t in sd.items():
+        part = name.rsplit(".self_attn.", 1)[-1]
+        if part in ("in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias"):
+            t = t.reshape(d.v_heads, -1, *t.shape[1:])[grouped].reshape(t.shape)
+        elif part in ("in_proj_qkv.weight", "conv1d.weight"):
+            qk, v = t.split([2 * d.k_heads * d.k_dim, d.v_heads * d.v_dim])
+            t = torch.cat([qk, v.reshape(d.v_heads, d.v_dim, *v.shape[1:])[grouped].reshape(v.shape)])
+        elif part == "out_proj.weight":
+            if blocks is not None:  # (a row of blocks: a head's columns are whole blocks, or they cannot move)
+                import gguf
+
+                size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[blocks[name]]][0]
+                if d.v_dim % size:
+                    raise ValueError(f"{name}: its value heads ({d.v_dim} columns) are not whole {blocks[name]} "
+                                     f"blocks of {size}, so qwen35's tiled heads cannot be put back in their order "
+                                     "in the blocks (load the file in float: Llama.from_pretrained)")
+            t = t.reshape(t.shape[0], d.v_heads, -1)[:, grouped].reshape(t.shape)
+        out[name] = t
+    return out
 
 
 def _gguf_mtp(reader, arch: str) -> int:
@@ -3273,12 +3376,20 @@ def read_gguf_blocks(path: Path, types=("Q4_1", "Q8_0"), reader=None) -> dict:
     # MiniMax-M2, the latent attention's RoPE'd rows))
     head = int(gguf_field(reader, f"{arch}.attention.key_length", 0) or 0) or int(
         gguf_field(reader, f"{arch}.embedding_length")) // n_head
-    if family.fused_projections or family.rope_interleaved or int(
+    delta = GGUF_ARCHITECTURES[arch][0] in _DELTA_FAMILIES
+    if delta or family.fused_projections or family.rope_interleaved or int(
             gguf_field(reader, f"{arch}.rope.dimension_count", head) or head) < head:
         config, _ = read_gguf(path, skip=lambda *_: True, reader=reader)  # the metadata only
         kinds = {}
         for key, (kind, _) in out.items():  # each part of a fused tensor keeps its type
             kinds.update(dict.fromkeys(fused_parts(key) or [key], kind))
-        rows = _order_rotary_dims(config, _split_projections(config, {k: b for k, (_, b) in out.items()}))
+        rows = {k: b for k, (_, b) in out.items()}
+        if delta:  # (the DeltaNet files' rows as read_gguf's: split, reordered; the attention's gate rows apart)
+            rows = _delta_names(config, _gguf_delta_rows(config, rows, arch, kinds))
+            for key in rows:
+                kinds.setdefault(key, kinds.get(key.replace(".gate_proj.", ".q_proj."))
+                                 or kinds.get(re.sub(r"in_proj_(qkv|z)\.", "in_proj_qkvz.", key))
+                                 or kinds.get(re.sub(r"in_proj_[ab]\.", "in_proj_ba.", key)))
+        rows = _order_rotary_dims(config, _split_projections(config, rows))
         out = {key: (kinds[key], b) for key, b in rows.items()}
     return out
