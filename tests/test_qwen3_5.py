@@ -385,13 +385,13 @@ def test_olmo_hybrid_greedy_equals_autoregressive(method, opts):
     assert_greedy_equals_autoregressive(tiny_olmo(0), tiny_olmo(1), method, opts)
 
 
-def write_delta_gguf(path, hf, arch: str, quant=None, legacy=False, meta=None):
+def write_delta_gguf(path, hf, arch: str, quant=None, legacy=False, meta=None, mtp=False):
     """A GGUF of transformers' ``hf`` (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) as llama.cpp's converter writes it
     (Qwen3_5TextModel, Qwen3_5MoeTextModel, Qwen3NextModel): every norm but the DeltaNet's gated one stored as 1 + w,
     A as -exp(A_log), dt_bias as ssm_dt.bias, the convolution squeezed; qwen35's value heads tiled where key heads serve
     several (value head j of key head g at j * k_heads + g); qwen3next's in_proj_qkvz split into attn_qkv and attn_gate
     (``legacy``: kept as ssm_in, as its first files did); the experts stacked as ffn_*_exps; ssm.* keys and the layer
-    interval."""
+    interval. ``mtp``: a multi-token prediction block after the model's, as Qwen3.5's newer converter writes it."""
     import numpy as np
 
     from .test_families import converted_kv, write_converted_gguf
@@ -409,6 +409,14 @@ def write_delta_gguf(path, hf, arch: str, quant=None, legacy=False, meta=None):
                    "expert_shared_feed_forward_length": c.shared_expert_intermediate_size})
     if arch != "qwen3next":
         kv["rope.dimension_sections"] = [11, 11, 10, 0]
+    tensors = {}
+    if mtp:  # (block L: an attention block and its nextn.* tensors; block_count counts it)
+        L = c.num_hidden_layers
+        kv.update(block_count=L + 1, nextn_predict_layers=1)
+        g = torch.Generator().manual_seed(9)
+        tensors.update({f"blk.{L}.{k}.weight": torch.randn(shape, generator=g).numpy() for k, shape in (
+            ("nextn.eh_proj", (c.hidden_size, 2 * c.hidden_size)), ("nextn.enorm", (c.hidden_size,)),
+            ("attn_q", (2 * c.num_attention_heads * c.head_dim, c.hidden_size)), ("attn_norm", (c.hidden_size,)))})
     kv.update(meta or {})
     nk, nv = c.linear_num_key_heads, c.linear_num_value_heads
     key_dim, r = nk * c.linear_key_head_dim, nv // nk
@@ -419,8 +427,6 @@ def write_delta_gguf(path, hf, arch: str, quant=None, legacy=False, meta=None):
         shape = list(t.shape)
         t = t.reshape(shape[:dim] + [nk, r, width] + shape[dim + 1:][:0] + shape[dim + 1:])
         return t.transpose(dim, dim + 1).reshape(shape)
-
-    tensors = {}
 
     def convert(name, t):
         i = name.split(".")[2] if name.startswith("model.layers.") else None
@@ -489,6 +495,17 @@ def test_gguf_as_llama_cpp_writes_it(tmp_path, case):
     assert_blocks_compute_the_loaded_model(q, ids)
     with pytest.raises(ValueError, match="inner_size"):
         read_gguf(write_delta_gguf(tmp_path / "bad.gguf", hf, arch, meta={"ssm.inner_size": 47}))
+
+
+def test_gguf_qwen35_multi_token_prediction_block_skipped(tmp_path):
+    """A qwen35 file with its multi-token prediction block after the model's (nextn_predict_layers, counted in
+    block_count) loads the model's layers only: the file without it, bitwise."""
+    hf, _ = delta_pair(std=0.05, **QWEN3_5)
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        plain = Llama.from_pretrained(write_delta_gguf(tmp_path / "a.gguf", hf, "qwen35"), cache_dir=False)(ids)
+        loaded = Llama.from_pretrained(write_delta_gguf(tmp_path / "b.gguf", hf, "qwen35", mtp=True), cache_dir=False)
+        assert loaded.config.num_hidden_layers == 3 and torch.equal(loaded(ids), plain)
 
 
 def test_gguf_qwen35_heads_inside_blocks_raise_in_blocks(tmp_path):
