@@ -66,6 +66,8 @@ TORCH_LIBRARY(triforce_C, m) {
   m.def("rope_into_(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin) -> ()");
   m.def("ssm_scan_(Tensor(a!) state, Tensor x, Tensor B, Tensor C, Tensor dt, Tensor decay, Tensor D, "
         "Tensor? counts=None) -> Tensor");
+  m.def("delta_scan_(Tensor(a!) state, Tensor? q, Tensor k, Tensor v, Tensor beta, Tensor decay, "
+        "Tensor? counts=None) -> Tensor");
   // decoder_layers' thread team (csrc/include/triforce/team.h): [forwards with a team, of them stalled, indices
   // the workers ran], since the process started
   m.def("forward_team_stats() -> int[]", &forward_team_stats);
@@ -110,6 +112,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("shift_slots_", &shift_slots_);
   m.impl("rope_into_", &rope_into_);
   m.impl("ssm_scan_", &ssm_scan_);
+  m.impl("delta_scan_", &delta_scan_);
 }
 
 #ifdef TRIFORCE_WITH_CUDA
