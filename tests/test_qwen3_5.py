@@ -340,19 +340,22 @@ OLMO_HYBRID_CASES = {"negative-eigenvalues": {},
                      # (beta in (0, 1); biased attention projections; tied; one value head per key head; 3 taps)
                      "plain-biased-tied": dict(linear_allow_neg_eigval=False, attention_bias=True,
                                                tie_word_embeddings=True, linear_num_value_heads=2,
-                                               linear_conv_kernel_dim=3)}
+                                               linear_conv_kernel_dim=3),
+                     # (its NoPE mode: no rotary embedding on the attention layers)
+                     "nope": dict(rope_parameters={"rope_type": "default", "rope_theta": None})}
 
 
 @pytest.mark.parametrize("case", list(OLMO_HYBRID_CASES))
 def test_olmo_hybrid_every_path_and_saves_match_transformers(tmp_path, case):
     """OLMo Hybrid (OlmoHybridForCausalLM): OLMo 3's post-norm attention layers beside pre-norm gated DeltaNet layers
     (separate q / k / v, g, a, b and o projections; beta doubled where linear_allow_neg_eigval; its output norm's eps
-    1e-5), every path against transformers, saves both ways."""
+    1e-5; no RoPE in its NoPE mode), every path against transformers, saves both ways."""
     hf, ours = delta_pair("OlmoHybridConfig", "OlmoHybridForCausalLM", **{**OLMO_HYBRID, **OLMO_HYBRID_CASES[case]})
+    assert ours.config.rope_layers == (case != "nope",) * 3
     layers = ours.model.layers
     assert [type(layer.self_attn) for layer in layers] == [GatedDeltaNet, Attention, GatedDeltaNet]
     assert [layer.post_norms for layer in layers] == [False, True, False]
-    assert layers[0].self_attn.spec.beta_scale == (2.0 if case == "negative-eigenvalues" else 1.0)
+    assert layers[0].self_attn.spec.beta_scale == (1.0 if case == "plain-biased-tied" else 2.0)
     assert_matches_both_ways(tmp_path, hf, ours)
 
 
@@ -363,7 +366,7 @@ def test_olmo_hybrid_pass_gives_the_bits_of_one_token_steps(dtype):
 
 def test_olmo_hybrid_config_defaults_and_refusals():
     """OlmoHybridConfig's defaults: its DeltaNet widths from the attention's (heads, 0.75 hidden / heads, twice that),
-    every fourth layer attention (the last where fewer than four); its NoPE mode raises."""
+    every fourth layer attention (the last where fewer than four); its NoPE mode."""
     want = transformers.OlmoHybridConfig()
     d = LlamaConfig.from_dict({"model_type": "olmo_hybrid"}).delta
     assert (d.k_heads, d.v_heads, d.k_dim, d.v_dim, d.kernel, d.beta_scale, d.norm_eps) == (
@@ -373,8 +376,10 @@ def test_olmo_hybrid_config_defaults_and_refusals():
     short = transformers.OlmoHybridConfig(num_hidden_layers=3)
     assert LlamaConfig.from_dict({"model_type": "olmo_hybrid", "num_hidden_layers": 3}).delta.layers == tuple(
         t == "linear_attention" for t in short.layer_types)
-    with pytest.raises(ValueError, match="NoPE"):
-        LlamaConfig.from_dict({"model_type": "olmo_hybrid", "rope_parameters": None})
+    # (a null rope_parameters: transformers' default RoPE; its base null: no RoPE at all)
+    assert LlamaConfig.from_dict({"model_type": "olmo_hybrid", "rope_parameters": None}).rope_layers == (True,) * 32
+    nope = LlamaConfig.from_dict({"model_type": "olmo_hybrid", "rope_parameters": {"rope_theta": None}})
+    assert nope.rope_layers == (False,) * 32 and nope.to_dict()["rope_parameters"]["rope_theta"] is None
 
 
 @pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)],

@@ -2148,6 +2148,8 @@ _add_checks({
     # OLMo Hybrid's: beta doubled (LlamaConfig.delta's beta_scale); its DeltaNet's initialisation ranges, not read
     "linear_allow_neg_eigval": (lambda v, c: c.model_type == "olmo_hybrid" and isinstance(v, bool),
                                 "absent (OLMo Hybrid: a bool)"),
+    # (OLMo Hybrid's NoPE mode, rope_parameters' rope_theta null: read into this, LlamaConfig.rope_layers)
+    "no_rope": (lambda v, c: c.model_type == "olmo_hybrid" and v is True, "absent (OLMo Hybrid's NoPE: true)"),
     **{key: (lambda v, c: c.model_type == "olmo_hybrid" and _is_number(v), "absent (OLMo Hybrid: a number, init only)")
        for key in ("linear_a_log_min", "linear_a_log_max", "linear_dt_min", "linear_dt_max", "linear_dt_init_floor")},
 })
@@ -3543,6 +3545,8 @@ class LlamaConfig:
             return tuple(not s for s in _sliding_layers(self)[0] or (False,) * n)
         if self.model_type == "granitemoehybrid":  # RoPE only with position_embedding_type 'rope' (else NoPE)
             return (self.extra.get("position_embedding_type") == "rope",) * n
+        if self.model_type == "olmo_hybrid":  # (its NoPE mode: rope_parameters' rope_theta null)
+            return (not self.extra.get("no_rope", False),) * n
         if self.model_type == "nemotron_h":  # (its attention takes no RoPE)
             return (False,) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
@@ -4271,10 +4275,12 @@ class LlamaConfig:
         for k, v in FAMILIES[model_type].defaults.items():
             if not (k == "rope_theta" and inner) and not (k in _EXPERT_COUNT_KEYS and counts):
                 d.setdefault(k, v)
-        if model_type == "olmo_hybrid" and any(k in d and (not isinstance(d[k], dict) or d[k].get("rope_theta") is None)
-                                               for k in ("rope_parameters",)):
-            raise ValueError(f"config rope_parameters = {d['rope_parameters']!r}: OLMo Hybrid without RoPE (its NoPE "
-                             "mode, rope_parameters or its rope_theta null) is not read here")
+        if model_type == "olmo_hybrid" and isinstance(d.get("rope_parameters"), dict) \
+                and "rope_theta" in d["rope_parameters"] and d["rope_parameters"]["rope_theta"] is None:
+            # (its NoPE mode: no rotary embedding at all, as OlmoHybridModel builds none without a base; a null
+            # rope_parameters is transformers' default RoPE)
+            d["rope_parameters"] = {**d["rope_parameters"], "rope_theta": FAMILIES["olmo_hybrid"].defaults["rope_theta"]}
+            d["no_rope"] = True
         d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
@@ -4357,6 +4363,10 @@ class LlamaConfig:
             if name not in family.reads:  # always false (checked), and not a key of the family's config
                 del d[name]
         d.setdefault("architectures", [family.architecture])
+        if d.pop("no_rope", False):  # (OLMo Hybrid's NoPE: its base null, as its config says it)
+            d.pop("rope_scaling", None)
+            d.pop("rope_theta", None)
+            d["rope_parameters"] = {"rope_type": "default", "rope_theta": None}
         if "hidden_activation" not in d:  # (Gemma's transformers 4.x / Gemma 3's own key says it)
             d.setdefault("hidden_act", family.hidden_acts[0])
         if self.rope_type == "longrope":  # Phi3Config takes the top-level key (4096 when absent) over the inner one
