@@ -4279,7 +4279,8 @@ class LlamaConfig:
                 and "rope_theta" in d["rope_parameters"] and d["rope_parameters"]["rope_theta"] is None:
             # (its NoPE mode: no rotary embedding at all, as OlmoHybridModel builds none without a base; a null
             # rope_parameters is transformers' default RoPE)
-            d["rope_parameters"] = {**d["rope_parameters"], "rope_theta": FAMILIES["olmo_hybrid"].defaults["rope_theta"]}
+            base = FAMILIES["olmo_hybrid"].defaults["rope_theta"]
+            d["rope_parameters"] = {**d["rope_parameters"], "rope_theta": base}
             d["no_rope"] = True
         d.update(_read_rope(d))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
