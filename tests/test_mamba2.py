@@ -560,3 +560,72 @@ def test_nemotron_h_greedy_equals_autoregressive(method, opts):
                  "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2}
         return tiny_family("nemotron_h", seed, head_dim=8, extra=extra)
     assert_greedy_equals_autoregressive(tiny_nemotron(0), tiny_nemotron(1), method, opts)
+
+
+def write_nemotron_h_gguf(path, hf, quant=None, meta=None):
+    """A GGUF of transformers' NemotronHForCausalLM ``hf`` as llama.cpp's converter writes it (NemotronHModel, a
+    GraniteHybridModel): each block's kind as its attention.head_count_kv and feed_forward_length entries (0 on the
+    others), the ssm.* keys (the inner width the heads'), the context 2^20, rope.dimension_count hidden / heads (no RoPE
+    is run); q / k rows permuted as llama's; the Mamba tensors as Mamba2Model writes them, dt_bias as ssm_dt.bias; the
+    gguf package's names of backbone.*."""
+    import gguf
+
+    from .test_families import write_gguf_file
+
+    c = hf.config
+    types = c.layers_block_type
+    inner = c.mamba_num_heads * c.mamba_head_dim
+    kv = {"context_length": 1 << 20, "embedding_length": c.hidden_size, "block_count": c.num_hidden_layers,
+          "attention.head_count": c.num_attention_heads, "vocab_size": c.vocab_size,
+          "attention.head_count_kv": [c.num_key_value_heads if t == "full_attention" else 0 for t in types],
+          "feed_forward_length": [c.intermediate_size if t == "mlp" else 0 for t in types],
+          "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
+          "rope.dimension_count": c.hidden_size // c.num_attention_heads, "rope.scaling.finetuned": False,
+          "attention.layer_norm_rms_epsilon": float(c.layer_norm_epsilon), "ssm.conv_kernel": c.conv_kernel,
+          "ssm.state_size": c.ssm_state_size, "ssm.group_count": c.n_groups, "ssm.inner_size": inner,
+          "ssm.time_step_rank": c.mamba_num_heads, **(meta or {})}
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == "nemotron_h"),
+                                     c.num_hidden_layers)
+
+    def permute(t, heads):  # (llama.cpp's: each head's rows in interleaved RoPE pairs)
+        return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+    tensors = {}
+    for name, t in hf.state_dict().items():
+        t = t.detach().float()
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        if name.endswith("mixer.dt_bias"):
+            tensors[f"blk.{name.split('.')[2]}.ssm_dt.bias"] = t.numpy()
+            continue
+        mamba = mamba_gguf_tensor(name, t, c.n_groups, inner)
+        t = mamba if mamba is not None else permute(t, c.num_attention_heads) if name.endswith("q_proj.weight") \
+            else permute(t, c.num_key_value_heads) if name.endswith("k_proj.weight") else t
+        key = names.get_name(name.replace("model.", "backbone.", 1), try_suffixes=(".weight", ".bias"))
+        tensors[key] = t.numpy()
+    return write_gguf_file(path, "nemotron_h", kv, tensors, c, quant)
+
+
+def test_gguf_nemotron_h_as_llama_cpp_writes_it(tmp_path):
+    """A nemotron_h GGUF (its blocks' kinds as per-layer KV heads and MLP widths, an inner width that is no multiple of
+    the embedding's, q / k permuted) loads as the checkpoint: transformers' logits; Q8_0 / Q5_0 blocks bitwise; an MLP
+    width on an attention layer raises."""
+    import numpy as np
+
+    from triforce.models.loading import read_gguf
+
+    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer
+
+    hf, ours = nemotron_h_pair(vocab_size=104, mamba_num_heads=6, mlp_bias=True)
+    path = write_nemotron_h_gguf(tmp_path / "f32.gguf", hf)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    c = loaded.config
+    assert c.block_types == ours.config.block_types and c.mamba == ours.config.mamba and c.mlp_bias
+    ids = torch.randint(0, 104, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_nemotron_h_gguf(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0),
+                                                                       types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)
+    with pytest.raises(ValueError, match="one MLP width"):
+        read_gguf(write_nemotron_h_gguf(tmp_path / "bad.gguf", hf, meta={"feed_forward_length": [0, 96, 96, 0]}))

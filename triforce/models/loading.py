@@ -1964,6 +1964,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       # Qwen3-Next, Qwen3.5 (dense and MoE): gated DeltaNet and gated attention layers (_gguf_delta)
                       "qwen3next": ("qwen3_next", False), "qwen35": ("qwen3_5_text", False),
                       "qwen35moe": ("qwen3_5_moe_text", False),
+                      # Nemotron-H (Nemotron-H, Nemotron Nano 2): Mamba-2, attention and MLP blocks (_gguf_nemotron_h;
+                      # q / k permuted as llama's, though no RoPE turns them)
+                      "nemotron_h": ("nemotron_h", True),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -2015,8 +2018,8 @@ _GGUF_ARCH_KEYS = {
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
     "lfm2moe": ("shortconv.l_cache", "expert_gating_func", "leading_dense_block_count"),  # (_gguf_lfm2)
-    **dict.fromkeys(("granitehybrid", "mamba2"), ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
-                                                  "ssm.inner_size", "ssm.time_step_rank")),  # (_gguf_mamba)
+    **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), (  # (_gguf_mamba)
+        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank")),
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -2043,7 +2046,7 @@ _GGUF_METADATA = frozenset({
 })
 _GGUF_HARMLESS_ONLY_AT = {
     "attention.value_length": (lambda v, c: v == c.head_dim, "attention.key_length (one head_dim)"),
-    "rope.dimension_count": (lambda v, c: v == c.rotary_dim,
+    "rope.dimension_count": (lambda v, c: v == c.rotary_dim or c.model_type == "nemotron_h",
                              "head_dim (RoPE on the whole head; phi3: the rotated dims, partial RoPE)"),
     # llama.cpp multiplies RoPE's cos and sin by it; phi3 LongRoPE: its attention factor, read
     "rope.scaling.attn_factor": (lambda v, c: v == 1 or (c.rope_type == "longrope"
@@ -2382,7 +2385,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 **dict.fromkeys(("gpt2", "starcoder"), _GGUF_GPT2_TENSORS), "chatglm": _GGUF_CHATGLM_TENSORS,
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
-                **dict.fromkeys(("granitehybrid", "mamba2"), _GGUF_GRANITE_HYBRID_TENSORS),
+                **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_GRANITE_HYBRID_TENSORS),
                 **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
 
 
@@ -2457,7 +2460,11 @@ def read_gguf(path: Path, skip=None, reader=None):
              else _gguf_granite(reader, arch, head_dim, path) if arch in ("granite", "granitemoe", "minicpm",
                                                                           "granitehybrid")
              else {})
-    n_ff = int(need("feed_forward_length"))
+    n_ff = need("feed_forward_length")
+    if arch == "nemotron_h":  # (a width per layer, 0 where no MLP: the layers' kinds, _gguf_nemotron_h)
+        extra.update(_gguf_nemotron_h(reader, arch, path, int(need("block_count")), hidden, tensors, n_ff))
+        n_ff = max(int(x) for x in (n_ff if isinstance(n_ff, (list, tuple)) else [n_ff]))
+    n_ff = int(n_ff)
     if arch == "qwen":  # (QWenConfig's intermediate_size, which llama.cpp's converter writes: twice the MLP's width)
         if n_ff % 2:
             raise ValueError(f"GGUF file {str(path)!r}: qwen.feed_forward_length = {n_ff} is odd (Qwen's MLP is half "
@@ -2563,8 +2570,9 @@ def read_gguf(path: Path, skip=None, reader=None):
         tie_word_embeddings="output.weight" not in tensors, attention_bias=attention_bias,
         # (MLP biases where the family's config reads them and the file has them: llama.cpp's llama reads them too)
         # (GPT-NeoX's always: llama.cpp requires them)
-        mlp_bias=model_type in ("gpt_neox", "bloom") or ("mlp_bias" in FAMILIES[model_type].reads
-                                              and "blk.0.ffn_up.bias" in tensors),
+        mlp_bias=model_type in ("gpt_neox", "bloom") or ("mlp_bias" in FAMILIES[model_type].reads and (
+            "blk.0.ffn_up.bias" in tensors
+            or arch == "nemotron_h" and any(n.endswith("ffn_up.bias") for n in tensors))),  # (its MLP layers')
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)
@@ -2625,7 +2633,8 @@ def read_gguf(path: Path, skip=None, reader=None):
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
-                                                     "granitemoehybrid", "mamba2", *_DELTA_FAMILIES):
+                                                     "granitemoehybrid", "mamba2", "nemotron_h",
+                                                     *_DELTA_FAMILIES):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
 
@@ -2765,7 +2774,7 @@ def _gguf_kv_heads(reader, arch: str, path: Path, n_head: int) -> int:
     if not isinstance(v, (list, tuple)):
         return int(v)
     heads = {int(x) for x in v} - {0}
-    if arch not in ("lfm2", "lfm2moe", "granitehybrid") or len(heads) != 1:
+    if arch not in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h") or len(heads) != 1:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv = {list(v)!r}; a count per layer is "
                          "read in lfm2 / lfm2moe files only, one count for every attention layer (0 on the others)")
     return heads.pop()
@@ -2821,15 +2830,38 @@ def _gguf_granite_hybrid(reader, arch: str, path: Path, layers: int, hidden: int
             "num_local_experts": count, "num_experts_per_tok": used, "shared_intermediate_size": shared}
 
 
-def _gguf_mamba(reader, arch: str, path: Path, hidden: int, tensors: dict) -> dict:
-    """A granitehybrid or mamba2 file's Mamba-2 settings (``ssm.*``: ``time_step_rank`` heads, ``inner_size``
-    channels, ``state_size``, ``group_count``, ``conv_kernel``; biases where the tensors are) under the hybrids'
-    config names."""
+def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, tensors: dict, n_ff) -> dict:
+    """A nemotron_h file's ``extra`` (Nemotron-H as llama.cpp's converter writes it, NemotronHModel, and llama.cpp runs
+    it): each layer's block by its ``attention.head_count_kv`` and ``feed_forward_length`` entries (both 0: Mamba-2;
+    KV heads: attention; a width: the MLP, one width for all), the Mamba-2 settings (:func:`_gguf_mamba`; the inner
+    width the heads', not a multiple of the embedding's). The file has no
+    ``time_step_min``: its NemotronHConfig default (0.001), which the model clamps dt at as transformers' prefill does
+    (llama.cpp clamps nothing; the two differ only where dt falls below it). Nemotron 3's mixture blocks are another
+    architecture (nemotron_h_moe), not read."""
+    lists = []
+    for key in ("attention.head_count_kv", "feed_forward_length"):
+        v = n_ff if key == "feed_forward_length" else gguf_field(reader, f"{arch}.{key}", 0)
+        v = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * layers
+        if len(v) != layers:
+            raise ValueError(f"GGUF file {str(path)!r}: {arch}.{key} has {len(v)} entries for {layers} layers")
+        lists.append(v)
+    kv, ff = lists
+    if len({x for x in ff if x}) > 1 or any(k and f for k, f in zip(kv, ff)):
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.feed_forward_length = {ff} with head_count_kv = {kv}: one "
+                         "MLP width, on layers without attention")
+    types = ["full_attention" if k else "mlp" if f else "linear_attention" for k, f in zip(kv, ff)]
+    return {"layers_block_type": types, **_gguf_mamba(reader, arch, path, hidden, tensors, nemotron=True)}
+
+
+def _gguf_mamba(reader, arch: str, path: Path, hidden: int, tensors: dict, nemotron: bool = False) -> dict:
+    """A granitehybrid, mamba2 or nemotron_h file's Mamba-2 settings (``ssm.*``: ``time_step_rank`` heads,
+    ``inner_size`` channels, ``state_size``, ``group_count``, ``conv_kernel``; biases where the tensors are) under the
+    hybrids' config names (``nemotron``: Nemotron-H's inner width is its heads', any)."""
     heads, inner = (_gguf_need(reader, arch, path, f"ssm.{k}") for k in ("time_step_rank", "inner_size"))
-    if inner % hidden or inner % heads:
+    if (inner % hidden and not nemotron) or inner % heads:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.ssm.inner_size = {inner} must be a multiple of the "
                          f"embedding length ({hidden}) and of ssm.time_step_rank ({heads})")
-    return {"mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
+    return {"mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": max(inner // hidden, 1),
             **{f"mamba_{k}": _gguf_need(reader, arch, path, f"ssm.{g}")
                for k, g in (("d_state", "state_size"), ("n_groups", "group_count"), ("d_conv", "conv_kernel"))},
             "mamba_conv_bias": any(n.endswith("ssm_conv1d.bias") for n in tensors),
