@@ -540,16 +540,71 @@ def test_nemotron_h_every_path_and_saves_match_transformers(tmp_path, kw):
     assert_pass_equals_steps(ours, torch.float32)
 
 
+# Nemotron 3's mixture (its blocks E / "moe"): 4 experts in 2 groups, 2 a token from the best group
+NEMOTRON_3 = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                  moe_shared_expert_intermediate_size=32, n_group=2, topk_group=1, routed_scaling_factor=1.5)
+
+
+def nemotron_3_pair(**kw):
+    """transformers' Nemotron-H with Nemotron 3's mixture blocks (the routers' correction biases drawn: transformers
+    starts them at 0) and ours."""
+    from triforce.models.loading import _build
+
+    hf, _ = nemotron_h_pair(**{"hybrid_override_pattern": "M*EM", **NEMOTRON_3, **kw})
+    with torch.no_grad():
+        for name, t in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                t.normal_(0, 0.5, generator=torch.Generator().manual_seed(7))
+    return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(hybrid_override_pattern="E*M-E", num_hidden_layers=5, n_group=1,
+                                         norm_topk_prob=False, mlp_bias=True, routed_scaling_factor=1.0)],
+                         ids=["grouped-scaled", "ungrouped-unnormalised-biased"])
+def test_nemotron_3_mixture_blocks_match_transformers(tmp_path, kw):
+    """Nemotron 3's mixture blocks (E / "moe"): DeepSeek-V3's router in float32 (the sigmoid plus the correction bias
+    choosing within the groups of the best two, renormalised where norm_topk_prob, times routed_scaling_factor), ungated
+    ReLU-squared experts and shared expert; every path against transformers, saves both ways (its experts one by one on
+    disk), each part counts, a pass bitwise its steps (float32, bfloat16)."""
+    from triforce.models.llama import SparseMoE, UngatedExpert
+
+    hf, ours = nemotron_3_pair(**kw)
+    moe = [layer.mlp for layer in ours.model.layers if type(layer.__dict__["_modules"].get("mlp")) is SparseMoE]
+    assert moe and all(type(e) is UngatedExpert for m in moe for e in m.experts)
+    assert_matches_both_ways(tmp_path, hf, ours)
+    m = moe[0]
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    assert_parts_count(hf, ours, ids, (m.gate.e_score_correction_bias, m.experts[1].up_proj.weight,
+                                       m.shared_expert.down_proj.weight),
+                       lambda cache: next(state for state in cache.ssm if state is not None).zero_())
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_pass_equals_steps(ours, dtype)
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 6)])
+def test_nemotron_3_greedy_equals_autoregressive(method, opts):
+    def tiny_nemotron_3(seed):
+        extra = {"layers_block_type": ["linear_attention", "full_attention", "moe"], "mamba_n_heads": 4,
+                 "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 2, **NEMOTRON_3}
+        return tiny_family("nemotron_h", seed, head_dim=8, extra=extra)
+    assert_greedy_equals_autoregressive(tiny_nemotron_3(0), tiny_nemotron_3(1), method, opts)
+
+
 def test_nemotron_h_config_and_refusals():
     c = LlamaConfig.from_dict(transformers.NemotronHConfig(**NEMOTRON_H).to_dict())
     assert c.block_types == ("linear_attention", "full_attention", "mlp", "linear_attention")
     assert c.kv_heads_per_layer == (0, 2, 0, 0) and c.mamba.layers == (True, False, False, True)
     d = c.to_dict()
     assert LlamaConfig.from_dict(d).to_dict() == d and d["mamba_num_heads"] == 8 and "rope_theta" not in d
-    for bad, match in (({"hybrid_override_pattern": "M*E-"}, "mixture"),
-                       ({"hybrid_override_pattern": "M*X-"}, "M, \\*")):
+    moe = {"hybrid_override_pattern": "M*E-", **NEMOTRON_3}
+    for bad, match in (({"hybrid_override_pattern": "M*X-"}, "M, \\*"), ({**moe, "moe_latent_size": 16}, "latent"),
+                       ({**moe, "num_experts_per_tok": 5}, "mixture of 4 experts"),
+                       ({**moe, "n_group": 3}, "mixture of 4 experts"), ({**moe, "n_routed_experts": 0}, "ints >= 1")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({**{k: v for k, v in NEMOTRON_H.items()}, "model_type": "nemotron_h", **bad})
+    # (its mixture's keys, read by no block without one)
+    assert LlamaConfig.from_dict({**NEMOTRON_H, "model_type": "nemotron_h", "moe_latent_size": 16}).experts is None
 
 
 @pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 6)],

@@ -1312,6 +1312,7 @@ class Experts:
     # weights (scoring "top_k_sigmoid") the sigmoid of the top k router logits (computed in the dtype), in the dtype
     scaled_inputs: bool = False
     output_bias: bool = False  # JetMoE: a bias (mlp.bias) added to the mixture's output
+    gated: bool = True  # the experts (and the shared one) gated MLPs; Nemotron 3's: ungated, down(act(up(x)))
     # LFM2-MoE: DeepSeek's router path with the sigmoid, the renormalisation and the scale in the model's dtype (the
     # renormalising sum in float32, rounded once, as torch sums a 16-bit tensor)
     scores_in_dtype: bool = False
@@ -2221,9 +2222,6 @@ def _nemotron_h_keys(d: dict) -> None:
                                                      "attention"}:
         raise ValueError(f"config layers_block_type = {types!r}: Nemotron-H's blocks are 'linear_attention', "
                          "'full_attention', 'mlp' and 'moe'")
-    if "moe" in types:
-        raise ValueError("config layers_block_type: Nemotron-H's mixture blocks ('moe', its pattern's E: Nemotron 3) "
-                         "are not read here")
     d["layers_block_type"] = [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t) for t in types]
     d.setdefault("num_hidden_layers", len(d["layers_block_type"]))
 
@@ -2548,15 +2546,28 @@ _also("layers_block_type", lambda v, c: c.model_type == "nemotron_h" and isinsta
 _NEMOTRON_H_UNREAD = ("n_routed_experts", "moe_intermediate_size", "num_experts_per_tok", "routed_scaling_factor",
                       "norm_topk_prob", "output_router_logits", "n_group", "topk_group", "n_shared_experts",
                       "hidden_dropout", "num_nextn_predict_layers")
-for _key in _NEMOTRON_H_UNREAD:
-    _also(_key, lambda v, c: c.model_type == "nemotron_h" and (v is None or isinstance(v, (bool, int, float))),
-          "Nemotron-H: any (its mixtures' or training's setting, read by none of its read blocks)")
+_NEMOTRON_H_MOE_INTS = ("n_routed_experts", "moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group")
+for _key in _NEMOTRON_H_UNREAD:  # (its mixture's keys: read where it has mixture blocks, LlamaConfig.experts)
+    _also(_key, lambda v, c, key=_key: c.model_type == "nemotron_h" and (
+        v is None or isinstance(v, (bool, int, float))) and (
+        "moe" not in c.block_types or (key not in _NEMOTRON_H_MOE_INTS or _is_int(v) and v >= 1)
+        and (key != "routed_scaling_factor" or _is_number(v) and v > 0)
+        and (key != "norm_topk_prob" or isinstance(v, bool))),
+          "Nemotron-H: any without mixture blocks (its mixtures' or training's setting); with them its mixture's "
+          "counts and widths ints >= 1, routed_scaling_factor a number > 0, norm_topk_prob a bool")
 _add_checks({key: (lambda v, c: c.model_type == "nemotron_h" and (v is None or isinstance(v, (bool, int, float, str,
                                                                                               list))),
                    "absent (Nemotron-H: its kernels' / mixtures' / training's setting, not read)")
-             for key in ("use_mamba_kernels", "mamba_hidden_act", "mamba_ssm_cache_dtype",
-                         "moe_shared_expert_intermediate_size", "moe_latent_size", "moe_shared_expert_overlap",
+             for key in ("use_mamba_kernels", "mamba_hidden_act", "mamba_ssm_cache_dtype", "moe_shared_expert_overlap",
                          "mtp_layers_block_type")})
+# its mixture's shared expert's width and latent projection (Nemotron 3 Super's, not read: null only with mixture
+# blocks)
+_add_checks({"moe_shared_expert_intermediate_size": (
+                 lambda v, c: c.model_type == "nemotron_h" and (_is_int(v) and v >= 1 or "moe" not in c.block_types),
+                 "absent (Nemotron-H: an int >= 1, its mixture's shared expert's width)"),
+             "moe_latent_size": (
+                 lambda v, c: c.model_type == "nemotron_h" and (v is None or "moe" not in c.block_types),
+                 "null (Nemotron 3's mixture without a latent projection; Super's is not read)")})
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "lfm2_moe" and _is_int(v) and v >= 1, "LFM2-MoE: an int >= 1")
 _also("routed_scaling_factor", lambda v, c: c.model_type == "lfm2_moe" and _is_number(v) and 0 < v < float("inf"),
@@ -2997,6 +3008,13 @@ class LlamaConfig:
                              f"{(*_HYBRID_ATTENTION, *_MAMBA_TYPES)} per layer")
         if self.model_type in _MAMBA_FAMILIES and self.mamba is not None:
             self._check_mamba()
+        if self.model_type == "nemotron_h" and self.experts is not None:
+            e = self.experts
+            groups, top_groups = e.groups
+            if e.top_k > e.count or e.count % groups or top_groups > groups:
+                raise ValueError(f"config: Nemotron-H's mixture of {e.count} experts takes {e.top_k} a token within "
+                                 f"{top_groups} of {groups} groups: at most its experts, within at most its groups, "
+                                 "which must divide them")
         if self.model_type in _DELTA_FAMILIES:
             if _delta_layer_types(self) is None:
                 raise ValueError(f"config layer_types = {self.extra.get('layer_types')!r}: {self.model_type} takes "
@@ -3739,6 +3757,19 @@ class LlamaConfig:
             return Experts(get("num_local_experts"), get("num_experts_per_tok"), self.intermediate_size, False, False,
                            tuple(i in sparse for i in range(n)), shared_intermediate_size=self.intermediate_size,
                            scoring="top_k_sigmoid", scaled_inputs=True)
+        if self.model_type == "nemotron_h":  # (Nemotron 3's mixture blocks: DeepSeek-V3's router, float32, sigmoid
+            # plus the correction bias within the groups of the best two, renormalised with 1e-20 where norm_topk_prob,
+            # times routed_scaling_factor; ungated ReLU-squared experts and shared expert, their sum in float32)
+            sparse = tuple(t == "moe" for t in self.block_types)
+            if not any(sparse):
+                return None
+            get = self.extra.get
+            return Experts(get("n_routed_experts", 8), get("num_experts_per_tok", 2),
+                           get("moe_intermediate_size", 7688), bool(get("norm_topk_prob", True)), True, sparse,
+                           shared_intermediate_size=get("moe_shared_expert_intermediate_size", 7688),
+                           scale=float(get("routed_scaling_factor", 1.0)), scoring="sigmoid", correction_bias=True,
+                           groups=(get("n_group", 1), get("topk_group", 1)), group_top2=True, renormalize_eps=1e-20,
+                           grouped_router=True, gated=False)
         if self.model_type == "hunyuan_v1_moe":  # (the router's weight kept in float32; transformers' shared expert)
             get = self._deepseek
             return Experts(_first(get("num_experts")), _first(get("moe_topk")), self.intermediate_size, True, True,
@@ -3935,8 +3966,9 @@ class LlamaConfig:
 
     @property
     def block_types(self) -> tuple:
-        """Nemotron-H's blocks, one per layer: ``"linear_attention"`` (a Mamba-2 mixer), ``"full_attention"`` or
-        ``"mlp"`` (its layers_block_type); ``()`` for the other families (a layer is attention and MLP)."""
+        """Nemotron-H's blocks, one per layer: ``"linear_attention"`` (a Mamba-2 mixer), ``"full_attention"``, ``"mlp"``
+        or ``"moe"`` (Nemotron 3's mixture: :attr:`experts`; its layers_block_type); ``()`` for the other families (a
+        layer is attention and MLP)."""
         if self.model_type != "nemotron_h":
             return ()
         types = self.extra.get("layers_block_type")

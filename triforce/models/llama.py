@@ -1177,6 +1177,21 @@ class Expert(nn.Module):
         return self.down_proj(_gated(self.activation, gate.contiguous(), up.contiguous()))
 
 
+class UngatedExpert(nn.Module):
+    """One expert of a :class:`SparseMoE` whose experts are ungated MLPs (Nemotron 3's: ``config.experts.gated``
+    false): ``down_proj(act(up_proj(x)))``, the family's activation (ReLU squared). Runs one by one (the native
+    mixture call is for gated experts)."""
+
+    def __init__(self, config: LlamaConfig, intermediate_size: int):
+        super().__init__()
+        self.up_proj = Linear(config.hidden_size, intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, config.hidden_size, bias=False)
+        self.activation = config.activation
+
+    def forward(self, x):
+        return self.down_proj(_activated(self.activation, self.up_proj(x)))
+
+
 def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     """GPT-OSS's experts' activation, as transformers computes it op by op in the dtype: ``g = min(gate, limit)``,
     ``(clamp(up, -limit, limit) + 1) * (g * sigmoid(g * alpha))``. On the CPU ``triforce_C::swiglu_clamped_mul``
@@ -1220,7 +1235,8 @@ class SparseMoE(nn.Module):
                             correction_bias=spec.correction_bias)
                      if spec.correction_bias or spec.float32_router
                      else Linear(config.hidden_size, spec.count, bias=spec.biases))
-        self.experts = nn.ModuleList(Expert(config, spec.intermediate_size) for _ in range(spec.count))
+        kind = Expert if spec.gated else UngatedExpert  # (Nemotron 3's: ungated)
+        self.experts = nn.ModuleList(kind(config, spec.intermediate_size) for _ in range(spec.count))
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
         self.scaled_inputs = spec.scaled_inputs  # (Llama 4's: the chosen experts' inputs scaled by their weights)
@@ -1235,7 +1251,7 @@ class SparseMoE(nn.Module):
             self.scores_in_dtype = spec.scores_in_dtype  # (LFM2-MoE's)
             self.softcap = spec.logit_softcap  # (Laguna's; 0: none)
         if spec.shared_intermediate_size:  # every token's expert (Qwen2-MoE: times the sigmoid of its own gate)
-            self.shared_expert = MLP(config, spec.shared_intermediate_size)
+            self.shared_expert = (MLP if spec.gated else FeedForward)(config, spec.shared_intermediate_size)
             if spec.shared_gated:
                 self.shared_expert_gate = Linear(config.hidden_size, 1, bias=False)
         self.shared_average = spec.shared_average  # (Cohere 2 MoE's: the routed and shared outputs averaged)
@@ -1493,6 +1509,8 @@ class MixerLayer(nn.Module):
         kind = config.block_types[layer] if config.block_types else "linear_attention"
         if kind == "mlp":
             self.mlp = (MLP if config.gated_mlp else FeedForward)(config, config.intermediate_size)
+        elif kind == "moe":  # (Nemotron 3's mixture blocks)
+            self.mlp = SparseMoE(config)
         else:
             self.self_attn = (Mamba2Mixer if kind == "linear_attention" else Attention)(config, layer)
         self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)

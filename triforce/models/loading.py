@@ -492,7 +492,7 @@ def _join_projections(config: LlamaConfig, sd: dict) -> dict:
 _MIXTRAL_PROJECTIONS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _FROM_MIXTRAL = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.(w[123]))\.weight")
 _TO_MIXTRAL = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate_proj|up_proj|down_proj))\.weight")
-_STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
+_STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|up_proj|down_proj)")  # (up_proj: Nemotron 3's)
 _EXPERT_PROJECTION = re.compile(r"(.*\.mlp\.experts\.\d+\.)(gate_proj|up_proj|gate_up_proj)\.weight")
 # GraniteMoE's checkpoints: block_sparse_moe.router.layer.weight (the router), block_sparse_moe.input_linear.weight
 # [E, 2I, H] (each expert's [gate; up]) and block_sparse_moe.output_linear.weight [E, H, I]; in transformers 5's
@@ -1502,7 +1502,7 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type in ("mamba2", "nemotron_h"):  # (backbone.*: its embeddings, layers' norm and mixer, final
         prefix = "backbone" if config.model_type == "mamba2" else "model"  # norm_f; Nemotron-H's MLP blocks' mixer
         table = [(a, b.replace("PREFIX", prefix)) for a, b in _MAMBA2_BACK] if inverse else _MAMBA2_NAMES  # our mlp)
-        mlps = {i for i, t in enumerate(config.block_types) if t == "mlp"}
+        mlps = {i for i, t in enumerate(config.block_types) if t in ("mlp", "moe")}
         out = {}
         for name, t in sd.items():
             m = _LAYER_INDEX.match(name)
