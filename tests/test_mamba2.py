@@ -630,16 +630,27 @@ def write_nemotron_h_gguf(path, hf, quant=None, meta=None):
     c = hf.config
     types = c.layers_block_type
     inner = c.mamba_num_heads * c.mamba_head_dim
+    moe = "moe" in types
+    arch = "nemotron_h_moe" if moe else "nemotron_h"
     kv = {"context_length": 1 << 20, "embedding_length": c.hidden_size, "block_count": c.num_hidden_layers,
           "attention.head_count": c.num_attention_heads, "vocab_size": c.vocab_size,
           "attention.head_count_kv": [c.num_key_value_heads if t == "full_attention" else 0 for t in types],
-          "feed_forward_length": [c.intermediate_size if t == "mlp" else 0 for t in types],
+          "feed_forward_length": [c.intermediate_size if t == "mlp" else c.moe_intermediate_size if t == "moe" else 0
+                                  for t in types],
           "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
           "rope.dimension_count": c.hidden_size // c.num_attention_heads, "rope.scaling.finetuned": False,
           "attention.layer_norm_rms_epsilon": float(c.layer_norm_epsilon), "ssm.conv_kernel": c.conv_kernel,
           "ssm.state_size": c.ssm_state_size, "ssm.group_count": c.n_groups, "ssm.inner_size": inner,
-          "ssm.time_step_rank": c.mamba_num_heads, **(meta or {})}
-    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == "nemotron_h"),
+          "ssm.time_step_rank": c.mamba_num_heads}
+    if moe:  # (NemotronHModel's nemotron_h_moe keys)
+        kv.update({"expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
+                   "expert_feed_forward_length": c.moe_intermediate_size,
+                   "expert_shared_feed_forward_length": c.moe_shared_expert_intermediate_size,
+                   "expert_shared_count": 1, "expert_weights_norm": c.norm_topk_prob,
+                   "expert_weights_scale": float(c.routed_scaling_factor), "expert_group_count": c.n_group,
+                   "expert_group_used_count": c.topk_group, "expert_gating_func": 2})
+    kv.update(meta or {})
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
                                      c.num_hidden_layers)
 
     def permute(t, heads):  # (llama.cpp's: each head's rows in interleaved RoPE pairs)
@@ -650,37 +661,56 @@ def write_nemotron_h_gguf(path, hf, quant=None, meta=None):
         t = t.detach().float()
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
+        i = name.split(".")[2] if name.startswith("model.layers.") else None
         if name.endswith("mixer.dt_bias"):
-            tensors[f"blk.{name.split('.')[2]}.ssm_dt.bias"] = t.numpy()
+            tensors[f"blk.{i}.ssm_dt.bias"] = t.numpy()
+            continue
+        if name.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):  # (stacked, [E, out, in])
+            tensors[f"blk.{i}.ffn_{name.rsplit('.', 1)[1][:-5]}_exps.weight"] = t.numpy()
+            continue
+        if name.endswith("mixer.gate.e_score_correction_bias"):
+            tensors[f"blk.{i}.exp_probs_b.bias"] = t.numpy()
             continue
         mamba = mamba_gguf_tensor(name, t, c.n_groups, inner)
         t = mamba if mamba is not None else permute(t, c.num_attention_heads) if name.endswith("q_proj.weight") \
             else permute(t, c.num_key_value_heads) if name.endswith("k_proj.weight") else t
         key = names.get_name(name.replace("model.", "backbone.", 1), try_suffixes=(".weight", ".bias"))
         tensors[key] = t.numpy()
-    return write_gguf_file(path, "nemotron_h", kv, tensors, c, quant)
+    return write_gguf_file(path, arch, kv, tensors, c, quant)
 
 
-def test_gguf_nemotron_h_as_llama_cpp_writes_it(tmp_path):
-    """A nemotron_h GGUF (its blocks' kinds as per-layer KV heads and MLP widths, an inner width that is no multiple of
-    the embedding's, q / k permuted) loads as the checkpoint: transformers' logits; Q8_0 / Q5_0 blocks bitwise; an MLP
-    width on an attention layer raises."""
+NEMOTRON_H_GGUF = {
+    # (an inner width no multiple of the embedding's; biased MLP blocks; a contradicting width raises)
+    "nemotron_h": (lambda: nemotron_h_pair(vocab_size=104, mamba_num_heads=6, mlp_bias=True),
+                   {"feed_forward_length": [0, 96, 96, 0]}, "one MLP width"),
+    # (Nemotron 3's mixture blocks: its experts stacked as ffn_up_exps / ffn_down_exps, the correction bias as
+    # exp_probs_b, the shared expert as ffn_*_shexp, the router's settings as expert_* keys; another gating raises)
+    "nemotron_h_moe": (lambda: nemotron_3_pair(vocab_size=104, hybrid_override_pattern="M*EM",
+                                               moe_intermediate_size=32), {"expert_gating_func": 1}, "expert_gating_func")}
+
+
+@pytest.mark.parametrize("arch", list(NEMOTRON_H_GGUF))
+def test_gguf_nemotron_h_as_llama_cpp_writes_it(tmp_path, arch):
+    """A nemotron_h / nemotron_h_moe GGUF (its blocks' kinds as per-layer KV heads and MLP widths, q / k permuted)
+    loads as the checkpoint: transformers' logits; Q8_0 / Q5_0 blocks bitwise; metadata it cannot read raises."""
     import numpy as np
 
     from triforce.models.loading import read_gguf
 
     from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer
 
-    hf, ours = nemotron_h_pair(vocab_size=104, mamba_num_heads=6, mlp_bias=True)
+    make, bad, match = NEMOTRON_H_GGUF[arch]
+    hf, ours = make()
     path = write_nemotron_h_gguf(tmp_path / "f32.gguf", hf)
     loaded = Llama.from_pretrained(path, cache_dir=False)
     c = loaded.config
-    assert c.block_types == ours.config.block_types and c.mamba == ours.config.mamba and c.mlp_bias
+    assert c.block_types == ours.config.block_types and c.mamba == ours.config.mamba
+    assert c.experts == ours.config.experts and c.mlp_bias == ours.config.mlp_bias
     ids = torch.randint(0, 104, (2, 30), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
     q = write_nemotron_h_gguf(tmp_path / "q.gguf", hf, quant=quantizer(np.random.default_rng(0),
                                                                        types=(QT.Q8_0, QT.Q5_0)))
     assert_blocks_compute_the_loaded_model(q, ids)
-    with pytest.raises(ValueError, match="one MLP width"):
-        read_gguf(write_nemotron_h_gguf(tmp_path / "bad.gguf", hf, meta={"feed_forward_length": [0, 96, 96, 0]}))
+    with pytest.raises(ValueError, match=match):
+        read_gguf(write_nemotron_h_gguf(tmp_path / "bad.gguf", hf, meta=bad))

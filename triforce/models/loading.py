@@ -1967,6 +1967,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       # Nemotron-H (Nemotron-H, Nemotron Nano 2): Mamba-2, attention and MLP blocks (_gguf_nemotron_h;
                       # q / k permuted as llama's, though no RoPE turns them)
                       "nemotron_h": ("nemotron_h", True),
+                      # Nemotron 3 (Nemotron 3 Nano): its mixture blocks where nemotron_h's MLP blocks are
+                      "nemotron_h_moe": ("nemotron_h", True),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -1999,8 +2001,8 @@ _GGUF_GROUPED_KEYS = ("leading_dense_block_count", "expert_shared_count", "exper
 _GGUF_LATENT_KEYS = (*_GGUF_GROUPED_KEYS, "nextn_predict_layers", "attention.key_length", "attention.value_length",
                      "rope.scaling.yarn_log_multiplier", "attention.q_lora_rank", "attention.kv_lora_rank",
                      "attention.key_length_mla", "attention.value_length_mla")
-_GGUF_DELTA_KEYS = ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank",
-                    "full_attention_interval", "attention.recurrent_layers", "attention.value_length")
+_GGUF_SSM_KEYS = ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank")
+_GGUF_DELTA_KEYS = (*_GGUF_SSM_KEYS, "full_attention_interval", "attention.recurrent_layers", "attention.value_length")
 # deepseek32 (DeepSeek-V3.2) and glm-dsa (GLM-5): deepseek2's with DeepSeek's sparse attention (_gguf_dsa)
 _GGUF_DSA = ("deepseek32", "glm-dsa")
 _GGUF_INDEXER_KEYS = ("attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k")
@@ -2018,8 +2020,9 @@ _GGUF_ARCH_KEYS = {
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
     "lfm2moe": ("shortconv.l_cache", "expert_gating_func", "leading_dense_block_count"),  # (_gguf_lfm2)
-    **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), (  # (_gguf_mamba)
-        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank")),
+    **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_SSM_KEYS),  # (_gguf_mamba)
+    "nemotron_h_moe": (*_GGUF_SSM_KEYS, "expert_shared_count", "expert_weights_norm", "expert_weights_scale",
+                       "expert_group_count", "expert_group_used_count", "expert_gating_func"),  # (_gguf_nemotron_h)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -2386,6 +2389,8 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
                 **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_GRANITE_HYBRID_TENSORS),
+                "nemotron_h_moe": {**_GGUF_GRANITE_HYBRID_TENSORS,
+                                   "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
                 **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
 
 
@@ -2461,7 +2466,7 @@ def read_gguf(path: Path, skip=None, reader=None):
                                                                           "granitehybrid")
              else {})
     n_ff = need("feed_forward_length")
-    if arch == "nemotron_h":  # (a width per layer, 0 where no MLP: the layers' kinds, _gguf_nemotron_h)
+    if arch in ("nemotron_h", "nemotron_h_moe"):  # (a width per layer, 0 where no MLP: the layers' kinds)
         extra.update(_gguf_nemotron_h(reader, arch, path, int(need("block_count")), hidden, tensors, n_ff))
         n_ff = max(int(x) for x in (n_ff if isinstance(n_ff, (list, tuple)) else [n_ff]))
     n_ff = int(n_ff)
@@ -2572,7 +2577,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         # (GPT-NeoX's always: llama.cpp requires them)
         mlp_bias=model_type in ("gpt_neox", "bloom") or ("mlp_bias" in FAMILIES[model_type].reads and (
             "blk.0.ffn_up.bias" in tensors
-            or arch == "nemotron_h" and any(n.endswith("ffn_up.bias") for n in tensors))),  # (its MLP layers')
+            or arch in ("nemotron_h", "nemotron_h_moe")
+            and any(n.endswith(("ffn_up.bias", "ffn_up_shexp.bias")) for n in tensors))),  # (its MLP layers')
         bos_token_id=tok("bos_token_id"), eos_token_id=tok("eos_token_id"), pad_token_id=tok("padding_token_id"),
         extra=extra)
     _check_gguf_keys(reader, config, arch, path)
@@ -2774,7 +2780,7 @@ def _gguf_kv_heads(reader, arch: str, path: Path, n_head: int) -> int:
     if not isinstance(v, (list, tuple)):
         return int(v)
     heads = {int(x) for x in v} - {0}
-    if arch not in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h") or len(heads) != 1:
+    if arch not in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe") or len(heads) != 1:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv = {list(v)!r}; a count per layer is "
                          "read in lfm2 / lfm2moe files only, one count for every attention layer (0 on the others)")
     return heads.pop()
@@ -2837,7 +2843,11 @@ def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, te
     width the heads', not a multiple of the embedding's). The file has no
     ``time_step_min``: its NemotronHConfig default (0.001), which the model clamps dt at as transformers' prefill does
     (llama.cpp clamps nothing; the two differ only where dt falls below it). Nemotron 3's mixture blocks are another
-    architecture (nemotron_h_moe), not read."""
+    architecture (nemotron_h_moe): every MLP block a mixture there, of ``expert_count`` ungated experts of
+    ``expert_feed_forward_length``, ``expert_used_count`` a token, a shared expert of
+    ``expert_shared_feed_forward_length``, chosen by the sigmoid (``expert_gating_func`` 2) plus ``exp_probs_b``
+    within ``expert_group_used_count`` of ``expert_group_count`` groups, renormalised where ``expert_weights_norm``,
+    times ``expert_weights_scale``."""
     lists = []
     for key in ("attention.head_count_kv", "feed_forward_length"):
         v = n_ff if key == "feed_forward_length" else gguf_field(reader, f"{arch}.{key}", 0)
@@ -2849,8 +2859,25 @@ def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, te
     if len({x for x in ff if x}) > 1 or any(k and f for k, f in zip(kv, ff)):
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.feed_forward_length = {ff} with head_count_kv = {kv}: one "
                          "MLP width, on layers without attention")
-    types = ["full_attention" if k else "mlp" if f else "linear_attention" for k, f in zip(kv, ff)]
-    return {"layers_block_type": types, **_gguf_mamba(reader, arch, path, hidden, tensors, nemotron=True)}
+    moe = arch == "nemotron_h_moe"  # (every MLP block a mixture: llama.cpp's rule)
+    types = ["full_attention" if k else ("moe" if moe else "mlp") if f else "linear_attention" for k, f in zip(kv, ff)]
+    extra = {"layers_block_type": types, **_gguf_mamba(reader, arch, path, hidden, tensors, nemotron=True)}
+    if moe:
+        gating = int(gguf_field(reader, f"{arch}.expert_gating_func", 2) or 2)
+        if gating != 2:
+            raise ValueError(f"GGUF file {str(path)!r} has {arch}.expert_gating_func = {gating}; supported: 2 "
+                             "(sigmoid, Nemotron 3's router)")
+        count, used = _gguf_expert_counts(reader, arch, path)
+        get = lambda key, default: gguf_field(reader, f"{arch}.{key}", default)  # noqa: E731
+        extra.update(n_routed_experts=count, num_experts_per_tok=used,
+                     moe_intermediate_size=int(get("expert_feed_forward_length", 0) or max(ff)),
+                     moe_shared_expert_intermediate_size=_gguf_need(reader, arch, path,
+                                                                    "expert_shared_feed_forward_length"),
+                     norm_topk_prob=bool(get("expert_weights_norm", True)),
+                     routed_scaling_factor=float(get("expert_weights_scale", 1.0) or 1.0),
+                     n_group=int(get("expert_group_count", 1) or 1), topk_group=int(get("expert_group_used_count", 1)
+                                                                                      or 1))
+    return extra
 
 
 def _gguf_mamba(reader, arch: str, path: Path, hidden: int, tensors: dict, nemotron: bool = False) -> dict:
@@ -3282,6 +3309,14 @@ def _gguf_expert_weights(config: LlamaConfig, sd: dict, stacked: dict, path: Pat
         parts = [stacked.pop(f"model.layers.{i}.mlp.{k}_exps", None) for k in ("gate", "up", "down")]
         if not spec.layers[i] and parts == [None] * 3:
             continue  # (a dense layer: DeepSeek's first ones)
+        if not spec.gated:  # (Nemotron 3's ungated experts: up and down, one by one under its mixer's names)
+            for proj, t in (("up_proj", parts[1]), ("down_proj", parts[2])):
+                if (t is None and not partial) or (t is not None and (t.dim() != 3 or t.shape[0] != spec.count)):
+                    raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks ffn_up_exps / ffn_down_exps of "
+                                     f"{spec.count} experts each")
+                for e in range(spec.count if t is not None else 0):
+                    out[f"model.layers.{i}.mixer.experts.{e}.{proj}.weight"] = t[e].clone()
+            continue
         if any((p is None and not partial) or (p is not None and (p.dim() != 3 or p.shape[0] != spec.count))
                for p in parts):
             raise ValueError(f"GGUF file {str(path)!r}: layer {i} lacks ffn_gate_exps / ffn_up_exps / ffn_down_exps "
