@@ -686,7 +686,8 @@ NEMOTRON_H_GGUF = {
     # (Nemotron 3's mixture blocks: its experts stacked as ffn_up_exps / ffn_down_exps, the correction bias as
     # exp_probs_b, the shared expert as ffn_*_shexp, the router's settings as expert_* keys; another gating raises)
     "nemotron_h_moe": (lambda: nemotron_3_pair(vocab_size=104, hybrid_override_pattern="M*EM",
-                                               moe_intermediate_size=32), {"expert_gating_func": 1}, "expert_gating_func")}
+                                               moe_intermediate_size=32),
+                       {"expert_gating_func": 1}, "expert_gating_func")}
 
 
 @pytest.mark.parametrize("arch", list(NEMOTRON_H_GGUF))
