@@ -42,7 +42,7 @@ def assert_matches_both_ways(tmp_path, hf, ours):
     assert_save_loads(hf, tmp_path / "theirs", ids, ours)
 
 
-def drawn_pair(name: str, module: str, attn_implementation="eager", **config):
+def drawn_pair(name: str, module: str, attn_implementation="eager", std=0.2, **config):
     """transformers' ``<name>ForCausalLM`` of ``config`` (its recurrent layers' projections and convolution, the
     weights under ``.<module>.``, drawn larger than transformers' initialisation so that they count; A_log and D moved;
     biases and norms randomised) and ours built from its config and weights."""
@@ -52,7 +52,7 @@ def drawn_pair(name: str, module: str, attn_implementation="eager", **config):
     with torch.no_grad():
         for key, p in hf.named_parameters():
             if f".{module}." in key and key.endswith("weight") and "norm" not in key:
-                p.normal_(0, 0.2)
+                p.normal_(0, std)
             if key.endswith(("A_log", ".D")):
                 p.add_(torch.randn_like(p) * 0.3)
     return hf, _build(LlamaConfig.from_dict(hf.config.to_dict()), hf.state_dict(), None, None)
@@ -715,3 +715,92 @@ def test_gguf_nemotron_h_as_llama_cpp_writes_it(tmp_path, arch):
     assert_blocks_compute_the_loaded_model(q, ids)
     with pytest.raises(ValueError, match=match):
         read_gguf(write_nemotron_h_gguf(tmp_path / "bad.gguf", hf, meta=bad))
+
+
+MAMBA1 = dict(vocab_size=101, hidden_size=64, num_hidden_layers=3, state_size=8, expand=2, conv_kernel=4)
+
+
+def mamba1_pair(std=0.1, **kw):
+    """transformers' MambaForCausalLM and ours (its mixers' projections drawn at 0.1: at 0.2 transformers' own float32
+    strays from its float64 by 1.8e-5, ours by 5e-6: test_mamba1_as_close_to_float64_as_transformers)."""
+    return drawn_pair("Mamba", "mixer", std=std, **{**MAMBA1, **kw})
+
+
+def tiny_mamba1(seed, layers=2):
+    return tiny_family("mamba", seed, layers=layers, extra={"mamba_d_state": 8, "mamba_expand": 2, "mamba_d_conv": 4,
+                                                            "mamba_dt_rank": "auto", "mamba_conv_bias": True,
+                                                            "mamba_proj_bias": False, "residual_in_fp32": True})
+
+
+@pytest.mark.parametrize("kw", [{}, dict(use_bias=True, use_conv_bias=False, tie_word_embeddings=False,
+                                         residual_in_fp32=False, time_step_rank=6, conv_kernel=3)],
+                         ids=["plain", "biased-untied"])
+def test_mamba1_every_path_and_saves_match_transformers(tmp_path, kw):
+    """Mamba (MambaForCausalLM): every layer a Mamba(-1) mixer after one norm (its selective scan: a state per channel,
+    decayed by exp(dt A) per state dim), every path against transformers, saves both ways, a pass bitwise its steps
+    (float32, bfloat16)."""
+    from triforce.models.llama import Mamba1Mixer, MixerLayer
+
+    hf, ours = mamba1_pair(**kw)
+    assert all(type(layer) is MixerLayer and type(layer.self_attn) is Mamba1Mixer for layer in ours.model.layers)
+    assert ours.config.kv_heads_per_layer == (0, 0, 0)
+    assert_matches_both_ways(tmp_path, hf, ours)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_pass_equals_steps(ours, dtype)
+
+
+def test_mamba1_as_close_to_float64_as_transformers():
+    """With projections drawn large enough that float32's rounding alone moves the logits past TOL, ours stay as close
+    to transformers' model in float64 as transformers' own float32 forward, within a factor of 1.5."""
+    import copy
+
+    hf, ours = mamba1_pair(std=0.2)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = copy.deepcopy(hf).double()(ids).logits
+        theirs = (hf(ids).logits.double() - exact).abs().max().item()
+        mine = (ours(ids).double() - exact).abs().max().item()
+    assert theirs > 1e-5 and mine <= 1.5 * theirs, (mine, theirs)
+
+
+def test_mamba1_each_part_moves_the_logits():
+    hf, ours = mamba1_pair()
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    m = ours.model.layers[1].self_attn
+    assert_parts_count(hf, ours, ids, (m.A_log, m.D, m.conv1d.weight, m.x_proj.weight[:4], m.x_proj.weight[-8:],
+                                       m.dt_proj.bias, m.in_proj.weight[128:]), lambda cache: cache.ssm[1].zero_())
+
+
+def test_mamba1_caches_roll_back_and_draft_exactly(monkeypatch):
+    """Rollbacks and commit_path rebuild the state from a checkpoint (its replay takes the layer's A), StreamingLLM and
+    retrieval caches give the full cache's logits bitwise, ragged rows keep their own states; with the GPU's path
+    too."""
+    model = tiny_mamba1(0)
+    assert_rollbacks_restore_the_state(model, length=42)
+    assert_draft_caches_exact(tiny_mamba1(3))
+    assert_rows_kept_apart(model)
+    monkeypatch.setattr(cache_module, "check_values", lambda t: False)
+    assert_rollbacks_restore_the_state(model, length=42)
+    assert_rows_kept_apart(model)
+
+
+def test_mamba1_config_defaults_and_refusals():
+    want = transformers.MambaConfig()
+    c = LlamaConfig.from_dict({"model_type": "mamba"})
+    m = c.mamba1
+    assert (m.inner, m.state, m.kernel, m.dt_rank, m.conv_bias, m.proj_bias) == (
+        want.intermediate_size, want.state_size, want.conv_kernel, want.time_step_rank, want.use_conv_bias,
+        want.use_bias)
+    assert c.tie_word_embeddings and c.num_hidden_layers == want.num_hidden_layers
+    d = LlamaConfig.from_dict(want.to_dict()).to_dict()
+    assert LlamaConfig.from_dict(d).to_dict() == d and "num_attention_heads" not in d
+    for bad, match in (({"intermediate_size": 100}, "expand x hidden_size"), ({"hidden_act": "gelu"}, "SiLU"),
+                       ({"num_attention_heads": 4}, "MambaConfig")):
+        with pytest.raises(ValueError, match=match):
+            LlamaConfig.from_dict({"model_type": "mamba", **bad})
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (0, 2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 6)])
+def test_mamba1_greedy_equals_autoregressive(method, opts):
+    assert_greedy_equals_autoregressive(tiny_mamba1(0), tiny_mamba1(1), method, opts)

@@ -29,7 +29,7 @@ import torch
 import triforce_kernels as tk
 from triforce_kernels.tree_mask import tree_attention_mask_trusted
 from triforce_kernels.verify_attention import verify_attention_trusted
-from .config import DeltaNet, LlamaConfig
+from .config import DeltaNet, LlamaConfig, Mamba1
 from .rope import apply_rope, rope_attention_scale, rope_cos_sin, rope_inv_freq, rope_local_inv_freq, rows_inv_freq
 
 __all__ = ["FullCache", "StreamingCache", "RetrievalCache", "TokenTree"]
@@ -240,6 +240,34 @@ def delta_scan(state, q, k, v, beta, decay, counts=None) -> torch.Tensor | None:
     if q is None:
         return None
     return torch.stack(out, 1) if out else v.new_empty(v.shape)
+
+
+def selective_scan(state, x, dt, A, B, C, counts=None) -> torch.Tensor | None:
+    """A Mamba(-1) layer's selective state space model over T tokens, float32: ``state`` ``[b, D, N]`` advanced in
+    place over each row's first ``counts[b]`` tokens (None: all) with ``x`` and ``dt`` ``[b, T, D]``, ``A`` ``[D, N]``,
+    ``B`` ``[b, T, N]``: ``h * exp(dt A) + (dt B) x`` per channel; -> the readouts ``h . C`` ``[b, T, D]`` of ``C``
+    (``[b, T, N]``), or None without it (a replay). PyTorch's ops token by token, the same arithmetic for every token
+    wherever it runs (a step, a tree's node, a replay: every elementwise function value by value)."""
+    from .llama import _lanewise
+
+    T = x.shape[1]
+    real = None if counts is None else torch.arange(T, device=x.device)[None] < counts.long()[:, None]
+    now, out = state, []
+    for t in range(T):
+        decay = _lanewise(torch.exp, dt[:, t, :, None] * A)
+        new = torch.addcmul(now * decay, (dt[:, t, :, None] * B[:, t, None, :]), x[:, t, :, None])
+        now = new if real is None else torch.where(real[:, t, None, None], new, now)
+        if C is not None:
+            out.append((now * C[:, t, None, :]).sum(-1))
+    state.copy_(now)
+    if C is None:
+        return None
+    return torch.stack(out, 1) if out else x.new_empty(x.shape)
+
+
+def _per_row(mask: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """A ``[b]`` row mask shaped to broadcast over a state ``[b, ...]`` (a recurrent layer's: 4-D, Mamba(-1)'s 3-D)."""
+    return mask.view(-1, *([1] * (state.dim() - 1)))
 
 
 def conv_windows(x: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -573,6 +601,7 @@ class _KVCache:
             self._ckpt = [torch.zeros((SSM_CHECKPOINTS,) + shape, device=self.device) if c else None
                           for c in r.layers]
             self._ckpt_pos = torch.full((SSM_CHECKPOINTS, batch_size), -1, dtype=torch.int64, device=self.device)
+            self._mamba1_A = [None] * self.num_layers  # (Mamba(-1)'s A per layer, for its replays: _replay)
             self._ckpt_next = 0
 
     @property
@@ -688,15 +717,19 @@ class _KVCache:
                 state = self.ssm[layer].copy_(self._ckpt[layer][int(j[0])])
             else:
                 state = self._ckpt[layer][j, rows]  # (a copy: the checkpoint stays)
-            self._replay(state, ring[self._batch_index, at], n)
+            self._replay(layer, state, ring[self._batch_index, at], n)
             if not whole:
-                self.ssm[layer].copy_(torch.where(need[:, None, None, None], state, self.ssm[layer]))
+                self.ssm[layer].copy_(torch.where(_per_row(need, state), state, self.ssm[layer]))
         self.ssm_at.copy_(torch.where(need, targets, self.ssm_at))
 
-    def _replay(self, state: torch.Tensor, saved: torch.Tensor, n: torch.Tensor) -> None:
+    def _replay(self, layer: int, state: torch.Tensor, saved: torch.Tensor, n: torch.Tensor) -> None:
         """Advance ``state`` (one layer's, ``[B, *state_shape]``) in place over each row's first ``n[b]`` tokens of
         ``saved`` ``[B, steps, ring_width]`` (what :meth:`_recur` kept of them), through the layer's own scan."""
         r, B = self.recurrent, state.shape[0]
+        if isinstance(r, Mamba1):  # (its A: the layer's parameter, which its forwards hand the cache)
+            x, dt, b = saved.split([r.inner, r.inner, r.state], dim=-1)
+            selective_scan(state, x, dt, self._mamba1_A[layer], b, None, n)
+            return
         if isinstance(r, DeltaNet):
             k, v, beta, decay = saved.split([r.k_heads * r.k_dim, r.v_heads * r.v_dim, r.v_heads, r.v_heads], dim=-1)
             delta_scan(state, None, k.reshape(B, -1, r.k_heads, r.k_dim), v.reshape(B, -1, r.v_heads, r.v_dim), beta,
@@ -755,6 +788,15 @@ class _KVCache:
         return self._recur(layer, saved, step, lambda state, t, n: delta_scan(
             state, q[:, t], k[:, t], v[:, t], beta[:, t], decay[:, t], n))
 
+    def selective(self, layer: int, x, dt, A, B, C, step: Step) -> torch.Tensor:
+        """A Mamba(-1) layer's selective state space model over the step's tokens (float32: ``x`` and ``dt`` ``[b, T,
+        D]``, ``A`` ``[D, N]``, ``B`` and ``C`` ``[b, T, N]``; :func:`selective_scan`) -> ``[b, T, D]``
+        (:meth:`_recur`: each token's x, dt and B kept for a replay, which takes ``A`` as this call gives it)."""
+        self._mamba1_A[layer] = A
+        saved = torch.cat([x, dt, B], -1)
+        return self._recur(layer, saved, step, lambda state, t, n: selective_scan(
+            state, x[:, t], dt[:, t], A, B[:, t], C[:, t], n))
+
     def _recur(self, layer: int, saved: torch.Tensor, step: Step, run) -> torch.Tensor:
         """A recurrent layer over the step's tokens from its state at the step's start, each token from its parent's
         state along a tree: ``run(state, tokens, counts)`` advances ``state`` in place over the step's ``tokens`` (a
@@ -774,7 +816,7 @@ class _KVCache:
         rows = torch.arange(b, device=saved.device)
         for t in range(T):  # (each node from its parent's state, a copy)
             p = parent[:, t]
-            node = torch.where((p < 0)[:, None, None, None], state, nodes[rows, p.clamp(min=0)])
+            node = torch.where(_per_row(p < 0, state), state, nodes[rows, p.clamp(min=0)])
             out.append(run(node, slice(t, t + 1), None)[:, 0])
             nodes[:, t] = node
         return torch.stack(out, 1)

@@ -323,6 +323,17 @@ _MAMBA2_NAMES = {"num_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "stat
                  "expand": "mamba_expand", "conv_kernel": "mamba_d_conv", "n_groups": "mamba_n_groups",
                  "use_bias": "mamba_proj_bias", "use_conv_bias": "mamba_conv_bias", "chunk_size": "mamba_chunk_size",
                  "layer_norm_epsilon": "rms_norm_eps"}
+# Mamba (MambaForCausalLM: state-spaces' mamba-130m-hf ... 2.8b): every layer a Mamba(-1) mixer after one norm, no MLP
+# (triforce.models.llama.MixerLayer, Mamba1Mixer: LlamaConfig.mamba1), its residual stream in float32 where
+# residual_in_fp32; its config's names (_MAMBA1_NAMES); no attention (placeholders, as Mamba-2's)
+FAMILIES["mamba"] = Family("MambaForCausalLM", defaults={
+    "vocab_size": 50280, "hidden_size": 768, "num_hidden_layers": 32, "rms_norm_eps": 1e-5, "pad_token_id": 0,
+    "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": True, "mamba_d_state": 16, "mamba_expand": 2,
+    "mamba_d_conv": 4, "mamba_proj_bias": False, "mamba_conv_bias": True, "mamba_dt_rank": "auto",
+    "residual_in_fp32": True, "num_attention_heads": 1, "num_key_value_heads": 1, "max_position_embeddings": 1 << 20})
+_MAMBA1_NAMES = {"state_size": "mamba_d_state", "expand": "mamba_expand", "conv_kernel": "mamba_d_conv",
+                 "use_bias": "mamba_proj_bias", "use_conv_bias": "mamba_conv_bias", "time_step_rank": "mamba_dt_rank",
+                 "layer_norm_epsilon": "rms_norm_eps"}
 # Nemotron-H (NemotronHForCausalLM: NVIDIA's Nemotron-H, Nemotron Nano 2): each layer one block after one RMSNorm, h +
 # block(norm(h)): a Mamba-2 mixer, an attention (no RoPE) or an ungated ReLU-squared MLP, by layers_block_type (or the
 # hybrid_override_pattern's M / * / -); its mixtures' blocks (E, "moe") are not read; its config's names
@@ -1391,6 +1402,39 @@ class DeltaNet:
 
 
 @dataclass(frozen=True)
+class Mamba1:
+    """Mamba(-1) layers (``LlamaConfig.mamba1``: MambaForCausalLM's), as transformers' MambaMixer computes them:
+    ``in_proj`` into x and the gate z (``inner`` each); a causal depthwise convolution of x (``kernel`` taps, biased
+    where ``conv_bias``), SiLU; ``x_proj`` of it into the time step's low rank (``dt_rank``), B and C (``state`` each);
+    ``dt = softplus(dt_proj(dt_low))`` (its bias added in float32); per channel c its state ``h_c`` (``state`` floats,
+    float32) ``h_c * exp(dt_c A_c) + dt_c B x_c`` with ``A = -exp(A_log)`` (``[inner, state]``), the output ``h_c . C +
+    D_c x_c``, times ``silu(z)``; ``out_proj`` (biased where ``proj_bias``). ``layers``: per layer, whether it is
+    one."""
+
+    inner: int
+    state: int
+    kernel: int
+    dt_rank: int
+    conv_bias: bool
+    proj_bias: bool
+    layers: tuple
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner
+
+    @property
+    def state_shape(self) -> tuple:
+        """A row's state of one layer: ``(inner, state)``, float32."""
+        return (self.inner, self.state)
+
+    @property
+    def ring_width(self) -> int:
+        """The floats a cache keeps per token to replay the state: its x, dt and B."""
+        return 2 * self.inner + self.state
+
+
+@dataclass(frozen=True)
 class MLA:
     """DeepSeek's multi-head latent attention (``LlamaConfig.mla``), as the model computes it, absorbed: each token's
     keys and values are one latent ``c`` of ``kv_lora_rank`` (``kv_a_layernorm`` of ``kv_a_proj_with_mqa``'s first
@@ -1898,22 +1942,30 @@ _HARMLESS_ONLY_AT = {
                           and _layer_windows(c)[1] != "layers_block_type",
                           "absent (Granite 4.0: one of 'attention' / 'full_attention' / 'linear_attention' / 'mamba' "
                           "per layer)"),
-    **{key: (lambda v, c: c.model_type in _MAMBA_FAMILIES and _is_int(v) and v >= 1,
-             "absent (Granite 4.0, Bamba: an int >= 1)")
+    **{key: (lambda v, c, key=key: (c.model_type in _MAMBA_FAMILIES or c.model_type == "mamba" and key in (
+        "mamba_d_state", "mamba_d_conv", "mamba_expand")) and _is_int(v) and v >= 1,
+             "absent (Granite 4.0, Bamba, Mamba: an int >= 1)")
        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
                    "mamba_chunk_size")},
+    "mamba_dt_rank": (lambda v, c: c.model_type == "mamba" and (v == "auto" or _is_int(v) and v >= 1),
+                      "absent (Mamba: 'auto' or an int >= 1, its time step's rank)"),
+    **{key: (lambda v, c: c.model_type == "mamba" and v in (True, False, None, "random", "constant")
+             or c.model_type == "mamba" and _is_number(v),
+             "absent (Mamba: its kernels' choice or an initialisation's)")
+       for key in ("use_mambapy", "use_associative_scan", "time_step_scale", "time_step_init_scheme")},
     "mamba_d_head": (lambda v, c: c.model_type in _MAMBA_FAMILIES and (v == "auto" or _is_int(v) and v >= 1),
                      "absent (Granite 4.0, Bamba: 'auto' or an int >= 1)"),
-    **{key: (lambda v, c: c.model_type in _MAMBA_FAMILIES and isinstance(v, bool),
-             "absent (Granite 4.0, Bamba: a bool)") for key in ("mamba_conv_bias", "mamba_proj_bias")},
+    **{key: (lambda v, c: (c.model_type in _MAMBA_FAMILIES or c.model_type == "mamba") and isinstance(v, bool),
+             "absent (Granite 4.0, Bamba, Mamba: a bool)") for key in ("mamba_conv_bias", "mamba_proj_bias")},
     # Bamba's attention layers; its training-only z-loss; its generate's logits to keep (every logit is computed here)
-    "residual_in_fp32": (lambda v, c: c.model_type in ("mamba2", "nemotron_h") and isinstance(v, bool),
-                         "absent (Mamba-2, Nemotron-H: a bool, the residual stream in float32)"),
-    **{key: (lambda v, c: c.model_type in ("mamba2", "nemotron_h") and (v is None or v == "auto" or _is_number(v)),
-             "absent (Mamba-2, Nemotron-H: a number or 'auto', an initialisation's)")
+    "residual_in_fp32": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", "mamba") and isinstance(v, bool),
+                         "absent (Mamba-2, Nemotron-H, Mamba: a bool, the residual stream in float32)"),
+    **{key: (lambda v, c: c.model_type in ("mamba2", "nemotron_h", "mamba")
+             and (v is None or v == "auto" or _is_number(v)),
+             "absent (Mamba-2, Nemotron-H, Mamba: a number or 'auto', an initialisation's)")
        for key in ("time_step_rank", "time_step_min", "time_step_max", "time_step_floor")},
-    "rescale_prenorm_residual": (lambda v, c: c.model_type in ("mamba2", "nemotron_h") and isinstance(v, bool),
-                                 "absent (Mamba-2, Nemotron-H: a bool, an initialisation's)"),
+    "rescale_prenorm_residual": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", "mamba") and isinstance(v, bool),
+                                 "absent (Mamba-2, Nemotron-H, Mamba: a bool, an initialisation's)"),
     "attn_layer_indices": (lambda v, c: c.model_type == "bamba" and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Bamba: null or a list of layer indices)"),
     "z_loss_coefficient": (lambda v, c: c.model_type == "bamba" and (v is None or _is_number(v)),
@@ -2197,6 +2249,23 @@ def _mamba2_keys(d: dict) -> None:
     _own_names(d, _MAMBA2_NAMES, "Mamba-2")
     if d.pop("rms_norm", True) is not True:
         raise ValueError("config rms_norm = false: Mamba-2 is read with its RMSNorms only (transformers' too)")
+
+
+def _mamba1_keys(d: dict) -> None:
+    """A MambaConfig's keys in ``d`` under the model's names, in place (:data:`_MAMBA1_NAMES`); its
+    ``intermediate_size`` (expand x hidden_size, which MambaConfig computes) checked and dropped; attention fields
+    refused (none: the model's placeholders)."""
+    for key in ("num_attention_heads", "num_key_value_heads", "rms_norm_eps"):
+        if key in d:
+            raise ValueError(f"config key {key!r} is not MambaConfig's (its names: {sorted(_MAMBA1_NAMES)})")
+    _own_names(d, _MAMBA1_NAMES, "Mamba")
+    inner = d.pop("intermediate_size", None)
+    expected = d.get("mamba_expand", 2) * d.get("hidden_size", FAMILIES["mamba"].defaults["hidden_size"])
+    if inner is not None and inner != expected:
+        raise ValueError(f"config intermediate_size = {inner!r}: Mamba's is expand x hidden_size ({expected})")
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config hidden_act = {d['hidden_act']!r}: Mamba's mixer is read with SiLU only")
+    d.pop("hidden_act", None)
 
 
 def _nemotron_h_keys(d: dict) -> None:
@@ -3987,10 +4056,21 @@ class LlamaConfig:
         return self.recurrent.conv_dim if self.recurrent is not None else self.hidden_size
 
     @property
-    def recurrent(self) -> "Mamba | DeltaNet | None":
-        """The layers whose state the caches carry from token to token (:attr:`mamba` or :attr:`delta`; a model has
-        one kind), or None."""
-        return self.mamba if self.mamba is not None else self.delta
+    def recurrent(self) -> "Mamba | DeltaNet | Mamba1 | None":
+        """The layers whose state the caches carry from token to token (:attr:`mamba`, :attr:`delta` or
+        :attr:`mamba1`; a model has one kind), or None."""
+        return self.mamba if self.mamba is not None else self.delta if self.delta is not None else self.mamba1
+
+    @property
+    def mamba1(self) -> "Mamba1 | None":
+        """Mamba(-1)'s layers (:class:`Mamba1`: every layer of a ``mamba`` model), or None."""
+        if self.model_type != "mamba":
+            return None
+        x = self.extra
+        rank = x.get("mamba_dt_rank", "auto")
+        return Mamba1(x["mamba_expand"] * self.hidden_size, x["mamba_d_state"], x["mamba_d_conv"],
+                      -(-self.hidden_size // 16) if rank == "auto" else int(rank), bool(x["mamba_conv_bias"]),
+                      bool(x["mamba_proj_bias"]), (True,) * self.num_hidden_layers)
 
     @property
     def delta(self) -> "DeltaNet | None":
@@ -4221,6 +4301,8 @@ class LlamaConfig:
             _own_names(d, _LFM2_NAMES if model_type == "lfm2" else {"tie_embedding": "tie_word_embeddings"}, "LFM2")
         if model_type == "mamba2":
             _mamba2_keys(d)
+        if model_type == "mamba":
+            _mamba1_keys(d)
         if model_type == "nemotron_h":
             _nemotron_h_keys(d)
         if model_type in ("biogpt", "xglm"):
@@ -4512,11 +4594,12 @@ class LlamaConfig:
             for theirs, ours in _NEMOTRON_H_NAMES.items():
                 if ours in d:
                     d[theirs] = d.pop(ours)
-        if self.model_type == "mamba2":  # (Mamba2Config's names; no attention, no MLP, no positions: not its keys)
+        if self.model_type in ("mamba", "mamba2"):  # (MambaConfig's / Mamba2Config's names; no attention, no MLP, no
+            # positions: not their keys)
             for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim",
                         "max_position_embeddings", "rope_theta", "rope_scaling", "partial_rotary_factor"):
                 d.pop(key, None)
-            for theirs, ours in _MAMBA2_NAMES.items():
+            for theirs, ours in (_MAMBA1_NAMES if self.model_type == "mamba" else _MAMBA2_NAMES).items():
                 if ours in d:
                     d[theirs] = d.pop(ours)
         if self.model_type == "gpt_neox_japanese":  # (its MLP's width as a multiple of hidden_size)

@@ -760,6 +760,47 @@ class Mamba2Mixer(nn.Module):
         return self.out_proj(self.norm.weight * groups.view(b, T, m.inner).to(x.dtype))
 
 
+class Mamba1Mixer(nn.Module):
+    """A Mamba(-1) layer (``config.mamba1``: MambaForCausalLM's), as transformers' MambaMixer computes it
+    (:class:`~triforce.models.config.Mamba1`): ``in_proj`` into x and the gate z; the causal depthwise convolution of x
+    (a cache's ring), SiLU; ``x_proj`` into the time step's low rank, B and C; ``dt = softplus(dt_proj.weight dt_low +
+    dt_proj.bias)`` (the product in the dtype, the bias added in float32); the selective scan over the tokens
+    (:meth:`~triforce.models.cache._KVCache.selective`: float32, token by token; without a cache from a zero state),
+    ``A = -exp(A_log)``; its readout rounded to the dtype plus ``D x``, times ``silu(z)``; ``out_proj``. Every
+    elementwise function value by value (:func:`_lanewise`), so a pass keeps the bits of its steps."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        m = self.spec = config.mamba1
+        self.layer, h = layer, config.hidden_size
+        self.in_proj = Linear(h, 2 * m.inner, bias=m.proj_bias)
+        self.conv1d = nn.Conv1d(m.inner, m.inner, m.kernel, groups=m.inner, bias=m.conv_bias,
+                                padding=m.kernel - 1)  # (its weights only)
+        self.x_proj = Linear(m.inner, m.dt_rank + 2 * m.state, bias=False)
+        self.dt_proj = Linear(m.dt_rank, m.inner, bias=True)
+        A = torch.arange(1, m.state + 1, dtype=torch.float32).expand(m.inner, -1)
+        self.A_log = nn.Parameter(torch.log(A).contiguous())
+        self.D = nn.Parameter(torch.ones(m.inner))
+        self.out_proj = Linear(m.inner, h, bias=m.proj_bias)
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        m = self.spec
+        b, T, _ = x.shape
+        xs, z = self.in_proj(x).chunk(2, dim=-1)
+        xs = _lanewise(F.silu, _causal_conv(xs.contiguous(), self.conv1d, self.layer, cache, step))
+        dt_low, B, C = self.x_proj(xs).split([m.dt_rank, m.state, m.state], dim=-1)
+        dt = linear(dt_low.contiguous(), self.dt_proj.weight)
+        dt = _lanewise(F.softplus, dt.float() + self.dt_proj.bias.float())
+        A = -torch.exp(self.A_log.float())
+        xf, Bf, Cf = xs.float(), B.float(), C.float()
+        if cache is not None:
+            y = cache.selective(self.layer, xf, dt, A, Bf, Cf, step)
+        else:  # (from a zero state, as a cache's chain)
+            y = _cache.selective_scan(xf.new_zeros(b, m.inner, m.state), xf, dt, A, Bf, Cf)
+        y = y.to(x.dtype) + xs * self.D.to(x.dtype)
+        return self.out_proj((y * _lanewise(F.silu, z)).to(x.dtype))
+
+
 class GatedDeltaNet(nn.Module):
     """A gated DeltaNet layer (``config.delta``: Qwen3-Next's and Qwen3.5's ``linear_attention`` layers), a layer's
     mixer in place of attention, as transformers' Qwen3_5GatedDeltaNet computes it (:class:`~triforce.models.config.
@@ -1511,6 +1552,8 @@ class MixerLayer(nn.Module):
             self.mlp = (MLP if config.gated_mlp else FeedForward)(config, config.intermediate_size)
         elif kind == "moe":  # (Nemotron 3's mixture blocks)
             self.mlp = SparseMoE(config)
+        elif config.mamba1 is not None:  # (Mamba(-1)'s every layer)
+            self.self_attn = Mamba1Mixer(config, layer)
         else:
             self.self_attn = (Mamba2Mixer if kind == "linear_attention" else Attention)(config, layer)
         self.input_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
@@ -1958,7 +2001,7 @@ class LlamaModel(nn.Module):
                 rows, config.hidden_size))
         if config.embed_layernorm:  # (BLOOM's word_embeddings_layernorm)
             self.embed_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
-        layer = MixerLayer if config.model_type in ("mamba2", "nemotron_h") else DecoderLayer
+        layer = MixerLayer if config.model_type in ("mamba2", "nemotron_h", "mamba") else DecoderLayer
         self.layers = nn.ModuleList(layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps) if config.final_norm else nn.Identity()
         if config.head_transform:  # ModernBERT decoder's prediction head before the logits: norm(act(dense(z)))
