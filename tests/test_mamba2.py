@@ -732,16 +732,19 @@ def tiny_mamba1(seed, layers=2):
                                                             "mamba_proj_bias": False, "residual_in_fp32": True})
 
 
-@pytest.mark.parametrize("kw", [{}, dict(use_bias=True, use_conv_bias=False, tie_word_embeddings=False,
-                                         residual_in_fp32=False, time_step_rank=6, conv_kernel=3)],
-                         ids=["plain", "biased-untied"])
-def test_mamba1_every_path_and_saves_match_transformers(tmp_path, kw):
+@pytest.mark.parametrize("name,kw", [("Mamba", {}),
+                                     ("Mamba", dict(use_bias=True, use_conv_bias=False, tie_word_embeddings=False,
+                                                    residual_in_fp32=False, time_step_rank=6, conv_kernel=3)),
+                                     ("FalconMamba", dict(mixer_rms_eps=1e-3, tie_word_embeddings=False))],
+                         ids=["plain", "biased-untied", "falcon-mamba"])
+def test_mamba1_every_path_and_saves_match_transformers(tmp_path, name, kw):
     """Mamba (MambaForCausalLM): every layer a Mamba(-1) mixer after one norm (its selective scan: a state per channel,
-    decayed by exp(dt A) per state dim), every path against transformers, saves both ways, a pass bitwise its steps
-    (float32, bfloat16)."""
+    decayed by exp(dt A) per state dim); Falcon Mamba's with weightless RMSNorms on dt's low rank, B and C; every path
+    against transformers, saves both ways, a pass bitwise its steps (float32, bfloat16)."""
     from triforce.models.llama import Mamba1Mixer, MixerLayer
 
-    hf, ours = mamba1_pair(**kw)
+    hf, ours = drawn_pair(name, "mixer", std=0.1, **{**MAMBA1, **kw})
+    assert (ours.config.mamba1.bcdt_eps is not None) == (name == "FalconMamba")
     assert all(type(layer) is MixerLayer and type(layer.self_attn) is Mamba1Mixer for layer in ours.model.layers)
     assert ours.config.kv_heads_per_layer == (0, 0, 0)
     assert_matches_both_ways(tmp_path, hf, ours)

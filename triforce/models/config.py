@@ -331,6 +331,11 @@ FAMILIES["mamba"] = Family("MambaForCausalLM", defaults={
     "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": True, "mamba_d_state": 16, "mamba_expand": 2,
     "mamba_d_conv": 4, "mamba_proj_bias": False, "mamba_conv_bias": True, "mamba_dt_rank": "auto",
     "residual_in_fp32": True, "num_attention_heads": 1, "num_key_value_heads": 1, "max_position_embeddings": 1 << 20})
+# Falcon Mamba (FalconMambaForCausalLM: falcon-mamba-7b): Mamba's layers with weightless RMSNorms (mixer_rms_eps) on
+# the time step's low rank, B and C after x_proj (LlamaConfig.mamba1's bcdt_eps)
+FAMILIES["falcon_mamba"] = Family("FalconMambaForCausalLM", defaults={**FAMILIES["mamba"].defaults,
+                                                                      "mixer_rms_eps": 1e-6})
+_MAMBA1S = ("mamba", "falcon_mamba")
 _MAMBA1_NAMES = {"state_size": "mamba_d_state", "expand": "mamba_expand", "conv_kernel": "mamba_d_conv",
                  "use_bias": "mamba_proj_bias", "use_conv_bias": "mamba_conv_bias", "time_step_rank": "mamba_dt_rank",
                  "layer_norm_epsilon": "rms_norm_eps"}
@@ -1418,6 +1423,7 @@ class Mamba1:
     conv_bias: bool
     proj_bias: bool
     layers: tuple
+    bcdt_eps: float | None = None  # Falcon Mamba's: weightless RMSNorms of this eps on dt's low rank, B and C
 
     @property
     def conv_dim(self) -> int:
@@ -1942,29 +1948,31 @@ _HARMLESS_ONLY_AT = {
                           and _layer_windows(c)[1] != "layers_block_type",
                           "absent (Granite 4.0: one of 'attention' / 'full_attention' / 'linear_attention' / 'mamba' "
                           "per layer)"),
-    **{key: (lambda v, c, key=key: (c.model_type in _MAMBA_FAMILIES or c.model_type == "mamba" and key in (
+    **{key: (lambda v, c, key=key: (c.model_type in _MAMBA_FAMILIES or c.model_type in _MAMBA1S and key in (
         "mamba_d_state", "mamba_d_conv", "mamba_expand")) and _is_int(v) and v >= 1,
              "absent (Granite 4.0, Bamba, Mamba: an int >= 1)")
        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
                    "mamba_chunk_size")},
-    "mamba_dt_rank": (lambda v, c: c.model_type == "mamba" and (v == "auto" or _is_int(v) and v >= 1),
+    "mixer_rms_eps": (lambda v, c: c.model_type == "falcon_mamba" and _is_number(v) and v > 0,
+                      "absent (Falcon Mamba: a number > 0)"),
+    "mamba_dt_rank": (lambda v, c: c.model_type in _MAMBA1S and (v == "auto" or _is_int(v) and v >= 1),
                       "absent (Mamba: 'auto' or an int >= 1, its time step's rank)"),
-    **{key: (lambda v, c: c.model_type == "mamba" and v in (True, False, None, "random", "constant")
-             or c.model_type == "mamba" and _is_number(v),
+    **{key: (lambda v, c: c.model_type in _MAMBA1S and v in (True, False, None, "random", "constant")
+             or c.model_type in _MAMBA1S and _is_number(v),
              "absent (Mamba: its kernels' choice or an initialisation's)")
        for key in ("use_mambapy", "use_associative_scan", "time_step_scale", "time_step_init_scheme")},
     "mamba_d_head": (lambda v, c: c.model_type in _MAMBA_FAMILIES and (v == "auto" or _is_int(v) and v >= 1),
                      "absent (Granite 4.0, Bamba: 'auto' or an int >= 1)"),
-    **{key: (lambda v, c: (c.model_type in _MAMBA_FAMILIES or c.model_type == "mamba") and isinstance(v, bool),
+    **{key: (lambda v, c: (c.model_type in _MAMBA_FAMILIES or c.model_type in _MAMBA1S) and isinstance(v, bool),
              "absent (Granite 4.0, Bamba, Mamba: a bool)") for key in ("mamba_conv_bias", "mamba_proj_bias")},
     # Bamba's attention layers; its training-only z-loss; its generate's logits to keep (every logit is computed here)
-    "residual_in_fp32": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", "mamba") and isinstance(v, bool),
+    "residual_in_fp32": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", *_MAMBA1S) and isinstance(v, bool),
                          "absent (Mamba-2, Nemotron-H, Mamba: a bool, the residual stream in float32)"),
-    **{key: (lambda v, c: c.model_type in ("mamba2", "nemotron_h", "mamba")
+    **{key: (lambda v, c: c.model_type in ("mamba2", "nemotron_h", *_MAMBA1S)
              and (v is None or v == "auto" or _is_number(v)),
              "absent (Mamba-2, Nemotron-H, Mamba: a number or 'auto', an initialisation's)")
        for key in ("time_step_rank", "time_step_min", "time_step_max", "time_step_floor")},
-    "rescale_prenorm_residual": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", "mamba") and isinstance(v, bool),
+    "rescale_prenorm_residual": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", *_MAMBA1S) and isinstance(v, bool),
                                  "absent (Mamba-2, Nemotron-H, Mamba: a bool, an initialisation's)"),
     "attn_layer_indices": (lambda v, c: c.model_type == "bamba" and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Bamba: null or a list of layer indices)"),
@@ -4064,13 +4072,14 @@ class LlamaConfig:
     @property
     def mamba1(self) -> "Mamba1 | None":
         """Mamba(-1)'s layers (:class:`Mamba1`: every layer of a ``mamba`` model), or None."""
-        if self.model_type != "mamba":
+        if self.model_type not in _MAMBA1S:
             return None
         x = self.extra
         rank = x.get("mamba_dt_rank", "auto")
         return Mamba1(x["mamba_expand"] * self.hidden_size, x["mamba_d_state"], x["mamba_d_conv"],
                       -(-self.hidden_size // 16) if rank == "auto" else int(rank), bool(x["mamba_conv_bias"]),
-                      bool(x["mamba_proj_bias"]), (True,) * self.num_hidden_layers)
+                      bool(x["mamba_proj_bias"]), (True,) * self.num_hidden_layers,
+                      float(x.get("mixer_rms_eps", 1e-6)) if self.model_type == "falcon_mamba" else None)
 
     @property
     def delta(self) -> "DeltaNet | None":
@@ -4301,7 +4310,7 @@ class LlamaConfig:
             _own_names(d, _LFM2_NAMES if model_type == "lfm2" else {"tie_embedding": "tie_word_embeddings"}, "LFM2")
         if model_type == "mamba2":
             _mamba2_keys(d)
-        if model_type == "mamba":
+        if model_type in _MAMBA1S:
             _mamba1_keys(d)
         if model_type == "nemotron_h":
             _nemotron_h_keys(d)
@@ -4594,12 +4603,12 @@ class LlamaConfig:
             for theirs, ours in _NEMOTRON_H_NAMES.items():
                 if ours in d:
                     d[theirs] = d.pop(ours)
-        if self.model_type in ("mamba", "mamba2"):  # (MambaConfig's / Mamba2Config's names; no attention, no MLP, no
+        if self.model_type in (*_MAMBA1S, "mamba2"):  # (MambaConfig's / Mamba2Config's names; no attention, no MLP, no
             # positions: not their keys)
             for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim",
                         "max_position_embeddings", "rope_theta", "rope_scaling", "partial_rotary_factor"):
                 d.pop(key, None)
-            for theirs, ours in (_MAMBA1_NAMES if self.model_type == "mamba" else _MAMBA2_NAMES).items():
+            for theirs, ours in (_MAMBA1_NAMES if self.model_type in _MAMBA1S else _MAMBA2_NAMES).items():
                 if ours in d:
                     d[theirs] = d.pop(ours)
         if self.model_type == "gpt_neox_japanese":  # (its MLP's width as a multiple of hidden_size)

@@ -789,6 +789,8 @@ class Mamba1Mixer(nn.Module):
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         xs = _lanewise(F.silu, _causal_conv(xs.contiguous(), self.conv1d, self.layer, cache, step))
         dt_low, B, C = self.x_proj(xs).split([m.dt_rank, m.state, m.state], dim=-1)
+        if m.bcdt_eps is not None:  # (Falcon Mamba's weightless RMSNorms: Llama 4's L2 norm's arithmetic)
+            dt_low, B, C = (_l2_norm(t, m.bcdt_eps) for t in (dt_low, B, C))
         dt = linear(dt_low.contiguous(), self.dt_proj.weight)
         dt = _lanewise(F.softplus, dt.float() + self.dt_proj.bias.float())
         A = -torch.exp(self.A_log.float())
@@ -2001,7 +2003,7 @@ class LlamaModel(nn.Module):
                 rows, config.hidden_size))
         if config.embed_layernorm:  # (BLOOM's word_embeddings_layernorm)
             self.embed_layernorm = make_norm(config, config.hidden_size, config.rms_norm_eps)
-        layer = MixerLayer if config.model_type in ("mamba2", "nemotron_h", "mamba") else DecoderLayer
+        layer = MixerLayer if config.model_type in ("mamba2", "nemotron_h", "mamba", "falcon_mamba") else DecoderLayer
         self.layers = nn.ModuleList(layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = make_norm(config, config.hidden_size, config.rms_norm_eps) if config.final_norm else nn.Identity()
         if config.head_transform:  # ModernBERT decoder's prediction head before the logits: norm(act(dense(z)))
