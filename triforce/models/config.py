@@ -1972,7 +1972,8 @@ _HARMLESS_ONLY_AT = {
              and (v is None or v == "auto" or _is_number(v)),
              "absent (Mamba-2, Nemotron-H, Mamba: a number or 'auto', an initialisation's)")
        for key in ("time_step_rank", "time_step_min", "time_step_max", "time_step_floor")},
-    "rescale_prenorm_residual": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", *_MAMBA1S) and isinstance(v, bool),
+    "rescale_prenorm_residual": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", *_MAMBA1S)
+                                 and isinstance(v, bool),
                                  "absent (Mamba-2, Nemotron-H, Mamba: a bool, an initialisation's)"),
     "attn_layer_indices": (lambda v, c: c.model_type == "bamba" and (v is None or isinstance(v, list) and all(
         _is_int(i) and 0 <= i < c.num_hidden_layers for i in v)), "absent (Bamba: null or a list of layer indices)"),

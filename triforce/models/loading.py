@@ -1499,10 +1499,11 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
     if config.model_type in ("granitemoehybrid", "bamba") and config.mamba is not None:  # (its Mamba layers' module:
         sd = {(_MAMBA_OURS.sub(r"\1.mamba.\2", k) if inverse else k.replace(".mamba.", ".self_attn.")): t  # mamba)
               for k, t in sd.items()}
-    if config.model_type in ("mamba2", "nemotron_h", "mamba", "falcon_mamba"):  # (backbone.*: its embeddings, layers' norm and
-        prefix = "model" if config.model_type == "nemotron_h" else "backbone"  # mixer, final norm_f; Nemotron-H's
-        table = [(a, b.replace("PREFIX", prefix)) for a, b in _MAMBA2_BACK] if inverse else _MAMBA2_NAMES  # MLP
+    if config.model_type in ("mamba2", "nemotron_h", "mamba", "falcon_mamba"):
+        # (backbone.*: its embeddings, layers' norm and mixer, final norm_f; Nemotron-H's model.*, its MLP and mixture
         # blocks' mixer our mlp)
+        prefix = "model" if config.model_type == "nemotron_h" else "backbone"
+        table = [(a, b.replace("PREFIX", prefix)) for a, b in _MAMBA2_BACK] if inverse else _MAMBA2_NAMES
         mlps = {i for i, t in enumerate(config.block_types) if t in ("mlp", "moe")}
         out = {}
         for name, t in sd.items():
