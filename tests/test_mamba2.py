@@ -807,3 +807,43 @@ def test_mamba1_config_defaults_and_refusals():
                          ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 6)])
 def test_mamba1_greedy_equals_autoregressive(method, opts):
     assert_greedy_equals_autoregressive(tiny_mamba1(0), tiny_mamba1(1), method, opts)
+
+
+@pytest.mark.parametrize("name", ["Mamba", "FalconMamba"])
+def test_gguf_mamba_as_llama_cpp_writes_it(tmp_path, name):
+    """A mamba GGUF (MambaModel's converter: head_count and feed_forward_length 0, ssm.* keys, A as -exp(A_log)
+    [inner, state], the convolution squeezed; Falcon Mamba's with ssm.dt_b_c_rms, its norms' eps the layers' as
+    llama.cpp takes it) loads as the checkpoint: transformers' logits; Q8_0 / Q5_0 blocks bitwise."""
+    import dataclasses
+    import math
+
+    import numpy as np
+
+    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+
+    falcon = name == "FalconMamba"  # (its mixer_rms_eps as the layers' eps: the file has one)
+    hf, ours = drawn_pair(name, "mixer", std=0.1, **{**MAMBA1, "vocab_size": 104, "hidden_size": 64},
+                          **({"mixer_rms_eps": 1e-5} if falcon else {}))
+    c = hf.config
+    kv = {"context_length": 1 << 20, "embedding_length": c.hidden_size, "feed_forward_length": 0,
+          "attention.head_count": 0, "block_count": c.num_hidden_layers, "ssm.conv_kernel": c.conv_kernel,
+          "ssm.inner_size": c.intermediate_size, "ssm.state_size": c.state_size,
+          "ssm.time_step_rank": c.time_step_rank, "attention.layer_norm_rms_epsilon": float(c.layer_norm_epsilon),
+          "ssm.dt_b_c_rms": falcon, "vocab_size": c.vocab_size}
+
+    def convert(key, t):
+        return -torch.exp(t) if key.endswith("A_log") else t.squeeze(1) if key.endswith("conv1d.weight") else t
+
+    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "mamba", kv, convert=convert)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    assert loaded.config.model_type == ("falcon_mamba" if falcon else "mamba")
+    got, want = loaded.config.mamba1, ours.config.mamba1  # (the file's eps a float32)
+    assert dataclasses.replace(got, bcdt_eps=want.bcdt_eps) == want
+    assert (got.bcdt_eps is None) == (want.bcdt_eps is None) and (got.bcdt_eps is None or math.isclose(
+        got.bcdt_eps, want.bcdt_eps, rel_tol=1e-6))
+    ids = torch.randint(0, 104, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_converted_gguf(tmp_path / "q.gguf", hf, "mamba", kv, convert=convert,
+                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)

@@ -1963,6 +1963,8 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "granitehybrid": ("granitemoehybrid", True),
                       # Mamba-2 itself (mamba2-*, Mamba-Codestral): no attention, no MLP
                       "mamba2": ("mamba2", False),
+                      # Mamba (mamba-*-hf) and, with ssm.dt_b_c_rms, Falcon Mamba: no attention, no MLP
+                      "mamba": ("mamba", False),
                       # Qwen3-Next, Qwen3.5 (dense and MoE): gated DeltaNet and gated attention layers (_gguf_delta)
                       "qwen3next": ("qwen3_next", False), "qwen35": ("qwen3_5_text", False),
                       "qwen35moe": ("qwen3_5_moe_text", False),
@@ -2023,6 +2025,8 @@ _GGUF_ARCH_KEYS = {
     "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
     "lfm2moe": ("shortconv.l_cache", "expert_gating_func", "leading_dense_block_count"),  # (_gguf_lfm2)
     **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_SSM_KEYS),  # (_gguf_mamba)
+    "mamba": ("ssm.conv_kernel", "ssm.state_size", "ssm.inner_size", "ssm.time_step_rank",
+              "ssm.dt_b_c_rms"),  # (_gguf_mamba1)
     "nemotron_h_moe": (*_GGUF_SSM_KEYS, "expert_shared_count", "expert_weights_norm", "expert_weights_scale",
                        "expert_group_count", "expert_group_used_count", "expert_gating_func"),  # (_gguf_nemotron_h)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
@@ -2376,6 +2380,11 @@ _GGUF_DELTA_TENSORS = {**{k: v for k, v in _GGUF_LAYER_TENSORS.items() if k != "
                        "ssm_conv1d.weight": "self_attn.conv1d.weight", "ssm_dt.bias": "self_attn.dt_bias",
                        "ssm_a": "self_attn.A_log", "ssm_norm.weight": "self_attn.norm.weight",
                        "ssm_out.weight": "self_attn.out_proj.weight"}
+# mamba: each layer's norm (attn_norm) and its Mamba(-1) mixer's tensors
+_GGUF_MAMBA1_TENSORS = {"attn_norm.weight": "input_layernorm.weight", **{
+    f"ssm_{k}.{b}": f"self_attn.{v}.{b}" for k, v in (("in", "in_proj"), ("conv1d", "conv1d"), ("x", "x_proj"),
+                                                      ("dt", "dt_proj"), ("out", "out_proj"))
+    for b in ("weight", "bias")}, "ssm_a": "self_attn.A_log", "ssm_d": "self_attn.D"}
 # lfm2moe: lfm2's, its mixtures' router's expert bias as exp_probs_b
 _GGUF_LFM2MOE_TENSORS = {**_GGUF_LFM2_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
@@ -2391,6 +2400,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
                 **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_GRANITE_HYBRID_TENSORS),
+                "mamba": _GGUF_MAMBA1_TENSORS,
                 "nemotron_h_moe": {**_GGUF_GRANITE_HYBRID_TENSORS,
                                    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
                 **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
@@ -2441,7 +2451,7 @@ def read_gguf(path: Path, skip=None, reader=None):
 
     tensors = {t.name: t for t in reader.tensors}
     hidden = int(need("embedding_length"))
-    if arch == "mamba2":  # (no attention: the model's placeholders, one head of the hidden width)
+    if arch in ("mamba2", "mamba"):  # (no attention: the model's placeholders, one head of the hidden width)
         n_head = n_kv = 1
     else:
         n_head = int(need("attention.head_count"))
@@ -2560,6 +2570,10 @@ def read_gguf(path: Path, skip=None, reader=None):
     if arch == "mamba2":  # (its MLP's width: none, the placeholder 1; its residual stream in float32, as llama.cpp's)
         extra.update(_gguf_mamba(reader, arch, path, hidden, tensors), residual_in_fp32=True)
         n_ff = 1
+    if arch == "mamba":  # (its MLP's width: none, the placeholder 1; its residual stream in float32, as llama.cpp's)
+        dt_b_c = _gguf_mamba1(reader, arch, path, hidden, tensors, extra)
+        model_type = "falcon_mamba" if dt_b_c else "mamba"
+        n_ff = 1
     if arch in ("qwen3next", "qwen35", "qwen35moe"):
         extra.update(_gguf_delta(reader, arch, path, int(need("block_count")) - mtp, head_dim, n_ff))
     if arch == "mistral3" and gguf_field(reader, f"{arch}.attention.temperature_scale", 0):
@@ -2619,7 +2633,9 @@ def read_gguf(path: Path, skip=None, reader=None):
             w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
         if key.endswith(("self_attn.conv.weight", "self_attn.conv1d.weight")):
             w = w[:, None]  # (LFM2's, Mamba's convolution: the converter's [channels, taps], nn.Conv1d's [.., 1, ..])
-        if key.endswith(("self_attn.A_log", "self_attn.D", "self_attn.norm.weight")):  # (Mamba's, as its converter
+        if key.endswith("self_attn.A_log") and model_type in ("mamba", "falcon_mamba"):
+            w = torch.log(-w)  # (Mamba(-1)'s A [inner, state], as its converter wrote it: -exp(A_log))
+        elif key.endswith(("self_attn.A_log", "self_attn.D", "self_attn.norm.weight")):  # (Mamba's, as its converter
             w = w.reshape(-1)  # wrote them: A [H, 1] as -exp(A_log), D [H, 1], the norm [groups, inner / groups])
             w = torch.log(-w) if key.endswith("A_log") else w
         sd[key] = w if heads is None else _unpermute(w, heads)
@@ -2641,7 +2657,8 @@ def read_gguf(path: Path, skip=None, reader=None):
     if arch == "apertus":  # (its xIELU numbers: per layer in the file's metadata)
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
-                                                     "granitemoehybrid", "mamba2", "nemotron_h",
+                                                     "granitemoehybrid", "mamba2", "nemotron_h", "mamba",
+                                                     "falcon_mamba",
                                                      *_DELTA_FAMILIES):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
@@ -2836,6 +2853,27 @@ def _gguf_granite_hybrid(reader, arch: str, path: Path, layers: int, hidden: int
                 reader, arch, path, hidden, tensors),
             "position_embedding_type": "rope" if gguf_field(reader, f"{arch}.rope.scaling.finetuned") else "nope",
             "num_local_experts": count, "num_experts_per_tok": used, "shared_intermediate_size": shared}
+
+
+def _gguf_mamba1(reader, arch: str, path: Path, hidden: int, tensors: dict, extra: dict) -> bool:
+    """A mamba file's Mamba(-1) settings into ``extra`` (as llama.cpp's converter, MambaModel, writes them and llama.cpp
+    runs the file): ``ssm.inner_size`` (expand x hidden), ``ssm.state_size``, ``ssm.conv_kernel`` taps,
+    ``ssm.time_step_rank``; biases where the tensors are; the residual stream in float32. -> ``ssm.dt_b_c_rms``:
+    Falcon Mamba's weightless RMSNorms on dt's low rank, B and C, whose eps llama.cpp takes from the layers' norm's
+    (``attention.layer_norm_rms_epsilon``; FalconMambaConfig's own ``mixer_rms_eps`` is not in the file)."""
+    need = lambda key: _gguf_need(reader, arch, path, key)  # noqa: E731
+    inner = need("ssm.inner_size")
+    if inner % hidden:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.ssm.inner_size = {inner} must be a multiple of the "
+                         f"embedding length ({hidden})")
+    dt_b_c = bool(gguf_field(reader, f"{arch}.ssm.dt_b_c_rms", False))
+    extra.update(mamba_expand=inner // hidden, mamba_d_state=need("ssm.state_size"), mamba_d_conv=need(
+        "ssm.conv_kernel"), mamba_dt_rank=need("ssm.time_step_rank"), residual_in_fp32=True,
+                 mamba_conv_bias=any(n.endswith("ssm_conv1d.bias") for n in tensors),
+                 mamba_proj_bias=any(n.endswith("ssm_in.bias") for n in tensors))
+    if dt_b_c:
+        extra["mixer_rms_eps"] = float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon"))
+    return dt_b_c
 
 
 def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, tensors: dict, n_ff) -> dict:
