@@ -847,3 +847,56 @@ def test_gguf_mamba_as_llama_cpp_writes_it(tmp_path, name):
     q = write_converted_gguf(tmp_path / "q.gguf", hf, "mamba", kv, convert=convert,
                              quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
     assert_blocks_compute_the_loaded_model(q, ids)
+
+
+JAMBA = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+             expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=8)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(num_experts=1, tie_word_embeddings=True, mamba_proj_bias=True,
+                                         mamba_conv_bias=False, attn_layer_offset=0, mamba_dt_rank="auto")],
+                         ids=["mixture", "dense-tied-biased"])
+def test_jamba_every_path_and_saves_match_transformers(tmp_path, kw):
+    """Jamba (JambaForCausalLM): Mamba(-1) layers with RMSNorms of their own on dt's low rank, B and C beside attention
+    layers without RoPE, each layer's MLP a mixture (the softmax's top k, not renormalised) or dense; every path against
+    transformers, saves both ways (its experts one by one on disk), a pass bitwise its steps (float32, bfloat16)."""
+    from triforce.models.llama import Attention, Mamba1Mixer
+
+    hf, ours = drawn_pair("Jamba", "mamba", std=0.1, **{**JAMBA, **kw})
+    kinds = [type(layer.self_attn) for layer in ours.model.layers]
+    assert kinds.count(Attention) == 2 and kinds.count(Mamba1Mixer) == 2 and not any(ours.config.rope_layers)
+    assert (ours.config.experts is None) == ("num_experts" in kw)
+    assert_matches_both_ways(tmp_path, hf, ours)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_pass_equals_steps(ours, dtype)
+
+
+def test_jamba_each_part_moves_the_logits():
+    hf, ours = drawn_pair("Jamba", "mamba", std=0.1, **JAMBA)
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    m = ours.model.layers[0].self_attn
+    assert_parts_count(hf, ours, ids, (m.dt_layernorm.weight, m.b_layernorm.weight, m.c_layernorm.weight,
+                                       ours.model.layers[0].mlp.gate.weight), lambda cache: cache.ssm[0].zero_())
+
+
+@pytest.mark.parametrize("method,opts", [TINY_CASES[i] for i in (2, 6)],
+                         ids=[f"{TINY_CASES[i][0]}-{i}" for i in (2, 6)])
+def test_jamba_greedy_equals_autoregressive(method, opts):
+    def tiny_jamba(seed):
+        extra = {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 0,
+                 "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 8, "mamba_dt_rank": 4,
+                 "mamba_expand": 2, "mamba_d_conv": 4, "mamba_conv_bias": True, "mamba_proj_bias": False}
+        return tiny_family("jamba", seed, layers=4, extra=extra)
+    assert_greedy_equals_autoregressive(tiny_jamba(0), tiny_jamba(1), method, opts)
+
+
+def test_jamba_config_reads_its_layers_as_transformers_reads_them():
+    want = transformers.JambaConfig()
+    c = LlamaConfig.from_dict({"model_type": "jamba"})
+    assert c.mamba1.layers == tuple(t == "mamba" for t in want.layers_block_type)
+    assert c.experts.layers == tuple(n > 1 for n in want.layers_num_experts)
+    assert (c.mamba1.dt_rank, c.mamba1.inner, c.experts.count, c.experts.top_k) == (
+        want.mamba_dt_rank, want.mamba_expand * want.hidden_size, want.num_experts, want.num_experts_per_tok)
+    with pytest.raises(ValueError, match="attn_layer_period"):
+        LlamaConfig.from_dict({"model_type": "jamba", "attn_layer_period": 0})

@@ -336,6 +336,19 @@ FAMILIES["mamba"] = Family("MambaForCausalLM", defaults={
 FAMILIES["falcon_mamba"] = Family("FalconMambaForCausalLM", defaults={**FAMILIES["mamba"].defaults,
                                                                       "mixer_rms_eps": 1e-6})
 _MAMBA1S = ("mamba", "falcon_mamba")
+# Jamba (JambaForCausalLM: AI21's Jamba, Jamba 1.5 / 1.6 / 1.7 mini and large): Mamba(-1) layers (LlamaConfig.mamba1,
+# with RMSNorms of their own weights on dt's low rank, B and C) beside attention layers without RoPE (every
+# attn_layer_period-th from attn_layer_offset), each layer's MLP a mixture (every expert_layer_period-th from
+# expert_layer_offset: the softmax's top k, not renormalised, rounded to the dtype) or a SwiGLU MLP, after
+# pre_ff_layernorm; the final norm final_layernorm
+FAMILIES["jamba"] = Family("JambaForCausalLM", defaults={
+    "vocab_size": 65536, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "num_experts": 16,
+    "num_experts_per_tok": 2, "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8,
+    "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256,
+    "mamba_conv_bias": True, "mamba_proj_bias": False})
+_MAMBA1_KEYS = (*_MAMBA1S, "jamba")  # (the families with Mamba(-1)'s mamba_* keys)
 _MAMBA1_NAMES = {"state_size": "mamba_d_state", "expand": "mamba_expand", "conv_kernel": "mamba_d_conv",
                  "use_bias": "mamba_proj_bias", "use_conv_bias": "mamba_conv_bias", "time_step_rank": "mamba_dt_rank",
                  "layer_norm_epsilon": "rms_norm_eps"}
@@ -1424,6 +1437,7 @@ class Mamba1:
     proj_bias: bool
     layers: tuple
     bcdt_eps: float | None = None  # Falcon Mamba's: weightless RMSNorms of this eps on dt's low rank, B and C
+    bcdt_weights: bool = False  # Jamba's: those norms with weights of their own (dt_layernorm, b_ / c_layernorm)
 
     @property
     def conv_dim(self) -> int:
@@ -1948,22 +1962,22 @@ _HARMLESS_ONLY_AT = {
                           and _layer_windows(c)[1] != "layers_block_type",
                           "absent (Granite 4.0: one of 'attention' / 'full_attention' / 'linear_attention' / 'mamba' "
                           "per layer)"),
-    **{key: (lambda v, c, key=key: (c.model_type in _MAMBA_FAMILIES or c.model_type in _MAMBA1S and key in (
+    **{key: (lambda v, c, key=key: (c.model_type in _MAMBA_FAMILIES or c.model_type in _MAMBA1_KEYS and key in (
         "mamba_d_state", "mamba_d_conv", "mamba_expand")) and _is_int(v) and v >= 1,
              "absent (Granite 4.0, Bamba, Mamba: an int >= 1)")
        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
                    "mamba_chunk_size")},
     "mixer_rms_eps": (lambda v, c: c.model_type == "falcon_mamba" and _is_number(v) and v > 0,
                       "absent (Falcon Mamba: a number > 0)"),
-    "mamba_dt_rank": (lambda v, c: c.model_type in _MAMBA1S and (v == "auto" or _is_int(v) and v >= 1),
+    "mamba_dt_rank": (lambda v, c: c.model_type in _MAMBA1_KEYS and (v == "auto" or _is_int(v) and v >= 1),
                       "absent (Mamba: 'auto' or an int >= 1, its time step's rank)"),
-    **{key: (lambda v, c: c.model_type in _MAMBA1S and v in (True, False, None, "random", "constant")
+    **{key: (lambda v, c: c.model_type in _MAMBA1_KEYS and v in (True, False, None, "random", "constant")
              or c.model_type in _MAMBA1S and _is_number(v),
              "absent (Mamba: its kernels' choice or an initialisation's)")
        for key in ("use_mambapy", "use_associative_scan", "time_step_scale", "time_step_init_scheme")},
     "mamba_d_head": (lambda v, c: c.model_type in _MAMBA_FAMILIES and (v == "auto" or _is_int(v) and v >= 1),
                      "absent (Granite 4.0, Bamba: 'auto' or an int >= 1)"),
-    **{key: (lambda v, c: (c.model_type in _MAMBA_FAMILIES or c.model_type in _MAMBA1S) and isinstance(v, bool),
+    **{key: (lambda v, c: (c.model_type in _MAMBA_FAMILIES or c.model_type in _MAMBA1_KEYS) and isinstance(v, bool),
              "absent (Granite 4.0, Bamba, Mamba: a bool)") for key in ("mamba_conv_bias", "mamba_proj_bias")},
     # Bamba's attention layers; its training-only z-loss; its generate's logits to keep (every logit is computed here)
     "residual_in_fp32": (lambda v, c: c.model_type in ("mamba2", "nemotron_h", *_MAMBA1S) and isinstance(v, bool),
@@ -2638,6 +2652,17 @@ _add_checks({key: (lambda v, c: c.model_type == "nemotron_h" and (v is None or i
                    "absent (Nemotron-H: its kernels' / mixtures' / training's setting, not read)")
              for key in ("use_mamba_kernels", "mamba_hidden_act", "mamba_ssm_cache_dtype", "moe_shared_expert_overlap",
                          "mtp_layers_block_type")})
+# Jamba's layer periods and offsets (LlamaConfig.mamba1, experts), its mixture's size, its kernels' and training's keys
+_add_checks({
+    **{key: (lambda v, c, low=low: c.model_type == "jamba" and _is_int(v) and v >= low,
+             f"absent (Jamba: an int >= {low})")
+       for key, low in (("attn_layer_period", 1), ("attn_layer_offset", 0), ("expert_layer_period", 1),
+                        ("expert_layer_offset", 0))}})
+_also("router_aux_loss_coef", lambda v, c: c.model_type == "jamba" and _is_number(v), "Jamba: a number, training's")
+_also("use_mamba_kernels", lambda v, c: c.model_type == "jamba" and isinstance(v, bool), "Jamba: a bool, its kernels'")
+for _key in ("num_experts", "num_experts_per_tok"):
+    _also(_key, lambda v, c: c.model_type == "jamba" and _is_int(v) and v >= 1, "Jamba: an int >= 1")
+_also("output_router_logits", lambda v, c: c.model_type == "jamba" and isinstance(v, bool), "Jamba: a bool")
 # its mixture's shared expert's width and latent projection (Nemotron 3 Super's, not read: null only with mixture
 # blocks)
 _add_checks({"moe_shared_expert_intermediate_size": (
@@ -3643,7 +3668,7 @@ class LlamaConfig:
             return (self.extra.get("position_embedding_type") == "rope",) * n
         if self.model_type == "olmo_hybrid":  # (its NoPE mode: rope_parameters' rope_theta null)
             return (not self.extra.get("no_rope", False),) * n
-        if self.model_type == "nemotron_h":  # (its attention takes no RoPE)
+        if self.model_type in ("nemotron_h", "jamba"):  # (their attention takes no RoPE)
             return (False,) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
             return tuple(t == self.rope_theta for t in _granite_swa_thetas(self) or (self.rope_theta,) * n)
@@ -3848,6 +3873,13 @@ class LlamaConfig:
                            scale=float(get("routed_scaling_factor", 1.0)), scoring="sigmoid", correction_bias=True,
                            groups=(get("n_group", 1), get("topk_group", 1)), group_top2=True, renormalize_eps=1e-20,
                            grouped_router=True, gated=False)
+        if self.model_type == "jamba":  # (the softmax's top k, not renormalised, rounded to the dtype; every
+            x = self.extra  # expert_layer_period-th layer from expert_layer_offset; one expert: none)
+            if x["num_experts"] <= 1:
+                return None
+            period, offset = x["expert_layer_period"], x["expert_layer_offset"]
+            return Experts(x["num_experts"], x["num_experts_per_tok"], self.intermediate_size, False, False,
+                           tuple(i % period == offset for i in range(self.num_hidden_layers)))
         if self.model_type == "hunyuan_v1_moe":  # (the router's weight kept in float32; transformers' shared expert)
             get = self._deepseek
             return Experts(_first(get("num_experts")), _first(get("moe_topk")), self.intermediate_size, True, True,
@@ -4073,9 +4105,16 @@ class LlamaConfig:
     @property
     def mamba1(self) -> "Mamba1 | None":
         """Mamba(-1)'s layers (:class:`Mamba1`: every layer of a ``mamba`` model), or None."""
-        if self.model_type not in _MAMBA1S:
+        if self.model_type not in _MAMBA1_KEYS:
             return None
         x = self.extra
+        if self.model_type == "jamba":  # (its attention layers: every attn_layer_period-th from attn_layer_offset)
+            period, offset = x["attn_layer_period"], x["attn_layer_offset"]
+            layers = tuple(i % period != offset for i in range(self.num_hidden_layers))
+            rank = x.get("mamba_dt_rank", "auto")
+            return Mamba1(x["mamba_expand"] * self.hidden_size, x["mamba_d_state"], x["mamba_d_conv"],
+                          -(-self.hidden_size // 16) if rank == "auto" else int(rank), bool(x["mamba_conv_bias"]),
+                          bool(x["mamba_proj_bias"]), layers, self.rms_norm_eps, True) if any(layers) else None
         rank = x.get("mamba_dt_rank", "auto")
         return Mamba1(x["mamba_expand"] * self.hidden_size, x["mamba_d_state"], x["mamba_d_conv"],
                       -(-self.hidden_size // 16) if rank == "auto" else int(rank), bool(x["mamba_conv_bias"]),
@@ -4604,6 +4643,9 @@ class LlamaConfig:
             for theirs, ours in _NEMOTRON_H_NAMES.items():
                 if ours in d:
                     d[theirs] = d.pop(ours)
+        if self.model_type == "jamba":  # (no RoPE: not its keys)
+            for key in ("rope_theta", "rope_scaling", "partial_rotary_factor"):
+                d.pop(key, None)
         if self.model_type in (*_MAMBA1S, "mamba2"):  # (MambaConfig's / Mamba2Config's names; no attention, no MLP, no
             # positions: not their keys)
             for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim",

@@ -782,6 +782,10 @@ class Mamba1Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.log(A).contiguous())
         self.D = nn.Parameter(torch.ones(m.inner))
         self.out_proj = Linear(m.inner, h, bias=m.proj_bias)
+        if m.bcdt_weights:  # (Jamba's RMSNorms on dt's low rank, B and C)
+            self.dt_layernorm = make_norm(config, m.dt_rank, m.bcdt_eps)
+            self.b_layernorm = make_norm(config, m.state, m.bcdt_eps)
+            self.c_layernorm = make_norm(config, m.state, m.bcdt_eps)
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         m = self.spec
@@ -789,7 +793,9 @@ class Mamba1Mixer(nn.Module):
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         xs = _lanewise(F.silu, _causal_conv(xs.contiguous(), self.conv1d, self.layer, cache, step))
         dt_low, B, C = self.x_proj(xs).split([m.dt_rank, m.state, m.state], dim=-1)
-        if m.bcdt_eps is not None:  # (Falcon Mamba's weightless RMSNorms: Llama 4's L2 norm's arithmetic)
+        if m.bcdt_weights:
+            dt_low, B, C = self.dt_layernorm(dt_low), self.b_layernorm(B), self.c_layernorm(C)
+        elif m.bcdt_eps is not None:  # (Falcon Mamba's weightless RMSNorms: Llama 4's L2 norm's arithmetic)
             dt_low, B, C = (_l2_norm(t, m.bcdt_eps) for t in (dt_low, B, C))
         dt = linear(dt_low.contiguous(), self.dt_proj.weight)
         dt = _lanewise(F.softplus, dt.float() + self.dt_proj.bias.float())
@@ -1574,7 +1580,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         mamba = config.mamba is not None and config.mamba.layers[layer]
         delta = config.delta is not None and config.delta.layers[layer]
-        self.self_attn = (Mamba2Mixer if mamba else GatedDeltaNet if delta else ShortConv if config.conv_layers[layer]
+        mamba1 = config.mamba1 is not None and config.mamba1.layers[layer]  # (Jamba's)
+        self.self_attn = (Mamba2Mixer if mamba else GatedDeltaNet if delta else Mamba1Mixer if mamba1
+                          else ShortConv if config.conv_layers[layer]
                           else LatentAttention if config.mla is not None
                           else MixtureOfAttention if config.attention_experts is not None else Attention)(config, layer)
         experts = config.experts
@@ -1966,7 +1974,7 @@ def _stack_runs(layers, lo: int, hi: int) -> list:
     # LFM2's convolution layers, which the stack does not run: each alone, so that the attention layers between them
     # run in the stack
     convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) in (ShortConv, Mamba2Mixer,
-                                                                                          GatedDeltaNet)]
+                                                                                          GatedDeltaNet, Mamba1Mixer)]
     edges = sorted({lo, *cuts, *convs, *(i + 1 for i in convs if i + 1 < hi), hi})
     return list(zip(edges, edges[1:]))
 

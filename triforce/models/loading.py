@@ -956,6 +956,10 @@ _MAMBA2_BACK = ((r"^model\.embed_tokens\.", "PREFIX.embeddings."), (r"^model\.no
                 (r"^model\.layers\.(\d+)\.self_attn\.", r"PREFIX.layers.\1.mixer."))
 _BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                 (".feed_forward.", ".mlp."))
+_JAMBA_PAIRS = (*_BAMBA_PAIRS, (".mlp.router.", ".mlp.gate."))
+# Jamba's Mamba(-1) layers' weights under the model's self_attn (triforce.models.llama.Mamba1Mixer), back to mamba
+_MAMBA1_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|x_proj\.|dt_proj\.|A_log$|D$|out_proj\.|dt_layernorm\."
+                          r"|b_layernorm\.|c_layernorm\.)")
 # Granite 4.0's Mamba layers' weights under the model's self_attn (triforce.models.llama.Mamba2Mixer), back to mamba
 _MAMBA_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|dt_bias$|A_log$|D$|norm\.weight$|out_proj\.)")
 
@@ -1519,6 +1523,11 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return out
     if config.model_type == "bamba":  # (its MLP feed_forward after pre_ff_layernorm; its final norm final_layernorm)
         return _renamed(sd, [(b, a) for a, b in reversed(_BAMBA_PAIRS)] if inverse else _BAMBA_PAIRS)
+    if config.model_type == "jamba":  # (Bamba's names; its Mamba layers' module mamba, its mixture's router router)
+        if inverse:
+            sd = {_MAMBA1_OURS.sub(r"\1.mamba.\2", k): t for k, t in sd.items()}
+            return _renamed(sd, [(b, a) for a, b in reversed(_JAMBA_PAIRS)])
+        return _renamed({k.replace(".mamba.", ".self_attn."): t for k, t in sd.items()}, _JAMBA_PAIRS)
     if config.model_type == "granitemoehybrid" and config.experts is None:  # (its MLP's names; its mixture's:
         return _granite_dense_names(sd, inverse)  # _expert_names, GraniteMoeShared's)
     if config.model_type == "modernbert-decoder":
