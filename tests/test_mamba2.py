@@ -409,6 +409,15 @@ LAYER_SKIPS = {
     "qwen3_5": ("qwen3_5_text", {"layer_types": ["linear_attention", "linear_attention", "full_attention"],
                                  "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
                                  "linear_value_head_dim": 8}),
+    "olmo_hybrid": ("olmo_hybrid", {"layer_types": ["linear_attention", "full_attention", "linear_attention"],
+                                    "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 8,
+                                    "linear_value_head_dim": 8}),
+    "mamba": ("mamba", {"mamba_d_state": 8, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_dt_rank": "auto",
+                        "mamba_conv_bias": True, "mamba_proj_bias": False, "residual_in_fp32": True}),
+    "jamba": ("jamba", {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+                        "expert_layer_offset": 0, "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 8,
+                        "mamba_dt_rank": 4, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_conv_bias": True,
+                        "mamba_proj_bias": False}),
 }
 
 
