@@ -1,9 +1,11 @@
-"""Benchmark of the recurrent layers' CPU kernels (docs/model.md, "Mamba-2", "Gated DeltaNet"): a step's state update
-and readout, ``cache.ssm_scan`` (``triforce_C::ssm_scan_``) and ``cache.delta_scan`` (``triforce_C::delta_scan_``),
-against the same functions on PyTorch's ops (their fallback, token by token), side by side in one run.
+"""Benchmark of the recurrent layers' CPU kernels (docs/model.md, "Mamba-2", "Gated DeltaNet", the ``mamba`` row): a
+step's state update and readout, ``cache.ssm_scan`` (``triforce_C::ssm_scan_``), ``cache.delta_scan``
+(``triforce_C::delta_scan_``) and ``cache.selective_scan`` (``triforce_C::selective_scan_``), against the same functions
+on PyTorch's ops (their fallback, token by token), side by side in one run.
 
 Shapes: a Granite 4.0 H layer's Mamba-2 state (48 heads of 64 x 128, one group) and Qwen3.5's DeltaNet states
-(0.8B: 16 key and 16 value heads of 128 x 128; 27B: 16 key and 48 value heads), batch 1 and 4, T = 1 (a decode step)
+(0.8B: 16 key and 16 value heads of 128 x 128; 27B: 16 key and 48 value heads), Mamba(-1)'s (mamba-2.8b: 5120
+channels of 16), batch 1 and 4, T = 1 (a decode step)
 and T = 5 (a verification pass). Each call takes the next of ``--states`` states (64 MB and more in all), so that its
 state comes from memory, as a model's many layers' do. Bytes = the state read and written once + the step's inputs
 read and outputs written (float32).
@@ -43,6 +45,17 @@ def delta_case(B, T, Hk, Hv, K, V, count, g):
     return states, inputs, lambda s: cache_module.delta_scan(s, *inputs)
 
 
+def selective_case(B, T, D, N, count, g):
+    """(states, inputs, call(state)) of a Mamba(-1) layer's step."""
+    states = [torch.randn(B, D, N, generator=g) for _ in range(count)]
+    x = torch.randn(B, T, D, generator=g)
+    dt = torch.rand(B, T, D, generator=g) * 0.1
+    A = -torch.rand(D, N, generator=g) - 0.5
+    Bm, C = (torch.randn(B, T, N, generator=g) for _ in range(2))
+    inputs = (x, dt, A, Bm, C)
+    return states, inputs, lambda s: cache_module.selective_scan(s, *inputs)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -52,7 +65,8 @@ def main():
     g = torch.Generator().manual_seed(0)
     cases = [("ssm_scan", "granite-4.0-h", (48, 64, 128, 1), ssm_case),
              ("delta_scan", "qwen3.5-0.8b", (16, 16, 128, 128), delta_case),
-             ("delta_scan", "qwen3.5-27b", (16, 48, 128, 128), delta_case)]
+             ("delta_scan", "qwen3.5-27b", (16, 48, 128, 128), delta_case),
+             ("selective_scan", "mamba-2.8b", (5120, 16), selective_case)]
     for (op, name, dims, make), B, T in itertools.product(cases, (1, 4), (1, 5)):
         states, inputs, call = make(B, T, *dims, a.states, g)
         turn = itertools.cycle(states)

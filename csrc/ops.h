@@ -273,6 +273,17 @@ at::Tensor ssm_scan_(at::Tensor& state, const at::Tensor& x, const at::Tensor& B
 at::Tensor delta_scan_(at::Tensor& state, const std::optional<at::Tensor>& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& beta, const at::Tensor& decay,
                        const std::optional<at::Tensor>& counts);
+// Mamba(-1)'s selective state space model over T tokens (csrc/cpu/selective.cpp), all float32 contiguous CPU tensors:
+// state [b, D, N] updated in place over each row's first counts[b] tokens (default T; the others leave it), x and dt
+// [b, T, D], A [D, N], B [b, T, N]; per channel d and token s = s * exp(dt A[d]) + (dt B) x (exp: triforce's exp_f32,
+// on 16 lanes where N is a multiple of 16 and the build has AVX-512; every multiply-add fused where the CPU has FMA);
+// with C (B's shape) the readout y = s . C (after the update; in 16 lanes of the dims n % 16, each in order, summed
+// per quad (l0 + l2) + (l1 + l3), then (q0 + q1) + (q2 + q3); a token past its row's count reads the state as it is)
+// -> [b, T, D], without (a replay) an empty tensor. Each channel is one thread's: the bits never depend on the
+// threads or on T.
+at::Tensor selective_scan_(at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& A,
+                           const at::Tensor& B, const std::optional<at::Tensor>& C,
+                           const std::optional<at::Tensor>& counts);
 
 // ---- accept / reject sampling (docs/design.md 3.3) ------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> chain_speculative_sample(const at::Tensor& draft_tokens,

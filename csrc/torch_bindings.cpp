@@ -68,6 +68,8 @@ TORCH_LIBRARY(triforce_C, m) {
         "Tensor? counts=None) -> Tensor");
   m.def("delta_scan_(Tensor(a!) state, Tensor? q, Tensor k, Tensor v, Tensor beta, Tensor decay, "
         "Tensor? counts=None) -> Tensor");
+  m.def("selective_scan_(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor? C, "
+        "Tensor? counts=None) -> Tensor");
   // decoder_layers' thread team (csrc/include/triforce/team.h): [forwards with a team, of them stalled, indices
   // the workers ran], since the process started
   m.def("forward_team_stats() -> int[]", &forward_team_stats);
@@ -113,6 +115,7 @@ TORCH_LIBRARY_IMPL(triforce_C, CPU, m) {
   m.impl("rope_into_", &rope_into_);
   m.impl("ssm_scan_", &ssm_scan_);
   m.impl("delta_scan_", &delta_scan_);
+  m.impl("selective_scan_", &selective_scan_);
 }
 
 #ifdef TRIFORCE_WITH_CUDA

@@ -14,16 +14,6 @@ namespace {
 // tokens while it is in cache, its sums in registers (8 AVX vectors; 64 ran ~10% faster than 32 or 128 here).
 constexpr int kTile = 64;
 
-// a * b + c: one rounding where the CPU fuses (written out, so no path's bits hang on the compiler's contraction),
-// else two (and nothing to contract)
-inline float madd(float a, float b, float c) {
-#ifdef __FMA__
-  return __builtin_fmaf(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-
 // One tile of value columns [v0, v0 + w) of a head's state S [K, V] (s pointing at column v0, rows V apart) through
 // one token: when update, s = s * decay, mem = s^T k (k in order), delta = (v - mem) beta, s += k delta^T; then when
 // q, out = s^T q (k in order). Width is a compile-time kTile (registers) or the last tile's runtime width: one body,
@@ -40,7 +30,7 @@ inline void token_tile(float* __restrict s, int64_t K, int64_t V, Width w, bool 
       const float* row = s + kk * V;
       for (int l = 0; l < w; ++l) {
         const float kept = row[l] * decay;
-        mem[l] = madd(kept, kv, mem[l]);
+        mem[l] = triforce::madd(kept, kv, mem[l]);
       }
     }
     for (int l = 0; l < w; ++l) delta[l] = (v[l] - mem[l]) * beta;
@@ -52,7 +42,7 @@ inline void token_tile(float* __restrict s, int64_t K, int64_t V, Width w, bool 
       float* row = s + kk * V;
       for (int l = 0; l < w; ++l) {
         const float kept = row[l] * decay;
-        row[l] = madd(kv, delta[l], kept);
+        row[l] = triforce::madd(kv, delta[l], kept);
       }
     }
     return;
@@ -64,16 +54,16 @@ inline void token_tile(float* __restrict s, int64_t K, int64_t V, Width w, bool 
       float* row = s + kk * V;
       for (int l = 0; l < w; ++l) {
         const float kept = row[l] * decay;
-        const float now = madd(kv, delta[l], kept);
+        const float now = triforce::madd(kv, delta[l], kept);
         row[l] = now;
-        acc[l] = madd(now, qv, acc[l]);
+        acc[l] = triforce::madd(now, qv, acc[l]);
       }
     }
   } else {  // a token past the row's count: its readout of the state as it is
     for (int64_t kk = 0; kk < K; ++kk) {
       const float qv = q[kk];
       const float* row = s + kk * V;
-      for (int l = 0; l < w; ++l) acc[l] = madd(row[l], qv, acc[l]);
+      for (int l = 0; l < w; ++l) acc[l] = triforce::madd(row[l], qv, acc[l]);
     }
   }
   for (int l = 0; l < w; ++l) out[l] = acc[l];

@@ -246,8 +246,16 @@ def selective_scan(state, x, dt, A, B, C, counts=None) -> torch.Tensor | None:
     """A Mamba(-1) layer's selective state space model over T tokens, float32: ``state`` ``[b, D, N]`` advanced in
     place over each row's first ``counts[b]`` tokens (None: all) with ``x`` and ``dt`` ``[b, T, D]``, ``A`` ``[D, N]``,
     ``B`` ``[b, T, N]``: ``h * exp(dt A) + (dt B) x`` per channel; -> the readouts ``h . C`` ``[b, T, D]`` of ``C``
-    (``[b, T, N]``), or None without it (a replay). PyTorch's ops token by token, the same arithmetic for every token
-    wherever it runs (a step, a tree's node, a replay: every elementwise function value by value)."""
+    (``[b, T, N]``), or None without it (a replay). On the CPU with the extension ``triforce_C::selective_scan_``
+    (csrc/cpu/selective.cpp: each channel's state read once for all T tokens, the same arithmetic for every T and
+    thread count); else PyTorch's ops token by token, the same arithmetic for every token wherever it runs (a step, a
+    tree's node, a replay: every elementwise function value by value). Every path of the model layer goes through
+    it."""
+    op = _cache_op("selective_scan_", "TRIFORCE_SELECTIVE_SCAN")
+    if op is not None and state.device.type == "cpu" and not torch.compiler.is_compiling():
+        out = op(state, x.contiguous(), dt.contiguous(), A.contiguous(), B.contiguous(),
+                 None if C is None else C.contiguous(), counts)
+        return out if C is not None else None
     from .llama import _lanewise
 
     T = x.shape[1]

@@ -188,6 +188,16 @@ inline V exp_reduced(V x, V k) {
   return p * r * r + r + 1.0f;
 }
 
+// a * b + c: one rounding where the CPU fuses (written out, so no path's bits hang on the compiler's contraction),
+// else two (and nothing to contract)
+inline float madd(float a, float b, float c) {
+#ifdef __FMA__
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 inline float exp_f32(float x) {
   // round to nearest by the 1.5 * 2^23 trick (std::floor does not vectorise here); x < -87.3
   // and NaN are handled below, so |x * log2e| < 2^22 wherever the result is used.
