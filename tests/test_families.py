@@ -830,12 +830,12 @@ def test_gguf_rope_freqs_read_as_llama3_rope(tmp_path):
 
 
 def test_gguf_unsupported_architecture_names_it(tmp_path):
-    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "mamba")  # (an architecture not read here: falcon's, bloom's are,
-    # since 2026-12-04)
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "rwkv6")  # (an architecture not read here: falcon's, bloom's are,
+    # since 2026-12-04; mamba's since 2026-12-05)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="architecture 'mamba'; supported: 'llama', 'qwen2', 'qwen3'"):
+    with pytest.raises(ValueError, match="architecture 'rwkv6'; supported: 'llama', 'qwen2', 'qwen3'"):
         Llama.from_pretrained(tmp_path / "m.gguf", cache_dir=False)

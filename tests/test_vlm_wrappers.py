@@ -134,8 +134,8 @@ def test_what_would_not_be_read_so_raises():
         LlamaConfig.from_dict({**LLAVA_1_5_7B, "text_config": {"model_type": "llava"}})
     with pytest.raises(ValueError, match="'hidden_size' of model_type 'llava'"):
         LlamaConfig.from_dict({**LLAVA_1_5_7B, "hidden_size": 8})
-    with pytest.raises(ValueError, match="not supported"):  # a language model no family here reads
-        LlamaConfig.from_dict({**LLAVA_1_5_7B, "text_config": {"model_type": "mamba"}})
+    with pytest.raises(ValueError, match="not supported"):  # a language model no family here reads (RWKV; Mamba is
+        LlamaConfig.from_dict({**LLAVA_1_5_7B, "text_config": {"model_type": "rwkv"}})  # read since 2026-12-05)
 
 
 MLLAMA_TEXT = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=5, num_attention_heads=4,
