@@ -107,17 +107,24 @@ def test_rollback_and_commit_path_rebuild_the_state():
     steps' logits are bitwise those of a cache that only ever saw the accepted tokens."""
     model = tiny(0)
     ids, want = assert_rollbacks_restore_the_state(model, length=42)
+    assert_a_deep_rollback_replays(model, ids, want)
     with torch.no_grad():
-        cache = FullCache(model.config, 2, 96)  # (many one-token forwards, then back over all of them)
-        _steps(model, cache, ids, [12] + [1] * 25)
-        cache.rollback(torch.full((2,), 15, dtype=torch.int32))
-        assert torch.equal(_steps(model, cache, ids[:, 15:], [3, 1]), want[:, 15:19])
         cache = FullCache(model.config, 2, 96)  # (a tree that is a chain, every node accepted: its length as a chain's)
         model(ids[:, :12], cache=cache)
         model(ids[:, 12:15], cache=cache, tree_parents=torch.tensor([[-1, 0, 1]] * 2))
         cache.commit_path(torch.full((2,), 12, dtype=torch.int32), torch.tensor([[0, 1, 2]] * 2),
                           torch.full((2,), 2, dtype=torch.int32))
         assert torch.equal(_steps(model, cache, ids[:, 15:], [1, 2]), want[:, 15:18])
+
+
+def assert_a_deep_rollback_replays(model, ids, want):
+    """After many one-token forwards, a rollback back over all of them (past checkpoints: the state replayed from the
+    last one before it) gives the next steps' logits ``want`` bitwise."""
+    with torch.no_grad():
+        cache = FullCache(model.config, 2, 96)
+        _steps(model, cache, ids, [12] + [1] * 25)
+        cache.rollback(torch.full((2,), 15, dtype=torch.int32))
+        assert torch.equal(_steps(model, cache, ids[:, 15:], [3, 1]), want[:, 15:19])
 
 
 def test_a_rollback_before_every_checkpoint_raises(monkeypatch):

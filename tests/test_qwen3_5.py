@@ -6,14 +6,14 @@ import torch
 
 import triforce.models.cache as cache_module
 from triforce.models import Llama, LlamaConfig
-from triforce.models.cache import FullCache
 from triforce.models.llama import Attention, GatedDeltaNet
 
 from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import TOL, TINY, assert_save_loads, randomize_, tiny_family
-from .test_lfm2 import (_steps, assert_draft_caches_exact, assert_parts_count, assert_rollbacks_restore_the_state,
+from .test_lfm2 import (assert_draft_caches_exact, assert_parts_count, assert_rollbacks_restore_the_state,
                         assert_rows_kept_apart)
-from .test_mamba2 import assert_matches_both_ways, assert_rollback_before_the_checkpoints_raises, stacked_experts_gguf
+from .test_mamba2 import (assert_a_deep_rollback_replays, assert_matches_both_ways,
+                          assert_rollback_before_the_checkpoints_raises, stacked_experts_gguf)
 from .test_sliding_window import assert_pass_equals_steps
 
 transformers = pytest.importorskip("transformers")
@@ -131,11 +131,7 @@ def test_rollback_and_commit_path_rebuild_the_state():
     that only ever saw the accepted tokens."""
     model = tiny(0)
     ids, want = assert_rollbacks_restore_the_state(model, length=42)
-    with torch.no_grad():
-        cache = FullCache(model.config, 2, 96)  # (many one-token forwards, then back over all of them)
-        _steps(model, cache, ids, [12] + [1] * 25)
-        cache.rollback(torch.full((2,), 15, dtype=torch.int32))
-        assert torch.equal(_steps(model, cache, ids[:, 15:], [3, 1]), want[:, 15:19])
+    assert_a_deep_rollback_replays(model, ids, want)
 
 
 def test_a_rollback_before_every_checkpoint_raises(monkeypatch):

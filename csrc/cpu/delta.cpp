@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "../ops.h"
+#include "scan.h"
 #include "triforce/common.h"
 
 namespace {
@@ -97,15 +98,7 @@ at::Tensor delta_scan_(at::Tensor& state, const std::optional<at::Tensor>& q, co
   TORCH_CHECK(beta.sizes() == at::IntArrayRef(per_head) && decay.sizes() == beta.sizes(),
               "delta_scan_: beta and decay must be [b, T, Hv] = ", at::IntArrayRef(per_head), ", got ", beta.sizes(),
               " and ", decay.sizes());
-  std::vector<int64_t> count(b, T);
-  if (counts.has_value()) {
-    TORCH_CHECK(counts->device().is_cpu() && counts->dim() == 1 && counts->size(0) == b &&
-                    (counts->scalar_type() == at::kLong || counts->scalar_type() == at::kInt),
-                "delta_scan_: counts must be an int32 / int64 [b] CPU tensor");
-    const auto c = counts->to(at::kLong).contiguous();
-    const int64_t* cv = c.const_data_ptr<int64_t>();
-    for (int64_t i = 0; i < b; ++i) count[i] = std::min<int64_t>(std::max<int64_t>(cv[i], 0), T);
-  }
+  const std::vector<int64_t> count = triforce::row_counts(counts, b, T, "delta_scan_");
   auto y = q.has_value() ? at::empty({b, T, Hv, V}, v.options()) : at::empty({0}, v.options());
   if (T == 0 || b * Hv * V == 0) return y;
   float* sp = state.data_ptr<float>();

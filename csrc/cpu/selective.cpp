@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "../ops.h"
+#include "scan.h"
 
 namespace {
 
@@ -120,15 +121,7 @@ at::Tensor selective_scan_(at::Tensor& state, const at::Tensor& x, const at::Ten
                 "selective_scan_: state, x, dt, A, B and C must be contiguous float32 CPU tensors");
     TORCH_CHECK(C->sizes() == B.sizes(), "selective_scan_: C must be B's shape ", B.sizes(), ", got ", C->sizes());
   }
-  std::vector<int64_t> count(static_cast<size_t>(b), T);
-  if (counts.has_value()) {
-    TORCH_CHECK(counts->device().is_cpu() && counts->dim() == 1 && counts->size(0) == b &&
-                    (counts->scalar_type() == at::kLong || counts->scalar_type() == at::kInt),
-                "selective_scan_: counts must be an int32 / int64 [b] CPU tensor");
-    const auto c = counts->to(at::kLong).contiguous();
-    const int64_t* cv = c.const_data_ptr<int64_t>();
-    for (int64_t i = 0; i < b; ++i) count[static_cast<size_t>(i)] = std::min<int64_t>(std::max<int64_t>(cv[i], 0), T);
-  }
+  const std::vector<int64_t> count = triforce::row_counts(counts, b, T, "selective_scan_");
   auto y = C.has_value() ? at::empty({b, T, D}, x.options()) : at::empty({0}, x.options());
   if (T == 0 || b * D == 0) return y;
   if (N == 0) {  // no state: nothing to advance, every readout an empty sum

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include "../ops.h"
+#include "scan.h"
 #include "triforce/common.h"
 
 namespace {
@@ -69,15 +70,7 @@ at::Tensor ssm_scan_(at::Tensor& state, const at::Tensor& x, const at::Tensor& B
               "ssm_scan_: dt and decay must be [b, T, H] = ", at::IntArrayRef(per_head), ", got ", dt.sizes(), " and ",
               decay.sizes());
   TORCH_CHECK(D.dim() == 1 && D.size(0) == H, "ssm_scan_: D must be [H = ", H, "], got ", D.sizes());
-  std::vector<int64_t> count(b, T);
-  if (counts.has_value()) {
-    TORCH_CHECK(counts->device().is_cpu() && counts->dim() == 1 && counts->size(0) == b &&
-                    (counts->scalar_type() == at::kLong || counts->scalar_type() == at::kInt),
-                "ssm_scan_: counts must be an int32 / int64 [b] CPU tensor");
-    const auto c = counts->to(at::kLong).contiguous();
-    const int64_t* cv = c.const_data_ptr<int64_t>();
-    for (int64_t i = 0; i < b; ++i) count[i] = std::min<int64_t>(std::max<int64_t>(cv[i], 0), T);
-  }
+  const std::vector<int64_t> count = triforce::row_counts(counts, b, T, "ssm_scan_");
   auto y = at::empty({b, T, H, P}, x.options());
   if (y.numel() == 0 || state.numel() == 0) return y;
   float* sp = state.data_ptr<float>();
