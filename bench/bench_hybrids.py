@@ -5,7 +5,11 @@ and 8 KV heads, an MLP of 4608, its 65536-token tied head) and a Granite 4.0 H-s
 attention layers of 12 query and 4 KV heads, a dense MLP of 4096, a 100352-token head; not a published config) and a
 Qwen3.5-0.8B-like stack (``--model qwen3.5``: 1024 wide, 12 layers of which 9 gated DeltaNet layers of 16 key and 16
 value heads of 128, 4 taps, and 3 gated attention layers of 8 query and 2 KV heads of 256, RoPE on a quarter of each,
-an MLP of 3584, a 248320-token tied head; half of Qwen3.5-0.8B's 24 layers, as we read its config), random weights, over a full cache of ``--context`` tokens; batch 1, T = 1 (a decode step) and T = 5 (a verification
+an MLP of 3584, a 248320-token tied head; half of Qwen3.5-0.8B's 24 layers, as we read its config) and a
+Falcon-H1-0.5B-like stack (``--model falcon-h1``: 1024 wide, 12 layers each of an attention of 8 query and 2 KV heads
+of 64 beside a Mamba-2 mixer 1536 wide, 24 heads of 64 with a state of 128, one group, 4 taps, no gated norm, an MLP of
+2048, a 32784-token head; a third of its 36 layers, as we recall its config: not checked against a published file),
+random weights, over a full cache of ``--context`` tokens; batch 1, T = 1 (a decode step) and T = 5 (a verification
 pass).
 
 Ours: the attention layers in the native layer stack between the recurrent layers (which run as modules, their
@@ -15,7 +19,8 @@ context, T tokens a call (its cache grows by ~60 tokens over the run: noise besi
 turns. Bytes = every weight read once (the head's included) + the KV cache read (+ the Mamba layers' states read and
 written once, the DeltaNet layers' alike); GB/s against the copy bandwidth measured in the same run.
 
-    python -m bench.bench_hybrids [--model lfm2|granite-h|qwen3.5] [--quick] [--context N] [--dtype bfloat16|float32]
+    python -m bench.bench_hybrids [--model lfm2|granite-h|qwen3.5|falcon-h1] [--quick] [--context N]
+                                  [--dtype bfloat16|float32]
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
 import argparse
@@ -50,7 +55,14 @@ SHAPES = {
         "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 3, "linear_num_key_heads": 16,
         "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4, "tie_word_embeddings": True, "max_position_embeddings": 262144,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}})}
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}}),
+    "falcon-h1": ("falcon-h1-0.5b-like-12-layers", "parallel_hybrid_forward", "FalconH1ForCausalLM", {
+        "model_type": "falcon_h1", "vocab_size": 32784, "hidden_size": 1024, "intermediate_size": 2048,
+        "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "mamba_d_ssm": 1536, "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1,
+        "mamba_d_conv": 4, "mamba_rms_norm": False, "max_position_embeddings": 16384, "rope_theta": 100000000000.0,
+        "embedding_multiplier": 5.66, "lm_head_multiplier": 0.039, "key_multiplier": 0.39,
+        "mlp_multipliers": [0.88, 0.59], "ssm_multipliers": [0.35, 0.25, 0.35, 0.5, 0.35]})}
 
 
 def transformers_step(config: LlamaConfig, model: Llama, context: int, T: int, cls: str):

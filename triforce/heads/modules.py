@@ -224,6 +224,13 @@ class HiddenTransfer(DraftHeads):
         Pseudo token ``i`` of anchor ``t`` sits at position ``t+i`` and attends to real positions ``<= t``
         and to pseudo tokens ``1 .. i`` of its anchor, exactly the tree mask the decoding tap builds.
         -> final-normed states ``[A, depth, H]``."""
+        for j, layer in enumerate(model.model.layers[self.layer:], start=self.layer):
+            att = layer._modules.get("self_attn")
+            if "mamba" in layer._modules or not hasattr(att, "project") or not hasattr(layer, "residual"):
+                raise ValueError(f"hidden_transfer heads train through the attention of the layers past their tap; "
+                                 f"layer {j}'s mixer is {'a Mamba mixer beside ' if 'mamba' in layer._modules else ''}"
+                                 f"{type(att).__name__}, whose state this training does not run: use medusa or mlp "
+                                 "heads, or tap a layer past it")
         k_n, S, A = self.depth, h.shape[0], anchors.shape[0]
         x = self.pseudo(h[anchors]).reshape(1, A * k_n, -1)  # [1, A*k, H]
         i = torch.arange(1, k_n + 1, device=h.device)

@@ -319,6 +319,25 @@ FAMILIES["mamba2"] = Family("Mamba2ForCausalLM", defaults={
     "mamba_d_state": 128, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_n_groups": 8, "mamba_proj_bias": False,
     "mamba_conv_bias": True, "residual_in_fp32": True, "num_attention_heads": 1, "num_key_value_heads": 1,
     "intermediate_size": 1, "max_position_embeddings": 1 << 20})
+# Falcon-H1 (FalconH1ForCausalLM: tiiuae's Falcon-H1-0.5B ... 34B, Falcon-H1R, Falcon-H1-Tiny): every layer an attention
+# and a Mamba-2 mixer in parallel on the same normed input, their outputs summed into the residual
+# (LlamaConfig.parallel_mamba), then a SwiGLU MLP (feed_forward) after pre_ff_layernorm; the final norm
+# final_layernorm. Its muP multipliers: the embeddings' (embedding_multiplier) and the logits' (lm_head_multiplier)
+# applied as Granite's and Cohere's, the others folded into the weights they scale on loading (and out on saving:
+# loading._falcon_h1_multipliers); the Mamba mixer's width mamba_d_ssm (else expand x hidden_size), its gated norm
+# normalising before the gate (mamba_norm_before_gate) or after it, or absent (mamba_rms_norm false: y silu(z)), its
+# out_proj biased by projectors_bias
+FAMILIES["falcon_h1"] = Family("FalconH1ForCausalLM", reads=("attention_bias", "mlp_bias"), defaults={
+    "vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "mamba_d_ssm": 1024,
+    "mamba_n_heads": 128, "mamba_d_head": "auto", "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4,
+    "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False, "mamba_norm_before_gate": True,
+    "mamba_rms_norm": False, "projectors_bias": False})
+# Falcon-H1's multipliers (FalconH1Config's defaults: 1, [1, 1], [1] * 5)
+_FALCON_H1_SCALARS = ("lm_head_multiplier", "embedding_multiplier", "key_multiplier", "attention_out_multiplier",
+                      "attention_in_multiplier", "ssm_in_multiplier", "ssm_out_multiplier")
+_FALCON_H1_LISTS = {"mlp_multipliers": 2, "ssm_multipliers": 5}
 _MAMBA2_NAMES = {"num_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "state_size": "mamba_d_state",
                  "expand": "mamba_expand", "conv_kernel": "mamba_d_conv", "n_groups": "mamba_n_groups",
                  "use_bias": "mamba_proj_bias", "use_conv_bias": "mamba_conv_bias", "chunk_size": "mamba_chunk_size",
@@ -371,7 +390,7 @@ _NEMOTRON_H_NAMES = {"ssm_state_size": "mamba_d_state", "mamba_num_heads": "mamb
                      "layer_norm_epsilon": "rms_norm_eps", "mlp_hidden_act": "hidden_act",
                      "use_bias": "mamba_proj_bias"}  # (its Mamba projections' biases; its mamba_proj_bias unread)
 _NEMOTRON_H_BLOCKS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
-_MAMBA_FAMILIES = ("granitemoehybrid", "bamba", "mamba2", "nemotron_h")
+_MAMBA_FAMILIES = ("granitemoehybrid", "bamba", "mamba2", "nemotron_h", "falcon_h1")
 _GRANITE_SWAS = ("granite_swa", "granitemoe_swa")
 _GRANITES = ("granite", *_GRANITE_MOES, "granite_swa", "hyperclovax", "granitemoehybrid")  # Granite's four multipliers
 _HYBRID_ATTENTION = ("attention", "full_attention")  # (its layer_types' attention layers; 'linear_attention': Mamba)
@@ -1367,6 +1386,11 @@ class Mamba:
     proj_bias: bool
     layers: tuple
     dt_min: float = 0.0  # dt clamped below at it (Nemotron-H's time_step_min, as transformers' chunked form clamps)
+    # the output's gated norm: "gate_first" (the grouped RMSNorm of y silu(z), Mamba-2's), "norm_first" (the norm of
+    # y, then times silu(z): Falcon-H1's mamba_norm_before_gate) or "none" (y silu(z), no norm: Falcon-H1's
+    # mamba_rms_norm false)
+    norm: str = "gate_first"
+    out_bias: bool | None = None  # out_proj's bias where it is not in_proj's (Falcon-H1's projectors_bias)
 
     @property
     def conv_dim(self) -> int:
@@ -2663,6 +2687,29 @@ _also("use_mamba_kernels", lambda v, c: c.model_type == "jamba" and isinstance(v
 for _key in ("num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "jamba" and _is_int(v) and v >= 1, "Jamba: an int >= 1")
 _also("output_router_logits", lambda v, c: c.model_type == "jamba" and isinstance(v, bool), "Jamba: a bool")
+def _multiplier(v) -> bool:
+    """A Falcon-H1 multiplier: a finite number, not 0 (folded into a weight, divided out on saving)."""
+    return _is_number(v) and 0 < abs(v) < float("inf")
+
+
+# Falcon-H1's keys (LlamaConfig.mamba, parallel_mamba, embedding_multiplier, logit_scale; the other multipliers folded
+# into the weights on loading)
+_add_checks({
+    "mamba_d_ssm": (lambda v, c: c.model_type == "falcon_h1" and (v is None or _is_int(v) and v >= 1),
+                    "absent (Falcon-H1: null or an int >= 1, its Mamba mixer's width)"),
+    **{key: (lambda v, c: c.model_type == "falcon_h1" and isinstance(v, bool), "absent (Falcon-H1: a bool)")
+       for key in ("mamba_norm_before_gate", "mamba_rms_norm", "projectors_bias")},
+    **{key: (lambda v, c: c.model_type == "falcon_h1" and _multiplier(v), "absent (Falcon-H1: a finite number, not 0)")
+       for key in _FALCON_H1_SCALARS if key != "embedding_multiplier"},
+    **{key: (lambda v, c, n=n: c.model_type == "falcon_h1" and (v is None or isinstance(v, list) and len(v) == n
+                                                                 and all(map(_multiplier, v))),
+             f"absent (Falcon-H1: null or {n} finite numbers, none 0)")
+       for key, n in _FALCON_H1_LISTS.items()}})
+_also("embedding_multiplier", lambda v, c: c.model_type == "falcon_h1" and _multiplier(v), "Falcon-H1: a finite number")
+_also("num_logits_to_keep", lambda v, c: c.model_type == "falcon_h1" and (v is None or _is_int(v)),
+      "Falcon-H1: an int, generate's")
+_also("use_mamba_kernels", lambda v, c: c.model_type == "falcon_h1" and isinstance(v, bool),
+      "Falcon-H1: a bool, its kernels'")
 # its mixture's shared expert's width and latent projection (Nemotron 3 Super's, not read: null only with mixture
 # blocks)
 _add_checks({"moe_shared_expert_intermediate_size": (
@@ -3401,9 +3448,12 @@ class LlamaConfig:
 
     @property
     def logit_scale(self) -> float:
-        """Cohere, Cohere 2: the logits times ``logit_scale`` (in the model's dtype, as transformers); 1.0 elsewhere."""
+        """Cohere, Cohere 2: the logits times ``logit_scale`` (in the model's dtype, as transformers); HyperCLOVA X's
+        ``logits_scaling``, Falcon-H1's ``lm_head_multiplier`` likewise; 1.0 elsewhere."""
         if self.model_type == "hyperclovax":  # (its logits_scaling: a factor)
             return float(self.extra.get("logits_scaling", 1.0))
+        if self.model_type == "falcon_h1":
+            return float(self.extra.get("lm_head_multiplier", 1.0))
         if self.model_type not in (*_COHERES, "cohere2_moe"):
             return 1.0
         return float(self.extra.get("logit_scale", FAMILIES["cohere2"].defaults["logit_scale"]))
@@ -3516,9 +3566,12 @@ class LlamaConfig:
     @property
     def embedding_multiplier(self) -> float:
         """Granite: the embeddings' factor (``embedding_multiplier``); AFMoE's with ``mup_enabled``: sqrt(hidden_size)
-        (a Python float, as transformers multiplies); 1.0 elsewhere (Gemma's is ``embed_scale``, rounded first)."""
+        (a Python float, as transformers multiplies); Falcon-H1's ``embedding_multiplier``; 1.0 elsewhere (Gemma's is
+        ``embed_scale``, rounded first)."""
         if self.model_type == "afmoe":
             return self.hidden_size ** 0.5 if self._deepseek("mup_enabled") else 1.0
+        if self.model_type == "falcon_h1":
+            return float(self.extra.get("embedding_multiplier", 1.0))
         return self._granite("embedding_multiplier")
 
     @property
@@ -4057,6 +4110,8 @@ class LlamaConfig:
         n, kv = self.num_hidden_layers, self.num_key_value_heads
         if self.model_type == "nemotron_h":  # (its attention blocks' only)
             return tuple(kv if t == "full_attention" else 0 for t in self.block_types)
+        if self.parallel_mamba:  # (every layer attends beside its Mamba mixer)
+            return (kv,) * n
         if self.model_type in _LFM2S or self.recurrent is not None:
             return tuple(0 if conv else kv for conv in self.conv_layers)
         if self.model_type != "mimo_v2_flash":
@@ -4151,6 +4206,8 @@ class LlamaConfig:
         x = self.extra  # (no layer_types, or null: GraniteMoeHybridConfig's, every layer Mamba)
         if self.model_type == "nemotron_h":  # (its blocks: Mamba, attention or MLP, each after its own norm)
             types = ["mamba" if t in _MAMBA_TYPES else t for t in self.block_types]
+        elif self.model_type == "falcon_h1":  # (every layer: beside its attention, LlamaConfig.parallel_mamba)
+            types = ["mamba"] * self.num_hidden_layers
         elif self.model_type in ("bamba", "mamba2"):  # (its attention layers by index; none: every layer Mamba)
             attention = x.get("attn_layer_indices") or []
             types = ["attention" if i in attention else "mamba" for i in range(self.num_hidden_layers)]
@@ -4165,9 +4222,21 @@ class LlamaConfig:
         if self.model_type == "nemotron_h":  # (its inner width: the heads', not expand's)
             inner = heads * head_dim
         dt_min = float(x.get("time_step_min", 0.001)) if self.model_type == "nemotron_h" else 0.0
+        norm, out_bias = "gate_first", None
+        if self.model_type == "falcon_h1":  # (its width mamba_d_ssm where given; its norm's place or none)
+            inner = x.get("mamba_d_ssm") or inner
+            norm = ("norm_first" if x.get("mamba_norm_before_gate", True) else "gate_first") \
+                if x.get("mamba_rms_norm", False) else "none"
+            out_bias = bool(x.get("projectors_bias", False))
         return Mamba(heads, inner // heads if head_dim == "auto" else head_dim, get("mamba_n_groups"),
                      get("mamba_d_state"), get("mamba_d_conv"), inner, bool(get("mamba_conv_bias")),
-                     bool(get("mamba_proj_bias")), layers, dt_min)
+                     bool(get("mamba_proj_bias")), layers, dt_min, norm, out_bias)
+
+    @property
+    def parallel_mamba(self) -> bool:
+        """Falcon-H1's layers: an attention and a Mamba-2 mixer (:attr:`mamba`) in parallel on the same normed input,
+        ``h + attn(norm(h)) + mamba(norm(h))``; the caches hold both the layer's keys and its state."""
+        return self.model_type == "falcon_h1"
 
     def _check_mamba(self) -> None:
         m = self.mamba

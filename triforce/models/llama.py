@@ -732,10 +732,11 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(m.heads))
         self.A_log = nn.Parameter(torch.log(torch.arange(1, m.heads + 1, dtype=torch.float32)))
         self.D = nn.Parameter(torch.ones(m.heads))
-        self.norm = nn.Module()
-        self.norm.weight = nn.Parameter(torch.ones(m.inner))
+        if m.norm != "none":  # (Falcon-H1's without mamba_rms_norm: none)
+            self.norm = nn.Module()
+            self.norm.weight = nn.Parameter(torch.ones(m.inner))
         self.eps = config.rms_norm_eps
-        self.out_proj = Linear(m.inner, h, bias=m.proj_bias)
+        self.out_proj = Linear(m.inner, h, bias=m.proj_bias if m.out_bias is None else m.out_bias)
 
     def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
         m = self.spec
@@ -754,9 +755,16 @@ class Mamba2Mixer(nn.Module):
             y = cache.scan(self.layer, xs, B, C, dt, decay, D, step)
         else:  # (from a zero state, as a cache's chain)
             y = _cache.ssm_scan(xs.new_zeros(b, m.heads, m.head_dim, m.state), xs, B, C, dt, decay, D)
-        y = y.reshape(b, T, m.inner).to(x.dtype).float() * _lanewise(F.silu, z.float())
+        y = y.reshape(b, T, m.inner).to(x.dtype).float()
+        gate = _lanewise(F.silu, z.float())
+        if m.norm == "none":  # (Falcon-H1's without its norm)
+            return self.out_proj((y * gate).to(x.dtype))
+        if m.norm == "gate_first":
+            y = y * gate
         groups = y.view(b, T, m.groups, -1)
         groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
+        if m.norm == "norm_first":  # (Falcon-H1's mamba_norm_before_gate: the weight, then the gate, in float32)
+            return self.out_proj((self.norm.weight * groups.view(b, T, m.inner) * gate).to(x.dtype))
         return self.out_proj(self.norm.weight * groups.view(b, T, m.inner).to(x.dtype))
 
 
@@ -1578,11 +1586,14 @@ class MixerLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int):
         super().__init__()
-        mamba = config.mamba is not None and config.mamba.layers[layer]
+        parallel = config.parallel_mamba  # (Falcon-H1's: attention and a Mamba-2 mixer, ``mamba``, side by side)
+        mamba = config.mamba is not None and config.mamba.layers[layer] and not parallel
         delta = config.delta is not None and config.delta.layers[layer]
         mamba1 = config.mamba1 is not None and config.mamba1.layers[layer]  # (Jamba's)
+        if parallel:
+            self.mamba = Mamba2Mixer(config, layer)
         self.self_attn = (Mamba2Mixer if mamba else GatedDeltaNet if delta else Mamba1Mixer if mamba1
-                          else ShortConv if config.conv_layers[layer]
+                          else ShortConv if config.conv_layers[layer] and not parallel
                           else LatentAttention if config.mla is not None
                           else MixtureOfAttention if config.attention_experts is not None else Attention)(config, layer)
         experts = config.experts
@@ -1650,7 +1661,11 @@ class DecoderLayer(nn.Module):
                 return torch.ops.triforce_C.decoder_attn_out_mlp(h, out, *args_out)
             h, x = torch.ops.triforce_C.decoder_attn_out(h, out, *args_out)  # (a mixture: its MLP in Python)
             return h + self.mlp(x)
-        a = self.self_attn(h if self.norm_after else self.input_layernorm(h), cos, sin, cache, step)
+        x = h if self.norm_after else self.input_layernorm(h)
+        a = self.self_attn(x, cos, sin, cache, step)
+        mixer = self._modules.get("mamba")  # (Falcon-H1's, beside the attention on the same input)
+        if mixer is not None:
+            a = mixer(x, cos, sin, cache, step) + a
         norm = self._modules.get("post_attention_layernorm")  # (Cohere 2's parallel block has none)
         if type(norm) is RMSNorm and not self.parallel and not self.sandwich and not self.post_norms \
                 and not self.norm_after \
@@ -1714,6 +1729,8 @@ class DecoderLayer(nn.Module):
         post_norms = bool(self.__dict__.get("post_norms"))  # (the stack's post_norms: no norm before either block)
         att, mlp, norm_in = mods["self_attn"], mods["mlp"], mods["input_layernorm"]
         norm_out = mods.get("post_attention_layernorm", norm_in)
+        if "mamba" in mods:
+            return None  # Falcon-H1's Mamba mixer beside the attention: the modules
         if post_norms:
             norm_in, norm_out = norm_out, mods["post_feedforward_layernorm"]
         if type(att) is not Attention:
@@ -1974,7 +1991,8 @@ def _stack_runs(layers, lo: int, hi: int) -> list:
     # LFM2's convolution layers, which the stack does not run: each alone, so that the attention layers between them
     # run in the stack
     convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) in (ShortConv, Mamba2Mixer,
-                                                                                          GatedDeltaNet, Mamba1Mixer)]
+                                                                                          GatedDeltaNet, Mamba1Mixer)
+             or "mamba" in layers[i]._modules]  # (Falcon-H1's: a Mamba mixer beside the attention)
     edges = sorted({lo, *cuts, *convs, *(i + 1 for i in convs if i + 1 < hi), hi})
     return list(zip(edges, edges[1:]))
 

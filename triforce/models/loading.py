@@ -957,6 +957,64 @@ _MAMBA2_BACK = ((r"^model\.embed_tokens\.", "PREFIX.embeddings."), (r"^model\.no
 _BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
                 (".feed_forward.", ".mlp."))
 _JAMBA_PAIRS = (*_BAMBA_PAIRS, (".mlp.router.", ".mlp.gate."))
+
+
+def _falcon_h1_multipliers(config: LlamaConfig) -> dict:
+    """Falcon-H1's muP multipliers that fold into its weights: ``{module: (weight factor or rows, bias factor or
+    rows)}`` per layer's module under the model's names (``self_attn.k_proj``, ``mamba.in_proj``, ``mlp.gate_proj``,
+    ...; a factor a float, rows a float64 tensor of one factor per output row): the attention's input
+    (attention_in_multiplier: q / k / v's weights), its keys (key_multiplier: k's weight and bias) and output
+    (attention_out_multiplier: o_proj), the Mamba mixer's input (ssm_in_multiplier: in_proj's weight) and output
+    (ssm_out_multiplier: out_proj), in_proj's rows of z, x, B, C and dt (ssm_multipliers, transformers' mup_vector),
+    the MLP's gate (mlp_multipliers[0], before its activation) and output (mlp_multipliers[1]). The embeddings' and the
+    logits' multipliers are the model's own (LlamaConfig.embedding_multiplier, logit_scale)."""
+    x, m = config.extra, config.mamba
+    get = lambda key: float(x.get(key, 1.0))  # noqa: E731
+    attn_in, key, ssm_in = get("attention_in_multiplier"), get("key_multiplier"), get("ssm_in_multiplier")
+    gate, down = x.get("mlp_multipliers") or (1.0, 1.0)
+    z, xs, B, C, dt = x.get("ssm_multipliers") or (1.0,) * 5
+    gs = m.groups * m.state
+    rows = torch.cat([torch.full((n,), float(f), dtype=torch.float64)
+                      for n, f in ((m.inner, z), (m.inner, xs), (gs, B), (gs, C), (m.heads, dt))])
+    out = get("attention_out_multiplier")
+    return {"self_attn.q_proj": (attn_in, 1.0), "self_attn.k_proj": (attn_in * key, key),
+            "self_attn.v_proj": (attn_in, 1.0), "self_attn.o_proj": (out, out),
+            "mamba.in_proj": (rows * ssm_in, rows), "mamba.out_proj": (get("ssm_out_multiplier"),) * 2,
+            "mlp.gate_proj": (float(gate), float(gate)), "mlp.down_proj": (float(down), float(down))}
+
+
+def _falcon_h1_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
+    """Falcon-H1's checkpoint names and weights as the model's, or back with ``inverse``: Bamba's names (its Mamba
+    mixer ``mamba`` kept: the layer's own, beside ``self_attn``), the multipliers of :func:`_falcon_h1_multipliers`
+    folded into the weights they scale (in float64, rounded once to the weight's dtype; divided out on saving). A
+    quantised weight cannot take them: refused where its factor is not 1."""
+    if inverse:
+        sd = dict(sd)
+    else:
+        sd = _renamed(sd, _BAMBA_PAIRS)
+    layer_names = {}
+    for name in sd:
+        m = _LAYER_INDEX.match(name)
+        if m is not None:
+            layer_names.setdefault(m[1], []).append(name)
+    for module, factors in _falcon_h1_multipliers(config).items():
+        for i, names in layer_names.items():
+            prefix = f"model.layers.{i}.{module}."
+            for part, f in zip(("weight", "bias"), factors):
+                if f == 1.0 if isinstance(f, float) else bool((f == 1).all()):
+                    continue
+                t = sd.get(prefix + part)
+                if t is None and part == "weight" and any(n.startswith(prefix) for n in names):
+                    raise ValueError(f"Falcon-H1: no {prefix}weight but its quantised form: its muP multipliers fold "
+                                     "into float weights only")
+                if t is None:
+                    continue
+                if not t.is_floating_point() or t.element_size() < 2:
+                    raise ValueError(f"Falcon-H1: {prefix}{part} is {t.dtype}: its muP multipliers fold into float "
+                                     "weights only")
+                f = f if isinstance(f, float) else f.view(-1, *([1] * (t.dim() - 1)))
+                sd[prefix + part] = ((t.double() / f) if inverse else (t.double() * f)).to(t.dtype)
+    return _renamed(sd, [(b, a) for a, b in reversed(_BAMBA_PAIRS)]) if inverse else sd
 # Jamba's Mamba(-1) layers' weights under the model's self_attn (triforce.models.llama.Mamba1Mixer), back to mamba
 _MAMBA1_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|x_proj\.|dt_proj\.|A_log$|D$|out_proj\.|dt_layernorm\."
                           r"|b_layernorm\.|c_layernorm\.)")
@@ -1521,6 +1579,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
                 name = name.replace(".self_attn.", ".mlp.")
             out[name] = t
         return out
+    if config.model_type == "falcon_h1":  # (Bamba's names; its multipliers folded into the weights)
+        return _falcon_h1_names(config, sd, inverse)
     if config.model_type == "bamba":  # (its MLP feed_forward after pre_ff_layernorm; its final norm final_layernorm)
         return _renamed(sd, [(b, a) for a, b in reversed(_BAMBA_PAIRS)] if inverse else _BAMBA_PAIRS)
     if config.model_type == "jamba":  # (Bamba's names; its Mamba layers' module mamba, its mixture's router router)
@@ -1982,6 +2042,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "nemotron_h": ("nemotron_h", True),
                       # Nemotron 3 (Nemotron 3 Nano): its mixture blocks where nemotron_h's MLP blocks are
                       "nemotron_h_moe": ("nemotron_h", True),
+                      # Falcon-H1: attention and Mamba-2 side by side in every layer (_gguf_falcon_h1; its muP
+                      # multipliers folded into the tensors by the converter; q / k in the checkpoint's order)
+                      "falcon-h1": ("falcon_h1", False),
                       # files of models transformers runs only by their own code, which llama.cpp runs as llama:
                       # InternLM2 / 2.5 and XVERSE (their converters split InternLM2's wqkv and permute q / k as
                       # llama's), EXAONE 3 / 3.5 (q / k in the checkpoint's order: RoPE on halves)
@@ -2033,7 +2096,7 @@ _GGUF_ARCH_KEYS = {
     "mpt": ("attention.clamp_kqv", "attention.max_alibi_bias"),  # (_gguf_mpt)
     "lfm2": ("shortconv.l_cache",),  # (_gguf_lfm2)
     "lfm2moe": ("shortconv.l_cache", "expert_gating_func", "leading_dense_block_count"),  # (_gguf_lfm2)
-    **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_SSM_KEYS),  # (_gguf_mamba)
+    **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h", "falcon-h1"), _GGUF_SSM_KEYS),  # (_gguf_mamba)
     "mamba": ("ssm.conv_kernel", "ssm.state_size", "ssm.inner_size", "ssm.time_step_rank",
               "ssm.dt_b_c_rms"),  # (_gguf_mamba1)
     "nemotron_h_moe": (*_GGUF_SSM_KEYS, "expert_shared_count", "expert_weights_norm", "expert_weights_scale",
@@ -2375,6 +2438,9 @@ _GGUF_GRANITE_HYBRID_TENSORS = {**_GGUF_LAYER_TENSORS, **{f"ssm_{k}.{b}": f"self
     ("in", "in_proj"), ("conv1d", "conv1d"), ("out", "out_proj")) for b in ("weight", "bias")},
     "ssm_dt.bias": "self_attn.dt_bias", "ssm_a": "self_attn.A_log", "ssm_d": "self_attn.D",
     "ssm_norm.weight": "self_attn.norm.weight"}
+# falcon-h1: llama's layer tensors and, beside the attention, its Mamba-2 mixer's (granitehybrid's ssm_*) under mamba
+_GGUF_FALCON_H1_TENSORS = {**_GGUF_LAYER_TENSORS, **{k: v.replace("self_attn.", "mamba.") for k, v in
+                                                     _GGUF_GRANITE_HYBRID_TENSORS.items() if k.startswith("ssm_")}}
 # qwen3next / qwen35 / qwen35moe: the norm after the attention is the one before the MLP (post_attention_norm); the
 # DeltaNet layers' tensors (Qwen3.5's projections; qwen3next's b and a rows as one ssm_ba, its older files' q, k, v
 # and z as one ssm_in: read_gguf splits them); the attention's attn_q holds its gate rows, as the checkpoint's q_proj
@@ -2409,7 +2475,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
                 **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_GRANITE_HYBRID_TENSORS),
-                "mamba": _GGUF_MAMBA1_TENSORS,
+                "mamba": _GGUF_MAMBA1_TENSORS, "falcon-h1": _GGUF_FALCON_H1_TENSORS,
                 "nemotron_h_moe": {**_GGUF_GRANITE_HYBRID_TENSORS,
                                    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
                 **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
@@ -2576,6 +2642,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra.update(_gguf_lfm2(reader, arch, path, int(need("block_count"))))
     if arch == "granitehybrid":
         extra.update(_gguf_granite_hybrid(reader, arch, path, int(need("block_count")), hidden, tensors, n_ff))
+    if arch == "falcon-h1":
+        extra.update(_gguf_falcon_h1(reader, arch, path, hidden, tensors))
     if arch == "mamba2":  # (its MLP's width: none, the placeholder 1; its residual stream in float32, as llama.cpp's)
         extra.update(_gguf_mamba(reader, arch, path, hidden, tensors), residual_in_fp32=True)
         n_ff = 1
@@ -2640,12 +2708,13 @@ def read_gguf(path: Path, skip=None, reader=None):
             w = w[None]  # (llama.cpp's {n_embd}: the gate's one row)
         if key.endswith("e_score_correction_bias"):
             w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
-        if key.endswith(("self_attn.conv.weight", "self_attn.conv1d.weight")):
+        if key.endswith(("self_attn.conv.weight", "self_attn.conv1d.weight", "mamba.conv1d.weight")):
             w = w[:, None]  # (LFM2's, Mamba's convolution: the converter's [channels, taps], nn.Conv1d's [.., 1, ..])
         if key.endswith("self_attn.A_log") and model_type in ("mamba", "falcon_mamba"):
             w = torch.log(-w)  # (Mamba(-1)'s A [inner, state], as its converter wrote it: -exp(A_log))
-        elif key.endswith(("self_attn.A_log", "self_attn.D", "self_attn.norm.weight")):  # (Mamba's, as its converter
-            w = w.reshape(-1)  # wrote them: A [H, 1] as -exp(A_log), D [H, 1], the norm [groups, inner / groups])
+        elif key.endswith(("self_attn.A_log", "self_attn.D", "self_attn.norm.weight", "mamba.A_log", "mamba.D",
+                           "mamba.norm.weight")):  # (Mamba's, as its converter wrote them: A [H, 1] as -exp(A_log),
+            w = w.reshape(-1)  # D [H, 1], the norm [groups, inner / groups]; Falcon-H1's under mamba)
             w = torch.log(-w) if key.endswith("A_log") else w
         sd[key] = w if heads is None else _unpermute(w, heads)
     if arch in ("deepseek2", *_GGUF_DSA):
@@ -2667,7 +2736,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
                                                      "granitemoehybrid", "mamba2", "nemotron_h", "mamba",
-                                                     "falcon_mamba",
+                                                     "falcon_mamba", "falcon_h1",
                                                      *_DELTA_FAMILIES):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
@@ -2910,7 +2979,7 @@ def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, te
                          "MLP width, on layers without attention")
     moe = arch == "nemotron_h_moe"  # (every MLP block a mixture: llama.cpp's rule)
     types = ["full_attention" if k else ("moe" if moe else "mlp") if f else "linear_attention" for k, f in zip(kv, ff)]
-    extra = {"layers_block_type": types, **_gguf_mamba(reader, arch, path, hidden, tensors, nemotron=True)}
+    extra = {"layers_block_type": types, **_gguf_mamba(reader, arch, path, hidden, tensors, any_width=True)}
     if moe:
         gating = int(gguf_field(reader, f"{arch}.expert_gating_func", 2) or 2)
         if gating != 2:
@@ -2929,12 +2998,25 @@ def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, te
     return extra
 
 
-def _gguf_mamba(reader, arch: str, path: Path, hidden: int, tensors: dict, nemotron: bool = False) -> dict:
-    """A granitehybrid, mamba2 or nemotron_h file's Mamba-2 settings (``ssm.*``: ``time_step_rank`` heads,
+def _gguf_falcon_h1(reader, arch: str, path: Path, hidden: int, tensors: dict) -> dict:
+    """A falcon-h1 file's ``extra`` (Falcon-H1 as llama.cpp's converter, FalconH1Model, writes it and llama.cpp runs
+    it): the Mamba-2 mixer of ``ssm.*`` (its width ``ssm.inner_size``, any) beside every layer's attention; its gated
+    norm where the file has ``ssm_norm`` (normalising after the gate, as llama.cpp computes it), else none. The file
+    carries no multiplier: the converter folded each into the tensor it scales, the embeddings' into token_embd and the
+    logits' into output (a tied file's head is token_embd, the embeddings' multiplier in it, as llama.cpp runs it)."""
+    mamba = _gguf_mamba(reader, arch, path, hidden, tensors, any_width=True)
+    return {**mamba, "mamba_d_ssm": mamba["mamba_n_heads"] * mamba["mamba_d_head"],
+            "mamba_rms_norm": any(n.endswith("ssm_norm.weight") for n in tensors), "mamba_norm_before_gate": False,
+            "projectors_bias": any(n.endswith("ssm_out.bias") for n in tensors)}
+
+
+def _gguf_mamba(reader, arch: str, path: Path, hidden: int, tensors: dict, any_width: bool = False) -> dict:
+    """A granitehybrid, mamba2, nemotron_h or falcon-h1 file's Mamba-2 settings (``ssm.*``: ``time_step_rank`` heads,
     ``inner_size`` channels, ``state_size``, ``group_count``, ``conv_kernel``; biases where the tensors are) under the
-    hybrids' config names (``nemotron``: Nemotron-H's inner width is its heads', any)."""
+    hybrids' config names (``any_width``: an inner width not a multiple of the hidden one, Nemotron-H's, its heads',
+    Falcon-H1's, mamba_d_ssm)."""
     heads, inner = (_gguf_need(reader, arch, path, f"ssm.{k}") for k in ("time_step_rank", "inner_size"))
-    if (inner % hidden and not nemotron) or inner % heads:
+    if (inner % hidden and not any_width) or inner % heads:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.ssm.inner_size = {inner} must be a multiple of the "
                          f"embedding length ({hidden}) and of ssm.time_step_rank ({heads})")
     return {"mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": max(inner // hidden, 1),

@@ -914,8 +914,8 @@ def _copy_with_linears(model, replace):
         for i, layer in enumerate(model.model.layers):
             new = copy.copy(layer)
             new._modules = dict(layer._modules)
-            for part in ("self_attn", "mlp"):
-                if part in layer._modules:  # (Mamba-2's layers have no MLP)
+            for part in ("self_attn", "mamba", "mlp"):
+                if part in layer._modules:  # (Mamba-2's layers have no MLP; Falcon-H1's a mixer beside the attention)
                     new._modules[part] = _replace_linears(layer._modules[part], f"model.layers.{i}.{part}", replace)
             layers.append(new)
         clone.model._modules["layers"] = layers
