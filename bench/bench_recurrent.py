@@ -4,13 +4,13 @@ step's state update and readout, ``cache.ssm_scan`` (``triforce_C::ssm_scan_``),
 on PyTorch's ops (their fallback, token by token), side by side in one run.
 
 Shapes: a Granite 4.0 H layer's Mamba-2 state (48 heads of 64 x 128, one group) and Qwen3.5's DeltaNet states
-(0.8B: 16 key and 16 value heads of 128 x 128; 27B: 16 key and 48 value heads), Mamba(-1)'s (mamba-2.8b: 5120
-channels of 16), batch 1 and 4, T = 1 (a decode step)
+(0.8B: 16 key and 16 value heads of 128 x 128; 27B: 16 key and 48 value heads), Kimi Linear's KDA state (32 heads of
+128 x 128, a decay per key channel), Mamba(-1)'s (mamba-2.8b: 5120 channels of 16), batch 1 and 4, T = 1 (a decode step)
 and T = 5 (a verification pass). Each call takes the next of ``--states`` states (64 MB and more in all), so that its
 state comes from memory, as a model's many layers' do. Bytes = the state read and written once + the step's inputs
 read and outputs written (float32).
 
-    python -m bench.bench_recurrent [--quick]   # TRIFORCE_BENCH_CSV=/tmp/x.csv to keep the repo clean
+    python -m bench.bench_recurrent [--quick] [--layer kimi-linear]   # TRIFORCE_BENCH_CSV=/tmp/x.csv: repo clean
 """
 import argparse
 import itertools
@@ -35,14 +35,21 @@ def ssm_case(B, T, H, P, N, G, count, g):
     return states, inputs, lambda s: cache_module.ssm_scan(s, *inputs)
 
 
-def delta_case(B, T, Hk, Hv, K, V, count, g):
-    """(states, inputs, call(state)) of a gated DeltaNet layer's step."""
+def delta_case(B, T, Hk, Hv, K, V, count, g, channel=False):
+    """(states, inputs, call(state)) of a gated DeltaNet layer's step (``channel``: a decay per key channel, KDA's)."""
     states = [torch.randn(B, Hv, K, V, generator=g) for _ in range(count)]
     q, k = (torch.nn.functional.normalize(torch.randn(B, T, Hk, K, generator=g), dim=-1) for _ in range(2))
     v = torch.randn(B, T, Hv, V, generator=g)
-    beta, decay = torch.rand(B, T, Hv, generator=g), torch.exp(-torch.rand(B, T, Hv, generator=g) * 0.1)
+    beta = torch.rand(B, T, Hv, generator=g)
+    decay = torch.exp(-torch.rand((B, T, Hv, K) if channel else (B, T, Hv), generator=g) * 0.1)
     inputs = (q, k, v, beta, decay)
     return states, inputs, lambda s: cache_module.delta_scan(s, *inputs)
+
+
+def kda_case(B, T, H, D, count, g):
+    """(states, inputs, call(state)) of a Kimi Delta Attention layer's step: as many key as value heads, a decay per key
+    channel."""
+    return delta_case(B, T, H, H, D, D, count, g, channel=True)
 
 
 def selective_case(B, T, D, N, count, g):
@@ -60,13 +67,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--states", type=int, default=24, help="states taken in turns (each call's from memory)")
+    p.add_argument("--layer", action="append", help="only these layers (by name, e.g. kimi-linear); default all")
     a = p.parse_args()
     bw = copy_bandwidth("cpu")
     g = torch.Generator().manual_seed(0)
     cases = [("ssm_scan", "granite-4.0-h", (48, 64, 128, 1), ssm_case),
              ("delta_scan", "qwen3.5-0.8b", (16, 16, 128, 128), delta_case),
              ("delta_scan", "qwen3.5-27b", (16, 48, 128, 128), delta_case),
+             ("delta_scan", "kimi-linear", (32, 128), kda_case),
              ("selective_scan", "mamba-2.8b", (5120, 16), selective_case)]
+    cases = [c for c in cases if not a.layer or c[1] in a.layer]
     for (op, name, dims, make), B, T in itertools.product(cases, (1, 4), (1, 5)):
         states, inputs, call = make(B, T, *dims, a.states, g)
         turn = itertools.cycle(states)

@@ -265,7 +265,8 @@ at::Tensor ssm_scan_(at::Tensor& state, const at::Tensor& x, const at::Tensor& B
                      const std::optional<at::Tensor>& counts);
 // The gated DeltaNet recurrence over T tokens (csrc/cpu/delta.cpp), all float32 contiguous CPU tensors: state
 // [b, Hv, K, V] updated in place over each row's first counts[b] tokens (default T; the others leave it), k [b, T, Hk,
-// K] (value head h reads key head h / (Hv / Hk)), v [b, T, Hv, V], beta and decay [b, T, Hv]; per head and token
+// K] (value head h reads key head h / (Hv / Hk)), v [b, T, Hv, V], beta [b, T, Hv], decay [b, T, Hv] (one per head)
+// or [b, T, Hv, K] (one per key channel: S's row k times decay[k], Kimi's KDA); per head and token
 // S = S * decay, then the delta rule S += k (beta (v - S^T k))^T (S^T k over k in order, every multiply-add fused
 // where the CPU has FMA); with q (k's shape) the readout S^T q (k in order, after the update; a token past its row's
 // count reads the state as it is) -> [b, T, Hv, V], without (a replay) an empty tensor. Each head is one thread's:

@@ -84,12 +84,21 @@ def test_as_close_to_float64_as_transformers(case):
     """With weights large enough that float32's rounding alone moves the logits past TOL, ours stay as close to
     transformers' model in float64 as transformers' own float32 forward (its chunked form, and its one-token recurrent
     form run over the whole input), within a factor of 1.5."""
-    import copy
     import importlib
 
     module, config_class, model_class, std, kw = FLOAT64_CASES[case]
     theirs = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     hf, ours = delta_pair(config_class, model_class, std=std, **globals()[kw])
+    assert_as_close_to_float64_as_transformers(hf, ours, theirs, "torch_chunk_gated_delta_rule",
+                                               "torch_recurrent_gated_delta_rule")
+
+
+def assert_as_close_to_float64_as_transformers(hf, ours, theirs, chunked: str, recurrent: str):
+    """``ours`` as close to transformers' ``hf`` run in float64 as ``hf``'s own float32 forward, its chunked form
+    (``theirs.<chunked>``) and its one-token recurrent form (``theirs.<recurrent>``, put in its place) run over the
+    whole input, within a factor of 1.5; both farther than TOL (else the every-path tests cover it)."""
+    import copy
+
     for m in hf.modules():  # (its experts' loop: float64 has no grouped matmul)
         if hasattr(m, "config"):
             m.config._experts_implementation = "eager"
@@ -97,12 +106,12 @@ def test_as_close_to_float64_as_transformers(case):
     with torch.no_grad():
         exact = copy.deepcopy(hf).double()(ids).logits
         errors = [(hf(ids).logits.double() - exact).abs().max().item()]
-        chunked = theirs.torch_chunk_gated_delta_rule
+        kept = getattr(theirs, chunked)
         try:
-            theirs.torch_chunk_gated_delta_rule = theirs.torch_recurrent_gated_delta_rule
+            setattr(theirs, chunked, getattr(theirs, recurrent))
             errors.append((hf(ids).logits.double() - exact).abs().max().item())
         finally:
-            theirs.torch_chunk_gated_delta_rule = chunked
+            setattr(theirs, chunked, kept)
         ours_error = (ours(ids).double() - exact).abs().max().item()
     assert min(errors) > 1e-5 and ours_error <= 1.5 * min(errors), (ours_error, errors)
 

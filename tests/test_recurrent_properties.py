@@ -7,7 +7,8 @@ drawn; a call over T tokens bitwise the same as two calls split anywhere (a veri
 forwards it replays); a row bitwise the same alone as in a batch (the rows of a batch never meet); a row's count (0 to
 T) leaves the tokens past it out of its state, and a replay (no readout) moves the state as the readout call does.
 The shapes straddle the kernels' blocking: the vector path's 16 state dims, the 32-channel and 64-column blocks, key
-heads shared by several value heads, B groups shared by several heads, a single token, none."""
+heads shared by several value heads, B groups shared by several heads, a single token, none; the delta rule's decay one
+per head (gated DeltaNet's) or one per key channel (Kimi's KDA)."""
 import contextlib
 
 import torch
@@ -126,16 +127,18 @@ def test_ssm_scan(b, T, H, reps, P, N, dt_max, seed, which, data):
 
 @given(b=st.integers(1, 3), T=st.integers(0, 6), Hk=st.sampled_from([1, 2]), reps=st.sampled_from([1, 2, 3]),
        K=st.sampled_from([1, 5, 16, 33]), V=st.sampled_from([1, 7, 64, 65, 130]), gate=st.sampled_from([0.0, 1.0, 8.0]),
-       seed=st.integers(0, 2 ** 16), which=st.sampled_from(PATHS), data=st.data())
-@example(b=2, T=5, Hk=2, reps=2, K=8, V=6, gate=1.0, seed=0, which="kernel", data=None)
-def test_delta_scan(b, T, Hk, reps, K, V, gate, seed, which, data):
+       channel=st.booleans(), seed=st.integers(0, 2 ** 16), which=st.sampled_from(PATHS), data=st.data())
+@example(b=2, T=5, Hk=2, reps=2, K=8, V=6, gate=1.0, channel=False, seed=0, which="kernel", data=None)
+@example(b=2, T=5, Hk=2, reps=1, K=8, V=70, gate=1.0, channel=True, seed=0, which="kernel", data=None)
+def test_delta_scan(b, T, Hk, reps, K, V, gate, channel, seed, which, data):
     """The gated delta rule (each key head serving ``reps`` value heads; unit keys and queries as the layer hands
-    them; decays from none to near total)."""
+    them; decays from none to near total, one per head or, ``channel``, one per key channel: Kimi's KDA)."""
     Hv = Hk * reps
     g = _gen(seed)
     q, k = (torch.nn.functional.normalize(torch.randn(b, T, Hk, K, generator=g), dim=-1) for _ in range(2))
     v = torch.randn(b, T, Hv, V, generator=g)
-    beta, decay = torch.rand(b, T, Hv, generator=g), torch.exp(-gate * torch.rand(b, T, Hv, generator=g))
+    beta = torch.rand(b, T, Hv, generator=g)
+    decay = torch.exp(-gate * torch.rand((b, T, Hv, K) if channel else (b, T, Hv), generator=g))
     state = torch.randn(b, Hv, K, V, generator=g)
     counts = _rows(b, T, data) if data is not None else torch.arange(b) % (T + 1)
 
@@ -147,7 +150,7 @@ def test_delta_scan(b, T, Hk, reps, K, V, gate, seed, which, data):
     s64, want, scale = state.double(), [], state.double().abs()
     qh, kh = (t.double().repeat_interleave(reps, dim=2) for t in (q, k))
     for t in range(T):
-        s64 = s64 * decay[:, t, :, None, None].double()
+        s64 = s64 * (decay[:, t, ..., None] if channel else decay[:, t, :, None, None]).double()
         delta = (v[:, t].double() - torch.einsum("bhkv,bhk->bhv", s64, kh[:, t])) * beta[:, t, :, None].double()
         s64 = s64 + kh[:, t, ..., None] * delta[:, :, None, :]
         # (the magnitudes each sum runs through: the state's, and the key's projection of it K-wide)

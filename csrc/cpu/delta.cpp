@@ -17,20 +17,21 @@ constexpr int kTile = 64;
 
 // One tile of value columns [v0, v0 + w) of a head's state S [K, V] (s pointing at column v0, rows V apart) through
 // one token: when update, s = s * decay, mem = s^T k (k in order), delta = (v - mem) beta, s += k delta^T; then when
-// q, out = s^T q (k in order). Width is a compile-time kTile (registers) or the last tile's runtime width: one body,
-// each column's arithmetic the same instructions in either.
+// q, out = s^T q (k in order). The decay of state row kk is decay[kk * dstride]: one per head (dstride 0, gated
+// DeltaNet's) or one per key channel (dstride 1, Kimi's KDA). Width is a compile-time kTile (registers) or the last
+// tile's runtime width: one body, each column's arithmetic the same instructions in either.
 template <typename Width>
 inline void token_tile(float* __restrict s, int64_t K, int64_t V, Width w, bool update, const float* __restrict k,
-                       const float* __restrict v, float beta, float decay, const float* __restrict q,
-                       float* __restrict out) {
+                       const float* __restrict v, float beta, const float* __restrict decay, int64_t dstride,
+                       const float* __restrict q, float* __restrict out) {
   float delta[kTile];
   if (update) {
     float mem[kTile] = {0.f};
     for (int64_t kk = 0; kk < K; ++kk) {
-      const float kv = k[kk];
+      const float kv = k[kk], dk = decay[kk * dstride];
       const float* row = s + kk * V;
       for (int l = 0; l < w; ++l) {
-        const float kept = row[l] * decay;
+        const float kept = row[l] * dk;
         mem[l] = triforce::madd(kept, kv, mem[l]);
       }
     }
@@ -39,10 +40,10 @@ inline void token_tile(float* __restrict s, int64_t K, int64_t V, Width w, bool 
   if (q == nullptr) {  // a replay: the update only
     if (!update) return;
     for (int64_t kk = 0; kk < K; ++kk) {
-      const float kv = k[kk];
+      const float kv = k[kk], dk = decay[kk * dstride];
       float* row = s + kk * V;
       for (int l = 0; l < w; ++l) {
-        const float kept = row[l] * decay;
+        const float kept = row[l] * dk;
         row[l] = triforce::madd(kv, delta[l], kept);
       }
     }
@@ -51,10 +52,10 @@ inline void token_tile(float* __restrict s, int64_t K, int64_t V, Width w, bool 
   float acc[kTile] = {0.f};
   if (update) {
     for (int64_t kk = 0; kk < K; ++kk) {
-      const float kv = k[kk], qv = q[kk];
+      const float kv = k[kk], qv = q[kk], dk = decay[kk * dstride];
       float* row = s + kk * V;
       for (int l = 0; l < w; ++l) {
-        const float kept = row[l] * decay;
+        const float kept = row[l] * dk;
         const float now = triforce::madd(kv, delta[l], kept);
         row[l] = now;
         acc[l] = triforce::madd(now, qv, acc[l]);
@@ -94,10 +95,13 @@ at::Tensor delta_scan_(at::Tensor& state, const std::optional<at::Tensor>& q, co
                 "delta_scan_: state, q, k, v, beta and decay must be contiguous float32 CPU tensors");
     TORCH_CHECK(q->sizes() == k.sizes(), "delta_scan_: q must be k's shape ", k.sizes(), ", got ", q->sizes());
   }
-  const std::vector<int64_t> per_head{b, T, Hv};
-  TORCH_CHECK(beta.sizes() == at::IntArrayRef(per_head) && decay.sizes() == beta.sizes(),
-              "delta_scan_: beta and decay must be [b, T, Hv] = ", at::IntArrayRef(per_head), ", got ", beta.sizes(),
-              " and ", decay.sizes());
+  const std::vector<int64_t> per_head{b, T, Hv}, per_channel{b, T, Hv, K};
+  TORCH_CHECK(beta.sizes() == at::IntArrayRef(per_head) &&
+                  (decay.sizes() == beta.sizes() || decay.sizes() == at::IntArrayRef(per_channel)),
+              "delta_scan_: beta must be [b, T, Hv] = ", at::IntArrayRef(per_head),
+              " and decay that or [b, T, Hv, K] = ", at::IntArrayRef(per_channel), ", got ", beta.sizes(), " and ",
+              decay.sizes());
+  const int64_t dstride = decay.dim() == 4 ? 1 : 0;  // (a decay per key channel: Kimi's KDA)
   const std::vector<int64_t> count = triforce::row_counts(counts, b, T, "delta_scan_");
   auto y = q.has_value() ? at::empty({b, T, Hv, V}, v.options()) : at::empty({0}, v.options());
   if (T == 0 || b * Hv * V == 0) return y;
@@ -124,11 +128,12 @@ at::Tensor delta_scan_(at::Tensor& state, const std::optional<at::Tensor>& q, co
         const float* vt = vp + (tok * Hv + h) * V + v0;
         float* out = yp == nullptr ? nullptr : yp + (tok * Hv + h) * V + v0;
         const bool update = t < count[i];
-        const float bt = bp[tok * Hv + h], dc = dcp[tok * Hv + h];
+        const float bt = bp[tok * Hv + h];
+        const float* dc = dcp + (tok * Hv + h) * (dstride ? K : 1);
         if (w == kTile) {
-          token_tile(s + v0, K, V, std::integral_constant<int, kTile>{}, update, kt, vt, bt, dc, qt, out);
+          token_tile(s + v0, K, V, std::integral_constant<int, kTile>{}, update, kt, vt, bt, dc, dstride, qt, out);
         } else {
-          token_tile(s + v0, K, V, static_cast<int>(w), update, kt, vt, bt, dc, qt, out);
+          token_tile(s + v0, K, V, static_cast<int>(w), update, kt, vt, bt, dc, dstride, qt, out);
         }
       }
     }

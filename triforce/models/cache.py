@@ -205,9 +205,10 @@ def ssm_scan(state, x, B, C, dt, decay, D, counts=None) -> torch.Tensor:
 
 def delta_update(state, k, v, beta, decay):
     """One token of a gated DeltaNet layer's state, in float32: ``state`` ``[b, H, K, V]`` times ``decay`` (``exp(g)``,
-    ``[b, H]``), then the delta rule with its key ``k`` ``[b, H, K]`` (L2-normalised), value ``v`` ``[b, H, V]`` and
-    ``beta`` ``[b, H]``: ``S + k (beta (v - S^T k))^T``. Token by token the same arithmetic wherever it runs."""
-    s = state * decay[:, :, None, None]
+    ``[b, H]``; or ``[b, H, K]``, a decay per key channel, each state row's: Kimi's KDA), then the delta rule with its
+    key ``k`` ``[b, H, K]`` (L2-normalised), value ``v`` ``[b, H, V]`` and ``beta`` ``[b, H]``: ``S + k (beta (v -
+    S^T k))^T``. Token by token the same arithmetic wherever it runs."""
+    s = state * (decay[:, :, None, None] if decay.dim() == 2 else decay[..., None])
     delta = (v - (s * k[..., None]).sum(-2)) * beta[..., None]
     return torch.addcmul(s, k[..., None], delta[:, :, None, :])
 
@@ -215,7 +216,8 @@ def delta_update(state, k, v, beta, decay):
 def delta_scan(state, q, k, v, beta, decay, counts=None) -> torch.Tensor | None:
     """A gated DeltaNet layer over T tokens, float32: ``state`` ``[b, Hv, K, V]`` advanced in place over each row's
     first ``counts[b]`` tokens (None: all) with the keys ``k`` ``[b, T, Hk, K]`` (each key head serving ``Hv / Hk``
-    consecutive value heads), values ``v`` ``[b, T, Hv, V]``, ``beta`` and ``decay`` ``[b, T, Hv]`` -> the outputs
+    consecutive value heads), values ``v`` ``[b, T, Hv, V]``, ``beta`` and ``decay`` ``[b, T, Hv]`` (``decay`` also
+    ``[b, T, Hv, K]``: one per key channel, Kimi's KDA) -> the outputs
     ``S^T q`` ``[b, T, Hv, V]`` of the queries ``q`` (as ``k``, scaled), or None without queries (a replay). On the CPU
     with the extension ``triforce_C::delta_scan_`` (csrc/cpu/delta.cpp: each head's state read once for all T tokens,
     the same arithmetic for every T and thread count); else :func:`delta_update` token by token. Every path of the
@@ -739,9 +741,12 @@ class _KVCache:
             selective_scan(state, x, dt, self._mamba1_A[layer], b, None, n)
             return
         if isinstance(r, DeltaNet):
-            k, v, beta, decay = saved.split([r.k_heads * r.k_dim, r.v_heads * r.v_dim, r.v_heads, r.v_heads], dim=-1)
+            k, v, beta, decay = saved.split([r.k_heads * r.k_dim, r.v_heads * r.v_dim, r.v_heads, r.decay_width],
+                                            dim=-1)
+            if r.channel_decay:  # (Kimi's KDA: a decay per key channel)
+                decay = decay.reshape(B, -1, r.v_heads, r.k_dim)
             delta_scan(state, None, k.reshape(B, -1, r.k_heads, r.k_dim), v.reshape(B, -1, r.v_heads, r.v_dim), beta,
-                       decay, n)
+                       decay.contiguous(), n)
             return
         x, bg, dt, decay = saved.split([r.inner, r.groups * r.state, r.heads, r.heads], dim=-1)
         bg = bg.reshape(B, -1, r.groups, r.state)
@@ -789,10 +794,10 @@ class _KVCache:
 
     def delta_rule(self, layer: int, q, k, v, beta, decay, step: Step) -> torch.Tensor:
         """A gated DeltaNet layer over the step's tokens (float32: ``q``, ``k`` ``[b, T, Hk, K]``, ``v`` ``[b, T, Hv,
-        V]``, ``beta`` and ``decay`` ``[b, T, Hv]``; :func:`delta_scan`) -> ``[b, T, Hv, V]`` (:meth:`_recur`: each
-        token's key, value, beta and decay kept for a replay)."""
+        V]``, ``beta`` and ``decay`` ``[b, T, Hv]``, Kimi's KDA's decay ``[b, T, Hv, K]``; :func:`delta_scan`) ->
+        ``[b, T, Hv, V]`` (:meth:`_recur`: each token's key, value, beta and decay kept for a replay)."""
         b, T = k.shape[:2]
-        saved = torch.cat([k.reshape(b, T, -1), v.reshape(b, T, -1), beta, decay], -1)
+        saved = torch.cat([k.reshape(b, T, -1), v.reshape(b, T, -1), beta, decay.reshape(b, T, -1)], -1)
         return self._recur(layer, saved, step, lambda state, t, n: delta_scan(
             state, q[:, t], k[:, t], v[:, t], beta[:, t], decay[:, t], n))
 

@@ -1237,8 +1237,27 @@ FAMILIES["axk1"] = Family("AXK1ForCausalLM", defaults={
     "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "max_position_embeddings": 32768,
     "rms_norm_eps": 1e-6, "bos_token_id": 163691, "eos_token_id": 163691, "norm_topk_prob": True,
     "rope_interleave": True})
+# Kimi Linear (KimiLinearForCausalLM: moonshotai's Kimi-Linear-48B-A3B): DeepSeek-V3's latent attention without RoPE
+# (its RoPE'd key dims kept, unrotated) on the full_attention layers of layer_types, Kimi Delta Attention on the others
+# (LlamaConfig.delta with a decay per key channel: triforce.models.llama.KimiDeltaAttention), V3's mixtures on the
+# "sparse" layers of mlp_layer_types (by default all but the first); its config's names (_KIMI_NAMES) read as
+# DeepSeek's, its checkpoints' linear_attn_config too
+FAMILIES["kimi_linear"] = Family("KimiLinearForCausalLM", defaults={
+    **{k: v for k, v in FAMILIES["deepseek_v3"].defaults.items() if k not in ("first_k_dense_replace",
+                                                                              "rope_interleave")},
+    "vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216, "moe_intermediate_size": 1024,
+    "num_hidden_layers": 27, "num_attention_heads": 32, "n_shared_experts": 1, "n_routed_experts": 256,
+    "routed_scaling_factor": 2.446, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5, "pad_token_id": 163839,
+    "bos_token_id": 163584, "eos_token_id": 163586, "tie_word_embeddings": False, "linear_head_dim": 128,
+    "linear_num_heads": 32, "linear_conv_kernel_dim": 4})
+# KimiLinearConfig's names of DeepSeek's keys (its attribute_map's)
+_KIMI_NAMES = {"num_shared_experts": "n_shared_experts", "num_expert_group": "n_group",
+               "num_experts_per_token": "num_experts_per_tok", "moe_renormalize": "norm_topk_prob",
+               "model_max_length": "max_position_embeddings", "num_experts": "n_routed_experts"}
 # the latent attention's families (LlamaConfig.mla)
-_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "axk1")
+_DEEPSEEKS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "axk1", "kimi_linear")
 # Youtu (YoutuForCausalLM: Tencent's Youtu-LLM 2B): DeepSeek-V3's multi-head latent attention (RoPE on adjacent pairs
 # by rope_interleave, default true) with Llama's dense MLP on every layer, a tied head
 FAMILIES["youtu"] = Family("YoutuForCausalLM", defaults={
@@ -1258,7 +1277,7 @@ FAMILIES["minicpm3"] = Family("MiniCPM3ForCausalLM", reads=("mlp_bias",), defaul
 _MLAS = (*_DEEPSEEKS, "youtu", "minicpm3")  # the families of multi-head latent attention (LlamaConfig.mla)
 # DeepSeek-V3's router (sigmoid, correction bias, groups)
 _V3_ROUTERS = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "dots1", "deepseek_v32", "glm_moe_dsa", "exaone_moe",
-               "axk1", "mimo_v2_flash")
+               "axk1", "mimo_v2_flash", "kimi_linear")
 _DSAS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek's sparse attention (LlamaConfig.dsa)
 # the families with DeepSeek's mixtures (LlamaConfig._deepseek_experts)
 _GROUPED = (*_DEEPSEEKS, "glm4_moe", "dots1", "exaone_moe", "mimo_v2_flash")
@@ -1267,7 +1286,7 @@ _DEEPSEEK_INTS = (*_MLA_DIMS, "n_routed_experts")  # (num_experts_per_tok, moe_i
 _DEEPSEEK_METHODS = {"deepseek_v2": ("greedy", "group_limited_greedy"), "deepseek_v3": ("noaux_tc",),
                      "dots1": ("noaux_tc",),
                      "glm4_moe_lite": ("noaux_tc",), "deepseek_v32": ("noaux_tc",), "glm_moe_dsa": ("noaux_tc",),
-                     "axk1": ("noaux_tc",)}
+                     "axk1": ("noaux_tc",), "kimi_linear": ("noaux_tc",)}
 _DEEPSEEK_AUTO_MAP = {f"{kind}.Deepseek{v}{cls}" for v in ("V2", "V3", "V32") for kind, cls in (
     ("configuration_deepseek", "Config"), ("modeling_deepseek", "Model"), ("modeling_deepseek", "ForCausalLM"))}
 # AFMoE (AfmoeForCausalLM: Arcee's Trinity Nano / Mini / Large): Gemma 3's four norms around the blocks (named
@@ -1427,6 +1446,12 @@ class DeltaNet:
     layers: tuple
     beta_scale: float = 1.0  # beta times it (OLMo Hybrid's linear_allow_neg_eigval: 2, beta in (0, 2))
     norm_eps: float | None = None  # its output norm's eps (OLMo Hybrid's 1e-5); None: rms_norm_eps
+    channel_decay: bool = False  # a decay per key channel (each row of S its own): Kimi's KDA; else one per head
+
+    @property
+    def decay_width(self) -> int:
+        """A token's decays of one layer: one per value head, or one per value head and key channel (KDA)."""
+        return self.v_heads * (self.k_dim if self.channel_decay else 1)
 
     @property
     def conv_dim(self) -> int:
@@ -1440,7 +1465,7 @@ class DeltaNet:
     @property
     def ring_width(self) -> int:
         """The floats a cache keeps per token to replay the state: its key, value, beta and decay."""
-        return self.k_heads * self.k_dim + self.v_heads * self.v_dim + 2 * self.v_heads
+        return self.k_heads * self.k_dim + self.v_heads * self.v_dim + self.v_heads + self.decay_width
 
 
 @dataclass(frozen=True)
@@ -2068,7 +2093,8 @@ _HARMLESS_ONLY_AT = {
     "scoring_func": (lambda v, c: (c.model_type, v) in (("deepseek_v2", "softmax"), ("deepseek_v3", "sigmoid"),
                                                          ("glm4_moe_lite", "sigmoid"), ("dots1", "sigmoid"),
                                                          ("deepseek_v32", "sigmoid"), ("glm_moe_dsa", "sigmoid"),
-                                                         ("minimax_m2", "sigmoid"), ("axk1", "sigmoid")),
+                                                         ("minimax_m2", "sigmoid"), ("axk1", "sigmoid"),
+                                                         ("kimi_linear", "sigmoid")),
                      "absent (DeepSeek-V2: 'softmax'; DeepSeek-V3: 'sigmoid', as transformers computes them)"),
     "rope_interleave": (lambda v, c: c.model_type in ("deepseek_v3", "glm4_moe_lite", "youtu", "axk1")
                         and isinstance(v, bool) or c.model_type in _DSAS and v is True,
@@ -2076,7 +2102,7 @@ _HARMLESS_ONLY_AT = {
                         "DeepSeek-V3.2, GLM-5: true, as transformers always pairs them)"),
     # GLM-4.7-Flash's, DeepSeek-V3.2's and GLM-5's dense and sparse layers (LlamaConfig.experts)
     "mlp_layer_types": (lambda v, c: c.model_type in ("glm4_moe_lite", "exaone_moe", "axk1", "mimo_v2_flash",
-                                                     *_DSAS) and (
+                                                     "kimi_linear", *_DSAS) and (
         v is None or isinstance(v, list) and len(v) == c.num_hidden_layers and set(v) <= {"dense", "sparse"}),
         "absent (GLM-4.7-Flash, DeepSeek-V3.2, GLM-5: one 'dense' or 'sparse' per layer)"),
     # DeepSeek's sparse attention (LlamaConfig.dsa; checked together there)
@@ -2298,6 +2324,34 @@ def _mamba2_keys(d: dict) -> None:
         raise ValueError("config rms_norm = false: Mamba-2 is read with its RMSNorms only (transformers' too)")
 
 
+def _kimi_linear_keys(d: dict) -> None:
+    """A KimiLinearConfig's keys in ``d`` under DeepSeek's names, in place (:data:`_KIMI_NAMES`); its checkpoints'
+    ``linear_attn_config`` (``head_dim``, ``num_heads``, ``short_conv_kernel_size``, the 1-based ``full_attn_layers``
+    and ``kda_layers``) as ``linear_*`` and ``layer_types``, as KimiLinearConfig reads it (its other keys refused)."""
+    _own_names(d, _KIMI_NAMES, "Kimi Linear")
+    lac = d.pop("linear_attn_config", None)
+    if lac is None:
+        return
+    names = {"head_dim": "linear_head_dim", "num_heads": "linear_num_heads",
+             "short_conv_kernel_size": "linear_conv_kernel_dim"}
+    if not isinstance(lac, dict) or set(lac) - {*names, "full_attn_layers", "kda_layers"}:
+        raise ValueError(f"config linear_attn_config = {lac!r}: Kimi Linear reads a dict of "
+                         f"{sorted(names)}, full_attn_layers and kda_layers only")
+    for key, ours in names.items():
+        if key in lac:
+            if d.get(ours, lac[key]) != lac[key]:
+                raise ValueError(f"config {ours} = {d[ours]!r} and linear_attn_config's {key} = {lac[key]!r} "
+                                 "disagree; keep one")
+            d[ours] = lac[key]
+    n = d.get("num_hidden_layers", FAMILIES["kimi_linear"].defaults["num_hidden_layers"])
+    full, kda = lac.get("full_attn_layers"), lac.get("kda_layers")
+    if d.get("layer_types") is None and full is not None and kda is not None:
+        if not (isinstance(full, list) and isinstance(kda, list) and sorted(full + kda) == list(range(1, n + 1))):
+            raise ValueError(f"config linear_attn_config's full_attn_layers {full!r} and kda_layers {kda!r} must "
+                             f"number each of the {n} layers once, from 1")
+        d["layer_types"] = ["full_attention" if i + 1 in full else "linear_attention" for i in range(n)]
+
+
 def _mamba1_keys(d: dict) -> None:
     """A MambaConfig's keys in ``d`` under the model's names, in place (:data:`_MAMBA1_NAMES`); its
     ``intermediate_size`` (expand x hidden_size, which MambaConfig computes) checked and dropped; attention fields
@@ -2350,6 +2404,8 @@ def _delta_layer_types(c: "LlamaConfig") -> list | None:
     types = x.get("layer_types")
     if types is None and c.model_type == "olmo_hybrid":  # (every fourth attention, else the last)
         types = ["full_attention" if i % 4 == 3 or (n < 4 and i == n - 1) else "linear_attention" for i in range(n)]
+    if types is None and c.model_type == "kimi_linear":  # (KimiLinearConfig's: layers 4, 8, ... attention)
+        types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
     if types is None:
         every = x.get("full_attention_interval", 4)
         return None if not (_is_int(every) and every >= 1) else [
@@ -2692,6 +2748,15 @@ def _multiplier(v) -> bool:
     return _is_number(v) and 0 < abs(v) < float("inf")
 
 
+# Kimi Linear's KDA layers (LlamaConfig.delta), its checkpoints' first_k_dense_replace (its mlp_layer_types' default)
+_add_checks({key: (lambda v, c: c.model_type == "kimi_linear" and _is_int(v) and v >= 1,
+                   "absent (Kimi Linear: an int >= 1)") for key in ("linear_head_dim", "linear_num_heads")})
+_also("linear_conv_kernel_dim", lambda v, c: c.model_type == "kimi_linear" and _is_int(v) and v >= 1,
+      "Kimi Linear: an int >= 1")
+_also("first_k_dense_replace", lambda v, c: c.model_type == "kimi_linear" and _is_int(v) and v >= 0,
+      "Kimi Linear: an int >= 0")
+
+
 # Falcon-H1's keys (LlamaConfig.mamba, parallel_mamba, embedding_multiplier, logit_scale; the other multipliers folded
 # into the weights on loading)
 _add_checks({
@@ -2775,7 +2840,7 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     if c.model_type in _LFM2S:  # no window; its layer_types (conv or full attention) as LlamaConfig.conv_layers
         return none, "layer_types" if _lfm2_conv_layers(c) is None else next(  # reads them
             (k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None), None)
-    if c.model_type in _DELTA_FAMILIES:  # no window; its layer_types as LlamaConfig.delta reads them
+    if c.model_type in (*_DELTA_FAMILIES, "kimi_linear"):  # no window; its layer_types as LlamaConfig.delta reads them
         return none, "layer_types" if _delta_layer_types(c) is None else next(
             (k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None), None)
     if c.model_type == "llama4_text":  # no window; its layer_types (transformers' masks: chunked or full) as
@@ -3721,7 +3786,7 @@ class LlamaConfig:
             return (self.extra.get("position_embedding_type") == "rope",) * n
         if self.model_type == "olmo_hybrid":  # (its NoPE mode: rope_parameters' rope_theta null)
             return (not self.extra.get("no_rope", False),) * n
-        if self.model_type in ("nemotron_h", "jamba"):  # (their attention takes no RoPE)
+        if self.model_type in ("nemotron_h", "jamba", "kimi_linear"):  # (their attention takes no RoPE)
             return (False,) * n
         if self.model_type in _GRANITE_SWAS:  # the layers of rope_theta's base (the others: NoPE, or one other base)
             return tuple(t == self.rope_theta for t in _granite_swa_thetas(self) or (self.rope_theta,) * n)
@@ -3996,6 +4061,10 @@ class LlamaConfig:
         if self.model_type in ("glm4_moe_lite", "mimo_v2_flash"):  # (its list, by default the first layer dense)
             types = self.extra.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
             layers = tuple(t == "sparse" for t in types)
+        elif self.model_type == "kimi_linear":  # (its list, else its checkpoints' first_k_dense_replace, 1)
+            k = self.extra.get("first_k_dense_replace", 1)
+            types = self.extra.get("mlp_layer_types") or ["dense" if i < k else "sparse" for i in range(n)]
+            layers = tuple(t == "sparse" for t in types)
         elif self.extra.get("mlp_layer_types") is not None:  # (DeepSeek-V3.2's list, else first_k_dense_replace's)
             layers = tuple(t == "sparse" for t in self.extra["mlp_layer_types"])
         elif self.model_type == "axk1":  # (AXK1Config's list from its legacy keys: the first k dense, then every n-th)
@@ -4180,12 +4249,16 @@ class LlamaConfig:
     def delta(self) -> "DeltaNet | None":
         """Qwen3-Next's and Qwen3.5's gated DeltaNet layers (:class:`DeltaNet`: its ``layer_types``'
         ``"linear_attention"`` layers), or None where no layer is one."""
-        if self.model_type not in _DELTA_FAMILIES:
+        if self.model_type not in (*_DELTA_FAMILIES, "kimi_linear"):
             return None
         layers = tuple(t == "linear_attention" for t in _delta_layer_types(self) or ())
         if not any(layers):
             return None
         x = self.extra
+        if self.model_type == "kimi_linear":  # (KDA: as many key as value heads, one width, a decay per key channel)
+            get = lambda k: int(x.get(k, FAMILIES["kimi_linear"].defaults[k]))  # noqa: E731
+            heads, dim = get("linear_num_heads"), get("linear_head_dim")
+            return DeltaNet(heads, heads, dim, dim, get("linear_conv_kernel_dim"), layers, channel_decay=True)
         if self.model_type == "olmo_hybrid":  # (its widths' defaults from the attention's, as its config sets them)
             k_heads, v_heads = (x.get(k) or self.num_attention_heads for k in ("linear_num_key_heads",
                                                                                 "linear_num_value_heads"))
@@ -4421,6 +4494,8 @@ class LlamaConfig:
             _mamba2_keys(d)
         if model_type in _MAMBA1S:
             _mamba1_keys(d)
+        if model_type == "kimi_linear":
+            _kimi_linear_keys(d)
         if model_type == "nemotron_h":
             _nemotron_h_keys(d)
         if model_type in ("biogpt", "xglm"):
@@ -4712,7 +4787,7 @@ class LlamaConfig:
             for theirs, ours in _NEMOTRON_H_NAMES.items():
                 if ours in d:
                     d[theirs] = d.pop(ours)
-        if self.model_type == "jamba":  # (no RoPE: not its keys)
+        if self.model_type in ("jamba", "kimi_linear"):  # (no RoPE: not their keys)
             for key in ("rope_theta", "rope_scaling", "partial_rotary_factor"):
                 d.pop(key, None)
         if self.model_type in (*_MAMBA1S, "mamba2"):  # (MambaConfig's / Mamba2Config's names; no attention, no MLP, no
@@ -4733,6 +4808,10 @@ class LlamaConfig:
                 d["rms_norm_eps"] = None
         if self.model_type in _MLAS:  # transformers' per-head values (the latent KV head is MLA's: from_dict)
             d["num_key_value_heads"], d["head_dim"] = self.num_attention_heads, self.mla.qk_rope_head_dim
+        if self.model_type == "kimi_linear":  # (KimiLinearConfig's names)
+            for theirs, ours in _KIMI_NAMES.items():
+                if ours in d:
+                    d[theirs] = d.pop(ours)
         if self.model_type in ("olmo3", *_OWN_ROPES, "modernbert-decoder"):  # its sliding layers' own base:
             local = d.pop("rope_local_base_freq", None)  # rope_parameters per layer type (Olmo3Config's;
             # MellumConfig's, LagunaConfig's, MiMoV2FlashConfig's, ModernBertDecoderConfig's always)
@@ -5199,6 +5278,8 @@ def _mla_heads(d: dict) -> None:
     for key, want in (("num_key_value_heads", heads), ("head_dim", r),
                       ("qk_head_dim", dims["qk_nope_head_dim"] + r)):
         v = d.pop(key, None)
+        if key == "num_key_value_heads" and d["model_type"] == "kimi_linear" and _is_int(v) and v >= 1:
+            continue  # (KimiLinearConfig's own default, 32 whatever the heads: its attention does not read it)
         if v is not None and v != want:
             raise ValueError(f"config {key} = {v!r} is not supported for model_type {d['model_type']!r}: MLA's keys "
                              f"and values come per head from one latent, which transformers' DeepSeek reads with "

@@ -859,15 +859,69 @@ class GatedDeltaNet(nn.Module):
         beta = _lanewise(torch.sigmoid, self.in_proj_b(x))
         beta = (beta if d.beta_scale == 1 else beta * d.beta_scale).float()  # (OLMo Hybrid's 2, in the dtype)
         g = -torch.exp(self.A_log.float()) * _lanewise(F.softplus, self.in_proj_a(x).float() + self.dt_bias.float())
-        decay = _lanewise(torch.exp, g)
-        if cache is not None:
-            y = cache.delta_rule(self.layer, q, k, v, beta, decay, step)
-        else:  # (from a zero state, as a cache's chain)
-            y = _cache.delta_scan(v.new_zeros((b,) + d.state_shape), q, k, v, beta, decay)
-        y = y.to(x.dtype).float()
+        y = _delta_rule(self.layer, d, q, k, v, beta, _lanewise(torch.exp, g), cache, step).to(x.dtype).float()
         y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         z = _lanewise(F.silu, self.in_proj_z(x).float()).view(b, T, d.v_heads, d.v_dim)
         return self.out_proj(((self.norm.weight * y) * z).to(x.dtype).reshape(b, T, self.value_dim))
+
+
+class KimiDeltaAttention(nn.Module):
+    """Kimi Delta Attention (KDA: ``config.delta`` with ``channel_decay``, Kimi Linear's ``linear_attention`` layers),
+    as transformers' KimiLinearDeltaAttention computes it: ``q_proj``, ``k_proj``, ``v_proj`` (``heads x head_dim``
+    each), the causal depthwise convolution of the three joined (``conv1d``, no bias: a cache's ring), SiLU; q and k
+    L2-normalised in float32 (eps 1e-6), q times ``head_dim ** -0.5``; ``beta = sigmoid(b_proj(x))`` (in the dtype); a
+    decay per key channel ``exp(g)``, ``g = -exp(A_log) softplus(f_b_proj(f_a_proj(x)) + dt_bias)`` (float32: the
+    ``forget_gate``); the delta rule over the tokens (:meth:`~triforce.models.cache._KVCache.delta_rule`, each state row
+    decayed by its channel's); its output rounded to the dtype, RMS-normalised per head in float32 times ``o_norm``'s
+    weight and the sigmoid of ``g_b_proj(g_a_proj(x))``; ``o_proj``. Every elementwise function value by value
+    (:func:`_lanewise`), so a pass keeps the bits of its steps."""
+
+    def __init__(self, config: LlamaConfig, layer: int):
+        super().__init__()
+        d = self.spec = config.delta
+        self.layer, h, H, D = layer, config.hidden_size, d.v_heads, d.k_dim
+        width = H * D
+        for name in ("q_proj", "k_proj", "v_proj"):
+            setattr(self, name, Linear(h, width, bias=False))
+        self.conv1d = nn.Conv1d(3 * width, 3 * width, d.kernel, groups=3 * width, bias=False,
+                                padding=d.kernel - 1)  # (its weights only)
+        self.forget_gate = nn.Module()
+        self.forget_gate.f_a_proj = Linear(h, D, bias=False)
+        self.forget_gate.f_b_proj = Linear(D, width, bias=False)
+        self.forget_gate.dt_bias = nn.Parameter(torch.zeros(width))
+        self.forget_gate.A_log = nn.Parameter(torch.zeros(1, 1, H, 1))
+        self.b_proj = Linear(h, H, bias=False)
+        self.g_a_proj = Linear(h, D, bias=False)
+        self.g_b_proj = Linear(D, width, bias=False)
+        self.o_norm = nn.Module()
+        self.o_norm.weight = nn.Parameter(torch.ones(D))
+        self.eps = config.rms_norm_eps
+        self.o_proj = Linear(width, h, bias=False)
+
+    def forward(self, x, cos, sin, cache: _KVCache | None, step: Step | None):
+        d, fg = self.spec, self.forget_gate
+        b, T, _ = x.shape
+        H, D = d.v_heads, d.k_dim
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        conv = _causal_conv(qkv, self.conv1d, self.layer, cache, step)
+        q, k, v = (t.view(b, T, H, D) for t in _lanewise(F.silu, conv).float().chunk(3, dim=-1))
+        q, k = _unit(q), _unit(k)
+        q = q * D ** -0.5
+        beta = _lanewise(torch.sigmoid, self.b_proj(x)).float()
+        f = fg.f_b_proj(fg.f_a_proj(x)).float() + fg.dt_bias.float()
+        g = -torch.exp(fg.A_log.float()) * _lanewise(F.softplus, f.view(b, T, H, D))
+        y = _delta_rule(self.layer, d, q, k, v, beta, _lanewise(torch.exp, g), cache, step).to(x.dtype).float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm.weight.float()
+        gate = _lanewise(torch.sigmoid, self.g_b_proj(self.g_a_proj(x)).float()).view(b, T, H, D)
+        return self.o_proj((y * gate).to(x.dtype).reshape(b, T, H * D))
+
+
+def _delta_rule(layer: int, spec, q, k, v, beta, decay, cache: _KVCache | None, step: Step | None) -> torch.Tensor:
+    """A DeltaNet layer's (gated DeltaNet's, KDA's) delta rule over the step's tokens: through the cache's state
+    (:meth:`~triforce.models.cache._KVCache.delta_rule`), or without a cache from a zero state, as a cache's chain."""
+    if cache is not None:
+        return cache.delta_rule(layer, q, k, v, beta, decay, step)
+    return _cache.delta_scan(v.new_zeros((v.shape[0],) + spec.state_shape), q, k, v, beta, decay)
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -1592,7 +1646,9 @@ class DecoderLayer(nn.Module):
         mamba1 = config.mamba1 is not None and config.mamba1.layers[layer]  # (Jamba's)
         if parallel:
             self.mamba = Mamba2Mixer(config, layer)
-        self.self_attn = (Mamba2Mixer if mamba else GatedDeltaNet if delta else Mamba1Mixer if mamba1
+        kda = delta and config.delta.channel_decay  # (Kimi's)
+        self.self_attn = (Mamba2Mixer if mamba else KimiDeltaAttention if kda else GatedDeltaNet if delta
+                          else Mamba1Mixer if mamba1
                           else ShortConv if config.conv_layers[layer] and not parallel
                           else LatentAttention if config.mla is not None
                           else MixtureOfAttention if config.attention_experts is not None else Attention)(config, layer)
@@ -1991,7 +2047,8 @@ def _stack_runs(layers, lo: int, hi: int) -> list:
     # LFM2's convolution layers, which the stack does not run: each alone, so that the attention layers between them
     # run in the stack
     convs = [i for i in range(lo, hi) if type(layers[i]._modules.get("self_attn")) in (ShortConv, Mamba2Mixer,
-                                                                                          GatedDeltaNet, Mamba1Mixer)
+                                                                                          GatedDeltaNet, Mamba1Mixer,
+                                                                                          KimiDeltaAttention)
              or "mamba" in layers[i]._modules]  # (Falcon-H1's: a Mamba mixer beside the attention)
     edges = sorted({lo, *cuts, *convs, *(i + 1 for i in convs if i + 1 < hi), hi})
     return list(zip(edges, edges[1:]))

@@ -959,6 +959,49 @@ _BAMBA_PAIRS = (("model.final_layernorm.", "model.norm."), (".pre_ff_layernorm."
 _JAMBA_PAIRS = (*_BAMBA_PAIRS, (".mlp.router.", ".mlp.gate."))
 
 
+_KIMI_FORGET = re.compile(r"(.*\.self_attn\.)(f_a_proj\.weight|f_b_proj\.weight|dt_bias|A_log)$")
+_KIMI_CONV = re.compile(r"(.*\.self_attn\.)([qkv])_conv1d\.weight$")
+_KIMI_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(w[123]|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _kimi_names(sd: dict, inverse: bool = False) -> dict:
+    """Kimi Linear's checkpoints as the model's names, or back with ``inverse`` as transformers' modules hold them.
+    Read: transformers' own layout, or moonshotai's (as transformers converts it): the forget gate's ``f_a_proj``,
+    ``f_b_proj``, ``dt_bias``, ``A_log`` under ``self_attn`` (the model's ``self_attn.forget_gate``), the
+    convolutions ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d`` (joined as ``conv1d``), the mixture under
+    ``block_sparse_moe`` with each expert's ``w1`` / ``w3`` / ``w2`` (gate, up, down). Written: the experts stacked as
+    transformers' ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows first) and ``down_proj`` ``[E, H, I]``, which
+    it reads as they are."""
+    out, convs, stacks = {}, {}, {}
+    for name, t in sd.items():
+        if inverse:
+            m = _KIMI_EXPERT.fullmatch(name)
+            if m is not None:
+                stacks.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = t
+            else:
+                out[name] = t
+            continue
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        if (m := _KIMI_FORGET.fullmatch(name)) is not None:
+            name = f"{m[1]}forget_gate.{m[2]}"
+        elif (m := _KIMI_CONV.fullmatch(name)) is not None:
+            convs.setdefault(m[1], {})[m[2]] = t
+            continue
+        elif (m := _KIMI_EXPERT.fullmatch(name)) is not None and m[3] in _MIXTRAL_PROJECTIONS:
+            name = f"{m[1]}.{m[2]}.{_MIXTRAL_PROJECTIONS[m[3]]}.weight"
+        out[name] = t
+    for stem, parts in convs.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"Kimi Linear checkpoint: {stem} has the convolutions of {sorted(parts)} only (q, k and v "
+                             "go together)")
+        out[f"{stem}conv1d.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    for stem, experts in stacks.items():
+        order = [experts[e] for e in range(len(experts))]
+        out[f"{stem}.gate_up_proj"] = torch.stack([torch.cat([x["gate_proj"], x["up_proj"]]) for x in order])
+        out[f"{stem}.down_proj"] = torch.stack([x["down_proj"] for x in order])
+    return out
+
+
 def _falcon_h1_multipliers(config: LlamaConfig) -> dict:
     """Falcon-H1's muP multipliers that fold into its weights: ``{module: (weight factor or rows, bias factor or
     rows)}`` per layer's module under the model's names (``self_attn.k_proj``, ``mamba.in_proj``, ``mlp.gate_proj``,
@@ -1581,6 +1624,8 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return out
     if config.model_type == "falcon_h1":  # (Bamba's names; its multipliers folded into the weights)
         return _falcon_h1_names(config, sd, inverse)
+    if config.model_type == "kimi_linear":  # (moonshotai's names read; transformers' stacked experts written)
+        return _kimi_names(sd, inverse)
     if config.model_type == "bamba":  # (its MLP feed_forward after pre_ff_layernorm; its final norm final_layernorm)
         return _renamed(sd, [(b, a) for a, b in reversed(_BAMBA_PAIRS)] if inverse else _BAMBA_PAIRS)
     if config.model_type == "jamba":  # (Bamba's names; its Mamba layers' module mamba, its mixture's router router)
