@@ -916,3 +916,58 @@ def test_jamba_config_reads_its_layers_as_transformers_reads_them():
         want.mamba_dt_rank, want.mamba_expand * want.hidden_size, want.num_experts, want.num_experts_per_tok)
     with pytest.raises(ValueError, match="attn_layer_period"):
         LlamaConfig.from_dict({"model_type": "jamba", "attn_layer_period": 0})
+
+
+@pytest.mark.parametrize("kw", [{}, dict(num_experts=1, attn_layer_offset=0, mamba_conv_bias=False)],
+                         ids=["mixture", "dense-attention-first"])
+def test_gguf_jamba_as_llama_cpp_writes_it(tmp_path, kw):
+    """A jamba GGUF (JambaModel's converter: head_count_kv per layer, 0 on the Mamba layers; ssm.* keys; a router
+    tensor where a layer is a mixture, the experts stacked; A as -exp(A_log), the convolution squeezed, dt / B / C's
+    norms as ssm_*_norm; no RoPE, q / k as they are) loads with transformers' logits; Q8_0 / Q5_0 blocks bitwise; a
+    pattern of attention layers no period gives raises."""
+    import dataclasses
+    import math
+
+    import numpy as np
+
+    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+
+    hf, ours = drawn_pair("Jamba", "mamba", std=0.1, **{**JAMBA, "vocab_size": 112, **kw})
+    c = hf.config
+    n = c.num_hidden_layers
+    kv_heads = [c.num_key_value_heads if i % c.attn_layer_period == c.attn_layer_offset else 0 for i in range(n)]
+    kv = {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+          "feed_forward_length": c.intermediate_size, "attention.head_count": c.num_attention_heads,
+          "attention.head_count_kv": kv_heads, "block_count": n, "ssm.conv_kernel": c.mamba_d_conv,
+          "ssm.inner_size": c.mamba_expand * c.hidden_size, "ssm.state_size": c.mamba_d_state,
+          "ssm.time_step_rank": ours.config.mamba1.dt_rank,
+          "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "vocab_size": c.vocab_size,
+          **({"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok} if c.num_experts > 1
+             else {})}
+    tensors = {}  # (the experts stacked as the converter writes them)
+    for key, t in hf.state_dict().items():
+        if key.startswith("model.layers."):
+            stacked_experts_gguf(tensors, key, t.detach().float(), int(key.split(".")[2]))
+
+    def convert(key, t):
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            return None
+        return -torch.exp(t) if key.endswith("A_log") else t.squeeze(1) if key.endswith("conv1d.weight") else t
+
+    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "jamba", kv, tensors=tensors, convert=convert)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    got, want = loaded.config.mamba1, ours.config.mamba1  # (the file's eps a float32)
+    assert loaded.config.model_type == "jamba" and dataclasses.replace(got, bcdt_eps=want.bcdt_eps) == want
+    assert math.isclose(got.bcdt_eps, want.bcdt_eps, rel_tol=1e-6)
+    assert loaded.config.experts == ours.config.experts and loaded.config.kv_heads_per_layer == tuple(kv_heads)
+    ids = torch.randint(0, 112, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_converted_gguf(tmp_path / "q.gguf", hf, "jamba", kv, tensors=tensors, convert=convert,
+                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)
+    if not kw:
+        bad = write_converted_gguf(tmp_path / "bad.gguf", hf, "jamba", {**kv, "attention.head_count_kv": [
+            2, 2, 0, 2]}, tensors=tensors, convert=convert)
+        with pytest.raises(ValueError, match="every n-th layer"):
+            Llama.from_pretrained(bad, cache_dir=False)

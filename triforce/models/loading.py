@@ -2087,6 +2087,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       "nemotron_h": ("nemotron_h", True),
                       # Nemotron 3 (Nemotron 3 Nano): its mixture blocks where nemotron_h's MLP blocks are
                       "nemotron_h_moe": ("nemotron_h", True),
+                      # Jamba: Mamba(-1) layers (0 KV heads) beside attention layers without RoPE, mixtures where a
+                      # layer has a router (_gguf_jamba)
+                      "jamba": ("jamba", False),
                       # Falcon-H1: attention and Mamba-2 side by side in every layer (_gguf_falcon_h1; its muP
                       # multipliers folded into the tensors by the converter; q / k in the checkpoint's order)
                       "falcon-h1": ("falcon_h1", False),
@@ -2144,6 +2147,7 @@ _GGUF_ARCH_KEYS = {
     **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h", "falcon-h1"), _GGUF_SSM_KEYS),  # (_gguf_mamba)
     "mamba": ("ssm.conv_kernel", "ssm.state_size", "ssm.inner_size", "ssm.time_step_rank",
               "ssm.dt_b_c_rms"),  # (_gguf_mamba1)
+    "jamba": ("ssm.conv_kernel", "ssm.state_size", "ssm.inner_size", "ssm.time_step_rank"),  # (_gguf_jamba)
     "nemotron_h_moe": (*_GGUF_SSM_KEYS, "expert_shared_count", "expert_weights_norm", "expert_weights_scale",
                        "expert_group_count", "expert_group_used_count", "expert_gating_func"),  # (_gguf_nemotron_h)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
@@ -2505,6 +2509,10 @@ _GGUF_MAMBA1_TENSORS = {"attn_norm.weight": "input_layernorm.weight", **{
     f"ssm_{k}.{b}": f"self_attn.{v}.{b}" for k, v in (("in", "in_proj"), ("conv1d", "conv1d"), ("x", "x_proj"),
                                                       ("dt", "dt_proj"), ("out", "out_proj"))
     for b in ("weight", "bias")}, "ssm_a": "self_attn.A_log", "ssm_d": "self_attn.D"}
+# jamba: llama's layer tensors (ffn_norm its pre_ff_layernorm, ffn_gate_inp its router) and its Mamba(-1) layers', with
+# their RMSNorms on dt's low rank, B and C
+_GGUF_JAMBA_TENSORS = {**_GGUF_LAYER_TENSORS, **_GGUF_MAMBA1_TENSORS,
+                       **{f"ssm_{k}_norm.weight": f"self_attn.{k}_layernorm.weight" for k in ("dt", "b", "c")}}
 # lfm2moe: lfm2's, its mixtures' router's expert bias as exp_probs_b
 _GGUF_LFM2MOE_TENSORS = {**_GGUF_LFM2_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
@@ -2520,7 +2528,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "qwen": _GGUF_QWEN_TENSORS, "bloom": _GGUF_ALIBI_TENSORS, "mpt": _GGUF_ALIBI_TENSORS,
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
                 **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_GRANITE_HYBRID_TENSORS),
-                "mamba": _GGUF_MAMBA1_TENSORS, "falcon-h1": _GGUF_FALCON_H1_TENSORS,
+                "mamba": _GGUF_MAMBA1_TENSORS, "falcon-h1": _GGUF_FALCON_H1_TENSORS, "jamba": _GGUF_JAMBA_TENSORS,
                 "nemotron_h_moe": {**_GGUF_GRANITE_HYBRID_TENSORS,
                                    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
                 **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
@@ -2689,6 +2697,8 @@ def read_gguf(path: Path, skip=None, reader=None):
         extra.update(_gguf_granite_hybrid(reader, arch, path, int(need("block_count")), hidden, tensors, n_ff))
     if arch == "falcon-h1":
         extra.update(_gguf_falcon_h1(reader, arch, path, hidden, tensors))
+    if arch == "jamba":
+        extra.update(_gguf_jamba(reader, arch, path, int(need("block_count")), hidden, tensors))
     if arch == "mamba2":  # (its MLP's width: none, the placeholder 1; its residual stream in float32, as llama.cpp's)
         extra.update(_gguf_mamba(reader, arch, path, hidden, tensors), residual_in_fp32=True)
         n_ff = 1
@@ -2755,7 +2765,7 @@ def read_gguf(path: Path, skip=None, reader=None):
             w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
         if key.endswith(("self_attn.conv.weight", "self_attn.conv1d.weight", "mamba.conv1d.weight")):
             w = w[:, None]  # (LFM2's, Mamba's convolution: the converter's [channels, taps], nn.Conv1d's [.., 1, ..])
-        if key.endswith("self_attn.A_log") and model_type in ("mamba", "falcon_mamba"):
+        if key.endswith("self_attn.A_log") and model_type in ("mamba", "falcon_mamba", "jamba"):
             w = torch.log(-w)  # (Mamba(-1)'s A [inner, state], as its converter wrote it: -exp(A_log))
         elif key.endswith(("self_attn.A_log", "self_attn.D", "self_attn.norm.weight", "mamba.A_log", "mamba.D",
                            "mamba.norm.weight")):  # (Mamba's, as its converter wrote them: A [H, 1] as -exp(A_log),
@@ -2781,7 +2791,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
                                                      "granitemoehybrid", "mamba2", "nemotron_h", "mamba",
-                                                     "falcon_mamba", "falcon_h1",
+                                                     "falcon_mamba", "falcon_h1", "jamba",
                                                      *_DELTA_FAMILIES):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
@@ -2922,7 +2932,7 @@ def _gguf_kv_heads(reader, arch: str, path: Path, n_head: int) -> int:
     if not isinstance(v, (list, tuple)):
         return int(v)
     heads = {int(x) for x in v} - {0}
-    if arch not in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe") or len(heads) != 1:
+    if arch not in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe", "jamba") or len(heads) != 1:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv = {list(v)!r}; a count per layer is "
                          "read in lfm2 / lfm2moe files only, one count for every attention layer (0 on the others)")
     return heads.pop()
@@ -3041,6 +3051,50 @@ def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, te
                      n_group=int(get("expert_group_count", 1) or 1), topk_group=int(get("expert_group_used_count", 1)
                                                                                       or 1))
     return extra
+
+
+def _gguf_period(layers: list, n: int, what: str, path: Path) -> tuple:
+    """``(period, offset)`` with ``i % period == offset`` exactly on the layer indices ``layers`` (of ``n``), as
+    JambaConfig places its attention layers and mixtures; a set no period and offset give raises."""
+    if not layers:
+        return n + 1, n  # (none: an offset past every layer)
+    period = layers[1] - layers[0] if len(layers) > 1 else n
+    offset = layers[0]
+    if offset >= period or [i for i in range(n) if i % period == offset] != layers:
+        raise ValueError(f"GGUF file {str(path)!r}: its {what} on layers {layers} are not every n-th layer from one "
+                         "offset, which Jamba's config can say")
+    return period, offset
+
+
+def _gguf_jamba(reader, arch: str, path: Path, layers: int, hidden: int, tensors: dict) -> dict:
+    """A jamba file's ``extra`` (Jamba as llama.cpp's converter, JambaModel, writes it and llama.cpp runs it): a layer
+    with 0 KV heads in ``attention.head_count_kv`` a Mamba(-1) layer, the others attention (read as JambaConfig's
+    ``attn_layer_period`` / ``attn_layer_offset``); a layer with a router (``ffn_gate_inp``) a mixture of
+    ``expert_count`` experts, ``expert_used_count`` a token (its ``expert_layer_period`` / ``expert_layer_offset``),
+    the others dense; the Mamba settings of ``ssm.*`` (the inner width a multiple of the hidden one), biases where the
+    tensors are."""
+    need = lambda key: _gguf_need(reader, arch, path, key)  # noqa: E731
+    v = gguf_field(reader, f"{arch}.attention.head_count_kv", 1)
+    kv = list(v) if isinstance(v, (list, tuple)) else [v] * layers
+    if len(kv) != layers:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv has {len(kv)} entries for "
+                         f"{layers} layers")
+    attention = [i for i, h in enumerate(kv) if int(h)]
+    moe = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in tensors]
+    inner = need("ssm.inner_size")
+    if inner % hidden:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.ssm.inner_size = {inner} must be a multiple of the "
+                         f"embedding length ({hidden})")
+    (ap, ao), (ep, eo) = _gguf_period(attention, layers, "attention layers", path), _gguf_period(
+        moe, layers, "mixtures", path)
+    count = int(gguf_field(reader, f"{arch}.expert_count", 0) or 0)
+    return {"attn_layer_period": ap, "attn_layer_offset": ao, "expert_layer_period": ep, "expert_layer_offset": eo,
+            "num_experts": count if moe else 1,
+            "num_experts_per_tok": int(gguf_field(reader, f"{arch}.expert_used_count", 0) or 0) if moe else 1,
+            "mamba_expand": inner // hidden, "mamba_d_state": need("ssm.state_size"),
+            "mamba_d_conv": need("ssm.conv_kernel"), "mamba_dt_rank": need("ssm.time_step_rank"),
+            "mamba_conv_bias": any(n.endswith("ssm_conv1d.bias") for n in tensors),
+            "mamba_proj_bias": any(n.endswith("ssm_in.bias") for n in tensors)}
 
 
 def _gguf_falcon_h1(reader, arch: str, path: Path, hidden: int, tensors: dict) -> dict:
