@@ -203,3 +203,61 @@ def test_moonshotai_checkpoint_layout_loads(tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     theirs = hf.state_dict()
     assert all(torch.equal(t, theirs[k]) for k, t in back.state_dict().items())
+
+
+def test_gguf_kimi_linear_as_llama_cpp_writes_it(tmp_path):
+    """A kimi-linear GGUF (KimiLinearModel's converter: head_count_kv per layer, 0 on the KDA layers and 1 on the latent
+    attention's; kda.head_dim, ssm.conv_kernel; deepseek2's latent keys and mixture keys, no value_length, no
+    expert_weights_norm (llama.cpp renormalises always); the three convolutions apart, A as -exp(A_log), the forget
+    gate's low rank as ssm_f_a / ssm_f_b, dt_bias as ssm_dt.bias, kv_b_proj split per head) loads with transformers'
+    logits; Q8_0 / Q5_0 blocks bitwise."""
+    import dataclasses
+
+    import numpy as np
+
+    from .test_families import (QT, TOL, assert_blocks_compute_the_loaded_model, quantizer,
+                                stacked_expert_tensors, write_stacked_experts_gguf)
+
+    hf, ours = pair()
+    c = hf.config
+    R, r, H, nope, v = c.kv_lora_rank, c.qk_rope_head_dim, c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim
+    kv = {"context_length": c.model_max_length, "embedding_length": c.hidden_size,
+          "feed_forward_length": c.intermediate_size, "block_count": c.num_hidden_layers,
+          "attention.head_count": H, "attention.head_count_kv": [int(t == "full_attention") for t in c.layer_types],
+          "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "vocab_size": c.vocab_size,
+          "leading_dense_block_count": c.mlp_layer_types.index("sparse"),
+          "expert_feed_forward_length": c.moe_intermediate_size, "expert_count": c.num_experts,
+          "expert_used_count": c.num_experts_per_token, "expert_shared_count": c.num_shared_experts,
+          "expert_weights_scale": float(c.routed_scaling_factor), "expert_gating_func": 2,
+          "expert_group_used_count": c.topk_group, "attention.kv_lora_rank": R, "rope.dimension_count": r,
+          "attention.key_length": R + r, "attention.key_length_mla": nope + r, "attention.value_length_mla": v,
+          "ssm.conv_kernel": c.linear_conv_kernel_dim, "kda.head_dim": c.linear_head_dim}
+
+    def special(name, t, i):
+        if name.endswith("kv_b_proj.weight"):
+            k_b, v_b = t.view(H, nope + v, R).split([nope, v], dim=1)
+            return {f"blk.{i}.attn_k_b.weight": k_b.transpose(1, 2), f"blk.{i}.attn_v_b.weight": v_b}
+        if name.endswith("self_attn.conv1d.weight"):
+            return {f"blk.{i}.ssm_conv1d_{p}.weight": w.reshape(1, -1, 1, w.shape[-1])
+                    for p, w in zip("qkv", t.chunk(3))}
+        part = {"forget_gate.f_a_proj.weight": "ssm_f_a.weight", "forget_gate.f_b_proj.weight": "ssm_f_b.weight",
+                "forget_gate.dt_bias": "ssm_dt.bias", "forget_gate.A_log": "ssm_a"}
+        key = next((k for k in part if name.endswith(k)), None)
+        if key is None:
+            return None
+        return {f"blk.{i}.{part[key]}": -torch.exp(t) if key.endswith("A_log") else t}
+
+    tensors = stacked_expert_tensors(hf, "kimi-linear", special)
+    assert "blk.0.ssm_conv1d_q.weight" in tensors and "blk.1.attn_k_b.weight" in tensors
+    path = write_stacked_experts_gguf(tmp_path / "f32.gguf", hf, "kimi-linear", kv, tensors=tensors)
+    loaded = Llama.from_pretrained(path, cache_dir=False)
+    assert loaded.config.model_type == "kimi_linear" and loaded.config.delta == ours.config.delta
+    got, want = loaded.config.experts, ours.config.experts  # (the file's scale a float32; no groups: one group)
+    assert loaded.config.mla == ours.config.mla and got.scale == pytest.approx(want.scale, rel=1e-6)
+    assert dataclasses.replace(got, scale=want.scale, groups=want.groups) == want and want.groups == (1, 1)
+    ids = torch.randint(0, 101, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
+    q = write_stacked_experts_gguf(tmp_path / "q.gguf", hf, "kimi-linear", kv, tensors=tensors,
+                                   quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
+    assert_blocks_compute_the_loaded_model(q, ids)

@@ -2090,6 +2090,9 @@ GGUF_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen
                       # Jamba: Mamba(-1) layers (0 KV heads) beside attention layers without RoPE, mixtures where a
                       # layer has a router (_gguf_jamba)
                       "jamba": ("jamba", False),
+                      # Kimi Linear: KDA layers (0 KV heads) beside deepseek2's latent attention without RoPE
+                      # (_gguf_kimi_linear)
+                      "kimi-linear": ("kimi_linear", False),
                       # Falcon-H1: attention and Mamba-2 side by side in every layer (_gguf_falcon_h1; its muP
                       # multipliers folded into the tensors by the converter; q / k in the checkpoint's order)
                       "falcon-h1": ("falcon_h1", False),
@@ -2148,6 +2151,8 @@ _GGUF_ARCH_KEYS = {
     "mamba": ("ssm.conv_kernel", "ssm.state_size", "ssm.inner_size", "ssm.time_step_rank",
               "ssm.dt_b_c_rms"),  # (_gguf_mamba1)
     "jamba": ("ssm.conv_kernel", "ssm.state_size", "ssm.inner_size", "ssm.time_step_rank"),  # (_gguf_jamba)
+    "kimi-linear": (*_GGUF_LATENT_KEYS, "ssm.conv_kernel", "kda.head_dim",
+                    "rope.dimension_count"),  # (_gguf_kimi_linear)
     "nemotron_h_moe": (*_GGUF_SSM_KEYS, "expert_shared_count", "expert_weights_norm", "expert_weights_scale",
                        "expert_group_count", "expert_group_used_count", "expert_gating_func"),  # (_gguf_nemotron_h)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
@@ -2513,6 +2518,15 @@ _GGUF_MAMBA1_TENSORS = {"attn_norm.weight": "input_layernorm.weight", **{
 # their RMSNorms on dt's low rank, B and C
 _GGUF_JAMBA_TENSORS = {**_GGUF_LAYER_TENSORS, **_GGUF_MAMBA1_TENSORS,
                        **{f"ssm_{k}_norm.weight": f"self_attn.{k}_layernorm.weight" for k in ("dt", "b", "c")}}
+# kimi-linear: deepseek2's (its latent attention, mixtures) and its KDA layers' (the forget gate's under the model's
+# names; the three convolutions as moonshotai's layout has them: loading._kimi_names joins them)
+_GGUF_KIMI_TENSORS = {**_GGUF_DEEPSEEK2_TENSORS, **{f"ssm_conv1d_{p}.weight": f"self_attn.{p}_conv1d.weight"
+                                                    for p in "qkv"},
+                      **{f"ssm_{k}": f"self_attn.forget_gate.{v}" for k, v in (
+                          ("f_a.weight", "f_a_proj.weight"), ("f_b.weight", "f_b_proj.weight"), ("a", "A_log"),
+                          ("dt.bias", "dt_bias"))},
+                      "ssm_beta.weight": "self_attn.b_proj.weight", "ssm_g_a.weight": "self_attn.g_a_proj.weight",
+                      "ssm_g_b.weight": "self_attn.g_b_proj.weight", "ssm_norm.weight": "self_attn.o_norm.weight"}
 # lfm2moe: lfm2's, its mixtures' router's expert bias as exp_probs_b
 _GGUF_LFM2MOE_TENSORS = {**_GGUF_LFM2_TENSORS, "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 # architecture -> its layers' tensor names (the others: _GGUF_LAYER_TENSORS)
@@ -2529,6 +2543,7 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "lfm2": _GGUF_LFM2_TENSORS, "lfm2moe": _GGUF_LFM2MOE_TENSORS,
                 **dict.fromkeys(("granitehybrid", "mamba2", "nemotron_h"), _GGUF_GRANITE_HYBRID_TENSORS),
                 "mamba": _GGUF_MAMBA1_TENSORS, "falcon-h1": _GGUF_FALCON_H1_TENSORS, "jamba": _GGUF_JAMBA_TENSORS,
+                "kimi-linear": _GGUF_KIMI_TENSORS,
                 "nemotron_h_moe": {**_GGUF_GRANITE_HYBRID_TENSORS,
                                    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
                 **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
@@ -2618,11 +2633,14 @@ def read_gguf(path: Path, skip=None, reader=None):
     if model_type in (*_GGUF_MOE.values(), "granitemoeshared"):
         extra.update(_gguf_experts(reader, arch, path, model_type, n_ff))
     mtp = _gguf_mtp(reader, arch)  # (layers after the model's, skipped)
-    if arch in ("deepseek2", *_GGUF_DSA):  # (its latent KV head: one of kv_lora_rank + qk_rope_head_dim)
-        dense_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)
+    if arch in ("deepseek2", *_GGUF_DSA, "kimi-linear"):  # (its latent KV head: one of kv_lora_rank +
+        dense_type, rope_scaling, mla = _gguf_deepseek2(reader, arch, path, rope_scaling)  # qk_rope_head_dim)
         extra.update(mla)
         n_kv, head_dim = 1, mla["kv_lora_rank"] + mla["qk_rope_head_dim"]
-        if arch in _GGUF_DSA:
+        if arch == "kimi-linear":  # (no RoPE: no pairs to order)
+            extra.pop("rope_interleave", None)
+            extra.update(_gguf_kimi_linear(reader, arch, path, int(need("block_count")), tensors, dense_type))
+        elif arch in _GGUF_DSA:
             extra.update(_gguf_dsa(reader, arch, path, dense_type, int(need("block_count")) - mtp,
                                    int(need("context_length"))))
         else:
@@ -2765,14 +2783,17 @@ def read_gguf(path: Path, skip=None, reader=None):
             w = w.reshape(-1)  # (ernie4_5-moe's converter keeps the checkpoint's [1, experts])
         if key.endswith(("self_attn.conv.weight", "self_attn.conv1d.weight", "mamba.conv1d.weight")):
             w = w[:, None]  # (LFM2's, Mamba's convolution: the converter's [channels, taps], nn.Conv1d's [.., 1, ..])
-        if key.endswith("self_attn.A_log") and model_type in ("mamba", "falcon_mamba", "jamba"):
+        if model_type == "kimi_linear" and key.endswith(("_conv1d.weight", "forget_gate.A_log")):  # (KDA's, as its
+            # converter wrote them: each convolution [1, channels, 1, taps], A as -exp(A_log) [1, heads])
+            w = w.reshape(-1, 1, w.shape[-1]) if key.endswith("_conv1d.weight") else torch.log(-w).reshape(1, 1, -1, 1)
+        elif key.endswith("self_attn.A_log") and model_type in ("mamba", "falcon_mamba", "jamba"):
             w = torch.log(-w)  # (Mamba(-1)'s A [inner, state], as its converter wrote it: -exp(A_log))
         elif key.endswith(("self_attn.A_log", "self_attn.D", "self_attn.norm.weight", "mamba.A_log", "mamba.D",
                            "mamba.norm.weight")):  # (Mamba's, as its converter wrote them: A [H, 1] as -exp(A_log),
             w = w.reshape(-1)  # D [H, 1], the norm [groups, inner / groups]; Falcon-H1's under mamba)
             w = torch.log(-w) if key.endswith("A_log") else w
         sd[key] = w if heads is None else _unpermute(w, heads)
-    if arch in ("deepseek2", *_GGUF_DSA):
+    if arch in ("deepseek2", *_GGUF_DSA, "kimi-linear"):
         sd = _gguf_latent_weights(config, sd, latent, path)
     if config.experts is not None and config.experts.correction_bias:  # (llama.cpp's exp_probs_b is optional)
         for i, sparse in enumerate(config.experts.layers):
@@ -2791,7 +2812,7 @@ def read_gguf(path: Path, skip=None, reader=None):
         sd.update(_gguf_xielu(reader, path, config.num_hidden_layers))
     if model_type in _FAMILY_NAMES or model_type in ("stablelm", "gpt2", "gpt_bigcode", "lfm2", "lfm2_moe",
                                                      "granitemoehybrid", "mamba2", "nemotron_h", "mamba",
-                                                     "falcon_mamba", "falcon_h1", "jamba",
+                                                     "falcon_mamba", "falcon_h1", "jamba", "kimi_linear",
                                                      *_DELTA_FAMILIES):
         sd = _norm_names(config, sd, inverse=True)  # (the family's checkpoint names where they differ from the model's)
     return config, _gguf_expert_weights(config, sd, stacked, path, partial=skip is not None)
@@ -2932,7 +2953,8 @@ def _gguf_kv_heads(reader, arch: str, path: Path, n_head: int) -> int:
     if not isinstance(v, (list, tuple)):
         return int(v)
     heads = {int(x) for x in v} - {0}
-    if arch not in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe", "jamba") or len(heads) != 1:
+    if arch not in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "nemotron_h_moe", "jamba", "kimi-linear") \
+            or len(heads) != 1:
         raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv = {list(v)!r}; a count per layer is "
                          "read in lfm2 / lfm2moe files only, one count for every attention layer (0 on the others)")
     return heads.pop()
@@ -3051,6 +3073,30 @@ def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, te
                      n_group=int(get("expert_group_count", 1) or 1), topk_group=int(get("expert_group_used_count", 1)
                                                                                       or 1))
     return extra
+
+
+def _gguf_kimi_linear(reader, arch: str, path: Path, layers: int, tensors: dict, dense_type: str) -> dict:
+    """A kimi-linear file's ``extra`` beside deepseek2's (:func:`_gguf_deepseek2`; Kimi Linear as llama.cpp's
+    converter, KimiLinearModel, writes it and llama.cpp runs it): a layer with 0 KV heads in
+    ``attention.head_count_kv`` a KDA layer (its heads ``ssm_beta``'s rows, each of ``kda.head_dim``, the
+    convolution's ``ssm.conv_kernel`` taps), the others the latent attention without RoPE (llama.cpp rotates nothing
+    there, whatever ``rope.dimension_count`` and ``rope.freq_base`` say); the mixture DeepSeek-V3's (sigmoid:
+    ``expert_gating_func`` 2, else raises), always renormalised and in one group, as llama.cpp's graph runs it."""
+    if dense_type != "deepseek_v3":
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.expert_gating_func must be 2 (sigmoid, Kimi Linear's "
+                         "router)")
+    v = gguf_field(reader, f"{arch}.attention.head_count_kv", 1)
+    kv = list(v) if isinstance(v, (list, tuple)) else [v] * layers
+    if len(kv) != layers:
+        raise ValueError(f"GGUF file {str(path)!r}: {arch}.attention.head_count_kv has {len(kv)} entries for "
+                         f"{layers} layers")
+    types = ["full_attention" if int(h) else "linear_attention" for h in kv]
+    first = next((i for i, t in enumerate(types) if t == "linear_attention"), None)
+    heads = 1 if first is None else int(tensors[f"blk.{first}.ssm_beta.weight"].shape[-1])
+    return {"layer_types": types, "linear_num_heads": heads,
+            "linear_head_dim": _gguf_need(reader, arch, path, "kda.head_dim"),
+            "linear_conv_kernel_dim": _gguf_need(reader, arch, path, "ssm.conv_kernel"), "norm_topk_prob": True,
+            "n_group": None, "topk_group": None}
 
 
 def _gguf_period(layers: list, n: int, what: str, path: Path) -> tuple:
@@ -3356,7 +3402,8 @@ def _gguf_deepseek2(reader, arch: str, path: Path, rope_scaling):
     rank, rope = need("attention.kv_lora_rank"), need("rope.dimension_count")
     if gguf_field(reader, f"{arch}.attention.key_length_mla") is not None:
         qk, v = need("attention.key_length_mla"), need("attention.value_length_mla")
-        latent = (need("attention.key_length"), need("attention.value_length"))
+        latent = (need("attention.key_length"), gguf_field(reader, f"{arch}.attention.value_length", rank))
+        # (kimi-linear's converter writes no value_length: the latent's, kv_lora_rank)
         if latent != (rank + rope, rank):
             raise ValueError(f"GGUF file {str(path)!r} has {arch}.attention.key_length / value_length = {latent}; with "
                              f"the _mla lengths they are the latent head's, kv_lora_rank + rope.dimension_count and "
