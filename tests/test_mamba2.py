@@ -575,13 +575,15 @@ def nemotron_3_pair(**kw):
 
 
 @pytest.mark.parametrize("kw", [{}, dict(hybrid_override_pattern="E*M-E", num_hidden_layers=5, n_group=1,
-                                         norm_topk_prob=False, mlp_bias=True, routed_scaling_factor=1.0)],
-                         ids=["grouped-scaled", "ungrouped-unnormalised-biased"])
+                                         norm_topk_prob=False, mlp_bias=True, routed_scaling_factor=1.0),
+                                dict(moe_latent_size=24, mlp_bias=True)],
+                         ids=["grouped-scaled", "ungrouped-unnormalised-biased", "latent-biased"])
 def test_nemotron_3_mixture_blocks_match_transformers(tmp_path, kw):
     """Nemotron 3's mixture blocks (E / "moe"): DeepSeek-V3's router in float32 (the sigmoid plus the correction bias
     choosing within the groups of the best two, renormalised where norm_topk_prob, times routed_scaling_factor), ungated
-    ReLU-squared experts and shared expert; every path against transformers, saves both ways (its experts one by one on
-    disk), each part counts, a pass bitwise its steps (float32, bfloat16)."""
+    ReLU-squared experts and shared expert, Super's routed experts in a latent width (moe_latent_size: the token
+    projected in by fc1_latent_proj, their sum out by fc2_latent_proj); every path against transformers, saves both
+    ways (its experts one by one on disk), each part counts, a pass bitwise its steps (float32, bfloat16)."""
     from triforce.models.llama import SparseMoE, UngatedExpert
 
     hf, ours = nemotron_3_pair(**kw)
@@ -590,8 +592,10 @@ def test_nemotron_3_mixture_blocks_match_transformers(tmp_path, kw):
     assert_matches_both_ways(tmp_path, hf, ours)
     m = moe[0]
     ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    latent = (m.fc1_latent_proj.weight, m.fc2_latent_proj.weight) if "moe_latent_size" in kw else ()
+    assert (m.experts[0].up_proj.weight.shape[1] == 24) == bool(latent)
     assert_parts_count(hf, ours, ids, (m.gate.e_score_correction_bias, m.experts[1].up_proj.weight,
-                                       m.shared_expert.down_proj.weight),
+                                       m.shared_expert.down_proj.weight, *latent),
                        lambda cache: next(state for state in cache.ssm if state is not None).zero_())
     for dtype in (torch.float32, torch.bfloat16):
         assert_pass_equals_steps(ours, dtype)
@@ -614,7 +618,9 @@ def test_nemotron_h_config_and_refusals():
     d = c.to_dict()
     assert LlamaConfig.from_dict(d).to_dict() == d and d["mamba_num_heads"] == 8 and "rope_theta" not in d
     moe = {"hybrid_override_pattern": "M*E-", **NEMOTRON_3}
-    for bad, match in (({"hybrid_override_pattern": "M*X-"}, "M, \\*"), ({**moe, "moe_latent_size": 16}, "latent"),
+    assert LlamaConfig.from_dict({**NEMOTRON_H, "model_type": "nemotron_h", **moe,
+                                  "moe_latent_size": 16}).experts.latent_size == 16  # (Super's latent mixture)
+    for bad, match in (({"hybrid_override_pattern": "M*X-"}, "M, \\*"), ({**moe, "moe_latent_size": 0}, "latent"),
                        ({**moe, "num_experts_per_tok": 5}, "mixture of 4 experts"),
                        ({**moe, "n_group": 3}, "mixture of 4 experts"), ({**moe, "n_routed_experts": 0}, "ints >= 1")):
         with pytest.raises(ValueError, match=match):

@@ -1380,6 +1380,9 @@ class Experts:
     scaled_inputs: bool = False
     output_bias: bool = False  # JetMoE: a bias (mlp.bias) added to the mixture's output
     gated: bool = True  # the experts (and the shared one) gated MLPs; Nemotron 3's: ungated, down(act(up(x)))
+    # Nemotron 3 Super's latent mixture: the routed experts work on a projection of the token to this width
+    # (fc1_latent_proj), their sum projected back (fc2_latent_proj); the router and the shared expert see the token
+    latent_size: int | None = None
     # LFM2-MoE: DeepSeek's router path with the sigmoid, the renormalisation and the scale in the model's dtype (the
     # renormalising sum in float32, rounded once, as torch sums a 16-bit tensor)
     scores_in_dtype: bool = False
@@ -2775,14 +2778,13 @@ _also("num_logits_to_keep", lambda v, c: c.model_type == "falcon_h1" and (v is N
       "Falcon-H1: an int, generate's")
 _also("use_mamba_kernels", lambda v, c: c.model_type == "falcon_h1" and isinstance(v, bool),
       "Falcon-H1: a bool, its kernels'")
-# its mixture's shared expert's width and latent projection (Nemotron 3 Super's, not read: null only with mixture
-# blocks)
+# its mixture's shared expert's width and latent projection (Nemotron 3 Super's: LlamaConfig.experts.latent_size)
 _add_checks({"moe_shared_expert_intermediate_size": (
                  lambda v, c: c.model_type == "nemotron_h" and (_is_int(v) and v >= 1 or "moe" not in c.block_types),
                  "absent (Nemotron-H: an int >= 1, its mixture's shared expert's width)"),
              "moe_latent_size": (
-                 lambda v, c: c.model_type == "nemotron_h" and (v is None or "moe" not in c.block_types),
-                 "null (Nemotron 3's mixture without a latent projection; Super's is not read)")})
+                 lambda v, c: c.model_type == "nemotron_h" and (v is None or _is_int(v) and v >= 1),
+                 "absent (Nemotron 3: null or an int >= 1, its mixture's latent width: Super's)")})
 for _key in ("moe_intermediate_size", "num_experts", "num_experts_per_tok"):
     _also(_key, lambda v, c: c.model_type == "lfm2_moe" and _is_int(v) and v >= 1, "LFM2-MoE: an int >= 1")
 _also("routed_scaling_factor", lambda v, c: c.model_type == "lfm2_moe" and _is_number(v) and 0 < v < float("inf"),
@@ -3990,7 +3992,7 @@ class LlamaConfig:
                            shared_intermediate_size=get("moe_shared_expert_intermediate_size", 7688),
                            scale=float(get("routed_scaling_factor", 1.0)), scoring="sigmoid", correction_bias=True,
                            groups=(get("n_group", 1), get("topk_group", 1)), group_top2=True, renormalize_eps=1e-20,
-                           grouped_router=True, gated=False)
+                           grouped_router=True, gated=False, latent_size=get("moe_latent_size", None))
         if self.model_type == "jamba":  # (the softmax's top k, not renormalised, rounded to the dtype; every
             x = self.extra  # expert_layer_period-th layer from expert_layer_offset; one expert: none)
             if x["num_experts"] <= 1:

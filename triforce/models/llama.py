@@ -1293,10 +1293,11 @@ class UngatedExpert(nn.Module):
     false): ``down_proj(act(up_proj(x)))``, the family's activation (ReLU squared). Runs one by one (the native
     mixture call is for gated experts)."""
 
-    def __init__(self, config: LlamaConfig, intermediate_size: int):
+    def __init__(self, config: LlamaConfig, intermediate_size: int, width: int | None = None):
         super().__init__()
-        self.up_proj = Linear(config.hidden_size, intermediate_size, bias=False)
-        self.down_proj = Linear(intermediate_size, config.hidden_size, bias=False)
+        width = width or config.hidden_size  # (Nemotron 3 Super's: the mixture's latent width)
+        self.up_proj = Linear(width, intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, width, bias=False)
         self.activation = config.activation
 
     def forward(self, x):
@@ -1347,7 +1348,12 @@ class SparseMoE(nn.Module):
                      if spec.correction_bias or spec.float32_router
                      else Linear(config.hidden_size, spec.count, bias=spec.biases))
         kind = Expert if spec.gated else UngatedExpert  # (Nemotron 3's: ungated)
-        self.experts = nn.ModuleList(kind(config, spec.intermediate_size) for _ in range(spec.count))
+        latent = spec.latent_size  # (Nemotron 3 Super's: the routed experts on a projection of the token)
+        self.experts = nn.ModuleList((kind(config, spec.intermediate_size, latent) if latent
+                                      else kind(config, spec.intermediate_size)) for _ in range(spec.count))
+        if latent:
+            self.fc1_latent_proj = Linear(config.hidden_size, latent, bias=config.mlp_bias)
+            self.fc2_latent_proj = Linear(latent, config.hidden_size, bias=config.mlp_bias)
         self.top_k, self.renormalize, self.float32_weights = spec.top_k, spec.renormalize, spec.float32_weights
         self.softmax_of_top_k = spec.softmax_of_top_k
         self.scaled_inputs = spec.scaled_inputs  # (Llama 4's: the chosen experts' inputs scaled by their weights)
@@ -1467,6 +1473,8 @@ class SparseMoE(nn.Module):
                 scaled, ones = rows * w[:, j, None], torch.ones_like(w[:, j:j + 1])
                 y = self._experts(scaled, ones, index[:, j:j + 1])
                 out = y if out is None else out + y
+        elif "fc1_latent_proj" in self._modules:  # (Nemotron 3 Super's: in and out of the latent width)
+            out = self.fc2_latent_proj(self._experts(self.fc1_latent_proj(rows), w, index))
         else:
             out = self._experts(rows, w, index)
         if "bias" in self._parameters:  # (JetMoE's, in the dtype)
