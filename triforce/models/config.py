@@ -81,6 +81,9 @@ _ROPE_TYPES = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    # Gemma 4's and LFM3's: the whole head's pairs, the first partial_rotary_factor of them turning at
+    # base ** (-2i / head_dim) (over factor, 1 by default), the others not (rope.rope_inv_freq)
+    "proportional": (),
 }
 _ROPE_LISTS = ("short_factor", "long_factor")  # per-pair factors: rotary_dim // 2 numbers > 0
 _SUPPORTED_ROPE_TYPES = tuple(_ROPE_TYPES)
@@ -99,6 +102,7 @@ _ROPE_OPTIONAL = {
     # transformers' dynamic NTK RoPE reads factor (original_max_position_embeddings: not read, as transformers 5)
     "dynamic": ("alpha", "factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                 "original_max_position_embeddings"),
+    "proportional": ("factor",),
 }
 
 
@@ -661,7 +665,23 @@ FAMILIES["lfm2_moe"] = Family("Lfm2MoeForCausalLM", qk_norm=True, defaults={
     "conv_bias": False, "conv_L_cache": 3, "moe_intermediate_size": 1792, "num_dense_layers": 2,
     "num_experts_per_tok": 4, "num_experts": 32, "use_expert_bias": True, "routed_scaling_factor": 1.0,
     "norm_topk_prob": True})
-_LFM2S = ("lfm2", "lfm2_moe")
+# LFM3 (Lfm3ForCausalLM): LFM2's layers (its convolutions, conv_L_cache 7 by default) with sandwich norms where
+# use_sandwich_norm (post_operator_norm after the mixer, post_ffn_norm after the MLP: Gemma 3's four), attention
+# layers of two kinds by layer_types (by default: every fourth from 2 full, every fourth from 4 sliding, the rest
+# convolutions): Qwen3's attention (per-head q / k norms, q_norm / k_norm, o_proj) with each head's output times the
+# sigmoid of g_proj of the layer's input (one gate per head, in the dtype) where use_attention_gate, the full layers'
+# RoPE proportional (rope_type "proportional": the whole head's pairs, the first partial_rotary_factor of them turning
+# at base ** (-2i / head_dim), the others not at all), the sliding layers' plain RoPE at their own base over a window
+# of sliding_window (256); an MLP of intermediate_size as it is
+FAMILIES["lfm3"] = Family("Lfm3ForCausalLM", qk_norm=True, reads=("attention_bias",), defaults={
+    "vocab_size": 128000, "hidden_size": 2048, "intermediate_size": 7680, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 128000,
+    "rms_norm_eps": 1e-5, "pad_token_id": 124893, "bos_token_id": 124894, "eos_token_id": 124900,
+    "tie_word_embeddings": True, "conv_bias": False, "conv_L_cache": 7, "sliding_window": 256,
+    "use_sandwich_norm": True, "use_attention_gate": True})
+_LFM3_ROPE = {"full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # (Lfm3Config's by default)
+_LFM2S = ("lfm2", "lfm2_moe", "lfm3")
 # their configs' other names (Lfm2Config reads block_ff_dim as intermediate_size; both tie_embedding as
 # tie_word_embeddings)
 _LFM2_NAMES = {"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"}
@@ -1040,6 +1060,7 @@ _OPT_NAMES = {"ffn_dim": "intermediate_size", "activation_function": "hidden_act
               "init_std": "initializer_range"}  # (OPTConfig's names -> the model's)
 _NEOX_ROPE_KEYS = {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}
 _NORM_EPS_KEY = {"starcoder2": "norm_epsilon", "nemotron": "norm_eps", "lfm2": "norm_eps", "lfm2_moe": "norm_eps",
+                 "lfm3": "norm_eps",
                  "phi": "layer_norm_eps",
                  "persimmon": "layer_norm_eps",
                  "gptj": "layer_norm_epsilon", "codegen": "layer_norm_epsilon", "gpt2": "layer_norm_epsilon",
@@ -1819,7 +1840,7 @@ _HARMLESS_ONLY_AT = {
     "query_pre_attn_scalar": (lambda v, c: c.model_type in (*_GEMMA2S, "gemma3_text") and _is_number(v) and v > 0,
                               "a number > 0 (Gemma 2 / 3: the attention's scale is its inverse square root)"),
     # (OLMo 3: read from rope_parameters['sliding_attention'], its config has no such key: _split_layer_rope)
-    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum", "laguna",
+    "rope_local_base_freq": (lambda v, c: c.model_type in ("gemma3_text", "olmo3", "mellum", "laguna", "lfm3",
                                                                        "mimo_v2_flash", "modernbert-decoder")
                              and _is_number(v)
                              and v > 0,
@@ -1928,7 +1949,7 @@ _HARMLESS_ONLY_AT = {
                               or (c.model_type in ("phi3", *_GLMS,
                                                                                "minimax_m2", "nemotron", "phi",
                                                                                "stablelm", "gpt_neox", *_GPTJS,
-                                                                               "persimmon", "laguna",
+                                                                               "persimmon", "laguna", "lfm3",
                                                                                "mimo_v2_flash",
                                                                                "gpt_neox_japanese", *_DELTA_FAMILIES)
                                                                and _is_number(v)
@@ -2418,6 +2439,18 @@ def _delta_layer_types(c: "LlamaConfig") -> list | None:
     return None
 
 
+def _lfm3_layer_types(c: "LlamaConfig") -> list | None:
+    """LFM3's layer types as Lfm3Config reads them: ``layer_types`` (``"conv"``, ``"full_attention"`` or
+    ``"sliding_attention"`` each), by default every fourth layer from 2 full, every fourth from 4 sliding, the others
+    convolutions; None where the key says something else."""
+    n, types = c.num_hidden_layers, c.extra.get("layer_types")
+    if types is None:
+        return ["full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i > 0 else "conv"
+                for i in range(n)]
+    ok = isinstance(types, list) and len(types) == n and set(types) <= {"conv", "full_attention", "sliding_attention"}
+    return types if ok else None
+
+
 def _lfm2_conv_layers(c: "LlamaConfig") -> tuple | None:
     """LFM2's convolution layers, a bool per layer, as Lfm2Config reads its keys: ``layer_types`` (``"conv"`` or
     ``"full_attention"`` each), else every layer not in ``full_attn_idxs``, else none; None where the keys say
@@ -2426,6 +2459,9 @@ def _lfm2_conv_layers(c: "LlamaConfig") -> tuple | None:
     types, idxs = x.get("layer_types"), x.get("full_attn_idxs") if c.model_type == "lfm2" else None
     if c.model_type == "lfm2_moe" and types is None:  # (Lfm2MoeConfig has no default: its model indexes them)
         return None
+    if c.model_type == "lfm3":  # (its sliding layers too; by default Lfm3Config's pattern)
+        types = _lfm3_layer_types(c)
+        return None if types is None else tuple(t == "conv" for t in types)
     if types is not None:
         if not (isinstance(types, list) and len(types) == n and set(types) <= {"conv", "full_attention"}):
             return None
@@ -2760,6 +2796,11 @@ _also("first_k_dense_replace", lambda v, c: c.model_type == "kimi_linear" and _i
       "Kimi Linear: an int >= 0")
 
 
+# LFM3's switches (LlamaConfig.sandwich_norms, sigmoid_head_gate)
+_add_checks({key: (lambda v, c: c.model_type == "lfm3" and isinstance(v, bool), "absent (LFM3: a bool)")
+             for key in ("use_sandwich_norm", "use_attention_gate")})
+
+
 # Falcon-H1's keys (LlamaConfig.mamba, parallel_mamba, embedding_multiplier, logit_scale; the other multipliers folded
 # into the weights on loading)
 _add_checks({
@@ -2839,6 +2880,16 @@ def _layer_windows(c: "LlamaConfig") -> tuple:
     x = c.extra
     n = c.num_hidden_layers
     none = (0,) * n
+    if c.model_type == "lfm3":  # (sliding_window on its layer_types' sliding layers)
+        types, window = _lfm3_layer_types(c), x.get("sliding_window", FAMILIES["lfm3"].defaults["sliding_window"])
+        if types is None:
+            return none, "layer_types"
+        sliding = [t == "sliding_attention" for t in types]
+        if not any(sliding) or window is None:
+            return none, "sliding_window" if any(sliding) else None
+        if not _is_int(window) or window < 1:
+            return none, "sliding_window"
+        return (none if window >= c.max_position_embeddings else tuple(window if s else 0 for s in sliding)), None
     if c.model_type in _LFM2S:  # no window; its layer_types (conv or full attention) as LlamaConfig.conv_layers
         return none, "layer_types" if _lfm2_conv_layers(c) is None else next(  # reads them
             (k for k in ("sliding_window", "use_sliding_window", "max_window_layers") if x.get(k) is not None), None)
@@ -3217,7 +3268,8 @@ class LlamaConfig:
             x = self.extra
             raise ValueError(f"config layer_types {x.get('layer_types')!r} / full_attn_idxs "
                              f"{x.get('full_attn_idxs')!r}: LFM2 takes one of 'conv' / 'full_attention' per layer, or "
-                             "the attention layers' indices (both given: they must agree)")
+                             "the attention layers' indices (both given: they must agree); LFM3 one of 'conv' / "
+                             "'full_attention' / 'sliding_attention' per layer")
         if self.model_type == "granitemoehybrid" and _layer_windows(self)[1] is not None:
             x = self.extra
             raise ValueError(f"model_type 'granitemoehybrid' with layer types "
@@ -3483,7 +3535,8 @@ class LlamaConfig:
         """Gemma 3's layer: ``h + post_attention_layernorm(attn(input_layernorm(h)))``, then
         ``h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``."""
         return FAMILIES[self.model_type].sandwich_norms or (self.model_type == "hyperclovax"
-                                                            and self.extra.get("use_post_norm", True) is True)
+                                                            and self.extra.get("use_post_norm", True) is True) or (
+            self.model_type == "lfm3" and self.extra.get("use_sandwich_norm", True) is True)
 
     @property
     def layer_norm(self) -> bool:
@@ -3690,6 +3743,8 @@ class LlamaConfig:
         if self.model_type in _MLAS:  # (MLA's RoPE'd key; its dims in the latent head: MLA.slots)
             return self._deepseek("qk_rope_head_dim")
         f = self.extra.get("partial_rotary_factor", FAMILIES[self.model_type].partial_rotary_factor)
+        if self.rope_type == "proportional":  # (the whole head's pairs, f of them turning: rope.rope_inv_freq)
+            return self.head_dim
         return int(self.head_dim * f) if _is_number(f) and 0 < f < 1 else self.head_dim
 
     @property
@@ -3779,6 +3834,8 @@ class LlamaConfig:
             # past the context)
             sliding = _sliding_layers(self)[0]
             return (True,) * n if sliding is None else tuple(not s for s in sliding)
+        if self.model_type == "lfm3":  # (its full layers the model's RoPE, its sliding ones their own base)
+            return tuple(t == "full_attention" for t in _lfm3_layer_types(self) or ["full_attention"] * n)
         if self.model_type in ("mellum", "laguna"):  # by layer type (its list, else every layer full)
             types = self.extra.get("layer_types")
             return (True,) * n if not _layer_types_ok(types, n) else tuple(t == "full_attention" for t in types)
@@ -4215,7 +4272,8 @@ class LlamaConfig:
         """The convolution's taps (LFM2's ``conv_L_cache``, Mamba's ``mamba_d_conv``); 0 where no layer convolves."""
         if self.recurrent is not None:
             return self.recurrent.kernel
-        return int(self.extra.get("conv_L_cache", 3)) if any(self.conv_layers) else 0
+        default = FAMILIES[self.model_type].defaults.get("conv_L_cache", 3)
+        return int(self.extra.get("conv_L_cache", default)) if any(self.conv_layers) else 0
 
     def conv_width(self, layer: int) -> int:
         """The channels a convolution layer convolves: LFM2's ``hidden_size``, Mamba's and gated DeltaNet's
@@ -4338,6 +4396,12 @@ class LlamaConfig:
             return None
         v = self._deepseek("attention_value_scale")
         return None if v is None else float(v)
+
+    @property
+    def sigmoid_head_gate(self) -> bool:
+        """LFM3's output gate (``use_attention_gate``): each head's output times the sigmoid (in the dtype) of its own
+        row of ``g_proj`` of the layer's input."""
+        return self.model_type == "lfm3" and self.extra.get("use_attention_gate", True) is True
 
     @property
     def softplus_gate(self) -> str | None:
@@ -5290,9 +5354,10 @@ def _mla_heads(d: dict) -> None:
 
 
 # (the families of a RoPE per layer type but Gemma 3)
-_NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum", "laguna": "Laguna",
+_NAMES_PER_TYPE = {"olmo3": "OLMo 3", "mellum": "Mellum", "laguna": "Laguna", "lfm3": "LFM3",
                    "modernbert-decoder": "ModernBERT decoder", "mimo_v2_flash": "MiMo-V2-Flash"}
-_OWN_ROPES = {"mellum": _MELLUM_ROPE, "laguna": _LAGUNA_ROPE, "mimo_v2_flash": _MIMO_ROPE}  # (their configs' own)
+_OWN_ROPES = {"mellum": _MELLUM_ROPE, "laguna": _LAGUNA_ROPE, "mimo_v2_flash": _MIMO_ROPE,
+              "lfm3": _LFM3_ROPE}  # (their configs' own)
 
 
 def _split_layer_rope(d: dict) -> None:

@@ -540,6 +540,10 @@ class Attention(nn.Module):
             self.attn_sub_norm = make_norm(config, self.n_heads * self.head_dim, config.rms_norm_eps)
         if self.softplus_gate is not None:
             self.g_proj = Linear(h, self.n_heads * (1 if self.softplus_gate == "head" else self.head_dim), bias=False)
+        # LFM3: the heads' output times the sigmoid of g_proj of the layer's input, one gate per head
+        self.sigmoid_head_gate = config.sigmoid_head_gate
+        if self.sigmoid_head_gate:
+            self.g_proj = Linear(h, self.n_heads, bias=False)
 
     def _apply(self, fn, recurse=True):
         # Flint's sinks: float32 whatever the model's dtype, as transformers keeps them (_keep_in_fp32_modules_strict):
@@ -576,6 +580,8 @@ class Attention(nn.Module):
             if self.softplus_gate == "head":
                 gate = gate.repeat_interleave(self.head_dim, dim=-1)
             out = out * gate
+        if self.__dict__.get("sigmoid_head_gate"):  # (LFM3's: the sigmoid in the dtype, value by value)
+            out = out * _row_sigmoid(self.g_proj(x)).repeat_interleave(self.head_dim, dim=-1)
         sub = self._modules.get("attn_sub_norm")  # (BitNet's)
         return self.o_proj(out if sub is None else sub(out))
 
@@ -1814,6 +1820,8 @@ class DecoderLayer(nn.Module):
             return None
         # AFMoE's and Laguna's gates on the heads' output (decoder_layers' attn_gate_kind), with their projection
         gate_mod, gate_kind = a.get("gate_proj"), "sigmoid"
+        if att.__dict__.get("sigmoid_head_gate"):
+            return None  # LFM3's gate per head: the modules'
         if gate_mod is None:
             gate_mod, gate_kind = a.get("g_proj"), f"softplus_{att.__dict__.get('softplus_gate')}"
         gate_kind = None if gate_mod is None else gate_kind

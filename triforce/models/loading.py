@@ -1543,6 +1543,17 @@ def _jetmoe_names(sd: dict, inverse: bool = False) -> dict:
 # attention's out_proj, the model's o_proj, goes back before the convolutions' out_proj takes that name)
 # (LFM2-MoE's: its mixtures under feed_forward too, their router gate, expert_bias the router's correction bias, its
 # hub checkpoints' experts one by one of w1 / w3 / w2)
+# LFM3's: LFM2's but its attention's own (Qwen3's q_norm / k_norm / o_proj) and, with its sandwich norms, Gemma 3's
+_LFM3_PAIRS = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
+               (".ffn_norm.", ".post_attention_layernorm."), (".feed_forward.w1.", ".mlp.gate_proj."),
+               (".feed_forward.w3.", ".mlp.up_proj."), (".feed_forward.w2.", ".mlp.down_proj."),
+               (".conv.in_proj.", ".self_attn.in_proj."),
+               (".conv.conv.", ".self_attn.conv."), (".conv.out_proj.", ".self_attn.out_proj."),
+               (".self_attn.gate_proj.", ".self_attn.g_proj."))  # (its checkpoints' name of the heads' gate)
+_LFM3_PAIRS_SANDWICH = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
+                        (".post_operator_norm.", ".post_attention_layernorm."),
+                        (".post_ffn_norm.", ".post_feedforward_layernorm."),
+                        (".ffn_norm.", ".pre_feedforward_layernorm."), *_LFM3_PAIRS[3:])
 _LFM2_PAIRS = (("model.embedding_norm.", "model.norm."), (".operator_norm.", ".input_layernorm."),
                (".ffn_norm.", ".post_attention_layernorm."), (".feed_forward.", ".mlp."),
                (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"), (".w1.", ".gate_proj."),
@@ -1601,6 +1612,9 @@ def _norm_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> dict:
         return _delta_names(config, sd, inverse)
     if config.model_type in ("lfm2", "lfm2_moe"):
         return _renamed(sd, [(b, a) for a, b in reversed(_LFM2_PAIRS)] if inverse else _LFM2_PAIRS)
+    if config.model_type == "lfm3":  # (LFM2's names; its attention Qwen3's; its sandwich norms Gemma 3's)
+        pairs = _LFM3_PAIRS_SANDWICH if config.sandwich_norms else _LFM3_PAIRS
+        return _renamed(sd, [(b, a) for a, b in reversed(pairs)] if inverse else pairs)
     if config.model_type in ("granitemoehybrid", "bamba") and config.mamba is not None:  # (its Mamba layers' module:
         sd = {(_MAMBA_OURS.sub(r"\1.mamba.\2", k) if inverse else k.replace(".mamba.", ".self_attn.")): t  # mamba)
               for k, t in sd.items()}

@@ -25,6 +25,14 @@ def rope_inv_freq(config: LlamaConfig, device=None, long: bool = False) -> torch
         return _still_pairs(config, 1.0 / (factors * config.rope_theta ** (
             torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim)))
     base = config.rope_theta
+    if kind == "proportional":  # (Gemma 4's, LFM3's: the whole head's pairs, the first partial_rotary_factor of them
+        # turning at base ** (-2i / head_dim), the others not: zeros, cos 1 and sin 0; as transformers computes it)
+        f = config.extra.get("partial_rotary_factor", 1.0)
+        turning = int(f * config.head_dim // 2)
+        inv_freq = 1.0 / (base ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64, device=device).float()
+                                   / config.head_dim))
+        inv_freq = torch.cat([inv_freq, torch.zeros(config.head_dim // 2 - turning, device=device)])
+        return inv_freq / config.rope_scaling.get("factor", 1.0)
     if kind == "dynamic" and "alpha" in config.rope_scaling:  # Hunyuan's NTK alpha: the base stretched once (as
         alpha = config.rope_scaling["alpha"]  # transformers computes it, in Python)
         base = base * alpha ** (config.head_dim / (config.head_dim - 2))
