@@ -125,3 +125,27 @@ def test_config_reads_as_transformers_reads_it():
                        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters")):
         with pytest.raises(ValueError, match=match):
             LlamaConfig.from_dict({"model_type": "lfm3", **bad})
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_lfm3_vl_reads_its_language_model(tmp_path, tied):
+    """LFM3-VL's image + text checkpoints (Lfm3VlForConditionalGeneration) read text-only: its LFM3 language model
+    (model.language_model.*) gives the wrapper's logits on text, tied by the wrapper's key; its vision tower and
+    projector not read."""
+    from triforce.models import Llama
+
+    from .test_families import TOL
+
+    torch.manual_seed(0)
+    text = dict(BASE, **CASES["default-pattern"])
+    config = transformers.Lfm3VlConfig(text_config=text, projector_hidden_size=32, image_token_id=5,
+                                       tie_word_embeddings=tied)
+    config.vision_config.num_hidden_layers = 1
+    hf = randomize_(transformers.Lfm3VlForConditionalGeneration(config).eval())
+    hf.save_pretrained(tmp_path)
+    ours = Llama.from_pretrained(tmp_path)
+    assert ours.config.model_type == "lfm3" and ours.config.tie_word_embeddings == tied
+    assert ours.config.conv_layers == tuple(t == "conv" for t in config.text_config.layer_types)
+    ids = torch.randint(6, 101, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(ids) - hf(input_ids=ids).logits).abs().max().item() <= TOL

@@ -1661,6 +1661,11 @@ WRAPPERS = {
         "max_image_tokens", "min_image_tokens", "max_num_patches", "max_tiles", "min_tiles", "tile_size",
         "max_pixels_tolerance", "use_image_special_tokens", "use_thumbnail", "do_image_splitting",
         "initializer_range"}), ("wrapper", True)),
+    # LFM3-VL (Lfm3VlForConditionalGeneration): its LFM3 language model (model.language_model.*), tied by the
+    # wrapper's key (default true); its vision tower and projector not read
+    "lfm3_vl": (("lfm3",), frozenset({
+        "vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+        "projector_hidden_act", "projector_hidden_size", "projector_bias", "initializer_range"}), ("wrapper", True)),
     # Aria (AriaForConditionalGeneration: rhymes-ai's Aria): its language model (text_config aria_text), tied by the
     # wrapper's key alone (default false); its vision tower and projector not read
     "aria": (("aria_text",), frozenset({"vision_config", "vision_feature_layer", "projector_patch_to_query_dict",
