@@ -48,8 +48,12 @@ def pair(case="default-pattern"):
 
 
 def tiny(seed, types=("conv", "full_attention", "sliding_attention"), **extra):
-    return tiny_family("lfm3", seed, layers=len(types), head_dim=8,
-                       extra={"layer_types": list(types), "conv_bias": True, "sliding_window": 6, **extra})
+    """A tiny LFM3 (its full layers' proportional RoPE turning half of each head's pairs, the sliding layers' own base
+    and window of 6)."""
+    return tiny_family("lfm3", seed, layers=len(types), head_dim=8, rope_theta=1e4,
+                       rope_scaling={"rope_type": "proportional"},
+                       extra={"layer_types": list(types), "conv_bias": True, "sliding_window": 6,
+                              "partial_rotary_factor": 0.5, "rope_local_base_freq": 300.0, **extra})
 
 
 @pytest.mark.parametrize("case", list(CASES))
