@@ -251,3 +251,17 @@ def test_hidden_transfer_training_refuses_a_layer_with_a_state():
         h = torch.zeros(6, model.config.hidden_size)
         with pytest.raises(ValueError, match="hidden_transfer heads train through the attention"):
             heads.upper_forward(model, h, torch.tensor([2]), [], [])
+
+
+def test_int8_copy_takes_the_mamba_mixers_projections():
+    """MagicDec's int8 draft of a Falcon-H1 model quantises the Mamba mixer's projections beside the attention's and
+    the MLP's (the layer's ``mamba`` module), and drafts for it losslessly."""
+    from triforce.models.quant import Q8Linear, int8_copy
+
+    model = tiny(0)
+    draft = int8_copy(model)
+    layer = draft.model.layers[0]
+    for proj in (layer.mamba.in_proj, layer.mamba.out_proj, layer.self_attn.q_proj, layer.mlp.down_proj):
+        assert type(proj) is Q8Linear
+    assert type(model.model.layers[0].mamba.in_proj) is not Q8Linear  # (the target's untouched)
+    assert_greedy_equals_autoregressive(model, draft, "speculative", {"gamma": 3})

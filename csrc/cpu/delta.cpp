@@ -17,13 +17,15 @@ constexpr int kTile = 64;
 
 // One tile of value columns [v0, v0 + w) of a head's state S [K, V] (s pointing at column v0, rows V apart) through
 // one token: when update, s = s * decay, mem = s^T k (k in order), delta = (v - mem) beta, s += k delta^T; then when
-// q, out = s^T q (k in order). The decay of state row kk is decay[kk * dstride]: one per head (dstride 0, gated
-// DeltaNet's) or one per key channel (dstride 1, Kimi's KDA). Width is a compile-time kTile (registers) or the last
-// tile's runtime width: one body, each column's arithmetic the same instructions in either.
-template <typename Width>
+// q, out = s^T q (k in order). The decay of state row kk is decay[0], one per head (gated DeltaNet's), or decay[kk]
+// with PerChannel, one per key channel (Kimi's KDA). Width is a compile-time kTile (registers) or the last tile's
+// runtime width: one body, each column's arithmetic the same instructions in either.
+template <bool PerChannel, typename Width>
 inline void token_tile(float* __restrict s, int64_t K, int64_t V, Width w, bool update, const float* __restrict k,
-                       const float* __restrict v, float beta, const float* __restrict decay, int64_t dstride,
+                       const float* __restrict v, float beta, const float* __restrict decay,
                        const float* __restrict q, float* __restrict out) {
+  // (a compile-time stride: the per-head path's decay one register for the whole tile, as a scalar argument was)
+  constexpr int64_t dstride = PerChannel ? 1 : 0;
   float delta[kTile];
   if (update) {
     float mem[kTile] = {0.f};
@@ -130,10 +132,14 @@ at::Tensor delta_scan_(at::Tensor& state, const std::optional<at::Tensor>& q, co
         const bool update = t < count[i];
         const float bt = bp[tok * Hv + h];
         const float* dc = dcp + (tok * Hv + h) * (dstride ? K : 1);
-        if (w == kTile) {
-          token_tile(s + v0, K, V, std::integral_constant<int, kTile>{}, update, kt, vt, bt, dc, dstride, qt, out);
+        if (dstride == 0 && w == kTile) {
+          token_tile<false>(s + v0, K, V, std::integral_constant<int, kTile>{}, update, kt, vt, bt, dc, qt, out);
+        } else if (dstride == 0) {
+          token_tile<false>(s + v0, K, V, static_cast<int>(w), update, kt, vt, bt, dc, qt, out);
+        } else if (w == kTile) {
+          token_tile<true>(s + v0, K, V, std::integral_constant<int, kTile>{}, update, kt, vt, bt, dc, qt, out);
         } else {
-          token_tile(s + v0, K, V, static_cast<int>(w), update, kt, vt, bt, dc, dstride, qt, out);
+          token_tile<true>(s + v0, K, V, static_cast<int>(w), update, kt, vt, bt, dc, qt, out);
         }
       }
     }
