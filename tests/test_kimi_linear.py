@@ -13,7 +13,8 @@ from .test_engines import TINY_CASES, assert_greedy_equals_autoregressive
 from .test_families import randomize_
 from .test_lfm2 import (assert_draft_caches_exact, assert_parts_count, assert_rollbacks_restore_the_state,
                         assert_rows_kept_apart)
-from .test_mamba2 import assert_a_deep_rollback_replays, assert_matches_both_ways, drawn_pair
+from .test_mamba2 import (assert_a_deep_rollback_replays, assert_layer_skip_is_lossless, assert_matches_both_ways,
+                          drawn_pair)
 from .test_qwen3_5 import assert_as_close_to_float64_as_transformers
 from .test_sliding_window import assert_pass_equals_steps
 
@@ -132,6 +133,10 @@ def test_rollbacks_drafts_and_rows_keep_the_state():
                          ids=[f"{TINY_CASES[i][0]}-{i}" for i in (0, 2, 3, 4, 6)])
 def test_greedy_equals_autoregressive(method, opts):
     assert_greedy_equals_autoregressive(tiny(0), tiny(1), method, opts)
+
+
+def test_layer_skip_draft_is_lossless():
+    assert_layer_skip_is_lossless(tiny(0))
 
 
 def test_config_reads_as_transformers_reads_it():

@@ -421,6 +421,10 @@ LAYER_SKIPS = {
                                     "linear_value_head_dim": 8}),
     "mamba": ("mamba", {"mamba_d_state": 8, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_dt_rank": "auto",
                         "mamba_conv_bias": True, "mamba_proj_bias": False, "residual_in_fp32": True}),
+    "falcon_h1": ("falcon_h1", {"mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_d_state": 8, "mamba_n_groups": 2,
+                                "mamba_rms_norm": True, "embedding_multiplier": 2.0, "lm_head_multiplier": 0.5}),
+    "lfm3": ("lfm3", {"layer_types": ["conv", "sliding_attention", "full_attention"], "sliding_window": 6,
+                      "conv_bias": True}),
     "jamba": ("jamba", {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
                         "expert_layer_offset": 0, "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 8,
                         "mamba_dt_rank": 4, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_conv_bias": True,
@@ -433,12 +437,17 @@ def test_layer_skip_drafts_of_the_recurrent_families(name):
     """A layer-skip draft keeps the layer indices and counts its first layers hold (LFM2's full_attn_idxs, Bamba's
     attn_layer_indices, LFM2-MoE's num_dense_layers: they were refused past its last layer), and speculative decoding
     with it (``draft_layers``) is greedy lossless."""
+    model_type, extra = LAYER_SKIPS[name]
+    assert_layer_skip_is_lossless(tiny_family(model_type, 0, extra=extra))
+
+
+def assert_layer_skip_is_lossless(target):
+    """``target``'s layer-skip draft of its first layer keeps that layer's KV heads, and speculative decoding with it
+    (``draft_layers``) is greedy lossless on ragged prompts."""
     import triforce
 
     from .test_engines import ragged_prompts
 
-    model_type, extra = LAYER_SKIPS[name]
-    target = tiny_family(model_type, 0, extra=extra)
     draft = target.layer_skip(1)
     assert draft.config.kv_heads_per_layer == target.config.kv_heads_per_layer[:1]
     prompts = ragged_prompts()
