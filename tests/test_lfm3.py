@@ -153,3 +153,14 @@ def test_lfm3_vl_reads_its_language_model(tmp_path, tied):
     ids = torch.randint(6, 101, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert (ours(ids) - hf(input_ids=ids).logits).abs().max().item() <= TOL
+
+
+def test_rotary_dim_reads_a_rope_dict_of_the_old_spelling():
+    """rotary_dim (which asks whether the RoPE is proportional) runs while the RoPE dict is being checked, before it is
+    normalised: a transformers 4 ``type`` spelling reads, as it did before the proportional RoPE."""
+    c = LlamaConfig.from_dict({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert c.rope_type == "linear" and c.rotary_dim == c.head_dim
+    c = LlamaConfig.from_dict({"model_type": "lfm3", "num_hidden_layers": 4, "head_dim": 64, "rope_parameters": {
+        "full_attention": {"type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+    assert c.rope_type == "proportional" and c.rotary_dim == 64

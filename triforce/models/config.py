@@ -3748,8 +3748,9 @@ class LlamaConfig:
         if self.model_type in _MLAS:  # (MLA's RoPE'd key; its dims in the latent head: MLA.slots)
             return self._deepseek("qk_rope_head_dim")
         f = self.extra.get("partial_rotary_factor", FAMILIES[self.model_type].partial_rotary_factor)
-        if self.rope_type == "proportional":  # (the whole head's pairs, f of them turning: rope.rope_inv_freq)
-            return self.head_dim
+        rs = self.rope_scaling if isinstance(self.rope_scaling, dict) else {}  # (read before it is checked too)
+        if rs.get("rope_type", rs.get("type")) == "proportional":  # (the whole head's pairs, f of them turning:
+            return self.head_dim  # rope.rope_inv_freq)
         return int(self.head_dim * f) if _is_number(f) and 0 < f < 1 else self.head_dim
 
     @property
