@@ -9,8 +9,10 @@ an MLP of 3584, a 248320-token tied head; half of Qwen3.5-0.8B's 24 layers, as w
 Falcon-H1-0.5B-like stack (``--model falcon-h1``: 1024 wide, 12 layers each of an attention of 8 query and 2 KV heads
 of 64 beside a Mamba-2 mixer 1536 wide, 24 heads of 64 with a state of 128, one group, 4 taps, no gated norm, an MLP of
 2048, a 32784-token head; a third of its 36 layers, as we recall its config: not checked against a published file),
-random weights, over a full cache of ``--context`` tokens; batch 1, T = 1 (a decode step) and T = 5 (a verification
-pass).
+and Lfm3Config's defaults cut to 12 of its 24 layers (``--model lfm3``: 2048 wide, 7 convolutions of 7 taps, 3 full
+layers of proportional RoPE and 2 sliding layers of a 256-token window, 16 query and 4 KV heads of 128, gated heads,
+sandwich norms, an MLP of 7680, a 128000-token tied head), random weights, over a full cache of ``--context`` tokens;
+batch 1, T = 1 (a decode step) and T = 5 (a verification pass).
 
 Ours: the attention layers in the native layer stack between the recurrent layers (which run as modules, their
 state in the cache), and every layer as modules (``TRIFORCE_DECODER_LAYERS=0``); the baseline: transformers' model
@@ -19,7 +21,7 @@ context, T tokens a call (its cache grows by ~60 tokens over the run: noise besi
 turns. Bytes = every weight read once (the head's included) + the KV cache read (+ the Mamba layers' states read and
 written once, the DeltaNet layers' alike); GB/s against the copy bandwidth measured in the same run.
 
-    python -m bench.bench_hybrids [--model lfm2|granite-h|qwen3.5|falcon-h1] [--quick] [--context N]
+    python -m bench.bench_hybrids [--model lfm2|granite-h|qwen3.5|falcon-h1|lfm3] [--quick] [--context N]
                                   [--dtype bfloat16|float32]
     # TRIFORCE_BENCH_CSV=/tmp/x.csv keeps the repo clean
 """
@@ -62,7 +64,10 @@ SHAPES = {
         "mamba_d_ssm": 1536, "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1,
         "mamba_d_conv": 4, "mamba_rms_norm": False, "max_position_embeddings": 16384, "rope_theta": 100000000000.0,
         "embedding_multiplier": 5.66, "lm_head_multiplier": 0.039, "key_multiplier": 0.39,
-        "mlp_multipliers": [0.88, 0.59], "ssm_multipliers": [0.35, 0.25, 0.35, 0.5, 0.35]})}
+        "mlp_multipliers": [0.88, 0.59], "ssm_multipliers": [0.35, 0.25, 0.35, 0.5, 0.35]}),
+    "lfm3": ("lfm3-default-12-layers", "lfm3_forward", "Lfm3ForCausalLM", {
+        "model_type": "lfm3", "num_hidden_layers": 12}),
+}
 
 
 def transformers_step(config: LlamaConfig, model: Llama, context: int, T: int, cls: str):
