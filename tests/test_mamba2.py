@@ -673,6 +673,8 @@ def write_nemotron_h_gguf(path, hf, quant=None, meta=None):
           "attention.layer_norm_rms_epsilon": float(c.layer_norm_epsilon), "ssm.conv_kernel": c.conv_kernel,
           "ssm.state_size": c.ssm_state_size, "ssm.group_count": c.n_groups, "ssm.inner_size": inner,
           "ssm.time_step_rank": c.mamba_num_heads}
+    if getattr(c, "moe_latent_size", None):  # (Super's latent mixture: its width; ffn_latent_down / _up)
+        kv["moe_latent_size"] = c.moe_latent_size
     if moe:  # (NemotronHModel's nemotron_h_moe keys)
         kv.update({"expert_count": c.n_routed_experts, "expert_used_count": c.num_experts_per_tok,
                    "expert_feed_forward_length": c.moe_intermediate_size,
@@ -718,7 +720,11 @@ NEMOTRON_H_GGUF = {
     # exp_probs_b, the shared expert as ffn_*_shexp, the router's settings as expert_* keys; another gating raises)
     "nemotron_h_moe": (lambda: nemotron_3_pair(vocab_size=104, hybrid_override_pattern="M*EM",
                                                moe_intermediate_size=32),
-                       {"expert_gating_func": 1}, "expert_gating_func")}
+                       {"expert_gating_func": 1}, "expert_gating_func"),
+    # (Nemotron 3 Super's latent mixture: moe_latent_size, its projections as ffn_latent_down / ffn_latent_up)
+    "nemotron_h_moe-latent": (lambda: nemotron_3_pair(vocab_size=104, hybrid_override_pattern="M*EM",
+                                                      moe_intermediate_size=32, moe_latent_size=32),
+                              {"expert_gating_func": 1}, "expert_gating_func")}
 
 
 @pytest.mark.parametrize("arch", list(NEMOTRON_H_GGUF))
@@ -738,6 +744,7 @@ def test_gguf_nemotron_h_as_llama_cpp_writes_it(tmp_path, arch):
     c = loaded.config
     assert c.block_types == ours.config.block_types and c.mamba == ours.config.mamba
     assert c.experts == ours.config.experts and c.mlp_bias == ours.config.mlp_bias
+    assert (c.experts.latent_size if c.experts else None) == (32 if "latent" in arch else None)
     ids = torch.randint(0, 104, (2, 30), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL

@@ -2168,7 +2168,8 @@ _GGUF_ARCH_KEYS = {
     "kimi-linear": (*_GGUF_LATENT_KEYS, "ssm.conv_kernel", "kda.head_dim",
                     "rope.dimension_count"),  # (_gguf_kimi_linear)
     "nemotron_h_moe": (*_GGUF_SSM_KEYS, "expert_shared_count", "expert_weights_norm", "expert_weights_scale",
-                       "expert_group_count", "expert_group_used_count", "expert_gating_func"),  # (_gguf_nemotron_h)
+                       "expert_group_count", "expert_group_used_count", "expert_gating_func",
+                       "moe_latent_size"),  # (_gguf_nemotron_h)
     "minicpm3": ("attention.key_length", "attention.value_length", "attention.q_lora_rank", "attention.kv_lora_rank"),
     # Qwen's image + text models' language models: their M-RoPE sections (_gguf_mrope), the image side's deepstack
     # layers (image embeddings added to the first layers' input: never on text)
@@ -2559,7 +2560,10 @@ _GGUF_TABLES = {"gemma2": _GGUF_SANDWICH_TENSORS, "gemma3": _GGUF_SANDWICH_TENSO
                 "mamba": _GGUF_MAMBA1_TENSORS, "falcon-h1": _GGUF_FALCON_H1_TENSORS, "jamba": _GGUF_JAMBA_TENSORS,
                 "kimi-linear": _GGUF_KIMI_TENSORS,
                 "nemotron_h_moe": {**_GGUF_GRANITE_HYBRID_TENSORS,
-                                   "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
+                                   "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+                                   # (Nemotron 3 Super's latent projections, in and out of the experts' width)
+                                   "ffn_latent_down.weight": "mlp.fc1_latent_proj.weight",
+                                   "ffn_latent_up.weight": "mlp.fc2_latent_proj.weight"},
                 **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), _GGUF_DELTA_TENSORS)}
 
 
@@ -3086,6 +3090,9 @@ def _gguf_nemotron_h(reader, arch: str, path: Path, layers: int, hidden: int, te
                      routed_scaling_factor=float(get("expert_weights_scale", 1.0) or 1.0),
                      n_group=int(get("expert_group_count", 1) or 1), topk_group=int(get("expert_group_used_count", 1)
                                                                                       or 1))
+        latent = get("moe_latent_size", None)  # (Nemotron 3 Super's latent mixture: ffn_latent_down / _up)
+        if latent:
+            extra["moe_latent_size"] = int(latent)
     return extra
 
 
