@@ -205,10 +205,7 @@ def test_gguf_falcon_h1_as_llama_cpp_writes_it(tmp_path, case):
     norm where ssm_norm is, normalising after the gate) loads with transformers' logits; Q8_0 / Q5_0 blocks bitwise.
     A tied file's head is token_embd, the embeddings' multiplier in it, as llama.cpp runs it: transformers' logits
     where the two multipliers agree."""
-    import numpy as np
-
-    from .test_families import QT, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
-    from triforce.models import Llama
+    from .test_families import assert_gguf_file_loads, write_converted_gguf
 
     kw = {"gate-before-norm-one-group": CASES["gate-before-norm-one-group"],
           "no-norm-untied": dict(mamba_rms_norm=False),
@@ -224,19 +221,13 @@ def test_gguf_falcon_h1_as_llama_cpp_writes_it(tmp_path, case):
           "ssm.conv_kernel": c.mamba_d_conv, "ssm.inner_size": c.mamba_d_ssm, "ssm.state_size": c.mamba_d_state,
           "ssm.time_step_rank": c.mamba_n_heads, "ssm.group_count": c.mamba_n_groups, "vocab_size": c.vocab_size}
     tensors, convert = falcon_h1_gguf_tensors(hf)
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "falcon-h1", kv, tensors=tensors, convert=convert)
-    loaded = Llama.from_pretrained(path, cache_dir=False)
+    loaded = assert_gguf_file_loads(hf, lambda path, quant: write_converted_gguf(
+        path, hf, "falcon-h1", kv, tensors=tensors, convert=convert, quant=quant), tmp_path, 112)
     m = loaded.config.mamba
     assert loaded.config.model_type == "falcon_h1" and m.norm == ("none" if case == "no-norm-untied" else "gate_first")
     assert (m.inner, m.heads, m.groups, m.state) == (ours.config.mamba.inner, c.mamba_n_heads, c.mamba_n_groups,
                                                      c.mamba_d_state)
     assert loaded.config.embedding_multiplier == 1.0 and loaded.config.logit_scale == 1.0  # (folded)
-    ids = torch.randint(0, 112, (2, 30), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (loaded(ids) - hf(input_ids=ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "falcon-h1", kv, tensors=tensors, convert=convert,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    assert_blocks_compute_the_loaded_model(q, ids)
 
 
 def test_hidden_transfer_training_refuses_a_layer_with_a_state():

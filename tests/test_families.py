@@ -549,6 +549,20 @@ def write_phi3_gguf(path, hf, quant=None):
     return write_converted_gguf(path, hf, "phi3", kv, tensors, quant)
 
 
+def assert_gguf_file_loads(hf, write, directory, vocab: int) -> Llama:
+    """``write(path, quant)`` writes a GGUF of transformers' ``hf`` (``quant`` None: float32 tensors; else
+    :func:`quantizer`'s of Q8_0 / Q5_0 blocks): the float32 file loads with ``hf``'s logits (TOL) on 2 rows of 30
+    tokens below ``vocab``, and the quantised file's blocks compute the model it loads bitwise
+    (:func:`assert_blocks_compute_the_loaded_model`). -> the float32 file's model."""
+    loaded = Llama.from_pretrained(write(directory / "f32.gguf", None), cache_dir=False)
+    ids = torch.randint(0, vocab, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (loaded(ids) - hf(input_ids=ids).logits).abs().max().item() <= TOL
+    quant = quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0))
+    assert_blocks_compute_the_loaded_model(write(directory / "q.gguf", quant), ids)
+    return loaded
+
+
 def assert_blocks_compute_the_loaded_model(path, ids):
     """The GGUF file at ``path`` loaded (float32, dequantised): ``gguf_copy`` on its blocks gives that model's logits
     for ``ids`` bitwise, and ``load_gguf_int8`` bitwise ``gguf_copy``'s int8 copy. -> the loaded model's logits."""

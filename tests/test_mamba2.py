@@ -507,9 +507,7 @@ def test_mamba2_greedy_equals_autoregressive(method, opts):
 def test_gguf_mamba2_as_llama_cpp_writes_it(tmp_path):
     """A mamba2 GGUF (Mamba2Model's converter: no attention keys but head_count 0, ssm.*, the mixers' tensors as
     granitehybrid's, the layers' norm as attn_norm) loads with transformers' logits; Q8_0 / Q5_0 blocks bitwise."""
-    import numpy as np
-
-    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+    from .test_families import assert_gguf_file_loads, write_converted_gguf
 
     hf, ours = mamba2_pair(vocab_size=112)  # (its converter pads the vocabulary to a multiple of 16)
     c = hf.config
@@ -528,15 +526,9 @@ def test_gguf_mamba2_as_llama_cpp_writes_it(tmp_path):
             return mamba
         return None if name.endswith("mixer.dt_bias") else t
 
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "mamba2", kv, tensors=tensors, convert=convert)
-    loaded = Llama.from_pretrained(path, cache_dir=False)
+    loaded = assert_gguf_file_loads(hf, lambda path, quant: write_converted_gguf(
+        path, hf, "mamba2", kv, tensors=tensors, convert=convert, quant=quant), tmp_path, 112)
     assert loaded.config.model_type == "mamba2" and loaded.config.mamba == ours.config.mamba
-    ids = torch.randint(0, 112, (2, 30), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "mamba2", kv, tensors=tensors, convert=convert,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    assert_blocks_compute_the_loaded_model(q, ids)
 
 
 NEMOTRON_H = dict(vocab_size=101, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -855,9 +847,7 @@ def test_gguf_mamba_as_llama_cpp_writes_it(tmp_path, name):
     import dataclasses
     import math
 
-    import numpy as np
-
-    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+    from .test_families import assert_gguf_file_loads, write_converted_gguf
 
     falcon = name == "FalconMamba"  # (its mixer_rms_eps as the layers' eps: the file has one)
     hf, ours = drawn_pair(name, "mixer", std=0.1, **{**MAMBA1, "vocab_size": 104, "hidden_size": 64},
@@ -872,19 +862,13 @@ def test_gguf_mamba_as_llama_cpp_writes_it(tmp_path, name):
     def convert(key, t):
         return -torch.exp(t) if key.endswith("A_log") else t.squeeze(1) if key.endswith("conv1d.weight") else t
 
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "mamba", kv, convert=convert)
-    loaded = Llama.from_pretrained(path, cache_dir=False)
+    loaded = assert_gguf_file_loads(hf, lambda path, quant: write_converted_gguf(
+        path, hf, "mamba", kv, convert=convert, quant=quant), tmp_path, 104)
     assert loaded.config.model_type == ("falcon_mamba" if falcon else "mamba")
     got, want = loaded.config.mamba1, ours.config.mamba1  # (the file's eps a float32)
     assert dataclasses.replace(got, bcdt_eps=want.bcdt_eps) == want
     assert (got.bcdt_eps is None) == (want.bcdt_eps is None) and (got.bcdt_eps is None or math.isclose(
         got.bcdt_eps, want.bcdt_eps, rel_tol=1e-6))
-    ids = torch.randint(0, 104, (2, 30), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "mamba", kv, convert=convert,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    assert_blocks_compute_the_loaded_model(q, ids)
 
 
 JAMBA = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -950,9 +934,7 @@ def test_gguf_jamba_as_llama_cpp_writes_it(tmp_path, kw):
     import dataclasses
     import math
 
-    import numpy as np
-
-    from .test_families import QT, TOL, assert_blocks_compute_the_loaded_model, quantizer, write_converted_gguf
+    from .test_families import assert_gguf_file_loads, write_converted_gguf
 
     hf, ours = drawn_pair("Jamba", "mamba", std=0.1, **{**JAMBA, "vocab_size": 112, **kw})
     c = hf.config
@@ -976,18 +958,12 @@ def test_gguf_jamba_as_llama_cpp_writes_it(tmp_path, kw):
             return None
         return -torch.exp(t) if key.endswith("A_log") else t.squeeze(1) if key.endswith("conv1d.weight") else t
 
-    path = write_converted_gguf(tmp_path / "f32.gguf", hf, "jamba", kv, tensors=tensors, convert=convert)
-    loaded = Llama.from_pretrained(path, cache_dir=False)
+    loaded = assert_gguf_file_loads(hf, lambda path, quant: write_converted_gguf(
+        path, hf, "jamba", kv, tensors=tensors, convert=convert, quant=quant), tmp_path, 112)
     got, want = loaded.config.mamba1, ours.config.mamba1  # (the file's eps a float32)
     assert loaded.config.model_type == "jamba" and dataclasses.replace(got, bcdt_eps=want.bcdt_eps) == want
     assert math.isclose(got.bcdt_eps, want.bcdt_eps, rel_tol=1e-6)
     assert loaded.config.experts == ours.config.experts and loaded.config.kv_heads_per_layer == tuple(kv_heads)
-    ids = torch.randint(0, 112, (2, 30), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (loaded(ids) - hf(ids).logits).abs().max().item() <= TOL
-    q = write_converted_gguf(tmp_path / "q.gguf", hf, "jamba", kv, tensors=tensors, convert=convert,
-                             quant=quantizer(np.random.default_rng(0), types=(QT.Q8_0, QT.Q5_0)))
-    assert_blocks_compute_the_loaded_model(q, ids)
     if not kw:
         bad = write_converted_gguf(tmp_path / "bad.gguf", hf, "jamba", {**kv, "attention.head_count_kv": [
             2, 2, 0, 2]}, tensors=tensors, convert=convert)

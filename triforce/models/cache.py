@@ -746,7 +746,7 @@ class _KVCache:
             if r.channel_decay:  # (Kimi's KDA: a decay per key channel)
                 decay = decay.reshape(B, -1, r.v_heads, r.k_dim)
             delta_scan(state, None, k.reshape(B, -1, r.k_heads, r.k_dim), v.reshape(B, -1, r.v_heads, r.v_dim), beta,
-                       decay.contiguous(), n)
+                       decay, n)
             return
         x, bg, dt, decay = saved.split([r.inner, r.groups * r.state, r.heads, r.heads], dim=-1)
         bg = bg.reshape(B, -1, r.groups, r.state)

@@ -1058,6 +1058,8 @@ def _falcon_h1_names(config: LlamaConfig, sd: dict, inverse: bool = False) -> di
                 f = f if isinstance(f, float) else f.view(-1, *([1] * (t.dim() - 1)))
                 sd[prefix + part] = ((t.double() / f) if inverse else (t.double() * f)).to(t.dtype)
     return _renamed(sd, [(b, a) for a, b in reversed(_BAMBA_PAIRS)]) if inverse else sd
+
+
 # Jamba's Mamba(-1) layers' weights under the model's self_attn (triforce.models.llama.Mamba1Mixer), back to mamba
 _MAMBA1_OURS = re.compile(r"(.*)\.self_attn\.(in_proj\.|conv1d\.|x_proj\.|dt_proj\.|A_log$|D$|out_proj\.|dt_layernorm\."
                           r"|b_layernorm\.|c_layernorm\.)")
